@@ -1,0 +1,328 @@
+"""Typed run configuration: one dataclass per concern, loaded from JSON and validated.
+
+Every error names the key path and the offending value in one line, e.g.
+``configs/x.json: optim.dense.lr: -1.0 must be > 0``, and is raised before any work starts.
+This is the only module that reads a config file; everything else receives `Config` objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from dlrm.data.schema import NUM_SPARSE
+
+Activation = Literal["relu", "sigmoid", "gelu", "squared_relu", "none"]
+KernelChoice = Literal["torch", "triton"]
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, mistyped or out of range; the message names the key path."""
+
+
+@dataclass
+class DataConfig:
+    """Where batches come from and how they are cut."""
+
+    path: str = "data/sample"
+    """Dataset directory (see data/README.md); relative paths resolve against the working directory."""
+    batch_size: int = 512
+    """Training batch size B."""
+    eval_batch_size: Optional[int] = None
+    """Evaluation batch size; defaults to 4 x batch_size."""
+    drop_last: bool = True
+    """Drop the last partial training batch (fixed shapes: nothing recompiles); False keeps it."""
+    shuffle: bool = True
+    """Seeded shuffle of row-group order and of rows within the shuffle buffer."""
+    shuffle_buffer_rows: int = 1_000_000
+    """Rows shuffled together; a split smaller than this is shuffled as a whole."""
+    prefetch: int = 2
+    """Batches prepared ahead by the background thread."""
+    eval_split: Literal["validation", "test"] = "validation"
+    """Split evaluated during and after training."""
+    max_rows_per_table: Optional[int] = None
+    """Cap on each embedding table's rows (modulus hashing only); None keeps the dataset's sizes."""
+
+
+@dataclass
+class ModelConfig:
+    """DLRM shape (TorchRec notation: B batch, F sparse features, D embedding dim)."""
+
+    embedding_dim: int = 16
+    """D: width of every embedding row and of the bottom MLP's output."""
+    bottom_mlp: list[int] = field(default_factory=lambda: [64, 16])
+    """Layer widths of the DenseArch after the 13 dense inputs; the last must equal embedding_dim."""
+    top_mlp: list[int] = field(default_factory=lambda: [64, 1])
+    """Layer widths of the OverArch; the last must be 1 (the logit)."""
+    interaction: Literal["dot", "cat"] = "dot"
+    """dot: dense vector + strictly-lower-triangle pairwise dots; cat: plain concatenation."""
+    activation: Activation = "relu"
+    """Activation between MLP layers (none after the last OverArch layer)."""
+    cardinalities: Optional[list[int]] = None
+    """Table sizes for runs without a dataset (synthetic benchmarks); a dataset's metadata wins otherwise."""
+
+
+@dataclass
+class DenseOptimConfig:
+    """Optimizer for the MLP parameters."""
+
+    name: Literal["sgd", "adagrad", "adam"] = "adam"
+    lr: float = 1e-3
+    eps: float = 1e-8
+    momentum: float = 0.0
+    """SGD momentum."""
+    weight_decay: float = 0.0
+
+
+@dataclass
+class SparseOptimConfig:
+    """Optimizer for the embedding table, applied to the touched rows only."""
+
+    name: Literal["sgd", "adagrad", "rowwise_adagrad"] = "rowwise_adagrad"
+    lr: float = 0.05
+    eps: float = 1e-8
+
+
+@dataclass
+class ScheduleConfig:
+    """Learning-rate multiplier: linear warm-up, then constant, then decay to end_factor."""
+
+    warmup_steps: int = 0
+    decay: Literal["none", "linear", "cosine"] = "none"
+    decay_start_step: int = 0
+    """Step at which decay begins (after warm-up)."""
+    decay_steps: int = 0
+    """Steps over which the multiplier falls to end_factor (0 = to the end of training)."""
+    end_factor: float = 0.0
+
+
+@dataclass
+class OptimConfig:
+    dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
+    sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+@dataclass
+class TrainConfig:
+    """The loop: length, precision, device, evaluation and logging cadence."""
+
+    epochs: int = 1
+    max_steps: Optional[int] = None
+    """Stop after this many steps even if epochs remain."""
+    eval_every: Optional[int] = None
+    """Evaluate every N steps (always at the end)."""
+    log_every: int = 50
+    """Steps between host syncs for logging (loss, samples/s)."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    seed: int = 0
+    deterministic: bool = False
+    """torch.use_deterministic_algorithms and deterministic kernels."""
+
+
+@dataclass
+class KernelsConfig:
+    """Which implementation each component uses; "triton" is an explicit opt-in."""
+
+    embedding: KernelChoice = "torch"
+    interaction: KernelChoice = "torch"
+    mlp: KernelChoice = "torch"
+    loss: KernelChoice = "torch"
+
+
+@dataclass
+class LogConfig:
+    tb_dir: str = "tb_logs"
+    """Root of the TensorBoard runs."""
+    run_name: Optional[str] = None
+    """Run directory name under tb_dir; default: <config name>-<date>-<time>."""
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    name: str = "run"
+    """Short name of the config (defaults to the file's stem)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against type `tp`; return it (dataclasses built recursively)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected an object, got {value!r}")
+        return _build(tp, value, key)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        non_null = [a for a in args if a is not type(None)]
+        if len(non_null) == 1:  # Optional[X]: X's own message is the precise one
+            return _convert(value, non_null[0], key)
+        for arg in non_null:
+            try:
+                return _convert(value, arg, key)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{key}: {value!r} is not {_type_name(tp)}")
+    if origin is Literal:
+        if value not in typing.get_args(tp) or isinstance(value, bool):
+            raise ConfigError(f"{key}: {value!r} is not one of {_type_name(tp)}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+        (item_tp,) = typing.get_args(tp)
+        return [_convert(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is type(None):
+        if value is not None:
+            raise ConfigError(f"{key}: expected null, got {value!r}")
+        return None
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {tp!r} at {key}")  # a bug in this module, not user input
+
+
+def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if key not in names:
+            raise ConfigError(f"{path}: unknown key (expected one of {', '.join(sorted(names))})")
+        kwargs[key] = _convert(value, hints[key], path)
+    return cls(**kwargs)
+
+
+def _positive(key: str, value: Any, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key}: {value!r} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+def validate(cfg: Config) -> Config:
+    """Cross-field and range checks; raises `ConfigError` naming the first bad key."""
+    d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.train
+    _positive("data.batch_size", d.batch_size)
+    _positive("data.eval_batch_size", d.eval_batch_size)
+    _positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows)
+    _positive("data.prefetch", d.prefetch)
+    _positive("data.max_rows_per_table", d.max_rows_per_table)
+    _positive("model.embedding_dim", m.embedding_dim)
+    for name in ("bottom_mlp", "top_mlp"):
+        widths = getattr(m, name)
+        if not widths:
+            raise ConfigError(f"model.{name}: must list at least one layer width")
+        for i, w in enumerate(widths):
+            _positive(f"model.{name}[{i}]", w)
+    if m.interaction == "dot" and m.bottom_mlp[-1] != m.embedding_dim:
+        raise ConfigError(
+            f"model.bottom_mlp[-1]: {m.bottom_mlp[-1]} must equal model.embedding_dim ({m.embedding_dim}) "
+            "for the dot interaction"
+        )
+    if m.top_mlp[-1] != 1:
+        raise ConfigError(f"model.top_mlp[-1]: {m.top_mlp[-1]} must be 1 (the logit)")
+    if m.cardinalities is not None:
+        if len(m.cardinalities) != NUM_SPARSE:
+            raise ConfigError(f"model.cardinalities: has {len(m.cardinalities)} entries, expected {NUM_SPARSE}")
+        for i, c in enumerate(m.cardinalities):
+            _positive(f"model.cardinalities[{i}]", c)
+    for key, opt in (("optim.dense", o.dense), ("optim.sparse", o.sparse)):
+        _positive(f"{key}.lr", opt.lr)
+        _positive(f"{key}.eps", opt.eps)
+    _positive("optim.dense.momentum", o.dense.momentum, allow_zero=True)
+    _positive("optim.dense.weight_decay", o.dense.weight_decay, allow_zero=True)
+    s = o.schedule
+    for key in ("warmup_steps", "decay_start_step", "decay_steps"):
+        _positive(f"optim.schedule.{key}", getattr(s, key), allow_zero=True)
+    if not 0.0 <= s.end_factor <= 1.0:
+        raise ConfigError(f"optim.schedule.end_factor: {s.end_factor!r} must be within [0, 1]")
+    _positive("train.epochs", t.epochs)
+    _positive("train.max_steps", t.max_steps)
+    _positive("train.eval_every", t.eval_every)
+    _positive("train.log_every", t.log_every)
+    if not cfg.name or "/" in cfg.name:
+        raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without '/'")
+    if cfg.log.run_name is not None and (not cfg.log.run_name or "/" in cfg.log.run_name or cfg.log.run_name in (".", "..")):
+        raise ConfigError(f"log.run_name: {cfg.log.run_name!r} must be a plain directory name")
+    return cfg
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> Config:
+    """Build and validate a `Config`; errors are prefixed with `source`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a JSON object")
+    try:
+        return validate(_build(Config, raw, ""))
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> Config:
+    """Read a JSON config file, apply dotted-key `overrides` (e.g. {"data.batch_size": 64}), validate."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a JSON object")
+    raw.setdefault("name", path.stem)
+    for dotted, value in (overrides or {}).items():
+        node = raw
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{path}: {p}: expected an object, got {node!r}")
+        node[leaf] = value
+    return config_from_dict(raw, str(path))

@@ -1,0 +1,239 @@
+"""The four arches of DLRM, in eager PyTorch (names and notation as in TorchRec's dlrm.py).
+
+Notation used throughout:
+    B: batch size
+    F: number of sparse features (26 for Criteo)
+    D: embedding dimension (also the DenseArch's output width)
+    R: total embedding rows, sum of the per-feature table sizes
+
+Triton replacements in `kernels/` keep the same parameter names and state_dict keys, so a
+checkpoint loads into either.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F_
+from torch import nn
+
+from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
+
+ACTIVATIONS = {
+    "relu": F_.relu,
+    "sigmoid": torch.sigmoid,
+    "gelu": F_.gelu,
+    "squared_relu": lambda x: torch.square(F_.relu(x)),
+    "none": lambda x: x,
+}
+
+
+def init_linear_(layer: nn.Linear) -> None:
+    """The reference DLRM's initialisation: N(0, sqrt(2/(fan_in+fan_out))) weights, N(0, sqrt(1/fan_out)) bias."""
+    fan_out, fan_in = layer.weight.shape
+    with torch.no_grad():
+        layer.weight.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)))
+        if layer.bias is not None:
+            layer.bias.normal_(0.0, math.sqrt(1.0 / fan_out))
+
+
+class MLP(nn.Module):
+    """Stack of linear layers with an activation between them.
+
+    Args:
+        in_features: input width.
+        widths: output width of each layer.
+        activation: name from `ACTIVATIONS`, applied after every layer except (if
+            `activate_last` is False) the last.
+        activate_last: apply the activation after the last layer too.
+        linear_cls: the layer class (`nn.Linear`, or a fused Triton layer with the same
+            parameters and an ``activation`` attribute that applies the activation itself).
+
+    Example:
+        >>> mlp = MLP(13, [64, 16], "relu")
+        >>> mlp(torch.randn(3, 13)).shape
+        torch.Size([3, 16])
+
+    Shapes: [B, in_features] -> [B, widths[-1]]. state_dict keys: ``layers.<i>.weight/bias``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        widths: list[int],
+        activation: str = "relu",
+        activate_last: bool = True,
+        linear_cls: Optional[type] = None,
+    ) -> None:
+        super().__init__()
+        dims = [in_features, *widths]
+        acts = [activation] * len(widths)
+        if not activate_last:
+            acts[-1] = "none"
+        self.activations = acts
+        if linear_cls is None:
+            self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+            self._fused = False
+        else:
+            self.layers = nn.ModuleList(linear_cls(a, b, activation=act) for a, b, act in zip(dims[:-1], dims[1:], acts))
+            self._fused = True
+        for layer in self.layers:
+            init_linear_(layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer, act in zip(self.layers, self.activations):
+            x = layer(x) if self._fused else ACTIVATIONS[act](layer(x))
+        return x
+
+
+class DenseArch(nn.Module):
+    """Bottom MLP: the 13 transformed dense features to a D-wide vector.
+
+    Args:
+        in_features: number of dense features (13).
+        widths: layer widths, the last equal to D for the dot interaction.
+        activation: activation name (applied after every layer, as in the reference DLRM).
+
+    Example:
+        >>> DenseArch(13, [64, 16])(torch.randn(4, 13)).shape
+        torch.Size([4, 16])
+
+    Shapes: [B, 13] -> [B, D].
+    """
+
+    def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None) -> None:
+        super().__init__()
+        self.model = MLP(in_features, widths, activation, activate_last=True, linear_cls=linear_cls)
+
+    def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        return self.model(dense)
+
+
+class SparseArch(nn.Module):
+    """All F embedding tables as ONE weight of R rows, with the hashing done on the device.
+
+    Table f occupies rows ``offsets[f] .. offsets[f] + cardinalities[f] - 1``. Raw 32-bit hash
+    values go in; rows come from `dlrm.model.hashing` (modulus, or vocabulary when `vocabs`
+    is given). The lookup emits a sparse gradient, so the optimizer touches only used rows
+    and no dense [R, D] gradient exists.
+
+    Args:
+        cardinalities: table size per feature (F ints).
+        dim: D.
+        vocabs: for vocabulary hashing, the sorted int64 vocabulary of each feature
+            (then ``cardinalities[f] == len(vocabs[f]) + 1``).
+
+    Example:
+        >>> arch = SparseArch([10, 20, 5], 8)
+        >>> arch(torch.tensor([[3, -1, 2**32 - 1]])).shape
+        torch.Size([1, 3, 8])
+
+    Shapes: int64 [B, F] -> [B, F, D]. state_dict keys: ``weight`` only (the hashing buffers
+    are derived from the dataset and rebuilt at construction).
+    """
+
+    def __init__(self, cardinalities: list[int], dim: int, vocabs: Optional[list[torch.Tensor]] = None) -> None:
+        super().__init__()
+        if vocabs is not None and [len(v) + 1 for v in vocabs] != list(cardinalities):
+            raise ValueError("vocabulary hashing needs cardinalities[f] == len(vocabs[f]) + 1")
+        cards = torch.tensor(cardinalities, dtype=torch.int64)
+        self.num_features = len(cardinalities)
+        self.dim = dim
+        self.register_buffer("cardinalities", cards, persistent=False)
+        self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)
+        self.hashing = "modulus" if vocabs is None else "vocabulary"
+        if vocabs is not None:
+            keys, vocab_offsets = keyed_vocabulary(vocabs)
+            self.register_buffer("vocab_keys", keys, persistent=False)
+            self.register_buffer("vocab_offsets", vocab_offsets, persistent=False)
+        self.weight = nn.Parameter(torch.empty(int(cards.sum()), dim))
+        self.reset_parameters(cardinalities)
+
+    def reset_parameters(self, cardinalities: list[int]) -> None:
+        # Reference DLRM: U(-1/sqrt(n), 1/sqrt(n)) per table of n rows.
+        with torch.no_grad():
+            start = 0
+            for n in cardinalities:
+                bound = math.sqrt(1.0 / n)
+                self.weight[start : start + n].uniform_(-bound, bound)
+                start += n
+
+    def rows(self, raw: torch.Tensor) -> torch.Tensor:
+        """int64 [B, F] raw values -> int64 [B, F] rows of `weight`."""
+        if self.hashing == "modulus":
+            return modulus_rows(raw, self.cardinalities, self.offsets)
+        return vocabulary_rows(raw, self.vocab_keys, self.vocab_offsets, self.offsets)
+
+    def forward(self, raw: torch.Tensor) -> torch.Tensor:
+        return F_.embedding(self.rows(raw), self.weight, sparse=True)
+
+
+class InteractionArch(nn.Module):
+    """Feature interaction of the dense vector with the F embeddings.
+
+    ``dot``: concatenates the dense vector with the strictly lower triangle of the pairwise
+    dot products of the F + 1 vectors, in ``torch.tril_indices(F+1, F+1, -1)`` order
+    ((1,0), (2,0), (2,1), (3,0), ...). ``cat``: concatenates everything.
+
+    Args:
+        num_features: F.
+        dim: D.
+        kind: "dot" or "cat".
+
+    Example:
+        >>> InteractionArch(26, 16)(torch.randn(2, 16), torch.randn(2, 26, 16)).shape
+        torch.Size([2, 367])
+
+    Shapes: [B, D], [B, F, D] -> [B, D + (F+1)F/2] (dot) or [B, (F+1)D] (cat).
+    """
+
+    def __init__(self, num_features: int, dim: int, kind: str = "dot") -> None:
+        super().__init__()
+        self.kind = kind
+        self.num_features = num_features
+        self.dim = dim
+        rows, cols = torch.tril_indices(num_features + 1, num_features + 1, offset=-1)
+        self.register_buffer("tril_rows", rows, persistent=False)
+        self.register_buffer("tril_cols", cols, persistent=False)
+
+    @property
+    def output_dim(self) -> int:
+        f = self.num_features
+        return self.dim + (f + 1) * f // 2 if self.kind == "dot" else (f + 1) * self.dim
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        combined = torch.cat([dense.unsqueeze(1), sparse.to(dense.dtype)], dim=1)  # [B, F+1, D]
+        if self.kind == "cat":
+            return combined.flatten(1)
+        return dot_interaction_from_combined(combined, self.tril_rows, self.tril_cols)
+
+
+def dot_interaction_from_combined(combined: torch.Tensor, tril_rows: torch.Tensor, tril_cols: torch.Tensor) -> torch.Tensor:
+    """[B, F+1, D] -> [B, D + (F+1)F/2]: row 0 followed by the lower-triangle dots."""
+    dots = torch.bmm(combined, combined.transpose(1, 2))  # [B, F+1, F+1]
+    return torch.cat([combined[:, 0], dots[:, tril_rows, tril_cols]], dim=1)
+
+
+class OverArch(nn.Module):
+    """Top MLP: interaction features to one logit per sample (no activation on the last layer).
+
+    Args:
+        in_features: the interaction's output width.
+        widths: layer widths, the last equal to 1.
+        activation: activation between layers.
+
+    Example:
+        >>> OverArch(367, [64, 1])(torch.randn(5, 367)).shape
+        torch.Size([5])
+
+    Shapes: [B, in_features] -> [B] (logits).
+    """
+
+    def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None) -> None:
+        super().__init__()
+        self.model = MLP(in_features, widths, activation, activate_last=False, linear_cls=linear_cls)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).squeeze(-1)

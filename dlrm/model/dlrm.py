@@ -1,0 +1,97 @@
+"""DLRM assembled from the config: the one place that picks torch or triton per component."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from loguru import logger
+from torch import nn
+
+from dlrm.config import KernelsConfig, ModelConfig
+from dlrm.data.schema import NUM_DENSE
+from dlrm.model.archs import DenseArch, InteractionArch, OverArch, SparseArch
+
+
+class DLRM(nn.Module):
+    """Deep Learning Recommendation Model (Naumov et al., 2019).
+
+    dense [B, 13] -> DenseArch -> [B, D];  raw sparse [B, F] -> SparseArch -> [B, F, D];
+    both -> InteractionArch -> OverArch -> logits [B]. The sigmoid is applied only for
+    predictions (`predict`); training uses BCE with logits.
+
+    Args:
+        dense_arch, sparse_arch, interaction_arch, over_arch: the four parts.
+
+    Example:
+        >>> cfg = ModelConfig(embedding_dim=8, bottom_mlp=[16, 8], top_mlp=[16, 1])
+        >>> model = build_model(cfg, [10] * 26)
+        >>> model(torch.randn(4, 13), torch.randint(0, 100, (4, 26))).shape
+        torch.Size([4])
+    """
+
+    def __init__(self, dense_arch: nn.Module, sparse_arch: nn.Module, interaction_arch: nn.Module, over_arch: nn.Module):
+        super().__init__()
+        self.dense_arch = dense_arch
+        self.sparse_arch = sparse_arch
+        self.interaction_arch = interaction_arch
+        self.over_arch = over_arch
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        d = self.dense_arch(dense)
+        s = self.sparse_arch(sparse)
+        return self.over_arch(self.interaction_arch(d, s))
+
+    @torch.no_grad()
+    def predict(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        """Click probabilities [B]."""
+        return torch.sigmoid(self.forward(dense, sparse).float())
+
+
+def build_model(
+    cfg: ModelConfig,
+    cardinalities: list[int],
+    vocabs: Optional[list[torch.Tensor]] = None,
+    kernels: Optional[KernelsConfig] = None,
+    device: torch.device | str = "cpu",
+) -> DLRM:
+    """Build a DLRM on `device`, with eager or Triton parts as `kernels` asks (logged)."""
+    kernels = kernels or KernelsConfig()
+    choices = {k: getattr(kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
+    if any(v == "triton" for v in choices.values()):
+        from kernels import check_triton_device
+
+        check_triton_device(device, "--kernels triton")
+    logger.info("kernels: " + ", ".join(f"{k}={v}" for k, v in choices.items()))
+
+    linear_cls = None
+    if kernels.mlp == "triton":
+        from kernels.linear import TritonLinear
+
+        linear_cls = TritonLinear
+    dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, cfg.activation, linear_cls=linear_cls)
+    if kernels.embedding == "triton":
+        from kernels.embedding import TritonSparseEmbedding
+
+        sparse_arch = TritonSparseEmbedding(cardinalities, cfg.embedding_dim, vocabs=vocabs)
+    else:
+        sparse_arch = SparseArch(cardinalities, cfg.embedding_dim, vocabs=vocabs)
+    interaction = InteractionArch(len(cardinalities), cfg.embedding_dim, cfg.interaction)
+    if kernels.interaction == "triton" and cfg.interaction == "dot":
+        from kernels.interaction import TritonDotInteraction
+
+        interaction = TritonDotInteractionArch(interaction, TritonDotInteraction())
+    over_arch = OverArch(interaction.output_dim, cfg.top_mlp, cfg.activation, linear_cls=linear_cls)
+    return DLRM(dense_arch, sparse_arch, interaction, over_arch).to(device)
+
+
+class TritonDotInteractionArch(nn.Module):
+    """InteractionArch whose dot product runs in the fused Triton kernel; same (empty) state."""
+
+    def __init__(self, eager: InteractionArch, op: nn.Module) -> None:
+        super().__init__()
+        self.output_dim = eager.output_dim
+        self.op = op
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return self.op(torch.cat([dense.unsqueeze(1), sparse.to(dense.dtype)], dim=1))

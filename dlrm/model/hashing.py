@@ -1,0 +1,63 @@
+"""Raw Criteo hash values to embedding rows, on the model's device (see dlrm/data/schema.py).
+
+The per-step functions are plain tensor ops with static output shapes: no host sync, so they
+run inside torch.compile graphs and CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Raw values lie in [-1, 2**32); adding feature * 2**33 gives every feature its own key range,
+# so one sorted array and one searchsorted serve all features at once.
+_FEATURE_SHIFT = 1 << 33
+
+
+def modulus_rows(raw: torch.Tensor, cardinalities: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Global row of each value: ``offsets[f] + (raw + 1) mod cardinalities[f]``.
+
+    Args:
+        raw: int64 [B, F] raw hash values (missing = -1, which lands on each table's row 0).
+        cardinalities: int64 [F] table sizes.
+        offsets: int64 [F] first row of each table in the shared weight.
+    Returns:
+        int64 [B, F] rows into the shared weight.
+    """
+    return torch.remainder(raw + 1, cardinalities) + offsets
+
+
+def keyed_vocabulary(vocabs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Concatenate per-feature sorted vocabularies into one sorted key array (done once, at build).
+
+    Returns:
+        keys: int64 [V] with ``keys = value + feature * 2**33``, sorted.
+        vocab_offsets: int64 [F + 1], start of each feature's vocabulary in `keys`.
+    """
+    sizes = torch.tensor([0] + [len(v) for v in vocabs], dtype=torch.int64)
+    keys = torch.cat([v.to(torch.int64) + f * _FEATURE_SHIFT for f, v in enumerate(vocabs)])
+    return keys, torch.cumsum(sizes, 0)
+
+
+def vocabulary_rows(
+    raw: torch.Tensor, keys: torch.Tensor, vocab_offsets: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    """Global row of each value under vocabulary hashing.
+
+    Row ``offsets[f] + 1 + i`` when ``raw == vocab_f[i]``, else ``offsets[f]`` (the shared
+    out-of-vocabulary row, which missing values also use).
+
+    Args:
+        raw: int64 [B, F].
+        keys, vocab_offsets: from `keyed_vocabulary`.
+        offsets: int64 [F] first row of each table.
+    Returns:
+        int64 [B, F] rows into the shared weight.
+    """
+    feature_shift = torch.arange(raw.shape[1], device=raw.device, dtype=torch.int64) * _FEATURE_SHIFT
+    keyed_raw = raw + feature_shift
+    pos = torch.searchsorted(keys, keyed_raw)
+    # An empty vocabulary array would make the gather below index out of range; keep a dummy key.
+    safe_keys = keys if keys.numel() else torch.full((1,), -1, dtype=torch.int64, device=raw.device)
+    found = safe_keys[pos.clamp(max=safe_keys.numel() - 1)] == keyed_raw
+    local = torch.where(found, pos - vocab_offsets[:-1] + 1, torch.zeros_like(pos))
+    return local + offsets

@@ -1,0 +1,83 @@
+"""Optimizers: dense ones from torch.optim, sparse ones that touch only the rows a batch used."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from dlrm.config import OptimConfig, ScheduleConfig
+
+
+class RowWiseAdagrad(torch.optim.Optimizer):
+    """Adagrad with one accumulator per embedding row, for sparse (COO) gradients.
+
+    For each row r the batch touched, with g_r its summed gradient:
+    ``state[r] += mean(g_r ** 2)``; ``w[r] -= lr * g_r / (sqrt(state[r]) + eps)``.
+    One float per row instead of D (as in FBGEMM's and TorchRec's row-wise Adagrad).
+    """
+
+    def __init__(self, params, lr: float = 0.01, eps: float = 1e-8) -> None:
+        super().__init__(params, {"lr": lr, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "sum" not in state:
+                    state["sum"] = torch.zeros(p.shape[0], dtype=torch.float32, device=p.device)
+                grad = p.grad
+                if grad.is_sparse:
+                    grad = grad.coalesce()  # sums the gradients of rows that repeat in the batch
+                    rows, values = grad.indices()[0], grad.values()
+                else:
+                    rows, values = torch.arange(p.shape[0], device=p.device), grad
+                acc = state["sum"].index_add_(0, rows, values.float().square().mean(dim=1))
+                scale = group["lr"] / (acc[rows].sqrt() + group["eps"])
+                p.index_add_(0, rows, (-scale.unsqueeze(1) * values.float()).to(p.dtype))
+        return None
+
+
+def build_optimizers(model: nn.Module, cfg: OptimConfig) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+    """(dense optimizer over the MLPs, sparse optimizer over the embedding weight)."""
+    sparse_params = [model.sparse_arch.weight]
+    sparse_ids = {id(p) for p in sparse_params}
+    dense_params = [p for p in model.parameters() if id(p) not in sparse_ids]
+    d = cfg.dense
+    if d.name == "sgd":
+        dense = torch.optim.SGD(dense_params, lr=d.lr, momentum=d.momentum, weight_decay=d.weight_decay)
+    elif d.name == "adagrad":
+        dense = torch.optim.Adagrad(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay)
+    else:
+        dense = torch.optim.Adam(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay)
+    s = cfg.sparse
+    if s.name == "sgd":
+        sparse = torch.optim.SGD(sparse_params, lr=s.lr)
+    elif s.name == "adagrad":
+        sparse = torch.optim.Adagrad(sparse_params, lr=s.lr, eps=s.eps)
+    else:
+        sparse = RowWiseAdagrad(sparse_params, lr=s.lr, eps=s.eps)
+    return dense, sparse
+
+
+def lr_multiplier(step: int, cfg: ScheduleConfig, total_steps: int) -> float:
+    """Multiplier of the base learning rate at `step` (0-based): warm-up, hold, then decay."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.decay == "none" or step < cfg.decay_start_step:
+        return 1.0
+    span = cfg.decay_steps or max(total_steps - cfg.decay_start_step, 1)
+    t = min((step - cfg.decay_start_step) / span, 1.0)
+    if cfg.decay == "linear":
+        return 1.0 - (1.0 - cfg.end_factor) * t
+    return cfg.end_factor + (1.0 - cfg.end_factor) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def build_schedulers(optimizers, cfg: ScheduleConfig, total_steps: int) -> list[torch.optim.lr_scheduler.LambdaLR]:
+    return [
+        torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_multiplier(step, cfg, total_steps)) for opt in optimizers
+    ]

@@ -1,0 +1,12 @@
+"""Fused Triton kernels for DLRM, one file per op.
+
+Each op file follows the same order: ``@triton.jit`` kernels, host launchers, the
+``torch.library`` custom op (with fake and autograd registrations), then a thin function and
+an ``nn.Module`` with the same parameters and state_dict keys as the eager module it replaces.
+
+This package imports nothing from ``dlrm``: inputs are plain tensors.
+"""
+
+from kernels._backend import TritonUnavailableError, check_triton_device, interpret_mode
+
+__all__ = ["TritonUnavailableError", "check_triton_device", "interpret_mode"]

@@ -1,0 +1,70 @@
+"""Shared test setup. TRITON_INTERPRET must be set before anything imports triton."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+import pytest  # noqa: E402
+
+from dlrm.data.schema import (  # noqa: E402
+    DENSE_COLUMNS,
+    LABEL_COLUMN,
+    NUM_DENSE,
+    NUM_SPARSE,
+    SPARSE_COLUMNS,
+    Metadata,
+    SplitInfo,
+    arrow_schema,
+    write_metadata,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_CRITEO = REPO.parent / "shared" / "criteo"
+
+
+def write_rows(path: Path, label: np.ndarray, dense: np.ndarray, sparse: np.ndarray, row_group_size: int) -> None:
+    """Write one parquet shard with the project's schema."""
+    cols = {LABEL_COLUMN: label.astype(np.int8)}
+    cols.update({c: dense[:, i].astype(np.int32) for i, c in enumerate(DENSE_COLUMNS)})
+    cols.update({c: sparse[:, i].astype(np.int64) for i, c in enumerate(SPARSE_COLUMNS)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(cols, schema=arrow_schema()), path, row_group_size=row_group_size)
+
+
+def make_dataset(root: Path, rows: dict[str, int], *, files_per_split: int = 2, row_group_size: int = 7,
+                 cardinality: int = 11, seed: int = 0) -> dict[str, dict[str, np.ndarray]]:
+    """A small dataset where row i of a split has DENSE_0 == i (so tests can track rows).
+
+    Returns the arrays written per split.
+    """
+    rng = np.random.default_rng(seed)
+    splits, written = {}, {}
+    for split, n in rows.items():
+        label = rng.integers(0, 2, n)
+        dense = rng.integers(-3, 1000, (n, NUM_DENSE))
+        dense[:, 0] = np.arange(n)
+        sparse = rng.integers(-1, 2**32, (n, NUM_SPARSE))
+        files = []
+        for k, idx in enumerate(np.array_split(np.arange(n), files_per_split)):
+            rel = f"{split}/part-{k:05d}.parquet"
+            write_rows(root / rel, label[idx], dense[idx], sparse[idx], row_group_size)
+            files.append(rel)
+        splits[split] = SplitInfo(rows=n, positives=int(label.sum()), files=files)
+        written[split] = {"label": label, "dense": dense, "sparse": sparse}
+    write_metadata(root, Metadata(cardinalities=[cardinality] * NUM_SPARSE, splits=splits))
+    return written
+
+
+@pytest.fixture
+def tiny_dataset(tmp_path):
+    root = tmp_path / "ds"
+    arrays = make_dataset(root, {"train": 100, "validation": 30})
+    return root, arrays

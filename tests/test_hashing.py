@@ -1,0 +1,44 @@
+import torch
+
+from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
+
+
+def test_modulus_rows_by_hand():
+    raw = torch.tensor([[-1, 0, 2**32 - 1], [6, 9, 2**31]], dtype=torch.int64)
+    cards = torch.tensor([7, 10, 3])
+    offsets = torch.tensor([0, 7, 17])
+    expected = torch.tensor([
+        [0 + 0, 7 + 1, 17 + (2**32) % 3],
+        [0 + 0, 7 + 0, 17 + (2**31 + 1) % 3],
+    ])
+    assert torch.equal(modulus_rows(raw, cards, offsets), expected)
+
+
+def test_modulus_rows_stay_in_their_table():
+    raw = torch.randint(-1, 2**32, (500, 4))
+    cards = torch.tensor([1, 2, 1000, 99991])
+    offsets = torch.cumsum(cards, 0) - cards
+    rows = modulus_rows(raw, cards, offsets)
+    assert ((rows >= offsets) & (rows < offsets + cards)).all()
+
+
+def test_vocabulary_rows_seen_distinct_unseen_oov():
+    vocabs = [torch.tensor([5, 17, 2**32 - 1]), torch.tensor([], dtype=torch.int64), torch.tensor([-5, 0, 3, 17])]
+    keys, voff = keyed_vocabulary(vocabs)
+    cards = torch.tensor([4, 1, 5])
+    offsets = torch.cumsum(cards, 0) - cards  # [0, 4, 5]
+    raw = torch.tensor([
+        [5, 5, 0],          # feature 1 has an empty vocabulary: everything is OOV
+        [17, 17, 17],
+        [2**32 - 1, -1, 3],
+        [-1, 0, -1],        # missing -> OOV rows
+        [6, 3, 4],          # unseen values -> OOV rows
+    ])
+    expected = torch.tensor([
+        [0 + 1, 4, 5 + 2],
+        [0 + 2, 4, 5 + 4],
+        [0 + 3, 4, 5 + 3],
+        [0, 4, 5],
+        [0, 4, 5],
+    ])
+    assert torch.equal(vocabulary_rows(raw, keys, voff, offsets), expected)
