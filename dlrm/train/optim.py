@@ -28,17 +28,19 @@ class RowWiseAdagrad(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 state = self.state[p]
+                acc_dtype = torch.promote_types(p.dtype, torch.float32)  # fp32 state for bf16/fp32 weights
                 if "sum" not in state:
-                    state["sum"] = torch.zeros(p.shape[0], dtype=torch.float32, device=p.device)
+                    state["sum"] = torch.zeros(p.shape[0], dtype=acc_dtype, device=p.device)
                 grad = p.grad
                 if grad.is_sparse:
                     grad = grad.coalesce()  # sums the gradients of rows that repeat in the batch
                     rows, values = grad.indices()[0], grad.values()
                 else:
                     rows, values = torch.arange(p.shape[0], device=p.device), grad
-                acc = state["sum"].index_add_(0, rows, values.float().square().mean(dim=1))
+                values = values.to(acc_dtype)
+                acc = state["sum"].index_add_(0, rows, values.square().mean(dim=1))
                 scale = group["lr"] / (acc[rows].sqrt() + group["eps"])
-                p.index_add_(0, rows, (-scale.unsqueeze(1) * values.float()).to(p.dtype))
+                p.index_add_(0, rows, (-scale.unsqueeze(1) * values).to(p.dtype))
         return None
 
 
