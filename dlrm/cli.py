@@ -28,7 +28,9 @@ def _configure_logging() -> None:
 @click.option("--run-name", type=str, help="Run directory name under the TensorBoard root (overrides log.run_name).")
 @click.option("--tb-dir", type=str, help="TensorBoard root directory (overrides log.tb_dir).")
 @click.option("--kernels", type=str, help="torch | triton: every component at once (overrides kernels.*).")
-def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, kernels) -> None:
+@click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile on or off (overrides train.compile).")
+@click.option("--profile", is_flag=True, default=None, help="Profile a few steps into TensorBoard (overrides profile.enabled).")
+def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, kernels, compile_, profile) -> None:
     """Train a DLRM on a Criteo-format parquet dataset."""
     _configure_logging()
     overrides = {
@@ -41,6 +43,10 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
         "log.run_name": run_name,
         "log.tb_dir": tb_dir,
     }
+    if compile_ is not None:
+        overrides["train.compile.enabled"] = compile_
+    if profile:
+        overrides["profile.enabled"] = True
     if kernels is not None:
         overrides.update({f"kernels.{k}": kernels for k in ("embedding", "interaction", "mlp", "loss")})
     overrides = {k: v for k, v in overrides.items() if v is not None}

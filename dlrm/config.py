@@ -109,6 +109,31 @@ class OptimConfig:
 
 
 @dataclass
+class CompileConfig:
+    """torch.compile settings; in JSON, `train.compile` may also be just true or false."""
+
+    enabled: bool = True
+    mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
+    """reduce-overhead uses CUDA graphs (CUDA only)."""
+    fullgraph: bool = False
+    """Fail instead of splitting the graph at a break."""
+
+
+@dataclass
+class ProfileConfig:
+    """torch.profiler schedule and options (short, small traces by default)."""
+
+    enabled: bool = True
+    wait: int = 5
+    warmup: int = 3
+    active: int = 5
+    repeat: int = 1
+    record_shapes: bool = True
+    profile_memory: bool = False
+    with_stack: bool = False
+
+
+@dataclass
 class TrainConfig:
     """The loop: length, precision, device, evaluation and logging cadence."""
 
@@ -124,6 +149,8 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     """torch.use_deterministic_algorithms and deterministic kernels."""
+    compile: Union[bool, CompileConfig] = False
+    """false, true, or {"mode": ..., "fullgraph": ...}; normalised to a CompileConfig."""
 
 
 @dataclass
@@ -152,6 +179,8 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    profile: Union[bool, ProfileConfig] = False
+    """false, true, or the profiler settings; normalised to a ProfileConfig."""
     name: str = "run"
     """Short name of the config (defaults to the file's stem)."""
 
@@ -173,6 +202,10 @@ def _type_name(tp: Any) -> str:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
     if tp is type(None):
         return "null"
+    if dataclasses.is_dataclass(tp):
+        return "an object"
+    if tp is bool:
+        return "true/false"
     return getattr(tp, "__name__", str(tp))
 
 
@@ -190,6 +223,9 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         non_null = [a for a in args if a is not type(None)]
         if len(non_null) == 1:  # Optional[X]: X's own message is the precise one
             return _convert(value, non_null[0], key)
+        for arg in non_null:  # an object goes to the dataclass member, whose message names the inner key
+            if isinstance(value, dict) and dataclasses.is_dataclass(arg):
+                return _convert(value, arg, key)
         for arg in non_null:
             try:
                 return _convert(value, arg, key)
@@ -249,6 +285,15 @@ def _positive(key: str, value: Any, allow_zero: bool = False) -> None:
 
 def validate(cfg: Config) -> Config:
     """Cross-field and range checks; raises `ConfigError` naming the first bad key."""
+    if isinstance(cfg.train.compile, bool):
+        cfg.train.compile = CompileConfig(enabled=cfg.train.compile)
+    if isinstance(cfg.profile, bool):
+        cfg.profile = ProfileConfig(enabled=cfg.profile)
+    p = cfg.profile
+    _positive("profile.wait", p.wait, allow_zero=True)
+    _positive("profile.warmup", p.warmup, allow_zero=True)
+    _positive("profile.active", p.active)
+    _positive("profile.repeat", p.repeat, allow_zero=True)
     d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.train
     _positive("data.batch_size", d.batch_size)
     _positive("data.eval_batch_size", d.eval_batch_size)
@@ -321,7 +366,10 @@ def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) ->
         node = raw
         *parents, leaf = dotted.split(".")
         for p in parents:
-            node = node.setdefault(p, {})
+            child = node.get(p)
+            if child is None or isinstance(child, bool):  # `"compile": true` is shorthand for {"enabled": true}
+                child = node[p] = {} if child is None else {"enabled": child}
+            node = child
             if not isinstance(node, dict):
                 raise ConfigError(f"{path}: {p}: expected an object, got {node!r}")
         node[leaf] = value

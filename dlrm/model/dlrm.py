@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 from loguru import logger
 from torch import nn
+from torch.profiler import record_function
 
 from dlrm.config import KernelsConfig, ModelConfig
 from dlrm.data.schema import NUM_DENSE
@@ -38,9 +39,22 @@ class DLRM(nn.Module):
         self.over_arch = over_arch
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        d = self.dense_arch(dense)
-        s = self.sparse_arch(sparse)
-        return self.over_arch(self.interaction_arch(d, s))
+        with record_function("SparseArch"):
+            embeddings = self.sparse_arch(sparse)
+        return self.forward_from_embeddings(dense, embeddings)
+
+    def forward_from_embeddings(self, dense: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        """Everything after the lookup: [B, 13], [B, F, D] -> logits [B].
+
+        Split out so torch.compile can take this dense part while an embedding with sparse
+        gradients (which Inductor does not handle) stays eager.
+        """
+        with record_function("DenseArch"):
+            d = self.dense_arch(dense)
+        with record_function("InteractionArch"):
+            x = self.interaction_arch(d, embeddings)
+        with record_function("OverArch"):
+            return self.over_arch(x)
 
     @torch.no_grad()
     def predict(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
@@ -83,6 +97,15 @@ def build_model(
         interaction = TritonDotInteractionArch(interaction, TritonDotInteraction())
     over_arch = OverArch(interaction.output_dim, cfg.top_mlp, cfg.activation, linear_cls=linear_cls)
     return DLRM(dense_arch, sparse_arch, interaction, over_arch).to(device)
+
+
+def build_loss(kernels: Optional[KernelsConfig] = None):
+    """Mean BCE-with-logits: logits [B], labels [B] -> scalar (torch or the fused Triton kernel)."""
+    if kernels is not None and kernels.loss == "triton":
+        from kernels.loss import bce_with_logits
+
+        return lambda logits, labels: bce_with_logits(logits, labels, "mean")
+    return nn.functional.binary_cross_entropy_with_logits
 
 
 class TritonDotInteractionArch(nn.Module):

@@ -2,45 +2,48 @@
 
 from __future__ import annotations
 
-import contextlib
+import statistics
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
-import torch.nn.functional as F_
 from loguru import logger
+from torch.profiler import record_function
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from dlrm.config import Config
 from dlrm.data.loader import ParquetLoader, split_files
 from dlrm.data.schema import write_json_atomic
-from dlrm.model.dlrm import DLRM, build_model
+from dlrm.model.dlrm import build_loss, build_model
 from dlrm.train.metrics import evaluate_logits
 from dlrm.train.optim import build_optimizers, build_schedulers
+from dlrm.train.profiling import make_profiler, top_ops_table
 from dlrm.train.setup import dataset_tables, load_dataset_metadata, make_run_dir, resolve_device, seed_everything
+from dlrm.train.step import EvalForward, TrainStep, compile_counters
+
+WARMUP_STEPS = 3
+"""Steps timed apart as warm-up (compilation, autotuning, allocator growth) before throughput windows."""
 
 
-def autocast_context(device: torch.device, precision: str):
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-@torch.no_grad()
-def evaluate(model: DLRM, loader: ParquetLoader, device: torch.device, precision: str) -> dict[str, float]:
+def evaluate(forward: EvalForward, loader: ParquetLoader) -> dict[str, float]:
     """AUC, logloss and accuracy over the whole split (logits gathered on the device, one sync)."""
-    model.eval()
+    forward.model.eval()
     logits, labels = [], []
     for batch in loader:
-        with autocast_context(device, precision):
-            logits.append(model(batch.dense, batch.sparse).float())
+        logits.append(forward(batch))
         labels.append(batch.labels)
-    model.train()
+    forward.model.train()
     return evaluate_logits(torch.cat(logits), torch.cat(labels))
 
 
-def train(cfg: Config) -> dict:
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(cfg: Config, run_dir: Optional[Path] = None) -> dict:
     """Train a DLRM as `cfg` says; returns the summary also written to summary.json."""
     t_start = time.perf_counter()
     device = resolve_device(cfg.train.device)
@@ -49,15 +52,13 @@ def train(cfg: Config) -> dict:
     seed_everything(cfg.train.seed, cfg.train.deterministic)
 
     d = cfg.data
+    eval_batch_size = d.eval_batch_size or 4 * d.batch_size
     train_loader = ParquetLoader(
         split_files(data_dir, meta, "train"), d.batch_size, device, shuffle=d.shuffle, seed=cfg.train.seed,
         drop_last=d.drop_last, prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows,
     )
-    eval_loader = ParquetLoader(
-        split_files(data_dir, meta, d.eval_split), d.eval_batch_size or 4 * d.batch_size, device, prefetch=d.prefetch
-    )
-    steps_per_epoch = len(train_loader)
-    total_steps = steps_per_epoch * cfg.train.epochs
+    eval_loader = ParquetLoader(split_files(data_dir, meta, d.eval_split), eval_batch_size, device, prefetch=d.prefetch)
+    total_steps = len(train_loader) * cfg.train.epochs
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
     if total_steps == 0:
@@ -66,71 +67,97 @@ def train(cfg: Config) -> dict:
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device)
     optimizers = build_optimizers(model, cfg.optim)
     schedulers = build_schedulers(optimizers, cfg.optim.schedule, total_steps)
-    n_params = sum(p.numel() for p in model.parameters())
+    if cfg.train.compile.enabled:
+        c = cfg.train.compile
+        logger.info(f"torch.compile: mode {c.mode}, fullgraph {c.fullgraph}")
+    train_step = TrainStep(model, build_loss(cfg.kernels), optimizers, cfg.train.precision, device, cfg.train.compile)
+    eval_forward = EvalForward(model, cfg.train.precision, device, cfg.train.compile, eval_batch_size)
     logger.info(
-        f"device {device}, precision {cfg.train.precision}, {n_params:,} parameters "
+        f"device {device}, precision {cfg.train.precision}, {sum(p.numel() for p in model.parameters()):,} parameters "
         f"({sum(tables.cardinalities):,} embedding rows, hashing {tables.hashing}), "
-        f"{train_loader.num_rows:,} train rows, {steps_per_epoch} steps/epoch, {total_steps} steps"
+        f"{train_loader.num_rows:,} train rows, {len(train_loader)} steps/epoch, {total_steps} steps"
     )
 
-    run_dir = make_run_dir(cfg)
+    run_dir = make_run_dir(cfg) if run_dir is None else run_dir
     writer = SummaryWriter(str(run_dir))
-    log_every, eval_every = cfg.train.log_every, cfg.train.eval_every
-    step, samples = 0, 0
+    counters_before = compile_counters()
+    step, samples, loss_steps = 0, 0, 0
     loss_sum = torch.zeros((), device=device)  # accumulated on the device; read at log steps only
-    loss_steps = 0
-    window_start, window_samples = time.perf_counter(), 0
-    samples_per_sec = float("nan")
-    metrics: dict[str, float] = {}
+    losses: list[tuple[int, float]] = []
+    window_rates: list[float] = []
+    warmup_s = float("nan")
+    loop_start = window_start = time.perf_counter()
+    window_samples = 0
     bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
-    for epoch in range(cfg.train.epochs):
-        train_loader.set_epoch(epoch)
-        for batch in train_loader:
-            with autocast_context(device, cfg.train.precision):
-                logits = model(batch.dense, batch.sparse)
-            loss = F_.binary_cross_entropy_with_logits(logits.float(), batch.labels)
-            loss.backward()
-            for opt in optimizers:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            for sched in schedulers:
-                sched.step()
-            loss_sum += loss.detach()
-            loss_steps += 1
-            step += 1
-            samples += len(batch)
-            window_samples += len(batch)
-            bar.update(1)
-
-            if step % log_every == 0 or step == total_steps:
-                mean_loss = loss_sum.item() / loss_steps  # intended host sync: logging interval
-                loss_sum.zero_()
-                loss_steps = 0
-                now = time.perf_counter()
-                samples_per_sec = window_samples / (now - window_start)
-                window_start, window_samples = now, 0
-                writer.add_scalar("train/loss", mean_loss, step)
-                writer.add_scalar("train/lr_dense", optimizers[0].param_groups[0]["lr"], step)
-                writer.add_scalar("train/lr_sparse", optimizers[1].param_groups[0]["lr"], step)
-                writer.add_scalar("train/samples_per_sec", samples_per_sec, step)
-                bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{samples_per_sec:,.0f}")
-            if eval_every and step % eval_every == 0 and step != total_steps:
-                metrics = log_eval(writer, evaluate(model, eval_loader, device, cfg.train.precision), step)
+    with make_profiler(cfg.profile, run_dir, device) as prof:
+        for epoch in range(cfg.train.epochs):
             if step >= total_steps:
                 break
-        if step >= total_steps:
-            break
-    bar.close()
+            train_loader.set_epoch(epoch)
+            batches = iter(train_loader)
+            while step < total_steps:
+                with record_function("data"):
+                    batch = next(batches, None)
+                if batch is None:
+                    break
+                loss_sum += train_step(batch)
+                for sched in schedulers:
+                    sched.step()
+                step += 1
+                loss_steps += 1
+                samples += len(batch)
+                window_samples += len(batch)
+                bar.update(1)
+                if prof is not None:
+                    prof.step()
 
-    metrics = log_eval(writer, evaluate(model, eval_loader, device, cfg.train.precision), step)
-    wall_s = time.perf_counter() - t_start
+                if step == WARMUP_STEPS:
+                    synchronize(device)  # intended sync, once: separates warm-up from steady state
+                    window_start = time.perf_counter()
+                    warmup_s, window_samples = window_start - loop_start, 0
+                if step % cfg.train.log_every == 0 or step == total_steps:
+                    mean_loss = loss_sum.item() / loss_steps  # intended host sync: logging interval
+                    loss_sum.zero_()
+                    loss_steps = 0
+                    losses.append((step, mean_loss))
+                    now = time.perf_counter()
+                    if step > WARMUP_STEPS and window_samples:
+                        window_rates.append(window_samples / (now - window_start))
+                    window_start, window_samples = now, 0
+                    writer.add_scalar("train/loss", mean_loss, step)
+                    writer.add_scalar("train/lr_dense", optimizers[0].param_groups[0]["lr"], step)
+                    writer.add_scalar("train/lr_sparse", optimizers[1].param_groups[0]["lr"], step)
+                    if window_rates:
+                        writer.add_scalar("train/samples_per_sec", window_rates[-1], step)
+                        bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{window_rates[-1]:,.0f}")
+                if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step != total_steps:
+                    log_eval(writer, evaluate(eval_forward, eval_loader), step)
+            batches.close()  # stops the loader's thread when max_steps ends an epoch early
+    bar.close()
+    train_s = time.perf_counter() - loop_start
+
+    metrics = log_eval(writer, evaluate(eval_forward, eval_loader), step)
+    counters = {k: v - counters_before[k] for k, v in compile_counters().items()}
+    if cfg.train.compile.enabled:
+        logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
+    ops = top_ops_table(prof, device)
+    if ops is not None:
+        logger.info("top operators by " + ("device" if device.type == "cuda" else "CPU") + " time:\n" + ops)
+        writer.add_text("profile/top_ops", "```\n" + ops + "\n```", step)
+    samples_per_sec = statistics.median(window_rates) if window_rates else samples / train_s
     summary = {
         **metrics,
         "split": d.eval_split,
         "steps": step,
         "samples": samples,
         "samples_per_sec": samples_per_sec,
-        "wall_s": wall_s,
+        "warmup_s": warmup_s,
+        "train_s": train_s,
+        "wall_s": time.perf_counter() - t_start,
+        "final_train_loss": losses[-1][1] if losses else None,
+        "train_losses": losses,
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "compile": counters,
         "device": str(device),
         "oracle_auc": meta.extra.get("oracle_auc", {}).get(d.eval_split),
         "run_dir": str(run_dir),
@@ -147,7 +174,7 @@ def train(cfg: Config) -> dict:
     logger.info(
         f"{d.eval_split}: AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}"
         + (f" (oracle AUC {summary['oracle_auc']:.4f})" if summary["oracle_auc"] is not None else "")
-        + f"; {step} steps, {samples:,} samples in {wall_s:.1f}s"
+        + f"; {step} steps, {samples:,} samples, {samples_per_sec:,.0f} samples/s, {summary['wall_s']:.1f}s"
     )
     return summary
 

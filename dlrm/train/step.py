@@ -1,0 +1,125 @@
+"""One training step and one evaluation forward, optionally under torch.compile.
+
+Where the embedding produces sparse gradients (the eager `SparseArch`), the lookup stays eager
+and only the dense part (DenseArch, InteractionArch, OverArch, loss) is compiled: Inductor does
+not handle sparse gradients. A Triton embedding whose backward applies the optimizer itself is
+an ordinary custom op, so the whole forward is compiled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+from loguru import logger
+from torch.profiler import record_function
+
+from dlrm.config import CompileConfig
+from dlrm.data.loader import Batch
+from dlrm.model.dlrm import DLRM
+
+
+def autocast_context(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def compile_counters() -> dict[str, int]:
+    """Graphs compiled and graph breaks so far in this process (torch._dynamo's counters)."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }
+
+
+def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what: str) -> Callable:
+    if not cfg.enabled:
+        return fn
+    if cfg.mode == "reduce-overhead" and device.type != "cuda":
+        logger.warning(f"compile mode reduce-overhead (CUDA graphs) needs CUDA; {what} uses mode default on {device}")
+        return torch.compile(fn, mode="default", fullgraph=cfg.fullgraph)
+    return torch.compile(fn, mode=cfg.mode, fullgraph=cfg.fullgraph)
+
+
+class TrainStep:
+    """forward, loss, backward and the optimizer steps for one batch.
+
+    Args:
+        model: the DLRM (uncompiled; its state is what checkpoints save).
+        loss_fn: (logits [B], labels [B]) -> scalar.
+        optimizers: stepped in order after backward.
+        precision: "fp32" or "bf16" (autocast).
+        device: the model's device.
+        compile_cfg: torch.compile settings.
+
+    Calling it with a `Batch` returns the loss as a detached 0-dim device tensor (no host sync).
+    """
+
+    def __init__(self, model: DLRM, loss_fn, optimizers, precision: str, device: torch.device, compile_cfg: CompileConfig):
+        self.model, self.loss_fn, self.optimizers = model, loss_fn, optimizers
+        self.precision, self.device = precision, device
+        self.embedding_in_graph = not getattr(model.sparse_arch, "sparse_gradients", True)
+        self.cudagraphs = compile_cfg.enabled and compile_cfg.mode == "reduce-overhead" and device.type == "cuda"
+        fn = self._full_loss if self.embedding_in_graph else self._dense_loss
+        self._loss = _maybe_compile(fn, compile_cfg, device, "the training step")
+
+    def _dense_loss(self, dense: torch.Tensor, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with autocast_context(self.device, self.precision):
+            logits = self.model.forward_from_embeddings(dense, embeddings)
+        with record_function("loss"):
+            return self.loss_fn(logits.float(), labels)
+
+    def _full_loss(self, dense: torch.Tensor, sparse: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with autocast_context(self.device, self.precision):
+            embeddings = self.model.sparse_arch(sparse)
+        return self._dense_loss(dense, embeddings, labels)
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be reused
+        if self.embedding_in_graph:
+            loss = self._loss(batch.dense, batch.sparse, batch.labels)
+        else:
+            with record_function("SparseArch"):
+                embeddings = self.model.sparse_arch(batch.sparse)
+            loss = self._loss(batch.dense, embeddings, batch.labels)
+        with record_function("backward"):
+            loss.backward()
+        with record_function("optimizer"):
+            for opt in self.optimizers:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+
+class EvalForward:
+    """Logits of a batch without gradients, compiled separately from the training step.
+
+    A compiled evaluation pads the last partial batch to the full eval batch size so its
+    shape never changes (no recompile), and drops the padded rows from the result.
+    """
+
+    def __init__(self, model: DLRM, precision: str, device: torch.device, compile_cfg: CompileConfig, batch_size: int):
+        self.model, self.precision, self.device, self.batch_size = model, precision, device, batch_size
+        self.pad = compile_cfg.enabled
+        self._forward = _maybe_compile(self._logits, compile_cfg, device, "evaluation")
+
+    def _logits(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        with autocast_context(self.device, self.precision):
+            return self.model(dense, sparse).float()
+
+    @torch.no_grad()
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        n = len(batch)
+        dense, sparse = batch.dense, batch.sparse
+        if self.pad and n < self.batch_size:
+            extra = self.batch_size - n
+            dense = torch.cat([dense, dense[:1].expand(extra, -1)])
+            sparse = torch.cat([sparse, sparse[:1].expand(extra, -1)])
+        if self.pad and torch.cuda.is_available() and self.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
+        return self._forward(dense, sparse)[:n].clone()
