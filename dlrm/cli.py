@@ -30,7 +30,10 @@ def _configure_logging() -> None:
 @click.option("--kernels", type=str, help="torch | triton: every component at once (overrides kernels.*).")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile on or off (overrides train.compile).")
 @click.option("--profile", is_flag=True, default=None, help="Profile a few steps into TensorBoard (overrides profile.enabled).")
-def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, kernels, compile_, profile) -> None:
+@click.option("--compare", type=str, help="Comma-separated variants to train side by side: "
+              "eager,compiled,compiled-cudagraphs,triton,triton+compiled.")
+def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, kernels, compile_, profile,
+         compare) -> None:
     """Train a DLRM on a Criteo-format parquet dataset."""
     _configure_logging()
     overrides = {
@@ -54,7 +57,12 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
         cfg = load_config(config_path, overrides)
         from dlrm.train.trainer import train  # imported late: --help and config errors stay fast
 
-        train(cfg)
+        if compare is not None:
+            from dlrm.train.compare import parse_variants, run_comparison
+
+            run_comparison(cfg, parse_variants(compare), train)
+        else:
+            train(cfg)
     except (ConfigError, DatasetError, TritonUnavailableError) as e:
         logger.error(str(e))
         sys.exit(2)

@@ -9,6 +9,7 @@ an ordinary custom op, so the whole forward is compiled.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Callable
 
 import torch
@@ -39,6 +40,12 @@ def compile_counters() -> dict[str, int]:
 def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what: str) -> Callable:
     if not cfg.enabled:
         return fn
+    if device.type == "cpu" and (os.cpu_count() or 1) <= 4:
+        # Inductor's pool of compile workers keeps competing for the cores after compilation;
+        # on a 2-core machine that made compiled CPU steps ~50x slower than eager. Compile in-process.
+        import torch._inductor.config as inductor_config
+
+        inductor_config.compile_threads = 1
     if cfg.mode == "reduce-overhead" and device.type != "cuda":
         logger.warning(f"compile mode reduce-overhead (CUDA graphs) needs CUDA; {what} uses mode default on {device}")
         return torch.compile(fn, mode="default", fullgraph=cfg.fullgraph)

@@ -1,0 +1,158 @@
+"""Side-by-side variants (eager, compiled, cudagraphs, triton, triton+compiled) on the same batches.
+
+Each variant trains from the same seed on the same batches for the same steps, as its own
+TensorBoard run under ``tb_logs/<run-name>/<variant>/`` so the curves overlay; the comparison
+table goes to ``compare.md``, ``compare.csv`` and ``compare.png`` in ``tb_logs/<run-name>/``.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from loguru import logger
+
+from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig
+from dlrm.train.setup import make_run_dir, resolve_device
+
+VARIANTS: dict[str, tuple[str, Optional[str]]] = {
+    # name: (kernels, compile mode or None)
+    "eager": ("torch", None),
+    "compiled": ("torch", "default"),
+    "compiled-cudagraphs": ("torch", "reduce-overhead"),
+    "triton": ("triton", None),
+    "triton+compiled": ("triton", "default"),
+}
+
+COLUMNS = [
+    ("variant", "variant", "{}"),
+    ("samples_per_sec", "samples/s (median)", "{:,.0f}"),
+    ("warmup_s", "warm-up/compile s", "{:.2f}"),
+    ("peak_memory_mb", "peak device MiB", "{:,.0f}"),
+    ("final_train_loss", "final train loss", "{:.5f}"),
+    ("max_loss_diff_vs_eager", "max |loss - eager|", "{:.2e}"),
+    ("auc", "eval AUC", "{:.4f}"),
+    ("graph_breaks", "graph breaks", "{}"),
+    ("status", "status", "{}"),
+]
+
+
+def parse_variants(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    for v in names:
+        if v not in VARIANTS:
+            raise ConfigError(f"--compare: unknown variant {v!r} (choose from {', '.join(VARIANTS)})")
+    if not names:
+        raise ConfigError("--compare: name at least one variant")
+    return list(dict.fromkeys(names))
+
+
+def variant_config(cfg: Config, name: str) -> Config:
+    kernels, mode = VARIANTS[name]
+    v = copy.deepcopy(cfg)
+    v.kernels = KernelsConfig(**{k: kernels for k in ("embedding", "interaction", "mlp", "loss")})
+    v.train.compile = CompileConfig(enabled=mode is not None, mode=mode or "default", fullgraph=cfg.train.compile.fullgraph)
+    return v
+
+
+def unavailable_reason(name: str, device: torch.device) -> Optional[str]:
+    """Why a variant cannot run here, or None."""
+    kernels, mode = VARIANTS[name]
+    if mode == "reduce-overhead" and device.type != "cuda":
+        return "CUDA graphs need a CUDA device"
+    if kernels == "triton":
+        from kernels import TritonUnavailableError, check_triton_device
+
+        try:
+            check_triton_device(device, "triton kernels")
+        except TritonUnavailableError as e:
+            return str(e)
+    return None
+
+
+def max_loss_diff(losses: list, reference: list) -> Optional[float]:
+    ref = dict((int(s), l) for s, l in reference)
+    diffs = [abs(l - ref[int(s)]) for s, l in losses if int(s) in ref]
+    return max(diffs) if diffs else None
+
+
+def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list[dict]:
+    """Train each variant with `train_fn(cfg, run_dir=...)`; write and print the reports."""
+    device = resolve_device(cfg.train.device)
+    base = make_run_dir(cfg)
+    rows, summaries = [], {}
+    for name in variants:
+        reason = unavailable_reason(name, device)
+        if reason:
+            logger.warning(f"compare: skipping {name}: {reason}")
+            rows.append({"variant": name, "status": f"skipped: {reason}"})
+            continue
+        logger.info(f"compare: variant {name}")
+        run_dir = base / name
+        run_dir.mkdir()
+        s = train_fn(variant_config(cfg, name), run_dir=run_dir)
+        summaries[name] = s
+        rows.append({
+            "variant": name,
+            "samples_per_sec": s["samples_per_sec"],
+            "warmup_s": s["warmup_s"],
+            "peak_memory_mb": s["peak_memory_bytes"] / 2**20 if s["peak_memory_bytes"] is not None else None,
+            "final_train_loss": s["final_train_loss"],
+            "auc": s["auc"],
+            "graph_breaks": s["compile"]["graph_breaks"] if VARIANTS[name][1] else None,
+            "status": "ok",
+        })
+    eager = summaries.get("eager")
+    for row in rows:
+        if eager is not None and row["variant"] in summaries:
+            row["max_loss_diff_vs_eager"] = max_loss_diff(summaries[row["variant"]]["train_losses"], eager["train_losses"])
+    write_reports(base, rows, device)
+    return rows
+
+
+def _fmt(row: dict, key: str, fmt: str) -> str:
+    value = row.get(key)
+    return "n/a" if value is None else fmt.format(value)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = "| " + " | ".join(title for _, title, _ in COLUMNS) + " |"
+    sep = "|" + "|".join(" --- " for _ in COLUMNS) + "|"
+    body = ["| " + " | ".join(_fmt(r, k, f) for k, _, f in COLUMNS) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    table = markdown_table(rows)
+    (base / "compare.md").write_text(
+        f"# Variant comparison: {base.name}\n\nDevice: {device_name}; torch {torch.__version__}.\n"
+        "Throughput is the median over logging windows after the warm-up steps.\n\n" + table + "\n"
+    )
+    with open(base / "compare.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[k for k, _, _ in COLUMNS])
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k) for k, _, _ in COLUMNS})
+    ran = [r for r in rows if r.get("samples_per_sec") is not None]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    names = [r["variant"] for r in ran]
+    axes[0].bar(names, [r["samples_per_sec"] for r in ran], color="tab:blue")
+    axes[0].set_title("steady-state samples/s (higher is better)")
+    axes[1].bar(names, [r["warmup_s"] for r in ran], color="tab:orange")
+    axes[1].set_title("warm-up / compile seconds")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=20)
+    fig.suptitle(f"{base.name} on {device_name}")
+    fig.tight_layout()
+    fig.savefig(base / "compare.png", dpi=110)
+    plt.close(fig)
+    logger.info(f"comparison ({base}):\n" + table)
