@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 from loguru import logger
@@ -32,8 +33,17 @@ def _configure_logging() -> None:
 @click.option("--profile", is_flag=True, default=None, help="Profile a few steps into TensorBoard (overrides profile.enabled).")
 @click.option("--compare", type=str, help="Comma-separated variants to train side by side: "
               "eager,compiled,compiled-cudagraphs,triton,triton+compiled.")
+@click.option("--checkpoint-every", type=int, help="Steps between checkpoints (overrides checkpoint.every).")
+@click.option("--resume", is_flag=False, flag_value="latest", default=None, metavar="[PATH]",
+              help="Continue the run named by --run-name from its latest checkpoint, or from PATH.")
+@click.option("--eval-only", is_flag=True, help="Only evaluate --checkpoint on --split.")
+@click.option("--checkpoint", "checkpoint_path", type=str, help="Checkpoint for --eval-only or --export.")
+@click.option("--split", type=click.Choice(["validation", "test"]), default=None, help="Split for --eval-only.")
+@click.option("--export", "export_path", type=str,
+              help="Write a torch.export inference program (raw inputs, hashing included) here: from --checkpoint, "
+                   "or from the model at the end of training.")
 def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, kernels, compile_, profile,
-         compare) -> None:
+         compare, checkpoint_every, resume, eval_only, checkpoint_path, split, export_path) -> None:
     """Train a DLRM on a Criteo-format parquet dataset."""
     _configure_logging()
     overrides = {
@@ -45,6 +55,8 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
         "train.seed": seed,
         "log.run_name": run_name,
         "log.tb_dir": tb_dir,
+        "checkpoint.every": checkpoint_every,
+        "data.eval_split": split,
     }
     if compile_ is not None:
         overrides["train.compile.enabled"] = compile_
@@ -55,17 +67,36 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
     overrides = {k: v for k, v in overrides.items() if v is not None}
     try:
         cfg = load_config(config_path, overrides)
-        from dlrm.train.trainer import train  # imported late: --help and config errors stay fast
+        # imported late: --help and config errors stay fast
+        from dlrm.train import export as export_mod
+        from dlrm.train.trainer import NonFiniteLoss, TrainingStopped, train
 
-        if compare is not None:
+        if export_path and Path(export_path).exists():
+            raise ConfigError(f"--export: {export_path} already exists; remove it or choose another path")
+        if eval_only or (export_path and checkpoint_path):
+            if not checkpoint_path:
+                raise ConfigError("--eval-only: needs --checkpoint PATH")
+            if eval_only:
+                export_mod.evaluate_checkpoint(cfg, Path(checkpoint_path), cfg.data.eval_split)
+            if export_path:
+                export_mod.export_checkpoint(cfg, Path(checkpoint_path), Path(export_path))
+        elif compare is not None:
             from dlrm.train.compare import parse_variants, run_comparison
 
             run_comparison(cfg, parse_variants(compare), train)
         else:
-            train(cfg)
+            summary = train(cfg, resume=resume)
+            if export_path:
+                export_mod.export_checkpoint(cfg, Path(summary["checkpoint"]), Path(export_path))
     except (ConfigError, DatasetError, TritonUnavailableError) as e:
         logger.error(str(e))
         sys.exit(2)
+    except NonFiniteLoss as e:
+        logger.error(str(e))
+        sys.exit(3)
+    except TrainingStopped as e:
+        logger.warning(str(e))
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         logger.error("interrupted")
         sys.exit(130)

@@ -172,6 +172,16 @@ class LogConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """When to write checkpoints into tb_logs/<run>/checkpoints/ (always at the end of training)."""
+
+    every: Optional[int] = None
+    """Steps between checkpoints; None writes only the final one."""
+    keep: int = 3
+    """Newest checkpoints kept; older ones are deleted after a new one is complete."""
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -179,6 +189,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: Union[bool, ProfileConfig] = False
     """false, true, or the profiler settings; normalised to a ProfileConfig."""
     name: str = "run"
@@ -333,6 +344,8 @@ def validate(cfg: Config) -> Config:
     _positive("train.max_steps", t.max_steps)
     _positive("train.eval_every", t.eval_every)
     _positive("train.log_every", t.log_every)
+    _positive("checkpoint.every", cfg.checkpoint.every)
+    _positive("checkpoint.keep", cfg.checkpoint.keep)
     if not cfg.name or "/" in cfg.name:
         raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without '/'")
     if cfg.log.run_name is not None and (not cfg.log.run_name or "/" in cfg.log.run_name or cfg.log.run_name in (".", "..")):

@@ -148,6 +148,7 @@ class ParquetLoader:
         self.prefetch = prefetch
         self.shuffle_buffer_rows = shuffle_buffer_rows
         self.epoch = 0
+        self.start_batch = 0
         # (file index, row group index, rows) for every row group, read from parquet footers only.
         self.row_groups: list[tuple[int, int, int]] = []
         for i, path in enumerate(self.files):
@@ -165,8 +166,14 @@ class ParquetLoader:
         full, rest = divmod(self.num_rows, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """The next iteration yields `epoch`'s batches from index `start_batch` on (for resume).
+
+        The order depends only on (seed, epoch), so skipped batches are the ones a
+        previous run consumed; they are cut on the host but never converted or copied.
+        """
         self.epoch = epoch
+        self.start_batch = start_batch
 
     # -- producer (background thread) -----------------------------------------------------------
 
@@ -235,7 +242,9 @@ class ParquetLoader:
 
     def _produce(self, q: queue.Queue, stop: threading.Event) -> None:
         try:
-            for block in self._host_batches(stop):
+            for i, block in enumerate(self._host_batches(stop)):
+                if i < self.start_batch:
+                    continue
                 if not self._put(q, self._to_tensors(block), stop):
                     return
             self._put(q, _END, stop)

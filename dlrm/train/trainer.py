@@ -1,9 +1,11 @@
-"""The training loop, readable top to bottom: build, train with periodic eval, summarize."""
+"""The training loop, readable top to bottom: build, (resume), train with periodic eval and
+checkpoints, summarize."""
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -13,18 +15,32 @@ from torch.profiler import record_function
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from dlrm.config import Config
+from dlrm.config import Config, ConfigError
 from dlrm.data.loader import ParquetLoader, split_files
 from dlrm.data.schema import write_json_atomic
-from dlrm.model.dlrm import build_loss, build_model
+from dlrm.model.dlrm import DLRM, build_loss, build_model
+from dlrm.train import checkpoint as ckpt
 from dlrm.train.metrics import evaluate_logits
 from dlrm.train.optim import build_optimizers, build_schedulers
 from dlrm.train.profiling import make_profiler, top_ops_table
-from dlrm.train.setup import dataset_tables, load_dataset_metadata, make_run_dir, resolve_device, seed_everything
+from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, make_run_dir, resolve_device, seed_everything
+from dlrm.train.signals import GracefulStop
 from dlrm.train.step import EvalForward, TrainStep, compile_counters
 
 WARMUP_STEPS = 3
 """Steps timed apart as warm-up (compilation, autotuning, allocator growth) before throughput windows."""
+
+
+class TrainingStopped(Exception):
+    """Training ended early on a signal, after writing a checkpoint; `exit_code` is 128 + signal."""
+
+    def __init__(self, exit_code: int, message: str):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN or Inf; the message names the step and the last good checkpoint."""
 
 
 def evaluate(forward: EvalForward, loader: ParquetLoader) -> dict[str, float]:
@@ -43,12 +59,22 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train(cfg: Config, run_dir: Optional[Path] = None) -> dict:
-    """Train a DLRM as `cfg` says; returns the summary also written to summary.json."""
-    t_start = time.perf_counter()
+def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:
     device = resolve_device(cfg.train.device)
     data_dir, meta = load_dataset_metadata(cfg)
-    tables = dataset_tables(cfg, meta, data_dir)
+    return device, data_dir, meta, dataset_tables(cfg, meta, data_dir)
+
+
+def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = None) -> dict:
+    """Train a DLRM as `cfg` says; returns the summary also written to summary.json.
+
+    Args:
+        cfg: the resolved config.
+        run_dir: write here instead of tb_logs/<run-name>/ (used by --compare).
+        resume: "latest" (the run's newest checkpoint) or a checkpoint path.
+    """
+    t_start = time.perf_counter()
+    device, data_dir, meta, tables = build_for_data(cfg)
     seed_everything(cfg.train.seed, cfg.train.deterministic)
 
     d = cfg.data
@@ -62,14 +88,13 @@ def train(cfg: Config, run_dir: Optional[Path] = None) -> dict:
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
     if total_steps == 0:
-        raise ValueError(f"{data_dir}: the train split has {train_loader.num_rows} rows, fewer than one batch of {d.batch_size}")
+        raise ConfigError(f"data.batch_size: {d.batch_size} is more than the {train_loader.num_rows} rows of {data_dir}/train")
 
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device)
     optimizers = build_optimizers(model, cfg.optim)
     schedulers = build_schedulers(optimizers, cfg.optim.schedule, total_steps)
     if cfg.train.compile.enabled:
-        c = cfg.train.compile
-        logger.info(f"torch.compile: mode {c.mode}, fullgraph {c.fullgraph}")
+        logger.info(f"torch.compile: mode {cfg.train.compile.mode}, fullgraph {cfg.train.compile.fullgraph}")
     train_step = TrainStep(model, build_loss(cfg.kernels), optimizers, cfg.train.precision, device, cfg.train.compile)
     eval_forward = EvalForward(model, cfg.train.precision, device, cfg.train.compile, eval_batch_size)
     logger.info(
@@ -78,32 +103,76 @@ def train(cfg: Config, run_dir: Optional[Path] = None) -> dict:
         f"{train_loader.num_rows:,} train rows, {len(train_loader)} steps/epoch, {total_steps} steps"
     )
 
-    run_dir = make_run_dir(cfg) if run_dir is None else run_dir
-    writer = SummaryWriter(str(run_dir))
+    pos = ckpt.Position()
+    last_ckpt: Optional[Path] = None
+    if resume is not None:
+        if resume == "latest":
+            if not cfg.log.run_name:
+                raise ConfigError("--resume: name the run to resume with --run-name (or give a checkpoint path)")
+            last_ckpt = ckpt.resolve_resume(resume, Path(cfg.log.tb_dir) / cfg.log.run_name)
+        else:
+            last_ckpt = Path(resume)
+        run_dir = last_ckpt.resolve().parent.parent
+        pos = restore(last_ckpt, model, optimizers, schedulers, tables, cfg)
+        logger.info(f"resumed from {last_ckpt} at step {pos.step} (epoch {pos.epoch}, batch {pos.batch})")
+    elif run_dir is None:
+        run_dir = make_run_dir(cfg)
+
+    def save() -> Path:
+        nonlocal last_ckpt
+        if last_ckpt is not None and last_ckpt.name == ckpt.checkpoint_name(pos.step):
+            return last_ckpt  # this step is already saved
+        state = {
+            "model": model.state_dict(),
+            "optimizers": [o.state_dict() for o in optimizers],
+            "schedulers": [s.state_dict() for s in schedulers],
+            "position": asdict(pos),
+            "rng": ckpt.rng_state(),
+            "cardinalities": tables.cardinalities,
+            "config": cfg.to_dict(),
+        }
+        last_ckpt = ckpt.save_checkpoint(run_dir, state, pos.step, cfg.checkpoint.keep)
+        return last_ckpt
+
+    def check_finite() -> None:
+        bad = int(first_bad.item())  # intended host sync: logging / checkpoint interval only
+        if bad >= 0:
+            where = f"the last good checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was written"
+            raise NonFiniteLoss(f"loss became NaN or Inf at step {bad}; stopped; {where}")
+
+    writer = SummaryWriter(str(run_dir), purge_step=pos.step + 1 if pos.step else None)
     counters_before = compile_counters()
-    step, samples, loss_steps = 0, 0, 0
+    samples, loss_steps, window_samples = 0, 0, 0
     loss_sum = torch.zeros((), device=device)  # accumulated on the device; read at log steps only
+    device_step = torch.full((), pos.step, dtype=torch.int64, device=device)
+    first_bad = torch.full((), -1, dtype=torch.int64, device=device)  # first step with a non-finite loss
     losses: list[tuple[int, float]] = []
     window_rates: list[float] = []
     warmup_s = float("nan")
     loop_start = window_start = time.perf_counter()
-    window_samples = 0
-    bar = tqdm(total=total_steps, desc="train", unit="step", dynamic_ncols=True)
-    with make_profiler(cfg.profile, run_dir, device) as prof:
-        for epoch in range(cfg.train.epochs):
-            if step >= total_steps:
+    start_step = pos.step
+    bar = tqdm(total=total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True)
+    with make_profiler(cfg.profile, run_dir, device) as prof, GracefulStop() as stop:
+        for epoch in range(pos.epoch, cfg.train.epochs):
+            if pos.step >= total_steps or stop.requested:
                 break
-            train_loader.set_epoch(epoch)
+            if epoch != pos.epoch:
+                pos.epoch, pos.batch = epoch, 0
+            train_loader.set_epoch(epoch, start_batch=pos.batch)
             batches = iter(train_loader)
-            while step < total_steps:
+            while pos.step < total_steps and not stop.requested:
                 with record_function("data"):
                     batch = next(batches, None)
                 if batch is None:
                     break
-                loss_sum += train_step(batch)
+                loss = train_step(batch)
                 for sched in schedulers:
                     sched.step()
-                step += 1
+                device_step += 1
+                first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss), device_step, first_bad)
+                loss_sum += loss
+                pos.step += 1
+                pos.batch += 1
                 loss_steps += 1
                 samples += len(batch)
                 window_samples += len(batch)
@@ -111,44 +180,49 @@ def train(cfg: Config, run_dir: Optional[Path] = None) -> dict:
                 if prof is not None:
                     prof.step()
 
-                if step == WARMUP_STEPS:
+                if pos.step - start_step == WARMUP_STEPS:
                     synchronize(device)  # intended sync, once: separates warm-up from steady state
                     window_start = time.perf_counter()
                     warmup_s, window_samples = window_start - loop_start, 0
-                if step % cfg.train.log_every == 0 or step == total_steps:
+                if pos.step % cfg.train.log_every == 0 or pos.step == total_steps:
+                    check_finite()
                     mean_loss = loss_sum.item() / loss_steps  # intended host sync: logging interval
                     loss_sum.zero_()
                     loss_steps = 0
-                    losses.append((step, mean_loss))
+                    losses.append((pos.step, mean_loss))
                     now = time.perf_counter()
-                    if step > WARMUP_STEPS and window_samples:
+                    if pos.step - start_step > WARMUP_STEPS and window_samples:
                         window_rates.append(window_samples / (now - window_start))
                     window_start, window_samples = now, 0
-                    writer.add_scalar("train/loss", mean_loss, step)
-                    writer.add_scalar("train/lr_dense", optimizers[0].param_groups[0]["lr"], step)
-                    writer.add_scalar("train/lr_sparse", optimizers[1].param_groups[0]["lr"], step)
-                    if window_rates:
-                        writer.add_scalar("train/samples_per_sec", window_rates[-1], step)
-                        bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{window_rates[-1]:,.0f}")
-                if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step != total_steps:
-                    log_eval(writer, evaluate(eval_forward, eval_loader), step)
+                    log_train(writer, pos.step, mean_loss, optimizers, window_rates[-1] if window_rates else None)
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", **({"samples_s": f"{window_rates[-1]:,.0f}"} if window_rates else {}))
+                if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step != total_steps:
+                    log_eval(writer, evaluate(eval_forward, eval_loader), pos.step)
+                if cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0:
+                    check_finite()  # never save a checkpoint of a diverged model
+                    save()
             batches.close()  # stops the loader's thread when max_steps ends an epoch early
-    bar.close()
+        bar.close()
+        check_finite()
+        if stop.requested:
+            writer.close()
+            raise TrainingStopped(stop.exit_code, f"stopped by signal at step {pos.step}; checkpoint {save()}")
     train_s = time.perf_counter() - loop_start
+    save()
 
-    metrics = log_eval(writer, evaluate(eval_forward, eval_loader), step)
+    metrics = log_eval(writer, evaluate(eval_forward, eval_loader), pos.step)
     counters = {k: v - counters_before[k] for k, v in compile_counters().items()}
     if cfg.train.compile.enabled:
         logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
     ops = top_ops_table(prof, device)
     if ops is not None:
         logger.info("top operators by " + ("device" if device.type == "cuda" else "CPU") + " time:\n" + ops)
-        writer.add_text("profile/top_ops", "```\n" + ops + "\n```", step)
+        writer.add_text("profile/top_ops", "```\n" + ops + "\n```", pos.step)
     samples_per_sec = statistics.median(window_rates) if window_rates else samples / train_s
     summary = {
         **metrics,
         "split": d.eval_split,
-        "steps": step,
+        "steps": pos.step,
         "samples": samples,
         "samples_per_sec": samples_per_sec,
         "warmup_s": warmup_s,
@@ -160,6 +234,7 @@ def train(cfg: Config, run_dir: Optional[Path] = None) -> dict:
         "compile": counters,
         "device": str(device),
         "oracle_auc": meta.extra.get("oracle_auc", {}).get(d.eval_split),
+        "checkpoint": str(last_ckpt),
         "run_dir": str(run_dir),
         "config": cfg.to_dict(),
     }
@@ -174,9 +249,30 @@ def train(cfg: Config, run_dir: Optional[Path] = None) -> dict:
     logger.info(
         f"{d.eval_split}: AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}"
         + (f" (oracle AUC {summary['oracle_auc']:.4f})" if summary["oracle_auc"] is not None else "")
-        + f"; {step} steps, {samples:,} samples, {samples_per_sec:,.0f} samples/s, {summary['wall_s']:.1f}s"
+        + f"; {pos.step} steps, {samples:,} samples, {samples_per_sec:,.0f} samples/s, {summary['wall_s']:.1f}s"
     )
     return summary
+
+
+def restore(path: Path, model: DLRM, optimizers, schedulers, tables: Tables, cfg: Config) -> ckpt.Position:
+    """Load a checkpoint into the freshly built objects (after checking it fits); returns its position."""
+    state = ckpt.load_checkpoint(path)
+    ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path)
+    model.load_state_dict(state["model"])
+    for opt, s in zip(optimizers, state["optimizers"]):
+        opt.load_state_dict(s)
+    for sched, s in zip(schedulers, state["schedulers"]):
+        sched.load_state_dict(s)
+    ckpt.set_rng_state(state["rng"])
+    return ckpt.Position(**state["position"])
+
+
+def log_train(writer: SummaryWriter, step: int, loss: float, optimizers, samples_per_sec: Optional[float]) -> None:
+    writer.add_scalar("train/loss", loss, step)
+    writer.add_scalar("train/lr_dense", optimizers[0].param_groups[0]["lr"], step)
+    writer.add_scalar("train/lr_sparse", optimizers[1].param_groups[0]["lr"], step)
+    if samples_per_sec is not None:
+        writer.add_scalar("train/samples_per_sec", samples_per_sec, step)
 
 
 def log_eval(writer: SummaryWriter, metrics: dict[str, float], step: int) -> dict[str, float]:

@@ -1,0 +1,54 @@
+"""SIGINT/SIGTERM during training: finish the step, checkpoint, flush, exit; a second signal stops at once."""
+
+from __future__ import annotations
+
+import signal
+from typing import Optional
+
+from loguru import logger
+
+
+class GracefulStop:
+    """Context manager that turns the first SIGINT/SIGTERM into a flag the loop checks between steps.
+
+    Example:
+        >>> with GracefulStop() as stop:
+        ...     while not stop.requested: train_one_step()
+        >>> stop.exit_code  # 130 after SIGINT, 143 after SIGTERM (128 + signal number)
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: Optional[int] = None
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signum or 0)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:  # second signal: give up at once
+            logger.warning(f"{signal.Signals(signum).name} again: stopping now, without a checkpoint")
+            raise SystemExit(128 + signum)
+        self.signum = signum
+        logger.warning(
+            f"{signal.Signals(signum).name}: finishing the current step, then checkpointing and exiting "
+            "(send it again to stop at once)"
+        )
+
+    def __enter__(self) -> "GracefulStop":
+        for s in self.SIGNALS:
+            try:
+                self._previous[s] = signal.signal(s, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
