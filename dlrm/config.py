@@ -8,6 +8,7 @@ This is the only module that reads a config file; everything else receives `Conf
 from __future__ import annotations
 
 import dataclasses
+import math
 import json
 import types
 import typing
@@ -290,7 +291,9 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
 def _positive(key: str, value: Any, allow_zero: bool = False) -> None:
     if value is None:
         return
-    if value < 0 or (value == 0 and not allow_zero):
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: {value!r} must be a finite number")
+    if not (value > 0 or (allow_zero and value == 0)):
         raise ConfigError(f"{key}: {value!r} must be {'>= 0' if allow_zero else '> 0'}")
 
 
@@ -338,7 +341,7 @@ def validate(cfg: Config) -> Config:
     s = o.schedule
     for key in ("warmup_steps", "decay_start_step", "decay_steps"):
         _positive(f"optim.schedule.{key}", getattr(s, key), allow_zero=True)
-    if not 0.0 <= s.end_factor <= 1.0:
+    if not (0.0 <= s.end_factor <= 1.0):
         raise ConfigError(f"optim.schedule.end_factor: {s.end_factor!r} must be within [0, 1]")
     _positive("train.epochs", t.epochs)
     _positive("train.max_steps", t.max_steps)

@@ -42,6 +42,8 @@ BAD = [
     ({"model": {"cardinalities": [3] * 25}}, r"model.cardinalities: has 25 entries, expected 26"),
     ({"model": {"cardinalities": [3] * 25 + ["x"]}}, r"model.cardinalities\[25\]: expected an integer, got 'x'"),
     ({"optim": {"dense": {"lr": -1.0}}}, r"optim.dense.lr: -1.0 must be > 0"),
+    ({"optim": {"dense": {"lr": float("nan")}}}, r"optim.dense.lr: nan must be a finite number"),
+    ({"optim": {"sparse": {"eps": float("inf")}}}, r"optim.sparse.eps: inf must be a finite number"),
     ({"optim": {"dense": {"name": "lamb"}}}, r"optim.dense.name: 'lamb' is not one of"),
     ({"optim": {"sparse": {"name": "adam"}}}, r"optim.sparse.name: 'adam' is not one of"),
     ({"optim": {"schedule": {"end_factor": 2}}}, r"optim.schedule.end_factor: 2.0 must be within \[0, 1\]"),
