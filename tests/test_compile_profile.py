@@ -1,0 +1,80 @@
+"""torch.compile runs, profiler traces with named ranges, and --compare reports (CPU)."""
+
+import csv
+import gzip
+import json
+
+import pytest
+
+from dlrm.config import load_config
+from dlrm.train.compare import run_comparison
+from dlrm.train.profiling import trace_files
+from dlrm.train.trainer import train
+from tests.conftest import REPO, make_dataset
+
+RANGES = ["data", "SparseArch", "DenseArch", "InteractionArch", "OverArch", "loss", "backward", "optimizer"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cp") / "ds"
+    make_dataset(root, {"train": 400, "validation": 70}, row_group_size=100)
+    return root
+
+
+def small_config(dataset, tmp_path, **overrides):
+    base = {"data.path": str(dataset), "log.tb_dir": str(tmp_path / "tb"), "data.batch_size": 32,
+            "train.max_steps": 12, "train.log_every": 4, "train.device": "cpu"}
+    return load_config(REPO / "configs" / "sample.json", {**base, **overrides})
+
+
+def test_profiled_run_writes_trace_with_named_ranges(dataset, tmp_path):
+    cfg = small_config(dataset, tmp_path, **{"profile.enabled": True, "profile.wait": 1, "profile.warmup": 1,
+                                             "profile.active": 2, "log.run_name": "prof"})
+    train(cfg)
+    run_dir = tmp_path / "tb" / "prof"
+    (trace,) = trace_files(run_dir)
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    names = {e.get("name") for e in events}
+    for r in RANGES:
+        assert r in names, r
+    profiler_steps = [n for n in names if n and n.startswith("ProfilerStep#")]
+    assert len(profiler_steps) == 2
+    pytest.importorskip("torch_tb_profiler")  # the TensorBoard plugin's own loader parses it too
+    from torch_tb_profiler.io.cache import Cache
+    from torch_tb_profiler.profiler.loader import RunLoader
+
+    run = RunLoader("prof", str(run_dir), Cache(str(tmp_path / "cache"))).load()
+    assert run is not None and run.get_profiles()
+    assert [v.display_name for v in run.views][:3] == ["Overview", "Operator", "Trace"]
+
+
+def test_compiled_run_matches_eager_with_no_graph_breaks(dataset, tmp_path):
+    eager = train(small_config(dataset, tmp_path, **{"log.run_name": "eager"}))
+    compiled = train(small_config(dataset, tmp_path, **{"log.run_name": "compiled", "train.compile.enabled": True,
+                                                        "train.compile.fullgraph": True}))
+    assert compiled["compile"]["graph_breaks"] == 0
+    assert compiled["compile"]["graphs"] == 2  # one training graph, one evaluation graph: nothing recompiled
+    assert compiled["warmup_s"] > 0 and compiled["samples_per_sec"] > 0
+    for (s1, l1), (s2, l2) in zip(eager["train_losses"], compiled["train_losses"]):
+        assert s1 == s2 and l1 == pytest.approx(l2, abs=1e-5)
+    assert compiled["auc"] == pytest.approx(eager["auc"], abs=1e-4)
+    state = __import__("torch").load(compiled["checkpoint"], weights_only=False)
+    assert not any("_orig_mod" in k for k in state["model"])
+
+
+def test_compare_writes_reports_with_one_row_per_variant(dataset, tmp_path):
+    cfg = small_config(dataset, tmp_path, **{"log.run_name": "cmp"})
+    rows = run_comparison(cfg, ["eager", "compiled"], train)
+    base = tmp_path / "tb" / "cmp"
+    for name in ("compare.md", "compare.csv", "compare.png"):
+        assert (base / name).stat().st_size > 0
+    with open(base / "compare.csv") as f:
+        table = list(csv.DictReader(f))
+    assert [r["variant"] for r in table] == ["eager", "compiled"] == [r["variant"] for r in rows]
+    assert float(table[0]["max_loss_diff_vs_eager"]) == 0.0
+    assert float(table[1]["max_loss_diff_vs_eager"]) < 1e-4
+    assert all(float(r["samples_per_sec"]) > 0 for r in table)
+    assert (base / "eager" / "summary.json").exists() and (base / "compiled" / "summary.json").exists()
+    md = (base / "compare.md").read_text()
+    assert "| eager |" in md and "| compiled |" in md
