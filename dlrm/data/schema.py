@@ -150,6 +150,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the result is an ordinary readable file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

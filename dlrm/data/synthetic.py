@@ -34,7 +34,7 @@ function of the stored values only (dense as stored, categories via `category_id
 
 Usage::
 
-    python -m dlrm.data.synthetic --rows 60000 --out data/sample --seed 0 --cardinalities small
+    python -m dlrm.data.synthetic --rows 200000 --out data/sample --seed 0 --cardinalities tiny --test-fraction 0
 
 Rows are generated in fixed chunks of `CHUNK_ROWS`, each from its own random stream derived
 from (seed, chunk index), so the data depend only on (seed, rows, cardinalities, split
@@ -80,6 +80,10 @@ GENERATOR_VERSION = 1
 """Bumped whenever the same seed and settings would produce different rows."""
 
 CARDINALITY_PRESETS: dict[str, list[int]] = {
+    # The embedded data/sample: "small" divided by 10 (features of <= 30 values keep their size), so
+    # 150k rows see every category often enough for a CPU model to get within 0.02 of the oracle AUC.
+    "tiny": [30, 20, 400, 250, 10, 24, 80, 20, 3, 150, 60, 400, 50,
+             27, 90, 350, 10, 60, 40, 4, 350, 18, 15, 200, 6, 180],
     # Scaled-down Kaggle shapes (the 3..27-sized features keep their real sizes) for CPU samples.
     "small": [300, 200, 4000, 2500, 100, 24, 800, 200, 3, 1500, 600, 4000, 500,
               27, 900, 3500, 10, 600, 400, 4, 3500, 18, 15, 2000, 60, 1800],
@@ -117,13 +121,16 @@ _SPARSE_ZIPF = np.array([1.10, 1.15, 1.05, 1.08, 1.20, 1.25, 1.12, 1.18, 1.30, 1
                          1.25, 1.10, 1.06, 1.20, 1.15, 1.12, 1.30, 1.08, 1.22, 1.25, 1.10, 1.18, 1.10])
 _SPARSE_SCALE = np.array([0.55, 0.45, 0.65, 0.55, 0.40, 0.45, 0.50, 0.35, 0.30, 0.50, 0.40, 0.65, 0.40,
                           0.45, 0.50, 0.60, 0.30, 0.35, 0.45, 0.30, 0.55, 0.40, 0.35, 0.50, 0.40, 0.45])
-_EFFECT_RANK_SCALE = 4.0  # K: category k's effect is damped by 1 / (1 + k / K)
+_EFFECT_RANK_SCALE = 4.0  # K and alpha: category k's effect is damped by (1 + k / K) ** -alpha
+_EFFECT_RANK_POWER = 1.0
 # Latent interactions: (feature, feature, strength) among low-cardinality features.
 _INTERACTIONS = ((5, 13, 0.6), (16, 19, 0.5), (21, 22, 0.5), (4, 24, 0.5))
 _LATENT_RANK = 4
+_LATENT_RANK_SCALE = 4.0
+_LATENT_RANK_POWER = 0.5
 
 # Hash "purposes": independent streams of per-category randomness for one (seed, feature).
-_PURPOSE_VALUE, _PURPOSE_EFFECT, _PURPOSE_MISSING, _PURPOSE_LATENT = 1, 2, 3, 16
+_PURPOSE_VALUE, _PURPOSE_ROW, _PURPOSE_EFFECT, _PURPOSE_MISSING, _PURPOSE_LATENT = 1, 2, 3, 4, 16
 
 _U64 = np.uint64
 _M32 = 0xFFFFFFFF
@@ -142,54 +149,49 @@ def _key(seed: int, feature: int, purpose: int) -> np.uint64:
     return _mix64(_mix64(packed))[0]
 
 
+def _hash_u64(seed: int, feature: int, purpose: int, ids: np.ndarray) -> np.ndarray:
+    """A uniform uint64 per id, fixed by (seed, feature, purpose, id)."""
+    # SplitMix64's stream: the i-th output is mix64(key + i * golden), distinct for distinct i.
+    return _mix64(_key(seed, feature, purpose) + ids.astype(np.uint64) * _U64(0x9E3779B97F4A7C15))
+
+
 def _hash_normal(seed: int, feature: int, purpose: int, ids: np.ndarray) -> np.ndarray:
     """A standard normal per id, fixed by (seed, feature, purpose, id) (Box-Muller on two hashes)."""
-    key = _key(seed, feature, purpose)
     base = ids.astype(np.uint64) * _U64(2)
-    # SplitMix64's stream: the i-th output is mix64(key + i * golden), distinct for distinct i.
-    h1 = _mix64(key + base * _U64(0x9E3779B97F4A7C15))
-    h2 = _mix64(key + (base + _U64(1)) * _U64(0x9E3779B97F4A7C15))
-    u1 = ((h1 >> _U64(11)).astype(np.float64) + 1.0) * 2.0**-53  # (0, 1]: log stays finite
-    u2 = (h2 >> _U64(11)).astype(np.float64) * 2.0**-53
+    u1 = ((_hash_u64(seed, feature, purpose, base) >> _U64(11)).astype(np.float64) + 1.0) * 2.0**-53  # (0, 1]
+    u2 = (_hash_u64(seed, feature, purpose, base + _U64(1)) >> _U64(11)).astype(np.float64) * 2.0**-53
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
 
 
-def _fmix32(x: np.ndarray) -> np.ndarray:
-    """MurmurHash3's 32-bit finaliser (a bijection of [0, 2^32)), on uint64 holding 32-bit values."""
-    x = x ^ (x >> _U64(16))
-    x = (x * _U64(0x85EBCA6B)) & _U64(_M32)
-    x = x ^ (x >> _U64(13))
-    x = (x * _U64(0xC2B2AE35)) & _U64(_M32)
-    return x ^ (x >> _U64(16))
+def _row_permutation(seed: int, feature: int, cardinality: int) -> tuple[int, int]:
+    """(a, b) of the affine permutation ``k -> (a * k + b) mod (cardinality - 1)`` of category ids."""
+    n = cardinality - 1
+    key = int(_key(seed, feature, _PURPOSE_ROW))
+    a = 1 + (key & _M32) % n
+    while math.gcd(a, n) != 1:  # a must be invertible mod n; some a <= n + 1 always is
+        a += 1
+    return a, (key >> 32) % n
 
 
-def _fmix32_inverse(x: np.ndarray) -> np.ndarray:
-    """Inverse of `_fmix32`."""
-    x = x ^ (x >> _U64(16))
-    x = (x * _U64(pow(0xC2B2AE35, -1, 1 << 32))) & _U64(_M32)
-    x = x ^ (x >> _U64(13)) ^ (x >> _U64(26))
-    x = (x * _U64(pow(0x85EBCA6B, -1, 1 << 32))) & _U64(_M32)
-    return x ^ (x >> _U64(16))
+def category_values(seed: int, feature: int, cardinality: int, ids: np.ndarray) -> np.ndarray:
+    """The stored 32-bit hash value (int64) of each category id in ``[0, cardinality - 1)``.
+
+    ``(value + 1) mod cardinality`` is ``1 + perm(id)`` for a seeded permutation, so modulus
+    hashing puts each category on its own row and leaves row 0 to missing values; the
+    quotient ``value // cardinality`` is a hash of the id, which spreads values over [0, 2^32).
+    """
+    a, b = _row_permutation(seed, feature, cardinality)
+    row = 1 + (ids * a + b) % (cardinality - 1)
+    quotients = (2**32 - cardinality) // cardinality + 1  # keeps value <= 2^32 - 2
+    q = (_hash_u64(seed, feature, _PURPOSE_VALUE, ids) % _U64(quotients)).astype(np.int64)
+    return row - 1 + cardinality * q
 
 
-def _value_key(seed: int, feature: int) -> tuple[int, int, int]:
-    """(odd multiplier, addend, xor mask) of feature `feature`'s id -> value bijection."""
-    k = int(_key(seed, feature, _PURPOSE_VALUE))
-    return (k & _M32) | 1, (k >> 32) & _M32, int(_mix64(np.array([k], dtype=np.uint64))[0]) & _M32
-
-
-def category_values(seed: int, feature: int, ids: np.ndarray) -> np.ndarray:
-    """The stored 32-bit hash value (int64) of each category id (ids >= 0)."""
-    mul, add, xor = _value_key(seed, feature)
-    x = (ids.astype(np.uint64) * _U64(mul) + _U64(add)) & _U64(_M32)
-    return (_fmix32(x) ^ _U64(xor)).astype(np.int64)
-
-
-def category_ids(seed: int, feature: int, values: np.ndarray) -> np.ndarray:
+def category_ids(seed: int, feature: int, cardinality: int, values: np.ndarray) -> np.ndarray:
     """Inverse of `category_values`: the category id (int64) of each stored value (values >= 0)."""
-    mul, add, xor = _value_key(seed, feature)
-    x = _fmix32_inverse(values.astype(np.uint64) ^ _U64(xor))
-    return (((x - _U64(add)) & _U64(_M32)) * _U64(pow(mul, -1, 1 << 32)) & _U64(_M32)).astype(np.int64)
+    a, b = _row_permutation(seed, feature, cardinality)
+    n = cardinality - 1
+    return ((values + 1) % cardinality - 1 - b) % n * pow(a, -1, n) % n
 
 
 @dataclass
@@ -222,10 +224,11 @@ def sample_rows(rng: np.random.Generator, n: int, cardinalities: list[int]) -> R
     u = rng.random((n, NUM_SPARSE))
     missing = rng.random((n, NUM_SPARSE)) < _SPARSE_MISSING
     for f, card in enumerate(cardinalities):
-        # Continuous power law x^-s on [1, card + 1), floored: P(k) ~ (k + 1.5)^-s, no tables.
+        # card - 1 categories (row 0 of the table is the missing row). Continuous power law
+        # x^-s on [1, card), floored: P(k) ~ (k + 1.5)^-s, and no per-category tables.
         one_minus_s = 1.0 - _SPARSE_ZIPF[f]
-        x = (1.0 - u[:, f] * (1.0 - (card + 1.0) ** one_minus_s)) ** (1.0 / one_minus_s)
-        ids[:, f] = np.minimum(np.floor(x).astype(np.int64) - 1, card - 1)
+        x = (1.0 - u[:, f] * (1.0 - float(card) ** one_minus_s)) ** (1.0 / one_minus_s)
+        ids[:, f] = np.minimum(np.floor(x).astype(np.int64) - 1, card - 2)
     ids[missing] = MISSING_SPARSE
     return Rows(dense=dense, dense_missing=dense_missing, ids=ids)
 
@@ -256,7 +259,7 @@ class Teacher:
             k = ids[:, f]
             present = k >= 0
             k0 = np.maximum(k, 0)
-            effect = _hash_normal(self.seed, f, _PURPOSE_EFFECT, k0) / (1.0 + k0 / _EFFECT_RANK_SCALE)
+            effect = _hash_normal(self.seed, f, _PURPOSE_EFFECT, k0) * (1.0 + k0 / _EFFECT_RANK_SCALE) ** -_EFFECT_RANK_POWER
             missing_effect = _hash_normal(self.seed, f, _PURPOSE_MISSING, np.zeros(1, dtype=np.int64))[0]
             logit += _SPARSE_SCALE[f] * np.where(present, effect, missing_effect)
         for f, g, strength in _INTERACTIONS:
@@ -265,11 +268,13 @@ class Teacher:
 
     def _latent_dot(self, f: int, g: int, kf: np.ndarray, kg: np.ndarray) -> np.ndarray:
         """<u_f(kf), u_g(kg)> / sqrt(R), zero where either category is missing."""
+        kf0, kg0 = np.maximum(kf, 0), np.maximum(kg, 0)
         dot = np.zeros(kf.shape[0])
         for r in range(_LATENT_RANK):
-            dot += (_hash_normal(self.seed, f, _PURPOSE_LATENT + r, np.maximum(kf, 0))
-                    * _hash_normal(self.seed, g, _PURPOSE_LATENT + r, np.maximum(kg, 0)))
-        return np.where((kf >= 0) & (kg >= 0), dot / math.sqrt(_LATENT_RANK), 0.0)
+            dot += (_hash_normal(self.seed, f, _PURPOSE_LATENT + r, kf0)
+                    * _hash_normal(self.seed, g, _PURPOSE_LATENT + r, kg0))
+        damp = ((1.0 + kf0 / _LATENT_RANK_SCALE) * (1.0 + kg0 / _LATENT_RANK_SCALE)) ** -_LATENT_RANK_POWER
+        return np.where((kf >= 0) & (kg >= 0), damp * dot / math.sqrt(_LATENT_RANK), 0.0)
 
     def probability(self, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """Click probabilities (float64 [n]) of stored dense counts and category ids."""
@@ -280,7 +285,7 @@ class Teacher:
         ids = np.full(sparse.shape, MISSING_SPARSE, dtype=np.int64)
         for f in range(NUM_SPARSE):
             present = sparse[:, f] >= 0
-            ids[present, f] = category_ids(self.seed, f, sparse[present, f])
+            ids[present, f] = category_ids(self.seed, f, self.cardinalities[f], sparse[present, f])
         return self.probability(dense, ids)
 
     def _tune_bias(self) -> float:
@@ -422,6 +427,7 @@ def _replace_dir(tmp: Path, out: Path) -> None:
     if out.is_dir() and any(out.iterdir()):
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
         os.replace(out, old / out.name)
+    os.chmod(tmp, 0o755)  # mkdtemp creates 0700; the dataset is an ordinary readable directory
     os.replace(tmp, out)  # rename(2) also replaces an empty directory
     if old is not None:
         shutil.rmtree(old)
@@ -483,7 +489,7 @@ def generate(
                 sparse = np.full((n, NUM_SPARSE), MISSING_SPARSE, dtype=np.int64)
                 for f in range(NUM_SPARSE):
                     present = block.ids[:, f] >= 0
-                    sparse[present, f] = category_values(seed, f, block.ids[present, f])
+                    sparse[present, f] = category_values(seed, f, cards[f], block.ids[present, f])
                 table = _table(labels, block, sparse)
                 for i, split in enumerate(SPLITS):
                     lo, hi = max(bounds[i] - start, 0), min(bounds[i + 1] - start, n)
@@ -548,7 +554,7 @@ def generate(
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Dataset directory to create.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**31 - 1), default=0, show_default=True)
 @click.option("--cardinalities", type=click.Choice(sorted(CARDINALITY_PRESETS)), default="small", show_default=True,
-              help="small: CPU-sized tables (3..4000); kaggle: the Criteo Kaggle table sizes.")
+              help="tiny: the embedded sample (3..400); small: CPU-sized tables (3..4000); kaggle: the Criteo Kaggle table sizes.")
 @click.option("--raw-tsv", type=click.Path(dir_okay=False), default=None,
               help="Also write all rows (train, validation, test) in Kaggle's raw train.txt format.")
 @click.option("--validation-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True)
