@@ -281,7 +281,9 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in raw.items():
-        path = f"{prefix}.{key}" if prefix else key
+        # A key with a newline or other unprintable character is shown quoted, so the error stays one line.
+        shown = key if isinstance(key, str) and key.isprintable() else repr(key)
+        path = f"{prefix}.{shown}" if prefix else shown
         if key not in names:
             raise ConfigError(f"{path}: unknown key (expected one of {', '.join(sorted(names))})")
         kwargs[key] = _convert(value, hints[key], path)

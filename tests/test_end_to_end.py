@@ -30,7 +30,6 @@ def test_sample_config_reaches_the_oracle_auc(tmp_path):
     assert summary["auc"] >= oracle - 0.02, (summary["auc"], oracle)
     assert summary["auc"] <= oracle + 0.01  # the teacher's probabilities are the best possible ranking
     assert 0.0 < summary["logloss"] < 0.5 and 0.75 < summary["accuracy"] < 1.0
-    assert summary["wall_s"] < 120
     assert json.loads((run / "config.json").read_text()) == summary["config"]
     assert f"AUC {summary['auc']:.4f}" in res.stderr  # the final metrics are printed
 

@@ -3,6 +3,7 @@ checkpoints, summarize."""
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from dataclasses import asdict
@@ -52,6 +53,22 @@ def evaluate(forward: EvalForward, loader: ParquetLoader) -> dict[str, float]:
         labels.append(batch.labels)
     forward.model.train()
     return evaluate_logits(torch.cat(logits), torch.cat(labels))
+
+
+def versions() -> dict[str, str]:
+    """Library versions recorded in summary.json, so numbers can be traced to what produced them."""
+    import sys
+
+    out = {"python": sys.version.split()[0], "torch": torch.__version__}
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:
+        out["triton"] = "absent"
+    if torch.version.cuda:
+        out["cuda"] = torch.version.cuda
+    return out
 
 
 def synchronize(device: torch.device) -> None:
@@ -233,6 +250,8 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
         "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "compile": counters,
         "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "versions": versions(),
         "oracle_auc": meta.extra.get("oracle_auc", {}).get(d.eval_split),
         "checkpoint": str(last_ckpt),
         "run_dir": str(run_dir),
