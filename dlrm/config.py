@@ -43,7 +43,10 @@ class DataConfig:
     shuffle_buffer_rows: int = 1_000_000
     """Rows shuffled together; a split smaller than this is shuffled as a whole."""
     prefetch: int = 2
-    """Batches prepared ahead by the background thread."""
+    """Batches prepared ahead by the background thread (and, on CUDA, copied ahead on a side stream)."""
+    placement: Literal["stream", "gpu"] = "stream"
+    """stream: read parquet row groups as training goes; gpu: load each split into device memory once
+    (about 160 bytes a row) and cut batches from a device-side permutation."""
     eval_split: Literal["validation", "test"] = "validation"
     """Split evaluated during and after training."""
     max_rows_per_table: Optional[int] = None

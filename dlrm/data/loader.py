@@ -1,13 +1,17 @@
 """Batched parquet loader: row groups -> contiguous tensors, prefetched in a background thread.
 
 Never per-row Python: each row group is decoded by pyarrow into column arrays, stacked into
-[n, 13] / [n, 26] numpy blocks, shuffled as blocks of indices and cut into batches. On CUDA
-the host batches are pinned and copied with ``non_blocking=True``; the dense transform
-``log1p(max(x, 0))`` runs on the device after the copy (ints cross the bus, floats come out).
+[n, 13] / [n, 26] numpy blocks, shuffled as blocks of indices and cut into batches, all in a
+background thread (pyarrow decodes with its own thread pool). On CUDA the host batches are
+pinned there and copied with ``non_blocking=True`` on a side stream, `prefetch` batches ahead
+of the training step; the dense transform ``log1p(max(x, 0))`` runs on the device after the
+copy (ints cross the bus, floats come out). `dlrm.data.device_loader` keeps a whole split in
+GPU memory instead.
 """
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from dataclasses import dataclass
@@ -259,14 +263,57 @@ class ParquetLoader:
         thread = threading.Thread(target=self._produce, args=(q, stop), daemon=True, name="parquet-loader")
         thread.start()
         try:
-            while True:
-                item = q.get()
-                if item is _END:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                dense, sparse, label = (t.to(self.device, non_blocking=True) for t in item)
-                yield Batch(transform_dense(dense), sparse, label.to(torch.float32))
+            host_items = self._drain(q)
+            if self.device.type == "cuda":
+                yield from self._device_prefetch(host_items)
+            else:
+                for dense, sparse, label in host_items:
+                    yield Batch(transform_dense(dense), sparse, label.to(torch.float32))
         finally:
             stop.set()
             thread.join()
+
+    @staticmethod
+    def _drain(q: queue.Queue) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Host batches from the producer thread, re-raising its exceptions here."""
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def _device_prefetch(self, host_items: Iterator[tuple[torch.Tensor, ...]]) -> Iterator[Batch]:
+        """Copy pinned host batches on a side stream, `prefetch` batches ahead of the consumer.
+
+        The copy of batch i+1.. overlaps the step on batch i; the consumer's stream waits on an
+        event (no host sync), and `record_stream` keeps the caching allocator from reusing a
+        batch's memory while the consumer's stream may still read it.
+        """
+        copy_stream = torch.cuda.Stream(self.device)
+        in_flight: collections.deque = collections.deque()
+
+        def issue(item: tuple[torch.Tensor, ...]) -> None:
+            with torch.cuda.stream(copy_stream):
+                dense, sparse, label = (t.to(self.device, non_blocking=True) for t in item)
+                dense = transform_dense(dense)
+                label = label.to(torch.float32)
+                done = torch.cuda.Event()
+                done.record(copy_stream)
+            in_flight.append((Batch(dense, sparse, label), done))
+
+        for item in host_items:
+            issue(item)
+            if len(in_flight) > self.prefetch:
+                yield self._hand_over(*in_flight.popleft())
+        while in_flight:
+            yield self._hand_over(*in_flight.popleft())
+
+    @staticmethod
+    def _hand_over(batch: Batch, done: torch.cuda.Event) -> Batch:
+        current = torch.cuda.current_stream(batch.labels.device)
+        current.wait_event(done)
+        for t in (batch.dense, batch.sparse, batch.labels):
+            t.record_stream(current)
+        return batch

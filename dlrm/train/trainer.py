@@ -17,6 +17,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from dlrm.config import Config, ConfigError
+from dlrm.data.device_loader import DeviceLoader
 from dlrm.data.loader import ParquetLoader, split_files
 from dlrm.data.schema import write_json_atomic
 from dlrm.model.dlrm import DLRM, build_loss, build_model
@@ -76,6 +77,20 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool):
+    """The loader `data.placement` asks for: streamed from parquet, or the whole split in device memory."""
+    d = cfg.data
+    if d.placement == "gpu":
+        if device.type != "cuda":
+            logger.warning("data.placement 'gpu' on a CPU device: the split is held in host memory instead")
+        return DeviceLoader(files, batch_size, device, shuffle=train and d.shuffle, seed=cfg.train.seed,
+                            drop_last=train and d.drop_last)
+    if train:
+        return ParquetLoader(files, batch_size, device, shuffle=d.shuffle, seed=cfg.train.seed, drop_last=d.drop_last,
+                             prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows)
+    return ParquetLoader(files, batch_size, device, prefetch=d.prefetch)
+
+
 def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:
     device = resolve_device(cfg.train.device)
     data_dir, meta = load_dataset_metadata(cfg)
@@ -96,11 +111,8 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
 
     d = cfg.data
     eval_batch_size = d.eval_batch_size or 4 * d.batch_size
-    train_loader = ParquetLoader(
-        split_files(data_dir, meta, "train"), d.batch_size, device, shuffle=d.shuffle, seed=cfg.train.seed,
-        drop_last=d.drop_last, prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows,
-    )
-    eval_loader = ParquetLoader(split_files(data_dir, meta, d.eval_split), eval_batch_size, device, prefetch=d.prefetch)
+    train_loader = make_loader(cfg, split_files(data_dir, meta, "train"), d.batch_size, device, train=True)
+    eval_loader = make_loader(cfg, split_files(data_dir, meta, d.eval_split), eval_batch_size, device, train=False)
     total_steps = len(train_loader) * cfg.train.epochs
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)

@@ -1,0 +1,130 @@
+"""A whole split resident in device memory, batches cut from a device-side permutation.
+
+``data.placement: "gpu"``: the split is read once, row group by row group, transformed and
+copied into preallocated device tensors; every epoch then draws a permutation on the device
+and each batch is a gather by a slice of it. The host does no per-batch work beyond launching
+those gathers, and nothing syncs. Criteo Kaggle (45.8M rows) takes about 7.3 GB this way:
+
+    dense   float32 [N, 13]  log1p(max(x, 0)), transformed once      52 B/row
+    sparse  int32   [N, 26]  the 32-bit hash's bit pattern           104 B/row
+    labels  float32 [N]                                                4 B/row
+
+A raw value v in [0, 2^32) is kept as the int32 with the same bits and widened back with
+``v & 0xFFFFFFFF``; a missing value (-1) stays -1. That is exact unless a split holds the value
+0xFFFFFFFF itself (its bits equal -1's), in which case the sparse block is kept as int64
+(208 B/row) and the log says so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from loguru import logger
+from tqdm import tqdm
+
+from dlrm.data.loader import Batch, _HostBlock, transform_dense
+from dlrm.data.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS, DatasetError
+
+_LOW32 = 0xFFFFFFFF
+
+
+def _widen(sparse: torch.Tensor) -> torch.Tensor:
+    """int32 bit patterns back to int64 raw values in [0, 2^32), -1 kept as missing."""
+    wide = sparse.to(torch.int64)
+    if sparse.dtype == torch.int64:
+        return wide
+    return torch.where(wide == -1, wide, wide & _LOW32)
+
+
+class DeviceLoader:
+    """Iterates batches of one split held entirely in `device` memory (same interface as `ParquetLoader`).
+
+    Args:
+        files: parquet shards of the split.
+        batch_size: B.
+        device: where the split lives (a CUDA device in practice; CPU works, for tests).
+        shuffle: a fresh permutation per epoch, seeded by ``(seed, epoch)``; otherwise file order.
+        seed: base seed of the shuffle.
+        drop_last: drop the last partial batch of an epoch.
+
+    Example:
+        >>> loader = DeviceLoader(files, batch_size=65536, device="cuda", shuffle=True)
+        >>> for batch in loader: ...   # Batch(dense [B, 13], sparse [B, 26], labels [B]) on the device
+    """
+
+    def __init__(self, files: list[Path], batch_size: int, device: torch.device | str, *, shuffle: bool = False,
+                 seed: int = 0, drop_last: bool = False) -> None:
+        self.files = [Path(f) for f in files]
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.start_batch = 0
+        self.dense, self.sparse, self.labels = self._load()
+        self.num_rows = int(self.labels.shape[0])
+
+    def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        groups = []
+        for path in self.files:
+            try:
+                meta = pq.ParquetFile(path).metadata
+            except OSError as e:
+                raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
+            groups += [(path, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+        n = sum(rows for _, _, rows in groups)
+        # The int32 encoding is exact unless the value 0xFFFFFFFF occurs; checked per row group below.
+        dense = torch.empty((n, NUM_DENSE), dtype=torch.float32, device=self.device)
+        sparse = torch.empty((n, NUM_SPARSE), dtype=torch.int32, device=self.device)
+        labels = torch.empty((n,), dtype=torch.float32, device=self.device)
+        wide = None  # int64 copy, made only if 0xFFFFFFFF turns up
+        at = 0
+        readers: dict[Path, pq.ParquetFile] = {}
+        for path, g, rows in tqdm(groups, desc="loading to device", unit="group", disable=None):
+            reader = readers.get(path) or readers.setdefault(path, pq.ParquetFile(path))
+            table = reader.read_row_group(g, columns=[LABEL_COLUMN, *DENSE_COLUMNS, *SPARSE_COLUMNS])
+            block = _HostBlock.from_table(table)
+            sl = slice(at, at + rows)
+            dense[sl] = transform_dense(torch.from_numpy(block.dense).to(self.device))
+            labels[sl] = torch.from_numpy(block.label.astype(np.float32)).to(self.device)
+            raw = block.sparse
+            if wide is None and (raw == _LOW32).any():
+                logger.warning(f"{path}: holds the value 0xFFFFFFFF, so the split is kept as int64 (208 B/row)")
+                wide = _widen(sparse[:at]) if at else torch.empty((0, NUM_SPARSE), dtype=torch.int64, device=self.device)
+                wide = torch.cat([wide, torch.empty((n - at, NUM_SPARSE), dtype=torch.int64, device=self.device)])
+                del sparse
+            if wide is not None:
+                wide[sl] = torch.from_numpy(raw).to(self.device)
+            else:
+                sparse[sl] = torch.from_numpy(raw.astype(np.uint32).view(np.int32)).to(self.device)
+            at += rows
+        return dense, (wide if wide is not None else sparse), labels
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        full, rest = divmod(self.num_rows, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """The next iteration yields `epoch`'s batches from index `start_batch` on (for resume)."""
+        self.epoch = epoch
+        self.start_batch = start_batch
+
+    def _order(self) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.num_rows, device=self.device)
+        # A CPU generator seeded by (seed, epoch) makes the same order on every device type;
+        # the permutation is drawn once per epoch and moved over in one copy.
+        gen = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, self.epoch]).generate_state(1)[0]))
+        return torch.randperm(self.num_rows, generator=gen).to(self.device, non_blocking=True)
+
+    def __iter__(self) -> Iterator[Batch]:
+        order = self._order()
+        for i in range(self.start_batch, len(self)):
+            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
+            yield Batch(self.dense[idx], _widen(self.sparse[idx]), self.labels[idx])
