@@ -185,6 +185,8 @@ def main(argv=None) -> int:
         torch.backends.cudnn.allow_tf32 = True
     env = environment(device)
     rows = []
+    stem = args.name or f"train_throughput_{Path(args.config).stem}"
+    title = f"DLRM training throughput, {Path(args.config).name}"
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
         for precision in args.precisions.split(","):
             for variant in args.variants.split(","):
@@ -206,8 +208,8 @@ def main(argv=None) -> int:
                 print(f"{variant:>20} {precision} B={batch_size:>6}: "
                       + (f"{r['samples_per_sec']:,.0f} samples/s" if r.get("samples_per_sec") else r["status"]), flush=True)
                 torch._dynamo.reset()
-    stem = args.name or f"train_throughput_{Path(args.config).stem}"
-    write_results(rows, env, Path(args.out), stem, f"DLRM training throughput, {Path(args.config).name}")
+                # rewritten after every case, so a run cut short by a time limit keeps what it measured
+                write_results(rows, env, Path(args.out), stem, title)
     return 0
 
 

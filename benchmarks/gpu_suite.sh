@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Everything this project measures on the GPU machine, in parts that each fit one device call.
+#
+#   bash benchmarks/gpu_suite.sh OUT_DIR PART...
+#
+# PART: tests | kernels | train | terabyte | compare | loader. Each part writes its logs, CSVs,
+# Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
+# OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
+# into OUT_DIR/suite.tgz (the device tool returns only a few files).
+set -uo pipefail
+OUT=${1:?usage: gpu_suite.sh OUT_DIR PART...}
+shift
+RES="$OUT/results"
+LOGS="$OUT/logs"
+mkdir -p "$RES" "$LOGS"
+export PYTHONUNBUFFERED=1
+
+log() { echo "== $(date +%T) $*" | tee -a "$LOGS/suite.log"; }
+run() {  # run NAME TIMEOUT_S CMD...: tee output to logs/NAME.log, record the exit status
+  local name=$1 limit=$2
+  shift 2
+  log "start $name (limit ${limit}s)"
+  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
+  local rc=$?
+  log "end $name: exit $rc"
+  tail -n 25 "$LOGS/$name.log"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv >"$LOGS/gpu.txt" 2>&1
+python -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0])" >>"$LOGS/gpu.txt"
+
+# A synthetic dataset with the Criteo Kaggle table sizes, for the comparison runs.
+kaggle_data() {
+  [ -f /tmp/kaggle-syn/metadata.json ] && return
+  run synthetic 240 python -m dlrm.data.synthetic --rows 3000000 --out /tmp/kaggle-syn --cardinalities kaggle \
+    --validation-fraction 0.05 --test-fraction 0
+}
+
+# configs/kaggle.json pointed at that dataset, held in GPU memory (the loader is not what is compared).
+kaggle_config() {
+  python - "$1" <<'EOF'
+import json, sys
+c = json.load(open("configs/kaggle.json"))
+c["data"].update({"path": "/tmp/kaggle-syn", "placement": "gpu"})
+c["train"].update({"eval_every": None, "log_every": 10})
+json.dump(c, open(sys.argv[1], "w"))
+EOF
+}
+
+for part in "$@"; do
+  case $part in
+    tests)
+      run tests_gpu 300 python -m pytest -q -m gpu -p no:cacheprovider
+      run tests_kernels_cuda 240 python -m pytest -q tests/kernels -p no:cacheprovider
+      ;;
+    kernels)
+      run kernels 480 python benchmarks/kernels.py --out "$RES"
+      ;;
+    train)
+      run train_kaggle 540 python benchmarks/train_throughput.py --config configs/kaggle.json \
+        --batch-sizes 65536,2048,128 --variants eager,compiled,triton,triton+compiled,compiled-cudagraphs \
+        --precisions fp32 --warmup 15 --steps 30 --windows 5 --out "$RES"
+      ;;
+    terabyte)
+      run train_kaggle_bf16 240 python benchmarks/train_throughput.py --config configs/kaggle.json \
+        --batch-sizes 65536 --variants eager,compiled,triton,triton+compiled --precisions bf16 \
+        --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_bf16
+      run train_terabyte 300 python benchmarks/train_throughput.py --config configs/terabyte.json \
+        --batch-sizes 65536 --variants eager,compiled,triton,triton+compiled --precisions bf16 \
+        --warmup 10 --steps 20 --windows 5 --out "$RES"
+      ;;
+    compare)
+      kaggle_data
+      kaggle_config /tmp/kaggle-syn.json
+      for b in 65536 2048; do
+        steps=$([ "$b" = 65536 ] && echo 40 || echo 300)
+        run "compare_$b" 280 python train.py --config /tmp/kaggle-syn.json --batch-size "$b" --max-steps "$steps" \
+          --compare eager,compiled,triton,triton+compiled --run-name "compare-kaggle-b$b" --tb-dir "$OUT/tb"
+        cp "$OUT/tb/compare-kaggle-b$b/compare.md" "$RES/compare_kaggle_b$b.md" 2>/dev/null
+        cp "$OUT/tb/compare-kaggle-b$b/compare.csv" "$RES/compare_kaggle_b$b.csv" 2>/dev/null
+        cp "$OUT/tb/compare-kaggle-b$b/compare.png" "$RES/compare_kaggle_b$b.png" 2>/dev/null
+      done
+      run profile 200 python train.py --config /tmp/kaggle-syn.json --batch-size 65536 --max-steps 30 --profile \
+        --run-name profile-kaggle-b65536 --tb-dir "$OUT/tb"
+      python benchmarks/trace_timeline.py "$OUT/tb/profile-kaggle-b65536" --out "$RES/profile_timeline_kaggle_b65536.png" \
+        --title "configs/kaggle.json, batch 65536, eager fp32, H100" >>"$LOGS/profile.log" 2>&1
+      ;;
+    loader)
+      run loader 400 python benchmarks/loader_throughput.py --out "$RES"
+      ;;
+    *)
+      log "unknown part $part"
+      ;;
+  esac
+done
+rm -rf "$OUT/tb"/*/checkpoints
+tar czf "$OUT/suite.tgz" -C "$OUT" results logs tb 2>/dev/null || tar czf "$OUT/suite.tgz" -C "$OUT" results logs
+log "packed $(du -h "$OUT/suite.tgz" | cut -f1)"
