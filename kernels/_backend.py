@@ -6,6 +6,7 @@ environment variable but never sets it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -45,3 +46,8 @@ def check_triton_device(device: torch.device | str, what: str = "triton kernels"
             )
         return
     raise TritonUnavailableError(f"{what} cannot run on device type {device.type!r}")
+
+
+def device_context(t: torch.Tensor):
+    """Launch on `t`'s GPU (Triton launches on the *current* CUDA device); a no-op on the CPU."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()

@@ -1,0 +1,587 @@
+"""kernels/embedding.py against float64 PyTorch references (CPU: Triton interpreter; GPU: marked gpu).
+
+Covers both hashing modes (missing/negative values, values >= 2**31, out-of-vocabulary values, empty
+vocabularies), the lookup forward and its dense backward, the fused sparse update for each optimizer
+(hot rows included, one of them spanning many kernel chunks), bitwise determinism, the autograd glue
+(weight.grad stays None), opcheck of every op and one torch.compile(fullgraph=True) run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pytest
+import torch
+
+from kernels.embedding import (
+    SparseOptimizerConfig,
+    TritonSparseEmbedding,
+    embedding_lookup,
+    embedding_sparse_update_,
+    fused_embedding,
+    hash_rows,
+    hash_rows_reference,
+    init_sparse_optimizer_state,
+)
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+CARD_POOL = [3, 1000, 17, 1, 250, 4099]  # small R: the interpreter copies whole tensors per launch
+OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad"]
+EPS = 1e-10
+LR = 0.05
+
+
+@dataclass
+class Case:
+    raw: torch.Tensor  # [B, F] int64, non-contiguous when requested
+    cardinalities: torch.Tensor
+    offsets: torch.Tensor
+    vocab: Optional[torch.Tensor]
+    vocab_offsets: Optional[torch.Tensor]
+    vocabs: Optional[list[torch.Tensor]]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.cardinalities.sum())
+
+    def hash_args(self):
+        return self.cardinalities, self.offsets, self.vocab, self.vocab_offsets
+
+    def to(self, device) -> "Case":
+        mv = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Case(mv(self.raw), mv(self.cardinalities), mv(self.offsets), mv(self.vocab), mv(self.vocab_offsets),
+                    self.vocabs)
+
+
+def make_case(B: int, F: int, mode: str, *, hot: bool = False, seed: int = 0, transposed: bool = True) -> Case:
+    """Raw Criteo-like values: 32-bit hashes (half of them >= 2**31), missing (-1), other negatives
+    (down to -2**40); `hot` makes most positions of every other feature hit one of three values."""
+    gen = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 2**32, (F, B), generator=gen)  # built [F, B] and transposed: non-contiguous
+    u = torch.rand(F, B, generator=gen)
+    raw[u < 0.15] = -1
+    raw[(u >= 0.15) & (u < 0.2)] = -torch.randint(2, 2**40, (F, B), generator=gen)[(u >= 0.15) & (u < 0.2)]
+    if hot:
+        for f in range(0, F, 2):
+            hot_vals = torch.tensor([-1, 7, 2**32 - 5])
+            pick = torch.randint(0, 3, (B,), generator=gen)
+            keep = torch.rand(B, generator=gen) < 0.8
+            raw[f] = torch.where(keep, hot_vals[pick], raw[f])
+    if mode == "modulus":
+        cards = [CARD_POOL[f % len(CARD_POOL)] for f in range(F)]
+        vocab = vocab_offsets = vocabs = None
+    else:
+        vocabs = []
+        for f in range(F):
+            col = raw[f][raw[f] >= 0]
+            if f % 5 == 3:  # an empty vocabulary: every value is out of vocabulary
+                v = torch.empty(0, dtype=torch.int64)
+            else:
+                take = col[torch.rand(col.numel(), generator=gen) < 0.6]
+                extra = torch.randint(0, 2**32, (7,), generator=gen)
+                v = torch.unique(torch.cat([take, extra, torch.tensor([7, 2**32 - 5])]))  # sorted, unique
+            vocabs.append(v)
+        cards = [v.numel() + 1 for v in vocabs]
+        vocab = torch.cat(vocabs)
+        vocab_offsets = torch.tensor([0] + [v.numel() for v in vocabs]).cumsum(0)
+    card_t = torch.tensor(cards, dtype=torch.int64)
+    offsets = card_t.cumsum(0) - card_t
+    raw = raw.t() if transposed else raw.t().contiguous()
+    return Case(raw, card_t, offsets, vocab, vocab_offsets, vocabs)
+
+
+def naive_rows(case: Case) -> torch.Tensor:
+    """Independent numpy hashing (Python-style `%` is already non-negative)."""
+    r = case.raw.cpu().numpy()
+    cards, offs = case.cardinalities.cpu().numpy(), case.offsets.cpu().numpy()
+    out = np.empty_like(r)
+    for f in range(r.shape[1]):
+        if case.vocabs is None:
+            out[:, f] = offs[f] + (r[:, f] + 1) % cards[f]
+        else:
+            v = case.vocabs[f].numpy()
+            if v.size == 0:
+                out[:, f] = offs[f]
+                continue
+            i = np.searchsorted(v, r[:, f])
+            hit = (i < v.size) & (v[np.minimum(i, v.size - 1)] == r[:, f])
+            out[:, f] = offs[f] + np.where(hit, i + 1, 0)
+    return torch.from_numpy(out)
+
+
+def dense_grad64(rows: torch.Tensor, grad_out: torch.Tensor, num_rows: int) -> torch.Tensor:
+    D = grad_out.shape[-1]
+    g = torch.zeros(num_rows, D, dtype=torch.float64, device=rows.device)
+    return g.index_add_(0, rows.reshape(-1), grad_out.double().reshape(-1, D))
+
+
+def reference_update(optimizer: str, rows, grad_out, weight, state, lr: float, eps: float = EPS):
+    """float64 dense-gradient reference of one step; returns (weight, state)."""
+    W = weight.double().clone()
+    g = dense_grad64(rows, grad_out, W.shape[0])
+    touched = torch.zeros(W.shape[0], dtype=torch.bool, device=W.device)
+    touched[rows.reshape(-1)] = True
+    if optimizer == "sgd":
+        return W - lr * g, None
+    S = state.double().clone()
+    gt = g[touched]
+    if optimizer == "adagrad":
+        S[touched] += gt * gt
+        W[touched] -= lr * gt / (S[touched].sqrt() + eps)
+    else:
+        S[touched] += (gt * gt).mean(1)
+        W[touched] -= lr * gt / (S[touched].sqrt()[:, None] + eps)
+    return W, S
+
+
+def make_grad(B: int, F: int, D: int, layout: str, device, dtype=torch.float32, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if layout == "contiguous":
+        g = torch.randn(B, F, D, generator=gen)
+    elif layout == "permuted":  # non-contiguous: built [D, B, F]
+        g = torch.randn(D, B, F, generator=gen).permute(1, 2, 0)
+    elif layout == "expand":  # stride 0 over the batch
+        g = torch.randn(1, F, D, generator=gen).expand(B, F, D)
+    else:
+        raise ValueError(layout)
+    return g.to(device=device, dtype=dtype)
+
+
+def make_weight(R: int, D: int, device, dtype=torch.float32, sliced: bool = False) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(2)
+    if sliced:  # non-contiguous rows: a column slice of a wider table
+        return torch.randn(R, D + 5, generator=gen)[:, 2 : 2 + D].to(device=device, dtype=dtype)
+    return torch.randn(R, D, generator=gen).to(device=device, dtype=dtype)
+
+
+def make_state(optimizer: str, weight: torch.Tensor, zero: bool = False) -> Optional[torch.Tensor]:
+    s = init_sparse_optimizer_state(optimizer, weight)
+    if s is not None and not zero:
+        s.uniform_(0.5, 1.5, generator=torch.Generator(device=s.device).manual_seed(3))
+    return s
+
+
+# ----------------------------------------------------------------------------------------------------
+# Hashing
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["modulus", "vocabulary"])
+@pytest.mark.parametrize("B,F", [(1, 1), (3, 26), (127, 1), (127, 26)])
+def test_hash_rows(B, F, mode, device):
+    case = make_case(B, F, mode, hot=True, seed=B * 31 + F).to(device)
+    expected = naive_rows(case)
+    ref = hash_rows_reference(case.raw, *case.hash_args())
+    got = hash_rows(case.raw, *case.hash_args())
+    assert got.dtype == torch.int64 and got.shape == (B, F)
+    assert torch.equal(ref.cpu(), expected)
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_hash_rows_edge_values(device):
+    raw = torch.tensor([[-1, -1], [0, 2**32 - 1], [2**31, 2**31 + 1], [-(2**40), 2**40], [6, 5]], device=device)
+    cards = torch.tensor([7, 3], device=device)
+    offs = torch.tensor([0, 7], device=device)
+    expected = torch.tensor([[0, 7], [1, 7 + (2**32) % 3], [(2**31 + 1) % 7, 7 + (2**31 + 2) % 3],
+                             [(-(2**40) + 1) % 7, 7 + (2**40 + 1) % 3], [0, 7]])
+    assert torch.equal(hash_rows(raw, cards, offs).cpu(), expected)
+    assert torch.equal(hash_rows_reference(raw, cards, offs).cpu(), expected)
+    # Vocabulary: feature 0 knows {2**31, 2**32 - 1}, feature 1 knows {-5, 5, 2**40}; -1 is out of vocabulary.
+    vocab = torch.tensor([2**31, 2**32 - 1, -5, 5, 2**40], device=device)
+    voff = torch.tensor([0, 2, 5], device=device)
+    vcards = torch.tensor([3, 4], device=device)
+    voffs = torch.tensor([0, 3], device=device)
+    expected_v = torch.tensor([[0, 3], [0, 3], [1, 3], [0, 3 + 3], [0, 3 + 2]])
+    assert torch.equal(hash_rows(raw, vcards, voffs, vocab, voff).cpu(), expected_v)
+    # The reference packs (feature, value) keys and needs vocabulary values in (-2**33, 2**33)
+    # (documented); with 2**33 - 1 in place of 2**40, the raw 2**40 is out of vocabulary.
+    vocab_in_range = torch.tensor([2**31, 2**32 - 1, -5, 5, 2**33 - 1], device=device)
+    expected_r = expected_v.clone()
+    expected_r[3, 1] = 3
+    assert torch.equal(hash_rows(raw, vcards, voffs, vocab_in_range, voff).cpu(), expected_r)
+    assert torch.equal(hash_rows_reference(raw, vcards, voffs, vocab_in_range, voff).cpu(), expected_r)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Lookup forward + dense backward
+# ----------------------------------------------------------------------------------------------------
+
+
+LOOKUP_CASES = [
+    # (B, F, D, mode, grad layout)
+    (1, 1, 16, "modulus", "contiguous"),
+    (3, 26, 24, "modulus", "permuted"),
+    (127, 1, 24, "modulus", "expand"),
+    (127, 26, 16, "modulus", "permuted"),
+    (1, 26, 16, "vocabulary", "expand"),
+    (3, 1, 16, "vocabulary", "contiguous"),
+    (127, 26, 24, "vocabulary", "expand"),
+]
+
+
+@pytest.mark.parametrize("B,F,D,mode,layout", LOOKUP_CASES)
+def test_lookup_forward_backward(B, F, D, mode, layout, device, assert_close):
+    case = make_case(B, F, mode, hot=(B == 127), seed=B + F + D).to(device)
+    weight = make_weight(case.num_rows, D, device, sliced=(F == 26)).requires_grad_()
+    out = embedding_lookup(case.raw, weight, *case.hash_args())
+    rows = naive_rows(case).to(device)
+    assert out.shape == (B, F, D) and out.dtype == weight.dtype
+    assert torch.equal(out, weight.detach()[rows])  # a gather is exact
+    grad = make_grad(B, F, D, layout, device)
+    out.backward(grad)
+    assert_close(weight.grad, dense_grad64(rows, grad, case.num_rows), torch.float32)
+
+
+def test_lookup_no_weight_grad_when_frozen(device):
+    case = make_case(3, 4, "modulus").to(device)
+    weight = make_weight(case.num_rows, 16, device)
+    out = embedding_lookup(case.raw, weight, *case.hash_args())
+    assert not out.requires_grad
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fused sparse update
+# ----------------------------------------------------------------------------------------------------
+
+
+UPDATE_CASES = [
+    # (B, F, D, mode, hot, grad layout)
+    (1, 1, 24, "modulus", False, "contiguous"),
+    (3, 26, 16, "vocabulary", True, "permuted"),
+    (127, 1, 16, "modulus", True, "expand"),
+    (127, 26, 24, "modulus", True, "permuted"),
+    (127, 26, 16, "vocabulary", True, "contiguous"),
+]
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("B,F,D,mode,hot,layout", UPDATE_CASES)
+def test_sparse_update_matches_dense_reference(optimizer, B, F, D, mode, hot, layout, device, assert_close):
+    case = make_case(B, F, mode, hot=hot, seed=7 * B + F).to(device)
+    rows = hash_rows(case.raw, *case.hash_args())
+    weight = make_weight(case.num_rows, D, device, sliced=(layout == "permuted"))
+    state = make_state(optimizer, weight, zero=(B == 1))
+    grad = make_grad(B, F, D, layout, device)
+    w_ref, s_ref = reference_update(optimizer, rows, grad, weight, state, LR)
+    lr = torch.tensor(LR, device=device)
+    embedding_sparse_update_(rows, grad, weight, state, lr, optimizer, EPS, deterministic=True)
+    assert_close(weight, w_ref, torch.float32, msg="weight")
+    if state is not None:
+        assert_close(state, s_ref, torch.float32, msg="state")
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("config", [None, (16, 16, 4, 4)], ids=["default-config", "small-chunks"])
+def test_sparse_update_one_row_spanning_many_chunks(optimizer, config, device, assert_close, monkeypatch):
+    """1100 positions on one row (feature 0 all missing) cover many chunks; with 16-position chunks and
+    16 chunks per carry step (69 chunks) the carry loop takes several steps. Feature 1 adds ordinary
+    rows around it."""
+    import kernels.embedding as emb_mod
+
+    monkeypatch.setattr(emb_mod, "_UPDATE_CONFIG_OVERRIDE", config)
+    B, D = 1100, 16
+    case = make_case(B, 2, "modulus", seed=5).to(device)
+    raw = case.raw.clone()
+    raw[:, 0] = -1
+    rows = hash_rows(raw, *case.hash_args())
+    weight = make_weight(case.num_rows, D, device)
+    state = make_state(optimizer, weight)
+    grad = make_grad(B, 2, D, "contiguous", device)
+    w_ref, s_ref = reference_update(optimizer, rows, grad, weight, state, LR)
+    embedding_sparse_update_(rows, grad, weight, state, torch.tensor([LR], device=device), optimizer, EPS, True)
+    # The hot row sums 1100 gradients: allow for the fp32 rounding of a sum of that many terms.
+    assert_close(weight, w_ref, torch.float32, scale=10.0, msg="weight")
+    if state is not None:
+        assert_close(state, s_ref, torch.float32, scale=10.0, msg="state")
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_sparse_update_bitwise_deterministic(optimizer, device):
+    case = make_case(127, 26, "modulus", hot=True, seed=11).to(device)
+    rows = hash_rows(case.raw, *case.hash_args())
+    grad = make_grad(127, 26, 16, "contiguous", device)
+    results = []
+    for _ in range(2):
+        weight = make_weight(case.num_rows, 16, device)
+        state = make_state(optimizer, weight)
+        embedding_sparse_update_(rows, grad, weight, state, torch.tensor(LR, device=device), optimizer, EPS, True)
+        results.append((weight, state))
+    assert torch.equal(results[0][0], results[1][0])
+    if results[0][1] is not None:
+        assert torch.equal(results[0][1], results[1][1])
+
+
+def test_sparse_update_sgd_atomic_path(device, assert_close):
+    case = make_case(127, 26, "modulus", hot=True, seed=13).to(device)
+    rows = hash_rows(case.raw, *case.hash_args())
+    weight = make_weight(case.num_rows, 24, device)
+    grad = make_grad(127, 26, 24, "expand", device)
+    w_ref, _ = reference_update("sgd", rows, grad, weight, None, LR)
+    embedding_sparse_update_(rows, grad, weight, None, torch.tensor(LR, device=device), "sgd", EPS, deterministic=False)
+    assert_close(weight, w_ref, torch.float32)
+
+
+def test_sparse_update_rejects_bad_inputs(device):
+    case = make_case(3, 2, "modulus").to(device)
+    rows = hash_rows(case.raw, *case.hash_args())
+    weight = make_weight(case.num_rows, 16, device)
+    grad = make_grad(3, 2, 16, "contiguous", device)
+    lr = torch.tensor(LR, device=device)
+    with pytest.raises(ValueError, match="optimizer"):
+        embedding_sparse_update_(rows, grad, weight, None, lr, "adam")
+    with pytest.raises(ValueError, match="state"):
+        embedding_sparse_update_(rows, grad, weight, None, lr, "adagrad")
+    with pytest.raises(ValueError, match="lr"):
+        embedding_sparse_update_(rows, grad, weight, None, torch.tensor(LR, dtype=torch.float64, device=device), "sgd")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Autograd glue and module
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "optimizer,mode,trigger",
+    [("sgd", "modulus", False), ("adagrad", "vocabulary", True), ("rowwise_adagrad", "modulus", False)],
+)
+def test_fused_embedding_backward_updates_in_place(optimizer, mode, trigger, device, assert_close):
+    """Backward runs through weight.requires_grad, or through a grad_trigger with a frozen weight."""
+    B, F, D = 3, 26, 16
+    case = make_case(B, F, mode, hot=True, seed=17).to(device)
+    weight = make_weight(case.num_rows, D, device).requires_grad_(not trigger)
+    grad_trigger = torch.zeros(0, device=device, requires_grad=True) if trigger else None
+    state = make_state(optimizer, weight.detach())
+    w0, s0 = weight.detach().clone(), None if state is None else state.clone()
+    lr = torch.tensor(LR, device=device)
+    out = fused_embedding(case.raw, weight, *case.hash_args(), state, lr, optimizer, EPS, True, grad_trigger)
+    assert out.requires_grad
+    rows = naive_rows(case).to(device)
+    assert torch.equal(out, w0[rows])
+    grad = make_grad(B, F, D, "permuted", device)
+    out.backward(grad)
+    assert weight.grad is None
+    assert grad_trigger is None or grad_trigger.grad is None
+    w_ref, s_ref = reference_update(optimizer, rows, grad, w0, s0, LR)
+    assert_close(weight, w_ref, torch.float32, msg="weight")
+    if state is not None:
+        assert_close(state, s_ref, torch.float32, msg="state")
+
+
+def test_module_plain_and_fused(device, assert_close):
+    cards = [5, 1, 300, 17]
+    emb = TritonSparseEmbedding(cards, 16).to(device)
+    assert set(emb.state_dict()) == {"weight"}
+    assert emb.weight.shape == (sum(cards), 16)
+    case = make_case(3, 4, "modulus", seed=19)
+    raw = case.raw.to(device)
+    rows = hash_rows_reference(raw, emb.cardinalities, emb.offsets)
+    # Plain path: ordinary dense gradient.
+    out = emb(raw)
+    assert torch.equal(out, emb.weight.detach()[rows])
+    grad = make_grad(3, 4, 16, "contiguous", device)
+    out.backward(grad)
+    assert_close(emb.weight.grad, dense_grad64(rows, grad, sum(cards)), torch.float32)
+    emb.weight.grad = None
+    # Fused path: rowwise Adagrad applied in backward, no gradient left behind.
+    cfg = emb.use_fused_update(SparseOptimizerConfig("rowwise_adagrad", torch.tensor(LR, device=device)))
+    assert cfg.state is not None and cfg.state.shape == (sum(cards),)
+    assert not emb.weight.requires_grad  # see TritonSparseEmbedding: the dense optimizer skips it
+    w0 = emb.weight.detach().clone()
+    emb(raw).backward(grad)
+    assert emb.weight.grad is None
+    w_ref, s_ref = reference_update("rowwise_adagrad", rows, grad, w0, torch.zeros(sum(cards), device=device), LR)
+    assert_close(emb.weight, w_ref, torch.float32)
+    assert_close(cfg.state, s_ref, torch.float32)
+    # Eval mode / no_grad use the plain lookup and leave the weight alone.
+    emb.eval()
+    w1 = emb.weight.detach().clone()
+    with torch.no_grad():
+        emb(raw)
+    assert torch.equal(emb.weight, w1)
+    emb.use_fused_update(None)
+    assert emb.fused_update is None and emb.weight.requires_grad
+
+
+def test_module_vocabulary_mode(device):
+    vocabs = [torch.tensor([3, 9, 2**32 - 1]), torch.tensor([], dtype=torch.int64), torch.tensor([-4, 0])]
+    emb = TritonSparseEmbedding([4, 1, 3], 8, vocab=vocabs).to(device)
+    assert set(emb.state_dict()) == {"weight"}
+    raw = torch.tensor([[9, 5, 0], [-1, -1, -4], [2**32 - 1, 0, 1]], device=device)
+    expected_rows = torch.tensor([[2, 4, 7], [0, 4, 6], [3, 4, 5]], device=device)
+    assert torch.equal(emb(raw), emb.weight.detach()[expected_rows])
+    with pytest.raises(ValueError):
+        TritonSparseEmbedding([4, 2, 3], 8, vocab=vocabs)
+    with pytest.raises(ValueError, match="sorted"):
+        TritonSparseEmbedding([3], 8, vocab=[torch.tensor([5, 1])])
+
+
+# ----------------------------------------------------------------------------------------------------
+# opcheck and torch.compile
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_opcheck_all_ops(device):
+    ops = torch.ops.dlrm_kernels
+    case = make_case(3, 2, "vocabulary", seed=23).to(device)
+    mod = make_case(3, 2, "modulus", seed=23).to(device)
+    D = 16
+    weight = make_weight(mod.num_rows, D, device)
+    rows = hash_rows(mod.raw, *mod.hash_args())
+    grad = make_grad(3, 2, D, "contiguous", device)
+    lr = torch.tensor(LR, device=device)
+    checks = {
+        "hash_rows": (case.raw, *case.hash_args()),
+        "embedding_lookup": (mod.raw, weight.clone().requires_grad_(), *mod.hash_args()),
+        "embedding_dense_grad": (rows, grad, mod.num_rows),
+        "embedding_sparse_update_": (rows, grad, weight.clone(), torch.zeros(mod.num_rows, device=device), lr,
+                                     "rowwise_adagrad", EPS, True),
+        "fused_embedding": (mod.raw, weight.clone().requires_grad_(), *mod.hash_args(),
+                            torch.zeros(mod.num_rows, D, device=device), lr, "adagrad", EPS, True,
+                            torch.zeros(0, device=device)),
+    }
+    for name, args in checks.items():
+        torch.library.opcheck(getattr(ops, name).default, args)
+
+
+def test_compile_fused_training_step_fullgraph(device, assert_close):
+    """forward (lookup) + backward (mutating sparse-update op) compiled with fullgraph=True: no graph
+    breaks, same result as eager, and an in-place LR change takes effect without recompiling."""
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    B, F, D = 3, 4, 16
+    emb = TritonSparseEmbedding([5, 1, 300, 17], D).to(device)
+    cfg = emb.use_fused_update(SparseOptimizerConfig("adagrad", torch.tensor(LR, device=device)))
+    case = make_case(B, F, "modulus", hot=True, seed=29)
+    raw = case.raw.to(device)
+    target = torch.randn(B, F, D, device=device)
+
+    def step(raw):
+        return ((emb(raw) - target) ** 2).sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    w0, s0 = emb.weight.detach().clone(), cfg.state.clone()
+    compiled(raw).backward()
+    w_compiled, s_compiled = emb.weight.detach().clone(), cfg.state.clone()
+    assert emb.weight.grad is None
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    with torch.no_grad():
+        emb.weight.copy_(w0)
+        cfg.state.copy_(s0)
+    step(raw).backward()  # eager
+    assert_close(w_compiled, emb.weight, torch.float32)
+    assert_close(s_compiled, cfg.state, torch.float32)
+    assert not torch.equal(w_compiled, w0)
+
+    # LR schedule: change the device tensor in place, no recompilation.
+    frames = counters["stats"]["unique_graphs"]
+    cfg.lr.fill_(0.0)
+    w1 = emb.weight.detach().clone()
+    compiled(raw).backward()
+    assert counters["stats"]["unique_graphs"] == frames
+    assert torch.equal(emb.weight.detach(), w1)  # lr = 0: no change
+
+
+# ----------------------------------------------------------------------------------------------------
+# GPU (repeat the comparisons on CUDA, bf16 included)
+# ----------------------------------------------------------------------------------------------------
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("mode", ["modulus", "vocabulary"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_lookup(mode, dtype, assert_close):
+    device = torch.device("cuda")
+    B, F, D = 4096, 26, 128
+    case = make_case(B, F, mode, hot=True, seed=31).to(device)
+    assert torch.equal(hash_rows(case.raw, *case.hash_args()).cpu(), naive_rows(case))
+    assert torch.equal(hash_rows_reference(case.raw, *case.hash_args()).cpu(), naive_rows(case))
+    weight = make_weight(case.num_rows, D, device, dtype).requires_grad_()
+    out = embedding_lookup(case.raw, weight, *case.hash_args())
+    rows = naive_rows(case).to(device)
+    assert torch.equal(out, weight.detach()[rows])
+    grad = make_grad(B, F, D, "permuted", device, dtype)
+    out.backward(grad)
+    # A dense gradient row sums up to B values: scale atol with the hot rows' sums.
+    assert_close(weight.grad, dense_grad64(rows, grad, case.num_rows), dtype, scale=10.0)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_sparse_update(optimizer, dtype, assert_close):
+    device = torch.device("cuda")
+    B, F, D = 4096, 26, 128
+    case = make_case(B, F, "modulus", hot=True, seed=37).to(device)
+    rows = hash_rows(case.raw, *case.hash_args())
+    weight = make_weight(case.num_rows, D, device, dtype)
+    state = make_state(optimizer, weight)
+    grad = make_grad(B, F, D, "contiguous", device, dtype)
+    w_ref, s_ref = reference_update(optimizer, rows, grad, weight, state, LR)
+    lr = torch.tensor(LR, device=device)
+    w1, s1 = weight.clone(), None if state is None else state.clone()
+    embedding_sparse_update_(rows, grad, weight, state, lr, optimizer, EPS, True)
+    # Hot rows sum ~B * 0.8 / 3 ~ 1000 gradients; SGD moves them by lr * that sum.
+    assert_close(weight, w_ref, dtype, scale=10.0)
+    if state is not None:
+        torch.testing.assert_close(state.double(), s_ref, atol=1e-2, rtol=1e-4 if dtype == torch.float32 else 1e-2)
+    embedding_sparse_update_(rows, grad, w1, s1, lr, optimizer, EPS, True)
+    assert torch.equal(weight, w1)  # bitwise reproducible
+    if dtype == torch.float32 and optimizer == "sgd":
+        w2 = make_weight(case.num_rows, D, device, dtype)
+        embedding_sparse_update_(rows, grad, w2, None, lr, "sgd", EPS, deterministic=False)
+        assert_close(w2, w_ref, dtype, scale=10.0)
+
+
+@gpu
+@needs_cuda
+def test_gpu_no_host_sync_and_cuda_graph_capture():
+    """The fused forward + sparse update neither synchronise with the host nor break CUDA graph capture."""
+    device = torch.device("cuda")
+    B, F, D = 1024, 26, 64
+    case = make_case(B, F, "vocabulary", hot=True, seed=41).to(device)
+    weight = make_weight(case.num_rows, D, device, torch.bfloat16)
+    state = make_state("rowwise_adagrad", weight)
+    lr = torch.tensor(LR, device=device)
+    grad = make_grad(B, F, D, "contiguous", device, torch.bfloat16)
+    trigger = torch.zeros(0, device=device, requires_grad=True)
+
+    def step():
+        out = fused_embedding(case.raw, weight, *case.hash_args(), state, lr, "rowwise_adagrad", EPS, True, trigger)
+        out.backward(grad)
+
+    step()  # compile the kernels outside of capture and sync checks
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    w_eager, s_eager = weight.clone(), state.clone()
+    with torch.no_grad():  # capture the update alone (autograd's engine is not captured here)
+        rows = hash_rows(case.raw, *case.hash_args())
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            embedding_sparse_update_(rows, grad, weight, state, lr, "rowwise_adagrad", EPS, True)
+        torch.cuda.current_stream().wait_stream(stream)
+        w_before, s_before = weight.clone(), state.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            embedding_sparse_update_(rows, grad, weight, state, lr, "rowwise_adagrad", EPS, True)
+        weight.copy_(w_before)
+        state.copy_(s_before)
+        graph.replay()
+        w_graph, s_graph = weight.clone(), state.clone()
+        weight.copy_(w_before)
+        state.copy_(s_before)
+        embedding_sparse_update_(rows, grad, weight, state, lr, "rowwise_adagrad", EPS, True)
+    assert torch.equal(w_graph, weight) and torch.equal(s_graph, state)
+    assert not torch.equal(w_eager, weight)
