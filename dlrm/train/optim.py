@@ -44,8 +44,57 @@ class RowWiseAdagrad(torch.optim.Optimizer):
         return None
 
 
-def build_optimizers(model: nn.Module, cfg: OptimConfig) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
-    """(dense optimizer over the MLPs, sparse optimizer over the embedding weight)."""
+class FusedSparseOptimizer(torch.optim.Optimizer):
+    """The sparse optimizer of a Triton embedding whose backward applies the update itself.
+
+    With ``kernels.embedding = "triton"`` the embedding's backward (``kernels.embedding.fused_embedding``)
+    updates the rows a batch touched in place, so no ``[rows, D]`` gradient ever exists and ``step()``
+    has nothing left to do. This class is what the rest of the trainer sees in its place: a param
+    group whose ``lr`` the LR schedulers drive (copied into the kernel's one-element device tensor by
+    :meth:`load_lr` before each forward: a kernel launch, not a host sync), and a ``state_dict`` that
+    carries the optimizer state (Adagrad sums) so checkpoints resume exactly.
+
+    Args:
+        embedding: a ``kernels.embedding.TritonSparseEmbedding``; switched to fused-update mode here.
+        name: "sgd" | "adagrad" | "rowwise_adagrad" (same update rules as the eager optimizers).
+        lr, eps: as for the eager optimizers.
+        deterministic: bitwise reproducible updates where rows repeat in a batch.
+    """
+
+    def __init__(self, embedding: nn.Module, name: str, lr: float, eps: float, deterministic: bool) -> None:
+        from kernels.embedding import SparseOptimizerConfig
+
+        weight = embedding.weight
+        super().__init__([weight], {"lr": lr, "eps": eps})
+        lr_tensor = torch.tensor([lr], dtype=torch.float32, device=weight.device)
+        self.fused = embedding.use_fused_update(SparseOptimizerConfig(name, lr_tensor, eps=eps, deterministic=deterministic))
+        if self.fused.state is not None:
+            self.state[weight]["sum"] = self.fused.state  # the kernel's own tensor: checkpoints save it as is
+
+    def load_lr(self) -> None:
+        """Copy the scheduled learning rate into the tensor the fused backward reads."""
+        self.fused.lr.fill_(self.param_groups[0]["lr"])
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        return None  # the embedding's backward already applied this step's update
+
+    def load_state_dict(self, state_dict) -> None:
+        super().load_state_dict(state_dict)
+        weight = self.param_groups[0]["params"][0]
+        if self.fused.state is not None:
+            # Optimizer.load_state_dict made new tensors; copy them into the kernel's (fp32) state in place.
+            self.fused.state.copy_(self.state[weight]["sum"])
+            self.state[weight]["sum"] = self.fused.state
+        self.load_lr()
+
+
+def build_optimizers(model: nn.Module, cfg: OptimConfig, deterministic: bool = False) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+    """(dense optimizer over the MLPs, sparse optimizer over the embedding weight).
+
+    A Triton embedding (``sparse_gradients = False``, has ``use_fused_update``) gets a
+    :class:`FusedSparseOptimizer`: its update runs inside the embedding's backward.
+    """
     sparse_params = [model.sparse_arch.weight]
     sparse_ids = {id(p) for p in sparse_params}
     dense_params = [p for p in model.parameters() if id(p) not in sparse_ids]
@@ -57,6 +106,8 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> tuple[torch.optim.Op
     else:
         dense = torch.optim.Adam(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay)
     s = cfg.sparse
+    if hasattr(model.sparse_arch, "use_fused_update"):
+        return dense, FusedSparseOptimizer(model.sparse_arch, s.name, s.lr, s.eps, deterministic)
     if s.name == "sgd":
         sparse = torch.optim.SGD(sparse_params, lr=s.lr)
     elif s.name == "adagrad":

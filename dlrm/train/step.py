@@ -88,6 +88,9 @@ class TrainStep:
     def __call__(self, batch: Batch) -> torch.Tensor:
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be reused
+        for opt in self.optimizers:
+            if hasattr(opt, "load_lr"):
+                opt.load_lr()  # a fused embedding backward reads its scheduled lr from a device tensor
         if self.embedding_in_graph:
             loss = self._loss(batch.dense, batch.sparse, batch.labels)
         else:

@@ -120,7 +120,7 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
         raise ConfigError(f"data.batch_size: {d.batch_size} is more than the {train_loader.num_rows} rows of {data_dir}/train")
 
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device)
-    optimizers = build_optimizers(model, cfg.optim)
+    optimizers = build_optimizers(model, cfg.optim, cfg.train.deterministic)
     schedulers = build_schedulers(optimizers, cfg.optim.schedule, total_steps)
     if cfg.train.compile.enabled:
         logger.info(f"torch.compile: mode {cfg.train.compile.mode}, fullgraph {cfg.train.compile.fullgraph}")
