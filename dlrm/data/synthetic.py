@@ -535,6 +535,7 @@ def generate(
         write_metadata(tmp, meta)  # last file of the dataset: marks it complete
         _replace_dir(tmp, out)
         if tsv_tmp is not None:
+            os.chmod(tsv_tmp, 0o644)  # mkstemp makes 0600; the finished file gets an ordinary file's mode
             os.replace(tsv_tmp, tsv_path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
