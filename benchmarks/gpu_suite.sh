@@ -54,7 +54,9 @@ for part in "$@"; do
       run tests_kernels_cuda 240 python -m pytest -q tests/kernels -p no:cacheprovider
       ;;
     kernels)
-      run kernels 480 python benchmarks/kernels.py --out "$RES"
+      run kernels_embedding 210 python benchmarks/kernels.py --kernels embedding --out "$RES"
+      run kernels_small 150 python benchmarks/kernels.py --kernels interaction,loss,epilogue --append --out "$RES"
+      run kernels_linear 150 python benchmarks/kernels.py --kernels linear --append --out "$RES"
       ;;
     train)
       run train_kaggle 540 python benchmarks/train_throughput.py --config configs/kaggle.json \

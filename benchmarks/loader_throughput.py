@@ -1,0 +1,352 @@
+"""Data pipeline throughput: preprocessing rows/s and loader samples/s on synthetic raw data.
+
+    python benchmarks/loader_throughput.py --rows 2000000 --repeat 4 --batch-size 65536
+    python benchmarks/loader_throughput.py --rows 20000 --workers 1,2     # quick CPU check
+
+1. A raw Kaggle-format TSV is made with the synthetic generator (``--raw-tsv``); or pass an
+   existing one with ``--raw-tsv PATH`` (it is reused, never overwritten). ``--repeat K``
+   preprocesses K concatenated copies (a big input without a long generation).
+2. preprocess: ``dlrm.data.preprocess.preprocess`` of that file with each worker count; rows/s is
+   input lines over the wall time of the whole call (count pass, pool start, parse, parquet
+   writing, tables, metadata). "parse" is the single-process parser alone on in-memory bytes (the
+   per-core ceiling).
+3. loader: `dlrm.data.loader.ParquetLoader` over the train split of the preprocessed dataset, one
+   epoch per timed repeat (median reported), on CPU and, when available, on CUDA (batches copied
+   to the GPU; the clock stops after a device sync), for each ``data.placement``: "stream"
+   (ParquetLoader) and, on CUDA, "gpu" (DeviceLoader).
+
+Prints a table and writes <stem>.csv, <stem>.md and <stem>.png under --out (default
+benchmarks/results/, stem loader_throughput_<device>), with the GPU name, torch / pyarrow / numpy
+versions, CPU count and date. Targets (GPU machine): preprocessing >= 1M rows/s with all workers;
+streaming >= 20M samples/s to the GPU; gpu placement >= 200M samples/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import os
+import platform
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Light imports only at module level: the preprocess worker processes are spawned and re-import this
+# script, so torch / pyarrow / matplotlib are imported inside the functions that need them.
+import numpy as np  # noqa: E402
+
+from dlrm.data import preprocess as pp  # noqa: E402
+
+TARGETS = {("preprocess", None): 1e6, ("loader", "stream"): 20e6, ("loader", "gpu"): 200e6}
+KEYS = ["stage", "device", "workers", "placement", "shuffle", "batch_size", "chunk_rows", "rows", "seconds",
+        "rate", "unit", "target", "meets_target", "status"]
+
+
+def environment() -> dict:
+    import pyarrow as pa
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
+    return {
+        "gpu": gpu,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda or "none",
+        "pyarrow": pa.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def count_lines(path: Path) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        while b := f.read(1 << 24):
+            n += b.count(b"\n")
+    return n
+
+
+def make_raw(rows: int, raw_tsv: Path | None, work: Path) -> tuple[Path, int]:
+    """The raw TSV to preprocess: an existing --raw-tsv as is, else one made by the generator."""
+    if raw_tsv is not None and raw_tsv.exists():
+        n = count_lines(raw_tsv)
+        print(f"raw TSV: reusing {raw_tsv} ({n:,} lines)")
+        return raw_tsv, n
+    from dlrm.data.synthetic import generate
+
+    target = raw_tsv or work / "raw.tsv"
+    t0 = time.perf_counter()
+    generate(work / "synthetic", rows, seed=0, raw_tsv=target)
+    shutil.rmtree(work / "synthetic", ignore_errors=True)  # only the raw file is needed
+    print(f"raw TSV: generated {rows:,} rows into {target} in {time.perf_counter() - t0:.1f} s")
+    return target, rows
+
+
+def row(stage, device, rows, seconds, unit, *, workers=None, placement=None, shuffle=None, batch_size=None,
+        chunk_rows=None, status="ok") -> dict:
+    rate = rows / seconds if seconds and status == "ok" else None
+    target = TARGETS.get((stage, placement if stage == "loader" else None))
+    return {
+        "stage": stage, "device": device, "workers": workers, "placement": placement, "shuffle": shuffle,
+        "batch_size": batch_size, "chunk_rows": chunk_rows, "rows": rows, "seconds": seconds, "rate": rate,
+        "unit": unit, "target": target, "meets_target": None, "status": status,
+    }
+
+
+def bench_parse(raw: Path, max_lines: int = 500_000, repeats: int = 3) -> dict:
+    """The parser alone, one process, on in-memory bytes (no I/O, no parquet)."""
+    data = bytearray()
+    n = 0
+    with open(raw, "rb") as f:
+        for line in f:
+            data += line
+            n += 1
+            if n >= max_lines:
+                break
+    data = bytes(data)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        pp.parse_chunk(data, "tsv")
+        times.append(time.perf_counter() - t0)
+    return row("parse", "cpu", n, min(times), "rows/s", workers=1)
+
+
+def bench_preprocess(raw: Path, lines: int, work: Path, workers: list[int], chunk_rows: int) -> tuple[list[dict], Path]:
+    rows, last = [], None
+    for w in workers:
+        out = work / f"pp_w{w}"
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        try:
+            pp.preprocess([raw], out, workers=w, chunk_rows=chunk_rows, progress=False)
+            status = "ok"
+        except Exception as e:  # reported in the table, the other measurements still run
+            status = f"error: {type(e).__name__}: {e}"[:200]
+        seconds = time.perf_counter() - t0
+        rows.append(row("preprocess", "cpu", lines, seconds, "rows/s", workers=w, chunk_rows=chunk_rows,
+                        status=status))
+        if status == "ok":
+            if last is not None:
+                shutil.rmtree(last, ignore_errors=True)
+            last = out
+        print(f"  preprocess, {w} worker(s): {rows[-1]['rate'] or 0:,.0f} rows/s ({seconds:.2f} s) {status}")
+    return rows, last
+
+
+def _epoch(loader, device) -> tuple[int, float]:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    n = 0
+    for batch in loader:
+        n += len(batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return n, time.perf_counter() - t0
+
+
+def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: int, shuffles: list[bool]) -> list[dict]:
+    import torch
+
+    from dlrm.data.device_loader import DeviceLoader
+    from dlrm.data.loader import ParquetLoader, split_files
+    from dlrm.data.schema import read_metadata
+
+    meta = read_metadata(dataset)
+    files = split_files(dataset, meta, "train")
+    out = []
+    for dev in devices:
+        device = torch.device(dev)
+        # data.placement: "stream" (ParquetLoader: pinned batches, side-stream copy) or "gpu" (DeviceLoader:
+        # the whole split in device memory, batches are index gathers).
+        placements = ["stream", "gpu"] if device.type == "cuda" else ["stream"]
+        for placement in placements:
+            for shuffle in shuffles:
+                label = placement
+                try:
+                    cls = DeviceLoader if placement == "gpu" else ParquetLoader
+                    loader = cls(files, batch_size, device, shuffle=shuffle, drop_last=False)
+                    _epoch(loader, device)  # warm-up: file cache, CUDA context, pinned pool, GPU upload
+                    runs = []
+                    for epoch in range(repeats):
+                        loader.set_epoch(epoch + 1)
+                        runs.append(_epoch(loader, device))
+                    n = runs[0][0]
+                    seconds = statistics.median(s for _, s in runs)
+                    r = row("loader", dev, n, seconds, "samples/s", placement=label, shuffle=shuffle,
+                            batch_size=batch_size)
+                except Exception as e:
+                    r = row("loader", dev, meta.splits["train"].rows, None, "samples/s", placement=label,
+                            shuffle=shuffle, batch_size=batch_size, status=f"error: {type(e).__name__}: {e}"[:200])
+                print(f"  loader {dev} {label} shuffle={shuffle}: {r['rate'] or 0:,.0f} samples/s {r['status']}")
+                out.append(r)
+    return out
+
+
+def _fmt(v, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if unit.endswith("/s"):
+            return f"{v / 1e6:,.2f}M" if v >= 1e5 else f"{v:,.0f}"
+        return f"{v:.3f}"
+    return str(v)
+
+
+def write_results(rows: list[dict], env: dict, out: Path, stem: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}.png"]
+    with open(paths[0], "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=KEYS + list(env))
+        w.writeheader()
+        for r in rows:
+            w.writerow({**{k: r.get(k) for k in KEYS}, **env})
+    head = ["stage", "device", "workers", "placement", "shuffle", "batch", "rows", "seconds", "rate", "target", "meets",
+            "status"]
+    table = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        meets = {True: "yes", False: "NO", None: "-"}[r["meets_target"]]
+        table.append(" | ".join([
+            r["stage"], r["device"], _fmt(r["workers"]), _fmt(r["placement"]), _fmt(r["shuffle"]),
+            _fmt(r["batch_size"]), f"{r['rows']:,}", _fmt(r["seconds"]),
+            f"{_fmt(r['rate'], r['unit'])} {r['unit']}" if r["rate"] else "-", _fmt(r["target"], r["unit"]), meets,
+            r["status"],
+        ]))
+    title = "Data pipeline throughput (dlrm.preprocess, ParquetLoader)"
+    env_line = ", ".join(f"{k}: {v}" for k, v in env.items())
+    md = [f"# {title}", "", env_line, "", *[f"| {t} |" for t in table]]
+    paths[1].write_text("\n".join(md) + "\n")
+    print("\n" + env_line)
+    print("\n".join(table))
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    pre = [r for r in rows if r["stage"] == "preprocess" and r["rate"]]
+    if pre:
+        a1.plot([r["workers"] for r in pre], [r["rate"] for r in pre], marker="o", label="preprocess (whole run)")
+        for r in pre:
+            a1.annotate(f"{r['rate'] / 1e6:.2f}M", (r["workers"], r["rate"]), textcoords="offset points",
+                        xytext=(0, 6), ha="center", fontsize=8)
+        a1.axhline(TARGETS[("preprocess", None)], color="gray", ls="--", lw=1, label="target 1M rows/s (GPU machine)")
+        a1.set_xticks(sorted({r["workers"] for r in pre}))
+        a1.set_ylim(bottom=0)
+    parse = [r for r in rows if r["stage"] == "parse" and r["rate"]]
+    if parse:
+        a1.scatter([1], [parse[0]["rate"]], marker="x", color="k", label="parser only, 1 process")
+    a1.set_xlabel("worker processes")
+    a1.set_ylabel("rows/s")
+    a1.set_title("preprocessing", fontsize=10)
+    a1.grid(alpha=0.3)
+    a1.legend(fontsize=8)
+    lod = [r for r in rows if r["stage"] == "loader" and r["rate"]]
+    if lod:
+        labels = [f"{r['device']}\n{r['placement']}{' shuf' if r['shuffle'] else ''}" for r in lod]
+        bars = a2.bar(range(len(lod)), [r["rate"] / 1e6 for r in lod])
+        a2.bar_label(bars, [f"{r['rate'] / 1e6:.2f}M" for r in lod], fontsize=8)
+        a2.set_xticks(range(len(lod)), labels, fontsize=8)
+        for (_, placement), target in TARGETS.items():
+            if placement and any(r["device"].startswith("cuda") and r["placement"] == placement for r in lod):
+                a2.axhline(target / 1e6, color="gray", ls="--", lw=1)
+                a2.annotate(f"target {placement} {target / 1e6:.0f}M", (0, target / 1e6), fontsize=7, color="gray")
+    a2.set_ylabel("million samples/s (median epoch)")
+    a2.set_title(f"ParquetLoader, batch {lod[0]['batch_size'] if lod else '-'}", fontsize=10)
+    a2.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"{env['gpu'] if env['gpu'] != 'none' else 'no GPU'} / {env['cpu_count']} CPUs, torch {env['torch']}, pyarrow {env['pyarrow']}, "
+                 f"{env['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(paths[2], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=2_000_000, help="rows of the generated raw TSV")
+    ap.add_argument("--raw-tsv", type=Path, default=None,
+                    help="raw TSV to use: reused if it exists, else generated there (kept)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="preprocess the raw TSV concatenated this many times (big inputs without a long generation)")
+    ap.add_argument("--workers", default=None,
+                    help="comma-separated worker counts (default 1,2,4,8,16 up to the CPU count, and the CPU count)")
+    ap.add_argument("--chunk-rows", type=int, default=None,
+                    help="preprocess chunk size (default: about 4 chunks per worker, 32Ki..512Ki lines)")
+    ap.add_argument("--batch-size", type=int, default=65536)
+    ap.add_argument("--repeats", type=int, default=3, help="timed loader epochs (median reported)")
+    ap.add_argument("--devices", default="auto", help="comma-separated, or auto: cpu and cuda when available")
+    ap.add_argument("--shuffle", default="false,true", help="loader shuffle settings to measure")
+    ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a new temp dir, removed)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    ap.add_argument("--name", default=None, help="output file stem (default loader_throughput_<device>)")
+    args = ap.parse_args(argv)
+
+    import torch
+    from loguru import logger
+
+    logger.disable("dlrm")  # the preprocess / generator logs would drown the table
+    cpus = os.cpu_count() or 1
+    workers = ([int(x) for x in args.workers.split(",")] if args.workers
+               else sorted({w for w in (1, 2, 4, 8, 16) if w <= cpus} | {cpus}))
+    devices = (["cpu"] + (["cuda"] if torch.cuda.is_available() else [])) if args.devices == "auto" \
+        else args.devices.split(",")
+    shuffles = [s.strip().lower() in ("1", "true", "yes") for s in args.shuffle.split(",")]
+    env = environment()
+    stem = args.name or "loader_throughput_" + re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"] if env["gpu"] != "none" else "cpu").strip("-").lower()
+
+    created = args.work is None
+    work = Path(tempfile.mkdtemp(prefix="loader_throughput_")) if created else args.work
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        raw, lines = make_raw(args.rows, args.raw_tsv, work)
+        if args.repeat > 1:
+            big = work / f"raw_x{args.repeat}.tsv"
+            with open(big, "wb") as dst:
+                for _ in range(args.repeat):
+                    with open(raw, "rb") as src:
+                        shutil.copyfileobj(src, dst, 1 << 24)
+            raw, lines = big, lines * args.repeat
+            print(f"raw TSV: {args.repeat} copies concatenated: {lines:,} lines")
+        chunk_rows = args.chunk_rows or min(pp.DEFAULT_CHUNK_ROWS, max(32768, math.ceil(lines / (4 * max(workers)))))
+        results = [bench_parse(raw)]
+        print(f"  parse only, 1 process: {results[0]['rate']:,.0f} rows/s")
+        pre, dataset = bench_preprocess(raw, lines, work, workers, chunk_rows)
+        results += pre
+        if dataset is not None:
+            results += bench_loader(dataset, devices, args.batch_size, args.repeats, shuffles)
+        # the targets are for the GPU machine: judged there only (all workers, batches to the GPU)
+        best = max((r for r in pre if r["rate"]), key=lambda r: r["workers"], default=None)
+        for r in results:
+            if torch.cuda.is_available() and r["target"] and r["rate"] and (
+                (r["stage"] == "loader" and r["device"].startswith("cuda")) or r is best
+            ):
+                r["meets_target"] = r["rate"] >= r["target"]
+        paths = write_results(results, env, args.out, stem)
+        print("wrote " + ", ".join(str(p) for p in paths))
+    finally:
+        if created and not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        elif args.keep or not created:
+            print(f"scratch kept in {work}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
