@@ -46,6 +46,7 @@ import inspect
 import math
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -879,15 +880,20 @@ def main(argv=None) -> int:
     cases = [(s, d, b) for s in specs for d in dtypes for b in batches]
     logger.info(f"{len(cases)} cases: kernels {[s.name for s in specs]}, batches {batches}, dtypes {dtypes}, impls {list(impls)}")
     t0 = time.perf_counter()
-    for spec, dtype, batch in tqdm(cases, desc="kernels", unit="case", dynamic_ncols=True):
-        if _TABLES and not spec.name.startswith("embedding_"):
-            _TABLES.clear()  # the cached tables take up to ~10 GB
-            free_memory(device)
-        try:
-            rows += run_case(spec, batch, dtype, ctx, args)
-        except Exception as exc:  # noqa: BLE001  (e.g. a CUDA error that poisoned the context)
-            logger.error(f"{spec.name} B={batch} {dtype}: {one_line(exc)}")
-            rows.append({**base_row(spec, batch, dtype), "mode": "*", "impl": "(case)", "error": one_line(exc)})
+    # `timeout` sends SIGTERM: stop after the case in flight and still write what was measured.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        for spec, dtype, batch in tqdm(cases, desc="kernels", unit="case", dynamic_ncols=True):
+            if _TABLES and not spec.name.startswith("embedding_"):
+                _TABLES.clear()  # the cached tables take up to ~10 GB
+                free_memory(device)
+            try:
+                rows += run_case(spec, batch, dtype, ctx, args)
+            except Exception as exc:  # noqa: BLE001  (e.g. a CUDA error that poisoned the context)
+                logger.error(f"{spec.name} B={batch} {dtype}: {one_line(exc)}")
+                rows.append({**base_row(spec, batch, dtype), "mode": "*", "impl": "(case)", "error": one_line(exc)})
+    except KeyboardInterrupt:
+        logger.warning(f"interrupted: writing the {len(rows) - 1} results measured so far (the other cases are missing)")
     _TABLES.clear()
     free_memory(device)
     logger.info(f"measured in {time.perf_counter() - t0:.0f} s")

@@ -25,6 +25,7 @@ VARIANTS: dict[str, tuple[str, Optional[str]]] = {
     "compiled-cudagraphs": ("torch", "reduce-overhead"),
     "triton": ("triton", None),
     "triton+compiled": ("triton", "default"),
+    "triton+cudagraphs": ("triton", "reduce-overhead"),
 }
 
 COLUMNS = [
