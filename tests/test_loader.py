@@ -106,6 +106,155 @@ def test_metadata_errors_name_the_key(tmp_path):
         read_metadata(tmp_path)
 
 
+# -- the threaded pipeline against a plain sequential reference ---------------------------------------
+
+
+def reference_batches(files, batch_size, *, shuffle=False, seed=0, epoch=0, drop_last=False,
+                      shuffle_buffer_rows=1_000_000, start_batch=0):
+    """The loader's batches as a plain sequential loop (what ParquetLoader did before it was threaded).
+
+    Row groups in file order, or permuted by ``default_rng([seed, epoch])``; decoded row groups
+    pile up until they hold >= shuffle_buffer_rows rows, then (rows carried over first) are
+    concatenated, permuted by the same generator and cut into batches; the leftover rows are
+    carried into the next buffer, and after the last one form the partial batch.
+    """
+    groups = [(f, g) for f in files for g in range(pq.ParquetFile(f).num_row_groups)]
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(groups)) if shuffle else np.arange(len(groups))
+    out, pending, carry = [], [], None
+
+    def flush(final):
+        nonlocal carry
+        blocks = ([carry] if carry is not None else []) + pending
+        if not blocks:
+            return
+        buf = tuple(np.concatenate([b[i] for b in blocks]) for i in range(3))
+        n = len(buf[0])
+        idx = rng.permutation(n) if shuffle else np.arange(n)
+        full = n // batch_size * batch_size
+        out.extend(tuple(a[idx[s:s + batch_size]] for a in buf) for s in range(0, full, batch_size))
+        carry = tuple(a[idx[full:]] for a in buf) if full < n else None
+        if final and carry is not None:
+            if not drop_last:
+                out.append(carry)
+            carry = None
+
+    for k in order:
+        f, g = groups[k]
+        t = pq.ParquetFile(f).read_row_group(g)
+        pending.append((t.column("label").to_numpy(),
+                        np.stack([t.column(f"DENSE_{i}").to_numpy() for i in range(13)], axis=1),
+                        np.stack([t.column(f"SPARSE_{i}").to_numpy() for i in range(26)], axis=1)))
+        if sum(len(b[0]) for b in pending) >= shuffle_buffer_rows:
+            flush(final=False)
+            pending.clear()
+    flush(final=True)
+    return out[start_batch:]
+
+
+def assert_same_batches(batches, expected):
+    assert len(batches) == len(expected)
+    for b, (label, dense, sparse) in zip(batches, expected):
+        np.testing.assert_array_equal(b.sparse.numpy(), sparse)
+        np.testing.assert_array_equal(b.labels.numpy(), label.astype(np.float32))
+        np.testing.assert_array_equal(b.dense.numpy(), transform_dense(torch.from_numpy(dense)).numpy())
+
+
+@pytest.fixture
+def uneven_dataset(tmp_path):
+    """Three shards of 70-71 rows in row groups of 13 (the last ones shorter)."""
+    from tests.conftest import make_dataset
+
+    root = tmp_path / "uneven"
+    make_dataset(root, {"train": 211}, files_per_split=3, row_group_size=13, seed=5)
+    return files_of(root)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("batch_size,buffer_rows", [(1, 10), (7, 1), (7, 30), (32, 100), (64, 1_000_000), (50, 40),
+                                                    (300, 50)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batches_equal_the_sequential_reference(uneven_dataset, shuffle, batch_size, buffer_rows, drop_last):
+    files = uneven_dataset
+    for seed, epoch in [(0, 0), (3, 2)]:
+        loader = ParquetLoader(files, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
+                               shuffle_buffer_rows=buffer_rows, prefetch=1)
+        loader.set_epoch(epoch)
+        batches = list(loader)  # all held at once: slots are reused, batches must not be
+        assert len(batches) == len(loader)
+        expected = reference_batches(files, batch_size, shuffle=shuffle, seed=seed, epoch=epoch, drop_last=drop_last,
+                                     shuffle_buffer_rows=buffer_rows)
+        assert_same_batches(batches, expected)
+        ids = np.concatenate([b[1][:, 0] for b in expected]) if expected else np.array([], int)
+        if not drop_last:  # every row exactly once
+            np.testing.assert_array_equal(np.sort(ids), np.arange(211))
+
+
+@pytest.mark.parametrize("reader_threads,gather_threads", [(1, 1), (8, 4)])
+def test_thread_counts_do_not_change_the_batches(uneven_dataset, reader_threads, gather_threads):
+    loader = ParquetLoader(uneven_dataset, 16, shuffle=True, seed=9, shuffle_buffer_rows=60,
+                           reader_threads=reader_threads, gather_threads=gather_threads)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        assert_same_batches(list(loader), reference_batches(uneven_dataset, 16, shuffle=True, seed=9, epoch=epoch,
+                                                            shuffle_buffer_rows=60))
+    # the loader keeps its buffers and slots across epochs, never more than it can use at once
+    assert len(loader._spare_buffers) <= 2 and len(loader._spare_slots) <= loader._max_slots
+
+
+@pytest.mark.parametrize("shuffle,buffer_rows", [(False, 50), (True, 50), (True, 1_000_000)])
+def test_resume_yields_the_rest_of_the_epoch(uneven_dataset, shuffle, buffer_rows):
+    make = lambda: ParquetLoader(uneven_dataset, 24, shuffle=shuffle, seed=4, shuffle_buffer_rows=buffer_rows)
+    full = reference_batches(uneven_dataset, 24, shuffle=shuffle, seed=4, epoch=1, shuffle_buffer_rows=buffer_rows)
+    for start in (0, 1, 5, len(full) - 1, len(full), len(full) + 3):
+        loader = make()
+        loader.set_epoch(1, start_batch=start)
+        assert_same_batches(list(loader), full[start:])
+
+
+def test_early_break_then_concurrent_iterations_stay_exact(uneven_dataset):
+    loader = ParquetLoader(uneven_dataset, 10, shuffle=True, seed=1, shuffle_buffer_rows=40, prefetch=1)
+    expected = reference_batches(uneven_dataset, 10, shuffle=True, seed=1, shuffle_buffer_rows=40)
+    for i, _ in enumerate(loader):  # abandoned mid-epoch, with gathers and decodes in flight
+        if i == 3:
+            break
+    assert_same_batches(list(loader), expected)
+    pairs = list(zip(loader, loader))  # two iterations at once share the pools, not the buffers or slots
+    assert_same_batches([a for a, _ in pairs], expected)
+    assert_same_batches([b for _, b in pairs], expected)
+
+
+@pytest.mark.parametrize("shuffle,buffer_rows", [(False, 1), (True, 1), (True, 20), (True, 1_000_000)])
+def test_empty_row_groups_are_harmless(uneven_dataset, tmp_path, shuffle, buffer_rows):
+    from tests.conftest import write_rows
+
+    empty = tmp_path / "empty.parquet"
+    write_rows(empty, np.zeros(0), np.zeros((0, 13)), np.zeros((0, 26)), 7)
+    assert pq.ParquetFile(empty).metadata.num_row_groups == 1
+    files = [empty, uneven_dataset[0], empty, uneven_dataset[1]]
+    loader = ParquetLoader(files, 9, shuffle=shuffle, seed=2, shuffle_buffer_rows=buffer_rows)
+    assert_same_batches(list(loader), reference_batches(files, 9, shuffle=shuffle, seed=2,
+                                                        shuffle_buffer_rows=buffer_rows))
+
+
+def test_unreadable_row_group_raises_dataset_error_naming_it(tiny_dataset):
+    root, _ = tiny_dataset
+    files = files_of(root)
+    loader = ParquetLoader(files, 8)  # footers read here; now the data pages of the second shard go bad
+    data = bytearray(files[1].read_bytes())
+    data[4 : len(data) // 2] = b"\xff" * (len(data) // 2 - 4)
+    files[1].write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match=r"part-00001.parquet: row group \d+: cannot be read"):
+        list(loader)
+
+
+def test_unreadable_file_is_named(tmp_path):
+    bad = tmp_path / "junk.parquet"
+    bad.write_bytes(b"not parquet at all")
+    with pytest.raises(DatasetError, match=r"junk.parquet: not a readable parquet file"):
+        ParquetLoader([bad], 4)
+
+
 # -- the device-resident loader (data.placement "gpu"); on CPU here, the same code runs on CUDA --------
 
 
