@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | kernels | train | terabyte | compare | loader. Each part writes its logs, CSVs,
+# PART: tests | kernels | train | terabyte | compare[:BATCH] | profile | loader. Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -65,26 +65,31 @@ for part in "$@"; do
       run train_kaggle_small 140 python benchmarks/train_throughput.py --config configs/kaggle.json \
         --batch-sizes 2048,128 --variants eager,compiled-cudagraphs,triton+cudagraphs \
         --precisions fp32 --warmup 15 --steps 50 --windows 5 --out "$RES" --name train_throughput_kaggle_small
-      ;;
-    terabyte)  # bf16 at batch 65536: the Kaggle model and the MLPerf-style one
-      run train_kaggle_bf16 120 python benchmarks/train_throughput.py --config configs/kaggle.json \
+      run train_kaggle_bf16 130 python benchmarks/train_throughput.py --config configs/kaggle.json \
         --batch-sizes 65536 --variants eager,compiled,triton+compiled,triton+cudagraphs --precisions bf16 \
         --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_bf16
-      run train_terabyte 120 python benchmarks/train_throughput.py --config configs/terabyte.json \
-        --batch-sizes 65536 --variants eager,compiled,triton+compiled,triton+cudagraphs --precisions bf16 \
+      ;;
+    terabyte)  # configs/terabyte.json (MLPerf-style, tables capped at 10M rows), bf16 at batch 65536
+      run train_terabyte 170 python benchmarks/train_throughput.py --config configs/terabyte.json \
+        --batch-sizes 65536 --variants eager,compiled-cudagraphs,triton+cudagraphs --precisions bf16 \
         --warmup 10 --steps 20 --windows 5 --out "$RES"
       ;;
-    compare)
+    compare|compare:*)  # quality and speed of the variants on planted synthetic data with the Kaggle table sizes
       kaggle_data
       kaggle_config /tmp/kaggle-syn.json
-      for b in 65536 2048; do
+      sizes="65536 2048"; [ "$part" != compare ] && sizes=${part#compare:}  # compare:2048 runs one size
+      for b in $sizes; do
         steps=$([ "$b" = 65536 ] && echo 30 || echo 300)
-        run "compare_$b" 170 python train.py --config /tmp/kaggle-syn.json --batch-size "$b" --max-steps "$steps" \
-          --compare eager,compiled,triton,triton+compiled --run-name "compare-kaggle-b$b" --tb-dir "$OUT/tb"
+        run "compare_$b" 180 python train.py --config /tmp/kaggle-syn.json --batch-size "$b" --max-steps "$steps" \
+          --compare eager,compiled-cudagraphs,triton,triton+cudagraphs --run-name "compare-kaggle-b$b" --tb-dir "$OUT/tb"
         cp "$OUT/tb/compare-kaggle-b$b/compare.md" "$RES/compare_kaggle_b$b.md" 2>/dev/null
         cp "$OUT/tb/compare-kaggle-b$b/compare.csv" "$RES/compare_kaggle_b$b.csv" 2>/dev/null
         cp "$OUT/tb/compare-kaggle-b$b/compare.png" "$RES/compare_kaggle_b$b.png" 2>/dev/null
       done
+      ;;
+    profile)  # one profiled eager run and its timeline
+      kaggle_data
+      kaggle_config /tmp/kaggle-syn.json
       run profile 80 python train.py --config /tmp/kaggle-syn.json --batch-size 65536 --max-steps 20 --profile \
         --run-name profile-kaggle-b65536 --tb-dir "$OUT/tb"
       python benchmarks/trace_timeline.py "$OUT/tb/profile-kaggle-b65536" --out "$RES/profile_timeline_kaggle_b65536.png" \

@@ -24,7 +24,8 @@ def test_published_architectures():
     assert len(kaggle.model.cardinalities) == 26 and max(kaggle.model.cardinalities) == 10131227
     tb = load_config(REPO / "configs/terabyte.json")
     assert (tb.model.embedding_dim, tb.model.bottom_mlp, tb.model.top_mlp) == (128, [512, 256, 128], [1024, 1024, 512, 256, 1])
-    assert max(tb.model.cardinalities) == 40_000_000 == tb.data.max_rows_per_table
+    # dataset tables as MLPerf caps them (40M); the model caps them again so fp32 fits 80 GB
+    assert max(tb.model.cardinalities) == 40_000_000 and tb.data.max_rows_per_table == 10_000_000
 
 
 BAD = [

@@ -78,6 +78,14 @@ def build_model(
         check_triton_device(device, "--kernels triton")
     logger.info("kernels: " + ", ".join(f"{k}={v}" for k, v in choices.items()))
 
+    # Parameters are created on `device` directly: the MLPerf-sized tables (tens of GB) must not
+    # pass through host memory first. `.to` still moves buffers built from host tensors.
+    with torch.device(device):
+        model = _build_archs(cfg, cardinalities, vocabs, kernels)
+    return model.to(device)
+
+
+def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: KernelsConfig) -> DLRM:
     linear_cls = None
     if kernels.mlp == "triton":
         from kernels.linear import TritonLinear
@@ -96,7 +104,7 @@ def build_model(
 
         interaction = TritonDotInteractionArch(interaction, TritonDotInteraction())
     over_arch = OverArch(interaction.output_dim, cfg.top_mlp, cfg.activation, linear_cls=linear_cls)
-    return DLRM(dense_arch, sparse_arch, interaction, over_arch).to(device)
+    return DLRM(dense_arch, sparse_arch, interaction, over_arch)
 
 
 def build_loss(kernels: Optional[KernelsConfig] = None):
