@@ -104,10 +104,11 @@ for part in "$@"; do
       ;;
   esac
 done
-rm -rf "$OUT/tb"/*/checkpoints
+# checkpoints of the Kaggle-sized model are 2 GB each (compare runs write one per variant)
+[ -d "$OUT/tb" ] && find "$OUT/tb" -type d -name checkpoints -prune -exec rm -rf {} +
 # The device tool returns at most 8 files of 16 MiB: one tarball, profiler traces left out (the
 # timeline PNG above is drawn from them), loose files removed.
-tar czf "$OUT/suite.tgz" -C "$OUT" --exclude='*.pt.trace.json*' results logs $([ -d "$OUT/tb" ] && echo tb)
+tar czf "$OUT/suite.tgz" -C "$OUT" --exclude='*.pt.trace.json*' --exclude=checkpoints results logs $([ -d "$OUT/tb" ] && echo tb)
 log "packed $(du -h "$OUT/suite.tgz" | cut -f1)"
 cp "$LOGS/suite.log" "$OUT/suite.log"
 rm -rf "$RES" "$LOGS" "$OUT/tb"
