@@ -22,11 +22,18 @@ Backward (all Triton, no cuBLAS):
 2. ``grad_x = grad_pre @ W`` and ``grad_W = grad_pre^T @ x`` with the same GEMM kernel as the
    forward (no bias/activation); transposes are stride swaps, never copies.
 
-Autotuning: on the GPU a handful of configs keyed on (M, N, K); under the interpreter one fixed
-config with wide tiles (the interpreter's cost is per program and per loop step).
+Tile configs: on the GPU one config picked from the shape and dtype by `_pick_config` (no
+start-up cost), or, with ``DLRM_TRITON_AUTOTUNE=1`` in the environment, the best of the configs of
+`_configs` measured per (M, N, K). Autotuning is opt-in because it compiles and times every config
+for every GEMM shape of the model (forward, grad_x and grad_W of each layer: 21 shapes x 8 configs
+for the Kaggle model), which took about two minutes before the first training step on an H100;
+`benchmarks/gpu_suite.sh` turns it on. Under the interpreter one fixed config with wide tiles (its
+cost is per program and per loop step).
 """
 
 from __future__ import annotations
+
+import os
 
 from typing import Optional
 
@@ -56,7 +63,7 @@ def _configs() -> list[triton.Config]:
     # Big square tiles for the wide top-MLP layers, narrow-N tiles for the last layers (N=1..64),
     # small tiles for small batches. BLOCK_K=64 suits bf16, 32 keeps fp32 tiles in shared memory.
     return [
-        cfg(128, 128, 32, 4, 8),
+        cfg(128, 128, 32, 4, 8),  # fp32 default for large M and N (see _pick_config)
         cfg(128, 128, 64, 3, 8),
         cfg(128, 64, 32, 4, 4),
         cfg(64, 128, 32, 4, 4),
@@ -72,7 +79,6 @@ def _configs() -> list[triton.Config]:
 # ----------------------------------------------------------------------------------------------
 
 
-@triton.autotune(configs=_configs(), key=["M", "N", "K"])
 @triton.jit
 def _linear_kernel(
     a_ptr,
@@ -143,6 +149,32 @@ def _linear_kernel(
     tl.store(out_ptr + o_offs, y.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
+AUTOTUNE = os.environ.get("DLRM_TRITON_AUTOTUNE", "0") not in ("", "0") and not _INTERPRET
+_CONFIGS = _configs()
+_linear_kernel_autotuned = triton.autotune(configs=_configs(), key=["M", "N", "K"])(_linear_kernel)
+
+
+def _pick_config(M: int, N: int, dtype: torch.dtype) -> triton.Config:
+    """The tile config for an [M, N] output without autotuning, from the shapes DLRM's GEMMs have.
+
+    Narrow outputs (the last layers, N <= 32) take tall narrow tiles; tiny batches small tiles;
+    grids of 128x128 tiles that leave most of the 132 SMs idle take 64x64 tiles; everything else
+    the large square tile (BLOCK_K=64 for 16-bit operands, 32 keeps fp32 stages in shared memory).
+    """
+    if _INTERPRET:
+        return _CONFIGS[0]
+    big = _CONFIGS
+    if N <= 16:
+        return big[6]
+    if N <= 32:
+        return big[5]
+    if M <= 64:
+        return big[7]
+    if triton.cdiv(M, 128) * triton.cdiv(N, 128) < 132:
+        return big[4]
+    return big[1] if dtype in (torch.bfloat16, torch.float16) else big[0]
+
+
 # ----------------------------------------------------------------------------------------------
 # Host launchers
 # ----------------------------------------------------------------------------------------------
@@ -191,8 +223,13 @@ def gemm_bias_act(
     def grid(meta):
         return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
 
+    if AUTOTUNE:
+        kernel, launch = _linear_kernel_autotuned, {}
+    else:
+        cfg = _pick_config(M, N, a.dtype)
+        kernel, launch = _linear_kernel, {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     with _device_ctx(a):
-        _linear_kernel[grid](
+        kernel[grid](
             a,
             w,
             bias if bias is not None else a,
@@ -211,6 +248,7 @@ def gemm_bias_act(
             ACTIVATION=activation_code(activation),
             STORE_PRE=store_pre,
             INPUT_PRECISION=prec,
+            **launch,
         )
     return out, pre
 
