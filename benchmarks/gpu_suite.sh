@@ -50,7 +50,10 @@ EOF
 for part in "$@"; do
   case $part in
     tests)  # the kernel tests on CUDA (bf16 included) and the compile/profile tests
-      run tests_gpu 150 python -m pytest -q tests/kernels tests/test_compile_profile.py -p no:cacheprovider
+      # Most of the time is Triton compiling each test's specializations: 8 processes share the GPU
+      # (pytest-xdist, carried as a wheel: .whl/ on the device machine).
+      par=$(python -c "import xdist" 2>/dev/null && echo "-n 8")
+      run tests_gpu "${TESTS_LIMIT:-300}" python -m pytest -q $par tests/kernels tests/test_compile_profile.py -p no:cacheprovider
       ;;
     kernels)  # three chunks so one slow family cannot take the others' results with it; the linear
       # kernel autotunes here (DLRM_TRITON_AUTOTUNE=1): the best config per shape, not the default pick
