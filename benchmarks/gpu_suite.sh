@@ -63,11 +63,11 @@ for part in "$@"; do
       ;;
     train)  # configs/kaggle.json, fp32/tf32, the three batch sizes
       run train_kaggle 170 python benchmarks/train_throughput.py --config configs/kaggle.json \
-        --batch-sizes 65536 --variants eager,compiled-cudagraphs,triton+compiled,triton+cudagraphs \
+        --batch-sizes 65536 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs \
         --precisions fp32 --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_b65536
       # small batches are launch-bound: only the CUDA-graph variants can get near their targets
       run train_kaggle_small 140 python benchmarks/train_throughput.py --config configs/kaggle.json \
-        --batch-sizes 2048,128 --variants eager,compiled-cudagraphs,triton+cudagraphs \
+        --batch-sizes 2048,128 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs \
         --precisions fp32 --warmup 15 --steps 50 --windows 5 --out "$RES" --name train_throughput_kaggle_small
       run train_kaggle_bf16 130 python benchmarks/train_throughput.py --config configs/kaggle.json \
         --batch-sizes 65536 --variants eager,compiled,triton+compiled,triton+cudagraphs --precisions bf16 \
@@ -75,7 +75,7 @@ for part in "$@"; do
       ;;
     terabyte)  # configs/terabyte.json (MLPerf-style, tables capped at 10M rows), bf16 at batch 65536
       run train_terabyte 170 python benchmarks/train_throughput.py --config configs/terabyte.json \
-        --batch-sizes 65536 --variants eager,compiled-cudagraphs,triton+cudagraphs --precisions bf16 \
+        --batch-sizes 65536 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs --precisions bf16 \
         --warmup 10 --steps 20 --windows 5 --out "$RES"
       ;;
     compare|compare:*)  # quality and speed of the variants on planted synthetic data with the Kaggle table sizes

@@ -78,3 +78,31 @@ def test_compare_writes_reports_with_one_row_per_variant(dataset, tmp_path):
     assert (base / "eager" / "summary.json").exists() and (base / "compiled" / "summary.json").exists()
     md = (base / "compare.md").read_text()
     assert "| eager |" in md and "| compiled |" in md
+
+
+@pytest.mark.parametrize(
+    "name, kernels, mode",
+    [
+        ("eager", ("torch",) * 4, None),
+        ("compiled-cudagraphs", ("torch",) * 4, "reduce-overhead"),
+        ("triton+compiled", ("triton",) * 4, "default"),
+        ("triton-embedding+cudagraphs", ("triton", "torch", "torch", "torch"), "reduce-overhead"),
+    ],
+)
+def test_variant_config_sets_kernels_and_compile_mode(name, kernels, mode):
+    from dlrm.train.compare import variant_config
+
+    cfg = variant_config(load_config(REPO / "configs" / "sample.json"), name)
+    k = cfg.kernels
+    assert (k.embedding, k.interaction, k.mlp, k.loss) == kernels
+    assert cfg.train.compile.enabled == (mode is not None)
+    if mode:
+        assert cfg.train.compile.mode == mode
+
+
+def test_unknown_variant_is_named_in_the_error():
+    from dlrm.config import ConfigError
+    from dlrm.train.compare import parse_variants
+
+    with pytest.raises(ConfigError, match="'fastest'"):
+        parse_variants("eager,fastest")

@@ -19,13 +19,15 @@ from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig
 from dlrm.train.setup import make_run_dir, resolve_device
 
 VARIANTS: dict[str, tuple[str, Optional[str]]] = {
-    # name: (kernels, compile mode or None)
+    # name: (kernels, compile mode or None); kernels "triton-embedding": only the embedding (with its
+    # fused sparse update) in Triton, the MLPs, interaction and loss in PyTorch (cuBLAS GEMMs)
     "eager": ("torch", None),
     "compiled": ("torch", "default"),
     "compiled-cudagraphs": ("torch", "reduce-overhead"),
     "triton": ("triton", None),
     "triton+compiled": ("triton", "default"),
     "triton+cudagraphs": ("triton", "reduce-overhead"),
+    "triton-embedding+cudagraphs": ("triton-embedding", "reduce-overhead"),
 }
 
 COLUMNS = [
@@ -54,7 +56,10 @@ def parse_variants(text: str) -> list[str]:
 def variant_config(cfg: Config, name: str) -> Config:
     kernels, mode = VARIANTS[name]
     v = copy.deepcopy(cfg)
-    v.kernels = KernelsConfig(**{k: kernels for k in ("embedding", "interaction", "mlp", "loss")})
+    if kernels == "triton-embedding":
+        v.kernels = KernelsConfig(embedding="triton", interaction="torch", mlp="torch", loss="torch")
+    else:
+        v.kernels = KernelsConfig(**{k: kernels for k in ("embedding", "interaction", "mlp", "loss")})
     v.train.compile = CompileConfig(enabled=mode is not None, mode=mode or "default", fullgraph=cfg.train.compile.fullgraph)
     return v
 
@@ -64,7 +69,7 @@ def unavailable_reason(name: str, device: torch.device) -> Optional[str]:
     kernels, mode = VARIANTS[name]
     if mode == "reduce-overhead" and device.type != "cuda":
         return "CUDA graphs need a CUDA device"
-    if kernels == "triton":
+    if kernels.startswith("triton"):
         from kernels import TritonUnavailableError, check_triton_device
 
         try:
