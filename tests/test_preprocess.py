@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dlrm.data import preprocess as pp
@@ -234,6 +234,111 @@ def test_parse_chunk_matches_plain_python(rows, sep, crlf, final_nl):
     assert got == [ref_row(sep.join(r), sep) for r in rows]
     big = sum(1 for r in rows for x in r[1:14] if x and int(float(x)) > INT32_MAX)
     assert parsed.clipped == big
+
+
+def ref_valid(line: str, sep: str) -> bool:
+    """Plain-Python grammar of a good raw line (the spec of `pp.parse_chunk`, written again)."""
+    digits = set("0123456789")
+    hexdigits = set("0123456789abcdefABCDEF")
+
+    def count(x: str) -> int | None:  # [+-]digits[.zeros]
+        body = x[1:] if x[:1] in ("+", "-") else x
+        whole, dot, frac = body.partition(".")
+        if not whole or not set(whole) <= digits or not set(frac) <= set("0"):
+            return None
+        return int(x.partition(".")[0])
+
+    f = line.split(sep)
+    if len(f) != 40 or count(f[0]) not in (0, 1):
+        return False
+    if any(x and count(x) is None for x in f[1:14]):
+        return False
+    return all(not x or (len(x) <= 8 and set(x) <= hexdigits) for x in f[14:])
+
+
+# Characters a corrupted field may contain: digits, hex letters, signs, dots, the other
+# delimiter, spaces, a lone CR, non-ASCII digits (which Python's int() would accept) and text.
+_JUNK = st.text(alphabet="0123456789abcdefABCDEFxyz+-. ,\t\r\u0663\u00e9", max_size=12)
+
+
+@st.composite
+def _corrupted_lines(draw):
+    """Good raw rows, some of them corrupted: a field replaced, a field dropped or added, or the
+    whole line replaced by junk; returns (lines, sep)."""
+    sep = draw(st.sampled_from(["\t", ","]))
+    lines = []
+    for r in draw(_raw_field_rows()):
+        kind = draw(st.sampled_from(["good", "field", "field", "drop", "add", "junk"]))
+        if kind == "field":
+            r[draw(st.integers(0, 39))] = draw(_JUNK)
+        elif kind == "drop":
+            del r[draw(st.integers(0, 39))]
+        elif kind == "add":
+            r.insert(draw(st.integers(0, 40)), draw(_JUNK))
+        lines.append(draw(_JUNK) if kind == "junk" else sep.join(r))
+    return lines, sep
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=_corrupted_lines(), crlf=st.booleans(), final_nl=st.booleans(), first_line=st.integers(1, 10**6))
+@example(case=(["\t".join(["1"] + ["2"] * 13 + ["abc"] * 26) + "\r"], "\t"), crlf=False, final_nl=False, first_line=1)
+def test_malformed_lines_rejected_or_skipped_never_written(case, crlf, final_nl, first_line):
+    lines, sep = case
+    eol = "\r\n" if crlf else "\n"
+    text = eol.join(lines) + (eol if final_nl else "")
+    # the lines the parser sees: split at LF, one CR before each LF (and at the end) dropped
+    seen = text.split("\n")
+    if seen[-1] == "":
+        seen.pop()
+    seen = [x.removesuffix("\r") for x in seen]
+    valid = [ref_valid(x, sep) for x in seen]
+    fmt = "tsv" if sep == "\t" else "csv"
+    expected = [ref_row(x, sep) for x, ok in zip(seen, valid) if ok]
+
+    skipped = pp.parse_chunk(text.encode(), fmt, on_bad_line="skip", source="f.tsv", first_line=first_line)
+    got = list(zip(*(skipped.to_table().column(c).to_pylist() for c in ALL_COLUMNS)))
+    assert got == expected  # every good line, in order, with its values; no bad line written
+    assert sum(skipped.bad.values()) == valid.count(False)
+    assert set(skipped.bad) <= set(pp.BAD_LINE_REASONS)
+
+    if all(valid):
+        got = pp.parse_chunk(text.encode(), fmt, on_bad_line="stop").to_table()
+        assert got.num_rows == len(expected)
+        return
+    with pytest.raises(pp.BadLineError) as err:
+        pp.parse_chunk(text.encode(), fmt, on_bad_line="stop", source="f.tsv", first_line=first_line)
+    line = first_line + valid.index(False)
+    assert err.value.bad.line == line
+    message = str(err.value)
+    assert message.startswith(f"f.tsv:{line}: ") and "\n" not in message
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=_corrupted_lines())
+def test_malformed_lines_through_preprocess(tmp_path_factory, case):
+    """The same property through the whole tool: a file, its chunks and the written parquet."""
+    lines, sep = case
+    tmp = tmp_path_factory.mktemp("bad")
+    src = tmp / ("day_0" if sep == "\t" else "train.csv")
+    src.write_text((HEADER + "\n" if sep == "," else "") + "\n".join(lines) + "\n", newline="")
+    valid = [ref_valid(x.removesuffix("\r"), sep) for x in lines]
+    expected = [ref_row(x.removesuffix("\r"), sep) for x, ok in zip(lines, valid) if ok]
+    fmt = "tsv" if sep == "\t" else "csv"
+    opts = dict(input_format=fmt, split="random", validation_fraction=0.0, test_fraction=0.0, chunk_rows=2, **FAST)
+    if not any(valid):
+        with pytest.raises(pp.PreprocessError):
+            pp.preprocess([src], tmp / "skip", on_bad_line="skip", **opts)
+    else:
+        meta = pp.preprocess([src], tmp / "skip", on_bad_line="skip", **opts)
+        assert split_rows(tmp / "skip", "train") == expected
+        assert sum(meta.extra["bad_lines"].values()) == valid.count(False)
+    if all(valid):
+        return
+    with pytest.raises(pp.BadLineError) as err:
+        pp.preprocess([src], tmp / "stop", **opts)
+    header = 1 if sep == "," else 0
+    assert str(err.value).startswith(f"{src}:{header + 1 + valid.index(False)}: ")
+    assert not (tmp / "stop" / "metadata.json").exists()
 
 
 @pytest.mark.parametrize("chunk_rows", [1, 7, 64, 299, 300, 5000])

@@ -411,10 +411,10 @@ def parse_chunk(
         source, first_line: file name and line number of the chunk's first line (for messages).
     """
     delim = _delimiter_of(fmt)[0]
+    if data and not data.endswith(b"\n"):
+        data += b"\n"  # first, so that a last line ending in CR without LF counts as CRLF
     if b"\r" in data:
         data = data.replace(b"\r\n", b"\n")  # a lone CR stays inside its field and fails validation
-    if data and not data.endswith(b"\n"):
-        data += b"\n"
     # Work through the chunk in cache-sized blocks of whole lines (several times faster than
     # whole-chunk numpy passes), then concatenate.
     blocks: list[ParsedChunk] = []
