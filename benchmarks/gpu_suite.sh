@@ -64,11 +64,11 @@ for part in "$@"; do
     train)  # configs/kaggle.json, fp32/tf32, the three batch sizes
       run train_kaggle 170 python benchmarks/train_throughput.py --config configs/kaggle.json \
         --batch-sizes 65536 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs \
-        --precisions fp32 --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_b65536
+        --precisions tf32 --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_b65536
       # small batches are launch-bound: only the CUDA-graph variants can get near their targets
       run train_kaggle_small 140 python benchmarks/train_throughput.py --config configs/kaggle.json \
         --batch-sizes 2048,128 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs \
-        --precisions fp32 --warmup 15 --steps 50 --windows 5 --out "$RES" --name train_throughput_kaggle_small
+        --precisions tf32 --warmup 15 --steps 50 --windows 5 --out "$RES" --name train_throughput_kaggle_small
       run train_kaggle_bf16 130 python benchmarks/train_throughput.py --config configs/kaggle.json \
         --batch-sizes 65536 --variants eager,compiled,triton+compiled,triton+cudagraphs --precisions bf16 \
         --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_bf16
@@ -97,7 +97,7 @@ for part in "$@"; do
       run profile 80 python train.py --config /tmp/kaggle-syn.json --batch-size 65536 --max-steps 20 --profile \
         --run-name profile-kaggle-b65536 --tb-dir "$OUT/tb"
       python benchmarks/trace_timeline.py "$OUT/tb/profile-kaggle-b65536" --out "$RES/profile_timeline_kaggle_b65536.png" \
-        --title "configs/kaggle.json, batch 65536, eager fp32, H100" >>"$LOGS/profile.log" 2>&1
+        --title "configs/kaggle.json, batch 65536, eager tf32, H100" >>"$LOGS/profile.log" 2>&1
       ;;
     loader)  # preprocessing rows/s (16 workers) and loader samples/s, stream and gpu placement
       run loader 120 python benchmarks/loader_throughput.py --rows 1000000 --workers 16 --repeats 2 --devices cuda \

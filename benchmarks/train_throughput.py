@@ -1,7 +1,7 @@
 """End-to-end training throughput: whole training steps on synthetic device-resident batches.
 
     python benchmarks/train_throughput.py --config configs/kaggle.json --batch-sizes 128,2048,65536 \
-        --variants eager,compiled,triton,triton+compiled --precisions fp32,bf16 --out benchmarks/results
+        --variants eager,compiled,triton,triton+compiled --precisions tf32,bf16 --out benchmarks/results
 
 Builds the model from the config (its table sizes), generates batches on the device (raw hash
 values drawn uniformly, so every lookup is a cold row: the hard case), runs warm-up steps, then
@@ -31,7 +31,7 @@ from dlrm.data.schema import NUM_DENSE, NUM_SPARSE  # noqa: E402
 from dlrm.model.dlrm import build_loss, build_model  # noqa: E402
 from dlrm.train.compare import VARIANTS, unavailable_reason, variant_config  # noqa: E402
 from dlrm.train.optim import build_optimizers  # noqa: E402
-from dlrm.train.step import TrainStep  # noqa: E402
+from dlrm.train.step import TrainStep, set_matmul_precision  # noqa: E402
 
 
 def synthetic_batches(n: int, batch_size: int, device: torch.device, seed: int = 0) -> list[Batch]:
@@ -76,6 +76,7 @@ def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.de
     torch.manual_seed(0)
     model = build_model(cfg.model, cfg.model.cardinalities, None, cfg.kernels, device)
     optimizers = build_optimizers(model, cfg.optim)
+    set_matmul_precision(precision)  # tf32: TF32 tensor cores for fp32 matmuls; fp32: IEEE
     step = TrainStep(model, build_loss(cfg.kernels), optimizers, precision, device, cfg.train.compile)
     batches = synthetic_batches(8, batch_size, device)
     if device.type == "cuda":
@@ -162,7 +163,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="configs/kaggle.json")
     ap.add_argument("--batch-sizes", default="128,2048,65536")
     ap.add_argument("--variants", default="eager,compiled,compiled-cudagraphs,triton,triton+compiled")
-    ap.add_argument("--precisions", default="fp32,bf16")
+    ap.add_argument("--precisions", default="tf32,bf16", help="comma list of fp32 (IEEE), tf32, bf16")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps (compilation, autotuning)")
     ap.add_argument("--steps", type=int, default=50, help="steps per timed window")
@@ -180,9 +181,6 @@ def main(argv=None) -> int:
         cfg.model.cardinalities = [min(c, cfg.data.max_rows_per_table) for c in cfg.model.cardinalities]
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs use TF32 tensor cores ("fp32/tf32" targets)
-        torch.backends.cudnn.allow_tf32 = True
     env = environment(device)
     rows = []
     stem = args.name or f"train_throughput_{Path(args.config).stem}"

@@ -148,7 +148,10 @@ class TrainConfig:
     """Evaluate every N steps (always at the end)."""
     log_every: int = 50
     """Steps between host syncs for logging (loss, samples/s)."""
-    precision: Literal["fp32", "bf16"] = "fp32"
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    """fp32: IEEE fp32 everywhere. tf32: fp32 weights and activations, matmuls on TF32 tensor cores
+    (CUDA only; ~10-bit mantissa products, fp32 accumulation; a no-op on the CPU). bf16: autocast
+    to bfloat16 (fp32 weights and optimizer state)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
     deterministic: bool = False

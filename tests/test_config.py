@@ -48,7 +48,7 @@ BAD = [
     ({"optim": {"dense": {"name": "lamb"}}}, r"optim.dense.name: 'lamb' is not one of"),
     ({"optim": {"sparse": {"name": "adam"}}}, r"optim.sparse.name: 'adam' is not one of"),
     ({"optim": {"schedule": {"end_factor": 2}}}, r"optim.schedule.end_factor: 2.0 must be within \[0, 1\]"),
-    ({"train": {"precision": "fp16"}}, r"train.precision: 'fp16' is not one of 'fp32' \| 'bf16'"),
+    ({"train": {"precision": "fp16"}}, r"train.precision: 'fp16' is not one of 'fp32' \| 'tf32' \| 'bf16'"),
     ({"train": {"device": "tpu"}}, r"train.device: 'tpu' is not one of"),
     ({"train": {"max_steps": 0}}, r"train.max_steps: 0 must be > 0"),
     ({"train": {"epochs": 1.5}}, r"train.epochs: expected an integer, got 1.5"),
@@ -105,3 +105,19 @@ def test_cli_missing_dataset_is_named(tmp_path):
                   "--tb-dir", str(tmp_path / "tb"), cwd=tmp_path)
     assert res.returncode == 2 and "data.path:" in res.stderr and "absent" in res.stderr
     assert "Traceback" not in res.stderr and not (tmp_path / "tb").exists()
+
+
+@pytest.mark.parametrize("precision,tf32", [("tf32", True), ("fp32", False), ("bf16", False)])
+def test_precision_sets_tf32_for_cublas_and_triton(precision, tf32):
+    """precision "tf32" turns TF32 matmuls on, the others turn it off; the Triton linear kernel
+    reads the same switch as cuBLAS."""
+    from dlrm.train.step import set_matmul_precision
+    from kernels.linear import _default_allow_tf32
+
+    cfg = config_from_dict({"train": {"precision": precision}})
+    set_matmul_precision("tf32" if not tf32 else "fp32")  # start from the opposite
+    try:
+        set_matmul_precision(cfg.train.precision)
+        assert _default_allow_tf32() is tf32
+    finally:
+        set_matmul_precision("fp32")

@@ -27,7 +27,7 @@ def model_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device)
 
 def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     """AUC, logloss and accuracy of a checkpoint on `split`; written to a new run's summary.json."""
-    from dlrm.train.step import EvalForward
+    from dlrm.train.step import EvalForward, set_matmul_precision
     from dlrm.train.trainer import build_for_data, evaluate
 
     device, data_dir, meta, tables = build_for_data(cfg)
@@ -36,6 +36,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     loader = ParquetLoader(split_files(data_dir, meta, split), batch_size, device, prefetch=cfg.data.prefetch)
     run_dir = make_run_dir(cfg)
     t0 = time.perf_counter()
+    set_matmul_precision(cfg.train.precision)
     metrics = evaluate(EvalForward(model, cfg.train.precision, device, cfg.train.compile, batch_size), loader)
     summary = {**metrics, "split": split, "checkpoint": str(path), "rows": loader.num_rows,
                "wall_s": time.perf_counter() - t0, "device": str(device), "config": cfg.to_dict()}

@@ -21,6 +21,20 @@ from dlrm.data.loader import Batch
 from dlrm.model.dlrm import DLRM
 
 
+def set_matmul_precision(precision: str) -> None:
+    """TF32 tensor cores for fp32 CUDA matmuls exactly when ``precision == "tf32"``.
+
+    A process-wide switch (cuBLAS and the Triton linear kernel both follow it), set explicitly
+    either way so that one run cannot inherit another's setting. Uses the fp32_precision API of
+    torch >= 2.9 where it exists: mixing it with the legacy ``allow_tf32`` flag makes reads raise.
+    """
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision = "tf32" if precision == "tf32" else "ieee"
+    else:  # torch < 2.9
+        matmul.allow_tf32 = precision == "tf32"
+
+
 def autocast_context(device: torch.device, precision: str):
     if precision == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)

@@ -27,7 +27,7 @@ from dlrm.train.optim import build_optimizers, build_schedulers
 from dlrm.train.profiling import make_profiler, top_ops_table
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, make_run_dir, resolve_device, seed_everything
 from dlrm.train.signals import GracefulStop
-from dlrm.train.step import EvalForward, TrainStep, compile_counters
+from dlrm.train.step import EvalForward, TrainStep, compile_counters, set_matmul_precision
 
 WARMUP_STEPS = 3
 """Steps timed apart as warm-up (compilation, autotuning, allocator growth) before throughput windows."""
@@ -124,6 +124,7 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
     schedulers = build_schedulers(optimizers, cfg.optim.schedule, total_steps)
     if cfg.train.compile.enabled:
         logger.info(f"torch.compile: mode {cfg.train.compile.mode}, fullgraph {cfg.train.compile.fullgraph}")
+    set_matmul_precision(cfg.train.precision)
     train_step = TrainStep(model, build_loss(cfg.kernels), optimizers, cfg.train.precision, device, cfg.train.compile)
     eval_forward = EvalForward(model, cfg.train.precision, device, cfg.train.compile, eval_batch_size)
     logger.info(
