@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -71,6 +72,9 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
         from dlrm.train import export as export_mod
         from dlrm.train.trainer import NonFiniteLoss, TrainingStopped, train
 
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and (eval_only or export_path):
+            raise ConfigError("--eval-only and --export run in one process (not under torchrun): merge a sharded "
+                              "checkpoint first with python -m dlrm.distributed.merge CHECKPOINT OUT")
         if export_path and Path(export_path).exists():
             raise ConfigError(f"--export: {export_path} already exists; remove it or choose another path")
         if eval_only or (export_path and checkpoint_path):
@@ -100,3 +104,7 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
     except KeyboardInterrupt:
         logger.error("interrupted")
         sys.exit(130)
+    finally:
+        from dlrm.distributed.env import shutdown
+
+        shutdown()

@@ -189,6 +189,24 @@ class CheckpointConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Multi-process training under ``torchrun --nproc-per-node N`` (ignored in a single process).
+
+    The MLPs are replicated with DistributedDataParallel; the embedding tables are sharded and
+    the lookups exchanged with all_to_all (`dlrm.distributed.sharded_embedding`).
+    """
+
+    sharding: Literal["auto", "table", "row"] = "auto"
+    """table: every table whole on one rank (tables spread to balance rows); row: every table's
+    rows split into one block per rank; auto: table-wise, except tables with at least
+    `row_wise_min_rows` rows, which are split row-wise."""
+    row_wise_min_rows: int = 10_000_000
+    """The table size from which "auto" shards a table row-wise."""
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """torch.distributed backend; auto: nccl on CUDA, gloo on the CPU."""
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -197,6 +215,7 @@ class Config:
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
     log: LogConfig = field(default_factory=LogConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     profile: Union[bool, ProfileConfig] = False
     """false, true, or the profiler settings; normalised to a ProfileConfig."""
     name: str = "run"
@@ -357,6 +376,7 @@ def validate(cfg: Config) -> Config:
     _positive("train.log_every", t.log_every)
     _positive("checkpoint.every", cfg.checkpoint.every)
     _positive("checkpoint.keep", cfg.checkpoint.keep)
+    _positive("distributed.row_wise_min_rows", cfg.distributed.row_wise_min_rows)
     if not cfg.name or "/" in cfg.name:
         raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without '/'")
     if cfg.log.run_name is not None and (not cfg.log.run_name or "/" in cfg.log.run_name or cfg.log.run_name in (".", "..")):

@@ -26,7 +26,7 @@ import torch
 from loguru import logger
 from tqdm import tqdm
 
-from dlrm.data.loader import Batch, _HostBlock, transform_dense
+from dlrm.data.loader import Batch, _HostBlock, batches_per_epoch, rank_slice, transform_dense
 from dlrm.data.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS, DatasetError
 
 _LOW32 = 0xFFFFFFFF
@@ -50,6 +50,8 @@ class DeviceLoader:
         shuffle: a fresh permutation per epoch, seeded by ``(seed, epoch)``; otherwise file order.
         seed: base seed of the shuffle.
         drop_last: drop the last partial batch of an epoch.
+        rank, world_size: deliver only this rank's slice of every global batch
+            (`dlrm.data.loader.rank_slice`); each rank still holds the whole split.
 
     Example:
         >>> loader = DeviceLoader(files, batch_size=65536, device="cuda", shuffle=True)
@@ -57,8 +59,9 @@ class DeviceLoader:
     """
 
     def __init__(self, files: list[Path], batch_size: int, device: torch.device | str, *, shuffle: bool = False,
-                 seed: int = 0, drop_last: bool = False) -> None:
+                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1) -> None:
         self.files = [Path(f) for f in files]
+        self.rank, self.world_size = rank, world_size
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.shuffle = shuffle
@@ -107,8 +110,7 @@ class DeviceLoader:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        full, rest = divmod(self.num_rows, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.world_size)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """The next iteration yields `epoch`'s batches from index `start_batch` on (for resume)."""
@@ -126,5 +128,8 @@ class DeviceLoader:
     def __iter__(self) -> Iterator[Batch]:
         order = self._order()
         for i in range(self.start_batch, len(self)):
-            idx = order[i * self.batch_size:(i + 1) * self.batch_size]
-            yield Batch(self.dense[idx], _widen(self.sparse[idx]), self.labels[idx])
+            lo, hi = i * self.batch_size, min((i + 1) * self.batch_size, self.num_rows)
+            a, b = rank_slice(lo, hi, self.rank, self.world_size)
+            idx = order[a:b]
+            yield Batch(self.dense[idx], _widen(self.sparse[idx]), self.labels[idx],
+                        hi - lo if self.world_size > 1 else None)

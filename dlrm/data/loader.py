@@ -45,15 +45,42 @@ class Batch:
     """One batch on the target device.
 
     dense: float32 [B, 13], already log1p(max(x, 0)); sparse: int64 [B, 26] raw hash values;
-    labels: float32 [B].
+    labels: float32 [B]. In a distributed run B is this rank's slice and `global_size` the rows
+    of the whole global batch (see `rank_slice`).
     """
 
     dense: torch.Tensor
     sparse: torch.Tensor
     labels: torch.Tensor
+    global_size: Optional[int] = None
 
     def __len__(self) -> int:
         return self.labels.shape[0]
+
+    @property
+    def global_len(self) -> int:
+        """Rows of the global batch this batch is a slice of (its own length when not sharded)."""
+        return len(self) if self.global_size is None else self.global_size
+
+
+def keeps_last_batch(rows: int, drop_last: bool, world_size: int) -> bool:
+    """Whether an epoch's last, partial batch of `rows` rows is delivered: not with `drop_last`,
+    and not when it has fewer rows than ranks (every rank must get at least one row)."""
+    return 0 < rows and not drop_last and rows >= world_size
+
+
+def batches_per_epoch(num_rows: int, batch_size: int, drop_last: bool, world_size: int = 1) -> int:
+    full, rest = divmod(num_rows, batch_size)
+    return full + int(keeps_last_batch(rest, drop_last, world_size))
+
+
+def rank_slice(lo: int, hi: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rank `rank`'s rows of the global batch ``[lo, hi)``: consecutive blocks of
+    ``ceil((hi - lo) / world_size)`` rows, so every rank but the last ones gets the same count
+    (a short last batch may leave some ranks empty). The slices concatenated in rank order are
+    the global batch, which is what makes an N-process run equal a one-process run."""
+    per = -(-(hi - lo) // world_size)
+    return min(lo + rank * per, hi), min(lo + (rank + 1) * per, hi)
 
 
 def transform_dense(counts: torch.Tensor) -> torch.Tensor:
@@ -216,6 +243,9 @@ class ParquetLoader:
         shuffle_buffer_rows: rows shuffled together; also the rows decoded ahead without shuffling.
         reader_threads: row groups decoded at once (default: from the CPU count).
         gather_threads: batches cut from the shuffle buffer at once (default: from the CPU count).
+        rank, world_size: in a distributed run, deliver only rank `rank`'s slice of every global
+            batch (`rank_slice`); every rank plans and decodes the same buffers (the global batches
+            must be identical everywhere) but gathers, copies and transforms only its own rows.
 
     Example:
         >>> loader = ParquetLoader(files, batch_size=512, device="cpu")
@@ -253,9 +283,12 @@ class ParquetLoader:
         shuffle_buffer_rows: int = 1_000_000,
         reader_threads: Optional[int] = None,
         gather_threads: Optional[int] = None,
+        rank: int = 0,
+        world_size: int = 1,
     ) -> None:
         self.files = [Path(f) for f in files]
         self.batch_size = batch_size
+        self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
         self.shuffle = shuffle
         self.seed = seed
@@ -294,8 +327,7 @@ class ParquetLoader:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        full, rest = divmod(self.num_rows, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.world_size)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """The next iteration yields `epoch`'s batches from index `start_batch` on (for resume).
@@ -410,9 +442,9 @@ class ParquetLoader:
             return True
 
         def hand_over_oldest() -> bool:
-            future, slot, n = window.popleft()
+            future, slot, n, n_global = window.popleft()
             future.result()
-            if self._put(q, (slot, n), stop):
+            if self._put(q, (slot, n, n_global), stop):
                 return True
             free.put(slot)  # the consumer stopped: keep the slot for the next iteration
             return False
@@ -451,7 +483,7 @@ class ParquetLoader:
                 decoding_next = decode(f + 1) if f + 1 < len(plan) else collections.deque()
                 full = flush.rows // B * B
                 cuts = [(s, s + B) for s in range(0, full, B)]
-                if flush.final and full < flush.rows and not self.drop_last:
+                if flush.final and keeps_last_batch(flush.rows - full, self.drop_last, self.world_size):
                     cuts.append((full, flush.rows))
                 for lo, hi in cuts:
                     if batch_no >= self.start_batch:
@@ -462,8 +494,9 @@ class ParquetLoader:
                         slot = acquire_slot()
                         if slot is None:
                             return
-                        rows = perm[lo:hi] if perm is not None else slice(lo, hi)
-                        window.append((gatherers.submit(self._gather, buf, rows, slot), slot, hi - lo))
+                        a, b = rank_slice(lo, hi, self.rank, self.world_size)
+                        rows = perm[a:b] if perm is not None else slice(a, b)
+                        window.append((gatherers.submit(self._gather, buf, rows, slot), slot, b - a, hi - lo))
                         if len(window) > self.gather_threads and not hand_over_oldest():
                             return
                     batch_no += 1
@@ -480,8 +513,8 @@ class ParquetLoader:
             # Stopped early (or failed): let nothing run on the buffers or slots any more.
             for future, _ in (*decoding, *decoding_next):
                 future.cancel()
-            wait([f for f, _ in (*decoding, *decoding_next)] + [f for f, _, _ in window])
-            for _, slot, _ in window:  # stopped early: no gather runs any more, the slots are idle
+            wait([f for f, _ in (*decoding, *decoding_next)] + [w[0] for w in window])
+            for _, slot, _, _ in window:  # stopped early: no gather runs any more, the slots are idle
                 free.put(slot)
             self._return_spares(self._spare_buffers, buffers, keep=2)
 
@@ -532,11 +565,11 @@ class ParquetLoader:
             if self.device.type == "cuda":
                 yield from self._device_prefetch(host_items, free)
             else:
-                for slot, n in host_items:
+                for slot, n, n_global in host_items:
                     dense, sparse, label = slot.views(n)
                     # The slot is reused, so the batch must own its memory: the transform and the
                     # float labels are new tensors anyway, sparse is cloned.
-                    batch = Batch(transform_dense(dense), sparse.clone(), label.to(torch.float32))
+                    batch = Batch(transform_dense(dense), sparse.clone(), label.to(torch.float32), self._global(n_global))
                     free.put(slot)
                     yield batch
         finally:
@@ -556,7 +589,7 @@ class ParquetLoader:
                 return items
 
     @staticmethod
-    def _drain(q: queue.Queue) -> Iterator[tuple[_Slot, int]]:
+    def _drain(q: queue.Queue) -> Iterator[tuple[_Slot, int, int]]:
         """Host batches from the producer thread, re-raising its exceptions here."""
         while True:
             item = q.get()
@@ -566,7 +599,10 @@ class ParquetLoader:
                 raise item
             yield item
 
-    def _device_prefetch(self, host_items: Iterator[tuple[_Slot, int]], free: queue.Queue) -> Iterator[Batch]:
+    def _global(self, n_global: int) -> Optional[int]:
+        return n_global if self.world_size > 1 else None
+
+    def _device_prefetch(self, host_items: Iterator[tuple[_Slot, int, int]], free: queue.Queue) -> Iterator[Batch]:
         """Copy pinned host batches on a side stream, `prefetch` batches ahead of the consumer.
 
         The copy of batch i+1.. overlaps the step on batch i; the consumer's stream waits on an
@@ -578,7 +614,7 @@ class ParquetLoader:
         copy_stream = torch.cuda.Stream(self.device)
         in_flight: collections.deque = collections.deque()
 
-        def issue(slot: _Slot, n: int) -> None:
+        def issue(slot: _Slot, n: int, n_global: int) -> None:
             with torch.cuda.stream(copy_stream):
                 dense, sparse, label = (t.to(self.device, non_blocking=True) for t in slot.views(n))
                 # Recorded right after the copies, before the transform kernels (which may queue
@@ -591,10 +627,10 @@ class ParquetLoader:
                 done.record(copy_stream)
             slot.copied = copied
             free.put(slot)  # the producer waits on `copied` before writing into it again
-            in_flight.append((Batch(dense, sparse, label), done))
+            in_flight.append((Batch(dense, sparse, label, self._global(n_global)), done))
 
-        for slot, n in host_items:
-            issue(slot, n)
+        for slot, n, n_global in host_items:
+            issue(slot, n, n_global)
             if len(in_flight) > self.prefetch:
                 yield self._hand_over(*in_flight.popleft())
         while in_flight:

@@ -47,19 +47,28 @@ class DLRM(nn.Module):
         """Everything after the lookup: [B, 13], [B, F, D] -> logits [B].
 
         Split out so torch.compile can take this dense part while an embedding with sparse
-        gradients (which Inductor does not handle) stays eager.
+        gradients (which Inductor does not handle) stays eager. In a distributed run it goes
+        through the DistributedDataParallel wrapper of these parts (`dlrm.distributed.data_parallel`).
         """
-        with record_function("DenseArch"):
-            d = self.dense_arch(dense)
-        with record_function("InteractionArch"):
-            x = self.interaction_arch(d, embeddings)
-        with record_function("OverArch"):
-            return self.over_arch(x)
+        data_parallel = self.__dict__.get("data_parallel")
+        if data_parallel is not None:
+            return data_parallel(dense, embeddings)
+        return dense_forward(self, dense, embeddings)
 
     @torch.no_grad()
     def predict(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         """Click probabilities [B]."""
         return torch.sigmoid(self.forward(dense, sparse).float())
+
+
+def dense_forward(parts: nn.Module, dense: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+    """DenseArch, InteractionArch and OverArch of `parts` (a DLRM, or the DDP-wrapped dense parts)."""
+    with record_function("DenseArch"):
+        d = parts.dense_arch(dense)
+    with record_function("InteractionArch"):
+        x = parts.interaction_arch(d, embeddings)
+    with record_function("OverArch"):
+        return parts.over_arch(x)
 
 
 def build_model(
@@ -68,8 +77,13 @@ def build_model(
     vocabs: Optional[list[torch.Tensor]] = None,
     kernels: Optional[KernelsConfig] = None,
     device: torch.device | str = "cpu",
+    shard=None,
 ) -> DLRM:
-    """Build a DLRM on `device`, with eager or Triton parts as `kernels` asks (logged)."""
+    """Build a DLRM on `device`, with eager or Triton parts as `kernels` asks (logged).
+
+    `shard`: ``(ShardingPlan, rank)`` in a distributed run: the SparseArch is then this rank's
+    `dlrm.distributed.sharded_embedding.ShardedSparseArch`.
+    """
     kernels = kernels or KernelsConfig()
     choices = {k: getattr(kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
     if any(v == "triton" for v in choices.values()):
@@ -81,18 +95,23 @@ def build_model(
     # Parameters are created on `device` directly: the MLPerf-sized tables (tens of GB) must not
     # pass through host memory first. `.to` still moves buffers built from host tensors.
     with torch.device(device):
-        model = _build_archs(cfg, cardinalities, vocabs, kernels)
+        model = _build_archs(cfg, cardinalities, vocabs, kernels, shard)
     return model.to(device)
 
 
-def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: KernelsConfig) -> DLRM:
+def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: KernelsConfig, shard=None) -> DLRM:
     linear_cls = None
     if kernels.mlp == "triton":
         from kernels.linear import TritonLinear
 
         linear_cls = TritonLinear
     dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, cfg.activation, linear_cls=linear_cls)
-    if kernels.embedding == "triton":
+    if shard is not None:
+        from dlrm.distributed.sharded_embedding import ShardedSparseArch
+
+        plan, rank = shard
+        sparse_arch = ShardedSparseArch(cardinalities, cfg.embedding_dim, plan, rank, vocabs, kernel=kernels.embedding)
+    elif kernels.embedding == "triton":
         from kernels.embedding import TritonSparseEmbedding
 
         sparse_arch = TritonSparseEmbedding(cardinalities, cfg.embedding_dim, vocabs=vocabs)

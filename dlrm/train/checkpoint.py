@@ -69,12 +69,9 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}.pt"
 
 
-def save_checkpoint(run_dir: Path, state: dict[str, Any], step: int, keep: int) -> Path:
-    """Write atomically (temp file, fsync, rename), then delete all but the newest `keep`."""
-    d = checkpoint_dir(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / checkpoint_name(step)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=d)
+def write_atomic(path: Path, state: dict[str, Any]) -> None:
+    """torch.save `state` (with the format version) to a temporary file, fsync, rename to `path`."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save({"format_version": FORMAT_VERSION, **state}, f)
@@ -84,8 +81,23 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any], step: int, keep: int) 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints (with the shard files of sharded ones)."""
     for old in list_checkpoints(run_dir)[:-keep]:
+        for shard in old.parent.glob(old.stem + ".rank*-of-*.pt"):
+            shard.unlink(missing_ok=True)
         old.unlink(missing_ok=True)
+
+
+def save_checkpoint(run_dir: Path, state: dict[str, Any], step: int, keep: int) -> Path:
+    """Write atomically (temp file, fsync, rename), then delete all but the newest `keep`."""
+    d = checkpoint_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / checkpoint_name(step)
+    write_atomic(path, state)
+    prune_checkpoints(run_dir, keep)
     logger.info(f"checkpoint: {path}")
     return path
 

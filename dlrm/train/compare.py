@@ -87,8 +87,10 @@ def max_loss_diff(losses: list, reference: list) -> Optional[float]:
 
 def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list[dict]:
     """Train each variant with `train_fn(cfg, run_dir=...)`; write and print the reports."""
-    device = resolve_device(cfg.train.device)
-    base = make_run_dir(cfg)
+    from dlrm.distributed.env import init_distributed
+
+    env, device = init_distributed(cfg.distributed, resolve_device(cfg.train.device))
+    base = env.broadcast_object(make_run_dir(cfg) if env.is_main else None)  # rank 0 writes the reports
     rows, summaries = [], {}
     for name in variants:
         reason = unavailable_reason(name, device)
@@ -98,7 +100,9 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
             continue
         logger.info(f"compare: variant {name}")
         run_dir = base / name
-        run_dir.mkdir()
+        if env.is_main:
+            run_dir.mkdir()
+        env.barrier()
         s = train_fn(variant_config(cfg, name), run_dir=run_dir)
         summaries[name] = s
         rows.append({
@@ -115,7 +119,8 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
     for row in rows:
         if eager is not None and row["variant"] in summaries:
             row["max_loss_diff_vs_eager"] = max_loss_diff(summaries[row["variant"]]["train_losses"], eager["train_losses"])
-    write_reports(base, rows, device)
+    if env.is_main:
+        write_reports(base, rows, device)
     return rows
 
 

@@ -84,6 +84,9 @@ class TrainStep:
         self.model, self.loss_fn, self.optimizers = model, loss_fn, optimizers
         self.precision, self.device = precision, device
         self.embedding_in_graph = not getattr(model.sparse_arch, "sparse_gradients", True)
+        # A sharded SparseArch (distributed run) is called with the global batch size, and each
+        # rank's loss becomes its share of the global mean (see `_share`).
+        self.collective = getattr(model.sparse_arch, "collective", False)
         self.cudagraphs = compile_cfg.enabled and compile_cfg.mode == "reduce-overhead" and device.type == "cuda"
         fn = self._full_loss if self.embedding_in_graph else self._dense_loss
         self._loss = _maybe_compile(fn, compile_cfg, device, "the training step")
@@ -109,8 +112,11 @@ class TrainStep:
             loss = self._loss(batch.dense, batch.sparse, batch.labels)
         else:
             with record_function("SparseArch"):
-                embeddings = self.model.sparse_arch(batch.sparse)
+                embeddings = (self.model.sparse_arch(batch.sparse, batch.global_len) if self.collective
+                              else self.model.sparse_arch(batch.sparse))
             loss = self._loss(batch.dense, embeddings, batch.labels)
+        if self.collective:
+            loss = self._share(loss, batch)
         with record_function("backward"):
             loss.backward()
         with record_function("optimizer"):
@@ -118,6 +124,13 @@ class TrainStep:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
         return loss.detach()
+
+    def _share(self, loss: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """This rank's mean loss times ``B_rank * W / B_global``: DDP's average of the ranks'
+        gradients is then the gradient of the global batch's mean loss, also when the last batch
+        splits unevenly; the sum of the ranks' values over W is the global mean loss."""
+        factor = len(batch) * self.model.sparse_arch.world_size / batch.global_len
+        return loss if factor == 1.0 else loss * factor
 
 
 class EvalForward:
@@ -129,15 +142,24 @@ class EvalForward:
 
     def __init__(self, model: DLRM, precision: str, device: torch.device, compile_cfg: CompileConfig, batch_size: int):
         self.model, self.precision, self.device, self.batch_size = model, precision, device, batch_size
-        self.pad = compile_cfg.enabled
+        self.collective = getattr(model.sparse_arch, "collective", False)
+        self.pad = compile_cfg.enabled and not self.collective
         self._forward = _maybe_compile(self._logits, compile_cfg, device, "evaluation")
+        if self.collective:  # the sharded lookup runs eagerly; the dense part is compiled
+            self._dense = _maybe_compile(self._dense_logits, compile_cfg, device, "evaluation")
 
     def _logits(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         with autocast_context(self.device, self.precision):
             return self.model(dense, sparse).float()
 
+    def _dense_logits(self, dense: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        with autocast_context(self.device, self.precision):
+            return self.model.forward_from_embeddings(dense, embeddings).float()
+
     @torch.no_grad()
     def __call__(self, batch: Batch) -> torch.Tensor:
+        if self.collective:
+            return self._dense(batch.dense, self.model.sparse_arch(batch.sparse, batch.global_len))
         n = len(batch)
         dense, sparse = batch.dense, batch.sparse
         if self.pad and n < self.batch_size:

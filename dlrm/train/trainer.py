@@ -20,6 +20,9 @@ from dlrm.config import Config, ConfigError
 from dlrm.data.device_loader import DeviceLoader
 from dlrm.data.loader import ParquetLoader, split_files
 from dlrm.data.schema import write_json_atomic
+from dlrm.distributed import checkpoint as dist_ckpt
+from dlrm.distributed.env import DistEnv, init_distributed
+from dlrm.distributed.sharding import ShardingPlan, plan_sharding
 from dlrm.model.dlrm import DLRM, build_loss, build_model
 from dlrm.train import checkpoint as ckpt
 from dlrm.train.metrics import evaluate_logits
@@ -45,15 +48,23 @@ class NonFiniteLoss(RuntimeError):
     """The loss became NaN or Inf; the message names the step and the last good checkpoint."""
 
 
-def evaluate(forward: EvalForward, loader: ParquetLoader) -> dict[str, float]:
-    """AUC, logloss and accuracy over the whole split (logits gathered on the device, one sync)."""
+def evaluate(forward: EvalForward, loader: ParquetLoader, env: DistEnv = DistEnv()) -> dict[str, float]:
+    """AUC, logloss and accuracy over the whole split (logits gathered on the device, one sync);
+    in a distributed run over every rank's rows, the same numbers on every rank."""
     forward.model.eval()
     logits, labels = [], []
     for batch in loader:
         logits.append(forward(batch))
         labels.append(batch.labels)
     forward.model.train()
-    return evaluate_logits(torch.cat(logits), torch.cat(labels))
+    return evaluate_logits(env.all_gather_rows(torch.cat(logits)), env.all_gather_rows(torch.cat(labels)))
+
+
+class _NoWriter:
+    """Stands in for the SummaryWriter on ranks other than 0."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 def versions() -> dict[str, str]:
@@ -77,18 +88,45 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool):
-    """The loader `data.placement` asks for: streamed from parquet, or the whole split in device memory."""
+def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool,
+                env: DistEnv = DistEnv()):
+    """The loader `data.placement` asks for: streamed from parquet, or the whole split in device
+    memory; in a distributed run it delivers this rank's slice of every global batch."""
     d = cfg.data
+    ranks = dict(rank=env.rank, world_size=env.world_size)
     if d.placement == "gpu":
         if device.type != "cuda":
             logger.warning("data.placement 'gpu' on a CPU device: the split is held in host memory instead")
         return DeviceLoader(files, batch_size, device, shuffle=train and d.shuffle, seed=cfg.train.seed,
-                            drop_last=train and d.drop_last)
+                            drop_last=train and d.drop_last, **ranks)
     if train:
         return ParquetLoader(files, batch_size, device, shuffle=d.shuffle, seed=cfg.train.seed, drop_last=d.drop_last,
-                             prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows)
-    return ParquetLoader(files, batch_size, device, prefetch=d.prefetch)
+                             prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows, **ranks)
+    return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, **ranks)
+
+
+def make_sharding(cfg: Config, tables: Tables, env: DistEnv) -> Optional[ShardingPlan]:
+    """The embedding sharding plan of a distributed run (logged with each rank's share), else None."""
+    if not env.distributed:
+        return None
+    plan = plan_sharding(tables.cardinalities, env.world_size, cfg.distributed.sharding,
+                         cfg.distributed.row_wise_min_rows)
+    for q in range(env.world_size):
+        if plan.local_rows(q) == 0:
+            raise ConfigError(f"distributed.sharding: {cfg.distributed.sharding!r} leaves rank {q} without "
+                              f"embedding rows ({len(tables.cardinalities)} tables, {env.world_size} ranks); use 'row'")
+    logger.info(f"embedding sharding ({cfg.distributed.sharding}) over {env.world_size} ranks:\n"
+                + plan.describe(cfg.model.embedding_dim))
+    return plan
+
+
+def log_memory(env: DistEnv, model: DLRM, device: torch.device) -> None:
+    """Parameters and device memory of every rank, logged by rank 0 (one gather at start-up)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+    for q, (p, a) in enumerate(env.all_gather_object((params, allocated))):
+        logger.info(f"rank {q}: parameters {p / 2**20:,.1f} MiB"
+                    + (f", CUDA memory allocated {a / 2**20:,.1f} MiB" if a is not None else ""))
 
 
 def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:
@@ -107,19 +145,27 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
     """
     t_start = time.perf_counter()
     device, data_dir, meta, tables = build_for_data(cfg)
+    env, device = init_distributed(cfg.distributed, device)  # one process unless under torchrun
     seed_everything(cfg.train.seed, cfg.train.deterministic)
 
     d = cfg.data
     eval_batch_size = d.eval_batch_size or 4 * d.batch_size
-    train_loader = make_loader(cfg, split_files(data_dir, meta, "train"), d.batch_size, device, train=True)
-    eval_loader = make_loader(cfg, split_files(data_dir, meta, d.eval_split), eval_batch_size, device, train=False)
+    train_loader = make_loader(cfg, split_files(data_dir, meta, "train"), d.batch_size, device, train=True, env=env)
+    eval_loader = make_loader(cfg, split_files(data_dir, meta, d.eval_split), eval_batch_size, device, train=False, env=env)
     total_steps = len(train_loader) * cfg.train.epochs
     if cfg.train.max_steps is not None:
         total_steps = min(total_steps, cfg.train.max_steps)
     if total_steps == 0:
         raise ConfigError(f"data.batch_size: {d.batch_size} is more than the {train_loader.num_rows} rows of {data_dir}/train")
 
-    model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device)
+    plan = make_sharding(cfg, tables, env)
+    model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device,
+                        shard=(plan, env.rank) if plan else None)
+    if env.distributed:
+        from dlrm.distributed.data_parallel import wrap_dense_parts
+
+        wrap_dense_parts(model, device)
+        log_memory(env, model, device)
     optimizers = build_optimizers(model, cfg.optim, cfg.train.deterministic)
     schedulers = build_schedulers(optimizers, cfg.optim.schedule, total_steps)
     if cfg.train.compile.enabled:
@@ -143,10 +189,10 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
         else:
             last_ckpt = Path(resume)
         run_dir = last_ckpt.resolve().parent.parent
-        pos = restore(last_ckpt, model, optimizers, schedulers, tables, cfg)
+        pos = restore(last_ckpt, model, optimizers, schedulers, tables, cfg, env, plan)
         logger.info(f"resumed from {last_ckpt} at step {pos.step} (epoch {pos.epoch}, batch {pos.batch})")
     elif run_dir is None:
-        run_dir = make_run_dir(cfg)
+        run_dir = env.broadcast_object(make_run_dir(cfg) if env.is_main else None)
 
     def save() -> Path:
         nonlocal last_ckpt
@@ -161,16 +207,20 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
             "cardinalities": tables.cardinalities,
             "config": cfg.to_dict(),
         }
-        last_ckpt = ckpt.save_checkpoint(run_dir, state, pos.step, cfg.checkpoint.keep)
+        if plan is not None:
+            last_ckpt = dist_ckpt.save_sharded(run_dir, state, pos.step, cfg.checkpoint.keep, env, plan)
+        else:
+            last_ckpt = ckpt.save_checkpoint(run_dir, state, pos.step, cfg.checkpoint.keep)
         return last_ckpt
 
     def check_finite() -> None:
-        bad = int(first_bad.item())  # intended host sync: logging / checkpoint interval only
+        # intended host sync: logging / checkpoint interval only (and the ranks agree on it)
+        bad = int(env.all_reduce_max(first_bad.clone()).item())
         if bad >= 0:
             where = f"the last good checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was written"
             raise NonFiniteLoss(f"loss became NaN or Inf at step {bad}; stopped; {where}")
 
-    writer = SummaryWriter(str(run_dir), purge_step=pos.step + 1 if pos.step else None)
+    writer = SummaryWriter(str(run_dir), purge_step=pos.step + 1 if pos.step else None) if env.is_main else _NoWriter()
     counters_before = compile_counters()
     samples, loss_steps, window_samples = 0, 0, 0
     loss_sum = torch.zeros((), device=device)  # accumulated on the device; read at log steps only
@@ -181,16 +231,17 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
     warmup_s = float("nan")
     loop_start = window_start = time.perf_counter()
     start_step = pos.step
-    bar = tqdm(total=total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True)
+    bar = tqdm(total=total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True, disable=not env.is_main)
+    stopping = False  # a signal arrived; with several ranks, once they all know (at a logging step)
     with make_profiler(cfg.profile, run_dir, device) as prof, GracefulStop() as stop:
         for epoch in range(pos.epoch, cfg.train.epochs):
-            if pos.step >= total_steps or stop.requested:
+            if pos.step >= total_steps or stopping:
                 break
             if epoch != pos.epoch:
                 pos.epoch, pos.batch = epoch, 0
             train_loader.set_epoch(epoch, start_batch=pos.batch)
             batches = iter(train_loader)
-            while pos.step < total_steps and not stop.requested:
+            while pos.step < total_steps and not stopping:
                 with record_function("data"):
                     batch = next(batches, None)
                 if batch is None:
@@ -204,8 +255,8 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
                 pos.step += 1
                 pos.batch += 1
                 loss_steps += 1
-                samples += len(batch)
-                window_samples += len(batch)
+                samples += batch.global_len
+                window_samples += batch.global_len
                 bar.update(1)
                 if prof is not None:
                     prof.step()
@@ -214,9 +265,11 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
                     synchronize(device)  # intended sync, once: separates warm-up from steady state
                     window_start = time.perf_counter()
                     warmup_s, window_samples = window_start - loop_start, 0
-                if pos.step % cfg.train.log_every == 0 or pos.step == total_steps:
+                log_step = pos.step % cfg.train.log_every == 0 or pos.step == total_steps
+                if log_step:
                     check_finite()
-                    mean_loss = loss_sum.item() / loss_steps  # intended host sync: logging interval
+                    # intended host sync: logging interval (the ranks' shares summed: the global mean)
+                    mean_loss = env.all_reduce_sum(loss_sum.clone()).item() / env.world_size / loss_steps
                     loss_sum.zero_()
                     loss_steps = 0
                     losses.append((pos.step, mean_loss))
@@ -227,25 +280,29 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
                     log_train(writer, pos.step, mean_loss, optimizers, window_rates[-1] if window_rates else None)
                     bar.set_postfix(loss=f"{mean_loss:.4f}", **({"samples_s": f"{window_rates[-1]:,.0f}"} if window_rates else {}))
                 if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step != total_steps:
-                    log_eval(writer, evaluate(eval_forward, eval_loader), pos.step)
+                    log_eval(writer, evaluate(eval_forward, eval_loader, env), pos.step)
                 if cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0:
                     check_finite()  # never save a checkpoint of a diverged model
                     save()
+                if not env.distributed:
+                    stopping = stop.requested
+                elif log_step:  # ranks must stop together: they agree at logging steps (a host sync)
+                    stopping = env.any(stop.requested, device)
             batches.close()  # stops the loader's thread when max_steps ends an epoch early
         bar.close()
         check_finite()
-        if stop.requested:
+        if stopping:
             writer.close()
             raise TrainingStopped(stop.exit_code, f"stopped by signal at step {pos.step}; checkpoint {save()}")
     train_s = time.perf_counter() - loop_start
     save()
 
-    metrics = log_eval(writer, evaluate(eval_forward, eval_loader), pos.step)
+    metrics = log_eval(writer, evaluate(eval_forward, eval_loader, env), pos.step)
     counters = {k: v - counters_before[k] for k, v in compile_counters().items()}
     if cfg.train.compile.enabled:
         logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
     ops = top_ops_table(prof, device)
-    if ops is not None:
+    if ops is not None and env.is_main:
         logger.info("top operators by " + ("device" if device.type == "cuda" else "CPU") + " time:\n" + ops)
         writer.add_text("profile/top_ops", "```\n" + ops + "\n```", pos.step)
     samples_per_sec = statistics.median(window_rates) if window_rates else samples / train_s
@@ -269,6 +326,7 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
         "checkpoint": str(last_ckpt),
         "run_dir": str(run_dir),
         "config": cfg.to_dict(),
+        "world_size": env.world_size,
     }
     writer.add_hparams(
         {"batch_size": d.batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
@@ -277,7 +335,8 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
         run_name="hparams",
     )
     writer.close()
-    write_json_atomic(Path(run_dir) / "summary.json", summary)
+    if env.is_main:
+        write_json_atomic(Path(run_dir) / "summary.json", summary)
     logger.info(
         f"{d.eval_split}: AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}"
         + (f" (oracle AUC {summary['oracle_auc']:.4f})" if summary["oracle_auc"] is not None else "")
@@ -286,9 +345,11 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
     return summary
 
 
-def restore(path: Path, model: DLRM, optimizers, schedulers, tables: Tables, cfg: Config) -> ckpt.Position:
-    """Load a checkpoint into the freshly built objects (after checking it fits); returns its position."""
-    state = ckpt.load_checkpoint(path)
+def restore(path: Path, model: DLRM, optimizers, schedulers, tables: Tables, cfg: Config,
+            env: DistEnv = DistEnv(), plan: Optional[ShardingPlan] = None) -> ckpt.Position:
+    """Load a checkpoint into the freshly built objects (after checking it fits); returns its position.
+    A distributed run loads its rank's shard of a sharded checkpoint (same ranks and plan)."""
+    state = dist_ckpt.load_for_rank(path, env, plan)
     ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path)
     model.load_state_dict(state["model"])
     for opt, s in zip(optimizers, state["optimizers"]):

@@ -1,0 +1,111 @@
+"""Sharded checkpoints of a distributed run, and merging them into a one-process checkpoint.
+
+A checkpoint of an N-rank run is N shard files plus a manifest, in the run's checkpoints/::
+
+    step-00001000.rank0-of-2.pt   everything rank 0 needs to continue: model state (dense parts and
+    step-00001000.rank1-of-2.pt   its embedding shard), optimizers, schedules, position, its RNG
+    step-00001000.pt              the manifest: sharding plan, shard names, position, config
+
+Every shard is written atomically; the manifest, which is what `--resume` and the pruning look
+for, is written by rank 0 only after every rank has finished its shard, so a crash never leaves
+a manifest whose shards are incomplete. Resume needs the same number of ranks;
+``python -m dlrm.distributed.merge`` turns a sharded checkpoint into a one-process one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dlrm.config import ConfigError
+from dlrm.distributed.env import DistEnv
+from dlrm.distributed.sharding import ShardingPlan
+from dlrm.train import checkpoint as ckpt
+
+SPARSE_WEIGHT = "sparse_arch.weight"
+
+
+def shard_name(step: int, rank: int, world_size: int) -> str:
+    return f"step-{step:08d}.rank{rank}-of-{world_size}.pt"
+
+
+def save_sharded(run_dir: Path, state: dict[str, Any], step: int, keep: int, env: DistEnv, plan: ShardingPlan) -> Path:
+    """Every rank writes its shard; then rank 0 writes the manifest and prunes old checkpoints."""
+    d = ckpt.checkpoint_dir(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    ckpt.write_atomic(d / shard_name(step, env.rank, env.world_size), {**state, "rank": env.rank, "plan": plan.to_dict()})
+    env.barrier()  # all shards complete before the manifest names them
+    path = d / ckpt.checkpoint_name(step)
+    if env.is_main:
+        manifest = {k: state[k] for k in ("position", "cardinalities", "config")}
+        manifest["sharded"] = {"world_size": env.world_size, "plan": plan.to_dict(),
+                               "shards": [shard_name(step, q, env.world_size) for q in range(env.world_size)]}
+        ckpt.write_atomic(path, manifest)
+        ckpt.prune_checkpoints(run_dir, keep)
+    env.barrier()  # nobody goes on (or reads "latest") before the manifest exists
+    return path
+
+
+def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any]:
+    """The state this rank resumes from: its shard of a sharded checkpoint (same ranks, same plan)."""
+    state = ckpt.load_checkpoint(path)
+    sharded = state.get("sharded")
+    if sharded is None:
+        if env.distributed:
+            raise ConfigError(f"{path}: a one-process checkpoint cannot be resumed by {env.world_size} ranks; "
+                              "start a new run, or resume it with one process")
+        return state
+    if not env.distributed or sharded["world_size"] != env.world_size:
+        raise ConfigError(
+            f"{path}: written by {sharded['world_size']} ranks, resumed by {env.world_size}; resume with "
+            f"torchrun --nproc-per-node {sharded['world_size']}, or merge it for one process: "
+            f"python -m dlrm.distributed.merge {path} OUT.pt")
+    saved_plan = ShardingPlan.from_dict(sharded["plan"])
+    if saved_plan != plan:
+        raise ConfigError(f"{path}: sharding plan differs (distributed.sharding / row_wise_min_rows or table sizes): "
+                          f"checkpoint table ranks {list(saved_plan.table_rank)}, this run {list(plan.table_rank)}")
+    return ckpt.load_checkpoint(path.parent / sharded["shards"][env.rank])
+
+
+def assemble(plan: ShardingPlan, shards: list[torch.Tensor]) -> torch.Tensor:
+    """The full [R, ...] tensor of per-row values (weights, optimizer state) from each rank's local rows."""
+    offsets = [0]
+    for n in plan.cardinalities[:-1]:
+        offsets.append(offsets[-1] + n)
+    out = torch.zeros((sum(plan.cardinalities), *shards[0].shape[1:]), dtype=shards[0].dtype)
+    for q, local in enumerate(shards):
+        if local.shape[0] != plan.local_rows(q):
+            raise ConfigError(f"shard of rank {q} has {local.shape[0]} rows, the plan says {plan.local_rows(q)}")
+        for f, start, count, at in plan.local_layout(q):
+            out[offsets[f] + start : offsets[f] + start + count] = local[at : at + count]
+    return out
+
+
+def merge(manifest_path: Path) -> dict[str, Any]:
+    """A one-process checkpoint state from a sharded checkpoint (see `save_sharded`).
+
+    Dense parameters and their optimizer come from rank 0 (DDP keeps the ranks identical); the
+    embedding weight and every per-row tensor of the sparse optimizer's state are assembled from
+    the shards; RNG states are rank 0's.
+    """
+    manifest = ckpt.load_checkpoint(manifest_path)
+    sharded = manifest.get("sharded")
+    if sharded is None:
+        raise ConfigError(f"{manifest_path}: not a sharded checkpoint (it already loads in one process)")
+    plan = ShardingPlan.from_dict(sharded["plan"])
+    shards = [ckpt.load_checkpoint(Path(manifest_path).parent / name) for name in sharded["shards"]]
+    full = {k: v for k, v in shards[0].items() if k not in ("rank", "plan", "format_version")}
+    full["model"] = dict(shards[0]["model"])
+    full["model"][SPARSE_WEIGHT] = assemble(plan, [s["model"][SPARSE_WEIGHT] for s in shards])
+    sparse_opt = [s["optimizers"][1] for s in shards]
+    merged_opt = {"param_groups": sparse_opt[0]["param_groups"], "state": {}}
+    for key, st in sparse_opt[0]["state"].items():
+        merged_opt["state"][key] = {
+            name: assemble(plan, [o["state"][key][name] for o in sparse_opt])
+            if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == plan.local_rows(0) else value
+            for name, value in st.items()
+        }
+    full["optimizers"] = [shards[0]["optimizers"][0], merged_opt]
+    return full

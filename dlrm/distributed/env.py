@@ -1,0 +1,120 @@
+"""The process group of a ``torchrun`` launch, and the collectives the training loop uses.
+
+In a plain ``python train.py`` (no ``WORLD_SIZE`` > 1 in the environment) `DistEnv` is a single
+process and every method is a no-op, so the loop has one code path.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from loguru import logger
+
+from dlrm.config import ConfigError, DistributedConfig
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Rank `rank` of `world_size` processes (``rank 0 of 1`` when not distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes the run directory, TensorBoard, reports and summaries."""
+        return self.rank == 0
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place (returns `t`)."""
+        if self.distributed:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
+        if self.distributed:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """True on every rank when `flag` is True on some rank (a host sync: call at intervals)."""
+        if not self.distributed:
+            return flag
+        t = torch.tensor([int(flag)], device=device)
+        return bool(self.all_reduce_max(t).item())  # intended host sync: the ranks must agree
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Rank 0's `obj` on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def all_gather_rows(self, t: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's `t` along dim 0 (ranks may hold different row counts)."""
+        if not self.distributed:
+            return t
+        n = torch.tensor([t.shape[0]], device=t.device)
+        sizes = [torch.zeros_like(n) for _ in range(self.world_size)]
+        dist.all_gather(sizes, n)
+        sizes_host = [int(s.item()) for s in sizes]  # intended host sync: evaluation only
+        top = max(sizes_host)
+        padded = torch.zeros((top, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        padded[: t.shape[0]] = t
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded)
+        return torch.cat([p[:s] for p, s in zip(parts, sizes_host)])
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+
+def init_distributed(cfg: DistributedConfig, device: torch.device) -> tuple[DistEnv, torch.device]:
+    """Join the ``torchrun`` process group (once per process) and pick this rank's device.
+
+    Returns the env and the device: ``cuda:LOCAL_RANK`` for CUDA, the CPU otherwise.
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistEnv(), device
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"LOCAL_RANK {local_rank}: only {torch.cuda.device_count()} CUDA devices here")
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "nccl" and device.type != "cuda":
+        raise ConfigError("distributed.backend: 'nccl' needs CUDA devices; use 'gloo' (or 'auto') on the CPU")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
+        if rank != 0:  # rank 0 speaks for the run; the others report only warnings and errors
+            logger.remove()
+            logger.add(sys.stderr, level="WARNING", format=f"[rank {rank}] {{time:HH:mm:ss}} {{level: <7}} {{message}}")
+        logger.info(f"torch.distributed: {world_size} ranks, backend {backend}, device {device} on rank 0")
+    return DistEnv(rank, world_size, local_rank), device
+
+
+def shutdown() -> None:
+    """Leave the process group (at the end of the command)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,202 @@
+"""The SparseArch of a distributed run: tables sharded over ranks, lookups exchanged with all_to_all.
+
+Every rank holds a local shard (`dlrm.distributed.sharding`) and a data-parallel slice of the
+global batch. One forward, on rank r with a local batch of B rows padded to P = ceil(global / W):
+
+1. hash raw values into table rows on the device (as the one-GPU `SparseArch`);
+2. ``all_to_all`` of ids: rank r sends rank q the ids of the tables q serves ([P, |S_q|]);
+3. rank q looks its [W, P, |S_q|] ids up in its local shard (ids outside its block of a row-wise
+   table give zeros);
+4. ``all_to_all`` of embeddings back (differentiable: its backward is the reverse all_to_all of
+   the gradients); rank r sums the W
+   blocks of each row-wise table and takes each table-wise table from its owner -> [B, F, D].
+
+Backward: the gradients travel back to the owners, whose local lookup turns them into a sparse
+gradient of the shard (applied by the sparse optimizer there) or, with the Triton embedding, the
+fused update in the lookup's backward. All message sizes depend on P and the plan only, never on
+the data: no host sync, and shapes stay static across steps.
+
+Gradient scale: each rank's loss is its share of the global mean (`dlrm.train.step`), DDP averages
+the dense gradients over ranks, and the embedding gradients, which are summed on the owners, get a
+factor 1/W here -- so an N-rank step equals a one-process step on the same global batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F_
+from torch import nn
+
+from dlrm.distributed.sharding import ShardingPlan
+from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
+
+
+class _AllToAll(torch.autograd.Function):
+    """``dist.all_to_all_single`` along dim 0 whose backward is the reverse all_to_all of the
+    gradients (torch.distributed.nn.functional's version is deprecated; this uses the public op)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
+        ctx.splits = (out_splits, in_splits)
+        out = x.new_empty((sum(out_splits), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)
+        return back, None, None
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; gradient times `scale`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+class ShardedSparseArch(nn.Module):
+    """The F embedding tables sharded over W ranks by `plan`; this module is rank `rank`'s part.
+
+    Args:
+        cardinalities: rows per table (F ints), as for `SparseArch`.
+        dim: D.
+        plan: the placement (`dlrm.distributed.sharding.plan_sharding`).
+        rank: this process's rank.
+        vocabs: vocabulary hashing, as for `SparseArch`.
+        kernel: "torch" (sparse gradients, eager sparse optimizers on the owner) or "triton" (the
+            local lookup is a `kernels.embedding.TritonSparseEmbedding` whose backward applies the
+            fused sparse update on the owner).
+
+    Example (inside a torchrun launch of 2 processes)::
+
+        arch = ShardedSparseArch([10] * 26, 16, plan_sharding([10] * 26, 2, "table", 10**7), rank)
+        arch(raw_local_batch, global_batch=2 * len(raw_local_batch))   # [B_local, 26, 16]
+
+    Shapes: int64 [B, F] raw values -> [B, F, D]. Parameters: ``weight``, the local shard
+    [R_rank, D] (its rows are `plan.local_layout(rank)`), the same state_dict key as `SparseArch`.
+    Initialised exactly as `SparseArch` would initialise the full tables from the same RNG state
+    (each table is drawn in full and this rank keeps its rows), so a sharded run starts from the
+    same parameters as a one-process run with the same seed.
+    """
+
+    sparse_gradients = True  # the lookup runs eagerly, outside torch.compile (its collectives included)
+    collective = True  # every rank must call forward together; see `global_batch`
+
+    def __init__(self, cardinalities: list[int], dim: int, plan: ShardingPlan, rank: int,
+                 vocabs: Optional[list[torch.Tensor]] = None, kernel: str = "torch") -> None:
+        super().__init__()
+        if list(plan.cardinalities) != list(cardinalities):
+            raise ValueError("the sharding plan was made for other table sizes")
+        self.plan, self.rank, self.world_size, self.dim = plan, rank, plan.world_size, dim
+        self.num_features = len(cardinalities)
+        cards = torch.tensor(cardinalities, dtype=torch.int64)
+        self.register_buffer("cardinalities", cards, persistent=False)
+        self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)
+        self.hashing = "modulus" if vocabs is None else "vocabulary"
+        if vocabs is not None:
+            keys, vocab_offsets = keyed_vocabulary(vocabs)
+            self.register_buffer("vocab_keys", keys, persistent=False)
+            self.register_buffer("vocab_offsets", vocab_offsets, persistent=False)
+
+        layout = plan.local_layout(rank)
+        self.served = [plan.served(q) for q in range(self.world_size)]
+        self.row_wise = bool(plan.row_wise_tables())
+        for q in range(self.world_size):
+            self.register_buffer(f"_send_features_{q}", torch.tensor(self.served[q], dtype=torch.int64), persistent=False)
+        self.register_buffer("_received_features", torch.tensor(sum(self.served, []), dtype=torch.int64), persistent=False)
+        self.register_buffer("_base", torch.tensor([s for _, s, _, _ in layout], dtype=torch.int64), persistent=False)
+        self.register_buffer("_count", torch.tensor([c for _, _, c, _ in layout], dtype=torch.int64), persistent=False)
+        self.register_buffer("_local_offset", torch.tensor([o for _, _, _, o in layout], dtype=torch.int64), persistent=False)
+
+        rows = plan.local_rows(rank)
+        self.kernel = kernel
+        if kernel == "triton":
+            from kernels.embedding import TritonSparseEmbedding
+
+            with torch.random.fork_rng(devices=[]):  # its own init must not move the RNG (ours follows)
+                local = TritonSparseEmbedding([rows], dim)
+            # Not a registered submodule: the state_dict keeps the single key "weight".
+            self.__dict__["_triton"] = local
+            self.weight = local.weight
+            self.use_fused_update = local.use_fused_update  # what build_optimizers looks for
+        else:
+            self.weight = nn.Parameter(torch.empty(rows, dim))
+        self._init_like_sparse_arch(list(cardinalities), layout)
+
+    @torch.no_grad()
+    def _init_like_sparse_arch(self, cardinalities: list[int], layout) -> None:
+        """U(-1/sqrt(n), 1/sqrt(n)) per table, drawing every table in full in feature order
+        (as `SparseArch.reset_parameters` does) and keeping this rank's rows."""
+        mine = {f: (start, count, at) for f, start, count, at in layout}
+        for f, n in enumerate(cardinalities):
+            bound = math.sqrt(1.0 / n)
+            table = torch.empty(n, self.dim, device=self.weight.device).uniform_(-bound, bound)
+            if f in mine:
+                start, count, at = mine[f]
+                self.weight[at : at + count] = table[start : start + count]
+
+    def rows(self, raw: torch.Tensor) -> torch.Tensor:
+        """int64 [B, F] raw values -> int64 [B, F] rows of the full (unsharded) weight."""
+        if self.hashing == "modulus":
+            return modulus_rows(raw, self.cardinalities, self.offsets)
+        return vocabulary_rows(raw, self.vocab_keys, self.vocab_offsets, self.offsets)
+
+    def _padded_batch(self, batch: int, global_batch: Optional[int]) -> int:
+        if global_batch is None:
+            # Unknown global batch (export, tests): ask the other ranks. A host sync, so the
+            # training and evaluation steps always pass global_batch.
+            n = torch.tensor([batch], device=self.weight.device)
+            dist.all_reduce(n, op=dist.ReduceOp.MAX)
+            return int(n.item())
+        padded = -(-global_batch // self.world_size)
+        if batch > padded:
+            raise ValueError(f"local batch {batch} is larger than ceil(global batch {global_batch} / {self.world_size})")
+        return padded
+
+    def _lookup(self, local_rows: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "triton":
+            flat = local_rows.reshape(-1, 1) - 1  # one table of R rows, modulus hashing: raw r -> row r + 1 mod R
+            return self.__dict__["_triton"](flat).view(*local_rows.shape, self.dim)
+        return F_.embedding(local_rows, self.weight, sparse=True)
+
+    def forward(self, raw: torch.Tensor, global_batch: Optional[int] = None) -> torch.Tensor:
+        W, B = self.world_size, raw.shape[0]
+        P = self._padded_batch(B, global_batch)
+        table_rows = self.rows(raw) - self.offsets
+        if P > B:  # pad with row 0 of every table; the padded outputs are cut off below
+            table_rows = F_.pad(table_rows, (0, 0, 0, P - B))
+        sizes = [len(s) for s in self.served]
+        mine = sizes[self.rank]
+
+        # ids: rank q gets [P, |S_q|], destination-major
+        send = torch.cat([table_rows.index_select(1, getattr(self, f"_send_features_{q}")).reshape(-1) for q in range(W)])
+        recv = torch.empty(W * P * mine, dtype=send.dtype, device=send.device)
+        dist.all_to_all_single(recv, send, [P * mine] * W, [P * s for s in sizes])
+
+        # local lookup of what every rank asked for: [W, P, |S_rank|, D]
+        t = recv.view(W, P, mine) - self._base
+        valid = (t >= 0) & (t < self._count)
+        emb = self._lookup(torch.where(valid, t + self._local_offset, torch.zeros_like(t)))
+        if self.row_wise:  # ids in another rank's block of a row-wise table contribute zeros
+            emb = emb * valid.unsqueeze(-1).to(emb.dtype)
+
+        # embeddings back: from rank q, [P, |S_q|, D]
+        out = _AllToAll.apply(emb.reshape(-1, self.dim), [P * s for s in sizes], [P * mine] * W)
+        parts = [p.view(P, s, self.dim) for p, s in zip(out.split([P * s for s in sizes]), sizes)]
+        received = torch.cat(parts, dim=1)  # [P, sum |S_q|, D]
+        full = torch.zeros(P, self.num_features, self.dim, dtype=emb.dtype, device=emb.device)
+        full = full.index_add(1, self._received_features, received)  # row-wise blocks summed
+        return _ScaleGrad.apply(full[:B], 1.0 / W)

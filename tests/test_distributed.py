@@ -1,0 +1,210 @@
+"""Multi-process training (torchrun, gloo on the CPU): N ranks equal one process on the same
+global batches, for table-wise and row-wise sharding; sharded checkpoints resume on the same
+ranks and merge into a one-process checkpoint."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dlrm.config import ConfigError
+from dlrm.data.loader import batches_per_epoch, rank_slice
+from dlrm.distributed.checkpoint import assemble
+from dlrm.distributed.sharding import plan_sharding
+from dlrm.train import checkpoint as ckpt
+from tests.conftest import REPO, make_dataset
+
+BASE = {
+    "data": {"batch_size": 23, "shuffle": True, "drop_last": False},  # 600 rows: 26 batches of 23 (12 + 11 per rank), then 2 (1 + 1)
+    "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
+    "optim": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "rowwise_adagrad", "lr": 0.05},
+              "schedule": {"warmup_steps": 5, "decay": "linear"}},
+    "train": {"epochs": 2, "log_every": 9, "eval_every": 20, "device": "cpu", "seed": 3},
+    "checkpoint": {"every": 20, "keep": 5},
+}
+STEPS = 54
+
+
+# ------------------------------------------------------------------------------------------
+# units
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+@pytest.mark.parametrize("lo,hi", [(0, 23), (5, 7), (0, 1), (10, 10 + 64)])
+def test_rank_slices_concatenate_to_the_global_batch(world, lo, hi):
+    slices = [rank_slice(lo, hi, r, world) for r in range(world)]
+    assert slices[0][0] == lo and slices[-1][1] == hi
+    assert all(a[1] == b[0] for a, b in zip(slices, slices[1:]))
+    sizes = [b - a for a, b in slices]
+    assert max(sizes) == -(-(hi - lo) // world) and sizes == sorted(sizes, reverse=True)
+
+
+def test_last_batch_smaller_than_world_is_dropped():
+    assert batches_per_epoch(47, 23, False, world_size=1) == 3
+    assert batches_per_epoch(47, 23, False, world_size=2) == 2  # 1 row left, 2 ranks
+    assert batches_per_epoch(48, 23, False, world_size=2) == 3
+    assert batches_per_epoch(48, 23, True, world_size=2) == 2
+
+
+@pytest.mark.parametrize("mode", ["table", "row", "auto"])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_plan_covers_every_row_once(mode, world):
+    cards = [1, 2, 5, 11, 100, 7, 3000, 2]
+    plan = plan_sharding(cards, world, mode, row_wise_min_rows=100)
+    owners = [torch.zeros(n, dtype=torch.int64) for n in cards]
+    for q in range(world):
+        for f, start, count, _ in plan.local_layout(q):
+            owners[f][start : start + count] += 1
+    assert all(bool((o == 1).all()) for o in owners)
+    assert plan.row_wise_tables() == {"table": [], "row": list(range(len(cards))), "auto": [4, 6]}[mode]
+    # the merge of local shards is the full tensor
+    full = torch.arange(sum(cards) * 2, dtype=torch.float32).view(-1, 2)
+    offs = torch.tensor([0] + cards).cumsum(0)
+    locals_ = [torch.cat([full[offs[f] + s : offs[f] + s + c] for f, s, c, _ in plan.local_layout(q)]) for q in range(world)]
+    assert torch.equal(assemble(plan, locals_), full)
+
+
+def test_table_wise_balances_rows():
+    plan = plan_sharding([100, 90, 10, 10, 5, 5], 2, "table", 10**9)
+    assert sorted(plan.local_rows(q) for q in range(2)) == [110, 110]
+
+
+def test_plan_rejects_bad_mode():
+    with pytest.raises(ConfigError, match="distributed.sharding: 'rows'"):
+        plan_sharding([3], 2, "rows", 10)
+
+
+# ------------------------------------------------------------------------------------------
+# two processes against one
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist") / "ds"
+    make_dataset(root, {"train": 600, "validation": 64, "test": 40}, row_group_size=50)
+    return root
+
+
+def write_config(path, dataset, sharding="auto"):
+    raw = json.loads(json.dumps(BASE))
+    raw["data"]["path"] = str(dataset)
+    raw["distributed"] = {"sharding": sharding, "row_wise_min_rows": 10}  # auto: every table (11 rows) row-wise
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def run(args, cwd, nproc=1):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable]
+    return subprocess.run([*launcher, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def train_run(tmp_path, dataset, name, nproc, sharding="auto", extra=()):
+    cfg = write_config(tmp_path / f"{name}.json", dataset, sharding)
+    result = run(["--config", str(cfg), "--run-name", name, "--tb-dir", str(tmp_path / "tb"), *extra], tmp_path, nproc)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return tmp_path / "tb" / name
+
+
+def merged_state(manifest, tmp_path, name):
+    out = tmp_path / f"{name}-merged.pt"
+    result = subprocess.run([sys.executable, "-m", "dlrm.distributed.merge", str(manifest), str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return out, torch.load(out, weights_only=False)
+
+
+def assert_close_states(a, b):
+    assert a["position"] == b["position"]
+    assert set(a["model"]) == set(b["model"])
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-5, atol=1e-6, msg=k)
+    for oa, ob in zip(a["optimizers"], b["optimizers"]):
+        for pid, st in ob["state"].items():
+            for name, v in st.items():
+                if torch.is_tensor(v):
+                    torch.testing.assert_close(oa["state"][pid][name], v, rtol=1e-5, atol=1e-7, msg=f"{pid}.{name}")
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, dataset):
+    tmp = tmp_path_factory.mktemp("one")
+    run_dir = train_run(tmp, dataset, "one", 1)
+    return torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False), json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("sharding", ["table", "row"])
+def test_two_ranks_equal_one_process(tmp_path, dataset, one_process, sharding):
+    ref_state, ref_summary = one_process
+    run_dir = train_run(tmp_path, dataset, f"two-{sharding}", 2, sharding)
+    manifest = ckpt.list_checkpoints(run_dir)[-1]
+    assert manifest.name == ckpt.checkpoint_name(STEPS)
+    shards = sorted(p.name for p in manifest.parent.glob(manifest.stem + ".rank*"))
+    assert shards == [f"step-{STEPS:08d}.rank0-of-2.pt", f"step-{STEPS:08d}.rank1-of-2.pt"]
+    # the local shards split the rows: table-wise whole tables, row-wise a block of each
+    local_rows = [torch.load(manifest.parent / s, weights_only=False)["model"]["sparse_arch.weight"].shape[0] for s in shards]
+    assert sum(local_rows) == 26 * 11 and min(local_rows) > 0
+    out, merged = merged_state(manifest, tmp_path, sharding)
+    assert_close_states(merged, ref_state)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["samples"] == ref_summary["samples"] == 2 * 600
+    # AUC and logloss over all ranks' rows equal the one-process numbers
+    for key in ("auc", "logloss", "accuracy"):
+        assert summary[key] == pytest.approx(ref_summary[key], abs=1e-5), key
+    for (s1, l1), (s2, l2) in zip(summary["train_losses"], ref_summary["train_losses"]):
+        assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5)
+    # the merged checkpoint serves one process: --eval-only gives the same validation numbers
+    result = run(["--config", str(tmp_path / f"two-{sharding}.json"), "--eval-only", "--checkpoint", str(out),
+                  "--run-name", "eval", "--tb-dir", str(tmp_path / "tb")], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    evaluated = json.loads((tmp_path / "tb" / "eval" / "summary.json").read_text())
+    assert evaluated["auc"] == pytest.approx(summary["auc"], abs=1e-6)
+
+
+def test_sharded_resume_same_ranks_and_clear_refusals(tmp_path, dataset):
+    run_dir = train_run(tmp_path, dataset, "res", 2, "auto")
+    cdir = ckpt.checkpoint_dir(run_dir)
+    straight = {p.name: torch.load(p, weights_only=False) for p in cdir.glob(f"step-{STEPS:08d}.rank*")}
+    saved = tmp_path / "straight"
+    shutil.copytree(cdir, saved)
+    # resume from step 40 on two ranks: the same shards as the uninterrupted run
+    cfg = str(tmp_path / "res.json")
+    result = run(["--config", cfg, "--resume", str(cdir / ckpt.checkpoint_name(40))], tmp_path, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for name, ref in straight.items():
+        got = torch.load(cdir / name, weights_only=False)
+        assert_close_states(got, ref)
+    # one process cannot resume it, and says how
+    result = run(["--config", cfg, "--resume", str(saved / ckpt.checkpoint_name(40))], tmp_path)
+    assert result.returncode == 2
+    assert "written by 2 ranks, resumed by 1" in result.stderr and "dlrm.distributed.merge" in result.stderr
+    # a different plan is named
+    other = write_config(tmp_path / "table.json", dataset, "table")
+    result = run(["--config", str(other), "--resume", str(saved / ckpt.checkpoint_name(40))], tmp_path, nproc=2)
+    assert result.returncode != 0 and "sharding plan differs" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("loader_name", ["parquet", "device"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_loader_ranks_concatenate_to_the_one_process_batches(dataset, loader_name, world):
+    from dlrm.data.device_loader import DeviceLoader
+    from dlrm.data.loader import ParquetLoader
+
+    files = sorted((dataset / "train").glob("*.parquet"))
+
+    def make(rank, world_size):
+        if loader_name == "device":
+            return DeviceLoader(files, 23, "cpu", shuffle=True, seed=5, drop_last=False, rank=rank, world_size=world_size)
+        return ParquetLoader(files, 23, "cpu", shuffle=True, seed=5, shuffle_buffer_rows=100, rank=rank, world_size=world_size)
+
+    ref = list(make(0, 1))
+    ranks = [list(make(r, world)) for r in range(world)]
+    # 26 batches of 23 rows, then one of 2 rows: kept for 2 ranks, dropped for 3 (a rank would get none)
+    assert len(ref) == 27 and all(len(r) == (27 if world == 2 else 26) for r in ranks)
+    for i, batch in enumerate(ref[: len(ranks[0])]):
+        parts = [r[i] for r in ranks]
+        assert all(p.global_len == len(batch) for p in parts)
+        for field in ("dense", "sparse", "labels"):
+            assert torch.equal(torch.cat([getattr(p, field) for p in parts]), getattr(batch, field))
