@@ -88,8 +88,9 @@ def dataset(tmp_path_factory):
     return root
 
 
-def write_config(path, dataset, sharding="auto"):
+def write_config(path, dataset, sharding="auto", embedding="torch"):
     raw = json.loads(json.dumps(BASE))
+    raw["kernels"] = {"embedding": embedding}
     raw["data"]["path"] = str(dataset)
     raw["distributed"] = {"sharding": sharding, "row_wise_min_rows": 10}  # auto: every table (11 rows) row-wise
     path.write_text(json.dumps(raw))
@@ -101,8 +102,8 @@ def run(args, cwd, nproc=1):
     return subprocess.run([*launcher, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
-def train_run(tmp_path, dataset, name, nproc, sharding="auto", extra=()):
-    cfg = write_config(tmp_path / f"{name}.json", dataset, sharding)
+def train_run(tmp_path, dataset, name, nproc, sharding="auto", extra=(), embedding="torch"):
+    cfg = write_config(tmp_path / f"{name}.json", dataset, sharding, embedding)
     result = run(["--config", str(cfg), "--run-name", name, "--tb-dir", str(tmp_path / "tb"), *extra], tmp_path, nproc)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return tmp_path / "tb" / name
@@ -135,10 +136,12 @@ def one_process(tmp_path_factory, dataset):
     return torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False), json.loads((run_dir / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("sharding", ["table", "row"])
-def test_two_ranks_equal_one_process(tmp_path, dataset, one_process, sharding):
+@pytest.mark.parametrize("sharding,embedding", [("table", "torch"), ("row", "torch"), ("row", "triton")])
+def test_two_ranks_equal_one_process(tmp_path, dataset, one_process, sharding, embedding):
+    """The reference is one eager process; "triton": each owner's shard is a Triton embedding whose
+    backward applies the fused row-wise Adagrad update (under TRITON_INTERPRET on the CPU)."""
     ref_state, ref_summary = one_process
-    run_dir = train_run(tmp_path, dataset, f"two-{sharding}", 2, sharding)
+    run_dir = train_run(tmp_path, dataset, f"two-{sharding}", 2, sharding, embedding=embedding)
     manifest = ckpt.list_checkpoints(run_dir)[-1]
     assert manifest.name == ckpt.checkpoint_name(STEPS)
     shards = sorted(p.name for p in manifest.parent.glob(manifest.stem + ".rank*"))
