@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | kernels | train | terabyte | compare[:BATCH] | profile | loader. Each part writes its logs, CSVs,
+# PART: tests | kernels | train | terabyte | compare[:BATCH] | profile | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -49,6 +49,13 @@ EOF
 
 for part in "$@"; do
   case $part in
+    scaling)  # configs/kaggle.json, 65536 rows per GPU, on 1 GPU then 2 ranks (a 2-GPU machine);
+      # NVLink multicast (NVLS) stays off, as the device machine's README asks
+      for n in 1 2; do
+        run "scaling_$n" 280 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node $n benchmarks/scaling.py \
+          --config configs/kaggle.json --batch-per-gpu 65536 --precision tf32 --out "$RES" --name scaling_kaggle
+      done
+      ;;
     tests)  # the kernel tests on CUDA (bf16 included) and the compile/profile tests
       # Most of the time is Triton compiling each test's specializations: 8 processes share the GPU
       # (pytest-xdist, carried as a wheel: .whl/ on the device machine).

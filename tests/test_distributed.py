@@ -2,6 +2,7 @@
 global batches, for table-wise and row-wise sharding; sharded checkpoints resume on the same
 ranks and merge into a one-process checkpoint."""
 
+import csv
 import json
 import shutil
 import subprocess
@@ -211,3 +212,20 @@ def test_loader_ranks_concatenate_to_the_one_process_batches(dataset, loader_nam
         assert all(p.global_len == len(batch) for p in parts)
         for field in ("dense", "sparse", "labels"):
             assert torch.equal(torch.cat([getattr(p, field) for p in parts]), getattr(batch, field))
+
+
+def test_scaling_benchmark_runs_and_reports_efficiency(tmp_path):
+    """Smoke run of benchmarks/scaling.py on the CPU (gloo): one process, then two ranks."""
+    cfg = json.loads((REPO / "configs" / "kaggle.json").read_text())
+    cfg["model"]["cardinalities"] = [40] * 26
+    (tmp_path / "k.json").write_text(json.dumps(cfg))
+    for n in (1, 2):
+        result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
+                                 str(REPO / "benchmarks" / "scaling.py"), "--config", str(tmp_path / "k.json"),
+                                 "--batch-per-gpu", "64", "--warmup", "1", "--steps", "2", "--windows", "1",
+                                 "--out", str(tmp_path), "--name", "s"], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "s.csv")))
+    assert [r["gpus"] for r in rows] == ["1", "2"] and rows[1]["sharding"] == "auto"
+    assert float(rows[0]["efficiency"]) == 1.0 and float(rows[1]["efficiency"]) > 0
+    assert (tmp_path / "s.md").is_file() and (tmp_path / "s.png").stat().st_size > 0
