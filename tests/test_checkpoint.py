@@ -185,3 +185,19 @@ def test_eval_only_and_export(tmp_path, dataset):
                 "--export", str(tmp_path / "m.pt2"), cwd=tmp_path)
     out = again.communicate(timeout=120)[0]
     assert again.returncode == 2 and "already exists" in out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_second_signal_stops_at_once(sig):
+    from dlrm.train.signals import GracefulStop
+
+    before = signal.getsignal(sig)
+    with GracefulStop() as stop:
+        os.kill(os.getpid(), sig)
+        time.sleep(0.05)  # the handler runs between bytecodes of the main thread
+        assert stop.requested and stop.exit_code == 128 + sig
+        with pytest.raises(SystemExit) as exc:
+            os.kill(os.getpid(), sig)
+            time.sleep(1)
+        assert exc.value.code == 128 + sig
+    assert signal.getsignal(sig) is before  # the previous handlers are back
