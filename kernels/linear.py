@@ -20,7 +20,9 @@ Backward (all Triton, no cuBLAS):
    per GEMM (and per tile revisit) instead of one. For ``activation="none"`` nothing is written and
    the GEMMs read ``grad_out`` directly through its strides (expanded stride-0 gradients included).
 2. ``grad_x = grad_pre @ W`` and ``grad_W = grad_pre^T @ x`` with the same GEMM kernel as the
-   forward (no bias/activation); transposes are stride swaps, never copies.
+   forward (no bias/activation); transposes are stride swaps, never copies. ``grad_W`` reduces
+   over the whole batch into a small output, so it is split along the batch (split-K, `_split_k`:
+   partial sums per slice in an fp32 workspace, summed in a fixed order) to give every SM work.
 
 Tile configs: on the GPU one config picked from the shape and dtype by `_pick_config` (no
 start-up cost), or, with ``DLRM_TRITON_AUTOTUNE=1`` in the environment, the best of the configs of
@@ -95,6 +97,8 @@ def _linear_kernel(
     stride_wk,
     stride_om,
     stride_on,
+    stride_split,
+    K_PER_SPLIT,
     HAS_BIAS: tl.constexpr,
     ACTIVATION: tl.constexpr,
     STORE_PRE: tl.constexpr,
@@ -107,6 +111,9 @@ def _linear_kernel(
     """out[m, n] = act(sum_k a[m, k] * w[n, k] + bias[n]); pre (optional) = the argument of act.
 
     a: [M, K], w: [N, K], both through arbitrary strides; out/pre: [M, N] with strides (om, on).
+    Split-K: program (tile, s) sums only k in [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT) and writes
+    its partial sums at ``out + s * stride_split`` (an fp32 [S, M, N] workspace, no bias or
+    activation); without splitting K_PER_SPLIT = K and the grid's second axis is 1.
     """
     # Grouped ("super-tile") program order: GROUP_M row-tiles share each column tile of w in L2.
     pid = tl.program_id(0)
@@ -119,19 +126,23 @@ def _linear_kernel(
     pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
     pid_n = (pid % num_pid_in_group) // group_size_m
 
+    pid_k = tl.program_id(1)
+    k_start = pid_k * K_PER_SPLIT
+    k_len = tl.minimum(K - k_start, K_PER_SPLIT)
+
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + rm[:, None] * stride_am + rk[None, :] * stride_ak
-    w_ptrs = w_ptr + rk[:, None] * stride_wk + rn[None, :] * stride_wn  # [BLOCK_K, BLOCK_N] tile of w^T
+    a_ptrs = a_ptr + rm[:, None] * stride_am + (k_start + rk)[None, :] * stride_ak
+    w_ptrs = w_ptr + (k_start + rk)[:, None] * stride_wk + rn[None, :] * stride_wn  # [BLOCK_K, BLOCK_N] tile of w^T
     m_ok = rm[:, None] < M
     n_ok = rn[None, :] < N
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # Loop count from tl.cdiv (not range(0, K, BLOCK_K)): same code compiled, and the form the
     # interpreter handles on every supported triton/numpy pair.
-    for kt in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - kt * BLOCK_K
+    for kt in range(0, tl.cdiv(k_len, BLOCK_K)):
+        k_left = k_len - kt * BLOCK_K
         a = tl.load(a_ptrs, mask=m_ok & (rk[None, :] < k_left), other=0.0)
         w = tl.load(w_ptrs, mask=(rk[:, None] < k_left) & n_ok, other=0.0)
         acc = tl.dot(a, w, acc, input_precision=INPUT_PRECISION)
@@ -141,7 +152,7 @@ def _linear_kernel(
     if HAS_BIAS:
         b = tl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
         acc += b[None, :]
-    o_offs = rm[:, None] * stride_om + rn[None, :] * stride_on
+    o_offs = pid_k * stride_split + rm[:, None] * stride_om + rn[None, :] * stride_on
     o_mask = m_ok & n_ok
     if STORE_PRE:
         tl.store(pre_ptr + o_offs, acc.to(pre_ptr.dtype.element_ty), mask=o_mask)
@@ -152,6 +163,23 @@ def _linear_kernel(
 AUTOTUNE = os.environ.get("DLRM_TRITON_AUTOTUNE", "0") not in ("", "0") and not _INTERPRET
 _CONFIGS = _configs()
 _linear_kernel_autotuned = triton.autotune(configs=_configs(), key=["M", "N", "K"])(_linear_kernel)
+_SMS = 132  # H100 SXM; only sets how many programs split-K aims for
+
+
+def _split_k(M: int, N: int, K: int, cfg: triton.Config) -> int:
+    """How many slices to cut the reduction into (1: none).
+
+    The weight gradient of a layer, ``grad_W [N_out, K_in] = grad_pre^T @ x``, reduces over the
+    whole batch (K = 65536) into a small output: one program per output tile leaves most SMs idle
+    while a few programs walk 65536 rows each. Splitting K until there are about two programs per
+    SM fills the GPU; every slice keeps at least 8 K-steps so the partial sums stay few.
+    """
+    if _INTERPRET:
+        return 1
+    tiles = triton.cdiv(M, cfg.kwargs["BLOCK_M"]) * triton.cdiv(N, cfg.kwargs["BLOCK_N"])
+    if tiles >= _SMS:
+        return 1
+    return max(1, min(triton.cdiv(2 * _SMS, tiles), K // (8 * cfg.kwargs["BLOCK_K"])))
 
 
 def _pick_config(M: int, N: int, dtype: torch.dtype) -> triton.Config:
@@ -193,9 +221,14 @@ def gemm_bias_act(
     activation: str = "none",
     store_pre: bool = False,
     input_precision: str = "ieee",
+    split_k: Optional[int] = None,
 ) -> tuple[Tensor, Optional[Tensor]]:
     """Launch the GEMM: ``out = act(a @ w^T + bias)`` for a [M, K] and w [N, K] of any strides (pass
-    ``t.t()`` views for transposed operands). Returns ``(out [M, N], pre [M, N] or None)`` in a's dtype."""
+    ``t.t()`` views for transposed operands). Returns ``(out [M, N], pre [M, N] or None)`` in a's dtype.
+
+    `split_k`: cut the reduction into this many slices (partial sums in an fp32 workspace, then
+    summed in a fixed order: deterministic); None picks it from the shape (`_split_k`) for plain
+    GEMMs (no bias, activation or pre-activation), which is what the weight gradient is."""
     if a.dim() != 2 or w.dim() != 2 or a.shape[1] != w.shape[1]:
         raise ValueError(f"gemm shapes do not match: a {tuple(a.shape)} @ w^T with w {tuple(w.shape)}")
     if a.device != w.device or (bias is not None and bias.device != a.device):
@@ -220,20 +253,28 @@ def gemm_bias_act(
     # tf32 applies to fp32 operands only; other dtypes ignore the setting, so pin it to ieee.
     prec = _check_precision(input_precision) if a.dtype == torch.float32 and not _INTERPRET else "ieee"
 
-    def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+    cfg = _pick_config(M, N, a.dtype)
+    plain = bias is None and activation == "none" and not store_pre
+    if split_k is not None and split_k > 1 and not plain:
+        raise ValueError("split_k > 1 is for plain GEMMs (no bias, activation or pre-activation)")
+    splits = (split_k or 1) if (split_k is not None or not plain or AUTOTUNE) else _split_k(M, N, K, cfg)
+    k_per_split = triton.cdiv(triton.cdiv(K, splits), cfg.kwargs["BLOCK_K"]) * cfg.kwargs["BLOCK_K"]
+    splits = triton.cdiv(K, k_per_split)  # no empty slice
+    target = out if splits == 1 else torch.empty((splits, M, N), device=a.device, dtype=torch.float32)
 
-    if AUTOTUNE:
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), splits)
+
+    if AUTOTUNE and splits == 1:
         kernel, launch = _linear_kernel_autotuned, {}
     else:
-        cfg = _pick_config(M, N, a.dtype)
         kernel, launch = _linear_kernel, {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     with _device_ctx(a):
         kernel[grid](
             a,
             w,
             bias if bias is not None else a,
-            out,
+            target,
             pre if pre is not None else out,
             M,
             N,
@@ -242,14 +283,18 @@ def gemm_bias_act(
             a.stride(1),
             w.stride(0),
             w.stride(1),
-            out.stride(0),
-            out.stride(1),
+            target.stride(-2),
+            target.stride(-1),
+            target.stride(0) if splits > 1 else 0,
+            k_per_split,
             HAS_BIAS=bias is not None,
             ACTIVATION=activation_code(activation),
             STORE_PRE=store_pre,
             INPUT_PRECISION=prec,
             **launch,
         )
+    if splits > 1:
+        out.copy_(target.sum(0))  # fixed-order sum of the slices: deterministic
     return out, pre
 
 

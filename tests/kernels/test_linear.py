@@ -239,6 +239,47 @@ def test_module_matches_nn_linear(device):
     assert all(p.grad is not None for p in layers.parameters())
 
 
+@pytest.mark.parametrize("splits", [2, 3, 5, 64])
+@pytest.mark.parametrize("M,N,K", [(1, 1, 70), (3, 5, 130), (24, 13, 200), (70, 40, 97)])
+def test_split_k_weight_gradient_layout(M, N, K, splits, device):
+    """Split-K as the weight gradient uses it: grad_W [N_out, K_in] = grad_pre^T @ x with transposed
+    views (K here is the batch), against float64. Slices that do not divide K (a short last slice,
+    more requested slices than K-steps, which are merged) included."""
+    from kernels.linear import gemm_bias_act
+
+    gen = torch.Generator().manual_seed(M * 1000 + N + K)
+    grad_pre = _make((K, M), "transposed", device, torch.float32, gen)  # [batch, out]: its .t() is [M, K]
+    x = _make((K, N), "contiguous", device, torch.float32, gen)  # [batch, in]: its .t() is the [K, N] "w"
+    got, pre = gemm_bias_act(grad_pre.t(), x.t(), split_k=splits)
+    ref = grad_pre.t().double() @ x.double()
+    assert pre is None
+    _check(got, ref, "fp32", f"split_k={splits} M={M} N={N} K={K}", mag=grad_pre.t().double().abs() @ x.double().abs())
+    one, _ = gemm_bias_act(grad_pre.t(), x.t(), split_k=1)
+    torch.testing.assert_close(got, one, atol=1e-5, rtol=1e-5)
+    again, _ = gemm_bias_act(grad_pre.t(), x.t(), split_k=splits)
+    assert torch.equal(got, again)  # deterministic
+
+
+def test_split_k_refuses_an_epilogue(device):
+    from kernels.linear import gemm_bias_act
+
+    with pytest.raises(ValueError, match="split_k"):
+        gemm_bias_act(torch.randn(4, 40, device=device), torch.randn(3, 40, device=device), torch.randn(3, device=device),
+                      split_k=2)
+
+
+def test_split_k_heuristic_fills_the_gpu(monkeypatch):
+    """The slice count the GPU path would pick (the interpreter never splits on its own)."""
+    import kernels.linear as lin
+
+    monkeypatch.setattr(lin, "_INTERPRET", False)
+    cfg = lin._configs()[4]  # 64 x 64 x 64
+    assert lin._split_k(256, 512, 65536, cfg) == 9  # 32 tiles -> ~2 programs per SM
+    assert lin._split_k(16, 64, 65536, cfg) == 128  # one tile: as many slices as 8-step chunks allow
+    assert lin._split_k(65536, 512, 256, cfg) == 1  # many tiles: no split
+    assert lin._split_k(256, 512, 300, cfg) == 1  # short reduction: no split
+
+
 def test_bad_arguments(device):
     x = torch.randn(3, 13, device=device)
     with pytest.raises(ValueError):
