@@ -229,3 +229,21 @@ def test_scaling_benchmark_runs_and_reports_efficiency(tmp_path):
     assert [r["gpus"] for r in rows] == ["1", "2"] and rows[1]["sharding"] == "auto"
     assert float(rows[0]["efficiency"]) == 1.0 and float(rows[1]["efficiency"]) > 0
     assert (tmp_path / "s.md").is_file() and (tmp_path / "s.png").stat().st_size > 0
+
+
+def test_compare_and_profile_under_torchrun(tmp_path, dataset):
+    """Rank 0 writes the comparison reports and the TensorBoard run; every rank writes a trace."""
+    cfg = json.loads(write_config(tmp_path / "c.json", dataset, "table").read_text())
+    cfg["train"].update({"epochs": 1})
+    cfg["profile"] = {"enabled": True, "wait": 1, "warmup": 1, "active": 2}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    result = run(["--config", str(tmp_path / "c.json"), "--compare", "eager", "--run-name", "cmp",
+                  "--tb-dir", str(tmp_path / "tb")], tmp_path, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    base = tmp_path / "tb" / "cmp"
+    assert {"compare.md", "compare.csv", "compare.png"} <= {p.name for p in base.iterdir()}
+    rows = list(csv.DictReader(open(base / "compare.csv")))
+    assert [r["variant"] for r in rows] == ["eager"] and rows[0]["status"] == "ok"
+    traces = list((base / "eager").glob("*.pt.trace.json.gz"))
+    assert len(traces) == 2  # one per rank (worker names carry the pid)
+    assert len(list((base / "eager").glob("events.out.tfevents.*"))) == 1  # rank 0 only
