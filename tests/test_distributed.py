@@ -4,6 +4,7 @@ ranks and merge into a one-process checkpoint."""
 
 import csv
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -247,3 +248,33 @@ def test_compare_and_profile_under_torchrun(tmp_path, dataset):
     traces = list((base / "eager").glob("*.pt.trace.json.gz"))
     assert len(traces) == 2  # one per rank (worker names carry the pid)
     assert len(list((base / "eager").glob("events.out.tfevents.*"))) == 1  # rank 0 only
+
+
+def test_sigterm_under_torchrun_stops_all_ranks_at_one_step(tmp_path, dataset):
+    """torchrun passes SIGTERM to every rank; the ranks agree at the next logging step, write one
+    sharded checkpoint there, and each says where it stopped."""
+    import signal
+    import time
+
+    raw = json.loads(write_config(tmp_path / "s.json", dataset, "row").read_text())
+    raw["train"].update({"epochs": 10_000, "log_every": 5, "eval_every": None})
+    raw["checkpoint"] = {"every": 40, "keep": 5}
+    (tmp_path / "s.json").write_text(json.dumps(raw))
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             str(REPO / "train.py"), "--config", str(tmp_path / "s.json"), "--run-name", "sig",
+                             "--tb-dir", str(tmp_path / "tb")], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    run_dir = tmp_path / "tb" / "sig"
+    deadline = time.time() + 120
+    while not ckpt.list_checkpoints(run_dir) and time.time() < deadline:
+        time.sleep(0.2)
+    assert ckpt.list_checkpoints(run_dir), "no checkpoint before the deadline"
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    stops = re.findall(r"stopped by signal at step (\d+)", out)
+    assert len(stops) == 2 and stops[0] == stops[1], out[-3000:]
+    step = int(stops[0])
+    assert step % 5 == 0  # a logging step
+    manifest = ckpt.list_checkpoints(run_dir)[-1]
+    assert manifest.name == ckpt.checkpoint_name(step)
+    assert len(list(manifest.parent.glob(manifest.stem + ".rank*-of-2.pt"))) == 2
