@@ -4,6 +4,7 @@ ranks and merge into a one-process checkpoint."""
 
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -278,3 +279,14 @@ def test_sigterm_under_torchrun_stops_all_ranks_at_one_step(tmp_path, dataset):
     manifest = ckpt.list_checkpoints(run_dir)[-1]
     assert manifest.name == ckpt.checkpoint_name(step)
     assert len(list(manifest.parent.glob(manifest.stem + ".rank*-of-2.pt"))) == 2
+
+
+def test_world_size_without_torchrun_is_a_clear_error(tmp_path, dataset):
+    cfg = write_config(tmp_path / "w.json", dataset)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "MASTER_ADDR", "LOCAL_RANK")}
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), "--config", str(cfg), "--tb-dir", str(tmp_path / "tb")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**env, "WORLD_SIZE": "2"})
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "WORLD_SIZE is 2" in errors[0] and "torchrun" in errors[0]
+    assert not (tmp_path / "tb").exists()  # nothing written

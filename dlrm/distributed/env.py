@@ -96,6 +96,9 @@ def init_distributed(cfg: DistributedConfig, device: torch.device) -> tuple[Dist
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return DistEnv(), device
+    if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
+        raise ConfigError(f"WORLD_SIZE is {world_size} but RANK / MASTER_ADDR are not set: launch with "
+                          "torchrun --nproc-per-node N train.py ...")
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
