@@ -106,9 +106,12 @@ for part in "$@"; do
       python benchmarks/trace_timeline.py "$OUT/tb/profile-kaggle-b65536" --out "$RES/profile_timeline_kaggle_b65536.png" \
         --title "configs/kaggle.json, batch 65536, eager tf32, H100" >>"$LOGS/profile.log" 2>&1
       ;;
-    loader)  # preprocessing rows/s (16 workers) and loader samples/s, stream and gpu placement
-      run loader 120 python benchmarks/loader_throughput.py --rows 1000000 --workers 16 --repeats 2 --devices cuda \
-        --out "$RES"
+    loader)  # preprocessing rows/s (16 workers) and loader samples/s, stream and gpu placement. 8M rows
+      # (1M generated, preprocessed 8 times over): an epoch of ~105 batches and 7 shuffle buffers, so
+      # decoding the next buffer overlaps cutting the current one, as in a real run (with 1M rows the
+      # whole split was one buffer and the 13 batches measured mostly start-up)
+      run loader 300 python benchmarks/loader_throughput.py --rows 1000000 --repeat 8 --workers 16 --repeats 3 \
+        --devices cuda --out "$RES"
       ;;
     *)
       log "unknown part $part"
