@@ -322,3 +322,20 @@ def test_placement_gpu_trains_through_the_trainer(tiny_dataset, tmp_path):
     # without shuffling both loaders deliver the same batches, so training is identical
     assert runs["gpu"]["train_losses"] == runs["stream"]["train_losses"]
     assert runs["gpu"]["auc"] == pytest.approx(runs["stream"]["auc"], abs=1e-6)
+
+
+def test_device_permutation_hash_matches_uint64_splitmix_and_is_a_permutation():
+    from dlrm.data.device_loader import device_permutation, splitmix64
+    from dlrm.data.preprocess import _splitmix64
+
+    x = np.array([0, 1, 2**31, 2**32 + 7, 2**63 - 1, 2**63, 2**64 - 1, 0x9E3779B97F4A7C15], dtype=np.uint64)
+    x = np.concatenate([x, np.random.default_rng(0).integers(0, 2**64 - 1, 1000, dtype=np.uint64)])
+    with np.errstate(over="ignore"):
+        ref = _splitmix64(x)
+    got = splitmix64(torch.from_numpy(x.view(np.int64))).numpy().view(np.uint64)
+    np.testing.assert_array_equal(got, ref)
+    p = device_permutation(1001, seed=3, epoch=2, device="cpu")
+    assert torch.equal(torch.sort(p).values, torch.arange(1001))
+    assert torch.equal(p, device_permutation(1001, 3, 2, "cpu"))
+    assert not torch.equal(p, device_permutation(1001, 3, 1, "cpu"))
+    assert not torch.equal(p, device_permutation(1001, 4, 2, "cpu"))

@@ -40,6 +40,41 @@ def _widen(sparse: torch.Tensor) -> torch.Tensor:
     return torch.where(wide == -1, wide, wide & _LOW32)
 
 
+def _as_int64(v: int) -> int:
+    """A 64-bit constant as the signed value torch's int64 holds for it."""
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _shift_right(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical (unsigned) right shift of int64 values; torch's ``>>`` is arithmetic."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """The splitmix64 finalizer on int64 tensors, bit for bit the uint64 one (`dlrm.data.preprocess`):
+    int64 multiplication wraps like uint64, and the shifts are made logical."""
+    x = x + _as_int64(0x9E3779B97F4A7C15)
+    x = (x ^ _shift_right(x, 30)) * _as_int64(0xBF58476D1CE4E5B9)
+    x = (x ^ _shift_right(x, 27)) * _as_int64(0x94D049BB133111EB)
+    return x ^ _shift_right(x, 31)
+
+
+def device_permutation(n: int, seed: int, epoch: int, device: torch.device | str) -> torch.Tensor:
+    """A permutation of ``range(n)`` that depends only on (seed, epoch), made on `device`.
+
+    Rows are sorted by a counter-based hash of (seed, epoch, row): integer ops and a stable sort,
+    so every device type gives the same order, and on a GPU the whole epoch's permutation is one
+    sort in device memory instead of a host ``randperm`` and a copy (what the shuffled "gpu"
+    placement spent most of its time on in the H100 loader benchmark). On the CPU, where this
+    loader only serves tests, the sort is the slower way: 5.95 s against 1.48 s for ``randperm``
+    of 45M rows on a 2-core VM.
+    """
+    key = splitmix64(torch.tensor([_as_int64(seed & (2**64 - 1))], dtype=torch.int64))
+    key = splitmix64(key ^ epoch).to(device)
+    rows = torch.arange(n, dtype=torch.int64, device=device)
+    return torch.sort(splitmix64(rows ^ key), stable=True).indices
+
+
 class DeviceLoader:
     """Iterates batches of one split held entirely in `device` memory (same interface as `ParquetLoader`).
 
@@ -120,10 +155,7 @@ class DeviceLoader:
     def _order(self) -> torch.Tensor:
         if not self.shuffle:
             return torch.arange(self.num_rows, device=self.device)
-        # A CPU generator seeded by (seed, epoch) makes the same order on every device type;
-        # the permutation is drawn once per epoch and moved over in one copy.
-        gen = torch.Generator().manual_seed(int(np.random.SeedSequence([self.seed, self.epoch]).generate_state(1)[0]))
-        return torch.randperm(self.num_rows, generator=gen).to(self.device, non_blocking=True)
+        return device_permutation(self.num_rows, self.seed, self.epoch, self.device)
 
     def __iter__(self) -> Iterator[Batch]:
         order = self._order()
