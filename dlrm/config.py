@@ -81,6 +81,9 @@ class DenseOptimConfig:
     momentum: float = 0.0
     """SGD momentum."""
     weight_decay: float = 0.0
+    fused: Optional[bool] = None
+    """torch.optim's fused implementation (one kernel for all parameters' update instead of a
+    few per parameter group); None: fused on CUDA, the default implementation on the CPU."""
 
 
 @dataclass

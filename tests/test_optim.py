@@ -73,3 +73,30 @@ def test_lr_schedule_warmup_hold_decay():
     assert lr_multiplier(0, cos, 11) == 1.0
     assert lr_multiplier(5, cos, 11) == pytest.approx(0.5 * (1 + math.cos(math.pi * 5 / 11)))
     assert lr_multiplier(11, cos, 11) == pytest.approx(0.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad", "adam"])
+def test_fused_dense_optimizer_equals_the_default_one(name):
+    """optim.dense.fused (the default on CUDA) takes the same steps as the default implementation."""
+    from dlrm.config import config_from_dict
+    from dlrm.model.dlrm import build_model
+    from dlrm.train.optim import build_optimizers
+
+    runs = {}
+    for fused in (False, True):
+        cfg = config_from_dict({"model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
+                                "optim": {"dense": {"name": name, "lr": 0.05, "momentum": 0.9 if name == "sgd" else 0.0,
+                                                    "fused": fused}}})
+        torch.manual_seed(0)
+        model = build_model(cfg.model, [5] * 26)
+        dense, _ = build_optimizers(model, cfg.optim)
+        assert dense.defaults.get("fused") is (True if fused else None)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            x, raw = torch.randn(16, 13, generator=g), torch.randint(-1, 2**32, (16, 26), generator=g)
+            model(x, raw).square().mean().backward()
+            dense.step()
+            dense.zero_grad()
+        runs[fused] = {k: v.detach().clone() for k, v in model.state_dict().items() if not k.startswith("sparse")}
+    for k in runs[False]:
+        torch.testing.assert_close(runs[True][k], runs[False][k], rtol=1e-5, atol=1e-6, msg=k)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from loguru import logger
 from torch import nn
 
 from dlrm.config import OptimConfig, ScheduleConfig
@@ -99,12 +100,15 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, deterministic: bool = F
     sparse_ids = {id(p) for p in sparse_params}
     dense_params = [p for p in model.parameters() if id(p) not in sparse_ids]
     d = cfg.dense
+    fused = d.fused if d.fused is not None else dense_params[0].device.type == "cuda"
+    extra = {"fused": True} if fused else {}  # only when asked: fused and foreach exclude each other
     if d.name == "sgd":
-        dense = torch.optim.SGD(dense_params, lr=d.lr, momentum=d.momentum, weight_decay=d.weight_decay)
+        dense = torch.optim.SGD(dense_params, lr=d.lr, momentum=d.momentum, weight_decay=d.weight_decay, **extra)
     elif d.name == "adagrad":
-        dense = torch.optim.Adagrad(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay)
+        dense = torch.optim.Adagrad(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay, **extra)
     else:
-        dense = torch.optim.Adam(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay)
+        dense = torch.optim.Adam(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay, **extra)
+    logger.info(f"dense optimizer: {d.name}" + (" (fused)" if fused else "") + f"; sparse optimizer: {cfg.sparse.name}")
     s = cfg.sparse
     if hasattr(model.sparse_arch, "use_fused_update"):
         return dense, FusedSparseOptimizer(model.sparse_arch, s.name, s.lr, s.eps, deterministic)
