@@ -290,3 +290,17 @@ def test_world_size_without_torchrun_is_a_clear_error(tmp_path, dataset):
     errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "WORLD_SIZE is 2" in errors[0] and "torchrun" in errors[0]
     assert not (tmp_path / "tb").exists()  # nothing written
+
+
+def test_pruning_removes_old_manifests_with_their_shards(tmp_path):
+    d = ckpt.checkpoint_dir(tmp_path)
+    d.mkdir()
+    for step in (10, 20, 30):
+        (d / ckpt.checkpoint_name(step)).write_bytes(b"m")
+        for r in range(2):
+            (d / f"step-{step:08d}.rank{r}-of-2.pt").write_bytes(b"s")
+    (d / ".step-00000040.rank0-of-2.pt.abc.tmp").write_bytes(b"t")  # a shard being written
+    ckpt.prune_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in d.iterdir()) == sorted(
+        [".step-00000040.rank0-of-2.pt.abc.tmp"]
+        + [f"step-{s:08d}{x}.pt" for s in (20, 30) for x in ("", ".rank0-of-2", ".rank1-of-2")])
