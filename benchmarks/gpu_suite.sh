@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | kernels | train | terabyte | compare[:BATCH] | profile | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | kernels | train | terabyte | compare[:BATCH] | profile[:VARIANT] | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -98,13 +98,24 @@ for part in "$@"; do
         cp "$OUT/tb/compare-kaggle-b$b/compare.png" "$RES/compare_kaggle_b$b.png" 2>/dev/null
       done
       ;;
-    profile)  # one profiled eager run and its timeline
+    profile|profile:*)  # one profiled run (eager, or profile:VARIANT, a --compare variant) and its timeline
+      variant=${part#profile}
+      variant=${variant#:}
+      variant=${variant:-eager}
+      suffix=$([ "$variant" = eager ] || echo "_$variant")
       kaggle_data
       kaggle_config /tmp/kaggle-syn.json
-      run profile 80 python train.py --config /tmp/kaggle-syn.json --batch-size 65536 --max-steps 20 --profile \
-        --run-name profile-kaggle-b65536 --tb-dir "$OUT/tb"
-      python benchmarks/trace_timeline.py "$OUT/tb/profile-kaggle-b65536" --out "$RES/profile_timeline_kaggle_b65536.png" \
-        --title "configs/kaggle.json, batch 65536, eager tf32, H100" >>"$LOGS/profile.log" 2>&1
+      python - /tmp/kaggle-syn.json "$variant" "/tmp/profile-$variant.json" <<'EOF'
+import json, sys
+from dlrm.config import load_config
+from dlrm.train.compare import variant_config
+json.dump(variant_config(load_config(sys.argv[1]), sys.argv[2]).to_dict(), open(sys.argv[3], "w"))
+EOF
+      run "profile$suffix" 150 python train.py --config "/tmp/profile-$variant.json" --batch-size 65536 --max-steps 20 \
+        --profile --run-name "profile-kaggle-b65536$suffix" --tb-dir "$OUT/tb"
+      python benchmarks/trace_timeline.py "$OUT/tb/profile-kaggle-b65536$suffix" \
+        --out "$RES/profile_timeline_kaggle_b65536$suffix.png" \
+        --title "configs/kaggle.json, batch 65536, $variant tf32, H100" >>"$LOGS/profile$suffix.log" 2>&1
       ;;
     loader)  # preprocessing rows/s (16 workers) and loader samples/s, stream and gpu placement. 8M rows
       # (1M generated, preprocessed 8 times over): an epoch of ~105 batches and 7 shuffle buffers, so
