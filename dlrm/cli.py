@@ -105,6 +105,7 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
         logger.error("interrupted")
         sys.exit(130)
     finally:
-        from dlrm.distributed.env import shutdown
-
-        shutdown()
+        # Leave a torchrun process group, if this run joined one (without importing torch on the
+        # config-error path, which stays fast).
+        if "dlrm.distributed.env" in sys.modules:
+            sys.modules["dlrm.distributed.env"].shutdown()
