@@ -31,10 +31,11 @@ from train_throughput import Timer, environment, synthetic_batches  # noqa: E402
 from dlrm.config import load_config  # noqa: E402
 from dlrm.data.loader import Batch  # noqa: E402
 from dlrm.distributed.env import init_distributed, shutdown  # noqa: E402
-from dlrm.distributed.sharding import plan_sharding  # noqa: E402
 from dlrm.model.dlrm import build_loss, build_model  # noqa: E402
 from dlrm.train.optim import build_optimizers  # noqa: E402
+from dlrm.train.setup import Tables  # noqa: E402
 from dlrm.train.step import TrainStep, set_matmul_precision  # noqa: E402
+from dlrm.train.trainer import make_sharding  # noqa: E402
 
 KEYS = ["gpus", "config", "precision", "sharding", "batch_per_gpu", "samples_per_sec", "min_samples_per_sec",
         "max_samples_per_sec", "step_ms", "efficiency", "peak_memory_mb", "device", "torch", "triton", "date"]
@@ -51,11 +52,8 @@ def measure(args) -> dict | None:
     if cfg.data.max_rows_per_table:
         cards = [min(c, cfg.data.max_rows_per_table) for c in cards]
     torch.manual_seed(0)
-    shard = None
-    if env.distributed:
-        plan = plan_sharding(cards, env.world_size, cfg.distributed.sharding, cfg.distributed.row_wise_min_rows)
-        shard = (plan, env.rank)
-    model = build_model(cfg.model, cards, None, cfg.kernels, device, shard=shard)
+    plan = make_sharding(cfg, Tables(cards, None, "modulus"), env)  # as train.py does; None in one process
+    model = build_model(cfg.model, cards, None, cfg.kernels, device, shard=(plan, env.rank) if plan else None)
     if env.distributed:
         from dlrm.distributed.data_parallel import wrap_dense_parts
 
