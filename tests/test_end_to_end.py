@@ -36,6 +36,9 @@ def test_sample_config_reaches_the_oracle_auc(tmp_path):
     events = EventAccumulator(str(run))
     events.Reload()
     scalars = set(events.Tags()["scalars"])
-    for tag in ("train/loss", "train/lr_dense", "train/lr_sparse", "train/samples_per_sec", "eval/auc", "eval/logloss", "eval/accuracy"):
+    for tag in ("train/loss", "train/lr_dense", "train/lr_sparse", "train/samples_per_sec", "train/data_wait_fraction",
+                "eval/auc", "eval/logloss", "eval/accuracy"):
         assert tag in scalars, (tag, sorted(scalars))
+    waits = [e.value for e in events.Scalars("train/data_wait_fraction")]
+    assert all(0.0 <= w < 1.0 for w in waits) and 0.0 <= summary["data_wait_fraction"] < 1.0
     assert events.Scalars("eval/auc")[-1].value == pytest.approx(summary["auc"], abs=1e-6)

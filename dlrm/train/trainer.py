@@ -223,6 +223,8 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
     writer = SummaryWriter(str(run_dir), purge_step=pos.step + 1 if pos.step else None) if env.is_main else _NoWriter()
     counters_before = compile_counters()
     samples, loss_steps, window_samples = 0, 0, 0
+    data_wait = 0.0  # host seconds spent waiting for the loader in this logging window
+    wait_fractions: list[float] = []
     loss_sum = torch.zeros((), device=device)  # accumulated on the device; read at log steps only
     device_step = torch.full((), pos.step, dtype=torch.int64, device=device)
     first_bad = torch.full((), -1, dtype=torch.int64, device=device)  # first step with a non-finite loss
@@ -242,8 +244,10 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
             train_loader.set_epoch(epoch, start_batch=pos.batch)
             batches = iter(train_loader)
             while pos.step < total_steps and not stopping:
+                t_wait = time.perf_counter()
                 with record_function("data"):
                     batch = next(batches, None)
+                data_wait += time.perf_counter() - t_wait
                 if batch is None:
                     break
                 loss = train_step(batch)
@@ -264,7 +268,7 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
                 if pos.step - start_step == WARMUP_STEPS:
                     synchronize(device)  # intended sync, once: separates warm-up from steady state
                     window_start = time.perf_counter()
-                    warmup_s, window_samples = window_start - loop_start, 0
+                    warmup_s, window_samples, data_wait = window_start - loop_start, 0, 0.0
                 log_step = pos.step % cfg.train.log_every == 0 or pos.step == total_steps
                 if log_step:
                     check_finite()
@@ -274,10 +278,14 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
                     loss_steps = 0
                     losses.append((pos.step, mean_loss))
                     now = time.perf_counter()
-                    if pos.step - start_step > WARMUP_STEPS and window_samples:
+                    steady = pos.step - start_step > WARMUP_STEPS and window_samples
+                    if steady:
                         window_rates.append(window_samples / (now - window_start))
-                    window_start, window_samples = now, 0
-                    log_train(writer, pos.step, mean_loss, optimizers, window_rates[-1] if window_rates else None)
+                        # the share of the window the loop waited for batches: the loader starving the step
+                        wait_fractions.append(data_wait / (now - window_start))
+                    window_start, window_samples, data_wait = now, 0, 0.0
+                    log_train(writer, pos.step, mean_loss, optimizers, window_rates[-1] if steady else None,
+                              wait_fractions[-1] if steady else None)
                     bar.set_postfix(loss=f"{mean_loss:.4f}", **({"samples_s": f"{window_rates[-1]:,.0f}"} if window_rates else {}))
                 if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step != total_steps:
                     log_eval(writer, evaluate(eval_forward, eval_loader, env), pos.step)
@@ -312,6 +320,7 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
         "steps": pos.step,
         "samples": samples,
         "samples_per_sec": samples_per_sec,
+        "data_wait_fraction": statistics.median(wait_fractions) if wait_fractions else None,
         "warmup_s": warmup_s,
         "train_s": train_s,
         "wall_s": time.perf_counter() - t_start,
@@ -340,7 +349,9 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
     logger.info(
         f"{d.eval_split}: AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}"
         + (f" (oracle AUC {summary['oracle_auc']:.4f})" if summary["oracle_auc"] is not None else "")
-        + f"; {pos.step} steps, {samples:,} samples, {samples_per_sec:,.0f} samples/s, {summary['wall_s']:.1f}s"
+        + f"; {pos.step} steps, {samples:,} samples, {samples_per_sec:,.0f} samples/s"
+        + (f" (waiting for data {summary['data_wait_fraction']:.0%} of the time)" if wait_fractions else "")
+        + f", {summary['wall_s']:.1f}s"
     )
     return summary
 
@@ -360,12 +371,15 @@ def restore(path: Path, model: DLRM, optimizers, schedulers, tables: Tables, cfg
     return ckpt.Position(**state["position"])
 
 
-def log_train(writer: SummaryWriter, step: int, loss: float, optimizers, samples_per_sec: Optional[float]) -> None:
+def log_train(writer: SummaryWriter, step: int, loss: float, optimizers, samples_per_sec: Optional[float],
+              data_wait_fraction: Optional[float] = None) -> None:
     writer.add_scalar("train/loss", loss, step)
     writer.add_scalar("train/lr_dense", optimizers[0].param_groups[0]["lr"], step)
     writer.add_scalar("train/lr_sparse", optimizers[1].param_groups[0]["lr"], step)
     if samples_per_sec is not None:
         writer.add_scalar("train/samples_per_sec", samples_per_sec, step)
+    if data_wait_fraction is not None:
+        writer.add_scalar("train/data_wait_fraction", data_wait_fraction, step)
 
 
 def log_eval(writer: SummaryWriter, metrics: dict[str, float], step: int) -> dict[str, float]:
