@@ -125,3 +125,29 @@ def test_precision_sets_tf32_for_cublas_and_triton(precision, tf32):
         assert _default_allow_tf32() is tf32
     finally:
         set_matmul_precision("fp32")
+
+
+def _overrides(**given):
+    from dlrm.cli import cli_overrides
+
+    names = ("data", "device", "batch_size", "epochs", "max_steps", "seed", "run_name", "tb_dir", "checkpoint_every",
+             "split", "compile_", "compile_mode", "profile", "kernels")
+    return cli_overrides(**{n: given.get(n) for n in names})
+
+
+def test_cli_compile_mode_implies_compile_and_sets_the_mode():
+    cfg = load_config(REPO / "configs/kaggle.json", _overrides(compile_mode="reduce-overhead"))
+    assert cfg.train.compile.enabled and cfg.train.compile.mode == "reduce-overhead"
+    cfg = load_config(REPO / "configs/kaggle.json", _overrides(compile_=True))
+    assert cfg.train.compile.enabled and cfg.train.compile.mode == "default"
+    assert "train.compile.enabled" not in _overrides(batch_size=8)
+    with pytest.raises(ConfigError, match="contradicts --no-compile"):
+        _overrides(compile_=False, compile_mode="max-autotune")
+
+
+def test_cli_compile_mode_contradiction_is_one_line(tmp_path):
+    res = run_cli("--config", str(REPO / "configs/sample.json"), "--compile-mode", "reduce-overhead", "--no-compile",
+                  "--tb-dir", str(tmp_path / "tb"), cwd=tmp_path)
+    errors = [line for line in res.stderr.splitlines() if "ERROR" in line]
+    assert res.returncode == 2 and len(errors) == 1 and "contradicts --no-compile" in errors[0]
+    assert not (tmp_path / "tb").exists()
