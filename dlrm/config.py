@@ -67,6 +67,12 @@ class ModelConfig:
     """dot: dense vector + strictly-lower-triangle pairwise dots; cat: plain concatenation."""
     activation: Activation = "relu"
     """Activation between MLP layers (none after the last OverArch layer)."""
+    top_mlp_input_multiple: int = 1
+    """Append zero columns to the interaction output so the OverArch's input width is a multiple
+    of this (8: 367 -> 368 for Kaggle, 479 -> 480 for Terabyte, as NVIDIA's DLRM pads), which
+    aligns the first top-MLP GEMM's reduction dimension for tensor cores. The extra inputs are
+    always zero, so their weights get zero gradients and the model computes the same function;
+    1: no padding."""
     cardinalities: Optional[list[int]] = None
     """Table sizes for runs without a dataset (synthetic benchmarks); a dataset's metadata wins otherwise."""
 
@@ -345,6 +351,7 @@ def validate(cfg: Config) -> Config:
     _positive("data.prefetch", d.prefetch)
     _positive("data.max_rows_per_table", d.max_rows_per_table)
     _positive("model.embedding_dim", m.embedding_dim)
+    _positive("model.top_mlp_input_multiple", m.top_mlp_input_multiple)
     for name in ("bottom_mlp", "top_mlp"):
         widths = getattr(m, name)
         if not widths:

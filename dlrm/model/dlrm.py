@@ -122,6 +122,9 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
         from kernels.interaction import TritonDotInteraction
 
         interaction = TritonDotInteractionArch(interaction, TritonDotInteraction())
+    pad = -interaction.output_dim % cfg.top_mlp_input_multiple
+    if pad:
+        interaction = PaddedInteraction(interaction, pad)
     over_arch = OverArch(interaction.output_dim, cfg.top_mlp, cfg.activation, linear_cls=linear_cls)
     return DLRM(dense_arch, sparse_arch, interaction, over_arch)
 
@@ -133,6 +136,22 @@ def build_loss(kernels: Optional[KernelsConfig] = None):
 
         return lambda logits, labels: bce_with_logits(logits, labels, "mean")
     return nn.functional.binary_cross_entropy_with_logits
+
+
+class PaddedInteraction(nn.Module):
+    """An interaction arch whose output gets `pad` zero columns (``model.top_mlp_input_multiple``).
+
+    Shapes: as the wrapped arch, with ``output_dim`` larger by `pad`. No state of its own.
+    """
+
+    def __init__(self, inner: nn.Module, pad: int) -> None:
+        super().__init__()
+        self.inner = inner
+        self.pad = pad
+        self.output_dim = inner.output_dim + pad
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        return nn.functional.pad(self.inner(dense, sparse), (0, self.pad))
 
 
 class TritonDotInteractionArch(nn.Module):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from loguru import logger
 
-from dlrm.config import ConfigError
+from dlrm.config import ConfigError, ModelConfig
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"step-(\d{8,})\.pt$")
@@ -136,9 +136,10 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalitie
         diffs = [f"[{i}] {a} vs {b}" for i, (a, b) in enumerate(zip(saved_cards, cardinalities)) if a != b]
         raise ConfigError(f"{path}: table sizes differ (checkpoint vs this run): {', '.join(diffs[:5])}")
     saved_model = state["config"]["model"]
-    for key in ("embedding_dim", "bottom_mlp", "top_mlp", "interaction", "activation"):
-        if saved_model.get(key) != model_cfg.get(key):
-            raise ConfigError(f"{path}: model.{key} differs: checkpoint {saved_model.get(key)!r}, this run {model_cfg.get(key)!r}")
+    for key in ("embedding_dim", "bottom_mlp", "top_mlp", "interaction", "activation", "top_mlp_input_multiple"):
+        saved_value = saved_model.get(key, getattr(ModelConfig(), key))  # keys added later: their default
+        if saved_value != model_cfg.get(key):
+            raise ConfigError(f"{path}: model.{key} differs: checkpoint {saved_value!r}, this run {model_cfg.get(key)!r}")
     own = model.state_dict()
     saved = state["model"]
     if set(own) != set(saved):
