@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | kernels | train | terabyte | compare[:BATCH] | profile[:VARIANT] | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | kernels | train | pad | terabyte | compare[:BATCH] | profile[:VARIANT] | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -79,6 +79,17 @@ for part in "$@"; do
       run train_kaggle_bf16 130 python benchmarks/train_throughput.py --config configs/kaggle.json \
         --batch-sizes 65536 --variants eager,compiled,triton+compiled,triton+cudagraphs --precisions bf16 \
         --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_bf16
+      ;;
+    pad)  # the same Kaggle model with its top-MLP input padded 367 -> 368 (model.top_mlp_input_multiple 8)
+      python - <<'EOF'
+import json
+c = json.load(open("configs/kaggle.json"))
+c["model"]["top_mlp_input_multiple"] = 8
+json.dump(c, open("/tmp/kaggle-pad8.json", "w"))
+EOF
+      run train_kaggle_pad8 170 python benchmarks/train_throughput.py --config /tmp/kaggle-pad8.json \
+        --batch-sizes 65536,2048 --variants eager,compiled-cudagraphs,triton-embedding+cudagraphs --precisions tf32,bf16 \
+        --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_pad8
       ;;
     terabyte)  # configs/terabyte.json (MLPerf-style, tables capped at 10M rows), bf16 at batch 65536
       run train_terabyte 170 python benchmarks/train_throughput.py --config configs/terabyte.json \
