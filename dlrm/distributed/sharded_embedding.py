@@ -126,7 +126,10 @@ class ShardedSparseArch(nn.Module):
         if kernel == "triton":
             from kernels.embedding import TritonSparseEmbedding
 
-            with torch.random.fork_rng(devices=[]):  # its own init must not move the RNG (ours follows)
+            # Its own init must not move the RNG of the device it draws on (ours follows, and so do
+            # the OverArch's): fork the CPU RNG and, when building on CUDA, that device's.
+            device = torch.empty(0).device  # the default device build_model set
+            with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
                 local = TritonSparseEmbedding([rows], dim)
             # Not a registered submodule: the state_dict keeps the single key "weight".
             self.__dict__["_triton"] = local
