@@ -176,9 +176,10 @@ def uneven_dataset(tmp_path):
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_batches_equal_the_sequential_reference(uneven_dataset, shuffle, batch_size, buffer_rows, drop_last):
     files = uneven_dataset
-    for seed, epoch in [(0, 0), (3, 2)]:
+    for seed, epoch, compact in [(0, 0, False), (3, 2, True)]:  # compact: int32 sparse on the host (CUDA default)
         loader = ParquetLoader(files, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-                               shuffle_buffer_rows=buffer_rows, prefetch=1)
+                               shuffle_buffer_rows=buffer_rows, prefetch=1, compact_sparse=compact)
+        assert loader._compact == compact
         loader.set_epoch(epoch)
         batches = list(loader)  # all held at once: slots are reused, batches must not be
         assert len(batches) == len(loader)
@@ -339,3 +340,29 @@ def test_device_permutation_hash_matches_uint64_splitmix_and_is_a_permutation():
     assert torch.equal(p, device_permutation(1001, 3, 2, "cpu"))
     assert not torch.equal(p, device_permutation(1001, 3, 1, "cpu"))
     assert not torch.equal(p, device_permutation(1001, 4, 2, "cpu"))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_stream_loader_moves_sparse_compactly_and_exactly(tmp_path, shuffle):
+    """Sparse values cross the host buffers (and the bus) as int32 bit patterns when the footers
+    show no 0xFFFFFFFF, and come out as the exact int64 raw values either way."""
+    from tests.conftest import write_rows
+
+    edge = [-1, 0, 1, 2**31 - 1, 2**31, 2**32 - 2]
+    sparse = np.array([(edge * 5)[:26], (edge[::-1] * 5)[:26], [7] * 26], dtype=np.int64)
+    write_rows(tmp_path / "a.parquet", np.zeros(3), np.zeros((3, 13)), sparse, 2)
+    assert not ParquetLoader([tmp_path / "a.parquet"], 3)._compact  # not by default on the CPU
+    loader = ParquetLoader([tmp_path / "a.parquet"], 3, shuffle=shuffle, seed=1, compact_sparse=True)
+    assert loader._compact
+    got = next(iter(loader)).sparse
+    assert got.dtype == torch.int64
+    if shuffle:  # the same rows, in the shuffled order
+        assert sorted(got.numpy().tolist()) == sorted(sparse.tolist())
+    else:
+        np.testing.assert_array_equal(got.numpy(), sparse)
+
+    sparse[1, 4] = 2**32 - 1  # its low 32 bits equal -1's: the loader must keep int64
+    write_rows(tmp_path / "b.parquet", np.zeros(3), np.zeros((3, 13)), sparse, 2)
+    loader = ParquetLoader([tmp_path / "b.parquet"], 3, compact_sparse=True)
+    assert not loader._compact
+    np.testing.assert_array_equal(next(iter(loader)).sparse.numpy(), sparse)

@@ -26,18 +26,10 @@ import torch
 from loguru import logger
 from tqdm import tqdm
 
-from dlrm.data.loader import Batch, _HostBlock, batches_per_epoch, rank_slice, transform_dense
+from dlrm.data.loader import _LOW32, Batch, _HostBlock, batches_per_epoch, rank_slice, transform_dense
+from dlrm.data.loader import widen_sparse as _widen
 from dlrm.data.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS, DatasetError
 
-_LOW32 = 0xFFFFFFFF
-
-
-def _widen(sparse: torch.Tensor) -> torch.Tensor:
-    """int32 bit patterns back to int64 raw values in [0, 2^32), -1 kept as missing."""
-    wide = sparse.to(torch.int64)
-    if sparse.dtype == torch.int64:
-        return wide
-    return torch.where(wide == -1, wide, wide & _LOW32)
 
 
 def _as_int64(v: int) -> int:

@@ -112,7 +112,39 @@ def _check_schema(path: Path, schema: pa.Schema) -> None:
 
 
 _COLUMNS = [LABEL_COLUMN, *DENSE_COLUMNS, *SPARSE_COLUMNS]
-_ROW_BYTES = 1 + 4 * NUM_DENSE + 8 * NUM_SPARSE
+_LOW32 = 0xFFFFFFFF
+
+
+def _row_bytes(sparse_dtype) -> int:
+    return 1 + 4 * NUM_DENSE + np.dtype(sparse_dtype).itemsize * NUM_SPARSE
+
+
+def widen_sparse(sparse: torch.Tensor) -> torch.Tensor:
+    """Raw sparse values as int64 from their compact int32 bit patterns (a new tensor either way).
+
+    Raw values lie in [-1, 2^32): stored in 32 bits, -1 (missing) and 0xFFFFFFFF share a bit
+    pattern, so the compact form is only used where 0xFFFFFFFF does not occur; the pattern then
+    means -1, and every other value is its low 32 bits read unsigned.
+    """
+    if sparse.dtype == torch.int64:
+        return sparse.clone()
+    wide = sparse.to(torch.int64)
+    return torch.where(wide == -1, wide, wide & _LOW32)
+
+
+def compact_sparse_ok(footers: list[pq.FileMetaData]) -> bool:
+    """Whether every sparse value fits the compact int32 form (no 0xFFFFFFFF), from the footers'
+    max statistics alone; False when any row group lacks them."""
+    for meta in footers:
+        names = meta.schema.names
+        idx = [names.index(c) for c in SPARSE_COLUMNS]
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            for i in idx:
+                stats = rg.column(i).statistics
+                if stats is None or not stats.has_min_max or stats.max >= _LOW32:
+                    return False
+    return True
 # Rows per block of the column -> row-major transpose. Writing 26 int64 columns into a [n, 26] array
 # one whole column at a time touches every cache line of the destination 26 times; in blocks of
 # 16384 rows (3.4 MB of sparse) the destination block stays in cache while all columns land in it
@@ -137,9 +169,10 @@ class _HostBlock:
         return len(self.label)
 
     @staticmethod
-    def empty(rows: int) -> "_HostBlock":
+    def empty(rows: int, sparse_dtype=np.int64) -> "_HostBlock":
+        """`sparse_dtype` int32 holds the compact form (`widen_sparse`): half the bytes to move."""
         return _HostBlock(
-            np.empty(rows, np.int8), np.empty((rows, NUM_DENSE), np.int32), np.empty((rows, NUM_SPARSE), np.int64)
+            np.empty(rows, np.int8), np.empty((rows, NUM_DENSE), np.int32), np.empty((rows, NUM_SPARSE), sparse_dtype)
         )
 
     @staticmethod
@@ -162,7 +195,7 @@ class _HostBlock:
                 r1 = min(n, r0 + _TRANSPOSE_ROWS)
                 block = dst[at + r0 : at + r1]
                 for j, col in enumerate(cols):
-                    block[:, j] = col[r0:r1]
+                    block[:, j] = col[r0:r1]  # int64 -> int32 (compact sparse) keeps the low 32 bits
 
     def gather_into(self, rows: np.ndarray | slice, out: "_HostBlock") -> None:
         """``out[:k] = self[rows]`` written in place (k = len(rows)): one pass, no temporary arrays.
@@ -190,10 +223,10 @@ class _Slot:
 
     __slots__ = ("host", "tensors", "copied")
 
-    def __init__(self, batch_size: int, pin: bool):
+    def __init__(self, batch_size: int, pin: bool, sparse_dtype: torch.dtype = torch.int64):
         self.tensors = (
             torch.empty((batch_size, NUM_DENSE), dtype=torch.int32, pin_memory=pin),
-            torch.empty((batch_size, NUM_SPARSE), dtype=torch.int64, pin_memory=pin),
+            torch.empty((batch_size, NUM_SPARSE), dtype=sparse_dtype, pin_memory=pin),
             torch.empty((batch_size,), dtype=torch.int8, pin_memory=pin),
         )
         dense, sparse, label = (t.numpy() for t in self.tensors)
@@ -246,6 +279,8 @@ class ParquetLoader:
         rank, world_size: in a distributed run, deliver only rank `rank`'s slice of every global
             batch (`rank_slice`); every rank plans and decodes the same buffers (the global batches
             must be identical everywhere) but gathers, copies and transforms only its own rows.
+        compact_sparse: move sparse values as int32 bit patterns on the host (exact only without
+            0xFFFFFFFF, which the footers' statistics must rule out); None: on CUDA devices.
 
     Example:
         >>> loader = ParquetLoader(files, batch_size=512, device="cpu")
@@ -285,6 +320,7 @@ class ParquetLoader:
         gather_threads: Optional[int] = None,
         rank: int = 0,
         world_size: int = 1,
+        compact_sparse: Optional[bool] = None,
     ) -> None:
         self.files = [Path(f) for f in files]
         self.batch_size = batch_size
@@ -315,6 +351,13 @@ class ParquetLoader:
             self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
         self.num_rows = sum(n for _, _, n in self.row_groups)
         self._pin = self.device.type == "cuda"
+        # On CUDA, sparse values travel through the host buffers, slots and the bus as int32 bit
+        # patterns when the footers prove that exact (`widen_sparse` restores int64 on the GPU):
+        # the host transposes and gathers ~20% faster (int32 vs int64 rows, measured on the CPU)
+        # and half the sparse bytes cross the bus. On the CPU the widening would run on the host
+        # and cost more than it saves, so batches stay int64 there unless `compact_sparse` says.
+        want = self.device.type == "cuda" if compact_sparse is None else compact_sparse
+        self._compact = want and compact_sparse_ok(self._footers)
         # Largest shuffle buffer any epoch can need: a carry (< B), pending rows below the
         # threshold, then the row group that crosses it (see `_plan`); never more than all rows.
         largest_group = max((n for _, _, n in self.row_groups), default=0)
@@ -534,12 +577,13 @@ class ParquetLoader:
             return self._executors
 
     def _new_buffer(self) -> _HostBlock:
+        dtype = np.int32 if self._compact else np.int64
         logger.debug(f"parquet loader: host shuffle buffer of {self._buffer_rows:,} rows "
-                     f"({self._buffer_rows * _ROW_BYTES / 2**20:,.0f} MiB)")
-        return _HostBlock.empty(self._buffer_rows)
+                     f"({self._buffer_rows * _row_bytes(dtype) / 2**20:,.0f} MiB, sparse {np.dtype(dtype).name})")
+        return _HostBlock.empty(self._buffer_rows, dtype)
 
     def _new_slot(self) -> _Slot:
-        return _Slot(self.batch_size, self._pin)
+        return _Slot(self.batch_size, self._pin, torch.int32 if self._compact else torch.int64)
 
     @staticmethod
     def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
@@ -567,9 +611,10 @@ class ParquetLoader:
             else:
                 for slot, n, n_global in host_items:
                     dense, sparse, label = slot.views(n)
-                    # The slot is reused, so the batch must own its memory: the transform and the
-                    # float labels are new tensors anyway, sparse is cloned.
-                    batch = Batch(transform_dense(dense), sparse.clone(), label.to(torch.float32), self._global(n_global))
+                    # The slot is reused, so the batch must own its memory: the transform, the float
+                    # labels and the widened sparse values are all new tensors.
+                    batch = Batch(transform_dense(dense), widen_sparse(sparse), label.to(torch.float32),
+                                  self._global(n_global))
                     free.put(slot)
                     yield batch
         finally:
@@ -622,6 +667,7 @@ class ParquetLoader:
                 copied = torch.cuda.Event()
                 copied.record(copy_stream)
                 dense = transform_dense(dense)
+                sparse = widen_sparse(sparse) if sparse.dtype != torch.int64 else sparse
                 label = label.to(torch.float32)
                 done = torch.cuda.Event()
                 done.record(copy_stream)
