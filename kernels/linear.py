@@ -257,7 +257,8 @@ def gemm_bias_act(
     plain = bias is None and activation == "none" and not store_pre
     if split_k is not None and split_k > 1 and not plain:
         raise ValueError("split_k > 1 is for plain GEMMs (no bias, activation or pre-activation)")
-    splits = (split_k or 1) if (split_k is not None or not plain or AUTOTUNE) else _split_k(M, N, K, cfg)
+    # Split GEMMs run the picked tile config (autotuning, when on, covers the unsplit ones).
+    splits = (split_k or 1) if (split_k is not None or not plain) else _split_k(M, N, K, cfg)
     k_per_split = triton.cdiv(triton.cdiv(K, splits), cfg.kwargs["BLOCK_K"]) * cfg.kwargs["BLOCK_K"]
     splits = triton.cdiv(K, k_per_split)  # no empty slice
     target = out if splits == 1 else torch.empty((splits, M, N), device=a.device, dtype=torch.float32)
