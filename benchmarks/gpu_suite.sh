@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | kernels | train | pad | terabyte | compare[:BATCH] | profile[:VARIANT] | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | kernels | kernels:linear | train | pad | terabyte | compare[:BATCH] | profile[:VARIANT] | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -16,9 +16,18 @@ mkdir -p "$RES" "$LOGS"
 export PYTHONUNBUFFERED=1
 
 log() { echo "== $(date +%T) $*" | tee -a "$LOGS/suite.log"; }
+# SUITE_BUDGET_S (optional): the whole suite's seconds. Each step's limit is cut to what is left,
+# and a step that cannot get 30 s is skipped, so the results are always packed before the device
+# call's own limit kills everything (a killed call returns nothing packed).
+START=$(date +%s)
 run() {  # run NAME TIMEOUT_S CMD...: tee output to logs/NAME.log, record the exit status
   local name=$1 limit=$2
   shift 2
+  if [ -n "${SUITE_BUDGET_S:-}" ]; then
+    local left=$((SUITE_BUDGET_S - ($(date +%s) - START) - 15))
+    if [ "$left" -lt 30 ]; then log "skip $name: ${left}s left of SUITE_BUDGET_S"; return; fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
   log "start $name (limit ${limit}s)"
   timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
@@ -61,6 +70,10 @@ for part in "$@"; do
       # (pytest-xdist, carried as a wheel: .whl/ on the device machine).
       par=$(python -c "import xdist" 2>/dev/null && echo "-n 8")
       run tests_gpu "${TESTS_LIMIT:-300}" python -m pytest -q $par tests/kernels tests/test_compile_profile.py -p no:cacheprovider
+      ;;
+    kernels:linear)  # the linear family alone, merged into the committed kernels.csv's other rows
+      cp benchmarks/results/kernels.csv "$RES/kernels.csv"
+      run kernels_linear 140 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels linear --append --out "$RES"
       ;;
     kernels)  # three chunks so one slow family cannot take the others' results with it; the linear
       # kernel autotunes here (DLRM_TRITON_AUTOTUNE=1): the best config per shape, not the default pick
