@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | kernels | kernels:linear | train | pad | terabyte | compare[:BATCH] | profile[:VARIANT] | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | kernels | kernels:linear | train | mix | pad | terabyte | compare[:BATCH] | profile[:VARIANT] | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -83,15 +83,25 @@ for part in "$@"; do
       ;;
     train)  # configs/kaggle.json, fp32/tf32, the issue's three batch sizes
       run train_kaggle 170 python benchmarks/train_throughput.py --config configs/kaggle.json \
-        --batch-sizes 65536 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs \
+        --batch-sizes 65536 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs,triton-embedding-interaction+cudagraphs \
         --precisions tf32 --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_b65536
       # small batches are launch-bound: only the CUDA-graph variants can get near their targets
       run train_kaggle_small 140 python benchmarks/train_throughput.py --config configs/kaggle.json \
-        --batch-sizes 2048,128 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs \
+        --batch-sizes 2048,128 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs,triton-embedding-interaction+cudagraphs \
         --precisions tf32 --warmup 15 --steps 50 --windows 5 --out "$RES" --name train_throughput_kaggle_small
       run train_kaggle_bf16 130 python benchmarks/train_throughput.py --config configs/kaggle.json \
         --batch-sizes 65536 --variants eager,compiled,triton+compiled,triton+cudagraphs --precisions bf16 \
         --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_bf16
+      ;;
+    mix)  # the embedding and interaction in Triton, cuBLAS MLPs (triton-embedding-interaction+cudagraphs)
+      # at every size and precision the issue names, Kaggle and Terabyte
+      v=triton-embedding-interaction+cudagraphs
+      run train_kaggle_mix 150 python benchmarks/train_throughput.py --config configs/kaggle.json \
+        --batch-sizes 65536,2048,128 --variants $v --precisions tf32,bf16 \
+        --warmup 15 --steps 40 --windows 5 --out "$RES" --name train_throughput_kaggle_mix
+      run train_terabyte_mix 100 python benchmarks/train_throughput.py --config configs/terabyte.json \
+        --batch-sizes 65536 --variants $v --precisions bf16 \
+        --warmup 10 --steps 20 --windows 5 --out "$RES" --name train_throughput_terabyte_mix
       ;;
     pad)  # the same Kaggle model with its top-MLP input padded 367 -> 368 (model.top_mlp_input_multiple 8)
       python - <<'EOF'
@@ -106,7 +116,7 @@ EOF
       ;;
     terabyte)  # configs/terabyte.json (MLPerf-style, tables capped at 10M rows), bf16 at batch 65536
       run train_terabyte 170 python benchmarks/train_throughput.py --config configs/terabyte.json \
-        --batch-sizes 65536 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs --precisions bf16 \
+        --batch-sizes 65536 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs,triton-embedding-interaction+cudagraphs --precisions bf16 \
         --warmup 10 --steps 20 --windows 5 --out "$RES"
       ;;
     compare|compare:*)  # quality and speed of the variants on planted synthetic data with the Kaggle table sizes
@@ -116,7 +126,7 @@ EOF
       for b in $sizes; do
         steps=$([ "$b" = 65536 ] && echo 30 || echo 300)
         run "compare_$b" 180 python train.py --config /tmp/kaggle-syn.json --batch-size "$b" --max-steps "$steps" \
-          --compare eager,compiled-cudagraphs,triton,triton+cudagraphs --run-name "compare-kaggle-b$b" --tb-dir "$OUT/tb"
+          --compare "${COMPARE_VARIANTS:-eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs,triton-embedding-interaction+cudagraphs}" --run-name "compare-kaggle-b$b" --tb-dir "$OUT/tb"
         cp "$OUT/tb/compare-kaggle-b$b/compare.md" "$RES/compare_kaggle_b$b.md" 2>/dev/null
         cp "$OUT/tb/compare-kaggle-b$b/compare.csv" "$RES/compare_kaggle_b$b.csv" 2>/dev/null
         cp "$OUT/tb/compare-kaggle-b$b/compare.png" "$RES/compare_kaggle_b$b.png" 2>/dev/null

@@ -64,7 +64,8 @@ def cli_overrides(*, data, device, batch_size, epochs, max_steps, seed, run_name
               help="Compile with this torch.compile mode (reduce-overhead: CUDA graphs); implies --compile.")
 @click.option("--profile", is_flag=True, default=None, help="Profile a few steps into TensorBoard (overrides profile.enabled).")
 @click.option("--compare", type=str, help="Comma-separated variants to train side by side: eager, compiled, "
-              "compiled-cudagraphs, triton, triton+compiled, triton+cudagraphs, triton-embedding+cudagraphs.")
+              "compiled-cudagraphs, triton, triton+compiled, triton+cudagraphs, triton-embedding+cudagraphs, "
+              "triton-embedding-interaction+cudagraphs.")
 @click.option("--checkpoint-every", type=int, help="Steps between checkpoints (overrides checkpoint.every).")
 @click.option("--resume", is_flag=False, flag_value="latest", default=None, metavar="[PATH]",
               help="Continue the run named by --run-name from its latest checkpoint, or from PATH.")

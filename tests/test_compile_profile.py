@@ -87,6 +87,7 @@ def test_compare_writes_reports_with_one_row_per_variant(dataset, tmp_path):
         ("compiled-cudagraphs", ("torch",) * 4, "reduce-overhead"),
         ("triton+compiled", ("triton",) * 4, "default"),
         ("triton-embedding+cudagraphs", ("triton", "torch", "torch", "torch"), "reduce-overhead"),
+        ("triton-embedding-interaction+cudagraphs", ("triton", "triton", "torch", "torch"), "reduce-overhead"),
     ],
 )
 def test_variant_config_sets_kernels_and_compile_mode(name, kernels, mode):

@@ -18,9 +18,20 @@ from loguru import logger
 from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig
 from dlrm.train.setup import make_run_dir, resolve_device
 
+# Which implementation each part gets, (embedding, interaction, mlp, loss), per kernel set.
+KERNEL_SETS: dict[str, tuple[str, str, str, str]] = {
+    "torch": ("torch",) * 4,
+    "triton": ("triton",) * 4,
+    # only the embedding (with its fused sparse update) in Triton; the MLPs are cuBLAS GEMMs, which
+    # beat the Triton linear kernel at most DLRM shapes (benchmarks/results/kernels.md)
+    "triton-embedding": ("triton", "torch", "torch", "torch"),
+    # the embedding and the dot interaction in Triton (the eager interaction's tiny batched GEMMs run
+    # on non-tensor-core cuBLAS kernels), MLPs and loss in PyTorch
+    "triton-embedding-interaction": ("triton", "triton", "torch", "torch"),
+}
+
 VARIANTS: dict[str, tuple[str, Optional[str]]] = {
-    # name: (kernels, compile mode or None); kernels "triton-embedding": only the embedding (with its
-    # fused sparse update) in Triton, the MLPs, interaction and loss in PyTorch (cuBLAS GEMMs)
+    # name: (kernel set, compile mode or None)
     "eager": ("torch", None),
     "compiled": ("torch", "default"),
     "compiled-cudagraphs": ("torch", "reduce-overhead"),
@@ -28,6 +39,7 @@ VARIANTS: dict[str, tuple[str, Optional[str]]] = {
     "triton+compiled": ("triton", "default"),
     "triton+cudagraphs": ("triton", "reduce-overhead"),
     "triton-embedding+cudagraphs": ("triton-embedding", "reduce-overhead"),
+    "triton-embedding-interaction+cudagraphs": ("triton-embedding-interaction", "reduce-overhead"),
 }
 
 COLUMNS = [
@@ -56,10 +68,7 @@ def parse_variants(text: str) -> list[str]:
 def variant_config(cfg: Config, name: str) -> Config:
     kernels, mode = VARIANTS[name]
     v = copy.deepcopy(cfg)
-    if kernels == "triton-embedding":
-        v.kernels = KernelsConfig(embedding="triton", interaction="torch", mlp="torch", loss="torch")
-    else:
-        v.kernels = KernelsConfig(**{k: kernels for k in ("embedding", "interaction", "mlp", "loss")})
+    v.kernels = KernelsConfig(**dict(zip(("embedding", "interaction", "mlp", "loss"), KERNEL_SETS[kernels])))
     v.train.compile = CompileConfig(enabled=mode is not None, mode=mode or "default", fullgraph=cfg.train.compile.fullgraph)
     return v
 
