@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | kernels | kernels:linear | train | mix | pad | terabyte | compare[:BATCH] | profile[:VARIANT] | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | kernels | kernels:linear | kernels:graph | train | mix | pad | terabyte | compare[:BATCH] | profile[:VARIANT] | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -74,6 +74,13 @@ for part in "$@"; do
     kernels:linear)  # the linear family alone, merged into the committed kernels.csv's other rows
       cp benchmarks/results/kernels.csv "$RES/kernels.csv"
       run kernels_linear 140 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels linear --append --out "$RES"
+      ;;
+    kernels:graph)  # the same kernels timed from CUDA graphs (device time, no host launch cost), as a
+      # training step under CUDA graphs runs them: kernels_graph.{csv,md}, <kernel>_graph.png
+      g="--timing graph --rep-ms 50 --batch-sizes 16384,65536"
+      run kernels_graph_embedding 150 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels embedding $g --out "$RES"
+      run kernels_graph_small 100 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels interaction,loss,epilogue $g --append --out "$RES"
+      run kernels_graph_linear 120 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels linear $g --append --out "$RES"
       ;;
     kernels)  # three chunks so one slow family cannot take the others' results with it; the linear
       # kernel autotunes here (DLRM_TRITON_AUTOTUNE=1): the best config per shape, not the default pick

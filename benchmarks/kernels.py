@@ -480,13 +480,26 @@ def _do_bench_kwargs() -> dict:
     return {"return_mode": "median"} if "return_mode" in params else {"quantiles": [0.5]}
 
 
-def bench_ms(fn, grad_to_none: list, device: torch.device, warmup_ms: int, rep_ms: int, cpu_reps: int) -> float:
+def bench_graph_ms(fn, grad_to_none: list, rep_ms: int) -> float:
+    """Median milliseconds of fn() replayed from a CUDA graph (triton.testing.do_bench_cudagraph): the
+    device time alone, with the host's launch cost (Python, custom-op dispatch, Triton's launcher)
+    taken out, as in a training step run under CUDA graphs. No L2 flush between calls."""
+    params = inspect.signature(triton.testing.do_bench_cudagraph).parameters
+    kw = {"return_mode": "median"} if "return_mode" in params else {"quantiles": [0.5]}
+    ms = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=grad_to_none or None, **kw)
+    return float(ms[0] if isinstance(ms, (list, tuple)) else ms)
+
+
+def bench_ms(fn, grad_to_none: list, device: torch.device, warmup_ms: int, rep_ms: int, cpu_reps: int,
+             timing: str = "launch") -> float:
     """Median milliseconds of fn() (compiled / autotuned by one untimed call first)."""
     fn()
     for t in grad_to_none:
         t.grad = None
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        if timing == "graph":
+            return bench_graph_ms(fn, grad_to_none, rep_ms)
         ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=grad_to_none or None, **_do_bench_kwargs())
         return float(ms[0] if isinstance(ms, (list, tuple)) else ms)
     times = []
@@ -554,7 +567,18 @@ def run_case(spec: Spec, batch: int, dtype_name: str, ctx: Ctx, args) -> list[di
             row["bytes" if spec.metric == "GB/s" else "flops"] = work
             try:
                 fn, grad_to_none = modes[mode]()
-                ms = bench_ms(fn, grad_to_none, ctx.device, args.warmup_ms, args.rep_ms, args.cpu_reps)
+                try:
+                    ms = bench_ms(fn, grad_to_none, ctx.device, args.warmup_ms, args.rep_ms, args.cpu_reps, args.timing)
+                except RuntimeError as exc:
+                    if args.timing != "graph":
+                        raise
+                    # an op that syncs with the host (e.g. torch.unique) cannot be captured: time it the
+                    # ordinary way and say so in the row
+                    torch.cuda.synchronize(ctx.device)
+                    logger.warning(f"{spec.name} {mode} B={batch} {dtype_name} {impl}: not capturable, launch-timed: {one_line(exc)}")
+                    row["note"] = "; ".join(x for x in (row["note"], "launch-timed: not capturable in a CUDA graph") if x)
+                    fn, grad_to_none = modes[mode]()
+                    ms = bench_ms(fn, grad_to_none, ctx.device, args.warmup_ms, args.rep_ms, args.cpu_reps)
                 row["ms"] = ms
                 row["value"] = work / ms / (1e6 if spec.metric == "GB/s" else 1e9)
                 if ctx.device.type == "cuda":
@@ -695,16 +719,20 @@ def environment(device: torch.device, args) -> dict:
         "CUDA": torch.version.cuda or "none",
         "python": platform.python_version(),
         "TF32 for fp32 GEMMs": f"{args.tf32} (torch.backends.cuda.matmul.allow_tf32 = {_allow_tf32_state()}, both sides)",
-        "timing": (f"triton.testing.do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms" if device.type == "cuda"
-                   else f"perf_counter median of {args.cpu_reps} calls (CPU interpreter: meaningless)"),
+        "timing": (f"perf_counter median of {args.cpu_reps} calls (CPU interpreter: meaningless)" if device.type != "cuda"
+                   else f"triton.testing.do_bench_cudagraph median, rep {args.rep_ms} ms: calls replayed from a CUDA graph, "
+                   "device time without the host's launch cost, no L2 flush" if args.timing == "graph"
+                   else f"triton.testing.do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms: each call "
+                   "launched from Python, so host launch cost counts where it exceeds the kernel time"),
         "command": "python " + " ".join(sys.argv),
     }  # fmt: skip
     return env
 
 
-def write_markdown(path: Path, rows: list[dict], verdicts: list[dict], env: dict, copy: tuple, cpu: bool) -> str:
+def write_markdown(path: Path, rows: list[dict], verdicts: list[dict], env: dict, copy: tuple, cpu: bool, tag: str = "") -> str:
     copy_gbps, copy_ms, copy_bytes = copy
-    parts = ["# Triton kernel benchmarks", ""]
+    title = "Triton kernel benchmarks" + (", CUDA-graph timing (device time)" if tag == "_graph" else "")
+    parts = [f"# {title}", ""]
     if cpu:
         parts += ["> **CPU smoke run under TRITON_INTERPRET=1 with tiny shapes: the timings, bandwidths and verdicts "
                   "below are meaningless.**", ""]  # fmt: skip
@@ -723,7 +751,7 @@ def write_markdown(path: Path, rows: list[dict], verdicts: list[dict], env: dict
             continue
         notes = sorted({r["note"] for r in rows if r["kernel"] == spec.name and r.get("note")})
         parts += [f"## {spec.name}: {spec.shape} ({spec.metric})", ""]
-        parts += [f"![{spec.name}]({spec.name}.png)", ""]
+        parts += [f"![{spec.name}]({spec.name}{tag}.png)", ""]
         parts += [kernel_table(rows, spec.name, spec.metric, copy_gbps), ""]
         if notes:
             parts += ["Notes: " + "; ".join(notes[:6]), ""]
@@ -816,6 +844,9 @@ def parse_args(argv=None):
     p.add_argument("--warmup-ms", type=int, default=25)
     p.add_argument("--rep-ms", type=int, default=100)
     p.add_argument("--cpu-reps", type=int, default=3, help="timed calls per case on the CPU")
+    p.add_argument("--timing", choices=["launch", "graph"], default="launch",
+                   help="launch: do_bench, each call launched from Python (host cost included where it dominates); "
+                   "graph: do_bench_cudagraph, device time alone; writes kernels_graph.* and <kernel>_graph.png")
     p.add_argument("--list", action="store_true", help="print the kernel variants and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="log tracebacks of failing cases")
     return p.parse_args(argv)
@@ -843,6 +874,8 @@ def resolve_options(args) -> tuple[torch.device, list[int], list[str], tuple[str
     bad = [i for i in impls if i not in IMPLS]
     if bad:
         raise SystemExit(f"unknown --impls {bad}; choose from {list(IMPLS)}")
+    if cpu and args.timing == "graph":
+        raise SystemExit("--timing graph needs CUDA (CUDA graphs)")
     if cpu and args.max_rows is None:
         args.max_rows = 2000
     return device, batches, dtypes, impls
@@ -898,17 +931,19 @@ def main(argv=None) -> int:
     free_memory(device)
     logger.info(f"measured in {time.perf_counter() - t0:.0f} s")
 
-    csv_path = out / "kernels.csv"
+    tag = "_graph" if args.timing == "graph" else ""
+    csv_path = out / f"kernels{tag}.csv"
     if args.append and csv_path.exists():
         done = {s.name for s in specs} | {"copy"}
         rows = [r for r in read_csv(csv_path) if r["kernel"] not in done] + rows
     write_csv(csv_path, rows)
     verdicts = evaluate_targets(rows, copy[0])
-    plotted = [s.name for s in SPECS if plot_kernel(out / f"{s.name}.png", rows, s, copy[0])]
-    text = write_markdown(out / "kernels.md", rows, verdicts, env, copy, cpu)
+    plotted = [s.name for s in SPECS if plot_kernel(out / f"{s.name}{tag}.png", rows, s, copy[0])]
+    md_path = out / f"kernels{tag}.md"
+    text = write_markdown(md_path, rows, verdicts, env, copy, cpu, tag)
     print(text)
     n_err = sum(1 for r in rows if r.get("error"))
-    logger.info(f"wrote {csv_path}, {out / 'kernels.md'} and {len(plotted)} plots; {n_err} failed cases")
+    logger.info(f"wrote {csv_path}, {md_path} and {len(plotted)} plots; {n_err} failed cases")
     return 0
 
 
