@@ -78,7 +78,7 @@ for part in "$@"; do
     kernels:graph)  # the same kernels timed from CUDA graphs (device time, no host launch cost), as a
       # training step under CUDA graphs runs them: kernels_graph.{csv,md}, <kernel>_graph.png
       g="--timing graph --rep-ms 50 --batch-sizes 16384,65536"
-      run kernels_graph_embedding 150 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels embedding $g --out "$RES"
+      run kernels_graph_embedding 200 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels embedding $g --out "$RES"
       run kernels_graph_small 100 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels interaction,loss,epilogue $g --append --out "$RES"
       run kernels_graph_linear 120 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels linear $g --append --out "$RES"
       ;;
@@ -139,11 +139,14 @@ EOF
         cp "$OUT/tb/compare-kaggle-b$b/compare.png" "$RES/compare_kaggle_b$b.png" 2>/dev/null
       done
       ;;
-    profile|profile:*)  # one profiled run (eager, or profile:VARIANT, a --compare variant) and its timeline
+    profile|profile:*)  # one profiled run (eager, or profile:VARIANT, a --compare variant), its timeline
+      # and its numbers (.md); PROFILE_BATCH (default 65536) sets the batch size, e.g. 128 to see where
+      # a launch-bound small-batch step spends its host time
       variant=${part#profile}
       variant=${variant#:}
       variant=${variant:-eager}
-      suffix=$([ "$variant" = eager ] || echo "_$variant")
+      b=${PROFILE_BATCH:-65536}
+      name="kaggle_b$b$([ "$variant" = eager ] || echo "_$variant")"
       kaggle_data
       kaggle_config /tmp/kaggle-syn.json
       python - /tmp/kaggle-syn.json "$variant" "/tmp/profile-$variant.json" <<'EOF'
@@ -152,11 +155,10 @@ from dlrm.config import load_config
 from dlrm.train.compare import variant_config
 json.dump(variant_config(load_config(sys.argv[1]), sys.argv[2]).to_dict(), open(sys.argv[3], "w"))
 EOF
-      run "profile$suffix" 150 python train.py --config "/tmp/profile-$variant.json" --batch-size 65536 --max-steps 20 \
-        --profile --run-name "profile-kaggle-b65536$suffix" --tb-dir "$OUT/tb"
-      python benchmarks/trace_timeline.py "$OUT/tb/profile-kaggle-b65536$suffix" \
-        --out "$RES/profile_timeline_kaggle_b65536$suffix.png" \
-        --title "configs/kaggle.json, batch 65536, $variant tf32, H100" >>"$LOGS/profile$suffix.log" 2>&1
+      run "profile_$name" 150 python train.py --config "/tmp/profile-$variant.json" --batch-size "$b" --max-steps 20 \
+        --profile --run-name "profile-$name" --tb-dir "$OUT/tb"
+      python benchmarks/trace_timeline.py "$OUT/tb/profile-$name" --out "$RES/profile_timeline_$name.png" \
+        --title "configs/kaggle.json, batch $b, $variant tf32, H100" >>"$LOGS/profile_$name.log" 2>&1
       ;;
     loader)  # preprocessing rows/s (16 workers) and loader samples/s, stream and gpu placement. 8M rows
       # (1M generated, preprocessed 8 times over): an epoch of ~105 batches and 7 shuffle buffers, so

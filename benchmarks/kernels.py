@@ -188,6 +188,7 @@ class Ctx:
     impls: tuple[str, ...]
     tf32: bool
     max_rows: Optional[int]  # cap on every table's rows (None: the real sizes, except the D=128 cap)
+    graph_stream: Optional[torch.cuda.Stream] = None  # --timing graph: the stream cases are set up and captured on
 
 
 # A mode factory returns (fn to time, tensors whose .grad is reset before every run).
@@ -481,13 +482,49 @@ def _do_bench_kwargs() -> dict:
 
 
 def bench_graph_ms(fn, grad_to_none: list, rep_ms: int) -> float:
-    """Median milliseconds of fn() replayed from a CUDA graph (triton.testing.do_bench_cudagraph): the
-    device time alone, with the host's launch cost (Python, custom-op dispatch, Triton's launcher)
-    taken out, as in a training step run under CUDA graphs. No L2 flush between calls."""
-    params = inspect.signature(triton.testing.do_bench_cudagraph).parameters
-    kw = {"return_mode": "median"} if "return_mode" in params else {"quantiles": [0.5]}
-    ms = triton.testing.do_bench_cudagraph(fn, rep=rep_ms, grad_to_none=grad_to_none or None, **kw)
-    return float(ms[0] if isinstance(ms, (list, tuple)) else ms)
+    """Median milliseconds of fn() replayed from a CUDA graph: the device time alone, with the host's
+    launch cost (Python, custom-op dispatch, Triton's launcher) taken out, as in a training step run
+    under CUDA graphs. No L2 flush between calls. Same method as triton.testing.do_bench_cudagraph
+    (one graph of n calls, replayed 10 times), but captured on the *current* stream: the `bwd` mode
+    replays a backward whose forward ran before the capture, and autograd launches backward kernels
+    on the forward's stream, so that stream has to be the capturing one (run_case makes it so)."""
+    stream = torch.cuda.current_stream()
+
+    def captured(n: int) -> torch.cuda.CUDAGraph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            for _ in range(n):
+                for t in grad_to_none:
+                    t.grad = None
+                fn()
+        return g
+
+    def replay_ms(g: torch.cuda.CUDAGraph) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        g.replay()
+        end.record(stream)
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    one = captured(1)
+    replay_ms(one)  # first replay uploads the graph
+    n = max(1, min(1000, int(rep_ms / max(replay_ms(one), 1e-3))))
+    del one
+    graph = captured(n)
+    replay_ms(graph)
+    return statistics.median(replay_ms(graph) / n for _ in range(10))
+
+
+def reset_cuda_rng_after_failed_capture(device: torch.device) -> None:
+    """A capture that fails inside cudaStreamEndCapture leaves the default CUDA generator believing it
+    is still capturing ("Offset increment outside graph capture encountered unexpectedly" on every
+    later torch.randn). A cloned state is a fresh one with the same seed and offset: swap it in."""
+    gen = torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    try:
+        gen.graphsafe_set_state(gen.clone_state())
+    except (AttributeError, RuntimeError) as exc:  # older torch: nothing to reset, or no API for it
+        logger.debug(f"could not reset the CUDA generator: {one_line(exc)}")
 
 
 def bench_ms(fn, grad_to_none: list, device: torch.device, warmup_ms: int, rep_ms: int, cpu_reps: int,
@@ -547,6 +584,26 @@ def base_row(spec: Spec, batch: int, dtype_name: str) -> dict:
             "metric": spec.metric, "ms": None, "value": None, "bytes": None, "flops": None, "note": "", "error": ""}  # fmt: skip
 
 
+def time_mode(factory: ModeFactory, ctx: Ctx, args) -> tuple[float, str]:
+    """(median ms, "" or why graph timing fell back to launch timing) of one mode."""
+    if args.timing != "graph":
+        fn, grad_to_none = factory()
+        return bench_ms(fn, grad_to_none, ctx.device, args.warmup_ms, args.rep_ms, args.cpu_reps), ""
+    try:
+        # set up (a `bwd` mode runs its forward here) and capture on one side stream: see bench_graph_ms
+        with torch.cuda.stream(ctx.graph_stream):
+            fn, grad_to_none = factory()
+            return bench_ms(fn, grad_to_none, ctx.device, args.warmup_ms, args.rep_ms, args.cpu_reps, "graph"), ""
+    except RuntimeError as exc:
+        # an op that syncs with the host (e.g. torch.unique) cannot be captured: time it the ordinary way
+        # and say so in the row
+        fn = grad_to_none = None  # drop the retained graph of the failed attempt
+        torch.cuda.synchronize(ctx.device)
+        reset_cuda_rng_after_failed_capture(ctx.device)
+        fn, grad_to_none = factory()
+        return bench_ms(fn, grad_to_none, ctx.device, args.warmup_ms, args.rep_ms, args.cpu_reps), one_line(exc)
+
+
 def run_case(spec: Spec, batch: int, dtype_name: str, ctx: Ctx, args) -> list[dict]:
     """All impls and modes of one (kernel, batch, dtype): one row each (errors recorded, never raised)."""
     rows = []
@@ -566,19 +623,10 @@ def run_case(spec: Spec, batch: int, dtype_name: str, ctx: Ctx, args) -> list[di
             work = built.work[mode]
             row["bytes" if spec.metric == "GB/s" else "flops"] = work
             try:
-                fn, grad_to_none = modes[mode]()
-                try:
-                    ms = bench_ms(fn, grad_to_none, ctx.device, args.warmup_ms, args.rep_ms, args.cpu_reps, args.timing)
-                except RuntimeError as exc:
-                    if args.timing != "graph":
-                        raise
-                    # an op that syncs with the host (e.g. torch.unique) cannot be captured: time it the
-                    # ordinary way and say so in the row
-                    torch.cuda.synchronize(ctx.device)
-                    logger.warning(f"{spec.name} {mode} B={batch} {dtype_name} {impl}: not capturable, launch-timed: {one_line(exc)}")
+                ms, fallback = time_mode(modes[mode], ctx, args)
+                if fallback:
+                    logger.warning(f"{spec.name} {mode} B={batch} {dtype_name} {impl}: not capturable, launch-timed: {fallback}")
                     row["note"] = "; ".join(x for x in (row["note"], "launch-timed: not capturable in a CUDA graph") if x)
-                    fn, grad_to_none = modes[mode]()
-                    ms = bench_ms(fn, grad_to_none, ctx.device, args.warmup_ms, args.rep_ms, args.cpu_reps)
                 row["ms"] = ms
                 row["value"] = work / ms / (1e6 if spec.metric == "GB/s" else 1e9)
                 if ctx.device.type == "cuda":
@@ -587,8 +635,6 @@ def run_case(spec: Spec, batch: int, dtype_name: str, ctx: Ctx, args) -> list[di
                 row["error"] = one_line(exc)
                 logger.warning(f"{spec.name} {mode} B={batch} {dtype_name} {impl}: {row['error']}")
                 logger.debug(traceback.format_exc())
-            finally:
-                fn = grad_to_none = None  # drop a retained graph before the next mode
             rows.append(row)
     del built
     free_memory(ctx.device)
@@ -901,7 +947,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if cpu:
         logger.warning("CPU smoke run (Triton interpreter, tiny shapes): timings are meaningless")
-    ctx = Ctx(device=device, impls=impls, tf32=args.tf32, max_rows=args.max_rows)
+    ctx = Ctx(device=device, impls=impls, tf32=args.tf32, max_rows=args.max_rows,
+              graph_stream=torch.cuda.Stream(device) if args.timing == "graph" else None)
     env = environment(device, args)
     logger.info(f"{env['device']} | torch {env['torch']} | triton {env['triton']} | CUDA {env['CUDA']}")
 

@@ -8,6 +8,11 @@ TensorBoard PyTorch Profiler tab and Perfetto open) and draws the last complete 
 one lane for the step's ranges (data, SparseArch, DenseArch, InteractionArch, OverArch, loss,
 backward, optimizer), one for the device time attributed to each range (``gpu_user_annotation``),
 and one for the kernels themselves. A picture that needs no browser and no network.
+
+Also writes ``<out>.md`` (and prints it): the same step in numbers, the host and device
+milliseconds of each range, the device's busy time, and the host calls that took the most time
+(CUDA runtime calls included: a step whose host time far exceeds its device busy time is bound
+by launches, not by the GPU).
 """
 
 from __future__ import annotations
@@ -43,6 +48,12 @@ def last_step(events: list[dict]) -> dict:
              and e.get("cat") == "user_annotation"]
     if not steps:
         raise SystemExit("the trace holds no ProfilerStep ranges")
+    # the last step range may be the tail after training (evaluation, profiler exit): take the last
+    # one that holds a training step's backward
+    backward = [e["ts"] for e in events if e.get("cat") == "user_annotation" and e.get("name") == "backward"]
+    for step in sorted(steps, key=lambda e: -e["ts"]):
+        if any(step["ts"] <= t < step["ts"] + step["dur"] for t in backward):
+            return step
     return max(steps, key=lambda e: e["ts"])
 
 
@@ -80,13 +91,44 @@ def draw(trace: dict, out: Path, title: str) -> None:
           f"{len(kernels)} kernels")
 
 
+def summarize(trace: dict, title: str, top: int = 15) -> str:
+    """Markdown: per-range host/device ms of the last step, device busy ms, the top host calls."""
+    events = trace["traceEvents"]
+    step = last_step(events)
+    t0, t1 = step["ts"], step["ts"] + step["dur"]
+    host = within(events, "user_annotation", t0, t1)
+    gpu = within(events, "gpu_user_annotation", t0, t1 + step["dur"])
+    kernels = within(events, "kernel", t0, t1 + step["dur"])
+    busy = sum(e["dur"] for e in kernels) / 1e3
+    lines = [f"# {title}", "", f"{step['name']}: host {step['dur'] / 1e3:.3f} ms, device kernels busy {busy:.3f} ms "
+             f"({len(kernels)} kernels)", "", "| range | host ms | device ms |", "| --- | ---: | ---: |"]  # fmt: skip
+    for name in RANGES:
+        h = sum(e["dur"] for e in host if e["name"] == name) / 1e3
+        d = sum(e["dur"] for e in gpu if e["name"] == name) / 1e3
+        if h or d:
+            lines.append(f"| {name} | {h:.3f} | {d:.3f} |")
+    calls: dict[str, list[float]] = {}
+    for cat in ("cpu_op", "cuda_runtime", "cuda_driver", "python_function"):
+        for e in within(events, cat, t0, t1):
+            calls.setdefault(e["name"], []).append(e["dur"] / 1e3)
+    ranked = sorted(calls.items(), key=lambda kv: -sum(kv[1]))[:top]
+    lines += ["", f"Host calls in the step by total time (inclusive: nested calls count in their callers too), top {top}:",
+              "", "| host call | calls | total ms |", "| --- | ---: | ---: |"]  # fmt: skip
+    lines += [f"| `{name[:80]}` | {len(d)} | {sum(d):.3f} |" for name, d in ranked]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", type=Path, help="a run directory written with --profile, or a trace file")
     ap.add_argument("--out", type=Path, default=Path("profile_timeline.png"))
     ap.add_argument("--title", default="one training step")
     args = ap.parse_args()
-    draw(load_trace(args.trace), args.out, args.title)
+    trace = load_trace(args.trace)
+    draw(trace, args.out, args.title)
+    text = summarize(trace, args.title)
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":
