@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | kernels | kernels:linear | kernels:graph | train | mix | pad | terabyte | compare[:BATCH] | profile[:VARIANT] | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -75,12 +75,16 @@ for part in "$@"; do
       cp benchmarks/results/kernels.csv "$RES/kernels.csv"
       run kernels_linear 140 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels linear --append --out "$RES"
       ;;
-    kernels:graph)  # the same kernels timed from CUDA graphs (device time, no host launch cost), as a
-      # training step under CUDA graphs runs them: kernels_graph.{csv,md}, <kernel>_graph.png
-      g="--timing graph --rep-ms 50 --batch-sizes 16384,65536"
-      run kernels_graph_embedding 200 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels embedding $g --out "$RES"
-      run kernels_graph_small 100 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels interaction,loss,epilogue $g --append --out "$RES"
-      run kernels_graph_linear 120 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels linear $g --append --out "$RES"
+    kernels:graph|kernels:graph:*)  # the same kernels timed from CUDA graphs (device time, no host launch
+      # cost), as a training step under CUDA graphs runs them: kernels_graph.{csv,md}, <kernel>_graph.png.
+      # All of it takes ~11 min on an H100, more than one device call: kernels:graph:embedding,
+      # kernels:graph:small and kernels:graph:linear run one chunk each (merged into the same files)
+      chunk=${part#kernels:graph}
+      chunk=${chunk#:}
+      g="--timing graph --rep-ms 50 --batch-sizes 16384,65536 --append"
+      [[ -z $chunk || $chunk == embedding ]] && run kernels_graph_embedding 280 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels embedding $g --out "$RES"
+      [[ -z $chunk || $chunk == small ]] && run kernels_graph_small 200 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels interaction,loss,epilogue $g --out "$RES"
+      [[ -z $chunk || $chunk == linear ]] && run kernels_graph_linear 200 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels linear $g --out "$RES"
       ;;
     kernels)  # three chunks so one slow family cannot take the others' results with it; the linear
       # kernel autotunes here (DLRM_TRITON_AUTOTUNE=1): the best config per shape, not the default pick
@@ -109,6 +113,16 @@ for part in "$@"; do
       run train_terabyte_mix 100 python benchmarks/train_throughput.py --config configs/terabyte.json \
         --batch-sizes 65536 --variants $v --precisions bf16 \
         --warmup 10 --steps 20 --windows 5 --out "$RES" --name train_throughput_terabyte_mix
+      ;;
+    stepgraph)  # train.cuda_graph: the whole step (optimizer included) captured as one CUDA graph, at
+      # every size the issue names (tf32) and bf16 at 65536
+      v=triton-embedding-interaction+step-graph,triton-embedding+step-graph
+      run train_kaggle_stepgraph 200 python benchmarks/train_throughput.py --config configs/kaggle.json \
+        --batch-sizes 65536,2048,128 --variants $v --precisions tf32 \
+        --warmup 15 --steps 40 --windows 5 --out "$RES" --name train_throughput_kaggle_stepgraph
+      run train_kaggle_stepgraph_bf16 100 python benchmarks/train_throughput.py --config configs/kaggle.json \
+        --batch-sizes 65536 --variants triton-embedding-interaction+step-graph --precisions bf16 \
+        --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_stepgraph_bf16
       ;;
     pad)  # the same Kaggle model with its top-MLP input padded 367 -> 368 (model.top_mlp_input_multiple 8)
       python - <<'EOF'

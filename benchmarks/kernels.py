@@ -884,7 +884,7 @@ def parse_args(argv=None):
     p.add_argument("--quick", action="store_true", help="few small cases: one variant per family, small batches")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (needs TRITON_INTERPRET=1; smoke test only)")
     p.add_argument("--out", default="benchmarks/results", help="output folder (kernels.csv, kernels.md, <kernel>.png)")
-    p.add_argument("--append", action="store_true", help="keep the other kernels' rows of an existing kernels.csv")
+    p.add_argument("--append", action="store_true", help="merge into an existing kernels.csv: replace the (kernel, batch, dtype) cases measured now, keep the rest")
     p.add_argument("--no-tf32", dest="tf32", action="store_false", help="fp32 GEMMs in full fp32 on both sides")
     p.add_argument("--max-rows", type=int, help="cap every embedding table at this many rows (cpu default 2000)")
     p.add_argument("--warmup-ms", type=int, default=25)
@@ -981,8 +981,11 @@ def main(argv=None) -> int:
     tag = "_graph" if args.timing == "graph" else ""
     csv_path = out / f"kernels{tag}.csv"
     if args.append and csv_path.exists():
-        done = {s.name for s in specs} | {"copy"}
-        rows = [r for r in read_csv(csv_path) if r["kernel"] not in done] + rows
+        # replace exactly the (kernel, batch, dtype) cases measured now: a rerun of a few cases (or one
+        # cut short by its time limit) keeps every other row of the file
+        done = {(r["kernel"], str(r["batch"]), r["dtype"]) for r in rows if r["kernel"] != "copy"}
+        kept = [r for r in read_csv(csv_path) if r["kernel"] != "copy" and (r["kernel"], str(r["batch"]), r["dtype"]) not in done]
+        rows = rows[:1] + kept + rows[1:]
     write_csv(csv_path, rows)
     verdicts = evaluate_targets(rows, copy[0])
     plotted = [s.name for s in SPECS if plot_kernel(out / f"{s.name}{tag}.png", rows, s, copy[0])]

@@ -30,6 +30,7 @@ from dlrm.data.loader import Batch  # noqa: E402
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE  # noqa: E402
 from dlrm.model.dlrm import build_loss, build_model  # noqa: E402
 from dlrm.train.compare import VARIANTS, unavailable_reason, variant_config  # noqa: E402
+from dlrm.train.graphed_step import graph_train_step  # noqa: E402
 from dlrm.train.optim import build_optimizers  # noqa: E402
 from dlrm.train.step import TrainStep, set_matmul_precision  # noqa: E402
 
@@ -78,6 +79,7 @@ def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.de
     optimizers = build_optimizers(model, cfg.optim)
     set_matmul_precision(precision)  # tf32: TF32 tensor cores for fp32 matmuls; fp32: IEEE
     step = TrainStep(model, build_loss(cfg.kernels), optimizers, precision, device, cfg.train.compile)
+    step = graph_train_step(step, cfg.train.cuda_graph, distributed=False)
     batches = synthetic_batches(8, batch_size, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

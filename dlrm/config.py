@@ -167,6 +167,11 @@ class TrainConfig:
     """torch.use_deterministic_algorithms and deterministic kernels."""
     compile: Union[bool, CompileConfig] = False
     """false, true, or {"mode": ..., "fullgraph": ...}; normalised to a CompileConfig."""
+    cuda_graph: bool = False
+    """Capture the whole training step (forward, backward, the Triton embedding's fused update, the
+    dense optimizer) in one CUDA graph after 3 warm-up steps and replay it: no per-step host launch
+    cost, which bounds small batches. Needs kernels.embedding "triton", a fused dense optimizer and
+    compile mode other than reduce-overhead; on the CPU it is ignored with a warning."""
 
 
 @dataclass
@@ -380,6 +385,16 @@ def validate(cfg: Config) -> Config:
         _positive(f"optim.schedule.{key}", getattr(s, key), allow_zero=True)
     if not (0.0 <= s.end_factor <= 1.0):
         raise ConfigError(f"optim.schedule.end_factor: {s.end_factor!r} must be within [0, 1]")
+    if t.cuda_graph:
+        if cfg.kernels.embedding != "triton":
+            raise ConfigError("train.cuda_graph: needs kernels.embedding \"triton\" (the torch embedding's sparse "
+                              "gradients have data-dependent shapes, which a CUDA graph cannot replay)")  # fmt: skip
+        if o.dense.fused is False:
+            raise ConfigError("train.cuda_graph: needs optim.dense.fused true or null (the fused optimizer reads "
+                              "its learning rate from a device tensor the graph can replay)")  # fmt: skip
+        if t.compile.enabled and t.compile.mode == "reduce-overhead":
+            raise ConfigError("train.cuda_graph: cannot be combined with train.compile.mode \"reduce-overhead\" "
+                              "(its CUDA graphs would be captured inside this one); use mode \"default\"")  # fmt: skip
     _positive("train.epochs", t.epochs)
     _positive("train.max_steps", t.max_steps)
     _positive("train.eval_every", t.eval_every)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import csv
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from loguru import logger
@@ -30,16 +30,24 @@ KERNEL_SETS: dict[str, tuple[str, str, str, str]] = {
     "triton-embedding-interaction": ("triton", "triton", "torch", "torch"),
 }
 
-VARIANTS: dict[str, tuple[str, Optional[str]]] = {
-    # name: (kernel set, compile mode or None)
-    "eager": ("torch", None),
-    "compiled": ("torch", "default"),
-    "compiled-cudagraphs": ("torch", "reduce-overhead"),
-    "triton": ("triton", None),
-    "triton+compiled": ("triton", "default"),
-    "triton+cudagraphs": ("triton", "reduce-overhead"),
-    "triton-embedding+cudagraphs": ("triton-embedding", "reduce-overhead"),
-    "triton-embedding-interaction+cudagraphs": ("triton-embedding-interaction", "reduce-overhead"),
+class Variant(NamedTuple):
+    kernels: str  # a KERNEL_SETS key
+    compile_mode: Optional[str]  # torch.compile mode, or None for eager
+    step_graph: bool = False  # train.cuda_graph: the whole step in one CUDA graph
+
+
+VARIANTS: dict[str, Variant] = {
+    "eager": Variant("torch", None),
+    "compiled": Variant("torch", "default"),
+    "compiled-cudagraphs": Variant("torch", "reduce-overhead"),
+    "triton": Variant("triton", None),
+    "triton+compiled": Variant("triton", "default"),
+    "triton+cudagraphs": Variant("triton", "reduce-overhead"),
+    "triton-embedding+cudagraphs": Variant("triton-embedding", "reduce-overhead"),
+    "triton-embedding-interaction+cudagraphs": Variant("triton-embedding-interaction", "reduce-overhead"),
+    # compiled (Inductor fusions) and then the whole step, optimizer included, captured as one graph
+    "triton-embedding+step-graph": Variant("triton-embedding", "default", step_graph=True),
+    "triton-embedding-interaction+step-graph": Variant("triton-embedding-interaction", "default", step_graph=True),
 }
 
 COLUMNS = [
@@ -66,17 +74,20 @@ def parse_variants(text: str) -> list[str]:
 
 
 def variant_config(cfg: Config, name: str) -> Config:
-    kernels, mode = VARIANTS[name]
+    kernels, mode, step_graph = VARIANTS[name]
     v = copy.deepcopy(cfg)
     v.kernels = KernelsConfig(**dict(zip(("embedding", "interaction", "mlp", "loss"), KERNEL_SETS[kernels])))
     v.train.compile = CompileConfig(enabled=mode is not None, mode=mode or "default", fullgraph=cfg.train.compile.fullgraph)
+    v.train.cuda_graph = step_graph
+    if step_graph and v.optim.dense.fused is False:
+        v.optim.dense.fused = None  # the captured step needs the fused dense optimizer
     return v
 
 
 def unavailable_reason(name: str, device: torch.device) -> Optional[str]:
     """Why a variant cannot run here, or None."""
-    kernels, mode = VARIANTS[name]
-    if mode == "reduce-overhead" and device.type != "cuda":
+    kernels, mode, step_graph = VARIANTS[name]
+    if (mode == "reduce-overhead" or step_graph) and device.type != "cuda":
         return "CUDA graphs need a CUDA device"
     if kernels.startswith("triton"):
         from kernels import TritonUnavailableError, check_triton_device
@@ -121,7 +132,7 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
             "peak_memory_mb": s["peak_memory_bytes"] / 2**20 if s["peak_memory_bytes"] is not None else None,
             "final_train_loss": s["final_train_loss"],
             "auc": s["auc"],
-            "graph_breaks": s["compile"]["graph_breaks"] if VARIANTS[name][1] else None,
+            "graph_breaks": s["compile"]["graph_breaks"] if VARIANTS[name].compile_mode else None,
             "status": "ok",
         })
     eager = summaries.get("eager")

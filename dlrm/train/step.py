@@ -35,9 +35,11 @@ def set_matmul_precision(precision: str) -> None:
         matmul.allow_tf32 = precision == "tf32"
 
 
-def autocast_context(device: torch.device, precision: str):
+def autocast_context(device: torch.device, precision: str, cache: bool = True):
+    """bf16 autocast, or nothing. ``cache=False`` for a region captured into a CUDA graph: autocast's
+    cache of cast weights would outlive the capture (PyTorch's CUDA-graph notes ask for it)."""
     if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16, cache_enabled=cache)
     return contextlib.nullcontext()
 
 
@@ -88,26 +90,35 @@ class TrainStep:
         # rank's loss becomes its share of the global mean (see `_share`).
         self.collective = getattr(model.sparse_arch, "collective", False)
         self.cudagraphs = compile_cfg.enabled and compile_cfg.mode == "reduce-overhead" and device.type == "cuda"
+        self.autocast_cache = True  # GraphedTrainStep turns it off
         fn = self._full_loss if self.embedding_in_graph else self._dense_loss
         self._loss = _maybe_compile(fn, compile_cfg, device, "the training step")
 
     def _dense_loss(self, dense: torch.Tensor, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        with autocast_context(self.device, self.precision):
+        with autocast_context(self.device, self.precision, self.autocast_cache):
             logits = self.model.forward_from_embeddings(dense, embeddings)
         with record_function("loss"):
             return self.loss_fn(logits.float(), labels)
 
     def _full_loss(self, dense: torch.Tensor, sparse: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        with autocast_context(self.device, self.precision):
+        with autocast_context(self.device, self.precision, self.autocast_cache):
             embeddings = self.model.sparse_arch(sparse)
         return self._dense_loss(dense, embeddings, labels)
 
     def __call__(self, batch: Batch) -> torch.Tensor:
-        if self.cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be reused
+        self.load_lrs()
+        return self.run(batch)
+
+    def load_lrs(self) -> None:
+        """Copy the scheduled learning rates into the device tensors kernels read them from."""
         for opt in self.optimizers:
             if hasattr(opt, "load_lr"):
                 opt.load_lr()  # a fused embedding backward reads its scheduled lr from a device tensor
+
+    def run(self, batch: Batch) -> torch.Tensor:
+        """The step without `load_lrs` (what GraphedTrainStep captures)."""
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be reused
         if self.embedding_in_graph:
             loss = self._loss(batch.dense, batch.sparse, batch.labels)
         else:

@@ -30,6 +30,7 @@ from dlrm.train.optim import build_optimizers, build_schedulers
 from dlrm.train.profiling import make_profiler, top_ops_table
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, make_run_dir, resolve_device, seed_everything
 from dlrm.train.signals import GracefulStop
+from dlrm.train.graphed_step import graph_train_step, plain_lr_state_dict
 from dlrm.train.step import EvalForward, TrainStep, compile_counters, set_matmul_precision
 
 WARMUP_STEPS = 3
@@ -172,6 +173,7 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
         logger.info(f"torch.compile: mode {cfg.train.compile.mode}, fullgraph {cfg.train.compile.fullgraph}")
     set_matmul_precision(cfg.train.precision)
     train_step = TrainStep(model, build_loss(cfg.kernels), optimizers, cfg.train.precision, device, cfg.train.compile)
+    train_step = graph_train_step(train_step, cfg.train.cuda_graph, env.distributed)
     eval_forward = EvalForward(model, cfg.train.precision, device, cfg.train.compile, eval_batch_size)
     logger.info(
         f"device {device}, precision {cfg.train.precision}, {sum(p.numel() for p in model.parameters()):,} parameters "
@@ -200,7 +202,7 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
             return last_ckpt  # this step is already saved
         state = {
             "model": model.state_dict(),
-            "optimizers": [o.state_dict() for o in optimizers],
+            "optimizers": [plain_lr_state_dict(o) for o in optimizers],
             "schedulers": [s.state_dict() for s in schedulers],
             "position": asdict(pos),
             "rng": ckpt.rng_state(),
@@ -374,8 +376,9 @@ def restore(path: Path, model: DLRM, optimizers, schedulers, tables: Tables, cfg
 def log_train(writer: SummaryWriter, step: int, loss: float, optimizers, samples_per_sec: Optional[float],
               data_wait_fraction: Optional[float] = None) -> None:
     writer.add_scalar("train/loss", loss, step)
-    writer.add_scalar("train/lr_dense", optimizers[0].param_groups[0]["lr"], step)
-    writer.add_scalar("train/lr_sparse", optimizers[1].param_groups[0]["lr"], step)
+    # float(): a device-tensor lr (train.cuda_graph) is read here, at the logging interval
+    writer.add_scalar("train/lr_dense", float(optimizers[0].param_groups[0]["lr"]), step)
+    writer.add_scalar("train/lr_sparse", float(optimizers[1].param_groups[0]["lr"]), step)
     if samples_per_sec is not None:
         writer.add_scalar("train/samples_per_sec", samples_per_sec, step)
     if data_wait_fraction is not None:

@@ -1,0 +1,154 @@
+"""The whole training step captured in one CUDA graph and replayed (``train.cuda_graph``).
+
+torch.compile's reduce-overhead mode makes the forward and the backward CUDA graphs, but a step
+still pays the host for everything around them: guards, autograd's AccumulateGrad per parameter,
+the optimizer's launches, the learning-rate copies. At small batches that host time *is* the step
+(benchmarks/results/profile_timeline_kaggle_b128_*.md: ~2.8 ms of host per step, profiled, for
+0.18 ms of device work). Here forward, loss, backward (with the Triton embedding's fused sparse
+update inside it) and the dense optimizer are captured once; every later step is three input
+copies, the learning-rate copies and one graph launch, as in NVIDIA's DLRM.
+
+What it needs (``dlrm.config.validate`` and :func:`graph_train_step` check it): CUDA; an embedding
+without sparse gradients (``kernels.embedding = "triton"``: static shapes, no host syncs); a fused
+dense optimizer, whose learning rate becomes a device tensor the graph reads (Adam is switched to
+``capturable``); compile mode other than reduce-overhead (no CUDA graphs inside the graph); one
+process. A batch of another size (an epoch's partial last batch) runs the ordinary step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from loguru import logger
+
+from dlrm.data.loader import Batch
+from dlrm.train.step import TrainStep
+
+
+class GraphedTrainStep:
+    """A `TrainStep` whose steps of the first full batch's size replay one captured CUDA graph.
+
+    Args:
+        step: the ordinary step (its model, optimizers and compiled loss are used as they are).
+        warmup_steps: ordinary steps on a side stream before the capture (compilation, autotuning,
+            cuBLAS workspaces and lazily created optimizer state must exist before capturing).
+
+    Example:
+        >>> step = GraphedTrainStep(TrainStep(model, loss_fn, optimizers, "tf32", device, compile_cfg))
+        >>> loss = step(batch)  # 0-dim device tensor
+
+    Returns, like `TrainStep`, the loss as a detached 0-dim device tensor. After the capture it is
+    the graph's output buffer: the next step overwrites it, so use it (in stream order, as the
+    trainer's running sums do) or clone it before then.
+    """
+
+    def __init__(self, step: TrainStep, warmup_steps: int = 3) -> None:
+        if step.device.type != "cuda":
+            raise ValueError(f"train.cuda_graph: CUDA graphs need a CUDA device, not {step.device}")
+        self.step = step
+        self.warmup_left = warmup_steps
+        self.batch_size: int | None = None
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static: Batch | None = None
+        self.static_loss: torch.Tensor | None = None
+        self.stream = torch.cuda.Stream(step.device)
+        self.lr_tensors: list[tuple[dict, torch.Tensor]] = []  # (dense param group, the lr the graph reads)
+        step.autocast_cache = False
+        for opt in self._dense_optimizers():
+            if isinstance(opt, torch.optim.Adam):
+                for group in opt.param_groups:
+                    group["capturable"] = True  # its step counters live on the device
+
+    def _dense_optimizers(self) -> list[torch.optim.Optimizer]:
+        # a fused sparse optimizer's step() does nothing (its update runs in the backward) and its
+        # lr tensor is filled by TrainStep.load_lrs
+        return [o for o in self.step.optimizers if not hasattr(o, "load_lr")]
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        if self.batch_size is None:
+            self.batch_size = len(batch)
+        if len(batch) != self.batch_size:
+            return self.step(batch)  # e.g. the epoch's partial last batch: the ordinary step
+        if self.warmup_left > 0:
+            self.warmup_left -= 1
+            return self._side_stream_step(batch)
+        self.step.load_lrs()
+        self._load_dense_lrs()
+        if self.graph is None:
+            return self._capture(batch)
+        for static, new in zip((self.static.dense, self.static.sparse, self.static.labels), (batch.dense, batch.sparse, batch.labels)):
+            static.copy_(new, non_blocking=True)
+        self.graph.replay()
+        return self.static_loss
+
+    def _side_stream_step(self, batch: Batch) -> torch.Tensor:
+        """An ordinary step on the side stream (warm-up work must not run on the default stream)."""
+        main = torch.cuda.current_stream()
+        self.stream.wait_stream(main)
+        with torch.cuda.stream(self.stream):
+            loss = self.step(batch)
+        main.wait_stream(self.stream)
+        loss.record_stream(main)  # freed later, after use on the main stream
+        return loss
+
+    def _load_dense_lrs(self) -> None:
+        """Make each dense group's lr the device tensor the graph reads, holding the scheduled value.
+
+        LR schedulers either fill a tensor lr in place (newer torch) or replace it with a float;
+        a float is copied into the tensor (a kernel launch, no host sync) and the tensor put back.
+        """
+        if not self.lr_tensors:
+            for opt in self._dense_optimizers():
+                for group in opt.param_groups:
+                    lr = torch.tensor(float(group["lr"]), dtype=torch.float32, device=self.step.device)
+                    group["lr"] = lr
+                    self.lr_tensors.append((group, lr))
+            return
+        for group, lr in self.lr_tensors:
+            if group["lr"] is not lr:
+                lr.fill_(float(group["lr"]))
+                group["lr"] = lr
+
+    def _capture(self, batch: Batch) -> torch.Tensor:
+        """Capture one step on static copies of `batch`, then replay it: that runs this batch's step
+        (a capture records kernels without running them)."""
+        self.static = dataclasses.replace(batch, dense=batch.dense.clone(), sparse=batch.sparse.clone(),
+                                          labels=batch.labels.clone())  # fmt: skip
+        for opt in self.step.optimizers:
+            opt.zero_grad(set_to_none=True)  # the backward allocates the gradients from the graph's pool
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=self.stream):
+            self.static_loss = self.step.run(self.static)
+        self.graph = graph
+        logger.info(f"train.cuda_graph: captured the training step at batch size {self.batch_size}")
+        graph.replay()
+        return self.static_loss
+
+
+def graph_train_step(step: TrainStep, enabled: bool, distributed: bool):
+    """`step` wrapped in a `GraphedTrainStep` when ``train.cuda_graph`` asks for it and this run can
+    (on the CPU: a warning and the ordinary step, as compile mode reduce-overhead does)."""
+    if not enabled:
+        return step
+    if step.device.type != "cuda":
+        logger.warning(f"train.cuda_graph needs CUDA; training with the ordinary step on {step.device}")
+        return step
+    if distributed:
+        from dlrm.config import ConfigError
+
+        raise ConfigError("train.cuda_graph: not supported with more than one process (the collectives "
+                          "of the sharded embedding and DDP run outside a captured graph here)")  # fmt: skip
+    logger.info("train.cuda_graph: the whole training step (forward, backward, embedding update, dense "
+                "optimizer) is captured in one CUDA graph after 3 warm-up steps")  # fmt: skip
+    return GraphedTrainStep(step)
+
+
+def plain_lr_state_dict(opt: torch.optim.Optimizer) -> dict:
+    """`opt.state_dict()` with tensor learning rates (set by GraphedTrainStep) saved as floats, so a
+    checkpoint loads into any run the same way (a host sync: checkpoint time only)."""
+    state = opt.state_dict()
+    for group in state["param_groups"]:
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"] = float(group["lr"])
+    return state
