@@ -108,7 +108,7 @@ for part in "$@"; do
       # at every size and precision the issue names, Kaggle and Terabyte
       v=triton-embedding-interaction+cudagraphs
       run train_kaggle_mix 150 python benchmarks/train_throughput.py --config configs/kaggle.json \
-        --batch-sizes 128,2048,65536 --variants $v --precisions tf32,bf16 \
+        --batch-sizes 65536,2048,128 --variants $v --precisions tf32,bf16 \
         --warmup 15 --steps 40 --windows 5 --out "$RES" --name train_throughput_kaggle_mix
       run train_terabyte_mix 100 python benchmarks/train_throughput.py --config configs/terabyte.json \
         --batch-sizes 65536 --variants $v --precisions bf16 \
