@@ -65,11 +65,11 @@ for part in "$@"; do
           --config configs/kaggle.json --batch-per-gpu 65536 --precision tf32 --out "$RES" --name scaling_kaggle
       done
       ;;
-    tests)  # the kernel tests on CUDA (bf16 included) and the compile/profile tests
+    tests)  # the kernel tests on CUDA (bf16 included), the compile/profile and captured-step tests
       # Most of the time is Triton compiling each test's specializations: 8 processes share the GPU
       # (pytest-xdist, carried as a wheel: .whl/ on the device machine).
       par=$(python -c "import xdist" 2>/dev/null && echo "-n 8")
-      run tests_gpu "${TESTS_LIMIT:-300}" python -m pytest -q $par tests/kernels tests/test_compile_profile.py -p no:cacheprovider
+      run tests_gpu "${TESTS_LIMIT:-300}" python -m pytest -q $par tests/kernels tests/test_compile_profile.py tests/test_graphed_step.py -p no:cacheprovider
       ;;
     kernels:linear)  # the linear family alone, merged into the committed kernels.csv's other rows
       cp benchmarks/results/kernels.csv "$RES/kernels.csv"
