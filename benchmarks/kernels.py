@@ -775,6 +775,10 @@ def environment(device: torch.device, args) -> dict:
     return env
 
 
+WHY_MISSED = ("Why targets are missed, and how the launch-timed (`kernels.md`) and CUDA-graph-timed "
+              "(`kernels_graph.md`) verdicts differ: benchmarks/PERF.md, section \"Kernels: launch-timed and device-timed\".")
+
+
 def write_markdown(path: Path, rows: list[dict], verdicts: list[dict], env: dict, copy: tuple, cpu: bool, tag: str = "") -> str:
     copy_gbps, copy_ms, copy_bytes = copy
     title = "Triton kernel benchmarks" + (", CUDA-graph timing (device time)" if tag == "_graph" else "")
@@ -791,7 +795,7 @@ def write_markdown(path: Path, rows: list[dict], verdicts: list[dict], env: dict
               "(`torch.compile` of the eager function, default mode), `triton_atomic` (fp32 embedding SGD "
               "with atomics, non-deterministic). GB/s count the bytes each op must minimally move (embedding: "
               "each distinct row once); TFLOP/s count 2MNK per GEMM (backward: 2 GEMMs).", ""]  # fmt: skip
-    parts += ["## Targets", "", verdict_table(verdicts), ""]
+    parts += ["## Targets", "", verdict_table(verdicts), "", WHY_MISSED, ""]
     for spec in SPECS:
         if not any(r["kernel"] == spec.name for r in rows):
             continue
