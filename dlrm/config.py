@@ -89,7 +89,8 @@ class DenseOptimConfig:
     weight_decay: float = 0.0
     fused: Optional[bool] = None
     """torch.optim's fused implementation (one kernel for all parameters' update instead of a
-    few per parameter group); None: fused on CUDA, the default implementation on the CPU."""
+    few per parameter group); None: fused for sgd and adam on CUDA (torch has no fused CUDA
+    Adagrad), the default implementation otherwise."""
 
 
 @dataclass
@@ -170,8 +171,8 @@ class TrainConfig:
     cuda_graph: bool = False
     """Capture the whole training step (forward, backward, the Triton embedding's fused update, the
     dense optimizer) in one CUDA graph after 3 warm-up steps and replay it: no per-step host launch
-    cost, which bounds small batches. Needs kernels.embedding "triton", a fused dense optimizer and
-    compile mode other than reduce-overhead; on the CPU it is ignored with a warning."""
+    cost, which bounds small batches. Needs kernels.embedding "triton", a fused dense optimizer (sgd
+    or adam) and compile mode other than reduce-overhead; on the CPU it is ignored with a warning."""
 
 
 @dataclass
@@ -389,6 +390,9 @@ def validate(cfg: Config) -> Config:
         if cfg.kernels.embedding != "triton":
             raise ConfigError("train.cuda_graph: needs kernels.embedding \"triton\" (the torch embedding's sparse "
                               "gradients have data-dependent shapes, which a CUDA graph cannot replay)")  # fmt: skip
+        if o.dense.name not in ("sgd", "adam"):
+            raise ConfigError(f"train.cuda_graph: needs optim.dense.name \"sgd\" or \"adam\", not {o.dense.name!r} "
+                              "(torch has no fused CUDA Adagrad, whose learning rate a graph could replay)")  # fmt: skip
         if o.dense.fused is False:
             raise ConfigError("train.cuda_graph: needs optim.dense.fused true or null (the fused optimizer reads "
                               "its learning rate from a device tensor the graph can replay)")  # fmt: skip

@@ -30,6 +30,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
     [
         ({"kernels.embedding": "torch"}, 'kernels.embedding "triton"'),
         ({"optim.dense.fused": False}, "optim.dense.fused"),
+        ({"optim.dense.name": "adagrad"}, 'optim.dense.name "sgd" or "adam"'),
         ({"train.compile": {"mode": "reduce-overhead"}}, "reduce-overhead"),
     ],
 )

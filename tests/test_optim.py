@@ -100,3 +100,12 @@ def test_fused_dense_optimizer_equals_the_default_one(name):
         runs[fused] = {k: v.detach().clone() for k, v in model.state_dict().items() if not k.startswith("sparse")}
     for k in runs[False]:
         torch.testing.assert_close(runs[True][k], runs[False][k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+def test_dense_optimizer_is_fused_by_default_only_where_torch_has_the_kernel():
+    from dlrm.train.optim import default_fused
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert default_fused("sgd", cuda) and default_fused("adam", cuda)
+    assert not default_fused("adagrad", cuda)  # torch has no fused CUDA Adagrad: it would raise
+    assert not any(default_fused(n, cpu) for n in ("sgd", "adam", "adagrad"))

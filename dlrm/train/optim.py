@@ -90,6 +90,13 @@ class FusedSparseOptimizer(torch.optim.Optimizer):
         self.load_lr()
 
 
+def default_fused(name: str, device: torch.device) -> bool:
+    """Whether the dense optimizer uses torch.optim's fused implementation when the config leaves
+    it open: on CUDA for SGD and Adam; never for Adagrad, which torch has no fused CUDA kernel for
+    (torch 2.11 raises "`fused=True` requires ... supported devices: [... 'cpu' ...]")."""
+    return device.type == "cuda" and name in ("sgd", "adam")
+
+
 def build_optimizers(model: nn.Module, cfg: OptimConfig, deterministic: bool = False) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
     """(dense optimizer over the MLPs, sparse optimizer over the embedding weight).
 
@@ -100,7 +107,7 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, deterministic: bool = F
     sparse_ids = {id(p) for p in sparse_params}
     dense_params = [p for p in model.parameters() if id(p) not in sparse_ids]
     d = cfg.dense
-    fused = d.fused if d.fused is not None else dense_params[0].device.type == "cuda"
+    fused = d.fused if d.fused is not None else default_fused(d.name, dense_params[0].device)
     extra = {"fused": True} if fused else {}  # only when asked: fused and foreach exclude each other
     if d.name == "sgd":
         dense = torch.optim.SGD(dense_params, lr=d.lr, momentum=d.momentum, weight_decay=d.weight_decay, **extra)
