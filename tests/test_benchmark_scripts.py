@@ -1,0 +1,66 @@
+"""The benchmark scripts' own logic (not their timings): trace summaries and CSV merging."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def ev(name: str, cat: str, ts: float, dur: float) -> dict:
+    return {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur}
+
+
+def test_trace_timeline_summarizes_the_last_training_step(tmp_path):
+    tt = load_script("trace_timeline")
+    trace = {"traceEvents": [
+        ev("ProfilerStep#1", "user_annotation", 0, 100),
+        ev("data", "user_annotation", 0, 5),
+        ev("backward", "user_annotation", 10, 30),
+        ev("backward", "gpu_user_annotation", 20, 25),
+        ev("aten::mm", "cpu_op", 12, 8),
+        ev("aten::mm", "cpu_op", 22, 8),
+        ev("cudaLaunchKernel", "cuda_runtime", 15, 1),
+        ev("gemm", "kernel", 20, 10),
+        ev("relu_bwd", "kernel", 40, 5),
+        # the tail after training: a step range without a backward, which must not be chosen
+        ev("ProfilerStep#2", "user_annotation", 200, 50),
+        ev("aten::copy_", "cpu_op", 210, 3),
+    ]}  # fmt: skip
+    assert tt.last_step(trace["traceEvents"])["name"] == "ProfilerStep#1"
+    text = tt.summarize(trace, "t")
+    assert "ProfilerStep#1: host 0.100 ms, device kernels busy 0.015 ms (2 kernels)" in text
+    assert "| backward | 0.030 | 0.025 |" in text and "| data | 0.005 | 0.000 |" in text
+    assert "| `aten::mm` | 2 | 0.016 |" in text and "| `cudaLaunchKernel` | 1 | 0.001 |" in text
+    assert "aten::copy_" not in text
+    tt.draw(trace, tmp_path / "t.png", "t")
+    assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_kernels_append_replaces_only_the_cases_measured_again(tmp_path):
+    """--append keeps every earlier (kernel, batch, dtype) case not measured in this run."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    base = [sys.executable, str(REPO / "benchmarks" / "kernels.py"), "--device", "cpu", "--out", str(tmp_path), "--cpu-reps", "1"]
+    subprocess.run(base + ["--kernels", "loss", "--batch-sizes", "8,16"], check=True, env=env, capture_output=True)
+    subprocess.run(base + ["--kernels", "loss,interaction_d16", "--batch-sizes", "16", "--append"], check=True, env=env,
+                   capture_output=True)  # fmt: skip
+    with open(tmp_path / "kernels.csv") as f:
+        rows = list(csv.DictReader(f))
+    cases = collections.Counter((r["kernel"], r["batch"]) for r in rows)
+    assert cases[("copy", "")] == 1
+    assert cases[("loss", "8")] == cases[("loss", "16")] == cases[("interaction_d16", "16")] > 0
+    assert set(cases) == {("copy", ""), ("loss", "8"), ("loss", "16"), ("interaction_d16", "16")}
+    assert not any(r["error"] for r in rows)
