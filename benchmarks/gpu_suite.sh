@@ -179,6 +179,7 @@ EOF
       # decoding the next buffer overlaps cutting the current one, as in a real run (with 1M rows the
       # whole split was one buffer and the 13 batches measured mostly start-up)
       run loader 300 python benchmarks/loader_throughput.py --rows 1000000 --repeat 8 --workers 16 --repeats 3 \
+        --reader-threads 4,8,16 \
         --devices cuda --out "$RES"
       ;;
     *)

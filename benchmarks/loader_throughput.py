@@ -13,7 +13,10 @@
 3. loader: `dlrm.data.loader.ParquetLoader` over the train split of the preprocessed dataset, one
    epoch per timed repeat (median reported), on CPU and, when available, on CUDA (batches copied
    to the GPU; the clock stops after a device sync), for each ``data.placement``: "stream"
-   (ParquetLoader) and, on CUDA, "gpu" (DeviceLoader).
+   (ParquetLoader) and, on CUDA, "gpu" (DeviceLoader). "decode" is the streaming loader's host side
+   alone (its producer decoding into the host arenas, pinned when CUDA is there, nothing
+   consumed): the most the stream placement can deliver. ``--reader-threads 4,8,16`` measures
+   several reader thread counts.
 
 Prints a table and writes <stem>.csv, <stem>.md and <stem>.png under --out (default
 benchmarks/results/, stem loader_throughput_<device>), with the GPU name, torch / pyarrow / numpy
@@ -159,7 +162,31 @@ def _epoch(loader, device) -> tuple[int, float]:
     return n, time.perf_counter() - t0
 
 
-def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: int, shuffles: list[bool]) -> list[dict]:
+def _host_epoch(loader) -> tuple[int, float]:
+    """The streaming loader's host side alone: decode one epoch into its host arenas, handing each
+    arena straight back (no device, no consumer). The ceiling the consumer can reach."""
+    import queue
+    import threading
+
+    from dlrm.data.loader import _END
+
+    rng = np.random.default_rng([loader.seed, loader.epoch])
+    plan = loader._plan(rng)
+    q, free, stop = queue.Queue(loader.prefetch), queue.Queue(), threading.Event()
+    t0 = time.perf_counter()
+    producer = threading.Thread(target=loader._produce, args=(plan, rng, q, free, stop))
+    producer.start()
+    while (item := q.get()) is not _END:
+        if isinstance(item, BaseException):
+            raise item
+        free.put(item)
+    producer.join()
+    loader._return_spares(loader._spare_arenas, loader._empty(free), keep=loader._max_arenas)
+    return loader.num_rows, time.perf_counter() - t0
+
+
+def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: int, shuffles: list[bool],
+                 reader_threads: list[int | None], shuffle_buffer_rows: int) -> list[dict]:
     import torch
 
     from dlrm.data.device_loader import DeviceLoader
@@ -169,31 +196,47 @@ def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: in
     meta = read_metadata(dataset)
     files = split_files(dataset, meta, "train")
     out = []
+
+    def measure(stage, dev, label, shuffle, threads, make, epoch_fn):
+        try:
+            loader = make()
+            epoch_fn(loader)  # warm-up: file cache, CUDA context, pinned arenas, GPU upload
+            runs = []
+            for epoch in range(repeats):
+                loader.set_epoch(epoch + 1)
+                runs.append(epoch_fn(loader))
+            seconds = statistics.median(s for _, s in runs)
+            r = row(stage, dev, runs[0][0], seconds, "samples/s", placement=label, shuffle=shuffle,
+                    batch_size=batch_size, workers=threads)
+        except Exception as e:
+            r = row(stage, dev, meta.splits["train"].rows, None, "samples/s", placement=label, shuffle=shuffle,
+                    batch_size=batch_size, workers=threads, status=f"error: {type(e).__name__}: {e}"[:200])
+        print(f"  {stage} {dev} {label} shuffle={shuffle} readers={threads or 'default'}: "
+              f"{r['rate'] or 0:,.0f} samples/s {r['status']}")
+        out.append(r)
+
+    for shuffle in shuffles:
+        # the producer alone (decode into pinned arenas when CUDA is there): what the host can feed
+        pin_dev = "cuda" if any(torch.device(d).type == "cuda" for d in devices) else "cpu"
+        for threads in reader_threads:
+            measure("decode", "host", "stream", shuffle, threads,
+                    lambda: ParquetLoader(files, batch_size, pin_dev, shuffle=shuffle, drop_last=False,
+                                          reader_threads=threads, shuffle_buffer_rows=shuffle_buffer_rows),
+                    _host_epoch)
     for dev in devices:
         device = torch.device(dev)
-        # data.placement: "stream" (ParquetLoader: pinned batches, side-stream copy) or "gpu" (DeviceLoader:
-        # the whole split in device memory, batches are index gathers).
-        placements = ["stream", "gpu"] if device.type == "cuda" else ["stream"]
-        for placement in placements:
-            for shuffle in shuffles:
-                label = placement
-                try:
-                    cls = DeviceLoader if placement == "gpu" else ParquetLoader
-                    loader = cls(files, batch_size, device, shuffle=shuffle, drop_last=False)
-                    _epoch(loader, device)  # warm-up: file cache, CUDA context, pinned pool, GPU upload
-                    runs = []
-                    for epoch in range(repeats):
-                        loader.set_epoch(epoch + 1)
-                        runs.append(_epoch(loader, device))
-                    n = runs[0][0]
-                    seconds = statistics.median(s for _, s in runs)
-                    r = row("loader", dev, n, seconds, "samples/s", placement=label, shuffle=shuffle,
-                            batch_size=batch_size)
-                except Exception as e:
-                    r = row("loader", dev, meta.splits["train"].rows, None, "samples/s", placement=label,
-                            shuffle=shuffle, batch_size=batch_size, status=f"error: {type(e).__name__}: {e}"[:200])
-                print(f"  loader {dev} {label} shuffle={shuffle}: {r['rate'] or 0:,.0f} samples/s {r['status']}")
-                out.append(r)
+        # data.placement: "stream" (ParquetLoader: decoded buffers copied to the device, batches cut there)
+        # or "gpu" (DeviceLoader: the whole split in device memory, batches are index gathers).
+        for shuffle in shuffles:
+            for threads in reader_threads:
+                measure("loader", dev, "stream", shuffle, threads,
+                        lambda: ParquetLoader(files, batch_size, device, shuffle=shuffle, drop_last=False,
+                                              reader_threads=threads, shuffle_buffer_rows=shuffle_buffer_rows),
+                        lambda ld: _epoch(ld, device))
+            if device.type == "cuda":
+                measure("loader", dev, "gpu", shuffle, None,
+                        lambda: DeviceLoader(files, batch_size, device, shuffle=shuffle, drop_last=False),
+                        lambda ld: _epoch(ld, device))
     return out
 
 
@@ -256,9 +299,10 @@ def write_results(rows: list[dict], env: dict, out: Path, stem: str) -> list[Pat
     a1.set_title("preprocessing", fontsize=10)
     a1.grid(alpha=0.3)
     a1.legend(fontsize=8)
-    lod = [r for r in rows if r["stage"] == "loader" and r["rate"]]
+    lod = [r for r in rows if r["stage"] in ("decode", "loader") and r["rate"]]
     if lod:
-        labels = [f"{r['device']}\n{r['placement']}{' shuf' if r['shuffle'] else ''}" for r in lod]
+        labels = [f"{r['device']}\n{r['placement']}{' shuf' if r['shuffle'] else ''}"
+                  + (f" r{r['workers']}" if r["workers"] else "") for r in lod]
         bars = a2.bar(range(len(lod)), [r["rate"] / 1e6 for r in lod])
         a2.bar_label(bars, [f"{r['rate'] / 1e6:.2f}M" for r in lod], fontsize=8)
         a2.set_xticks(range(len(lod)), labels, fontsize=8)
@@ -292,6 +336,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed loader epochs (median reported)")
     ap.add_argument("--devices", default="auto", help="comma-separated, or auto: cpu and cuda when available")
     ap.add_argument("--shuffle", default="false,true", help="loader shuffle settings to measure")
+    ap.add_argument("--reader-threads", default=None,
+                    help="comma-separated ParquetLoader reader thread counts to measure (default: its default)")
+    ap.add_argument("--shuffle-buffer-rows", type=int, default=1_000_000, help="ParquetLoader shuffle_buffer_rows")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a new temp dir, removed)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -330,7 +377,9 @@ def main(argv=None) -> int:
         pre, dataset = bench_preprocess(raw, lines, work, workers, chunk_rows)
         results += pre
         if dataset is not None:
-            results += bench_loader(dataset, devices, args.batch_size, args.repeats, shuffles)
+            readers = [int(x) for x in args.reader_threads.split(",")] if args.reader_threads else [None]
+            results += bench_loader(dataset, devices, args.batch_size, args.repeats, shuffles, readers,
+                                    args.shuffle_buffer_rows)
         # the targets are for the GPU machine: judged there only (all workers, batches to the GPU)
         best = max((r for r in pre if r["rate"]), key=lambda r: r["workers"], default=None)
         for r in results:

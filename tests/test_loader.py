@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dlrm.data.device_loader import DeviceLoader
-from dlrm.data.loader import ParquetLoader, split_files, transform_dense
+from dlrm.data.loader import Batch, ParquetLoader, split_files, transform_dense
 from dlrm.data.schema import DatasetError, read_metadata
 
 
@@ -191,16 +191,46 @@ def test_batches_equal_the_sequential_reference(uneven_dataset, shuffle, batch_s
             np.testing.assert_array_equal(np.sort(ids), np.arange(211))
 
 
-@pytest.mark.parametrize("reader_threads,gather_threads", [(1, 1), (8, 4)])
-def test_thread_counts_do_not_change_the_batches(uneven_dataset, reader_threads, gather_threads):
+@pytest.mark.parametrize("reader_threads,prefetch", [(1, 1), (8, 3)])
+def test_thread_counts_do_not_change_the_batches(uneven_dataset, reader_threads, prefetch):
     loader = ParquetLoader(uneven_dataset, 16, shuffle=True, seed=9, shuffle_buffer_rows=60,
-                           reader_threads=reader_threads, gather_threads=gather_threads)
+                           reader_threads=reader_threads, prefetch=prefetch)
     for epoch in range(3):
         loader.set_epoch(epoch)
         assert_same_batches(list(loader), reference_batches(uneven_dataset, 16, shuffle=True, seed=9, epoch=epoch,
                                                             shuffle_buffer_rows=60))
-    # the loader keeps its buffers and slots across epochs, never more than it can use at once
-    assert len(loader._spare_buffers) <= 2 and len(loader._spare_slots) <= loader._max_slots
+    # the loader keeps its host arenas across epochs, never more than it can use at once
+    assert 1 <= len(loader._spare_arenas) <= loader._max_arenas == prefetch + 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_cuda_batches_equal_the_reference_and_shard_by_rank(uneven_dataset, shuffle):
+    """On CUDA: pinned arenas, side-stream uploads, device-side cuts. Same batches as the reference,
+    with buffers that carry rows over, a partial last batch, a resume point and rank slices."""
+    files, B, rows = uneven_dataset, 16, 30
+    expected = reference_batches(files, B, shuffle=shuffle, seed=6, epoch=1, shuffle_buffer_rows=rows)
+    loader = ParquetLoader(files, B, "cuda", shuffle=shuffle, seed=6, shuffle_buffer_rows=rows, prefetch=2)
+    assert loader._compact  # int32 sparse across the bus: the dataset has no 0xFFFFFFFF
+    for start in (0, 5):
+        loader.set_epoch(1, start_batch=start)
+        batches = list(loader)
+        assert all(b.dense.is_cuda and b.sparse.dtype == torch.int64 for b in batches)
+        assert_same_batches([_to_cpu(b) for b in batches], expected[start:])
+    world = 3
+    ranks = [ParquetLoader(files, B, "cuda", shuffle=shuffle, seed=6, shuffle_buffer_rows=rows, rank=r,
+                           world_size=world) for r in range(world)]
+    for r in ranks:
+        r.set_epoch(1)
+    for parts, (label, dense, sparse) in zip(zip(*ranks), expected):
+        assert all(p.global_len == len(label) for p in parts)
+        joined = Batch(*(torch.cat([getattr(p, k) for p in parts]).cpu() for k in ("dense", "sparse", "labels")))
+        assert_same_batches([joined], [(label, dense, sparse)])
+
+
+def _to_cpu(b):
+    return Batch(b.dense.cpu(), b.sparse.cpu(), b.labels.cpu())
 
 
 @pytest.mark.parametrize("shuffle,buffer_rows", [(False, 50), (True, 50), (True, 1_000_000)])

@@ -1,24 +1,24 @@
-"""Batched parquet loader: row groups -> contiguous tensors, prepared by background threads.
+"""Batched parquet loader: shuffle buffers decoded by background threads, cut into batches on the device.
 
-Never per-row Python. Reader threads decode row groups with pyarrow (GIL released) and transpose
-their columns straight into a preallocated row-major shuffle buffer; gather threads cut batches
-out of it (``np.take`` by a seeded permutation, or a slice copy) into reusable batch slots, which
-are pinned on CUDA and copied with ``non_blocking=True`` on a side stream, `prefetch` batches ahead
-of the training step; the dense transform ``log1p(max(x, 0))`` runs on the device after the copy
-(ints cross the bus, floats come out). Which rows form which batch depends only on the arguments
-and ``(seed, epoch)``, never on thread timing. `dlrm.data.device_loader` keeps a whole split in
-GPU memory instead.
+Never per-row Python, and no per-batch host work beyond launching a gather. Reader threads decode
+row groups with pyarrow (GIL released) and copy their columns into a column-major host arena
+(pinned on CUDA); each decoded shuffle buffer is copied to the device on a side stream as soon as
+it is ready, transformed there once (``log1p(max(x, 0))`` for the dense counts: ints cross the
+bus, floats come out), and every batch is a device-side gather by a slice of the buffer's seeded
+permutation. Which rows form which batch depends only on the arguments and ``(seed, epoch)``,
+never on thread timing. `dlrm.data.device_loader` keeps a whole split in GPU memory instead.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FuturesTimeout
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -115,10 +115,6 @@ _COLUMNS = [LABEL_COLUMN, *DENSE_COLUMNS, *SPARSE_COLUMNS]
 _LOW32 = 0xFFFFFFFF
 
 
-def _row_bytes(sparse_dtype) -> int:
-    return 1 + 4 * NUM_DENSE + np.dtype(sparse_dtype).itemsize * NUM_SPARSE
-
-
 def widen_sparse(sparse: torch.Tensor) -> torch.Tensor:
     """Raw sparse values as int64 from their compact int32 bit patterns (a new tensor either way).
 
@@ -145,6 +141,8 @@ def compact_sparse_ok(footers: list[pq.FileMetaData]) -> bool:
                 if stats is None or not stats.has_min_max or stats.max >= _LOW32:
                     return False
     return True
+
+
 # Rows per block of the column -> row-major transpose. Writing 26 int64 columns into a [n, 26] array
 # one whole column at a time touches every cache line of the destination 26 times; in blocks of
 # 16384 rows (3.4 MB of sparse) the destination block stays in cache while all columns land in it
@@ -158,7 +156,8 @@ def _column_array(table: pa.Table, name: str) -> np.ndarray:
 
 
 class _HostBlock:
-    """Decoded rows on the host: label int8 [n], dense int32 [n, 13], sparse int64 [n, 26]."""
+    """Decoded rows on the host, row-major: label int8 [n], dense int32 [n, 13], sparse int64 [n, 26]
+    (how `dlrm.data.device_loader` stages a row group)."""
 
     __slots__ = ("label", "dense", "sparse")
 
@@ -197,65 +196,97 @@ class _HostBlock:
                 for j, col in enumerate(cols):
                     block[:, j] = col[r0:r1]  # int64 -> int32 (compact sparse) keeps the low 32 bits
 
-    def gather_into(self, rows: np.ndarray | slice, out: "_HostBlock") -> None:
-        """``out[:k] = self[rows]`` written in place (k = len(rows)): one pass, no temporary arrays.
 
-        ``mode="clip"`` is not about clipping (`rows` always holds valid positions): numpy buffers
-        `out` when ``mode="raise"``, i.e. gathers into a temporary and copies again.
-        """
-        if isinstance(rows, slice):
-            k = rows.stop - rows.start
-            out.label[:k], out.dense[:k], out.sparse[:k] = self.label[rows], self.dense[rows], self.sparse[rows]
-            return
-        k = len(rows)
-        np.take(self.label, rows, axis=0, out=out.label[:k], mode="clip")
-        np.take(self.dense, rows, axis=0, out=out.dense[:k], mode="clip")
-        np.take(self.sparse, rows, axis=0, out=out.sparse[:k], mode="clip")
+class _Arena:
+    """The new rows of one shuffle buffer on the host, column-major, and the buffer's permutation.
 
-
-class _Slot:
-    """One reusable host batch of up to B rows, pinned on CUDA so the device copy is asynchronous.
-
-    Slots cycle producer -> queue -> consumer -> free queue -> producer. On CUDA the consumer sets
-    `copied` to an event recorded after the device copy from this slot was issued; whoever writes
-    into the slot next waits on it first, so a pending copy never reads overwritten rows.
+    label int8 [n], dense int32 [13, n] and sparse int32|int64 [26, n] (sparse int32 holds the
+    compact form, see `widen_sparse`): every column contiguous, so a reader thread lands a row
+    group's column with one ``memcpy`` (numpy releases the GIL for it), and the whole buffer
+    crosses the bus in three copies. perm int64 [carry + n]: the buffer's row permutation when
+    shuffling. Pinned on CUDA, so those copies are asynchronous; `released` is then the event
+    after which the device no longer reads the arena, and the producer waits on it before
+    writing the next buffer into it. Arenas are reused buffer after buffer and epoch after epoch.
     """
 
-    __slots__ = ("host", "tensors", "copied")
+    __slots__ = ("label", "dense", "sparse", "perm", "numpy", "released")
 
-    def __init__(self, batch_size: int, pin: bool, sparse_dtype: torch.dtype = torch.int64):
-        self.tensors = (
-            torch.empty((batch_size, NUM_DENSE), dtype=torch.int32, pin_memory=pin),
-            torch.empty((batch_size, NUM_SPARSE), dtype=sparse_dtype, pin_memory=pin),
-            torch.empty((batch_size,), dtype=torch.int8, pin_memory=pin),
-        )
-        dense, sparse, label = (t.numpy() for t in self.tensors)
-        self.host = _HostBlock(label, dense, sparse)  # numpy views of the same memory
-        self.copied: Optional[torch.cuda.Event] = None
+    def __init__(self, new_rows: int, rows: int, pin: bool, sparse_dtype: torch.dtype):
+        self.label = torch.empty(new_rows, dtype=torch.int8, pin_memory=pin)
+        self.dense = torch.empty(NUM_DENSE * new_rows, dtype=torch.int32, pin_memory=pin)
+        self.sparse = torch.empty(NUM_SPARSE * new_rows, dtype=sparse_dtype, pin_memory=pin)
+        self.perm = torch.empty(rows, dtype=torch.int64, pin_memory=pin)
+        self.numpy = tuple(t.numpy() for t in (self.label, self.dense, self.sparse, self.perm))
+        self.released: Optional[torch.cuda.Event] = None
 
-    def wait_until_copied(self) -> None:
-        if self.copied is not None:
-            self.copied.synchronize()
-            self.copied = None
+    def tensors(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(label [n], dense [13, n], sparse [26, n]) of a buffer with `n` new rows (views)."""
+        return self.label[:n], self.dense[: NUM_DENSE * n].view(NUM_DENSE, n), self.sparse[: NUM_SPARSE * n].view(NUM_SPARSE, n)
 
-    def views(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(dense, sparse, label) of the first `n` rows (views: still pinned)."""
-        return tuple(t[:n] for t in self.tensors)
+    def arrays(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The same views as numpy arrays, for the reader threads."""
+        label, dense, sparse, _ = self.numpy
+        return label[:n], dense[: NUM_DENSE * n].reshape(NUM_DENSE, n), sparse[: NUM_SPARSE * n].reshape(NUM_SPARSE, n)
+
+    def wait_released(self) -> None:
+        if self.released is not None:
+            self.released.synchronize()
+            self.released = None
+
+
+def _write_columns(table: pa.Table, out: tuple[np.ndarray, np.ndarray, np.ndarray], at: int) -> None:
+    """Copy `table`'s columns into column-major arrays at rows ``[at, at + num_rows)``."""
+    label, dense, sparse = out
+    n = table.num_rows
+    label[at : at + n] = _column_array(table, LABEL_COLUMN)
+    for dst, names in ((dense, DENSE_COLUMNS), (sparse, SPARSE_COLUMNS)):
+        for j, name in enumerate(names):
+            dst[j, at : at + n] = _column_array(table, name)  # int64 -> int32 (compact) keeps the low 32 bits
 
 
 @dataclass
 class _Flush:
     """One shuffle buffer of an epoch: the rows carried over from the previous buffer, then `groups`.
 
-    rows = carry + rows of `groups`; its rows are permuted together and cut into batches, and the
-    last ``rows % B`` (in permuted order) are carried into the next buffer (or, in the final one,
-    form the partial batch).
+    rows = carry + rows of `groups`; its rows are permuted together and cut into `cuts` (row ranges
+    in permuted order; the first is the epoch's batch number `first_batch`); the rows from `keep`
+    on (in permuted order) are carried into the next buffer, unless it is the final one.
     """
 
     groups: list[int]  # indexes into ParquetLoader.row_groups, in read order
     carry: int
     rows: int
     final: bool
+    cuts: list[tuple[int, int]]
+    first_batch: int
+    keep: int
+
+
+@dataclass
+class _Resident:
+    """A shuffle buffer as the consumer cuts it: row-major tensors on the target device.
+
+    dense float32 [rows, 13] (transformed), sparse int64 [rows, 26], labels float32 [rows], perm
+    int64 [rows] or None (no shuffle); `ready`: the event after which they hold their values
+    (CUDA); `streams`: the streams already made to wait on it.
+    """
+
+    dense: torch.Tensor
+    sparse: torch.Tensor
+    labels: torch.Tensor
+    perm: Optional[torch.Tensor]
+    ready: Optional[torch.cuda.Event]
+    streams: set = field(default_factory=set)
+
+    def rows(self, lo: int, hi: int) -> torch.Tensor | slice:
+        return self.perm[lo:hi] if self.perm is not None else slice(lo, hi)
+
+    def take(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows ``[lo, hi)`` in permuted order: gathers (new tensors), or views without shuffling."""
+        rows = self.rows(lo, hi)
+        if isinstance(rows, slice):
+            return self.dense[rows], self.sparse[rows], self.labels[rows]
+        return self.dense.index_select(0, rows), self.sparse.index_select(0, rows), self.labels.index_select(0, rows)
 
 
 _END = object()
@@ -272,13 +303,13 @@ class ParquetLoader:
             ``(seed, epoch)``, so every epoch differs and every run repeats).
         seed: base seed of the shuffle.
         drop_last: drop the last partial batch of an epoch (True keeps shapes fixed).
-        prefetch: batches prepared ahead by the background thread.
-        shuffle_buffer_rows: rows shuffled together; also the rows decoded ahead without shuffling.
+        prefetch: shuffle buffers decoded ahead of the one being cut (at least 1; each is at
+            least `shuffle_buffer_rows` rows, i.e. many batches).
+        shuffle_buffer_rows: rows shuffled together; also the rows decoded and copied as one unit.
         reader_threads: row groups decoded at once (default: from the CPU count).
-        gather_threads: batches cut from the shuffle buffer at once (default: from the CPU count).
         rank, world_size: in a distributed run, deliver only rank `rank`'s slice of every global
-            batch (`rank_slice`); every rank plans and decodes the same buffers (the global batches
-            must be identical everywhere) but gathers, copies and transforms only its own rows.
+            batch (`rank_slice`); every rank plans, decodes and uploads the same buffers (the
+            global batches must be identical everywhere) but cuts only its own rows.
         compact_sparse: move sparse values as int32 bit patterns on the host (exact only without
             0xFFFFFFFF, which the footers' statistics must rule out); None: on CUDA devices.
 
@@ -286,17 +317,22 @@ class ParquetLoader:
         >>> loader = ParquetLoader(files, batch_size=512, device="cpu")
         >>> for batch in loader: ...   # Batch(dense [512, 13], sparse [512, 26], labels [512])
 
-    Pipeline (all but the last step off the training thread):
-      1. `reader_threads` workers decode the row groups of the *next* shuffle buffer (pyarrow,
-         GIL released) and transpose them straight into a preallocated row-major buffer, while
-      2. `gather_threads` workers gather the batches of the *current* buffer (``np.take`` by the
-         shuffle permutation, a slice copy without shuffling) into reusable batch slots, pinned on
-         CUDA: each row is copied twice on the host (transpose, gather) and nothing is allocated
-         per batch;
-      3. the consumer copies a slot to the device on a side stream and hands the slot back.
-    The two buffers and the slots are kept by the loader across epochs (first-touch page faults
-    cost more than the copies themselves); that is ``2 * (shuffle_buffer_rows + B + largest row
-    group) * 261`` bytes of host memory at most, plus ``(prefetch + gather_threads + 2) * B * 261``.
+    Pipeline, one shuffle buffer (about `shuffle_buffer_rows` rows) at a time:
+      1. producer: `reader_threads` workers decode the buffer's row groups (pyarrow, GIL released,
+         each also spreading its columns over pyarrow's own pool) and copy each column with one
+         ``memcpy`` into a column-major host arena (pinned on CUDA); up to `prefetch` decoded
+         buffers wait ahead of the consumer;
+      2. consumer: as soon as the next buffer is decoded, three asynchronous copies move it to
+         the device on a side stream, where it is transformed (``log1p``, sparse widening) and
+         laid out row-major once per buffer, and the arena goes back to the producer;
+      3. each batch is then a device-side gather by a slice of the buffer's permutation (a view
+         without shuffling), issued on the consumer's stream: no per-batch host copy, no
+         per-batch event, nothing synced.
+    So each row is copied once on the host, crosses the bus once in ~157-261 bytes (int32 or
+    int64 sparse), and the next buffers are on the device while the current steps run. Memory:
+    ``(prefetch + 1)`` arenas of ``R * (53 + 26 * s) + 8 * (R + B)`` bytes of host memory
+    (s = 4 or 8 bytes a sparse value, R = rows of the largest buffer, at most ``shuffle_buffer_rows
+    + largest row group``) and, on the device, two buffers of 264 bytes a row plus one upload.
 
     Which rows form which batch is decided before any data is read (`_plan`), from the row-group
     sizes in the footers and the ``(seed, epoch)`` generator: the row-group order, then one
@@ -317,7 +353,6 @@ class ParquetLoader:
         prefetch: int = 2,
         shuffle_buffer_rows: int = 1_000_000,
         reader_threads: Optional[int] = None,
-        gather_threads: Optional[int] = None,
         rank: int = 0,
         world_size: int = 1,
         compact_sparse: Optional[bool] = None,
@@ -329,13 +364,11 @@ class ParquetLoader:
         self.shuffle = shuffle
         self.seed = seed
         self.drop_last = drop_last
-        self.prefetch = prefetch
+        self.prefetch = max(1, prefetch)
         self.shuffle_buffer_rows = shuffle_buffer_rows
-        cpus = os.cpu_count() or 1
-        # Decoding is the bulk of the work (pyarrow also spreads each row group's columns over its
-        # own pool); gathering is a memory copy at ~20M rows/s a thread.
-        self.reader_threads = reader_threads or max(2, min(8, cpus // 2))
-        self.gather_threads = gather_threads or max(2, min(4, cpus // 4))
+        # Decoding is the bulk of the host work; pyarrow also spreads each row group's columns over
+        # its own pool, so a few more row groups than cores keeps every core busy.
+        self.reader_threads = reader_threads or max(2, min(16, os.cpu_count() or 1))
         self.epoch = 0
         self.start_batch = 0
         # (file index, row group index, rows) for every row group, read from parquet footers only.
@@ -351,22 +384,21 @@ class ParquetLoader:
             self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
         self.num_rows = sum(n for _, _, n in self.row_groups)
         self._pin = self.device.type == "cuda"
-        # On CUDA, sparse values travel through the host buffers, slots and the bus as int32 bit
-        # patterns when the footers prove that exact (`widen_sparse` restores int64 on the GPU):
-        # the host transposes and gathers ~20% faster (int32 vs int64 rows, measured on the CPU)
-        # and half the sparse bytes cross the bus. On the CPU the widening would run on the host
-        # and cost more than it saves, so batches stay int64 there unless `compact_sparse` says.
+        # On CUDA, sparse values travel through the arenas and the bus as int32 bit patterns when
+        # the footers prove that exact (`widen_sparse` restores int64 on the GPU): half the sparse
+        # bytes to copy on the host and across the bus. On the CPU the widening would cost more
+        # than it saves, so buffers stay int64 there unless `compact_sparse` says.
         want = self.device.type == "cuda" if compact_sparse is None else compact_sparse
         self._compact = want and compact_sparse_ok(self._footers)
-        # Largest shuffle buffer any epoch can need: a carry (< B), pending rows below the
-        # threshold, then the row group that crosses it (see `_plan`); never more than all rows.
+        # Largest buffer any epoch can need: pending rows below the threshold, then the row group
+        # that crosses it (see `_plan`), plus a carry (< B); never more than all rows.
         largest_group = max((n for _, _, n in self.row_groups), default=0)
-        self._buffer_rows = min(self.num_rows, batch_size - 1 + max(shuffle_buffer_rows, 1) - 1 + largest_group)
-        self._max_slots = prefetch + self.gather_threads + 2
+        self._new_rows = min(self.num_rows, max(shuffle_buffer_rows, 1) - 1 + largest_group)
+        self._buffer_rows = min(self.num_rows, batch_size - 1 + self._new_rows)
+        self._max_arenas = self.prefetch + 1
         self._lock = threading.Lock()
-        self._spare_buffers: list[_HostBlock] = []  # reused across epochs, see the class docstring
-        self._spare_slots: list[_Slot] = []
-        self._executors: Optional[tuple[ThreadPoolExecutor, ThreadPoolExecutor]] = None
+        self._spare_arenas: list[_Arena] = []  # reused across epochs (first-touch page faults and pinning are slow)
+        self._readers: Optional[ThreadPoolExecutor] = None
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -375,9 +407,9 @@ class ParquetLoader:
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """The next iteration yields `epoch`'s batches from index `start_batch` on (for resume).
 
-        The order depends only on (seed, epoch), so skipped batches are the ones a
-        previous run consumed; their shuffle buffers are still decoded (later batches take rows
-        carried over from them) but the skipped batches are never gathered or copied.
+        The order depends only on (seed, epoch), so skipped batches are the ones a previous run
+        consumed; their shuffle buffers are still decoded and uploaded (later batches take rows
+        carried over from them) but the skipped batches are never cut.
         """
         self.epoch = epoch
         self.start_batch = start_batch
@@ -385,7 +417,7 @@ class ParquetLoader:
     # -- the epoch's plan -----------------------------------------------------------------------
 
     def _plan(self, rng: np.random.Generator) -> list[_Flush]:
-        """The shuffle buffers of an epoch, from the footers' row counts alone.
+        """The shuffle buffers of an epoch and their batches, from the footers' row counts alone.
 
         A buffer is flushed as soon as its pending row groups hold ``>= shuffle_buffer_rows`` rows;
         the final one takes whatever is left (carry and/or pending groups). Draws the row-group
@@ -393,25 +425,36 @@ class ParquetLoader:
         buffer order, by the producer.
         """
         order = rng.permutation(len(self.row_groups)) if self.shuffle else np.arange(len(self.row_groups))
+        B = self.batch_size
         flushes: list[_Flush] = []
+        batches = 0
+
+        def flush(groups: list[int], carry: int, rows: int, final: bool) -> int:
+            nonlocal batches
+            full = rows // B * B
+            cuts = [(s, s + B) for s in range(0, full, B)]
+            if final and keeps_last_batch(rows - full, self.drop_last, self.world_size):
+                cuts.append((full, rows))
+            flushes.append(_Flush(groups, carry, rows, final, cuts, batches, full))
+            batches += len(cuts)
+            return rows - full  # the next buffer's carry
+
         pending: list[int] = []
         pending_rows = carry = 0
         for k in order.tolist():
             pending.append(k)
             pending_rows += self.row_groups[k][2]
             if pending_rows >= self.shuffle_buffer_rows:
-                rows = carry + pending_rows
-                flushes.append(_Flush(pending, carry, rows, final=False))
-                carry = rows % self.batch_size
+                carry = flush(pending, carry, carry + pending_rows, final=False)
                 pending, pending_rows = [], 0
         if carry or pending:
-            flushes.append(_Flush(pending, carry, carry + pending_rows, final=True))
+            flush(pending, carry, carry + pending_rows, final=True)
         return flushes
 
-    # -- producer (background thread and its workers) ------------------------------------------
+    # -- producer (background thread and its reader pool) ---------------------------------------
 
-    def _decode(self, k: int, buf: _HostBlock, at: int) -> None:
-        """Read row group `k` into ``buf[at:]`` (on a reader thread).
+    def _decode(self, k: int, out: tuple[np.ndarray, np.ndarray, np.ndarray], at: int) -> None:
+        """Read row group `k` into the arena columns `out` from row `at` on (on a reader thread).
 
         Opens the file for this one read: with the footer parsed in `__init__` that costs ~50 us
         against milliseconds of decoding, shares no reader object between threads, and keeps no
@@ -426,12 +469,7 @@ class ParquetLoader:
             raise DatasetError(f"{self.files[fi]}: row group {gi}: cannot be read ({e})") from None
         if table.num_rows != n:  # the plan placed every row group by its footer's count
             raise DatasetError(f"{self.files[fi]}: row group {gi}: has {table.num_rows} rows, its footer said {n}")
-        buf.write(table, at)
-
-    @staticmethod
-    def _gather(buf: _HostBlock, rows: np.ndarray | slice, slot: _Slot) -> None:
-        slot.wait_until_copied()
-        buf.gather_into(rows, slot.host)
+        _write_columns(table, out, at)
 
     def _take_spares(self, spares: list, count: int, make) -> list:
         with self._lock:
@@ -442,68 +480,52 @@ class ParquetLoader:
         with self._lock:
             spares.extend(items[: max(0, keep - len(spares))])
 
-    def _produce(self, q: queue.Queue, free: queue.Queue, stop: threading.Event) -> None:
+    def _produce(self, plan: list[_Flush], rng: np.random.Generator, q: queue.Queue, free: queue.Queue,
+                 stop: threading.Event) -> None:
         try:
-            self._run_epoch(q, free, stop)
+            self._decode_epoch(plan, rng, q, free, stop)
             self._put(q, _END, stop)
         except BaseException as e:  # handed to the consumer thread, which re-raises it
             self._put(q, e, stop)
 
-    def _run_epoch(self, q: queue.Queue, free: queue.Queue, stop: threading.Event) -> None:
-        """Decode, cut and hand over one epoch's batches (producer thread)."""
-        rng = np.random.default_rng([self.seed, self.epoch])
-        plan = self._plan(rng)
-        if not plan:
-            return
-        B = self.batch_size
-        n_buffers = min(2, len(plan))
-        buffers = self._take_spares(self._spare_buffers, n_buffers, self._new_buffer)
-        readers, gatherers = self._pools()
-        window: collections.deque = collections.deque()  # (gather future, slot, rows), in batch order
-        made_slots = 0
+    def _decode_epoch(self, plan: list[_Flush], rng: np.random.Generator, q: queue.Queue, free: queue.Queue,
+                      stop: threading.Event) -> None:
+        """Decode the epoch's buffers into arenas and hand them over in order (producer thread)."""
+        readers = self._pool()
+        pending: collections.deque = collections.deque()  # (arena, futures), in buffer order
+        made = 0
 
-        def decode(f: int) -> collections.deque:
-            """Submit flush f's row groups; (future, first buffer row it writes) in buffer order."""
-            buf, at, futures = buffers[f % n_buffers], plan[f].carry, collections.deque()
-            for k in plan[f].groups:
-                futures.append((readers.submit(self._decode, k, buf, at), at))
-                at += self.row_groups[k][2]
-            return futures
-
-        def wait_decoded(decoding: collections.deque, upto: Optional[int] = None) -> bool:
-            """Wait until buffer rows [0, upto) (None: all) are decoded; False when the consumer stopped."""
-            while decoding and (upto is None or decoding[0][1] < upto):
-                while not stop.is_set():
+        def hand_over_oldest() -> bool:
+            """Wait for the oldest buffer's decode and queue it; False when the consumer stopped
+            (the buffer then stays in `pending`, whose decodes the `finally` below waits for)."""
+            arena, futures = pending[0]
+            for future in futures:
+                while True:
+                    if stop.is_set():
+                        return False
                     try:
-                        decoding[0][0].result(timeout=0.1)  # re-raises a reader's DatasetError
+                        future.result(timeout=0.1)  # re-raises a reader's DatasetError
                         break
                     except FuturesTimeout:
                         continue
-                else:
-                    return False
-                decoding.popleft()
-            return True
-
-        def hand_over_oldest() -> bool:
-            future, slot, n, n_global = window.popleft()
-            future.result()
-            if self._put(q, (slot, n, n_global), stop):
+            pending.popleft()
+            if self._put(q, arena, stop):
                 return True
-            free.put(slot)  # the consumer stopped: keep the slot for the next iteration
+            free.put(arena)  # the consumer stopped: keep the (fully decoded) arena for the next iteration
             return False
 
-        def acquire_slot() -> Optional[_Slot]:
-            """A free slot; never waits while the window holds finished work the consumer could free."""
-            nonlocal made_slots
+        def acquire_arena() -> Optional[_Arena]:
+            """A free arena; never waits while a decoded buffer could be handed over instead."""
+            nonlocal made
             while not stop.is_set():
                 try:
                     return free.get_nowait()
                 except queue.Empty:
                     pass
-                if made_slots < self._max_slots:
-                    made_slots += 1
-                    return self._take_spares(self._spare_slots, 1, self._new_slot)[0]
-                if window:
+                if made < self._max_arenas:
+                    made += 1
+                    return self._take_spares(self._spare_arenas, 1, self._new_arena)[0]
+                if pending:
                     if not hand_over_oldest():
                         return None
                     continue
@@ -513,77 +535,54 @@ class ParquetLoader:
                     continue
             return None
 
-        decoding = decoding_next = collections.deque()
         try:
-            batch_no = 0
-            decoding = decode(0)
-            for f, flush in enumerate(plan):
-                buf = buffers[f % n_buffers]
-                perm = rng.permutation(flush.rows) if self.shuffle else None
-                # The other buffer is free: every batch of flush f-1 was handed over and its carry
-                # copied into this one. Decode flush f+1 into it while this one is cut into batches
-                # (the reader pool is FIFO, so flush f's row groups still come first).
-                decoding_next = decode(f + 1) if f + 1 < len(plan) else collections.deque()
-                full = flush.rows // B * B
-                cuts = [(s, s + B) for s in range(0, full, B)]
-                if flush.final and keeps_last_batch(flush.rows - full, self.drop_last, self.world_size):
-                    cuts.append((full, flush.rows))
-                for lo, hi in cuts:
-                    if batch_no >= self.start_batch:
-                        # A shuffled batch may take rows from anywhere in the buffer; an unshuffled
-                        # one only needs the row groups up to its last row, so it starts early.
-                        if not wait_decoded(decoding, None if perm is not None else hi):
-                            return
-                        slot = acquire_slot()
-                        if slot is None:
-                            return
-                        a, b = rank_slice(lo, hi, self.rank, self.world_size)
-                        rows = perm[a:b] if perm is not None else slice(a, b)
-                        window.append((gatherers.submit(self._gather, buf, rows, slot), slot, b - a, hi - lo))
-                        if len(window) > self.gather_threads and not hand_over_oldest():
-                            return
-                    batch_no += 1
-                if not wait_decoded(decoding):  # skipped batches or a carry still need them
+            for flush in plan:
+                arena = acquire_arena()
+                if arena is None:
                     return
-                while window:  # this buffer is decoded into again once the next flush starts
+                arena.wait_released()  # the device may still be copying the arena's previous buffer
+                if self.shuffle:  # drawn in buffer order, right after the plan: depends on (seed, epoch) only
+                    arena.numpy[3][: flush.rows] = rng.permutation(flush.rows)
+                out = arena.arrays(flush.rows - flush.carry)
+                futures, at = [], 0
+                for k in flush.groups:
+                    futures.append(readers.submit(self._decode, k, out, at))
+                    at += self.row_groups[k][2]
+                pending.append((arena, futures))
+                while pending and all(f.done() for f in pending[0][1]):  # hand over what is ready early
                     if not hand_over_oldest():
                         return
-                if not flush.final and full < flush.rows:
-                    buf.gather_into(perm[full:] if perm is not None else slice(full, flush.rows),
-                                    buffers[(f + 1) % n_buffers])
-                decoding = decoding_next
+            while pending:
+                if not hand_over_oldest():
+                    return
         finally:
-            # Stopped early (or failed): let nothing run on the buffers or slots any more.
-            for future, _ in (*decoding, *decoding_next):
-                future.cancel()
-            wait([f for f, _ in (*decoding, *decoding_next)] + [w[0] for w in window])
-            for _, slot, _, _ in window:  # stopped early: no gather runs any more, the slots are idle
-                free.put(slot)
-            self._return_spares(self._spare_buffers, buffers, keep=2)
+            # Stopped early (or failed): let nothing run on the arenas any more.
+            futures = [f for _, fs in pending for f in fs]
+            for f in futures:
+                f.cancel()
+            wait(futures)
+            for arena, _ in pending:
+                free.put(arena)
 
-    def _pools(self) -> tuple[ThreadPoolExecutor, ThreadPoolExecutor]:
-        """The reader and gather pools, made once per loader.
+    def _pool(self) -> ThreadPoolExecutor:
+        """The reader pool, made once per loader.
 
         Kept across epochs: new threads start with empty allocator caches (pyarrow's mimalloc
         heaps are per thread), which showed up as page faults and system time every epoch.
-        Idle threads cost nothing; concurrent iterations share them (each waits on its own futures).
+        Idle threads cost nothing; concurrent iterations share it (each waits on its own futures).
         """
         with self._lock:
-            if self._executors is None:
-                self._executors = (
-                    ThreadPoolExecutor(self.reader_threads, thread_name_prefix="parquet-read"),
-                    ThreadPoolExecutor(self.gather_threads, thread_name_prefix="parquet-gather"),
-                )
-            return self._executors
+            if self._readers is None:
+                self._readers = ThreadPoolExecutor(self.reader_threads, thread_name_prefix="parquet-read")
+            return self._readers
 
-    def _new_buffer(self) -> _HostBlock:
-        dtype = np.int32 if self._compact else np.int64
-        logger.debug(f"parquet loader: host shuffle buffer of {self._buffer_rows:,} rows "
-                     f"({self._buffer_rows * _row_bytes(dtype) / 2**20:,.0f} MiB, sparse {np.dtype(dtype).name})")
-        return _HostBlock.empty(self._buffer_rows, dtype)
-
-    def _new_slot(self) -> _Slot:
-        return _Slot(self.batch_size, self._pin, torch.int32 if self._compact else torch.int64)
+    def _new_arena(self) -> _Arena:
+        sparse = torch.int32 if self._compact else torch.int64
+        arena = _Arena(self._new_rows, self._buffer_rows, self._pin, sparse)
+        size = sum(t.numel() * t.element_size() for t in (arena.label, arena.dense, arena.sparse, arena.perm))
+        logger.debug(f"parquet loader: host arena of {self._new_rows:,} rows ({size / 2**20:,.0f} MiB"
+                     f"{', pinned' if self._pin else ''}, sparse {sparse})")
+        return arena
 
     @staticmethod
     def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
@@ -599,30 +598,103 @@ class ParquetLoader:
     # -- consumer -------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Batch]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        plan = self._plan(rng)
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
-        free: queue.Queue = queue.Queue()  # slots the consumer is done with (unbounded: put never waits)
+        free: queue.Queue = queue.Queue()  # arenas the consumer is done with (unbounded: put never waits)
         stop = threading.Event()
-        thread = threading.Thread(target=self._produce, args=(q, free, stop), daemon=True, name="parquet-loader")
+        thread = threading.Thread(target=self._produce, args=(plan, rng, q, free, stop), daemon=True,
+                                  name="parquet-loader")
         thread.start()
         try:
-            host_items = self._drain(q)
-            if self.device.type == "cuda":
-                yield from self._device_prefetch(host_items, free)
-            else:
-                for slot, n, n_global in host_items:
-                    dense, sparse, label = slot.views(n)
-                    # The slot is reused, so the batch must own its memory: the transform, the float
-                    # labels and the widened sparse values are all new tensors.
-                    batch = Batch(transform_dense(dense), widen_sparse(sparse), label.to(torch.float32),
-                                  self._global(n_global))
-                    free.put(slot)
-                    yield batch
+            yield from self._cut_epoch(plan, q, free)
         finally:
             stop.set()
             thread.join()
-            # Every slot the producer made is now idle: in `free`, in `q`, or dropped mid-flight.
-            slots = [item[0] for item in self._empty(q) if isinstance(item, tuple)] + self._empty(free)
-            self._return_spares(self._spare_slots, slots, keep=self._max_slots)
+            # Every arena the producer made is now idle: in `free`, in `q`, or dropped mid-flight.
+            arenas = [a for a in self._empty(q) if isinstance(a, _Arena)] + self._empty(free)
+            self._return_spares(self._spare_arenas, arenas, keep=self._max_arenas)
+
+    def _cut_epoch(self, plan: list[_Flush], q: queue.Queue, free: queue.Queue) -> Iterator[Batch]:
+        """Upload each decoded buffer as soon as it arrives and cut the current one into batches."""
+        copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        previous: Optional[tuple[_Flush, _Resident]] = None  # needed only until the next upload (its carry)
+        current: Optional[_Resident] = None
+        for f, flush in enumerate(plan):
+            if current is None:  # the first buffer, or the next one had not arrived while cutting
+                current = self._upload(flush, self._receive(q, block=True), previous, free, copy_stream)
+            previous = upcoming = None
+            for i, (lo, hi) in enumerate(flush.cuts):
+                if upcoming is None and f + 1 < len(plan):  # start copying the next buffer early
+                    arena = self._receive(q, block=False)
+                    if arena is not None:
+                        upcoming = self._upload(plan[f + 1], arena, (flush, current), free, copy_stream)
+                if flush.first_batch + i >= self.start_batch:
+                    yield self._cut(current, lo, hi)
+            previous, current = (flush, current), upcoming
+        if self._receive(q, block=True, end=True) is not _END:
+            raise RuntimeError("parquet loader: the producer made more buffers than the plan")
+
+    @staticmethod
+    def _receive(q: queue.Queue, block: bool, end: bool = False):
+        """The next decoded arena (None if `block` is False and none is ready), re-raising the
+        producer's exceptions here; `end`: expect the end of the epoch instead."""
+        try:
+            item = q.get(block=block)
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        if (item is _END) != end:
+            raise RuntimeError("parquet loader: the producer and the plan disagree on the buffers")
+        return item
+
+    def _upload(self, flush: _Flush, arena: _Arena, previous: Optional[tuple[_Flush, _Resident]], free: queue.Queue,
+                copy_stream: Optional[torch.cuda.Stream]) -> _Resident:
+        """Buffer `flush` on the device: the carry gathered from the previous buffer, then the
+        arena's rows, transformed and row-major. On CUDA all of it is queued on `copy_stream`."""
+        n, dev = flush.rows - flush.carry, self.device
+        with torch.cuda.stream(copy_stream) if copy_stream is not None else contextlib.nullcontext():
+            label, dense, sparse = (t.to(dev, non_blocking=True) for t in arena.tensors(n))
+            perm = arena.perm[: flush.rows].to(dev, non_blocking=True, copy=True) if self.shuffle else None  # outlives the arena
+            if copy_stream is not None:
+                arena.released = torch.cuda.Event()
+                arena.released.record(copy_stream)
+            out = _Resident(
+                torch.empty((flush.rows, NUM_DENSE), dtype=torch.float32, device=dev),
+                torch.empty((flush.rows, NUM_SPARSE), dtype=torch.int64, device=dev),
+                torch.empty((flush.rows,), dtype=torch.float32, device=dev),
+                perm, None,
+            )
+            if flush.carry:  # rows [keep, rows) of the previous buffer, in its permuted order
+                prev_flush, prev = previous
+                carried = prev.take(prev_flush.keep, prev_flush.rows)
+                for dst, src in zip((out.dense, out.sparse, out.labels), carried):
+                    dst[: flush.carry] = src
+            out.dense[flush.carry :] = transform_dense(dense.t())
+            out.sparse[flush.carry :] = widen_sparse(sparse.t()) if sparse.dtype != torch.int64 else sparse.t()
+            out.labels[flush.carry :] = label
+            if copy_stream is not None:
+                out.ready = torch.cuda.Event()
+                out.ready.record(copy_stream)
+        # On the CPU everything above has run (reading the arena in place); on CUDA the producer
+        # waits on `released` before writing into the arena again.
+        free.put(arena)
+        return out
+
+    def _cut(self, buf: _Resident, lo: int, hi: int) -> Batch:
+        """This rank's rows of batch ``[lo, hi)``, issued on the consumer's current stream."""
+        if buf.ready is not None:
+            current = torch.cuda.current_stream(self.device)
+            if current not in buf.streams:  # once per buffer and stream: no per-batch event
+                current.wait_event(buf.ready)
+                for t in (buf.dense, buf.sparse, buf.labels, buf.perm):
+                    if t is not None:
+                        t.record_stream(current)  # made on the copy stream, read (and viewed) here
+                buf.streams.add(current)
+        a, b = rank_slice(lo, hi, self.rank, self.world_size)
+        dense, sparse, labels = buf.take(a, b)
+        return Batch(dense, sparse, labels, hi - lo if self.world_size > 1 else None)
 
     @staticmethod
     def _empty(q: queue.Queue) -> list:
@@ -632,60 +704,3 @@ class ParquetLoader:
                 items.append(q.get_nowait())
             except queue.Empty:
                 return items
-
-    @staticmethod
-    def _drain(q: queue.Queue) -> Iterator[tuple[_Slot, int, int]]:
-        """Host batches from the producer thread, re-raising its exceptions here."""
-        while True:
-            item = q.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def _global(self, n_global: int) -> Optional[int]:
-        return n_global if self.world_size > 1 else None
-
-    def _device_prefetch(self, host_items: Iterator[tuple[_Slot, int, int]], free: queue.Queue) -> Iterator[Batch]:
-        """Copy pinned host batches on a side stream, `prefetch` batches ahead of the consumer.
-
-        The copy of batch i+1.. overlaps the step on batch i; the consumer's stream waits on an
-        event (no host sync), and `record_stream` keeps the caching allocator from reusing a
-        batch's memory while the consumer's stream may still read it. The host slot goes back to
-        the producer right away with the event recorded after its copy; the producer waits on
-        that event before writing into the slot again.
-        """
-        copy_stream = torch.cuda.Stream(self.device)
-        in_flight: collections.deque = collections.deque()
-
-        def issue(slot: _Slot, n: int, n_global: int) -> None:
-            with torch.cuda.stream(copy_stream):
-                dense, sparse, label = (t.to(self.device, non_blocking=True) for t in slot.views(n))
-                # Recorded right after the copies, before the transform kernels (which may queue
-                # behind the training step for SMs): the slot is free once the DMA is done.
-                copied = torch.cuda.Event()
-                copied.record(copy_stream)
-                dense = transform_dense(dense)
-                sparse = widen_sparse(sparse) if sparse.dtype != torch.int64 else sparse
-                label = label.to(torch.float32)
-                done = torch.cuda.Event()
-                done.record(copy_stream)
-            slot.copied = copied
-            free.put(slot)  # the producer waits on `copied` before writing into it again
-            in_flight.append((Batch(dense, sparse, label, self._global(n_global)), done))
-
-        for slot, n, n_global in host_items:
-            issue(slot, n, n_global)
-            if len(in_flight) > self.prefetch:
-                yield self._hand_over(*in_flight.popleft())
-        while in_flight:
-            yield self._hand_over(*in_flight.popleft())
-
-    @staticmethod
-    def _hand_over(batch: Batch, done: torch.cuda.Event) -> Batch:
-        current = torch.cuda.current_stream(batch.labels.device)
-        current.wait_event(done)
-        for t in (batch.dense, batch.sparse, batch.labels):
-            t.record_stream(current)
-        return batch
