@@ -179,8 +179,15 @@ EOF
       # decoding the next buffer overlaps cutting the current one, as in a real run (with 1M rows the
       # whole split was one buffer and the 13 batches measured mostly start-up)
       run loader 300 python benchmarks/loader_throughput.py --rows 1000000 --repeat 8 --workers 16 --repeats 3 \
-        --reader-threads 4,8,16 \
-        --devices cuda --out "$RES"
+        --reader-threads 4,8,16 --devices cuda --out "$RES" --work /tmp/loader-bench --keep
+      # the same 8M-row dataset streamed into training (configs/kaggle.json, whole step one CUDA graph)
+      # against the gpu placement: does the stream loader keep the step fed?
+      if [ -f /tmp/loader-bench/pp_w16/metadata.json ]; then
+        run loader_training_65536 200 python benchmarks/loader_training.py --data /tmp/loader-bench/pp_w16 \
+          --batch-size 65536 --steps 300 --out "$RES" --keep-logs
+        run loader_training_2048 200 python benchmarks/loader_training.py --data /tmp/loader-bench/pp_w16 \
+          --batch-size 2048 --steps 3000 --log-every 100 --out "$RES" --keep-logs
+      fi
       ;;
     *)
       log "unknown part $part"
