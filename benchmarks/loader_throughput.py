@@ -281,7 +281,7 @@ def write_results(rows: list[dict], env: dict, out: Path, stem: str) -> list[Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [1, 1.3]})
     pre = [r for r in rows if r["stage"] == "preprocess" and r["rate"]]
     if pre:
         a1.plot([r["workers"] for r in pre], [r["rate"] for r in pre], marker="o", label="preprocess (whole run)")
@@ -300,19 +300,28 @@ def write_results(rows: list[dict], env: dict, out: Path, stem: str) -> list[Pat
     a1.grid(alpha=0.3)
     a1.legend(fontsize=8)
     lod = [r for r in rows if r["stage"] in ("decode", "loader") and r["rate"]]
-    if lod:
-        labels = [f"{r['device']}\n{r['placement']}{' shuf' if r['shuffle'] else ''}"
-                  + (f" r{r['workers']}" if r["workers"] else "") for r in lod]
-        bars = a2.bar(range(len(lod)), [r["rate"] / 1e6 for r in lod])
-        a2.bar_label(bars, [f"{r['rate'] / 1e6:.2f}M" for r in lod], fontsize=8)
-        a2.set_xticks(range(len(lod)), labels, fontsize=8)
+    if lod:  # horizontal bars on a log axis: gpu placement is ~30x the stream rates
+        labels = [f"{'host decode only' if r['stage'] == 'decode' else r['device'] + ' ' + r['placement']}"
+                  f"{', shuffled' if r['shuffle'] else ''}" + (f", {r['workers']} readers" if r["workers"] else "")
+                  for r in lod]
+        colors = ["tab:gray" if r["stage"] == "decode" else "tab:orange" if r["placement"] == "gpu" else "tab:blue"
+                  for r in lod]
+        y = list(range(len(lod)))[::-1]
+        bars = a2.barh(y, [r["rate"] / 1e6 for r in lod], color=colors)
+        a2.bar_label(bars, [f" {r['rate'] / 1e6:.1f}M" for r in lod], fontsize=7)
+        a2.set_yticks(y, labels, fontsize=7)
+        a2.set_xscale("log")
         for (_, placement), target in TARGETS.items():
             if placement and any(r["device"].startswith("cuda") and r["placement"] == placement for r in lod):
-                a2.axhline(target / 1e6, color="gray", ls="--", lw=1)
-                a2.annotate(f"target {placement} {target / 1e6:.0f}M", (0, target / 1e6), fontsize=7, color="gray")
-    a2.set_ylabel("million samples/s (median epoch)")
-    a2.set_title(f"ParquetLoader, batch {lod[0]['batch_size'] if lod else '-'}", fontsize=10)
-    a2.grid(alpha=0.3, axis="y")
+                a2.axvline(target / 1e6, color="gray", ls="--", lw=1)
+                a2.annotate(f" target {placement} {target / 1e6:.0f}M", (target / 1e6, -0.9), fontsize=7,
+                            color="gray", ha="left", va="bottom")
+        a2.set_xlim(min(r["rate"] for r in lod) / 1e6 / 4, max(r["rate"] for r in lod) / 1e6 * 4)
+        a2.set_ylim(-1, len(lod))
+    a2.set_xlabel("million samples/s (median epoch, log scale)")
+    a2.set_title(f"ParquetLoader (stream) and DeviceLoader (gpu), batch {lod[0]['batch_size'] if lod else '-'}",
+                 fontsize=10)
+    a2.grid(alpha=0.3, axis="x")
     fig.suptitle(f"{env['gpu'] if env['gpu'] != 'none' else 'no GPU'} / {env['cpu_count']} CPUs, torch {env['torch']}, pyarrow {env['pyarrow']}, "
                  f"{env['date']}", fontsize=9)
     fig.tight_layout()
