@@ -64,3 +64,34 @@ def test_kernels_append_replaces_only_the_cases_measured_again(tmp_path):
     assert cases[("loss", "8")] == cases[("loss", "16")] == cases[("interaction_d16", "16")] > 0
     assert set(cases) == {("copy", ""), ("loss", "8"), ("loss", "16"), ("interaction_d16", "16")}
     assert not any(r["error"] for r in rows)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_loader_throughput_measures_every_stage_on_a_small_input(tmp_path):
+    lt = load_script("loader_throughput")
+    assert lt.main(["--rows", "3000", "--workers", "1", "--repeats", "1", "--devices", "cpu", "--shuffle", "true",
+                    "--reader-threads", "1,2", "--shuffle-buffer-rows", "700", "--batch-size", "256",
+                    "--out", str(tmp_path), "--name", "lt"]) == 0
+    rows = read_csv(tmp_path / "lt.csv")
+    assert [(r["stage"], r["workers"]) for r in rows] == [
+        ("parse", "1"), ("preprocess", "1"), ("decode", "1"), ("decode", "2"), ("loader", "1"), ("loader", "2")]
+    assert all(r["status"] == "ok" and float(r["rate"]) > 0 for r in rows)
+    train_rows = {r["rows"] for r in rows if r["stage"] in ("decode", "loader")}
+    assert len(train_rows) == 1 and 0 < int(train_rows.pop()) < 3000  # the train split, every row once
+    assert (tmp_path / "lt.md").read_text().count("| decode |") == 2 and (tmp_path / "lt.png").stat().st_size > 0
+
+
+def test_loader_training_runs_each_placement(tmp_path):
+    lt = load_script("loader_training")
+    assert lt.main(["--data", str(REPO / "data" / "sample"), "--config", "configs/sample.json", "--variant", "eager",
+                    "--batch-size", "64", "--steps", "12", "--log-every", "2", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "loader_training_b64.csv")
+    assert [r["placement"] for r in rows] == ["stream", "gpu"]
+    for r in rows:
+        assert r["status"] == "ok" and r["steps"] == "12" and float(r["samples_per_sec"]) > 0
+        assert 0 <= float(r["data_wait_fraction"]) <= 1 and 0 < float(r["auc"]) < 1
+    assert (tmp_path / "loader_training_b64.png").stat().st_size > 0

@@ -221,7 +221,8 @@ class _Arena:
 
     def tensors(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(label [n], dense [13, n], sparse [26, n]) of a buffer with `n` new rows (views)."""
-        return self.label[:n], self.dense[: NUM_DENSE * n].view(NUM_DENSE, n), self.sparse[: NUM_SPARSE * n].view(NUM_SPARSE, n)
+        dense, sparse = self.dense[: NUM_DENSE * n], self.sparse[: NUM_SPARSE * n]
+        return self.label[:n], dense.view(NUM_DENSE, n), sparse.view(NUM_SPARSE, n)
 
     def arrays(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The same views as numpy arrays, for the reader threads."""
@@ -634,8 +635,7 @@ class ParquetLoader:
                 if flush.first_batch + i >= self.start_batch:
                     yield self._cut(current, lo, hi)
             previous, current = (flush, current), upcoming
-        if self._receive(q, block=True, end=True) is not _END:
-            raise RuntimeError("parquet loader: the producer made more buffers than the plan")
+        self._receive(q, block=True, end=True)  # the producer's end marker (or its exception)
 
     @staticmethod
     def _receive(q: queue.Queue, block: bool, end: bool = False):
@@ -658,7 +658,8 @@ class ParquetLoader:
         n, dev = flush.rows - flush.carry, self.device
         with torch.cuda.stream(copy_stream) if copy_stream is not None else contextlib.nullcontext():
             label, dense, sparse = (t.to(dev, non_blocking=True) for t in arena.tensors(n))
-            perm = arena.perm[: flush.rows].to(dev, non_blocking=True, copy=True) if self.shuffle else None  # outlives the arena
+            # copy=True: on the CPU too, the permutation must outlive the arena
+            perm = arena.perm[: flush.rows].to(dev, non_blocking=True, copy=True) if self.shuffle else None
             if copy_stream is not None:
                 arena.released = torch.cuda.Event()
                 arena.released.record(copy_stream)
