@@ -399,6 +399,7 @@ def main(argv=None) -> int:
         paths = write_results(results, env, args.out, stem)
         print("wrote " + ", ".join(str(p) for p in paths))
     finally:
+        logger.enable("dlrm")  # main() may be called in-process (tests): leave logging as it was
         if created and not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         elif args.keep or not created:
