@@ -189,6 +189,28 @@ def test_real_sample_via_cli_gz_and_positive_rate(tmp_path):
     assert sum(s.positives for s in meta.splits.values()) == 29  # README: 29/100
 
 
+@needs_samples
+def test_issue_done_when_preprocess_part0_then_train_the_sample_config_on_it(tmp_path):
+    """`python -m dlrm.preprocess --input ../shared/criteo/part-0.tsv --output DIR`, then
+    `python train.py --config configs/sample.json --data DIR`: its 86 train rows are fewer than the
+    config's batch of 256, so it trains on one batch of all of them an epoch, and says so."""
+    out = tmp_path / "part0"
+    pre = subprocess.run([sys.executable, "-m", "dlrm.preprocess", "--input", str(SHARED / "part-0.tsv"), "--output",
+                          str(out)], cwd=REPO, capture_output=True, text=True)
+    assert pre.returncode == 0, pre.stderr[-2000:]
+    train_rows = read_metadata(out).splits["train"].rows
+    assert train_rows == 86
+    run = subprocess.run([sys.executable, "train.py", "--config", "configs/sample.json", "--data", str(out),
+                          "--device", "cpu", "--tb-dir", str(tmp_path / "tb"), "--run-name", "part0"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"training with batch {train_rows} instead" in run.stderr
+    summary = json.loads((tmp_path / "tb" / "part0" / "summary.json").read_text())
+    epochs = json.loads((REPO / "configs" / "sample.json").read_text())["train"]["epochs"]
+    assert summary["steps"] == epochs and summary["samples"] == epochs * train_rows
+    assert summary["config"]["data"]["batch_size"] == train_rows and 0 <= summary["auc"] <= 1
+
+
 # ------------------------------------------------------------------------------------------
 # parser
 

@@ -151,7 +151,15 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
 
     d = cfg.data
     eval_batch_size = d.eval_batch_size or 4 * d.batch_size
-    train_loader = make_loader(cfg, split_files(data_dir, meta, "train"), d.batch_size, device, train=True, env=env)
+    train_files = split_files(data_dir, meta, "train")
+    train_loader = make_loader(cfg, train_files, d.batch_size, device, train=True, env=env)
+    if len(train_loader) == 0 and env.world_size <= train_loader.num_rows < d.batch_size:
+        # A split smaller than one batch (the 100-line real Criteo sample holds 86 train rows): train
+        # on all of it as one batch an epoch rather than refuse; said, and recorded in the summary's config.
+        logger.warning(f"data.batch_size: {d.batch_size} is more than the {train_loader.num_rows} rows of "
+                       f"{data_dir}/train: training with batch {train_loader.num_rows} instead (one batch an epoch)")
+        d.batch_size = train_loader.num_rows
+        train_loader = make_loader(cfg, train_files, d.batch_size, device, train=True, env=env)
     eval_loader = make_loader(cfg, split_files(data_dir, meta, d.eval_split), eval_batch_size, device, train=False, env=env)
     total_steps = len(train_loader) * cfg.train.epochs
     if cfg.train.max_steps is not None:
