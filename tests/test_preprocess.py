@@ -7,6 +7,7 @@ int32 max), ``int(x, 16)`` for categories (empty -> -1).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -808,7 +809,8 @@ def test_kill_and_restart_cli(tmp_path):
     pp.preprocess([src], tmp_path / "ref", chunk_rows=150, row_group_rows=100, **FAST)
     out = tmp_path / "ds"
     cmd = [sys.executable, "-m", "dlrm.preprocess", "-i", str(src), "-o", str(out), "--workers", "2", *args]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # the checkout first, the caller's path kept (the GPU machine's packages live on PYTHONPATH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     log = open(tmp_path / "killed.log", "w")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log, start_new_session=True)
     done = out / pp.PROGRESS_DIR / "done.jsonl"
@@ -819,7 +821,8 @@ def test_kill_and_restart_cli(tmp_path):
                 break
             time.sleep(0.002)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # already exited: the assertion below shows its log
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()
     assert not (out / "metadata.json").exists()
