@@ -168,15 +168,9 @@ class _HostBlock:
         return len(self.label)
 
     @staticmethod
-    def empty(rows: int, sparse_dtype=np.int64) -> "_HostBlock":
-        """`sparse_dtype` int32 holds the compact form (`widen_sparse`): half the bytes to move."""
-        return _HostBlock(
-            np.empty(rows, np.int8), np.empty((rows, NUM_DENSE), np.int32), np.empty((rows, NUM_SPARSE), sparse_dtype)
-        )
-
-    @staticmethod
     def from_table(table: pa.Table) -> "_HostBlock":
-        block = _HostBlock.empty(table.num_rows)
+        n = table.num_rows
+        block = _HostBlock(np.empty(n, np.int8), np.empty((n, NUM_DENSE), np.int32), np.empty((n, NUM_SPARSE), np.int64))
         block.write(table, 0)
         return block
 
@@ -194,7 +188,7 @@ class _HostBlock:
                 r1 = min(n, r0 + _TRANSPOSE_ROWS)
                 block = dst[at + r0 : at + r1]
                 for j, col in enumerate(cols):
-                    block[:, j] = col[r0:r1]  # int64 -> int32 (compact sparse) keeps the low 32 bits
+                    block[:, j] = col[r0:r1]
 
 
 class _Arena:
@@ -209,14 +203,15 @@ class _Arena:
     writing the next buffer into it. Arenas are reused buffer after buffer and epoch after epoch.
     """
 
-    __slots__ = ("label", "dense", "sparse", "perm", "numpy", "released")
+    __slots__ = ("label", "dense", "sparse", "perm", "columns", "perm_array", "released")
 
     def __init__(self, new_rows: int, rows: int, pin: bool, sparse_dtype: torch.dtype):
         self.label = torch.empty(new_rows, dtype=torch.int8, pin_memory=pin)
         self.dense = torch.empty(NUM_DENSE * new_rows, dtype=torch.int32, pin_memory=pin)
         self.sparse = torch.empty(NUM_SPARSE * new_rows, dtype=sparse_dtype, pin_memory=pin)
         self.perm = torch.empty(rows, dtype=torch.int64, pin_memory=pin)
-        self.numpy = tuple(t.numpy() for t in (self.label, self.dense, self.sparse, self.perm))
+        self.columns = tuple(t.numpy() for t in (self.label, self.dense, self.sparse))  # the same memory
+        self.perm_array = self.perm.numpy()
         self.released: Optional[torch.cuda.Event] = None
 
     def tensors(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -226,7 +221,7 @@ class _Arena:
 
     def arrays(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The same views as numpy arrays, for the reader threads."""
-        label, dense, sparse, _ = self.numpy
+        label, dense, sparse = self.columns
         return label[:n], dense[: NUM_DENSE * n].reshape(NUM_DENSE, n), sparse[: NUM_SPARSE * n].reshape(NUM_SPARSE, n)
 
     def wait_released(self) -> None:
@@ -545,7 +540,7 @@ class ParquetLoader:
                     return
                 arena.wait_released()  # the device may still be copying the arena's previous buffer
                 if self.shuffle:  # drawn in buffer order, right after the plan: depends on (seed, epoch) only
-                    arena.numpy[3][: flush.rows] = rng.permutation(flush.rows)
+                    arena.perm_array[: flush.rows] = rng.permutation(flush.rows)
                 out = arena.arrays(flush.rows - flush.carry)
                 futures, at = [], 0
                 for k in flush.groups:
