@@ -37,16 +37,7 @@ WARMUP_STEPS = 3
 """Steps timed apart as warm-up (compilation, autotuning, allocator growth) before throughput windows."""
 
 
-class TrainingStopped(Exception):
-    """Training ended early on a signal, after writing a checkpoint; `exit_code` is 128 + signal."""
-
-    def __init__(self, exit_code: int, message: str):
-        super().__init__(message)
-        self.exit_code = exit_code
-
-
-class NonFiniteLoss(RuntimeError):
-    """The loss became NaN or Inf; the message names the step and the last good checkpoint."""
+from dlrm.errors import NonFiniteLoss, TrainingStopped  # noqa: E402  (re-exported: tests import them from here)
 
 
 def evaluate(forward: EvalForward, loader: ParquetLoader, env: DistEnv = DistEnv()) -> dict[str, float]:
