@@ -8,8 +8,9 @@ This is the only module that reads a config file; everything else receives `Conf
 from __future__ import annotations
 
 import dataclasses
-import math
 import json
+import math
+import struct
 import types
 import typing
 from dataclasses import dataclass, field
@@ -247,6 +248,44 @@ class Config:
 # ---------------------------------------------------------------------------------------------
 # Loading and validation
 
+MAX_CONFIG_BYTES = 16 << 20
+"""A config file larger than this is refused unread (real ones are a few KB)."""
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+MAX_SIZE = 2**31 - 1
+"""Upper bound of widths, batch sizes and table sizes: larger values cannot be allocated, and
+some would overflow the int64 element counts torch computes, failing with a confusing error."""
+_MAX_INT_TEXT = 40
+"""JSON integers with more characters than this are not converted (Python refuses above 4300
+digits, and anything this long is out of int64 range anyway)."""
+
+
+class _HugeInt:
+    """Stands in for a JSON integer too long to convert, so the error can name its key."""
+
+    def __init__(self, text: str) -> None:
+        self.digits = len(text.lstrip("-"))
+
+    def __repr__(self) -> str:
+        return f"<integer of {self.digits} digits>"
+
+
+def _parse_int(text: str) -> Any:
+    """json's parse_int: an int, or a `_HugeInt` for text too long to convert safely."""
+    return int(text) if len(text) <= _MAX_INT_TEXT else _HugeInt(text)
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    """repr() of a user-given value for an error message: one line, at most ~`limit` characters,
+    and never an exception of its own (huge ints and deep nesting make repr() raise)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**_MAX_INT_TEXT:
+        return f"<integer of about {int(value.bit_length() * math.log10(2)) + 1} digits>"
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):
+        return f"<deeply nested {type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
@@ -270,7 +309,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected an object, got {value!r}")
+            raise ConfigError(f"{key}: expected an object, got {_show(value)}")
         return _build(tp, value, key)
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
@@ -287,37 +326,77 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
                 return _convert(value, arg, key)
             except ConfigError:
                 continue
-        raise ConfigError(f"{key}: {value!r} is not {_type_name(tp)}")
+        raise ConfigError(f"{key}: {_show(value)} is not {_type_name(tp)}")
     if origin is Literal:
         if value not in typing.get_args(tp) or isinstance(value, bool):
-            raise ConfigError(f"{key}: {value!r} is not one of {_type_name(tp)}")
+            raise ConfigError(f"{key}: {_show(value)} is not one of {_type_name(tp)}")
         return value
     if origin is list:
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_show(value)}")
         (item_tp,) = typing.get_args(tp)
         return [_convert(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
     if tp is type(None):
         if value is not None:
-            raise ConfigError(f"{key}: expected null, got {value!r}")
+            raise ConfigError(f"{key}: expected null, got {_show(value)}")
         return None
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+            raise ConfigError(f"{key}: expected true or false, got {_show(value)}")
         return value
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
+        return _convert_int(value, key)
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
+        return _convert_float(value, key)
     if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
+        return _convert_str(value, key)
     raise TypeError(f"unsupported config type {tp!r} at {key}")  # a bug in this module, not user input
+
+
+def _convert_int(value: Any, key: str) -> int:
+    """An integer within int64 (every integer ends up in a tensor, a numpy array or a C API)."""
+    if isinstance(value, _HugeInt):
+        raise ConfigError(f"{key}: {value!r} is out of range (integers must fit in int64)")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: expected an integer, got {_show(value)}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ConfigError(f"{key}: {_show(value)} is out of range (integers must fit in int64)")
+    return value
+
+
+def _convert_float(value: Any, key: str) -> float:
+    """A number that is finite in float32, the precision every float setting is used in."""
+    if isinstance(value, _HugeInt):
+        raise ConfigError(f"{key}: {value!r} overflows float32 (|x| must be <= 3.4e38)")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}: expected a number, got {_show(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float range
+        raise ConfigError(f"{key}: {_show(value)} overflows float32 (|x| must be <= 3.4e38)") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"{key}: {number!r} must be a finite number")
+    if abs(number) > FLOAT32_MAX:
+        raise ConfigError(f"{key}: {number!r} overflows float32 (|x| must be <= 3.4e38)")
+    return number
+
+
+def _convert_str(value: Any, key: str) -> str:
+    """A string that can become a file name or a log line (no NUL, no lone surrogate)."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: expected a string, got {_show(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{key}: {_show(value)} is not valid Unicode text") from None
+    if "\0" in value:
+        raise ConfigError(f"{key}: {_show(value)} must not contain a NUL character")
+    return value
+
+
+def _as_float32(value: float) -> float:
+    """`value` rounded to float32 (the caller has checked it is within float32 range)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
@@ -334,13 +413,32 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def _positive(key: str, value: Any, allow_zero: bool = False) -> None:
+def _positive(key: str, value: Any, allow_zero: bool = False, maximum: Optional[int] = None) -> None:
+    """Raise unless `value` (None passes) is > 0 (>= 0 with `allow_zero`) and at most `maximum`.
+
+    A float that must be > 0 must also stay > 0 in float32, where it is used: 1e-50 would
+    silently become 0 there (a zero learning rate or a division by a zero eps).
+    """
     if value is None:
         return
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{key}: {value!r} must be a finite number")
     if not (value > 0 or (allow_zero and value == 0)):
         raise ConfigError(f"{key}: {value!r} must be {'>= 0' if allow_zero else '> 0'}")
+    if isinstance(value, float) and not allow_zero and _as_float32(value) == 0:
+        raise ConfigError(f"{key}: {value!r} underflows to 0 in float32 (must be >= 1.4e-45)")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{key}: {value!r} must be <= {maximum}")
+
+
+def _check_interaction(m: "ModelConfig") -> None:
+    """Both interactions stack the bottom MLP's output with the F embeddings into [B, F+1, D]
+    (`dlrm.model.archs.InteractionArch`), so its last width must be D for "cat" as for "dot"."""
+    if m.bottom_mlp[-1] != m.embedding_dim:
+        raise ConfigError(
+            f"model.bottom_mlp[-1]: {m.bottom_mlp[-1]} must equal model.embedding_dim ({m.embedding_dim}) "
+            f"for the {m.interaction} interaction (the dense vector is stacked with the embeddings)"
+        )
 
 
 def validate(cfg: Config) -> Config:
@@ -355,31 +453,27 @@ def validate(cfg: Config) -> Config:
     _positive("profile.active", p.active)
     _positive("profile.repeat", p.repeat, allow_zero=True)
     d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.train
-    _positive("data.batch_size", d.batch_size)
-    _positive("data.eval_batch_size", d.eval_batch_size)
-    _positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows)
-    _positive("data.prefetch", d.prefetch)
-    _positive("data.max_rows_per_table", d.max_rows_per_table)
-    _positive("model.embedding_dim", m.embedding_dim)
-    _positive("model.top_mlp_input_multiple", m.top_mlp_input_multiple)
+    _positive("data.batch_size", d.batch_size, maximum=MAX_SIZE)
+    _positive("data.eval_batch_size", d.eval_batch_size, maximum=MAX_SIZE)
+    _positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows, maximum=MAX_SIZE)
+    _positive("data.prefetch", d.prefetch, maximum=MAX_SIZE)
+    _positive("data.max_rows_per_table", d.max_rows_per_table, maximum=MAX_SIZE)
+    _positive("model.embedding_dim", m.embedding_dim, maximum=MAX_SIZE)
+    _positive("model.top_mlp_input_multiple", m.top_mlp_input_multiple, maximum=MAX_SIZE)
     for name in ("bottom_mlp", "top_mlp"):
         widths = getattr(m, name)
         if not widths:
             raise ConfigError(f"model.{name}: must list at least one layer width")
         for i, w in enumerate(widths):
-            _positive(f"model.{name}[{i}]", w)
-    if m.interaction == "dot" and m.bottom_mlp[-1] != m.embedding_dim:
-        raise ConfigError(
-            f"model.bottom_mlp[-1]: {m.bottom_mlp[-1]} must equal model.embedding_dim ({m.embedding_dim}) "
-            "for the dot interaction"
-        )
+            _positive(f"model.{name}[{i}]", w, maximum=MAX_SIZE)
+    _check_interaction(m)
     if m.top_mlp[-1] != 1:
         raise ConfigError(f"model.top_mlp[-1]: {m.top_mlp[-1]} must be 1 (the logit)")
     if m.cardinalities is not None:
         if len(m.cardinalities) != NUM_SPARSE:
             raise ConfigError(f"model.cardinalities: has {len(m.cardinalities)} entries, expected {NUM_SPARSE}")
         for i, c in enumerate(m.cardinalities):
-            _positive(f"model.cardinalities[{i}]", c)
+            _positive(f"model.cardinalities[{i}]", c, maximum=MAX_SIZE)
     for key, opt in (("optim.dense", o.dense), ("optim.sparse", o.sparse)):
         _positive(f"{key}.lr", opt.lr)
         _positive(f"{key}.eps", opt.eps)
@@ -403,6 +497,8 @@ def validate(cfg: Config) -> Config:
         if t.compile.enabled and t.compile.mode == "reduce-overhead":
             raise ConfigError("train.cuda_graph: cannot be combined with train.compile.mode \"reduce-overhead\" "
                               "(its CUDA graphs would be captured inside this one); use mode \"default\"")  # fmt: skip
+    if not 0 <= t.seed <= INT64_MAX:  # numpy's SeedSequence refuses negatives; torch's seed is 64-bit
+        raise ConfigError(f"train.seed: {t.seed} must be within [0, 2**63)")
     _positive("train.epochs", t.epochs)
     _positive("train.max_steps", t.max_steps)
     _positive("train.eval_every", t.eval_every)
@@ -427,19 +523,45 @@ def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> Config:
         raise ConfigError(f"{source}: {e}") from None
 
 
-def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> Config:
-    """Read a JSON config file, apply dotted-key `overrides` (e.g. {"data.batch_size": 64}), validate."""
-    path = Path(path)
+def read_config_bytes(path: Path) -> bytes:
+    """The file's bytes; a missing, unreadable or oversized file is a one-line `ConfigError`."""
     if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
+        raise ConfigError(f"{path}: config file not found (or not a regular file)")
     try:
-        raw = json.loads(path.read_text())
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: {size:,} bytes is too large for a config file (at most {MAX_CONFIG_BYTES:,})")
+        return path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
+
+
+def parse_config_bytes(data: bytes, source: str) -> dict[str, Any]:
+    """Decode UTF-8 JSON holding an object; every malformation is a one-line `ConfigError`.
+
+    Integers too long to convert become `_HugeInt` placeholders (rejected by `config_from_dict`
+    with their key); NaN and Infinity literals become floats that it rejects the same way.
+    """
+    try:
+        text = data.decode("utf-8-sig")  # a leading BOM (some Windows editors write one) is harmless
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ConfigError(f"{source}: not UTF-8 text (byte 0x{data[e.start]:02x} at line {line} column {column})") from None
+    try:
+        raw = json.loads(text, parse_int=_parse_int)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        raise ConfigError(f"{source}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid config: JSON nested too deeply") from None
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: the top level must be a JSON object")
-    raw.setdefault("name", path.stem)
-    for dotted, value in (overrides or {}).items():
+        raise ConfigError(f"{source}: the top level must be a JSON object")
+    return raw
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> None:
+    """Set dotted keys (e.g. {"data.batch_size": 64}) in the raw config, creating parent objects."""
+    for dotted, value in overrides.items():
         node = raw
         *parents, leaf = dotted.split(".")
         for p in parents:
@@ -448,6 +570,32 @@ def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) ->
                 child = node[p] = {} if child is None else {"enabled": child}
             node = child
             if not isinstance(node, dict):
-                raise ConfigError(f"{path}: {p}: expected an object, got {node!r}")
+                raise ConfigError(f"{source}: {p}: expected an object, got {_show(node)}")
         node[leaf] = value
+
+
+def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> Config:
+    """Read a JSON config file, apply dotted-key `overrides` (e.g. {"data.batch_size": 64}), validate."""
+    path = Path(path)
+    raw = parse_config_bytes(read_config_bytes(path), str(path))
+    raw.setdefault("name", path.stem)
+    apply_overrides(raw, overrides or {}, str(path))
     return config_from_dict(raw, str(path))
+
+
+def config_keys() -> set[str]:
+    """Every dotted leaf key of `Config` after normalisation (e.g. "optim.dense.lr",
+    "train.compile.mode"): the names `--allow-config-change` accepts."""
+    return set(_leaf_keys(Config, ""))
+
+
+def _leaf_keys(cls: type, prefix: str):
+    """Yield the dotted leaf keys under dataclass `cls`; a `bool | Dataclass` field yields the
+    dataclass's keys (validate() normalises the bool into it)."""
+    for name, tp in typing.get_type_hints(cls).items():
+        dotted = f"{prefix}{name}"
+        nested = [a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)]
+        if nested:
+            yield from _leaf_keys(nested[0], dotted + ".")
+        else:
+            yield dotted
