@@ -26,12 +26,10 @@ class DenseParts(nn.Module):
 
 
 def wrap_dense_parts(model: DLRM, device: torch.device) -> DistributedDataParallel:
-    """Replicate the dense parts with DDP and route `model.forward_from_embeddings` through it.
+    """The dense parts of `model` replicated with DDP: call it instead of `model.forward_from_embeddings`.
 
-    The DDP module is kept in the model's ``__dict__``, not registered as a submodule, so the
-    model's state_dict keys stay those of a one-process DLRM. DDP broadcasts rank 0's dense
-    parameters at construction; every rank also built them from the same seed.
+    The model is not changed (its state_dict keys stay those of a one-process DLRM); the train
+    step and evaluation receive this wrapper from `dlrm.train.builder`. DDP broadcasts rank 0's
+    dense parameters at construction; every rank also built them from the same seed.
     """
-    ddp = DistributedDataParallel(DenseParts(model), device_ids=[device.index] if device.type == "cuda" else None)
-    model.__dict__["data_parallel"] = ddp
-    return ddp
+    return DistributedDataParallel(DenseParts(model), device_ids=[device.index] if device.type == "cuda" else None)

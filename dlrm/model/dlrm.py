@@ -47,12 +47,10 @@ class DLRM(nn.Module):
         """Everything after the lookup: [B, 13], [B, F, D] -> logits [B].
 
         Split out so torch.compile can take this dense part while an embedding with sparse
-        gradients (which Inductor does not handle) stays eager. In a distributed run it goes
-        through the DistributedDataParallel wrapper of these parts (`dlrm.distributed.data_parallel`).
+        gradients (which Inductor does not handle) stays eager. A distributed run calls the
+        DistributedDataParallel wrapper of these parts instead (`dlrm.distributed.data_parallel`,
+        passed to the train step by `dlrm.train.builder`).
         """
-        data_parallel = self.__dict__.get("data_parallel")
-        if data_parallel is not None:
-            return data_parallel(dense, embeddings)
         return dense_forward(self, dense, embeddings)
 
     @torch.no_grad()
@@ -77,12 +75,12 @@ def build_model(
     vocabs: Optional[list[torch.Tensor]] = None,
     kernels: Optional[KernelsConfig] = None,
     device: torch.device | str = "cpu",
-    shard=None,
+    sparse_arch: Optional[nn.Module] = None,
 ) -> DLRM:
     """Build a DLRM on `device`, with eager or Triton parts as `kernels` asks (logged).
 
-    `shard`: ``(ShardingPlan, rank)`` in a distributed run: the SparseArch is then this rank's
-    `dlrm.distributed.sharded_embedding.ShardedSparseArch`.
+    `sparse_arch`: a SparseArch built by the caller (a distributed run's sharded one, see
+    `dlrm.train.builder`) used instead of building one here.
     """
     kernels = kernels or KernelsConfig()
     choices = {k: getattr(kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
@@ -95,22 +93,20 @@ def build_model(
     # Parameters are created on `device` directly: the MLPerf-sized tables (tens of GB) must not
     # pass through host memory first. `.to` still moves buffers built from host tensors.
     with torch.device(device):
-        model = _build_archs(cfg, cardinalities, vocabs, kernels, shard)
+        model = _build_archs(cfg, cardinalities, vocabs, kernels, sparse_arch)
     return model.to(device)
 
 
-def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: KernelsConfig, shard=None) -> DLRM:
+def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: KernelsConfig,
+                 sparse_arch: Optional[nn.Module] = None) -> DLRM:
     linear_cls = None
     if kernels.mlp == "triton":
         from kernels.linear import TritonLinear
 
         linear_cls = TritonLinear
     dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, cfg.activation, linear_cls=linear_cls)
-    if shard is not None:
-        from dlrm.distributed.sharded_embedding import ShardedSparseArch
-
-        plan, rank = shard
-        sparse_arch = ShardedSparseArch(cardinalities, cfg.embedding_dim, plan, rank, vocabs, kernel=kernels.embedding)
+    if sparse_arch is not None:
+        pass  # built by the caller
     elif kernels.embedding == "triton":
         from kernels.embedding import TritonSparseEmbedding
 

@@ -16,7 +16,8 @@ import torch
 from loguru import logger
 
 from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig
-from dlrm.train.setup import make_run_dir, resolve_device
+from dlrm.train.run_dir import RunDirectory
+from dlrm.train.setup import resolve_device
 
 # Which implementation each part gets, (embedding, interaction, mlp, loss), per kernel set.
 KERNEL_SETS: dict[str, tuple[str, str, str, str]] = {
@@ -110,7 +111,21 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
     from dlrm.distributed.env import init_distributed
 
     env, device = init_distributed(cfg.distributed, resolve_device(cfg.train.device))
-    base = env.broadcast_object(make_run_dir(cfg) if env.is_main else None)  # rank 0 writes the reports
+    owned = RunDirectory.create(cfg) if env.is_main else None  # rank 0 writes the reports
+    base = env.broadcast_object(owned.path if owned else None)
+    try:
+        rows = _run_variants(cfg, variants, train_fn, env, device, base, owned)
+    except BaseException:  # the base directory is removed only if no variant finished
+        if owned:
+            owned.abandon()
+        raise
+    if owned:
+        owned.close()
+    return rows
+
+
+def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, device: torch.device, base: Path,
+                  owned: Optional[RunDirectory]) -> list[dict]:
     rows, summaries = [], {}
     for name in variants:
         reason = unavailable_reason(name, device)
@@ -119,11 +134,9 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
             rows.append({"variant": name, "status": f"skipped: {reason}"})
             continue
         logger.info(f"compare: variant {name}")
-        run_dir = base / name
-        if env.is_main:
-            run_dir.mkdir()
-        env.barrier()
-        s = train_fn(variant_config(cfg, name), run_dir=run_dir)
+        s = train_fn(variant_config(cfg, name), run_dir=base / name)
+        if owned:
+            owned.started()  # a finished variant: the base directory now holds results worth keeping
         summaries[name] = s
         rows.append({
             "variant": name,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from loguru import logger
@@ -78,12 +78,16 @@ class TrainStep:
         precision: "fp32" or "bf16" (autocast).
         device: the model's device.
         compile_cfg: torch.compile settings.
+        dense_forward: ``(dense, embeddings) -> logits`` for everything after the lookup; default
+            ``model.forward_from_embeddings`` (a distributed run passes the DDP wrapper of those parts).
 
     Calling it with a `Batch` returns the loss as a detached 0-dim device tensor (no host sync).
     """
 
-    def __init__(self, model: DLRM, loss_fn, optimizers, precision: str, device: torch.device, compile_cfg: CompileConfig):
+    def __init__(self, model: DLRM, loss_fn, optimizers, precision: str, device: torch.device, compile_cfg: CompileConfig,
+                 dense_forward: Optional[Callable] = None):
         self.model, self.loss_fn, self.optimizers = model, loss_fn, optimizers
+        self.dense_forward = dense_forward or model.forward_from_embeddings
         self.precision, self.device = precision, device
         self.embedding_in_graph = not getattr(model.sparse_arch, "sparse_gradients", True)
         # A sharded SparseArch (distributed run) is called with the global batch size, and each
@@ -96,7 +100,7 @@ class TrainStep:
 
     def _dense_loss(self, dense: torch.Tensor, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with autocast_context(self.device, self.precision, self.autocast_cache):
-            logits = self.model.forward_from_embeddings(dense, embeddings)
+            logits = self.dense_forward(dense, embeddings)
         with record_function("loss"):
             return self.loss_fn(logits.float(), labels)
 
@@ -151,8 +155,10 @@ class EvalForward:
     shape never changes (no recompile), and drops the padded rows from the result.
     """
 
-    def __init__(self, model: DLRM, precision: str, device: torch.device, compile_cfg: CompileConfig, batch_size: int):
+    def __init__(self, model: DLRM, precision: str, device: torch.device, compile_cfg: CompileConfig, batch_size: int,
+                 dense_forward: Optional[Callable] = None):
         self.model, self.precision, self.device, self.batch_size = model, precision, device, batch_size
+        self.dense_forward = dense_forward or model.forward_from_embeddings
         self.collective = getattr(model.sparse_arch, "collective", False)
         self.pad = compile_cfg.enabled and not self.collective
         self._forward = _maybe_compile(self._logits, compile_cfg, device, "evaluation")
@@ -165,7 +171,7 @@ class EvalForward:
 
     def _dense_logits(self, dense: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         with autocast_context(self.device, self.precision):
-            return self.model.forward_from_embeddings(dense, embeddings).float()
+            return self.dense_forward(dense, embeddings).float()
 
     @torch.no_grad()
     def __call__(self, batch: Batch) -> torch.Tensor:

@@ -1,14 +1,18 @@
-"""The training loop, readable top to bottom: build, (resume), train with periodic eval and
-checkpoints, summarize."""
+"""The training loop, readable top to bottom: build (dlrm.train.builder), resume, then steps with
+periodic logging, evaluation and checkpoints, then the summary.
+
+The loop itself (:meth:`Trainer.fit`) only orchestrates: loader -> step -> meter -> evaluator ->
+checkpointer. Everything a run is made of comes from `build_run`; the run directory it writes is
+owned through `RunDirectory` (one writer, no clobbering, failed starts cleaned up).
+"""
 
 from __future__ import annotations
 
-import platform
-import statistics
+import json
 import time
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional, Sequence
 
 import torch
 from loguru import logger
@@ -16,31 +20,29 @@ from torch.profiler import record_function
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from dlrm.config import Config, ConfigError
+from dlrm.config import Config, ConfigError, config_from_dict
 from dlrm.data.device_loader import DeviceLoader
-from dlrm.data.loader import ParquetLoader, split_files
+from dlrm.data.loader import Batch, ParquetLoader, split_files
 from dlrm.data.schema import write_json_atomic
-from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv, init_distributed
-from dlrm.distributed.sharding import ShardingPlan, plan_sharding
-from dlrm.model.dlrm import DLRM, build_loss, build_model
+from dlrm.errors import NonFiniteLoss, TrainingStopped
 from dlrm.train import checkpoint as ckpt
+from dlrm.train.builder import Run, build_run, make_sharding  # noqa: F401 - make_sharding: public here too
+from dlrm.train.checkpointer import Checkpointer
+from dlrm.train.meter import RunStats, StepMeter
 from dlrm.train.metrics import evaluate_logits
-from dlrm.train.optim import build_optimizers, build_schedulers
 from dlrm.train.profiling import make_profiler, top_ops_table
-from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, make_run_dir, resolve_device, seed_everything
+from dlrm.train.reporting import NoWriter, device_name, final_line, log_eval, log_hparams, log_train, versions
+from dlrm.train.resume_policy import check_resume_config
+from dlrm.train.run_dir import RunDirectory
+from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything
 from dlrm.train.signals import GracefulStop
-from dlrm.train.graphed_step import graph_train_step, plain_lr_state_dict
-from dlrm.train.step import EvalForward, TrainStep, compile_counters, set_matmul_precision
+from dlrm.train.step import EvalForward, compile_counters
 
-WARMUP_STEPS = 3
-"""Steps timed apart as warm-up (compilation, autotuning, allocator growth) before throughput windows."""
+__all__ = ["NonFiniteLoss", "TrainingStopped", "train", "evaluate", "build_for_data", "make_loader"]
 
 
-from dlrm.errors import NonFiniteLoss, TrainingStopped  # noqa: E402  (re-exported: tests import them from here)
-
-
-def evaluate(forward: EvalForward, loader: ParquetLoader, env: DistEnv = DistEnv()) -> dict[str, float]:
+def evaluate(forward: EvalForward, loader, env: DistEnv = DistEnv()) -> dict[str, float]:
     """AUC, logloss and accuracy over the whole split (logits gathered on the device, one sync);
     in a distributed run over every rank's rows, the same numbers on every rank."""
     forward.model.eval()
@@ -50,34 +52,6 @@ def evaluate(forward: EvalForward, loader: ParquetLoader, env: DistEnv = DistEnv
         labels.append(batch.labels)
     forward.model.train()
     return evaluate_logits(env.all_gather_rows(torch.cat(logits)), env.all_gather_rows(torch.cat(labels)))
-
-
-class _NoWriter:
-    """Stands in for the SummaryWriter on ranks other than 0."""
-
-    def __getattr__(self, name):
-        return lambda *args, **kwargs: None
-
-
-def versions() -> dict[str, str]:
-    """Library versions recorded in summary.json, so numbers can be traced to what produced them."""
-    import sys
-
-    out = {"python": sys.version.split()[0], "torch": torch.__version__}
-    try:
-        import triton
-
-        out["triton"] = triton.__version__
-    except ImportError:
-        out["triton"] = "absent"
-    if torch.version.cuda:
-        out["cuda"] = torch.version.cuda
-    return out
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool,
@@ -97,295 +71,308 @@ def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.d
     return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, **ranks)
 
 
-def make_sharding(cfg: Config, tables: Tables, env: DistEnv) -> Optional[ShardingPlan]:
-    """The embedding sharding plan of a distributed run (logged with each rank's share), else None."""
-    if not env.distributed:
-        return None
-    plan = plan_sharding(tables.cardinalities, env.world_size, cfg.distributed.sharding,
-                         cfg.distributed.row_wise_min_rows)
-    for q in range(env.world_size):
-        if plan.local_rows(q) == 0:
-            raise ConfigError(f"distributed.sharding: {cfg.distributed.sharding!r} leaves rank {q} without "
-                              f"embedding rows ({len(tables.cardinalities)} tables, {env.world_size} ranks); use 'row'")
-    logger.info(f"embedding sharding ({cfg.distributed.sharding}) over {env.world_size} ranks:\n"
-                + plan.describe(cfg.model.embedding_dim))
-    return plan
-
-
-def log_memory(env: DistEnv, model: DLRM, device: torch.device) -> None:
-    """Parameters and device memory of every rank, logged by rank 0 (one gather at start-up)."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
-    for q, (p, a) in enumerate(env.all_gather_object((params, allocated))):
-        logger.info(f"rank {q}: parameters {p / 2**20:,.1f} MiB"
-                    + (f", CUDA memory allocated {a / 2**20:,.1f} MiB" if a is not None else ""))
-
-
 def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:
+    """The device, the dataset directory, its metadata and its tables."""
     device = resolve_device(cfg.train.device)
     data_dir, meta = load_dataset_metadata(cfg)
     return device, data_dir, meta, dataset_tables(cfg, meta, data_dir)
 
 
-def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = None) -> dict:
-    """Train a DLRM as `cfg` says; returns the summary also written to summary.json.
+@dataclass
+class TrainData:
+    """The run's loaders, its effective batch size and its length in steps."""
 
-    Args:
-        cfg: the resolved config.
-        run_dir: write here instead of tb_logs/<run-name>/ (used by --compare).
-        resume: "latest" (the run's newest checkpoint) or a checkpoint path.
-    """
-    t_start = time.perf_counter()
-    device, data_dir, meta, tables = build_for_data(cfg)
-    env, device = init_distributed(cfg.distributed, device)  # one process unless under torchrun
-    seed_everything(cfg.train.seed, cfg.train.deterministic)
+    train: object
+    eval: object
+    batch_size: int
+    total_steps: int
 
-    d = cfg.data
-    eval_batch_size = d.eval_batch_size or 4 * d.batch_size
-    train_files = split_files(data_dir, meta, "train")
-    train_loader = make_loader(cfg, train_files, d.batch_size, device, train=True, env=env)
-    if len(train_loader) == 0 and env.world_size <= train_loader.num_rows < d.batch_size:
-        # A split smaller than one batch (the 100-line real Criteo sample holds 86 train rows): train
-        # on all of it as one batch an epoch rather than refuse; said, and recorded in the summary's config.
-        logger.warning(f"data.batch_size: {d.batch_size} is more than the {train_loader.num_rows} rows of "
-                       f"{data_dir}/train: training with batch {train_loader.num_rows} instead (one batch an epoch)")
-        d.batch_size = train_loader.num_rows
-        train_loader = make_loader(cfg, train_files, d.batch_size, device, train=True, env=env)
-    eval_loader = make_loader(cfg, split_files(data_dir, meta, d.eval_split), eval_batch_size, device, train=False, env=env)
-    total_steps = len(train_loader) * cfg.train.epochs
-    if cfg.train.max_steps is not None:
-        total_steps = min(total_steps, cfg.train.max_steps)
-    if total_steps == 0:
-        raise ConfigError(f"data.batch_size: {d.batch_size} is more than the {train_loader.num_rows} rows of {data_dir}/train")
+    @classmethod
+    def build(cls, cfg: Config, data_dir: Path, meta, device: torch.device, env: DistEnv) -> "TrainData":
+        d = cfg.data
+        files = split_files(data_dir, meta, "train")
+        batch_size = d.batch_size
+        loader = make_loader(cfg, files, batch_size, device, train=True, env=env)
+        if len(loader) == 0 and env.world_size <= loader.num_rows < batch_size:
+            # A split smaller than one batch (the 100-line real Criteo sample holds 86 train rows): train on all
+            # of it as one batch an epoch rather than refuse; said, and recorded as the summary's batch_size.
+            logger.warning(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of "
+                           f"{data_dir}/train: training with batch {loader.num_rows} instead (one batch an epoch)")
+            batch_size = loader.num_rows
+            loader = make_loader(cfg, files, batch_size, device, train=True, env=env)
+        total = len(loader) * cfg.train.epochs
+        if cfg.train.max_steps is not None:
+            total = min(total, cfg.train.max_steps)
+        if total == 0:
+            raise ConfigError(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of {data_dir}/train")
+        eval_files = split_files(data_dir, meta, d.eval_split)
+        eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env)
+        return cls(loader, eval_loader, batch_size, total)
 
-    plan = make_sharding(cfg, tables, env)
-    model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device,
-                        shard=(plan, env.rank) if plan else None)
-    if env.distributed:
-        from dlrm.distributed.data_parallel import wrap_dense_parts
 
-        wrap_dense_parts(model, device)
-        log_memory(env, model, device)
-    optimizers = build_optimizers(model, cfg.optim, cfg.train.deterministic)
-    schedulers = build_schedulers(optimizers, cfg.optim.schedule, total_steps)
-    if cfg.train.compile.enabled:
-        logger.info(f"torch.compile: mode {cfg.train.compile.mode}, fullgraph {cfg.train.compile.fullgraph}")
-    set_matmul_precision(cfg.train.precision)
-    train_step = TrainStep(model, build_loss(cfg.kernels), optimizers, cfg.train.precision, device, cfg.train.compile)
-    train_step = graph_train_step(train_step, cfg.train.cuda_graph, env.distributed)
-    eval_forward = EvalForward(model, cfg.train.precision, device, cfg.train.compile, eval_batch_size)
-    logger.info(
-        f"device {device}, precision {cfg.train.precision}, {sum(p.numel() for p in model.parameters()):,} parameters "
-        f"({sum(tables.cardinalities):,} embedding rows, hashing {tables.hashing}), "
-        f"{train_loader.num_rows:,} train rows, {len(train_loader)} steps/epoch, {total_steps} steps"
-    )
+class FiniteGuard:
+    """Remembers on the device the first step whose loss was NaN or Inf; checked at logging steps."""
 
-    pos = ckpt.Position()
-    last_ckpt: Optional[Path] = None
-    if resume is not None:
-        if resume == "latest":
-            if not cfg.log.run_name:
-                raise ConfigError("--resume: name the run to resume with --run-name (or give a checkpoint path)")
-            last_ckpt = ckpt.resolve_resume(resume, Path(cfg.log.tb_dir) / cfg.log.run_name)
-        else:
-            last_ckpt = Path(resume)
-        run_dir = last_ckpt.resolve().parent.parent
-        pos = restore(last_ckpt, model, optimizers, schedulers, tables, cfg, env, plan)
-        logger.info(f"resumed from {last_ckpt} at step {pos.step} (epoch {pos.epoch}, batch {pos.batch})")
-    elif run_dir is None:
-        run_dir = env.broadcast_object(make_run_dir(cfg) if env.is_main else None)
+    def __init__(self, device: torch.device, step: int) -> None:
+        self.step = torch.full((), step, dtype=torch.int64, device=device)
+        self.first_bad = torch.full((), -1, dtype=torch.int64, device=device)
 
-    def save() -> Path:
-        nonlocal last_ckpt
-        if last_ckpt is not None and last_ckpt.name == ckpt.checkpoint_name(pos.step):
-            return last_ckpt  # this step is already saved
-        state = {
-            "model": model.state_dict(),
-            "optimizers": [plain_lr_state_dict(o) for o in optimizers],
-            "schedulers": [s.state_dict() for s in schedulers],
-            "position": asdict(pos),
-            "rng": ckpt.rng_state(),
-            "cardinalities": tables.cardinalities,
-            "config": cfg.to_dict(),
-        }
-        if plan is not None:
-            last_ckpt = dist_ckpt.save_sharded(run_dir, state, pos.step, cfg.checkpoint.keep, env, plan)
-        else:
-            last_ckpt = ckpt.save_checkpoint(run_dir, state, pos.step, cfg.checkpoint.keep)
-        return last_ckpt
+    def update(self, loss: torch.Tensor) -> None:
+        self.step += 1
+        self.first_bad = torch.where((self.first_bad < 0) & ~torch.isfinite(loss), self.step, self.first_bad)
 
-    def check_finite() -> None:
+    def check(self, env: DistEnv, last_checkpoint: Optional[Path]) -> None:
         # intended host sync: logging / checkpoint interval only (and the ranks agree on it)
-        bad = int(env.all_reduce_max(first_bad.clone()).item())
+        bad = int(env.all_reduce_max(self.first_bad.clone()).item())
         if bad >= 0:
-            where = f"the last good checkpoint is {last_ckpt}" if last_ckpt else "no checkpoint was written"
+            where = f"the last good checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was written"
             raise NonFiniteLoss(f"loss became NaN or Inf at step {bad}; stopped; {where}")
 
-    writer = SummaryWriter(str(run_dir), purge_step=pos.step + 1 if pos.step else None) if env.is_main else _NoWriter()
-    counters_before = compile_counters()
-    samples, loss_steps, window_samples = 0, 0, 0
-    data_wait = 0.0  # host seconds spent waiting for the loader in this logging window
-    wait_fractions: list[float] = []
-    loss_sum = torch.zeros((), device=device)  # accumulated on the device; read at log steps only
-    device_step = torch.full((), pos.step, dtype=torch.int64, device=device)
-    first_bad = torch.full((), -1, dtype=torch.int64, device=device)  # first step with a non-finite loss
-    losses: list[tuple[int, float]] = []
-    window_rates: list[float] = []
-    warmup_s = float("nan")
-    loop_start = window_start = time.perf_counter()
-    start_step = pos.step
-    bar = tqdm(total=total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True, disable=not env.is_main)
-    stopping = False  # a signal arrived; with several ranks, once they all know (at a logging step)
-    with make_profiler(cfg.profile, run_dir, device) as prof, GracefulStop() as stop:
-        for epoch in range(pos.epoch, cfg.train.epochs):
-            if pos.step >= total_steps or stopping:
-                break
-            if epoch != pos.epoch:
-                pos.epoch, pos.batch = epoch, 0
-            train_loader.set_epoch(epoch, start_batch=pos.batch)
-            batches = iter(train_loader)
-            while pos.step < total_steps and not stopping:
-                t_wait = time.perf_counter()
-                with record_function("data"):
-                    batch = next(batches, None)
-                data_wait += time.perf_counter() - t_wait
-                if batch is None:
-                    break
-                loss = train_step(batch)
-                for sched in schedulers:
+
+def checkpoint_to_resume(cfg: Config, resume: str) -> tuple[Path, Optional[Path]]:
+    """(the checkpoint `--resume` names, the newest checkpoint of the run it belongs to)."""
+    if resume == "latest":
+        if not cfg.log.run_name:
+            raise ConfigError("--resume: name the run to resume with --run-name (or give a checkpoint path)")
+        latest = ckpt.resolve_resume("latest", Path(cfg.log.tb_dir) / cfg.log.run_name)
+        return latest, latest
+    path = Path(resume)
+    if not path.is_file():
+        raise ConfigError(f"--resume: {path}: checkpoint not found")
+    listed = ckpt.list_checkpoints(path.resolve().parent.parent)
+    return path, (listed[-1] if listed else None)
+
+
+def saved_config(state: dict) -> dict:
+    """A checkpoint's config with today's defaults filled in (keys added since it was written)."""
+    try:
+        return config_from_dict(state["config"]).to_dict()
+    except ConfigError:
+        return state["config"]
+
+
+class Trainer:
+    """One training run: built from `cfg`, optionally resumed, trained, evaluated and summarized.
+
+    Args:
+        cfg: the resolved config (not modified).
+        run_dir: write here instead of tb_logs/<run-name>/ (used by --compare); must not exist yet.
+        resume: "latest" (the run's newest checkpoint) or a checkpoint path.
+        allow_config_change: dotted config keys a resume may change (``--allow-config-change``).
+
+    Example:
+        >>> summary = Trainer(load_config("configs/sample.json")).fit()   # doctest: +SKIP
+    """
+
+    def __init__(self, cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = None,
+                 allow_config_change: Sequence[str] = ()) -> None:
+        self.t_start = time.perf_counter()
+        self.cfg = cfg
+        device, data_dir, self.meta, self.tables = build_for_data(cfg)
+        self.env, self.device = init_distributed(cfg.distributed, device)  # one process unless under torchrun
+        seed_everything(cfg.train.seed, cfg.train.deterministic)
+        self.data = TrainData.build(cfg, data_dir, self.meta, self.device, self.env)
+        self.resume_from = self.finished = latest = None
+        if resume is not None:
+            self.resume_from, latest = checkpoint_to_resume(cfg, resume)
+            state = ckpt.load_checkpoint(self.resume_from)  # a sharded run's manifest: small
+            check_resume_config(saved_config(state), cfg.to_dict(), allow_config_change, str(self.resume_from))
+            if state["position"]["step"] >= self.data.total_steps:
+                self.finished = self.resume_from
+                return  # nothing to build: fit() reports the finished run and changes nothing
+        self.run = build_run(cfg, self.tables, self.device, self.data.total_steps, self.env,
+                             cfg.data.eval_batch_size or 4 * cfg.data.batch_size)
+        self.pos, self.stats = ckpt.Position(), RunStats()
+        self.run_dir = self._open_run_dir(run_dir, latest)
+        self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env)
+        if self.resume_from is not None:
+            try:
+                self.pos, self.stats = self.checkpointer.restore(self.resume_from, self.run)
+            except BaseException:
+                self.run_dir.abandon()
+                raise
+            logger.info(f"resumed from {self.resume_from} at step {self.pos.step} "
+                        f"(epoch {self.pos.epoch}, batch {self.pos.batch})")
+        self._log_start()
+
+    def _open_run_dir(self, run_dir: Optional[Path], latest: Optional[Path]) -> RunDirectory:
+        """Rank 0 creates (or, resuming, takes over) and locks the run directory; others learn its path."""
+        opened = None
+        if self.env.is_main:
+            if self.resume_from is not None and run_dir is None:
+                opened, _ = RunDirectory.for_resume(self.cfg, self.resume_from, latest)
+            else:
+                opened = RunDirectory.create(self.cfg, run_dir)
+        path = self.env.broadcast_object(opened.path if opened else None)
+        return opened or RunDirectory(path, None, created=False)
+
+    def _log_start(self) -> None:
+        model, cfg = self.run.model, self.cfg
+        logger.info(
+            f"device {self.device}, precision {cfg.train.precision}, {sum(p.numel() for p in model.parameters()):,} "
+            f"parameters ({sum(self.tables.cardinalities):,} embedding rows, hashing {self.tables.hashing}), "
+            f"{self.data.train.num_rows:,} train rows, {len(self.data.train)} steps/epoch, {self.data.total_steps} steps")
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def fit(self) -> dict:
+        """Train to the end (or a signal), evaluate, write summary.json; returns the summary."""
+        if self.finished is not None:
+            return self._report_finished()
+        try:
+            return self._fit()
+        except BaseException:
+            self.run_dir.abandon()  # removes the directory only if no step ran
+            raise
+
+    def _fit(self) -> dict:
+        cfg, env, run, pos = self.cfg, self.env, self.run, self.pos
+        writer = SummaryWriter(str(self.run_dir.path), purge_step=pos.step + 1 if pos.step else None) \
+            if env.is_main else NoWriter()
+        self.writer, self.counters_before = writer, compile_counters()
+        meter = self.meter = StepMeter(self.device, pos.step, self.stats)
+        guard = self.guard = FiniteGuard(self.device, pos.step)
+        bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
+                   disable=not env.is_main)
+        with make_profiler(cfg.profile, self.run_dir.path, self.device) as prof, GracefulStop() as stop:
+            for batch, data_wait in self._batches():
+                loss = run.train_step(batch)
+                for sched in run.schedulers:
                     sched.step()
-                device_step += 1
-                first_bad = torch.where((first_bad < 0) & ~torch.isfinite(loss), device_step, first_bad)
-                loss_sum += loss
-                pos.step += 1
-                pos.batch += 1
-                loss_steps += 1
-                samples += batch.global_len
-                window_samples += batch.global_len
+                guard.update(loss)
+                meter.step(loss, batch.global_len, data_wait)
+                pos.step, pos.batch = pos.step + 1, pos.batch + 1
+                self.run_dir.started()
                 bar.update(1)
                 if prof is not None:
                     prof.step()
-
-                if pos.step - start_step == WARMUP_STEPS:
-                    synchronize(device)  # intended sync, once: separates warm-up from steady state
-                    window_start = time.perf_counter()
-                    warmup_s, window_samples, data_wait = window_start - loop_start, 0, 0.0
-                log_step = pos.step % cfg.train.log_every == 0 or pos.step == total_steps
+                log_step = pos.step % cfg.train.log_every == 0 or pos.step == self.data.total_steps
                 if log_step:
-                    check_finite()
-                    # intended host sync: logging interval (the ranks' shares summed: the global mean)
-                    mean_loss = env.all_reduce_sum(loss_sum.clone()).item() / env.world_size / loss_steps
-                    loss_sum.zero_()
-                    loss_steps = 0
-                    losses.append((pos.step, mean_loss))
-                    now = time.perf_counter()
-                    steady = pos.step - start_step > WARMUP_STEPS and window_samples
-                    if steady:
-                        window_rates.append(window_samples / (now - window_start))
-                        # the share of the window the loop waited for batches: the loader starving the step
-                        wait_fractions.append(data_wait / (now - window_start))
-                    window_start, window_samples, data_wait = now, 0, 0.0
-                    log_train(writer, pos.step, mean_loss, optimizers, window_rates[-1] if steady else None,
-                              wait_fractions[-1] if steady else None)
-                    bar.set_postfix(loss=f"{mean_loss:.4f}", **({"samples_s": f"{window_rates[-1]:,.0f}"} if window_rates else {}))
-                if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step != total_steps:
-                    log_eval(writer, evaluate(eval_forward, eval_loader, env), pos.step)
+                    self._log_window(bar)
+                if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step != self.data.total_steps:
+                    log_eval(writer, evaluate(run.eval_forward, self.data.eval, env), pos.step)
                 if cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0:
-                    check_finite()  # never save a checkpoint of a diverged model
-                    save()
-                if not env.distributed:
-                    stopping = stop.requested
-                elif log_step:  # ranks must stop together: they agree at logging steps (a host sync)
-                    stopping = env.any(stop.requested, device)
-            batches.close()  # stops the loader's thread when max_steps ends an epoch early
-        bar.close()
-        check_finite()
-        if stopping:
-            writer.close()
-            raise TrainingStopped(stop.exit_code, f"stopped by signal at step {pos.step}; checkpoint {save()}")
-    train_s = time.perf_counter() - loop_start
-    save()
+                    guard.check(env, self.checkpointer.last)  # never save a checkpoint of a diverged model
+                    self.checkpointer.save(run, pos, self.stats)
+                if self._stop_requested(stop, log_step):
+                    break
+            bar.close()
+            meter.finish()
+            guard.check(env, self.checkpointer.last)
+            if self._stopping:
+                writer.close()
+                path = self.checkpointer.save(run, pos, self.stats)
+                self.run_dir.close()
+                raise TrainingStopped(stop.exit_code, f"stopped by signal at step {pos.step}; checkpoint {path}")
+        self.checkpointer.save(run, pos, self.stats)
+        return self._finish(prof)
 
-    metrics = log_eval(writer, evaluate(eval_forward, eval_loader, env), pos.step)
-    counters = {k: v - counters_before[k] for k, v in compile_counters().items()}
-    if cfg.train.compile.enabled:
-        logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
-    ops = top_ops_table(prof, device)
-    if ops is not None and env.is_main:
-        logger.info("top operators by " + ("device" if device.type == "cuda" else "CPU") + " time:\n" + ops)
-        writer.add_text("profile/top_ops", "```\n" + ops + "\n```", pos.step)
-    samples_per_sec = statistics.median(window_rates) if window_rates else samples / train_s
-    summary = {
-        **metrics,
-        "split": d.eval_split,
-        "steps": pos.step,
-        "samples": samples,
-        "samples_per_sec": samples_per_sec,
-        "data_wait_fraction": statistics.median(wait_fractions) if wait_fractions else None,
-        "warmup_s": warmup_s,
-        "train_s": train_s,
-        "wall_s": time.perf_counter() - t_start,
-        "final_train_loss": losses[-1][1] if losses else None,
-        "train_losses": losses,
-        "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-        "compile": counters,
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "versions": versions(),
-        "oracle_auc": meta.extra.get("oracle_auc", {}).get(d.eval_split),
-        "checkpoint": str(last_ckpt),
-        "run_dir": str(run_dir),
-        "config": cfg.to_dict(),
-        "world_size": env.world_size,
-    }
-    writer.add_hparams(
-        {"batch_size": d.batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
-         "sparse_lr": cfg.optim.sparse.lr, "precision": cfg.train.precision, "interaction": cfg.model.interaction},
-        {"hparam/auc": metrics["auc"], "hparam/logloss": metrics["logloss"], "hparam/accuracy": metrics["accuracy"]},
-        run_name="hparams",
-    )
-    writer.close()
-    if env.is_main:
-        write_json_atomic(Path(run_dir) / "summary.json", summary)
-    logger.info(
-        f"{d.eval_split}: AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}"
-        + (f" (oracle AUC {summary['oracle_auc']:.4f})" if summary["oracle_auc"] is not None else "")
-        + f"; {pos.step} steps, {samples:,} samples, {samples_per_sec:,.0f} samples/s"
-        + (f" (waiting for data {summary['data_wait_fraction']:.0%} of the time)" if wait_fractions else "")
-        + f", {summary['wall_s']:.1f}s"
-    )
-    return summary
+    def _batches(self) -> Iterator[tuple[Batch, float]]:
+        """(batch, host seconds waited for it) from the current position to the run's end, epoch by epoch."""
+        pos, loader = self.pos, self.data.train
+        for epoch in range(pos.epoch, self.cfg.train.epochs):
+            if pos.step >= self.data.total_steps:
+                return
+            if epoch != pos.epoch:
+                pos.epoch, pos.batch = epoch, 0
+            loader.set_epoch(epoch, start_batch=pos.batch)
+            batches = iter(loader)
+            try:
+                while pos.step < self.data.total_steps:
+                    t = time.perf_counter()
+                    with record_function("data"):
+                        batch = next(batches, None)
+                    if batch is None:
+                        break
+                    yield batch, time.perf_counter() - t
+            finally:
+                batches.close()  # stops the loader's thread when the run ends an epoch early
+
+    _stopping = False
+
+    def _stop_requested(self, stop: GracefulStop, log_step: bool) -> bool:
+        """A signal arrived; with several ranks, once they all know (they agree at logging steps, a host sync)."""
+        if not self.env.distributed:
+            self._stopping = stop.requested
+        elif log_step:
+            self._stopping = self.env.any(stop.requested, self.device)
+        return self._stopping
+
+    def _log_window(self, bar: tqdm) -> None:
+        """The logging interval: one host sync for the finite check and the mean loss."""
+        self.guard.check(self.env, self.checkpointer.last)
+        meter, env = self.meter, self.env
+        # intended host sync: logging interval (the ranks' shares summed: the global mean)
+        mean_loss = env.all_reduce_sum(meter.loss_sum.clone()).item() / env.world_size / meter.loss_steps
+        rate, wait = meter.log_window(self.pos.step, mean_loss)
+        log_train(self.writer, self.pos.step, mean_loss, self.run.optimizers, rate, wait)
+        bar.set_postfix(loss=f"{mean_loss:.4f}", **({"samples_s": f"{meter.rates[-1]:,.0f}"} if meter.rates else {}))
+
+    # -- the end ----------------------------------------------------------------------------------
+
+    def _finish(self, prof) -> dict:
+        cfg, env, writer = self.cfg, self.env, self.writer
+        metrics = log_eval(writer, evaluate(self.run.eval_forward, self.data.eval, env), self.pos.step)
+        counters = {k: v - self.counters_before[k] for k, v in compile_counters().items()}
+        if cfg.train.compile.enabled:
+            logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
+        ops = top_ops_table(prof, self.device)
+        if ops is not None and env.is_main:
+            logger.info("top operators by " + ("device" if self.device.type == "cuda" else "CPU") + " time:\n" + ops)
+            writer.add_text("profile/top_ops", "```\n" + ops + "\n```", self.pos.step)
+        summary = self._summary(metrics, counters)
+        log_hparams(writer, cfg, self.data.batch_size, metrics)
+        writer.close()
+        if env.is_main:
+            write_json_atomic(self.run_dir.path / "summary.json", summary)
+        self.run_dir.close()
+        logger.info(final_line(summary))
+        return summary
+
+    def _summary(self, metrics: dict, counters: dict) -> dict:
+        d, stats, device = self.cfg.data, self.stats, self.device
+        return {
+            **metrics,
+            "split": d.eval_split,
+            "steps": self.pos.step,
+            "samples": stats.samples,  # the whole run, across resumes
+            "samples_per_sec": self.meter.samples_per_sec,  # this session's steady state
+            "data_wait_fraction": self.meter.data_wait_fraction,
+            "warmup_s": self.meter.warmup_s,
+            "train_s": stats.train_s,
+            "wall_s": time.perf_counter() - self.t_start,
+            "final_train_loss": stats.train_losses[-1][1] if stats.train_losses else None,
+            "train_losses": stats.train_losses,
+            "batch_size": self.data.batch_size,
+            "resumed_from": str(self.resume_from) if self.resume_from is not None else None,
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+            "compile": counters,
+            "device": str(device),
+            "device_name": device_name(device),
+            "versions": versions(),
+            "oracle_auc": self.meta.extra.get("oracle_auc", {}).get(d.eval_split),
+            "checkpoint": str(self.checkpointer.last),
+            "run_dir": str(self.run_dir.path),
+            "config": self.cfg.to_dict(),
+            "world_size": self.env.world_size,
+        }
+
+    def _report_finished(self) -> dict:
+        """Resuming a run that already reached its end: say so, write nothing, return its summary."""
+        run_dir = self.finished.resolve().parent.parent
+        logger.info(f"--resume: {self.finished} is at step {self.data.total_steps} or later, the end of this run "
+                    f"(train.epochs / train.max_steps); nothing to train, nothing written")
+        path = run_dir / "summary.json"
+        summary = {}
+        if path.is_file():
+            try:
+                summary = json.loads(path.read_text())
+            except (OSError, ValueError):
+                summary = {}
+        return {**summary, "checkpoint": str(self.finished), "run_dir": str(run_dir), "finished": True}
 
 
-def restore(path: Path, model: DLRM, optimizers, schedulers, tables: Tables, cfg: Config,
-            env: DistEnv = DistEnv(), plan: Optional[ShardingPlan] = None) -> ckpt.Position:
-    """Load a checkpoint into the freshly built objects (after checking it fits); returns its position.
-    A distributed run loads its rank's shard of a sharded checkpoint (same ranks and plan)."""
-    state = dist_ckpt.load_for_rank(path, env, plan)
-    ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path)
-    model.load_state_dict(state["model"])
-    for opt, s in zip(optimizers, state["optimizers"]):
-        opt.load_state_dict(s)
-    for sched, s in zip(schedulers, state["schedulers"]):
-        sched.load_state_dict(s)
-    ckpt.set_rng_state(state["rng"])
-    return ckpt.Position(**state["position"])
-
-
-def log_train(writer: SummaryWriter, step: int, loss: float, optimizers, samples_per_sec: Optional[float],
-              data_wait_fraction: Optional[float] = None) -> None:
-    writer.add_scalar("train/loss", loss, step)
-    # float(): a device-tensor lr (train.cuda_graph) is read here, at the logging interval
-    writer.add_scalar("train/lr_dense", float(optimizers[0].param_groups[0]["lr"]), step)
-    writer.add_scalar("train/lr_sparse", float(optimizers[1].param_groups[0]["lr"]), step)
-    if samples_per_sec is not None:
-        writer.add_scalar("train/samples_per_sec", samples_per_sec, step)
-    if data_wait_fraction is not None:
-        writer.add_scalar("train/data_wait_fraction", data_wait_fraction, step)
-
-
-def log_eval(writer: SummaryWriter, metrics: dict[str, float], step: int) -> dict[str, float]:
-    for k, v in metrics.items():
-        writer.add_scalar(f"eval/{k}", v, step)
-    logger.info(f"step {step}: eval " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    return metrics
+def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = None,
+          allow_config_change: Sequence[str] = ()) -> dict:
+    """Train a DLRM as `cfg` says; returns the summary also written to summary.json (see `Trainer`)."""
+    return Trainer(cfg, run_dir, resume, allow_config_change).fit()

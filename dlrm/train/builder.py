@@ -1,0 +1,132 @@
+"""The one way to build a training run: a resolved config -> model, loss, optimizers, schedules,
+train step and evaluation forward.
+
+``train.py`` (through :mod:`dlrm.train.trainer`), every benchmark and the tests build runs here, so
+a benchmark measures what users run. In a distributed run the builder also makes the sharded
+embedding and the DistributedDataParallel wrapper of the dense parts and passes them in: the model
+itself knows nothing of torch.distributed.
+
+Example:
+    >>> from dlrm.config import Config
+    >>> cfg = Config()
+    >>> cfg.model.cardinalities = [10] * 26
+    >>> run = build_run(cfg, tables_from_config(cfg), torch.device("cpu"), total_steps=10)
+    >>> type(run.train_step).__name__, len(run.optimizers)
+    ('TrainStep', 2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from loguru import logger
+
+from dlrm.config import Config, ConfigError
+from dlrm.distributed.env import DistEnv
+from dlrm.distributed.sharding import ShardingPlan, plan_sharding
+from dlrm.model.dlrm import DLRM, build_loss, build_model
+from dlrm.train.graphed_step import graph_train_step
+from dlrm.train.optim import build_optimizers, build_schedulers
+from dlrm.train.setup import Tables
+from dlrm.train.step import EvalForward, TrainStep, set_matmul_precision
+
+
+@dataclass
+class Run:
+    """Everything a training run steps, evaluates and checkpoints.
+
+    Args:
+        model: the uncompiled DLRM (its state_dict is what checkpoints hold).
+        loss_fn: (logits [B], labels [B]) -> scalar.
+        optimizers: (dense, sparse).
+        schedulers: one LR schedule per optimizer.
+        train_step: ``batch -> loss`` (0-dim device tensor); compiled / graphed as configured.
+        eval_forward: ``batch -> logits [B]`` without gradients.
+        plan: the embedding sharding plan of a distributed run, else None.
+    """
+
+    model: DLRM
+    loss_fn: Callable
+    optimizers: tuple
+    schedulers: list
+    train_step: Callable
+    eval_forward: EvalForward
+    plan: Optional[ShardingPlan] = None
+
+
+def tables_from_config(cfg: Config) -> Tables:
+    """Table sizes for a run without a dataset (benchmarks): ``model.cardinalities``, capped by
+    ``data.max_rows_per_table``; modulus hashing."""
+    if cfg.model.cardinalities is None:
+        raise ConfigError("model.cardinalities: needed when no dataset is given")
+    cap = cfg.data.max_rows_per_table
+    return Tables([min(c, cap) if cap else c for c in cfg.model.cardinalities], None, "modulus")
+
+
+def make_sharding(cfg: Config, tables: Tables, env: DistEnv) -> Optional[ShardingPlan]:
+    """The embedding sharding plan of a distributed run (logged with each rank's share), else None."""
+    if not env.distributed:
+        return None
+    plan = plan_sharding(tables.cardinalities, env.world_size, cfg.distributed.sharding,
+                         cfg.distributed.row_wise_min_rows)
+    for q in range(env.world_size):
+        if plan.local_rows(q) == 0:
+            raise ConfigError(f"distributed.sharding: {cfg.distributed.sharding!r} leaves rank {q} without "
+                              f"embedding rows ({len(tables.cardinalities)} tables, {env.world_size} ranks); use 'row'")
+    logger.info(f"embedding sharding ({cfg.distributed.sharding}) over {env.world_size} ranks:\n"
+                + plan.describe(cfg.model.embedding_dim))
+    return plan
+
+
+def _sharded_sparse_arch(cfg: Config, tables: Tables, plan: ShardingPlan, env: DistEnv, device: torch.device):
+    from dlrm.distributed.sharded_embedding import ShardedSparseArch
+
+    with torch.device(device):  # parameters are created on the device directly
+        return ShardedSparseArch(tables.cardinalities, cfg.model.embedding_dim, plan, env.rank, tables.vocabs,
+                                 kernel=cfg.kernels.embedding)
+
+
+def _log_memory(env: DistEnv, model: DLRM, device: torch.device) -> None:
+    """Parameters and device memory of every rank, logged by rank 0 (one gather at start-up)."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
+    for q, (p, a) in enumerate(env.all_gather_object((params, allocated))):
+        logger.info(f"rank {q}: parameters {p / 2**20:,.1f} MiB"
+                    + (f", CUDA memory allocated {a / 2**20:,.1f} MiB" if a is not None else ""))
+
+
+def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: int, env: DistEnv = DistEnv(),
+              eval_batch_size: Optional[int] = None) -> Run:
+    """Build the parts of a run as `cfg` says.
+
+    Args:
+        cfg: the resolved config (not modified).
+        tables: table sizes and vocabularies (`dlrm.train.setup.dataset_tables` or `tables_from_config`).
+        device: where the model lives.
+        total_steps: the run's length (LR schedules depend on it).
+        env: the process group (one process by default).
+        eval_batch_size: the evaluation batch (a compiled evaluation pads to it); default 4 x batch.
+    """
+    plan = make_sharding(cfg, tables, env)
+    sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env, device) if plan is not None else None
+    model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch)
+    dense_forward = None  # one process: the model's own forward_from_embeddings
+    if env.distributed:
+        from dlrm.distributed.data_parallel import wrap_dense_parts
+
+        dense_forward = wrap_dense_parts(model, device)
+        _log_memory(env, model, device)
+    optimizers = build_optimizers(model, cfg.optim, cfg.train.deterministic)
+    schedulers = build_schedulers(optimizers, cfg.optim.schedule, total_steps)
+    if cfg.train.compile.enabled:
+        logger.info(f"torch.compile: mode {cfg.train.compile.mode}, fullgraph {cfg.train.compile.fullgraph}")
+    set_matmul_precision(cfg.train.precision)
+    loss_fn = build_loss(cfg.kernels)
+    step = TrainStep(model, loss_fn, optimizers, cfg.train.precision, device, cfg.train.compile,
+                     dense_forward=dense_forward)
+    step = graph_train_step(step, cfg.train.cuda_graph, env.distributed)
+    eval_forward = EvalForward(model, cfg.train.precision, device, cfg.train.compile,
+                               eval_batch_size or 4 * cfg.data.batch_size, dense_forward=dense_forward)
+    return Run(model, loss_fn, optimizers, schedulers, step, eval_forward, plan)

@@ -1,0 +1,76 @@
+"""Saving and restoring a run's state: the trainer's one call for checkpoints.
+
+What a checkpoint holds, and how it is written and read safely, is `dlrm.train.checkpoint`'s
+business (and `dlrm.distributed.checkpoint`'s for sharded runs); this module decides *what* state
+of a `Run` goes in and puts it back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Optional
+
+from dlrm.config import Config
+from dlrm.distributed import checkpoint as dist_ckpt
+from dlrm.distributed.env import DistEnv
+from dlrm.train import checkpoint as ckpt
+from dlrm.train.builder import Run
+from dlrm.train.graphed_step import plain_lr_state_dict
+from dlrm.train.meter import RunStats
+from dlrm.train.setup import Tables
+
+
+class Checkpointer:
+    """Writes ``<run_dir>/checkpoints/step-*.pt`` (sharded in a distributed run) and restores them.
+
+    Args:
+        run_dir: the run's directory.
+        cfg: the run's config (stored in every checkpoint; decides how many are kept).
+        tables: the table sizes (stored, and compared on restore).
+        env: the process group.
+
+    Example:
+        >>> checkpointer = Checkpointer(run_dir, cfg, tables, env)       # doctest: +SKIP
+        >>> path = checkpointer.save(run, position, stats)                # doctest: +SKIP
+    """
+
+    def __init__(self, run_dir: Path, cfg: Config, tables: Tables, env: DistEnv = DistEnv()) -> None:
+        self.run_dir, self.cfg, self.tables, self.env = Path(run_dir), cfg, tables, env
+        self.last: Optional[Path] = None
+
+    def save(self, run: Run, pos: ckpt.Position, stats: RunStats) -> Path:
+        """Checkpoint `run` at `pos` (once per step: a second call at the same step returns the first)."""
+        if (self.last is not None and self.last.name == ckpt.checkpoint_name(pos.step)
+                and self.last.resolve().parent.parent == self.run_dir.resolve()):
+            return self.last  # this step is already saved in this run
+        state = {
+            "model": run.model.state_dict(),
+            "optimizers": [plain_lr_state_dict(o) for o in run.optimizers],
+            "schedulers": [s.state_dict() for s in run.schedulers],
+            "position": asdict(pos),
+            "rng": ckpt.rng_state(),
+            "cardinalities": self.tables.cardinalities,
+            "config": self.cfg.to_dict(),
+            "run_stats": stats.to_dict(),
+        }
+        keep = self.cfg.checkpoint.keep
+        if run.plan is not None:
+            self.last = dist_ckpt.save_sharded(self.run_dir, state, pos.step, keep, self.env, run.plan)
+        else:
+            self.last = ckpt.save_checkpoint(self.run_dir, state, pos.step, keep)
+        return self.last
+
+    def restore(self, path: Path, run: Run) -> tuple[ckpt.Position, RunStats]:
+        """Load `path` into the freshly built `run` (after checking it fits); returns its position and
+        the run's totals so far. A distributed run loads its rank's shard (same ranks and plan)."""
+        state: dict[str, Any] = dist_ckpt.load_for_rank(path, self.env, run.plan)
+        ckpt.check_compatible(state, run.model, self.tables.cardinalities, self.cfg.to_dict()["model"], path)
+        run.model.load_state_dict(state["model"])
+        for opt, s in zip(run.optimizers, state["optimizers"]):
+            opt.load_state_dict(s)
+        for sched, s in zip(run.schedulers, state["schedulers"]):
+            sched.load_state_dict(s)
+        ckpt.set_rng_state(state["rng"])
+        self.last = Path(path)
+        return ckpt.Position(**state["position"]), RunStats.from_dict(state.get("run_stats"))

@@ -1,0 +1,121 @@
+"""Throughput, data wait and loss bookkeeping of the training loop, without per-step host syncs.
+
+The loss is summed on the device every step and read once per logging interval (the intended
+host sync). Throughput is measured in windows between logging steps after `WARMUP_STEPS` steps
+(compilation, autotuning, allocator growth); the summary reports the median window.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+WARMUP_STEPS = 3
+"""Steps timed apart as warm-up before throughput windows start (also the CUDA-graph warm-up)."""
+
+
+@dataclass
+class RunStats:
+    """What a run has done so far, across resumes (stored in every checkpoint as ``run_stats``).
+
+    Args:
+        samples: training samples consumed.
+        train_s: seconds spent in the training loop.
+        train_losses: ``[step, mean loss of the logging window]`` pairs.
+    """
+
+    samples: int = 0
+    train_s: float = 0.0
+    train_losses: list[list[float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"samples": int(self.samples), "train_s": float(self.train_s),
+                "train_losses": [[int(s), float(l)] for s, l in self.train_losses]}
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> "RunStats":
+        if not d:
+            return cls()
+        return cls(int(d["samples"]), float(d["train_s"]), [[int(s), float(l)] for s, l in d["train_losses"]])
+
+
+class StepMeter:
+    """Counts steps, samples, the device-side loss sum and the time waited for data.
+
+    Args:
+        device: where the loss sum lives.
+        start_step: the step the run (re)starts at.
+        stats: the run's totals so far (from a checkpoint when resuming).
+
+    Example:
+        >>> meter = StepMeter(torch.device("cpu"), start_step=0, stats=RunStats())
+        >>> meter.step(torch.tensor(0.7), samples=256, data_wait_s=0.001)
+        >>> meter.log_window(step=1, mean_loss=0.7)  # no steady window during warm-up
+        (None, None)
+        >>> meter.stats.samples, meter.stats.train_losses
+        (256, [[1, 0.7]])
+    """
+
+    def __init__(self, device: torch.device, start_step: int, stats: RunStats) -> None:
+        self.device, self.start_step, self.stats = device, start_step, stats
+        self.steps_done = 0
+        self.session_samples = 0
+        self.loss_sum = torch.zeros((), device=device)  # read at logging steps only
+        self.loss_steps = 0
+        self.window_samples, self.data_wait = 0, 0.0
+        self.rates: list[float] = []
+        self.wait_fractions: list[float] = []
+        self.warmup_s = float("nan")
+        self.loop_start = self.window_start = time.perf_counter()
+
+    def step(self, loss: torch.Tensor, samples: int, data_wait_s: float) -> None:
+        self.loss_sum += loss
+        self.loss_steps += 1
+        self.steps_done += 1
+        self.stats.samples += samples
+        self.session_samples += samples
+        self.window_samples += samples
+        self.data_wait += data_wait_s
+        if self.steps_done == WARMUP_STEPS:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # intended sync, once: separates warm-up from steady state
+            self.window_start = time.perf_counter()
+            self.warmup_s = self.window_start - self.loop_start
+            self.window_samples, self.data_wait = 0, 0.0
+
+    def log_window(self, step: int, mean_loss: float) -> tuple[Optional[float], Optional[float]]:
+        """Close the logging window at `step` with its (already reduced) mean loss; returns
+        (samples/s, data-wait fraction) of the window, or Nones during warm-up."""
+        self.stats.train_losses.append([step, mean_loss])
+        now = time.perf_counter()
+        rate = wait = None
+        if self.steps_done > WARMUP_STEPS and self.window_samples:
+            rate = self.window_samples / (now - self.window_start)
+            # the share of the window the loop waited for batches: the loader starving the step
+            wait = self.data_wait / (now - self.window_start)
+            self.rates.append(rate)
+            self.wait_fractions.append(wait)
+        self.window_start, self.window_samples, self.data_wait = now, 0, 0.0
+        self.loss_sum.zero_()
+        self.loss_steps = 0
+        return rate, wait
+
+    def finish(self) -> None:
+        """Add this session's loop time to the run's total."""
+        self.stats.train_s += time.perf_counter() - self.loop_start
+
+    @property
+    def samples_per_sec(self) -> float:
+        """Median steady-state window of this session (whole-session average if none)."""
+        if self.rates:
+            return statistics.median(self.rates)
+        elapsed = time.perf_counter() - self.loop_start
+        return self.session_samples / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def data_wait_fraction(self) -> Optional[float]:
+        return statistics.median(self.wait_fractions) if self.wait_fractions else None

@@ -1,0 +1,81 @@
+"""Which config changes a resumed run may make, and the check that refuses the others.
+
+A resumed run must continue the trajectory its checkpoint started. Keys that only change how the
+run is observed or executed (logging, checkpoint cadence, profiling, kernel and compile choices,
+data placement and prefetch, device) are free; the run's length (``train.epochs``,
+``train.max_steps``) may change and is logged; every other difference (batch size, model, data,
+optimizer, schedule, seed, ...) is refused unless ``--allow-config-change`` names its key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from loguru import logger
+
+from dlrm.config import ConfigError
+
+# dotted prefixes: a key equal to one or under it is free
+FREE_KEYS = (
+    "log", "checkpoint", "profile", "kernels", "name",
+    "train.log_every", "train.eval_every", "train.compile", "train.cuda_graph", "train.device",
+    "data.prefetch", "data.placement", "data.eval_batch_size", "data.eval_split",
+    "distributed.backend",
+)
+LENGTH_KEYS = ("train.epochs", "train.max_steps")
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _under(key: str, prefixes: Iterable[str]) -> bool:
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(dotted key, checkpoint value, this run's value) for every leaf that differs."""
+    a, b = _flatten(saved), _flatten(current)
+    missing = object()
+    return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
+            if a.get(k, missing) != b.get(k, missing)]
+
+
+def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed: Iterable[str], source: str) -> None:
+    """Raise a one-line ConfigError listing the trajectory-changing keys not in `allowed`.
+
+    Args:
+        saved: the checkpoint's config (as ``Config.to_dict()``).
+        current: this run's resolved config.
+        allowed: dotted keys (or prefixes) from ``--allow-config-change``.
+        source: the checkpoint path, for the messages.
+    """
+    allowed = tuple(allowed)
+    refused = []
+    for key, old, new in config_changes(saved, current):
+        shown = f"{key}: {_show(old)} -> {_show(new)}"
+        if _under(key, FREE_KEYS):
+            continue
+        if _under(key, LENGTH_KEYS):
+            logger.info(f"--resume: run length changed, {shown}")
+        elif _under(key, allowed):
+            logger.warning(f"--resume: config change allowed by --allow-config-change, {shown}")
+        else:
+            refused.append((key, shown))
+    if refused:
+        keys = ",".join(k for k, _ in refused)
+        raise ConfigError(f"--resume {source}: the config differs from the checkpoint's in what changes training "
+                          f"({'; '.join(s for _, s in refused[:4])}{'; ...' if len(refused) > 4 else ''}); "
+                          f"resume with the checkpoint's values, or pass --allow-config-change {keys}")
+
+
+def _show(value: Any) -> str:
+    text = repr(value) if value is not None else "null"
+    return "(absent)" if text.startswith("<object") else (text if len(text) <= 40 else text[:37] + "...")

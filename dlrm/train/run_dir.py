@@ -1,0 +1,195 @@
+"""A run owns its directory: one writer at a time, resumes that cannot clobber, failed starts cleaned up.
+
+``tb_logs/<run-name>/`` holds a run's TensorBoard events, ``config.json``, ``summary.json`` and
+``checkpoints/``. The rules, each enforced here and tested in tests/test_run_dir.py:
+
+* **One writer.** The directory's ``.lock`` file is held with ``fcntl.flock`` for the whole run and
+  names the holder's pid and host; a second process (a second ``--resume`` of the same run, say)
+  is refused with that pid. The kernel drops the lock when its holder dies, so a lock left by a
+  killed run is stale by construction: it is taken over, and the log says so.
+* **A new run never reuses a name.** A non-empty directory is refused (use ``--resume``).
+* **A resume writes only into its own run.** ``--resume PATH`` continues the run the checkpoint
+  belongs to; a ``--run-name`` naming another run is an error, unless that name is new: then the
+  checkpoint's run is copied into a fresh run of that name (said in the log) and the original is
+  never written. Resuming from a checkpoint that is not its run's latest would overwrite the later
+  ones, so it is refused with that hint.
+* **A failed start leaves nothing behind.** A directory this process created is removed again if
+  the run fails before its first training step (it holds only what the start wrote).
+
+The resolved absolute path is logged whenever it differs from what was typed (absolute
+``--tb-dir``, ``..``, symbolic links), so a user always knows where a run writes.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Optional
+
+from loguru import logger
+
+from dlrm.config import Config, ConfigError
+from dlrm.data.schema import write_json_atomic
+
+_VALID_NAME = re.compile(r"[\w.+-]+")
+LOCK_NAME = ".lock"
+
+
+def run_name(cfg: Config) -> str:
+    """The run's name: ``log.run_name``, or ``<config>-<date>-<time>``; validated."""
+    name = cfg.log.run_name or f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not _VALID_NAME.fullmatch(name) or name in (".", ".."):
+        raise ConfigError(f"log.run_name: {name!r} may hold only letters, digits and . _ + -")
+    return name
+
+
+def describe_path(path: Path) -> str:
+    """`path` as typed, plus where it really is when that differs (absolute, .., symlinks)."""
+    real = Path(os.path.realpath(path))
+    return str(path) if str(real) == str(path) else f"{path} (resolves to {real})"
+
+
+class RunLock:
+    """An exclusive ``flock`` on ``<run_dir>/.lock`` naming its holder (pid, host, start time).
+
+    Example:
+        >>> lock = RunLock.acquire(Path("tb_logs/my-run"))   # ConfigError if another process holds it
+        >>> lock.release()
+    """
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self.fd = path, fd
+
+    @classmethod
+    def acquire(cls, run_dir: Path) -> "RunLock":
+        path = Path(run_dir) / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                raise ConfigError(f"{run_dir}: in use by {holder}; a run directory has one writer at a time "
+                                  "(wait for it, or choose another --run-name)") from None
+            raise
+        previous = os.pread(fd, 200, 0).decode(errors="replace").strip()
+        if previous:  # the holder died without releasing: flock was dropped by the kernel
+            logger.warning(f"{path}: stale lock of {previous} (that process is gone); taken over")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        return cls(path, fd)
+
+    def release(self) -> None:
+        """Empty the file (so the next holder sees no stale lock) and drop the lock."""
+        if self.fd < 0:
+            return
+        try:
+            os.ftruncate(self.fd, 0)
+        finally:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class RunDirectory:
+    """The directory a run writes, held for the run's lifetime (see the module docstring).
+
+    Use :meth:`create` for a new run and :meth:`for_resume` to continue one; then
+    :meth:`started` once the first step ran, and :meth:`close` at the end (or as a context manager).
+
+    Args:
+        path: the run directory.
+        lock: its held lock (None on ranks other than 0, which write no run files).
+        created: this process made the directory (so a failed start may remove it).
+    """
+
+    def __init__(self, path: Path, lock: Optional[RunLock], created: bool) -> None:
+        self.path, self.lock, self.created = Path(path), lock, created
+        self._started = False
+
+    @classmethod
+    def create(cls, cfg: Config, path: Optional[Path] = None) -> "RunDirectory":
+        """A new run's directory (``log.tb_dir/<run name>`` unless `path`), locked, with config.json."""
+        path = Path(path) if path is not None else Path(cfg.log.tb_dir) / run_name(cfg)
+        if path.is_symlink() and not path.exists():
+            raise ConfigError(f"log.run_name: {path} is a dangling symbolic link; remove it or choose another --run-name")
+        if path.exists() and any(p.name != LOCK_NAME for p in path.iterdir()):
+            raise ConfigError(f"log.run_name: {str(path)!r} already exists and is not empty; pick another --run-name "
+                              "(or --resume it)")
+        created = not path.exists()
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"log.tb_dir: cannot create {str(path)!r} ({e.strerror})") from None
+        try:
+            lock = RunLock.acquire(path)
+        except OSError as e:
+            raise ConfigError(f"log.tb_dir: cannot write {str(path)!r} ({e.strerror})") from None
+        except ConfigError:
+            raise
+        run = cls(path, lock, created)
+        try:
+            write_json_atomic(path / "config.json", cfg.to_dict())
+        except OSError as e:
+            run.abandon()
+            raise ConfigError(f"log.tb_dir: cannot write {str(path)!r} ({e.strerror})") from None
+        logger.info(f"run directory: {describe_path(path)}")
+        return run
+
+    @classmethod
+    def for_resume(cls, cfg: Config, checkpoint: Path, latest: Optional[Path]) -> tuple["RunDirectory", bool]:
+        """The directory a resume from `checkpoint` writes, and whether it is a fresh copy.
+
+        Args:
+            cfg: this run's config (its ``log.run_name`` may name a new run to branch into).
+            checkpoint: the checkpoint resumed from (``<run>/checkpoints/step-*.pt``).
+            latest: the newest checkpoint of that run.
+        """
+        source = checkpoint.resolve().parent.parent
+        wanted = cfg.log.run_name
+        if wanted is None or wanted == source.name:
+            if latest is not None and latest.resolve() != checkpoint.resolve():
+                raise ConfigError(f"--resume: {checkpoint} is not the latest checkpoint of run {source.name!r} "
+                                  f"({latest.name} is); resuming it in place would overwrite the later ones: "
+                                  "add --run-name NEW to continue from it in a new run")
+            return cls(source, RunLock.acquire(source), created=False), False
+        target = Path(cfg.log.tb_dir) / run_name(cfg)
+        if target.exists():
+            raise ConfigError(f"--resume: {checkpoint} belongs to run {source.name!r}, and --run-name {wanted!r} "
+                              f"names another existing run ({target}); omit --run-name, or name a new run to "
+                              "continue in a copy")
+        run = cls.create(cfg, target)
+        logger.info(f"--resume: continuing run {source.name!r} from {checkpoint.name} in the new run "
+                    f"{run.path} (the original run is not written)")
+        return run, True
+
+    def started(self) -> None:
+        """The first training step ran: from now on a failure keeps the directory (it has history)."""
+        self._started = True
+
+    def abandon(self) -> None:
+        """A failed start: release the lock and remove the directory if this process created it."""
+        self.close()
+        if self.created and not self._started:
+            shutil.rmtree(self.path, ignore_errors=True)
+            logger.info(f"removed {self.path}: the run failed before its first step")
+
+    def close(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def __enter__(self) -> "RunDirectory":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()

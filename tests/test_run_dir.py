@@ -1,0 +1,230 @@
+"""A run owns its directory: one writer, resumes that never clobber another run, failed starts cleaned up,
+and summary.json that counts the whole run across resumes (issue #17)."""
+
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from loguru import logger
+
+from dlrm.config import ConfigError, load_config
+from dlrm.train.run_dir import RunDirectory, RunLock
+from dlrm.train.trainer import train
+from tests.conftest import REPO, make_dataset
+
+BASE = {
+    "data": {"batch_size": 8, "shuffle": True},
+    "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
+    "optim": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "rowwise_adagrad", "lr": 0.05}},
+    "train": {"epochs": 1, "max_steps": 10, "log_every": 5, "device": "cpu", "seed": 3},
+    "checkpoint": {"every": 5, "keep": 5},
+}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rundir") / "ds"
+    make_dataset(root, {"train": 200, "validation": 32}, row_group_size=50)
+    return root
+
+
+def config(tmp_path, dataset, run_name="victim", **overrides):
+    raw = json.loads(json.dumps(BASE))
+    raw["data"]["path"] = str(dataset)
+    raw["log"] = {"tb_dir": str(tmp_path / "tb"), "run_name": run_name}
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(raw))
+    return load_config(path, overrides)
+
+
+def snapshot(directory):
+    """{relative path: sha256} of every file under `directory`."""
+    return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def messages():
+    seen = []
+    handle = logger.add(lambda m: seen.append(m.record["message"]), level="INFO")
+    return seen, handle
+
+
+def test_second_writer_is_refused_with_the_holders_pid(tmp_path, dataset):
+    train(config(tmp_path, dataset))
+    run = tmp_path / "tb" / "victim"
+    holder = RunLock.acquire(run)  # stands for a first `--resume` still running
+    try:
+        with pytest.raises(ConfigError, match=r"in use by pid \d+"):
+            train(config(tmp_path, dataset, **{"train.max_steps": 20}), resume="latest")
+    finally:
+        holder.release()
+    train(config(tmp_path, dataset, **{"train.max_steps": 20}), resume="latest")  # free again: runs
+
+
+def test_lock_held_by_another_process_is_refused(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    code = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from dlrm.train.run_dir import RunLock
+        lock = RunLock.acquire(Path({str(run)!r}))
+        print("locked", flush=True)
+        sys.stdin.read()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(ConfigError, match=f"in use by pid {proc.pid} "):
+            RunLock.acquire(run)
+    finally:
+        proc.kill()
+        proc.wait()
+    # the holder died without releasing: its lock is stale, taken over with a warning
+    seen, handle = messages()
+    try:
+        RunLock.acquire(run).release()
+    finally:
+        logger.remove(handle)
+    assert any(f"stale lock of pid {proc.pid}" in m for m in seen), seen
+
+
+def test_resume_into_another_existing_run_is_refused_and_changes_nothing(tmp_path, dataset):
+    train(config(tmp_path, dataset))
+    train(config(tmp_path, dataset, run_name="other"))
+    victim = tmp_path / "tb" / "victim"
+    before = snapshot(victim)
+    with pytest.raises(ConfigError, match="names another existing run"):
+        train(config(tmp_path, dataset, run_name="other", **{"train.max_steps": 20}),
+              resume=str(victim / "checkpoints" / "step-00000005.pt"))
+    assert snapshot(victim) == before
+
+
+def test_resume_of_an_earlier_checkpoint_in_place_is_refused(tmp_path, dataset):
+    train(config(tmp_path, dataset))
+    victim = tmp_path / "tb" / "victim"
+    before = snapshot(victim)
+    with pytest.raises(ConfigError, match="not the latest checkpoint"):
+        train(config(tmp_path, dataset, run_name=None), resume=str(victim / "checkpoints" / "step-00000005.pt"))
+    assert snapshot(victim) == before
+
+
+def test_resume_of_an_earlier_checkpoint_under_a_new_name_branches_without_touching_the_source(tmp_path, dataset):
+    train(config(tmp_path, dataset))
+    victim = tmp_path / "tb" / "victim"
+    before = snapshot(victim)
+    summary = train(config(tmp_path, dataset, run_name="branch"), resume=str(victim / "checkpoints" / "step-00000005.pt"))
+    assert snapshot(victim) == before
+    assert summary["run_dir"] == str(tmp_path / "tb" / "branch")
+    assert summary["steps"] == 10 and summary["samples"] == 10 * 8  # counts the source's first 5 steps too
+    assert (tmp_path / "tb" / "branch" / "checkpoints" / "step-00000010.pt").is_file()
+
+
+def test_config_change_that_alters_training_is_refused_unless_allowed(tmp_path, dataset):
+    train(config(tmp_path, dataset))
+    victim = tmp_path / "tb" / "victim"
+    before = snapshot(victim)
+    for key, value in [("data.batch_size", 16), ("optim.dense.lr", 0.1), ("model.top_mlp", [4, 1]),
+                       ("train.seed", 4)]:
+        with pytest.raises(ConfigError, match=f"--allow-config-change {key}"):
+            train(config(tmp_path, dataset, **{key: value, "train.max_steps": 20}), resume="latest")
+        assert snapshot(victim) == before
+    # observation-only keys and the run's length are free; an allowed key goes through
+    summary = train(config(tmp_path, dataset, **{"train.max_steps": 20, "train.log_every": 2, "optim.dense.lr": 0.02}),
+                    resume="latest", allow_config_change=["optim.dense.lr"])
+    assert summary["steps"] == 20
+
+
+def test_resume_of_a_finished_run_says_so_and_writes_nothing(tmp_path, dataset):
+    first = train(config(tmp_path, dataset))
+    victim = tmp_path / "tb" / "victim"
+    before = snapshot(victim)
+    seen, handle = messages()
+    try:
+        again = train(config(tmp_path, dataset), resume="latest")
+    finally:
+        logger.remove(handle)
+    assert snapshot(victim) == before
+    assert again["finished"] is True and again["samples"] == first["samples"] == 80
+    assert any("nothing to train, nothing written" in m for m in seen)
+
+
+def test_summary_counts_the_whole_run_across_resumes(tmp_path, dataset):
+    uninterrupted = train(config(tmp_path, dataset, run_name="whole", **{"train.max_steps": 20}))
+    train(config(tmp_path, dataset, run_name="parts"))
+    resumed = train(config(tmp_path, dataset, run_name="parts", **{"train.max_steps": 20}), resume="latest")
+    assert resumed["samples"] == uninterrupted["samples"] == 20 * 8
+    assert [s for s, _ in resumed["train_losses"]] == [5, 10, 15, 20]
+    assert [l for _, l in resumed["train_losses"]] == pytest.approx([l for _, l in uninterrupted["train_losses"]], rel=1e-5)
+    on_disk = json.loads((tmp_path / "tb" / "parts" / "summary.json").read_text())
+    assert on_disk["samples"] == 160 and on_disk["train_s"] > 0
+
+
+def test_failed_start_removes_the_directory_it_made(tmp_path, dataset, monkeypatch):
+    from dlrm.train import trainer as trainer_mod
+
+    def broken_fit(self):
+        raise RuntimeError("boom before the first step")
+
+    monkeypatch.setattr(trainer_mod.Trainer, "_fit", broken_fit)
+    with pytest.raises(RuntimeError, match="boom"):
+        train(config(tmp_path, dataset, run_name="fails"))
+    assert not (tmp_path / "tb" / "fails").exists()
+    monkeypatch.undo()
+    train(config(tmp_path, dataset, run_name="fails"))  # the name is free again
+
+
+def test_failure_after_the_first_step_keeps_the_directory(tmp_path, dataset, monkeypatch):
+    from dlrm.train import trainer as trainer_mod
+
+    original = trainer_mod.Trainer._log_window
+
+    def fail_at_log(self, bar):
+        original(self, bar)
+        raise RuntimeError("fails at step 5")
+
+    monkeypatch.setattr(trainer_mod.Trainer, "_log_window", fail_at_log)
+    with pytest.raises(RuntimeError, match="step 5"):
+        train(config(tmp_path, dataset, run_name="kept"))
+    run = tmp_path / "tb" / "kept"
+    assert list(run.glob("events.out.tfevents.*")), "the history of a run that trained is kept"
+    RunLock.acquire(run).release()  # and its lock was released
+
+
+def test_new_run_refuses_a_non_empty_directory(tmp_path, dataset):
+    (tmp_path / "tb" / "victim").mkdir(parents=True)
+    (tmp_path / "tb" / "victim" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="already exists and is not empty"):
+        train(config(tmp_path, dataset))
+    assert (tmp_path / "tb" / "victim" / "notes.txt").read_text() == "mine"
+
+
+def test_symlinked_tb_dir_is_logged_with_where_it_resolves(tmp_path, dataset):
+    real = tmp_path / "elsewhere"
+    real.mkdir()
+    (tmp_path / "tb").symlink_to(real)
+    seen, handle = messages()
+    try:
+        run = RunDirectory.create(config(tmp_path, dataset, run_name="linked"))
+        run.close()
+    finally:
+        logger.remove(handle)
+    assert any(f"resolves to {real / 'linked'}" in m for m in seen), seen
+    assert (real / "linked" / "config.json").is_file()
+
+
+def test_cli_resume_with_other_name_and_batch_size_is_one_line_error(tmp_path, dataset):
+    """The issue's reproduction: --resume victim's checkpoint --run-name new --batch-size 128."""
+    train(config(tmp_path, dataset))
+    victim = tmp_path / "tb" / "victim"
+    before = snapshot(victim)
+    out = subprocess.run([sys.executable, str(REPO / "train.py"), "--config", str(tmp_path / "cfg.json"),
+                          "--resume", str(victim / "checkpoints" / "step-00000005.pt"), "--run-name", "new",
+                          "--batch-size", "128"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr
+    assert "data.batch_size: 8 -> 128" in out.stderr and "Traceback" not in out.stderr
+    assert snapshot(victim) == before
+    assert not (tmp_path / "tb" / "new").exists()
