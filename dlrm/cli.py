@@ -1,22 +1,53 @@
-"""Command line: `python train.py --config PATH [overrides]` (click)."""
+"""Command line: `python train.py --config PATH [overrides]` (click).
+
+Every expected failure prints one ERROR line on stderr (no traceback) and exits non-zero:
+
+====== ==========================================================================================
+code   meaning
+====== ==========================================================================================
+0      success
+1      a bug in dlrm: an unexpected exception; its traceback, then a line saying so (with the version)
+2      bad input: command line (click's usage errors too), config file, dataset, checkpoint,
+       --export path, Triton unavailable for a requested Triton kernel, a file that cannot be
+       written (disk full, read-only, no permission)
+3      the training loss became NaN or Inf (the line names the last good checkpoint)
+4      out of memory (host or GPU): retry with a smaller data.batch_size, or cap the embedding
+       tables with data.max_rows_per_table
+128+n  stopped by signal n after writing a checkpoint (143: SIGTERM, 130: SIGINT during training)
+130    interrupted by Ctrl-C (KeyboardInterrupt) outside the training loop
+====== ==========================================================================================
+
+The exception classes are imported here at module level from light modules (`dlrm.errors`,
+no torch), so the handlers exist whenever the failure (or a Ctrl-C) happens; the trainer itself
+is imported late, which keeps --help and config errors fast.
+"""
 
 from __future__ import annotations
 
+import difflib
+import errno
 import os
 import sys
+import traceback
+from importlib import metadata
 from pathlib import Path
+from typing import Optional
 
 import click
 from loguru import logger
 
-from dlrm.config import ConfigError, load_config
-from dlrm.data.schema import DatasetError
-from kernels import TritonUnavailableError
+from dlrm.config import Config, config_keys, load_config
+from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss, TrainingStopped
+from dlrm.logging_setup import configure_logging
 
+EXIT_BUG = 1
+EXIT_BAD_INPUT = 2
+EXIT_NON_FINITE_LOSS = 3
+EXIT_OUT_OF_MEMORY = 4
+EXIT_INTERRUPTED = 130
 
-def _configure_logging() -> None:
-    logger.remove()
-    logger.add(sys.stderr, level="INFO", format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")
+# OSErrors that are the environment's fault, not the program's: reported in one line.
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def cli_overrides(*, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, checkpoint_every, split,
@@ -48,6 +79,158 @@ def cli_overrides(*, data, device, batch_size, epochs, max_steps, seed, run_name
     return {k: v for k, v in overrides.items() if v is not None}
 
 
+def parse_allowed_changes(text: Optional[str]) -> list[str]:
+    """The dotted config keys of `--allow-config-change a.b,c.d`, each checked to exist."""
+    if text is None:
+        return []
+    keys = [k.strip() for k in text.split(",")]
+    known = config_keys()
+    for key in keys:
+        if not key:
+            raise ConfigError(f"--allow-config-change: empty key in {text!r} (comma-separated dotted keys, "
+                              "e.g. data.batch_size,optim.dense.lr)")
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else " (e.g. data.batch_size, optim.dense.lr)"
+            raise ConfigError(f"--allow-config-change: {key!r} is not a config key{hint}")
+    return keys
+
+
+def check_export_path(path: str) -> Path:
+    """Refuse, before any training, an --export path that could not (or must not) be written."""
+    target = Path(path)
+    if target.suffix != ".pt2":
+        raise ConfigError(f"--export: {path} must end in .pt2 (torch.export's program format)")
+    if os.path.lexists(target):
+        raise ConfigError(f"--export: {path} already exists; remove it or choose another path")
+    parent = target.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--export: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--export: directory {parent} is not writable")
+    return target
+
+
+def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str], export_path: Optional[str],
+                checkpoint_path: Optional[str], allowed_changes: list[str]) -> None:
+    """Refuse option combinations whose one part would otherwise be silently ignored."""
+    if compare is not None:
+        for flag, given in (("--eval-only", eval_only), ("--resume", resume), ("--export", export_path)):
+            if given:
+                raise ConfigError(f"--compare cannot be combined with {flag}")
+    if eval_only and resume is not None:
+        raise ConfigError("--eval-only cannot be combined with --resume (evaluate a --checkpoint instead)")
+    if eval_only and not checkpoint_path:
+        raise ConfigError("--eval-only: needs --checkpoint PATH")
+    if checkpoint_path and not (eval_only or export_path):
+        raise ConfigError("--checkpoint: only used with --eval-only or --export (to continue training use --resume)")
+    if allowed_changes and resume is None:
+        raise ConfigError("--allow-config-change: only applies with --resume")
+    world_size = os.environ.get("WORLD_SIZE", "1")
+    if world_size.strip() not in ("", "0", "1") and (eval_only or export_path):
+        raise ConfigError("--eval-only and --export run in one process (not under torchrun): merge a sharded "
+                          "checkpoint first with python -m dlrm.distributed.merge CHECKPOINT OUT")
+
+
+def dlrm_version() -> str:
+    """The installed package's version, for the bug report line."""
+    try:
+        return metadata.version("dlrm-triton")
+    except metadata.PackageNotFoundError:
+        return "(version unknown: not installed)"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Host or GPU memory ran out. torch is looked up only if already imported: if it is not,
+    the exception cannot be one of its classes (and importing it here would be slow)."""
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    oom_class = getattr(torch, "OutOfMemoryError", None) if torch is not None else None  # = torch.cuda.OutOfMemoryError
+    if oom_class is not None and isinstance(exc, oom_class):
+        return True
+    # torch's CPU allocator reports failure as a plain RuntimeError
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+def is_triton_unavailable(exc: BaseException) -> bool:
+    """A Triton kernel was requested where Triton cannot run (kernels._backend, which imports
+    torch, is consulted only when already loaded)."""
+    backend = sys.modules.get("kernels._backend")
+    return backend is not None and isinstance(exc, backend.TritonUnavailableError)
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    """The exception's message cut to one line of at most `limit` characters."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def out_of_memory_message(exc: BaseException, cfg: Optional[Config]) -> str:
+    """What ran out, and the two settings that shrink a run's memory."""
+    what = "GPU memory" if type(exc).__name__ == "OutOfMemoryError" else "host memory"
+    batch = f" (now {cfg.data.batch_size})" if cfg is not None else ""
+    return (f"out of {what} ({_first_line(exc)}): retry with a smaller data.batch_size{batch} (--batch-size), "
+            "or cap the embedding tables with data.max_rows_per_table")
+
+
+def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
+    """Log `exc` as its one line (a bug: its traceback and a line saying so); return the exit code."""
+    if isinstance(exc, (ConfigError, DatasetError)) or is_triton_unavailable(exc):
+        logger.error(_first_line(exc, limit=2000))
+        return EXIT_BAD_INPUT
+    if isinstance(exc, NonFiniteLoss):
+        logger.error(_first_line(exc, limit=2000))
+        return EXIT_NON_FINITE_LOSS
+    if isinstance(exc, TrainingStopped):
+        logger.warning(_first_line(exc, limit=2000))
+        return exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        logger.error("interrupted (Ctrl-C)")
+        return EXIT_INTERRUPTED
+    if is_out_of_memory(exc):
+        logger.error(out_of_memory_message(exc, cfg))
+        return EXIT_OUT_OF_MEMORY
+    if isinstance(exc, OSError) and exc.errno in _ENVIRONMENT_ERRNOS:
+        where = f"{exc.filename}: " if exc.filename else ""
+        logger.error(f"cannot write {where}{exc.strerror}")
+        return EXIT_BAD_INPUT
+    traceback.print_exception(exc, file=sys.stderr)
+    logger.error(f"this is a bug in dlrm {dlrm_version()} ({type(exc).__name__}): please report it with the "
+                 "traceback above")
+    return EXIT_BUG
+
+
+def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional[str], resume: Optional[str],
+        checkpoint_path: Optional[str], export_path: Optional[str], allowed_changes: list[str],
+        loaded: list) -> None:
+    """Load the config, check the export target, then train, compare, evaluate or export.
+
+    `loaded` receives the Config once it is valid (for the out-of-memory message).
+    """
+    cfg = load_config(config_path, overrides)
+    loaded.append(cfg)
+    export = check_export_path(export_path) if export_path else None
+    # imported late: --help and config errors stay fast
+    from dlrm.train import export as export_mod
+    from dlrm.train.trainer import train
+
+    if eval_only or (export and checkpoint_path):
+        if eval_only:
+            export_mod.evaluate_checkpoint(cfg, Path(checkpoint_path), cfg.data.eval_split)
+        if export:
+            export_mod.export_checkpoint(cfg, Path(checkpoint_path), export)
+    elif compare is not None:
+        from dlrm.train.compare import parse_variants, run_comparison
+
+        run_comparison(cfg, parse_variants(compare), train)
+    else:
+        summary = train(cfg, resume=resume, allow_config_change=allowed_changes)
+        if export:
+            export_mod.export_checkpoint(cfg, Path(summary["checkpoint"]), export)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="JSON config file.")
 @click.option("--data", type=str, help="Dataset directory (overrides data.path).")
@@ -55,7 +238,7 @@ def cli_overrides(*, data, device, batch_size, epochs, max_steps, seed, run_name
 @click.option("--batch-size", type=int, help="Overrides data.batch_size.")
 @click.option("--epochs", type=int, help="Overrides train.epochs.")
 @click.option("--max-steps", type=int, help="Overrides train.max_steps.")
-@click.option("--seed", type=int, help="Overrides train.seed.")
+@click.option("--seed", type=int, help="Overrides train.seed (0 <= seed < 2**63).")
 @click.option("--run-name", type=str, help="Run directory name under the TensorBoard root (overrides log.run_name).")
 @click.option("--tb-dir", type=str, help="TensorBoard root directory (overrides log.tb_dir).")
 @click.option("--kernels", type=str, help="torch | triton: every component at once (overrides kernels.*).")
@@ -69,64 +252,39 @@ def cli_overrides(*, data, device, batch_size, epochs, max_steps, seed, run_name
 @click.option("--checkpoint-every", type=int, help="Steps between checkpoints (overrides checkpoint.every).")
 @click.option("--resume", is_flag=False, flag_value="latest", default=None, metavar="[PATH]",
               help="Continue the run named by --run-name from its latest checkpoint, or from PATH.")
+@click.option("--allow-config-change", "allow_config_change", type=str, default=None, metavar="KEYS",
+              help="With --resume: comma-separated dotted config keys (e.g. data.batch_size,optim.dense.lr; a "
+                   "section such as optim.dense stands for all its keys) in which the resumed run may differ from "
+                   "its checkpoint's config (otherwise any change that alters the training trajectory is refused).")
 @click.option("--eval-only", is_flag=True, help="Only evaluate --checkpoint on --split.")
 @click.option("--checkpoint", "checkpoint_path", type=str, help="Checkpoint for --eval-only or --export.")
 @click.option("--split", type=click.Choice(["validation", "test"]), default=None, help="Split for --eval-only.")
 @click.option("--export", "export_path", type=str,
-              help="Write a torch.export inference program (raw inputs, hashing included) here: from --checkpoint, "
-                   "or from the model at the end of training.")
+              help="Write a torch.export inference program (raw inputs, hashing included) to this new .pt2 file: "
+                   "from --checkpoint, or from the model at the end of training (the path is checked first).")
 def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, kernels, compile_,
-         compile_mode, profile, compare, checkpoint_every, resume, eval_only, checkpoint_path, split, export_path) -> None:
-    """Train a DLRM on a Criteo-format parquet dataset."""
-    _configure_logging()
+         compile_mode, profile, compare, checkpoint_every, resume, allow_config_change, eval_only, checkpoint_path,
+         split, export_path) -> None:
+    """Train a DLRM on a Criteo-format parquet dataset (exit codes: see `dlrm.cli`'s docstring)."""
+    configure_logging()
+    loaded: list = []
+    code = 0
     try:
         overrides = cli_overrides(data=data, device=device, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
                                   seed=seed, run_name=run_name, tb_dir=tb_dir, checkpoint_every=checkpoint_every,
                                   split=split, compile_=compile_, compile_mode=compile_mode, profile=profile,
                                   kernels=kernels)
-    except ConfigError as e:
-        logger.error(str(e))
-        sys.exit(2)
-    try:
-        cfg = load_config(config_path, overrides)
-        # imported late: --help and config errors stay fast
-        from dlrm.train import export as export_mod
-        from dlrm.train.trainer import NonFiniteLoss, TrainingStopped, train
-
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and (eval_only or export_path):
-            raise ConfigError("--eval-only and --export run in one process (not under torchrun): merge a sharded "
-                              "checkpoint first with python -m dlrm.distributed.merge CHECKPOINT OUT")
-        if export_path and Path(export_path).exists():
-            raise ConfigError(f"--export: {export_path} already exists; remove it or choose another path")
-        if eval_only or (export_path and checkpoint_path):
-            if not checkpoint_path:
-                raise ConfigError("--eval-only: needs --checkpoint PATH")
-            if eval_only:
-                export_mod.evaluate_checkpoint(cfg, Path(checkpoint_path), cfg.data.eval_split)
-            if export_path:
-                export_mod.export_checkpoint(cfg, Path(checkpoint_path), Path(export_path))
-        elif compare is not None:
-            from dlrm.train.compare import parse_variants, run_comparison
-
-            run_comparison(cfg, parse_variants(compare), train)
-        else:
-            summary = train(cfg, resume=resume)
-            if export_path:
-                export_mod.export_checkpoint(cfg, Path(summary["checkpoint"]), Path(export_path))
-    except (ConfigError, DatasetError, TritonUnavailableError) as e:
-        logger.error(str(e))
-        sys.exit(2)
-    except NonFiniteLoss as e:
-        logger.error(str(e))
-        sys.exit(3)
-    except TrainingStopped as e:
-        logger.warning(str(e))
-        sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        logger.error("interrupted")
-        sys.exit(130)
+        allowed_changes = parse_allowed_changes(allow_config_change)
+        check_modes(eval_only=eval_only, compare=compare, resume=resume, export_path=export_path,
+                    checkpoint_path=checkpoint_path, allowed_changes=allowed_changes)
+        run(config_path=config_path, overrides=overrides, eval_only=eval_only, compare=compare, resume=resume,
+            checkpoint_path=checkpoint_path, export_path=export_path, allowed_changes=allowed_changes, loaded=loaded)
+    except (Exception, KeyboardInterrupt) as e:  # SystemExit passes: it already carries its code
+        code = report_failure(e, loaded[0] if loaded else None)
     finally:
         # Leave a torchrun process group, if this run joined one (without importing torch on the
         # config-error path, which stays fast).
         if "dlrm.distributed.env" in sys.modules:
             sys.modules["dlrm.distributed.env"].shutdown()
+    if code:
+        sys.exit(code)
