@@ -9,7 +9,7 @@ code   meaning
 1      a bug in dlrm: an unexpected exception; its traceback, then a line saying so (with the version)
 2      bad input: command line (click's usage errors too), config file, dataset, checkpoint,
        --export path, Triton unavailable for a requested Triton kernel, a file that cannot be
-       written (disk full, read-only, no permission)
+       written or read (disk full, read-only file system, no permission)
 3      the training loss became NaN or Inf (the line names the last good checkpoint)
 4      out of memory (host or GPU): retry with a smaller data.batch_size, or cap the embedding
        tables with data.max_rows_per_table
@@ -28,8 +28,6 @@ import difflib
 import errno
 import os
 import sys
-import traceback
-from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
@@ -37,17 +35,16 @@ import click
 from loguru import logger
 
 from dlrm.config import Config, config_keys, load_config
-from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss, TrainingStopped
+from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, report_bug
 from dlrm.logging_setup import configure_logging
 
-EXIT_BUG = 1
 EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE_LOSS = 3
 EXIT_OUT_OF_MEMORY = 4
 EXIT_INTERRUPTED = 130
 
 # OSErrors that are the environment's fault, not the program's: reported in one line.
-_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 def cli_overrides(*, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, checkpoint_every, split,
@@ -132,14 +129,6 @@ def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str
                           "checkpoint first with python -m dlrm.distributed.merge CHECKPOINT OUT")
 
 
-def dlrm_version() -> str:
-    """The installed package's version, for the bug report line."""
-    try:
-        return metadata.version("dlrm-triton")
-    except metadata.PackageNotFoundError:
-        return "(version unknown: not installed)"
-
-
 def is_out_of_memory(exc: BaseException) -> bool:
     """Host or GPU memory ran out. torch is looked up only if already imported: if it is not,
     the exception cannot be one of its classes (and importing it here would be slow)."""
@@ -192,14 +181,11 @@ def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
     if is_out_of_memory(exc):
         logger.error(out_of_memory_message(exc, cfg))
         return EXIT_OUT_OF_MEMORY
-    if isinstance(exc, OSError) and exc.errno in _ENVIRONMENT_ERRNOS:
+    if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
         where = f"{exc.filename}: " if exc.filename else ""
-        logger.error(f"cannot write {where}{exc.strerror}")
+        logger.error(f"file system error: {where}{exc.strerror}")
         return EXIT_BAD_INPUT
-    traceback.print_exception(exc, file=sys.stderr)
-    logger.error(f"this is a bug in dlrm {dlrm_version()} ({type(exc).__name__}): please report it with the "
-                 "traceback above")
-    return EXIT_BUG
+    return report_bug(exc)
 
 
 def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional[str], resume: Optional[str],

@@ -7,10 +7,19 @@ Ctrl-C) comes before the slow trainer import.
 
 from __future__ import annotations
 
+import sys
+import traceback
+from importlib import metadata
+
+from loguru import logger
+
 from dlrm.config import ConfigError
 from dlrm.data.schema import DatasetError
 
-__all__ = ["ConfigError", "DatasetError", "NonFiniteLoss", "TrainingStopped"]
+__all__ = ["ConfigError", "DatasetError", "NonFiniteLoss", "TrainingStopped", "EXIT_BUG", "report_bug", "dlrm_version"]
+
+EXIT_BUG = 1
+"""Exit code of every entry point for an unexpected exception."""
 
 
 class TrainingStopped(Exception):
@@ -23,3 +32,19 @@ class TrainingStopped(Exception):
 
 class NonFiniteLoss(RuntimeError):
     """The loss became NaN or Inf; the message names the step and the last good checkpoint."""
+
+
+def dlrm_version() -> str:
+    """The installed package's version, for the bug report line."""
+    try:
+        return metadata.version("dlrm-triton")
+    except metadata.PackageNotFoundError:
+        return "(version unknown: not installed)"
+
+
+def report_bug(exc: BaseException) -> int:
+    """Print an unexpected exception's traceback, then one line saying it is a bug; return `EXIT_BUG`."""
+    traceback.print_exception(exc, file=sys.stderr)
+    logger.error(f"this is a bug in dlrm {dlrm_version()} ({type(exc).__name__}): please report it with the "
+                 "traceback above")
+    return EXIT_BUG
