@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -75,6 +76,8 @@ from dlrm.data.schema import (
     arrow_schema,
     write_metadata,
 )
+from dlrm.errors import report_bug
+from dlrm.logging_setup import configure_logging
 
 GENERATOR_VERSION = 1
 """Bumped whenever the same seed and settings would produce different rows."""
@@ -550,6 +553,42 @@ def generate(
     return meta
 
 
+EXIT_BAD_INPUT = 2
+"""Exit code for bad arguments and unwritable or occupied outputs (click's usage errors use it too)."""
+EXIT_OUT_OF_MEMORY = 4
+EXIT_INTERRUPTED = 130
+
+
+def _check_parent_writable(path: Path, option: str) -> None:
+    """Raise a one-line `click.ClickException` unless `path` could be created: its nearest
+    existing ancestor must be a writable directory (checked before any work starts)."""
+    ancestor = path.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise click.ClickException(f"{option} {path}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise click.ClickException(f"{option} {path}: directory {ancestor} is not writable")
+
+
+def _report(exc: BaseException) -> int:
+    """Log the failure in one line (a bug: traceback and a bug line); return the exit code."""
+    if isinstance(exc, click.ClickException):  # generate()'s and the CLI's checks of the arguments and outputs
+        logger.error(exc.format_message())
+        return EXIT_BAD_INPUT
+    if isinstance(exc, OSError):  # the file system refused a write: full, read-only, permissions
+        where = f"{exc.filename}: " if exc.filename else ""
+        logger.error(f"cannot write the dataset: {where}{exc.strerror or exc}")
+        return EXIT_BAD_INPUT
+    if isinstance(exc, MemoryError):
+        logger.error("out of host memory: generate fewer --rows")
+        return EXIT_OUT_OF_MEMORY
+    if isinstance(exc, KeyboardInterrupt):
+        logger.error("interrupted (Ctrl-C); no partial dataset was left behind")
+        return EXIT_INTERRUPTED
+    return report_bug(exc)
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--rows", type=click.IntRange(min=1), required=True, help="Total rows over all splits.")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Dataset directory to create.")
@@ -563,8 +602,19 @@ def generate(
 @click.option("--rows-per-file", type=click.IntRange(min=1), default=DEFAULT_ROWS_PER_FILE, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty --out directory (and --raw-tsv file).")
 def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite):
-    """Generate a synthetic Criteo-format dataset with a planted teacher (see the module docstring)."""
-    generate(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite)
+    """Generate a synthetic Criteo-format dataset with a planted teacher (see the module docstring).
+
+    Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 bad arguments, an occupied
+    or unwritable output; 4 out of memory; 130 Ctrl-C.
+    """
+    configure_logging()
+    try:
+        _check_parent_writable(Path(out), "--out")
+        if raw_tsv is not None:
+            _check_parent_writable(Path(raw_tsv), "--raw-tsv")
+        generate(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite)
+    except (Exception, KeyboardInterrupt) as e:
+        sys.exit(_report(e))
 
 
 if __name__ == "__main__":
