@@ -21,12 +21,24 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from loguru import logger
 from tqdm import tqdm
 
-from dlrm.data.loader import _LOW32, Batch, _HostBlock, batches_per_epoch, rank_slice, transform_dense
+from dlrm.data.loader import (
+    _LOW32,
+    Batch,
+    NullTally,
+    _HostBlock,
+    batches_per_epoch,
+    check_table,
+    first_rows,
+    open_footer,
+    rank_slice,
+    transform_dense,
+)
 from dlrm.data.loader import widen_sparse as _widen
 from dlrm.data.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS, DatasetError
 
@@ -100,13 +112,12 @@ class DeviceLoader:
         self.num_rows = int(self.labels.shape[0])
 
     def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        groups = []
-        for path in self.files:
-            try:
-                meta = pq.ParquetFile(path).metadata
-            except OSError as e:
-                raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
-            groups += [(path, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+        # Each file's schema and label statistics are checked once, on opening (`open_footer`);
+        # each row group's values as it is decoded (`check_table`: labels 0/1, nulls replaced).
+        footers = [open_footer(path) for path in self.files]
+        groups = [(i, g, meta.row_group(g).num_rows) for i, meta in enumerate(footers) for g in range(meta.num_row_groups)]
+        starts = first_rows(groups)
+        nulls = NullTally(self.files, [meta.num_row_groups for meta in footers])
         n = sum(rows for _, _, rows in groups)
         # The int32 encoding is exact unless the value 0xFFFFFFFF occurs; checked per row group below.
         dense = torch.empty((n, NUM_DENSE), dtype=torch.float32, device=self.device)
@@ -114,10 +125,12 @@ class DeviceLoader:
         labels = torch.empty((n,), dtype=torch.float32, device=self.device)
         wide = None  # int64 copy, made only if 0xFFFFFFFF turns up
         at = 0
-        readers: dict[Path, pq.ParquetFile] = {}
-        for path, g, rows in tqdm(groups, desc="loading to device", unit="group", disable=None):
-            reader = readers.get(path) or readers.setdefault(path, pq.ParquetFile(path))
-            table = reader.read_row_group(g, columns=[LABEL_COLUMN, *DENSE_COLUMNS, *SPARSE_COLUMNS])
+        readers: dict[int, pq.ParquetFile] = {}
+        for k, (fi, g, rows) in enumerate(tqdm(groups, desc="loading to device", unit="group", disable=None)):
+            path = self.files[fi]
+            table = self._read_group(readers, fi, footers[fi], g, rows)
+            table, replaced = check_table(path, g, starts[k], table)
+            nulls.add(fi, g, replaced)
             block = _HostBlock.from_table(table)
             sl = slice(at, at + rows)
             dense[sl] = transform_dense(torch.from_numpy(block.dense).to(self.device))
@@ -134,6 +147,21 @@ class DeviceLoader:
                 sparse[sl] = torch.from_numpy(raw.astype(np.uint32).view(np.int32)).to(self.device)
             at += rows
         return dense, (wide if wide is not None else sparse), labels
+
+    def _read_group(self, readers: dict[int, pq.ParquetFile], fi: int, footer: pq.FileMetaData, g: int,
+                    rows: int) -> pa.Table:
+        """Row group `g` of file `fi` (its reader opened once and kept in `readers`), checked to hold
+        the rows its footer promised; unreadable -> `DatasetError` naming file and row group."""
+        path = self.files[fi]
+        try:
+            if fi not in readers:
+                readers[fi] = pq.ParquetFile(path, metadata=footer)
+            table = readers[fi].read_row_group(g, columns=[LABEL_COLUMN, *DENSE_COLUMNS, *SPARSE_COLUMNS])
+        except (OSError, pa.ArrowException) as e:
+            raise DatasetError(f"{path}: row group {g}: cannot be read ({e})") from None
+        if table.num_rows != rows:
+            raise DatasetError(f"{path}: row group {g}: has {table.num_rows} rows, its footer said {rows}")
+        return table
 
     def __len__(self) -> int:
         """Batches per epoch."""

@@ -28,7 +28,7 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 SCHEMA_VERSION = 1
@@ -98,44 +98,177 @@ def _fail(path: Path, key: str, msg: str) -> DatasetError:
     return DatasetError(f"{path}: {key}: {msg}")
 
 
+# Counts and table sizes must fit the int64 tensors they end up in.
+_MAX_INT = 2**63 - 1
+
+
+def _reject_constant(name: str) -> Any:
+    """`json.loads` hook for NaN/Infinity: not JSON, and no count or AUC may be one."""
+    raise ValueError(f"{name} is not a valid JSON number")
+
+
+def _finite_float(text: str) -> float:
+    """`json.loads` hook for floats: a literal like 1e999 would silently become inf."""
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text[:40]} is out of the range of a double")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads` hook for objects: a key given twice would silently keep only its last value."""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"key {key!r:.60} appears twice in one object")
+        obj[key] = value
+    return obj
+
+
+def _load_json(path: Path) -> Any:
+    """The parsed contents of `path`, every way of failing turned into one `DatasetError`."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot be read ({e.strerror})") from None
+    try:
+        text = data.decode("utf-8-sig")  # explicit: never the locale's encoding; a leading BOM is harmless
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DatasetError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at line {line} column {column})") from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
+                          object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise DatasetError(f"{path}: invalid JSON: nested too deeply") from None
+    except ValueError as e:  # the hooks above, and integers too long to convert
+        raise DatasetError(f"{path}: invalid JSON: {e}") from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(path: Path, key: str, value: Any, low: int) -> int:
+    """`value` as an int in ``[low, 2^63)``, else a `DatasetError` naming `key`."""
+    if not _is_int(value) or not low <= value <= _MAX_INT:
+        what = "a positive integer" if low == 1 else "a non-negative integer" if low == 0 else "an integer"
+        raise _fail(path, key, f"{value!r:.80} is not {what} below 2^63")
+    return value
+
+
+def _check_object(path: Path, key: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(path, key, f"must be a JSON object, got {type(value).__name__} {value!r:.60}")
+    return value
+
+
+def _check_file_name(path: Path, key: str, name: Any) -> str:
+    """A shard path as metadata.json lists it: a relative path that stays inside the dataset dir."""
+    if not isinstance(name, str) or not name:
+        raise _fail(path, key, f"{name!r:.80} is not a non-empty string")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _fail(path, key, f"{name!r:.80} is not a valid file name (unpaired surrogate)") from None
+    if "\x00" in name:
+        raise _fail(path, key, f"{name!r:.80} is not a valid file name (NUL character)")
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or Path(name).is_absolute():
+        raise _fail(path, key, f"{name!r:.80} is absolute; files are relative to the dataset directory")
+    if ".." in pure.parts:
+        raise _fail(path, key, f"{name!r:.80} leaves the dataset directory ('..')")
+    return name
+
+
+def _check_files(path: Path, key: str, files: Any) -> list[str]:
+    if not isinstance(files, list):
+        raise _fail(path, key, f"must be a list of relative paths, got {type(files).__name__} {files!r:.60}")
+    names = [_check_file_name(path, f"{key}[{i}]", f) for i, f in enumerate(files)]
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if PurePosixPath(name) in seen:  # the same shard twice would double its rows' weight
+            raise _fail(path, f"{key}[{i}]", f"{name!r:.80} is listed twice")
+        seen.add(PurePosixPath(name))
+    return names
+
+
+def _check_split(path: Path, name: str, info: Any) -> SplitInfo:
+    key = f"splits.{name}"
+    info = _check_object(path, key, info)
+    for field_name in ("rows", "positives", "files"):
+        if field_name not in info:
+            raise _fail(path, f"{key}.{field_name}", "missing (each split needs rows, positives and files)")
+    rows = _check_int(path, f"{key}.rows", info["rows"], 0)
+    positives = _check_int(path, f"{key}.positives", info["positives"], 0)
+    if positives > rows:
+        raise _fail(path, f"{key}.positives", f"{positives} is more than the split's {rows} rows")
+    return SplitInfo(rows=rows, positives=positives, files=_check_files(path, f"{key}.files", info["files"]))
+
+
+def _check_splits(path: Path, raw: Any) -> dict[str, SplitInfo]:
+    splits: dict[str, SplitInfo] = {}
+    for name, info in _check_object(path, "splits", raw).items():
+        if name not in SPLITS:
+            raise _fail(path, f"splits.{name:.40}", f"unknown split (expected one of {', '.join(SPLITS)})")
+        splits[name] = _check_split(path, name, info)
+    return splits
+
+
+def _check_cardinalities(path: Path, cards: Any) -> list[int]:
+    if not (isinstance(cards, list) and len(cards) == NUM_SPARSE):
+        raise _fail(path, "cardinalities", f"must be a list of {NUM_SPARSE} integers, got {cards!r:.80}")
+    return [_check_int(path, f"cardinalities[{i}]", c, 1) for i, c in enumerate(cards)]
+
+
+def _check_extra(path: Path, extra: Any) -> dict[str, Any]:
+    """`extra` is free-form, except `oracle_auc`, which the trainer reads and prints."""
+    extra = _check_object(path, "extra", extra)
+    if "oracle_auc" in extra:
+        for split, auc in _check_object(path, "extra.oracle_auc", extra["oracle_auc"]).items():
+            if auc is not None and (isinstance(auc, bool) or not isinstance(auc, (int, float)) or not 0 <= auc <= 1):
+                raise _fail(path, f"extra.oracle_auc.{split:.40}", f"{auc!r:.80} is not null or a number in [0, 1]")
+    return dict(extra)
+
+
+def _check_constants(path: Path, raw: dict[str, Any]) -> None:
+    """Keys that only restate this code's constants must restate them exactly."""
+    for key, expected in (("num_dense", NUM_DENSE), ("num_sparse", NUM_SPARSE), ("missing_sparse", MISSING_SPARSE)):
+        if key in raw and not (_is_int(raw[key]) and raw[key] == expected):
+            raise _fail(path, key, f"{raw[key]!r:.80} is not {expected} (the only supported value)")
+
+
 def read_metadata(dataset_dir: str | os.PathLike) -> Metadata:
-    """Load and validate `DIR/metadata.json`; raises `DatasetError` naming file and key."""
+    """Load and validate `DIR/metadata.json`.
+
+    Every defect (unreadable or non-UTF-8 bytes, invalid or too deeply nested JSON, NaN/Infinity,
+    a wrong type or range of any known key, shard paths outside the dataset directory) raises a
+    `DatasetError` naming the file and the key; nothing else escapes.
+    """
     path = Path(dataset_dir) / "metadata.json"
     if not path.is_file():
         raise DatasetError(f"{path}: missing (not a dataset directory, or its writer did not finish)")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DatasetError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    raw = _load_json(path)
     if not isinstance(raw, dict):
         raise _fail(path, "<root>", "must be a JSON object")
     version = raw.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise _fail(path, "schema_version", f"{version!r} is not the supported version {SCHEMA_VERSION}")
-    cards = raw.get("cardinalities")
-    if not (isinstance(cards, list) and len(cards) == NUM_SPARSE):
-        raise _fail(path, "cardinalities", f"must be a list of {NUM_SPARSE} integers, got {cards!r:.80}")
-    for i, c in enumerate(cards):
-        if not isinstance(c, int) or isinstance(c, bool) or c < 1:
-            raise _fail(path, f"cardinalities[{i}]", f"{c!r} is not a positive integer")
+    if not (_is_int(version) and version == SCHEMA_VERSION):
+        raise _fail(path, "schema_version", f"{version!r:.80} is not the supported version {SCHEMA_VERSION}")
+    cards = _check_cardinalities(path, raw.get("cardinalities"))
     hashing = raw.get("hashing", "modulus")
-    if hashing not in ("modulus", "vocabulary"):
-        raise _fail(path, "hashing", f"{hashing!r} is not 'modulus' or 'vocabulary'")
-    splits: dict[str, SplitInfo] = {}
-    for name, info in (raw.get("splits") or {}).items():
-        if name not in SPLITS:
-            raise _fail(path, f"splits.{name}", f"unknown split (expected one of {', '.join(SPLITS)})")
-        try:
-            splits[name] = SplitInfo(rows=int(info["rows"]), positives=int(info["positives"]), files=list(info["files"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise _fail(path, f"splits.{name}", f"needs rows, positives and files ({e})") from None
+    if not (isinstance(hashing, str) and hashing in ("modulus", "vocabulary")):
+        raise _fail(path, "hashing", f"{hashing!r:.80} is not 'modulus' or 'vocabulary'")
+    _check_constants(path, raw)
     return Metadata(
-        cardinalities=list(cards),
+        cardinalities=cards,
         hashing=hashing,
-        splits=splits,
+        splits=_check_splits(path, raw.get("splits", {})),
         schema_version=version,
-        missing_sparse=int(raw.get("missing_sparse", MISSING_SPARSE)),
-        extra=dict(raw.get("extra") or {}),
+        missing_sparse=MISSING_SPARSE,
+        extra=_check_extra(path, raw.get("extra", {})),
     )
 
 
@@ -165,3 +298,67 @@ def write_metadata(dataset_dir: str | os.PathLike, meta: Metadata) -> None:
 def vocab_path(dataset_dir: str | os.PathLike, feature: int) -> Path:
     """Where the sorted vocabulary of sparse feature `feature` lives (hashing mode "vocabulary")."""
     return Path(dataset_dir) / "vocab" / f"{SPARSE_COLUMNS[feature]}.npy"
+
+
+def _read_npy_header(fh, path: Path) -> tuple[tuple[int, ...], Any, int]:
+    """(shape, dtype, data offset) of an open ``.npy`` file, from its header alone."""
+    import numpy as np
+
+    try:
+        version = np.lib.format.read_magic(fh)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+        else:
+            raise ValueError(f"unsupported .npy format version {version}")
+    except (ValueError, EOFError, OSError, SyntaxError, TypeError) as e:
+        raise DatasetError(f"{path}: not a readable .npy array ({e})") from None
+    return shape, dtype, fh.tell()
+
+
+def read_vocabulary(dataset_dir: str | os.PathLike, feature: int, cardinality: int):
+    """The sorted vocabulary of sparse feature `feature` as int64 numpy, validated against the contract.
+
+    The file must be a plain ``.npy`` (no pickles) holding a 1-D integer array, strictly
+    increasing (sorted, no duplicates: the hashing's binary search silently misplaces values
+    otherwise), of ``cardinality - 1`` values (row 0 is the out-of-vocabulary row) and exactly as
+    long as its header says. The header is checked before any data is read, so a corrupt header
+    cannot ask for a huge allocation. Raises `DatasetError` naming the file.
+    """
+    import numpy as np
+
+    path = vocab_path(dataset_dir, feature)
+    if not path.is_file():
+        raise DatasetError(f"{path}: vocabulary file missing (metadata.json says hashing 'vocabulary')")
+    try:
+        with open(path, "rb") as fh:
+            shape, dtype, offset = _read_npy_header(fh, path)
+            if dtype.kind not in "iu" or len(shape) != 1:
+                raise DatasetError(f"{path}: must hold a 1-D integer array, holds {dtype} of shape {shape}")
+            if shape[0] != cardinality - 1:
+                raise DatasetError(f"{path}: holds {shape[0]} values but metadata.json cardinalities[{feature}] "
+                                   f"is {cardinality} (a vocabulary of {cardinality - 1} values plus row 0)")
+            size = os.fstat(fh.fileno()).st_size
+            if size != offset + shape[0] * dtype.itemsize:
+                raise DatasetError(f"{path}: is {size} bytes, its header promises {offset + shape[0] * dtype.itemsize} "
+                                   "(truncated or corrupt)")
+            values = np.fromfile(fh, dtype=dtype, count=shape[0])
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot be read ({e.strerror or e})") from None
+    return _checked_vocabulary(path, values)
+
+
+def _checked_vocabulary(path: Path, values):
+    """`values` as int64, checked to fit int64 and to be strictly increasing."""
+    import numpy as np
+
+    if values.dtype.kind == "u" and values.size and int(values.max()) > _MAX_INT:
+        raise DatasetError(f"{path}: value {int(values.max())} does not fit int64")
+    values = values.astype(np.int64)
+    bad = np.flatnonzero(values[1:] <= values[:-1])
+    if bad.size:
+        i = int(bad[0]) + 1
+        raise DatasetError(f"{path}: not strictly increasing (sorted, unique) at index {i}: "
+                           f"{int(values[i - 1])} then {int(values[i])}")
+    return values

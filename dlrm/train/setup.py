@@ -14,7 +14,7 @@ import torch
 from loguru import logger
 
 from dlrm.config import Config, ConfigError
-from dlrm.data.schema import NUM_SPARSE, Metadata, read_metadata, vocab_path, write_json_atomic
+from dlrm.data.schema import NUM_SPARSE, Metadata, read_metadata, read_vocabulary, write_json_atomic
 
 
 def resolve_device(name: str) -> torch.device:
@@ -57,12 +57,9 @@ def dataset_tables(cfg: Config, meta: Optional[Metadata], data_dir: Optional[Pat
     if hashing == "vocabulary":
         if cfg.data.max_rows_per_table is not None:
             raise ConfigError("data.max_rows_per_table: cannot cap tables of a vocabulary-hashed dataset")
-        vocabs = []
-        for f in range(NUM_SPARSE):
-            path = vocab_path(data_dir, f)
-            if not path.is_file():
-                raise ConfigError(f"{path}: vocabulary file missing (metadata.json says hashing 'vocabulary')")
-            vocabs.append(torch.from_numpy(np.load(path)).to(torch.int64))
+        # Each file is read and checked once here (plain .npy, 1-D integers, sorted, unique, and
+        # as long as its cardinality): an unsorted vocabulary trains, silently misplacing values.
+        vocabs = [torch.from_numpy(read_vocabulary(data_dir, f, cards[f])) for f in range(NUM_SPARSE)]
     elif cfg.data.max_rows_per_table is not None:
         cards = [min(c, cfg.data.max_rows_per_table) for c in cards]
     return Tables(cards, vocabs, hashing)
