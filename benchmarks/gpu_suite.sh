@@ -83,13 +83,13 @@ for part in "$@"; do
       chunk=${chunk#:}
       g="--timing graph --rep-ms 50 --batch-sizes 16384,65536 --append"
       [[ -z $chunk || $chunk == embedding ]] && run kernels_graph_embedding 280 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels embedding $g --out "$RES"
-      [[ -z $chunk || $chunk == small ]] && run kernels_graph_small 200 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels interaction,loss,epilogue $g --out "$RES"
+      [[ -z $chunk || $chunk == small ]] && run kernels_graph_small 200 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels interaction,loss $g --out "$RES"
       [[ -z $chunk || $chunk == linear ]] && run kernels_graph_linear 200 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels linear $g --out "$RES"
       ;;
     kernels)  # three chunks so one slow family cannot take the others' results with it; the linear
       # kernel autotunes here (DLRM_TRITON_AUTOTUNE=1): the best config per shape, not the default pick
       run kernels_embedding 170 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels embedding --out "$RES"
-      run kernels_small 100 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels interaction,loss,epilogue --append --out "$RES"
+      run kernels_small 100 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels interaction,loss --append --out "$RES"
       run kernels_linear 140 env DLRM_TRITON_AUTOTUNE=1 python benchmarks/kernels.py --kernels linear --append --out "$RES"
       ;;
     train)  # configs/kaggle.json, fp32/tf32, the issue's three batch sizes

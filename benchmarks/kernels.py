@@ -4,7 +4,7 @@ On the GPU machine (one run; or split by family with --append so that each comma
 
     python benchmarks/kernels.py --out benchmarks/results
     python benchmarks/kernels.py --kernels embedding --out benchmarks/results
-    python benchmarks/kernels.py --kernels interaction,loss,epilogue --append --out benchmarks/results
+    python benchmarks/kernels.py --kernels interaction,loss --append --out benchmarks/results
     python benchmarks/kernels.py --kernels linear --append --out benchmarks/results
 
 CPU smoke test (Triton interpreter, tiny shapes; timings are meaningless and the report says so):
@@ -15,7 +15,7 @@ What is measured, per kernel variant (``--list`` prints them), batch size, dtype
 
 * kernels: hash_rows, the embedding lookup / fused-SGD backward (D=16 on the Kaggle tables, D=128 on
   tables capped at 4M rows), the dot interaction ([B, 27, 16], [B, 27, 128]), the fused linear+relu
-  (512x256, 256x64, 1024x1024), the BCE loss and the two epilogues ([B, 1024]);
+  (512x256, 256x64, 1024x1024) and the BCE loss;
 * modes ``fwd``, ``bwd`` (the backward alone, from a retained graph) and ``fwd+bwd``;
 * implementations ``triton`` (kernels/), ``eager`` (the eager PyTorch op of dlrm/model: for the
   linear layer that is cuBLAS ``F.linear`` + a separate ``relu``) and ``compile`` (``torch.compile``
@@ -125,14 +125,6 @@ def tr_bce(logits, labels):
     return _kmod("loss").bce_with_logits(logits, labels, "mean")
 
 
-def tr_bias_residual_relu(x, bias, residual):
-    return _kmod("epilogue").bias_residual_act(x, bias, residual, 1.0, "relu")
-
-
-def tr_dropout_bias_relu(x, bias, p, seed):
-    return _kmod("epilogue").dropout_bias_act(x, bias, p, "relu", seed=seed, training=True)
-
-
 def eager_hash_rows(raw, cards, offs):
     return modulus_rows(raw, cards, offs)
 
@@ -165,14 +157,6 @@ def eager_linear_relu(x, w, b):
 
 def eager_bce(logits, labels):
     return F.binary_cross_entropy_with_logits(logits, labels)
-
-
-def eager_bias_residual_relu(x, bias, residual):
-    return F.relu(x + bias + 1.0 * residual)
-
-
-def eager_dropout_bias_relu(x, bias, p):
-    return F.dropout(F.relu(x + bias), p, training=True)
 
 
 # ====================================================================================================
@@ -395,38 +379,6 @@ def build_loss(ctx: Ctx, batch: int, dtype: torch.dtype) -> Built:
     return Built(impls, fwd_bwd_work(batch * (s + ls), batch * (2 * s + ls)), "labels fp32, reduction mean")
 
 
-# ---- epilogues ---------------------------------------------------------------------------------
-
-
-def build_bias_residual(width: int):
-    def build(ctx: Ctx, batch: int, dtype: torch.dtype) -> Built:
-        dev = ctx.device
-        x = torch.randn(batch, width, dtype=dtype, device=dev, requires_grad=True)
-        bias = torch.randn(width, dtype=dtype, device=dev, requires_grad=True)
-        res = torch.randn(batch, width, dtype=dtype, device=dev, requires_grad=True)
-        impls = standard_impls(ctx, tr_bias_residual_relu, eager_bias_residual_relu, (x, bias, res))
-        mn, s = batch * width, x.element_size()
-        # fwd: read x, residual, bias; write out. bwd: read grad_out, saved out; write grad_x, grad_res, grad_bias.
-        return Built(impls, fwd_bwd_work((3 * mn + width) * s, (4 * mn + width) * s), "relu(x + b + 1.0 * r)")
-
-    return build
-
-
-def build_dropout(width: int, p: float = 0.5):
-    def build(ctx: Ctx, batch: int, dtype: torch.dtype) -> Built:
-        dev = ctx.device
-        x = torch.randn(batch, width, dtype=dtype, device=dev, requires_grad=True)
-        bias = torch.randn(width, dtype=dtype, device=dev, requires_grad=True)
-        impls = standard_impls(
-            ctx, lambda x_, b_: tr_dropout_bias_relu(x_, b_, p, 1234), lambda x_, b_: eager_dropout_bias_relu(x_, b_, p), (x, bias)
-        )
-        mn, s = batch * width, x.element_size()
-        # fwd: read x, bias; write out (the Triton mask is recomputed). bwd: read grad_out, saved out; write grad_x, grad_bias.
-        return Built(impls, fwd_bwd_work((2 * mn + width) * s, (3 * mn + width) * s), f"dropout(relu(x + b), p={p})")
-
-    return build
-
-
 # ---- targets -----------------------------------------------------------------------------------
 
 
@@ -465,8 +417,6 @@ SPECS = [
     Spec("linear_256x64", "linear", "TFLOP/s", "[B, 256] -> [B, 64], relu", build_linear(256, 64), False, LINEAR_TARGETS),
     Spec("linear_1024x1024", "linear", "TFLOP/s", "[B, 1024] -> [B, 1024], relu", build_linear(1024, 1024), False, LINEAR_TARGETS),
     Spec("loss", "loss", "GB/s", "BCE with logits, [B]", build_loss, True, LOSS_TARGETS),
-    Spec("bias_residual_act_1024", "epilogue", "GB/s", "[B, 1024]", build_bias_residual(1024), True),
-    Spec("dropout_bias_act_1024", "epilogue", "GB/s", "[B, 1024]", build_dropout(1024), False),
 ]  # fmt: skip
 
 

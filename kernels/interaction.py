@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
-from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels import heuristics
+from kernels._backend import check_triton_device, device_context
 
 __all__ = ["TritonDotInteraction", "dot_interaction", "dot_interaction_reference", "interaction_output_dim"]
 
@@ -131,30 +132,8 @@ def interaction_output_dim(num_vectors: int, dim: int) -> int:
 
 
 def _blocks(F1: int, D: int) -> tuple[int, int]:
-    # tl.dot needs >= 16 along every dim.
-    return max(16, triton.next_power_of_2(F1)), max(16, triton.next_power_of_2(D))
-
-
-# (samples per program, num_warps); benchmarks may set _CONFIG_OVERRIDE.
-_CONFIG_OVERRIDE = None
-
-
-def _launch_config(block_d: int, dtype: torch.dtype, backward: bool) -> tuple[int, int]:
-    if _CONFIG_OVERRIDE is not None:
-        return _CONFIG_OVERRIDE
-    # Measured on an H100, B=65536, F1=27 (us, forward/backward; bytes moved at 3 TB/s in brackets):
-    # D=16 fp32 96/148 [70/108], bf16 55/80 [35/54]; D=128 fp32 733/827 [344/646], bf16 178/330 [172/323]
-    # (torch.compile of the reference forward: ~300 us at D=16, ~1200 us at D=128).
-    if block_d <= 32:
-        return (8, 2)
-    if backward:
-        return (1, 4)
-    return (8, 2) if dtype == torch.float32 else (2, 4)
-
-
-def _fp32_dot() -> str:
-    # fp32 inputs: 3-pass TF32 on tensor cores (~fp32 accuracy) on GPUs; exact fp32 in the interpreter.
-    return "ieee" if interpret_mode() else "tf32x3"
+    """(BLOCK_F, BLOCK_D): both are tl.dot operand dims."""
+    return heuristics.dot_block(F1), heuristics.dot_block(D)
 
 
 def _check_x(x: Tensor) -> None:
@@ -172,7 +151,7 @@ def _fwd_impl(x: Tensor) -> Tensor:
     if B == 0 or out.shape[1] == 0:
         return out
     BLOCK_F, BLOCK_D = _blocks(F1, D)
-    samples, warps = _launch_config(BLOCK_D, x.dtype, backward=False)
+    samples, warps = heuristics.interaction_launch(BLOCK_D, x.dtype, backward=False)
     with device_context(x):
         _launch_fwd(samples, warps, x, out, B, F1, D, BLOCK_F, BLOCK_D)
     return out
@@ -192,7 +171,7 @@ def _launch_fwd(samples, warps, x, out, B, F1, D, BLOCK_F, BLOCK_D) -> None:
         SAMPLES=samples,
         BLOCK_F=BLOCK_F,
         BLOCK_D=BLOCK_D,
-        FP32_DOT=_fp32_dot(),
+        FP32_DOT=heuristics.fp32_dot_precision(),
         num_warps=warps,
     )
 
@@ -206,7 +185,7 @@ def _bwd_impl(grad: Tensor, x: Tensor) -> Tensor:
     if gx.numel() == 0:
         return gx
     BLOCK_F, BLOCK_D = _blocks(F1, D)
-    samples, warps = _launch_config(BLOCK_D, x.dtype, backward=True)
+    samples, warps = heuristics.interaction_launch(BLOCK_D, x.dtype, backward=True)
     with device_context(x):
         _launch_bwd(samples, warps, grad, x, gx, B, F1, D, BLOCK_F, BLOCK_D)
     return gx
@@ -228,7 +207,7 @@ def _launch_bwd(samples, warps, grad, x, gx, B, F1, D, BLOCK_F, BLOCK_D) -> None
         SAMPLES=samples,
         BLOCK_F=BLOCK_F,
         BLOCK_D=BLOCK_D,
-        FP32_DOT=_fp32_dot(),
+        FP32_DOT=heuristics.fp32_dot_precision(),
         num_warps=warps,
     )
 

@@ -24,9 +24,9 @@ Backward (all Triton, no cuBLAS):
    over the whole batch into a small output, so it is split along the batch (split-K, `_split_k`:
    partial sums per slice in an fp32 workspace, summed in a fixed order) to give every SM work.
 
-Tile configs: on the GPU one config picked from the shape and dtype by `_pick_config` (no
-start-up cost), or, with ``DLRM_TRITON_AUTOTUNE=1`` in the environment, the best of the configs of
-`_configs` measured per (M, N, K). Autotuning is opt-in because it compiles and times every config
+Tile configs (named, in `kernels.heuristics.GEMM_TILES`): on the GPU one tile picked from the shape,
+dtype and the device's SM count by `kernels.heuristics.pick_gemm_tile` (no start-up cost), or, with
+``DLRM_TRITON_AUTOTUNE=1`` in the environment, the best of all tiles measured per (M, N, K). Autotuning is opt-in because it compiles and times every config
 for every GEMM shape of the model (forward, grad_x and grad_W of each layer: 21 shapes x 8 configs
 for the Kaggle model), which took about two minutes before the first training step on an H100;
 `benchmarks/gpu_suite.sh` turns it on. Under the interpreter one fixed config with wide tiles (its
@@ -44,36 +44,13 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
-from kernels._backend import check_triton_device, interpret_mode
+from kernels import heuristics
+from kernels._backend import check_triton_device, device_context, interpret_mode
 from kernels.activations import act_forward, activation_code, apply_activation, check_activation, derivative_from_output
-from kernels.epilogue import _device_ctx, act_backward
+from kernels.epilogue import act_backward
+from kernels.heuristics import GemmTile
 
 _INTERPRET = interpret_mode()
-
-
-def _configs() -> list[triton.Config]:
-    if _INTERPRET:
-        # The interpreter's cost is per program and per K step, nearly independent of the tile size:
-        # wide tiles keep DLRM's top-MLP GEMMs (K or N = 355) at a few programs and steps. Tests with
-        # K = 37, 40 (multi-step K loops with tails) and N > 64, M > 32 (several tiles per dimension,
-        # grouped program order) exercise every masked path.
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 2}, num_warps=4)]
-
-    def cfg(bm, bn, bk, stages, warps):
-        return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=stages, num_warps=warps)
-
-    # Big square tiles for the wide top-MLP layers, narrow-N tiles for the last layers (N=1..64),
-    # small tiles for small batches. BLOCK_K=64 suits bf16, 32 keeps fp32 tiles in shared memory.
-    return [
-        cfg(128, 128, 32, 4, 8),  # fp32 default for large M and N (see _pick_config)
-        cfg(128, 128, 64, 3, 8),
-        cfg(128, 64, 32, 4, 4),
-        cfg(64, 128, 32, 4, 4),
-        cfg(64, 64, 64, 3, 4),
-        cfg(128, 32, 64, 4, 4),
-        cfg(128, 16, 64, 4, 4),
-        cfg(32, 64, 32, 5, 2),
-    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,46 +138,24 @@ def _linear_kernel(
 
 
 AUTOTUNE = os.environ.get("DLRM_TRITON_AUTOTUNE", "0") not in ("", "0") and not _INTERPRET
-_CONFIGS = _configs()
-_linear_kernel_autotuned = triton.autotune(configs=_configs(), key=["M", "N", "K"])(_linear_kernel)
-_SMS = 132  # H100 SXM; only sets how many programs split-K aims for
+_linear_kernel_autotuned = triton.autotune(
+    configs=[tile.config() for tile in heuristics.gemm_tiles(_INTERPRET)], key=["M", "N", "K"]
+)(_linear_kernel)
 
 
-def _split_k(M: int, N: int, K: int, cfg: triton.Config) -> int:
-    """How many slices to cut the reduction into (1: none).
+def _pick_tile(M: int, N: int, dtype: torch.dtype, device: torch.device) -> GemmTile:
+    """The tile of an unautotuned launch: the interpreter's one, or `heuristics.pick_gemm_tile`."""
+    if _INTERPRET:
+        return heuristics.INTERPRETER_GEMM_TILE
+    return heuristics.pick_gemm_tile(M, N, dtype, heuristics.sm_count(device))
 
-    The weight gradient of a layer, ``grad_W [N_out, K_in] = grad_pre^T @ x``, reduces over the
-    whole batch (K = 65536) into a small output: one program per output tile leaves most SMs idle
-    while a few programs walk 65536 rows each. Splitting K until there are about two programs per
-    SM fills the GPU; every slice keeps at least 8 K-steps so the partial sums stay few.
-    """
+
+def _split_k(M: int, N: int, K: int, tile: GemmTile, device: torch.device) -> int:
+    """Slices of the reduction for a plain GEMM (`heuristics.split_k_slices`); the interpreter never
+    splits on its own (its cost is per program: more slices only cost more)."""
     if _INTERPRET:
         return 1
-    tiles = triton.cdiv(M, cfg.kwargs["BLOCK_M"]) * triton.cdiv(N, cfg.kwargs["BLOCK_N"])
-    if tiles >= _SMS:
-        return 1
-    return max(1, min(triton.cdiv(2 * _SMS, tiles), K // (8 * cfg.kwargs["BLOCK_K"])))
-
-
-def _pick_config(M: int, N: int, dtype: torch.dtype) -> triton.Config:
-    """The tile config for an [M, N] output without autotuning, from the shapes DLRM's GEMMs have.
-
-    Narrow outputs (the last layers, N <= 32) take tall narrow tiles; tiny batches small tiles;
-    grids of 128x128 tiles that leave most of the 132 SMs idle take 64x64 tiles; everything else
-    the large square tile (BLOCK_K=64 for 16-bit operands, 32 keeps fp32 stages in shared memory).
-    """
-    if _INTERPRET:
-        return _CONFIGS[0]
-    big = _CONFIGS
-    if N <= 16:
-        return big[6]
-    if N <= 32:
-        return big[5]
-    if M <= 64:
-        return big[7]
-    if triton.cdiv(M, 128) * triton.cdiv(N, 128) < 132:
-        return big[4]
-    return big[1] if dtype in (torch.bfloat16, torch.float16) else big[0]
+    return heuristics.split_k_slices(M, N, K, tile, heuristics.sm_count(device))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -212,6 +167,76 @@ def _check_precision(input_precision: str) -> str:
     if input_precision not in ("ieee", "tf32"):
         raise ValueError(f"input_precision must be 'ieee' or 'tf32', got {input_precision!r}")
     return input_precision
+
+
+def _check_gemm_operands(a: Tensor, w: Tensor, bias: Optional[Tensor]) -> None:
+    if a.dim() != 2 or w.dim() != 2 or a.shape[1] != w.shape[1]:
+        raise ValueError(f"gemm shapes do not match: a {tuple(a.shape)} @ w^T with w {tuple(w.shape)}")
+    if a.device != w.device or (bias is not None and bias.device != a.device):
+        raise ValueError("all operands must be on the same device")
+    check_triton_device(a.device, "fused linear kernels")
+
+
+def _empty_reduction(out: Tensor, pre: Optional[Tensor], bias: Optional[Tensor], activation: str) -> None:
+    """K == 0: ``out = act(bias)`` (torch handles it better than a zero-trip loop behind masks)."""
+    h = torch.zeros(out.shape, device=out.device, dtype=torch.float32)
+    if bias is not None:
+        h += bias.float()
+    out.copy_(apply_activation(h, activation))
+    if pre is not None:
+        pre.copy_(h)
+
+
+def _plan_splits(M: int, N: int, K: int, tile: GemmTile, plain: bool, split_k: Optional[int], device) -> tuple[int, int]:
+    """``(slices, K per slice)``: `split_k` as asked, the heuristic's choice for plain GEMMs, else 1.
+
+    K per slice is a whole number of BLOCK_K steps, and the slice count is recomputed from it so that
+    no slice is empty."""
+    if split_k is not None and split_k > 1 and not plain:
+        raise ValueError("split_k > 1 is for plain GEMMs (no bias, activation or pre-activation)")
+    splits = (split_k or 1) if (split_k is not None or not plain) else _split_k(M, N, K, tile, device)
+    k_per_split = triton.cdiv(triton.cdiv(K, splits), tile.block_k) * tile.block_k
+    return triton.cdiv(K, k_per_split), k_per_split
+
+
+def _launch_gemm(a, w, bias, target, pre, activation, prec, tile: GemmTile, splits: int, k_per_split: int) -> None:
+    """One launch of the GEMM kernel into ``target`` ([M, N], or the fp32 [splits, M, N] workspace).
+
+    Split GEMMs run the picked tile (autotuning, when on, covers the unsplit ones)."""
+    M, K = a.shape
+    N = w.shape[0]
+
+    def grid(meta):
+        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), splits)
+
+    if AUTOTUNE and splits == 1:
+        kernel, launch = _linear_kernel_autotuned, {}
+    else:
+        kernel, launch = _linear_kernel, tile.launch_kwargs()
+    with device_context(a):
+        kernel[grid](
+            a,
+            w,
+            bias if bias is not None else a,
+            target,
+            pre if pre is not None else target,
+            M,
+            N,
+            K,
+            a.stride(0),
+            a.stride(1),
+            w.stride(0),
+            w.stride(1),
+            target.stride(-2),
+            target.stride(-1),
+            target.stride(0) if splits > 1 else 0,
+            k_per_split,
+            HAS_BIAS=bias is not None,
+            ACTIVATION=activation_code(activation),
+            STORE_PRE=pre is not None,
+            INPUT_PRECISION=prec,
+            **launch,
+        )
 
 
 def gemm_bias_act(
@@ -229,11 +254,7 @@ def gemm_bias_act(
     `split_k`: cut the reduction into this many slices (partial sums in an fp32 workspace, then
     summed in a fixed order: deterministic); None picks it from the shape (`_split_k`) for plain
     GEMMs (no bias, activation or pre-activation), which is what the weight gradient is."""
-    if a.dim() != 2 or w.dim() != 2 or a.shape[1] != w.shape[1]:
-        raise ValueError(f"gemm shapes do not match: a {tuple(a.shape)} @ w^T with w {tuple(w.shape)}")
-    if a.device != w.device or (bias is not None and bias.device != a.device):
-        raise ValueError("all operands must be on the same device")
-    check_triton_device(a.device, "fused linear kernels")
+    _check_gemm_operands(a, w, bias)
     if w.dtype != a.dtype:
         w = w.to(a.dtype)  # tl.dot needs matching operand types
     M, K = a.shape
@@ -242,58 +263,16 @@ def gemm_bias_act(
     pre = torch.empty((M, N), device=a.device, dtype=a.dtype) if store_pre else None
     if M == 0 or N == 0:
         return out, pre
-    if K == 0:  # empty reduction: act(bias) (no kernel handles a zero-trip loop + masks better than torch)
-        h = torch.zeros((M, N), device=a.device, dtype=torch.float32)
-        if bias is not None:
-            h += bias.float()
-        out.copy_(apply_activation(h, activation))
-        if pre is not None:
-            pre.copy_(h)
+    if K == 0:
+        _empty_reduction(out, pre, bias, activation)
         return out, pre
     # tf32 applies to fp32 operands only; other dtypes ignore the setting, so pin it to ieee.
     prec = _check_precision(input_precision) if a.dtype == torch.float32 and not _INTERPRET else "ieee"
-
-    cfg = _pick_config(M, N, a.dtype)
+    tile = _pick_tile(M, N, a.dtype, a.device)
     plain = bias is None and activation == "none" and not store_pre
-    if split_k is not None and split_k > 1 and not plain:
-        raise ValueError("split_k > 1 is for plain GEMMs (no bias, activation or pre-activation)")
-    # Split GEMMs run the picked tile config (autotuning, when on, covers the unsplit ones).
-    splits = (split_k or 1) if (split_k is not None or not plain) else _split_k(M, N, K, cfg)
-    k_per_split = triton.cdiv(triton.cdiv(K, splits), cfg.kwargs["BLOCK_K"]) * cfg.kwargs["BLOCK_K"]
-    splits = triton.cdiv(K, k_per_split)  # no empty slice
+    splits, k_per_split = _plan_splits(M, N, K, tile, plain, split_k, a.device)
     target = out if splits == 1 else torch.empty((splits, M, N), device=a.device, dtype=torch.float32)
-
-    def grid(meta):
-        return (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]), splits)
-
-    if AUTOTUNE and splits == 1:
-        kernel, launch = _linear_kernel_autotuned, {}
-    else:
-        kernel, launch = _linear_kernel, {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    with _device_ctx(a):
-        kernel[grid](
-            a,
-            w,
-            bias if bias is not None else a,
-            target,
-            pre if pre is not None else out,
-            M,
-            N,
-            K,
-            a.stride(0),
-            a.stride(1),
-            w.stride(0),
-            w.stride(1),
-            target.stride(-2),
-            target.stride(-1),
-            target.stride(0) if splits > 1 else 0,
-            k_per_split,
-            HAS_BIAS=bias is not None,
-            ACTIVATION=activation_code(activation),
-            STORE_PRE=store_pre,
-            INPUT_PRECISION=prec,
-            **launch,
-        )
+    _launch_gemm(a, w, bias, target, pre, activation, prec, tile, splits, k_per_split)
     if splits > 1:
         out.copy_(target.sum(0))  # fixed-order sum of the slices: deterministic
     return out, pre
@@ -339,10 +318,10 @@ def _linear_act_backward_op(
         grad_pre = grad_out  # act' == 1: the GEMMs read grad_out through its strides
         grad_b = None
     elif activation == "none":
-        _, _, grad_b = act_backward(grad_out, saved, activation, True, write_pre=False, bias_grad=True)
+        _, grad_b = act_backward(grad_out, saved, activation, True, write_pre=False, bias_grad=True)
         grad_pre = grad_out
     else:
-        grad_pre, _, grad_b = act_backward(grad_out, saved, activation, derivative_from_output(activation), bias_grad=need_b)
+        grad_pre, grad_b = act_backward(grad_out, saved, activation, derivative_from_output(activation), bias_grad=need_b)
     if grad_pre.dtype != x.dtype:
         grad_pre = grad_pre.to(x.dtype)
     e = x.new_empty(0)

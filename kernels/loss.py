@@ -33,8 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
-from kernels._backend import check_triton_device, interpret_mode
-from kernels.epilogue import _device_ctx
+from kernels._backend import check_triton_device, device_context, interpret_mode
 
 _INTERPRET = interpret_mode()
 
@@ -167,7 +166,7 @@ def bce_forward(logits: Tensor, labels: Tensor, reduction: str) -> Tensor:
     if reduction == "none":
         out = torch.empty(B, device=dev, dtype=logits.dtype)
         if B:
-            with _device_ctx(z):
+            with device_context(z):
                 _bce_fwd_kernel[(triton.cdiv(B, _BLOCK),)](
                     z, y, out, out, B, z.stride(0), y.stride(0), REDUCE=False, BLOCK=_BLOCK, num_warps=_NUM_WARPS
                 )
@@ -177,7 +176,7 @@ def bce_forward(logits: Tensor, labels: Tensor, reduction: str) -> Tensor:
         return out.fill_(0.0 if reduction == "sum" else float("nan"))
     nblocks = triton.cdiv(B, _BLOCK)
     partial = torch.empty(nblocks, device=dev, dtype=torch.float32)
-    with _device_ctx(z):
+    with device_context(z):
         _bce_fwd_kernel[(nblocks,)](z, y, out, partial, B, z.stride(0), y.stride(0), REDUCE=True, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
         _sum_partials_kernel[(1,)](partial, out, nblocks, float(B) if reduction == "mean" else 1.0, BLOCK_R=_BLOCK_R, num_warps=_NUM_WARPS)
     return out
@@ -201,7 +200,7 @@ def bce_backward(
         go = grad_out.reshape(())
         stride_go, scale = 0, (1.0 / B if (reduction == "mean" and B) else 1.0)
     if B and (need_logits or need_labels):
-        with _device_ctx(z):
+        with device_context(z):
             _bce_bwd_kernel[(triton.cdiv(B, _BLOCK),)](
                 z,
                 y,

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
@@ -42,3 +43,28 @@ def test_vocabulary_rows_seen_distinct_unseen_oov():
         [0, 4, 5],
     ])
     assert torch.equal(vocabulary_rows(raw, keys, voff, offsets), expected)
+
+
+def test_vocabulary_rows_exact_for_values_outside_32_bits():
+    """Keys are value + feature * 2**33: a raw value 2**33 away from another feature's vocabulary value
+    has that value's key. It must still be out of vocabulary (and never land in another table)."""
+    vocabs = [torch.tensor([0, 5]), torch.tensor([5]), torch.tensor([5, 9])]
+    keys, voff = keyed_vocabulary(vocabs)
+    cards = torch.tensor([3, 2, 3])
+    offsets = torch.cumsum(cards, 0) - cards  # [0, 3, 5]
+    raw = torch.tensor([
+        [2**33 + 5, -(2**33) + 5, -(2**33) + 5],  # the keys of feature 1's / feature 0's / feature 1's 5
+        [2 * 2**33 + 5, 2**33 + 9, 2**40],
+        [2**63 - 1, -(2**63), 2**63 - 1],  # keyed values wrap around
+        [5, 5, 9],  # in vocabulary
+    ])
+    expected = torch.tensor([[0, 3, 5], [0, 3, 5], [0, 3, 5], [0 + 2, 3 + 1, 5 + 2]])
+    assert torch.equal(vocabulary_rows(raw, keys, voff, offsets), expected)
+
+
+def test_keyed_vocabulary_refuses_values_beyond_32_bits():
+    keyed_vocabulary([torch.tensor([-(2**32), 2**32 - 1])])  # the limits themselves are fine
+    with pytest.raises(ValueError, match="feature 1"):
+        keyed_vocabulary([torch.tensor([1]), torch.tensor([0, 2**32])])
+    with pytest.raises(ValueError, match="feature 0"):
+        keyed_vocabulary([torch.tensor([-(2**32) - 1])])

@@ -23,7 +23,6 @@ factor 1/W here -- so an N-rank step equals a one-process step on the same globa
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
@@ -33,6 +32,7 @@ from torch import nn
 
 from dlrm.distributed.sharding import ShardingPlan
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
+from kernels.table_layout import init_table_, layout_tensors
 
 
 class _AllToAll(torch.autograd.Function):
@@ -102,9 +102,9 @@ class ShardedSparseArch(nn.Module):
             raise ValueError("the sharding plan was made for other table sizes")
         self.plan, self.rank, self.world_size, self.dim = plan, rank, plan.world_size, dim
         self.num_features = len(cardinalities)
-        cards = torch.tensor(cardinalities, dtype=torch.int64)
+        cards, offsets = layout_tensors(cardinalities)
         self.register_buffer("cardinalities", cards, persistent=False)
-        self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)
+        self.register_buffer("offsets", offsets, persistent=False)
         self.hashing = "modulus" if vocabs is None else "vocabulary"
         if vocabs is not None:
             keys, vocab_offsets = keyed_vocabulary(vocabs)
@@ -145,8 +145,7 @@ class ShardedSparseArch(nn.Module):
         (as `SparseArch.reset_parameters` does) and keeping this rank's rows."""
         mine = {f: (start, count, at) for f, start, count, at in layout}
         for f, n in enumerate(cardinalities):
-            bound = math.sqrt(1.0 / n)
-            table = torch.empty(n, self.dim, device=self.weight.device).uniform_(-bound, bound)
+            table = init_table_(torch.empty(n, self.dim, device=self.weight.device), n)
             if f in mine:
                 start, count, at = mine[f]
                 self.weight[at : at + count] = table[start : start + count]

@@ -20,6 +20,7 @@ import torch.nn.functional as F_
 from torch import nn
 
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
+from kernels.table_layout import init_tables_, layout_tensors, total_rows
 
 ACTIVATIONS = {
     "relu": F_.relu,
@@ -138,27 +139,23 @@ class SparseArch(nn.Module):
         super().__init__()
         if vocabs is not None and [len(v) + 1 for v in vocabs] != list(cardinalities):
             raise ValueError("vocabulary hashing needs cardinalities[f] == len(vocabs[f]) + 1")
-        cards = torch.tensor(cardinalities, dtype=torch.int64)
+        cards, offsets = layout_tensors(cardinalities)
         self.num_features = len(cardinalities)
         self.dim = dim
         self.register_buffer("cardinalities", cards, persistent=False)
-        self.register_buffer("offsets", torch.cumsum(cards, 0) - cards, persistent=False)
+        self.register_buffer("offsets", offsets, persistent=False)
         self.hashing = "modulus" if vocabs is None else "vocabulary"
         if vocabs is not None:
             keys, vocab_offsets = keyed_vocabulary(vocabs)
             self.register_buffer("vocab_keys", keys, persistent=False)
             self.register_buffer("vocab_offsets", vocab_offsets, persistent=False)
-        self.weight = nn.Parameter(torch.empty(int(cards.sum()), dim))
+        self.weight = nn.Parameter(torch.empty(total_rows(cardinalities), dim))
         self.reset_parameters(cardinalities)
 
     def reset_parameters(self, cardinalities: list[int]) -> None:
-        # Reference DLRM: U(-1/sqrt(n), 1/sqrt(n)) per table of n rows.
-        with torch.no_grad():
-            start = 0
-            for n in cardinalities:
-                bound = math.sqrt(1.0 / n)
-                self.weight[start : start + n].uniform_(-bound, bound)
-                start += n
+        # Reference DLRM: U(-1/sqrt(n), 1/sqrt(n)) per table of n rows (shared with the Triton and
+        # sharded arches, so the same seed gives the same tables in all of them).
+        init_tables_(self.weight, cardinalities)
 
     def rows(self, raw: torch.Tensor) -> torch.Tensor:
         """int64 [B, F] raw values -> int64 [B, F] rows of `weight`."""

@@ -11,6 +11,14 @@ import torch
 # Raw values lie in [-1, 2**32); adding feature * 2**33 gives every feature its own key range,
 # so one sorted array and one searchsorted serve all features at once.
 _FEATURE_SHIFT = 1 << 33
+# Vocabulary values in [-2**32, 2**32) keep feature f's keys in [f * 2**33 - 2**32, f * 2**33 + 2**32).
+_VALUE_LIMIT = 1 << 32
+
+
+def _check_vocabulary_range(feature: int, vocab: torch.Tensor) -> None:
+    """Raise ValueError when a vocabulary value lies outside ``[-2**32, 2**32)`` (keys would collide)."""
+    if vocab.numel() and not (int(vocab.min()) >= -_VALUE_LIMIT and int(vocab.max()) < _VALUE_LIMIT):
+        raise ValueError(f"feature {feature}: vocabulary values must lie in [-2**32, 2**32)")
 
 
 def modulus_rows(raw: torch.Tensor, cardinalities: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -29,10 +37,15 @@ def modulus_rows(raw: torch.Tensor, cardinalities: torch.Tensor, offsets: torch.
 def keyed_vocabulary(vocabs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Concatenate per-feature sorted vocabularies into one sorted key array (done once, at build).
 
+    Vocabulary values must lie in ``[-2**32, 2**32)`` (32-bit hashes do; ValueError otherwise): then
+    each feature's keys stay inside its own ``2**33``-wide range and the array stays sorted.
+
     Returns:
         keys: int64 [V] with ``keys = value + feature * 2**33``, sorted.
         vocab_offsets: int64 [F + 1], start of each feature's vocabulary in `keys`.
     """
+    for f, v in enumerate(vocabs):
+        _check_vocabulary_range(f, v)
     sizes = torch.tensor([0] + [len(v) for v in vocabs], dtype=torch.int64)
     keys = torch.cat([v.to(torch.int64) + f * _FEATURE_SHIFT for f, v in enumerate(vocabs)])
     return keys, torch.cumsum(sizes, 0)
@@ -44,7 +57,9 @@ def vocabulary_rows(
     """Global row of each value under vocabulary hashing.
 
     Row ``offsets[f] + 1 + i`` when ``raw == vocab_f[i]``, else ``offsets[f]`` (the shared
-    out-of-vocabulary row, which missing values also use).
+    out-of-vocabulary row, which missing values also use). Exact for every int64 ``raw``: a key
+    found outside feature f's own segment of `keys` (a raw value far outside the 32-bit range
+    whose key lands in another feature's range) is out of vocabulary.
 
     Args:
         raw: int64 [B, F].
@@ -58,6 +73,7 @@ def vocabulary_rows(
     pos = torch.searchsorted(keys, keyed_raw)
     # An empty vocabulary array would make the gather below index out of range; keep a dummy key.
     safe_keys = keys if keys.numel() else torch.full((1,), -1, dtype=torch.int64, device=raw.device)
-    found = safe_keys[pos.clamp(max=safe_keys.numel() - 1)] == keyed_raw
+    in_segment = (pos >= vocab_offsets[:-1]) & (pos < vocab_offsets[1:])
+    found = in_segment & (safe_keys[pos.clamp(max=safe_keys.numel() - 1)] == keyed_raw)
     local = torch.where(found, pos - vocab_offsets[:-1] + 1, torch.zeros_like(pos))
     return local + offsets

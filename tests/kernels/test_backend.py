@@ -13,7 +13,7 @@ import torch
 
 from kernels import TritonUnavailableError, check_triton_device, interpret_mode
 from kernels.embedding import embedding_lookup, embedding_sparse_update_
-from kernels.epilogue import bias_residual_act, dropout_bias_act
+from kernels.epilogue import act_backward
 from kernels.interaction import dot_interaction
 from kernels.linear import linear_act
 from kernels.loss import bce_with_logits
@@ -52,8 +52,7 @@ def test_every_op_refuses_cpu_without_interpreter(no_interpreter):
         "linear": lambda: linear_act(x, torch.randn(4, 16), torch.randn(4), "relu"),
         "interaction": lambda: dot_interaction(torch.randn(3, 5, 16)),
         "loss": lambda: bce_with_logits(torch.randn(3), torch.ones(3)),
-        "bias_residual": lambda: bias_residual_act(x, None, x, 1.0, "relu"),
-        "dropout": lambda: dropout_bias_act(x, None, 0.5, "relu", seed=1),
+        "act_backward": lambda: act_backward(x, x, "relu", True, bias_grad=True),
         "embedding": lambda: embedding_lookup(torch.zeros(3, 2, dtype=torch.int64), torch.randn(10, 16),
                                               torch.tensor([5, 5]), torch.tensor([0, 5])),
         "sparse_update": lambda: embedding_sparse_update_(torch.zeros(3, 2, dtype=torch.int64), torch.randn(3, 2, 16),

@@ -1,6 +1,7 @@
-"""kernels/embedding.py against float64 PyTorch references (CPU: Triton interpreter; GPU: marked gpu).
+"""kernels/embedding/ against float64 PyTorch references (CPU: Triton interpreter; GPU: marked gpu).
 
-Covers both hashing modes (missing/negative values, values >= 2**31, out-of-vocabulary values, empty
+Covers both hashing modes against the training code's hashing, ``dlrm.model.hashing`` (missing/negative
+values, values >= 2**31, values far outside the 32-bit range, out-of-vocabulary values, empty
 vocabularies), the lookup forward and its dense backward, the fused sparse update for each optimizer
 (hot rows included, one of them spanning many kernel chunks), bitwise determinism, the autograd glue
 (weight.grad stays None), opcheck of every op and one torch.compile(fullgraph=True) run.
@@ -15,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
+from kernels import heuristics
 from kernels.embedding import (
     SparseOptimizerConfig,
     TritonSparseEmbedding,
@@ -22,7 +25,6 @@ from kernels.embedding import (
     embedding_sparse_update_,
     fused_embedding,
     hash_rows,
-    hash_rows_reference,
     init_sparse_optimizer_state,
 )
 
@@ -92,6 +94,15 @@ def make_case(B: int, F: int, mode: str, *, hot: bool = False, seed: int = 0, tr
     offsets = card_t.cumsum(0) - card_t
     raw = raw.t() if transposed else raw.t().contiguous()
     return Case(raw, card_t, offsets, vocab, vocab_offsets, vocabs)
+
+
+def training_rows(case: Case) -> torch.Tensor:
+    """The rows the training code computes (``dlrm.model.hashing``, as ``SparseArch.rows``), on the CPU."""
+    raw, cards, offs = case.raw.cpu(), case.cardinalities.cpu(), case.offsets.cpu()
+    if case.vocabs is None:
+        return modulus_rows(raw, cards, offs)
+    keys, vocab_offsets = keyed_vocabulary(case.vocabs)
+    return vocabulary_rows(raw, keys, vocab_offsets, offs)
 
 
 def naive_rows(case: Case) -> torch.Tensor:
@@ -173,23 +184,52 @@ def make_state(optimizer: str, weight: torch.Tensor, zero: bool = False) -> Opti
 @pytest.mark.parametrize("mode", ["modulus", "vocabulary"])
 @pytest.mark.parametrize("B,F", [(1, 1), (3, 26), (127, 1), (127, 26)])
 def test_hash_rows(B, F, mode, device):
+    """The kernel's rows are the training code's rows (and both are the by-definition numpy rows)."""
     case = make_case(B, F, mode, hot=True, seed=B * 31 + F).to(device)
-    expected = naive_rows(case)
-    ref = hash_rows_reference(case.raw, *case.hash_args())
+    expected = training_rows(case)
     got = hash_rows(case.raw, *case.hash_args())
     assert got.dtype == torch.int64 and got.shape == (B, F)
-    assert torch.equal(ref.cpu(), expected)
     assert torch.equal(got.cpu(), expected)
+    assert torch.equal(expected, naive_rows(case))
+
+
+# Raw values the data never holds but int64 allows: far outside the 32-bit range, both extremes of
+# int64 (raw + 1 wraps around), and 2**33 + 5 / 2 * 2**33 + 5, whose keys (value + feature * 2**33)
+# land on another feature's keys for the value 5.
+EXTREME_RAW = [-1, 0, 5, 2**32 - 1, 2**33 + 5, 2 * 2**33 + 5, -(2**33) + 5, 2**40, -(2**40), 2**63 - 1, -(2**63)]
+
+
+def test_hash_rows_extreme_values_match_training_hashing(device):
+    vocabs = [torch.tensor([0, 5, 2**31]), torch.tensor([5, 2**32 - 1]), torch.tensor([-5, 5]),
+              torch.tensor([], dtype=torch.int64)]
+    cards = torch.tensor([len(v) + 1 for v in vocabs])
+    offs = cards.cumsum(0) - cards
+    raw = torch.tensor(EXTREME_RAW)[:, None].repeat(1, len(vocabs))  # every value in every feature
+    keys, voff = keyed_vocabulary(vocabs)
+    expected = vocabulary_rows(raw, keys, voff, offs)
+    got = hash_rows(raw.to(device), cards.to(device), offs.to(device), torch.cat(vocabs).to(device), voff.to(device))
+    assert torch.equal(got.cpu(), expected)
+    # by hand: only 0, 5 and 2**32 - 1 of EXTREME_RAW are in a vocabulary; everything else is out of it
+    local = torch.zeros(len(EXTREME_RAW), len(vocabs), dtype=torch.int64)
+    local[EXTREME_RAW.index(0), 0] = 1
+    local[EXTREME_RAW.index(5)] = torch.tensor([2, 1, 2, 0])
+    local[EXTREME_RAW.index(2**32 - 1), 1] = 2
+    assert torch.equal(expected, offs + local)
+    mod_cards = torch.tensor([7, 3, 1, 2**31 + 11])
+    mod_offs = mod_cards.cumsum(0) - mod_cards
+    got_mod = hash_rows(raw.to(device), mod_cards.to(device), mod_offs.to(device))
+    assert torch.equal(got_mod.cpu(), modulus_rows(raw, mod_cards, mod_offs))
 
 
 def test_hash_rows_edge_values(device):
+    """By hand; vocabulary values beyond the 32-bit range too (the kernel's search is exact for any int64)."""
     raw = torch.tensor([[-1, -1], [0, 2**32 - 1], [2**31, 2**31 + 1], [-(2**40), 2**40], [6, 5]], device=device)
     cards = torch.tensor([7, 3], device=device)
     offs = torch.tensor([0, 7], device=device)
     expected = torch.tensor([[0, 7], [1, 7 + (2**32) % 3], [(2**31 + 1) % 7, 7 + (2**31 + 2) % 3],
                              [(-(2**40) + 1) % 7, 7 + (2**40 + 1) % 3], [0, 7]])
     assert torch.equal(hash_rows(raw, cards, offs).cpu(), expected)
-    assert torch.equal(hash_rows_reference(raw, cards, offs).cpu(), expected)
+    assert torch.equal(modulus_rows(raw, cards, offs).cpu(), expected)
     # Vocabulary: feature 0 knows {2**31, 2**32 - 1}, feature 1 knows {-5, 5, 2**40}; -1 is out of vocabulary.
     vocab = torch.tensor([2**31, 2**32 - 1, -5, 5, 2**40], device=device)
     voff = torch.tensor([0, 2, 5], device=device)
@@ -197,13 +237,6 @@ def test_hash_rows_edge_values(device):
     voffs = torch.tensor([0, 3], device=device)
     expected_v = torch.tensor([[0, 3], [0, 3], [1, 3], [0, 3 + 3], [0, 3 + 2]])
     assert torch.equal(hash_rows(raw, vcards, voffs, vocab, voff).cpu(), expected_v)
-    # The reference packs (feature, value) keys and needs vocabulary values in (-2**33, 2**33)
-    # (documented); with 2**33 - 1 in place of 2**40, the raw 2**40 is out of vocabulary.
-    vocab_in_range = torch.tensor([2**31, 2**32 - 1, -5, 5, 2**33 - 1], device=device)
-    expected_r = expected_v.clone()
-    expected_r[3, 1] = 3
-    assert torch.equal(hash_rows(raw, vcards, voffs, vocab_in_range, voff).cpu(), expected_r)
-    assert torch.equal(hash_rows_reference(raw, vcards, voffs, vocab_in_range, voff).cpu(), expected_r)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -228,7 +261,7 @@ def test_lookup_forward_backward(B, F, D, mode, layout, device, assert_close):
     case = make_case(B, F, mode, hot=(B == 127), seed=B + F + D).to(device)
     weight = make_weight(case.num_rows, D, device, sliced=(F == 26)).requires_grad_()
     out = embedding_lookup(case.raw, weight, *case.hash_args())
-    rows = naive_rows(case).to(device)
+    rows = training_rows(case).to(device)
     assert out.shape == (B, F, D) and out.dtype == weight.dtype
     assert torch.equal(out, weight.detach()[rows])  # a gather is exact
     grad = make_grad(B, F, D, layout, device)
@@ -280,9 +313,8 @@ def test_sparse_update_one_row_spanning_many_chunks(optimizer, config, device, a
     """1100 positions on one row (feature 0 all missing) cover many chunks; with 16-position chunks and
     16 chunks per carry step (69 chunks) the carry loop takes several steps. Feature 1 adds ordinary
     rows around it."""
-    import kernels.embedding as emb_mod
-
-    monkeypatch.setattr(emb_mod, "_UPDATE_CONFIG_OVERRIDE", config)
+    override = None if config is None else heuristics.SparseUpdateConfig(*config)
+    monkeypatch.setattr(heuristics, "SPARSE_UPDATE_OVERRIDE", override)
     B, D = 1100, 16
     case = make_case(B, 2, "modulus", seed=5).to(device)
     raw = case.raw.clone()
@@ -359,7 +391,7 @@ def test_fused_embedding_backward_updates_in_place(optimizer, mode, trigger, dev
     lr = torch.tensor(LR, device=device)
     out = fused_embedding(case.raw, weight, *case.hash_args(), state, lr, optimizer, EPS, True, grad_trigger)
     assert out.requires_grad
-    rows = naive_rows(case).to(device)
+    rows = training_rows(case).to(device)
     assert torch.equal(out, w0[rows])
     grad = make_grad(B, F, D, "permuted", device)
     out.backward(grad)
@@ -378,7 +410,7 @@ def test_module_plain_and_fused(device, assert_close):
     assert emb.weight.shape == (sum(cards), 16)
     case = make_case(3, 4, "modulus", seed=19)
     raw = case.raw.to(device)
-    rows = hash_rows_reference(raw, emb.cardinalities, emb.offsets)
+    rows = modulus_rows(raw, emb.cardinalities, emb.offsets)
     # Plain path: ordinary dense gradient.
     out = emb(raw)
     assert torch.equal(out, emb.weight.detach()[rows])
@@ -500,11 +532,10 @@ def test_gpu_lookup(mode, dtype, assert_close):
     device = torch.device("cuda")
     B, F, D = 4096, 26, 128
     case = make_case(B, F, mode, hot=True, seed=31).to(device)
-    assert torch.equal(hash_rows(case.raw, *case.hash_args()).cpu(), naive_rows(case))
-    assert torch.equal(hash_rows_reference(case.raw, *case.hash_args()).cpu(), naive_rows(case))
+    assert torch.equal(hash_rows(case.raw, *case.hash_args()).cpu(), training_rows(case))
     weight = make_weight(case.num_rows, D, device, dtype).requires_grad_()
     out = embedding_lookup(case.raw, weight, *case.hash_args())
-    rows = naive_rows(case).to(device)
+    rows = training_rows(case).to(device)
     assert torch.equal(out, weight.detach()[rows])
     grad = make_grad(B, F, D, "permuted", device, dtype)
     out.backward(grad)

@@ -268,16 +268,16 @@ def test_split_k_refuses_an_epilogue(device):
                       split_k=2)
 
 
-def test_split_k_heuristic_fills_the_gpu(monkeypatch):
+def test_split_k_heuristic_fills_the_gpu():
     """The slice count the GPU path would pick (the interpreter never splits on its own)."""
-    import kernels.linear as lin
+    from kernels.heuristics import GEMM_TILES, split_k_slices
 
-    monkeypatch.setattr(lin, "_INTERPRET", False)
-    cfg = lin._configs()[4]  # 64 x 64 x 64
-    assert lin._split_k(256, 512, 65536, cfg) == 9  # 32 tiles -> ~2 programs per SM
-    assert lin._split_k(16, 64, 65536, cfg) == 128  # one tile: as many slices as 8-step chunks allow
-    assert lin._split_k(65536, 512, 256, cfg) == 1  # many tiles: no split
-    assert lin._split_k(256, 512, 300, cfg) == 1  # short reduction: no split
+    tile = GEMM_TILES["medium"]  # 64 x 64 x 64
+    assert split_k_slices(256, 512, 65536, tile, sms=132) == 9  # 32 tiles -> ~2 programs per SM
+    assert split_k_slices(16, 64, 65536, tile, sms=132) == 128  # one tile: as many slices as 8-step chunks allow
+    assert split_k_slices(65536, 512, 256, tile, sms=132) == 1  # many tiles: no split
+    assert split_k_slices(256, 512, 300, tile, sms=132) == 1  # short reduction: no split
+    assert split_k_slices(256, 512, 65536, tile, sms=16) == 1  # a 16-SM GPU: 32 tiles already fill it
 
 
 def test_bad_arguments(device):
@@ -301,26 +301,24 @@ def test_opcheck(device):
 
 
 def test_torch_compile_fullgraph_no_graph_breaks(device):
-    """The only torch.compile test of linear / epilogue / loss: a tiny MLP step made of every op,
-    compiled with fullgraph=True (aot_eager on the CPU: dynamo + AOTAutograd tracing of forward
-    and backward without C++ codegen; inductor on CUDA), zero graph breaks, same loss and grads."""
+    """The only torch.compile test of linear / loss: a tiny MLP step made of every op (the linear
+    backward runs the epilogue's act_backward), compiled with fullgraph=True (aot_eager on the CPU:
+    dynamo + AOTAutograd tracing of forward and backward without C++ codegen; inductor on CUDA),
+    zero graph breaks, same loss and grads."""
     from torch._dynamo.utils import counters
 
-    from kernels.epilogue import FusedBiasResidualAct, FusedDropoutBiasAct
     from kernels.loss import TritonBCEWithLogitsLoss
 
     torch.manual_seed(0)
     l1 = TritonLinear(13, 16, activation="gelu").to(device)
-    res = FusedBiasResidualAct(16, scale=0.5, activation="relu").to(device)
-    drop = FusedDropoutBiasAct(16, p=0.2, activation="sigmoid").to(device)
-    l2 = TritonLinear(16, 1).to(device)
+    l2 = TritonLinear(16, 8, activation="sigmoid").to(device)
+    l3 = TritonLinear(8, 1).to(device)
     loss_fn = TritonBCEWithLogitsLoss()
-    params = [*l1.parameters(), *res.parameters(), *drop.parameters(), *l2.parameters()]
+    params = [*l1.parameters(), *l2.parameters(), *l3.parameters()]
 
     def step(x, r, y):
-        h = res(l1(x), r)
-        h = drop(h, seed=7)  # explicit seed: drawing one is a .item() (a graph break by design)
-        return loss_fn(l2(h).squeeze(-1), y)
+        h = l2(l1(x) + r)
+        return loss_fn(l3(h).squeeze(-1), y)
 
     x = torch.randn(5, 13, device=device)
     r = torch.randn(5, 16, device=device)

@@ -1,0 +1,38 @@
+"""Hashed embedding lookup for all sparse features in one launch, with a fused sparse optimizer backward.
+
+Notation: ``B`` batch, ``F`` sparse features, ``D`` embedding dim, ``N = B * F`` lookup positions,
+``R = sum(cardinalities)`` rows of the single concatenated table.
+
+Contract (matches the eager ``SparseArch``):
+
+* one weight ``[R, D]``; per-feature ``cardinalities [F]`` and ``offsets [F]`` (exclusive cumsum), int64,
+  laid out and initialised by `kernels.table_layout`;
+* raw input ``raw [B, F]`` int64: 32-bit Criteo hash values, missing = -1 (any int64 is accepted);
+* hashing (modulus or vocabulary mode): `kernels.embedding.hashing`, the same rows as ``dlrm.model.hashing``.
+
+One file per job:
+
+* `hashing`: the hashing kernel (``dlrm_kernels::hash_rows``) and the hashing step the lookup fuses;
+* `lookup`: the lookup forward (``dlrm_kernels::embedding_lookup``, ``dlrm_kernels::fused_embedding``);
+* `update`: the sorted segment-sum kernels of the fused sparse optimizer update and of the plain
+  lookup's dense backward (``dlrm_kernels::embedding_sparse_update_``, ``dlrm_kernels::embedding_dense_grad``);
+* `module`: ``TritonSparseEmbedding`` and its ``SparseOptimizerConfig``.
+
+Launch configs live in `kernels.heuristics`.
+"""
+
+from kernels.embedding.hashing import hash_rows
+from kernels.embedding.lookup import embedding_lookup, fused_embedding
+from kernels.embedding.module import SparseOptimizerConfig, TritonSparseEmbedding
+from kernels.embedding.update import OPTIMIZERS, embedding_sparse_update_, init_sparse_optimizer_state
+
+__all__ = [
+    "OPTIMIZERS",
+    "SparseOptimizerConfig",
+    "TritonSparseEmbedding",
+    "embedding_lookup",
+    "embedding_sparse_update_",
+    "fused_embedding",
+    "hash_rows",
+    "init_sparse_optimizer_state",
+]

@@ -1,0 +1,251 @@
+"""Hashed embedding lookup of all sparse features in one launch: the plain op and the fused-update op.
+
+``out[b, f, :] = weight[row(raw[b, f]), :]`` with the hashing of `kernels.embedding.hashing` fused
+into the gather; the rows are written too and saved for the backward.
+
+Backward paths:
+
+* plain op (:func:`embedding_lookup`): an ordinary dense ``[R, D]`` gradient for ``weight`` (computed with
+  the sorted segment reduction of `kernels.embedding.update`, so it is deterministic);
+* fused op (:func:`fused_embedding`): the backward applies the optimizer update directly to the rows
+  that were looked up (:func:`embedding_sparse_update_`) and returns no gradient for ``weight``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels._backend import device_context
+from kernels.embedding.hashing import _hash_positions, check_hash_inputs, hash_args, hash_rows_impl
+from kernels.embedding.update import empty_state
+from kernels.heuristics import rows_per_program
+
+__all__ = ["embedding_lookup", "fused_embedding"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Triton kernel
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _embedding_fwd_kernel(
+    raw_ptr,
+    stride_rb,
+    stride_rf,
+    card_ptr,
+    off_ptr,
+    vocab_ptr,
+    voff_ptr,
+    w_ptr,
+    stride_wr,
+    stride_wd,
+    out_ptr,
+    rows_ptr,
+    N,
+    F,
+    D,
+    USE_VOCAB: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """out[pos, :] = weight[row(pos), :] for BLOCK_N positions; also writes rows (saved for backward)."""
+    pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = pos < N
+    rows = _hash_positions(
+        raw_ptr, stride_rb, stride_rf, card_ptr, off_ptr, vocab_ptr, voff_ptr, pos, mask, F, USE_VOCAB, SEARCH_STEPS
+    )
+    tl.store(rows_ptr + pos, rows, mask=mask)
+    d = tl.arange(0, BLOCK_D)
+    m2 = mask[:, None] & (d < D)[None, :]
+    vals = tl.load(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, mask=m2, other=0.0)
+    tl.store(out_ptr + pos[:, None] * D + d[None, :], vals, mask=m2)
+
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host launcher
+# ----------------------------------------------------------------------------------------------------
+
+
+def lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets) -> tuple[Tensor, Tensor]:
+    """Launch the lookup: ``(out [B, F, D] in weight's dtype, rows [B, F] int64)``."""
+    check_hash_inputs(raw, cardinalities, offsets, vocab, vocab_offsets)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be [R, D], got shape {tuple(weight.shape)}")
+    B, F = raw.shape
+    D = weight.shape[1]
+    N = B * F
+    out = torch.empty((B, F, D), dtype=weight.dtype, device=weight.device)
+    rows = torch.empty((B, F), dtype=torch.int64, device=weight.device)
+    if N == 0 or D == 0:
+        return out, rows if N == 0 else hash_rows_impl(raw, cardinalities, offsets, vocab, vocab_offsets)
+    args, use_vocab, steps = hash_args(raw, cardinalities, offsets, vocab, vocab_offsets)
+    BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_N = rows_per_program(BLOCK_D)
+    _embedding_fwd_kernel[(triton.cdiv(N, BLOCK_N),)](
+        *args,
+        weight,
+        weight.stride(0),
+        weight.stride(1),
+        out,
+        rows,
+        N,
+        F,
+        D,
+        USE_VOCAB=use_vocab,
+        SEARCH_STEPS=steps,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D,
+    )
+    return out, rows
+
+
+# ----------------------------------------------------------------------------------------------------
+# Custom ops: the plain lookup (dense backward) and the lookup whose backward updates in place
+# ----------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("dlrm_kernels::embedding_lookup", mutates_args=())
+def _embedding_lookup_op(
+    raw: Tensor,
+    weight: Tensor,
+    cardinalities: Tensor,
+    offsets: Tensor,
+    vocab: Optional[Tensor],
+    vocab_offsets: Optional[Tensor],
+) -> tuple[Tensor, Tensor]:
+    """Returns ``(out [B, F, D] in weight's dtype, rows [B, F] int64)``; rows are saved for backward."""
+    with device_context(weight):
+        return lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets)
+
+
+def _lookup_fake(raw, weight, *_):
+    B, F = raw.shape
+    return weight.new_empty((B, F, weight.shape[1])), raw.new_empty((B, F), dtype=torch.int64)
+
+
+_embedding_lookup_op.register_fake(_lookup_fake)
+
+
+def _lookup_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output[1])
+    ctx.num_rows = inputs[1].shape[0]
+    ctx.mark_non_differentiable(output[1])
+
+
+def _lookup_backward(ctx, grad_out, _grad_rows):
+    (rows,) = ctx.saved_tensors
+    grad_w = None
+    if ctx.needs_input_grad[1]:
+        grad_w = torch.ops.dlrm_kernels.embedding_dense_grad(rows, grad_out, ctx.num_rows)
+    return None, grad_w, None, None, None, None
+
+
+_embedding_lookup_op.register_autograd(_lookup_backward, setup_context=_lookup_setup_context)
+
+
+@torch.library.custom_op("dlrm_kernels::fused_embedding", mutates_args=())
+def _fused_embedding_op(
+    raw: Tensor,
+    weight: Tensor,
+    cardinalities: Tensor,
+    offsets: Tensor,
+    vocab: Optional[Tensor],
+    vocab_offsets: Optional[Tensor],
+    state: Tensor,
+    lr: Tensor,
+    optimizer: str,
+    eps: float,
+    deterministic: bool,
+    grad_trigger: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """Forward = lookup; backward applies the sparse optimizer update in place (see fused_embedding)."""
+    with device_context(weight):
+        return lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets)
+
+
+_fused_embedding_op.register_fake(_lookup_fake)
+
+
+def _fused_setup_context(ctx, inputs, output):
+    raw, weight, _card, _off, _voc, _voff, state, lr, optimizer, eps, deterministic, _trigger = inputs
+    ctx.save_for_backward(output[1])
+    ctx.mark_non_differentiable(output[1])
+    # Held as plain attributes, not saved tensors: the backward mutates them, and they must be the very
+    # tensors the caller owns (the parameter and the optimizer state), not saved copies/versions.
+    ctx.weight, ctx.state, ctx.lr = weight, state, lr
+    ctx.optimizer, ctx.eps, ctx.deterministic = optimizer, eps, deterministic
+
+
+def _fused_backward(ctx, grad_out, _grad_rows):
+    (rows,) = ctx.saved_tensors
+    torch.ops.dlrm_kernels.embedding_sparse_update_(
+        rows, grad_out, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic
+    )
+    # No gradient for weight (the update has been applied: weight.grad stays None) nor the trigger.
+    return (None,) * 12
+
+
+_fused_embedding_op.register_autograd(_fused_backward, setup_context=_fused_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Thin functions
+# ----------------------------------------------------------------------------------------------------
+
+
+def embedding_lookup(
+    raw: Tensor,
+    weight: Tensor,
+    cardinalities: Tensor,
+    offsets: Tensor,
+    vocab: Optional[Tensor] = None,
+    vocab_offsets: Optional[Tensor] = None,
+) -> Tensor:
+    """``weight[hash(raw)]``: ``[B, F, D]`` in weight's dtype, one launch for all features.
+
+    Differentiable w.r.t. ``weight`` with an ordinary dense ``[R, D]`` gradient.
+    """
+    return torch.ops.dlrm_kernels.embedding_lookup(raw, weight, cardinalities, offsets, vocab, vocab_offsets)[0]
+
+
+def fused_embedding(
+    raw: Tensor,
+    weight: Tensor,
+    cardinalities: Tensor,
+    offsets: Tensor,
+    vocab: Optional[Tensor],
+    vocab_offsets: Optional[Tensor],
+    state: Optional[Tensor],
+    lr: Tensor,
+    optimizer: str = "sgd",
+    eps: float = 1e-10,
+    deterministic: bool = True,
+    grad_trigger: Optional[Tensor] = None,
+) -> Tensor:
+    """Lookup ``[B, F, D]`` whose backward updates ``weight`` (and ``state``) in place.
+
+    The backward calls :func:`embedding_sparse_update_` and returns no gradient for ``weight``, so
+    ``weight.grad`` stays None (leave ``weight`` out of the dense optimizer).
+
+    Autograd runs the backward only if ``weight`` or ``grad_trigger`` requires grad. Under
+    ``torch.compile`` with torch 2.11, AOTAutograd refuses an in-place update, in the backward, of a
+    graph input that requires grad ("a leaf Variable that requires grad is being used in an in-place
+    operation"; torch 2.13 accepts it): there, give a ``weight`` with ``requires_grad=False`` and a
+    ``grad_trigger`` that requires grad (any tensor, e.g. ``torch.zeros(0, requires_grad=True)``; it
+    gets no gradient). :class:`TritonSparseEmbedding` does this in fused mode.
+    """
+    if state is None:
+        state = empty_state(weight)
+    if grad_trigger is None:
+        grad_trigger = empty_state(weight)
+    return torch.ops.dlrm_kernels.fused_embedding(
+        raw, weight, cardinalities, offsets, vocab, vocab_offsets, state, lr, optimizer, eps, deterministic, grad_trigger
+    )[0]

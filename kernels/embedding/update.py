@@ -1,0 +1,484 @@
+"""Sparse optimizer update of the looked-up rows, and the lookup's dense backward, in sorted segments.
+
+Notation: ``B`` batch, ``F`` sparse features, ``D`` embedding dim, ``N = B * F`` lookup positions,
+``R`` rows of the single concatenated table.
+
+The update never materialises a dense gradient: positions are sorted by row
+(``torch.sort(stable=True)``, fixed size ``N``, no host sync), then
+
+1. ``_sparse_chunk_kernel``: one program per chunk of ``CHUNK`` sorted positions sums the gradient of
+   every segment (run of equal rows) inside the chunk with a 0/1 ``[CHUNK, CHUNK]`` matrix product, applies
+   the update for segments that start and end in the chunk, and writes two partial sums per chunk (of its
+   first and its last row) for segments that cross chunk boundaries;
+2. ``_sparse_carry_kernel``: one program per chunk finishes the crossing segment that starts in it by
+   adding the first-row partials of the following chunks (``CARRY_BLOCK`` chunks per step, so a hot row
+   that fills thousands of chunks costs ``chunks / CARRY_BLOCK`` steps), then applies the update.
+
+Every unique row is therefore updated exactly once with its summed gradient, in a summation order fixed
+by the sorted order: results are bitwise reproducible. ``deterministic=False`` only changes plain SGD on
+fp32 weights, which then uses ``tl.atomic_add`` per position instead (faster, order-dependent rounding).
+The same two kernels, with the "optimizer" that stores the summed gradient, give the plain lookup's
+deterministic dense ``[R, D]`` gradient (``dlrm_kernels::embedding_dense_grad``).
+
+Launch configs: `kernels.heuristics.sparse_update_config` (``SPARSE_UPDATE_OVERRIDE`` forces one).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels import heuristics
+from kernels._backend import check_triton_device, device_context
+
+__all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state"]
+
+# Optimizer kinds of the fused update, and their kernel codes. Code 3 is internal: "store the summed
+# gradient into a dense gradient tensor" (the backward of the plain lookup).
+OPTIMIZERS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}
+_DENSE_GRAD = 3
+
+
+# ----------------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _apply_row_update(
+    rows,
+    g,
+    sel,
+    d,
+    D,
+    w_ptr,
+    stride_wr,
+    stride_wd,
+    state_ptr,
+    lr_ptr,
+    eps,
+    OPT: tl.constexpr,
+):
+    """Apply the update for the rows ``rows`` [M] whose summed fp32 gradients are ``g`` [M, BLOCK_D].
+
+    ``sel`` [M] selects the lanes that own a unique row (each row is selected exactly once per step).
+    """
+    dmask = d < D
+    m2 = sel[:, None] & dmask[None, :]
+    w_offs = rows[:, None] * stride_wr + d[None, :] * stride_wd
+    if OPT == 3:
+        # Plain backward: the dense gradient tensor (zeros elsewhere) has weight's layout.
+        tl.store(w_ptr + w_offs, g.to(w_ptr.dtype.element_ty), mask=m2)
+    else:
+        lr = tl.load(lr_ptr).to(tl.float32)
+        w = tl.load(w_ptr + w_offs, mask=m2, other=0.0).to(tl.float32)
+        if OPT == 0:
+            w = w - lr * g
+        elif OPT == 1:
+            # torch.optim.Adagrad, sparse grad: state += g^2; w -= lr * g / (sqrt(state) + eps)
+            s_offs = rows[:, None] * D + d[None, :]
+            s = tl.load(state_ptr + s_offs, mask=m2, other=0.0) + g * g
+            tl.store(state_ptr + s_offs, s, mask=m2)
+            w = w - lr * (g / (tl.sqrt(s) + eps))
+        else:
+            # Row-wise Adagrad: one accumulator per row, fed with the mean of g^2 over D.
+            s = tl.load(state_ptr + rows, mask=sel, other=0.0) + tl.sum(g * g, axis=1) / D
+            tl.store(state_ptr + rows, s, mask=sel)
+            w = w - lr * (g / (tl.sqrt(s)[:, None] + eps))
+        tl.store(w_ptr + w_offs, w.to(w_ptr.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _sparse_chunk_kernel(
+    sorted_ptr,
+    perm_ptr,
+    grad_ptr,
+    stride_gb,
+    stride_gf,
+    stride_gd,
+    w_ptr,
+    stride_wr,
+    stride_wd,
+    state_ptr,
+    lr_ptr,
+    first_ptr,
+    last_ptr,
+    eps,
+    N,
+    F,
+    D,
+    OPT: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
+
+    Writes ``first[k]`` (sum over the chunk's positions whose row is the chunk's first row) and ``last[k]``
+    (same for its last row); the carry kernel uses them for segments that cross chunk boundaries.
+    """
+    k = tl.program_id(0).to(tl.int64)
+    cs = k * CHUNK
+    i = cs + tl.arange(0, CHUNK)
+    valid = i < N
+    rows = tl.load(sorted_ptr + i, mask=valid, other=-1).to(tl.int64)
+    nxt = tl.load(sorted_ptr + i + 1, mask=(i + 1) < N, other=-1).to(tl.int64)
+    pos = tl.load(perm_ptr + i, mask=valid, other=0)
+    b = pos // F
+    f = pos - b * F
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    g = tl.load(
+        grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd,
+        mask=valid[:, None] & dmask[None, :],
+        other=0.0,
+    )
+
+    row0 = tl.load(sorted_ptr + cs).to(tl.int64)
+    prev = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
+    last_i = tl.minimum(cs + CHUNK, N) - 1
+    row_last = tl.load(sorted_ptr + last_i).to(tl.int64)
+
+    # Per-position sum over the positions of the chunk with the same row: a 0/1 matrix product with fp32
+    # accumulation, in a fixed order (deterministic). For bf16/fp16 gradients the 0/1 matrix is exact in
+    # that dtype, so the tensor-core product is an exact fp32 sum of the gradients. fp32 gradients use
+    # FP32_DOT: "tf32x3" on GPUs (tensor cores, ~fp32 accuracy), "ieee" in the interpreter.
+    same = rows[:, None] == rows[None, :]
+    if g.dtype == tl.float32:
+        seg = tl.dot(same.to(tl.float32), g, input_precision=FP32_DOT)
+    else:
+        seg = tl.dot(same.to(g.dtype), g)
+
+    # A segment is complete here when it ends in the chunk (next sorted row differs) and starts in it,
+    # i.e. its row differs from row0, unless the chunk itself starts a segment (then compare against -2,
+    # which no row equals). Written as one comparison: the interpreter mishandles scalar | vector masks.
+    row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
+    ends_here = valid & (nxt != rows)
+    starts_here = rows != row0_cont
+    _apply_row_update(rows, seg, ends_here & starts_here, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps, OPT)
+
+    # Every lane of a segment holds the segment's chunk sum: pick the first and the last lane.
+    lane = tl.arange(0, CHUNK)
+    first = tl.sum(tl.where((lane == 0)[:, None], seg, 0.0), axis=0)
+    last = tl.sum(tl.where((lane == (last_i - cs))[:, None], seg, 0.0), axis=0)
+    tl.store(first_ptr + k * BLOCK_D + d, first)
+    tl.store(last_ptr + k * BLOCK_D + d, last)
+
+
+@triton.jit
+def _sparse_carry_kernel(
+    sorted_ptr,
+    w_ptr,
+    stride_wr,
+    stride_wd,
+    state_ptr,
+    lr_ptr,
+    first_ptr,
+    last_ptr,
+    eps,
+    N,
+    num_chunks,
+    D,
+    OPT: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CARRY_BLOCK: tl.constexpr,
+):
+    """Finish the segment that starts in chunk k and continues into chunk k + 1 (if there is one)."""
+    k = tl.program_id(0).to(tl.int64)
+    cs = k * CHUNK
+    ce = tl.minimum(cs + CHUNK, N)
+    row0 = tl.load(sorted_ptr + cs).to(tl.int64)
+    prev = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
+    row_last = tl.load(sorted_ptr + ce - 1).to(tl.int64)
+    following = tl.load(sorted_ptr + ce, mask=ce < N, other=-1).to(tl.int64)
+    row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
+    if (following == row_last) & (row_last != row0_cont):
+        d = tl.arange(0, BLOCK_D)
+        acc = tl.load(last_ptr + k * BLOCK_D + d)
+        # The segment covers a run of following chunks whose first row is row_last; add their
+        # first-row partials CARRY_BLOCK chunks at a time until a chunk starts with another row.
+        j = k + 1
+        n_match = CARRY_BLOCK
+        while n_match == CARRY_BLOCK:
+            kk = j + tl.arange(0, CARRY_BLOCK)
+            kmask = kk < num_chunks
+            head = tl.load(sorted_ptr + kk * CHUNK, mask=kmask, other=-1).to(tl.int64)
+            match = kmask & (head == row_last)
+            part = tl.load(first_ptr + kk[:, None] * BLOCK_D + d[None, :], mask=match[:, None], other=0.0)
+            acc += tl.sum(part, axis=0)
+            n_match = tl.sum(match.to(tl.int32), axis=0)
+            j += CARRY_BLOCK
+        one = tl.arange(0, 1)
+        _apply_row_update(
+            row_last + one * 0,
+            acc[None, :],
+            one == 0,
+            d,
+            D,
+            w_ptr,
+            stride_wr,
+            stride_wd,
+            state_ptr,
+            lr_ptr,
+            eps,
+            OPT,
+        )
+
+
+@triton.jit
+def _sgd_atomic_kernel(
+    rows_ptr,
+    grad_ptr,
+    stride_gb,
+    stride_gf,
+    stride_gd,
+    w_ptr,
+    stride_wr,
+    stride_wd,
+    lr_ptr,
+    N,
+    F,
+    D,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Non-deterministic SGD: w[row(pos)] -= lr * grad[pos] with atomics (fp32 weights only)."""
+    pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = pos < N
+    rows = tl.load(rows_ptr + pos, mask=mask, other=0)
+    b = pos // F
+    f = pos - b * F
+    d = tl.arange(0, BLOCK_D)
+    m2 = mask[:, None] & (d < D)[None, :]
+    g = tl.load(
+        grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd, mask=m2, other=0.0
+    ).to(tl.float32)
+    lr = tl.load(lr_ptr).to(tl.float32)
+    tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, -lr * g, mask=m2)
+
+# ----------------------------------------------------------------------------------------------------
+# Host launchers
+# ----------------------------------------------------------------------------------------------------
+
+
+def _sort_by_row(rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
+    """``(sorted rows [N], permutation [N])`` of the flat positions, stable (equal rows keep their order)."""
+    flat = rows.reshape(-1)
+    # int32 keys sort faster; R is static, so this choice costs no host sync.
+    keys = flat.to(torch.int32) if num_rows < 2**31 else flat
+    return torch.sort(keys, stable=True)
+
+
+def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tensor, lr: Tensor, opt: int, eps: float):
+    """Sort positions by row and run the chunk + carry kernels (see the module docstring)."""
+    B, F = rows.shape
+    N = B * F
+    R, D = target.shape
+    sorted_rows, perm = _sort_by_row(rows, R)
+    BLOCK_D = heuristics.dot_block(D)
+    cfg = heuristics.sparse_update_config(BLOCK_D, grad_out.dtype)
+    num_chunks = triton.cdiv(N, cfg.chunk)
+    first = torch.empty((num_chunks, BLOCK_D), dtype=torch.float32, device=target.device)
+    last = torch.empty_like(first)
+    common = dict(OPT=opt, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
+    _sparse_chunk_kernel[(num_chunks,)](
+        sorted_rows,
+        perm,
+        grad_out,
+        grad_out.stride(0),
+        grad_out.stride(1),
+        grad_out.stride(2),
+        target,
+        target.stride(0),
+        target.stride(1),
+        state,
+        lr,
+        first,
+        last,
+        eps,
+        N,
+        F,
+        D,
+        FP32_DOT=heuristics.fp32_dot_precision(),
+        num_warps=cfg.chunk_warps,
+        **common,
+    )
+    _sparse_carry_kernel[(num_chunks,)](
+        sorted_rows,
+        target,
+        target.stride(0),
+        target.stride(1),
+        state,
+        lr,
+        first,
+        last,
+        eps,
+        N,
+        num_chunks,
+        D,
+        CARRY_BLOCK=cfg.carry_block,
+        num_warps=cfg.carry_warps,
+        **common,
+    )
+
+
+def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tensor) -> None:
+    """Plain SGD with one atomic add per position (the non-deterministic fp32 path)."""
+    B, F = rows.shape
+    N = B * F
+    D = weight.shape[1]
+    BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_N = heuristics.rows_per_program(BLOCK_D)
+    _sgd_atomic_kernel[(triton.cdiv(N, BLOCK_N),)](
+        rows.reshape(-1).contiguous(),
+        grad_out,
+        grad_out.stride(0),
+        grad_out.stride(1),
+        grad_out.stride(2),
+        weight,
+        weight.stride(0),
+        weight.stride(1),
+        lr,
+        N,
+        F,
+        D,
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=BLOCK_D,
+    )
+
+
+def _expected_state_shape(optimizer: str, weight: Tensor) -> Optional[tuple[int, ...]]:
+    """Shape of the optimizer state for ``weight`` [R, D]: [R, D] (adagrad), [R] (rowwise), None (sgd)."""
+    R, D = weight.shape
+    return {"adagrad": (R, D), "rowwise_adagrad": (R,)}.get(optimizer)
+
+
+def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+    if rows.dim() != 2 or grad_out.dim() != 3 or tuple(grad_out.shape[:2]) != tuple(rows.shape):
+        raise ValueError(f"rows [B, F] and grad_out [B, F, D] disagree: {tuple(rows.shape)}, {tuple(grad_out.shape)}")
+    if weight.dim() != 2 or grad_out.shape[2] != weight.shape[1]:
+        raise ValueError(f"grad_out [B, F, D] and weight [R, D] disagree: {tuple(grad_out.shape)}, {tuple(weight.shape)}")
+    if lr.numel() != 1 or lr.dtype != torch.float32 or lr.device != weight.device:
+        raise ValueError("lr must be a one-element float32 tensor on weight's device")
+    expected = _expected_state_shape(optimizer, weight)
+    if expected is not None:
+        if tuple(state.shape) != expected or state.dtype != torch.float32 or not state.is_contiguous():
+            raise ValueError(f"{optimizer} needs a contiguous float32 state of shape {expected}, got {tuple(state.shape)}")
+    check_triton_device(weight.device, "sparse embedding update kernels")
+
+
+def sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic) -> None:
+    """Check the inputs and apply one optimizer step to the looked-up rows (in place)."""
+    _check_update_inputs(rows, grad_out, weight, state, lr, optimizer)
+    if rows.numel() == 0 or weight.shape[1] == 0:
+        return
+    if optimizer == "sgd" and not deterministic and weight.dtype == torch.float32:
+        _sgd_atomic_update(rows, grad_out, weight, lr)
+        return
+    state_arg = state if state.numel() > 0 else weight  # sgd: never read
+    _segment_update(rows, grad_out, weight, state_arg, lr, OPTIMIZERS[optimizer], eps)
+
+
+def dense_grad_impl(rows: Tensor, grad_out: Tensor, num_rows: int) -> Tensor:
+    """Dense ``[num_rows, D]`` gradient of a lookup at ``rows``, summed in sorted segments (deterministic)."""
+    D = grad_out.shape[2]
+    grad = torch.zeros((num_rows, D), dtype=grad_out.dtype, device=grad_out.device)
+    if rows.numel() == 0 or D == 0:
+        return grad
+    check_triton_device(grad_out.device, "embedding backward kernels")
+    dummy = torch.zeros(1, dtype=torch.float32, device=grad_out.device)
+    _segment_update(rows, grad_out, grad, dummy, dummy, _DENSE_GRAD, 0.0)
+    return grad
+
+
+# ----------------------------------------------------------------------------------------------------
+# Custom ops
+# ----------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("dlrm_kernels::embedding_dense_grad", mutates_args=())
+def _embedding_dense_grad_op(rows: Tensor, grad_out: Tensor, num_rows: int) -> Tensor:
+    """Dense ``[num_rows, D]`` gradient of the lookup (the plain op's backward), deterministic."""
+    with device_context(grad_out):
+        return dense_grad_impl(rows, grad_out, num_rows)
+
+
+@_embedding_dense_grad_op.register_fake
+def _(rows, grad_out, num_rows):
+    return grad_out.new_empty((num_rows, grad_out.shape[2]))
+
+
+@torch.library.custom_op("dlrm_kernels::embedding_sparse_update_", mutates_args=("weight", "state"))
+def _embedding_sparse_update_op(
+    rows: Tensor,
+    grad_out: Tensor,
+    weight: Tensor,
+    state: Tensor,
+    lr: Tensor,
+    optimizer: str,
+    eps: float,
+    deterministic: bool,
+) -> None:
+    with device_context(weight):
+        sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic)
+
+
+@_embedding_sparse_update_op.register_fake
+def _(rows, grad_out, weight, state, lr, optimizer, eps, deterministic):
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Thin functions
+# ----------------------------------------------------------------------------------------------------
+
+
+def empty_state(weight: Tensor) -> Tensor:
+    """The zero-size float32 tensor that stands for "no optimizer state" (custom ops take no None here)."""
+    return torch.empty(0, dtype=torch.float32, device=weight.device)
+
+
+def embedding_sparse_update_(
+    rows: Tensor,
+    grad_out: Tensor,
+    weight: Tensor,
+    state: Optional[Tensor],
+    lr: Tensor,
+    optimizer: str = "sgd",
+    eps: float = 1e-10,
+    deterministic: bool = True,
+) -> None:
+    """Apply one optimizer step to the rows looked up, in place, from the lookup's output gradient.
+
+    Args:
+        rows: ``[B, F]`` int64 global rows (from :func:`hash_rows`).
+        grad_out: ``[B, F, D]`` gradient of the lookup output (any strides, stride 0 included).
+        weight: ``[R, D]`` table, updated in place (fp32 or bf16; the arithmetic is fp32).
+        state: None or empty for 'sgd'; ``[R, D]`` fp32 for 'adagrad'; ``[R]`` fp32 for
+            'rowwise_adagrad' (see :func:`init_sparse_optimizer_state`). Updated in place.
+        lr: one-element float32 tensor on weight's device (read in the kernel: a schedule may change it).
+        optimizer: 'sgd' (w -= lr g), 'adagrad' (torch.optim.Adagrad with sparse grads, no decay),
+            'rowwise_adagrad' (state[r] += mean_d g[r]^2; w[r] -= lr g[r] / (sqrt(state[r]) + eps)).
+        deterministic: bitwise reproducible results (always so except 'sgd' on fp32 weights with False).
+
+    ``g[r]`` is the sum of ``grad_out`` over every position that hashed to ``r``; each unique row is
+    updated once. No host synchronisation.
+    """
+    if state is None:
+        state = empty_state(weight)
+    torch.ops.dlrm_kernels.embedding_sparse_update_(rows, grad_out, weight, state, lr, optimizer, eps, deterministic)
+
+
+def init_sparse_optimizer_state(optimizer: str, weight: Tensor) -> Optional[Tensor]:
+    """Zero optimizer state for ``weight`` [R, D]: None (sgd), [R, D] (adagrad) or [R] (rowwise) fp32."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+    shape = _expected_state_shape(optimizer, weight)
+    return None if shape is None else torch.zeros(shape, dtype=torch.float32, device=weight.device)

@@ -1,0 +1,248 @@
+"""Launch heuristics of the kernels in one place: SM count, block sizes, named tile configs.
+
+The numbers were measured on an H100 SXM (132 SMs); the SM count itself is asked from the device,
+so grids sized "to fill the GPU" follow the GPU they run on. Under ``TRITON_INTERPRET=1`` on the
+CPU there is no device to ask: `DEFAULT_SM_COUNT` stands in (the interpreter ignores occupancy;
+the heuristics that depend on it are then not used, or only shape the test cases' grids).
+
+Overrides: benchmarks and tests may set `SPARSE_UPDATE_OVERRIDE` / `INTERACTION_OVERRIDE` to force
+a launch config (read at every launch).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+
+from kernels._backend import interpret_mode
+
+__all__ = [
+    "DEFAULT_SM_COUNT",
+    "GEMM_TILES",
+    "INTERPRETER_GEMM_TILE",
+    "MAX_ROWS_PER_PROGRAM",
+    "GemmTile",
+    "InteractionLaunch",
+    "SparseUpdateConfig",
+    "dot_block",
+    "fp32_dot_precision",
+    "gemm_tiles",
+    "interaction_launch",
+    "pick_gemm_tile",
+    "rows_per_program",
+    "sm_count",
+    "sparse_update_config",
+    "split_k_slices",
+]
+
+# ----------------------------------------------------------------------------------------------------
+# Device
+# ----------------------------------------------------------------------------------------------------
+
+# H100 SXM and H200, the GPUs the tile choices below were measured on.
+DEFAULT_SM_COUNT = 132
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    # Cached: get_device_properties is a driver query, and launchers ask on every call.
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device | str | None) -> int:
+    """Streaming multiprocessors of ``device`` (cached per device); `DEFAULT_SM_COUNT` off CUDA."""
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda" or not torch.cuda.is_available():
+        return DEFAULT_SM_COUNT
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+# ----------------------------------------------------------------------------------------------------
+# Blocks of elementwise and gather kernels
+# ----------------------------------------------------------------------------------------------------
+
+MAX_ROWS_PER_PROGRAM = 256
+_ELEMENTS_PER_PROGRAM = 4096
+
+
+def rows_per_program(block_d: int) -> int:
+    """Rows (lookup positions) per program of a row-gather kernel whose rows are ``block_d`` wide.
+
+    About 4K elements per program: enough bytes in flight per SM to reach copy bandwidth, few enough
+    registers per thread that nothing spills; at most 256 rows so that narrow rows (D = 16) still
+    leave many programs to spread over the SMs.
+    """
+    return max(1, min(MAX_ROWS_PER_PROGRAM, _ELEMENTS_PER_PROGRAM // block_d))
+
+
+def dot_block(n: int) -> int:
+    """Block size of a ``tl.dot`` operand dimension of length ``n``: a power of two, at least 16
+    (``tl.dot`` refuses smaller dimensions)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def fp32_dot_precision() -> str:
+    """``input_precision`` of fp32 ``tl.dot``s that must stay fp32-accurate: 3-pass TF32 on tensor
+    cores on GPUs, exact fp32 (``"ieee"``) in the interpreter (which has no tf32x3)."""
+    return "ieee" if interpret_mode() else "tf32x3"
+
+
+# ----------------------------------------------------------------------------------------------------
+# GEMM tiles (kernels.linear)
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    """One tile config of the linear kernel (``GROUP_M`` row tiles share a column tile of w in L2)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_stages: int
+    num_warps: int
+    group_m: int = 8
+
+    @property
+    def kwargs(self) -> dict[str, int]:
+        """The kernel's constexpr arguments."""
+        return {"BLOCK_M": self.block_m, "BLOCK_N": self.block_n, "BLOCK_K": self.block_k, "GROUP_M": self.group_m}
+
+    def launch_kwargs(self) -> dict[str, int]:
+        """Keyword arguments of a direct (not autotuned) launch."""
+        return {**self.kwargs, "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    def config(self) -> triton.Config:
+        """As a ``triton.Config`` (for ``triton.autotune``)."""
+        return triton.Config(self.kwargs, num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+# Big square tiles for the wide top-MLP layers, narrow-N tiles for the last layers (N = 1..64),
+# small tiles for small batches. BLOCK_K = 64 suits 16-bit operands, 32 keeps fp32 tiles in shared memory.
+GEMM_TILES: dict[str, GemmTile] = {
+    "square_fp32": GemmTile(128, 128, 32, 4, 8),  # large M and N, fp32
+    "square_16bit": GemmTile(128, 128, 64, 3, 8),  # large M and N, bf16 / fp16
+    "tall": GemmTile(128, 64, 32, 4, 4),  # autotuning candidate
+    "wide": GemmTile(64, 128, 32, 4, 4),  # autotuning candidate
+    "medium": GemmTile(64, 64, 64, 3, 4),  # grids of square tiles that would leave SMs idle
+    "narrow_32": GemmTile(128, 32, 64, 4, 4),  # N <= 32
+    "narrow_16": GemmTile(128, 16, 64, 4, 4),  # N <= 16 (the last layer, N = 1)
+    "small_batch": GemmTile(32, 64, 32, 5, 2),  # M <= 64
+}
+
+# The interpreter's cost is per program and per K step, nearly independent of the tile size: wide
+# tiles keep DLRM's top-MLP GEMMs (K or N = 355) at a few programs and steps. Tests with K = 37, 40
+# (multi-step K loops with tails) and N > 64, M > 32 (several tiles per dimension, grouped program
+# order) exercise every masked path.
+INTERPRETER_GEMM_TILE = GemmTile(32, 64, 32, 3, 4, group_m=2)
+
+
+def gemm_tiles(interpret: bool) -> list[GemmTile]:
+    """The tiles autotuning chooses from (the interpreter has one)."""
+    return [INTERPRETER_GEMM_TILE] if interpret else list(GEMM_TILES.values())
+
+
+def pick_gemm_tile(M: int, N: int, dtype: torch.dtype, sms: int) -> GemmTile:
+    """The tile for an [M, N] output without autotuning, from the shapes DLRM's GEMMs have.
+
+    Narrow outputs (the last layers, N <= 32) take tall narrow tiles; tiny batches small tiles;
+    grids of 128x128 tiles that leave some of the ``sms`` SMs idle take 64x64 tiles; everything else
+    the large square tile (BLOCK_K = 64 for 16-bit operands, 32 keeps fp32 stages in shared memory).
+    """
+    if N <= 16:
+        return GEMM_TILES["narrow_16"]
+    if N <= 32:
+        return GEMM_TILES["narrow_32"]
+    if M <= 64:
+        return GEMM_TILES["small_batch"]
+    if triton.cdiv(M, 128) * triton.cdiv(N, 128) < sms:
+        return GEMM_TILES["medium"]
+    return GEMM_TILES["square_16bit"] if dtype in (torch.bfloat16, torch.float16) else GEMM_TILES["square_fp32"]
+
+
+def split_k_slices(M: int, N: int, K: int, tile: GemmTile, sms: int) -> int:
+    """How many slices to cut a GEMM's reduction into (1: none).
+
+    The weight gradient of a layer, ``grad_W [N_out, K_in] = grad_pre^T @ x``, reduces over the
+    whole batch (K = 65536) into a small output: one program per output tile leaves most SMs idle
+    while a few programs walk 65536 rows each. Splitting K until there are about two programs per
+    SM fills the GPU; every slice keeps at least 8 K-steps so the partial sums stay few.
+    """
+    tiles = triton.cdiv(M, tile.block_m) * triton.cdiv(N, tile.block_n)
+    if tiles >= sms:
+        return 1
+    return max(1, min(triton.cdiv(2 * sms, tiles), K // (8 * tile.block_k)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Sparse embedding update (kernels.embedding.update)
+# ----------------------------------------------------------------------------------------------------
+
+
+class SparseUpdateConfig(NamedTuple):
+    """Launch of the sorted segment-sum update: ``chunk`` sorted positions per program of the chunk
+    kernel, ``carry_block`` chunks added per step of the carry loop, and each kernel's num_warps.
+
+    ``tl.dot`` needs every dim >= 16; larger chunks cost ``chunk**2 * D`` multiply-adds per chunk but
+    shorten hot rows' carry loops."""
+
+    chunk: int
+    carry_block: int
+    chunk_warps: int
+    carry_warps: int
+
+
+# H100, B=65536, F=26, Criteo-like skew with one all-missing feature, rowwise Adagrad (us):
+# D=16: fp32 392 / bf16 289; D=128: bf16 740 with "default"; fp32 D=128 is cheapest with
+# 32-position chunks (1471 us): its 3-pass TF32 product grows with chunk**2. torch.sort is ~160 us of it.
+SPARSE_UPDATE_CONFIGS: dict[str, SparseUpdateConfig] = {
+    "default": SparseUpdateConfig(chunk=64, carry_block=32, chunk_warps=4, carry_warps=1),
+    "fp32_wide_rows": SparseUpdateConfig(chunk=32, carry_block=16, chunk_warps=4, carry_warps=4),
+}
+SPARSE_UPDATE_OVERRIDE: Optional[SparseUpdateConfig] = None
+
+
+def sparse_update_config(block_d: int, grad_dtype: torch.dtype) -> SparseUpdateConfig:
+    """The update's launch for rows of ``block_d`` (padded D) and gradients of ``grad_dtype``."""
+    if SPARSE_UPDATE_OVERRIDE is not None:
+        return SparseUpdateConfig(*SPARSE_UPDATE_OVERRIDE)
+    if grad_dtype == torch.float32 and block_d >= 64:
+        return SPARSE_UPDATE_CONFIGS["fp32_wide_rows"]
+    return SPARSE_UPDATE_CONFIGS["default"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Dot interaction (kernels.interaction)
+# ----------------------------------------------------------------------------------------------------
+
+
+class InteractionLaunch(NamedTuple):
+    """Samples per program and num_warps of the dot-interaction kernels."""
+
+    samples: int
+    num_warps: int
+
+
+INTERACTION_OVERRIDE: Optional[InteractionLaunch] = None
+
+
+def interaction_launch(block_d: int, dtype: torch.dtype, backward: bool) -> InteractionLaunch:
+    """Launch of the interaction forward or backward for vectors padded to ``block_d``.
+
+    Measured on an H100, B=65536, F1=27 (us, forward/backward; bytes moved at 3 TB/s in brackets):
+    D=16 fp32 96/148 [70/108], bf16 55/80 [35/54]; D=128 fp32 733/827 [344/646], bf16 178/330 [172/323]
+    (torch.compile of the reference forward: ~300 us at D=16, ~1200 us at D=128).
+    """
+    if INTERACTION_OVERRIDE is not None:
+        return InteractionLaunch(*INTERACTION_OVERRIDE)
+    if block_d <= 32:
+        return InteractionLaunch(samples=8, num_warps=2)
+    if backward:
+        return InteractionLaunch(samples=1, num_warps=4)
+    if dtype == torch.float32:
+        return InteractionLaunch(samples=8, num_warps=2)
+    return InteractionLaunch(samples=2, num_warps=4)

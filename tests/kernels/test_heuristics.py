@@ -1,0 +1,106 @@
+"""kernels/heuristics.py: the SM count comes from the device, rules and tile choices by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import heuristics
+from kernels.heuristics import (
+    DEFAULT_SM_COUNT,
+    GEMM_TILES,
+    INTERPRETER_GEMM_TILE,
+    dot_block,
+    gemm_tiles,
+    interaction_launch,
+    pick_gemm_tile,
+    rows_per_program,
+    sm_count,
+    sparse_update_config,
+)
+
+
+def test_sm_count_default_off_cuda():
+    assert sm_count("cpu") == sm_count(torch.device("cpu")) == sm_count(None) == DEFAULT_SM_COUNT == 132
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sm_count_from_the_device():
+    want = torch.cuda.get_device_properties(0).multi_processor_count
+    assert sm_count("cuda:0") == want
+    with torch.cuda.device(0):
+        assert sm_count("cuda") == want
+
+
+def test_sm_count_asks_the_driver_once_per_device(monkeypatch):
+    calls = []
+
+    class Props:
+        multi_processor_count = 78
+
+    def fake_properties(index):
+        calls.append(index)
+        return Props()
+
+    heuristics._cuda_sm_count.cache_clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", fake_properties)
+    try:
+        assert [sm_count("cuda:1") for _ in range(3)] == [78, 78, 78]
+        assert sm_count(torch.device("cuda", 2)) == 78
+        assert calls == [1, 2]
+    finally:
+        heuristics._cuda_sm_count.cache_clear()
+
+
+@pytest.mark.parametrize("block_d,rows", [(1, 256), (16, 256), (32, 128), (128, 32), (4096, 1), (8192, 1)])
+def test_rows_per_program(block_d, rows):
+    assert rows_per_program(block_d) == rows
+
+
+@pytest.mark.parametrize("n,block", [(1, 16), (16, 16), (17, 32), (27, 32), (128, 128), (129, 256)])
+def test_dot_block(n, block):
+    assert dot_block(n) == block
+
+
+@pytest.mark.parametrize(
+    "M,N,dtype,sms,name",
+    [
+        (65536, 1, torch.float32, 132, "narrow_16"),
+        (65536, 32, torch.bfloat16, 132, "narrow_32"),
+        (64, 512, torch.float32, 132, "small_batch"),
+        (2048, 512, torch.float32, 132, "medium"),  # 64 square tiles < 132 SMs
+        (2048, 512, torch.float32, 64, "square_fp32"),  # ... but they fill a 64-SM GPU
+        (65536, 512, torch.float32, 132, "square_fp32"),
+        (65536, 512, torch.bfloat16, 132, "square_16bit"),
+    ],
+)
+def test_pick_gemm_tile_by_name(M, N, dtype, sms, name):
+    assert pick_gemm_tile(M, N, dtype, sms) is GEMM_TILES[name]
+
+
+def test_gemm_tiles_and_their_triton_configs():
+    assert gemm_tiles(True) == [INTERPRETER_GEMM_TILE]
+    assert gemm_tiles(False) == list(GEMM_TILES.values())
+    tile = GEMM_TILES["small_batch"]
+    cfg = tile.config()
+    assert cfg.kwargs == {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
+    assert (cfg.num_warps, cfg.num_stages) == (2, 5)
+    assert tile.launch_kwargs() == {**cfg.kwargs, "num_warps": 2, "num_stages": 5}
+
+
+def test_sparse_update_config(monkeypatch):
+    assert sparse_update_config(16, torch.float32) == (64, 32, 4, 1)
+    assert sparse_update_config(128, torch.bfloat16) == (64, 32, 4, 1)
+    assert sparse_update_config(64, torch.float32).chunk == 32
+    monkeypatch.setattr(heuristics, "SPARSE_UPDATE_OVERRIDE", (16, 16, 4, 4))
+    assert sparse_update_config(16, torch.float32) == heuristics.SparseUpdateConfig(16, 16, 4, 4)
+
+
+def test_interaction_launch(monkeypatch):
+    assert interaction_launch(16, torch.float32, backward=True) == (8, 2)
+    assert interaction_launch(128, torch.float32, backward=True) == (1, 4)
+    assert interaction_launch(128, torch.float32, backward=False) == (8, 2)
+    assert interaction_launch(128, torch.bfloat16, backward=False).samples == 2
+    monkeypatch.setattr(heuristics, "INTERACTION_OVERRIDE", (3, 1))
+    assert interaction_launch(16, torch.float32, backward=False) == heuristics.InteractionLaunch(3, 1)
