@@ -8,12 +8,16 @@ A dataset is a directory::
       validation/*.parquet
       test/*.parquet         # optional
       vocab/SPARSE_<i>.npy   # only for hashing mode "vocabulary": sorted int64 values per feature
+                             # (`read_vocabulary` checks them)
 
 Columns (in this order):
   ``label``            int8, 0 or 1
   ``DENSE_0..DENSE_12`` int32, integer counts; a missing count is stored as 0
   ``SPARSE_0..SPARSE_25`` int64, the 32-bit Criteo hash (the hex string read as an integer);
                        a missing category is stored as ``MISSING_SPARSE`` (-1)
+Files from other writers may declare columns nullable; the loaders then read a null count as 0,
+a null category as -1 (logged once per file) and refuse a null label
+(`dlrm.data.loader.check_table`).
 
 Hashing (applied on the model's device, never on the host):
   ``modulus``:    row = (raw + 1) mod cardinality, so a missing value (-1) lands on row 0.
