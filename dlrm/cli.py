@@ -102,7 +102,8 @@ def check_export_path(path: str) -> Path:
         raise ConfigError(f"--export: {path} already exists; remove it or choose another path")
     parent = target.parent
     if not parent.is_dir():
-        raise ConfigError(f"--export: directory {parent} does not exist")
+        state = "is not a directory" if parent.exists() else "does not exist"
+        raise ConfigError(f"--export: directory {parent} {state}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"--export: directory {parent} is not writable")
     return target

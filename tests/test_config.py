@@ -58,6 +58,20 @@ BAD = [
     ({"distributed": {"row_wise_min_rows": 0}}, r"distributed.row_wise_min_rows: 0 must be > 0"),
     ({"distributed": {"backend": "mpi"}}, r"distributed.backend: 'mpi' is not one of"),
     ({"optim": {"dense": {"fused": "yes"}}}, r"optim.dense.fused: expected"),
+    # issue #17: values that used to fail only later, or with a traceback
+    ({"train": {"seed": -1}}, r"train.seed: -1 must be within \[0, 2\*\*63\)"),
+    ({"train": {"seed": 2**63}}, r"train.seed: 9223372036854775808 is out of range \(integers must fit in int64\)"),
+    ({"data": {"batch_size": 10**5000}}, r"data.batch_size: <integer of about 5001 digits> is out of range"),
+    ({"data": {"batch_size": 2**31}}, r"data.batch_size: 2147483648 must be <= 2147483647"),
+    ({"model": {"interaction": "cat", "bottom_mlp": [64, 8]}},
+     r"model.bottom_mlp\[-1\]: 8 must equal model.embedding_dim \(16\) for the cat interaction"),
+    ({"optim": {"dense": {"lr": 1e39}}}, r"optim.dense.lr: 1e\+39 overflows float32"),
+    ({"optim": {"dense": {"weight_decay": -1e39}}}, r"optim.dense.weight_decay: -1e\+39 overflows float32"),
+    ({"optim": {"sparse": {"lr": 10**40}}}, r"optim.sparse.lr: 1e\+40 overflows float32"),
+    ({"optim": {"dense": {"eps": 1e-50}}}, r"optim.dense.eps: 1e-50 underflows to 0 in float32"),
+    ({"data": {"path": "a\x00b"}}, r"data.path: 'a\\x00b' must not contain a NUL character"),
+    ({"log": {"tb_dir": "\ud800"}}, r"log.tb_dir: '\\ud800' is not valid Unicode text"),
+    ({"data": {"batch_size": [[[[1]]]]}}, r"data.batch_size: expected an integer, got \[\[\[\[1\]\]\]\]"),
 ]
 
 
@@ -79,6 +93,59 @@ def test_file_errors(tmp_path):
     bad.write_text("[1, 2]")
     with pytest.raises(ConfigError, match="top level must be a JSON object"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("content, pattern", [
+    (b'{"name": "caf\xe9"}', r"f.json: not UTF-8 text \(byte 0xe9 at line 1 column 14\)"),
+    (b'{\n  "a": 1,\n\x80}', r"f.json: not UTF-8 text \(byte 0x80 at line 3 column 1\)"),
+    (b"[" * 100_000 + b"]" * 100_000, r"f.json: invalid config: JSON nested too deeply"),
+    (b'{"train": {"seed": ' + b"1" * 5000 + b"}}", r"f.json: train.seed: <integer of 5000 digits> is out of range"),
+    (b'{"optim": {"dense": {"lr": ' + b"1" * 5000 + b"}}}", r"f.json: optim.dense.lr: <integer of 5000 digits> overflows"),
+    (b'{"optim": {"dense": {"lr": 1e400}}}', r"f.json: optim.dense.lr: inf must be a finite number"),
+    (b'{"optim": {"dense": {"lr": NaN}}}', r"f.json: optim.dense.lr: nan must be a finite number"),
+    (b'{"optim": {"dense": {"momentum": -Infinity}}}', r"f.json: optim.dense.momentum: -inf must be a finite number"),
+])
+def test_hostile_files_are_one_line_config_errors(tmp_path, content, pattern):
+    path = tmp_path / "f.json"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=pattern) as err:
+        load_config(path)
+    assert "\n" not in str(err.value)
+
+
+def test_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"data": {"batch_size": 8}}).encode())
+    assert load_config(path).data.batch_size == 8
+
+
+def test_oversized_or_unreadable_config_file(tmp_path, monkeypatch):
+    import dlrm.config as config
+
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"name": "x" * 200}))
+    monkeypatch.setattr(config, "MAX_CONFIG_BYTES", 100)
+    with pytest.raises(ConfigError, match=r"big.json: 2\d\d bytes is too large for a config file"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"config file not found \(or not a regular file\)"):
+        load_config(tmp_path)
+
+
+def test_config_keys_are_the_dotted_keys_of_the_dataclasses():
+    from dlrm.config import config_keys
+
+    keys = config_keys()
+    assert {"data.batch_size", "optim.dense.lr", "optim.dense", "optim", "train.compile.mode", "profile.wait",
+            "name", "train.seed"} <= keys
+    assert "data.batch_sise" not in keys and "train.compile.enabled.x" not in keys
+
+
+def test_seed_limits_are_inclusive_where_they_should_be():
+    assert config_from_dict({"train": {"seed": 0}}).train.seed == 0
+    assert config_from_dict({"train": {"seed": 2**63 - 1}}).train.seed == 2**63 - 1
+    assert config_from_dict({"optim": {"dense": {"lr": 3.4e38, "eps": 1.5e-45}}}).optim.dense.lr == 3.4e38
+    cat = config_from_dict({"model": {"interaction": "cat", "embedding_dim": 8, "bottom_mlp": [32, 8]}})
+    assert cat.model.interaction == "cat"
 
 
 def test_overrides_are_validated_like_the_file(tmp_path):
