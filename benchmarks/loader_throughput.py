@@ -27,8 +27,6 @@ streaming >= 20M samples/s to the GPU; gpu placement >= 200M samples/s.
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import math
 import os
 import platform
@@ -40,11 +38,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common (it puts the repo on sys.path)
 
 # Light imports only at module level: the preprocess worker processes are spawned and re-import this
 # script, so torch / pyarrow / matplotlib are imported inside the functions that need them.
 import numpy as np  # noqa: E402
+from _common import date_stamp, env_line, markdown, pyplot, save_figure, write_csv  # noqa: E402
 
 from dlrm.data import preprocess as pp  # noqa: E402
 
@@ -68,7 +67,7 @@ def environment() -> dict:
         "numpy": np.__version__,
         "python": platform.python_version(),
         "host": platform.node(),
-        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "date": date_stamp(),
     }
 
 
@@ -253,11 +252,7 @@ def _fmt(v, unit: str = "") -> str:
 def write_results(rows: list[dict], env: dict, out: Path, stem: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}.png"]
-    with open(paths[0], "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=KEYS + list(env))
-        w.writeheader()
-        for r in rows:
-            w.writerow({**{k: r.get(k) for k in KEYS}, **env})
+    write_csv(paths[0], rows, KEYS, env)
     head = ["stage", "device", "workers", "placement", "shuffle", "batch", "rows", "seconds", "rate", "target", "meets",
             "status"]
     table = [" | ".join(head), " | ".join("---" for _ in head)]
@@ -270,17 +265,12 @@ def write_results(rows: list[dict], env: dict, out: Path, stem: str) -> list[Pat
             r["status"],
         ]))
     title = "Data pipeline throughput (dlrm.preprocess, ParquetLoader)"
-    env_line = ", ".join(f"{k}: {v}" for k, v in env.items())
-    md = [f"# {title}", "", env_line, "", *[f"| {t} |" for t in table]]
-    paths[1].write_text("\n".join(md) + "\n")
-    print("\n" + env_line)
+    env_text = env_line(env)
+    paths[1].write_text(markdown(title, [env_text], [f"| {t} |" for t in table]))
+    print("\n" + env_text)  # the table without its outer pipes: easier to read in a terminal
     print("\n".join(table))
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 5), gridspec_kw={"width_ratios": [1, 1.3]})
     pre = [r for r in rows if r["stage"] == "preprocess" and r["rate"]]
     if pre:
@@ -324,9 +314,7 @@ def write_results(rows: list[dict], env: dict, out: Path, stem: str) -> list[Pat
     a2.grid(alpha=0.3, axis="x")
     fig.suptitle(f"{env['gpu'] if env['gpu'] != 'none' else 'no GPU'} / {env['cpu_count']} CPUs, torch {env['torch']}, pyarrow {env['pyarrow']}, "
                  f"{env['date']}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=110)
-    plt.close(fig)
+    save_figure(fig, paths[2])
     return paths
 
 

@@ -18,8 +18,6 @@ versions and date; each run's train.py log under --out/<stem>_logs/ is removed u
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
 import json
 import shutil
 import subprocess
@@ -27,8 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common (it puts the repo on sys.path)
+
+from _common import REPO, date_stamp, markdown, pyplot, save_figure, write_csv  # noqa: E402
 
 KEYS = ["placement", "batch_size", "steps", "samples_per_sec", "data_wait_fraction", "auc", "status"]
 
@@ -61,25 +60,16 @@ def run(cfg_path: Path, placement: str, args, work: Path) -> dict:
 
 
 def write(rows: list[dict], args, stem: str) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ok = [r for r in rows if r["status"] == "ok"]
     gpu = ok[0]["device_name"] if ok else "unknown"
     versions = ", ".join(f"{k} {v}" for k, v in (ok[0]["versions"] if ok else {}).items())
-    date = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    date = date_stamp()
     env = f"gpu: {gpu}; {versions}; date: {date}"
     paths = [out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}.png"]
-    with open(paths[0], "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=KEYS + ["variant", "config", "gpu", "date"])
-        w.writeheader()
-        for r in rows:
-            w.writerow({**{k: r.get(k) for k in KEYS}, "variant": args.variant, "config": args.config, "gpu": gpu,
-                        "date": date})
+    write_csv(paths[0], rows, KEYS, {"variant": args.variant, "config": args.config, "gpu": gpu, "date": date})
     table = ["| placement | batch | steps | samples/s (median window) | waiting for data | AUC | status |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -88,7 +78,7 @@ def write(rows: list[dict], args, stem: str) -> list[Path]:
                      f"{f'{sps / 1e6:.2f}M' if sps else '-'} | {f'{wait:.1%}' if wait is not None else '-'} | "
                      f"{f'{auc:.4f}' if auc is not None else '-'} | {r['status']} |")
     title = f"Training fed by each data placement: {args.config}, {args.variant}, dataset {Path(args.data).name}"
-    paths[1].write_text("\n".join([f"# {title}", "", env, "", *table]) + "\n")
+    paths[1].write_text(markdown(title, [env], table))
     print(env)
     print("\n".join(table))
     fig, ax = plt.subplots(figsize=(6, 3.6))
@@ -99,9 +89,7 @@ def write(rows: list[dict], args, stem: str) -> list[Path]:
     ax.set_title(f"{Path(args.config).name}, {args.variant}, batch {args.batch_size}", fontsize=9)
     ax.margins(y=0.25)
     fig.suptitle(f"{gpu}, {date}", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=110)
-    plt.close(fig)
+    save_figure(fig, paths[2])
     return paths
 
 

@@ -3,13 +3,16 @@
     torchrun --nproc-per-node 1 benchmarks/scaling.py --config configs/kaggle.json --batch-per-gpu 65536
     torchrun --nproc-per-node 2 benchmarks/scaling.py --config configs/kaggle.json --batch-per-gpu 65536
 
-Each launch builds the model as `train.py` does under torchrun (one process: the plain model; N
-ranks: DDP MLPs and sharded tables, `config.distributed`), feeds every rank its slice of
-synthetic global batches of ``N x batch-per-gpu`` rows already on the device (uniform raw hash
-values: every lookup a cold row), runs warm-up steps, then times windows of steps with CUDA
-events (collectives included) and reports global samples/s. Rank 0 appends a row per launch to
-``<out>/<name>.csv`` and rewrites ``<name>.md`` / ``.png`` with the scaling efficiency
-``rate(N) / (N x rate(1))`` for the rows of the same config, precision and batch per GPU.
+Each launch builds the run as `train.py` does under torchrun (`dlrm.train.builder.build_run`; one
+process: the plain model; N ranks: DDP MLPs and sharded tables, `config.distributed`; the config's
+step graph too, which refuses more than one process) with the config's table sizes (or its
+dataset's, capped by data.max_rows_per_table), feeds every rank its slice of synthetic global
+batches of ``N x batch-per-gpu`` rows already on the device (uniform raw hash values: every lookup
+a cold row), runs warm-up steps, then times windows of steps with CUDA events (collectives
+included; each step followed by the LR schedules' step, as in training) and reports global
+samples/s. Rank 0 appends a row per launch to ``<out>/<name>.csv`` and rewrites ``<name>.md`` /
+``.png`` with the scaling efficiency ``rate(N) / (N x rate(1))`` for the rows of the same config,
+precision and batch per GPU.
 """
 
 from __future__ import annotations
@@ -23,56 +26,60 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also when loaded by path (tests)
 
-from train_throughput import Timer, environment, synthetic_batches  # noqa: E402
+from _common import (  # noqa: E402
+    Timer,
+    environment,
+    fill_cardinalities,
+    markdown,
+    md_row,
+    pyplot,
+    save_figure,
+    synthetic_batches,
+    train_steps,
+    write_csv,
+)
 
 from dlrm.config import load_config  # noqa: E402
 from dlrm.data.loader import Batch  # noqa: E402
 from dlrm.distributed.env import init_distributed, shutdown  # noqa: E402
-from dlrm.model.dlrm import build_loss, build_model  # noqa: E402
-from dlrm.train.optim import build_optimizers  # noqa: E402
-from dlrm.train.setup import Tables  # noqa: E402
-from dlrm.train.step import TrainStep, set_matmul_precision  # noqa: E402
-from dlrm.train.trainer import make_sharding  # noqa: E402
+from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
 
 KEYS = ["gpus", "config", "precision", "sharding", "batch_per_gpu", "samples_per_sec", "min_samples_per_sec",
         "max_samples_per_sec", "step_ms", "efficiency", "peak_memory_mb", "device", "torch", "triton", "date"]
 
 
+def rank_batches(batch_per_rank: int, env, device: torch.device) -> list[Batch]:
+    """This rank's slices of the synthetic global batches (a seed per rank: different rows)."""
+    global_size = batch_per_rank * env.world_size if env.distributed else None
+    return [Batch(b.dense, b.sparse, b.labels, global_size)
+            for b in synthetic_batches(4, batch_per_rank, device, seed=env.rank)]
+
+
 def measure(args) -> dict | None:
+    """This launch's row (rank 0; None on the other ranks): the run `train.py` builds under this
+    launch (`build_run`: in N ranks the sharded tables and the DDP dense parts), `args.warmup`
+    untimed steps, then `args.windows` timed windows of `args.steps` steps; global samples/s."""
     cfg = load_config(args.config)
     cfg.train.precision = args.precision
+    cfg.data.batch_size = args.batch_per_gpu
     if args.sharding:
         cfg.distributed.sharding = args.sharding
+    fill_cardinalities(cfg)  # the config's dataset's table sizes when it names none
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env, device = init_distributed(cfg.distributed, device)
-    cards = list(cfg.model.cardinalities)
-    if cfg.data.max_rows_per_table:
-        cards = [min(c, cfg.data.max_rows_per_table) for c in cards]
     torch.manual_seed(0)
-    plan = make_sharding(cfg, Tables(cards, None, "modulus"), env)  # as train.py does; None in one process
-    model = build_model(cfg.model, cards, None, cfg.kernels, device, shard=(plan, env.rank) if plan else None)
-    if env.distributed:
-        from dlrm.distributed.data_parallel import wrap_dense_parts
-
-        wrap_dense_parts(model, device)
-    optimizers = build_optimizers(model, cfg.optim)
-    set_matmul_precision(args.precision)
-    step = TrainStep(model, build_loss(cfg.kernels), optimizers, args.precision, device, cfg.train.compile)
+    run = build_run(cfg, tables_from_config(cfg), device, total_steps=args.warmup + args.windows * args.steps, env=env)
     B, W = args.batch_per_gpu, env.world_size
-    batches = [Batch(b.dense, b.sparse, b.labels, B * W if env.distributed else None)
-               for b in synthetic_batches(4, B, device, seed=env.rank)]
+    batches = rank_batches(B, env, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    for i in range(args.warmup):
-        step(batches[i % len(batches)])
+    train_steps(run, batches, args.warmup)
     rates = []
     for w in range(args.windows):
         with Timer(device) as t:
-            for i in range(args.steps):
-                step(batches[(w * args.steps + i) % len(batches)])
+            train_steps(run, batches, args.steps, start=w * args.steps)
         rates.append(args.steps * B * W / t.seconds)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     peaks = env.all_gather_object(peak)
@@ -86,32 +93,30 @@ def measure(args) -> dict | None:
             **{k: v for k, v in environment(device).items() if k in ("device", "torch", "triton", "date")}}
 
 
-def write_results(rows: list[dict], out: Path, name: str) -> None:
-    """Efficiency against the 1-GPU row of the same config, precision and batch per GPU."""
+def add_efficiency(rows: list[dict]) -> None:
+    """Efficiency against the latest 1-GPU row of the same config, precision and batch per GPU
+    ("" without one)."""
     for r in rows:
         base = [b for b in rows if int(b["gpus"]) == 1  # rows read back from the CSV are strings
                 and all(str(b[k]) == str(r[k]) for k in ("config", "precision", "batch_per_gpu"))]
         r["efficiency"] = float(r["samples_per_sec"]) / (int(r["gpus"]) * float(base[-1]["samples_per_sec"])) if base else ""
-    with open(out / f"{name}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=KEYS)
-        w.writeheader()
-        w.writerows({k: r.get(k, "") for k in KEYS} for r in rows)
-    lines = [f"# Multi-GPU scaling ({rows[-1]['device']}, torch {rows[-1]['torch']}, triton {rows[-1]['triton']})", "",
-             "Global samples/s of whole training steps (median of timed windows, CUDA events), synthetic batches "
-             "already on the device; efficiency = rate(N) / (N x rate(1)).", "",
-             "| GPUs | config | precision | sharding | batch per GPU | samples/s | step ms | efficiency | peak MiB | date |",
+
+
+def markdown_table(rows: list[dict]) -> list[str]:
+    """One line per launch (n/a for an efficiency or a peak memory it does not have)."""
+    lines = ["| GPUs | config | precision | sharding | batch per GPU | samples/s | step ms | efficiency | peak MiB | date |",
              "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         eff = f"{float(r['efficiency']):.2f}" if r["efficiency"] != "" else "n/a"
         peak = f"{float(r['peak_memory_mb']):,.0f}" if r.get("peak_memory_mb") not in (None, "") else "n/a"
-        lines.append(f"| {r['gpus']} | {r['config']} | {r['precision']} | {r['sharding']} | {int(r['batch_per_gpu']):,} | "
-                     f"{float(r['samples_per_sec']):,.0f} | {float(r['step_ms']):.2f} | {eff} | {peak} | {r['date']} |")
-    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
-    import matplotlib
+        lines.append(md_row([r["gpus"], r["config"], r["precision"], r["sharding"], f"{int(r['batch_per_gpu']):,}",
+                             f"{float(r['samples_per_sec']):,.0f}", f"{float(r['step_ms']):.2f}", eff, peak, r["date"]]))
+    return lines
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def plot(rows: list[dict], path: Path) -> None:
+    """samples/s against the GPU count, with the linear scaling of the 1-GPU rate."""
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     pts = sorted((int(r["gpus"]), float(r["samples_per_sec"])) for r in rows)
     ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="measured")
@@ -121,9 +126,18 @@ def write_results(rows: list[dict], out: Path, name: str) -> None:
     ax.set_ylabel("samples/s")
     ax.set_title(f"{rows[-1]['config']}, {rows[-1]['precision']}, {int(rows[-1]['batch_per_gpu']):,} per GPU", fontsize=9)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
+
+
+def write_results(rows: list[dict], out: Path, name: str) -> None:
+    """<name>.csv, .md and .png under `out`, every row with its scaling efficiency."""
+    add_efficiency(rows)
+    write_csv(out / f"{name}.csv", rows, KEYS)
+    title = f"Multi-GPU scaling ({rows[-1]['device']}, torch {rows[-1]['torch']}, triton {rows[-1]['triton']})"
+    about = ("Global samples/s of whole training steps (median of timed windows, CUDA events), synthetic batches "
+             "already on the device; efficiency = rate(N) / (N x rate(1)).")
+    (out / f"{name}.md").write_text(markdown(title, [about], markdown_table(rows)))
+    plot(rows, out / f"{name}.png")
 
 
 def main(argv=None) -> int:

@@ -20,12 +20,14 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import sys
 from pathlib import Path
 
-import matplotlib
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also when loaded by path (tests)
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from _common import pyplot, save_figure  # noqa: E402
+
+plt = pyplot()
 
 RANGES = ("data", "SparseArch", "DenseArch", "InteractionArch", "OverArch", "loss", "backward", "optimizer")
 COLORS = dict(zip(RANGES, plt.get_cmap("tab10").colors))
@@ -84,9 +86,7 @@ def draw(trace: dict, out: Path, title: str) -> None:
     ax.legend(handles, RANGES, ncol=len(RANGES), loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=8,
               frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120, bbox_inches="tight")
+    save_figure(fig, out, dpi=120, bbox_inches="tight")
     print(f"wrote {out}: {step['name']}, {len(host)} host ranges, {len(gpu_ranges)} device ranges, "
           f"{len(kernels)} kernels")
 

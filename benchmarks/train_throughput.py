@@ -3,18 +3,18 @@
     python benchmarks/train_throughput.py --config configs/kaggle.json --batch-sizes 128,2048,65536 \
         --variants eager,compiled,triton,triton+compiled --precisions tf32,bf16 --out benchmarks/results
 
-Builds the model from the config (its table sizes), generates batches on the device (raw hash
-values drawn uniformly, so every lookup is a cold row: the hard case), runs warm-up steps, then
-times steps with CUDA events, and reports the median samples/s per variant, precision and batch.
+Builds each variant's run as train.py does (`dlrm.train.builder.build_run`: model, loss,
+optimizers, LR schedules, compiled / graphed step) with the config's table sizes (or its dataset's,
+capped by data.max_rows_per_table), generates batches on the device (raw hash values drawn
+uniformly, so every lookup is a cold row: the hard case), runs warm-up steps, then times steps
+(each followed by the LR schedules' step, as in training) with CUDA events, and reports the median
+samples/s per variant, precision and batch.
 Writes train_throughput.csv / .md / .png with the GPU name, versions and date.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
-import platform
 import statistics
 import sys
 import time
@@ -23,69 +23,44 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also when loaded by path (tests)
+
+from _common import (  # noqa: E402
+    Timer,
+    env_line,
+    environment,
+    fill_cardinalities,
+    markdown,
+    md_row,
+    pyplot,
+    save_figure,
+    synthetic_batches,
+    train_steps,
+    write_csv,
+)
 
 from dlrm.config import load_config  # noqa: E402
-from dlrm.data.loader import Batch  # noqa: E402
-from dlrm.data.schema import NUM_DENSE, NUM_SPARSE  # noqa: E402
-from dlrm.model.dlrm import build_loss, build_model  # noqa: E402
+from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
 from dlrm.train.compare import VARIANTS, unavailable_reason, variant_config  # noqa: E402
-from dlrm.train.graphed_step import graph_train_step  # noqa: E402
-from dlrm.train.optim import build_optimizers  # noqa: E402
-from dlrm.train.step import TrainStep, set_matmul_precision  # noqa: E402
 
-
-def synthetic_batches(n: int, batch_size: int, device: torch.device, seed: int = 0) -> list[Batch]:
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    out = []
-    for _ in range(n):
-        counts = torch.distributions.Exponential(0.05).sample((batch_size, NUM_DENSE))
-        dense = torch.log1p(counts.floor())
-        sparse = torch.randint(-1, 2**32, (batch_size, NUM_SPARSE), generator=g)
-        labels = (torch.rand(batch_size, generator=g) < 0.25).float()
-        out.append(Batch(dense.to(device), sparse.to(device), labels.to(device)))
-    return out
-
-
-class Timer:
-    """Wall time of a region: CUDA events on a GPU (no host sync inside the region), perf_counter on CPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def __enter__(self):
-        if self.cuda:
-            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            self.start.record()
-        else:
-            self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        if self.cuda:
-            self.end.record()
-            self.end.synchronize()
-            self.seconds = self.start.elapsed_time(self.end) / 1e3
-        else:
-            self.seconds = time.perf_counter() - self.t0
+KEYS = ["variant", "precision", "batch_size", "samples_per_sec", "min_samples_per_sec", "max_samples_per_sec",
+        "step_ms", "warmup_s", "peak_memory_mb", "final_loss", "status"]
 
 
 def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.device, warmup: int, steps: int,
             windows: int) -> dict:
+    """One case: the run `train.py` would build for `variant` (`build_run`), `warmup` untimed steps,
+    then `windows` timed windows of `steps` steps; samples/s per window, the median reported."""
     cfg = variant_config(cfg, variant)
-    cfg.train.precision = precision
+    cfg.train.precision = precision  # tf32: TF32 tensor cores for fp32 matmuls; fp32: IEEE
+    cfg.data.batch_size = batch_size
     torch.manual_seed(0)
-    model = build_model(cfg.model, cfg.model.cardinalities, None, cfg.kernels, device)
-    optimizers = build_optimizers(model, cfg.optim)
-    set_matmul_precision(precision)  # tf32: TF32 tensor cores for fp32 matmuls; fp32: IEEE
-    step = TrainStep(model, build_loss(cfg.kernels), optimizers, precision, device, cfg.train.compile)
-    step = graph_train_step(step, cfg.train.cuda_graph, distributed=False)
+    run = build_run(cfg, tables_from_config(cfg), device, total_steps=warmup + windows * steps)
     batches = synthetic_batches(8, batch_size, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    for i in range(warmup):
-        step(batches[i % len(batches)])
+    train_steps(run, batches, warmup)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     warmup_s = time.perf_counter() - t0
@@ -93,8 +68,7 @@ def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.de
     loss = torch.zeros((), device=device)
     for w in range(windows):
         with Timer(device) as t:
-            for i in range(steps):
-                loss = step(batches[(w * steps + i) % len(batches)])
+            loss = train_steps(run, batches, steps, start=w * steps)
         rates.append(steps * batch_size / t.seconds)
     return {
         "variant": variant, "precision": precision, "batch_size": batch_size,
@@ -106,42 +80,22 @@ def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.de
     }
 
 
-def environment(device: torch.device) -> dict:
-    import triton
-
-    return {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU",
-        "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-    }
-
-
-def write_results(rows: list[dict], env: dict, out: Path, stem: str, title: str) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    keys = ["variant", "precision", "batch_size", "samples_per_sec", "min_samples_per_sec", "max_samples_per_sec",
-            "step_ms", "warmup_s", "peak_memory_mb", "final_loss", "status"]
-    with open(out / f"{stem}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys + list(env))
-        w.writeheader()
-        for r in rows:
-            w.writerow({**{k: r.get(k) for k in keys}, **env})
-    lines = [f"# {title}", "", ", ".join(f"{k}: {v}" for k, v in env.items()), "",
-             "| variant | precision | batch | samples/s (median) | step ms | warm-up s | peak MiB | status |",
+def markdown_table(rows: list[dict]) -> list[str]:
+    """The results table: one line per case, n/a where a skipped or failed case has no number."""
+    lines = ["| variant | precision | batch | samples/s (median) | step ms | warm-up s | peak MiB | status |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         sps = f"{r['samples_per_sec']:,.0f}" if r.get("samples_per_sec") else "n/a"
         ms = f"{r['step_ms']:.3f}" if r.get("step_ms") else "n/a"
         wu = f"{r['warmup_s']:.1f}" if r.get("warmup_s") is not None else "n/a"
         mem = f"{r['peak_memory_mb']:,.0f}" if r.get("peak_memory_mb") else "n/a"
-        lines.append(f"| {r['variant']} | {r['precision']} | {r['batch_size']} | {sps} | {ms} | {wu} | {mem} | {r['status']} |")
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        lines.append(md_row([r["variant"], r["precision"], r["batch_size"], sps, ms, wu, mem, r["status"]]))
+    return lines
 
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(rows: list[dict], env: dict, path: Path, title: str) -> None:
+    """samples/s against batch size (log-log), one line per (variant, precision)."""
+    plt = pyplot()
     ok = [r for r in rows if r.get("samples_per_sec")]
     series = sorted({(r["variant"], r["precision"]) for r in ok})
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -155,9 +109,33 @@ def write_results(rows: list[dict], env: dict, out: Path, stem: str, title: str)
     ax.set_title(f"{title}\n{env['device']}, torch {env['torch']}, triton {env['triton']}, {env['date']}", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / f"{stem}.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
+
+
+def write_results(rows: list[dict], env: dict, out: Path, stem: str, title: str) -> None:
+    """<stem>.csv (the environment on every row), <stem>.md (also printed) and <stem>.png under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / f"{stem}.csv", rows, KEYS, env)
+    text = markdown(title, [env_line(env)], markdown_table(rows))
+    (out / f"{stem}.md").write_text(text)
+    print(text, end="")
+    plot(rows, env, out / f"{stem}.png", title)
+
+
+def run_case(cfg, variant: str, precision: str, batch_size: int, device: torch.device, args) -> dict:
+    """One case's row: measured, or skipped (the variant cannot run here), or failed (the error's
+    first line; one failing variant must not hide the others' numbers)."""
+    case = {"variant": variant, "precision": precision, "batch_size": batch_size}
+    reason = unavailable_reason(variant, device)
+    if reason:
+        return {**case, "status": f"skipped: {reason}"}
+    try:
+        return measure(cfg, variant, precision, batch_size, device, args.warmup, args.steps, args.windows)
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {**case, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
 
 
 def main(argv=None) -> int:
@@ -175,35 +153,21 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     cfg = load_config(args.config)
-    if cfg.model.cardinalities is None:  # take the table sizes of the config's dataset
-        from dlrm.data.schema import read_metadata
-
-        cfg.model.cardinalities = read_metadata(cfg.data.path).cardinalities
-    if cfg.data.max_rows_per_table:
-        cfg.model.cardinalities = [min(c, cfg.data.max_rows_per_table) for c in cfg.model.cardinalities]
+    fill_cardinalities(cfg)  # the config's dataset's table sizes when it names none
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
     env = environment(device)
     rows = []
     stem = args.name or f"train_throughput_{Path(args.config).stem}"
     title = f"DLRM training throughput, {Path(args.config).name}"
+    variants = args.variants.split(",")
+    for variant in variants:
+        if variant not in VARIANTS:
+            ap.error(f"unknown variant {variant!r}")
     for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
         for precision in args.precisions.split(","):
-            for variant in args.variants.split(","):
-                if variant not in VARIANTS:
-                    ap.error(f"unknown variant {variant!r}")
-                reason = unavailable_reason(variant, device)
-                if reason:
-                    rows.append({"variant": variant, "precision": precision, "batch_size": batch_size, "status": f"skipped: {reason}"})
-                    continue
-                try:
-                    r = measure(cfg, variant, precision, batch_size, device, args.warmup, args.steps, args.windows)
-                except Exception as e:  # noqa: BLE001 - one failing variant must not hide the others' numbers
-                    traceback.print_exc()
-                    r = {"variant": variant, "precision": precision, "batch_size": batch_size,
-                         "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
+            for variant in variants:
+                r = run_case(cfg, variant, precision, batch_size, device, args)
                 rows.append(r)
                 print(f"{variant:>20} {precision} B={batch_size:>6}: "
                       + (f"{r['samples_per_sec']:,.0f} samples/s" if r.get("samples_per_sec") else r["status"]), flush=True)

@@ -1,0 +1,187 @@
+"""What the benchmark scripts share: the environment line, timing, synthetic batches, run building
+and the CSV / Markdown / PNG writers.
+
+Import it from a script under ``benchmarks/`` (run as a file, or loaded by path in the tests) after
+putting this folder on ``sys.path``:
+
+    >>> sys.path.insert(0, str(Path(__file__).resolve().parent))
+    >>> from _common import Timer, environment, write_csv
+
+Only the standard library is imported at module level: ``loader_throughput.py`` spawns preprocess
+workers that re-import the script (and so this module), and they must start quickly, so torch,
+triton and matplotlib are imported inside the functions that use them.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # the scripts import dlrm without it being installed
+    sys.path.insert(0, str(REPO))
+
+if TYPE_CHECKING:
+    import torch
+
+    from dlrm.config import Config
+    from dlrm.data.loader import Batch
+
+DATE_FORMAT = "%Y-%m-%d %H:%M"
+
+
+# ---- environment -----------------------------------------------------------------------------------
+
+
+def date_stamp() -> str:
+    """The current local time as every results file writes it (minutes, no seconds)."""
+    return datetime.datetime.now().strftime(DATE_FORMAT)
+
+
+def device_name(device: "torch.device") -> str:
+    """The GPU's name on CUDA, else the CPU's (``platform.processor()``, which may be empty: "CPU")."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "CPU"
+
+
+def environment(device: "torch.device") -> dict:
+    """Where a training benchmark ran: device name, torch, triton and python versions, date."""
+    import torch
+    import triton
+
+    return {
+        "device": device_name(device), "torch": torch.__version__, "triton": triton.__version__,
+        "python": platform.python_version(), "date": date_stamp(),
+    }
+
+
+def env_line(env: dict) -> str:
+    """``key: value, key: value`` for the line under a results file's title."""
+    return ", ".join(f"{k}: {v}" for k, v in env.items())
+
+
+# ---- measuring -------------------------------------------------------------------------------------
+
+
+class Timer:
+    """Wall time of a region: CUDA events on a GPU (no host sync inside the region), perf_counter on CPU.
+
+    Example:
+        >>> with Timer(device) as t:
+        ...     step(batch)
+        >>> t.seconds
+    """
+
+    def __init__(self, device: "torch.device"):
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            import torch
+
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.end.record()
+            self.end.synchronize()
+            self.seconds = self.start.elapsed_time(self.end) / 1e3
+        else:
+            self.seconds = time.perf_counter() - self.t0
+
+
+def synthetic_batches(n: int, batch_size: int, device: "torch.device", seed: int = 0) -> list["Batch"]:
+    """`n` Criteo-like batches already on `device`: heavy-tailed dense counts (log1p), raw sparse
+    hash values drawn uniformly from [-1, 2**32) (every lookup a cold row: the hard case for the
+    embedding), 25% positive labels."""
+    import torch
+
+    from dlrm.data.loader import Batch
+    from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    out = []
+    for _ in range(n):
+        counts = torch.distributions.Exponential(0.05).sample((batch_size, NUM_DENSE))
+        dense = torch.log1p(counts.floor())
+        sparse = torch.randint(-1, 2**32, (batch_size, NUM_SPARSE), generator=g)
+        labels = (torch.rand(batch_size, generator=g) < 0.25).float()
+        out.append(Batch(dense.to(device), sparse.to(device), labels.to(device)))
+    return out
+
+
+def fill_cardinalities(cfg: "Config") -> None:
+    """Give `cfg` the table sizes of its dataset (``data.path``'s metadata) when it names none in
+    ``model.cardinalities``: a benchmark builds the model without loading the data."""
+    if cfg.model.cardinalities is None:
+        from dlrm.data.schema import read_metadata
+
+        cfg.model.cardinalities = read_metadata(cfg.data.path).cardinalities
+
+
+def train_steps(run, batches: list, n: int, start: int = 0):
+    """`n` training steps of `run` (a `dlrm.train.builder.Run`) as the trainer takes them, each
+    followed by the LR schedules' step, cycling through `batches` from index `start`.
+    Returns the last step's loss (a 0-dim device tensor; no host sync)."""
+    loss = None
+    for i in range(start, start + n):
+        loss = run.train_step(batches[i % len(batches)])
+        for sched in run.schedulers:
+            sched.step()
+    return loss
+
+
+# ---- writers ---------------------------------------------------------------------------------------
+
+
+def write_csv(path: Path, rows: Iterable[dict], keys: list[str], extra: Optional[dict[str, Any]] = None) -> None:
+    """One CSV row per dict: the columns `keys` (missing ones empty), then the constant columns
+    `extra` (the environment) repeated on every row."""
+    extra = extra or {}
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys + list(extra))
+        w.writeheader()
+        for r in rows:
+            w.writerow({**{k: r.get(k) for k in keys}, **extra})
+
+
+def md_row(cells: Iterable[Any]) -> str:
+    """One Markdown table row: ``| a | b |``."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def markdown(title: str, paragraphs: Iterable[str], table: Iterable[str]) -> str:
+    """A results file: ``# title``, each paragraph followed by a blank line, then the table lines."""
+    lines = [f"# {title}", ""]
+    for p in paragraphs:
+        lines += [p, ""]
+    return "\n".join([*lines, *table]) + "\n"
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only: no display on the benchmark machines)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path, dpi: int = 110, **savefig_kwargs) -> None:
+    """Lay out `fig`, write it to `path` (creating its folder) and close it (figures pile up in
+    matplotlib's registry otherwise, across the cases of a long benchmark)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi, **savefig_kwargs)
+    pyplot().close(fig)
