@@ -2,6 +2,9 @@
 
 Every error names the key path and the offending value in one line, e.g.
 ``configs/x.json: optim.dense.lr: -1.0 must be > 0``, and is raised before any work starts.
+The file is untrusted: bytes that are not UTF-8, JSON nested too deeply, integers beyond int64
+(or Python's int->str limit), floats that are not finite in float32 (or, where they must be
+> 0, underflow to 0 there), NaN/Infinity literals and strings holding NUL are all such errors.
 This is the only module that reads a config file; everything else receives `Config` objects.
 """
 
@@ -282,8 +285,8 @@ def _show(value: Any, limit: int = 80) -> str:
         return f"<integer of about {int(value.bit_length() * math.log10(2)) + 1} digits>"
     try:
         text = repr(value)
-    except (RecursionError, ValueError):
-        return f"<deeply nested {type(value).__name__}>"
+    except (RecursionError, ValueError):  # too deep, or holds an int beyond Python's int->str limit
+        return f"<{type(value).__name__} too large to show>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -405,7 +408,7 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     kwargs = {}
     for key, value in raw.items():
         # A key with a newline or other unprintable character is shown quoted, so the error stays one line.
-        shown = key if isinstance(key, str) and key.isprintable() else repr(key)
+        shown = key if isinstance(key, str) and key.isprintable() and len(key) <= 80 else _show(key)
         path = f"{prefix}.{shown}" if prefix else shown
         if key not in names:
             raise ConfigError(f"{path}: unknown key (expected one of {', '.join(sorted(names))})")
@@ -584,18 +587,18 @@ def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) ->
 
 
 def config_keys() -> set[str]:
-    """Every dotted leaf key of `Config` after normalisation (e.g. "optim.dense.lr",
-    "train.compile.mode"): the names `--allow-config-change` accepts."""
-    return set(_leaf_keys(Config, ""))
+    """Every dotted key of `Config` after normalisation: leaves ("optim.dense.lr",
+    "train.compile.mode") and the sections holding them ("optim.dense", "optim"). These are
+    the names `--allow-config-change` accepts (a section stands for all its keys)."""
+    return set(_dotted_keys(Config, ""))
 
 
-def _leaf_keys(cls: type, prefix: str):
-    """Yield the dotted leaf keys under dataclass `cls`; a `bool | Dataclass` field yields the
-    dataclass's keys (validate() normalises the bool into it)."""
+def _dotted_keys(cls: type, prefix: str):
+    """Yield the dotted keys under dataclass `cls`, sections included; a `bool | Dataclass`
+    field is a section (validate() normalises the bool into the dataclass)."""
     for name, tp in typing.get_type_hints(cls).items():
         dotted = f"{prefix}{name}"
+        yield dotted
         nested = [a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)]
         if nested:
-            yield from _leaf_keys(nested[0], dotted + ".")
-        else:
-            yield dotted
+            yield from _dotted_keys(nested[0], dotted + ".")
