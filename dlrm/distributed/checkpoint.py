@@ -39,6 +39,7 @@ def save_sharded(run_dir: Path, state: dict[str, Any], step: int, keep: int, env
     env.barrier()  # all shards complete before the manifest names them
     path = d / ckpt.checkpoint_name(step)
     if env.is_main:
+        ckpt.remove_stale_temp_files(d)  # no rank is writing now: any temporary file is a killed write's
         manifest = {k: state[k] for k in ("position", "cardinalities", "config")}
         manifest["sharded"] = {"world_size": env.world_size, "plan": plan.to_dict(),
                                "shards": [shard_name(step, q, env.world_size) for q in range(env.world_size)]}
@@ -48,11 +49,33 @@ def save_sharded(run_dir: Path, state: dict[str, Any], step: int, keep: int, env
     return path
 
 
+def _plan(sharded: dict[str, Any]) -> ShardingPlan:
+    """The plan of a validated manifest (see checkpoint_schema: its fields are checked on load)."""
+    return ShardingPlan.from_dict(sharded["plan"])
+
+
+def load_shard(manifest_path: Path, sharded: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Rank `rank`'s shard of a sharded checkpoint, checked to be that rank's, of the manifest's plan
+    and at the manifest's position."""
+    path = Path(manifest_path).parent / sharded["shards"][rank]
+    shard = ckpt.load_checkpoint(path)
+    if "rank" not in shard:
+        raise ConfigError(f"{path}: not a shard of a sharded checkpoint (named by {manifest_path})")
+    if shard["rank"] != rank:
+        raise ConfigError(f"{path}: the shard of rank {shard['rank']}, where {manifest_path} names rank {rank}'s")
+    if shard["plan"] != sharded["plan"]:
+        raise ConfigError(f"{path}: sharding plan differs from the one of its manifest {manifest_path}")
+    return shard
+
+
 def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any]:
     """The state this rank resumes from: its shard of a sharded checkpoint (same ranks, same plan)."""
     state = ckpt.load_checkpoint(path)
     sharded = state.get("sharded")
     if sharded is None:
+        if "rank" in state:
+            raise ConfigError(f"{path}: one shard of a sharded checkpoint; resume from its manifest "
+                              f"({ckpt.checkpoint_name(state['position']['step'])})")
         if env.distributed:
             raise ConfigError(f"{path}: a one-process checkpoint cannot be resumed by {env.world_size} ranks; "
                               "start a new run, or resume it with one process")
@@ -62,11 +85,11 @@ def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any
             f"{path}: written by {sharded['world_size']} ranks, resumed by {env.world_size}; resume with "
             f"torchrun --nproc-per-node {sharded['world_size']}, or merge it for one process: "
             f"python -m dlrm.distributed.merge {path} OUT.pt")
-    saved_plan = ShardingPlan.from_dict(sharded["plan"])
+    saved_plan = _plan(sharded)
     if saved_plan != plan:
         raise ConfigError(f"{path}: sharding plan differs (distributed.sharding / row_wise_min_rows or table sizes): "
                           f"checkpoint table ranks {list(saved_plan.table_rank)}, this run {list(plan.table_rank)}")
-    return ckpt.load_checkpoint(path.parent / sharded["shards"][env.rank])
+    return load_shard(path, sharded, env.rank)
 
 
 def assemble(plan: ShardingPlan, shards: list[torch.Tensor]) -> torch.Tensor:
@@ -74,13 +97,46 @@ def assemble(plan: ShardingPlan, shards: list[torch.Tensor]) -> torch.Tensor:
     offsets = [0]
     for n in plan.cardinalities[:-1]:
         offsets.append(offsets[-1] + n)
+    for q, local in enumerate(shards):
+        if local.dim() == 0 or local.shape[0] != plan.local_rows(q):
+            raise ConfigError(f"shard of rank {q} has {local.shape[0] if local.dim() else 0} rows, "
+                              f"the plan says {plan.local_rows(q)}")
+        if local.shape[1:] != shards[0].shape[1:] or local.dtype != shards[0].dtype:
+            raise ConfigError(f"shard of rank {q} holds {local.dtype} rows of shape {tuple(local.shape[1:])}, "
+                              f"rank 0 {shards[0].dtype} rows of shape {tuple(shards[0].shape[1:])}")
     out = torch.zeros((sum(plan.cardinalities), *shards[0].shape[1:]), dtype=shards[0].dtype)
     for q, local in enumerate(shards):
-        if local.shape[0] != plan.local_rows(q):
-            raise ConfigError(f"shard of rank {q} has {local.shape[0]} rows, the plan says {plan.local_rows(q)}")
         for f, start, count, at in plan.local_layout(q):
             out[offsets[f] + start : offsets[f] + start + count] = local[at : at + count]
     return out
+
+
+def _assembled(plan: ShardingPlan, shards: list[torch.Tensor], where: Path, what: str) -> torch.Tensor:
+    """`assemble`, its errors naming the checkpoint and the tensor."""
+    try:
+        return assemble(plan, shards)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {what}: {e}") from None
+
+
+def _merge_sparse_optimizer(plan: ShardingPlan, shards: list[dict[str, Any]], where: Path) -> dict[str, Any]:
+    """The sparse optimizer's state over all rows: its per-row tensors assembled from the shards."""
+    if any(len(s["optimizers"]) != 2 for s in shards):
+        raise ConfigError(f"{where}: a shard holds {[len(s['optimizers']) for s in shards]} optimizers, "
+                          "not 2 (dense, sparse)")
+    sparse_opt = [s["optimizers"][1] for s in shards]
+    merged = {"param_groups": sparse_opt[0]["param_groups"], "state": {}}
+    for key, st in sparse_opt[0]["state"].items():
+        per_rank = [o["state"].get(key, {}) for o in sparse_opt]
+        missing = [q for q, o in enumerate(per_rank) if set(o) != set(st)]
+        if missing:
+            raise ConfigError(f"{where}: the sparse optimizer's state {key} differs between ranks 0 and {missing[0]}")
+        merged["state"][key] = {
+            name: _assembled(plan, [o[name] for o in per_rank], where, f"sparse optimizer state {key}.{name}")
+            if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == plan.local_rows(0) else value
+            for name, value in st.items()
+        }
+    return merged
 
 
 def merge(manifest_path: Path) -> dict[str, Any]:
@@ -88,24 +144,19 @@ def merge(manifest_path: Path) -> dict[str, Any]:
 
     Dense parameters and their optimizer come from rank 0 (DDP keeps the ranks identical); the
     embedding weight and every per-row tensor of the sparse optimizer's state are assembled from
-    the shards; RNG states are rank 0's.
+    the shards; RNG states are rank 0's. Shards that do not fit together are a ConfigError.
     """
     manifest = ckpt.load_checkpoint(manifest_path)
     sharded = manifest.get("sharded")
     if sharded is None:
         raise ConfigError(f"{manifest_path}: not a sharded checkpoint (it already loads in one process)")
-    plan = ShardingPlan.from_dict(sharded["plan"])
-    shards = [ckpt.load_checkpoint(Path(manifest_path).parent / name) for name in sharded["shards"]]
+    plan = _plan(sharded)
+    shards = [load_shard(manifest_path, sharded, q) for q in range(sharded["world_size"])]
+    if any(SPARSE_WEIGHT not in s["model"] for s in shards):
+        raise ConfigError(f"{manifest_path}: a shard holds no {SPARSE_WEIGHT}")
     full = {k: v for k, v in shards[0].items() if k not in ("rank", "plan", "format_version")}
     full["model"] = dict(shards[0]["model"])
-    full["model"][SPARSE_WEIGHT] = assemble(plan, [s["model"][SPARSE_WEIGHT] for s in shards])
-    sparse_opt = [s["optimizers"][1] for s in shards]
-    merged_opt = {"param_groups": sparse_opt[0]["param_groups"], "state": {}}
-    for key, st in sparse_opt[0]["state"].items():
-        merged_opt["state"][key] = {
-            name: assemble(plan, [o["state"][key][name] for o in sparse_opt])
-            if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == plan.local_rows(0) else value
-            for name, value in st.items()
-        }
-    full["optimizers"] = [shards[0]["optimizers"][0], merged_opt]
+    full["model"][SPARSE_WEIGHT] = _assembled(plan, [s["model"][SPARSE_WEIGHT] for s in shards], manifest_path,
+                                              SPARSE_WEIGHT)
+    full["optimizers"] = [shards[0]["optimizers"][0], _merge_sparse_optimizer(plan, shards, manifest_path)]
     return full

@@ -4,6 +4,12 @@ A checkpoint is one file ``tb_logs/<run>/checkpoints/step-<NNNNNNNN>.pt`` holdin
 uncompiled model's state, optimizer and LR-schedule states, the step and data position, the
 RNG states (Python, NumPy, torch CPU and CUDA), the table sizes and the resolved config.
 It is written to a temporary name, flushed to disk, then renamed; the newest K are kept.
+
+A checkpoint is data, never code: the file holds only tensors, numbers, strings and containers of
+them (format 2, see `checkpoint_schema`) and is read with ``torch.load(weights_only=True)``, then
+checked key by key, so a crafted file can neither run code nor crash a run with a traceback.
+Format-1 files (written before format 2) are converted on load when only numpy's array
+constructors are needed to read them.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import os
 import random
 import re
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -21,9 +28,13 @@ import torch
 from loguru import logger
 
 from dlrm.config import ConfigError, ModelConfig
+from dlrm.train import checkpoint_schema as schema
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = schema.FORMAT_VERSION
 _NAME = re.compile(r"step-(\d{8,})\.pt$")
+# `write_atomic`'s temporary files: ".<name>.<pid>-<random>.tmp" (before format 2 without the pid)
+_TEMP = re.compile(r"\.step-\d{8,}(?:\.rank\d+-of-\d+)?\.pt\.(?:(\d+)-)?[^/]*\.tmp")
+_WRITING: set[str] = set()  # absolute paths of the temporary files this process is writing now
 
 
 @dataclass
@@ -70,17 +81,62 @@ def checkpoint_name(step: int) -> str:
 
 
 def write_atomic(path: Path, state: dict[str, Any]) -> None:
-    """torch.save `state` (with the format version) to a temporary file, fsync, rename to `path`."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """torch.save `state` in format 2 to a temporary file, fsync, rename to `path`.
+
+    `state` is the in-memory form (config dict, RNG tuples); it is converted and checked against
+    the schema first, so a file this program could not load again is never written.
+    """
+    path = Path(path)
+    disk = schema.to_disk(state)
+    schema.validate(disk, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
+    _WRITING.add(os.path.abspath(tmp))
     try:
         with os.fdopen(fd, "wb") as f:
-            torch.save({"format_version": FORMAT_VERSION, **state}, f)
+            torch.save(disk, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    finally:
+        _WRITING.discard(os.path.abspath(tmp))
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (signal 0 checks without signalling)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # exists, owned by someone else
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
+
+
+def remove_stale_temp_files(directory: Path) -> list[Path]:
+    """Delete the temporary files of checkpoint writes that were killed (`.step-*.pt.*.tmp`).
+
+    Kept: the ones this process is writing now and the ones of another live process on this host
+    (named by its pid). Returns the removed paths.
+    """
+    removed = []
+    for p in Path(directory).glob(".step-*.pt.*.tmp"):
+        m = _TEMP.fullmatch(p.name)
+        if m is None or os.path.abspath(p) in _WRITING:
+            continue
+        pid = int(m.group(1)) if m.group(1) else None
+        if pid is not None and pid != os.getpid() and _alive(pid):
+            continue
+        p.unlink(missing_ok=True)
+        removed.append(p)
+    if removed:
+        logger.warning(f"removed {len(removed)} temporary file(s) of interrupted checkpoint writes in {directory}: "
+                       f"{', '.join(p.name for p in removed[:3])}")
+    return removed
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
@@ -92,28 +148,76 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
 
 
 def save_checkpoint(run_dir: Path, state: dict[str, Any], step: int, keep: int) -> Path:
-    """Write atomically (temp file, fsync, rename), then delete all but the newest `keep`."""
+    """Write atomically (temp file, fsync, rename), then delete all but the newest `keep`.
+
+    Temporary files that an earlier, killed write left in the directory are removed first.
+    """
     d = checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / checkpoint_name(step)
+    remove_stale_temp_files(d)
     write_atomic(path, state)
     prune_checkpoints(run_dir, keep)
     logger.info(f"checkpoint: {path}")
     return path
 
 
+def _reason(e: BaseException) -> str:
+    """One line saying why torch.load failed (its weights-only errors span several lines of advice)."""
+    advice = ("Weights only load failed", "In PyTorch", "(1)", "(2)", "Check the documentation", "Please file")
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    specific = [line for line in lines if not line.startswith(advice)]
+    text = (specific or lines or [""])[0]
+    return f"{type(e).__name__}: {text[:200]}"
+
+
+def _globals_needed(path: Path) -> set[str]:
+    """The names of the functions and classes the file's pickle would call (read without unpickling)."""
+    try:
+        return set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except Exception:  # noqa: BLE001 - the scanner knows fewer opcodes than the loader: the weights-only load decides
+        return set()
+
+
+def _read_plain(path: Path) -> Any:
+    """torch.load with weights_only=True, nothing else; numpy's array constructors allowed only for a
+    file that names them (format 1's NumPy RNG state) and no other function or class."""
+    if not zipfile.is_zipfile(path):
+        raise ConfigError(f"{path}: not a readable checkpoint (not a zip archive: truncated, or not written by torch.save)")
+    needed = _globals_needed(path)
+    numpy_globals = schema.v1_numpy_globals()
+    code = sorted(needed - set(numpy_globals))
+    if code:
+        raise ConfigError(f"{path}: refused: loading it would call {', '.join(ascii(n) for n in code[:3])}; "
+                          "a checkpoint holds data only")
+    allowed = [(obj, name) for name, obj in numpy_globals.items()] if needed else []
+    try:
+        with torch.serialization.safe_globals(allowed):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure to read means a corrupt or foreign file
+        raise ConfigError(f"{path}: not a readable checkpoint ({_reason(e)})") from None
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint, shard or manifest at `path` in its in-memory form (config dict, RNG tuples).
+
+    Read as data only (see `_read_plain`), then checked against the schema: any problem is a
+    one-line ConfigError naming the file. A format-1 file is converted to format 2, with a warning.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: checkpoint not found")
-    try:
-        # weights_only=False: the file also carries RNG states and the config (our own files).
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means a corrupt or foreign file
-        raise ConfigError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        raise ConfigError(f"{path}: not a checkpoint of this program (format_version {state.get('format_version')!r})")
-    return state
+    raw = _read_plain(path)
+    version = raw.get("format_version") if isinstance(raw, dict) else None
+    if type(version) is not int or version not in (1, FORMAT_VERSION):
+        what = f"format_version {ascii(version)[:40]}" if isinstance(raw, dict) else f"holds a {type(raw).__name__}"
+        raise ConfigError(f"{path}: not a checkpoint of this program ({what})")
+    disk = schema.upgrade_v1(raw, path) if version == 1 else raw
+    schema.validate(disk, path)
+    if version == 1:
+        logger.warning(f"converted format 1 checkpoint {path} to format 2 in memory; checkpoints written from now "
+                       "on are format 2 (data only, loaded without running code)")
+    return schema.from_disk(disk)
 
 
 def resolve_resume(resume: str, run_dir: Path) -> Optional[Path]:
@@ -131,6 +235,9 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalitie
 
     Kernel choices are not compared: torch and triton modules share state_dict keys.
     """
+    if "model" not in state:
+        raise ConfigError(f"{path}: a sharded checkpoint's manifest holds no model; merge it for one process first: "
+                          f"python -m dlrm.distributed.merge {path} OUT.pt")
     saved_cards = state["cardinalities"]
     if list(saved_cards) != list(cardinalities):
         diffs = [f"[{i}] {a} vs {b}" for i, (a, b) in enumerate(zip(saved_cards, cardinalities)) if a != b]
