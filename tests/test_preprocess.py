@@ -36,7 +36,7 @@ from dlrm.data.schema import (
     vocab_path,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
 SHARED = REPO.parent / "shared" / "criteo"
 needs_samples = pytest.mark.skipif(
     not (SHARED / "part-0.tsv").is_file(),
