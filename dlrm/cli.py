@@ -150,10 +150,11 @@ def is_triton_unavailable(exc: BaseException) -> bool:
     return backend is not None and isinstance(exc, backend.TritonUnavailableError)
 
 
-def _first_line(exc: BaseException, limit: int = 200) -> str:
-    """The exception's message cut to one line of at most `limit` characters."""
-    lines = str(exc).strip().splitlines()
-    text = lines[0] if lines else type(exc).__name__
+def _one_line(exc: BaseException, limit: int = 2000, first_only: bool = False) -> str:
+    """The exception's message as one line of at most `limit` characters: its lines joined (a
+    message quoting a multi-line library error keeps all of it), or only the first."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    text = lines[0] if first_only else " ".join(lines)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -161,20 +162,20 @@ def out_of_memory_message(exc: BaseException, cfg: Optional[Config]) -> str:
     """What ran out, and the two settings that shrink a run's memory."""
     what = "GPU memory" if type(exc).__name__ == "OutOfMemoryError" else "host memory"
     batch = f" (now {cfg.data.batch_size})" if cfg is not None else ""
-    return (f"out of {what} ({_first_line(exc)}): retry with a smaller data.batch_size{batch} (--batch-size), "
+    return (f"out of {what} ({_one_line(exc, limit=200, first_only=True)}): retry with a smaller data.batch_size{batch} (--batch-size), "
             "or cap the embedding tables with data.max_rows_per_table")
 
 
 def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
     """Log `exc` as its one line (a bug: its traceback and a line saying so); return the exit code."""
     if isinstance(exc, (ConfigError, DatasetError)) or is_triton_unavailable(exc):
-        logger.error(_first_line(exc, limit=2000))
+        logger.error(_one_line(exc))
         return EXIT_BAD_INPUT
     if isinstance(exc, NonFiniteLoss):
-        logger.error(_first_line(exc, limit=2000))
+        logger.error(_one_line(exc))
         return EXIT_NON_FINITE_LOSS
     if isinstance(exc, TrainingStopped):
-        logger.warning(_first_line(exc, limit=2000))
+        logger.warning(_one_line(exc))
         return exc.exit_code
     if isinstance(exc, KeyboardInterrupt):
         logger.error("interrupted (Ctrl-C)")

@@ -207,6 +207,14 @@ def test_out_of_memory_is_one_line_suggesting_smaller_settings(tmp_path, monkeyp
                f"out of {what}", "data.batch_size (now 64)", "data.max_rows_per_table")
 
 
+def test_bad_checkpoint_quoting_a_multi_line_error_stays_one_line(tmp_path, monkeypatch):
+    from dlrm.config import ConfigError
+
+    train_raises(monkeypatch, ConfigError("r/ckpt.pt: not a readable checkpoint (UnpicklingError: invalid load key\n"
+                                          "Weights only load failed)"))
+    error_line(invoke(tmp_path, REPO / "configs/sample.json"), 2, "ckpt.pt", "invalid load key Weights only")
+
+
 def test_full_disk_is_one_line(tmp_path, monkeypatch):
     train_raises(monkeypatch, OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "tb/r/ckpt.pt")))
     error_line(invoke(tmp_path, REPO / "configs/sample.json"), 2, "ckpt.pt", "No space left on device")
