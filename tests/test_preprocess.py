@@ -369,7 +369,7 @@ def test_parallel_count_pass_equals_sequential(tmp_path, monkeypatch, chunk_rows
     """Counting a plain file in byte ranges (big inputs) finds the same lines and chunk starts."""
     from concurrent.futures import ThreadPoolExecutor
 
-    monkeypatch.setattr(pp, "_SCAN_RANGE_BYTES", 997)  # many ranges, boundaries anywhere in a line
+    monkeypatch.setattr(pp.scan, "_SCAN_RANGE_BYTES", 997)  # many ranges, boundaries anywhere in a line
     rows = make_fields(300, seed=17)
     files = [
         write_raw(tmp_path / "a.tsv", rows),
@@ -388,9 +388,9 @@ def test_parallel_count_pass_equals_sequential(tmp_path, monkeypatch, chunk_rows
 def test_parse_chunk_large_block_boundaries():
     rows = make_fields(3000, seed=5)
     data = "".join("\t".join(r) + "\n" for r in rows).encode()
-    old = pp._BLOCK_BYTES
+    old = pp.parse._BLOCK_BYTES
     try:
-        pp._BLOCK_BYTES = 4096  # many internal blocks
+        pp.parse._BLOCK_BYTES = 4096  # many internal blocks
         bad = rows[1234][:]
         bad[5] = "x1"
         data_bad = "".join("\t".join(r) + "\n" for r in [*rows[:1234], bad, *rows[1235:]]).encode()
@@ -399,7 +399,7 @@ def test_parse_chunk_large_block_boundaries():
             pp.parse_chunk(data_bad, source="f")
         skipped = pp.parse_chunk(data_bad, on_bad_line="skip")
     finally:
-        pp._BLOCK_BYTES = old
+        pp.parse._BLOCK_BYTES = old
     got = list(zip(*(parsed.to_table().column(c).to_pylist() for c in ALL_COLUMNS)))
     assert got == [ref_row("\t".join(r), "\t") for r in rows]
     assert skipped.num_rows == 2999 and skipped.bad == {"bad_integer": 1}
@@ -608,9 +608,9 @@ def _unrecorded_parquet(out: Path) -> list[str]:
 def test_bad_line(tmp_path, reason):
     src, line, column, value, good = _with_bad_line(tmp_path, reason)
     out = tmp_path / "ds"
-    # stop (default): one line naming file, line, column and value; exit code 1
+    # stop (default): one line naming file, line, column and value; exit code 2
     result = run_cli(["-i", str(src), "-o", str(out), "--chunk-rows", "50", "--workers", "1"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     msg = error_lines(result)
     assert len(msg) == 1 and msg[0].startswith(f"error: {src}:{line}: "), result.stderr
     if column:
@@ -644,10 +644,10 @@ def test_bad_lines_with_worker_processes(tmp_path, monkeypatch):
     src.write_text("\n".join(lines) + "\n")
     out = tmp_path / "ds"
     # the count pass of a big plain file, in byte ranges over the workers
-    monkeypatch.setattr(pp, "_PARALLEL_SCAN_MIN_BYTES", 0)
-    monkeypatch.setattr(pp, "_SCAN_RANGE_BYTES", 20_000)
+    monkeypatch.setattr(pp.scan, "_PARALLEL_SCAN_MIN_BYTES", 0)
+    monkeypatch.setattr(pp.scan, "_SCAN_RANGE_BYTES", 20_000)
     result = run_cli(["-i", str(src), "-o", str(out), "--chunk-rows", "100", "--workers", "2"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert error_lines(result) == [
         f"error: {src}:451: column C7: 'zz' is not a hexadecimal category hash (1 to 8 hex digits)"
     ]
@@ -663,7 +663,7 @@ def test_empty_file(tmp_path):
     empty.write_bytes(b"")
     good = write_raw(tmp_path / "good.tsv", make_fields(50, seed=1))
     result = run_cli(["-i", str(good), "-i", str(empty), "-o", str(tmp_path / "ds")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert error_lines(result) == [f"error: {empty}: empty file (no data lines)"]
     assert not (tmp_path / "ds").exists() or not list((tmp_path / "ds").rglob("*"))
     meta = pp.preprocess([good, empty], tmp_path / "skip", on_bad_line="skip", **FAST)
@@ -682,7 +682,7 @@ def test_truncated_gzip(tmp_path):
     complete = recovered.count(b"\n")
     assert 0 < complete < 2000
     result = run_cli(["-i", str(src), "-o", str(tmp_path / "ds"), "--chunk-rows", "300"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     msg = error_lines(result)
     assert len(msg) == 1 and msg[0].startswith(f"error: {src}:") and "gzip" in msg[0]
     assert not (tmp_path / "ds" / "metadata.json").exists() and not list((tmp_path / "ds").rglob("*.parquet"))
@@ -703,7 +703,7 @@ def test_truncated_plain_file(tmp_path):
     src.write_text(text[: text.rfind("\t", 0, len(text) - 1) - 3])  # last line: a few fields, no newline
     out = tmp_path / "ds"
     result = run_cli(["-i", str(src), "-o", str(out), "--workers", "1"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     msg = error_lines(result)
     assert len(msg) == 1 and msg[0].startswith(f"error: {src}:120: expected 40 fields"), result.stderr
     assert not out.exists()  # nothing finished: the run removes what it created
@@ -723,7 +723,7 @@ def test_corrupt_gzip_inside_stream(tmp_path):
     bad.write_bytes(bytes(data))
     good = write_raw(tmp_path / "day_0.tsv", rows[:300])
     result = run_cli(["-i", str(good), "-i", str(bad), "-o", str(tmp_path / "ds"), "--workers", "1"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     msg = error_lines(result)
     assert len(msg) == 1 and msg[0].startswith(f"error: {bad}: corrupt gzip stream"), result.stderr
     assert not (tmp_path / "ds").exists()
@@ -751,12 +751,12 @@ def test_refuses_existing_dataset_and_different_options(tmp_path):
     out = tmp_path / "ds"
     pp.preprocess([src], out, **FAST)
     r = run_cli(["-i", str(src), "-o", str(out)])
-    assert r.exit_code == 1 and "already holds a complete dataset" in r.stderr
+    assert r.exit_code == 2 and "already holds a complete dataset" in r.stderr
     # an unfinished run with other options
     with pytest.raises(pp._Interrupted):
         pp.preprocess([src], out, overwrite=True, chunk_rows=40, _max_new_chunks=2, **FAST)
     r = run_cli(["-i", str(src), "-o", str(out), "--chunk-rows", "50", "--split", "random"])
-    assert r.exit_code == 1
+    assert r.exit_code == 2
     assert "chunk-rows: 40 (earlier run) vs 50 (now)" in r.stderr and "split: 'sequential'" in r.stderr
     r = run_cli(["-i", str(src), "-o", str(out), "--chunk-rows", "50", "--overwrite", "--workers", "1"])
     assert r.exit_code == 0, r.output

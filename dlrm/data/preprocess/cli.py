@@ -1,0 +1,137 @@
+"""``python -m dlrm.preprocess``: the click command around `preprocess`.
+
+Exit codes: 0 done; 2 an expected failure (a bad option, input or output directory, a bad line,
+a full disk...), printed as one line ``error: ...``; 1 an unexpected exception, a bug: its
+traceback, then one line saying so; 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+from dlrm.data.preprocess.constants import DEFAULT_CHUNK_ROWS, DEFAULT_MAX_ROWS_PER_TABLE, DEFAULT_ROW_GROUP_ROWS
+from dlrm.data.preprocess.errors import PreprocessError
+from dlrm.data.preprocess.options import CODECS
+from dlrm.data.preprocess.run import preprocess
+
+EXIT_FAILURE = 2  # an expected failure, reported in one line
+EXIT_BUG = 1
+EXIT_INTERRUPTED = 130
+PROG_NAME = "python -m dlrm.preprocess"
+
+
+def build_cli():
+    """The click command behind ``python -m dlrm.preprocess`` (tests invoke it with CliRunner)."""
+    import click
+
+    path_type = click.Path(path_type=Path)  # existence and the rest are checked by `preprocess`
+
+    @click.command(cls=_one_line_errors_command(), context_settings={"help_option_names": ["-h", "--help"]})
+    @click.argument("more_inputs", nargs=-1, type=path_type, metavar="[INPUT]...")
+    @click.option("--input", "-i", "inputs", multiple=True, type=path_type,
+                  help="Raw file (TSV or CSV, plain or .gz); repeat, or list the files as arguments. Order matters.")
+    @click.option("--output", "-o", required=True, type=path_type, help="Dataset directory to write.")
+    @click.option("--format", "input_format", type=click.Choice(["auto", "tsv", "csv"]), default="auto",
+                  show_default=True, help="Input format; auto detects it from each file's first line.")
+    @click.option("--split", type=click.Choice(["sequential", "random", "days"]), default="sequential",
+                  show_default=True,
+                  help="sequential: Kaggle 6/7 train, last 1/7 halves test|validation; days: Terabyte day_0..22 "
+                  "train, day_23 halves test|validation; random: per line from (seed, line number).")
+    @click.option("--validation-fraction", type=float, default=0.05, show_default=True, help="--split random.")
+    @click.option("--test-fraction", type=float, default=0.05, show_default=True, help="--split random.")
+    @click.option("--seed", type=int, default=0, show_default=True, help="--split random.")
+    @click.option("--hashing", type=click.Choice(["modulus", "vocabulary"]), default="modulus", show_default=True)
+    @click.option("--min-frequency", type=click.IntRange(min=1), default=1, show_default=True,
+                  help="--hashing vocabulary: values seen at least this often in train get their own row.")
+    @click.option("--max-rows-per-table", type=click.IntRange(min=0), default=DEFAULT_MAX_ROWS_PER_TABLE,
+                  show_default=True, help="--hashing modulus: cap of a table's rows (0: no cap).")
+    @click.option("--chunk-rows", type=click.IntRange(min=1), default=DEFAULT_CHUNK_ROWS, show_default=True,
+                  help="Lines per chunk: the unit of work and of resuming; at most one shard per split per chunk.")
+    @click.option("--row-group-rows", type=click.IntRange(min=1), default=DEFAULT_ROW_GROUP_ROWS, show_default=True)
+    @click.option("--compression", default="zstd", show_default=True,
+                  help=f"Parquet codec ({', '.join(CODECS)}).")
+    @click.option("--compression-level", type=int, default=None, help="Codec level (default: the codec's).")
+    @click.option("--workers", type=click.IntRange(min=1), default=None,
+                  help="Worker processes [default: min(cores, 8)]; 1 runs in this process.")
+    @click.option("--on-bad-line", type=click.Choice(["stop", "skip"]), default="stop", show_default=True,
+                  help="stop: fail naming the first bad line; skip: drop bad lines, count them per reason.")
+    @click.option("--overwrite", is_flag=True, help="Replace a dataset or an unfinished run in --output.")
+    @click.option("--checkpoint-interval", type=float, default=300.0, show_default=True,
+                  help="Seconds between checkpoints of the table statistics (resuming re-reads the train shards "
+                  "of chunks finished after the last one).")
+    @click.option("--progress/--no-progress", default=True, show_default=True, help="tqdm progress bar.")
+    def command(more_inputs, inputs, output, **kwargs):
+        """Preprocess raw Criteo click logs into a dataset directory (parquet shards + metadata.json).
+
+        Inputs: Kaggle train.txt / Terabyte day_N (TAB-separated, no header) or the CSV variant with
+        a label,I1..I13,C1..C26 header (counts may be written as 260.0); plain or gzip; each file
+        once. Stored values: a missing or negative count becomes 0 (counts above 2^31-1 are
+        clipped), a missing category becomes -1; categories are the 32-bit hex hashes read as
+        integers.
+
+        Options, inputs and the output directory are checked before anything is written. A run
+        that stops (bad input, a kill) keeps the shards it finished (recorded in
+        OUTPUT/_progress/); the same command run again resumes from them and ends with the same
+        output as an uninterrupted run; a run that stops before finishing any removes what it
+        made. metadata.json is written last. Exit codes: 0 done, 2 an error (one line), 1 a bug
+        (traceback), 130 interrupted.
+        """
+        all_inputs = [*inputs, *more_inputs]
+        if not all_inputs:
+            _fail("no input files (use --input PATH or list them as arguments)")
+        _run(all_inputs, output, kwargs)
+
+    return command
+
+
+def _run(inputs: list[Path], output: Path, kwargs: dict) -> None:
+    """`preprocess`, with every way it can end turned into a message and an exit code."""
+    try:
+        preprocess(inputs, output, **kwargs)
+    except (PreprocessError, OSError) as e:  # bad input or options, a refused or full output: expected
+        _fail(" ".join(str(e).split()))
+    except KeyboardInterrupt:
+        _fail("interrupted; the same command resumes from the finished chunks", EXIT_INTERRUPTED)
+    except Exception:
+        traceback.print_exc()
+        _fail(f"unexpected {sys.exc_info()[0].__name__} (traceback above): this is a bug in dlrm; please report it",
+              EXIT_BUG)
+
+
+def _fail(message: str, code: int = EXIT_FAILURE):
+    """Print ``error: message`` on stderr and exit with ``code``."""
+    import click
+
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def _one_line_errors_command():
+    """A click.Command whose usage errors (an unknown option, a value of the wrong type) are one
+    line ``error: ...`` and exit code 2, like every other expected failure."""
+    import click
+
+    class OneLineErrorsCommand(click.Command):
+        def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+            try:
+                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            except click.exceptions.Abort:
+                _fail("interrupted", EXIT_INTERRUPTED)
+            except click.ClickException as e:
+                hint = f" (see {prog_name or PROG_NAME} --help)" if isinstance(e, click.UsageError) else ""
+                _fail(" ".join(e.format_message().split()) + hint, e.exit_code)
+            if standalone_mode:
+                sys.exit(rv if isinstance(rv, int) else 0)
+            return rv
+
+    return OneLineErrorsCommand
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m dlrm.preprocess``: the dlrm log format on stderr, then the command."""
+    from dlrm.logging_setup import configure_logging
+
+    configure_logging()
+    build_cli()(args=argv, prog_name=PROG_NAME)

@@ -1,0 +1,42 @@
+"""The errors of preprocessing: one-line messages meant for the user."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class PreprocessError(Exception):
+    """Bad input or a refused output directory; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """The first bad line of a chunk or file: where it is and why it is bad."""
+
+    path: str
+    line: int | None  # 1-based line number in the file (the CSV header is line 1); None: whole file
+    reason: str  # one of BAD_LINE_REASONS
+    column: str | None = None  # raw column name (label, I1..I13, C1..C26)
+    value: str | None = None
+    detail: str = ""
+
+    def message(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        if self.column is not None:
+            return f"{where}: column {self.column}: {self.value!r} {self.detail}"
+        return f"{where}: {self.detail}"
+
+
+class BadLineError(PreprocessError):
+    """Raised in ``on_bad_line="stop"`` mode; ``.bad`` is the `BadLine`."""
+
+    def __init__(self, bad: BadLine):
+        super().__init__(bad.message())
+        self.bad = bad
+
+    def __reduce__(self):
+        return (BadLineError, (self.bad,))
+
+
+class _Interrupted(PreprocessError):
+    """A run stopped by ``_max_new_chunks`` (tests: the state a kill leaves behind)."""

@@ -1,0 +1,109 @@
+"""The end of a run: vocabularies, metadata.json, and the summary in the log."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlrm.data.preprocess.constants import BAD_LINE_REASONS
+from dlrm.data.preprocess.stats import DistinctCounter
+from dlrm.data.schema import NUM_SPARSE, SPLITS, Metadata, SplitInfo, vocab_path, write_metadata
+
+
+def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashing, min_frequency,
+            max_rows) -> Metadata:
+    """Step 4: the vocabularies (vocabulary hashing), then metadata.json, from the finished chunks."""
+    from loguru import logger
+
+    keys = sorted(done)
+    splits = {}
+    for name in SPLITS:
+        recs = [done[k]["shards"][name] for k in keys if name in done[k]["shards"]]
+        splits[name] = SplitInfo(
+            rows=sum(r["rows"] for r in recs),
+            positives=sum(r["positives"] for r in recs),
+            files=[r["file"] for r in recs],
+        )
+    bad = {r: 0 for r in BAD_LINE_REASONS}
+    for k in keys:
+        for r, n in done[k]["bad"].items():
+            bad[r] += n
+    for r, n in file_bad.items():
+        bad[r] += n
+    distinct = counter.distinct()
+    extra: dict[str, Any] = {"source": "dlrm.preprocess"}
+    if hashing == "vocabulary":
+        sizes = _write_vocabularies(out, counter, min_frequency)
+        cards = [v + 1 for v in sizes]
+        extra["vocabulary_sizes"] = sizes
+    else:
+        cards = [min(d + 1, max_rows) if max_rows else d + 1 for d in distinct]
+    extra.update(
+        {
+            "distinct_counts": distinct,
+            "inputs": [
+                {
+                    "path": fp["path"],
+                    "format": sc.format,
+                    "header": sc.header,
+                    "compressed": sc.compressed,
+                    "bytes": fp["size"],
+                    "lines": sc.lines,
+                }
+                for fp, sc in zip(fingerprints, scans)
+            ],
+            "total_lines": plan.total_lines,
+            "split_rule": plan.describe(),
+            "options": opts,
+            "bad_lines": bad,
+            "dense_clipped": sum(done[k]["clipped"] for k in keys),
+        }
+    )
+    meta = Metadata(cardinalities=cards, hashing=hashing, splits=splits, extra=extra)
+    write_metadata(out, meta)
+    logger.info("wrote {}", out / "metadata.json")
+    return meta
+
+
+def _write_vocabularies(out: Path, counter: DistinctCounter, min_frequency: int) -> list[int]:
+    """Write every feature's vocabulary (atomically: temp file, fsync, rename); returns their sizes."""
+    sizes = []
+    for f in range(NUM_SPARSE):
+        vocab = counter.vocabulary(f, min_frequency)
+        path = vocab_path(out, f)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as fh:
+            np.save(fh, vocab)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        sizes.append(int(vocab.size))
+    return sizes
+
+
+def _report(meta: Metadata, seconds: float) -> None:
+    """Log the summary table of a finished run."""
+    from loguru import logger
+
+    lines = [f"{'split':<11}{'rows':>14}{'positive rate':>15}{'shards':>8}"]
+    total = 0
+    for name, info in meta.splits.items():
+        rate = f"{100 * info.positives / info.rows:.2f}%" if info.rows else "-"
+        lines.append(f"{name:<11}{info.rows:>14,}{rate:>15}{len(info.files):>8}")
+        total += info.rows
+    cards = meta.cardinalities
+    lines.append(
+        f"tables ({meta.hashing}): {sum(cards):,} rows in all, largest {max(cards):,}, "
+        f"distinct values in train {sum(meta.extra['distinct_counts']):,}"
+    )
+    bad = {k: v for k, v in meta.extra["bad_lines"].items() if v}
+    lines.append("bad lines skipped: " + (", ".join(f"{k} {v:,}" for k, v in bad.items()) if bad else "none"))
+    if meta.extra["dense_clipped"]:
+        lines.append(f"counts clipped to int32 max: {meta.extra['dense_clipped']:,}")
+    lines.append(f"{total:,} rows in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} rows/s)")
+    for line in lines:
+        logger.info(line)

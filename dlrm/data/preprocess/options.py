@@ -1,0 +1,283 @@
+"""Checks that run before a preprocessing run creates anything: options, input files, output location.
+
+Every check raises `PreprocessError` with one line naming the option (as its command-line flag),
+the value or the file, so that a bad command fails at once and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import numbers
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dlrm.data.preprocess.constants import PROGRESS_DIR
+from dlrm.data.preprocess.errors import PreprocessError
+from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, SPLITS
+
+SPLIT_MODES = ("sequential", "random", "days")
+HASHINGS = ("modulus", "vocabulary")
+INPUT_FORMATS = ("auto", "tsv", "csv")
+ON_BAD_LINE = ("stop", "skip")
+CODECS = ("zstd", "snappy", "lz4", "gzip", "brotli", "none")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The validated options of one run (see `preprocess` for their meaning)."""
+
+    input_format: str
+    split: str
+    validation_fraction: float
+    test_fraction: float
+    seed: int
+    hashing: str
+    min_frequency: int
+    max_rows: int | None  # cap of a modulus table; None: no cap
+    chunk_rows: int
+    row_group_rows: int
+    compression: str
+    compression_level: int | None
+    workers: int
+    on_bad_line: str
+    overwrite: bool
+    checkpoint_interval: float
+    progress: bool
+
+    @property
+    def count_cap(self) -> int | None:
+        """Where the frequency counts saturate (vocabulary hashing with a threshold), else None."""
+        return self.min_frequency if self.hashing == "vocabulary" and self.min_frequency > 1 else None
+
+    def output_options(self) -> dict[str, Any]:
+        """The options that change the output (manifest and ``metadata.extra["options"]``);
+        options a mode does not use are None, so that they never block a resume."""
+        random = self.split == "random"
+        return {
+            "format": self.input_format,
+            "split": self.split,
+            "validation_fraction": self.validation_fraction if random else None,
+            "test_fraction": self.test_fraction if random else None,
+            "seed": self.seed if random else None,
+            "hashing": self.hashing,
+            "min_frequency": self.min_frequency if self.hashing == "vocabulary" else None,
+            "max_rows_per_table": self.max_rows if self.hashing == "modulus" else None,
+            "chunk_rows": self.chunk_rows,
+            "row_group_rows": self.row_group_rows,
+            "compression": self.compression,
+            "compression_level": self.compression_level,
+            "on_bad_line": self.on_bad_line,
+        }
+
+
+def check_options(*, input_format: Any, split: Any, validation_fraction: Any, test_fraction: Any, seed: Any,
+                  hashing: Any, min_frequency: Any, max_rows_per_table: Any, chunk_rows: Any, row_group_rows: Any,
+                  compression: Any, compression_level: Any, workers: Any, on_bad_line: Any, overwrite: Any,
+                  checkpoint_interval: Any, progress: Any) -> RunOptions:
+    """Validate every option of `preprocess` (values from the API or the command line)."""
+    split = _check_choice("--split", split, SPLIT_MODES)
+    validation_fraction = _check_fraction("--validation-fraction", validation_fraction)
+    test_fraction = _check_fraction("--test-fraction", test_fraction)
+    if split == "random" and not validation_fraction + test_fraction < 1:
+        raise PreprocessError(f"--validation-fraction {validation_fraction:g} + --test-fraction {test_fraction:g} "
+                              "must be below 1 (the rest is train)")
+    max_rows = None
+    if max_rows_per_table is not None:
+        max_rows = _check_int("--max-rows-per-table", max_rows_per_table, minimum=0) or None  # 0: no cap
+    codec, level = _check_compression(compression, compression_level)
+    return RunOptions(
+        input_format=_check_choice("--format", input_format, INPUT_FORMATS),
+        split=split,
+        validation_fraction=validation_fraction,
+        test_fraction=test_fraction,
+        seed=_check_int("--seed", seed),
+        hashing=_check_choice("--hashing", hashing, HASHINGS),
+        min_frequency=_check_int("--min-frequency", min_frequency, minimum=1),
+        max_rows=max_rows,
+        chunk_rows=_check_int("--chunk-rows", chunk_rows, minimum=1),
+        row_group_rows=_check_int("--row-group-rows", row_group_rows, minimum=1),
+        workers=_default_workers() if workers is None else _check_int("--workers", workers, minimum=1),
+        on_bad_line=_check_choice("--on-bad-line", on_bad_line, ON_BAD_LINE),
+        overwrite=bool(overwrite),
+        checkpoint_interval=_check_number("--checkpoint-interval", checkpoint_interval),
+        progress=bool(progress),
+        compression=codec,
+        compression_level=level,
+    )
+
+
+def _default_workers() -> int:
+    """Worker processes when none are asked for: one per core, at most 8."""
+    return min(os.cpu_count() or 1, 8)
+
+
+def _check_choice(flag: str, value: Any, choices: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        raise PreprocessError(f"{flag}: {value!r} is not one of {', '.join(choices)}")
+    return value
+
+
+def _check_int(flag: str, value: Any, minimum: int | None = None) -> int:
+    """``value`` as an int, if it is an integer (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise PreprocessError(f"{flag}: {value!r} is not an integer")
+    if minimum is not None and value < minimum:
+        raise PreprocessError(f"{flag}: {value} must be >= {minimum}")
+    return int(value)
+
+
+def _check_number(flag: str, value: Any) -> float:
+    """``value`` as a float, if it is a real number (not a bool, not NaN)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
+        raise PreprocessError(f"{flag}: {value!r} is not a number")
+    return float(value)
+
+
+def _check_fraction(flag: str, value: Any) -> float:
+    """``value`` as a float in [0, 1)."""
+    value = _check_number(flag, value)
+    if not 0 <= value < 1:
+        raise PreprocessError(f"{flag}: {value:g} must be in [0, 1)")
+    return value
+
+
+def _check_compression(codec: Any, level: Any) -> tuple[str, int | None]:
+    """A parquet codec this pyarrow writes, and a level in its range (None: the codec's default)."""
+    if not isinstance(codec, str) or codec.lower() not in CODECS:
+        raise PreprocessError(f"--compression: {codec!r} is not one of {', '.join(CODECS)}")
+    codec = codec.lower()
+    if level is not None:
+        level = _check_int("--compression-level", level)
+        _check_level(codec, level)
+    _try_codec(codec, level)
+    return codec, level
+
+
+def _check_level(codec: str, level: int) -> None:
+    """The codec takes levels, and ``level`` is within pyarrow's range for it."""
+    import pyarrow as pa
+
+    if codec == "none" or not pa.Codec.supports_compression_level(codec):
+        raise PreprocessError(f"--compression-level: {codec} has no levels; leave --compression-level out")
+    lo, hi = pa.Codec.minimum_compression_level(codec), pa.Codec.maximum_compression_level(codec)
+    if not lo <= level <= hi:
+        raise PreprocessError(f"--compression-level: {level} is out of range for {codec} ({lo} to {hi})")
+
+
+def _try_codec(codec: str, level: int | None) -> None:
+    """Write a one-row shard in memory: a codec this pyarrow build lacks fails here, not in a worker
+    after the output directory was made."""
+    import pyarrow.parquet as pq
+
+    from dlrm.data.preprocess.parse import _to_table
+
+    table = _to_table(np.zeros(1, np.int8), np.zeros((NUM_DENSE, 1), np.int32), np.zeros((NUM_SPARSE, 1), np.int64))
+    try:
+        pq.write_table(table, io.BytesIO(), compression=None if codec == "none" else codec, compression_level=level)
+    except Exception as e:  # pyarrow raises ArrowException subclasses and OSError here
+        detail = " ".join(str(e).split())
+        raise PreprocessError(f"--compression {codec}: this pyarrow cannot write it ({detail})") from None
+
+
+# --------------------------------------------------------------------------------------------
+# input files and the output location
+
+
+def check_inputs(inputs: Any, split: str) -> list[Path]:
+    """The input paths, each an existing readable regular file given once (days: in day order)."""
+    if isinstance(inputs, (str, os.PathLike)):
+        raise PreprocessError(f"inputs: expected a list of files, got the single path {str(inputs)!r}")
+    paths = [Path(p) for p in inputs]
+    if not paths:
+        raise PreprocessError("no input files")
+    for p in paths:
+        _check_input_file(p)
+    _check_distinct(paths)
+    if split == "days":
+        if len(paths) < 2:
+            raise PreprocessError("--split days needs the day files in order (at least 2: train days and the last day)")
+        paths = _order_days(paths)
+    return paths
+
+
+def _check_input_file(path: Path) -> None:
+    """``path`` exists, is a regular file (after symlinks) and can be opened for reading."""
+    if not path.exists():
+        raise PreprocessError(f"{path}: no such file")
+    if not path.is_file():
+        raise PreprocessError(f"{path}: not a regular file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise PreprocessError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def _check_distinct(paths: list[Path]) -> None:
+    """Refuse a file given twice: another spelling, a symlink or a hard link would duplicate its rows."""
+    seen: dict[object, Path] = {}
+    for p in paths:
+        st = p.stat()
+        keys = (("inode", st.st_dev, st.st_ino), ("path", p.resolve()))
+        for key in keys:
+            if key in seen:
+                first = seen[key]
+                same = "the same path" if str(first) == str(p) else f"the same file as {first}"
+                raise PreprocessError(f"{p}: given twice as input ({same}); list every file once")
+        for key in keys:
+            seen[key] = p
+
+
+def _order_days(paths: list[Path]) -> list[Path]:
+    """``day_N`` inputs in the order of N (logged when that is not the order given)."""
+    nums = [re.search(r"day_(\d+)", p.name) for p in paths]
+    if all(nums):
+        ordered = [p for _, p in sorted(zip((int(m.group(1)) for m in nums), paths), key=lambda t: t[0])]
+        if ordered != paths:
+            from loguru import logger
+
+            logger.info("--split days: inputs ordered by day number: {}", ", ".join(p.name for p in ordered))
+        return ordered
+    return paths
+
+
+def check_output_location(out: Path, inputs: list[Path]) -> None:
+    """The output is (or can be made as) a writable directory that holds none of the inputs in
+    the parts a run replaces."""
+    if os.path.lexists(out) and not out.is_dir():
+        raise PreprocessError(f"{out}: exists and is not a directory")
+    base = _nearest_existing(out)
+    if not base.is_dir():
+        raise PreprocessError(f"{out}: cannot be created: {base} is not a directory")
+    if not os.access(base, os.W_OK | os.X_OK):
+        where = "" if base == out.absolute() else f" (no write permission on {base})"
+        raise PreprocessError(f"{out}: not writable{where}")
+    _check_inputs_outside(out, inputs)
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` if it exists, else its nearest existing ancestor."""
+    p = path.absolute()
+    while not os.path.lexists(p) and p.parent != p:
+        p = p.parent
+    return p
+
+
+def _check_inputs_outside(out: Path, inputs: list[Path]) -> None:
+    """An input inside the split, vocab or progress directories would be replaced (--overwrite) or
+    mistaken for output."""
+    root = out.resolve()
+    for p in inputs:
+        rp = p.resolve()
+        for name in (*SPLITS, "vocab", PROGRESS_DIR):
+            if rp.is_relative_to(root / name):
+                raise PreprocessError(
+                    f"{p}: input inside the output's {name}/ directory; move it or choose another --output"
+                )

@@ -1,0 +1,158 @@
+"""The output directory: refusing to clobber it, the manifest and progress of an unfinished run,
+and the cleanup after a failed one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from dlrm.data.preprocess.constants import _OUTPUT_OPTIONS, PROGRESS_DIR
+from dlrm.data.preprocess.errors import PreprocessError
+from dlrm.data.preprocess.scan import FileScan
+from dlrm.data.schema import SPLITS
+
+
+def _fingerprint(path: Path) -> dict:
+    """What identifies an input between a run and its resumption: resolved path, size, mtime."""
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _remove_dataset(out: Path) -> None:
+    """Remove what a run writes into ``out`` (splits, vocab, progress, metadata.json); nothing else."""
+    for name in (*SPLITS, "vocab", PROGRESS_DIR):
+        p = out / name
+        if p.is_dir():
+            shutil.rmtree(p)
+    (out / "metadata.json").unlink(missing_ok=True)
+
+
+def _check_output(out: Path, opts: dict, fingerprints: list[dict], overwrite: bool) -> dict | None:
+    """Refuse to clobber a dataset or resume an incompatible run; returns the manifest to resume.
+
+    With ``overwrite`` nothing is refused and nothing is removed yet: the run removes the old
+    dataset only once its inputs have been counted (`_remove_dataset`), so that a run that fails
+    before that leaves it as it was.
+    """
+    if overwrite:
+        return None
+    if (out / "metadata.json").exists():
+        raise PreprocessError(f"{out} already holds a complete dataset (metadata.json); use --overwrite to replace it")
+    manifest_path = out / PROGRESS_DIR / "manifest.json"
+    if manifest_path.is_file():
+        manifest = _read_manifest(manifest_path)
+        diffs = _manifest_diffs(manifest, opts, fingerprints)
+        if diffs:
+            raise PreprocessError(
+                f"{out} holds an unfinished run with different settings: {'; '.join(diffs)}; "
+                "use the same settings to resume it, or --overwrite to start over"
+            )
+        return manifest
+    for name in (*SPLITS, "vocab"):
+        p = out / name
+        if p.is_dir() and any(p.iterdir()):
+            raise PreprocessError(
+                f"{out} already holds dataset files ({name}/) but no {PROGRESS_DIR}/manifest.json of an unfinished "
+                "run; use --overwrite to replace them"
+            )
+    return None
+
+
+def _read_manifest(path: Path) -> dict:
+    """The manifest of an unfinished run, checked for the structure a resume relies on."""
+    try:
+        manifest = json.loads(path.read_text())
+        if not isinstance(manifest.get("options"), dict) or not all(
+            isinstance(d, dict) and "path" in d for d in manifest["inputs"]
+        ):
+            raise ValueError("unexpected structure")
+        for d in manifest.get("scans") or []:
+            FileScan(**d)  # a missing or unknown field raises TypeError
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise PreprocessError(f"{path}: unreadable ({e}); use --overwrite to start over") from None
+    return manifest
+
+
+def _manifest_diffs(manifest: dict, opts: dict, fingerprints: list[dict]) -> list[str]:
+    """How this run's inputs and output options differ from those of the unfinished run."""
+    diffs = []
+    old_paths = [d["path"] for d in manifest["inputs"]]
+    new_paths = [d["path"] for d in fingerprints]
+    if old_paths != new_paths:
+        diffs.append(f"inputs: {old_paths} (earlier run) vs {new_paths} (now)")
+    else:
+        for old, new in zip(manifest["inputs"], fingerprints):
+            if old != new:
+                diffs.append(f"input {new['path']} changed since the earlier run (size or modification time)")
+    old_opts = manifest["options"]
+    for k in _OUTPUT_OPTIONS:
+        if old_opts.get(k) != opts[k]:
+            if k == "on_bad_line" and old_opts.get(k) == "stop" and opts[k] == "skip":
+                continue  # chunks finished in stop mode had no bad line: same result in skip mode
+            diffs.append(f"{k.replace('_', '-')}: {old_opts.get(k)!r} (earlier run) vs {opts[k]!r} (now)")
+    return diffs
+
+
+def _load_done(progress: Path, out: Path) -> dict[tuple[int, int], dict]:
+    """The finished chunks recorded in done.jsonl whose shards are all there (a torn last record
+    is cut off, a damaged one skipped: that chunk is redone)."""
+    done: dict[tuple[int, int], dict] = {}
+    path = progress / "done.jsonl"
+    if not path.is_file():
+        return done
+    text = path.read_bytes()
+    if text and not text.endswith(b"\n"):
+        # a record torn by a kill: cut it off, so that the next record starts on a line of its own
+        keep = text.rfind(b"\n") + 1
+        with open(path, "r+b") as fh:
+            fh.truncate(keep)
+        text = text[:keep]
+    for line in text.decode("utf-8", "replace").splitlines():
+        try:
+            rec = json.loads(line)
+            if all((out / s["file"]).is_file() for s in rec["shards"].values()):
+                done[(rec["file"], rec["chunk"])] = rec
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # a damaged record: that chunk is redone
+    return done
+
+
+def _remove_temp_files(out: Path) -> None:
+    """Remove the temp files of shards whose write a failure or a kill cut short."""
+    for name in SPLITS:
+        d = out / name
+        if d.is_dir():
+            for p in d.glob(".*.tmp"):
+                p.unlink(missing_ok=True)
+
+
+def _after_failure(out: Path, out_existed: bool, done: dict) -> None:
+    """A run that failed (bad input, an error, Ctrl-C) after it took over ``out``.
+
+    With no chunk finished, remove what it created (the progress directory, unrecorded shards,
+    the split directories, ``out`` itself if it made it), so that the corrected command starts
+    afresh; otherwise keep the finished shards (complete and recorded) so that a run with the same
+    inputs resumes from them.
+    """
+    from loguru import logger
+
+    if done:
+        logger.warning(
+            "{} finished chunk(s) kept in {} (no metadata.json: not a dataset yet); run again with the same "
+            "inputs and options (or --on-bad-line skip) to resume, or with --overwrite to start over",
+            len(done), out,
+        )
+        return
+    shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)
+    for name in SPLITS:
+        d = out / name
+        if not d.is_dir():
+            continue
+        # no chunk finished, so no shard here is recorded: left, they would block the next run
+        for p in [*d.glob("part-*.parquet"), *d.glob(".*.tmp")]:
+            p.unlink(missing_ok=True)
+        if not any(d.iterdir()):
+            d.rmdir()
+    if not out_existed and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()

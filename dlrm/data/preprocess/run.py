@@ -1,0 +1,326 @@
+"""The run: checks, count pass, output directory, chunks, metadata (`preprocess`)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from dlrm.data.preprocess.constants import (
+    DEFAULT_CHUNK_ROWS,
+    DEFAULT_MAX_ROWS_PER_TABLE,
+    DEFAULT_ROW_GROUP_ROWS,
+    MANIFEST_VERSION,
+    PROGRESS_DIR,
+)
+from dlrm.data.preprocess.errors import BadLineError, PreprocessError, _Interrupted
+from dlrm.data.preprocess.finish import _finish, _report
+from dlrm.data.preprocess.options import RunOptions, check_inputs, check_options, check_output_location
+from dlrm.data.preprocess.output import (
+    _after_failure,
+    _check_output,
+    _fingerprint,
+    _load_done,
+    _remove_dataset,
+    _remove_temp_files,
+)
+from dlrm.data.preprocess.scan import FileScan, _count_pass
+from dlrm.data.preprocess.schedule import _run_inline, _run_pool, _RunState
+from dlrm.data.preprocess.splits import SplitPlan
+from dlrm.data.preprocess.stats import DistinctCounter
+from dlrm.data.preprocess.worker import _ChunkTask, _iter_ranges, _stats_from_shard
+from dlrm.data.schema import SPLITS, Metadata, write_json_atomic
+
+
+def preprocess(
+    inputs: Sequence[str | os.PathLike],
+    output: str | os.PathLike,
+    *,
+    input_format: str = "auto",
+    split: str = "sequential",
+    validation_fraction: float = 0.05,
+    test_fraction: float = 0.05,
+    seed: int = 0,
+    hashing: str = "modulus",
+    min_frequency: int = 1,
+    max_rows_per_table: int | None = DEFAULT_MAX_ROWS_PER_TABLE,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+    compression: str = "zstd",
+    compression_level: int | None = None,
+    workers: int | None = None,
+    on_bad_line: str = "stop",
+    overwrite: bool = False,
+    checkpoint_interval: float = 300.0,
+    progress: bool = True,
+    _max_new_chunks: int | None = None,
+) -> Metadata:
+    """Turn raw Criteo files into a dataset directory (see the package docstring); returns its metadata.
+
+    Args:
+        inputs: raw files in order (TSV without header or CSV with header; plain or gzip), each
+            once (another spelling of a path, a symlink or a hard link to a file already listed
+            is refused).
+        output: the dataset directory.
+        input_format: "auto" (from the first line of each file), "tsv" or "csv".
+        split: "sequential" (Kaggle), "days" (Terabyte) or "random"; see `SplitPlan`.
+        validation_fraction, test_fraction, seed: for split="random" (fractions in [0, 1)).
+        hashing: "modulus" (cardinality = min(distinct + 1, max_rows_per_table)) or "vocabulary"
+            (values seen >= min_frequency times in train get rows 1..V; cardinality V + 1).
+        max_rows_per_table: cap of a modulus table (None or 0: no cap).
+        chunk_rows: lines per chunk (the unit of work, of resuming and of a shard).
+        row_group_rows: parquet row group size.
+        compression, compression_level: parquet codec ("zstd", "snappy", "lz4", "gzip", "brotli",
+            "none") and its level (None: the codec's default).
+        workers: processes (default min(cpu count, 8)); 1 runs everything in this process.
+        on_bad_line: "stop" raises `BadLineError` naming the first bad line; "skip" drops bad lines
+            and counts them per reason in ``metadata.extra["bad_lines"]``.
+        overwrite: replace a complete dataset or an unfinished run in ``output``.
+        checkpoint_interval: seconds between checkpoints of the table statistics (<= 0: every chunk).
+        progress: show a tqdm bar.
+
+    Every option, the inputs and the output location are checked before anything is written; a
+    run that fails before its first chunk is finished removes what it created.
+
+    Raises:
+        PreprocessError (BadLineError for bad input): one-line message.
+    """
+    t_start = time.monotonic()
+    opts = check_options(
+        input_format=input_format, split=split, validation_fraction=validation_fraction,
+        test_fraction=test_fraction, seed=seed, hashing=hashing, min_frequency=min_frequency,
+        max_rows_per_table=max_rows_per_table, chunk_rows=chunk_rows, row_group_rows=row_group_rows,
+        compression=compression, compression_level=compression_level, workers=workers, on_bad_line=on_bad_line,
+        overwrite=overwrite, checkpoint_interval=checkpoint_interval, progress=progress,
+    )
+    paths = check_inputs(inputs, opts.split)
+    out = Path(output)
+    check_output_location(out, paths)
+    run = _Run(opts, paths, out, _max_new_chunks)
+    _execute(run)
+    meta = run.finish()
+    shutil.rmtree(run.progress_dir, ignore_errors=True)
+    _report(meta, time.monotonic() - t_start)
+    return meta
+
+
+def _execute(run: _Run) -> None:
+    """Steps 1-3 with the worker pool; after a failure (not the test hook's `_Interrupted`, which
+    stands for a kill) the output is cleaned up once the pool has stopped writing into it."""
+    if run.opts.workers > 1:
+        run.pool = ProcessPoolExecutor(max_workers=run.opts.workers, mp_context=multiprocessing.get_context("spawn"))
+    failure: BaseException | None = None
+    try:
+        run.count()
+        run.start_output()
+        run.restore_stats()
+        run.check_finished(run.run_chunks())
+    except BaseException as e:
+        failure = e
+        raise
+    finally:
+        if run.pool is not None:
+            run.pool.shutdown(wait=True, cancel_futures=True)
+        if failure is not None and run.owns_output and not isinstance(failure, _Interrupted):
+            _after_failure(run.out, run.out_existed, run.done)
+        if run.out.is_dir():
+            _remove_temp_files(run.out)
+
+
+class _Run:
+    """One run's state, handed from step to step (count, start the output, restore, chunks, finish)."""
+
+    def __init__(self, opts: RunOptions, paths: list[Path], out: Path, max_new: int | None):
+        self.opts = opts
+        self.paths = paths
+        self.out = out
+        self.progress_dir = out / PROGRESS_DIR
+        self.max_new = max_new
+        self.fingerprints = [_fingerprint(p) for p in paths]
+        self.out_existed = out.exists()
+        self.manifest = _check_output(out, opts.output_options(), self.fingerprints, opts.overwrite)
+        self.pool: ProcessPoolExecutor | None = None
+        self.done: dict[tuple[int, int], dict] = {}
+        # True once this run has taken over the output (the old dataset replaced, the progress of
+        # an earlier run read): from then on a failure cleans up after it (`_after_failure`)
+        self.owns_output = False
+        self.scans: list[FileScan] = []
+        self.file_bad: dict[str, int] = {}
+        self.todo: list[list[int]] = []
+
+    def count(self) -> None:
+        """Step 1: the count pass (cached in the manifest of an unfinished run), bad files, the split."""
+        from loguru import logger
+
+        o = self.opts
+        if self.manifest is not None and self.manifest.get("scans"):
+            self.scans = [FileScan(**d) for d in self.manifest["scans"]]
+            logger.info("resuming the unfinished run in {}", self.out)
+        else:
+            logger.info("counting the lines of {} input file(s)", len(self.paths))
+            self.scans = _count_pass(self.paths, o.input_format, o.chunk_rows, self.pool, o.workers, o.progress)
+        self.file_bad = _check_scans(self.scans, o.on_bad_line)
+        file_lines = [sc.lines for sc in self.scans]
+        self.plan = SplitPlan.build(
+            o.split, file_lines, seed=o.seed, validation_fraction=o.validation_fraction, test_fraction=o.test_fraction
+        )
+        logger.info("split: {}", self.plan.describe())
+        self.firsts = np.concatenate(([0], np.cumsum(file_lines)[:-1])).astype(int).tolist()
+
+    def start_output(self) -> None:
+        """Step 2: replace the old dataset (--overwrite), make the directories, read what an earlier
+        run finished, write the manifest."""
+        if self.opts.overwrite and self.out.exists():
+            _remove_dataset(self.out)
+        self.progress_dir.mkdir(parents=True, exist_ok=True)
+        for name in SPLITS:
+            (self.out / name).mkdir(exist_ok=True)
+        self.done = _load_done(self.progress_dir, self.out)
+        self.owns_output = True
+        write_json_atomic(
+            self.progress_dir / "manifest.json",
+            {
+                "tool": "dlrm.preprocess",
+                "manifest_version": MANIFEST_VERSION,
+                "options": self.opts.output_options(),
+                "inputs": self.fingerprints,
+                "scans": [asdict(sc) for sc in self.scans],
+            },
+        )
+        _remove_temp_files(self.out)
+
+    def restore_stats(self) -> None:
+        """The table statistics of finished chunks: the checkpoint, then the train shards of the
+        finished chunks it does not cover."""
+        from loguru import logger
+
+        cap = self.opts.count_cap
+        self.counter, self.covered = _load_checkpoint(self.progress_dir / "stats.npz", cap, self.done)
+        redo = [k for k in sorted(self.done) if k not in self.covered and "train" in self.done[k]["shards"]]
+        if self.done:
+            logger.info("{} chunk(s) already done; re-reading table statistics of {} of them", len(self.done),
+                        len(redo))
+        if redo:
+            args = [(str(self.out / self.done[k]["shards"]["train"]["file"]), k[0], k[1], cap) for k in redo]
+            it = self.pool.map(_stats_from_shard, args) if self.pool is not None else map(_stats_from_shard, args)
+            for key, stats in it:
+                self.counter.add_stats(stats)
+                self.covered.add(key)
+
+    def tasks(self, f: int) -> Iterator[_ChunkTask]:
+        """The tasks of file ``f``'s chunks still to do; a gzip file is decompressed here, as a stream."""
+        sc = self.scans[f]
+        chunks = self.todo[f]
+        o = self.opts
+        rows = o.chunk_rows
+        datas: Iterator[bytes | None]
+        if sc.compressed:
+            datas = _iter_ranges(sc.path, [(sc.offsets[c], sc.offsets[c + 1]) for c in chunks])
+        else:
+            datas = iter([None] * len(chunks))  # the worker reads its byte range of the plain file
+        for c, data in zip(chunks, datas):
+            yield _ChunkTask(
+                file_index=f, chunk_index=c, path=sc.path, fmt=sc.format,
+                offset=sc.offsets[c], length=sc.offsets[c + 1] - sc.offsets[c],
+                n_lines=min(rows, sc.lines - c * rows), first_line=c * rows + (2 if sc.header else 1),
+                first_local=c * rows, file_first_global=self.firsts[f], data=data, plan=self.plan,
+                output=str(self.out), row_group_rows=o.row_group_rows, compression=o.compression,
+                compression_level=o.compression_level, on_bad_line=o.on_bad_line, count_cap=o.count_cap,
+            )
+
+    def run_chunks(self) -> _RunState:
+        """Step 3: the chunks still to do, in this process or in the pool, under a progress bar."""
+        from loguru import logger
+        from tqdm import tqdm
+
+        o = self.opts
+        self.todo = [[c for c in range(sc.num_chunks) if (f, c) not in self.done] for f, sc in enumerate(self.scans)]
+        done_lines = sum(r["lines"] for r in self.done.values())
+        logger.info("{} chunk(s) of up to {} lines to do ({} workers)", sum(len(t) for t in self.todo), o.chunk_rows,
+                    o.workers)
+        state = _RunState(self.progress_dir, self.counter, self.covered, self.done, o.checkpoint_interval, self.max_new)
+        with tqdm(
+            total=self.plan.total_lines, initial=done_lines, unit=" rows", unit_scale=True, disable=not o.progress,
+            desc="preprocessing", mininterval=1.0, smoothing=0.05, dynamic_ncols=True,
+        ) as bar:
+            state.bar = bar
+            try:
+                if self.pool is None:
+                    _run_inline(self.tasks, len(self.scans), state)
+                else:
+                    files = [f for f in range(len(self.scans)) if self.todo[f]]
+                    _run_pool(self.pool, self.tasks, files, o.workers, state)
+            finally:
+                state.close()
+        return state
+
+    def check_finished(self, state: _RunState) -> None:
+        """Raise unless every chunk finished and some rows were written."""
+        if state.interrupted:
+            raise _Interrupted("stopped after _max_new_chunks chunks")
+        if state.errors:
+            state.checkpoint(force=True)
+            _remove_temp_files(self.out)
+            raise BadLineError(min(state.errors, key=lambda e: e[0])[1])
+        missing = [(f, c) for f, sc in enumerate(self.scans) for c in range(sc.num_chunks) if (f, c) not in self.done]
+        if missing:
+            raise PreprocessError(f"internal error: chunks {missing[:5]} did not finish")
+        if not any(rec["shards"] for rec in self.done.values()):
+            skipped = sum(self.file_bad.values()) + sum(sum(rec["bad"].values()) for rec in self.done.values())
+            raise PreprocessError(
+                f"no rows to write: not one good line in the {len(self.paths)} input file(s) "
+                f"({skipped} bad line(s) or file(s) skipped)"
+            )
+
+    def finish(self) -> Metadata:
+        """Step 4: vocabularies and metadata.json."""
+        o = self.opts
+        return _finish(self.out, self.scans, self.fingerprints, o.output_options(), self.plan, self.done,
+                       self.counter, self.file_bad, o.hashing, o.min_frequency, o.max_rows)
+
+
+def _check_scans(scans: list[FileScan], on_bad_line: str) -> dict[str, int]:
+    """Log what the count pass found in every file; an empty or corrupt file stops the run, or in
+    skip mode is counted (and a gzip file corrupt inside its stream loses all its lines)."""
+    from loguru import logger
+
+    file_bad: dict[str, int] = {}
+    for i, sc in enumerate(scans):
+        logger.info("{}: {} data lines ({}{}{})", sc.path, sc.lines, sc.format, ", header" if sc.header else "",
+                    ", gzip" if sc.compressed else "")
+        bad = sc.bad_line()
+        if bad is None:
+            continue
+        if on_bad_line == "stop":
+            raise BadLineError(bad)
+        if sc.lines and not sc.prefix_trusted:
+            logger.warning("skipping the whole file ({} lines decompressed before the error): {}", sc.lines,
+                           bad.message())
+            scans[i] = sc.without_data()
+        else:
+            logger.warning("skipping: {}", bad.message())
+        file_bad[bad.reason] = file_bad.get(bad.reason, 0) + 1
+    return file_bad
+
+
+def _load_checkpoint(path: Path, count_cap: int | None, done: dict) -> tuple[DistinctCounter, set[tuple[int, int]]]:
+    """The statistics checkpoint and the chunks it covers; an unreadable one, or one that covers
+    chunks not recorded as done, is ignored (their statistics are re-read from the shards)."""
+    counter = DistinctCounter(count_cap)
+    if not path.is_file():
+        return counter, set()
+    try:
+        covered = counter.load(path)
+    except (OSError, ValueError, KeyError, zlib.error):
+        return DistinctCounter(count_cap), set()  # a fresh counter: the load may have stopped half-way
+    if not covered <= set(done):
+        return DistinctCounter(count_cap), set()
+    return counter, covered

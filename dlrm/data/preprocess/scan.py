@@ -1,0 +1,356 @@
+"""The count pass: lines, format, header and chunk start offsets of every input file."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Iterator
+from concurrent.futures import as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dlrm.data.preprocess.constants import _GZIP_ERRORS, _READ_BLOCK, DEFAULT_CHUNK_ROWS, NUM_FIELDS
+from dlrm.data.preprocess.errors import BadLine, PreprocessError
+from dlrm.data.preprocess.parse import _delimiter_of
+
+
+def _is_gzip(path: Path) -> bool:
+    """Whether the file starts with the gzip magic bytes."""
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _iter_blocks(path: Path, block: int = _READ_BLOCK) -> Iterator[bytes]:
+    """The (decompressed) bytes of a file in blocks; the same sequence every time it is read.
+
+    A truncated or corrupt gzip stream raises (EOFError, gzip.BadGzipFile, zlib.error) after
+    yielding everything that could be decompressed before the damage.
+    """
+    with open(path, "rb") as raw:
+        if raw.read(2) != b"\x1f\x8b":
+            raw.seek(0)
+            while b := raw.read(block):
+                yield b
+            return
+        raw.seek(0)
+        f = gzip.GzipFile(fileobj=raw, mode="rb")
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                b = f.read1(block)  # one decompression step: keeps the data before an error
+            except _GZIP_ERRORS:
+                if parts:
+                    yield b"".join(parts)
+                raise
+            if not b:
+                break
+            parts.append(b)
+            size += len(b)
+            if size >= block:
+                yield b"".join(parts)
+                parts, size = [], 0
+        if parts:
+            yield b"".join(parts)
+
+
+@dataclass
+class FileScan:
+    """What the count pass learned about one input file.
+
+    ``offsets[k]`` is the (decompressed) byte offset where chunk k starts; ``offsets[-1]`` is the
+    end of the data (for a corrupt gzip: the end of its last complete line). ``lines`` counts
+    data lines (not the CSV header). ``error`` is set for an empty file or a corrupt gzip.
+
+    ``prefix_trusted`` (corrupt gzip only): True when the stream just ends early (a truncated
+    download: ``EOFError``), so the lines decompressed before the cut are the file's first lines;
+    False for damage inside the stream (a CRC mismatch, invalid deflate data), where the
+    decompressed bytes before the error may already be wrong. ``--on-bad-line skip`` keeps the
+    complete lines of a trusted prefix and drops the whole file otherwise.
+    """
+
+    path: str
+    compressed: bool
+    format: str
+    header: bool
+    size: int
+    lines: int
+    offsets: list[int]
+    error: str | None = None  # "empty_file" | "corrupt_gzip"
+    error_detail: str = ""
+    prefix_trusted: bool = True
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.offsets) - 1
+
+    def bad_line(self) -> BadLine | None:
+        """The `BadLine` of an empty file or a corrupt gzip, else None."""
+        if self.error == "empty_file":
+            return BadLine(self.path, None, "empty_file", detail="empty file (no data lines)")
+        if self.error == "corrupt_gzip":
+            if not self.prefix_trusted:  # the damage is somewhere before the point of failure
+                return BadLine(self.path, None, "corrupt_gzip", detail=self.error_detail)
+            line = self.lines + (2 if self.header else 1)
+            return BadLine(self.path, line, "corrupt_gzip", detail=self.error_detail)
+        return None
+
+    def without_data(self) -> FileScan:
+        """This file with no lines (``--on-bad-line skip`` of a gzip corrupt inside the stream)."""
+        return FileScan(self.path, self.compressed, self.format, self.header, self.size, 0, [0],
+                        self.error, self.error_detail, self.prefix_trusted)
+
+
+def _gzip_problem(e: BaseException) -> tuple[str, bool]:
+    """One-line description of a gzip error, and whether the data decompressed before it is sound."""
+    if isinstance(e, EOFError):
+        return f"truncated gzip stream ({e})", True
+    if isinstance(e, gzip.BadGzipFile) and str(e).startswith("Not a gzipped file"):
+        # garbage after a complete member: everything before it passed its CRC check
+        return f"unreadable data after the end of a gzip member ({e})", True
+    return f"corrupt gzip stream ({type(e).__name__}: {e}); the data before this point cannot be trusted", False
+
+
+def _detect_format(first_line: bytes, path: Path, fmt: str) -> tuple[str, bool]:
+    """The format (``fmt``, or from the separator in the first line with "auto") and whether the
+    first line is the CSV header (which must then have 40 fields)."""
+    if fmt == "auto":
+        if b"\t" in first_line:
+            fmt = "tsv"
+        elif b"," in first_line:
+            fmt = "csv"
+        else:
+            raise PreprocessError(
+                f"{path}:1: cannot detect the format (no tab or comma in the first line); use --format"
+            )
+    delim = _delimiter_of(fmt)
+    fields = first_line.rstrip(b"\r\n").split(delim)
+    header = fields[0].strip() == b"label"
+    if header and len(fields) != NUM_FIELDS:
+        raise PreprocessError(f"{path}:1: the header has {len(fields)} fields, expected {NUM_FIELDS}")
+    return fmt, header
+
+
+def _format_and_header(first_line: bytes, path: Path, fmt: str) -> tuple[str, bool]:
+    """`_detect_format` of a first line; an empty one (empty file or a bad line) has no header."""
+    if first_line:
+        return _detect_format(first_line, path, fmt)
+    return ("tsv" if fmt == "auto" else fmt), False
+
+
+class _ChunkStarts:
+    """The running count over a file's (decompressed) blocks: newlines seen, and the offsets where
+    chunks start (chunk k starts after newline number k*R + h, 1-based; chunk 0 of a file without
+    header at 0)."""
+
+    def __init__(self, chunk_rows: int, header: bool):
+        self.chunk_rows = chunk_rows
+        self.h = 1 if header else 0
+        self.offsets: list[int] = []  # chunk starts (decompressed offsets)
+        self.next_chunk = 0  # index of the next chunk whose start we look for
+        self.seen = 0  # newlines seen so far
+        self.base = 0  # offset of the current block
+        self.last_nl_end = 0  # offset just after the last newline seen
+        self.last_byte = b""
+
+    def feed(self, b: bytes) -> None:
+        """Count the next block."""
+        cnt = b.count(b"\n")
+        nlpos = None
+        while True:
+            target = self.next_chunk * self.chunk_rows + self.h
+            if target == 0:
+                self.offsets.append(0)
+                self.next_chunk += 1
+                continue
+            if target > self.seen + cnt:
+                break
+            if nlpos is None:
+                nlpos = np.flatnonzero(np.frombuffer(b, dtype=np.uint8) == 10)
+            self.offsets.append(self.base + int(nlpos[target - self.seen - 1]) + 1)
+            self.next_chunk += 1
+        if cnt:
+            self.last_nl_end = self.base + b.rfind(b"\n") + 1
+        self.seen += cnt
+        self.base += len(b)
+        self.last_byte = b[-1:]
+
+
+def scan_file(path: str | os.PathLike, fmt: str = "auto", chunk_rows: int = DEFAULT_CHUNK_ROWS) -> FileScan:
+    """The count pass over one file: lines, format, header and chunk start offsets.
+
+    Reads the file once (gzip decompressed as a stream, detected by its magic bytes) counting
+    b"\\n" per block. Does not raise for an empty file or a corrupt gzip: see ``FileScan.error``.
+    """
+    path = Path(path)
+    blocks = _iter_blocks(path)
+    compressed = _is_gzip(path)
+    pending, problem = _first_blocks(blocks)
+    first_line = b"".join(pending).split(b"\n", 1)[0].rstrip(b"\r")
+    fmt, header = _format_and_header(first_line, path, fmt)
+    starts = _ChunkStarts(chunk_rows, header)
+    for b in pending:
+        starts.feed(b)
+    if problem is None:
+        problem = _count_rest(starts, blocks)
+    return _scan_result(path, compressed, fmt, header, starts, chunk_rows, problem)
+
+
+def _first_blocks(blocks: Iterator[bytes]) -> tuple[list[bytes], BaseException | None]:
+    """Enough blocks for the first line (or 1 MiB), and the gzip error that cut them short, if any."""
+    pending: list[bytes] = []
+    try:
+        for b in blocks:
+            pending.append(b)
+            if b"\n" in b or sum(len(p) for p in pending) >= (1 << 20):
+                break
+    except _GZIP_ERRORS as e:
+        return pending, e
+    return pending, None
+
+
+def _count_rest(starts: _ChunkStarts, blocks: Iterator[bytes]) -> BaseException | None:
+    """Count the remaining blocks; returns the gzip error that ended the stream early, or None."""
+    try:
+        for b in blocks:
+            starts.feed(b)
+    except _GZIP_ERRORS as e:
+        return e
+    return None
+
+
+def _scan_result(path: Path, compressed: bool, fmt: str, header: bool, starts: _ChunkStarts, chunk_rows: int,
+                 problem: BaseException | None) -> FileScan:
+    """The `FileScan` of a counted file; ``problem``: the gzip error that cut the stream short."""
+    error, detail, trusted = None, "", True
+    if problem is None:
+        end = starts.base
+        lines = starts.seen + (1 if starts.base > 0 and starts.last_byte != b"\n" else 0) - starts.h
+    else:
+        error = "corrupt_gzip"
+        detail, trusted = _gzip_problem(problem)
+        end = starts.last_nl_end
+        lines = starts.seen - starts.h
+        if trusted:
+            detail += f" after {max(lines, 0)} complete data lines"
+    lines = max(lines, 0)
+    n_chunks = -(-lines // chunk_rows)
+    offsets = starts.offsets[:n_chunks] + [end]
+    if lines == 0 and error is None:
+        error = "empty_file"
+    return FileScan(str(path), compressed, fmt, header, starts.base, lines, offsets, error, detail, trusted)
+
+
+_PARALLEL_SCAN_MIN_BYTES = 64 << 20  # plain files at least this big are counted in parallel
+_SCAN_RANGE_BYTES = 32 << 20  # about this many bytes per counting task
+
+
+def _count_newlines(args: tuple[str, int, int]) -> int:
+    """Newlines in bytes [start, end) of a plain file."""
+    path, start, end = args
+    n = 0
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = end - start
+        while left > 0:
+            b = f.read(min(_READ_BLOCK, left))
+            if not b:
+                break
+            n += b.count(b"\n")
+            left -= len(b)
+    return n
+
+
+def _newline_offsets(args: tuple[str, int, int, int, list[int]]) -> list[int]:
+    """Offsets just after the newlines numbered ``targets`` (1-based over the file, sorted) that lie
+    in bytes [start, end), of which ``before`` newlines precede ``start``."""
+    path, start, end, before, targets = args
+    out: list[int] = []
+    seen = before
+    base = start
+    t = 0
+    with open(path, "rb") as f:
+        f.seek(start)
+        while base < end and t < len(targets):
+            b = f.read(min(_READ_BLOCK, end - base))
+            if not b:
+                break
+            cnt = b.count(b"\n")
+            if targets[t] <= seen + cnt:
+                nl = np.flatnonzero(np.frombuffer(b, dtype=np.uint8) == 10)
+                while t < len(targets) and targets[t] <= seen + cnt:
+                    out.append(base + int(nl[targets[t] - seen - 1]) + 1)
+                    t += 1
+            seen += cnt
+            base += len(b)
+    return out
+
+
+def scan_file_parallel(path: str | os.PathLike, fmt: str, chunk_rows: int, executor, n_tasks: int) -> FileScan:
+    """`scan_file` of a plain (not gzip) file with the reading spread over ``executor``: newlines
+    are counted in byte ranges in parallel, then the chunk starts are found in the ranges that hold
+    them. Same result as `scan_file`."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+        f.seek(max(size - 1, 0))
+        last_byte = f.read(1)
+    first_line = head.split(b"\n", 1)[0].rstrip(b"\r")
+    fmt, header = _format_and_header(first_line, path, fmt)
+    h = 1 if header else 0
+    n_ranges = max(1, min(max(n_tasks, -(-size // _SCAN_RANGE_BYTES)), 1024))
+    bounds = [size * i // n_ranges for i in range(n_ranges + 1)]
+    ranges = [(str(path), bounds[i], bounds[i + 1]) for i in range(n_ranges)]
+    counts = list(executor.map(_count_newlines, ranges))
+    before = np.concatenate(([0], np.cumsum(counts))).astype(np.int64).tolist()
+    seen = before[-1]
+    lines = max(seen + (1 if size > 0 and last_byte != b"\n" else 0) - h, 0)
+    n_chunks = -(-lines // chunk_rows)
+    offsets: list[int] = []
+    wanted: list[list[int]] = [[] for _ in ranges]
+    for k in range(n_chunks):
+        target = k * chunk_rows + h  # chunk k starts after newline number `target` (1-based)
+        if target == 0:
+            continue
+        i = int(np.searchsorted(before, target, side="left")) - 1  # before[i] < target <= before[i + 1]
+        wanted[i].append(target)
+    jobs = [(str(path), bounds[i], bounds[i + 1], before[i], wanted[i]) for i in range(n_ranges) if wanted[i]]
+    for found in executor.map(_newline_offsets, jobs):
+        offsets += found
+    if n_chunks and h == 0:
+        offsets.insert(0, 0)
+    offsets = offsets[:n_chunks] + [size]
+    error = "empty_file" if lines == 0 else None
+    return FileScan(str(path), False, fmt, header, size, lines, offsets, error)
+
+
+def _scan_star(args: tuple[str, str, int]) -> FileScan:
+    """`scan_file` of one (path, format, chunk_rows) tuple (a picklable pool task)."""
+    return scan_file(*args)
+
+
+def _count_pass(paths: list[Path], fmt: str, chunk_rows: int, pool, workers: int, progress: bool) -> list[FileScan]:
+    """`scan_file` of every input: gzip and small files one per worker, big plain files split
+    over all workers (`scan_file_parallel`). A bar counts the files when there are several."""
+    from tqdm import tqdm
+
+    scans: dict[int, FileScan] = {}
+    with tqdm(total=len(paths), unit=" files", desc="counting lines", disable=not progress or len(paths) < 2) as bar:
+        if pool is None:
+            for i, p in enumerate(paths):
+                scans[i] = scan_file(p, fmt, chunk_rows)
+                bar.update(1)
+            return [scans[i] for i in range(len(paths))]
+        big = [not _is_gzip(p) and p.stat().st_size >= _PARALLEL_SCAN_MIN_BYTES for p in paths]
+        futures = {pool.submit(_scan_star, (str(p), fmt, chunk_rows)): i for i, p in enumerate(paths) if not big[i]}
+        for i, p in enumerate(paths):
+            if big[i]:
+                scans[i] = scan_file_parallel(p, fmt, chunk_rows, pool, 2 * workers)
+                bar.update(1)
+        for fut in as_completed(futures):
+            scans[futures[fut]] = fut.result()
+            bar.update(1)
+    return [scans[i] for i in range(len(paths))]

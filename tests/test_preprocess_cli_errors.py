@@ -1,0 +1,349 @@
+"""`python -m dlrm.preprocess` never leaves a mess (issue #17): bad options, inputs and output
+directories fail with one line and exit code 2 before anything is written; a run that fails before
+its first chunk is finished removes what it created, so that the corrected command just works; an
+unexpected exception is a traceback plus one line calling it a bug, exit code 1."""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dlrm.data import preprocess as pp
+from dlrm.data.preprocess import options as pp_options
+from dlrm.data.preprocess import run as pp_run
+from dlrm.data.preprocess import worker as pp_worker
+from dlrm.data.schema import read_metadata
+
+REPO = Path(__file__).resolve().parents[1]
+# loguru records: its default format, and dlrm.logging_setup's
+_LOG_RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \| [A-Z]+ +\| |\d\d:\d\d:\d\d [A-Z]+ +)")
+
+
+def raw_lines(n: int, seed: int = 0) -> str:
+    """``n`` well-formed TSV lines (label, 13 counts, 26 hex categories), deterministic."""
+    lines = []
+    for i in range(n):
+        k = seed * 7919 + i
+        dense = [str((k * (j + 3)) % 97) for j in range(13)]
+        sparse = [f"{(k * 2654435761 + j * 40503) % (1 << 32):08x}" for j in range(26)]
+        lines.append("\t".join([str(k % 2), *dense, *sparse]))
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    """A small raw input file."""
+    path = tmp_path / "in" / "a.tsv"
+    path.parent.mkdir()
+    path.write_text(raw_lines(60))
+    return path
+
+
+def run_cli(*args: str):
+    return CliRunner().invoke(pp.build_cli(), [*map(str, args), "--no-progress", "--workers", "1"])
+
+
+def error_lines(result) -> list[str]:
+    """The CLI's stderr without loguru records."""
+    return [x for x in result.stderr.strip().splitlines() if not _LOG_RECORD.match(x)]
+
+
+def assert_one_line_error(result, *fragments: str, code: int = 2) -> str:
+    """Exit ``code`` and exactly one ``error: ...`` line on stderr, holding every fragment."""
+    lines = error_lines(result)
+    assert result.exit_code == code, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------
+# options: checked before anything is created
+
+
+@pytest.mark.parametrize(
+    "bad,fragments",
+    [
+        (["--compression", "bogus"], ["--compression", "'bogus'"]),
+        (["--compression", "zstd", "--compression-level", "99"], ["--compression-level", "99", "zstd"]),
+        (["--compression", "gzip", "--compression-level", "10"], ["--compression-level", "10", "gzip"]),
+        (["--compression", "snappy", "--compression-level", "3"], ["--compression-level", "snappy"]),
+        (["--compression", "none", "--compression-level", "1"], ["--compression-level", "none"]),
+        (["--split", "random", "--validation-fraction", "0.6", "--test-fraction", "0.5"], ["0.6", "0.5", "below 1"]),
+        (["--validation-fraction", "1.5"], ["--validation-fraction", "1.5"]),
+        (["--test-fraction", "-0.1"], ["--test-fraction", "-0.1"]),
+        (["--checkpoint-interval", "nan"], ["--checkpoint-interval", "nan"]),
+    ],
+)
+def test_bad_option_fails_before_any_output_and_the_corrected_command_works(tmp_path, src, bad, fragments):
+    out = tmp_path / "ds"
+    assert_one_line_error(run_cli("-i", src, "-o", out, *bad), *fragments)
+    assert not out.exists()
+    r = run_cli("-i", src, "-o", out)
+    assert r.exit_code == 0, r.stderr
+    assert sum(s.rows for s in read_metadata(out).splits.values()) == 60
+
+
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        (dict(workers=0), "--workers: 0 must be >= 1"),
+        (dict(workers=-2), "--workers: -2 must be >= 1"),
+        (dict(chunk_rows=0), "--chunk-rows: 0 must be >= 1"),
+        (dict(row_group_rows=2.5), "--row-group-rows: 2.5 is not an integer"),
+        (dict(max_rows_per_table=-1), "--max-rows-per-table: -1 must be >= 0"),
+        (dict(min_frequency=0, hashing="vocabulary"), "--min-frequency: 0 must be >= 1"),
+        (dict(seed="7"), "--seed: '7' is not an integer"),
+        (dict(compression="ZSTD", compression_level="3"), "--compression-level: '3' is not an integer"),
+        (dict(split="weekly"), "--split: 'weekly' is not one of"),
+        (dict(input_format="parquet"), "--format: 'parquet' is not one of"),
+    ],
+)
+def test_api_checks_every_option_before_creating_output(tmp_path, src, kwargs, fragment):
+    out = tmp_path / "ds"
+    with pytest.raises(pp.PreprocessError) as err:
+        pp.preprocess([src], out, progress=False, **kwargs)
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+    assert not out.exists()
+
+
+_ANY = st.one_of(st.none(), st.booleans(), st.integers(-5, 30), st.floats(allow_nan=True), st.text(max_size=6),
+                 st.sampled_from(["zstd", "snappy", "gzip", "lz4", "brotli", "none", "tsv", "random", "vocabulary"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(values=st.fixed_dictionaries({name: _ANY for name in (
+    "input_format", "split", "validation_fraction", "test_fraction", "seed", "hashing", "min_frequency",
+    "max_rows_per_table", "chunk_rows", "row_group_rows", "compression", "compression_level", "workers",
+    "on_bad_line", "checkpoint_interval")}))
+def test_check_options_accepts_or_names_the_problem_in_one_line(values):
+    """Whatever the values, the check returns valid options or raises one `PreprocessError` line
+    naming an option: never another exception, which would surface as a traceback."""
+    try:
+        opts = pp.check_options(**values, overwrite=False, progress=False)
+    except pp.PreprocessError as e:
+        message = str(e)
+        assert "\n" not in message and message.startswith("--"), message
+        return
+    assert opts.chunk_rows >= 1 and opts.row_group_rows >= 1 and opts.workers >= 1 and opts.min_frequency >= 1
+    assert 0 <= opts.validation_fraction < 1 and 0 <= opts.test_fraction < 1
+    assert opts.max_rows is None or opts.max_rows >= 1
+    assert opts.compression in pp_options.CODECS and not math.isnan(opts.checkpoint_interval)
+    json.dumps(opts.output_options())  # goes into the manifest and metadata.json
+
+
+# ------------------------------------------------------------------------------------------
+# inputs
+
+
+def _spellings(src: Path, tmp_path: Path) -> dict[str, Path]:
+    """Other names of ``src``: a path through '..', a symlink, a hard link."""
+    (tmp_path / "sub").mkdir()
+    link = tmp_path / "link.tsv"
+    link.symlink_to(src)
+    hard = tmp_path / "hard.tsv"
+    os.link(src, hard)
+    return {"same": src, "dotdot": tmp_path / "sub" / ".." / "in" / src.name, "symlink": link, "hardlink": hard}
+
+
+@pytest.mark.parametrize("how", ["same", "dotdot", "symlink", "hardlink", "relative"])
+def test_the_same_input_twice_is_refused(tmp_path, src, how, monkeypatch):
+    if how == "relative":
+        monkeypatch.chdir(src.parent)
+        other = Path(src.name)
+    else:
+        other = _spellings(src, tmp_path)[how]
+    out = tmp_path / "ds"
+    line = assert_one_line_error(run_cli("-i", src, "-i", other, "-o", out), str(other), "given twice")
+    if how != "same":
+        assert str(src) in line
+    assert not out.exists()
+
+
+def test_the_same_input_twice_is_refused_by_the_api_too(tmp_path, src):
+    other = tmp_path / "hard.tsv"
+    os.link(src, other)
+    with pytest.raises(pp.PreprocessError, match="given twice"):
+        pp.preprocess([src, other], tmp_path / "ds", progress=False)
+    assert not (tmp_path / "ds").exists()
+
+
+def test_missing_input_is_one_line(tmp_path, src):
+    out = tmp_path / "ds"
+    missing = tmp_path / "nope.tsv"
+    assert_one_line_error(run_cli("-i", src, missing, "-o", out), f"{missing}: no such file")
+    assert not out.exists()
+
+
+def test_directory_as_input_is_one_line(tmp_path, src):
+    assert_one_line_error(run_cli("-i", src.parent, "-o", tmp_path / "ds"), f"{src.parent}: not a regular file")
+    assert not (tmp_path / "ds").exists()
+
+
+def test_unreadable_input_is_one_line(tmp_path, src, monkeypatch):
+    real_open = open
+
+    def deny(path, *args, **kwargs):  # what a file without read permission does (root reads anything)
+        if Path(path) == src:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(pp_options, "open", deny, raising=False)
+    assert_one_line_error(run_cli("-i", src, "-o", tmp_path / "ds"), f"{src}: cannot be read (Permission denied)")
+    assert not (tmp_path / "ds").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files without read permission")
+def test_unreadable_input_is_one_line_for_real(tmp_path, src):
+    src.chmod(0)
+    try:
+        assert_one_line_error(run_cli("-i", src, "-o", tmp_path / "ds"), f"{src}: cannot be read")
+    finally:
+        src.chmod(0o644)
+
+
+def test_input_inside_the_output_is_not_deleted_by_overwrite(tmp_path):
+    out = tmp_path / "ds"
+    (out / "train").mkdir(parents=True)
+    inside = out / "train" / "raw.tsv"
+    inside.write_text(raw_lines(30))
+    assert_one_line_error(run_cli("-i", inside, "-o", out, "--overwrite"), str(inside), "train/")
+    assert inside.read_text() == raw_lines(30)
+
+
+# ------------------------------------------------------------------------------------------
+# the output directory
+
+
+def test_existing_dataset_is_one_line_exit_2(tmp_path, src):
+    out = tmp_path / "ds"
+    pp.preprocess([src], out, progress=False, workers=1)
+    before = sorted(p.name for p in out.rglob("*"))
+    assert_one_line_error(run_cli("-i", src, "-o", out), "already holds a complete dataset")
+    assert sorted(p.name for p in out.rglob("*")) == before
+
+
+def test_output_that_is_a_file_is_one_line(tmp_path, src):
+    target = tmp_path / "ds"
+    target.write_text("mine")
+    assert_one_line_error(run_cli("-i", src, "-o", target), f"{target}: exists and is not a directory")
+    assert target.read_text() == "mine"
+    assert_one_line_error(run_cli("-i", src, "-o", target / "x"), f"{target / 'x'}: cannot be created")
+
+
+def test_not_writable_output_is_one_line_before_any_work(tmp_path, src, monkeypatch):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    real_access = os.access
+
+    def access(path, mode, *args, **kwargs):  # a read-only directory (root may write anywhere)
+        if Path(path) == parent and mode & os.W_OK:
+            return False
+        return real_access(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+    counted = []
+    monkeypatch.setattr(pp_run, "_count_pass", lambda *a: counted.append(a))
+    assert_one_line_error(run_cli("-i", src, "-o", parent / "ds"), f"{parent / 'ds'}: not writable", str(parent))
+    assert counted == [] and not (parent / "ds").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_not_writable_output_is_one_line_for_real(tmp_path, src):
+    parent = tmp_path / "ro"
+    parent.mkdir()
+    parent.chmod(0o555)
+    try:
+        assert_one_line_error(run_cli("-i", src, "-o", parent / "ds"), "not writable")
+    finally:
+        parent.chmod(0o755)
+
+
+def test_malformed_manifest_is_one_line(tmp_path, src):
+    out = tmp_path / "ds"
+    (out / pp.PROGRESS_DIR).mkdir(parents=True)
+    (out / pp.PROGRESS_DIR / "manifest.json").write_text('{"options": {}, "inputs": [1, 2]}')
+    assert_one_line_error(run_cli("-i", src, "-o", out), "manifest.json: unreadable", "--overwrite")
+    r = run_cli("-i", src, "-o", out, "--overwrite")
+    assert r.exit_code == 0, r.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# failures during the run
+
+
+def _fail_writing(exc: BaseException):
+    def write_shard(*args, **kwargs):
+        raise exc
+
+    return write_shard
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_failure_before_the_first_chunk_removes_what_it_created(tmp_path, src, monkeypatch, existed):
+    """A disk-full error while writing the first shard: one line, exit 2, and no unfinished run
+    left to block the next command."""
+    out = tmp_path / "ds"
+    if existed:
+        out.mkdir()
+    full = OSError(errno.ENOSPC, "No space left on device", str(out / "train" / "x.parquet"))
+    monkeypatch.setattr(pp_worker, "_write_shard", _fail_writing(full))
+    assert_one_line_error(run_cli("-i", src, "-o", out), "No space left on device", str(out))
+    assert out.exists() == existed
+    assert not existed or list(out.iterdir()) == []
+    monkeypatch.undo()
+    r = run_cli("-i", src, "-o", out, "--compression", "gzip")  # other settings: nothing to resume
+    assert r.exit_code == 0, r.stderr
+
+
+def test_unexpected_exception_is_a_traceback_and_one_bug_line(tmp_path, src, monkeypatch):
+    out = tmp_path / "ds"
+    monkeypatch.setattr(pp_worker, "_write_shard", _fail_writing(RuntimeError("boom")))
+    r = run_cli("-i", src, "-o", out)
+    assert r.exit_code == 1
+    assert "Traceback (most recent call last)" in r.stderr and "RuntimeError: boom" in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "bug in dlrm" in last and "RuntimeError" in last
+    assert not out.exists()
+
+
+def test_interrupt_is_one_line_exit_130_and_cleans_up(tmp_path, src, monkeypatch):
+    out = tmp_path / "ds"
+    monkeypatch.setattr(pp_worker, "_write_shard", _fail_writing(KeyboardInterrupt()))
+    assert_one_line_error(run_cli("-i", src, "-o", out), "interrupted", code=130)
+    assert not out.exists()
+
+
+def test_failed_overwrite_keeps_the_old_dataset_until_the_inputs_are_counted(tmp_path, src):
+    """--overwrite with an input the count pass rejects: the old dataset is still there."""
+    out = tmp_path / "ds"
+    pp.preprocess([src], out, progress=False, workers=1)
+    before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    empty = tmp_path / "empty.tsv"
+    empty.write_bytes(b"")
+    assert_one_line_error(run_cli("-i", src, "-i", empty, "-o", out, "--overwrite"), f"{empty}: empty file")
+    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_python_m_exit_codes(tmp_path, src):
+    """The real entry point: a refused command is one line on stderr and exit code 2."""
+    out = tmp_path / "ds"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "dlrm.preprocess", "-i", str(src), str(src), "-o", str(out)],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    expected = f"error: {src}: given twice as input (the same path); list every file once"
+    assert r.stderr.strip().splitlines() == [expected]
+    assert not out.exists()
