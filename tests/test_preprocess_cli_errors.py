@@ -24,8 +24,8 @@ from dlrm.data.preprocess import options as pp_options
 from dlrm.data.preprocess import run as pp_run
 from dlrm.data.preprocess import worker as pp_worker
 from dlrm.data.schema import read_metadata
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 # loguru records: its default format, and dlrm.logging_setup's
 _LOG_RECORD = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ \| [A-Z]+ +\| |\d\d:\d\d:\d\d [A-Z]+ +)")
 
@@ -291,18 +291,18 @@ def _fail_writing(exc: BaseException):
     return write_shard
 
 
-@pytest.mark.parametrize("existed", [False, True])
+@pytest.mark.parametrize("existed", ["no", "empty directory", "nested new directories"])
 def test_failure_before_the_first_chunk_removes_what_it_created(tmp_path, src, monkeypatch, existed):
     """A disk-full error while writing the first shard: one line, exit 2, and no unfinished run
     left to block the next command."""
-    out = tmp_path / "ds"
-    if existed:
+    out = tmp_path / "new" / "sub" / "ds" if existed == "nested new directories" else tmp_path / "ds"
+    if existed == "empty directory":
         out.mkdir()
+    before = sorted(tmp_path.rglob("*"))
     full = OSError(errno.ENOSPC, "No space left on device", str(out / "train" / "x.parquet"))
     monkeypatch.setattr(pp_worker, "_write_shard", _fail_writing(full))
     assert_one_line_error(run_cli("-i", src, "-o", out), "No space left on device", str(out))
-    assert out.exists() == existed
-    assert not existed or list(out.iterdir()) == []
+    assert sorted(tmp_path.rglob("*")) == before  # all it created is gone, nothing else
     monkeypatch.undo()
     r = run_cli("-i", src, "-o", out, "--compression", "gzip")  # other settings: nothing to resume
     assert r.exit_code == 0, r.stderr
@@ -316,6 +316,13 @@ def test_unexpected_exception_is_a_traceback_and_one_bug_line(tmp_path, src, mon
     assert "Traceback (most recent call last)" in r.stderr and "RuntimeError: boom" in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "bug in dlrm" in last and "RuntimeError" in last
+    assert not out.exists()
+
+
+def test_out_of_memory_is_one_line_exit_4_and_cleans_up(tmp_path, src, monkeypatch):
+    out = tmp_path / "ds"
+    monkeypatch.setattr(pp_worker, "_write_shard", _fail_writing(MemoryError()))
+    assert_one_line_error(run_cli("-i", src, "-o", out), "out of memory", "--chunk-rows", code=4)
     assert not out.exists()
 
 

@@ -1,8 +1,10 @@
 """``python -m dlrm.preprocess``: the click command around `preprocess`.
 
-Exit codes: 0 done; 2 an expected failure (a bad option, input or output directory, a bad line,
-a full disk...), printed as one line ``error: ...``; 1 an unexpected exception, a bug: its
-traceback, then one line saying so; 130 interrupted (Ctrl-C).
+Exit codes (as `dlrm.cli`'s): 0 done; 2 an expected failure (a bad option, input or output
+directory, a bad line, a full disk...), printed as one line ``error: ...``; 4 out of memory (a
+worker killed or a MemoryError: the same command with a smaller ``--chunk-rows`` or fewer
+``--workers`` resumes); 1 an unexpected exception, a bug: its traceback, then one line saying so;
+130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from dlrm.data.preprocess.options import CODECS
 from dlrm.data.preprocess.run import preprocess
 
 EXIT_FAILURE = 2  # an expected failure, reported in one line
-EXIT_BUG = 1
+EXIT_BUG = 1  # = dlrm.errors.EXIT_BUG (not imported here: spawned workers import this package)
+EXIT_OUT_OF_MEMORY = 4
 EXIT_INTERRUPTED = 130
 PROG_NAME = "python -m dlrm.preprocess"
 
@@ -30,9 +33,10 @@ def build_cli():
 
     @click.command(cls=_one_line_errors_command(), context_settings={"help_option_names": ["-h", "--help"]})
     @click.argument("more_inputs", nargs=-1, type=path_type, metavar="[INPUT]...")
-    @click.option("--input", "-i", "inputs", multiple=True, type=path_type,
+    @click.option("--input", "-i", "inputs", multiple=True, type=path_type, metavar="FILE",
                   help="Raw file (TSV or CSV, plain or .gz); repeat, or list the files as arguments. Order matters.")
-    @click.option("--output", "-o", required=True, type=path_type, help="Dataset directory to write.")
+    @click.option("--output", "-o", required=True, type=path_type, metavar="DIRECTORY",
+                  help="Dataset directory to write.")
     @click.option("--format", "input_format", type=click.Choice(["auto", "tsv", "csv"]), default="auto",
                   show_default=True, help="Input format; auto detects it from each file's first line.")
     @click.option("--split", type=click.Choice(["sequential", "random", "days"]), default="sequential",
@@ -75,8 +79,8 @@ def build_cli():
         that stops (bad input, a kill) keeps the shards it finished (recorded in
         OUTPUT/_progress/); the same command run again resumes from them and ends with the same
         output as an uninterrupted run; a run that stops before finishing any removes what it
-        made. metadata.json is written last. Exit codes: 0 done, 2 an error (one line), 1 a bug
-        (traceback), 130 interrupted.
+        made. metadata.json is written last. Exit codes: 0 done, 2 an error (one line), 4 out of
+        memory, 1 a bug (traceback), 130 interrupted.
         """
         all_inputs = [*inputs, *more_inputs]
         if not all_inputs:
@@ -88,16 +92,28 @@ def build_cli():
 
 def _run(inputs: list[Path], output: Path, kwargs: dict) -> None:
     """`preprocess`, with every way it can end turned into a message and an exit code."""
+    from concurrent.futures.process import BrokenProcessPool
+
     try:
         preprocess(inputs, output, **kwargs)
     except (PreprocessError, OSError) as e:  # bad input or options, a refused or full output: expected
         _fail(" ".join(str(e).split()))
+    except (MemoryError, BrokenProcessPool):  # a worker killed by the kernel's OOM killer breaks the pool
+        _fail("out of memory (or a worker process was killed): run the same command with a smaller --chunk-rows "
+              "or fewer --workers; it resumes from the finished chunks", EXIT_OUT_OF_MEMORY)
     except KeyboardInterrupt:
         _fail("interrupted; the same command resumes from the finished chunks", EXIT_INTERRUPTED)
-    except Exception:
-        traceback.print_exc()
-        _fail(f"unexpected {sys.exc_info()[0].__name__} (traceback above): this is a bug in dlrm; please report it",
-              EXIT_BUG)
+    except Exception as e:
+        _report_bug(e)
+
+
+def _report_bug(exc: Exception):
+    """The traceback, then one line saying that this is a bug (as `dlrm.errors.report_bug` words it)."""
+    from dlrm.errors import dlrm_version
+
+    traceback.print_exception(exc, file=sys.stderr)
+    _fail(f"this is a bug in dlrm {dlrm_version()} ({type(exc).__name__}): please report it with the traceback above",
+          EXIT_BUG)
 
 
 def _fail(message: str, code: int = EXIT_FAILURE):
@@ -114,14 +130,17 @@ def _one_line_errors_command():
     import click
 
     class OneLineErrorsCommand(click.Command):
+        """click.Command with one-line usage errors."""
+
         def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+            """click's main run non-standalone, so that its errors come here to be printed our way."""
             try:
                 rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             except click.exceptions.Abort:
                 _fail("interrupted", EXIT_INTERRUPTED)
             except click.ClickException as e:
                 hint = f" (see {prog_name or PROG_NAME} --help)" if isinstance(e, click.UsageError) else ""
-                _fail(" ".join(e.format_message().split()) + hint, e.exit_code)
+                _fail(" ".join(e.format_message().split()) + hint)
             if standalone_mode:
                 sys.exit(rv if isinstance(rv, int) else 0)
             return rv

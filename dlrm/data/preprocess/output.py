@@ -4,6 +4,7 @@ and the cleanup after a failed one."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -127,13 +128,26 @@ def _remove_temp_files(out: Path) -> None:
                 p.unlink(missing_ok=True)
 
 
-def _after_failure(out: Path, out_existed: bool, done: dict) -> None:
+def _first_missing(path: Path) -> Path | None:
+    """The topmost of ``path`` and its ancestors that does not exist (what a run would create), or
+    None if ``path`` exists."""
+    p = path.absolute()
+    top = None
+    while not os.path.lexists(p):
+        top = p
+        if p.parent == p:
+            break
+        p = p.parent
+    return top
+
+
+def _after_failure(out: Path, created: Path | None, done: dict) -> None:
     """A run that failed (bad input, an error, Ctrl-C) after it took over ``out``.
 
     With no chunk finished, remove what it created (the progress directory, unrecorded shards,
-    the split directories, ``out`` itself if it made it), so that the corrected command starts
-    afresh; otherwise keep the finished shards (complete and recorded) so that a run with the same
-    inputs resumes from them.
+    the split directories, and ``out`` and its parents up to ``created`` if it made them), so that
+    the corrected command starts afresh; otherwise keep the finished shards (complete and
+    recorded) so that a run with the same inputs resumes from them.
     """
     from loguru import logger
 
@@ -154,5 +168,14 @@ def _after_failure(out: Path, out_existed: bool, done: dict) -> None:
             p.unlink(missing_ok=True)
         if not any(d.iterdir()):
             d.rmdir()
-    if not out_existed and out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
+    if created is not None:
+        _remove_empty_dirs(out.absolute(), created)
+
+
+def _remove_empty_dirs(path: Path, top: Path) -> None:
+    """Remove ``path`` and its parents up to ``top`` while they are empty directories."""
+    while path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+        if path == top or path.parent == path:
+            return
+        path = path.parent

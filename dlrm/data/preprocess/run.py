@@ -28,6 +28,7 @@ from dlrm.data.preprocess.output import (
     _after_failure,
     _check_output,
     _fingerprint,
+    _first_missing,
     _load_done,
     _remove_dataset,
     _remove_temp_files,
@@ -130,7 +131,7 @@ def _execute(run: _Run) -> None:
         if run.pool is not None:
             run.pool.shutdown(wait=True, cancel_futures=True)
         if failure is not None and run.owns_output and not isinstance(failure, _Interrupted):
-            _after_failure(run.out, run.out_existed, run.done)
+            _after_failure(run.out, run.created, run.done)
         if run.out.is_dir():
             _remove_temp_files(run.out)
 
@@ -145,15 +146,20 @@ class _Run:
         self.progress_dir = out / PROGRESS_DIR
         self.max_new = max_new
         self.fingerprints = [_fingerprint(p) for p in paths]
-        self.out_existed = out.exists()
+        self.created = _first_missing(out)  # what this run creates (removed again if it fails early)
         self.manifest = _check_output(out, opts.output_options(), self.fingerprints, opts.overwrite)
         self.pool: ProcessPoolExecutor | None = None
         self.done: dict[tuple[int, int], dict] = {}
         # True once this run has taken over the output (the old dataset replaced, the progress of
         # an earlier run read): from then on a failure cleans up after it (`_after_failure`)
         self.owns_output = False
+        # set by the steps, in order: count, restore_stats, run_chunks
         self.scans: list[FileScan] = []
         self.file_bad: dict[str, int] = {}
+        self.plan: SplitPlan | None = None
+        self.firsts: list[int] = []  # global line number of every file's first line
+        self.counter: DistinctCounter | None = None
+        self.covered: set[tuple[int, int]] = set()
         self.todo: list[list[int]] = []
 
     def count(self) -> None:
