@@ -23,7 +23,8 @@ from typing import Any, Literal, Optional, Union
 from dlrm.data.schema import NUM_SPARSE
 
 Activation = Literal["relu", "sigmoid", "gelu", "squared_relu", "none"]
-KernelChoice = Literal["torch", "triton"]
+KernelChoice = Literal["auto", "torch", "triton"]
+Auto = Literal["auto"]
 
 
 class ConfigError(ValueError):
@@ -132,9 +133,10 @@ class OptimConfig:
 
 @dataclass
 class CompileConfig:
-    """torch.compile settings; in JSON, `train.compile` may also be just true or false."""
+    """torch.compile settings; in JSON, `train.compile` may also be just true, false or "auto"."""
 
-    enabled: bool = True
+    enabled: Union[bool, Auto] = True
+    """true, false, or "auto": compiled on CUDA, eager on the CPU (dlrm.train.fast_path)."""
     mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
     """reduce-overhead uses CUDA graphs (CUDA only)."""
     fullgraph: bool = False
@@ -174,23 +176,27 @@ class TrainConfig:
     seed: int = 0
     deterministic: bool = False
     """torch.use_deterministic_algorithms and deterministic kernels."""
-    compile: Union[bool, CompileConfig] = False
-    """false, true, or {"mode": ..., "fullgraph": ...}; normalised to a CompileConfig."""
-    cuda_graph: bool = False
+    compile: Union[bool, Auto, CompileConfig] = "auto"
+    """false, true, "auto" (compiled on CUDA, eager on the CPU), or {"enabled": ..., "mode": ...,
+    "fullgraph": ...}; normalised to a CompileConfig."""
+    cuda_graph: Union[bool, Auto] = "auto"
     """Capture the whole training step (forward, backward, the Triton embedding's fused update, the
     dense optimizer) in one CUDA graph after 3 warm-up steps and replay it: no per-step host launch
     cost, which bounds small batches. Needs kernels.embedding "triton", a fused dense optimizer (sgd
-    or adam) and compile mode other than reduce-overhead; on the CPU it is ignored with a warning."""
+    or adam) and compile mode other than reduce-overhead; on the CPU it is ignored with a warning.
+    "auto": on when the run allows it on CUDA (dlrm.train.fast_path says why not otherwise)."""
 
 
 @dataclass
 class KernelsConfig:
-    """Which implementation each component uses; "triton" is an explicit opt-in."""
+    """Which implementation each component uses. "auto" (the default) takes the fastest one measured
+    correct on the run's device (dlrm.train.fast_path: on CUDA the Triton embedding and dot
+    interaction, PyTorch MLPs and loss; on the CPU PyTorch everywhere); "torch" or "triton" force one."""
 
-    embedding: KernelChoice = "torch"
-    interaction: KernelChoice = "torch"
-    mlp: KernelChoice = "torch"
-    loss: KernelChoice = "torch"
+    embedding: KernelChoice = "auto"
+    interaction: KernelChoice = "auto"
+    mlp: KernelChoice = "auto"
+    loss: KernelChoice = "auto"
 
 
 @dataclass
@@ -446,7 +452,7 @@ def _check_interaction(m: "ModelConfig") -> None:
 
 def validate(cfg: Config) -> Config:
     """Cross-field and range checks; raises `ConfigError` naming the first bad key."""
-    if isinstance(cfg.train.compile, bool):
+    if isinstance(cfg.train.compile, (bool, str)):  # true | false | "auto"
         cfg.train.compile = CompileConfig(enabled=cfg.train.compile)
     if isinstance(cfg.profile, bool):
         cfg.profile = ProfileConfig(enabled=cfg.profile)
@@ -487,7 +493,7 @@ def validate(cfg: Config) -> Config:
         _positive(f"optim.schedule.{key}", getattr(s, key), allow_zero=True)
     if not (0.0 <= s.end_factor <= 1.0):
         raise ConfigError(f"optim.schedule.end_factor: {s.end_factor!r} must be within [0, 1]")
-    if t.cuda_graph:
+    if t.cuda_graph is True:  # "auto" turns itself off where these rules say no (dlrm.train.fast_path)
         if cfg.kernels.embedding != "triton":
             raise ConfigError("train.cuda_graph: needs kernels.embedding \"triton\" (the torch embedding's sparse "
                               "gradients have data-dependent shapes, which a CUDA graph cannot replay)")  # fmt: skip
@@ -497,7 +503,7 @@ def validate(cfg: Config) -> Config:
         if o.dense.fused is False:
             raise ConfigError("train.cuda_graph: needs optim.dense.fused true or null (the fused optimizer reads "
                               "its learning rate from a device tensor the graph can replay)")  # fmt: skip
-        if t.compile.enabled and t.compile.mode == "reduce-overhead":
+        if t.compile.enabled is not False and t.compile.mode == "reduce-overhead":
             raise ConfigError("train.cuda_graph: cannot be combined with train.compile.mode \"reduce-overhead\" "
                               "(its CUDA graphs would be captured inside this one); use mode \"default\"")  # fmt: skip
     if not 0 <= t.seed <= INT64_MAX:  # numpy's SeedSequence refuses negatives; torch's seed is 64-bit
@@ -569,7 +575,7 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], source: str)
         *parents, leaf = dotted.split(".")
         for p in parents:
             child = node.get(p)
-            if child is None or isinstance(child, bool):  # `"compile": true` is shorthand for {"enabled": true}
+            if child is None or isinstance(child, bool) or child == "auto":  # `"compile": true` means {"enabled": true}
                 child = node[p] = {} if child is None else {"enabled": child}
             node = child
             if not isinstance(node, dict):

@@ -52,7 +52,7 @@ BAD = [
     ({"train": {"device": "tpu"}}, r"train.device: 'tpu' is not one of"),
     ({"train": {"max_steps": 0}}, r"train.max_steps: 0 must be > 0"),
     ({"train": {"epochs": 1.5}}, r"train.epochs: expected an integer, got 1.5"),
-    ({"kernels": {"mlp": "cuda"}}, r"kernels.mlp: 'cuda' is not one of 'torch' \| 'triton'"),
+    ({"kernels": {"mlp": "cuda"}}, r"kernels.mlp: 'cuda' is not one of 'auto' \| 'torch' \| 'triton'"),
     ({"log": {"run_name": "a/b"}}, r"log.run_name: 'a/b' must be a plain directory name"),
     ({"distributed": {"sharding": "rows"}}, r"distributed.sharding: 'rows' is not one of 'auto' \| 'table' \| 'row'"),
     ({"distributed": {"row_wise_min_rows": 0}}, r"distributed.row_wise_min_rows: 0 must be > 0"),

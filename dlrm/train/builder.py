@@ -7,8 +7,8 @@ embedding and the DistributedDataParallel wrapper of the dense parts and passes 
 itself knows nothing of torch.distributed.
 
 Example:
-    >>> from dlrm.config import Config
-    >>> cfg = Config()
+    >>> from dlrm.config import Config, validate
+    >>> cfg = validate(Config())
     >>> cfg.model.cardinalities = [10] * 26
     >>> run = build_run(cfg, tables_from_config(cfg), torch.device("cpu"), total_steps=10)
     >>> type(run.train_step).__name__, len(run.optimizers)
@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -27,6 +27,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.sharding import ShardingPlan, plan_sharding
 from dlrm.model.dlrm import DLRM, build_loss, build_model
+from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.graphed_step import graph_train_step
 from dlrm.train.optim import build_optimizers, build_schedulers
 from dlrm.train.setup import Tables
@@ -45,6 +46,8 @@ class Run:
         train_step: ``batch -> loss`` (0-dim device tensor); compiled / graphed as configured.
         eval_forward: ``batch -> logits [B]`` without gradients.
         plan: the embedding sharding plan of a distributed run, else None.
+        config: the config the run was built from, every "auto" resolved (`dlrm.train.fast_path`).
+        fast_path: what each "auto" became and why (recorded in summary.json).
     """
 
     model: DLRM
@@ -54,6 +57,8 @@ class Run:
     train_step: Callable
     eval_forward: EvalForward
     plan: Optional[ShardingPlan] = None
+    config: Optional[Config] = None
+    fast_path: dict = field(default_factory=dict)
 
 
 def tables_from_config(cfg: Config) -> Tables:
@@ -99,16 +104,17 @@ def _log_memory(env: DistEnv, model: DLRM, device: torch.device) -> None:
 
 def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: int, env: DistEnv = DistEnv(),
               eval_batch_size: Optional[int] = None) -> Run:
-    """Build the parts of a run as `cfg` says.
+    """Build the parts of a run as `cfg` says ("auto" settings resolved here, for this device).
 
     Args:
-        cfg: the resolved config (not modified).
+        cfg: the validated config (not modified).
         tables: table sizes and vocabularies (`dlrm.train.setup.dataset_tables` or `tables_from_config`).
         device: where the model lives.
         total_steps: the run's length (LR schedules depend on it).
         env: the process group (one process by default).
         eval_batch_size: the evaluation batch (a compiled evaluation pads to it); default 4 x batch.
     """
+    cfg, fast_path = resolve_fast_path(cfg, device, env.distributed)
     plan = make_sharding(cfg, tables, env)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env, device) if plan is not None else None
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch)
@@ -129,4 +135,4 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
     step = graph_train_step(step, cfg.train.cuda_graph, env.distributed)
     eval_forward = EvalForward(model, cfg.train.precision, device, cfg.train.compile,
                                eval_batch_size or 4 * cfg.data.batch_size, dense_forward=dense_forward)
-    return Run(model, loss_fn, optimizers, schedulers, step, eval_forward, plan)
+    return Run(model, loss_fn, optimizers, schedulers, step, eval_forward, plan, cfg, fast_path)

@@ -314,7 +314,7 @@ class Trainer:
         cfg, env, writer = self.cfg, self.env, self.writer
         metrics = log_eval(writer, evaluate(self.run.eval_forward, self.data.eval, env), self.pos.step)
         counters = {k: v - self.counters_before[k] for k, v in compile_counters().items()}
-        if cfg.train.compile.enabled:
+        if self.run.config.train.compile.enabled:
             logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
         ops = top_ops_table(prof, self.device)
         if ops is not None and env.is_main:
@@ -347,6 +347,9 @@ class Trainer:
             "resumed_from": str(self.resume_from) if self.resume_from is not None else None,
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "compile": counters,
+            "fast_path": self.run.fast_path,  # what each "auto" setting became on this device, and why
+            "resolved": {"kernels": vars(self.run.config.kernels), "compile": self.run.config.train.compile.enabled,
+                         "cuda_graph": self.run.config.train.cuda_graph},
             "device": str(device),
             "device_name": device_name(device),
             "versions": versions(),

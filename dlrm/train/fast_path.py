@@ -1,0 +1,108 @@
+"""Resolve every "auto" in the config to the fastest path measured correct on the run's device.
+
+The one place that turns ``kernels.* = "auto"``, ``train.compile = "auto"`` and
+``train.cuda_graph = "auto"`` into concrete choices, each with its reason, logged in one line and
+recorded in summary.json (``fast_path``). Explicit settings are kept as they are (and validated by
+`dlrm.config.validate`, which refuses combinations that cannot run).
+
+What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
+
+* On CUDA: the Triton embedding (hashing + lookup in one kernel, the sparse optimizer fused into its
+  backward: no COO gradient, static shapes) and the Triton dot interaction (the eager one runs tiny
+  batched GEMMs off the tensor cores); PyTorch MLPs (cuBLAS beats the Triton linear kernel at DLRM
+  shapes) and loss (Inductor fuses it into the compiled step); ``torch.compile`` (mode default);
+  the whole step in one CUDA graph whenever the run allows it (one process, a fused SGD or Adam
+  dense optimizer, no reduce-overhead compile): at batch 128 it turned 2.8 ms of host time per step
+  into one launch. This is the ``triton-embedding-interaction+step-graph`` variant, the fastest in
+  every throughput table so far.
+* On the CPU: PyTorch everywhere, eager. Triton would run in its interpreter, and compiling the
+  step costs about a minute of warm-up on a small CPU for little gain.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from loguru import logger
+
+from dlrm.config import Config
+
+COMPONENTS = ("embedding", "interaction", "mlp", "loss")
+
+
+def _triton_usable(device: torch.device) -> tuple[bool, str]:
+    if device.type != "cuda":
+        return False, f"no CUDA device ({device})"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False, "triton is not installed"
+    return True, ""
+
+
+def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[str, str]:
+    usable, why_not = _triton_usable(device)
+    if component == "embedding":
+        return ("triton", "fused hashing, lookup and sparse update") if usable else ("torch", why_not)
+    if component == "interaction":
+        if cfg.model.interaction != "dot":
+            return "torch", f"the Triton kernel is for the dot interaction, not {cfg.model.interaction!r}"
+        return ("triton", "the eager dot's small batched GEMMs miss the tensor cores") if usable else ("torch", why_not)
+    if component == "mlp":
+        return "torch", "cuBLAS beats the Triton linear kernel at DLRM shapes" if usable else why_not
+    return "torch", "fused into the compiled step by Inductor" if usable else why_not
+
+
+def _cuda_graph_blocker(cfg: Config, device: torch.device, distributed: bool) -> str:
+    """Why the whole-step CUDA graph cannot run here ("" when it can)."""
+    if device.type != "cuda":
+        return f"no CUDA device ({device})"
+    if distributed:
+        return "several processes (the collectives run outside a captured graph)"
+    if cfg.kernels.embedding != "triton":
+        return "kernels.embedding is torch (sparse gradients have data-dependent shapes)"
+    if cfg.optim.dense.name not in ("sgd", "adam") or cfg.optim.dense.fused is False:
+        return f"the dense optimizer ({cfg.optim.dense.name}, fused {cfg.optim.dense.fused}) is not a fused SGD or Adam"
+    if cfg.train.compile.enabled and cfg.train.compile.mode == "reduce-overhead":
+        return "train.compile.mode is reduce-overhead (CUDA graphs of its own)"
+    return ""
+
+
+def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = False) -> tuple[Config, dict[str, Any]]:
+    """A copy of `cfg` with no "auto" left, and ``{key: {"value": ..., "why": ...}}`` for what was chosen.
+
+    Args:
+        cfg: the validated config (not modified).
+        device: the run's device.
+        distributed: more than one process.
+
+    Example:
+        >>> from dlrm.config import Config, validate
+        >>> resolved, chosen = resolve_fast_path(validate(Config()), torch.device("cpu"))
+        >>> resolved.kernels.embedding, resolved.train.compile.enabled, resolved.train.cuda_graph
+        ('torch', False, False)
+    """
+    out = copy.deepcopy(cfg)
+    chosen: dict[str, Any] = {}
+    for component in COMPONENTS:
+        if getattr(out.kernels, component) == "auto":
+            value, why = _kernel_choice(component, out, device)
+            setattr(out.kernels, component, value)
+            chosen[f"kernels.{component}"] = {"value": value, "why": why}
+    if out.train.compile.enabled == "auto":
+        on = device.type == "cuda"
+        out.train.compile.enabled = on
+        chosen["train.compile"] = {"value": on, "why": "Inductor fuses the dense part on CUDA" if on else
+                                   "eager on the CPU (compiling costs about a minute of warm-up for little gain)"}
+    if out.train.cuda_graph == "auto":
+        blocker = _cuda_graph_blocker(out, device, distributed)
+        out.train.cuda_graph = not blocker
+        chosen["train.cuda_graph"] = {"value": not blocker, "why": blocker or "one graph launch per step"}
+    if chosen:  # one line: settings that share a reason share its clause
+        by_why: dict[str, list[str]] = {}
+        for key, v in chosen.items():
+            by_why.setdefault(v["why"], []).append(f"{key}={v['value']}")
+        logger.info(f"auto on {device.type}: " + "; ".join(f"{', '.join(keys)} ({why})" for why, keys in by_why.items()))
+    return out, chosen

@@ -1,0 +1,91 @@
+""""auto" resolves to the fastest path measured correct on the device, says why, and explicit settings win (issue #19)."""
+
+import json
+
+import pytest
+import torch
+
+from dlrm.config import ConfigError, load_config
+from dlrm.train.fast_path import resolve_fast_path
+from tests.conftest import REPO
+
+CUDA = torch.device("cuda")  # resolution only looks at the device type; nothing runs on it here
+
+
+def cfg_with(**overrides):
+    return load_config(REPO / "configs" / "kaggle.json", overrides)
+
+
+def test_kaggle_on_cuda_gets_the_fast_path():
+    resolved, chosen = resolve_fast_path(cfg_with(), CUDA)
+    k = resolved.kernels
+    assert (k.embedding, k.interaction, k.mlp, k.loss) == ("triton", "triton", "torch", "torch")
+    assert resolved.train.compile.enabled is True and resolved.train.cuda_graph is True
+    assert set(chosen) == {"kernels.embedding", "kernels.interaction", "kernels.mlp", "kernels.loss",
+                           "train.compile", "train.cuda_graph"}
+    assert all(v["why"] for v in chosen.values())
+
+
+def test_on_the_cpu_auto_is_plain_pytorch():
+    resolved, chosen = resolve_fast_path(cfg_with(), torch.device("cpu"))
+    assert vars(resolved.kernels) == {"embedding": "torch", "interaction": "torch", "mlp": "torch", "loss": "torch"}
+    assert resolved.train.compile.enabled is False and resolved.train.cuda_graph is False
+    assert "no CUDA device" in chosen["train.cuda_graph"]["why"]
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"optim.dense.name": "adagrad"}, "not a fused SGD or Adam"),
+    ({"optim.dense.fused": False}, "not a fused SGD or Adam"),
+    ({"kernels.embedding": "torch"}, "kernels.embedding is torch"),
+    ({"train.compile": {"mode": "reduce-overhead"}}, "reduce-overhead"),
+])
+def test_the_step_graph_turns_itself_off_where_it_cannot_run(overrides, reason):
+    resolved, chosen = resolve_fast_path(cfg_with(**overrides), CUDA)
+    assert resolved.train.cuda_graph is False
+    assert reason in chosen["train.cuda_graph"]["why"]
+
+
+def test_several_processes_get_no_step_graph():
+    resolved, chosen = resolve_fast_path(cfg_with(), CUDA, distributed=True)
+    assert resolved.train.cuda_graph is False and "several processes" in chosen["train.cuda_graph"]["why"]
+
+
+def test_cat_interaction_stays_pytorch():
+    resolved, _ = resolve_fast_path(cfg_with(**{"model.interaction": "cat"}), CUDA)
+    assert resolved.kernels.interaction == "torch" and resolved.kernels.embedding == "triton"
+
+
+def test_explicit_settings_win_and_the_input_is_not_modified():
+    cfg = cfg_with(**{"kernels.interaction": "torch", "train.compile.enabled": False, "train.cuda_graph": False})
+    resolved, chosen = resolve_fast_path(cfg, CUDA)
+    assert resolved.kernels.interaction == "torch" and resolved.train.compile.enabled is False
+    assert resolved.train.cuda_graph is False and "train.cuda_graph" not in chosen
+    assert cfg.kernels.embedding == "auto"  # the caller's config keeps its "auto"
+
+
+def test_cli_kernels_torch_forces_every_component():
+    from dlrm.cli import cli_overrides
+
+    kwargs = dict(data=None, device=None, batch_size=None, epochs=None, max_steps=None, seed=None, run_name=None,
+                  tb_dir=None, checkpoint_every=None, split=None, compile_=False, compile_mode=None, profile=None)
+    cfg = cfg_with(**cli_overrides(**kwargs, kernels="torch"))
+    resolved, _ = resolve_fast_path(cfg, CUDA)
+    assert set(vars(resolved.kernels).values()) == {"torch"}
+    assert resolved.train.compile.enabled is False and resolved.train.cuda_graph is False
+
+
+def test_an_explicit_impossible_combination_is_still_a_config_error():
+    with pytest.raises(ConfigError, match="train.cuda_graph: needs kernels.embedding"):
+        cfg_with(**{"train.cuda_graph": True, "kernels.embedding": "torch"})
+
+
+def test_summary_records_what_auto_chose(tmp_path):
+    from dlrm.train.trainer import train
+
+    cfg = load_config(REPO / "configs" / "sample.json",
+                      {"data.path": str(REPO / "data" / "sample"), "train.max_steps": 3, "train.device": "cpu",
+                       "log.tb_dir": str(tmp_path), "log.run_name": "auto"})
+    summary = train(cfg)
+    on_disk = json.loads((tmp_path / "auto" / "summary.json").read_text())
+    assert on_disk["fast_path"]["kernels.embedding"]["value"] == "torch"
+    assert on_disk["resolved"]["cuda_graph"] is False and summary["resolved"]["compile"] is False
