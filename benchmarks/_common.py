@@ -2,9 +2,10 @@
 and the CSV / Markdown / PNG writers.
 
 Import it from a script under ``benchmarks/`` (run as a file, or loaded by path in the tests) after
-putting this folder on ``sys.path``:
+appending this folder to ``sys.path`` (appending: ahead of the repository, benchmarks/kernels.py
+would shadow the `kernels` package):
 
-    >>> sys.path.insert(0, str(Path(__file__).resolve().parent))
+    >>> sys.path.append(str(Path(__file__).resolve().parent))
     >>> from _common import Timer, environment, write_csv
 
 Only the standard library is imported at module level: ``loader_throughput.py`` spawns preprocess
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # the scripts import dlrm without it being installed
+# The repository first on sys.path: the scripts import dlrm and the `kernels` package without an
+# install, and benchmarks/ (sys.path[0] when a script runs) holds a kernels.py that would shadow it.
+if sys.path[:1] != [str(REPO)]:
     sys.path.insert(0, str(REPO))
 
 if TYPE_CHECKING:

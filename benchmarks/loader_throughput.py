@@ -38,7 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common (it puts the repo on sys.path)
+# _common (which puts the repository first on sys.path), also when loaded by path (tests);
+# appended: benchmarks/kernels.py must not shadow the kernels package
+sys.path.append(str(Path(__file__).resolve().parent))
 
 # Light imports only at module level: the preprocess worker processes are spawned and re-import this
 # script, so torch / pyarrow / matplotlib are imported inside the functions that need them.

@@ -25,7 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common (it puts the repo on sys.path)
+# _common (which puts the repository first on sys.path), also when loaded by path (tests);
+# appended: benchmarks/kernels.py must not shadow the kernels package
+sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import REPO, date_stamp, markdown, pyplot, save_figure, write_csv  # noqa: E402
 

@@ -23,7 +23,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also when loaded by path (tests)
+# _common (which puts the repository first on sys.path), also when loaded by path (tests);
+# appended: benchmarks/kernels.py must not shadow the kernels package
+sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import pyplot, save_figure  # noqa: E402
 
