@@ -26,8 +26,19 @@ from dlrm.data.schema import (  # noqa: E402
     write_metadata,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]  # the repository root; tests import it from here
 SHARED_CRITEO = REPO.parent / "shared" / "criteo"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked `gpu` where CUDA is absent: one rule here instead of a skipif per file."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        # the marker itself, not item.keywords: a parameter id "gpu" (data.placement) is a keyword too
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
 
 
 def write_rows(path: Path, label: np.ndarray, dense: np.ndarray, sparse: np.ndarray, row_group_size: int) -> None:

@@ -1,18 +1,21 @@
-"""The benchmark scripts' own logic (not their timings): trace summaries and CSV merging."""
+"""The benchmark scripts' own logic (not their timings): runs built as train.py builds them, trace
+summaries, CSV merging and the files each script writes."""
 
 from __future__ import annotations
 
 import collections
 import csv
 import importlib.util
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import REPO
 
 
 def load_script(name: str):
@@ -103,3 +106,63 @@ def test_loader_training_runs_each_placement(tmp_path):
         assert r["status"] == "ok" and r["steps"] == "12" and float(r["samples_per_sec"]) > 0
         assert 0 <= float(r["data_wait_fraction"]) <= 1 and 0 < float(r["auc"]) < 1
     assert (tmp_path / "loader_training_b64.png").stat().st_size > 0
+
+
+def spy_build_run(monkeypatch, module) -> list[dict]:
+    """Record each `build_run` call of a benchmark module (its config, tables and total_steps)."""
+    real, calls = module.build_run, []
+
+    def spy(cfg, tables, device, total_steps, *args, **kwargs):
+        calls.append({"cfg": cfg, "tables": tables, "total_steps": total_steps})
+        return real(cfg, tables, device, total_steps, *args, **kwargs)
+
+    monkeypatch.setattr(module, "build_run", spy)
+    return calls
+
+
+def test_train_throughput_builds_each_case_with_the_builder(tmp_path, monkeypatch):
+    """Measured cases run the run `build_run` makes (capped tables of the config's dataset); a case that
+    cannot run here is written as skipped, the last one too; the CSV keeps its columns."""
+    tt = load_script("train_throughput")
+    calls = spy_build_run(monkeypatch, tt)
+    monkeypatch.chdir(REPO)  # the sample config's data.path is relative
+    assert tt.main(["--config", "configs/sample.json", "--device", "cpu", "--variants", "eager,triton-embedding+step-graph",
+                    "--precisions", "fp32", "--batch-sizes", "32", "--warmup", "2", "--steps", "2", "--windows", "2",
+                    "--out", str(tmp_path), "--name", "tt"]) == 0
+    with open(tmp_path / "tt.csv", newline="") as f:
+        header = next(csv.reader(f))
+    assert header == ["variant", "precision", "batch_size", "samples_per_sec", "min_samples_per_sec",
+                      "max_samples_per_sec", "step_ms", "warmup_s", "peak_memory_mb", "final_loss", "status",
+                      "device", "torch", "triton", "python", "date"]
+    eager, graph = read_csv(tmp_path / "tt.csv")
+    assert eager["status"] == "ok" and float(eager["samples_per_sec"]) > 0 and math.isfinite(float(eager["final_loss"]))
+    assert graph["variant"] == "triton-embedding+step-graph" and graph["status"].startswith("skipped: CUDA graphs")
+    assert len(calls) == 1 and calls[0]["total_steps"] == 2 + 2 * 2
+    assert calls[0]["cfg"].train.precision == "fp32" and calls[0]["cfg"].data.batch_size == 32
+    assert calls[0]["tables"].cardinalities == calls[0]["cfg"].model.cardinalities  # no cap in the sample config
+    md = (tmp_path / "tt.md").read_text()
+    assert md.startswith("# DLRM training throughput, sample.json\n\ndevice: ") and md.count("\n| eager | fp32 | 32 |") == 1
+    assert (tmp_path / "tt.png").stat().st_size > 0
+
+
+def test_scaling_one_process_then_two_ranks(tmp_path, monkeypatch):
+    """One process, then 2 ranks under torchrun (gloo: the builder's sharded tables and DDP) append
+    rows to one CSV; efficiency is rate(2) / (2 x rate(1))."""
+    sc = load_script("scaling")
+    calls = spy_build_run(monkeypatch, sc)
+    monkeypatch.chdir(REPO)
+    args = ["--config", "configs/sample.json", "--precision", "fp32", "--batch-per-gpu", "32", "--warmup", "1",
+            "--steps", "2", "--windows", "2", "--out", str(tmp_path), "--name", "sc"]
+    assert sc.main(args) == 0
+    assert len(calls) == 1 and calls[0]["total_steps"] == 1 + 2 * 2
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                    str(REPO / "benchmarks" / "scaling.py"), *args], check=True, cwd=REPO, env=env,
+                   capture_output=True, timeout=600)  # fmt: skip
+    one, two = read_csv(tmp_path / "sc.csv")
+    assert (one["gpus"], one["sharding"], float(one["efficiency"])) == ("1", "none", 1.0)
+    assert two["gpus"] == "2" and two["sharding"] == "auto" and two["batch_per_gpu"] == "32"
+    expected = float(two["samples_per_sec"]) / (2 * float(one["samples_per_sec"]))
+    assert float(two["efficiency"]) == pytest.approx(expected)
+    assert (tmp_path / "sc.md").read_text().count("| sample.json | fp32 |") == 2
+    assert (tmp_path / "sc.png").stat().st_size > 0

@@ -7,22 +7,20 @@ the checkpoint form of a tensor learning rate are checked everywhere.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
 
-from dlrm.config import ConfigError, KernelsConfig, load_config
+from dlrm.config import ConfigError, load_config
 from dlrm.data.loader import Batch
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
-from dlrm.model.dlrm import build_loss, build_model
+from dlrm.train.builder import Run, build_run, tables_from_config
 from dlrm.train.graphed_step import GraphedTrainStep, graph_train_step, plain_lr_state_dict
-from dlrm.train.optim import build_optimizers, build_schedulers
-from dlrm.train.step import TrainStep, set_matmul_precision
+from dlrm.train.step import TrainStep
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "configs" / "sample.json"
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+CARDINALITIES = [50, 7, 300] + [20] * (NUM_SPARSE - 3)  # small tables of unequal sizes
 
 
 @pytest.mark.parametrize(
@@ -46,10 +44,13 @@ def test_config_accepts_a_graphable_step():
 
 
 def test_on_the_cpu_the_ordinary_step_runs_with_a_warning(caplog_loguru):
-    step = make_step(load_config(SAMPLE), torch.device("cpu"))  # torch kernels: runs on any machine's CPU
+    # the Triton embedding is only built here, never run: any machine's CPU will do
+    cfg = load_config(SAMPLE, {"train.cuda_graph": True, "kernels.embedding": "triton"})
+    step = make_run(cfg, torch.device("cpu")).train_step
+    assert type(step) is TrainStep  # the builder fell back to the ordinary step
+    assert any("train.cuda_graph needs CUDA" in m for m in caplog_loguru)
     assert graph_train_step(step, True, distributed=False) is step
     assert graph_train_step(step, False, distributed=False) is step
-    assert any("train.cuda_graph needs CUDA" in m for m in caplog_loguru)
     with pytest.raises(ValueError, match="train.cuda_graph: CUDA graphs need a CUDA device"):
         GraphedTrainStep(step)
 
@@ -87,13 +88,17 @@ def caplog_loguru():
     logger.remove(handle)
 
 
-def make_step(cfg, device: torch.device, seed: int = 0):
+def make_run(cfg, device: torch.device, seed: int = 0, cuda_graph: bool | None = None) -> Run:
+    """The run `train.py` builds from `cfg` (`build_run`) over `CARDINALITIES`, with deterministic
+    embedding updates (two runs from one seed must match) and, when given, `cuda_graph` in place of
+    the config's ``train.cuda_graph``."""
+    cfg = copy.deepcopy(cfg)
+    cfg.model.cardinalities = CARDINALITIES
+    cfg.train.deterministic = True
+    if cuda_graph is not None:
+        cfg.train.cuda_graph = cuda_graph
     torch.manual_seed(seed)
-    model = build_model(cfg.model, [50, 7, 300] + [20] * (NUM_SPARSE - 3), None, cfg.kernels, device)
-    optimizers = build_optimizers(model, cfg.optim, deterministic=True)
-    step = TrainStep(model, build_loss(cfg.kernels), optimizers, cfg.train.precision, device, cfg.train.compile)
-    step.schedulers = build_schedulers(optimizers, cfg.optim.schedule, total_steps=40)
-    return step
+    return build_run(cfg, tables_from_config(cfg), device, total_steps=40)
 
 
 def batches(n: int, size: int, device: torch.device, seed: int = 1) -> list[Batch]:
@@ -107,20 +112,31 @@ def batches(n: int, size: int, device: torch.device, seed: int = 1) -> list[Batc
     return out
 
 
-def train(step, schedulers, data: list[Batch]) -> list[float]:
+def train(run: Run, data: list[Batch]) -> list[float]:
+    """One step per batch, each followed by the LR schedules' step (as the trainer does); the losses."""
     losses = []
     for b in data:
-        losses.append(step(b).clone())  # clone: a graphed step's loss buffer is reused by the next step
-        for s in schedulers:
+        losses.append(run.train_step(b).clone())  # clone: a graphed step's loss buffer is reused by the next step
+        for s in run.schedulers:
             s.step()
     return [float(x) for x in losses]
+
+
+def graphed_step(run: Run) -> GraphedTrainStep:
+    """The run's step, checked to be the captured one (the builder wraps it on CUDA)."""
+    assert isinstance(run.train_step, GraphedTrainStep), type(run.train_step)
+    return run.train_step
+
+
+def weights(run: Run) -> dict[str, torch.Tensor]:
+    """A copy of the model's parameters (the model changes them in place)."""
+    return {name: p.detach().clone() for name, p in run.model.named_parameters()}
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------
 
 
 @pytest.mark.gpu
-@needs_cuda
 @pytest.mark.parametrize("dense_opt", ["sgd", "adam"])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_graphed_step_trains_exactly_like_the_ordinary_step(dense_opt, compiled):
@@ -128,41 +144,51 @@ def test_graphed_step_trains_exactly_like_the_ordinary_step(dense_opt, compiled)
     every step and the final weights match the ordinary step's (fp32, IEEE matmuls, deterministic
     embedding updates; the only difference is the dense lr held as fp32 on the device)."""
     device = torch.device("cuda")
-    set_matmul_precision("fp32")
     overrides = {
         "kernels.embedding": "triton", "kernels.interaction": "triton", "train.cuda_graph": True,
         "train.compile": compiled, "optim.dense.name": dense_opt, "optim.dense.momentum": 0.9 if dense_opt == "sgd" else 0.0,
         "optim.schedule.warmup_steps": 4, "optim.schedule.decay_start_step": 6, "optim.schedule.decay": "linear",
     }  # fmt: skip
-    cfg = load_config(SAMPLE, overrides)
+    cfg = load_config(SAMPLE, overrides)  # precision fp32: the builder sets IEEE matmuls
     data = batches(11, 127, device) + batches(1, 33, device, seed=2)  # 3 warm-up, capture, 7 replays, partial
 
-    plain = make_step(copy.deepcopy(cfg), device)
-    plain_losses = train(plain, plain.schedulers, data)
+    plain = make_run(cfg, device, cuda_graph=False)
+    plain_losses = train(plain, data)
 
-    ordinary = make_step(copy.deepcopy(cfg), device)
-    graphed = GraphedTrainStep(ordinary)
-    graphed_losses = train(graphed, ordinary.schedulers, data)
+    run = make_run(cfg, device)
+    graphed = graphed_step(run)
+    graphed_losses = train(run, data)
 
     assert graphed.graph is not None and graphed.batch_size == 127
     assert len(set(graphed_losses[4:11])) == 7  # replays see each new batch, not the captured one
     torch.testing.assert_close(torch.tensor(graphed_losses), torch.tensor(plain_losses), rtol=1e-5, atol=1e-6)
-    for (name, a), b in zip(plain.model.state_dict().items(), ordinary.model.state_dict().values()):
+    for (name, a), b in zip(plain.model.state_dict().items(), run.model.state_dict().values()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
-    lr = ordinary.optimizers[0].param_groups[0]["lr"]
+    lr = run.optimizers[0].param_groups[0]["lr"]
     assert isinstance(lr, torch.Tensor) and lr.device.type == "cuda"
     assert float(lr) == pytest.approx(plain.optimizers[0].param_groups[0]["lr"], rel=1e-6)
 
 
 @pytest.mark.gpu
-@needs_cuda
 def test_graphed_step_in_bf16_tracks_the_ordinary_step():
+    """bf16 autocast: the captured step's losses stay within bf16 rounding of the ordinary step's,
+    every replay trains on its own batch (a graph replaying the captured inputs gives a repeated
+    loss) and every parameter moved."""
     device = torch.device("cuda")
-    cfg = load_config(SAMPLE, {"kernels.embedding": "triton", "train.cuda_graph": True, "train.precision": "bf16"})
-    data = batches(8, 64, device)
-    plain = make_step(copy.deepcopy(cfg), device)
-    ordinary = make_step(copy.deepcopy(cfg), device)
-    graphed = GraphedTrainStep(ordinary)
-    a, b = train(plain, plain.schedulers, data), train(graphed, ordinary.schedulers, data)
-    assert graphed.graph is not None
+    cfg = load_config(SAMPLE, {"kernels.embedding": "triton", "train.cuda_graph": True, "train.precision": "bf16",
+                               "optim.schedule.warmup_steps": 0})  # full lr from the first step: weights move
+    data = batches(8, 64, device)  # 3 warm-up steps, the capture, 4 replays
+    plain = make_run(cfg, device, cuda_graph=False)
+    run = make_run(cfg, device)
+    graphed = graphed_step(run)
+    before = weights(run)
+    a, b = train(plain, data), train(run, data)
+
+    assert graphed.graph is not None and graphed.batch_size == 64
+    assert len(set(b[3:])) == 5, b  # the capture and each replay: a loss of its own
     torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=2e-2, atol=2e-2)
+    after = weights(run)
+    unmoved = [name for name in before if torch.equal(before[name], after[name])]
+    assert not unmoved, f"not updated by the captured step: {unmoved}"
+    for name, p in plain.model.named_parameters():  # and moved as the ordinary step moved them
+        torch.testing.assert_close(after[name], p.detach(), rtol=5e-2, atol=5e-2, msg=lambda m, n=name: f"{n}: {m}")

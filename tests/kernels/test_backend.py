@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,8 +16,7 @@ from kernels.epilogue import act_backward
 from kernels.interaction import dot_interaction
 from kernels.linear import linear_act
 from kernels.loss import bce_with_logits
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
 
 
 @pytest.fixture

@@ -7,9 +7,6 @@ import torch
 
 from kernels.interaction import TritonDotInteraction, dot_interaction, dot_interaction_reference, interaction_output_dim
 
-gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
 
 def make_x(B: int, F1: int, D: int, layout: str, device, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
@@ -117,8 +114,7 @@ def test_compile_fullgraph_no_graph_breaks(device, assert_close):
     assert_close(x.grad, x_ref.grad, torch.float32, scale=100.0)
 
 
-@gpu
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("D", [16, 24, 128])
 @pytest.mark.parametrize("x_layout,g_layout", [("contiguous", "contiguous"), ("transposed", "expand"), ("sliced", "transposed")])

@@ -11,8 +11,6 @@ import torch.nn.functional as F
 
 from kernels.loss import TritonBCEWithLogitsLoss, bce_backward, bce_forward, bce_with_logits
 
-gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 REDUCTIONS = ["mean", "sum", "none"]
 
@@ -168,8 +166,7 @@ def test_opcheck(reduction, device):
 # ----------------------------------------------------------------------------------------------------
 
 
-@gpu
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("B", [1, 127, 65536 + 3])
@@ -191,8 +188,7 @@ def test_gpu_loss_and_grads(B, dtype, reduction, assert_close):
                                rtol=2e-2 if dtype == torch.bfloat16 else 1e-5)
 
 
-@gpu
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_large_logits(dtype):
     device = torch.device("cuda")

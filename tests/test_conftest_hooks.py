@@ -1,0 +1,45 @@
+"""tests/conftest.py's collection hook: tests marked `gpu` skip without CUDA ("needs CUDA") and run with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest_plugins = ["pytester"]
+
+# A marked test, an unmarked one, and an unmarked test whose parameter id is "gpu" (a keyword, not the marker).
+TESTS = """
+import pytest
+
+@pytest.mark.gpu
+def test_marked():
+    pass
+
+def test_plain():
+    pass
+
+@pytest.mark.parametrize("placement", ["gpu"])
+def test_param_named_gpu(placement):
+    pass
+"""
+
+
+@pytest.fixture
+def run_hook(pytester):
+    """Run `TESTS` in a scratch pytest session whose conftest is the project's hook; returns the result."""
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: needs CUDA\n")
+    pytester.makeconftest("from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n")
+    pytester.makepyfile(test_sample=TESTS)
+    return lambda: pytester.runpytest_inprocess("-rs")
+
+
+def test_marked_tests_skip_without_cuda(run_hook, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = run_hook()
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED * test_sample.py:*: needs CUDA"])
+
+
+def test_marked_tests_run_with_cuda(run_hook, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the hook asks only this
+    run_hook().assert_outcomes(passed=3)
