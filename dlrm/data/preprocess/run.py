@@ -131,9 +131,19 @@ def _execute(run: _Run) -> None:
         if run.pool is not None:
             run.pool.shutdown(wait=True, cancel_futures=True)
         if failure is not None and run.owns_output and not isinstance(failure, _Interrupted):
-            _after_failure(run.out, run.created, run.done)
+            _clean_up(run)
         if run.out.is_dir():
             _remove_temp_files(run.out)
+
+
+def _clean_up(run: _Run) -> None:
+    """`_after_failure`, whose own failure is only logged: the error the user must see is the first."""
+    from loguru import logger
+
+    try:
+        _after_failure(run.out, run.created, run.done)
+    except OSError as e:
+        logger.warning("could not remove what the failed run created in {}: {}", run.out, e)
 
 
 class _Run:
