@@ -53,9 +53,13 @@ class DataConfig:
     many batches); on CUDA the next one is also copied to the device on a side stream while the
     current one is cut into batches. Costs prefetch + 1 pinned host arenas of 165 bytes a row
     (269 when sparse values need int64)."""
-    placement: Literal["stream", "gpu"] = "stream"
+    placement: Literal["auto", "stream", "gpu"] = "auto"
     """stream: read parquet row groups as training goes; gpu: load each split into device memory once
-    (about 160 bytes a row) and cut batches from a device-side permutation."""
+    (about 160 bytes a row) and cut batches from a device-side permutation; auto: gpu when the train
+    and evaluation splits take at most `gpu_memory_share` of the device memory left free after the
+    embedding tables (and their optimizer state), stream otherwise (and always on the CPU); logged."""
+    gpu_memory_share: float = 0.25
+    """With placement "auto": the largest share of free device memory the data may take."""
     eval_split: Literal["validation", "test"] = "validation"
     """Split evaluated during and after training."""
     max_rows_per_table: Optional[int] = None
@@ -466,6 +470,8 @@ def validate(cfg: Config) -> Config:
     _positive("data.eval_batch_size", d.eval_batch_size, maximum=MAX_SIZE)
     _positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows, maximum=MAX_SIZE)
     _positive("data.prefetch", d.prefetch, maximum=MAX_SIZE)
+    if not 0.0 < d.gpu_memory_share <= 1.0:
+        raise ConfigError(f"data.gpu_memory_share: {d.gpu_memory_share!r} must be within (0, 1]")
     _positive("data.max_rows_per_table", d.max_rows_per_table, maximum=MAX_SIZE)
     _positive("model.embedding_dim", m.embedding_dim, maximum=MAX_SIZE)
     _positive("model.top_mlp_input_multiple", m.top_mlp_input_multiple, maximum=MAX_SIZE)

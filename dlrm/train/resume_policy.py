@@ -19,7 +19,7 @@ from dlrm.config import ConfigError
 FREE_KEYS = (
     "log", "checkpoint", "profile", "kernels", "name",
     "train.log_every", "train.eval_every", "train.compile", "train.cuda_graph", "train.device",
-    "data.prefetch", "data.placement", "data.eval_batch_size", "data.eval_split",
+    "data.prefetch", "data.placement", "data.gpu_memory_share", "data.eval_batch_size", "data.eval_split",
     "distributed.backend",
 )
 LENGTH_KEYS = ("train.epochs", "train.max_steps")

@@ -31,6 +31,7 @@ from dlrm.train.builder import Run, build_run, make_sharding  # noqa: F401 - mak
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats, StepMeter
 from dlrm.train.metrics import evaluate_logits
+from dlrm.train.placement import choose_placement
 from dlrm.train.profiling import make_profiler, top_ops_table
 from dlrm.train.reporting import NoWriter, device_name, final_line, log_eval, log_hparams, log_train, versions
 from dlrm.train.resume_policy import check_resume_config
@@ -55,12 +56,13 @@ def evaluate(forward: EvalForward, loader, env: DistEnv = DistEnv()) -> dict[str
 
 
 def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool,
-                env: DistEnv = DistEnv()):
-    """The loader `data.placement` asks for: streamed from parquet, or the whole split in device
-    memory; in a distributed run it delivers this rank's slice of every global batch."""
+                env: DistEnv = DistEnv(), placement: Optional[str] = None):
+    """The loader `placement` (default ``data.placement``, "stream" or "gpu") asks for: streamed from
+    parquet, or the whole split in device memory; in a distributed run it delivers this rank's slice
+    of every global batch."""
     d = cfg.data
     ranks = dict(rank=env.rank, world_size=env.world_size)
-    if d.placement == "gpu":
+    if (placement or d.placement) == "gpu":
         if device.type != "cuda":
             logger.warning("data.placement 'gpu' on a CPU device: the split is held in host memory instead")
         return DeviceLoader(files, batch_size, device, shuffle=train and d.shuffle, seed=cfg.train.seed,
@@ -88,25 +90,27 @@ class TrainData:
     total_steps: int
 
     @classmethod
-    def build(cls, cfg: Config, data_dir: Path, meta, device: torch.device, env: DistEnv) -> "TrainData":
+    def build(cls, cfg: Config, data_dir: Path, meta, device: torch.device, env: DistEnv,
+              placement: str) -> "TrainData":
         d = cfg.data
         files = split_files(data_dir, meta, "train")
         batch_size = d.batch_size
-        loader = make_loader(cfg, files, batch_size, device, train=True, env=env)
+        loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement)
         if len(loader) == 0 and env.world_size <= loader.num_rows < batch_size:
             # A split smaller than one batch (the 100-line real Criteo sample holds 86 train rows): train on all
             # of it as one batch an epoch rather than refuse; said, and recorded as the summary's batch_size.
             logger.warning(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of "
                            f"{data_dir}/train: training with batch {loader.num_rows} instead (one batch an epoch)")
             batch_size = loader.num_rows
-            loader = make_loader(cfg, files, batch_size, device, train=True, env=env)
+            loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement)
         total = len(loader) * cfg.train.epochs
         if cfg.train.max_steps is not None:
             total = min(total, cfg.train.max_steps)
         if total == 0:
             raise ConfigError(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of {data_dir}/train")
         eval_files = split_files(data_dir, meta, d.eval_split)
-        eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env)
+        eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env,
+                                  placement=placement)
         return cls(loader, eval_loader, batch_size, total)
 
 
@@ -171,7 +175,8 @@ class Trainer:
         device, data_dir, self.meta, self.tables = build_for_data(cfg)
         self.env, self.device = init_distributed(cfg.distributed, device)  # one process unless under torchrun
         seed_everything(cfg.train.seed, cfg.train.deterministic)
-        self.data = TrainData.build(cfg, data_dir, self.meta, self.device, self.env)
+        self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
+        self.data = TrainData.build(cfg, data_dir, self.meta, self.device, self.env, self.placement)
         self.resume_from = self.finished = latest = None
         if resume is not None:
             self.resume_from, latest = checkpoint_to_resume(cfg, resume)
@@ -349,7 +354,7 @@ class Trainer:
             "compile": counters,
             "fast_path": self.run.fast_path,  # what each "auto" setting became on this device, and why
             "resolved": {"kernels": vars(self.run.config.kernels), "compile": self.run.config.train.compile.enabled,
-                         "cuda_graph": self.run.config.train.cuda_graph},
+                         "cuda_graph": self.run.config.train.cuda_graph, "placement": self.placement},
             "device": str(device),
             "device_name": device_name(device),
             "versions": versions(),

@@ -1,0 +1,70 @@
+"""data.placement "auto": the data goes to GPU memory when it fits the stated share, else it streams (issue #19)."""
+
+import pytest
+import torch
+from loguru import logger
+
+from dlrm.config import load_config
+from dlrm.data.schema import Metadata, SplitInfo
+from dlrm.train.placement import DEVICE_BYTES_PER_ROW, choose_placement, table_bytes
+from tests.conftest import REPO
+
+GiB = 2**30
+CARDS = [1000] * 26
+
+
+def meta(train_rows, validation_rows=0):
+    return Metadata(cardinalities=CARDS, splits={"train": SplitInfo(train_rows, 0, []),
+                                                 "validation": SplitInfo(validation_rows, 0, [])})
+
+
+@pytest.fixture
+def free_memory(monkeypatch):
+    """Pretend the CUDA device has `free` bytes free."""
+    def set_free(free):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 * GiB))
+    return set_free
+
+
+def test_fits_the_share_goes_to_gpu_else_streams(free_memory):
+    cfg = load_config(REPO / "configs" / "sample.json")
+    tables = table_bytes(cfg, CARDS)
+    free_memory(tables + 8 * GiB)  # 25% of 8 GiB after the tables: 2 GiB for the data
+    rows_fitting = (2 * GiB) // DEVICE_BYTES_PER_ROW
+    cuda = torch.device("cuda")
+    assert choose_placement(cfg, meta(rows_fitting - 10, 10), CARDS, cuda) == "gpu"
+    assert choose_placement(cfg, meta(rows_fitting, 10), CARDS, cuda) == "stream"
+
+
+def test_the_share_is_a_setting(free_memory):
+    cfg = load_config(REPO / "configs" / "sample.json", {"data.gpu_memory_share": 1.0})
+    free_memory(table_bytes(cfg, CARDS) + 8 * GiB)
+    assert choose_placement(cfg, meta((7 * GiB) // DEVICE_BYTES_PER_ROW), CARDS, torch.device("cuda")) == "gpu"
+
+
+def test_cpu_streams_and_explicit_settings_are_kept():
+    cfg = load_config(REPO / "configs" / "sample.json")
+    assert choose_placement(cfg, meta(10), CARDS, torch.device("cpu")) == "stream"
+    for explicit in ("gpu", "stream"):
+        cfg = load_config(REPO / "configs" / "sample.json", {"data.placement": explicit})
+        assert choose_placement(cfg, meta(10**12), CARDS, torch.device("cuda")) == explicit
+
+
+def test_the_choice_is_logged_with_its_numbers(free_memory):
+    cfg = load_config(REPO / "configs" / "sample.json")
+    free_memory(table_bytes(cfg, CARDS) + 4 * GiB)
+    seen = []
+    handle = logger.add(lambda m: seen.append(m.record["message"]), level="INFO")
+    try:
+        choose_placement(cfg, meta(1000, 100), CARDS, torch.device("cuda"))
+    finally:
+        logger.remove(handle)
+    assert any(m.startswith("data.placement auto: gpu (train + validation: 1,100 rows") for m in seen), seen
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5, -0.1])
+def test_share_out_of_range_is_a_config_error(bad):
+    from dlrm.config import ConfigError
+
+    with pytest.raises(ConfigError, match="data.gpu_memory_share"):
+        load_config(REPO / "configs" / "sample.json", {"data.gpu_memory_share": bad})
