@@ -4,6 +4,10 @@ Each op file follows the same order: ``@triton.jit`` kernels, host launchers, th
 ``torch.library`` custom op (with fake and autograd registrations), then a thin function and
 an ``nn.Module`` with the same parameters and state_dict keys as the eager module it replaces.
 
+Shared by the op files: `kernels.table_layout` (the tables' rows and init, also used by the eager
+and sharded arches of ``dlrm``) and `kernels.heuristics` (every launch heuristic: SM count, block
+sizes, named tile configs).
+
 This package imports nothing from ``dlrm``: inputs are plain tensors.
 """
 
