@@ -202,21 +202,23 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     export = check_export_path(export_path) if export_path else None
     # imported late: --help and config errors stay fast
     from dlrm.train import export as export_mod
+    from dlrm.train.checkpointer import checkpoint_for
     from dlrm.train.trainer import train
 
     if eval_only or (export and checkpoint_path):
+        checkpoint = checkpoint_for(Path(checkpoint_path))  # a run directory means its best.pt
         if eval_only:
-            export_mod.evaluate_checkpoint(cfg, Path(checkpoint_path), cfg.data.eval_split)
+            export_mod.evaluate_checkpoint(cfg, checkpoint, cfg.data.eval_split)
         if export:
-            export_mod.export_checkpoint(cfg, Path(checkpoint_path), export)
+            export_mod.export_checkpoint(cfg, checkpoint, export)
     elif compare is not None:
         from dlrm.train.compare import parse_variants, run_comparison
 
         run_comparison(cfg, parse_variants(compare), train)
     else:
         summary = train(cfg, resume=resume, allow_config_change=allowed_changes)
-        if export:
-            export_mod.export_checkpoint(cfg, Path(summary["checkpoint"]), export)
+        if export:  # the best evaluation's model when the run kept one, else the final one
+            export_mod.export_checkpoint(cfg, Path(summary.get("best_checkpoint") or summary["checkpoint"]), export)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -245,7 +247,9 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
                    "section such as optim.dense stands for all its keys) in which the resumed run may differ from "
                    "its checkpoint's config (otherwise any change that alters the training trajectory is refused).")
 @click.option("--eval-only", is_flag=True, help="Only evaluate --checkpoint on --split.")
-@click.option("--checkpoint", "checkpoint_path", type=str, help="Checkpoint for --eval-only or --export.")
+@click.option("--checkpoint", "checkpoint_path", type=str,
+              help="Checkpoint for --eval-only or --export: a .pt file, or a run directory (its best.pt, else "
+                   "its newest checkpoint).")
 @click.option("--split", type=click.Choice(["validation", "test"]), default=None, help="Split for --eval-only.")
 @click.option("--export", "export_path", type=str,
               help="Write a torch.export inference program (raw inputs, hashing included) to this new .pt2 file: "

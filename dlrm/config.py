@@ -162,6 +162,19 @@ class ProfileConfig:
 
 
 @dataclass
+class EarlyStoppingConfig:
+    """Stop training when the evaluation metric has not improved for `patience` evaluations in a row
+    (evaluations every ``train.eval_every`` steps); the best evaluation's checkpoint is best.pt."""
+
+    metric: Literal["auc", "logloss"] = "auc"
+    """What "better" means: higher AUC, or lower logloss."""
+    patience: int = 3
+    """Evaluations without an improvement of more than `min_delta` before training stops."""
+    min_delta: float = 0.0
+    """The smallest change that counts as an improvement."""
+
+
+@dataclass
 class TrainConfig:
     """The loop: length, precision, device, evaluation and logging cadence."""
 
@@ -169,7 +182,10 @@ class TrainConfig:
     max_steps: Optional[int] = None
     """Stop after this many steps even if epochs remain."""
     eval_every: Optional[int] = None
-    """Evaluate every N steps (always at the end)."""
+    """Evaluate every N steps (always at the end). The best evaluation's model is kept as
+    checkpoints/best.pt, which --eval-only and --export use when given the run directory."""
+    early_stopping: Optional[EarlyStoppingConfig] = None
+    """null (train to the end), or when to stop early (needs eval_every)."""
     log_every: int = 50
     """Steps between host syncs for logging (loss, samples/s)."""
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
@@ -517,6 +533,11 @@ def validate(cfg: Config) -> Config:
     _positive("train.epochs", t.epochs)
     _positive("train.max_steps", t.max_steps)
     _positive("train.eval_every", t.eval_every)
+    if t.early_stopping is not None:
+        if t.eval_every is None:
+            raise ConfigError("train.early_stopping: needs train.eval_every (it stops after evaluations)")
+        _positive("train.early_stopping.patience", t.early_stopping.patience)
+        _positive("train.early_stopping.min_delta", t.early_stopping.min_delta, allow_zero=True)
     _positive("train.log_every", t.log_every)
     _positive("checkpoint.every", cfg.checkpoint.every)
     _positive("checkpoint.keep", cfg.checkpoint.keep)

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from loguru import logger
@@ -228,3 +229,36 @@ def test_cli_resume_with_other_name_and_batch_size_is_one_line_error(tmp_path, d
     assert "data.batch_size: 8 -> 128" in out.stderr and "Traceback" not in out.stderr
     assert snapshot(victim) == before
     assert not (tmp_path / "tb" / "new").exists()
+
+
+def test_best_evaluation_is_kept_as_best_pt_and_early_stopping_stops(tmp_path, dataset):
+    """Early stopping after `patience` evaluations without improvement; best.pt holds the best one."""
+    from dlrm.train.checkpointer import checkpoint_for
+    from dlrm.train import checkpoint as ckpt
+
+    # lr 3.0 makes the dense model diverge after a few steps: AUC peaks early, then does not improve
+    cfg = config(tmp_path, dataset, run_name="early", **{
+        "train.max_steps": 100, "train.epochs": 4, "train.eval_every": 2,
+        "train.early_stopping": {"metric": "logloss", "patience": 2}, "optim.dense.lr": 3.0})
+    summary = train(cfg)
+    best = summary["best"]
+    assert summary["early_stopped"] is True and summary["steps"] < 100
+    assert summary["steps"] == best["step"] + 2 * 2  # two evaluations after the best one
+    assert best["logloss"] <= summary["logloss"]
+    run = tmp_path / "tb" / "early"
+    assert checkpoint_for(run) == run / "checkpoints" / "best.pt" == Path(summary["best_checkpoint"])
+    state = ckpt.load_checkpoint(run / "checkpoints" / "best.pt")
+    assert state["position"]["step"] == best["step"]
+    final = ckpt.load_checkpoint(Path(summary["checkpoint"]))
+    assert final["position"]["step"] == summary["steps"] != best["step"]
+
+
+def test_best_survives_a_resume(tmp_path, dataset):
+    cfg = config(tmp_path, dataset, run_name="b", **{"train.eval_every": 5})
+    first = train(cfg)
+    resumed = train(config(tmp_path, dataset, run_name="b", **{"train.eval_every": 5, "train.max_steps": 20}),
+                    resume="latest")
+    assert first["best"] is not None
+    assert resumed["best"]["step"] in (5, 10, 15, 20)
+    if resumed["best"]["step"] <= 10:
+        assert resumed["best"] == first["best"]

@@ -11,7 +11,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-from dlrm.config import Config
+from loguru import logger
+
+from dlrm.config import Config, ConfigError
 from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
 from dlrm.train import checkpoint as ckpt
@@ -19,6 +21,24 @@ from dlrm.train.builder import Run
 from dlrm.train.graphed_step import plain_lr_state_dict
 from dlrm.train.meter import RunStats
 from dlrm.train.setup import Tables
+
+BEST_NAME = "best.pt"
+"""The best evaluation's checkpoint, beside the step checkpoints (never pruned)."""
+
+
+def checkpoint_for(path: Path) -> Path:
+    """What ``--checkpoint PATH`` means: a checkpoint file as it is; a run directory, its best.pt,
+    else its newest step checkpoint."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    best = ckpt.checkpoint_dir(path) / BEST_NAME
+    if best.is_file():
+        return best
+    found = ckpt.list_checkpoints(path)
+    if not found:
+        raise ConfigError(f"--checkpoint: {path} is a directory without checkpoints/{BEST_NAME} or step-*.pt")
+    return found[-1]
 
 
 class Checkpointer:
@@ -44,7 +64,29 @@ class Checkpointer:
         if (self.last is not None and self.last.name == ckpt.checkpoint_name(pos.step)
                 and self.last.resolve().parent.parent == self.run_dir.resolve()):
             return self.last  # this step is already saved in this run
-        state = {
+        state = self._state(run, pos, stats)
+        keep = self.cfg.checkpoint.keep
+        if run.plan is not None:
+            self.last = dist_ckpt.save_sharded(self.run_dir, state, pos.step, keep, self.env, run.plan)
+        else:
+            self.last = ckpt.save_checkpoint(self.run_dir, state, pos.step, keep)
+        return self.last
+
+    def save_best(self, run: Run, pos: ckpt.Position, stats: RunStats) -> Optional[Path]:
+        """Write ``checkpoints/best.pt`` (atomically, over the previous best); None in a sharded run,
+        whose best model is kept only as its regular checkpoints (said once in the log)."""
+        if run.plan is not None:
+            if not getattr(self, "_said_sharded_best", False):
+                logger.info("best.pt is not written in a sharded run: use its regular checkpoints")
+                self._said_sharded_best = True
+            return None
+        path = ckpt.checkpoint_dir(self.run_dir) / BEST_NAME
+        path.parent.mkdir(parents=True, exist_ok=True)
+        ckpt.write_atomic(path, self._state(run, pos, stats))
+        return path
+
+    def _state(self, run: Run, pos: ckpt.Position, stats: RunStats) -> dict[str, Any]:
+        return {
             "model": run.model.state_dict(),
             "optimizers": [plain_lr_state_dict(o) for o in run.optimizers],
             "schedulers": [s.state_dict() for s in run.schedulers],
@@ -54,12 +96,6 @@ class Checkpointer:
             "config": self.cfg.to_dict(),
             "run_stats": stats.to_dict(),
         }
-        keep = self.cfg.checkpoint.keep
-        if run.plan is not None:
-            self.last = dist_ckpt.save_sharded(self.run_dir, state, pos.step, keep, self.env, run.plan)
-        else:
-            self.last = ckpt.save_checkpoint(self.run_dir, state, pos.step, keep)
-        return self.last
 
     def restore(self, path: Path, run: Run) -> tuple[ckpt.Position, RunStats]:
         """Load `path` into the freshly built `run` (after checking it fits); returns its position and

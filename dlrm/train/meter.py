@@ -26,21 +26,31 @@ class RunStats:
         samples: training samples consumed.
         train_s: seconds spent in the training loop.
         train_losses: ``[step, mean loss of the logging window]`` pairs.
+        best: the best evaluation so far (`dlrm.train.evaluator.Evaluator`), or None.
+        evals_since_best: evaluations since `best` (early stopping's patience counter).
     """
 
     samples: int = 0
     train_s: float = 0.0
     train_losses: list[list[float]] = field(default_factory=list)
+    best: Optional[dict] = None
+    evals_since_best: int = 0
 
     def to_dict(self) -> dict:
-        return {"samples": int(self.samples), "train_s": float(self.train_s),
-                "train_losses": [[int(s), float(l)] for s, l in self.train_losses]}
+        out = {"samples": int(self.samples), "train_s": float(self.train_s),
+               "train_losses": [[int(s), float(l)] for s, l in self.train_losses],
+               "evals_since_best": int(self.evals_since_best)}
+        if self.best is not None:
+            out["best"] = dict(self.best)
+        return out
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> "RunStats":
         if not d:
             return cls()
-        return cls(int(d["samples"]), float(d["train_s"]), [[int(s), float(l)] for s, l in d["train_losses"]])
+        best = d.get("best")
+        return cls(int(d["samples"]), float(d["train_s"]), [[int(s), float(l)] for s, l in d["train_losses"]],
+                   dict(best) if isinstance(best, dict) else None, int(d.get("evals_since_best", 0)))
 
 
 class StepMeter:

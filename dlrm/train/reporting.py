@@ -77,4 +77,13 @@ def final_line(summary: dict[str, Any]) -> str:
         + (f" (waiting for data {summary['data_wait_fraction']:.0%} of the time)"
            if summary.get("data_wait_fraction") is not None else "")
         + f", {summary['wall_s']:.1f}s"
+        + _best_clause(summary)
     )
+
+
+def _best_clause(summary: dict[str, Any]) -> str:
+    best = summary.get("best")
+    if not best or best.get("step") == summary["steps"]:
+        return ""
+    return (f"; best {best['metric']} {best[best['metric']]:.4f} at step {best['step']}"
+            + (" (early stopped)" if summary.get("early_stopped") else "") + f", kept as {best.get('checkpoint')}")

@@ -30,29 +30,17 @@ from dlrm.train import checkpoint as ckpt
 from dlrm.train.builder import Run, build_run, make_sharding  # noqa: F401 - make_sharding: public here too
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats, StepMeter
-from dlrm.train.metrics import evaluate_logits
+from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement
 from dlrm.train.profiling import make_profiler, top_ops_table
-from dlrm.train.reporting import NoWriter, device_name, final_line, log_eval, log_hparams, log_train, versions
+from dlrm.train.reporting import NoWriter, device_name, final_line, log_hparams, log_train, versions
 from dlrm.train.resume_policy import check_resume_config
 from dlrm.train.run_dir import RunDirectory
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything
 from dlrm.train.signals import GracefulStop
-from dlrm.train.step import EvalForward, compile_counters
+from dlrm.train.step import compile_counters
 
 __all__ = ["NonFiniteLoss", "TrainingStopped", "train", "evaluate", "build_for_data", "make_loader"]
-
-
-def evaluate(forward: EvalForward, loader, env: DistEnv = DistEnv()) -> dict[str, float]:
-    """AUC, logloss and accuracy over the whole split (logits gathered on the device, one sync);
-    in a distributed run over every rank's rows, the same numbers on every rank."""
-    forward.model.eval()
-    logits, labels = [], []
-    for batch in loader:
-        logits.append(forward(batch))
-        labels.append(batch.labels)
-    forward.model.train()
-    return evaluate_logits(env.all_gather_rows(torch.cat(logits)), env.all_gather_rows(torch.cat(labels)))
 
 
 def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool,
@@ -236,6 +224,7 @@ class Trainer:
             if env.is_main else NoWriter()
         self.writer, self.counters_before = writer, compile_counters()
         meter = self.meter = StepMeter(self.device, pos.step, self.stats)
+        evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env)
         guard = self.guard = FiniteGuard(self.device, pos.step)
         bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=not env.is_main)
@@ -255,7 +244,10 @@ class Trainer:
                 if log_step:
                     self._log_window(bar)
                 if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step != self.data.total_steps:
-                    log_eval(writer, evaluate(run.eval_forward, self.data.eval, env), pos.step)
+                    self.last_eval = evaluator(pos)
+                    if evaluator.should_stop:
+                        self.early_stopped = True
+                        break
                 if cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0:
                     guard.check(env, self.checkpointer.last)  # never save a checkpoint of a diverged model
                     self.checkpointer.save(run, pos, self.stats)
@@ -294,6 +286,8 @@ class Trainer:
                 batches.close()  # stops the loader's thread when the run ends an epoch early
 
     _stopping = False
+    early_stopped = False
+    last_eval: Optional[dict] = None  # the metrics of an evaluation at the current step
 
     def _stop_requested(self, stop: GracefulStop, log_step: bool) -> bool:
         """A signal arrived; with several ranks, once they all know (they agree at logging steps, a host sync)."""
@@ -317,7 +311,8 @@ class Trainer:
 
     def _finish(self, prof) -> dict:
         cfg, env, writer = self.cfg, self.env, self.writer
-        metrics = log_eval(writer, evaluate(self.run.eval_forward, self.data.eval, env), self.pos.step)
+        # the last evaluation, unless early stopping just made it at this step
+        metrics = self.last_eval if self.early_stopped else self.evaluator(self.pos)
         counters = {k: v - self.counters_before[k] for k, v in compile_counters().items()}
         if self.run.config.train.compile.enabled:
             logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
@@ -348,6 +343,9 @@ class Trainer:
             "wall_s": time.perf_counter() - self.t_start,
             "final_train_loss": stats.train_losses[-1][1] if stats.train_losses else None,
             "train_losses": stats.train_losses,
+            "best": stats.best,  # the best evaluation (step, metrics, best.pt); the top-level metrics are the last
+            "best_checkpoint": (stats.best or {}).get("checkpoint"),
+            "early_stopped": self.early_stopped,
             "batch_size": self.data.batch_size,
             "resumed_from": str(self.resume_from) if self.resume_from is not None else None,
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,

@@ -1,0 +1,88 @@
+"""Evaluation during and after training: metrics, the best evaluation's checkpoint, early stopping.
+
+Every evaluation is logged to TensorBoard (``eval/*``). The best one so far (by
+``train.early_stopping.metric``, AUC when early stopping is off) is remembered in the run's
+`RunStats` (so it survives a resume) and its model is written as ``checkpoints/best.pt``, which
+``--eval-only`` and ``--export`` use when given the run directory. With ``train.early_stopping``,
+training stops after `patience` evaluations in a row without an improvement of more than
+`min_delta`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from loguru import logger
+
+from dlrm.config import Config
+from dlrm.distributed.env import DistEnv
+from dlrm.train import checkpoint as ckpt
+from dlrm.train.builder import Run
+from dlrm.train.checkpointer import Checkpointer
+from dlrm.train.meter import RunStats
+from dlrm.train.metrics import evaluate_logits
+from dlrm.train.reporting import log_eval
+
+
+def evaluate(forward, loader, env: DistEnv = DistEnv()) -> dict[str, float]:
+    """AUC, logloss and accuracy over the whole split (logits gathered on the device, one sync);
+    in a distributed run over every rank's rows, the same numbers on every rank."""
+    forward.model.eval()
+    logits, labels = [], []
+    for batch in loader:
+        logits.append(forward(batch))
+        labels.append(batch.labels)
+    forward.model.train()
+    return evaluate_logits(env.all_gather_rows(torch.cat(logits)), env.all_gather_rows(torch.cat(labels)))
+
+
+class Evaluator:
+    """Evaluates `run` on `loader`, keeps the best evaluation's checkpoint and decides early stops.
+
+    Args:
+        run: the run's parts (its ``eval_forward`` is used).
+        loader: the evaluation split.
+        cfg: the run's config (``train.early_stopping``).
+        writer: TensorBoard writer.
+        checkpointer: writes best.pt.
+        stats: the run's totals; ``stats.best`` and ``stats.evals_since_best`` are updated here.
+        env: the process group.
+    """
+
+    def __init__(self, run: Run, loader, cfg: Config, writer, checkpointer: Checkpointer, stats: RunStats,
+                 env: DistEnv = DistEnv()) -> None:
+        self.run, self.loader, self.writer, self.env = run, loader, writer, env
+        self.checkpointer, self.stats = checkpointer, stats
+        self.early = cfg.train.early_stopping
+        self.metric = self.early.metric if self.early else "auc"
+        self.min_delta = self.early.min_delta if self.early else 0.0
+
+    def __call__(self, pos: ckpt.Position) -> dict[str, float]:
+        """Evaluate at `pos`: log, and keep best.pt when this is the best evaluation so far."""
+        metrics = log_eval(self.writer, evaluate(self.run.eval_forward, self.loader, self.env), pos.step)
+        if self._improves(metrics[self.metric]):
+            path = self.checkpointer.save_best(self.run, pos, self.stats)
+            self.stats.best = {"step": pos.step, "metric": self.metric, **metrics,
+                               "checkpoint": str(path) if path else None}
+            self.stats.evals_since_best = 0
+        else:
+            self.stats.evals_since_best += 1
+        return metrics
+
+    def _improves(self, value: float) -> bool:
+        best = self.stats.best
+        if best is None or best.get("metric") != self.metric:
+            return True
+        gain = value - best[self.metric] if self.metric == "auc" else best[self.metric] - value
+        return gain > self.min_delta
+
+    @property
+    def should_stop(self) -> bool:
+        """Early stopping's patience ran out (never without ``train.early_stopping``)."""
+        if self.early is None or self.stats.evals_since_best < self.early.patience:
+            return False
+        best = self.stats.best
+        logger.info(f"early stopping: no {self.metric} improvement above {self.min_delta} in "
+                    f"{self.stats.evals_since_best} evaluations; best {best[self.metric]:.4f} at step {best['step']}")
+        return True
