@@ -29,7 +29,6 @@ from kernels.embedding import (
 )
 
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 CARD_POOL = [3, 1000, 17, 1, 250, 4099]  # small R: the interpreter copies whole tensors per launch
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad"]
@@ -525,7 +524,6 @@ def test_compile_fused_training_step_fullgraph(device, assert_close):
 
 
 @gpu
-@needs_cuda
 @pytest.mark.parametrize("mode", ["modulus", "vocabulary"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_lookup(mode, dtype, assert_close):
@@ -544,7 +542,6 @@ def test_gpu_lookup(mode, dtype, assert_close):
 
 
 @gpu
-@needs_cuda
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_sparse_update(optimizer, dtype, assert_close):
@@ -572,7 +569,6 @@ def test_gpu_sparse_update(optimizer, dtype, assert_close):
 
 
 @gpu
-@needs_cuda
 def test_gpu_no_host_sync_and_cuda_graph_capture():
     """The fused forward + sparse update neither synchronise with the host nor break CUDA graph capture."""
     device = torch.device("cuda")

@@ -14,7 +14,6 @@ from kernels.activations import ACTIVATIONS, apply_activation, derivative_from_o
 from kernels.epilogue import act_backward
 
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
 def make(shape, layout: str, device, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
@@ -112,7 +111,6 @@ def test_act_backward_rejects_non_matrices(device):
 
 
 @gpu
-@needs_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_gpu_act_backward(activation, dtype, assert_close):
