@@ -88,6 +88,9 @@ class ModelConfig:
     1: no padding."""
     cardinalities: Optional[list[int]] = None
     """Table sizes for runs without a dataset (synthetic benchmarks); a dataset's metadata wins otherwise."""
+    dropout: float = 0.0
+    """Dropout probability between MLP layers (after each hidden layer's activation, in the bottom
+    and the top MLP; never on the logit); 0 turns it off. Training only: evaluation sees the whole net."""
 
 
 @dataclass
@@ -113,6 +116,9 @@ class SparseOptimConfig:
     name: Literal["sgd", "adagrad", "rowwise_adagrad"] = "rowwise_adagrad"
     lr: float = 0.05
     eps: float = 1e-8
+    weight_decay: float = 0.0
+    """L2 on the embedding rows, lazily: ``weight_decay * w[r]`` is added to the gradient of every
+    row r a batch touches (rows a batch does not use are left alone: no dense pass over the tables)."""
 
 
 @dataclass
@@ -186,6 +192,10 @@ class TrainConfig:
     checkpoints/best.pt, which --eval-only and --export use when given the run directory."""
     early_stopping: Optional[EarlyStoppingConfig] = None
     """null (train to the end), or when to stop early (needs eval_every)."""
+    baseline: Union[bool, Auto] = "auto"
+    """Also fit an L2 logistic regression on the same split, loader and hashing after training and
+    report its AUC/logloss next to the DLRM's (`dlrm.train.baseline`); "auto": on when the train
+    split has at most 2,000,000 rows and the run is one process."""
     log_every: int = 50
     """Steps between host syncs for logging (loss, samples/s)."""
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
@@ -510,6 +520,9 @@ def validate(cfg: Config) -> Config:
         _positive(f"{key}.eps", opt.eps)
     _positive("optim.dense.momentum", o.dense.momentum, allow_zero=True)
     _positive("optim.dense.weight_decay", o.dense.weight_decay, allow_zero=True)
+    _positive("optim.sparse.weight_decay", o.sparse.weight_decay, allow_zero=True)
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout: {m.dropout!r} must be within [0, 1)")
     s = o.schedule
     for key in ("warmup_steps", "decay_start_step", "decay_steps"):
         _positive(f"optim.schedule.{key}", getattr(s, key), allow_zero=True)

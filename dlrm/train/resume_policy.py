@@ -18,7 +18,7 @@ from dlrm.config import ConfigError
 # dotted prefixes: a key equal to one or under it is free
 FREE_KEYS = (
     "log", "checkpoint", "profile", "kernels", "name",
-    "train.log_every", "train.eval_every", "train.compile", "train.cuda_graph", "train.device",
+    "train.log_every", "train.eval_every", "train.compile", "train.cuda_graph", "train.device", "train.baseline",
     "data.prefetch", "data.placement", "data.gpu_memory_share", "data.eval_batch_size", "data.eval_split",
     "distributed.backend",
 )
