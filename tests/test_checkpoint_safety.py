@@ -137,7 +137,7 @@ def test_written_checkpoint_is_plain_data(trained):
     assert state["config"] == json.loads(disk["config_json"]) == trained["cfg"].to_dict()
     assert state["rng"]["python"][0] == 3 and len(state["rng"]["python"][1]) == 625
     assert state["rng"]["numpy"][0] == "MT19937" and state["rng"]["numpy"][1].dtype == np.uint32
-    assert set(state["run_stats"]) == {"samples", "train_s", "train_losses"} and state["run_stats"]["samples"] == 24
+    assert {"samples", "train_s", "train_losses"} <= set(state["run_stats"]) and state["run_stats"]["samples"] == 24
 
 
 def test_rng_streams_survive_a_format_2_round_trip(trained, tmp_path):
@@ -286,7 +286,8 @@ def _drop(d: dict, dotted: str, _value=None) -> None:
     (_set, "rng.python.state", torch.zeros(5, dtype=torch.int64),
      "checkpoint key 'rng.python.state' must be an int64 tensor of 625 values"),
     (_set, "rng.numpy.pos", 10**6, "checkpoint key 'rng.numpy.pos' must be an int in [0, 624]"),
-    (_set, "rng.torch", torch.zeros(5056, dtype=torch.uint8), "checkpoint key 'rng.torch' is not a valid generator state"),
+    (_set, "rng.torch", torch.zeros(5056, dtype=torch.uint8),
+     "checkpoint key 'rng.torch' is not a valid generator state"),
     (_set, "run_stats.note", {1, 2}, "checkpoint key 'run_stats.note' must be plain data"),
     (_set, "run_stats.samples", torch.tensor(3), "checkpoint key 'run_stats.samples' must be plain data"),
     (_set, "run_stats.train_losses", [[1, 0.5, 2]], "checkpoint key 'run_stats.train_losses' must be a list of"),
@@ -335,7 +336,8 @@ class StubEnv:
 def local_rows(plan, q: int, full: torch.Tensor) -> torch.Tensor:
     """Rank q's rows of a full per-row tensor (the inverse of `assemble`)."""
     offsets = np.cumsum([0, *plan.cardinalities[:-1]])
-    return torch.cat([full[offsets[f] + start: offsets[f] + start + count] for f, start, count, _ in plan.local_layout(q)])
+    layout = plan.local_layout(q)
+    return torch.cat([full[offsets[f] + start: offsets[f] + start + count] for f, start, count, _ in layout])
 
 
 def write_sharded(run_dir: Path, state: dict) -> tuple[Path, object]:
@@ -353,7 +355,7 @@ def write_sharded(run_dir: Path, state: dict) -> tuple[Path, object]:
 
 def test_sharded_checkpoint_merges_and_bad_shards_are_named(trained, tmp_path):
     state = {k: v for k, v in ckpt.load_checkpoint(trained["path"]).items() if k != "format_version"}
-    manifest, plan = write_sharded(tmp_path / "run", state)
+    manifest, _ = write_sharded(tmp_path / "run", state)
     assert raw_disk(manifest)["format_version"] == 2 and "model" not in raw_disk(manifest)
     merged = merge_to_file(manifest, tmp_path / "merged.pt")
     assert torch.equal(merged["model"][SPARSE], state["model"][SPARSE])
@@ -423,7 +425,8 @@ def test_stale_temp_files_are_removed_before_a_save(trained, tmp_path, monkeypat
     run_dir = tmp_path / "run"
     d = ckpt.checkpoint_dir(run_dir)
     d.mkdir(parents=True)
-    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(trained["path"]), str(d / ckpt.checkpoint_name(9))],
+    target = d / ckpt.checkpoint_name(9)
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(trained["path"]), str(target)],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert writer.stdout.readline().strip() == "writing"
     writer.kill()

@@ -183,7 +183,8 @@ def _read_plain(path: Path) -> Any:
     """torch.load with weights_only=True, nothing else; numpy's array constructors allowed only for a
     file that names them (format 1's NumPy RNG state) and no other function or class."""
     if not zipfile.is_zipfile(path):
-        raise ConfigError(f"{path}: not a readable checkpoint (not a zip archive: truncated, or not written by torch.save)")
+        raise ConfigError(f"{path}: not a readable checkpoint "
+                          "(not a zip archive: truncated, or not written by torch.save)")
     needed = _globals_needed(path)
     numpy_globals = schema.v1_numpy_globals()
     code = sorted(needed - set(numpy_globals))

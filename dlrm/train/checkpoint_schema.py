@@ -306,9 +306,11 @@ def _check_numpy_rng(npy: Any, path: Path) -> None:
     """NumPy's legacy MT19937 state (np.random.set_state checks neither pos nor has_gauss)."""
     _expect(_is_dict(npy), npy, path, "rng.numpy", "a dict (algorithm, key, pos, has_gauss, cached_gaussian)")
     _check_keys(npy, ("algorithm", "key", "pos", "has_gauss", "cached_gaussian"), (), path, "rng.numpy.")
-    _expect(type(npy["algorithm"]) is str and npy["algorithm"] == "MT19937", npy["algorithm"], path, "rng.numpy.algorithm", "'MT19937'")
+    algorithm = npy["algorithm"]
+    _expect(type(algorithm) is str and algorithm == "MT19937", algorithm, path, "rng.numpy.algorithm", "'MT19937'")
     _check_state_tensor(npy["key"], path, "rng.numpy.key", _MT_WORDS, 2**32)
-    _expect(_is_int(npy["pos"]) and npy["pos"] <= _MT_WORDS, npy["pos"], path, "rng.numpy.pos", f"an int in [0, {_MT_WORDS}]")
+    pos = npy["pos"]
+    _expect(_is_int(pos) and pos <= _MT_WORDS, pos, path, "rng.numpy.pos", f"an int in [0, {_MT_WORDS}]")
     _expect(type(npy["has_gauss"]) is int and npy["has_gauss"] in (0, 1), npy["has_gauss"], path,
             "rng.numpy.has_gauss", "0 or 1")
     _expect(type(npy["cached_gaussian"]) is float, npy["cached_gaussian"], path, "rng.numpy.cached_gaussian", "a float")
