@@ -434,9 +434,10 @@ def test_stale_temp_files_are_removed_before_a_save(trained, tmp_path, monkeypat
     killed = list(d.glob(f".{ckpt.checkpoint_name(9)}.*.tmp"))
     assert len(killed) == 1 and f".{writer.pid}-" in killed[0].name
     old_style = d / f".{ckpt.checkpoint_name(1)}.k3j2h1.tmp"  # format 1's names carry no pid
+    killed_best = d / f".best.pt.{writer.pid}-q1w2e3.tmp"
     live = d / f".{ckpt.checkpoint_name(2)}.{os.getppid()}-abc.tmp"  # another process writing now
     others = [d / ".notes.tmp", d / "notes.txt"]
-    for p in (old_style, live, *others):
+    for p in (old_style, killed_best, live, *others):
         p.write_bytes(b"x")
 
     state = ckpt.load_checkpoint(trained["path"])
@@ -451,9 +452,9 @@ def test_stale_temp_files_are_removed_before_a_save(trained, tmp_path, monkeypat
     with captured_logs() as messages:
         saved = ckpt.save_checkpoint(run_dir, state, 10, keep=5)
     assert during == [[]]
-    assert not killed[0].exists() and not old_style.exists()
+    assert not killed[0].exists() and not old_style.exists() and not killed_best.exists()
     assert live.exists() and all(p.exists() for p in others)
-    assert any("removed 2 temporary file(s)" in m for m in messages)
+    assert any("removed 3 temporary file(s)" in m for m in messages)
     assert ckpt.load_checkpoint(saved)["position"] == state["position"]
 
 

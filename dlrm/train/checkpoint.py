@@ -32,8 +32,9 @@ from dlrm.train import checkpoint_schema as schema
 
 FORMAT_VERSION = schema.FORMAT_VERSION
 _NAME = re.compile(r"step-(\d{8,})\.pt$")
-# `write_atomic`'s temporary files: ".<name>.<pid>-<random>.tmp" (before format 2 without the pid)
-_TEMP = re.compile(r"\.step-\d{8,}(?:\.rank\d+-of-\d+)?\.pt\.(?:(\d+)-)?[^/]*\.tmp")
+# `write_atomic`'s temporary files of step-*.pt, their shards and best.pt: ".<name>.<pid>-<random>.tmp"
+# (before format 2 without the pid)
+_TEMP = re.compile(r"\.[^/]+\.pt\.(?:(\d+)-)?[^/]*\.tmp")
 _WRITING: set[str] = set()  # absolute paths of the temporary files this process is writing now
 
 
@@ -118,13 +119,13 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_temp_files(directory: Path) -> list[Path]:
-    """Delete the temporary files of checkpoint writes that were killed (`.step-*.pt.*.tmp`).
+    """Delete the temporary files of checkpoint writes that were killed (`.step-*.pt.*.tmp`, `.best.pt.*.tmp`).
 
     Kept: the ones this process is writing now and the ones of another live process on this host
     (named by its pid). Returns the removed paths.
     """
     removed = []
-    for p in Path(directory).glob(".step-*.pt.*.tmp"):
+    for p in Path(directory).glob(".*.pt.*.tmp"):
         m = _TEMP.fullmatch(p.name)
         if m is None or os.path.abspath(p) in _WRITING:
             continue
