@@ -171,3 +171,24 @@ def test_top_mlp_input_padding_computes_the_same_function(interaction):
             torch.testing.assert_close(gb[:, :width], ga, rtol=1e-12, atol=1e-12, msg=k)
             assert torch.equal(gb[:, width:], torch.zeros_like(gb[:, width:]))
     assert set(plain.state_dict()) == set(padded.state_dict())  # same keys; one shape differs
+
+
+def test_every_sparse_arch_states_the_interface():
+    """The step, optimizers and graph capture read these attributes; nothing is probed (issue #18)."""
+    from dlrm.distributed.sharded_embedding import ShardedSparseArch
+    from dlrm.distributed.sharding import plan_sharding
+    from dlrm.model.interfaces import SparseArchInterface
+    from kernels.embedding import TritonSparseEmbedding
+
+    cards = [5] * 26
+    eager = SparseArch(cards, 4)
+    triton_arch = TritonSparseEmbedding(cards, 4)
+    sharded = ShardedSparseArch(cards, 4, plan_sharding(cards, 1, "table", 10**7), 0)
+    sharded_triton = ShardedSparseArch(cards, 4, plan_sharding(cards, 1, "table", 10**7), 0, kernel="triton")
+    for arch in (eager, triton_arch, sharded, sharded_triton):
+        assert isinstance(arch, SparseArchInterface), type(arch).__name__
+    flags = lambda a: (a.compilable, a.collective, a.fused_optimizer)  # noqa: E731
+    assert flags(eager) == (False, False, False)
+    assert flags(triton_arch) == (True, False, True)
+    assert flags(sharded) == (False, True, False)
+    assert flags(sharded_triton) == (False, True, True)  # fused update on the owner, eager collectives

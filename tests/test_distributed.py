@@ -175,12 +175,18 @@ def test_sharded_resume_same_ranks_and_clear_refusals(tmp_path, dataset):
     straight = {p.name: torch.load(p, weights_only=False) for p in cdir.glob(f"step-{STEPS:08d}.rank*")}
     saved = tmp_path / "straight"
     shutil.copytree(cdir, saved)
-    # resume from step 40 on two ranks: the same shards as the uninterrupted run
+    # resuming step 40 in place would overwrite the later checkpoints: refused on every rank, one line
     cfg = str(tmp_path / "res.json")
     result = run(["--config", cfg, "--resume", str(cdir / ckpt.checkpoint_name(40))], tmp_path, nproc=2)
+    assert result.returncode != 0 and "not the latest checkpoint" in result.stderr  # torchrun exits 1 when a rank fails
+    assert "this is a bug" not in result.stderr
+    # continued from step 40 in a new run on two ranks: the same shards as the uninterrupted run
+    result = run(["--config", cfg, "--resume", str(cdir / ckpt.checkpoint_name(40)), "--run-name", "res-branch",
+                  "--tb-dir", str(tmp_path / "tb")], tmp_path, nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
+    branch = ckpt.checkpoint_dir(tmp_path / "tb" / "res-branch")
     for name, ref in straight.items():
-        got = torch.load(cdir / name, weights_only=False)
+        got = torch.load(branch / name, weights_only=True)
         assert_close_states(got, ref)
     # one process cannot resume it, and says how
     result = run(["--config", cfg, "--resume", str(saved / ckpt.checkpoint_name(40))], tmp_path)

@@ -92,8 +92,11 @@ class ShardedSparseArch(nn.Module):
     same parameters as a one-process run with the same seed.
     """
 
-    sparse_gradients = True  # the lookup runs eagerly, outside torch.compile (its collectives included)
-    collective = True  # every rank must call forward together; see `global_batch`
+    # dlrm.model.interfaces.SparseArchInterface: the lookup runs eagerly, outside torch.compile and CUDA
+    # graphs (its collectives); every rank must call forward together (see `global_batch`)
+    compilable = False
+    collective = True
+    fused_optimizer = False  # True with kernel "triton" (set in __init__)
 
     def __init__(self, cardinalities: list[int], dim: int, plan: ShardingPlan, rank: int,
                  vocabs: Optional[list[torch.Tensor]] = None, kernel: str = "torch") -> None:
@@ -134,7 +137,8 @@ class ShardedSparseArch(nn.Module):
             # Not a registered submodule: the state_dict keeps the single key "weight".
             self.__dict__["_triton"] = local
             self.weight = local.weight
-            self.use_fused_update = local.use_fused_update  # what build_optimizers looks for
+            self.use_fused_update = local.use_fused_update  # the owner's rows get the fused update
+            self.fused_optimizer = True
         else:
             self.weight = nn.Parameter(torch.empty(rows, dim))
         self._init_like_sparse_arch(list(cardinalities), layout)

@@ -135,6 +135,12 @@ class SparseArch(nn.Module):
     are derived from the dataset and rebuilt at construction).
     """
 
+    # dlrm.model.interfaces.SparseArchInterface: the sparse COO gradient has data-dependent shapes,
+    # so the lookup stays outside torch.compile and CUDA graphs; an eager optimizer steps it
+    compilable = False
+    collective = False
+    fused_optimizer = False
+
     def __init__(self, cardinalities: list[int], dim: int, vocabs: Optional[list[torch.Tensor]] = None) -> None:
         super().__init__()
         if vocabs is not None and [len(v) + 1 for v in vocabs] != list(cardinalities):

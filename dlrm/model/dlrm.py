@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from loguru import logger
@@ -75,12 +75,13 @@ def build_model(
     vocabs: Optional[list[torch.Tensor]] = None,
     kernels: Optional[KernelsConfig] = None,
     device: torch.device | str = "cpu",
-    sparse_arch: Optional[nn.Module] = None,
+    sparse_arch: Optional[Callable[[], nn.Module]] = None,
 ) -> DLRM:
     """Build a DLRM on `device`, with eager or Triton parts as `kernels` asks (logged).
 
-    `sparse_arch`: a SparseArch built by the caller (a distributed run's sharded one, see
-    `dlrm.train.builder`) used instead of building one here.
+    `sparse_arch`: a function that builds the SparseArch instead (a distributed run's sharded one,
+    see `dlrm.train.builder`); it is called where this function would build its own, so the
+    parameters draw from the RNG in the same order as in a one-process run.
     """
     kernels = kernels or KernelsConfig()
     choices = {k: getattr(kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
@@ -98,7 +99,7 @@ def build_model(
 
 
 def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: KernelsConfig,
-                 sparse_arch: Optional[nn.Module] = None) -> DLRM:
+                 sparse_arch: Optional[Callable[[], nn.Module]] = None) -> DLRM:
     linear_cls = None
     if kernels.mlp == "triton":
         from kernels.linear import TritonLinear
@@ -106,7 +107,7 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
         linear_cls = TritonLinear
     dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, cfg.activation, linear_cls=linear_cls)
     if sparse_arch is not None:
-        pass  # built by the caller
+        sparse_arch = sparse_arch()
     elif kernels.embedding == "triton":
         from kernels.embedding import TritonSparseEmbedding
 

@@ -85,12 +85,12 @@ def make_sharding(cfg: Config, tables: Tables, env: DistEnv) -> Optional[Shardin
     return plan
 
 
-def _sharded_sparse_arch(cfg: Config, tables: Tables, plan: ShardingPlan, env: DistEnv, device: torch.device):
+def _sharded_sparse_arch(cfg: Config, tables: Tables, plan: ShardingPlan, env: DistEnv) -> Callable:
+    """A function building this rank's `ShardedSparseArch` (build_model calls it in its RNG order)."""
     from dlrm.distributed.sharded_embedding import ShardedSparseArch
 
-    with torch.device(device):  # parameters are created on the device directly
-        return ShardedSparseArch(tables.cardinalities, cfg.model.embedding_dim, plan, env.rank, tables.vocabs,
-                                 kernel=cfg.kernels.embedding)
+    return lambda: ShardedSparseArch(tables.cardinalities, cfg.model.embedding_dim, plan, env.rank, tables.vocabs,
+                                     kernel=cfg.kernels.embedding)
 
 
 def _log_memory(env: DistEnv, model: DLRM, device: torch.device) -> None:
@@ -116,7 +116,7 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
     """
     cfg, fast_path = resolve_fast_path(cfg, device, env.distributed)
     plan = make_sharding(cfg, tables, env)
-    sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env, device) if plan is not None else None
+    sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch)
     dense_forward = None  # one process: the model's own forward_from_embeddings
     if env.distributed:

@@ -23,6 +23,7 @@ import torch
 from loguru import logger
 
 from dlrm.data.loader import Batch
+from dlrm.train.optim import FusedSparseOptimizer
 from dlrm.train.step import TrainStep
 
 
@@ -63,7 +64,7 @@ class GraphedTrainStep:
     def _dense_optimizers(self) -> list[torch.optim.Optimizer]:
         # a fused sparse optimizer's step() does nothing (its update runs in the backward) and its
         # lr tensor is filled by TrainStep.load_lrs
-        return [o for o in self.step.optimizers if not hasattr(o, "load_lr")]
+        return [o for o in self.step.optimizers if not isinstance(o, FusedSparseOptimizer)]
 
     def __call__(self, batch: Batch) -> torch.Tensor:
         if self.batch_size is None:

@@ -100,7 +100,8 @@ def default_fused(name: str, device: torch.device) -> bool:
 def build_optimizers(model: nn.Module, cfg: OptimConfig, deterministic: bool = False) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
     """(dense optimizer over the MLPs, sparse optimizer over the embedding weight).
 
-    A Triton embedding (``sparse_gradients = False``, has ``use_fused_update``) gets a
+    A sparse arch whose backward applies the optimizer (``fused_optimizer``, see
+    `dlrm.model.interfaces.SparseArchInterface`) gets a
     :class:`FusedSparseOptimizer`: its update runs inside the embedding's backward.
     """
     sparse_params = [model.sparse_arch.weight]
@@ -117,7 +118,7 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, deterministic: bool = F
         dense = torch.optim.Adam(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay, **extra)
     logger.info(f"dense optimizer: {d.name}" + (" (fused)" if fused else "") + f"; sparse optimizer: {cfg.sparse.name}")
     s = cfg.sparse
-    if hasattr(model.sparse_arch, "use_fused_update"):
+    if model.sparse_arch.fused_optimizer:
         return dense, FusedSparseOptimizer(model.sparse_arch, s.name, s.lr, s.eps, deterministic)
     if s.name == "sgd":
         sparse = torch.optim.SGD(sparse_params, lr=s.lr)

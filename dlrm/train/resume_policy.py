@@ -20,7 +20,7 @@ FREE_KEYS = (
     "log", "checkpoint", "profile", "kernels", "name",
     "train.log_every", "train.eval_every", "train.compile", "train.cuda_graph", "train.device", "train.baseline",
     "data.prefetch", "data.placement", "data.gpu_memory_share", "data.eval_batch_size", "data.eval_split",
-    "distributed.backend",
+    "distributed",  # the sharding plan is checked against the checkpoint's where it matters
 )
 LENGTH_KEYS = ("train.epochs", "train.max_steps")
 

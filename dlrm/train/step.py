@@ -19,6 +19,7 @@ from torch.profiler import record_function
 from dlrm.config import CompileConfig
 from dlrm.data.loader import Batch
 from dlrm.model.dlrm import DLRM
+from dlrm.train.optim import FusedSparseOptimizer
 
 
 def set_matmul_precision(precision: str) -> None:
@@ -89,10 +90,10 @@ class TrainStep:
         self.model, self.loss_fn, self.optimizers = model, loss_fn, optimizers
         self.dense_forward = dense_forward or model.forward_from_embeddings
         self.precision, self.device = precision, device
-        self.embedding_in_graph = not getattr(model.sparse_arch, "sparse_gradients", True)
+        self.embedding_in_graph = model.sparse_arch.compilable  # see dlrm.model.interfaces
         # A sharded SparseArch (distributed run) is called with the global batch size, and each
         # rank's loss becomes its share of the global mean (see `_share`).
-        self.collective = getattr(model.sparse_arch, "collective", False)
+        self.collective = model.sparse_arch.collective
         self.cudagraphs = compile_cfg.enabled and compile_cfg.mode == "reduce-overhead" and device.type == "cuda"
         self.autocast_cache = True  # GraphedTrainStep turns it off
         fn = self._full_loss if self.embedding_in_graph else self._dense_loss
@@ -116,7 +117,7 @@ class TrainStep:
     def load_lrs(self) -> None:
         """Copy the scheduled learning rates into the device tensors kernels read them from."""
         for opt in self.optimizers:
-            if hasattr(opt, "load_lr"):
+            if isinstance(opt, FusedSparseOptimizer):
                 opt.load_lr()  # a fused embedding backward reads its scheduled lr from a device tensor
 
     def run(self, batch: Batch) -> torch.Tensor:
@@ -159,7 +160,7 @@ class EvalForward:
                  dense_forward: Optional[Callable] = None):
         self.model, self.precision, self.device, self.batch_size = model, precision, device, batch_size
         self.dense_forward = dense_forward or model.forward_from_embeddings
-        self.collective = getattr(model.sparse_arch, "collective", False)
+        self.collective = model.sparse_arch.collective
         self.pad = compile_cfg.enabled and not self.collective
         self._forward = _maybe_compile(self._logits, compile_cfg, device, "evaluation")
         if self.collective:  # the sharded lookup runs eagerly; the dense part is compiled

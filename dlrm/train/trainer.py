@@ -27,6 +27,7 @@ from dlrm.data.schema import write_json_atomic
 from dlrm.distributed.env import DistEnv, init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped
 from dlrm.train import checkpoint as ckpt
+from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import Run, build_run, make_sharding  # noqa: F401 - make_sharding: public here too
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats, StepMeter
@@ -190,13 +191,19 @@ class Trainer:
 
     def _open_run_dir(self, run_dir: Optional[Path], latest: Optional[Path]) -> RunDirectory:
         """Rank 0 creates (or, resuming, takes over) and locks the run directory; others learn its path."""
-        opened = None
+        opened, refusal = None, None
         if self.env.is_main:
-            if self.resume_from is not None and run_dir is None:
-                opened, _ = RunDirectory.for_resume(self.cfg, self.resume_from, latest)
-            else:
-                opened = RunDirectory.create(self.cfg, run_dir)
-        path = self.env.broadcast_object(opened.path if opened else None)
+            try:
+                if self.resume_from is not None and run_dir is None:
+                    opened, _ = RunDirectory.for_resume(self.cfg, self.resume_from, latest)
+                else:
+                    opened = RunDirectory.create(self.cfg, run_dir)
+            except ConfigError as e:
+                refusal = str(e)
+        # every rank learns the path, or rank 0's refusal (so no rank waits for one that left)
+        path, refusal = self.env.broadcast_object((opened.path if opened else None, refusal))
+        if refusal is not None:
+            raise ConfigError(refusal)
         return opened or RunDirectory(path, None, created=False)
 
     def _log_start(self) -> None:
@@ -321,12 +328,14 @@ class Trainer:
             logger.info("top operators by " + ("device" if self.device.type == "cuda" else "CPU") + " time:\n" + ops)
             writer.add_text("profile/top_ops", "```\n" + ops + "\n```", self.pos.step)
         summary = self._summary(metrics, counters)
+        # the linear model on the same split, loader and hashing, when train.baseline asks (dlrm.train.baseline)
+        summary["baseline"] = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step)
         log_hparams(writer, cfg, self.data.batch_size, metrics)
         writer.close()
         if env.is_main:
             write_json_atomic(self.run_dir.path / "summary.json", summary)
         self.run_dir.close()
-        logger.info(final_line(summary))
+        logger.info(final_line(summary) + baseline_clause(summary))
         return summary
 
     def _summary(self, metrics: dict, counters: dict) -> dict:

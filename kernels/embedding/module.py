@@ -78,7 +78,11 @@ class TritonSparseEmbedding(nn.Module):
     # The plain lookup's backward is an ordinary dense [R, D] gradient from a custom op (no sparse COO
     # gradient), so a training step may compile the lookup together with the rest of the model
     # (dlrm.train.step reads this flag; the eager SparseArch has sparse gradients).
-    sparse_gradients = False
+    # the attributes of dlrm.model.interfaces.SparseArchInterface: static shapes and no host syncs,
+    # so it compiles and captures; its backward applies the sparse optimizer (after use_fused_update)
+    compilable = True
+    collective = False
+    fused_optimizer = True
 
     def __init__(
         self,

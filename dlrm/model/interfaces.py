@@ -1,0 +1,37 @@
+"""What the training step, the optimizers and the CUDA-graph capture need to know of a sparse arch.
+
+Three implementations exist: `dlrm.model.archs.SparseArch` (eager, sparse COO gradients),
+`kernels.embedding.TritonSparseEmbedding` (hashing + lookup kernel, optimizer fused into its
+backward) and `dlrm.distributed.sharded_embedding.ShardedSparseArch` (tables sharded over ranks,
+lookups exchanged with all_to_all). Each states these attributes as class or instance attributes;
+nothing is found by probing.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+
+@runtime_checkable
+class SparseArchInterface(Protocol):
+    """The embedding part of a DLRM: raw int64 sparse values [B, F] -> embeddings [B, F, D].
+
+    Attributes:
+        weight: the rows of every table, [R, D] (a shard of them in a sharded arch).
+        compilable: the lookup and its backward can run inside ``torch.compile`` and a captured
+            CUDA graph (no sparse COO gradient with data-dependent shapes, no collectives).
+        collective: ``forward(raw, global_batch)`` exchanges rows with the other ranks: every rank
+            must call it together, with the global batch size.
+        fused_optimizer: the backward applies the sparse optimizer itself; the arch then has
+            ``use_fused_update(config)`` and ``weight`` gets no gradient.
+    """
+
+    weight: nn.Parameter
+    compilable: bool
+    collective: bool
+    fused_optimizer: bool
+
+    def __call__(self, raw: torch.Tensor, global_batch: Optional[int] = None) -> torch.Tensor: ...
