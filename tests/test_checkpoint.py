@@ -185,6 +185,9 @@ def test_eval_only_and_export(tmp_path, dataset):
         raw = torch.from_numpy(rng.integers(-1, 2**32, (batch, 26)))
         expected = model.predict(transform_dense(counts), raw)
         torch.testing.assert_close(program(counts, raw), expected, rtol=1e-6, atol=1e-7)
+    # int32 sparse input would wrap raw hashes >= 2**31: the program refuses any dtype but int64
+    with pytest.raises(RuntimeError, match="dtype"):
+        program(counts, raw.to(torch.int32))
     again = cli("--config", str(cfg_path), "--tb-dir", str(tb), "--checkpoint", summary["checkpoint"],
                 "--export", str(tmp_path / "m.pt2"), cwd=tmp_path)
     out = again.communicate(timeout=120)[0]

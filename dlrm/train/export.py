@@ -14,7 +14,7 @@ from dlrm.data.loader import ParquetLoader, split_files, transform_dense
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, write_json_atomic
 from dlrm.model.dlrm import DLRM, build_model
 from dlrm.train import checkpoint as ckpt
-from dlrm.train.setup import make_run_dir
+from dlrm.train.run_dir import RunDirectory
 
 
 def model_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device) -> DLRM:
@@ -34,13 +34,14 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     model = model_from_checkpoint(cfg, Path(path), tables, device)
     batch_size = cfg.data.eval_batch_size or 4 * cfg.data.batch_size
     loader = ParquetLoader(split_files(data_dir, meta, split), batch_size, device, prefetch=cfg.data.prefetch)
-    run_dir = make_run_dir(cfg)
-    t0 = time.perf_counter()
-    set_matmul_precision(cfg.train.precision)
-    metrics = evaluate(EvalForward(model, cfg.train.precision, device, cfg.train.compile, batch_size), loader)
-    summary = {**metrics, "split": split, "checkpoint": str(path), "rows": loader.num_rows,
-               "wall_s": time.perf_counter() - t0, "device": str(device), "config": cfg.to_dict()}
-    write_json_atomic(run_dir / "summary.json", summary)
+    with RunDirectory.create(cfg) as run_dir:  # removed again if the evaluation fails
+        t0 = time.perf_counter()
+        set_matmul_precision(cfg.train.precision)
+        metrics = evaluate(EvalForward(model, cfg.train.precision, device, cfg.train.compile, batch_size), loader)
+        summary = {**metrics, "split": split, "checkpoint": str(path), "rows": loader.num_rows,
+                   "wall_s": time.perf_counter() - t0, "device": str(device), "config": cfg.to_dict()}
+        write_json_atomic(run_dir.path / "summary.json", summary)
+        run_dir.started()
     logger.info(f"{split}: AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}")
     return summary
 
@@ -51,7 +52,9 @@ class RawInputDLRM(nn.Module):
     Args:
         model: a trained DLRM (its hashing buffers do the raw-value-to-row mapping).
 
-    Shapes: int [B, 13] counts (missing as 0), int64 [B, 26] raw hashes (missing as -1) -> float32 [B].
+    Shapes: int64 [B, 13] counts (missing as 0), int64 [B, 26] raw hashes (missing as -1) -> float32 [B].
+    The exported program checks its inputs' dtypes: int32 hashes (which would wrap values >= 2**31)
+    are refused, not converted.
     """
 
     def __init__(self, model: DLRM) -> None:
