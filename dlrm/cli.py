@@ -48,7 +48,7 @@ ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, err
 
 
 def cli_overrides(*, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, checkpoint_every, split,
-                  compile_, compile_mode, profile, kernels) -> dict:
+                  compile_, compile_mode, profile, kernels, baseline=None) -> dict:
     """Dotted config keys set on the command line (options left out are absent)."""
     overrides = {
         "data.path": data,
@@ -61,6 +61,7 @@ def cli_overrides(*, data, device, batch_size, epochs, max_steps, seed, run_name
         "log.tb_dir": tb_dir,
         "checkpoint.every": checkpoint_every,
         "data.eval_split": split,
+        "train.baseline": baseline,
     }
     if compile_mode is not None:
         if compile_ is False:
@@ -236,6 +237,9 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
 @click.option("--compile-mode", type=click.Choice(["default", "reduce-overhead", "max-autotune"]), default=None,
               help="Compile with this torch.compile mode (reduce-overhead: CUDA graphs); implies --compile.")
 @click.option("--profile", is_flag=True, default=None, help="Profile a few steps into TensorBoard (overrides profile.enabled).")
+@click.option("--baseline/--no-baseline", default=None,
+              help="Also fit a logistic regression on the same split and hashing and report it next to the DLRM "
+                   "(overrides train.baseline; default \"auto\": small train splits, see dlrm.train.baseline).")
 @click.option("--compare", type=str, help="Comma-separated variants to train side by side: eager, compiled, "
               "compiled-cudagraphs, triton, triton+compiled, triton+cudagraphs, triton-embedding+cudagraphs, "
               "triton-embedding-interaction+cudagraphs.")
@@ -255,7 +259,7 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
               help="Write a torch.export inference program (raw inputs, hashing included) to this new .pt2 file: "
                    "from --checkpoint, or from the model at the end of training (the path is checked first).")
 def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, kernels, compile_,
-         compile_mode, profile, compare, checkpoint_every, resume, allow_config_change, eval_only, checkpoint_path,
+         compile_mode, profile, baseline, compare, checkpoint_every, resume, allow_config_change, eval_only, checkpoint_path,
          split, export_path) -> None:
     """Train a DLRM on a Criteo-format parquet dataset (exit codes: see `dlrm.cli`'s docstring)."""
     configure_logging()
@@ -265,7 +269,7 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
         overrides = cli_overrides(data=data, device=device, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
                                   seed=seed, run_name=run_name, tb_dir=tb_dir, checkpoint_every=checkpoint_every,
                                   split=split, compile_=compile_, compile_mode=compile_mode, profile=profile,
-                                  kernels=kernels)
+                                  kernels=kernels, baseline=baseline)
         allowed_changes = parse_allowed_changes(allow_config_change)
         check_modes(eval_only=eval_only, compare=compare, resume=resume, export_path=export_path,
                     checkpoint_path=checkpoint_path, allowed_changes=allowed_changes)
