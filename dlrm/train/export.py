@@ -62,6 +62,9 @@ class RawInputDLRM(nn.Module):
         self.model = model
 
     def forward(self, dense_counts: torch.Tensor, sparse_raw: torch.Tensor) -> torch.Tensor:
+        # A runtime check that stays in the exported graph: int32 hashes would have wrapped values >= 2**31.
+        torch.ops.aten._assert_tensor_metadata(sparse_raw, dtype=torch.int64)
+        torch.ops.aten._assert_tensor_metadata(dense_counts, dtype=torch.int64)
         return torch.sigmoid(self.model(transform_dense(dense_counts), sparse_raw).float())
 
 
