@@ -10,8 +10,6 @@ training stops after `patience` evaluations in a row without an improvement of m
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from loguru import logger
 

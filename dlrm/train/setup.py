@@ -1,20 +1,17 @@
-"""Everything a run needs before its first step: device, seeds, dataset tables, run directory."""
+"""Everything a run needs before its first step: device, seeds, dataset tables (the run directory: run_dir.py)."""
 
 from __future__ import annotations
 
 import random
-import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
-from loguru import logger
 
 from dlrm.config import Config, ConfigError
-from dlrm.data.schema import NUM_SPARSE, Metadata, read_metadata, read_vocabulary, write_json_atomic
+from dlrm.data.schema import NUM_SPARSE, Metadata, read_metadata, read_vocabulary
 
 
 def resolve_device(name: str) -> torch.device:
@@ -70,23 +67,3 @@ def load_dataset_metadata(cfg: Config) -> tuple[Path, Metadata]:
     if not data_dir.is_dir():
         raise ConfigError(f"data.path: {str(data_dir)!r} is not a directory")
     return data_dir, read_metadata(data_dir)
-
-
-def make_run_dir(cfg: Config) -> Path:
-    """Create tb_logs/<run-name>/, refusing to reuse a non-empty one (nothing is overwritten)."""
-    name = cfg.log.run_name or f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if not re.fullmatch(r"[\w.+-]+", name):
-        raise ConfigError(f"log.run_name: {name!r} may hold only letters, digits and . _ + -")
-    run_dir = Path(cfg.log.tb_dir) / name
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(f"log.run_name: {str(run_dir)!r} already exists and is not empty; pick another --run-name")
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"log.tb_dir: cannot write {str(run_dir)!r} ({e.strerror})") from None
-    write_json_atomic(run_dir / "config.json", cfg.to_dict())
-    logger.info(f"run directory: {run_dir}")
-    return run_dir

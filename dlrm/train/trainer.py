@@ -28,7 +28,7 @@ from dlrm.distributed.env import DistEnv, init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped
 from dlrm.train import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
-from dlrm.train.builder import Run, build_run, make_sharding  # noqa: F401 - make_sharding: public here too
+from dlrm.train.builder import build_run
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats, StepMeter
 from dlrm.train.evaluator import Evaluator, evaluate
