@@ -45,6 +45,60 @@ class RowWiseAdagrad(torch.optim.Optimizer):
         return None
 
 
+def decay_touched_rows_(weight: torch.Tensor, weight_decay: float) -> None:
+    """Lazy L2 on an embedding weight: ``grad[r] += weight_decay * w[r]`` for every row r the batch touched.
+
+    The touched rows are those of the sparse gradient (every row looked up, also one whose gradient
+    summed to zero; repeated rows are coalesced first, so each gets the decay once) or, for a dense
+    gradient, its non-zero rows. Other rows keep no gradient and are not decayed: no pass over the
+    whole table, which is what lets L2 work with sparse updates. The Triton fused update applies the
+    same rule inside its kernel (``kernels.embedding.embedding_sparse_update_``, ``weight_decay``).
+
+    Args:
+        weight: the embedding weight [R, D] whose ``.grad`` is replaced (sparse) or updated (dense).
+        weight_decay: the L2 coefficient (0: nothing happens).
+
+    Example:
+        >>> w = torch.nn.Parameter(torch.ones(4, 2))
+        >>> torch.nn.functional.embedding(torch.tensor([1, 1, 3]), w, sparse=True).sum().backward()
+        >>> decay_touched_rows_(w, 0.5)
+        >>> w.grad.to_dense()
+        tensor([[0.0000, 0.0000],
+                [2.5000, 2.5000],
+                [0.0000, 0.0000],
+                [1.5000, 1.5000]])
+    """
+    grad = weight.grad
+    if grad is None or weight_decay == 0.0:
+        return
+    w = weight.detach()
+    if grad.is_sparse:
+        grad = grad.coalesce()
+        rows = grad.indices()[0]
+        values = grad.values() + weight_decay * w[rows].to(grad.dtype)
+        weight.grad = torch.sparse_coo_tensor(grad.indices(), values, grad.shape, is_coalesced=True,
+                                              check_invariants=False)  # the indices are coalesce()'s
+    else:
+        touched = grad.ne(0).any(dim=1, keepdim=True)
+        grad.add_(w * touched, alpha=weight_decay)
+
+
+def add_sparse_weight_decay(optimizer: torch.optim.Optimizer, weight_decay: float) -> torch.optim.Optimizer:
+    """Make `optimizer` (an eager sparse one) apply lazy L2 (`decay_touched_rows_`) before each step.
+
+    A step pre-hook, so the optimizer class, its state_dict and its checkpoints stay what they are.
+    Returns `optimizer`.
+    """
+    if weight_decay:
+        def decay(opt, args, kwargs) -> None:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    decay_touched_rows_(p, weight_decay)
+
+        optimizer.register_step_pre_hook(decay)
+    return optimizer
+
+
 class FusedSparseOptimizer(torch.optim.Optimizer):
     """The sparse optimizer of a Triton embedding whose backward applies the update itself.
 
@@ -60,15 +114,18 @@ class FusedSparseOptimizer(torch.optim.Optimizer):
         name: "sgd" | "adagrad" | "rowwise_adagrad" (same update rules as the eager optimizers).
         lr, eps: as for the eager optimizers.
         deterministic: bitwise reproducible updates where rows repeat in a batch.
+        weight_decay: lazy L2 on the rows a batch touches, as `decay_touched_rows_` (in the kernel).
     """
 
-    def __init__(self, embedding: nn.Module, name: str, lr: float, eps: float, deterministic: bool) -> None:
+    def __init__(self, embedding: nn.Module, name: str, lr: float, eps: float, deterministic: bool,
+                 weight_decay: float = 0.0) -> None:
         from kernels.embedding import SparseOptimizerConfig
 
         weight = embedding.weight
         super().__init__([weight], {"lr": lr, "eps": eps})
         lr_tensor = torch.tensor([lr], dtype=torch.float32, device=weight.device)
-        self.fused = embedding.use_fused_update(SparseOptimizerConfig(name, lr_tensor, eps=eps, deterministic=deterministic))
+        self.fused = embedding.use_fused_update(SparseOptimizerConfig(name, lr_tensor, eps=eps, deterministic=deterministic,
+                                                                      weight_decay=weight_decay))
         if self.fused.state is not None:
             self.state[weight]["sum"] = self.fused.state  # the kernel's own tensor: checkpoints save it as is
 
@@ -116,17 +173,18 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, deterministic: bool = F
         dense = torch.optim.Adagrad(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay, **extra)
     else:
         dense = torch.optim.Adam(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay, **extra)
-    logger.info(f"dense optimizer: {d.name}" + (" (fused)" if fused else "") + f"; sparse optimizer: {cfg.sparse.name}")
     s = cfg.sparse
+    logger.info(f"dense optimizer: {d.name}" + (" (fused)" if fused else "") + f"; sparse optimizer: {s.name}"
+                + (f", lazy weight decay {s.weight_decay:g} on touched rows" if s.weight_decay else ""))
     if model.sparse_arch.fused_optimizer:
-        return dense, FusedSparseOptimizer(model.sparse_arch, s.name, s.lr, s.eps, deterministic)
+        return dense, FusedSparseOptimizer(model.sparse_arch, s.name, s.lr, s.eps, deterministic, s.weight_decay)
     if s.name == "sgd":
         sparse = torch.optim.SGD(sparse_params, lr=s.lr)
     elif s.name == "adagrad":
         sparse = torch.optim.Adagrad(sparse_params, lr=s.lr, eps=s.eps)
     else:
         sparse = RowWiseAdagrad(sparse_params, lr=s.lr, eps=s.eps)
-    return dense, sparse
+    return dense, add_sparse_weight_decay(sparse, s.weight_decay)
 
 
 def lr_multiplier(step: int, cfg: ScheduleConfig, total_steps: int) -> float:

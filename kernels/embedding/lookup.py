@@ -165,6 +165,7 @@ def _fused_embedding_op(
     eps: float,
     deterministic: bool,
     grad_trigger: Tensor,
+    weight_decay: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """Forward = lookup; backward applies the sparse optimizer update in place (see fused_embedding)."""
     with device_context(weight):
@@ -175,22 +176,22 @@ _fused_embedding_op.register_fake(_lookup_fake)
 
 
 def _fused_setup_context(ctx, inputs, output):
-    raw, weight, _card, _off, _voc, _voff, state, lr, optimizer, eps, deterministic, _trigger = inputs
+    raw, weight, _card, _off, _voc, _voff, state, lr, optimizer, eps, deterministic, _trigger, weight_decay = inputs
     ctx.save_for_backward(output[1])
     ctx.mark_non_differentiable(output[1])
     # Held as plain attributes, not saved tensors: the backward mutates them, and they must be the very
     # tensors the caller owns (the parameter and the optimizer state), not saved copies/versions.
     ctx.weight, ctx.state, ctx.lr = weight, state, lr
-    ctx.optimizer, ctx.eps, ctx.deterministic = optimizer, eps, deterministic
+    ctx.optimizer, ctx.eps, ctx.deterministic, ctx.weight_decay = optimizer, eps, deterministic, weight_decay
 
 
 def _fused_backward(ctx, grad_out, _grad_rows):
     (rows,) = ctx.saved_tensors
     torch.ops.dlrm_kernels.embedding_sparse_update_(
-        rows, grad_out, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic
+        rows, grad_out, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic, ctx.weight_decay
     )
     # No gradient for weight (the update has been applied: weight.grad stays None) nor the trigger.
-    return (None,) * 12
+    return (None,) * 13
 
 
 _fused_embedding_op.register_autograd(_fused_backward, setup_context=_fused_setup_context)
@@ -229,6 +230,7 @@ def fused_embedding(
     eps: float = 1e-10,
     deterministic: bool = True,
     grad_trigger: Optional[Tensor] = None,
+    weight_decay: float = 0.0,
 ) -> Tensor:
     """Lookup ``[B, F, D]`` whose backward updates ``weight`` (and ``state``) in place.
 
@@ -240,12 +242,14 @@ def fused_embedding(
     graph input that requires grad ("a leaf Variable that requires grad is being used in an in-place
     operation"; torch 2.13 accepts it): there, give a ``weight`` with ``requires_grad=False`` and a
     ``grad_trigger`` that requires grad (any tensor, e.g. ``torch.zeros(0, requires_grad=True)``; it
-    gets no gradient). :class:`TritonSparseEmbedding` does this in fused mode.
+    gets no gradient). :class:`TritonSparseEmbedding` does this in fused mode. ``weight_decay``: lazy L2
+    on the rows looked up (see :func:`embedding_sparse_update_`).
     """
     if state is None:
         state = empty_state(weight)
     if grad_trigger is None:
         grad_trigger = empty_state(weight)
     return torch.ops.dlrm_kernels.fused_embedding(
-        raw, weight, cardinalities, offsets, vocab, vocab_offsets, state, lr, optimizer, eps, deterministic, grad_trigger
+        raw, weight, cardinalities, offsets, vocab, vocab_offsets, state, lr, optimizer, eps, deterministic, grad_trigger,
+        weight_decay,
     )[0]

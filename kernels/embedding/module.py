@@ -30,6 +30,7 @@ class SparseOptimizerConfig:
             ``TritonSparseEmbedding.use_fused_update`` allocate zeros. Not part of the module's state_dict:
             checkpoint it with the optimizer.
         deterministic: bitwise reproducible updates (see :func:`embedding_sparse_update_`).
+        weight_decay: lazy L2 on the rows a batch looks up (see :func:`embedding_sparse_update_`).
     """
 
     kind: str
@@ -37,6 +38,7 @@ class SparseOptimizerConfig:
     eps: float = 1e-10
     state: Optional[Tensor] = None
     deterministic: bool = True
+    weight_decay: float = 0.0
 
 
 def _checked_vocabularies(vocabs: Sequence[Tensor], cards: list[int]) -> list[Tensor]:
@@ -185,6 +187,7 @@ class TritonSparseEmbedding(nn.Module):
                 cfg.eps,
                 cfg.deterministic,
                 self._grad_trigger,
+                cfg.weight_decay,
             )
         return embedding_lookup(raw, self.weight, self.cardinalities, self.offsets, self.vocab, self.vocab_offsets)
 

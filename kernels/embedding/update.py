@@ -61,11 +61,15 @@ def _apply_row_update(
     state_ptr,
     lr_ptr,
     eps,
+    weight_decay,
     OPT: tl.constexpr,
+    DECAY: tl.constexpr,
 ):
     """Apply the update for the rows ``rows`` [M] whose summed fp32 gradients are ``g`` [M, BLOCK_D].
 
     ``sel`` [M] selects the lanes that own a unique row (each row is selected exactly once per step).
+    With ``DECAY``, lazy L2: ``weight_decay * w[r]`` joins the summed gradient of each touched row first
+    (once per unique row, as the eager optimizers' ``dlrm.train.optim.decay_touched_rows_`` adds it).
     """
     dmask = d < D
     m2 = sel[:, None] & dmask[None, :]
@@ -76,6 +80,8 @@ def _apply_row_update(
     else:
         lr = tl.load(lr_ptr).to(tl.float32)
         w = tl.load(w_ptr + w_offs, mask=m2, other=0.0).to(tl.float32)
+        if DECAY:
+            g = g + weight_decay * w
         if OPT == 0:
             w = w - lr * g
         elif OPT == 1:
@@ -108,10 +114,12 @@ def _sparse_chunk_kernel(
     first_ptr,
     last_ptr,
     eps,
+    weight_decay,
     N,
     F,
     D,
     OPT: tl.constexpr,
+    DECAY: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     FP32_DOT: tl.constexpr,
@@ -159,7 +167,8 @@ def _sparse_chunk_kernel(
     row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
     ends_here = valid & (nxt != rows)
     starts_here = rows != row0_cont
-    _apply_row_update(rows, seg, ends_here & starts_here, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps, OPT)
+    _apply_row_update(rows, seg, ends_here & starts_here, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps,
+                      weight_decay, OPT, DECAY)
 
     # Every lane of a segment holds the segment's chunk sum: pick the first and the last lane.
     lane = tl.arange(0, CHUNK)
@@ -180,10 +189,12 @@ def _sparse_carry_kernel(
     first_ptr,
     last_ptr,
     eps,
+    weight_decay,
     N,
     num_chunks,
     D,
     OPT: tl.constexpr,
+    DECAY: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     CARRY_BLOCK: tl.constexpr,
@@ -226,7 +237,9 @@ def _sparse_carry_kernel(
             state_ptr,
             lr_ptr,
             eps,
+            weight_decay,
             OPT,
+            DECAY,
         )
 
 
@@ -274,7 +287,8 @@ def _sort_by_row(rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
     return torch.sort(keys, stable=True)
 
 
-def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tensor, lr: Tensor, opt: int, eps: float):
+def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tensor, lr: Tensor, opt: int, eps: float,
+                    weight_decay: float = 0.0):
     """Sort positions by row and run the chunk + carry kernels (see the module docstring)."""
     B, F = rows.shape
     N = B * F
@@ -285,7 +299,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     num_chunks = triton.cdiv(N, cfg.chunk)
     first = torch.empty((num_chunks, BLOCK_D), dtype=torch.float32, device=target.device)
     last = torch.empty_like(first)
-    common = dict(OPT=opt, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
+    common = dict(OPT=opt, DECAY=weight_decay != 0.0, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
     _sparse_chunk_kernel[(num_chunks,)](
         sorted_rows,
         perm,
@@ -301,6 +315,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         first,
         last,
         eps,
+        weight_decay,
         N,
         F,
         D,
@@ -318,6 +333,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         first,
         last,
         eps,
+        weight_decay,
         N,
         num_chunks,
         D,
@@ -358,9 +374,11 @@ def _expected_state_shape(optimizer: str, weight: Tensor) -> Optional[tuple[int,
     return {"adagrad": (R, D), "rowwise_adagrad": (R,)}.get(optimizer)
 
 
-def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer) -> None:
+def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_decay: float = 0.0) -> None:
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
     if rows.dim() != 2 or grad_out.dim() != 3 or tuple(grad_out.shape[:2]) != tuple(rows.shape):
         raise ValueError(f"rows [B, F] and grad_out [B, F, D] disagree: {tuple(rows.shape)}, {tuple(grad_out.shape)}")
     if weight.dim() != 2 or grad_out.shape[2] != weight.shape[1]:
@@ -374,16 +392,17 @@ def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer) -> None:
     check_triton_device(weight.device, "sparse embedding update kernels")
 
 
-def sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic) -> None:
+def sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay=0.0) -> None:
     """Check the inputs and apply one optimizer step to the looked-up rows (in place)."""
-    _check_update_inputs(rows, grad_out, weight, state, lr, optimizer)
+    _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_decay)
     if rows.numel() == 0 or weight.shape[1] == 0:
         return
-    if optimizer == "sgd" and not deterministic and weight.dtype == torch.float32:
+    # The atomic path adds per position; the decay belongs to each unique row once, so it needs the segments.
+    if optimizer == "sgd" and not deterministic and weight.dtype == torch.float32 and weight_decay == 0.0:
         _sgd_atomic_update(rows, grad_out, weight, lr)
         return
     state_arg = state if state.numel() > 0 else weight  # sgd: never read
-    _segment_update(rows, grad_out, weight, state_arg, lr, OPTIMIZERS[optimizer], eps)
+    _segment_update(rows, grad_out, weight, state_arg, lr, OPTIMIZERS[optimizer], eps, weight_decay)
 
 
 def dense_grad_impl(rows: Tensor, grad_out: Tensor, num_rows: int) -> Tensor:
@@ -425,13 +444,14 @@ def _embedding_sparse_update_op(
     optimizer: str,
     eps: float,
     deterministic: bool,
+    weight_decay: float = 0.0,
 ) -> None:
     with device_context(weight):
-        sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic)
+        sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay)
 
 
 @_embedding_sparse_update_op.register_fake
-def _(rows, grad_out, weight, state, lr, optimizer, eps, deterministic):
+def _(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay=0.0):
     return None
 
 
@@ -454,6 +474,7 @@ def embedding_sparse_update_(
     optimizer: str = "sgd",
     eps: float = 1e-10,
     deterministic: bool = True,
+    weight_decay: float = 0.0,
 ) -> None:
     """Apply one optimizer step to the rows looked up, in place, from the lookup's output gradient.
 
@@ -467,13 +488,16 @@ def embedding_sparse_update_(
         optimizer: 'sgd' (w -= lr g), 'adagrad' (torch.optim.Adagrad with sparse grads, no decay),
             'rowwise_adagrad' (state[r] += mean_d g[r]^2; w[r] -= lr g[r] / (sqrt(state[r]) + eps)).
         deterministic: bitwise reproducible results (always so except 'sgd' on fp32 weights with False).
+        weight_decay: lazy L2: ``g[r] += weight_decay * w[r]`` for every row looked up, before the
+            optimizer's rule (rows not looked up are untouched); 0 adds nothing.
 
     ``g[r]`` is the sum of ``grad_out`` over every position that hashed to ``r``; each unique row is
     updated once. No host synchronisation.
     """
     if state is None:
         state = empty_state(weight)
-    torch.ops.dlrm_kernels.embedding_sparse_update_(rows, grad_out, weight, state, lr, optimizer, eps, deterministic)
+    torch.ops.dlrm_kernels.embedding_sparse_update_(rows, grad_out, weight, state, lr, optimizer, eps, deterministic,
+                                                    weight_decay)
 
 
 def init_sparse_optimizer_state(optimizer: str, weight: Tensor) -> Optional[Tensor]:
