@@ -137,3 +137,50 @@ def test_bad_values_are_one_line_errors(raw, message):
     with pytest.raises(ConfigError, match=message) as err:
         config_from_dict(raw, "cfg.json")
     assert "\n" not in str(err.value) and str(err.value).startswith("cfg.json: ")
+
+
+def dropout_calls(module: torch.nn.Module):
+    """(input, output) of every nn.Dropout call inside `module`, recorded by forward hooks."""
+    calls = []
+    for m in module.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.register_forward_hook(lambda mod, args, out: calls.append((args[0].detach(), out.detach())))
+    return calls
+
+
+@pytest.mark.parametrize("mlp_kernel", ["torch", "triton"])
+def test_dropout_sits_between_mlp_layers_and_only_in_training(mlp_kernel):
+    from dlrm.config import KernelsConfig, ModelConfig
+    from dlrm.model.dlrm import build_model
+
+    cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[6, 5, 1], dropout=0.5)
+    torch.manual_seed(0)
+    model = build_model(cfg, [3] * 26, kernels=KernelsConfig(embedding="torch", interaction="torch", mlp=mlp_kernel,
+                                                             loss="torch"))
+    torch.manual_seed(0)
+    plain = build_model(ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[6, 5, 1]), [3] * 26)
+    assert set(model.state_dict()) == set(plain.state_dict())  # checkpoints load either way
+    plain.load_state_dict(model.state_dict())
+    calls = dropout_calls(model)
+    dense, raw = torch.rand(64, 13), torch.randint(-1, 9, (64, 26))
+    model.train()
+    train_out = model(dense, raw)
+    # bottom 13-8-4: one gap; top -6-5-1: two gaps; never after the last layer of either (the logit)
+    assert [out.shape[1] for _, out in calls] == [8, 6, 5]
+    for inp, out in calls:
+        kept = out != 0
+        torch.testing.assert_close(out[kept], inp[kept] * 2.0)  # inverted dropout: kept units scaled by 1/(1-p)
+        assert 0.3 < (~kept & (inp != 0)).sum() / (inp != 0).sum() < 0.7
+    assert not torch.allclose(train_out, plain(dense, raw))
+    calls.clear()
+    model.eval()
+    torch.testing.assert_close(model(dense, raw), plain(dense, raw))  # evaluation sees the whole net
+    assert all(torch.equal(inp, out) for inp, out in calls)
+
+
+def test_no_dropout_module_when_off():
+    from dlrm.config import ModelConfig
+    from dlrm.model.dlrm import build_model
+
+    model = build_model(ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[6, 1]), [3] * 26)
+    assert not any(isinstance(m, torch.nn.Dropout) for m in model.modules())

@@ -51,6 +51,8 @@ class MLP(nn.Module):
         activate_last: apply the activation after the last layer too.
         linear_cls: the layer class (`nn.Linear`, or a fused Triton layer with the same
             parameters and an ``activation`` attribute that applies the activation itself).
+        dropout: probability of `nn.Dropout` between layers (after each layer's activation but the
+            last's); 0: none (no module, the same state_dict either way).
 
     Example:
         >>> mlp = MLP(13, [64, 16], "relu")
@@ -67,6 +69,7 @@ class MLP(nn.Module):
         activation: str = "relu",
         activate_last: bool = True,
         linear_cls: Optional[type] = None,
+        dropout: float = 0.0,
     ) -> None:
         super().__init__()
         dims = [in_features, *widths]
@@ -82,10 +85,15 @@ class MLP(nn.Module):
             self._fused = True
         for layer in self.layers:
             init_linear_(layer)
+        # eager nn.Dropout also after a fused Triton layer (kernels/ has no dropout epilogue)
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer, act in zip(self.layers, self.activations):
+        last = len(self.layers) - 1
+        for i, (layer, act) in enumerate(zip(self.layers, self.activations)):
             x = layer(x) if self._fused else ACTIVATIONS[act](layer(x))
+            if self.dropout is not None and i < last:
+                x = self.dropout(x)
         return x
 
 
@@ -104,9 +112,10 @@ class DenseArch(nn.Module):
     Shapes: [B, 13] -> [B, D].
     """
 
-    def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None) -> None:
+    def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None,
+                 dropout: float = 0.0) -> None:
         super().__init__()
-        self.model = MLP(in_features, widths, activation, activate_last=True, linear_cls=linear_cls)
+        self.model = MLP(in_features, widths, activation, activate_last=True, linear_cls=linear_cls, dropout=dropout)
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
         return self.model(dense)
@@ -234,9 +243,10 @@ class OverArch(nn.Module):
     Shapes: [B, in_features] -> [B] (logits).
     """
 
-    def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None) -> None:
+    def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None,
+                 dropout: float = 0.0) -> None:
         super().__init__()
-        self.model = MLP(in_features, widths, activation, activate_last=False, linear_cls=linear_cls)
+        self.model = MLP(in_features, widths, activation, activate_last=False, linear_cls=linear_cls, dropout=dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x).squeeze(-1)

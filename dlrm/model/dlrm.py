@@ -105,7 +105,7 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
         from kernels.linear import TritonLinear
 
         linear_cls = TritonLinear
-    dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, cfg.activation, linear_cls=linear_cls)
+    dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout)
     if sparse_arch is not None:
         sparse_arch = sparse_arch()
     elif kernels.embedding == "triton":
@@ -122,7 +122,7 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
     pad = -interaction.output_dim % cfg.top_mlp_input_multiple
     if pad:
         interaction = PaddedInteraction(interaction, pad)
-    over_arch = OverArch(interaction.output_dim, cfg.top_mlp, cfg.activation, linear_cls=linear_cls)
+    over_arch = OverArch(interaction.output_dim, cfg.top_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout)
     return DLRM(dense_arch, sparse_arch, interaction, over_arch)
 
 
