@@ -27,8 +27,7 @@ KernelChoice = Literal["auto", "torch", "triton"]
 Auto = Literal["auto"]
 
 
-class ConfigError(ValueError):
-    """A config key is unknown, mistyped or out of range; the message names the key path."""
+from dlrm.errors import ConfigError  # noqa: E402,F401 - defined low (dlrm.errors), raised and caught everywhere
 
 
 @dataclass

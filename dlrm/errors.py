@@ -13,10 +13,15 @@ from importlib import metadata
 
 from loguru import logger
 
-from dlrm.config import ConfigError
-from dlrm.data.schema import DatasetError
-
 __all__ = ["ConfigError", "DatasetError", "NonFiniteLoss", "TrainingStopped", "EXIT_BUG", "report_bug", "dlrm_version"]
+
+class ConfigError(ValueError):
+    """A config key is unknown, mistyped or out of range; the message names the key path."""
+
+
+class DatasetError(ValueError):
+    """A dataset on disk does not follow the contract; the message names the file and field."""
+
 
 EXIT_BUG = 1
 """Exit code of every entry point for an unexpected exception."""

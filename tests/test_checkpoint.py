@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dlrm.config import ConfigError, load_config
-from dlrm.train import checkpoint as ckpt
+from dlrm import checkpoint as ckpt
 from dlrm.train.trainer import NonFiniteLoss, train
 from tests.conftest import REPO, make_dataset
 

@@ -23,7 +23,7 @@ from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.merge import merge_to_file
 from dlrm.distributed.sharding import plan_sharding
 from dlrm.model.dlrm import build_model
-from dlrm.train import checkpoint as ckpt
+from dlrm import checkpoint as ckpt
 from dlrm.train.trainer import build_for_data, train
 from tests.conftest import REPO, make_dataset
 
@@ -410,7 +410,7 @@ def test_merge_cli_missing_file_and_existing_output(tmp_path):
 KILLED_WRITER = textwrap.dedent("""
     import os, sys, time
     from pathlib import Path
-    from dlrm.train import checkpoint as ckpt
+    from dlrm import checkpoint as ckpt
 
     state = ckpt.load_checkpoint(sys.argv[1])
     def hang(fd):

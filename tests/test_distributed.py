@@ -17,7 +17,7 @@ from dlrm.config import ConfigError
 from dlrm.data.loader import batches_per_epoch, rank_slice
 from dlrm.distributed.checkpoint import assemble
 from dlrm.distributed.sharding import plan_sharding
-from dlrm.train import checkpoint as ckpt
+from dlrm import checkpoint as ckpt
 from tests.conftest import REPO, make_dataset
 
 BASE = {

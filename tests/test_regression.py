@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dlrm.config import load_config
-from dlrm.train import checkpoint as ckpt
+from dlrm import checkpoint as ckpt
 from dlrm.train.trainer import train
 from tests.conftest import REPO
 

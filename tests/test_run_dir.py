@@ -234,7 +234,7 @@ def test_cli_resume_with_other_name_and_batch_size_is_one_line_error(tmp_path, d
 def test_best_evaluation_is_kept_as_best_pt_and_early_stopping_stops(tmp_path, dataset):
     """Early stopping after `patience` evaluations without improvement; best.pt holds the best one."""
     from dlrm.train.checkpointer import checkpoint_for
-    from dlrm.train import checkpoint as ckpt
+    from dlrm import checkpoint as ckpt
 
     # lr 3.0 makes the dense model diverge after a few steps: AUC peaks early, then does not improve
     cfg = config(tmp_path, dataset, run_name="early", **{

@@ -48,8 +48,7 @@ SPLITS = ("train", "validation", "test")
 HashingMode = Literal["modulus", "vocabulary"]
 
 
-class DatasetError(ValueError):
-    """A dataset on disk does not follow the contract; the message names the file and field."""
+from dlrm.errors import DatasetError  # noqa: E402,F401 - defined low (dlrm.errors), raised here
 
 
 def arrow_schema():

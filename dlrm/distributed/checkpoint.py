@@ -22,7 +22,7 @@ import torch
 from dlrm.config import ConfigError
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.sharding import ShardingPlan
-from dlrm.train import checkpoint as ckpt
+from dlrm import checkpoint as ckpt
 
 SPARSE_WEIGHT = "sparse_arch.weight"
 

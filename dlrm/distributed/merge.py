@@ -16,7 +16,7 @@ from loguru import logger
 from dlrm.config import ConfigError
 from dlrm.distributed.checkpoint import SPARSE_WEIGHT, merge
 from dlrm.logging_setup import configure_logging
-from dlrm.train.checkpoint import write_atomic
+from dlrm.checkpoint import write_atomic
 
 
 def merge_to_file(checkpoint: Path, out: Path) -> dict:

@@ -1,6 +1,6 @@
 """Saving and restoring a run's state: the trainer's one call for checkpoints.
 
-What a checkpoint holds, and how it is written and read safely, is `dlrm.train.checkpoint`'s
+What a checkpoint holds, and how it is written and read safely, is `dlrm.checkpoint`'s
 business (and `dlrm.distributed.checkpoint`'s for sharded runs); this module decides *what* state
 of a `Run` goes in and puts it back.
 """
@@ -16,7 +16,7 @@ from loguru import logger
 from dlrm.config import Config, ConfigError
 from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
-from dlrm.train import checkpoint as ckpt
+from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
 from dlrm.train.graphed_step import plain_lr_state_dict
 from dlrm.train.meter import RunStats

@@ -15,7 +15,7 @@ from loguru import logger
 
 from dlrm.config import Config
 from dlrm.distributed.env import DistEnv
-from dlrm.train import checkpoint as ckpt
+from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats

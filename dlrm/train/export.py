@@ -13,7 +13,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.data.loader import ParquetLoader, split_files, transform_dense
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, write_json_atomic
 from dlrm.model.dlrm import DLRM, build_model
-from dlrm.train import checkpoint as ckpt
+from dlrm import checkpoint as ckpt
 from dlrm.train.run_dir import RunDirectory
 
 

@@ -26,7 +26,7 @@ from dlrm.data.loader import Batch, ParquetLoader, split_files
 from dlrm.data.schema import write_json_atomic
 from dlrm.distributed.env import DistEnv, init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped
-from dlrm.train import checkpoint as ckpt
+from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
 from dlrm.train.checkpointer import Checkpointer

@@ -166,7 +166,7 @@ def test_fused_update_resume_matches_uninterrupted(tmp_path, optimizer):
     """kernels.embedding = triton trains through FusedSparseOptimizer (the update inside the backward, no
     weight.grad); a run stopped at step 10 and resumed from its checkpoint ends bitwise where an
     uninterrupted 24-step run ends: weights, row-wise Adagrad sums and scheduled lr all come back."""
-    from dlrm.train import checkpoint as ckpt
+    from dlrm import checkpoint as ckpt
     from dlrm.train.optim import FusedSparseOptimizer
     from dlrm.train.trainer import train
 

@@ -28,7 +28,7 @@ import torch
 from loguru import logger
 
 from dlrm.config import ConfigError, ModelConfig
-from dlrm.train import checkpoint_schema as schema
+from dlrm import checkpoint_schema as schema
 
 FORMAT_VERSION = schema.FORMAT_VERSION
 _NAME = re.compile(r"step-(\d{8,})\.pt$")

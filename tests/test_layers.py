@@ -1,0 +1,23 @@
+"""The package's import layers hold (issue #18): `lint-imports` checks pyproject.toml's contract."""
+
+import shutil
+import subprocess
+
+
+
+from tests.conftest import REPO
+
+
+def test_import_layers_contract_is_kept():
+    exe = shutil.which("lint-imports")
+    assert exe, "import-linter is a dev dependency: pip install -e '.[dev]'"
+    out = subprocess.run([exe, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "1 kept, 0 broken" in out.stdout
+
+
+def test_kernels_import_nothing_from_dlrm():
+    """kernels/ is a library of ops on plain tensors (also covered by the layers contract)."""
+    hits = subprocess.run(["grep", "-rn", "--include=*.py", "-E", r"^\s*(from|import) dlrm", "kernels"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert hits.stdout == "", hits.stdout
