@@ -102,7 +102,11 @@ def write_config(path, dataset, sharding="auto", embedding="torch"):
 
 def run(args, cwd, nproc=1):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"] if nproc > 1 else [sys.executable]
-    return subprocess.run([*launcher, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+    # These runs are on the CPU (gloo, train.device "cpu") also on a GPU machine, where tests/conftest.py
+    # leaves TRITON_INTERPRET unset: a Triton embedding on the CPU needs the interpreter.
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    return subprocess.run([*launcher, str(REPO / "train.py"), *args], cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env=env)
 
 
 def train_run(tmp_path, dataset, name, nproc, sharding="auto", extra=(), embedding="torch"):
