@@ -1,0 +1,79 @@
+"""The batch the loaders deliver, and what both loaders share about batches.
+
+`Batch`, how many batches an epoch has (`batches_per_epoch`, `keeps_last_batch`), which rows of
+a global batch a rank gets (`rank_slice`), and the transforms applied on the device once per
+buffer: the dense counts' ``log1p(max(x, 0))`` (`transform_dense`) and the widening of sparse
+values that crossed the bus in their compact int32 form (`widen_sparse`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class Batch:
+    """One batch on the target device.
+
+    dense: float32 [B, 13], already log1p(max(x, 0)); sparse: int64 [B, 26] raw hash values;
+    labels: float32 [B]. In a distributed run B is this rank's slice and `global_size` the rows
+    of the whole global batch (see `rank_slice`).
+    """
+
+    dense: torch.Tensor
+    sparse: torch.Tensor
+    labels: torch.Tensor
+    global_size: Optional[int] = None
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+    @property
+    def global_len(self) -> int:
+        """Rows of the global batch this batch is a slice of (its own length when not sharded)."""
+        return len(self) if self.global_size is None else self.global_size
+
+
+def keeps_last_batch(rows: int, drop_last: bool, world_size: int) -> bool:
+    """Whether an epoch's last, partial batch of `rows` rows is delivered: not with `drop_last`,
+    and not when it has fewer rows than ranks (every rank must get at least one row)."""
+    return 0 < rows and not drop_last and rows >= world_size
+
+
+def batches_per_epoch(num_rows: int, batch_size: int, drop_last: bool, world_size: int = 1) -> int:
+    full, rest = divmod(num_rows, batch_size)
+    return full + int(keeps_last_batch(rest, drop_last, world_size))
+
+
+def rank_slice(lo: int, hi: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rank `rank`'s rows of the global batch ``[lo, hi)``: consecutive blocks of
+    ``ceil((hi - lo) / world_size)`` rows, so every rank but the last ones gets the same count
+    (a short last batch may leave some ranks empty). The slices concatenated in rank order are
+    the global batch, which is what makes an N-process run equal a one-process run."""
+    per = -(-(hi - lo) // world_size)
+    return min(lo + rank * per, hi), min(lo + (rank + 1) * per, hi)
+
+
+def transform_dense(counts: torch.Tensor) -> torch.Tensor:
+    """Criteo's dense transform: ``log1p(max(x, 0))`` in float32."""
+    return torch.log1p(counts.clamp_min(0).to(torch.float32))
+
+
+_LOW32 = 0xFFFFFFFF
+
+
+def widen_sparse(sparse: torch.Tensor) -> torch.Tensor:
+    """Raw sparse values as int64 from their compact int32 bit patterns (a new tensor either way).
+
+    Raw values lie in [-1, 2^32): stored in 32 bits, -1 (missing) and 0xFFFFFFFF share a bit
+    pattern, so the compact form is only used where 0xFFFFFFFF does not occur; the pattern then
+    means -1, and every other value is its low 32 bits read unsigned.
+    """
+    if sparse.dtype == torch.int64:
+        return sparse.clone()
+    wide = sparse.to(torch.int64)
+    return torch.where(wide == -1, wide, wide & _LOW32)
+

@@ -1,0 +1,498 @@
+"""Batched parquet loader: shuffle buffers decoded by background threads, cut into batches on the device.
+
+Never per-row Python, and no per-batch host work beyond launching a gather. Reader threads decode
+row groups with pyarrow (GIL released) and copy their columns into a column-major host arena
+(pinned on CUDA); each decoded shuffle buffer is copied to the device on a side stream as soon as
+it is ready, transformed there once (``log1p(max(x, 0))`` for the dense counts: ints cross the
+bus, floats come out), and every batch is a device-side gather by a slice of the buffer's seeded
+permutation. Which rows form which batch depends only on the arguments and ``(seed, epoch)``,
+never on thread timing. `dlrm.data.device_loader` keeps a whole split in GPU memory instead.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FuturesTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from loguru import logger
+
+from dlrm.data.batch import Batch, batches_per_epoch, keeps_last_batch, rank_slice, transform_dense, widen_sparse
+from dlrm.data.host_arena import _COLUMNS, _Arena, _write_columns, compact_sparse_ok
+from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, DatasetError
+from dlrm.data.validation import NullTally, check_table, first_rows, open_footer
+
+
+@dataclass
+class _Flush:
+    """One shuffle buffer of an epoch: the rows carried over from the previous buffer, then `groups`.
+
+    rows = carry + rows of `groups`; its rows are permuted together and cut into `cuts` (row ranges
+    in permuted order; the first is the epoch's batch number `first_batch`); the rows from `keep`
+    on (in permuted order) are carried into the next buffer, unless it is the final one.
+    """
+
+    groups: list[int]  # indexes into ParquetLoader.row_groups, in read order
+    carry: int
+    rows: int
+    final: bool
+    cuts: list[tuple[int, int]]
+    first_batch: int
+    keep: int
+
+
+@dataclass
+class _Resident:
+    """A shuffle buffer as the consumer cuts it: row-major tensors on the target device.
+
+    dense float32 [rows, 13] (transformed), sparse int64 [rows, 26], labels float32 [rows], perm
+    int64 [rows] or None (no shuffle); `ready`: the event after which they hold their values
+    (CUDA); `streams`: the streams already made to wait on it.
+    """
+
+    dense: torch.Tensor
+    sparse: torch.Tensor
+    labels: torch.Tensor
+    perm: Optional[torch.Tensor]
+    ready: Optional[torch.cuda.Event]
+    streams: set = field(default_factory=set)
+
+    def rows(self, lo: int, hi: int) -> torch.Tensor | slice:
+        return self.perm[lo:hi] if self.perm is not None else slice(lo, hi)
+
+    def take(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows ``[lo, hi)`` in permuted order: gathers (new tensors), or views without shuffling."""
+        rows = self.rows(lo, hi)
+        if isinstance(rows, slice):
+            return self.dense[rows], self.sparse[rows], self.labels[rows]
+        return self.dense.index_select(0, rows), self.sparse.index_select(0, rows), self.labels.index_select(0, rows)
+
+
+_END = object()
+
+
+class ParquetLoader:
+    """Iterates batches of one split, epoch by epoch.
+
+    Args:
+        files: parquet shards of the split (schema of `dlrm.data.schema.arrow_schema`).
+        batch_size: B.
+        device: where batches are delivered.
+        shuffle: shuffle row-group order and rows within `shuffle_buffer_rows` (seeded by
+            ``(seed, epoch)``, so every epoch differs and every run repeats).
+        seed: base seed of the shuffle.
+        drop_last: drop the last partial batch of an epoch (True keeps shapes fixed).
+        prefetch: shuffle buffers decoded ahead of the one being cut (at least 1; each is at
+            least `shuffle_buffer_rows` rows, i.e. many batches).
+        shuffle_buffer_rows: rows shuffled together; also the rows decoded and copied as one unit.
+        reader_threads: row groups decoded at once (default: from the CPU count).
+        rank, world_size: in a distributed run, deliver only rank `rank`'s slice of every global
+            batch (`rank_slice`); every rank plans, decodes and uploads the same buffers (the
+            global batches must be identical everywhere) but cuts only its own rows.
+        compact_sparse: move sparse values as int32 bit patterns on the host (exact only without
+            0xFFFFFFFF, which the footers' statistics must rule out); None: on CUDA devices.
+
+    Example:
+        >>> loader = ParquetLoader(files, batch_size=512, device="cpu")
+        >>> for batch in loader: ...   # Batch(dense [512, 13], sparse [512, 26], labels [512])
+
+    Pipeline, one shuffle buffer (about `shuffle_buffer_rows` rows) at a time:
+      1. producer: `reader_threads` workers decode the buffer's row groups (pyarrow, GIL released,
+         each also spreading its columns over pyarrow's own pool) and copy each column with one
+         ``memcpy`` into a column-major host arena (pinned on CUDA); up to `prefetch` decoded
+         buffers wait ahead of the consumer;
+      2. consumer: as soon as the next buffer is decoded, three asynchronous copies move it to
+         the device on a side stream, where it is transformed (``log1p``, sparse widening) and
+         laid out row-major once per buffer, and the arena goes back to the producer;
+      3. each batch is then a device-side gather by a slice of the buffer's permutation (a view
+         without shuffling), issued on the consumer's stream: no per-batch host copy, no
+         per-batch event, nothing synced.
+    So each row is copied once on the host, crosses the bus once in ~157-261 bytes (int32 or
+    int64 sparse), and the next buffers are on the device while the current steps run. Memory:
+    ``(prefetch + 1)`` arenas of ``R * (53 + 26 * s) + 8 * (R + B)`` bytes of host memory
+    (s = 4 or 8 bytes a sparse value, R = rows of the largest buffer, at most ``shuffle_buffer_rows
+    + largest row group``) and, on the device, two buffers of 264 bytes a row plus one upload.
+
+    Which rows form which batch is decided before any data is read (`_plan`), from the row-group
+    sizes in the footers and the ``(seed, epoch)`` generator: the row-group order, then one
+    permutation per buffer, drawn in buffer order. The batches equal those of a plain sequential
+    read-concatenate-permute-cut loop (tests/test_loader.py keeps one as the reference), and do
+    not depend on thread timing.
+    """
+
+    def __init__(
+        self,
+        files: list[Path],
+        batch_size: int,
+        device: torch.device | str = "cpu",
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        prefetch: int = 2,
+        shuffle_buffer_rows: int = 1_000_000,
+        reader_threads: Optional[int] = None,
+        rank: int = 0,
+        world_size: int = 1,
+        compact_sparse: Optional[bool] = None,
+    ) -> None:
+        self.files = [Path(f) for f in files]
+        self.batch_size = batch_size
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device(device)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.prefetch = max(1, prefetch)
+        self.shuffle_buffer_rows = shuffle_buffer_rows
+        # Decoding is the bulk of the host work, and pyarrow already spreads each row group's columns
+        # over its own pool (one thread a core): a few row groups at once keep the cores busy, more
+        # only contend. Measured on the 16-core H100 host (benchmarks/results/loader_throughput_*):
+        # 4 readers 27M shuffled samples/s, 8 readers 23M, 16 readers 25M.
+        self.reader_threads = reader_threads or max(2, min(4, (os.cpu_count() or 1) // 4))
+        self.epoch = 0
+        self.start_batch = 0
+        # (file index, row group index, rows) for every row group, read from parquet footers only.
+        self.row_groups: list[tuple[int, int, int]] = []
+        self._footers = [open_footer(path) for path in self.files]  # each file checked once, here
+        for i, meta in enumerate(self._footers):
+            self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
+        self._first_rows = first_rows(self.row_groups)
+        self._nulls = NullTally(self.files, [meta.num_row_groups for meta in self._footers])
+        self.num_rows = sum(n for _, _, n in self.row_groups)
+        self._pin = self.device.type == "cuda"
+        # On CUDA, sparse values travel through the arenas and the bus as int32 bit patterns when
+        # the footers prove that exact (`widen_sparse` restores int64 on the GPU): half the sparse
+        # bytes to copy on the host and across the bus. On the CPU the widening would cost more
+        # than it saves, so buffers stay int64 there unless `compact_sparse` says.
+        want = self.device.type == "cuda" if compact_sparse is None else compact_sparse
+        self._compact = want and compact_sparse_ok(self._footers)
+        # Largest buffer any epoch can need: pending rows below the threshold, then the row group
+        # that crosses it (see `_plan`), plus a carry (< B); never more than all rows.
+        largest_group = max((n for _, _, n in self.row_groups), default=0)
+        self._new_rows = min(self.num_rows, max(shuffle_buffer_rows, 1) - 1 + largest_group)
+        self._buffer_rows = min(self.num_rows, batch_size - 1 + self._new_rows)
+        self._max_arenas = self.prefetch + 1
+        self._lock = threading.Lock()
+        self._spare_arenas: list[_Arena] = []  # reused across epochs (first-touch page faults and pinning are slow)
+        self._readers: Optional[ThreadPoolExecutor] = None
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.world_size)
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """The next iteration yields `epoch`'s batches from index `start_batch` on (for resume).
+
+        The order depends only on (seed, epoch), so skipped batches are the ones a previous run
+        consumed; their shuffle buffers are still decoded and uploaded (later batches take rows
+        carried over from them) but the skipped batches are never cut.
+        """
+        self.epoch = epoch
+        self.start_batch = start_batch
+
+    # -- the epoch's plan -----------------------------------------------------------------------
+
+    def _plan(self, rng: np.random.Generator) -> list[_Flush]:
+        """The shuffle buffers of an epoch and their batches, from the footers' row counts alone.
+
+        A buffer is flushed as soon as its pending row groups hold ``>= shuffle_buffer_rows`` rows;
+        the final one takes whatever is left (carry and/or pending groups). Draws the row-group
+        permutation from `rng` (when shuffling); the per-buffer permutations are drawn later, in
+        buffer order, by the producer.
+        """
+        order = rng.permutation(len(self.row_groups)) if self.shuffle else np.arange(len(self.row_groups))
+        B = self.batch_size
+        flushes: list[_Flush] = []
+        batches = 0
+
+        def flush(groups: list[int], carry: int, rows: int, final: bool) -> int:
+            nonlocal batches
+            full = rows // B * B
+            cuts = [(s, s + B) for s in range(0, full, B)]
+            if final and keeps_last_batch(rows - full, self.drop_last, self.world_size):
+                cuts.append((full, rows))
+            flushes.append(_Flush(groups, carry, rows, final, cuts, batches, full))
+            batches += len(cuts)
+            return rows - full  # the next buffer's carry
+
+        pending: list[int] = []
+        pending_rows = carry = 0
+        for k in order.tolist():
+            pending.append(k)
+            pending_rows += self.row_groups[k][2]
+            if pending_rows >= self.shuffle_buffer_rows:
+                carry = flush(pending, carry, carry + pending_rows, final=False)
+                pending, pending_rows = [], 0
+        if carry or pending:
+            flush(pending, carry, carry + pending_rows, final=True)
+        return flushes
+
+    # -- producer (background thread and its reader pool) ---------------------------------------
+
+    def _decode(self, k: int, out: tuple[np.ndarray, np.ndarray, np.ndarray], at: int) -> None:
+        """Read row group `k` into the arena columns `out` from row `at` on (on a reader thread).
+
+        Opens the file for this one read: with the footer parsed in `__init__` that costs ~50 us
+        against milliseconds of decoding, shares no reader object between threads, and keeps no
+        file descriptors open however many shards a split has.
+        """
+        fi, gi, n = self.row_groups[k]
+        try:
+            with pq.ParquetFile(self.files[fi], metadata=self._footers[fi]) as reader:
+                # use_threads: pyarrow decodes the columns on its own pool as well
+                table = reader.read_row_group(gi, columns=_COLUMNS, use_threads=True)
+        except (OSError, pa.ArrowException) as e:
+            raise DatasetError(f"{self.files[fi]}: row group {gi}: cannot be read ({e})") from None
+        if table.num_rows != n:  # the plan placed every row group by its footer's count
+            raise DatasetError(f"{self.files[fi]}: row group {gi}: has {table.num_rows} rows, its footer said {n}")
+        # Checked where it is decoded (vectorized, on this reader thread, every epoch: the file is
+        # untrusted and may change); a DatasetError reaches the consumer through the producer.
+        table, replaced = check_table(self.files[fi], gi, self._first_rows[k], table)
+        self._nulls.add(fi, gi, replaced)
+        _write_columns(table, out, at)
+
+    def _take_spares(self, spares: list, count: int, make) -> list:
+        with self._lock:
+            taken = [spares.pop() for _ in range(min(count, len(spares)))]
+        return taken + [make() for _ in range(count - len(taken))]
+
+    def _return_spares(self, spares: list, items: list, keep: int) -> None:
+        with self._lock:
+            spares.extend(items[: max(0, keep - len(spares))])
+
+    def _produce(self, plan: list[_Flush], rng: np.random.Generator, q: queue.Queue, free: queue.Queue,
+                 stop: threading.Event) -> None:
+        try:
+            self._decode_epoch(plan, rng, q, free, stop)
+            self._put(q, _END, stop)
+        except BaseException as e:  # handed to the consumer thread, which re-raises it
+            self._put(q, e, stop)
+
+    def _decode_epoch(self, plan: list[_Flush], rng: np.random.Generator, q: queue.Queue, free: queue.Queue,
+                      stop: threading.Event) -> None:
+        """Decode the epoch's buffers into arenas and hand them over in order (producer thread)."""
+        readers = self._pool()
+        pending: collections.deque = collections.deque()  # (arena, futures), in buffer order
+        made = 0
+
+        def hand_over_oldest() -> bool:
+            """Wait for the oldest buffer's decode and queue it; False when the consumer stopped
+            (the buffer then stays in `pending`, whose decodes the `finally` below waits for)."""
+            arena, futures = pending[0]
+            for future in futures:
+                while True:
+                    if stop.is_set():
+                        return False
+                    try:
+                        future.result(timeout=0.1)  # re-raises a reader's DatasetError
+                        break
+                    except FuturesTimeout:
+                        continue
+            pending.popleft()
+            if self._put(q, arena, stop):
+                return True
+            free.put(arena)  # the consumer stopped: keep the (fully decoded) arena for the next iteration
+            return False
+
+        def acquire_arena() -> Optional[_Arena]:
+            """A free arena; never waits while a decoded buffer could be handed over instead."""
+            nonlocal made
+            while not stop.is_set():
+                try:
+                    return free.get_nowait()
+                except queue.Empty:
+                    pass
+                if made < self._max_arenas:
+                    made += 1
+                    return self._take_spares(self._spare_arenas, 1, self._new_arena)[0]
+                if pending:
+                    if not hand_over_oldest():
+                        return None
+                    continue
+                try:
+                    return free.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+            return None
+
+        try:
+            for flush in plan:
+                arena = acquire_arena()
+                if arena is None:
+                    return
+                arena.wait_released()  # the device may still be copying the arena's previous buffer
+                if self.shuffle:  # drawn in buffer order, right after the plan: depends on (seed, epoch) only
+                    arena.perm_array[: flush.rows] = rng.permutation(flush.rows)
+                out = arena.arrays(flush.rows - flush.carry)
+                futures, at = [], 0
+                for k in flush.groups:
+                    futures.append(readers.submit(self._decode, k, out, at))
+                    at += self.row_groups[k][2]
+                pending.append((arena, futures))
+                while pending and all(f.done() for f in pending[0][1]):  # hand over what is ready early
+                    if not hand_over_oldest():
+                        return
+            while pending:
+                if not hand_over_oldest():
+                    return
+        finally:
+            # Stopped early (or failed): let nothing run on the arenas any more.
+            futures = [f for _, fs in pending for f in fs]
+            for f in futures:
+                f.cancel()
+            wait(futures)
+            for arena, _ in pending:
+                free.put(arena)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The reader pool, made once per loader.
+
+        Kept across epochs: new threads start with empty allocator caches (pyarrow's mimalloc
+        heaps are per thread), which showed up as page faults and system time every epoch.
+        Idle threads cost nothing; concurrent iterations share it (each waits on its own futures).
+        """
+        with self._lock:
+            if self._readers is None:
+                self._readers = ThreadPoolExecutor(self.reader_threads, thread_name_prefix="parquet-read")
+            return self._readers
+
+    def _new_arena(self) -> _Arena:
+        sparse = torch.int32 if self._compact else torch.int64
+        arena = _Arena(self._new_rows, self._buffer_rows, self._pin, sparse)
+        size = sum(t.numel() * t.element_size() for t in (arena.label, arena.dense, arena.sparse, arena.perm))
+        logger.debug(f"parquet loader: host arena of {self._new_rows:,} rows ({size / 2**20:,.0f} MiB"
+                     f"{', pinned' if self._pin else ''}, sparse {sparse})")
+        return arena
+
+    @staticmethod
+    def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
+        """Put unless the consumer has stopped; False when it has."""
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    # -- consumer -------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Batch]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        plan = self._plan(rng)
+        q: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        free: queue.Queue = queue.Queue()  # arenas the consumer is done with (unbounded: put never waits)
+        stop = threading.Event()
+        thread = threading.Thread(target=self._produce, args=(plan, rng, q, free, stop), daemon=True,
+                                  name="parquet-loader")
+        thread.start()
+        try:
+            yield from self._cut_epoch(plan, q, free)
+        finally:
+            stop.set()
+            thread.join()
+            # Every arena the producer made is now idle: in `free`, in `q`, or dropped mid-flight.
+            arenas = [a for a in self._empty(q) if isinstance(a, _Arena)] + self._empty(free)
+            self._return_spares(self._spare_arenas, arenas, keep=self._max_arenas)
+
+    def _cut_epoch(self, plan: list[_Flush], q: queue.Queue, free: queue.Queue) -> Iterator[Batch]:
+        """Upload each decoded buffer as soon as it arrives and cut the current one into batches."""
+        copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        previous: Optional[tuple[_Flush, _Resident]] = None  # needed only until the next upload (its carry)
+        current: Optional[_Resident] = None
+        for f, flush in enumerate(plan):
+            if current is None:  # the first buffer, or the next one had not arrived while cutting
+                current = self._upload(flush, self._receive(q, block=True), previous, free, copy_stream)
+            previous = upcoming = None
+            for i, (lo, hi) in enumerate(flush.cuts):
+                if upcoming is None and f + 1 < len(plan):  # start copying the next buffer early
+                    arena = self._receive(q, block=False)
+                    if arena is not None:
+                        upcoming = self._upload(plan[f + 1], arena, (flush, current), free, copy_stream)
+                if flush.first_batch + i >= self.start_batch:
+                    yield self._cut(current, lo, hi)
+            previous, current = (flush, current), upcoming
+        self._receive(q, block=True, end=True)  # the producer's end marker (or its exception)
+
+    @staticmethod
+    def _receive(q: queue.Queue, block: bool, end: bool = False):
+        """The next decoded arena (None if `block` is False and none is ready), re-raising the
+        producer's exceptions here; `end`: expect the end of the epoch instead."""
+        try:
+            item = q.get(block=block)
+        except queue.Empty:
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        if (item is _END) != end:
+            raise RuntimeError("parquet loader: the producer and the plan disagree on the buffers")
+        return item
+
+    def _upload(self, flush: _Flush, arena: _Arena, previous: Optional[tuple[_Flush, _Resident]], free: queue.Queue,
+                copy_stream: Optional[torch.cuda.Stream]) -> _Resident:
+        """Buffer `flush` on the device: the carry gathered from the previous buffer, then the
+        arena's rows, transformed and row-major. On CUDA all of it is queued on `copy_stream`."""
+        n, dev = flush.rows - flush.carry, self.device
+        with torch.cuda.stream(copy_stream) if copy_stream is not None else contextlib.nullcontext():
+            label, dense, sparse = (t.to(dev, non_blocking=True) for t in arena.tensors(n))
+            # copy=True: on the CPU too, the permutation must outlive the arena
+            perm = arena.perm[: flush.rows].to(dev, non_blocking=True, copy=True) if self.shuffle else None
+            if copy_stream is not None:
+                arena.released = torch.cuda.Event()
+                arena.released.record(copy_stream)
+            out = _Resident(
+                torch.empty((flush.rows, NUM_DENSE), dtype=torch.float32, device=dev),
+                torch.empty((flush.rows, NUM_SPARSE), dtype=torch.int64, device=dev),
+                torch.empty((flush.rows,), dtype=torch.float32, device=dev),
+                perm, None,
+            )
+            if flush.carry:  # rows [keep, rows) of the previous buffer, in its permuted order
+                prev_flush, prev = previous
+                carried = prev.take(prev_flush.keep, prev_flush.rows)
+                for dst, src in zip((out.dense, out.sparse, out.labels), carried):
+                    dst[: flush.carry] = src
+            out.dense[flush.carry :] = transform_dense(dense.t())
+            out.sparse[flush.carry :] = widen_sparse(sparse.t()) if sparse.dtype != torch.int64 else sparse.t()
+            out.labels[flush.carry :] = label
+            if copy_stream is not None:
+                out.ready = torch.cuda.Event()
+                out.ready.record(copy_stream)
+        # On the CPU everything above has run (reading the arena in place); on CUDA the producer
+        # waits on `released` before writing into the arena again.
+        free.put(arena)
+        return out
+
+    def _cut(self, buf: _Resident, lo: int, hi: int) -> Batch:
+        """This rank's rows of batch ``[lo, hi)``, issued on the consumer's current stream."""
+        if buf.ready is not None:
+            current = torch.cuda.current_stream(self.device)
+            if current not in buf.streams:  # once per buffer and stream: no per-batch event
+                current.wait_event(buf.ready)
+                for t in (buf.dense, buf.sparse, buf.labels, buf.perm):
+                    if t is not None:
+                        t.record_stream(current)  # made on the copy stream, read (and viewed) here
+                buf.streams.add(current)
+        a, b = rank_slice(lo, hi, self.rank, self.world_size)
+        dense, sparse, labels = buf.take(a, b)
+        return Batch(dense, sparse, labels, hi - lo if self.world_size > 1 else None)
+
+    @staticmethod
+    def _empty(q: queue.Queue) -> list:
+        items = []
+        while True:
+            try:
+                items.append(q.get_nowait())
+            except queue.Empty:
+                return items

@@ -1,0 +1,202 @@
+"""Per-file checks of the parquet shards: schema, labels, nulls, and the files a split lists.
+
+A shard is untrusted input: `open_footer` checks its schema and pre-checks its labels from the
+footer statistics when a loader opens it, and `check_table` checks every decoded row group
+(labels 0 or 1, nulls replaced by the policy of data/README.md), counting the replacements in a
+`NullTally` that logs them once per file. Every problem is a `DatasetError` naming the file,
+and where it can, the column and the row.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from loguru import logger
+
+from dlrm.data.schema import (
+    DENSE_COLUMNS,
+    LABEL_COLUMN,
+    MISSING_DENSE,
+    MISSING_SPARSE,
+    NUM_DENSE,
+    NUM_SPARSE,
+    SPARSE_COLUMNS,
+    DatasetError,
+    Metadata,
+    arrow_schema,
+)
+
+
+def split_files(dataset_dir: str | Path, meta: Metadata, split: str) -> list[Path]:
+    """The parquet files of `split`, checked to exist."""
+    if split not in meta.splits:
+        raise DatasetError(f"{Path(dataset_dir) / 'metadata.json'}: splits: has no '{split}' split")
+    files = [Path(dataset_dir) / f for f in meta.splits[split].files]
+    for f in files:
+        if not f.is_file():
+            raise DatasetError(f"{f}: listed in metadata.json splits.{split} but missing")
+    if not files:
+        raise DatasetError(f"{Path(dataset_dir) / 'metadata.json'}: splits.{split}: lists no files")
+    return files
+
+
+def check_schema(path: Path, schema: pa.Schema) -> None:
+    """`schema` must have exactly `arrow_schema()`'s columns, in its order and with its types
+    (nullable fields are accepted: nulls follow `check_table`'s policy); raises `DatasetError`
+    naming the file and the first offending column."""
+    expected = arrow_schema()
+    names = schema.names
+    for fld in expected:
+        count = names.count(fld.name)
+        if count == 0:
+            raise DatasetError(f"{path}: column {fld.name}: missing")
+        if count > 1:
+            raise DatasetError(f"{path}: column {fld.name}: appears {count} times")
+        actual = schema.field(fld.name).type
+        if actual != fld.type:
+            raise DatasetError(f"{path}: column {fld.name}: type {actual} is not {fld.type}")
+    for name in names:
+        if expected.get_field_index(name) < 0:
+            raise DatasetError(f"{path}: column {name}: not part of the dataset schema (expected exactly "
+                               f"{LABEL_COLUMN}, DENSE_0..{NUM_DENSE - 1}, SPARSE_0..{NUM_SPARSE - 1})")
+    for i, (name, want) in enumerate(zip(names, expected.names)):
+        if name != want:
+            raise DatasetError(f"{path}: column {name}: at position {i}, where {want} belongs (columns out of order)")
+
+
+# The null policy (data/README.md): a null category is the missing category, a null count is a
+# missing count (stored as 0); a null label has no meaning, so it is an error, never a guess.
+_NULL_FILL = {**{c: MISSING_DENSE for c in DENSE_COLUMNS}, **{c: MISSING_SPARSE for c in SPARSE_COLUMNS}}
+
+
+def _label_error(path: Path, group: int, first_row: int, label: pa.ChunkedArray) -> DatasetError:
+    """The error for the first null or out-of-range label of a row group (the error path only)."""
+    null = pc.is_null(label).to_numpy()
+    values = pc.fill_null(label, 0).to_numpy()
+    i = int(np.flatnonzero(null | ((values != 0) & (values != 1)))[0])
+    where = f"{path}: column {LABEL_COLUMN}: row index {first_row + i} (row group {group})"
+    if null[i]:
+        return DatasetError(f"{where} is null; every row needs a label 0 or 1")
+    return DatasetError(f"{where} holds {int(values[i])}; labels must be 0 or 1")
+
+
+def check_labels(path: Path, group: int, first_row: int, label: pa.ChunkedArray) -> None:
+    """Raise `DatasetError` naming file, column and row unless every label is 0 or 1 (vectorized:
+    a null count and one `min_max` over the column)."""
+    if label.null_count:
+        raise _label_error(path, group, first_row, label)
+    if len(label):
+        bounds = pc.min_max(label)
+        if bounds["min"].as_py() < 0 or bounds["max"].as_py() > 1:
+            raise _label_error(path, group, first_row, label)
+
+
+def check_table(path: Path, group: int, first_row: int, table: pa.Table) -> tuple[pa.Table, dict[str, int]]:
+    """A decoded row group checked against the contract, and its nulls replaced by policy.
+
+    Labels must be 0 or 1 and not null (else `DatasetError` naming file, column and row); a null
+    dense count becomes 0 (`MISSING_DENSE`), a null category the missing value -1
+    (`MISSING_SPARSE`). Returns the table to use and the number of nulls replaced per column
+    (empty for the usual table without nulls, which costs one `min_max` and 40 null counts).
+    `first_row`: the row group's first row within the file (for the messages).
+    """
+    check_labels(path, group, first_row, table.column(LABEL_COLUMN))
+    replaced: dict[str, int] = {}
+    for name, fill in _NULL_FILL.items():
+        column = table.column(name)
+        if column.null_count:
+            replaced[name] = column.null_count
+            filled = pc.fill_null(column, pa.scalar(fill, column.type))
+            table = table.set_column(table.schema.get_field_index(name), name, filled)
+    return table, replaced
+
+
+def footer_label_check(path: Path, footer: pq.FileMetaData) -> None:
+    """Fail at open, not mid-epoch, on a label the footer's statistics show to be null or out of
+    range: only then is that row group's label column read, and `check_labels` names the row.
+
+    Statistics may be missing or wrong (the file is untrusted), so this only moves errors
+    earlier; the check of every decoded row group (`check_table`) is the one that guarantees it.
+    """
+    first_row = 0
+    for g in range(footer.num_row_groups):
+        try:
+            rg = footer.row_group(g)
+            stats = rg.column(0).statistics  # the label is column 0 (`check_schema`)
+            nulls = stats is not None and stats.has_null_count and stats.null_count > 0
+            outside = stats is not None and stats.has_min_max and (stats.min < 0 or stats.max > 1)
+            label = None
+            if nulls or outside:
+                with pq.ParquetFile(path, metadata=footer) as reader:
+                    label = reader.read_row_group(g, columns=[LABEL_COLUMN]).column(LABEL_COLUMN)
+        except (OSError, pa.ArrowException) as e:
+            raise DatasetError(f"{path}: row group {g}: cannot be read ({e})") from None
+        if label is not None:
+            check_labels(path, g, first_row, label)
+        first_row += rg.num_rows
+
+
+def open_footer(path: Path) -> pq.FileMetaData:
+    """The parquet footer of `path`, its schema checked (`check_schema`) and its labels
+    pre-checked from the statistics (`footer_label_check`); unreadable -> `DatasetError`."""
+    try:
+        footer = pq.ParquetFile(path).metadata
+        schema = footer.schema.to_arrow_schema()
+    except (OSError, pa.ArrowException) as e:
+        raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
+    check_schema(path, schema)
+    footer_label_check(path, footer)
+    return footer
+
+
+def first_rows(row_groups: list[tuple[int, int, int]]) -> list[int]:
+    """For each (file, group, rows) entry, in file order, the group's first row within its file."""
+    starts, at, current = [], 0, None
+    for fi, _, n in row_groups:
+        if fi != current:
+            at, current = 0, fi
+        starts.append(at)
+        at += n
+    return starts
+
+
+class NullTally:
+    """Counts the nulls `check_table` replaced, per file, and logs them once per file (a loguru
+    warning) when every row group of the file has been checked; thread-safe (reader threads)."""
+
+    def __init__(self, files: list[Path], groups_per_file: list[int]):
+        self._files = files
+        self._left = [set(range(n)) for n in groups_per_file]
+        self._counts: list[dict[str, int]] = [{} for _ in files]
+        self._lock = threading.Lock()
+
+    def add(self, file_index: int, group: int, replaced: dict[str, int]) -> None:
+        """Record row group `group` of file `file_index` as checked, with its replaced nulls."""
+        left = self._left[file_index]
+        with self._lock:
+            if group not in left:  # checked in an earlier epoch: nothing new
+                return
+            left.discard(group)
+            counts = self._counts[file_index]
+            for name, n in replaced.items():
+                counts[name] = counts.get(name, 0) + n
+            if left or not counts:
+                return
+        self._report(file_index, counts)
+
+    def _report(self, file_index: int, counts: dict[str, int]) -> None:
+        """One warning for the file: how many nulls of each kind were replaced, and by what."""
+        parts = []
+        for names, fill, what in ((DENSE_COLUMNS, MISSING_DENSE, "dense counts"),
+                                  (SPARSE_COLUMNS, MISSING_SPARSE, "categories (the missing value)")):
+            hit = [f"{c} {counts[c]:,}" for c in names if c in counts]
+            if hit:
+                total = sum(counts[c] for c in names if c in counts)
+                parts.append(f"{total:,} null {what} replaced by {fill} ({', '.join(hit)})")
+        logger.warning(f"{self._files[file_index]}: {'; '.join(parts)}")
+
