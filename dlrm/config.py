@@ -6,20 +6,38 @@ The file is untrusted: bytes that are not UTF-8, JSON nested too deeply, integer
 (or Python's int->str limit), floats that are not finite in float32 (or, where they must be
 > 0, underflow to 0 there), NaN/Infinity literals and strings holding NUL are all such errors.
 This is the only module that reads a config file; everything else receives `Config` objects.
+The JSON decoding and per-value type checks are in `dlrm.config_parse`; the range and
+cross-field checks (`validate`, one function per section) are here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import struct
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
+# The JSON decoding and value conversion live in dlrm.config_parse (which reads no file); its
+# names are re-exported here, where callers and tests have always found them.
+from dlrm.config_parse import (  # noqa: F401
+    _MAX_INT_TEXT,
+    FLOAT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    _as_float32,
+    _build,
+    _convert,
+    _convert_float,
+    _convert_int,
+    _convert_str,
+    _HugeInt,
+    _parse_int,
+    _show,
+    _type_name,
+    parse_config_bytes,
+)
 from dlrm.data.schema import NUM_SPARSE
 
 Activation = Literal["relu", "sigmoid", "gelu", "squared_relu", "none"]
@@ -288,167 +306,10 @@ class Config:
 
 MAX_CONFIG_BYTES = 16 << 20
 """A config file larger than this is refused unread (real ones are a few KB)."""
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-FLOAT32_MAX = 3.4028234663852886e38
 MAX_SIZE = 2**31 - 1
 """Upper bound of widths, batch sizes and table sizes: larger values cannot be allocated, and
 some would overflow the int64 element counts torch computes, failing with a confusing error."""
-_MAX_INT_TEXT = 40
-"""JSON integers with more characters than this are not converted (Python refuses above 4300
-digits, and anything this long is out of int64 range anyway)."""
 
-
-class _HugeInt:
-    """Stands in for a JSON integer too long to convert, so the error can name its key."""
-
-    def __init__(self, text: str) -> None:
-        self.digits = len(text.lstrip("-"))
-
-    def __repr__(self) -> str:
-        return f"<integer of {self.digits} digits>"
-
-
-def _parse_int(text: str) -> Any:
-    """json's parse_int: an int, or a `_HugeInt` for text too long to convert safely."""
-    return int(text) if len(text) <= _MAX_INT_TEXT else _HugeInt(text)
-
-
-def _show(value: Any, limit: int = 80) -> str:
-    """repr() of a user-given value for an error message: one line, at most ~`limit` characters,
-    and never an exception of its own (huge ints and deep nesting make repr() raise)."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**_MAX_INT_TEXT:
-        return f"<integer of about {int(value.bit_length() * math.log10(2)) + 1} digits>"
-    try:
-        text = repr(value)
-    except (RecursionError, ValueError):  # too deep, or holds an int beyond Python's int->str limit
-        return f"<{type(value).__name__} too large to show>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " | ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is list:
-        return f"list of {_type_name(typing.get_args(tp)[0])}"
-    if tp is type(None):
-        return "null"
-    if dataclasses.is_dataclass(tp):
-        return "an object"
-    if tp is bool:
-        return "true/false"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _convert(value: Any, tp: Any, key: str) -> Any:
-    """Check `value` against type `tp`; return it (dataclasses built recursively)."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected an object, got {_show(value)}")
-        return _build(tp, value, key)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        non_null = [a for a in args if a is not type(None)]
-        if len(non_null) == 1:  # Optional[X]: X's own message is the precise one
-            return _convert(value, non_null[0], key)
-        for arg in non_null:  # an object goes to the dataclass member, whose message names the inner key
-            if isinstance(value, dict) and dataclasses.is_dataclass(arg):
-                return _convert(value, arg, key)
-        for arg in non_null:
-            try:
-                return _convert(value, arg, key)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{key}: {_show(value)} is not {_type_name(tp)}")
-    if origin is Literal:
-        if value not in typing.get_args(tp) or isinstance(value, bool):
-            raise ConfigError(f"{key}: {_show(value)} is not one of {_type_name(tp)}")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected {_type_name(tp)}, got {_show(value)}")
-        (item_tp,) = typing.get_args(tp)
-        return [_convert(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is type(None):
-        if value is not None:
-            raise ConfigError(f"{key}: expected null, got {_show(value)}")
-        return None
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {_show(value)}")
-        return value
-    if tp is int:
-        return _convert_int(value, key)
-    if tp is float:
-        return _convert_float(value, key)
-    if tp is str:
-        return _convert_str(value, key)
-    raise TypeError(f"unsupported config type {tp!r} at {key}")  # a bug in this module, not user input
-
-
-def _convert_int(value: Any, key: str) -> int:
-    """An integer within int64 (every integer ends up in a tensor, a numpy array or a C API)."""
-    if isinstance(value, _HugeInt):
-        raise ConfigError(f"{key}: {value!r} is out of range (integers must fit in int64)")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key}: expected an integer, got {_show(value)}")
-    if not INT64_MIN <= value <= INT64_MAX:
-        raise ConfigError(f"{key}: {_show(value)} is out of range (integers must fit in int64)")
-    return value
-
-
-def _convert_float(value: Any, key: str) -> float:
-    """A number that is finite in float32, the precision every float setting is used in."""
-    if isinstance(value, _HugeInt):
-        raise ConfigError(f"{key}: {value!r} overflows float32 (|x| must be <= 3.4e38)")
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{key}: expected a number, got {_show(value)}")
-    try:
-        number = float(value)
-    except OverflowError:  # an int beyond float range
-        raise ConfigError(f"{key}: {_show(value)} overflows float32 (|x| must be <= 3.4e38)") from None
-    if not math.isfinite(number):
-        raise ConfigError(f"{key}: {number!r} must be a finite number")
-    if abs(number) > FLOAT32_MAX:
-        raise ConfigError(f"{key}: {number!r} overflows float32 (|x| must be <= 3.4e38)")
-    return number
-
-
-def _convert_str(value: Any, key: str) -> str:
-    """A string that can become a file name or a log line (no NUL, no lone surrogate)."""
-    if not isinstance(value, str):
-        raise ConfigError(f"{key}: expected a string, got {_show(value)}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ConfigError(f"{key}: {_show(value)} is not valid Unicode text") from None
-    if "\0" in value:
-        raise ConfigError(f"{key}: {_show(value)} must not contain a NUL character")
-    return value
-
-
-def _as_float32(value: float) -> float:
-    """`value` rounded to float32 (the caller has checked it is within float32 range)."""
-    return struct.unpack("f", struct.pack("f", value))[0]
-
-
-def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in raw.items():
-        # A key with a newline or other unprintable character is shown quoted, so the error stays one line.
-        shown = key if isinstance(key, str) and key.isprintable() and len(key) <= 80 else _show(key)
-        path = f"{prefix}.{shown}" if prefix else shown
-        if key not in names:
-            raise ConfigError(f"{path}: unknown key (expected one of {', '.join(sorted(names))})")
-        kwargs[key] = _convert(value, hints[key], path)
-    return cls(**kwargs)
 
 
 def _positive(key: str, value: Any, allow_zero: bool = False, maximum: Optional[int] = None) -> None:
@@ -480,17 +341,37 @@ def _check_interaction(m: "ModelConfig") -> None:
 
 
 def validate(cfg: Config) -> Config:
-    """Cross-field and range checks; raises `ConfigError` naming the first bad key."""
+    """Cross-field and range checks; raises `ConfigError` naming the first bad key.
+
+    Normalises the bool/"auto" shorthands of `train.compile` and `profile` into their dataclasses,
+    then checks section by section, in a fixed order (which key is named when several are bad).
+    """
     if isinstance(cfg.train.compile, (bool, str)):  # true | false | "auto"
         cfg.train.compile = CompileConfig(enabled=cfg.train.compile)
     if isinstance(cfg.profile, bool):
         cfg.profile = ProfileConfig(enabled=cfg.profile)
-    p = cfg.profile
+    _check_profile(cfg.profile)
+    _check_data(cfg.data)
+    _check_model(cfg.model)
+    _check_optimizers(cfg.optim)
+    _check_regularization(cfg.optim, cfg.model)
+    _check_schedule(cfg.optim.schedule)
+    _check_cuda_graph(cfg)
+    _check_train(cfg.train)
+    _check_outputs(cfg)
+    return cfg
+
+
+def _check_profile(p: ProfileConfig) -> None:
+    """The profiler schedule: step counts, `active` at least 1."""
     _positive("profile.wait", p.wait, allow_zero=True)
     _positive("profile.warmup", p.warmup, allow_zero=True)
     _positive("profile.active", p.active)
     _positive("profile.repeat", p.repeat, allow_zero=True)
-    d, m, o, t = cfg.data, cfg.model, cfg.optim, cfg.train
+
+
+def _check_data(d: DataConfig) -> None:
+    """Sizes of batches and buffers, and the device-memory share of placement "auto"."""
     _positive("data.batch_size", d.batch_size, maximum=MAX_SIZE)
     _positive("data.eval_batch_size", d.eval_batch_size, maximum=MAX_SIZE)
     _positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows, maximum=MAX_SIZE)
@@ -498,6 +379,10 @@ def validate(cfg: Config) -> Config:
     if not 0.0 < d.gpu_memory_share <= 1.0:
         raise ConfigError(f"data.gpu_memory_share: {d.gpu_memory_share!r} must be within (0, 1]")
     _positive("data.max_rows_per_table", d.max_rows_per_table, maximum=MAX_SIZE)
+
+
+def _check_model(m: ModelConfig) -> None:
+    """The network's shape: widths, the interaction's and the logit's constraints, table sizes."""
     _positive("model.embedding_dim", m.embedding_dim, maximum=MAX_SIZE)
     _positive("model.top_mlp_input_multiple", m.top_mlp_input_multiple, maximum=MAX_SIZE)
     for name in ("bottom_mlp", "top_mlp"):
@@ -514,32 +399,54 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"model.cardinalities: has {len(m.cardinalities)} entries, expected {NUM_SPARSE}")
         for i, c in enumerate(m.cardinalities):
             _positive(f"model.cardinalities[{i}]", c, maximum=MAX_SIZE)
+
+
+def _check_optimizers(o: OptimConfig) -> None:
+    """Learning rates and eps of both optimizers, and SGD's momentum."""
     for key, opt in (("optim.dense", o.dense), ("optim.sparse", o.sparse)):
         _positive(f"{key}.lr", opt.lr)
         _positive(f"{key}.eps", opt.eps)
     _positive("optim.dense.momentum", o.dense.momentum, allow_zero=True)
+
+
+def _check_regularization(o: OptimConfig, m: ModelConfig) -> None:
+    """Weight decay of both optimizers and the model's dropout (issue #21's regularizers)."""
     _positive("optim.dense.weight_decay", o.dense.weight_decay, allow_zero=True)
     _positive("optim.sparse.weight_decay", o.sparse.weight_decay, allow_zero=True)
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout: {m.dropout!r} must be within [0, 1)")
-    s = o.schedule
+
+
+def _check_schedule(s: ScheduleConfig) -> None:
+    """Step counts of the learning-rate schedule and its final factor."""
     for key in ("warmup_steps", "decay_start_step", "decay_steps"):
         _positive(f"optim.schedule.{key}", getattr(s, key), allow_zero=True)
     if not (0.0 <= s.end_factor <= 1.0):
         raise ConfigError(f"optim.schedule.end_factor: {s.end_factor!r} must be within [0, 1]")
-    if t.cuda_graph is True:  # "auto" turns itself off where these rules say no (dlrm.train.fast_path)
-        if cfg.kernels.embedding != "triton":
-            raise ConfigError("train.cuda_graph: needs kernels.embedding \"triton\" (the torch embedding's sparse "
-                              "gradients have data-dependent shapes, which a CUDA graph cannot replay)")  # fmt: skip
-        if o.dense.name not in ("sgd", "adam"):
-            raise ConfigError(f"train.cuda_graph: needs optim.dense.name \"sgd\" or \"adam\", not {o.dense.name!r} "
-                              "(torch has no fused CUDA Adagrad, whose learning rate a graph could replay)")  # fmt: skip
-        if o.dense.fused is False:
-            raise ConfigError("train.cuda_graph: needs optim.dense.fused true or null (the fused optimizer reads "
-                              "its learning rate from a device tensor the graph can replay)")  # fmt: skip
-        if t.compile.enabled is not False and t.compile.mode == "reduce-overhead":
-            raise ConfigError("train.cuda_graph: cannot be combined with train.compile.mode \"reduce-overhead\" "
-                              "(its CUDA graphs would be captured inside this one); use mode \"default\"")  # fmt: skip
+
+
+def _check_cuda_graph(cfg: Config) -> None:
+    """What an explicit `train.cuda_graph: true` needs ("auto" turns itself off where these rules
+    say no, in dlrm.train.fast_path)."""
+    o, t = cfg.optim, cfg.train
+    if t.cuda_graph is not True:
+        return
+    if cfg.kernels.embedding != "triton":
+        raise ConfigError("train.cuda_graph: needs kernels.embedding \"triton\" (the torch embedding's sparse "
+                          "gradients have data-dependent shapes, which a CUDA graph cannot replay)")  # fmt: skip
+    if o.dense.name not in ("sgd", "adam"):
+        raise ConfigError(f"train.cuda_graph: needs optim.dense.name \"sgd\" or \"adam\", not {o.dense.name!r} "
+                          "(torch has no fused CUDA Adagrad, whose learning rate a graph could replay)")  # fmt: skip
+    if o.dense.fused is False:
+        raise ConfigError("train.cuda_graph: needs optim.dense.fused true or null (the fused optimizer reads "
+                          "its learning rate from a device tensor the graph can replay)")  # fmt: skip
+    if t.compile.enabled is not False and t.compile.mode == "reduce-overhead":
+        raise ConfigError("train.cuda_graph: cannot be combined with train.compile.mode \"reduce-overhead\" "
+                          "(its CUDA graphs would be captured inside this one); use mode \"default\"")  # fmt: skip
+
+
+def _check_train(t: TrainConfig) -> None:
+    """The loop's seed, length, evaluation cadence, early stopping and logging cadence."""
     if not 0 <= t.seed <= INT64_MAX:  # numpy's SeedSequence refuses negatives; torch's seed is 64-bit
         raise ConfigError(f"train.seed: {t.seed} must be within [0, 2**63)")
     _positive("train.epochs", t.epochs)
@@ -551,6 +458,10 @@ def validate(cfg: Config) -> Config:
         _positive("train.early_stopping.patience", t.early_stopping.patience)
         _positive("train.early_stopping.min_delta", t.early_stopping.min_delta, allow_zero=True)
     _positive("train.log_every", t.log_every)
+
+
+def _check_outputs(cfg: Config) -> None:
+    """Checkpoint cadence, sharding threshold, and the names that become directory names."""
     _positive("checkpoint.every", cfg.checkpoint.every)
     _positive("checkpoint.keep", cfg.checkpoint.keep)
     _positive("distributed.row_wise_min_rows", cfg.distributed.row_wise_min_rows)
@@ -558,7 +469,6 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without '/'")
     if cfg.log.run_name is not None and (not cfg.log.run_name or "/" in cfg.log.run_name or cfg.log.run_name in (".", "..")):
         raise ConfigError(f"log.run_name: {cfg.log.run_name!r} must be a plain directory name")
-    return cfg
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> Config:
@@ -584,27 +494,6 @@ def read_config_bytes(path: Path) -> bytes:
         raise ConfigError(f"{path}: cannot read the config file ({e.strerror or e})") from None
 
 
-def parse_config_bytes(data: bytes, source: str) -> dict[str, Any]:
-    """Decode UTF-8 JSON holding an object; every malformation is a one-line `ConfigError`.
-
-    Integers too long to convert become `_HugeInt` placeholders (rejected by `config_from_dict`
-    with their key); NaN and Infinity literals become floats that it rejects the same way.
-    """
-    try:
-        text = data.decode("utf-8-sig")  # a leading BOM (some Windows editors write one) is harmless
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise ConfigError(f"{source}: not UTF-8 text (byte 0x{data[e.start]:02x} at line {line} column {column})") from None
-    try:
-        raw = json.loads(text, parse_int=_parse_int)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{source}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except RecursionError:
-        raise ConfigError(f"{source}: invalid config: JSON nested too deeply") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: the top level must be a JSON object")
-    return raw
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> None:
