@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | userpath | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -188,6 +188,16 @@ EOF
         run loader_training_2048 200 python benchmarks/loader_training.py --data /tmp/loader-bench/pp_w16 \
           --batch-size 2048 --steps 3000 --log-every 100 --out "$RES" --keep-logs
       fi
+      ;;
+    userpath)  # what a user gets (issue #19): train.py configs/kaggle.json on the 2M-row Kaggle-shaped
+      # synthetic dataset with every default ("auto"), and with placement stream forced, for 6 epochs,
+      # beside the device-resident benchmark of the variant auto resolves to
+      kaggle_data
+      run user_path "${USERPATH_LIMIT:-330}" python benchmarks/user_path.py --data /tmp/kaggle-syn \
+        --batch-sizes "${USERPATH_BATCHES:-65536,2048,128}" --epochs 6 --max-steps 1500 --out "$RES"
+      ;;
+    testsall)  # the whole suite as `pytest -q` runs it, on the GPU machine (gpu-marked tests included)
+      run tests_all "${TESTS_LIMIT:-400}" python -m pytest -q -p no:cacheprovider ${TESTS_ARGS:-}
       ;;
     *)
       log "unknown part $part"

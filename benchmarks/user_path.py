@@ -1,0 +1,171 @@
+"""What a user gets: `train.py` on a parquet dataset, as the README says to run it, against the
+device-resident benchmark of the same variant.
+
+    python benchmarks/user_path.py --data DIR [--batch-sizes 128,2048,65536] [--epochs 6]
+
+For each batch size it runs ``python train.py --config configs/kaggle.json --data DIR --batch-size B``
+with nothing else (every "auto" default: on a GPU the fast path and data placement "auto"), then the
+same with ``data.placement: "stream"`` forced (and "gpu", with --placements), for several epochs of
+the dataset, and reads each run's summary.json (median samples/s over logging windows, the share of
+the time the loop waited for data, what "auto" chose). Beside them, `train_throughput.measure` times
+the variant "auto" resolves to on synthetic batches already on the device (no loader, no
+bookkeeping): the ratio says how much of the device-resident rate a user gets.
+
+Writes user_path.csv / .md / .png under --out (default benchmarks/results/) with the GPU name,
+versions and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# _common (which puts the repository first on sys.path), also when loaded by path (tests);
+# appended: benchmarks/kernels.py must not shadow the kernels package
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from _common import REPO, date_stamp, markdown, pyplot, save_figure, write_csv  # noqa: E402
+
+KEYS = ["batch_size", "run", "samples_per_sec", "ratio", "data_wait_fraction", "steps", "placement", "kernels",
+        "compile", "cuda_graph", "status"]
+REFERENCE_VARIANT = "triton-embedding-interaction+step-graph"
+"""What "auto" resolves to on one GPU with configs/kaggle.json (checked against each run's summary)."""
+
+
+def train_py(config: Path, data: Path, batch: int, epochs: int, max_steps: int, name: str, work: Path,
+             overrides: dict | None = None) -> dict:
+    """One `train.py` run as a user makes it; `overrides` go into a copy of the config file."""
+    cfg_path = config
+    if overrides:
+        raw = json.loads(config.read_text())
+        for dotted, value in overrides.items():
+            section, key = dotted.split(".")
+            raw.setdefault(section, {})[key] = value
+        cfg_path = work / f"{name}.json"
+        cfg_path.write_text(json.dumps(raw))
+    log = work / f"{name}.log"
+    cmd = [sys.executable, str(REPO / "train.py"), "--config", str(cfg_path), "--data", str(data),
+           "--batch-size", str(batch), "--epochs", str(epochs), "--max-steps", str(max_steps),
+           "--tb-dir", str(work / "tb"), "--run-name", name]
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO).returncode
+    summary = work / "tb" / name / "summary.json"
+    if rc != 0 or not summary.exists():
+        tail = log.read_text().strip().splitlines()[-1:] or ["no output"]
+        return {"status": f"exit {rc}: {tail[0][:160]}"}
+    s = json.loads(summary.read_text())
+    shutil.rmtree(work / "tb" / name / "checkpoints", ignore_errors=True)
+    r = s.get("resolved", {})
+    return {"samples_per_sec": s["samples_per_sec"], "data_wait_fraction": s["data_wait_fraction"], "steps": s["steps"],
+            "placement": r.get("placement"), "kernels": ",".join(f"{k}={v}" for k, v in r.get("kernels", {}).items()),
+            "compile": r.get("compile"), "cuda_graph": r.get("cuda_graph"), "status": "ok",
+            "device_name": s["device_name"], "versions": s["versions"]}
+
+
+def device_resident(config: Path, batch: int, precision: str) -> dict:
+    """train_throughput's number for the reference variant (eager PyTorch on a machine without CUDA):
+    synthetic batches already on the device."""
+    import torch
+
+    from dlrm.config import load_config
+    from train_throughput import measure
+
+    cfg = load_config(config)
+    cuda = torch.cuda.is_available()
+    device, variant = (torch.device("cuda"), REFERENCE_VARIANT) if cuda else (torch.device("cpu"), "eager")
+    try:
+        r = measure(cfg, variant, precision, batch, device, warmup=20 if cuda else 3, steps=50 if cuda else 5,
+                    windows=5 if cuda else 2)
+    except Exception as e:  # noqa: BLE001 - one failing case must not hide the others' numbers
+        return {"status": f"failed: {type(e).__name__}: {str(e)[:120]}"}
+    finally:
+        torch._dynamo.reset()
+    return {"samples_per_sec": r["samples_per_sec"], "status": "ok", "run": f"device-resident ({variant})"}
+
+
+def write(rows: list[dict], args, stem: str) -> list[Path]:
+    plt = pyplot()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ok = [r for r in rows if r["status"] == "ok"]
+    users = [r for r in ok if r.get("device_name")]
+    gpu = users[0]["device_name"] if users else "unknown"
+    versions = ", ".join(f"{k} {v}" for k, v in (users[0]["versions"] if users else {}).items())
+    date = date_stamp()
+    env = f"gpu: {gpu}; {versions}; date: {date}; dataset {Path(args.data).name}, {args.epochs} epochs"
+    paths = [out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}.png"]
+    write_csv(paths[0], rows, KEYS, {"config": args.config, "gpu": gpu, "date": date})
+    table = ["| batch | run | samples/s | of device-resident | waiting for data | placement | compile | step graph | status |",
+             "| ---: | --- | ---: | ---: | ---: | --- | --- | --- | --- |"]
+    for r in rows:
+        sps, ratio, wait = r.get("samples_per_sec"), r.get("ratio"), r.get("data_wait_fraction")
+        table.append(f"| {r['batch_size']} | {r['run']} | {f'{sps / 1e6:.2f}M' if sps else '-'} | "
+                     f"{f'{ratio:.0%}' if ratio else '-'} | {f'{wait:.1%}' if wait is not None else '-'} | "
+                     f"{r.get('placement') or '-'} | {r.get('compile', '-')} | {r.get('cuda_graph', '-')} | {r['status']} |")
+    paths[1].write_text(markdown(f"What a user gets: train.py {args.config} vs the device-resident benchmark", [env],
+                                 table))
+    print(env)
+    print("\n".join(table))
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    batches = list(dict.fromkeys(r["batch_size"] for r in rows))
+    width = 0.8 / max(len(runs), 1)
+    for i, run in enumerate(runs):
+        vals = [next((r["samples_per_sec"] / 1e6 for r in ok if r["run"] == run and r["batch_size"] == b), 0)
+                for b in batches]
+        bars = ax.bar([j + i * width for j in range(len(batches))], vals, width, label=run)
+        ax.bar_label(bars, [f"{v:.2f}" for v in vals], fontsize=7)
+    ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(batches))], [f"batch {b}" for b in batches])
+    ax.set_ylabel("million samples/s")
+    ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    ax.set_title(f"train.py {args.config} as a user runs it vs device-resident", fontsize=9)
+    fig.suptitle(f"{gpu}, {date}", fontsize=8)
+    save_figure(fig, paths[2])
+    return paths
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="preprocessed (or synthetic) dataset directory")
+    ap.add_argument("--config", default="configs/kaggle.json")
+    ap.add_argument("--batch-sizes", default="128,2048,65536")
+    ap.add_argument("--epochs", type=int, default=6, help="epochs of the dataset per run (epoch boundaries count)")
+    ap.add_argument("--placements", default="stream", help="forced placements run beside the default (auto)")
+    ap.add_argument("--max-steps", type=int, default=3000, help="cap per run (small batches on a large dataset)")
+    ap.add_argument("--precision", default="tf32", help="of the device-resident reference (the config's)")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--name", default="user_path")
+    args = ap.parse_args(argv)
+    if not (args.data / "metadata.json").is_file():
+        print(f"{args.data}: no metadata.json (make a dataset first)", file=sys.stderr)
+        return 2
+    config = REPO / args.config
+    work = Path(tempfile.mkdtemp(prefix="user_path_"))
+    rows = []
+    try:
+        for batch in [int(b) for b in args.batch_sizes.split(",")]:
+            ref = device_resident(config, batch, args.precision)
+            rows.append({"batch_size": batch, "run": "device-resident", **ref})
+            runs = [("train.py (defaults)", {})] + [(f"train.py, placement {p}", {"data.placement": p})
+                                                    for p in args.placements.split(",") if p]
+            for label, overrides in runs:
+                name = f"b{batch}-{overrides.get('data.placement', 'default')}"
+                r = train_py(config, args.data, batch, args.epochs, args.max_steps, name, work, overrides)
+                if r.get("samples_per_sec") and ref.get("samples_per_sec"):
+                    r["ratio"] = r["samples_per_sec"] / ref["samples_per_sec"]
+                rows.append({"batch_size": batch, "run": label, **r})
+                print(f"B={batch} {label}: {r['status']} {r.get('samples_per_sec', 0):,.0f}", flush=True)
+            write(rows, args, args.name)  # after every batch size: a run cut short keeps what it measured
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
