@@ -257,7 +257,19 @@ _dot_interaction_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def dot_interaction(x: Tensor) -> Tensor:
-    """``x [B, F + 1, D] -> [B, D + (F + 1) F / 2]`` (Triton; any strides; output in x's dtype)."""
+    """``x [B, F + 1, D] -> [B, D + (F + 1) F / 2]`` (Triton; any strides; output in x's dtype).
+
+    Example (on the CPU the kernel runs in Triton's interpreter, TRITON_INTERPRET=1):
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> x = torch.arange(24.0, device=device).reshape(2, 3, 4) / 10   # B=2, F+1=3 vectors, D=4
+        >>> y = dot_interaction(x)
+        >>> y.shape   # D + 3 * 2 / 2 = 4 + 3
+        torch.Size([2, 7])
+        >>> y[0, 4:].round(decimals=2).cpu()   # x1.x0, x2.x0, x2.x1 (the strictly lower triangle)
+        tensor([0.3800, 0.6200, 2.1400])
+        >>> torch.allclose(y, dot_interaction_reference(x))
+        True
+    """
     return torch.ops.dlrm_kernels.dot_interaction(x)
 
 

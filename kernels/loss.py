@@ -284,6 +284,16 @@ def bce_with_logits(logits: Tensor, labels: Tensor, reduction: str = "mean") -> 
 
     logits: [B] (or any shape); labels: same shape, float32 or logits' dtype. Returns a 0-dim
     tensor for 'mean'/'sum', else logits' shape; in logits' dtype (fp32 accumulation).
+
+    Example (on the CPU the kernels run in Triton's interpreter, TRITON_INTERPRET=1):
+        >>> import torch.nn.functional as F
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> logits = torch.tensor([-2.0, 0.0, 3.0], device=device)
+        >>> labels = torch.tensor([0.0, 1.0, 1.0], device=device)
+        >>> bce_with_logits(logits, labels, "none").cpu()   # log(1 + e^(-2)), log 2, log(1 + e^(-3))
+        tensor([0.1269, 0.6931, 0.0486])
+        >>> torch.allclose(bce_with_logits(logits, labels), F.binary_cross_entropy_with_logits(logits, labels))
+        True
     """
     _check_inputs(logits, labels, reduction)
     return _bce_op(logits, labels, reduction)

@@ -37,7 +37,11 @@ def check_cardinalities(cardinalities: Sequence[int]) -> list[int]:
 
 
 def table_offsets(cardinalities: Sequence[int]) -> list[int]:
-    """First row of each table in the shared weight: the exclusive cumulative sum of ``cardinalities``."""
+    """First row of each table in the shared weight: the exclusive cumulative sum of ``cardinalities``.
+
+    >>> table_offsets([3, 5, 2])   # tables of 3, 5 and 2 rows in one weight of 10 rows
+    [0, 3, 8]
+    """
     offsets, start = [], 0
     for c in cardinalities:
         offsets.append(start)

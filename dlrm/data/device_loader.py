@@ -92,9 +92,15 @@ class DeviceLoader:
         rank, world_size: deliver only this rank's slice of every global batch
             (`dlrm.data.loader.rank_slice`); each rank still holds the whole split.
 
-    Example:
-        >>> loader = DeviceLoader(files, batch_size=65536, device="cuda", shuffle=True)
-        >>> for batch in loader: ...   # Batch(dense [B, 13], sparse [B, 26], labels [B]) on the device
+    Example (on the CPU here; `device="cuda"` in a real run): the sample's validation split
+        >>> import pathlib, dlrm
+        >>> from dlrm.data.loader import split_files
+        >>> from dlrm.data.schema import read_metadata
+        >>> sample = pathlib.Path(dlrm.__file__).parents[1] / "data" / "sample"
+        >>> files = split_files(sample, read_metadata(sample), "validation")   # 20,000 rows
+        >>> loader = DeviceLoader(files, batch_size=4096, device="cpu", shuffle=True)
+        >>> [len(batch) for batch in loader]   # Batch(dense [B, 13], sparse [B, 26], labels [B])
+        [4096, 4096, 4096, 4096, 3616]
     """
 
     def __init__(self, files: list[Path], batch_size: int, device: torch.device | str, *, shuffle: bool = False,

@@ -103,9 +103,18 @@ class ParquetLoader:
         compact_sparse: move sparse values as int32 bit patterns on the host (exact only without
             0xFFFFFFFF, which the footers' statistics must rule out); None: on CUDA devices.
 
-    Example:
-        >>> loader = ParquetLoader(files, batch_size=512, device="cpu")
-        >>> for batch in loader: ...   # Batch(dense [512, 13], sparse [512, 26], labels [512])
+    Example (the validation split of the embedded sample dataset, data/sample):
+        >>> import pathlib, dlrm
+        >>> from dlrm.data.loader import split_files
+        >>> from dlrm.data.schema import read_metadata
+        >>> sample = pathlib.Path(dlrm.__file__).parents[1] / "data" / "sample"
+        >>> files = split_files(sample, read_metadata(sample), "validation")   # 20,000 rows
+        >>> loader = ParquetLoader(files, batch_size=512, device="cpu", shuffle=True)
+        >>> len(loader)   # batches per epoch: 39 full ones and the last 32 rows
+        40
+        >>> batch = next(iter(loader))
+        >>> batch.dense.shape, batch.sparse.dtype, batch.labels.shape
+        (torch.Size([512, 13]), torch.int64, torch.Size([512]))
 
     Pipeline, one shuffle buffer (about `shuffle_buffer_rows` rows) at a time:
       1. producer: `reader_threads` workers decode the buffer's row groups (pyarrow, GIL released,

@@ -50,7 +50,8 @@ class Checkpointer:
         tables: the table sizes (stored, and compared on restore).
         env: the process group.
 
-    Example:
+    Example (not run by the doctests: it needs a run in progress, whose trainer holds `run`, the
+    loader `position` and the `stats`; tests/test_checkpoint.py exercises it):
         >>> checkpointer = Checkpointer(run_dir, cfg, tables, env)       # doctest: +SKIP
         >>> path = checkpointer.save(run, position, stats)                # doctest: +SKIP
     """

@@ -58,9 +58,19 @@ def describe_path(path: Path) -> str:
 class RunLock:
     """An exclusive ``flock`` on ``<run_dir>/.lock`` naming its holder (pid, host, start time).
 
-    Example:
-        >>> lock = RunLock.acquire(Path("tb_logs/my-run"))   # ConfigError if another process holds it
+    Example (a scratch directory standing in for ``tb_logs/<run>``):
+        >>> import os, shutil, tempfile
+        >>> run_dir = Path(tempfile.mkdtemp())
+        >>> lock = RunLock.acquire(run_dir)
+        >>> (run_dir / ".lock").read_text().startswith(f"pid {os.getpid()} on ")   # names its holder
+        True
+        >>> RunLock.acquire(run_dir)   # any other holder, even one in this process, is refused
+        Traceback (most recent call last):
+        ...
+        dlrm.errors.ConfigError: ...: in use by pid ...; a run directory has one writer at a time ...
         >>> lock.release()
+        >>> RunLock.acquire(run_dir).release()   # free again
+        >>> shutil.rmtree(run_dir)
     """
 
     def __init__(self, path: Path, fd: int) -> None:

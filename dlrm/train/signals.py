@@ -11,10 +11,16 @@ from loguru import logger
 class GracefulStop:
     """Context manager that turns the first SIGINT/SIGTERM into a flag the loop checks between steps.
 
-    Example:
+    Example (the process signals itself, as ``kill <pid>`` would, during the third step):
+        >>> import os, signal
         >>> with GracefulStop() as stop:
-        ...     while not stop.requested: train_one_step()
-        >>> stop.exit_code  # 130 after SIGINT, 143 after SIGTERM (128 + signal number)
+        ...     steps = 0
+        ...     while not stop.requested:   # the training loop: a whole step, then look at the flag
+        ...         steps += 1
+        ...         if steps == 3:
+        ...             os.kill(os.getpid(), signal.SIGTERM)
+        >>> steps, stop.exit_code   # the step in flight finished; 128 + 15 (SIGTERM); 130 after SIGINT
+        (3, 143)
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -153,7 +153,7 @@ class Trainer:
         resume: "latest" (the run's newest checkpoint) or a checkpoint path.
         allow_config_change: dotted config keys a resume may change (``--allow-config-change``).
 
-    Example:
+    Example (not run by the doctests: a whole training run, ~10 s on 2 cores, writing tb_logs/):
         >>> summary = Trainer(load_config("configs/sample.json")).fit()   # doctest: +SKIP
     """
 
