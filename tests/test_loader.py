@@ -206,8 +206,7 @@ def test_thread_counts_do_not_change_the_batches(uneven_dataset, reader_threads,
     assert 1 <= len(loader._spare_arenas) <= loader._max_arenas == prefetch + 1
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu  # skipped without CUDA by the hook in tests/conftest.py
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_cuda_batches_equal_the_reference_and_shard_by_rank(uneven_dataset, shuffle):
     """On CUDA: pinned arenas, side-stream uploads, device-side cuts. Same batches as the reference,

@@ -28,7 +28,6 @@ from kernels.embedding import (
     init_sparse_optimizer_state,
 )
 
-gpu = pytest.mark.gpu
 
 CARD_POOL = [3, 1000, 17, 1, 250, 4099]  # small R: the interpreter copies whole tensors per launch
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad"]
@@ -523,7 +522,7 @@ def test_compile_fused_training_step_fullgraph(device, assert_close):
 # ----------------------------------------------------------------------------------------------------
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["modulus", "vocabulary"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_lookup(mode, dtype, assert_close):
@@ -541,7 +540,7 @@ def test_gpu_lookup(mode, dtype, assert_close):
     assert_close(weight.grad, dense_grad64(rows, grad, case.num_rows), dtype, scale=10.0)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_sparse_update(optimizer, dtype, assert_close):
@@ -568,7 +567,7 @@ def test_gpu_sparse_update(optimizer, dtype, assert_close):
         assert_close(w2, w_ref, dtype, scale=10.0)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_no_host_sync_and_cuda_graph_capture():
     """The fused forward + sparse update neither synchronise with the host nor break CUDA graph capture."""
     device = torch.device("cuda")

@@ -13,8 +13,6 @@ import torch
 from kernels.activations import ACTIVATIONS, apply_activation, derivative_from_output
 from kernels.epilogue import act_backward
 
-gpu = pytest.mark.gpu
-
 
 def make(shape, layout: str, device, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
     """A [M, N] tensor with a given layout (contiguous, transposed, sliced columns, stride-0 rows)."""
@@ -110,7 +108,7 @@ def test_act_backward_rejects_non_matrices(device):
         act_backward(torch.zeros(2, 3, 4, device=device), torch.zeros(2, 3, 4, device=device), "relu", True)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_gpu_act_backward(activation, dtype, assert_close):

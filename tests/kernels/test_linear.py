@@ -20,7 +20,6 @@ from torch import nn  # noqa: E402
 from kernels.activations import ACTIVATIONS, apply_activation  # noqa: E402
 from kernels.linear import TritonLinear, _linear_act_backward_op, _linear_act_op, linear_act  # noqa: E402
 
-gpu = pytest.mark.gpu
 
 # (atol, rtol) against float64, by how the kernel computes. "fp32": ieee fp32 products (the
 # interpreter, or allow_tf32=False on the GPU): a few ulps on sums of up to ~127 terms of size ~1.
@@ -346,7 +345,7 @@ def test_torch_compile_fullgraph_no_graph_breaks(device):
 # ----------------------------------------------------------------------------------------------
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["fp32", "tf32", "bf16"])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("M,K,N", [(1, 13, 16), (127, 13, 24), (3, 24, 1), (127, 16, 16)])
@@ -354,7 +353,7 @@ def test_gpu(M, K, N, activation, kind):
     run_case(M, K, N, activation, torch.device("cuda"), kind=kind, seed=5)
 
 
-@gpu
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["fp32", "tf32", "bf16"])
 def test_gpu_noncontiguous_and_large(kind):
     dev = torch.device("cuda")
@@ -365,7 +364,7 @@ def test_gpu_noncontiguous_and_large(kind):
     run_case(515, 479, 257, "relu", dev, kind=kind, seed=8, tol_scale=2.0 if kind == "fp32" else 3.0)
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_tf32_follows_torch_setting():
     """allow_tf32=None follows torch.backends.cuda.matmul (tf32 changes fp32 results measurably)."""
     from kernels.linear import resolve_input_precision
@@ -383,7 +382,7 @@ def test_gpu_tf32_follows_torch_setting():
     assert resolve_input_precision(x.bfloat16(), allow_tf32=True) == "ieee"
 
 
-@gpu
+@pytest.mark.gpu
 def test_gpu_autocast_bf16_like_nn_linear():
     """Under CUDA autocast the fused layer computes in bf16 like nn.Linear, and fp32 parameters get fp32
     gradients (the casts are recorded by autograd)."""
