@@ -35,6 +35,21 @@ function of the stored values only (dense as stored, categories via `category_id
 Usage::
 
     python -m dlrm.data.synthetic --rows 200000 --out data/sample --seed 0 --cardinalities tiny --test-fraction 0
+    python -m dlrm.data.synthetic --regime small-real --out data/small-real --raw-tsv data/small-real.txt
+
+Regimes (`REGIMES`, ``--regime``) are presets of the settings above plus how the tables are sized:
+
+* ``default``: what the options say; the metadata's table sizes are the preset's category counts
+  (every category has its own row).
+* ``small-real``: a small real click log, as issue #21 met it: 10,000 rows (``--rows`` changes it)
+  split 8,572 / 714 / 714 like ``python -m dlrm.preprocess --split sequential`` splits 10,000 lines,
+  the Criteo Kaggle category counts (up to 10M a feature), so that most values are rare (measured at
+  10,000 rows: 76% of the 41,000 distinct train values occur once; 79% of 3,053 at 300 rows, where
+  the 300 real lines of ../shared/criteo have 82% of 3,134), and the teacher's signal is mostly
+  additive (log-count slopes and per-category effects), which a linear model captures well. Its
+  table sizes are those the preprocessor would give (distinct train values + 1 per feature, modulus
+  hashing), not the 33.8M rows of the category counts; the ``--raw-tsv`` twin goes through
+  ``python -m dlrm.preprocess`` like a real log (e.g. with ``--hashing vocabulary --min-frequency auto``).
 
 Rows are generated in fixed chunks of `CHUNK_ROWS`, each from its own random stream derived
 from (seed, chunk index), so the data depend only on (seed, rows, cardinalities, split
@@ -93,6 +108,31 @@ CARDINALITY_PRESETS: dict[str, list[int]] = {
     # The table sizes of the Criteo Kaggle display-advertising challenge (distinct values per feature).
     "kaggle": [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
                27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572],
+}
+
+@dataclass(frozen=True)
+class Regime:
+    """A preset of `generate`'s settings (see the module docstring).
+
+    Attributes:
+        cardinalities: the `CARDINALITY_PRESETS` name of the category counts.
+        rows: rows when the caller gives none (None: the caller must).
+        validation_fraction, test_fraction: the split.
+        table_sizes: "categories" (a row per category) or "distinct" (distinct train values + 1,
+            the preprocessor's modulus rule).
+    """
+
+    cardinalities: str
+    rows: Optional[int]
+    validation_fraction: float
+    test_fraction: float
+    table_sizes: str
+
+
+REGIMES: dict[str, Regime] = {
+    "default": Regime("small", None, 0.1, 0.1, "categories"),
+    # 1/14 each: the sizes --split sequential gives the same number of lines (8,572 / 714 / 714 of 10,000)
+    "small-real": Regime("kaggle", 10_000, 1 / 14, 1 / 14, "distinct"),
 }
 
 TARGET_POSITIVE_RATE = 0.25
@@ -406,11 +446,22 @@ def split_sizes(rows: int, validation_fraction: float, test_fraction: float) -> 
 
 
 def regenerate_command(out: str, rows: int, seed: int, cardinalities: str, validation_fraction: float,
-                       test_fraction: float, rows_per_file: int) -> str:
+                       test_fraction: float, rows_per_file: int, regime: str = "default") -> str:
     """The command line that writes the same parquet files again."""
     return (f"python -m dlrm.data.synthetic --rows {rows} --out {out} --seed {seed} --cardinalities {cardinalities}"
             f" --validation-fraction {validation_fraction:g} --test-fraction {test_fraction:g}"
-            f" --rows-per-file {rows_per_file}")
+            f" --rows-per-file {rows_per_file}" + (f" --regime {regime}" if regime != "default" else ""))
+
+
+def teacher_cardinalities(meta: Metadata) -> list[int]:
+    """The category counts the teacher of a generated dataset used (its tables may be smaller)."""
+    preset = meta.extra.get("cardinality_preset")
+    return CARDINALITY_PRESETS[preset] if preset in CARDINALITY_PRESETS else list(meta.cardinalities)
+
+
+def _distinct_tables(values: list[np.ndarray]) -> list[int]:
+    """Table sizes the preprocessor's modulus hashing gives: distinct train values + 1 per feature."""
+    return [int(np.unique(v).size) + 1 for v in values]
 
 
 def _check_target(path: Path, overwrite: bool, what: str) -> None:
@@ -438,21 +489,39 @@ def _replace_dir(tmp: Path, out: Path) -> None:
 
 def generate(
     out: str | os.PathLike,
-    rows: int,
+    rows: Optional[int] = None,
     seed: int = 0,
-    cardinalities: str = "small",
+    cardinalities: Optional[str] = None,
     raw_tsv: Optional[str | os.PathLike] = None,
-    validation_fraction: float = 0.1,
-    test_fraction: float = 0.1,
+    validation_fraction: Optional[float] = None,
+    test_fraction: Optional[float] = None,
     rows_per_file: int = DEFAULT_ROWS_PER_FILE,
     overwrite: bool = False,
+    regime: str = "default",
 ) -> Metadata:
     """Write a synthetic dataset directory at `out` (and optionally the raw TSV); returns its metadata.
+
+    `rows`, `cardinalities` and the fractions left None come from `regime` (`REGIMES`; "default":
+    "small" categories, 10% validation, 10% test, rows required).
 
     Everything is written into temporary siblings that are renamed into place at the end, so
     an interrupted run leaves no partial dataset behind. Raises `click.ClickException` if
     `out` (or `raw_tsv`) is non-empty and `overwrite` is False, or the settings are invalid.
+
+    Example:
+        >>> meta = generate("/tmp/small-real", regime="small-real", overwrite=True)   # doctest: +SKIP
+        >>> {s: i.rows for s, i in meta.splits.items()}                                # doctest: +SKIP
+        {'train': 8572, 'validation': 714, 'test': 714}
     """
+    if regime not in REGIMES:
+        raise click.ClickException(f"unknown regime {regime!r} (expected one of {', '.join(REGIMES)})")
+    preset = REGIMES[regime]
+    rows = preset.rows if rows is None else rows
+    if rows is None:
+        raise click.ClickException("--rows: required (or a --regime that sets it, e.g. small-real)")
+    cardinalities = preset.cardinalities if cardinalities is None else cardinalities
+    validation_fraction = preset.validation_fraction if validation_fraction is None else validation_fraction
+    test_fraction = preset.test_fraction if test_fraction is None else test_fraction
     out = Path(out)
     sizes = split_sizes(rows, validation_fraction, test_fraction)
     if sizes["train"] < 1:
@@ -476,6 +545,7 @@ def generate(
         writers = {s: _SplitWriter(tmp, s, rows_per_file) for s in SPLITS if sizes[s]}
         probs: dict[str, list[np.ndarray]] = {s: [] for s in writers}
         labels_of: dict[str, list[np.ndarray]] = {s: [] for s in writers}
+        train_values: list[np.ndarray] = [np.empty(0, np.int64) for _ in range(NUM_SPARSE)]  # "distinct" tables
         tsv = None
         if tsv_path is not None:
             tsv_path.parent.mkdir(parents=True, exist_ok=True)
@@ -500,6 +570,10 @@ def generate(
                         writers[split].append(table.slice(lo, hi - lo))
                         probs[split].append(p[lo:hi])
                         labels_of[split].append(labels[lo:hi])
+                        if split == "train" and preset.table_sizes == "distinct":
+                            for f in range(NUM_SPARSE):
+                                col = sparse[lo:hi, f]
+                                train_values[f] = np.union1d(train_values[f], col[col >= 0])
                 if tsv is not None:
                     tsv.write(_tsv_block(labels, block, sparse))
                 bar.update(n)
@@ -517,7 +591,8 @@ def generate(
             "generator": "dlrm.data.synthetic",
             "generator_version": GENERATOR_VERSION,
             "command": regenerate_command(str(out), rows, seed, cardinalities, validation_fraction,
-                                          test_fraction, rows_per_file),
+                                          test_fraction, rows_per_file, regime),
+            "regime": regime,
             "seed": seed,
             "rows": rows,
             "cardinality_preset": cardinalities,
@@ -534,7 +609,8 @@ def generate(
             },
             "oracle_auc": oracle,
         }
-        meta = Metadata(cardinalities=cards, hashing="modulus", splits=splits, extra=extra)
+        tables = _distinct_tables(train_values) if preset.table_sizes == "distinct" else cards
+        meta = Metadata(cardinalities=tables, hashing="modulus", splits=splits, extra=extra)
         write_metadata(tmp, meta)  # last file of the dataset: marks it complete
         _replace_dir(tmp, out)
         if tsv_tmp is not None:
@@ -590,18 +666,26 @@ def _report(exc: BaseException) -> int:
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--rows", type=click.IntRange(min=1), required=True, help="Total rows over all splits.")
+@click.option("--rows", type=click.IntRange(min=1), default=None,
+              help="Total rows over all splits (required unless --regime sets it: small-real 10,000).")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Dataset directory to create.")
 @click.option("--seed", type=click.IntRange(min=0, max=2**31 - 1), default=0, show_default=True)
-@click.option("--cardinalities", type=click.Choice(sorted(CARDINALITY_PRESETS)), default="small", show_default=True,
-              help="tiny: the embedded sample (3..400); small: CPU-sized tables (3..4000); kaggle: the Criteo Kaggle table sizes.")
+@click.option("--cardinalities", type=click.Choice(sorted(CARDINALITY_PRESETS)), default=None,
+              help="tiny: the embedded sample (3..400); small: CPU-sized tables (3..4000); kaggle: the Criteo Kaggle "
+                   "table sizes [default: the regime's: small, or kaggle for small-real].")
 @click.option("--raw-tsv", type=click.Path(dir_okay=False), default=None,
               help="Also write all rows (train, validation, test) in Kaggle's raw train.txt format.")
-@click.option("--validation-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True)
-@click.option("--test-fraction", type=click.FloatRange(0, 1, max_open=True), default=0.1, show_default=True)
+@click.option("--validation-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
+              help="[default: the regime's: 0.1, or 1/14 for small-real]")
+@click.option("--test-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
+              help="[default: the regime's: 0.1, or 1/14 for small-real]")
 @click.option("--rows-per-file", type=click.IntRange(min=1), default=DEFAULT_ROWS_PER_FILE, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty --out directory (and --raw-tsv file).")
-def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite):
+@click.option("--regime", type=click.Choice(sorted(REGIMES)), default="default", show_default=True,
+              help="A preset (module docstring): small-real = a 10,000-line real click log's shape (Kaggle category "
+                   "counts, most values rare, 8,572/714/714 split, tables sized like the preprocessor's).")
+def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
+         regime):
     """Generate a synthetic Criteo-format dataset with a planted teacher (see the module docstring).
 
     Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 bad arguments, an occupied
@@ -612,7 +696,8 @@ def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_frac
         _check_parent_writable(Path(out), "--out")
         if raw_tsv is not None:
             _check_parent_writable(Path(raw_tsv), "--raw-tsv")
-        generate(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite)
+        generate(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
+                 regime)
     except (Exception, KeyboardInterrupt) as e:
         sys.exit(_report(e))
 

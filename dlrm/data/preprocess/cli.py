@@ -47,8 +47,9 @@ def build_cli():
     @click.option("--test-fraction", type=float, default=0.05, show_default=True, help="--split random.")
     @click.option("--seed", type=int, default=0, show_default=True, help="--split random.")
     @click.option("--hashing", type=click.Choice(["modulus", "vocabulary"]), default="modulus", show_default=True)
-    @click.option("--min-frequency", type=click.IntRange(min=1), default=1, show_default=True,
-                  help="--hashing vocabulary: values seen at least this often in train get their own row.")
+    @click.option("--min-frequency", type=_MinFrequency(), default="1", show_default=True, metavar="N|auto",
+                  help="--hashing vocabulary: values seen at least this often in train get their own row; auto: "
+                  "picked from the train split's size: clip(round(0.15 * sqrt(train rows)), 2, 50), e.g. 14 for 8,572 train rows (dlrm.data.preprocess.frequency).")
     @click.option("--max-rows-per-table", type=click.IntRange(min=0), default=DEFAULT_MAX_ROWS_PER_TABLE,
                   show_default=True, help="--hashing modulus: cap of a table's rows (0: no cap).")
     @click.option("--chunk-rows", type=click.IntRange(min=1), default=DEFAULT_CHUNK_ROWS, show_default=True,
@@ -88,6 +89,27 @@ def build_cli():
         _run(all_inputs, output, kwargs)
 
     return command
+
+
+def _MinFrequency():
+    """The click type of --min-frequency: an integer >= 1, or "auto"."""
+    import click
+
+    class MinFrequency(click.ParamType):
+        name = "N|auto"
+
+        def convert(self, value, param, ctx):
+            if isinstance(value, int) or value == "auto":
+                return value
+            try:
+                number = int(value)
+            except (TypeError, ValueError):
+                self.fail(f"{value!r} is not an integer or auto", param, ctx)
+            if number < 1:
+                self.fail(f"{number} must be >= 1 (or auto)", param, ctx)
+            return number
+
+    return MinFrequency()
 
 
 def _run(inputs: list[Path], output: Path, kwargs: dict) -> None:

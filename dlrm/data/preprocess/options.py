@@ -6,6 +6,7 @@ the value or the file, so that a bad command fails at once and leaves nothing be
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import numbers
@@ -19,6 +20,7 @@ import numpy as np
 
 from dlrm.data.preprocess.constants import PROGRESS_DIR
 from dlrm.data.preprocess.errors import PreprocessError
+from dlrm.data.preprocess.frequency import AUTO
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, SPLITS
 
 SPLIT_MODES = ("sequential", "random", "days")
@@ -38,7 +40,7 @@ class RunOptions:
     test_fraction: float
     seed: int
     hashing: str
-    min_frequency: int
+    min_frequency: int | None  # None until "auto" is resolved from the train split's size (`with_min_frequency`)
     max_rows: int | None  # cap of a modulus table; None: no cap
     chunk_rows: int
     row_group_rows: int
@@ -49,11 +51,20 @@ class RunOptions:
     overwrite: bool
     checkpoint_interval: float
     progress: bool
+    min_frequency_auto: bool = False  # --min-frequency auto: the manifest keeps "auto", resolved per run
 
     @property
     def count_cap(self) -> int | None:
         """Where the frequency counts saturate (vocabulary hashing with a threshold), else None."""
-        return self.min_frequency if self.hashing == "vocabulary" and self.min_frequency > 1 else None
+        if self.hashing != "vocabulary":
+            return None
+        if self.min_frequency is None:
+            raise ValueError("--min-frequency auto is resolved after the count pass (with_min_frequency)")
+        return self.min_frequency if self.min_frequency > 1 else None
+
+    def with_min_frequency(self, value: int) -> "RunOptions":
+        """These options with "auto" resolved to `value` (the manifest still says "auto")."""
+        return dataclasses.replace(self, min_frequency=value)
 
     def output_options(self) -> dict[str, Any]:
         """The options that change the output (manifest and ``metadata.extra["options"]``);
@@ -66,7 +77,7 @@ class RunOptions:
             "test_fraction": self.test_fraction if random else None,
             "seed": self.seed if random else None,
             "hashing": self.hashing,
-            "min_frequency": self.min_frequency if self.hashing == "vocabulary" else None,
+            "min_frequency": (AUTO if self.min_frequency_auto else self.min_frequency) if self.hashing == "vocabulary" else None,
             "max_rows_per_table": self.max_rows if self.hashing == "modulus" else None,
             "chunk_rows": self.chunk_rows,
             "row_group_rows": self.row_group_rows,
@@ -91,14 +102,19 @@ def check_options(*, input_format: Any, split: Any, validation_fraction: Any, te
     if max_rows_per_table is not None:
         max_rows = _check_int("--max-rows-per-table", max_rows_per_table, minimum=0) or None  # 0: no cap
     codec, level = _check_compression(compression, compression_level)
+    hashing = _check_choice("--hashing", hashing, HASHINGS)
+    auto = min_frequency == AUTO
+    if auto and hashing != "vocabulary":
+        raise PreprocessError("--min-frequency auto: the frequency threshold applies to --hashing vocabulary only")
     return RunOptions(
         input_format=_check_choice("--format", input_format, INPUT_FORMATS),
         split=split,
         validation_fraction=validation_fraction,
         test_fraction=test_fraction,
         seed=_check_int("--seed", seed),
-        hashing=_check_choice("--hashing", hashing, HASHINGS),
-        min_frequency=_check_int("--min-frequency", min_frequency, minimum=1),
+        hashing=hashing,
+        min_frequency=None if auto else _check_int("--min-frequency", min_frequency, minimum=1),
+        min_frequency_auto=auto,
         max_rows=max_rows,
         chunk_rows=_check_int("--chunk-rows", chunk_rows, minimum=1),
         row_group_rows=_check_int("--row-group-rows", row_group_rows, minimum=1),

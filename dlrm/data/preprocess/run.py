@@ -23,6 +23,7 @@ from dlrm.data.preprocess.constants import (
 )
 from dlrm.data.preprocess.errors import BadLineError, PreprocessError, _Interrupted
 from dlrm.data.preprocess.finish import _finish, _report
+from dlrm.data.preprocess.frequency import auto_min_frequency, describe_rule, train_rows_of_plan
 from dlrm.data.preprocess.options import RunOptions, check_inputs, check_options, check_output_location
 from dlrm.data.preprocess.output import (
     _after_failure,
@@ -51,7 +52,7 @@ def preprocess(
     test_fraction: float = 0.05,
     seed: int = 0,
     hashing: str = "modulus",
-    min_frequency: int = 1,
+    min_frequency: int | str = 1,
     max_rows_per_table: int | None = DEFAULT_MAX_ROWS_PER_TABLE,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
@@ -76,6 +77,9 @@ def preprocess(
         validation_fraction, test_fraction, seed: for split="random" (fractions in [0, 1)).
         hashing: "modulus" (cardinality = min(distinct + 1, max_rows_per_table)) or "vocabulary"
             (values seen >= min_frequency times in train get rows 1..V; cardinality V + 1).
+        min_frequency: an int >= 1, or "auto" (vocabulary hashing only): picked from the train split's
+            size after the count pass (`dlrm.data.preprocess.frequency`), logged and kept in
+            ``metadata.extra["options"]`` (``min_frequency_used``, ``min_frequency_rule``).
         max_rows_per_table: cap of a modulus table (None or 0: no cap).
         chunk_rows: lines per chunk (the unit of work, of resuming and of a shard).
         row_group_rows: parquet row group size.
@@ -190,6 +194,11 @@ class _Run:
         )
         logger.info("split: {}", self.plan.describe())
         self.firsts = np.concatenate(([0], np.cumsum(file_lines)[:-1])).astype(int).tolist()
+        if o.min_frequency_auto:
+            train_rows = train_rows_of_plan(self.plan, file_lines)
+            self.opts = o.with_min_frequency(auto_min_frequency(train_rows))
+            logger.info("--min-frequency auto: {} for {:,} train rows ({})", self.opts.min_frequency, train_rows,
+                        describe_rule())
 
     def start_output(self) -> None:
         """Step 2: replace the old dataset (--overwrite), make the directories, read what an earlier
@@ -299,7 +308,11 @@ class _Run:
     def finish(self) -> Metadata:
         """Step 4: vocabularies and metadata.json."""
         o = self.opts
-        return _finish(self.out, self.scans, self.fingerprints, o.output_options(), self.plan, self.done,
+        options = o.output_options()
+        if o.min_frequency_auto:  # the value "auto" gave, next to the request (the manifest keeps "auto")
+            options["min_frequency_used"] = o.min_frequency
+            options["min_frequency_rule"] = describe_rule()
+        return _finish(self.out, self.scans, self.fingerprints, options, self.plan, self.done,
                        self.counter, self.file_bad, o.hashing, o.min_frequency, o.max_rows)
 
 
