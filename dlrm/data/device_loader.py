@@ -184,10 +184,11 @@ class DeviceLoader:
         return device_permutation(self.num_rows, self.seed, self.epoch, self.device)
 
     def __iter__(self) -> Iterator[Batch]:
-        order = self._order()
+        # unshuffled: contiguous row ranges, cut as views (no gather launches per batch)
+        order = self._order() if self.shuffle else None
         for i in range(self.start_batch, len(self)):
             lo, hi = i * self.batch_size, min((i + 1) * self.batch_size, self.num_rows)
             a, b = rank_slice(lo, hi, self.rank, self.world_size)
-            idx = order[a:b]
+            idx = order[a:b] if order is not None else slice(a, b)
             yield Batch(self.dense[idx], _widen(self.sparse[idx]), self.labels[idx],
                         hi - lo if self.world_size > 1 else None)

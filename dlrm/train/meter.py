@@ -53,6 +53,47 @@ class RunStats:
                    dict(best) if isinstance(best, dict) else None, int(d.get("evals_since_best", 0)))
 
 
+class LossWindow:
+    """The losses of the current logging window, one slot a step in a device buffer.
+
+    One small copy a step (no host sync, no arithmetic launches); at a logging or checkpoint step
+    the window's mean and its first non-finite step are read in one go.
+
+    Args:
+        device: where the losses live.
+        capacity: the most steps a window holds (``train.log_every``).
+        first_step: the step number before the window's first loss.
+
+    Example:
+        >>> w = LossWindow(torch.device("cpu"), capacity=4, first_step=10)
+        >>> for x in (0.5, float("nan"), 0.7): w.add(torch.tensor(x))
+        >>> int(w.first_nonfinite_step())  # the 12th step (first_step + 2) gave NaN
+        12
+    """
+
+    def __init__(self, device: torch.device, capacity: int, first_step: int) -> None:
+        self.buf = torch.zeros(capacity, device=device)
+        self.n, self.first_step = 0, first_step
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.buf[self.n].copy_(loss)  # a view of one slot: one copy, in stream order with the step
+        self.n += 1
+
+    def total(self) -> torch.Tensor:
+        """Sum of the window's losses (0-dim device tensor)."""
+        return self.buf[: self.n].sum()
+
+    def first_nonfinite_step(self) -> torch.Tensor:
+        """The step of the window's first NaN/Inf loss, or -1 (0-dim int64 device tensor)."""
+        bad = ~torch.isfinite(self.buf[: self.n])
+        first = bad.to(torch.int64).argmax() + self.first_step + 1 if self.n else torch.zeros((), dtype=torch.int64,
+                                                                                              device=self.buf.device)
+        return torch.where(bad.any(), first, torch.full_like(first, -1))
+
+    def reset(self, step: int) -> None:
+        self.n, self.first_step = 0, step
+
+
 class StepMeter:
     """Counts steps, samples, the device-side loss sum and the time waited for data.
 
@@ -62,7 +103,7 @@ class StepMeter:
         stats: the run's totals so far (from a checkpoint when resuming).
 
     Example:
-        >>> meter = StepMeter(torch.device("cpu"), start_step=0, stats=RunStats())
+        >>> meter = StepMeter(torch.device("cpu"), start_step=0, stats=RunStats(), window=10)
         >>> meter.step(torch.tensor(0.7), samples=256, data_wait_s=0.001)
         >>> meter.log_window(step=1, mean_loss=0.7)  # no steady window during warm-up
         (None, None)
@@ -70,12 +111,11 @@ class StepMeter:
         (256, [[1, 0.7]])
     """
 
-    def __init__(self, device: torch.device, start_step: int, stats: RunStats) -> None:
+    def __init__(self, device: torch.device, start_step: int, stats: RunStats, window: int = 50) -> None:
         self.device, self.start_step, self.stats = device, start_step, stats
         self.steps_done = 0
         self.session_samples = 0
-        self.loss_sum = torch.zeros((), device=device)  # read at logging steps only
-        self.loss_steps = 0
+        self.losses = LossWindow(device, window, start_step)  # read at logging steps only
         self.window_samples, self.data_wait = 0, 0.0
         self.rates: list[float] = []
         self.wait_fractions: list[float] = []
@@ -83,8 +123,7 @@ class StepMeter:
         self.loop_start = self.window_start = time.perf_counter()
 
     def step(self, loss: torch.Tensor, samples: int, data_wait_s: float) -> None:
-        self.loss_sum += loss
-        self.loss_steps += 1
+        self.losses.add(loss)
         self.steps_done += 1
         self.stats.samples += samples
         self.session_samples += samples
@@ -110,8 +149,7 @@ class StepMeter:
             self.rates.append(rate)
             self.wait_fractions.append(wait)
         self.window_start, self.window_samples, self.data_wait = now, 0, 0.0
-        self.loss_sum.zero_()
-        self.loss_steps = 0
+        self.losses.reset(step)
         return rate, wait
 
     def finish(self) -> None:

@@ -201,6 +201,10 @@ def lr_multiplier(step: int, cfg: ScheduleConfig, total_steps: int) -> float:
 
 
 def build_schedulers(optimizers, cfg: ScheduleConfig, total_steps: int) -> list[torch.optim.lr_scheduler.LambdaLR]:
+    """One LambdaLR per optimizer following `lr_multiplier`; none when the multiplier is always 1
+    (no warm-up, no decay): stepping a constant schedule costs host time every step for nothing."""
+    if cfg.warmup_steps == 0 and cfg.decay == "none":
+        return []
     return [
         torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_multiplier(step, cfg, total_steps)) for opt in optimizers
     ]

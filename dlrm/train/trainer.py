@@ -8,6 +8,7 @@ owned through `RunDirectory` (one writer, no clobbering, failed starts cleaned u
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -101,25 +102,6 @@ class TrainData:
         eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env,
                                   placement=placement)
         return cls(loader, eval_loader, batch_size, total)
-
-
-class FiniteGuard:
-    """Remembers on the device the first step whose loss was NaN or Inf; checked at logging steps."""
-
-    def __init__(self, device: torch.device, step: int) -> None:
-        self.step = torch.full((), step, dtype=torch.int64, device=device)
-        self.first_bad = torch.full((), -1, dtype=torch.int64, device=device)
-
-    def update(self, loss: torch.Tensor) -> None:
-        self.step += 1
-        self.first_bad = torch.where((self.first_bad < 0) & ~torch.isfinite(loss), self.step, self.first_bad)
-
-    def check(self, env: DistEnv, last_checkpoint: Optional[Path]) -> None:
-        # intended host sync: logging / checkpoint interval only (and the ranks agree on it)
-        bad = int(env.all_reduce_max(self.first_bad.clone()).item())
-        if bad >= 0:
-            where = f"the last good checkpoint is {last_checkpoint}" if last_checkpoint else "no checkpoint was written"
-            raise NonFiniteLoss(f"loss became NaN or Inf at step {bad}; stopped; {where}")
 
 
 def checkpoint_to_resume(cfg: Config, resume: str) -> tuple[Path, Optional[Path]]:
@@ -230,9 +212,8 @@ class Trainer:
         writer = SummaryWriter(str(self.run_dir.path), purge_step=pos.step + 1 if pos.step else None) \
             if env.is_main else NoWriter()
         self.writer, self.counters_before = writer, compile_counters()
-        meter = self.meter = StepMeter(self.device, pos.step, self.stats)
+        meter = self.meter = StepMeter(self.device, pos.step, self.stats, window=cfg.train.log_every)
         evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env)
-        guard = self.guard = FiniteGuard(self.device, pos.step)
         bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=not env.is_main)
         with make_profiler(cfg.profile, self.run_dir.path, self.device) as prof, GracefulStop() as stop:
@@ -240,7 +221,6 @@ class Trainer:
                 loss = run.train_step(batch)
                 for sched in run.schedulers:
                     sched.step()
-                guard.update(loss)
                 meter.step(loss, batch.global_len, data_wait)
                 pos.step, pos.batch = pos.step + 1, pos.batch + 1
                 self.run_dir.started()
@@ -256,13 +236,13 @@ class Trainer:
                         self.early_stopped = True
                         break
                 if cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0:
-                    guard.check(env, self.checkpointer.last)  # never save a checkpoint of a diverged model
+                    self._check_finite()  # never save a checkpoint of a diverged model
                     self.checkpointer.save(run, pos, self.stats)
                 if self._stop_requested(stop, log_step):
                     break
             bar.close()
             meter.finish()
-            guard.check(env, self.checkpointer.last)
+            self._check_finite()
             if self._stopping:
                 writer.close()
                 path = self.checkpointer.save(run, pos, self.stats)
@@ -274,6 +254,8 @@ class Trainer:
     def _batches(self) -> Iterator[tuple[Batch, float]]:
         """(batch, host seconds waited for it) from the current position to the run's end, epoch by epoch."""
         pos, loader = self.pos, self.data.train
+        # the named range costs a few microseconds a step: only when a profiler records it
+        data_range = (lambda: record_function("data")) if self.cfg.profile.enabled else contextlib.nullcontext
         for epoch in range(pos.epoch, self.cfg.train.epochs):
             if pos.step >= self.data.total_steps:
                 return
@@ -284,7 +266,7 @@ class Trainer:
             try:
                 while pos.step < self.data.total_steps:
                     t = time.perf_counter()
-                    with record_function("data"):
+                    with data_range():
                         batch = next(batches, None)
                     if batch is None:
                         break
@@ -306,13 +288,22 @@ class Trainer:
 
     def _log_window(self, bar: tqdm) -> None:
         """The logging interval: one host sync for the finite check and the mean loss."""
-        self.guard.check(self.env, self.checkpointer.last)
+        self._check_finite()
         meter, env = self.meter, self.env
         # intended host sync: logging interval (the ranks' shares summed: the global mean)
-        mean_loss = env.all_reduce_sum(meter.loss_sum.clone()).item() / env.world_size / meter.loss_steps
+        mean_loss = env.all_reduce_sum(meter.losses.total()).item() / env.world_size / meter.losses.n
         rate, wait = meter.log_window(self.pos.step, mean_loss)
         log_train(self.writer, self.pos.step, mean_loss, self.run.optimizers, rate, wait)
         bar.set_postfix(loss=f"{mean_loss:.4f}", **({"samples_s": f"{meter.rates[-1]:,.0f}"} if meter.rates else {}))
+
+    def _check_finite(self) -> None:
+        """Stop with NonFiniteLoss naming the first NaN/Inf step of the window (a host sync: logging and
+        checkpoint steps only; the ranks agree on it)."""
+        bad = int(self.env.all_reduce_max(self.meter.losses.first_nonfinite_step()).item())
+        if bad >= 0:
+            last = self.checkpointer.last
+            where = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
+            raise NonFiniteLoss(f"loss became NaN or Inf at step {bad}; stopped; {where}")
 
     # -- the end ----------------------------------------------------------------------------------
 
