@@ -1,0 +1,356 @@
+"""``python -m dlrm.sweep``: train a grid of config settings over several seeds and say which won.
+
+    python -m dlrm.sweep --config configs/criteo-small.json --data data/small-real-voc \\
+        --set optim.sparse.lr=0.005,0.01,0.03 --set model.dropout=0,0.2 --seeds 3
+
+Every ``--set KEY=V1,V2,...`` lists values of one dotted config key (the keys of `dlrm.config`; values
+are JSON, else plain strings; commas inside [...] or {...} stay in the value); several ``--set``
+make the product. Each setting is trained once per seed (``train.seed`` = 0 .. seeds-1, so every
+setting sees the same initialisations and batch orders) through `dlrm.train.trainer.train`, each
+trial in its own TensorBoard run ``<sweep dir>/<NN-setting>/seed-<k>/``. Every setting is validated
+before the first trial: a bad key or value is one line naming it, exit code 2.
+
+The sweep directory (``<tb-dir>/<run-name>``, default ``tb_logs/<config>-sweep-<date>-<time>``) gets:
+
+* ``sweep.md`` / ``sweep.csv``: per setting the mean and standard deviation over seeds of the
+  final validation AUC and logloss (and of the built-in baseline's AUC when the runs fitted it),
+  best first; ``trials.csv``: every trial;
+* TensorBoard HParams (one run per setting under ``hparams/``): the swept keys against
+  ``sweep/auc_mean``, ``sweep/auc_std``, ``sweep/logloss_mean``;
+* the verdict, also the last log line: the winner, its margin over the runner-up, and that margin
+  against the seed noise, the standard error of the per-seed (paired) AUC differences: "within
+  the seed noise" unless the margin is at least twice that.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import itertools
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+from loguru import logger
+
+from dlrm.config import ConfigError, config_keys, load_config
+
+NOISE_FACTOR = 2.0
+"""A margin counts as more than seed noise when it is at least this many standard errors."""
+
+
+# -- the grid ---------------------------------------------------------------------------------------
+
+
+def split_values(text: str) -> list[str]:
+    """Split `text` at the commas outside brackets and quotes: ``"1,[2,3],x"`` -> ``["1", "[2,3]", "x"]``.
+
+    Example:
+        >>> split_values('0.01,[64,16],{"a": 1, "b": 2}')
+        ['0.01', '[64,16]', '{"a": 1, "b": 2}']
+    """
+    parts, depth, quoted, start = [], 0, False, 0
+    for i, ch in enumerate(text):
+        if ch == '"' and (i == 0 or text[i - 1] != "\\"):
+            quoted = not quoted
+        elif not quoted and ch in "[{":
+            depth += 1
+        elif not quoted and ch in "]}":
+            depth -= 1
+        elif not quoted and depth == 0 and ch == ",":
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts]
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: JSON when it parses (0.01, true, null, [64, 16]), else the plain string.
+
+    Example:
+        >>> [parse_value(v) for v in ("0.01", "true", "cat", "[64, 16]")]
+        [0.01, True, 'cat', [64, 16]]
+    """
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_set(option: str) -> tuple[str, list[Any]]:
+    """One ``--set KEY=V1,V2`` option -> (key, values); a one-line `ConfigError` names what is wrong."""
+    key, sep, values = option.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {option!r}: expected KEY=VALUE[,VALUE...], e.g. optim.sparse.lr=0.005,0.01")
+    known = config_keys()
+    if key not in known:
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ConfigError(f"--set {key}: not a config key{hint}")
+    if key == "train.seed":
+        raise ConfigError("--set train.seed: the seeds come from --seeds (0 .. seeds-1)")
+    texts = split_values(values)
+    if any(t == "" for t in texts):
+        raise ConfigError(f"--set {key}: empty value in {values!r}")
+    parsed = [parse_value(t) for t in texts]
+    if len({json.dumps(v, sort_keys=True) for v in parsed}) != len(parsed):
+        raise ConfigError(f"--set {key}: a value is listed twice in {values!r}")
+    return key, parsed
+
+
+def grid(sets: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
+    """The product of the ``--set`` lists, as override dicts, in the order given.
+
+    Example:
+        >>> grid([("a", [1, 2]), ("b", ["x"])])
+        [{'a': 1, 'b': 'x'}, {'a': 2, 'b': 'x'}]
+    """
+    keys = [k for k, _ in sets]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"--set: a key is given twice ({', '.join(k for k in keys if keys.count(k) > 1)})")
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in sets))] if sets else [{}]
+
+
+def label(setting: dict[str, Any]) -> str:
+    """``key=value`` pairs of a setting, for tables and logs ("defaults" when nothing is set)."""
+    return ", ".join(f"{k}={json.dumps(v)}" for k, v in setting.items()) or "defaults"
+
+
+def slug(index: int, setting: dict[str, Any]) -> str:
+    """A directory name for a setting: its index and a filesystem-safe, shortened label."""
+    text = "+".join(f"{'.'.join(k.split('.')[-2:])}={json.dumps(v)}" for k, v in setting.items()) or "defaults"
+    safe = "".join(c if c.isalnum() or c in "._=-+" else "_" for c in text)
+    return f"{index:02d}-{safe[:80]}"
+
+
+# -- results ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class SettingResult:
+    """The trials of one setting: one summary per seed, in seed order."""
+
+    index: int
+    setting: dict[str, Any]
+    summaries: list[dict] = field(default_factory=list)
+
+    def values(self, key: str) -> list[float]:
+        return [float(s[key]) for s in self.summaries]
+
+    def baseline_aucs(self) -> list[float]:
+        return [float(s["baseline"]["auc"]) for s in self.summaries if s.get("baseline")]
+
+    @property
+    def auc_mean(self) -> float:
+        return statistics.fmean(self.values("auc"))
+
+    def row(self) -> dict[str, Any]:
+        """The setting's line of sweep.csv."""
+        aucs, losses, base = self.values("auc"), self.values("logloss"), self.baseline_aucs()
+        return {"setting": label(self.setting), **{k: json.dumps(v) for k, v in self.setting.items()},
+                "seeds": len(aucs), "auc_mean": statistics.fmean(aucs), "auc_std": _std(aucs),
+                "logloss_mean": statistics.fmean(losses), "logloss_std": _std(losses),
+                "baseline_auc_mean": statistics.fmean(base) if base else None,
+                "aucs": " ".join(f"{a:.4f}" for a in aucs)}
+
+
+def _std(values: list[float]) -> float:
+    """Sample standard deviation (0 for a single value)."""
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+@dataclass
+class Verdict:
+    """Which setting won, by how much, and how that compares with the seed noise."""
+
+    winner: SettingResult
+    runner_up: Optional[SettingResult]
+    margin: Optional[float]  # mean AUC difference, winner - runner-up
+    noise: Optional[float]  # standard error of the paired per-seed differences
+
+    @property
+    def beyond_noise(self) -> Optional[bool]:
+        if self.margin is None or self.noise is None:
+            return None
+        return self.margin >= NOISE_FACTOR * self.noise
+
+    def text(self) -> str:
+        head = f"best: {label(self.winner.setting)} (AUC {self.winner.auc_mean:.4f} mean of {len(self.winner.summaries)} seeds)"
+        if self.runner_up is None:
+            return head + "; the only setting"
+        text = f"{head}, {self.margin:+.4f} AUC over {label(self.runner_up.setting)} ({self.runner_up.auc_mean:.4f})"
+        if self.noise is None:
+            return text + "; one seed: no estimate of the seed noise (use --seeds 3 or more)"
+        if self.noise == 0.0:
+            return text + "; the per-seed differences are all equal (no spread to compare with)"
+        ratio = self.margin / self.noise
+        verdict = "beyond" if self.beyond_noise else "within"
+        return (text + f"; seed noise (standard error of the paired differences) {self.noise:.4f}: "
+                f"{ratio:.1f}x, {verdict} the noise (>= {NOISE_FACTOR:g}x counts)")
+
+
+def verdict(results: list[SettingResult]) -> Verdict:
+    """The winner by mean AUC, its margin over the runner-up and the paired standard error.
+
+    Example:
+        >>> r = [SettingResult(0, {"a": 1}, [{"auc": 0.70}, {"auc": 0.72}]),
+        ...      SettingResult(1, {"a": 2}, [{"auc": 0.71}, {"auc": 0.74}])]
+        >>> v = verdict(r); v.winner.setting, round(v.margin, 4), round(v.noise, 4)
+        ({'a': 2}, 0.015, 0.005)
+    """
+    ranked = sorted(results, key=lambda r: r.auc_mean, reverse=True)
+    winner = ranked[0]
+    if len(ranked) == 1:
+        return Verdict(winner, None, None, None)
+    second = ranked[1]
+    diffs = [a - b for a, b in zip(winner.values("auc"), second.values("auc"))]
+    noise = _std(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
+    return Verdict(winner, second, winner.auc_mean - second.auc_mean, noise)
+
+
+# -- outputs ----------------------------------------------------------------------------------------
+
+
+def write_tables(directory: Path, results: list[SettingResult], keys: list[str], text: str) -> None:
+    """sweep.csv, sweep.md (settings best first) and trials.csv (every trial) in `directory`."""
+    ranked = sorted(results, key=lambda r: r.auc_mean, reverse=True)
+    rows = [r.row() for r in ranked]
+    columns = ["setting", *keys, "seeds", "auc_mean", "auc_std", "logloss_mean", "logloss_std",
+               "baseline_auc_mean", "aucs"]
+    with open(directory / "sweep.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    with open(directory / "trials.csv", "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["setting", "seed", "auc", "logloss", "best_auc", "baseline_auc", "steps", "run_dir"])
+        for r in results:
+            for seed, s in enumerate(r.summaries):
+                writer.writerow([label(r.setting), seed, s["auc"], s["logloss"], (s.get("best") or {}).get("auc"),
+                                 (s.get("baseline") or {}).get("auc"), s["steps"], s["run_dir"]])
+    has_base = any(row["baseline_auc_mean"] is not None for row in rows)
+    lines = ["| setting | AUC mean | AUC std | logloss mean | logloss std | seeds |" + (" baseline AUC |" if has_base else ""),
+             "| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if has_base else "")]
+    for row in rows:
+        base = f" {row['baseline_auc_mean']:.4f} |" if row["baseline_auc_mean"] is not None else (" - |" if has_base else "")
+        lines.append(f"| {row['setting']} | {row['auc_mean']:.4f} | {row['auc_std']:.4f} | {row['logloss_mean']:.4f} "
+                     f"| {row['logloss_std']:.4f} | {row['seeds']} |" + base)
+    (directory / "sweep.md").write_text("\n".join(lines) + "\n\n" + text + "\n")
+
+
+def write_hparams(directory: Path, results: list[SettingResult]) -> None:
+    """One TensorBoard HParams run per setting under ``directory/hparams/`` (swept keys -> metrics)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(directory / "hparams")) as writer:
+        for r in results:
+            hparams = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in r.setting.items()}
+            aucs, losses = r.values("auc"), r.values("logloss")
+            writer.add_hparams(hparams or {"setting": "defaults"},
+                               {"sweep/auc_mean": statistics.fmean(aucs), "sweep/auc_std": _std(aucs),
+                                "sweep/logloss_mean": statistics.fmean(losses)},
+                               run_name=slug(r.index, r.setting))
+
+
+# -- running ----------------------------------------------------------------------------------------
+
+
+def sweep_directory(tb_dir: str, run_name: Optional[str], config: str) -> Path:
+    """The new, empty sweep directory (an existing non-empty one is refused: nothing is overwritten)."""
+    name = run_name or f"{Path(config).stem}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not name or "/" in name or name in (".", ".."):
+        raise ConfigError(f"--run-name: {name!r} must be a plain directory name")
+    directory = Path(tb_dir) / name
+    if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
+        raise ConfigError(f"--run-name: {directory} already exists; pick another name")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--tb-dir: cannot create {directory} ({e.strerror or e})") from None
+    return directory
+
+
+def check_settings(config: str, base: dict[str, Any], settings: list[dict[str, Any]], seeds: int) -> None:
+    """Load every setting's config before training: the first bad one raises, naming its key and value."""
+    for setting in settings:
+        try:
+            load_config(config, {**base, **setting, "train.seed": seeds - 1})
+        except ConfigError as e:
+            raise ConfigError(f"--set {label(setting)}: {e}") from None
+
+
+def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: Optional[dict[str, Any]] = None,
+              tb_dir: str = "tb_logs", run_name: Optional[str] = None, train_fn=None) -> tuple[Path, Verdict]:
+    """Train every setting of the grid with seeds 0 .. seeds-1; write the tables; return (directory, verdict).
+
+    Args:
+        config: the config file every trial starts from.
+        sets: (dotted key, values) per ``--set`` (see `parse_set`).
+        seeds: trials per setting.
+        base: overrides applied to every trial (``--data``, ``--device``, ...).
+        tb_dir, run_name: where the sweep directory goes.
+        train_fn: ``(cfg, run_dir=...) -> summary``; `dlrm.train.trainer.train` by default.
+
+    Example:
+        >>> directory, v = run_sweep("configs/criteo-small.json", [("optim.sparse.lr", [0.005, 0.01])], 3,
+        ...                          {"data.path": "data/small-real"})     # doctest: +SKIP
+    """
+    if seeds < 1:
+        raise ConfigError(f"--seeds: {seeds} must be >= 1")
+    base = dict(base or {})
+    settings = grid(sets)
+    check_settings(config, base, settings, seeds)
+    if train_fn is None:
+        from dlrm.train.trainer import train as train_fn
+    directory = sweep_directory(tb_dir, run_name, config)
+    logger.info(f"sweep: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs into {directory}")
+    results = [SettingResult(i, s) for i, s in enumerate(settings)]
+    for trial, (r, seed) in enumerate(itertools.product(results, range(seeds)), start=1):
+        cfg = load_config(config, {**base, **r.setting, "train.seed": seed})
+        run_dir = directory / slug(r.index, r.setting) / f"seed-{seed}"
+        summary = train_fn(cfg, run_dir=run_dir)
+        r.summaries.append(summary)
+        logger.info(f"sweep trial {trial}/{len(settings) * seeds}: {label(r.setting)}, seed {seed}: "
+                    f"AUC {summary['auc']:.4f}, logloss {summary['logloss']:.4f}")
+    result = verdict(results)
+    write_tables(directory, results, [k for k, _ in sets], result.text())
+    write_hparams(directory, results)
+    logger.info(f"sweep table: {directory / 'sweep.md'}")
+    logger.info(f"sweep {result.text()}")
+    return directory, result
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="JSON config file.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=V1,V2",
+              help="A dotted config key and the values to try (JSON, else strings); repeat for the product.")
+@click.option("--seeds", type=int, default=3, show_default=True, help="Trials per setting (train.seed 0 .. N-1).")
+@click.option("--data", type=str, help="Dataset directory (overrides data.path in every trial).")
+@click.option("--device", type=str, help="auto | cpu | cuda (overrides train.device).")
+@click.option("--tb-dir", type=str, default="tb_logs", show_default=True, help="Where the sweep directory goes.")
+@click.option("--run-name", type=str, help="The sweep directory's name [default: <config>-sweep-<date>-<time>].")
+def main(config_path, sets, seeds, data, device, tb_dir, run_name) -> None:
+    """Train a grid of settings over several seeds; tables, HParams and the winner against the seed noise.
+
+    Exit codes as train.py's (dlrm.cli): 0 done, 2 a bad key, value or option (one line), 1 a bug.
+    """
+    from dlrm.cli import report_failure
+    from dlrm.logging_setup import configure_logging
+
+    configure_logging()
+    try:
+        base = {k: v for k, v in (("data.path", data), ("train.device", device)) if v is not None}
+        run_sweep(config_path, [parse_set(s) for s in sets], seeds, base, tb_dir, run_name)
+    except (Exception, KeyboardInterrupt) as e:
+        sys.exit(report_failure(e, None))
+
+
+if __name__ == "__main__":
+    main()
