@@ -1,0 +1,148 @@
+"""Small click logs (#21): the default path for them (raw log -> ``python -m dlrm.preprocess --hashing vocabulary
+--min-frequency auto`` -> configs/criteo-small.json) reaches at least the built-in linear baseline.
+
+Quality is measured on the synthetic ``small-real`` regime (a 10,000-line click log's shape: Kaggle
+category counts, most values rare), whose raw TSV goes through the real preprocessor, over 3 seeds;
+the real samples of ../shared/criteo check the same pipeline end to end (skipped without them).
+Eager CPU, a few seconds a seed.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from dlrm.config import load_config
+from dlrm.data import synthetic
+from dlrm.data.preprocess import preprocess
+from dlrm.data.preprocess.frequency import auto_min_frequency
+from dlrm.data.schema import SPARSE_COLUMNS, read_metadata
+from dlrm.sweep import parse_set, run_sweep
+from dlrm.train.baseline import run_baseline
+from dlrm.train.setup import dataset_tables
+from dlrm.train.trainer import train
+from tests.conftest import REPO, SHARED_CRITEO
+
+SEEDS = (0, 1, 2)
+CONFIG = REPO / "configs" / "criteo-small.json"
+
+
+def preprocessed(raw, out, **options):
+    """`raw` through the preprocessor (one process, quiet); returns the dataset directory."""
+    preprocess([raw], out, workers=1, progress=False, **options)
+    return out
+
+
+@pytest.fixture(scope="module")
+def regime(tmp_path_factory):
+    """Per seed: the small-real regime's parquet dataset, its raw TSV preprocessed the recommended way
+    (vocabulary, --min-frequency auto) and with plain modulus hashing (every value its own row)."""
+    root = tmp_path_factory.mktemp("small-real")
+    data = {}
+    for seed in SEEDS:
+        raw = root / f"log-{seed}.txt"
+        synthetic.generate(root / f"syn-{seed}", seed=seed, raw_tsv=raw, regime="small-real")
+        data[seed] = {
+            "synthetic": root / f"syn-{seed}",
+            "vocabulary": preprocessed(raw, root / f"voc-{seed}", hashing="vocabulary", min_frequency="auto"),
+            "modulus": preprocessed(raw, root / f"mod-{seed}"),
+        }
+    return data
+
+
+def config(data_dir, tmp_path, name, **overrides):
+    return load_config(CONFIG, {"data.path": str(data_dir), "train.device": "cpu", "log.tb_dir": str(tmp_path),
+                                "log.run_name": name, **overrides})
+
+
+def baseline_of(data_dir) -> dict:
+    """The built-in baseline's metrics on a dataset's validation split."""
+    cfg = load_config(CONFIG, {"data.path": str(data_dir), "train.baseline": True})
+    meta = read_metadata(data_dir)
+    return run_baseline(cfg, meta, dataset_tables(cfg, meta, data_dir), torch.device("cpu"))
+
+
+def train_values(data_dir, feature: int) -> np.ndarray:
+    meta = read_metadata(data_dir)
+    col = np.concatenate([pq.read_table(data_dir / f, columns=[SPARSE_COLUMNS[feature]]).column(0).to_numpy()
+                          for f in meta.splits["train"].files])
+    return col[col >= 0]
+
+
+def test_regime_looks_like_a_small_preprocessed_real_log(regime):
+    syn, mod, voc = (read_metadata(regime[0][k]) for k in ("synthetic", "modulus", "vocabulary"))
+    assert {s: i.rows for s, i in syn.splits.items()} == {"train": 8_572, "validation": 714, "test": 714}
+    assert {s: i.rows for s, i in mod.splits.items()} == {"train": 8_572, "validation": 714, "test": 714}
+    assert syn.cardinalities == mod.cardinalities  # the preprocessor sizes the raw log's tables the same way
+    counts = np.concatenate([np.unique(train_values(regime[0]["synthetic"], f), return_counts=True)[1]
+                             for f in range(26)])
+    assert (counts == 1).mean() > 0.6  # most values are unique
+    assert 0.2 < syn.splits["train"].positives / 8_572 < 0.3
+    # --min-frequency auto: the rule's value for 8,572 train rows, and exactly the values seen that often
+    used = voc.extra["options"]["min_frequency_used"]
+    assert voc.extra["options"]["min_frequency"] == "auto" and used == auto_min_frequency(8_572) == 14
+    for f in (0, 2, 9):
+        values, n = np.unique(train_values(regime[0]["synthetic"], f), return_counts=True)
+        assert voc.cardinalities[f] == int((n >= used).sum()) + 1
+
+
+def test_default_config_reaches_at_least_the_linear_baseline(regime, tmp_path):
+    dlrm, base, full = [], [], []
+    for seed in SEEDS:
+        summary = train(config(regime[seed]["vocabulary"], tmp_path, f"s{seed}", **{"train.seed": seed}))
+        assert summary["baseline"] is not None  # "auto": 8,572 train rows on the CPU
+        dlrm.append(summary["auc"])  # the final model, not the best evaluation (no selection on validation)
+        base.append(summary["baseline"]["auc"])
+        full.append(baseline_of(regime[seed]["modulus"])["auc"])  # a linear model on every value seen in train
+    assert statistics.fmean(dlrm) >= statistics.fmean(base), (dlrm, base)
+    assert statistics.fmean(dlrm) >= statistics.fmean(full), (dlrm, full)
+
+
+def test_the_sweep_finds_a_setting_at_least_as_good(regime, tmp_path):
+    data = regime[0]["vocabulary"]
+    base = baseline_of(data)["auc"]
+    sets = [parse_set("optim.sparse.lr=0.01,0.03")]  # 0.01 is the config's own value
+    directory, result = run_sweep(str(CONFIG), sets, 3, {"data.path": str(data), "train.device": "cpu",
+                                                          "train.baseline": False}, str(tmp_path), "sweep")
+    default = next(r for r in [result.winner, result.runner_up] if r.setting["optim.sparse.lr"] == 0.01)
+    assert result.winner.auc_mean >= default.auc_mean
+    assert result.winner.auc_mean >= base
+    assert (directory / "sweep.md").is_file()
+
+
+needs_real = pytest.mark.skipif(not SHARED_CRITEO.is_dir(), reason="../shared/criteo is absent")
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """Both real samples (raw TSV and the CSV variant) in one run: 300 lines, 30% validation."""
+    out = tmp_path_factory.mktemp("real") / "ds"
+    preprocess([SHARED_CRITEO / "part-0.tsv", SHARED_CRITEO / "criteo_sample.txt"], out, workers=1, progress=False,
+               split="random", validation_fraction=0.3, test_fraction=0.1, hashing="vocabulary", min_frequency="auto")
+    return out
+
+
+@needs_real
+def test_real_samples_default_path_end_to_end(real, tmp_path):
+    meta = read_metadata(real)
+    assert meta.splits["train"].rows + meta.splits["validation"].rows + meta.splits["test"].rows == 300
+    assert meta.extra["options"]["min_frequency_used"] == 2
+    summary = train(config(real, tmp_path, "real"))
+    assert json.loads((tmp_path / "real" / "summary.json").read_text())["baseline"]["auc"] == summary["baseline"]["auc"]
+    assert 0.0 < summary["baseline"]["logloss"] and summary["steps"] == 3  # 165 rows: 1 batch of 128 an epoch
+
+
+@needs_real
+def test_real_samples_reach_the_baseline_given_enough_steps(real, tmp_path):
+    """A split of a few hundred rows gives the config's 3 epochs only a few steps; README: --epochs 100."""
+    aucs, bases = [], []
+    for seed in SEEDS:
+        summary = train(config(real, tmp_path, f"r{seed}", **{"train.seed": seed, "train.epochs": 100}))
+        aucs.append(summary["auc"])
+        bases.append(summary["baseline"]["auc"])
+    assert statistics.fmean(aucs) >= statistics.fmean(bases), (aucs, bases)
