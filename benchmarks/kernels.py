@@ -75,11 +75,7 @@ MODES = ("fwd", "bwd", "fwd+bwd")
 IMPLS = ("triton", "triton_atomic", "eager", "compile")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
-# Criteo Kaggle (Display Advertising Challenge) table sizes, F = 26.
-KAGGLE_CARDINALITIES = [
-    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
-    5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
-]  # fmt: skip
+from dlrm.data.schema import KAGGLE_CARDINALITIES  # noqa: E402 - Criteo Kaggle table sizes, F = 26
 NUM_VECTORS = len(KAGGLE_CARDINALITIES) + 1  # F + 1 interacting vectors (dense + 26 embeddings)
 EMBEDDING_LR = 1e-3
 

@@ -42,6 +42,10 @@ LABEL_COLUMN = "label"
 DENSE_COLUMNS = [f"DENSE_{i}" for i in range(NUM_DENSE)]
 SPARSE_COLUMNS = [f"SPARSE_{i}" for i in range(NUM_SPARSE)]
 ALL_COLUMNS = [LABEL_COLUMN, *DENSE_COLUMNS, *SPARSE_COLUMNS]
+KAGGLE_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27,
+                        14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
+"""Distinct values per categorical feature of the Criteo Kaggle display-advertising challenge data (the
+table sizes of the reference DLRM; configs/kaggle.json carries the same list, checked by a test)."""
 MISSING_SPARSE = -1
 MISSING_DENSE = 0
 SPLITS = ("train", "validation", "test")

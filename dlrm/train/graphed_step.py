@@ -23,6 +23,7 @@ import torch
 from loguru import logger
 
 from dlrm.data.loader import Batch
+from dlrm.train.meter import WARMUP_STEPS
 from dlrm.train.optim import FusedSparseOptimizer
 from dlrm.train.step import TrainStep
 
@@ -46,7 +47,7 @@ class GraphedTrainStep:
     trainer's running sums do) or clone it before then.
     """
 
-    def __init__(self, step: TrainStep, warmup_steps: int = 3) -> None:
+    def __init__(self, step: TrainStep, warmup_steps: int = WARMUP_STEPS) -> None:
         if step.device.type != "cuda":
             raise ValueError(f"train.cuda_graph: CUDA graphs need a CUDA device, not {step.device}")
         self.step = step
@@ -143,7 +144,7 @@ def graph_train_step(step: TrainStep, enabled: bool, distributed: bool):
         raise ConfigError("train.cuda_graph: not supported with more than one process (the collectives "
                           "of the sharded embedding and DDP run outside a captured graph here)")  # fmt: skip
     logger.info("train.cuda_graph: the whole training step (forward, backward, embedding update, dense "
-                "optimizer) is captured in one CUDA graph after 3 warm-up steps")  # fmt: skip
+                f"optimizer) is captured in one CUDA graph after {WARMUP_STEPS} warm-up steps")  # fmt: skip
     return GraphedTrainStep(step)
 
 
