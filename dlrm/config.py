@@ -93,8 +93,14 @@ class ModelConfig:
     """Layer widths of the DenseArch after the 13 dense inputs; the last must equal embedding_dim."""
     top_mlp: list[int] = field(default_factory=lambda: [64, 1])
     """Layer widths of the OverArch; the last must be 1 (the logit)."""
-    interaction: Literal["dot", "cat"] = "dot"
-    """dot: dense vector + strictly-lower-triangle pairwise dots; cat: plain concatenation."""
+    interaction: Literal["dot", "cat", "dcn"] = "dot"
+    """dot: dense vector + strictly-lower-triangle pairwise dots; cat: plain concatenation; dcn: the
+    concatenation [B, (F+1) D] through a low-rank cross network (DCNv2, TorchRec's LowRankCrossNet:
+    ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``), output as wide as its input."""
+    cross_layers: int = 3
+    """dcn: cross layers (MLPerf DLRM-DCNv2: 3)."""
+    cross_rank: int = 512
+    """dcn: rank r of each layer's W_l [(F+1) D, r] V_l [r, (F+1) D] factorisation (MLPerf: 512)."""
     activation: Activation = "relu"
     """Activation between MLP layers (none after the last OverArch layer)."""
     top_mlp_input_multiple: int = 1
@@ -331,8 +337,12 @@ def _positive(key: str, value: Any, allow_zero: bool = False, maximum: Optional[
 
 
 def _check_interaction(m: "ModelConfig") -> None:
-    """Both interactions stack the bottom MLP's output with the F embeddings into [B, F+1, D]
-    (`dlrm.model.archs.InteractionArch`), so its last width must be D for "cat" as for "dot"."""
+    """Every interaction stacks the bottom MLP's output with the F embeddings into [B, F+1, D]
+    (`dlrm.model.archs.InteractionArch`), so its last width must be D for "cat" and "dcn" as for
+    "dot"; the cross network of "dcn" needs at least one layer of rank at least 1 (checked whatever
+    the interaction, so a config never carries an impossible value)."""
+    _positive("model.cross_layers", m.cross_layers, maximum=MAX_SIZE)
+    _positive("model.cross_rank", m.cross_rank, maximum=MAX_SIZE)
     if m.bottom_mlp[-1] != m.embedding_dim:
         raise ConfigError(
             f"model.bottom_mlp[-1]: {m.bottom_mlp[-1]} must equal model.embedding_dim ({m.embedding_dim}) "

@@ -182,26 +182,90 @@ class SparseArch(nn.Module):
         return F_.embedding(self.rows(raw), self.weight, sparse=True)
 
 
+class LowRankCrossNet(nn.Module):
+    """Low-rank cross network of DCNv2 (Wang et al., 2021), as TorchRec's ``LowRankCrossNet``.
+
+    Layer l maps ``x_l`` [B, N] to ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``: ``V_l`` [r, N]
+    projects to the rank, ``W_l`` [N, r] back, ``*`` is elementwise; ``x_0`` is the input.
+
+    Args:
+        in_features: N.
+        num_layers: cross layers (>= 1).
+        low_rank: r (>= 1).
+
+    Parameters (TorchRec's names, shapes and init; ParameterLists, so the state_dict keys are
+    ``W_kernels.<l>``, ``V_kernels.<l>``, ``bias.<l>``): ``W_kernels[l]`` [N, r] and
+    ``V_kernels[l]`` [r, N] xavier-normal (all W first, then all V: TorchRec's RNG order),
+    ``bias[l]`` [N] zeros.
+
+    Example:
+        >>> net = LowRankCrossNet(in_features=12, num_layers=2, low_rank=3)
+        >>> net(torch.randn(5, 12)).shape
+        torch.Size([5, 12])
+        >>> [tuple(p.shape) for p in net.parameters()]
+        [(12, 3), (12, 3), (3, 12), (3, 12), (12,), (12,)]
+
+    Shapes: [B, N] -> [B, N].
+    """
+
+    def __init__(self, in_features: int, num_layers: int, low_rank: int = 1) -> None:
+        super().__init__()
+        if num_layers < 1 or low_rank < 1:
+            raise ValueError(f"num_layers ({num_layers}) and low_rank ({low_rank}) must be >= 1")
+        self.in_features = in_features
+        self._num_layers = num_layers
+        self._low_rank = low_rank
+        self.W_kernels = nn.ParameterList(
+            nn.Parameter(nn.init.xavier_normal_(torch.empty(in_features, low_rank))) for _ in range(num_layers)
+        )
+        self.V_kernels = nn.ParameterList(
+            nn.Parameter(nn.init.xavier_normal_(torch.empty(low_rank, in_features))) for _ in range(num_layers)
+        )
+        self.bias = nn.ParameterList(nn.Parameter(torch.zeros(in_features)) for _ in range(num_layers))
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        x_0 = input
+        x_l = x_0
+        for layer in range(self._num_layers):
+            x_l_v = F_.linear(x_l, self.V_kernels[layer])  # [B, r]
+            x_l_w = F_.linear(x_l_v, self.W_kernels[layer])  # [B, N]
+            x_l = x_0 * (x_l_w + self.bias[layer]) + x_l
+        return x_l
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, num_layers={self._num_layers}, low_rank={self._low_rank}"
+
+
 class InteractionArch(nn.Module):
     """Feature interaction of the dense vector with the F embeddings.
 
     ``dot``: concatenates the dense vector with the strictly lower triangle of the pairwise
     dot products of the F + 1 vectors, in ``torch.tril_indices(F+1, F+1, -1)`` order
-    ((1,0), (2,0), (2,1), (3,0), ...). ``cat``: concatenates everything.
+    ((1,0), (2,0), (2,1), (3,0), ...). ``cat``: concatenates everything. ``dcn``: concatenates
+    everything into [B, (F+1) D] (dense vector first, as TorchRec's ``InteractionDCNArch``) and
+    applies a `LowRankCrossNet` of `cross_layers` layers and rank `cross_rank` (submodule
+    ``crossnet``: state_dict keys ``crossnet.W_kernels.<l>``, ``crossnet.V_kernels.<l>``,
+    ``crossnet.bias.<l>``).
 
     Args:
         num_features: F.
         dim: D.
-        kind: "dot" or "cat".
+        kind: "dot", "cat" or "dcn".
+        cross_layers, cross_rank: the cross network's layers and rank (dcn only).
+        crossnet_cls: the cross network's class (`LowRankCrossNet`, or the Triton one with the
+            same constructor and parameters, `kernels.cross.TritonLowRankCrossNet`).
 
     Example:
         >>> InteractionArch(26, 16)(torch.randn(2, 16), torch.randn(2, 26, 16)).shape
         torch.Size([2, 367])
+        >>> InteractionArch(26, 16, "dcn", cross_layers=3, cross_rank=64)(torch.randn(2, 16), torch.randn(2, 26, 16)).shape
+        torch.Size([2, 432])
 
-    Shapes: [B, D], [B, F, D] -> [B, D + (F+1)F/2] (dot) or [B, (F+1)D] (cat).
+    Shapes: [B, D], [B, F, D] -> [B, D + (F+1)F/2] (dot) or [B, (F+1)D] (cat, dcn).
     """
 
-    def __init__(self, num_features: int, dim: int, kind: str = "dot") -> None:
+    def __init__(self, num_features: int, dim: int, kind: str = "dot", cross_layers: int = 3, cross_rank: int = 512,
+                 crossnet_cls: Optional[type] = None) -> None:
         super().__init__()
         self.kind = kind
         self.num_features = num_features
@@ -209,6 +273,8 @@ class InteractionArch(nn.Module):
         rows, cols = torch.tril_indices(num_features + 1, num_features + 1, offset=-1)
         self.register_buffer("tril_rows", rows, persistent=False)
         self.register_buffer("tril_cols", cols, persistent=False)
+        if kind == "dcn":
+            self.crossnet = (crossnet_cls or LowRankCrossNet)((num_features + 1) * dim, cross_layers, cross_rank)
 
     @property
     def output_dim(self) -> int:
@@ -219,6 +285,8 @@ class InteractionArch(nn.Module):
         combined = torch.cat([dense.unsqueeze(1), sparse.to(dense.dtype)], dim=1)  # [B, F+1, D]
         if self.kind == "cat":
             return combined.flatten(1)
+        if self.kind == "dcn":
+            return self.crossnet(combined.flatten(1))
         return dot_interaction_from_combined(combined, self.tril_rows, self.tril_cols)
 
 

@@ -114,7 +114,8 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
         sparse_arch = TritonSparseEmbedding(cardinalities, cfg.embedding_dim, vocabs=vocabs)
     else:
         sparse_arch = SparseArch(cardinalities, cfg.embedding_dim, vocabs=vocabs)
-    interaction = InteractionArch(len(cardinalities), cfg.embedding_dim, cfg.interaction)
+    interaction = InteractionArch(len(cardinalities), cfg.embedding_dim, cfg.interaction,
+                                  cross_layers=cfg.cross_layers, cross_rank=cfg.cross_rank)
     if kernels.interaction == "triton" and cfg.interaction == "dot":
         from kernels.interaction import TritonDotInteraction
 
