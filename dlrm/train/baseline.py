@@ -23,7 +23,7 @@ When (``train.baseline``): true, false, or "auto" = on when the run is one proce
 split is small enough for the fit to be cheap next to the training (`AUTO_MAX_TRAIN_ROWS`): at most
 2,000,000 rows on CUDA, 20,000 on the CPU, where one L-BFGS iteration costs about 1.2 us a train
 row (measured on a 2-core CPU: 22 s for the 100 iterations over data/sample's 180,000 rows, 0.23 s
-over 8,572).
+over 8,572; on one H100, 19-25 s and 4.0 GiB for 1,900,000 rows).
 """
 
 from __future__ import annotations
