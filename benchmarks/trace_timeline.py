@@ -6,20 +6,22 @@ on CUDA, the device kernels under them.
 Reads the gzipped Chrome trace that ``--profile`` writes into the run directory (the file the
 TensorBoard PyTorch Profiler tab and Perfetto open) and draws the last complete ProfilerStep:
 one lane for the step's ranges (data, SparseArch, DenseArch, InteractionArch, OverArch, loss,
-backward, optimizer), one for the device time attributed to each range (``gpu_user_annotation``),
-and one for the kernels themselves. A picture that needs no browser and no network.
+backward, optimizer), one for the device time the profiler attributes to each range
+(``gpu_user_annotation``), and one for the kernels themselves, coloured by the range that launched
+them. A picture that needs no browser and no network.
 
 Also writes ``<out>.md`` (and prints it): the same step in numbers, the host and device
-milliseconds of each range, the device's busy time, and the host calls that took the most time
-(CUDA runtime calls included: a step whose host time far exceeds its device busy time is bound
-by launches, not by the GPU).
+milliseconds of each range, the device's busy time, the top kernels, and the host calls that took
+the most time (CUDA runtime calls included: a step whose host time far exceeds its device busy time
+is bound by launches, not by the GPU).
+
+The analysis lives in ``dlrm/train/trace_summary.py``; a profiled training run writes the same
+tables and picture into its TensorBoard events (``profile/*``) and run directory by itself.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import sys
 from pathlib import Path
 
@@ -27,97 +29,34 @@ from pathlib import Path
 # appended: benchmarks/kernels.py must not shadow the kernels package
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import pyplot, save_figure  # noqa: E402
+import _common  # noqa: E402,F401  (the repository on sys.path, for dlrm)
 
-plt = pyplot()
+from dlrm.train import trace_summary  # noqa: E402
 
-RANGES = ("data", "SparseArch", "DenseArch", "InteractionArch", "OverArch", "loss", "backward", "optimizer")
-COLORS = dict(zip(RANGES, plt.get_cmap("tab10").colors))
+RANGES = trace_summary.RANGES
+last_step = trace_summary.profiled_step
 
 
 def load_trace(path: Path) -> dict:
     """The trace JSON: `path` itself, or the newest *.pt.trace.json(.gz) under a run directory."""
-    if path.is_dir():
-        found = sorted(path.rglob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime)
-        if not found:
-            raise SystemExit(f"{path}: no *.pt.trace.json(.gz) here; train with --profile first")
-        path = found[-1]
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return json.load(f)
-
-
-def last_step(events: list[dict]) -> dict:
-    steps = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
-             and e.get("cat") == "user_annotation"]
-    if not steps:
-        raise SystemExit("the trace holds no ProfilerStep ranges")
-    # the last step range may be the tail after training (evaluation, profiler exit): take the last
-    # one that holds a training step's backward
-    backward = [e["ts"] for e in events if e.get("cat") == "user_annotation" and e.get("name") == "backward"]
-    for step in sorted(steps, key=lambda e: -e["ts"]):
-        if any(step["ts"] <= t < step["ts"] + step["dur"] for t in backward):
-            return step
-    return max(steps, key=lambda e: e["ts"])
-
-
-def within(events: list[dict], cat: str, lo: float, hi: float) -> list[dict]:
-    return [e for e in events if e.get("cat") == cat and e.get("ph") == "X" and lo <= e["ts"] < hi]
+    try:
+        return trace_summary.load_trace(path)
+    except trace_summary.TraceError as e:
+        raise SystemExit(str(e)) from None
 
 
 def draw(trace: dict, out: Path, title: str) -> None:
-    events = trace["traceEvents"]
-    step = last_step(events)
-    t0, t1 = step["ts"], step["ts"] + step["dur"]
-    host = [e for e in within(events, "user_annotation", t0, t1) if e["name"] in RANGES]
-    # Device work launched in this step may finish after the host range ends: allow the next step's length.
-    gpu_ranges = [e for e in within(events, "gpu_user_annotation", t0, t1 + step["dur"]) if e["name"] in RANGES]
-    kernels = within(events, "kernel", t0, t1 + step["dur"])
-    lanes = [("host ranges", host), ("device time per range", gpu_ranges), ("device kernels", kernels)]
-    lanes = [(n, evs) for n, evs in lanes if evs]
-    fig, ax = plt.subplots(figsize=(14, 1.2 + 0.9 * len(lanes)))
-    for row, (_, evs) in enumerate(lanes):
-        for e in evs:
-            color = COLORS.get(e["name"], "0.45")
-            ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (row - 0.4, 0.8), facecolors=color,
-                           edgecolor="white", linewidth=0.3)
-    ax.set_yticks(range(len(lanes)), [n for n, _ in lanes])
-    ax.invert_yaxis()
-    ax.set_xlabel(f"ms since the start of {step['name']} (host step {step['dur'] / 1e3:.2f} ms)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[r]) for r in RANGES]
-    ax.legend(handles, RANGES, ncol=len(RANGES), loc="lower center", bbox_to_anchor=(0.5, 1.0), fontsize=8,
-              frameon=False)
-    fig.suptitle(title)
-    save_figure(fig, out, dpi=120, bbox_inches="tight")
-    print(f"wrote {out}: {step['name']}, {len(host)} host ranges, {len(gpu_ranges)} device ranges, "
-          f"{len(kernels)} kernels")
+    """Write the step's timeline PNG to `out` (see dlrm.train.trace_summary.timeline_figure)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(trace_summary.timeline_png(trace, title, dpi=120))
+    s = trace_summary.collect(trace)
+    print(f"wrote {out}: {s.step['name']}, {len(s.host_ranges)} host ranges, {len(s.annotations)} device ranges, "
+          f"{len(s.device)} kernels")
 
 
 def summarize(trace: dict, title: str, top: int = 15) -> str:
-    """Markdown: per-range host/device ms of the last step, device busy ms, the top host calls."""
-    events = trace["traceEvents"]
-    step = last_step(events)
-    t0, t1 = step["ts"], step["ts"] + step["dur"]
-    host = within(events, "user_annotation", t0, t1)
-    gpu = within(events, "gpu_user_annotation", t0, t1 + step["dur"])
-    kernels = within(events, "kernel", t0, t1 + step["dur"])
-    busy = sum(e["dur"] for e in kernels) / 1e3
-    lines = [f"# {title}", "", f"{step['name']}: host {step['dur'] / 1e3:.3f} ms, device kernels busy {busy:.3f} ms "
-             f"({len(kernels)} kernels)", "", "| range | host ms | device ms |", "| --- | ---: | ---: |"]  # fmt: skip
-    for name in RANGES:
-        h = sum(e["dur"] for e in host if e["name"] == name) / 1e3
-        d = sum(e["dur"] for e in gpu if e["name"] == name) / 1e3
-        if h or d:
-            lines.append(f"| {name} | {h:.3f} | {d:.3f} |")
-    calls: dict[str, list[float]] = {}
-    for cat in ("cpu_op", "cuda_runtime", "cuda_driver", "python_function"):
-        for e in within(events, cat, t0, t1):
-            calls.setdefault(e["name"], []).append(e["dur"] / 1e3)
-    ranked = sorted(calls.items(), key=lambda kv: -sum(kv[1]))[:top]
-    lines += ["", f"Host calls in the step by total time (inclusive: nested calls count in their callers too), top {top}:",
-              "", "| host call | calls | total ms |", "| --- | ---: | ---: |"]  # fmt: skip
-    lines += [f"| `{name[:80]}` | {len(d)} | {sum(d):.3f} |" for name, d in ranked]
-    return "\n".join(lines) + "\n"
+    """Markdown: per-range host/device ms of the step, device busy ms, top kernels, the top host calls."""
+    return trace_summary.report(trace_summary.summarize_step(trace, top), title)
 
 
 def main() -> None:
@@ -127,8 +66,11 @@ def main() -> None:
     ap.add_argument("--title", default="one training step")
     args = ap.parse_args()
     trace = load_trace(args.trace)
-    draw(trace, args.out, args.title)
-    text = summarize(trace, args.title)
+    try:
+        draw(trace, args.out, args.title)
+        text = summarize(trace, args.title)
+    except trace_summary.TraceError as e:
+        raise SystemExit(f"{args.trace}: {e}") from None
     args.out.with_suffix(".md").write_text(text)
     print(text)
 

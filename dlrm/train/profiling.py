@@ -1,14 +1,15 @@
 """torch.profiler into TensorBoard: one `step()` per training step, gzipped Chrome traces in the run dir.
 
-View with `tensorboard --logdir tb_logs` (PyTorch Profiler tab, from the `profile` extra) or open
-the `*.pt.trace.json.gz` file in https://ui.perfetto.dev.
+At the end of the run `dlrm.train.reporting.log_profile` reads the newest trace back
+(`dlrm.train.trace_summary`) and writes the step breakdown, top kernels and timeline into the run's
+TensorBoard events (Text and Images dashboards, offline). The traces themselves open in the
+PyTorch Profiler tab (`profile` extra; its charts need internet) or at https://ui.perfetto.dev.
 """
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Optional
 
 import torch
 from loguru import logger
@@ -38,19 +39,6 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device):
     )
 
 
-def top_ops_table(prof, device: torch.device, rows: int = 15) -> Optional[str]:
-    """The operators and kernels that took the most device time (CPU time on a CPU run)."""
-    if prof is None:
-        return None
-    try:
-        averages = prof.key_averages()
-    except (AssertionError, RuntimeError):  # no active window completed (run shorter than the schedule)
-        return None
-    if not len(averages):
-        return None
-    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    return averages.table(sort_by=sort_by, row_limit=rows, max_name_column_width=60)
-
-
 def trace_files(run_dir: Path) -> list[Path]:
+    """The run's gzipped Chrome traces, oldest name first (one per profiler cycle and rank)."""
     return sorted(Path(run_dir).glob("*.pt.trace.json.gz"))

@@ -1,9 +1,12 @@
-"""What a run reports: TensorBoard scalars and hparams, summary.json, and the final log line."""
+"""What a run reports: TensorBoard scalars, hparams and profile summaries, summary.json, and the final
+log line."""
 
 from __future__ import annotations
 
 import platform
+import struct
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -58,13 +61,93 @@ def log_eval(writer: SummaryWriter, metrics: dict[str, float], step: int) -> dic
     return metrics
 
 
-def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: dict[str, float]) -> None:
-    writer.add_hparams(
-        {"batch_size": batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
-         "sparse_lr": cfg.optim.sparse.lr, "precision": cfg.train.precision, "interaction": cfg.model.interaction},
-        {"hparam/auc": metrics["auc"], "hparam/logloss": metrics["logloss"], "hparam/accuracy": metrics["accuracy"]},
-        run_name="hparams",
-    )
+HPARAM_METRICS = ("auc", "logloss", "accuracy")
+
+
+def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: dict[str, float],
+                step: Optional[int] = None) -> None:
+    """The run's hyperparameters and final metrics for the HParams dashboard, in the run's own events.
+
+    `SummaryWriter.add_hparams` would write them into a new ``<run>/hparams`` run, one more entry per
+    run in every dashboard's run list; written here, the run itself is the HParams session (its
+    ``hparam/auc``, ``hparam/logloss``, ``hparam/accuracy`` scalars are the session's metrics).
+    Example (a writer on a temporary directory):
+
+        >>> import tempfile; from dlrm.config import Config
+        >>> with tempfile.TemporaryDirectory() as d, SummaryWriter(d) as w:
+        ...     log_hparams(w, Config(), 32, {"auc": 0.8, "logloss": 0.45, "accuracy": 0.79})
+        ...     sorted(p.name for p in Path(d).iterdir())[0].startswith("events.out.tfevents")
+        True
+    """
+    if isinstance(writer, NoWriter):
+        return
+    from torch.utils.tensorboard.summary import hparams
+
+    hp = {"batch_size": batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
+          "sparse_lr": cfg.optim.sparse.lr, "precision": cfg.train.precision, "interaction": cfg.model.interaction}
+    values = {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS}
+    # _get_file_writer(): the writer's own accessor (it reopens the file if the writer was closed)
+    file_writer = writer._get_file_writer()
+    for summary in hparams(hp, values):  # the experiment, session-start and session-end summaries
+        file_writer.add_summary(summary, step)
+    for tag, value in values.items():
+        writer.add_scalar(tag, value, step)
+
+
+def add_png(writer: SummaryWriter, tag: str, png: bytes, step: Optional[int] = None) -> None:
+    """An image summary holding `png` as it is (no decode and re-encode): TensorBoard's Images dashboard
+    shows exactly the file written next to it.
+
+        >>> png = bytes.fromhex("89504e470d0a1a0a0000000d49484452") + struct.pack(">II", 640, 480)
+        >>> _png_size(png)
+        (640, 480)
+    """
+    if isinstance(writer, NoWriter):
+        return
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    width, height = _png_size(png)
+    image = Summary.Image(height=height, width=width, colorspace=4, encoded_image_string=png)  # 4: RGBA
+    writer._get_file_writer().add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk, which follows the 8-byte signature."""
+    if png[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG")
+    return struct.unpack(">II", png[16:24])
+
+
+def log_profile(writer: SummaryWriter, run_dir: Path, device: torch.device, step: int):
+    """One profiled step of the run, from its newest trace, where a person looks: TensorBoard text
+    ``profile/step_breakdown`` (host and device ms per named range) and ``profile/top_kernels`` (top
+    device kernels; CPU ops by self time on a CPU run), image ``profile/timeline``, and the same as
+    ``profile_step.md`` and ``profile_timeline.png`` in `run_dir`. All of it renders offline (the
+    PyTorch Profiler tab's charts load from a CDN). Returns the `trace_summary.StepSummary`, or None
+    (said in the log) when the run holds no profiled step. Rank 0 only: it writes run files.
+
+    Example (not run by the doctests: needs a run trained with --profile):
+        >>> log_profile(writer, Path("tb_logs/run"), torch.device("cpu"), 1406).ranges[0]  # doctest: +SKIP
+        RangeTime(name='data', host_ms=0.058, device_ms=None)
+    """
+    from dlrm.train import trace_summary as ts  # matplotlib and the trace parser: only for profiled runs
+
+    try:
+        trace = ts.load_trace(run_dir)
+        summary = ts.summarize_step(trace)
+    except ts.TraceError as e:
+        logger.warning(f"profile: {e}; no step breakdown written")
+        return None
+    title = f"{Path(run_dir).name}: one training step on {device_name(device)}"
+    png = ts.timeline_png(trace, title)
+    (Path(run_dir) / "profile_step.md").write_text(ts.report(summary, title))
+    (Path(run_dir) / "profile_timeline.png").write_bytes(png)
+    writer.add_text("profile/step_breakdown", ts.step_table(summary), step)
+    writer.add_text("profile/top_kernels", ts.top_table(summary), step)
+    add_png(writer, "profile/timeline", png, step)
+    logger.info(f"profiled step ({run_dir}/profile_step.md, TensorBoard text and images 'profile/'):\n"
+                + ts.step_table(summary))
+    return summary
 
 
 def final_line(summary: dict[str, Any]) -> str:

@@ -34,8 +34,8 @@ from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats, StepMeter
 from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement
-from dlrm.train.profiling import make_profiler, top_ops_table
-from dlrm.train.reporting import NoWriter, device_name, final_line, log_hparams, log_train, versions
+from dlrm.train.profiling import make_profiler
+from dlrm.train.reporting import NoWriter, device_name, final_line, log_hparams, log_profile, log_train, versions
 from dlrm.train.resume_policy import check_resume_config
 from dlrm.train.run_dir import RunDirectory
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything
@@ -314,10 +314,8 @@ class Trainer:
         counters = {k: v - self.counters_before[k] for k, v in compile_counters().items()}
         if self.run.config.train.compile.enabled:
             logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
-        ops = top_ops_table(prof, self.device)
-        if ops is not None and env.is_main:
-            logger.info("top operators by " + ("device" if self.device.type == "cuda" else "CPU") + " time:\n" + ops)
-            writer.add_text("profile/top_ops", "```\n" + ops + "\n```", self.pos.step)
+        if prof is not None and env.is_main:  # step breakdown, kernels, timeline: TensorBoard and run dir
+            log_profile(writer, self.run_dir.path, self.device, self.pos.step)
         summary = self._summary(metrics, counters)
         # the linear model on the same split, loader and hashing, when train.baseline asks (dlrm.train.baseline)
         summary["baseline"] = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step)
