@@ -2,7 +2,8 @@
 
 Each variant trains from the same seed on the same batches for the same steps, as its own
 TensorBoard run under ``tb_logs/<run-name>/<variant>/`` so the curves overlay; the comparison
-table goes to ``compare.md``, ``compare.csv`` and ``compare.png`` in ``tb_logs/<run-name>/``.
+table goes to ``compare.md``, ``compare.csv`` and ``compare.png`` in ``tb_logs/<run-name>/``, and
+into that parent run's TensorBoard events (text ``compare/table``, image ``compare/plot``).
 """
 
 from __future__ import annotations
@@ -170,22 +171,29 @@ def markdown_table(rows: list[dict]) -> str:
 
 
 def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """compare.md, compare.csv and compare.png in `base`, and the table and plot in its TensorBoard events."""
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     table = markdown_table(rows)
-    (base / "compare.md").write_text(
-        f"# Variant comparison: {base.name}\n\nDevice: {device_name}; torch {torch.__version__}.\n"
-        "Throughput is the median over logging windows after the warm-up steps.\n\n" + table + "\n"
-    )
+    text = (f"# Variant comparison: {base.name}\n\nDevice: {device_name}; torch {torch.__version__}.\n"
+            "Throughput is the median over logging windows after the warm-up steps.\n\n" + table + "\n")
+    (base / "compare.md").write_text(text)
     with open(base / "compare.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[k for k, _, _ in COLUMNS])
         w.writeheader()
         for r in rows:
             w.writerow({k: r.get(k) for k, _, _ in COLUMNS})
+    plot_comparison(rows, base / "compare.png", f"{base.name} on {device_name}")
+    log_comparison(base, text, (base / "compare.png").read_bytes())
+    logger.info(f"comparison ({base}):\n" + table)
+
+
+def plot_comparison(rows: list[dict], path: Path, title: str) -> None:
+    """Bars of steady-state samples/s and warm-up seconds per variant that ran, saved to `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     ran = [r for r in rows if r.get("samples_per_sec") is not None]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     names = [r["variant"] for r in ran]
@@ -195,8 +203,29 @@ def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
     axes[1].set_title("warm-up / compile seconds")
     for ax in axes:
         ax.tick_params(axis="x", rotation=20)
-    fig.suptitle(f"{base.name} on {device_name}")
+    fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(base / "compare.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
-    logger.info(f"comparison ({base}):\n" + table)
+
+
+def log_comparison(base: Path, text: str, png: bytes) -> None:
+    """The comparison in the parent run's own TensorBoard events (text ``compare/table``, image
+    ``compare/plot``), so TensorBoard shows it next to the variants' runs, offline. Rank 0 only.
+
+    Example (a throwaway directory):
+        >>> import io, tempfile, matplotlib.image
+        >>> png = io.BytesIO(); matplotlib.image.imsave(png, [[[0.0, 0.0, 0.0]]], format="png")  # 1x1 pixel
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     log_comparison(Path(d), "| variant |\\n| --- |\\n| eager |", png.getvalue())
+        ...     any(p.name.startswith("events.out.tfevents") for p in Path(d).iterdir())
+        True
+    """
+    from torch.utils.tensorboard import SummaryWriter
+
+    from dlrm.train.reporting import add_png
+
+    with SummaryWriter(str(base)) as writer:
+        writer.add_text("compare/table", text, 0)
+        add_png(writer, "compare/plot", png, 0)
+
