@@ -5,8 +5,8 @@ so grids sized "to fill the GPU" follow the GPU they run on. Under ``TRITON_INTE
 CPU there is no device to ask: `DEFAULT_SM_COUNT` stands in (the interpreter ignores occupancy;
 the heuristics that depend on it are then not used, or only shape the test cases' grids).
 
-Overrides: benchmarks and tests may set `SPARSE_UPDATE_OVERRIDE` / `INTERACTION_OVERRIDE` to force
-a launch config (read at every launch).
+Overrides: benchmarks and tests may set `SPARSE_UPDATE_OVERRIDE` / `INTERACTION_OVERRIDE` /
+`CROSS_TILE_OVERRIDE` to force a launch config (read at every launch).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ __all__ = [
     "fp32_dot_precision",
     "gemm_tiles",
     "interaction_launch",
+    "pick_cross_tile",
     "pick_gemm_tile",
     "rows_per_program",
     "sm_count",
@@ -162,6 +163,23 @@ def pick_gemm_tile(M: int, N: int, dtype: torch.dtype, sms: int) -> GemmTile:
     if triton.cdiv(M, 128) * triton.cdiv(N, 128) < sms:
         return GEMM_TILES["medium"]
     return GEMM_TILES["square_16bit"] if dtype in (torch.bfloat16, torch.float16) else GEMM_TILES["square_fp32"]
+
+
+def pick_cross_tile(M: int, N: int, dtype: torch.dtype, sms: int) -> GemmTile:
+    """The tile of the DCN cross layer's GEMM (`kernels.cross`: ``x0 * (U @ W^T + b) + x``), [M, N] =
+    [B, (F+1) D], reducing over the rank.
+
+    Not measured yet: `pick_gemm_tile`'s choice, except that the fp32 128x128 tile becomes the
+    128x64 "tall" one, whose half-size accumulator leaves registers for the epilogue's x0 and x
+    tiles (the linear kernel's epilogue holds none). `CROSS_TILE_OVERRIDE` forces a tile.
+    """
+    if CROSS_TILE_OVERRIDE is not None:
+        return CROSS_TILE_OVERRIDE
+    tile = pick_gemm_tile(M, N, dtype, sms)
+    return GEMM_TILES["tall"] if tile == GEMM_TILES["square_fp32"] else tile
+
+
+CROSS_TILE_OVERRIDE: Optional[GemmTile] = None
 
 
 def split_k_slices(M: int, N: int, K: int, tile: GemmTile, sms: int) -> int:

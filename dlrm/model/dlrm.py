@@ -114,8 +114,13 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
         sparse_arch = TritonSparseEmbedding(cardinalities, cfg.embedding_dim, vocabs=vocabs)
     else:
         sparse_arch = SparseArch(cardinalities, cfg.embedding_dim, vocabs=vocabs)
+    crossnet_cls = None
+    if kernels.interaction == "triton" and cfg.interaction == "dcn":
+        from kernels.cross import TritonLowRankCrossNet
+
+        crossnet_cls = TritonLowRankCrossNet
     interaction = InteractionArch(len(cardinalities), cfg.embedding_dim, cfg.interaction,
-                                  cross_layers=cfg.cross_layers, cross_rank=cfg.cross_rank)
+                                  cross_layers=cfg.cross_layers, cross_rank=cfg.cross_rank, crossnet_cls=crossnet_cls)
     if kernels.interaction == "triton" and cfg.interaction == "dot":
         from kernels.interaction import TritonDotInteraction
 

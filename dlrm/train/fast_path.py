@@ -48,7 +48,8 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[s
         return ("triton", "fused hashing, lookup and sparse update") if usable else ("torch", why_not)
     if component == "interaction":
         if cfg.model.interaction != "dot":
-            return "torch", f"the Triton kernel is for the dot interaction, not {cfg.model.interaction!r}"
+            return "torch", (f"the Triton dot kernel is for the dot interaction, not {cfg.model.interaction!r} (dcn's Triton "
+                             "cross layer, kernels.interaction \"triton\", stays opt-in until measured faster than torch on a GPU)")
         return ("triton", "the eager dot's small batched GEMMs miss the tensor cores") if usable else ("torch", why_not)
     if component == "mlp":
         return "torch", "cuBLAS beats the Triton linear kernel at DLRM shapes" if usable else why_not
