@@ -51,7 +51,7 @@ def draw(trace: dict, out: Path, title: str) -> None:
     out.write_bytes(trace_summary.timeline_png(trace, title, dpi=120))
     s = trace_summary.collect(trace)
     print(f"wrote {out}: {s.step['name']}, {len(s.host_ranges)} host ranges, {len(s.annotations)} device ranges, "
-          f"{len(s.device)} kernels")
+          f"{sum(e.get('cat') == 'kernel' for e, _ in s.device)} kernels")
 
 
 def summarize(trace: dict, title: str, top: int = 15) -> str:

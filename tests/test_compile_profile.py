@@ -40,6 +40,10 @@ def test_profiled_run_writes_trace_with_named_ranges(dataset, tmp_path):
         assert r in names, r
     profiler_steps = [n for n in names if n and n.startswith("ProfilerStep#")]
     assert len(profiler_steps) == 2
+    # the run's own summary of that trace (dlrm.train.reporting.log_profile), and no <run>/hparams run
+    assert "| backward |" in (run_dir / "profile_step.md").read_text()
+    assert (run_dir / "profile_timeline.png").stat().st_size > 0
+    assert not (run_dir / "hparams").exists()
     pytest.importorskip("torch_tb_profiler")  # the TensorBoard plugin's own loader parses it too
     from torch_tb_profiler.io.cache import Cache
     from torch_tb_profiler.profiler.loader import RunLoader

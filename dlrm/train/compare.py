@@ -223,9 +223,9 @@ def log_comparison(base: Path, text: str, png: bytes) -> None:
     """
     from torch.utils.tensorboard import SummaryWriter
 
-    from dlrm.train.reporting import add_png
+    from dlrm.train.reporting import add_markdown, add_png
 
     with SummaryWriter(str(base)) as writer:
-        writer.add_text("compare/table", text, 0)
+        add_markdown(writer, "compare/table", text, 0)
         add_png(writer, "compare/plot", png, 0)
 

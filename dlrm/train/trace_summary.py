@@ -74,8 +74,9 @@ class StepSummary:
 
     step: str  # the ProfilerStep range's name, e.g. "ProfilerStep#7"
     host_ms: float
-    device_busy_ms: Optional[float]  # summed device op time; None on a CPU trace
-    device_ops: int
+    device_busy_ms: Optional[float]  # summed kernel time; None on a CPU trace
+    kernels: int
+    copy_ms: float  # memcpy/memset time (counted in the ranges' device ms, not in the kernels' busy time)
     ranges: list[RangeTime]  # the named ranges present, in RANGES order, then OTHER
     top: list[Timed]  # device kernels by total time, or on a CPU trace CPU ops by self time
     host_calls: list[Timed] = field(default_factory=list)  # host calls by inclusive time
@@ -272,16 +273,18 @@ def summarize_step(trace: dict, top: int = 15) -> StepSummary:
     """The profiled step's numbers: per-range host/device ms, the top kernels (CPU ops by self time on a
     CPU trace) and the top host calls, `top` rows each. Example in the module docstring."""
     s = collect(trace)
+    kernels = [e for e, _ in s.device if e.get("cat") == "kernel"]
+    copy_ms = sum(e["dur"] for e, _ in s.device if e.get("cat") != "kernel") / 1e3
     if s.has_device:
-        busy = sum(e["dur"] for e, _ in s.device) / 1e3
-        top_ops = ranked([(e["name"], e["dur"]) for e, _ in s.device if e.get("cat") == "kernel"], top)
+        busy = sum(e["dur"] for e in kernels) / 1e3
+        top_ops = ranked([(e["name"], e["dur"]) for e in kernels], top)
     else:
         busy = None
         own = self_times(s.cpu_ops)
         top_ops = ranked([(e["name"], own[i]) for i, e in enumerate(s.cpu_ops)], top)
     t0, t1 = s.t0, s.t0 + s.step["dur"]
     calls = [(e["name"], e["dur"]) for e in within(trace["traceEvents"], HOST_CALL_CATS, t0, t1)]
-    return StepSummary(s.step["name"], s.step["dur"] / 1e3, busy, len(s.device), range_times(s), top_ops,
+    return StepSummary(s.step["name"], s.step["dur"] / 1e3, busy, len(kernels), copy_ms, range_times(s), top_ops,
                        ranked(calls, top))
 
 
@@ -302,7 +305,8 @@ def step_line(s: StepSummary) -> str:
     """The step's one-line total, e.g. ``ProfilerStep#7: host 3.393 ms, device kernels busy 0.300 ms (78 kernels)``."""
     if not s.on_device:
         return f"{s.step}: host {s.host_ms:.3f} ms (a CPU run: no device activity, host time only)"
-    return f"{s.step}: host {s.host_ms:.3f} ms, device kernels busy {s.device_busy_ms:.3f} ms ({s.device_ops} kernels)"
+    copies = f", memcpy/memset {s.copy_ms:.3f} ms" if s.copy_ms else ""
+    return f"{s.step}: host {s.host_ms:.3f} ms, device kernels busy {s.device_busy_ms:.3f} ms ({s.kernels} kernels){copies}"
 
 
 def step_table(s: StepSummary) -> str:

@@ -1,0 +1,232 @@
+"""What TensorBoard shows without internet (#19): a profiled run's step breakdown, top kernels and
+timeline (dlrm.train.trace_summary, dlrm.train.reporting.log_profile), a --compare run's table and
+plot in the parent run, and HParams sessions that are the runs themselves (no ``<run>/hparams``)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import matplotlib.image
+import pytest
+
+from dlrm.config import load_config
+from dlrm.train import trace_summary as ts
+from dlrm.train.compare import run_comparison
+from dlrm.train.trainer import train
+from tests.conftest import REPO, make_dataset
+
+STEP_RANGES = ["data", "SparseArch", "DenseArch", "InteractionArch", "OverArch", "loss", "backward", "optimizer"]
+
+
+# ---- the trace analysis on hand-made traces --------------------------------------------------------
+
+
+def ev(name: str, cat: str, ts_: float, dur: float, tid: int = 1, corr=None) -> dict:
+    e = {"name": name, "cat": cat, "ph": "X", "ts": ts_, "dur": dur, "pid": 1, "tid": tid}
+    if corr is not None:
+        e["args"] = {"correlation": corr}
+    return e
+
+
+def gpu_trace() -> dict:
+    """One CUDA step (µs): kernels found through their launches' correlation ids, one launched from the
+    autograd thread (tid 2), one finishing after the step, one launched by the step before."""
+    return {"traceEvents": [
+        ev("ProfilerStep#4", "user_annotation", 1000, 1000),
+        ev("SparseArch", "user_annotation", 1000, 200),
+        ev("backward", "user_annotation", 1300, 400),
+        ev("optimizer", "user_annotation", 1700, 200),
+        ev("cudaLaunchKernel", "cuda_runtime", 1050, 10, corr=1),
+        ev("cudaLaunchKernel", "cuda_runtime", 1350, 10, tid=2, corr=2),
+        ev("cudaGraphLaunch", "cuda_runtime", 1750, 20, corr=3),
+        ev("cudaMemcpyAsync", "cuda_runtime", 1950, 5, corr=4),  # outside every named range
+        ev("cudaLaunchKernel", "cuda_runtime", 900, 10, corr=9),  # the step before
+        ev("embedding_fwd", "kernel", 1100, 30, corr=1),
+        ev("gemm", "kernel", 2200, 100, corr=2),
+        ev("adam", "kernel", 2400, 20, corr=3),
+        ev("adam", "kernel", 2420, 20, corr=3),
+        ev("Memcpy HtoD", "gpu_memcpy", 2500, 5, corr=4),
+        ev("late_kernel", "kernel", 1010, 50, corr=9),
+        ev("backward", "gpu_user_annotation", 2200, 100),
+    ]}  # fmt: skip
+
+
+def test_device_time_follows_the_launch_correlation_ids():
+    s = ts.summarize_step(gpu_trace())
+    assert s.step == "ProfilerStep#4" and s.on_device
+    got = {r.name: (r.host_ms, r.device_ms) for r in s.ranges}
+    assert got == {"SparseArch": (0.2, 0.03), "backward": (0.4, 0.1), "optimizer": (0.2, 0.04),
+                   "other": (pytest.approx(0.2), 0.005)}  # fmt: skip
+    assert s.device_busy_ms == pytest.approx(0.17) and s.kernels == 4 and s.copy_ms == pytest.approx(0.005)
+    assert [(t.name, t.calls) for t in s.top] == [("gemm", 1), ("adam", 2), ("embedding_fwd", 1)]
+
+
+def test_gpu_tables_have_device_columns_and_kernels():
+    s = ts.summarize_step(gpu_trace())
+    table = ts.step_table(s)
+    assert "ProfilerStep#4: host 1.000 ms, device kernels busy 0.170 ms (4 kernels), memcpy/memset 0.005 ms" in table
+    assert "| range | host ms | device ms | host % of step |" in table
+    assert "| backward | 0.400 | 0.100 | 40.0 |" in table
+    top = ts.top_table(s)
+    assert "| `gemm` | 1 | 0.100 | 58.8 |" in top and "| `adam` | 2 | 0.040 | 23.5 |" in top
+    assert "late_kernel" not in top
+
+
+def test_cpu_trace_reports_host_time_and_cpu_ops_by_self_time_not_zero_columns():
+    trace = {"traceEvents": [
+        ev("ProfilerStep#2", "user_annotation", 0, 1000),
+        ev("DenseArch", "user_annotation", 0, 400),
+        ev("aten::linear", "cpu_op", 10, 300), ev("aten::addmm", "cpu_op", 20, 250),
+        ev("backward", "user_annotation", 400, 500), ev("aten::mm", "cpu_op", 450, 100),
+        ev("aten::mm", "cpu_op", 600, 100, tid=2),
+    ]}  # fmt: skip
+    s = ts.summarize_step(trace)
+    assert not s.on_device and s.device_busy_ms is None
+    assert all(r.device_ms is None for r in s.ranges)
+    assert [(t.name, t.calls, t.ms) for t in s.top] == [("aten::addmm", 1, 0.25), ("aten::mm", 2, 0.2),
+                                                        ("aten::linear", 1, 0.05)]  # fmt: skip
+    table, top = ts.step_table(s), ts.top_table(s)
+    assert "device" not in table.split("\n", 2)[2] and "0.000" not in table
+    assert "| DenseArch | 0.400 | 40.0 |" in table and "| other | 0.100 | 10.0 |" in table
+    assert "| CPU op | calls | self ms | % of step |" in top and "| `aten::addmm` | 1 | 0.250 | 25.0 |" in top
+
+
+def test_a_trace_without_a_profiled_step_is_a_trace_error(tmp_path):
+    with pytest.raises(ts.TraceError, match="no ProfilerStep"):
+        ts.summarize_step({"traceEvents": [ev("aten::mm", "cpu_op", 0, 1)]})
+    with pytest.raises(ts.TraceError, match="train with --profile"):
+        ts.load_trace(tmp_path)
+
+
+def test_timeline_png_has_a_lane_per_kind_of_event():
+    assert [label for label, _ in ts.lanes(ts.collect(gpu_trace()))] == [
+        "host: named ranges", "device: profiler spans per range", "device: kernels, by launching range"]
+    image = matplotlib.image.imread(io.BytesIO(ts.timeline_png(gpu_trace(), "t")), format="png")
+    assert image.shape[1] > 1000 and image.shape[0] > 150
+
+
+# ---- the events of real runs ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tbs") / "ds"
+    make_dataset(root, {"train": 320, "validation": 64}, row_group_size=80)
+    return root
+
+
+def tiny_config(dataset, tb, **overrides):
+    base = {"data.path": str(dataset), "log.tb_dir": str(tb), "data.batch_size": 32, "train.max_steps": 6,
+            "train.log_every": 3, "train.device": "cpu", "train.baseline": False}
+    return load_config(REPO / "configs" / "sample.json", {**base, **overrides})
+
+
+@pytest.fixture(scope="module")
+def profiled_run(dataset, tmp_path_factory):
+    tb = tmp_path_factory.mktemp("tbs") / "tb"
+    train(tiny_config(dataset, tb, **{"log.run_name": "prof", "profile.enabled": True, "profile.wait": 1,
+                                      "profile.warmup": 1, "profile.active": 2}))
+    return tb / "prof"
+
+
+def accumulator(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"images": 0, "tensors": 0, "scalars": 0})
+    acc.Reload()
+    return acc
+
+
+def text(acc, tag: str) -> str:
+    (event,) = acc.Tensors(tag)
+    return event.tensor_proto.string_val[0].decode()
+
+
+def decoded(acc, tag: str):
+    (event,) = acc.Images(tag)
+    image = matplotlib.image.imread(io.BytesIO(event.encoded_image_string), format="png")
+    assert image.shape[:2] == (event.height, event.width)
+    return image
+
+
+def table_rows(markdown: str) -> dict[str, list[str]]:
+    """{first cell: other cells} of a Markdown table's body rows."""
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in markdown.splitlines()
+            if line.startswith("| ") and not line.startswith("| ---")]
+    return {r[0]: r[1:] for r in rows[1:]}
+
+
+def test_profiled_run_shows_step_breakdown_kernels_and_timeline(profiled_run):
+    acc = accumulator(profiled_run)
+    tags = acc.Tags()
+    assert "profile/top_ops" not in tags["tensors"]  # the raw profiler table is gone
+    breakdown = text(acc, "profile/step_breakdown")
+    assert re.match(r"ProfilerStep#\d+: host \d+\.\d{3} ms \(a CPU run", breakdown)
+    rows = table_rows(breakdown)
+    assert set(STEP_RANGES) <= set(rows)
+    host_ms = {name: float(cells[0]) for name, cells in rows.items()}
+    step_ms = float(re.search(r"host (\d+\.\d+) ms", breakdown)[1])
+    assert all(ms > 0 for ms in host_ms.values())
+    assert sum(host_ms.values()) == pytest.approx(step_ms, rel=0.01)
+    kernels = text(acc, "profile/top_kernels")
+    ops = table_rows(kernels)
+    assert "CPU ops" in kernels and any(name.startswith("`aten::") for name in ops)
+    assert all(int(cells[0]) >= 1 and float(cells[1]) >= 0 for cells in ops.values())
+    image = decoded(acc, "profile/timeline")
+    assert image.shape[1] > 800 and image[..., :3].std() > 0.05  # a picture, not a blank
+    assert (profiled_run / "profile_timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| backward |" in (profiled_run / "profile_step.md").read_text()
+
+
+def test_hparams_are_in_the_run_itself_and_the_plugin_lists_the_run(profiled_run):
+    assert not (profiled_run / "hparams").exists()
+    assert [p for p in profiled_run.rglob("events.out.tfevents*")] == list(profiled_run.glob("events.out.tfevents*"))
+    acc = accumulator(profiled_run)
+    assert {"hparam/auc", "hparam/logloss", "hparam/accuracy"} <= set(acc.Tags()["scalars"])
+    groups = hparams_session_groups(profiled_run.parent)
+    assert [g["name"] for g in groups] == ["prof"]
+    (group,) = groups
+    assert group["hparams"]["batch_size"] == 32 and group["hparams"]["precision"] == "fp32"
+    metrics = {m["name"]["tag"]: m["value"] for m in group["sessions"][0]["metricValues"]}
+    summary = json.loads((profiled_run / "summary.json").read_text())
+    assert metrics["hparam/auc"] == pytest.approx(summary["auc"], abs=1e-6)
+
+
+def hparams_session_groups(logdir) -> list[dict]:
+    """The session groups TensorBoard's HParams dashboard asks its plugin for."""
+    from tensorboard.backend.event_processing import data_provider
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+    from tensorboard.plugins import base_plugin
+    from tensorboard.plugins.hparams import hparams_plugin
+    from werkzeug.test import Client
+    from werkzeug.wrappers import Response
+
+    mux = EventMultiplexer()
+    mux.AddRunsFromDirectory(str(logdir))
+    mux.Reload()
+    context = base_plugin.TBContext(logdir=str(logdir), multiplexer=mux,
+                                    data_provider=data_provider.MultiplexerDataProvider(mux, str(logdir)))
+    app = hparams_plugin.HParamsPlugin(context).get_plugin_apps()["/session_groups"]
+    request = {"experimentName": "", "startIndex": 0, "sliceSize": 100,
+               "allowedStatuses": ["STATUS_UNKNOWN", "STATUS_SUCCESS", "STATUS_FAILURE", "STATUS_RUNNING"]}
+    response = Client(app, Response).post("/session_groups", data=json.dumps(request),
+                                          content_type="application/json")
+    assert response.status_code == 200, response.get_data(as_text=True)
+    return json.loads(response.get_data(as_text=True))["sessionGroups"]
+
+
+def test_compare_writes_table_and_plot_into_the_parent_run(dataset, tmp_path):
+    cfg = tiny_config(dataset, tmp_path / "tb", **{"log.run_name": "cmp", "profile.enabled": False})
+    run_comparison(cfg, ["eager"], train)
+    acc = accumulator(tmp_path / "tb" / "cmp")
+    table = text(acc, "compare/table")
+    assert table == (tmp_path / "tb" / "cmp" / "compare.md").read_text()
+    row = table_rows(table)["eager"]
+    assert float(row[0].replace(",", "")) > 0 and row[-1] == "ok"
+    image = decoded(acc, "compare/plot")
+    assert image.shape[1] > 500
+    # the variant is a run of its own, with its hparams in it
+    assert not (tmp_path / "tb" / "cmp" / "eager" / "hparams").exists()
+    assert "hparam/auc" in accumulator(tmp_path / "tb" / "cmp" / "eager").Tags()["scalars"]
