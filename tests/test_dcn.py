@@ -3,18 +3,27 @@
 Forward and every gradient (input, each layer's W, V and bias) against a float64 numpy reference
 with a hand-derived backward, on odd shapes (B = 1, 3, 127; F = 1; rank 1; one layer),
 non-contiguous inputs and gradients; TorchRec's names, shapes and initialisation; the config keys,
-their validation, the fast-path choice and the resume policy.
+their validation, the fast-path choice and the resume policy; configs/kaggle-dcn.json end to end.
 """
+
+import gzip
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
-from dlrm.config import ConfigError, KernelsConfig, ModelConfig, config_from_dict
+from dlrm import checkpoint as ckpt
+from dlrm.config import ConfigError, KernelsConfig, ModelConfig, config_from_dict, load_config
 from dlrm.model.archs import InteractionArch, LowRankCrossNet
 from dlrm.model.dlrm import build_model
 from dlrm.train.fast_path import resolve_fast_path
+from dlrm.train.profiling import trace_files
 from dlrm.train.resume_policy import check_resume_config
+from dlrm.train.trainer import train
+from tests.conftest import REPO
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,3 +286,127 @@ def test_resume_refuses_a_changed_cross_network(key, value):
     with pytest.raises(ConfigError, match=f"model.{key}"):
         check_resume_config(saved, current, (), "ckpt.pt")
     check_resume_config(saved, current, (f"model.{key}",), "ckpt.pt")  # unless allowed
+
+
+# ---------------------------------------------------------------------------------------------
+# configs/kaggle-dcn.json end to end on a tiny synthetic dataset (CPU): training with profiling,
+# checkpoints and exact resume, torch.compile, --export; the whole-step CUDA graph on a GPU
+
+KAGGLE_DCN = REPO / "configs" / "kaggle-dcn.json"
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dcn") / "syn"
+    proc = subprocess.run([sys.executable, "-m", "dlrm.data.synthetic", "--rows", "3000", "--cardinalities", "tiny",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def kaggle_dcn(dataset, tmp_path, run_name, **overrides):
+    """configs/kaggle-dcn.json on the tiny dataset (its metadata's table sizes replace the config's),
+    CPU-sized: batch 64, a few steps, deterministic, a checkpoint every 4 steps."""
+    base = {"data.path": str(dataset), "data.batch_size": 64, "data.shuffle": True, "train.device": "cpu",
+            "train.max_steps": 8, "train.log_every": 2, "train.deterministic": True, "train.baseline": False,
+            "log.tb_dir": str(tmp_path / "tb"), "log.run_name": run_name, "checkpoint.every": 4, "checkpoint.keep": 5}
+    return load_config(KAGGLE_DCN, {**base, **overrides})
+
+
+def test_kaggle_dcn_config_is_the_kaggle_model_with_a_cross_network():
+    dcn, dot = load_config(KAGGLE_DCN), load_config(REPO / "configs" / "kaggle.json")
+    assert (dcn.model.interaction, dcn.model.cross_layers, dcn.model.cross_rank) == ("dcn", 3, 128)
+    for key in ("embedding_dim", "bottom_mlp", "top_mlp", "cardinalities", "activation"):
+        assert getattr(dcn.model, key) == getattr(dot.model, key), key
+    assert (dcn.optim.dense.name, dcn.optim.sparse.name) == ("adagrad", "rowwise_adagrad")  # MLPerf DLRM-DCNv2's
+    assert dcn.data == dot.data and dcn.train == dot.train
+    model = build_model(dcn.model, dcn.model.cardinalities, device="meta")  # Kaggle-sized tables, no memory
+    assert model.interaction_arch.output_dim == 27 * 16 == model.over_arch.model.layers[0].in_features
+    assert tuple(model.interaction_arch.crossnet.W_kernels[0].shape) == (432, 128)
+
+
+def test_kaggle_dcn_trains_profiles_and_resumes_exactly(tiny_dataset, tmp_path):
+    full = train(kaggle_dcn(tiny_dataset, tmp_path, "full", **{
+        "profile.enabled": True, "profile.wait": 1, "profile.warmup": 1, "profile.active": 2}))
+    assert full["steps"] == 8 and 0.0 < full["auc"] < 1.0
+    losses = [l for _, l in full["train_losses"]]
+    assert len(losses) == 4 and all(np.isfinite(losses))
+    (trace,) = trace_files(tmp_path / "tb" / "full")
+    names = {e.get("name") for e in json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]}
+    assert {"InteractionArch", "OverArch", "backward", "optimizer"} <= names
+
+    train(kaggle_dcn(tiny_dataset, tmp_path, "parts", **{"train.max_steps": 4}))
+    resumed = train(kaggle_dcn(tiny_dataset, tmp_path, "parts"), resume="latest")
+    assert resumed["steps"] == 8
+    assert [l for _, l in resumed["train_losses"]] == losses  # bit for bit
+    a = ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / "tb" / "full")[-1])
+    b = ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / "tb" / "parts")[-1])
+    assert a["position"] == b["position"]
+    crossnet = [k for k in a["model"] if ".crossnet." in k]
+    assert len(crossnet) == 9  # W, V and bias of 3 layers
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for oa, ob in zip(a["optimizers"], b["optimizers"]):
+        assert oa["state"].keys() == ob["state"].keys() and oa["state"]
+        for pid, st in oa["state"].items():
+            for name, value in st.items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(ob["state"][pid][name])), (pid, name)
+    # the cross network trained: its biases left their zero init
+    assert all(a["model"][k].abs().sum() > 0 for k in crossnet if ".bias." in k)
+
+
+def test_kaggle_dcn_compiled_matches_eager(tiny_dataset, tmp_path):
+    """--compile once (tiny: 4 steps): no graph breaks, the eager run's losses."""
+    eager = train(kaggle_dcn(tiny_dataset, tmp_path, "eager", **{"train.max_steps": 4}))
+    compiled = train(kaggle_dcn(tiny_dataset, tmp_path, "compiled", **{"train.max_steps": 4, "train.compile.enabled": True}))
+    assert compiled["compile"]["graph_breaks"] == 0
+    for (s1, l1), (s2, l2) in zip(eager["train_losses"], compiled["train_losses"]):
+        assert s1 == s2 and l1 == pytest.approx(l2, abs=1e-4)
+    assert compiled["auc"] == pytest.approx(eager["auc"], abs=1e-3)
+
+
+def test_kaggle_dcn_export_predicts_like_the_model(tiny_dataset, tmp_path):
+    cfg = kaggle_dcn(tiny_dataset, tmp_path, "exp", **{"train.max_steps": 4})
+    summary = train(cfg)
+    run_dir = tmp_path / "tb" / "exp"
+    proc = subprocess.run([sys.executable, str(REPO / "train.py"), "--config", str(KAGGLE_DCN), "--data", str(tiny_dataset),
+                           "--device", "cpu", "--tb-dir", str(tmp_path / "tb"), "--checkpoint", str(run_dir),
+                           "--export", str(tmp_path / "dcn.pt2")], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    from dlrm.data.loader import transform_dense
+    from dlrm.train.export import model_from_checkpoint
+    from dlrm.train.trainer import build_for_data
+
+    _, _, _, tables = build_for_data(cfg)
+    model = model_from_checkpoint(cfg, summary["checkpoint"], tables, torch.device("cpu"))
+    assert model.interaction_arch.kind == "dcn"
+    program = torch.export.load(str(tmp_path / "dcn.pt2")).module()
+    rng = np.random.default_rng(0)
+    for batch in (1, 3, 33):
+        counts = torch.from_numpy(rng.integers(-2, 5000, (batch, 13)))
+        raw = torch.from_numpy(rng.integers(-1, 2**32, (batch, 26)))
+        torch.testing.assert_close(program(counts, raw), model.predict(transform_dense(counts), raw), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("interaction", ["torch", "triton"])
+def test_kaggle_dcn_whole_step_cuda_graph(interaction):
+    """The DCN model in the captured step (a fused Adam: the config's Adagrad has no fused CUDA
+    kernel, so "auto" turns the graph off for it): the ordinary step's losses and weights."""
+    from tests.test_graphed_step import batches, graphed_step, make_run
+    from tests.test_graphed_step import train as train_steps
+
+    device = torch.device("cuda")
+    cfg = load_config(KAGGLE_DCN, {"kernels.embedding": "triton", "kernels.interaction": interaction,
+                                   "train.cuda_graph": True, "train.compile": False, "train.precision": "fp32",
+                                   "optim.dense.name": "adam", "optim.dense.lr": 0.001, "model.cross_rank": 32})
+    data = batches(8, 127, device)  # 3 warm-up steps, the capture, 4 replays
+    plain = make_run(cfg, device, cuda_graph=False)
+    run = make_run(cfg, device)
+    graphed = graphed_step(run)
+    a, b = train_steps(plain, data), train_steps(run, data)
+    assert graphed.graph is not None and len(set(b[3:])) == 5
+    torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(plain.model.state_dict().items(), run.model.state_dict().values()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
