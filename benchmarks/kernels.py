@@ -15,7 +15,8 @@ What is measured, per kernel variant (``--list`` prints them), batch size, dtype
 
 * kernels: hash_rows, the embedding lookup / fused-SGD backward (D=16 on the Kaggle tables, D=128 on
   tables capped at 4M rows), the dot interaction ([B, 27, 16], [B, 27, 128]), the fused linear+relu
-  (512x256, 256x64, 1024x1024) and the BCE loss;
+  (512x256, 256x64, 1024x1024), the BCE loss and the DCN cross layer's fused GEMM (Kaggle's 432 x rank
+  128 and MLPerf's 3456 x rank 512, against cuBLAS + the eager elementwise cross);
 * modes ``fwd``, ``bwd`` (the backward alone, from a retained graph) and ``fwd+bwd``;
 * implementations ``triton`` (kernels/), ``eager`` (the eager PyTorch op of dlrm/model: for the
   linear layer that is cuBLAS ``F.linear`` + a separate ``relu``) and ``compile`` (``torch.compile``
@@ -121,6 +122,10 @@ def tr_bce(logits, labels):
     return _kmod("loss").bce_with_logits(logits, labels, "mean")
 
 
+def tr_cross_layer(x0, x, u, w, b, allow_tf32):
+    return _kmod("cross").cross_layer(x0, x, u, w, b, allow_tf32)
+
+
 def eager_hash_rows(raw, cards, offs):
     return modulus_rows(raw, cards, offs)
 
@@ -153,6 +158,11 @@ def eager_linear_relu(x, w, b):
 
 def eager_bce(logits, labels):
     return F.binary_cross_entropy_with_logits(logits, labels)
+
+
+def eager_cross_layer(x0, x, u, w, b):
+    """The second half of an eager LowRankCrossNet layer: cuBLAS ``u @ w^T``, then the elementwise cross."""
+    return x0 * (F.linear(u, w) + b) + x
 
 
 # ====================================================================================================
@@ -363,6 +373,26 @@ def build_linear(k: int, n: int):
     return build
 
 
+# ---- DCN cross layer ---------------------------------------------------------------------------
+
+
+def build_cross(n: int, rank: int):
+    """``x0 * (u @ w^T + b) + x`` for x0, x [B, n], u [B, rank], w [n, rank] (kernels/cross.py)."""
+
+    def build(ctx: Ctx, batch: int, dtype: torch.dtype) -> Built:
+        dev = ctx.device
+        x0, x = (torch.randn(batch, n, dtype=dtype, device=dev, requires_grad=True) for _ in range(2))
+        u = torch.randn(batch, rank, dtype=dtype, device=dev, requires_grad=True)
+        w = (torch.randn(n, rank, dtype=dtype, device=dev) / math.sqrt(rank)).requires_grad_()
+        b = torch.randn(n, dtype=dtype, device=dev).requires_grad_()
+        impls = standard_impls(ctx, lambda *a: tr_cross_layer(*a, ctx.tf32), eager_cross_layer, (x0, x, u, w, b))
+        mnk = 2.0 * batch * n * rank
+        note = "fp32 with TF32 on both sides" if (dtype == torch.float32 and ctx.tf32) else ""
+        return Built(impls, fwd_bwd_work(mnk, 2 * mnk), note)  # bwd: grad_u and grad_w GEMMs
+
+    return build
+
+
 # ---- loss --------------------------------------------------------------------------------------
 
 
@@ -402,6 +432,11 @@ LINEAR_TARGETS = [
     Target("fused linear+relu fwd+bwd no slower than cuBLAS + relu", "fwd+bwd", "eager", 1.0),
 ]
 LOSS_TARGETS = [Target("loss fwd+bwd >= 3x eager", "fwd+bwd", "eager", 3.0)]
+# what kernels.interaction "auto" would need before choosing the Triton cross layer (dlrm.train.fast_path)
+CROSS_TARGETS = [
+    Target("cross layer fwd+bwd no slower than cuBLAS + eager epilogue", "fwd+bwd", "eager", 1.0),
+    Target("cross layer fwd+bwd no slower than torch.compile", "fwd+bwd", "compile", 1.0),
+]
 
 SPECS = [
     Spec("hash_rows", "embedding", "GB/s", "modulus hashing of [B, 26] int64 ids", build_hash_rows),
@@ -413,6 +448,8 @@ SPECS = [
     Spec("linear_256x64", "linear", "TFLOP/s", "[B, 256] -> [B, 64], relu", build_linear(256, 64), False, LINEAR_TARGETS),
     Spec("linear_1024x1024", "linear", "TFLOP/s", "[B, 1024] -> [B, 1024], relu", build_linear(1024, 1024), False, LINEAR_TARGETS),
     Spec("loss", "loss", "GB/s", "BCE with logits, [B]", build_loss, True, LOSS_TARGETS),
+    Spec("cross_432x128", "cross", "TFLOP/s", "DCN layer, [B, 128] -> [B, 432] (Kaggle)", build_cross(432, 128), True, CROSS_TARGETS),
+    Spec("cross_3456x512", "cross", "TFLOP/s", "DCN layer, [B, 512] -> [B, 3456] (MLPerf)", build_cross(3456, 512), False, CROSS_TARGETS),
 ]  # fmt: skip
 
 
