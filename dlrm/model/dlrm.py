@@ -76,12 +76,17 @@ def build_model(
     kernels: Optional[KernelsConfig] = None,
     device: torch.device | str = "cpu",
     sparse_arch: Optional[Callable[[], nn.Module]] = None,
+    compiled: bool = False,
 ) -> DLRM:
     """Build a DLRM on `device`, with eager or Triton parts as `kernels` asks (logged).
 
     `sparse_arch`: a function that builds the SparseArch instead (a distributed run's sharded one,
     see `dlrm.train.builder`); it is called where this function would build its own, so the
     parameters draw from the RNG in the same order as in a one-process run.
+    `compiled`: the training step will run under torch.compile (``train.compile.enabled``). The torch
+    embedding is then `FusedUpdateSparseArch` (optimizer in its backward, static shapes: compiled with
+    the step) instead of `SparseArch`, whose sparse COO gradient keeps it eager (and which stays the
+    eager path: its coalesce is faster there than the fused update's sort and segment sums).
     """
     kernels = kernels or KernelsConfig()
     choices = {k: getattr(kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
@@ -94,12 +99,12 @@ def build_model(
     # Parameters are created on `device` directly: the MLPerf-sized tables (tens of GB) must not
     # pass through host memory first. `.to` still moves buffers built from host tensors.
     with torch.device(device):
-        model = _build_archs(cfg, cardinalities, vocabs, kernels, sparse_arch)
+        model = _build_archs(cfg, cardinalities, vocabs, kernels, sparse_arch, compiled)
     return model.to(device)
 
 
 def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: KernelsConfig,
-                 sparse_arch: Optional[Callable[[], nn.Module]] = None) -> DLRM:
+                 sparse_arch: Optional[Callable[[], nn.Module]] = None, compiled: bool = False) -> DLRM:
     linear_cls = None
     if kernels.mlp == "triton":
         from kernels.linear import TritonLinear
@@ -112,6 +117,13 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
         from kernels.embedding import TritonSparseEmbedding
 
         sparse_arch = TritonSparseEmbedding(cardinalities, cfg.embedding_dim, vocabs=vocabs)
+    elif compiled:
+        # torch.compile cannot take a sparse COO gradient; this twin of SparseArch updates the rows in
+        # its backward with static shapes, so the whole step compiles (issue #19)
+        from dlrm.model.fused_sparse import FusedUpdateSparseArch
+
+        logger.info("embedding: torch with the sparse optimizer fused into its backward (compiled with the step)")
+        sparse_arch = FusedUpdateSparseArch(cardinalities, cfg.embedding_dim, vocabs=vocabs)
     else:
         sparse_arch = SparseArch(cardinalities, cfg.embedding_dim, vocabs=vocabs)
     crossnet_cls = None

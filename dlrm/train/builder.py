@@ -117,7 +117,8 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
     cfg, fast_path = resolve_fast_path(cfg, device, env.distributed)
     plan = make_sharding(cfg, tables, env)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
-    model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch)
+    model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch,
+                        compiled=bool(cfg.train.compile.enabled))
     dense_forward = None  # one process: the model's own forward_from_embeddings
     if env.distributed:
         from dlrm.distributed.data_parallel import wrap_dense_parts
