@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -20,7 +22,9 @@ import torch
 from dlrm.config import load_config
 from dlrm.data import synthetic
 from dlrm.data.preprocess import preprocess
-from dlrm.data.preprocess.frequency import auto_min_frequency
+from dlrm.data import preprocess as pp
+from dlrm.data.preprocess.frequency import auto_min_frequency, train_rows_of_plan
+from dlrm.data.preprocess.splits import SplitPlan
 from dlrm.data.schema import SPARSE_COLUMNS, read_metadata
 from dlrm.sweep import parse_set, run_sweep
 from dlrm.train.baseline import run_baseline
@@ -146,3 +150,64 @@ def test_real_samples_reach_the_baseline_given_enough_steps(real, tmp_path):
         aucs.append(summary["auc"])
         bases.append(summary["baseline"]["auc"])
     assert statistics.fmean(aucs) >= statistics.fmean(bases), (aucs, bases)
+
+
+# -- --min-frequency auto and the regime's command line -------------------------------------------
+
+
+def test_auto_rule_grows_like_the_square_root_within_its_bounds():
+    assert [auto_min_frequency(n) for n in (0, 86, 8_572, 85_714, 10**6, 39_291_958)] == [2, 2, 14, 44, 50, 50]
+    sizes = [10**k for k in range(2, 8)]
+    assert all(a <= b for a, b in zip(map(auto_min_frequency, sizes), map(auto_min_frequency, sizes[1:])))
+    lines = [6_000, 4_000]
+    assert train_rows_of_plan(SplitPlan.build("sequential", lines), lines) == 8_572
+    assert train_rows_of_plan(SplitPlan.build("days", lines), lines) == 6_000
+    plan = SplitPlan.build("random", lines, validation_fraction=0.3, test_fraction=0.1)
+    assert train_rows_of_plan(plan, lines) == 6_000
+
+
+def preprocess_cli(*args):
+    return subprocess.run([sys.executable, "-m", "dlrm.preprocess", *map(str, args), "--workers", "1", "--no-progress"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--min-frequency", "auto"], "error: --min-frequency auto: the frequency threshold applies to --hashing vocabulary only"),
+    (["--hashing", "vocabulary", "--min-frequency", "often"], "'often' is not an integer or auto"),
+    (["--hashing", "vocabulary", "--min-frequency", "0"], "0 must be >= 1 (or auto)"),
+])
+def test_bad_min_frequency_is_one_line_and_writes_nothing(regime, tmp_path, args, message):
+    raw = regime[0]["synthetic"].parent / "log-0.txt"
+    res = preprocess_cli("--input", raw, "--output", tmp_path / "out", *args)
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and message in res.stderr, res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_auto_resumes_an_interrupted_run_to_the_same_dataset(regime, tmp_path):
+    """The manifest keeps "auto" (not its value), so the same command resumes; the result is that of an
+    uninterrupted run."""
+    raw = regime[0]["synthetic"].parent / "log-0.txt"
+    options = dict(workers=1, progress=False, hashing="vocabulary", min_frequency="auto", chunk_rows=2_000)
+    with pytest.raises(pp._Interrupted):
+        pp.preprocess([raw], tmp_path / "resumed", _max_new_chunks=2, **options)
+    resumed = pp.preprocess([raw], tmp_path / "resumed", **options)
+    whole = read_metadata(regime[0]["vocabulary"])
+    assert resumed.cardinalities == whole.cardinalities and resumed.extra["options"]["min_frequency_used"] == 14
+    for f in range(26):
+        assert np.array_equal(np.load(tmp_path / "resumed" / "vocab" / f"{SPARSE_COLUMNS[f]}.npy"),
+                              np.load(regime[0]["vocabulary"] / "vocab" / f"{SPARSE_COLUMNS[f]}.npy"))
+
+
+def test_regime_command_line(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "dlrm.data.synthetic", "--out", str(tmp_path / "none")],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--rows: required (or a --regime that sets it" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "none").exists()
+    from click.testing import CliRunner
+
+    res = CliRunner().invoke(synthetic.main, ["--regime", "small-real", "--rows", "1400", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 0, res.output
+    meta = read_metadata(tmp_path / "r")
+    assert {s: i.rows for s, i in meta.splits.items()} == {"train": 1_200, "validation": 100, "test": 100}
+    assert meta.extra["regime"] == "small-real" and meta.extra["command"].endswith("--regime small-real")
+    assert sum(meta.cardinalities) < 26 * 1_200  # distinct train values + 1, not the 33.8M Kaggle categories
