@@ -82,6 +82,7 @@ def _cross_fwd_kernel(
     stride_uk,
     stride_wn,
     stride_wk,
+    stride_b,
     stride_x0m,
     stride_x0n,
     stride_xm,
@@ -93,8 +94,8 @@ def _cross_fwd_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
-    """pre = u @ w^T + b; out = x0 * pre + x. u [M, K], w [N, K], x0 and x [M, N] through any strides;
-    out and pre contiguous [M, N]."""
+    """pre = u @ w^T + b; out = x0 * pre + x. u [M, K], w [N, K], b [N], x0 and x [M, N] through any
+    strides; out and pre contiguous [M, N]."""
     # Grouped ("super-tile") program order: GROUP_M row tiles share each column tile of w in L2.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -125,7 +126,7 @@ def _cross_fwd_kernel(
         w_ptrs += BLOCK_K * stride_wk
 
     # Epilogue: the bias, then the cross with x0 and the residual x, in fp32.
-    b = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + rn * stride_b, mask=rn < N, other=0.0).to(tl.float32)
     acc += b[None, :]
     mask = m_ok & n_ok
     o_offs = rm[:, None] * N + rn[None, :]
@@ -260,7 +261,7 @@ def cross_forward(x0: Tensor, x: Tensor, u: Tensor, weight: Tensor, bias: Tensor
         kernel[grid](
             u, weight, bias, x0, x, out, pre if pre is not None else out,
             M, N, K,
-            u.stride(0), u.stride(1), weight.stride(0), weight.stride(1),
+            u.stride(0), u.stride(1), weight.stride(0), weight.stride(1), bias.stride(0),
             x0.stride(0), x0.stride(1), x.stride(0), x.stride(1),
             STORE_PRE=pre is not None,
             INPUT_PRECISION=prec,

@@ -41,9 +41,11 @@ NAMES = ("x0", "x", "u", "weight", "bias")
 
 
 def _make(shape, layout: str, device, dtype, gen, scale: float = 1.0) -> torch.Tensor:
-    """A tensor of `shape` ([R, C], or [C] for "vector") with a given memory layout."""
+    """A tensor of `shape` ([R, C], or [C] for "vector" / "strided_vector") with a given memory layout."""
     if layout == "vector":
         t = torch.randn(shape, generator=gen)
+    elif layout == "strided_vector":  # every third element of a longer vector
+        t = torch.randn(3 * shape, generator=gen)[::3]
     else:
         R, C = shape
         if layout == "contiguous":
@@ -91,12 +93,13 @@ def run_case(M: int, N: int, K: int, device, kind: str = "fp32", layouts: dict |
     """Forward and backward of cross_layer vs float64 autograd on the same (rounded) input values."""
     dtype = DTYPES[kind]
     gen = torch.Generator().manual_seed(seed)
-    layouts = {"x0": "contiguous", "x": "contiguous", "u": "contiguous", "weight": "contiguous", **(layouts or {})}
+    layouts = {"x0": "contiguous", "x": "contiguous", "u": "contiguous", "weight": "contiguous", "bias": "vector",
+               **(layouts or {})}
     x0 = _make((M, N), layouts["x0"], device, dtype, gen)
     x = x0 if same_x else _make((M, N), layouts["x"], device, dtype, gen)
     u = _make((M, K), layouts["u"], device, dtype, gen)
     w = _make((N, K), layouts["weight"], device, dtype, gen, scale=K**-0.5)  # keeps pre O(1)
-    b = _make(N, "vector", device, dtype, gen)
+    b = _make(N, layouts["bias"], device, dtype, gen)
     g = _make((M, N), grad_layout, device, dtype, gen)
     inputs = [t.detach().requires_grad_(n) for t, n in zip((x0, x, u, w, b), need)]
     if same_x:  # the first layer: x_l is x_0 itself (one tensor, two arguments)
@@ -153,7 +156,7 @@ def test_several_tiles_per_dimension(device):
     ({"x0": "transposed"}, "contiguous"),
     ({"x": "sliced", "u": "transposed"}, "transposed"),
     ({"weight": "transposed", "x0": "sliced"}, "expand"),
-    ({"weight": "sliced", "u": "sliced", "x": "transposed"}, "sliced"),
+    ({"weight": "sliced", "u": "sliced", "x": "transposed", "bias": "strided_vector"}, "sliced"),
 ])
 def test_noncontiguous(layouts, grad_layout, device):
     run_case(127, 24, 13, device, layouts=layouts, grad_layout=grad_layout, seed=2)
