@@ -58,7 +58,7 @@ COLUMNS = [
     ("warmup_s", "warm-up/compile s", "{:.2f}"),
     ("peak_memory_mb", "peak device MiB", "{:,.0f}"),
     ("final_train_loss", "final train loss", "{:.5f}"),
-    ("max_loss_diff_vs_eager", "max |loss - eager|", "{:.2e}"),
+    ("max_loss_diff_vs_eager", "max \\|loss - eager\\|", "{:.2e}"),  # escaped: a bare | splits a Markdown cell
     ("auc", "eval AUC", "{:.4f}"),
     ("graph_breaks", "graph breaks", "{}"),
     ("status", "status", "{}"),
