@@ -225,13 +225,13 @@ def run_baseline(cfg, meta, tables, device: torch.device, world_size: int = 1, w
     Returns:
         The baseline's summary (see `fit_and_evaluate`), or None when it is off.
     """
-    data_dir = Path(cfg.data.path)
-    train_files = split_files(data_dir, meta, "train")
-    train = ParquetLoader(train_files, LOADER_BATCH, device)
-    wanted, why = baseline_wanted(cfg.train.baseline, train.num_rows, world_size, device.type)
+    # the metadata's row count decides: no file is opened for a run that fits no baseline
+    wanted, why = baseline_wanted(cfg.train.baseline, meta.splits["train"].rows, world_size, device.type)
     if not wanted:
         logger.info(f"baseline: off ({why})")
         return None
+    data_dir = Path(cfg.data.path)
+    train = ParquetLoader(split_files(data_dir, meta, "train"), LOADER_BATCH, device)
     evaluation = ParquetLoader(split_files(data_dir, meta, cfg.data.eval_split), LOADER_BATCH, device)
     try:
         result = fit_and_evaluate(train, evaluation, RowHasher(tables.cardinalities, tables.vocabs, device))
