@@ -182,7 +182,7 @@ def test_profiled_run_shows_step_breakdown_kernels_and_timeline(profiled_run):
 
 def test_hparams_are_in_the_run_itself_and_the_plugin_lists_the_run(profiled_run):
     assert not (profiled_run / "hparams").exists()
-    assert [p for p in profiled_run.rglob("events.out.tfevents*")] == list(profiled_run.glob("events.out.tfevents*"))
+    assert set(profiled_run.rglob("events.out.tfevents*")) == set(profiled_run.glob("events.out.tfevents*"))
     acc = accumulator(profiled_run)
     assert {"hparam/auc", "hparam/logloss", "hparam/accuracy"} <= set(acc.Tags()["scalars"])
     groups = hparams_session_groups(profiled_run.parent)
@@ -230,3 +230,29 @@ def test_compare_writes_table_and_plot_into_the_parent_run(dataset, tmp_path):
     # the variant is a run of its own, with its hparams in it
     assert not (tmp_path / "tb" / "cmp" / "eager" / "hparams").exists()
     assert "hparam/auc" in accumulator(tmp_path / "tb" / "cmp" / "eager").Tags()["scalars"]
+
+
+def test_log_profile_reads_this_process_trace_and_survives_an_unreadable_one(tmp_path):
+    """In a distributed run every rank writes a trace into the run dir; rank 0 summarizes its own, and a
+    trace it cannot read costs the summary (a warning), never the finished run."""
+    import gzip
+    import os
+    import socket
+
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    from dlrm.train.reporting import log_profile
+
+    own = tmp_path / f"{socket.gethostname()}_{os.getpid()}.1.pt.trace.json.gz"
+    own.write_bytes(gzip.compress(json.dumps(gpu_trace()).encode()))
+    other = tmp_path / "otherhost_1.2.pt.trace.json.gz"
+    other.write_bytes(gzip.compress(b'{"traceEvents": [')[:20])  # another rank's, half written
+    os.utime(other, (own.stat().st_mtime + 10,) * 2)  # and newer
+    with SummaryWriter(str(tmp_path)) as writer:
+        summary = log_profile(writer, tmp_path, torch.device("cpu"), 3)
+    assert summary.step == "ProfilerStep#4" and "| `gemm` | 1 | 0.100 |" in (tmp_path / "profile_step.md").read_text()
+    assert "| `gemm` | 1 | 0.100 |" in text(accumulator(tmp_path), "profile/top_kernels")
+    own.unlink()
+    with SummaryWriter(str(tmp_path / "b")) as writer:
+        assert log_profile(writer, tmp_path, torch.device("cpu"), 3) is None

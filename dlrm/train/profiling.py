@@ -9,7 +9,10 @@ PyTorch Profiler tab (`profile` extra; its charts need internet) or at https://u
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 from pathlib import Path
+from typing import Optional
 
 import torch
 from loguru import logger
@@ -42,3 +45,15 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device):
 def trace_files(run_dir: Path) -> list[Path]:
     """The run's gzipped Chrome traces, oldest name first (one per profiler cycle and rank)."""
     return sorted(Path(run_dir).glob("*.pt.trace.json.gz"))
+
+
+def own_trace(run_dir: Path) -> Optional[Path]:
+    """The newest trace this process wrote into `run_dir`, or None. `tensorboard_trace_handler` names
+    its files ``<host>_<pid>.<ns>.pt.trace.json.gz``; in a distributed run every rank writes into the
+    same directory, and another rank's file may still be being written.
+
+    >>> own_trace(Path("/nonexistent-run")) is None
+    True
+    """
+    mine = list(Path(run_dir).glob(f"{socket.gethostname()}_{os.getpid()}.*.pt.trace.json*"))
+    return max(mine, key=lambda p: p.stat().st_mtime) if mine else None

@@ -146,12 +146,13 @@ def log_profile(writer: SummaryWriter, run_dir: Path, device: torch.device, step
         RangeTime(name='data', host_ms=0.058, device_ms=None)
     """
     from dlrm.train import trace_summary as ts  # matplotlib and the trace parser: only for profiled runs
+    from dlrm.train.profiling import own_trace
 
     try:
-        trace = ts.load_trace(run_dir)
+        trace = ts.load_trace(own_trace(run_dir) or run_dir)
         summary = ts.summarize_step(trace)
-    except ts.TraceError as e:
-        logger.warning(f"profile: {e}; no step breakdown written")
+    except (ts.TraceError, OSError, EOFError, ValueError, KeyError) as e:  # the run's results stand without it
+        logger.warning(f"profile: {run_dir}: {e}; no step breakdown written")
         return None
     title = f"{Path(run_dir).name}: one training step on {device_name(device)}"
     png = ts.timeline_png(trace, title)
