@@ -365,7 +365,7 @@ def test_compiled_training_run_matches_eager(tmp_path, monkeypatch):
     make_dataset(data, {"train": 700, "validation": 64}, row_group_size=100)
     base = {"data.path": str(data), "log.tb_dir": str(tmp_path / "tb"), "data.batch_size": 32,
             "train.max_steps": 20, "train.log_every": 1, "train.device": "cpu", "train.baseline": False,
-            "kernels.embedding": "torch", "kernels.interaction": "torch", "kernels.mlp": "torch", "kernels.loss": "torch"}
+            **{f"kernels.{part}": "torch" for part in ("embedding", "interaction", "mlp", "loss")}}
     eager = train(load_config(REPO / "configs" / "sample.json", {**base, "log.run_name": "eager",
                                                                  "train.compile.enabled": False}))
     assert not built

@@ -84,9 +84,11 @@ def build_model(
     see `dlrm.train.builder`); it is called where this function would build its own, so the
     parameters draw from the RNG in the same order as in a one-process run.
     `compiled`: the training step will run under torch.compile (``train.compile.enabled``). The torch
-    embedding is then `FusedUpdateSparseArch` (optimizer in its backward, static shapes: compiled with
-    the step) instead of `SparseArch`, whose sparse COO gradient keeps it eager (and which stays the
-    eager path: its coalesce is faster there than the fused update's sort and segment sums).
+    embedding is then `FusedUpdateSparseArch` (the optimizer in its backward, static shapes: compiled
+    with the step) instead of `SparseArch`, whose sparse COO gradient keeps it out of the graph. Eager
+    runs keep `SparseArch` (the reference): on the CPU (B=2048, F=26, D=16, row-wise Adagrad, one
+    thread) its embedding step took 8.5 ms, the fused update's 16 ms eager and 7.3 ms compiled
+    (SGD: 4.9 ms COO eager, 1.5 ms fused compiled).
     """
     kernels = kernels or KernelsConfig()
     choices = {k: getattr(kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}

@@ -24,6 +24,10 @@ The update (:func:`sparse_update_`), for the rows ``rows [N]`` and output gradie
    depend on the order the writes land in (and ``mod S`` spreads the repeats over all touched rows
    instead of piling them on one).
 
+Plain SGD without weight decay and with ``deterministic=False`` skips all this: it is linear in the
+gradient, so one ``index_add_`` of ``-lr * grad`` per position (atomic adds on a GPU) gives the same
+result up to rounding, as ``torch.optim.SGD`` adding an uncoalesced COO gradient does.
+
 Only step 2 accumulates. With ``deterministic=True`` it runs as one opaque op (``dlrm_model::segment_sum``)
 on ATen's deterministic kernels (the sort-based ``index_put_(accumulate=True)`` on CUDA, the serial
 ``index_add_`` on the CPU), so updates are bitwise reproducible also where Inductor would otherwise
@@ -280,6 +284,12 @@ class FusedUpdateSparseArch(SparseArch):
                 raise ValueError("lr must be a one-element tensor on the weight's device")
             if config.state is None:
                 config.state = init_state(config.kind, self.weight)
+            # The backward mutates the state and reads the lr in place, and their addresses never change:
+            # tell CUDA graphs (compile mode reduce-overhead) not to copy them into graph-owned inputs,
+            # which would leave the real state unchanged (the weight, a Parameter, is static already).
+            for t in (config.state, config.lr):
+                if t is not None:
+                    torch._dynamo.mark_static_address(t)
             self.weight.requires_grad_(False)
             self._grad_trigger = self._new_trigger()
         else:
