@@ -145,7 +145,8 @@ class SparseArch(nn.Module):
     """
 
     # dlrm.model.interfaces.SparseArchInterface: the sparse COO gradient has data-dependent shapes,
-    # so the lookup stays outside torch.compile and CUDA graphs; an eager optimizer steps it
+    # so the lookup stays outside torch.compile and CUDA graphs; an eager optimizer steps it (its
+    # twin dlrm.model.fused_sparse.FusedUpdateSparseArch updates in its backward and compiles)
     compilable = False
     collective = False
     fused_optimizer = False
