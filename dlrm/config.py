@@ -210,6 +210,9 @@ class TrainConfig:
     epochs: int = 1
     max_steps: Optional[int] = None
     """Stop after this many steps even if epochs remain."""
+    min_steps: Optional[int] = None
+    """Train at least this many steps, with more epochs when the train split is small (a split of a
+    few hundred rows is one batch an epoch); max_steps still caps it."""
     eval_every: Optional[int] = None
     """Evaluate every N steps (always at the end). The best evaluation's model is kept as
     checkpoints/best.pt, which --eval-only and --export use when given the run directory."""
@@ -461,6 +464,7 @@ def _check_train(t: TrainConfig) -> None:
         raise ConfigError(f"train.seed: {t.seed} must be within [0, 2**63)")
     _positive("train.epochs", t.epochs)
     _positive("train.max_steps", t.max_steps)
+    _positive("train.min_steps", t.min_steps)
     _positive("train.eval_every", t.eval_every)
     if t.early_stopping is not None:
         if t.eval_every is None:

@@ -262,3 +262,11 @@ def test_best_survives_a_resume(tmp_path, dataset):
     assert resumed["best"]["step"] in (5, 10, 15, 20)
     if resumed["best"]["step"] <= 10:
         assert resumed["best"] == first["best"]
+
+
+def test_min_steps_adds_epochs_on_a_small_split(tmp_path, dataset):
+    """200 rows at batch 8 are 25 steps an epoch: min_steps 60 trains 3 epochs' worth (capped at 60)."""
+    summary = train(config(tmp_path, dataset, run_name="min", **{"train.max_steps": None, "train.min_steps": 60}))
+    assert summary["steps"] == 60 and summary["samples"] == 60 * 8
+    capped = train(config(tmp_path, dataset, run_name="cap", **{"train.max_steps": 40, "train.min_steps": 60}))
+    assert capped["steps"] == 40

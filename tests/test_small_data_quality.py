@@ -138,15 +138,16 @@ def test_real_samples_default_path_end_to_end(real, tmp_path):
     assert meta.extra["options"]["min_frequency_used"] == 2
     summary = train(config(real, tmp_path, "real"))
     assert json.loads((tmp_path / "real" / "summary.json").read_text())["baseline"]["auc"] == summary["baseline"]["auc"]
-    assert 0.0 < summary["baseline"]["logloss"] and summary["steps"] == 3  # 165 rows: 1 batch of 128 an epoch
+    # 165 rows: 1 batch of 128 an epoch, so train.min_steps (200) sets the length, not the 3 epochs
+    assert 0.0 < summary["baseline"]["logloss"] and summary["steps"] == 200
 
 
 @needs_real
-def test_real_samples_reach_the_baseline_given_enough_steps(real, tmp_path):
-    """A split of a few hundred rows gives the config's 3 epochs only a few steps; README: --epochs 100."""
+def test_real_samples_reach_the_baseline_with_the_defaults(real, tmp_path):
+    """A split of a few hundred rows is one batch an epoch: the config's train.min_steps gives it enough steps."""
     aucs, bases = [], []
     for seed in SEEDS:
-        summary = train(config(real, tmp_path, f"r{seed}", **{"train.seed": seed, "train.epochs": 100}))
+        summary = train(config(real, tmp_path, f"r{seed}", **{"train.seed": seed}))
         aucs.append(summary["auc"])
         bases.append(summary["baseline"]["auc"])
     assert statistics.fmean(aucs) >= statistics.fmean(bases), (aucs, bases)

@@ -22,7 +22,7 @@ FREE_KEYS = (
     "data.prefetch", "data.placement", "data.gpu_memory_share", "data.eval_batch_size", "data.eval_split",
     "distributed",  # the sharding plan is checked against the checkpoint's where it matters
 )
-LENGTH_KEYS = ("train.epochs", "train.max_steps")
+LENGTH_KEYS = ("train.epochs", "train.max_steps", "train.min_steps")
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

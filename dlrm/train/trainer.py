@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,12 +73,13 @@ def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:
 
 @dataclass
 class TrainData:
-    """The run's loaders, its effective batch size and its length in steps."""
+    """The run's loaders, its effective batch size, its length in steps and the epochs that takes."""
 
     train: object
     eval: object
     batch_size: int
     total_steps: int
+    epochs: int
 
     @classmethod
     def build(cls, cfg: Config, data_dir: Path, meta, device: torch.device, env: DistEnv,
@@ -94,6 +96,10 @@ class TrainData:
             batch_size = loader.num_rows
             loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement)
         total = len(loader) * cfg.train.epochs
+        if cfg.train.min_steps is not None and total < cfg.train.min_steps:
+            total = cfg.train.min_steps
+            logger.info(f"train.min_steps: {total} steps, {math.ceil(total / max(len(loader), 1))} epochs of "
+                        f"{len(loader)} steps (train.epochs {cfg.train.epochs} would give {len(loader) * cfg.train.epochs})")
         if cfg.train.max_steps is not None:
             total = min(total, cfg.train.max_steps)
         if total == 0:
@@ -101,7 +107,7 @@ class TrainData:
         eval_files = split_files(data_dir, meta, d.eval_split)
         eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env,
                                   placement=placement)
-        return cls(loader, eval_loader, batch_size, total)
+        return cls(loader, eval_loader, batch_size, total, max(cfg.train.epochs, math.ceil(total / max(len(loader), 1))))
 
 
 def checkpoint_to_resume(cfg: Config, resume: str) -> tuple[Path, Optional[Path]]:
@@ -256,7 +262,7 @@ class Trainer:
         pos, loader = self.pos, self.data.train
         # the named range costs a few microseconds a step: only when a profiler records it
         data_range = (lambda: record_function("data")) if self.cfg.profile.enabled else contextlib.nullcontext
-        for epoch in range(pos.epoch, self.cfg.train.epochs):
+        for epoch in range(pos.epoch, self.data.epochs):
             if pos.step >= self.data.total_steps:
                 return
             if epoch != pos.epoch:
