@@ -1,9 +1,11 @@
 """What the training step, the optimizers and the CUDA-graph capture need to know of a sparse arch.
 
-Three implementations exist: `dlrm.model.archs.SparseArch` (eager, sparse COO gradients),
-`kernels.embedding.TritonSparseEmbedding` (hashing + lookup kernel, optimizer fused into its
-backward) and `dlrm.distributed.sharded_embedding.ShardedSparseArch` (tables sharded over ranks,
-lookups exchanged with all_to_all). Each states these attributes as class or instance attributes;
+Four implementations exist: `dlrm.model.archs.SparseArch` (eager, sparse COO gradients),
+`dlrm.model.fused_sparse.FusedUpdateSparseArch` (PyTorch ops, optimizer applied in its backward with
+static shapes, so torch.compile takes it), `kernels.embedding.TritonSparseEmbedding` (hashing +
+lookup kernel, optimizer fused into its backward) and
+`dlrm.distributed.sharded_embedding.ShardedSparseArch` (tables sharded over ranks, lookups
+exchanged with all_to_all). Each states these attributes as class or instance attributes;
 nothing is found by probing.
 """
 
