@@ -14,7 +14,7 @@ Rows look like Criteo's (Kaggle display-advertising) logs and follow `dlrm.data.
   invertible (`category_ids`) and deterministic in the seed. Missing rates are Criteo-like
   (mostly 0-5%, four features ~45%); a missing category is stored as -1.
 
-The teacher (`Teacher`) gives every row a click probability ``p = sigmoid(logit)``::
+The teacher (`Teacher`, in `dlrm.data.teacher`) gives every row a click probability ``p = sigmoid(logit)``::
 
     logit = bias
           + sum_j  b_j * (log1p(max(dense_j, 0)) - mu_j)        # dense log-count effects
@@ -59,7 +59,6 @@ ranges in generation order: train, then validation, then test.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import sys
@@ -80,7 +79,6 @@ from tqdm import tqdm
 from dlrm.data.schema import (
     DENSE_COLUMNS,
     LABEL_COLUMN,
-    MISSING_DENSE,
     MISSING_SPARSE,
     NUM_DENSE,
     NUM_SPARSE,
@@ -90,6 +88,16 @@ from dlrm.data.schema import (
     SplitInfo,
     arrow_schema,
     write_metadata,
+)
+# The planted teacher and its hashing live in dlrm.data.teacher; every name is re-exported here,
+# where the tests and other modules import them from.
+from dlrm.data.teacher import (  # noqa: F401
+    _ACTIVITY_LOADING, _DENSE_CURVATURE, _DENSE_MISSING, _DENSE_MU, _DENSE_SIGMA, _DENSE_SLOPE,
+    _EFFECT_RANK_POWER, _EFFECT_RANK_SCALE, _INTERACTIONS, _LATENT_RANK, _LATENT_RANK_POWER, _LATENT_RANK_SCALE,
+    _M32, _NEGATIVE_PROBS, _PURPOSE_EFFECT, _PURPOSE_LATENT, _PURPOSE_MISSING, _PURPOSE_ROW, _PURPOSE_VALUE,
+    _SPARSE_MISSING, _SPARSE_SCALE, _SPARSE_ZIPF, _U64, PILOT_ROWS, TARGET_POSITIVE_RATE, Rows, Teacher,
+    _hash_normal, _hash_u64, _key, _mix64, _row_permutation, category_ids, category_values, rank_auc,
+    sample_rows,
 )
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
@@ -135,232 +143,13 @@ REGIMES: dict[str, Regime] = {
     "small-real": Regime("kaggle", 10_000, 1 / 14, 1 / 14, "distinct"),
 }
 
-TARGET_POSITIVE_RATE = 0.25
 CHUNK_ROWS = 1 << 16
 """Rows per generation chunk; fixed so the data do not depend on memory or file settings."""
 ROW_GROUP_ROWS = 1 << 17
 """Rows per parquet row group (~10 MB decoded): large enough to compress well, small enough
 for a loader to shuffle and prefetch row groups."""
-PILOT_ROWS = 1 << 17
-"""Rows of the pilot sample the bias is tuned on (mean p error ~0.001)."""
 COMPRESSION = "zstd"
 DEFAULT_ROWS_PER_FILE = 1_000_000
-
-# Dense columns (Criteo I1..I13): missing rate, mean and spread of log1p(count), and the
-# teacher's logit slope per unit of log1p(count). Means are near the log of Criteo's medians.
-_DENSE_MISSING = np.array([0.45, 0.0, 0.21, 0.22, 0.03, 0.22, 0.04, 0.001, 0.04, 0.45, 0.04, 0.45, 0.22])
-_DENSE_MU = np.array([0.9, 1.6, 2.1, 1.7, 7.9, 3.5, 1.5, 2.2, 3.6, 0.5, 0.9, 0.4, 1.7])
-_DENSE_SIGMA = np.array([1.0, 1.5, 1.2, 0.9, 1.6, 1.4, 1.3, 0.9, 1.3, 0.6, 0.9, 0.7, 1.0])
-_DENSE_SLOPE = np.array([0.30, -0.10, 0.0, -0.20, -0.15, 0.08, 0.25, 0.0, 0.12, 0.40, 0.30, 0.15, -0.20])
-_DENSE_CURVATURE = 0.15  # the peaked effect on DENSE_6: mid-range counts click most
-_ACTIVITY_LOADING = 0.5  # correlation of log-counts through the shared activity factor
-# DENSE_1 (I2) alone holds negative values: P(-1), P(-2), P(-3) among its present values.
-_NEGATIVE_PROBS = np.array([0.06, 0.01, 0.005])
-
-# Sparse features (C1..C26): missing rate, Zipf exponent, and the scale a_f of the category effects.
-_SPARSE_MISSING = np.array([0.0, 0.0, 0.034, 0.034, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.034, 0.0,
-                            0.0, 0.0, 0.034, 0.0, 0.0, 0.44, 0.44, 0.034, 0.45, 0.0, 0.034, 0.44, 0.44])
-_SPARSE_ZIPF = np.array([1.10, 1.15, 1.05, 1.08, 1.20, 1.25, 1.12, 1.18, 1.30, 1.10, 1.15, 1.05, 1.12,
-                         1.25, 1.10, 1.06, 1.20, 1.15, 1.12, 1.30, 1.08, 1.22, 1.25, 1.10, 1.18, 1.10])
-_SPARSE_SCALE = np.array([0.55, 0.45, 0.65, 0.55, 0.40, 0.45, 0.50, 0.35, 0.30, 0.50, 0.40, 0.65, 0.40,
-                          0.45, 0.50, 0.60, 0.30, 0.35, 0.45, 0.30, 0.55, 0.40, 0.35, 0.50, 0.40, 0.45])
-_EFFECT_RANK_SCALE = 4.0  # K and alpha: category k's effect is damped by (1 + k / K) ** -alpha
-_EFFECT_RANK_POWER = 1.0
-# Latent interactions: (feature, feature, strength) among low-cardinality features.
-_INTERACTIONS = ((5, 13, 0.6), (16, 19, 0.5), (21, 22, 0.5), (4, 24, 0.5))
-_LATENT_RANK = 4
-_LATENT_RANK_SCALE = 4.0
-_LATENT_RANK_POWER = 0.5
-
-# Hash "purposes": independent streams of per-category randomness for one (seed, feature).
-_PURPOSE_VALUE, _PURPOSE_ROW, _PURPOSE_EFFECT, _PURPOSE_MISSING, _PURPOSE_LATENT = 1, 2, 3, 4, 16
-
-_U64 = np.uint64
-_M32 = 0xFFFFFFFF
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser: a bijective, well-mixing map of uint64 (wraps on overflow)."""
-    x = (x ^ (x >> _U64(30))) * _U64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> _U64(27))) * _U64(0x94D049BB133111EB)
-    return x ^ (x >> _U64(31))
-
-
-def _key(seed: int, feature: int, purpose: int) -> np.uint64:
-    """The 64-bit key of one stream of per-category randomness."""
-    packed = np.array([(seed << 24) ^ (feature << 12) ^ purpose], dtype=np.uint64)
-    return _mix64(_mix64(packed))[0]
-
-
-def _hash_u64(seed: int, feature: int, purpose: int, ids: np.ndarray) -> np.ndarray:
-    """A uniform uint64 per id, fixed by (seed, feature, purpose, id)."""
-    # SplitMix64's stream: the i-th output is mix64(key + i * golden), distinct for distinct i.
-    return _mix64(_key(seed, feature, purpose) + ids.astype(np.uint64) * _U64(0x9E3779B97F4A7C15))
-
-
-def _hash_normal(seed: int, feature: int, purpose: int, ids: np.ndarray) -> np.ndarray:
-    """A standard normal per id, fixed by (seed, feature, purpose, id) (Box-Muller on two hashes)."""
-    base = ids.astype(np.uint64) * _U64(2)
-    u1 = ((_hash_u64(seed, feature, purpose, base) >> _U64(11)).astype(np.float64) + 1.0) * 2.0**-53  # (0, 1]
-    u2 = (_hash_u64(seed, feature, purpose, base + _U64(1)) >> _U64(11)).astype(np.float64) * 2.0**-53
-    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
-
-
-def _row_permutation(seed: int, feature: int, cardinality: int) -> tuple[int, int]:
-    """(a, b) of the affine permutation ``k -> (a * k + b) mod (cardinality - 1)`` of category ids."""
-    n = cardinality - 1
-    key = int(_key(seed, feature, _PURPOSE_ROW))
-    a = 1 + (key & _M32) % n
-    while math.gcd(a, n) != 1:  # a must be invertible mod n; some a <= n + 1 always is
-        a += 1
-    return a, (key >> 32) % n
-
-
-def category_values(seed: int, feature: int, cardinality: int, ids: np.ndarray) -> np.ndarray:
-    """The stored 32-bit hash value (int64) of each category id in ``[0, cardinality - 1)``.
-
-    ``(value + 1) mod cardinality`` is ``1 + perm(id)`` for a seeded permutation, so modulus
-    hashing puts each category on its own row and leaves row 0 to missing values; the
-    quotient ``value // cardinality`` is a hash of the id, which spreads values over [0, 2^32).
-    """
-    a, b = _row_permutation(seed, feature, cardinality)
-    row = 1 + (ids * a + b) % (cardinality - 1)
-    quotients = (2**32 - cardinality) // cardinality + 1  # keeps value <= 2^32 - 2
-    q = (_hash_u64(seed, feature, _PURPOSE_VALUE, ids) % _U64(quotients)).astype(np.int64)
-    return row - 1 + cardinality * q
-
-
-def category_ids(seed: int, feature: int, cardinality: int, values: np.ndarray) -> np.ndarray:
-    """Inverse of `category_values`: the category id (int64) of each stored value (values >= 0)."""
-    a, b = _row_permutation(seed, feature, cardinality)
-    n = cardinality - 1
-    return ((values + 1) % cardinality - 1 - b) % n * pow(a, -1, n) % n
-
-
-@dataclass
-class Rows:
-    """A block of generated rows.
-
-    dense: int32 [n, 13] as stored (missing = 0); dense_missing: bool [n, 13];
-    ids: int64 [n, 26] category ids (missing = -1).
-    """
-
-    dense: np.ndarray
-    dense_missing: np.ndarray
-    ids: np.ndarray
-
-
-def sample_rows(rng: np.random.Generator, n: int, cardinalities: list[int]) -> Rows:
-    """Draw `n` rows of features (no labels) from `rng`."""
-    activity = rng.standard_normal((n, 1))
-    noise = rng.standard_normal((n, NUM_DENSE))
-    z = _ACTIVITY_LOADING * activity + math.sqrt(1.0 - _ACTIVITY_LOADING**2) * noise
-    log_count = _DENSE_MU + _DENSE_SIGMA * z
-    # Clip below so counts are >= 0, and above before the cast: a 6-sigma DENSE_4 would overflow int32.
-    dense = np.floor(np.expm1(np.clip(log_count, 0.0, math.log(2**31 - 1)))).astype(np.int32)
-    negative = np.searchsorted(np.cumsum(_NEGATIVE_PROBS), rng.random(n), side="right")
-    dense[:, 1] = np.where(negative < len(_NEGATIVE_PROBS), -1 - negative, dense[:, 1])
-    dense_missing = rng.random((n, NUM_DENSE)) < _DENSE_MISSING
-    dense[dense_missing] = MISSING_DENSE
-
-    ids = np.empty((n, NUM_SPARSE), dtype=np.int64)
-    u = rng.random((n, NUM_SPARSE))
-    missing = rng.random((n, NUM_SPARSE)) < _SPARSE_MISSING
-    for f, card in enumerate(cardinalities):
-        # card - 1 categories (row 0 of the table is the missing row). Continuous power law
-        # x^-s on [1, card), floored: P(k) ~ (k + 1.5)^-s, and no per-category tables.
-        one_minus_s = 1.0 - _SPARSE_ZIPF[f]
-        x = (1.0 - u[:, f] * (1.0 - float(card) ** one_minus_s)) ** (1.0 / one_minus_s)
-        ids[:, f] = np.minimum(np.floor(x).astype(np.int64) - 1, card - 2)
-    ids[missing] = MISSING_SPARSE
-    return Rows(dense=dense, dense_missing=dense_missing, ids=ids)
-
-
-class Teacher:
-    """The planted click model (see the module docstring).
-
-    Args:
-        seed: the dataset seed (fixes every per-category effect).
-        cardinalities: 26 category counts.
-        bias: the logit bias; None tunes it on a pilot sample to `TARGET_POSITIVE_RATE`.
-    """
-
-    def __init__(self, seed: int, cardinalities: list[int], bias: Optional[float] = None) -> None:
-        self.seed = seed
-        self.cardinalities = list(cardinalities)
-        self.bias = 0.0
-        self.bias = self._tune_bias() if bias is None else float(bias)
-
-    def logit(self, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """Teacher logits (float64 [n]) of stored dense counts [n, 13] and category ids [n, 26]."""
-        logit = np.full(dense.shape[0], self.bias)
-        centered = np.log1p(np.maximum(dense, 0).astype(np.float64)) - _DENSE_MU
-        for j in range(NUM_DENSE):
-            logit += _DENSE_SLOPE[j] * centered[:, j]
-        logit -= _DENSE_CURVATURE * centered[:, 6] ** 2
-        for f in range(NUM_SPARSE):
-            k = ids[:, f]
-            present = k >= 0
-            k0 = np.maximum(k, 0)
-            effect = _hash_normal(self.seed, f, _PURPOSE_EFFECT, k0) * (1.0 + k0 / _EFFECT_RANK_SCALE) ** -_EFFECT_RANK_POWER
-            missing_effect = _hash_normal(self.seed, f, _PURPOSE_MISSING, np.zeros(1, dtype=np.int64))[0]
-            logit += _SPARSE_SCALE[f] * np.where(present, effect, missing_effect)
-        for f, g, strength in _INTERACTIONS:
-            logit += strength * self._latent_dot(f, g, ids[:, f], ids[:, g])
-        return logit
-
-    def _latent_dot(self, f: int, g: int, kf: np.ndarray, kg: np.ndarray) -> np.ndarray:
-        """<u_f(kf), u_g(kg)> / sqrt(R), zero where either category is missing."""
-        kf0, kg0 = np.maximum(kf, 0), np.maximum(kg, 0)
-        dot = np.zeros(kf.shape[0])
-        for r in range(_LATENT_RANK):
-            dot += (_hash_normal(self.seed, f, _PURPOSE_LATENT + r, kf0)
-                    * _hash_normal(self.seed, g, _PURPOSE_LATENT + r, kg0))
-        damp = ((1.0 + kf0 / _LATENT_RANK_SCALE) * (1.0 + kg0 / _LATENT_RANK_SCALE)) ** -_LATENT_RANK_POWER
-        return np.where((kf >= 0) & (kg >= 0), damp * dot / math.sqrt(_LATENT_RANK), 0.0)
-
-    def probability(self, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """Click probabilities (float64 [n]) of stored dense counts and category ids."""
-        return 1.0 / (1.0 + np.exp(-self.logit(dense, ids)))
-
-    def probability_of_stored(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
-        """Click probabilities of rows as stored: dense int [n, 13], raw sparse values [n, 26]."""
-        ids = np.full(sparse.shape, MISSING_SPARSE, dtype=np.int64)
-        for f in range(NUM_SPARSE):
-            present = sparse[:, f] >= 0
-            ids[present, f] = category_ids(self.seed, f, self.cardinalities[f], sparse[present, f])
-        return self.probability(dense, ids)
-
-    def _tune_bias(self) -> float:
-        """The bias whose mean pilot probability is `TARGET_POSITIVE_RATE` (bisection)."""
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 1]))
-        rows = sample_rows(rng, PILOT_ROWS, self.cardinalities)
-        base = self.logit(rows.dense, rows.ids) - self.bias
-        lo, hi = -20.0, 20.0
-        for _ in range(60):  # 40 / 2^60: far below float64 resolution of the bias
-            mid = 0.5 * (lo + hi)
-            if np.mean(1.0 / (1.0 + np.exp(-(base + mid)))) < TARGET_POSITIVE_RATE:
-                lo = mid
-            else:
-                hi = mid
-        return 0.5 * (lo + hi)
-
-
-def rank_auc(scores: np.ndarray, labels: np.ndarray) -> Optional[float]:
-    """Exact ROC AUC (Mann-Whitney U, tied scores get their average rank); None if one class is absent.
-
-    Integer arithmetic on doubled ranks keeps it exact for any number of rows.
-    """
-    labels = labels.astype(bool)
-    positives = int(labels.sum())
-    negatives = labels.size - positives
-    if positives == 0 or negatives == 0:
-        return None
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    below = np.cumsum(counts) - counts  # rows with a strictly smaller score
-    doubled_rank = 2 * below + counts + 1  # twice the average 1-based rank of each distinct score
-    u_doubled = int(doubled_rank[inverse[labels]].sum()) - positives * (positives + 1)
-    return u_doubled / (2 * positives * negatives)
 
 
 def _table(labels: np.ndarray, rows: Rows, sparse: np.ndarray) -> pa.Table:
@@ -487,6 +276,169 @@ def _replace_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old)
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """`generate`'s arguments with the regime's defaults filled in, checked (see `_settings`)."""
+
+    out: Path
+    tsv_path: Optional[Path]
+    rows: int
+    seed: int
+    cardinalities: str
+    validation_fraction: float
+    test_fraction: float
+    rows_per_file: int
+    regime: str
+    table_sizes: str
+    sizes: dict[str, int]
+
+    @property
+    def cards(self) -> list[int]:
+        """The 26 category counts of the teacher."""
+        return CARDINALITY_PRESETS[self.cardinalities]
+
+
+def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalities: Optional[str],
+              raw_tsv: Optional[str | os.PathLike], validation_fraction: Optional[float],
+              test_fraction: Optional[float], rows_per_file: int, overwrite: bool, regime: str) -> _Settings:
+    """`generate`'s arguments resolved against `regime`; raises `click.ClickException` on bad ones."""
+    if regime not in REGIMES:
+        raise click.ClickException(f"unknown regime {regime!r} (expected one of {', '.join(REGIMES)})")
+    preset = REGIMES[regime]
+    rows = preset.rows if rows is None else rows
+    if rows is None:
+        raise click.ClickException("--rows: required (or a --regime that sets it, e.g. small-real)")
+    cardinalities = preset.cardinalities if cardinalities is None else cardinalities
+    validation_fraction = preset.validation_fraction if validation_fraction is None else validation_fraction
+    test_fraction = preset.test_fraction if test_fraction is None else test_fraction
+    out = Path(out)
+    sizes = split_sizes(rows, validation_fraction, test_fraction)
+    if sizes["train"] < 1:
+        raise click.ClickException(f"validation and test fractions leave no training rows out of {rows}")
+    if cardinalities not in CARDINALITY_PRESETS:
+        raise click.ClickException(f"unknown cardinalities {cardinalities!r} (expected one of {', '.join(CARDINALITY_PRESETS)})")
+    _check_target(out, overwrite, "directory")
+    tsv_path = Path(raw_tsv) if raw_tsv is not None else None
+    if tsv_path is not None:
+        _check_target(tsv_path, overwrite, "file")
+    return _Settings(out, tsv_path, rows, seed, cardinalities, validation_fraction, test_fraction, rows_per_file,
+                     regime, preset.table_sizes, sizes)
+
+
+def _chunk(seed: int, chunk: int, n: int, cards: list[int],
+           teacher: Teacher) -> tuple[Rows, np.ndarray, np.ndarray, np.ndarray]:
+    """The `n` rows of chunk number `chunk`, from its own random stream: the rows, their click
+    probabilities (float64 [n]), labels (int8 [n]) and stored sparse values (int64 [n, 26])."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 0, chunk]))
+    block = sample_rows(rng, n, cards)
+    p = teacher.probability(block.dense, block.ids)
+    labels = (rng.random(n) < p).astype(np.int8)
+    sparse = np.full((n, NUM_SPARSE), MISSING_SPARSE, dtype=np.int64)
+    for f in range(NUM_SPARSE):
+        present = block.ids[:, f] >= 0
+        sparse[present, f] = category_values(seed, f, cards[f], block.ids[present, f])
+    return block, p, labels, sparse
+
+
+class _Splits:
+    """The splits being written under `root`: their parquet writers, and what the metadata needs
+    of their rows (probabilities and labels for the oracle AUC, distinct train values if asked)."""
+
+    def __init__(self, root: Path, sizes: dict[str, int], rows_per_file: int, distinct: bool) -> None:
+        self.bounds = np.cumsum([0] + [sizes[s] for s in SPLITS])
+        self.writers = {s: _SplitWriter(root, s, rows_per_file) for s in SPLITS if sizes[s]}
+        self.probs: dict[str, list[np.ndarray]] = {s: [] for s in self.writers}
+        self.labels: dict[str, list[np.ndarray]] = {s: [] for s in self.writers}
+        self.distinct = distinct
+        self.train_values: list[np.ndarray] = [np.empty(0, np.int64) for _ in range(NUM_SPARSE)]
+
+    def add(self, start: int, block: Rows, p: np.ndarray, labels: np.ndarray, sparse: np.ndarray) -> None:
+        """Append the rows that begin at row `start` of the dataset to the splits they fall in."""
+        n = labels.size
+        table = _table(labels, block, sparse)
+        for i, split in enumerate(SPLITS):
+            lo, hi = max(self.bounds[i] - start, 0), min(self.bounds[i + 1] - start, n)
+            if lo < hi:
+                self.writers[split].append(table.slice(lo, hi - lo))
+                self.probs[split].append(p[lo:hi])
+                self.labels[split].append(labels[lo:hi])
+                if split == "train" and self.distinct:
+                    for f in range(NUM_SPARSE):
+                        col = sparse[lo:hi, f]
+                        self.train_values[f] = np.union1d(self.train_values[f], col[col >= 0])
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
+
+    def summary(self) -> tuple[dict[str, SplitInfo], dict[str, Optional[float]]]:
+        """Each split's `SplitInfo` and oracle AUC (the teacher's probabilities scored on its labels)."""
+        splits, oracle = {}, {}
+        for split, w in self.writers.items():
+            y = np.concatenate(self.labels[split])
+            splits[split] = SplitInfo(rows=int(y.size), positives=int(y.sum()), files=w.files)
+            oracle[split] = rank_auc(np.concatenate(self.probs[split]), y)
+        return splits, oracle
+
+
+def _write_rows(s: _Settings, teacher: Teacher, splits: _Splits, tsv) -> None:
+    """Generate all rows chunk by chunk into `splits`, and into the open `tsv` file if not None."""
+    with tqdm(total=s.rows, unit="row", unit_scale=True, desc="generating", disable=None) as bar:
+        for chunk, start in enumerate(range(0, s.rows, CHUNK_ROWS)):
+            n = min(CHUNK_ROWS, s.rows - start)
+            block, p, labels, sparse = _chunk(s.seed, chunk, n, s.cards, teacher)
+            splits.add(start, block, p, labels, sparse)
+            if tsv is not None:
+                tsv.write(_tsv_block(labels, block, sparse))
+            bar.update(n)
+
+
+def _metadata(s: _Settings, teacher: Teacher, splits: _Splits) -> Metadata:
+    """The dataset's metadata once every split is written."""
+    infos, oracle = splits.summary()
+    extra = {
+        "generator": "dlrm.data.synthetic",
+        "generator_version": GENERATOR_VERSION,
+        "command": regenerate_command(str(s.out), s.rows, s.seed, s.cardinalities, s.validation_fraction,
+                                      s.test_fraction, s.rows_per_file, s.regime),
+        "regime": s.regime,
+        "seed": s.seed,
+        "rows": s.rows,
+        "cardinality_preset": s.cardinalities,
+        "validation_fraction": s.validation_fraction,
+        "test_fraction": s.test_fraction,
+        "rows_per_file": s.rows_per_file,
+        "row_group_rows": ROW_GROUP_ROWS,
+        "compression": COMPRESSION,
+        "teacher": {
+            "bias": teacher.bias,
+            "target_positive_rate": TARGET_POSITIVE_RATE,
+            "interactions": [[f, g] for f, g, _ in _INTERACTIONS],
+            "latent_rank": _LATENT_RANK,
+        },
+        "oracle_auc": oracle,
+    }
+    tables = _distinct_tables(splits.train_values) if s.table_sizes == "distinct" else s.cards
+    return Metadata(cardinalities=tables, hashing="modulus", splits=infos, extra=extra)
+
+
+def _publish(tmp: Path, tsv_tmp: Optional[Path], s: _Settings) -> None:
+    """Rename the finished dataset `tmp` (and TSV `tsv_tmp`, if any) into place."""
+    _replace_dir(tmp, s.out)
+    if tsv_tmp is not None:
+        os.chmod(tsv_tmp, 0o644)  # mkstemp makes 0600; the finished file gets an ordinary file's mode
+        os.replace(tsv_tmp, s.tsv_path)
+
+
+def _done_line(s: _Settings, meta: Metadata, seconds: float) -> str:
+    """The log line of a finished dataset: time, positive rate, oracle AUC per split."""
+    total_pos = sum(i.positives for i in meta.splits.values())
+    return (
+        f"wrote {s.out} in {seconds:.1f}s: positive rate {total_pos / s.rows:.4f}, "
+        + ", ".join(f"{split} oracle AUC {a:.4f}" for split, a in meta.extra["oracle_auc"].items() if a is not None)
+    )
+
+
 def generate(
     out: str | os.PathLike,
     rows: Optional[int] = None,
@@ -513,119 +465,36 @@ def generate(
         >>> {s: i.rows for s, i in meta.splits.items()}                                # doctest: +SKIP
         {'train': 8572, 'validation': 714, 'test': 714}
     """
-    if regime not in REGIMES:
-        raise click.ClickException(f"unknown regime {regime!r} (expected one of {', '.join(REGIMES)})")
-    preset = REGIMES[regime]
-    rows = preset.rows if rows is None else rows
-    if rows is None:
-        raise click.ClickException("--rows: required (or a --regime that sets it, e.g. small-real)")
-    cardinalities = preset.cardinalities if cardinalities is None else cardinalities
-    validation_fraction = preset.validation_fraction if validation_fraction is None else validation_fraction
-    test_fraction = preset.test_fraction if test_fraction is None else test_fraction
-    out = Path(out)
-    sizes = split_sizes(rows, validation_fraction, test_fraction)
-    if sizes["train"] < 1:
-        raise click.ClickException(f"validation and test fractions leave no training rows out of {rows}")
-    if cardinalities not in CARDINALITY_PRESETS:
-        raise click.ClickException(f"unknown cardinalities {cardinalities!r} (expected one of {', '.join(CARDINALITY_PRESETS)})")
-    _check_target(out, overwrite, "directory")
-    tsv_path = Path(raw_tsv) if raw_tsv is not None else None
-    if tsv_path is not None:
-        _check_target(tsv_path, overwrite, "file")
-    cards = CARDINALITY_PRESETS[cardinalities]
+    s = _settings(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file,
+                  overwrite, regime)
     started = time.perf_counter()
-    teacher = Teacher(seed, cards)
-    logger.info(f"teacher bias {teacher.bias:.4f}; writing {rows} rows ({sizes}) to {out}")
+    teacher = Teacher(s.seed, s.cards)
+    logger.info(f"teacher bias {teacher.bias:.4f}; writing {s.rows} rows ({s.sizes}) to {s.out}")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    s.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{s.out.name}.tmp-", dir=s.out.parent))
     tsv_tmp = None
     try:
-        bounds = np.cumsum([0] + [sizes[s] for s in SPLITS])
-        writers = {s: _SplitWriter(tmp, s, rows_per_file) for s in SPLITS if sizes[s]}
-        probs: dict[str, list[np.ndarray]] = {s: [] for s in writers}
-        labels_of: dict[str, list[np.ndarray]] = {s: [] for s in writers}
-        train_values: list[np.ndarray] = [np.empty(0, np.int64) for _ in range(NUM_SPARSE)]  # "distinct" tables
+        splits = _Splits(tmp, s.sizes, s.rows_per_file, s.table_sizes == "distinct")
         tsv = None
-        if tsv_path is not None:
-            tsv_path.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=f".{tsv_path.name}.", suffix=".tmp", dir=tsv_path.parent)
+        if s.tsv_path is not None:
+            s.tsv_path.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f".{s.tsv_path.name}.", suffix=".tmp", dir=s.tsv_path.parent)
             tsv_tmp = Path(name)
             tsv = os.fdopen(fd, "w")
-        with tqdm(total=rows, unit="row", unit_scale=True, desc="generating", disable=None) as bar:
-            for chunk, start in enumerate(range(0, rows, CHUNK_ROWS)):
-                n = min(CHUNK_ROWS, rows - start)
-                rng = np.random.default_rng(np.random.SeedSequence([seed, 0, chunk]))
-                block = sample_rows(rng, n, cards)
-                p = teacher.probability(block.dense, block.ids)
-                labels = (rng.random(n) < p).astype(np.int8)
-                sparse = np.full((n, NUM_SPARSE), MISSING_SPARSE, dtype=np.int64)
-                for f in range(NUM_SPARSE):
-                    present = block.ids[:, f] >= 0
-                    sparse[present, f] = category_values(seed, f, cards[f], block.ids[present, f])
-                table = _table(labels, block, sparse)
-                for i, split in enumerate(SPLITS):
-                    lo, hi = max(bounds[i] - start, 0), min(bounds[i + 1] - start, n)
-                    if lo < hi:
-                        writers[split].append(table.slice(lo, hi - lo))
-                        probs[split].append(p[lo:hi])
-                        labels_of[split].append(labels[lo:hi])
-                        if split == "train" and preset.table_sizes == "distinct":
-                            for f in range(NUM_SPARSE):
-                                col = sparse[lo:hi, f]
-                                train_values[f] = np.union1d(train_values[f], col[col >= 0])
-                if tsv is not None:
-                    tsv.write(_tsv_block(labels, block, sparse))
-                bar.update(n)
-        for w in writers.values():
-            w.close()
+        _write_rows(s, teacher, splits, tsv)
+        splits.close()
         if tsv is not None:
             tsv.close()
-
-        splits, oracle = {}, {}
-        for split, w in writers.items():
-            y = np.concatenate(labels_of[split])
-            splits[split] = SplitInfo(rows=int(y.size), positives=int(y.sum()), files=w.files)
-            oracle[split] = rank_auc(np.concatenate(probs[split]), y)
-        extra = {
-            "generator": "dlrm.data.synthetic",
-            "generator_version": GENERATOR_VERSION,
-            "command": regenerate_command(str(out), rows, seed, cardinalities, validation_fraction,
-                                          test_fraction, rows_per_file, regime),
-            "regime": regime,
-            "seed": seed,
-            "rows": rows,
-            "cardinality_preset": cardinalities,
-            "validation_fraction": validation_fraction,
-            "test_fraction": test_fraction,
-            "rows_per_file": rows_per_file,
-            "row_group_rows": ROW_GROUP_ROWS,
-            "compression": COMPRESSION,
-            "teacher": {
-                "bias": teacher.bias,
-                "target_positive_rate": TARGET_POSITIVE_RATE,
-                "interactions": [[f, g] for f, g, _ in _INTERACTIONS],
-                "latent_rank": _LATENT_RANK,
-            },
-            "oracle_auc": oracle,
-        }
-        tables = _distinct_tables(train_values) if preset.table_sizes == "distinct" else cards
-        meta = Metadata(cardinalities=tables, hashing="modulus", splits=splits, extra=extra)
+        meta = _metadata(s, teacher, splits)
         write_metadata(tmp, meta)  # last file of the dataset: marks it complete
-        _replace_dir(tmp, out)
-        if tsv_tmp is not None:
-            os.chmod(tsv_tmp, 0o644)  # mkstemp makes 0600; the finished file gets an ordinary file's mode
-            os.replace(tsv_tmp, tsv_path)
+        _publish(tmp, tsv_tmp, s)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if tsv_tmp is not None:
             tsv_tmp.unlink(missing_ok=True)
         raise
-    total_pos = sum(s.positives for s in splits.values())
-    logger.info(
-        f"wrote {out} in {time.perf_counter() - started:.1f}s: positive rate {total_pos / rows:.4f}, "
-        + ", ".join(f"{s} oracle AUC {a:.4f}" for s, a in oracle.items() if a is not None)
-    )
+    logger.info(_done_line(s, meta, time.perf_counter() - started))
     return meta
 
 
