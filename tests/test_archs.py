@@ -181,10 +181,12 @@ def test_every_sparse_arch_states_the_interface():
     from kernels.embedding import TritonSparseEmbedding
 
     cards = [5] * 26
-    eager = SparseArch(cards, 4)
-    triton_arch = TritonSparseEmbedding(cards, 4)
-    sharded = ShardedSparseArch(cards, 4, plan_sharding(cards, 1, "table", 10**7), 0)
-    sharded_triton = ShardedSparseArch(cards, 4, plan_sharding(cards, 1, "table", 10**7), 0, kernel="triton")
+    # Triton needs CUDA, or the CPU under TRITON_INTERPRET (set by conftest only where there is no CUDA)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        eager = SparseArch(cards, 4)
+        triton_arch = TritonSparseEmbedding(cards, 4)
+        sharded = ShardedSparseArch(cards, 4, plan_sharding(cards, 1, "table", 10**7), 0)
+        sharded_triton = ShardedSparseArch(cards, 4, plan_sharding(cards, 1, "table", 10**7), 0, kernel="triton")
     for arch in (eager, triton_arch, sharded, sharded_triton):
         assert isinstance(arch, SparseArchInterface), type(arch).__name__
     flags = lambda a: (a.compilable, a.collective, a.fused_optimizer)  # noqa: E731

@@ -284,7 +284,9 @@ def test_module_same_init_and_state_dict_as_eager():
 def test_model_swaps_the_triton_crossnet_in_with_the_same_state(device):
     cfg = ModelConfig(embedding_dim=2, bottom_mlp=[8, 2], top_mlp=[8, 1], interaction="dcn", cross_layers=2, cross_rank=3)
     torch.manual_seed(13)
-    eager = build_model(cfg, [5] * 26, kernels=KernelsConfig(embedding="torch", interaction="torch", mlp="torch", loss="torch"))
+    # both on `device`: a CUDA build draws its parameters from the CUDA generator, not the CPU's
+    eager = build_model(cfg, [5] * 26, kernels=KernelsConfig(embedding="torch", interaction="torch", mlp="torch", loss="torch"),
+                        device=device)
     torch.manual_seed(13)
     fused = build_model(cfg, [5] * 26, kernels=KernelsConfig(embedding="torch", interaction="triton", mlp="torch", loss="torch"),
                         device=device)
@@ -293,9 +295,9 @@ def test_model_swaps_the_triton_crossnet_in_with_the_same_state(device):
     sd_e, sd_f = eager.state_dict(), fused.state_dict()
     assert list(sd_e) == list(sd_f)
     for k in sd_e:
-        assert torch.equal(sd_e[k], sd_f[k].cpu()), k  # the same seed draws the same parameters
-    dense, sparse = torch.randn(3, 13), torch.randint(0, 50, (3, 26))
-    torch.testing.assert_close(fused(dense.to(device), sparse.to(device)).cpu(), eager(dense, sparse), atol=1e-5, rtol=1e-5)
+        assert torch.equal(sd_e[k], sd_f[k]), k  # the same seed draws the same parameters
+    dense, sparse = torch.randn(3, 13, device=device), torch.randint(0, 50, (3, 26), device=device)
+    torch.testing.assert_close(fused(dense, sparse), eager(dense, sparse), atol=1e-5, rtol=1e-5)
 
 
 def test_torch_compile_fullgraph_no_graph_breaks(device):
