@@ -82,6 +82,23 @@ class _Resident:
 _END = object()
 
 
+@dataclass
+class _Run:
+    """One producer thread and the queues it fills: one epoch, or (``chain_epochs``) epoch after epoch.
+
+    `next_epoch`: the epoch whose buffers the queue delivers next; `first`: that epoch's first
+    buffer, already uploaded while the previous epoch's last batches were cut (or None).
+    """
+
+    q: queue.Queue
+    free: queue.Queue
+    stop: threading.Event
+    thread: threading.Thread
+    next_epoch: int
+    copy_stream: Optional[torch.cuda.Stream]
+    first: Optional[_Resident] = None
+
+
 class ParquetLoader:
     """Iterates batches of one split, epoch by epoch.
 
@@ -102,6 +119,12 @@ class ParquetLoader:
             global batches must be identical everywhere) but cuts only its own rows.
         compact_sparse: move sparse values as int32 bit patterns on the host (exact only without
             0xFFFFFFFF, which the footers' statistics must rule out); None: on CUDA devices.
+        chain_epochs: keep decoding across epoch boundaries: when an epoch has been iterated to its
+            end, the producer goes on with the next epoch's buffers (and the consumer uploads the
+            next epoch's first buffer while this epoch's last batches are cut), so the next
+            ``iter()`` after ``set_epoch(epoch + 1)`` starts without waiting for a decode. Batches
+            are the same either way. Call `close` when done (the training loader; evaluation
+            loaders, iterated now and then, leave it off).
 
     Example (the validation split of the embedded sample dataset, data/sample):
         >>> import pathlib, dlrm
@@ -155,6 +178,7 @@ class ParquetLoader:
         rank: int = 0,
         world_size: int = 1,
         compact_sparse: Optional[bool] = None,
+        chain_epochs: bool = False,
     ) -> None:
         self.files = [Path(f) for f in files]
         self.batch_size = batch_size
@@ -196,6 +220,8 @@ class ParquetLoader:
         self._lock = threading.Lock()
         self._spare_arenas: list[_Arena] = []  # reused across epochs (first-touch page faults and pinning are slow)
         self._readers: Optional[ThreadPoolExecutor] = None
+        self.chain_epochs = chain_epochs
+        self._live: Optional[_Run] = None  # a chained producer already decoding the next epoch
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -281,24 +307,42 @@ class ParquetLoader:
         with self._lock:
             spares.extend(items[: max(0, keep - len(spares))])
 
-    def _produce(self, plan: list[_Flush], rng: np.random.Generator, q: queue.Queue, free: queue.Queue,
-                 stop: threading.Event) -> None:
+    def _epoch_flushes(self, epoch: int, plan: list[_Flush], rng: np.random.Generator) -> Iterator:
+        """``(flush, rng)`` in decode order and `_END` after each epoch's last buffer: `epoch`'s
+        (`plan`, drawn from `rng`), then, with ``chain_epochs``, the following epochs' forever (the
+        producer stops when the consumer does)."""
+        while True:
+            for flush in plan:
+                yield flush, rng
+            yield _END
+            if not self.chain_epochs:
+                return
+            epoch += 1
+            rng = np.random.default_rng([self.seed, epoch])
+            plan = self._plan(rng)
+
+    def _produce(self, flushes: Iterator, q: queue.Queue, free: queue.Queue, stop: threading.Event) -> None:
         try:
-            self._decode_epoch(plan, rng, q, free, stop)
-            self._put(q, _END, stop)
+            self._decode_epochs(flushes, q, free, stop)
         except BaseException as e:  # handed to the consumer thread, which re-raises it
             self._put(q, e, stop)
 
-    def _decode_epoch(self, plan: list[_Flush], rng: np.random.Generator, q: queue.Queue, free: queue.Queue,
-                      stop: threading.Event) -> None:
-        """Decode the epoch's buffers into arenas and hand them over in order (producer thread)."""
+    def _decode_epochs(self, flushes: Iterator, q: queue.Queue, free: queue.Queue, stop: threading.Event) -> None:
+        """Decode the buffers into arenas and hand them over in order, with the epochs' end
+        markers between them (producer thread). A marker waits in line behind the buffers still
+        decoding, so the next epoch's first buffers decode while this epoch's last ones are cut."""
         readers = self._pool()
-        pending: collections.deque = collections.deque()  # (arena, futures), in buffer order
+        pending: collections.deque = collections.deque()  # (arena, futures) or _END, in buffer order
         made = 0
 
         def hand_over_oldest() -> bool:
             """Wait for the oldest buffer's decode and queue it; False when the consumer stopped
             (the buffer then stays in `pending`, whose decodes the `finally` below waits for)."""
+            if pending[0] is _END:
+                if not self._put(q, _END, stop):
+                    return False
+                pending.popleft()
+                return True
             arena, futures = pending[0]
             for future in futures:
                 while True:
@@ -337,7 +381,14 @@ class ParquetLoader:
             return None
 
         try:
-            for flush in plan:
+            for item in flushes:
+                if item is _END:
+                    pending.append(_END)
+                    while pending and pending[0] is _END:  # nothing left to wait for before it
+                        if not hand_over_oldest():
+                            return
+                    continue
+                flush, rng = item
                 arena = acquire_arena()
                 if arena is None:
                     return
@@ -350,7 +401,7 @@ class ParquetLoader:
                     futures.append(readers.submit(self._decode, k, out, at))
                     at += self.row_groups[k][2]
                 pending.append((arena, futures))
-                while pending and all(f.done() for f in pending[0][1]):  # hand over what is ready early
+                while pending and (pending[0] is _END or all(f.done() for f in pending[0][1])):  # what is ready, early
                     if not hand_over_oldest():
                         return
             while pending:
@@ -358,11 +409,12 @@ class ParquetLoader:
                     return
         finally:
             # Stopped early (or failed): let nothing run on the arenas any more.
-            futures = [f for _, fs in pending for f in fs]
+            decoding = [item for item in pending if item is not _END]
+            futures = [f for _, fs in decoding for f in fs]
             for f in futures:
                 f.cancel()
             wait(futures)
-            for arena, _ in pending:
+            for arena, _ in decoding:
                 free.put(arena)
 
     def _pool(self) -> ThreadPoolExecutor:
@@ -400,52 +452,101 @@ class ParquetLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         rng = np.random.default_rng([self.seed, self.epoch])
-        plan = self._plan(rng)
+        plan = self._plan(rng)  # the same plan a chained producer drew for this epoch
+        run, self._live = self._live, None
+        if run is None or run.next_epoch != self.epoch:
+            if run is not None:  # a chained producer decoding another epoch (set_epoch jumped)
+                self._stop_run(run)
+            run = self._start_run(plan, rng)
+        finished = False
+        try:
+            yield from self._cut_epoch(plan, run)
+            finished = True
+        finally:
+            if finished and self.chain_epochs:
+                run.next_epoch = self.epoch + 1
+                # goes on decoding: the next epoch's iter() takes it over (one such run at a time)
+                older, self._live = self._live, run
+                if older is not None:
+                    self._stop_run(older)
+            else:
+                self._stop_run(run)
+
+    def close(self) -> None:
+        """Stop a chained producer that is decoding ahead (``chain_epochs``); idempotent."""
+        run, self._live = self._live, None
+        if run is not None:
+            self._stop_run(run)
+
+    def _start_run(self, plan: list[_Flush], rng: np.random.Generator) -> _Run:
         q: queue.Queue = queue.Queue(maxsize=self.prefetch)
         free: queue.Queue = queue.Queue()  # arenas the consumer is done with (unbounded: put never waits)
         stop = threading.Event()
-        thread = threading.Thread(target=self._produce, args=(plan, rng, q, free, stop), daemon=True,
+        flushes = self._epoch_flushes(self.epoch, plan, rng)
+        thread = threading.Thread(target=self._produce, args=(flushes, q, free, stop), daemon=True,
                                   name="parquet-loader")
         thread.start()
-        try:
-            yield from self._cut_epoch(plan, q, free)
-        finally:
-            stop.set()
-            thread.join()
-            # Every arena the producer made is now idle: in `free`, in `q`, or dropped mid-flight.
-            arenas = [a for a in self._empty(q) if isinstance(a, _Arena)] + self._empty(free)
-            self._return_spares(self._spare_arenas, arenas, keep=self._max_arenas)
-
-    def _cut_epoch(self, plan: list[_Flush], q: queue.Queue, free: queue.Queue) -> Iterator[Batch]:
-        """Upload each decoded buffer as soon as it arrives and cut the current one into batches."""
         copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        return _Run(q, free, stop, thread, self.epoch, copy_stream)
+
+    def _stop_run(self, run: _Run) -> None:
+        run.stop.set()
+        run.thread.join()
+        # Every arena the producer made is now idle: in `free`, in `q`, or dropped mid-flight.
+        arenas = [a for a in self._empty(run.q) if isinstance(a, _Arena)] + self._empty(run.free)
+        self._return_spares(self._spare_arenas, arenas, keep=self._max_arenas)
+
+    def _cut_epoch(self, plan: list[_Flush], run: _Run) -> Iterator[Batch]:
+        """Upload each decoded buffer as soon as it arrives and cut the current one into batches."""
+        q, free, copy_stream = run.q, run.free, run.copy_stream
         previous: Optional[tuple[_Flush, _Resident]] = None  # needed only until the next upload (its carry)
-        current: Optional[_Resident] = None
+        current, run.first = run.first, None  # uploaded during the previous epoch (chained), or None
+        ended = False  # this epoch's end marker received (while looking ahead into the next epoch)
         for f, flush in enumerate(plan):
             if current is None:  # the first buffer, or the next one had not arrived while cutting
                 current = self._upload(flush, self._receive(q, block=True), previous, free, copy_stream)
             previous = upcoming = None
+            last = f + 1 == len(plan)
             for i, (lo, hi) in enumerate(flush.cuts):
-                if upcoming is None and f + 1 < len(plan):  # start copying the next buffer early
+                if upcoming is None and not last:  # start copying the next buffer early
                     arena = self._receive(q, block=False)
                     if arena is not None:
                         upcoming = self._upload(plan[f + 1], arena, (flush, current), free, copy_stream)
+                elif last and self.chain_epochs and run.first is None:
+                    ended = self._look_ahead(run, ended)
                 if flush.first_batch + i >= self.start_batch:
                     yield self._cut(current, lo, hi)
             previous, current = (flush, current), upcoming
-        self._receive(q, block=True, end=True)  # the producer's end marker (or its exception)
+        if not ended:
+            self._receive(q, block=True, end=True)  # the producer's end marker (or its exception)
+
+    def _look_ahead(self, run: _Run, ended: bool) -> bool:
+        """During an epoch's last buffer (chained): take this epoch's end marker, then the next
+        epoch's first decoded buffer if it is ready, and upload it now, so the next epoch starts on
+        a buffer already on the device. Returns whether the end marker was taken."""
+        if not ended:
+            item = self._receive(run.q, block=False, end=None)
+            if item is None:
+                return False
+            if item is not _END:
+                raise RuntimeError("parquet loader: the producer and the plan disagree on the buffers")
+        arena = self._receive(run.q, block=False)
+        if arena is not None:
+            plan = self._plan(np.random.default_rng([self.seed, self.epoch + 1]))
+            run.first = self._upload(plan[0], arena, None, run.free, run.copy_stream)
+        return True
 
     @staticmethod
-    def _receive(q: queue.Queue, block: bool, end: bool = False):
+    def _receive(q: queue.Queue, block: bool, end: Optional[bool] = False):
         """The next decoded arena (None if `block` is False and none is ready), re-raising the
-        producer's exceptions here; `end`: expect the end of the epoch instead."""
+        producer's exceptions here; `end`: expect the end of the epoch instead (None: either)."""
         try:
             item = q.get(block=block)
         except queue.Empty:
             return None
         if isinstance(item, BaseException):
             raise item
-        if (item is _END) != end:
+        if end is not None and (item is _END) != end:
             raise RuntimeError("parquet loader: the producer and the plan disagree on the buffers")
         return item
 

@@ -59,8 +59,10 @@ def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.d
         return DeviceLoader(files, batch_size, device, shuffle=train and d.shuffle, seed=cfg.train.seed,
                             drop_last=train and d.drop_last, **ranks)
     if train:
+        # chain_epochs: the producer decodes the next epoch's first buffers while this epoch's last
+        # batches train, so an epoch boundary does not drain the pipeline (issue #19)
         return ParquetLoader(files, batch_size, device, shuffle=d.shuffle, seed=cfg.train.seed, drop_last=d.drop_last,
-                             prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows, **ranks)
+                             prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows, chain_epochs=True, **ranks)
     return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, **ranks)
 
 
@@ -262,23 +264,27 @@ class Trainer:
         pos, loader = self.pos, self.data.train
         # the named range costs a few microseconds a step: only when a profiler records it
         data_range = (lambda: record_function("data")) if self.cfg.profile.enabled else contextlib.nullcontext
-        for epoch in range(pos.epoch, self.data.epochs):
-            if pos.step >= self.data.total_steps:
-                return
-            if epoch != pos.epoch:
-                pos.epoch, pos.batch = epoch, 0
-            loader.set_epoch(epoch, start_batch=pos.batch)
-            batches = iter(loader)
-            try:
-                while pos.step < self.data.total_steps:
-                    t = time.perf_counter()
-                    with data_range():
-                        batch = next(batches, None)
-                    if batch is None:
-                        break
-                    yield batch, time.perf_counter() - t
-            finally:
-                batches.close()  # stops the loader's thread when the run ends an epoch early
+        try:
+            for epoch in range(pos.epoch, self.data.epochs):
+                if pos.step >= self.data.total_steps:
+                    return
+                if epoch != pos.epoch:
+                    pos.epoch, pos.batch = epoch, 0
+                loader.set_epoch(epoch, start_batch=pos.batch)
+                batches = iter(loader)
+                try:
+                    while pos.step < self.data.total_steps:
+                        t = time.perf_counter()
+                        with data_range():
+                            batch = next(batches, None)
+                        if batch is None:
+                            break
+                        yield batch, time.perf_counter() - t
+                finally:
+                    batches.close()  # stops the loader's thread when the run ends an epoch early
+        finally:
+            if hasattr(loader, "close"):
+                loader.close()  # a loader decoding the next epoch ahead (chain_epochs) stops here
 
     _stopping = False
     early_stopped = False
