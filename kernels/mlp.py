@@ -259,10 +259,10 @@ def _mlp_backward_op(
     """``[grad_x, grad_W_0 .. grad_W_{L-1}, grad_b_0 .. grad_b_{L-1}]``; each unrequested one is an
     empty [0] tensor (custom ops cannot return None)."""
     n = len(weights)
-    empty = x.new_empty(0)
-    gws: list[Tensor] = [empty] * n
-    gbs: list[Tensor] = [empty] * n
-    gx = empty
+    # distinct empty tensors: the returns of a custom op may not alias one another
+    gws: list[Tensor] = [x.new_empty(0) for _ in range(n)]
+    gbs: list[Tensor] = [x.new_empty(0) for _ in range(n)]
+    gx = x.new_empty(0)
     # the lowest layer whose gradient is asked for: the data-gradient chain stops there
     lowest = -1 if need_x else min([i for i in range(n) if need_w[i] or need_b[i]], default=n)
     side = x.device.type == "cuda" and any(need_w)

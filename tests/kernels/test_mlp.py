@@ -1,0 +1,485 @@
+"""kernels/mlp.py (FusedMLP) against a float64 PyTorch reference: the output and every gradient
+(input, each weight, each bias), element by element.
+
+Without CUDA the mask + bias-gradient kernel runs under the Triton interpreter (fp32) and the GEMMs
+are torch's CPU addmm / mm; the tests marked gpu repeat the comparisons on CUDA in fp32 (ieee and
+tf32), bf16 and under bf16 autocast, at DLRM sizes, inside a CUDA graph and under inductor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before triton is imported (tests/kernels/conftest.py does the same)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+import kernels.mlp as kmlp  # noqa: E402
+from dlrm.model.archs import MLP, DenseArch, OverArch  # noqa: E402
+from kernels.mlp import FusedMLP, _mlp_backward_op, _mlp_forward_op, fused_mlp, mask_bias_grad  # noqa: E402
+
+# (atol, rtol) against float64, element by element, of results whose magnitude is O(1) (inputs
+# N(0, 1), weights scaled by fan_in**-0.5 as nn.Linear's, so every layer's activations stay O(1)).
+# "fp32": ieee fp32 products and sums (the CPU, or fp32_precision "ieee" on the GPU): a few ulps on
+# sums of up to a few hundred terms, through up to 4 layers. "tf32": operands rounded to 10 mantissa
+# bits (rel. 2**-11 each) before fp32 sums. "bf16": bf16 operands and outputs (rel. step 2**-8),
+# fp32 accumulation, each layer's output rounded to bf16 before it feeds the next.
+TOLERANCES = {"fp32": (1e-5, 1e-5), "tf32": (1e-2, 1e-2), "bf16": (4e-2, 2e-2)}
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}
+
+
+@contextlib.contextmanager
+def matmul_precision(kind: str):
+    """cuBLAS fp32 GEMMs in TF32 for kind "tf32", in ieee fp32 otherwise (restored after)."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    old = matmul.fp32_precision
+    matmul.fp32_precision = "tf32" if kind == "tf32" else "ieee"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = old
+
+
+def _make(shape, layout: str, gen, scale: float = 1.0) -> torch.Tensor:
+    """A float64 CPU tensor of `shape` [R, C] in the memory layout asked (converted later with .to,
+    which keeps a non-contiguous layout only where it is built on the target: see `_on`)."""
+    R, C = shape
+    if layout == "contiguous":
+        t = torch.randn(R, C, generator=gen, dtype=torch.float64)
+    elif layout == "transposed":
+        t = torch.randn(C, R, generator=gen, dtype=torch.float64).t()
+    elif layout == "sliced":  # every other column of a wider tensor: stride 2 along dim 1
+        t = torch.randn(R, 2 * C + 1, generator=gen, dtype=torch.float64)[:, 1::2]
+    elif layout == "expand":  # stride 0 along the rows (incoming gradients only)
+        t = torch.randn(1, C, generator=gen, dtype=torch.float64).expand(R, C)
+    else:
+        raise ValueError(layout)
+    return t * scale
+
+
+def _on(t: torch.Tensor, layout: str, device, dtype) -> torch.Tensor:
+    """`t`'s values on `device` in `dtype`, with the layout rebuilt there (``.to`` would make a
+    transposed or sliced tensor contiguous)."""
+    R, C = t.shape
+    if layout == "transposed":
+        return t.t().contiguous().to(device=device, dtype=dtype).t()
+    if layout == "sliced":
+        wide = torch.zeros(R, 2 * C + 1, device=device, dtype=dtype)
+        wide[:, 1::2] = t.to(device=device, dtype=dtype)
+        return wide[:, 1::2]
+    if layout == "expand":
+        return t[:1].to(device=device, dtype=dtype).expand(R, C)
+    return t.to(device=device, dtype=dtype)
+
+
+def _check(got: torch.Tensor, ref: torch.Tensor, kind: str, what: str, tol_scale: float = 1.0) -> None:
+    atol, rtol = TOLERANCES[kind]
+    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    torch.testing.assert_close(got.detach().double().cpu(), ref.detach().double().cpu(), atol=atol * tol_scale,
+                               rtol=rtol * tol_scale, msg=lambda m: f"{what}: {m}")  # fmt: skip
+
+
+def run_case(
+    M: int,
+    dims: list[int],
+    activate_last: bool,
+    device,
+    kind: str = "fp32",
+    x_layout: str = "contiguous",
+    grad_layout: str = "contiguous",
+    need_x: bool = True,
+    frozen: tuple[int, ...] = (),
+    seed: int = 0,
+    tol_scale: float = 1.0,
+) -> None:
+    """fused_mlp forward and backward vs float64 autograd on the same (rounded) values.
+
+    `dims`: [in_features, *widths]; `frozen`: layers whose weight and bias need no gradient.
+    """
+    dtype = DTYPES[kind]
+    n = len(dims) - 1
+    gen = torch.Generator().manual_seed(seed)
+    x64 = _make((M, dims[0]), x_layout, gen)
+    w64 = [_make((b, a), "contiguous", gen, scale=a**-0.5) for a, b in zip(dims[:-1], dims[1:])]
+    b64 = [_make((1, b), "contiguous", gen).reshape(b) for b in dims[1:]]
+    g64 = _make((M, dims[-1]), grad_layout, gen)
+
+    x = _on(x64, x_layout, device, dtype).requires_grad_(need_x)
+    ws = [w.to(device=device, dtype=dtype).requires_grad_(i not in frozen) for i, w in enumerate(w64)]
+    bs = [b.to(device=device, dtype=dtype).requires_grad_(i not in frozen) for i, b in enumerate(b64)]
+    g = _on(g64, grad_layout, device, dtype)
+    relu = [True] * n
+    if not activate_last:
+        relu[-1] = False
+
+    with matmul_precision(kind):
+        out = fused_mlp(x, ws, bs, relu)
+        assert out.dtype == dtype and out.shape == (M, dims[-1])
+        out.backward(g)
+
+    # float64 reference from the same rounded values. relu' jumps at 0: where a layer's pre-activation
+    # rounds to the other side of 0 than in float64 (|pre| ~ rounding, e.g. with tf32), the reference
+    # takes the kernel's decision. The kernel keeps only the outputs, so the decisions are re-derived
+    # from a float64 replay of the same layers, flipped only where |pre| is within rounding of 0.
+    xd = x.detach().double().cpu().requires_grad_(True)
+    wd = [w.detach().double().cpu().requires_grad_(True) for w in ws]
+    bd = [b.detach().double().cpu().requires_grad_(True) for b in bs]
+    with torch.no_grad(), matmul_precision(kind):
+        h = x.detach()
+        kernel_masks = []
+        for w, b, r in zip(ws, bs, relu):
+            pre = torch.addmm(b.detach(), h, w.detach().t())
+            kernel_masks.append((pre > 0).double().cpu() if r else None)
+            h = pre.relu() if r else pre
+    h = xd
+    for w, b, r, km in zip(wd, bd, relu, kernel_masks):
+        pre = h @ w.t() + b
+        if r:
+            edge = pre.detach().abs() < {"fp32": 1e-6, "tf32": 1e-2, "bf16": 5e-2}[kind]
+            mask = torch.where(edge, km, (pre.detach() > 0).double())
+            h = pre * mask
+        else:
+            h = pre
+    _check(out, h, kind, "output", tol_scale)
+    h.backward(g.detach().double().cpu())
+    if need_x:
+        _check(x.grad, xd.grad, kind, "grad x", tol_scale)
+    else:
+        assert x.grad is None
+    for i in range(n):
+        if i in frozen:
+            assert ws[i].grad is None and bs[i].grad is None, f"layer {i} is frozen"
+            continue
+        _check(ws[i].grad, wd[i].grad, kind, f"grad W{i}", tol_scale)
+        _check(bs[i].grad, bd[i].grad, kind, f"grad b{i}", tol_scale)
+        assert ws[i].grad.dtype == bs[i].grad.dtype == dtype
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU (Triton interpreter) and GPU alike
+# ----------------------------------------------------------------------------------------------
+
+CHAINS = {
+    "one_layer": [13, 16],
+    "logit": [24, 1],
+    "width_1_inside": [5, 1, 7, 3],
+    "bottom_like": [13, 32, 24, 16],
+    "top_like": [37, 48, 16, 1],
+}
+
+
+@pytest.mark.parametrize("activate_last", [True, False], ids=["act_last", "no_act_last"])
+@pytest.mark.parametrize("chain", list(CHAINS))
+@pytest.mark.parametrize("M", [1, 3, 127])
+def test_shapes(M, chain, activate_last, device):
+    run_case(M, CHAINS[chain], activate_last, device, seed=M)
+
+
+@pytest.mark.parametrize(
+    "x_layout,grad_layout",
+    [("transposed", "contiguous"), ("sliced", "transposed"), ("contiguous", "expand"), ("transposed", "sliced")],
+)
+def test_noncontiguous_input_and_grad(x_layout, grad_layout, device):
+    run_case(67, [13, 24, 16], True, device, x_layout=x_layout, grad_layout=grad_layout, seed=1)
+    run_case(67, [24, 16, 1], False, device, x_layout=x_layout, grad_layout=grad_layout, seed=2)
+
+
+def test_input_without_grad_and_frozen_layers(device):
+    """The bottom MLP's input is data (no grad_x; the first layer's data-gradient GEMM is skipped);
+    frozen layers get no gradient, and the chain stops at the lowest layer that needs one."""
+    run_case(33, [13, 24, 16, 8], True, device, need_x=False, seed=3)
+    run_case(33, [13, 24, 16, 8], True, device, need_x=False, frozen=(0,), seed=4)
+    run_case(33, [13, 24, 16, 8], False, device, need_x=True, frozen=(1,), seed=5)
+
+
+def test_skips_the_first_data_gradient_when_the_input_needs_none(device, monkeypatch):
+    """Counted: L - 1 data-gradient GEMMs for data input, L when the input needs a gradient."""
+    calls = []
+    real_mm = torch.mm
+
+    def mm(a, b, *args, **kwargs):
+        calls.append((tuple(a.shape), tuple(b.shape)))
+        return real_mm(a, b, *args, **kwargs)
+
+    mlp = FusedMLP(13, [24, 16, 8]).to(device)
+    for need_x, data_grads in ((False, 2), (True, 3)):
+        x = torch.randn(9, 13, device=device, requires_grad=need_x)
+        out = mlp(x)
+        calls.clear()
+        monkeypatch.setattr(torch, "mm", mm)
+        out.sum().backward()
+        monkeypatch.setattr(torch, "mm", real_mm)
+        # weight gradients are [N, M] @ [M, K]; data gradients [M, N] @ [N, K]
+        assert sum(1 for a, _ in calls if a[0] == 9) == data_grads, calls
+        assert sum(1 for a, _ in calls if a[1] == 9) == 3, calls
+
+
+def test_empty_batch(device):
+    mlp = FusedMLP(13, [16, 4]).to(device)
+    x = torch.randn(0, 13, device=device, requires_grad=True)
+    out = mlp(x)
+    assert out.shape == (0, 4)
+    out.sum().backward()
+    assert x.grad.shape == (0, 13)
+    for p in mlp.parameters():
+        assert p.grad is not None and not p.grad.any()
+
+
+@pytest.mark.parametrize("M,N,relu,rows", [(200, 24, True, 64), (300, 130, True, 64), (130, 1, False, 64), (5, 3, True, 64)])
+def test_mask_bias_kernel_several_programs(M, N, relu, rows, device, monkeypatch):
+    """The mask + bias-gradient kernel with several row programs (and a column-sum loop longer than
+    one step), non-contiguous gradient and output: against torch."""
+    monkeypatch.setattr(kmlp, "_rows_per_program", lambda m, cb, dev: rows)
+    gen = torch.Generator().manual_seed(M)
+    g = torch.randn(N, M, generator=gen).t().to(device)
+    out = torch.randn(M, 2 * N, generator=gen)[:, ::2].relu().to(device)
+    gm, gb = mask_bias_grad(g, out, relu, write=relu)
+    expected = g * (out > 0) if relu else g
+    if relu:
+        assert gm.is_contiguous()
+        torch.testing.assert_close(gm, expected, atol=0, rtol=0)
+    else:
+        assert gm is None
+    torch.testing.assert_close(gb.double(), expected.double().sum(0), atol=1e-5, rtol=1e-5)
+
+
+def test_bias_gradient_is_deterministic(device):
+    g = torch.randn(1000, 40, device=device)
+    out = torch.randn(1000, 40, device=device).relu()
+    first = mask_bias_grad(g, out, True)[1]
+    assert all(torch.equal(first, mask_bias_grad(g, out, True)[1]) for _ in range(3))
+
+
+def test_state_dict_interchangeable_with_the_eager_mlp(device):
+    """Same seed, same parameters; a state_dict loads either way; same outputs and gradients. The
+    arches' MLPs can be swapped for it (``arch.model``), keys unchanged."""
+    for widths, last in (([32, 24, 16], True), ([48, 16, 1], False)):
+        torch.manual_seed(0)
+        eager = MLP(13, widths, "relu", activate_last=last).to(device)
+        torch.manual_seed(0)
+        fused = FusedMLP(13, widths, "relu", activate_last=last).to(device)
+        assert list(fused.state_dict()) == list(eager.state_dict())
+        for k, v in eager.state_dict().items():
+            assert torch.equal(fused.state_dict()[k], v), k
+        assert fused.activations == eager.activations
+
+        torch.manual_seed(1)
+        other = MLP(13, widths, "relu", activate_last=last).to(device)
+        fused.load_state_dict(other.state_dict())
+        eager.load_state_dict(fused.state_dict())
+        x = torch.randn(31, 13, device=device, requires_grad=True)
+        g = torch.randn(31, widths[-1], device=device)
+        outs, grads = [], []
+        for mod in (eager, fused):
+            x.grad = None
+            mod.zero_grad(set_to_none=True)
+            out = mod(x)
+            out.backward(g)
+            outs.append(out)
+            grads.append([x.grad, *(p.grad for p in mod.parameters())])
+        torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+        for a, b in zip(grads[1], grads[0]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+    for arch_cls, widths, last in ((DenseArch, [24, 16], True), (OverArch, [24, 1], False)):
+        torch.manual_seed(2)
+        arch = arch_cls(13, widths).to(device)
+        keys = list(arch.state_dict())
+        ref = arch(torch.ones(4, 13, device=device))
+        fused = FusedMLP(13, widths, "relu", activate_last=last).to(device)
+        fused.load_state_dict(arch.model.state_dict())
+        arch.model = fused
+        assert list(arch.state_dict()) == keys
+        torch.testing.assert_close(arch(torch.ones(4, 13, device=device)), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_leading_dimensions(device):
+    mlp = FusedMLP(8, [6, 4]).to(device)
+    eager = MLP(8, [6, 4]).to(device)
+    eager.load_state_dict(mlp.state_dict())
+    x = torch.randn(2, 5, 8, device=device)
+    assert mlp(x).shape == (2, 5, 4)
+    torch.testing.assert_close(mlp(x), eager(x), atol=1e-5, rtol=1e-5)
+
+
+def test_bad_arguments(device):
+    for kwargs in ({"activation": "gelu"}, {"activation": "sigmoid"}, {"dropout": 0.1}, {"linear_cls": torch.nn.Linear}):
+        with pytest.raises(ValueError):
+            FusedMLP(13, [16, 4], **kwargs)
+    with pytest.raises(ValueError):
+        FusedMLP(13, [])
+    x = torch.randn(3, 13, device=device)
+    w = torch.randn(4, 12, device=device)
+    with pytest.raises(ValueError, match="layer 0"):
+        fused_mlp(x, [w], [torch.zeros(4, device=device)], [True])
+    with pytest.raises(ValueError, match="one weight, bias"):
+        fused_mlp(x, [w], [], [True])
+
+
+def test_none_activation_is_affine(device):
+    torch.manual_seed(0)
+    mlp = FusedMLP(13, [8, 3], activation="none").to(device)
+    eager = MLP(13, [8, 3], activation="none").to(device)
+    eager.load_state_dict(mlp.state_dict())
+    x = torch.randn(5, 13, device=device)
+    torch.testing.assert_close(mlp(x), eager(x), atol=1e-5, rtol=1e-5)
+
+
+def test_opcheck(device):
+    x = torch.randn(5, 7, device=device, requires_grad=True)
+    ws = [torch.randn(6, 7, device=device, requires_grad=True), torch.randn(3, 6, device=device, requires_grad=True)]
+    bs = [torch.randn(6, device=device, requires_grad=True), torch.randn(3, device=device, requires_grad=True)]
+    torch.library.opcheck(_mlp_forward_op, (x, ws, bs, [True, False]))
+    outs = [o.detach() for o in _mlp_forward_op(x, ws, bs, [True, False])]
+    g = torch.randn(5, 3, device=device)
+    args = (g, x.detach(), [w.detach() for w in ws], outs, [True, False], True, [True, True], [True, True])
+    torch.library.opcheck(_mlp_backward_op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_torch_compile(device):
+    """A module using FusedMLP under torch.compile (fullgraph=False, as the trainer compiles; the op
+    itself traces without a graph break): same output and gradients as eager. aot_eager on the CPU
+    (dynamo + AOTAutograd tracing of forward and backward, no C++ codegen), inductor on CUDA."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    bottom = FusedMLP(13, [24, 16]).to(device)
+    top = FusedMLP(16 + 5, [16, 1], activate_last=False).to(device)
+
+    def step(dense, other):
+        z = torch.cat([bottom(dense), other], dim=1)
+        return top(z).squeeze(-1).square().mean()
+
+    dense = torch.randn(9, 13, device=device)
+    other = torch.randn(9, 5, device=device, requires_grad=True)
+    loss = step(dense, other)
+    loss.backward()
+    expected = [other.grad.clone(), *(p.grad.clone() for p in [*bottom.parameters(), *top.parameters()])]
+    for p in [*bottom.parameters(), *top.parameters()]:
+        p.grad = None
+    other.grad = None
+
+    torch._dynamo.reset()
+    counters.clear()
+    backend = "inductor" if device.type == "cuda" else "aot_eager"
+    compiled = torch.compile(step, fullgraph=False, backend=backend)
+    loss_c = compiled(dense, other)
+    loss_c.backward()
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    torch.testing.assert_close(loss_c, loss, atol=1e-5, rtol=1e-5)
+    got = [other.grad, *(p.grad for p in [*bottom.parameters(), *top.parameters()])]
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU only
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["fp32", "tf32", "bf16"])
+@pytest.mark.parametrize("activate_last", [True, False], ids=["act_last", "no_act_last"])
+@pytest.mark.parametrize("chain", list(CHAINS))
+@pytest.mark.parametrize("M", [1, 3, 127])
+def test_gpu_shapes(M, chain, activate_last, kind):
+    run_case(M, CHAINS[chain], activate_last, torch.device("cuda"), kind=kind, seed=M)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["fp32", "tf32", "bf16"])
+def test_gpu_dlrm_sizes(kind):
+    """The Kaggle bottom and top MLPs and the MLPerf top MLP's first layers at a few thousand rows:
+    several mask-kernel programs, long reductions (rounding grows like sqrt(terms): wider tolerance)."""
+    dev = torch.device("cuda")
+    scale = 3.0 if kind == "fp32" else 2.0
+    run_case(4099, [13, 512, 256, 64, 16], True, dev, kind=kind, need_x=False, seed=10, tol_scale=scale)
+    run_case(4099, [367, 512, 256, 1], False, dev, kind=kind, x_layout="sliced", grad_layout="expand", seed=11,
+             tol_scale=scale)  # fmt: skip
+    run_case(2048, [1024, 1024, 512, 1], False, dev, kind=kind, seed=12, tol_scale=2 * scale)
+
+
+@pytest.mark.gpu
+def test_gpu_autocast_bf16_like_the_eager_mlp():
+    """Under CUDA autocast FusedMLP computes in bf16 like the eager MLP, and its fp32 parameters get
+    fp32 gradients close to the eager ones."""
+    torch.manual_seed(0)
+    eager = MLP(367, [512, 256, 1], activate_last=False).cuda()
+    fused = FusedMLP(367, [512, 256, 1], activate_last=False).cuda()
+    fused.load_state_dict(eager.state_dict())
+    x = torch.randn(1000, 367, device="cuda", requires_grad=True)
+    res = []
+    for mod in (eager, fused):
+        x.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = mod(x)
+        assert out.dtype == torch.bfloat16
+        out.float().square().mean().backward()
+        res.append([out.float(), x.grad, *(p.grad for p in mod.parameters())])
+    for a, b in zip(res[1], res[0]):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, atol=2e-2 * float(b.abs().max()), rtol=5e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_matches_eager():
+    """Forward + backward captured in a CUDA graph (the side stream forks from and joins the capturing
+    stream) and replayed on new inputs: the same results as an uncaptured run."""
+    torch.manual_seed(0)
+    mlp = FusedMLP(367, [512, 256, 1], activate_last=False).cuda()
+    x = torch.randn(2048, 367, device="cuda", requires_grad=True)
+    params = [x, *mlp.parameters()]
+
+    def step():
+        for p in params:
+            p.grad = None
+        mlp(x).float().square().mean().backward()
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    captured = [p.grad for p in params]
+
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    got = [g.clone() for g in captured]
+    step()
+    for a, p in zip(got, params):
+        torch.testing.assert_close(a, p.grad, atol=0, rtol=0)
+
+
+@pytest.mark.gpu
+def test_gpu_side_stream_result_is_visible_right_after_backward():
+    """The weight gradients computed on the side stream are complete when backward returns (the
+    current stream waited on it): a kernel reading them straight after sees the final values."""
+    torch.manual_seed(0)
+    mlp = FusedMLP(13, [512, 256, 64, 16]).cuda()
+    eager = MLP(13, [512, 256, 64, 16]).cuda()
+    eager.load_state_dict(mlp.state_dict())
+    x = torch.randn(65536, 13, device="cuda")
+    with matmul_precision("fp32"):
+        for _ in range(3):
+            mlp.zero_grad(set_to_none=True)
+            eager.zero_grad(set_to_none=True)
+            mlp(x).sum().backward()
+            sums = [p.grad.sum() for p in mlp.parameters()]  # queued right behind the backward
+            eager(x).sum().backward()
+            for s, p in zip(sums, eager.parameters()):
+                torch.testing.assert_close(s, p.grad.sum(), atol=1e-2 * float(p.grad.abs().sum()) + 1e-3, rtol=1e-3)
