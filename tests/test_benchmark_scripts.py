@@ -170,3 +170,17 @@ def test_scaling_one_process_then_two_ranks(tmp_path, monkeypatch):
     assert float(two["efficiency"]) == pytest.approx(expected)
     assert (tmp_path / "sc.md").read_text().count("| sample.json | fp32 |") == 2
     assert (tmp_path / "sc.png").stat().st_size > 0
+
+
+def test_mlp_benchmark_smoke_times_every_implementation(tmp_path):
+    """benchmarks/mlp.py --smoke: every MLP case x (eager, compiled, fused) measured at tiny shapes, the
+    speed-ups relative to eager, and the CSV / Markdown / PNG written (CUDA: graph-replay timing)."""
+    mb = load_script("mlp")
+    assert mb.main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "mlp.csv")
+    assert [(r["mlp"], r["impl"]) for r in rows] == [(m, i) for m in mb.CASES for i in mb.IMPLS]
+    assert all(r["status"] == "ok" and float(r["ms"]) > 0 and r["batch"] == "8" for r in rows), rows
+    assert all(float(r["speedup_vs_eager"]) == 1.0 for r in rows if r["impl"] == "eager")
+    assert {"device", "torch", "triton", "date"} <= set(rows[0])
+    md = (tmp_path / "mlp.md").read_text()
+    assert md.count("| fused | ") == len(mb.CASES) and (tmp_path / "mlp.png").stat().st_size > 0
