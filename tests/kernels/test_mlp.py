@@ -80,10 +80,15 @@ def _on(t: torch.Tensor, layout: str, device, dtype) -> torch.Tensor:
 
 
 def _check(got: torch.Tensor, ref: torch.Tensor, kind: str, what: str, tol_scale: float = 1.0) -> None:
+    """Element by element; atol is relative to the result's RMS where that exceeds 1 (a weight or bias
+    gradient sums over the batch: magnitude ~sqrt(B), and so are the rounding errors of its elements
+    near zero)."""
     atol, rtol = TOLERANCES[kind]
     assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
     assert torch.isfinite(got).all(), f"{what}: non-finite values"
-    torch.testing.assert_close(got.detach().double().cpu(), ref.detach().double().cpu(), atol=atol * tol_scale,
+    ref = ref.detach().double().cpu()
+    rms = float(ref.square().mean().sqrt()) if ref.numel() else 0.0
+    torch.testing.assert_close(got.detach().double().cpu(), ref, atol=atol * tol_scale * max(1.0, rms),
                                rtol=rtol * tol_scale, msg=lambda m: f"{what}: {m}")  # fmt: skip
 
 
@@ -462,7 +467,7 @@ def test_gpu_cuda_graph_capture_matches_eager():
     got = [g.clone() for g in captured]
     step()
     for a, p in zip(got, params):
-        torch.testing.assert_close(a, p.grad, atol=0, rtol=0)
+        torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu
@@ -482,4 +487,4 @@ def test_gpu_side_stream_result_is_visible_right_after_backward():
             sums = [p.grad.sum() for p in mlp.parameters()]  # queued right behind the backward
             eager(x).sum().backward()
             for s, p in zip(sums, eager.parameters()):
-                torch.testing.assert_close(s, p.grad.sum(), atol=1e-2 * float(p.grad.abs().sum()) + 1e-3, rtol=1e-3)
+                torch.testing.assert_close(s, p.grad.sum(), atol=1e-4 * float(p.grad.abs().sum()) + 1e-4, rtol=1e-4)
