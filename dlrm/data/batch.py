@@ -18,8 +18,10 @@ import torch
 class Batch:
     """One batch on the target device.
 
-    dense: float32 [B, 13], already log1p(max(x, 0)); sparse: int64 [B, 26] raw hash values;
-    labels: float32 [B]. In a distributed run B is this rank's slice and `global_size` the rows
+    dense: float32 [B, 13], already log1p(max(x, 0)); sparse: int64 [B, L] raw hash values,
+    L = ``sum(multi_hot_sizes)`` (26 when one-hot): feature f in columns
+    ``slot_offsets[f] : slot_offsets[f + 1]`` (`dlrm.data.schema.slot_offsets`), -1 a missing
+    category, -2 (`PAD_SPARSE`) an empty slot of a multi-hot feature; labels: float32 [B]. In a distributed run B is this rank's slice and `global_size` the rows
     of the whole global batch (see `rank_slice`).
     """
 
@@ -65,15 +67,26 @@ def transform_dense(counts: torch.Tensor) -> torch.Tensor:
 _LOW32 = 0xFFFFFFFF
 
 
-def widen_sparse(sparse: torch.Tensor) -> torch.Tensor:
+def compact_limit(padded: bool) -> int:
+    """The smallest raw value the compact int32 form cannot carry: 0xFFFFFFFF (-1's bit pattern),
+    and in multi-hot data already 0xFFFFFFFE (the bit pattern of -2, `PAD_SPARSE`)."""
+    return _LOW32 - 1 if padded else _LOW32
+
+
+def widen_sparse(sparse: torch.Tensor, padded: bool = False) -> torch.Tensor:
     """Raw sparse values as int64 from their compact int32 bit patterns (a new tensor either way).
 
     Raw values lie in [-1, 2^32): stored in 32 bits, -1 (missing) and 0xFFFFFFFF share a bit
     pattern, so the compact form is only used where 0xFFFFFFFF does not occur; the pattern then
-    means -1, and every other value is its low 32 bits read unsigned.
+    means -1, and every other value is its low 32 bits read unsigned. `padded` (multi-hot data,
+    which also holds -2 = `PAD_SPARSE`): the compact form is only used where 0xFFFFFFFE does not
+    occur either (`compact_limit`), and that pattern means -2. One-hot data keep the version-1
+    rule, so a one-hot 0xFFFFFFFE still travels compactly.
     """
     if sparse.dtype == torch.int64:
         return sparse.clone()
     wide = sparse.to(torch.int64)
+    if padded:
+        return torch.where(wide >= -2, wide, wide & _LOW32)
     return torch.where(wide == -1, wide, wide & _LOW32)
 

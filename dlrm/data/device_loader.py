@@ -13,6 +13,10 @@ A raw value v in [0, 2^32) is kept as the int32 with the same bits and widened b
 ``v & 0xFFFFFFFF``; a missing value (-1) stays -1. That is exact unless a split holds the value
 0xFFFFFFFF itself (its bits equal -1's), in which case the sparse block is kept as int64
 (208 B/row) and the log says so.
+
+Multi-hot data (``multi_hot_sizes``): sparse is [N, L], L = sum of the sizes (4 * L bytes a row,
+856 for MLPerf's 214 slots), empty slots hold -2 (`PAD_SPARSE`); 0xFFFFFFFE (-2's bits) then
+also sends the split to int64 (`dlrm.data.batch.compact_limit`).
 """
 
 from __future__ import annotations
@@ -28,19 +32,29 @@ from loguru import logger
 from tqdm import tqdm
 
 from dlrm.data.loader import (
-    _LOW32,
     Batch,
     NullTally,
     _HostBlock,
     batches_per_epoch,
     check_table,
+    compact_limit,
     first_rows,
     open_footer,
     rank_slice,
     transform_dense,
 )
 from dlrm.data.loader import widen_sparse as _widen
-from dlrm.data.schema import DENSE_COLUMNS, LABEL_COLUMN, NUM_DENSE, NUM_SPARSE, SPARSE_COLUMNS, DatasetError
+from dlrm.data.schema import (
+    DENSE_COLUMNS,
+    LABEL_COLUMN,
+    NUM_DENSE,
+    NUM_SPARSE,
+    SPARSE_COLUMNS,
+    DatasetError,
+    is_multi_hot,
+    one_hot_sizes,
+    sparse_width,
+)
 
 
 
@@ -91,6 +105,8 @@ class DeviceLoader:
         drop_last: drop the last partial batch of an epoch.
         rank, world_size: deliver only this rank's slice of every global batch
             (`dlrm.data.loader.rank_slice`); each rank still holds the whole split.
+        multi_hot_sizes: the dataset's `Metadata.multi_hot_sizes` (None: one-hot); batches then
+            carry sparse [B, L] as `dlrm.data.loader.ParquetLoader` documents.
 
     Example (on the CPU here; `device="cuda"` in a real run): the sample's validation split
         >>> import pathlib, dlrm
@@ -104,8 +120,14 @@ class DeviceLoader:
     """
 
     def __init__(self, files: list[Path], batch_size: int, device: torch.device | str, *, shuffle: bool = False,
-                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1) -> None:
+                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
+                 multi_hot_sizes: list[int] | None = None) -> None:
         self.files = [Path(f) for f in files]
+        self.multi_hot_sizes = list(multi_hot_sizes) if multi_hot_sizes is not None else one_hot_sizes()
+        if len(self.multi_hot_sizes) != NUM_SPARSE or min(self.multi_hot_sizes) < 1:
+            raise ValueError(f"multi_hot_sizes must be {NUM_SPARSE} integers >= 1, got {multi_hot_sizes}")
+        self._multi_hot = is_multi_hot(self.multi_hot_sizes)
+        self._width = sparse_width(self.multi_hot_sizes)
         self.rank, self.world_size = rank, world_size
         self.batch_size = batch_size
         self.device = torch.device(device)
@@ -120,14 +142,16 @@ class DeviceLoader:
     def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # Each file's schema and label statistics are checked once, on opening (`open_footer`);
         # each row group's values as it is decoded (`check_table`: labels 0/1, nulls replaced).
-        footers = [open_footer(path) for path in self.files]
+        footers = [open_footer(path, self.multi_hot_sizes) for path in self.files]
         groups = [(i, g, meta.row_group(g).num_rows) for i, meta in enumerate(footers) for g in range(meta.num_row_groups)]
         starts = first_rows(groups)
         nulls = NullTally(self.files, [meta.num_row_groups for meta in footers])
         n = sum(rows for _, _, rows in groups)
-        # The int32 encoding is exact unless the value 0xFFFFFFFF occurs; checked per row group below.
+        # The int32 encoding is exact unless the value 0xFFFFFFFF (multi-hot: 0xFFFFFFFE too) occurs;
+        # checked per row group below.
+        limit, width = compact_limit(self._multi_hot), self._width
         dense = torch.empty((n, NUM_DENSE), dtype=torch.float32, device=self.device)
-        sparse = torch.empty((n, NUM_SPARSE), dtype=torch.int32, device=self.device)
+        sparse = torch.empty((n, width), dtype=torch.int32, device=self.device)
         labels = torch.empty((n,), dtype=torch.float32, device=self.device)
         wide = None  # int64 copy, made only if 0xFFFFFFFF turns up
         at = 0
@@ -135,17 +159,19 @@ class DeviceLoader:
         for k, (fi, g, rows) in enumerate(tqdm(groups, desc="loading to device", unit="group", disable=None)):
             path = self.files[fi]
             table = self._read_group(readers, fi, footers[fi], g, rows)
-            table, replaced = check_table(path, g, starts[k], table)
+            table, replaced = check_table(path, g, starts[k], table, self.multi_hot_sizes)
             nulls.add(fi, g, replaced)
-            block = _HostBlock.from_table(table)
+            block = _HostBlock.from_table(table, self.multi_hot_sizes)
             sl = slice(at, at + rows)
             dense[sl] = transform_dense(torch.from_numpy(block.dense).to(self.device))
             labels[sl] = torch.from_numpy(block.label.astype(np.float32)).to(self.device)
             raw = block.sparse
-            if wide is None and (raw == _LOW32).any():
-                logger.warning(f"{path}: holds the value 0xFFFFFFFF, so the split is kept as int64 (208 B/row)")
-                wide = _widen(sparse[:at]) if at else torch.empty((0, NUM_SPARSE), dtype=torch.int64, device=self.device)
-                wide = torch.cat([wide, torch.empty((n - at, NUM_SPARSE), dtype=torch.int64, device=self.device)])
+            if wide is None and (raw >= limit).any():
+                logger.warning(f"{path}: holds the value {limit:#X}{' or above' if self._multi_hot else ''}, "
+                               f"so the split is kept as int64 ({8 * width} B/row)")
+                wide = (_widen(sparse[:at], self._multi_hot) if at
+                        else torch.empty((0, width), dtype=torch.int64, device=self.device))
+                wide = torch.cat([wide, torch.empty((n - at, width), dtype=torch.int64, device=self.device)])
                 del sparse
             if wide is not None:
                 wide[sl] = torch.from_numpy(raw).to(self.device)
@@ -190,5 +216,5 @@ class DeviceLoader:
             lo, hi = i * self.batch_size, min((i + 1) * self.batch_size, self.num_rows)
             a, b = rank_slice(lo, hi, self.rank, self.world_size)
             idx = order[a:b] if order is not None else slice(a, b)
-            yield Batch(self.dense[idx], _widen(self.sparse[idx]), self.labels[idx],
+            yield Batch(self.dense[idx], _widen(self.sparse[idx], self._multi_hot), self.labels[idx],
                         hi - lo if self.world_size > 1 else None)

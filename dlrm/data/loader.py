@@ -16,6 +16,7 @@ from dlrm.data.batch import (  # noqa: F401
     _LOW32,
     Batch,
     batches_per_epoch,
+    compact_limit,
     keeps_last_batch,
     rank_slice,
     transform_dense,
@@ -29,6 +30,7 @@ from dlrm.data.host_arena import (  # noqa: F401
     _HostBlock,
     _write_columns,
     compact_sparse_ok,
+    list_slots,
 )
 from dlrm.data.parquet_loader import _END, ParquetLoader, _Flush, _Resident  # noqa: F401
 from dlrm.data.validation import (  # noqa: F401
@@ -40,6 +42,7 @@ from dlrm.data.validation import (  # noqa: F401
     check_table,
     first_rows,
     footer_label_check,
+    list_lengths,
     open_footer,
     split_files,
 )
@@ -52,10 +55,13 @@ __all__ = [
     "check_labels",
     "check_schema",
     "check_table",
+    "compact_limit",
     "compact_sparse_ok",
     "first_rows",
     "footer_label_check",
     "keeps_last_batch",
+    "list_lengths",
+    "list_slots",
     "open_footer",
     "rank_slice",
     "split_files",

@@ -28,9 +28,17 @@ import pyarrow.parquet as pq
 import torch
 from loguru import logger
 
-from dlrm.data.batch import Batch, batches_per_epoch, keeps_last_batch, rank_slice, transform_dense, widen_sparse
+from dlrm.data.batch import (
+    Batch,
+    batches_per_epoch,
+    compact_limit,
+    keeps_last_batch,
+    rank_slice,
+    transform_dense,
+    widen_sparse,
+)
 from dlrm.data.host_arena import _COLUMNS, _Arena, _write_columns, compact_sparse_ok
-from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, DatasetError
+from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, DatasetError, is_multi_hot, one_hot_sizes, sparse_width
 from dlrm.data.validation import NullTally, check_table, first_rows, open_footer
 
 
@@ -56,7 +64,7 @@ class _Flush:
 class _Resident:
     """A shuffle buffer as the consumer cuts it: row-major tensors on the target device.
 
-    dense float32 [rows, 13] (transformed), sparse int64 [rows, 26], labels float32 [rows], perm
+    dense float32 [rows, 13] (transformed), sparse int64 [rows, L], labels float32 [rows], perm
     int64 [rows] or None (no shuffle); `ready`: the event after which they hold their values
     (CUDA); `streams`: the streams already made to wait on it.
     """
@@ -118,7 +126,11 @@ class ParquetLoader:
             batch (`rank_slice`); every rank plans, decodes and uploads the same buffers (the
             global batches must be identical everywhere) but cuts only its own rows.
         compact_sparse: move sparse values as int32 bit patterns on the host (exact only without
-            0xFFFFFFFF, which the footers' statistics must rule out); None: on CUDA devices.
+            0xFFFFFFFF, and in multi-hot data 0xFFFFFFFE, which the footers' statistics must rule
+            out); None: on CUDA devices.
+        multi_hot_sizes: the dataset's `Metadata.multi_hot_sizes` (None: one-hot). Batches then
+            carry sparse int64 [B, L], L = sum of the sizes, each feature in its slots
+            (`dlrm.data.schema.slot_offsets`), `PAD_SPARSE` (-2) in the slots a short list leaves.
         chain_epochs: keep decoding across epoch boundaries: when an epoch has been iterated to its
             end, the producer goes on with the next epoch's buffers (and the consumer uploads the
             next epoch's first buffer while this epoch's last batches are cut), so the next
@@ -152,9 +164,10 @@ class ParquetLoader:
          per-batch event, nothing synced.
     So each row is copied once on the host, crosses the bus once in ~157-261 bytes (int32 or
     int64 sparse), and the next buffers are on the device while the current steps run. Memory:
-    ``(prefetch + 1)`` arenas of ``R * (53 + 26 * s) + 8 * (R + B)`` bytes of host memory
-    (s = 4 or 8 bytes a sparse value, R = rows of the largest buffer, at most ``shuffle_buffer_rows
-    + largest row group``) and, on the device, two buffers of 264 bytes a row plus one upload.
+    ``(prefetch + 1)`` arenas of ``R * (53 + L * s) + 8 * (R + B)`` bytes of host memory
+    (L = 26 sparse slots a row when one-hot, ``sum(multi_hot_sizes)`` otherwise; s = 4 or 8 bytes
+    a sparse value, R = rows of the largest buffer, at most ``shuffle_buffer_rows + largest row
+    group``) and, on the device, two buffers of ``56 + 8 * L`` bytes a row plus one upload.
 
     Which rows form which batch is decided before any data is read (`_plan`), from the row-group
     sizes in the footers and the ``(seed, epoch)`` generator: the row-group order, then one
@@ -178,9 +191,15 @@ class ParquetLoader:
         rank: int = 0,
         world_size: int = 1,
         compact_sparse: Optional[bool] = None,
+        multi_hot_sizes: Optional[list[int]] = None,
         chain_epochs: bool = False,
     ) -> None:
         self.files = [Path(f) for f in files]
+        self.multi_hot_sizes = list(multi_hot_sizes) if multi_hot_sizes is not None else one_hot_sizes()
+        if len(self.multi_hot_sizes) != NUM_SPARSE or min(self.multi_hot_sizes) < 1:
+            raise ValueError(f"multi_hot_sizes must be {NUM_SPARSE} integers >= 1, got {multi_hot_sizes}")
+        self._multi_hot = is_multi_hot(self.multi_hot_sizes)
+        self._width = sparse_width(self.multi_hot_sizes)
         self.batch_size = batch_size
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
@@ -198,7 +217,7 @@ class ParquetLoader:
         self.start_batch = 0
         # (file index, row group index, rows) for every row group, read from parquet footers only.
         self.row_groups: list[tuple[int, int, int]] = []
-        self._footers = [open_footer(path) for path in self.files]  # each file checked once, here
+        self._footers = [open_footer(path, self.multi_hot_sizes) for path in self.files]  # each file checked once, here
         for i, meta in enumerate(self._footers):
             self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
         self._first_rows = first_rows(self.row_groups)
@@ -210,7 +229,7 @@ class ParquetLoader:
         # bytes to copy on the host and across the bus. On the CPU the widening would cost more
         # than it saves, so buffers stay int64 there unless `compact_sparse` says.
         want = self.device.type == "cuda" if compact_sparse is None else compact_sparse
-        self._compact = want and compact_sparse_ok(self._footers)
+        self._compact = want and compact_sparse_ok(self._footers, compact_limit(self._multi_hot))
         # Largest buffer any epoch can need: pending rows below the threshold, then the row group
         # that crosses it (see `_plan`), plus a carry (< B); never more than all rows.
         largest_group = max((n for _, _, n in self.row_groups), default=0)
@@ -294,9 +313,9 @@ class ParquetLoader:
             raise DatasetError(f"{self.files[fi]}: row group {gi}: has {table.num_rows} rows, its footer said {n}")
         # Checked where it is decoded (vectorized, on this reader thread, every epoch: the file is
         # untrusted and may change); a DatasetError reaches the consumer through the producer.
-        table, replaced = check_table(self.files[fi], gi, self._first_rows[k], table)
+        table, replaced = check_table(self.files[fi], gi, self._first_rows[k], table, self.multi_hot_sizes)
         self._nulls.add(fi, gi, replaced)
-        _write_columns(table, out, at)
+        _write_columns(table, out, at, self.multi_hot_sizes)
 
     def _take_spares(self, spares: list, count: int, make) -> list:
         with self._lock:
@@ -431,7 +450,7 @@ class ParquetLoader:
 
     def _new_arena(self) -> _Arena:
         sparse = torch.int32 if self._compact else torch.int64
-        arena = _Arena(self._new_rows, self._buffer_rows, self._pin, sparse)
+        arena = _Arena(self._new_rows, self._buffer_rows, self._pin, sparse, self._width)
         size = sum(t.numel() * t.element_size() for t in (arena.label, arena.dense, arena.sparse, arena.perm))
         logger.debug(f"parquet loader: host arena of {self._new_rows:,} rows ({size / 2**20:,.0f} MiB"
                      f"{', pinned' if self._pin else ''}, sparse {sparse})")
@@ -564,7 +583,7 @@ class ParquetLoader:
                 arena.released.record(copy_stream)
             out = _Resident(
                 torch.empty((flush.rows, NUM_DENSE), dtype=torch.float32, device=dev),
-                torch.empty((flush.rows, NUM_SPARSE), dtype=torch.int64, device=dev),
+                torch.empty((flush.rows, self._width), dtype=torch.int64, device=dev),
                 torch.empty((flush.rows,), dtype=torch.float32, device=dev),
                 perm, None,
             )
@@ -574,7 +593,8 @@ class ParquetLoader:
                 for dst, src in zip((out.dense, out.sparse, out.labels), carried):
                     dst[: flush.carry] = src
             out.dense[flush.carry :] = transform_dense(dense.t())
-            out.sparse[flush.carry :] = widen_sparse(sparse.t()) if sparse.dtype != torch.int64 else sparse.t()
+            out.sparse[flush.carry :] = (widen_sparse(sparse.t(), self._multi_hot) if sparse.dtype != torch.int64
+                                         else sparse.t())
             out.labels[flush.carry :] = label
             if copy_stream is not None:
                 out.ready = torch.cuda.Event()

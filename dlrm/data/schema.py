@@ -13,11 +13,24 @@ A dataset is a directory::
 Columns (in this order):
   ``label``            int8, 0 or 1
   ``DENSE_0..DENSE_12`` int32, integer counts; a missing count is stored as 0
-  ``SPARSE_0..SPARSE_25`` int64, the 32-bit Criteo hash (the hex string read as an integer);
-                       a missing category is stored as ``MISSING_SPARSE`` (-1)
+  ``SPARSE_0..SPARSE_25`` the 32-bit Criteo hash (the hex string read as an integer):
+                       int64 for a one-hot feature (``multi_hot_sizes[f] == 1``), where a missing
+                       category is stored as ``MISSING_SPARSE`` (-1); ``list<int64>`` for a
+                       multi-hot feature (``multi_hot_sizes[f] > 1``): 0 to ``multi_hot_sizes[f]``
+                       values per row (an empty list: no value; a longer list is a `DatasetError`
+                       naming file, column and row)
 Files from other writers may declare columns nullable; the loaders then read a null count as 0,
-a null category as -1 (logged once per file) and refuse a null label
-(`dlrm.data.loader.check_table`).
+a null category as -1, a null list as an empty list and a null value inside a list as -1 (logged
+once per file) and refuse a null label (`dlrm.data.loader.check_table`).
+
+Multi-hot (schema version 2): ``metadata.json`` holds ``multi_hot_sizes``, per sparse feature the
+most values a row may hold (all 1: one-hot, the only layout of version 1, whose files lack the
+key and read as all 1). In memory a row's sparse values are one int64 vector of
+``L = sum(multi_hot_sizes)`` slots (`sparse_width`): feature f occupies slots
+``slot_offsets(sizes)[f] : slot_offsets(sizes)[f] + sizes[f]``, its values first in list order,
+then ``PAD_SPARSE`` (-2) in the slots its list leaves empty. With all sizes 1 that is exactly the
+one-hot ``[B, 26]`` of version 1. -1 keeps meaning a missing category; -2 is no value at all (a
+model skips it: it is neither a category nor the missing row).
 
 Hashing (applied on the model's device, never on the host):
   ``modulus``:    row = (raw + 1) mod cardinality, so a missing value (-1) lands on row 0.
@@ -35,7 +48,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SUPPORTED_SCHEMA_VERSIONS = (1, 2)
+"""Versions `read_metadata` accepts: 1 (one-hot only, no ``multi_hot_sizes``) and 2."""
 NUM_DENSE = 13
 NUM_SPARSE = 26
 LABEL_COLUMN = "label"
@@ -46,7 +61,16 @@ KAGGLE_CARDINALITIES = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93
                         14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
 """Distinct values per categorical feature of the Criteo Kaggle display-advertising challenge data (the
 table sizes of the reference DLRM; configs/kaggle.json carries the same list, checked by a test)."""
+MLPERF_CARDINALITIES = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10,
+                        2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
+"""Table sizes of MLPerf's DLRM-DCNv2 benchmark (Criteo 1TB, tables capped at 40M rows)."""
+MLPERF_MULTI_HOT_SIZES = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+"""Values per row and feature of MLPerf's DLRM-DCNv2 multi-hot Criteo (214 lookups a row)."""
+MAX_MULTI_HOT_SIZE = 1 << 16
+"""The largest `multi_hot_sizes` entry `read_metadata` accepts (a bound on a row's slots)."""
 MISSING_SPARSE = -1
+PAD_SPARSE = -2
+"""An empty slot of a multi-hot feature (its list is shorter than its size); never stored on disk."""
 MISSING_DENSE = 0
 SPLITS = ("train", "validation", "test")
 HashingMode = Literal["modulus", "vocabulary"]
@@ -55,13 +79,40 @@ HashingMode = Literal["modulus", "vocabulary"]
 from dlrm.errors import DatasetError  # noqa: E402,F401 - defined low (dlrm.errors), raised here
 
 
-def arrow_schema():
-    """The pyarrow schema every shard is written with."""
+def one_hot_sizes() -> list[int]:
+    """`multi_hot_sizes` of a one-hot dataset: 1 value per feature."""
+    return [1] * NUM_SPARSE
+
+
+def slot_offsets(sizes: list[int] | None = None) -> list[int]:
+    """Where each feature's slots begin in a row of ``sum(sizes)`` sparse values, plus the total
+    at the end (27 entries): feature f is ``[offsets[f], offsets[f + 1])``. None: one-hot."""
+    offsets = [0]
+    for size in sizes if sizes is not None else one_hot_sizes():
+        offsets.append(offsets[-1] + size)
+    return offsets
+
+
+def sparse_width(sizes: list[int] | None = None) -> int:
+    """L, the sparse values of a row: ``sum(sizes)`` (26 when one-hot or None)."""
+    return NUM_SPARSE if sizes is None else sum(sizes)
+
+
+def is_multi_hot(sizes: list[int] | None) -> bool:
+    """Whether any feature of `sizes` may hold more than one value."""
+    return sizes is not None and any(size != 1 for size in sizes)
+
+
+def arrow_schema(multi_hot_sizes: list[int] | None = None):
+    """The pyarrow schema every shard is written with: a multi-hot feature (size > 1) is a
+    ``list<int64>`` column, every other column as in version 1 (None: one-hot)."""
     import pyarrow as pa
 
+    sizes = multi_hot_sizes if multi_hot_sizes is not None else one_hot_sizes()
     fields = [pa.field(LABEL_COLUMN, pa.int8(), nullable=False)]
     fields += [pa.field(c, pa.int32(), nullable=False) for c in DENSE_COLUMNS]
-    fields += [pa.field(c, pa.int64(), nullable=False) for c in SPARSE_COLUMNS]
+    fields += [pa.field(c, pa.list_(pa.int64()) if size > 1 else pa.int64(), nullable=False)
+               for c, size in zip(SPARSE_COLUMNS, sizes)]
     return pa.schema(fields)
 
 
@@ -80,6 +131,8 @@ class Metadata:
 
     Args:
         cardinalities: table size per sparse feature (26 ints, each >= 1).
+        multi_hot_sizes: per sparse feature the most values a row holds (26 ints, each >= 1;
+            all 1 = one-hot, what a version-1 file means).
         hashing: "modulus" or "vocabulary".
         splits: per split name, its `SplitInfo`.
         schema_version: the contract version (`SCHEMA_VERSION`).
@@ -88,14 +141,34 @@ class Metadata:
     """
 
     cardinalities: list[int]
+    multi_hot_sizes: list[int] = field(default_factory=one_hot_sizes)
     hashing: str = "modulus"
     splits: dict[str, SplitInfo] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
     missing_sparse: int = MISSING_SPARSE
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def slot_offsets(self) -> list[int]:
+        """`slot_offsets` of this dataset's `multi_hot_sizes` (27 entries, the last is L)."""
+        return slot_offsets(self.multi_hot_sizes)
+
+    @property
+    def sparse_width(self) -> int:
+        """L: the columns of `Batch.sparse` for this dataset (26 when one-hot)."""
+        return sparse_width(self.multi_hot_sizes)
+
+    @property
+    def is_multi_hot(self) -> bool:
+        return is_multi_hot(self.multi_hot_sizes)
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
+        if d["schema_version"] < 2:  # read from a version-1 file: written back as one
+            if self.is_multi_hot:  # ...unless it became multi-hot, which version 1 cannot say
+                d["schema_version"] = SCHEMA_VERSION
+            else:
+                del d["multi_hot_sizes"]
         d["num_dense"] = NUM_DENSE
         d["num_sparse"] = NUM_SPARSE
         return d
@@ -231,6 +304,21 @@ def _check_cardinalities(path: Path, cards: Any) -> list[int]:
     return [_check_int(path, f"cardinalities[{i}]", c, 1) for i, c in enumerate(cards)]
 
 
+def _check_multi_hot_sizes(path: Path, version: int, raw: dict[str, Any]) -> list[int]:
+    """`multi_hot_sizes` of a version-2 file (absent: one-hot); a version-1 file must not have it."""
+    if "multi_hot_sizes" not in raw:
+        return one_hot_sizes()
+    sizes = raw["multi_hot_sizes"]
+    if version < 2:
+        raise _fail(path, "multi_hot_sizes", "is a schema_version 2 key (this file says version 1)")
+    if not (isinstance(sizes, list) and len(sizes) == NUM_SPARSE):
+        raise _fail(path, "multi_hot_sizes", f"must be a list of {NUM_SPARSE} integers, got {sizes!r:.80}")
+    for i, size in enumerate(sizes):
+        if not _is_int(size) or not 1 <= size <= MAX_MULTI_HOT_SIZE:
+            raise _fail(path, f"multi_hot_sizes[{i}]", f"{size!r:.80} is not an integer in [1, {MAX_MULTI_HOT_SIZE}]")
+    return list(sizes)
+
+
 def _check_extra(path: Path, extra: Any) -> dict[str, Any]:
     """`extra` is free-form, except `oracle_auc`, which the trainer reads and prints."""
     extra = _check_object(path, "extra", extra)
@@ -251,7 +339,8 @@ def _check_constants(path: Path, raw: dict[str, Any]) -> None:
 def read_metadata(dataset_dir: str | os.PathLike) -> Metadata:
     """Load and validate `DIR/metadata.json`.
 
-    Every defect (unreadable or non-UTF-8 bytes, invalid or too deeply nested JSON, NaN/Infinity,
+    A version-1 file (no ``multi_hot_sizes``) reads as one-hot; its `schema_version` is kept as
+    read. Every defect (unreadable or non-UTF-8 bytes, invalid or too deeply nested JSON, NaN/Infinity,
     a wrong type or range of any known key, shard paths outside the dataset directory) raises a
     `DatasetError` naming the file and the key; nothing else escapes.
     """
@@ -262,15 +351,17 @@ def read_metadata(dataset_dir: str | os.PathLike) -> Metadata:
     if not isinstance(raw, dict):
         raise _fail(path, "<root>", "must be a JSON object")
     version = raw.get("schema_version")
-    if not (_is_int(version) and version == SCHEMA_VERSION):
-        raise _fail(path, "schema_version", f"{version!r:.80} is not the supported version {SCHEMA_VERSION}")
+    if not (_is_int(version) and version in SUPPORTED_SCHEMA_VERSIONS):
+        raise _fail(path, "schema_version", f"{version!r:.80} is not the supported version 1 or 2")
     cards = _check_cardinalities(path, raw.get("cardinalities"))
+    sizes = _check_multi_hot_sizes(path, version, raw)
     hashing = raw.get("hashing", "modulus")
     if not (isinstance(hashing, str) and hashing in ("modulus", "vocabulary")):
         raise _fail(path, "hashing", f"{hashing!r:.80} is not 'modulus' or 'vocabulary'")
     _check_constants(path, raw)
     return Metadata(
         cardinalities=cards,
+        multi_hot_sizes=sizes,
         hashing=hashing,
         splits=_check_splits(path, raw.get("splits", {})),
         schema_version=version,

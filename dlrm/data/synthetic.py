@@ -32,9 +32,20 @@ is tuned on a fixed-size pilot sample so that the positive rate is ~25%. The tea
 function of the stored values only (dense as stored, categories via `category_ids`), so
 `Teacher.probability_of_stored` recomputes p from a parquet file.
 
+Multi-hot (``--multi-hot-sizes``, e.g. ``mlperf`` for MLPerf DLRM-DCNv2's 26 sizes, 214 values a
+row, with ``--cardinalities mlperf`` for its table sizes): a feature of size s > 1 is stored as a
+list of values (`dlrm.data.schema`, version 2). Its first value is the one-hot feature's category
+(a missing one makes the list empty), its others are further draws from the same power law;
+``--multi-hot-fill fixed`` gives every present list s values, ``variable`` a uniform 1..s (both
+from their own random stream, `dlrm.data.teacher.expand_multi_hot`). The teacher then scores a
+feature by the mean of its values' effects and latent vectors (`dlrm.data.teacher`), and the
+oracle AUC is computed from the very probabilities the labels were drawn from. Without the
+option (all sizes 1) the output is byte for byte what it was before multi-hot existed.
+
 Usage::
 
     python -m dlrm.data.synthetic --rows 200000 --out data/sample --seed 0 --cardinalities tiny --test-fraction 0
+    python -m dlrm.data.synthetic --rows 100000 --out data/mlperf-mh --cardinalities mlperf --multi-hot-sizes mlperf
     python -m dlrm.data.synthetic --regime small-real --out data/small-real --raw-tsv data/small-real.txt
 
 Regimes (`REGIMES`, ``--regime``) are presets of the settings above plus how the tables are sized:
@@ -80,13 +91,19 @@ from dlrm.data.schema import (
     DENSE_COLUMNS,
     LABEL_COLUMN,
     MISSING_SPARSE,
+    MLPERF_CARDINALITIES,
+    MLPERF_MULTI_HOT_SIZES,
     NUM_DENSE,
     NUM_SPARSE,
+    PAD_SPARSE,
     SPARSE_COLUMNS,
     SPLITS,
     Metadata,
     SplitInfo,
     arrow_schema,
+    is_multi_hot,
+    one_hot_sizes,
+    slot_offsets,
     write_metadata,
 )
 # The planted teacher and its hashing live in dlrm.data.teacher; every name is re-exported here,
@@ -96,8 +113,8 @@ from dlrm.data.teacher import (  # noqa: F401
     _EFFECT_RANK_POWER, _EFFECT_RANK_SCALE, _INTERACTIONS, _LATENT_RANK, _LATENT_RANK_POWER, _LATENT_RANK_SCALE,
     _M32, _NEGATIVE_PROBS, _PURPOSE_EFFECT, _PURPOSE_LATENT, _PURPOSE_MISSING, _PURPOSE_ROW, _PURPOSE_VALUE,
     _SPARSE_MISSING, _SPARSE_SCALE, _SPARSE_ZIPF, _U64, PILOT_ROWS, TARGET_POSITIVE_RATE, Rows, Teacher,
-    _hash_normal, _hash_u64, _key, _mix64, _row_permutation, category_ids, category_values, rank_auc,
-    sample_rows,
+    MULTI_HOT_FILLS, _hash_normal, _hash_u64, _key, _mix64, _row_permutation, category_ids, category_values,
+    expand_multi_hot, rank_auc, sample_rows,
 )
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
@@ -116,7 +133,33 @@ CARDINALITY_PRESETS: dict[str, list[int]] = {
     # The table sizes of the Criteo Kaggle display-advertising challenge (distinct values per feature).
     "kaggle": [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
                27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572],
+    # MLPerf DLRM-DCNv2's tables (Criteo 1TB, capped at 40M rows); effects are hashed, never materialised.
+    "mlperf": list(MLPERF_CARDINALITIES),
 }
+
+MULTI_HOT_PRESETS: dict[str, list[int]] = {
+    "one-hot": one_hot_sizes(),
+    # MLPerf DLRM-DCNv2's multi-hot Criteo: 214 values a row.
+    "mlperf": list(MLPERF_MULTI_HOT_SIZES),
+}
+
+
+def parse_multi_hot_sizes(text: str) -> list[int]:
+    """``--multi-hot-sizes``: a `MULTI_HOT_PRESETS` name or 26 comma-separated integers >= 1;
+    raises `click.BadParameter` (one line) otherwise."""
+    if text in MULTI_HOT_PRESETS:
+        return list(MULTI_HOT_PRESETS[text])
+    parts = text.split(",")
+    if len(parts) != NUM_SPARSE or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+        raise click.BadParameter(f"{text!r:.80} is not {' or '.join(MULTI_HOT_PRESETS)} or {NUM_SPARSE} "
+                                 "comma-separated integers >= 1")
+    return [int(p) for p in parts]
+
+
+def multi_hot_label(sizes: list[int]) -> str:
+    """How ``--multi-hot-sizes`` spells `sizes`: its preset's name, else the 26 integers."""
+    names = [name for name, preset in MULTI_HOT_PRESETS.items() if preset == list(sizes)]
+    return names[0] if names else ",".join(str(size) for size in sizes)
 
 @dataclass(frozen=True)
 class Regime:
@@ -152,19 +195,34 @@ COMPRESSION = "zstd"
 DEFAULT_ROWS_PER_FILE = 1_000_000
 
 
-def _table(labels: np.ndarray, rows: Rows, sparse: np.ndarray) -> pa.Table:
-    """Rows as an arrow table with the dataset schema."""
+def _list_array(block: np.ndarray) -> pa.ListArray:
+    """Slots [n, s] (values first, `PAD_SPARSE` after them) as a ``list<int64>`` array."""
+    valid = block != PAD_SPARSE
+    offsets = np.zeros(block.shape[0] + 1, dtype=np.int32)
+    np.cumsum(valid.sum(axis=1), out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(block[valid], pa.int64()))
+
+
+def _table(labels: np.ndarray, rows: Rows, sparse: np.ndarray, sizes: Optional[list[int]] = None) -> pa.Table:
+    """Rows as an arrow table with the dataset schema (`sizes`: multi-hot sizes, None: one-hot)."""
     cols = [pa.array(labels, pa.int8())]
     cols += [pa.array(rows.dense[:, j]) for j in range(NUM_DENSE)]
-    cols += [pa.array(sparse[:, f]) for f in range(NUM_SPARSE)]
-    return pa.Table.from_arrays(cols, schema=arrow_schema())
+    if not is_multi_hot(sizes):
+        cols += [pa.array(sparse[:, f]) for f in range(NUM_SPARSE)]
+        return pa.Table.from_arrays(cols, schema=arrow_schema())
+    offsets = slot_offsets(sizes)
+    for f in range(NUM_SPARSE):
+        block = sparse[:, offsets[f] : offsets[f + 1]]
+        cols.append(_list_array(block) if sizes[f] > 1 else pa.array(block[:, 0]))
+    return pa.Table.from_arrays(cols, schema=arrow_schema(sizes))
 
 
 class _SplitWriter:
     """Writes one split as parquet files of `rows_per_file` rows, in row groups of `ROW_GROUP_ROWS`."""
 
-    def __init__(self, root: Path, split: str, rows_per_file: int) -> None:
+    def __init__(self, root: Path, split: str, rows_per_file: int, schema: Optional[pa.Schema] = None) -> None:
         self.root, self.split, self.rows_per_file = root, split, rows_per_file
+        self.schema = schema if schema is not None else arrow_schema()
         self.files: list[str] = []
         self._writer: Optional[pq.ParquetWriter] = None
         self._file_rows = 0
@@ -195,7 +253,7 @@ class _SplitWriter:
         if self._writer is None:
             rel = f"{self.split}/part-{len(self.files):05d}.parquet"
             (self.root / self.split).mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.root / rel, arrow_schema(), compression=COMPRESSION)
+            self._writer = pq.ParquetWriter(self.root / rel, self.schema, compression=COMPRESSION)
             self.files.append(rel)
         self._writer.write_table(group, row_group_size=n)
         self._file_rows += n
@@ -214,15 +272,45 @@ def _hex8(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(_HEX_DIGITS[nibbles]).view("S8").ravel().astype(str).astype(object)
 
 
-def _tsv_block(labels: np.ndarray, rows: Rows, sparse: np.ndarray) -> str:
-    """Rows in Kaggle's train.txt format: label, I1..I13, C1..C26, tab-separated, missing = empty."""
+MULTI_HOT_SEPARATOR = ","
+"""Separates the hex values of a multi-hot field in the raw TSV (never part of a hex token)."""
+
+
+def _hex_lists(block: np.ndarray) -> np.ndarray:
+    """Slots [n, s] (values >= 0 first, `PAD_SPARSE` after them) as comma-separated 8-digit hex
+    strings (object array; an empty list is None), vectorised: each value becomes 9 bytes (hex and
+    a comma), empty slots and the comma after a row's last value become NUL, which numpy's bytes
+    type strips from the end."""
+    n, size = block.shape
+    valid = block >= 0
+    chars = np.zeros((n, size, 9), dtype=np.uint8)
+    nibbles = (np.maximum(block, 0).astype(np.uint64)[..., None] >> _NIBBLE_SHIFTS) & _U64(0xF)
+    chars[..., :8] = _HEX_DIGITS[nibbles]
+    chars[..., 8] = ord(MULTI_HOT_SEPARATOR)
+    chars[~valid] = 0
+    count = valid.sum(axis=1)
+    last = np.flatnonzero(count)
+    chars[last, count[last] - 1, 8] = 0
+    text = chars.reshape(n, 9 * size).view(f"S{9 * size}").ravel().astype(str).astype(object)
+    text[count == 0] = None
+    return text
+
+
+def _tsv_block(labels: np.ndarray, rows: Rows, sparse: np.ndarray, sizes: Optional[list[int]] = None) -> str:
+    """Rows in Kaggle's train.txt format: label, I1..I13, C1..C26, tab-separated, missing = empty;
+    a multi-hot feature's values are joined by `MULTI_HOT_SEPARATOR` (an empty list: empty)."""
     cols: dict[str, object] = {"label": labels}
     for j in range(NUM_DENSE):
         cols[f"I{j + 1}"] = pd.array(rows.dense[:, j], dtype="Int32")
         cols[f"I{j + 1}"][rows.dense_missing[:, j]] = pd.NA
+    offsets = slot_offsets(sizes)
     for f in range(NUM_SPARSE):
-        text = _hex8(np.maximum(sparse[:, f], 0))
-        text[sparse[:, f] < 0] = None
+        if offsets[f + 1] - offsets[f] > 1:
+            cols[f"C{f + 1}"] = _hex_lists(sparse[:, offsets[f] : offsets[f + 1]])
+            continue
+        column = sparse[:, offsets[f]]
+        text = _hex8(np.maximum(column, 0))
+        text[column < 0] = None
         cols[f"C{f + 1}"] = text
     return pd.DataFrame(cols).to_csv(sep="\t", header=False, index=False, na_rep="", lineterminator="\n")
 
@@ -235,11 +323,15 @@ def split_sizes(rows: int, validation_fraction: float, test_fraction: float) -> 
 
 
 def regenerate_command(out: str, rows: int, seed: int, cardinalities: str, validation_fraction: float,
-                       test_fraction: float, rows_per_file: int, regime: str = "default") -> str:
-    """The command line that writes the same parquet files again."""
+                       test_fraction: float, rows_per_file: int, regime: str = "default",
+                       multi_hot_sizes: Optional[list[int]] = None, multi_hot_fill: str = "fixed") -> str:
+    """The command line that writes the same parquet files again (the multi-hot options only
+    when multi-hot, so a one-hot command reads as it always did)."""
+    multi_hot = (f" --multi-hot-sizes {multi_hot_label(multi_hot_sizes)} --multi-hot-fill {multi_hot_fill}"
+                 if is_multi_hot(multi_hot_sizes) else "")
     return (f"python -m dlrm.data.synthetic --rows {rows} --out {out} --seed {seed} --cardinalities {cardinalities}"
             f" --validation-fraction {validation_fraction:g} --test-fraction {test_fraction:g}"
-            f" --rows-per-file {rows_per_file}" + (f" --regime {regime}" if regime != "default" else ""))
+            f" --rows-per-file {rows_per_file}" + (f" --regime {regime}" if regime != "default" else "") + multi_hot)
 
 
 def teacher_cardinalities(meta: Metadata) -> list[int]:
@@ -291,6 +383,8 @@ class _Settings:
     regime: str
     table_sizes: str
     sizes: dict[str, int]
+    multi_hot_sizes: Optional[list[int]] = None  # None: one-hot
+    multi_hot_fill: str = "fixed"
 
     @property
     def cards(self) -> list[int]:
@@ -300,7 +394,8 @@ class _Settings:
 
 def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalities: Optional[str],
               raw_tsv: Optional[str | os.PathLike], validation_fraction: Optional[float],
-              test_fraction: Optional[float], rows_per_file: int, overwrite: bool, regime: str) -> _Settings:
+              test_fraction: Optional[float], rows_per_file: int, overwrite: bool, regime: str,
+              multi_hot_sizes: Optional[list[int] | str] = None, multi_hot_fill: str = "fixed") -> _Settings:
     """`generate`'s arguments resolved against `regime`; raises `click.ClickException` on bad ones."""
     if regime not in REGIMES:
         raise click.ClickException(f"unknown regime {regime!r} (expected one of {', '.join(REGIMES)})")
@@ -317,22 +412,40 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
         raise click.ClickException(f"validation and test fractions leave no training rows out of {rows}")
     if cardinalities not in CARDINALITY_PRESETS:
         raise click.ClickException(f"unknown cardinalities {cardinalities!r} (expected one of {', '.join(CARDINALITY_PRESETS)})")
+    if isinstance(multi_hot_sizes, str):
+        try:
+            multi_hot_sizes = parse_multi_hot_sizes(multi_hot_sizes)
+        except click.BadParameter as e:
+            raise click.ClickException(f"--multi-hot-sizes: {e.format_message()}") from None
+    if multi_hot_sizes is not None and (len(multi_hot_sizes) != NUM_SPARSE or min(multi_hot_sizes) < 1):
+        raise click.ClickException(f"--multi-hot-sizes: need {NUM_SPARSE} integers >= 1, got {multi_hot_sizes}")
+    if multi_hot_fill not in MULTI_HOT_FILLS:
+        raise click.ClickException(f"--multi-hot-fill: {multi_hot_fill!r} is not one of {', '.join(MULTI_HOT_FILLS)}")
     _check_target(out, overwrite, "directory")
     tsv_path = Path(raw_tsv) if raw_tsv is not None else None
     if tsv_path is not None:
         _check_target(tsv_path, overwrite, "file")
     return _Settings(out, tsv_path, rows, seed, cardinalities, validation_fraction, test_fraction, rows_per_file,
-                     regime, preset.table_sizes, sizes)
+                     regime, preset.table_sizes, sizes,
+                     list(multi_hot_sizes) if is_multi_hot(multi_hot_sizes) else None, multi_hot_fill)
 
 
-def _chunk(seed: int, chunk: int, n: int, cards: list[int],
-           teacher: Teacher) -> tuple[Rows, np.ndarray, np.ndarray, np.ndarray]:
+def _chunk(seed: int, chunk: int, n: int, cards: list[int], teacher: Teacher,
+           multi_hot_sizes: Optional[list[int]] = None,
+           multi_hot_fill: str = "fixed") -> tuple[Rows, np.ndarray, np.ndarray, np.ndarray]:
     """The `n` rows of chunk number `chunk`, from its own random stream: the rows, their click
-    probabilities (float64 [n]), labels (int8 [n]) and stored sparse values (int64 [n, 26])."""
+    probabilities (float64 [n]), labels (int8 [n]) and stored sparse values (int64 [n, L]; multi-hot:
+    the slot layout, `PAD_SPARSE` in empty slots). The labels are drawn from exactly these
+    probabilities, which the oracle AUC scores."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0, chunk]))
     block = sample_rows(rng, n, cards)
+    if multi_hot_sizes is not None:  # further values from a stream of their own (seed, 2, chunk)
+        more = np.random.default_rng(np.random.SeedSequence([seed, 2, chunk]))
+        block.ids = expand_multi_hot(more, block.ids, cards, multi_hot_sizes, multi_hot_fill)
     p = teacher.probability(block.dense, block.ids)
     labels = (rng.random(n) < p).astype(np.int8)
+    if multi_hot_sizes is not None:
+        return block, p, labels, _stored_values(seed, cards, multi_hot_sizes, block.ids)
     sparse = np.full((n, NUM_SPARSE), MISSING_SPARSE, dtype=np.int64)
     for f in range(NUM_SPARSE):
         present = block.ids[:, f] >= 0
@@ -340,13 +453,28 @@ def _chunk(seed: int, chunk: int, n: int, cards: list[int],
     return block, p, labels, sparse
 
 
+def _stored_values(seed: int, cards: list[int], sizes: list[int], ids: np.ndarray) -> np.ndarray:
+    """Multi-hot category ids [n, L] as stored values: each id its `category_values`, -1 and -2 kept."""
+    sparse = ids.copy()
+    offsets = slot_offsets(sizes)
+    for f in range(NUM_SPARSE):
+        block = sparse[:, offsets[f] : offsets[f + 1]]
+        present = block >= 0
+        block[present] = category_values(seed, f, cards[f], block[present])
+    return sparse
+
+
 class _Splits:
     """The splits being written under `root`: their parquet writers, and what the metadata needs
     of their rows (probabilities and labels for the oracle AUC, distinct train values if asked)."""
 
-    def __init__(self, root: Path, sizes: dict[str, int], rows_per_file: int, distinct: bool) -> None:
+    def __init__(self, root: Path, sizes: dict[str, int], rows_per_file: int, distinct: bool,
+                 multi_hot_sizes: Optional[list[int]] = None) -> None:
         self.bounds = np.cumsum([0] + [sizes[s] for s in SPLITS])
-        self.writers = {s: _SplitWriter(root, s, rows_per_file) for s in SPLITS if sizes[s]}
+        self.multi_hot_sizes = multi_hot_sizes
+        self.offsets = slot_offsets(multi_hot_sizes)
+        schema = arrow_schema(multi_hot_sizes)
+        self.writers = {s: _SplitWriter(root, s, rows_per_file, schema) for s in SPLITS if sizes[s]}
         self.probs: dict[str, list[np.ndarray]] = {s: [] for s in self.writers}
         self.labels: dict[str, list[np.ndarray]] = {s: [] for s in self.writers}
         self.distinct = distinct
@@ -355,7 +483,7 @@ class _Splits:
     def add(self, start: int, block: Rows, p: np.ndarray, labels: np.ndarray, sparse: np.ndarray) -> None:
         """Append the rows that begin at row `start` of the dataset to the splits they fall in."""
         n = labels.size
-        table = _table(labels, block, sparse)
+        table = _table(labels, block, sparse, self.multi_hot_sizes)
         for i, split in enumerate(SPLITS):
             lo, hi = max(self.bounds[i] - start, 0), min(self.bounds[i + 1] - start, n)
             if lo < hi:
@@ -364,7 +492,7 @@ class _Splits:
                 self.labels[split].append(labels[lo:hi])
                 if split == "train" and self.distinct:
                     for f in range(NUM_SPARSE):
-                        col = sparse[lo:hi, f]
+                        col = sparse[lo:hi, self.offsets[f] : self.offsets[f + 1]].ravel()
                         self.train_values[f] = np.union1d(self.train_values[f], col[col >= 0])
 
     def close(self) -> None:
@@ -386,10 +514,10 @@ def _write_rows(s: _Settings, teacher: Teacher, splits: _Splits, tsv) -> None:
     with tqdm(total=s.rows, unit="row", unit_scale=True, desc="generating", disable=None) as bar:
         for chunk, start in enumerate(range(0, s.rows, CHUNK_ROWS)):
             n = min(CHUNK_ROWS, s.rows - start)
-            block, p, labels, sparse = _chunk(s.seed, chunk, n, s.cards, teacher)
+            block, p, labels, sparse = _chunk(s.seed, chunk, n, s.cards, teacher, s.multi_hot_sizes, s.multi_hot_fill)
             splits.add(start, block, p, labels, sparse)
             if tsv is not None:
-                tsv.write(_tsv_block(labels, block, sparse))
+                tsv.write(_tsv_block(labels, block, sparse, s.multi_hot_sizes))
             bar.update(n)
 
 
@@ -400,7 +528,8 @@ def _metadata(s: _Settings, teacher: Teacher, splits: _Splits) -> Metadata:
         "generator": "dlrm.data.synthetic",
         "generator_version": GENERATOR_VERSION,
         "command": regenerate_command(str(s.out), s.rows, s.seed, s.cardinalities, s.validation_fraction,
-                                      s.test_fraction, s.rows_per_file, s.regime),
+                                      s.test_fraction, s.rows_per_file, s.regime, s.multi_hot_sizes,
+                                      s.multi_hot_fill),
         "regime": s.regime,
         "seed": s.seed,
         "rows": s.rows,
@@ -418,8 +547,12 @@ def _metadata(s: _Settings, teacher: Teacher, splits: _Splits) -> Metadata:
         },
         "oracle_auc": oracle,
     }
+    if s.multi_hot_sizes is not None:  # absent when one-hot: its metadata stays as it was
+        extra["multi_hot_fill"] = s.multi_hot_fill
+        extra["teacher"]["multi_hot"] = "mean of the values' effects and latent vectors"
     tables = _distinct_tables(splits.train_values) if s.table_sizes == "distinct" else s.cards
-    return Metadata(cardinalities=tables, hashing="modulus", splits=infos, extra=extra)
+    return Metadata(cardinalities=tables, multi_hot_sizes=s.multi_hot_sizes or one_hot_sizes(), hashing="modulus",
+                    splits=infos, extra=extra)
 
 
 def _publish(tmp: Path, tsv_tmp: Optional[Path], s: _Settings) -> None:
@@ -450,11 +583,15 @@ def generate(
     rows_per_file: int = DEFAULT_ROWS_PER_FILE,
     overwrite: bool = False,
     regime: str = "default",
+    multi_hot_sizes: Optional[list[int] | str] = None,
+    multi_hot_fill: str = "fixed",
 ) -> Metadata:
     """Write a synthetic dataset directory at `out` (and optionally the raw TSV); returns its metadata.
 
     `rows`, `cardinalities` and the fractions left None come from `regime` (`REGIMES`; "default":
-    "small" categories, 10% validation, 10% test, rows required).
+    "small" categories, 10% validation, 10% test, rows required). `multi_hot_sizes`: 26 sizes or
+    a `MULTI_HOT_PRESETS` name (None: one-hot); `multi_hot_fill`: "fixed" or "variable" (see the
+    module docstring).
 
     Everything is written into temporary siblings that are renamed into place at the end, so
     an interrupted run leaves no partial dataset behind. Raises `click.ClickException` if
@@ -466,16 +603,16 @@ def generate(
         {'train': 8572, 'validation': 714, 'test': 714}
     """
     s = _settings(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file,
-                  overwrite, regime)
+                  overwrite, regime, multi_hot_sizes, multi_hot_fill)
     started = time.perf_counter()
-    teacher = Teacher(s.seed, s.cards)
+    teacher = Teacher(s.seed, s.cards, multi_hot_sizes=s.multi_hot_sizes, multi_hot_fill=s.multi_hot_fill)
     logger.info(f"teacher bias {teacher.bias:.4f}; writing {s.rows} rows ({s.sizes}) to {s.out}")
 
     s.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{s.out.name}.tmp-", dir=s.out.parent))
     tsv_tmp = None
     try:
-        splits = _Splits(tmp, s.sizes, s.rows_per_file, s.table_sizes == "distinct")
+        splits = _Splits(tmp, s.sizes, s.rows_per_file, s.table_sizes == "distinct", s.multi_hot_sizes)
         tsv = None
         if s.tsv_path is not None:
             s.tsv_path.parent.mkdir(parents=True, exist_ok=True)
@@ -541,7 +678,8 @@ def _report(exc: BaseException) -> int:
 @click.option("--seed", type=click.IntRange(min=0, max=2**31 - 1), default=0, show_default=True)
 @click.option("--cardinalities", type=click.Choice(sorted(CARDINALITY_PRESETS)), default=None,
               help="tiny: the embedded sample (3..400); small: CPU-sized tables (3..4000); kaggle: the Criteo Kaggle "
-                   "table sizes [default: the regime's: small, or kaggle for small-real].")
+                   "table sizes; mlperf: MLPerf DLRM-DCNv2's (up to 40M) [default: the regime's: small, or kaggle for "
+                   "small-real].")
 @click.option("--raw-tsv", type=click.Path(dir_okay=False), default=None,
               help="Also write all rows (train, validation, test) in Kaggle's raw train.txt format.")
 @click.option("--validation-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
@@ -553,8 +691,13 @@ def _report(exc: BaseException) -> int:
 @click.option("--regime", type=click.Choice(sorted(REGIMES)), default="default", show_default=True,
               help="A preset (module docstring): small-real = a 10,000-line real click log's shape (Kaggle category "
                    "counts, most values rare, 8,572/714/714 split, tables sized like the preprocessor's).")
+@click.option("--multi-hot-sizes", default=None, metavar="PRESET|S1,...,S26",
+              help="Values per row of each sparse feature: mlperf (MLPerf DLRM-DCNv2's 26 sizes, 214 a row), one-hot, "
+                   "or 26 comma-separated integers >= 1 [default: one-hot].")
+@click.option("--multi-hot-fill", type=click.Choice(MULTI_HOT_FILLS), default="fixed", show_default=True,
+              help="fixed: every present multi-hot feature holds its size's values; variable: 1..size, uniform.")
 def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
-         regime):
+         regime, multi_hot_sizes, multi_hot_fill):
     """Generate a synthetic Criteo-format dataset with a planted teacher (see the module docstring).
 
     Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 bad arguments, an occupied
@@ -566,7 +709,7 @@ def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_frac
         if raw_tsv is not None:
             _check_parent_writable(Path(raw_tsv), "--raw-tsv")
         generate(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
-                 regime)
+                 regime, multi_hot_sizes, multi_hot_fill)
     except (Exception, KeyboardInterrupt) as e:
         sys.exit(_report(e))
 

@@ -2,9 +2,15 @@
 
 Every per-category quantity (a stored value, an effect, a latent vector) is a hash of
 (seed, feature, purpose, category id), so no per-category table is ever materialised.
-`sample_rows` draws feature rows, `Teacher` gives them click probabilities, `category_values`
-and `category_ids` map category ids to stored values and back, and `rank_auc` scores a model
-exactly. The model itself is described in `dlrm.data.synthetic`'s module docstring.
+`sample_rows` draws feature rows (`expand_multi_hot` gives multi-hot features their further
+values), `Teacher` gives them click probabilities, `category_values` and `category_ids` map
+category ids to stored values and back, and `rank_auc` scores a model exactly.
+
+Multi-hot: ids are [n, L] in the slot layout of `dlrm.data.schema.slot_offsets`, a feature's
+values first and `PAD_SPARSE` after them. The teacher's per-category term of a feature is then
+the mean of its values' effects (the missing effect when it has none), and its latent vector in
+an interaction the mean of its values' damped latent vectors (zero when it has none). With all
+sizes 1 both reduce to the one-hot formulas, computed by the one-hot code (bit for bit as before). The model itself is described in `dlrm.data.synthetic`'s module docstring.
 
 Example:
     >>> import numpy as np
@@ -26,7 +32,7 @@ from typing import Optional
 
 import numpy as np
 
-from dlrm.data.schema import MISSING_DENSE, MISSING_SPARSE, NUM_DENSE, NUM_SPARSE
+from dlrm.data.schema import MISSING_DENSE, MISSING_SPARSE, NUM_DENSE, NUM_SPARSE, PAD_SPARSE, is_multi_hot, slot_offsets
 
 TARGET_POSITIVE_RATE = 0.25
 PILOT_ROWS = 1 << 17
@@ -153,13 +159,47 @@ def sample_rows(rng: np.random.Generator, n: int, cardinalities: list[int]) -> R
     u = rng.random((n, NUM_SPARSE))
     missing = rng.random((n, NUM_SPARSE)) < _SPARSE_MISSING
     for f, card in enumerate(cardinalities):
-        # card - 1 categories (row 0 of the table is the missing row). Continuous power law
-        # x^-s on [1, card), floored: P(k) ~ (k + 1.5)^-s, and no per-category tables.
-        one_minus_s = 1.0 - _SPARSE_ZIPF[f]
-        x = (1.0 - u[:, f] * (1.0 - float(card) ** one_minus_s)) ** (1.0 / one_minus_s)
-        ids[:, f] = np.minimum(np.floor(x).astype(np.int64) - 1, card - 2)
+        ids[:, f] = _zipf_ids(u[:, f], f, card)
     ids[missing] = MISSING_SPARSE
     return Rows(dense=dense, dense_missing=dense_missing, ids=ids)
+
+
+def _zipf_ids(u: np.ndarray, feature: int, card: int) -> np.ndarray:
+    """Category ids of feature `feature` from uniforms `u` (any shape): card - 1 categories (row 0
+    of the table is the missing row). Continuous power law x^-s on [1, card), floored:
+    P(k) ~ (k + 1.5)^-s, and no per-category tables."""
+    one_minus_s = 1.0 - _SPARSE_ZIPF[feature]
+    x = (1.0 - u * (1.0 - float(card) ** one_minus_s)) ** (1.0 / one_minus_s)
+    return np.minimum(np.floor(x).astype(np.int64) - 1, card - 2)
+
+
+MULTI_HOT_FILLS = ("fixed", "variable")
+
+
+def expand_multi_hot(rng: np.random.Generator, ids: np.ndarray, cardinalities: list[int], sizes: list[int],
+                     fill: str) -> np.ndarray:
+    """Category ids [n, L] in the multi-hot slot layout, from one-hot ids [n, 26] (`sample_rows`).
+
+    A one-hot feature (size 1) keeps its id. A multi-hot feature of size s keeps its id as its
+    first value and draws its others from the same power law (repeats allowed, as in real logs);
+    with `fill` "fixed" every row has s values, with "variable" a uniform 1..s. A row whose
+    feature `sample_rows` made missing has no values at all (an empty list), so a multi-hot list
+    never holds -1; the slots after a row's values hold `PAD_SPARSE`. Draws from `rng` only here.
+    """
+    if fill not in MULTI_HOT_FILLS:
+        raise ValueError(f"multi-hot fill must be one of {', '.join(MULTI_HOT_FILLS)}, got {fill!r}")
+    n, offsets = ids.shape[0], slot_offsets(sizes)
+    out = np.empty((n, offsets[-1]), dtype=np.int64)
+    for f, size in enumerate(sizes):
+        lo, hi = offsets[f], offsets[f + 1]
+        out[:, lo] = ids[:, f]
+        if size == 1:
+            continue
+        out[:, lo + 1 : hi] = _zipf_ids(rng.random((n, size - 1)), f, cardinalities[f])
+        lengths = np.full(n, size) if fill == "fixed" else rng.integers(1, size + 1, n)
+        lengths[ids[:, f] < 0] = 0
+        out[:, lo:hi][np.arange(size)[None, :] >= lengths[:, None]] = PAD_SPARSE
+    return out
 
 
 class Teacher:
@@ -169,31 +209,72 @@ class Teacher:
         seed: the dataset seed (fixes every per-category effect).
         cardinalities: 26 category counts.
         bias: the logit bias; None tunes it on a pilot sample to `TARGET_POSITIVE_RATE`.
+        multi_hot_sizes: values per feature (None: one-hot); ids and stored values are then
+            [n, L] in the slot layout (see the module docstring).
+        multi_hot_fill: how the pilot sample fills multi-hot features (`expand_multi_hot`).
     """
 
-    def __init__(self, seed: int, cardinalities: list[int], bias: Optional[float] = None) -> None:
+    def __init__(self, seed: int, cardinalities: list[int], bias: Optional[float] = None,
+                 multi_hot_sizes: Optional[list[int]] = None, multi_hot_fill: str = "fixed") -> None:
         self.seed = seed
         self.cardinalities = list(cardinalities)
+        self.multi_hot_sizes = list(multi_hot_sizes) if is_multi_hot(multi_hot_sizes) else None
+        self.multi_hot_fill = multi_hot_fill
+        self.offsets = slot_offsets(self.multi_hot_sizes)
         self.bias = 0.0
         self.bias = self._tune_bias() if bias is None else float(bias)
 
     def logit(self, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """Teacher logits (float64 [n]) of stored dense counts [n, 13] and category ids [n, 26]."""
+        """Teacher logits (float64 [n]) of stored dense counts [n, 13] and category ids [n, L]
+        (L = 26 when one-hot; multi-hot: the slot layout, `PAD_SPARSE` in empty slots)."""
         logit = np.full(dense.shape[0], self.bias)
         centered = np.log1p(np.maximum(dense, 0).astype(np.float64)) - _DENSE_MU
         for j in range(NUM_DENSE):
             logit += _DENSE_SLOPE[j] * centered[:, j]
         logit -= _DENSE_CURVATURE * centered[:, 6] ** 2
         for f in range(NUM_SPARSE):
-            k = ids[:, f]
+            lo, hi = self.offsets[f], self.offsets[f + 1]
+            missing_effect = _hash_normal(self.seed, f, _PURPOSE_MISSING, np.zeros(1, dtype=np.int64))[0]
+            if hi - lo > 1:
+                logit += _SPARSE_SCALE[f] * self._mean_effect(f, ids[:, lo:hi], missing_effect)
+                continue
+            k = ids[:, lo]
             present = k >= 0
             k0 = np.maximum(k, 0)
             effect = _hash_normal(self.seed, f, _PURPOSE_EFFECT, k0) * (1.0 + k0 / _EFFECT_RANK_SCALE) ** -_EFFECT_RANK_POWER
-            missing_effect = _hash_normal(self.seed, f, _PURPOSE_MISSING, np.zeros(1, dtype=np.int64))[0]
             logit += _SPARSE_SCALE[f] * np.where(present, effect, missing_effect)
         for f, g, strength in _INTERACTIONS:
-            logit += strength * self._latent_dot(f, g, ids[:, f], ids[:, g])
+            (f0, f1), (g0, g1) = self.offsets[f : f + 2], self.offsets[g : g + 2]
+            if f1 - f0 == 1 and g1 - g0 == 1:
+                logit += strength * self._latent_dot(f, g, ids[:, f0], ids[:, g0])
+            else:
+                logit += strength * self._mean_latent_dot(f, g, ids[:, f0:f1], ids[:, g0:g1])
         return logit
+
+    def _mean_effect(self, f: int, block: np.ndarray, missing_effect: float) -> np.ndarray:
+        """The per-category term of multi-hot feature `f` (ids [n, s]): the mean of its values'
+        effects, or `missing_effect` for a row without values."""
+        present = block >= 0
+        k0 = np.maximum(block, 0)
+        effect = _hash_normal(self.seed, f, _PURPOSE_EFFECT, k0) * (1.0 + k0 / _EFFECT_RANK_SCALE) ** -_EFFECT_RANK_POWER
+        count = present.sum(axis=1)
+        mean = np.where(present, effect, 0.0).sum(axis=1) / np.maximum(count, 1)
+        return np.where(count > 0, mean, missing_effect)
+
+    def _mean_latent(self, f: int, block: np.ndarray, r: int) -> np.ndarray:
+        """Component `r` of feature `f`'s latent vector per row (ids [n, s]): the mean of its
+        values' damped latent components, zero for a row without values."""
+        present = block >= 0
+        k0 = np.maximum(block, 0)
+        u = _hash_normal(self.seed, f, _PURPOSE_LATENT + r, k0) * (1.0 + k0 / _LATENT_RANK_SCALE) ** -_LATENT_RANK_POWER
+        return np.where(present, u, 0.0).sum(axis=1) / np.maximum(present.sum(axis=1), 1)
+
+    def _mean_latent_dot(self, f: int, g: int, bf: np.ndarray, bg: np.ndarray) -> np.ndarray:
+        """<mean u_f, mean u_g> / sqrt(R) of multi-hot blocks (one-hot: `_latent_dot`'s value)."""
+        dot = np.zeros(bf.shape[0])
+        for r in range(_LATENT_RANK):
+            dot += self._mean_latent(f, bf, r) * self._mean_latent(g, bg, r)
+        return dot / math.sqrt(_LATENT_RANK)
 
     def _latent_dot(self, f: int, g: int, kf: np.ndarray, kg: np.ndarray) -> np.ndarray:
         """<u_f(kf), u_g(kg)> / sqrt(R), zero where either category is missing."""
@@ -210,18 +291,30 @@ class Teacher:
         return 1.0 / (1.0 + np.exp(-self.logit(dense, ids)))
 
     def probability_of_stored(self, dense: np.ndarray, sparse: np.ndarray) -> np.ndarray:
-        """Click probabilities of rows as stored: dense int [n, 13], raw sparse values [n, 26]."""
-        ids = np.full(sparse.shape, MISSING_SPARSE, dtype=np.int64)
+        """Click probabilities of rows as stored: dense int [n, 13], raw sparse values [n, L]
+        (as a loader's `Batch.sparse` holds them: -1 missing, -2 an empty multi-hot slot)."""
+        if not is_multi_hot(self.multi_hot_sizes):
+            ids = np.full(sparse.shape, MISSING_SPARSE, dtype=np.int64)
+            for f in range(NUM_SPARSE):
+                present = sparse[:, f] >= 0
+                ids[present, f] = category_ids(self.seed, f, self.cardinalities[f], sparse[present, f])
+            return self.probability(dense, ids)
+        ids = sparse.astype(np.int64, copy=True)  # -1 and -2 stay as they are
         for f in range(NUM_SPARSE):
-            present = sparse[:, f] >= 0
-            ids[present, f] = category_ids(self.seed, f, self.cardinalities[f], sparse[present, f])
+            block = ids[:, self.offsets[f] : self.offsets[f + 1]]
+            present = block >= 0
+            block[present] = category_ids(self.seed, f, self.cardinalities[f], block[present])
         return self.probability(dense, ids)
 
     def _tune_bias(self) -> float:
         """The bias whose mean pilot probability is `TARGET_POSITIVE_RATE` (bisection)."""
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, 1]))
         rows = sample_rows(rng, PILOT_ROWS, self.cardinalities)
-        base = self.logit(rows.dense, rows.ids) - self.bias
+        ids = rows.ids
+        if self.multi_hot_sizes is not None:  # its own stream: the one-hot pilot stays as it was
+            more = np.random.default_rng(np.random.SeedSequence([self.seed, 1, 1]))
+            ids = expand_multi_hot(more, ids, self.cardinalities, self.multi_hot_sizes, self.multi_hot_fill)
+        base = self.logit(rows.dense, ids) - self.bias
         lo, hi = -20.0, 20.0
         for _ in range(60):  # 40 / 2^60: far below float64 resolution of the bias
             mid = 0.5 * (lo + hi)

@@ -1,9 +1,10 @@
 """Per-file checks of the parquet shards: schema, labels, nulls, and the files a split lists.
 
-A shard is untrusted input: `open_footer` checks its schema and pre-checks its labels from the
-footer statistics when a loader opens it, and `check_table` checks every decoded row group
-(labels 0 or 1, nulls replaced by the policy of data/README.md), counting the replacements in a
-`NullTally` that logs them once per file. Every problem is a `DatasetError` naming the file,
+A shard is untrusted input: `open_footer` checks its schema (against the dataset's
+``multi_hot_sizes``: a multi-hot feature is a ``list<int64>`` column) and pre-checks its labels
+from the footer statistics when a loader opens it, and `check_table` checks every decoded row
+group (labels 0 or 1, lists no longer than their feature's size, nulls replaced by the policy of
+data/README.md), counting the replacements in a `NullTally` that logs them once per file. Every problem is a `DatasetError` naming the file,
 and where it can, the column and the row.
 """
 
@@ -29,6 +30,7 @@ from dlrm.data.schema import (
     DatasetError,
     Metadata,
     arrow_schema,
+    one_hot_sizes,
 )
 
 
@@ -45,11 +47,25 @@ def split_files(dataset_dir: str | Path, meta: Metadata, split: str) -> list[Pat
     return files
 
 
-def check_schema(path: Path, schema: pa.Schema) -> None:
-    """`schema` must have exactly `arrow_schema()`'s columns, in its order and with its types
-    (nullable fields are accepted: nulls follow `check_table`'s policy); raises `DatasetError`
-    naming the file and the first offending column."""
-    expected = arrow_schema()
+def _is_int64_list(t: pa.DataType) -> bool:
+    """A ``list<int64>`` type, whatever its item field is called (writers say item or element)."""
+    return pa.types.is_list(t) and t.value_type == pa.int64()
+
+
+def _type_error(path: Path, name: str, actual: pa.DataType, want: pa.DataType) -> DatasetError:
+    """The error of a column of the wrong type; says so when it is a multi-hot mismatch."""
+    why = ""
+    if _is_int64_list(actual):
+        why = (f" (a multi-hot column, but the dataset's multi_hot_sizes[{SPARSE_COLUMNS.index(name)}] is 1: "
+               "metadata.json, or the multi_hot_sizes the loader was given)")
+    return DatasetError(f"{path}: column {name}: type {actual} is not {want}{why}")
+
+
+def check_schema(path: Path, schema: pa.Schema, multi_hot_sizes: list[int] | None = None) -> None:
+    """`schema` must have exactly `arrow_schema(multi_hot_sizes)`'s columns, in its order and with
+    its types (nullable fields are accepted: nulls follow `check_table`'s policy; a list's item
+    field may have any name); raises `DatasetError` naming the file and the first offending column."""
+    expected = arrow_schema(multi_hot_sizes)
     names = schema.names
     for fld in expected:
         count = names.count(fld.name)
@@ -58,8 +74,8 @@ def check_schema(path: Path, schema: pa.Schema) -> None:
         if count > 1:
             raise DatasetError(f"{path}: column {fld.name}: appears {count} times")
         actual = schema.field(fld.name).type
-        if actual != fld.type:
-            raise DatasetError(f"{path}: column {fld.name}: type {actual} is not {fld.type}")
+        if not (actual == fld.type or (_is_int64_list(fld.type) and _is_int64_list(actual))):
+            raise _type_error(path, fld.name, actual, fld.type)
     for name in names:
         if expected.get_field_index(name) < 0:
             raise DatasetError(f"{path}: column {name}: not part of the dataset schema (expected exactly "
@@ -72,6 +88,7 @@ def check_schema(path: Path, schema: pa.Schema) -> None:
 # The null policy (data/README.md): a null category is the missing category, a null count is a
 # missing count (stored as 0); a null label has no meaning, so it is an error, never a guess.
 _NULL_FILL = {**{c: MISSING_DENSE for c in DENSE_COLUMNS}, **{c: MISSING_SPARSE for c in SPARSE_COLUMNS}}
+_SPARSE_INDEX = set(SPARSE_COLUMNS)
 
 
 def _label_error(path: Path, group: int, first_row: int, label: pa.ChunkedArray) -> DatasetError:
@@ -96,20 +113,63 @@ def check_labels(path: Path, group: int, first_row: int, label: pa.ChunkedArray)
             raise _label_error(path, group, first_row, label)
 
 
-def check_table(path: Path, group: int, first_row: int, table: pa.Table) -> tuple[pa.Table, dict[str, int]]:
+def list_lengths(column: pa.Array) -> np.ndarray:
+    """Values per row (int64 numpy) of a ``list<int64>`` array; a null list has none."""
+    lengths = pc.fill_null(pc.list_value_length(column), 0)
+    return lengths.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _list_error(path: Path, group: int, first_row: int, name: str, lengths: np.ndarray, size: int) -> DatasetError:
+    """The error for the first list longer than its feature's size (the error path only)."""
+    i = int(np.flatnonzero(lengths > size)[0])
+    return DatasetError(f"{path}: column {name}: row index {first_row + i} (row group {group}) holds "
+                        f"{int(lengths[i])} values; multi_hot_sizes[{SPARSE_COLUMNS.index(name)}] allows at most {size}")
+
+
+def _check_list_column(path: Path, group: int, first_row: int, name: str, column: pa.ChunkedArray,
+                       size: int) -> tuple[pa.Array, int]:
+    """A multi-hot column as one list array of at most `size` values a row, its null lists made
+    empty and its null values -1 (`MISSING_SPARSE`); and the number of nulls replaced.
+    Vectorized: one length pass and one max, plus a rebuild only when there are nulls."""
+    array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    lengths = list_lengths(array)
+    if lengths.size and int(lengths.max()) > size:
+        raise _list_error(path, group, first_row, name, lengths, size)
+    values = array.flatten()  # the values of non-null lists, slicing offsets taken care of
+    nulls = array.null_count + values.null_count
+    if nulls:
+        offsets = np.zeros(lengths.size + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        values = pc.fill_null(values, pa.scalar(MISSING_SPARSE, pa.int64()))
+        array = pa.ListArray.from_arrays(pa.array(offsets), values)
+    return array, nulls
+
+
+def check_table(path: Path, group: int, first_row: int, table: pa.Table,
+                multi_hot_sizes: list[int] | None = None) -> tuple[pa.Table, dict[str, int]]:
     """A decoded row group checked against the contract, and its nulls replaced by policy.
 
     Labels must be 0 or 1 and not null (else `DatasetError` naming file, column and row); a null
     dense count becomes 0 (`MISSING_DENSE`), a null category the missing value -1
-    (`MISSING_SPARSE`). Returns the table to use and the number of nulls replaced per column
-    (empty for the usual table without nulls, which costs one `min_max` and 40 null counts).
+    (`MISSING_SPARSE`). A multi-hot column (``multi_hot_sizes[f] > 1``, a list column) must hold at
+    most ``multi_hot_sizes[f]`` values a row (else `DatasetError` naming file, column and row); a
+    null list becomes an empty one, a null value in a list -1. Returns the table to use and the
+    number of nulls replaced per column (``"SPARSE_<f>[]"`` for a list column's; empty for the
+    usual table without nulls, which costs one `min_max` and 40 null counts).
     `first_row`: the row group's first row within the file (for the messages).
     """
     check_labels(path, group, first_row, table.column(LABEL_COLUMN))
+    sizes = multi_hot_sizes if multi_hot_sizes is not None else one_hot_sizes()
     replaced: dict[str, int] = {}
     for name, fill in _NULL_FILL.items():
         column = table.column(name)
-        if column.null_count:
+        size = sizes[SPARSE_COLUMNS.index(name)] if name in _SPARSE_INDEX else 1
+        if size > 1:
+            array, nulls = _check_list_column(path, group, first_row, name, column, size)
+            if nulls:
+                replaced[f"{name}[]"] = nulls
+                table = table.set_column(table.schema.get_field_index(name), name, array)
+        elif column.null_count:
             replaced[name] = column.null_count
             filled = pc.fill_null(column, pa.scalar(fill, column.type))
             table = table.set_column(table.schema.get_field_index(name), name, filled)
@@ -141,15 +201,16 @@ def footer_label_check(path: Path, footer: pq.FileMetaData) -> None:
         first_row += rg.num_rows
 
 
-def open_footer(path: Path) -> pq.FileMetaData:
-    """The parquet footer of `path`, its schema checked (`check_schema`) and its labels
-    pre-checked from the statistics (`footer_label_check`); unreadable -> `DatasetError`."""
+def open_footer(path: Path, multi_hot_sizes: list[int] | None = None) -> pq.FileMetaData:
+    """The parquet footer of `path`, its schema checked (`check_schema`, against
+    `multi_hot_sizes`; None: one-hot) and its labels pre-checked from the statistics
+    (`footer_label_check`); unreadable -> `DatasetError`."""
     try:
         footer = pq.ParquetFile(path).metadata
         schema = footer.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as e:
         raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
-    check_schema(path, schema)
+    check_schema(path, schema, multi_hot_sizes)
     footer_label_check(path, footer)
     return footer
 
@@ -198,5 +259,10 @@ class NullTally:
             if hit:
                 total = sum(counts[c] for c in names if c in counts)
                 parts.append(f"{total:,} null {what} replaced by {fill} ({', '.join(hit)})")
+        lists = [f"{c} {counts[c + '[]']:,}" for c in SPARSE_COLUMNS if c + "[]" in counts]
+        if lists:
+            total = sum(counts[c + "[]"] for c in SPARSE_COLUMNS if c + "[]" in counts)
+            parts.append(f"{total:,} null multi-hot lists or values replaced by an empty list or {MISSING_SPARSE} "
+                         f"({', '.join(lists)})")
         logger.warning(f"{self._files[file_index]}: {'; '.join(parts)}")
 
