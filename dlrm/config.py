@@ -238,8 +238,9 @@ class TrainConfig:
     cuda_graph: Union[bool, Auto] = "auto"
     """Capture the whole training step (forward, backward, the Triton embedding's fused update, the
     dense optimizer) in one CUDA graph after 3 warm-up steps and replay it: no per-step host launch
-    cost, which bounds small batches. Needs kernels.embedding "triton", a fused dense optimizer (sgd
-    or adam) and compile mode other than reduce-overhead; on the CPU it is ignored with a warning.
+    cost, which bounds small batches. Needs kernels.embedding "triton" (or "torch" with train.compile),
+    a fused dense optimizer (sgd or adam) and compile mode other than reduce-overhead; on the CPU it
+    is ignored with a warning.
     "auto": on when the run allows it on CUDA (dlrm.train.fast_path says why not otherwise)."""
 
 
@@ -444,9 +445,10 @@ def _check_cuda_graph(cfg: Config) -> None:
     o, t = cfg.optim, cfg.train
     if t.cuda_graph is not True:
         return
-    if cfg.kernels.embedding != "triton":
-        raise ConfigError("train.cuda_graph: needs kernels.embedding \"triton\" (the torch embedding's sparse "
-                          "gradients have data-dependent shapes, which a CUDA graph cannot replay)")  # fmt: skip
+    if cfg.kernels.embedding == "torch" and t.compile.enabled is False:
+        raise ConfigError("train.cuda_graph: needs kernels.embedding \"triton\", or \"torch\" with train.compile "
+                          "(the eager torch embedding's sparse gradients have data-dependent shapes, which a CUDA "
+                          "graph cannot replay; compiled, it updates its rows in the backward with static shapes)")  # fmt: skip
     if o.dense.name not in ("sgd", "adam"):
         raise ConfigError(f"train.cuda_graph: needs optim.dense.name \"sgd\" or \"adam\", not {o.dense.name!r} "
                           "(torch has no fused CUDA Adagrad, whose learning rate a graph could replay)")  # fmt: skip

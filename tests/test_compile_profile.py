@@ -5,6 +5,7 @@ import gzip
 import json
 
 import pytest
+import torch
 
 from dlrm.config import load_config
 from dlrm.train.compare import run_comparison
@@ -54,6 +55,8 @@ def test_profiled_run_writes_trace_with_named_ranges(dataset, tmp_path):
 
 
 def test_compiled_run_matches_eager_with_no_graph_breaks(dataset, tmp_path):
+    # graphs an earlier test compiled from the same code would be reused, not counted
+    torch._dynamo.reset()
     eager = train(small_config(dataset, tmp_path, **{"log.run_name": "eager"}))
     compiled = train(small_config(dataset, tmp_path, **{"log.run_name": "compiled", "train.compile.enabled": True,
                                                         "train.compile.fullgraph": True}))

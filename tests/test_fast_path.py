@@ -36,13 +36,20 @@ def test_on_the_cpu_auto_is_plain_pytorch():
 @pytest.mark.parametrize("overrides, reason", [
     ({"optim.dense.name": "adagrad"}, "not a fused SGD or Adam"),
     ({"optim.dense.fused": False}, "not a fused SGD or Adam"),
-    ({"kernels.embedding": "torch"}, "kernels.embedding is torch"),
+    ({"kernels.embedding": "torch", "train.compile.enabled": False}, "kernels.embedding is torch without train.compile"),
     ({"train.compile": {"mode": "reduce-overhead"}}, "reduce-overhead"),
 ])
 def test_the_step_graph_turns_itself_off_where_it_cannot_run(overrides, reason):
     resolved, chosen = resolve_fast_path(cfg_with(**overrides), CUDA)
     assert resolved.train.cuda_graph is False
     assert reason in chosen["train.cuda_graph"]["why"]
+
+
+def test_the_compiled_torch_embedding_gets_the_step_graph():
+    """--kernels torch on a GPU: compiled, the PyTorch embedding updates its rows in the backward with
+    static shapes (FusedUpdateSparseArch), so the whole step is captured too."""
+    resolved, chosen = resolve_fast_path(cfg_with(**{"kernels.embedding": "torch"}), CUDA)
+    assert resolved.train.compile.enabled is True and resolved.train.cuda_graph is True
 
 
 def test_several_processes_get_no_step_graph():
@@ -76,7 +83,7 @@ def test_cli_kernels_torch_forces_every_component():
 
 def test_an_explicit_impossible_combination_is_still_a_config_error():
     with pytest.raises(ConfigError, match="train.cuda_graph: needs kernels.embedding"):
-        cfg_with(**{"train.cuda_graph": True, "kernels.embedding": "torch"})
+        cfg_with(**{"train.cuda_graph": True, "kernels.embedding": "torch", "train.compile.enabled": False})
 
 
 def test_summary_records_what_auto_chose(tmp_path):

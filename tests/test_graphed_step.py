@@ -26,7 +26,7 @@ CARDINALITIES = [50, 7, 300] + [20] * (NUM_SPARSE - 3)  # small tables of unequa
 @pytest.mark.parametrize(
     "overrides, names",
     [
-        ({"kernels.embedding": "torch"}, 'kernels.embedding "triton"'),
+        ({"kernels.embedding": "torch", "train.compile": False}, 'kernels.embedding "triton", or "torch" with train.compile'),
         ({"optim.dense.fused": False}, "optim.dense.fused"),
         ({"optim.dense.name": "adagrad"}, 'optim.dense.name "sgd" or "adam"'),
         ({"train.compile": {"mode": "reduce-overhead"}}, "reduce-overhead"),
@@ -38,8 +38,9 @@ def test_config_rejects_what_a_captured_step_cannot_replay(overrides, names):
         load_config(SAMPLE, {**base, **overrides})
 
 
-def test_config_accepts_a_graphable_step():
-    cfg = load_config(SAMPLE, {"train.cuda_graph": True, "kernels.embedding": "triton", "train.compile": True})
+@pytest.mark.parametrize("embedding", ["triton", "torch"])
+def test_config_accepts_a_graphable_step(embedding):
+    cfg = load_config(SAMPLE, {"train.cuda_graph": True, "kernels.embedding": embedding, "train.compile": True})
     assert cfg.train.cuda_graph and cfg.train.compile.mode == "default"
 
 
@@ -64,12 +65,16 @@ def test_checkpoints_store_a_tensor_learning_rate_as_a_float():
     assert isinstance(opt.param_groups[0]["lr"], torch.Tensor)  # the live optimizer keeps its tensor
 
 
-@pytest.mark.parametrize("name", ["triton-embedding+step-graph", "triton-embedding-interaction+step-graph"])
-def test_step_graph_variants_enable_the_captured_step(name):
+@pytest.mark.parametrize("name,embedding", [("triton-embedding+step-graph", "triton"),
+                                            ("triton-embedding-interaction+step-graph", "triton"),
+                                            ("compiled+step-graph", "torch")])
+def test_step_graph_variants_enable_the_captured_step(name, embedding):
+    from dlrm.config import validate
     from dlrm.train.compare import unavailable_reason, variant_config
 
     cfg = variant_config(load_config(SAMPLE, {"optim.dense.fused": False}), name)
-    assert cfg.train.cuda_graph and cfg.kernels.embedding == "triton"
+    validate(cfg)  # a combination the config accepts
+    assert cfg.train.cuda_graph and cfg.kernels.embedding == embedding
     assert cfg.train.compile.enabled and cfg.train.compile.mode == "default"
     assert cfg.optim.dense.fused is None  # fused on CUDA, as the capture needs
     assert "CUDA" in unavailable_reason(name, torch.device("cpu"))
@@ -138,14 +143,15 @@ def weights(run: Run) -> dict[str, torch.Tensor]:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dense_opt", ["sgd", "adam"])
-@pytest.mark.parametrize("compiled", [False, True])
-def test_graphed_step_trains_exactly_like_the_ordinary_step(dense_opt, compiled):
+@pytest.mark.parametrize("kernels,compiled", [("triton", False), ("triton", True), ("torch", True)])
+def test_graphed_step_trains_exactly_like_the_ordinary_step(dense_opt, kernels, compiled):
     """Same seed, same batches (with an lr warm-up and decay and a partial last batch): the losses of
     every step and the final weights match the ordinary step's (fp32, IEEE matmuls, deterministic
-    embedding updates; the only difference is the dense lr held as fp32 on the device)."""
+    embedding updates; the only difference is the dense lr held as fp32 on the device). "torch":
+    the compiled PyTorch model, whose embedding updates its rows in the compiled backward."""
     device = torch.device("cuda")
     overrides = {
-        "kernels.embedding": "triton", "kernels.interaction": "triton", "train.cuda_graph": True,
+        "kernels.embedding": kernels, "kernels.interaction": kernels, "train.cuda_graph": True,
         "train.compile": compiled, "optim.dense.name": dense_opt, "optim.dense.momentum": 0.9 if dense_opt == "sgd" else 0.0,
         "optim.schedule.warmup_steps": 4, "optim.schedule.decay_start_step": 6, "optim.schedule.decay": "linear",
     }  # fmt: skip

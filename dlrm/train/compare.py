@@ -42,6 +42,9 @@ VARIANTS: dict[str, Variant] = {
     "eager": Variant("torch", None),
     "compiled": Variant("torch", "default"),
     "compiled-cudagraphs": Variant("torch", "reduce-overhead"),
+    # torch.compile of the PyTorch model (its embedding's update compiled into the backward) with the
+    # whole step, optimizer included, captured as one CUDA graph: no Triton kernel of ours
+    "compiled+step-graph": Variant("torch", "default", step_graph=True),
     "triton": Variant("triton", None),
     "triton+compiled": Variant("triton", "default"),
     "triton+cudagraphs": Variant("triton", "reduce-overhead"),

@@ -62,8 +62,8 @@ def _cuda_graph_blocker(cfg: Config, device: torch.device, distributed: bool) ->
         return f"no CUDA device ({device})"
     if distributed:
         return "several processes (the collectives run outside a captured graph)"
-    if cfg.kernels.embedding != "triton":
-        return "kernels.embedding is torch (sparse gradients have data-dependent shapes)"
+    if cfg.kernels.embedding == "torch" and not cfg.train.compile.enabled:
+        return "kernels.embedding is torch without train.compile (its sparse gradients have data-dependent shapes)"
     if cfg.optim.dense.name not in ("sgd", "adam") or cfg.optim.dense.fused is False:
         return f"the dense optimizer ({cfg.optim.dense.name}, fused {cfg.optim.dense.fused}) is not a fused SGD or Adam"
     if cfg.train.compile.enabled and cfg.train.compile.mode == "reduce-overhead":

@@ -9,7 +9,8 @@ update inside it) and the dense optimizer are captured once; every later step is
 copies, the learning-rate copies and one graph launch, as in NVIDIA's DLRM.
 
 What it needs (``dlrm.config.validate`` and :func:`graph_train_step` check it): CUDA; an embedding
-without sparse gradients (``kernels.embedding = "triton"``: static shapes, no host syncs); a fused
+without sparse gradients (``kernels.embedding = "triton"``, or "torch" compiled, which is then
+`dlrm.model.fused_sparse.FusedUpdateSparseArch`: static shapes, no host syncs); a fused
 dense optimizer, whose learning rate becomes a device tensor the graph reads (Adam is switched to
 ``capturable``); compile mode other than reduce-overhead (no CUDA graphs inside the graph); one
 process. A batch of another size (an epoch's partial last batch) runs the ordinary step.
