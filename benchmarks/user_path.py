@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import REPO, date_stamp, markdown, pyplot, save_figure, write_csv  # noqa: E402
+
+from dlrm.data.schema import read_metadata  # noqa: E402
 
 KEYS = ["batch_size", "run", "samples_per_sec", "ratio", "data_wait_fraction", "steps", "placement", "kernels",
         "compile", "cuda_graph", "status"]
@@ -138,6 +141,8 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=6, help="epochs of the dataset per run (epoch boundaries count)")
     ap.add_argument("--placements", default="stream", help="forced placements run beside the default (auto)")
     ap.add_argument("--max-steps", type=int, default=3000, help="cap per run (small batches on a large dataset)")
+    ap.add_argument("--buffer-rows", default="",
+                    help="comma list of data.shuffle_buffer_rows: one more stream run each (shuffle buffers an epoch)")
     ap.add_argument("--precision", default="tf32", help="of the device-resident reference (the config's)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="user_path")
@@ -154,8 +159,12 @@ def main(argv=None) -> int:
             rows.append({"batch_size": batch, "run": "device-resident", **ref})
             runs = [("train.py (defaults)", {})] + [(f"train.py, placement {p}", {"data.placement": p})
                                                     for p in args.placements.split(",") if p]
+            rows_total = read_metadata(args.data).splits["train"].rows
+            runs += [(f"train.py, placement stream, {math.ceil(rows_total / int(n))} buffers/epoch",
+                      {"data.placement": "stream", "data.shuffle_buffer_rows": int(n)})
+                     for n in args.buffer_rows.split(",") if n]
             for label, overrides in runs:
-                name = f"b{batch}-{overrides.get('data.placement', 'default')}"
+                name = f"b{batch}-{overrides.get('data.placement', 'default')}-{overrides.get('data.shuffle_buffer_rows', '')}"
                 r = train_py(config, args.data, batch, args.epochs, args.max_steps, name, work, overrides)
                 if r.get("samples_per_sec") and ref.get("samples_per_sec"):
                     r["ratio"] = r["samples_per_sec"] / ref["samples_per_sec"]
