@@ -16,7 +16,9 @@ One file per job:
 * `lookup`: the lookup forward (``dlrm_kernels::embedding_lookup``, ``dlrm_kernels::fused_embedding``);
 * `update`: the sorted segment-sum kernels of the fused sparse optimizer update and of the plain
   lookup's dense backward (``dlrm_kernels::embedding_sparse_update_``, ``dlrm_kernels::embedding_dense_grad``);
-* `module`: ``TritonSparseEmbedding`` and its ``SparseOptimizerConfig``.
+* `module`: ``TritonSparseEmbedding`` and its ``SparseOptimizerConfig``;
+* `pooled`: the multi-hot (sum-pooled) lookup with ``PAD_SPARSE`` slots, its fused update (the same
+  segment kernels) with stochastic rounding for bf16 tables; `pooled_module`: ``TritonPooledEmbedding``.
 
 Launch configs live in `kernels.heuristics`.
 """
@@ -24,15 +26,33 @@ Launch configs live in `kernels.heuristics`.
 from kernels.embedding.hashing import hash_rows
 from kernels.embedding.lookup import embedding_lookup, fused_embedding
 from kernels.embedding.module import SparseOptimizerConfig, TritonSparseEmbedding
+from kernels.embedding.pooled import (
+    PAD_SPARSE,
+    PooledLayout,
+    fused_pooled_embedding,
+    pooled_embedding_lookup,
+    pooled_embedding_sparse_update_,
+    pooled_hash_rows,
+    pooled_layout,
+)
+from kernels.embedding.pooled_module import TritonPooledEmbedding
 from kernels.embedding.update import OPTIMIZERS, embedding_sparse_update_, init_sparse_optimizer_state
 
 __all__ = [
     "OPTIMIZERS",
+    "PAD_SPARSE",
+    "PooledLayout",
     "SparseOptimizerConfig",
+    "TritonPooledEmbedding",
     "TritonSparseEmbedding",
     "embedding_lookup",
     "embedding_sparse_update_",
     "fused_embedding",
+    "fused_pooled_embedding",
     "hash_rows",
     "init_sparse_optimizer_state",
+    "pooled_embedding_lookup",
+    "pooled_embedding_sparse_update_",
+    "pooled_hash_rows",
+    "pooled_layout",
 ]

@@ -31,24 +31,19 @@ __all__ = ["hash_rows"]
 
 
 @triton.jit
-def _hash_positions(
-    raw_ptr,
-    stride_rb,
-    stride_rf,
+def _hash_values(
+    raw,
+    f,
+    mask,
     card_ptr,
     off_ptr,
     vocab_ptr,
     voff_ptr,
-    pos,
-    mask,
-    F,
     USE_VOCAB: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
 ):
-    """Global table rows (int64) of the flat positions ``pos = b * F + f`` (masked lanes give garbage)."""
-    b = pos // F
-    f = pos - b * F
-    raw = tl.load(raw_ptr + b * stride_rb + f * stride_rf, mask=mask, other=0).to(tl.int64)
+    """Global table rows (int64) of the int64 values ``raw`` of features ``f`` (same shape; masked lanes
+    give garbage). The one hashing step of every kernel (one-hot positions, multi-hot slots)."""
     base = tl.load(off_ptr + f, mask=mask, other=0)
     if USE_VOCAB:
         # Lower-bound binary search in vocab[start:end]. SEARCH_STEPS >= bit_length(total vocab size)
@@ -75,6 +70,28 @@ def _hash_positions(
         local = (raw + 1) % card
         local = tl.where(local < 0, local + card, local)
     return base + local
+
+
+@triton.jit
+def _hash_positions(
+    raw_ptr,
+    stride_rb,
+    stride_rf,
+    card_ptr,
+    off_ptr,
+    vocab_ptr,
+    voff_ptr,
+    pos,
+    mask,
+    F,
+    USE_VOCAB: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+):
+    """Global table rows (int64) of the flat positions ``pos = b * F + f`` (masked lanes give garbage)."""
+    b = pos // F
+    f = pos - b * F
+    raw = tl.load(raw_ptr + b * stride_rb + f * stride_rf, mask=mask, other=0).to(tl.int64)
+    return _hash_values(raw, f, mask, card_ptr, off_ptr, vocab_ptr, voff_ptr, USE_VOCAB, SEARCH_STEPS)
 
 
 @triton.jit

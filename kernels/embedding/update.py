@@ -33,7 +33,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels import heuristics
-from kernels._backend import check_triton_device, device_context
+from kernels._backend import check_triton_device, device_context, interpret_mode
 
 __all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state"]
 
@@ -41,11 +41,33 @@ __all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_stat
 # gradient into a dense gradient tensor" (the backward of the plain lookup).
 OPTIMIZERS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}
 _DENSE_GRAD = 3
+# How the update writes new bf16 weights (kernel code ROUND): the plain cast, or bit arithmetic.
+_BF16_ROUNDING = {None: 0, "nearest": 1, "stochastic": 2}
 
 
 # ----------------------------------------------------------------------------------------------------
 # Triton kernels
 # ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _round_bf16(x, seed_ptr, offsets, STOCHASTIC: tl.constexpr):
+    """fp32 ``x`` -> fp32 values exactly representable in bf16 (the cast to bf16 after it is exact).
+
+    ``STOCHASTIC`` (unbiased): adds 16 uniform random bits (Philox: the seed at ``seed_ptr``, one counter
+    per element, ``offsets`` int64) below the bf16 mantissa and truncates them, so x rounds away from
+    zero with probability (dropped bits) / 2**16 and E[result] = x (sign-magnitude bits: negative values
+    too). Otherwise round to nearest, ties to even, by the same bit arithmetic: the same result on GPUs
+    and in the interpreter (whose fp32 -> bf16 cast truncates). +-inf stay; NaN is kept as is (adding
+    bits could turn a NaN payload into inf); values past the largest bf16 round to inf as casts do.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    if STOCHASTIC:
+        add = tl.randint(tl.load(seed_ptr), offsets).to(tl.uint32, bitcast=True) & 0xFFFF
+    else:
+        add = 0x7FFF + ((bits >> 16) & 1)
+    rounded = ((bits + add) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return tl.where(x == x, rounded, x)
 
 
 @triton.jit
@@ -62,14 +84,18 @@ def _apply_row_update(
     lr_ptr,
     eps,
     weight_decay,
+    seed_ptr,
     OPT: tl.constexpr,
     DECAY: tl.constexpr,
+    ROUND: tl.constexpr,
 ):
     """Apply the update for the rows ``rows`` [M] whose summed fp32 gradients are ``g`` [M, BLOCK_D].
 
     ``sel`` [M] selects the lanes that own a unique row (each row is selected exactly once per step).
     With ``DECAY``, lazy L2: ``weight_decay * w[r]`` joins the summed gradient of each touched row first
     (once per unique row, as the eager optimizers' ``dlrm.train.optim.decay_touched_rows_`` adds it).
+    ``ROUND`` of the new fp32 weights: 0 the cast to weight's dtype; for bf16 weights 1 round to nearest
+    even, 2 round stochastically (`_round_bf16`, seed at ``seed_ptr``).
     """
     dmask = d < D
     m2 = sel[:, None] & dmask[None, :]
@@ -95,6 +121,8 @@ def _apply_row_update(
             s = tl.load(state_ptr + rows, mask=sel, other=0.0) + tl.sum(g * g, axis=1) / D
             tl.store(state_ptr + rows, s, mask=sel)
             w = w - lr * (g / (tl.sqrt(s)[:, None] + eps))
+        if ROUND != 0:
+            w = _round_bf16(w, seed_ptr, rows[:, None] * D + d[None, :], ROUND == 2)
         tl.store(w_ptr + w_offs, w.to(w_ptr.dtype.element_ty), mask=m2)
 
 
@@ -102,6 +130,7 @@ def _apply_row_update(
 def _sparse_chunk_kernel(
     sorted_ptr,
     perm_ptr,
+    slot_ptr,
     grad_ptr,
     stride_gb,
     stride_gf,
@@ -111,6 +140,7 @@ def _sparse_chunk_kernel(
     stride_wd,
     state_ptr,
     lr_ptr,
+    seed_ptr,
     first_ptr,
     last_ptr,
     eps,
@@ -118,16 +148,24 @@ def _sparse_chunk_kernel(
     N,
     F,
     D,
+    R,
     OPT: tl.constexpr,
     DECAY: tl.constexpr,
+    ROUND: tl.constexpr,
+    SLOT_MAP: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     FP32_DOT: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
 ):
     """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
 
     Writes ``first[k]`` (sum over the chunk's positions whose row is the chunk's first row) and ``last[k]``
     (same for its last row); the carry kernel uses them for segments that cross chunk boundaries.
+
+    Positions are ``pos = b * F + c`` of a ``[B, F]`` rows tensor; the gradient of a position is
+    ``grad[b, c]``, or ``grad[b, slot[c]]`` with ``SLOT_MAP`` (multi-hot: column c of the rows holds a slot
+    of feature slot[c]). Rows ``>= R`` (the multi-hot padding) are sorted last and never updated.
     """
     k = tl.program_id(0).to(tl.int64)
     cs = k * CHUNK
@@ -138,11 +176,14 @@ def _sparse_chunk_kernel(
     pos = tl.load(perm_ptr + i, mask=valid, other=0)
     b = pos // F
     f = pos - b * F
+    if SLOT_MAP:
+        f = tl.load(slot_ptr + f, mask=valid, other=0)
+    live = valid & (rows < R)
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
     g = tl.load(
         grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd,
-        mask=valid[:, None] & dmask[None, :],
+        mask=live[:, None] & dmask[None, :],
         other=0.0,
     )
 
@@ -155,9 +196,11 @@ def _sparse_chunk_kernel(
     # accumulation, in a fixed order (deterministic). For bf16/fp16 gradients the 0/1 matrix is exact in
     # that dtype, so the tensor-core product is an exact fp32 sum of the gradients. fp32 gradients use
     # FP32_DOT: "tf32x3" on GPUs (tensor cores, ~fp32 accuracy), "ieee" in the interpreter.
+    # DOT_IN_FP32: the interpreter's tl.dot mishandles bf16 operands; there 16-bit gradients are
+    # upcast first (the same exact sums).
     same = rows[:, None] == rows[None, :]
-    if g.dtype == tl.float32:
-        seg = tl.dot(same.to(tl.float32), g, input_precision=FP32_DOT)
+    if DOT_IN_FP32:
+        seg = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision=FP32_DOT)
     else:
         seg = tl.dot(same.to(g.dtype), g)
 
@@ -165,10 +208,10 @@ def _sparse_chunk_kernel(
     # i.e. its row differs from row0, unless the chunk itself starts a segment (then compare against -2,
     # which no row equals). Written as one comparison: the interpreter mishandles scalar | vector masks.
     row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
-    ends_here = valid & (nxt != rows)
+    ends_here = live & (nxt != rows)
     starts_here = rows != row0_cont
     _apply_row_update(rows, seg, ends_here & starts_here, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps,
-                      weight_decay, OPT, DECAY)
+                      weight_decay, seed_ptr, OPT, DECAY, ROUND)
 
     # Every lane of a segment holds the segment's chunk sum: pick the first and the last lane.
     lane = tl.arange(0, CHUNK)
@@ -186,6 +229,7 @@ def _sparse_carry_kernel(
     stride_wd,
     state_ptr,
     lr_ptr,
+    seed_ptr,
     first_ptr,
     last_ptr,
     eps,
@@ -193,8 +237,10 @@ def _sparse_carry_kernel(
     N,
     num_chunks,
     D,
+    R,
     OPT: tl.constexpr,
     DECAY: tl.constexpr,
+    ROUND: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr,
     CARRY_BLOCK: tl.constexpr,
@@ -208,7 +254,7 @@ def _sparse_carry_kernel(
     row_last = tl.load(sorted_ptr + ce - 1).to(tl.int64)
     following = tl.load(sorted_ptr + ce, mask=ce < N, other=-1).to(tl.int64)
     row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
-    if (following == row_last) & (row_last != row0_cont):
+    if (following == row_last) & (row_last != row0_cont) & (row_last < R):
         d = tl.arange(0, BLOCK_D)
         acc = tl.load(last_ptr + k * BLOCK_D + d)
         # The segment covers a run of following chunks whose first row is row_last; add their
@@ -238,14 +284,17 @@ def _sparse_carry_kernel(
             lr_ptr,
             eps,
             weight_decay,
+            seed_ptr,
             OPT,
             DECAY,
+            ROUND,
         )
 
 
 @triton.jit
 def _sgd_atomic_kernel(
     rows_ptr,
+    slot_ptr,
     grad_ptr,
     stride_gb,
     stride_gf,
@@ -257,15 +306,22 @@ def _sgd_atomic_kernel(
     N,
     F,
     D,
+    R,
+    SLOT_MAP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Non-deterministic SGD: w[row(pos)] -= lr * grad[pos] with atomics (fp32 weights only)."""
+    """Non-deterministic SGD: w[row(pos)] -= lr * grad[pos] with atomics (fp32 weights only).
+
+    Positions, ``SLOT_MAP`` and rows ``>= R`` as in `_sparse_chunk_kernel`."""
     pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = pos < N
     rows = tl.load(rows_ptr + pos, mask=mask, other=0)
+    mask = mask & (rows < R)
     b = pos // F
     f = pos - b * F
+    if SLOT_MAP:
+        f = tl.load(slot_ptr + f, mask=mask, other=0)
     d = tl.arange(0, BLOCK_D)
     m2 = mask[:, None] & (d < D)[None, :]
     g = tl.load(
@@ -288,10 +344,17 @@ def _sort_by_row(rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
 
 
 def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tensor, lr: Tensor, opt: int, eps: float,
-                    weight_decay: float = 0.0):
-    """Sort positions by row and run the chunk + carry kernels (see the module docstring)."""
-    B, F = rows.shape
-    N = B * F
+                    weight_decay: float = 0.0, slot_feature: Optional[Tensor] = None,
+                    bf16_rounding: Optional[str] = None, sr_seed: Optional[Tensor] = None):
+    """Sort positions by row and run the chunk + carry kernels (see the module docstring).
+
+    ``rows`` [B, C]; ``grad_out`` [B, F, D] with C == F, or any C with ``slot_feature`` [C] (the gradient
+    row of column c is grad_out[:, slot_feature[c]]). Rows >= R are skipped (multi-hot padding).
+    ``bf16_rounding`` (bf16 weights): None casts, 'nearest' rounds to nearest even, 'stochastic' rounds
+    stochastically with the seed in ``sr_seed`` (a one-element int64 tensor; the caller advances it).
+    """
+    B, C = rows.shape
+    N = B * C
     R, D = target.shape
     sorted_rows, perm = _sort_by_row(rows, R)
     BLOCK_D = heuristics.dot_block(D)
@@ -299,10 +362,13 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     num_chunks = triton.cdiv(N, cfg.chunk)
     first = torch.empty((num_chunks, BLOCK_D), dtype=torch.float32, device=target.device)
     last = torch.empty_like(first)
-    common = dict(OPT=opt, DECAY=weight_decay != 0.0, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
+    seed = lr if sr_seed is None else sr_seed  # never read unless stochastic
+    rounding = _BF16_ROUNDING[bf16_rounding]
+    common = dict(OPT=opt, DECAY=weight_decay != 0.0, ROUND=rounding, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
     _sparse_chunk_kernel[(num_chunks,)](
         sorted_rows,
         perm,
+        perm if slot_feature is None else slot_feature,
         grad_out,
         grad_out.stride(0),
         grad_out.stride(1),
@@ -312,14 +378,18 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         target.stride(1),
         state,
         lr,
+        seed,
         first,
         last,
         eps,
         weight_decay,
         N,
-        F,
+        C,
         D,
+        R,
+        SLOT_MAP=slot_feature is not None,
         FP32_DOT=heuristics.fp32_dot_precision(),
+        DOT_IN_FP32=grad_out.dtype == torch.float32 or interpret_mode(),
         num_warps=cfg.chunk_warps,
         **common,
     )
@@ -330,6 +400,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         target.stride(1),
         state,
         lr,
+        seed,
         first,
         last,
         eps,
@@ -337,21 +408,26 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         N,
         num_chunks,
         D,
+        R,
         CARRY_BLOCK=cfg.carry_block,
         num_warps=cfg.carry_warps,
         **common,
     )
 
 
-def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tensor) -> None:
-    """Plain SGD with one atomic add per position (the non-deterministic fp32 path)."""
-    B, F = rows.shape
-    N = B * F
-    D = weight.shape[1]
+def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tensor,
+                       slot_feature: Optional[Tensor] = None) -> None:
+    """Plain SGD with one atomic add per position (the non-deterministic fp32 path); ``rows`` [B, C] and
+    ``slot_feature`` as in `_segment_update`."""
+    B, C = rows.shape
+    N = B * C
+    R, D = weight.shape
     BLOCK_D = triton.next_power_of_2(D)
     BLOCK_N = heuristics.rows_per_program(BLOCK_D)
+    flat = rows.reshape(-1).contiguous()
     _sgd_atomic_kernel[(triton.cdiv(N, BLOCK_N),)](
-        rows.reshape(-1).contiguous(),
+        flat,
+        flat if slot_feature is None else slot_feature,
         grad_out,
         grad_out.stride(0),
         grad_out.stride(1),
@@ -361,8 +437,10 @@ def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tenso
         weight.stride(1),
         lr,
         N,
-        F,
+        C,
         D,
+        R,
+        SLOT_MAP=slot_feature is not None,
         BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D,
     )
@@ -374,13 +452,23 @@ def _expected_state_shape(optimizer: str, weight: Tensor) -> Optional[tuple[int,
     return {"adagrad": (R, D), "rowwise_adagrad": (R,)}.get(optimizer)
 
 
-def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_decay: float = 0.0) -> None:
+def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_decay: float = 0.0,
+                         slot_feature: Optional[Tensor] = None) -> None:
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
     if not weight_decay >= 0.0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
-    if rows.dim() != 2 or grad_out.dim() != 3 or tuple(grad_out.shape[:2]) != tuple(rows.shape):
-        raise ValueError(f"rows [B, F] and grad_out [B, F, D] disagree: {tuple(rows.shape)}, {tuple(grad_out.shape)}")
+    if slot_feature is None:
+        if rows.dim() != 2 or grad_out.dim() != 3 or tuple(grad_out.shape[:2]) != tuple(rows.shape):
+            raise ValueError(
+                f"rows [B, F] and grad_out [B, F, D] disagree: {tuple(rows.shape)}, {tuple(grad_out.shape)}"
+            )
+    elif (rows.dim() != 2 or grad_out.dim() != 3 or grad_out.shape[0] != rows.shape[0]
+          or tuple(slot_feature.shape) != (rows.shape[1],)):
+        raise ValueError(
+            f"rows [B, L], grad_out [B, F, D] and slot_feature [L] disagree: {tuple(rows.shape)}, "
+            f"{tuple(grad_out.shape)}, {tuple(slot_feature.shape)}"
+        )
     if weight.dim() != 2 or grad_out.shape[2] != weight.shape[1]:
         raise ValueError(f"grad_out [B, F, D] and weight [R, D] disagree: {tuple(grad_out.shape)}, {tuple(weight.shape)}")
     if lr.numel() != 1 or lr.dtype != torch.float32 or lr.device != weight.device:
@@ -392,28 +480,36 @@ def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_de
     check_triton_device(weight.device, "sparse embedding update kernels")
 
 
-def sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay=0.0) -> None:
-    """Check the inputs and apply one optimizer step to the looked-up rows (in place)."""
-    _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_decay)
+def sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay=0.0,
+                       slot_feature=None, bf16_rounding=None, sr_seed=None) -> None:
+    """Check the inputs and apply one optimizer step to the looked-up rows (in place).
+
+    ``slot_feature``, ``bf16_rounding`` and ``sr_seed``: see `_segment_update` (the multi-hot update
+    passes them).
+    """
+    _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_decay, slot_feature)
     if rows.numel() == 0 or weight.shape[1] == 0:
         return
     # The atomic path adds per position; the decay belongs to each unique row once, so it needs the segments.
     if optimizer == "sgd" and not deterministic and weight.dtype == torch.float32 and weight_decay == 0.0:
-        _sgd_atomic_update(rows, grad_out, weight, lr)
+        _sgd_atomic_update(rows, grad_out, weight, lr, slot_feature)
         return
     state_arg = state if state.numel() > 0 else weight  # sgd: never read
-    _segment_update(rows, grad_out, weight, state_arg, lr, OPTIMIZERS[optimizer], eps, weight_decay)
+    _segment_update(rows, grad_out, weight, state_arg, lr, OPTIMIZERS[optimizer], eps, weight_decay, slot_feature,
+                    bf16_rounding, sr_seed)
 
 
-def dense_grad_impl(rows: Tensor, grad_out: Tensor, num_rows: int) -> Tensor:
-    """Dense ``[num_rows, D]`` gradient of a lookup at ``rows``, summed in sorted segments (deterministic)."""
+def dense_grad_impl(rows: Tensor, grad_out: Tensor, num_rows: int, slot_feature: Optional[Tensor] = None) -> Tensor:
+    """Dense ``[num_rows, D]`` gradient of a lookup at ``rows``, summed in sorted segments (deterministic).
+
+    ``slot_feature``: see `_segment_update` (rows >= num_rows get no gradient)."""
     D = grad_out.shape[2]
     grad = torch.zeros((num_rows, D), dtype=grad_out.dtype, device=grad_out.device)
     if rows.numel() == 0 or D == 0:
         return grad
     check_triton_device(grad_out.device, "embedding backward kernels")
     dummy = torch.zeros(1, dtype=torch.float32, device=grad_out.device)
-    _segment_update(rows, grad_out, grad, dummy, dummy, _DENSE_GRAD, 0.0)
+    _segment_update(rows, grad_out, grad, dummy, dummy, _DENSE_GRAD, 0.0, slot_feature=slot_feature)
     return grad
 
 

@@ -1,0 +1,575 @@
+"""Pooled (multi-hot) hashed embedding lookup of all sparse features in one launch, with a fused
+sparse optimizer backward.
+
+Notation: ``B`` batch, ``F`` sparse features, ``D`` embedding dim, ``hotness [F]`` slots per feature,
+``L = sum(hotness)`` slots per sample, ``R = sum(cardinalities)`` rows of the single concatenated table.
+
+Multi-hot contract (the one-hot contract of `kernels.embedding`, widened):
+
+* per feature f a fixed number of slots ``hotness[f] >= 1``; ``slot_offsets`` = exclusive cumsum of
+  ``hotness``; ``slot_feature [L]`` = the feature of each slot (:func:`pooled_layout` builds the three);
+* input ``raw [B, L]`` int64 (any strides): feature f's values are the columns
+  ``slot_offsets[f] : slot_offsets[f] + hotness[f]``;
+* ``PAD_SPARSE = -2`` marks an empty slot (a variable-length feature padded to ``hotness[f]``): it adds
+  nothing to the sum and receives no update. Every other value, missing (-1) included, is hashed as in
+  the one-hot lookup (`kernels.embedding.hashing`: modulus or vocabulary mode);
+* forward: sum pooling, ``out[b, f] = sum_{s in f, raw[b, s] != PAD} weight[row(raw[b, s])]``, ``[B, F, D]``
+  in the weight's dtype (fp32 accumulation; a feature whose slots are all PAD gives zeros), all
+  features in one launch, hashing inside the kernel. The rows ``[B, L]`` int64 are written too (PAD
+  slots get row ``R``, one past the last: "no row") and saved for the backward;
+* backward: the gradient of slot s of sample b is ``grad_out[b, slot_feature[s]]``. Plain op
+  (:func:`pooled_embedding_lookup`): a dense ``[R, D]`` gradient. Fused op (:func:`fused_pooled_embedding`):
+  every row hit in the batch (any samples, any slots) gets the *sum* of its slots' gradients and then
+  exactly one optimizer step, in place, with the semantics of the one-hot update
+  (:func:`kernels.embedding.embedding_sparse_update_`: sgd / adagrad / rowwise_adagrad, lazy
+  weight_decay added once per touched row before the rule). Deterministic (sorted segments, bitwise
+  reproducible) or, for sgd on fp32 tables without decay, atomics (``deterministic=False``);
+* tables in fp32 or bf16. The update math is fp32; bf16 results are written back with stochastic
+  rounding (unbiased; Philox random bits keyed by a one-element int64 seed tensor on the device, which
+  the update advances in place after each call: no host sync, and a replayed CUDA graph draws new
+  numbers). ``stochastic_rounding=False`` rounds to nearest. Optimizer state is fp32.
+
+With every ``hotness[f] == 1`` (and no PAD) all of this is the one-hot lookup and update, number for
+number (the same sorted-segment kernels, which take a slot-to-feature indirection here).
+
+Kernels here: the lookup forward (``_pooled_fwd_kernel``, which is also the rows-only hashing kernel);
+the backward reuses `kernels.embedding.update`'s sorted segment kernels (``slot_feature`` indirection,
+rows ``>= R`` skipped, optional stochastic rounding). Custom ops: ``dlrm_kernels::pooled_hash_rows``,
+``dlrm_kernels::pooled_embedding_lookup`` (+ ``dlrm_kernels::pooled_embedding_dense_grad``),
+``dlrm_kernels::fused_pooled_embedding`` and ``dlrm_kernels::pooled_embedding_sparse_update_``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Sequence
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels._backend import check_triton_device, device_context
+from kernels.embedding.hashing import _hash_values, hash_args
+from kernels.embedding.update import dense_grad_impl, empty_state, sparse_update_impl
+from kernels.heuristics import MAX_ROWS_PER_PROGRAM, rows_per_program
+
+__all__ = [
+    "PAD_SPARSE",
+    "PooledLayout",
+    "fused_pooled_embedding",
+    "pooled_embedding_lookup",
+    "pooled_embedding_sparse_update_",
+    "pooled_hash_rows",
+    "pooled_layout",
+]
+
+PAD_SPARSE = -2  # an empty multi-hot slot (missing values are -1 and hash to a row like any other)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Triton kernel
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _pooled_fwd_kernel(
+    raw_ptr,
+    stride_rb,
+    stride_rl,
+    card_ptr,
+    off_ptr,
+    vocab_ptr,
+    voff_ptr,
+    hot_ptr,
+    soff_ptr,
+    w_ptr,
+    stride_wr,
+    stride_wd,
+    out_ptr,
+    rows_ptr,
+    B,
+    L,
+    F,
+    D,
+    R,
+    PAD: tl.constexpr,
+    USE_VOCAB: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    LOOKUP: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Feature ``f = program_id(1)`` of ``BLOCK_B`` samples: rows of its slots, and (``LOOKUP``) their sum.
+
+    One program per (sample block, feature): hotness, table offset and cardinality are scalars, and the
+    slot loop runs exactly ``hotness[f]`` steps (features of hotness 1 and 100 share one launch).
+    """
+    f = tl.program_id(1)
+    b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+    bmask = b < B
+    fv = tl.zeros([BLOCK_B], dtype=tl.int64) + f
+    hot = tl.load(hot_ptr + f)
+    s0 = tl.load(soff_ptr + f)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    acc = tl.zeros([BLOCK_B, BLOCK_D], dtype=tl.float32)
+    for h in range(0, hot):
+        col = s0 + h
+        raw = tl.load(raw_ptr + b * stride_rb + col * stride_rl, mask=bmask, other=PAD).to(tl.int64)
+        live = bmask & (raw != PAD)
+        rows = _hash_values(raw, fv, live, card_ptr, off_ptr, vocab_ptr, voff_ptr, USE_VOCAB, SEARCH_STEPS)
+        # PAD slots get row R: sorted after every real row, and skipped by the update kernels.
+        rows = tl.where(live, rows, R)
+        tl.store(rows_ptr + b * L + col, rows, mask=bmask)
+        if LOOKUP:
+            m2 = live[:, None] & dmask[None, :]
+            vals = tl.load(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, mask=m2, other=0.0)
+            acc += vals.to(tl.float32)
+    if LOOKUP:
+        out_offs = b[:, None] * (F * D) + f * D + d[None, :]
+        tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=bmask[:, None] & dmask[None, :])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Host launchers
+# ----------------------------------------------------------------------------------------------------
+
+
+def _check_pooled_inputs(raw, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab, vocab_offsets) -> None:
+    """Shapes of the lookup's inputs (see the module docstring) and a device Triton can run on.
+
+    The values of the layout tensors are not checked (that would sync with the host): build them with
+    :func:`pooled_layout`.
+    """
+    if raw.dim() != 2:
+        raise ValueError(f"raw must be [B, L], got shape {tuple(raw.shape)}")
+    F = hotness.shape[0] if hotness.dim() == 1 else -1
+    if F < 1 or slot_offsets.shape != (F,):
+        raise ValueError(f"hotness and slot_offsets must be [F] with F >= 1, got {tuple(hotness.shape)}, "
+                         f"{tuple(slot_offsets.shape)}")
+    if slot_feature.shape != (raw.shape[1],):
+        raise ValueError(f"raw has {raw.shape[1]} slots, the layout's slot_feature {tuple(slot_feature.shape)}")
+    if cardinalities.shape != (F,) or offsets.shape != (F,):
+        raise ValueError(f"cardinalities and offsets must be [F={F}]")
+    if (vocab is None) != (vocab_offsets is None):
+        raise ValueError("vocab and vocab_offsets go together")
+    if vocab_offsets is not None and vocab_offsets.shape != (F + 1,):
+        raise ValueError(f"vocab_offsets must be [F + 1 = {F + 1}], got {tuple(vocab_offsets.shape)}")
+    check_triton_device(raw.device, "pooled embedding kernels")
+
+
+def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab, vocab_offsets,
+                       lookup: bool = True) -> tuple[Optional[Tensor], Tensor]:
+    """Launch the forward: ``(out [B, F, D] in weight's dtype, rows [B, L] int64)``; ``lookup=False``
+    hashes only (``out`` None, ``weight`` only gives R)."""
+    _check_pooled_inputs(raw, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab, vocab_offsets)
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be [R, D], got shape {tuple(weight.shape)}")
+    B, L = raw.shape
+    F = hotness.shape[0]
+    R, D = weight.shape
+    out = torch.empty((B, F, D), dtype=weight.dtype, device=weight.device) if lookup else None
+    rows = torch.empty((B, L), dtype=torch.int64, device=raw.device)
+    if B == 0:
+        return out, rows
+    if D == 0 and lookup:
+        return out, pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab,
+                                       vocab_offsets, lookup=False)[1]
+    args, use_vocab, steps = hash_args(raw, cardinalities, offsets, vocab, vocab_offsets)
+    BLOCK_D = triton.next_power_of_2(max(D, 1))
+    BLOCK_B = rows_per_program(BLOCK_D) if lookup else MAX_ROWS_PER_PROGRAM
+    _pooled_fwd_kernel[(triton.cdiv(B, BLOCK_B), F)](
+        *args,
+        hotness.to(torch.int64).contiguous(),
+        slot_offsets.to(torch.int64).contiguous(),
+        weight,
+        weight.stride(0),
+        weight.stride(1),
+        rows if out is None else out,  # never written without LOOKUP
+        rows,
+        B,
+        L,
+        F,
+        D,
+        R,
+        PAD=PAD_SPARSE,
+        USE_VOCAB=use_vocab,
+        SEARCH_STEPS=steps,
+        LOOKUP=lookup,
+        BLOCK_B=BLOCK_B,
+        BLOCK_D=BLOCK_D,
+    )
+    return out, rows
+
+
+def _bf16_rounding(weight: Tensor, stochastic_rounding: bool) -> Optional[str]:
+    """How the update rounds new weights: bf16 tables stochastically or to nearest even (by bit
+    arithmetic, the same on GPUs and in the interpreter); other dtypes by the plain cast (fp32 needs no
+    rounding, fp16 rounds to nearest)."""
+    if weight.dtype != torch.bfloat16:
+        return None
+    return "stochastic" if stochastic_rounding else "nearest"
+
+
+def pooled_update_impl(rows, grad_out, slot_feature, weight, state, lr, optimizer, eps, deterministic, weight_decay,
+                       sr_seed, stochastic_rounding) -> None:
+    """Check the inputs, apply one optimizer step to the rows hit (in place) and advance ``sr_seed``."""
+    rounding = _bf16_rounding(weight, stochastic_rounding)
+    sr = rounding == "stochastic"
+    if sr and (sr_seed.numel() != 1 or sr_seed.dtype != torch.int64 or sr_seed.device != weight.device):
+        raise ValueError("stochastic rounding of a bf16 table needs sr_seed: a one-element int64 tensor on "
+                         "weight's device (or stochastic_rounding=False)")
+    sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay,
+                       slot_feature=slot_feature, bf16_rounding=rounding, sr_seed=sr_seed if sr else None)
+    if sr and rows.numel() > 0 and weight.shape[1] > 0:
+        sr_seed.add_(1)  # on the device: the next call (or graph replay) draws new random bits
+
+
+# ----------------------------------------------------------------------------------------------------
+# Custom ops: hashing, the plain lookup (dense backward), the update, the lookup that updates in backward
+# ----------------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("dlrm_kernels::pooled_hash_rows", mutates_args=())
+def _pooled_hash_rows_op(
+    raw: Tensor,
+    cardinalities: Tensor,
+    offsets: Tensor,
+    hotness: Tensor,
+    slot_offsets: Tensor,
+    slot_feature: Tensor,
+    vocab: Optional[Tensor],
+    vocab_offsets: Optional[Tensor],
+    num_rows: int,
+) -> Tensor:
+    with device_context(raw):
+        # A [num_rows, 0] stand-in for the weight: the kernel needs R only.
+        R = raw.new_empty((num_rows, 0), dtype=torch.float32)
+        return pooled_lookup_impl(raw, R, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab,
+                                  vocab_offsets, lookup=False)[1]
+
+
+@_pooled_hash_rows_op.register_fake
+def _(raw, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab, vocab_offsets, num_rows):
+    return raw.new_empty(raw.shape, dtype=torch.int64)
+
+
+@torch.library.custom_op("dlrm_kernels::pooled_embedding_dense_grad", mutates_args=())
+def _pooled_dense_grad_op(rows: Tensor, grad_out: Tensor, slot_feature: Tensor, num_rows: int) -> Tensor:
+    """Dense ``[num_rows, D]`` gradient of the pooled lookup (the plain op's backward), deterministic."""
+    with device_context(grad_out):
+        return dense_grad_impl(rows, grad_out, num_rows, slot_feature)
+
+
+@_pooled_dense_grad_op.register_fake
+def _(rows, grad_out, slot_feature, num_rows):
+    return grad_out.new_empty((num_rows, grad_out.shape[2]))
+
+
+@torch.library.custom_op("dlrm_kernels::pooled_embedding_lookup", mutates_args=())
+def _pooled_lookup_op(
+    raw: Tensor,
+    weight: Tensor,
+    cardinalities: Tensor,
+    offsets: Tensor,
+    hotness: Tensor,
+    slot_offsets: Tensor,
+    slot_feature: Tensor,
+    vocab: Optional[Tensor],
+    vocab_offsets: Optional[Tensor],
+) -> tuple[Tensor, Tensor]:
+    """Returns ``(out [B, F, D] in weight's dtype, rows [B, L] int64)``; rows are saved for backward."""
+    with device_context(weight):
+        return pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab,
+                                  vocab_offsets)
+
+
+def _pooled_lookup_fake(raw, weight, cardinalities, offsets, hotness, *_):
+    B, L = raw.shape
+    return weight.new_empty((B, hotness.shape[0], weight.shape[1])), raw.new_empty((B, L), dtype=torch.int64)
+
+
+_pooled_lookup_op.register_fake(_pooled_lookup_fake)
+
+
+def _pooled_lookup_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(output[1], inputs[6])
+    ctx.num_rows = inputs[1].shape[0]
+    ctx.mark_non_differentiable(output[1])
+
+
+def _pooled_lookup_backward(ctx, grad_out, _grad_rows):
+    rows, slot_feature = ctx.saved_tensors
+    grad_w = None
+    if ctx.needs_input_grad[1]:
+        grad_w = torch.ops.dlrm_kernels.pooled_embedding_dense_grad(rows, grad_out, slot_feature, ctx.num_rows)
+    return (None, grad_w) + (None,) * 7
+
+
+_pooled_lookup_op.register_autograd(_pooled_lookup_backward, setup_context=_pooled_lookup_setup_context)
+
+
+@torch.library.custom_op("dlrm_kernels::pooled_embedding_sparse_update_", mutates_args=("weight", "state", "sr_seed"))
+def _pooled_update_op(
+    rows: Tensor,
+    grad_out: Tensor,
+    slot_feature: Tensor,
+    weight: Tensor,
+    state: Tensor,
+    lr: Tensor,
+    optimizer: str,
+    eps: float,
+    deterministic: bool,
+    weight_decay: float,
+    sr_seed: Tensor,
+    stochastic_rounding: bool,
+) -> None:
+    with device_context(weight):
+        pooled_update_impl(rows, grad_out, slot_feature, weight, state, lr, optimizer, eps, deterministic,
+                           weight_decay, sr_seed, stochastic_rounding)
+
+
+@_pooled_update_op.register_fake
+def _(*args):
+    return None
+
+
+@torch.library.custom_op("dlrm_kernels::fused_pooled_embedding", mutates_args=())
+def _fused_pooled_op(
+    raw: Tensor,
+    weight: Tensor,
+    cardinalities: Tensor,
+    offsets: Tensor,
+    hotness: Tensor,
+    slot_offsets: Tensor,
+    slot_feature: Tensor,
+    vocab: Optional[Tensor],
+    vocab_offsets: Optional[Tensor],
+    state: Tensor,
+    lr: Tensor,
+    optimizer: str,
+    eps: float,
+    deterministic: bool,
+    grad_trigger: Tensor,
+    weight_decay: float,
+    sr_seed: Tensor,
+    stochastic_rounding: bool,
+) -> tuple[Tensor, Tensor]:
+    """Forward = pooled lookup; backward applies the sparse optimizer in place (see fused_pooled_embedding)."""
+    with device_context(weight):
+        return pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab,
+                                  vocab_offsets)
+
+
+_fused_pooled_op.register_fake(_pooled_lookup_fake)
+
+
+def _fused_pooled_setup_context(ctx, inputs, output):
+    (_raw, weight, _card, _off, _hot, _soff, slot_feature, _voc, _voff, state, lr, optimizer, eps, deterministic,
+     _trigger, weight_decay, sr_seed, stochastic_rounding) = inputs
+    ctx.save_for_backward(output[1], slot_feature)
+    ctx.mark_non_differentiable(output[1])
+    # Plain attributes, not saved tensors: the backward mutates them, and they must be the very tensors
+    # the caller owns (parameter, optimizer state, seed), not saved copies/versions.
+    ctx.weight, ctx.state, ctx.lr, ctx.sr_seed = weight, state, lr, sr_seed
+    ctx.optimizer, ctx.eps, ctx.deterministic, ctx.weight_decay = optimizer, eps, deterministic, weight_decay
+    ctx.stochastic_rounding = stochastic_rounding
+
+
+def _fused_pooled_backward(ctx, grad_out, _grad_rows):
+    rows, slot_feature = ctx.saved_tensors
+    torch.ops.dlrm_kernels.pooled_embedding_sparse_update_(
+        rows, grad_out, slot_feature, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic,
+        ctx.weight_decay, ctx.sr_seed, ctx.stochastic_rounding,
+    )
+    return (None,) * 18  # no gradient for weight (updated in place: weight.grad stays None) nor the trigger
+
+
+_fused_pooled_op.register_autograd(_fused_pooled_backward, setup_context=_fused_pooled_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Thin functions
+# ----------------------------------------------------------------------------------------------------
+
+
+class PooledLayout(NamedTuple):
+    """The slot layout of the multi-hot input, as int64 device tensors (built by :func:`pooled_layout`).
+
+    Attributes:
+        hotness: ``[F]`` slots per feature (each >= 1).
+        slot_offsets: ``[F]`` first slot (column of ``raw``) of each feature: exclusive cumsum of hotness.
+        slot_feature: ``[L]`` feature of each slot.
+    """
+
+    hotness: Tensor
+    slot_offsets: Tensor
+    slot_feature: Tensor
+
+    @property
+    def num_slots(self) -> int:
+        """``L``: columns of ``raw``."""
+        return self.slot_feature.shape[0]
+
+
+def pooled_layout(hotness: Sequence[int], device: Optional[torch.device | str] = None) -> PooledLayout:
+    """The layout tensors of ``hotness`` (F ints >= 1) on ``device`` (None: torch's default device).
+
+    Build it once (it copies from the host) and pass it to every call.
+
+    >>> pooled_layout([3, 1, 2])
+    PooledLayout(hotness=tensor([3, 1, 2]), slot_offsets=tensor([0, 3, 4]), slot_feature=tensor([0, 0, 0, 1, 2, 2]))
+    """
+    hot = [int(h) for h in hotness]
+    if not hot or min(hot) < 1:
+        raise ValueError(f"hotness must be F >= 1 ints >= 1, got {hot}")
+    offsets, feature = [], []
+    for f, h in enumerate(hot):
+        offsets.append(len(feature))
+        feature.extend([f] * h)
+    as_t = lambda v: torch.tensor(v, dtype=torch.int64, device=device)  # noqa: E731
+    return PooledLayout(as_t(hot), as_t(offsets), as_t(feature))
+
+
+def pooled_hash_rows(
+    raw: Tensor,
+    cardinalities: Tensor,
+    offsets: Tensor,
+    layout: PooledLayout,
+    num_rows: int,
+    vocab: Optional[Tensor] = None,
+    vocab_offsets: Optional[Tensor] = None,
+) -> Tensor:
+    """Global table rows of the multi-hot ``raw`` [B, L] (Triton kernel): ``[B, L]`` int64.
+
+    Hashing as :func:`kernels.embedding.hash_rows`, feature by feature of ``layout``; PAD slots
+    (``PAD_SPARSE``) get ``num_rows`` (R: no row).
+
+    >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+    >>> layout = pooled_layout([2, 1], device)
+    >>> cards, offs = torch.tensor([5, 3], device=device), torch.tensor([0, 5], device=device)
+    >>> pooled_hash_rows(torch.tensor([[-1, PAD_SPARSE, 7]], device=device), cards, offs, layout, 8).tolist()
+    [[0, 8, 7]]
+    """
+    return torch.ops.dlrm_kernels.pooled_hash_rows(
+        raw, cardinalities, offsets, *layout, vocab, vocab_offsets, num_rows
+    )
+
+
+def pooled_embedding_lookup(
+    raw: Tensor,
+    weight: Tensor,
+    cardinalities: Tensor,
+    offsets: Tensor,
+    layout: PooledLayout,
+    vocab: Optional[Tensor] = None,
+    vocab_offsets: Optional[Tensor] = None,
+) -> Tensor:
+    """Sum-pooled ``weight[hash(raw)]`` per feature: ``[B, F, D]`` in weight's dtype, one launch.
+
+    Args:
+        raw: ``[B, L]`` int64 multi-hot values (``PAD_SPARSE`` = empty slot), any strides.
+        weight: ``[R, D]`` fp32 or bf16 table (fp32 accumulation).
+        cardinalities, offsets: ``[F]`` int64 table layout (`kernels.table_layout.layout_tensors`).
+        layout: :func:`pooled_layout` of the hotness.
+        vocab, vocab_offsets: vocabulary mode (see :func:`kernels.embedding.hash_rows`), else None.
+
+    Differentiable w.r.t. ``weight`` with an ordinary dense ``[R, D]`` gradient (deterministic).
+
+    >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+    >>> weight = torch.arange(16.0, device=device).reshape(8, 2)
+    >>> cards, offs = torch.tensor([5, 3], device=device), torch.tensor([0, 5], device=device)
+    >>> raw = torch.tensor([[0, 2, 1], [3, PAD_SPARSE, -1]], device=device)  # feature 0: 2 slots
+    >>> pooled_embedding_lookup(raw, weight, cards, offs, pooled_layout([2, 1], device)).tolist()
+    [[[8.0, 10.0], [14.0, 15.0]], [[8.0, 9.0], [10.0, 11.0]]]
+    """
+    return torch.ops.dlrm_kernels.pooled_embedding_lookup(
+        raw, weight, cardinalities, offsets, *layout, vocab, vocab_offsets
+    )[0]
+
+
+def pooled_embedding_sparse_update_(
+    rows: Tensor,
+    grad_out: Tensor,
+    layout: PooledLayout,
+    weight: Tensor,
+    state: Optional[Tensor],
+    lr: Tensor,
+    optimizer: str = "sgd",
+    eps: float = 1e-10,
+    deterministic: bool = True,
+    weight_decay: float = 0.0,
+    sr_seed: Optional[Tensor] = None,
+    stochastic_rounding: bool = True,
+) -> None:
+    """One optimizer step on the rows a pooled lookup hit, in place, from its output gradient.
+
+    Args:
+        rows: ``[B, L]`` int64 rows of the lookup (:func:`pooled_hash_rows`; rows ``>= R`` are skipped).
+        grad_out: ``[B, F, D]`` gradient of the lookup output (any strides); slot s gets
+            ``grad_out[:, slot_feature[s]]``.
+        layout: :func:`pooled_layout` of the hotness.
+        weight, state, lr, optimizer, eps, deterministic, weight_decay: as
+            :func:`kernels.embedding.embedding_sparse_update_` (each row hit gets the sum of its slots'
+            gradients and one step).
+        sr_seed: one-element int64 tensor on weight's device; needed for bf16 tables with
+            ``stochastic_rounding`` (and advanced by one per call), ignored otherwise.
+        stochastic_rounding: bf16 tables: round the new weights stochastically (else to nearest).
+    """
+    if state is None:
+        state = empty_state(weight)
+    if sr_seed is None:
+        sr_seed = torch.empty(0, dtype=torch.int64, device=weight.device)
+    torch.ops.dlrm_kernels.pooled_embedding_sparse_update_(
+        rows, grad_out, layout.slot_feature, weight, state, lr, optimizer, eps, deterministic, weight_decay, sr_seed,
+        stochastic_rounding,
+    )
+
+
+def fused_pooled_embedding(
+    raw: Tensor,
+    weight: Tensor,
+    cardinalities: Tensor,
+    offsets: Tensor,
+    layout: PooledLayout,
+    vocab: Optional[Tensor],
+    vocab_offsets: Optional[Tensor],
+    state: Optional[Tensor],
+    lr: Tensor,
+    optimizer: str = "sgd",
+    eps: float = 1e-10,
+    deterministic: bool = True,
+    grad_trigger: Optional[Tensor] = None,
+    weight_decay: float = 0.0,
+    sr_seed: Optional[Tensor] = None,
+    stochastic_rounding: bool = True,
+) -> Tensor:
+    """Pooled lookup ``[B, F, D]`` whose backward updates ``weight`` (and ``state``, ``sr_seed``) in place.
+
+    Arguments as :func:`pooled_embedding_lookup` and :func:`pooled_embedding_sparse_update_`;
+    ``grad_trigger`` as :func:`kernels.embedding.fused_embedding` (a frozen ``weight`` plus a zero-size
+    tensor that requires grad makes autograd run the backward, also under torch.compile). The backward
+    returns no gradient for ``weight``: ``weight.grad`` stays None.
+
+    >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+    >>> weight = torch.zeros(8, 2, device=device)
+    >>> cards, offs = torch.tensor([5, 3], device=device), torch.tensor([0, 5], device=device)
+    >>> raw = torch.tensor([[0, 0, 1], [0, PAD_SPARSE, -1]], device=device)  # row 1 hit three times
+    >>> trigger = torch.zeros(0, device=device, requires_grad=True)
+    >>> lr = torch.tensor(0.5, device=device)
+    >>> out = fused_pooled_embedding(raw, weight, cards, offs, pooled_layout([2, 1], device), None, None,
+    ...                              None, lr, "sgd", grad_trigger=trigger)
+    >>> out.sum().backward()
+    >>> weight[:, 0].tolist()  # row 1: -0.5 * 3 (one step with the summed gradient); rows 5, 7: -0.5
+    [0.0, -1.5, 0.0, 0.0, 0.0, -0.5, 0.0, -0.5]
+    """
+    if state is None:
+        state = empty_state(weight)
+    if grad_trigger is None:
+        grad_trigger = empty_state(weight)
+    if sr_seed is None:
+        sr_seed = torch.empty(0, dtype=torch.int64, device=weight.device)
+    return torch.ops.dlrm_kernels.fused_pooled_embedding(
+        raw, weight, cardinalities, offsets, *layout, vocab, vocab_offsets, state, lr, optimizer, eps, deterministic,
+        grad_trigger, weight_decay, sr_seed, stochastic_rounding,
+    )[0]
