@@ -116,6 +116,18 @@ def arrow_schema(multi_hot_sizes: list[int] | None = None):
     return pa.schema(fields)
 
 
+def slots_to_list_array(slots):
+    """A multi-hot feature's slots, int64 numpy [n, size] (values first, `PAD_SPARSE` after them),
+    as the ``list<int64>`` array of its column (the inverse of `dlrm.data.host_arena.list_slots`)."""
+    import numpy as np
+    import pyarrow as pa
+
+    valid = slots != PAD_SPARSE
+    offsets = np.zeros(slots.shape[0] + 1, dtype=np.int32)
+    np.cumsum(valid.sum(axis=1), out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(slots[valid], pa.int64()))
+
+
 @dataclass
 class SplitInfo:
     """Row and positive counts of one split, and its shard files (relative to the dataset dir)."""

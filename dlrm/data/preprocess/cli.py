@@ -67,6 +67,9 @@ def build_cli():
                   help="Seconds between checkpoints of the table statistics (resuming re-reads the train shards "
                   "of chunks finished after the last one).")
     @click.option("--progress/--no-progress", default=True, show_default=True, help="tqdm progress bar.")
+    @click.option("--multi-hot-sizes", default=None, metavar="mlperf|S1,...,S26",
+                  help="Multi-hot categorical fields: the most values per field (26 sizes, or mlperf); a field "
+                       "holds hex values separated by ',' (TSV only). Default: one-hot.")
     def command(more_inputs, inputs, output, **kwargs):
         """Preprocess raw Criteo click logs into a dataset directory (parquet shards + metadata.json).
 

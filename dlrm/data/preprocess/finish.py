@@ -62,7 +62,8 @@ def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashi
             "dense_clipped": sum(done[k]["clipped"] for k in keys),
         }
     )
-    meta = Metadata(cardinalities=cards, hashing=hashing, splits=splits, extra=extra)
+    sizes = opts.get("multi_hot_sizes") or [1] * NUM_SPARSE
+    meta = Metadata(cardinalities=cards, multi_hot_sizes=list(sizes), hashing=hashing, splits=splits, extra=extra)
     write_metadata(out, meta)
     logger.info("wrote {}", out / "metadata.json")
     return meta

@@ -52,6 +52,7 @@ class RunOptions:
     checkpoint_interval: float
     progress: bool
     min_frequency_auto: bool = False  # --min-frequency auto: the manifest keeps "auto", resolved per run
+    multi_hot_sizes: list[int] | None = None  # --multi-hot-sizes; None: one-hot
 
     @property
     def count_cap(self) -> int | None:
@@ -84,13 +85,15 @@ class RunOptions:
             "compression": self.compression,
             "compression_level": self.compression_level,
             "on_bad_line": self.on_bad_line,
+            # only when multi-hot: a one-hot run's options (and a resume of an older run) read as before
+            **({"multi_hot_sizes": self.multi_hot_sizes} if self.multi_hot_sizes is not None else {}),
         }
 
 
 def check_options(*, input_format: Any, split: Any, validation_fraction: Any, test_fraction: Any, seed: Any,
                   hashing: Any, min_frequency: Any, max_rows_per_table: Any, chunk_rows: Any, row_group_rows: Any,
                   compression: Any, compression_level: Any, workers: Any, on_bad_line: Any, overwrite: Any,
-                  checkpoint_interval: Any, progress: Any) -> RunOptions:
+                  checkpoint_interval: Any, progress: Any, multi_hot_sizes: Any = None) -> RunOptions:
     """Validate every option of `preprocess` (values from the API or the command line)."""
     split = _check_choice("--split", split, SPLIT_MODES)
     validation_fraction = _check_fraction("--validation-fraction", validation_fraction)
@@ -106,8 +109,14 @@ def check_options(*, input_format: Any, split: Any, validation_fraction: Any, te
     auto = min_frequency == AUTO
     if auto and hashing != "vocabulary":
         raise PreprocessError("--min-frequency auto: the frequency threshold applies to --hashing vocabulary only")
+    sizes = _check_multi_hot_sizes(multi_hot_sizes)
+    fmt = _check_choice("--format", input_format, INPUT_FORMATS)
+    if sizes is not None and fmt == "csv":
+        raise PreprocessError("--multi-hot-sizes: needs --format tsv (or auto on TSV files): ',' separates both the "
+                              "fields of CSV and the values of a multi-hot field")
     return RunOptions(
-        input_format=_check_choice("--format", input_format, INPUT_FORMATS),
+        multi_hot_sizes=sizes,
+        input_format=fmt,
         split=split,
         validation_fraction=validation_fraction,
         test_fraction=test_fraction,
@@ -126,6 +135,26 @@ def check_options(*, input_format: Any, split: Any, validation_fraction: Any, te
         compression=codec,
         compression_level=level,
     )
+
+
+def _check_multi_hot_sizes(value: Any) -> list[int] | None:
+    """--multi-hot-sizes: None, "one-hot" or all 1 (one-hot: None), "mlperf", or 26 integers >= 1
+    (a list, or a string of comma-separated ones)."""
+    from dlrm.data.schema import MAX_MULTI_HOT_SIZE, MLPERF_MULTI_HOT_SIZES, NUM_SPARSE, is_multi_hot
+
+    if value is None or value == "one-hot":
+        return None
+    if value == "mlperf":
+        return list(MLPERF_MULTI_HOT_SIZES)
+    parts = value.split(",") if isinstance(value, str) else value
+    try:
+        sizes = [int(p) for p in parts] if isinstance(parts, (list, tuple)) else None
+    except (TypeError, ValueError):
+        sizes = None
+    if sizes is None or len(sizes) != NUM_SPARSE or not all(1 <= s <= MAX_MULTI_HOT_SIZE for s in sizes):
+        raise PreprocessError(f"--multi-hot-sizes: {value!r:.80} is not mlperf, one-hot or {NUM_SPARSE} comma-separated "
+                              f"integers in [1, {MAX_MULTI_HOT_SIZE}]")
+    return sizes if is_multi_hot(sizes) else None
 
 
 def _default_workers() -> int:

@@ -9,7 +9,19 @@ import numpy as np
 
 from dlrm.data.preprocess.constants import _M64, _U, INT32_MAX, NUM_FIELDS, RAW_COLUMNS
 from dlrm.data.preprocess.errors import BadLine, BadLineError
-from dlrm.data.schema import MISSING_SPARSE, NUM_DENSE, NUM_SPARSE, arrow_schema
+from dlrm.data.schema import (
+    MISSING_SPARSE,
+    NUM_DENSE,
+    NUM_SPARSE,
+    PAD_SPARSE,
+    arrow_schema,
+    is_multi_hot,
+    slot_offsets,
+    slots_to_list_array,
+)
+
+MULTI_HOT_SEPARATOR = b","
+"""Separates the hex values of a multi-hot field (TSV only: it is CSV's field separator)."""
 
 _BLOCK_BYTES = 1 << 22  # parse_chunk works through blocks of about this size
 
@@ -17,7 +29,9 @@ _BLOCK_BYTES = 1 << 22  # parse_chunk works through blocks of about this size
 class ParsedChunk:
     """The rows of one chunk that passed validation, in line order.
 
-    ``dense`` is (13, n) int32 and ``sparse`` (26, n) int64, so that each column is contiguous.
+    ``dense`` is (13, n) int32 and ``sparse`` (L, n) int64, so that each column is contiguous
+    (L = 26 when one-hot; multi-hot: the slot layout of `dlrm.data.schema.slot_offsets`, empty
+    slots `PAD_SPARSE`).
     ``line_index[i]`` is the 0-based line (within the chunk) of row i; None means row i is line i
     (no line was dropped).
     """
@@ -45,19 +59,26 @@ class ParsedChunk:
             return self.label, self.dense, self.sparse
         return self.label[idx], self.dense[:, idx], self.sparse[:, idx]
 
-    def to_table(self, idx: np.ndarray | None = None):
-        """A `pyarrow.Table` with `arrow_schema()` (of the rows ``idx``, default all)."""
-        return _to_table(*self.take(idx))
+    def to_table(self, idx: np.ndarray | None = None, multi_hot_sizes: list[int] | None = None):
+        """A `pyarrow.Table` with `arrow_schema(multi_hot_sizes)` (of the rows ``idx``, default all)."""
+        return _to_table(*self.take(idx), multi_hot_sizes)
 
 
-def _to_table(label: np.ndarray, dense: np.ndarray, sparse: np.ndarray):
-    """A `pyarrow.Table` with `arrow_schema()` of label (n,), dense (13, n) and sparse (26, n) arrays."""
+def _to_table(label: np.ndarray, dense: np.ndarray, sparse: np.ndarray, multi_hot_sizes: list[int] | None = None):
+    """A `pyarrow.Table` with `arrow_schema(multi_hot_sizes)` of label (n,), dense (13, n) and
+    sparse (L, n) arrays (a multi-hot feature's slot rows become its list column)."""
     import pyarrow as pa
 
     arrays = [pa.array(np.ascontiguousarray(label, dtype=np.int8))]
     arrays += [pa.array(np.ascontiguousarray(dense[i], dtype=np.int32)) for i in range(NUM_DENSE)]
-    arrays += [pa.array(np.ascontiguousarray(sparse[i], dtype=np.int64)) for i in range(NUM_SPARSE)]
-    return pa.Table.from_arrays(arrays, schema=arrow_schema())
+    offsets = slot_offsets(multi_hot_sizes)
+    for f in range(NUM_SPARSE):
+        lo, hi = offsets[f], offsets[f + 1]
+        if hi - lo == 1:
+            arrays.append(pa.array(np.ascontiguousarray(sparse[lo], dtype=np.int64)))
+        else:
+            arrays.append(slots_to_list_array(np.ascontiguousarray(sparse[lo:hi].T)))
+    return pa.Table.from_arrays(arrays, schema=arrow_schema(multi_hot_sizes))
 
 
 _PAD = 8  # bytes in front of the data, so that an 8-byte window ending at any field is in bounds
@@ -224,6 +245,36 @@ def _parse_sparse_column(cb: _Buffer, s, e, out_bad: list, col: int):
     return values
 
 
+def _parse_multi_hot_column(cb: _Buffer, commas: np.ndarray, s, e, size: int, out_bad: list, col: int) -> np.ndarray:
+    """A multi-hot column: fields of hex values separated by `MULTI_HOT_SEPARATOR` (empty field:
+    no value) as slots (size, n), `PAD_SPARSE` after each row's values. Vectorized over all values
+    of the column: the separators in each field come from one search in `commas` (the sorted
+    separator positions of the block, with a sentinel at the end), each value is then a token
+    parsed by `_parse_sparse_column`. An empty value (``a,,b``, a trailing comma) or more than
+    `size` values make the row bad (reason bad_category, the policy of every bad value)."""
+    n = s.shape[0]
+    lo, hi = np.searchsorted(commas, s), np.searchsorted(commas, e)
+    k = np.where(e > s, hi - lo + 1, 0)  # values per field
+    row = np.repeat(np.arange(n), k)
+    j = np.arange(row.size) - np.repeat(np.cumsum(k) - k, k)  # a value's place in its list
+    at = np.repeat(lo, k) + j  # the separator after value j (when j is not the last)
+    starts = np.where(j == 0, np.repeat(s, k), commas[np.maximum(at - 1, 0)] + 1)
+    ends = np.where(j == np.repeat(k, k) - 1, np.repeat(e, k), commas[np.minimum(at, commas.size - 1)])
+    token_bad: list = []
+    values = _parse_sparse_column(cb, starts, ends, token_bad, col)
+    bad_tokens = [ends == starts] + [np.isin(np.arange(row.size), t) for t, _ in token_bad]
+    bad_rows = np.unique(row[np.logical_or.reduce(bad_tokens)])
+    if bad_rows.size:
+        out_bad.append((bad_rows, col))
+    too_long = k > size
+    if too_long.any():
+        out_bad.append((np.flatnonzero(too_long), col, f"holds more than {size} values (--multi-hot-sizes)"))
+    out = np.full((size, n), PAD_SPARSE, dtype=np.int64)
+    keep = ~too_long[row]
+    out[j[keep], row[keep]] = values[keep]
+    return out
+
+
 def _bad_detail(col: int) -> tuple[str, str]:
     """The reason (one of BAD_LINE_REASONS) and message of a bad value in raw column ``col``."""
     if col == 0:
@@ -240,6 +291,7 @@ def parse_chunk(
     on_bad_line: str = "stop",
     source: str = "<chunk>",
     first_line: int = 1,
+    multi_hot_sizes: list[int] | None = None,
 ) -> ParsedChunk:
     """Parse the lines of one chunk (no header) into label/dense/sparse arrays.
 
@@ -260,7 +312,13 @@ def parse_chunk(
         on_bad_line: "stop" raises `BadLineError` for the first bad line; "skip" drops bad lines
             and counts them per reason in ``.bad``.
         source, first_line: file name and line number of the chunk's first line (for messages).
+        multi_hot_sizes: per categorical field the most values it may hold (None: one-hot); a
+            field of a feature with size > 1 holds 0 or more hex values separated by
+            `MULTI_HOT_SEPARATOR` (TSV only), and ``sparse`` has its slots (`ParsedChunk`). A
+            field with more values is a bad line (bad_category), like any bad value.
     """
+    if is_multi_hot(multi_hot_sizes) and fmt == "csv":
+        raise ValueError("multi-hot fields need --format tsv: ',' separates both CSV fields and multi-hot values")
     delim = _delimiter_of(fmt)[0]
     if data and not data.endswith(b"\n"):
         data += b"\n"  # first, so that a last line ending in CR without LF counts as CRLF
@@ -273,7 +331,7 @@ def parse_chunk(
     start = 0
     while start < len(data):
         end = data.find(b"\n", min(start + _BLOCK_BYTES, len(data)) - 1) + 1
-        part = _parse_block(data[start:end], delim, source, line)
+        part = _parse_block(data[start:end], delim, source, line, multi_hot_sizes)
         if part.first_bad is not None and on_bad_line == "stop":
             raise BadLineError(part.first_bad)
         blocks.append(part)
@@ -316,7 +374,8 @@ class _Lines:
     first_bad: BadLine | None = None
 
 
-def _parse_block(data: bytes, delim: int, source: str, first_line: int) -> ParsedChunk:
+def _parse_block(data: bytes, delim: int, source: str, first_line: int,
+                 multi_hot_sizes: list[int] | None = None) -> ParsedChunk:
     """`parse_chunk` of newline-terminated lines; never raises, bad lines are in the result."""
     n_lines = data.count(b"\n")
     lines, pos = _good_lines(data, delim, n_lines, source, first_line)
@@ -324,7 +383,7 @@ def _parse_block(data: bytes, delim: int, source: str, first_line: int) -> Parse
     del pos  # the bounds replace it; free it before the columns are decoded
     value_bad: list[tuple[np.ndarray, int]] = []
     clipped_rows: list[np.ndarray] = []
-    label, dense, sparse = _parse_fields(lines.cb, starts, ends, lines.n, value_bad, clipped_rows)
+    label, dense, sparse = _parse_fields(lines.cb, starts, ends, lines.n, value_bad, clipped_rows, multi_hot_sizes)
     keep_rows = None
     if value_bad:
         keep_rows = _drop_bad_values(lines, value_bad, starts, ends, source, first_line)
@@ -390,8 +449,10 @@ def _field_bounds(pos: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _parse_fields(cb: _Buffer, starts: np.ndarray, ends: np.ndarray, n: int, value_bad: list,
-                  clipped_rows: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  clipped_rows: list, multi_hot_sizes: list[int] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Decode every column; rows of bad values go to ``value_bad``, of clipped counts to ``clipped_rows``."""
+    if is_multi_hot(multi_hot_sizes):
+        return _parse_fields_multi_hot(cb, starts, ends, n, value_bad, clipped_rows, multi_hot_sizes)
     label = _parse_label_column(cb.buf, starts[0], ends[0], value_bad)
     dense = np.empty((NUM_DENSE, n), dtype=np.int32)
     for j in range(NUM_DENSE):
@@ -404,19 +465,44 @@ def _parse_fields(cb: _Buffer, starts: np.ndarray, ends: np.ndarray, n: int, val
     return label, dense, sparse
 
 
+def _parse_fields_multi_hot(cb: _Buffer, starts: np.ndarray, ends: np.ndarray, n: int, value_bad: list,
+                            clipped_rows: list, sizes: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_parse_fields` with multi-hot categorical fields: sparse is (L, n), in slots."""
+    label = _parse_label_column(cb.buf, starts[0], ends[0], value_bad)
+    dense = np.empty((NUM_DENSE, n), dtype=np.int32)
+    for j in range(NUM_DENSE):
+        c = 1 + j
+        dense[j] = _parse_dense_column(cb, starts[c], ends[c], value_bad, clipped_rows, c)
+    offsets = slot_offsets(sizes)
+    sparse = np.empty((offsets[-1], n), dtype=np.int64)
+    commas = np.append(np.flatnonzero(cb.buf == MULTI_HOT_SEPARATOR[0]), cb.buf.size)  # sentinel at the end
+    for j, size in enumerate(sizes):
+        c = 1 + NUM_DENSE + j
+        if size == 1:
+            sparse[offsets[j]] = _parse_sparse_column(cb, starts[c], ends[c], value_bad, c)
+        else:
+            sparse[offsets[j] : offsets[j + 1]] = _parse_multi_hot_column(cb, commas, starts[c], ends[c], size,
+                                                                          value_bad, c)
+    return label, dense, sparse
+
+
 def _drop_bad_values(lines: _Lines, value_bad: list[tuple[np.ndarray, int]], starts: np.ndarray,
                      ends: np.ndarray, source: str, first_line: int) -> np.ndarray:
     """Rows with a bad value: the first may become the block's first bad line (unless a line with
     the wrong field count comes before it), all are counted per reason of their first bad column.
     Updates ``lines`` and returns the mask of the rows to keep."""
     first_col = np.full(lines.n, NUM_FIELDS, dtype=np.int64)
-    for rows, col in value_bad:
+    for rows, col, *_ in value_bad:
         first_col[rows] = np.minimum(first_col[rows], col)
     bad_rows = np.flatnonzero(first_col < NUM_FIELDS)
     r = int(bad_rows[0])
     line_of_r = r if lines.line_index is None else int(lines.line_index[r])
     if lines.first_bad is None or first_line + line_of_r < lines.first_bad.line:
-        lines.first_bad = _bad_value(lines.cb, starts, ends, int(first_col[r]), r, source, first_line + line_of_r)
+        col = int(first_col[r])
+        # a multi-hot field with too many values says so (its values themselves may all be fine)
+        details = [d[0] for rows, c, *d in value_bad if d and c == col and np.isin(r, rows)]
+        lines.first_bad = _bad_value(lines.cb, starts, ends, col, r, source, first_line + line_of_r,
+                                     details[0] if details else None)
     cols = first_col[bad_rows]
     for reason, count in (
         ("bad_label", int(np.count_nonzero(cols == 0))),
@@ -432,9 +518,11 @@ def _drop_bad_values(lines: _Lines, value_bad: list[tuple[np.ndarray, int]], sta
 
 
 def _bad_value(cb: _Buffer, starts: np.ndarray, ends: np.ndarray, col: int, row: int, source: str,
-               line: int) -> BadLine:
-    """The `BadLine` of the value in column ``col`` of ``row`` (cut to 40 characters)."""
-    reason, detail = _bad_detail(col)
+               line: int, detail: str | None = None) -> BadLine:
+    """The `BadLine` of the value in column ``col`` of ``row`` (cut to 40 characters); `detail`
+    replaces the column's usual message."""
+    reason, usual = _bad_detail(col)
+    detail = detail or usual
     value = cb.buf[starts[col, row] : ends[col, row]].tobytes().decode("utf-8", "replace")
     if len(value) > 40:
         value = value[:40] + "..."

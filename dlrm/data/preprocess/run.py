@@ -63,6 +63,7 @@ def preprocess(
     overwrite: bool = False,
     checkpoint_interval: float = 300.0,
     progress: bool = True,
+    multi_hot_sizes: list[int] | str | None = None,
     _max_new_chunks: int | None = None,
 ) -> Metadata:
     """Turn raw Criteo files into a dataset directory (see the package docstring); returns its metadata.
@@ -91,6 +92,10 @@ def preprocess(
         overwrite: replace a complete dataset or an unfinished run in ``output``.
         checkpoint_interval: seconds between checkpoints of the table statistics (<= 0: every chunk).
         progress: show a tqdm bar.
+        multi_hot_sizes: per categorical field the most values it holds ("mlperf", or 26
+            integers; None: one-hot). A multi-hot field holds hex values separated by ``,`` (TSV
+            only; empty: no value); more values than its size is a bad line (bad_category).
+            Distinct values and vocabulary frequencies count every value.
 
     Every option, the inputs and the output location are checked before anything is written; a
     run that fails before its first chunk is finished removes what it created.
@@ -105,6 +110,7 @@ def preprocess(
         max_rows_per_table=max_rows_per_table, chunk_rows=chunk_rows, row_group_rows=row_group_rows,
         compression=compression, compression_level=compression_level, workers=workers, on_bad_line=on_bad_line,
         overwrite=overwrite, checkpoint_interval=checkpoint_interval, progress=progress,
+        multi_hot_sizes=multi_hot_sizes,
     )
     paths = check_inputs(inputs, opts.split)
     out = Path(output)
@@ -251,6 +257,8 @@ class _Run:
             datas = _iter_ranges(sc.path, [(sc.offsets[c], sc.offsets[c + 1]) for c in chunks])
         else:
             datas = iter([None] * len(chunks))  # the worker reads its byte range of the plain file
+        if o.multi_hot_sizes is not None and sc.format == "csv":
+            raise PreprocessError(f"{sc.path}: is CSV; --multi-hot-sizes needs TSV (',' separates CSV fields)")
         for c, data in zip(chunks, datas):
             yield _ChunkTask(
                 file_index=f, chunk_index=c, path=sc.path, fmt=sc.format,
@@ -259,6 +267,7 @@ class _Run:
                 first_local=c * rows, file_first_global=self.firsts[f], data=data, plan=self.plan,
                 output=str(self.out), row_group_rows=o.row_group_rows, compression=o.compression,
                 compression_level=o.compression_level, on_bad_line=o.on_bad_line, count_cap=o.count_cap,
+                multi_hot_sizes=o.multi_hot_sizes,
             )
 
     def run_chunks(self) -> _RunState:

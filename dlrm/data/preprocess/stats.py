@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm.data.schema import NUM_SPARSE
+from dlrm.data.schema import NUM_SPARSE, slot_offsets
 
 
 class DistinctCounter:
@@ -110,16 +110,20 @@ def _group_counts(sorted_vals: np.ndarray, counts: np.ndarray | None, cap: int) 
     return sorted_vals[starts], np.minimum(summed, cap).astype(np.uint32)
 
 
-def sparse_stats(sparse: np.ndarray, count_cap: int | None) -> list[tuple[np.ndarray, np.ndarray | None]]:
-    """Per feature: sorted distinct non-missing values (uint32) and, with a cap, their counts."""
-    out = []
-    for f in range(NUM_SPARSE):
-        col = sparse[f]
-        v = col[col >= 0].astype(np.uint32)
-        v.sort()
-        if count_cap is None:
-            keep = np.concatenate(([True], v[1:] != v[:-1])) if v.size else np.empty(0, bool)
-            out.append((v[keep], None))
-        else:
-            out.append(_group_counts(v, None, count_cap))
-    return out
+def sparse_stats(sparse: np.ndarray, count_cap: int | None,
+                 multi_hot_sizes: list[int] | None = None) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    """Per feature: sorted distinct non-missing values (uint32) and, with a cap, their counts.
+    `sparse` is (L, n) in the slots of `multi_hot_sizes` (None: one-hot, (26, n)); every value of
+    a multi-hot feature counts (empty slots and missing values do not)."""
+    offsets = slot_offsets(multi_hot_sizes)
+    return [feature_stats(sparse[offsets[f] : offsets[f + 1]].ravel(), count_cap) for f in range(NUM_SPARSE)]
+
+
+def feature_stats(col: np.ndarray, count_cap: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Sorted distinct values >= 0 (uint32) of one feature's values and, with a cap, their counts."""
+    v = col[col >= 0].astype(np.uint32)
+    v.sort()
+    if count_cap is None:
+        keep = np.concatenate(([True], v[1:] != v[:-1])) if v.size else np.empty(0, bool)
+        return v[keep], None
+    return _group_counts(v, None, count_cap)

@@ -18,7 +18,7 @@ from dlrm.data.preprocess.errors import BadLine, BadLineError, PreprocessError
 from dlrm.data.preprocess.parse import _to_table, parse_chunk
 from dlrm.data.preprocess.scan import _iter_blocks
 from dlrm.data.preprocess.splits import SplitPlan
-from dlrm.data.preprocess.stats import sparse_stats
+from dlrm.data.preprocess.stats import feature_stats, sparse_stats
 from dlrm.data.schema import SPARSE_COLUMNS, SPLITS
 
 
@@ -44,6 +44,7 @@ class _ChunkTask:
     compression_level: int | None
     on_bad_line: str
     count_cap: int | None
+    multi_hot_sizes: list[int] | None = None  # None: one-hot
 
 
 @dataclass
@@ -92,7 +93,8 @@ def _process_chunk(task: _ChunkTask) -> _ChunkResult:
             fh.seek(task.offset)
             data = fh.read(task.length)
     try:
-        parsed = parse_chunk(data, task.fmt, on_bad_line=task.on_bad_line, source=task.path, first_line=task.first_line)
+        parsed = parse_chunk(data, task.fmt, on_bad_line=task.on_bad_line, source=task.path, first_line=task.first_line,
+                             multi_hot_sizes=task.multi_hot_sizes)
     except BadLineError as e:
         return _ChunkResult(task.file_index, task.chunk_index, error=e.bad)
     if parsed.n_lines != task.n_lines:
@@ -112,11 +114,11 @@ def _process_chunk(task: _ChunkTask) -> _ChunkResult:
             continue
         label, dense, sparse = parsed.take(None if k == parsed.num_rows else np.flatnonzero(mask))
         rel = shard_name(name, task.file_index, task.chunk_index)
-        _write_shard(out / rel, _to_table(label, dense, sparse), task.row_group_rows, task.compression,
+        _write_shard(out / rel, _to_table(label, dense, sparse, task.multi_hot_sizes), task.row_group_rows, task.compression,
                      task.compression_level)
         shards[name] = {"file": rel, "rows": k, "positives": int(np.count_nonzero(label))}
         if name == "train":
-            stats = sparse_stats(sparse, task.count_cap)
+            stats = sparse_stats(sparse, task.count_cap, task.multi_hot_sizes)
     record = {
         "file": task.file_index,
         "chunk": task.chunk_index,
@@ -133,9 +135,16 @@ def _stats_from_shard(args: tuple[str, int, int, int | None]) -> tuple[tuple[int
     import pyarrow.parquet as pq
 
     path, f, c, cap = args
+    import pyarrow as pa
+
     table = pq.read_table(path, columns=SPARSE_COLUMNS)
-    sparse = np.stack([table.column(name).to_numpy() for name in SPARSE_COLUMNS])
-    return (f, c), sparse_stats(sparse, cap)
+    stats = []
+    for name in SPARSE_COLUMNS:
+        column = table.column(name)
+        if pa.types.is_list(column.type):  # multi-hot: every value counts
+            column = pa.chunked_array([chunk.flatten() for chunk in column.chunks], pa.int64())
+        stats.append(feature_stats(column.to_numpy(), cap))
+    return (f, c), stats
 
 
 def _iter_ranges(path: str, ranges: list[tuple[int, int]]) -> Iterator[bytes]:
