@@ -135,7 +135,8 @@ def _pooled_fwd_kernel(
 # ----------------------------------------------------------------------------------------------------
 
 
-def _check_pooled_inputs(raw, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab, vocab_offsets) -> None:
+def _check_pooled_inputs(raw, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab,
+                         vocab_offsets) -> None:
     """Shapes of the lookup's inputs (see the module docstring) and a device Triton can run on.
 
     The values of the layout tensors are not checked (that would sync with the host): build them with
@@ -182,7 +183,7 @@ def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offset
         *args,
         hotness.to(torch.int64).contiguous(),
         slot_offsets.to(torch.int64).contiguous(),
-        weight,
+        weight if lookup else rows,  # hashing only: the [R, 0] stand-in has no storage; never read
         weight.stride(0),
         weight.stride(1),
         rows if out is None else out,  # never written without LOOKUP

@@ -20,6 +20,11 @@ fp32 weights, which then uses ``tl.atomic_add`` per position instead (faster, or
 The same two kernels, with the "optimizer" that stores the summed gradient, give the plain lookup's
 deterministic dense ``[R, D]`` gradient (``dlrm_kernels::embedding_dense_grad``).
 
+The multi-hot lookup (`kernels.embedding.pooled`) runs the same kernels on rows ``[B, L]`` of slots:
+a slot-to-feature map (``SLOT_MAP``) finds each slot's gradient row ``grad_out[b, slot_feature[s]]``,
+rows ``>= R`` (its empty slots) sort last and are never updated, and bf16 weights may be written back
+by round-to-nearest or stochastic rounding bit arithmetic (``ROUND``) instead of the plain cast.
+
 Launch configs: `kernels.heuristics.sparse_update_config` (``SPARSE_UPDATE_OVERRIDE`` forces one).
 """
 

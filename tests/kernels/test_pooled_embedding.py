@@ -467,10 +467,11 @@ def test_module_plain_and_fused(device, assert_close):
     cards, hotness, D = [5, 1, 300, 17], [3, 1, 2, 4], 16
     emb = TritonPooledEmbedding(cards, hotness, D).to(device)
     assert set(emb.state_dict()) == {"weight"} and emb.weight.shape == (sum(cards), D)
-    assert repr(emb) == "TritonPooledEmbedding(features=4, slots=10, hotness=[3, 1, 2, 4], rows=323, dim=16, hashing=modulus)"
+    assert repr(emb) == ("TritonPooledEmbedding(features=4, slots=10, hotness=[3, 1, 2, 4], rows=323, dim=16, "
+                         "hashing=modulus)")
     assert emb.compilable and not emb.collective and emb.fused_optimizer
     case = make_case(3, hotness, seed=19)
-    case = Case(case.raw, hotness, *[t for t in (emb.cardinalities.cpu(), emb.offsets.cpu())], None, None, None)
+    case = Case(case.raw, hotness, emb.cardinalities.cpu(), emb.offsets.cpu(), None, None, None)
     raw = case.raw.to(device)
     rows = naive_rows(case).to(device)
     assert torch.equal(emb.rows(raw), rows)
