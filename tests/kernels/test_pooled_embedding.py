@@ -219,6 +219,12 @@ def make_state(optimizer: str, weight: torch.Tensor) -> Optional[torch.Tensor]:
 # ----------------------------------------------------------------------------------------------------
 
 
+def test_pad_value_is_the_data_pipelines():
+    from dlrm.data.schema import PAD_SPARSE as DATA_PAD  # kernels/ imports nothing from dlrm: one value, twice
+
+    assert PAD_SPARSE == DATA_PAD == -2
+
+
 def test_pooled_layout():
     lay = pooled_layout([3, 1, 2])
     assert lay.hotness.tolist() == [3, 1, 2] and lay.slot_offsets.tolist() == [0, 3, 4]
