@@ -175,7 +175,8 @@ def _host_epoch(loader) -> tuple[int, float]:
     plan = loader._plan(rng)
     q, free, stop = queue.Queue(loader.prefetch), queue.Queue(), threading.Event()
     t0 = time.perf_counter()
-    producer = threading.Thread(target=loader._produce, args=(plan, rng, q, free, stop))
+    flushes = loader._epoch_flushes(loader.epoch, plan, rng)  # this epoch's buffers, then its end marker
+    producer = threading.Thread(target=loader._produce, args=(flushes, q, free, stop))
     producer.start()
     while (item := q.get()) is not _END:
         if isinstance(item, BaseException):
