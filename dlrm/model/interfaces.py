@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Optional, Protocol, runtime_checkable
 
 import torch
-from torch import nn
 
 
 @runtime_checkable
@@ -31,7 +30,9 @@ class SparseArchInterface(Protocol):
             ``use_fused_update(config)`` and ``weight`` gets no gradient.
     """
 
-    weight: nn.Parameter
+    # `weight` is required too but not a protocol member: a module keeps it in `_parameters`, where
+    # Python 3.12's runtime protocol check (inspect.getattr_static) does not look, so every arch
+    # would fail isinstance() there
     compilable: bool
     collective: bool
     fused_optimizer: bool

@@ -165,6 +165,25 @@ def dense_grad64(rows: torch.Tensor, grad_out: torch.Tensor, slot_feature: list[
     return G[:num_rows]
 
 
+def accumulation_bound(rows, grad_out, slot_feature, num_rows, base=None, scale=1.0):
+    """Per-element bound on fp32 rounding when a row sums its n slot gradients in an unknown order
+    (GPU atomics, or any order): n * eps32 * (|base| + sum |terms|), `scale` times each term (an lr).
+    A fixed atol cannot be right for both a row hit once and a row hit ten thousand times."""
+    abs_sum = dense_grad64(rows, grad_out.abs(), slot_feature, num_rows) * scale
+    if base is not None:
+        abs_sum = abs_sum + base.double().abs()
+    flat = rows.reshape(-1)
+    hits = torch.bincount(flat[flat < num_rows], minlength=num_rows).double().clamp_min(1)
+    return hits[:, None] * torch.finfo(torch.float32).eps * abs_sum
+
+
+def assert_within(actual, expected, bound, msg=""):
+    err = (actual.double() - expected.double()).abs()
+    worst = (err - bound).argmax()
+    assert bool((err <= bound + 1e-7).all()), (
+        f"{msg}: |error| {err.flatten()[worst]:.3e} over the rounding bound {bound.flatten()[worst]:.3e}")
+
+
 def reference_update(optimizer, rows, grad_out, slot_feature, weight, state, lr, weight_decay=0.0, eps=EPS):
     """One step in float64 on the touched rows (each: summed gradient + decay, then the rule)."""
     W = weight.double().clone()
@@ -621,7 +640,11 @@ def test_gpu_lookup_mlperf_hotness(mode, dtype, assert_close):
     assert_close(out, forward64(rows, weight, case.slot_feature), dtype, scale=10.0, msg="forward")
     grad = make_grad(B, len(MLPERF_HOTNESS), D, "permuted", device, dtype)
     out.backward(grad)
-    assert_close(weight.grad, dense_grad64(rows, grad, case.slot_feature, case.num_rows), dtype, scale=30.0)
+    expected = dense_grad64(rows, grad, case.slot_feature, case.num_rows)
+    if dtype == torch.float32:  # rows hit thousands of times (vocabulary mode's OOV row): bound by the sum
+        assert_within(weight.grad, expected, accumulation_bound(rows, grad, case.slot_feature, case.num_rows), "grad")
+    else:
+        assert_close(weight.grad, expected, dtype, scale=30.0)
 
 
 @pytest.mark.gpu
@@ -650,9 +673,10 @@ def test_gpu_update_mlperf_hotness(optimizer, dtype, assert_close):
     if dtype == torch.float32 and optimizer == "sgd":
         w2 = make_weight(case.num_rows, D, device, dtype)
         pooled_embedding_sparse_update_(rows, grad, case.layout(), w2, None, lr, "sgd", EPS, deterministic=False)
-        w_ref0, _ = reference_update("sgd", rows, grad, case.slot_feature, make_weight(case.num_rows, D, device), None,
-                                     LR)
-        assert_close(w2, w_ref0, dtype, scale=30.0)
+        w0 = make_weight(case.num_rows, D, device)
+        w_ref0, _ = reference_update("sgd", rows, grad, case.slot_feature, w0, None, LR)
+        # atomics add lr * g slot by slot onto the row, in any order: the rounding grows with the hits
+        assert_within(w2, w_ref0, accumulation_bound(rows, grad, case.slot_feature, case.num_rows, w0, LR), "atomic sgd")
 
 
 @pytest.mark.gpu
