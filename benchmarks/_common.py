@@ -103,10 +103,12 @@ class Timer:
             self.seconds = time.perf_counter() - self.t0
 
 
-def synthetic_batches(n: int, batch_size: int, device: "torch.device", seed: int = 0) -> list["Batch"]:
+def synthetic_batches(n: int, batch_size: int, device: "torch.device", seed: int = 0,
+                      multi_hot_sizes: Optional[list[int]] = None) -> list["Batch"]:
     """`n` Criteo-like batches already on `device`: heavy-tailed dense counts (log1p), raw sparse
     hash values drawn uniformly from [-1, 2**32) (every lookup a cold row: the hard case for the
-    embedding), 25% positive labels."""
+    embedding), 25% positive labels. `multi_hot_sizes`: every slot filled (MLPerf's fixed sizes),
+    ``sum(multi_hot_sizes)`` sparse columns."""
     import torch
 
     from dlrm.data.loader import Batch
@@ -117,7 +119,8 @@ def synthetic_batches(n: int, batch_size: int, device: "torch.device", seed: int
     for _ in range(n):
         counts = torch.distributions.Exponential(0.05).sample((batch_size, NUM_DENSE))
         dense = torch.log1p(counts.floor())
-        sparse = torch.randint(-1, 2**32, (batch_size, NUM_SPARSE), generator=g)
+        width = sum(multi_hot_sizes) if multi_hot_sizes else NUM_SPARSE
+        sparse = torch.randint(-1, 2**32, (batch_size, width), generator=g)
         labels = (torch.rand(batch_size, generator=g) < 0.25).float()
         out.append(Batch(dense.to(device), sparse.to(device), labels.to(device)))
     return out

@@ -58,7 +58,7 @@ def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.de
     cfg.data.batch_size = batch_size
     torch.manual_seed(0)
     run = build_run(cfg, tables_from_config(cfg), device, total_steps=warmup + windows * steps)
-    batches = synthetic_batches(8, batch_size, device)
+    batches = synthetic_batches(8, batch_size, device, multi_hot_sizes=cfg.model.multi_hot_sizes)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()

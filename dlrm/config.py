@@ -38,10 +38,11 @@ from dlrm.config_parse import (  # noqa: F401
     _type_name,
     parse_config_bytes,
 )
-from dlrm.data.schema import NUM_SPARSE
+from dlrm.data.schema import MAX_MULTI_HOT_SIZE, NUM_SPARSE
 
 Activation = Literal["relu", "sigmoid", "gelu", "squared_relu", "none"]
 KernelChoice = Literal["auto", "torch", "triton"]
+MlpKernelChoice = Literal["auto", "torch", "triton", "fused"]
 Auto = Literal["auto"]
 
 
@@ -111,6 +112,17 @@ class ModelConfig:
     1: no padding."""
     cardinalities: Optional[list[int]] = None
     """Table sizes for runs without a dataset (synthetic benchmarks); a dataset's metadata wins otherwise."""
+    multi_hot_sizes: Optional[list[int]] = None
+    """Values per sample of each sparse feature (26 ints; MLPerf DLRM-DCNv2: 3, 2, 1, 2, 6, ...: 214
+    lookups a sample), each feature's values sum-pooled into one embedding. For runs without a
+    dataset (synthetic benchmarks); a dataset's metadata (``multi_hot_sizes``) wins otherwise.
+    None: one value per feature (the 2019 DLRM), unless the dataset says otherwise."""
+    embedding_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Storage of the embedding tables. "bf16" halves their memory and traffic (MLPerf's 204M x 128
+    tables are 104 GB in fp32, 52 GB in bf16: only bf16 fits one 80 GB H100); the lookup accumulates
+    in fp32 and the fused sparse update computes in fp32 and writes back with stochastic rounding
+    (unbiased), so small updates are not lost to bf16's 8-bit mantissa. Needs kernels.embedding
+    "triton" (the kernel that rounds stochastically)."""
     dropout: float = 0.0
     """Dropout probability between MLP layers (after each hidden layer's activation, in the bottom
     and the top MLP; never on the logit); 0 turns it off. Training only: evaluation sees the whole net."""
@@ -252,7 +264,10 @@ class KernelsConfig:
 
     embedding: KernelChoice = "auto"
     interaction: KernelChoice = "auto"
-    mlp: KernelChoice = "auto"
+    mlp: MlpKernelChoice = "auto"
+    """torch: nn.Linear layers; triton: the Triton linear kernel per layer; fused: kernels.mlp.FusedMLP,
+    the whole ReLU chain as one autograd node (cuBLASLt bias+ReLU epilogue forward, one Triton kernel
+    for the ReLU mask and bias gradient, weight gradients on a side stream; needs relu and no dropout)."""
     loss: KernelChoice = "auto"
 
 
@@ -371,6 +386,8 @@ def validate(cfg: Config) -> Config:
     _check_regularization(cfg.optim, cfg.model)
     _check_schedule(cfg.optim.schedule)
     _check_cuda_graph(cfg)
+    _check_embedding_dtype(cfg)
+    _check_fused_mlp(cfg)
     _check_train(cfg.train)
     _check_outputs(cfg)
     return cfg
@@ -408,6 +425,11 @@ def _check_model(m: ModelConfig) -> None:
     _check_interaction(m)
     if m.top_mlp[-1] != 1:
         raise ConfigError(f"model.top_mlp[-1]: {m.top_mlp[-1]} must be 1 (the logit)")
+    if m.multi_hot_sizes is not None:
+        if not isinstance(m.multi_hot_sizes, list) or len(m.multi_hot_sizes) != NUM_SPARSE:
+            raise ConfigError(f"model.multi_hot_sizes: must be a list of {NUM_SPARSE} positive integers")
+        for i, c in enumerate(m.multi_hot_sizes):
+            _positive(f"model.multi_hot_sizes[{i}]", c, maximum=MAX_MULTI_HOT_SIZE)
     if m.cardinalities is not None:
         if len(m.cardinalities) != NUM_SPARSE:
             raise ConfigError(f"model.cardinalities: has {len(m.cardinalities)} entries, expected {NUM_SPARSE}")
@@ -437,6 +459,22 @@ def _check_schedule(s: ScheduleConfig) -> None:
         _positive(f"optim.schedule.{key}", getattr(s, key), allow_zero=True)
     if not (0.0 <= s.end_factor <= 1.0):
         raise ConfigError(f"optim.schedule.end_factor: {s.end_factor!r} must be within [0, 1]")
+
+
+def _check_fused_mlp(cfg: Config) -> None:
+    if cfg.kernels.mlp != "fused":
+        return
+    if cfg.model.activation != "relu":
+        raise ConfigError(f'kernels.mlp: "fused" needs model.activation "relu", not {cfg.model.activation!r}')
+    if cfg.model.dropout:
+        raise ConfigError('kernels.mlp: "fused" has no dropout; set model.dropout 0 or kernels.mlp "torch"')
+
+
+def _check_embedding_dtype(cfg: Config) -> None:
+    """bf16 tables need the Triton embedding ("auto" is checked again once resolved, in dlrm.train.fast_path)."""
+    if cfg.model.embedding_dtype == "bf16" and cfg.kernels.embedding == "torch":
+        raise ConfigError('model.embedding_dtype: "bf16" needs kernels.embedding "triton" (its fused update '
+                          "rounds stochastically; the torch embedding would lose small updates to bf16 rounding)")
 
 
 def _check_cuda_graph(cfg: Config) -> None:

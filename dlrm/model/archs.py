@@ -104,6 +104,7 @@ class DenseArch(nn.Module):
         in_features: number of dense features (13).
         widths: layer widths, the last equal to D for the dot interaction.
         activation: activation name (applied after every layer, as in the reference DLRM).
+        mlp_cls: the layer chain's class (`MLP`, or `kernels.mlp.FusedMLP`: same parameters).
 
     Example:
         >>> DenseArch(13, [64, 16])(torch.randn(4, 13)).shape
@@ -113,9 +114,10 @@ class DenseArch(nn.Module):
     """
 
     def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None,
-                 dropout: float = 0.0) -> None:
+                 dropout: float = 0.0, mlp_cls=None) -> None:
         super().__init__()
-        self.model = MLP(in_features, widths, activation, activate_last=True, linear_cls=linear_cls, dropout=dropout)
+        self.model = (mlp_cls or MLP)(in_features, widths, activation, activate_last=True, linear_cls=linear_cls,
+                                      dropout=dropout)
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
         return self.model(dense)
@@ -304,6 +306,7 @@ class OverArch(nn.Module):
         in_features: the interaction's output width.
         widths: layer widths, the last equal to 1.
         activation: activation between layers.
+        mlp_cls: the layer chain's class (`MLP`, or `kernels.mlp.FusedMLP`: same parameters).
 
     Example:
         >>> OverArch(367, [64, 1])(torch.randn(5, 367)).shape
@@ -313,9 +316,10 @@ class OverArch(nn.Module):
     """
 
     def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None,
-                 dropout: float = 0.0) -> None:
+                 dropout: float = 0.0, mlp_cls=None) -> None:
         super().__init__()
-        self.model = MLP(in_features, widths, activation, activate_last=False, linear_cls=linear_cls, dropout=dropout)
+        self.model = (mlp_cls or MLP)(in_features, widths, activation, activate_last=False, linear_cls=linear_cls,
+                                      dropout=dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x).squeeze(-1)

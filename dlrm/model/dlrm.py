@@ -77,6 +77,7 @@ def build_model(
     device: torch.device | str = "cpu",
     sparse_arch: Optional[Callable[[], nn.Module]] = None,
     compiled: bool = False,
+    multi_hot_sizes: Optional[list[int]] = None,
 ) -> DLRM:
     """Build a DLRM on `device`, with eager or Triton parts as `kernels` asks (logged).
 
@@ -92,7 +93,7 @@ def build_model(
     """
     kernels = kernels or KernelsConfig()
     choices = {k: getattr(kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
-    if any(v == "triton" for v in choices.values()):
+    if any(v in ("triton", "fused") for v in choices.values()):
         from kernels import check_triton_device
 
         check_triton_device(device, "--kernels triton")
@@ -101,24 +102,34 @@ def build_model(
     # Parameters are created on `device` directly: the MLPerf-sized tables (tens of GB) must not
     # pass through host memory first. `.to` still moves buffers built from host tensors.
     with torch.device(device):
-        model = _build_archs(cfg, cardinalities, vocabs, kernels, sparse_arch, compiled)
+        model = _build_archs(cfg, cardinalities, vocabs, kernels, sparse_arch, compiled, multi_hot_sizes)
     return model.to(device)
 
 
 def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: KernelsConfig,
-                 sparse_arch: Optional[Callable[[], nn.Module]] = None, compiled: bool = False) -> DLRM:
-    linear_cls = None
+                 sparse_arch: Optional[Callable[[], nn.Module]] = None, compiled: bool = False,
+                 multi_hot_sizes: Optional[list[int]] = None) -> DLRM:
+    linear_cls = mlp_cls = None
     if kernels.mlp == "triton":
         from kernels.linear import TritonLinear
 
         linear_cls = TritonLinear
-    dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout)
+    elif kernels.mlp == "fused":
+        from kernels.mlp import FusedMLP
+
+        mlp_cls = FusedMLP
+    dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout,
+                           mlp_cls=mlp_cls)
+    multi_hot = multi_hot_sizes is not None and any(s != 1 for s in multi_hot_sizes)
     if sparse_arch is not None:
         sparse_arch = sparse_arch()
+    elif multi_hot:
+        sparse_arch = _pooled_sparse_arch(cfg, cardinalities, vocabs, kernels, multi_hot_sizes)
     elif kernels.embedding == "triton":
         from kernels.embedding import TritonSparseEmbedding
 
-        sparse_arch = TritonSparseEmbedding(cardinalities, cfg.embedding_dim, vocabs=vocabs)
+        sparse_arch = TritonSparseEmbedding(cardinalities, cfg.embedding_dim, vocabs=vocabs,
+                                            dtype=_TABLE_DTYPES[cfg.embedding_dtype])
     elif compiled:
         # torch.compile cannot take a sparse COO gradient; this twin of SparseArch updates the rows in
         # its backward with static shapes, so the whole step compiles (issue #19)
@@ -142,8 +153,28 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
     pad = -interaction.output_dim % cfg.top_mlp_input_multiple
     if pad:
         interaction = PaddedInteraction(interaction, pad)
-    over_arch = OverArch(interaction.output_dim, cfg.top_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout)
+    over_arch = OverArch(interaction.output_dim, cfg.top_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout,
+                         mlp_cls=mlp_cls)
     return DLRM(dense_arch, sparse_arch, interaction, over_arch)
+
+
+_TABLE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _pooled_sparse_arch(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: KernelsConfig,
+                        hotness: list[int]) -> nn.Module:
+    """The multi-hot SparseArch: each feature's values sum-pooled (Triton kernel, or the eager
+    EmbeddingBag reference, which stays outside torch.compile with its sparse gradient)."""
+    if kernels.embedding == "triton":
+        from kernels.embedding import TritonPooledEmbedding
+
+        return TritonPooledEmbedding(cardinalities, hotness, cfg.embedding_dim, vocabs=vocabs,
+                                     dtype=_TABLE_DTYPES[cfg.embedding_dtype])
+    from dlrm.model.pooled_sparse import PooledSparseArch
+
+    logger.info(f"embedding: torch EmbeddingBag, {sum(hotness)} values a sample sum-pooled into {len(hotness)} "
+                "features (sparse gradients: outside torch.compile)")
+    return PooledSparseArch(cardinalities, hotness, cfg.embedding_dim, vocabs=vocabs)
 
 
 def build_loss(kernels: Optional[KernelsConfig] = None):

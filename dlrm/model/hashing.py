@@ -6,6 +6,8 @@ run inside torch.compile graphs and CUDA graphs.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 # Raw values lie in [-1, 2**32); adding feature * 2**33 gives every feature its own key range,
@@ -52,7 +54,8 @@ def keyed_vocabulary(vocabs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Te
 
 
 def vocabulary_rows(
-    raw: torch.Tensor, keys: torch.Tensor, vocab_offsets: torch.Tensor, offsets: torch.Tensor
+    raw: torch.Tensor, keys: torch.Tensor, vocab_offsets: torch.Tensor, offsets: torch.Tensor,
+    features: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Global row of each value under vocabulary hashing.
 
@@ -62,18 +65,21 @@ def vocabulary_rows(
     whose key lands in another feature's range) is out of vocabulary.
 
     Args:
-        raw: int64 [B, F].
+        raw: int64 [B, C]: column c holds values of feature ``features[c]``.
         keys, vocab_offsets: from `keyed_vocabulary`.
-        offsets: int64 [F] first row of each table.
+        offsets: int64 [C] first row of each column's table.
+        features: int64 [C], the feature of each column (multi-hot slots); None: column c is feature c.
     Returns:
-        int64 [B, F] rows into the shared weight.
+        int64 [B, C] rows into the shared weight.
     """
-    feature_shift = torch.arange(raw.shape[1], device=raw.device, dtype=torch.int64) * _FEATURE_SHIFT
-    keyed_raw = raw + feature_shift
+    if features is None:
+        features = torch.arange(raw.shape[1], device=raw.device, dtype=torch.int64)
+    keyed_raw = raw + features * _FEATURE_SHIFT
     pos = torch.searchsorted(keys, keyed_raw)
     # An empty vocabulary array would make the gather below index out of range; keep a dummy key.
     safe_keys = keys if keys.numel() else torch.full((1,), -1, dtype=torch.int64, device=raw.device)
-    in_segment = (pos >= vocab_offsets[:-1]) & (pos < vocab_offsets[1:])
+    lo, hi = vocab_offsets[:-1][features], vocab_offsets[1:][features]
+    in_segment = (pos >= lo) & (pos < hi)
     found = in_segment & (safe_keys[pos.clamp(max=safe_keys.numel() - 1)] == keyed_raw)
-    local = torch.where(found, pos - vocab_offsets[:-1] + 1, torch.zeros_like(pos))
+    local = torch.where(found, pos - lo + 1, torch.zeros_like(pos))
     return local + offsets

@@ -227,6 +227,8 @@ def run_baseline(cfg, meta, tables, device: torch.device, world_size: int = 1, w
     """
     # the metadata's row count decides: no file is opened for a run that fits no baseline
     wanted, why = baseline_wanted(cfg.train.baseline, meta.splits["train"].rows, world_size, device.type)
+    if wanted and tables.multi_hot:
+        wanted, why = False, "multi-hot features: the logistic regression takes one value per feature"
     if not wanted:
         logger.info(f"baseline: off ({why})")
         return None

@@ -67,7 +67,7 @@ def tables_from_config(cfg: Config) -> Tables:
     if cfg.model.cardinalities is None:
         raise ConfigError("model.cardinalities: needed when no dataset is given")
     cap = cfg.data.max_rows_per_table
-    return Tables([min(c, cap) if cap else c for c in cfg.model.cardinalities], None, "modulus")
+    return Tables([min(c, cap) if cap else c for c in cfg.model.cardinalities], None, "modulus", cfg.model.multi_hot_sizes)
 
 
 def make_sharding(cfg: Config, tables: Tables, env: DistEnv) -> Optional[ShardingPlan]:
@@ -114,11 +114,14 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
         env: the process group (one process by default).
         eval_batch_size: the evaluation batch (a compiled evaluation pads to it); default 4 x batch.
     """
-    cfg, fast_path = resolve_fast_path(cfg, device, env.distributed)
+    cfg, fast_path = resolve_fast_path(cfg, device, env.distributed, tables.multi_hot)
     plan = make_sharding(cfg, tables, env)
+    if plan is not None and tables.multi_hot:
+        raise ConfigError("distributed: multi-hot tables are not sharded over ranks yet; train them in one process "
+                          "(MLPerf DLRM-DCNv2's 204M rows fit one 80 GB GPU with model.embedding_dtype \"bf16\")")
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch,
-                        compiled=bool(cfg.train.compile.enabled))
+                        compiled=bool(cfg.train.compile.enabled), multi_hot_sizes=tables.multi_hot_sizes)
     dense_forward = None  # one process: the model's own forward_from_embeddings
     if env.distributed:
         from dlrm.distributed.data_parallel import wrap_dense_parts
@@ -133,6 +136,9 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
     loss_fn = build_loss(cfg.kernels)
     step = TrainStep(model, loss_fn, optimizers, cfg.train.precision, device, cfg.train.compile,
                      dense_forward=dense_forward)
+    if cfg.train.cuda_graph and device.type == "cuda" and not env.distributed and not model.sparse_arch.compilable:
+        raise ConfigError(f"train.cuda_graph: {type(model.sparse_arch).__name__} has sparse gradients with "
+                          "data-dependent shapes, which a CUDA graph cannot replay; use kernels.embedding \"triton\"")
     step = graph_train_step(step, cfg.train.cuda_graph, env.distributed)
     eval_forward = EvalForward(model, cfg.train.precision, device, cfg.train.compile,
                                eval_batch_size or 4 * cfg.data.batch_size, dense_forward=dense_forward)

@@ -19,7 +19,8 @@ from dlrm.train.run_dir import RunDirectory
 
 def model_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device) -> DLRM:
     state = ckpt.load_checkpoint(path)
-    model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device)
+    model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device,
+                        multi_hot_sizes=tables.multi_hot_sizes)
     ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path)
     model.load_state_dict(state["model"])
     return model.eval()
@@ -33,7 +34,8 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     device, data_dir, meta, tables = build_for_data(cfg)
     model = model_from_checkpoint(cfg, Path(path), tables, device)
     batch_size = cfg.data.eval_batch_size or 4 * cfg.data.batch_size
-    loader = ParquetLoader(split_files(data_dir, meta, split), batch_size, device, prefetch=cfg.data.prefetch)
+    loader = ParquetLoader(split_files(data_dir, meta, split), batch_size, device, prefetch=cfg.data.prefetch,
+                           multi_hot_sizes=meta.multi_hot_sizes)
     with RunDirectory.create(cfg) as run_dir:  # removed again if the evaluation fails
         t0 = time.perf_counter()
         set_matmul_precision(cfg.train.precision)
@@ -68,6 +70,11 @@ class RawInputDLRM(nn.Module):
         return torch.sigmoid(self.model(transform_dense(dense_counts), sparse_raw).float())
 
 
+def _sparse_width(model: DLRM) -> int:
+    """Columns of the raw sparse input: one per feature, or one per multi-hot slot."""
+    return getattr(model.sparse_arch, "num_slots", NUM_SPARSE)
+
+
 def export_model(model: DLRM, path: Path) -> Path:
     """Write a `torch.export` program (batch size dynamic) to `path` (conventionally *.pt2)."""
     path = Path(path)
@@ -79,7 +86,7 @@ def export_model(model: DLRM, path: Path) -> Path:
     wrapper = RawInputDLRM(model).eval()
     example = (
         torch.zeros(4, NUM_DENSE, dtype=torch.int64, device=device),
-        torch.zeros(4, NUM_SPARSE, dtype=torch.int64, device=device),
+        torch.zeros(4, _sparse_width(model), dtype=torch.int64, device=device),
     )
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
@@ -87,7 +94,8 @@ def export_model(model: DLRM, path: Path) -> Path:
     tmp = path.with_name(f".tmp-{path.name}")  # torch.export.save wants a name ending in .pt2
     torch.export.save(program, str(tmp))
     tmp.replace(path)
-    logger.info(f"exported inference program to {path} (inputs: raw dense counts [B, 13], raw sparse hashes [B, 26])")
+    logger.info(f"exported inference program to {path} (inputs: raw dense counts [B, 13], raw sparse hashes "
+                f"[B, {_sparse_width(model)}])")
     return path
 
 

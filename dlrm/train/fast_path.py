@@ -56,12 +56,14 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[s
     return "torch", "fused into the compiled step by Inductor" if usable else why_not
 
 
-def _cuda_graph_blocker(cfg: Config, device: torch.device, distributed: bool) -> str:
+def _cuda_graph_blocker(cfg: Config, device: torch.device, distributed: bool, multi_hot: bool = False) -> str:
     """Why the whole-step CUDA graph cannot run here ("" when it can)."""
     if device.type != "cuda":
         return f"no CUDA device ({device})"
     if distributed:
         return "several processes (the collectives run outside a captured graph)"
+    if multi_hot and cfg.kernels.embedding == "torch":
+        return "the torch multi-hot embedding (EmbeddingBag) has sparse gradients with data-dependent shapes"
     if cfg.kernels.embedding == "torch" and not cfg.train.compile.enabled:
         return "kernels.embedding is torch without train.compile (its sparse gradients have data-dependent shapes)"
     if cfg.optim.dense.name not in ("sgd", "adam") or cfg.optim.dense.fused is False:
@@ -71,13 +73,15 @@ def _cuda_graph_blocker(cfg: Config, device: torch.device, distributed: bool) ->
     return ""
 
 
-def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = False) -> tuple[Config, dict[str, Any]]:
+def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = False,
+                      multi_hot: bool = False) -> tuple[Config, dict[str, Any]]:
     """A copy of `cfg` with no "auto" left, and ``{key: {"value": ..., "why": ...}}`` for what was chosen.
 
     Args:
         cfg: the validated config (not modified).
         device: the run's device.
         distributed: more than one process.
+        multi_hot: the tables pool several values per feature (the dataset's or the config's sizes).
 
     Example:
         >>> from dlrm.config import Config, validate
@@ -92,13 +96,18 @@ def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = Fal
             value, why = _kernel_choice(component, out, device)
             setattr(out.kernels, component, value)
             chosen[f"kernels.{component}"] = {"value": value, "why": why}
+    if out.model.embedding_dtype == "bf16" and out.kernels.embedding != "triton":
+        from dlrm.config import ConfigError
+
+        raise ConfigError(f'model.embedding_dtype: "bf16" needs kernels.embedding "triton", which "auto" cannot pick '
+                          f"here ({chosen.get('kernels.embedding', {}).get('why', 'set to torch')}): use fp32 tables")
     if out.train.compile.enabled == "auto":
         on = device.type == "cuda"
         out.train.compile.enabled = on
         chosen["train.compile"] = {"value": on, "why": "Inductor fuses the dense part on CUDA" if on else
                                    "eager on the CPU (compiling costs about a minute of warm-up for little gain)"}
     if out.train.cuda_graph == "auto":
-        blocker = _cuda_graph_blocker(out, device, distributed)
+        blocker = _cuda_graph_blocker(out, device, distributed, multi_hot)
         out.train.cuda_graph = not blocker
         chosen["train.cuda_graph"] = {"value": not blocker, "why": blocker or "one graph launch per step"}
     if chosen:  # one line: settings that share a reason share its clause

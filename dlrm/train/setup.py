@@ -9,6 +9,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+from loguru import logger
 
 from dlrm.config import Config, ConfigError
 from dlrm.data.schema import NUM_SPARSE, Metadata, read_metadata, read_vocabulary
@@ -38,6 +39,12 @@ class Tables:
     cardinalities: list[int]
     vocabs: Optional[list[torch.Tensor]]
     hashing: str
+    multi_hot_sizes: Optional[list[int]] = None
+    """Values per sample of each feature (sum-pooled); None: one each."""
+
+    @property
+    def multi_hot(self) -> bool:
+        return self.multi_hot_sizes is not None and any(s != 1 for s in self.multi_hot_sizes)
 
 
 def dataset_tables(cfg: Config, meta: Optional[Metadata], data_dir: Optional[Path]) -> Tables:
@@ -47,9 +54,13 @@ def dataset_tables(cfg: Config, meta: Optional[Metadata], data_dir: Optional[Pat
             raise ConfigError("model.cardinalities: needed when no dataset is given")
         cards = list(cfg.model.cardinalities)
         hashing = "modulus"
+        sizes = cfg.model.multi_hot_sizes
     else:
         cards = list(meta.cardinalities)
         hashing = meta.hashing
+        sizes = list(meta.multi_hot_sizes)
+        if cfg.model.multi_hot_sizes is not None and list(cfg.model.multi_hot_sizes) != sizes:
+            logger.warning(f"model.multi_hot_sizes: the dataset's metadata says {sizes}; training with those")
     vocabs = None
     if hashing == "vocabulary":
         if cfg.data.max_rows_per_table is not None:
@@ -59,7 +70,7 @@ def dataset_tables(cfg: Config, meta: Optional[Metadata], data_dir: Optional[Pat
         vocabs = [torch.from_numpy(read_vocabulary(data_dir, f, cards[f])) for f in range(NUM_SPARSE)]
     elif cfg.data.max_rows_per_table is not None:
         cards = [min(c, cfg.data.max_rows_per_table) for c in cards]
-    return Tables(cards, vocabs, hashing)
+    return Tables(cards, vocabs, hashing, list(sizes) if sizes is not None else None)
 
 
 def load_dataset_metadata(cfg: Config) -> tuple[Path, Metadata]:

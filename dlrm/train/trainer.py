@@ -47,12 +47,12 @@ __all__ = ["NonFiniteLoss", "TrainingStopped", "train", "evaluate", "build_for_d
 
 
 def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool,
-                env: DistEnv = DistEnv(), placement: Optional[str] = None):
+                env: DistEnv = DistEnv(), placement: Optional[str] = None, multi_hot_sizes: Optional[list[int]] = None):
     """The loader `placement` (default ``data.placement``, "stream" or "gpu") asks for: streamed from
     parquet, or the whole split in device memory; in a distributed run it delivers this rank's slice
-    of every global batch."""
+    of every global batch. `multi_hot_sizes`: the dataset's (metadata.json), for list columns."""
     d = cfg.data
-    ranks = dict(rank=env.rank, world_size=env.world_size)
+    ranks = dict(rank=env.rank, world_size=env.world_size, multi_hot_sizes=multi_hot_sizes)
     if (placement or d.placement) == "gpu":
         if device.type != "cuda":
             logger.warning("data.placement 'gpu' on a CPU device: the split is held in host memory instead")
@@ -89,14 +89,17 @@ class TrainData:
         d = cfg.data
         files = split_files(data_dir, meta, "train")
         batch_size = d.batch_size
-        loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement)
+        sizes = meta.multi_hot_sizes
+        loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
+                             multi_hot_sizes=sizes)
         if len(loader) == 0 and env.world_size <= loader.num_rows < batch_size:
             # A split smaller than one batch (the 100-line real Criteo sample holds 86 train rows): train on all
             # of it as one batch an epoch rather than refuse; said, and recorded as the summary's batch_size.
             logger.warning(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of "
                            f"{data_dir}/train: training with batch {loader.num_rows} instead (one batch an epoch)")
             batch_size = loader.num_rows
-            loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement)
+            loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
+                                 multi_hot_sizes=sizes)
         total = len(loader) * cfg.train.epochs
         if cfg.train.min_steps is not None and total < cfg.train.min_steps:
             total = cfg.train.min_steps
@@ -108,7 +111,7 @@ class TrainData:
             raise ConfigError(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of {data_dir}/train")
         eval_files = split_files(data_dir, meta, d.eval_split)
         eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env,
-                                  placement=placement)
+                                  placement=placement, multi_hot_sizes=sizes)
         return cls(loader, eval_loader, batch_size, total, max(cfg.train.epochs, math.ceil(total / max(len(loader), 1))))
 
 
