@@ -30,6 +30,9 @@ KERNEL_SETS: dict[str, tuple[str, str, str, str]] = {
     # the embedding and the dot interaction in Triton (the eager interaction's tiny batched GEMMs run
     # on non-tensor-core cuBLAS kernels), MLPs and loss in PyTorch
     "triton-embedding-interaction": ("triton", "triton", "torch", "torch"),
+    # and the MLPs as kernels.mlp.FusedMLP (cuBLASLt bias+ReLU epilogues, one Triton kernel for the
+    # ReLU mask and bias gradient, weight gradients on a side stream; issue #20)
+    "triton-fused-mlp": ("triton", "triton", "fused", "torch"),
 }
 
 class Variant(NamedTuple):
@@ -53,6 +56,11 @@ VARIANTS: dict[str, Variant] = {
     # compiled (Inductor fusions) and then the whole step, optimizer included, captured as one graph
     "triton-embedding+step-graph": Variant("triton-embedding", "default", step_graph=True),
     "triton-embedding-interaction+step-graph": Variant("triton-embedding-interaction", "default", step_graph=True),
+    "triton-fused-mlp+step-graph": Variant("triton-fused-mlp", "default", step_graph=True),
+    # without the whole-step graph (dense Adagrad, as MLPerf DLRM-DCNv2 trains, is not capturable)
+    "triton-embedding+compiled": Variant("triton-embedding", "default"),
+    "triton-embedding-interaction+compiled": Variant("triton-embedding-interaction", "default"),
+    "triton-fused-mlp+compiled": Variant("triton-fused-mlp", "default"),
 }
 
 COLUMNS = [
