@@ -1,0 +1,543 @@
+"""MLPerf DLRM-DCNv2 on one GPU: issue #22's plain PyTorch baseline against our training step.
+
+    python benchmarks/mlperf_dcnv2.py --out benchmarks/results/mlperf_dcnv2
+    python benchmarks/mlperf_dcnv2.py --batch-sizes 16384 --no-baseline --variants triton+compiled \
+        --append --out benchmarks/results/mlperf_dcnv2          # more rows into the same files
+    python benchmarks/mlperf_dcnv2.py --smoke --out /tmp/mlperf  # tiny tables, batch 64 (CPU: baseline + eager)
+
+The model is ``configs/mlperf-dcnv2.json``: 26 multi-hot features (214 lookups a sample), D = 128,
+204M table rows in bf16 (52 GB), bottom MLP 13-512-256-128, a 3-layer rank-512 low-rank cross network
+on the 3456-wide concatenation, top MLP 3456-1024-1024-512-256-1, bf16 autocast, BCE.
+
+Implementations, each a row per batch size:
+
+* ``baseline``: the plain PyTorch model the issue measured (1.14M samples/s at 65536 on an H100), written
+  here as its own small eager module (`BaselineDCNv2`, not our package's model): one
+  ``nn.EmbeddingBag(R, 128, mode="sum", sparse=True)`` in bf16 over all tables (modulus hashing
+  ``(raw + 1) % card[f] + offset[f]`` per slot, static bag offsets ``b * 214 + slot_start[f]``), sparse
+  ``torch.optim.SGD`` on the rows the sparse gradient touches, the MLPs and cross network under bf16
+  autocast, dense ``torch.optim.Adagrad``;
+* ours: `benchmarks/train_throughput.measure` (the run `train.py` builds, `dlrm.train.builder.build_run`)
+  for each of ``--variants`` (`dlrm.train.compare.VARIANTS`), with the config's optimizers (dense Adagrad,
+  sparse row-wise Adagrad; ``--dense-optim`` switches the dense one, e.g. to measure ``+step-graph``
+  variants, which need a fused SGD or Adam). A variant using the torch embedding gets fp32 tables (the
+  config refuses bf16 ones without the Triton embedding's stochastic rounding): at full size those need
+  104 GB and are recorded as out of memory.
+
+Two 52 GB models do not fit one 80 GB GPU together: each case is built, timed and deleted (dynamo reset,
+``torch.cuda.empty_cache()``) before the next; out-of-memory and other errors become the row's status.
+Timing: synthetic batches already on the device (raw values uniform: every lookup a cold row), warm-up
+steps untimed, then ``--windows`` windows of ``--steps`` steps timed with CUDA events; samples/s is the
+median window's. Peak GiB is ``torch.cuda.max_memory_allocated`` (tables included).
+
+The floor: FLOP per sample (fwd + bwd = 3 x the forward's 2 x multiply-adds, from the shapes, ~96 MFLOP)
+at the measured bf16 GEMM rate (an 8192^3 matmul), and the embedding bytes per sample (each lookup's bf16
+row read in the forward, read and written by the fused update, its fp32 row-wise Adagrad state read and
+written, and the bf16 output gradient read: ~173 KB) at the measured ``copy_`` bandwidth (1 GiB, bytes
+read + written). Activations and the dense parameters' traffic are not counted: a floor, not an estimate.
+Writes mlperf_dcnv2.csv / .md / .png under ``--out`` (GPU name, versions, date on every row / in the title).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import math
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F_
+
+# _common (which puts the repository first on sys.path), also when loaded by path (tests);
+# appended: benchmarks/kernels.py must not shadow the kernels package
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    Timer,
+    env_line,
+    environment,
+    markdown,
+    md_row,
+    pyplot,
+    save_figure,
+    synthetic_batches,
+    write_csv,
+)
+from train_throughput import measure  # noqa: E402
+
+from dlrm.config import load_config  # noqa: E402
+from dlrm.train.compare import VARIANTS, KERNEL_SETS, unavailable_reason  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mlperf-dcnv2.json"
+TARGET = 4.0e6  # the issue's target at batch 65536, samples/s
+TARGET_BATCH = 65536
+HUGECTR = 1.95e6  # best published per-GPU figure (HugeCTR, H100), samples/s, for context
+ISSUE_BASELINE = {65536: 1.14e6, 16384: 1.10e6}  # the issue's baseline measurement on an H100
+# the fastest variants that can run with dense Adagrad (no whole-step graph), those that exist
+PREFERRED = ["triton-embedding+cudagraphs", "triton-embedding+compiled", "triton+compiled"]
+DEFAULT_VARIANTS = [v for v in PREFERRED if v in VARIANTS]
+BASELINE = "baseline"
+
+KEYS = ["impl", "batch_size", "dense_optim", "embedding_dtype", "table_rows", "samples_per_sec",
+        "min_samples_per_sec", "max_samples_per_sec", "step_ms", "warmup_s", "peak_memory_gib", "final_loss",
+        "speedup_vs_baseline", "of_target", "status", "note"]
+NUMERIC = {"batch_size", "table_rows", "samples_per_sec", "min_samples_per_sec", "max_samples_per_sec", "step_ms",
+           "warmup_s", "peak_memory_gib", "final_loss", "speedup_vs_baseline", "of_target"}
+# the run's constants, repeated on every CSV row after the environment
+FLOOR_KEYS = ["flop_per_sample", "emb_bytes_per_sample", "gemm_tflops", "copy_gbps", "compute_floor_sps",
+              "memory_floor_sps", "floor_sps"]
+
+
+# ---- the model's work per sample -------------------------------------------------------------------
+
+
+def mlp_macs(in_features: int, widths: list[int]) -> int:
+    macs = 0
+    for w in widths:
+        macs += in_features * w
+        in_features = w
+    return macs
+
+
+def work_per_sample(cfg) -> dict:
+    """Forward multiply-adds of the dense part, FLOP fwd + bwd (3 x 2 x MACs) and the embedding bytes
+    (bf16 rows: read fwd, read + written by the update; fp32 row-wise state read + written; bf16
+    output gradient read) per sample, from the config's shapes."""
+    m = cfg.model
+    num_dense = 13
+    F, D, L = len(m.cardinalities), m.embedding_dim, sum(m.multi_hot_sizes)
+    n = (F + 1) * D  # the cross network's width: the bottom MLP's output and the F embeddings
+    bottom = mlp_macs(num_dense, m.bottom_mlp)
+    cross = m.cross_layers * 2 * n * m.cross_rank
+    top = mlp_macs(n, m.top_mlp)
+    macs = bottom + cross + top
+    row = D * 2  # bf16
+    emb_bytes = L * row + L * 2 * row + L * 2 * 4 + F * D * 2
+    return {"bottom_macs": bottom, "cross_macs": cross, "top_macs": top, "macs": macs, "flop": 6 * macs,
+            "emb_bytes": emb_bytes, "lookups": L, "features": F, "width": n}
+
+
+def device_peaks(device: torch.device, smoke: bool) -> dict:
+    """Measured bf16 GEMM TFLOP/s (an 8192^3 matmul; 512^3 fp32 on the CPU) and copy GB/s (``copy_`` of
+    1 GiB, bytes read + written / time; 16 MiB on the CPU or in --smoke): the floor's rates."""
+    cuda = device.type == "cuda"
+    n = 8192 if cuda and not smoke else 512
+    dtype = torch.bfloat16 if cuda else torch.float32
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    reps = 10 if cuda else 3
+    for _ in range(2):
+        a @ b
+    with Timer(device) as t:
+        for _ in range(reps):
+            a @ b
+    tflops = 2 * n**3 * reps / t.seconds / 1e12
+    del a, b
+    nbytes = 2**30 if cuda and not smoke else 2**24
+    src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    for _ in range(2):
+        dst.copy_(src)
+    with Timer(device) as t:
+        for _ in range(reps):
+            dst.copy_(src)
+    gbps = 2 * nbytes * reps / t.seconds / 1e9
+    del src, dst
+    free_device(device)
+    return {"gemm_tflops": tflops, "copy_gbps": gbps, "gemm_n": n, "copy_bytes": nbytes}
+
+
+def floors(work: dict, peaks: dict) -> dict:
+    """samples/s at the GEMM rate (compute) and at the copy bandwidth (embedding traffic), and both in
+    series (no overlap): the floor the step time cannot beat if the two do not overlap."""
+    compute = peaks["gemm_tflops"] * 1e12 / work["flop"]
+    memory = peaks["copy_gbps"] * 1e9 / work["emb_bytes"]
+    return {"flop_per_sample": work["flop"], "emb_bytes_per_sample": work["emb_bytes"],
+            "gemm_tflops": peaks["gemm_tflops"], "copy_gbps": peaks["copy_gbps"], "compute_floor_sps": compute,
+            "memory_floor_sps": memory, "floor_sps": 1.0 / (1.0 / compute + 1.0 / memory)}
+
+
+# ---- the baseline -----------------------------------------------------------------------------------
+
+
+class BaselineDCNv2(nn.Module):
+    """Issue #22's plain PyTorch DLRM-DCNv2: one sparse ``nn.EmbeddingBag`` over all tables, eager MLPs
+    and low-rank cross network (``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``).
+
+    ``forward(dense [B, 13] fp32, raw [B, L] int64) -> logits [B] fp32``; the dense part under bf16
+    autocast when ``precision == "bf16"`` (the embedding bag runs outside it, on its own dtype).
+
+    >>> m = BaselineDCNv2([5, 7], [2, 1], 4, [8, 4], [6, 1], 2, 3, torch.device("cpu"), torch.float32, "fp32")
+    >>> m(torch.randn(3, 13), torch.randint(-1, 100, (3, 3))).shape
+    torch.Size([3])
+    """
+
+    def __init__(self, cardinalities: list[int], hotness: list[int], dim: int, bottom: list[int], top: list[int],
+                 cross_layers: int, cross_rank: int, device: torch.device, emb_dtype: torch.dtype,
+                 precision: str) -> None:
+        super().__init__()
+        F, L = len(cardinalities), sum(hotness)
+        offsets = [0]
+        for c in cardinalities[:-1]:
+            offsets.append(offsets[-1] + c)
+        self.num_features, self.num_slots, self.dim, self.precision = F, L, dim, precision
+        self.emb = nn.EmbeddingBag(sum(cardinalities), dim, mode="sum", sparse=True, device=device, dtype=emb_dtype)
+        with torch.no_grad():  # each table U(-sqrt(1/n), sqrt(1/n)), as the reference DLRM
+            for off, c in zip(offsets, cardinalities):
+                self.emb.weight[off:off + c].uniform_(-math.sqrt(1.0 / c), math.sqrt(1.0 / c))
+        slot_card = [c for c, h in zip(cardinalities, hotness) for _ in range(h)]
+        slot_off = [o for o, h in zip(offsets, hotness) for _ in range(h)]
+        starts = [sum(hotness[:f]) for f in range(F)]
+        self.register_buffer("slot_card", torch.tensor(slot_card, dtype=torch.int64, device=device))
+        self.register_buffer("slot_off", torch.tensor(slot_off, dtype=torch.int64, device=device))
+        self.register_buffer("slot_start", torch.tensor(starts, dtype=torch.int64, device=device))
+
+        def mlp(n: int, widths: list[int], activate_last: bool) -> nn.Sequential:
+            layers: list[nn.Module] = []
+            for i, w in enumerate(widths):
+                layers.append(nn.Linear(n, w, device=device))
+                if activate_last or i < len(widths) - 1:
+                    layers.append(nn.ReLU())
+                n = w
+            return nn.Sequential(*layers)
+
+        n = (F + 1) * dim
+        self.bottom = mlp(13, bottom, True)
+        self.V = nn.ParameterList(nn.Parameter(nn.init.xavier_normal_(torch.empty(cross_rank, n, device=device)))
+                                  for _ in range(cross_layers))
+        self.W = nn.ParameterList(nn.Parameter(nn.init.xavier_normal_(torch.empty(n, cross_rank, device=device)))
+                                  for _ in range(cross_layers))
+        self.b = nn.ParameterList(nn.Parameter(torch.zeros(n, device=device)) for _ in range(cross_layers))
+        self.top = mlp(n, top, False)
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        return [p for name, p in self.named_parameters() if not name.startswith("emb.")]
+
+    def forward(self, dense: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
+        B, L = raw.shape
+        rows = torch.remainder(raw + 1, self.slot_card) + self.slot_off  # modulus hashing, per slot
+        bag_offsets = (torch.arange(B, device=raw.device) * L).unsqueeze(1) + self.slot_start  # [B, F]
+        emb = self.emb(rows.reshape(-1), bag_offsets.reshape(-1)).view(B, self.num_features * self.dim)
+        autocast = torch.autocast(dense.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
+        with autocast:
+            x = self.bottom(dense)
+            x0 = torch.cat([x, emb.to(x.dtype)], dim=1)  # [B, (F+1) D], the dense vector first
+            xl = x0
+            for V, W, b in zip(self.V, self.W, self.b):
+                xl = x0 * (F_.linear(F_.linear(xl, V), W, b)) + xl
+            logits = self.top(xl)
+        return logits.float().squeeze(1)
+
+
+def measure_baseline(cfg, batch_size: int, device: torch.device, precision: str, cap: Optional[int], warmup: int,
+                     steps: int, windows: int) -> dict:
+    """The baseline's training step (sparse SGD on the embedding, dense Adagrad), timed as `measure`."""
+    m, o = cfg.model, cfg.optim
+    cards = [min(c, cap) if cap else c for c in m.cardinalities]
+    emb_dtype = torch.bfloat16 if m.embedding_dtype == "bf16" else torch.float32
+    torch.manual_seed(0)
+    model = BaselineDCNv2(cards, m.multi_hot_sizes, m.embedding_dim, m.bottom_mlp, m.top_mlp, m.cross_layers,
+                          m.cross_rank, device, emb_dtype, precision)
+    sparse_opt = torch.optim.SGD([model.emb.weight], lr=o.sparse.lr)
+    dense_opt = torch.optim.Adagrad(model.dense_parameters(), lr=o.dense.lr, eps=o.dense.eps)
+    batches = synthetic_batches(8, batch_size, device, multi_hot_sizes=m.multi_hot_sizes)
+
+    def step(batch):
+        sparse_opt.zero_grad(set_to_none=True)
+        dense_opt.zero_grad(set_to_none=True)
+        loss = F_.binary_cross_entropy_with_logits(model(batch.dense, batch.sparse), batch.labels)
+        loss.backward()
+        dense_opt.step()
+        sparse_opt.step()
+        return loss.detach()
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    for i in range(warmup):
+        step(batches[i % len(batches)])
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    warmup_s = time.perf_counter() - t0
+    rates, loss = [], torch.zeros((), device=device)
+    for w in range(windows):
+        with Timer(device) as t:
+            for i in range(steps):
+                loss = step(batches[(w * steps + i) % len(batches)])
+        rates.append(steps * batch_size / t.seconds)
+    sps = statistics.median(rates)
+    return {"samples_per_sec": sps, "min_samples_per_sec": min(rates), "max_samples_per_sec": max(rates),
+            "step_ms": batch_size / sps * 1e3, "warmup_s": warmup_s, "final_loss": float(loss),
+            "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+            "table_rows": sum(cards), "embedding_dtype": m.embedding_dtype, "dense_optim": "adagrad",
+            "status": "ok"}
+
+
+# ---- one case ---------------------------------------------------------------------------------------
+
+
+def free_device(device: torch.device) -> None:
+    """Drop compiled graphs (their CUDA-graph pools), collect and return cached blocks to the driver."""
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def error_status(e: BaseException) -> str:
+    msg = str(e).splitlines()[0][:160] if str(e) else ""
+    kind = "oom" if isinstance(e, torch.OutOfMemoryError) else "failed"
+    return f"{kind}: {type(e).__name__}: {msg}"
+
+
+def run_case(impl: str, cfg, batch_size: int, device: torch.device, args) -> dict:
+    """One row: the baseline or variant `impl` measured, skipped (cannot run here) or failed / out of
+    memory (the error's first line); everything it allocated freed before returning."""
+    row = {"impl": impl, "batch_size": batch_size}
+    try:
+        if impl == BASELINE:
+            row.update(measure_baseline(cfg, batch_size, device, args.precision, args.max_rows, args.warmup,
+                                        args.steps, args.windows))
+        else:
+            reason = unavailable_reason(impl, device)
+            vcfg = variant_config_for(cfg, impl, args)
+            row.update(dense_optim=vcfg.optim.dense.name, embedding_dtype=vcfg.model.embedding_dtype,
+                       table_rows=sum(min(c, args.max_rows) if args.max_rows else c for c in vcfg.model.cardinalities))
+            if vcfg.model.embedding_dtype != cfg.model.embedding_dtype:
+                row["note"] = "fp32 tables: the torch embedding has no bf16 update"
+            if reason:
+                row["status"] = f"skipped: {reason}"
+                return row
+            r = measure(vcfg, impl, args.precision, batch_size, device, args.warmup, args.steps, args.windows)
+            mb = r.pop("peak_memory_mb")
+            row.update({k: v for k, v in r.items() if k in KEYS and k not in ("impl",)},
+                       peak_memory_gib=mb / 1024 if mb is not None else None)
+    except Exception as e:  # noqa: BLE001 -- out of memory included: one case must not hide the others
+        traceback.print_exc()
+        row["status"] = error_status(e)
+    finally:
+        free_device(device)
+    return row
+
+
+def variant_config_for(cfg, variant: str, args):
+    """`cfg` as `measure` gets it for `variant`: rows capped by --max-rows, --dense-optim, and fp32 tables
+    for the torch embedding (which the config refuses in bf16)."""
+    import copy
+
+    v = copy.deepcopy(cfg)
+    v.data.max_rows_per_table = args.max_rows
+    if args.dense_optim:
+        v.optim.dense.name = args.dense_optim
+    if KERNEL_SETS[VARIANTS[variant].kernels][0] == "torch" and v.model.embedding_dtype == "bf16":
+        v.model.embedding_dtype = "fp32"
+    return v
+
+
+def add_comparisons(rows: list[dict]) -> None:
+    base = {r["batch_size"]: r.get("samples_per_sec") for r in rows if r["impl"] == BASELINE}
+    for r in rows:
+        sps = r.get("samples_per_sec")
+        b = base.get(r["batch_size"])
+        r["speedup_vs_baseline"] = sps / b if sps and b else None
+        r["of_target"] = sps / TARGET if sps and r["batch_size"] == TARGET_BATCH else None
+
+
+# ---- results ----------------------------------------------------------------------------------------
+
+
+def fmt(v, spec: str) -> str:
+    return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
+
+
+def millions(v) -> str:
+    """1.14M; small rates (CPU smoke) in full."""
+    if not isinstance(v, (int, float)) or not v:
+        return "n/a"
+    return f"{v / 1e6:.2f}M" if v >= 1e5 else f"{v:,.0f}"
+
+
+def markdown_table(rows: list[dict]) -> list[str]:
+    lines = ["| impl | batch | dense optim | tables | samples/s (median) | step ms | peak GiB | vs baseline "
+             "| of 4M target | warm-up s | status |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        tables = f"{fmt(r.get('table_rows'), ',.0f')} {r.get('embedding_dtype') or ''}".strip()
+        speed = fmt(r.get("speedup_vs_baseline"), ".2f") + ("x" if r.get("speedup_vs_baseline") else "")
+        target = fmt(100 * r["of_target"], ".0f") + "%" if r.get("of_target") else "n/a"
+        status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
+        lines.append(md_row([r["impl"], r["batch_size"], r.get("dense_optim") or "", tables,
+                             fmt(r.get("samples_per_sec"), ",.0f"), fmt(r.get("step_ms"), ".2f"),
+                             fmt(r.get("peak_memory_gib"), ".1f"), speed, target, fmt(r.get("warmup_s"), ".1f"),
+                             status.replace("|", "\\|")]))
+    return lines
+
+
+def floor_lines(work: dict, fl: dict, peaks: dict) -> list[str]:
+    return [
+        "| floor | per sample | rate (measured here) | samples/s |",
+        "| --- | ---: | ---: | ---: |",
+        md_row(["compute: FLOP fwd+bwd (3 x 2 x MACs: bottom {:.2f}M + cross {:.2f}M + top {:.2f}M MACs)".format(
+            work["bottom_macs"] / 1e6, work["cross_macs"] / 1e6, work["top_macs"] / 1e6),
+            f"{work['flop'] / 1e6:.1f} MFLOP",
+            f"{peaks['gemm_tflops']:.3g} TFLOP/s ({peaks['gemm_n']}^3 GEMM)", millions(fl["compute_floor_sps"])]),
+        md_row([f"memory: embedding bytes ({work['lookups']} bf16 rows read fwd, read + written by the update, "
+                f"fp32 row state read + written, {work['features']} x D bf16 gradient read)",
+                f"{work['emb_bytes'] / 1e3:.1f} KB", f"{peaks['copy_gbps']:,.0f} GB/s (copy_)",
+                millions(fl["memory_floor_sps"])]),
+        md_row(["both, in series (no overlap)", "", "", millions(fl["floor_sps"])]),
+    ]
+
+
+def context_paragraph(fl: dict) -> str:
+    issue = ", ".join(f"{millions(v)} at {b}" for b, v in ISSUE_BASELINE.items())
+    return (f"Target: >= {millions(TARGET)} samples/s at batch {TARGET_BATCH}. For context: best published per-GPU "
+            f"figure {millions(HUGECTR)} (HugeCTR, H100); the issue's own baseline measurement (H100): {issue}; "
+            f"this machine's floor {millions(fl['floor_sps'])} (compute {millions(fl['compute_floor_sps'])}, "
+            f"embedding traffic {millions(fl['memory_floor_sps'])}).")
+
+
+def plot(rows: list[dict], env: dict, fl: dict, path: Path, title: str) -> None:
+    """Grouped bars of samples/s per batch size, one bar per implementation; target, HugeCTR and floor lines."""
+    plt = pyplot()
+    batches = sorted({r["batch_size"] for r in rows})
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(batches) * max(1, len(impls)) / 2 + 3), 4.5))
+    width = 0.8 / max(1, len(impls))
+    for k, impl in enumerate(impls):
+        sps = {r["batch_size"]: r.get("samples_per_sec") or 0.0 for r in rows if r["impl"] == impl}
+        ax.bar([i + k * width for i in range(len(batches))], [sps.get(b, 0.0) / 1e6 for b in batches], width,
+               label=impl)
+    ax.axhline(TARGET / 1e6, color="green", linestyle="--", label=f"target {TARGET / 1e6:.0f}M (B={TARGET_BATCH})")
+    ax.axhline(HUGECTR / 1e6, color="grey", linestyle=":", label="HugeCTR H100 1.95M")
+    ax.axhline(fl["floor_sps"] / 1e6, color="red", linestyle="-.", label=f"floor {fl['floor_sps'] / 1e6:.2f}M")
+    ax.set_xticks([i + width * (len(impls) - 1) / 2 for i in range(len(batches))])
+    ax.set_xticklabels([f"B={b}" for b in batches])
+    ax.set_ylabel("samples/s (median), millions")
+    ax.set_title(f"{title}\n{env['device']}, torch {env['torch']}, triton {env['triton']}, {env['date']}", fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Rows of an earlier CSV (--append), numbers parsed back."""
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    out = []
+    for r in rows:
+        row = {}
+        for k in KEYS:
+            v = r.get(k)
+            if v in (None, ""):
+                row[k] = None
+            elif k in NUMERIC:
+                row[k] = int(v) if k in ("batch_size", "table_rows") else float(v)
+            else:
+                row[k] = v
+        out.append(row)
+    return out
+
+
+def write_results(rows: list[dict], env: dict, work: dict, fl: dict, peaks: dict, out: Path, note: str,
+                  title: str) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    add_comparisons(rows)
+    write_csv(out / "mlperf_dcnv2.csv", rows, KEYS, {**env, **{k: fl[k] for k in FLOOR_KEYS}})
+    text = markdown(title, [env_line(env), note, context_paragraph(fl), "\n".join(floor_lines(work, fl, peaks))],
+                    markdown_table(rows))
+    (out / "mlperf_dcnv2.md").write_text(text)
+    plot(rows, env, fl, out / "mlperf_dcnv2.png", title)
+    return text
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output folder (mlperf_dcnv2.csv, .md, .png)")
+    ap.add_argument("--config", default=str(CONFIG))
+    ap.add_argument("--batch-sizes", default="65536,16384")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help="comma list of dlrm.train.compare.VARIANTS ('' for none)")
+    ap.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True, help="measure the baseline")
+    ap.add_argument("--precision", default="bf16", help="bf16 (autocast, as the config) or fp32 / tf32")
+    ap.add_argument("--dense-optim", default=None, choices=["adagrad", "sgd", "adam"],
+                    help="our runs' dense optimizer (default: the config's, adagrad); the baseline keeps Adagrad")
+    ap.add_argument("--max-rows", type=int, default=None, help="cap every table at this many rows (both models)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps (compilation, CUDA-graph recording)")
+    ap.add_argument("--steps", type=int, default=20, help="steps per timed window")
+    ap.add_argument("--windows", type=int, default=5, help="timed windows; the median is reported")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows of an earlier mlperf_dcnv2.csv in --out not measured again")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tables capped at 1000 rows, batch 64, 2 warm-up steps and 2 windows of 1 step; "
+                         "on the CPU the baseline and the 'eager' variant only")
+    args = ap.parse_args(argv)
+
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    variants = [v for v in args.variants.split(",") if v]
+    if args.smoke:
+        args.max_rows = args.max_rows or 1000
+        if args.batch_sizes == ap.get_default("batch_sizes"):
+            args.batch_sizes = "64"
+        args.warmup, args.steps, args.windows = min(args.warmup, 2), 1, 2
+        if device.type != "cuda":  # Triton would run in its interpreter, compiled variants compile for minutes
+            variants = ["eager"]
+    for v in variants:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v!r} (choose from {', '.join(VARIANTS)})")
+    impls = ([BASELINE] if args.baseline else []) + variants
+    cfg = load_config(args.config)
+    if not cfg.model.multi_hot_sizes or not cfg.model.cardinalities:
+        ap.error(f"{args.config}: needs model.cardinalities and model.multi_hot_sizes")
+
+    env = environment(device)
+    work = work_per_sample(cfg)
+    peaks = device_peaks(device, args.smoke)
+    fl = floors(work, peaks)
+    title = "MLPerf DLRM-DCNv2 training throughput, one GPU: issue #22 baseline vs ours" + (
+        " (smoke)" if args.smoke else "")
+    timing = "CUDA events" if device.type == "cuda" else "perf_counter (CPU)"
+    tables = f"capped at {args.max_rows:,} rows each" if args.max_rows else "full size"
+    note = (f"{Path(args.config).name}, {args.precision}; whole training steps on synthetic device-resident "
+            f"batches (every lookup a cold row), {args.warmup} warm-up steps, median of {args.windows} windows "
+            f"of {args.steps} steps ({timing}). Tables: {tables}. "
+            "baseline: one sparse nn.EmbeddingBag (bf16) + sparse SGD, eager dense part under bf16 autocast, "
+            "dense Adagrad; ours: the run train.py builds (sparse row-wise Adagrad fused into the Triton "
+            "embedding's backward, dense optimizer as listed).")
+    print(f"work per sample: {work['flop'] / 1e6:.1f} MFLOP fwd+bwd ({work['macs'] / 1e6:.2f}M MACs forward), "
+          f"{work['emb_bytes'] / 1e3:.1f} KB of embedding traffic; measured {peaks['gemm_tflops']:.3g} TFLOP/s GEMM, "
+          f"{peaks['copy_gbps']:,.0f} GB/s copy -> floor {millions(fl['floor_sps'])} samples/s "
+          f"(compute {millions(fl['compute_floor_sps'])}, memory {millions(fl['memory_floor_sps'])}); "
+          f"target {millions(TARGET)}, HugeCTR H100 {millions(HUGECTR)}", flush=True)
+
+    out = Path(args.out)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    rows = read_rows(out / "mlperf_dcnv2.csv") if args.append else []
+    text = write_results(rows, env, work, fl, peaks, out, note, title)
+    for batch_size in batch_sizes:
+        for impl in impls:
+            r = run_case(impl, cfg, batch_size, device, args)
+            rows = [x for x in rows if (x["impl"], x["batch_size"]) != (impl, batch_size)] + [r]
+            print(f"{impl:>28} B={batch_size:>6}: "
+                  + (f"{r['samples_per_sec']:,.0f} samples/s, {r['step_ms']:.2f} ms/step" if r.get("samples_per_sec")
+                     else r["status"]), flush=True)
+            # rewritten after every case: a run cut short by a time limit keeps what it measured
+            text = write_results(rows, env, work, fl, peaks, out, note, title)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
