@@ -72,8 +72,8 @@ from _common import (  # noqa: E402
 )
 from train_throughput import measure  # noqa: E402
 
-from dlrm.config import load_config  # noqa: E402
-from dlrm.train.compare import VARIANTS, KERNEL_SETS, unavailable_reason  # noqa: E402
+from dlrm.config import load_config, validate  # noqa: E402
+from dlrm.train.compare import KERNEL_SETS, VARIANTS, unavailable_reason, variant_config  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mlperf-dcnv2.json"
 TARGET = 4.0e6  # the target at batch 65536, samples/s
@@ -313,6 +313,8 @@ def run_case(impl: str, cfg, batch_size: int, device: torch.device, args) -> dic
                        table_rows=sum(min(c, args.max_rows) if args.max_rows else c for c in vcfg.model.cardinalities))
             if vcfg.model.embedding_dtype != cfg.model.embedding_dtype:
                 row["note"] = "fp32 tables: the torch embedding has no bf16 update"
+            # the checks train.py applies (e.g. +step-graph needs a fused SGD or Adam dense optimizer)
+            validate(variant_config(vcfg, impl))
             if reason:
                 row["status"] = f"skipped: {reason}"
                 return row
@@ -325,6 +327,9 @@ def run_case(impl: str, cfg, batch_size: int, device: torch.device, args) -> dic
         row["status"] = error_status(e)
     finally:
         free_device(device)
+        if device.type == "cuda":  # what the next case cannot use (should be ~0: every case frees its model)
+            print(f"  after {impl} B={batch_size}: {torch.cuda.memory_allocated(device) / 2**30:.2f} GiB still "
+                  "allocated", flush=True)
     return row
 
 
@@ -452,6 +457,7 @@ def read_rows(path: Path) -> list[dict]:
 def write_results(rows: list[dict], env: dict, work: dict, fl: dict, peaks: dict, out: Path, note: str,
                   title: str) -> str:
     out.mkdir(parents=True, exist_ok=True)
+    rows.sort(key=lambda r: (-r["batch_size"], r["impl"] != BASELINE))  # stable: the others in run order
     add_comparisons(rows)
     write_csv(out / "mlperf_dcnv2.csv", rows, KEYS, {**env, **{k: fl[k] for k in FLOOR_KEYS}})
     text = markdown(title, [env_line(env), note, context_paragraph(fl), "\n".join(floor_lines(work, fl, peaks))],
@@ -478,10 +484,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="steps per timed window")
     ap.add_argument("--windows", type=int, default=5, help="timed windows; the median is reported")
     ap.add_argument("--append", action="store_true",
-                    help="keep the rows of an earlier mlperf_dcnv2.csv in --out not measured again")
+                    help="keep the rows of an earlier mlperf_dcnv2.csv in --out not measured again (the CSV's "
+                         "environment and floor columns, and the Markdown's header, are this run's)")
     ap.add_argument("--smoke", action="store_true",
                     help="tables capped at 1000 rows, batch 64, 1 warm-up step and 2 windows of 1 step; "
-                         "on the CPU the baseline and the 'eager' variant only")
+                         "on the CPU the baseline and the 'eager' variant unless --variants names others")
     args = ap.parse_args(argv)
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -492,8 +499,8 @@ def main(argv=None) -> int:
         if args.batch_sizes == ap.get_default("batch_sizes"):
             args.batch_sizes = "64"
         args.warmup, args.steps, args.windows = min(args.warmup, 1), 1, 2
-        if device.type != "cuda":  # Triton would run in its interpreter, compiled variants compile for minutes
-            variants = ["eager"]
+        if device.type != "cuda" and args.variants == ap.get_default("variants"):
+            variants = ["eager"]  # Triton would run in its interpreter, compiled variants compile for minutes
     for v in variants:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v!r} (choose from {', '.join(VARIANTS)})")

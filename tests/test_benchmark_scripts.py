@@ -184,3 +184,48 @@ def test_mlp_benchmark_smoke_times_every_implementation(tmp_path):
     assert {"device", "torch", "triton", "date"} <= set(rows[0])
     md = (tmp_path / "mlp.md").read_text()
     assert md.count("| fused | ") == len(mb.CASES) and (tmp_path / "mlp.png").stat().st_size > 0
+
+
+def test_mlperf_dcnv2_smoke_baseline_ours_and_a_refused_variant(tmp_path):
+    """benchmarks/mlperf_dcnv2.py --smoke: the plain PyTorch baseline and our eager run measured at tiny
+    tables (batch 64), a +step-graph variant recorded as refused with dense Adagrad (not a crash), the
+    model's floor from its shapes, and the CSV / Markdown / PNG written."""
+    md2 = load_script("mlperf_dcnv2")
+    assert md2.main(["--smoke", "--variants", "eager,triton-embedding+step-graph", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "mlperf_dcnv2.csv")
+    assert [(r["impl"], r["batch_size"]) for r in rows] == [
+        ("baseline", "64"), ("eager", "64"), ("triton-embedding+step-graph", "64")]
+    base, eager, graph = rows
+    for r in (base, eager):
+        assert r["status"] == "ok" and float(r["samples_per_sec"]) > 0 and math.isfinite(float(r["final_loss"])), r
+        assert r["table_rows"] == str(sum(min(c, 1000) for c in md2.load_config(md2.CONFIG).model.cardinalities))
+    assert float(base["speedup_vs_baseline"]) == 1.0 and float(eager["speedup_vs_baseline"]) > 0
+    assert (base["embedding_dtype"], eager["embedding_dtype"]) == ("bf16", "fp32")  # torch embedding: fp32 tables
+    assert graph["status"].startswith("failed: ConfigError: train.cuda_graph") and not graph["samples_per_sec"]
+    assert 95e6 < float(base["flop_per_sample"]) < 97e6 and 165e3 < float(base["emb_bytes_per_sample"]) < 180e3
+    assert float(base["floor_sps"]) > 0 and {"device", "torch", "triton", "date"} <= set(base)
+    md = (tmp_path / "mlperf_dcnv2.md").read_text()
+    assert "| baseline | 64 |" in md and "96.2 MFLOP" in md and (tmp_path / "mlperf_dcnv2.png").stat().st_size > 0
+
+
+def test_pooled_embedding_smoke_times_every_mode_and_dtype(tmp_path):
+    """benchmarks/pooled_embedding.py --smoke: the pooled Triton lookup, fused row-wise Adagrad update and
+    both together, bf16 and fp32, and the embedding_bag references, at tiny tables (batch 8); the bytes
+    that must move counted from the shapes and the batch's distinct rows (CUDA: graph-replay timing)."""
+    pe = load_script("pooled_embedding")
+    assert pe.main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "pooled_embedding.csv")
+    per_dtype = [("triton", "fwd"), ("torch-bag", "fwd"), ("torch-bag-rows", "fwd"), ("triton", "bwd"),
+                 ("triton", "fwd+bwd")]
+    assert [(r["impl"], r["mode"], r["dtype"]) for r in rows] == [(i, m, d) for d in ("bf16", "fp32")
+                                                                  for i, m in per_dtype]
+    assert all(r["status"] == "ok" and float(r["ms"]) > 0 and r["batch"] == "8" for r in rows), rows
+    for r in rows:
+        e, unique = 2 if r["dtype"] == "bf16" else 4, int(r["unique_rows"])
+        assert 0 < unique <= int(r["lookups"]) == 8 * 214
+        fwd, bwd = 8 * (214 + 26) * 128 * e, 8 * 26 * 128 * e + unique * (2 * 128 * e + 2 * 4)
+        assert int(r["bytes"]) == {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[r["mode"]]
+        assert r["meets_target"] in (("True", "False") if r["impl"] == "triton" and r["mode"] != "fwd+bwd" else ("",))
+    md = (tmp_path / "pooled_embedding.md").read_text()
+    assert md.count("| triton | bwd |") == 2 and "copy bandwidth" in md
+    assert (tmp_path / "pooled_embedding.png").stat().st_size > 0
