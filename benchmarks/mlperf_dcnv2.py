@@ -46,6 +46,7 @@ import gc
 import math
 import statistics
 import sys
+import textwrap
 import time
 import traceback
 from pathlib import Path
@@ -423,11 +424,12 @@ def plot(rows: list[dict], env: dict, fl: dict, path: Path, title: str) -> None:
                label=impl)
     ax.axhline(TARGET / 1e6, color="green", linestyle="--", label=f"target {TARGET / 1e6:.0f}M (B={TARGET_BATCH})")
     ax.axhline(HUGECTR / 1e6, color="grey", linestyle=":", label="HugeCTR H100 1.95M")
-    ax.axhline(fl["floor_sps"] / 1e6, color="red", linestyle="-.", label=f"floor {fl['floor_sps'] / 1e6:.2f}M")
+    ax.axhline(fl["floor_sps"] / 1e6, color="red", linestyle="-.", label=f"floor {millions(fl['floor_sps'])}")
     ax.set_xticks([i + width * (len(impls) - 1) / 2 for i in range(len(batches))])
     ax.set_xticklabels([f"B={b}" for b in batches])
     ax.set_ylabel("samples/s (median), millions")
-    ax.set_title(f"{title}\n{env['device']}, torch {env['torch']}, triton {env['triton']}, {env['date']}", fontsize=9)
+    ax.set_title(f"{textwrap.fill(title, 90)}\n{env['device']}, torch {env['torch']}, triton {env['triton']}, "
+                 f"{env['date']}", fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7)
     save_figure(fig, path)
