@@ -232,10 +232,12 @@ def resolve_resume(resume: str, run_dir: Path) -> Optional[Path]:
     return found[-1]
 
 
-def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalities: list[int], model_cfg: dict, path: Path) -> None:
+def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalities: list[int], model_cfg: dict, path: Path,
+                     multi_hot_sizes: Optional[list[int]] = None) -> None:
     """Raise a one-line error naming what differs when the checkpoint cannot load into `model`.
 
-    Kernel choices are not compared: torch and triton modules share state_dict keys.
+    Kernel choices are not compared: torch and triton modules share state_dict keys. The values
+    per feature (`multi_hot_sizes`, None: one each) are: the same tables pool differently otherwise.
     """
     if "model" not in state:
         raise ConfigError(f"{path}: a sharded checkpoint's manifest holds no model; merge it for one process first: "
@@ -244,6 +246,10 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalitie
     if list(saved_cards) != list(cardinalities):
         diffs = [f"[{i}] {a} vs {b}" for i, (a, b) in enumerate(zip(saved_cards, cardinalities)) if a != b]
         raise ConfigError(f"{path}: table sizes differ (checkpoint vs this run): {', '.join(diffs[:5])}")
+    saved_sizes = list(state.get("multi_hot_sizes") or [1] * len(saved_cards))  # older checkpoints: one-hot
+    sizes = list(multi_hot_sizes or [1] * len(cardinalities))
+    if saved_sizes != sizes:
+        raise ConfigError(f"{path}: multi_hot_sizes differ: checkpoint {saved_sizes}, this run's data {sizes}")
     saved_model = state["config"]["model"]
     for key in ("embedding_dim", "bottom_mlp", "top_mlp", "interaction", "activation", "top_mlp_input_multiple"):
         saved_value = saved_model.get(key, getattr(ModelConfig(), key))  # keys added later: their default

@@ -45,7 +45,7 @@ _CHECKPOINT_KEYS = ("format_version", "model", "optimizers", "schedulers", "posi
                     "config_json")
 _SHARD_KEYS = _CHECKPOINT_KEYS + ("rank", "plan")
 _MANIFEST_KEYS = ("format_version", "position", "cardinalities", "config_json", "sharded")
-_OPTIONAL_KEYS = ("run_stats",)
+_OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes")  # absent in older files: run totals unknown; one-hot
 _SHARD_FILE = re.compile(r"step-\d{8,}\.rank\d+-of-\d+\.pt")
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _MAX_DEPTH = 32  # deeper nesting is no state of ours; the limit keeps the recursive checks bounded
@@ -404,6 +404,11 @@ def _check_common(disk: dict[str, Any], path: Path) -> None:
     cards = disk["cardinalities"]
     _expect(type(cards) is list and len(cards) > 0, cards, path, "cardinalities", "a non-empty list of ints")
     _check_int_list(cards, path, "cardinalities", 1)
+    if "multi_hot_sizes" in disk:
+        sizes = disk["multi_hot_sizes"]
+        _expect(type(sizes) is list and len(sizes) == len(cards), sizes, path, "multi_hot_sizes",
+                f"a list of {len(cards)} ints (one per table)")
+        _check_int_list(sizes, path, "multi_hot_sizes", 1)
     _check_config_json(disk["config_json"], path)
 
 

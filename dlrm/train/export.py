@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 
@@ -9,19 +10,29 @@ import torch
 from loguru import logger
 from torch import nn
 
-from dlrm.config import Config, ConfigError
+from dlrm.config import Config, ConfigError, KernelsConfig
 from dlrm.data.loader import ParquetLoader, split_files, transform_dense
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, write_json_atomic
 from dlrm.model.dlrm import DLRM, build_model
 from dlrm import checkpoint as ckpt
+from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.run_dir import RunDirectory
 
 
-def model_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device) -> DLRM:
+def model_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device, portable: bool = False) -> DLRM:
+    """The model stored in `path`, built as training resolved it (kernels, and with them the tables'
+    storage: bf16 tables need the Triton embedding) or, `portable`, from PyTorch modules only (fp32
+    tables: an exported program must not need this package's Triton ops)."""
     state = ckpt.load_checkpoint(path)
+    if portable:
+        cfg = copy.deepcopy(cfg)
+        cfg.kernels = KernelsConfig("torch", "torch", "torch", "torch")
+        cfg.model.embedding_dtype = "fp32"
+    else:
+        cfg, _ = resolve_fast_path(cfg, device, multi_hot=tables.multi_hot)
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device,
                         multi_hot_sizes=tables.multi_hot_sizes)
-    ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path)
+    ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path, tables.multi_hot_sizes)
     model.load_state_dict(state["model"])
     return model.eval()
 
@@ -104,4 +115,4 @@ def export_checkpoint(cfg: Config, checkpoint: Path, path: Path) -> Path:
     from dlrm.train.trainer import build_for_data
 
     device, _, _, tables = build_for_data(cfg)
-    return export_model(model_from_checkpoint(cfg, checkpoint, tables, device), path)
+    return export_model(model_from_checkpoint(cfg, checkpoint, tables, device, portable=True), path)
