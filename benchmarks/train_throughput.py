@@ -41,7 +41,7 @@ from _common import (  # noqa: E402
     write_csv,
 )
 
-from dlrm.config import load_config  # noqa: E402
+from dlrm.config import load_config, validate  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
 from dlrm.train.compare import VARIANTS, unavailable_reason, variant_config  # noqa: E402
 
@@ -56,6 +56,7 @@ def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.de
     cfg = variant_config(cfg, variant)
     cfg.train.precision = precision  # tf32: TF32 tensor cores for fp32 matmuls; fp32: IEEE
     cfg.data.batch_size = batch_size
+    validate(cfg)  # as train.py does: a combination that cannot run is a ConfigError row, not a broken step
     torch.manual_seed(0)
     run = build_run(cfg, tables_from_config(cfg), device, total_steps=warmup + windows * steps)
     batches = synthetic_batches(8, batch_size, device, multi_hot_sizes=cfg.model.multi_hot_sizes)
