@@ -237,26 +237,38 @@ def test_pooled_sparse_arch_refuses_bad_hotness_and_width():
 
 
 HOTNESS, CARDS, DIM = [3, 1, 2, 1, 4], [7, 5, 11, 1, 9], 6
+# Triton runs on CUDA where there is one (conftest sets the interpreter only without CUDA); the
+# eager reference runs beside it on the same device, with IEEE fp32 matmuls (see `ieee`)
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture
+def ieee():
+    """fp32 matmuls in IEEE precision (an earlier test in this process may have allowed TF32)."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(before)
 
 
 def _pair(hashing: str = "modulus", seed: int = 0):
     from kernels.embedding import TritonPooledEmbedding
 
     vocabs = sparse_vocabs(CARDS, 5) if hashing == "vocabulary" else None
+    torch.manual_seed(seed)  # both drawn on the CPU (same numbers), then moved
+    eager = PooledSparseArch(CARDS, HOTNESS, DIM, vocabs=vocabs).to(DEV)
     torch.manual_seed(seed)
-    eager = PooledSparseArch(CARDS, HOTNESS, DIM, vocabs=vocabs)
-    torch.manual_seed(seed)
-    triton = TritonPooledEmbedding(CARDS, HOTNESS, DIM, vocabs=vocabs)
+    triton = TritonPooledEmbedding(CARDS, HOTNESS, DIM, vocabs=vocabs).to(DEV)
     return eager, triton, vocabs
 
 
 @pytest.mark.parametrize("hashing", ["modulus", "vocabulary"])
-def test_triton_pooled_same_init_state_dict_and_forward(hashing):
+def test_triton_pooled_same_init_state_dict_and_forward(hashing, ieee):
     eager, triton, vocabs = _pair(hashing)
     assert torch.equal(eager.weight, triton.weight)
     assert list(eager.state_dict()) == list(triton.state_dict()) == ["weight"]
     assert triton.num_slots == eager.num_slots == sum(HOTNESS)
-    raw = make_raw(np.random.default_rng(11), 37, HOTNESS, CARDS, vocabs=vocabs)
+    raw = make_raw(np.random.default_rng(11), 37, HOTNESS, CARDS, vocabs=vocabs).to(DEV)
     torch.testing.assert_close(triton(raw), eager(raw), **FP32)
     # interchangeable state_dicts: load each other's trained-looking weights
     with torch.no_grad():
@@ -268,7 +280,7 @@ def test_triton_pooled_same_init_state_dict_and_forward(hashing):
     eager.load_state_dict(triton.state_dict())
     assert torch.equal(eager.weight, triton.weight)
     # the plain (unfused) lookup's dense gradient is the eager sparse one
-    g = torch.randn(37, len(HOTNESS), DIM)
+    g = torch.randn(37, len(HOTNESS), DIM, device=DEV)
     eager(raw).backward(g)
     triton(raw).backward(g)
     torch.testing.assert_close(triton.weight.grad, eager.weight.grad.to_dense(), **FP32)
@@ -300,16 +312,16 @@ def _train_embedding(arch: nn.Module, name: str, weight_decay: float, batches, g
     ("sgd", 0.0, 0.4), ("adagrad", 0.0, 0.4), ("rowwise_adagrad", 0.0, 0.4),
     ("sgd", 0.05, 0.0), ("rowwise_adagrad", 0.05, 0.0), ("adagrad", 0.05, 0.0),
 ])
-def test_fused_sparse_update_trains_like_the_eager_optimizers(name, weight_decay, pad):
+def test_fused_sparse_update_trains_like_the_eager_optimizers(name, weight_decay, pad, ieee):
     """Three steps; the fused update (inside TritonPooledEmbedding's backward) vs the eager sparse
     optimizers on PooledSparseArch's COO gradients. Weight decay only on data without PAD slots:
     PooledSparseArch's PAD slots touch row 0 of their table with a zero gradient, which a lazy
     weight decay then decays (its docstring), while the Triton kernel skips PAD slots."""
     eager, triton, _ = _pair(seed=4)
     rng = np.random.default_rng(12)
-    batches = [make_raw(rng, b, HOTNESS, CARDS, pad=pad) for b in (17, 1, 40)]
+    batches = [make_raw(rng, b, HOTNESS, CARDS, pad=pad).to(DEV) for b in (17, 1, 40)]
     gen = torch.Generator().manual_seed(0)
-    grads = [torch.randn(raw.shape[0], len(HOTNESS), DIM, generator=gen) for raw in batches]
+    grads = [torch.randn(raw.shape[0], len(HOTNESS), DIM, generator=gen).to(DEV) for raw in batches]
     eager_opt = _train_embedding(eager, name, weight_decay, batches, grads)
     fused_opt = _train_embedding(triton, name, weight_decay, batches, grads)
     assert isinstance(fused_opt, FusedSparseOptimizer) and not isinstance(eager_opt, FusedSparseOptimizer)
@@ -343,18 +355,18 @@ def _kernels(embedding: str = "torch", mlp: str = "torch") -> KernelsConfig:
 def _model_inputs(batch: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     dense = torch.from_numpy(rng.standard_normal((batch, 13)).astype(np.float32))
-    return dense, make_raw(rng, batch, SIZES, MODEL_CARDS)
+    return dense.to(DEV), make_raw(rng, batch, SIZES, MODEL_CARDS).to(DEV)
 
 
 @pytest.mark.parametrize("interaction", ["dot", "dcn"])
-def test_multi_hot_models_torch_and_triton_agree(interaction):
+def test_multi_hot_models_torch_and_triton_agree(interaction, ieee):
     from kernels.embedding import TritonPooledEmbedding, TritonSparseEmbedding
 
     cfg = _model_cfg(interaction)
     torch.manual_seed(5)
-    eager = build_model(cfg, MODEL_CARDS, None, _kernels("torch"), "cpu", multi_hot_sizes=SIZES)
+    eager = build_model(cfg, MODEL_CARDS, None, _kernels("torch"), DEV, multi_hot_sizes=SIZES)
     torch.manual_seed(5)
-    triton = build_model(cfg, MODEL_CARDS, None, _kernels("triton"), "cpu", multi_hot_sizes=SIZES)
+    triton = build_model(cfg, MODEL_CARDS, None, _kernels("triton"), DEV, multi_hot_sizes=SIZES)
     assert type(eager.sparse_arch) is PooledSparseArch and eager.sparse_arch.num_slots == 33
     assert type(triton.sparse_arch) is TritonPooledEmbedding and triton.sparse_arch.num_slots == 33
     sa, sb = eager.state_dict(), triton.state_dict()
@@ -369,23 +381,23 @@ def test_multi_hot_models_torch_and_triton_agree(interaction):
     # a multi-hot model refuses one-hot input; all-ones sizes build the one-hot arches
     with pytest.raises(ValueError, match="33"):
         eager(dense, raw[:, :NUM_SPARSE])
-    one = build_model(cfg, MODEL_CARDS, None, _kernels("torch"), "cpu", multi_hot_sizes=[1] * NUM_SPARSE)
+    one = build_model(cfg, MODEL_CARDS, None, _kernels("torch"), DEV, multi_hot_sizes=[1] * NUM_SPARSE)
     assert type(one.sparse_arch) is SparseArch
-    one = build_model(cfg, MODEL_CARDS, None, _kernels("triton"), "cpu", multi_hot_sizes=[1] * NUM_SPARSE)
+    one = build_model(cfg, MODEL_CARDS, None, _kernels("triton"), DEV, multi_hot_sizes=[1] * NUM_SPARSE)
     assert type(one.sparse_arch) is TritonSparseEmbedding
 
 
 @pytest.mark.parametrize("interaction", ["dot", "dcn"])
-def test_fused_mlp_model_matches_torch_mlps(interaction):
+def test_fused_mlp_model_matches_torch_mlps(interaction, ieee):
     """kernels.mlp "fused" (kernels.mlp.FusedMLP in DenseArch and OverArch): same parameters from
     the same seed, same logits and gradients as nn.Linear MLPs, on a multi-hot model."""
     from kernels.mlp import FusedMLP
 
     cfg = _model_cfg(interaction)
     torch.manual_seed(6)
-    plain = build_model(cfg, MODEL_CARDS, None, _kernels(), "cpu", multi_hot_sizes=SIZES)
+    plain = build_model(cfg, MODEL_CARDS, None, _kernels(), DEV, multi_hot_sizes=SIZES)
     torch.manual_seed(6)
-    fused = build_model(cfg, MODEL_CARDS, None, _kernels(mlp="fused"), "cpu", multi_hot_sizes=SIZES)
+    fused = build_model(cfg, MODEL_CARDS, None, _kernels(mlp="fused"), DEV, multi_hot_sizes=SIZES)
     assert isinstance(fused.dense_arch.model, FusedMLP) and isinstance(fused.over_arch.model, FusedMLP)
     sa, sb = plain.state_dict(), fused.state_dict()
     assert list(sa) == list(sb)
@@ -394,7 +406,7 @@ def test_fused_mlp_model_matches_torch_mlps(interaction):
     dense, raw = _model_inputs(29, 1)
     a, b = plain(dense, raw), fused(dense, raw)
     torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-    g = torch.randn(29)
+    g = torch.randn(29, device=DEV)
     a.backward(g)
     b.backward(g)
     grads_a = dict(plain.named_parameters())

@@ -36,9 +36,12 @@ WIDTH = sum(SIZES)
 FIXED_SIZES = [1] * NUM_SPARSE
 FIXED_SIZES[0], FIXED_SIZES[4], FIXED_SIZES[9], FIXED_SIZES[22] = 3, 2, 4, 2
 
+# Triton runs on CUDA where there is one (the CPU has no interpreter there: conftest sets it only
+# without CUDA); torch runs beside it on the same device, so the two are compared like for like
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHRINK = {"model.embedding_dim": 8, "model.bottom_mlp": [16, 8], "model.top_mlp": [16, 8, 1], "model.cross_rank": 4,
           "model.embedding_dtype": "fp32", "train.precision": "fp32", "data.batch_size": 32, "data.shuffle": True,
-          "train.device": "cpu", "train.max_steps": 6, "train.log_every": 2, "train.deterministic": True,
+          "train.device": DEVICE, "train.compile": False, "train.max_steps": 6, "train.log_every": 2, "train.deterministic": True,
           "train.baseline": False, "checkpoint.every": 3, "checkpoint.keep": 5}
 TRITON = {f"kernels.{k}": "triton" for k in ("embedding", "interaction", "mlp", "loss")}
 
