@@ -14,8 +14,10 @@ constructors are needed to read them.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import shutil
 import re
 import tempfile
 import zipfile
@@ -98,6 +100,14 @@ def write_atomic(path: Path, state: dict[str, Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except RuntimeError as e:
+        # torch.save reports a full disk as a zip writer failure ("unexpected pos ..."): say what happened
+        Path(tmp).unlink(missing_ok=True)
+        free = shutil.disk_usage(path.parent).free
+        if free < 1 << 30:
+            raise OSError(errno.ENOSPC, f"no space left on the device writing the checkpoint ({free / 2**20:,.0f} MiB "
+                                        f"free)", str(path)) from e
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

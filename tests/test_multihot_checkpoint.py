@@ -34,9 +34,10 @@ def test_model_from_checkpoint_honours_embedding_dtype(trained):
     """Expected: what training does on this device (a ConfigError here, on the CPU, where "auto"
     picks the torch embedding), or bf16 tables. Got: fp32 PooledSparseArch tables, silently."""
     root, checkpoint = trained
-    cfg = config(root / "mh", root, "b", **{"model.embedding_dtype": "bf16"})  # kernels.embedding "auto"
+    cpu_bf16 = {"model.embedding_dtype": "bf16", "train.device": "cpu"}  # kernels.embedding "auto"
+    cfg = config(root / "mh", root, "b", **cpu_bf16)
     with pytest.raises(ConfigError, match="bf16"):
-        train(config(root / "mh", root, "c", **{"model.embedding_dtype": "bf16"}))  # training refuses it
+        train(config(root / "mh", root, "c", **cpu_bf16))  # training refuses it
     _, _, _, tables = build_for_data(cfg)
     try:
         model = model_from_checkpoint(cfg, checkpoint, tables, torch.device("cpu"))

@@ -195,7 +195,7 @@ def test_bf16_tables_on_the_cpu_and_sharding_are_refused(datasets, tmp_path):
     from dlrm.train.setup import Tables
 
     with pytest.raises(ConfigError, match=r'^model\.embedding_dtype: "bf16" needs kernels\.embedding "triton"'):
-        train(config(datasets["variable"], tmp_path, "bf16", **{"model.embedding_dtype": "bf16"}))
+        train(config(datasets["variable"], tmp_path, "bf16", **{"model.embedding_dtype": "bf16", "train.device": "cpu"}))
     cfg = config(datasets["variable"], tmp_path, "dist", **{"kernels.embedding": "torch"})
     tables = Tables([5] * NUM_SPARSE, None, "modulus", SIZES)
     with pytest.raises(ConfigError, match=r"^distributed: multi-hot"):

@@ -3,6 +3,7 @@ and summary.json that counts the whole run across resumes (issue #17)."""
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -262,6 +263,19 @@ def test_best_survives_a_resume(tmp_path, dataset):
     assert resumed["best"]["step"] in (5, 10, 15, 20)
     if resumed["best"]["step"] <= 10:
         assert resumed["best"] == first["best"]
+
+
+def test_best_at_a_checkpointed_step_is_a_link_not_a_second_copy(tmp_path, dataset):
+    """The final evaluation's best.pt is the final checkpoint's file linked (MLPerf's checkpoint is
+    50 GB: two copies filled the GPU machine's 64 GB disk), and it outlives the step file."""
+    from dlrm import checkpoint as ckpt
+
+    summary = train(config(tmp_path, dataset, run_name="link", **{"train.eval_every": None, "checkpoint.keep": 1}))
+    final, best = Path(summary["checkpoint"]), Path(summary["best_checkpoint"])
+    assert best.name == "best.pt" and summary["best"]["step"] == summary["steps"]
+    assert os.path.samefile(final, best) and os.stat(best).st_nlink == 2
+    final.unlink()
+    assert ckpt.load_checkpoint(best)["position"]["step"] == summary["steps"]
 
 
 def test_min_steps_adds_epochs_on_a_small_split(tmp_path, dataset):

@@ -7,6 +7,7 @@ of a `Run` goes in and puts it back.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
@@ -83,8 +84,28 @@ class Checkpointer:
             return None
         path = ckpt.checkpoint_dir(self.run_dir) / BEST_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
+        if self.last is not None and self.last.name == ckpt.checkpoint_name(pos.step) and self._link(self.last, path):
+            return path
         ckpt.write_atomic(path, self._state(run, pos, stats))
         return path
+
+    @staticmethod
+    def _link(source: Path, path: Path) -> bool:
+        """Make `path` a hard link to `source` (this step's checkpoint: the same model), atomically.
+
+        A second full copy would double the disk and the time a save takes: MLPerf DLRM-DCNv2's
+        checkpoint is 50 GB, and two of them do not fit the 64 GB disk it was measured on. The
+        link outlives the step file's rotation (`checkpoint.keep`). False where links are not
+        supported (then the caller writes a copy)."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-link.tmp")
+        try:
+            tmp.unlink(missing_ok=True)
+            os.link(source, tmp)
+            os.replace(tmp, path)
+            return True
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            return False
 
     def _state(self, run: Run, pos: ckpt.Position, stats: RunStats) -> dict[str, Any]:
         return {
