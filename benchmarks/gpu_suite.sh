@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | userpath | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | userpath | compile | mlp | mlperf | multihot | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -195,6 +195,41 @@ EOF
       kaggle_data
       run user_path "${USERPATH_LIMIT:-330}" python benchmarks/user_path.py --data /tmp/kaggle-syn \
         --batch-sizes "${USERPATH_BATCHES:-65536,2048,128}" --epochs 6 --max-steps 1500 --out "$RES"
+      ;;
+    compile)  # torch.compile on the PyTorch model vs eager, with and without the whole-step graph (issue #19)
+      run compile_vs_eager 170 python benchmarks/train_throughput.py --config configs/kaggle.json --batch-sizes 8192,65536 \
+        --variants eager,compiled,compiled+step-graph --precisions tf32 --warmup 15 --steps 30 --windows 5 \
+        --out "$RES" --name compile_vs_eager_kaggle
+      ;;
+    mlp)  # the fused MLP alone (benchmarks/mlp.py) and in the whole Kaggle step (issue #20)
+      run mlp 200 python benchmarks/mlp.py --out "$RES"
+      run kaggle_fusedmlp 130 python benchmarks/train_throughput.py --config configs/kaggle.json --batch-sizes 2048,65536 \
+        --variants triton-embedding-interaction+step-graph,triton-fused-mlp+step-graph --precisions tf32,bf16 \
+        --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_fusedmlp
+      ;;
+    mlperf)  # MLPerf DLRM-DCNv2, full tables in bf16: the plain PyTorch version vs ours, then the pooled
+      # embedding's bandwidth (issue #22); each loads 52 GB of tables, one model at a time
+      run mlperf_dcnv2 340 python benchmarks/mlperf_dcnv2.py --batch-sizes 65536 \
+        --variants triton-embedding+compiled,triton-embedding-interaction+compiled --out "$RES"
+      run pooled_embedding 160 python benchmarks/pooled_embedding.py --out "$RES"
+      ;;
+    multihot)  # quality on planted multi-hot data: the MLPerf model's shapes with fp32 tables on small-table
+      # data with MLPerf's multi-hot sizes, eager vs the Triton embedding, against the oracle AUC
+      [ -f /tmp/mh-small/metadata.json ] || run synthetic_mh 120 python -m dlrm.data.synthetic --rows 600000 \
+        --out /tmp/mh-small --cardinalities small --multi-hot-sizes mlperf --validation-fraction 0.1 --test-fraction 0
+      python - <<'PY'
+import json
+c = json.load(open("configs/mlperf-dcnv2.json"))
+c["model"]["embedding_dtype"] = "fp32"
+c["data"]["batch_size"] = 4096
+c["optim"]["schedule"] = {"warmup_steps": 50}
+c["train"].update({"eval_every": None, "log_every": 20})
+json.dump(c, open("/tmp/mh-quality.json", "w"))
+PY
+      run compare_multihot 240 python train.py --config /tmp/mh-quality.json --data /tmp/mh-small --epochs 2 \
+        --run-name mh-quality --tb-dir "$OUT/tb" --compare eager,triton-embedding+compiled
+      cp "$OUT/tb/mh-quality/compare.md" "$RES/compare_multihot_dcn_b4096.md" 2>/dev/null
+      cp "$OUT/tb/mh-quality/compare.csv" "$RES/compare_multihot_dcn_b4096.csv" 2>/dev/null
       ;;
     testsall)  # the whole suite as `pytest -q` runs it, on the GPU machine (gpu-marked tests included)
       run tests_all "${TESTS_LIMIT:-400}" python -m pytest -q -p no:cacheprovider ${TESTS_ARGS:-}
