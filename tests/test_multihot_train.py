@@ -189,14 +189,7 @@ def test_fixed_fill_trains_with_sparse_weight_decay(datasets, tmp_path):
     torch.testing.assert_close(b["sparse_arch.weight"], a["sparse_arch.weight"], rtol=1e-4, atol=1e-6)
 
 
-def test_bf16_tables_on_the_cpu_and_sharding_are_refused(datasets, tmp_path):
-    from dlrm.distributed.env import DistEnv
-    from dlrm.train.builder import build_run
-    from dlrm.train.setup import Tables
-
+def test_bf16_tables_on_the_cpu_are_refused(datasets, tmp_path):
+    """(Multi-hot tables sharded over ranks are tested in tests/test_distributed.py.)"""
     with pytest.raises(ConfigError, match=r'^model\.embedding_dtype: "bf16" needs kernels\.embedding "triton"'):
         train(config(datasets["variable"], tmp_path, "bf16", **{"model.embedding_dtype": "bf16", "train.device": "cpu"}))
-    cfg = config(datasets["variable"], tmp_path, "dist", **{"kernels.embedding": "torch"})
-    tables = Tables([5] * NUM_SPARSE, None, "modulus", SIZES)
-    with pytest.raises(ConfigError, match=r"^distributed: multi-hot"):
-        build_run(cfg, tables, torch.device("cpu"), 10, env=DistEnv(rank=0, world_size=2))

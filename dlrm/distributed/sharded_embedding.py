@@ -11,6 +11,12 @@ global batch. One forward, on rank r with a local batch of B rows padded to P = 
    the gradients); rank r sums the W
    blocks of each row-wise table and takes each table-wise table from its owner -> [B, F, D].
 
+Multi-hot tables (``hotness``): the exchange runs per slot instead of per feature. Rank q is sent
+the hashed rows of every slot of the tables it serves ([P, slots of S_q]; an empty slot, PAD, is
+sent as row -1, which no shard holds, so it looks up zeros), its lookups come back per slot, and
+rank r sums each feature's slots (and row-wise blocks) into [B, F, D] with the same index_add: sum
+pooling, as `dlrm.model.pooled_sparse.PooledSparseArch`.
+
 Backward: the gradients travel back to the owners, whose local lookup turns them into a sparse
 gradient of the shard (applied by the sparse optimizer there) or, with the Triton embedding, the
 fused update in the lookup's backward. All message sizes depend on P and the plan only, never on
@@ -30,6 +36,7 @@ import torch.distributed as dist
 import torch.nn.functional as F_
 from torch import nn
 
+from dlrm.data.schema import PAD_SPARSE
 from dlrm.distributed.sharding import ShardingPlan
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
 from kernels.table_layout import init_table_, layout_tensors
@@ -79,13 +86,15 @@ class ShardedSparseArch(nn.Module):
         kernel: "torch" (sparse gradients, eager sparse optimizers on the owner) or "triton" (the
             local lookup is a `kernels.embedding.TritonSparseEmbedding` whose backward applies the
             fused sparse update on the owner).
+        hotness: values per sample of each feature, sum-pooled (None: one each). The raw input is
+            then [B, L], L = sum(hotness), with PAD_SPARSE (-2) in empty slots.
 
     Example (inside a torchrun launch of 2 processes)::
 
         arch = ShardedSparseArch([10] * 26, 16, plan_sharding([10] * 26, 2, "table", 10**7), rank)
         arch(raw_local_batch, global_batch=2 * len(raw_local_batch))   # [B_local, 26, 16]
 
-    Shapes: int64 [B, F] raw values -> [B, F, D]. Parameters: ``weight``, the local shard
+    Shapes: int64 [B, F] (or [B, L] multi-hot) raw values -> [B, F, D]. Parameters: ``weight``, the local shard
     [R_rank, D] (its rows are `plan.local_layout(rank)`), the same state_dict key as `SparseArch`.
     Initialised exactly as `SparseArch` would initialise the full tables from the same RNG state
     (each table is drawn in full and this rank keeps its rows), so a sharded run starts from the
@@ -99,7 +108,8 @@ class ShardedSparseArch(nn.Module):
     fused_optimizer = False  # True with kernel "triton" (set in __init__)
 
     def __init__(self, cardinalities: list[int], dim: int, plan: ShardingPlan, rank: int,
-                 vocabs: Optional[list[torch.Tensor]] = None, kernel: str = "torch") -> None:
+                 vocabs: Optional[list[torch.Tensor]] = None, kernel: str = "torch",
+                 hotness: Optional[list[int]] = None) -> None:
         super().__init__()
         if list(plan.cardinalities) != list(cardinalities):
             raise ValueError("the sharding plan was made for other table sizes")
@@ -115,14 +125,28 @@ class ShardedSparseArch(nn.Module):
             self.register_buffer("vocab_offsets", vocab_offsets, persistent=False)
 
         layout = plan.local_layout(rank)
+        self.hotness = [int(h) for h in hotness] if hotness is not None else [1] * self.num_features
+        if len(self.hotness) != self.num_features or min(self.hotness) < 1:
+            raise ValueError(f"hotness: one int >= 1 per feature ({self.num_features}), got {self.hotness}")
+        self.multi_hot = any(h != 1 for h in self.hotness)
+        # the exchange is per slot (one slot a feature when one-hot): slot_feature[s] is slot s's feature
+        slot_feature = [f for f, h in enumerate(self.hotness) for _ in range(h)]
+        self.register_buffer("_slot_feature", torch.tensor(slot_feature, dtype=torch.int64), persistent=False)
         self.served = [plan.served(q) for q in range(self.world_size)]
+        self.served_slots = [[s for f in feats for s in range(len(slot_feature)) if slot_feature[s] == f]
+                             for feats in self.served]
         self.row_wise = bool(plan.row_wise_tables())
         for q in range(self.world_size):
-            self.register_buffer(f"_send_features_{q}", torch.tensor(self.served[q], dtype=torch.int64), persistent=False)
-        self.register_buffer("_received_features", torch.tensor(sum(self.served, []), dtype=torch.int64), persistent=False)
-        self.register_buffer("_base", torch.tensor([s for _, s, _, _ in layout], dtype=torch.int64), persistent=False)
-        self.register_buffer("_count", torch.tensor([c for _, _, c, _ in layout], dtype=torch.int64), persistent=False)
-        self.register_buffer("_local_offset", torch.tensor([o for _, _, _, o in layout], dtype=torch.int64), persistent=False)
+            self.register_buffer(f"_send_slots_{q}", torch.tensor(self.served_slots[q], dtype=torch.int64),
+                                 persistent=False)
+        received = [slot_feature[s] for slots in self.served_slots for s in slots]
+        self.register_buffer("_received_features", torch.tensor(received, dtype=torch.int64), persistent=False)
+        # this rank's block of each table it serves, per served slot (layout is in served-feature order)
+        block = {f: (start, count, at) for f, start, count, at in layout}
+        mine = [block[slot_feature[s]] for s in self.served_slots[rank]]
+        self.register_buffer("_base", torch.tensor([b for b, _, _ in mine], dtype=torch.int64), persistent=False)
+        self.register_buffer("_count", torch.tensor([c for _, c, _ in mine], dtype=torch.int64), persistent=False)
+        self.register_buffer("_local_offset", torch.tensor([o for _, _, o in mine], dtype=torch.int64), persistent=False)
 
         rows = plan.local_rows(rank)
         self.kernel = kernel
@@ -155,10 +179,17 @@ class ShardedSparseArch(nn.Module):
                 self.weight[at : at + count] = table[start : start + count]
 
     def rows(self, raw: torch.Tensor) -> torch.Tensor:
-        """int64 [B, F] raw values -> int64 [B, F] rows of the full (unsharded) weight."""
+        """int64 [B, F] (or [B, L]) raw values -> int64 rows of the full (unsharded) weight (a PAD
+        slot: its table's row 0; `forward` masks it)."""
+        if not self.multi_hot:
+            if self.hashing == "modulus":
+                return modulus_rows(raw, self.cardinalities, self.offsets)
+            return vocabulary_rows(raw, self.vocab_keys, self.vocab_offsets, self.offsets)
+        f = self._slot_feature
+        raw = torch.where(raw == PAD_SPARSE, torch.full_like(raw, -1), raw)
         if self.hashing == "modulus":
-            return modulus_rows(raw, self.cardinalities, self.offsets)
-        return vocabulary_rows(raw, self.vocab_keys, self.vocab_offsets, self.offsets)
+            return modulus_rows(raw, self.cardinalities[f], self.offsets[f])
+        return vocabulary_rows(raw, self.vocab_keys, self.vocab_offsets, self.offsets[f], f)
 
     def _padded_batch(self, batch: int, global_batch: Optional[int]) -> int:
         if global_batch is None:
@@ -180,15 +211,19 @@ class ShardedSparseArch(nn.Module):
 
     def forward(self, raw: torch.Tensor, global_batch: Optional[int] = None) -> torch.Tensor:
         W, B = self.world_size, raw.shape[0]
+        if raw.shape[1] != len(self._slot_feature):
+            raise ValueError(f"sparse input has {raw.shape[1]} columns, the tables take {len(self._slot_feature)}")
         P = self._padded_batch(B, global_batch)
-        table_rows = self.rows(raw) - self.offsets
+        table_rows = self.rows(raw) - self.offsets[self._slot_feature]
+        if self.multi_hot:  # an empty slot asks for row -1, which no shard holds: it looks up zeros
+            table_rows = torch.where(raw == PAD_SPARSE, torch.full_like(table_rows, -1), table_rows)
         if P > B:  # pad with row 0 of every table; the padded outputs are cut off below
             table_rows = F_.pad(table_rows, (0, 0, 0, P - B))
-        sizes = [len(s) for s in self.served]
+        sizes = [len(s) for s in self.served_slots]
         mine = sizes[self.rank]
 
-        # ids: rank q gets [P, |S_q|], destination-major
-        send = torch.cat([table_rows.index_select(1, getattr(self, f"_send_features_{q}")).reshape(-1) for q in range(W)])
+        # ids: rank q gets [P, slots of S_q], destination-major
+        send = torch.cat([table_rows.index_select(1, getattr(self, f"_send_slots_{q}")).reshape(-1) for q in range(W)])
         recv = torch.empty(W * P * mine, dtype=send.dtype, device=send.device)
         dist.all_to_all_single(recv, send, [P * mine] * W, [P * s for s in sizes])
 
@@ -196,13 +231,13 @@ class ShardedSparseArch(nn.Module):
         t = recv.view(W, P, mine) - self._base
         valid = (t >= 0) & (t < self._count)
         emb = self._lookup(torch.where(valid, t + self._local_offset, torch.zeros_like(t)))
-        if self.row_wise:  # ids in another rank's block of a row-wise table contribute zeros
+        if self.row_wise or self.multi_hot:  # ids in another rank's block (or empty slots) contribute zeros
             emb = emb * valid.unsqueeze(-1).to(emb.dtype)
 
         # embeddings back: from rank q, [P, |S_q|, D]
         out = _AllToAll.apply(emb.reshape(-1, self.dim), [P * s for s in sizes], [P * mine] * W)
         parts = [p.view(P, s, self.dim) for p, s in zip(out.split([P * s for s in sizes]), sizes)]
-        received = torch.cat(parts, dim=1)  # [P, sum |S_q|, D]
+        received = torch.cat(parts, dim=1)  # [P, slots of all S_q, D]
         full = torch.zeros(P, self.num_features, self.dim, dtype=emb.dtype, device=emb.device)
-        full = full.index_add(1, self._received_features, received)  # row-wise blocks summed
+        full = full.index_add(1, self._received_features, received)  # row-wise blocks and a feature's slots summed
         return _ScaleGrad.apply(full[:B], 1.0 / W)

@@ -90,7 +90,7 @@ def _sharded_sparse_arch(cfg: Config, tables: Tables, plan: ShardingPlan, env: D
     from dlrm.distributed.sharded_embedding import ShardedSparseArch
 
     return lambda: ShardedSparseArch(tables.cardinalities, cfg.model.embedding_dim, plan, env.rank, tables.vocabs,
-                                     kernel=cfg.kernels.embedding)
+                                     kernel=cfg.kernels.embedding, hotness=tables.multi_hot_sizes)
 
 
 def _log_memory(env: DistEnv, model: DLRM, device: torch.device) -> None:
@@ -116,9 +116,6 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
     """
     cfg, fast_path = resolve_fast_path(cfg, device, env.distributed, tables.multi_hot)
     plan = make_sharding(cfg, tables, env)
-    if plan is not None and tables.multi_hot:
-        raise ConfigError("distributed: multi-hot tables are not sharded over ranks yet; train them in one process "
-                          "(MLPerf DLRM-DCNv2's 204M rows fit one 80 GB GPU with model.embedding_dtype \"bf16\")")
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch,
                         compiled=bool(cfg.train.compile.enabled), multi_hot_sizes=tables.multi_hot_sizes)
