@@ -36,6 +36,7 @@ import torch
 from loguru import logger
 
 from dlrm.data.loader import Batch, ParquetLoader, split_files
+from dlrm.data.schema import PAD_SPARSE
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
 from dlrm.train.metrics import evaluate_logits
 from kernels.table_layout import layout_tensors
@@ -80,25 +81,44 @@ class RowHasher:
         cardinalities: the run's table sizes (F ints).
         vocabs: the sorted vocabularies of vocabulary hashing, else None (modulus hashing).
         device: where the hashing runs.
+        hotness: multi-hot sizes (None: one value a feature). Every slot is hashed with its
+            feature's table, and an empty slot (PAD_SPARSE) becomes the id ``-(f + 2)``: one
+            "empty slot of feature f" weight, below every real row. The regression then sums the
+            weights of all of a row's values: a bag-of-values logistic regression.
 
     Example:
         >>> RowHasher([10, 20], None, "cpu")(torch.tensor([[3, -1]]))
         tensor([[ 4, 10]])
+        >>> RowHasher([10, 20], None, "cpu", hotness=[2, 1])(torch.tensor([[3, -2, 5]]))
+        tensor([[ 4, -2, 16]])
 
-    Shapes: int64 [B, F] -> int64 [B, F].
+    Shapes: int64 [B, F] (or [B, L] multi-hot) -> the same shape.
     """
 
-    def __init__(self, cardinalities: list[int], vocabs: Optional[list[torch.Tensor]], device: torch.device | str):
+    def __init__(self, cardinalities: list[int], vocabs: Optional[list[torch.Tensor]], device: torch.device | str,
+                 hotness: Optional[list[int]] = None):
         self.cards, self.offsets = layout_tensors(cardinalities, device)
         self.keys = self.vocab_offsets = None
         if vocabs is not None:
             keys, vocab_offsets = keyed_vocabulary(vocabs)
             self.keys, self.vocab_offsets = keys.to(device), vocab_offsets.to(device)
+        self.slot_feature = None
+        if hotness is not None and any(h != 1 for h in hotness):
+            self.slot_feature = torch.repeat_interleave(torch.arange(len(hotness)), torch.tensor(hotness)).to(device)
 
     def __call__(self, raw: torch.Tensor) -> torch.Tensor:
+        f = self.slot_feature
+        if f is None:
+            if self.keys is None:
+                return modulus_rows(raw, self.cards, self.offsets)
+            return vocabulary_rows(raw, self.keys, self.vocab_offsets, self.offsets)
+        empty = raw == PAD_SPARSE
+        raw = torch.where(empty, torch.full_like(raw, -1), raw)
         if self.keys is None:
-            return modulus_rows(raw, self.cards, self.offsets)
-        return vocabulary_rows(raw, self.keys, self.vocab_offsets, self.offsets)
+            rows = modulus_rows(raw, self.cards[f], self.offsets[f])
+        else:
+            rows = vocabulary_rows(raw, self.keys, self.vocab_offsets, self.offsets[f], f)
+        return torch.where(empty, -(f + 2).expand_as(rows), rows)
 
 
 def collect(batches: Iterable[Batch], hasher: RowHasher) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -227,16 +247,17 @@ def run_baseline(cfg, meta, tables, device: torch.device, world_size: int = 1, w
     """
     # the metadata's row count decides: no file is opened for a run that fits no baseline
     wanted, why = baseline_wanted(cfg.train.baseline, meta.splits["train"].rows, world_size, device.type)
-    if wanted and tables.multi_hot:
-        wanted, why = False, "multi-hot features: the logistic regression takes one value per feature"
     if not wanted:
         logger.info(f"baseline: off ({why})")
         return None
     data_dir = Path(cfg.data.path)
-    train = ParquetLoader(split_files(data_dir, meta, "train"), LOADER_BATCH, device)
-    evaluation = ParquetLoader(split_files(data_dir, meta, cfg.data.eval_split), LOADER_BATCH, device)
+    sizes = meta.multi_hot_sizes
+    train = ParquetLoader(split_files(data_dir, meta, "train"), LOADER_BATCH, device, multi_hot_sizes=sizes)
+    evaluation = ParquetLoader(split_files(data_dir, meta, cfg.data.eval_split), LOADER_BATCH, device,
+                               multi_hot_sizes=sizes)
     try:
-        result = fit_and_evaluate(train, evaluation, RowHasher(tables.cardinalities, tables.vocabs, device))
+        result = fit_and_evaluate(train, evaluation, RowHasher(tables.cardinalities, tables.vocabs, device,
+                                                               tables.multi_hot_sizes))
     except (MemoryError, torch.OutOfMemoryError) as e:  # the DLRM's results are already safe: report, go on
         logger.warning(f"baseline: skipped, out of memory ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
                        "set train.baseline false (--no-baseline) for data this large")
