@@ -18,7 +18,6 @@ import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FuturesTimeout
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -39,72 +38,8 @@ from dlrm.data.batch import (
 )
 from dlrm.data.host_arena import _COLUMNS, _Arena, _write_columns, compact_sparse_ok
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, DatasetError, is_multi_hot, one_hot_sizes, sparse_width
+from dlrm.data.stream_buffers import _END, _Flush, _Resident, _Run
 from dlrm.data.validation import NullTally, check_table, first_rows, open_footer
-
-
-@dataclass
-class _Flush:
-    """One shuffle buffer of an epoch: the rows carried over from the previous buffer, then `groups`.
-
-    rows = carry + rows of `groups`; its rows are permuted together and cut into `cuts` (row ranges
-    in permuted order; the first is the epoch's batch number `first_batch`); the rows from `keep`
-    on (in permuted order) are carried into the next buffer, unless it is the final one.
-    """
-
-    groups: list[int]  # indexes into ParquetLoader.row_groups, in read order
-    carry: int
-    rows: int
-    final: bool
-    cuts: list[tuple[int, int]]
-    first_batch: int
-    keep: int
-
-
-@dataclass
-class _Resident:
-    """A shuffle buffer as the consumer cuts it: row-major tensors on the target device.
-
-    dense float32 [rows, 13] (transformed), sparse int64 [rows, L], labels float32 [rows], perm
-    int64 [rows] or None (no shuffle); `ready`: the event after which they hold their values
-    (CUDA); `streams`: the streams already made to wait on it.
-    """
-
-    dense: torch.Tensor
-    sparse: torch.Tensor
-    labels: torch.Tensor
-    perm: Optional[torch.Tensor]
-    ready: Optional[torch.cuda.Event]
-    streams: set = field(default_factory=set)
-
-    def rows(self, lo: int, hi: int) -> torch.Tensor | slice:
-        return self.perm[lo:hi] if self.perm is not None else slice(lo, hi)
-
-    def take(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rows ``[lo, hi)`` in permuted order: gathers (new tensors), or views without shuffling."""
-        rows = self.rows(lo, hi)
-        if isinstance(rows, slice):
-            return self.dense[rows], self.sparse[rows], self.labels[rows]
-        return self.dense.index_select(0, rows), self.sparse.index_select(0, rows), self.labels.index_select(0, rows)
-
-
-_END = object()
-
-
-@dataclass
-class _Run:
-    """One producer thread and the queues it fills: one epoch, or (``chain_epochs``) epoch after epoch.
-
-    `next_epoch`: the epoch whose buffers the queue delivers next; `first`: that epoch's first
-    buffer, already uploaded while the previous epoch's last batches were cut (or None).
-    """
-
-    q: queue.Queue
-    free: queue.Queue
-    stop: threading.Event
-    thread: threading.Thread
-    next_epoch: int
-    copy_stream: Optional[torch.cuda.Stream]
-    first: Optional[_Resident] = None
 
 
 class ParquetLoader:

@@ -81,9 +81,6 @@ from typing import Optional
 
 import click
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 from loguru import logger
 from tqdm import tqdm
 
@@ -93,9 +90,7 @@ from dlrm.data.schema import (
     MISSING_SPARSE,
     MLPERF_CARDINALITIES,
     MLPERF_MULTI_HOT_SIZES,
-    NUM_DENSE,
     NUM_SPARSE,
-    PAD_SPARSE,
     SPARSE_COLUMNS,
     SPLITS,
     Metadata,
@@ -188,131 +183,11 @@ REGIMES: dict[str, Regime] = {
 
 CHUNK_ROWS = 1 << 16
 """Rows per generation chunk; fixed so the data do not depend on memory or file settings."""
-ROW_GROUP_ROWS = 1 << 17
-"""Rows per parquet row group (~10 MB decoded): large enough to compress well, small enough
-for a loader to shuffle and prefetch row groups."""
-COMPRESSION = "zstd"
+from dlrm.data.synthetic_io import (  # noqa: E402,F401 - the writers (re-exported: tests and tools use them here)
+    COMPRESSION, MULTI_HOT_SEPARATOR, ROW_GROUP_ROWS, _hex8, _hex_lists, _list_array, _SplitWriter, _table, _tsv_block,
+)
+
 DEFAULT_ROWS_PER_FILE = 1_000_000
-
-
-def _list_array(block: np.ndarray) -> pa.ListArray:
-    """Slots [n, s] (values first, `PAD_SPARSE` after them) as a ``list<int64>`` array."""
-    valid = block != PAD_SPARSE
-    offsets = np.zeros(block.shape[0] + 1, dtype=np.int32)
-    np.cumsum(valid.sum(axis=1), out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(block[valid], pa.int64()))
-
-
-def _table(labels: np.ndarray, rows: Rows, sparse: np.ndarray, sizes: Optional[list[int]] = None) -> pa.Table:
-    """Rows as an arrow table with the dataset schema (`sizes`: multi-hot sizes, None: one-hot)."""
-    cols = [pa.array(labels, pa.int8())]
-    cols += [pa.array(rows.dense[:, j]) for j in range(NUM_DENSE)]
-    if not is_multi_hot(sizes):
-        cols += [pa.array(sparse[:, f]) for f in range(NUM_SPARSE)]
-        return pa.Table.from_arrays(cols, schema=arrow_schema())
-    offsets = slot_offsets(sizes)
-    for f in range(NUM_SPARSE):
-        block = sparse[:, offsets[f] : offsets[f + 1]]
-        cols.append(_list_array(block) if sizes[f] > 1 else pa.array(block[:, 0]))
-    return pa.Table.from_arrays(cols, schema=arrow_schema(sizes))
-
-
-class _SplitWriter:
-    """Writes one split as parquet files of `rows_per_file` rows, in row groups of `ROW_GROUP_ROWS`."""
-
-    def __init__(self, root: Path, split: str, rows_per_file: int, schema: Optional[pa.Schema] = None) -> None:
-        self.root, self.split, self.rows_per_file = root, split, rows_per_file
-        self.schema = schema if schema is not None else arrow_schema()
-        self.files: list[str] = []
-        self._writer: Optional[pq.ParquetWriter] = None
-        self._file_rows = 0
-        self._pending: list[pa.Table] = []
-        self._pending_rows = 0
-
-    def append(self, table: pa.Table) -> None:
-        self._pending.append(table)
-        self._pending_rows += table.num_rows
-        while self._pending_rows >= self._room():
-            self._write(self._room())
-
-    def close(self) -> None:
-        if self._pending_rows:
-            self._write(self._pending_rows)
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-
-    def _room(self) -> int:
-        """Rows the next row group takes: a full group, or what the current file has left."""
-        return min(ROW_GROUP_ROWS, self.rows_per_file - self._file_rows)
-
-    def _write(self, n: int) -> None:
-        pending = pa.concat_tables(self._pending)
-        group, rest = pending.slice(0, n).combine_chunks(), pending.slice(n)
-        self._pending, self._pending_rows = [rest], rest.num_rows
-        if self._writer is None:
-            rel = f"{self.split}/part-{len(self.files):05d}.parquet"
-            (self.root / self.split).mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.root / rel, self.schema, compression=COMPRESSION)
-            self.files.append(rel)
-        self._writer.write_table(group, row_group_size=n)
-        self._file_rows += n
-        if self._file_rows == self.rows_per_file:
-            self._writer.close()
-            self._writer, self._file_rows = None, 0
-
-
-_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
-_NIBBLE_SHIFTS = np.arange(28, -1, -4, dtype=np.uint64)
-
-
-def _hex8(values: np.ndarray) -> np.ndarray:
-    """Values in [0, 2^32) as 8-digit lowercase hex strings (object array), vectorised."""
-    nibbles = (values.astype(np.uint64)[:, None] >> _NIBBLE_SHIFTS) & _U64(0xF)
-    return np.ascontiguousarray(_HEX_DIGITS[nibbles]).view("S8").ravel().astype(str).astype(object)
-
-
-MULTI_HOT_SEPARATOR = ","
-"""Separates the hex values of a multi-hot field in the raw TSV (never part of a hex token)."""
-
-
-def _hex_lists(block: np.ndarray) -> np.ndarray:
-    """Slots [n, s] (values >= 0 first, `PAD_SPARSE` after them) as comma-separated 8-digit hex
-    strings (object array; an empty list is None), vectorised: each value becomes 9 bytes (hex and
-    a comma), empty slots and the comma after a row's last value become NUL, which numpy's bytes
-    type strips from the end."""
-    n, size = block.shape
-    valid = block >= 0
-    chars = np.zeros((n, size, 9), dtype=np.uint8)
-    nibbles = (np.maximum(block, 0).astype(np.uint64)[..., None] >> _NIBBLE_SHIFTS) & _U64(0xF)
-    chars[..., :8] = _HEX_DIGITS[nibbles]
-    chars[..., 8] = ord(MULTI_HOT_SEPARATOR)
-    chars[~valid] = 0
-    count = valid.sum(axis=1)
-    last = np.flatnonzero(count)
-    chars[last, count[last] - 1, 8] = 0
-    text = chars.reshape(n, 9 * size).view(f"S{9 * size}").ravel().astype(str).astype(object)
-    text[count == 0] = None
-    return text
-
-
-def _tsv_block(labels: np.ndarray, rows: Rows, sparse: np.ndarray, sizes: Optional[list[int]] = None) -> str:
-    """Rows in Kaggle's train.txt format: label, I1..I13, C1..C26, tab-separated, missing = empty;
-    a multi-hot feature's values are joined by `MULTI_HOT_SEPARATOR` (an empty list: empty)."""
-    cols: dict[str, object] = {"label": labels}
-    for j in range(NUM_DENSE):
-        cols[f"I{j + 1}"] = pd.array(rows.dense[:, j], dtype="Int32")
-        cols[f"I{j + 1}"][rows.dense_missing[:, j]] = pd.NA
-    offsets = slot_offsets(sizes)
-    for f in range(NUM_SPARSE):
-        if offsets[f + 1] - offsets[f] > 1:
-            cols[f"C{f + 1}"] = _hex_lists(sparse[:, offsets[f] : offsets[f + 1]])
-            continue
-        column = sparse[:, offsets[f]]
-        text = _hex8(np.maximum(column, 0))
-        text[column < 0] = None
-        cols[f"C{f + 1}"] = text
-    return pd.DataFrame(cols).to_csv(sep="\t", header=False, index=False, na_rep="", lineterminator="\n")
 
 
 def split_sizes(rows: int, validation_fraction: float, test_fraction: float) -> dict[str, int]:

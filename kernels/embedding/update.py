@@ -39,6 +39,7 @@ from torch import Tensor
 
 from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels.embedding.rounding import _round_bf16
 
 __all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state"]
 
@@ -53,26 +54,6 @@ _BF16_ROUNDING = {None: 0, "nearest": 1, "stochastic": 2}
 # ----------------------------------------------------------------------------------------------------
 # Triton kernels
 # ----------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _round_bf16(x, seed_ptr, offsets, STOCHASTIC: tl.constexpr):
-    """fp32 ``x`` -> fp32 values exactly representable in bf16 (the cast to bf16 after it is exact).
-
-    ``STOCHASTIC`` (unbiased): adds 16 uniform random bits (Philox: the seed at ``seed_ptr``, one counter
-    per element, ``offsets`` int64) below the bf16 mantissa and truncates them, so x rounds away from
-    zero with probability (dropped bits) / 2**16 and E[result] = x (sign-magnitude bits: negative values
-    too). Otherwise round to nearest, ties to even, by the same bit arithmetic: the same result on GPUs
-    and in the interpreter (whose fp32 -> bf16 cast truncates). +-inf stay; NaN is kept as is (adding
-    bits could turn a NaN payload into inf); values past the largest bf16 round to inf as casts do.
-    """
-    bits = x.to(tl.uint32, bitcast=True)
-    if STOCHASTIC:
-        add = tl.randint(tl.load(seed_ptr), offsets).to(tl.uint32, bitcast=True) & 0xFFFF
-    else:
-        add = 0x7FFF + ((bits >> 16) & 1)
-    rounded = ((bits + add) & 0xFFFF0000).to(tl.float32, bitcast=True)
-    return tl.where(x == x, rounded, x)
 
 
 @triton.jit

@@ -1,0 +1,77 @@
+"""What `dlrm.data.parquet_loader.ParquetLoader` passes between its producer and its consumer:
+the plan of one shuffle buffer (`_Flush`), a buffer resident on the device (`_Resident`), one
+producer thread with its queues (`_Run`), and the end-of-epoch marker (`_END`)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class _Flush:
+    """One shuffle buffer of an epoch: the rows carried over from the previous buffer, then `groups`.
+
+    rows = carry + rows of `groups`; its rows are permuted together and cut into `cuts` (row ranges
+    in permuted order; the first is the epoch's batch number `first_batch`); the rows from `keep`
+    on (in permuted order) are carried into the next buffer, unless it is the final one.
+    """
+
+    groups: list[int]  # indexes into ParquetLoader.row_groups, in read order
+    carry: int
+    rows: int
+    final: bool
+    cuts: list[tuple[int, int]]
+    first_batch: int
+    keep: int
+
+
+@dataclass
+class _Resident:
+    """A shuffle buffer as the consumer cuts it: row-major tensors on the target device.
+
+    dense float32 [rows, 13] (transformed), sparse int64 [rows, L], labels float32 [rows], perm
+    int64 [rows] or None (no shuffle); `ready`: the event after which they hold their values
+    (CUDA); `streams`: the streams already made to wait on it.
+    """
+
+    dense: torch.Tensor
+    sparse: torch.Tensor
+    labels: torch.Tensor
+    perm: Optional[torch.Tensor]
+    ready: Optional[torch.cuda.Event]
+    streams: set = field(default_factory=set)
+
+    def rows(self, lo: int, hi: int) -> torch.Tensor | slice:
+        return self.perm[lo:hi] if self.perm is not None else slice(lo, hi)
+
+    def take(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows ``[lo, hi)`` in permuted order: gathers (new tensors), or views without shuffling."""
+        rows = self.rows(lo, hi)
+        if isinstance(rows, slice):
+            return self.dense[rows], self.sparse[rows], self.labels[rows]
+        return self.dense.index_select(0, rows), self.sparse.index_select(0, rows), self.labels.index_select(0, rows)
+
+
+_END = object()
+
+
+@dataclass
+class _Run:
+    """One producer thread and the queues it fills: one epoch, or (``chain_epochs``) epoch after epoch.
+
+    `next_epoch`: the epoch whose buffers the queue delivers next; `first`: that epoch's first
+    buffer, already uploaded while the previous epoch's last batches were cut (or None).
+    """
+
+    q: queue.Queue
+    free: queue.Queue
+    stop: threading.Event
+    thread: threading.Thread
+    next_epoch: int
+    copy_stream: Optional[torch.cuda.Stream]
+    first: Optional[_Resident] = None
