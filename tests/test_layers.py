@@ -22,3 +22,10 @@ def test_kernels_import_nothing_from_dlrm():
     hits = subprocess.run(["grep", "-rn", "--include=*.py", "-E", r"^\s*(from|import) dlrm", "kernels"],
                           cwd=REPO, capture_output=True, text=True)
     assert hits.stdout == "", hits.stdout
+
+
+def test_no_module_in_the_package_or_the_kernels_is_over_600_lines():
+    """Small files with one job each (issue #18): a file that grows past 600 lines gets split."""
+    long = {str(p.relative_to(REPO)): n for root in ("dlrm", "kernels") for p in (REPO / root).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert long == {}, long
