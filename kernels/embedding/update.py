@@ -39,7 +39,7 @@ from torch import Tensor
 
 from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
-from kernels.embedding.rounding import _round_bf16
+from kernels.embedding.rounding import RNG_CODES, _round_bf16
 
 __all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state"]
 
@@ -49,6 +49,9 @@ OPTIMIZERS = {"sgd": 0, "adagrad": 1, "rowwise_adagrad": 2}
 _DENSE_GRAD = 3
 # How the update writes new bf16 weights (kernel code ROUND): the plain cast, or bit arithmetic.
 _BF16_ROUNDING = {None: 0, "nearest": 1, "stochastic": 2}
+# The random bits of stochastic rounding (`kernels.embedding.rounding.RNG_CODES`); module-level so that a
+# benchmark can compare the generators.
+SR_RNG = "hash"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -81,7 +84,7 @@ def _apply_row_update(
     With ``DECAY``, lazy L2: ``weight_decay * w[r]`` joins the summed gradient of each touched row first
     (once per unique row, as the eager optimizers' ``dlrm.train.optim.decay_touched_rows_`` adds it).
     ``ROUND`` of the new fp32 weights: 0 the cast to weight's dtype; for bf16 weights 1 round to nearest
-    even, 2 round stochastically (`_round_bf16`, seed at ``seed_ptr``).
+    even, 2 + an RNG code round stochastically (`_round_bf16`, seed at ``seed_ptr``).
     """
     dmask = d < D
     m2 = sel[:, None] & dmask[None, :]
@@ -108,7 +111,7 @@ def _apply_row_update(
             tl.store(state_ptr + rows, s, mask=sel)
             w = w - lr * (g / (tl.sqrt(s)[:, None] + eps))
         if ROUND != 0:
-            w = _round_bf16(w, seed_ptr, rows[:, None] * D + d[None, :], ROUND == 2)
+            w = _round_bf16(w, seed_ptr, rows[:, None], d[None, :], D, ROUND >= 2, RNG=ROUND - 2)
         tl.store(w_ptr + w_offs, w.to(w_ptr.dtype.element_ty), mask=m2)
 
 
@@ -350,6 +353,8 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     last = torch.empty_like(first)
     seed = lr if sr_seed is None else sr_seed  # never read unless stochastic
     rounding = _BF16_ROUNDING[bf16_rounding]
+    if bf16_rounding == "stochastic":
+        rounding += RNG_CODES[SR_RNG]
     common = dict(OPT=opt, DECAY=weight_decay != 0.0, ROUND=rounding, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
     _sparse_chunk_kernel[(num_chunks,)](
         sorted_rows,
