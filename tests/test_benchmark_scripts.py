@@ -229,3 +229,41 @@ def test_pooled_embedding_smoke_times_every_mode_and_dtype(tmp_path):
     md = (tmp_path / "pooled_embedding.md").read_text()
     assert md.count("| triton | bwd |") == 2 and "copy bandwidth" in md
     assert (tmp_path / "pooled_embedding.png").stat().st_size > 0
+
+
+def test_step_profile_groups_kernels_by_what_they_do():
+    """benchmarks/step_profile.py's grouping of kernel names (the profile itself needs a GPU)."""
+    sp = load_script("step_profile")
+    assert sp.category("_pooled_fwd_kernel") == "embedding lookup"
+    assert sp.category("void at_cuda_detail::cub::detail::radix_sort::DeviceRadixSortOnesweepKernel<...>") \
+        == "embedding update: sort"
+    assert sp.category("_sparse_chunk_kernel") == sp.category("_sparse_carry_kernel") \
+        == "embedding update: segment sums + optimizer"
+    assert sp.category("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "GEMMs (cuBLAS / CUTLASS)"
+    assert sp.category("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "GEMMs (cuBLAS / CUTLASS)"
+    assert sp.category("triton_poi_fused_addmm_relu_0") == "Inductor fused kernels"
+    assert sp.category("_cross_fwd_kernel") == "other Triton kernels (ours)"
+    assert sp.category("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") == "dense optimizer"
+    assert sp.category("Memcpy DtoD (Device -> Device)") == "copies and fills"
+    assert sp.category("ncclKernel_AllReduce") == "other"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is what a machine without CUDA sees")
+def test_step_profile_refuses_to_run_without_cuda(capsys):
+    sp = load_script("step_profile")
+    with pytest.raises(SystemExit) as e:
+        sp.main(["--out", "/nonexistent"])
+    assert e.value.code == 2 and "needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_step_profile_on_a_small_model(tmp_path):
+    sp = load_script("step_profile")
+    assert sp.main(["--config", "configs/kaggle.json", "--variant", "triton-embedding-interaction+step-graph",
+                    "--batch-size", "2048", "--max-rows", "10000", "--steps", "3", "--warmup", "3",
+                    "--out", str(tmp_path), "--name", "p"]) == 0
+    rows = read_csv(tmp_path / "p.csv")
+    ms = {r["category"]: float(r["ms_per_step"]) for r in rows}
+    assert ms["embedding lookup"] > 0 and ms["GEMMs (cuBLAS / CUTLASS)"] > 0
+    assert abs(sum(float(r["share_of_step"]) for r in rows) - 1.0) < 0.05 or ms.get("idle (step minus kernels)") == 0
+    assert (tmp_path / "p.png").stat().st_size > 0 and "Top kernels" in (tmp_path / "p.md").read_text()
