@@ -47,6 +47,7 @@ from dlrm.config import load_config  # noqa: E402
 from dlrm.data.loader import Batch  # noqa: E402
 from dlrm.distributed.env import init_distributed, shutdown  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
+from dlrm.train.setup import resolve_device  # noqa: E402
 
 KEYS = ["gpus", "config", "precision", "sharding", "batch_per_gpu", "samples_per_sec", "min_samples_per_sec",
         "max_samples_per_sec", "step_ms", "efficiency", "peak_memory_mb", "device", "torch", "triton", "date"]
@@ -69,7 +70,7 @@ def measure(args) -> dict | None:
     if args.sharding:
         cfg.distributed.sharding = args.sharding
     fill_cardinalities(cfg)  # the config's dataset's table sizes when it names none
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(cfg.train.device)  # the config's train.device, as train.py reads it ("auto": CUDA if any)
     env, device = init_distributed(cfg.distributed, device)
     torch.manual_seed(0)
     run = build_run(cfg, tables_from_config(cfg), device, total_steps=args.warmup + args.windows * args.steps, env=env)

@@ -2,7 +2,15 @@
 
 import os
 
-import torch
+# Under pytest-xdist (-n N) every worker, and every train.py or torchrun process a test starts, would
+# otherwise take one intra-op thread per core: N x cores threads on the cores. On the 16-core GPU
+# machine with -n 16 that made a CPU end-to-end run ~10x slower and time out. Each worker gets its
+# share of the cores; the environment variable carries the share into the processes it starts.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -230,6 +230,7 @@ def test_scaling_benchmark_runs_and_reports_efficiency(tmp_path):
     """Smoke run of benchmarks/scaling.py on the CPU (gloo): one process, then two ranks."""
     cfg = json.loads((REPO / "configs" / "kaggle.json").read_text())
     cfg["model"]["cardinalities"] = [40] * 26
+    cfg["train"]["device"] = "cpu"  # two ranks on a machine with one GPU, too
     (tmp_path / "k.json").write_text(json.dumps(cfg))
     for n in (1, 2):
         result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
