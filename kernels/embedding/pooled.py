@@ -25,9 +25,9 @@ Multi-hot contract (the one-hot contract of `kernels.embedding`, widened):
   weight_decay added once per touched row before the rule). Deterministic (sorted segments, bitwise
   reproducible) or, for sgd on fp32 tables without decay, atomics (``deterministic=False``);
 * tables in fp32 or bf16. The update math is fp32; bf16 results are written back with stochastic
-  rounding (unbiased; Philox random bits keyed by a one-element int64 seed tensor on the device, which
-  the update advances in place after each call: no host sync, and a replayed CUDA graph draws new
-  numbers). ``stochastic_rounding=False`` rounds to nearest. Optimizer state is fp32.
+  rounding (unbiased; counter-based random bits, `kernels.embedding.rounding`, keyed by a one-element
+  int64 seed tensor on the device, which the update advances in place after each call: no host sync,
+  and a replayed CUDA graph draws new numbers). ``stochastic_rounding=False`` rounds to nearest. Optimizer state is fp32.
 
 With every ``hotness[f] == 1`` (and no PAD) all of this is the one-hot lookup and update, number for
 number (the same sorted-segment kernels, which take a slot-to-feature indirection here).

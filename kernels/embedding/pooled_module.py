@@ -31,7 +31,7 @@ class TritonPooledEmbedding(TritonSparseEmbedding):
         device, dtype: of the weight (fp32 or bf16; initialised in place on ``device``, so a bf16 table
             never exists in fp32).
         stochastic_rounding: bf16 tables: the fused update rounds new weights stochastically (default)
-            or to nearest (False). The Philox seed is the non-persistent buffer ``sr_seed`` [1] int64
+            or to nearest (False). The stochastic-rounding seed is the non-persistent buffer ``sr_seed`` [1] int64
             (starts at 0, advanced on the device by every update; ``sr_seed.fill_(n)`` picks a stream).
 
     ``forward(raw [B, L] int64) -> [B, F, D]``: feature f sums the rows of its slots
