@@ -267,3 +267,18 @@ def test_step_profile_on_a_small_model(tmp_path):
     assert ms["embedding lookup"] > 0 and ms["GEMMs (cuBLAS / CUTLASS)"] > 0
     assert abs(sum(float(r["share_of_step"]) for r in rows) - 1.0) < 0.05 or ms.get("idle (step minus kernels)") == 0
     assert (tmp_path / "p.png").stat().st_size > 0 and "Top kernels" in (tmp_path / "p.md").read_text()
+
+
+def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
+    """benchmarks/pooled_update_sweep.py --smoke: every (dtype, rounding, launch) of its plan runs and is
+    written (tiny tables, batch 8; the interpreter on the CPU), forced launches restored afterwards."""
+    sw = load_script("pooled_update_sweep")
+    from kernels import heuristics
+    from kernels.embedding import update
+
+    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "s"]) == 0
+    rows = read_csv(tmp_path / "s.csv")
+    assert [(r["dtype"], r["rounding"]) for r in rows] == [(d, r) for d, r, _ in sw.PLAN]
+    assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in rows), rows
+    assert heuristics.SPARSE_UPDATE_OVERRIDE is None and update.SR_RNG == "hash"
+    assert "(picked)" in rows[0]["launch"] and (tmp_path / "s.png").stat().st_size > 0

@@ -1,0 +1,134 @@
+"""The pooled embedding's fused backward at MLPerf DLRM-DCNv2 shapes, over launch configs and bf16 rounding.
+
+    python benchmarks/pooled_update_sweep.py --out benchmarks/results --name pooled_update_sweep_run
+    python benchmarks/pooled_update_sweep.py --smoke --out /tmp/sweep      # tiny tables (CPU: Triton interpreter)
+
+For each table dtype (bf16 at full size, fp32 capped at ``--fp32-rows-cap`` rows a table) and each
+(rounding, launch) pair of `PLAN`, times ``pooled_embedding_sparse_update_`` (row-wise Adagrad) on one batch
+of 65536 uniform raw values (every lookup a cold row) with `pooled_embedding.time_graph` (CUDA-graph
+replay, median of the windows), and reports ms and % of copy bandwidth as `pooled_embedding.py` counts
+the bytes. Rounding: "hash" / "philox" stochastic rounding (`kernels.embedding.update.SR_RNG`), "nearest";
+launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps) forced
+through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
+``wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
+Writes ``<name>.csv`` / ``.md`` / ``.png`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():  # the Triton kernels run under the interpreter on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.append(str(Path(__file__).resolve().parent))
+
+import pooled_embedding as pe  # noqa: E402
+from _common import env_line, environment, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+
+from dlrm.config import load_config  # noqa: E402
+from kernels import heuristics  # noqa: E402
+from kernels.embedding import update  # noqa: E402
+
+# (dtype, rounding, launch); bf16 rows only for bf16 tables
+PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 16, 4, 1), (16, 16, 1, 1), (16, 8, 1, 1))]
+        + [("bf16", "nearest", (16, 16, 2, 1)), ("bf16", "philox", (16, 16, 2, 1))]
+        + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
+KEYS = ["dtype", "rounding", "launch", "batch", "unique_rows", "ms", "gbps", "pct_of_copy", "status"]
+
+
+def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: torch.device, copy_gbps: float,
+             args) -> list[dict]:
+    t = pe.Tables(cards, m.multi_hot_sizes, m.embedding_dim, pe.DTYPES[dtype], device)
+    x = pe.Inputs(t, batch, device)
+    nbytes = pe.case_bytes("bwd", t, batch, x.unique)
+    rows = []
+    for _, rounding, launch in plan:
+        heuristics.SPARSE_UPDATE_OVERRIDE = launch
+        update.SR_RNG = rounding if rounding in ("hash", "philox") else "hash"
+        sr = rounding != "nearest"
+
+        def step():
+            pe.pooled_embedding_sparse_update_(x.rows, x.grad, t.layout, t.weight, t.state, t.lr, pe.OPTIMIZER, pe.EPS,
+                                               True, 0.0, t.sr_seed, sr)
+
+        timer = pe.time_graph if device.type == "cuda" else pe.time_cpu
+        try:
+            times, _ = timer(step, args.steps, args.windows, args.warmup)
+            ms = statistics.median(times)
+            gbps = nbytes / (ms / 1e3) / 1e9
+            row = dict(ms=ms, gbps=gbps, pct_of_copy=100 * gbps / copy_gbps, status="ok")
+        except Exception as e:  # noqa: BLE001 -- one failing case must not hide the others
+            row = dict(status=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
+        finally:
+            heuristics.SPARSE_UPDATE_OVERRIDE = None
+            update.SR_RNG = "hash"
+        rows.append(dict(dtype=dtype, rounding=rounding, launch=str(launch or heuristics.sparse_update_config(
+            heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype])) + ("" if launch else " (picked)"),
+            batch=batch, unique_rows=x.unique, **row))
+        print(rows[-1], flush=True)
+    del t, x
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--name", default="pooled_update_sweep_run")
+    ap.add_argument("--config", default=str(pe.CONFIG))
+    ap.add_argument("--batch", type=int, default=65536)
+    ap.add_argument("--rows-cap", type=int, default=None, help="cap every table at this many rows")
+    ap.add_argument("--fp32-rows-cap", type=int, default=20_000_000)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=0, help="calls per window (0: ~20 ms of work)")
+    ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="tables of <= 1000 rows, batch 8, one call per window")
+    args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.smoke:
+        args.rows_cap, args.batch = args.rows_cap or 1000, 8
+        args.warmup, args.steps, args.windows = int(device.type == "cuda"), 1, 1
+    m = load_config(args.config).model
+    env = environment(device)
+    copy_gbps = pe.copy_bandwidth(device, 2**30 if device.type == "cuda" and not args.smoke else 2**24, args.windows)
+    rows: list[dict] = []
+    for dtype in ("bf16", "fp32"):
+        cap = args.rows_cap
+        if dtype == "fp32" and args.fp32_rows_cap:
+            cap = min(cap, args.fp32_rows_cap) if cap else args.fp32_rows_cap
+        cards = [min(c, cap) if cap else c for c in m.cardinalities]
+        rows += run_plan(dtype, [p for p in PLAN if p[0] == dtype], cards, m, args.batch, device, copy_gbps, args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
+    table = ["| dtype | rounding | launch | ms | % of copy | status |", "| --- | --- | --- | ---: | ---: | --- |"]
+    table += [md_row([r["dtype"], r["rounding"], r["launch"], f"{r['ms']:.3f}" if "ms" in r else "n/a",
+                      f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
+    note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
+            "bytes as pooled_embedding.py counts them (bwd).")
+    text = markdown("Pooled fused backward: launch and rounding sweep", [env_line(env), note], table)
+    (out / f"{args.name}.md").write_text(text)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
+    ok = [r for r in rows if "ms" in r]
+    ax.barh([f"{r['dtype']} {r['rounding']} {r['launch']}" for r in ok][::-1], [r["ms"] for r in ok][::-1])
+    ax.set_xlabel("ms per call")
+    ax.set_title(f"pooled fused backward\n{env['device']}, {env['date']}", fontsize=9)
+    ax.tick_params(axis="y", labelsize=7)
+    save_figure(fig, out / f"{args.name}.png")
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
