@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | userpath | compile | mlp | mlperf | multihot | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | userpath | compile | mlp | mlperf | multihot | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -200,6 +200,21 @@ EOF
       run compile_vs_eager 170 python benchmarks/train_throughput.py --config configs/kaggle.json --batch-sizes 8192,65536 \
         --variants eager,compiled,compiled+step-graph --precisions tf32 --warmup 15 --steps 30 --windows 5 \
         --out "$RES" --name compile_vs_eager_kaggle
+      run compile_modes 150 python benchmarks/train_throughput.py --config configs/kaggle.json --batch-sizes 8192,65536 \
+        --variants eager,compiled,compiled-cudagraphs --precisions tf32 --warmup 15 --steps 30 --windows 5 \
+        --out "$RES" --name compile_modes_kaggle
+      ;;
+    stepprofile)  # one step's device time by kernel group: MLPerf DLRM-DCNv2 (full tables) and Kaggle tf32 / bf16
+      run step_profile_mlperf 110 python benchmarks/step_profile.py --config configs/mlperf-dcnv2.json \
+        --variant triton-embedding+compiled --batch-size 65536 --out "$RES" --name step_profile_mlperf_b65536
+      for p in tf32 bf16; do
+        run "step_profile_kaggle_$p" 80 python benchmarks/step_profile.py --config configs/kaggle.json \
+          --variant triton-embedding-interaction+step-graph --precision $p --batch-size 65536 --out "$RES" \
+          --name "step_profile_kaggle_${p}_b65536"
+      done
+      ;;
+    sweep)  # the pooled fused backward over launch configs and bf16 rounding (issue #22)
+      run pooled_update_sweep 200 python benchmarks/pooled_update_sweep.py --out "$RES" --name pooled_update_sweep_run
       ;;
     mlp)  # the fused MLP alone (benchmarks/mlp.py) and in the whole Kaggle step (issue #20)
       run mlp 200 python benchmarks/mlp.py --out "$RES"
