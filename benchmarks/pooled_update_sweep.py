@@ -10,7 +10,7 @@ replay, median of the windows), and reports ms and % of copy bandwidth as `poole
 the bytes. Rounding: "hash" / "philox" stochastic rounding (`kernels.embedding.update.SR_RNG`), "nearest";
 launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps) forced
 through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
-``wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
+``multi_hot_wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
 Writes ``<name>.csv`` / ``.md`` / ``.png`` under ``--out``.
 """
 
@@ -71,7 +71,7 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
             heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG = "hash"
         rows.append(dict(dtype=dtype, rounding=rounding, launch=str(launch or heuristics.sparse_update_config(
-            heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype])) + ("" if launch else " (picked)"),
+            heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True)) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
     del t, x

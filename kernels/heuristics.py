@@ -214,26 +214,33 @@ class SparseUpdateConfig(NamedTuple):
     carry_warps: int
 
 
-# H100, B=65536, F=26, Criteo-like skew with one all-missing feature, rowwise Adagrad (us):
-# D=16: fp32 392 / bf16 289 with "default"; torch.sort is ~160 us of it.
-# Wide rows, measured at MLPerf DLRM-DCNv2's shapes (D=128, 214 slots a sample, 14M positions, ~10M
-# distinct rows, rowwise Adagrad; 2026-11-24): the smallest chunks that tl.dot allows win, since the
-# kernel is bound by its dependent loads (sorted row -> position -> gradient row -> weight row) and small
-# programs keep more of them in flight: bf16 tables with stochastic rounding 6.37 ms with (16, 16, 2, 1)
-# against 8.21 ms with "default"; fp32 9.15 ms against 11.69 ms with the earlier (32, 16, 4, 4).
+# One-hot, H100, B=65536, F=26, Criteo-like skew with one all-missing feature, rowwise Adagrad (us):
+# D=16: fp32 392 / bf16 289; D=128: bf16 740 with "default"; fp32 D=128 is cheapest with
+# 32-position chunks (1471 us): its 3-pass TF32 product grows with chunk**2. torch.sort is ~160 us of it.
+# Multi-hot wide rows, measured at MLPerf DLRM-DCNv2's shapes (D=128, 214 slots a sample, 14M positions,
+# ~10M distinct rows, rowwise Adagrad; 2026-11-24, results/pooled_update_sweep.md): the smallest chunks
+# that tl.dot allows win, since the kernel is bound by its dependent loads (sorted row -> position ->
+# gradient row -> weight row) and small programs keep more of them in flight: bf16 tables with
+# stochastic rounding 6.37 ms with (16, 16, 2, 1) against 8.21 ms with "default"; fp32 9.15 ms against
+# 11.69 ms with "fp32_wide_rows". Not measured on one-hot tables (whose hot rows span many more
+# chunks), so those keep the launches above.
 SPARSE_UPDATE_CONFIGS: dict[str, SparseUpdateConfig] = {
     "default": SparseUpdateConfig(chunk=64, carry_block=32, chunk_warps=4, carry_warps=1),
-    "wide_rows": SparseUpdateConfig(chunk=16, carry_block=16, chunk_warps=2, carry_warps=1),
+    "fp32_wide_rows": SparseUpdateConfig(chunk=32, carry_block=16, chunk_warps=4, carry_warps=4),
+    "multi_hot_wide_rows": SparseUpdateConfig(chunk=16, carry_block=16, chunk_warps=2, carry_warps=1),
 }
 SPARSE_UPDATE_OVERRIDE: Optional[SparseUpdateConfig] = None
 
 
-def sparse_update_config(block_d: int, grad_dtype: torch.dtype) -> SparseUpdateConfig:
-    """The update's launch for rows of ``block_d`` (padded D) and gradients of ``grad_dtype``."""
+def sparse_update_config(block_d: int, grad_dtype: torch.dtype, multi_hot: bool = False) -> SparseUpdateConfig:
+    """The update's launch for rows of ``block_d`` (padded D), gradients of ``grad_dtype``, and one-hot or
+    multi-hot (pooled) lookups."""
     if SPARSE_UPDATE_OVERRIDE is not None:
         return SparseUpdateConfig(*SPARSE_UPDATE_OVERRIDE)
-    if block_d >= 64:
-        return SPARSE_UPDATE_CONFIGS["wide_rows"]
+    if multi_hot and block_d >= 64:
+        return SPARSE_UPDATE_CONFIGS["multi_hot_wide_rows"]
+    if grad_dtype == torch.float32 and block_d >= 64:
+        return SPARSE_UPDATE_CONFIGS["fp32_wide_rows"]
     return SPARSE_UPDATE_CONFIGS["default"]
 
 

@@ -347,7 +347,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     R, D = target.shape
     sorted_rows, perm = _sort_by_row(rows, R)
     BLOCK_D = heuristics.dot_block(D)
-    cfg = heuristics.sparse_update_config(BLOCK_D, grad_out.dtype)
+    cfg = heuristics.sparse_update_config(BLOCK_D, grad_out.dtype, multi_hot=slot_feature is not None)
     num_chunks = triton.cdiv(N, cfg.chunk)
     first = torch.empty((num_chunks, BLOCK_D), dtype=torch.float32, device=target.device)
     last = torch.empty_like(first)
