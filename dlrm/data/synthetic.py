@@ -46,6 +46,7 @@ Usage::
 
     python -m dlrm.data.synthetic --rows 200000 --out data/sample --seed 0 --cardinalities tiny --test-fraction 0
     python -m dlrm.data.synthetic --rows 100000 --out data/mlperf-mh --cardinalities mlperf --multi-hot-sizes mlperf
+    python -m dlrm.data.synthetic --rows 10000000 --out /tmp/mh --cardinalities small --multi-hot-sizes mlperf --workers 0
     python -m dlrm.data.synthetic --regime small-real --out data/small-real --raw-tsv data/small-real.txt
 
 Regimes (`REGIMES`, ``--regime``) are presets of the settings above plus how the tables are sized:
@@ -64,7 +65,8 @@ Regimes (`REGIMES`, ``--regime``) are presets of the settings above plus how the
 
 Rows are generated in fixed chunks of `CHUNK_ROWS`, each from its own random stream derived
 from (seed, chunk index), so the data depend only on (seed, rows, cardinalities, split
-fractions); the parquet layout options only cut them into files. The splits are contiguous
+fractions); the parquet layout options only cut them into files, and ``--workers N`` only
+computes the chunks in N processes (`dlrm.data.synthetic_chunks`). The splits are contiguous
 ranges in generation order: train, then validation, then test.
 """
 
@@ -87,7 +89,6 @@ from tqdm import tqdm
 from dlrm.data.schema import (
     DENSE_COLUMNS,
     LABEL_COLUMN,
-    MISSING_SPARSE,
     MLPERF_CARDINALITIES,
     MLPERF_MULTI_HOT_SIZES,
     NUM_SPARSE,
@@ -181,8 +182,7 @@ REGIMES: dict[str, Regime] = {
     "small-real": Regime("kaggle", 10_000, 1 / 14, 1 / 14, "distinct"),
 }
 
-CHUNK_ROWS = 1 << 16
-"""Rows per generation chunk; fixed so the data do not depend on memory or file settings."""
+from dlrm.data.synthetic_chunks import CHUNK_ROWS, chunks  # noqa: E402,F401 - CHUNK_ROWS re-exported
 from dlrm.data.synthetic_io import (  # noqa: E402,F401 - the writers (re-exported: tests and tools use them here)
     COMPRESSION, MULTI_HOT_SEPARATOR, ROW_GROUP_ROWS, _hex8, _hex_lists, _list_array, _SplitWriter, _table, _tsv_block,
 )
@@ -305,40 +305,6 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
                      list(multi_hot_sizes) if is_multi_hot(multi_hot_sizes) else None, multi_hot_fill)
 
 
-def _chunk(seed: int, chunk: int, n: int, cards: list[int], teacher: Teacher,
-           multi_hot_sizes: Optional[list[int]] = None,
-           multi_hot_fill: str = "fixed") -> tuple[Rows, np.ndarray, np.ndarray, np.ndarray]:
-    """The `n` rows of chunk number `chunk`, from its own random stream: the rows, their click
-    probabilities (float64 [n]), labels (int8 [n]) and stored sparse values (int64 [n, L]; multi-hot:
-    the slot layout, `PAD_SPARSE` in empty slots). The labels are drawn from exactly these
-    probabilities, which the oracle AUC scores."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 0, chunk]))
-    block = sample_rows(rng, n, cards)
-    if multi_hot_sizes is not None:  # further values from a stream of their own (seed, 2, chunk)
-        more = np.random.default_rng(np.random.SeedSequence([seed, 2, chunk]))
-        block.ids = expand_multi_hot(more, block.ids, cards, multi_hot_sizes, multi_hot_fill)
-    p = teacher.probability(block.dense, block.ids)
-    labels = (rng.random(n) < p).astype(np.int8)
-    if multi_hot_sizes is not None:
-        return block, p, labels, _stored_values(seed, cards, multi_hot_sizes, block.ids)
-    sparse = np.full((n, NUM_SPARSE), MISSING_SPARSE, dtype=np.int64)
-    for f in range(NUM_SPARSE):
-        present = block.ids[:, f] >= 0
-        sparse[present, f] = category_values(seed, f, cards[f], block.ids[present, f])
-    return block, p, labels, sparse
-
-
-def _stored_values(seed: int, cards: list[int], sizes: list[int], ids: np.ndarray) -> np.ndarray:
-    """Multi-hot category ids [n, L] as stored values: each id its `category_values`, -1 and -2 kept."""
-    sparse = ids.copy()
-    offsets = slot_offsets(sizes)
-    for f in range(NUM_SPARSE):
-        block = sparse[:, offsets[f] : offsets[f + 1]]
-        present = block >= 0
-        block[present] = category_values(seed, f, cards[f], block[present])
-    return sparse
-
-
 class _Splits:
     """The splits being written under `root`: their parquet writers, and what the metadata needs
     of their rows (probabilities and labels for the oracle AUC, distinct train values if asked)."""
@@ -384,16 +350,16 @@ class _Splits:
         return splits, oracle
 
 
-def _write_rows(s: _Settings, teacher: Teacher, splits: _Splits, tsv) -> None:
-    """Generate all rows chunk by chunk into `splits`, and into the open `tsv` file if not None."""
+def _write_rows(s: _Settings, teacher: Teacher, splits: _Splits, tsv, workers: int = 1) -> None:
+    """Generate all rows chunk by chunk (`dlrm.data.synthetic_chunks.chunks`, in `workers` processes)
+    into `splits`, and into the open `tsv` file if not None."""
     with tqdm(total=s.rows, unit="row", unit_scale=True, desc="generating", disable=None) as bar:
-        for chunk, start in enumerate(range(0, s.rows, CHUNK_ROWS)):
-            n = min(CHUNK_ROWS, s.rows - start)
-            block, p, labels, sparse = _chunk(s.seed, chunk, n, s.cards, teacher, s.multi_hot_sizes, s.multi_hot_fill)
+        for start, (block, p, labels, sparse) in chunks(s.seed, s.rows, s.cards, teacher, s.multi_hot_sizes,
+                                                        s.multi_hot_fill, workers):
             splits.add(start, block, p, labels, sparse)
             if tsv is not None:
                 tsv.write(_tsv_block(labels, block, sparse, s.multi_hot_sizes))
-            bar.update(n)
+            bar.update(labels.size)
 
 
 def _metadata(s: _Settings, teacher: Teacher, splits: _Splits) -> Metadata:
@@ -460,13 +426,15 @@ def generate(
     regime: str = "default",
     multi_hot_sizes: Optional[list[int] | str] = None,
     multi_hot_fill: str = "fixed",
+    workers: int = 1,
 ) -> Metadata:
     """Write a synthetic dataset directory at `out` (and optionally the raw TSV); returns its metadata.
 
     `rows`, `cardinalities` and the fractions left None come from `regime` (`REGIMES`; "default":
     "small" categories, 10% validation, 10% test, rows required). `multi_hot_sizes`: 26 sizes or
     a `MULTI_HOT_PRESETS` name (None: one-hot); `multi_hot_fill`: "fixed" or "variable" (see the
-    module docstring).
+    module docstring). `workers`: processes that compute the rows (0: one per CPU); the output is
+    the same whatever their number.
 
     Everything is written into temporary siblings that are renamed into place at the end, so
     an interrupted run leaves no partial dataset behind. Raises `click.ClickException` if
@@ -494,7 +462,7 @@ def generate(
             fd, name = tempfile.mkstemp(prefix=f".{s.tsv_path.name}.", suffix=".tmp", dir=s.tsv_path.parent)
             tsv_tmp = Path(name)
             tsv = os.fdopen(fd, "w")
-        _write_rows(s, teacher, splits, tsv)
+        _write_rows(s, teacher, splits, tsv, workers if workers > 0 else (os.cpu_count() or 1))
         splits.close()
         if tsv is not None:
             tsv.close()
@@ -571,8 +539,10 @@ def _report(exc: BaseException) -> int:
                    "or 26 comma-separated integers >= 1 [default: one-hot].")
 @click.option("--multi-hot-fill", type=click.Choice(MULTI_HOT_FILLS), default="fixed", show_default=True,
               help="fixed: every present multi-hot feature holds its size's values; variable: 1..size, uniform.")
+@click.option("--workers", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Processes computing the rows (0: one per CPU). The dataset is the same for any number.")
 def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
-         regime, multi_hot_sizes, multi_hot_fill):
+         regime, multi_hot_sizes, multi_hot_fill, workers):
     """Generate a synthetic Criteo-format dataset with a planted teacher (see the module docstring).
 
     Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 bad arguments, an occupied
@@ -584,7 +554,7 @@ def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_frac
         if raw_tsv is not None:
             _check_parent_writable(Path(raw_tsv), "--raw-tsv")
         generate(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
-                 regime, multi_hot_sizes, multi_hot_fill)
+                 regime, multi_hot_sizes, multi_hot_fill, workers)
     except (Exception, KeyboardInterrupt) as e:
         sys.exit(_report(e))
 

@@ -1,0 +1,49 @@
+"""`python -m dlrm.data.synthetic --workers N`: the same dataset, byte for byte, from any number of
+processes (`dlrm.data.synthetic_chunks`)."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+from click.testing import CliRunner
+
+from dlrm.data import synthetic
+from dlrm.data.synthetic_chunks import CHUNK_ROWS
+
+
+def without_command(meta: dict) -> dict:
+    """Metadata as a dict, less the regenerate command (it names the --out directory)."""
+    return {**meta, "extra": {k: v for k, v in meta["extra"].items() if k != "command"}}
+
+
+def files(root):
+    return sorted(p.relative_to(root) for p in root.rglob("*.parquet"))
+
+
+def test_workers_write_the_same_dataset(tmp_path):
+    rows = 2 * CHUNK_ROWS + 1234  # three chunks, the last one short
+    one = synthetic.generate(tmp_path / "one", rows, seed=3, cardinalities="tiny", rows_per_file=50_000)
+    three = synthetic.generate(tmp_path / "three", rows, seed=3, cardinalities="tiny", rows_per_file=50_000,
+                               workers=3)
+    assert one.cardinalities == three.cardinalities and one.splits == three.splits
+    assert without_command({"extra": one.extra}) == without_command({"extra": three.extra})
+    assert files(tmp_path / "one") == files(tmp_path / "three") and len(files(tmp_path / "one")) >= 3
+    for rel in files(tmp_path / "one"):
+        a, b = pq.read_table(tmp_path / "one" / rel), pq.read_table(tmp_path / "three" / rel)
+        assert a.equals(b), rel
+
+
+def test_workers_multi_hot_and_the_command_line(tmp_path):
+    sizes = ",".join(["3", "1"] * 13)
+    args = ["--rows", str(CHUNK_ROWS + 10), "--cardinalities", "tiny", "--multi-hot-sizes", sizes,
+            "--multi-hot-fill", "variable", "--test-fraction", "0"]
+    for name, workers in (("serial", "1"), ("pool", "0")):
+        res = CliRunner().invoke(synthetic.main, [*args, "--out", str(tmp_path / name), "--workers", workers])
+        assert res.exit_code == 0, res.output
+    meta = [json.loads((tmp_path / n / "metadata.json").read_text()) for n in ("serial", "pool")]
+    assert without_command(meta[0]) == without_command(meta[1])
+    for rel in files(tmp_path / "serial"):
+        assert pq.read_table(tmp_path / "serial" / rel).equals(pq.read_table(tmp_path / "pool" / rel)), rel
+    res = CliRunner().invoke(synthetic.main, [*args, "--out", str(tmp_path / "x"), "--workers", "-1"])
+    assert res.exit_code == 2 and "--workers" in res.output
