@@ -4,12 +4,15 @@ processes (`dlrm.data.synthetic_chunks`)."""
 from __future__ import annotations
 
 import json
+from concurrent.futures.process import BrokenProcessPool
 
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 
 from dlrm.data import synthetic
 from dlrm.data.synthetic_chunks import CHUNK_ROWS
+from dlrm.data.teacher import Teacher
 
 
 def without_command(meta: dict) -> dict:
@@ -47,3 +50,31 @@ def test_workers_multi_hot_and_the_command_line(tmp_path):
         assert pq.read_table(tmp_path / "serial" / rel).equals(pq.read_table(tmp_path / "pool" / rel)), rel
     res = CliRunner().invoke(synthetic.main, [*args, "--out", str(tmp_path / "x"), "--workers", "-1"])
     assert res.exit_code == 2 and "--workers" in res.output
+
+
+class ExplodingTeacher(Teacher):
+    """A teacher whose probabilities fail in the third chunk (module level: the pool unpickles it)."""
+
+    def probability(self, dense, ids):
+        if len(ids) < CHUNK_ROWS:  # the last, short chunk
+            raise ValueError("teacher failed in a worker")
+        return super().probability(dense, ids)
+
+
+def test_a_failing_worker_leaves_no_partial_dataset(tmp_path, monkeypatch):
+    monkeypatch.setattr(synthetic, "Teacher", ExplodingTeacher)
+    with pytest.raises(ValueError, match="teacher failed in a worker"):
+        synthetic.generate(tmp_path / "d", 2 * CHUNK_ROWS + 5, seed=1, cardinalities="tiny", workers=2)
+    assert list(tmp_path.iterdir()) == []  # neither the dataset nor its temporary sibling
+
+
+def test_a_killed_worker_is_one_line_and_exit_4(caplog):
+    from loguru import logger
+
+    lines: list[str] = []
+    handle = logger.add(lines.append, level="ERROR", format="{message}")
+    try:
+        assert synthetic._report(BrokenProcessPool("A process in the process pool was terminated")) == 4
+    finally:
+        logger.remove(handle)
+    assert len(lines) == 1 and "--workers process died" in lines[0]

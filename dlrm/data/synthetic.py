@@ -77,6 +77,7 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -507,6 +508,9 @@ def _report(exc: BaseException) -> int:
         return EXIT_BAD_INPUT
     if isinstance(exc, MemoryError):
         logger.error("out of host memory: generate fewer --rows")
+        return EXIT_OUT_OF_MEMORY
+    if isinstance(exc, BrokenProcessPool):  # a --workers process was killed (by the OOM killer, most often)
+        logger.error("a --workers process died (out of host memory?): use fewer --workers; no partial dataset was left")
         return EXIT_OUT_OF_MEMORY
     if isinstance(exc, KeyboardInterrupt):
         logger.error("interrupted (Ctrl-C); no partial dataset was left behind")
