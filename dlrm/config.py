@@ -487,10 +487,10 @@ def _check_cuda_graph(cfg: Config) -> None:
         raise ConfigError("train.cuda_graph: needs kernels.embedding \"triton\", or \"torch\" with train.compile "
                           "(the eager torch embedding's sparse gradients have data-dependent shapes, which a CUDA "
                           "graph cannot replay; compiled, it updates its rows in the backward with static shapes)")  # fmt: skip
-    if o.dense.name not in ("sgd", "adam"):
-        raise ConfigError(f"train.cuda_graph: needs optim.dense.name \"sgd\" or \"adam\", not {o.dense.name!r} "
-                          "(torch has no fused CUDA Adagrad, whose learning rate a graph could replay)")  # fmt: skip
-    if o.dense.fused is False:
+    if o.dense.name == "adagrad" and o.dense.fused is True:
+        raise ConfigError("train.cuda_graph: optim.dense.fused true with adagrad (torch's fused Adagrad runs on the "
+                          "CPU only); leave it null: dlrm.train.adagrad.CapturableAdagrad is used on CUDA")  # fmt: skip
+    if o.dense.name != "adagrad" and o.dense.fused is False:
         raise ConfigError("train.cuda_graph: needs optim.dense.fused true or null (the fused optimizer reads "
                           "its learning rate from a device tensor the graph can replay)")  # fmt: skip
     if t.compile.enabled is not False and t.compile.mode == "reduce-overhead":

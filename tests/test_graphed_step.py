@@ -28,7 +28,7 @@ CARDINALITIES = [50, 7, 300] + [20] * (NUM_SPARSE - 3)  # small tables of unequa
     [
         ({"kernels.embedding": "torch", "train.compile": False}, 'kernels.embedding "triton", or "torch" with train.compile'),
         ({"optim.dense.fused": False}, "optim.dense.fused"),
-        ({"optim.dense.name": "adagrad"}, 'optim.dense.name "sgd" or "adam"'),
+        ({"optim.dense.name": "adagrad", "optim.dense.fused": True}, "fused true with adagrad"),
         ({"train.compile": {"mode": "reduce-overhead"}}, "reduce-overhead"),
     ],
 )
@@ -142,7 +142,7 @@ def weights(run: Run) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dense_opt", ["sgd", "adam"])
+@pytest.mark.parametrize("dense_opt", ["sgd", "adam", "adagrad"])
 @pytest.mark.parametrize("kernels,compiled", [("triton", False), ("triton", True), ("torch", True)])
 def test_graphed_step_trains_exactly_like_the_ordinary_step(dense_opt, kernels, compiled):
     """Same seed, same batches (with an lr warm-up and decay and a partial last batch): the losses of

@@ -1,7 +1,8 @@
 """The MLPerf DLRM-DCNv2 model (multi-hot, DCN) with the whole training step captured as one CUDA graph.
 
 `train.cuda_graph` captures forward, backward, the pooled embedding's fused update and the dense
-optimizer (SGD or Adam: Adagrad, the config's dense optimizer, is not capturable). These tests build the
+optimizer (SGD or Adam here; the config's Adagrad is `dlrm.train.adagrad.CapturableAdagrad` on CUDA,
+whose captured step is checked in tests/test_graphed_step.py). These tests build the
 run `train.py` builds from configs/mlperf-dcnv2.json, shrunk, and check on the GPU that the captured
 step trains exactly like the ordinary one on [B, L] batches with empty (PAD_SPARSE) slots, and that
 with bf16 tables every replay draws new stochastic-rounding bits. The CPU test checks the config rules.
@@ -64,10 +65,12 @@ def train(run, data: list[Batch]) -> list[float]:
     return [float(x) for x in losses]
 
 
-def test_the_config_refuses_a_captured_step_with_dense_adagrad():
-    """configs/mlperf-dcnv2.json trains the dense part with Adagrad, which a CUDA graph cannot replay."""
-    with pytest.raises(ConfigError, match="cuda_graph"):
-        validate(mlperf_config(**{"optim.dense.name": "adagrad", "train.cuda_graph": True}))
+def test_the_config_accepts_a_captured_step_with_dense_adagrad_unless_fused():
+    """configs/mlperf-dcnv2.json trains the dense part with Adagrad: on CUDA that is
+    dlrm.train.adagrad.CapturableAdagrad, which a graph can hold; torch's fused Adagrad (CPU) cannot."""
+    validate(mlperf_config(**{"optim.dense.name": "adagrad", "train.cuda_graph": True}))
+    with pytest.raises(ConfigError, match="fused true with adagrad"):
+        validate(mlperf_config(**{"optim.dense.name": "adagrad", "optim.dense.fused": True, "train.cuda_graph": True}))
     validate(mlperf_config(**{"train.cuda_graph": True}))  # SGD: accepted
 
 

@@ -9,6 +9,7 @@ from loguru import logger
 from torch import nn
 
 from dlrm.config import OptimConfig, ScheduleConfig
+from dlrm.train.adagrad import CapturableAdagrad
 
 
 class RowWiseAdagrad(torch.optim.Optimizer):
@@ -169,6 +170,9 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, deterministic: bool = F
     extra = {"fused": True} if fused else {}  # only when asked: fused and foreach exclude each other
     if d.name == "sgd":
         dense = torch.optim.SGD(dense_params, lr=d.lr, momentum=d.momentum, weight_decay=d.weight_decay, **extra)
+    elif d.name == "adagrad" and not fused and dense_params[0].device.type == "cuda":
+        # torch's foreach Adagrad, bitwise, without its host sync: a captured step can hold it
+        dense = CapturableAdagrad(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay)
     elif d.name == "adagrad":
         dense = torch.optim.Adagrad(dense_params, lr=d.lr, eps=d.eps, weight_decay=d.weight_decay, **extra)
     else:
