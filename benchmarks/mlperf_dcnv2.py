@@ -19,9 +19,9 @@ Implementations, each a row per batch size:
   autocast, dense ``torch.optim.Adagrad``;
 * ours: `benchmarks/train_throughput.measure` (the run `train.py` builds, `dlrm.train.builder.build_run`)
   for each of ``--variants`` (`dlrm.train.compare.VARIANTS`), with the config's optimizers (dense Adagrad,
-  sparse row-wise Adagrad; ``--dense-optim`` switches the dense one, e.g. to measure ``+step-graph``
-  variants, which need a fused SGD or Adam). A variant using the torch embedding gets fp32 tables (the
-  config refuses bf16 ones without the Triton embedding's stochastic rounding): at full size those need
+  sparse row-wise Adagrad; ``--dense-optim`` switches the dense one; ``+step-graph`` variants capture the
+  dense Adagrad as `dlrm.train.adagrad.CapturableAdagrad`, or a fused SGD or Adam). A variant using the
+  torch embedding gets fp32 tables (the config refuses bf16 ones without the Triton embedding's stochastic rounding): at full size those need
   104 GB and are recorded as out of memory.
 
 Two 52 GB models do not fit one 80 GB GPU together: each case is built, timed and deleted (dynamo reset,
@@ -314,7 +314,7 @@ def run_case(impl: str, cfg, batch_size: int, device: torch.device, args) -> dic
                        table_rows=sum(min(c, args.max_rows) if args.max_rows else c for c in vcfg.model.cardinalities))
             if vcfg.model.embedding_dtype != cfg.model.embedding_dtype:
                 row["note"] = "fp32 tables: the torch embedding has no bf16 update"
-            # the checks train.py applies (e.g. +step-graph needs a fused SGD or Adam dense optimizer)
+            # the checks train.py applies (e.g. +step-graph refuses a fused dense Adagrad)
             validate(variant_config(vcfg, impl))
             if reason:
                 row["status"] = f"skipped: {reason}"

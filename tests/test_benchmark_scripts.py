@@ -186,10 +186,11 @@ def test_mlp_benchmark_smoke_times_every_implementation(tmp_path):
     assert md.count("| fused | ") == len(mb.CASES) and (tmp_path / "mlp.png").stat().st_size > 0
 
 
-def test_mlperf_dcnv2_smoke_baseline_ours_and_a_refused_variant(tmp_path):
+def test_mlperf_dcnv2_smoke_baseline_ours_and_a_step_graph_variant(tmp_path):
     """benchmarks/mlperf_dcnv2.py --smoke: the plain PyTorch baseline and our eager run measured at tiny
-    tables (batch 64), a +step-graph variant recorded as refused with dense Adagrad (not a crash), the
-    model's floor from its shapes, and the CSV / Markdown / PNG written."""
+    tables (batch 64), a +step-graph variant with the config's dense Adagrad (CapturableAdagrad on CUDA:
+    measured there; on the CPU recorded as skipped, not a crash), the model's floor from its shapes, and
+    the CSV / Markdown / PNG written."""
     md2 = load_script("mlperf_dcnv2")
     assert md2.main(["--smoke", "--variants", "eager,triton-embedding+step-graph", "--out", str(tmp_path)]) == 0
     rows = read_csv(tmp_path / "mlperf_dcnv2.csv")
@@ -201,7 +202,10 @@ def test_mlperf_dcnv2_smoke_baseline_ours_and_a_refused_variant(tmp_path):
         assert r["table_rows"] == str(sum(min(c, 1000) for c in md2.load_config(md2.CONFIG).model.cardinalities))
     assert float(base["speedup_vs_baseline"]) == 1.0 and float(eager["speedup_vs_baseline"]) > 0
     assert (base["embedding_dtype"], eager["embedding_dtype"]) == ("bf16", "fp32")  # torch embedding: fp32 tables
-    assert graph["status"].startswith("failed: ConfigError: train.cuda_graph") and not graph["samples_per_sec"]
+    if torch.cuda.is_available():
+        assert graph["status"] == "ok" and float(graph["samples_per_sec"]) > 0, graph
+    else:
+        assert graph["status"] == "skipped: CUDA graphs need a CUDA device" and not graph["samples_per_sec"], graph
     assert 95e6 < float(base["flop_per_sample"]) < 97e6 and 165e3 < float(base["emb_bytes_per_sample"]) < 180e3
     assert float(base["floor_sps"]) > 0 and {"device", "torch", "triton", "date"} <= set(base)
     md = (tmp_path / "mlperf_dcnv2.md").read_text()
