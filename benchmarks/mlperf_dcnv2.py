@@ -21,8 +21,8 @@ Implementations, each a row per batch size:
   for each of ``--variants`` (`dlrm.train.compare.VARIANTS`), with the config's optimizers (dense Adagrad,
   sparse row-wise Adagrad; ``--dense-optim`` switches the dense one; ``+step-graph`` variants capture the
   dense Adagrad as `dlrm.train.adagrad.CapturableAdagrad`, or a fused SGD or Adam). A variant using the
-  torch embedding gets fp32 tables (the config refuses bf16 ones without the Triton embedding's stochastic rounding): at full size those need
-  104 GB and are recorded as out of memory.
+  torch embedding gets fp32 tables (the config refuses bf16 ones without the Triton embedding's
+  stochastic rounding): at full size those need 104 GB and are recorded as out of memory.
 
 Two 52 GB models do not fit one 80 GB GPU together: each case is built, timed and deleted (dynamo reset,
 ``torch.cuda.empty_cache()``) before the next; out-of-memory and other errors become the row's status.
