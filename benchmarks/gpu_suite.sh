@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | userpath | compile | mlp | mlperf | multihot | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | testsall:kernels|first|rest | userpath | compile | mlp | mlperf | multihot | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -248,6 +248,19 @@ PY
       ;;
     testsall)  # the whole suite as `pytest -q` runs it, on the GPU machine (gpu-marked tests included)
       run tests_all "${TESTS_LIMIT:-400}" python -m pytest -q -p no:cacheprovider ${TESTS_ARGS:-}
+      ;;
+    testsall:kernels|testsall:first|testsall:rest)  # the same suite in three parts, one a device call: with
+      # pytest-xdist on 16 cores the whole suite needs more than 10 minutes (results/gpu_tests_2026-11-24.md:
+      # tests/kernels ~2 min, the first 21 other test files ~6.5 min, the rest ~6 min)
+      par=$(python -c "import xdist" 2>/dev/null && echo "-n ${TESTS_WORKERS:-16}")
+      files=$(ls tests/test_*.py)
+      case $part in
+        testsall:kernels) sel="tests/kernels" ;;
+        testsall:first) sel=$(echo "$files" | head -21) ;;
+        *) sel=$(echo "$files" | tail -n +22) ;;
+      esac
+      run "tests_${part#testsall:}" "${TESTS_LIMIT:-560}" python -m pytest -v -p no:cacheprovider -p no:benchmark -rfE \
+        --durations=15 $par $sel
       ;;
     *)
       log "unknown part $part"
