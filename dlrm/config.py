@@ -182,8 +182,10 @@ class CompileConfig:
 
     enabled: Union[bool, Auto] = True
     """true, false, or "auto": compiled on CUDA, eager on the CPU (dlrm.train.fast_path)."""
-    mode: Literal["default", "reduce-overhead", "max-autotune"] = "default"
-    """reduce-overhead uses CUDA graphs (CUDA only)."""
+    mode: Literal["auto", "default", "reduce-overhead", "max-autotune"] = "auto"
+    """reduce-overhead uses CUDA graphs (CUDA only). "auto": reduce-overhead on one CUDA process when
+    the whole-step graph (train.cuda_graph) is off, "default" otherwise (dlrm.train.fast_path says why:
+    at batch 8192 mode default spends 3.0 ms of host time to enqueue 0.83 ms of device work)."""
     fullgraph: bool = False
     """Fail instead of splitting the graph at a break."""
 

@@ -91,6 +91,8 @@ def test_compare_writes_reports_with_one_row_per_variant(dataset, tmp_path):
     "name, kernels, mode",
     [
         ("eager", ("torch",) * 4, None),
+        ("compiled", ("torch",) * 4, "auto"),
+        ("compiled-default", ("torch",) * 4, "default"),
         ("compiled-cudagraphs", ("torch",) * 4, "reduce-overhead"),
         ("triton+compiled", ("triton",) * 4, "default"),
         ("triton-embedding+cudagraphs", ("triton", "torch", "torch", "torch"), "reduce-overhead"),

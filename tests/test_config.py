@@ -208,7 +208,7 @@ def test_cli_compile_mode_implies_compile_and_sets_the_mode():
     cfg = load_config(REPO / "configs/kaggle.json", _overrides(compile_mode="reduce-overhead"))
     assert cfg.train.compile.enabled and cfg.train.compile.mode == "reduce-overhead"
     cfg = load_config(REPO / "configs/kaggle.json", _overrides(compile_=True))
-    assert cfg.train.compile.enabled and cfg.train.compile.mode == "default"
+    assert cfg.train.compile.enabled and cfg.train.compile.mode == "auto"  # resolved by dlrm.train.fast_path
     assert "train.compile.enabled" not in _overrides(batch_size=8)
     with pytest.raises(ConfigError, match="contradicts --no-compile"):
         _overrides(compile_=False, compile_mode="max-autotune")

@@ -41,7 +41,7 @@ def test_config_rejects_what_a_captured_step_cannot_replay(overrides, names):
 @pytest.mark.parametrize("embedding", ["triton", "torch"])
 def test_config_accepts_a_graphable_step(embedding):
     cfg = load_config(SAMPLE, {"train.cuda_graph": True, "kernels.embedding": embedding, "train.compile": True})
-    assert cfg.train.cuda_graph and cfg.train.compile.mode == "default"
+    assert cfg.train.cuda_graph and cfg.train.compile.mode == "auto"  # fast_path makes it "default"
 
 
 def test_on_the_cpu_the_ordinary_step_runs_with_a_warning(caplog_loguru):

@@ -37,13 +37,16 @@ KERNEL_SETS: dict[str, tuple[str, str, str, str]] = {
 
 class Variant(NamedTuple):
     kernels: str  # a KERNEL_SETS key
-    compile_mode: Optional[str]  # torch.compile mode, or None for eager
+    compile_mode: Optional[str]  # torch.compile mode ("auto": resolved by dlrm.train.fast_path), or None for eager
     step_graph: bool = False  # train.cuda_graph: the whole step in one CUDA graph
 
 
 VARIANTS: dict[str, Variant] = {
     "eager": Variant("torch", None),
-    "compiled": Variant("torch", "default"),
+    # torch.compile of the PyTorch model in the mode "auto" picks (dlrm.train.fast_path): on one CUDA
+    # process reduce-overhead (torch.compile's own CUDA graphs), elsewhere mode default
+    "compiled": Variant("torch", "auto"),
+    "compiled-default": Variant("torch", "default"),  # host-bound at small batches (compile_host_bound_b8192.md)
     "compiled-cudagraphs": Variant("torch", "reduce-overhead"),
     # torch.compile of the PyTorch model (its embedding's update compiled into the backward) with the
     # whole step, optimizer included, captured as one CUDA graph: no Triton kernel of ours

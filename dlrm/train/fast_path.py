@@ -15,6 +15,9 @@ What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
   dense optimizer (Adagrad only by explicit opt-in for now), no reduce-overhead compile): at batch
   128 it turned 2.8 ms of host time per step into one launch. This is the
   ``triton-embedding-interaction+step-graph`` variant, the fastest in every throughput table so far.
+  Where the step graph is off (one process, one-hot tables), ``train.compile.mode`` "auto" takes
+  torch.compile's reduce-overhead mode (its own CUDA graphs of the forward and the backward), since
+  mode default is host-bound below batch ~16384.
 * On the CPU: PyTorch everywhere, eager. Triton would run in its interpreter, and compiling the
   step costs about a minute of warm-up on a small CPU for little gain.
 """
@@ -80,6 +83,25 @@ def _cuda_graph_blocker(cfg: Config, device: torch.device, distributed: bool, mu
     return ""
 
 
+def _compile_mode(cfg: Config, device: torch.device, distributed: bool, multi_hot: bool) -> tuple[str, str]:
+    """torch.compile's mode for `train.compile.mode: "auto"`, and why (after train.cuda_graph is resolved).
+
+    Mode default leaves every kernel launch to the host: at batch 8192 the compiled Kaggle step
+    spends 3.0 ms of host time to enqueue 0.83 ms of device work (results/compile_host_bound_b8192.md),
+    and reduce-overhead (torch.compile's own CUDA graphs) doubled its rate (2.27x eager, against 1.22x).
+    Where the whole step is already one graph, or where reduce-overhead was not measured (several
+    processes, multi-hot tables), mode default stays."""
+    if device.type != "cuda":
+        return "default", f"no CUDA device ({device}) for reduce-overhead's CUDA graphs"
+    if cfg.train.cuda_graph:
+        return "default", "the whole step is one CUDA graph already"
+    if distributed:
+        return "default", "several processes (reduce-overhead not measured with collectives)"
+    if multi_hot:
+        return "default", "multi-hot tables (reduce-overhead not measured there)"
+    return "reduce-overhead", "without the whole-step graph, mode default is host-bound at small batches"
+
+
 def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = False,
                       multi_hot: bool = False) -> tuple[Config, dict[str, Any]]:
     """A copy of `cfg` with no "auto" left, and ``{key: {"value": ..., "why": ...}}`` for what was chosen.
@@ -95,6 +117,8 @@ def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = Fal
         >>> resolved, chosen = resolve_fast_path(validate(Config()), torch.device("cpu"))
         >>> resolved.kernels.embedding, resolved.train.compile.enabled, resolved.train.cuda_graph
         ('torch', False, False)
+        >>> resolved.train.compile.mode
+        'default'
     """
     out = copy.deepcopy(cfg)
     chosen: dict[str, Any] = {}
@@ -117,6 +141,11 @@ def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = Fal
         blocker = _cuda_graph_blocker(out, device, distributed, multi_hot)
         out.train.cuda_graph = not blocker
         chosen["train.cuda_graph"] = {"value": not blocker, "why": blocker or "one graph launch per step"}
+    if out.train.compile.mode == "auto":
+        mode, why = _compile_mode(out, device, distributed, multi_hot)
+        out.train.compile.mode = mode
+        if out.train.compile.enabled:  # a mode of an eager run is not worth a clause in the log line
+            chosen["train.compile.mode"] = {"value": mode, "why": why}
     if chosen:  # one line: settings that share a reason share its clause
         by_why: dict[str, list[str]] = {}
         for key, v in chosen.items():

@@ -66,7 +66,8 @@ def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what:
     if cfg.mode == "reduce-overhead" and device.type != "cuda":
         logger.warning(f"compile mode reduce-overhead (CUDA graphs) needs CUDA; {what} uses mode default on {device}")
         return torch.compile(fn, mode="default", fullgraph=cfg.fullgraph)
-    return torch.compile(fn, mode=cfg.mode, fullgraph=cfg.fullgraph)
+    # "auto" is resolved by dlrm.train.fast_path (build_run); a caller that skips it gets mode default
+    return torch.compile(fn, mode="default" if cfg.mode == "auto" else cfg.mode, fullgraph=cfg.fullgraph)
 
 
 class TrainStep:

@@ -1,0 +1,91 @@
+"""train.compile.mode "auto": torch.compile's reduce-overhead mode where the whole-step graph is off
+(dlrm.train.fast_path), and what it must keep: the same training as mode default (issue #19).
+
+The resolution rules are checked everywhere; the CUDA-graph runs need CUDA (tests marked `gpu`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dlrm.config import load_config
+from dlrm.train.compare import variant_config
+from dlrm.train.fast_path import resolve_fast_path
+from tests.test_graphed_step import SAMPLE, batches, make_run, train
+
+CUDA = torch.device("cuda")  # resolution only looks at the device type
+
+
+def resolved_mode(overrides: dict, device: torch.device = CUDA, **kw) -> tuple[str, str]:
+    resolved, chosen = resolve_fast_path(load_config(SAMPLE, overrides), device, **kw)
+    why = chosen.get("train.compile.mode", {}).get("why", "")
+    return resolved.train.compile.mode, why
+
+
+def test_auto_is_reduce_overhead_where_the_step_graph_is_off():
+    assert resolved_mode({"train.compile": True, "train.cuda_graph": False}) == (
+        "reduce-overhead", "without the whole-step graph, mode default is host-bound at small batches")
+    # dense Adagrad keeps "auto"'s step graph off, so its compiled step takes torch.compile's graphs
+    assert resolved_mode({"train.compile": True, "optim.dense.name": "adagrad"})[0] == "reduce-overhead"
+
+
+@pytest.mark.parametrize("overrides, kw, mode, why", [
+    ({"train.compile": True}, {}, "default", "the whole step is one CUDA graph already"),
+    ({"train.compile": True, "train.cuda_graph": False}, {"distributed": True}, "default", "several processes"),
+    ({"train.compile": True, "train.cuda_graph": False}, {"multi_hot": True}, "default", "multi-hot tables"),
+    ({"train.compile": {"enabled": True, "mode": "max-autotune"}, "train.cuda_graph": False}, {}, "max-autotune", ""),
+])
+def test_auto_keeps_mode_default_elsewhere_and_explicit_modes_win(overrides, kw, mode, why):
+    got, reason = resolved_mode(overrides, **kw)
+    assert got == mode and why in reason
+
+
+def test_on_the_cpu_auto_is_mode_default():
+    assert resolved_mode({"train.compile": True}, torch.device("cpu"))[0] == "default"
+    resolved, chosen = resolve_fast_path(load_config(SAMPLE), torch.device("cpu"))
+    assert resolved.train.compile.mode == "default" and "train.compile.mode" not in chosen  # eager: not logged
+
+
+def test_the_compiled_variant_takes_the_auto_mode():
+    cfg = variant_config(load_config(SAMPLE), "compiled")
+    assert cfg.train.compile.mode == "auto" and cfg.train.cuda_graph is False
+    assert resolve_fast_path(cfg, CUDA)[0].train.compile.mode == "reduce-overhead"
+    assert variant_config(load_config(SAMPLE), "compiled-default").train.compile.mode == "default"
+
+
+# ---- on the GPU ----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dense_opt", ["sgd", "adagrad"])
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_reduce_overhead_trains_like_mode_default(kernels, dense_opt):
+    """Same seed, same batches (a partial last batch, an evaluation between steps): mode "auto"
+    (reduce-overhead here) gives mode default's losses, evaluation logits and final weights, and
+    its CUDA graphs really ran (none skipped). "torch": the PyTorch embedding's row update compiled
+    into the backward; "triton": the Triton embedding outside the compiled dense part."""
+    from torch._dynamo.utils import counters
+
+    overrides = {"kernels.embedding": kernels, "kernels.interaction": kernels, "train.compile": True,
+                 "train.cuda_graph": False, "optim.dense.name": dense_opt, "optim.schedule.warmup_steps": 3}
+    data = batches(6, 127, CUDA) + batches(1, 33, CUDA, seed=2)
+    held_out = batches(1, 100, CUDA, seed=3)[0]
+    results = {}
+    for mode in ("default", "auto"):
+        torch._dynamo.reset()
+        counters.clear()
+        cfg = load_config(SAMPLE, {**overrides, "train.compile.mode": mode})
+        run = make_run(cfg, CUDA)
+        losses = train(run, data[:4])
+        first_eval = run.eval_forward(held_out)
+        losses += train(run, data[4:])
+        results[mode] = (run, losses, first_eval, run.eval_forward(held_out), counters["inductor"]["cudagraph_skips"])
+    (plain, a, eval_a1, eval_a2, _), (auto, b, eval_b1, eval_b2, skips) = results["default"], results["auto"]
+    assert auto.cfg.train.compile.mode == "reduce-overhead" and auto.train_step.cudagraphs
+    assert skips == 0
+    torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(eval_b1, eval_a1, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(eval_b2, eval_a2, rtol=1e-5, atol=1e-6)
+    for (name, x), y in zip(plain.model.state_dict().items(), auto.model.state_dict().values()):
+        torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
