@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from dlrm.config import load_config
+from dlrm.data.loader import Batch
+from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
 from dlrm.train.adagrad import CapturableAdagrad
 from dlrm.train.builder import build_run, tables_from_config
 from tests.conftest import REPO
@@ -119,7 +121,12 @@ def test_parameters_without_gradients_are_left_alone():
 def test_dense_adagrad_on_cuda_is_the_capturable_one():
     cfg = load_config(REPO / "configs" / "sample.json", {"optim.dense.name": "adagrad", "train.cuda_graph": False,
                                                          "kernels.embedding": "triton"})
+    cfg.model.cardinalities = [10] * NUM_SPARSE
     run_ = build_run(cfg, tables_from_config(cfg), torch.device("cuda"), total_steps=4)
     dense = run_.optimizers[0]
     assert isinstance(dense, CapturableAdagrad)
-    assert all(s["step"].device.type == "cuda" for s in dense.state.values())
+    g = torch.Generator().manual_seed(0)
+    batch = Batch(torch.rand(8, NUM_DENSE, generator=g).cuda(), torch.randint(0, 2**31, (8, NUM_SPARSE), generator=g).cuda(),
+                  (torch.rand(8, generator=g) < 0.5).float().cuda())
+    run_.train_step(batch)
+    assert dense.state and all(s["step"].device.type == "cuda" for s in dense.state.values())

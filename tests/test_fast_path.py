@@ -35,7 +35,6 @@ def test_on_the_cpu_auto_is_plain_pytorch():
 
 
 @pytest.mark.parametrize("overrides, reason", [
-    ({"optim.dense.name": "adagrad"}, "Adagrad, whose captured step is not yet checked on a GPU"),
     ({"optim.dense.fused": False}, "not a fused SGD or Adam"),
     ({"kernels.embedding": "torch", "train.compile.enabled": False}, "kernels.embedding is torch without train.compile"),
     ({"train.compile": {"mode": "reduce-overhead"}}, "reduce-overhead"),
@@ -44,6 +43,13 @@ def test_the_step_graph_turns_itself_off_where_it_cannot_run(overrides, reason):
     resolved, chosen = resolve_fast_path(cfg_with(**overrides), CUDA)
     assert resolved.train.cuda_graph is False
     assert reason in chosen["train.cuda_graph"]["why"]
+
+
+def test_dense_adagrad_gets_the_step_graph():
+    """Dense Adagrad is dlrm.train.adagrad.CapturableAdagrad on CUDA, whose captured step trained
+    exactly like the ordinary one on the H100 (tests/test_graphed_step.py)."""
+    resolved, chosen = resolve_fast_path(cfg_with(**{"optim.dense.name": "adagrad"}), CUDA)
+    assert resolved.train.cuda_graph is True and chosen["train.cuda_graph"]["why"] == "one graph launch per step"
 
 
 def test_the_compiled_torch_embedding_gets_the_step_graph():

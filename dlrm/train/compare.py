@@ -60,7 +60,7 @@ VARIANTS: dict[str, Variant] = {
     "triton-embedding+step-graph": Variant("triton-embedding", "default", step_graph=True),
     "triton-embedding-interaction+step-graph": Variant("triton-embedding-interaction", "default", step_graph=True),
     "triton-fused-mlp+step-graph": Variant("triton-fused-mlp", "default", step_graph=True),
-    # without the whole-step graph (with dense Adagrad, as MLPerf DLRM-DCNv2 trains, "auto" keeps it off)
+    # compiled (mode default) without the whole-step graph
     "triton-embedding+compiled": Variant("triton-embedding", "default"),
     "triton-embedding-interaction+compiled": Variant("triton-embedding-interaction", "default"),
     "triton-fused-mlp+compiled": Variant("triton-fused-mlp", "default"),

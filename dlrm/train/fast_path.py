@@ -12,7 +12,7 @@ What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
   batched GEMMs off the tensor cores); PyTorch MLPs (cuBLAS beats the Triton linear kernel at DLRM
   shapes) and loss (Inductor fuses it into the compiled step); ``torch.compile`` (mode default);
   the whole step in one CUDA graph whenever the run allows it (one process, a fused SGD or Adam
-  dense optimizer (Adagrad only by explicit opt-in for now), no reduce-overhead compile): at batch
+  dense optimizer or Adagrad (dlrm.train.adagrad.CapturableAdagrad), no reduce-overhead compile): at batch
   128 it turned 2.8 ms of host time per step into one launch. This is the
   ``triton-embedding-interaction+step-graph`` variant, the fastest in every throughput table so far.
   Where the step graph is off (one process, one-hot tables), ``train.compile.mode`` "auto" takes
@@ -72,11 +72,11 @@ def _cuda_graph_blocker(cfg: Config, device: torch.device, distributed: bool, mu
     if cfg.kernels.embedding == "torch" and not cfg.train.compile.enabled:
         return "kernels.embedding is torch without train.compile (its sparse gradients have data-dependent shapes)"
     if cfg.optim.dense.name == "adagrad":
-        # dlrm.train.adagrad.CapturableAdagrad can be captured (train.cuda_graph true opts in), but the
-        # captured step with it has not been run on a GPU yet: "auto" waits for that measurement
-        return ("the dense optimizer is Adagrad, whose captured step is not yet checked on a GPU "
-                "(train.cuda_graph true opts in)")
-    if cfg.optim.dense.name not in ("sgd", "adam") or cfg.optim.dense.fused is False:
+        if cfg.optim.dense.fused is True:
+            return "optim.dense.fused is true with Adagrad (torch's fused Adagrad runs on the CPU only)"
+        # else dlrm.train.adagrad.CapturableAdagrad: its captured step trains exactly like the ordinary
+        # one on the H100 (tests/test_graphed_step.py, tests/test_multihot_graphed.py, 2026-11-24)
+    elif cfg.optim.dense.name not in ("sgd", "adam") or cfg.optim.dense.fused is False:
         return f"the dense optimizer ({cfg.optim.dense.name}, fused {cfg.optim.dense.fused}) is not a fused SGD or Adam"
     if cfg.train.compile.enabled and cfg.train.compile.mode == "reduce-overhead":
         return "train.compile.mode is reduce-overhead (CUDA graphs of its own)"
