@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | testsall:kernels|first|rest | userpath | compile | mlp | mlperf | multihot | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlperf | multihot | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -153,6 +153,16 @@ EOF
         cp "$OUT/tb/compare-kaggle-b$b/compare.png" "$RES/compare_kaggle_b$b.png" 2>/dev/null
       done
       ;;
+    compilecompare)  # `train.py --compare eager,compiled` as a user runs it (issue #19: compiled >= 2x eager)
+      kaggle_data
+      kaggle_config /tmp/kaggle-syn.json
+      for b in 8192 65536; do
+        ep=$([ "$b" = 8192 ] && echo 2 || echo 5)
+        run "compare_compiled_$b" 200 python train.py --config /tmp/kaggle-syn.json --batch-size "$b" --epochs "$ep" \
+          --compare eager,compiled --run-name "cmp$b" --tb-dir "$OUT/tb"
+        for ext in md csv png; do cp "$OUT/tb/cmp$b/compare.$ext" "$RES/compare_compiled_kaggle_b$b.$ext" 2>/dev/null; done
+      done
+      ;;
     profile|profile:*)  # one profiled run (eager, or profile:VARIANT, a --compare variant), its timeline
       # and its numbers (.md); PROFILE_BATCH (default 65536) sets the batch size, e.g. 128 to see where
       # a launch-bound small-batch step spends its host time
@@ -196,13 +206,14 @@ EOF
       run user_path "${USERPATH_LIMIT:-330}" python benchmarks/user_path.py --data /tmp/kaggle-syn \
         --batch-sizes "${USERPATH_BATCHES:-65536,2048,128}" --epochs 6 --max-steps 1500 --out "$RES"
       ;;
-    compile)  # torch.compile on the PyTorch model vs eager, with and without the whole-step graph (issue #19)
+    compile)  # torch.compile on the PyTorch model vs eager, with and without the whole-step graph (issue #19);
+      # compiled = mode "auto" (reduce-overhead here), compiled-default = mode default
       run compile_vs_eager 170 python benchmarks/train_throughput.py --config configs/kaggle.json --batch-sizes 8192,65536 \
         --variants eager,compiled,compiled+step-graph --precisions tf32 --warmup 15 --steps 30 --windows 5 \
         --out "$RES" --name compile_vs_eager_kaggle
       run compile_modes 150 python benchmarks/train_throughput.py --config configs/kaggle.json --batch-sizes 8192,65536 \
-        --variants eager,compiled,compiled-cudagraphs --precisions tf32 --warmup 15 --steps 30 --windows 5 \
-        --out "$RES" --name compile_modes_kaggle
+        --variants eager,compiled,compiled-default --precisions tf32 --warmup 15 --steps 30 --windows 5 \
+        --out "$RES" --name compile_auto_kaggle
       ;;
     stepprofile)  # one step's device time by kernel group: MLPerf DLRM-DCNv2 (full tables) and Kaggle tf32 / bf16
       run step_profile_mlperf 110 python benchmarks/step_profile.py --config configs/mlperf-dcnv2.json \
@@ -225,7 +236,7 @@ EOF
     mlperf)  # MLPerf DLRM-DCNv2, full tables in bf16: the plain PyTorch version vs ours, then the pooled
       # embedding's bandwidth (issue #22); each loads 52 GB of tables, one model at a time
       run mlperf_dcnv2 340 python benchmarks/mlperf_dcnv2.py --batch-sizes 65536 \
-        --variants triton-embedding+compiled,triton-embedding-interaction+compiled --out "$RES"
+        --variants triton-embedding+compiled,triton-embedding+step-graph --out "$RES"
       run pooled_embedding 160 python benchmarks/pooled_embedding.py --out "$RES"
       ;;
     multihot)  # quality on planted multi-hot data: the MLPerf model's shapes with fp32 tables on small-table
