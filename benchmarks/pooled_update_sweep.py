@@ -7,7 +7,7 @@ For each table dtype (bf16 at full size, fp32 capped at ``--fp32-rows-cap`` rows
 (rounding, launch) pair of `PLAN`, times ``pooled_embedding_sparse_update_`` (row-wise Adagrad) on one batch
 of 65536 uniform raw values (every lookup a cold row) with `pooled_embedding.time_graph` (CUDA-graph
 replay, median of the windows), and reports ms and % of copy bandwidth as `pooled_embedding.py` counts
-the bytes. Rounding: "hash" / "philox" stochastic rounding (`kernels.embedding.update.SR_RNG`), "nearest";
+the bytes. Rounding: "hash" / "hash1" / "philox" stochastic rounding (`kernels.embedding.update.SR_RNG`), "nearest";
 launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps) forced
 through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
 ``multi_hot_wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
@@ -39,7 +39,8 @@ from kernels.embedding import update  # noqa: E402
 
 # (dtype, rounding, launch); bf16 rows only for bf16 tables
 PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 16, 4, 1), (16, 16, 1, 1), (16, 8, 1, 1))]
-        + [("bf16", "nearest", (16, 16, 2, 1)), ("bf16", "philox", (16, 16, 2, 1))]
+        + [("bf16", r, c) for r in ("hash1", "nearest") for c in ((16, 16, 2, 1), (32, 16, 4, 1))]
+        + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
 KEYS = ["dtype", "rounding", "launch", "batch", "unique_rows", "ms", "gbps", "pct_of_copy", "status"]
 
@@ -52,7 +53,7 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     rows = []
     for _, rounding, launch in plan:
         heuristics.SPARSE_UPDATE_OVERRIDE = launch
-        update.SR_RNG = rounding if rounding in ("hash", "philox") else "hash"
+        update.SR_RNG = rounding if rounding in update.RNG_CODES else "hash"
         sr = rounding != "nearest"
 
         def step():
@@ -93,6 +94,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=0, help="calls per window (0: ~20 ms of work)")
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="tables of <= 1000 rows, batch 8, one call per window")
+    ap.add_argument("--dtypes", default="bf16,fp32", help="table dtypes to sweep (comma list of bf16, fp32)")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
@@ -102,7 +104,10 @@ def main(argv=None) -> int:
     env = environment(device)
     copy_gbps = pe.copy_bandwidth(device, 2**30 if device.type == "cuda" and not args.smoke else 2**24, args.windows)
     rows: list[dict] = []
-    for dtype in ("bf16", "fp32"):
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    if not dtypes or set(dtypes) - {"bf16", "fp32"}:
+        ap.error(f"--dtypes: {args.dtypes!r} is not a comma list of bf16, fp32")
+    for dtype in dtypes:
         cap = args.rows_cap
         if dtype == "fp32" and args.fp32_rows_cap:
             cap = min(cap, args.fp32_rows_cap) if cap else args.fp32_rows_cap

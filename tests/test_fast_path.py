@@ -103,3 +103,18 @@ def test_summary_records_what_auto_chose(tmp_path):
     on_disk = json.loads((tmp_path / "auto" / "summary.json").read_text())
     assert on_disk["fast_path"]["kernels.embedding"]["value"] == "torch"
     assert on_disk["resolved"]["cuda_graph"] is False and summary["resolved"]["compile"] is False
+
+
+@pytest.mark.parametrize("overrides, mlp", [
+    ({"data.batch_size": 65536}, "fused"),  # kaggle.json is tf32: the fused MLP won there (+5%)
+    ({"data.batch_size": 131072}, "fused"),
+    ({"data.batch_size": 2048}, "torch"),  # -1% at 2048
+    ({"data.batch_size": 65536, "train.precision": "bf16"}, "torch"),  # -14% in bf16
+    ({"data.batch_size": 65536, "model.dropout": 0.1}, "torch"),  # the fused MLP has no dropout
+    ({"data.batch_size": 65536, "model.activation": "sigmoid"}, "torch"),  # nor another activation
+])
+def test_auto_mlp_is_fused_in_tf32_at_large_batches_only(overrides, mlp):
+    resolved, chosen = resolve_fast_path(cfg_with(**overrides), CUDA)
+    assert resolved.kernels.mlp == mlp, chosen["kernels.mlp"]
+    assert ("won tf32 at batch 65536" in chosen["kernels.mlp"]["why"]) == (mlp == "fused")
+    assert resolve_fast_path(cfg_with(**overrides), torch.device("cpu"))[0].kernels.mlp == "torch"

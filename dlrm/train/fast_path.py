@@ -10,11 +10,13 @@ What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
 * On CUDA: the Triton embedding (hashing + lookup in one kernel, the sparse optimizer fused into its
   backward: no COO gradient, static shapes) and the Triton dot interaction (the eager one runs tiny
   batched GEMMs off the tensor cores); PyTorch MLPs (cuBLAS beats the Triton linear kernel at DLRM
-  shapes) and loss (Inductor fuses it into the compiled step); ``torch.compile`` (mode default);
+  shapes), except in tf32 from batch 65536, where the fused MLP (kernels.mlp.FusedMLP) won by 5%; the
+  PyTorch loss (Inductor fuses it into the compiled step); ``torch.compile`` (mode default);
   the whole step in one CUDA graph whenever the run allows it (one process, a fused SGD or Adam
   dense optimizer or Adagrad (dlrm.train.adagrad.CapturableAdagrad), no reduce-overhead compile): at batch
   128 it turned 2.8 ms of host time per step into one launch. This is the
-  ``triton-embedding-interaction+step-graph`` variant, the fastest in every throughput table so far.
+  ``triton-embedding-interaction+step-graph`` variant (``triton-fused-mlp+step-graph`` in tf32 from
+  batch 65536), the fastest in every throughput table so far.
   Where the step graph is off (one process, one-hot tables), ``train.compile.mode`` "auto" takes
   torch.compile's reduce-overhead mode (its own CUDA graphs of the forward and the backward), since
   mode default is host-bound below batch ~16384.
@@ -33,6 +35,9 @@ from loguru import logger
 from dlrm.config import Config
 
 COMPONENTS = ("embedding", "interaction", "mlp", "loss")
+# kernels.mlp "auto" takes the fused MLP for tf32 from this batch size: measured +5% at 65536 and -1% at
+# 2048 (results/train_throughput_kaggle_fusedmlp.md); bf16 lost at both (-14% at 65536)
+FUSED_MLP_MIN_BATCH = 65536
 
 
 def _triton_usable(device: torch.device) -> tuple[bool, str]:
@@ -56,8 +61,15 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[s
                              "40.9 vs 37.1 ms an MLPerf DLRM-DCNv2 step)")
         return ("triton", "the eager dot's small batched GEMMs miss the tensor cores") if usable else ("torch", why_not)
     if component == "mlp":
+        if not usable:
+            return "torch", why_not
+        m = cfg.model
+        if (cfg.train.precision == "tf32" and cfg.data.batch_size >= FUSED_MLP_MIN_BATCH and m.activation == "relu"
+                and not m.dropout):
+            return "fused", ("kernels.mlp.FusedMLP (cuBLASLt bias+ReLU epilogues, weight gradients on a side stream) "
+                             f"won tf32 at batch {FUSED_MLP_MIN_BATCH} (+5%)")
         return "torch", ("cuBLAS beats the Triton linear kernel at DLRM shapes, and the fused MLP (kernels.mlp "
-                         "\"fused\") won only tf32 at batch 65536 (+5%; bf16 -14%)") if usable else why_not
+                         "\"fused\") won only tf32 at batch 65536 (+5%; bf16 -14%, tf32 at 2048 -1%)")
     return "torch", "fused into the compiled step by Inductor" if usable else why_not
 
 
