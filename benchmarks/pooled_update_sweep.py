@@ -51,9 +51,10 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     x = pe.Inputs(t, batch, device)
     nbytes = pe.case_bytes("bwd", t, batch, x.unique)
     rows = []
+    shipped_rng = update.SR_RNG
     for _, rounding, launch in plan:
         heuristics.SPARSE_UPDATE_OVERRIDE = launch
-        update.SR_RNG = rounding if rounding in update.RNG_CODES else "hash"
+        update.SR_RNG = rounding if rounding in update.RNG_CODES else shipped_rng
         sr = rounding != "nearest"
 
         def step():
@@ -70,7 +71,7 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
             row = dict(status=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
         finally:
             heuristics.SPARSE_UPDATE_OVERRIDE = None
-            update.SR_RNG = "hash"
+            update.SR_RNG = shipped_rng
         rows.append(dict(dtype=dtype, rounding=rounding, launch=str(launch or heuristics.sparse_update_config(
             heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True)) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))

@@ -141,7 +141,8 @@ def main(argv=None) -> int:
     if args.variant not in VARIANTS:
         ap.error(f"unknown variant {args.variant!r} (choose from {', '.join(VARIANTS)})")
     cfg = load_config(args.config)
-    cfg.data.max_rows_per_table = args.max_rows
+    if args.max_rows is not None:  # else the config's own cap (configs/terabyte.json: 10M rows)
+        cfg.data.max_rows_per_table = args.max_rows
     precision = args.precision or cfg.train.precision
     env = environment(torch.device("cuda"))
     step_ms, rows, top = profile_step(cfg, args.variant, args.batch_size, precision, args.steps, args.warmup)
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
     note = (f"Step time {step_ms:.2f} ms ({args.batch_size / step_ms * 1e3 / 1e6:.2f}M samples/s), the mean of "
             f"{args.steps} steps after {args.warmup} warm-up steps (CUDA events); kernel times from the PyTorch "
             f"profiler over {args.steps} more steps. Tables: "
-            + (f"capped at {args.max_rows:,} rows" if args.max_rows else "full size") + ".")
+            + (f"capped at {cfg.data.max_rows_per_table:,} rows" if cfg.data.max_rows_per_table else "full size") + ".")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(title, [env_line(env), note], cat_lines + top_lines)

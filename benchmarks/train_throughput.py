@@ -15,6 +15,7 @@ Writes train_throughput.csv / .md / .png with the GPU name, versions and date.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -136,9 +137,14 @@ def run_case(cfg, variant: str, precision: str, batch_size: int, device: torch.d
         return measure(cfg, variant, precision, batch_size, device, args.warmup, args.steps, args.windows)
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
+        return {**case, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
+    finally:
+        # the compiled graphs hold the case's model (dynamo's guards reference its modules), and with it
+        # its tables: without this, the next case's peak included the last one's (27 GB of Terabyte tables)
+        torch._dynamo.reset()
+        gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        return {**case, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
 
 
 def main(argv=None) -> int:

@@ -5,13 +5,15 @@ The random bits of stochastic rounding come from one of two counter-based genera
 seed, the row and the column of each element (so results do not depend on how the work is split into
 programs):
 
-* ``"hash"`` (default): a 32-bit integer finaliser (``_mix32``: two xorshift-multiply rounds, constants
+* ``"hash"``: a 32-bit integer finaliser (``_mix32``: two xorshift-multiply rounds, constants
   from Chris Wellons' hash-prospector, bias ~0.02). A key per row (the row's two 32-bit halves mixed with
   the seed, computed once per row) is mixed once more with each column: ~10 integer ops an element;
 * ``"hash1"``: the same per-row key, then a single xorshift-multiply round per element (``_mix32_once``):
   ~4 integer ops an element. Each element's 16 bits stay exactly uniform (a bijection of the uniform
   row key), which is all unbiasedness needs; only the mixing between columns of one row is weaker (the
-  tests bound their correlation as for the others). Kept as an option to measure against ``"hash"``;
+  tests bound their correlation as for the others). The default of the fused updates
+  (``kernels.embedding.update.SR_RNG``): at MLPerf shapes the bf16 update took 6.14 ms against 6.39 ms
+  with ``"hash"`` (H100, ``results/pooled_update_sweep_hash1.md``);
 * ``"philox"``: ``tl.randint`` (Philox 4x32-10, as ``torch.rand``) on ``row * D + column``: ~10x the
   integer work. In the bandwidth-bound update of ~10M bf16 rows of 128 a step (MLPerf DLRM-DCNv2, batch
   65536) that work was measured to double the update's time on an H100 (18.1 ms against 9.6 ms with the
