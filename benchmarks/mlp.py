@@ -12,6 +12,8 @@ bf16 autocast, as the trainer's ``train.precision: bf16``). Implementations:
 * ``compiled``: the same module under ``torch.compile`` (inductor, default mode),
 * ``fused``: ``kernels.mlp.FusedMLP`` (one autograd node; bias+ReLU in cuBLASLt's epilogue; one Triton
   mask + bias-gradient kernel per layer; weight-gradient GEMMs on a second stream).
+* ``fp8`` (opt-in, ``--impls ...,fp8``; bf16 rows only): the ``compiled`` MLP with every layer whose
+  widths are multiples of 16 an FP8 GEMM (``kernels.fp8_linear``, issue #20's measured try of FP8).
 
 One step = parameter grads set to None, forward, ``backward`` of a fixed output gradient. On CUDA the
 steps are captured in a CUDA graph (n steps per graph, after warm-up steps on a side stream) and the
@@ -44,6 +46,7 @@ from _common import env_line, environment, markdown, md_row, pyplot, save_figure
 
 from dlrm.model.archs import MLP  # noqa: E402
 from dlrm.train.step import autocast_context, set_matmul_precision  # noqa: E402
+from kernels.fp8_linear import fp8_mlp  # noqa: E402
 from kernels.mlp import FusedMLP  # noqa: E402
 
 # name: (in_features, widths, activate_last, input needs a gradient)
@@ -53,7 +56,8 @@ CASES = {
     "mlperf_bottom": (13, [512, 256, 128], True, False),
     "mlperf_top": (3456, [1024, 1024, 512, 256, 1], False, True),
 }
-IMPLS = ("eager", "compiled", "fused")
+IMPLS = ("eager", "compiled", "fused", "fp8")
+DEFAULT_IMPLS = ("eager", "compiled", "fused")
 KEYS = ["mlp", "shape", "precision", "batch", "impl", "ms", "min_ms", "max_ms", "speedup_vs_eager",
         "samples_per_sec", "steps_per_window", "status"]
 
@@ -68,6 +72,8 @@ def build(impl: str, in_features: int, widths: list[int], activate_last: bool, d
     if impl == "fused":
         return FusedMLP(in_features, widths, "relu", activate_last=activate_last).to(device)
     model = MLP(in_features, widths, "relu", activate_last=activate_last).to(device)
+    if impl == "fp8":
+        return torch.compile(fp8_mlp(model), backend=backend)
     if impl == "compiled":
         return torch.compile(model, backend=backend)
     return model
@@ -142,6 +148,8 @@ def measure(name: str, impl: str, precision: str, batch: int, device: torch.devi
         in_features, widths = smoke_shape(in_features, widths)
     row = {"mlp": name, "shape": "-".join(str(d) for d in [in_features, *widths]), "precision": precision,
            "batch": batch, "impl": impl}
+    if impl == "fp8" and precision != "bf16":
+        return {**row, "status": "skipped: fp8 runs under bf16 autocast"}
     try:
         set_matmul_precision("tf32" if precision == "tf32" else "fp32")
         model = build(impl, in_features, widths, activate_last, device, args.compile_backend)
@@ -225,7 +233,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mlps", default=",".join(CASES), help=f"comma list of {', '.join(CASES)}")
     ap.add_argument("--batch-sizes", default="2048,65536")
     ap.add_argument("--precisions", default="tf32,bf16", help="comma list of fp32 (IEEE), tf32, bf16 (autocast)")
-    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--impls", default=",".join(DEFAULT_IMPLS), help=f"comma list of {', '.join(IMPLS)}")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; --smoke: aot_eager)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before capture (compilation)")
@@ -275,7 +283,7 @@ def main(argv=None) -> int:
                     # rewritten after every case: a run cut short keeps what it measured
                     write_results(rows, env, Path(args.out), title, note)
     print(markdown(title, [env_line(env), note], markdown_table(rows)), end="")
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,117 @@
+"""FP8 linear layers (Hopper tensor cores): issue #20's "one measured try" of FP8 MLP GEMMs.
+
+torchao's float8 training is not on the GPU image, so this is the same recipe written against
+``torch._scaled_mm`` (cuBLASLt FP8 GEMMs on sm89+; a reference implementation on the CPU):
+
+* forward ``y = x W^T + b``: ``x`` and ``W`` cast to ``float8_e4m3fn`` with one dynamic scale per
+  tensor (``amax -> 448``, "tensorwise" in torchao's terms), the GEMM accumulates in fp32 and writes
+  bf16; the bias is added after (Inductor fuses it);
+* backward: the output gradient cast to ``float8_e5m2`` (wider range, as gradients need), then
+  ``dx = g W`` and ``dW = g^T x`` as FP8 GEMMs against the saved FP8 ``x`` and ``W`` (e5m2 x e4m3, the
+  combination the hardware takes); ``db = sum(g)`` in fp32.
+
+FP8 GEMMs need every dimension a multiple of 16: `fp8_mlp` swaps only those layers (DLRM's first
+bottom layer, 13 wide, its top MLP's input, 367 or 479, and the 1-wide logit stay ``nn.Linear``).
+
+Not wired into the model: `benchmarks/mlp.py` (impl ``fp8``) measures it against the bf16 MLPs first,
+and the issue keeps FP8 only where it is faster and the planted-data AUC stays within 0.002 of bf16.
+
+Notation: N rows (the batch), K input features, M output features.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Fp8Linear", "fp8_mlp", "quantize"]
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+
+
+def quantize(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``(q, inv_scale)``: ``t`` scaled so its largest magnitude maps to ``dtype``'s largest finite
+    value, cast to ``dtype`` (round to nearest, saturated), and the fp32 scalar that undoes the
+    scaling (``q.float() * inv_scale ~= t``). An all-zero tensor gets scale 1."""
+    fmax = torch.finfo(dtype).max
+    amax = t.detach().abs().amax().float()
+    scale = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
+    q = (t.float() * scale).clamp(-fmax, fmax).to(dtype)
+    return q, scale.reciprocal()
+
+
+def _col_major(t: Tensor) -> Tensor:
+    """The same matrix with column-major strides (what ``torch._scaled_mm`` wants as its second operand)."""
+    return t.t().contiguous().t()
+
+
+class _Fp8LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        xq, sx = quantize(x, E4M3)  # [N, K]
+        wq, sw = quantize(weight, E4M3)  # [M, K]
+        y = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)  # [N, M]
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        ctx.save_for_backward(xq, sx, wq, sw)
+        ctx.has_bias, ctx.x_dtype, ctx.w_dtype = bias is not None, x.dtype, weight.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        xq, sx, wq, sw = ctx.saved_tensors
+        gq, sg = quantize(grad, E5M2)  # [N, M]
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:  # dx = g W: [N, M] @ [M, K]
+            dx = torch._scaled_mm(gq, _col_major(wq), scale_a=sg, scale_b=sw, out_dtype=torch.bfloat16).to(ctx.x_dtype)
+        if ctx.needs_input_grad[1]:  # dW = g^T x: [M, N] @ [N, K]
+            dw = torch._scaled_mm(gq.t().contiguous(), _col_major(xq), scale_a=sg, scale_b=sx,
+                                  out_dtype=torch.float32).to(ctx.w_dtype)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = grad.float().sum(0)
+        return dx, dw, db
+
+
+class Fp8Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and state_dict keys) whose GEMMs run in FP8 (module docstring).
+
+    Args:
+        in_features: K, a multiple of 16.
+        out_features: M, a multiple of 16.
+        bias: as ``nn.Linear``.
+
+    Input ``[N, K]`` with N a multiple of 16 (fp32 or bf16); output ``[N, M]`` in bf16.
+
+    Example:
+        >>> layer = Fp8Linear(32, 16)
+        >>> layer(torch.randn(16, 32)).shape, layer(torch.randn(16, 32)).dtype
+        (torch.Size([16, 16]), torch.bfloat16)
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        if in_features % 16 or out_features % 16:
+            raise ValueError(f"Fp8Linear: in_features ({in_features}) and out_features ({out_features}) must be "
+                             "multiples of 16 (FP8 GEMMs)")
+        super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[0] % 16:
+            raise ValueError(f"Fp8Linear: the batch ({x.shape[0]}) must be a multiple of 16 (FP8 GEMMs)")
+        return _Fp8LinearFunction.apply(x, self.weight, self.bias)
+
+
+def fp8_mlp(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` with every ``nn.Linear`` whose both widths are multiples of 16
+    replaced by an `Fp8Linear` holding the same parameters (the others stay as they are)."""
+    out = copy.deepcopy(module)
+    for name, child in list(out.named_modules()):
+        for attr, layer in list(child.named_children()):
+            if type(layer) is nn.Linear and layer.in_features % 16 == 0 and layer.out_features % 16 == 0:
+                new = Fp8Linear(layer.in_features, layer.out_features, layer.bias is not None,
+                                device=layer.weight.device, dtype=layer.weight.dtype)
+                new.load_state_dict(layer.state_dict())
+                setattr(child, attr, new)
+    return out
