@@ -178,12 +178,16 @@ def test_mlp_benchmark_smoke_times_every_implementation(tmp_path):
     mb = load_script("mlp")
     assert mb.main(["--smoke", "--out", str(tmp_path)]) == 0
     rows = read_csv(tmp_path / "mlp.csv")
-    assert [(r["mlp"], r["impl"]) for r in rows] == [(m, i) for m in mb.CASES for i in mb.IMPLS]
+    assert [(r["mlp"], r["impl"]) for r in rows] == [(m, i) for m in mb.CASES for i in mb.DEFAULT_IMPLS]
     assert all(r["status"] == "ok" and float(r["ms"]) > 0 and r["batch"] == "8" for r in rows), rows
     assert all(float(r["speedup_vs_eager"]) == 1.0 for r in rows if r["impl"] == "eager")
     assert {"device", "torch", "triton", "date"} <= set(rows[0])
     md = (tmp_path / "mlp.md").read_text()
     assert md.count("| fused | ") == len(mb.CASES) and (tmp_path / "mlp.png").stat().st_size > 0
+    # the FP8 try is opt-in and runs under bf16 autocast only: a tf32 row says so, and the run succeeds
+    assert mb.main(["--smoke", "--mlps", "kaggle_top", "--impls", "eager,fp8", "--out", str(tmp_path / "fp8")]) == 0
+    fp8 = [r for r in read_csv(tmp_path / "fp8" / "mlp.csv") if r["impl"] == "fp8"]
+    assert [r["status"] for r in fp8] == ["skipped: fp8 runs under bf16 autocast"]
 
 
 def test_mlperf_dcnv2_smoke_baseline_ours_and_a_step_graph_variant(tmp_path):
