@@ -34,12 +34,13 @@ E5M2 = torch.float8_e5m2
 
 def quantize(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """``(q, inv_scale)``: ``t`` scaled so its largest magnitude maps to ``dtype``'s largest finite
-    value, cast to ``dtype`` (round to nearest, saturated), and the fp32 scalar that undoes the
-    scaling (``q.float() * inv_scale ~= t``). An all-zero tensor gets scale 1."""
+    value, cast to ``dtype`` (round to nearest, saturated; row-major), and the fp32 scalar that undoes
+    the scaling (``q.float() * inv_scale ~= t``). An all-zero tensor gets scale 1."""
     fmax = torch.finfo(dtype).max
     amax = t.detach().abs().amax().float()
     scale = torch.where(amax > 0, fmax / amax, torch.ones_like(amax))
-    q = (t.float() * scale).clamp(-fmax, fmax).to(dtype)
+    # row-major whatever t's strides: cuBLASLt's FP8 GEMMs take only row-major x column-major operands
+    q = (t.float() * scale).clamp(-fmax, fmax).to(dtype).contiguous()
     return q, scale.reciprocal()
 
 

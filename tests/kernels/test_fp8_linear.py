@@ -17,6 +17,9 @@ from kernels.fp8_linear import E4M3, E5M2, Fp8Linear, fp8_mlp, quantize
 
 BF16_OUT = dict(rtol=2**-7, atol_frac=2**-7)  # bf16 outputs: half an ulp each way, and a cancellation margin
 FP32_OUT = dict(rtol=1e-5, atol_frac=1e-5)
+# The FP8 GEMM's fp32 output (the weight gradient): exact fp32 accumulation on the CPU; Hopper's FP8 tensor
+# cores accumulate with fewer mantissa bits (~2**-9 relative measured on the H100), so there bf16's bound
+FP8_GEMM_FP32_OUT = BF16_OUT if torch.cuda.is_available() else FP32_OUT
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol_frac: float, what: str) -> None:
@@ -65,7 +68,7 @@ def test_forward_and_gradients_match_the_dequantized_float64_product(n, k, m, bi
     ref_y = dq(xq, sx) @ dq(wq, sw).T + (layer.bias.double() if bias else 0.0)
     close(y, ref_y, **BF16_OUT, what="y")
     close(x.grad, dq(gq, sg) @ dq(wq, sw), **BF16_OUT, what="dx")
-    close(layer.weight.grad, dq(gq, sg).T @ dq(xq, sx), **FP32_OUT, what="dW")
+    close(layer.weight.grad, dq(gq, sg).T @ dq(xq, sx), **FP8_GEMM_FP32_OUT, what="dW")
     if bias:
         close(layer.bias.grad, g.to(torch.bfloat16).double().sum(0), **FP32_OUT, what="db")
 
