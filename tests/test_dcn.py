@@ -6,6 +6,7 @@ non-contiguous inputs and gradients; TorchRec's names, shapes and initialisation
 their validation, the fast-path choice and the resume policy; configs/kaggle-dcn.json end to end.
 """
 
+import copy
 import gzip
 import json
 import subprocess
@@ -171,6 +172,33 @@ def test_cross_net_identity_when_w_zero():
         for b in net.bias:
             b.fill_(1.0)
     torch.testing.assert_close(net(x), 3 * x, rtol=0, atol=0)  # x -> 2x -> 3x
+
+
+def test_cross_net_under_bf16_autocast_stays_bf16_and_tracks_float64():
+    """The residual stream keeps the GEMMs' dtype (bf16) under autocast: output and input gradient are
+    bf16, not promoted to fp32 by the fp32 bias; values within bf16 rounding of the float64 net on the
+    same (bf16-representable) input, parameters fp32 with fp32 gradients."""
+    torch.manual_seed(5)
+    net = LowRankCrossNet(40, 3, 8)
+    _randomise_(net)
+    x = torch.randn(6, 40).to(torch.bfloat16).requires_grad_(True)
+    g = torch.randn(6, 40).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = net(x)
+    out.backward(g)
+    assert out.dtype == torch.bfloat16 and x.grad.dtype == torch.bfloat16
+    assert all(p.grad.dtype == torch.float32 for p in net.parameters())
+    ref_net = copy.deepcopy(net).double()
+    xr = x.detach().double().requires_grad_(True)
+    ref = ref_net(xr)
+    ref.backward(g.double())
+    scale = float(ref.abs().max())
+    # bf16 steps (2**-8 relative) through 3 layers of 2 GEMMs each: a few percent of the output's scale
+    torch.testing.assert_close(out.double(), ref, rtol=0.03, atol=0.03 * scale)
+    torch.testing.assert_close(x.grad.double(), xr.grad, rtol=0.03, atol=0.03 * float(xr.grad.abs().max()))
+    for (name, p), q in zip(net.named_parameters(), ref_net.parameters()):
+        torch.testing.assert_close(p.grad.double(), q.grad, rtol=0.05, atol=0.05 * float(q.grad.abs().max()),
+                                   msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.parametrize("layers, rank", [(0, 4), (2, 0)])

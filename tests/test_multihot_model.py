@@ -244,11 +244,20 @@ DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 @pytest.fixture
 def ieee():
-    """fp32 matmuls in IEEE precision (an earlier test in this process may have allowed TF32)."""
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
+    """fp32 matmuls in IEEE precision (an earlier test in this process may have allowed TF32), through
+    the API the trainer uses (`dlrm.train.step.set_matmul_precision`): reading the legacy global after
+    the new per-backend one was set raises, which made this fixture fail after tests/test_dcn.py."""
+    matmul = torch.backends.cuda.matmul
+    if not hasattr(matmul, "fp32_precision"):  # torch < 2.9
+        before = matmul.allow_tf32
+        matmul.allow_tf32 = False
+        yield
+        matmul.allow_tf32 = before
+        return
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "ieee"
     yield
-    torch.set_float32_matmul_precision(before)
+    matmul.fp32_precision = before
 
 
 def _pair(hashing: str = "modulus", seed: int = 0):

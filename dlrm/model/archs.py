@@ -201,6 +201,9 @@ class LowRankCrossNet(nn.Module):
     ``V_kernels[l]`` [r, N] xavier-normal (all W first, then all V: TorchRec's RNG order),
     ``bias[l]`` [N] zeros.
 
+    Under autocast the layers keep the GEMMs' dtype (bf16) end to end: the bias is cast to it before
+    the add, where TorchRec's module lets the fp32 bias promote the residual stream to fp32.
+
     Example:
         >>> net = LowRankCrossNet(in_features=12, num_layers=2, low_rank=3)
         >>> net(torch.randn(5, 12)).shape
@@ -232,7 +235,11 @@ class LowRankCrossNet(nn.Module):
         for layer in range(self._num_layers):
             x_l_v = F_.linear(x_l, self.V_kernels[layer])  # [B, r]
             x_l_w = F_.linear(x_l_v, self.W_kernels[layer])  # [B, N]
-            x_l = x_0 * (x_l_w + self.bias[layer]) + x_l
+            # The bias in the GEMM's dtype: under bf16 autocast the GEMMs give bf16 while the bias is an
+            # fp32 parameter, and adding them as they are (as TorchRec does) promotes x_l, and every [B, N]
+            # tensor after it, forward and backward, to fp32: twice the bytes in the passes that made a
+            # quarter of the MLPerf step (PERF.md). Without autocast nothing changes.
+            x_l = x_0 * (x_l_w + self.bias[layer].to(x_l_w.dtype)) + x_l
         return x_l
 
     def extra_repr(self) -> str:
