@@ -15,7 +15,6 @@ Writes train_throughput.csv / .md / .png with the GPU name, versions and date.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import sys
 import time
@@ -44,7 +43,7 @@ from _common import (  # noqa: E402
 
 from dlrm.config import load_config, validate  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
-from dlrm.train.compare import VARIANTS, unavailable_reason, variant_config  # noqa: E402
+from dlrm.train.compare import VARIANTS, release_memory, unavailable_reason, variant_config  # noqa: E402
 
 KEYS = ["variant", "precision", "batch_size", "samples_per_sec", "min_samples_per_sec", "max_samples_per_sec",
         "step_ms", "warmup_s", "peak_memory_mb", "final_loss", "status"]
@@ -139,12 +138,8 @@ def run_case(cfg, variant: str, precision: str, batch_size: int, device: torch.d
         traceback.print_exc()
         return {**case, "status": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"}
     finally:
-        # the compiled graphs hold the case's model (dynamo's guards reference its modules), and with it
-        # its tables: without this, the next case's peak included the last one's (27 GB of Terabyte tables)
-        torch._dynamo.reset()
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        # without this, the next case's peak included the last one's model (27 GB of Terabyte tables)
+        release_memory(device)
 
 
 def main(argv=None) -> int:
