@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlperf | multihot | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlp:fp8 | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -140,6 +140,14 @@ EOF
         --batch-sizes 65536 --variants eager,compiled-cudagraphs,triton+cudagraphs,triton-embedding+cudagraphs,triton-embedding-interaction+cudagraphs --precisions bf16 \
         --warmup 10 --steps 20 --windows 5 --out "$RES"
       ;;
+    terabyte:stepgraph)  # the same model with the whole-step graph, cuBLAS vs the fused MLP, and its step profile (issue #20)
+      run train_terabyte_stepgraph 170 python benchmarks/train_throughput.py --config configs/terabyte.json \
+        --batch-sizes 2048,65536 --variants triton-embedding-interaction+step-graph,triton-fused-mlp+step-graph \
+        --precisions bf16 --warmup 10 --steps 20 --windows 5 --out "$RES" --name train_throughput_terabyte_stepgraph
+      run step_profile_terabyte 120 python benchmarks/step_profile.py --config configs/terabyte.json \
+        --variant triton-embedding-interaction+step-graph --precision bf16 --batch-size 65536 --out "$RES" \
+        --name step_profile_terabyte_bf16_b65536
+      ;;
     compare|compare:*)  # quality and speed of the variants on planted synthetic data with the Kaggle table sizes
       kaggle_data
       kaggle_config /tmp/kaggle-syn.json
@@ -217,7 +225,7 @@ EOF
       ;;
     stepprofile)  # one step's device time by kernel group: MLPerf DLRM-DCNv2 (full tables) and Kaggle tf32 / bf16
       run step_profile_mlperf 110 python benchmarks/step_profile.py --config configs/mlperf-dcnv2.json \
-        --variant triton-embedding+compiled --batch-size 65536 --out "$RES" --name step_profile_mlperf_b65536
+        --variant triton-embedding+step-graph --batch-size 65536 --out "$RES" --name step_profile_mlperf_b65536_bf16cross
       for p in tf32 bf16; do
         run "step_profile_kaggle_$p" 80 python benchmarks/step_profile.py --config configs/kaggle.json \
           --variant triton-embedding-interaction+step-graph --precision $p --batch-size 65536 --out "$RES" \
@@ -225,13 +233,19 @@ EOF
       done
       ;;
     sweep)  # the pooled fused backward over launch configs and bf16 rounding (issue #22)
-      run pooled_update_sweep 200 python benchmarks/pooled_update_sweep.py --out "$RES" --name pooled_update_sweep_run
+      run pooled_update_sweep 200 python benchmarks/pooled_update_sweep.py --dtypes "${SWEEP_DTYPES:-bf16,fp32}" \
+        --out "$RES" --name pooled_update_sweep_run
       ;;
     mlp)  # the fused MLP alone (benchmarks/mlp.py) and in the whole Kaggle step (issue #20)
       run mlp 200 python benchmarks/mlp.py --out "$RES"
       run kaggle_fusedmlp 130 python benchmarks/train_throughput.py --config configs/kaggle.json --batch-sizes 2048,65536 \
         --variants triton-embedding-interaction+step-graph,triton-fused-mlp+step-graph --precisions tf32,bf16 \
         --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_fusedmlp
+      ;;
+    mlp:fp8)  # the FP8 try (kernels/fp8_linear.py, issue #20): bf16 rows with fp8 beside them -> mlp_fp8.*
+      mkdir -p "$RES/fp8"
+      run mlp_fp8 300 python benchmarks/mlp.py --precisions bf16 --impls eager,compiled,fused,fp8 --out "$RES/fp8"
+      for e in md csv png; do cp "$RES/fp8/mlp.$e" "$RES/mlp_fp8.$e" 2>/dev/null; done
       ;;
     mlperf)  # MLPerf DLRM-DCNv2, full tables in bf16: the plain PyTorch version vs ours, then the pooled
       # embedding's bandwidth (issue #22); each loads 52 GB of tables, one model at a time
@@ -256,6 +270,24 @@ PY
         --run-name mh-quality --tb-dir "$OUT/tb" --compare eager,triton-embedding+compiled
       cp "$OUT/tb/mh-quality/compare.md" "$RES/compare_multihot_dcn_b4096.md" 2>/dev/null
       cp "$OUT/tb/mh-quality/compare.csv" "$RES/compare_multihot_dcn_b4096.csv" 2>/dev/null
+      ;;
+    multihot:large)  # the oracle gap as results/multihot_quality.md measures it: 12M fresh planted rows (16
+      # generator processes), one epoch of the same model, what "auto" picks (no kernel flag)
+      [ -f /tmp/mh-12m/metadata.json ] || run synthetic_mh_12m 300 python -m dlrm.data.synthetic --rows 12000000 \
+        --out /tmp/mh-12m --cardinalities small --multi-hot-sizes mlperf --validation-fraction 0.1 --test-fraction 0 \
+        --workers 0
+      python - <<'PY'
+import json
+c = json.load(open("configs/mlperf-dcnv2.json"))
+c["model"]["embedding_dtype"] = "fp32"
+c["data"]["batch_size"] = 4096
+c["optim"]["schedule"] = {"warmup_steps": 50}
+c["train"].update({"eval_every": 660, "log_every": 100})
+json.dump(c, open("/tmp/mh-quality-12m.json", "w"))
+PY
+      run quality_mh_12m 280 python train.py --config /tmp/mh-quality-12m.json --data /tmp/mh-12m --epochs 1 \
+        --run-name mh-quality-12m --tb-dir "$OUT/tb"
+      cp "$OUT/tb/mh-quality-12m/summary.json" "$RES/multihot_quality_12m_summary.json" 2>/dev/null
       ;;
     testsall)  # the whole suite as `pytest -q` runs it, on the GPU machine (gpu-marked tests included)
       run tests_all "${TESTS_LIMIT:-400}" python -m pytest -q -p no:cacheprovider ${TESTS_ARGS:-}
