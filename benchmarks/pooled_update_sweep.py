@@ -7,7 +7,7 @@ For each table dtype (bf16 at full size, fp32 capped at ``--fp32-rows-cap`` rows
 (rounding, launch) pair of `PLAN`, times ``pooled_embedding_sparse_update_`` (row-wise Adagrad) on one batch
 of 65536 uniform raw values (every lookup a cold row) with `pooled_embedding.time_graph` (CUDA-graph
 replay, median of the windows), and reports ms and % of copy bandwidth as `pooled_embedding.py` counts
-the bytes. Rounding: "hash" / "hash1" / "philox" stochastic rounding (`kernels.embedding.update.SR_RNG`), "nearest";
+the bytes. Rounding: "hash" / "hash1" / "hash1hi" / "philox" stochastic rounding (`kernels.embedding.update.SR_RNG`), "nearest";
 launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps) forced
 through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
 ``multi_hot_wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
@@ -39,7 +39,7 @@ from kernels.embedding import update  # noqa: E402
 
 # (dtype, rounding, launch); bf16 rows only for bf16 tables
 PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 16, 4, 1), (16, 16, 1, 1), (16, 8, 1, 1))]
-        + [("bf16", r, c) for r in ("hash1", "nearest") for c in ((16, 16, 2, 1), (32, 16, 4, 1))]
+        + [("bf16", r, c) for r in ("hash1", "hash1hi", "nearest") for c in ((16, 16, 2, 1), (32, 16, 4, 1))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
 KEYS = ["dtype", "rounding", "launch", "batch", "unique_rows", "ms", "gbps", "pct_of_copy", "status"]
@@ -96,6 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="tables of <= 1000 rows, batch 8, one call per window")
     ap.add_argument("--dtypes", default="bf16,fp32", help="table dtypes to sweep (comma list of bf16, fp32)")
+    ap.add_argument("--roundings", default=None,
+                    help="only the PLAN rows of these roundings (comma list, e.g. hash1,hash1hi,nearest; '-' is fp32's)")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
@@ -108,12 +110,17 @@ def main(argv=None) -> int:
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     if not dtypes or set(dtypes) - {"bf16", "fp32"}:
         ap.error(f"--dtypes: {args.dtypes!r} is not a comma list of bf16, fp32")
+    keep = None if args.roundings is None else {r.strip() for r in args.roundings.split(",") if r.strip()}
+    known = {r for _, r, _ in PLAN}
+    if keep is not None and (not keep or keep - known):
+        ap.error(f"--roundings: {args.roundings!r} names none or unknown roundings (known: {', '.join(sorted(known))})")
     for dtype in dtypes:
         cap = args.rows_cap
         if dtype == "fp32" and args.fp32_rows_cap:
             cap = min(cap, args.fp32_rows_cap) if cap else args.fp32_rows_cap
         cards = [min(c, cap) if cap else c for c in m.cardinalities]
-        rows += run_plan(dtype, [p for p in PLAN if p[0] == dtype], cards, m, args.batch, device, copy_gbps, args)
+        plan = [p for p in PLAN if p[0] == dtype and (keep is None or p[1] in keep)]
+        rows += run_plan(dtype, plan, cards, m, args.batch, device, copy_gbps, args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})

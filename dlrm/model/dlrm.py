@@ -128,8 +128,9 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
     elif kernels.embedding == "triton":
         from kernels.embedding import TritonSparseEmbedding
 
+        # autocast_output: under bf16 autocast the rows leave the lookup in bf16, as the interaction takes them
         sparse_arch = TritonSparseEmbedding(cardinalities, cfg.embedding_dim, vocabs=vocabs,
-                                            dtype=_TABLE_DTYPES[cfg.embedding_dtype])
+                                            dtype=_TABLE_DTYPES[cfg.embedding_dtype], autocast_output=True)
     elif compiled:
         # torch.compile cannot take a sparse COO gradient; this twin of SparseArch updates the rows in
         # its backward with static shapes, so the whole step compiles (issue #19)

@@ -3,6 +3,13 @@
 ``out[b, f, :] = weight[row(raw[b, f]), :]`` with the hashing of `kernels.embedding.hashing` fused
 into the gather; the rows are written too and saved for the backward.
 
+Output dtype: the weight's, or bf16 from fp32 tables (``out_dtype``), rounded to nearest even inside the
+gather -- exactly ``weight[rows].to(torch.bfloat16)``. Under bf16 autocast the model casts the embeddings
+to bf16 anyway (the interaction's input); emitting them in bf16 halves the lookup's write, the next
+kernel's read, and the gradient the backward reads (which then arrives in bf16: the update converts it
+to fp32 exactly, so the results are those of the fp32 output and its cast, up to the order in which the
+fp32 segment sums add the same values on the GPU's tensor cores).
+
 Backward paths:
 
 * plain op (:func:`embedding_lookup`): an ordinary dense ``[R, D]`` gradient for ``weight`` (computed with
@@ -22,6 +29,7 @@ from torch import Tensor
 
 from kernels._backend import device_context
 from kernels.embedding.hashing import _hash_positions, check_hash_inputs, hash_args, hash_rows_impl
+from kernels.embedding.rounding import _round_bf16
 from kernels.embedding.update import empty_state
 from kernels.heuristics import rows_per_program
 
@@ -54,8 +62,12 @@ def _embedding_fwd_kernel(
     SEARCH_STEPS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    ROUND_OUT: tl.constexpr,
 ):
-    """out[pos, :] = weight[row(pos), :] for BLOCK_N positions; also writes rows (saved for backward)."""
+    """out[pos, :] = weight[row(pos), :] for BLOCK_N positions; also writes rows (saved for backward).
+
+    ``ROUND_OUT``: fp32 rows written to a bf16 ``out``, rounded to nearest even by bit arithmetic (the
+    interpreter's cast truncates; this gives the GPU's and torch's rounding everywhere)."""
     pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = pos < N
     rows = _hash_positions(
@@ -65,7 +77,9 @@ def _embedding_fwd_kernel(
     d = tl.arange(0, BLOCK_D)
     m2 = mask[:, None] & (d < D)[None, :]
     vals = tl.load(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, mask=m2, other=0.0)
-    tl.store(out_ptr + pos[:, None] * D + d[None, :], vals, mask=m2)
+    if ROUND_OUT:
+        vals = _round_bf16(vals, w_ptr, rows[:, None], d[None, :], D, False)
+    tl.store(out_ptr + pos[:, None] * D + d[None, :], vals.to(out_ptr.dtype.element_ty), mask=m2)
 
 
 
@@ -74,15 +88,28 @@ def _embedding_fwd_kernel(
 # ----------------------------------------------------------------------------------------------------
 
 
-def lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets) -> tuple[Tensor, Tensor]:
-    """Launch the lookup: ``(out [B, F, D] in weight's dtype, rows [B, F] int64)``."""
+def output_dtype(weight: Tensor, out_dtype: Optional[torch.dtype]) -> torch.dtype:
+    """The lookup's output dtype: ``out_dtype`` if given (the weight's, or bf16 from fp32 weights), else the
+    weight's."""
+    if out_dtype is None or out_dtype == weight.dtype:
+        return weight.dtype
+    if out_dtype == torch.bfloat16 and weight.dtype == torch.float32:
+        return out_dtype
+    raise ValueError(f"out_dtype must be the weight's dtype ({weight.dtype}) or bfloat16 from float32 weights, "
+                     f"got {out_dtype}")
+
+
+def lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets,
+                out_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
+    """Launch the lookup: ``(out [B, F, D] in `output_dtype`, rows [B, F] int64)``."""
     check_hash_inputs(raw, cardinalities, offsets, vocab, vocab_offsets)
     if weight.dim() != 2:
         raise ValueError(f"weight must be [R, D], got shape {tuple(weight.shape)}")
     B, F = raw.shape
     D = weight.shape[1]
     N = B * F
-    out = torch.empty((B, F, D), dtype=weight.dtype, device=weight.device)
+    dtype = output_dtype(weight, out_dtype)
+    out = torch.empty((B, F, D), dtype=dtype, device=weight.device)
     rows = torch.empty((B, F), dtype=torch.int64, device=weight.device)
     if N == 0 or D == 0:
         return out, rows if N == 0 else hash_rows_impl(raw, cardinalities, offsets, vocab, vocab_offsets)
@@ -103,6 +130,7 @@ def lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets) -> tu
         SEARCH_STEPS=steps,
         BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D,
+        ROUND_OUT=dtype != weight.dtype,
     )
     return out, rows
 
@@ -120,15 +148,17 @@ def _embedding_lookup_op(
     offsets: Tensor,
     vocab: Optional[Tensor],
     vocab_offsets: Optional[Tensor],
+    out_dtype: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor]:
-    """Returns ``(out [B, F, D] in weight's dtype, rows [B, F] int64)``; rows are saved for backward."""
+    """Returns ``(out [B, F, D] in `output_dtype`, rows [B, F] int64)``; rows are saved for backward."""
     with device_context(weight):
-        return lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets)
+        return lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype)
 
 
-def _lookup_fake(raw, weight, *_):
+def _lookup_fake(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype=None):
     B, F = raw.shape
-    return weight.new_empty((B, F, weight.shape[1])), raw.new_empty((B, F), dtype=torch.int64)
+    out = weight.new_empty((B, F, weight.shape[1]), dtype=output_dtype(weight, out_dtype))
+    return out, raw.new_empty((B, F), dtype=torch.int64)
 
 
 _embedding_lookup_op.register_fake(_lookup_fake)
@@ -137,6 +167,7 @@ _embedding_lookup_op.register_fake(_lookup_fake)
 def _lookup_setup_context(ctx, inputs, output):
     ctx.save_for_backward(output[1])
     ctx.num_rows = inputs[1].shape[0]
+    ctx.weight_dtype = inputs[1].dtype
     ctx.mark_non_differentiable(output[1])
 
 
@@ -144,8 +175,9 @@ def _lookup_backward(ctx, grad_out, _grad_rows):
     (rows,) = ctx.saved_tensors
     grad_w = None
     if ctx.needs_input_grad[1]:
-        grad_w = torch.ops.dlrm_kernels.embedding_dense_grad(rows, grad_out, ctx.num_rows)
-    return None, grad_w, None, None, None, None
+        # in the weight's dtype (a bf16 output's gradient is summed in fp32 into an fp32 gradient)
+        grad_w = torch.ops.dlrm_kernels.embedding_dense_grad(rows, grad_out, ctx.num_rows, ctx.weight_dtype)
+    return None, grad_w, None, None, None, None, None
 
 
 _embedding_lookup_op.register_autograd(_lookup_backward, setup_context=_lookup_setup_context)
@@ -166,17 +198,21 @@ def _fused_embedding_op(
     deterministic: bool,
     grad_trigger: Tensor,
     weight_decay: float = 0.0,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> tuple[Tensor, Tensor]:
     """Forward = lookup; backward applies the sparse optimizer update in place (see fused_embedding)."""
     with device_context(weight):
-        return lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets)
+        return lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype)
 
 
-_fused_embedding_op.register_fake(_lookup_fake)
+@_fused_embedding_op.register_fake
+def _(raw, weight, cardinalities, offsets, vocab, vocab_offsets, state, lr, optimizer, eps, deterministic, grad_trigger,
+      weight_decay=0.0, out_dtype=None):
+    return _lookup_fake(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype)
 
 
 def _fused_setup_context(ctx, inputs, output):
-    raw, weight, _card, _off, _voc, _voff, state, lr, optimizer, eps, deterministic, _trigger, weight_decay = inputs
+    raw, weight, _card, _off, _voc, _voff, state, lr, optimizer, eps, deterministic, _trigger, weight_decay, _ = inputs
     ctx.save_for_backward(output[1])
     ctx.mark_non_differentiable(output[1])
     # Held as plain attributes, not saved tensors: the backward mutates them, and they must be the very
@@ -191,7 +227,7 @@ def _fused_backward(ctx, grad_out, _grad_rows):
         rows, grad_out, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic, ctx.weight_decay
     )
     # No gradient for weight (the update has been applied: weight.grad stays None) nor the trigger.
-    return (None,) * 13
+    return (None,) * 14
 
 
 _fused_embedding_op.register_autograd(_fused_backward, setup_context=_fused_setup_context)
@@ -209,12 +245,15 @@ def embedding_lookup(
     offsets: Tensor,
     vocab: Optional[Tensor] = None,
     vocab_offsets: Optional[Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
-    """``weight[hash(raw)]``: ``[B, F, D]`` in weight's dtype, one launch for all features.
+    """``weight[hash(raw)]``: ``[B, F, D]`` in weight's dtype (or ``out_dtype``: bf16 from fp32 weights,
+    rounded to nearest even), one launch for all features.
 
-    Differentiable w.r.t. ``weight`` with an ordinary dense ``[R, D]`` gradient.
+    Differentiable w.r.t. ``weight`` with an ordinary dense ``[R, D]`` gradient (in weight's dtype).
     """
-    return torch.ops.dlrm_kernels.embedding_lookup(raw, weight, cardinalities, offsets, vocab, vocab_offsets)[0]
+    return torch.ops.dlrm_kernels.embedding_lookup(raw, weight, cardinalities, offsets, vocab, vocab_offsets,
+                                                   out_dtype)[0]
 
 
 def fused_embedding(
@@ -231,6 +270,7 @@ def fused_embedding(
     deterministic: bool = True,
     grad_trigger: Optional[Tensor] = None,
     weight_decay: float = 0.0,
+    out_dtype: Optional[torch.dtype] = None,
 ) -> Tensor:
     """Lookup ``[B, F, D]`` whose backward updates ``weight`` (and ``state``) in place.
 
@@ -243,7 +283,8 @@ def fused_embedding(
     operation"; torch 2.13 accepts it): there, give a ``weight`` with ``requires_grad=False`` and a
     ``grad_trigger`` that requires grad (any tensor, e.g. ``torch.zeros(0, requires_grad=True)``; it
     gets no gradient). :class:`TritonSparseEmbedding` does this in fused mode. ``weight_decay``: lazy L2
-    on the rows looked up (see :func:`embedding_sparse_update_`).
+    on the rows looked up (see :func:`embedding_sparse_update_`). ``out_dtype``: as for
+    :func:`embedding_lookup` (a bf16 output's gradient is converted to fp32 exactly in the update).
     """
     if state is None:
         state = empty_state(weight)
@@ -251,5 +292,5 @@ def fused_embedding(
         grad_trigger = empty_state(weight)
     return torch.ops.dlrm_kernels.fused_embedding(
         raw, weight, cardinalities, offsets, vocab, vocab_offsets, state, lr, optimizer, eps, deterministic, grad_trigger,
-        weight_decay,
+        weight_decay, out_dtype,
     )[0]

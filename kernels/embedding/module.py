@@ -66,6 +66,11 @@ class TritonSparseEmbedding(nn.Module):
         dim: embedding dim ``D``.
         vocabs: None (modulus hashing) or ``F`` 1-D int64 tensors of sorted, unique raw values (the
             eager ``SparseArch``'s argument name; ``vocab=`` is accepted as an alias).
+        autocast_output: under bf16 autocast (on the weight's device), fp32 tables emit their rows in
+            bf16, rounded to nearest even -- exactly what the model's cast to the compute dtype would
+            make of the fp32 output, with half the bytes written, read by the next kernel, and read back
+            as the gradient (issue #20). Off (the default), the output has the weight's dtype; a caller
+            that sums the outputs further (the sharded arch's pooling) keeps it off.
 
     ``forward(raw [B, F] int64) -> [B, F, D]``. By default the ordinary differentiable lookup (dense
     gradient for ``weight``). After ``use_fused_update(config)`` the forward, while training with grad
@@ -95,6 +100,7 @@ class TritonSparseEmbedding(nn.Module):
         vocab: Optional[Sequence[Tensor]] = None,
         device: Optional[torch.device | str] = None,
         dtype: Optional[torch.dtype] = None,
+        autocast_output: bool = False,
     ) -> None:
         super().__init__()
         if vocab is not None:
@@ -109,6 +115,7 @@ class TritonSparseEmbedding(nn.Module):
         self.register_buffer("offsets", offsets, persistent=False)
         self._register_vocabularies(vocabs, cards, device)
         self.weight = nn.Parameter(torch.empty(table_layout.total_rows(cards), self.dim, device=device, dtype=dtype))
+        self.autocast_output = bool(autocast_output)
         self.fused_update: Optional[SparseOptimizerConfig] = None
         # Plain attribute (not a parameter or buffer: state_dict stays {"weight"}); see use_fused_update.
         self._grad_trigger: Optional[Tensor] = None
@@ -171,8 +178,18 @@ class TritonSparseEmbedding(nn.Module):
             self._grad_trigger = self._new_trigger()
         return out
 
+    def output_dtype(self) -> Optional[torch.dtype]:
+        """bf16 under bf16 autocast with ``autocast_output`` and fp32 tables, else None (weight's dtype).
+        torch.compile folds the autocast query into the graph (and guards on the autocast state)."""
+        device = self.weight.device.type
+        if (self.autocast_output and self.weight.dtype == torch.float32 and torch.is_autocast_enabled(device)
+                and torch.get_autocast_dtype(device) == torch.bfloat16):
+            return torch.bfloat16
+        return None
+
     def forward(self, raw: Tensor) -> Tensor:
         cfg = self.fused_update
+        out_dtype = self.output_dtype()
         if cfg is not None and self.training and torch.is_grad_enabled():
             return fused_embedding(
                 raw,
@@ -188,8 +205,10 @@ class TritonSparseEmbedding(nn.Module):
                 cfg.deterministic,
                 self._grad_trigger,
                 cfg.weight_decay,
+                out_dtype,
             )
-        return embedding_lookup(raw, self.weight, self.cardinalities, self.offsets, self.vocab, self.vocab_offsets)
+        return embedding_lookup(raw, self.weight, self.cardinalities, self.offsets, self.vocab, self.vocab_offsets,
+                                out_dtype)
 
     def extra_repr(self) -> str:
         return f"features={self.num_features}, rows={self.weight.shape[0]}, dim={self.dim}, hashing={self.hashing}"

@@ -14,6 +14,10 @@ programs):
   tests bound their correlation as for the others). The default of the fused updates
   (``kernels.embedding.update.SR_RNG``): at MLPerf shapes the bf16 update took 6.14 ms against 6.39 ms
   with ``"hash"`` (H100, ``results/pooled_update_sweep_hash1.md``);
+* ``"hash1hi"``: the same per-row key xor the column key, one odd multiply, and the product's HIGH 16
+  bits (~3 integer ops an element: xor, multiply, shift). Still exactly uniform per element (an odd
+  multiply is a bijection of a uniform 32-bit value); the high half of a product is its best-mixed part,
+  so no xorshift is needed for 16 bits. Measured against ``"hash1"`` in ``pooled_update_sweep.py``;
 * ``"philox"``: ``tl.randint`` (Philox 4x32-10, as ``torch.rand``) on ``row * D + column``: ~10x the
   integer work. In the bandwidth-bound update of ~10M bf16 rows of 128 a step (MLPerf DLRM-DCNv2, batch
   65536) that work was measured to double the update's time on an H100 (18.1 ms against 9.6 ms with the
@@ -26,7 +30,7 @@ that the results are unbiased and change with the seed.
 import triton
 import triton.language as tl
 
-RNG_CODES = {"hash": 0, "philox": 1, "hash1": 2}
+RNG_CODES = {"hash": 0, "philox": 1, "hash1": 2, "hash1hi": 3}
 
 
 @triton.jit
@@ -48,8 +52,9 @@ def _mix32_once(x):
 
 @triton.jit
 def _random_bits(seed_ptr, rows, cols, D, RNG: tl.constexpr):
-    """32 random bits (uint32) per element of the ``[M, N]`` block at rows ``rows`` ``[M, 1]`` (int64) and
-    columns ``cols`` ``[1, N]`` (< D), keyed by the int64 at ``seed_ptr``."""
+    """Random bits (uint32) per element of the ``[M, N]`` block at rows ``rows`` ``[M, 1]`` (int64) and
+    columns ``cols`` ``[1, N]`` (< D), keyed by the int64 at ``seed_ptr``: 32 of them, except ``"hash1hi"``
+    (code 3), whose 16 are the low half of the result (callers take ``& 0xFFFF``)."""
     seed = tl.load(seed_ptr)
     if RNG == 1:
         return tl.randint(seed, rows * D + cols).to(tl.uint32, bitcast=True)
@@ -60,6 +65,8 @@ def _random_bits(seed_ptr, rows, cols, D, RNG: tl.constexpr):
     col_key = cols.to(tl.uint32) * 0x9E3779B1  # [1, N]: distinct odd-multiple spread of the columns
     if RNG == 2:
         return _mix32_once(row_key ^ col_key)
+    if RNG == 3:
+        return ((row_key ^ col_key) * 0x735A2D97) >> 16
     return _mix32(row_key ^ col_key)
 
 

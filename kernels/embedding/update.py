@@ -52,6 +52,9 @@ _BF16_ROUNDING = {None: 0, "nearest": 1, "stochastic": 2}
 # The random bits of stochastic rounding (`kernels.embedding.rounding.RNG_CODES`); module-level so that a
 # benchmark can compare the generators.
 SR_RNG = "hash1"  # 4% faster than "hash" at MLPerf shapes (results/pooled_update_sweep_hash1.md)
+# The atomic SGD path sums equal rows inside each block of samples before adding (module-level so that a
+# benchmark can compare both).
+SGD_ATOMIC_DEDUP = True
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -292,32 +295,56 @@ def _sgd_atomic_kernel(
     stride_wr,
     stride_wd,
     lr_ptr,
-    N,
-    F,
+    B,
+    C,
     D,
     R,
     SLOT_MAP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    DEDUP: tl.constexpr,
+    BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
 ):
-    """Non-deterministic SGD: w[row(pos)] -= lr * grad[pos] with atomics (fp32 weights only).
+    """Non-deterministic SGD: w[row] -= lr * grad with atomics (fp32 weights only).
 
-    Positions, ``SLOT_MAP`` and rows ``>= R`` as in `_sparse_chunk_kernel`."""
-    pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = pos < N
-    rows = tl.load(rows_ptr + pos, mask=mask, other=0)
-    mask = mask & (rows < R)
-    b = pos // F
-    f = pos - b * F
+    One program takes ``BLOCK_B`` samples of one column ``c`` of the ``[B, C]`` rows (feature-major, so a
+    feature's hot rows -- its missing value, its most frequent values -- meet in the same block). With
+    ``DEDUP`` it first sums the gradients of equal rows inside the block (the chunk kernel's 0/1 matrix
+    product) and only the first lane of each row adds: a row that fills a third of the block costs one
+    vector add instead of ~40 serialised ones on the same address. Positions, ``SLOT_MAP`` and rows ``>= R``
+    as in `_sparse_chunk_kernel`.
+    """
+    b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+    c = tl.program_id(1).to(tl.int64)
+    mask = b < B
+    rows = tl.load(rows_ptr + b * C + c, mask=mask, other=-1)
+    live = mask & (rows >= 0) & (rows < R)
+    f = c
     if SLOT_MAP:
-        f = tl.load(slot_ptr + f, mask=mask, other=0)
+        f = tl.load(slot_ptr + c)
     d = tl.arange(0, BLOCK_D)
-    m2 = mask[:, None] & (d < D)[None, :]
-    g = tl.load(
-        grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd, mask=m2, other=0.0
-    ).to(tl.float32)
+    dmask = d < D
+    g = tl.load(grad_ptr + b[:, None] * stride_gb + f * stride_gf + d[None, :] * stride_gd,
+                mask=live[:, None] & dmask[None, :], other=0.0)
     lr = tl.load(lr_ptr).to(tl.float32)
-    tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, -lr * g, mask=m2)
+    if DEDUP:
+        same = (rows[:, None] == rows[None, :]) & live[None, :]
+        # bf16/fp16 gradients: the 0/1 product is an exact fp32 sum on tensor cores; fp32 ones use FP32_DOT
+        if DOT_IN_FP32:
+            seg = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision=FP32_DOT)
+        else:
+            seg = tl.dot(same.to(g.dtype), g)
+        lane = tl.arange(0, BLOCK_B)
+        earlier = tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
+        live = live & (earlier == 0)
+        upd = -lr * seg
+    else:
+        upd = -lr * g.to(tl.float32)
+    # Relaxed: the adds need no ordering among themselves (the kernel's end orders them before any reader);
+    # Triton's default, acq_rel, gives every add acquire-release ordering at GPU scope.
+    tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, upd,
+                  mask=live[:, None] & dmask[None, :], sem="relaxed")
 
 # ----------------------------------------------------------------------------------------------------
 # Host launchers
@@ -408,15 +435,14 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
 
 def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tensor,
                        slot_feature: Optional[Tensor] = None) -> None:
-    """Plain SGD with one atomic add per position (the non-deterministic fp32 path); ``rows`` [B, C] and
-    ``slot_feature`` as in `_segment_update`."""
+    """Plain SGD with atomic adds (the non-deterministic fp32 path); ``rows`` [B, C] and ``slot_feature`` as
+    in `_segment_update`. `SGD_ATOMIC_DEDUP`: one add per distinct row of each block of samples."""
     B, C = rows.shape
-    N = B * C
     R, D = weight.shape
-    BLOCK_D = triton.next_power_of_2(D)
-    BLOCK_N = heuristics.rows_per_program(BLOCK_D)
-    flat = rows.reshape(-1).contiguous()
-    _sgd_atomic_kernel[(triton.cdiv(N, BLOCK_N),)](
+    BLOCK_D = heuristics.dot_block(D)
+    BLOCK_B = heuristics.atomic_block(BLOCK_D)
+    flat = rows.contiguous()
+    _sgd_atomic_kernel[(triton.cdiv(B, BLOCK_B), C)](
         flat,
         flat if slot_feature is None else slot_feature,
         grad_out,
@@ -427,13 +453,16 @@ def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tenso
         weight.stride(0),
         weight.stride(1),
         lr,
-        N,
+        B,
         C,
         D,
         R,
         SLOT_MAP=slot_feature is not None,
-        BLOCK_N=BLOCK_N,
+        DEDUP=SGD_ATOMIC_DEDUP,
+        BLOCK_B=BLOCK_B,
         BLOCK_D=BLOCK_D,
+        FP32_DOT=heuristics.fp32_dot_precision(),
+        DOT_IN_FP32=grad_out.dtype == torch.float32 or interpret_mode(),
     )
 
 
@@ -490,12 +519,14 @@ def sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, determ
                     bf16_rounding, sr_seed)
 
 
-def dense_grad_impl(rows: Tensor, grad_out: Tensor, num_rows: int, slot_feature: Optional[Tensor] = None) -> Tensor:
+def dense_grad_impl(rows: Tensor, grad_out: Tensor, num_rows: int, slot_feature: Optional[Tensor] = None,
+                    dtype: Optional[torch.dtype] = None) -> Tensor:
     """Dense ``[num_rows, D]`` gradient of a lookup at ``rows``, summed in sorted segments (deterministic).
 
-    ``slot_feature``: see `_segment_update` (rows >= num_rows get no gradient)."""
+    ``slot_feature``: see `_segment_update` (rows >= num_rows get no gradient). ``dtype``: the gradient's
+    (default grad_out's; the segment sums are fp32 either way)."""
     D = grad_out.shape[2]
-    grad = torch.zeros((num_rows, D), dtype=grad_out.dtype, device=grad_out.device)
+    grad = torch.zeros((num_rows, D), dtype=dtype or grad_out.dtype, device=grad_out.device)
     if rows.numel() == 0 or D == 0:
         return grad
     check_triton_device(grad_out.device, "embedding backward kernels")
@@ -510,15 +541,16 @@ def dense_grad_impl(rows: Tensor, grad_out: Tensor, num_rows: int, slot_feature:
 
 
 @torch.library.custom_op("dlrm_kernels::embedding_dense_grad", mutates_args=())
-def _embedding_dense_grad_op(rows: Tensor, grad_out: Tensor, num_rows: int) -> Tensor:
+def _embedding_dense_grad_op(rows: Tensor, grad_out: Tensor, num_rows: int,
+                             dtype: Optional[torch.dtype] = None) -> Tensor:
     """Dense ``[num_rows, D]`` gradient of the lookup (the plain op's backward), deterministic."""
     with device_context(grad_out):
-        return dense_grad_impl(rows, grad_out, num_rows)
+        return dense_grad_impl(rows, grad_out, num_rows, dtype=dtype)
 
 
 @_embedding_dense_grad_op.register_fake
-def _(rows, grad_out, num_rows):
-    return grad_out.new_empty((num_rows, grad_out.shape[2]))
+def _(rows, grad_out, num_rows, dtype=None):
+    return grad_out.new_empty((num_rows, grad_out.shape[2]), dtype=dtype or grad_out.dtype)
 
 
 @torch.library.custom_op("dlrm_kernels::embedding_sparse_update_", mutates_args=("weight", "state"))

@@ -355,6 +355,28 @@ def test_sparse_update_sgd_atomic_path(device, assert_close):
     assert_close(weight, w_ref, torch.float32)
 
 
+@pytest.mark.parametrize("dedup", [True, False], ids=["block-dedup", "plain"])
+@pytest.mark.parametrize("B,F,D,layout", [(1, 1, 16, "contiguous"), (3, 26, 40, "permuted"), (300, 3, 16, "expand")])
+def test_sgd_atomic_path_with_and_without_block_dedup(dedup, B, F, D, layout, device, assert_close, monkeypatch):
+    """The atomic SGD update, with its in-block sums of equal rows (`SGD_ATOMIC_DEDUP`) and without:
+    B=300 spans several blocks of samples (128 at D <= 32), feature 0 is one row in every sample (a hot row
+    repeated in every block), feature 2 cycles through 3 rows."""
+    from kernels.embedding import update
+
+    monkeypatch.setattr(update, "SGD_ATOMIC_DEDUP", dedup)
+    case = make_case(B, F, "modulus", hot=True, seed=B + D).to(device)
+    raw = case.raw.clone()
+    raw[:, 0] = -1
+    if F > 2:
+        raw[:, 2] = torch.arange(B, device=device) % 3
+    rows = hash_rows(raw, *case.hash_args())
+    weight = make_weight(case.num_rows, D, device, sliced=(layout == "permuted"))
+    grad = make_grad(B, F, D, layout, device)
+    w_ref, _ = reference_update("sgd", rows, grad, weight, None, LR)
+    embedding_sparse_update_(rows, grad, weight, None, torch.tensor(LR, device=device), "sgd", EPS, deterministic=False)
+    assert_close(weight, w_ref, torch.float32, scale=10.0 if B == 300 else 1.0)  # the hot row sums 300 terms
+
+
 def test_sparse_update_rejects_bad_inputs(device):
     case = make_case(3, 2, "modulus").to(device)
     rows = hash_rows(case.raw, *case.hash_args())
