@@ -40,6 +40,7 @@ from kernels.embedding import update  # noqa: E402
 # (dtype, rounding, launch); bf16 rows only for bf16 tables
 PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 16, 4, 1), (16, 16, 1, 1), (16, 8, 1, 1))]
         + [("bf16", r, c) for r in ("hash1", "hash1hi", "nearest") for c in ((16, 16, 2, 1), (32, 16, 4, 1))]
+        + [("bf16", "hash1hi", c) for c in ((16, 16, 4, 1), (32, 16, 2, 1), (32, 32, 4, 1), (32, 16, 8, 1), (32, 16, 4, 2))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
 KEYS = ["dtype", "rounding", "launch", "batch", "unique_rows", "ms", "gbps", "pct_of_copy", "status"]

@@ -28,7 +28,6 @@ __all__ = [
     "GemmTile",
     "InteractionLaunch",
     "SparseUpdateConfig",
-    "atomic_block",
     "dot_block",
     "fp32_dot_precision",
     "gemm_tiles",
@@ -79,13 +78,6 @@ def rows_per_program(block_d: int) -> int:
     leave many programs to spread over the SMs.
     """
     return max(1, min(MAX_ROWS_PER_PROGRAM, _ELEMENTS_PER_PROGRAM // block_d))
-
-
-def atomic_block(block_d: int) -> int:
-    """Samples per program of the atomic SGD update (`kernels.embedding.update._sgd_atomic_kernel`): its
-    in-block row dedup is a ``[BLOCK_B, BLOCK_B] x [BLOCK_B, block_d]`` product, so wide rows take fewer
-    samples (register budget); narrow rows take more, which merges more repeats of a hot row."""
-    return 128 if block_d <= 32 else 64
 
 
 def dot_block(n: int) -> int:

@@ -52,9 +52,6 @@ _BF16_ROUNDING = {None: 0, "nearest": 1, "stochastic": 2}
 # The random bits of stochastic rounding (`kernels.embedding.rounding.RNG_CODES`); module-level so that a
 # benchmark can compare the generators.
 SR_RNG = "hash1"  # 4% faster than "hash" at MLPerf shapes (results/pooled_update_sweep_hash1.md)
-# The atomic SGD path sums equal rows inside each block of samples before adding (module-level so that a
-# benchmark can compare both).
-SGD_ATOMIC_DEDUP = True
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -295,56 +292,36 @@ def _sgd_atomic_kernel(
     stride_wr,
     stride_wd,
     lr_ptr,
-    B,
-    C,
+    N,
+    F,
     D,
     R,
     SLOT_MAP: tl.constexpr,
-    DEDUP: tl.constexpr,
-    BLOCK_B: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    FP32_DOT: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
 ):
-    """Non-deterministic SGD: w[row] -= lr * grad with atomics (fp32 weights only).
+    """Non-deterministic SGD: w[row(pos)] -= lr * grad[pos] with atomics (fp32 weights only).
 
-    One program takes ``BLOCK_B`` samples of one column ``c`` of the ``[B, C]`` rows (feature-major, so a
-    feature's hot rows -- its missing value, its most frequent values -- meet in the same block). With
-    ``DEDUP`` it first sums the gradients of equal rows inside the block (the chunk kernel's 0/1 matrix
-    product) and only the first lane of each row adds: a row that fills a third of the block costs one
-    vector add instead of ~40 serialised ones on the same address. Positions, ``SLOT_MAP`` and rows ``>= R``
-    as in `_sparse_chunk_kernel`.
-    """
-    b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
-    c = tl.program_id(1).to(tl.int64)
-    mask = b < B
-    rows = tl.load(rows_ptr + b * C + c, mask=mask, other=-1)
-    live = mask & (rows >= 0) & (rows < R)
-    f = c
+    Positions, ``SLOT_MAP`` and rows ``>= R`` as in `_sparse_chunk_kernel`."""
+    pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = pos < N
+    rows = tl.load(rows_ptr + pos, mask=mask, other=0)
+    mask = mask & (rows < R)
+    b = pos // F
+    f = pos - b * F
     if SLOT_MAP:
-        f = tl.load(slot_ptr + c)
+        f = tl.load(slot_ptr + f, mask=mask, other=0)
     d = tl.arange(0, BLOCK_D)
-    dmask = d < D
-    g = tl.load(grad_ptr + b[:, None] * stride_gb + f * stride_gf + d[None, :] * stride_gd,
-                mask=live[:, None] & dmask[None, :], other=0.0)
+    m2 = mask[:, None] & (d < D)[None, :]
+    g = tl.load(
+        grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd, mask=m2, other=0.0
+    ).to(tl.float32)
     lr = tl.load(lr_ptr).to(tl.float32)
-    if DEDUP:
-        same = (rows[:, None] == rows[None, :]) & live[None, :]
-        # bf16/fp16 gradients: the 0/1 product is an exact fp32 sum on tensor cores; fp32 ones use FP32_DOT
-        if DOT_IN_FP32:
-            seg = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision=FP32_DOT)
-        else:
-            seg = tl.dot(same.to(g.dtype), g)
-        lane = tl.arange(0, BLOCK_B)
-        earlier = tl.sum((same & (lane[None, :] < lane[:, None])).to(tl.int32), axis=1)
-        live = live & (earlier == 0)
-        upd = -lr * seg
-    else:
-        upd = -lr * g.to(tl.float32)
     # Relaxed: the adds need no ordering among themselves (the kernel's end orders them before any reader);
-    # Triton's default, acq_rel, gives every add acquire-release ordering at GPU scope.
-    tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, upd,
-                  mask=live[:, None] & dmask[None, :], sem="relaxed")
+    # Triton's default, acq_rel, orders every add at GPU scope (relaxed: 1.01 -> 0.93 ms at D=128 fp32,
+    # B=65536, results/kernels_graph.md). With stride-1 rows Triton 3.6+ emits vector reductions
+    # (red.global.add.v4.f32) on Hopper.
+    tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, -lr * g, mask=m2, sem="relaxed")
 
 # ----------------------------------------------------------------------------------------------------
 # Host launchers
@@ -435,14 +412,15 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
 
 def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tensor,
                        slot_feature: Optional[Tensor] = None) -> None:
-    """Plain SGD with atomic adds (the non-deterministic fp32 path); ``rows`` [B, C] and ``slot_feature`` as
-    in `_segment_update`. `SGD_ATOMIC_DEDUP`: one add per distinct row of each block of samples."""
+    """Plain SGD with one atomic add per position (the non-deterministic fp32 path); ``rows`` [B, C] and
+    ``slot_feature`` as in `_segment_update`."""
     B, C = rows.shape
+    N = B * C
     R, D = weight.shape
-    BLOCK_D = heuristics.dot_block(D)
-    BLOCK_B = heuristics.atomic_block(BLOCK_D)
-    flat = rows.contiguous()
-    _sgd_atomic_kernel[(triton.cdiv(B, BLOCK_B), C)](
+    BLOCK_D = triton.next_power_of_2(D)
+    BLOCK_N = heuristics.rows_per_program(BLOCK_D)
+    flat = rows.reshape(-1).contiguous()
+    _sgd_atomic_kernel[(triton.cdiv(N, BLOCK_N),)](
         flat,
         flat if slot_feature is None else slot_feature,
         grad_out,
@@ -453,16 +431,13 @@ def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tenso
         weight.stride(0),
         weight.stride(1),
         lr,
-        B,
+        N,
         C,
         D,
         R,
         SLOT_MAP=slot_feature is not None,
-        DEDUP=SGD_ATOMIC_DEDUP,
-        BLOCK_B=BLOCK_B,
+        BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D,
-        FP32_DOT=heuristics.fp32_dot_precision(),
-        DOT_IN_FP32=grad_out.dtype == torch.float32 or interpret_mode(),
     )
 
 

@@ -355,15 +355,10 @@ def test_sparse_update_sgd_atomic_path(device, assert_close):
     assert_close(weight, w_ref, torch.float32)
 
 
-@pytest.mark.parametrize("dedup", [True, False], ids=["block-dedup", "plain"])
 @pytest.mark.parametrize("B,F,D,layout", [(1, 1, 16, "contiguous"), (3, 26, 40, "permuted"), (300, 3, 16, "expand")])
-def test_sgd_atomic_path_with_and_without_block_dedup(dedup, B, F, D, layout, device, assert_close, monkeypatch):
-    """The atomic SGD update, with its in-block sums of equal rows (`SGD_ATOMIC_DEDUP`) and without:
-    B=300 spans several blocks of samples (128 at D <= 32), feature 0 is one row in every sample (a hot row
-    repeated in every block), feature 2 cycles through 3 rows."""
-    from kernels.embedding import update
-
-    monkeypatch.setattr(update, "SGD_ATOMIC_DEDUP", dedup)
+def test_sgd_atomic_path_hot_rows(B, F, D, layout, device, assert_close):
+    """The atomic SGD update on odd shapes: B=300 spans several programs, feature 0 is one row in every
+    sample (a hot row added from every program), feature 2 cycles through 3 rows."""
     case = make_case(B, F, "modulus", hot=True, seed=B + D).to(device)
     raw = case.raw.clone()
     raw[:, 0] = -1
