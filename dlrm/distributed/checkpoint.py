@@ -25,6 +25,9 @@ from dlrm.distributed.sharding import ShardingPlan
 from dlrm import checkpoint as ckpt
 
 SPARSE_WEIGHT = "sparse_arch.weight"
+# The stochastic-rounding seed of a bf16 multi-hot shard (`ShardedSparseArch`): part of a shard, so that
+# a resumed run draws new rounding bits; a one-process table keeps its seed out of the state_dict.
+SHARD_ONLY = ("sparse_arch.sr_seed",)
 
 
 def shard_name(step: int, rank: int, world_size: int) -> str:
@@ -143,8 +146,10 @@ def merge(manifest_path: Path) -> dict[str, Any]:
     """A one-process checkpoint state from a sharded checkpoint (see `save_sharded`).
 
     Dense parameters and their optimizer come from rank 0 (DDP keeps the ranks identical); the
-    embedding weight and every per-row tensor of the sparse optimizer's state are assembled from
-    the shards; RNG states are rank 0's. Shards that do not fit together are a ConfigError.
+    embedding weight (in the shards' dtype: bf16 shards give a bf16 table, which loads as a one-process
+    bf16 table does) and every per-row tensor of the sparse optimizer's state (fp32) are assembled
+    from the shards; state only a shard has (`SHARD_ONLY`) is left out, so the model's keys are a
+    one-process model's; RNG states are rank 0's. Shards that do not fit together are a ConfigError.
     """
     manifest = ckpt.load_checkpoint(manifest_path)
     sharded = manifest.get("sharded")
@@ -155,7 +160,7 @@ def merge(manifest_path: Path) -> dict[str, Any]:
     if any(SPARSE_WEIGHT not in s["model"] for s in shards):
         raise ConfigError(f"{manifest_path}: a shard holds no {SPARSE_WEIGHT}")
     full = {k: v for k, v in shards[0].items() if k not in ("rank", "plan", "format_version")}
-    full["model"] = dict(shards[0]["model"])
+    full["model"] = {k: v for k, v in shards[0]["model"].items() if k not in SHARD_ONLY}
     full["model"][SPARSE_WEIGHT] = _assembled(plan, [s["model"][SPARSE_WEIGHT] for s in shards], manifest_path,
                                               SPARSE_WEIGHT)
     full["optimizers"] = [shards[0]["optimizers"][0], _merge_sparse_optimizer(plan, shards, manifest_path)]

@@ -25,6 +25,16 @@ the data: no host sync, and shapes stay static across steps.
 Gradient scale: each rank's loss is its share of the global mean (`dlrm.train.step`), DDP averages
 the dense gradients over ranks, and the embedding gradients, which are summed on the owners, get a
 factor 1/W here -- so an N-rank step equals a one-process step on the same global batch.
+
+bf16 shards (``dtype=torch.bfloat16``, ``model.embedding_dtype: "bf16"``, Triton only): each rank
+stores its rows in bf16, as one process stores the whole tables. Lookups travel in bf16 (half the
+bytes of the exchange, and exact: a looked-up row, or its masked zero, is a bf16 value); the
+requesting rank sums a feature's slots and row-wise blocks in fp32 and rounds once to bf16, as the
+pooled Triton lookup accumulates in fp32 and writes the weight's dtype, so the output is bf16 like
+the one-process lookup's. Their gradients arrive in bf16 (the interaction's cast sends them back so,
+as to the one-process lookup), get the 1/W in fp32 and travel back in bf16 (exact when W is a power
+of two). The owner's update runs in fp32 and rounds back as the one-process table of the same model
+does (see `ShardedSparseArch`).
 """
 
 from __future__ import annotations
@@ -88,17 +98,27 @@ class ShardedSparseArch(nn.Module):
             fused sparse update on the owner).
         hotness: values per sample of each feature, sum-pooled (None: one each). The raw input is
             then [B, L], L = sum(hotness), with PAD_SPARSE (-2) in empty slots.
+        dtype: of the local shard, float32 or (kernel "triton" only) bfloat16. A bf16 shard is
+            updated as the one-process bf16 table of the same model: fp32 update math, then for
+            multi-hot tables stochastic rounding (`kernels.embedding.TritonPooledEmbedding`, seed
+            in the buffer ``sr_seed``, advanced on the device once per step) and for one-hot
+            tables the cast of `kernels.embedding.TritonSparseEmbedding`. The rounding's random
+            bits are keyed by the row of the local shard, not of the full table, so a multi-hot
+            bf16 shard rounds like one process in distribution, not bit for bit.
 
     Example (inside a torchrun launch of 2 processes)::
 
         arch = ShardedSparseArch([10] * 26, 16, plan_sharding([10] * 26, 2, "table", 10**7), rank)
         arch(raw_local_batch, global_batch=2 * len(raw_local_batch))   # [B_local, 26, 16]
 
-    Shapes: int64 [B, F] (or [B, L] multi-hot) raw values -> [B, F, D]. Parameters: ``weight``, the local shard
-    [R_rank, D] (its rows are `plan.local_layout(rank)`), the same state_dict key as `SparseArch`.
-    Initialised exactly as `SparseArch` would initialise the full tables from the same RNG state
-    (each table is drawn in full and this rank keeps its rows), so a sharded run starts from the
-    same parameters as a one-process run with the same seed.
+    Shapes: int64 [B, F] (or [B, L] multi-hot) raw values -> [B, F, D] in the shard's dtype.
+    Parameters: ``weight``, the local shard [R_rank, D] (its rows are `plan.local_layout(rank)`), the
+    same state_dict key as `SparseArch`; a stochastically rounded bf16 shard adds the int64 buffer
+    ``sr_seed`` [1], so that a resumed run draws the rounding bits the uninterrupted one would
+    (`dlrm.distributed.checkpoint.merge` leaves it out of a one-process checkpoint). Initialised
+    exactly as the one-process arch would initialise the full tables from the same RNG state (each
+    table is drawn in full, in the shard's dtype as the one-process table is, and this rank keeps its
+    rows), so a sharded run starts from the same parameters as a one-process run with the same seed.
     """
 
     # dlrm.model.interfaces.SparseArchInterface: the lookup runs eagerly, outside torch.compile and CUDA
@@ -109,10 +129,17 @@ class ShardedSparseArch(nn.Module):
 
     def __init__(self, cardinalities: list[int], dim: int, plan: ShardingPlan, rank: int,
                  vocabs: Optional[list[torch.Tensor]] = None, kernel: str = "torch",
-                 hotness: Optional[list[int]] = None) -> None:
+                 hotness: Optional[list[int]] = None, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         if list(plan.cardinalities) != list(cardinalities):
             raise ValueError("the sharding plan was made for other table sizes")
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"dtype: {dtype} is not torch.float32 or torch.bfloat16")
+        if dtype != torch.float32 and kernel != "triton":
+            # the eager sparse optimizers would round every update to bf16 to nearest and lose the
+            # small ones (dlrm.config refuses model.embedding_dtype "bf16" with kernels.embedding "torch")
+            raise ValueError(f'dtype: {dtype} needs kernel "triton" (its fused update computes in fp32), '
+                             f"not {kernel!r}")
         self.plan, self.rank, self.world_size, self.dim = plan, rank, plan.world_size, dim
         self.num_features = len(cardinalities)
         cards, offsets = layout_tensors(cardinalities)
@@ -151,16 +178,27 @@ class ShardedSparseArch(nn.Module):
         rows = plan.local_rows(rank)
         self.kernel = kernel
         if kernel == "triton":
-            from kernels.embedding import TritonSparseEmbedding
+            from kernels.embedding import TritonPooledEmbedding, TritonSparseEmbedding
 
             # Its own init must not move the RNG of the device it draws on (ours follows, and so do
             # the OverArch's): fork the CPU RNG and, when building on CUDA, that device's.
             device = torch.empty(0).device  # the default device build_model set
+            # The local module is the one-process model's kind (dlrm.model.dlrm: TritonPooledEmbedding
+            # for multi-hot tables, TritonSparseEmbedding for one-hot ones), so a bf16 shard's update
+            # rounds as that table's does; hotness 1 is the one-hot lookup, number for number.
+            stochastic = dtype == torch.bfloat16 and self.multi_hot
             with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-                local = TritonSparseEmbedding([rows], dim)
-            # Not a registered submodule: the state_dict keeps the single key "weight".
+                if stochastic:
+                    local = TritonPooledEmbedding([rows], [1], dim, dtype=dtype)
+                else:
+                    local = TritonSparseEmbedding([rows], dim, dtype=dtype)
+            # Not a registered submodule: the state_dict keeps the key "weight" (and "sr_seed", below).
             self.__dict__["_triton"] = local
             self.weight = local.weight
+            if stochastic:
+                # The very tensor the update advances in place. Persistent: a resumed run must go on
+                # drawing new rounding bits, not replay those of its first steps.
+                self.register_buffer("sr_seed", local.sr_seed)
             self.use_fused_update = local.use_fused_update  # the owner's rows get the fused update
             self.fused_optimizer = True
         else:
@@ -170,10 +208,15 @@ class ShardedSparseArch(nn.Module):
     @torch.no_grad()
     def _init_like_sparse_arch(self, cardinalities: list[int], layout) -> None:
         """U(-1/sqrt(n), 1/sqrt(n)) per table, drawing every table in full in feature order
-        (as `SparseArch.reset_parameters` does) and keeping this rank's rows."""
+        (as `SparseArch.reset_parameters` does) and keeping this rank's rows.
+
+        Drawn in the shard's dtype: the one-process bf16 table is filled by ``uniform_`` on bf16
+        storage (`kernels.table_layout.init_tables_`), which is not the fp32 draw rounded (on the
+        CPU the two give different values from the same RNG state); drawing in bf16 gives its
+        very rows, and holds half the memory for the largest table while it is drawn."""
         mine = {f: (start, count, at) for f, start, count, at in layout}
         for f, n in enumerate(cardinalities):
-            table = init_table_(torch.empty(n, self.dim, device=self.weight.device), n)
+            table = init_table_(torch.empty(n, self.dim, device=self.weight.device, dtype=self.weight.dtype), n)
             if f in mine:
                 start, count, at = mine[f]
                 self.weight[at : at + count] = table[start : start + count]
@@ -234,10 +277,14 @@ class ShardedSparseArch(nn.Module):
         if self.row_wise or self.multi_hot:  # ids in another rank's block (or empty slots) contribute zeros
             emb = emb * valid.unsqueeze(-1).to(emb.dtype)
 
-        # embeddings back: from rank q, [P, |S_q|, D]
+        # embeddings back, in the shard's dtype (bf16: half the bytes, no rounding): from rank q, [P, |S_q|, D]
         out = _AllToAll.apply(emb.reshape(-1, self.dim), [P * s for s in sizes], [P * mine] * W)
         parts = [p.view(P, s, self.dim) for p, s in zip(out.split([P * s for s in sizes]), sizes)]
         received = torch.cat(parts, dim=1)  # [P, slots of all S_q, D]
-        full = torch.zeros(P, self.num_features, self.dim, dtype=emb.dtype, device=emb.device)
-        full = full.index_add(1, self._received_features, received)  # row-wise blocks and a feature's slots summed
-        return _ScaleGrad.apply(full[:B], 1.0 / W)
+        # Row-wise blocks and a feature's slots summed in fp32 (at least), rounded once to the shard's
+        # dtype (as the pooled lookup's fp32 accumulator); the casts are no-ops for fp32 shards. The
+        # backward sends bf16 gradients back, as the one-process lookup receives them from the interaction.
+        acc = torch.promote_types(emb.dtype, torch.float32)
+        full = torch.zeros(P, self.num_features, self.dim, dtype=acc, device=emb.device)
+        full = full.index_add(1, self._received_features, received.to(acc))
+        return _ScaleGrad.apply(full[:B], 1.0 / W).to(emb.dtype)

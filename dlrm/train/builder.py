@@ -26,7 +26,7 @@ from loguru import logger
 from dlrm.config import Config, ConfigError
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.sharding import ShardingPlan, plan_sharding
-from dlrm.model.dlrm import DLRM, build_loss, build_model
+from dlrm.model.dlrm import _TABLE_DTYPES, DLRM, build_loss, build_model
 from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.graphed_step import graph_train_step
 from dlrm.train.optim import build_optimizers, build_schedulers
@@ -81,16 +81,18 @@ def make_sharding(cfg: Config, tables: Tables, env: DistEnv) -> Optional[Shardin
             raise ConfigError(f"distributed.sharding: {cfg.distributed.sharding!r} leaves rank {q} without "
                               f"embedding rows ({len(tables.cardinalities)} tables, {env.world_size} ranks); use 'row'")
     logger.info(f"embedding sharding ({cfg.distributed.sharding}) over {env.world_size} ranks:\n"
-                + plan.describe(cfg.model.embedding_dim))
+                + plan.describe(cfg.model.embedding_dim, _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize))
     return plan
 
 
 def _sharded_sparse_arch(cfg: Config, tables: Tables, plan: ShardingPlan, env: DistEnv) -> Callable:
-    """A function building this rank's `ShardedSparseArch` (build_model calls it in its RNG order)."""
+    """A function building this rank's `ShardedSparseArch` (build_model calls it in its RNG order),
+    its shard stored in ``model.embedding_dtype`` as one process stores the whole tables."""
     from dlrm.distributed.sharded_embedding import ShardedSparseArch
 
     return lambda: ShardedSparseArch(tables.cardinalities, cfg.model.embedding_dim, plan, env.rank, tables.vocabs,
-                                     kernel=cfg.kernels.embedding, hotness=tables.multi_hot_sizes)
+                                     kernel=cfg.kernels.embedding, hotness=tables.multi_hot_sizes,
+                                     dtype=_TABLE_DTYPES[cfg.model.embedding_dtype])
 
 
 def _log_memory(env: DistEnv, model: DLRM, device: torch.device) -> None:
