@@ -1,0 +1,452 @@
+"""bf16 embedding shards under torchrun (``model.embedding_dtype: "bf16"`` with the Triton embedding,
+issue #22): one-hot and multi-hot tables, table- and row-wise, against one process with bf16 Triton
+tables, on the CPU (gloo, TRITON_INTERPRET).
+
+How close, and why:
+
+* Initialisation: bit for bit. Every table is drawn in full in bf16, as the one-process table is.
+* One step of the sharded lookup and fused update (gloo processes, no training loop): the output and
+  the updated rows are, element by element, one of the two bf16 values around the same fp32 result
+  (the fp32 update of an fp32 copy of the table, within fp32 summation-order slack). That is all a
+  bf16 store can promise: one-hot shards cast as the one-process `TritonSparseEmbedding` does (and
+  agree with it but for fp32 ties), multi-hot shards round stochastically as `TritonPooledEmbedding`
+  does, with random bits keyed by the row of the local shard, not of the full table, so the two
+  round independently (at most 1 bf16 ulp apart after one step).
+* Training (train.py under torchrun): one-hot bf16 tables stay within 1 bf16 ulp of one process's
+  and almost all equal (the dense parts differ from one process by fp32 rounding of DDP's mean, as
+  in the fp32 tests; a bf16 value moves only when such a difference straddles a rounding
+  boundary); multi-hot tables round independently at every step, so the runs drift apart as two
+  one-process runs with different rounding seeds would: their losses, and the distance between their
+  tables measured against how far training moved the tables, have bounds such noise stays far inside.
+* Resume of a sharded bf16 run: the stochastic-rounding seed is part of the shard and goes on where
+  it stopped; bit for bit once the sparse optimizer keeps its fp32 state on load (an xfail below
+  names the fix, outside dlrm/distributed).
+* Merge: the shards assemble into the bf16 table, which loads into the one-process bf16 model and
+  exports as one process's checkpoint does (the exported program holds the same values, in fp32).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dlrm import checkpoint as ckpt
+from dlrm.data.loader import rank_slice
+from dlrm.distributed.sharded_embedding import ShardedSparseArch
+from dlrm.distributed.sharding import plan_sharding
+from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig, TritonPooledEmbedding, TritonSparseEmbedding
+from tests.test_distributed import BASE, merged_state, run
+
+CARDS = [1, 2, 5, 11, 400, 7]  # F = 6; the 400-row table takes the vectorised uniform_ path on the CPU
+HOTNESS = [2, 1, 3, 1, 2, 1]
+DIM = 3
+LR = 0.05
+
+
+def table_offsets(cards):
+    out = [0]
+    for n in cards[:-1]:
+        out.append(out[-1] + n)
+    return out
+
+
+def bf16_neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The bf16 values just below and above fp32 ``x`` (as in tests/kernels/test_pooled_embedding.py)."""
+    bits = x.float().view(torch.int32)
+    down = (bits & ~0xFFFF).view(torch.float32)
+    up = ((bits & ~0xFFFF) + 0x10000).view(torch.float32)
+    up = torch.where((bits & 0xFFFF) == 0, down, up)
+    return torch.minimum(down, up), torch.maximum(down, up)
+
+
+def within_bf16_neighbours(got: torch.Tensor, fp32: torch.Tensor, rel_slack: float = 1e-5) -> bool:
+    """Every element of bf16 ``got`` is one of the two bf16 values around ``fp32`` (widened by fp32 rounding)."""
+    slack = rel_slack * fp32.abs()
+    lo, _ = bf16_neighbours(fp32 - slack)
+    _, hi = bf16_neighbours(fp32 + slack)
+    g = got.float()
+    return bool(((g >= lo) & (g <= hi)).all())
+
+
+def one_process_table(hotness):
+    if hotness is None:
+        return TritonSparseEmbedding(CARDS, DIM, dtype=torch.bfloat16)
+    return TritonPooledEmbedding(CARDS, hotness, DIM, dtype=torch.bfloat16)
+
+
+# ------------------------------------------------------------------------------------------
+# units: construction and initialisation
+
+
+@pytest.mark.parametrize("hotness", [None, HOTNESS], ids=["one-hot", "multi-hot"])
+@pytest.mark.parametrize("mode", ["table", "row", "auto"])
+def test_bf16_shard_starts_as_the_one_process_bf16_table(hotness, mode):
+    """Each rank's bf16 rows are the one-process bf16 table's (drawn in bf16, not drawn in fp32 and
+    cast: on the CPU those differ), and the RNG moves on as in one process."""
+    world = 3
+    plan = plan_sharding(CARDS, world, mode, row_wise_min_rows=10)
+    torch.manual_seed(0)
+    full = one_process_table(hotness)
+    after = torch.rand(4)
+    offsets = table_offsets(CARDS)
+    for q in range(world):
+        torch.manual_seed(0)
+        arch = ShardedSparseArch(CARDS, DIM, plan, q, kernel="triton", hotness=hotness, dtype=torch.bfloat16)
+        assert torch.equal(torch.rand(4), after)
+        assert arch.weight.dtype == torch.bfloat16 and arch.weight.shape == (plan.local_rows(q), DIM)
+        for f, start, count, at in plan.local_layout(q):
+            assert torch.equal(arch.weight.detach()[at : at + count],
+                               full.weight.detach()[offsets[f] + start : offsets[f] + start + count])
+        local = arch.__dict__["_triton"]
+        if hotness is None:  # the one-process one-hot table's kind, and its state_dict
+            assert type(local) is TritonSparseEmbedding and set(arch.state_dict()) == {"weight"}
+        else:  # stochastic rounding, its seed kept with the shard (the tensor the update advances)
+            assert type(local) is TritonPooledEmbedding and local.stochastic_rounding
+            assert set(arch.state_dict()) == {"weight", "sr_seed"} and arch.sr_seed is local.sr_seed
+
+
+def test_fp32_shard_is_unchanged():
+    plan = plan_sharding(CARDS, 2, "row", row_wise_min_rows=10)
+    arch = ShardedSparseArch(CARDS, DIM, plan, 0, kernel="triton", hotness=HOTNESS)
+    assert arch.weight.dtype == torch.float32 and set(arch.state_dict()) == {"weight"}
+    assert type(arch.__dict__["_triton"]) is TritonSparseEmbedding
+
+
+def test_bf16_shard_needs_the_triton_kernel():
+    plan = plan_sharding(CARDS, 2, "table", row_wise_min_rows=10)
+    with pytest.raises(ValueError, match=r'^dtype: torch\.bfloat16 needs kernel "triton"'):
+        ShardedSparseArch(CARDS, DIM, plan, 0, kernel="torch", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^dtype: torch\.float16 is not"):
+        ShardedSparseArch(CARDS, DIM, plan, 0, kernel="triton", dtype=torch.float16)
+
+
+# ------------------------------------------------------------------------------------------
+# one step of lookup and fused update, 2 gloo processes against one process
+
+
+WORLD = 2
+STEP_CASES = [(hot, mode) for hot in ("one-hot", "multi-hot") for mode in ("table", "row")]
+
+
+def _raw(hotness, batch: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    L = len(CARDS) if hotness is None else sum(hotness)
+    raw = torch.randint(-1, 2**32, (batch, L), generator=g)
+    raw[torch.rand(batch, L, generator=g) < 0.3] = 5  # repeated values: rows hit several times
+    if hotness is not None:
+        raw[torch.rand(batch, L, generator=g) < 0.25] = PAD_SPARSE
+    return raw
+
+
+def _one_step(rank: int, hot: str, mode: str) -> None:
+    hotness = None if hot == "one-hot" else HOTNESS
+    batch = 37  # odd: the last rank's slice is padded
+    raw = _raw(hotness, batch, seed=7)
+    g = torch.Generator().manual_seed(8)
+    # the upstream gradient arrives in bf16, as the interaction's cast sends it back
+    grad = torch.randn(batch, len(CARDS), DIM, generator=g).bfloat16()
+    plan = plan_sharding(CARDS, WORLD, mode, row_wise_min_rows=10)
+    torch.manual_seed(0)
+    arch = ShardedSparseArch(CARDS, DIM, plan, rank, kernel="triton", hotness=hotness, dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    full = one_process_table(hotness)
+    ref32 = (TritonSparseEmbedding(CARDS, DIM) if hotness is None else TritonPooledEmbedding(CARDS, hotness, DIM))
+    with torch.no_grad():
+        ref32.weight.copy_(full.weight.float())
+    w0 = full.weight.detach().clone()
+    for m in (arch, full, ref32):
+        m.use_fused_update(SparseOptimizerConfig("rowwise_adagrad", torch.tensor([LR])))
+
+    a, b = rank_slice(0, batch, rank, WORLD)
+    out = arch(raw[a:b], batch)
+    ref = full(raw)
+    out32 = ref32(raw)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert within_bf16_neighbours(out, out32[a:b]), "lookup: not the bf16 rounding of the fp32 sum"
+    if hotness is None:  # a looked-up row is a bf16 value: exchanged and returned exactly
+        assert torch.equal(out, ref[a:b])
+    # each rank's loss is W x its share of the global mean (dlrm.train.step); the arch scales by 1/W
+    (out.float() * grad[a:b].float() * WORLD).sum().backward()
+    (ref.float() * grad.float()).sum().backward()
+    (out32 * grad.float()).sum().backward()
+
+    offsets = table_offsets(CARDS)
+    state = arch.__dict__["_triton"].fused_update.state
+    for f, start, count, at in plan.local_layout(rank):
+        rows = slice(offsets[f] + start, offsets[f] + start + count)
+        mine = arch.weight.detach()[at : at + count]
+        assert within_bf16_neighbours(mine, ref32.weight.detach()[rows]), f"table {f}: not the fp32 update rounded"
+        torch.testing.assert_close(state[at : at + count], full.fused_update.state[rows], rtol=1e-6, atol=1e-9)
+        if hotness is None and count:  # the same cast of the same fp32 values (summed in another order)
+            assert (mine == full.weight.detach()[rows]).float().mean() >= 0.99, f"table {f}"
+    assert not torch.equal(full.weight.detach(), w0)  # the step did move rows
+    if hotness is not None:
+        assert int(arch.sr_seed) == int(full.sr_seed) == 1  # one update, one new seed, as in one process
+
+
+def _step_worker(rank: int, init_file: str, results) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        for case in STEP_CASES:  # the same order on every rank: the collectives pair up
+            try:
+                _one_step(rank, *case)
+                results[(rank, case)] = "ok"
+            except AssertionError as e:
+                results[(rank, case)] = f"AssertionError: {e}"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_one_step_of_bf16_shards_rounds_the_one_process_fp32_step(tmp_path, monkeypatch):
+    # Triton on CPU tensors: the interpreter in the processes started here, also on a GPU machine
+    # (where tests/conftest.py leaves it off)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_step_worker, args=(str(tmp_path / "init"), results), nprocs=WORLD, join=True)
+        got = dict(results)
+    failed = {k: v for k, v in got.items() if v != "ok"}
+    assert not failed and len(got) == WORLD * len(STEP_CASES), failed
+
+
+# ------------------------------------------------------------------------------------------
+# training under torchrun against one process (train.py, 1 epoch: 26 batches of 23 rows + 1 of 2)
+
+
+STEPS = 27
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    from dlrm.data import synthetic
+    from tests.conftest import make_dataset
+    from tests.test_distributed import MULTI_HOT_SIZES
+
+    root = tmp_path_factory.mktemp("bf16-data")
+    make_dataset(root / "one-hot", {"train": 600, "validation": 64, "test": 40}, row_group_size=50)
+    synthetic.generate(root / "multi-hot", 700, seed=4, cardinalities="tiny", multi_hot_sizes=MULTI_HOT_SIZES,
+                       multi_hot_fill="variable", validation_fraction=64 / 700, test_fraction=36 / 700)
+    return root
+
+
+def bf16_config(path: Path, dataset: Path, sharding: str = "row", embedding: str = "triton") -> Path:
+    raw = json.loads(json.dumps(BASE))
+    raw["kernels"] = {"embedding": embedding}
+    raw["model"]["embedding_dtype"] = "bf16"
+    raw["data"]["path"] = str(dataset)
+    raw["train"]["epochs"] = 1
+    raw["checkpoint"]["every"] = 10  # checkpoints at 10, 20 and 27: the resume test continues 20
+    raw["distributed"] = {"sharding": sharding, "row_wise_min_rows": 10}  # 11-row tables: "auto" is row-wise
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def bf16_run(tmp: Path, dataset: Path, name: str, nproc: int, sharding: str = "row") -> Path:
+    cfg = bf16_config(tmp / f"{name}.json", dataset, sharding)
+    result = run(["--config", str(cfg), "--run-name", name, "--tb-dir", str(tmp / "tb")], tmp, nproc)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return tmp / "tb" / name
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, datasets):
+    """One process with bf16 Triton tables, per dataset: (its last checkpoint, summary, run directory)."""
+    out = {}
+    for kind in ("one-hot", "multi-hot"):
+        tmp = tmp_path_factory.mktemp(f"bf16-one-{kind}")
+        run_dir = bf16_run(tmp, datasets / kind, "one", 1)
+        state = torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False)
+        out[kind] = (state, summary_of(run_dir), run_dir)
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, datasets):
+    """Two ranks with bf16 shards, per (dataset, sharding), run when first asked for: run directory."""
+    runs = {}
+
+    def get(kind: str, sharding: str) -> Path:
+        if (kind, sharding) not in runs:
+            tmp = tmp_path_factory.mktemp(f"bf16-two-{kind}-{sharding}")
+            runs[(kind, sharding)] = bf16_run(tmp, datasets / kind, f"two-{sharding}", 2, sharding)
+        return runs[(kind, sharding)]
+
+    return get
+
+
+def shard_states(run_dir: Path, step: int = STEPS) -> dict[str, dict]:
+    d = ckpt.checkpoint_dir(run_dir)
+    return {p.name: torch.load(p, weights_only=True) for p in sorted(d.glob(f"step-{step:08d}.rank*-of-2.pt"))}
+
+
+def check_shards_are_bf16(run_dir: Path, multi_hot: bool) -> None:
+    shards = shard_states(run_dir)
+    assert len(shards) == 2
+    for s in shards.values():
+        assert s["model"]["sparse_arch.weight"].dtype == torch.bfloat16
+        assert s["optimizers"][1]["state"][0]["sum"].dtype == torch.float32  # row-wise Adagrad's sums stay fp32
+        if multi_hot:  # one rounding seed a step, the same on every rank
+            assert s["model"]["sparse_arch.sr_seed"].tolist() == [STEPS]
+        else:  # a cast rounds no differently on resume: nothing but the weight
+            assert {k for k in s["model"] if k.startswith("sparse_arch.")} == {"sparse_arch.weight"}
+
+
+def assert_dense_close(a: dict, b: dict, rtol: float, atol: float) -> None:
+    """Every model tensor but the table, and the dense optimizer's state."""
+    assert set(a["model"]) == set(b["model"])
+    for k in a["model"]:
+        if k != "sparse_arch.weight":
+            torch.testing.assert_close(a["model"][k], b["model"][k], rtol=rtol, atol=atol, msg=k)
+    for pid, st in b["optimizers"][0]["state"].items():
+        for name, v in st.items():
+            if torch.is_tensor(v) and v.dim() > 0:
+                torch.testing.assert_close(a["optimizers"][0]["state"][pid][name], v, rtol=rtol, atol=atol,
+                                           msg=f"{pid}.{name}")
+
+
+def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 values at |x| (8 significant bits; the smallest normal's below it)."""
+    e = torch.floor(torch.log2(x.float().abs().clamp_min(2.0**-126)))
+    return 2.0 ** (e - 7)
+
+
+@pytest.mark.parametrize("sharding", ["table", "row"])
+def test_two_ranks_with_bf16_one_hot_shards_train_like_one_process(tmp_path, one_process, two_ranks, sharding):
+    """One-hot tables: within 1 bf16 ulp of one process everywhere, equal almost everywhere (none
+    differed when this was written); the rest as the fp32 tests compare (DDP's fp32 rounding)."""
+    ref, ref_summary, _ = one_process["one-hot"]
+    run_dir = two_ranks("one-hot", sharding)
+    check_shards_are_bf16(run_dir, multi_hot=False)
+    _, merged = merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, sharding)
+    assert merged["position"] == ref["position"] and merged["position"]["step"] == STEPS
+    w, w_ref = merged["model"]["sparse_arch.weight"], ref["model"]["sparse_arch.weight"]
+    assert w.dtype == w_ref.dtype == torch.bfloat16
+    assert bool(((w.float() - w_ref.float()).abs() <= bf16_ulp(w_ref)).all())
+    assert (w == w_ref).float().mean() >= 0.99
+    assert_dense_close(merged, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(merged["optimizers"][1]["state"][0]["sum"], ref["optimizers"][1]["state"][0]["sum"],
+                               rtol=1e-4, atol=1e-7)
+    summary = summary_of(run_dir)
+    assert summary["world_size"] == 2 and summary["samples"] == ref_summary["samples"]
+    for (s1, l1), (s2, l2) in zip(summary["train_losses"], ref_summary["train_losses"]):
+        assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5)
+    assert summary["auc"] == pytest.approx(ref_summary["auc"], abs=1e-5)
+
+
+@pytest.mark.parametrize("sharding", ["table", "row"])
+def test_two_ranks_with_bf16_multi_hot_shards_train_like_one_process(tmp_path, one_process, two_ranks, sharding):
+    """Multi-hot tables round stochastically on both sides with independent bits (keyed by the local
+    row), so the runs differ by rounding noise that training carries along: each update's rounding
+    is within 1 bf16 ulp (test_one_step_... above), and at step 27 the two tables differ by less than
+    a fifth of how far the one-process tables moved from step 10 to 27 (measured: 4%), the losses by
+    less than 1% (measured: 0.1%)."""
+    ref, ref_summary, ref_dir = one_process["multi-hot"]
+    run_dir = two_ranks("multi-hot", sharding)
+    check_shards_are_bf16(run_dir, multi_hot=True)
+    _, merged = merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, sharding)
+    assert merged["position"] == ref["position"] and set(merged["model"]) == set(ref["model"])  # no sr_seed
+    w, w_ref = merged["model"]["sparse_arch.weight"], ref["model"]["sparse_arch.weight"]
+    assert w.dtype == w_ref.dtype == torch.bfloat16
+    w10 = torch.load(ckpt.checkpoint_dir(ref_dir) / ckpt.checkpoint_name(10), weights_only=True)["model"]
+    moved = (w_ref.float() - w10["sparse_arch.weight"].float()).norm()
+    assert moved > 0.1 * w_ref.float().norm()  # training did move the tables (measured: 25%)
+    assert (w.float() - w_ref.float()).norm() < 0.2 * moved
+    assert_dense_close(merged, ref, rtol=0.05, atol=0.01)
+    summary = summary_of(run_dir)
+    for (s1, l1), (s2, l2) in zip(summary["train_losses"], ref_summary["train_losses"]):
+        assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-2)
+    assert summary["auc"] == pytest.approx(ref_summary["auc"], abs=0.02)
+
+
+def assert_equal_states(a: dict, b: dict) -> None:
+    """Bit for bit: every model tensor and every optimizer state tensor."""
+    assert a["position"] == b["position"] and set(a["model"]) == set(b["model"])
+    for k, v in b["model"].items():
+        assert a["model"][k].dtype == v.dtype and torch.equal(a["model"][k], v), k
+    for oa, ob in zip(a["optimizers"], b["optimizers"]):
+        for pid, st in ob["state"].items():
+            for name, v in st.items():
+                if torch.is_tensor(v):
+                    assert torch.equal(oa["state"][pid][name], v), f"{pid}.{name}"
+
+
+@pytest.fixture(scope="module")
+def resumed(tmp_path_factory, two_ranks):
+    """The row-wise multi-hot bf16 run continued from its step-20 checkpoint in a new run on two ranks:
+    (the uninterrupted run's step-27 shards, the continued run's)."""
+    straight_dir = two_ranks("multi-hot", "row")
+    tmp = tmp_path_factory.mktemp("bf16-resume")
+    config = straight_dir.parent.parent / "two-row.json"
+    step20 = ckpt.checkpoint_dir(straight_dir) / ckpt.checkpoint_name(20)
+    result = run(["--config", str(config), "--resume", str(step20), "--run-name", "branch",
+                  "--tb-dir", str(tmp / "tb")], tmp, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    straight, branch = shard_states(straight_dir), shard_states(tmp / "tb" / "branch")
+    assert sorted(branch) == sorted(straight) and len(branch) == 2
+    return straight, branch
+
+
+def test_bf16_sharded_resume_goes_on_with_the_rounding_seed(resumed):
+    """The seed is restored with the shard: 27 updates, not 7 (a restarted seed would draw again the
+    rounding bits of steps 1-7). Measured: with the seed left out of the shard the continued run's
+    tables and dense parameters differ from the uninterrupted run's."""
+    straight, branch = resumed
+    for name, ref in straight.items():
+        seeds = [s["model"]["sparse_arch.sr_seed"].tolist() for s in (branch[name], ref)]
+        assert seeds == [[STEPS], [STEPS]], name
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "dlrm/train/optim.py FusedSparseOptimizer.load_state_dict: torch's Optimizer.load_state_dict casts "
+    "state to the parameter's dtype, so the fp32 row-wise Adagrad sums come back rounded to bf16 "
+    "(one-process bf16 tables too); copying state_dict['state'][0]['sum'] as saved makes this pass "
+    "(checked with that change applied outside the repository). Remove this mark with the fix."))
+def test_bf16_sharded_resume_is_exact(resumed):
+    """Continued from step 20: the same bf16 shards, rounding seed, optimizer state and dense
+    parameters at step 27 as the uninterrupted run, bit for bit."""
+    straight, branch = resumed
+    for name, ref in straight.items():
+        assert_equal_states(branch[name], ref)
+
+
+def test_bf16_merge_loads_and_exports_as_one_process(tmp_path, one_process, two_ranks):
+    """The merged bf16 checkpoint holds a one-process model (bf16 table, no shard-only keys): it loads
+    into the one-process bf16 Triton model as is, and exports (portable, fp32 PyTorch modules) with
+    the same table values."""
+    from dlrm.config import load_config
+    from dlrm.train.export import export_checkpoint, model_from_checkpoint
+    from dlrm.train.trainer import build_for_data
+
+    run_dir = two_ranks("multi-hot", "row")
+    out, merged = merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, "mh-row")
+    table = merged["model"]["sparse_arch.weight"]
+    assert table.dtype == torch.bfloat16 and set(merged["model"]) == set(one_process["multi-hot"][0]["model"])
+    cfg = load_config(run_dir.parent.parent / "two-row.json", {})
+    _, _, _, tables = build_for_data(cfg)
+    # Triton needs CUDA, or the CPU under TRITON_INTERPRET (set by conftest only where there is no CUDA)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = model_from_checkpoint(cfg, out, tables, device)
+    assert type(model.sparse_arch) is TritonPooledEmbedding
+    assert model.sparse_arch.weight.dtype == torch.bfloat16 and torch.equal(model.sparse_arch.weight.cpu(), table)
+    program = torch.export.load(str(export_checkpoint(cfg, out, tmp_path / "m.pt2")))
+    exported = program.state_dict["model.sparse_arch.weight"]
+    assert exported.dtype == torch.float32 and torch.equal(exported, table.float())
+
+
+def test_torch_embedding_refuses_bf16_shards_in_one_line(tmp_path, datasets):
+    """As one process: the eager embedding would round every update to nearest and lose the small ones."""
+    cfg = bf16_config(tmp_path / "t.json", datasets / "one-hot", "row", embedding="torch")
+    result = run(["--config", str(cfg), "--tb-dir", str(tmp_path / "tb")], tmp_path, nproc=2)
+    assert result.returncode != 0 and "this is a bug" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert errors and all('model.embedding_dtype: "bf16" needs kernels.embedding "triton"' in e for e in errors), errors
+    assert not (tmp_path / "tb").exists()
