@@ -107,9 +107,13 @@ def test_trains_with_torch_and_with_triton_kernels(datasets, tmp_path):
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
 
 
-@pytest.mark.parametrize("kernels", ["torch", "triton"])
+@pytest.mark.parametrize("kernels", ["torch", "triton", "triton-bf16"])
 def test_resume_gives_the_uninterrupted_runs_weights(datasets, tmp_path, kernels):
+    """"triton-bf16": bf16 tables, whose fp32 Adagrad sums must come back fp32 (not cast to the table's
+    dtype) and whose stochastic-rounding seed must go on where it stopped."""
     over = {"kernels.embedding": "torch"} if kernels == "torch" else TRITON
+    if kernels == "triton-bf16":
+        over = {**over, "model.embedding_dtype": "bf16"}
     over = {**over, "checkpoint.every": 2}
     full = train(config(datasets["variable"], tmp_path, "full", **over))
     train(config(datasets["variable"], tmp_path, "parts", **over, **{"train.max_steps": 4}))

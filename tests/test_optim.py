@@ -1,5 +1,6 @@
 """Sparse optimizers against float64 dense-gradient references (hot rows included), LR schedule."""
 
+import copy
 import math
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 
 from dlrm.config import OptimConfig, ScheduleConfig, SparseOptimConfig
 from dlrm.model.archs import SparseArch
-from dlrm.train.optim import RowWiseAdagrad, build_optimizers, lr_multiplier
+from dlrm.train.optim import FusedSparseOptimizer, RowWiseAdagrad, build_optimizers, lr_multiplier
 
 
 def hot_row_batch():
@@ -109,3 +110,43 @@ def test_dense_optimizer_is_fused_by_default_only_where_torch_has_the_kernel():
     assert default_fused("sgd", cuda) and default_fused("adam", cuda)
     assert not default_fused("adagrad", cuda)  # torch has no fused CUDA Adagrad: it would raise
     assert not any(default_fused(n, cpu) for n in ("sgd", "adam", "adagrad"))
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["one-hot", "multi-hot"])
+def test_fused_sparse_optimizer_state_round_trip_keeps_fp32_sums_and_the_seed(pooled):
+    """A bf16 table's fused row-wise Adagrad: its fp32 sums and its stochastic-rounding seed survive
+    state_dict -> load_state_dict exactly (torch's Optimizer.load_state_dict alone would cast the sums
+    to bf16 and the int64 seed to a float); a state dict written before the seed was saved still loads."""
+    from kernels.embedding import TritonPooledEmbedding, TritonSparseEmbedding
+
+    def build():
+        torch.manual_seed(0)
+        if pooled:
+            emb = TritonPooledEmbedding([50, 7], [2, 1], 16, dtype=torch.bfloat16)
+        else:
+            emb = TritonSparseEmbedding([50, 7], 16, dtype=torch.bfloat16)
+        return emb, FusedSparseOptimizer(emb, "rowwise_adagrad", lr=0.1, eps=1e-8, deterministic=True)
+
+    emb, opt = build()
+    raw = torch.tensor([[3, 1, 5], [9, 2, 5], [3, 4, 0]]) if pooled else torch.tensor([[3, 1], [9, 2], [3, 4]])
+    g = torch.randn(3, 2, 16, generator=torch.Generator().manual_seed(1))
+    for _ in range(3):
+        (emb(raw).float() * g).sum().backward()
+    sums, seed = opt.fused.state.clone(), emb.sr_seed.clone()
+    assert sums.dtype == torch.float32 and int(seed) == 3
+    # values that bf16 cannot hold: a cast on load would show
+    assert not torch.equal(sums, sums.to(torch.bfloat16).float())
+    state = copy.deepcopy(opt.state_dict())
+
+    emb2, opt2 = build()
+    opt2.load_state_dict(state)
+    assert opt2.fused.state.dtype == torch.float32 and torch.equal(opt2.fused.state, sums)
+    assert opt2.state[emb2.weight]["sum"] is opt2.fused.state  # the kernel's own tensor, updated in place
+    assert emb2.sr_seed.dtype == torch.int64 and torch.equal(emb2.sr_seed, seed)
+    assert opt2.state[emb2.weight]["sr_seed"] is emb2.sr_seed
+
+    old = copy.deepcopy(state)
+    del old["state"][0]["sr_seed"]  # a checkpoint from before the seed was saved
+    emb3, opt3 = build()
+    opt3.load_state_dict(old)
+    assert torch.equal(opt3.fused.state, sums) and int(emb3.sr_seed) == 0

@@ -186,9 +186,9 @@ class ShardedSparseArch(nn.Module):
             # The local module is the one-process model's kind (dlrm.model.dlrm: TritonPooledEmbedding
             # for multi-hot tables, TritonSparseEmbedding for one-hot ones), so a bf16 shard's update
             # rounds as that table's does; hotness 1 is the one-hot lookup, number for number.
-            stochastic = dtype == torch.bfloat16 and self.multi_hot
+            stochastic = dtype == torch.bfloat16  # both kinds round bf16 updates stochastically
             with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-                if stochastic:
+                if self.multi_hot:
                     local = TritonPooledEmbedding([rows], [1], dim, dtype=dtype)
                 else:
                     local = TritonSparseEmbedding([rows], dim, dtype=dtype)

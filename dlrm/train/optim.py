@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from loguru import logger
@@ -129,6 +130,11 @@ class FusedSparseOptimizer(torch.optim.Optimizer):
                                                                       weight_decay=weight_decay))
         if self.fused.state is not None:
             self.state[weight]["sum"] = self.fused.state  # the kernel's own tensor: checkpoints save it as is
+        # bf16 tables' stochastic-rounding seed (advanced on the device every step): part of the update's
+        # state, so a resumed run draws the rounding bits the uninterrupted one would have drawn
+        self.sr_seed: Optional[torch.Tensor] = getattr(embedding, "sr_seed", None)
+        if self.sr_seed is not None:
+            self.state[weight]["sr_seed"] = self.sr_seed
 
     def load_lr(self) -> None:
         """Copy the scheduled learning rate into the tensor the fused backward reads."""
@@ -141,10 +147,19 @@ class FusedSparseOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict) -> None:
         super().load_state_dict(state_dict)
         weight = self.param_groups[0]["params"][0]
+        # Copy the saved tensors themselves into the kernel's tensors, in place: Optimizer.load_state_dict
+        # casts floating state to the parameter's dtype (the fp32 Adagrad sums of a bf16 table would come
+        # back rounded to bf16) and would turn the int64 seed into a float.
+        saved = next(iter(state_dict.get("state", {}).values()), {})
         if self.fused.state is not None:
-            # Optimizer.load_state_dict made new tensors; copy them into the kernel's (fp32) state in place.
-            self.fused.state.copy_(self.state[weight]["sum"])
+            self.fused.state.copy_(saved["sum"] if "sum" in saved else self.state[weight]["sum"])
             self.state[weight]["sum"] = self.fused.state
+        if self.sr_seed is not None:
+            if "sr_seed" in saved:  # checkpoints written before the seed was saved start it at 0
+                self.sr_seed.copy_(saved["sr_seed"])
+            self.state[weight]["sr_seed"] = self.sr_seed
+        else:
+            self.state[weight].pop("sr_seed", None)
         self.load_lr()
 
 

@@ -199,6 +199,7 @@ def _fused_embedding_op(
     grad_trigger: Tensor,
     weight_decay: float = 0.0,
     out_dtype: Optional[torch.dtype] = None,
+    sr_seed: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
     """Forward = lookup; backward applies the sparse optimizer update in place (see fused_embedding)."""
     with device_context(weight):
@@ -207,27 +208,29 @@ def _fused_embedding_op(
 
 @_fused_embedding_op.register_fake
 def _(raw, weight, cardinalities, offsets, vocab, vocab_offsets, state, lr, optimizer, eps, deterministic, grad_trigger,
-      weight_decay=0.0, out_dtype=None):
+      weight_decay=0.0, out_dtype=None, sr_seed=None):
     return _lookup_fake(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype)
 
 
 def _fused_setup_context(ctx, inputs, output):
-    raw, weight, _card, _off, _voc, _voff, state, lr, optimizer, eps, deterministic, _trigger, weight_decay, _ = inputs
+    (raw, weight, _card, _off, _voc, _voff, state, lr, optimizer, eps, deterministic, _trigger, weight_decay, _,
+     sr_seed) = inputs
     ctx.save_for_backward(output[1])
     ctx.mark_non_differentiable(output[1])
     # Held as plain attributes, not saved tensors: the backward mutates them, and they must be the very
     # tensors the caller owns (the parameter and the optimizer state), not saved copies/versions.
-    ctx.weight, ctx.state, ctx.lr = weight, state, lr
+    ctx.weight, ctx.state, ctx.lr, ctx.sr_seed = weight, state, lr, sr_seed
     ctx.optimizer, ctx.eps, ctx.deterministic, ctx.weight_decay = optimizer, eps, deterministic, weight_decay
 
 
 def _fused_backward(ctx, grad_out, _grad_rows):
     (rows,) = ctx.saved_tensors
     torch.ops.dlrm_kernels.embedding_sparse_update_(
-        rows, grad_out, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic, ctx.weight_decay
+        rows, grad_out, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic, ctx.weight_decay,
+        ctx.sr_seed,
     )
     # No gradient for weight (the update has been applied: weight.grad stays None) nor the trigger.
-    return (None,) * 14
+    return (None,) * 15
 
 
 _fused_embedding_op.register_autograd(_fused_backward, setup_context=_fused_setup_context)
@@ -271,6 +274,7 @@ def fused_embedding(
     grad_trigger: Optional[Tensor] = None,
     weight_decay: float = 0.0,
     out_dtype: Optional[torch.dtype] = None,
+    sr_seed: Optional[Tensor] = None,
 ) -> Tensor:
     """Lookup ``[B, F, D]`` whose backward updates ``weight`` (and ``state``) in place.
 
@@ -285,6 +289,8 @@ def fused_embedding(
     gets no gradient). :class:`TritonSparseEmbedding` does this in fused mode. ``weight_decay``: lazy L2
     on the rows looked up (see :func:`embedding_sparse_update_`). ``out_dtype``: as for
     :func:`embedding_lookup` (a bf16 output's gradient is converted to fp32 exactly in the update).
+    ``sr_seed``: bf16 weights are rounded stochastically with it (and it advances), see
+    :func:`embedding_sparse_update_`.
     """
     if state is None:
         state = empty_state(weight)
@@ -292,5 +298,5 @@ def fused_embedding(
         grad_trigger = empty_state(weight)
     return torch.ops.dlrm_kernels.fused_embedding(
         raw, weight, cardinalities, offsets, vocab, vocab_offsets, state, lr, optimizer, eps, deterministic, grad_trigger,
-        weight_decay, out_dtype,
+        weight_decay, out_dtype, sr_seed,
     )[0]

@@ -71,6 +71,10 @@ class TritonSparseEmbedding(nn.Module):
             make of the fp32 output, with half the bytes written, read by the next kernel, and read back
             as the gradient (issue #20). Off (the default), the output has the weight's dtype; a caller
             that sums the outputs further (the sharded arch's pooling) keeps it off.
+        stochastic_rounding: bf16 tables: the fused update rounds new weights stochastically (default;
+            unbiased, so updates smaller than half a bf16 step are not lost) or to nearest (False). The
+            seed is the non-persistent buffer ``sr_seed`` [1] int64 (starts at 0, advanced on the device
+            by every update), as in ``TritonPooledEmbedding``; the sparse optimizer's state_dict carries it.
 
     ``forward(raw [B, F] int64) -> [B, F, D]``. By default the ordinary differentiable lookup (dense
     gradient for ``weight``). After ``use_fused_update(config)`` the forward, while training with grad
@@ -101,6 +105,7 @@ class TritonSparseEmbedding(nn.Module):
         device: Optional[torch.device | str] = None,
         dtype: Optional[torch.dtype] = None,
         autocast_output: bool = False,
+        stochastic_rounding: bool = True,
     ) -> None:
         super().__init__()
         if vocab is not None:
@@ -116,6 +121,8 @@ class TritonSparseEmbedding(nn.Module):
         self._register_vocabularies(vocabs, cards, device)
         self.weight = nn.Parameter(torch.empty(table_layout.total_rows(cards), self.dim, device=device, dtype=dtype))
         self.autocast_output = bool(autocast_output)
+        self.stochastic_rounding = bool(stochastic_rounding)
+        self.register_buffer("sr_seed", torch.zeros(1, dtype=torch.int64, device=device), persistent=False)
         self.fused_update: Optional[SparseOptimizerConfig] = None
         # Plain attribute (not a parameter or buffer: state_dict stays {"weight"}); see use_fused_update.
         self._grad_trigger: Optional[Tensor] = None
@@ -206,6 +213,7 @@ class TritonSparseEmbedding(nn.Module):
                 self._grad_trigger,
                 cfg.weight_decay,
                 out_dtype,
+                self.sr_seed if self.stochastic_rounding and self.weight.dtype == torch.bfloat16 else None,
             )
         return embedding_lookup(raw, self.weight, self.cardinalities, self.offsets, self.vocab, self.vocab_offsets,
                                 out_dtype)

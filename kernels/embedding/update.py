@@ -528,7 +528,7 @@ def _(rows, grad_out, num_rows, dtype=None):
     return grad_out.new_empty((num_rows, grad_out.shape[2]), dtype=dtype or grad_out.dtype)
 
 
-@torch.library.custom_op("dlrm_kernels::embedding_sparse_update_", mutates_args=("weight", "state"))
+@torch.library.custom_op("dlrm_kernels::embedding_sparse_update_", mutates_args=("weight", "state", "sr_seed"))
 def _embedding_sparse_update_op(
     rows: Tensor,
     grad_out: Tensor,
@@ -539,14 +539,32 @@ def _embedding_sparse_update_op(
     eps: float,
     deterministic: bool,
     weight_decay: float = 0.0,
+    sr_seed: Optional[Tensor] = None,
 ) -> None:
     with device_context(weight):
-        sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay)
+        one_hot_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay, sr_seed)
 
 
 @_embedding_sparse_update_op.register_fake
-def _(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay=0.0):
+def _(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay=0.0, sr_seed=None):
     return None
+
+
+def one_hot_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay=0.0,
+                        sr_seed=None) -> None:
+    """`sparse_update_impl` for the one-hot lookup: bf16 weights are written back by stochastic rounding
+    when ``sr_seed`` (a one-element int64 tensor on weight's device) is given, which is then advanced on
+    the device (the next call, or a replayed CUDA graph, draws new bits); else rounded to nearest even."""
+    rounding = None
+    if weight.dtype == torch.bfloat16:
+        rounding = "nearest" if sr_seed is None else "stochastic"
+        if sr_seed is not None and (sr_seed.numel() != 1 or sr_seed.dtype != torch.int64
+                                    or sr_seed.device != weight.device):
+            raise ValueError("sr_seed must be a one-element int64 tensor on weight's device")
+    sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay,
+                       bf16_rounding=rounding, sr_seed=sr_seed if rounding == "stochastic" else None)
+    if rounding == "stochastic":
+        sr_seed.add_(1)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -569,6 +587,7 @@ def embedding_sparse_update_(
     eps: float = 1e-10,
     deterministic: bool = True,
     weight_decay: float = 0.0,
+    sr_seed: Optional[Tensor] = None,
 ) -> None:
     """Apply one optimizer step to the rows looked up, in place, from the lookup's output gradient.
 
@@ -584,6 +603,9 @@ def embedding_sparse_update_(
         deterministic: bitwise reproducible results (always so except 'sgd' on fp32 weights with False).
         weight_decay: lazy L2: ``g[r] += weight_decay * w[r]`` for every row looked up, before the
             optimizer's rule (rows not looked up are untouched); 0 adds nothing.
+        sr_seed: bf16 weights only: a one-element int64 tensor; the new weights are rounded
+            stochastically (unbiased: small updates are not lost to bf16's 8-bit mantissa) with random
+            bits keyed by it, and it is incremented on the device. None: round to nearest even.
 
     ``g[r]`` is the sum of ``grad_out`` over every position that hashed to ``r``; each unique row is
     updated once. No host synchronisation.
@@ -591,7 +613,7 @@ def embedding_sparse_update_(
     if state is None:
         state = empty_state(weight)
     torch.ops.dlrm_kernels.embedding_sparse_update_(rows, grad_out, weight, state, lr, optimizer, eps, deterministic,
-                                                    weight_decay)
+                                                    weight_decay, sr_seed)
 
 
 def init_sparse_optimizer_state(optimizer: str, weight: Tensor) -> Optional[Tensor]:
