@@ -14,6 +14,15 @@ bf16 autocast, as the trainer's ``train.precision: bf16``). Implementations:
   mask + bias-gradient kernel per layer; weight-gradient GEMMs on a second stream).
 * ``fp8`` (opt-in, ``--impls ...,fp8``; bf16 rows only): the ``compiled`` MLP with every layer whose
   widths are multiples of 16 an FP8 GEMM (``kernels.fp8_linear``, issue #20's measured try of FP8).
+* ``tail`` (opt-in, ``--impls ...,tail``): ``kernels.mlp_tail.OnChipTailMLP``, the ``fused`` MLP whose
+  narrow tail (input and widths <= 256: Kaggle bottom 256-64-16, the tops' 256-1, MLPerf bottom
+  256-128) runs as ONE Triton kernel per direction with the activations on chip (issue #20).
+  ``--tail-launches`` adds one ``tail[...]`` row per forced launch config (a sweep of the heuristic
+  ``kernels.mlp_tail.tail_launch``): ``FWD_BMxWARPS/BWD_BMxWARPS``, the backward's optionally
+  followed by ``xPROGRAMS_PER_SM``, ``r`` (RELOAD) and ``h`` (HOIST_W), all with num_stages 1, e.g.
+  ``128x8/32x8h,64x8/32x8rh,64x8/32x8r,128x8/64x8x2h``.
+
+    python benchmarks/mlp.py --impls eager,compiled,fused,tail --out benchmarks/results/mlp_tail
 
 One step = parameter grads set to None, forward, ``backward`` of a fixed output gradient. On CUDA the
 steps are captured in a CUDA graph (n steps per graph, after warm-up steps on a side stream) and the
@@ -46,8 +55,10 @@ from _common import env_line, environment, markdown, md_row, pyplot, save_figure
 
 from dlrm.model.archs import MLP  # noqa: E402
 from dlrm.train.step import autocast_context, set_matmul_precision  # noqa: E402
+from kernels import mlp_tail  # noqa: E402
 from kernels.fp8_linear import fp8_mlp  # noqa: E402
 from kernels.mlp import FusedMLP  # noqa: E402
+from kernels.mlp_tail import OnChipTailMLP, TailLaunch, split_tail  # noqa: E402
 
 # name: (in_features, widths, activate_last, input needs a gradient)
 CASES = {
@@ -56,7 +67,7 @@ CASES = {
     "mlperf_bottom": (13, [512, 256, 128], True, False),
     "mlperf_top": (3456, [1024, 1024, 512, 256, 1], False, True),
 }
-IMPLS = ("eager", "compiled", "fused", "fp8")
+IMPLS = ("eager", "compiled", "fused", "fp8", "tail")
 DEFAULT_IMPLS = ("eager", "compiled", "fused")
 KEYS = ["mlp", "shape", "precision", "batch", "impl", "ms", "min_ms", "max_ms", "speedup_vs_eager",
         "samples_per_sec", "steps_per_window", "status"]
@@ -67,10 +78,27 @@ def smoke_shape(in_features: int, widths: list[int]) -> tuple[int, list[int]]:
     return max(1, in_features // 32), [max(1, w // 32) for w in widths]
 
 
+def parse_tail_launch(spec: str) -> tuple[TailLaunch, TailLaunch]:
+    """``FWD_BMxWARPS/BWD_BMxWARPS[xPROGRAMS_PER_SM][r][h]`` -> (forward, backward) launches
+    (num_stages 1; r: RELOAD, h: HOIST_W)."""
+    try:
+        fwd, bwd = spec.split("/")
+        flags = bwd[len(bwd.rstrip("rh")):]
+        f = [int(v) for v in fwd.split("x")]
+        b = [int(v) for v in bwd.rstrip("rh").split("x")]
+        if len(f) != 2 or len(b) not in (2, 3) or flags not in ("", "r", "h", "rh"):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"tail launch {spec!r} is not FWD_BMxWARPS/BWD_BMxWARPS[xPROGRAMS_PER_SM][r][h]") from None
+    return TailLaunch(f[0], f[1]), TailLaunch(b[0], b[1], 1, b[2] if len(b) == 3 else 1, "r" in flags, "h" in flags)
+
+
 def build(impl: str, in_features: int, widths: list[int], activate_last: bool, device: torch.device, backend: str):
     torch.manual_seed(0)
     if impl == "fused":
         return FusedMLP(in_features, widths, "relu", activate_last=activate_last).to(device)
+    if impl == "tail" or impl.startswith("tail["):
+        return OnChipTailMLP(in_features, widths, "relu", activate_last=activate_last).to(device)
     model = MLP(in_features, widths, "relu", activate_last=activate_last).to(device)
     if impl == "fp8":
         return torch.compile(fp8_mlp(model), backend=backend)
@@ -150,7 +178,10 @@ def measure(name: str, impl: str, precision: str, batch: int, device: torch.devi
            "batch": batch, "impl": impl}
     if impl == "fp8" and precision != "bf16":
         return {**row, "status": "skipped: fp8 runs under bf16 autocast"}
+    # tail[SPEC]: the on-chip tail with a forced launch (read at every launch: captured as forced)
+    forced = parse_tail_launch(impl[len("tail["):-1]) if impl.startswith("tail[") else None
     try:
+        mlp_tail.TAIL_LAUNCH_OVERRIDE = forced
         set_matmul_precision("tf32" if precision == "tf32" else "fp32")
         model = build(impl, in_features, widths, activate_last, device, args.compile_backend)
         params = list(model.parameters())
@@ -170,6 +201,7 @@ def measure(name: str, impl: str, precision: str, batch: int, device: torch.devi
         msg = str(e).splitlines()[0][:160] if str(e) else ""
         row["status"] = f"failed: {type(e).__name__}: {msg}"
     finally:
+        mlp_tail.TAIL_LAUNCH_OVERRIDE = None
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -203,7 +235,7 @@ def plot(rows: list[dict], env: dict, path: Path, title: str) -> None:
     """Grouped bars: ms per step of each implementation, one group per (MLP, precision, batch)."""
     plt = pyplot()
     groups = list(dict.fromkeys((r["mlp"], r["precision"], r["batch"]) for r in rows))
-    impls = [i for i in IMPLS if any(r["impl"] == i for r in rows)]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(groups) + 2), 4.5))
     width = 0.8 / max(1, len(impls))
     for k, impl in enumerate(impls):
@@ -234,6 +266,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", default="2048,65536")
     ap.add_argument("--precisions", default="tf32,bf16", help="comma list of fp32 (IEEE), tf32, bf16 (autocast)")
     ap.add_argument("--impls", default=",".join(DEFAULT_IMPLS), help=f"comma list of {', '.join(IMPLS)}")
+    ap.add_argument("--tail-launches", default="",
+                    help="comma list of forced launches of the tail kernels, one tail[...] row each "
+                         "(FWD_BMxWARPS/BWD_BMxWARPS[xPROGRAMS_PER_SM][r][h]; see the docstring)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--compile-backend", default=None, help="torch.compile backend (default inductor; --smoke: aot_eager)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps before capture (compilation)")
@@ -260,15 +295,33 @@ def main(argv=None) -> int:
     for i in impls:
         if i not in IMPLS:
             ap.error(f"unknown impl {i!r} (choose from {', '.join(IMPLS)})")
+    for spec in filter(None, args.tail_launches.split(",")):
+        try:
+            parse_tail_launch(spec)
+        except ValueError as e:
+            ap.error(str(e))
+        impls.append(f"tail[{spec}]")
     precisions = args.precisions.split(",")
     if device.type != "cuda" and "bf16" in precisions:
         ap.error("bf16 is measured on CUDA only (the Triton interpreter is fp32-only)")
 
     env = environment(device)
     title = "Fused MLP vs eager and compiled torch: forward + backward" + (" (smoke)" if args.smoke else "")
+    if any(i.startswith("tail") for i in impls):
+        def tail_layers(name: str) -> str:
+            dims = CASES[name][:2] if not args.smoke else smoke_shape(*CASES[name][:2])
+            dims = [dims[0], *dims[1]]
+            start = split_tail(dims)
+            return f"{name} " + ("-".join(str(d) for d in dims[start:]) if start < len(dims) - 1 else "none")
+
+        note_tail = (" tail: OnChipTailMLP (kernels/mlp_tail.py), the on-chip layers: "
+                     + ", ".join(tail_layers(n) for n in names) + "; the others as fused.")
+    else:
+        note_tail = ""
     timing = ("CUDA-graph replay, device time" if device.type == "cuda" else "CPU wall time")
     note = (f"{timing}; median of {args.windows} windows; compile backend {args.compile_backend}. tf32: fp32 "
-            "parameters and TF32 GEMMs; bf16: fp32 parameters under bf16 autocast. bottom MLPs: no input gradient.")
+            "parameters and TF32 GEMMs; bf16: fp32 parameters under bf16 autocast. bottom MLPs: no input gradient."
+            + note_tail)
     rows = []
     for name in names:
         for batch in [int(b) for b in args.batch_sizes.split(",")]:

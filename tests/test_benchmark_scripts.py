@@ -174,7 +174,8 @@ def test_scaling_one_process_then_two_ranks(tmp_path, monkeypatch):
 
 def test_mlp_benchmark_smoke_times_every_implementation(tmp_path):
     """benchmarks/mlp.py --smoke: every MLP case x (eager, compiled, fused) measured at tiny shapes, the
-    speed-ups relative to eager, and the CSV / Markdown / PNG written (CUDA: graph-replay timing)."""
+    speed-ups relative to eager, and the CSV / Markdown / PNG written (CUDA: graph-replay timing); the
+    opt-in fp8 and on-chip tail impls, the tail with a forced launch too."""
     mb = load_script("mlp")
     assert mb.main(["--smoke", "--out", str(tmp_path)]) == 0
     rows = read_csv(tmp_path / "mlp.csv")
@@ -188,6 +189,16 @@ def test_mlp_benchmark_smoke_times_every_implementation(tmp_path):
     assert mb.main(["--smoke", "--mlps", "kaggle_top", "--impls", "eager,fp8", "--out", str(tmp_path / "fp8")]) == 0
     fp8 = [r for r in read_csv(tmp_path / "fp8" / "mlp.csv") if r["impl"] == "fp8"]
     assert [r["status"] for r in fp8] == ["skipped: fp8 runs under bf16 autocast"]
+    # the on-chip tail (kernels/mlp_tail.py) is opt-in too; each forced launch adds a tail[...] row
+    assert mb.main(["--smoke", "--mlps", "kaggle_bottom,mlperf_top", "--impls", "eager,fused,tail",
+                    "--tail-launches", "16x4/16x4x2rh", "--out", str(tmp_path / "tail")]) == 0
+    tail = read_csv(tmp_path / "tail" / "mlp.csv")
+    assert [(r["mlp"], r["impl"]) for r in tail] == [(m, i) for m in ("kaggle_bottom", "mlperf_top")
+                                                     for i in ("eager", "fused", "tail", "tail[16x4/16x4x2rh]")]
+    assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in tail), tail
+    assert "the on-chip layers: kaggle_bottom 1-16-8-2-1, mlperf_top 32-32-16-8-1" in (tmp_path / "tail" / "mlp.md").read_text()
+    with pytest.raises(SystemExit):
+        mb.main(["--smoke", "--impls", "tail", "--tail-launches", "16x4", "--out", str(tmp_path / "bad")])
 
 
 def test_mlperf_dcnv2_smoke_baseline_ours_and_a_step_graph_variant(tmp_path):

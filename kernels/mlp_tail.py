@@ -1,0 +1,689 @@
+"""On-chip MLP tail: a chain of narrow layers (input and every width <= 256) in ONE Triton kernel per
+direction, the intermediate activations kept on chip (issue #20).
+
+Notation: ``M`` rows (the batch), ``L`` layers (1 <= L <= `MAX_LAYERS`), layer ``l`` maps width
+``K_l`` to ``N_l`` (``K_0`` the input width, ``K_{l+1} = N_l``) with weight ``W_l`` [N_l, K_l] and
+bias ``b_l`` [N_l]; ``h_0 = x`` [M, K_0], ``z_l = h_l @ W_l^T + b_l``, ``h_{l+1} = act_l(z_l)``
+(``act_l``: ReLU or none, per layer, as `kernels.mlp`'s ``relu: list[bool]``). ``g = dloss/dh_L``.
+``KP``/``NP``: a width padded to a ``tl.dot`` tile (a power of two, >= 16: the 1-wide logit is a
+16-wide tile, its 15 padding columns masked to zero).
+
+Where it applies: the narrow suffix of DLRM's MLPs, after the wide layers -- Kaggle bottom
+256-64-16, Kaggle top 256-1, Terabyte/MLPerf bottom 256-128, MLPerf top 256-1. `OnChipTailMLP` runs
+the wide head of a chain through `kernels.mlp.fused_mlp` (cuBLAS(Lt) GEMMs) and its tail through
+this kernel.
+
+Forward (`_tail_fwd_kernel`, one program per BLOCK_M rows): load the x tile [BLOCK_M, KP_0] (any
+strides), then per layer load ``W_l`` [NP_l, KP_l] and ``b_l`` (the weights are tiny and stay in
+L2), ``z = tl.dot(h, W^T)`` with an fp32 accumulator, add the bias, apply the activation, round to
+the input dtype (as the eager bf16 MLP rounds each layer's output) and feed the next layer from
+registers. Only the final output [M, N_{L-1}] is written.
+
+What the backward needs, by bytes: it reads x anyway (for dW_0 and dx), and the final output is
+returned anyway; keeping the intermediate ``h_1 .. h_{L-1}`` would cost a write in the forward plus
+a read in the backward (Kaggle's bottom tail in bf16: h_1 is 64 wide, 2 x 64 x 2 = 256 bytes a row,
++16% over the ~1.6 KB a row the tail moves without it: x read twice and dx written, 512 bytes each).
+Recomputing them costs the forward's FLOPs again (2 x 256 x 64 a row for that layer), and the
+whole backward stays at ~90 FLOP per byte moved, under the H100's bf16 and tf32 ridge points
+(~300 and ~150). So nothing but the output is written, and the backward recomputes the chain on
+chip: ReLU'(z_l) is
+read as ``h_{l+1} > 0`` from the recomputed value (the same code as the forward, so the same value
+up to the GPU's dot instruction choice; a flip could only happen where z rounds to 0, where both
+choices are a valid subgradient and the output is ~0 either way).
+
+Backward (`_tail_bwd_kernel`, persistent: `P` programs, each walking a contiguous range of
+row blocks): per row block, recompute ``h_1 .. h_L`` (``h_L`` only if the last layer has a ReLU:
+it is needed only for the mask), load ``g`` (any strides; stride 0 too), then from the last layer
+down ``gm_l = g_l * (h_{l+1} > 0)`` (or ``g_l``), accumulate ``dW_l += gm_l^T @ h_l`` and
+``db_l += colsum(gm_l)`` in fp32 registers across the program's row blocks, and
+``g_{l-1} = gm_l @ W_l`` on chip; the first layer's data gradient is written as dx only when the
+input needs one (the bottom MLP's input is data). At the end each program writes its fp32 partial
+``[dW_0, db_0, dW_1, db_1, ...]`` (one row of a [P, S] buffer, ``S = sum(N_l K_l + N_l)``) and
+`kernels.mlp._col_sum_kernel` adds the P rows in a fixed order, writing the gradients in the input
+dtype. Deterministic: every program sums its rows in a fixed order and P depends only on M, the
+widths, the launch and the GPU, so two runs are bitwise equal. Why partials: dW reduces over all M
+rows into at most 256 x 256 values per layer; fp32 atomics would be faster to write but not
+deterministic, and a separate GEMM would read x and the masked gradients again (the bytes this
+kernel exists to save). With persistent programs the partials are small: one fp32 row per program,
+P = one program per SM by default, 132 x 70 KB = 9 MB for Kaggle's bottom tail (one row per 64-row
+block would be 71 MB at batch 65536, twice the bf16 x), summed by one small launch.
+
+Precision: fp32 operands use TF32 tensor cores on the GPU when ``torch.backends.cuda.matmul`` allows
+it (as ``nn.Linear``; `kernels.linear.resolve_input_precision`), else exact fp32 (``"ieee"``, always
+in the interpreter); bf16 / fp16 operands run 16-bit products with fp32 accumulation. Under CUDA
+autocast the thin function casts to the autocast dtype first (as `kernels.mlp.fused_mlp`).
+
+Launch: `tail_launch` picks BLOCK_M, num_warps, num_stages and for the backward its programs per SM
+and two code variants (RELOAD: h_0 and W_0 loaded again for their transposed uses; HOIST_W: the
+weights loaded once per program) from the widths and dtype: a heuristic from what the kernels
+compile to for sm_90 (shared memory, spills), not yet timed; `TAIL_LAUNCH_OVERRIDE` forces one.
+Measured in benchmarks/mlp.py (impl ``tail``, opt-in), against the eager, compiled and fused MLPs.
+
+File layout: ``@triton.jit`` kernels, host launchers, the ``torch.library`` custom ops
+(``dlrm_kernels::mlp_tail_forward`` / ``mlp_tail_backward``, fake and autograd registrations), the
+thin function `tail_mlp`, and `OnChipTailMLP` (the eager ``dlrm.model.archs.MLP``'s constructor,
+parameters, init and state_dict keys).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor, nn
+
+from kernels import heuristics
+from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels.linear import resolve_input_precision
+from kernels.mlp import SUPPORTED_ACTIVATIONS, _col_sum_kernel, _init_linear_, fused_mlp
+
+__all__ = ["MAX_LAYERS", "MAX_WIDTH", "OnChipTailMLP", "TailLaunch", "split_tail", "tail_launch", "tail_mlp"]
+
+_INTERPRET = interpret_mode()
+
+MAX_WIDTH = 256  # the widest input or layer the kernel keeps on chip
+MAX_LAYERS = 4  # layers per launch (the kernel is unrolled per layer; DLRM's tails have 1 or 2)
+
+_COL_BLOCK = 128  # columns per program of the partial-sum reduction (kernels.mlp's _col_sum_kernel)
+_BLOCK_R = 16 if _INTERPRET else 64  # rows of partials per step of that reduction
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_w(w_ptr, N: tl.constexpr, K: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
+    """W [N, K] (contiguous) as an [NP, KP] tile, zero outside."""
+    rn = tl.arange(0, NP)
+    rk = tl.arange(0, KP)
+    return tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0)
+
+
+@triton.jit
+def _load_wt(w_ptr, N: tl.constexpr, K: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
+    """W^T: W [N, K] (contiguous) as a [KP, NP] tile, zero outside."""
+    rn = tl.arange(0, NP)
+    rk = tl.arange(0, KP)
+    return tl.load(w_ptr + rk[:, None] + rn[None, :] * K, mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+
+
+@triton.jit
+def _affine(h, w, b_ptr, N: tl.constexpr, NP: tl.constexpr, RELU: tl.constexpr, PREC: tl.constexpr):
+    """act(h @ w^T + b) in fp32: h [BLOCK_M, KP], w [NP, KP] -> [BLOCK_M, NP]; the padding columns
+    stay 0 (zero weight rows and bias)."""
+    z = tl.dot(h, tl.trans(w), input_precision=PREC)
+    rn = tl.arange(0, NP)
+    z += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if RELU:
+        z = tl.maximum(z, 0.0)
+    return z
+
+
+@triton.jit
+def _layer_bwd(gm, h_in, w, dw, db, NEED_G: tl.constexpr, PREC: tl.constexpr):
+    """One layer's backward on chip from its masked gradient gm [BLOCK_M, NP] (fp32):
+    ``dw += gm^T @ h_in``, ``db += colsum(gm)`` (fp32 accumulators), and the next layer down's
+    gradient ``gm @ w`` [BLOCK_M, KP] (fp32) when NEED_G (else gm, unused)."""
+    gm = gm.to(h_in.dtype)  # the GEMM operand dtype (bf16 gradients, as the eager bf16 MLP's)
+    db += tl.sum(gm.to(tl.float32), axis=0)
+    dw = tl.dot(tl.trans(gm), h_in, dw, input_precision=PREC)
+    if NEED_G:
+        g_in = tl.dot(gm, w, input_precision=PREC)
+    else:
+        g_in = gm.to(tl.float32)
+    return g_in, dw, db
+
+
+@triton.jit
+def _store_partial(base, dw, db, N: tl.constexpr, K: tl.constexpr, NP: tl.constexpr, KP: tl.constexpr):
+    """dW [N, K] then db [N] at ``base`` (a slice of this program's row of partials)."""
+    rn = tl.arange(0, NP)
+    rk = tl.arange(0, KP)
+    tl.store(base + rn[:, None] * K + rk[None, :], dw, mask=(rn[:, None] < N) & (rk[None, :] < K))
+    tl.store(base + N * K + rn, db, mask=rn < N)
+
+
+@triton.jit
+def _tail_fwd_kernel(
+    x_ptr,
+    out_ptr,
+    w0_ptr,
+    b0_ptr,
+    w1_ptr,
+    b1_ptr,
+    w2_ptr,
+    b2_ptr,
+    w3_ptr,
+    b3_ptr,
+    M,
+    stride_xm,
+    stride_xk,
+    L: tl.constexpr,
+    K0: tl.constexpr,
+    N0: tl.constexpr,
+    N1: tl.constexpr,
+    N2: tl.constexpr,
+    N3: tl.constexpr,
+    KP0: tl.constexpr,
+    NP0: tl.constexpr,
+    NP1: tl.constexpr,
+    NP2: tl.constexpr,
+    NP3: tl.constexpr,
+    R0: tl.constexpr,
+    R1: tl.constexpr,
+    R2: tl.constexpr,
+    R3: tl.constexpr,
+    N_OUT: tl.constexpr,
+    NP_OUT: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """out[rows] = h_L of this program's BLOCK_M rows; h_1 .. h_{L-1} never leave the chip."""
+    pid = tl.program_id(0)
+    rm = (pid * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    m_ok = rm < M
+    rk = tl.arange(0, KP0)
+    h = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk,
+                mask=m_ok[:, None] & (rk[None, :] < K0), other=0.0)  # fmt: skip
+    dt = h.dtype
+    h = _affine(h, _load_w(w0_ptr, N0, K0, NP0, KP0), b0_ptr, N0, NP0, R0, PREC).to(dt)
+    if L > 1:
+        h = _affine(h, _load_w(w1_ptr, N1, N0, NP1, NP0), b1_ptr, N1, NP1, R1, PREC).to(dt)
+    if L > 2:
+        h = _affine(h, _load_w(w2_ptr, N2, N1, NP2, NP1), b2_ptr, N2, NP2, R2, PREC).to(dt)
+    if L > 3:
+        h = _affine(h, _load_w(w3_ptr, N3, N2, NP3, NP2), b3_ptr, N3, NP3, R3, PREC).to(dt)
+    rn = tl.arange(0, NP_OUT)
+    tl.store(out_ptr + rm[:, None] * N_OUT + rn[None, :], h, mask=m_ok[:, None] & (rn[None, :] < N_OUT))
+
+
+@triton.jit
+def _tail_bwd_kernel(
+    x_ptr,
+    g_ptr,
+    dx_ptr,
+    part_ptr,
+    w0_ptr,
+    b0_ptr,
+    w1_ptr,
+    b1_ptr,
+    w2_ptr,
+    b2_ptr,
+    w3_ptr,
+    b3_ptr,
+    M,
+    ROWS_PER_PROG,
+    S,
+    stride_xm,
+    stride_xk,
+    stride_gm,
+    stride_gn,
+    L: tl.constexpr,
+    K0: tl.constexpr,
+    N0: tl.constexpr,
+    N1: tl.constexpr,
+    N2: tl.constexpr,
+    N3: tl.constexpr,
+    KP0: tl.constexpr,
+    NP0: tl.constexpr,
+    NP1: tl.constexpr,
+    NP2: tl.constexpr,
+    NP3: tl.constexpr,
+    R0: tl.constexpr,
+    R1: tl.constexpr,
+    R2: tl.constexpr,
+    R3: tl.constexpr,
+    N_OUT: tl.constexpr,
+    NP_OUT: tl.constexpr,
+    NEED_DX: tl.constexpr,
+    PREC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    RELOAD: tl.constexpr,
+    HOIST_W: tl.constexpr,
+):
+    """Rows [pid * ROWS_PER_PROG, (pid + 1) * ROWS_PER_PROG): recompute the chain, the gradients
+    down it on chip, dx (NEED_DX) and this program's fp32 partial [dW_0, db_0, dW_1, ...] at
+    ``part_ptr + pid * S``."""
+    pid = tl.program_id(0)
+    row0 = pid * ROWS_PER_PROG
+    row_end = tl.minimum(row0 + ROWS_PER_PROG, M)
+    rk = tl.arange(0, KP0)
+    rn = tl.arange(0, NP_OUT)
+    dw0 = tl.zeros((NP0, KP0), dtype=tl.float32)
+    db0 = tl.zeros((NP0,), dtype=tl.float32)
+    if L > 1:
+        dw1 = tl.zeros((NP1, NP0), dtype=tl.float32)
+        db1 = tl.zeros((NP1,), dtype=tl.float32)
+    if L > 2:
+        dw2 = tl.zeros((NP2, NP1), dtype=tl.float32)
+        db2 = tl.zeros((NP2,), dtype=tl.float32)
+    if L > 3:
+        dw3 = tl.zeros((NP3, NP2), dtype=tl.float32)
+        db3 = tl.zeros((NP3,), dtype=tl.float32)
+    if HOIST_W:  # the weights once per program, kept on chip across its row blocks
+        w0 = _load_w(w0_ptr, N0, K0, NP0, KP0)
+        if RELOAD:
+            w0b = tl.trans(_load_wt(w0_ptr, N0, K0, NP0, KP0))
+        if L > 1:
+            w1 = _load_w(w1_ptr, N1, N0, NP1, NP0)
+        if L > 2:
+            w2 = _load_w(w2_ptr, N2, N1, NP2, NP1)
+        if L > 3:
+            w3 = _load_w(w3_ptr, N3, N2, NP3, NP2)
+    for i in range(0, tl.cdiv(row_end - row0, BLOCK_M)):
+        rm = (row0 + i * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        m_ok = rm < row_end
+        h0 = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :] * stride_xk,
+                     mask=m_ok[:, None] & (rk[None, :] < K0), other=0.0)  # fmt: skip
+        dt = h0.dtype
+        # recompute: h_{l+1} for every layer but the last, whose output only gives its ReLU mask
+        if not HOIST_W:
+            w0 = _load_w(w0_ptr, N0, K0, NP0, KP0)
+        if L > 1 or R0:
+            h1 = _affine(h0, w0, b0_ptr, N0, NP0, R0, PREC).to(dt)
+        if L > 1:
+            if not HOIST_W:
+                w1 = _load_w(w1_ptr, N1, N0, NP1, NP0)
+            if L > 2 or R1:
+                h2 = _affine(h1, w1, b1_ptr, N1, NP1, R1, PREC).to(dt)
+        if L > 2:
+            if not HOIST_W:
+                w2 = _load_w(w2_ptr, N2, N1, NP2, NP1)
+            if L > 3 or R2:
+                h3 = _affine(h2, w2, b2_ptr, N2, NP2, R2, PREC).to(dt)
+        if L > 3:
+            if not HOIST_W:
+                w3 = _load_w(w3_ptr, N3, N2, NP3, NP2)
+            if R3:
+                h4 = _affine(h3, w3, b3_ptr, N3, NP3, R3, PREC).to(dt)
+        # rows past the end load a zero gradient: they add nothing to dW, db and the data gradients
+        g = tl.load(g_ptr + rm[:, None] * stride_gm + rn[None, :] * stride_gn,
+                    mask=m_ok[:, None] & (rn[None, :] < N_OUT), other=0.0).to(tl.float32)  # fmt: skip
+        # down the chain: mask by ReLU'(z_l) = h_{l+1} > 0, then dW_l, db_l and g_{l-1}
+        if L > 3:
+            if R3:
+                g = tl.where(h4 > 0.0, g, 0.0)
+            g, dw3, db3 = _layer_bwd(g, h3, w3, dw3, db3, True, PREC)
+        if L > 2:
+            if R2:
+                g = tl.where(h3 > 0.0, g, 0.0)
+            g, dw2, db2 = _layer_bwd(g, h2, w2, dw2, db2, True, PREC)
+        if L > 1:
+            if R1:
+                g = tl.where(h2 > 0.0, g, 0.0)
+            g, dw1, db1 = _layer_bwd(g, h1, w1, dw1, db1, True, PREC)
+        if R0:
+            g = tl.where(h1 > 0.0, g, 0.0)
+        if RELOAD:
+            # h_0 and W_0 loaded again for the GEMMs that read them transposed (distinct loads of the
+            # transposed tiles, from L1 / L2): their shared-memory copies then live apart from the
+            # recompute's instead of all four at once (fp32: 4 x 64 KB at 64 x 256 would not fit)
+            h0 = tl.trans(tl.load(x_ptr + rk[:, None] * stride_xk + rm[None, :] * stride_xm,
+                                  mask=(rk[:, None] < K0) & m_ok[None, :], other=0.0))  # fmt: skip
+            if not HOIST_W:
+                w0b = tl.trans(_load_wt(w0_ptr, N0, K0, NP0, KP0))
+        else:
+            w0b = w0
+        g, dw0, db0 = _layer_bwd(g, h0, w0b, dw0, db0, NEED_DX, PREC)
+        if NEED_DX:
+            tl.store(dx_ptr + rm[:, None] * K0 + rk[None, :], g.to(dx_ptr.dtype.element_ty),
+                     mask=m_ok[:, None] & (rk[None, :] < K0))  # fmt: skip
+    base = part_ptr + pid.to(tl.int64) * S
+    _store_partial(base, dw0, db0, N0, K0, NP0, KP0)
+    if L > 1:
+        _store_partial(base + N0 * K0 + N0, dw1, db1, N1, N0, NP1, NP0)
+    if L > 2:
+        _store_partial(base + N0 * K0 + N0 + N1 * N0 + N1, dw2, db2, N2, N1, NP2, NP1)
+    if L > 3:
+        _store_partial(base + N0 * K0 + N0 + N1 * N0 + N1 + N2 * N1 + N2, dw3, db3, N3, N2, NP3, NP2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host launchers
+# ----------------------------------------------------------------------------------------------
+
+
+class TailLaunch(NamedTuple):
+    """A launch of the tail kernels: BLOCK_M rows per tile, num_warps, num_stages; for the backward
+    its persistent programs per SM (its grid is ``min(row blocks, programs_per_sm x SMs)``), whether
+    it loads h_0 and W_0 a second time for their transposed uses (`_tail_bwd_kernel`'s RELOAD) and
+    whether it loads the weights once per program instead of once per row block (HOIST_W)."""
+
+    block_m: int
+    num_warps: int
+    num_stages: int = 1
+    programs_per_sm: int = 1
+    reload: bool = False
+    hoist: bool = False
+
+
+# Forces (forward, backward) launches when set (benchmarks' sweeps, tests); read at every launch.
+TAIL_LAUNCH_OVERRIDE: Optional[tuple[TailLaunch, TailLaunch]] = None
+
+
+def tail_launch(dims: list[int], dtype: torch.dtype, backward: bool) -> TailLaunch:
+    """The launch for the chain ``dims`` = [K_0, N_0, ..., N_{L-1}] in `dtype`.
+
+    Not measured (written without a GPU; benchmarks/mlp.py ``--tail-launches`` sweeps it on one).
+    Chosen from the kernels compiled for sm_90 here (Triton 3.6 and 3.9, ``ptxas -v``: shared memory,
+    registers, spills) at DLRM's tails, whose first layer is the widest (K_0 = 256; N_0 = 64 Kaggle
+    bottom, 128 MLPerf bottom, 1 the top MLPs'). An H100 SM has 228 KB of shared memory and 64 K
+    registers.
+
+    * Forward: one program per BLOCK_M rows (batch 65536: 512 to 1024 programs, several per SM).
+      8 warps; 128 rows in 16-bit (the x tile is 64 KB) and 64 in fp32 (also 64 KB): no spills,
+      98 to 131 KB of shared memory at the 256-64 layer.
+    * Backward: its fp32 dW accumulators stay in registers for the whole program (Kaggle's bottom
+      tail 64 x 256 + 16 x 64, 64 registers a thread at 8 warps; MLPerf's 128 x 256, 128), next to a
+      row block's recompute and data gradient, so it runs at the 255-register cap with a few hundred
+      bytes of spills: 32-row blocks (fewer spills than 64), 8 warps, one program per SM (the
+      register file is full), ``num_stages=1`` (pipelining the row loop's loads only added
+      shared-memory buffers). fp32 needs RELOAD (the 64 x 256 tiles of h_0 and W_0 in both
+      orientations: 196 to 330 KB of shared memory without, 98 to 164 KB with); so does a 16-bit
+      first layer wider than 64 x 256. The weights are loaded once per program (HOIST_W) where their
+      two shared-memory copies take at most 128 KB (all but MLPerf's 128 x 256 in fp32, which would
+      need 312 KB): a 32-row block of 16-bit x is 16 KB against 32 to 64 KB of W_0 re-read from L2
+      otherwise, and hoisting also removed most spills (Kaggle bf16: 0 bytes, 102 KB shared).
+      The partials are then 132 x S x 4 bytes (9 MB for Kaggle's bottom tail, 17 MB for MLPerf's),
+      against 32 MB of bf16 x read at batch 65536.
+
+    What these picks compiled to (shared KB / spilled bytes, Triton 3.9 and 3.6): backward, Kaggle
+    bottom bf16 102 / 0, tf32 188 / 60-176; MLPerf bottom bf16 156-164 / 244-296, tf32 164 / 1.2 K;
+    the tops' 256-1 <= 51 / 0. Forward: no spills, at most 196 KB (MLPerf bottom, fp32). Exact fp32
+    ("ieee", the tests' GPU reference mode) compiles to FMA loops that spill more; it is correct,
+    not fast.
+
+    The interpreter (tests): 64-row tiles, one backward program (its cost is per program and per op).
+    """
+    if _INTERPRET:
+        return TailLaunch(64, 4, 1, 1, reload=backward, hoist=backward)
+    kp = [heuristics.dot_block(d) for d in dims]
+    widest_w = max(a * b for a, b in zip(kp[:-1], kp[1:]))  # elements of the largest padded weight
+    e = torch.finfo(dtype).bits // 8
+    if not backward:
+        return TailLaunch(128 if e == 2 else 64, 8, 1)
+    return TailLaunch(32, 8, 1, 1, reload=e == 4 or widest_w > 64 * 256, hoist=2 * widest_w * e <= 128 * 1024)
+
+
+def _launch(dims: list[int], dtype: torch.dtype, backward: bool) -> TailLaunch:
+    if TAIL_LAUNCH_OVERRIDE is not None:
+        return TAIL_LAUNCH_OVERRIDE[1 if backward else 0]
+    return tail_launch(dims, dtype, backward)
+
+
+def _backward_programs(M: int, block_m: int, launch: TailLaunch, device: torch.device) -> int:
+    """Programs of the backward: ``programs_per_sm`` per SM (each writes one row of partials), at
+    most one per row block; one in the interpreter unless a forced launch asks for more (tests)."""
+    blocks = triton.cdiv(M, block_m)
+    if _INTERPRET and TAIL_LAUNCH_OVERRIDE is None:
+        return 1
+    return max(1, min(blocks, launch.programs_per_sm * heuristics.sm_count(device)))
+
+
+def _check_tail(x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: list[bool]) -> None:
+    if not (len(weights) == len(biases) == len(relu)) or not 1 <= len(weights) <= MAX_LAYERS:
+        raise ValueError(f"need one weight, bias and relu flag per layer, 1 to {MAX_LAYERS} layers; got "
+                         f"{len(weights)}, {len(biases)}, {len(relu)}")  # fmt: skip
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D [M, K], got shape {tuple(x.shape)}")
+    k = x.shape[1]
+    for i, (w, b) in enumerate(zip(weights, biases)):
+        if w.dim() != 2 or w.shape[1] != k or b.shape != (w.shape[0],):
+            raise ValueError(f"layer {i}: weight {tuple(w.shape)} / bias {tuple(b.shape)} do not follow width {k}")
+        if w.dtype != x.dtype or b.dtype != x.dtype or w.device != x.device or b.device != x.device:
+            raise ValueError(f"layer {i}: weight and bias must have x's dtype and device ({x.dtype}, {x.device})")
+        k = w.shape[0]
+    widths = [x.shape[1], *(w.shape[0] for w in weights)]
+    if max(widths) > MAX_WIDTH or min(widths) < 1:
+        raise ValueError(f"the on-chip tail takes widths 1 to {MAX_WIDTH}, got {widths}")
+    check_triton_device(x.device, "the on-chip MLP tail")
+
+
+def _kernel_args(weights: list[Tensor], biases: list[Tensor], relu: list[bool], k0: int) -> tuple[list, dict]:
+    """The per-layer pointers (unused layers: layer 0's, never read) and constexprs."""
+    L = len(weights)
+    ws = [w.contiguous() for w in weights]
+    bs = [b.contiguous() for b in biases]
+    ptrs = []
+    for i in range(MAX_LAYERS):
+        j = i if i < L else 0
+        ptrs += [ws[j], bs[j]]
+    ns = [w.shape[0] for w in ws] + [1] * (MAX_LAYERS - L)
+    rs = [bool(r) for r in relu] + [False] * (MAX_LAYERS - L)
+    meta = {"L": L, "K0": k0, "KP0": heuristics.dot_block(k0), "N_OUT": ns[L - 1], "NP_OUT": heuristics.dot_block(ns[L - 1])}
+    for i in range(MAX_LAYERS):
+        meta[f"N{i}"], meta[f"NP{i}"], meta[f"R{i}"] = ns[i], heuristics.dot_block(ns[i]), rs[i]
+    return ptrs, meta
+
+
+def _flat_size(x: Tensor, weights: list[Tensor]) -> int:
+    """S: the elements of [dW_0, db_0, dW_1, db_1, ...]."""
+    return sum(w.shape[0] * w.shape[1] + w.shape[0] for w in weights)
+
+
+def _tail_forward(x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: list[bool], prec: str) -> Tensor:
+    M, K0 = x.shape
+    out = torch.empty((M, weights[-1].shape[0]), device=x.device, dtype=x.dtype)
+    if M == 0:
+        return out
+    ptrs, meta = _kernel_args(weights, biases, relu, K0)
+    cfg = _launch([K0, *(w.shape[0] for w in weights)], x.dtype, backward=False)
+    with device_context(x):
+        _tail_fwd_kernel[(triton.cdiv(M, cfg.block_m),)](
+            x, out, *ptrs, M, x.stride(0), x.stride(1), **meta, PREC=prec, BLOCK_M=cfg.block_m,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    return out
+
+
+def _tail_backward(grad: Tensor, x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: list[bool],
+                   prec: str, need_x: bool) -> tuple[Tensor, Tensor]:
+    """(dx [M, K_0] or an empty [0], the flat gradients [S] = [dW_0, db_0, dW_1, db_1, ...])."""
+    M, K0 = x.shape
+    S = _flat_size(x, weights)
+    gx = torch.empty((M, K0), device=x.device, dtype=x.dtype) if need_x else x.new_empty(0)
+    flat = torch.empty((S,), device=x.device, dtype=x.dtype)
+    if M == 0:
+        flat.zero_()
+        return gx, flat
+    ptrs, meta = _kernel_args(weights, biases, relu, K0)
+    cfg = _launch([K0, *(w.shape[0] for w in weights)], x.dtype, backward=True)
+    programs = _backward_programs(M, cfg.block_m, cfg, x.device)
+    rows = triton.cdiv(triton.cdiv(M, cfg.block_m), programs) * cfg.block_m
+    programs = triton.cdiv(M, rows)  # none empty
+    partial = torch.empty((programs, S), device=x.device, dtype=torch.float32)
+    with device_context(x):
+        _tail_bwd_kernel[(programs,)](
+            x, grad, gx if need_x else x, partial, *ptrs, M, rows, S, x.stride(0), x.stride(1),
+            grad.stride(0), grad.stride(1), **meta, NEED_DX=need_x, PREC=prec, BLOCK_M=cfg.block_m,
+            RELOAD=cfg.reload, HOIST_W=cfg.hoist, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        _col_sum_kernel[(triton.cdiv(S, _COL_BLOCK),)](partial, flat, programs, S, BLOCK_R=_BLOCK_R, BLOCK_N=_COL_BLOCK,
+                                                        num_warps=4)  # fmt: skip
+    return gx, flat
+
+
+# ----------------------------------------------------------------------------------------------
+# Custom ops
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_precision(input_precision: str) -> None:
+    if input_precision not in ("ieee", "tf32"):
+        raise ValueError(f"input_precision must be 'ieee' or 'tf32', got {input_precision!r}")
+
+
+@torch.library.custom_op("dlrm_kernels::mlp_tail_forward", mutates_args=())
+def _tail_forward_op(x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: list[bool],
+                     input_precision: str) -> Tensor:
+    """The chain's output [M, N_{L-1}] (nothing else is kept: the backward recomputes)."""
+    _check_tail(x, weights, biases, relu)
+    _check_precision(input_precision)
+    prec = input_precision if x.dtype == torch.float32 and not _INTERPRET else "ieee"
+    return _tail_forward(x, weights, biases, relu, prec)
+
+
+@_tail_forward_op.register_fake
+def _(x, weights, biases, relu, input_precision):
+    return x.new_empty((x.shape[0], weights[-1].shape[0]))
+
+
+@torch.library.custom_op("dlrm_kernels::mlp_tail_backward", mutates_args=())
+def _tail_backward_op(grad: Tensor, x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: list[bool],
+                      input_precision: str, need_x: bool) -> list[Tensor]:
+    """``[grad_x (an empty [0] unless need_x), flat]`` with flat [S] = [dW_0, db_0, dW_1, db_1, ...]
+    in x's dtype (one buffer: the autograd formula hands out views of it)."""
+    _check_tail(x, weights, biases, relu)
+    _check_precision(input_precision)
+    if grad.shape != (x.shape[0], weights[-1].shape[0]):
+        raise ValueError(f"grad must be [{x.shape[0]}, {weights[-1].shape[0]}], got {tuple(grad.shape)}")
+    prec = input_precision if x.dtype == torch.float32 and not _INTERPRET else "ieee"
+    gx, flat = _tail_backward(grad, x, weights, biases, relu, prec, need_x)
+    return [gx, flat]
+
+
+@_tail_backward_op.register_fake
+def _(grad, x, weights, biases, relu, input_precision, need_x):
+    gx = x.new_empty(tuple(x.shape) if need_x else (0,))
+    return [gx, x.new_empty((_flat_size(x, weights),))]
+
+
+def _tail_setup(ctx, inputs, output):
+    x, weights, biases, relu, input_precision = inputs
+    ctx.n = len(weights)
+    ctx.relu = list(relu)
+    ctx.input_precision = input_precision
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x, *weights, *biases)
+
+
+def _tail_backward_formula(ctx, g):
+    n = ctx.n
+    need_x, need_w, need_b = ctx.needs_input_grad[:3]
+    need_w = list(need_w) if isinstance(need_w, (list, tuple)) else [bool(need_w)] * n
+    need_b = list(need_b) if isinstance(need_b, (list, tuple)) else [bool(need_b)] * n
+    if g is None or not (need_x or any(need_w) or any(need_b)):
+        return None, [None] * n, [None] * n, None, None
+    saved = ctx.saved_tensors
+    x, weights, biases = saved[0], list(saved[1 : 1 + n]), list(saved[1 + n :])
+    gx, flat = _tail_backward_op(g, x, weights, biases, ctx.relu, ctx.input_precision, bool(need_x))
+    gws, gbs, off = [], [], 0
+    for w, nw, nb in zip(weights, need_w, need_b):
+        N, K = w.shape
+        gws.append(flat[off : off + N * K].view(N, K) if nw else None)
+        gbs.append(flat[off + N * K : off + N * K + N] if nb else None)
+        off += N * K + N
+    return (gx if need_x else None), gws, gbs, None, None
+
+
+_tail_forward_op.register_autograd(_tail_backward_formula, setup_context=_tail_setup)
+
+
+# ----------------------------------------------------------------------------------------------
+# Thin function and module
+# ----------------------------------------------------------------------------------------------
+
+
+def tail_mlp(x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: list[bool],
+             allow_tf32: Optional[bool] = None) -> Tensor:
+    """``h_{l+1} = relu?(h_l @ W_l^T + b_l)`` for 1 to `MAX_LAYERS` layers of widths <= `MAX_WIDTH`
+    (input included), h_0 = x [M, K_0] (any strides), in one kernel per direction; returns
+    [M, N_{L-1}] in x's dtype, or under CUDA autocast the autocast dtype (as nn.Linear). One autograd
+    node, differentiable in x, every weight and every bias. `allow_tf32`: None follows
+    ``torch.backends.cuda.matmul`` (fp32 on CUDA only)."""
+    if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
+        dt = torch.get_autocast_dtype("cuda")
+        x = x.to(dt)
+        weights = [w.to(dt) for w in weights]
+        biases = [b.to(dt) for b in biases]
+    return _tail_forward_op(x, list(weights), list(biases), [bool(r) for r in relu],
+                            resolve_input_precision(x, allow_tf32))  # fmt: skip
+
+
+def split_tail(dims: list[int], max_layers: int = MAX_LAYERS) -> int:
+    """The first layer of the chain ``dims`` = [in_features, *widths] that the on-chip tail runs:
+    the longest suffix (at most `max_layers` layers) whose input and widths are all <= `MAX_WIDTH`;
+    ``len(dims) - 1`` when the last layer itself is too wide (no tail).
+
+    >>> split_tail([13, 512, 256, 64, 16]), split_tail([367, 512, 256, 1]), split_tail([13, 16, 16])
+    (2, 2, 0)
+    """
+    n = len(dims) - 1
+    start = n
+    while start > 0 and n - start < max_layers and dims[start - 1] <= MAX_WIDTH and dims[start] <= MAX_WIDTH:
+        start -= 1
+    return start
+
+
+class OnChipTailMLP(nn.Module):
+    """Swap-in for ``dlrm.model.archs.MLP`` (ReLU or none): the wide head layers through
+    `kernels.mlp.fused_mlp`, the narrow tail (`split_tail`) through the on-chip kernel.
+
+    Args (the eager MLP's):
+        in_features: input width.
+        widths: output width of each layer.
+        activation: "relu" or "none"; any other raises ValueError.
+        activate_last: apply the activation after the last layer too (False for the top MLP).
+        linear_cls: must be None (accepted so the eager MLP's keyword arguments pass through).
+        dropout: must be 0.
+
+    Parameters, init (same RNG draws) and state_dict keys as the eager MLP and
+    `kernels.mlp.FusedMLP`: ``layers.<i>.weight`` / ``layers.<i>.bias``; ``activations`` lists each
+    layer's activation, ``tail_start`` the first layer of the tail (``len(widths)``: none).
+
+    Example:
+        >>> mlp = OnChipTailMLP(13, [512, 256, 64, 16])
+        >>> mlp.tail_start, list(mlp.state_dict())[-2:]
+        (2, ['layers.3.weight', 'layers.3.bias'])
+
+    Shapes: [B, in_features] -> [B, widths[-1]].
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        widths: list[int],
+        activation: str = "relu",
+        activate_last: bool = True,
+        linear_cls: Optional[type] = None,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        if activation not in SUPPORTED_ACTIVATIONS:
+            raise ValueError(f"OnChipTailMLP runs only {SUPPORTED_ACTIVATIONS}, not activation={activation!r}")
+        if linear_cls is not None:
+            raise ValueError("OnChipTailMLP runs its own layers: linear_cls must be None")
+        if dropout:
+            raise ValueError(f"OnChipTailMLP has no dropout between its layers (dropout={dropout}); use the eager MLP")
+        if not widths:
+            raise ValueError("OnChipTailMLP needs at least one layer")
+        dims = [in_features, *widths]
+        acts = [activation] * len(widths)
+        if not activate_last:
+            acts[-1] = "none"
+        self.in_features = in_features
+        self.activations = acts
+        self.tail_start = split_tail(dims)
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        for layer in self.layers:
+            _init_linear_(layer)
+        self.dropout = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        ws = [l.weight for l in self.layers]
+        bs = [l.bias for l in self.layers]
+        relu = [a == "relu" for a in self.activations]
+        s = self.tail_start
+        if s > 0:
+            h = fused_mlp(h, ws[:s], bs[:s], relu[:s])
+        if s < len(ws):
+            h = tail_mlp(h, ws[s:], bs[s:], relu[s:])
+        return h if x.dim() == 2 else h.view(*x.shape[:-1], h.shape[-1])
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, activations={self.activations}, tail_start={self.tail_start}"
