@@ -30,7 +30,7 @@ from torch import Tensor
 from kernels._backend import device_context
 from kernels.embedding.hashing import _hash_positions, check_hash_inputs, hash_args, hash_rows_impl
 from kernels.embedding.rounding import _round_bf16
-from kernels.embedding.update import empty_state
+from kernels.embedding.update import embedding_sparse_update_, empty_state
 from kernels.heuristics import rows_per_program
 
 __all__ = ["embedding_lookup", "fused_embedding"]
@@ -225,10 +225,8 @@ def _fused_setup_context(ctx, inputs, output):
 
 def _fused_backward(ctx, grad_out, _grad_rows):
     (rows,) = ctx.saved_tensors
-    torch.ops.dlrm_kernels.embedding_sparse_update_(
-        rows, grad_out, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic, ctx.weight_decay,
-        ctx.sr_seed,
-    )
+    embedding_sparse_update_(rows, grad_out, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic,
+                             ctx.weight_decay, ctx.sr_seed)
     # No gradient for weight (the update has been applied: weight.grad stays None) nor the trigger.
     return (None,) * 15
 

@@ -528,7 +528,7 @@ def _(rows, grad_out, num_rows, dtype=None):
     return grad_out.new_empty((num_rows, grad_out.shape[2]), dtype=dtype or grad_out.dtype)
 
 
-@torch.library.custom_op("dlrm_kernels::embedding_sparse_update_", mutates_args=("weight", "state", "sr_seed"))
+@torch.library.custom_op("dlrm_kernels::embedding_sparse_update_", mutates_args=("weight", "state"))
 def _embedding_sparse_update_op(
     rows: Tensor,
     grad_out: Tensor,
@@ -539,14 +539,37 @@ def _embedding_sparse_update_op(
     eps: float,
     deterministic: bool,
     weight_decay: float = 0.0,
-    sr_seed: Optional[Tensor] = None,
+) -> None:
+    with device_context(weight):
+        one_hot_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay)
+
+
+@_embedding_sparse_update_op.register_fake
+def _(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay=0.0):
+    return None
+
+
+# Stochastic rounding of bf16 weights has its own op, whose seed is a required argument: torch 2.11's
+# custom-op dispatch fails (IndexError in ADInplaceOrView) on a mutated argument left at its default.
+@torch.library.custom_op("dlrm_kernels::embedding_sparse_update_sr_", mutates_args=("weight", "state", "sr_seed"))
+def _embedding_sparse_update_sr_op(
+    rows: Tensor,
+    grad_out: Tensor,
+    weight: Tensor,
+    state: Tensor,
+    lr: Tensor,
+    optimizer: str,
+    eps: float,
+    deterministic: bool,
+    weight_decay: float,
+    sr_seed: Tensor,
 ) -> None:
     with device_context(weight):
         one_hot_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay, sr_seed)
 
 
-@_embedding_sparse_update_op.register_fake
-def _(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay=0.0, sr_seed=None):
+@_embedding_sparse_update_sr_op.register_fake
+def _(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay, sr_seed):
     return None
 
 
@@ -612,8 +635,12 @@ def embedding_sparse_update_(
     """
     if state is None:
         state = empty_state(weight)
-    torch.ops.dlrm_kernels.embedding_sparse_update_(rows, grad_out, weight, state, lr, optimizer, eps, deterministic,
-                                                    weight_decay, sr_seed)
+    if sr_seed is None:
+        torch.ops.dlrm_kernels.embedding_sparse_update_(rows, grad_out, weight, state, lr, optimizer, eps, deterministic,
+                                                        weight_decay)
+    else:
+        torch.ops.dlrm_kernels.embedding_sparse_update_sr_(rows, grad_out, weight, state, lr, optimizer, eps,
+                                                           deterministic, weight_decay, sr_seed)
 
 
 def init_sparse_optimizer_state(optimizer: str, weight: Tensor) -> Optional[Tensor]:

@@ -151,3 +151,13 @@ def test_gpu_bf16_one_hot_update(optimizer):
                              sr_seed=seed)
     down, up = neighbours(w32)
     assert bool(((sr.float() == down) | (sr.float() == up)).all()) and int(seed) == 1
+
+
+def test_opcheck_stochastic_rounding_op(device):
+    case = make_case(3, 2, "modulus", seed=23).to(device)
+    rows = hash_rows(case.raw, *case.hash_args())
+    weight = make_weight(case.num_rows, 16, device).to(BF16)
+    grad = make_grad(3, 2, 16, "contiguous", device)
+    torch.library.opcheck(torch.ops.dlrm_kernels.embedding_sparse_update_sr_.default,
+                          (rows, grad, weight, torch.zeros(case.num_rows, device=device), torch.tensor(LR, device=device),
+                           "rowwise_adagrad", EPS, True, 0.0, torch.zeros(1, dtype=torch.int64, device=device)))
