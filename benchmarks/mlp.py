@@ -14,7 +14,7 @@ bf16 autocast, as the trainer's ``train.precision: bf16``). Implementations:
   mask + bias-gradient kernel per layer; weight-gradient GEMMs on a second stream).
 * ``fp8`` (opt-in, ``--impls ...,fp8``; bf16 rows only): the ``compiled`` MLP with every layer whose
   widths are multiples of 16 an FP8 GEMM (``kernels.fp8_linear``, issue #20's measured try of FP8).
-* ``tail`` (opt-in, ``--impls ...,tail``): ``kernels.mlp_tail.OnChipTailMLP``, the ``fused`` MLP whose
+* ``tail`` (opt-in, ``--impls ...,tail``; bf16 rows only on CUDA): ``kernels.mlp_tail.OnChipTailMLP``, the ``fused`` MLP whose
   narrow tail (input and widths <= 256: Kaggle bottom 256-64-16, the tops' 256-1, MLPerf bottom
   256-128) runs as ONE Triton kernel per direction with the activations on chip (issue #20).
   ``--tail-launches`` adds one ``tail[...]`` row per forced launch config (a sweep of the heuristic
@@ -178,6 +178,8 @@ def measure(name: str, impl: str, precision: str, batch: int, device: torch.devi
            "batch": batch, "impl": impl}
     if impl == "fp8" and precision != "bf16":
         return {**row, "status": "skipped: fp8 runs under bf16 autocast"}
+    if impl.startswith("tail") and precision != "bf16" and torch.cuda.is_available():
+        return {**row, "status": "skipped: the on-chip tail runs 16-bit on CUDA"}
     # tail[SPEC]: the on-chip tail with a forced launch (read at every launch: captured as forced)
     forced = parse_tail_launch(impl[len("tail["):-1]) if impl.startswith("tail[") else None
     try:

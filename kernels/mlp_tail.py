@@ -48,16 +48,23 @@ kernel exists to save). With persistent programs the partials are small: one fp3
 P = one program per SM by default, 132 x 70 KB = 9 MB for Kaggle's bottom tail (one row per 64-row
 block would be 71 MB at batch 65536, twice the bf16 x), summed by one small launch.
 
-Precision: fp32 operands use TF32 tensor cores on the GPU when ``torch.backends.cuda.matmul`` allows
-it (as ``nn.Linear``; `kernels.linear.resolve_input_precision`), else exact fp32 (``"ieee"``, always
-in the interpreter); bf16 / fp16 operands run 16-bit products with fp32 accumulation. Under CUDA
+Precision: on CUDA bf16 / fp16 operands only, 16-bit products with fp32 accumulation: fp32 inputs
+are refused there, because in the H100 tests (2026-11-24) the fp32 and TF32 backward disagreed with
+the float64 reference on a few rows beyond what ReLU-edge flips explain, while bf16 passed every
+comparison. fp32 runs in the interpreter (exact ``"ieee"`` products; TF32 when
+``torch.backends.cuda.matmul`` allows it is what a GPU fp32 path would use), which is how the CPU
+tests exercise the kernels. Under CUDA
 autocast the thin function casts to the autocast dtype first (as `kernels.mlp.fused_mlp`).
 
 Launch: `tail_launch` picks BLOCK_M, num_warps, num_stages and for the backward its programs per SM
 and two code variants (RELOAD: h_0 and W_0 loaded again for their transposed uses; HOIST_W: the
 weights loaded once per program) from the widths and dtype: a heuristic from what the kernels
 compile to for sm_90 (shared memory, spills), not yet timed; `TAIL_LAUNCH_OVERRIDE` forces one.
-Measured in benchmarks/mlp.py (impl ``tail``, opt-in), against the eager, compiled and fused MLPs.
+Measured in benchmarks/mlp.py (impl ``tail``, opt-in), against the compiled and fused MLPs
+(``results/mlp_tail.md``, H100): in bf16 it wins only on Kaggle's bottom MLP (-10% at batch 2048,
+-2% at 65536 against the fused MLP) and loses or ties elsewhere (Kaggle top: 1.14 ms against the
+compiled MLP's 0.92 at 65536; MLPerf bottom: 0.60 against 0.57), about 0.01 ms of a step at best. So
+``kernels.mlp: "auto"`` never picks it and no config names it: `OnChipTailMLP` is an opt-in module.
 
 File layout: ``@triton.jit`` kernels, host launchers, the ``torch.library`` custom ops
 (``dlrm_kernels::mlp_tail_forward`` / ``mlp_tail_backward``, fake and autograd registrations), the
@@ -440,6 +447,12 @@ def _check_tail(x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: li
     widths = [x.shape[1], *(w.shape[0] for w in weights)]
     if max(widths) > MAX_WIDTH or min(widths) < 1:
         raise ValueError(f"the on-chip tail takes widths 1 to {MAX_WIDTH}, got {widths}")
+    if x.device.type == "cuda" and x.dtype == torch.float32:
+        # Measured on the H100 (benchmarks/PERF.md, 2026-11-24 fourth run): in fp32 and TF32 the
+        # backward's recomputed chain disagreed with the forward beyond ReLU-edge flips on a few rows
+        # (gradients off by up to 0.1-18 absolute); bf16 passed every comparison. Not shipped for fp32.
+        raise ValueError("the on-chip MLP tail runs 16-bit inputs on CUDA (bf16 autocast); fp32/TF32 failed its "
+                         "GPU gradient tests: use kernels.mlp.FusedMLP for fp32")
     check_triton_device(x.device, "the on-chip MLP tail")
 
 
