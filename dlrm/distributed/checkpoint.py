@@ -25,7 +25,7 @@ from dlrm.distributed.sharding import ShardingPlan
 from dlrm import checkpoint as ckpt
 
 SPARSE_WEIGHT = "sparse_arch.weight"
-# The stochastic-rounding seed of a bf16 multi-hot shard (`ShardedSparseArch`): part of a shard, so that
+# The stochastic-rounding seed of a bf16 shard (`ShardedSparseArch`): part of a shard, so that
 # a resumed run draws new rounding bits; a one-process table keeps its seed out of the state_dict.
 SHARD_ONLY = ("sparse_arch.sr_seed",)
 

@@ -99,12 +99,12 @@ class ShardedSparseArch(nn.Module):
         hotness: values per sample of each feature, sum-pooled (None: one each). The raw input is
             then [B, L], L = sum(hotness), with PAD_SPARSE (-2) in empty slots.
         dtype: of the local shard, float32 or (kernel "triton" only) bfloat16. A bf16 shard is
-            updated as the one-process bf16 table of the same model: fp32 update math, then for
-            multi-hot tables stochastic rounding (`kernels.embedding.TritonPooledEmbedding`, seed
-            in the buffer ``sr_seed``, advanced on the device once per step) and for one-hot
-            tables the cast of `kernels.embedding.TritonSparseEmbedding`. The rounding's random
-            bits are keyed by the row of the local shard, not of the full table, so a multi-hot
-            bf16 shard rounds like one process in distribution, not bit for bit.
+            updated as the one-process bf16 table of the same model: fp32 update math, then
+            stochastic rounding (`kernels.embedding.TritonPooledEmbedding` for multi-hot tables,
+            `kernels.embedding.TritonSparseEmbedding` for one-hot ones; seed in the buffer
+            ``sr_seed``, advanced on the device once per step). The rounding's random bits are
+            keyed by the row of the local shard, not of the full table, so a bf16 shard rounds
+            like one process in distribution, not bit for bit.
 
     Example (inside a torchrun launch of 2 processes)::
 
@@ -113,7 +113,7 @@ class ShardedSparseArch(nn.Module):
 
     Shapes: int64 [B, F] (or [B, L] multi-hot) raw values -> [B, F, D] in the shard's dtype.
     Parameters: ``weight``, the local shard [R_rank, D] (its rows are `plan.local_layout(rank)`), the
-    same state_dict key as `SparseArch`; a stochastically rounded bf16 shard adds the int64 buffer
+    same state_dict key as `SparseArch`; a bf16 shard (stochastically rounded) adds the int64 buffer
     ``sr_seed`` [1], so that a resumed run draws the rounding bits the uninterrupted one would
     (`dlrm.distributed.checkpoint.merge` leaves it out of a one-process checkpoint). Initialised
     exactly as the one-process arch would initialise the full tables from the same RNG state (each
@@ -186,9 +186,10 @@ class ShardedSparseArch(nn.Module):
             # The local module is the one-process model's kind (dlrm.model.dlrm: TritonPooledEmbedding
             # for multi-hot tables, TritonSparseEmbedding for one-hot ones), so a bf16 shard's update
             # rounds as that table's does; hotness 1 is the one-hot lookup, number for number.
+            # fp32 shards keep the one-hot module whatever the hotness (their path before bf16 shards).
             stochastic = dtype == torch.bfloat16  # both kinds round bf16 updates stochastically
             with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-                if self.multi_hot:
+                if stochastic and self.multi_hot:
                     local = TritonPooledEmbedding([rows], [1], dim, dtype=dtype)
                 else:
                     local = TritonSparseEmbedding([rows], dim, dtype=dtype)
