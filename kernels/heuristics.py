@@ -223,11 +223,14 @@ class SparseUpdateConfig(NamedTuple):
 # gradient row -> weight row) and small programs keep more of them in flight: bf16 tables with
 # stochastic rounding 6.37 ms with (16, 16, 2, 1) against 8.21 ms with "default"; fp32 9.15 ms against
 # 11.69 ms with "fp32_wide_rows". Not measured on one-hot tables (whose hot rows span many more
-# chunks), so those keep the launches above.
+# chunks), so those keep the launches above. With 16-bit gradients (bf16 tables under bf16 autocast),
+# four runs on three machines (results/pooled_update_sweep_hash1*.md, 2026-11-24) put 32-position chunks
+# with 4 warps ahead of (16, 16, 2, 1) by 2-3%: 5.98-6.01 ms against 6.04-6.14 ms.
 SPARSE_UPDATE_CONFIGS: dict[str, SparseUpdateConfig] = {
     "default": SparseUpdateConfig(chunk=64, carry_block=32, chunk_warps=4, carry_warps=1),
     "fp32_wide_rows": SparseUpdateConfig(chunk=32, carry_block=16, chunk_warps=4, carry_warps=4),
     "multi_hot_wide_rows": SparseUpdateConfig(chunk=16, carry_block=16, chunk_warps=2, carry_warps=1),
+    "multi_hot_wide_rows_16bit": SparseUpdateConfig(chunk=32, carry_block=16, chunk_warps=4, carry_warps=1),
 }
 SPARSE_UPDATE_OVERRIDE: Optional[SparseUpdateConfig] = None
 
@@ -238,6 +241,8 @@ def sparse_update_config(block_d: int, grad_dtype: torch.dtype, multi_hot: bool 
     if SPARSE_UPDATE_OVERRIDE is not None:
         return SparseUpdateConfig(*SPARSE_UPDATE_OVERRIDE)
     if multi_hot and block_d >= 64:
+        if grad_dtype in (torch.bfloat16, torch.float16):
+            return SPARSE_UPDATE_CONFIGS["multi_hot_wide_rows_16bit"]
         return SPARSE_UPDATE_CONFIGS["multi_hot_wide_rows"]
     if grad_dtype == torch.float32 and block_d >= 64:
         return SPARSE_UPDATE_CONFIGS["fp32_wide_rows"]

@@ -300,5 +300,5 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     rows = read_csv(tmp_path / "s.csv")
     assert [(r["dtype"], r["rounding"]) for r in rows] == [(d, r) for d, r, _ in sw.PLAN]
     assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in rows), rows
-    assert heuristics.SPARSE_UPDATE_OVERRIDE is None and update.SR_RNG == shipped == "hash1"
+    assert heuristics.SPARSE_UPDATE_OVERRIDE is None and update.SR_RNG == shipped == "hash1hi"
     assert "(picked)" in rows[0]["launch"] and (tmp_path / "s.png").stat().st_size > 0
