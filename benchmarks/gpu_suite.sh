@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlp:fp8 | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -246,6 +246,28 @@ EOF
       mkdir -p "$RES/fp8"
       run mlp_fp8 300 python benchmarks/mlp.py --precisions bf16 --impls eager,compiled,fused,fp8 --out "$RES/fp8"
       for e in md csv png; do cp "$RES/fp8/mlp.$e" "$RES/mlp_fp8.$e" 2>/dev/null; done
+      ;;
+    mlp:tail)  # the on-chip MLP tail (kernels/mlp_tail.py, issue #20) beside the compiled and fused MLPs -> mlp_tail.*
+      mkdir -p "$RES/tail"
+      run mlp_tail 400 python benchmarks/mlp.py --impls compiled,fused,tail --out "$RES/tail"
+      for e in md csv png; do cp "$RES/tail/mlp.$e" "$RES/mlp_tail.$e" 2>/dev/null; done
+      ;;
+    rows65536)  # issue #20's three rows at 65536 with what "auto" runs, and the bf16 step profiles (fourth run)
+      run rows_kaggle_tf32 110 python benchmarks/train_throughput.py --config configs/kaggle.json --batch-sizes 65536 \
+        --variants triton-embedding-interaction+step-graph,triton-fused-mlp+step-graph --precisions tf32 \
+        --warmup 10 --steps 20 --windows 5 --out "$RES" --name train_throughput_kaggle_tf32_b65536_final
+      for m in kaggle terabyte; do
+        run "rows_${m}_bf16" 90 python benchmarks/train_throughput.py --config "configs/$m.json" --batch-sizes 65536 \
+          --variants triton-embedding-interaction+step-graph --precisions bf16 --warmup 10 --steps 20 --windows 5 \
+          --out "$RES" --name "train_throughput_${m}_bf16_b65536_final"
+        run "profile_${m}_bf16" 80 python benchmarks/step_profile.py --config "configs/$m.json" \
+          --variant triton-embedding-interaction+step-graph --precision bf16 --batch-size 65536 --out "$RES" \
+          --name "step_profile_${m}_bf16_b65536_bf16out"
+      done
+      ;;
+    sweep:launches)  # the pooled bf16 update's launch configs with the shipped rounding bits (issue #22)
+      run pooled_update_sweep_launches 200 python benchmarks/pooled_update_sweep.py --dtypes bf16 --roundings hash1hi \
+        --out "$RES" --name pooled_update_sweep_hash1hi_launches
       ;;
     mlperf)  # MLPerf DLRM-DCNv2, full tables in bf16: the plain PyTorch version vs ours, then the pooled
       # embedding's bandwidth (issue #22); each loads 52 GB of tables, one model at a time
