@@ -14,11 +14,11 @@ bf16 autocast, as the trainer's ``train.precision: bf16``). Implementations:
   mask + bias-gradient kernel per layer; weight-gradient GEMMs on a second stream).
 * ``fp8`` (opt-in, ``--impls ...,fp8``; bf16 rows only): the ``compiled`` MLP with every layer whose
   widths are multiples of 16 an FP8 GEMM (``kernels.fp8_linear``, issue #20's measured try of FP8).
-* ``tail`` (opt-in, ``--impls ...,tail``; bf16 rows only on CUDA): ``kernels.mlp_tail.OnChipTailMLP``, the ``fused`` MLP whose
+* ``tail`` (opt-in, ``--impls ...,tail``; bf16 rows only on CUDA): ``kernels.mlp_tail_module.OnChipTailMLP``, the ``fused`` MLP whose
   narrow tail (input and widths <= 256: Kaggle bottom 256-64-16, the tops' 256-1, MLPerf bottom
   256-128) runs as ONE Triton kernel per direction with the activations on chip (issue #20).
   ``--tail-launches`` adds one ``tail[...]`` row per forced launch config (a sweep of the heuristic
-  ``kernels.mlp_tail.tail_launch``): ``FWD_BMxWARPS/BWD_BMxWARPS``, the backward's optionally
+  ``kernels.heuristics.tail_launch``): ``FWD_BMxWARPS/BWD_BMxWARPS``, the backward's optionally
   followed by ``xPROGRAMS_PER_SM``, ``r`` (RELOAD) and ``h`` (HOIST_W), all with num_stages 1, e.g.
   ``128x8/32x8h,64x8/32x8rh,64x8/32x8r,128x8/64x8x2h``.
 
@@ -58,7 +58,8 @@ from dlrm.train.step import autocast_context, set_matmul_precision  # noqa: E402
 from kernels import mlp_tail  # noqa: E402
 from kernels.fp8_linear import fp8_mlp  # noqa: E402
 from kernels.mlp import FusedMLP  # noqa: E402
-from kernels.mlp_tail import OnChipTailMLP, TailLaunch, split_tail  # noqa: E402
+from kernels.mlp_tail import TailLaunch  # noqa: E402
+from kernels.mlp_tail_module import OnChipTailMLP, split_tail  # noqa: E402
 
 # name: (in_features, widths, activate_last, input needs a gradient)
 CASES = {
@@ -316,7 +317,7 @@ def main(argv=None) -> int:
             start = split_tail(dims)
             return f"{name} " + ("-".join(str(d) for d in dims[start:]) if start < len(dims) - 1 else "none")
 
-        note_tail = (" tail: OnChipTailMLP (kernels/mlp_tail.py), the on-chip layers: "
+        note_tail = (" tail: OnChipTailMLP (kernels/mlp_tail_module.py), the on-chip layers: "
                      + ", ".join(tail_layers(n) for n in names) + "; the others as fused.")
     else:
         note_tail = ""

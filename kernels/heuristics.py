@@ -28,6 +28,7 @@ __all__ = [
     "GemmTile",
     "InteractionLaunch",
     "SparseUpdateConfig",
+    "TailLaunch",
     "dot_block",
     "fp32_dot_precision",
     "gemm_tiles",
@@ -38,6 +39,7 @@ __all__ = [
     "sm_count",
     "sparse_update_config",
     "split_k_slices",
+    "tail_launch",
 ]
 
 # ----------------------------------------------------------------------------------------------------
@@ -280,3 +282,66 @@ def interaction_launch(block_d: int, dtype: torch.dtype, backward: bool) -> Inte
     if dtype == torch.float32:
         return InteractionLaunch(samples=8, num_warps=2)
     return InteractionLaunch(samples=2, num_warps=4)
+
+
+# ----------------------------------------------------------------------------------------------------
+# On-chip MLP tail (kernels.mlp_tail)
+# ----------------------------------------------------------------------------------------------------
+
+
+class TailLaunch(NamedTuple):
+    """A launch of the tail kernels: BLOCK_M rows per tile, num_warps, num_stages; for the backward
+    its persistent programs per SM (its grid is ``min(row blocks, programs_per_sm x SMs)``), whether
+    it loads h_0 and W_0 a second time for their transposed uses (`_tail_bwd_kernel`'s RELOAD) and
+    whether it loads the weights once per program instead of once per row block (HOIST_W)."""
+
+    block_m: int
+    num_warps: int
+    num_stages: int = 1
+    programs_per_sm: int = 1
+    reload: bool = False
+    hoist: bool = False
+
+
+def tail_launch(dims: list[int], dtype: torch.dtype, backward: bool) -> TailLaunch:
+    """The launch for the chain ``dims`` = [K_0, N_0, ..., N_{L-1}] in `dtype`.
+
+    Not measured (written without a GPU; benchmarks/mlp.py ``--tail-launches`` sweeps it on one).
+    Chosen from the kernels compiled for sm_90 here (Triton 3.6 and 3.9, ``ptxas -v``: shared memory,
+    registers, spills) at DLRM's tails, whose first layer is the widest (K_0 = 256; N_0 = 64 Kaggle
+    bottom, 128 MLPerf bottom, 1 the top MLPs'). An H100 SM has 228 KB of shared memory and 64 K
+    registers.
+
+    * Forward: one program per BLOCK_M rows (batch 65536: 512 to 1024 programs, several per SM).
+      8 warps; 128 rows in 16-bit (the x tile is 64 KB) and 64 in fp32 (also 64 KB): no spills,
+      98 to 131 KB of shared memory at the 256-64 layer.
+    * Backward: its fp32 dW accumulators stay in registers for the whole program (Kaggle's bottom
+      tail 64 x 256 + 16 x 64, 64 registers a thread at 8 warps; MLPerf's 128 x 256, 128), next to a
+      row block's recompute and data gradient, so it runs at the 255-register cap with a few hundred
+      bytes of spills: 32-row blocks (fewer spills than 64), 8 warps, one program per SM (the
+      register file is full), ``num_stages=1`` (pipelining the row loop's loads only added
+      shared-memory buffers). fp32 needs RELOAD (the 64 x 256 tiles of h_0 and W_0 in both
+      orientations: 196 to 330 KB of shared memory without, 98 to 164 KB with); so does a 16-bit
+      first layer wider than 64 x 256. The weights are loaded once per program (HOIST_W) where their
+      two shared-memory copies take at most 128 KB (all but MLPerf's 128 x 256 in fp32, which would
+      need 312 KB): a 32-row block of 16-bit x is 16 KB against 32 to 64 KB of W_0 re-read from L2
+      otherwise, and hoisting also removed most spills (Kaggle bf16: 0 bytes, 102 KB shared).
+      The partials are then 132 x S x 4 bytes (9 MB for Kaggle's bottom tail, 17 MB for MLPerf's),
+      against 32 MB of bf16 x read at batch 65536.
+
+    What these picks compiled to (shared KB / spilled bytes, Triton 3.9 and 3.6): backward, Kaggle
+    bottom bf16 102 / 0, tf32 188 / 60-176; MLPerf bottom bf16 156-164 / 244-296, tf32 164 / 1.2 K;
+    the tops' 256-1 <= 51 / 0. Forward: no spills, at most 196 KB (MLPerf bottom, fp32). Exact fp32
+    ("ieee", the tests' GPU reference mode) compiles to FMA loops that spill more; it is correct,
+    not fast.
+
+    The interpreter (tests): 64-row tiles, one backward program (its cost is per program and per op).
+    """
+    if interpret_mode():
+        return TailLaunch(64, 4, 1, 1, reload=backward, hoist=backward)
+    kp = [dot_block(d) for d in dims]
+    widest_w = max(a * b for a, b in zip(kp[:-1], kp[1:]))  # elements of the largest padded weight
+    e = torch.finfo(dtype).bits // 8
+    if not backward:
+        return TailLaunch(128 if e == 2 else 64, 8, 1)
+    return TailLaunch(32, 8, 1, 1, reload=e == 4 or widest_w > 64 * 256, hoist=2 * widest_w * e <= 128 * 1024)

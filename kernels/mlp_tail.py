@@ -68,25 +68,27 @@ compiled MLP's 0.92 at 65536; MLPerf bottom: 0.60 against 0.57), about 0.01 ms o
 
 File layout: ``@triton.jit`` kernels, host launchers, the ``torch.library`` custom ops
 (``dlrm_kernels::mlp_tail_forward`` / ``mlp_tail_backward``, fake and autograd registrations), the
-thin function `tail_mlp`, and `OnChipTailMLP` (the eager ``dlrm.model.archs.MLP``'s constructor,
-parameters, init and state_dict keys).
+thin function `tail_mlp`; the launch heuristic (`TailLaunch`, `tail_launch`) lives in
+`kernels.heuristics`, the module (`OnChipTailMLP`, the eager ``dlrm.model.archs.MLP``'s constructor,
+parameters, init and state_dict keys, and `split_tail`) in `kernels.mlp_tail_module`.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
-from torch import Tensor, nn
+from torch import Tensor
 
 from kernels import heuristics
+from kernels.heuristics import TailLaunch, tail_launch
 from kernels._backend import check_triton_device, device_context, interpret_mode
 from kernels.linear import resolve_input_precision
-from kernels.mlp import SUPPORTED_ACTIVATIONS, _col_sum_kernel, _init_linear_, fused_mlp
+from kernels.mlp import _col_sum_kernel
 
-__all__ = ["MAX_LAYERS", "MAX_WIDTH", "OnChipTailMLP", "TailLaunch", "split_tail", "tail_launch", "tail_mlp"]
+__all__ = ["MAX_LAYERS", "MAX_WIDTH", "TailLaunch", "tail_launch", "tail_mlp"]
 
 _INTERPRET = interpret_mode()
 
@@ -354,66 +356,8 @@ def _tail_bwd_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-class TailLaunch(NamedTuple):
-    """A launch of the tail kernels: BLOCK_M rows per tile, num_warps, num_stages; for the backward
-    its persistent programs per SM (its grid is ``min(row blocks, programs_per_sm x SMs)``), whether
-    it loads h_0 and W_0 a second time for their transposed uses (`_tail_bwd_kernel`'s RELOAD) and
-    whether it loads the weights once per program instead of once per row block (HOIST_W)."""
-
-    block_m: int
-    num_warps: int
-    num_stages: int = 1
-    programs_per_sm: int = 1
-    reload: bool = False
-    hoist: bool = False
-
-
 # Forces (forward, backward) launches when set (benchmarks' sweeps, tests); read at every launch.
 TAIL_LAUNCH_OVERRIDE: Optional[tuple[TailLaunch, TailLaunch]] = None
-
-
-def tail_launch(dims: list[int], dtype: torch.dtype, backward: bool) -> TailLaunch:
-    """The launch for the chain ``dims`` = [K_0, N_0, ..., N_{L-1}] in `dtype`.
-
-    Not measured (written without a GPU; benchmarks/mlp.py ``--tail-launches`` sweeps it on one).
-    Chosen from the kernels compiled for sm_90 here (Triton 3.6 and 3.9, ``ptxas -v``: shared memory,
-    registers, spills) at DLRM's tails, whose first layer is the widest (K_0 = 256; N_0 = 64 Kaggle
-    bottom, 128 MLPerf bottom, 1 the top MLPs'). An H100 SM has 228 KB of shared memory and 64 K
-    registers.
-
-    * Forward: one program per BLOCK_M rows (batch 65536: 512 to 1024 programs, several per SM).
-      8 warps; 128 rows in 16-bit (the x tile is 64 KB) and 64 in fp32 (also 64 KB): no spills,
-      98 to 131 KB of shared memory at the 256-64 layer.
-    * Backward: its fp32 dW accumulators stay in registers for the whole program (Kaggle's bottom
-      tail 64 x 256 + 16 x 64, 64 registers a thread at 8 warps; MLPerf's 128 x 256, 128), next to a
-      row block's recompute and data gradient, so it runs at the 255-register cap with a few hundred
-      bytes of spills: 32-row blocks (fewer spills than 64), 8 warps, one program per SM (the
-      register file is full), ``num_stages=1`` (pipelining the row loop's loads only added
-      shared-memory buffers). fp32 needs RELOAD (the 64 x 256 tiles of h_0 and W_0 in both
-      orientations: 196 to 330 KB of shared memory without, 98 to 164 KB with); so does a 16-bit
-      first layer wider than 64 x 256. The weights are loaded once per program (HOIST_W) where their
-      two shared-memory copies take at most 128 KB (all but MLPerf's 128 x 256 in fp32, which would
-      need 312 KB): a 32-row block of 16-bit x is 16 KB against 32 to 64 KB of W_0 re-read from L2
-      otherwise, and hoisting also removed most spills (Kaggle bf16: 0 bytes, 102 KB shared).
-      The partials are then 132 x S x 4 bytes (9 MB for Kaggle's bottom tail, 17 MB for MLPerf's),
-      against 32 MB of bf16 x read at batch 65536.
-
-    What these picks compiled to (shared KB / spilled bytes, Triton 3.9 and 3.6): backward, Kaggle
-    bottom bf16 102 / 0, tf32 188 / 60-176; MLPerf bottom bf16 156-164 / 244-296, tf32 164 / 1.2 K;
-    the tops' 256-1 <= 51 / 0. Forward: no spills, at most 196 KB (MLPerf bottom, fp32). Exact fp32
-    ("ieee", the tests' GPU reference mode) compiles to FMA loops that spill more; it is correct,
-    not fast.
-
-    The interpreter (tests): 64-row tiles, one backward program (its cost is per program and per op).
-    """
-    if _INTERPRET:
-        return TailLaunch(64, 4, 1, 1, reload=backward, hoist=backward)
-    kp = [heuristics.dot_block(d) for d in dims]
-    widest_w = max(a * b for a, b in zip(kp[:-1], kp[1:]))  # elements of the largest padded weight
-    e = torch.finfo(dtype).bits // 8
-    if not backward:
-        return TailLaunch(128 if e == 2 else 64, 8, 1)
-    return TailLaunch(32, 8, 1, 1, reload=e == 4 or widest_w > 64 * 256, hoist=2 * widest_w * e <= 128 * 1024)
 
 
 def _launch(dims: list[int], dtype: torch.dtype, backward: bool) -> TailLaunch:
@@ -615,88 +559,3 @@ def tail_mlp(x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: list[
         biases = [b.to(dt) for b in biases]
     return _tail_forward_op(x, list(weights), list(biases), [bool(r) for r in relu],
                             resolve_input_precision(x, allow_tf32))  # fmt: skip
-
-
-def split_tail(dims: list[int], max_layers: int = MAX_LAYERS) -> int:
-    """The first layer of the chain ``dims`` = [in_features, *widths] that the on-chip tail runs:
-    the longest suffix (at most `max_layers` layers) whose input and widths are all <= `MAX_WIDTH`;
-    ``len(dims) - 1`` when the last layer itself is too wide (no tail).
-
-    >>> split_tail([13, 512, 256, 64, 16]), split_tail([367, 512, 256, 1]), split_tail([13, 16, 16])
-    (2, 2, 0)
-    """
-    n = len(dims) - 1
-    start = n
-    while start > 0 and n - start < max_layers and dims[start - 1] <= MAX_WIDTH and dims[start] <= MAX_WIDTH:
-        start -= 1
-    return start
-
-
-class OnChipTailMLP(nn.Module):
-    """Swap-in for ``dlrm.model.archs.MLP`` (ReLU or none): the wide head layers through
-    `kernels.mlp.fused_mlp`, the narrow tail (`split_tail`) through the on-chip kernel.
-
-    Args (the eager MLP's):
-        in_features: input width.
-        widths: output width of each layer.
-        activation: "relu" or "none"; any other raises ValueError.
-        activate_last: apply the activation after the last layer too (False for the top MLP).
-        linear_cls: must be None (accepted so the eager MLP's keyword arguments pass through).
-        dropout: must be 0.
-
-    Parameters, init (same RNG draws) and state_dict keys as the eager MLP and
-    `kernels.mlp.FusedMLP`: ``layers.<i>.weight`` / ``layers.<i>.bias``; ``activations`` lists each
-    layer's activation, ``tail_start`` the first layer of the tail (``len(widths)``: none).
-
-    Example:
-        >>> mlp = OnChipTailMLP(13, [512, 256, 64, 16])
-        >>> mlp.tail_start, list(mlp.state_dict())[-2:]
-        (2, ['layers.3.weight', 'layers.3.bias'])
-
-    Shapes: [B, in_features] -> [B, widths[-1]].
-    """
-
-    def __init__(
-        self,
-        in_features: int,
-        widths: list[int],
-        activation: str = "relu",
-        activate_last: bool = True,
-        linear_cls: Optional[type] = None,
-        dropout: float = 0.0,
-    ) -> None:
-        super().__init__()
-        if activation not in SUPPORTED_ACTIVATIONS:
-            raise ValueError(f"OnChipTailMLP runs only {SUPPORTED_ACTIVATIONS}, not activation={activation!r}")
-        if linear_cls is not None:
-            raise ValueError("OnChipTailMLP runs its own layers: linear_cls must be None")
-        if dropout:
-            raise ValueError(f"OnChipTailMLP has no dropout between its layers (dropout={dropout}); use the eager MLP")
-        if not widths:
-            raise ValueError("OnChipTailMLP needs at least one layer")
-        dims = [in_features, *widths]
-        acts = [activation] * len(widths)
-        if not activate_last:
-            acts[-1] = "none"
-        self.in_features = in_features
-        self.activations = acts
-        self.tail_start = split_tail(dims)
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-        for layer in self.layers:
-            _init_linear_(layer)
-        self.dropout = None
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-        ws = [l.weight for l in self.layers]
-        bs = [l.bias for l in self.layers]
-        relu = [a == "relu" for a in self.activations]
-        s = self.tail_start
-        if s > 0:
-            h = fused_mlp(h, ws[:s], bs[:s], relu[:s])
-        if s < len(ws):
-            h = tail_mlp(h, ws[s:], bs[s:], relu[s:])
-        return h if x.dim() == 2 else h.view(*x.shape[:-1], h.shape[-1])
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, activations={self.activations}, tail_start={self.tail_start}"

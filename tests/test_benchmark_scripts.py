@@ -195,7 +195,10 @@ def test_mlp_benchmark_smoke_times_every_implementation(tmp_path):
     tail = read_csv(tmp_path / "tail" / "mlp.csv")
     assert [(r["mlp"], r["impl"]) for r in tail] == [(m, i) for m in ("kaggle_bottom", "mlperf_top")
                                                      for i in ("eager", "fused", "tail", "tail[16x4/16x4x2rh]")]
-    assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in tail), tail
+    # --smoke runs tf32 rows: on CUDA the tail refuses fp32 inputs, and its rows say so
+    skipped = "skipped: the on-chip tail runs 16-bit on CUDA"
+    assert all((r["status"] == "ok" and float(r["ms"]) > 0) or (torch.cuda.is_available() and r["impl"].startswith("tail")
+               and r["status"] == skipped) for r in tail), tail
     assert "the on-chip layers: kaggle_bottom 1-16-8-2-1, mlperf_top 32-32-16-8-1" in (tmp_path / "tail" / "mlp.md").read_text()
     with pytest.raises(SystemExit):
         mb.main(["--smoke", "--impls", "tail", "--tail-launches", "16x4", "--out", str(tmp_path / "bad")])
@@ -300,5 +303,5 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     rows = read_csv(tmp_path / "s.csv")
     assert [(r["dtype"], r["rounding"]) for r in rows] == [(d, r) for d, r, _ in sw.PLAN]
     assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in rows), rows
-    assert heuristics.SPARSE_UPDATE_OVERRIDE is None and update.SR_RNG == shipped == "hash1hi"
+    assert heuristics.SPARSE_UPDATE_OVERRIDE is None and update.SR_RNG == shipped == "hash1"
     assert "(picked)" in rows[0]["launch"] and (tmp_path / "s.png").stat().st_size > 0

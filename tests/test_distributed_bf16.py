@@ -41,6 +41,13 @@ from dlrm.distributed.sharding import plan_sharding
 from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig, TritonPooledEmbedding, TritonSparseEmbedding
 from tests.test_distributed import BASE, merged_state, run
 
+# Every case runs bf16 Triton tables on the CPU under the Triton interpreter (gloo ranks). On the GPU
+# machine's image (Triton 3.6) the interpreter fails on them (InterpreterError "only 0-dimensional arrays
+# can be converted to Python scalars" in _pooled_fwd_kernel, 2026-11-24); CI's CPU runs them with the
+# newest Triton. GPU runs of the bf16 kernels themselves are in tests/kernels (marked gpu).
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter tests; the GPU image's Triton 3.6 "
+                                "interpreter cannot run bf16 tables")
+
 CARDS = [1, 2, 5, 11, 400, 7]  # F = 6; the 400-row table takes the vectorised uniform_ path on the CPU
 HOTNESS = [2, 1, 3, 1, 2, 1]
 DIM = 3

@@ -16,7 +16,8 @@ The update never materialises a dense gradient: positions are sorted by row
 
 Every unique row is therefore updated exactly once with its summed gradient, in a summation order fixed
 by the sorted order: results are bitwise reproducible. ``deterministic=False`` only changes plain SGD on
-fp32 weights, which then uses ``tl.atomic_add`` per position instead (faster, order-dependent rounding).
+fp32 weights, which then uses ``tl.atomic_add`` per position instead (faster, order-dependent rounding;
+`kernels.embedding.atomic_update`).
 The same two kernels, with the "optimizer" that stores the summed gradient, give the plain lookup's
 deterministic dense ``[R, D]`` gradient (``dlrm_kernels::embedding_dense_grad``).
 
@@ -39,6 +40,7 @@ from torch import Tensor
 
 from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels.embedding.atomic_update import _sgd_atomic_update
 from kernels.embedding.rounding import RNG_CODES, _round_bf16
 
 __all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state"]
@@ -51,9 +53,11 @@ _DENSE_GRAD = 3
 _BF16_ROUNDING = {None: 0, "nearest": 1, "stochastic": 2}
 # The random bits of stochastic rounding (`kernels.embedding.rounding.RNG_CODES`); module-level so that a
 # benchmark can compare the generators.
-# "hash1hi" (3 integer ops an element): 0.2-1.6% faster than "hash1" at MLPerf shapes, which was 4% faster
-# than "hash" (results/pooled_update_sweep_hash1.md, pooled_update_sweep_hash1hi*.md)
-SR_RNG = "hash1hi"
+# "hash1": 4% faster than "hash" at MLPerf shapes (results/pooled_update_sweep_hash1.md). "hash1hi" (3 integer
+# ops an element) measured 0.2% faster at the shipped launch (pooled_update_sweep_hash1hi*.md) but is not the
+# default: with it, a 2-rank bf16 run's Adagrad sums ended 4.7% from one process's (tests/test_distributed_bf16.py,
+# bound 2%; 0.13-0.24% with "hash1"), a difference not understood yet.
+SR_RNG = "hash1"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -282,49 +286,6 @@ def _sparse_carry_kernel(
         )
 
 
-@triton.jit
-def _sgd_atomic_kernel(
-    rows_ptr,
-    slot_ptr,
-    grad_ptr,
-    stride_gb,
-    stride_gf,
-    stride_gd,
-    w_ptr,
-    stride_wr,
-    stride_wd,
-    lr_ptr,
-    N,
-    F,
-    D,
-    R,
-    SLOT_MAP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """Non-deterministic SGD: w[row(pos)] -= lr * grad[pos] with atomics (fp32 weights only).
-
-    Positions, ``SLOT_MAP`` and rows ``>= R`` as in `_sparse_chunk_kernel`."""
-    pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = pos < N
-    rows = tl.load(rows_ptr + pos, mask=mask, other=0)
-    mask = mask & (rows < R)
-    b = pos // F
-    f = pos - b * F
-    if SLOT_MAP:
-        f = tl.load(slot_ptr + f, mask=mask, other=0)
-    d = tl.arange(0, BLOCK_D)
-    m2 = mask[:, None] & (d < D)[None, :]
-    g = tl.load(
-        grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd, mask=m2, other=0.0
-    ).to(tl.float32)
-    lr = tl.load(lr_ptr).to(tl.float32)
-    # Relaxed: the adds need no ordering among themselves (the kernel's end orders them before any reader);
-    # Triton's default, acq_rel, orders every add at GPU scope (relaxed: 1.01 -> 0.93 ms at D=128 fp32,
-    # B=65536, results/kernels_graph.md). With stride-1 rows Triton 3.6+ emits vector reductions
-    # (red.global.add.v4.f32) on Hopper.
-    tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, -lr * g, mask=m2, sem="relaxed")
-
 # ----------------------------------------------------------------------------------------------------
 # Host launchers
 # ----------------------------------------------------------------------------------------------------
@@ -409,37 +370,6 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         CARRY_BLOCK=cfg.carry_block,
         num_warps=cfg.carry_warps,
         **common,
-    )
-
-
-def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tensor,
-                       slot_feature: Optional[Tensor] = None) -> None:
-    """Plain SGD with one atomic add per position (the non-deterministic fp32 path); ``rows`` [B, C] and
-    ``slot_feature`` as in `_segment_update`."""
-    B, C = rows.shape
-    N = B * C
-    R, D = weight.shape
-    BLOCK_D = triton.next_power_of_2(D)
-    BLOCK_N = heuristics.rows_per_program(BLOCK_D)
-    flat = rows.reshape(-1).contiguous()
-    _sgd_atomic_kernel[(triton.cdiv(N, BLOCK_N),)](
-        flat,
-        flat if slot_feature is None else slot_feature,
-        grad_out,
-        grad_out.stride(0),
-        grad_out.stride(1),
-        grad_out.stride(2),
-        weight,
-        weight.stride(0),
-        weight.stride(1),
-        lr,
-        N,
-        C,
-        D,
-        R,
-        SLOT_MAP=slot_feature is not None,
-        BLOCK_N=BLOCK_N,
-        BLOCK_D=BLOCK_D,
     )
 
 

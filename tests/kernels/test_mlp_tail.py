@@ -1,4 +1,4 @@
-"""kernels/mlp_tail.py (the on-chip MLP tail and OnChipTailMLP) against a float64 PyTorch reference:
+"""kernels/mlp_tail.py (the on-chip MLP tail) and kernels/mlp_tail_module.py (OnChipTailMLP) against a float64 PyTorch reference:
 the output and every gradient (input, each weight, each bias), element by element.
 
 Without CUDA the kernels run under the Triton interpreter (fp32, exact "ieee" dots); the interpreter is
@@ -20,7 +20,8 @@ import pytest  # noqa: E402
 
 import kernels.mlp_tail as kt  # noqa: E402
 from dlrm.model.archs import MLP, DenseArch, OverArch  # noqa: E402
-from kernels.mlp_tail import OnChipTailMLP, TailLaunch, _tail_backward_op, _tail_forward_op, split_tail, tail_mlp  # noqa: E402
+from kernels.mlp_tail import TailLaunch, _tail_backward_op, _tail_forward_op, tail_mlp  # noqa: E402
+from kernels.mlp_tail_module import OnChipTailMLP, split_tail  # noqa: E402
 
 # (atol, rtol) against float64 of O(1) results, as tests/kernels/test_mlp.py: "fp32" ieee products and
 # sums, "tf32" operands rounded to 10 mantissa bits, "bf16" operands and each layer's output in bf16.
