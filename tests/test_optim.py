@@ -119,17 +119,21 @@ def test_fused_sparse_optimizer_state_round_trip_keeps_fp32_sums_and_the_seed(po
     to bf16 and the int64 seed to a float); a state dict written before the seed was saved still loads."""
     from kernels.embedding import TritonPooledEmbedding, TritonSparseEmbedding
 
+    # the Triton kernels run on CUDA where there is one, in the interpreter otherwise (conftest)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
     def build():
         torch.manual_seed(0)
         if pooled:
-            emb = TritonPooledEmbedding([50, 7], [2, 1], 16, dtype=torch.bfloat16)
+            emb = TritonPooledEmbedding([50, 7], [2, 1], 16, dtype=torch.bfloat16).to(device)
         else:
-            emb = TritonSparseEmbedding([50, 7], 16, dtype=torch.bfloat16)
+            emb = TritonSparseEmbedding([50, 7], 16, dtype=torch.bfloat16).to(device)
         return emb, FusedSparseOptimizer(emb, "rowwise_adagrad", lr=0.1, eps=1e-8, deterministic=True)
 
     emb, opt = build()
     raw = torch.tensor([[3, 1, 5], [9, 2, 5], [3, 4, 0]]) if pooled else torch.tensor([[3, 1], [9, 2], [3, 4]])
-    g = torch.randn(3, 2, 16, generator=torch.Generator().manual_seed(1))
+    raw = raw.to(device)
+    g = torch.randn(3, 2, 16, generator=torch.Generator().manual_seed(1)).to(device)
     for _ in range(3):
         (emb(raw).float() * g).sum().backward()
     sums, seed = opt.fused.state.clone(), emb.sr_seed.clone()
