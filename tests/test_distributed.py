@@ -349,3 +349,21 @@ def test_two_ranks_equal_one_process_with_multi_hot_tables(tmp_path, multi_hot_d
     for (s1, l1), (s2, l2) in zip(summary["train_losses"], ref["train_losses"]):
         assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5)
     assert summary["auc"] == pytest.approx(ref["auc"], abs=1e-5)
+
+
+def test_sparse_weight_decay_with_sharded_tables_is_a_clear_error():
+    """The exchange looks masked ids up as row 0 of a shard with a zero gradient; the lazy decay would still
+    decay that row. Until the masked ids skip the update, a sharded run with sparse weight decay is refused
+    in one line that names the key (and without it the plan is made as before)."""
+    from dlrm.config import load_config
+    from dlrm.distributed.env import DistEnv
+    from dlrm.train.builder import make_sharding
+    from dlrm.train.setup import Tables
+
+    tables = Tables([10, 20, 30], None, "modulus")
+    cfg = load_config(REPO / "configs" / "kaggle.json", {"optim.sparse.weight_decay": 1e-5})
+    with pytest.raises(ConfigError, match=r"^optim\.sparse\.weight_decay: 1e-05 .*torchrun$"):
+        make_sharding(cfg, tables, DistEnv(rank=0, world_size=2))
+    assert make_sharding(cfg, tables, DistEnv()) is None  # one process: decay is fine
+    cfg = load_config(REPO / "configs" / "kaggle.json", {"optim.sparse.weight_decay": 0.0})
+    assert make_sharding(cfg, tables, DistEnv(rank=0, world_size=2)).world_size == 2
