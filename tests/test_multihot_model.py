@@ -320,12 +320,13 @@ def _train_embedding(arch: nn.Module, name: str, weight_decay: float, batches, g
 @pytest.mark.parametrize("name, weight_decay, pad", [
     ("sgd", 0.0, 0.4), ("adagrad", 0.0, 0.4), ("rowwise_adagrad", 0.0, 0.4),
     ("sgd", 0.05, 0.0), ("rowwise_adagrad", 0.05, 0.0), ("adagrad", 0.05, 0.0),
+    ("sgd", 0.05, 0.4), ("rowwise_adagrad", 0.05, 0.4), ("adagrad", 0.05, 0.4),
 ])
 def test_fused_sparse_update_trains_like_the_eager_optimizers(name, weight_decay, pad, ieee):
     """Three steps; the fused update (inside TritonPooledEmbedding's backward) vs the eager sparse
-    optimizers on PooledSparseArch's COO gradients. Weight decay only on data without PAD slots:
-    PooledSparseArch's PAD slots touch row 0 of their table with a zero gradient, which a lazy
-    weight decay then decays (its docstring), while the Triton kernel skips PAD slots."""
+    optimizers on PooledSparseArch's COO gradients, with and without PAD slots and weight decay:
+    both leave PAD slots out of the update, so the lazy decay reaches only rows a sample used
+    (PooledSparseArch used to put the row a PAD slot points at into its gradient, and decay it)."""
     eager, triton, _ = _pair(seed=4)
     rng = np.random.default_rng(12)
     batches = [make_raw(rng, b, HOTNESS, CARDS, pad=pad).to(DEV) for b in (17, 1, 40)]

@@ -49,6 +49,7 @@ from torch import nn
 from dlrm.data.schema import PAD_SPARSE
 from dlrm.distributed.sharding import ShardingPlan
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
+from dlrm.model.masked_lookup import masked_embedding
 from kernels.table_layout import init_table_, layout_tensors
 
 
@@ -105,6 +106,15 @@ class ShardedSparseArch(nn.Module):
             ``sr_seed``, advanced on the device once per step). The rounding's random bits are
             keyed by the row of the local shard, not of the full table, so a bf16 shard rounds
             like one process in distribution, not bit for bit.
+        skip_masked_updates: make masked lookups (another rank's block of a row-wise table, an empty
+            slot, a padded sample: they point at the shard's row 0) skip the update, as one process
+            never touches a row for them. Needed for a lazy sparse weight decay, which decays every
+            row an update touches (`dlrm.train.optim.decay_touched_rows_`); without it a masked
+            lookup's zero gradient is a no-op for SGD, Adagrad and row-wise Adagrad (and a bf16 row
+            rounds back to itself), so the faster one-hot Triton module is kept. Triton: every shard
+            then takes `kernels.embedding.TritonPooledEmbedding` (hotness 1), whose PAD slots are
+            skipped. The torch kernel always leaves masked lookups out of its sparse gradient
+            (`dlrm.model.masked_lookup`).
 
     Example (inside a torchrun launch of 2 processes)::
 
@@ -129,7 +139,8 @@ class ShardedSparseArch(nn.Module):
 
     def __init__(self, cardinalities: list[int], dim: int, plan: ShardingPlan, rank: int,
                  vocabs: Optional[list[torch.Tensor]] = None, kernel: str = "torch",
-                 hotness: Optional[list[int]] = None, dtype: torch.dtype = torch.float32) -> None:
+                 hotness: Optional[list[int]] = None, dtype: torch.dtype = torch.float32,
+                 skip_masked_updates: bool = False) -> None:
         super().__init__()
         if list(plan.cardinalities) != list(cardinalities):
             raise ValueError("the sharding plan was made for other table sizes")
@@ -187,9 +198,11 @@ class ShardedSparseArch(nn.Module):
             # for multi-hot tables, TritonSparseEmbedding for one-hot ones), so a bf16 shard's update
             # rounds as that table's does; hotness 1 is the one-hot lookup, number for number.
             # fp32 shards keep the one-hot module whatever the hotness (their path before bf16 shards).
+            # skip_masked_updates takes the pooled module for every shard: its PAD slots skip the update.
             stochastic = dtype == torch.bfloat16  # both kinds round bf16 updates stochastically
+            self.pooled_local = (stochastic and self.multi_hot) or skip_masked_updates
             with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-                if stochastic and self.multi_hot:
+                if self.pooled_local:
                     local = TritonPooledEmbedding([rows], [1], dim, dtype=dtype)
                 else:
                     local = TritonSparseEmbedding([rows], dim, dtype=dtype)
@@ -203,6 +216,7 @@ class ShardedSparseArch(nn.Module):
             self.use_fused_update = local.use_fused_update  # the owner's rows get the fused update
             self.fused_optimizer = True
         else:
+            self.pooled_local = False
             self.weight = nn.Parameter(torch.empty(rows, dim))
         self._init_like_sparse_arch(list(cardinalities), layout)
 
@@ -247,11 +261,19 @@ class ShardedSparseArch(nn.Module):
             raise ValueError(f"local batch {batch} is larger than ceil(global batch {global_batch} / {self.world_size})")
         return padded
 
-    def _lookup(self, local_rows: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "triton":
-            flat = local_rows.reshape(-1, 1) - 1  # one table of R rows, modulus hashing: raw r -> row r + 1 mod R
-            return self.__dict__["_triton"](flat).view(*local_rows.shape, self.dim)
-        return F_.embedding(local_rows, self.weight, sparse=True)
+    def _lookup(self, local_rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Rows of the local shard, zeros where not `valid` (a masked lookup: `local_rows` holds 0 there)."""
+        if self.kernel == "torch":
+            return masked_embedding(local_rows, self.weight, valid)  # masked lookups left out of the gradient
+        local = self.__dict__["_triton"]
+        # one table of R rows, modulus hashing: raw r -> row r + 1 mod R
+        flat = local_rows.reshape(-1, 1) - 1
+        if self.pooled_local:  # a PAD slot looks up zeros and its row gets no update
+            return local(torch.where(valid.reshape(-1, 1), flat, PAD_SPARSE)).view(*local_rows.shape, self.dim)
+        emb = local(flat).view(*local_rows.shape, self.dim)
+        if self.row_wise or self.multi_hot:  # (padded samples are cut off after the exchange: no mask needed)
+            emb = emb * valid.unsqueeze(-1).to(emb.dtype)
+        return emb
 
     def forward(self, raw: torch.Tensor, global_batch: Optional[int] = None) -> torch.Tensor:
         W, B = self.world_size, raw.shape[0]
@@ -261,8 +283,8 @@ class ShardedSparseArch(nn.Module):
         table_rows = self.rows(raw) - self.offsets[self._slot_feature]
         if self.multi_hot:  # an empty slot asks for row -1, which no shard holds: it looks up zeros
             table_rows = torch.where(raw == PAD_SPARSE, torch.full_like(table_rows, -1), table_rows)
-        if P > B:  # pad with row 0 of every table; the padded outputs are cut off below
-            table_rows = F_.pad(table_rows, (0, 0, 0, P - B))
+        if P > B:  # pad with row -1, which no shard holds: masked like an empty slot, cut off below
+            table_rows = F_.pad(table_rows, (0, 0, 0, P - B), value=-1)
         sizes = [len(s) for s in self.served_slots]
         mine = sizes[self.rank]
 
@@ -274,9 +296,8 @@ class ShardedSparseArch(nn.Module):
         # local lookup of what every rank asked for: [W, P, |S_rank|, D]
         t = recv.view(W, P, mine) - self._base
         valid = (t >= 0) & (t < self._count)
-        emb = self._lookup(torch.where(valid, t + self._local_offset, torch.zeros_like(t)))
-        if self.row_wise or self.multi_hot:  # ids in another rank's block (or empty slots) contribute zeros
-            emb = emb * valid.unsqueeze(-1).to(emb.dtype)
+        # ids in another rank's block (or empty slots, padded samples) contribute zeros
+        emb = self._lookup(torch.where(valid, t + self._local_offset, torch.zeros_like(t)), valid)
 
         # embeddings back, in the shard's dtype (bf16: half the bytes, no rounding): from rank q, [P, |S_q|, D]
         out = _AllToAll.apply(emb.reshape(-1, self.dim), [P * s for s in sizes], [P * mine] * W)

@@ -8,7 +8,8 @@ list leaves empty holds ``PAD_SPARSE`` (-2), a missing value -1).
 Each feature's values are looked up in its table and summed (MLPerf DLRM-DCNv2's sum pooling),
 with ``F.embedding_bag`` over the one concatenated weight: one bag per (sample, feature), at the
 static offsets ``b * L + slot_offsets[f]``, and a per-slot weight of 0 for PAD slots (1
-otherwise), so shapes never depend on the data. The Triton twin is
+otherwise), so shapes never depend on the data. The sparse gradient leaves PAD slots out
+(`dlrm.model.masked_lookup`), so a lazy weight decay decays only rows a sample used. The Triton twin is
 `kernels.embedding.TritonPooledEmbedding` (same weight, init and hashing; PAD slots skipped).
 """
 
@@ -17,11 +18,11 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.nn.functional as F_
 
 from dlrm.data.schema import PAD_SPARSE
 from dlrm.model.archs import SparseArch
 from dlrm.model.hashing import vocabulary_rows
+from dlrm.model.masked_lookup import masked_embedding_bag
 
 __all__ = ["PooledSparseArch"]
 
@@ -46,8 +47,8 @@ class PooledSparseArch(SparseArch):
         True
 
     Shapes: int64 [B, L] -> [B, F, D]. state_dict keys: ``weight`` only, as `SparseArch` (the
-    gradient is sparse COO, the rows a batch touched; PAD slots add zero rows to it, at their
-    table's row 0, which a lazy weight decay then also decays).
+    gradient is sparse COO, the rows a batch looked up; PAD slots are left out of it, as the Triton
+    kernel skips them, so a lazy weight decay does not decay the row a PAD slot points at).
     """
 
     def __init__(self, cardinalities: list[int], hotness: list[int], dim: int,
@@ -79,9 +80,9 @@ class PooledSparseArch(SparseArch):
         if L != self.num_slots:
             raise ValueError(f"sparse input has {L} columns, the multi-hot sizes give {self.num_slots}")
         bag_starts = (torch.arange(B, device=raw.device)[:, None] * L + self.slot_starts).reshape(-1)
-        keep = (raw != PAD_SPARSE).to(self.weight.dtype).reshape(-1)
-        pooled = F_.embedding_bag(self.rows(raw).reshape(-1), self.weight, bag_starts, mode="sum", sparse=True,
-                                  per_sample_weights=keep)
+        keep = (raw != PAD_SPARSE).reshape(-1)
+        bag = (torch.arange(B, device=raw.device)[:, None] * self.num_features + self.slot_feature).reshape(-1)
+        pooled = masked_embedding_bag(self.rows(raw).reshape(-1), self.weight, keep, bag_starts, bag)
         return pooled.view(B, self.num_features, self.dim)
 
     def extra_repr(self) -> str:

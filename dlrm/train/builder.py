@@ -74,12 +74,6 @@ def make_sharding(cfg: Config, tables: Tables, env: DistEnv) -> Optional[Shardin
     """The embedding sharding plan of a distributed run (logged with each rank's share), else None."""
     if not env.distributed:
         return None
-    if cfg.optim.sparse.weight_decay > 0:
-        # The exchange looks up row 0 of a shard for every masked id (another rank's block of a row-wise
-        # table, an empty multi-hot slot, a padded sample), with a zero gradient; the lazy decay would
-        # still decay that row, which one process leaves alone. Refused until the masked ids skip the update.
-        raise ConfigError(f"optim.sparse.weight_decay: {cfg.optim.sparse.weight_decay} is not supported with sharded "
-                          "tables (masked lookups would decay each shard's first row); set it to 0 under torchrun")
     plan = plan_sharding(tables.cardinalities, env.world_size, cfg.distributed.sharding,
                          cfg.distributed.row_wise_min_rows)
     for q in range(env.world_size):
@@ -98,7 +92,9 @@ def _sharded_sparse_arch(cfg: Config, tables: Tables, plan: ShardingPlan, env: D
 
     return lambda: ShardedSparseArch(tables.cardinalities, cfg.model.embedding_dim, plan, env.rank, tables.vocabs,
                                      kernel=cfg.kernels.embedding, hotness=tables.multi_hot_sizes,
-                                     dtype=_TABLE_DTYPES[cfg.model.embedding_dtype])
+                                     dtype=_TABLE_DTYPES[cfg.model.embedding_dtype],
+                                     # a lazy sparse weight decay must not reach the rows masked lookups point at
+                                     skip_masked_updates=cfg.optim.sparse.weight_decay > 0)
 
 
 def _log_memory(env: DistEnv, model: DLRM, device: torch.device) -> None:
