@@ -8,6 +8,7 @@ For each table dtype (bf16 at full size, fp32 capped at ``--fp32-rows-cap`` rows
 of 65536 uniform raw values (every lookup a cold row) with `pooled_embedding.time_graph` (CUDA-graph
 replay, median of the windows), and reports ms and % of copy bandwidth as `pooled_embedding.py` counts
 the bytes. Rounding: "hash" / "hash1" / "hash1hi" / "philox" stochastic rounding (`kernels.embedding.update.SR_RNG`), "nearest";
+row loads: when the chunk kernel loads the updated rows (`kernels.embedding.update.ROW_LOADS`, ``--row-loads``);
 launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps) forced
 through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
 ``multi_hot_wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
@@ -43,7 +44,7 @@ PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 
         + [("bf16", "hash1hi", c) for c in ((16, 16, 4, 1), (32, 16, 2, 1), (32, 32, 4, 1), (32, 16, 8, 1), (32, 16, 4, 2))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
-KEYS = ["dtype", "rounding", "launch", "batch", "unique_rows", "ms", "gbps", "pct_of_copy", "status"]
+KEYS = ["dtype", "rounding", "launch", "row_loads", "batch", "unique_rows", "ms", "gbps", "pct_of_copy", "status"]
 
 
 def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: torch.device, copy_gbps: float,
@@ -52,10 +53,11 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     x = pe.Inputs(t, batch, device)
     nbytes = pe.case_bytes("bwd", t, batch, x.unique)
     rows = []
-    shipped_rng = update.SR_RNG
-    for _, rounding, launch in plan:
+    shipped_rng, shipped_loads = update.SR_RNG, update.ROW_LOADS
+    for _, rounding, launch, row_loads in plan:
         heuristics.SPARSE_UPDATE_OVERRIDE = launch
         update.SR_RNG = rounding if rounding in update.RNG_CODES else shipped_rng
+        update.ROW_LOADS = row_loads
         sr = rounding != "nearest"
 
         def step():
@@ -72,8 +74,8 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
             row = dict(status=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
         finally:
             heuristics.SPARSE_UPDATE_OVERRIDE = None
-            update.SR_RNG = shipped_rng
-        rows.append(dict(dtype=dtype, rounding=rounding, launch=str(launch or heuristics.sparse_update_config(
+            update.SR_RNG, update.ROW_LOADS = shipped_rng, shipped_loads
+        rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, launch=str(launch or heuristics.sparse_update_config(
             heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True)) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
@@ -99,7 +101,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="bf16,fp32", help="table dtypes to sweep (comma list of bf16, fp32)")
     ap.add_argument("--roundings", default=None,
                     help="only the PLAN rows of these roundings (comma list, e.g. hash1,hash1hi,nearest; '-' is fp32's)")
+    ap.add_argument("--row-loads", default=None,
+                    help="time each PLAN row with each of these chunk-kernel row load orders (comma list of "
+                         f"{', '.join(update.ROW_LOAD_ORDERS)}; default: the shipped one)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)
+    orders = [update.ROW_LOADS] if args.row_loads is None else [o.strip() for o in args.row_loads.split(",") if o.strip()]
+    if not orders or set(orders) - set(update.ROW_LOAD_ORDERS) or args.repeats < 1:
+        ap.error(f"--row-loads: {args.row_loads!r} is not a comma list of {', '.join(update.ROW_LOAD_ORDERS)} "
+                 f"(or --repeats {args.repeats} < 1)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
         args.rows_cap, args.batch = args.rows_cap or 1000, 8
@@ -120,13 +131,15 @@ def main(argv=None) -> int:
         if dtype == "fp32" and args.fp32_rows_cap:
             cap = min(cap, args.fp32_rows_cap) if cap else args.fp32_rows_cap
         cards = [min(c, cap) if cap else c for c in m.cardinalities]
-        plan = [p for p in PLAN if p[0] == dtype and (keep is None or p[1] in keep)]
+        plan = [(*p, o) for _ in range(args.repeats) for p in PLAN if p[0] == dtype and (keep is None or p[1] in keep)
+                for o in orders]
         rows += run_plan(dtype, plan, cards, m, args.batch, device, copy_gbps, args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
-    table = ["| dtype | rounding | launch | ms | % of copy | status |", "| --- | --- | --- | ---: | ---: | --- |"]
-    table += [md_row([r["dtype"], r["rounding"], r["launch"], f"{r['ms']:.3f}" if "ms" in r else "n/a",
+    table = ["| dtype | rounding | launch | row loads | ms | % of copy | status |",
+             "| --- | --- | --- | --- | ---: | ---: | --- |"]
+    table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
             "bytes as pooled_embedding.py counts them (bwd).")
@@ -135,7 +148,7 @@ def main(argv=None) -> int:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     ok = [r for r in rows if "ms" in r]
-    ax.barh([f"{r['dtype']} {r['rounding']} {r['launch']}" for r in ok][::-1], [r["ms"] for r in ok][::-1])
+    ax.barh([f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']}" for r in ok][::-1], [r["ms"] for r in ok][::-1])
     ax.set_xlabel("ms per call")
     ax.set_title(f"pooled fused backward\n{env['device']}, {env['date']}", fontsize=9)
     ax.tick_params(axis="y", labelsize=7)

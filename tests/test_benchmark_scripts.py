@@ -305,3 +305,13 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in rows), rows
     assert heuristics.SPARSE_UPDATE_OVERRIDE is None and update.SR_RNG == shipped == "hash1"
     assert "(picked)" in rows[0]["launch"] and (tmp_path / "s.png").stat().st_size > 0
+    assert {r["row_loads"] for r in rows} == {update.ROW_LOADS}
+    # --row-loads times each kept row in each order, --repeats runs the plan again, interleaved
+    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "o", "--dtypes", "bf16", "--roundings", "nearest",
+                    "--row-loads", "after_sums,with_gradients", "--repeats", "2"]) == 0
+    rows = read_csv(tmp_path / "o.csv")
+    launches = [c for d, r, c in sw.PLAN if d == "bf16" and r == "nearest"]
+    assert [r["row_loads"] for r in rows] == ["after_sums", "with_gradients"] * 2 * len(launches)
+    assert all(r["status"] == "ok" for r in rows) and update.ROW_LOADS == "prefetch_l2"
+    with pytest.raises(SystemExit):
+        sw.main(["--smoke", "--out", str(tmp_path), "--row-loads", "sideways"])

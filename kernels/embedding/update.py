@@ -58,11 +58,113 @@ _BF16_ROUNDING = {None: 0, "nearest": 1, "stochastic": 2}
 # default: with it, a 2-rank bf16 run's Adagrad sums ended 4.7% from one process's (tests/test_distributed_bf16.py,
 # bound 2%; 0.13-0.24% with "hash1"), a difference not understood yet.
 SR_RNG = "hash1"
+# When the chunk kernel loads the weights and optimizer state of the rows it updates (kernel code ROW_LOADS):
+# after the gradient sums, right after the gradient gathers are issued, before them, or after the sums but
+# prefetched into L2 first (GPU only; the interpreter runs "after_sums" for it). Module-level, so that
+# benchmarks/pooled_update_sweep.py can compare them. MLPerf shapes, bf16 tables, H100, three interleaved
+# repeats (results/pooled_update_sweep_row_loads.md), ms at the shipped launch (32, 16, 4, 1): after_sums
+# 5.98-6.02, first 5.86-5.88, with_gradients 5.73-5.75, prefetch_l2 5.71-5.73 (41.2-41.4% of copy
+# bandwidth). "prefetch_l2" also gives "after_sums"' bits; the two others move w and s to another register
+# layout, and row-wise Adagrad's sum over D then rounds in another order.
+ROW_LOAD_ORDERS = {"after_sums": 0, "with_gradients": 1, "first": 2, "prefetch_l2": 3}
+ROW_LOADS = "prefetch_l2"
 
 
 # ----------------------------------------------------------------------------------------------------
 # Triton kernels
 # ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_row_state(rows, sel, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT: tl.constexpr):
+    """The fp32 weights ``w`` [M, BLOCK_D] of the selected rows and their optimizer state ``s`` ([M, BLOCK_D]
+    for Adagrad, [M] for row-wise Adagrad, unused otherwise); see `_apply_row_update`.
+
+    Separate so that the chunk kernel can issue these loads before it gathers and sums the gradients:
+    they depend on the sorted rows only, and the kernel is bound by its chains of dependent loads."""
+    dmask = d < D
+    m2 = sel[:, None] & dmask[None, :]
+    if OPT == 3:  # the dense gradient needs neither
+        w = tl.zeros((rows.shape[0], d.shape[0]), dtype=tl.float32)
+        s = w
+    else:
+        w = tl.load(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, mask=m2, other=0.0).to(tl.float32)
+        if OPT == 1:
+            s = tl.load(state_ptr + rows[:, None] * D + d[None, :], mask=m2, other=0.0)
+        elif OPT == 2:
+            s = tl.load(state_ptr + rows, mask=sel, other=0.0)
+        else:
+            s = w
+    return w, s
+
+
+@triton.jit
+def _prefetch_row_state_l2(rows, sel, w_ptr, stride_wr, state_ptr, OPT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Ask L2 for the selected rows' weights (every 128-byte line of a row) and, for row-wise Adagrad, their
+    accumulators: ``prefetch.global.L2``, which returns at once, so the later loads of `_load_row_state`
+    find the lines in L2 without this thread waiting for them now (PTX only: not in the interpreter)."""
+    ROW_BYTES: tl.constexpr = BLOCK_D * w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    LINES: tl.constexpr = (ROW_BYTES + 127) // 128
+    STEP: tl.constexpr = 128 * 8 // w_ptr.dtype.element_ty.primitive_bitwidth
+    line = tl.arange(0, LINES)
+    # unselected lanes prefetch the table's first line (one line for all of them: harmless)
+    offs = tl.where(sel[:, None], rows[:, None] * stride_wr + line[None, :] * STEP, 0)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l", [(w_ptr + offs).to(tl.int64, bitcast=True)],
+                              dtype=tl.int32, is_pure=False, pack=1)
+    if OPT == 2:
+        s_offs = tl.where(sel, rows, 0)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l",
+                                  [(state_ptr + s_offs).to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+
+
+@triton.jit
+def _finish_row_update(
+    rows,
+    g,
+    w,
+    s,
+    sel,
+    d,
+    D,
+    w_ptr,
+    stride_wr,
+    stride_wd,
+    state_ptr,
+    lr_ptr,
+    eps,
+    weight_decay,
+    seed_ptr,
+    OPT: tl.constexpr,
+    DECAY: tl.constexpr,
+    ROUND: tl.constexpr,
+):
+    """`_apply_row_update` once `_load_row_state` has loaded ``w`` and ``s``."""
+    dmask = d < D
+    m2 = sel[:, None] & dmask[None, :]
+    w_offs = rows[:, None] * stride_wr + d[None, :] * stride_wd
+    if OPT == 3:
+        # Plain backward: the dense gradient tensor (zeros elsewhere) has weight's layout.
+        tl.store(w_ptr + w_offs, g.to(w_ptr.dtype.element_ty), mask=m2)
+    else:
+        lr = tl.load(lr_ptr).to(tl.float32)
+        if DECAY:
+            g = g + weight_decay * w
+        if OPT == 0:
+            w = w - lr * g
+        elif OPT == 1:
+            # torch.optim.Adagrad, sparse grad: state += g^2; w -= lr * g / (sqrt(state) + eps)
+            s = s + g * g
+            tl.store(state_ptr + rows[:, None] * D + d[None, :], s, mask=m2)
+            w = w - lr * (g / (tl.sqrt(s) + eps))
+        else:
+            # Row-wise Adagrad: one accumulator per row, fed with the mean of g^2 over D.
+            s = s + tl.sum(g * g, axis=1) / D
+            tl.store(state_ptr + rows, s, mask=sel)
+            w = w - lr * (g / (tl.sqrt(s)[:, None] + eps))
+        if ROUND != 0:
+            w = _round_bf16(w, seed_ptr, rows[:, None], d[None, :], D, ROUND >= 2, RNG=ROUND - 2)
+        tl.store(w_ptr + w_offs, w.to(w_ptr.dtype.element_ty), mask=m2)
 
 
 @triton.jit
@@ -92,33 +194,9 @@ def _apply_row_update(
     ``ROUND`` of the new fp32 weights: 0 the cast to weight's dtype; for bf16 weights 1 round to nearest
     even, 2 + an RNG code round stochastically (`_round_bf16`, seed at ``seed_ptr``).
     """
-    dmask = d < D
-    m2 = sel[:, None] & dmask[None, :]
-    w_offs = rows[:, None] * stride_wr + d[None, :] * stride_wd
-    if OPT == 3:
-        # Plain backward: the dense gradient tensor (zeros elsewhere) has weight's layout.
-        tl.store(w_ptr + w_offs, g.to(w_ptr.dtype.element_ty), mask=m2)
-    else:
-        lr = tl.load(lr_ptr).to(tl.float32)
-        w = tl.load(w_ptr + w_offs, mask=m2, other=0.0).to(tl.float32)
-        if DECAY:
-            g = g + weight_decay * w
-        if OPT == 0:
-            w = w - lr * g
-        elif OPT == 1:
-            # torch.optim.Adagrad, sparse grad: state += g^2; w -= lr * g / (sqrt(state) + eps)
-            s_offs = rows[:, None] * D + d[None, :]
-            s = tl.load(state_ptr + s_offs, mask=m2, other=0.0) + g * g
-            tl.store(state_ptr + s_offs, s, mask=m2)
-            w = w - lr * (g / (tl.sqrt(s) + eps))
-        else:
-            # Row-wise Adagrad: one accumulator per row, fed with the mean of g^2 over D.
-            s = tl.load(state_ptr + rows, mask=sel, other=0.0) + tl.sum(g * g, axis=1) / D
-            tl.store(state_ptr + rows, s, mask=sel)
-            w = w - lr * (g / (tl.sqrt(s)[:, None] + eps))
-        if ROUND != 0:
-            w = _round_bf16(w, seed_ptr, rows[:, None], d[None, :], D, ROUND >= 2, RNG=ROUND - 2)
-        tl.store(w_ptr + w_offs, w.to(w_ptr.dtype.element_ty), mask=m2)
+    w, s = _load_row_state(rows, sel, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
+    _finish_row_update(rows, g, w, s, sel, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps, weight_decay,
+                       seed_ptr, OPT, DECAY, ROUND)
 
 
 @triton.jit
@@ -152,6 +230,7 @@ def _sparse_chunk_kernel(
     BLOCK_D: tl.constexpr,
     FP32_DOT: tl.constexpr,
     DOT_IN_FP32: tl.constexpr,
+    ROW_LOADS: tl.constexpr,
 ):
     """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
 
@@ -176,16 +255,30 @@ def _sparse_chunk_kernel(
     live = valid & (rows < R)
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
+
+    row0 = tl.load(sorted_ptr + cs).to(tl.int64)
+    prev = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
+    last_i = tl.minimum(cs + CHUNK, N) - 1
+    # A segment is complete here when it ends in the chunk (next sorted row differs) and starts in it,
+    # i.e. its row differs from row0, unless the chunk itself starts a segment (then compare against -2,
+    # which no row equals). Written as one comparison: the interpreter mishandles scalar | vector masks.
+    row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
+    complete = live & (nxt != rows) & (rows != row0_cont)
+    # When to load the rows' weights and state (ROW_LOADS, see ROW_LOAD_ORDERS): they need only the sorted
+    # rows, so they can be in flight together with the gradient gathers (sorted row -> position ->
+    # gradient row) instead of waiting for the sums. Issued before the gathers, the layout conversion of w
+    # for the sums' layout (a barrier in the PTX) waits for them before the gathers start.
+    if ROW_LOADS == 3:
+        _prefetch_row_state_l2(rows, complete, w_ptr, stride_wr, state_ptr, OPT, BLOCK_D)
+    if ROW_LOADS == 2:
+        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
     g = tl.load(
         grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd,
         mask=live[:, None] & dmask[None, :],
         other=0.0,
     )
-
-    row0 = tl.load(sorted_ptr + cs).to(tl.int64)
-    prev = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
-    last_i = tl.minimum(cs + CHUNK, N) - 1
-    row_last = tl.load(sorted_ptr + last_i).to(tl.int64)
+    if ROW_LOADS == 1:
+        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
 
     # Per-position sum over the positions of the chunk with the same row: a 0/1 matrix product with fp32
     # accumulation, in a fixed order (deterministic). For bf16/fp16 gradients the 0/1 matrix is exact in
@@ -198,15 +291,10 @@ def _sparse_chunk_kernel(
         seg = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision=FP32_DOT)
     else:
         seg = tl.dot(same.to(g.dtype), g)
-
-    # A segment is complete here when it ends in the chunk (next sorted row differs) and starts in it,
-    # i.e. its row differs from row0, unless the chunk itself starts a segment (then compare against -2,
-    # which no row equals). Written as one comparison: the interpreter mishandles scalar | vector masks.
-    row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
-    ends_here = live & (nxt != rows)
-    starts_here = rows != row0_cont
-    _apply_row_update(rows, seg, ends_here & starts_here, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps,
-                      weight_decay, seed_ptr, OPT, DECAY, ROUND)
+    if (ROW_LOADS == 0) or (ROW_LOADS == 3):
+        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
+    _finish_row_update(rows, seg, w, s, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps,
+                       weight_decay, seed_ptr, OPT, DECAY, ROUND)
 
     # Every lane of a segment holds the segment's chunk sum: pick the first and the last lane.
     lane = tl.arange(0, CHUNK)
@@ -348,6 +436,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         SLOT_MAP=slot_feature is not None,
         FP32_DOT=heuristics.fp32_dot_precision(),
         DOT_IN_FP32=grad_out.dtype == torch.float32 or interpret_mode(),
+        ROW_LOADS=0 if interpret_mode() and ROW_LOADS == "prefetch_l2" else ROW_LOAD_ORDERS[ROW_LOADS],
         num_warps=cfg.chunk_warps,
         **common,
     )

@@ -19,6 +19,7 @@ import torch
 
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
 from kernels import heuristics
+from kernels.embedding import update as update_module
 from kernels.embedding import (
     PAD_SPARSE,
     SparseOptimizerConfig,
@@ -355,6 +356,45 @@ def test_pooled_update_hot_row_spanning_many_chunks(optimizer, device, assert_cl
     assert_close(weight, w_ref, torch.float32, scale=10.0, msg="weight")
     if state is not None:
         assert_close(state, s_ref, torch.float32, scale=10.0, msg="state")
+
+
+@pytest.mark.parametrize("order", ["with_gradients", "first", "prefetch_l2"])
+@pytest.mark.parametrize("optimizer,dtype", [("sgd", torch.float32), ("adagrad", torch.float32),
+                                             ("rowwise_adagrad", torch.float32), ("rowwise_adagrad", torch.bfloat16)])
+def test_row_load_orders_give_the_same_bits(order, optimizer, dtype, device, monkeypatch, assert_close):
+    """When the chunk kernel loads the updated rows' weights and state (`update.ROW_LOADS`): every order
+    against "after_sums", with a hot row spanning chunks (carry kernel), PAD slots, lazy weight decay and,
+    for bf16 tables, stochastic rounding with the same seed. The shipped "prefetch_l2" (the same code plus
+    L2 prefetches, which the interpreter leaves out) gives the same bits; the others do in the
+    interpreter and agree to rounding on the GPU."""
+    monkeypatch.setattr(heuristics, "SPARSE_UPDATE_OVERRIDE", heuristics.SparseUpdateConfig(16, 4, 4, 4))
+    B, D = 120, 24
+    case = make_case(B, [3, 2], "modulus", seed=13, pad=0.3).to(device)
+    raw = case.raw.clone()
+    raw[: B // 2, 0] = -1  # one row hit by 60 slots: several 16-position chunks
+    rows = pooled_hash_rows(raw, *case.hash_args(), case.num_rows)
+    grad = make_grad(B, 2, D, "permuted", device, dtype)
+    lr = torch.tensor(LR, device=device)
+    results = []
+    for row_loads in ("after_sums", order):
+        monkeypatch.setattr(update_module, "ROW_LOADS", row_loads)
+        weight = make_weight(case.num_rows, D, device, dtype)
+        state = make_state(optimizer, weight)
+        seed = torch.full((1,), 7, dtype=torch.int64, device=device)
+        pooled_embedding_sparse_update_(rows, grad, case.layout(), weight, state, lr, optimizer, EPS, True, 0.05, seed)
+        results.append((weight, state))
+    (w0, s0), (w1, s1) = results
+    assert not torch.equal(w0, make_weight(case.num_rows, D, device, dtype))  # the update happened
+    if order == "prefetch_l2" or device.type == "cpu":
+        assert torch.equal(w1, w0)
+        if s0 is not None:
+            assert torch.equal(s1, s0)
+    else:
+        # Compiled, these orders give w and s another register layout, and row-wise Adagrad's mean of g^2
+        # over D another reduction order: the same sums up to fp32 rounding (measured on the H100).
+        assert_close(w1, w0, dtype, msg="weight")
+        if s0 is not None:
+            assert_close(s1, s0, torch.float32, msg="state")
 
 
 def test_pooled_update_deterministic_and_atomic_sgd(device, assert_close):
