@@ -65,7 +65,8 @@ SR_RNG = "hash1"
 # repeats (results/pooled_update_sweep_row_loads.md), ms at the shipped launch (32, 16, 4, 1): after_sums
 # 5.98-6.02, first 5.86-5.88, with_gradients 5.73-5.75, prefetch_l2 5.71-5.73 (41.2-41.4% of copy
 # bandwidth). "prefetch_l2" also gives "after_sums"' bits; the two others move w and s to another register
-# layout, and row-wise Adagrad's sum over D then rounds in another order.
+# layout, and row-wise Adagrad's sum over D then rounds in another order. It prefetches rows of >= 128 bytes
+# only (see `_prefetch_row_state_l2`).
 ROW_LOAD_ORDERS = {"after_sums": 0, "with_gradients": 1, "first": 2, "prefetch_l2": 3}
 ROW_LOADS = "prefetch_l2"
 
@@ -102,20 +103,24 @@ def _load_row_state(rows, sel, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT
 def _prefetch_row_state_l2(rows, sel, w_ptr, stride_wr, state_ptr, OPT: tl.constexpr, BLOCK_D: tl.constexpr):
     """Ask L2 for the selected rows' weights (every 128-byte line of a row) and, for row-wise Adagrad, their
     accumulators: ``prefetch.global.L2``, which returns at once, so the later loads of `_load_row_state`
-    find the lines in L2 without this thread waiting for them now (PTX only: not in the interpreter)."""
+    find the lines in L2 without this thread waiting for them now (PTX only: not in the interpreter).
+
+    Only for rows of >= 128 bytes: on D=16 one-hot rows (32-64 bytes) it made the update up to 30% slower
+    (results/onehot_update_row_loads.md); on MLPerf's 256-byte rows it made it 4-5% faster."""
     ROW_BYTES: tl.constexpr = BLOCK_D * w_ptr.dtype.element_ty.primitive_bitwidth // 8
-    LINES: tl.constexpr = (ROW_BYTES + 127) // 128
-    STEP: tl.constexpr = 128 * 8 // w_ptr.dtype.element_ty.primitive_bitwidth
-    line = tl.arange(0, LINES)
-    # unselected lanes prefetch the table's first line (one line for all of them: harmless)
-    offs = tl.where(sel[:, None], rows[:, None] * stride_wr + line[None, :] * STEP, 0)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l", [(w_ptr + offs).to(tl.int64, bitcast=True)],
-                              dtype=tl.int32, is_pure=False, pack=1)
-    if OPT == 2:
-        s_offs = tl.where(sel, rows, 0)
+    if ROW_BYTES >= 128:
+        LINES: tl.constexpr = ROW_BYTES // 128
+        STEP: tl.constexpr = 128 * 8 // w_ptr.dtype.element_ty.primitive_bitwidth
+        line = tl.arange(0, LINES)
+        # unselected lanes prefetch the table's first line (one line for all of them: harmless)
+        offs = tl.where(sel[:, None], rows[:, None] * stride_wr + line[None, :] * STEP, 0)
         tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l",
-                                  [(state_ptr + s_offs).to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False,
-                                  pack=1)
+                                  [(w_ptr + offs).to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)
+        if OPT == 2:
+            s_offs = tl.where(sel, rows, 0)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l",
+                                      [(state_ptr + s_offs).to(tl.int64, bitcast=True)], dtype=tl.int32,
+                                      is_pure=False, pack=1)
 
 
 @triton.jit
