@@ -35,6 +35,7 @@ def test_auto_is_reduce_overhead_where_the_step_graph_is_off():
     ({"train.compile": True, "train.cuda_graph": False}, {"distributed": True}, "default", "several processes"),
     ({"train.compile": True, "train.cuda_graph": False}, {"multi_hot": True}, "default", "multi-hot tables"),
     ({"train.compile": {"enabled": True, "mode": "max-autotune"}, "train.cuda_graph": False}, {}, "max-autotune", ""),
+    ({"train.compile": {"enabled": True, "mode": "max-autotune-no-cudagraphs"}}, {}, "max-autotune-no-cudagraphs", ""),
 ])
 def test_auto_keeps_mode_default_elsewhere_and_explicit_modes_win(overrides, kw, mode, why):
     got, reason = resolved_mode(overrides, **kw)
@@ -45,6 +46,27 @@ def test_on_the_cpu_auto_is_mode_default():
     assert resolved_mode({"train.compile": True}, torch.device("cpu"))[0] == "default"
     resolved, chosen = resolve_fast_path(load_config(SAMPLE), torch.device("cpu"))
     assert resolved.train.compile.mode == "default" and "train.compile.mode" not in chosen  # eager: not logged
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_modes_with_cuda_graphs_of_their_own_refuse_the_step_graph(mode):
+    """max-autotune makes torch.compile's own CUDA graphs as reduce-overhead does: with train.cuda_graph true a
+    one-line ConfigError names both keys; "auto" leaves the step graph off for them (and says why)."""
+    from dlrm.config import ConfigError
+
+    with pytest.raises(ConfigError, match=rf'sample\.json: train\.cuda_graph: .*train\.compile\.mode "{mode}"'):
+        load_config(SAMPLE, {"train.compile": {"enabled": True, "mode": mode}, "train.cuda_graph": True})
+    resolved, chosen = resolve_fast_path(load_config(SAMPLE, {"train.compile": {"enabled": True, "mode": mode}}), CUDA)
+    assert resolved.train.cuda_graph is False and mode in chosen["train.cuda_graph"]["why"]
+
+
+def test_the_autotune_variants_capture_the_step_with_max_autotune_without_its_graphs():
+    for name in ("triton-embedding+autotune+step-graph", "triton-embedding-interaction+autotune+step-graph"):
+        cfg = variant_config(load_config(SAMPLE), name)
+        assert cfg.train.compile.enabled and cfg.train.compile.mode == "max-autotune-no-cudagraphs"
+        assert cfg.train.cuda_graph is True
+        resolved, _ = resolve_fast_path(cfg, CUDA)
+        assert resolved.train.cuda_graph is True and resolved.train.compile.mode == "max-autotune-no-cudagraphs"
 
 
 def test_the_compiled_variant_takes_the_auto_mode():

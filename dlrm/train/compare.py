@@ -61,6 +61,11 @@ VARIANTS: dict[str, Variant] = {
     "triton-embedding+step-graph": Variant("triton-embedding", "default", step_graph=True),
     "triton-embedding-interaction+step-graph": Variant("triton-embedding-interaction", "default", step_graph=True),
     "triton-fused-mlp+step-graph": Variant("triton-fused-mlp", "default", step_graph=True),
+    # the same with Inductor's max-autotune: Triton GEMM templates with fused epilogues where they beat
+    # cuBLAS (issue #20: "pick between Triton kernels, cuBLASLt epilogues and Inductor's templates")
+    "triton-embedding+autotune+step-graph": Variant("triton-embedding", "max-autotune-no-cudagraphs", step_graph=True),
+    "triton-embedding-interaction+autotune+step-graph": Variant("triton-embedding-interaction",
+                                                                "max-autotune-no-cudagraphs", step_graph=True),
     # compiled (mode default) without the whole-step graph
     "triton-embedding+compiled": Variant("triton-embedding", "default"),
     "triton-embedding-interaction+compiled": Variant("triton-embedding-interaction", "default"),

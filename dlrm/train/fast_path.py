@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from loguru import logger
 
-from dlrm.config import Config
+from dlrm.config import COMPILE_MODES_WITH_CUDA_GRAPHS, Config
 
 COMPONENTS = ("embedding", "interaction", "mlp", "loss")
 # kernels.mlp "auto" takes the fused MLP for tf32 from this batch size: measured +5% at 65536 and -1% at
@@ -90,8 +90,8 @@ def _cuda_graph_blocker(cfg: Config, device: torch.device, distributed: bool, mu
         # one on the H100 (tests/test_graphed_step.py, tests/test_multihot_graphed.py, 2026-11-24)
     elif cfg.optim.dense.name not in ("sgd", "adam") or cfg.optim.dense.fused is False:
         return f"the dense optimizer ({cfg.optim.dense.name}, fused {cfg.optim.dense.fused}) is not a fused SGD or Adam"
-    if cfg.train.compile.enabled and cfg.train.compile.mode == "reduce-overhead":
-        return "train.compile.mode is reduce-overhead (CUDA graphs of its own)"
+    if cfg.train.compile.enabled and cfg.train.compile.mode in COMPILE_MODES_WITH_CUDA_GRAPHS:
+        return f"train.compile.mode is {cfg.train.compile.mode} (CUDA graphs of its own)"
     return ""
 
 
