@@ -111,3 +111,26 @@ def test_reduce_overhead_trains_like_mode_default(kernels, dense_opt):
     torch.testing.assert_close(eval_b2, eval_a2, rtol=1e-5, atol=1e-6)
     for (name, x), y in zip(plain.model.state_dict().items(), auto.model.state_dict().values()):
         torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="torch < 2.9: the legacy flag only")
+def test_matmul_precision_is_readable_by_the_legacy_getter_inductor_calls():
+    """set_matmul_precision sets TF32 for CUDA matmuls exactly for "tf32", keeps CPU (oneDNN) matmuls exact, and
+    leaves torch.get_float32_matmul_precision() readable: Inductor's max-autotune calls it, and it raised
+    after the per-backend API alone had been used (H100, torch 2.11, Kaggle tf32 with max-autotune), also
+    when an earlier caller had used that API."""
+    from dlrm.train.step import set_matmul_precision
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    try:
+        matmul.fp32_precision = "tf32"  # an earlier caller of the new API alone
+        for precision, cuda, legacy in [("tf32", "tf32", "high"), ("fp32", "ieee", "highest"), ("bf16", "ieee", "highest"),
+                                        ("tf32", "tf32", "high")]:
+            set_matmul_precision(precision)
+            assert matmul.fp32_precision == cuda and torch.backends.mkldnn.matmul.fp32_precision == "ieee"
+            assert torch.get_float32_matmul_precision() == legacy
+            assert matmul.allow_tf32 == (precision == "tf32")
+    finally:
+        set_matmul_precision("fp32")
+        matmul.fp32_precision = before

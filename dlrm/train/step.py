@@ -26,12 +26,16 @@ def set_matmul_precision(precision: str) -> None:
     """TF32 tensor cores for fp32 CUDA matmuls exactly when ``precision == "tf32"``.
 
     A process-wide switch (cuBLAS and the Triton linear kernel both follow it), set explicitly
-    either way so that one run cannot inherit another's setting. Uses the fp32_precision API of
-    torch >= 2.9 where it exists: mixing it with the legacy ``allow_tf32`` flag makes reads raise.
+    either way so that one run cannot inherit another's setting. On torch >= 2.9 through
+    ``torch.set_float32_matmul_precision``, which sets the new per-backend ``fp32_precision`` too:
+    set with the new API alone, the legacy reader ``torch.get_float32_matmul_precision()`` raises
+    ("mix of the legacy and new APIs"), and Inductor's max-autotune calls it (found on the H100 with
+    torch 2.11, compile mode max-autotune-no-cudagraphs in tf32). CPU matmuls (oneDNN) stay exact fp32.
     """
     matmul = torch.backends.cuda.matmul
     if hasattr(matmul, "fp32_precision"):
-        matmul.fp32_precision = "tf32" if precision == "tf32" else "ieee"
+        torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+        torch.backends.mkldnn.matmul.fp32_precision = "ieee"
     else:  # torch < 2.9
         matmul.allow_tf32 = precision == "tf32"
 
