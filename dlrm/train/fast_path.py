@@ -10,13 +10,16 @@ What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
 * On CUDA: the Triton embedding (hashing + lookup in one kernel, the sparse optimizer fused into its
   backward: no COO gradient, static shapes) and the Triton dot interaction (the eager one runs tiny
   batched GEMMs off the tensor cores); PyTorch MLPs (cuBLAS beats the Triton linear kernel at DLRM
-  shapes), except in tf32 from batch 65536, where the fused MLP (kernels.mlp.FusedMLP) won by 5%; the
-  PyTorch loss (Inductor fuses it into the compiled step); ``torch.compile`` (mode default);
-  the whole step in one CUDA graph whenever the run allows it (one process, a fused SGD or Adam
-  dense optimizer or Adagrad (dlrm.train.adagrad.CapturableAdagrad), no reduce-overhead compile): at batch
-  128 it turned 2.8 ms of host time per step into one launch. This is the
-  ``triton-embedding-interaction+step-graph`` variant (``triton-fused-mlp+step-graph`` in tf32 from
-  batch 65536), the fastest in every throughput table so far.
+  shapes; the fused MLP, kernels.mlp.FusedMLP, only where compile mode default runs tf32 from batch
+  65536, where it won by 5%); the PyTorch loss (Inductor fuses it into the compiled step);
+  ``torch.compile``: mode default, and from batch 65536 Inductor's max-autotune without its own CUDA
+  graphs (Triton GEMM templates with fused epilogues where they beat cuBLAS: +2% to +13% on four models,
+  for 2.5-5 minutes of autotuning at the first steps); the whole step in one CUDA graph whenever the run
+  allows it (one process, a fused SGD or Adam dense optimizer or Adagrad
+  (dlrm.train.adagrad.CapturableAdagrad), no compile mode with CUDA graphs of its own): at batch 128 it
+  turned 2.8 ms of host time per step into one launch. This is the
+  ``triton-embedding-interaction+step-graph`` variant (``...+autotune+step-graph`` from batch 65536),
+  the fastest in every throughput table so far.
   Where the step graph is off (one process, one-hot tables), ``train.compile.mode`` "auto" takes
   torch.compile's reduce-overhead mode (its own CUDA graphs of the forward and the backward), since
   mode default is host-bound below batch ~16384.
@@ -36,8 +39,18 @@ from dlrm.config import COMPILE_MODES_WITH_CUDA_GRAPHS, Config
 
 COMPONENTS = ("embedding", "interaction", "mlp", "loss")
 # kernels.mlp "auto" takes the fused MLP for tf32 from this batch size: measured +5% at 65536 and -1% at
-# 2048 (results/train_throughput_kaggle_fusedmlp.md); bf16 lost at both (-14% at 65536)
+# 2048 (results/train_throughput_kaggle_fusedmlp.md); bf16 lost at both (-14% at 65536). Only where
+# compile mode "auto" does not resolve to max-autotune, whose templates beat it (below).
 FUSED_MLP_MIN_BATCH = 65536
+# train.compile.mode "auto" takes max-autotune-no-cudagraphs inside the whole-step graph from this batch size:
+# Inductor benchmarks its Triton GEMM templates (bias and ReLU fused as epilogues) against cuBLAS per shape.
+# At 65536 on the H100, against the fastest variant before (2026-11-24, results/train_throughput_*_autotune.md,
+# mlperf_dcnv2_autotune.md): Kaggle bf16 42.2M vs 37.3M (+13%), Kaggle tf32 23.4M vs the fused MLP's 22.0M (+6%),
+# Terabyte bf16 14.6M vs 13.6M (+7.5%), MLPerf DLRM-DCNv2 2.77M vs 2.72M (+2%); eval AUC as eager's on planted
+# data (compare_kaggle_b2048_bf16_autotune.md). The price: 2.5 to 5 minutes of autotuning at the first steps
+# (Inductor caches the picks on the machine). Smaller batches were not measured, so they keep mode default.
+AUTOTUNE_MIN_BATCH = 65536
+AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
 
 
 def _triton_usable(device: torch.device) -> tuple[bool, str]:
@@ -64,6 +77,9 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[s
         if not usable:
             return "torch", why_not
         m = cfg.model
+        if cfg.train.compile.enabled and cfg.train.compile.mode == AUTOTUNE_MODE:
+            return "torch", ("Inductor's max-autotune GEMM templates fuse the MLPs' epilogues (Kaggle tf32 at 65536: "
+                             "23.4M samples/s against the fused MLP's 22.0M)")
         if (cfg.train.precision == "tf32" and cfg.data.batch_size >= FUSED_MLP_MIN_BATCH and m.activation == "relu"
                 and not m.dropout):
             return "fused", ("kernels.mlp.FusedMLP (cuBLASLt bias+ReLU epilogues, weight gradients on a side stream) "
@@ -105,6 +121,9 @@ def _compile_mode(cfg: Config, device: torch.device, distributed: bool, multi_ho
     processes, multi-hot tables), mode default stays."""
     if device.type != "cuda":
         return "default", f"no CUDA device ({device}) for reduce-overhead's CUDA graphs"
+    if cfg.train.cuda_graph and cfg.data.batch_size >= AUTOTUNE_MIN_BATCH:
+        return AUTOTUNE_MODE, (f"Inductor's autotuned GEMM templates beat mode default at batch {AUTOTUNE_MIN_BATCH} "
+                               "(+2% to +13% on four models); the first steps autotune for 2.5-5 minutes, cached after")
     if cfg.train.cuda_graph:
         return "default", "the whole step is one CUDA graph already"
     if distributed:
@@ -134,7 +153,8 @@ def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = Fal
     """
     out = copy.deepcopy(cfg)
     chosen: dict[str, Any] = {}
-    for component in COMPONENTS:
+    # the MLPs last: their choice depends on the compile mode, which depends on the embedding's
+    for component in ("embedding", "interaction", "loss"):
         if getattr(out.kernels, component) == "auto":
             value, why = _kernel_choice(component, out, device)
             setattr(out.kernels, component, value)
@@ -158,6 +178,10 @@ def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = Fal
         out.train.compile.mode = mode
         if out.train.compile.enabled:  # a mode of an eager run is not worth a clause in the log line
             chosen["train.compile.mode"] = {"value": mode, "why": why}
+    if out.kernels.mlp == "auto":
+        value, why = _kernel_choice("mlp", out, device)
+        out.kernels.mlp = value
+        chosen["kernels.mlp"] = {"value": value, "why": why}
     if chosen:  # one line: settings that share a reason share its clause
         by_why: dict[str, list[str]] = {}
         for key, v in chosen.items():
