@@ -123,7 +123,7 @@ def _compile_mode(cfg: Config, device: torch.device, distributed: bool, multi_ho
         return "default", f"no CUDA device ({device}) for reduce-overhead's CUDA graphs"
     if cfg.train.cuda_graph and cfg.data.batch_size >= AUTOTUNE_MIN_BATCH:
         return AUTOTUNE_MODE, (f"Inductor's autotuned GEMM templates beat mode default at batch {AUTOTUNE_MIN_BATCH} "
-                               "(+2% to +13% on four models); the first steps autotune for 2.5-5 minutes, cached after")
+                               "(+2% to +13% on four models); the first steps autotune for 2.5-5 minutes (Inductor caches its picks)")
     if cfg.train.cuda_graph:
         return "default", "the whole step is one CUDA graph already"
     if distributed:
