@@ -118,7 +118,7 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
         env: the process group (one process by default).
         eval_batch_size: the evaluation batch (a compiled evaluation pads to it); default 4 x batch.
     """
-    cfg, fast_path = resolve_fast_path(cfg, device, env.distributed, tables.multi_hot)
+    cfg, fast_path = resolve_fast_path(cfg, device, env.distributed, tables.multi_hot, total_steps)
     plan = make_sharding(cfg, tables, env)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch,

@@ -12,14 +12,15 @@ What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
   batched GEMMs off the tensor cores); PyTorch MLPs (cuBLAS beats the Triton linear kernel at DLRM
   shapes; the fused MLP, kernels.mlp.FusedMLP, only where compile mode default runs tf32 from batch
   65536, where it won by 5%); the PyTorch loss (Inductor fuses it into the compiled step);
-  ``torch.compile``: mode default, and from batch 65536 Inductor's max-autotune without its own CUDA
-  graphs (Triton GEMM templates with fused epilogues where they beat cuBLAS: +2% to +13% on four models,
-  for 2.5-5 minutes of autotuning at the first steps); the whole step in one CUDA graph whenever the run
+  ``torch.compile``: mode default, and from batch 65536 in runs planned for at least 1M steps
+  Inductor's max-autotune without its own CUDA graphs (Triton GEMM templates with fused epilogues where
+  they beat cuBLAS: +2% to +13% on four models, for 2.5-5 minutes of autotuning at the first steps, which
+  shorter runs do not win back); the whole step in one CUDA graph whenever the run
   allows it (one process, a fused SGD or Adam dense optimizer or Adagrad
   (dlrm.train.adagrad.CapturableAdagrad), no compile mode with CUDA graphs of its own): at batch 128 it
   turned 2.8 ms of host time per step into one launch. This is the
-  ``triton-embedding-interaction+step-graph`` variant (``...+autotune+step-graph`` from batch 65536),
-  the fastest in every throughput table so far.
+  ``triton-embedding-interaction+step-graph`` variant (``...+autotune+step-graph`` in those long runs at
+  batch 65536), the fastest in every throughput table so far.
   Where the step graph is off (one process, one-hot tables), ``train.compile.mode`` "auto" takes
   torch.compile's reduce-overhead mode (its own CUDA graphs of the forward and the backward), since
   mode default is host-bound below batch ~16384.
@@ -30,7 +31,7 @@ What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from loguru import logger
@@ -49,7 +50,12 @@ FUSED_MLP_MIN_BATCH = 65536
 # Terabyte bf16 14.6M vs 13.6M (+7.5%), MLPerf DLRM-DCNv2 2.77M vs 2.72M (+2%); eval AUC as eager's on planted
 # data (compare_kaggle_b2048_bf16_autotune.md). The price: 2.5 to 5 minutes of autotuning at the first steps
 # (Inductor caches the picks on the machine). Smaller batches were not measured, so they keep mode default.
+# The autotuning repays itself only in a long run: the step-time savings above (0.18-0.46 ms a step) cover
+# 170-300 s of autotuning after 0.4M (MLPerf) to 1M (Kaggle tf32) steps, i.e. 27-66 billion samples at 65536.
+# So "auto" takes it only for runs planned that long; shorter ones (a few epochs of Criteo, one of MLPerf)
+# finish sooner in mode default, and an explicit train.compile.mode takes it for any run.
 AUTOTUNE_MIN_BATCH = 65536
+AUTOTUNE_MIN_STEPS = 1_000_000
 AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
 
 
@@ -111,7 +117,8 @@ def _cuda_graph_blocker(cfg: Config, device: torch.device, distributed: bool, mu
     return ""
 
 
-def _compile_mode(cfg: Config, device: torch.device, distributed: bool, multi_hot: bool) -> tuple[str, str]:
+def _compile_mode(cfg: Config, device: torch.device, distributed: bool, multi_hot: bool,
+                  total_steps: Optional[int] = None) -> tuple[str, str]:
     """torch.compile's mode for `train.compile.mode: "auto"`, and why (after train.cuda_graph is resolved).
 
     Mode default leaves every kernel launch to the host: at batch 8192 the compiled Kaggle step
@@ -122,8 +129,14 @@ def _compile_mode(cfg: Config, device: torch.device, distributed: bool, multi_ho
     if device.type != "cuda":
         return "default", f"no CUDA device ({device}) for reduce-overhead's CUDA graphs"
     if cfg.train.cuda_graph and cfg.data.batch_size >= AUTOTUNE_MIN_BATCH:
-        return AUTOTUNE_MODE, (f"Inductor's autotuned GEMM templates beat mode default at batch {AUTOTUNE_MIN_BATCH} "
-                               "(+2% to +13% on four models); the first steps autotune for 2.5-5 minutes (Inductor caches its picks)")
+        if total_steps is not None and total_steps >= AUTOTUNE_MIN_STEPS:
+            return AUTOTUNE_MODE, (f"Inductor's autotuned GEMM templates beat mode default at batch {AUTOTUNE_MIN_BATCH} "
+                                   "(+2% to +13% on four models); the first steps autotune for 2.5-5 minutes, repaid "
+                                   f"within this run's {total_steps:,} steps")
+        return "default", (f"the whole step is one CUDA graph already; {AUTOTUNE_MODE} (+2% to +13% at batch "
+                           f"{AUTOTUNE_MIN_BATCH}) would autotune for 2.5-5 minutes, repaid only from ~{AUTOTUNE_MIN_STEPS:,} "
+                           f"steps ({'unknown' if total_steps is None else f'{total_steps:,}'} planned): set "
+                           "train.compile.mode to take it")
     if cfg.train.cuda_graph:
         return "default", "the whole step is one CUDA graph already"
     if distributed:
@@ -134,7 +147,7 @@ def _compile_mode(cfg: Config, device: torch.device, distributed: bool, multi_ho
 
 
 def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = False,
-                      multi_hot: bool = False) -> tuple[Config, dict[str, Any]]:
+                      multi_hot: bool = False, total_steps: Optional[int] = None) -> tuple[Config, dict[str, Any]]:
     """A copy of `cfg` with no "auto" left, and ``{key: {"value": ..., "why": ...}}`` for what was chosen.
 
     Args:
@@ -142,6 +155,7 @@ def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = Fal
         device: the run's device.
         distributed: more than one process.
         multi_hot: the tables pool several values per feature (the dataset's or the config's sizes).
+        total_steps: the run's planned length (None: unknown), which decides whether autotuning pays off.
 
     Example:
         >>> from dlrm.config import Config, validate
@@ -174,7 +188,7 @@ def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = Fal
         out.train.cuda_graph = not blocker
         chosen["train.cuda_graph"] = {"value": not blocker, "why": blocker or "one graph launch per step"}
     if out.train.compile.mode == "auto":
-        mode, why = _compile_mode(out, device, distributed, multi_hot)
+        mode, why = _compile_mode(out, device, distributed, multi_hot, total_steps)
         out.train.compile.mode = mode
         if out.train.compile.enabled:  # a mode of an eager run is not worth a clause in the log line
             chosen["train.compile.mode"] = {"value": mode, "why": why}
