@@ -185,16 +185,14 @@ class CompileConfig:
     mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "auto"
     """reduce-overhead uses CUDA graphs (CUDA only). "auto": reduce-overhead on one CUDA process when
     the whole-step graph (train.cuda_graph) is off, "default" otherwise (dlrm.train.fast_path says why:
-    at batch 8192 mode default spends 3.0 ms of host time to enqueue 0.83 ms of device work).
-    max-autotune benchmarks Inductor's Triton GEMM templates (bias and activation fused as their
-    epilogues) against cuBLAS per shape at the first steps, and adds torch.compile's own CUDA graphs;
-    max-autotune-no-cudagraphs is the same without them, the one that combines with train.cuda_graph."""
+    at batch 8192 mode default spends 3.0 ms of host time to enqueue 0.83 ms of device work). max-autotune
+    times Inductor's Triton GEMM templates (fused epilogues) against cuBLAS per shape at the first steps and
+    adds CUDA graphs of its own; max-autotune-no-cudagraphs, without them, combines with train.cuda_graph."""
     fullgraph: bool = False
     """Fail instead of splitting the graph at a break."""
 
 
-# torch.compile modes that make CUDA graphs of their own (a whole-step graph cannot hold them)
-COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")
+COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")  # a whole-step graph cannot hold theirs
 
 
 @dataclass
@@ -503,9 +501,8 @@ def _check_cuda_graph(cfg: Config) -> None:
         raise ConfigError("train.cuda_graph: needs optim.dense.fused true or null (the fused optimizer reads "
                           "its learning rate from a device tensor the graph can replay)")  # fmt: skip
     if t.compile.enabled is not False and t.compile.mode in COMPILE_MODES_WITH_CUDA_GRAPHS:
-        raise ConfigError(f"train.cuda_graph: cannot be combined with train.compile.mode \"{t.compile.mode}\" "
-                          "(its CUDA graphs would be captured inside this one); use mode \"default\" or "
-                          "\"max-autotune-no-cudagraphs\"")  # fmt: skip
+        raise ConfigError(f"train.cuda_graph: cannot be combined with train.compile.mode \"{t.compile.mode}\" (its "
+                          "CUDA graphs would nest in this one); use \"default\" or \"max-autotune-no-cudagraphs\"")
 
 
 def _check_train(t: TrainConfig) -> None:
