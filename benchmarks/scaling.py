@@ -53,11 +53,12 @@ KEYS = ["gpus", "config", "precision", "sharding", "batch_per_gpu", "samples_per
         "max_samples_per_sec", "step_ms", "efficiency", "peak_memory_mb", "device", "torch", "triton", "date"]
 
 
-def rank_batches(batch_per_rank: int, env, device: torch.device) -> list[Batch]:
-    """This rank's slices of the synthetic global batches (a seed per rank: different rows)."""
+def rank_batches(batch_per_rank: int, env, device: torch.device, multi_hot_sizes=None) -> list[Batch]:
+    """This rank's slices of the synthetic global batches (a seed per rank: different rows); with
+    `multi_hot_sizes` (the config's), every feature's slots filled, as the multi-hot model takes them."""
     global_size = batch_per_rank * env.world_size if env.distributed else None
     return [Batch(b.dense, b.sparse, b.labels, global_size)
-            for b in synthetic_batches(4, batch_per_rank, device, seed=env.rank)]
+            for b in synthetic_batches(4, batch_per_rank, device, seed=env.rank, multi_hot_sizes=multi_hot_sizes)]
 
 
 def measure(args) -> dict | None:
@@ -75,7 +76,7 @@ def measure(args) -> dict | None:
     torch.manual_seed(0)
     run = build_run(cfg, tables_from_config(cfg), device, total_steps=args.warmup + args.windows * args.steps, env=env)
     B, W = args.batch_per_gpu, env.world_size
-    batches = rank_batches(B, env, device)
+    batches = rank_batches(B, env, device, cfg.model.multi_hot_sizes)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     train_steps(run, batches, args.warmup)

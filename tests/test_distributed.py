@@ -227,10 +227,14 @@ def test_loader_ranks_concatenate_to_the_one_process_batches(dataset, loader_nam
             assert torch.equal(torch.cat([getattr(p, field) for p in parts]), getattr(batch, field))
 
 
-def test_scaling_benchmark_runs_and_reports_efficiency(tmp_path):
-    """Smoke run of benchmarks/scaling.py on the CPU (gloo): one process, then two ranks."""
+@pytest.mark.parametrize("multi_hot", [False, True], ids=["one-hot", "multi-hot"])
+def test_scaling_benchmark_runs_and_reports_efficiency(tmp_path, multi_hot):
+    """Smoke run of benchmarks/scaling.py on the CPU (gloo): one process, then two ranks; also with multi-hot
+    sizes in the config (the synthetic batches then have their slots: they had 26 columns before)."""
     cfg = json.loads((REPO / "configs" / "kaggle.json").read_text())
     cfg["model"]["cardinalities"] = [40] * 26
+    if multi_hot:
+        cfg["model"]["multi_hot_sizes"] = [3, 1, 2] + [1] * 23
     cfg["train"]["device"] = "cpu"  # two ranks on a machine with one GPU, too
     (tmp_path / "k.json").write_text(json.dumps(cfg))
     for n in (1, 2):
