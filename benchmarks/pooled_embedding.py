@@ -64,6 +64,7 @@ from kernels.embedding import (  # noqa: E402
     pooled_hash_rows,
     pooled_layout,
 )
+import kernels.embedding.pooled as pooled  # noqa: E402
 from kernels.table_layout import layout_tensors  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mlperf-dcnv2.json"
@@ -134,12 +135,34 @@ def time_cpu(step: Callable[[], None], steps: int, windows: int, warmup: int) ->
 
 
 def copy_bandwidth(device: torch.device, nbytes: int, windows: int) -> float:
-    """GB/s of ``dst.copy_(src)`` (bytes read + written / time), the median of `windows` (graph-timed on CUDA)."""
+    """GB/s of ``dst.copy_(src)`` (bytes read + written / time), the median of `windows`.
+
+    On CUDA: 20 plain back-to-back launches per window between CUDA events, not a graph replay. A CUDA graph of
+    1 GiB copies ran at 2,430 GB/s on the H100 where the same copies launched one by one (and graphs of 256 MiB
+    copies) ran at 3,000 (results/copy_bandwidth.md); until 2026-11-24 this function replayed a graph, so the
+    percentages it gave were 23% too high."""
     src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
-    timer = time_graph if device.type == "cuda" else time_cpu
-    times, _ = timer(lambda: dst.copy_(src), 0 if device.type == "cuda" else 3, windows, 2)
-    return 2 * nbytes / (statistics.median(times) / 1e3) / 1e9
+    if device.type != "cuda":
+        times, _ = time_cpu(lambda: dst.copy_(src), 3, windows, 2)
+        return 2 * nbytes / (statistics.median(times) / 1e3) / 1e9
+    return 2 * nbytes / (event_loop_ms(lambda: dst.copy_(src), 20, windows) / 1e3) / 1e9
+
+
+def event_loop_ms(fn: Callable[[], None], n: int, windows: int) -> float:
+    """Median over `windows` of the ms per call of `n` plain back-to-back launches between CUDA events."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(windows):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    return statistics.median(times)
 
 
 # ---- the cases --------------------------------------------------------------------------------------
@@ -320,7 +343,17 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=7, help="timed windows; the median is reported")
     ap.add_argument("--smoke", action="store_true",
                     help="tables capped at 1000 rows, batch 8, 1 call per window (CPU: 1 window, no warm-up)")
+    ap.add_argument("--lookup-launches", default="",
+                    help="also time the triton fwd at these launches: comma list of SAMPLESxWARPS, forced through "
+                         "kernels.embedding.pooled.POOLED_LOOKUP_OVERRIDE (rows 'triton SxW')")
     args = ap.parse_args(argv)
+    try:
+        launches = [tuple(int(v) for v in item.split("x")) for item in args.lookup_launches.split(",") if item.strip()]
+        if any(len(lw) != 2 or lw[0] < 1 or lw[0] & (lw[0] - 1) or lw[1] not in (1, 2, 4, 8, 16) for lw in launches):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--lookup-launches: {args.lookup_launches!r} is not a comma list of SAMPLESxWARPS "
+                 "(samples a power of two, warps 1-16)")
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
@@ -388,10 +421,20 @@ def main(argv=None) -> int:
                          "status": skip}
                 else:
                     r = measure(impl, mode, dtype, t, x, batch, copy_gbps, device, args)
-                rows.append(r)
-                print(f"{impl:>15} {mode:>7} {dtype} B={batch:>6}: "
-                      + (f"{r['ms']:.3f} ms, {r['gbps']:,.0f} GB/s ({r['pct_of_copy']:.0f}% of copy)"
-                         if r.get("ms") else r["status"]), flush=True)
+                extra = []
+                if x is not None and impl == "triton" and mode == "fwd":
+                    for launch in launches:
+                        pooled.POOLED_LOOKUP_OVERRIDE = launch
+                        try:
+                            extra.append({**measure(impl, mode, dtype, t, x, batch, copy_gbps, device, args),
+                                          "impl": f"triton {launch[0]}x{launch[1]}", "meets_target": None})
+                        finally:
+                            pooled.POOLED_LOOKUP_OVERRIDE = None
+                for r in (r, *extra):
+                    rows.append(r)
+                    print(f"{r['impl']:>15} {mode:>7} {dtype} B={batch:>6}: "
+                          + (f"{r['ms']:.3f} ms, {r['gbps']:,.0f} GB/s ({r['pct_of_copy']:.0f}% of copy)"
+                             if r.get("ms") else r["status"]), flush=True)
                 # rewritten after every case: a run cut short keeps what it measured
                 text = write_results(rows, env, out, title, paragraphs)
             del x

@@ -235,7 +235,8 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
 @click.option("--kernels", type=str, help="torch | triton: every component at once (overrides kernels.*).")
 @click.option("--compile/--no-compile", "compile_", default=None, help="torch.compile on or off (overrides train.compile).")
 @click.option("--compile-mode", default=None,
-              type=click.Choice(["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]),
+              type=click.Choice(["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
+                                 "max-autotune-gemm"]),
               help="Compile with this torch.compile mode (reduce-overhead, max-autotune: CUDA graphs); implies --compile.")
 @click.option("--profile", is_flag=True, default=None, help="Profile a few steps into TensorBoard (overrides profile.enabled).")
 @click.option("--baseline/--no-baseline", default=None,

@@ -182,12 +182,13 @@ class CompileConfig:
 
     enabled: Union[bool, Auto] = True
     """true, false, or "auto": compiled on CUDA, eager on the CPU (dlrm.train.fast_path)."""
-    mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "auto"
-    """reduce-overhead uses CUDA graphs (CUDA only). "auto": reduce-overhead on one CUDA process when
-    the whole-step graph (train.cuda_graph) is off, "default" otherwise (dlrm.train.fast_path says why:
-    at batch 8192 mode default spends 3.0 ms of host time to enqueue 0.83 ms of device work). max-autotune
-    times Inductor's Triton GEMM templates (fused epilogues) against cuBLAS per shape at the first steps and
-    adds CUDA graphs of its own; max-autotune-no-cudagraphs, without them, combines with train.cuda_graph."""
+    mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
+                  "max-autotune-gemm"] = "auto"
+    """reduce-overhead: CUDA graphs (CUDA only). "auto": see dlrm.train.fast_path (reduce-overhead on one CUDA
+    process without train.cuda_graph: at batch 8192 mode default spends 3.0 ms of host time on 0.83 ms of device
+    work). max-autotune times Inductor's Triton GEMM templates (fused epilogues) against cuBLAS per shape at the
+    first steps, tunes every other kernel and adds CUDA graphs; max-autotune-no-cudagraphs combines with
+    train.cuda_graph, as does max-autotune-gemm (Inductor's option max_autotune_gemm: the GEMMs alone)."""
     fullgraph: bool = False
     """Fail instead of splitting the graph at a break."""
 
@@ -502,7 +503,7 @@ def _check_cuda_graph(cfg: Config) -> None:
                           "its learning rate from a device tensor the graph can replay)")  # fmt: skip
     if t.compile.enabled is not False and t.compile.mode in COMPILE_MODES_WITH_CUDA_GRAPHS:
         raise ConfigError(f"train.cuda_graph: cannot be combined with train.compile.mode \"{t.compile.mode}\" (its "
-                          "CUDA graphs would nest in this one); use \"default\" or \"max-autotune-no-cudagraphs\"")
+                          "CUDA graphs would nest in this one); use \"default\" or a max-autotune without them")
 
 
 def _check_train(t: TrainConfig) -> None:

@@ -253,6 +253,39 @@ def test_pooled_embedding_smoke_times_every_mode_and_dtype(tmp_path):
     assert (tmp_path / "pooled_embedding.png").stat().st_size > 0
 
 
+def test_pooled_embedding_lookup_launches_add_forward_rows_and_restore_the_picked_launch(tmp_path):
+    """--lookup-launches: one more triton fwd row per forced launch (SAMPLESxWARPS), the override reset after."""
+    pe = load_script("pooled_embedding")
+    import kernels.embedding.pooled as pooled
+
+    assert pe.main(["--smoke", "--out", str(tmp_path), "--dtypes", "bf16", "--modes", "fwd", "--impls", "triton",
+                    "--lookup-launches", "16x2,8x4"]) == 0
+    rows = read_csv(tmp_path / "pooled_embedding.csv")
+    assert [r["impl"] for r in rows] == ["triton", "triton 16x2", "triton 8x4"]
+    assert all(r["status"] == "ok" and int(r["bytes"]) == int(rows[0]["bytes"]) for r in rows)
+    assert pooled.POOLED_LOOKUP_OVERRIDE is None
+    with pytest.raises(SystemExit):
+        pe.main(["--smoke", "--out", str(tmp_path), "--lookup-launches", "12x4"])  # rows not a power of two
+
+
+def test_onehot_embedding_sweep_smoke_times_each_launch_and_update(tmp_path):
+    """benchmarks/onehot_embedding_sweep.py --smoke: each lookup launch, the deterministic update and (fp32) the
+    atomic one, for D=16 and 128, with kernels.py's byte counts; the forced launch is reset afterwards."""
+    sw = load_script("onehot_embedding_sweep")
+    import kernels.embedding.lookup as lookup
+
+    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "s", "--launches", "picked,16x2"]) == 0
+    rows = read_csv(tmp_path / "s.csv")
+    want = [(d, t, op, la) for d in ("16", "128") for t in ("bfloat16", "float32")
+            for op, la in [("fwd", "picked"), ("fwd", "16x2"), ("bwd", "picked")]
+            + ([("bwd_atomic", "picked")] if t == "float32" else [])]
+    assert [(r["dim"], r["dtype"], r["op"], r["launch"]) for r in rows] == want
+    assert all(r["status"] == "ok" and float(r["ms"]) > 0 and r["batch"] == "8" for r in rows), rows
+    assert lookup.LOOKUP_LAUNCH_OVERRIDE is None and (tmp_path / "s.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        sw.main(["--smoke", "--out", str(tmp_path), "--launches", "100x3"])
+
+
 def test_step_profile_groups_kernels_by_what_they_do():
     """benchmarks/step_profile.py's grouping of kernel names (the profile itself needs a GPU)."""
     sp = load_script("step_profile")

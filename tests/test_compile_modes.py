@@ -36,6 +36,7 @@ def test_auto_is_reduce_overhead_where_the_step_graph_is_off():
     ({"train.compile": True, "train.cuda_graph": False}, {"multi_hot": True}, "default", "multi-hot tables"),
     ({"train.compile": {"enabled": True, "mode": "max-autotune"}, "train.cuda_graph": False}, {}, "max-autotune", ""),
     ({"train.compile": {"enabled": True, "mode": "max-autotune-no-cudagraphs"}}, {}, "max-autotune-no-cudagraphs", ""),
+    ({"train.compile": {"enabled": True, "mode": "max-autotune-gemm"}}, {}, "max-autotune-gemm", ""),
 ])
 def test_auto_keeps_mode_default_elsewhere_and_explicit_modes_win(overrides, kw, mode, why):
     got, reason = resolved_mode(overrides, **kw)
@@ -67,6 +68,39 @@ def test_the_autotune_variants_capture_the_step_with_max_autotune_without_its_gr
         assert cfg.train.cuda_graph is True
         resolved, _ = resolve_fast_path(cfg, CUDA)
         assert resolved.train.cuda_graph is True and resolved.train.compile.mode == "max-autotune-no-cudagraphs"
+
+
+@pytest.mark.parametrize("name", ["triton-embedding+autotune-gemm+step-graph",
+                                  "triton-embedding-interaction+autotune-gemm+step-graph"])
+def test_the_autotune_gemm_variants_keep_the_step_graph_and_pytorch_mlps(name):
+    cfg = variant_config(load_config(SAMPLE, {"data.batch_size": 65536, "train.precision": "tf32"}), name)
+    resolved, _ = resolve_fast_path(cfg, CUDA)
+    assert resolved.train.cuda_graph is True and resolved.train.compile.mode == "max-autotune-gemm"
+    assert resolved.kernels.mlp == "torch"
+
+
+def test_kernels_mlp_auto_leaves_the_mlps_to_the_templates_of_max_autotune_gemm():
+    """tf32 at 65536 takes the fused MLP in mode default; under GEMM templates (which fuse the epilogues) not."""
+    base = {"data.batch_size": 65536, "train.precision": "tf32"}
+    assert resolve_fast_path(load_config(SAMPLE, base), CUDA)[0].kernels.mlp == "fused"
+    resolved, chosen = resolve_fast_path(
+        load_config(SAMPLE, {**base, "train.compile": {"enabled": True, "mode": "max-autotune-gemm"}}), CUDA)
+    assert resolved.kernels.mlp == "torch" and "templates" in chosen["kernels.mlp"]["why"]
+
+
+def test_max_autotune_gemm_compiles_with_inductors_gemm_option_alone(monkeypatch):
+    """It is no torch.compile mode: the step is compiled with options {"max_autotune_gemm": True}, no mode."""
+    from dlrm.config import CompileConfig
+    from dlrm.train import step
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
+    fn = lambda x: x  # noqa: E731
+    for mode in ("max-autotune-gemm", "max-autotune-no-cudagraphs", "auto"):
+        assert step._maybe_compile(fn, CompileConfig(enabled=True, mode=mode), CUDA, "the step") is fn
+    assert calls == [{"options": {"max_autotune_gemm": True}, "fullgraph": False},
+                     {"mode": "max-autotune-no-cudagraphs", "fullgraph": False},
+                     {"mode": "default", "fullgraph": False}]
 
 
 def test_the_compiled_variant_takes_the_auto_mode():

@@ -66,6 +66,11 @@ VARIANTS: dict[str, Variant] = {
     "triton-embedding+autotune+step-graph": Variant("triton-embedding", "max-autotune-no-cudagraphs", step_graph=True),
     "triton-embedding-interaction+autotune+step-graph": Variant("triton-embedding-interaction",
                                                                 "max-autotune-no-cudagraphs", step_graph=True),
+    # Inductor's GEMM template autotuning alone (compile mode max-autotune-gemm): max-autotune's pointwise and
+    # coordinate-descent tuning left out, which cost most of its minutes of autotuning
+    "triton-embedding+autotune-gemm+step-graph": Variant("triton-embedding", "max-autotune-gemm", step_graph=True),
+    "triton-embedding-interaction+autotune-gemm+step-graph": Variant("triton-embedding-interaction",
+                                                                     "max-autotune-gemm", step_graph=True),
     # compiled (mode default) without the whole-step graph
     "triton-embedding+compiled": Variant("triton-embedding", "default"),
     "triton-embedding-interaction+compiled": Variant("triton-embedding-interaction", "default"),

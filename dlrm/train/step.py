@@ -21,6 +21,9 @@ from dlrm.data.loader import Batch
 from dlrm.model.dlrm import DLRM
 from dlrm.train.optim import FusedSparseOptimizer
 
+# train.compile.mode that is not one of torch.compile's modes: Inductor's option max_autotune_gemm alone
+GEMM_AUTOTUNE_MODE = "max-autotune-gemm"
+
 
 def set_matmul_precision(precision: str) -> None:
     """TF32 tensor cores for fp32 CUDA matmuls exactly when ``precision == "tf32"``.
@@ -70,6 +73,10 @@ def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what:
     if cfg.mode == "reduce-overhead" and device.type != "cuda":
         logger.warning(f"compile mode reduce-overhead (CUDA graphs) needs CUDA; {what} uses mode default on {device}")
         return torch.compile(fn, mode="default", fullgraph=cfg.fullgraph)
+    if cfg.mode == GEMM_AUTOTUNE_MODE:
+        # not a torch.compile mode: Inductor's GEMM template autotuning alone (mode max-autotune also tunes
+        # every pointwise and reduction kernel, by coordinate descent too)
+        return torch.compile(fn, options={"max_autotune_gemm": True}, fullgraph=cfg.fullgraph)
     # "auto" is resolved by dlrm.train.fast_path (build_run); a caller that skips it gets mode default
     return torch.compile(fn, mode="default" if cfg.mode == "auto" else cfg.mode, fullgraph=cfg.fullgraph)
 

@@ -31,9 +31,13 @@ from kernels._backend import device_context
 from kernels.embedding.hashing import _hash_positions, check_hash_inputs, hash_args, hash_rows_impl
 from kernels.embedding.rounding import _round_bf16
 from kernels.embedding.update import embedding_sparse_update_, empty_state
-from kernels.heuristics import rows_per_program
+from kernels.heuristics import lookup_launch
 
 __all__ = ["embedding_lookup", "fused_embedding"]
+
+# (rows per program, warps) forced on the lookup's launch, or None for `kernels.heuristics.lookup_launch`;
+# module-level so that benchmarks/onehot_embedding_sweep.py can compare launches.
+LOOKUP_LAUNCH_OVERRIDE: Optional[tuple[int, int]] = None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -115,7 +119,7 @@ def lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets,
         return out, rows if N == 0 else hash_rows_impl(raw, cardinalities, offsets, vocab, vocab_offsets)
     args, use_vocab, steps = hash_args(raw, cardinalities, offsets, vocab, vocab_offsets)
     BLOCK_D = triton.next_power_of_2(D)
-    BLOCK_N = rows_per_program(BLOCK_D)
+    BLOCK_N, warps = LOOKUP_LAUNCH_OVERRIDE or lookup_launch(BLOCK_D)
     _embedding_fwd_kernel[(triton.cdiv(N, BLOCK_N),)](
         *args,
         weight,
@@ -131,6 +135,7 @@ def lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets,
         BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D,
         ROUND_OUT=dtype != weight.dtype,
+        num_warps=warps,
     )
     return out, rows
 

@@ -64,6 +64,9 @@ __all__ = [
 ]
 
 PAD_SPARSE = -2  # an empty multi-hot slot (missing values are -1 and hash to a row like any other)
+# (samples per program, warps) forced on the lookup's launch, or None for `rows_per_program` and 4 warps;
+# module-level so that benchmarks/pooled_embedding.py --lookup-launches can compare launches.
+POOLED_LOOKUP_OVERRIDE: Optional[tuple[int, int]] = None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -178,7 +181,7 @@ def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offset
                                        vocab_offsets, lookup=False)[1]
     args, use_vocab, steps = hash_args(raw, cardinalities, offsets, vocab, vocab_offsets)
     BLOCK_D = triton.next_power_of_2(max(D, 1))
-    BLOCK_B = rows_per_program(BLOCK_D) if lookup else MAX_ROWS_PER_PROGRAM
+    BLOCK_B, warps = (POOLED_LOOKUP_OVERRIDE or (rows_per_program(BLOCK_D), 4)) if lookup else (MAX_ROWS_PER_PROGRAM, 4)
     _pooled_fwd_kernel[(triton.cdiv(B, BLOCK_B), F)](
         *args,
         hotness.to(torch.int64).contiguous(),
@@ -199,6 +202,7 @@ def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offset
         LOOKUP=lookup,
         BLOCK_B=BLOCK_B,
         BLOCK_D=BLOCK_D,
+        num_warps=warps,
     )
     return out, rows
 

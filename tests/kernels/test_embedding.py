@@ -267,6 +267,20 @@ def test_lookup_forward_backward(B, F, D, mode, layout, device, assert_close):
     assert_close(weight.grad, dense_grad64(rows, grad, case.num_rows), torch.float32)
 
 
+@pytest.mark.parametrize("launch", [(1, 1), (32, 2), (128, 8)])
+def test_lookup_launches_give_the_same_gather(launch, device, monkeypatch):
+    """Any (rows per program, warps) forced through LOOKUP_LAUNCH_OVERRIDE (the benchmark's sweep) gathers the same
+    rows as the launch the heuristic picks: tails of partial programs included (B * F = 381 positions)."""
+    import kernels.embedding.lookup as lookup_module
+
+    case = make_case(127, 3, "modulus", hot=True, seed=5).to(device)
+    weight = make_weight(case.num_rows, 24, device)
+    want = embedding_lookup(case.raw, weight, *case.hash_args())
+    monkeypatch.setattr(lookup_module, "LOOKUP_LAUNCH_OVERRIDE", launch)
+    assert torch.equal(embedding_lookup(case.raw, weight, *case.hash_args()), want)
+    assert torch.equal(want, weight[training_rows(case).to(device)])
+
+
 def test_lookup_no_weight_grad_when_frozen(device):
     case = make_case(3, 4, "modulus").to(device)
     weight = make_weight(case.num_rows, 16, device)

@@ -13,11 +13,19 @@ from kernels.heuristics import (
     dot_block,
     gemm_tiles,
     interaction_launch,
+    lookup_launch,
     pick_gemm_tile,
     rows_per_program,
     sm_count,
     sparse_update_config,
 )
+
+
+def test_lookup_launch_takes_128_rows_up_to_d128_and_the_gather_default_beyond():
+    """The one-hot lookup's launch measured on the H100 (results/onehot_embedding_launch.md): 128 rows x 4 warps
+    for rows up to 128 wide; wider rows keep the gather kernels' ~4K elements a program (not measured)."""
+    assert [lookup_launch(d) for d in (16, 32, 128)] == [(128, 4)] * 3
+    assert lookup_launch(256) == (rows_per_program(256), 4) == (16, 4)
 
 
 def test_sm_count_default_off_cuda():

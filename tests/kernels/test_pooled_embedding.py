@@ -298,6 +298,19 @@ def test_pooled_lookup_forward_backward(B, hotness, D, mode, layout, device, ass
                  msg="dense grad")
 
 
+@pytest.mark.parametrize("launch", [(1, 1), (64, 8)])
+def test_pooled_lookup_launches_give_the_same_sums(launch, device, monkeypatch):
+    """A launch forced through POOLED_LOOKUP_OVERRIDE (benchmarks/pooled_embedding.py --lookup-launches) sums each
+    sample's slots in the same order: the same bits and rows as the picked launch, partial blocks included."""
+    import kernels.embedding.pooled as pooled_module
+
+    case = make_case(127, [3, 1, 2], "modulus", seed=7).to(device)
+    weight = make_weight(case.num_rows, 24, device)
+    want = pooled_embedding_lookup(case.raw, weight, *case.hash_args(), *case.vocab_args())
+    monkeypatch.setattr(pooled_module, "POOLED_LOOKUP_OVERRIDE", launch)
+    assert torch.equal(pooled_embedding_lookup(case.raw, weight, *case.hash_args(), *case.vocab_args()), want)
+
+
 def test_pooled_lookup_frozen_weight_and_empty_batch(device):
     case = make_case(3, [2, 1]).to(device)
     weight = make_weight(case.num_rows, 8, device)
