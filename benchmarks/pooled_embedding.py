@@ -344,16 +344,19 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="tables capped at 1000 rows, batch 8, 1 call per window (CPU: 1 window, no warm-up)")
     ap.add_argument("--lookup-launches", default="",
-                    help="also time the triton fwd at these launches: comma list of SAMPLESxWARPS, forced through "
-                         "kernels.embedding.pooled.POOLED_LOOKUP_OVERRIDE (rows 'triton SxW')")
+                    help="also time the triton fwd at these launches: comma list of SAMPLESxWARPS[xUNROLL] (unroll 1 if "
+                         "left out), forced "
+                         "through kernels.embedding.pooled.POOLED_LOOKUP_OVERRIDE (rows 'triton SxWxU')")
     args = ap.parse_args(argv)
     try:
         launches = [tuple(int(v) for v in item.split("x")) for item in args.lookup_launches.split(",") if item.strip()]
-        if any(len(lw) != 2 or lw[0] < 1 or lw[0] & (lw[0] - 1) or lw[1] not in (1, 2, 4, 8, 16) for lw in launches):
+        launches = [lw if len(lw) == 3 else (*lw, 1) for lw in launches]
+        if any(len(lw) != 3 or lw[0] < 1 or lw[0] & (lw[0] - 1) or lw[1] not in (1, 2, 4, 8, 16) or lw[2] not in (1, 2, 4)
+               for lw in launches):
             raise ValueError
     except ValueError:
-        ap.error(f"--lookup-launches: {args.lookup_launches!r} is not a comma list of SAMPLESxWARPS "
-                 "(samples a power of two, warps 1-16)")
+        ap.error(f"--lookup-launches: {args.lookup_launches!r} is not a comma list of SAMPLESxWARPS[xUNROLL] "
+                 "(samples a power of two, warps 1-16, unroll 1, 2 or 4)")
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
@@ -427,7 +430,7 @@ def main(argv=None) -> int:
                         pooled.POOLED_LOOKUP_OVERRIDE = launch
                         try:
                             extra.append({**measure(impl, mode, dtype, t, x, batch, copy_gbps, device, args),
-                                          "impl": f"triton {launch[0]}x{launch[1]}", "meets_target": None})
+                                          "impl": "triton " + "x".join(map(str, launch)), "meets_target": None})
                         finally:
                             pooled.POOLED_LOOKUP_OVERRIDE = None
                 for r in (r, *extra):

@@ -34,6 +34,7 @@ __all__ = [
     "gemm_tiles",
     "interaction_launch",
     "lookup_launch",
+    "pooled_lookup_launch",
     "pick_cross_tile",
     "pick_gemm_tile",
     "rows_per_program",
@@ -90,6 +91,18 @@ def rows_per_program(block_d: int) -> int:
 # 16384. More rows spill registers at D=128: 256 x 4 warps ran 6x slower in fp32, 512 x 4 5x in bf16.
 LOOKUP_ROWS = 128
 LOOKUP_ROWS_MAX_BLOCK_D = 128
+
+
+# The pooled (multi-hot) lookup at D = 128 (MLPerf DLRM-DCNv2's tables): 128 samples a program, 4 warps, the
+# gathers of 2 slots issued per loop step. H100, CUDA-graph replay (results/pooled_lookup_unroll.md): bf16 at
+# 65536 2.160 -> 1.672 ms (62% -> 80% of copy bandwidth), at 16384 0.534 -> 0.411 ms; fp32 4.035 -> 3.414 ms. 4
+# slots a step, 8 warps, or 64 samples were slower. Other widths keep `rows_per_program`, one slot a step.
+POOLED_LOOKUP_D128 = (128, 4, 2)
+
+
+def pooled_lookup_launch(block_d: int) -> tuple[int, int, int]:
+    """(samples per program, warps, slots a loop step) of the pooled lookup whose rows are ``block_d`` wide."""
+    return POOLED_LOOKUP_D128 if block_d == 128 else (rows_per_program(block_d), 4, 1)
 
 
 def lookup_launch(block_d: int) -> tuple[int, int]:

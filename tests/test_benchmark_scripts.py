@@ -254,14 +254,15 @@ def test_pooled_embedding_smoke_times_every_mode_and_dtype(tmp_path):
 
 
 def test_pooled_embedding_lookup_launches_add_forward_rows_and_restore_the_picked_launch(tmp_path):
-    """--lookup-launches: one more triton fwd row per forced launch (SAMPLESxWARPS), the override reset after."""
+    """--lookup-launches: one more triton fwd row per forced launch (SAMPLESxWARPS[xUNROLL]), the override reset
+    after."""
     pe = load_script("pooled_embedding")
     import kernels.embedding.pooled as pooled
 
     assert pe.main(["--smoke", "--out", str(tmp_path), "--dtypes", "bf16", "--modes", "fwd", "--impls", "triton",
-                    "--lookup-launches", "16x2,8x4"]) == 0
+                    "--lookup-launches", "16x2,8x4x4"]) == 0
     rows = read_csv(tmp_path / "pooled_embedding.csv")
-    assert [r["impl"] for r in rows] == ["triton", "triton 16x2", "triton 8x4"]
+    assert [r["impl"] for r in rows] == ["triton", "triton 16x2x1", "triton 8x4x4"]
     assert all(r["status"] == "ok" and int(r["bytes"]) == int(rows[0]["bytes"]) for r in rows)
     assert pooled.POOLED_LOOKUP_OVERRIDE is None
     with pytest.raises(SystemExit):

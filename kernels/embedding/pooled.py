@@ -45,13 +45,13 @@ from typing import NamedTuple, Optional, Sequence
 
 import torch
 import triton
-import triton.language as tl
 from torch import Tensor
 
 from kernels._backend import check_triton_device, device_context
-from kernels.embedding.hashing import _hash_values, hash_args
+from kernels.embedding.hashing import hash_args
+from kernels.embedding.pooled_fwd import _pooled_fwd_kernel
 from kernels.embedding.update import dense_grad_impl, empty_state, sparse_update_impl
-from kernels.heuristics import MAX_ROWS_PER_PROGRAM, rows_per_program
+from kernels.heuristics import MAX_ROWS_PER_PROGRAM, pooled_lookup_launch
 
 __all__ = [
     "PAD_SPARSE",
@@ -64,73 +64,12 @@ __all__ = [
 ]
 
 PAD_SPARSE = -2  # an empty multi-hot slot (missing values are -1 and hash to a row like any other)
-# (samples per program, warps) forced on the lookup's launch, or None for `rows_per_program` and 4 warps;
-# module-level so that benchmarks/pooled_embedding.py --lookup-launches can compare launches.
-POOLED_LOOKUP_OVERRIDE: Optional[tuple[int, int]] = None
+# (samples per program, warps, slots a loop step) forced on the lookup's launch, or None for
+# `kernels.heuristics.pooled_lookup_launch`; module-level so that benchmarks/pooled_embedding.py --lookup-launches
+# can compare them.
+POOLED_LOOKUP_OVERRIDE: Optional[tuple[int, int, int]] = None
 
-
-# ----------------------------------------------------------------------------------------------------
-# Triton kernel
-# ----------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _pooled_fwd_kernel(
-    raw_ptr,
-    stride_rb,
-    stride_rl,
-    card_ptr,
-    off_ptr,
-    vocab_ptr,
-    voff_ptr,
-    hot_ptr,
-    soff_ptr,
-    w_ptr,
-    stride_wr,
-    stride_wd,
-    out_ptr,
-    rows_ptr,
-    B,
-    L,
-    F,
-    D,
-    R,
-    PAD: tl.constexpr,
-    USE_VOCAB: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
-    LOOKUP: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """Feature ``f = program_id(1)`` of ``BLOCK_B`` samples: rows of its slots, and (``LOOKUP``) their sum.
-
-    One program per (sample block, feature): hotness, table offset and cardinality are scalars, and the
-    slot loop runs exactly ``hotness[f]`` steps (features of hotness 1 and 100 share one launch).
-    """
-    f = tl.program_id(1)
-    b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
-    bmask = b < B
-    fv = tl.zeros([BLOCK_B], dtype=tl.int64) + f
-    hot = tl.load(hot_ptr + f)
-    s0 = tl.load(soff_ptr + f)
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < D
-    acc = tl.zeros([BLOCK_B, BLOCK_D], dtype=tl.float32)
-    for h in range(0, hot):
-        col = s0 + h
-        raw = tl.load(raw_ptr + b * stride_rb + col * stride_rl, mask=bmask, other=PAD).to(tl.int64)
-        live = bmask & (raw != PAD)
-        rows = _hash_values(raw, fv, live, card_ptr, off_ptr, vocab_ptr, voff_ptr, USE_VOCAB, SEARCH_STEPS)
-        # PAD slots get row R: sorted after every real row, and skipped by the update kernels.
-        rows = tl.where(live, rows, R)
-        tl.store(rows_ptr + b * L + col, rows, mask=bmask)
-        if LOOKUP:
-            m2 = live[:, None] & dmask[None, :]
-            vals = tl.load(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, mask=m2, other=0.0)
-            acc += vals.to(tl.float32)
-    if LOOKUP:
-        out_offs = b[:, None] * (F * D) + f * D + d[None, :]
-        tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=bmask[:, None] & dmask[None, :])
+# The forward's Triton kernel: kernels/embedding/pooled_fwd.py.
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -181,7 +120,8 @@ def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offset
                                        vocab_offsets, lookup=False)[1]
     args, use_vocab, steps = hash_args(raw, cardinalities, offsets, vocab, vocab_offsets)
     BLOCK_D = triton.next_power_of_2(max(D, 1))
-    BLOCK_B, warps = (POOLED_LOOKUP_OVERRIDE or (rows_per_program(BLOCK_D), 4)) if lookup else (MAX_ROWS_PER_PROGRAM, 4)
+    BLOCK_B, warps, unroll = ((POOLED_LOOKUP_OVERRIDE or pooled_lookup_launch(BLOCK_D)) if lookup
+                              else (MAX_ROWS_PER_PROGRAM, 4, 1))
     _pooled_fwd_kernel[(triton.cdiv(B, BLOCK_B), F)](
         *args,
         hotness.to(torch.int64).contiguous(),
@@ -202,6 +142,7 @@ def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offset
         LOOKUP=lookup,
         BLOCK_B=BLOCK_B,
         BLOCK_D=BLOCK_D,
+        UNROLL=unroll,
         num_warps=warps,
     )
     return out, rows

@@ -15,6 +15,7 @@ from kernels.heuristics import (
     interaction_launch,
     lookup_launch,
     pick_gemm_tile,
+    pooled_lookup_launch,
     rows_per_program,
     sm_count,
     sparse_update_config,
@@ -26,6 +27,12 @@ def test_lookup_launch_takes_128_rows_up_to_d128_and_the_gather_default_beyond()
     for rows up to 128 wide; wider rows keep the gather kernels' ~4K elements a program (not measured)."""
     assert [lookup_launch(d) for d in (16, 32, 128)] == [(128, 4)] * 3
     assert lookup_launch(256) == (rows_per_program(256), 4) == (16, 4)
+
+
+def test_pooled_lookup_launch_unrolls_two_slots_of_128_samples_at_d128_only():
+    """Measured at MLPerf's D=128 only (results/pooled_lookup_unroll.md); other widths keep one slot a step."""
+    assert pooled_lookup_launch(128) == (128, 4, 2)
+    assert [pooled_lookup_launch(d) for d in (16, 64, 256)] == [(rows_per_program(d), 4, 1) for d in (16, 64, 256)]
 
 
 def test_sm_count_default_off_cuda():

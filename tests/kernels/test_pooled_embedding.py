@@ -298,17 +298,27 @@ def test_pooled_lookup_forward_backward(B, hotness, D, mode, layout, device, ass
                  msg="dense grad")
 
 
-@pytest.mark.parametrize("launch", [(1, 1), (64, 8)])
-def test_pooled_lookup_launches_give_the_same_sums(launch, device, monkeypatch):
-    """A launch forced through POOLED_LOOKUP_OVERRIDE (benchmarks/pooled_embedding.py --lookup-launches) sums each
-    sample's slots in the same order: the same bits and rows as the picked launch, partial blocks included."""
+@pytest.mark.parametrize("launch", [(1, 1, 1), (64, 8, 1), (32, 4, 2), (16, 4, 4), (128, 4, 4)])
+def test_pooled_lookup_launches_give_the_same_sums(launch, device, monkeypatch, assert_close):
+    """A launch forced through POOLED_LOOKUP_OVERRIDE (benchmarks/pooled_embedding.py --lookup-launches), slots
+    unrolled 1, 2 or 4 a loop step, sums each sample's slots in the same order: the same bits and rows as the
+    picked launch. Hotness 5 and 3 leave partial unrolled steps, batch 127 partial sample blocks, one all-PAD
+    feature an empty one."""
     import kernels.embedding.pooled as pooled_module
 
-    case = make_case(127, [3, 1, 2], "modulus", seed=7).to(device)
+    case = make_case(127, [5, 1, 3, 2], "modulus", seed=7, all_pad_feature=True).to(device)
     weight = make_weight(case.num_rows, 24, device)
-    want = pooled_embedding_lookup(case.raw, weight, *case.hash_args(), *case.vocab_args())
+    cards, offsets, layout = case.hash_args()
+
+    def run():
+        return pooled_module.pooled_lookup_impl(case.raw, weight, cards, offsets, *layout, *case.vocab_args())
+
+    want, want_rows = run()
+    assert torch.equal(want_rows, pooled_hash_rows(case.raw, cards, offsets, layout, case.num_rows))
+    assert_close(want, forward64(naive_rows(case).to(device), weight, case.slot_feature), torch.float32)
     monkeypatch.setattr(pooled_module, "POOLED_LOOKUP_OVERRIDE", launch)
-    assert torch.equal(pooled_embedding_lookup(case.raw, weight, *case.hash_args(), *case.vocab_args()), want)
+    out, rows = run()
+    assert torch.equal(out, want) and torch.equal(rows, want_rows)
 
 
 def test_pooled_lookup_frozen_weight_and_empty_batch(device):
