@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | bandwidth | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -263,6 +263,22 @@ EOF
         run "profile_${m}_bf16" 80 python benchmarks/step_profile.py --config "configs/$m.json" \
           --variant triton-embedding-interaction+step-graph --precision bf16 --batch-size 65536 --out "$RES" \
           --name "step_profile_${m}_bf16_b65536_bf16out"
+      done
+      ;;
+    bandwidth)  # the copy reference by timer, the one-hot lookup's launches, the pooled lookup's (issues #20, #22)
+      run copy_bandwidth 90 python benchmarks/copy_bandwidth.py --out "$RES"
+      run onehot_embedding_launch 100 python benchmarks/onehot_embedding_sweep.py --launches picked,256x4,32x4 \
+        --out "$RES" --name onehot_embedding_launch
+      run pooled_lookup_unroll 200 python benchmarks/pooled_embedding.py --dtypes bf16,fp32 --modes fwd --impls triton \
+        --batch-sizes 65536,16384 --lookup-launches 32x4x1,32x4x2,64x4x2,128x4x1,128x4x2 --out "$RES/pooled_lookup"
+      ;;
+    autotune:gemm)  # Kaggle bf16 at 65536: mode default vs GEMM autotuning alone, first start and second (issue #20)
+      for v in triton-embedding-interaction+step-graph triton-embedding-interaction+autotune-gemm+step-graph; do
+        for start in first second; do
+          TORCHINDUCTOR_CACHE_DIR="/tmp/ind_${v%%+step-graph}" TRITON_CACHE_DIR="/tmp/tri_${v%%+step-graph}" \
+            run "autotune_gemm_${v}_$start" 240 python benchmarks/train_throughput.py --config configs/kaggle.json \
+            --variants "$v" --precisions bf16 --batch-sizes 65536 --out "$RES" --name "autotune_gemm_${v}_$start"
+        done
       done
       ;;
     sweep:launches)  # the pooled bf16 update's launch configs with the shipped rounding bits (issue #22)

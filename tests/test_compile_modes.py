@@ -147,6 +147,25 @@ def test_reduce_overhead_trains_like_mode_default(kernels, dense_opt):
         torch.testing.assert_close(y, x, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.gpu
+def test_max_autotune_gemm_inside_the_step_graph_trains_like_mode_default():
+    """train.compile.mode max-autotune-gemm (Inductor's GEMM templates, autotuned) inside the whole-step graph:
+    the step is captured, and 6 steps give mode default's losses and weights to fp32-GEMM rounding (the templates
+    sum the products in another order than cuBLAS; TF32 off)."""
+    overrides = {"train.compile": True, "train.cuda_graph": True, "train.precision": "fp32"}
+    data = batches(6, 127, CUDA)
+    runs = {}
+    for mode in ("default", "max-autotune-gemm"):
+        torch._dynamo.reset()
+        run = make_run(load_config(SAMPLE, {**overrides, "train.compile.mode": mode}), CUDA)
+        runs[mode] = (run, train(run, data))
+    (plain, a), (tuned, b) = runs["default"], runs["max-autotune-gemm"]
+    assert tuned.config.train.compile.mode == "max-autotune-gemm" and tuned.config.train.cuda_graph is True
+    torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-4, atol=1e-5)
+    for (name, x), y in zip(plain.model.state_dict().items(), tuned.model.state_dict().values()):
+        torch.testing.assert_close(y, x, rtol=1e-3, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
 @pytest.mark.skipif(not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="torch < 2.9: the legacy flag only")
 def test_matmul_precision_is_readable_by_the_legacy_getter_inductor_calls():
     """set_matmul_precision sets TF32 for CUDA matmuls exactly for "tf32", keeps CPU (oneDNN) matmuls exact, and

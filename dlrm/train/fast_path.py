@@ -137,8 +137,8 @@ def _compile_mode(cfg: Config, device: torch.device, distributed: bool, multi_ho
                                    f"within this run's {total_steps:,} steps")
         return "default", (f"the whole step is one CUDA graph already; {AUTOTUNE_MODE} (+2% to +13% at batch "
                            f"{AUTOTUNE_MIN_BATCH}) would autotune for 2.5-5 minutes, repaid only from ~{AUTOTUNE_MIN_STEPS:,} "
-                           f"steps ({'unknown' if total_steps is None else f'{total_steps:,}'} planned): set "
-                           "train.compile.mode to take it")
+                           f"steps ({'unknown' if total_steps is None else f'{total_steps:,}'} planned; a second start on "
+                           "this machine reuses Inductor's cached picks): set train.compile.mode to take it")
     if cfg.train.cuda_graph:
         return "default", "the whole step is one CUDA graph already"
     if distributed:
