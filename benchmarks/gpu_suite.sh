@@ -274,6 +274,7 @@ EOF
       ;;
     autotune:gemm)  # Kaggle bf16 at 65536: mode default vs GEMM autotuning alone, first start and second (issue #20)
       for v in triton-embedding-interaction+step-graph triton-embedding-interaction+autotune-gemm+step-graph; do
+        rm -rf "/tmp/ind_${v%%+step-graph}" "/tmp/tri_${v%%+step-graph}"  # the first start on empty caches
         for start in first second; do
           TORCHINDUCTOR_CACHE_DIR="/tmp/ind_${v%%+step-graph}" TRITON_CACHE_DIR="/tmp/tri_${v%%+step-graph}" \
             run "autotune_gemm_${v}_$start" 240 python benchmarks/train_throughput.py --config configs/kaggle.json \

@@ -67,7 +67,7 @@ VARIANTS: dict[str, Variant] = {
     "triton-embedding-interaction+autotune+step-graph": Variant("triton-embedding-interaction",
                                                                 "max-autotune-no-cudagraphs", step_graph=True),
     # Inductor's GEMM template autotuning alone (compile mode max-autotune-gemm): max-autotune's pointwise and
-    # coordinate-descent tuning left out, which cost most of its minutes of autotuning
+    # coordinate-descent tuning left out; the same gains, not reliably less autotuning (results/autotune_gemm.md)
     "triton-embedding+autotune-gemm+step-graph": Variant("triton-embedding", "max-autotune-gemm", step_graph=True),
     "triton-embedding-interaction+autotune-gemm+step-graph": Variant("triton-embedding-interaction",
                                                                      "max-autotune-gemm", step_graph=True),
