@@ -49,9 +49,9 @@ FUSED_MLP_MIN_BATCH = 65536
 # mlperf_dcnv2_autotune.md): Kaggle bf16 42.2M vs 37.3M (+13%), Kaggle tf32 23.4M vs the fused MLP's 22.0M (+6%),
 # Terabyte bf16 14.6M vs 13.6M (+7.5%), MLPerf DLRM-DCNv2 2.77M vs 2.72M (+2%); eval AUC as eager's on planted
 # data (compare_kaggle_b2048_bf16_autotune.md). The price: 2.5 to 5 minutes of autotuning at the first steps
-# (Inductor caches the picks on the machine: a second start of max-autotune-gemm warmed up in 2.4 s, results/
-# autotune_gemm.md). At batch
-# 16384 the GEMM templates gained 9-13% but saved only 0.07-0.08 ms a step, repaid after 1-2M steps: mode default.
+# (Inductor caches the picks on the machine: a second start of max-autotune-gemm warmed up in 2.4 s,
+# results/autotune_gemm.md). At batch 16384 the GEMM templates gained 9-13% but saved only 0.07-0.08 ms a step,
+# repaid after 1-2M steps: mode default there.
 # The autotuning repays itself only in a long run: the step-time savings above (0.18-0.46 ms a step) cover
 # 170-300 s of autotuning after 0.4M (MLPerf) to 1M (Kaggle tf32) steps, i.e. 27-66 billion samples at 65536.
 # So "auto" takes it only for runs planned that long; shorter ones (a few epochs of Criteo, one of MLPerf)
