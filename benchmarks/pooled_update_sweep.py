@@ -75,8 +75,8 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
         finally:
             heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG, update.ROW_LOADS = shipped_rng, shipped_loads
-        rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, launch=str(launch or heuristics.sparse_update_config(
-            heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True)) + ("" if launch else " (picked)"),
+        rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, launch=str(tuple(launch or heuristics.sparse_update_config(
+            heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True))) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
     del t, x
@@ -84,6 +84,23 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def parse_launches(text: str) -> list:
+    """``"32:16:4:1,32:16:4:1:4,picked"`` -> ``[SparseUpdateConfig(32, 16, 4, 1), ..., None]``."""
+    launches = []
+    for item in (t.strip() for t in text.split(",")):
+        if item == "picked":
+            launches.append(None)
+            continue
+        parts = item.split(":")
+        if len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in parts[:4]) or not parts[-1].isdigit():
+            raise ValueError(f"{item!r} is not chunk:carry_block:chunk_warps:carry_warps[:ahead] "
+                             "(positive integers) or 'picked'")
+        launches.append(heuristics.SparseUpdateConfig(*map(int, parts)))
+    if not launches:
+        raise ValueError(f"{text!r} names no launch")
+    return launches
 
 
 def main(argv=None) -> int:
@@ -104,6 +121,10 @@ def main(argv=None) -> int:
     ap.add_argument("--row-loads", default=None,
                     help="time each PLAN row with each of these chunk-kernel row load orders (comma list of "
                          f"{', '.join(update.ROW_LOAD_ORDERS)}; default: the shipped one)")
+    ap.add_argument("--launches", default=None,
+                    help="instead of PLAN's launches: a comma list of chunk:carry_block:chunk_warps:carry_warps"
+                         "[:ahead] (or 'picked'), each timed with every --roundings rounding (bf16 "
+                         "tables: the shipped one by default; fp32 tables: '-')")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)
@@ -126,12 +147,20 @@ def main(argv=None) -> int:
     known = {r for _, r, _ in PLAN}
     if keep is not None and (not keep or keep - known):
         ap.error(f"--roundings: {args.roundings!r} names none or unknown roundings (known: {', '.join(sorted(known))})")
+    plan_rows = PLAN
+    if args.launches is not None:
+        try:
+            launches = parse_launches(args.launches)
+        except ValueError as e:
+            ap.error(f"--launches: {e}")
+        plan_rows = [("bf16", r, c) for r in sorted(keep or {update.SR_RNG}) if r != "-" for c in launches]
+        plan_rows += [("fp32", "-", c) for c in launches]
     for dtype in dtypes:
         cap = args.rows_cap
         if dtype == "fp32" and args.fp32_rows_cap:
             cap = min(cap, args.fp32_rows_cap) if cap else args.fp32_rows_cap
         cards = [min(c, cap) if cap else c for c in m.cardinalities]
-        plan = [(*p, o) for _ in range(args.repeats) for p in PLAN if p[0] == dtype and (keep is None or p[1] in keep)
+        plan = [(*p, o) for _ in range(args.repeats) for p in plan_rows if p[0] == dtype and (keep is None or p[1] in keep)
                 for o in orders]
         rows += run_plan(dtype, plan, cards, m, args.batch, device, copy_gbps, args)
     out = Path(args.out)

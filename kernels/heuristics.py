@@ -235,7 +235,9 @@ def split_k_slices(M: int, N: int, K: int, tile: GemmTile, sms: int) -> int:
 
 class SparseUpdateConfig(NamedTuple):
     """Launch of the sorted segment-sum update: ``chunk`` sorted positions per program of the chunk
-    kernel, ``carry_block`` chunks added per step of the carry loop, and each kernel's num_warps.
+    kernel, ``carry_block`` chunks added per step of the carry loop, and each kernel's num_warps;
+    ``ahead`` > 0: each chunk program also asks L2 for the lines of the chunk that many chunks later
+    (`kernels.embedding.segment_chunk`), 0 not.
 
     ``tl.dot`` needs every dim >= 16; larger chunks cost ``chunk**2 * D`` multiply-adds per chunk but
     shorten hot rows' carry loops."""
@@ -244,6 +246,7 @@ class SparseUpdateConfig(NamedTuple):
     carry_block: int
     chunk_warps: int
     carry_warps: int
+    ahead: int = 0
 
 
 # One-hot, H100, B=65536, F=26, Criteo-like skew with one all-missing feature, rowwise Adagrad (us):

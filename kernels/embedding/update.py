@@ -42,7 +42,8 @@ from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
 from kernels.embedding.atomic_update import _sgd_atomic_update
 from kernels.embedding.rounding import RNG_CODES
-from kernels.embedding.row_update import _apply_row_update, _finish_row_update, _load_row_state, _prefetch_row_state_l2
+from kernels.embedding.row_update import _apply_row_update
+from kernels.embedding.segment_chunk import _sparse_chunk_kernel
 
 __all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state"]
 
@@ -70,116 +71,19 @@ SR_RNG = "hash1"
 # only (see `_prefetch_row_state_l2`).
 ROW_LOAD_ORDERS = {"after_sums": 0, "with_gradients": 1, "first": 2, "prefetch_l2": 3}
 ROW_LOADS = "prefetch_l2"
+# With a `kernels.heuristics.SparseUpdateConfig` whose ``ahead`` > 0, what each chunk-kernel program asks L2 for
+# on behalf of the chunk ``ahead`` chunks later: "rows" (its table rows and row-wise state) or "rows+grads" (and
+# its gradient rows). Module-level, so that a benchmark can compare them.
+AHEAD_PREFETCHES = ("rows", "rows+grads")
+AHEAD_PREFETCH = "rows+grads"
+# A register cap for the chunk kernels (Triton's ``maxnreg``; GPU only), or None for the compiler's choice.
+# Module-level, so that a benchmark can compare them.
+CHUNK_MAXNREG: Optional[int] = None
 
 
 # ----------------------------------------------------------------------------------------------------
 # Triton kernels
 # ----------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _sparse_chunk_kernel(
-    sorted_ptr,
-    perm_ptr,
-    slot_ptr,
-    grad_ptr,
-    stride_gb,
-    stride_gf,
-    stride_gd,
-    w_ptr,
-    stride_wr,
-    stride_wd,
-    state_ptr,
-    lr_ptr,
-    seed_ptr,
-    first_ptr,
-    last_ptr,
-    eps,
-    weight_decay,
-    N,
-    F,
-    D,
-    R,
-    OPT: tl.constexpr,
-    DECAY: tl.constexpr,
-    ROUND: tl.constexpr,
-    SLOT_MAP: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    FP32_DOT: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-    ROW_LOADS: tl.constexpr,
-):
-    """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
-
-    Writes ``first[k]`` (sum over the chunk's positions whose row is the chunk's first row) and ``last[k]``
-    (same for its last row); the carry kernel uses them for segments that cross chunk boundaries.
-
-    Positions are ``pos = b * F + c`` of a ``[B, F]`` rows tensor; the gradient of a position is
-    ``grad[b, c]``, or ``grad[b, slot[c]]`` with ``SLOT_MAP`` (multi-hot: column c of the rows holds a slot
-    of feature slot[c]). Rows ``>= R`` (the multi-hot padding) are sorted last and never updated.
-    """
-    k = tl.program_id(0).to(tl.int64)
-    cs = k * CHUNK
-    i = cs + tl.arange(0, CHUNK)
-    valid = i < N
-    rows = tl.load(sorted_ptr + i, mask=valid, other=-1).to(tl.int64)
-    nxt = tl.load(sorted_ptr + i + 1, mask=(i + 1) < N, other=-1).to(tl.int64)
-    pos = tl.load(perm_ptr + i, mask=valid, other=0)
-    b = pos // F
-    f = pos - b * F
-    if SLOT_MAP:
-        f = tl.load(slot_ptr + f, mask=valid, other=0)
-    live = valid & (rows < R)
-    d = tl.arange(0, BLOCK_D)
-    dmask = d < D
-
-    row0 = tl.load(sorted_ptr + cs).to(tl.int64)
-    prev = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
-    last_i = tl.minimum(cs + CHUNK, N) - 1
-    # A segment is complete here when it ends in the chunk (next sorted row differs) and starts in it,
-    # i.e. its row differs from row0, unless the chunk itself starts a segment (then compare against -2,
-    # which no row equals). Written as one comparison: the interpreter mishandles scalar | vector masks.
-    row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
-    complete = live & (nxt != rows) & (rows != row0_cont)
-    # When to load the rows' weights and state (ROW_LOADS, see ROW_LOAD_ORDERS): they need only the sorted
-    # rows, so they can be in flight together with the gradient gathers (sorted row -> position ->
-    # gradient row) instead of waiting for the sums. Issued before the gathers, the layout conversion of w
-    # for the sums' layout (a barrier in the PTX) waits for them before the gathers start.
-    if ROW_LOADS == 3:
-        _prefetch_row_state_l2(rows, complete, w_ptr, stride_wr, state_ptr, OPT, BLOCK_D)
-    if ROW_LOADS == 2:
-        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
-    g = tl.load(
-        grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd,
-        mask=live[:, None] & dmask[None, :],
-        other=0.0,
-    )
-    if ROW_LOADS == 1:
-        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
-
-    # Per-position sum over the positions of the chunk with the same row: a 0/1 matrix product with fp32
-    # accumulation, in a fixed order (deterministic). For bf16/fp16 gradients the 0/1 matrix is exact in
-    # that dtype, so the tensor-core product is an exact fp32 sum of the gradients. fp32 gradients use
-    # FP32_DOT: "tf32x3" on GPUs (tensor cores, ~fp32 accuracy), "ieee" in the interpreter.
-    # DOT_IN_FP32: the interpreter's tl.dot mishandles bf16 operands; there 16-bit gradients are
-    # upcast first (the same exact sums).
-    same = rows[:, None] == rows[None, :]
-    if DOT_IN_FP32:
-        seg = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision=FP32_DOT)
-    else:
-        seg = tl.dot(same.to(g.dtype), g)
-    if (ROW_LOADS == 0) or (ROW_LOADS == 3):
-        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
-    _finish_row_update(rows, seg, w, s, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps,
-                       weight_decay, seed_ptr, OPT, DECAY, ROUND)
-
-    # Every lane of a segment holds the segment's chunk sum: pick the first and the last lane.
-    lane = tl.arange(0, CHUNK)
-    first = tl.sum(tl.where((lane == 0)[:, None], seg, 0.0), axis=0)
-    last = tl.sum(tl.where((lane == (last_i - cs))[:, None], seg, 0.0), axis=0)
-    tl.store(first_ptr + k * BLOCK_D + d, first)
-    tl.store(last_ptr + k * BLOCK_D + d, last)
 
 
 @triton.jit
@@ -289,6 +193,10 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     if bf16_rounding == "stochastic":
         rounding += RNG_CODES[SR_RNG]
     common = dict(OPT=opt, DECAY=weight_decay != 0.0, ROUND=rounding, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
+    # The look-ahead prefetches need PTX (not the interpreter), gradient rows contiguous in D and rows of
+    # >= 128 bytes (as ROW_LOADS "prefetch_l2" does); the dense gradient has no table rows to ask for.
+    ahead = (cfg.ahead > 0 and not interpret_mode() and grad_out.stride(2) == 1 and opt != _DENSE_GRAD
+             and BLOCK_D == D and D * target.element_size() >= 128)
     _sparse_chunk_kernel[(num_chunks,)](
         sorted_rows,
         perm,
@@ -311,12 +219,17 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         C,
         D,
         R,
+        cfg.ahead,
         SLOT_MAP=slot_feature is not None,
         FP32_DOT=heuristics.fp32_dot_precision(),
         DOT_IN_FP32=grad_out.dtype == torch.float32 or interpret_mode(),
         ROW_LOADS=0 if interpret_mode() and ROW_LOADS == "prefetch_l2" else ROW_LOAD_ORDERS[ROW_LOADS],
+        POS32=N + cfg.chunk * (cfg.ahead + 1) < 2**31,
+        AHEAD=ahead,
+        AHEAD_GRADS=AHEAD_PREFETCH == "rows+grads",
         num_warps=cfg.chunk_warps,
         **common,
+        **({"maxnreg": CHUNK_MAXNREG} if CHUNK_MAXNREG is not None and not interpret_mode() else {}),
     )
     _sparse_carry_kernel[(num_chunks,)](
         sorted_rows,

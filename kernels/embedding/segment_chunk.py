@@ -1,0 +1,187 @@
+"""The chunk kernel of the sorted-segment update (`kernels.embedding.update`): segment sums of the gradients
+inside chunks of ``CHUNK`` sorted positions, and the optimizer step of every segment that lies in one chunk.
+
+Notation as in `kernels.embedding.update`: ``N`` sorted positions, ``F`` columns of the rows tensor
+(features, or multi-hot slots with ``SLOT_MAP``), ``D`` embedding dim, ``R`` table rows.
+
+The kernel is a chain of dependent loads (sorted row and position -> gradient row -> segment sums -> the
+updated rows' weights and state) and is bound by it: at MLPerf DLRM-DCNv2's shapes its time is inversely
+proportional to the positions it has in flight per SM (results/pooled_update_pipeline.md). Two ways of
+shortening the chain, both optional (`kernels.heuristics.SparseUpdateConfig`):
+
+* ``ROW_LOADS`` "prefetch_l2" (`kernels.embedding.update`): the chunk's own table rows are asked of L2
+  (``prefetch.global.L2``, which returns at once) as soon as its sorted rows are known;
+* ``AHEAD`` > 0: each program also loads the sorted rows and positions of chunk ``k + AHEAD`` (a program
+  that starts later) and asks L2 for that chunk's table rows and, with ``AHEAD_GRADS``, its gradient rows,
+  so that its loads find the lines there. GPU only (PTX prefetches); the interpreter leaves them out.
+
+``first[k]`` / ``last[k]`` (a chunk's partial sums of its first and last row) are written only where the
+carry kernel reads them: a chunk that starts inside a segment, and one whose last segment continues into
+the next chunk. Every chunk wrote both until 2026-11-25 (0.45 GB a step at MLPerf shapes).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.embedding.row_update import _finish_row_update, _load_row_state, _prefetch_row_state_l2
+
+
+@triton.jit
+def _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK: tl.constexpr):
+    """Chunk ``k``'s sorted rows, the row after each (-1 past the end) and the positions they came from."""
+    i = k * CHUNK + tl.arange(0, CHUNK)
+    valid = i < N
+    rows = tl.load(sorted_ptr + i, mask=valid, other=-1).to(tl.int64)
+    nxt = tl.load(sorted_ptr + i + 1, mask=(i + 1) < N, other=-1).to(tl.int64)
+    pos = tl.load(perm_ptr + i, mask=valid, other=0)
+    return rows, nxt, pos
+
+
+@triton.jit
+def _grad_coords(pos, valid, slot_ptr, F, SLOT_MAP: tl.constexpr, POS32: tl.constexpr):
+    """``(b, f)`` of each position ``pos = b * F + c``: the gradient row is ``grad[b, f]`` with ``f = c``, or
+    ``f = slot[c]`` with ``SLOT_MAP``. ``POS32``: every position fits int32 (the host checks), so the division
+    is a 32-bit one (64-bit integer division is a long software sequence on GPUs)."""
+    if POS32:
+        p = pos.to(tl.int32)
+        b32 = p // F
+        f = p - b32 * F
+        b = b32.to(tl.int64)
+    else:
+        b = pos // F
+        f = pos - b * F
+    if SLOT_MAP:
+        f = tl.load(slot_ptr + f, mask=valid, other=0)
+    return b, f
+
+
+@triton.jit
+def _prefetch_grad_l2(b, f, sel, grad_ptr, stride_gb, stride_gf, BLOCK_D: tl.constexpr):
+    """Ask L2 for the selected gradient rows ``grad[b, f, :]`` (every 128-byte line; rows contiguous in D,
+    the host checks): ``prefetch.global.L2``, as `_prefetch_row_state_l2` does for the table's rows."""
+    ROW_BYTES: tl.constexpr = BLOCK_D * grad_ptr.dtype.element_ty.primitive_bitwidth // 8
+    LINES: tl.constexpr = (ROW_BYTES + 127) // 128
+    STEP: tl.constexpr = 128 * 8 // grad_ptr.dtype.element_ty.primitive_bitwidth
+    line = tl.arange(0, LINES)
+    offs = tl.where(sel[:, None], b[:, None] * stride_gb + f[:, None] * stride_gf + line[None, :] * STEP, 0)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l",
+                              [(grad_ptr + offs).to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
+                  stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
+                  rows_ahead, pos_ahead, k_ahead, slot_ptr, F,
+                  OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, CHUNK: tl.constexpr,
+                  BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+                  ROW_LOADS: tl.constexpr, AHEAD: tl.constexpr, AHEAD_GRADS: tl.constexpr, SLOT_MAP: tl.constexpr,
+                  POS32: tl.constexpr):
+    """Chunk ``k`` once its indices are known (`_chunk_indices`, `_grad_coords`): segment sums, the update of
+    the segments that start and end in it, and the carry kernel's partial sums. With ``AHEAD``, the L2
+    prefetches of chunk ``k_ahead`` (whose sorted rows and positions the caller loaded) are issued once this
+    chunk's gradient gathers are in flight."""
+    cs = k * CHUNK
+    i = cs + tl.arange(0, CHUNK)
+    valid = i < N
+    live = valid & (rows < R)
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+
+    row0 = tl.load(sorted_ptr + cs).to(tl.int64)
+    prev = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
+    last_i = tl.minimum(cs + CHUNK, N) - 1
+    row_last = tl.load(sorted_ptr + last_i).to(tl.int64)
+    following = tl.load(sorted_ptr + last_i + 1, mask=(last_i + 1) < N, other=-1).to(tl.int64)
+    # A segment is complete here when it ends in the chunk (next sorted row differs) and starts in it,
+    # i.e. its row differs from row0, unless the chunk itself starts a segment (then compare against -2,
+    # which no row equals). Written as one comparison: the interpreter mishandles scalar | vector masks.
+    row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
+    complete = live & (nxt != rows) & (rows != row0_cont)
+    # When to load the rows' weights and state (ROW_LOADS, see `kernels.embedding.update.ROW_LOAD_ORDERS`):
+    # they need only the sorted rows, so they can be in flight together with the gradient gathers (sorted
+    # row -> position -> gradient row) instead of waiting for the sums. Issued before the gathers, the
+    # layout conversion of w for the sums' layout (a barrier in the PTX) waits for them before the gathers
+    # start.
+    if ROW_LOADS == 3:
+        _prefetch_row_state_l2(rows, complete, w_ptr, stride_wr, state_ptr, OPT, BLOCK_D)
+    if ROW_LOADS == 2:
+        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
+    g = tl.load(
+        grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd,
+        mask=live[:, None] & dmask[None, :],
+        other=0.0,
+    )
+    if ROW_LOADS == 1:
+        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
+    if AHEAD:
+        b_ahead, f_ahead = _grad_coords(pos_ahead, k_ahead * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP,
+                                        POS32)
+        sel = (rows_ahead >= 0) & (rows_ahead < R)
+        if AHEAD_GRADS:
+            _prefetch_grad_l2(b_ahead, f_ahead, sel, grad_ptr, stride_gb, stride_gf, BLOCK_D)
+        _prefetch_row_state_l2(rows_ahead, sel, w_ptr, stride_wr, state_ptr, OPT, BLOCK_D)
+
+    # Per-position sum over the positions of the chunk with the same row: a 0/1 matrix product with fp32
+    # accumulation, in a fixed order (deterministic). For bf16/fp16 gradients the 0/1 matrix is exact in
+    # that dtype, so the tensor-core product is an exact fp32 sum of the gradients. fp32 gradients use
+    # FP32_DOT: "tf32x3" on GPUs (tensor cores, ~fp32 accuracy), "ieee" in the interpreter.
+    # DOT_IN_FP32: the interpreter's tl.dot mishandles bf16 operands; there 16-bit gradients are
+    # upcast first (the same exact sums).
+    same = rows[:, None] == rows[None, :]
+    if DOT_IN_FP32:
+        seg = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision=FP32_DOT)
+    else:
+        seg = tl.dot(same.to(g.dtype), g)
+    if (ROW_LOADS == 0) or (ROW_LOADS == 3):
+        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
+    _finish_row_update(rows, seg, w, s, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps,
+                       weight_decay, seed_ptr, OPT, DECAY, ROUND)
+
+    # Every lane of a segment holds the segment's chunk sum: pick the first and the last lane. The carry
+    # kernel reads first[k] only of a chunk that continues its predecessor's last segment, and last[k] only
+    # of a chunk whose last segment continues into the next one: store just those (a scalar condition as a
+    # bound on d, for the interpreter's sake).
+    lane = tl.arange(0, CHUNK)
+    first = tl.sum(tl.where((lane == 0)[:, None], seg, 0.0), axis=0)
+    last = tl.sum(tl.where((lane == (last_i - cs))[:, None], seg, 0.0), axis=0)
+    need_first = tl.where((cs > 0) & (prev == row0), BLOCK_D, 0)
+    need_last = tl.where(following == row_last, BLOCK_D, 0)
+    tl.store(first_ptr + k * BLOCK_D + d, first, mask=d < need_first)
+    tl.store(last_ptr + k * BLOCK_D + d, last, mask=d < need_last)
+
+
+@triton.jit
+def _sparse_chunk_kernel(
+    sorted_ptr, perm_ptr, slot_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr, stride_wd,
+    state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, F, D, R, ahead,
+    OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, SLOT_MAP: tl.constexpr, CHUNK: tl.constexpr,
+    BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, DOT_IN_FP32: tl.constexpr, ROW_LOADS: tl.constexpr,
+    POS32: tl.constexpr, AHEAD: tl.constexpr, AHEAD_GRADS: tl.constexpr,
+):
+    """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
+
+    Writes ``first[k]`` (sum over the chunk's positions whose row is the chunk's first row) and ``last[k]``
+    (same for its last row) where the carry kernel needs them (see the module docstring).
+
+    Positions are ``pos = b * F + c`` of a ``[B, F]`` rows tensor; the gradient of a position is
+    ``grad[b, c]``, or ``grad[b, slot[c]]`` with ``SLOT_MAP`` (multi-hot: column c of the rows holds a slot
+    of feature slot[c]). Rows ``>= R`` (the multi-hot padding) are sorted last and never updated.
+    ``AHEAD``: also ask L2 for the lines of chunk ``k + ahead`` (see the module docstring).
+    """
+    k = tl.program_id(0).to(tl.int64)
+    rows, nxt, pos = _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK)
+    k_ahead = k + ahead
+    rows_ahead = rows
+    pos_ahead = pos
+    if AHEAD:
+        i_ahead = k_ahead * CHUNK + tl.arange(0, CHUNK)
+        rows_ahead = tl.load(sorted_ptr + i_ahead, mask=i_ahead < N, other=-1).to(tl.int64)
+        pos_ahead = tl.load(perm_ptr + i_ahead, mask=i_ahead < N, other=0)
+    b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
+    _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
+                  stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
+                  rows_ahead, pos_ahead, k_ahead, slot_ptr, F,
+                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, FP32_DOT, DOT_IN_FP32, ROW_LOADS, AHEAD, AHEAD_GRADS, SLOT_MAP,
+                  POS32)
