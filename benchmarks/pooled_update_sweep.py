@@ -87,15 +87,15 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
 
 
 def parse_launches(text: str) -> list:
-    """``"32:16:4:1,32:16:4:1:4,picked"`` -> ``[SparseUpdateConfig(32, 16, 4, 1), ..., None]``."""
+    """``"32:16:4:1,16:8:1:1,picked"`` -> ``[SparseUpdateConfig(32, 16, 4, 1), ..., None]``."""
     launches = []
     for item in (t.strip() for t in text.split(",")):
         if item == "picked":
             launches.append(None)
             continue
         parts = item.split(":")
-        if len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in parts[:4]) or not parts[-1].isdigit():
-            raise ValueError(f"{item!r} is not chunk:carry_block:chunk_warps:carry_warps[:ahead] "
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"{item!r} is not chunk:carry_block:chunk_warps:carry_warps "
                              "(positive integers) or 'picked'")
         launches.append(heuristics.SparseUpdateConfig(*map(int, parts)))
     if not launches:
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
                          f"{', '.join(update.ROW_LOAD_ORDERS)}; default: the shipped one)")
     ap.add_argument("--launches", default=None,
                     help="instead of PLAN's launches: a comma list of chunk:carry_block:chunk_warps:carry_warps"
-                         "[:ahead] (or 'picked'), each timed with every --roundings rounding (bf16 "
+                         " (or 'picked'), each timed with every --roundings rounding (bf16 "
                          "tables: the shipped one by default; fp32 tables: '-')")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")

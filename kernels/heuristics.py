@@ -235,9 +235,7 @@ def split_k_slices(M: int, N: int, K: int, tile: GemmTile, sms: int) -> int:
 
 class SparseUpdateConfig(NamedTuple):
     """Launch of the sorted segment-sum update: ``chunk`` sorted positions per program of the chunk
-    kernel, ``carry_block`` chunks added per step of the carry loop, and each kernel's num_warps;
-    ``ahead`` > 0: each chunk program also asks L2 for the lines of the chunk that many chunks later
-    (`kernels.embedding.segment_chunk`), 0 not.
+    kernel, ``carry_block`` chunks added per step of the carry loop, and each kernel's num_warps.
 
     ``tl.dot`` needs every dim >= 16; larger chunks cost ``chunk**2 * D`` multiply-adds per chunk but
     shorten hot rows' carry loops."""
@@ -246,7 +244,6 @@ class SparseUpdateConfig(NamedTuple):
     carry_block: int
     chunk_warps: int
     carry_warps: int
-    ahead: int = 0
 
 
 # One-hot, H100, B=65536, F=26, Criteo-like skew with one all-missing feature, rowwise Adagrad (us):
@@ -258,14 +255,17 @@ class SparseUpdateConfig(NamedTuple):
 # gradient row -> weight row) and small programs keep more of them in flight: bf16 tables with
 # stochastic rounding 6.37 ms with (16, 16, 2, 1) against 8.21 ms with "default"; fp32 9.15 ms against
 # 11.69 ms with "fp32_wide_rows". Not measured on one-hot tables (whose hot rows span many more
-# chunks), so those keep the launches above. With 16-bit gradients (bf16 tables under bf16 autocast),
-# four runs on three machines (results/pooled_update_sweep_hash1*.md, 2026-11-24) put 32-position chunks
-# with 4 warps ahead of (16, 16, 2, 1) by 2-3%: 5.98-6.01 ms against 6.04-6.14 ms.
+# chunks), so those keep the launches above. With 16-bit gradients (bf16 tables under bf16 autocast):
+# 16-position chunks with ONE warp since the chunk kernel picks its carry partial sums only where needed
+# and takes F and D as constants (results/pooled_update_tuning.md, 2026-11-24, five runs on four machines):
+# 4.78-4.84 ms against 5.11-5.25 ms for (32, 16, 4, 1), the launch before (which had been 2-3% ahead of
+# (16, 16, 2, 1) while every chunk picked its partial sums). fp32 tables stay at (16, 16, 2, 1): 7.30 ms
+# against 7.85 ms with one warp.
 SPARSE_UPDATE_CONFIGS: dict[str, SparseUpdateConfig] = {
     "default": SparseUpdateConfig(chunk=64, carry_block=32, chunk_warps=4, carry_warps=1),
     "fp32_wide_rows": SparseUpdateConfig(chunk=32, carry_block=16, chunk_warps=4, carry_warps=4),
     "multi_hot_wide_rows": SparseUpdateConfig(chunk=16, carry_block=16, chunk_warps=2, carry_warps=1),
-    "multi_hot_wide_rows_16bit": SparseUpdateConfig(chunk=32, carry_block=16, chunk_warps=4, carry_warps=1),
+    "multi_hot_wide_rows_16bit": SparseUpdateConfig(chunk=16, carry_block=8, chunk_warps=1, carry_warps=1),
 }
 SPARSE_UPDATE_OVERRIDE: Optional[SparseUpdateConfig] = None
 

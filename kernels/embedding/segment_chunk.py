@@ -5,19 +5,17 @@ Notation as in `kernels.embedding.update`: ``N`` sorted positions, ``F`` columns
 (features, or multi-hot slots with ``SLOT_MAP``), ``D`` embedding dim, ``R`` table rows.
 
 The kernel is a chain of dependent loads (sorted row and position -> gradient row -> segment sums -> the
-updated rows' weights and state) and is bound by it: at MLPerf DLRM-DCNv2's shapes its time is inversely
-proportional to the positions it has in flight per SM (results/pooled_update_pipeline.md). Two ways of
-shortening the chain, both optional (`kernels.heuristics.SparseUpdateConfig`):
+updated rows' weights and state) with ~1,500 instructions a warp between them. At MLPerf DLRM-DCNv2's shapes
+(Nsight Compute, H100, results/pooled_update_tuning.md) it issues an instruction on ~65% of cycles at 25%
+occupancy, with DRAM at ~48% of peak: both the latency of the chain and the instruction count cost time.
+Tried and slower there: persistent programs software-pipelined over three chunks (239 registers, 7.2 ms
+against 5.6), each program asking L2 for the lines of a chunk 264-4224 chunks ahead (+1-10%), register caps
+(spills), skipping the segment product in chunks without repeated rows (more registers).
 
-* ``ROW_LOADS`` "prefetch_l2" (`kernels.embedding.update`): the chunk's own table rows are asked of L2
-  (``prefetch.global.L2``, which returns at once) as soon as its sorted rows are known;
-* ``AHEAD`` > 0: each program also loads the sorted rows and positions of chunk ``k + AHEAD`` (a program
-  that starts later) and asks L2 for that chunk's table rows and, with ``AHEAD_GRADS``, its gradient rows,
-  so that its loads find the lines there. GPU only (PTX prefetches); the interpreter leaves them out.
-
-``first[k]`` / ``last[k]`` (a chunk's partial sums of its first and last row) are written only where the
-carry kernel reads them: a chunk that starts inside a segment, and one whose last segment continues into
-the next chunk. Every chunk wrote both until 2026-11-25 (0.45 GB a step at MLPerf shapes).
+``first[k]`` / ``last[k]`` (a chunk's partial sums of its first and last row) are picked out of the tile and
+written only where the carry kernel reads them: by a chunk that starts inside a segment, and by one whose
+last segment continues into the next chunk. Every chunk did both until 2026-11-24: two masked sums over its
+whole tile and 0.45 GB of stores a step at MLPerf shapes; skipping them made the bf16 update 7% faster.
 """
 
 from __future__ import annotations
@@ -58,30 +56,13 @@ def _grad_coords(pos, valid, slot_ptr, F, SLOT_MAP: tl.constexpr, POS32: tl.cons
 
 
 @triton.jit
-def _prefetch_grad_l2(b, f, sel, grad_ptr, stride_gb, stride_gf, BLOCK_D: tl.constexpr):
-    """Ask L2 for the selected gradient rows ``grad[b, f, :]`` (every 128-byte line; rows contiguous in D,
-    the host checks): ``prefetch.global.L2``, as `_prefetch_row_state_l2` does for the table's rows."""
-    ROW_BYTES: tl.constexpr = BLOCK_D * grad_ptr.dtype.element_ty.primitive_bitwidth // 8
-    LINES: tl.constexpr = (ROW_BYTES + 127) // 128
-    STEP: tl.constexpr = 128 * 8 // grad_ptr.dtype.element_ty.primitive_bitwidth
-    line = tl.arange(0, LINES)
-    offs = tl.where(sel[:, None], b[:, None] * stride_gb + f[:, None] * stride_gf + line[None, :] * STEP, 0)
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l",
-                              [(grad_ptr + offs).to(tl.int64, bitcast=True)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
-                  rows_ahead, pos_ahead, k_ahead, slot_ptr, F,
                   OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, CHUNK: tl.constexpr,
                   BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, DOT_IN_FP32: tl.constexpr,
-                  ROW_LOADS: tl.constexpr, AHEAD: tl.constexpr, AHEAD_GRADS: tl.constexpr, SLOT_MAP: tl.constexpr,
-                  POS32: tl.constexpr):
+                  ROW_LOADS: tl.constexpr):
     """Chunk ``k`` once its indices are known (`_chunk_indices`, `_grad_coords`): segment sums, the update of
-    the segments that start and end in it, and the carry kernel's partial sums. With ``AHEAD``, the L2
-    prefetches of chunk ``k_ahead`` (whose sorted rows and positions the caller loaded) are issued once this
-    chunk's gradient gathers are in flight."""
+    the segments that start and end in it, and the carry kernel's partial sums."""
     cs = k * CHUNK
     i = cs + tl.arange(0, CHUNK)
     valid = i < N
@@ -115,13 +96,6 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
     )
     if ROW_LOADS == 1:
         w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
-    if AHEAD:
-        b_ahead, f_ahead = _grad_coords(pos_ahead, k_ahead * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP,
-                                        POS32)
-        sel = (rows_ahead >= 0) & (rows_ahead < R)
-        if AHEAD_GRADS:
-            _prefetch_grad_l2(b_ahead, f_ahead, sel, grad_ptr, stride_gb, stride_gf, BLOCK_D)
-        _prefetch_row_state_l2(rows_ahead, sel, w_ptr, stride_wr, state_ptr, OPT, BLOCK_D)
 
     # Per-position sum over the positions of the chunk with the same row: a 0/1 matrix product with fp32
     # accumulation, in a fixed order (deterministic). For bf16/fp16 gradients the 0/1 matrix is exact in
@@ -141,24 +115,25 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
 
     # Every lane of a segment holds the segment's chunk sum: pick the first and the last lane. The carry
     # kernel reads first[k] only of a chunk that continues its predecessor's last segment, and last[k] only
-    # of a chunk whose last segment continues into the next one: store just those (a scalar condition as a
-    # bound on d, for the interpreter's sake).
+    # of a chunk whose last segment continues into the next one: only those chunks pick and store them
+    # (each pick is a masked sum over the [CHUNK, BLOCK_D] tile, a cross-warp reduction; branches on
+    # scalars, so uniform for the program).
     lane = tl.arange(0, CHUNK)
-    first = tl.sum(tl.where((lane == 0)[:, None], seg, 0.0), axis=0)
-    last = tl.sum(tl.where((lane == (last_i - cs))[:, None], seg, 0.0), axis=0)
-    need_first = tl.where((cs > 0) & (prev == row0), BLOCK_D, 0)
-    need_last = tl.where(following == row_last, BLOCK_D, 0)
-    tl.store(first_ptr + k * BLOCK_D + d, first, mask=d < need_first)
-    tl.store(last_ptr + k * BLOCK_D + d, last, mask=d < need_last)
+    if (cs > 0) & (prev == row0):
+        first = tl.sum(tl.where((lane == 0)[:, None], seg, 0.0), axis=0)
+        tl.store(first_ptr + k * BLOCK_D + d, first)
+    if following == row_last:
+        last = tl.sum(tl.where((lane == (last_i - cs))[:, None], seg, 0.0), axis=0)
+        tl.store(last_ptr + k * BLOCK_D + d, last)
 
 
 @triton.jit
 def _sparse_chunk_kernel(
     sorted_ptr, perm_ptr, slot_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr, stride_wd,
-    state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, F, D, R, ahead,
+    state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, R, F: tl.constexpr, D: tl.constexpr,
     OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, SLOT_MAP: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, DOT_IN_FP32: tl.constexpr, ROW_LOADS: tl.constexpr,
-    POS32: tl.constexpr, AHEAD: tl.constexpr, AHEAD_GRADS: tl.constexpr,
+    POS32: tl.constexpr,
 ):
     """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
 
@@ -168,20 +143,14 @@ def _sparse_chunk_kernel(
     Positions are ``pos = b * F + c`` of a ``[B, F]`` rows tensor; the gradient of a position is
     ``grad[b, c]``, or ``grad[b, slot[c]]`` with ``SLOT_MAP`` (multi-hot: column c of the rows holds a slot
     of feature slot[c]). Rows ``>= R`` (the multi-hot padding) are sorted last and never updated.
-    ``AHEAD``: also ask L2 for the lines of chunk ``k + ahead`` (see the module docstring).
+    ``F`` and ``D`` are compile-time constants (one compile per model): ``pos // F`` is then a multiply and a shift, not the
+    ~20-instruction division by a runtime value that each thread ran for each of its positions, and with
+    ``D == BLOCK_D`` the column masks of every load and store fold away (Nsight Compute, 2026-11-24: the
+    kernel issues an instruction on 65% of cycles, so instructions cost time).
     """
     k = tl.program_id(0).to(tl.int64)
     rows, nxt, pos = _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK)
-    k_ahead = k + ahead
-    rows_ahead = rows
-    pos_ahead = pos
-    if AHEAD:
-        i_ahead = k_ahead * CHUNK + tl.arange(0, CHUNK)
-        rows_ahead = tl.load(sorted_ptr + i_ahead, mask=i_ahead < N, other=-1).to(tl.int64)
-        pos_ahead = tl.load(perm_ptr + i_ahead, mask=i_ahead < N, other=0)
     b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
     _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
-                  rows_ahead, pos_ahead, k_ahead, slot_ptr, F,
-                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, FP32_DOT, DOT_IN_FP32, ROW_LOADS, AHEAD, AHEAD_GRADS, SLOT_MAP,
-                  POS32)
+                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, FP32_DOT, DOT_IN_FP32, ROW_LOADS)

@@ -71,14 +71,6 @@ SR_RNG = "hash1"
 # only (see `_prefetch_row_state_l2`).
 ROW_LOAD_ORDERS = {"after_sums": 0, "with_gradients": 1, "first": 2, "prefetch_l2": 3}
 ROW_LOADS = "prefetch_l2"
-# With a `kernels.heuristics.SparseUpdateConfig` whose ``ahead`` > 0, what each chunk-kernel program asks L2 for
-# on behalf of the chunk ``ahead`` chunks later: "rows" (its table rows and row-wise state) or "rows+grads" (and
-# its gradient rows). Module-level, so that a benchmark can compare them.
-AHEAD_PREFETCHES = ("rows", "rows+grads")
-AHEAD_PREFETCH = "rows+grads"
-# A register cap for the chunk kernels (Triton's ``maxnreg``; GPU only), or None for the compiler's choice.
-# Module-level, so that a benchmark can compare them.
-CHUNK_MAXNREG: Optional[int] = None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -193,10 +185,6 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     if bf16_rounding == "stochastic":
         rounding += RNG_CODES[SR_RNG]
     common = dict(OPT=opt, DECAY=weight_decay != 0.0, ROUND=rounding, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
-    # The look-ahead prefetches need PTX (not the interpreter), gradient rows contiguous in D and rows of
-    # >= 128 bytes (as ROW_LOADS "prefetch_l2" does); the dense gradient has no table rows to ask for.
-    ahead = (cfg.ahead > 0 and not interpret_mode() and grad_out.stride(2) == 1 and opt != _DENSE_GRAD
-             and BLOCK_D == D and D * target.element_size() >= 128)
     _sparse_chunk_kernel[(num_chunks,)](
         sorted_rows,
         perm,
@@ -216,20 +204,16 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         eps,
         weight_decay,
         N,
-        C,
-        D,
         R,
-        cfg.ahead,
+        F=C,
+        D=D,
         SLOT_MAP=slot_feature is not None,
         FP32_DOT=heuristics.fp32_dot_precision(),
         DOT_IN_FP32=grad_out.dtype == torch.float32 or interpret_mode(),
         ROW_LOADS=0 if interpret_mode() and ROW_LOADS == "prefetch_l2" else ROW_LOAD_ORDERS[ROW_LOADS],
-        POS32=N + cfg.chunk * (cfg.ahead + 1) < 2**31,
-        AHEAD=ahead,
-        AHEAD_GRADS=AHEAD_PREFETCH == "rows+grads",
+        POS32=N + cfg.chunk < 2**31,
         num_warps=cfg.chunk_warps,
         **common,
-        **({"maxnreg": CHUNK_MAXNREG} if CHUNK_MAXNREG is not None and not interpret_mode() else {}),
     )
     _sparse_carry_kernel[(num_chunks,)](
         sorted_rows,

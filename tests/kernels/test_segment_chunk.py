@@ -1,8 +1,8 @@
 """kernels/embedding/segment_chunk.py: the chunk kernel's partial sums, written only where the carry kernel
-reads them, and its look-ahead L2 prefetches (``SparseUpdateConfig.ahead``), which must not change a bit.
+reads them.
 
-Cases have hot rows spanning several 16-position chunks (the carry kernel adds the chunks' partial sums),
-PAD slots, lazy decay and stochastic rounding of bf16 tables.
+Cases have hot rows spanning several 16-position chunks (the carry kernel adds the chunks' partial sums)
+and PAD slots.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels import heuristics
-from kernels.embedding import embedding_sparse_update_, pooled_embedding_sparse_update_, pooled_hash_rows
+from kernels.embedding import pooled_embedding_sparse_update_, pooled_hash_rows
 from tests.kernels.test_pooled_embedding import (
     EPS,
     LR,
@@ -66,36 +66,3 @@ def test_partial_sums_written_where_the_carry_reads_them(optimizer, device, monk
     assert_close(weight, w_ref, torch.float32, scale=10.0, msg="weight")
     if s_ref is not None:
         assert_close(state, s_ref, torch.float32, scale=10.0, msg="state")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("ahead", [1, 5, 1000])
-@pytest.mark.parametrize("grads", ["rows", "rows+grads"])
-@pytest.mark.parametrize("optimizer,dtype", [("sgd", torch.float32), ("rowwise_adagrad", torch.float32),
-                                             ("rowwise_adagrad", torch.bfloat16)])
-def test_ahead_prefetches_give_the_same_bits(ahead, grads, optimizer, dtype, monkeypatch):
-    """GPU only (the interpreter has no prefetch): contiguous gradients and D = 64 (rows of >= 128 bytes,
-    where the prefetches are issued); chunks ahead past the end included (1000)."""
-    from kernels.embedding import update
-
-    device = torch.device("cuda")
-    monkeypatch.setattr(update, "AHEAD_PREFETCH", grads)
-    case, rows = hot_case(device, B=300)
-    grad = make_grad(rows.shape[0], 2, 64, "contiguous", device, dtype)
-    w0, s0 = run_update(PLAIN, case, rows, grad, optimizer, dtype, device, monkeypatch)
-    w1, s1 = run_update(PLAIN._replace(ahead=ahead), case, rows, grad, optimizer, dtype, device, monkeypatch)
-    assert not torch.equal(w0, make_weight(case.num_rows, 64, device, dtype))  # the update happened
-    assert torch.equal(w1, w0)
-    if s0 is not None:
-        assert torch.equal(s1, s0)
-
-    one_hot = rows[:, [0, 3]].clamp(max=case.num_rows - 1)  # one column per feature (no slot map)
-    results = []
-    for launch in (PLAIN, PLAIN._replace(ahead=ahead)):
-        monkeypatch.setattr(heuristics, "SPARSE_UPDATE_OVERRIDE", launch)
-        weight = make_weight(case.num_rows, 64, device)
-        state = make_state("rowwise_adagrad", weight)
-        embedding_sparse_update_(one_hot, grad.float(), weight, state, torch.tensor(LR, device=device),
-                                 "rowwise_adagrad", EPS, True, 0.01)
-        results.append((weight, state))
-    assert torch.equal(results[1][0], results[0][0]) and torch.equal(results[1][1], results[0][1])
