@@ -257,15 +257,16 @@ class SparseUpdateConfig(NamedTuple):
 # 11.69 ms with "fp32_wide_rows". Not measured on one-hot tables (whose hot rows span many more
 # chunks), so those keep the launches above. With 16-bit gradients (bf16 tables under bf16 autocast):
 # 16-position chunks with ONE warp since the chunk kernel picks its carry partial sums only where needed
-# and takes F and D as constants (results/pooled_update_tuning.md, 2026-11-24, five runs on four machines):
+# and takes F and D as constants (results/pooled_update_tuning.md, 2026-11-24, runs on four machines):
 # 4.78-4.84 ms against 5.11-5.25 ms for (32, 16, 4, 1), the launch before (which had been 2-3% ahead of
-# (16, 16, 2, 1) while every chunk picked its partial sums). fp32 tables stay at (16, 16, 2, 1): 7.30 ms
-# against 7.85 ms with one warp.
+# (16, 16, 2, 1) while every chunk picked its partial sums). fp32 tables stay at (16, 16, 2, ...): 7.30 ms
+# against 7.85 ms with one warp. The carry kernel (blocks of 32 chunk boundaries since then) takes 4 warps;
+# its carry_block of 8-128 and 1 or 4 warps measured within 1% of each other (4.50-4.60 ms, bf16).
 SPARSE_UPDATE_CONFIGS: dict[str, SparseUpdateConfig] = {
-    "default": SparseUpdateConfig(chunk=64, carry_block=32, chunk_warps=4, carry_warps=1),
+    "default": SparseUpdateConfig(chunk=64, carry_block=32, chunk_warps=4, carry_warps=4),
     "fp32_wide_rows": SparseUpdateConfig(chunk=32, carry_block=16, chunk_warps=4, carry_warps=4),
-    "multi_hot_wide_rows": SparseUpdateConfig(chunk=16, carry_block=16, chunk_warps=2, carry_warps=1),
-    "multi_hot_wide_rows_16bit": SparseUpdateConfig(chunk=16, carry_block=8, chunk_warps=1, carry_warps=1),
+    "multi_hot_wide_rows": SparseUpdateConfig(chunk=16, carry_block=16, chunk_warps=2, carry_warps=4),
+    "multi_hot_wide_rows_16bit": SparseUpdateConfig(chunk=16, carry_block=64, chunk_warps=1, carry_warps=4),
 }
 SPARSE_UPDATE_OVERRIDE: Optional[SparseUpdateConfig] = None
 

@@ -10,9 +10,10 @@ The update never materialises a dense gradient: positions are sorted by row
    every segment (run of equal rows) inside the chunk with a 0/1 ``[CHUNK, CHUNK]`` matrix product, applies
    the update for segments that start and end in the chunk, and writes two partial sums per chunk (of its
    first and its last row) for segments that cross chunk boundaries;
-2. ``_sparse_carry_kernel``: one program per chunk finishes the crossing segment that starts in it by
-   adding the first-row partials of the following chunks (``CARRY_BLOCK`` chunks per step, so a hot row
-   that fills thousands of chunks costs ``chunks / CARRY_BLOCK`` steps), then applies the update.
+2. ``_sparse_carry_kernel``: one program per ``CARRY_CHUNKS`` chunks finishes the crossing segments that
+   start in them by adding the first-row partials of the following chunks (``CARRY_BLOCK`` chunks per
+   step, so a hot row that fills thousands of chunks costs ``chunks / CARRY_BLOCK`` steps), then applies
+   the update.
 
 Every unique row is therefore updated exactly once with its summed gradient, in a summation order fixed
 by the sorted order: results are bitwise reproducible. ``deterministic=False`` only changes plain SGD on
@@ -42,7 +43,7 @@ from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
 from kernels.embedding.atomic_update import _sgd_atomic_update
 from kernels.embedding.rounding import RNG_CODES
-from kernels.embedding.row_update import _apply_row_update
+from kernels.embedding.segment_carry import _sparse_carry_kernel
 from kernels.embedding.segment_chunk import _sparse_chunk_kernel
 
 __all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state"]
@@ -73,79 +74,10 @@ ROW_LOAD_ORDERS = {"after_sums": 0, "with_gradients": 1, "first": 2, "prefetch_l
 ROW_LOADS = "prefetch_l2"
 
 
-# ----------------------------------------------------------------------------------------------------
-# Triton kernels
-# ----------------------------------------------------------------------------------------------------
+# Chunk boundaries per program of the carry kernel (`kernels.embedding.segment_carry`).
+CARRY_CHUNKS = 32
 
-
-@triton.jit
-def _sparse_carry_kernel(
-    sorted_ptr,
-    w_ptr,
-    stride_wr,
-    stride_wd,
-    state_ptr,
-    lr_ptr,
-    seed_ptr,
-    first_ptr,
-    last_ptr,
-    eps,
-    weight_decay,
-    N,
-    num_chunks,
-    D,
-    R,
-    OPT: tl.constexpr,
-    DECAY: tl.constexpr,
-    ROUND: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    CARRY_BLOCK: tl.constexpr,
-):
-    """Finish the segment that starts in chunk k and continues into chunk k + 1 (if there is one)."""
-    k = tl.program_id(0).to(tl.int64)
-    cs = k * CHUNK
-    ce = tl.minimum(cs + CHUNK, N)
-    row0 = tl.load(sorted_ptr + cs).to(tl.int64)
-    prev = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
-    row_last = tl.load(sorted_ptr + ce - 1).to(tl.int64)
-    following = tl.load(sorted_ptr + ce, mask=ce < N, other=-1).to(tl.int64)
-    row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
-    if (following == row_last) & (row_last != row0_cont) & (row_last < R):
-        d = tl.arange(0, BLOCK_D)
-        acc = tl.load(last_ptr + k * BLOCK_D + d)
-        # The segment covers a run of following chunks whose first row is row_last; add their
-        # first-row partials CARRY_BLOCK chunks at a time until a chunk starts with another row.
-        j = k + 1
-        n_match = CARRY_BLOCK
-        while n_match == CARRY_BLOCK:
-            kk = j + tl.arange(0, CARRY_BLOCK)
-            kmask = kk < num_chunks
-            head = tl.load(sorted_ptr + kk * CHUNK, mask=kmask, other=-1).to(tl.int64)
-            match = kmask & (head == row_last)
-            part = tl.load(first_ptr + kk[:, None] * BLOCK_D + d[None, :], mask=match[:, None], other=0.0)
-            acc += tl.sum(part, axis=0)
-            n_match = tl.sum(match.to(tl.int32), axis=0)
-            j += CARRY_BLOCK
-        one = tl.arange(0, 1)
-        _apply_row_update(
-            row_last + one * 0,
-            acc[None, :],
-            one == 0,
-            d,
-            D,
-            w_ptr,
-            stride_wr,
-            stride_wd,
-            state_ptr,
-            lr_ptr,
-            eps,
-            weight_decay,
-            seed_ptr,
-            OPT,
-            DECAY,
-            ROUND,
-        )
+# The Triton kernels: kernels/embedding/segment_chunk.py and kernels/embedding/segment_carry.py.
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -215,7 +147,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         num_warps=cfg.chunk_warps,
         **common,
     )
-    _sparse_carry_kernel[(num_chunks,)](
+    _sparse_carry_kernel[(triton.cdiv(num_chunks, CARRY_CHUNKS),)](
         sorted_rows,
         target,
         target.stride(0),
@@ -232,6 +164,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         D,
         R,
         CARRY_BLOCK=cfg.carry_block,
+        CHUNKS=CARRY_CHUNKS,
         num_warps=cfg.carry_warps,
         **common,
     )

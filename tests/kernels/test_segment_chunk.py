@@ -1,8 +1,6 @@
-"""kernels/embedding/segment_chunk.py: the chunk kernel's partial sums, written only where the carry kernel
-reads them.
-
-Cases have hot rows spanning several 16-position chunks (the carry kernel adds the chunks' partial sums)
-and PAD slots.
+"""kernels/embedding/segment_chunk.py and segment_carry.py: the chunk kernel's partial sums, written only where
+the carry kernel reads them, and the carry kernel's two paths (a segment that ends in the next chunk, one that
+spans further), on 16-position chunks, against float64 references.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ import pytest
 import torch
 
 from kernels import heuristics
-from kernels.embedding import pooled_embedding_sparse_update_, pooled_hash_rows
+from kernels.embedding import pooled_embedding_sparse_update_, pooled_hash_rows, pooled_layout
 from tests.kernels.test_pooled_embedding import (
     EPS,
     LR,
@@ -66,3 +64,48 @@ def test_partial_sums_written_where_the_carry_reads_them(optimizer, device, monk
     assert_close(weight, w_ref, torch.float32, scale=10.0, msg="weight")
     if s_ref is not None:
         assert_close(state, s_ref, torch.float32, scale=10.0, msg="state")
+
+
+# Sorted runs of rows over 48 positions (three 16-position chunks): (run length, ...) with length-1 runs as
+# distinct rows. Chosen so that segments start mid-chunk and end in the next chunk, end exactly at a chunk
+# boundary, fill whole chunks, and span three chunks.
+RUNS = {
+    "ends-in-next": [1] * 10 + [22] + [1] * 16,
+    "ends-at-boundary": [1] * 5 + [27] + [1] * 16,
+    "spans-three": [1] * 3 + [40] + [1] * 5,
+    "one-row-a-chunk": [16, 16, 16],
+    "runs-over-two-boundaries": [1] * 8 + [32] + [1] * 8,
+    "every-second-repeats": [2] * 24,
+}
+
+
+@pytest.mark.parametrize("runs", list(RUNS.values()), ids=list(RUNS))
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_carry_paths(runs, optimizer, device, monkeypatch, assert_close):
+    """Rows [24, 2] (two one-slot features) holding the runs in shuffled positions; 16-position chunks, one
+    carry program for all chunk boundaries and, in a second call, one per chunk boundary's worth of them."""
+    from kernels.embedding import update
+
+    assert sum(runs) == 48
+    gen = torch.Generator().manual_seed(len(runs))
+    values = torch.cat([torch.full((n,), 3 * i + 1) for i, n in enumerate(runs)])
+    rows = values[torch.randperm(48, generator=gen)].reshape(24, 2).to(device)
+    R = int(values.max()) + 1
+    layout = pooled_layout([1, 1], device)
+    grad = torch.randn(24, 2, 16, generator=gen).to(device)
+    results = []
+    for chunks in (32, 1):
+        monkeypatch.setattr(update, "CARRY_CHUNKS", chunks)
+        monkeypatch.setattr(heuristics, "SPARSE_UPDATE_OVERRIDE", heuristics.SparseUpdateConfig(16, 2, 4, 4))
+        weight = make_weight(R, 16, device)
+        state = make_state(optimizer, weight)
+        pooled_embedding_sparse_update_(rows, grad, layout, weight, state, torch.tensor(LR, device=device),
+                                        optimizer, EPS, True, 0.0)
+        results.append((weight, state))
+    w_ref, s_ref = reference_update(optimizer, rows, grad, [0, 1], make_weight(R, 16, device),
+                                    make_state(optimizer, make_weight(R, 16, device)), LR)
+    for weight, state in results:
+        assert_close(weight, w_ref, torch.float32, scale=10.0, msg="weight")
+        if s_ref is not None:
+            assert_close(state, s_ref, torch.float32, scale=10.0, msg="state")
+    assert torch.equal(results[0][0], results[1][0])
