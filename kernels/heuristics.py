@@ -246,25 +246,25 @@ class SparseUpdateConfig(NamedTuple):
     carry_warps: int
 
 
-# One-hot, H100, B=65536, F=26, Criteo-like skew with one all-missing feature, rowwise Adagrad (us):
-# D=16: fp32 392 / bf16 289; D=128: bf16 740 with "default"; fp32 D=128 is cheapest with
-# 32-position chunks (1471 us): its 3-pass TF32 product grows with chunk**2. torch.sort is ~160 us of it.
-# Multi-hot wide rows, measured at MLPerf DLRM-DCNv2's shapes (D=128, 214 slots a sample, 14M positions,
-# ~10M distinct rows, rowwise Adagrad; 2026-11-24, results/pooled_update_sweep.md): the smallest chunks
-# that tl.dot allows win, since the kernel is bound by its dependent loads (sorted row -> position ->
-# gradient row -> weight row) and small programs keep more of them in flight: bf16 tables with
-# stochastic rounding 6.37 ms with (16, 16, 2, 1) against 8.21 ms with "default"; fp32 9.15 ms against
-# 11.69 ms with "fp32_wide_rows". Not measured on one-hot tables (whose hot rows span many more
-# chunks), so those keep the launches above. With 16-bit gradients (bf16 tables under bf16 autocast):
-# 16-position chunks with ONE warp since the chunk kernel picks its carry partial sums only where needed
-# and takes F and D as constants (results/pooled_update_tuning.md, 2026-11-24, runs on four machines):
-# 4.78-4.84 ms against 5.11-5.25 ms for (32, 16, 4, 1), the launch before (which had been 2-3% ahead of
-# (16, 16, 2, 1) while every chunk picked its partial sums). fp32 tables stay at (16, 16, 2, ...): 7.30 ms
-# against 7.85 ms with one warp. The carry kernel (blocks of 32 chunk boundaries since then) takes 4 warps;
-# its carry_block of 8-128 and 1 or 4 warps measured within 1% of each other (4.50-4.60 ms, bf16).
+# Measured on H100s, batch 65536, after the 2026-11-24 changes to the chunk kernel (partial sums picked only where
+# the carry kernel reads them, F and D compile-time constants) and the carry kernel (blocks of 32 chunk boundaries);
+# results/pooled_update_tuning.md. Both kernels are bound by chains of dependent loads and their instruction count,
+# so small programs (more of them resident) win until the segment product and the carry work grow.
+# * Multi-hot, MLPerf DLRM-DCNv2 shapes (D=128, 214 slots a sample, 14M positions, ~10M distinct rows, row-wise
+#   Adagrad, uniform ids): bf16 tables (16-bit gradients, stochastic rounding) 4.50-4.60 ms with one-warp
+#   16-position chunks (5.56 ms with (32, 16, 4, 1) before the changes); fp32 tables 7.04-7.08 ms with two warps
+#   (one warp: 7.6-7.8). carry_block 8-128 and 1 or 4 carry warps measured within 1% of each other there.
+# * One-hot, Kaggle's 26 tables (D=16 full size, D=128 capped at 4M rows), deterministic SGD, uniform ids and
+#   skewed ids (one all-missing feature, half of each feature's lookups on 100 hot ids), ms uniform / skewed:
+#   D=128 bf16 0.594 / 0.596 with (32, 64, 4, 1) against 0.773 / 0.722 with "default"; D=128 fp32 0.928 / 0.900
+#   against 0.970 / 1.121 with (32, 16, 4, 4); D=16 fp32 0.292 (carry_block 64) / 0.283 (128) against
+#   0.360 / 0.356 with "default"; D=16 bf16 "default" 0.269 / 0.278, the one-warp launch 0.267 / 0.269 (kept).
+#   On skewed ids a long carry_block matters: the all-missing feature's row spans 1,000-4,000 chunks, summed
+#   carry_block partials a step by one program.
 SPARSE_UPDATE_CONFIGS: dict[str, SparseUpdateConfig] = {
     "default": SparseUpdateConfig(chunk=64, carry_block=32, chunk_warps=4, carry_warps=4),
-    "fp32_wide_rows": SparseUpdateConfig(chunk=32, carry_block=16, chunk_warps=4, carry_warps=4),
+    "wide_rows": SparseUpdateConfig(chunk=32, carry_block=64, chunk_warps=4, carry_warps=1),
+    "fp32_narrow_rows": SparseUpdateConfig(chunk=16, carry_block=128, chunk_warps=1, carry_warps=4),
     "multi_hot_wide_rows": SparseUpdateConfig(chunk=16, carry_block=16, chunk_warps=2, carry_warps=4),
     "multi_hot_wide_rows_16bit": SparseUpdateConfig(chunk=16, carry_block=64, chunk_warps=1, carry_warps=4),
 }
@@ -280,8 +280,10 @@ def sparse_update_config(block_d: int, grad_dtype: torch.dtype, multi_hot: bool 
         if grad_dtype in (torch.bfloat16, torch.float16):
             return SPARSE_UPDATE_CONFIGS["multi_hot_wide_rows_16bit"]
         return SPARSE_UPDATE_CONFIGS["multi_hot_wide_rows"]
-    if grad_dtype == torch.float32 and block_d >= 64:
-        return SPARSE_UPDATE_CONFIGS["fp32_wide_rows"]
+    if block_d >= 64:
+        return SPARSE_UPDATE_CONFIGS["wide_rows"]
+    if grad_dtype == torch.float32:
+        return SPARSE_UPDATE_CONFIGS["fp32_narrow_rows"]
     return SPARSE_UPDATE_CONFIGS["default"]
 
 
