@@ -18,7 +18,7 @@ programs):
   bits (~3 integer ops an element: xor, multiply, shift). Still exactly uniform per element (an odd
   multiply is a bijection of a uniform 32-bit value); the high half of a product is its best-mixed part,
   so no xorshift is needed for 16 bits. 6.04 ms against ``"hash1"``'s 6.14 at the launch (16, 16, 2, 1),
-  5.98 against 5.99-6.01 at the shipped (32, 16, 4, 1) (H100, ``results/pooled_update_sweep_hash1hi*.md``):
+  5.98 against 5.99-6.01 at the launch then shipped, (32, 16, 4, 1) (H100, ``results/pooled_update_sweep_hash1hi*.md``):
   not the default (see ``SR_RNG``);
 * ``"philox"``: ``tl.randint`` (Philox 4x32-10, as ``torch.rand``) on ``row * D + column``: ~10x the
   integer work. In the bandwidth-bound update of ~10M bf16 rows of 128 a step (MLPerf DLRM-DCNv2, batch

@@ -65,7 +65,7 @@ SR_RNG = "hash1"
 # after the gradient sums, right after the gradient gathers are issued, before them, or after the sums but
 # prefetched into L2 first (GPU only; the interpreter runs "after_sums" for it). Module-level, so that
 # benchmarks/pooled_update_sweep.py can compare them. MLPerf shapes, bf16 tables, H100, three interleaved
-# repeats (results/pooled_update_sweep_row_loads.md), ms at the shipped launch (32, 16, 4, 1): after_sums
+# repeats (results/pooled_update_sweep_row_loads.md), ms at the launch then shipped (32, 16, 4, 1): after_sums
 # 5.98-6.02, first 5.86-5.88, with_gradients 5.73-5.75, prefetch_l2 5.71-5.73 (41.2-41.4% of copy
 # bandwidth). "prefetch_l2" also gives "after_sums"' bits; the two others move w and s to another register
 # layout, and row-wise Adagrad's sum over D then rounds in another order. It prefetches rows of >= 128 bytes
