@@ -143,10 +143,10 @@ def _sparse_chunk_kernel(
     Positions are ``pos = b * F + c`` of a ``[B, F]`` rows tensor; the gradient of a position is
     ``grad[b, c]``, or ``grad[b, slot[c]]`` with ``SLOT_MAP`` (multi-hot: column c of the rows holds a slot
     of feature slot[c]). Rows ``>= R`` (the multi-hot padding) are sorted last and never updated.
-    ``F`` and ``D`` are compile-time constants (one compile per model): ``pos // F`` is then a multiply and a shift, not the
-    ~20-instruction division by a runtime value that each thread ran for each of its positions, and with
-    ``D == BLOCK_D`` the column masks of every load and store fold away (Nsight Compute, 2026-11-24: the
-    kernel issues an instruction on 65% of cycles, so instructions cost time).
+    ``F`` and ``D`` are compile-time constants (one compile per model): ``pos // F`` is then a multiply and a
+    shift, not the ~20-instruction division by a runtime value that each thread ran for each of its positions,
+    and with ``D == BLOCK_D`` the column masks of every load and store fold away (Nsight Compute, 2026-11-24:
+    the kernel issues an instruction on 65% of cycles, so instructions cost time).
     """
     k = tl.program_id(0).to(tl.int64)
     rows, nxt, pos = _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK)
