@@ -36,7 +36,6 @@ from typing import Optional
 
 import torch
 import triton
-import triton.language as tl
 from torch import Tensor
 
 from kernels import heuristics
