@@ -165,6 +165,7 @@ GEMM_TILES: dict[str, GemmTile] = {
     "narrow_32": GemmTile(128, 32, 64, 4, 4),  # N <= 32
     "narrow_16": GemmTile(128, 16, 64, 4, 4),  # N <= 16 (the last layer, N = 1)
     "small_batch": GemmTile(32, 64, 32, 5, 2),  # M <= 64
+    "cross_wide_16bit": GemmTile(64, 128, 64, 4, 4),  # the cross layer's 16-bit GEMM at N >= 1024 (pick_cross_tile)
 }
 
 # The interpreter's cost is per program and per K step, nearly independent of the tile size: wide
@@ -201,13 +202,24 @@ def pick_cross_tile(M: int, N: int, dtype: torch.dtype, sms: int) -> GemmTile:
     """The tile of the DCN cross layer's GEMM (`kernels.cross`: ``x0 * (U @ W^T + b) + x``), [M, N] =
     [B, (F+1) D], reducing over the rank.
 
-    Not measured yet: `pick_gemm_tile`'s choice, except that the fp32 128x128 tile becomes the
-    128x64 "tall" one, whose half-size accumulator leaves registers for the epilogue's x0 and x
-    tiles (the linear kernel's epilogue holds none). `CROSS_TILE_OVERRIDE` forces a tile.
+    `pick_gemm_tile`'s choice, except:
+
+    * 16-bit operands at MLPerf's width (N >= 1024, where the square tile would be picked): a 64x128 tile, 4
+      stages, 4 warps. Measured on an H100 at [65536, 3456], rank 512, bf16, saving ``pre``
+      (benchmarks/cross_layer.py, results/cross_layer.md): 0.98 ms against 1.29 ms for the square
+      128x128 tile, 8 warps; the rank-512 loop is 8 steps, so the kernel is bound by its epilogue's four
+      [M, N] streams, and smaller tiles keep more of them in flight. Kaggle's width (432) is not measured
+      and keeps the square tile.
+    * fp32: the 128x128 tile becomes the 128x64 "tall" one, whose half-size accumulator leaves
+      registers for the epilogue's x0 and x tiles (not measured).
+
+    `CROSS_TILE_OVERRIDE` forces a tile.
     """
     if CROSS_TILE_OVERRIDE is not None:
         return CROSS_TILE_OVERRIDE
     tile = pick_gemm_tile(M, N, dtype, sms)
+    if tile == GEMM_TILES["square_16bit"] and N >= 1024:
+        return GEMM_TILES["cross_wide_16bit"]
     return GEMM_TILES["tall"] if tile == GEMM_TILES["square_fp32"] else tile
 
 

@@ -349,3 +349,44 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     assert all(r["status"] == "ok" for r in rows) and update.ROW_LOADS == "prefetch_l2"
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--row-loads", "sideways"])
+
+
+def test_stream_overlap_smoke_times_each_pair_alone_in_series_and_side_by_side(tmp_path):
+    """benchmarks/stream_overlap.py --smoke: each pair's parts alone, one after the other and on two streams
+    (on the CPU: one after the other, a check of the script), written as CSV, Markdown and a plot; unknown
+    pairs refused."""
+    so = load_script("stream_overlap")
+    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", "update||wgrads,sort||fwd_gemms"]) == 0
+    rows = read_csv(tmp_path / "stream_overlap.csv")
+    assert [(r["a"], r["b"]) for r in rows] == [("update", "wgrads"), ("sort", "fwd_gemms")]
+    for r in rows:
+        par = ("par_ms", "par_a_hi_ms", "par_b_hi_ms")
+        assert all(float(r[k]) > 0 for k in ("a_ms", "b_ms", "seq_ms", *par)), r
+        assert math.isclose(float(r["gain_ms"]), float(r["seq_ms"]) - min(float(r[k]) for k in par),
+                            rel_tol=1e-6, abs_tol=1e-9)
+        assert int(r["batch"]) == 8 and r["device"]
+    assert "update \\|\\| wgrads" in (tmp_path / "stream_overlap.md").read_text()
+    assert (tmp_path / "stream_overlap.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        so.main(["--smoke", "--out", str(tmp_path), "--pairs", "update||lookup"])
+
+
+def test_cross_layer_smoke_times_the_network_and_each_forward_tile(tmp_path):
+    """benchmarks/cross_layer.py --smoke: the 3-layer network (eager and Triton) and one layer's forward (cuBLAS +
+    elementwise, the Triton kernel per tile, with and without the saved pre-activation) all run and are written;
+    the forced tile is restored and a malformed tile refused."""
+    cl = load_script("cross_layer")
+    from kernels import heuristics
+
+    assert cl.main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "cross_layer.csv")
+    assert [(r["case"], r["impl"]) for r in rows[:4]] == [("net fwd+bwd", "eager"), ("net fwd", "eager"),
+                                                          ("net fwd+bwd", "triton"), ("net fwd", "triton")]
+    fused = [(r["tile"], r["store_pre"]) for r in rows if r["impl"] == "triton fused"]
+    assert fused == [("picked", "True"), ("picked", "False"), ("64x128x64s4w4", "True"), ("64x128x64s4w4", "False")]
+    assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in rows), rows
+    assert heuristics.CROSS_TILE_OVERRIDE is None
+    assert cl.parse_tile("64x128x64s4w4") == heuristics.GemmTile(64, 128, 64, 4, 4) and cl.parse_tile("picked") is None
+    assert (tmp_path / "cross_layer.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        cl.main(["--smoke", "--out", str(tmp_path), "--tiles", "64x128"])

@@ -334,7 +334,8 @@ def test_cross_tile_heuristic():
     square, tall = heuristics.GEMM_TILES["square_fp32"], heuristics.GEMM_TILES["tall"]
     assert heuristics.pick_gemm_tile(65536, 3456, torch.float32, 132) == square
     assert heuristics.pick_cross_tile(65536, 3456, torch.float32, 132) == tall
-    assert heuristics.pick_cross_tile(65536, 3456, torch.bfloat16, 132) == heuristics.GEMM_TILES["square_16bit"]
+    assert heuristics.pick_cross_tile(65536, 3456, torch.bfloat16, 132) == heuristics.GEMM_TILES["cross_wide_16bit"]
+    assert heuristics.pick_cross_tile(65536, 432, torch.bfloat16, 132) == heuristics.GEMM_TILES["square_16bit"]
     assert heuristics.pick_cross_tile(32, 432, torch.float32, 132) == heuristics.GEMM_TILES["small_batch"]
 
 

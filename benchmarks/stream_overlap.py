@@ -1,0 +1,251 @@
+"""Does a second CUDA stream hide the embedding's memory-bound work behind the dense GEMMs? MLPerf DLRM-DCNv2 shapes.
+
+    python benchmarks/stream_overlap.py --out benchmarks/results/stream_overlap
+    python benchmarks/stream_overlap.py --rows-cap 1000000 --out /tmp/so   # smaller tables
+    python benchmarks/stream_overlap.py --smoke --out /tmp/so              # tiny (CPU: interpreter, no streams)
+
+Issue #20 names "weight gradients overlapped with the data-gradient chain (a second stream inside the captured
+step)" as a lever, and the MLPerf step (issue #22) spends ~6 ms a step in the embedding's bandwidth-bound kernels
+next to ~9 ms of compute-bound GEMMs. Before restructuring the step around streams, this measures what
+overlapping buys on the GPU itself, with the project's own kernels at the step's shapes (batch 65536 by default,
+``configs/mlperf-dcnv2.json``'s tables in bf16, D = 128):
+
+* ``update``: the pooled embedding's fused row-wise Adagrad backward (`pooled_embedding_sparse_update_`: the
+  sort of the 14M slot positions, the segment sums, the update with stochastic rounding);
+* ``sort``: that sort alone (`kernels.embedding.update._sort_by_row`);
+* ``lookup``: the pooled forward (`pooled_embedding_lookup`, hashing inside);
+* ``wgrads``: the step's weight-gradient GEMMs (per cross layer ``grad_pre^T u`` [3456, 512] and
+  ``grad_u^T x`` [512, 3456], and the four top-MLP ones), which need nothing the update writes, so a step
+  could defer them until the update runs;
+* ``fwd_gemms``: the cross network's and the top MLP's forward GEMMs (what the sort could run beside).
+
+Each pair is timed alone one after the other (``A+B``) and with ``A`` on one stream and ``B`` on another
+(``A || B``, both forked from and joined back to the capturing stream), each as a CUDA graph of the calls
+replayed in ``--windows`` windows (CUDA events; the median window), with both streams at the same priority and
+with A's or B's at the high one. The gain is ``(A+B) - (A || B)`` (the best of the three), and the share of the
+shorter part it hid.
+
+On the CPU (``--smoke``) there are no streams: both orders run the calls one after the other (a check of the
+script, not a measurement). Writes stream_overlap.csv / .md / .png under ``--out`` (GPU name, versions, date).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+if not torch.cuda.is_available():  # the Triton kernels run under the interpreter on the CPU
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from _common import env_line, environment, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from pooled_embedding import Inputs, Tables  # noqa: E402
+
+from kernels.embedding import pooled_embedding_lookup  # noqa: E402
+from kernels.embedding.pooled import pooled_embedding_sparse_update_  # noqa: E402
+from kernels.embedding.update import _sort_by_row  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mlperf-dcnv2.json"
+PAIRS = ["update||wgrads", "sort||fwd_gemms", "lookup||wgrads"]
+KEYS = ["pair", "a", "b", "a_ms", "b_ms", "seq_ms", "par_ms", "par_a_hi_ms", "par_b_hi_ms", "gain_ms", "hidden_pct",
+        "batch", "table_rows"]
+
+
+class DenseShapes:
+    """bf16 operands of the cross network's and top MLP's GEMMs at batch B (values random: only time matters)."""
+
+    def __init__(self, batch: int, width: int, rank: int, layers: int, top: list[int], device: torch.device):
+        g = torch.Generator(device=device).manual_seed(1)
+        r = lambda *s: torch.randn(*s, generator=g, device=device, dtype=torch.bfloat16)  # noqa: E731
+        self.x = [r(batch, width) for _ in range(layers)]  # x_l (and the grad_pre stand-ins)
+        self.u = [r(batch, rank) for _ in range(layers)]
+        self.V = [r(rank, width) for _ in range(layers)]
+        self.W = [r(width, rank) for _ in range(layers)]
+        widths = [width, *top]
+        self.h = [r(batch, w) for w in widths]
+        self.top = [r(widths[i + 1], widths[i]) for i in range(len(widths) - 1)]
+
+    def wgrads(self) -> None:
+        for x, u in zip(self.x, self.u):
+            torch.mm(x.t(), u)  # dW [N, r]
+            torch.mm(u.t(), x)  # dV [r, N]
+        for i in range(len(self.top)):
+            torch.mm(self.h[i + 1].t(), self.h[i])
+
+    def fwd_gemms(self) -> None:
+        for x, V, W in zip(self.x, self.V, self.W):
+            torch.mm(torch.mm(x, V.t()), W.t())
+        h = self.h[0]
+        for w in self.top:
+            h = torch.mm(h, w.t())
+
+
+def parts(t: Tables, x: Inputs, dense: DenseShapes) -> dict[str, Callable[[], None]]:
+    return {
+        "update": lambda: pooled_embedding_sparse_update_(x.rows, x.grad, t.layout, t.weight, t.state, t.lr,
+                                                          "rowwise_adagrad", 1e-8, True, 0.0, t.sr_seed, True),
+        "sort": lambda: _sort_by_row(x.rows, t.rows),
+        "lookup": lambda: pooled_embedding_lookup(x.raw, t.weight, t.cards, t.offsets, t.layout),
+        "wgrads": dense.wgrads,
+        "fwd_gemms": dense.fwd_gemms,
+    }
+
+
+def sequential(a: Callable[[], None], b: Callable[[], None]) -> Callable[[], None]:
+    def step():
+        a()
+        b()
+    return step
+
+
+def concurrent(a: Callable[[], None], b: Callable[[], None], high: str = "") -> Callable[[], None]:
+    """``a`` and ``b`` on two side streams forked from the current one and joined back (capturable); ``high``
+    ("a", "b" or "") names the one whose stream gets the high priority."""
+    if not torch.cuda.is_available():
+        return sequential(a, b)
+    sa = torch.cuda.Stream(priority=-1 if high == "a" else 0)
+    sb = torch.cuda.Stream(priority=-1 if high == "b" else 0)
+
+    def step():
+        main = torch.cuda.current_stream()
+        sa.wait_stream(main)
+        sb.wait_stream(main)
+        with torch.cuda.stream(sa):
+            a()
+        with torch.cuda.stream(sb):
+            b()
+        main.wait_stream(sa)
+        main.wait_stream(sb)
+    return step
+
+
+def time_ms(step: Callable[[], None], calls: int, windows: int, warmup: int) -> float:
+    """Median ms per call: a CUDA graph of `calls` calls replayed in `windows` windows (perf_counter on the CPU)."""
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        step()
+        return (time.perf_counter() - t0) * 1e3
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (Triton compilation) off the capturing stream
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            step()
+    graph.replay()  # uploads the graph
+    times = []
+    for _ in range(windows):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(times)
+
+
+def measure(pair: str, fns: dict[str, Callable[[], None]], args) -> dict:
+    a, b = pair.split("||")
+    t = lambda f: time_ms(f, args.calls, args.windows, args.warmup)  # noqa: E731
+    row = {"pair": pair, "a": a, "b": b, "a_ms": t(fns[a]), "b_ms": t(fns[b]),
+           "seq_ms": t(sequential(fns[a], fns[b])), "par_ms": t(concurrent(fns[a], fns[b])),
+           "par_a_hi_ms": t(concurrent(fns[a], fns[b], "a")), "par_b_hi_ms": t(concurrent(fns[a], fns[b], "b"))}
+    row["gain_ms"] = row["seq_ms"] - min(row["par_ms"], row["par_a_hi_ms"], row["par_b_hi_ms"])
+    row["hidden_pct"] = 100.0 * row["gain_ms"] / min(row["a_ms"], row["b_ms"])
+    return row
+
+
+def markdown_table(rows: list[dict]) -> list[str]:
+    lines = ["| A \\|\\| B | A alone | B alone | A then B | A \\|\\| B | A high priority | B high priority | gain "
+             "(best of the three) | of the shorter |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(md_row([f"{r['a']} \\|\\| {r['b']}", *(f"{r[k]:.3f} ms" for k in
+                             ("a_ms", "b_ms", "seq_ms", "par_ms", "par_a_hi_ms", "par_b_hi_ms", "gain_ms")), f"{r['hidden_pct']:.0f}%"]))
+    return lines
+
+
+def plot(rows: list[dict], env: dict, path: Path, title: str) -> None:
+    plt = pyplot()
+    bars = [("a_ms", "A alone"), ("b_ms", "B alone"), ("seq_ms", "A then B"), ("par_ms", "A || B"),
+            ("par_a_hi_ms", "A || B, A high priority"), ("par_b_hi_ms", "A || B, B high priority")]
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    width = 0.8 / len(bars)
+    for k, (key, label) in enumerate(bars):
+        ax.bar([i + k * width for i in range(len(rows))], [r[key] for r in rows], width, label=label)
+    ax.set_xticks([i + width * (len(bars) - 1) / 2 for i in range(len(rows))])
+    ax.set_xticklabels([r["pair"].replace("||", " || ") for r in rows], fontsize=8)
+    ax.set_ylabel("ms per call (CUDA-graph replay)")
+    ax.set_title(f"{title}\n{env['device']}, torch {env['torch']}, triton {env['triton']}, {env['date']}", fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="output folder (stream_overlap.csv, .md, .png)")
+    ap.add_argument("--config", default=str(CONFIG), help="tables, multi-hot sizes, D, cross net and top MLP")
+    ap.add_argument("--batch", type=int, default=65536)
+    ap.add_argument("--pairs", default=",".join(PAIRS), help=f"comma list of A||B from {PAIRS}")
+    ap.add_argument("--rows-cap", type=int, default=None, help="cap every table at this many rows")
+    ap.add_argument("--calls", type=int, default=5, help="calls per captured graph")
+    ap.add_argument("--windows", type=int, default=7, help="timed windows; the median is reported")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed calls before capture")
+    ap.add_argument("--smoke", action="store_true", help="tables capped at 1000 rows, batch 8, one window")
+    args = ap.parse_args(argv)
+    pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
+    unknown = [p for p in pairs if p not in PAIRS]
+    if unknown or not pairs:
+        ap.error(f"--pairs: unknown {unknown or pairs}; choose from {PAIRS}")
+    if args.smoke:
+        args.rows_cap, args.batch, args.calls, args.windows, args.warmup = 1000, 8, 1, 1, 0
+    try:
+        cfg = json.loads(Path(args.config).read_text())["model"]
+        cards, hotness, dim = cfg["cardinalities"], cfg["multi_hot_sizes"], int(cfg["embedding_dim"])
+        width, rank, layers, top = (len(cards) + 1) * dim, int(cfg["cross_rank"]), int(cfg["cross_layers"]), cfg["top_mlp"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        ap.error(f"--config {args.config}: needs a DCN model with cardinalities, multi_hot_sizes, embedding_dim, "
+                 f"cross_rank, cross_layers and top_mlp ({e!r})")
+    if args.rows_cap:
+        cards = [min(int(c), args.rows_cap) for c in cards]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    env = environment(device)
+    t = Tables(cards, hotness, dim, torch.bfloat16, device)
+    x = Inputs(t, args.batch, device)
+    dense = DenseShapes(args.batch, width, rank, layers, top[:-1], device)
+    fns = parts(t, x, dense)
+    rows = []
+    for pair in pairs:
+        rows.append({**measure(pair, fns, args), "batch": args.batch, "table_rows": t.rows})
+        r = rows[-1]
+        print(f"{pair:18s} A {r['a_ms']:.3f}  B {r['b_ms']:.3f}  A+B {r['seq_ms']:.3f}  A||B {r['par_ms']:.3f}  "
+              f"(A hi {r['par_a_hi_ms']:.3f}, B hi {r['par_b_hi_ms']:.3f})  gain {r['gain_ms']:.3f} ms", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"Stream overlap at MLPerf DLRM-DCNv2 shapes, batch {args.batch}"
+    note = (f"Tables: {t.rows:,} rows x {dim} bf16; {args.calls} calls a graph, median of {args.windows} windows. "
+            + ("CPU smoke run: no streams, each time one call (a check of the script, not a measurement)."
+               if device.type == "cpu" else "A || B: A and B on two streams forked from the capturing one."))
+    write_csv(out / "stream_overlap.csv", rows, KEYS, env)
+    (out / "stream_overlap.md").write_text(markdown(title, [env_line(env), note], markdown_table(rows)))
+    plot(rows, env, out / "stream_overlap.png", title)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
