@@ -21,7 +21,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 # The repository first on sys.path: the scripts import dlrm and the `kernels` package without an
@@ -101,6 +101,42 @@ class Timer:
             self.seconds = self.start.elapsed_time(self.end) / 1e3
         else:
             self.seconds = time.perf_counter() - self.t0
+
+
+def graph_replay_ms(step: Callable[[], None], calls: int, windows: int, warmup: int) -> float:
+    """Median ms per call of `step`: a CUDA graph of `calls` calls replayed in `windows` windows (CUDA events),
+    after `warmup` untimed calls on a side stream (compilation must not happen inside the capture). Without
+    CUDA, the perf_counter time of one call (smoke runs: a check of the script, not a measurement)."""
+    import statistics
+
+    import torch
+
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        step()
+        return (time.perf_counter() - t0) * 1e3
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            step()
+    graph.replay()  # the first replay uploads the graph
+    times = []
+    for _ in range(windows):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    del graph
+    return statistics.median(times)
 
 
 def synthetic_batches(n: int, batch_size: int, device: "torch.device", seed: int = 0,

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -38,7 +36,9 @@ if not torch.cuda.is_available():
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import env_line, environment, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import (  # noqa: E402
+    env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, write_csv,
+)
 
 from dlrm.model.archs import LowRankCrossNet  # noqa: E402
 from kernels import heuristics  # noqa: E402
@@ -57,36 +57,6 @@ def parse_tile(text: str) -> Optional[GemmTile]:
     stages, warps = rest.split("w")
     bm, bn, bk = (int(v) for v in dims.split("x"))
     return GemmTile(bm, bn, bk, int(stages), int(warps))
-
-
-def time_ms(step: Callable[[], None], calls: int, windows: int, warmup: int) -> float:
-    """Median ms per call of a CUDA graph of `calls` calls (perf_counter of one call on the CPU)."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        step()
-        return (time.perf_counter() - t0) * 1e3
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compilation and autotuning off the capturing stream
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            step()
-    graph.replay()
-    times = []
-    for _ in range(windows):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(times)
 
 
 def net_rows(args, device: torch.device, timer) -> list[dict]:
@@ -164,7 +134,8 @@ def fwd_rows(args, device: torch.device, timer) -> list[dict]:
 
 
 def markdown_table(rows: list[dict]) -> list[str]:
-    lines = ["| case | implementation | tile | pre saved | ms | GB/s | status |", "| --- | --- | --- | --- | ---: | ---: | --- |"]
+    lines = ["| case | implementation | tile | pre saved | ms | GB/s | status |",
+             "| --- | --- | --- | --- | ---: | ---: | --- |"]
     for r in rows:
         lines.append(md_row([r["case"], r["impl"], r["tile"], r["store_pre"], f"{r['ms']:.3f}" if r.get("ms") else "",
                              f"{r['gbps']:,.0f}" if r.get("gbps") else "", r["status"]]))
@@ -205,7 +176,8 @@ def main(argv=None) -> int:
     try:
         [parse_tile(t.strip()) for t in args.tiles.split(",")]
     except ValueError:
-        ap.error(f"--tiles: {args.tiles!r} is not a comma list of 'picked' or BMxBNxBKsSTAGESwWARPS (e.g. 64x128x64s4w4)")
+        ap.error(f"--tiles: {args.tiles!r} is not a comma list of 'picked' or BMxBNxBKsSTAGESwWARPS "
+                 "(e.g. 64x128x64s4w4)")
     if args.smoke:
         # on a GPU the warm-up compiles (Triton, Inductor) before the capture (compiling inside a capture fails)
         args.batch, args.width, args.rank, args.calls, args.windows = 8, 24, 4, 1, 1
@@ -213,7 +185,7 @@ def main(argv=None) -> int:
         args.tiles = "picked,64x128x64s4w4" if args.tiles == DEFAULT_TILES else args.tiles
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     env = environment(device)
-    timer = lambda step: time_ms(step, args.calls, args.windows, args.warmup)  # noqa: E731
+    timer = lambda step: graph_replay_ms(step, args.calls, args.windows, args.warmup)  # noqa: E731
     rows = net_rows(args, device, timer) + fwd_rows(args, device, timer)
     for r in rows:
         print(f"{r['case']:12s} {r['impl']:32s} {str(r['tile']):16s} {str(r['store_pre']):8s} "
@@ -221,8 +193,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     title = f"DCNv2 cross network, batch {args.batch}, width {args.width}, rank {args.rank}, bf16"
-    note = (f"{args.layers} layers for the network rows; {args.calls} calls a CUDA graph, median of {args.windows} windows."
-            if device.type == "cuda" else "CPU smoke run: eager, the interpreter's tile, one call (a check of the script).")
+    note = (f"{args.layers} layers for the network rows; {args.calls} calls a CUDA graph, median of {args.windows} "
+            "windows." if device.type == "cuda"
+            else "CPU smoke run: eager, the interpreter's tile, one call (a check of the script).")
     write_csv(out / "cross_layer.csv", rows, KEYS, env)
     (out / "cross_layer.md").write_text(markdown(title, [env_line(env), note], markdown_table(rows)))
     plot(rows, env, out / "cross_layer.png", title)

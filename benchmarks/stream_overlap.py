@@ -34,9 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -47,7 +45,9 @@ if not torch.cuda.is_available():  # the Triton kernels run under the interprete
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import env_line, environment, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import (  # noqa: E402
+    env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, write_csv,
+)
 from pooled_embedding import Inputs, Tables  # noqa: E402
 
 from kernels.embedding import pooled_embedding_lookup  # noqa: E402
@@ -128,39 +128,9 @@ def concurrent(a: Callable[[], None], b: Callable[[], None], high: str = "") -> 
     return step
 
 
-def time_ms(step: Callable[[], None], calls: int, windows: int, warmup: int) -> float:
-    """Median ms per call: a CUDA graph of `calls` calls replayed in `windows` windows (perf_counter on the CPU)."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        step()
-        return (time.perf_counter() - t0) * 1e3
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (Triton compilation) off the capturing stream
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            step()
-    graph.replay()  # uploads the graph
-    times = []
-    for _ in range(windows):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    del graph
-    return statistics.median(times)
-
-
 def measure(pair: str, fns: dict[str, Callable[[], None]], args) -> dict:
     a, b = pair.split("||")
-    t = lambda f: time_ms(f, args.calls, args.windows, args.warmup)  # noqa: E731
+    t = lambda f: graph_replay_ms(f, args.calls, args.windows, args.warmup)  # noqa: E731
     row = {"pair": pair, "a": a, "b": b, "a_ms": t(fns[a]), "b_ms": t(fns[b]),
            "seq_ms": t(sequential(fns[a], fns[b])), "par_ms": t(concurrent(fns[a], fns[b])),
            "par_a_hi_ms": t(concurrent(fns[a], fns[b], "a")), "par_b_hi_ms": t(concurrent(fns[a], fns[b], "b"))}
@@ -174,8 +144,8 @@ def markdown_table(rows: list[dict]) -> list[str]:
              "(best of the three) | of the shorter |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(md_row([f"{r['a']} \\|\\| {r['b']}", *(f"{r[k]:.3f} ms" for k in
-                             ("a_ms", "b_ms", "seq_ms", "par_ms", "par_a_hi_ms", "par_b_hi_ms", "gain_ms")), f"{r['hidden_pct']:.0f}%"]))
+        times = (f"{r[k]:.3f} ms" for k in ("a_ms", "b_ms", "seq_ms", "par_ms", "par_a_hi_ms", "par_b_hi_ms", "gain_ms"))
+        lines.append(md_row([f"{r['a']} \\|\\| {r['b']}", *times, f"{r['hidden_pct']:.0f}%"]))
     return lines
 
 
@@ -219,7 +189,8 @@ def main(argv=None) -> int:
     try:
         cfg = json.loads(Path(args.config).read_text())["model"]
         cards, hotness, dim = cfg["cardinalities"], cfg["multi_hot_sizes"], int(cfg["embedding_dim"])
-        width, rank, layers, top = (len(cards) + 1) * dim, int(cfg["cross_rank"]), int(cfg["cross_layers"]), cfg["top_mlp"]
+        width, top = (len(cards) + 1) * dim, cfg["top_mlp"]
+        rank, layers = int(cfg["cross_rank"]), int(cfg["cross_layers"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error(f"--config {args.config}: needs a DCN model with cardinalities, multi_hot_sizes, embedding_dim, "
                  f"cross_rank, cross_layers and top_mlp ({e!r})")
