@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | bandwidth | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | bandwidth | overlap | crosslayer | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -291,6 +291,13 @@ EOF
       run mlperf_dcnv2 340 python benchmarks/mlperf_dcnv2.py --batch-sizes 65536 \
         --variants triton-embedding+compiled,triton-embedding+step-graph --out "$RES"
       run pooled_embedding 160 python benchmarks/pooled_embedding.py --out "$RES"
+      ;;
+    overlap)  # a second stream beside the GEMMs: the embedding's update, sort and lookup against the step's GEMMs,
+      # alone, in series and on two streams (MLPerf shapes, full bf16 tables)
+      run stream_overlap 200 python benchmarks/stream_overlap.py --out "$RES"
+      ;;
+    crosslayer)  # the DCNv2 cross network: Inductor's vs the Triton path, and the fused forward's tiles
+      run cross_layer 250 python benchmarks/cross_layer.py --out "$RES"
       ;;
     multihot)  # quality on planted multi-hot data: the MLPerf model's shapes with fp32 tables on small-table
       # data with MLPerf's multi-hot sizes, eager vs the Triton embedding, against the oracle AUC
