@@ -207,9 +207,9 @@ def pick_cross_tile(M: int, N: int, dtype: torch.dtype, sms: int) -> GemmTile:
     * 16-bit operands at MLPerf's width (N >= 1024, where the square tile would be picked): a 64x128 tile, 4
       stages, 4 warps. Measured on an H100 at [65536, 3456], rank 512, bf16, saving ``pre``
       (benchmarks/cross_layer.py, results/cross_layer.md): 0.98 ms against 1.29 ms for the square
-      128x128 tile, 8 warps; the rank-512 loop is 8 steps, so the kernel is bound by its epilogue's four
-      [M, N] streams, and smaller tiles keep more of them in flight. Kaggle's width (432) is not measured
-      and keeps the square tile.
+      128x128 tile, 8 warps. The rank-512 loop is 8 steps, so the kernel is bound by its epilogue's four
+      [M, N] streams; smaller tiles (more resident programs) likely keep more of them in flight. Kaggle's
+      width (432) is not measured and keeps the square tile.
     * fp32: the 128x128 tile becomes the 128x64 "tall" one, whose half-size accumulator leaves
       registers for the epilogue's x0 and x tiles (not measured).
 
