@@ -84,6 +84,22 @@ def rows_per_program(block_d: int) -> int:
     return max(1, min(MAX_ROWS_PER_PROGRAM, _ELEMENTS_PER_PROGRAM // block_d))
 
 
+# The atomic SGD update (kernels/embedding/atomic_update.py): a block whose rows fit in this many consecutive rows
+# sums its gradients per row before adding (a [ATOMIC_SUM_SPAN, BLOCK_B] 0/1 product).
+ATOMIC_SUM_SPAN = 64
+
+
+def atomic_update_launch(block_d: int) -> tuple[int, int]:
+    """``(samples per program, warps)`` of the atomic SGD update, for rows ``block_d`` wide.
+
+    Measured on an H100, batch 65536, uniform ids, bf16 gradients (PERF.md, ninth run): D=16 (Kaggle's tables)
+    128 samples and 4 warps, 0.117 ms (64 x 2: 0.132, 256 x 4: 0.125, 512 x 8: 0.171); D=128 (Terabyte's,
+    10M-row cap) 128 samples and 8 warps, 0.575 ms (64 x 8: 0.585, 32 x 4: 0.616, 16 x 1: 0.964). Widths
+    between were not measured: 8 warps from 64 on.
+    """
+    return 128, (4 if block_d <= 32 else 8)
+
+
 # The one-hot lookup's rows per program up to this row width: more rows in flight than `rows_per_program`'s
 # 4K elements. H100, Kaggle tables, uniform ids, CUDA-graph replay (results/onehot_embedding_launch.md,
 # onehot_embedding_sweep_graphcopy.md): D=128 at 65536 0.262 -> 0.235 ms in bf16 (75% -> 84% of copy

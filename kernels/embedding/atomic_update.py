@@ -1,22 +1,32 @@
-"""Plain SGD on fp32 embedding rows with one atomic add per lookup position: the non-deterministic fast
-path of the fused sparse update (`kernels.embedding.update`, ``deterministic=False``).
+"""Plain SGD on fp32 embedding rows with atomic adds: the non-deterministic fast path of the fused sparse
+update (`kernels.embedding.update`, ``deterministic=False``).
 
 ``w[row(pos)] -= lr * grad[pos]`` for every position, no sort: repeated rows add in a run-dependent
-order (fp32 rounding differs between runs). Measured on an H100 (benchmarks/PERF.md, 2026-11-24 fourth
-run): relaxed vector reductions (``red.global.add.v4.f32``) reach 51% of copy bandwidth at D=128 and 25%
-at D=16, where a 64-byte row's adds serialise on its address. Summing repeated rows inside a block first
-(a 0/1 matrix product, one add per distinct row) was measured slower and reverted.
+order (fp32 rounding differs between runs).
+
+Programs are column-major: program (i, c) takes column c (a feature, or a multi-hot slot) of BLOCK_B
+samples. When that block's rows fit in ``SPAN`` consecutive rows, which is always so for a table of at most
+SPAN rows (Criteo has tables of 3, 4, 10, ... rows that every sample hits), the block's gradients are summed
+per row first (a 0/1 matrix product against the row offsets, no sort) and each row hit gets one vector add;
+otherwise every position adds its own gradient. Measured on an H100 (benchmarks/PERF.md, 2026-11-24 ninth
+run), batch 65536, uniform ids, bf16 gradients: Kaggle's tables at D=16 0.240 -> 0.117 ms, Terabyte's
+(10M-row cap) at D=128 0.890 -> 0.575 ms. The adds to a tiny table's few rows had serialised on their
+addresses: 65536 adds a step to each of a 3-row table's rows, now 512. The same column-major layout without
+the sums was slower than the position-major kernel it replaced (0.30 against 0.24 ms at D=16), as was an
+earlier version that summed repeated rows in every block (PERF.md, fourth run).
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from kernels import heuristics
+from kernels._backend import interpret_mode
 
 
 @triton.jit
@@ -31,36 +41,51 @@ def _sgd_atomic_kernel(
     stride_wr,
     stride_wd,
     lr_ptr,
-    N,
-    F,
+    B,
+    C,
     D,
     R,
     SLOT_MAP: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    SPAN: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+    BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Non-deterministic SGD: w[row(pos)] -= lr * grad[pos] with atomics (fp32 weights only).
+    """Non-deterministic SGD: w[row(b, c)] -= lr * grad[b, f(c)] with atomics (fp32 weights only).
 
-    Positions, ``SLOT_MAP`` and rows ``>= R`` as in `kernels.embedding.update._sparse_chunk_kernel`."""
-    pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = pos < N
-    rows = tl.load(rows_ptr + pos, mask=mask, other=0)
-    mask = mask & (rows < R)
-    b = pos // F
-    f = pos - b * F
+    Program (i, c): samples ``i * BLOCK_B ...`` of column c of the contiguous ``rows`` [B, C]; f(c) is c, or
+    ``slot_feature[c]`` with ``SLOT_MAP``; rows ``>= R`` are skipped (multi-hot padding)."""
+    c = tl.program_id(1)
+    b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
+    rows = tl.load(rows_ptr + b * C + c, mask=b < B, other=R)
+    valid = rows < R
+    f = c
     if SLOT_MAP:
-        f = tl.load(slot_ptr + f, mask=mask, other=0)
+        f = tl.load(slot_ptr + c)
     d = tl.arange(0, BLOCK_D)
-    m2 = mask[:, None] & (d < D)[None, :]
-    g = tl.load(
-        grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd, mask=m2, other=0.0
-    ).to(tl.float32)
+    dmask = d < D
+    g = tl.load(grad_ptr + b[:, None] * stride_gb + f * stride_gf + d[None, :] * stride_gd,
+                mask=valid[:, None] & dmask[None, :], other=0.0)
     lr = tl.load(lr_ptr).to(tl.float32)
-    # Relaxed: the adds need no ordering among themselves (the kernel's end orders them before any reader);
+    lo = tl.min(tl.where(valid, rows, R), axis=0)
+    hi = tl.max(tl.where(valid, rows, -1), axis=0)
+    # Relaxed adds: they need no ordering among themselves (the kernel's end orders them before any reader);
     # Triton's default, acq_rel, orders every add at GPU scope (relaxed: 1.01 -> 0.93 ms at D=128 fp32,
-    # B=65536, results/kernels_graph_embedding_relaxed.md). With stride-1 rows Triton 3.6+ emits vector reductions
-    # (red.global.add.v4.f32) on Hopper.
-    tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, -lr * g, mask=m2, sem="relaxed")
+    # results/kernels_graph_embedding_relaxed.md). Stride-1 rows give vector reductions (red.global.add.v4.f32).
+    if hi - lo < SPAN:  # every row of the block in [lo, lo + SPAN) (none valid: lo = R > hi): sum per row first
+        j = tl.arange(0, SPAN)
+        onehot = ((rows - lo)[None, :] == j[:, None]) & valid[None, :]  # [SPAN, BLOCK_B]
+        if DOT_IN_FP32:  # fp32 gradients, and the interpreter (no 16-bit dot there)
+            sums = tl.dot(onehot.to(tl.float32), g.to(tl.float32), input_precision=FP32_DOT)
+        else:  # 0/1 times bf16 / fp16 is exact; fp32 accumulation
+            sums = tl.dot(onehot.to(g.dtype), g)
+        hit = tl.sum(onehot.to(tl.int32), axis=1) > 0
+        tl.atomic_add(w_ptr + (lo + j)[:, None] * stride_wr + d[None, :] * stride_wd, -lr * sums,
+                      mask=hit[:, None] & dmask[None, :], sem="relaxed")
+    else:
+        tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, -lr * g.to(tl.float32),
+                      mask=valid[:, None] & dmask[None, :], sem="relaxed")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -70,17 +95,17 @@ def _sgd_atomic_kernel(
 
 def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tensor,
                        slot_feature: Optional[Tensor] = None) -> None:
-    """Plain SGD with one atomic add per position (the non-deterministic fp32 path); ``rows`` [B, C] and
-    ``slot_feature`` as in `kernels.embedding.update._segment_update`."""
+    """Plain SGD with atomic adds (the non-deterministic fp32 path); ``rows`` [B, C] and ``slot_feature`` as in
+    `kernels.embedding.update._segment_update`."""
     B, C = rows.shape
-    N = B * C
     R, D = weight.shape
-    BLOCK_D = triton.next_power_of_2(D)
-    BLOCK_N = heuristics.rows_per_program(BLOCK_D)
-    flat = rows.reshape(-1).contiguous()
-    _sgd_atomic_kernel[(triton.cdiv(N, BLOCK_N),)](
-        flat,
-        flat if slot_feature is None else slot_feature,
+    # tl.dot needs 16 columns at least; the masks keep the padding out
+    BLOCK_D = max(16, triton.next_power_of_2(D))
+    block_b, warps = heuristics.atomic_update_launch(BLOCK_D)
+    rows = rows.contiguous()
+    _sgd_atomic_kernel[(triton.cdiv(B, block_b), C)](
+        rows,
+        rows if slot_feature is None else slot_feature,
         grad_out,
         grad_out.stride(0),
         grad_out.stride(1),
@@ -89,11 +114,15 @@ def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tenso
         weight.stride(0),
         weight.stride(1),
         lr,
-        N,
+        B,
         C,
         D,
         R,
         SLOT_MAP=slot_feature is not None,
-        BLOCK_N=BLOCK_N,
+        SPAN=heuristics.ATOMIC_SUM_SPAN,
+        FP32_DOT=heuristics.fp32_dot_precision(),
+        DOT_IN_FP32=grad_out.dtype == torch.float32 or interpret_mode(),
+        BLOCK_B=block_b,
         BLOCK_D=BLOCK_D,
+        num_warps=warps,
     )

@@ -386,6 +386,36 @@ def test_sgd_atomic_path_hot_rows(B, F, D, layout, device, assert_close):
     assert_close(weight, w_ref, torch.float32, scale=10.0 if B == 300 else 1.0)  # the hot row sums 300 terms
 
 
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
+def test_sgd_atomic_path_sums_blocks_that_fit_the_span_first(grad_dtype, device, assert_close):
+    """The atomic SGD update sums a block's gradients per row first when its rows fit in
+    `heuristics.ATOMIC_SUM_SPAN` consecutive rows, and adds per position otherwise: one column at each side of
+    the boundary (rows spanning SPAN - 1 and SPAN), one with a single row, one with every row skipped
+    (>= R), one of random rows; B = 300 spans several blocks and ends in a partial one. float64 reference."""
+    span = heuristics.ATOMIC_SUM_SPAN
+    block = heuristics.atomic_update_launch(16)[0]
+    B, D, R = 300, 16, 4 * span + 40
+    gen = torch.Generator().manual_seed(21)
+    b = torch.arange(B)
+    rows = torch.stack([
+        10 + (b * 7) % span,  # spans SPAN - 1 in every block: summed first
+        span + 20 + torch.where(b % block == 0, span, (b * 5) % span),  # spans SPAN: added per position
+        torch.full((B,), 3),  # one row hit by every sample
+        torch.full((B,), R),  # all skipped (rows >= R: multi-hot padding)
+        torch.randint(0, R, (B,), generator=gen),
+    ], dim=1).to(device)
+    assert int(rows[:, 0].max() - rows[:, 0].min()) == span - 1
+    assert int(rows[:block, 1].max() - rows[:block, 1].min()) == span
+    weight = make_weight(R, D, device)
+    grad = (torch.randn(B, 5, D, generator=gen) * 0.1).to(device=device, dtype=grad_dtype)
+    keep = rows < R
+    w_ref = weight.double().clone()
+    w_ref.index_add_(0, rows[keep], grad[keep].double(), alpha=-LR)
+    embedding_sparse_update_(rows, grad, weight, None, torch.tensor(LR, device=device), "sgd", EPS, deterministic=False)
+    # fp32 sums of up to 300 terms of |lr g| <= ~0.04, in any order
+    assert_close(weight, w_ref, torch.float32, scale=10.0)
+
+
 def test_sparse_update_rejects_bad_inputs(device):
     case = make_case(3, 2, "modulus").to(device)
     rows = hash_rows(case.raw, *case.hash_args())
