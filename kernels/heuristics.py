@@ -90,14 +90,15 @@ ATOMIC_SUM_SPAN = 64
 
 
 def atomic_update_launch(block_d: int) -> tuple[int, int]:
-    """``(samples per program, warps)`` of the atomic SGD update, for rows ``block_d`` wide.
+    """``(samples per program, warps)`` of the column-major atomic SGD update, for rows ``block_d`` wide.
 
-    Measured on an H100, batch 65536, uniform ids, bf16 gradients (PERF.md, ninth run): D=16 (Kaggle's tables)
-    128 samples and 4 warps, 0.117 ms (64 x 2: 0.132, 256 x 4: 0.125, 512 x 8: 0.171); D=128 (Terabyte's,
-    10M-row cap) 128 samples and 8 warps, 0.575 ms (64 x 8: 0.585, 32 x 4: 0.616, 16 x 1: 0.964). Widths
-    between were not measured: 8 warps from 64 on.
+    Measured on an H100, batch 65536, uniform ids (PERF.md, ninth run): 128 samples and 4 warps was the fastest
+    or within 5% of it everywhere: Kaggle's tables at D=16 0.106 ms with bf16 gradients (64 x 4: 0.150, 256 x 8:
+    0.117) and 0.161 ms with fp32 ones (64 x 4: 0.169, 128 x 8: 0.276); Terabyte's (10M-row cap) at D=128 with
+    bf16 gradients 0.551 ms (128 x 8: 0.575, 64 x 8: 0.584). fp32 gradients wider than 32 take the
+    position-major kernel instead (`kernels.embedding.atomic_update`).
     """
-    return 128, (4 if block_d <= 32 else 8)
+    return 128, 4
 
 
 # The one-hot lookup's rows per program up to this row width: more rows in flight than `rows_per_program`'s

@@ -9,8 +9,12 @@ samples. When that block's rows fit in ``SPAN`` consecutive rows, which is alway
 SPAN rows (Criteo has tables of 3, 4, 10, ... rows that every sample hits), the block's gradients are summed
 per row first (a 0/1 matrix product against the row offsets, no sort) and each row hit gets one vector add;
 otherwise every position adds its own gradient. Measured on an H100 (benchmarks/PERF.md, 2026-11-24 ninth
-run), batch 65536, uniform ids, bf16 gradients: Kaggle's tables at D=16 0.240 -> 0.117 ms, Terabyte's
-(10M-row cap) at D=128 0.890 -> 0.575 ms. The adds to a tiny table's few rows had serialised on their
+run), batch 65536, uniform ids: Kaggle's tables at D=16 0.240 -> 0.106-0.117 ms with bf16 gradients (what bf16
+autocast hands back) and 0.253 -> 0.161 ms with fp32 ones, Terabyte's (10M-row cap) at D=128 with bf16
+gradients 0.890 -> 0.551-0.575 ms. fp32 gradients at D >= 64 keep the position-major kernel
+(``_sgd_atomic_rows_kernel``: consecutive positions a program, one add each): there the column-major one
+was 6-17% slower at every launch tried (0.92-1.13 ms against 0.87 at D=128), its [BLOCK_B, D] fp32 tiles and
+3-pass fp32 products costing more than the sums save. The adds to a tiny table's few rows had serialised on their
 addresses: 65536 adds a step to each of a 3-row table's rows, now 512. The same column-major layout without
 the sums was slower than the position-major kernel it replaced (0.30 against 0.24 ms at D=16), as was an
 earlier version that summed repeated rows in every block (PERF.md, fourth run).
@@ -88,6 +92,46 @@ def _sgd_atomic_kernel(
                       mask=valid[:, None] & dmask[None, :], sem="relaxed")
 
 
+@triton.jit
+def _sgd_atomic_rows_kernel(
+    rows_ptr,
+    slot_ptr,
+    grad_ptr,
+    stride_gb,
+    stride_gf,
+    stride_gd,
+    w_ptr,
+    stride_wr,
+    stride_wd,
+    lr_ptr,
+    N,
+    F,
+    D,
+    R,
+    SLOT_MAP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Position-major: ``BLOCK_N`` consecutive positions of the flat ``rows`` [B * F] a program, one add each
+    (fp32 gradients at D >= 64). Positions, ``SLOT_MAP`` and rows ``>= R`` as in
+    `kernels.embedding.update._sparse_chunk_kernel`."""
+    pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = pos < N
+    rows = tl.load(rows_ptr + pos, mask=mask, other=0)
+    mask = mask & (rows < R)
+    b = pos // F
+    f = pos - b * F
+    if SLOT_MAP:
+        f = tl.load(slot_ptr + f, mask=mask, other=0)
+    d = tl.arange(0, BLOCK_D)
+    m2 = mask[:, None] & (d < D)[None, :]
+    g = tl.load(
+        grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd, mask=m2, other=0.0
+    ).to(tl.float32)
+    lr = tl.load(lr_ptr).to(tl.float32)
+    tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, -lr * g, mask=m2, sem="relaxed")
+
+
 # ----------------------------------------------------------------------------------------------------
 # Host launcher
 # ----------------------------------------------------------------------------------------------------
@@ -99,13 +143,23 @@ def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tenso
     `kernels.embedding.update._segment_update`."""
     B, C = rows.shape
     R, D = weight.shape
+    rows = rows.contiguous()
+    slots = rows if slot_feature is None else slot_feature
+    if grad_out.dtype == torch.float32 and D > 32:
+        BLOCK_D = triton.next_power_of_2(D)
+        BLOCK_N = heuristics.rows_per_program(BLOCK_D)
+        _sgd_atomic_rows_kernel[(triton.cdiv(B * C, BLOCK_N),)](
+            rows, slots, grad_out, grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
+            weight, weight.stride(0), weight.stride(1), lr, B * C, C, D, R,
+            SLOT_MAP=slot_feature is not None, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        )  # fmt: skip
+        return
     # tl.dot needs 16 columns at least; the masks keep the padding out
     BLOCK_D = max(16, triton.next_power_of_2(D))
     block_b, warps = heuristics.atomic_update_launch(BLOCK_D)
-    rows = rows.contiguous()
     _sgd_atomic_kernel[(triton.cdiv(B, block_b), C)](
         rows,
-        rows if slot_feature is None else slot_feature,
+        slots,
         grad_out,
         grad_out.stride(0),
         grad_out.stride(1),

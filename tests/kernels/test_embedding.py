@@ -386,15 +386,16 @@ def test_sgd_atomic_path_hot_rows(B, F, D, layout, device, assert_close):
     assert_close(weight, w_ref, torch.float32, scale=10.0 if B == 300 else 1.0)  # the hot row sums 300 terms
 
 
-@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.bfloat16])
-def test_sgd_atomic_path_sums_blocks_that_fit_the_span_first(grad_dtype, device, assert_close):
+@pytest.mark.parametrize("grad_dtype,D", [(torch.float32, 16), (torch.bfloat16, 16), (torch.float32, 64)])
+def test_sgd_atomic_path_sums_blocks_that_fit_the_span_first(grad_dtype, D, device, assert_close):
     """The atomic SGD update sums a block's gradients per row first when its rows fit in
     `heuristics.ATOMIC_SUM_SPAN` consecutive rows, and adds per position otherwise: one column at each side of
     the boundary (rows spanning SPAN - 1 and SPAN), one with a single row, one with every row skipped
-    (>= R), one of random rows; B = 300 spans several blocks and ends in a partial one. float64 reference."""
+    (>= R), one of random rows; B = 300 spans several blocks and ends in a partial one. fp32 gradients wider
+    than 32 take the position-major kernel (one add per position) on the same rows. float64 reference."""
     span = heuristics.ATOMIC_SUM_SPAN
     block = heuristics.atomic_update_launch(16)[0]
-    B, D, R = 300, 16, 4 * span + 40
+    B, R = 300, 4 * span + 40
     gen = torch.Generator().manual_seed(21)
     b = torch.arange(B)
     rows = torch.stack([
