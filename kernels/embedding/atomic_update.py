@@ -113,7 +113,7 @@ def _sgd_atomic_rows_kernel(
     BLOCK_D: tl.constexpr,
 ):
     """Position-major: ``BLOCK_N`` consecutive positions of the flat ``rows`` [B * F] a program, one add each
-    (fp32 gradients at D >= 64). Positions, ``SLOT_MAP`` and rows ``>= R`` as in
+    (fp32 gradients wider than 32). Positions, ``SLOT_MAP`` and rows ``>= R`` as in
     `kernels.embedding.update._sparse_chunk_kernel`."""
     pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = pos < N
