@@ -31,6 +31,7 @@ from torch import Tensor
 
 from kernels import heuristics
 from kernels._backend import interpret_mode
+from kernels.embedding.select_sum import select_sum
 
 
 @triton.jit
@@ -51,8 +52,8 @@ def _sgd_atomic_kernel(
     R,
     SLOT_MAP: tl.constexpr,
     SPAN: tl.constexpr,
-    FP32_DOT: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
+    SPLIT_FP32: tl.constexpr,
+    DOT_16BIT: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -77,16 +78,14 @@ def _sgd_atomic_kernel(
     # Relaxed adds: they need no ordering among themselves (the kernel's end orders them before any reader);
     # Triton's default, acq_rel, orders every add at GPU scope (relaxed: 1.01 -> 0.93 ms at D=128 fp32,
     # results/kernels_graph_embedding_relaxed.md). Stride-1 rows give vector reductions (red.global.add.v4.f32).
-    if hi - lo < SPAN:  # every row of the block in [lo, lo + SPAN) (none valid: lo = R > hi): sum per row first
-        j = tl.arange(0, SPAN)
-        onehot = ((rows - lo)[None, :] == j[:, None]) & valid[None, :]  # [SPAN, BLOCK_B]
-        if DOT_IN_FP32:  # fp32 gradients, and the interpreter (no 16-bit dot there)
-            sums = tl.dot(onehot.to(tl.float32), g.to(tl.float32), input_precision=FP32_DOT)
-        else:  # 0/1 times bf16 / fp16 is exact; fp32 accumulation
-            sums = tl.dot(onehot.to(g.dtype), g)
-        hit = tl.sum(onehot.to(tl.int32), axis=1) > 0
-        tl.atomic_add(w_ptr + (lo + j)[:, None] * stride_wr + d[None, :] * stride_wd, -lr * sums,
-                      mask=hit[:, None] & dmask[None, :], sem="relaxed")
+    if hi - lo < SPAN:  # every row of the block in [lo, lo + SPAN): sum per row first
+        if hi >= lo:  # else no valid row in the block (multi-hot padding): nothing to add
+            j = tl.arange(0, SPAN)
+            onehot = ((rows - lo)[None, :] == j[:, None]) & valid[None, :]  # [SPAN, BLOCK_B]
+            sums = select_sum(onehot, g, SPLIT_FP32, DOT_16BIT)  # fp32 gradients: three exact bf16 parts
+            hit = tl.sum(onehot.to(tl.int32), axis=1) > 0
+            tl.atomic_add(w_ptr + (lo + j)[:, None] * stride_wr + d[None, :] * stride_wd, -lr * sums,
+                          mask=hit[:, None] & dmask[None, :], sem="relaxed")
     else:
         tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, -lr * g.to(tl.float32),
                       mask=valid[:, None] & dmask[None, :], sem="relaxed")
@@ -174,8 +173,8 @@ def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tenso
         R,
         SLOT_MAP=slot_feature is not None,
         SPAN=heuristics.ATOMIC_SUM_SPAN,
-        FP32_DOT=heuristics.fp32_dot_precision(),
-        DOT_IN_FP32=grad_out.dtype == torch.float32 or interpret_mode(),
+        SPLIT_FP32=grad_out.dtype == torch.float32,
+        DOT_16BIT=not interpret_mode(),
         BLOCK_B=block_b,
         BLOCK_D=BLOCK_D,
         num_warps=warps,

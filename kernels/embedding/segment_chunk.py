@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from kernels.embedding.row_update import _finish_row_update, _load_row_state, _prefetch_row_state_l2
+from kernels.embedding.select_sum import select_sum
 
 
 @triton.jit
@@ -59,7 +60,7 @@ def _grad_coords(pos, valid, slot_ptr, F, SLOT_MAP: tl.constexpr, POS32: tl.cons
 def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
                   OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, CHUNK: tl.constexpr,
-                  BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+                  BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr,
                   ROW_LOADS: tl.constexpr):
     """Chunk ``k`` once its indices are known (`_chunk_indices`, `_grad_coords`): segment sums, the update of
     the segments that start and end in it, and the carry kernel's partial sums."""
@@ -98,16 +99,10 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
         w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
 
     # Per-position sum over the positions of the chunk with the same row: a 0/1 matrix product with fp32
-    # accumulation, in a fixed order (deterministic). For bf16/fp16 gradients the 0/1 matrix is exact in
-    # that dtype, so the tensor-core product is an exact fp32 sum of the gradients. fp32 gradients use
-    # FP32_DOT: "tf32x3" on GPUs (tensor cores, ~fp32 accuracy), "ieee" in the interpreter.
-    # DOT_IN_FP32: the interpreter's tl.dot mishandles bf16 operands; there 16-bit gradients are
-    # upcast first (the same exact sums).
+    # accumulation, in a fixed order (deterministic), fp32 gradients as three exact bf16 parts
+    # (`kernels.embedding.select_sum`).
     same = rows[:, None] == rows[None, :]
-    if DOT_IN_FP32:
-        seg = tl.dot(same.to(tl.float32), g.to(tl.float32), input_precision=FP32_DOT)
-    else:
-        seg = tl.dot(same.to(g.dtype), g)
+    seg = select_sum(same, g, SPLIT_FP32, DOT_16BIT)
     if (ROW_LOADS == 0) or (ROW_LOADS == 3):
         w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
     _finish_row_update(rows, seg, w, s, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps,
@@ -132,7 +127,7 @@ def _sparse_chunk_kernel(
     sorted_ptr, perm_ptr, slot_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr, stride_wd,
     state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, R, F: tl.constexpr, D: tl.constexpr,
     OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, SLOT_MAP: tl.constexpr, CHUNK: tl.constexpr,
-    BLOCK_D: tl.constexpr, FP32_DOT: tl.constexpr, DOT_IN_FP32: tl.constexpr, ROW_LOADS: tl.constexpr,
+    BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr, ROW_LOADS: tl.constexpr,
     POS32: tl.constexpr,
 ):
     """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
@@ -153,4 +148,4 @@ def _sparse_chunk_kernel(
     b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
     _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
-                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, FP32_DOT, DOT_IN_FP32, ROW_LOADS)
+                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS)
