@@ -9,7 +9,9 @@ rows a table; raw ids uniform, so every lookup is a cold row), and the same byte
 bytes each op must minimally move). For each (L2 fetch granularity, dim, dtype, batch) it times, by CUDA-graph
 replay (median of the windows), the lookup (`embedding_lookup`) at each launch of ``--launches`` (rows per program
 x warps, forced through `kernels.embedding.lookup.LOOKUP_LAUNCH_OVERRIDE`; "picked" is what the launcher picks),
-the deterministic update (`embedding_sparse_update_`, SGD) and, for fp32 tables, the atomic one.
+the deterministic update (`embedding_sparse_update_`, SGD) and, for fp32 tables, the atomic one, with the fused
+lookup ahead of it ("fwd_atomic": `fused_embedding` with plain non-deterministic SGD, which writes no rows: the
+update hashes the raw values again; "bwd_atomic_hashed": that update).
 
 L2 fetch granularity: the driver's ``CU_LIMIT_MAX_L2_FETCH_GRANULARITY`` (``cuCtxSetLimit``), how many bytes L2 may
 fetch from DRAM for one miss (32-128). A D=16 row is 32 (bf16) or 64 (fp32) bytes, so a larger fetch reads bytes
@@ -100,8 +102,14 @@ def run_case(dim: int, cap, dtype: torch.dtype, batch: int, launches: list, fetc
     ops = [("fwd", launch, lambda: embedding_lookup(raw, weight, card_t, offs_t)) for launch in launches]
     ops.append(("bwd", None, lambda: embedding_sparse_update_(rows, grad, weight, None, lr, "sgd", deterministic=True)))
     if dtype == torch.float32:
+        # the training forward ahead of the atomic update: the fused op, which then writes no rows
+        state, trigger = torch.empty(0, device=device), torch.zeros(0, device=device)
+        ops.append(("fwd_atomic", None, lambda: torch.ops.dlrm_kernels.fused_embedding(
+            raw, weight, card_t, offs_t, None, None, state, lr, "sgd", 1e-10, False, trigger)))
         ops.append(("bwd_atomic", None,
                     lambda: embedding_sparse_update_(rows, grad, weight, None, lr, "sgd", deterministic=False)))
+        ops.append(("bwd_atomic_hashed", None, lambda: torch.ops.dlrm_kernels.embedding_sgd_atomic_hashed_(
+            raw, card_t, offs_t, grad, weight, lr)))
     out = []
     for op, launch, fn in ops:
         lookup.LOOKUP_LAUNCH_OVERRIDE = launch
@@ -177,7 +185,9 @@ def main(argv=None) -> int:
                       f"{r['ms']:.4f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"copy_ {copy_gbps:,.0f} GB/s; the driver's L2 fetch granularity {default_fetch} B; bytes as "
-            "benchmarks/kernels.py counts them; fwd = lookup, bwd = deterministic SGD update, bwd_atomic = atomic SGD.")
+            "benchmarks/kernels.py counts them; fwd = lookup, bwd = deterministic SGD update, bwd_atomic = atomic SGD; "
+            "fwd_atomic / bwd_atomic_hashed: what training runs with it (no rows written; the update hashes the raw "
+            "values again).")
     text = markdown("One-hot embedding: lookup launches and L2 fetch granularity", [env_line(env), note], table)
     (out / f"{args.name}.md").write_text(text)
     plt = pyplot()

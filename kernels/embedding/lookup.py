@@ -28,6 +28,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._backend import device_context
+from kernels.embedding.atomic_update import hashes_in_update
 from kernels.embedding.hashing import _hash_positions, check_hash_inputs, hash_args, hash_rows_impl
 from kernels.embedding.rounding import _round_bf16
 from kernels.embedding.update import embedding_sparse_update_, empty_state
@@ -67,8 +68,10 @@ def _embedding_fwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     ROUND_OUT: tl.constexpr,
+    STORE_ROWS: tl.constexpr,
 ):
-    """out[pos, :] = weight[row(pos), :] for BLOCK_N positions; also writes rows (saved for backward).
+    """out[pos, :] = weight[row(pos), :] for BLOCK_N positions; with ``STORE_ROWS`` also writes rows (saved for
+    the backward).
 
     ``ROUND_OUT``: fp32 rows written to a bf16 ``out``, rounded to nearest even by bit arithmetic (the
     interpreter's cast truncates; this gives the GPU's and torch's rounding everywhere)."""
@@ -77,7 +80,8 @@ def _embedding_fwd_kernel(
     rows = _hash_positions(
         raw_ptr, stride_rb, stride_rf, card_ptr, off_ptr, vocab_ptr, voff_ptr, pos, mask, F, USE_VOCAB, SEARCH_STEPS
     )
-    tl.store(rows_ptr + pos, rows, mask=mask)
+    if STORE_ROWS:
+        tl.store(rows_ptr + pos, rows, mask=mask)
     d = tl.arange(0, BLOCK_D)
     m2 = mask[:, None] & (d < D)[None, :]
     vals = tl.load(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, mask=m2, other=0.0)
@@ -104,8 +108,9 @@ def output_dtype(weight: Tensor, out_dtype: Optional[torch.dtype]) -> torch.dtyp
 
 
 def lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets,
-                out_dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
-    """Launch the lookup: ``(out [B, F, D] in `output_dtype`, rows [B, F] int64)``."""
+                out_dtype: Optional[torch.dtype] = None, store_rows: bool = True) -> tuple[Tensor, Tensor]:
+    """Launch the lookup: ``(out [B, F, D] in `output_dtype`, rows [B, F] int64)``; without ``store_rows`` the
+    rows are not written and an empty [0] tensor stands for them."""
     check_hash_inputs(raw, cardinalities, offsets, vocab, vocab_offsets)
     if weight.dim() != 2:
         raise ValueError(f"weight must be [R, D], got shape {tuple(weight.shape)}")
@@ -114,9 +119,10 @@ def lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets,
     N = B * F
     dtype = output_dtype(weight, out_dtype)
     out = torch.empty((B, F, D), dtype=dtype, device=weight.device)
-    rows = torch.empty((B, F), dtype=torch.int64, device=weight.device)
+    rows = torch.empty((B, F) if store_rows else (0,), dtype=torch.int64, device=weight.device)
     if N == 0 or D == 0:
-        return out, rows if N == 0 else hash_rows_impl(raw, cardinalities, offsets, vocab, vocab_offsets)
+        return out, rows if N == 0 or not store_rows else hash_rows_impl(raw, cardinalities, offsets, vocab,
+                                                                         vocab_offsets)
     args, use_vocab, steps = hash_args(raw, cardinalities, offsets, vocab, vocab_offsets)
     BLOCK_D = triton.next_power_of_2(D)
     BLOCK_N, warps = LOOKUP_LAUNCH_OVERRIDE or lookup_launch(BLOCK_D)
@@ -135,6 +141,7 @@ def lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets,
         BLOCK_N=BLOCK_N,
         BLOCK_D=BLOCK_D,
         ROUND_OUT=dtype != weight.dtype,
+        STORE_ROWS=store_rows,
         num_warps=warps,
     )
     return out, rows
@@ -160,10 +167,10 @@ def _embedding_lookup_op(
         return lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype)
 
 
-def _lookup_fake(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype=None):
+def _lookup_fake(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype=None, store_rows=True):
     B, F = raw.shape
     out = weight.new_empty((B, F, weight.shape[1]), dtype=output_dtype(weight, out_dtype))
-    return out, raw.new_empty((B, F), dtype=torch.int64)
+    return out, raw.new_empty((B, F) if store_rows else (0,), dtype=torch.int64)
 
 
 _embedding_lookup_op.register_fake(_lookup_fake)
@@ -206,21 +213,25 @@ def _fused_embedding_op(
     out_dtype: Optional[torch.dtype] = None,
     sr_seed: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor]:
-    """Forward = lookup; backward applies the sparse optimizer update in place (see fused_embedding)."""
+    """Forward = lookup; backward applies the sparse optimizer update in place (see fused_embedding). Where the
+    backward hashes the raw values again (`hashes_in_update`), no rows are written: an empty [0] tensor."""
     with device_context(weight):
-        return lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype)
+        return lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype,
+                           not hashes_in_update(weight, vocab, optimizer, deterministic, weight_decay))
 
 
 @_fused_embedding_op.register_fake
 def _(raw, weight, cardinalities, offsets, vocab, vocab_offsets, state, lr, optimizer, eps, deterministic, grad_trigger,
       weight_decay=0.0, out_dtype=None, sr_seed=None):
-    return _lookup_fake(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype)
+    return _lookup_fake(raw, weight, cardinalities, offsets, vocab, vocab_offsets, out_dtype,
+                        not hashes_in_update(weight, vocab, optimizer, deterministic, weight_decay))
 
 
 def _fused_setup_context(ctx, inputs, output):
-    (raw, weight, _card, _off, _voc, _voff, state, lr, optimizer, eps, deterministic, _trigger, weight_decay, _,
+    (raw, weight, card, off, vocab, _voff, state, lr, optimizer, eps, deterministic, _trigger, weight_decay, _,
      sr_seed) = inputs
-    ctx.save_for_backward(output[1])
+    ctx.rehash = hashes_in_update(weight, vocab, optimizer, deterministic, weight_decay)
+    ctx.save_for_backward(*((raw, card, off) if ctx.rehash else (output[1],)))
     ctx.mark_non_differentiable(output[1])
     # Held as plain attributes, not saved tensors: the backward mutates them, and they must be the very
     # tensors the caller owns (the parameter and the optimizer state), not saved copies/versions.
@@ -229,6 +240,10 @@ def _fused_setup_context(ctx, inputs, output):
 
 
 def _fused_backward(ctx, grad_out, _grad_rows):
+    if ctx.rehash:  # the atomic SGD update on the raw values (no rows were written)
+        raw, card, off = ctx.saved_tensors
+        torch.ops.dlrm_kernels.embedding_sgd_atomic_hashed_(raw, card, off, grad_out, ctx.weight, ctx.lr)
+        return (None,) * 15
     (rows,) = ctx.saved_tensors
     embedding_sparse_update_(rows, grad_out, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic,
                              ctx.weight_decay, ctx.sr_seed)

@@ -463,6 +463,36 @@ def test_fused_embedding_backward_updates_in_place(optimizer, mode, trigger, dev
         assert_close(state, s_ref, torch.float32, msg="state")
 
 
+@pytest.mark.parametrize("B", [1, 3, 127])
+@pytest.mark.parametrize("D,out_dtype", [(16, None), (5, None), (64, None), (16, torch.bfloat16)])
+def test_fused_atomic_sgd_hashes_again_in_backward(B, D, out_dtype, device, assert_close):
+    """Plain SGD, non-deterministic, fp32 table, modulus hashing: the forward writes no rows (an empty [0]
+    stands for them) and the backward's atomic update hashes the raw values itself. Raw values non-contiguous,
+    negative and beyond 32 bits, repeated rows (hot features); D=64 with fp32 gradients takes the position-major
+    kernel, D=5 pads, bf16 output gives bf16 gradients. float64 reference."""
+    F = 7
+    case = make_case(B, F, "modulus", hot=True, seed=23).to(device)
+    assert (B == 1 or not case.raw.is_contiguous()) and case.hash_args()[2] is None
+    weight = make_weight(case.num_rows, D, device)
+    w0 = weight.clone()
+    trigger = torch.zeros(0, device=device, requires_grad=True)
+    lr = torch.tensor(LR, device=device)
+    state = torch.empty(0, device=device)
+    out, rows_out = torch.ops.dlrm_kernels.fused_embedding(case.raw, weight, *case.hash_args(), state, lr, "sgd", EPS,
+                                                           False, trigger, 0.0, out_dtype, None)
+    assert rows_out.shape == (0,)
+    rows = training_rows(case).to(device)
+    assert torch.equal(out, w0[rows] if out_dtype is None else w0[rows].to(out_dtype))
+    grad = make_grad(B, F, D, "permuted", device, dtype=out.dtype)
+    out.backward(grad)
+    w_ref = w0.double().index_add(0, rows.reshape(-1), grad.reshape(-1, D).double(), alpha=-LR)
+    assert_close(weight, w_ref, torch.float32)
+    # the deterministic update sorts the rows: the forward writes them
+    _, rows_det = torch.ops.dlrm_kernels.fused_embedding(case.raw, weight, *case.hash_args(), state, lr, "sgd", EPS,
+                                                         True, trigger, 0.0, out_dtype, None)
+    assert torch.equal(rows_det, rows)
+
+
 def test_module_plain_and_fused(device, assert_close):
     cards = [5, 1, 300, 17]
     emb = TritonSparseEmbedding(cards, 16).to(device)
@@ -534,21 +564,27 @@ def test_opcheck_all_ops(device):
         "fused_embedding": (mod.raw, weight.clone().requires_grad_(), *mod.hash_args(),
                             torch.zeros(mod.num_rows, D, device=device), lr, "adagrad", EPS, True,
                             torch.zeros(0, device=device)),
+        "embedding_sgd_atomic_hashed_": (mod.raw, *mod.hash_args()[:2], grad, weight.clone(), lr),
     }
     for name, args in checks.items():
         torch.library.opcheck(getattr(ops, name).default, args)
 
 
-def test_compile_fused_training_step_fullgraph(device, assert_close):
+@pytest.mark.parametrize("kind,deterministic", [("adagrad", True), ("sgd", False)])
+def test_compile_fused_training_step_fullgraph(kind, deterministic, device, assert_close):
     """forward (lookup) + backward (mutating sparse-update op) compiled with fullgraph=True: no graph
-    breaks, same result as eager, and an in-place LR change takes effect without recompiling."""
+    breaks, same result as eager, and an in-place LR change takes effect without recompiling. Plain SGD,
+    non-deterministic: the backward's atomic update hashes the raw values again (no rows saved)."""
     torch._dynamo.reset()
     from torch._dynamo.utils import counters
 
     counters.clear()
     B, F, D = 3, 4, 16
     emb = TritonSparseEmbedding([5, 1, 300, 17], D).to(device)
-    cfg = emb.use_fused_update(SparseOptimizerConfig("adagrad", torch.tensor(LR, device=device)))
+    cfg = emb.use_fused_update(SparseOptimizerConfig(kind, torch.tensor(LR, device=device),
+                                                     deterministic=deterministic))
+    if cfg.state is None:
+        cfg.state = torch.zeros(0, device=device)  # sgd: nothing to compare
     case = make_case(B, F, "modulus", hot=True, seed=29)
     raw = case.raw.to(device)
     target = torch.randn(B, F, D, device=device)
