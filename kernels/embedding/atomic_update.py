@@ -8,16 +8,16 @@ Programs are column-major: program (i, c) takes column c (a feature, or a multi-
 samples. When that block's rows fit in ``SPAN`` consecutive rows, which is always so for a table of at most
 SPAN rows (Criteo has tables of 3, 4, 10, ... rows that every sample hits), the block's gradients are summed
 per row first (a 0/1 matrix product against the row offsets, no sort) and each row hit gets one vector add;
-otherwise every position adds its own gradient. Measured on an H100 (benchmarks/PERF.md, 2026-11-24 ninth
-run), batch 65536, uniform ids: Kaggle's tables at D=16 0.240 -> 0.106-0.117 ms with bf16 gradients (what bf16
-autocast hands back) and 0.253 -> 0.161 ms with fp32 ones, Terabyte's (10M-row cap) at D=128 with bf16
-gradients 0.890 -> 0.551-0.575 ms. fp32 gradients at D >= 64 keep the position-major kernel
-(``_sgd_atomic_rows_kernel``: consecutive positions a program, one add each): there the column-major one
-was 6-17% slower at every launch tried (0.92-1.13 ms against 0.87 at D=128), its [BLOCK_B, D] fp32 tiles and
-3-pass fp32 products costing more than the sums save. The adds to a tiny table's few rows had serialised on their
-addresses: 65536 adds a step to each of a 3-row table's rows, now 512. The same column-major layout without
-the sums was slower than the position-major kernel it replaced (0.30 against 0.24 ms at D=16), as was an
-earlier version that summed repeated rows in every block (PERF.md, fourth run).
+otherwise every position adds its own gradient. fp32 gradients are summed as three exact bf16 parts
+(`kernels.embedding.select_sum`). Measured on an H100 (benchmarks/PERF.md, ninth and tenth runs), batch 65536,
+uniform ids, against the position-major kernel this replaced (consecutive positions a program, one add each):
+Kaggle's tables at D=16 0.240 -> 0.106-0.117 ms with bf16 gradients (what bf16 autocast hands back) and
+0.161 -> 0.130 ms with fp32 ones (0.253 before the ninth run); Terabyte's (10M-row cap) at D=128 0.890 ->
+0.551-0.575 ms with bf16 gradients and 0.986 -> 0.726 ms with fp32 ones. The adds to a tiny table's few rows had
+serialised on their addresses: 65536 adds a step to each of a 3-row table's rows, now 512. With 3-pass TF32
+products (``tf32x3``) instead of the bf16 parts, fp32 gradients at D >= 64 had been 6-17% slower than the
+position-major kernel; the same column-major layout without the sums was slower too (0.30 against 0.24 ms at
+D=16), as was an earlier version that summed repeated rows in every block (PERF.md, fourth run).
 """
 
 from __future__ import annotations
@@ -104,55 +104,6 @@ def _sgd_atomic_kernel(
                       mask=valid[:, None] & dmask[None, :], sem="relaxed")
 
 
-@triton.jit
-def _sgd_atomic_rows_kernel(
-    rows_ptr,
-    stride_rb,
-    stride_rc,
-    card_ptr,
-    off_ptr,
-    slot_ptr,
-    grad_ptr,
-    stride_gb,
-    stride_gf,
-    stride_gd,
-    w_ptr,
-    stride_wr,
-    stride_wd,
-    lr_ptr,
-    N,
-    F,
-    D,
-    R,
-    SLOT_MAP: tl.constexpr,
-    HASH: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """Position-major: ``BLOCK_N`` consecutive positions of the flat ``rows`` [B * F] a program, one add each
-    (fp32 gradients wider than 32). Positions, ``SLOT_MAP`` and rows ``>= R`` as in
-    `kernels.embedding.update._sparse_chunk_kernel`."""
-    pos = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = pos < N
-    b = pos // F
-    f = pos - b * F
-    if HASH:
-        raw = tl.load(rows_ptr + b * stride_rb + f * stride_rc, mask=mask, other=0).to(tl.int64)
-        rows = _hash_values(raw, f, mask, card_ptr, off_ptr, card_ptr, off_ptr, False, 1)
-    else:
-        rows = tl.load(rows_ptr + b * stride_rb + f * stride_rc, mask=mask, other=0)
-    mask = mask & (rows < R)
-    if SLOT_MAP:
-        f = tl.load(slot_ptr + f, mask=mask, other=0)
-    d = tl.arange(0, BLOCK_D)
-    m2 = mask[:, None] & (d < D)[None, :]
-    g = tl.load(
-        grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd, mask=m2, other=0.0
-    ).to(tl.float32)
-    lr = tl.load(lr_ptr).to(tl.float32)
-    tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, -lr * g, mask=m2, sem="relaxed")
-
-
 # ----------------------------------------------------------------------------------------------------
 # Host launcher
 # ----------------------------------------------------------------------------------------------------
@@ -172,15 +123,9 @@ def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tenso
     head = (rows, rows.stride(0), rows.stride(1), card, off, slots, grad_out, grad_out.stride(0), grad_out.stride(1),
             grad_out.stride(2), weight, weight.stride(0), weight.stride(1), lr)
     flags = dict(SLOT_MAP=slot_feature is not None, HASH=hashing is not None)
-    if grad_out.dtype == torch.float32 and D > 32:
-        BLOCK_D = triton.next_power_of_2(D)
-        BLOCK_N = heuristics.rows_per_program(BLOCK_D)
-        _sgd_atomic_rows_kernel[(triton.cdiv(B * C, BLOCK_N),)](*head, B * C, C, D, R, **flags, BLOCK_N=BLOCK_N,
-                                                                BLOCK_D=BLOCK_D)
-        return
     # tl.dot needs 16 columns at least; the masks keep the padding out
     BLOCK_D = max(16, triton.next_power_of_2(D))
-    block_b, warps = heuristics.atomic_update_launch(BLOCK_D)
+    block_b, warps = heuristics.atomic_update_launch(BLOCK_D, grad_out.dtype == torch.float32)
     _sgd_atomic_kernel[(triton.cdiv(B, block_b), C)](
         *head,
         B,

@@ -386,21 +386,23 @@ def test_sgd_atomic_path_hot_rows(B, F, D, layout, device, assert_close):
     assert_close(weight, w_ref, torch.float32, scale=10.0 if B == 300 else 1.0)  # the hot row sums 300 terms
 
 
-@pytest.mark.parametrize("grad_dtype,D", [(torch.float32, 16), (torch.bfloat16, 16), (torch.float32, 64)])
+@pytest.mark.parametrize("grad_dtype,D", [(torch.float32, 16), (torch.bfloat16, 16), (torch.float32, 64),
+                                          (torch.float32, 128)])
 def test_sgd_atomic_path_sums_blocks_that_fit_the_span_first(grad_dtype, D, device, assert_close):
     """The atomic SGD update sums a block's gradients per row first when its rows fit in
     `heuristics.ATOMIC_SUM_SPAN` consecutive rows, and adds per position otherwise: one column at each side of
     the boundary (rows spanning SPAN - 1 and SPAN), one with a single row, one with every row skipped
-    (>= R), one of random rows; B = 300 spans several blocks and ends in a partial one. fp32 gradients wider
-    than 32 take the position-major kernel (one add per position) on the same rows. float64 reference."""
+    (>= R), one of random rows; B = 300 spans several blocks and ends in a partial one (fp32 gradients at D=128
+    take blocks of 64 samples, the others 128). fp32 gradients are summed as three bf16 parts. float64
+    reference."""
     span = heuristics.ATOMIC_SUM_SPAN
-    block = heuristics.atomic_update_launch(16)[0]
+    block = heuristics.atomic_update_launch(max(16, D), grad_dtype == torch.float32)[0]
     B, R = 300, 4 * span + 40
     gen = torch.Generator().manual_seed(21)
     b = torch.arange(B)
     rows = torch.stack([
         10 + (b * 7) % span,  # spans SPAN - 1 in every block: summed first
-        span + 20 + torch.where(b % block == 0, span, (b * 5) % span),  # spans SPAN: added per position
+        span + 20 + torch.where(b % block == 0, span, torch.where(b % block == 1, 0, (b * 5) % span)),  # spans SPAN
         torch.full((B,), 3),  # one row hit by every sample
         torch.full((B,), R),  # all skipped (rows >= R: multi-hot padding)
         torch.randint(0, R, (B,), generator=gen),
@@ -464,12 +466,12 @@ def test_fused_embedding_backward_updates_in_place(optimizer, mode, trigger, dev
 
 
 @pytest.mark.parametrize("B", [1, 3, 127])
-@pytest.mark.parametrize("D,out_dtype", [(16, None), (5, None), (64, None), (16, torch.bfloat16)])
+@pytest.mark.parametrize("D,out_dtype", [(16, None), (5, None), (128, None), (16, torch.bfloat16)])
 def test_fused_atomic_sgd_hashes_again_in_backward(B, D, out_dtype, device, assert_close):
     """Plain SGD, non-deterministic, fp32 table, modulus hashing: the forward writes no rows (an empty [0]
     stands for them) and the backward's atomic update hashes the raw values itself. Raw values non-contiguous,
-    negative and beyond 32 bits, repeated rows (hot features); D=64 with fp32 gradients takes the position-major
-    kernel, D=5 pads, bf16 output gives bf16 gradients. float64 reference."""
+    negative and beyond 32 bits, repeated rows (hot features); D=5 pads, bf16 output gives bf16 gradients.
+    float64 reference."""
     F = 7
     case = make_case(B, F, "modulus", hot=True, seed=23).to(device)
     assert (B == 1 or not case.raw.is_contiguous()) and case.hash_args()[2] is None
