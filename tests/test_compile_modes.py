@@ -187,3 +187,33 @@ def test_matmul_precision_is_readable_by_the_legacy_getter_inductor_calls():
     finally:
         set_matmul_precision("fp32")
         matmul.fp32_precision = before
+
+
+def test_compile_caches_are_keyed_by_the_custom_ops_sources(monkeypatch, tmp_path):
+    """torch.compile's cache key carries a digest of kernels/ and dlrm/model/ (Inductor's caches do not see what
+    a custom op's fake implementation returns), after any tag the user set; a changed source changes it."""
+    from dlrm.train import step as step_mod
+
+    config = torch.compiler.config
+    monkeypatch.setattr(config, "cache_key_tag", "users-tag")
+    tag = step_mod.tag_compile_caches()
+    digest = step_mod.custom_op_source_digest()
+    assert tag == f"users-tag+dlrm-ops-{digest}" == config.cache_key_tag
+    assert step_mod.tag_compile_caches() == tag  # idempotent
+    # the digest follows the sources: a package with one more file hashes differently
+    pkg = tmp_path / "kernels"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "op.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib.util as iu
+
+    real = iu.find_spec
+    monkeypatch.setattr(iu, "find_spec", lambda name, *a: real(name, *a) if name != "kernels" else
+                        iu.spec_from_file_location("kernels", pkg / "__init__.py", submodule_search_locations=[str(pkg)]))
+    step_mod.custom_op_source_digest.cache_clear()
+    first = step_mod.custom_op_source_digest()
+    (pkg / "op.py").write_text("X = 2\n")
+    step_mod.custom_op_source_digest.cache_clear()
+    assert step_mod.custom_op_source_digest() != first
+    step_mod.custom_op_source_digest.cache_clear()

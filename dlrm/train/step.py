@@ -9,7 +9,11 @@ an ordinary custom op, so the whole forward is compiled.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import importlib.util
 import os
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -61,9 +65,40 @@ def compile_counters() -> dict[str, int]:
     }
 
 
+@functools.lru_cache(maxsize=1)
+def custom_op_source_digest() -> str:
+    """A digest of the sources that define this project's custom ops (`kernels/`, `dlrm/model/`)."""
+    digest = hashlib.sha256()
+    for package in ("kernels", "dlrm.model"):
+        spec = importlib.util.find_spec(package)
+        for root in (spec.submodule_search_locations or []) if spec else []:
+            for path in sorted(Path(root).rglob("*.py")):
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def tag_compile_caches() -> str:
+    """Add the custom ops' source digest to torch.compile's cache keys (``torch.compiler.config.cache_key_tag``,
+    keeping a tag the user set); returns the tag.
+
+    Inductor's on-disk caches key a graph by its FX code, which names a custom op but not what its fake
+    implementation returns (pytorch/pytorch#160472): after a change to an op's outputs, a graph compiled by the
+    old code was reloaded and failed on its output's shape (found on the H100, torch 2.11, 2026-11-24, when the
+    one-hot lookup stopped writing rows). Runs of the same sources still share the caches."""
+    config = getattr(torch.compiler, "config", None)
+    if config is None or not hasattr(config, "cache_key_tag"):
+        return ""
+    ours = f"dlrm-ops-{custom_op_source_digest()}"
+    tag = str(config.cache_key_tag or "")
+    if ours not in tag:
+        config.cache_key_tag = f"{tag}+{ours}" if tag else ours
+    return config.cache_key_tag
+
+
 def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what: str) -> Callable:
     if not cfg.enabled:
         return fn
+    tag_compile_caches()
     if device.type == "cpu" and (os.cpu_count() or 1) <= 4:
         # Inductor's pool of compile workers keeps competing for the cores after compilation;
         # on a 2-core machine that made compiled CPU steps ~50x slower than eager. Compile in-process.

@@ -91,14 +91,16 @@ def _sgd_atomic_kernel(
     # Relaxed adds: they need no ordering among themselves (the kernel's end orders them before any reader);
     # Triton's default, acq_rel, orders every add at GPU scope (relaxed: 1.01 -> 0.93 ms at D=128 fp32,
     # results/kernels_graph_embedding_relaxed.md). Stride-1 rows give vector reductions (red.global.add.v4.f32).
-    if hi - lo < SPAN:  # every row of the block in [lo, lo + SPAN): sum per row first
-        if hi >= lo:  # else no valid row in the block (multi-hot padding): nothing to add
-            j = tl.arange(0, SPAN)
-            onehot = ((rows - lo)[None, :] == j[:, None]) & valid[None, :]  # [SPAN, BLOCK_B]
-            sums = select_sum(onehot, g, SPLIT_FP32, DOT_16BIT)  # fp32 gradients: three exact bf16 parts
-            hit = tl.sum(onehot.to(tl.int32), axis=1) > 0
-            tl.atomic_add(w_ptr + (lo + j)[:, None] * stride_wr + d[None, :] * stride_wd, -lr * sums,
-                          mask=hit[:, None] & dmask[None, :], sem="relaxed")
+    # Every row of the block in [lo, lo + SPAN): sum per row first. (No valid row, e.g. multi-hot padding: lo = R >
+    # hi, and the per-position adds below are all masked off. One condition: the same test as two nested ifs ran
+    # 4% slower at D=16, 0.1307 -> 0.1250 ms.)
+    if (hi - lo < SPAN) & (hi >= lo):
+        j = tl.arange(0, SPAN)
+        onehot = ((rows - lo)[None, :] == j[:, None]) & valid[None, :]  # [SPAN, BLOCK_B]
+        sums = select_sum(onehot, g, SPLIT_FP32, DOT_16BIT)  # fp32 gradients: three exact bf16 parts
+        hit = tl.sum(onehot.to(tl.int32), axis=1) > 0
+        tl.atomic_add(w_ptr + (lo + j)[:, None] * stride_wr + d[None, :] * stride_wd, -lr * sums,
+                      mask=hit[:, None] & dmask[None, :], sem="relaxed")
     else:
         tl.atomic_add(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, -lr * g.to(tl.float32),
                       mask=valid[:, None] & dmask[None, :], sem="relaxed")
@@ -151,12 +153,15 @@ def hashes_in_update(weight: Tensor, vocab: Optional[Tensor], optimizer: str, de
                      weight_decay: float) -> bool:
     """Whether the fused lookup's backward takes the atomic update on raw values (hashing them again) instead of
     the rows its forward would write: plain SGD, non-deterministic, fp32 weights, no decay (the atomic path of
-    `kernels.embedding.update.sparse_update_impl`), modulus hashing. Not writing the [B, F] int64 rows made the
-    lookup of Kaggle's tables at D=16 7% faster (0.0711 -> 0.0656 ms at batch 65536, 74% -> 80% of copy
-    bandwidth, as fast as a gather of rows given; H100, benchmarks/PERF.md tenth run); the update reads the raw
-    values instead of the rows, as many bytes."""
+    `kernels.embedding.update.sparse_update_impl`), modulus hashing, rows of at most 32 columns.
+
+    Measured on an H100, Kaggle's tables, batch 65536 (benchmarks/PERF.md, tenth run): at D=16 not writing the
+    [B, F] int64 rows made the lookup 7% faster (0.0698 -> 0.0651 ms, 75% -> 80% of copy bandwidth, as fast as a
+    gather of rows given), and the update reads the raw values instead of the rows, as many bytes (0.1324 ->
+    0.1336 ms). At D=128 the rows are 1.6% of the lookup's bytes (0.4694 -> 0.4642 ms) while hashing in the
+    update's [64, 128] tiles cost 0.18 ms (0.675 -> 0.859 ms): there the forward writes the rows."""
     return optimizer == "sgd" and not deterministic and weight.dtype == torch.float32 and weight_decay == 0.0 \
-        and vocab is None
+        and vocab is None and weight.shape[1] <= 32
 
 
 @torch.library.custom_op("dlrm_kernels::embedding_sgd_atomic_hashed_", mutates_args=("weight",))
