@@ -16,6 +16,10 @@ One file per job:
 * `lookup`: the lookup forward (``dlrm_kernels::embedding_lookup``, ``dlrm_kernels::fused_embedding``);
 * `update`: the sorted segment-sum kernels of the fused sparse optimizer update and of the plain
   lookup's dense backward (``dlrm_kernels::embedding_sparse_update_``, ``dlrm_kernels::embedding_dense_grad``);
+  `segment_chunk` / `segment_carry` its two kernels, `row_update` the optimizer rules, `rounding` bf16 rounding;
+* `atomic_update`: plain SGD with atomic adds on fp32 tables (non-deterministic), and its op that hashes the raw
+  values itself (``dlrm_kernels::embedding_sgd_atomic_hashed_``: the lookup then writes no rows);
+* `select_sum`: sums of gradient rows picked by a 0/1 matrix (fp32 gradients as three exact bf16 parts);
 * `module`: ``TritonSparseEmbedding`` and its ``SparseOptimizerConfig``;
 * `pooled`: the multi-hot (sum-pooled) lookup with ``PAD_SPARSE`` slots, its fused update (the same
   segment kernels) with stochastic rounding for bf16 tables; `pooled_module`: ``TritonPooledEmbedding``.

@@ -11,9 +11,11 @@ of the sorted update (`kernels.embedding.segment_chunk`).
   result is an fp32 sum of the same values, rounded as any fp32 sum is. (A part below fp32's normal range, 2^-126,
   may be flushed to zero by the MMA: an absolute error far below the gradients' own rounding.)
 
-  This replaced 3-pass TF32 (``input_precision="tf32x3"``, which also carries ~fp32 accuracy): on an H100, Kaggle's
-  tables at D=16, batch 65536, fp32 gradients, the atomic update took 0.1266 ms against 0.1654 (50% against 39%
-  of copy bandwidth; the single-pass bf16 product, inexact, 0.1248; benchmarks/PERF.md, tenth run).
+  This replaced 3-pass TF32 (``input_precision="tf32x3"``, which also carries ~fp32 accuracy). On an H100, batch
+  65536, fp32 gradients (benchmarks/PERF.md, tenth run): the atomic update of Kaggle's tables at D=16 took
+  0.130-0.132 ms against 0.161 (48% against 39% of copy bandwidth; the single-pass bf16 product, inexact, was no
+  faster), at D=128 0.675 against 1.104 ms (with the column-major launch it made possible); the deterministic
+  update at D=128 0.826 against 0.897 ms.
 
 ``DOT_16BIT`` false (the interpreter, whose ``tl.dot`` mishandles 16-bit operands): the same parts, multiplied in
 exact fp32 (``input_precision="ieee"``), so CI runs the split itself.
