@@ -95,7 +95,8 @@ def atomic_update_launch(block_d: int, fp32_grad: bool = False) -> tuple[int, in
 
     Measured on an H100, batch 65536, uniform ids (PERF.md, ninth and tenth runs): 128 samples and 4 warps was the
     fastest or within 5% of it except for fp32 gradients at D=128: Kaggle's tables at D=16 0.106 ms with bf16
-    gradients (64 x 4: 0.150, 256 x 8: 0.117) and 0.131 ms with fp32 ones (64 x 4: 0.155, 128 x 8: 0.169); at D=64,
+    gradients (64 x 4: 0.150, 256 x 8: 0.117) and 0.131 ms with fp32 ones (64 x 4: 0.155, 128 x 8: 0.169; 0.126 since
+    the parts are converted early at D <= 32, `kernels.embedding.select_sum`); at D=64,
     fp32, 0.329 (64 x 4: 0.336); Terabyte's (10M-row cap) at D=128 with bf16 gradients 0.551 ms (128 x 8: 0.575,
     64 x 8: 0.584), with fp32 ones 64 x 4 0.726 ms (128 x 4: 0.761, 32 x 4: 0.799; Kaggle's tables capped at 4M rows
     alike), their [BLOCK_B, 128] fp32 tiles and three bf16 parts costing registers.

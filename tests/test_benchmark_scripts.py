@@ -271,7 +271,8 @@ def test_pooled_embedding_lookup_launches_add_forward_rows_and_restore_the_picke
 
 def test_onehot_embedding_sweep_smoke_times_each_launch_and_update(tmp_path):
     """benchmarks/onehot_embedding_sweep.py --smoke: each lookup launch, the deterministic update and (fp32) the
-    atomic one, for D=16 and 128, with kernels.py's byte counts; the forced launch is reset afterwards."""
+    atomic one with the lookup ahead of it and the update that hashes the raw values, for D=16 and 128, with
+    kernels.py's byte counts; the forced launch is reset afterwards."""
     sw = load_script("onehot_embedding_sweep")
     import kernels.embedding.lookup as lookup
 
@@ -279,7 +280,8 @@ def test_onehot_embedding_sweep_smoke_times_each_launch_and_update(tmp_path):
     rows = read_csv(tmp_path / "s.csv")
     want = [(d, t, op, la) for d in ("16", "128") for t in ("bfloat16", "float32")
             for op, la in [("fwd", "picked"), ("fwd", "16x2"), ("bwd", "picked")]
-            + ([("bwd_atomic", "picked")] if t == "float32" else [])]
+            + ([("fwd_atomic", "picked"), ("bwd_atomic", "picked"), ("bwd_atomic_hashed", "picked")]
+               if t == "float32" else [])]
     assert [(r["dim"], r["dtype"], r["op"], r["launch"]) for r in rows] == want
     assert all(r["status"] == "ok" and float(r["ms"]) > 0 and r["batch"] == "8" for r in rows), rows
     assert lookup.LOOKUP_LAUNCH_OVERRIDE is None and (tmp_path / "s.png").stat().st_size > 0

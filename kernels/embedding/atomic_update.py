@@ -12,7 +12,7 @@ otherwise every position adds its own gradient. fp32 gradients are summed as thr
 (`kernels.embedding.select_sum`). Measured on an H100 (benchmarks/PERF.md, ninth and tenth runs), batch 65536,
 uniform ids, against the position-major kernel this replaced (consecutive positions a program, one add each):
 Kaggle's tables at D=16 0.240 -> 0.106-0.117 ms with bf16 gradients (what bf16 autocast hands back) and
-0.161 -> 0.130-0.132 ms with fp32 ones (0.253 before the ninth run); Terabyte's (10M-row cap) at D=128 0.890 ->
+0.161 -> 0.125-0.126 ms with fp32 ones (0.253 before the ninth run); Terabyte's (10M-row cap) at D=128 0.890 ->
 0.551-0.575 ms with bf16 gradients and 0.986 -> 0.726 ms with fp32 ones. The adds to a tiny table's few rows had
 serialised on their addresses: 65536 adds a step to each of a 3-row table's rows, now 512. With 3-pass TF32
 products (``tf32x3``) instead of the bf16 parts, fp32 gradients at D >= 64 had been 6-17% slower than the

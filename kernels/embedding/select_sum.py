@@ -13,9 +13,9 @@ of the sorted update (`kernels.embedding.segment_chunk`).
 
   This replaced 3-pass TF32 (``input_precision="tf32x3"``, which also carries ~fp32 accuracy). On an H100, batch
   65536, fp32 gradients (benchmarks/PERF.md, tenth run): the atomic update of Kaggle's tables at D=16 took
-  0.130-0.132 ms against 0.161 (48% against 39% of copy bandwidth; the single-pass bf16 product, inexact, was no
+  0.125-0.126 ms against 0.161 (50% against 39% of copy bandwidth; the single-pass bf16 product, inexact, was no
   faster), at D=128 0.675 against 1.104 ms (with the column-major launch it made possible); the deterministic
-  update at D=128 0.826 against 0.897 ms.
+  update at D=128 0.823-0.827 against 0.897 ms.
 
 ``DOT_16BIT`` false (the interpreter, whose ``tl.dot`` mishandles 16-bit operands): the same parts, multiplied in
 exact fp32 (``input_precision="ieee"``), so CI runs the split itself.
@@ -33,23 +33,40 @@ def bf16_head(x):
 
 
 @triton.jit
+def _split3(g):
+    """``(hi, mid, lo)``: three bf16 values (held in fp32) with ``hi + mid + lo == g`` exactly."""
+    hi = bf16_head(g)
+    rest = g - hi
+    mid = bf16_head(rest)
+    return hi, mid, rest - mid
+
+
+@triton.jit
 def select_sum(sel, g, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr):
     """``sel @ g`` in fp32 for a boolean ``sel`` [M, K] and ``g`` [K, D] (M, K, D >= 16, powers of two).
 
     ``SPLIT_FP32``: ``g`` is fp32 (three exact bf16 parts); else 16-bit. ``DOT_16BIT``: 16-bit products on the
     tensor cores (GPUs); else exact fp32 products (the interpreter)."""
     if SPLIT_FP32:
-        g = g.to(tl.float32)
-        hi = bf16_head(g)
-        rest = g - hi
-        mid = bf16_head(rest)
-        lo = rest - mid
-        if DOT_16BIT:
+        if DOT_16BIT and g.shape[1] <= 32:
+            # Narrow rows: every operand in bf16 before the first product. Converted between the products, the fp32
+            # parts stayed live across them: 138 registers a thread against 86 in the atomic update at D=16, 0.131
+            # -> 0.126 ms. At D=128 the early conversion was slower (atomic update 0.675 -> 0.691 ms, deterministic
+            # 0.826 -> 0.856): there each part is converted just before its product (H100, PERF.md tenth run).
+            s = sel.to(tl.bfloat16)
+            hi, mid, lo = _split3(g.to(tl.float32))
+            hi16, mid16, lo16 = hi.to(tl.bfloat16), mid.to(tl.bfloat16), lo.to(tl.bfloat16)
+            acc = tl.dot(s, lo16)
+            acc = tl.dot(s, mid16, acc)
+            acc = tl.dot(s, hi16, acc)
+        elif DOT_16BIT:
+            hi, mid, lo = _split3(g.to(tl.float32))
             s = sel.to(tl.bfloat16)
             acc = tl.dot(s, lo.to(tl.bfloat16))
             acc = tl.dot(s, mid.to(tl.bfloat16), acc)
             acc = tl.dot(s, hi.to(tl.bfloat16), acc)
         else:
+            hi, mid, lo = _split3(g.to(tl.float32))
             s = sel.to(tl.float32)
             acc = tl.dot(s, lo, input_precision="ieee")
             acc = tl.dot(s, mid, acc, input_precision="ieee")
