@@ -30,8 +30,8 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels import heuristics
-from kernels._backend import check_triton_device, device_context, interpret_mode
-from kernels.embedding.hashing import _hash_values
+from kernels._backend import device_context, interpret_mode
+from kernels.embedding.hashing import _hash_values, check_hash_inputs
 from kernels.embedding.select_sum import select_sum
 
 
@@ -156,8 +156,8 @@ def hashes_in_update(weight: Tensor, vocab: Optional[Tensor], optimizer: str, de
 
     Measured on an H100, Kaggle's tables, batch 65536 (benchmarks/PERF.md, tenth run): at D=16 not writing the
     [B, F] int64 rows made the lookup 7% faster (0.0698 -> 0.0651 ms, 75% -> 80% of copy bandwidth, as fast as a
-    gather of rows given), and the update reads the raw values instead of the rows, as many bytes (0.1324 ->
-    0.1336 ms). At D=128 the rows are 1.6% of the lookup's bytes (0.4694 -> 0.4642 ms) while hashing in the
+    gather of rows given), and the update reads the raw values instead of the rows, as many bytes (0.1260 ->
+    0.1254 ms). At D=128 the rows are 1.6% of the lookup's bytes (0.4694 -> 0.4642 ms) while hashing in the
     update's [64, 128] tiles cost 0.18 ms (0.675 -> 0.859 ms): there the forward writes the rows."""
     return optimizer == "sgd" and not deterministic and weight.dtype == torch.float32 and weight_decay == 0.0 \
         and vocab is None and weight.shape[1] <= 32
@@ -167,17 +167,18 @@ def hashes_in_update(weight: Tensor, vocab: Optional[Tensor], optimizer: str, de
 def _sgd_atomic_hashed_op(raw: Tensor, cardinalities: Tensor, offsets: Tensor, grad_out: Tensor, weight: Tensor,
                           lr: Tensor) -> None:
     """``weight[hash(raw[b, f])] -= lr * grad_out[b, f]`` with atomic adds (fp32 weights, modulus hashing)."""
-    if raw.dim() != 2 or grad_out.dim() != 3 or tuple(grad_out.shape[:2]) != tuple(raw.shape):
+    check_hash_inputs(raw, cardinalities, offsets, None, None)
+    if grad_out.dim() != 3 or tuple(grad_out.shape[:2]) != tuple(raw.shape):
         raise ValueError(f"raw [B, F] and grad_out [B, F, D] disagree: {tuple(raw.shape)}, {tuple(grad_out.shape)}")
     if weight.dim() != 2 or weight.dtype != torch.float32 or grad_out.shape[2] != weight.shape[1]:
         raise ValueError(f"weight must be float32 [R, D] with grad_out's D, got {weight.dtype} {tuple(weight.shape)}")
     if lr.numel() != 1 or lr.dtype != torch.float32 or lr.device != weight.device:
         raise ValueError("lr must be a one-element float32 tensor on weight's device")
-    check_triton_device(weight.device, "sparse embedding update kernels")
     if raw.numel() == 0 or weight.shape[1] == 0:
         return
+    hashing = (cardinalities.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous())
     with device_context(weight):
-        _sgd_atomic_update(raw, grad_out, weight, lr, hashing=(cardinalities, offsets))
+        _sgd_atomic_update(raw, grad_out, weight, lr, hashing=hashing)
 
 
 @_sgd_atomic_hashed_op.register_fake

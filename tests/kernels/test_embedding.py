@@ -433,6 +433,23 @@ def test_sparse_update_rejects_bad_inputs(device):
         embedding_sparse_update_(rows, grad, weight, None, torch.tensor(LR, dtype=torch.float64, device=device), "sgd")
 
 
+def test_hashed_atomic_update_rejects_bad_inputs(device):
+    case = make_case(3, 2, "modulus").to(device)
+    card, off = case.hash_args()[:2]
+    weight = make_weight(case.num_rows, 16, device)
+    grad = make_grad(3, 2, 16, "contiguous", device)
+    lr = torch.tensor(LR, device=device)
+    op = torch.ops.dlrm_kernels.embedding_sgd_atomic_hashed_
+    with pytest.raises(ValueError, match="grad_out"):
+        op(case.raw, card, off, grad[:2], weight, lr)
+    with pytest.raises(ValueError, match="float32"):
+        op(case.raw, card, off, grad, weight.bfloat16(), lr)
+    with pytest.raises(ValueError, match="cardinalities"):
+        op(case.raw, card[:1], off, grad, weight, lr)
+    with pytest.raises(ValueError, match="lr"):
+        op(case.raw, card, off, grad, weight, lr.double())
+
+
 # ----------------------------------------------------------------------------------------------------
 # Autograd glue and module
 # ----------------------------------------------------------------------------------------------------
