@@ -80,8 +80,8 @@ def device_times(prof) -> list[tuple[str, float, int]]:
     return out
 
 
-def profile_step(cfg, variant: str, batch_size: int, precision: str, steps: int, warmup: int):
-    """(step ms from CUDA events, per-category rows, top kernels) of `variant` on synthetic batches."""
+def profile_step(cfg, variant: str, batch_size: int, precision: str, steps: int, warmup: int, top_n: int = 15):
+    """(step ms from CUDA events, per-category rows, the `top_n` longest kernels) of `variant` on synthetic batches."""
     from torch.profiler import ProfilerActivity, profile
 
     cfg = variant_config(cfg, variant)
@@ -109,7 +109,7 @@ def profile_step(cfg, variant: str, batch_size: int, precision: str, steps: int,
     rows.sort(key=lambda r: -r["ms_per_step"])
     for r in rows:
         r["share_of_step"] = r["ms_per_step"] / step_ms
-    top = sorted(kernels, key=lambda k: -k[1])[:15]
+    top = sorted(kernels, key=lambda k: -k[1])[:top_n]
     return step_ms, rows, [(n, us / 1e3 / steps, calls // steps, category(n)) for n, us, calls in top]
 
 
@@ -135,6 +135,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation, graph capture)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="step_profile")
+    ap.add_argument("--top", type=int, default=15, help="kernels listed by time (the table of top kernels)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device (the profile is of device kernels)")
@@ -145,7 +146,8 @@ def main(argv=None) -> int:
         cfg.data.max_rows_per_table = args.max_rows
     precision = args.precision or cfg.train.precision
     env = environment(torch.device("cuda"))
-    step_ms, rows, top = profile_step(cfg, args.variant, args.batch_size, precision, args.steps, args.warmup)
+    step_ms, rows, top = profile_step(cfg, args.variant, args.batch_size, precision, args.steps, args.warmup,
+                                      args.top)
     title = f"{Path(args.config).name}, {args.variant}, {precision}, batch {args.batch_size}: one step's device time"
     cat_lines = ["| what | device ms per step | share of the step | distinct kernels |", "| --- | ---: | ---: | ---: |"]
     cat_lines += [md_row([r["category"], f"{r['ms_per_step']:.3f}", f"{100 * r['share_of_step']:.1f}%", r["kernels"]])

@@ -261,7 +261,8 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalitie
     if saved_sizes != sizes:
         raise ConfigError(f"{path}: multi_hot_sizes differ: checkpoint {saved_sizes}, this run's data {sizes}")
     saved_model = state["config"]["model"]
-    for key in ("embedding_dim", "bottom_mlp", "top_mlp", "interaction", "activation", "top_mlp_input_multiple"):
+    for key in ("embedding_dim", "bottom_mlp", "top_mlp", "interaction", "activation", "top_mlp_input_multiple",
+                "bottom_mlp_input_multiple"):
         saved_value = saved_model.get(key, getattr(ModelConfig(), key))  # keys added later: their default
         if saved_value != model_cfg.get(key):
             raise ConfigError(f"{path}: model.{key} differs: checkpoint {saved_value!r}, this run {model_cfg.get(key)!r}")

@@ -109,7 +109,16 @@ class ModelConfig:
     of this (8: 367 -> 368 for Kaggle, 479 -> 480 for Terabyte, as NVIDIA's DLRM pads), which
     aligns the first top-MLP GEMM's reduction dimension for tensor cores. The extra inputs are
     always zero, so their weights get zero gradients and the model computes the same function;
-    1: no padding."""
+    1: no padding. The Triton interaction writes the zero columns itself (no copy), and Inductor no
+    longer pads the GEMM's input and gradient on its own; configs/kaggle.json and terabyte.json set 8
+    (bf16, batch 65536, H100, in one call: Kaggle 1.613 -> 1.543 ms a step, Terabyte 4.321 -> 4.258;
+    benchmarks/PERF.md, eleventh run)."""
+    bottom_mlp_input_multiple: int = 1
+    """The same for the DenseArch's input: zero columns appended to the 13 dense features up to a
+    multiple of this (8: 13 -> 16), so the first bottom-MLP layer's GEMMs get an aligned width
+    (cuBLAS runs its weight gradient, K = 13, in an alignment-1 CUTLASS kernel). Same function, zero
+    gradients for the extra weight columns; 1: no padding. Measured without a gain (Kaggle and
+    Terabyte bf16, batch 65536, H100: the same step time either way), so the configs leave it at 1."""
     cardinalities: Optional[list[int]] = None
     """Table sizes for runs without a dataset (synthetic benchmarks); a dataset's metadata wins otherwise."""
     multi_hot_sizes: Optional[list[int]] = None
@@ -424,6 +433,7 @@ def _check_model(m: ModelConfig) -> None:
     """The network's shape: widths, the interaction's and the logit's constraints, table sizes."""
     _positive("model.embedding_dim", m.embedding_dim, maximum=MAX_SIZE)
     _positive("model.top_mlp_input_multiple", m.top_mlp_input_multiple, maximum=MAX_SIZE)
+    _positive("model.bottom_mlp_input_multiple", m.bottom_mlp_input_multiple, maximum=MAX_SIZE)
     for name in ("bottom_mlp", "top_mlp"):
         widths = getattr(m, name)
         if not widths:

@@ -139,6 +139,40 @@ def test_dlrm_forward_backward_reaches_every_parameter(interaction):
 
 
 @pytest.mark.parametrize("interaction", ["dot", "cat"])
+def test_bottom_mlp_input_padding_computes_the_same_function(interaction):
+    """model.bottom_mlp_input_multiple appends zero columns to the 13 dense features: same logits and
+    gradients as the unpadded model with the shared weights, zero gradients for the padded columns."""
+    from dlrm.config import ModelConfig
+    from dlrm.model.dlrm import build_model
+
+    base = dict(embedding_dim=3, bottom_mlp=[5, 3], top_mlp=[4, 1], interaction=interaction)
+    plain = build_model(ModelConfig(**base), [3, 1, 7]).double()
+    padded = build_model(ModelConfig(**base, bottom_mlp_input_multiple=8), [3, 1, 7]).double()
+    assert padded.dense_arch.model.layers[0].weight.shape == (5, 16)
+    with torch.no_grad():
+        for (k, a), (_, b) in zip(plain.named_parameters(), padded.named_parameters()):
+            if a.shape == b.shape:
+                b.copy_(a)
+            else:  # the first DenseArch layer: padded weight columns
+                b[:, :13].copy_(a)
+                b[:, 13:] = 0.5
+    dense = torch.randn(13, 3, dtype=torch.float64).t()  # batch 3, non-contiguous
+    raw = torch.tensor([[5, -1, 9], [0, 3, 2**32 - 1], [7, 7, 7]])
+    out_plain, out_padded = plain(dense, raw), padded(dense, raw)
+    torch.testing.assert_close(out_padded, out_plain, rtol=1e-12, atol=1e-12)
+    out_plain.sum().backward()
+    out_padded.sum().backward()
+    for (k, a), (_, b) in zip(plain.named_parameters(), padded.named_parameters()):
+        ga, gb = a.grad.to_dense(), b.grad.to_dense()
+        if a.shape == b.shape:
+            torch.testing.assert_close(gb, ga, rtol=1e-12, atol=1e-12, msg=k)
+        else:
+            torch.testing.assert_close(gb[:, :13], ga, rtol=1e-12, atol=1e-12, msg=k)
+            assert torch.equal(gb[:, 13:], torch.zeros_like(gb[:, 13:]))
+    assert set(plain.state_dict()) == set(padded.state_dict())
+
+
+@pytest.mark.parametrize("interaction", ["dot", "cat"])
 def test_top_mlp_input_padding_computes_the_same_function(interaction):
     """model.top_mlp_input_multiple appends zero inputs: same logits as the unpadded model with the
     shared weights, zero gradients for the padded weight columns, every other gradient equal."""

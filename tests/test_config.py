@@ -28,6 +28,8 @@ def test_published_architectures():
     assert (tb.model.embedding_dim, tb.model.bottom_mlp, tb.model.top_mlp) == (128, [512, 256, 128], [1024, 1024, 512, 256, 1])
     # dataset tables as MLPerf caps them (40M); the model caps them again so fp32 fits 80 GB
     assert max(tb.model.cardinalities) == 40_000_000 and tb.data.max_rows_per_table == 10_000_000
+    # the top-MLP input padded to aligned widths (367 -> 368, 479 -> 480), as NVIDIA's DLRM pads it
+    assert kaggle.model.top_mlp_input_multiple == tb.model.top_mlp_input_multiple == 8
 
 
 BAD = [
@@ -42,6 +44,8 @@ BAD = [
     ({"model": {"bottom_mlp": [64, -16]}}, r"model.bottom_mlp\[1\]: -16 must be > 0"),
     ({"model": {"top_mlp": [64, 2]}}, r"model.top_mlp\[-1\]: 2 must be 1"),
     ({"model": {"top_mlp": []}}, r"model.top_mlp: must list at least one"),
+    ({"model": {"top_mlp_input_multiple": 0}}, r"model.top_mlp_input_multiple: 0 must be > 0"),
+    ({"model": {"bottom_mlp_input_multiple": -8}}, r"model.bottom_mlp_input_multiple: -8 must be > 0"),
     ({"model": {"cardinalities": [3] * 25}}, r"model.cardinalities: has 25 entries, expected 26"),
     ({"model": {"cardinalities": [3] * 25 + ["x"]}}, r"model.cardinalities\[25\]: expected an integer, got 'x'"),
     ({"optim": {"dense": {"lr": -1.0}}}, r"optim.dense.lr: -1.0 must be > 0"),

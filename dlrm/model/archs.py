@@ -105,21 +105,28 @@ class DenseArch(nn.Module):
         widths: layer widths, the last equal to D for the dot interaction.
         activation: activation name (applied after every layer, as in the reference DLRM).
         mlp_cls: the layer chain's class (`MLP`, or `kernels.mlp.FusedMLP`: same parameters).
+        input_multiple: zero columns are appended to the input up to a multiple of this
+            (``model.bottom_mlp_input_multiple``; the first layer's weight is that wide).
 
     Example:
         >>> DenseArch(13, [64, 16])(torch.randn(4, 13)).shape
         torch.Size([4, 16])
+        >>> DenseArch(13, [64, 16], input_multiple=8).model.layers[0].weight.shape
+        torch.Size([64, 16])
 
     Shapes: [B, 13] -> [B, D].
     """
 
     def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None,
-                 dropout: float = 0.0, mlp_cls=None) -> None:
+                 dropout: float = 0.0, mlp_cls=None, input_multiple: int = 1) -> None:
         super().__init__()
-        self.model = (mlp_cls or MLP)(in_features, widths, activation, activate_last=True, linear_cls=linear_cls,
-                                      dropout=dropout)
+        self.pad = -in_features % input_multiple
+        self.model = (mlp_cls or MLP)(in_features + self.pad, widths, activation, activate_last=True,
+                                      linear_cls=linear_cls, dropout=dropout)
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
+        if self.pad:  # under torch.compile the zeros are written by the kernel that casts the input
+            dense = F_.pad(dense, (0, self.pad))
         return self.model(dense)
 
 

@@ -119,7 +119,7 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
 
         mlp_cls = FusedMLP
     dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout,
-                           mlp_cls=mlp_cls)
+                           mlp_cls=mlp_cls, input_multiple=cfg.bottom_mlp_input_multiple)
     multi_hot = multi_hot_sizes is not None and any(s != 1 for s in multi_hot_sizes)
     if sparse_arch is not None:
         sparse_arch = sparse_arch()
@@ -147,12 +147,13 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
         crossnet_cls = TritonLowRankCrossNet
     interaction = InteractionArch(len(cardinalities), cfg.embedding_dim, cfg.interaction,
                                   cross_layers=cfg.cross_layers, cross_rank=cfg.cross_rank, crossnet_cls=crossnet_cls)
+    pad = -interaction.output_dim % cfg.top_mlp_input_multiple
     if kernels.interaction == "triton" and cfg.interaction == "dot":
         from kernels.interaction import TritonDotInteraction
 
-        interaction = TritonDotInteractionArch(interaction, TritonDotInteraction())
-    pad = -interaction.output_dim % cfg.top_mlp_input_multiple
-    if pad:
+        # the kernel writes the zero columns itself: no copy of its output
+        interaction = TritonDotInteractionArch(interaction, TritonDotInteraction(), pad)
+    elif pad:
         interaction = PaddedInteraction(interaction, pad)
     over_arch = OverArch(interaction.output_dim, cfg.top_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout,
                          mlp_cls=mlp_cls)
@@ -204,12 +205,19 @@ class PaddedInteraction(nn.Module):
 
 
 class TritonDotInteractionArch(nn.Module):
-    """InteractionArch whose dot product runs in the fused Triton kernel; same (empty) state."""
+    """InteractionArch whose dot product runs in the fused Triton kernel; same (empty) state.
 
-    def __init__(self, eager: InteractionArch, op: nn.Module) -> None:
+    `pad`: zero columns after the pairs, written by the kernel (as `PaddedInteraction` adds them to
+    the eager arch's output); ``output_dim`` counts them.
+    """
+
+    def __init__(self, eager: InteractionArch, op: nn.Module, pad: int = 0) -> None:
         super().__init__()
-        self.output_dim = eager.output_dim
+        self.output_dim = eager.output_dim + pad
         self.op = op
+        self.pad = pad
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        return self.op(torch.cat([dense.unsqueeze(1), sparse.to(dense.dtype)], dim=1))
+        # The two parts go to the kernel as they are: no [B, F + 1, D] concatenation (a pass over the
+        # embeddings each way), and the embeddings' gradient comes back contiguous.
+        return self.op(dense, sparse.to(dense.dtype), self.pad)
