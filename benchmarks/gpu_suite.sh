@@ -124,16 +124,21 @@ for part in "$@"; do
         --batch-sizes 65536 --variants triton-embedding-interaction+step-graph --precisions bf16 \
         --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_stepgraph_bf16
       ;;
-    pad)  # the same Kaggle model with its top-MLP input padded 367 -> 368 (model.top_mlp_input_multiple 8)
-      python - <<'EOF'
-import json
-c = json.load(open("configs/kaggle.json"))
-c["model"]["top_mlp_input_multiple"] = 8
-json.dump(c, open("/tmp/kaggle-pad8.json", "w"))
+    pad)  # the top-MLP input unpadded (model.top_mlp_input_multiple 1) against the configs' 8 (367 -> 368,
+      # 479 -> 480; the Triton interaction writes the zero columns), Kaggle and Terabyte, bf16 at 65536
+      for c in kaggle terabyte; do
+        for m in 1 8; do
+          python - "$c" "$m" <<'EOF'
+import json, sys
+c = json.load(open(f"configs/{sys.argv[1]}.json"))
+c["model"]["top_mlp_input_multiple"] = int(sys.argv[2])
+json.dump(c, open(f"/tmp/{sys.argv[1]}-pad{sys.argv[2]}.json", "w"))
 EOF
-      run train_kaggle_pad8 170 python benchmarks/train_throughput.py --config /tmp/kaggle-pad8.json \
-        --batch-sizes 65536,2048 --variants eager,compiled-cudagraphs,triton-embedding+cudagraphs --precisions tf32,bf16 \
-        --warmup 15 --steps 30 --windows 5 --out "$RES" --name train_throughput_kaggle_pad8
+          run "train_${c}_pad$m" 150 python benchmarks/train_throughput.py --config "/tmp/$c-pad$m.json" \
+            --batch-sizes 65536 --variants triton-embedding-interaction+step-graph --precisions bf16 \
+            --warmup 15 --steps 30 --windows 5 --out "$RES" --name "train_throughput_${c}_pad$m"
+        done
+      done
       ;;
     terabyte)  # configs/terabyte.json (MLPerf-style, tables capped at 10M rows), bf16 at batch 65536
       run train_terabyte 170 python benchmarks/train_throughput.py --config configs/terabyte.json \
