@@ -341,7 +341,10 @@ def interaction_launch(block_d: int, dtype: torch.dtype, backward: bool) -> Inte
 
     Measured on an H100, B=65536, F1=27 (us, forward/backward; bytes moved at 3 TB/s in brackets):
     D=16 fp32 96/148 [70/108], bf16 55/80 [35/54]; D=128 fp32 733/827 [344/646], bf16 178/330 [172/323]
-    (torch.compile of the reference forward: ~300 us at D=16, ~1200 us at D=128).
+    (torch.compile of the reference forward: ~300 us at D=16, ~1200 us at D=128). Since the kernels take
+    the dense vector and the embeddings as two tensors (2026-11-24, eleventh run): the same in bf16 (D=128
+    179/332, D=16 60/85), the fp32 forward at D=16 123-140 us (109 at 16 samples, 2 warps, not kept: its
+    backward was not timed).
     """
     if INTERACTION_OVERRIDE is not None:
         return InteractionLaunch(*INTERACTION_OVERRIDE)

@@ -8,7 +8,8 @@ kernels as two tensors, ``dense [B, D]`` and ``sparse [B, F, D]``, so the model 
 pass over the embeddings each way: 0.30 ms a step at Terabyte's D=128, batch 65536). Output ``[B, D + T]`` =
 ``cat(x[:, 0, :], Z[b, i, j] for (i, j) in torch.tril_indices(F1, F1, offset=-1))`` with ``Z = x @ x^T``:
 the strictly lower triangle in row-major order (1,0), (2,0), (2,1), (3,0), ..., so pair (i, j) sits at
-column ``D + i * (i - 1) / 2 + j``.
+column ``D + i * (i - 1) / 2 + j``; then ``pad`` zero columns if asked (``model.top_mlp_input_multiple``:
+an aligned input for the top MLP's GEMM, without the copy a separate pad would cost).
 
 Forward: each program loops over a few samples; per sample it loads ``x`` (row 0 from ``dense``, the rest
 from ``sparse``), computes ``Z`` with a ``[F1, D] x [D, F1]`` ``tl.dot`` (fp32 accumulate; fp32 inputs use
@@ -19,7 +20,7 @@ Backward: likewise, per sample it gathers the triangle's gradient into ``G [F1, 
 per element (strict triangle), so casting it to bf16 for a bf16 ``tl.dot`` is exact.
 
 File layout: ``@triton.jit`` kernels, host launchers, ``torch.library`` custom ops
-(``dlrm_kernels::dot_interaction(dense, sparse)`` and its backward) with fake and autograd registrations,
+(``dlrm_kernels::dot_interaction(dense, sparse, pad)`` and its backward) with fake and autograd registrations,
 then ``dot_interaction_split`` (what the model calls), ``dot_interaction`` (one [B, F1, D] tensor), the
 plain-torch ``dot_interaction_reference`` and ``TritonDotInteraction``.
 """
