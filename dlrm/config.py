@@ -45,7 +45,6 @@ KernelChoice = Literal["auto", "torch", "triton"]
 MlpKernelChoice = Literal["auto", "torch", "triton", "fused"]
 Auto = Literal["auto"]
 
-
 from dlrm.errors import ConfigError  # noqa: E402,F401 - defined low (dlrm.errors), raised and caught everywhere
 
 
@@ -105,20 +104,11 @@ class ModelConfig:
     activation: Activation = "relu"
     """Activation between MLP layers (none after the last OverArch layer)."""
     top_mlp_input_multiple: int = 1
-    """Append zero columns to the interaction output so the OverArch's input width is a multiple
-    of this (8: 367 -> 368 for Kaggle, 479 -> 480 for Terabyte, as NVIDIA's DLRM pads), which
-    aligns the first top-MLP GEMM's reduction dimension for tensor cores. The extra inputs are
-    always zero, so their weights get zero gradients and the model computes the same function;
-    1: no padding. The Triton interaction writes the zero columns itself (no copy), and Inductor no
-    longer pads the GEMM's input and gradient on its own; configs/kaggle.json and terabyte.json set 8
-    (bf16, batch 65536, H100, in one call: Kaggle 1.613 -> 1.543 ms a step, Terabyte 4.321 -> 4.258;
-    benchmarks/PERF.md, eleventh run)."""
+    """Zeros appended to the interaction output up to a multiple of this (8: 367 -> 368, 479 -> 480): an
+    aligned top-MLP GEMM, the same function (the extra weights get zero gradients); 1: none. The Kaggle
+    and Terabyte configs set 8 (Kaggle bf16 1.613 -> 1.543 ms a step; PERF.md, eleventh run)."""
     bottom_mlp_input_multiple: int = 1
-    """The same for the DenseArch's input: zero columns appended to the 13 dense features up to a
-    multiple of this (8: 13 -> 16), so the first bottom-MLP layer's GEMMs get an aligned width
-    (cuBLAS runs its weight gradient, K = 13, in an alignment-1 CUTLASS kernel). Same function, zero
-    gradients for the extra weight columns; 1: no padding. Measured without a gain (Kaggle and
-    Terabyte bf16, batch 65536, H100: the same step time either way), so the configs leave it at 1."""
+    """The same for the 13 dense inputs (8: 13 -> 16); no gain measured, so the configs leave it at 1."""
     cardinalities: Optional[list[int]] = None
     """Table sizes for runs without a dataset (synthetic benchmarks); a dataset's metadata wins otherwise."""
     multi_hot_sizes: Optional[list[int]] = None
@@ -432,8 +422,8 @@ def _check_data(d: DataConfig) -> None:
 def _check_model(m: ModelConfig) -> None:
     """The network's shape: widths, the interaction's and the logit's constraints, table sizes."""
     _positive("model.embedding_dim", m.embedding_dim, maximum=MAX_SIZE)
-    _positive("model.top_mlp_input_multiple", m.top_mlp_input_multiple, maximum=MAX_SIZE)
-    _positive("model.bottom_mlp_input_multiple", m.bottom_mlp_input_multiple, maximum=MAX_SIZE)
+    for key in ("top_mlp_input_multiple", "bottom_mlp_input_multiple"):
+        _positive(f"model.{key}", getattr(m, key), maximum=MAX_SIZE)
     for name in ("bottom_mlp", "top_mlp"):
         widths = getattr(m, name)
         if not widths:
