@@ -42,7 +42,7 @@ from dlrm.data.schema import MAX_MULTI_HOT_SIZE, NUM_SPARSE
 
 Activation = Literal["relu", "sigmoid", "gelu", "squared_relu", "none"]
 KernelChoice = Literal["auto", "torch", "triton"]
-MlpKernelChoice = Literal["auto", "torch", "triton", "fused"]
+MlpKernelChoice = Literal["auto", "torch", "triton", "fused", "wgrad"]
 Auto = Literal["auto"]
 
 from dlrm.errors import ConfigError  # noqa: E402,F401 - defined low (dlrm.errors), raised and caught everywhere
@@ -272,9 +272,9 @@ class KernelsConfig:
     embedding: KernelChoice = "auto"
     interaction: KernelChoice = "auto"
     mlp: MlpKernelChoice = "auto"
-    """torch: nn.Linear layers; triton: the Triton linear kernel per layer; fused: kernels.mlp.FusedMLP,
-    the whole ReLU chain as one autograd node (cuBLASLt bias+ReLU epilogue forward, one Triton kernel
-    for the ReLU mask and bias gradient, weight gradients on a side stream; needs relu and no dropout)."""
+    """torch: nn.Linear; triton: the Triton linear kernel per layer; fused: kernels.mlp.FusedMLP (cuBLASLt
+    bias+ReLU epilogues, weight gradients on a side stream; relu, no dropout); wgrad: nn.Linear forward,
+    dW and db from one Triton GEMM with the ReLU mask and bias sum fused (kernels.wgrad; relu)."""
     loss: KernelChoice = "auto"
 
 
@@ -470,11 +470,11 @@ def _check_schedule(s: ScheduleConfig) -> None:
 
 
 def _check_fused_mlp(cfg: Config) -> None:
-    if cfg.kernels.mlp != "fused":
+    if cfg.kernels.mlp not in ("fused", "wgrad"):
         return
     if cfg.model.activation != "relu":
-        raise ConfigError(f'kernels.mlp: "fused" needs model.activation "relu", not {cfg.model.activation!r}')
-    if cfg.model.dropout:
+        raise ConfigError(f'kernels.mlp: "{cfg.kernels.mlp}" needs model.activation "relu", not {cfg.model.activation!r}')
+    if cfg.model.dropout and cfg.kernels.mlp == "fused":
         raise ConfigError('kernels.mlp: "fused" has no dropout; set model.dropout 0 or kernels.mlp "torch"')
 
 

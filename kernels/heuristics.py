@@ -29,6 +29,7 @@ __all__ = [
     "InteractionLaunch",
     "SparseUpdateConfig",
     "TailLaunch",
+    "WgradLaunch",
     "dot_block",
     "fp32_dot_precision",
     "gemm_tiles",
@@ -42,6 +43,7 @@ __all__ = [
     "sparse_update_config",
     "split_k_slices",
     "tail_launch",
+    "pick_wgrad_launch",
 ]
 
 # ----------------------------------------------------------------------------------------------------
@@ -260,6 +262,50 @@ def split_k_slices(M: int, N: int, K: int, tile: GemmTile, sms: int) -> int:
     if tiles >= sms:
         return 1
     return max(1, min(triton.cdiv(2 * sms, tiles), K // (8 * tile.block_k)))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Weight gradient with the bias sum and ReLU mask fused (kernels.wgrad)
+# ----------------------------------------------------------------------------------------------------
+
+
+class WgradLaunch(NamedTuple):
+    """Launch of `kernels.wgrad`: an output tile of ``block_m`` x ``block_n`` (dW is [N_out, N_in]),
+    ``block_b`` batch rows a loop step, and ``splits`` slices of the batch."""
+
+    block_m: int
+    block_n: int
+    block_b: int
+    num_warps: int
+    num_stages: int
+    splits: int
+
+
+# Benchmarks may force a launch (benchmarks/wgrad.py sweeps them); read at every launch.
+WGRAD_LAUNCH_OVERRIDE: Optional[WgradLaunch] = None
+
+
+def _wgrad_block(n: int) -> int:
+    return 128 if n > 64 else max(16, triton.next_power_of_2(n))
+
+
+def pick_wgrad_launch(B: int, M: int, N: int, dtype: torch.dtype, sms: int, interpret: bool) -> WgradLaunch:
+    """The launch for dW [M, N] reduced over B rows.
+
+    Output tiles of 128 (or the next power of two >= 16 of a narrower side); 64 batch rows a step for
+    16-bit operands, 32 for fp32 (shared memory). The batch is split until there are about two programs
+    per SM, each slice keeping at least 8 loop steps. The interpreter takes one program per 64x64 tile
+    and no split (its cost is per program and per step)."""
+    if WGRAD_LAUNCH_OVERRIDE is not None:
+        return WGRAD_LAUNCH_OVERRIDE
+    if interpret:
+        return WgradLaunch(min(64, _wgrad_block(M)), min(64, _wgrad_block(N)), 32, 4, 1, 1)
+    bm, bn = _wgrad_block(M), _wgrad_block(N)
+    bb = 64 if dtype in (torch.bfloat16, torch.float16) else 32
+    warps = 8 if bm * bn >= 128 * 128 else 4
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    splits = max(1, min(triton.cdiv(2 * sms, tiles), B // (8 * bb)))
+    return WgradLaunch(bm, bn, bb, warps, 3, splits)
 
 
 # ----------------------------------------------------------------------------------------------------

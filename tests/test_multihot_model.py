@@ -397,18 +397,26 @@ def test_multi_hot_models_torch_and_triton_agree(interaction, ieee):
     assert type(one.sparse_arch) is TritonSparseEmbedding
 
 
+@pytest.mark.parametrize("mlp", ["fused", "wgrad"])
 @pytest.mark.parametrize("interaction", ["dot", "dcn"])
-def test_fused_mlp_model_matches_torch_mlps(interaction, ieee):
-    """kernels.mlp "fused" (kernels.mlp.FusedMLP in DenseArch and OverArch): same parameters from
-    the same seed, same logits and gradients as nn.Linear MLPs, on a multi-hot model."""
+def test_fused_mlp_model_matches_torch_mlps(interaction, mlp, ieee):
+    """kernels.mlp "fused" (kernels.mlp.FusedMLP in DenseArch and OverArch) and "wgrad" (every layer a
+    kernels.wgrad.LinearReLUWgrad): same parameters from the same seed, same logits and gradients as
+    nn.Linear MLPs, on a multi-hot model."""
     from kernels.mlp import FusedMLP
+    from kernels.wgrad import LinearReLUWgrad
 
     cfg = _model_cfg(interaction)
     torch.manual_seed(6)
     plain = build_model(cfg, MODEL_CARDS, None, _kernels(), DEV, multi_hot_sizes=SIZES)
     torch.manual_seed(6)
-    fused = build_model(cfg, MODEL_CARDS, None, _kernels(mlp="fused"), DEV, multi_hot_sizes=SIZES)
-    assert isinstance(fused.dense_arch.model, FusedMLP) and isinstance(fused.over_arch.model, FusedMLP)
+    fused = build_model(cfg, MODEL_CARDS, None, _kernels(mlp=mlp), DEV, multi_hot_sizes=SIZES)
+    if mlp == "fused":
+        assert isinstance(fused.dense_arch.model, FusedMLP) and isinstance(fused.over_arch.model, FusedMLP)
+    else:
+        layers = [*fused.dense_arch.model.layers, *fused.over_arch.model.layers]
+        assert all(type(layer) is LinearReLUWgrad for layer in layers)
+        assert [layer.activation for layer in fused.over_arch.model.layers][-1] == "none"
     sa, sb = plain.state_dict(), fused.state_dict()
     assert list(sa) == list(sb)
     for k in sa:
@@ -480,11 +488,17 @@ def test_good_multi_hot_sizes_and_embedding_dtype():
     assert config_from_dict({}).model.embedding_dtype == "fp32"
 
 
+def test_wgrad_mlp_takes_dropout():
+    cfg = config_from_dict({"model": {"dropout": 0.1}, "kernels": {"mlp": "wgrad"}})
+    assert cfg.kernels.mlp == "wgrad" and cfg.model.dropout == 0.1
+
+
 @pytest.mark.parametrize("raw, key", [
     ({"model": {"embedding_dtype": "bf16"}, "kernels": {"embedding": "torch"}}, r"model\.embedding_dtype"),
     ({"model": {"embedding_dtype": "fp16"}}, r"model\.embedding_dtype"),
     ({"model": {"dropout": 0.1}, "kernels": {"mlp": "fused"}}, r"kernels\.mlp"),
     ({"model": {"activation": "gelu"}, "kernels": {"mlp": "fused"}}, r"kernels\.mlp"),
+    ({"model": {"activation": "gelu"}, "kernels": {"mlp": "wgrad"}}, r"kernels\.mlp: \"wgrad\""),
 ])
 def test_invalid_combinations_are_config_errors(raw, key):
     with pytest.raises(ConfigError, match=key) as e:

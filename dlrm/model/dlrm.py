@@ -93,7 +93,7 @@ def build_model(
     """
     kernels = kernels or KernelsConfig()
     choices = {k: getattr(kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
-    if any(v in ("triton", "fused") for v in choices.values()):
+    if any(v in ("triton", "fused", "wgrad") for v in choices.values()):
         from kernels import check_triton_device
 
         check_triton_device(device, "--kernels triton")
@@ -118,6 +118,10 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
         from kernels.mlp import FusedMLP
 
         mlp_cls = FusedMLP
+    elif kernels.mlp == "wgrad":
+        from kernels.wgrad import LinearReLUWgrad
+
+        linear_cls = LinearReLUWgrad
     dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout,
                            mlp_cls=mlp_cls, input_multiple=cfg.bottom_mlp_input_multiple)
     multi_hot = multi_hot_sizes is not None and any(s != 1 for s in multi_hot_sizes)

@@ -34,6 +34,9 @@ KERNEL_SETS: dict[str, tuple[str, str, str, str]] = {
     # and the MLPs as kernels.mlp.FusedMLP (cuBLASLt bias+ReLU epilogues, one Triton kernel for the
     # ReLU mask and bias gradient, weight gradients on a side stream; issue #20)
     "triton-fused-mlp": ("triton", "triton", "fused", "torch"),
+    # PyTorch MLPs whose weight and bias gradients come from kernels.wgrad (one Triton GEMM with the ReLU
+    # mask and bias sum fused; issue #20)
+    "triton-wgrad": ("triton", "triton", "wgrad", "torch"),
 }
 
 class Variant(NamedTuple):
@@ -61,11 +64,13 @@ VARIANTS: dict[str, Variant] = {
     "triton-embedding+step-graph": Variant("triton-embedding", "default", step_graph=True),
     "triton-embedding-interaction+step-graph": Variant("triton-embedding-interaction", "default", step_graph=True),
     "triton-fused-mlp+step-graph": Variant("triton-fused-mlp", "default", step_graph=True),
+    "triton-wgrad+step-graph": Variant("triton-wgrad", "default", step_graph=True),
     # the same with Inductor's max-autotune: Triton GEMM templates with fused epilogues where they beat
     # cuBLAS (issue #20: "pick between Triton kernels, cuBLASLt epilogues and Inductor's templates")
     "triton-embedding+autotune+step-graph": Variant("triton-embedding", "max-autotune-no-cudagraphs", step_graph=True),
     "triton-embedding-interaction+autotune+step-graph": Variant("triton-embedding-interaction",
                                                                 "max-autotune-no-cudagraphs", step_graph=True),
+    "triton-wgrad+autotune+step-graph": Variant("triton-wgrad", "max-autotune-no-cudagraphs", step_graph=True),
     # Inductor's GEMM template autotuning alone (compile mode max-autotune-gemm): max-autotune's pointwise and
     # coordinate-descent tuning left out; the same gains, not reliably less autotuning (results/autotune_gemm.md)
     "triton-embedding+autotune-gemm+step-graph": Variant("triton-embedding", "max-autotune-gemm", step_graph=True),

@@ -1,0 +1,321 @@
+"""A linear layer's weight gradient with its bias gradient and ReLU mask fused: one Triton GEMM.
+
+For ``y = act(x @ W^T + b)`` with act ReLU or none, given ``g = dL/dy`` [B, N_out] and x [B, N_in]:
+
+    gm = g * (y > 0)  (ReLU; gm = g otherwise)
+    dW = gm^T @ x     [N_out, N_in]
+    db = gm.sum(0)    [N_out]
+
+Why a kernel of its own: in the compiled training step (Inductor, max-autotune) the GEMMs run as
+Inductor templates or cuBLAS, but the bias gradients run as separate column-sum passes over gm, and
+where a ReLU's masked gradient feeds only the weight gradient (the first bottom layer, whose input
+needs no gradient) the mask runs as a separate pass that writes gm for cuBLAS to read back. Those
+passes were ~0.2 ms of the Kaggle bf16 step at batch 65536 and ~0.35 ms of Terabyte's
+(`benchmarks/PERF.md`, eleventh run). Here the batch-reduction GEMM loads g (and y when masking)
+tile by tile, masks in registers, feeds `tl.dot` and sums the same tile's columns: gm is never
+written, and db costs no pass of its own.
+
+The reduction runs over the batch (B = 65536 at the targets) into a small output, so it is split
+along the batch to give every SM work: program (tile, s) sums rows [s R, (s + 1) R) into an fp32
+workspace [S, N_out * N_in + N_out] (weight partials, then bias partials), and one small kernel sums
+the S slices in a fixed order (deterministic) into dW and db in the parameters' dtypes. Unsplit,
+the GEMM writes dW and db directly.
+
+Operand precision: 16-bit inputs run 16-bit tensor-core products accumulated in fp32; fp32 inputs
+take ``input_precision`` (tf32 or ieee, as `kernels.linear` decides from torch's cuBLAS setting).
+
+`LinearReLUWgrad` (below the launchers) is ``nn.Linear`` + optional ReLU whose forward is plain
+PyTorch (so Inductor still fuses bias + ReLU into its forward GEMM templates) and whose backward
+computes the input gradient with PyTorch (``gm @ W``) and dW, db with this kernel.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import Tensor, nn
+
+from kernels import heuristics
+from kernels._backend import check_triton_device, device_context, interpret_mode
+
+_INTERPRET = interpret_mode()
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _wgrad_kernel(
+    g_ptr,
+    y_ptr,
+    x_ptr,
+    w_out_ptr,
+    b_out_ptr,
+    B,
+    M,
+    N,
+    stride_gb,
+    stride_gm,
+    stride_yb,
+    stride_ym,
+    stride_xb,
+    stride_xn,
+    stride_split,
+    ROWS_PER_SPLIT,
+    MASK: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """w_out[m, n] = sum_b gm[b, m] x[b, n]; b_out[m] = sum_b gm[b, m] (written by the pid_n == 0 tiles).
+
+    g, y: [B, M]; x: [B, N]; any strides. gm = g where y > 0 else 0 (MASK), else g. Program (tile, s)
+    sums rows [s * ROWS_PER_SPLIT, (s + 1) * ROWS_PER_SPLIT) and writes at ``+ s * stride_split``
+    (workspace rows: weight partials at [0, M * N), bias partials at [M * N, M * N + M)); unsplit,
+    w_out / b_out are the outputs.
+    """
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    pid_s = tl.program_id(1)
+    b_start = pid_s * ROWS_PER_SPLIT
+    b_len = tl.minimum(B - b_start, ROWS_PER_SPLIT)
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rb = tl.arange(0, BLOCK_B)
+    m_ok = rm[None, :] < M
+    n_ok = rn[None, :] < N
+    g_ptrs = g_ptr + (b_start + rb)[:, None] * stride_gb + rm[None, :] * stride_gm  # [BLOCK_B, BLOCK_M]
+    y_ptrs = y_ptr + (b_start + rb)[:, None] * stride_yb + rm[None, :] * stride_ym
+    x_ptrs = x_ptr + (b_start + rb)[:, None] * stride_xb + rn[None, :] * stride_xn  # [BLOCK_B, BLOCK_N]
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    col = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for bt in range(0, tl.cdiv(b_len, BLOCK_B)):
+        b_ok = rb[:, None] < b_len - bt * BLOCK_B
+        g = tl.load(g_ptrs, mask=b_ok & m_ok, other=0.0)
+        if MASK:
+            y = tl.load(y_ptrs, mask=b_ok & m_ok, other=0.0)
+            g = tl.where(y > 0, g, tl.zeros_like(g))
+        x = tl.load(x_ptrs, mask=b_ok & n_ok, other=0.0)
+        acc = tl.dot(tl.trans(g), x, acc, input_precision=INPUT_PRECISION)
+        col += tl.sum(g.to(tl.float32), axis=0)
+        g_ptrs += BLOCK_B * stride_gb
+        y_ptrs += BLOCK_B * stride_yb
+        x_ptrs += BLOCK_B * stride_xb
+
+    split_off = pid_s * stride_split
+    w_offs = split_off + rm[:, None] * N + rn[None, :]
+    tl.store(w_out_ptr + w_offs, acc.to(w_out_ptr.dtype.element_ty), mask=(rm[:, None] < M) & n_ok)
+    if pid_n == 0:
+        tl.store(b_out_ptr + split_off + rm, col.to(b_out_ptr.dtype.element_ty), mask=rm < M)
+
+
+@triton.jit
+def _split_sum_kernel(ws_ptr, w_out_ptr, b_out_ptr, S, MN, M, stride_split, BLOCK: tl.constexpr):
+    """Sum the S slices of the workspace in order (deterministic): [0, MN) into w_out, [MN, MN + M) into b_out."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN + M
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, S):
+        total += tl.load(ws_ptr + s * stride_split + offs, mask=ok, other=0.0)
+    tl.store(w_out_ptr + offs, total.to(w_out_ptr.dtype.element_ty), mask=offs < MN)
+    tl.store(b_out_ptr + (offs - MN), total.to(b_out_ptr.dtype.element_ty), mask=(offs >= MN) & ok)
+
+
+# ----------------------------------------------------------------------------------------------
+# Host launcher
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_operands(grad: Tensor, x: Tensor, out: Optional[Tensor]) -> None:
+    if grad.dim() != 2 or x.dim() != 2 or grad.shape[0] != x.shape[0]:
+        raise ValueError(f"wgrad: grad [B, N_out] and x [B, N_in] must share B, got {tuple(grad.shape)} and {tuple(x.shape)}")
+    if out is not None and out.shape != grad.shape:
+        raise ValueError(f"wgrad: the layer output {tuple(out.shape)} must have grad's shape {tuple(grad.shape)}")
+    if grad.dtype != x.dtype:
+        raise ValueError(f"wgrad: grad ({grad.dtype}) and x ({x.dtype}) must have one dtype")
+    if x.device != grad.device or (out is not None and out.device != grad.device):
+        raise ValueError("wgrad: all operands must be on the same device")
+    check_triton_device(grad.device, "the weight-gradient kernel")
+
+
+def linear_wgrad(
+    grad: Tensor,
+    x: Tensor,
+    out: Optional[Tensor] = None,
+    *,
+    weight_dtype: Optional[torch.dtype] = None,
+    bias_dtype: Optional[torch.dtype] = None,
+    input_precision: str = "ieee",
+    splits: Optional[int] = None,
+) -> tuple[Tensor, Tensor]:
+    """``(dW [N_out, N_in], db [N_out])`` of ``y = act(x @ W^T + b)`` from ``grad = dL/dy`` [B, N_out].
+
+    out: the layer's ReLU output y (the mask is ``y > 0``), or None for no activation.
+    weight_dtype / bias_dtype: the gradients' dtypes (default grad's); sums are fp32 either way.
+    splits: slices of the batch (None: `heuristics.pick_wgrad_launch` picks them from the shape).
+
+    Example:
+        >>> g, x = torch.randn(127, 5), torch.randn(127, 3)   # doctest: +SKIP (needs Triton's device)
+        >>> dw, db = linear_wgrad(g, x)                       # dw [5, 3] = g.T @ x, db [5] = g.sum(0)
+    """
+    _check_operands(grad, x, out)
+    B, M = grad.shape
+    N = x.shape[1]
+    dw = torch.empty((M, N), device=grad.device, dtype=weight_dtype or grad.dtype)
+    db = torch.empty((M,), device=grad.device, dtype=bias_dtype or grad.dtype)
+    if M == 0:
+        return dw, db
+    if B == 0 or N == 0:
+        dw.zero_()
+        db.copy_(_masked(grad, out).float().sum(0))
+        return dw, db
+    prec = input_precision if grad.dtype == torch.float32 and not _INTERPRET else "ieee"
+    launch = heuristics.pick_wgrad_launch(B, M, N, grad.dtype, heuristics.sm_count(grad.device), _INTERPRET)
+    tiles = triton.cdiv(M, launch.block_m) * triton.cdiv(N, launch.block_n)
+    slices = splits if splits is not None else launch.splits
+    rows = triton.cdiv(triton.cdiv(B, max(1, slices)), launch.block_b) * launch.block_b
+    slices = triton.cdiv(B, rows)  # no empty slice
+    y = out if out is not None else grad
+    if slices == 1:
+        w_target, b_target, stride_split = dw, db, 0
+    else:
+        ws = torch.empty((slices, M * N + M), device=grad.device, dtype=torch.float32)
+        w_target, b_target, stride_split = ws, ws[:, M * N:], ws.stride(0)
+    with device_context(grad):
+        _wgrad_kernel[(tiles, slices)](
+            grad, y, x, w_target, b_target,
+            B, M, N,
+            grad.stride(0), grad.stride(1), y.stride(0), y.stride(1), x.stride(0), x.stride(1),
+            stride_split, rows,
+            MASK=out is not None, INPUT_PRECISION=prec,
+            BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_B=launch.block_b,
+            num_warps=launch.num_warps, num_stages=launch.num_stages,
+        )
+        if slices > 1:
+            block = 1024
+            _split_sum_kernel[(triton.cdiv(M * N + M, block),)](ws, dw, db, slices, M * N, M, ws.stride(0), BLOCK=block)
+    return dw, db
+
+
+def _masked(grad: Tensor, out: Optional[Tensor]) -> Tensor:
+    return grad if out is None else torch.where(out > 0, grad, torch.zeros_like(grad))
+
+
+# ----------------------------------------------------------------------------------------------
+# Custom op
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("dlrm_kernels::linear_wgrad", mutates_args=())
+def _linear_wgrad_op(
+    grad: Tensor, x: Tensor, out: Optional[Tensor], weight_dtype: torch.dtype, bias_dtype: torch.dtype,
+    input_precision: str,
+) -> tuple[Tensor, Tensor]:
+    return linear_wgrad(grad, x, out, weight_dtype=weight_dtype, bias_dtype=bias_dtype, input_precision=input_precision)
+
+
+@_linear_wgrad_op.register_fake
+def _(grad, x, out, weight_dtype, bias_dtype, input_precision):
+    return grad.new_empty((grad.shape[1], x.shape[1]), dtype=weight_dtype), grad.new_empty((grad.shape[1],), dtype=bias_dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# autograd.Function, thin function and module
+# ----------------------------------------------------------------------------------------------
+
+
+class _LinearActWgrad(torch.autograd.Function):
+    """``act(F.linear(x, W, b))`` (act ReLU or none) with the weight and bias gradients from `linear_wgrad`.
+
+    The forward is ordinary PyTorch, traced by torch.compile like ``nn.Linear`` (Inductor keeps fusing
+    bias + ReLU into its GEMM templates; under autocast F.linear runs in the autocast dtype). The
+    backward computes ``gm @ W`` with PyTorch when x needs a gradient (gm then exists anyway, and the
+    wgrad kernel reads it); otherwise the kernel reads g and the output and masks on the fly, so gm
+    is never written (the first bottom layer, whose input is the data).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], relu: bool, input_precision: str) -> Tensor:
+        y = F.linear(x, weight, bias)
+        if relu:
+            y = torch.relu(y)
+        ctx.relu, ctx.input_precision = relu, input_precision
+        ctx.bias_dtype = bias.dtype if bias is not None else weight.dtype
+        ctx.save_for_backward(x, weight, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight, y = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dt = y.dtype  # the compute dtype: the autocast dtype under autocast, else the parameters'
+        grad = grad.to(dt)
+        gx = gw = gb = None
+        wgrad_in, mask = grad, (y if ctx.relu else None)
+        if need_x:
+            if ctx.relu:
+                wgrad_in, mask = torch.where(y > 0, grad, torch.zeros_like(grad)), None
+            gx = (wgrad_in @ weight.to(dt)).to(x.dtype)
+        if need_w or need_b:
+            x2 = x.reshape(-1, x.shape[-1]).to(dt)
+            gw, gb = _linear_wgrad_op(
+                wgrad_in.reshape(-1, wgrad_in.shape[-1]), x2, mask.reshape(-1, mask.shape[-1]) if mask is not None else None,
+                weight.dtype, ctx.bias_dtype, ctx.input_precision,
+            )
+        return gx, (gw if need_w else None), (gb if need_b else None), None, None
+
+
+def linear_act_wgrad(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, relu: bool = False,
+                     allow_tf32: Optional[bool] = None) -> Tensor:
+    """``relu?(x @ weight^T + bias)`` for x [..., N_in], weight [N_out, N_in], bias [N_out] or None; returns
+    [..., N_out] like ``nn.Linear`` (the autocast dtype under autocast). Its backward computes dW and db
+    with `linear_wgrad` (bias gradient and ReLU mask fused into the weight-gradient GEMM)."""
+    from kernels.linear import resolve_input_precision
+
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x [..., {x.shape[-1]}] does not match weight {tuple(weight.shape)} ([N_out, N_in])")
+    return _LinearActWgrad.apply(x, weight, bias, relu, resolve_input_precision(x, allow_tf32))
+
+
+class LinearReLUWgrad(nn.Linear):
+    """``nn.Linear`` (+ ReLU when ``activation="relu"``) whose weight and bias gradients come from the fused
+    Triton weight-gradient kernel (`linear_wgrad`). Same parameters, state_dict keys and init as nn.Linear.
+
+    Args:
+        in_features, out_features, bias: as ``nn.Linear``.
+        activation: ``"relu"`` or ``"none"``.
+
+    Example:
+        >>> layer = LinearReLUWgrad(13, 512, activation="relu")   # doctest: +SKIP (Triton's device)
+        >>> layer(torch.randn(3, 13)).shape
+        torch.Size([3, 512])
+
+    forward(x [..., in_features]) -> [..., out_features]
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str = "none",
+                 device=None, dtype=None) -> None:
+        if activation not in ("relu", "none"):
+            raise ValueError(f"LinearReLUWgrad: activation must be 'relu' or 'none', got {activation!r}")
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.activation = activation
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear_act_wgrad(x, self.weight, self.bias, self.activation == "relu")
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, activation={self.activation!r}"
+
+
+__all__ = ["LinearReLUWgrad", "linear_act_wgrad", "linear_wgrad"]
