@@ -289,22 +289,38 @@ def _wgrad_block(n: int) -> int:
     return 128 if n > 64 else max(16, triton.next_power_of_2(n))
 
 
-def pick_wgrad_launch(B: int, M: int, N: int, dtype: torch.dtype, sms: int, interpret: bool) -> WgradLaunch:
-    """The launch for dW [M, N] reduced over B rows.
+def pick_wgrad_launch(B: int, M: int, N: int, dtype: torch.dtype, sms: int, interpret: bool,
+                      masked: bool = False) -> WgradLaunch:
+    """The launch for dW [M, N] reduced over B rows (`masked`: the ReLU mask is applied in the kernel).
 
-    Output tiles of 128 (or the next power of two >= 16 of a narrower side); 64 batch rows a step for
-    16-bit operands, 32 for fp32 (shared memory). The batch is split until there are about two programs
-    per SM, each slice keeping at least 8 loop steps. The interpreter takes one program per 64x64 tile
-    and no split (its cost is per program and per step)."""
+    From a sweep on an H100 at batch 65536, bf16 (results/wgrad.md: ms, best launch):
+    * large outputs (M N >= 400k: the Terabyte top layers 1024x1024, 1024x480, 512x1024): 128 x 256 tiles,
+      8 warps, about 4 programs per SM (0.28 / 0.15 / 0.15 ms; 128 x 128 with 2 per SM: 0.31 / 0.19 / 0.18);
+    * outputs of <= 128 rows and >= 128 columns (128x256, 64x256): 64 x 128 tiles, one program per SM
+      (0.022 / 0.017 ms; two per SM 0.024 / 0.020);
+    * the masked first layer (512x13): 64 x 16 tiles (128 x 16: 0.23-0.27 ms against 0.072);
+    * otherwise tiles of up to 128 x 128 with 4 warps (8 warps ran 1.3-1.8x slower), two programs per SM
+      (256x512: 0.048 ms, 512x368: 0.057).
+    64 batch rows a loop step, 128 for tiles of <= 64 x 64 (16x64: 0.008 ms); fp32 takes 32 (shared memory).
+    Every slice keeps at least 8 steps. The interpreter takes one program per 64 x 64 tile and no split (its
+    cost is per program and per step)."""
     if WGRAD_LAUNCH_OVERRIDE is not None:
         return WGRAD_LAUNCH_OVERRIDE
     if interpret:
         return WgradLaunch(min(64, _wgrad_block(M)), min(64, _wgrad_block(N)), 32, 4, 1, 1)
-    bm, bn = _wgrad_block(M), _wgrad_block(N)
-    bb = 64 if dtype in (torch.bfloat16, torch.float16) else 32
-    warps = 8 if bm * bn >= 128 * 128 else 4
+    bm, bn, warps, per_sm = _wgrad_block(M), _wgrad_block(N), 4, 2
+    if M * N >= 400_000:
+        bm, bn, warps, per_sm = 128, 256, 8, 4
+    elif M <= 128 and N >= 128:
+        bm, per_sm = 64, 1
+    elif masked and bn <= 32:
+        bm = min(bm, 64)
+    if dtype in (torch.bfloat16, torch.float16):
+        bb = 128 if bm * bn <= 64 * 64 else 64
+    else:
+        bb = 32
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    splits = max(1, min(triton.cdiv(2 * sms, tiles), B // (8 * bb)))
+    splits = max(1, min(triton.cdiv(per_sm * sms, tiles), B // (8 * bb)))
     return WgradLaunch(bm, bn, bb, warps, 3, splits)
 
 

@@ -69,6 +69,8 @@ def _wgrad_kernel(
     stride_split,
     ROWS_PER_SPLIT,
     MASK: tl.constexpr,
+    SUM_BY_DOT: tl.constexpr,
+    EVEN: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -76,7 +78,11 @@ def _wgrad_kernel(
 ):
     """w_out[m, n] = sum_b gm[b, m] x[b, n]; b_out[m] = sum_b gm[b, m] (written by the pid_n == 0 tiles).
 
-    g, y: [B, M]; x: [B, N]; any strides. gm = g where y > 0 else 0 (MASK), else g. Program (tile, s)
+    g, y: [B, M]; x: [B, N]; any strides. gm = g where y > 0 else 0 (MASK), else g. EVEN: every tile
+    and batch slice is full (no load masks). SUM_BY_DOT (16-bit
+    operands): the column sums as one more tensor-core product, gm^T @ e0; summing the tile in registers
+    instead made the unmasked GEMM 2-4x slower on an H100 (the tile left the shared-memory operand path;
+    results/wgrad.md). With tf32 products the sums run in registers: a tf32 product would round gm. Program (tile, s)
     sums rows [s * ROWS_PER_SPLIT, (s + 1) * ROWS_PER_SPLIT) and writes at ``+ s * stride_split``
     (workspace rows: weight partials at [0, M * N), bias partials at [M * N, M * N + M)); unsplit,
     w_out / b_out are the outputs.
@@ -100,18 +106,34 @@ def _wgrad_kernel(
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     col = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    col_acc = tl.zeros((BLOCK_M, 16), dtype=tl.float32)
+    # [BLOCK_B, 16], 1 in column 0: gm^T @ e0 is the column sum, exact for 16-bit gm (exact products, fp32 sums)
+    e0 = tl.where(tl.arange(0, 16)[None, :] == 0, 1.0, 0.0).to(g_ptr.dtype.element_ty) + tl.zeros((BLOCK_B, 16), g_ptr.dtype.element_ty)
     for bt in range(0, tl.cdiv(b_len, BLOCK_B)):
-        b_ok = rb[:, None] < b_len - bt * BLOCK_B
-        g = tl.load(g_ptrs, mask=b_ok & m_ok, other=0.0)
-        if MASK:
-            y = tl.load(y_ptrs, mask=b_ok & m_ok, other=0.0)
-            g = tl.where(y > 0, g, tl.zeros_like(g))
-        x = tl.load(x_ptrs, mask=b_ok & n_ok, other=0.0)
+        if EVEN:  # every tile and slice full: unmasked loads
+            g = tl.load(g_ptrs)
+            if MASK:
+                y = tl.load(y_ptrs)
+                g = tl.where(y > 0, g, tl.zeros_like(g))
+            x = tl.load(x_ptrs)
+        else:
+            b_ok = rb[:, None] < b_len - bt * BLOCK_B
+            g = tl.load(g_ptrs, mask=b_ok & m_ok, other=0.0)
+            if MASK:
+                y = tl.load(y_ptrs, mask=b_ok & m_ok, other=0.0)
+                g = tl.where(y > 0, g, tl.zeros_like(g))
+            x = tl.load(x_ptrs, mask=b_ok & n_ok, other=0.0)
         acc = tl.dot(tl.trans(g), x, acc, input_precision=INPUT_PRECISION)
-        col += tl.sum(g.to(tl.float32), axis=0)
+        if SUM_BY_DOT:
+            col_acc = tl.dot(tl.trans(g), e0, col_acc, input_precision=INPUT_PRECISION)
+        else:
+            col += tl.sum(g.to(tl.float32), axis=0)
         g_ptrs += BLOCK_B * stride_gb
-        y_ptrs += BLOCK_B * stride_yb
+        if MASK:
+            y_ptrs += BLOCK_B * stride_yb
         x_ptrs += BLOCK_B * stride_xb
+    if SUM_BY_DOT:
+        col = tl.sum(col_acc, axis=1)  # column 0 plus exact zeros
 
     split_off = pid_s * stride_split
     w_offs = split_off + rm[:, None] * N + rn[None, :]
@@ -121,13 +143,18 @@ def _wgrad_kernel(
 
 
 @triton.jit
-def _split_sum_kernel(ws_ptr, w_out_ptr, b_out_ptr, S, MN, M, stride_split, BLOCK: tl.constexpr):
-    """Sum the S slices of the workspace in order (deterministic): [0, MN) into w_out, [MN, MN + M) into b_out."""
+def _split_sum_kernel(ws_ptr, w_out_ptr, b_out_ptr, S, MN, M, stride_split, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Sum the S slices of the workspace in a fixed order (deterministic): [0, MN) into w_out, [MN, MN + M)
+    into b_out. BLOCK_S slices are loaded at once: a loop of one load per slice was bound by load latency
+    (0.014 ms for 64 slices of a 16 x 64 output)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN + M
+    rs = tl.arange(0, BLOCK_S)
     total = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in range(0, S):
-        total += tl.load(ws_ptr + s * stride_split + offs, mask=ok, other=0.0)
+    for s0 in range(0, tl.cdiv(S, BLOCK_S)):
+        s = s0 * BLOCK_S + rs
+        part = tl.load(ws_ptr + s[:, None] * stride_split + offs[None, :], mask=(s[:, None] < S) & ok[None, :], other=0.0)
+        total += tl.sum(part, axis=0)
     tl.store(w_out_ptr + offs, total.to(w_out_ptr.dtype.element_ty), mask=offs < MN)
     tl.store(b_out_ptr + (offs - MN), total.to(b_out_ptr.dtype.element_ty), mask=(offs >= MN) & ok)
 
@@ -181,7 +208,11 @@ def linear_wgrad(
         db.copy_(_masked(grad, out).float().sum(0))
         return dw, db
     prec = input_precision if grad.dtype == torch.float32 and not _INTERPRET else "ieee"
-    launch = heuristics.pick_wgrad_launch(B, M, N, grad.dtype, heuristics.sm_count(grad.device), _INTERPRET)
+    # the column sums as a product unless that product would run in tf32 (asked for tf32: also under the
+    # interpreter, which then runs the register sums in ieee, so both paths are tested on the CPU)
+    sum_by_dot = grad.dtype != torch.float32 or input_precision != "tf32"
+    launch = heuristics.pick_wgrad_launch(B, M, N, grad.dtype, heuristics.sm_count(grad.device), _INTERPRET,
+                                          masked=out is not None)
     tiles = triton.cdiv(M, launch.block_m) * triton.cdiv(N, launch.block_n)
     slices = splits if splits is not None else launch.splits
     rows = triton.cdiv(triton.cdiv(B, max(1, slices)), launch.block_b) * launch.block_b
@@ -198,13 +229,15 @@ def linear_wgrad(
             B, M, N,
             grad.stride(0), grad.stride(1), y.stride(0), y.stride(1), x.stride(0), x.stride(1),
             stride_split, rows,
-            MASK=out is not None, INPUT_PRECISION=prec,
+            MASK=out is not None, SUM_BY_DOT=sum_by_dot, INPUT_PRECISION=prec,
+            EVEN=B % rows == 0 and M % launch.block_m == 0 and N % launch.block_n == 0,
             BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_B=launch.block_b,
             num_warps=launch.num_warps, num_stages=launch.num_stages,
         )
         if slices > 1:
-            block = 1024
-            _split_sum_kernel[(triton.cdiv(M * N + M, block),)](ws, dw, db, slices, M * N, M, ws.stride(0), BLOCK=block)
+            block, block_s = 128, min(32, triton.next_power_of_2(slices))
+            _split_sum_kernel[(triton.cdiv(M * N + M, block),)](ws, dw, db, slices, M * N, M, ws.stride(0), BLOCK=block,
+                                                                BLOCK_S=block_s)
     return dw, db
 
 
@@ -285,12 +318,26 @@ def linear_act_wgrad(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, r
 
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x [..., {x.shape[-1]}] does not match weight {tuple(weight.shape)} ([N_out, N_in])")
+    if weight.shape[0] < MIN_OUT_FEATURES or weight.numel() >= MAX_WEIGHT_NUMEL:
+        y = F.linear(x, weight, bias)
+        return torch.relu(y) if relu else y
     return _LinearActWgrad.apply(x, weight, bias, relu, resolve_input_precision(x, allow_tf32))
+
+
+# Where PyTorch's backward stays (bf16, batch 65536, on an H100; results/wgrad.md):
+# * fewer outputs than MIN_OUT_FEATURES: the last top layer (N_out = 1) took 0.025 ms in this kernel against
+#   0.016 ms compiled by Inductor, which in the training step also fuses it with the loss's backward;
+# * weights of MAX_WEIGHT_NUMEL or more: the Terabyte top layers (1024x480, 1024x1024, 512x1024) took 0.18,
+#   0.32 and 0.18 ms against cuBLAS's GEMM plus Inductor's column sums, 0.15, 0.27, 0.18: cuBLAS runs these
+#   GEMMs unsplit at ~800 TFLOP/s, and the batch split needs an fp32 partial of the whole weight per slice.
+MIN_OUT_FEATURES = 16
+MAX_WEIGHT_NUMEL = 400_000
 
 
 class LinearReLUWgrad(nn.Linear):
     """``nn.Linear`` (+ ReLU when ``activation="relu"``) whose weight and bias gradients come from the fused
-    Triton weight-gradient kernel (`linear_wgrad`). Same parameters, state_dict keys and init as nn.Linear.
+    Triton weight-gradient kernel (`linear_wgrad`); layers with fewer than `MIN_OUT_FEATURES` outputs or
+    `MAX_WEIGHT_NUMEL` weights or more keep PyTorch's backward. Same parameters, state_dict keys and init as nn.Linear.
 
     Args:
         in_features, out_features, bias: as ``nn.Linear``.

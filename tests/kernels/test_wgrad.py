@@ -77,10 +77,24 @@ def test_wgrad_matches_float64(B, M, N, mask, device):
     run_wgrad(B, M, N, mask, device)
 
 
+@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("mask", [False, True])
+def test_wgrad_even_shapes_unmasked_loads(mask, splits, device):
+    """Shapes whose tiles and batch slices are all full (the kernel's EVEN path, no load masks)."""
+    launch = heuristics.pick_wgrad_launch(256, 128, 64, torch.float32, 132, interpret=True)
+    assert 128 % launch.block_m == 0 and 64 % launch.block_n == 0 and (256 // splits) % launch.block_b == 0
+    run_wgrad(256, 128, 64, mask, device, splits=splits, seed=10)
+
+
 @pytest.mark.parametrize("splits", [2, 3, 7])
 def test_wgrad_split_batch_is_summed_in_order(splits, device):
     """The batch cut into slices (the fp32 workspace and the in-order sum kernel), with a short last slice."""
     run_wgrad(131, 70, 37, True, device, splits=splits, seed=1)
+
+
+def test_wgrad_more_slices_than_one_sum_block(device):
+    """35 slices: the sum kernel loads 32 slices a step, then a masked step of 3."""
+    run_wgrad(1100, 20, 7, True, device, splits=40, seed=11)
 
 
 @pytest.mark.parametrize("layouts", [("transposed", "sliced", "transposed"), ("sliced", "transposed", "sliced"),
@@ -122,12 +136,31 @@ def test_wgrad_bad_inputs(device):
 
 
 def test_heuristic_splits_fill_the_gpu():
-    launch = heuristics.pick_wgrad_launch(65536, 512, 13, torch.bfloat16, 132, interpret=False)
-    assert (launch.block_m, launch.block_n) == (128, 16) and launch.splits * 4 >= 2 * 132
+    """About two programs per SM, at least 8 loop steps a slice; the masked narrow layer takes 64 x 16 tiles."""
+    launch = heuristics.pick_wgrad_launch(65536, 512, 13, torch.bfloat16, 132, interpret=False, masked=True)
+    assert (launch.block_m, launch.block_n, launch.block_b) == (64, 16, 128) and launch.splits * 8 >= 2 * 132
     big = heuristics.pick_wgrad_launch(65536, 1024, 1024, torch.bfloat16, 132, interpret=False)
-    assert big.splits * 64 >= 2 * 132 and 65536 // big.splits >= 8 * big.block_b
+    assert (big.block_m, big.block_n, big.num_warps) == (128, 256, 8) and big.splits * 32 >= 4 * 132
+    assert 65536 // big.splits >= 8 * big.block_b
+    mid = heuristics.pick_wgrad_launch(65536, 256, 512, torch.bfloat16, 132, interpret=False)
+    assert (mid.block_m, mid.block_n, mid.num_warps) == (128, 128, 4) and mid.splits * 8 >= 2 * 132
+    capped = heuristics.pick_wgrad_launch(65536, 16, 64, torch.bfloat16, 132, interpret=False)
+    assert capped.splits == 65536 // (8 * capped.block_b)
     tiny_batch = heuristics.pick_wgrad_launch(64, 16, 16, torch.float32, 132, interpret=False)
     assert tiny_batch.splits == 1
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_wgrad_register_column_sums(mask, device):
+    """The column sums in registers (the path of tf32 products; under the interpreter the dot stays ieee)."""
+    gen = torch.Generator().manual_seed(9)
+    g, x = torch.randn(131, 37, generator=gen).to(device), torch.randn(131, 21, generator=gen).to(device)
+    y = torch.relu(torch.randn(131, 37, generator=gen)).to(device) if mask else None
+    dw, db = linear_wgrad(g, x, y, input_precision="tf32", splits=2)
+    ref_w, ref_b, mag_w, mag_b = _reference(g, y, x)
+    kind = "tf32" if device.type == "cuda" else "fp32"
+    _check(dw, ref_w, mag_w, kind, "dW")
+    _check(db, ref_b, mag_b, "fp32", "db (fp32 sums of fp32 values)")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,7 +196,7 @@ def run_layer(B, n_in, n_out, activation, device, need_x=True, grad_layout="cont
 
 @pytest.mark.parametrize("activation", ["relu", "none"])
 @pytest.mark.parametrize("need_x", [True, False])
-@pytest.mark.parametrize("B,n_in,n_out", [(1, 13, 16), (3, 1, 5), (127, 37, 1), (127, 13, 70)])
+@pytest.mark.parametrize("B,n_in,n_out", [(1, 13, 16), (3, 1, 17), (127, 37, 1), (127, 13, 70)])
 def test_layer_matches_nn_linear(B, n_in, n_out, activation, need_x, device):
     run_layer(B, n_in, n_out, activation, device, need_x=need_x)
 
@@ -172,6 +205,18 @@ def test_layer_matches_nn_linear(B, n_in, n_out, activation, need_x, device):
 def test_layer_non_contiguous_gradient(grad_layout, device):
     run_layer(67, 24, 33, "relu", device, grad_layout=grad_layout, seed=3)
     run_layer(67, 24, 33, "relu", device, need_x=False, grad_layout=grad_layout, seed=4)
+
+
+def test_narrow_and_large_layers_keep_pytorch_backward(device, monkeypatch):
+    import kernels.wgrad as wgrad
+
+    x = torch.randn(5, 8, device=device)
+    narrow = LinearReLUWgrad(8, wgrad.MIN_OUT_FEATURES - 1).to(device)
+    wide = LinearReLUWgrad(8, wgrad.MIN_OUT_FEATURES).to(device)
+    assert "LinearActWgrad" not in type(narrow(x).grad_fn).__name__
+    assert "LinearActWgrad" in type(wide(x).grad_fn).__name__
+    monkeypatch.setattr(wgrad, "MAX_WEIGHT_NUMEL", 8 * wgrad.MIN_OUT_FEATURES)
+    assert "LinearActWgrad" not in type(wide(x).grad_fn).__name__
 
 
 def test_layer_state_dict_and_init_like_nn_linear(device):
