@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | bandwidth | overlap | crosslayer | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | bandwidth | overlap | crosslayer | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -138,6 +138,15 @@ EOF
             --batch-sizes 65536 --variants triton-embedding-interaction+step-graph --precisions bf16 \
             --warmup 15 --steps 30 --windows 5 --out "$RES" --name "train_throughput_${c}_pad$m"
         done
+      done
+      ;;
+    wgrad)  # the weight gradient with the bias sum and ReLU mask fused (kernels/wgrad.py, issue #20): each layer against
+      # PyTorch and Inductor, then the step with PyTorch MLPs against the wgrad MLPs, Kaggle and Terabyte, bf16 at 65536
+      run wgrad 200 python benchmarks/wgrad.py --out "$RES" --name wgrad
+      for c in kaggle terabyte; do
+        run "train_${c}_wgrad" 170 python benchmarks/train_throughput.py --config "configs/$c.json" --batch-sizes 65536 \
+          --variants triton-embedding-interaction+step-graph,triton-wgrad+step-graph --precisions bf16 \
+          --warmup 15 --steps 30 --windows 5 --out "$RES" --name "train_${c}_bf16_wgrad"
       done
       ;;
     terabyte)  # configs/terabyte.json (MLPerf-style, tables capped at 10M rows), bf16 at batch 65536

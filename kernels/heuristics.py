@@ -293,7 +293,7 @@ def pick_wgrad_launch(B: int, M: int, N: int, dtype: torch.dtype, sms: int, inte
                       masked: bool = False) -> WgradLaunch:
     """The launch for dW [M, N] reduced over B rows (`masked`: the ReLU mask is applied in the kernel).
 
-    From a sweep on an H100 at batch 65536, bf16 (results/wgrad.md: ms, best launch):
+    From a sweep on an H100 at batch 65536, bf16 (results/wgrad_diag_launches.log: ms of the GEMM alone):
     * large outputs (M N >= 400k: the Terabyte top layers 1024x1024, 1024x480, 512x1024): 128 x 256 tiles,
       8 warps, about 4 programs per SM (0.28 / 0.15 / 0.15 ms; 128 x 128 with 2 per SM: 0.31 / 0.19 / 0.18);
     * outputs of <= 128 rows and >= 128 columns (128x256, 64x256): 64 x 128 tiles, one program per SM

@@ -82,7 +82,7 @@ def _wgrad_kernel(
     and batch slice is full (no load masks). SUM_BY_DOT (16-bit
     operands): the column sums as one more tensor-core product, gm^T @ e0; summing the tile in registers
     instead made the unmasked GEMM 2-4x slower on an H100 (the tile left the shared-memory operand path;
-    results/wgrad.md). With tf32 products the sums run in registers: a tf32 product would round gm. Program (tile, s)
+    results/wgrad_diag_column_sums.log). With tf32 products the sums run in registers: a tf32 product would round gm. Program (tile, s)
     sums rows [s * ROWS_PER_SPLIT, (s + 1) * ROWS_PER_SPLIT) and writes at ``+ s * stride_split``
     (workspace rows: weight partials at [0, M * N), bias partials at [M * N, M * N + M)); unsplit,
     w_out / b_out are the outputs.
@@ -192,9 +192,13 @@ def linear_wgrad(
     weight_dtype / bias_dtype: the gradients' dtypes (default grad's); sums are fp32 either way.
     splits: slices of the batch (None: `heuristics.pick_wgrad_launch` picks them from the shape).
 
-    Example:
-        >>> g, x = torch.randn(127, 5), torch.randn(127, 3)   # doctest: +SKIP (needs Triton's device)
-        >>> dw, db = linear_wgrad(g, x)                       # dw [5, 3] = g.T @ x, db [5] = g.sum(0)
+    Example (on the CPU under ``TRITON_INTERPRET=1``, as the tests run it):
+        >>> g, x = torch.randn(127, 5), torch.randn(127, 3)
+        >>> dw, db = linear_wgrad(g, x)
+        >>> dw.shape, db.shape
+        (torch.Size([5, 3]), torch.Size([5]))
+        >>> bool(torch.allclose(dw, g.t() @ x, atol=1e-4) and torch.allclose(db, g.sum(0), atol=1e-4))
+        True
     """
     _check_operands(grad, x, out)
     B, M = grad.shape
@@ -318,33 +322,46 @@ def linear_act_wgrad(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, r
 
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x [..., {x.shape[-1]}] does not match weight {tuple(weight.shape)} ([N_out, N_in])")
-    if weight.shape[0] < MIN_OUT_FEATURES or weight.numel() >= MAX_WEIGHT_NUMEL:
+    fp32 = _compute_dtype(x, weight) == torch.float32
+    if weight.shape[0] < MIN_OUT_FEATURES or weight.numel() >= MAX_WEIGHT_NUMEL or (fp32 and not FP32_KERNEL):
         y = F.linear(x, weight, bias)
         return torch.relu(y) if relu else y
     return _LinearActWgrad.apply(x, weight, bias, relu, resolve_input_precision(x, allow_tf32))
 
 
 # Where PyTorch's backward stays (bf16, batch 65536, on an H100; results/wgrad.md):
-# * fewer outputs than MIN_OUT_FEATURES: the last top layer (N_out = 1) took 0.025 ms in this kernel against
+# * fewer outputs than MIN_OUT_FEATURES: the last top layer (N_out = 1) took 0.017 ms in this kernel against
 #   0.016 ms compiled by Inductor, which in the training step also fuses it with the loss's backward;
 # * weights of MAX_WEIGHT_NUMEL or more: the Terabyte top layers (1024x480, 1024x1024, 512x1024) took 0.18,
-#   0.32 and 0.18 ms against cuBLAS's GEMM plus Inductor's column sums, 0.15, 0.27, 0.18: cuBLAS runs these
+#   0.33 and 0.18 ms against cuBLAS's GEMM plus Inductor's column sums, 0.15, 0.27, 0.18: cuBLAS runs these
 #   GEMMs unsplit at ~800 TFLOP/s, and the batch split needs an fp32 partial of the whole weight per slice.
+# * fp32 compute (tf32 runs without autocast): the Kaggle step at batch 65536 ran at 15.6M samples/s with this
+#   kernel against 23.2M with PyTorch's (results/train_kaggle_tf32_wgrad_kernel_twelfth.md): fp32 tiles take 32
+#   rows a step, and the column sums run in registers (a tf32 product would round them), which made the GEMM
+#   2-4x slower in bf16 too. FP32_KERNEL (tests, and anyone measuring) routes fp32 layers through the kernel.
 MIN_OUT_FEATURES = 16
 MAX_WEIGHT_NUMEL = 400_000
+FP32_KERNEL = False
+
+
+def _compute_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
+    """The dtype F.linear computes in: the autocast dtype under autocast, else the operands' common dtype."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return torch.promote_types(x.dtype, weight.dtype)
 
 
 class LinearReLUWgrad(nn.Linear):
     """``nn.Linear`` (+ ReLU when ``activation="relu"``) whose weight and bias gradients come from the fused
     Triton weight-gradient kernel (`linear_wgrad`); layers with fewer than `MIN_OUT_FEATURES` outputs or
-    `MAX_WEIGHT_NUMEL` weights or more keep PyTorch's backward. Same parameters, state_dict keys and init as nn.Linear.
+    `MAX_WEIGHT_NUMEL` weights or more, and fp32 compute (unless `FP32_KERNEL`), keep PyTorch's backward. Same parameters, state_dict keys and init as nn.Linear.
 
     Args:
         in_features, out_features, bias: as ``nn.Linear``.
         activation: ``"relu"`` or ``"none"``.
 
     Example:
-        >>> layer = LinearReLUWgrad(13, 512, activation="relu")   # doctest: +SKIP (Triton's device)
+        >>> layer = LinearReLUWgrad(13, 512, activation="relu")
         >>> layer(torch.randn(3, 13)).shape
         torch.Size([3, 512])
 

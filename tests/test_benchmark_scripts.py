@@ -393,3 +393,16 @@ def test_cross_layer_smoke_times_the_network_and_each_forward_tile(tmp_path):
     assert (tmp_path / "cross_layer.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         cl.main(["--smoke", "--out", str(tmp_path), "--tiles", "64x128"])
+
+
+def test_wgrad_benchmark_smoke_times_torch_and_the_kernel(tmp_path):
+    """benchmarks/wgrad.py --smoke: each smoke shape timed with PyTorch and the fused weight-gradient kernel, the
+    results checked against float64 (no WRONG rows), and the CSV / Markdown / PNG written."""
+    wb = load_script("wgrad")
+    assert wb.main(["--smoke", "--out", str(tmp_path), "--name", "w"]) == 0
+    rows = read_csv(tmp_path / "w.csv")
+    impls = ["torch", "triton"] if not torch.cuda.is_available() else ["torch", "inductor", "triton"]
+    assert [(r["layer"], r["impl"]) for r in rows] == [(s[1], i) for s in wb.SMOKE_SHAPES for i in impls]
+    assert all(r["status"] == "" and float(r["ms"]) > 0 for r in rows), rows
+    assert {"device", "torch", "triton", "date"} <= set(rows[0])
+    assert "Sum over a model's layers" in (tmp_path / "w.md").read_text() and (tmp_path / "w.png").stat().st_size > 0

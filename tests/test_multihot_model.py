@@ -399,13 +399,18 @@ def test_multi_hot_models_torch_and_triton_agree(interaction, ieee):
 
 @pytest.mark.parametrize("mlp", ["fused", "wgrad"])
 @pytest.mark.parametrize("interaction", ["dot", "dcn"])
-def test_fused_mlp_model_matches_torch_mlps(interaction, mlp, ieee):
+def test_fused_mlp_model_matches_torch_mlps(interaction, mlp, ieee, monkeypatch):
     """kernels.mlp "fused" (kernels.mlp.FusedMLP in DenseArch and OverArch) and "wgrad" (every layer a
     kernels.wgrad.LinearReLUWgrad): same parameters from the same seed, same logits and gradients as
     nn.Linear MLPs, on a multi-hot model."""
     from kernels.mlp import FusedMLP
     from kernels.wgrad import LinearReLUWgrad
 
+    import kernels.wgrad
+
+    # every layer through the kernel: not PyTorch's fallbacks for fp32 and for these narrow widths
+    monkeypatch.setattr(kernels.wgrad, "FP32_KERNEL", True)
+    monkeypatch.setattr(kernels.wgrad, "MIN_OUT_FEATURES", 1)
     cfg = _model_cfg(interaction)
     torch.manual_seed(6)
     plain = build_model(cfg, MODEL_CARDS, None, _kernels(), DEV, multi_hot_sizes=SIZES)
@@ -417,6 +422,7 @@ def test_fused_mlp_model_matches_torch_mlps(interaction, mlp, ieee):
         layers = [*fused.dense_arch.model.layers, *fused.over_arch.model.layers]
         assert all(type(layer) is LinearReLUWgrad for layer in layers)
         assert [layer.activation for layer in fused.over_arch.model.layers][-1] == "none"
+        assert "LinearActWgrad" in type(fused.over_arch.model.layers[-1](torch.zeros(2, 5, device=DEV)).grad_fn).__name__
     sa, sb = plain.state_dict(), fused.state_dict()
     assert list(sa) == list(sb)
     for k in sa:

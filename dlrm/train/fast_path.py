@@ -11,7 +11,8 @@ What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
   backward: no COO gradient, static shapes) and the Triton dot interaction (the eager one runs tiny
   batched GEMMs off the tensor cores); PyTorch MLPs (cuBLAS beats the Triton linear kernel at DLRM
   shapes; the fused MLP, kernels.mlp.FusedMLP, only where compile mode default runs tf32 from batch
-  65536, where it won by 5%); the PyTorch loss (Inductor fuses it into the compiled step);
+  65536, where it won by 5%; in compiled bf16 runs from batch 65536 the PyTorch MLPs whose weight and
+  bias gradients come from one Triton GEMM each, kernels.wgrad: +2.5% to +8.6%); the PyTorch loss (Inductor fuses it into the compiled step);
   ``torch.compile``: mode default, and from batch 65536 in runs planned for at least 1M steps
   Inductor's max-autotune without its own CUDA graphs (Triton GEMM templates with fused epilogues where
   they beat cuBLAS: +2% to +13% on four models, for 2.5-5 minutes of autotuning at the first steps, which
@@ -56,6 +57,12 @@ FUSED_MLP_MIN_BATCH = 65536
 # 170-300 s of autotuning after 0.4M (MLPerf) to 1M (Kaggle tf32) steps, i.e. 27-66 billion samples at 65536.
 # So "auto" takes it only for runs planned that long; shorter ones (a few epochs of Criteo, one of MLPerf)
 # finish sooner in mode default, and an explicit train.compile.mode takes it for any run.
+# kernels.mlp "auto" takes the wgrad MLPs (kernels.wgrad) for compiled bf16 runs from this batch size: at 65536
+# on an H100, Kaggle 42.9M -> 46.6M samples/s (+8.6%) in mode default and 52.9M -> 55.6M (+5.1%) with
+# max-autotune, Terabyte 15.5M -> 15.9M (+2.5%); at 2048 -2.2% (9.58M -> 9.37M), and in tf32 its layers keep
+# PyTorch's backward (the kernel lost 33% there). Eager runs and the multi-hot / DCN models (MLPerf) were not
+# measured: those keep PyTorch MLPs (results/wgrad.md).
+WGRAD_MIN_BATCH = 65536
 AUTOTUNE_MIN_BATCH = 65536
 AUTOTUNE_MIN_STEPS = 1_000_000
 AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
@@ -87,6 +94,11 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[s
         if not usable:
             return "torch", why_not
         m = cfg.model
+        one_hot_dot = m.interaction == "dot" and not any(s != 1 for s in (m.multi_hot_sizes or []))
+        if (cfg.train.precision == "bf16" and cfg.data.batch_size >= WGRAD_MIN_BATCH and m.activation == "relu"
+                and cfg.train.compile.enabled and one_hot_dot):
+            return "wgrad", ("kernels.wgrad (the ReLU mask and bias gradients fused into Triton weight-gradient GEMMs) "
+                             f"won bf16 at batch {WGRAD_MIN_BATCH}: Kaggle +8.6% (+5.1% with max-autotune), Terabyte +2.5%")
         if cfg.train.compile.enabled and cfg.train.compile.mode in TEMPLATE_MODES:
             return "torch", ("Inductor's max-autotune GEMM templates fuse the MLPs' epilogues (Kaggle tf32 at 65536: "
                              "23.4M samples/s against the fused MLP's 22.0M)")

@@ -168,6 +168,27 @@ def test_wgrad_register_column_sums(mask, device):
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def fp32_layers_use_the_kernel(monkeypatch, request):
+    """fp32 layers keep PyTorch's backward by default (slower in the kernel); the layer tests, which run in
+    fp32 (the interpreter has nothing else), route them through it."""
+    import kernels.wgrad as wgrad
+
+    if not request.node.name.startswith("test_fp32_layer_keeps_pytorch_backward"):
+        monkeypatch.setattr(wgrad, "FP32_KERNEL", True)
+
+
+def test_fp32_layer_keeps_pytorch_backward_by_default(device):
+    import kernels.wgrad as wgrad
+
+    assert wgrad.FP32_KERNEL is False
+    layer = LinearReLUWgrad(8, 32, activation="relu").to(device)
+    assert "LinearActWgrad" not in type(layer(torch.randn(5, 8, device=device)).grad_fn).__name__
+    if device.type == "cuda":
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert "LinearActWgrad" in type(layer(torch.randn(5, 8, device=device)).grad_fn).__name__
+
+
 def run_layer(B, n_in, n_out, activation, device, need_x=True, grad_layout="contiguous", seed=0, kind="fp32"):
     torch.manual_seed(seed)
     layer = LinearReLUWgrad(n_in, n_out, activation=activation).to(device)
