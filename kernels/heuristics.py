@@ -6,7 +6,7 @@ CPU there is no device to ask: `DEFAULT_SM_COUNT` stands in (the interpreter ign
 the heuristics that depend on it are then not used, or only shape the test cases' grids).
 
 Overrides: benchmarks and tests may set `SPARSE_UPDATE_OVERRIDE` / `INTERACTION_OVERRIDE` /
-`CROSS_TILE_OVERRIDE` to force a launch config (read at every launch).
+`CROSS_TILE_OVERRIDE` / `WGRAD_LAUNCH_OVERRIDE` to force a launch config (read at every launch).
 """
 
 from __future__ import annotations

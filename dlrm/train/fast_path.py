@@ -12,7 +12,8 @@ What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
   batched GEMMs off the tensor cores); PyTorch MLPs (cuBLAS beats the Triton linear kernel at DLRM
   shapes; the fused MLP, kernels.mlp.FusedMLP, only where compile mode default runs tf32 from batch
   65536, where it won by 5%; in compiled bf16 runs from batch 65536 the PyTorch MLPs whose weight and
-  bias gradients come from one Triton GEMM each, kernels.wgrad: +2.5% to +8.6%); the PyTorch loss (Inductor fuses it into the compiled step);
+  bias gradients come from one Triton GEMM each, kernels.wgrad: +2.5% to +8.6%); the PyTorch loss
+  (Inductor fuses it into the compiled step);
   ``torch.compile``: mode default, and from batch 65536 in runs planned for at least 1M steps
   Inductor's max-autotune without its own CUDA graphs (Triton GEMM templates with fused epilogues where
   they beat cuBLAS: +2% to +13% on four models, for 2.5-5 minutes of autotuning at the first steps, which
@@ -61,7 +62,7 @@ FUSED_MLP_MIN_BATCH = 65536
 # on an H100, Kaggle 42.9M -> 46.6M samples/s (+8.6%) in mode default and 52.9M -> 55.6M (+5.1%) with
 # max-autotune, Terabyte 15.5M -> 15.9M (+2.5%); at 2048 -2.2% (9.58M -> 9.37M), and in tf32 its layers keep
 # PyTorch's backward (the kernel lost 33% there). Eager runs and the multi-hot / DCN models (MLPerf) were not
-# measured: those keep PyTorch MLPs (results/wgrad.md).
+# measured: those keep PyTorch MLPs (results/wgrad_fused_bias_mask.md).
 WGRAD_MIN_BATCH = 65536
 AUTOTUNE_MIN_BATCH = 65536
 AUTOTUNE_MIN_STEPS = 1_000_000

@@ -253,6 +253,23 @@ def test_layer_state_dict_and_init_like_nn_linear(device):
         linear_act_wgrad(torch.randn(2, 5), torch.randn(4, 3))
 
 
+def test_layer_on_3d_input(device):
+    """[..., in_features] inputs (flattened to rows for the kernel), like nn.Linear."""
+    torch.manual_seed(1)
+    layer = LinearReLUWgrad(13, 24, activation="relu").to(device)
+    ref = nn.Linear(13, 24).double().to(device)
+    ref.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
+    x = torch.randn(3, 7, 13, device=device, requires_grad=True)
+    xr = x.detach().double().requires_grad_()
+    out, out_ref = layer(x), torch.relu(ref(xr))
+    assert out.shape == (3, 7, 24)
+    g = torch.randn_like(out)
+    out.backward(g)
+    out_ref.backward(g.double())
+    for got, want in ((x.grad, xr.grad), (layer.weight.grad, ref.weight.grad), (layer.bias.grad, ref.bias.grad)):
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
 def test_layer_without_bias(device):
     torch.manual_seed(0)
     layer = LinearReLUWgrad(9, 6, bias=False, activation="relu").to(device)
