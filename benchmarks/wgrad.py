@@ -132,6 +132,10 @@ def main(argv=None) -> int:
     if device.type == "cpu":
         impls = [i for i in impls if i != "inductor"]
     sweep = SWEEP if args.sweep and device.type == "cuda" else []
+    # one compiled graph per shape: Dynamo's default limit (8) would run the later shapes' "inductor" rows eagerly
+    for name in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
     env = environment(device)
     rows = []
     for model, layer, m, n, mask in shapes:

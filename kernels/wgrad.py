@@ -344,7 +344,9 @@ def linear_act_wgrad(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, r
 # * fewer outputs than MIN_OUT_FEATURES: the last top layer (N_out = 1) took 0.017 ms in this kernel against
 #   0.016 ms compiled by Inductor, which in the training step also fuses it with the loss's backward;
 # * weights of MAX_WEIGHT_NUMEL or more: the Terabyte top layers (1024x480, 1024x1024, 512x1024) took 0.18,
-#   0.33 and 0.18 ms against cuBLAS's GEMM plus Inductor's column sums, 0.15, 0.27, 0.18: cuBLAS runs these
+#   0.33 and 0.18 ms against 0.15 for cuBLAS's GEMM plus Inductor's column sums (1024x480) and 0.27, 0.18 for
+#   the eager GEMM, sum and casts (the compiled rows of the two others ran eagerly: Dynamo's recompile limit;
+#   cuBLAS's GEMM alone took 0.18 and 0.10, results/wgrad_diag_launches.log): cuBLAS runs these
 #   GEMMs unsplit at ~800 TFLOP/s, and the batch split needs an fp32 partial of the whole weight per slice.
 # * fp32 compute (tf32 runs without autocast): the Kaggle step at batch 65536 ran at 15.6M samples/s with this
 #   kernel against 23.2M with PyTorch's (results/train_kaggle_tf32_wgrad_kernel_twelfth.md): fp32 tiles take 32
