@@ -183,13 +183,13 @@ class CompileConfig:
     """true, false, or "auto": compiled on CUDA, eager on the CPU (dlrm.train.fast_path)."""
     mode: Literal["auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs",
                   "max-autotune-gemm"] = "auto"
-    """reduce-overhead: CUDA graphs (CUDA only). "auto": see dlrm.train.fast_path (reduce-overhead on one CUDA
-    process without train.cuda_graph: at batch 8192 mode default spends 3.0 ms of host time on 0.83 ms of device
-    work). max-autotune times Inductor's Triton GEMM templates (fused epilogues) against cuBLAS per shape at the
-    first steps, tunes every other kernel and adds CUDA graphs; max-autotune-no-cudagraphs combines with
-    train.cuda_graph, as does max-autotune-gemm (Inductor's option max_autotune_gemm: the GEMMs alone)."""
+    """reduce-overhead: CUDA graphs (CUDA only). max-autotune: Inductor's Triton GEMM templates (fused epilogues)
+    timed against cuBLAS per shape at the first steps, every other kernel tuned, CUDA graphs; its -no-cudagraphs
+    form and max-autotune-gemm (the GEMMs alone) combine with train.cuda_graph. "auto": dlrm.train.fast_path."""
     fullgraph: bool = False
     """Fail instead of splitting the graph at a break."""
+    combo_kernels: Union[bool, Auto] = "auto"
+    """Inductor's combo kernels (CUDA): independent small kernels (casts, sums) as one launch; "auto": fast_path."""
 
 
 COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")  # a whole-step graph cannot hold theirs

@@ -22,7 +22,7 @@ def test_kaggle_on_cuda_gets_the_fast_path():
     assert (k.embedding, k.interaction, k.mlp, k.loss) == ("triton", "triton", "torch", "torch")
     assert resolved.train.compile.enabled is True and resolved.train.cuda_graph is True
     assert set(chosen) == {"kernels.embedding", "kernels.interaction", "kernels.mlp", "kernels.loss",
-                           "train.compile", "train.cuda_graph", "train.compile.mode"}
+                           "train.compile", "train.cuda_graph", "train.compile.mode", "train.compile.combo_kernels"}
     assert resolved.train.compile.mode == "default"  # the whole step is one graph: no graphs inside it
     assert all(v["why"] for v in chosen.values())
 

@@ -109,7 +109,8 @@ def variant_config(cfg: Config, name: str) -> Config:
     kernels, mode, step_graph = VARIANTS[name]
     v = copy.deepcopy(cfg)
     v.kernels = KernelsConfig(**dict(zip(("embedding", "interaction", "mlp", "loss"), KERNEL_SETS[kernels])))
-    v.train.compile = CompileConfig(enabled=mode is not None, mode=mode or "default", fullgraph=cfg.train.compile.fullgraph)
+    v.train.compile = CompileConfig(enabled=mode is not None, mode=mode or "default", fullgraph=cfg.train.compile.fullgraph,
+                                    combo_kernels=cfg.train.compile.combo_kernels)
     v.train.cuda_graph = step_graph
     if step_graph and v.optim.dense.fused is False:
         v.optim.dense.fused = None  # the captured step needs the fused dense optimizer

@@ -108,12 +108,20 @@ def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what:
     if cfg.mode == "reduce-overhead" and device.type != "cuda":
         logger.warning(f"compile mode reduce-overhead (CUDA graphs) needs CUDA; {what} uses mode default on {device}")
         return torch.compile(fn, mode="default", fullgraph=cfg.fullgraph)
-    if cfg.mode == GEMM_AUTOTUNE_MODE:
-        # not a torch.compile mode: Inductor's GEMM template autotuning alone (mode max-autotune also tunes
-        # every pointwise and reduction kernel, by coordinate descent too)
-        return torch.compile(fn, options={"max_autotune_gemm": True}, fullgraph=cfg.fullgraph)
     # "auto" is resolved by dlrm.train.fast_path (build_run); a caller that skips it gets mode default
-    return torch.compile(fn, mode="default" if cfg.mode == "auto" else cfg.mode, fullgraph=cfg.fullgraph)
+    mode = "default" if cfg.mode == "auto" else cfg.mode
+    # not a torch.compile mode: Inductor's GEMM template autotuning alone (mode max-autotune also tunes
+    # every pointwise and reduction kernel, by coordinate descent too)
+    options = {"max_autotune_gemm": True} if mode == GEMM_AUTOTUNE_MODE else None
+    if cfg.combo_kernels is True and device.type != "cuda":
+        logger.warning(f"train.compile.combo_kernels is for CUDA (Triton kernels); {what} compiles without it on {device}")
+    elif cfg.combo_kernels is True:  # only the combos that time faster are kept (benchmark_combo_kernel), as measured
+        from torch._inductor import list_mode_options  # what mode=... applies: torch.compile takes a mode or options
+
+        options = {**(options or list_mode_options(mode)), "combo_kernels": True, "benchmark_combo_kernel": True}
+    if options is not None:
+        return torch.compile(fn, options=options, fullgraph=cfg.fullgraph)
+    return torch.compile(fn, mode=mode, fullgraph=cfg.fullgraph)
 
 
 class TrainStep:
