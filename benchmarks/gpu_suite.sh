@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | bandwidth | overlap | crosslayer | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | bandwidth | overlap | crosslayer | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -137,6 +137,29 @@ EOF
           run "train_${c}_pad$m" 150 python benchmarks/train_throughput.py --config "/tmp/$c-pad$m.json" \
             --batch-sizes 65536 --variants triton-embedding-interaction+step-graph --precisions bf16 \
             --warmup 15 --steps 30 --windows 5 --out "$RES" --name "train_throughput_${c}_pad$m"
+        done
+      done
+      ;;
+    combo)  # Inductor's combo kernels (train.compile.combo_kernels) false then true, in pairs: Kaggle tf32 at 128 and 2048,
+      # Kaggle bf16 at 128, 2048, 8192, 16384 and 65536, Terabyte bf16 at 32768 and 65536 (results/combo_kernels.md)
+      for m in kaggle terabyte; do
+        for on in false true; do
+          python - "$m" "$on" <<'EOF'
+import json, sys
+c = json.load(open(f"configs/{sys.argv[1]}.json"))
+c["train"]["compile"] = {"enabled": True, "combo_kernels": sys.argv[2] == "true"}
+json.dump(c, open(f"/tmp/{sys.argv[1]}-combo-{sys.argv[2]}.json", "w"))
+EOF
+        done
+      done
+      for case in kaggle:tf32:128 kaggle:tf32:2048 kaggle:bf16:128 kaggle:bf16:2048 kaggle:bf16:8192 kaggle:bf16:16384 \
+                  kaggle:bf16:65536 terabyte:bf16:32768 terabyte:bf16:65536; do
+        IFS=: read -r m p b <<<"$case"
+        v=$([ "$b" = 65536 ] && echo triton-wgrad+step-graph || echo triton-embedding-interaction+step-graph)
+        for on in false true; do
+          run "combo_${m}_${p}_b${b}_$on" 90 python benchmarks/train_throughput.py --config "/tmp/$m-combo-$on.json" \
+            --batch-sizes "$b" --variants "$v" --precisions "$p" --warmup 20 --steps "$([ "$b" -le 2048 ] && echo 200 || echo 40)" \
+            --windows 5 --out "$RES" --name "combo_${m}_${p}_b${b}_$on"
         done
       done
       ;;

@@ -105,7 +105,8 @@ def test_max_autotune_gemm_compiles_with_inductors_gemm_option_alone(monkeypatch
 
 @pytest.mark.parametrize("overrides, kw, on, why", [
     ({"train.precision": "bf16"}, {}, True, "one launch"),
-    ({"train.precision": "bf16", "data.batch_size": 65536}, {}, True, "one launch"),
+    ({"train.precision": "bf16", "data.batch_size": 65535}, {}, True, "one launch"),
+    ({"train.precision": "bf16", "data.batch_size": 65536}, {}, False, "from batch 65536"),
     ({"train.precision": "tf32"}, {}, False, "the same in tf32"),
     ({"train.precision": "fp32"}, {}, False, "bf16 only"),
     ({"train.precision": "bf16"}, {"multi_hot": True}, False, "one-hot dot models only"),
@@ -114,7 +115,7 @@ def test_max_autotune_gemm_compiles_with_inductors_gemm_option_alone(monkeypatch
 ])
 def test_combo_kernels_auto_is_on_where_measured_faster(overrides, kw, on, why):
     """train.compile.combo_kernels "auto": Inductor's combo kernels for compiled bf16 one-hot dot models on one CUDA
-    process (measured +2% at 65536, +11% at 2048), off elsewhere with the reason logged."""
+    process below batch 65536 (measured +1.5% to +11.5%), off elsewhere with the reason logged."""
     resolved, chosen = resolve_fast_path(load_config(SAMPLE, {"train.compile": True, **overrides}), CUDA, **kw)
     assert resolved.train.compile.combo_kernels is on
     assert chosen["train.compile.combo_kernels"]["value"] is on and why in chosen["train.compile.combo_kernels"]["why"]

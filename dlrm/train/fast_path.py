@@ -22,8 +22,8 @@ What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
   (dlrm.train.adagrad.CapturableAdagrad), no compile mode with CUDA graphs of its own): at batch 128 it
   turned 2.8 ms of host time per step into one launch. This is the
   ``triton-embedding-interaction+step-graph`` variant (``...+autotune+step-graph`` in those long runs at
-  batch 65536), the fastest in every throughput table so far. In compiled bf16 one-hot dot runs, Inductor's combo
-  kernels (independent small kernels generated as one launch: +2% at batch 65536, +11% at 2048).
+  batch 65536), the fastest in every throughput table so far. In compiled bf16 one-hot dot runs below batch 65536,
+  Inductor's combo kernels (autocast's weight casts and other small kernels as one launch: +1.5% to +11.5%).
   Where the step graph is off (one process, one-hot tables), ``train.compile.mode`` "auto" takes
   torch.compile's reduce-overhead mode (its own CUDA graphs of the forward and the backward), since
   mode default is host-bound below batch ~16384.
@@ -66,6 +66,7 @@ FUSED_MLP_MIN_BATCH = 65536
 # measured: those keep PyTorch MLPs (results/wgrad_fused_bias_mask.md).
 WGRAD_MIN_BATCH = 65536
 AUTOTUNE_MIN_BATCH = 65536
+COMBO_KERNELS_MAX_BATCH = 65536  # train.compile.combo_kernels "auto" is on below this batch size (_combo_kernels)
 AUTOTUNE_MIN_STEPS = 1_000_000
 AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
 # the modes in which Inductor's GEMM templates replace the fused MLP (kernels.mlp "auto" keeps PyTorch MLPs)
@@ -167,23 +168,28 @@ def _compile_mode(cfg: Config, device: torch.device, distributed: bool, multi_ho
 def _combo_kernels(cfg: Config, device: torch.device, distributed: bool, multi_hot: bool) -> tuple[bool, str]:
     """`train.compile.combo_kernels: "auto"`, and why.
 
-    On for compiled bf16 one-hot dot models on one CUDA process: Inductor then generates independent small
-    kernels (autocast's weight casts, bias-gradient sums) as one launch. Same call each on an H100 (2026-11-25,
-    results/combo_kernels.md): Kaggle bf16 at 65536 46.3M -> 47.3M samples/s (+2.2%; with max-autotune 56.5M ->
-    57.6M, +1.8%), Terabyte bf16 15.7M -> 16.0M (+2.0%), Kaggle bf16 at 2048 9.68M -> 10.78M (+11.4%). Kaggle tf32 at
-    65536 measured the same (23.29M / 23.27M), so tf32 keeps Inductor's default; the multi-hot / DCN models and
-    several processes were not measured."""
+    On for compiled bf16 one-hot dot models on one CUDA process below batch COMBO_KERNELS_MAX_BATCH: Inductor then
+    generates independent small kernels (autocast's weight casts above all) as one launch, which pays where launches
+    are a large share of the step. Off vs on in the same call, H100 (2026-11-25, results/combo_kernels.md), Kaggle
+    bf16: 0.854M -> 0.952M samples/s at batch 128 (+11.5%), 9.68M -> 10.78M and 9.70M -> 10.48M at 2048 (+11.4%,
+    +8.0%), 22.6M -> 24.4M at 8192 (+8.0%), 31.9M -> 33.8M at 16384 (+5.9%); Terabyte bf16 at 32768 14.82M -> 15.04M
+    (+1.5%). At 65536 it measured -0.8% to +2.2% on three machines (16 fewer kernels, slightly longer ones), and tf32
+    (no casts) the same at 128, 2048 and 65536: those keep Inductor's default. The multi-hot / DCN models and several
+    processes were not measured."""
     m = cfg.model
     if device.type != "cuda":
         return False, f"no CUDA device ({device})"
     if cfg.train.precision == "tf32":
-        return False, "measured the same in tf32: Kaggle at 65536, 23.29M / 23.27M samples/s"
+        return False, "measured the same in tf32, which has no weight casts to merge: Kaggle at 128, 2048 and 65536"
     if cfg.train.precision != "bf16":
         return False, f"measured in bf16 only, not {cfg.train.precision}"
     if distributed or multi_hot or m.interaction != "dot":
         return False, "measured on one process with one-hot dot models only"
-    return True, ("independent small kernels in one launch: bf16 +1.8% to +2.2% at batch 65536 (Kaggle, Terabyte), "
-                  "+11.4% at 2048 (Kaggle)")
+    if cfg.data.batch_size >= COMBO_KERNELS_MAX_BATCH:
+        return False, (f"from batch {COMBO_KERNELS_MAX_BATCH} it measured -0.8% to +2.2% on three machines (launches are "
+                       "a small share of the step there)")
+    return True, ("autocast's weight casts and other small independent kernels in one launch: bf16 +1.5% for Terabyte "
+                  "at 32768 to +11.5% for Kaggle at 128")
 
 
 def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = False,
