@@ -243,8 +243,9 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
               help="Also fit a logistic regression on the same split and hashing and report it next to the DLRM "
                    "(overrides train.baseline; default \"auto\": small train splits, see dlrm.train.baseline).")
 @click.option("--compare", type=str, help="Comma-separated variants to train side by side (dlrm.train.compare."
-              "VARIANTS): eager, compiled, compiled+step-graph, triton+compiled, triton-embedding+cudagraphs, "
-              "triton-embedding-interaction+step-graph, triton-fused-mlp+step-graph, ... (a wrong name lists them all).")
+              "VARIANTS): eager, auto (what the defaults pick), compiled, compiled+step-graph, triton+compiled, "
+              "triton-embedding+cudagraphs, triton-embedding-interaction+step-graph, triton-fused-mlp+step-graph, ... "
+              "(a wrong name lists them all).")
 @click.option("--checkpoint-every", type=int, help="Steps between checkpoints (overrides checkpoint.every).")
 @click.option("--resume", is_flag=False, flag_value="latest", default=None, metavar="[PATH]",
               help="Continue the run named by --run-name from its latest checkpoint, or from PATH.")

@@ -72,15 +72,16 @@ def test_compiled_run_matches_eager_with_no_graph_breaks(dataset, tmp_path):
 
 def test_compare_writes_reports_with_one_row_per_variant(dataset, tmp_path):
     cfg = small_config(dataset, tmp_path, **{"log.run_name": "cmp"})
-    rows = run_comparison(cfg, ["eager", "compiled"], train)
+    rows = run_comparison(cfg, ["eager", "compiled", "auto"], train)
     base = tmp_path / "tb" / "cmp"
     for name in ("compare.md", "compare.csv", "compare.png"):
         assert (base / name).stat().st_size > 0
     with open(base / "compare.csv") as f:
         table = list(csv.DictReader(f))
-    assert [r["variant"] for r in table] == ["eager", "compiled"] == [r["variant"] for r in rows]
+    assert [r["variant"] for r in table] == ["eager", "compiled", "auto"] == [r["variant"] for r in rows]
     assert float(table[0]["max_loss_diff_vs_eager"]) == 0.0
     assert float(table[1]["max_loss_diff_vs_eager"]) < 1e-4
+    assert float(table[2]["max_loss_diff_vs_eager"]) == 0.0  # on the CPU "auto" is eager PyTorch: the same steps
     assert all(float(r["samples_per_sec"]) > 0 for r in table)
     assert (base / "eager" / "summary.json").exists() and (base / "compiled" / "summary.json").exists()
     md = (base / "compare.md").read_text()
@@ -108,6 +109,33 @@ def test_variant_config_sets_kernels_and_compile_mode(name, kernels, mode):
     assert cfg.train.compile.enabled == (mode is not None)
     if mode:
         assert cfg.train.compile.mode == mode
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("config, overrides", [
+    ("sample.json", {}),
+    ("kaggle.json", {"data.batch_size": 65536, "train.precision": "bf16"}),
+    ("terabyte.json", {}),
+    # explicit settings in the user's config give way to the defaults in the "auto" variant
+    ("sample.json", {"kernels.embedding": "torch", "train.compile": {"enabled": False, "combo_kernels": True},
+                     "train.cuda_graph": False}),
+])
+def test_the_auto_variant_is_what_the_defaults_resolve_to(config, overrides, device):
+    """`--compare eager,auto`: the "auto" variant trains what train.py picks with no explicit kernel, compile or
+    step-graph setting, on the run's device (dlrm.train.fast_path)."""
+    import torch
+
+    from dlrm.train.compare import unavailable_reason, variant_config
+    from dlrm.train.fast_path import resolve_fast_path
+
+    dev = torch.device(device)
+    explicit = {k: v for k, v in overrides.items() if k.startswith(("data.", "train.precision"))}
+    defaults, _ = resolve_fast_path(load_config(REPO / "configs" / config, explicit), dev)
+    auto, chosen = resolve_fast_path(variant_config(load_config(REPO / "configs" / config, overrides), "auto"), dev)
+    assert auto.kernels == defaults.kernels and auto.train.compile == defaults.train.compile
+    assert auto.train.cuda_graph == defaults.train.cuda_graph and auto.optim == defaults.optim
+    assert {"kernels.embedding", "kernels.mlp", "train.compile", "train.cuda_graph"} <= set(chosen)
+    assert unavailable_reason("auto", dev) is None  # it needs nothing: on the CPU it is eager PyTorch
 
 
 def test_unknown_variant_is_named_in_the_error():

@@ -12,7 +12,7 @@ import copy
 import csv
 import gc
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 from loguru import logger
@@ -37,16 +37,21 @@ KERNEL_SETS: dict[str, tuple[str, str, str, str]] = {
     # PyTorch MLPs whose weight and bias gradients come from kernels.wgrad (one Triton GEMM with the ReLU
     # mask and bias sum fused; issue #20)
     "triton-wgrad": ("triton", "triton", "wgrad", "torch"),
+    # what the defaults pick on the run's device (dlrm.train.fast_path)
+    "auto": ("auto",) * 4,
 }
 
 class Variant(NamedTuple):
     kernels: str  # a KERNEL_SETS key
     compile_mode: Optional[str]  # torch.compile mode ("auto": resolved by dlrm.train.fast_path), or None for eager
-    step_graph: bool = False  # train.cuda_graph: the whole step in one CUDA graph
+    step_graph: Union[bool, str] = False  # train.cuda_graph: the whole step in one CUDA graph ("auto": fast_path)
 
 
 VARIANTS: dict[str, Variant] = {
     "eager": Variant("torch", None),
+    # every "auto" resolved as train.py resolves it with no explicit setting (dlrm.train.fast_path): kernels,
+    # compile (and its mode and combo kernels), the whole-step graph; the fastest measured on the run's device
+    "auto": Variant("auto", "auto", step_graph="auto"),
     # torch.compile of the PyTorch model in the mode "auto" picks (dlrm.train.fast_path): on one CUDA
     # process reduce-overhead (torch.compile's own CUDA graphs), elsewhere mode default
     "compiled": Variant("torch", "auto"),
@@ -109,10 +114,11 @@ def variant_config(cfg: Config, name: str) -> Config:
     kernels, mode, step_graph = VARIANTS[name]
     v = copy.deepcopy(cfg)
     v.kernels = KernelsConfig(**dict(zip(("embedding", "interaction", "mlp", "loss"), KERNEL_SETS[kernels])))
-    v.train.compile = CompileConfig(enabled=mode is not None, mode=mode or "default", fullgraph=cfg.train.compile.fullgraph,
-                                    combo_kernels=cfg.train.compile.combo_kernels)
+    enabled = "auto" if name == "auto" else mode is not None
+    v.train.compile = CompileConfig(enabled=enabled, mode=mode or "default", fullgraph=cfg.train.compile.fullgraph,
+                                    combo_kernels="auto" if name == "auto" else cfg.train.compile.combo_kernels)
     v.train.cuda_graph = step_graph
-    if step_graph and v.optim.dense.fused is False:
+    if step_graph is True and v.optim.dense.fused is False:
         v.optim.dense.fused = None  # the captured step needs the fused dense optimizer
     return v
 
@@ -120,7 +126,7 @@ def variant_config(cfg: Config, name: str) -> Config:
 def unavailable_reason(name: str, device: torch.device) -> Optional[str]:
     """Why a variant cannot run here, or None."""
     kernels, mode, step_graph = VARIANTS[name]
-    if (mode == "reduce-overhead" or step_graph) and device.type != "cuda":
+    if (mode == "reduce-overhead" or step_graph is True) and device.type != "cuda":
         return "CUDA graphs need a CUDA device"
     if kernels.startswith("triton"):
         from kernels import TritonUnavailableError, check_triton_device
