@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | bandwidth | overlap | crosslayer | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | bandwidth | overlap | crosslayer | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -138,6 +138,20 @@ EOF
             --batch-sizes 65536 --variants triton-embedding-interaction+step-graph --precisions bf16 \
             --warmup 15 --steps 30 --windows 5 --out "$RES" --name "train_throughput_${c}_pad$m"
         done
+      done
+      ;;
+    autopick)  # the variant "auto" (what train.py picks with no kernel/compile/graph setting) next to the named
+      # variants it chooses between, same process, at batch 65536 (Kaggle tf32 and bf16, Terabyte bf16 and tf32),
+      # Kaggle bf16 at 2048 and Terabyte at its config's 32768 (issue #20: the fastest variant is what "auto" picks)
+      e=triton-embedding-interaction+step-graph
+      for case in kaggle:tf32:65536:$e,triton-fused-mlp+step-graph kaggle:bf16:65536:$e,triton-wgrad+step-graph \
+                  terabyte:bf16:65536:$e,triton-wgrad+step-graph terabyte:bf16:32768:$e,triton-wgrad+step-graph \
+                  terabyte:tf32:65536:$e,triton-fused-mlp+step-graph kaggle:bf16:2048:$e; do
+        IFS=: read -r m p b vs <<<"$case"
+        run "auto_${m}_${p}_b$b" 130 python benchmarks/train_throughput.py --config "configs/$m.json" --batch-sizes "$b" \
+          --variants "auto,$vs" --precisions "$p" --warmup 20 --steps "$([ "$b" -le 2048 ] && echo 200 || echo 30)" \
+          --windows 5 --out "$RES" --name "auto_${m}_${p}_b$b"
+        grep -o "auto on cuda: .*" "$LOGS/auto_${m}_${p}_b$b.log" | head -1 > "$RES/auto_${m}_${p}_b$b.picks.txt"
       done
       ;;
     combo)  # Inductor's combo kernels (train.compile.combo_kernels) false then true, in pairs: Kaggle tf32 at 128 and 2048,
