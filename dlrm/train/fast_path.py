@@ -11,8 +11,8 @@ What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
   backward: no COO gradient, static shapes) and the Triton dot interaction (the eager one runs tiny
   batched GEMMs off the tensor cores); PyTorch MLPs (cuBLAS beats the Triton linear kernel at DLRM
   shapes; the fused MLP, kernels.mlp.FusedMLP, only where compile mode default runs tf32 from batch
-  65536, where it won by 5%; in compiled bf16 runs from batch 65536 the PyTorch MLPs whose weight and
-  bias gradients come from one Triton GEMM each, kernels.wgrad: +2.5% to +8.6%); the PyTorch loss
+  65536, where it won by 5%; in compiled bf16 runs from batch 8192 the PyTorch MLPs whose weight and
+  bias gradients come from one Triton GEMM each, kernels.wgrad: +1.5% to +8%); the PyTorch loss
   (Inductor fuses it into the compiled step);
   ``torch.compile``: mode default, and from batch 65536 in runs planned for at least 1M steps
   Inductor's max-autotune without its own CUDA graphs (Triton GEMM templates with fused epilogues where
@@ -43,7 +43,8 @@ from dlrm.config import COMPILE_MODES_WITH_CUDA_GRAPHS, Config
 
 COMPONENTS = ("embedding", "interaction", "mlp", "loss")
 # kernels.mlp "auto" takes the fused MLP for tf32 from this batch size: measured +5% at 65536 and -1% at
-# 2048 (results/train_throughput_kaggle_fusedmlp.md); bf16 lost at both (-14% at 65536). Only where
+# 2048 (results/train_throughput_kaggle_fusedmlp.md), +14% (Kaggle) and +12% (Terabyte) at 65536 in the thirteenth
+# run (results/autopick.md); bf16 lost at both (-14% at 65536). Only where
 # compile mode "auto" does not resolve to max-autotune, whose templates beat it (below).
 FUSED_MLP_MIN_BATCH = 65536
 # train.compile.mode "auto" takes max-autotune-no-cudagraphs inside the whole-step graph from this batch size:
@@ -59,12 +60,13 @@ FUSED_MLP_MIN_BATCH = 65536
 # 170-300 s of autotuning after 0.4M (MLPerf) to 1M (Kaggle tf32) steps, i.e. 27-66 billion samples at 65536.
 # So "auto" takes it only for runs planned that long; shorter ones (a few epochs of Criteo, one of MLPerf)
 # finish sooner in mode default, and an explicit train.compile.mode takes it for any run.
-# kernels.mlp "auto" takes the wgrad MLPs (kernels.wgrad) for compiled bf16 runs from this batch size: at 65536
-# on an H100, Kaggle 42.9M -> 46.6M samples/s (+8.6%) in mode default and 52.9M -> 55.6M (+5.1%) with
-# max-autotune, Terabyte 15.5M -> 15.9M (+2.5%); at 2048 -2.2% (9.58M -> 9.37M), and in tf32 its layers keep
-# PyTorch's backward (the kernel lost 33% there). Eager runs and the multi-hot / DCN models (MLPerf) were not
-# measured: those keep PyTorch MLPs (results/wgrad_fused_bias_mask.md).
-WGRAD_MIN_BATCH = 65536
+# kernels.mlp "auto" takes the wgrad MLPs (kernels.wgrad) for compiled bf16 runs from this batch size. Against PyTorch
+# MLPs in the same process, H100, whole-step graph, combo kernels as "auto" sets them (2026-11-25,
+# results/wgrad_threshold.md): Kaggle -8.1% at 2048, 0.0% at 4096, +4.9% at 8192, +4.7% at 16384, +5.5% at 32768,
+# +8.0% at 65536 (+5.1% with max-autotune); Terabyte +2.1% at 8192, +1.7% at 16384, +1.5% at 32768, +2.4% at 65536.
+# In tf32 its layers keep PyTorch's backward (the kernel lost 33% there). Eager runs and the multi-hot / DCN models
+# (MLPerf) were not measured: those keep PyTorch MLPs (results/wgrad_fused_bias_mask.md).
+WGRAD_MIN_BATCH = 8192
 AUTOTUNE_MIN_BATCH = 65536
 COMBO_KERNELS_MAX_BATCH = 65536  # train.compile.combo_kernels "auto" is on below this batch size (_combo_kernels)
 AUTOTUNE_MIN_STEPS = 1_000_000
@@ -101,7 +103,7 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[s
         if (cfg.train.precision == "bf16" and cfg.data.batch_size >= WGRAD_MIN_BATCH and m.activation == "relu"
                 and cfg.train.compile.enabled and one_hot_dot):
             return "wgrad", ("kernels.wgrad (the ReLU mask and bias gradients fused into Triton weight-gradient GEMMs) "
-                             f"won bf16 at batch {WGRAD_MIN_BATCH}: Kaggle +8.6% (+5.1% with max-autotune), Terabyte +2.5%")
+                             f"won bf16 from batch {WGRAD_MIN_BATCH}: Kaggle +4.7% to +8.0%, Terabyte +1.5% to +2.4%")
         if cfg.train.compile.enabled and cfg.train.compile.mode in TEMPLATE_MODES:
             return "torch", ("Inductor's max-autotune GEMM templates fuse the MLPs' epilogues (Kaggle tf32 at 65536: "
                              "23.4M samples/s against the fused MLP's 22.0M)")
