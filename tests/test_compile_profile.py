@@ -138,6 +138,33 @@ def test_the_auto_variant_is_what_the_defaults_resolve_to(config, overrides, dev
     assert unavailable_reason("auto", dev) is None  # it needs nothing: on the CPU it is eager PyTorch
 
 
+@pytest.mark.parametrize("config, precision, batch, fastest", [
+    # the fastest named variant measured at each size on the H100 (results/autopick.md, wgrad_threshold.md)
+    ("kaggle.json", "tf32", 128, "triton-embedding-interaction+step-graph"),
+    ("kaggle.json", "bf16", 2048, "triton-embedding-interaction+step-graph"),
+    ("kaggle.json", "bf16", 8192, "triton-wgrad+step-graph"),
+    ("kaggle.json", "bf16", 65536, "triton-wgrad+step-graph"),
+    ("kaggle.json", "tf32", 65536, "triton-fused-mlp+step-graph"),
+    ("terabyte.json", "bf16", 32768, "triton-wgrad+step-graph"),
+    ("terabyte.json", "bf16", 65536, "triton-wgrad+step-graph"),
+    ("terabyte.json", "tf32", 65536, "triton-fused-mlp+step-graph"),
+])
+def test_the_auto_variant_on_cuda_is_the_fastest_measured_one(config, precision, batch, fastest):
+    """On CUDA, "auto" resolves to exactly the named variant that measured fastest there (same kernels, compile mode,
+    combo kernels and step graph), so the defaults are the fastest variant of each throughput table."""
+    import torch
+
+    from dlrm.train.compare import variant_config
+    from dlrm.train.fast_path import resolve_fast_path
+
+    cfg = load_config(REPO / "configs" / config, {"train.precision": precision, "data.batch_size": batch})
+    cuda = torch.device("cuda")
+    auto, _ = resolve_fast_path(variant_config(cfg, "auto"), cuda, total_steps=1000)
+    named, _ = resolve_fast_path(variant_config(cfg, fastest), cuda, total_steps=1000)
+    assert (auto.kernels, auto.train.compile, auto.train.cuda_graph) == (
+        named.kernels, named.train.compile, named.train.cuda_graph)
+
+
 def test_unknown_variant_is_named_in_the_error():
     from dlrm.config import ConfigError
     from dlrm.train.compare import parse_variants
