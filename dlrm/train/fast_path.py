@@ -174,8 +174,8 @@ def _combo_kernels(cfg: Config, device: torch.device, distributed: bool, multi_h
     generates independent small kernels (autocast's weight casts above all) as one launch, which pays where launches
     are a large share of the step. Off vs on in the same call, H100 (2026-11-25, results/combo_kernels.md), Kaggle
     bf16: 0.854M -> 0.952M samples/s at batch 128 (+11.5%), 9.68M -> 10.78M and 9.70M -> 10.48M at 2048 (+11.4%,
-    +8.0%), 22.6M -> 24.4M at 8192 (+8.0%), 31.9M -> 33.8M at 16384 (+5.9%); Terabyte bf16 at 32768 14.82M -> 15.04M
-    (+1.5%). At 65536 it measured -0.8% to +2.2% on three machines (16 fewer kernels, slightly longer ones), and tf32
+    +8.0%), 22.6M -> 24.4M at 8192 (+8.0%), 31.9M -> 33.8M at 16384 (+5.8%); Terabyte bf16 at 32768 14.82M -> 15.04M
+    (+1.5%). At 65536 it measured -0.7% to +2.3% on three machines (10 fewer kernels, slightly longer ones), and tf32
     (no casts) the same at 128, 2048 and 65536: those keep Inductor's default. The multi-hot / DCN models and several
     processes were not measured."""
     m = cfg.model
@@ -188,7 +188,7 @@ def _combo_kernels(cfg: Config, device: torch.device, distributed: bool, multi_h
     if distributed or multi_hot or m.interaction != "dot":
         return False, "measured on one process with one-hot dot models only"
     if cfg.data.batch_size >= COMBO_KERNELS_MAX_BATCH:
-        return False, (f"from batch {COMBO_KERNELS_MAX_BATCH} it measured -0.8% to +2.2% on three machines (launches are "
+        return False, (f"from batch {COMBO_KERNELS_MAX_BATCH} it measured -0.7% to +2.3% on three machines (launches are "
                        "a small share of the step there)")
     return True, ("autocast's weight casts and other small independent kernels in one launch: bf16 +1.5% for Terabyte "
                   "at 32768 to +11.5% for Kaggle at 128")
