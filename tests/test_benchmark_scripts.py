@@ -406,3 +406,53 @@ def test_wgrad_benchmark_smoke_times_torch_and_the_kernel(tmp_path):
     assert all(r["status"] == "" and float(r["ms"]) > 0 for r in rows), rows
     assert {"device", "torch", "triton", "date"} <= set(rows[0])
     assert "Sum over a model's layers" in (tmp_path / "w.md").read_text() and (tmp_path / "w.png").stat().st_size > 0
+
+
+def test_cross_tma_probe_smoke_checks_and_times_every_variant(tmp_path):
+    """benchmarks/cross_tma_probe.py --smoke: cuBLAS + elementwise, kernels.cross and the persistent TMA kernel
+    (TMA and pointer epilogues, with and without the saved pre-activation) all run, match a float64 reference
+    element by element, and are written; variant names parse to their launch keywords."""
+    ctp = load_script("cross_tma_probe")
+    assert ctp.main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "cross_tma_probe.csv")
+    persistent = [(r["tile"], r["epi"], r["store_pre"]) for r in rows if r["impl"] == "persistent TMA"]
+    assert persistent == [("32x32x16s2w4", "tma", "True"), ("32x32x16s2w4", "tma", "False"),
+                          ("32x32x16s2w4-ptr", "ptr", "True"), ("32x32x16s2w4-ptr", "ptr", "False")]
+    assert len(rows) == 7 and all(r["status"] == "ok" and float(r["ms"]) > 0 for r in rows), rows
+    tol = 1e-4 if not torch.cuda.is_available() else 0.1  # fp32 in the interpreter; bf16 outputs on a GPU
+    assert all(float(r["max_abs_err"]) < tol for r in rows), rows
+    assert ctp.parse_variant("128x256x64s3w8-flat-ws-ptr") == dict(
+        bm=128, bn=256, bk=64, stages=3, warps=8, flatten=True, ws=True, epi_tma=False)
+    assert "persistent TMA" in (tmp_path / "cross_tma_probe.md").read_text()
+
+
+def test_autopick_report_tables_each_cell_and_names_a_file_without_auto(tmp_path, capsys):
+    """benchmarks/autopick_report.py: one line per cell with the fastest named variant in bold and auto against it,
+    every row in the CSV with the call, the chart; a cell file without an ``auto`` row is refused by name."""
+    ar = load_script("autopick_report")
+    keys = ["variant", "precision", "batch_size", "samples_per_sec", "status", "device", "torch", "triton", "python",
+            "date"]
+    env = ["GPU X", "2.x", "3.x", "3.12", "2026-11-25 04:00"]
+
+    src, out = tmp_path / "src", tmp_path / "out"
+    src.mkdir()
+
+    def cell(name, rates):
+        with (src / name).open("w") as f:
+            f.write(",".join(keys) + "\n")
+            for v, r in rates:
+                f.write(",".join([v, "bf16", "65536", str(r), "ok", *env]) + "\n")
+
+    cell("auto_kaggle_bf16_b65536.csv", [("auto", 99.0e6), ("triton-embedding-interaction+step-graph", 90.0e6),
+                                         ("triton-wgrad+step-graph", 100.0e6)])
+    cell("auto_terabyte_bf16_b2048.csv", [("auto", 6.0e6), ("triton-embedding-interaction+step-graph", 5.0e6)])
+    assert ar.main([str(src), "--call", "T1", "--out", str(out)]) == 0
+    md = (out / "autopick.md").read_text()
+    assert "| Kaggle | bf16 | 65536 | 99.00M | 90.00M | **100.00M** |  | -1.0% |" in md
+    assert "| Terabyte | bf16 | 2048 | 6.00M | **5.00M** |  |  | +20.0% |" in md
+    rows = read_csv(out / "autopick.csv")
+    assert len(rows) == 5 and {r["call"] for r in rows} == {"T1"}
+    assert (out / "autopick.png").stat().st_size > 0
+    cell("auto_kaggle_tf32_b2048.csv", [("triton-embedding-interaction+step-graph", 5.0e6)])
+    assert ar.main([str(src), "--call", "T1", "--out", str(out)]) == 2
+    assert "auto_kaggle_tf32_b2048.csv: no 'auto' row" in capsys.readouterr().err

@@ -142,9 +142,12 @@ def test_the_auto_variant_is_what_the_defaults_resolve_to(config, overrides, dev
     # the fastest named variant measured at each size on the H100 (results/autopick.md, wgrad_threshold.md)
     ("kaggle.json", "tf32", 128, "triton-embedding-interaction+step-graph"),
     ("kaggle.json", "bf16", 2048, "triton-embedding-interaction+step-graph"),
+    ("kaggle.json", "tf32", 2048, "triton-embedding-interaction+step-graph"),
     ("kaggle.json", "bf16", 8192, "triton-wgrad+step-graph"),
     ("kaggle.json", "bf16", 65536, "triton-wgrad+step-graph"),
     ("kaggle.json", "tf32", 65536, "triton-fused-mlp+step-graph"),
+    ("terabyte.json", "bf16", 2048, "triton-embedding-interaction+step-graph"),
+    ("terabyte.json", "tf32", 2048, "triton-embedding-interaction+step-graph"),
     ("terabyte.json", "bf16", 32768, "triton-wgrad+step-graph"),
     ("terabyte.json", "bf16", 65536, "triton-wgrad+step-graph"),
     ("terabyte.json", "tf32", 65536, "triton-fused-mlp+step-graph"),

@@ -106,7 +106,7 @@ def test_summary_records_what_auto_chose(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, mlp", [
-    # with compile mode "default" (explicit), the fused MLP where it won: tf32 from batch 65536 (+5%)
+    # with compile mode "default" (explicit), the fused MLP where it won: tf32 from batch 65536 (+12-15%)
     ({"data.batch_size": 65536, "train.compile.mode": "default"}, "fused"),
     ({"data.batch_size": 131072, "train.compile.mode": "default"}, "fused"),
     ({"data.batch_size": 2048}, "torch"),  # -1% at 2048

@@ -44,7 +44,8 @@ from dlrm.config import COMPILE_MODES_WITH_CUDA_GRAPHS, Config
 COMPONENTS = ("embedding", "interaction", "mlp", "loss")
 # kernels.mlp "auto" takes the fused MLP for tf32 from this batch size: measured +5% at 65536 and -1% at
 # 2048 (results/train_throughput_kaggle_fusedmlp.md), +14% (Kaggle) and +12% (Terabyte) at 65536 in the thirteenth
-# run (results/autopick.md); bf16 lost at both (-14% at 65536). Not under an explicit max-autotune, whose
+# run (results/autopick_seventeenth.md) and again in the fourteenth (+15%, +12%; results/autopick.md); bf16 lost at
+# both (-14% at 65536). Not under an explicit max-autotune, whose
 # templates fuse the epilogues themselves; "auto" keeps mode default for it (the two measured the same, below).
 FUSED_MLP_MIN_BATCH = 65536
 # train.compile.mode "auto" takes max-autotune-no-cudagraphs inside the whole-step graph from this batch size:
@@ -60,7 +61,8 @@ FUSED_MLP_MIN_BATCH = 65536
 # 170-300 s of autotuning after 0.4M (MLPerf) to 1M (Kaggle tf32) steps, i.e. 27-66 billion samples at 65536.
 # So "auto" takes it only for runs planned that long; shorter ones (a few epochs of Criteo, one of MLPerf)
 # finish sooner in mode default, and an explicit train.compile.mode takes it for any run. Not in tf32 where the fused
-# MLP applies: since the fused MLP's 26.57M (2026-11-25, results/autopick.md) the templates' 26.59M gain nothing.
+# MLP applies: since the fused MLP's 26.57M (2026-11-25, results/autopick_seventeenth.md) the templates' 26.59M gain
+# nothing.
 # kernels.mlp "auto" takes the wgrad MLPs (kernels.wgrad) for compiled bf16 runs from this batch size. Against PyTorch
 # MLPs in the same process, H100, whole-step graph, combo kernels as "auto" sets them (2026-11-25,
 # results/wgrad_threshold.md): Kaggle -8.1% at 2048, 0.0% at 4096, +4.9% at 8192, +4.7% at 16384, +5.5% at 32768,
@@ -111,9 +113,9 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[s
         if (cfg.train.precision == "tf32" and cfg.data.batch_size >= FUSED_MLP_MIN_BATCH and m.activation == "relu"
                 and not m.dropout):
             return "fused", ("kernels.mlp.FusedMLP (cuBLASLt bias+ReLU epilogues, weight gradients on a side stream) "
-                             f"won tf32 at batch {FUSED_MLP_MIN_BATCH} (+5%)")
+                             f"won tf32 at batch {FUSED_MLP_MIN_BATCH} (Kaggle +15%, Terabyte +12%)")
         return "torch", ("cuBLAS beats the Triton linear kernel at DLRM shapes, and the fused MLP (kernels.mlp "
-                         "\"fused\") won only tf32 at batch 65536 (+5%; bf16 -14%, tf32 at 2048 -1%)")
+                         "\"fused\") won only tf32 at batch 65536 (+12-15%; bf16 -14%, tf32 at 2048 -1%)")
     return "torch", "fused into the compiled step by Inductor" if usable else why_not
 
 
@@ -155,7 +157,7 @@ def _compile_mode(cfg: Config, device: torch.device, distributed: bool, multi_ho
         if (cfg.train.precision == "tf32" and cfg.kernels.mlp in ("auto", "fused") and m.activation == "relu"
                 and not m.dropout and not multi_hot and m.interaction == "dot"):
             # the fused MLP (kernels.mlp "auto" in mode default) trained Kaggle tf32 at 65536 at 26.57M samples/s,
-            # the autotuned templates at 26.57-26.59M (2026-11-25, results/autopick.md): nothing to autotune for
+            # the autotuned templates at 26.57-26.59M (2026-11-25, results/autopick_seventeenth.md): nothing to autotune for
             return "default", ("the whole step is one CUDA graph already, and in tf32 the fused MLP in mode default "
                                "matched max-autotune's templates (Kaggle at 65536: 26.57M against 26.59M samples/s) "
                                "without 2.5-5 minutes of autotuning")
