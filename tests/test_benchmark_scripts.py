@@ -456,3 +456,17 @@ def test_autopick_report_tables_each_cell_and_names_a_file_without_auto(tmp_path
     cell("auto_kaggle_tf32_b2048.csv", [("triton-embedding-interaction+step-graph", 5.0e6)])
     assert ar.main([str(src), "--call", "T1", "--out", str(out)]) == 2
     assert "auto_kaggle_tf32_b2048.csv: no 'auto' row" in capsys.readouterr().err
+
+
+def test_wgrad_tma_probe_smoke_runs_both_kernels_and_restores_the_switches(tmp_path):
+    """benchmarks/wgrad_tma_probe.py --smoke: each smoke layer through the pointer kernel and the TMA kernel, checked
+    against float64 and written; kernels.wgrad's switches are restored after each call."""
+    import kernels.wgrad as wg
+
+    wtp = load_script("wgrad_tma_probe")
+    assert wtp.main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "wgrad_tma_probe.csv")
+    assert [(r["layer"], r["impl"]) for r in rows] == [("a", "pointer loads"), ("a", "TMA"), ("b", "pointer loads"),
+                                                       ("b", "TMA")]
+    assert all(r["status"] == "ok" and float(r["max_abs_err"]) < 1e-4 and float(r["ms"]) > 0 for r in rows), rows
+    assert (wg.TMA_OPERANDS, wg.TMA_STAGES) == (None, 3)

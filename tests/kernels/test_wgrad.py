@@ -104,6 +104,68 @@ def test_wgrad_non_contiguous_operands(layouts, device):
     run_wgrad(67, 37, 21, False, device, layouts=layouts, splits=2, seed=3)
 
 
+@pytest.mark.parametrize("B,M,N,splits", [(1, 16, 13, None), (3, 4, 8, None), (127, 20, 13, 3), (200, 16, 64, 2),
+                                          (131, 64, 1, 7)])
+def test_wgrad_tma_operands_match_float64(B, M, N, splits, device, monkeypatch):
+    """The masked layer with g and y loaded by TMA (`_wgrad_tma_kernel`, forced on: the interpreter and CPU
+    tensors take it only when asked): x by TMA where its row is a multiple of 16 bytes (N = 8, 64), by pointer
+    loads otherwise (N = 1, 13); rows past B and a short last slice."""
+    import kernels.wgrad as wg
+
+    monkeypatch.setattr(wg, "TMA_OPERANDS", True)
+    calls = []
+    real = wg._launch_tma
+    monkeypatch.setattr(wg, "_launch_tma", lambda *a: (calls.append(1), real(*a))[1])
+    run_wgrad(B, M, N, True, device, splits=splits, seed=B + M)
+    run_wgrad(B, M, N, False, device, splits=splits, seed=B + N)  # forced on, an unmasked layer takes it too
+    assert len(calls) == 2, "the TMA kernel did not run"
+
+
+def test_wgrad_tma_pointer_x_with_any_strides(device, monkeypatch):
+    """TMA g and y with an x whose columns are strided (transposed, sliced): x by pointer loads through its strides."""
+    import kernels.wgrad as wg
+
+    monkeypatch.setattr(wg, "TMA_OPERANDS", True)
+    run_wgrad(67, 16, 21, True, device, layouts=("contiguous", "contiguous", "transposed"), seed=5)
+    run_wgrad(67, 16, 21, True, device, layouts=("contiguous", "contiguous", "sliced"), splits=2, seed=6)
+
+
+def test_wgrad_tma_only_where_its_rules_hold(device, monkeypatch):
+    """TMA needs unit column strides and 16-byte rows: transposed, expanded or 5-wide fp32 operands and forced-off
+    runs take the pointer kernel; by default the interpreter, fp32 and layers without a mask never take it."""
+    import kernels.wgrad as wg
+
+    g, y, x = (torch.randn(8, 16, device=device) for _ in range(3))
+    assert not wg._use_tma(g, x, y, True)  # the default: masked 16-bit operands on a Hopper GPU only
+    monkeypatch.setattr(wg, "TMA_OPERANDS", True)
+    assert wg._use_tma(g, x, y, True)
+    assert wg._use_tma(g, x, None, True)  # forced: an unmasked layer too
+    assert not wg._use_tma(g, x, y, False)  # tf32 column sums in registers
+    assert not wg._use_tma(torch.randn(16, 8, device=device).t(), x, y, True)
+    assert not wg._use_tma(g, x, torch.randn(1, 16, device=device).expand(8, 16), True)
+    assert not wg._use_tma(torch.randn(8, 5, device=device), x, torch.randn(8, 5, device=device), True)
+    monkeypatch.setattr(wg, "TMA_OPERANDS", False)
+    assert not wg._use_tma(g, x, y, True)
+
+
+@pytest.mark.gpu
+def test_wgrad_tma_default_on_hopper_bf16_first_layer():
+    """On a GPU of compute capability >= 9 the masked bf16 first layer (Kaggle's 512x13 at a real batch) takes the
+    TMA kernel by default and matches float64 within bf16-operand tolerances, split and unsplit (unsplit at 1027
+    rows: one fp32 accumulator over all 65536 rows runs a 1024-step chain, beyond what these tolerances allow for
+    either kernel)."""
+    import kernels.wgrad as wg
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("TMA needs compute capability >= 9")
+    g = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16)
+    assert wg._use_tma(g, torch.randn(4096, 13, device="cuda", dtype=torch.bfloat16), g, True)
+    assert not wg._use_tma(g, torch.randn(4096, 13, device="cuda", dtype=torch.bfloat16), None, True)
+    run_wgrad(65536, 512, 13, True, "cuda", kind="bf16", seed=7)
+    run_wgrad(1027, 512, 13, True, "cuda", kind="bf16", splits=1, seed=8)
+    run_wgrad(4099, 256, 64, True, "cuda", kind="bf16", splits=3, seed=9)
+
+
 def test_wgrad_split_deterministic(device):
     gen = torch.Generator().manual_seed(4)
     g, x = torch.randn(301, 40, generator=gen).to(device), torch.randn(301, 24, generator=gen).to(device)
