@@ -335,7 +335,8 @@ def linear_wgrad(
 
 
 def _launch_tma(grad, x, out, w_target, b_target, stride_split, rows, slices, tiles, launch, prec) -> None:
-    """`_wgrad_tma_kernel` on the launch `pick_wgrad_launch` gave (its pipeline depth TMA_STAGES)."""
+    """`_wgrad_tma_kernel` on the launch `pick_wgrad_launch` gave, at TMA_STAGES pipeline stages (a forced launch,
+    ``heuristics.WGRAD_LAUNCH_OVERRIDE``, brings its own)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     bb, bm, bn = launch.block_b, launch.block_m, launch.block_n
@@ -346,7 +347,8 @@ def _launch_tma(grad, x, out, w_target, b_target, stride_split, rows, slices, ti
     _wgrad_tma_kernel[(tiles, slices)](
         g_desc, y_desc, x_desc, x, x.stride(0), x.stride(1), w_target, b_target, grad.shape[0], grad.shape[1], x.shape[1],
         stride_split, rows, MASK=out is not None, X_TMA=x_tma, INPUT_PRECISION=prec, BLOCK_M=bm, BLOCK_N=bn, BLOCK_B=bb,
-        num_warps=launch.num_warps, num_stages=TMA_STAGES,
+        num_warps=launch.num_warps,
+        num_stages=TMA_STAGES if heuristics.WGRAD_LAUNCH_OVERRIDE is None else launch.num_stages,
     )
 
 
