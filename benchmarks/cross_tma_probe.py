@@ -166,7 +166,10 @@ def main(argv=None) -> int:
     timer = (lambda f: graph_replay_ms(f, args.calls, args.windows, 3)) if cuda else wall_ms
     el = x0.element_size()
     rows = []
-    elementwise = torch.compile(lambda x0, y, b, x: x0 * (y + b) + x) if cuda else (lambda x0, y, b, x: x0 * (y + b) + x)
+    def cross(x0, y, b, x):
+        return x0 * (y + b) + x
+
+    elementwise = torch.compile(cross) if cuda else cross
 
     def add(impl, tile, fn, store_pre, kw=None, timed=None):
         """A row: ``fn`` checked against the reference, ``timed`` (default ``fn``) timed."""

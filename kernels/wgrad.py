@@ -345,7 +345,8 @@ def _launch_tma(grad, x, out, w_target, b_target, stride_split, rows, slices, ti
     y_desc = TensorDescriptor.from_tensor(out, [bb, bm]) if out is not None else g_desc  # unused without a mask
     x_desc = TensorDescriptor.from_tensor(x, [bb, bn]) if x_tma else g_desc  # unused without X_TMA
     _wgrad_tma_kernel[(tiles, slices)](
-        g_desc, y_desc, x_desc, x, x.stride(0), x.stride(1), w_target, b_target, grad.shape[0], grad.shape[1], x.shape[1],
+        g_desc, y_desc, x_desc, x, x.stride(0), x.stride(1), w_target, b_target,
+        grad.shape[0], grad.shape[1], x.shape[1],
         stride_split, rows, MASK=out is not None, X_TMA=x_tma, INPUT_PRECISION=prec, BLOCK_M=bm, BLOCK_N=bn, BLOCK_B=bb,
         num_warps=launch.num_warps,
         num_stages=TMA_STAGES if heuristics.WGRAD_LAUNCH_OVERRIDE is None else launch.num_stages,

@@ -157,7 +157,8 @@ def _compile_mode(cfg: Config, device: torch.device, distributed: bool, multi_ho
         if (cfg.train.precision == "tf32" and cfg.kernels.mlp in ("auto", "fused") and m.activation == "relu"
                 and not m.dropout and not multi_hot and m.interaction == "dot"):
             # the fused MLP (kernels.mlp "auto" in mode default) trained Kaggle tf32 at 65536 at 26.57M samples/s,
-            # the autotuned templates at 26.57-26.59M (2026-11-25, results/autopick_seventeenth.md): nothing to autotune for
+            # the autotuned templates at 26.57-26.59M (2026-11-25, results/autopick_seventeenth.md): nothing to
+            # autotune for
             return "default", ("the whole step is one CUDA graph already, and in tf32 the fused MLP in mode default "
                                "matched max-autotune's templates (Kaggle at 65536: 26.57M against 26.59M samples/s) "
                                "without 2.5-5 minutes of autotuning")
