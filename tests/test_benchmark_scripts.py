@@ -349,8 +349,16 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     launches = [c for d, r, c in sw.PLAN if d == "bf16" and r == "nearest"]
     assert [r["row_loads"] for r in rows] == ["after_sums", "with_gradients"] * 2 * len(launches)
     assert all(r["status"] == "ok" for r in rows) and update.ROW_LOADS == "prefetch_l2"
+    # --evictions times each kept row with each L2 eviction setting, the shipped one restored afterwards
+    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "e", "--dtypes", "bf16", "--launches", "picked",
+                    "--evictions", "none,rows_first_grad_last"]) == 0
+    rows = read_csv(tmp_path / "e.csv")
+    assert [r["eviction"] for r in rows] == ["none", "rows_first_grad_last"]
+    assert all(r["status"] == "ok" for r in rows) and update.EVICTION == "grad_last"
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--row-loads", "sideways"])
+    with pytest.raises(SystemExit):
+        sw.main(["--smoke", "--out", str(tmp_path), "--evictions", "evict_sometimes"])
 
 
 def test_stream_overlap_smoke_times_each_pair_alone_in_series_and_side_by_side(tmp_path):
@@ -470,3 +478,37 @@ def test_wgrad_tma_probe_smoke_runs_both_kernels_and_restores_the_switches(tmp_p
                                                        ("b", "TMA")]
     assert all(r["status"] == "ok" and float(r["max_abs_err"]) < 1e-4 and float(r["ms"]) > 0 for r in rows), rows
     assert (wg.TMA_OPERANDS, wg.TMA_STAGES) == (None, 3)
+
+
+def test_gemm_layout_probe_smoke_times_eight_layouts_of_every_step_gemm(tmp_path):
+    """benchmarks/gemm_layout_probe.py --smoke: each GEMM of the DCNv2 step (cross V and W, the top MLP's layers but
+    the 1-wide one; forward, data and weight gradient) in the eight (A, B, C) layouts, each checked against float64,
+    exactly one 'as run' row per GEMM, the summary and chart written."""
+    glp = load_script("gemm_layout_probe")
+    assert glp.main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "gemm_layout_probe.csv")
+    gemms = {(r["gemm"], r["pass"]) for r in rows}
+    assert gemms == {(g, p) for g in ("cross V", "cross W", "top.0", "top.1") for p in ("fwd", "dgrad", "wgrad")}
+    for key in gemms:
+        mine = [r for r in rows if (r["gemm"], r["pass"]) == key]
+        assert len({(r["a"], r["b"], r["c"]) for r in mine}) == 8 and sum(r["as_run"] == "True" for r in mine) == 1
+    assert all(r["status"] == "ok" and float(r["max_rel_err"]) < 1e-5 and float(r["ms"]) > 0 for r in rows), rows
+    fwd = next(r for r in rows if r["gemm"] == "cross V" and r["pass"] == "fwd")
+    assert (fwd["M"], fwd["N"], fwd["K"]) == ("64", "16", "48")
+    assert "best layout" in (tmp_path / "gemm_layout_probe.md").read_text()
+    assert (tmp_path / "gemm_layout_probe.png").stat().st_size > 0
+
+
+def test_fp8_dense_probe_smoke_runs_each_variant_and_measures_its_error(tmp_path):
+    """benchmarks/fp8_dense_probe.py --smoke: bf16 and the three FP8 variants run forward + backward, their errors
+    against float64 are finite, bf16's the smallest; unknown variants are refused."""
+    fdp = load_script("fp8_dense_probe")
+    assert fdp.main(["--smoke", "--out", str(tmp_path)]) == 0
+    rows = read_csv(tmp_path / "fp8_dense_probe.csv")
+    assert [r["variant"] for r in rows] == list(fdp.VARIANTS)
+    assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in rows), rows
+    err = {r["variant"]: float(r["err_dx0"]) for r in rows}
+    assert 0 < err["bf16"] < min(err["fp8 cross"], err["fp8 top"], err["fp8 cross + top"]) < 1
+    assert "rowwise FP8" in (tmp_path / "fp8_dense_probe.md").read_text()
+    with pytest.raises(SystemExit):
+        fdp.main(["--smoke", "--out", str(tmp_path), "--variants", "fp4"])

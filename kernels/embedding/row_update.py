@@ -16,23 +16,27 @@ from kernels.embedding.rounding import _round_bf16
 
 
 @triton.jit
-def _load_row_state(rows, sel, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT: tl.constexpr):
+def _load_row_state(rows, sel, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT: tl.constexpr,
+                    EVICT: tl.constexpr):
     """The fp32 weights ``w`` [M, BLOCK_D] of the selected rows and their optimizer state ``s`` ([M, BLOCK_D]
     for Adagrad, [M] for row-wise Adagrad, unused otherwise); see `_apply_row_update`.
 
     Separate so that the chunk kernel can issue these loads before it gathers and sums the gradients:
-    they depend on the sorted rows only, and the kernel is bound by its chains of dependent loads."""
+    they depend on the sorted rows only, and the kernel is bound by its chains of dependent loads.
+    ``EVICT``: the L2 eviction policy of these loads ("" or "evict_first": see
+    `kernels.embedding.update.EVICTION`)."""
     dmask = d < D
     m2 = sel[:, None] & dmask[None, :]
     if OPT == 3:  # the dense gradient needs neither
         w = tl.zeros((rows.shape[0], d.shape[0]), dtype=tl.float32)
         s = w
     else:
-        w = tl.load(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, mask=m2, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + rows[:, None] * stride_wr + d[None, :] * stride_wd, mask=m2, other=0.0,
+                    eviction_policy=EVICT).to(tl.float32)
         if OPT == 1:
-            s = tl.load(state_ptr + rows[:, None] * D + d[None, :], mask=m2, other=0.0)
+            s = tl.load(state_ptr + rows[:, None] * D + d[None, :], mask=m2, other=0.0, eviction_policy=EVICT)
         elif OPT == 2:
-            s = tl.load(state_ptr + rows, mask=sel, other=0.0)
+            s = tl.load(state_ptr + rows, mask=sel, other=0.0, eviction_policy=EVICT)
         else:
             s = w
     return w, s
@@ -82,8 +86,9 @@ def _finish_row_update(
     OPT: tl.constexpr,
     DECAY: tl.constexpr,
     ROUND: tl.constexpr,
+    EVICT: tl.constexpr,
 ):
-    """`_apply_row_update` once `_load_row_state` has loaded ``w`` and ``s``."""
+    """`_apply_row_update` once `_load_row_state` has loaded ``w`` and ``s``; ``EVICT`` as there, for the stores."""
     dmask = d < D
     m2 = sel[:, None] & dmask[None, :]
     w_offs = rows[:, None] * stride_wr + d[None, :] * stride_wd
@@ -99,12 +104,12 @@ def _finish_row_update(
         elif OPT == 1:
             # torch.optim.Adagrad, sparse grad: state += g^2; w -= lr * g / (sqrt(state) + eps)
             s = s + g * g
-            tl.store(state_ptr + rows[:, None] * D + d[None, :], s, mask=m2)
+            tl.store(state_ptr + rows[:, None] * D + d[None, :], s, mask=m2, eviction_policy=EVICT)
             w = w - lr * (g / (tl.sqrt(s) + eps))
         else:
             # Row-wise Adagrad: one accumulator per row, fed with the mean of g^2 over D.
             s = s + tl.sum(g * g, axis=1) / D
-            tl.store(state_ptr + rows, s, mask=sel)
+            tl.store(state_ptr + rows, s, mask=sel, eviction_policy=EVICT)
             # One division a row, then a multiply an element: an fp32 division per element (div.rn, ~8
             # instructions) was a sixth of the pooled update's instructions (Nsight Compute, 2026-11-24).
             # w - g * (lr / x) rounds differently from w - lr * (g / x) by an ulp or so.
@@ -112,7 +117,7 @@ def _finish_row_update(
             w = w - g * step[:, None]
         if ROUND != 0:
             w = _round_bf16(w, seed_ptr, rows[:, None], d[None, :], D, ROUND >= 2, RNG=ROUND - 2)
-        tl.store(w_ptr + w_offs, w.to(w_ptr.dtype.element_ty), mask=m2)
+        tl.store(w_ptr + w_offs, w.to(w_ptr.dtype.element_ty), mask=m2, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -142,6 +147,6 @@ def _apply_row_update(
     ``ROUND`` of the new fp32 weights: 0 the cast to weight's dtype; for bf16 weights 1 round to nearest
     even, 2 + an RNG code round stochastically (`_round_bf16`, seed at ``seed_ptr``).
     """
-    w, s = _load_row_state(rows, sel, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
+    w, s = _load_row_state(rows, sel, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT, "")
     _finish_row_update(rows, g, w, s, sel, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps, weight_decay,
-                       seed_ptr, OPT, DECAY, ROUND)
+                       seed_ptr, OPT, DECAY, ROUND, "")

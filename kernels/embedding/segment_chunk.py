@@ -61,7 +61,7 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
                   OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, CHUNK: tl.constexpr,
                   BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr,
-                  ROW_LOADS: tl.constexpr):
+                  ROW_LOADS: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr):
     """Chunk ``k`` once its indices are known (`_chunk_indices`, `_grad_coords`): segment sums, the update of
     the segments that start and end in it, and the carry kernel's partial sums."""
     cs = k * CHUNK
@@ -89,14 +89,15 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
     if ROW_LOADS == 3:
         _prefetch_row_state_l2(rows, complete, w_ptr, stride_wr, state_ptr, OPT, BLOCK_D)
     if ROW_LOADS == 2:
-        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
+        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT, ROW_EVICT)
     g = tl.load(
         grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + d[None, :] * stride_gd,
         mask=live[:, None] & dmask[None, :],
         other=0.0,
+        eviction_policy=GRAD_EVICT,
     )
     if ROW_LOADS == 1:
-        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
+        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT, ROW_EVICT)
 
     # Per-position sum over the positions of the chunk with the same row: a 0/1 matrix product with fp32
     # accumulation, in a fixed order (deterministic), fp32 gradients as three exact bf16 parts
@@ -104,9 +105,9 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
     same = rows[:, None] == rows[None, :]
     seg = select_sum(same, g, SPLIT_FP32, DOT_16BIT)
     if (ROW_LOADS == 0) or (ROW_LOADS == 3):
-        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT)
+        w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT, ROW_EVICT)
     _finish_row_update(rows, seg, w, s, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps,
-                       weight_decay, seed_ptr, OPT, DECAY, ROUND)
+                       weight_decay, seed_ptr, OPT, DECAY, ROUND, ROW_EVICT)
 
     # Every lane of a segment holds the segment's chunk sum: pick the first and the last lane. The carry
     # kernel reads first[k] only of a chunk that continues its predecessor's last segment, and last[k] only
@@ -128,7 +129,7 @@ def _sparse_chunk_kernel(
     state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, R, F: tl.constexpr, D: tl.constexpr,
     OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, SLOT_MAP: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr, ROW_LOADS: tl.constexpr,
-    POS32: tl.constexpr,
+    POS32: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr,
 ):
     """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
 
@@ -148,4 +149,4 @@ def _sparse_chunk_kernel(
     b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
     _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
-                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS)
+                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT)

@@ -71,6 +71,20 @@ SR_RNG = "hash1"
 # only (see `_prefetch_row_state_l2`).
 ROW_LOAD_ORDERS = {"after_sums": 0, "with_gradients": 1, "first": 2, "prefetch_l2": 3}
 ROW_LOADS = "prefetch_l2"
+# L2 eviction priorities of the chunk kernel's memory traffic in multi-hot updates: (rows' weights and state,
+# loads and stores; the gradient gathers). Each updated row is read and written once, while each row of the
+# [B, F, D] output gradient is gathered by every position of its bag (100 of a sample's 214 for MLPerf's widest
+# feature): Nsight Compute at MLPerf shapes saw ~1.25 GB of the 3.6 GB of gradient gathers come from DRAM, at
+# 54% L2 hits. MLPerf shapes, bf16 tables, H100, three interleaved repeats (2026-11-25,
+# results/pooled_update_sweep_eviction.md): none 4.536-4.588 ms, rows_first 4.594-4.631, grad_last 4.483-4.525
+# (-1.1%), rows_first_grad_last 4.553-4.588; the MLPerf step with grad_last 22.12-22.16 ms against 22.21-22.23
+# alternating (results/mlperf_dcnv2_eviction.md). With grad_last the kernel read 0.33 GB less from DRAM in the
+# same time (ncu): it is bound by its chains of dependent loads more than by bytes. One-hot updates gather each
+# gradient row once, so they keep no priority. Module-level, so that benchmarks/pooled_update_sweep.py can
+# compare them.
+EVICTIONS = {"none": ("", ""), "rows_first": ("evict_first", ""), "grad_last": ("", "evict_last"),
+             "rows_first_grad_last": ("evict_first", "evict_last")}
+EVICTION = "grad_last"
 
 
 # Chunk boundaries per program of the carry kernel (`kernels.embedding.segment_carry`).
@@ -121,6 +135,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     if bf16_rounding == "stochastic":
         rounding += RNG_CODES[SR_RNG]
     common = dict(OPT=opt, DECAY=weight_decay != 0.0, ROUND=rounding, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
+    evict = EVICTION if slot_feature is not None else "none"  # see EVICTION
     _sparse_chunk_kernel[(num_chunks,)](
         sorted_rows,
         perm,
@@ -148,6 +163,8 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         DOT_16BIT=not interpret_mode(),
         ROW_LOADS=0 if interpret_mode() and ROW_LOADS == "prefetch_l2" else ROW_LOAD_ORDERS[ROW_LOADS],
         POS32=N + cfg.chunk < 2**31,
+        ROW_EVICT=EVICTIONS[evict][0],
+        GRAD_EVICT=EVICTIONS[evict][1],
         num_warps=cfg.chunk_warps,
         **common,
     )

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from kernels.fp8_linear import E4M3, E5M2, Fp8Linear, fp8_mlp, quantize
+from kernels.fp8_linear import E4M3, E5M2, Fp8Linear, Fp8RowwiseLinear, fp8_mlp, quantize, quantize_rows
 
 BF16_OUT = dict(rtol=2**-7, atol_frac=2**-7)  # bf16 outputs: half an ulp each way, and a cancellation margin
 FP32_OUT = dict(rtol=1e-5, atol_frac=1e-5)
@@ -122,3 +122,70 @@ def test_shapes_fp8_gemms_cannot_take_are_refused_in_one_line():
         Fp8Linear(13, 512)
     with pytest.raises(ValueError, match=r"the batch \(3\) must be a multiple of 16"):
         Fp8Linear(16, 16)(torch.randn(3, 16))
+
+
+# ---- rowwise scales (fp8_rowwise_linear): tried on the MLPerf dense part, not wired into the model ----
+
+
+def test_quantize_rows_scales_each_row_and_returns_row_major(device):
+    t = torch.randn(40, 48, device=device) * torch.logspace(-3, 3, 40, device=device)[:, None]
+    t[7] = 0.0
+    q, inv = quantize_rows(t.t().contiguous().t())  # column-major input: the result is row-major all the same
+    assert q.dtype == E4M3 and q.is_contiguous() and inv.shape == (40, 1) and inv.dtype == torch.float32
+    fmax = torch.finfo(E4M3).max
+    amax = q.float().abs().amax(dim=1)
+    assert torch.equal(amax[torch.arange(40, device=device) != 7], torch.full((39,), fmax, device=device))
+    assert float(inv[7]) == 1.0 and not q[7].float().any()  # an all-zero row: scale 1, no division by zero
+    back = dq(q, inv)
+    normal = t.abs().double() / inv.double() >= torch.finfo(E4M3).smallest_normal
+    rel = ((back - t.double()).abs() / t.double().abs().clamp_min(1e-30))[normal]
+    assert float(rel.max()) <= 2.0**-4 * (1 + 1e-6)  # round to nearest with 3 mantissa bits, in every row
+
+
+@pytest.mark.parametrize("n, k, m", [(16, 16, 16), (48, 80, 32), (32, 16, 112)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_rowwise_forward_and_gradients_match_the_dequantized_float64_product(n, k, m, bias, device):
+    """y and dx against the float64 product of the rowwise-dequantized operands (W per output row for y, per
+    input column for dx); dW is the bf16 GEMM of the 16-bit gradient and input; db the fp32 sum."""
+    torch.manual_seed(n * k + m)
+    layer = Fp8RowwiseLinear(k, m, bias=bias).to(device)
+    x = torch.randn(n, k, device=device, requires_grad=True)
+    g = torch.randn(n, m, device=device)
+    y = layer(x)
+    y.backward(g)
+    assert y.dtype == torch.bfloat16 and x.grad.dtype == x.dtype and layer.weight.grad.dtype == torch.float32
+
+    w = layer.weight.detach()
+    xq, sx = quantize_rows(x.detach())
+    wq, sw = quantize_rows(w)
+    gb = g.to(torch.bfloat16)  # the gradient arrives in y's dtype
+    gq, sg = quantize_rows(gb)
+    wtq, swt = quantize_rows(w.t())
+    close(y, dq(xq, sx) @ dq(wq, sw).T + (layer.bias.double() if bias else 0.0), **BF16_OUT, what="y")
+    close(x.grad, dq(gq, sg) @ dq(wtq, swt).T, **BF16_OUT, what="dx")
+    close(layer.weight.grad, gb.double().T @ x.detach().to(torch.bfloat16).double(), **BF16_OUT, what="dW")
+    if bias:
+        close(layer.bias.grad, gb.double().sum(0), **FP32_OUT, what="db")
+
+
+def test_rowwise_layer_stays_within_fp8_coarseness_of_the_exact_layer(device):
+    """Against the exact float64 layer: each output within 2 x 2**-4 of the sum of |x_i w_i| (both operands
+    rounded to 3 mantissa bits), non-contiguous input and gradient."""
+    torch.manual_seed(3)
+    layer = Fp8RowwiseLinear(64, 48).to(device)
+    x = torch.randn(64, 32, device=device).t().detach().requires_grad_(True)  # [32, 64], column-major
+    g = torch.randn(48, 32, device=device).t()  # [32, 48], column-major
+    y = layer(x)
+    y.backward(g)
+    w = layer.weight.detach().double()
+    xd = x.detach().double()
+    bound_y = 2 * 2.0**-4 * (xd.abs() @ w.abs().T) + 2**-8 * (xd @ w.T).abs()
+    assert bool(((y.double() - (xd @ w.T + layer.bias.double())).abs() <= bound_y + 1e-6).all())
+    gd = g.to(torch.bfloat16).double()
+    bound_dx = 2 * 2.0**-4 * (gd.abs() @ w.abs()) + 2**-8 * (gd @ w).abs()
+    assert bool(((x.grad.double() - gd @ w).abs() <= bound_dx + 1e-6).all())
+
+
+def test_rowwise_layer_refuses_widths_fp8_gemms_cannot_take():
+    with pytest.raises(ValueError, match=r"in_features \(13\)"):
+        Fp8RowwiseLinear(13, 16)

@@ -381,6 +381,33 @@ def test_pooled_update_hot_row_spanning_many_chunks(optimizer, device, assert_cl
         assert_close(state, s_ref, torch.float32, scale=10.0, msg="state")
 
 
+@pytest.mark.parametrize("eviction", ["rows_first", "grad_last", "rows_first_grad_last"])
+@pytest.mark.parametrize("optimizer,dtype", [("adagrad", torch.float32), ("rowwise_adagrad", torch.bfloat16)])
+def test_eviction_policies_give_the_same_bits(eviction, optimizer, dtype, device, monkeypatch):
+    """L2 eviction priorities of the chunk kernel's traffic (`update.EVICTION`) are cache hints only: the same
+    weights and state, bit for bit, as without them (a hot row spanning chunks, PAD slots, weight decay and, for
+    bf16 tables, stochastic rounding with the same seed)."""
+    monkeypatch.setattr(heuristics, "SPARSE_UPDATE_OVERRIDE", heuristics.SparseUpdateConfig(16, 4, 4, 4))
+    B, D = 97, 24
+    case = make_case(B, [3, 2], "modulus", seed=5, pad=0.3).to(device)
+    raw = case.raw.clone()
+    raw[: B // 2, 0] = -1  # one row hit by ~50 slots: several 16-position chunks
+    rows = pooled_hash_rows(raw, *case.hash_args(), case.num_rows)
+    grad = make_grad(B, 2, D, "permuted", device, dtype)
+    lr = torch.tensor(LR, device=device)
+    results = []
+    for policy in ("none", eviction):
+        monkeypatch.setattr(update_module, "EVICTION", policy)
+        weight = make_weight(case.num_rows, D, device, dtype)
+        state = make_state(optimizer, weight)
+        seed = torch.full((1,), 3, dtype=torch.int64, device=device)
+        pooled_embedding_sparse_update_(rows, grad, case.layout(), weight, state, lr, optimizer, EPS, True, 0.05, seed)
+        results.append((weight, state))
+    (w0, s0), (w1, s1) = results
+    assert not torch.equal(w0, make_weight(case.num_rows, D, device, dtype))  # the update happened
+    assert torch.equal(w1, w0) and torch.equal(s1, s0)
+
+
 @pytest.mark.parametrize("order", ["with_gradients", "first", "prefetch_l2"])
 @pytest.mark.parametrize("optimizer,dtype", [("sgd", torch.float32), ("adagrad", torch.float32),
                                              ("rowwise_adagrad", torch.float32), ("rowwise_adagrad", torch.bfloat16)])
