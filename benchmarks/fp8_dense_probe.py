@@ -32,12 +32,16 @@ import torch.nn.functional as F_
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import (  # noqa: E402
+    env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, write_csv,
+)
 
 from dlrm.model.archs import LowRankCrossNet  # noqa: E402
 from kernels.fp8_linear import fp8_rowwise_linear  # noqa: E402
 
-VARIANTS = {"bf16": (False, False), "fp8 cross": (True, False), "fp8 top": (False, True), "fp8 cross + top": (True, True)}
+# name: (cross network in FP8, top MLP in FP8)
+VARIANTS = {"bf16": (False, False), "fp8 cross": (True, False), "fp8 top": (False, True),
+            "fp8 cross + top": (True, True)}
 KEYS = ["variant", "batch", "ms", "vs_bf16", "err_logits", "err_dx0", "err_dV0", "status"]
 
 
@@ -155,7 +159,8 @@ def main(argv=None) -> int:
     fmt = lambda v, f: format(v, f) if isinstance(v, float) else ""  # noqa: E731
     for r in rows:
         table.append(md_row([r["variant"], fmt(r.get("ms"), ".3f"), fmt(r.get("vs_bf16"), ".3f"),
-                             fmt(r.get("err_logits"), ".2e"), fmt(r.get("err_dx0"), ".2e"), fmt(r.get("err_dV0"), ".2e"),
+                             fmt(r.get("err_logits"), ".2e"), fmt(r.get("err_dx0"), ".2e"),
+                             fmt(r.get("err_dV0"), ".2e"),
                              r["status"]]))
     (out / "fp8_dense_probe.md").write_text(markdown(
         "MLPerf DLRM-DCNv2 dense part: rowwise FP8 GEMMs against bf16",

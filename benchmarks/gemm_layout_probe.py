@@ -34,7 +34,9 @@ import torch
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import (  # noqa: E402
+    env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, write_csv,
+)
 
 KEYS = ["gemm", "pass", "M", "N", "K", "impl", "a", "b", "c", "as_run", "ms", "tflops", "vs_as_run", "max_rel_err",
         "status"]
@@ -80,7 +82,10 @@ def layout_rows(spec, args, device, dtype, timer) -> list[dict]:
         for b_major in ("row", "col"):
             a, b = in_layout(a_ref, a_major), in_layout(b_ref, b_major)
             for c_major in ("row", "col"):
-                fn = (lambda a=a, b=b: torch.mm(a, b)) if c_major == "row" else (lambda a=a, b=b: torch.mm(b.t(), a.t()).t())
+                if c_major == "row":
+                    fn = lambda a=a, b=b: torch.mm(a, b)  # noqa: E731
+                else:  # C^T = B^T A^T, read back transposed: C column-major
+                    fn = lambda a=a, b=b: torch.mm(b.t(), a.t()).t()  # noqa: E731
                 row = {"gemm": gemm, "pass": pas, "M": M, "N": N, "K": K, "impl": "bf16" if dtype == torch.bfloat16
                        else "fp32", "a": a_major, "b": b_major, "c": c_major,
                        "as_run": f"{a_major},{b_major}" == as_run and c_major == "row"}

@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | bandwidth | overlap | crosslayer | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -350,6 +350,34 @@ EOF
       ;;
     crosslayer)  # the DCNv2 cross network: Inductor's vs the Triton path, and the fused forward's tiles
       run cross_layer 250 python benchmarks/cross_layer.py --out "$RES"
+      ;;
+    gemmlayout)  # every GEMM of the MLPerf step in eight operand layouts, and as rowwise / tensorwise FP8 GEMMs
+      run gemm_layout_probe 150 python benchmarks/gemm_layout_probe.py --out "$RES"
+      ;;
+    fp8dense)  # the MLPerf dense part (cross network + top MLP) with rowwise FP8 GEMMs against bf16, and errors
+      run fp8_dense_probe 300 python benchmarks/fp8_dense_probe.py --out "$RES"
+      ;;
+    mlperf:wgrad)  # MLPerf DLRM-DCNv2: the wgrad MLPs against PyTorch MLPs, alternating (results/mlperf_dcnv2_wgrad.md)
+      v=triton-embedding-wgrad+step-graph,triton-embedding+step-graph
+      run mlperf_dcnv2_wgrad 200 python benchmarks/mlperf_dcnv2.py --no-baseline --batch-sizes 65536 \
+        --variants "$v,$v" --out "$RES/mlperf_wgrad"
+      ;;
+    mlperf:eviction)  # the pooled update's L2 priorities (update.EVICTION): the MLPerf step with "grad_last" and
+      # "none", alternating, one process; then the update alone over every setting (results/mlperf_dcnv2_eviction.md)
+      run mlperf_dcnv2_eviction 220 python - "$RES" <<'EOF'
+import sys
+sys.path.append("benchmarks")  # appended: benchmarks/kernels.py must not shadow the kernels package
+from kernels.embedding import update
+import mlperf_dcnv2
+for i, ev in enumerate(["grad_last", "none", "grad_last", "none"]):
+    update.EVICTION = ev
+    print("EVICTION", ev, flush=True)
+    mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "triton-embedding+step-graph",
+                       "--out", f"{sys.argv[1]}/eviction_{i}_{ev}"])
+EOF
+      run pooled_update_sweep_eviction 200 python benchmarks/pooled_update_sweep.py --out "$RES" \
+        --name pooled_update_sweep_eviction --dtypes bf16 --launches picked \
+        --evictions none,rows_first,grad_last,rows_first_grad_last --repeats 3
       ;;
     multihot)  # quality on planted multi-hot data: the MLPerf model's shapes with fp32 tables on small-table
       # data with MLPerf's multi-hot sizes, eager vs the Triton embedding, against the oracle AUC

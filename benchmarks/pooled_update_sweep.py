@@ -178,7 +178,8 @@ def main(argv=None) -> int:
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
     table = ["| dtype | rounding | launch | row loads | eviction | ms | % of copy | status |",
              "| --- | --- | --- | --- | --- | ---: | ---: | --- |"]
-    table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], f"{r['ms']:.3f}" if "ms" in r else "n/a",
+    table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"],
+                      f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
             "bytes as pooled_embedding.py counts them (bwd).")
@@ -187,7 +188,8 @@ def main(argv=None) -> int:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     ok = [r for r in rows if "ms" in r]
-    ax.barh([f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']}" for r in ok][::-1], [r["ms"] for r in ok][::-1])
+    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']}" for r in ok]
+    ax.barh(labels[::-1], [r["ms"] for r in ok][::-1])
     ax.set_xlabel("ms per call")
     ax.set_title(f"pooled fused backward\n{env['device']}, {env['date']}", fontsize=9)
     ax.tick_params(axis="y", labelsize=7)
