@@ -533,12 +533,18 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    rows = read_rows(out / "mlperf_dcnv2.csv") if args.append else []
+    # --append: a case measured again replaces the earlier run's row; a variant named twice in this run (to
+    # alternate it with another) keeps a row per measurement
+    earlier = read_rows(out / "mlperf_dcnv2.csv") if args.append else []
+    measured: list[dict] = []
+    rows = earlier
     text = write_results(rows, env, work, fl, peaks, out, note, title)
     for batch_size in batch_sizes:
         for impl in impls:
             r = run_case(impl, cfg, batch_size, device, args)
-            rows = [x for x in rows if (x["impl"], x["batch_size"]) != (impl, batch_size)] + [r]
+            earlier = [x for x in earlier if (x["impl"], x["batch_size"]) != (impl, batch_size)]
+            measured.append(r)
+            rows = earlier + measured
             print(f"{impl:>28} B={batch_size:>6}: "
                   + (f"{r['samples_per_sec']:,.0f} samples/s, {r['step_ms']:.2f} ms/step" if r.get("samples_per_sec")
                      else r["status"]), flush=True)

@@ -230,6 +230,18 @@ def test_mlperf_dcnv2_smoke_baseline_ours_and_a_step_graph_variant(tmp_path):
     assert "| baseline | 64 |" in md and "96.2 MFLOP" in md and (tmp_path / "mlperf_dcnv2.png").stat().st_size > 0
 
 
+def test_mlperf_dcnv2_keeps_a_row_per_measurement_of_a_repeated_variant(tmp_path):
+    """A variant named twice (alternated with another) keeps both rows in run order; --append replaces an earlier
+    run's row of a case measured again and keeps the others."""
+    md2 = load_script("mlperf_dcnv2")
+    assert md2.main(["--smoke", "--no-baseline", "--variants", "eager,triton-embedding+step-graph,eager",
+                     "--out", str(tmp_path)]) == 0
+    assert [r["impl"] for r in read_csv(tmp_path / "mlperf_dcnv2.csv")] == [
+        "eager", "triton-embedding+step-graph", "eager"]
+    assert md2.main(["--smoke", "--no-baseline", "--variants", "eager", "--append", "--out", str(tmp_path)]) == 0
+    assert [r["impl"] for r in read_csv(tmp_path / "mlperf_dcnv2.csv")] == ["triton-embedding+step-graph", "eager"]
+
+
 def test_pooled_embedding_smoke_times_every_mode_and_dtype(tmp_path):
     """benchmarks/pooled_embedding.py --smoke: the pooled Triton lookup, fused row-wise Adagrad update and
     both together, bf16 and fp32, and the embedding_bag references, at tiny tables (batch 8); the bytes

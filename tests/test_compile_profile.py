@@ -151,8 +151,6 @@ def test_the_auto_variant_is_what_the_defaults_resolve_to(config, overrides, dev
     ("terabyte.json", "bf16", 32768, "triton-wgrad+step-graph"),
     ("terabyte.json", "bf16", 65536, "triton-wgrad+step-graph"),
     ("terabyte.json", "tf32", 65536, "triton-fused-mlp+step-graph"),
-    # results/mlperf_dcnv2_wgrad.md: the wgrad MLPs against PyTorch MLPs, three pairs
-    ("mlperf-dcnv2.json", "bf16", 65536, "triton-embedding-wgrad+step-graph"),
 ])
 def test_the_auto_variant_on_cuda_is_the_fastest_measured_one(config, precision, batch, fastest):
     """On CUDA, "auto" resolves to exactly the named variant that measured fastest there (same kernels, compile mode,

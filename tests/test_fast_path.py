@@ -132,18 +132,14 @@ def test_auto_mlp_is_fused_in_tf32_at_large_batches_only(overrides, mlp):
     assert resolve_fast_path(cfg_with(**overrides), torch.device("cpu"))[0].kernels.mlp == "torch"
 
 
-@pytest.mark.parametrize("overrides, mlp", [
-    ({}, "wgrad"),  # MLPerf DLRM-DCNv2 at its batch 65536: +0.4% to +0.7% in three pairs
-    ({"data.batch_size": 32768}, "torch"),  # not measured below 65536
-    ({"train.compile.enabled": False}, "torch"),
-    ({"model.multi_hot_sizes": None}, "torch"),  # a one-hot DCN model (kaggle-dcn's kind): not measured
-    ({"model.interaction": "dot"}, "torch"),  # a multi-hot dot model: not measured
-])
-def test_auto_mlp_takes_the_wgrad_mlps_for_mlperf_dcnv2_at_65536_only(overrides, mlp):
+@pytest.mark.parametrize("overrides", [{}, {"data.batch_size": 16384}, {"model.multi_hot_sizes": None},
+                                       {"model.interaction": "dot"}])
+def test_auto_mlp_keeps_pytorch_mlps_for_multi_hot_and_dcn_models(overrides):
+    """MLPerf DLRM-DCNv2 at 65536: the wgrad MLPs measured +0.4% to +0.7% on the H100 and -0.9% to -2.3% on an H200
+    (results/mlperf_dcnv2_wgrad.md), so "auto" keeps PyTorch MLPs there, and on the models not measured."""
     cfg = load_config(REPO / "configs" / "mlperf-dcnv2.json", overrides)
     resolved, chosen = resolve_fast_path(cfg, CUDA, multi_hot=cfg.model.multi_hot_sizes is not None, total_steps=1000)
-    assert resolved.kernels.mlp == mlp, chosen["kernels.mlp"]
-    assert ("MLPerf DLRM-DCNv2 at 65536" in chosen["kernels.mlp"]["why"]) == (mlp == "wgrad")
+    assert resolved.kernels.mlp == "torch", chosen["kernels.mlp"]
 
 
 LONG = {"total_steps": 2_000_000}
