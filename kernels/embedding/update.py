@@ -78,7 +78,9 @@ ROW_LOADS = "prefetch_l2"
 # 54% L2 hits. MLPerf shapes, bf16 tables, H100, three interleaved repeats (2026-11-25,
 # results/pooled_update_sweep_eviction.md): none 4.536-4.588 ms, rows_first 4.594-4.631, grad_last 4.483-4.525
 # (-1.1%), rows_first_grad_last 4.553-4.588; the MLPerf step with grad_last 22.12-22.16 ms against 22.21-22.23
-# alternating (results/mlperf_dcnv2_eviction.md). With grad_last the kernel read 0.33 GB less from DRAM in the
+# alternating (results/mlperf_dcnv2_eviction.md); on an H200 the update 0.5% faster (3.971-3.974 against
+# 3.987-4.003 ms, pooled_update_sweep_eviction_h200.md), the step inside that machine's run-to-run spread.
+# With grad_last the kernel read 0.33 GB less from DRAM in the
 # same time (ncu): it is bound by its chains of dependent loads more than by bytes. One-hot updates gather each
 # gradient row once, so they keep no priority. Module-level, so that benchmarks/pooled_update_sweep.py can
 # compare them.
