@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -350,6 +350,20 @@ EOF
       ;;
     crosslayer)  # the DCNv2 cross network: Inductor's vs the Triton path, and the fused forward's tiles
       run cross_layer 250 python benchmarks/cross_layer.py --out "$RES"
+      ;;
+    mlperf:adagrad)  # the dense Adagrad as one Triton pass (adagrad.ONE_PASS) against torch's foreach ops: the MLPerf
+      # step alternating in one process (results/adagrad_one_pass.md)
+      run mlperf_dcnv2_adagrad 220 python - "$RES" <<'EOF'
+import sys
+sys.path.append("benchmarks")  # appended: benchmarks/kernels.py must not shadow the kernels package
+import dlrm.train.adagrad as adagrad
+import mlperf_dcnv2
+for i, one_pass in enumerate([True, False, True, False]):
+    adagrad.ONE_PASS = one_pass
+    print("ONE_PASS", one_pass, flush=True)
+    mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "triton-embedding+step-graph",
+                       "--out", f"{sys.argv[1]}/adagrad_{i}_{'one_pass' if one_pass else 'foreach'}"])
+EOF
       ;;
     gemmlayout)  # every GEMM of the MLPerf step in eight operand layouts, and as rowwise / tensorwise FP8 GEMMs
       run gemm_layout_probe 150 python benchmarks/gemm_layout_probe.py --out "$RES"

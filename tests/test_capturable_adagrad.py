@@ -130,3 +130,28 @@ def test_dense_adagrad_on_cuda_is_the_capturable_one():
                   (torch.rand(8, generator=g) < 0.5).float().cuda())
     run_.train_step(batch)
     assert dense.state and all(s["step"].device.type == "cuda" for s in dense.state.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("one_pass", [True, False])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_on_cuda_bitwise_equal_to_torch_foreach_adagrad(one_pass, weight_decay, monkeypatch):
+    """On CUDA, with the one-pass Triton update (`adagrad.ONE_PASS`, the default) and with the foreach ops: the
+    same parameters and sums as torch.optim.Adagrad(foreach=True), bit for bit, after 5 steps with a tensor lr."""
+    import dlrm.train.adagrad as adagrad
+
+    monkeypatch.setattr(adagrad, "ONE_PASS", one_pass)
+    a = [torch.nn.Parameter(p.detach().cuda()) for p in make_params()]
+    b = [torch.nn.Parameter(p.detach().cuda()) for p in make_params()]
+    ta = torch.optim.Adagrad(a, lr=0.05, eps=1e-8, weight_decay=weight_decay, foreach=True)
+    tb = CapturableAdagrad(b, lr=torch.tensor(0.05, device="cuda"), eps=1e-8, weight_decay=weight_decay)
+    cpu = make_params()  # the gradients' source: set_grads's layouts, on the CPU
+    for step in range(5):
+        set_grads(cpu, step)
+        for pa, pb, c in zip(a, b, cpu):
+            pa.grad, pb.grad = c.grad.cuda(), c.grad.cuda()
+        ta.step()
+        tb.step()
+    for pa, pb in zip(a, b):
+        assert torch.equal(pa, pb)
+        assert torch.equal(ta.state[pa]["sum"], tb.state[pb]["sum"])

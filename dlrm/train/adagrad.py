@@ -11,6 +11,10 @@ computed with the very foreach ops, in the same order, as torch's foreach implem
 uses on CUDA), so the results are bitwise the same there; ``lr`` may be a float or a 0-dim device tensor
 (what the captured step reads), and the step counter stays a tensor on the parameter's device. Its
 state_dict has torch's keys (``step``, ``sum``) and group entries, so checkpoints load into either class.
+
+On CUDA (`ONE_PASS`), the same rule runs as one Triton kernel a parameter (`kernels.adagrad.adagrad_step_`: one
+read of the parameter, gradient and sum, one write of the parameter and sum, instead of the foreach ops' ~15 passes),
+with the same operations in the same order.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from typing import Iterable, Union
 
 import torch
 from torch import Tensor
+
+
+# Whether CUDA parameters take the one-pass Triton update (module-level so that a benchmark can compare both).
+# MLPerf DLRM-DCNv2 (16M dense fp32 parameters), H100: see results/adagrad_one_pass.md.
+ONE_PASS = True
 
 
 class CapturableAdagrad(torch.optim.Optimizer):
@@ -68,9 +77,19 @@ class CapturableAdagrad(torch.optim.Optimizer):
                 raise RuntimeError("CapturableAdagrad: sparse gradients are not supported (dense parameters only)")
             state = [self.state[p] for p in params]
             torch._foreach_add_([s["step"] for s in state], 1)  # counted as torch does, on the device
+            sums = [s["sum"] for s in state]
+            if _one_pass(params, grads, sums):
+                from kernels.adagrad import adagrad_step_
+
+                lr, dev = group["lr"], params[0].device
+                if not isinstance(lr, Tensor):  # a fill kernel, no host sync (and capturable)
+                    lr = torch.full((), lr, dtype=torch.float32, device=dev)
+                elif lr.dtype != torch.float32 or lr.device != dev:
+                    lr = lr.to(device=dev, dtype=torch.float32)
+                adagrad_step_(params, grads, sums, lr, group["eps"], group["weight_decay"])
+                continue
             if group["weight_decay"] != 0:
                 grads = torch._foreach_add(grads, params, alpha=group["weight_decay"])
-            sums = [s["sum"] for s in state]
             torch._foreach_addcmul_(sums, grads, grads, value=1)
             std = torch._foreach_sqrt(sums)
             torch._foreach_add_(std, group["eps"])
@@ -78,6 +97,14 @@ class CapturableAdagrad(torch.optim.Optimizer):
             torch._foreach_neg_(numerator)
             torch._foreach_addcdiv_(params, numerator, std)
         return None
+
+
+def _one_pass(params: list[Tensor], grads: list[Tensor], sums: list[Tensor]) -> bool:
+    """`ONE_PASS`, and every tensor fp32, contiguous and on one CUDA device (the kernel's contract)."""
+    if not ONE_PASS or not params[0].is_cuda:
+        return False
+    dev = params[0].device
+    return all(t.device == dev and t.dtype == torch.float32 and t.is_contiguous() for t in (*params, *grads, *sums))
 
 
 def _steps_to_param_device(optimizer: CapturableAdagrad) -> None:
