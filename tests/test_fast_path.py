@@ -135,7 +135,7 @@ def test_auto_mlp_is_fused_in_tf32_at_large_batches_only(overrides, mlp):
 @pytest.mark.parametrize("overrides", [{}, {"data.batch_size": 16384}, {"model.multi_hot_sizes": None},
                                        {"model.interaction": "dot"}])
 def test_auto_mlp_keeps_pytorch_mlps_for_multi_hot_and_dcn_models(overrides):
-    """MLPerf DLRM-DCNv2 at 65536: the wgrad MLPs measured +0.4% to +0.7% on the H100 and -0.9% to -2.3% on an H200
+    """MLPerf DLRM-DCNv2 at 65536: the wgrad MLPs measured +0.2% to +0.9% on the H100 and -0.9% to -2.3% on an H200
     (results/mlperf_dcnv2_wgrad.md), so "auto" keeps PyTorch MLPs there, and on the models not measured."""
     cfg = load_config(REPO / "configs" / "mlperf-dcnv2.json", overrides)
     resolved, chosen = resolve_fast_path(cfg, CUDA, multi_hot=cfg.model.multi_hot_sizes is not None, total_steps=1000)

@@ -69,8 +69,8 @@ FUSED_MLP_MIN_BATCH = 65536
 # +8.0% at 65536 (+5.1% with max-autotune); Terabyte +2.1% at 8192, +1.7% at 16384, +1.5% at 32768, +2.4% at 65536.
 # In tf32 its layers keep PyTorch's backward (the kernel lost 33% there). Eager runs keep PyTorch MLPs
 # (results/wgrad_fused_bias_mask.md). The multi-hot / DCN models keep PyTorch MLPs too: on MLPerf DLRM-DCNv2 at
-# 65536 the wgrad MLPs measured +0.4% to +0.7% in three pairs on the H100 but -0.9% and -2.3% in two pairs on an
-# H200 (2026-11-25, results/mlperf_dcnv2_wgrad.md), inside neither machine's run-to-run spread of a clear win.
+# 65536 the wgrad MLPs measured +0.2% to +0.9% in five pairs on the H100 but -0.9% and -2.3% in two pairs on an
+# H200 (2026-11-25, results/mlperf_dcnv2_wgrad.md): no clear win on both.
 WGRAD_MIN_BATCH = 8192
 AUTOTUNE_MIN_BATCH = 65536
 COMBO_KERNELS_MAX_BATCH = 65536  # train.compile.combo_kernels "auto" is on below this batch size (_combo_kernels)
