@@ -314,7 +314,8 @@ def test_step_profile_groups_kernels_by_what_they_do():
     assert sp.category("triton_poi_fused_addmm_relu_0") == "Inductor fused kernels"
     assert sp.category("_cross_fwd_kernel") == "other Triton kernels (ours)"
     assert sp.category("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") == "dense optimizer"
-    assert sp.category("Memcpy DtoD (Device -> Device)") == "copies and fills"
+    assert sp.category("Memcpy DtoD (Device -> Device)") == sp.category("memcpy128") == "copies and fills"
+    assert sp.category("_adagrad_kernel") == "dense optimizer"  # kernels/adagrad.py, before "ours"
     assert sp.category("ncclKernel_AllReduce") == "other"
 
 
