@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | addmm | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -364,28 +364,6 @@ for i, one_pass in enumerate([True, False, True, False]):
     mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "triton-embedding+step-graph",
                        "--out", f"{sys.argv[1]}/adagrad_{i}_{'one_pass' if one_pass else 'foreach'}"])
 EOF
-      ;;
-    addmm)  # dlrm.train.inductor_passes.UnfuseMatrixAddmm on and off, alternating in one process: the MLPerf step,
-      # then Kaggle bf16 at 65536 (synthetic device batches), then one profile of the MLPerf step (results/addmm_unfused.md)
-      run addmm_unfused 330 python - "$RES" <<'EOF'
-import sys
-sys.path.append("benchmarks")  # appended: benchmarks/kernels.py must not shadow the kernels package
-from dlrm.train import inductor_passes
-import mlperf_dcnv2, train_throughput
-for i, on in enumerate([True, False, True, False]):
-    inductor_passes.UNFUSE_MATRIX_ADDMM = on
-    print("UNFUSE_MATRIX_ADDMM", on, flush=True)
-    mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "triton-embedding+step-graph",
-                       "--out", f"{sys.argv[1]}/addmm_mlperf_{i}_{on}"])
-for i, on in enumerate([True, False, True, False]):
-    inductor_passes.UNFUSE_MATRIX_ADDMM = on
-    print("UNFUSE_MATRIX_ADDMM", on, flush=True)
-    train_throughput.main(["--config", "configs/kaggle.json", "--batch-sizes", "65536", "--precisions", "bf16",
-                           "--variants", "triton-wgrad+step-graph", "--warmup", "20", "--steps", "50",
-                           "--out", sys.argv[1], "--name", f"addmm_kaggle_{i}_{on}"])
-EOF
-      run step_profile_mlperf_addmm 120 python benchmarks/step_profile.py --config configs/mlperf-dcnv2.json \
-        --variant triton-embedding+step-graph --batch-size 65536 --top 40 --out "$RES" --name step_profile_mlperf_b65536_addmm
       ;;
     gemmlayout)  # every GEMM of the MLPerf step in eight operand layouts, and as rowwise / tensorwise FP8 GEMMs
       run gemm_layout_probe 150 python benchmarks/gemm_layout_probe.py --out "$RES"

@@ -119,13 +119,6 @@ def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what:
         from torch._inductor import list_mode_options  # what mode=... applies: torch.compile takes a mode or options
 
         options = {**(options or list_mode_options(mode)), "combo_kernels": True, "benchmark_combo_kernel": True}
-    from dlrm.train import inductor_passes
-
-    if device.type == "cuda" and inductor_passes.UNFUSE_MATRIX_ADDMM:
-        from torch._inductor import list_mode_options
-
-        options = {**(options or list_mode_options(mode)),
-                   "post_grad_custom_post_pass": inductor_passes.UnfuseMatrixAddmm()}
     if options is not None:
         return torch.compile(fn, options=options, fullgraph=cfg.fullgraph)
     return torch.compile(fn, mode=mode, fullgraph=cfg.fullgraph)
