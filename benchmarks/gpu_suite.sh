@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -363,6 +363,20 @@ for i, one_pass in enumerate([True, False, True, False]):
     print("ONE_PASS", one_pass, flush=True)
     mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "triton-embedding+step-graph",
                        "--out", f"{sys.argv[1]}/adagrad_{i}_{'one_pass' if one_pass else 'foreach'}"])
+EOF
+      ;;
+    mlperf:concat)  # the DCN input built by the pooled lookup (dlrm.model.dlrm.CONCAT_IN_LOOKUP) against a separate
+      # concatenation: the MLPerf step alternating in one process (results/mlperf_dcnv2_concat.md)
+      run mlperf_dcnv2_concat 220 python - "$RES" <<'EOF'
+import sys
+sys.path.append("benchmarks")  # appended: benchmarks/kernels.py must not shadow the kernels package
+import dlrm.model.dlrm as dlrm_model
+import mlperf_dcnv2
+for i, on in enumerate([True, False, True, False]):
+    dlrm_model.CONCAT_IN_LOOKUP = on
+    print("CONCAT_IN_LOOKUP", on, flush=True)
+    mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "triton-embedding+step-graph",
+                       "--out", f"{sys.argv[1]}/concat_{i}_{'lookup' if on else 'separate'}"])
 EOF
       ;;
     gemmlayout)  # every GEMM of the MLPerf step in eight operand layouts, and as rowwise / tensorwise FP8 GEMMs

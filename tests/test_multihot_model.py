@@ -397,6 +397,34 @@ def test_multi_hot_models_torch_and_triton_agree(interaction, ieee):
     assert type(one.sparse_arch) is TritonSparseEmbedding
 
 
+@pytest.mark.parametrize("batch", [1, 3, 127])
+def test_dcn_model_concatenating_in_the_lookup_trains_like_concatenating_after_it(batch, ieee):
+    """A DCN model with the Triton pooled embedding builds the cross network's input in the lookup
+    (`DLRM.concat_in_lookup`): against the same model concatenating after the lookup, the same logits, dense
+    gradients and fused row-wise Adagrad update of the tables, bit for bit; a dot model does not take that path."""
+    from kernels.embedding import SparseOptimizerConfig
+
+    cfg = _model_cfg("dcn")
+    results = []
+    for concat_in_lookup in (True, False):
+        torch.manual_seed(5)
+        model = build_model(cfg, MODEL_CARDS, None, _kernels("triton"), DEV, multi_hot_sizes=SIZES)
+        assert model.concat_in_lookup
+        model.concat_in_lookup = concat_in_lookup
+        lr = torch.tensor(0.05, device=DEV)
+        fused = model.sparse_arch.use_fused_update(SparseOptimizerConfig("rowwise_adagrad", lr))
+        dense, raw = _model_inputs(batch, batch + 1)
+        out = model(dense, raw)
+        out.float().pow(2).sum().backward()
+        results.append((out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+                        model.sparse_arch.weight.detach().clone(), fused.state.clone()))
+    (o1, g1, w1, s1), (o2, g2, w2, s2) = results
+    assert torch.equal(o1, o2) and torch.equal(w1, w2) and torch.equal(s1, s2)
+    assert sorted(g1) == sorted(g2) and g1 and all(torch.equal(g1[k], g2[k]) for k in g1), sorted(g1)
+    assert not build_model(_model_cfg("dot"), MODEL_CARDS, None, _kernels("triton"), DEV,
+                           multi_hot_sizes=SIZES).concat_in_lookup
+
+
 @pytest.mark.parametrize("mlp", ["fused", "wgrad"])
 @pytest.mark.parametrize("interaction", ["dot", "dcn"])
 def test_fused_mlp_model_matches_torch_mlps(interaction, mlp, ieee, monkeypatch):

@@ -299,7 +299,10 @@ class InteractionArch(nn.Module):
         return self.dim + (f + 1) * f // 2 if self.kind == "dot" else (f + 1) * self.dim
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        combined = torch.cat([dense.unsqueeze(1), sparse.to(dense.dtype)], dim=1)  # [B, F+1, D]
+        return self.from_combined(torch.cat([dense.unsqueeze(1), sparse.to(dense.dtype)], dim=1))
+
+    def from_combined(self, combined: torch.Tensor) -> torch.Tensor:
+        """The same from ``cat([dense.unsqueeze(1), sparse], 1)`` [B, F+1, D] (a lookup may build it)."""
         if self.kind == "cat":
             return combined.flatten(1)
         if self.kind == "dcn":

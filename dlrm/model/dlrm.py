@@ -13,6 +13,10 @@ from dlrm.config import KernelsConfig, ModelConfig
 from dlrm.data.schema import NUM_DENSE
 from dlrm.model.archs import DenseArch, InteractionArch, OverArch, SparseArch
 
+# Whether a DCN model with a lookup that takes a prefix slot builds the cross network's input in the lookup
+# (`DLRM.concat_in_lookup`); module-level so that a benchmark can compare both.
+CONCAT_IN_LOOKUP = True
+
 
 class DLRM(nn.Module):
     """Deep Learning Recommendation Model (Naumov et al., 2019).
@@ -37,8 +41,22 @@ class DLRM(nn.Module):
         self.sparse_arch = sparse_arch
         self.interaction_arch = interaction_arch
         self.over_arch = over_arch
+        # The DCN interaction takes cat([dense vector, embeddings]) as one [B, (F+1) D] tensor; a sparse arch that
+        # can write its pooled rows after a prefix slot (the Triton pooled embedding) builds it in the lookup, one
+        # pass over [B, F, D] less than a separate concatenation (0.30 ms a step at MLPerf DLRM-DCNv2's shapes).
+        self.concat_in_lookup = (CONCAT_IN_LOOKUP and bool(getattr(sparse_arch, "takes_prefix", False))
+                                 and getattr(interaction_arch, "kind", None) == "dcn")
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        if self.concat_in_lookup:
+            with record_function("DenseArch"):
+                d = self.dense_arch(dense)
+            with record_function("SparseArch"):
+                combined = self.sparse_arch(sparse, prefix=d)  # [B, 1 + F, D]
+            with record_function("InteractionArch"):
+                x = self.interaction_arch.from_combined(combined)
+            with record_function("OverArch"):
+                return self.over_arch(x)
         with record_function("SparseArch"):
             embeddings = self.sparse_arch(sparse)
         return self.forward_from_embeddings(dense, embeddings)

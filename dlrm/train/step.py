@@ -161,6 +161,11 @@ class TrainStep:
             return self.loss_fn(logits.float(), labels)
 
     def _full_loss(self, dense: torch.Tensor, sparse: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.model.concat_in_lookup and self.dense_forward == self.model.forward_from_embeddings:
+            with autocast_context(self.device, self.precision, self.autocast_cache):
+                logits = self.model(dense, sparse)  # the lookup writes the DCN input's concatenation itself
+            with record_function("loss"):
+                return self.loss_fn(logits.float(), labels)
         with autocast_context(self.device, self.precision, self.autocast_cache):
             embeddings = self.model.sparse_arch(sparse)
         return self._dense_loss(dense, embeddings, labels)

@@ -102,22 +102,31 @@ def _check_pooled_inputs(raw, cardinalities, offsets, hotness, slot_offsets, slo
 
 
 def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab, vocab_offsets,
-                       lookup: bool = True) -> tuple[Optional[Tensor], Tensor]:
+                       lookup: bool = True, prefix: Optional[Tensor] = None) -> tuple[Optional[Tensor], Tensor]:
     """Launch the forward: ``(out [B, F, D] in weight's dtype, rows [B, L] int64)``; ``lookup=False``
-    hashes only (``out`` None, ``weight`` only gives R)."""
+    hashes only (``out`` None, ``weight`` only gives R). With ``prefix`` [B, D] (weight's dtype), ``out`` is
+    [B, 1 + F, D] with ``prefix`` as slot 0: the concatenation a DCN interaction takes, written in place of a
+    separate copy of the pooled rows."""
     _check_pooled_inputs(raw, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab, vocab_offsets)
     if weight.dim() != 2:
         raise ValueError(f"weight must be [R, D], got shape {tuple(weight.shape)}")
     B, L = raw.shape
     F = hotness.shape[0]
     R, D = weight.shape
-    out = torch.empty((B, F, D), dtype=weight.dtype, device=weight.device) if lookup else None
+    P = 0 if prefix is None else 1
+    if prefix is not None and (prefix.shape != (B, D) or prefix.dtype != weight.dtype):
+        raise ValueError(f"prefix must be [B={B}, D={D}] in weight's dtype {weight.dtype}, got "
+                         f"{tuple(prefix.shape)} {prefix.dtype}")
+    full = torch.empty((B, P + F, D), dtype=weight.dtype, device=weight.device) if lookup else None
+    out = full[:, P:] if lookup else None
+    if prefix is not None and lookup:
+        full[:, 0].copy_(prefix)
     rows = torch.empty((B, L), dtype=torch.int64, device=raw.device)
     if B == 0:
-        return out, rows
+        return full, rows
     if D == 0 and lookup:
-        return out, pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab,
-                                       vocab_offsets, lookup=False)[1]
+        return full, pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offsets, slot_feature,
+                                        vocab, vocab_offsets, lookup=False)[1]
     args, use_vocab, steps = hash_args(raw, cardinalities, offsets, vocab, vocab_offsets)
     BLOCK_D = triton.next_power_of_2(max(D, 1))
     BLOCK_B, warps, unroll = ((POOLED_LOOKUP_OVERRIDE or pooled_lookup_launch(BLOCK_D)) if lookup
@@ -130,6 +139,7 @@ def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offset
         weight.stride(0),
         weight.stride(1),
         rows if out is None else out,  # never written without LOOKUP
+        (P + F) * D,
         rows,
         B,
         L,
@@ -145,7 +155,7 @@ def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offset
         UNROLL=unroll,
         num_warps=warps,
     )
-    return out, rows
+    return full, rows
 
 
 def _bf16_rounding(weight: Tensor, stochastic_rounding: bool) -> Optional[str]:
@@ -300,19 +310,29 @@ def _fused_pooled_op(
     weight_decay: float,
     sr_seed: Tensor,
     stochastic_rounding: bool,
+    prefix: Optional[Tensor],
 ) -> tuple[Tensor, Tensor]:
-    """Forward = pooled lookup; backward applies the sparse optimizer in place (see fused_pooled_embedding)."""
+    """Forward = pooled lookup (after ``prefix`` as slot 0, if given); backward applies the sparse optimizer in
+    place (see fused_pooled_embedding) and returns ``prefix``'s gradient."""
     with device_context(weight):
         return pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab,
-                                  vocab_offsets)
+                                  vocab_offsets, prefix=prefix)
 
 
-_fused_pooled_op.register_fake(_pooled_lookup_fake)
+def _fused_pooled_fake(raw, weight, cardinalities, offsets, hotness, *args):
+    out, rows = _pooled_lookup_fake(raw, weight, cardinalities, offsets, hotness)
+    if args[-1] is not None:  # prefix: one more slot
+        out = weight.new_empty((raw.shape[0], 1 + hotness.shape[0], weight.shape[1]))
+    return out, rows
+
+
+_fused_pooled_op.register_fake(_fused_pooled_fake)
 
 
 def _fused_pooled_setup_context(ctx, inputs, output):
     (_raw, weight, _card, _off, _hot, _soff, slot_feature, _voc, _voff, state, lr, optimizer, eps, deterministic,
-     _trigger, weight_decay, sr_seed, stochastic_rounding) = inputs
+     _trigger, weight_decay, sr_seed, stochastic_rounding, prefix) = inputs
+    ctx.prefix_slots = 0 if prefix is None else 1
     ctx.save_for_backward(output[1], slot_feature)
     ctx.mark_non_differentiable(output[1])
     # Plain attributes, not saved tensors: the backward mutates them, and they must be the very tensors
@@ -324,11 +344,15 @@ def _fused_pooled_setup_context(ctx, inputs, output):
 
 def _fused_pooled_backward(ctx, grad_out, _grad_rows):
     rows, slot_feature = ctx.saved_tensors
+    P = ctx.prefix_slots
+    # the pooled slots' gradient as a view: the update kernels take its strides
     torch.ops.dlrm_kernels.pooled_embedding_sparse_update_(
-        rows, grad_out, slot_feature, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic,
+        rows, grad_out[:, P:], slot_feature, ctx.weight, ctx.state, ctx.lr, ctx.optimizer, ctx.eps, ctx.deterministic,
         ctx.weight_decay, ctx.sr_seed, ctx.stochastic_rounding,
     )
-    return (None,) * 18  # no gradient for weight (updated in place: weight.grad stays None) nor the trigger
+    grad_prefix = grad_out[:, 0] if P and ctx.needs_input_grad[18] else None
+    # no gradient for weight (updated in place: weight.grad stays None) nor the trigger
+    return (None,) * 18 + (grad_prefix,)
 
 
 _fused_pooled_op.register_autograd(_fused_pooled_backward, setup_context=_fused_pooled_setup_context)
@@ -489,8 +513,13 @@ def fused_pooled_embedding(
     weight_decay: float = 0.0,
     sr_seed: Optional[Tensor] = None,
     stochastic_rounding: bool = True,
+    prefix: Optional[Tensor] = None,
 ) -> Tensor:
     """Pooled lookup ``[B, F, D]`` whose backward updates ``weight`` (and ``state``, ``sr_seed``) in place.
+
+    With ``prefix`` [B, D] (weight's dtype, may require grad): ``[B, 1 + F, D]``, ``prefix`` as slot 0, the
+    concatenation a DCN interaction takes (one pass less than concatenating afterwards), and the backward returns
+    ``prefix``'s gradient.
 
     Arguments as :func:`pooled_embedding_lookup` and :func:`pooled_embedding_sparse_update_`;
     ``grad_trigger`` as :func:`kernels.embedding.fused_embedding` (a frozen ``weight`` plus a zero-size
@@ -517,5 +546,5 @@ def fused_pooled_embedding(
         sr_seed = torch.empty(0, dtype=torch.int64, device=weight.device)
     return torch.ops.dlrm_kernels.fused_pooled_embedding(
         raw, weight, cardinalities, offsets, *layout, vocab, vocab_offsets, state, lr, optimizer, eps, deterministic,
-        grad_trigger, weight_decay, sr_seed, stochastic_rounding,
+        grad_trigger, weight_decay, sr_seed, stochastic_rounding, prefix,
     )[0]

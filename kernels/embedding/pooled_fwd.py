@@ -48,6 +48,7 @@ def _pooled_fwd_kernel(
     stride_wr,
     stride_wd,
     out_ptr,
+    stride_ob,
     rows_ptr,
     B,
     L,
@@ -68,6 +69,9 @@ def _pooled_fwd_kernel(
     slot loop runs ``ceil(hotness[f] / UNROLL)`` steps (features of hotness 1 and 100 share one launch). Each step
     issues the gathers of ``UNROLL`` (1, 2 or 4) slots before adding them, in slot order: more rows in flight, the
     same fp32 sums as one slot a step.
+
+    Sample ``b``'s ``F`` pooled rows go to ``out_ptr + b * stride_ob`` (``F * D`` for a [B, F, D] output; more
+    when the output holds other slots too, see `kernels.embedding.pooled.pooled_lookup_impl`'s ``prefix``).
     """
     f = tl.program_id(1)
     b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -101,5 +105,5 @@ def _pooled_fwd_kernel(
                 acc += v2
                 acc += v3
     if LOOKUP:
-        out_offs = b[:, None] * (F * D) + f * D + d[None, :]
+        out_offs = b[:, None] * stride_ob + f * D + d[None, :]
         tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=bmask[:, None] & dmask[None, :])

@@ -36,6 +36,8 @@ class TritonPooledEmbedding(TritonSparseEmbedding):
 
     ``forward(raw [B, L] int64) -> [B, F, D]``: feature f sums the rows of its slots
     ``raw[:, slot_offsets[f] : slot_offsets[f] + hotness[f]]``, skipping ``PAD_SPARSE`` (-2) slots.
+    ``forward(raw, prefix [B, D]) -> [B, 1 + F, D]``: ``prefix`` as slot 0 (``torch.cat`` of the two), written
+    by the lookup itself in training with the fused update (`takes_prefix`).
     Everything else as :class:`TritonSparseEmbedding` (this class extends it): the plain lookup has a
     dense gradient; after ``use_fused_update(SparseOptimizerConfig)`` the training backward applies the
     optimizer to every row hit, once, with the sum of its slots' gradients, and ``weight.grad`` stays
@@ -93,9 +95,14 @@ class TritonPooledEmbedding(TritonSparseEmbedding):
         return pooled_hash_rows(raw, self.cardinalities, self.offsets, self.layout, self.weight.shape[0], self.vocab,
                                 self.vocab_offsets)
 
-    def forward(self, raw: Tensor) -> Tensor:
+    takes_prefix = True  # forward(raw, prefix): see the class docstring
+
+    def forward(self, raw: Tensor, prefix: Optional[Tensor] = None) -> Tensor:
         cfg = self.fused_update
-        if cfg is not None and self.training and torch.is_grad_enabled():
+        fused = cfg is not None and self.training and torch.is_grad_enabled()
+        if prefix is not None and not (fused and prefix.dtype == self.weight.dtype):
+            return torch.cat([prefix.unsqueeze(1), self.forward(raw).to(prefix.dtype)], dim=1)
+        if fused:
             return fused_pooled_embedding(
                 raw,
                 self.weight,
@@ -113,6 +120,7 @@ class TritonPooledEmbedding(TritonSparseEmbedding):
                 cfg.weight_decay,
                 self.sr_seed,
                 self.stochastic_rounding,
+                prefix,
             )
         return pooled_embedding_lookup(raw, self.weight, self.cardinalities, self.offsets, self.layout, self.vocab,
                                        self.vocab_offsets)

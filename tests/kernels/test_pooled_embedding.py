@@ -615,6 +615,42 @@ def test_module_plain_and_fused(device, assert_close):
         TritonPooledEmbedding(cards, [1, 1], D)
 
 
+@pytest.mark.parametrize("B", [1, 3, 37])
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_prefix_slot_equals_concatenating_after_the_lookup(B, optimizer, device):
+    """``forward(raw, prefix)`` in training with the fused update: ``[B, 1 + F, D]`` equal to
+    ``cat([prefix, forward(raw)])`` bit for bit, the prefix's gradient equal to the gradient's slot 0, and the
+    same table update (weights and state, bit for bit) as with the gradient of the pooled slots alone; a prefix of
+    another dtype, and evaluation, concatenate afterwards."""
+    cards, hotness, D = [5, 1, 300, 17], [3, 1, 2, 4], 16
+    case = make_case(B, hotness, seed=B + 3)
+    raw = case.raw.to(device)
+    grad = make_grad(B, 5, D, "contiguous", device, seed=B)
+    results = []
+    for fused_prefix in (True, False):
+        torch.manual_seed(0)
+        emb = TritonPooledEmbedding(cards, hotness, D).to(device)
+        cfg = emb.use_fused_update(SparseOptimizerConfig(optimizer, torch.tensor(LR, device=device)))
+        prefix = torch.randn(B, D, device=device, generator=torch.Generator(device=device).manual_seed(1))
+        prefix.requires_grad_()
+        if fused_prefix:
+            out = emb(raw, prefix=prefix)
+        else:
+            out = torch.cat([prefix.unsqueeze(1), emb(raw)], dim=1)
+        assert out.shape == (B, 5, D)
+        pooled = out.detach()[:, 1:].clone()
+        out.backward(grad)
+        results.append((out.detach(), pooled, prefix.grad, emb.weight.detach().clone(), cfg.state))
+    (o1, p1, g1, w1, s1), (o2, p2, g2, w2, s2) = results
+    assert torch.equal(o1, o2) and torch.equal(p1, p2) and torch.equal(g1, g2) and torch.equal(g1, grad[:, 0])
+    assert torch.equal(w1, w2) and (s1 is None or torch.equal(s1, s2))
+    emb.eval()
+    with torch.no_grad():  # evaluation, and a prefix of another dtype: concatenated after the lookup
+        assert torch.equal(emb(raw, prefix=prefix.detach()), torch.cat([prefix.detach().unsqueeze(1), emb(raw)], 1))
+    emb.train()
+    assert emb(raw, prefix=prefix.detach().double()).dtype == torch.float64
+
+
 def test_module_vocabulary_mode(device):
     vocabs = [torch.tensor([3, 9, 2**32 - 1]), torch.tensor([], dtype=torch.int64), torch.tensor([-4, 0])]
     emb = TritonPooledEmbedding([4, 1, 3], [2, 1, 2], 8, vocab=vocabs).to(device)
@@ -675,10 +711,13 @@ def test_opcheck_all_ops(device):
                                             True, 0.0, seed, True),
         "fused_pooled_embedding": (mod.raw, weight.clone().requires_grad_(), mod.cardinalities, mod.offsets, *lay,
                                    None, None, torch.zeros(mod.num_rows, D, device=device), lr, "adagrad", EPS, True,
-                                   torch.zeros(0, device=device), 0.0, seed, True),
+                                   torch.zeros(0, device=device), 0.0, seed, True, None),
     }
     for name, args in checks.items():
         torch.library.opcheck(getattr(ops, name).default, args)
+    # the fused lookup writing the DCN input's prefix slot too (its gradient flows back)
+    prefix = torch.randn(3, D, device=device, requires_grad=True)
+    torch.library.opcheck(ops.fused_pooled_embedding.default, checks["fused_pooled_embedding"][:-1] + (prefix,))
 
 
 def test_compile_fused_training_step_fullgraph(device, assert_close):
