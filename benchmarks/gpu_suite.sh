@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | mlperf:gluon | multihot:gluon | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -384,6 +384,33 @@ EOF
       ;;
     fp8dense)  # the MLPerf dense part (cross network + top MLP) with rowwise FP8 GEMMs against bf16, and errors
       run fp8_dense_probe 300 python benchmarks/fp8_dense_probe.py --out "$RES"
+      ;;
+    crossws)  # the warp-specialized Gluon cross-layer forward (kernels/cross_ws.py) against cuBLAS + Inductor's pass
+      run cross_ws_probe 300 python benchmarks/cross_ws_probe.py --out "$RES"
+      ;;
+    mlperf:gluon)  # MLPerf DLRM-DCNv2: "auto" (the Gluon cross layers on Hopper) against the PyTorch cross net,
+      # alternating in one process, beside the plain PyTorch version (results/mlperf_dcnv2_gluon.md)
+      v=auto,triton-embedding+step-graph
+      run mlperf_dcnv2_gluon 420 python benchmarks/mlperf_dcnv2.py --batch-sizes 65536 --variants "$v,$v" \
+        --out "$RES/mlperf_gluon"
+      ;;
+    multihot:gluon)  # planted multi-hot quality (as "multihot"): eager, the PyTorch cross net and the Gluon one
+      [ -f /tmp/mh-small/metadata.json ] || run synthetic_mh 120 python -m dlrm.data.synthetic --rows 600000 \
+        --out /tmp/mh-small --cardinalities small --multi-hot-sizes mlperf --validation-fraction 0.1 --test-fraction 0
+      python - <<'PY'
+import json
+c = json.load(open("configs/mlperf-dcnv2.json"))
+c["model"]["embedding_dtype"] = "fp32"
+c["data"]["batch_size"] = 4096
+c["optim"]["schedule"] = {"warmup_steps": 50}
+c["train"].update({"eval_every": None, "log_every": 20})
+json.dump(c, open("/tmp/mh-quality.json", "w"))
+PY
+      run compare_multihot_gluon 300 python train.py --config /tmp/mh-quality.json --data /tmp/mh-small --epochs 2 \
+        --run-name mh-quality-gluon --tb-dir "$OUT/tb" \
+        --compare eager,triton-embedding+step-graph,triton-embedding-gluon-cross+step-graph
+      cp "$OUT/tb/mh-quality-gluon/compare.md" "$RES/compare_multihot_dcn_b4096_gluon.md" 2>/dev/null
+      cp "$OUT/tb/mh-quality-gluon/compare.csv" "$RES/compare_multihot_dcn_b4096_gluon.csv" 2>/dev/null
       ;;
     mlperf:wgrad)  # MLPerf DLRM-DCNv2: the wgrad MLPs against PyTorch MLPs, alternating (results/mlperf_dcnv2_wgrad.md)
       v=triton-embedding-wgrad+step-graph,triton-embedding+step-graph

@@ -42,6 +42,7 @@ from dlrm.data.schema import MAX_MULTI_HOT_SIZE, NUM_SPARSE
 
 Activation = Literal["relu", "sigmoid", "gelu", "squared_relu", "none"]
 KernelChoice = Literal["auto", "torch", "triton"]
+InteractionKernelChoice = Literal["auto", "torch", "triton", "gluon"]  # gluon: the DCN cross layer (kernels.cross_ws_op)
 MlpKernelChoice = Literal["auto", "torch", "triton", "fused", "wgrad"]
 Auto = Literal["auto"]
 
@@ -265,12 +266,12 @@ class TrainConfig:
 
 @dataclass
 class KernelsConfig:
-    """Which implementation each component uses. "auto" (the default) takes the fastest one measured
-    correct on the run's device (dlrm.train.fast_path: on CUDA the Triton embedding and dot
-    interaction, PyTorch MLPs and loss; on the CPU PyTorch everywhere); "torch" or "triton" force one."""
+    """Which implementation each component uses. "auto" (the default) takes the fastest one measured correct on the
+    run's device (dlrm.train.fast_path: on CUDA the Triton embedding and dot interaction, on Hopper the Gluon DCN
+    cross layer, PyTorch MLPs and loss; on the CPU PyTorch everywhere); "torch", "triton", "gluon" force one."""
 
     embedding: KernelChoice = "auto"
-    interaction: KernelChoice = "auto"
+    interaction: InteractionKernelChoice = "auto"
     mlp: MlpKernelChoice = "auto"
     """torch: nn.Linear; triton: the Triton linear kernel per layer; fused: kernels.mlp.FusedMLP (cuBLASLt
     bias+ReLU epilogues, weight gradients on a side stream; relu, no dropout); wgrad: nn.Linear forward,
@@ -377,11 +378,8 @@ def _check_interaction(m: "ModelConfig") -> None:
 
 
 def validate(cfg: Config) -> Config:
-    """Cross-field and range checks; raises `ConfigError` naming the first bad key.
-
-    Normalises the bool/"auto" shorthands of `train.compile` and `profile` into their dataclasses,
-    then checks section by section, in a fixed order (which key is named when several are bad).
-    """
+    """Cross-field and range checks, section by section in a fixed order; raises `ConfigError` naming the first
+    bad key. Normalises the bool/"auto" shorthands of `train.compile` and `profile` into their dataclasses."""
     if isinstance(cfg.train.compile, (bool, str)):  # true | false | "auto"
         cfg.train.compile = CompileConfig(enabled=cfg.train.compile)
     if isinstance(cfg.profile, bool):
@@ -394,7 +392,7 @@ def validate(cfg: Config) -> Config:
     _check_schedule(cfg.optim.schedule)
     _check_cuda_graph(cfg)
     _check_embedding_dtype(cfg)
-    _check_fused_mlp(cfg)
+    _check_kernels(cfg)
     _check_train(cfg.train)
     _check_outputs(cfg)
     return cfg
@@ -469,7 +467,9 @@ def _check_schedule(s: ScheduleConfig) -> None:
         raise ConfigError(f"optim.schedule.end_factor: {s.end_factor!r} must be within [0, 1]")
 
 
-def _check_fused_mlp(cfg: Config) -> None:
+def _check_kernels(cfg: Config) -> None:
+    if cfg.kernels.interaction == "gluon" and cfg.model.interaction != "dcn":
+        raise ConfigError(f'kernels.interaction: "gluon" is the DCN cross layer\'s, not {cfg.model.interaction!r}\'s')
     if cfg.kernels.mlp not in ("fused", "wgrad"):
         return
     if cfg.model.activation != "relu":

@@ -111,10 +111,17 @@ def build_model(
     """
     kernels = kernels or KernelsConfig()
     choices = {k: getattr(kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
-    if any(v in ("triton", "fused", "wgrad") for v in choices.values()):
+    if any(v in ("triton", "fused", "wgrad", "gluon") for v in choices.values()):
         from kernels import check_triton_device
 
         check_triton_device(device, "--kernels triton")
+    if choices["interaction"] == "gluon":
+        from kernels import TritonUnavailableError
+        from kernels.cross_ws_op import gluon_hopper_available
+
+        if not gluon_hopper_available(device):
+            raise TritonUnavailableError(f'kernels.interaction "gluon" needs a Hopper GPU (sm_90) and a Triton with '
+                                         f"Gluon's Hopper dialect; {device} is not one")
     logger.info("kernels: " + ", ".join(f"{k}={v}" for k, v in choices.items()))
 
     # Parameters are created on `device` directly: the MLPerf-sized tables (tens of GB) must not
@@ -167,6 +174,10 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
         from kernels.cross import TritonLowRankCrossNet
 
         crossnet_cls = TritonLowRankCrossNet
+    elif kernels.interaction == "gluon":
+        from kernels.cross_ws_op import GluonLowRankCrossNet
+
+        crossnet_cls = GluonLowRankCrossNet
     interaction = InteractionArch(len(cardinalities), cfg.embedding_dim, cfg.interaction,
                                   cross_layers=cfg.cross_layers, cross_rank=cfg.cross_rank, crossnet_cls=crossnet_cls)
     pad = -interaction.output_dim % cfg.top_mlp_input_multiple

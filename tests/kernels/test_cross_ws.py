@@ -1,0 +1,129 @@
+"""kernels/cross_ws.py (the warp-specialized Gluon cross-layer forward) against a float64 reference.
+
+Gluon has no interpreter: on the CPU the kernel is compiled for sm_90 with the installed Triton (every
+constexpr combination: an API change in a new Triton release fails here, not on the GPU machine); the
+element-by-element comparisons run on a Hopper GPU (marked gpu).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+cross_ws = pytest.importorskip("kernels.cross_ws", reason="this Triton has no Gluon Hopper dialect")
+
+HOPPER_SHARED_BYTES = 232448  # the most shared memory one H100 CTA may use
+
+
+def _signature(fn, args):
+    from triton.runtime.jit import mangle_type
+
+    return {name: mangle_type(value) for name, value in zip(fn.arg_names, args)}
+
+
+CONFIGS = {
+    "pingpong": cross_ws.WsConfig(bm=64, stages=4, schedule="pingpong"),
+    "coop": cross_ws.WsConfig(),  # the default: what dlrm_kernels::cross_layer_ws runs
+}
+
+
+def _compile(schedule: str, x_is_x0: bool, store_pre: bool):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    M, N, K = 200, 136, 72
+    cfg = CONFIGS[schedule]
+    x0 = torch.zeros(M, N, dtype=torch.bfloat16)
+    u = torch.zeros(M, K, dtype=torch.bfloat16)
+    w = torch.zeros(N, K, dtype=torch.bfloat16)
+    tile = [cfg.bm, cfg.bn]
+    descs = [cross_ws._desc(u, [cfg.bm, cfg.bk]), cross_ws._desc(w, [cfg.bn, cfg.bk])]
+    consts = {"STAGES": cfg.stages, "X_IS_X0": x_is_x0, "STORE_PRE": store_pre}
+    if schedule == "coop":
+        fn = cross_ws._cross_fwd_coop_kernel
+        sub = [cfg.sub, cfg.bn]
+        args = descs + [cross_ws._desc(x0, tile), cross_ws._desc(x0, sub), cross_ws._desc(x0, sub), x0,
+                        torch.zeros(N), N, M, N, K]
+        consts.update(EPI_STAGES=cfg.epi_stages, MMA_WARPS=cfg.mma_warps, MMA_REGS=cfg.mma_regs,
+                      EPI_WARPS=cfg.epi_warps)
+    else:
+        fn = cross_ws._cross_fwd_ws_kernel
+        args = descs + [cross_ws._desc(x0, tile) for _ in range(4)] + [torch.zeros(N), M, N, K]
+        consts.update(CONSUMER_REGS=cfg.consumer_regs)
+    sig = _signature(fn, args)
+    sig.update({k: "constexpr" for k in consts})
+    src = GluonASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    warps = cfg.epi_warps if schedule == "coop" else 4
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
+@pytest.mark.parametrize("schedule", sorted(CONFIGS))
+@pytest.mark.parametrize("x_is_x0", [False, True])
+@pytest.mark.parametrize("store_pre", [True, False])
+def test_compiles_for_sm90(schedule, x_is_x0, store_pre):
+    compiled = _compile(schedule, x_is_x0, store_pre)
+    assert len(compiled.asm["cubin"]) > 0
+    assert "wgmma.mma_async" in compiled.asm["ptx"]
+    assert "setmaxnreg" in compiled.asm["ptx"]  # the partitions were formed (warp specialization)
+    assert 0 < compiled.metadata.shared <= HOPPER_SHARED_BYTES
+
+
+def test_unknown_schedule_is_refused():
+    with pytest.raises(ValueError, match="schedule"):
+        cross_ws.WsConfig(schedule="stream-k")
+
+
+def test_shape_mismatch_names_the_operands():
+    x0 = torch.zeros(4, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="shapes disagree"):
+        cross_ws.cross_forward_ws(x0, x0, torch.zeros(4, 8, dtype=torch.bfloat16),
+                                  torch.zeros(8, 8, dtype=torch.bfloat16), torch.zeros(16))
+
+
+def test_supported_refuses_cpu_tensors():
+    t = torch.zeros(4, 16, dtype=torch.bfloat16)
+    assert not cross_ws.supported(t, t, torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(16, 8, dtype=torch.bfloat16))
+
+
+def _hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def _strided(rows: int, cols: int, gen, pad: int) -> torch.Tensor:
+    """bf16 [rows, cols] as a column slice of a wider tensor when pad > 0 (row stride cols + pad)."""
+    t = torch.randn(rows, cols + pad, generator=gen, device="cuda").to(torch.bfloat16)
+    return t[:, :cols]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("M,N,K", [(1, 8, 8), (3, 136, 72), (127, 136, 512), (1000, 264, 64), (4096, 3456, 512),
+                                   (1024, 512, 520)])
+@pytest.mark.parametrize("x_is_x0", [False, True])
+@pytest.mark.parametrize("store_pre", [True, False])
+@pytest.mark.parametrize("pad", [0, 8])
+@pytest.mark.parametrize("schedule", sorted(CONFIGS))
+def test_matches_float64(M, N, K, x_is_x0, store_pre, pad, schedule):
+    gen = torch.Generator(device="cuda").manual_seed(M * 7 + N + K)
+    x0 = _strided(M, N, gen, pad)
+    x = x0 if x_is_x0 else _strided(M, N, gen, pad)
+    u = _strided(M, K, gen, pad)
+    w = (_strided(N, K, gen, pad).float() * K ** -0.5).to(torch.bfloat16)
+    b = torch.randn(N, generator=gen, device="cuda")
+    assert cross_ws.supported(x0, x, u, w)
+    out, pre = cross_ws.cross_forward_ws(x0, x, u, w, b, store_pre=store_pre, config=CONFIGS[schedule])
+    d = lambda t: t.double()  # noqa: E731
+    ref_pre = d(u) @ d(w).t() + d(b)
+    ref = d(x0) * ref_pre + d(x)
+    # bf16 outputs rounded once from fp32 (unit roundoff 2^-8), fp32 accumulation (far smaller): bound by the
+    # magnitudes. "coop" forms out from the bf16-rounded pre: two roundings.
+    rounds = 2 if schedule == "coop" else 1
+    mag_pre = d(u).abs() @ d(w).abs().t() + d(b).abs()
+    mag = d(x0).abs() * mag_pre + d(x).abs()
+    assert out.shape == (M, N) and out.is_contiguous()
+    assert ((d(out) - ref).abs() <= rounds * 2.0**-8 * mag + 1e-6).all()
+    if store_pre:
+        assert ((d(pre) - ref_pre).abs() <= 2.0**-8 * mag_pre + 1e-6).all()
+    else:
+        assert pre is None
