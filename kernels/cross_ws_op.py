@@ -7,7 +7,7 @@ Notation as in `kernels.cross`: ``M`` rows (the batch), ``N`` the cross network'
 One layer of TorchRec's ``LowRankCrossNet`` is ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``. Here
 ``u = x_l V_l^T`` stays a cuBLAS ``F.linear``; ``dlrm_kernels::cross_layer_ws(x0, x, u, w, b)`` returns
 ``(out, pre)`` with ``pre = u w^T + b`` and ``out = x0 * pre + x``: on a Hopper GPU with 16-bit operands that
-`kernels.cross_ws.supported` accepts, the Gluon kernel (MLPerf DLRM-DCNv2 shapes, H100: 0.735 ms a layer against
+`kernels.cross_ws.supported` accepts (``x0``, ``x``, ``u``, ``w`` in one 16-bit dtype), the Gluon kernel (MLPerf DLRM-DCNv2 shapes, H100: 0.735 ms a layer against
 0.930 for cuBLAS + Inductor's pass, 0.611 against 0.795 for the first layer, where ``x`` is ``x0``;
 benchmarks/results/cross_ws_probe.md); anywhere else the same arithmetic in PyTorch ops (the CPU, other GPUs,
 fp32, misaligned rows).
@@ -54,7 +54,8 @@ def gluon_hopper_available(device: torch.device) -> bool:
 
 
 def _reference(x0: Tensor, x: Tensor, u: Tensor, w: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """The eager module's arithmetic: the GEMM in the operands' dtype, the bias cast to it."""
+    """The eager module's arithmetic: the GEMM in the operands' dtype, the bias cast to it; ``x0 * pre + x`` in
+    the promoted dtype (fp32 when ``x0`` or ``x`` is fp32 under bf16 autocast, as in the eager module)."""
     pre = F.linear(u, w) + b.to(u.dtype)
     return (x0 * pre + x).contiguous(), pre.contiguous()
 
@@ -80,7 +81,8 @@ def _cross_layer_ws_op(x0: Tensor, x: Tensor, u: Tensor, w: Tensor, b: Tensor) -
 @_cross_layer_ws_op.register_fake
 def _(x0, x, u, w, b):
     M, N = x0.shape
-    return x0.new_empty((M, N)), x0.new_empty((M, N))
+    out_dtype = torch.promote_types(torch.promote_types(x0.dtype, x.dtype), u.dtype)
+    return x0.new_empty((M, N), dtype=out_dtype), x0.new_empty((M, N), dtype=u.dtype)
 
 
 def _setup_context(ctx, inputs, output):
@@ -88,15 +90,16 @@ def _setup_context(ctx, inputs, output):
     _, pre = output
     ctx.mark_non_differentiable(pre)
     ctx.save_for_backward(x0, u, w, pre)
-    ctx.b_dtype = b.dtype
+    ctx.dtypes = (x0.dtype, x.dtype, b.dtype)
 
 
 def _backward(ctx, g, _g_pre):
     x0, u, w, pre = ctx.saved_tensors
-    g_pre = g * x0
+    x0_dtype, x_dtype, b_dtype = ctx.dtypes
+    g_pre = (g * x0).to(u.dtype)  # where the eager graph's promotion casts it back, when x0 or x is wider
     # 16-bit gradients summed in fp32 (as Inductor does for the eager module), others in their own precision
-    grad_b = g_pre.sum(0, dtype=torch.promote_types(g_pre.dtype, torch.float32)).to(ctx.b_dtype)
-    return g * pre, g, g_pre @ w, g_pre.t() @ u, grad_b
+    grad_b = g_pre.sum(0, dtype=torch.promote_types(g_pre.dtype, torch.float32)).to(b_dtype)
+    return (g * pre).to(x0_dtype), g.to(x_dtype), g_pre @ w, g_pre.t() @ u, grad_b
 
 
 _cross_layer_ws_op.register_autograd(_backward, setup_context=_setup_context)
@@ -125,9 +128,8 @@ class GluonLowRankCrossNet(LowRankCrossNet):
         x_l = x_0
         for layer in range(self._num_layers):
             u = F.linear(x_l, self.V_kernels[layer])  # [B, r]; bf16 under autocast
-            if layer == 0:  # the residual stream in the GEMMs' dtype (a no-op when the input has it already)
-                x_0 = x_0.to(u.dtype)
-                x_l = x_0
             w = self.W_kernels[layer].to(u.dtype)  # autocast casts F.linear's weight the same way
+            # an fp32 input under bf16 autocast keeps the residual stream in fp32, as in the eager module (the
+            # op's PyTorch path); the Gluon kernel runs when it is in the GEMMs' 16-bit dtype
             x_l = cross_layer_ws(x_0, x_l, u, w, self.bias[layer])
         return x_l

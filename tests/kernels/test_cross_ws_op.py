@@ -88,6 +88,41 @@ def test_module_is_a_twin_of_the_eager_cross_net(batch, layers):
     torch.testing.assert_close(grads_g[-1], grads_e[-1], rtol=2e-6, atol=2e-6)
 
 
+def test_fp32_input_under_bf16_autocast_keeps_the_eager_dtypes():
+    """An fp32 input under bf16 autocast: the eager module's residual stream stays fp32 (promotion); so does the
+    Gluon module's (the op's PyTorch path), with the same outputs and gradients."""
+    torch.manual_seed(0)
+    eager = LowRankCrossNet(16, 2, 8)
+    for p in eager.bias:
+        torch.nn.init.normal_(p)
+    gluon = GluonLowRankCrossNet(16, 2, 8)
+    gluon.load_state_dict(eager.state_dict())
+    x = torch.randn(5, 16)
+    g = torch.randn(5, 16)
+    outs, grads = [], []
+    for net in (eager, gluon):
+        xi = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = net(xi)
+        out.backward(g)
+        outs.append(out)
+        grads.append([p.grad for p in net.parameters()] + [xi.grad])
+    assert outs[0].dtype == outs[1].dtype == torch.float32
+    torch.testing.assert_close(outs[1], outs[0], rtol=0, atol=0)
+    names = [n for n, _ in eager.named_parameters()] + ["input"]
+    for name, a, b in zip(names, *grads):
+        assert a.dtype == b.dtype, name
+        if name.startswith("bias"):  # the eager graph sums the bf16 bias gradient into bf16; the op sums in fp32
+            torch.testing.assert_close(a, b, rtol=2.0**-7, atol=0, msg=name)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)
+
+
+def test_opcheck_mixed_dtypes():
+    x0, x, u, w, b = _operands(5, 8, 3, dtype=torch.float32)
+    torch.library.opcheck(_cross_layer_ws_op, (x0, x, u.bfloat16(), w.bfloat16(), b))
+
+
 def test_config_refuses_gluon_for_the_dot_interaction():
     cfg = Config(model=ModelConfig(interaction="dot"), kernels=KernelsConfig(interaction="gluon"))
     with pytest.raises(ConfigError, match="kernels.interaction"):
