@@ -9,21 +9,30 @@ Why (benchmarks/PERF.md, eighth and fourteenth runs): one MLPerf DLRM-DCNv2 cros
 GEMM's math (232 GFLOP, ~0.3 ms) is shorter than the epilogue's streams (``x0`` and ``x`` read, ``out`` and
 ``pre`` written: 1.8 GB, ~0.6 ms at the copy bandwidth), and a tiled Triton kernel runs the two in series
 inside each program: 0.90-0.98 ms whatever its tile, persistence or Triton's own warp specialization. Here
-each part has its own warps, in CUTLASS's "ping-pong" arrangement:
+each part has its own warps. Two schedules (``WsConfig.schedule``):
 
-* a 1-warp **loader** partition issues every TMA load: the ``U`` and ``W`` tiles of each K step into a ring of
-  ``STAGES`` shared-memory slots, and the tile's ``x0`` and ``x`` (for the epilogue) into the slot of the
-  consumer that will take the tile, as soon as that slot is free;
-* two 4-warp **consumer** partitions (a warpgroup each) take the CTA's tiles in turn: one runs its tile's wgmma
-  K loop while the other runs the epilogue of its previous tile (bias, ``x0 * pre + x`` in fp32, the bf16
-  results staged in shared memory and written by TMA stores that complete in the background).
+* ``"coop"`` (the default; what `kernels.cross_ws_op` runs): four partitions per persistent CTA. A 1-warp
+  loader issues the TMA loads of the ``U`` and ``W`` tiles of every K step into a ring of ``STAGES``
+  shared-memory slots; ``mma_warps`` warps (two warpgroups, 64 rows each of a 128 x 128 tile) run the wgmma K
+  loop and write ``pre = acc + b`` in bf16 into one of two staging slots; a second 1-warp loader streams the
+  tile's ``x0`` and ``x`` in ``sub``-row slices into a ring of ``epi_stages`` slots; the epilogue warpgroup
+  (the launch's ``num_warps``) writes ``pre`` by a TMA store straight from its slot and ``out = x0 * pre + x``
+  slice by slice with coalesced vector stores, while the MMA warps already run the next tile.
+* ``"pingpong"`` (CUTLASS's arrangement): two 4-warp consumers take the CTA's 64 x 128 tiles in turn, each
+  running its own epilogue while the other runs its K loop, fed by one loader warp. Its tiles are half the
+  size, so each tile's ``U`` and ``W`` bytes cost more L2 traffic per FLOP.
+
+Measured (H100, MLPerf DLRM-DCNv2 shapes, bf16, benchmarks/results/cross_ws_probe.md; ``pre`` saved): "coop"
+0.71 ms a layer (2.6 TB/s of the 3.0 a copy gets) and 0.61 ms for the first layer (``x`` is ``x0``), against
+0.93 and 0.79 for cuBLAS + Inductor's pass; "pingpong" 0.85 and 0.75. The ring depth decides: with 3 slots
+"coop" took 0.89 ms, with 2 x0/x slices of 32 rows in flight 0.71, with 4 of 16 rows 0.90.
 
 Each CTA is persistent (one per SM) and walks tiles ``pid, pid + G, ...`` in row-major tile order, so the
 ``U`` rows of the tiles in flight stay in L2 and ``W`` (3.5 MB) lives there.
 
-Numerics: fp32 accumulation; ``pre = acc + b`` and ``out = x0 * pre + x`` in fp32, each rounded once to the
-output dtype. Inductor's path rounds ``U @ W^T`` to bf16 first, so the two differ by bf16 roundings of the
-product (the tests compare both against float64).
+Numerics: fp32 accumulation; ``pre = acc + b`` rounded once to the output dtype; ``out = x0 * pre + x`` in fp32
+and rounded once, from the fp32 ``pre`` ("pingpong") or the rounded one ("coop": two roundings). Inductor's
+path rounds ``U @ W^T`` to bf16 first; the tests compare both against float64.
 
 Requirements (`supported`): an sm_90 GPU, bf16 or fp16 operands, contiguous rows (last stride 1) with
 16-byte aligned row strides (TMA), ``K % 8 == 0`` and ``N % 8 == 0``. Any ``M``, ``N`` and ``K`` otherwise:

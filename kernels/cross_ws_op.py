@@ -7,9 +7,9 @@ Notation as in `kernels.cross`: ``M`` rows (the batch), ``N`` the cross network'
 One layer of TorchRec's ``LowRankCrossNet`` is ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``. Here
 ``u = x_l V_l^T`` stays a cuBLAS ``F.linear``; ``dlrm_kernels::cross_layer_ws(x0, x, u, w, b)`` returns
 ``(out, pre)`` with ``pre = u w^T + b`` and ``out = x0 * pre + x``: on a Hopper GPU with 16-bit operands that
-`kernels.cross_ws.supported` accepts (``x0``, ``x``, ``u``, ``w`` in one 16-bit dtype), the Gluon kernel (MLPerf DLRM-DCNv2 shapes, H100: 0.735 ms a layer against
-0.930 for cuBLAS + Inductor's pass, 0.611 against 0.795 for the first layer, where ``x`` is ``x0``;
-benchmarks/results/cross_ws_probe.md); anywhere else the same arithmetic in PyTorch ops (the CPU, other GPUs,
+`kernels.cross_ws.supported` accepts (``x0``, ``x``, ``u``, ``w`` in one 16-bit dtype), the Gluon kernel (MLPerf DLRM-DCNv2 shapes, H100: 0.71 ms a layer against
+0.93 for cuBLAS + Inductor's pass, 0.61 against 0.79 for the first layer, where ``x`` is ``x0``;
+benchmarks/results/cross_ws_probe.md; the MLPerf step +2.5-2.7%, results/mlperf_dcnv2_gluon.md); anywhere else the same arithmetic in PyTorch ops (the CPU, other GPUs,
 fp32, misaligned rows).
 
 Backward, for ``g = d loss / d out`` (``pre`` is saved; it is not differentiable): ``g_pre = g * x0``,

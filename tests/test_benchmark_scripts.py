@@ -525,3 +525,23 @@ def test_fp8_dense_probe_smoke_runs_each_variant_and_measures_its_error(tmp_path
     assert "rowwise FP8" in (tmp_path / "fp8_dense_probe.md").read_text()
     with pytest.raises(SystemExit):
         fdp.main(["--smoke", "--out", str(tmp_path), "--variants", "fp4"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_cross_ws_probe_refuses_to_run_without_cuda(tmp_path, capsys):
+    pytest.importorskip("kernels.cross_ws", reason="this Triton has no Gluon Hopper dialect")
+    probe = load_script("cross_ws_probe")
+    assert probe.main(["--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+def test_cross_ws_probe_parses_both_schedules():
+    pytest.importorskip("kernels.cross_ws", reason="this Triton has no Gluon Hopper dialect")
+    probe = load_script("cross_ws_probe")
+    coop = probe.parse_config("coop:128x128x64s4u32q2m8r160e4")
+    assert (coop.schedule, coop.bm, coop.stages, coop.sub, coop.epi_stages, coop.mma_regs) == ("coop", 128, 4, 32, 2, 160)
+    ping = probe.parse_config("64x128x64s3r200")
+    assert (ping.schedule, ping.bm, ping.stages, ping.consumer_regs) == ("pingpong", 64, 3, 200)
+    for text in probe.DEFAULT_CONFIGS.split(","):
+        probe.parse_config(text)
