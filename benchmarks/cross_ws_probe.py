@@ -28,6 +28,70 @@ DEFAULT_CONFIGS = ",".join([
 ])
 
 
+BACKWARD_CONFIGS = "coop:128x128x64s4u32q1m8r160e4,coop:128x128x64s3u32q2m8r160e4,coop:128x128x64s4u16q2m8r160e4"
+
+
+def _backward_rows(args, rows, timer, keys) -> None:
+    """The backward's ``dx = g + du V`` with the next layer's ``g_pre = dx * x0`` and ``dx0 += dx * pre`` (a layer
+    above the first: "later"), or ``dx0 += g + du V`` (the first layer), as cuBLAS + an Inductor pass and as
+    `kernels.cross_ws_bwd`; rows appended to ``rows``."""
+    from kernels.cross_ws_bwd import cross_backward_ws
+
+    B, N, r = args.batch, args.width, args.rank
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    rnd = lambda *s, scale=1.0: (torch.randn(*s, generator=gen, device="cuda") * scale).to(torch.bfloat16)  # noqa: E731
+    du, v = rnd(B, r), rnd(r, N, scale=r ** -0.5)
+    g, x0, pre, dx0 = rnd(B, N), rnd(B, N), rnd(B, N), rnd(B, N)
+    ref_dx = g.double() + du.double() @ v.double()
+    refs = {"later": (ref_dx, ref_dx * x0.double(), dx0.double() + ref_dx * pre.double()),
+            "first": (dx0.double() + ref_dx,)}
+
+    def later(du, v, g, x0, pre, dx0):
+        dx = g + du @ v
+        return dx, dx * x0, dx0 + dx * pre
+
+    def first(du, v, g, dx0):
+        return (dx0 + (g + du @ v),)
+
+    compiled = {"later": torch.compile(later), "first": torch.compile(first)}
+    for layer in ("later", "first"):
+        streams = 7 if layer == "later" else 3
+
+        def add(impl, config, fn, check):
+            row = {"impl": impl, "config": config, "layer": f"backward, {layer}", "store_pre": ""}
+            try:
+                got = check()
+                row["max_abs_err"] = max((a.double() - b).abs().max().item() for a, b in zip(got, refs[layer]))
+                row["ms"] = timer(fn)
+                row["gbps"] = (B * r + N * r + streams * B * N) * 2 / row["ms"] / 1e6
+                row["tflops"] = 2 * B * N * r / row["ms"] / 1e9
+                row["status"] = "ok"
+            except Exception as e:  # noqa: BLE001 - a launch that fails is a row, not a crash
+                row["status"] = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            rows.append(row)
+            print(md_row([f"{row[k]:.4g}" if isinstance(row.get(k), float) else row.get(k, "") for k in keys]),
+                  flush=True)
+
+        if layer == "later":
+            base = lambda: compiled["later"](du, v, g, x0, pre, dx0)  # noqa: E731
+        else:
+            base = lambda: compiled["first"](du, v, g, dx0)  # noqa: E731
+        add("cuBLAS du V + Inductor pass", "", base, base)
+        for text in args.backward_configs.split(","):
+            cfg = parse_config(text.strip())
+            acc = dx0.clone()
+
+            def run(cfg=cfg, acc=acc, layer=layer):
+                return cross_backward_ws(du, v, g, x0, pre if layer == "later" else None, acc, config=cfg)
+
+            def check(cfg=cfg, layer=layer):
+                fresh = dx0.clone()
+                res = cross_backward_ws(du, v, g, x0, pre if layer == "later" else None, fresh, config=cfg)
+                return (res[0], res[1], fresh) if layer == "later" else (fresh,)
+
+            add("Gluon coop backward (kernels.cross_ws_bwd)", repr(cfg), run, check)
+
+
 def parse_config(text: str):
     """``BMxBNxBKsSTAGESrREGS`` (ping-pong) or
     ``coop:BMxBNxBKsSTAGESuSUBqEPI_STAGESmMMA_WARPSrMMA_REGSeEPI_WARPS``."""
@@ -55,6 +119,9 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=DEFAULT_CONFIGS, help="comma list of BMxBNxBKsSTAGESrREGS")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--windows", type=int, default=7)
+    ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time the backward's data-gradient GEMM with its epilogue (kernels.cross_ws_bwd)")
+    ap.add_argument("--backward-configs", default=BACKWARD_CONFIGS, help="comma list of coop configs (see --configs)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("cross_ws_probe: needs a CUDA GPU (Gluon has no interpreter)", file=sys.stderr)
@@ -110,15 +177,20 @@ def main(argv=None) -> int:
             for store in (True, False):
                 add(f"Gluon {cfg.schedule} (kernels.cross_ws)", repr(cfg), layer, store,
                     lambda cfg=cfg, store=store, xx=xx: cross_forward_ws(x0, xx, u, w, b, store_pre=store, config=cfg))
+    if args.backward:
+        _backward_rows(args, rows, timer, KEYS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = environment(device)
-    title = f"DCNv2 cross layer forward x0 * (u W^T + b) + x, batch {B}, width {N}, rank {r}, bf16"
+    title = (f"DCNv2 cross layer forward x0 * (u W^T + b) + x" + (" and backward dx = g + du V with the next layer's "
+             "elementwise work" if args.backward else "") + f", batch {B}, width {N}, rank {r}, bf16")
     table = ["| " + " | ".join(KEYS) + " |", "|" + " --- |" * len(KEYS)]
     for row in rows:
         table.append(md_row([f"{row[k]:.4g}" if isinstance(row.get(k), float) else row.get(k, "") for k in KEYS]))
     note = (f"CUDA graphs of {args.calls} calls, median of {args.windows} windows; GB/s counts u and W read, x0 (and "
-            "x) read, out (and pre) written; max_abs_err against a float64 reference (bf16 outputs).")
+            "x) read, out (and pre) written; backward rows: du and V read, g, x0, pre, dx0 read and dx, g_pre, dx0 written "
+            "(later layers) or g, dx0 read and dx0 written (the first); max_abs_err against a float64 reference (bf16 "
+            "outputs).")
     write_csv(out / "cross_ws_probe.csv", rows, KEYS, env)
     (out / "cross_ws_probe.md").write_text(markdown(title, [env_line(env), note], table))
     return 0

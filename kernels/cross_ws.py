@@ -227,11 +227,12 @@ def _cross_fwd_ws_kernel(u_desc, w_desc, x0_desc, x_desc, out_desc, pre_desc, b_
 
 
 @gluon.jit
-def _coop_loader(u_desc, w_desc, a_bufs, b_bufs, ready, empty, M, N, K):
-    """The 1-warp partition of the cooperative schedule: the ``U`` and ``W`` tiles of every K step."""
+def _coop_loader(u_desc, w_desc, a_bufs, b_bufs, ready, empty, M, N, K, B_KMAJOR: gl.constexpr = True):
+    """The 1-warp partition of the cooperative schedule: the ``U`` and ``W`` tiles of every K step (``W`` as
+    [N, K] tiles with ``B_KMAJOR``, as nn.Linear stores it; else as [K, N] tiles)."""
     BM: gl.constexpr = a_bufs.type.shape[1]
     BK: gl.constexpr = a_bufs.type.shape[2]
-    BN: gl.constexpr = b_bufs.type.shape[1]
+    BN: gl.constexpr = b_bufs.type.shape[1] if B_KMAJOR else b_bufs.type.shape[2]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     pid = gl.program_id(0)
     grid = gl.num_programs(0)
@@ -247,18 +248,22 @@ def _coop_loader(u_desc, w_desc, a_bufs, b_bufs, ready, empty, M, N, K):
             mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(s), u_desc.block_type.nbytes + w_desc.block_type.nbytes)
             _tma_load(u_desc, [om, k * BK], ready.index(s), a_bufs.index(s))
-            _tma_load(w_desc, [on, k * BK], ready.index(s), b_bufs.index(s))
+            if B_KMAJOR:
+                _tma_load(w_desc, [on, k * BK], ready.index(s), b_bufs.index(s))
+            else:
+                _tma_load(w_desc, [k * BK, on], ready.index(s), b_bufs.index(s))
             count += 1
 
 
 @gluon.jit
 def _coop_mma(b_ptr, a_bufs, b_bufs, pre_bufs, ready, empty, pre_ready, pre_empty, M, N, K,
-              MMA_WARPS: gl.constexpr):
+              MMA_WARPS: gl.constexpr, B_KMAJOR: gl.constexpr = True, HAS_BIAS: gl.constexpr = True):
     """The MMA partition (``MMA_WARPS`` warps, one wgmma row block of 64 per warpgroup): each tile's K loop,
-    then ``pre = acc + b`` in bf16 into a shared staging slot for the epilogue partition."""
+    then ``pre = acc + b`` (``acc`` without ``HAS_BIAS``) in bf16 into a shared staging slot for the epilogue
+    partition."""
     BM: gl.constexpr = a_bufs.type.shape[1]
     BK: gl.constexpr = a_bufs.type.shape[2]
-    BN: gl.constexpr = b_bufs.type.shape[1]
+    BN: gl.constexpr = b_bufs.type.shape[1] if B_KMAJOR else b_bufs.type.shape[2]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[MMA_WARPS, 1],
                                                          instr_shape=[16, BN, 16])
@@ -276,15 +281,21 @@ def _coop_mma(b_ptr, a_bufs, b_bufs, pre_bufs, ready, empty, pre_ready, pre_empt
         for k in range(k_steps):
             s = count % STAGES
             mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            if B_KMAJOR:
+                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            else:
+                acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
             mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), count=1, pred=k > 0)
             count += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), count=1)
-        cols = on + gl.arange(0, BN, col_layout)
-        bias = gl.load(b_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)
-        pre = (acc + gl.expand_dims(bias, 0)).to(pre_bufs.dtype)
+        if HAS_BIAS:
+            cols = on + gl.arange(0, BN, col_layout)
+            bias = gl.load(b_ptr + cols, mask=cols < N, other=0.0).to(gl.float32)
+            pre = (acc + gl.expand_dims(bias, 0)).to(pre_bufs.dtype)
+        else:
+            pre = acc.to(pre_bufs.dtype)
         slot = j % 2
         mbarrier.wait(pre_empty.index(slot), ((j // 2) & 1) ^ 1)
         pre_bufs.index(slot).store(pre)

@@ -1,6 +1,6 @@
 """The DCNv2 cross layer with its forward's second GEMM and epilogue in one warp-specialized Gluon kernel
-(`kernels.cross_ws`), as a ``torch.library`` custom op with a PyTorch backward, and the cross network module
-that uses it (``kernels.interaction: "gluon"``).
+(`kernels.cross_ws`), as a ``torch.library`` custom op with a PyTorch backward (``kernels.interaction: "gluon"`` runs it through
+`dlrm.model.archs.GluonLowRankCrossNet`).
 
 Notation as in `kernels.cross`: ``M`` rows (the batch), ``N`` the cross network's width, ``K`` its rank.
 
@@ -26,10 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dlrm.model.archs import LowRankCrossNet
 from kernels._backend import device_context
 
-__all__ = ["GluonLowRankCrossNet", "cross_layer_ws", "gluon_hopper_available"]
+__all__ = ["cross_layer_ws", "gluon_hopper_available"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,27 +108,3 @@ def cross_layer_ws(x0: Tensor, x: Tensor, u: Tensor, w: Tensor, b: Tensor) -> Te
     """``x0 * (u @ w^T + b) + x`` [M, N] for ``x0``, ``x`` [M, N], ``u`` [M, K], ``w`` [N, K], ``b`` [N]
     (see the module docstring for where it runs and the backward)."""
     return torch.ops.dlrm_kernels.cross_layer_ws(x0, x, u, w, b)[0]
-
-
-class GluonLowRankCrossNet(LowRankCrossNet):
-    """`LowRankCrossNet` (same arguments, parameters, init and state_dict keys) whose layers run
-    ``x0 * (W_l u + b_l) + x_l`` as `cross_layer_ws`; ``u = V_l x_l`` stays ``F.linear``.
-
-    Example:
-        >>> net = GluonLowRankCrossNet(in_features=12, num_layers=2, low_rank=3)
-        >>> net(torch.randn(5, 12)).shape
-        torch.Size([5, 12])
-
-    Shapes: [B, N] -> [B, N].
-    """
-
-    def forward(self, input: Tensor) -> Tensor:
-        x_0 = input
-        x_l = x_0
-        for layer in range(self._num_layers):
-            u = F.linear(x_l, self.V_kernels[layer])  # [B, r]; bf16 under autocast
-            w = self.W_kernels[layer].to(u.dtype)  # autocast casts F.linear's weight the same way
-            # an fp32 input under bf16 autocast keeps the residual stream in fp32, as in the eager module (the
-            # op's PyTorch path); the Gluon kernel runs when it is in the GEMMs' 16-bit dtype
-            x_l = cross_layer_ws(x_0, x_l, u, w, self.bias[layer])
-        return x_l

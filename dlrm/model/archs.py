@@ -20,6 +20,7 @@ import torch.nn.functional as F_
 from torch import nn
 
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
+from kernels.cross_ws_op import cross_layer_ws
 from kernels.table_layout import init_tables_, layout_tensors, total_rows
 
 ACTIVATIONS = {
@@ -251,6 +252,31 @@ class LowRankCrossNet(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, num_layers={self._num_layers}, low_rank={self._low_rank}"
+
+
+class GluonLowRankCrossNet(LowRankCrossNet):
+    """`LowRankCrossNet` (same arguments, parameters, init and state_dict keys) whose layers run
+    ``x0 * (W_l u + b_l) + x_l`` as `kernels.cross_ws_op.cross_layer_ws` (on a Hopper GPU one warp-specialized
+    Gluon kernel, elsewhere the same PyTorch arithmetic); ``u = V_l x_l`` stays ``F.linear``.
+
+    Example:
+        >>> net = GluonLowRankCrossNet(in_features=12, num_layers=2, low_rank=3)
+        >>> net(torch.randn(5, 12)).shape
+        torch.Size([5, 12])
+
+    Shapes: [B, N] -> [B, N].
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        x_0 = input
+        x_l = x_0
+        for layer in range(self._num_layers):
+            u = F_.linear(x_l, self.V_kernels[layer])  # [B, r]; bf16 under autocast
+            w = self.W_kernels[layer].to(u.dtype)  # autocast casts F.linear's weight the same way
+            # an fp32 input under bf16 autocast keeps the residual stream in fp32, as in the eager module (the
+            # op's PyTorch path); the Gluon kernel runs when it is in the GEMMs' 16-bit dtype
+            x_l = cross_layer_ws(x_0, x_l, u, w, self.bias[layer])
+        return x_l
 
 
 class InteractionArch(nn.Module):

@@ -175,7 +175,7 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
 
         crossnet_cls = TritonLowRankCrossNet
     elif kernels.interaction == "gluon":
-        from kernels.cross_ws_op import GluonLowRankCrossNet
+        from dlrm.model.archs import GluonLowRankCrossNet
 
         crossnet_cls = GluonLowRankCrossNet
     interaction = InteractionArch(len(cardinalities), cfg.embedding_dim, cfg.interaction,

@@ -16,10 +16,10 @@ import torch
 pytest.importorskip("kernels.cross_ws", reason="this Triton has no Gluon Hopper dialect")
 
 from dlrm.config import Config, ConfigError, KernelsConfig, ModelConfig, validate  # noqa: E402
-from dlrm.model.archs import LowRankCrossNet  # noqa: E402
+from dlrm.model.archs import GluonLowRankCrossNet, LowRankCrossNet  # noqa: E402
 from dlrm.model.dlrm import build_model  # noqa: E402
 from kernels import TritonUnavailableError  # noqa: E402
-from kernels.cross_ws_op import GluonLowRankCrossNet, _cross_layer_ws_op, cross_layer_ws  # noqa: E402
+from kernels.cross_ws_op import _cross_layer_ws_op, cross_layer_ws  # noqa: E402
 
 
 def _operands(M, N, K, dtype=torch.float64, device="cpu", seed=0, strided=False):
