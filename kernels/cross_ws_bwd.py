@@ -17,7 +17,8 @@ All tensors [M, N] except ``du`` [M, K] and ``v`` [K, N]; one 16-bit dtype; the 
 rounds each output once (``dx0`` too, at each layer: the accumulation is in the tensors' dtype).
 Requirements as `kernels.cross_ws.supported` (``v`` row-major [K, N]).
 
-Not used by the model yet: PERF.md (sixteenth run) has its measurement against cuBLAS + Inductor.
+Used through `kernels.cross_ws_net` (the cross network's backward as one autograd function); PERF.md (sixteenth
+run) has its measurements.
 """
 
 from __future__ import annotations
@@ -170,10 +171,11 @@ def default_config() -> WsConfig:
 
 
 def cross_backward_ws(du: Tensor, v: Tensor, g: Tensor, x0: Tensor, pre: Optional[Tensor], dx0: Tensor,
-                      config: Optional[WsConfig] = None,
-                      num_sms: Optional[int] = None) -> Optional[tuple[Tensor, Tensor]]:
-    """``dx = g + du @ v``; with ``pre``: returns ``(dx, dx * x0)`` and adds ``dx * pre`` to ``dx0`` in place;
-    without (the first layer): adds ``dx`` to ``dx0`` in place and returns None. See the module docstring."""
+                      config: Optional[WsConfig] = None, num_sms: Optional[int] = None,
+                      out_dx0: Optional[Tensor] = None) -> Optional[tuple[Tensor, Tensor]]:
+    """``dx = g + du @ v``; with ``pre``: returns ``(dx, dx * x0)`` and adds ``dx * pre`` to ``dx0``; without (the
+    first layer): adds ``dx`` to ``dx0`` and returns None. The sum goes to ``out_dx0`` (contiguous, ``dx0``'s shape
+    and dtype) when given, else into ``dx0`` in place. See the module docstring."""
     cfg = config or default_config()
     M, K = du.shape
     N = v.shape[1]
@@ -182,8 +184,10 @@ def cross_backward_ws(du: Tensor, v: Tensor, g: Tensor, x0: Tensor, pre: Optiona
             raise ValueError(f"cross_backward_ws: {name} {tuple(t.shape)} is not [M, N] = [{M}, {N}]")
     if tuple(v.shape) != (K, N):
         raise ValueError(f"cross_backward_ws: v {tuple(v.shape)} is not [K, N] = [{K}, {N}]")
-    if not (dx0.is_contiguous() and g.stride(1) == 1 and x0.stride(1) == 1):
-        raise ValueError("cross_backward_ws: dx0 must be contiguous, g and x0 row-major")
+    out_dx0 = dx0 if out_dx0 is None else out_dx0
+    if not (dx0.is_contiguous() and out_dx0.is_contiguous() and out_dx0.shape == dx0.shape
+            and g.stride(1) == 1 and x0.stride(1) == 1):
+        raise ValueError("cross_backward_ws: dx0 and out_dx0 must be contiguous [M, N], g and x0 row-major")
     last = pre is None
     dx = None if last else torch.empty((M, N), dtype=g.dtype, device=g.device)
     gpre = None if last else torch.empty((M, N), dtype=g.dtype, device=g.device)
@@ -192,11 +196,11 @@ def cross_backward_ws(du: Tensor, v: Tensor, g: Tensor, x0: Tensor, pre: Optiona
     tile, sub = [cfg.bm, cfg.bn], [cfg.sub, cfg.bn]
     sms = num_sms or torch.cuda.get_device_properties(g.device).multi_processor_count
     grid = (min(sms, triton.cdiv(M, cfg.bm) * triton.cdiv(N, cfg.bn)),)
-    out = dx0 if last else dx
     _cross_bwd_coop_kernel[grid](
         # the staging slots' type and layout come from a descriptor of a tile-sized scratch tensor
         _desc(du, [cfg.bm, cfg.bk]), _desc(v, [cfg.bk, cfg.bn]), _desc(g.new_empty((cfg.bm, cfg.bn)), tile),
-        _desc(g, sub), _desc(x0, sub), _desc(x0 if last else pre, sub), _desc(dx0, sub), out,
-        dx0 if last else gpre, dx0, dx0.stride(0), M, N, K, STAGES=cfg.stages, EPI_STAGES=cfg.epi_stages, LAST=last,
+        _desc(g, sub), _desc(x0, sub), _desc(x0 if last else pre, sub), _desc(dx0, sub),
+        out_dx0 if last else dx, out_dx0 if last else gpre, out_dx0, out_dx0.stride(0), M, N, K,
+        STAGES=cfg.stages, EPI_STAGES=cfg.epi_stages, LAST=last,
         MMA_WARPS=cfg.mma_warps, MMA_REGS=cfg.mma_regs, EPI_WARPS=cfg.epi_warps, num_warps=cfg.epi_warps)
     return None if last else (dx, gpre)

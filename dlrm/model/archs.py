@@ -20,7 +20,8 @@ import torch.nn.functional as F_
 from torch import nn
 
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
-from kernels.cross_ws_op import cross_layer_ws
+from kernels import cross_ws_net
+from kernels.cross_ws_op import cross_layer_ws, gluon_hopper_available
 from kernels.table_layout import init_tables_, layout_tensors, total_rows
 
 ACTIVATIONS = {
@@ -257,7 +258,9 @@ class LowRankCrossNet(nn.Module):
 class GluonLowRankCrossNet(LowRankCrossNet):
     """`LowRankCrossNet` (same arguments, parameters, init and state_dict keys) whose layers run
     ``x0 * (W_l u + b_l) + x_l`` as `kernels.cross_ws_op.cross_layer_ws` (on a Hopper GPU one warp-specialized
-    Gluon kernel, elsewhere the same PyTorch arithmetic); ``u = V_l x_l`` stays ``F.linear``.
+    Gluon kernel, elsewhere the same PyTorch arithmetic); ``u = V_l x_l`` stays ``F.linear``. On a Hopper GPU with a
+    16-bit input the layers run as one autograd function (`kernels.cross_ws_net`), whose backward's data-gradient
+    GEMMs do the next layer's elementwise work in their epilogues.
 
     Example:
         >>> net = GluonLowRankCrossNet(in_features=12, num_layers=2, low_rank=3)
@@ -268,6 +271,13 @@ class GluonLowRankCrossNet(LowRankCrossNet):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if cross_ws_net.FUSED_BACKWARD and input.is_cuda and gluon_hopper_available(input.device) and \
+                input.dtype in (torch.bfloat16, torch.float16):
+            # the whole network as one autograd function: its backward GEMMs carry the next layer's elementwise work
+            # (kernels.cross_ws_net); the weights in the input's dtype, as autocast casts them for F.linear
+            dt = input.dtype
+            return cross_ws_net.cross_net_ws(input, [v.to(dt) for v in self.V_kernels],
+                                             [w.to(dt) for w in self.W_kernels], list(self.bias))
         x_0 = input
         x_l = x_0
         for layer in range(self._num_layers):

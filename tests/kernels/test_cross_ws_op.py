@@ -151,10 +151,15 @@ def test_opcheck_gpu():
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU")
 @pytest.mark.parametrize("batch", [1, 3, 127, 1000])
 @pytest.mark.parametrize("compiled", [False, True])
-def test_module_matches_eager_in_bf16(batch, compiled):
+@pytest.mark.parametrize("fused_backward", [True, False])
+def test_module_matches_eager_in_bf16(batch, compiled, fused_backward, monkeypatch):
     """The Gluon module against the eager one under bf16 autocast (both round the product once more or less than
     the other), and both against float64: the Gluon one is no further from float64 than twice the eager one's
-    error plus bf16's unit roundoff on the outputs' scale."""
+    error plus bf16's unit roundoff on the outputs' scale. With the whole network as one function
+    (`kernels.cross_ws_net`, the default) and with the per-layer ops."""
+    from kernels import cross_ws_net
+
+    monkeypatch.setattr(cross_ws_net, "FUSED_BACKWARD", fused_backward)
     torch.manual_seed(0)
     N, r = 264, 64
     eager = LowRankCrossNet(N, 3, r).cuda()
