@@ -17,8 +17,9 @@ All tensors [M, N] except ``du`` [M, K] and ``v`` [K, N]; one 16-bit dtype; the 
 rounds each output once (``dx0`` too, at each layer: the accumulation is in the tensors' dtype).
 Requirements as `kernels.cross_ws.supported` (``v`` row-major [K, N]).
 
-Used through `kernels.cross_ws_net` (the cross network's backward as one autograd function); PERF.md (sixteenth
-run) has its measurements.
+Used through `kernels.cross_ws_net` (the cross network's backward as one autograd function), which is off by
+default: faster than cuBLAS + an Inductor pass for one layer alone, slower in the MLPerf step (PERF.md, sixteenth
+run).
 """
 
 from __future__ import annotations

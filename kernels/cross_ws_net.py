@@ -12,7 +12,7 @@ and the fused GEMM (``l > 0``: ``G, g_pre, dx0 <- dx_l, dx_l * x0, dx0 + dx_l * 
 ``dx0 <- dx0 + G + du V_0``). The GEMMs, sums and products outside the fused kernel are PyTorch ops, which Inductor
 compiles with the rest of the step.
 
-The ops run the Gluon kernels on a Hopper GPU with 16-bit operands that TMA can read (`kernels.cross_ws.supported`'s
+Not the default (`FUSED_BACKWARD`, below: measured slower in the step). The ops run the Gluon kernels on a Hopper GPU with 16-bit operands that TMA can read (`kernels.cross_ws.supported`'s
 rules), and the same arithmetic in PyTorch ops elsewhere (the CPU tests, other GPUs).
 """
 
@@ -28,8 +28,13 @@ from kernels.cross_ws_op import _gluon_importable, _hopper
 __all__ = ["cross_net_ws", "FUSED_BACKWARD"]
 
 # Whether `dlrm.model.archs.GluonLowRankCrossNet` runs its layers as this one function (the fused backward) where it
-# can; module-level so that a benchmark can compare it with the per-layer ops.
-FUSED_BACKWARD = True
+# can; module-level so that a benchmark can compare it with the per-layer ops. Off: in the MLPerf DLRM-DCNv2 step on
+# an H100 it was 0.6-0.7 ms slower than the per-layer ops (21.94-22.00 against 21.25-21.39 ms, alternating;
+# benchmarks/results/mlperf_dcnv2_fusedbwd.md). Its three backward kernels took 3.79 ms where the cuBLAS GEMMs,
+# Inductor's passes and copies they replace took ~3.0 (step_profile_mlperf_b65536_fusedbwd.md): Inductor already
+# fuses the step's cross-layer elementwise work better than the one-layer comparison in
+# benchmarks/results/cross_ws_probe_backward.md assumed, and the kernel's epilogue streams at ~2.2 TB/s.
+FUSED_BACKWARD = False
 
 
 def _kernel_ok(*ts: Tensor) -> bool:

@@ -259,8 +259,9 @@ class GluonLowRankCrossNet(LowRankCrossNet):
     """`LowRankCrossNet` (same arguments, parameters, init and state_dict keys) whose layers run
     ``x0 * (W_l u + b_l) + x_l`` as `kernels.cross_ws_op.cross_layer_ws` (on a Hopper GPU one warp-specialized
     Gluon kernel, elsewhere the same PyTorch arithmetic); ``u = V_l x_l`` stays ``F.linear``. On a Hopper GPU with a
-    16-bit input the layers run as one autograd function (`kernels.cross_ws_net`), whose backward's data-gradient
-    GEMMs do the next layer's elementwise work in their epilogues.
+    16-bit input the layers can run as one autograd function (`kernels.cross_ws_net`), whose backward's data-gradient
+    GEMMs do the next layer's elementwise work in their epilogues, when `kernels.cross_ws_net.FUSED_BACKWARD` is set
+    (off by default: slower in the MLPerf step, PERF.md sixteenth run).
 
     Example:
         >>> net = GluonLowRankCrossNet(in_features=12, num_layers=2, low_rank=3)

@@ -155,8 +155,8 @@ def test_opcheck_gpu():
 def test_module_matches_eager_in_bf16(batch, compiled, fused_backward, monkeypatch):
     """The Gluon module against the eager one under bf16 autocast (both round the product once more or less than
     the other), and both against float64: the Gluon one is no further from float64 than twice the eager one's
-    error plus bf16's unit roundoff on the outputs' scale. With the whole network as one function
-    (`kernels.cross_ws_net`, the default) and with the per-layer ops."""
+    error plus bf16's unit roundoff on the outputs' scale. With the per-layer ops (the default) and with the whole
+    network as one function (`kernels.cross_ws_net.FUSED_BACKWARD`)."""
     from kernels import cross_ws_net
 
     monkeypatch.setattr(cross_ws_net, "FUSED_BACKWARD", fused_backward)
