@@ -184,3 +184,20 @@ def test_long_tf32_runs_take_the_fused_mlp_in_mode_default_without_autotuning(co
     resolved, chosen = resolve_fast_path(cfg, CUDA, **LONG)
     assert resolved.train.compile.mode == "default" and resolved.kernels.mlp == "fused"
     assert "matched max-autotune's templates" in chosen["train.compile.mode"]["why"]
+
+
+@pytest.mark.parametrize("precision, hopper, want", [("bf16", True, "gluon"), ("tf32", True, "torch"),
+                                                     ("bf16", False, "torch")])
+def test_auto_interaction_takes_the_gluon_cross_layer_on_hopper_in_bf16(monkeypatch, precision, hopper, want):
+    """The DCN interaction: the Gluon cross layer where it was measured (a Hopper GPU, bf16: +2.5-2.7% for the MLPerf
+    step, PERF.md sixteenth run), PyTorch elsewhere; the dot interaction keeps its Triton kernel either way."""
+    import kernels.cross_ws_op
+
+    pytest.importorskip("kernels.cross_ws", reason="this Triton has no Gluon Hopper dialect")
+    monkeypatch.setattr(kernels.cross_ws_op, "gluon_hopper_available", lambda device: hopper)
+    cfg = load_config(REPO / "configs" / "mlperf-dcnv2.json", {"train.precision": precision})
+    resolved, chosen = resolve_fast_path(cfg, CUDA, multi_hot=True, total_steps=1000)
+    assert resolved.kernels.interaction == want
+    assert ("warp-specialized" in chosen["kernels.interaction"]["why"]) == (want == "gluon")
+    dot, _ = resolve_fast_path(cfg_with(**{"train.precision": precision}), CUDA)
+    assert dot.kernels.interaction == "triton"
