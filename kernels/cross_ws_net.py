@@ -12,8 +12,9 @@ and the fused GEMM (``l > 0``: ``G, g_pre, dx0 <- dx_l, dx_l * x0, dx0 + dx_l * 
 ``dx0 <- dx0 + G + du V_0``). The GEMMs, sums and products outside the fused kernel are PyTorch ops, which Inductor
 compiles with the rest of the step.
 
-Not the default (`FUSED_BACKWARD`, below: measured slower in the step). The ops run the Gluon kernels on a Hopper GPU with 16-bit operands that TMA can read (`kernels.cross_ws.supported`'s
-rules), and the same arithmetic in PyTorch ops elsewhere (the CPU tests, other GPUs).
+Not the default (`FUSED_BACKWARD`, below: measured slower in the step). The ops run the Gluon kernels on a Hopper
+GPU with 16-bit operands that TMA can read (`kernels.cross_ws.supported`'s rules), and the same arithmetic in
+PyTorch ops elsewhere (the CPU tests, other GPUs).
 """
 
 from __future__ import annotations

@@ -1,21 +1,22 @@
 """The DCNv2 cross layer with its forward's second GEMM and epilogue in one warp-specialized Gluon kernel
-(`kernels.cross_ws`), as a ``torch.library`` custom op with a PyTorch backward (``kernels.interaction: "gluon"`` runs it through
-`dlrm.model.archs.GluonLowRankCrossNet`).
+(`kernels.cross_ws`), as a ``torch.library`` custom op with a PyTorch backward (``kernels.interaction: "gluon"``
+runs it through `dlrm.model.archs.GluonLowRankCrossNet`).
 
 Notation as in `kernels.cross`: ``M`` rows (the batch), ``N`` the cross network's width, ``K`` its rank.
 
 One layer of TorchRec's ``LowRankCrossNet`` is ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``. Here
 ``u = x_l V_l^T`` stays a cuBLAS ``F.linear``; ``dlrm_kernels::cross_layer_ws(x0, x, u, w, b)`` returns
-``(out, pre)`` with ``pre = u w^T + b`` and ``out = x0 * pre + x``: on a Hopper GPU with 16-bit operands that
-`kernels.cross_ws.supported` accepts (``x0``, ``x``, ``u``, ``w`` in one 16-bit dtype), the Gluon kernel (MLPerf DLRM-DCNv2 shapes, H100: 0.71 ms a layer against
-0.93 for cuBLAS + Inductor's pass, 0.61 against 0.79 for the first layer, where ``x`` is ``x0``;
-benchmarks/results/cross_ws_probe.md; the MLPerf step +2.5-2.7%, results/mlperf_dcnv2_gluon.md); anywhere else the same arithmetic in PyTorch ops (the CPU, other GPUs,
-fp32, misaligned rows).
+``(out, pre)`` with ``pre = u w^T + b`` and ``out = x0 * pre + x``. It runs the Gluon kernel on a Hopper GPU
+with operands that `kernels.cross_ws.supported` accepts (``x0``, ``x``, ``u``, ``w`` in one 16-bit dtype, rows
+TMA can read): at MLPerf DLRM-DCNv2's shapes on an H100 0.71 ms a layer against 0.93 for cuBLAS + Inductor's
+pass, 0.61 against 0.79 for the first layer, where ``x`` is ``x0`` (benchmarks/results/cross_ws_probe.md; the
+MLPerf step +2.5-2.7%, results/mlperf_dcnv2_gluon.md). Anywhere else (the CPU, other GPUs, fp32, misaligned
+rows) it runs the same arithmetic in PyTorch ops.
 
 Backward, for ``g = d loss / d out`` (``pre`` is saved; it is not differentiable): ``g_pre = g * x0``,
-``d x0 = g * pre``, ``d x = g``, ``d b = sum_rows(g_pre)`` (at least fp32), ``d u = g_pre w``, ``d w = g_pre^T u``: plain
-PyTorch ops, so under ``torch.compile`` Inductor fuses the elementwise parts across layers and cuBLAS runs the
-GEMMs, as it does for the eager module.
+``d x0 = g * pre``, ``d x = g``, ``d b = sum_rows(g_pre)`` (at least fp32), ``d u = g_pre w``,
+``d w = g_pre^T u``: plain PyTorch ops, so under ``torch.compile`` Inductor fuses the elementwise parts across
+layers and cuBLAS runs the GEMMs, as it does for the eager module.
 """
 
 from __future__ import annotations
