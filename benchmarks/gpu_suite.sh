@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | mlperf:gluon | mlperf:fusedbwd | multihot:gluon | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -394,19 +394,24 @@ EOF
       run mlperf_dcnv2_gluon 420 python benchmarks/mlperf_dcnv2.py --batch-sizes 65536 --variants "$v,$v" \
         --out "$RES/mlperf_gluon"
       ;;
-    mlperf:fusedbwd)  # MLPerf DLRM-DCNv2, "auto": the cross network as one autograd function whose backward GEMMs carry
-      # the next layer's elementwise work (kernels.cross_ws_net.FUSED_BACKWARD) against the per-layer ops, alternating
-      run mlperf_dcnv2_fusedbwd 300 python - "$RES" <<'EOF'
+    mlperf:fusedbwd|mlperf:crossbwd)  # MLPerf DLRM-DCNv2, "auto": the cross network's backward (kernels.cross_ws_net.BACKWARD)
+      # as the fused GEMM epilogues ("fused_gemm", mlperf:fusedbwd) or the default's GEMMs + Triton passes ("passes",
+      # mlperf:crossbwd) against the per-layer ops ("layers"), alternating in one process
+      mode=fused_gemm; [ "$part" = mlperf:crossbwd ] && mode=passes
+      run "mlperf_dcnv2_${part#mlperf:}" 420 python - "$RES" "$mode" <<'EOF'
 import sys
 sys.path.append("benchmarks")  # appended: benchmarks/kernels.py must not shadow the kernels package
 from kernels import cross_ws_net
 import mlperf_dcnv2
-for i, on in enumerate([True, False, True, False]):
-    cross_ws_net.FUSED_BACKWARD = on
-    print("FUSED_BACKWARD", on, flush=True)
+for i, mode in enumerate([sys.argv[2], "layers", sys.argv[2], "layers"]):
+    cross_ws_net.BACKWARD = mode
+    print("BACKWARD", mode, flush=True)
     mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "auto",
-                       "--out", f"{sys.argv[1]}/fusedbwd_{i}_{'fused' if on else 'per_layer'}"])
+                       "--out", f"{sys.argv[1]}/crossbwd_{i}_{mode}"])
 EOF
+      ;;
+    crossbwd)  # the cross network backward's Triton passes (kernels/cross_bwd_passes.py) against Inductor's, launches
+      run cross_bwd_passes 200 python benchmarks/cross_bwd_passes.py --out "$RES"
       ;;
     multihot:gluon)  # planted multi-hot quality (as "multihot"): eager, the PyTorch cross net and the Gluon one
       [ -f /tmp/mh-small/metadata.json ] || run synthetic_mh 120 python -m dlrm.data.synthetic --rows 600000 \

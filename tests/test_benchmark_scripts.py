@@ -545,3 +545,19 @@ def test_cross_ws_probe_parses_both_schedules():
     assert (ping.schedule, ping.bm, ping.stages, ping.consumer_regs) == ("pingpong", 64, 3, 200)
     for text in probe.DEFAULT_CONFIGS.split(","):
         probe.parse_config(text)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_cross_bwd_passes_refuses_to_run_without_cuda(tmp_path, capsys):
+    bench = load_script("cross_bwd_passes")
+    with pytest.raises(SystemExit) as info:
+        bench.main(["--out", str(tmp_path / "out")])
+    assert info.value.code == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_cross_bwd_passes_parses_every_default_launch():
+    bench = load_script("cross_bwd_passes")
+    assert bench.parse_launch("64x128r512w8") == (64, 128, 512, 8)
+    assert all(len(bench.parse_launch(t)) == 4 for t in bench.LAUNCHES.split(","))

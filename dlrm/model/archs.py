@@ -259,9 +259,10 @@ class GluonLowRankCrossNet(LowRankCrossNet):
     """`LowRankCrossNet` (same arguments, parameters, init and state_dict keys) whose layers run
     ``x0 * (W_l u + b_l) + x_l`` as `kernels.cross_ws_op.cross_layer_ws` (on a Hopper GPU one warp-specialized
     Gluon kernel, elsewhere the same PyTorch arithmetic); ``u = V_l x_l`` stays ``F.linear``. On a Hopper GPU with a
-    16-bit input the layers can run as one autograd function (`kernels.cross_ws_net`), whose backward's data-gradient
-    GEMMs do the next layer's elementwise work in their epilogues, when `kernels.cross_ws_net.FUSED_BACKWARD` is set
-    (off by default: slower in the MLPerf step, PERF.md sixteenth run).
+    16-bit input the layers run as one autograd function (`kernels.cross_ws_net`) unless
+    `kernels.cross_ws_net.BACKWARD` is "layers": its backward is one op of cuBLAS GEMMs and Triton passes that sum
+    the bias gradients while they write ``g_pre`` ("passes"), or Gluon GEMMs with the next layer's elementwise work
+    in their epilogues ("fused_gemm", slower in the MLPerf step: PERF.md sixteenth run).
 
     Example:
         >>> net = GluonLowRankCrossNet(in_features=12, num_layers=2, low_rank=3)
@@ -272,13 +273,14 @@ class GluonLowRankCrossNet(LowRankCrossNet):
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if cross_ws_net.FUSED_BACKWARD and input.is_cuda and gluon_hopper_available(input.device) and \
+        if cross_ws_net.BACKWARD != "layers" and input.is_cuda and gluon_hopper_available(input.device) and \
                 input.dtype in (torch.bfloat16, torch.float16):
-            # the whole network as one autograd function: its backward GEMMs carry the next layer's elementwise work
-            # (kernels.cross_ws_net); the weights in the input's dtype, as autocast casts them for F.linear
+            # the whole network as one autograd function with its own backward (kernels.cross_ws_net.BACKWARD); the
+            # weights in the input's dtype, as autocast casts them for F.linear
             dt = input.dtype
             return cross_ws_net.cross_net_ws(input, [v.to(dt) for v in self.V_kernels],
-                                             [w.to(dt) for w in self.W_kernels], list(self.bias))
+                                             [w.to(dt) for w in self.W_kernels], list(self.bias),
+                                             backward=cross_ws_net.BACKWARD)
         x_0 = input
         x_l = x_0
         for layer in range(self._num_layers):
