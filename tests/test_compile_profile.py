@@ -111,6 +111,18 @@ def test_variant_config_sets_kernels_and_compile_mode(name, kernels, mode):
         assert cfg.train.compile.mode == mode
 
 
+def test_the_gluon_fused_mlp_variant_is_a_valid_dcn_configuration():
+    from dlrm.config import validate
+    from dlrm.train.compare import variant_config
+
+    cfg = variant_config(load_config(REPO / "configs" / "mlperf-dcnv2.json"),
+                         "triton-embedding-gluon-cross-fused-mlp+step-graph")
+    k = cfg.kernels
+    assert (k.embedding, k.interaction, k.mlp, k.loss) == ("triton", "gluon", "fused", "torch")
+    assert cfg.train.cuda_graph is True and cfg.train.compile.mode == "default"
+    validate(cfg)
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("config, overrides", [
     ("sample.json", {}),

@@ -201,3 +201,20 @@ def test_auto_interaction_takes_the_gluon_cross_layer_on_hopper_in_bf16(monkeypa
     assert ("warp-specialized" in chosen["kernels.interaction"]["why"]) == (want == "gluon")
     dot, _ = resolve_fast_path(cfg_with(**{"train.precision": precision}), CUDA)
     assert dot.kernels.interaction == "triton"
+
+
+@pytest.mark.parametrize("hopper, below, dropout, want", [(True, False, 0.0, "fused"), (True, True, 0.0, "torch"),
+                                                          (False, False, 0.0, "torch"), (True, False, 0.1, "torch")])
+def test_auto_mlp_takes_the_fused_mlp_beside_the_gluon_cross_layers(monkeypatch, hopper, below, dropout, want):
+    """Beside the Gluon cross layers (a Hopper GPU, bf16) from DCN_FUSED_MLP_MIN_BATCH, where it was measured (the MLPerf
+    step +2.2-3.2% at 65536 on an H100); PyTorch MLPs below it, without the Gluon layers and with dropout."""
+    import kernels.cross_ws_op
+    from dlrm.train.fast_path import DCN_FUSED_MLP_MIN_BATCH
+
+    pytest.importorskip("kernels.cross_ws", reason="this Triton has no Gluon Hopper dialect")
+    monkeypatch.setattr(kernels.cross_ws_op, "gluon_hopper_available", lambda device: hopper)
+    batch = DCN_FUSED_MLP_MIN_BATCH // 2 if below else DCN_FUSED_MLP_MIN_BATCH
+    cfg = load_config(REPO / "configs" / "mlperf-dcnv2.json", {"data.batch_size": batch, "model.dropout": dropout})
+    resolved, chosen = resolve_fast_path(cfg, CUDA, multi_hot=True, total_steps=1000)
+    assert resolved.kernels.mlp == want
+    assert ("beside the Gluon cross layers" in chosen["kernels.mlp"]["why"]) == (want == "fused")

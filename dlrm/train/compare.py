@@ -41,6 +41,8 @@ KERNEL_SETS: dict[str, tuple[str, str, str, str]] = {
     "triton-embedding-wgrad": ("triton", "torch", "wgrad", "torch"),
     # the DCN cross layers' forward GEMM and epilogue as one warp-specialized Gluon kernel (Hopper)
     "triton-embedding-gluon-cross": ("triton", "gluon", "torch", "torch"),
+    # and the MLPs as kernels.mlp.FusedMLP (the DCN models on Hopper in bf16)
+    "triton-embedding-gluon-cross-fused-mlp": ("triton", "gluon", "fused", "torch"),
     # what the defaults pick on the run's device (dlrm.train.fast_path)
     "auto": ("auto",) * 4,
 }
@@ -76,6 +78,8 @@ VARIANTS: dict[str, Variant] = {
     "triton-wgrad+step-graph": Variant("triton-wgrad", "default", step_graph=True),
     "triton-embedding-wgrad+step-graph": Variant("triton-embedding-wgrad", "default", step_graph=True),
     "triton-embedding-gluon-cross+step-graph": Variant("triton-embedding-gluon-cross", "default", step_graph=True),
+    "triton-embedding-gluon-cross-fused-mlp+step-graph": Variant("triton-embedding-gluon-cross-fused-mlp", "default",
+                                                                 step_graph=True),
     # the same with Inductor's max-autotune: Triton GEMM templates with fused epilogues where they beat
     # cuBLAS (issue #20: "pick between Triton kernels, cuBLASLt epilogues and Inductor's templates")
     "triton-embedding+autotune+step-graph": Variant("triton-embedding", "max-autotune-no-cudagraphs", step_graph=True),

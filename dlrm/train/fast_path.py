@@ -72,6 +72,12 @@ FUSED_MLP_MIN_BATCH = 65536
 # 65536 the wgrad MLPs measured +0.2% to +0.9% in five pairs on the H100 but -0.9% and -2.3% in two pairs on an
 # H200 (2026-11-25, results/mlperf_dcnv2_wgrad.md): no clear win on both.
 WGRAD_MIN_BATCH = 8192
+# kernels.mlp "auto" takes the fused MLP beside the Gluon cross layers (the DCN models on Hopper in bf16) from this
+# batch size: MLPerf DLRM-DCNv2 at 65536 on the H100, alternating in one process with PyTorch MLPs (2026-11-25,
+# results/mlperf_dcnv2_fusedmlp.md): 20.51 and 20.22 ms against 20.95 and 20.87 (+2.2%, +3.2%): cuBLASLt's bias+ReLU
+# epilogue saves the forward's ReLU passes (0.39 ms) and one Triton pass a layer takes the ReLU mask and the bias
+# gradient (Inductor's bias sums re-read the gradient).
+DCN_FUSED_MLP_MIN_BATCH = 65536
 AUTOTUNE_MIN_BATCH = 65536
 COMBO_KERNELS_MAX_BATCH = 65536  # train.compile.combo_kernels "auto" is on below this batch size (_combo_kernels)
 AUTOTUNE_MIN_STEPS = 1_000_000
@@ -116,6 +122,11 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[s
                 and cfg.train.compile.enabled and one_hot_dot):
             return "wgrad", ("kernels.wgrad (the ReLU mask and bias gradients fused into Triton weight-gradient GEMMs) "
                              f"won bf16 from batch {WGRAD_MIN_BATCH}: Kaggle +4.7% to +8.0%, Terabyte +1.5% to +2.4%")
+        if (cfg.kernels.interaction == "gluon" and cfg.train.precision == "bf16" and m.activation == "relu"
+                and not m.dropout and cfg.data.batch_size >= DCN_FUSED_MLP_MIN_BATCH
+                and cfg.train.compile.mode not in TEMPLATE_MODES):
+            return "fused", ("kernels.mlp.FusedMLP (cuBLASLt bias+ReLU epilogues, one pass for the ReLU mask and bias "
+                             "gradient) beside the Gluon cross layers: MLPerf DLRM-DCNv2 at 65536 +2.2-3.2% on an H100")
         if cfg.train.compile.enabled and cfg.train.compile.mode in TEMPLATE_MODES:
             return "torch", ("Inductor's max-autotune GEMM templates fuse the MLPs' epilogues (Kaggle tf32 at 65536: "
                              "23.4M samples/s against the fused MLP's 22.0M)")
