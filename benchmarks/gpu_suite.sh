@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -430,6 +430,25 @@ PY
         --compare eager,triton-embedding+step-graph,triton-embedding-gluon-cross+step-graph
       cp "$OUT/tb/mh-quality-gluon/compare.md" "$RES/compare_multihot_dcn_b4096_gluon.md" 2>/dev/null
       cp "$OUT/tb/mh-quality-gluon/compare.csv" "$RES/compare_multihot_dcn_b4096_gluon.csv" 2>/dev/null
+      ;;
+    multihot:fusedmlp)  # planted multi-hot quality (as "multihot:gluon"): eager, the Gluon cross layers with the
+      # "passes" backward and PyTorch MLPs, and the same with the fused MLP (what "auto" runs at 65536 on Hopper)
+      [ -f /tmp/mh-small/metadata.json ] || run synthetic_mh 120 python -m dlrm.data.synthetic --rows 600000 \
+        --out /tmp/mh-small --cardinalities small --multi-hot-sizes mlperf --validation-fraction 0.1 --test-fraction 0
+      python - <<'PY'
+import json
+c = json.load(open("configs/mlperf-dcnv2.json"))
+c["model"]["embedding_dtype"] = "fp32"
+c["data"]["batch_size"] = 4096
+c["optim"]["schedule"] = {"warmup_steps": 50}
+c["train"].update({"eval_every": None, "log_every": 20})
+json.dump(c, open("/tmp/mh-quality.json", "w"))
+PY
+      run compare_multihot_fusedmlp 360 python train.py --config /tmp/mh-quality.json --data /tmp/mh-small --epochs 2 \
+        --run-name mh-quality-fusedmlp --tb-dir "$OUT/tb" \
+        --compare eager,triton-embedding-gluon-cross+step-graph,triton-embedding-gluon-cross-fused-mlp+step-graph
+      cp "$OUT/tb/mh-quality-fusedmlp/compare.md" "$RES/compare_multihot_dcn_b4096_fusedmlp.md" 2>/dev/null
+      cp "$OUT/tb/mh-quality-fusedmlp/compare.csv" "$RES/compare_multihot_dcn_b4096_fusedmlp.csv" 2>/dev/null
       ;;
     mlperf:wgrad)  # MLPerf DLRM-DCNv2: the wgrad MLPs against PyTorch MLPs, alternating (results/mlperf_dcnv2_wgrad.md)
       v=triton-embedding-wgrad+step-graph,triton-embedding+step-graph
