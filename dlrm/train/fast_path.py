@@ -76,7 +76,9 @@ WGRAD_MIN_BATCH = 8192
 # batch size: MLPerf DLRM-DCNv2 at 65536 on the H100, alternating in one process with PyTorch MLPs (2026-11-25,
 # results/mlperf_dcnv2_fusedmlp.md): 20.51 and 20.22 ms against 20.95 and 20.87 (+2.2%, +3.2%): cuBLASLt's bias+ReLU
 # epilogue saves the forward's ReLU passes (0.39 ms) and one Triton pass a layer takes the ReLU mask and the bias
-# gradient (Inductor's bias sums re-read the gradient).
+# gradient (Inductor's bias sums re-read the gradient). On an H200 within the run-to-run spread (19.31/19.44 against
+# 19.28/19.60 ms, results/mlperf_dcnv2_h200_twentyfirst.md); at 16384 on the H100 no difference (5.64-5.67 against
+# 5.65-5.67 ms, results/mlperf_dcnv2_fusedmlp_b16384.md).
 DCN_FUSED_MLP_MIN_BATCH = 65536
 AUTOTUNE_MIN_BATCH = 65536
 COMBO_KERNELS_MAX_BATCH = 65536  # train.compile.combo_kernels "auto" is on below this batch size (_combo_kernels)
