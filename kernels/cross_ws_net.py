@@ -117,7 +117,7 @@ def _cross_net_backward_op(grad: Tensor, x0: Tensor, xs: list[Tensor], us: list[
     run_pass = cross_backward_pass if kernel else cross_backward_pass_reference
     g = grad.to(x0.dtype)
     ts: list[Tensor] = []
-    dvs, dws, dbs = [x0] * L, [x0] * L, [x0] * L
+    dvs, dws, dbs = [x0] * L, [x0] * L, [x0] * L  # placeholders, each set below
     dx0 = x0
     with device_context(x0):
         for layer in reversed(range(L)):
@@ -140,10 +140,11 @@ def _(grad, x0, xs, us, pres, vs, ws, b_dtype):
 
 
 class _CrossNetFunction(torch.autograd.Function):
-    """``x_L`` of the cross network from ``x0`` and the layers' ``V``, ``W`` (in ``x0``'s dtype) and ``b``."""
+    """``x_L`` of the cross network from ``x0`` and the layers' ``V``, ``W`` (in ``x0``'s dtype) and ``b``; the backward
+    named by ``backward_impl`` ("passes" or "fused_gemm")."""
 
     @staticmethod
-    def forward(ctx, x0: Tensor, ctx_backward: str, *params: Tensor) -> Tensor:
+    def forward(ctx, x0: Tensor, backward_impl: str, *params: Tensor) -> Tensor:
         L = len(params) // 3
         vs, ws, bs = params[:L], params[L:2 * L], params[2 * L:]
         x, xs, us, pres = x0, [], [], []
@@ -159,7 +160,7 @@ class _CrossNetFunction(torch.autograd.Function):
         ctx.b_dtypes = [b.dtype for b in bs]
         if len(set(ctx.b_dtypes)) > 1:
             raise ValueError(f"cross_net_ws: the biases must share a dtype, got {ctx.b_dtypes}")
-        ctx.backward = ctx_backward
+        ctx.backward_impl = backward_impl
         return x
 
     @staticmethod
@@ -168,7 +169,7 @@ class _CrossNetFunction(torch.autograd.Function):
         saved = ctx.saved_tensors
         x0 = saved[0]
         xs, us, pres, vs, ws = [saved[1 + i * L:1 + (i + 1) * L] for i in range(5)]
-        if ctx.backward == "passes":
+        if ctx.backward_impl == "passes":
             dx0, dvs, dws, dbs = torch.ops.dlrm_kernels.cross_net_backward(
                 grad, x0, list(xs), list(us), list(pres), list(vs), list(ws), ctx.b_dtypes[0])
             return (dx0, None, *dvs, *dws, *dbs)
@@ -188,9 +189,9 @@ class _CrossNetFunction(torch.autograd.Function):
         return (dx0, None, *dvs, *dws, *dbs)
 
 
-def cross_net_ws(x0: Tensor, vs: list[Tensor], ws: list[Tensor], bs: list[Tensor], backward: str = "fused_gemm") -> Tensor:
+def cross_net_ws(x0: Tensor, vs: list[Tensor], ws: list[Tensor], bs: list[Tensor], backward: str = "passes") -> Tensor:
     """The cross network's output ``x_L`` [M, N] from ``x0`` [M, N], ``V_l`` [K, N], ``W_l`` [N, K] (both in
-    ``x0``'s dtype) and ``b_l`` [N], with the backward named by ``backward`` ("fused_gemm" or "passes", see
+    ``x0``'s dtype) and ``b_l`` [N], with the backward named by ``backward`` ("passes" or "fused_gemm", see
     `BACKWARD`)."""
     if backward not in ("fused_gemm", "passes"):
         raise ValueError(f"cross_net_ws: backward must be 'fused_gemm' or 'passes', got {backward!r}")
