@@ -73,13 +73,13 @@ FUSED_MLP_MIN_BATCH = 65536
 # H200 (2026-11-25, results/mlperf_dcnv2_wgrad.md): no clear win on both.
 WGRAD_MIN_BATCH = 8192
 # kernels.mlp "auto" takes the fused MLP beside the Gluon cross layers (the DCN models on Hopper in bf16) from this
-# batch size: MLPerf DLRM-DCNv2 at 65536 on the H100, alternating in one process with PyTorch MLPs (2026-11-25,
-# results/mlperf_dcnv2_fusedmlp.md): 20.51 and 20.22 ms against 20.95 and 20.87 (+2.2%, +3.2%): cuBLASLt's bias+ReLU
-# epilogue saves the forward's ReLU passes (0.39 ms) and one Triton pass a layer takes the ReLU mask and the bias
-# gradient (Inductor's bias sums re-read the gradient). On an H200 within the run-to-run spread (19.31/19.44 against
-# 19.28/19.60 ms, results/mlperf_dcnv2_h200_twentyfirst.md); at 16384 on the H100 no difference (5.64-5.67 against
-# 5.65-5.67 ms, results/mlperf_dcnv2_fusedmlp_b16384.md).
-DCN_FUSED_MLP_MIN_BATCH = 65536
+# batch size. MLPerf DLRM-DCNv2 on the H100, alternating in one process with PyTorch MLPs (2026-11-25,
+# results/mlperf_dcnv2_fusedmlp*.md): at 65536 20.51 and 20.22 ms against 20.95 and 20.87 (+2.2%, +3.2%), at 55296
+# +1.4-1.8%, at 32768 +1.0-1.4%, at 16384 no difference (5.64-5.67 against 5.65-5.67 ms). cuBLASLt's bias+ReLU
+# epilogue saves the forward's ReLU passes (0.39 ms at 65536) and one Triton pass a layer takes the ReLU mask and the
+# bias gradient (Inductor's bias sums re-read the gradient). On an H200 at 65536 within the run-to-run spread
+# (19.31/19.44 against 19.28/19.60 ms, results/mlperf_dcnv2_h200_twentyfirst.md).
+DCN_FUSED_MLP_MIN_BATCH = 32768
 AUTOTUNE_MIN_BATCH = 65536
 COMBO_KERNELS_MAX_BATCH = 65536  # train.compile.combo_kernels "auto" is on below this batch size (_combo_kernels)
 AUTOTUNE_MIN_STEPS = 1_000_000
@@ -129,7 +129,7 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[s
                 and not m.dropout and cfg.data.batch_size >= DCN_FUSED_MLP_MIN_BATCH
                 and cfg.train.compile.mode not in TEMPLATE_MODES):
             return "fused", ("kernels.mlp.FusedMLP (cuBLASLt bias+ReLU epilogues, one pass for the ReLU mask and bias "
-                             "gradient) beside the Gluon cross layers: MLPerf DLRM-DCNv2 at 65536 +2.2-3.2% on an H100")
+                             "gradient) beside the Gluon cross layers: MLPerf DLRM-DCNv2 +1.0-3.2% on an H100 from batch 32768")
         if cfg.train.compile.enabled and cfg.train.compile.mode in TEMPLATE_MODES:
             return "torch", ("Inductor's max-autotune GEMM templates fuse the MLPs' epilogues (Kaggle tf32 at 65536: "
                              "23.4M samples/s against the fused MLP's 22.0M)")
