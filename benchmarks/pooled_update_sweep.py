@@ -10,9 +10,7 @@ replay, median of the windows), and reports ms and % of copy bandwidth as `poole
 the bytes. Rounding: "hash" / "hash1" / "hash1hi" / "philox" stochastic rounding (`kernels.embedding.update.SR_RNG`), "nearest";
 row loads: when the chunk kernel loads the updated rows (`kernels.embedding.update.ROW_LOADS`, ``--row-loads``);
 eviction: the L2 eviction priorities of its row and gradient traffic (`kernels.embedding.update.EVICTION`,
-``--evictions``); singles: where the rows touched once are updated (`kernels.embedding.update.SINGLES`, ``--singles``:
-"sorted" by the chunk kernel, or "apart" in original order, with ``--single-launches`` of
-`kernels.embedding.single_rows`);
+``--evictions``);
 launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps) forced
 through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
 ``multi_hot_wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
@@ -48,7 +46,7 @@ PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 
         + [("bf16", "hash1hi", c) for c in ((16, 16, 4, 1), (32, 16, 2, 1), (32, 32, 4, 1), (32, 16, 8, 1), (32, 16, 4, 2))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
-KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "singles", "batch", "unique_rows", "ms", "gbps", "pct_of_copy", "status"]
+KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "batch", "unique_rows", "ms", "gbps", "pct_of_copy", "status"]
 
 
 def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: torch.device, copy_gbps: float,
@@ -58,10 +56,8 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     nbytes = pe.case_bytes("bwd", t, batch, x.unique)
     rows = []
     shipped_rng, shipped_loads, shipped_evict = update.SR_RNG, update.ROW_LOADS, update.EVICTION
-    shipped_singles = update.SINGLES["multi_hot"]
-    for _, rounding, launch, (row_loads, eviction, (singles, single_launch)) in plan:
+    for _, rounding, launch, (row_loads, eviction) in plan:
         heuristics.SPARSE_UPDATE_OVERRIDE = launch
-        update.SINGLES["multi_hot"], heuristics.SINGLE_ROWS_OVERRIDE = singles, single_launch
         update.SR_RNG = rounding if rounding in update.RNG_CODES else shipped_rng
         update.ROW_LOADS, update.EVICTION = row_loads, eviction
         sr = rounding != "nearest"
@@ -79,13 +75,9 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
         except Exception as e:  # noqa: BLE001 -- one failing case must not hide the others
             row = dict(status=f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
         finally:
-            heuristics.SPARSE_UPDATE_OVERRIDE = heuristics.SINGLE_ROWS_OVERRIDE = None
+            heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG, update.ROW_LOADS, update.EVICTION = shipped_rng, shipped_loads, shipped_evict
-            update.SINGLES["multi_hot"] = shipped_singles
-        label = singles if singles == "sorted" else (
-            f"apart {':'.join(map(str, single_launch or heuristics.single_rows_launch(heuristics.dot_block(m.embedding_dim))))}"
-            + ("" if single_launch else " (picked)"))
-        rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction, singles=label, launch=str(tuple(launch or heuristics.sparse_update_config(
+        rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction, launch=str(tuple(launch or heuristics.sparse_update_config(
             heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True))) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
@@ -138,10 +130,6 @@ def main(argv=None) -> int:
     ap.add_argument("--evictions", default=None,
                     help=f"comma list of {', '.join(update.EVICTIONS)} (default: the shipped one), each timed "
                          "with every --row-loads order")
-    ap.add_argument("--singles", default=None,
-                    help="comma list of sorted, apart (default: the shipped one), each timed with every --evictions")
-    ap.add_argument("--single-launches", default=None,
-                    help="launches of the singles kernel with 'apart': comma list of positions:num_warps (or 'picked')")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)
@@ -153,19 +141,7 @@ def main(argv=None) -> int:
                  else [e.strip() for e in args.evictions.split(",") if e.strip()])
     if not evictions or set(evictions) - set(update.EVICTIONS):
         ap.error(f"--evictions: {args.evictions!r} is not a comma list of {', '.join(update.EVICTIONS)}")
-    singles = ([update.SINGLES["multi_hot"]] if args.singles is None
-               else [t.strip() for t in args.singles.split(",") if t.strip()])
-    if not singles or set(singles) - set(update.SINGLES_CHOICES):
-        ap.error(f"--singles: {args.singles!r} is not a comma list of {', '.join(update.SINGLES_CHOICES)}")
-    try:
-        single_launches = [None if t.strip() == "picked" else tuple(int(v) for v in t.strip().split(":", 1))
-                           for t in (args.single_launches or "picked").split(",") if t.strip()]
-    except ValueError:
-        ap.error(f"--single-launches: {args.single_launches!r} is not a comma list of positions:num_warps or 'picked'")
-    if not single_launches or any(sl is not None and (len(sl) != 2 or min(sl) < 1) for sl in single_launches):
-        ap.error(f"--single-launches: {args.single_launches!r} is not a comma list of positions:num_warps or 'picked'")
-    kinds = [(k, sl) for k in singles for sl in (single_launches if k == "apart" else [None])]
-    orders = [(o, e, k) for o in orders for e in evictions for k in kinds]
+    orders = [(o, e) for o in orders for e in evictions]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
         args.rows_cap, args.batch = args.rows_cap or 1000, 8
@@ -200,9 +176,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
-    table = ["| dtype | rounding | launch | row loads | eviction | singles | ms | % of copy | status |",
-             "| --- | --- | --- | --- | --- | --- | ---: | ---: | --- |"]
-    table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["singles"],
+    table = ["| dtype | rounding | launch | row loads | eviction | ms | % of copy | status |",
+             "| --- | --- | --- | --- | --- | ---: | ---: | --- |"]
+    table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"],
                       f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
@@ -212,7 +188,7 @@ def main(argv=None) -> int:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     ok = [r for r in rows if "ms" in r]
-    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['singles']}" for r in ok]
+    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']}" for r in ok]
     ax.barh(labels[::-1], [r["ms"] for r in ok][::-1])
     ax.set_xlabel("ms per call")
     ax.set_title(f"pooled fused backward\n{env['device']}, {env['date']}", fontsize=9)

@@ -40,7 +40,6 @@ __all__ = [
     "pick_gemm_tile",
     "rows_per_program",
     "sm_count",
-    "single_rows_launch",
     "sparse_update_config",
     "split_k_slices",
     "tail_launch",
@@ -382,20 +381,6 @@ def sparse_update_config(block_d: int, grad_dtype: torch.dtype, multi_hot: bool 
     if grad_dtype == torch.float32:
         return SPARSE_UPDATE_CONFIGS["fp32_narrow_rows"]
     return SPARSE_UPDATE_CONFIGS["default"]
-
-
-# The kernel that updates the rows a batch touches once, in the positions' original order
-# (`kernels.embedding.single_rows`): (positions per program, num_warps). Not measured yet: a small program, like
-# the chunk kernel's, since it is a chain of dependent loads too.
-SINGLE_ROWS_LAUNCHES: dict[str, tuple[int, int]] = {"wide_rows": (16, 1), "narrow_rows": (64, 2)}
-SINGLE_ROWS_OVERRIDE: Optional[tuple[int, int]] = None
-
-
-def single_rows_launch(block_d: int) -> tuple[int, int]:
-    """``(positions per program, num_warps)`` of the single-rows kernel for rows padded to ``block_d``."""
-    if SINGLE_ROWS_OVERRIDE is not None:
-        return SINGLE_ROWS_OVERRIDE
-    return SINGLE_ROWS_LAUNCHES["wide_rows" if block_d >= 64 else "narrow_rows"]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -57,28 +57,17 @@ def _grad_coords(pos, valid, slot_ptr, F, SLOT_MAP: tl.constexpr, POS32: tl.cons
 
 
 @triton.jit
-def _chunk_update(k, rows, nxt, pos, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
-                  stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, single_ptr, eps, weight_decay, N, D, R,
+def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
+                  stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
                   OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, CHUNK: tl.constexpr,
                   BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr,
-                  ROW_LOADS: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr,
-                  SINGLES_APART: tl.constexpr):
+                  ROW_LOADS: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr):
     """Chunk ``k`` once its indices are known (`_chunk_indices`, `_grad_coords`): segment sums, the update of
-    the segments that start and end in it, and the carry kernel's partial sums.
-
-    ``SINGLES_APART``: positions whose row occurs once in the whole batch (segments of one position) are
-    not updated here: ``single[pos] = 1`` marks them, at their original position, for
-    `kernels.embedding.single_rows` (the other positions get 0); their lanes gather no gradient and load no
-    row."""
+    the segments that start and end in it, and the carry kernel's partial sums."""
     cs = k * CHUNK
     i = cs + tl.arange(0, CHUNK)
     valid = i < N
     live = valid & (rows < R)
-    if SINGLES_APART:
-        prv = tl.load(sorted_ptr + i - 1, mask=valid & (i > 0), other=-1).to(tl.int64)
-        single = live & (rows != nxt) & (rows != prv)
-        tl.store(single_ptr + pos, single.to(tl.int8), mask=valid)
-        live = live & ((rows == nxt) | (rows == prv))
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
 
@@ -140,8 +129,7 @@ def _sparse_chunk_kernel(
     state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, R, F: tl.constexpr, D: tl.constexpr,
     OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, SLOT_MAP: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr, ROW_LOADS: tl.constexpr,
-    POS32: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr, single_ptr=None,
-    SINGLES_APART: tl.constexpr = False,
+    POS32: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr,
 ):
     """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
 
@@ -159,7 +147,6 @@ def _sparse_chunk_kernel(
     k = tl.program_id(0).to(tl.int64)
     rows, nxt, pos = _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK)
     b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
-    _chunk_update(k, rows, nxt, pos, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
-                  stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, single_ptr, eps, weight_decay, N, D,
-                  R, OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT,
-                  SINGLES_APART)
+    _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
+                  stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
+                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT)

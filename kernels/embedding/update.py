@@ -28,6 +28,13 @@ rows ``>= R`` (its empty slots) sort last and are never updated, and bf16 weight
 by round-to-nearest or stochastic rounding bit arithmetic (``ROUND``) instead of the plain cast.
 
 Launch configs: `kernels.heuristics.sparse_update_config` (``SPARSE_UPDATE_OVERRIDE`` forces one).
+
+Tried and slower (2026-11-25, commit fbeee91, results/pooled_update_sweep_singles.md): the rows a batch touches
+once (66% of the positions at MLPerf DLRM-DCNv2's shapes with uniform ids) updated by a third kernel in the
+positions' original order, where a bag's gradient row is read once and each load depends on the position only,
+the chunk kernel skipping them. The update took 6.45-7.26 ms against 4.52 on an H100: the same rows' weights
+read and written in random order cost far more than in sorted (ascending address) order, more than the
+gradient gathers it saved.
 """
 
 from __future__ import annotations
@@ -44,7 +51,6 @@ from kernels.embedding.atomic_update import _sgd_atomic_update
 from kernels.embedding.rounding import RNG_CODES
 from kernels.embedding.segment_carry import _sparse_carry_kernel
 from kernels.embedding.segment_chunk import _sparse_chunk_kernel
-from kernels.embedding.single_rows import _single_rows_kernel
 
 __all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state"]
 
@@ -90,13 +96,6 @@ EVICTIONS = {"none": ("", ""), "rows_first": ("evict_first", ""), "grad_last": (
 EVICTION = "grad_last"
 
 
-# Where the rows that a batch touches once are updated (`kernels.embedding.single_rows`): "sorted" by the chunk
-# kernel like every other row, or "apart" by a third kernel that walks the positions in their original order
-# (the chunk kernel marks them and skips them). Per kind of lookup; module-level, so that
-# benchmarks/pooled_update_sweep.py can compare them.
-SINGLES_CHOICES = ("sorted", "apart")
-SINGLES = {"one_hot": "sorted", "multi_hot": "apart"}
-
 # Chunk boundaries per program of the carry kernel (`kernels.embedding.segment_carry`).
 CARRY_CHUNKS = 32
 
@@ -108,14 +107,12 @@ CARRY_CHUNKS = 32
 # ----------------------------------------------------------------------------------------------------
 
 
-def _sort_by_row(rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(sorted rows [N], permutation [N], the flat rows [N])`` of the positions, stable (equal rows keep
-    their order)."""
+def _sort_by_row(rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
+    """``(sorted rows [N], permutation [N])`` of the flat positions, stable (equal rows keep their order)."""
     flat = rows.reshape(-1)
     # int32 keys sort faster; R is static, so this choice costs no host sync.
     keys = flat.to(torch.int32) if num_rows < 2**31 else flat
-    sorted_rows, perm = torch.sort(keys, stable=True)
-    return sorted_rows, perm, keys
+    return torch.sort(keys, stable=True)
 
 
 def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tensor, lr: Tensor, opt: int, eps: float,
@@ -131,7 +128,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     B, C = rows.shape
     N = B * C
     R, D = target.shape
-    sorted_rows, perm, flat_rows = _sort_by_row(rows, R)
+    sorted_rows, perm = _sort_by_row(rows, R)
     BLOCK_D = heuristics.dot_block(D)
     cfg = heuristics.sparse_update_config(BLOCK_D, grad_out.dtype, multi_hot=slot_feature is not None)
     if interpret_mode() and heuristics.SPARSE_UPDATE_OVERRIDE is None and cfg.chunk < 64:
@@ -148,8 +145,6 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         rounding += RNG_CODES[SR_RNG]
     common = dict(OPT=opt, DECAY=weight_decay != 0.0, ROUND=rounding, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
     evict = EVICTION if slot_feature is not None else "none"  # see EVICTION
-    apart = SINGLES["one_hot" if slot_feature is None else "multi_hot"] == "apart"
-    single = torch.empty(N, dtype=torch.int8, device=target.device) if apart else None
     _sparse_chunk_kernel[(num_chunks,)](
         sorted_rows,
         perm,
@@ -179,8 +174,6 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         POS32=N + cfg.chunk < 2**31,
         ROW_EVICT=EVICTIONS[evict][0],
         GRAD_EVICT=EVICTIONS[evict][1],
-        single_ptr=single,
-        SINGLES_APART=apart,
         num_warps=cfg.chunk_warps,
         **common,
     )
@@ -205,38 +198,6 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         num_warps=cfg.carry_warps,
         **common,
     )
-    if apart:
-        block_p, warps = heuristics.single_rows_launch(BLOCK_D)
-        if interpret_mode() and heuristics.SINGLE_ROWS_OVERRIDE is None:
-            block_p = max(block_p, 64)  # fewer interpreted programs (see the chunk size above)
-        _single_rows_kernel[(triton.cdiv(N, block_p),)](
-            flat_rows,
-            single,
-            perm if slot_feature is None else slot_feature,  # never read without SLOT_MAP
-            grad_out,
-            grad_out.stride(0),
-            grad_out.stride(1),
-            grad_out.stride(2),
-            target,
-            target.stride(0),
-            target.stride(1),
-            state,
-            lr,
-            seed,
-            eps,
-            weight_decay,
-            N,
-            C=C,
-            D=D,
-            OPT=opt,
-            DECAY=weight_decay != 0.0,
-            ROUND=rounding,
-            SLOT_MAP=slot_feature is not None,
-            BLOCK_P=block_p,
-            BLOCK_D=BLOCK_D,
-            POS32=N + block_p < 2**31,
-            num_warps=warps,
-        )
 
 
 def _expected_state_shape(optimizer: str, weight: Tensor) -> Optional[tuple[int, ...]]:

@@ -10,7 +10,6 @@ optimizer's step written out in float64 over the touched rows.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -446,66 +445,6 @@ def test_row_load_orders_give_the_same_bits(order, optimizer, dtype, device, mon
         assert_close(w1, w0, dtype, msg="weight")
         if s0 is not None:
             assert_close(s1, s0, torch.float32, msg="state")
-
-
-@pytest.mark.parametrize("block_p", [None, (16, 1)], ids=["default-launch", "16-positions"])
-@pytest.mark.parametrize("optimizer,dtype", [("sgd", torch.float32), ("adagrad", torch.float32),
-                                             ("rowwise_adagrad", torch.float32), ("rowwise_adagrad", torch.bfloat16)])
-def test_singles_apart_give_the_sorted_bits(optimizer, dtype, block_p, device, monkeypatch, assert_close):
-    """Rows touched once updated by their own kernel in the original order (`update.SINGLES` "apart") against
-    all rows updated by the chunk kernel ("sorted"): a hot row spanning chunks, rows hit twice inside a bag and
-    across samples, PAD slots, an odd number of positions, lazy weight decay and, for bf16 tables, stochastic
-    rounding with the same seed. Bit for bit in the interpreter; on the GPU row-wise Adagrad's mean of g^2 is
-    summed over another tile layout, so equal up to fp32 rounding there."""
-    monkeypatch.setattr(heuristics, "SPARSE_UPDATE_OVERRIDE", heuristics.SparseUpdateConfig(16, 4, 4, 4))
-    monkeypatch.setattr(heuristics, "SINGLE_ROWS_OVERRIDE", block_p)
-    B, D = 119, 24
-    case = make_case(B, [3, 2, 4], "modulus", seed=21, pad=0.2)
-    cards = torch.tensor([7, 5000, 3000])  # tables large enough for many rows touched once
-    case = dataclasses.replace(case, cardinalities=cards, offsets=cards.cumsum(0) - cards).to(device)
-    raw = case.raw.clone()
-    raw[: B // 2, 0] = -1  # one row hit by ~60 slots: several 16-position chunks
-    raw[:, 3] = raw[:, 4]  # feature 1's two slots share a row in most bags
-    rows = pooled_hash_rows(raw, *case.hash_args(), case.num_rows)
-    counts = torch.bincount(rows.flatten().cpu(), minlength=case.num_rows + 1)[: case.num_rows]
-    assert (counts == 1).sum() > 20 and (counts > 1).sum() > 20  # both kinds of rows are there
-    grad = make_grad(B, 3, D, "permuted", device, dtype)
-    lr = torch.tensor(LR, device=device)
-    results = []
-    for singles in ("sorted", "apart"):
-        monkeypatch.setitem(update_module.SINGLES, "multi_hot", singles)
-        weight = make_weight(case.num_rows, D, device, dtype)
-        state = make_state(optimizer, weight)
-        seed = torch.full((1,), 11, dtype=torch.int64, device=device)
-        pooled_embedding_sparse_update_(rows, grad, case.layout(), weight, state, lr, optimizer, EPS, True, 0.05, seed)
-        results.append((weight, state))
-    (w0, s0), (w1, s1) = results
-    untouched = make_weight(case.num_rows, D, device, dtype)
-    assert not torch.equal(w0[counts.to(device) == 1], untouched[counts.to(device) == 1])  # singles were updated
-    if device.type == "cpu" or optimizer != "rowwise_adagrad":
-        assert torch.equal(w1, w0)
-        if s0 is not None:
-            assert torch.equal(s1, s0)
-    else:
-        assert_close(w1, w0, dtype, msg="weight")
-        assert_close(s1, s0, torch.float32, msg="state")
-
-
-def test_singles_apart_dense_gradient(device, assert_close, monkeypatch):
-    """The plain lookup's dense gradient (the "store the summed gradient" update) with singles apart equals
-    the sorted path's, and the float64 reference."""
-    B, D = 37, 16
-    case = make_case(B, [2, 3], "modulus", seed=4, pad=0.2).to(device)
-    rows = pooled_hash_rows(case.raw, *case.hash_args(), case.num_rows)
-    grad = make_grad(B, 2, D, "contiguous", device)
-    slot_feature = torch.tensor(case.slot_feature, device=device)
-    got = {}
-    for singles in ("sorted", "apart"):
-        monkeypatch.setitem(update_module.SINGLES, "multi_hot", singles)
-        got[singles] = update_module.dense_grad_impl(rows, grad, case.num_rows, slot_feature)
-    assert torch.equal(got["apart"], got["sorted"])
-    assert_close(got["apart"], dense_grad64(rows, grad, case.slot_feature, case.num_rows), torch.float32,
-                 msg="dense gradient")
 
 
 def test_pooled_update_deterministic_and_atomic_sgd(device, assert_close):
