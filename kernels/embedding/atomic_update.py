@@ -76,7 +76,7 @@ def _sgd_atomic_kernel(
         fc = tl.zeros([BLOCK_B], dtype=tl.int32) + c
         rows = tl.where(inb, _hash_values(raw, fc, inb, card_ptr, off_ptr, card_ptr, off_ptr, False, 1), R)
     else:
-        rows = tl.load(rows_ptr + b * stride_rb + c * stride_rc, mask=b < B, other=R)
+        rows = tl.load(rows_ptr + b * stride_rb + c * stride_rc, mask=b < B, other=R).to(tl.int64)  # int32 rows too
     valid = rows < R
     f = c
     if SLOT_MAP:

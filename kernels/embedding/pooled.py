@@ -16,7 +16,8 @@ Multi-hot contract (the one-hot contract of `kernels.embedding`, widened):
 * forward: sum pooling, ``out[b, f] = sum_{s in f, raw[b, s] != PAD} weight[row(raw[b, s])]``, ``[B, F, D]``
   in the weight's dtype (fp32 accumulation; a feature whose slots are all PAD gives zeros), all
   features in one launch, hashing inside the kernel. The rows ``[B, L]`` int64 are written too (PAD
-  slots get row ``R``, one past the last: "no row") and saved for the backward;
+  slots get row ``R``, one past the last: "no row") and saved for the backward; the fused op keeps them as
+  int32 where every row fits (`fused_rows_dtype`);
 * backward: the gradient of slot s of sample b is ``grad_out[b, slot_feature[s]]``. Plain op
   (:func:`pooled_embedding_lookup`): a dense ``[R, D]`` gradient. Fused op (:func:`fused_pooled_embedding`):
   every row hit in the batch (any samples, any slots) gets the *sum* of its slots' gradients and then
@@ -101,12 +102,22 @@ def _check_pooled_inputs(raw, cardinalities, offsets, hotness, slot_offsets, slo
     check_triton_device(raw.device, "pooled embedding kernels")
 
 
+def fused_rows_dtype(num_rows: int) -> torch.dtype:
+    """The dtype of the rows the fused op saves for its backward: int32 where every row and the PAD row
+    ``R`` fit. The update sorts int32 keys anyway (`kernels.embedding.update._sort_by_row`), so int64 rows
+    cost a conversion kernel and twice the bytes: at MLPerf DLRM-DCNv2's batch 65536 (14M rows) a 112 MB
+    write, read and 56 MB written again, ~0.06 ms of the step on an H100
+    (results/step_profile_mlperf_b65536_twentyfirst.md, the ``direct_copy`` kernel)."""
+    return torch.int32 if num_rows < 2**31 - 1 else torch.int64
+
+
 def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab, vocab_offsets,
-                       lookup: bool = True, prefix: Optional[Tensor] = None) -> tuple[Optional[Tensor], Tensor]:
-    """Launch the forward: ``(out [B, F, D] in weight's dtype, rows [B, L] int64)``; ``lookup=False``
+                       lookup: bool = True, prefix: Optional[Tensor] = None,
+                       rows_dtype: torch.dtype = torch.int64) -> tuple[Optional[Tensor], Tensor]:
+    """Launch the forward: ``(out [B, F, D] in weight's dtype, rows [B, L] rows_dtype)``; ``lookup=False``
     hashes only (``out`` None, ``weight`` only gives R). With ``prefix`` [B, D] (weight's dtype), ``out`` is
     [B, 1 + F, D] with ``prefix`` as slot 0: the concatenation a DCN interaction takes, written in place of a
-    separate copy of the pooled rows."""
+    separate copy of the pooled rows. ``rows_dtype`` int32 needs ``R < 2**31 - 1``."""
     _check_pooled_inputs(raw, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab, vocab_offsets)
     if weight.dim() != 2:
         raise ValueError(f"weight must be [R, D], got shape {tuple(weight.shape)}")
@@ -121,12 +132,14 @@ def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offset
     out = full[:, P:] if lookup else None
     if prefix is not None and lookup:
         full[:, 0].copy_(prefix)
-    rows = torch.empty((B, L), dtype=torch.int64, device=raw.device)
+    if rows_dtype != torch.int64 and not (rows_dtype == torch.int32 and R < 2**31 - 1):
+        raise ValueError(f"rows_dtype {rows_dtype} cannot hold the rows of a table of {R} rows")
+    rows = torch.empty((B, L), dtype=rows_dtype, device=raw.device)
     if B == 0:
         return full, rows
     if D == 0 and lookup:
         return full, pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offsets, slot_feature,
-                                        vocab, vocab_offsets, lookup=False)[1]
+                                        vocab, vocab_offsets, lookup=False, rows_dtype=rows_dtype)[1]
     args, use_vocab, steps = hash_args(raw, cardinalities, offsets, vocab, vocab_offsets)
     BLOCK_D = triton.next_power_of_2(max(D, 1))
     BLOCK_B, warps, unroll = ((POOLED_LOOKUP_OVERRIDE or pooled_lookup_launch(BLOCK_D)) if lookup
@@ -316,14 +329,14 @@ def _fused_pooled_op(
     place (see fused_pooled_embedding) and returns ``prefix``'s gradient."""
     with device_context(weight):
         return pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab,
-                                  vocab_offsets, prefix=prefix)
+                                  vocab_offsets, prefix=prefix, rows_dtype=fused_rows_dtype(weight.shape[0]))
 
 
 def _fused_pooled_fake(raw, weight, cardinalities, offsets, hotness, *args):
-    out, rows = _pooled_lookup_fake(raw, weight, cardinalities, offsets, hotness)
+    out, _ = _pooled_lookup_fake(raw, weight, cardinalities, offsets, hotness)
     if args[-1] is not None:  # prefix: one more slot
         out = weight.new_empty((raw.shape[0], 1 + hotness.shape[0], weight.shape[1]))
-    return out, rows
+    return out, raw.new_empty(tuple(raw.shape), dtype=fused_rows_dtype(weight.shape[0]))
 
 
 _fused_pooled_op.register_fake(_fused_pooled_fake)

@@ -265,6 +265,33 @@ def test_pooled_hash_rows(B, hotness, mode, device):
     assert torch.equal(got.cpu(), expected)
 
 
+def test_fused_op_saves_int32_rows_where_they_fit(device):
+    """The fused op keeps its rows as int32 (the update sorts int32 keys anyway): the same rows as the int64
+    hashing, PAD slots as R; int64 past int32's range; an int32 request for too large a table is refused."""
+    from kernels.embedding.pooled import fused_rows_dtype, pooled_lookup_impl
+
+    assert fused_rows_dtype(204_000_000) == torch.int32 and fused_rows_dtype(2**31 - 1) == torch.int64
+    case = make_case(37, [3, 1, 2], "modulus", seed=3).to(device)
+    weight = make_weight(case.num_rows, 16, device)
+    layout = case.layout()
+    args = (case.raw, weight, case.cardinalities, case.offsets, *layout, None, None)
+    out64, rows64 = pooled_lookup_impl(*args)
+    out32, rows32 = pooled_lookup_impl(*args, rows_dtype=torch.int32)
+    assert rows32.dtype == torch.int32 and torch.equal(rows32.long(), rows64) and torch.equal(out32, out64)
+    assert (rows64 == case.num_rows).any()  # PAD slots are there
+    state = torch.zeros(0, device=device)
+    trigger = torch.zeros(0, device=device, requires_grad=True)
+    lr = torch.tensor(LR, device=device)
+    fused = torch.ops.dlrm_kernels.fused_pooled_embedding(
+        case.raw, weight, case.cardinalities, case.offsets, *layout, None, None, state, lr, "sgd", EPS, True, trigger,
+        0.0, torch.empty(0, dtype=torch.int64, device=device), True, None)
+    assert fused[1].dtype == torch.int32 and torch.equal(fused[1].long(), rows64)
+    big = torch.empty((2**31 - 1, 0), device=device)  # no storage: only R counts
+    with pytest.raises(ValueError, match="cannot hold the rows"):
+        pooled_lookup_impl(case.raw, big, case.cardinalities, case.offsets, *layout, None, None, lookup=False,
+                           rows_dtype=torch.int32)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Lookup forward + dense backward
 # ----------------------------------------------------------------------------------------------------
