@@ -420,24 +420,41 @@ def test_gpu_deterministic_at_dlrm_size():
 @pytest.mark.gpu
 def test_gpu_autocast_bf16_like_the_eager_mlp():
     """Under bf16 autocast OnChipTailMLP computes in bf16 like the eager MLP; fp32 parameters get fp32
-    gradients close to the eager ones."""
+    gradients. Both are measured against the same model in float64: the tail's error (max |error| over max
+    |reference|, per tensor) is at most twice the eager MLP's plus 0.5%. (Compared with each other directly,
+    two bf16 computations whose GEMMs sum in different orders differ by both errors: since the head pads its
+    first GEMM's K to 16 bytes, `kernels.mlp.ALIGN_INPUT`, cuBLAS no longer runs the eager MLP's kernel there,
+    and on an H100 x's gradient, a sum with cancellation, then differed from the eager one by up to 17% of its
+    largest value for 1.3% of its elements: a direct comparison asks more of bf16 than either path gives.)"""
     for widths, last, in_features in (([512, 256, 64, 16], True, 13), ([512, 256, 1], False, 367)):
         torch.manual_seed(0)
         eager = MLP(in_features, widths, activate_last=last).cuda()
         tail = OnChipTailMLP(in_features, widths, activate_last=last).cuda()
         tail.load_state_dict(eager.state_dict())
+        exact = MLP(in_features, widths, activate_last=last).double()
+        exact.load_state_dict({k: v.double().cpu() for k, v in eager.state_dict().items()})
         x = torch.randn(2048, in_features, device="cuda", requires_grad=True)
         res = []
-        for mod in (eager, tail):
+        for mod in (eager, tail, exact):
             x.grad = None
+            if mod is exact:
+                xd = x.detach().double().cpu().requires_grad_(True)
+                out = mod(xd)
+                out.square().mean().backward()
+                res.append([out, xd.grad, *(p.grad for p in mod.parameters())])
+                continue
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 out = mod(x)
             assert out.dtype == torch.bfloat16
             out.float().square().mean().backward()
             res.append([out.float(), x.grad, *(p.grad for p in mod.parameters())])
-        for a, b in zip(res[1], res[0]):
-            assert a.dtype == b.dtype
-            torch.testing.assert_close(a, b, atol=2e-2 * float(b.abs().max()), rtol=5e-2)
+        names = ["out", "x.grad", *(n for n, _ in eager.named_parameters())]
+        for name, e, t, ref in zip(names, *res):
+            assert t.dtype == e.dtype
+            scale = float(ref.abs().max())
+            err_eager = float((e.double().cpu() - ref).abs().max()) / scale
+            err_tail = float((t.double().cpu() - ref).abs().max()) / scale
+            assert err_tail <= 2 * err_eager + 5e-3, (name, in_features, err_tail, err_eager)
 
 
 @pytest.mark.gpu
