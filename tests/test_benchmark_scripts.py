@@ -561,3 +561,16 @@ def test_cross_bwd_passes_parses_every_default_launch():
     bench = load_script("cross_bwd_passes")
     assert bench.parse_launch("64x128r512w8") == (64, 128, 512, 8)
     assert all(len(bench.parse_launch(t)) == 4 for t in bench.LAUNCHES.split(","))
+
+
+def test_cross_ws_head_probe_parses_launches_and_refuses_without_hopper(tmp_path):
+    """benchmarks/cross_ws_head_probe.py: the launch syntax, and a clear error (exit 2) where no Hopper GPU is."""
+    pytest.importorskip("kernels.cross_ws_head", reason="this Triton has no Gluon Hopper dialect")
+    probe = load_script("cross_ws_head_probe")
+    cfg = probe.parse_config("128x128x64s3e4")
+    assert (cfg.bm, cfg.bn, cfg.bk, cfg.stages, cfg.epi_stages, cfg.schedule) == (128, 128, 64, 3, 4, "coop")
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9:
+        pytest.skip("a Hopper GPU is here: the probe would run")
+    with pytest.raises(SystemExit) as e:
+        probe.main(["--out", str(tmp_path)])
+    assert e.value.code == 2
