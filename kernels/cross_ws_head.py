@@ -19,7 +19,13 @@ tile row and added up in a fixed order afterwards. Its three streams run under t
 
 Why a probe: using it needs the cross network and the over arch's first layer in one autograd function (the top
 layer's ``g_pre`` must come out of the MLP's backward); `benchmarks/cross_ws_head_probe.py` measures first whether
-the fused kernel beats cuBLAS + the pass at the step's shapes.
+the fused kernel beats cuBLAS + the pass at the step's shapes. It does not yet (H100, 2026-11-25,
+benchmarks/results/cross_ws_head_probe.md): 1.18-1.22 ms against 1.10 for cuBLAS (0.61) + the pass (0.48), its
+outputs bit for bit those of the two kernels (``db`` to fp32 summation order). 11 us a 128 x 128 tile, about the
+K loop's and the epilogue's times added: a 128 x 128 tile reads 32 KB of operands per 2.1 MFLOP K step, more than
+an SM's share of L2 bandwidth gives at the tensor cores' rate, so the K loop itself runs near 60% of cuBLAS's
+(192 x 192 / 256 x 128 tiles), and the epilogue's streams add to it. A 256-wide tile with one staging slot (shared
+memory allows no second) is the next thing to try.
 
 Requirements as `kernels.cross_ws.supported` (``w`` row-major [K, N], ``K % 8 == 0``, ``N % 8 == 0``); Hopper only,
 no interpreter; the CPU tests compile it for sm_90.
