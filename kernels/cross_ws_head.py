@@ -24,8 +24,10 @@ benchmarks/results/cross_ws_head_probe.md): 1.18-1.22 ms against 1.10 for cuBLAS
 outputs bit for bit those of the two kernels (``db`` to fp32 summation order). 11 us a 128 x 128 tile, about the
 K loop's and the epilogue's times added: a 128 x 128 tile reads 32 KB of operands per 2.1 MFLOP K step, more than
 an SM's share of L2 bandwidth gives at the tensor cores' rate, so the K loop itself runs near 60% of cuBLAS's
-(192 x 192 / 256 x 128 tiles), and the epilogue's streams add to it. A 256-wide tile with one staging slot (shared
-memory allows no second) is the next thing to try.
+(192 x 192 / 256 x 128 tiles), and the epilogue's streams add to it. Larger tiles did not compile (tried on the
+CPU for sm_90, 2026-11-25, not kept): 128 x 256 with one staging slot needs 154 registers a thread in the MMA
+warpgroups where 14 warps leave 128 (ptxas C7602), and the epilogue partition cannot drop below 4 warps (Gluon
+requires a multiple of 4); 256 x 128 (four MMA warpgroups) needs 90 where 22 warps leave 80.
 
 Requirements as `kernels.cross_ws.supported` (``w`` row-major [K, N], ``K % 8 == 0``, ``N % 8 == 0``); Hopper only,
 no interpreter; the CPU tests compile it for sm_90.
