@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -64,6 +64,19 @@ for part in "$@"; do
         run "scaling_$n" 280 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node $n benchmarks/scaling.py \
           --config configs/kaggle.json --batch-per-gpu 65536 --precision tf32 --out "$RES" --name scaling_kaggle
       done
+      ;;
+    scaling:mlperf|scaling:mlperf:*)  # configs/mlperf-dcnv2.json, full tables (bf16 shards on 2 ranks), 65536 rows
+      # per GPU: 2 ranks, then 1 GPU of the same machine (results/scaling_mlperf.{md,csv,png}); scaling:mlperf:N runs N only
+      counts=${part#scaling:mlperf}
+      counts=${counts#:}
+      for n in ${counts:-2 1}; do
+        run "scaling_mlperf_$n" 240 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node $n benchmarks/scaling.py \
+          --config configs/mlperf-dcnv2.json --batch-per-gpu 65536 --precision bf16 --warmup 5 --steps 10 --windows 3 \
+          --out "$RES" --name scaling_mlperf
+      done
+      ;;
+    nccl)  # two GPUs: train.py under torchrun (NCCL, bf16 shards, DCN, multi-hot) against one GPU
+      run tests_nccl 300 python -m pytest -q tests/test_distributed_nccl.py -p no:cacheprovider
       ;;
     tests)  # the kernel tests on CUDA (bf16 included), the compile/profile and captured-step tests
       # Most of the time is Triton compiling each test's specializations: 8 processes share the GPU

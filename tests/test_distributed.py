@@ -341,8 +341,9 @@ def multi_hot_dataset(tmp_path_factory):
 
 @pytest.mark.parametrize("sharding", ["table", "row"])
 def test_two_ranks_equal_one_process_with_multi_hot_tables(tmp_path, multi_hot_dataset, sharding):
-    """Sum-pooled multi-hot features under torchrun: slots are exchanged per slot (an empty one
-    looks up zeros) and pooled on the requesting rank; two ranks train exactly like one process."""
+    """Sum-pooled multi-hot features under torchrun: ids are exchanged per slot (an empty one is
+    skipped), each owner pools its block's slots per feature, the requesting rank sums the row-wise
+    blocks; two ranks train exactly like one process."""
     one = train_run(tmp_path, multi_hot_dataset, "one-mh", 1)
     two = train_run(tmp_path, multi_hot_dataset, f"two-mh-{sharding}", 2, sharding)
     ref_state = torch.load(ckpt.list_checkpoints(one)[-1], weights_only=False)

@@ -8,7 +8,9 @@ How close, and why:
 * One step of the sharded lookup and fused update (gloo processes, no training loop): the output and
   the updated rows are, element by element, one of the two bf16 values around the same fp32 result
   (the fp32 update of an fp32 copy of the table, within fp32 summation-order slack). That is all a
-  bf16 store can promise. Both kinds round the update stochastically, as the one-process tables do
+  bf16 store can promise. A row-wise multi-hot feature is the exception for the output: each owner
+  pools its block's slots and rounds that part to bf16, so the output lies around the sum of the
+  parts' bf16 roundings (checked against the parts computed from the fp32 table). Both kinds round the update stochastically, as the one-process tables do
   (`TritonSparseEmbedding` for one-hot tables, `TritonPooledEmbedding` for multi-hot ones), with
   random bits keyed by the row of the local shard, not of the full table, so shard and one process
   round independently (at most 1 bf16 ulp apart after one step, not bit for bit).
@@ -79,6 +81,36 @@ def within_bf16_neighbours(got: torch.Tensor, fp32: torch.Tensor, rel_slack: flo
     return bool(((g >= lo) & (g <= hi)).all())
 
 
+def within_rounded_partial_sums(got: torch.Tensor, partials: torch.Tensor, rel_slack: float = 1e-5) -> bool:
+    """Every element of bf16 ``got`` lies within the bf16 values around some sum of bf16 roundings of
+    ``partials`` (fp32, the W ranks' parts along dim 0): what a row-wise multi-hot feature of bf16 shards
+    delivers (each owner rounds its block's pooled sum to bf16, the requesting rank adds them in fp32
+    and rounds again)."""
+    lo = hi = torch.zeros_like(partials[0])
+    for part in partials:
+        lo = lo + bf16_neighbours(part - rel_slack * part.abs())[0]
+        hi = hi + bf16_neighbours(part + rel_slack * part.abs())[1]
+    lo, hi = bf16_neighbours(lo - rel_slack * lo.abs())[0], bf16_neighbours(hi + rel_slack * hi.abs())[1]
+    g = got.float()
+    return bool(((g >= lo) & (g <= hi)).all())
+
+
+def block_partials(raw: torch.Tensor, hotness: list[int], plan, weight32: torch.Tensor) -> torch.Tensor:
+    """[W, B, F, D] fp32: each rank's part of every feature's pooled sum (the slots whose row lies in
+    that rank's block of the table), from the full fp32 ``weight32`` and the modulus hashing."""
+    slot_feature = torch.tensor([f for f, h in enumerate(hotness) for _ in range(h)])
+    offsets, cards = torch.tensor(table_offsets(CARDS)), torch.tensor(CARDS)
+    local = torch.remainder(raw + 1, cards[slot_feature])  # the row within its table
+    emb = weight32[offsets[slot_feature] + local]  # [B, L, D]
+    parts = []
+    for q in range(plan.world_size):
+        start, count = (torch.tensor([plan.block(f, q)[i] for f in range(len(CARDS))])[slot_feature] for i in (0, 1))
+        mine = (raw != PAD_SPARSE) & (local >= start) & (local < start + count)
+        pooled = torch.zeros(raw.shape[0], len(CARDS), weight32.shape[1])
+        parts.append(pooled.index_add(1, slot_feature, emb * mine.unsqueeze(-1)))
+    return torch.stack(parts)
+
+
 def one_process_table(hotness):
     if hotness is None:
         return TritonSparseEmbedding(CARDS, DIM, dtype=torch.bfloat16)
@@ -119,12 +151,20 @@ def test_bf16_shard_starts_as_the_one_process_bf16_table(hotness, mode):
 
 
 @pytest.mark.parametrize("hotness", [None, HOTNESS], ids=["one-hot", "multi-hot"])
-def test_fp32_shard_is_unchanged(hotness):
-    """fp32 shards, one- or multi-hot, keep the one-hot module they had before bf16 shards, and no seed."""
+def test_fp32_shard_modules(hotness):
+    """fp32 shards hold no seed; one-hot ones keep the one-hot module, multi-hot ones take the pooled
+    module, which sums each served feature's slots on the owner (over the whole local shard)."""
     plan = plan_sharding(CARDS, 2, "row", row_wise_min_rows=10)
     arch = ShardedSparseArch(CARDS, DIM, plan, 0, kernel="triton", hotness=hotness)
     assert arch.weight.dtype == torch.float32 and set(arch.state_dict()) == {"weight"}
-    assert type(arch.__dict__["_triton"]) is TritonSparseEmbedding
+    local = arch.__dict__["_triton"]
+    if hotness is None:
+        assert type(local) is TritonSparseEmbedding
+    else:
+        rows = plan.local_rows(0)
+        assert type(local) is TritonPooledEmbedding and local.weight is arch.weight
+        assert local.hotness.tolist() == [HOTNESS[f] for f in plan.served(0)] == arch.served_hotness
+        assert local.cardinalities.tolist() == [rows] * len(plan.served(0)) and not local.offsets.any()
 
 
 def test_bf16_shard_needs_the_triton_kernel():
@@ -177,7 +217,12 @@ def _one_step(rank: int, hot: str, mode: str) -> None:
     ref = full(raw)
     out32 = ref32(raw)
     assert out.dtype == ref.dtype == torch.bfloat16
-    assert within_bf16_neighbours(out, out32[a:b]), "lookup: not the bf16 rounding of the fp32 sum"
+    if hotness is not None and mode == "row":  # the owners' pooled parts, rounded, added, rounded again
+        partials = block_partials(raw, hotness, plan, ref32.weight.detach())
+        torch.testing.assert_close(partials.sum(0), out32.detach(), rtol=1e-5, atol=1e-6)  # parts of the fp32 sum
+        assert within_rounded_partial_sums(out, partials[:, a:b]), "lookup: not the rounded sum of rounded parts"
+    else:  # one owner a feature: the bf16 rounding of the fp32 sum, as one process
+        assert within_bf16_neighbours(out, out32[a:b]), "lookup: not the bf16 rounding of the fp32 sum"
     if hotness is None:  # a looked-up row is a bf16 value: exchanged and returned exactly
         assert torch.equal(out, ref[a:b])
     # each rank's loss is W x its share of the global mean (dlrm.train.step); the arch scales by 1/W

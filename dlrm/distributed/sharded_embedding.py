@@ -11,11 +11,15 @@ global batch. One forward, on rank r with a local batch of B rows padded to P = 
    the gradients); rank r sums the W
    blocks of each row-wise table and takes each table-wise table from its owner -> [B, F, D].
 
-Multi-hot tables (``hotness``): the exchange runs per slot instead of per feature. Rank q is sent
-the hashed rows of every slot of the tables it serves ([P, slots of S_q]; an empty slot, PAD, is
-sent as row -1, which no shard holds, so it looks up zeros), its lookups come back per slot, and
-rank r sums each feature's slots (and row-wise blocks) into [B, F, D] with the same index_add: sum
-pooling, as `dlrm.model.pooled_sparse.PooledSparseArch`.
+Multi-hot tables (``hotness``): the ids travel per slot, the embeddings per feature, pooled where
+they are looked up. Rank q is sent the hashed rows of every slot of the tables it serves ([P, slots
+of S_q]; an empty slot, PAD, is sent as row -1, which no shard holds, so it is skipped), sums each
+feature's slots that fall in its block (the Triton pooled kernel, or an eager ``embedding_bag``)
+and sends back [P, |S_q|, D], as one-hot tables do; rank r sums the row-wise blocks into [B, F, D]
+with the same index_add: sum pooling, as `dlrm.model.pooled_sparse.PooledSparseArch`. Pooling on
+the owner divides the bytes of the exchange and of its gradient by the mean hotness of the tables
+a rank serves: for MLPerf DLRM-DCNv2 (214 slots over 26 features) about 8x, where an exchange per
+slot sent [P, 214, D] back.
 
 Backward: the gradients travel back to the owners, whose local lookup turns them into a sparse
 gradient of the shard (applied by the sparse optimizer there) or, with the Triton embedding, the
@@ -28,10 +32,12 @@ factor 1/W here -- so an N-rank step equals a one-process step on the same globa
 
 bf16 shards (``dtype=torch.bfloat16``, ``model.embedding_dtype: "bf16"``, Triton only): each rank
 stores its rows in bf16, as one process stores the whole tables. Lookups travel in bf16 (half the
-bytes of the exchange, and exact: a looked-up row, or its masked zero, is a bf16 value); the
-requesting rank sums a feature's slots and row-wise blocks in fp32 and rounds once to bf16, as the
-pooled Triton lookup accumulates in fp32 and writes the weight's dtype, so the output is bf16 like
-the one-process lookup's. Their gradients arrive in bf16 (the interaction's cast sends them back so,
+bytes of the exchange). One-hot: exact (a looked-up row, or its masked zero, is a bf16 value), and
+the requesting rank sums row-wise blocks in fp32 and rounds once. Multi-hot: the owner's pooled
+kernel sums a feature's slots in fp32 and rounds once to bf16, as the one-process pooled lookup
+does, so a table-wise feature arrives exactly as one process computes it; a row-wise feature
+arrives as W such partial sums, added in fp32 and rounded again (a second bf16 rounding, as the
+exchange of partial sums in the table's dtype has in TorchRec's row-wise sharding). Their gradients arrive in bf16 (the interaction's cast sends them back so,
 as to the one-process lookup), get the 1/W in fp32 and travel back in bf16 (exact when W is a power
 of two). The owner's update runs in fp32 and rounds back as the one-process table of the same model
 does (see `ShardedSparseArch`).
@@ -49,8 +55,23 @@ from torch import nn
 from dlrm.data.schema import PAD_SPARSE
 from dlrm.distributed.sharding import ShardingPlan
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
-from dlrm.model.masked_lookup import masked_embedding
+from dlrm.model.masked_lookup import masked_embedding, masked_embedding_bag
 from kernels.table_layout import init_table_, layout_tensors
+
+
+def _pool_over_one_table(local, hotness: list[int], rows: int) -> None:
+    """Point a `TritonPooledEmbedding` built as one table of `rows` rows and one slot at features of
+    `hotness` slots each, every one looking up that whole table: feature i sums its slots' rows of the
+    local shard. The weight (and its state_dict key) is unchanged; only the layout buffers change.
+    With modulus hashing over R rows, the raw value ``r - 1`` is row r of the shard."""
+    from kernels.embedding.pooled import pooled_layout
+
+    device = local.cardinalities.device
+    layout = pooled_layout(hotness, device)
+    local.hotness, local.slot_offsets, local.slot_feature = layout.hotness, layout.slot_offsets, layout.slot_feature
+    local.hotness_list = list(hotness)
+    local.cardinalities = torch.full((len(hotness),), rows, dtype=local.cardinalities.dtype, device=device)
+    local.offsets = torch.zeros(len(hotness), dtype=local.offsets.dtype, device=device)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -177,8 +198,15 @@ class ShardedSparseArch(nn.Module):
         for q in range(self.world_size):
             self.register_buffer(f"_send_slots_{q}", torch.tensor(self.served_slots[q], dtype=torch.int64),
                                  persistent=False)
-        received = [slot_feature[s] for slots in self.served_slots for s in slots]
+        # the embeddings come back per served feature (pooled on the owner): rank q sends [P, |S_q|, D]
+        received = [f for feats in self.served for f in feats]
         self.register_buffer("_received_features", torch.tensor(received, dtype=torch.int64), persistent=False)
+        # this rank's served slots, grouped by served feature (served_slots lists each feature's slots together)
+        self.served_hotness = [self.hotness[f] for f in self.served[rank]]
+        group = [i for i, h in enumerate(self.served_hotness) for _ in range(h)]
+        self.register_buffer("_slot_group", torch.tensor(group, dtype=torch.int64), persistent=False)
+        starts = [sum(self.served_hotness[:i]) for i in range(len(self.served_hotness))]
+        self.register_buffer("_group_start", torch.tensor(starts, dtype=torch.int64), persistent=False)
         # this rank's block of each table it serves, per served slot (layout is in served-feature order)
         block = {f: (start, count, at) for f, start, count, at in layout}
         mine = [block[slot_feature[s]] for s in self.served_slots[rank]]
@@ -196,14 +224,15 @@ class ShardedSparseArch(nn.Module):
             device = torch.empty(0).device  # the default device build_model set
             # The local module is the one-process model's kind (dlrm.model.dlrm: TritonPooledEmbedding
             # for multi-hot tables, TritonSparseEmbedding for one-hot ones), so a bf16 shard's update
-            # rounds as that table's does; hotness 1 is the one-hot lookup, number for number.
-            # fp32 shards keep the one-hot module whatever the hotness (their path before bf16 shards).
-            # skip_masked_updates takes the pooled module for every shard: its PAD slots skip the update.
+            # rounds as that table's does. Multi-hot: it pools each served feature's slots on this rank
+            # (`_pool_over_one_table`). skip_masked_updates takes the pooled module for one-hot
+            # tables too (hotness 1 is the one-hot lookup, number for number): its PAD slots skip the update.
             stochastic = dtype == torch.bfloat16  # both kinds round bf16 updates stochastically
-            self.pooled_local = (stochastic and self.multi_hot) or skip_masked_updates
+            self.pooled_local = self.multi_hot or skip_masked_updates
             with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
                 if self.pooled_local:
                     local = TritonPooledEmbedding([rows], [1], dim, dtype=dtype)
+                    _pool_over_one_table(local, self.served_hotness, rows)
                 else:
                     local = TritonSparseEmbedding([rows], dim, dtype=dtype)
             # Not a registered submodule: the state_dict keeps the key "weight" (and "sr_seed", below).
@@ -262,16 +291,27 @@ class ShardedSparseArch(nn.Module):
         return padded
 
     def _lookup(self, local_rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Rows of the local shard, zeros where not `valid` (a masked lookup: `local_rows` holds 0 there)."""
+        """[W, P, served slots] rows of the local shard -> [W, P, served features, D]: each served
+        feature's slots summed (one slot a feature when one-hot), masked lookups (`valid` False:
+        `local_rows` holds 0 there) contributing zeros and no update."""
+        W, P, S = local_rows.shape
         if self.kernel == "torch":
-            return masked_embedding(local_rows, self.weight, valid)  # masked lookups left out of the gradient
+            if not self.multi_hot:
+                return masked_embedding(local_rows, self.weight, valid)  # masked lookups left out of the gradient
+            # bag (sample, served feature) holds that feature's slots, which lie together in the sample's row
+            n = len(self.served_hotness)
+            sample = torch.arange(W * P, device=local_rows.device)
+            bag_starts = (sample.unsqueeze(1) * S + self._group_start).reshape(-1)
+            bag = (sample.unsqueeze(1) * n + self._slot_group).reshape(-1)
+            pooled = masked_embedding_bag(local_rows.reshape(-1), self.weight, valid.reshape(-1), bag_starts, bag)
+            return pooled.view(W, P, n, self.dim)
         local = self.__dict__["_triton"]
         # one table of R rows, modulus hashing: raw r -> row r + 1 mod R
-        flat = local_rows.reshape(-1, 1) - 1
-        if self.pooled_local:  # a PAD slot looks up zeros and its row gets no update
-            return local(torch.where(valid.reshape(-1, 1), flat, PAD_SPARSE)).view(*local_rows.shape, self.dim)
-        emb = local(flat).view(*local_rows.shape, self.dim)
-        if self.row_wise or self.multi_hot:  # (padded samples are cut off after the exchange: no mask needed)
+        flat = local_rows.reshape(W * P, S) - 1
+        if self.pooled_local:  # a PAD slot is skipped: no row, no update
+            return local(torch.where(valid.reshape(W * P, S), flat, PAD_SPARSE)).view(W, P, -1, self.dim)
+        emb = local(flat.reshape(-1, 1)).view(W, P, S, self.dim)
+        if self.row_wise:  # (padded samples are cut off after the exchange: no mask needed)
             emb = emb * valid.unsqueeze(-1).to(emb.dtype)
         return emb
 
@@ -287,25 +327,26 @@ class ShardedSparseArch(nn.Module):
             table_rows = F_.pad(table_rows, (0, 0, 0, P - B), value=-1)
         sizes = [len(s) for s in self.served_slots]
         mine = sizes[self.rank]
+        feats = [len(f) for f in self.served]  # what comes back: pooled per served feature
 
         # ids: rank q gets [P, slots of S_q], destination-major
         send = torch.cat([table_rows.index_select(1, getattr(self, f"_send_slots_{q}")).reshape(-1) for q in range(W)])
         recv = torch.empty(W * P * mine, dtype=send.dtype, device=send.device)
         dist.all_to_all_single(recv, send, [P * mine] * W, [P * s for s in sizes])
 
-        # local lookup of what every rank asked for: [W, P, |S_rank|, D]
+        # local lookup of what every rank asked for, pooled per feature: [W, P, |S_rank| features, D]
         t = recv.view(W, P, mine) - self._base
         valid = (t >= 0) & (t < self._count)
         # ids in another rank's block (or empty slots, padded samples) contribute zeros
         emb = self._lookup(torch.where(valid, t + self._local_offset, torch.zeros_like(t)), valid)
 
-        # embeddings back, in the shard's dtype (bf16: half the bytes, no rounding): from rank q, [P, |S_q|, D]
-        out = _AllToAll.apply(emb.reshape(-1, self.dim), [P * s for s in sizes], [P * mine] * W)
-        parts = [p.view(P, s, self.dim) for p, s in zip(out.split([P * s for s in sizes]), sizes)]
-        received = torch.cat(parts, dim=1)  # [P, slots of all S_q, D]
-        # Row-wise blocks and a feature's slots summed in fp32 (at least), rounded once to the shard's
-        # dtype (as the pooled lookup's fp32 accumulator); the casts are no-ops for fp32 shards. The
-        # backward sends bf16 gradients back, as the one-process lookup receives them from the interaction.
+        # embeddings back, in the shard's dtype (bf16: half the bytes): from rank q, [P, |S_q|, D]
+        out = _AllToAll.apply(emb.reshape(-1, self.dim), [P * n for n in feats], [P * feats[self.rank]] * W)
+        parts = [p.view(P, n, self.dim) for p, n in zip(out.split([P * n for n in feats]), feats)]
+        received = torch.cat(parts, dim=1)  # [P, features of all S_q, D]
+        # Row-wise blocks summed in fp32 (at least), rounded once more to the shard's dtype; the casts are
+        # no-ops for fp32 shards. The backward sends bf16 gradients back, as the one-process lookup
+        # receives them from the interaction.
         acc = torch.promote_types(emb.dtype, torch.float32)
         full = torch.zeros(P, self.num_features, self.dim, dtype=acc, device=emb.device)
         full = full.index_add(1, self._received_features, received.to(acc))
