@@ -66,13 +66,14 @@ for part in "$@"; do
       done
       ;;
     scaling:mlperf|scaling:mlperf:*)  # configs/mlperf-dcnv2.json, full tables (bf16 shards on 2 ranks), 65536 rows
-      # per GPU: 2 ranks, then 1 GPU of the same machine (results/scaling_mlperf.{md,csv,png}); scaling:mlperf:N runs N only
+      # per GPU: 2 ranks, then 1 GPU of the same machine (results/scaling_mlperf.{md,csv,png}); scaling:mlperf:N runs N only;
+      # SCALING_PROFILE=1 adds each rank's step profile (results/scaling_mlperf_profile_<N>gpu.{md,csv})
       counts=${part#scaling:mlperf}
       counts=${counts#:}
       for n in ${counts:-2 1}; do
         run "scaling_mlperf_$n" 240 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node $n benchmarks/scaling.py \
           --config configs/mlperf-dcnv2.json --batch-per-gpu 65536 --precision bf16 --warmup 5 --steps 10 --windows 3 \
-          --out "$RES" --name scaling_mlperf
+          --out "$RES" --name scaling_mlperf ${SCALING_PROFILE:+--profile}
       done
       ;;
     nccl)  # two GPUs: train.py under torchrun (NCCL, bf16 shards, DCN, multi-hot) against one GPU

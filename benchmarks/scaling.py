@@ -13,6 +13,12 @@ included; each step followed by the LR schedules' step, as in training) and repo
 samples/s. Rank 0 appends a row per launch to ``<out>/<name>.csv`` and rewrites ``<name>.md`` /
 ``.png`` with the scaling efficiency ``rate(N) / (N x rate(1))`` for the rows of the same config,
 precision and batch per GPU.
+
+``--profile``: after the timed windows, every rank profiles ``--steps`` more steps (PyTorch profiler)
+and rank 0 writes ``<name>_profile_<N>gpu.md`` / ``.csv``: each rank's device time per step grouped as
+`step_profile.py` groups kernels (the collectives, NCCL's kernels, in a group of their own), "idle" (the
+timed step minus the kernels), and each rank's longest kernels. On the CPU (gloo) the ops' self CPU time
+stands in for kernel time, so the report exists there too (tests), though its groups mean little.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import torch
 # appended: benchmarks/kernels.py must not shadow the kernels package
 sys.path.append(str(Path(__file__).resolve().parent))
 
+import step_profile  # noqa: E402
 from _common import (  # noqa: E402
     Timer,
     environment,
@@ -87,14 +94,72 @@ def measure(args) -> dict | None:
         rates.append(args.steps * B * W / t.seconds)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     peaks = env.all_gather_object(peak)
+    rate = statistics.median(rates)
+    if args.profile:
+        step_ms = B * W / rate * 1e3
+        start = args.warmup + args.windows * args.steps
+        profiles = env.all_gather_object(profile_rank(run, batches, args.steps, start, device, step_ms))
+        if env.is_main:
+            write_profile(profiles, Path(args.out), f"{args.name}_profile_{W}gpu", Path(args.config).name, B, device)
     if not env.is_main:
         return None
-    rate = statistics.median(rates)
     return {"gpus": W, "config": Path(args.config).name, "precision": args.precision,
             "sharding": cfg.distributed.sharding if env.distributed else "none", "batch_per_gpu": B,
             "samples_per_sec": rate, "min_samples_per_sec": min(rates), "max_samples_per_sec": max(rates),
             "step_ms": B * W / rate * 1e3, "peak_memory_mb": max((p for p in peaks if p is not None), default=None),
             **{k: v for k, v in environment(device).items() if k in ("device", "torch", "triton", "date")}}
+
+
+PROFILE_KEYS = ["rank", "category", "ms_per_step", "share_of_step", "kernels"]
+TOP_KERNELS = 8
+
+
+def profile_rank(run, batches: list, steps: int, start: int, device: torch.device, step_ms: float) -> dict:
+    """This rank's profile of `steps` more steps: {"rows": per-category ms a step (`step_profile.category`;
+    "idle" = `step_ms` minus the kernels), "top": the longest kernels}. On the CPU, ops' self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        train_steps(run, batches, steps, start=start)
+        if cuda:
+            torch.cuda.synchronize(device)
+    if cuda:
+        times = step_profile.device_times(prof)
+    else:
+        times = [(e.key, float(e.self_cpu_time_total), int(e.count)) for e in prof.key_averages()
+                 if e.self_cpu_time_total > 0]
+    by_cat: dict[str, list[float]] = {}
+    for name, us, _ in times:
+        by_cat.setdefault(step_profile.category(name), []).append(us)
+    rows = [{"category": c, "ms_per_step": sum(v) / 1e3 / steps, "kernels": len(v)} for c, v in by_cat.items()]
+    busy = sum(r["ms_per_step"] for r in rows)
+    rows.append({"category": "idle (step minus kernels)", "ms_per_step": max(0.0, step_ms - busy), "kernels": 0})
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    for r in rows:
+        r["share_of_step"] = r["ms_per_step"] / step_ms
+    top = [(n, us / 1e3 / steps, step_profile.category(n)) for n, us, _ in sorted(times, key=lambda t: -t[1])[:TOP_KERNELS]]
+    return {"step_ms": step_ms, "rows": rows, "top": top}
+
+
+def write_profile(profiles: list[dict], out: Path, name: str, config: str, batch: int, device: torch.device) -> None:
+    """`<name>.md` and `.csv` under `out`: every rank's categories and longest kernels."""
+    env = environment(device)
+    rows = [{"rank": r, **row} for r, p in enumerate(profiles) for row in p["rows"]]
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / f"{name}.csv", rows, PROFILE_KEYS, {k: env[k] for k in ("device", "torch", "triton", "date")})
+    W = len(profiles)
+    unit = "device ms (kernels)" if device.type == "cuda" else "CPU ms (ops' self time; the CPU stands in for a GPU)"
+    about = [f"{config}, {W} rank(s), {batch:,} rows per rank, step {profiles[0]['step_ms']:.2f} ms (the timed windows' "
+             f"median). Per rank, {unit} per step grouped as benchmarks/step_profile.py groups them; idle = the step "
+             "minus the kernels (launch gaps, waits the kernels do not cover)."]
+    table = ["| rank | category | ms per step | share of step | kernels |", "| ---: | --- | ---: | ---: | ---: |"]
+    table += [md_row([r["rank"], r["category"], f"{r['ms_per_step']:.3f}", f"{r['share_of_step']:.1%}", r["kernels"]])
+              for r in rows]
+    table += ["", "Longest kernels:", "", "| rank | kernel | ms per step | category |", "| ---: | --- | ---: | --- |"]
+    table += [md_row([r, n[:100].replace("|", "/"), f"{ms:.3f}", c]) for r, p in enumerate(profiles) for n, ms, c in p["top"]]
+    (out / f"{name}.md").write_text(markdown(f"Step profile per rank ({env['device']}, torch {env['torch']}, "
+                                             f"triton {env['triton']}, {env['date']})", about, table))
 
 
 def add_efficiency(rows: list[dict]) -> None:
@@ -153,6 +218,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--windows", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="also profile --steps steps on every rank (see above)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="scaling_kaggle")
     args = ap.parse_args(argv)

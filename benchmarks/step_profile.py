@@ -49,6 +49,9 @@ from dlrm.train.compare import VARIANTS, variant_config  # noqa: E402
 
 # (category, regular expression on the kernel name), first match wins
 CATEGORIES = [
+    # torchrun's collectives (the sharded tables' all_to_all, DDP's all_reduce): NCCL's kernels on the GPU,
+    # c10d's ops and the all_to_all's autograd nodes where the CPU profile stands in (benchmarks/scaling.py)
+    ("collectives (NCCL)", r"nccl|Nccl|c10d::|AllToAll|all_to_all|alltoall|allreduce|all_reduce"),
     ("embedding lookup", r"_pooled_fwd_kernel|_lookup_kernel|_embedding_fwd|_gather_rows"),
     ("embedding update: sort", r"radix_?sort|RadixSort|fill_reverse_indices|_sort_"),
     ("embedding update: segment sums + optimizer", r"_sparse_chunk_kernel|_sparse_carry_kernel|_sgd_atomic_kernel"),

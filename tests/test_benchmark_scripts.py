@@ -316,7 +316,8 @@ def test_step_profile_groups_kernels_by_what_they_do():
     assert sp.category("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...>") == "dense optimizer"
     assert sp.category("Memcpy DtoD (Device -> Device)") == sp.category("memcpy128") == "copies and fills"
     assert sp.category("_adagrad_kernel") == "dense optimizer"  # kernels/adagrad.py, before "ours"
-    assert sp.category("ncclKernel_AllReduce") == "other"
+    assert sp.category("ncclDevKernel_AllReduce_Sum_f32_RING_LL") == sp.category("ncclKernel_SendRecv") \
+        == "collectives (NCCL)"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is what a machine without CUDA sees")

@@ -241,12 +241,24 @@ def test_scaling_benchmark_runs_and_reports_efficiency(tmp_path, multi_hot):
         result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
                                  str(REPO / "benchmarks" / "scaling.py"), "--config", str(tmp_path / "k.json"),
                                  "--batch-per-gpu", "64", "--warmup", "1", "--steps", "2", "--windows", "1",
-                                 "--out", str(tmp_path), "--name", "s"], capture_output=True, text=True, timeout=300)
+                                 "--out", str(tmp_path), "--name", "s", *(["--profile"] if multi_hot else [])],
+                                capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "s.csv")))
     assert [r["gpus"] for r in rows] == ["1", "2"] and rows[1]["sharding"] == "auto"
     assert float(rows[0]["efficiency"]) == 1.0 and float(rows[1]["efficiency"]) > 0
     assert (tmp_path / "s.md").is_file() and (tmp_path / "s.png").stat().st_size > 0
+    if multi_hot:  # --profile: every rank's profile, written by rank 0
+        for n in (1, 2):
+            prof = list(csv.DictReader(open(tmp_path / f"s_profile_{n}gpu.csv")))
+            assert {r["rank"] for r in prof} == {str(r) for r in range(n)}
+            for r in range(n):  # each rank's categories (the idle row included) add up to the step
+                mine = [row for row in prof if row["rank"] == str(r)]
+                assert any(row["category"].startswith("idle") for row in mine)
+                assert sum(float(row["share_of_step"]) for row in mine) >= 0.999
+            assert "Longest kernels:" in (tmp_path / f"s_profile_{n}gpu.md").read_text()
+        # the 2 ranks' collectives (gloo's all_to_all of the sharded tables, DDP's all_reduce) have their own group
+        assert any(row["category"] == "collectives (NCCL)" for row in prof), {row["category"] for row in prof}
 
 
 def test_compare_and_profile_under_torchrun(tmp_path, dataset):

@@ -77,6 +77,17 @@ def train_run(tmp: Path, dataset: Path, name: str, nproc: int, sharding: str = "
     return tmp / "tb" / name, log
 
 
+def on_cpu(obj):
+    """A checkpoint's tensors moved to the CPU (checkpoints of CUDA runs hold CUDA tensors)."""
+    if torch.is_tensor(obj):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return type(obj)((k, on_cpu(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(on_cpu(v) for v in obj)
+    return obj
+
+
 def summary_of(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
@@ -86,7 +97,8 @@ def one_gpu(tmp_path_factory, dataset):
     """One process on one GPU: (its last checkpoint, summary, run directory)."""
     tmp = tmp_path_factory.mktemp("nccl-one")
     run_dir, _ = train_run(tmp, dataset, "one", 1)
-    return torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False), summary_of(run_dir), run_dir
+    return (torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False, map_location="cpu"), summary_of(run_dir),
+            run_dir)
 
 
 @pytest.mark.parametrize("sharding", ["table", "row"])
@@ -95,14 +107,14 @@ def test_two_gpus_with_bf16_shards_train_the_dcn_model_like_one_gpu(tmp_path, da
     run_dir, log = train_run(tmp_path, dataset, f"two-{sharding}", 2, sharding)
     assert "backend nccl" in log and "device cuda:0" in log
     check_shards_are_bf16(run_dir)
-    _, merged = merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, sharding)
+    merged = on_cpu(merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, sharding)[1])
     assert merged["position"] == ref["position"] and merged["position"]["step"] == STEPS
     assert set(merged["model"]) == set(ref["model"])
     sparse, ref_sparse = merged["optimizers"][1]["state"][0], ref["optimizers"][1]["state"][0]
     assert sparse["sr_seed"].tolist() == ref_sparse["sr_seed"].tolist() == [STEPS]
     assert (sparse["sum"] - ref_sparse["sum"]).norm() < 0.08 * ref_sparse["sum"].norm()  # [3.0%]
     w, w_ref = merged["model"]["sparse_arch.weight"].float(), ref["model"]["sparse_arch.weight"].float()
-    w10 = torch.load(ckpt.checkpoint_dir(ref_dir) / ckpt.checkpoint_name(10), weights_only=True)["model"]
+    w10 = torch.load(ckpt.checkpoint_dir(ref_dir) / ckpt.checkpoint_name(10), weights_only=True, map_location="cpu")["model"]
     moved = (w_ref - w10["sparse_arch.weight"].float()).norm()
     assert moved > 0.05 * w_ref.norm()  # training moved the tables [23.6% of their norm]
     assert (w - w_ref).norm() < 0.4 * moved  # [16.5-17.3% of that movement]
