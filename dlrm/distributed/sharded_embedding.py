@@ -37,14 +37,15 @@ the requesting rank sums row-wise blocks in fp32 and rounds once. Multi-hot: the
 kernel sums a feature's slots in fp32 and rounds once to bf16, as the one-process pooled lookup
 does, so a table-wise feature arrives exactly as one process computes it; a row-wise feature
 arrives as W such partial sums, added in fp32 and rounded again (a second bf16 rounding, as the
-exchange of partial sums in the table's dtype has in TorchRec's row-wise sharding). Their gradients arrive in bf16 (the interaction's cast sends them back so,
-as to the one-process lookup), get the 1/W in fp32 and travel back in bf16 (exact when W is a power
-of two). The owner's update runs in fp32 and rounds back as the one-process table of the same model
-does (see `ShardedSparseArch`).
+exchange of partial sums in the table's dtype has in TorchRec's row-wise sharding). Their gradients
+arrive in bf16 (the interaction's cast sends them back so, as to the one-process lookup), get the
+1/W in fp32 and travel back in bf16 (exact when W is a power of two). The owner's update runs in
+fp32 and rounds back as the one-process table of the same model does (see `ShardedSparseArch`).
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import torch
@@ -205,7 +206,7 @@ class ShardedSparseArch(nn.Module):
         self.served_hotness = [self.hotness[f] for f in self.served[rank]]
         group = [i for i, h in enumerate(self.served_hotness) for _ in range(h)]
         self.register_buffer("_slot_group", torch.tensor(group, dtype=torch.int64), persistent=False)
-        starts = [sum(self.served_hotness[:i]) for i in range(len(self.served_hotness))]
+        starts = list(itertools.accumulate([0, *self.served_hotness]))[:-1]  # each served feature's first slot
         self.register_buffer("_group_start", torch.tensor(starts, dtype=torch.int64), persistent=False)
         # this rank's block of each table it serves, per served slot (layout is in served-feature order)
         block = {f: (start, count, at) for f, start, count, at in layout}
@@ -232,7 +233,8 @@ class ShardedSparseArch(nn.Module):
             with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
                 if self.pooled_local:
                     local = TritonPooledEmbedding([rows], [1], dim, dtype=dtype)
-                    _pool_over_one_table(local, self.served_hotness, rows)
+                    if self.served_hotness:  # (a rank serving no table never calls it: `_lookup`)
+                        _pool_over_one_table(local, self.served_hotness, rows)
                 else:
                     local = TritonSparseEmbedding([rows], dim, dtype=dtype)
             # Not a registered submodule: the state_dict keeps the key "weight" (and "sr_seed", below).
@@ -295,6 +297,9 @@ class ShardedSparseArch(nn.Module):
         feature's slots summed (one slot a feature when one-hot), masked lookups (`valid` False:
         `local_rows` holds 0 there) contributing zeros and no update."""
         W, P, S = local_rows.shape
+        if S == 0:  # this rank serves no table (more ranks than tables): nothing to look up, but its part
+            # of the exchange must take part in autograd, so that its backward all_to_all meets the others'
+            return torch.zeros(W, P, 0, self.dim, dtype=self.weight.dtype, device=self.weight.device, requires_grad=True)
         if self.kernel == "torch":
             if not self.multi_hot:
                 return masked_embedding(local_rows, self.weight, valid)  # masked lookups left out of the gradient
