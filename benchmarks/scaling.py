@@ -129,17 +129,8 @@ def profile_rank(run, batches: list, steps: int, start: int, device: torch.devic
     else:
         times = [(e.key, float(e.self_cpu_time_total), int(e.count)) for e in prof.key_averages()
                  if e.self_cpu_time_total > 0]
-    by_cat: dict[str, list[float]] = {}
-    for name, us, _ in times:
-        by_cat.setdefault(step_profile.category(name), []).append(us)
-    rows = [{"category": c, "ms_per_step": sum(v) / 1e3 / steps, "kernels": len(v)} for c, v in by_cat.items()]
-    busy = sum(r["ms_per_step"] for r in rows)
-    rows.append({"category": "idle (step minus kernels)", "ms_per_step": max(0.0, step_ms - busy), "kernels": 0})
-    rows.sort(key=lambda r: -r["ms_per_step"])
-    for r in rows:
-        r["share_of_step"] = r["ms_per_step"] / step_ms
     top = [(n, us / 1e3 / steps, step_profile.category(n)) for n, us, _ in sorted(times, key=lambda t: -t[1])[:TOP_KERNELS]]
-    return {"step_ms": step_ms, "rows": rows, "top": top}
+    return {"step_ms": step_ms, "rows": step_profile.category_rows(times, steps, step_ms), "top": top}
 
 
 def write_profile(profiles: list[dict], out: Path, name: str, config: str, batch: int, device: torch.device) -> None:

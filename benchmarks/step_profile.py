@@ -104,6 +104,14 @@ def profile_step(cfg, variant: str, batch_size: int, precision: str, steps: int,
         train_steps(run, batches, steps, start=warmup + steps)
         torch.cuda.synchronize(device)
     kernels = device_times(prof)
+    top = sorted(kernels, key=lambda k: -k[1])[:top_n]
+    return (step_ms, category_rows(kernels, steps, step_ms),
+            [(n, us / 1e3 / steps, calls // steps, category(n)) for n, us, calls in top])
+
+
+def category_rows(kernels: list[tuple[str, float, int]], steps: int, step_ms: float) -> list[dict]:
+    """`kernels` ((name, total microseconds, calls) over `steps` steps) added up per `category`, ms a step
+    and share of the `step_ms` step, longest first, with "idle": the step minus the kernels' sum."""
     by_cat: dict[str, list[float]] = {}
     for name, us, _ in kernels:
         by_cat.setdefault(category(name), []).append(us)
@@ -113,8 +121,7 @@ def profile_step(cfg, variant: str, batch_size: int, precision: str, steps: int,
     rows.sort(key=lambda r: -r["ms_per_step"])
     for r in rows:
         r["share_of_step"] = r["ms_per_step"] / step_ms
-    top = sorted(kernels, key=lambda k: -k[1])[:top_n]
-    return step_ms, rows, [(n, us / 1e3 / steps, calls // steps, category(n)) for n, us, calls in top]
+    return rows
 
 
 def plot(rows: list[dict], env: dict, path: Path, title: str) -> None:
