@@ -59,10 +59,12 @@ EOF
 for part in "$@"; do
   case $part in
     scaling)  # configs/kaggle.json, 65536 rows per GPU, on 1 GPU then 2 ranks (a 2-GPU machine);
-      # NVLink multicast (NVLS) stays off, as the device machine's README asks
+      # NVLink multicast (NVLS) stays off, as the device machine's README asks; SCALING_PROFILE=1 adds each
+      # rank's step profile (results/scaling_kaggle_profile_<N>gpu.{md,csv})
       for n in 1 2; do
         run "scaling_$n" 280 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node $n benchmarks/scaling.py \
-          --config configs/kaggle.json --batch-per-gpu 65536 --precision tf32 --out "$RES" --name scaling_kaggle
+          --config configs/kaggle.json --batch-per-gpu 65536 --precision tf32 --out "$RES" --name scaling_kaggle \
+          ${SCALING_PROFILE:+--profile}
       done
       ;;
     scaling:mlperf|scaling:mlperf:*)  # configs/mlperf-dcnv2.json, full tables (bf16 shards on 2 ranks), 65536 rows

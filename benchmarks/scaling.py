@@ -111,7 +111,7 @@ def measure(args) -> dict | None:
 
 
 PROFILE_KEYS = ["rank", "category", "ms_per_step", "share_of_step", "kernels"]
-TOP_KERNELS = 8
+TOP_KERNELS = 25
 
 
 def profile_rank(run, batches: list, steps: int, start: int, device: torch.device, step_ms: float) -> dict:

@@ -306,9 +306,14 @@ class DistributedConfig:
     """
 
     sharding: Literal["auto", "table", "row"] = "auto"
-    """table: every table whole on one rank (tables spread to balance rows); row: every table's
+    """table: every table whole on one rank (tables spread as `balance` says); row: every table's
     rows split into one block per rank; auto: table-wise, except tables with at least
     `row_wise_min_rows` rows, which are split row-wise."""
+    balance: Literal["lookups", "rows"] = "lookups"
+    """What the table-wise tables are spread to even out over the ranks: the lookups a sample makes
+    into each rank's tables (multi-hot sizes counted; an owner's step time grows with them), or the
+    rows each rank holds (its memory; the plan before 2026-11-28, which a sharded checkpoint saved
+    then needs to resume)."""
     row_wise_min_rows: int = 10_000_000
     """The table size from which "auto" shards a table row-wise."""
     backend: Literal["auto", "nccl", "gloo"] = "auto"

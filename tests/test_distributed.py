@@ -71,8 +71,32 @@ def test_plan_covers_every_row_once(mode, world):
 
 
 def test_table_wise_balances_rows():
-    plan = plan_sharding([100, 90, 10, 10, 5, 5], 2, "table", 10**9)
+    plan = plan_sharding([100, 90, 10, 10, 5, 5], 2, "table", 10**9, balance="rows")
     assert sorted(plan.local_rows(q) for q in range(2)) == [110, 110]
+
+
+def test_table_wise_balances_lookups_then_rows():
+    """The default: lookups a sample per rank even (multi-hot sizes counted), ties to fewer rows; a row-wise
+    table counts 1/W of its lookups and rows on every rank."""
+    cards, hot = [100, 90, 10, 10, 5, 1000], [1, 1, 8, 2, 5, 12]
+    plan = plan_sharding(cards, 2, "auto", 1000, hot)
+    # table 5 row-wise: 6 lookups and 500 rows on each rank; then, most looked-up first: table 2 (8) -> rank 0
+    # (tie, rank order), 4 (5) -> 1, 3 (2) -> 1 (11 < 14), 0 (1) -> 1 (13 < 14), 1 (1) -> 0 (14 = 14, 510 < 615 rows)
+    assert plan.table_rank == (1, 0, 0, 1, 1, -1)
+    assert [plan.lookups(q, hot) for q in range(2)] == [15.0, 14.0]
+    assert [plan.local_rows(q) for q in range(2)] == [600, 615]
+    rows_plan = plan_sharding(cards, 2, "auto", 1000, hot, balance="rows")
+    assert [rows_plan.lookups(q, hot) for q in range(2)] == [6 + 1 + 2, 6 + 1 + 8 + 5]  # tables 0, 3 | 1, 2, 4
+    one_hot = plan_sharding([100, 90, 10, 10, 5, 5], 2, "table", 10**9)
+    assert [one_hot.lookups(q) for q in range(2)] == [3, 3]
+    assert [one_hot.local_rows(q) for q in range(2)] == [115, 105]
+
+
+def test_plan_rejects_bad_balance_and_hotness():
+    with pytest.raises(ConfigError, match="distributed.balance: 'memory'"):
+        plan_sharding([3, 4], 2, "table", 10, balance="memory")
+    with pytest.raises(ConfigError, match="multi-hot sizes: 1 values for 2 tables"):
+        plan_sharding([3, 4], 2, "table", 10, [2])
 
 
 def test_plan_rejects_bad_mode():

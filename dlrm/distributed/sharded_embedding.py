@@ -9,14 +9,16 @@ global batch. One forward, on rank r with a local batch of B rows padded to P = 
    table give zeros);
 4. ``all_to_all`` of embeddings back (differentiable: its backward is the reverse all_to_all of
    the gradients); rank r sums the W
-   blocks of each row-wise table and takes each table-wise table from its owner -> [B, F, D].
+   blocks of each row-wise table and takes each table-wise table from its owner -> [B, F, D]
+   (`kernels.exchange_combine`: one Triton kernel a direction where Triton runs, the same sums in
+   PyTorch ops for the torch kernel on the CPU).
 
 Multi-hot tables (``hotness``): the ids travel per slot, the embeddings per feature, pooled where
 they are looked up. Rank q is sent the hashed rows of every slot of the tables it serves ([P, slots
 of S_q]; an empty slot, PAD, is sent as row -1, which no shard holds, so it is skipped), sums each
 feature's slots that fall in its block (the Triton pooled kernel, or an eager ``embedding_bag``)
 and sends back [P, |S_q|, D], as one-hot tables do; rank r sums the row-wise blocks into [B, F, D]
-with the same index_add: sum pooling, as `dlrm.model.pooled_sparse.PooledSparseArch`. Pooling on
+as for one-hot tables: sum pooling, as `dlrm.model.pooled_sparse.PooledSparseArch`. Pooling on
 the owner divides the bytes of the exchange and of its gradient by the mean hotness of the features
 a rank serves: for MLPerf DLRM-DCNv2 on two ranks 25x and 8.4x (152 slots over 6 features, 211 over
 25), and its step went from 129.6 to 35.4 ms on two H200s (benchmarks/results/mlperf_dcnv2_two_gpus.md).
@@ -57,6 +59,13 @@ from dlrm.data.schema import PAD_SPARSE
 from dlrm.distributed.sharding import ShardingPlan
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
 from dlrm.model.masked_lookup import masked_embedding, masked_embedding_bag
+from kernels.exchange_combine import (
+    EXCHANGE_TENSORS,
+    ExchangeLayout,
+    combine_received,
+    combine_received_eager,
+    exchange_layout,
+)
 from kernels.table_layout import init_table_, layout_tensors
 
 
@@ -92,19 +101,6 @@ class _AllToAll(torch.autograd.Function):
         back = grad.new_empty((sum(in_splits), *grad.shape[1:]))
         dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits)
         return back, None, None
-
-
-class _ScaleGrad(torch.autograd.Function):
-    """Identity forward; gradient times `scale`."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, scale: float) -> torch.Tensor:
-        ctx.scale = scale
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad * ctx.scale, None
 
 
 class ShardedSparseArch(nn.Module):
@@ -199,9 +195,12 @@ class ShardedSparseArch(nn.Module):
         for q in range(self.world_size):
             self.register_buffer(f"_send_slots_{q}", torch.tensor(self.served_slots[q], dtype=torch.int64),
                                  persistent=False)
-        # the embeddings come back per served feature (pooled on the owner): rank q sends [P, |S_q|, D]
-        received = [f for feats in self.served for f in feats]
-        self.register_buffer("_received_features", torch.tensor(received, dtype=torch.int64), persistent=False)
+        # the embeddings come back per served feature (pooled on the owner): rank q sends [P, |S_q|, D], combined
+        # into [B, F, D] by `kernels.exchange_combine` (its layout tensors are buffers, so they follow .to(device))
+        exchange = exchange_layout(self.served, self.num_features)
+        self._exchange = (exchange.num_features, exchange.parts, exchange.columns_per_rank)
+        for name in EXCHANGE_TENSORS:
+            self.register_buffer(f"_exchange_{name}", getattr(exchange, name), persistent=False)
         # this rank's served slots, grouped by served feature (served_slots lists each feature's slots together)
         self.served_hotness = [self.hotness[f] for f in self.served[rank]]
         group = [i for i, h in enumerate(self.served_hotness) for _ in range(h)]
@@ -347,12 +346,9 @@ class ShardedSparseArch(nn.Module):
 
         # embeddings back, in the shard's dtype (bf16: half the bytes): from rank q, [P, |S_q|, D]
         out = _AllToAll.apply(emb.reshape(-1, self.dim), [P * n for n in feats], [P * feats[self.rank]] * W)
-        parts = [p.view(P, n, self.dim) for p, n in zip(out.split([P * n for n in feats]), feats)]
-        received = torch.cat(parts, dim=1)  # [P, features of all S_q, D]
-        # Row-wise blocks summed in fp32 (at least), rounded once more to the shard's dtype; the casts are
-        # no-ops for fp32 shards. The backward sends bf16 gradients back, as the one-process lookup
-        # receives them from the interaction.
-        acc = torch.promote_types(emb.dtype, torch.float32)
-        full = torch.zeros(P, self.num_features, self.dim, dtype=acc, device=emb.device)
-        full = full.index_add(1, self._received_features, received.to(acc))
-        return _ScaleGrad.apply(full[:B], 1.0 / W).to(emb.dtype)
+        # Row-wise parts summed in fp32 (at least) and rounded once more to the shard's dtype; the backward scales
+        # the gradients by 1/W and sends them back in the shard's dtype, as the one-process lookup receives them.
+        layout = ExchangeLayout(*self._exchange, *(getattr(self, f"_exchange_{n}") for n in EXCHANGE_TENSORS))
+        if self.kernel == "triton" or out.is_cuda:  # one Triton kernel a direction (CUDA, or the interpreter)
+            return combine_received(out, layout, B, P, 1.0 / W)
+        return combine_received_eager(out, layout, B, P, 1.0 / W)

@@ -75,13 +75,15 @@ def make_sharding(cfg: Config, tables: Tables, env: DistEnv) -> Optional[Shardin
     if not env.distributed:
         return None
     plan = plan_sharding(tables.cardinalities, env.world_size, cfg.distributed.sharding,
-                         cfg.distributed.row_wise_min_rows)
+                         cfg.distributed.row_wise_min_rows, tables.multi_hot_sizes, cfg.distributed.balance)
     for q in range(env.world_size):
         if plan.local_rows(q) == 0:
             raise ConfigError(f"distributed.sharding: {cfg.distributed.sharding!r} leaves rank {q} without "
                               f"embedding rows ({len(tables.cardinalities)} tables, {env.world_size} ranks); use 'row'")
-    logger.info(f"embedding sharding ({cfg.distributed.sharding}) over {env.world_size} ranks:\n"
-                + plan.describe(cfg.model.embedding_dim, _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize))
+    logger.info(f"embedding sharding ({cfg.distributed.sharding}, balancing {cfg.distributed.balance}) over "
+                f"{env.world_size} ranks:\n"
+                + plan.describe(cfg.model.embedding_dim, _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize,
+                                tables.multi_hot_sizes))
     return plan
 
 
