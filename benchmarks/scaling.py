@@ -4,8 +4,9 @@
     torchrun --nproc-per-node 2 benchmarks/scaling.py --config configs/kaggle.json --batch-per-gpu 65536
 
 Each launch builds the run as `train.py` does under torchrun (`dlrm.train.builder.build_run`; one
-process: the plain model; N ranks: DDP MLPs and sharded tables, `config.distributed`; the config's
-step graph too, which refuses more than one process) with the config's table sizes (or its
+process: the plain model; N ranks: DDP MLPs and sharded tables, `config.distributed`, ``--sharding`` and
+``--balance``; the whole-step CUDA graph as ``train.cuda_graph`` or ``--cuda-graph`` says, its collectives
+captured too with N ranks) with the config's table sizes (or its
 dataset's, capped by data.max_rows_per_table), feeds every rank its slice of synthetic global
 batches of ``N x batch-per-gpu`` rows already on the device (uniform raw hash values: every lookup
 a cold row), runs warm-up steps, then times windows of steps with CUDA events (collectives
@@ -54,9 +55,10 @@ from dlrm.config import load_config  # noqa: E402
 from dlrm.data.loader import Batch  # noqa: E402
 from dlrm.distributed.env import init_distributed, shutdown  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
+from dlrm.train.graphed_step import GraphedTrainStep  # noqa: E402
 from dlrm.train.setup import resolve_device  # noqa: E402
 
-KEYS = ["gpus", "config", "precision", "sharding", "batch_per_gpu", "samples_per_sec", "min_samples_per_sec",
+KEYS = ["gpus", "config", "precision", "sharding", "balance", "cuda_graph", "batch_per_gpu", "samples_per_sec", "min_samples_per_sec",
         "max_samples_per_sec", "step_ms", "efficiency", "peak_memory_mb", "device", "torch", "triton", "date"]
 
 
@@ -77,6 +79,10 @@ def measure(args) -> dict | None:
     cfg.data.batch_size = args.batch_per_gpu
     if args.sharding:
         cfg.distributed.sharding = args.sharding
+    if args.balance:
+        cfg.distributed.balance = args.balance
+    if args.cuda_graph:
+        cfg.train.cuda_graph = {"true": True, "false": False}.get(args.cuda_graph, args.cuda_graph)
     fill_cardinalities(cfg)  # the config's dataset's table sizes when it names none
     device = resolve_device(cfg.train.device)  # the config's train.device, as train.py reads it ("auto": CUDA if any)
     env, device = init_distributed(cfg.distributed, device)
@@ -86,7 +92,10 @@ def measure(args) -> dict | None:
     batches = rank_batches(B, env, device, cfg.model.multi_hot_sizes)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    train_steps(run, batches, args.warmup)
+    graphed = isinstance(run.train_step, GraphedTrainStep)
+    # a captured step warms up (DDP_WARMUP_STEPS with several ranks) and captures before the timed windows
+    warmup = max(args.warmup, run.train_step.warmup_left + 2) if graphed else args.warmup
+    train_steps(run, batches, warmup)
     rates = []
     for w in range(args.windows):
         with Timer(device) as t:
@@ -97,14 +106,15 @@ def measure(args) -> dict | None:
     rate = statistics.median(rates)
     if args.profile:
         step_ms = B * W / rate * 1e3
-        start = args.warmup + args.windows * args.steps
+        start = warmup + args.windows * args.steps
         profiles = env.all_gather_object(profile_rank(run, batches, args.steps, start, device, step_ms))
         if env.is_main:
             write_profile(profiles, Path(args.out), f"{args.name}_profile_{W}gpu", Path(args.config).name, B, device)
     if not env.is_main:
         return None
     return {"gpus": W, "config": Path(args.config).name, "precision": args.precision,
-            "sharding": cfg.distributed.sharding if env.distributed else "none", "batch_per_gpu": B,
+            "sharding": cfg.distributed.sharding if env.distributed else "none",
+            "balance": cfg.distributed.balance if env.distributed else "", "cuda_graph": graphed, "batch_per_gpu": B,
             "samples_per_sec": rate, "min_samples_per_sec": min(rates), "max_samples_per_sec": max(rates),
             "step_ms": B * W / rate * 1e3, "peak_memory_mb": max((p for p in peaks if p is not None), default=None),
             **{k: v for k, v in environment(device).items() if k in ("device", "torch", "triton", "date")}}
@@ -164,12 +174,15 @@ def add_efficiency(rows: list[dict]) -> None:
 
 def markdown_table(rows: list[dict]) -> list[str]:
     """One line per launch (n/a for an efficiency or a peak memory it does not have)."""
-    lines = ["| GPUs | config | precision | sharding | batch per GPU | samples/s | step ms | efficiency | peak MiB | date |",
-             "| ---: | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| GPUs | config | precision | sharding | balance | whole-step CUDA graph | batch per GPU | samples/s | step ms "
+             "| efficiency | peak MiB | date |",
+             "| ---: | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         eff = f"{float(r['efficiency']):.2f}" if r["efficiency"] != "" else "n/a"
         peak = f"{float(r['peak_memory_mb']):,.0f}" if r.get("peak_memory_mb") not in (None, "") else "n/a"
-        lines.append(md_row([r["gpus"], r["config"], r["precision"], r["sharding"], f"{int(r['batch_per_gpu']):,}",
+        lines.append(md_row([r["gpus"], r["config"], r["precision"], r["sharding"], r.get("balance") or "n/a",
+                             r.get("cuda_graph") if r.get("cuda_graph") not in (None, "") else "n/a",
+                             f"{int(r['batch_per_gpu']):,}",
                              f"{float(r['samples_per_sec']):,.0f}", f"{float(r['step_ms']):.2f}", eff, peak, r["date"]]))
     return lines
 
@@ -206,7 +219,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-per-gpu", type=int, default=65536)
     ap.add_argument("--precision", default="tf32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--sharding", default=None, choices=["auto", "table", "row"], help="default: the config's")
-    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--balance", default=None, choices=["lookups", "rows"], help="default: the config's")
+    ap.add_argument("--cuda-graph", default=None, choices=["auto", "true", "false"],
+                    help="train.cuda_graph (default: the config's)")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps (more when a captured step needs them)")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="also profile --steps steps on every rank (see above)")

@@ -31,5 +31,17 @@ def wrap_dense_parts(model: DLRM, device: torch.device) -> DistributedDataParall
     The model is not changed (its state_dict keys stay those of a one-process DLRM); the train
     step and evaluation receive this wrapper from `dlrm.train.builder`. DDP broadcasts rank 0's
     dense parameters at construction; every rank also built them from the same seed.
+
+    On CUDA it is constructed on the stream a captured training step uses
+    (`dlrm.train.graphed_step.capture_stream`), as a DDP step captured in a CUDA graph needs.
     """
-    return DistributedDataParallel(DenseParts(model), device_ids=[device.index] if device.type == "cuda" else None)
+    if device.type != "cuda":
+        return DistributedDataParallel(DenseParts(model))
+    from dlrm.train.graphed_step import capture_stream
+
+    side, main = capture_stream(device), torch.cuda.current_stream(device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        ddp = DistributedDataParallel(DenseParts(model), device_ids=[device.index])
+    main.wait_stream(side)
+    return ddp

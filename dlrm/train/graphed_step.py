@@ -12,8 +12,18 @@ What it needs (``dlrm.config.validate`` and :func:`graph_train_step` check it): 
 without sparse gradients (``kernels.embedding = "triton"``, or "torch" compiled, which is then
 `dlrm.model.fused_sparse.FusedUpdateSparseArch`: static shapes, no host syncs); a fused
 dense optimizer, whose learning rate becomes a device tensor the graph reads (Adam is switched to
-``capturable``); compile mode other than reduce-overhead (no CUDA graphs inside the graph); one
-process. A batch of another size (an epoch's partial last batch) runs the ordinary step.
+``capturable``); compile mode other than reduce-overhead (no CUDA graphs inside the graph). A batch
+of another size (an epoch's partial last batch) runs the ordinary step.
+
+Several processes (torchrun, NCCL): the graph holds the collectives too (NCCL operations can be
+captured since NCCL 2.9; PyTorch keeps captured work away from its NCCL watchdog): the sharded
+lookup's all_to_alls and DDP's all_reduce of the dense gradients. What that needs, as PyTorch's and
+NVIDIA's CUDA-graph guides say: the sharded tables' Triton kernel (fused update, no sparse
+gradients); DDP constructed on the stream that warms up and captures (`capture_stream`, which
+`dlrm.distributed.data_parallel` uses), and at least 11 DDP iterations before the capture
+(`DDP_WARMUP_STEPS`: DDP rebuilds its buckets after the first); and every rank replaying or not
+replaying together, since a captured collective must be captured on every rank of the communicator:
+the choice depends on the global batch size only, which all ranks share.
 """
 
 from __future__ import annotations
@@ -27,6 +37,21 @@ from dlrm.data.loader import Batch
 from dlrm.train.meter import WARMUP_STEPS
 from dlrm.train.optim import FusedSparseOptimizer
 from dlrm.train.step import TrainStep
+
+# DDP needs this many iterations before a capture (PyTorch's CUDA-graph notes: "at least 11 DDP-enabled
+# eager iterations"); a one-process step needs WARMUP_STEPS (compilation, autotuning, lazy state)
+DDP_WARMUP_STEPS = 11
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream of `device` on which a `GraphedTrainStep` warms up and captures, made once: DDP
+    is constructed on it too, so that the gradient accumulators it keeps belong to the capture's stream."""
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
+    return _CAPTURE_STREAMS[index]
 
 
 class GraphedTrainStep:
@@ -53,11 +78,12 @@ class GraphedTrainStep:
             raise ValueError(f"train.cuda_graph: CUDA graphs need a CUDA device, not {step.device}")
         self.step = step
         self.warmup_left = warmup_steps
+        # the global batch size the graph is for: every rank of a distributed run decides alike
         self.batch_size: int | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: Batch | None = None
         self.static_loss: torch.Tensor | None = None
-        self.stream = torch.cuda.Stream(step.device)
+        self.stream = capture_stream(step.device)
         self.lr_tensors: list[tuple[dict, torch.Tensor]] = []  # (dense param group, the lr the graph reads)
         step.autocast_cache = False
         for opt in self._dense_optimizers():
@@ -72,8 +98,8 @@ class GraphedTrainStep:
 
     def __call__(self, batch: Batch) -> torch.Tensor:
         if self.batch_size is None:
-            self.batch_size = len(batch)
-        if len(batch) != self.batch_size:
+            self.batch_size = batch.global_len
+        if batch.global_len != self.batch_size:
             return self.step(batch)  # e.g. the epoch's partial last batch: the ordinary step
         if self.warmup_left > 0:
             self.warmup_left -= 1
@@ -139,14 +165,18 @@ def graph_train_step(step: TrainStep, enabled: bool, distributed: bool):
     if step.device.type != "cuda":
         logger.warning(f"train.cuda_graph needs CUDA; training with the ordinary step on {step.device}")
         return step
+    warmup = WARMUP_STEPS
     if distributed:
-        from dlrm.config import ConfigError
+        if not step.model.sparse_arch.fused_optimizer:
+            from dlrm.config import ConfigError
 
-        raise ConfigError("train.cuda_graph: not supported with more than one process (the collectives "
-                          "of the sharded embedding and DDP run outside a captured graph here)")  # fmt: skip
+            raise ConfigError('train.cuda_graph: with several processes needs kernels.embedding "triton" (the '
+                              "sharded torch embedding has sparse gradients of data-dependent shapes)")
+        warmup = DDP_WARMUP_STEPS
     logger.info("train.cuda_graph: the whole training step (forward, backward, embedding update, dense "
-                f"optimizer) is captured in one CUDA graph after {WARMUP_STEPS} warm-up steps")  # fmt: skip
-    return GraphedTrainStep(step)
+                f"optimizer{', collectives' if distributed else ''}) is captured in one CUDA graph after "
+                f"{warmup} warm-up steps")  # fmt: skip
+    return GraphedTrainStep(step, warmup)
 
 
 def plain_lr_state_dict(opt: torch.optim.Optimizer) -> dict:
