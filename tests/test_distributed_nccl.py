@@ -50,22 +50,23 @@ def dataset(tmp_path_factory) -> Path:
     return root
 
 
-def dcn_config(path: Path, dataset: Path, sharding: str) -> Path:
+def dcn_config(path: Path, dataset: Path, sharding: str, cuda_graph="auto") -> Path:
     raw = json.loads(json.dumps(BASE))
     raw["model"].update({"embedding_dim": 16, "bottom_mlp": [32, 16], "top_mlp": [32, 1], "interaction": "dcn",
                          "cross_layers": 2, "cross_rank": 4, "embedding_dtype": "bf16"})
     raw["kernels"] = {"embedding": "triton"}
     raw["data"]["path"] = str(dataset)
-    raw["train"].update({"epochs": 1, "device": DEVICE, "precision": "fp32", "compile": False})
+    raw["train"].update({"epochs": 1, "device": DEVICE, "precision": "fp32", "compile": False, "cuda_graph": cuda_graph})
     raw["checkpoint"]["every"] = 10  # checkpoints at 10, 20 and 27
     raw["distributed"] = {"sharding": sharding, "row_wise_min_rows": 10}
     path.write_text(json.dumps(raw))
     return path
 
 
-def train_run(tmp: Path, dataset: Path, name: str, nproc: int, sharding: str = "row") -> tuple[Path, str]:
+def train_run(tmp: Path, dataset: Path, name: str, nproc: int, sharding: str = "row",
+              cuda_graph="auto") -> tuple[Path, str]:
     """train.py in one process or under torchrun with `nproc` ranks: (run directory, its log)."""
-    cfg = dcn_config(tmp / f"{name}.json", dataset, sharding)
+    cfg = dcn_config(tmp / f"{name}.json", dataset, sharding, cuda_graph)
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
                 if nproc > 1 else [sys.executable])
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the compiled kernels
@@ -106,6 +107,8 @@ def test_two_gpus_with_bf16_shards_train_the_dcn_model_like_one_gpu(tmp_path, da
     ref, ref_summary, ref_dir = one_gpu
     run_dir, log = train_run(tmp_path, dataset, f"two-{sharding}", 2, sharding)
     assert "backend nccl" in log and "device cuda:0" in log
+    # train.cuda_graph "auto": the step, collectives included, is captured after DDP's 11 warm-up steps
+    assert "captured the training step at batch size 23" in log
     check_shards_are_bf16(run_dir)
     merged = on_cpu(merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, sharding)[1])
     assert merged["position"] == ref["position"] and merged["position"]["step"] == STEPS
@@ -128,3 +131,20 @@ def test_two_gpus_with_bf16_shards_train_the_dcn_model_like_one_gpu(tmp_path, da
     for (s1, l1), (s2, l2) in zip(summary["train_losses"], ref_summary["train_losses"]):
         assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-2)  # [0.19%]
     assert summary["auc"] == pytest.approx(ref_summary["auc"], abs=0.02)  # [0.003]
+
+
+def test_two_gpus_captured_step_trains_as_the_ordinary_step(tmp_path, dataset):
+    """The whole-step CUDA graph of two ranks (the all_to_alls and DDP's all_reduce captured with the rest)
+    replays the ordinary step's work: the same losses, tables, optimizer state and dense parameters, number
+    for number (the same kernels in the same order; the stochastic rounding's seed advances on the device)."""
+    runs = {}
+    for graph in (True, False):
+        run_dir, log = train_run(tmp_path, dataset, f"graph-{graph}", 2, "row", cuda_graph=graph)
+        assert ("captured the training step" in log) == graph
+        runs[graph] = (on_cpu(merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, f"graph-{graph}")[1]),
+                       summary_of(run_dir))
+    (a, sa), (b, sb) = runs[True], runs[False]
+    assert sa["train_losses"] == sb["train_losses"] and sa["auc"] == sb["auc"]
+    for k, v in b["model"].items():
+        assert torch.equal(a["model"][k], v), k
+    assert torch.equal(a["optimizers"][1]["state"][0]["sum"], b["optimizers"][1]["state"][0]["sum"])

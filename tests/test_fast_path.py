@@ -59,9 +59,15 @@ def test_the_compiled_torch_embedding_gets_the_step_graph():
     assert resolved.train.compile.enabled is True and resolved.train.cuda_graph is True
 
 
-def test_several_processes_get_no_step_graph():
+def test_several_processes_get_the_step_graph_with_the_triton_embedding_on_nccl():
+    """The collectives are captured too (dlrm.train.graphed_step); the sharded torch embedding (sparse
+    gradients) and gloo (no capturable collectives) keep the ordinary step."""
     resolved, chosen = resolve_fast_path(cfg_with(), CUDA, distributed=True)
-    assert resolved.train.cuda_graph is False and "several processes" in chosen["train.cuda_graph"]["why"]
+    assert resolved.kernels.embedding == "triton" and resolved.train.cuda_graph is True
+    resolved, chosen = resolve_fast_path(cfg_with(**{"kernels.embedding": "torch"}), CUDA, distributed=True)
+    assert resolved.train.cuda_graph is False and "torch embedding" in chosen["train.cuda_graph"]["why"]
+    resolved, chosen = resolve_fast_path(cfg_with(**{"distributed.backend": "gloo"}), CUDA, distributed=True)
+    assert resolved.train.cuda_graph is False and "gloo" in chosen["train.cuda_graph"]["why"]
 
 
 def test_cat_interaction_stays_pytorch():

@@ -146,8 +146,13 @@ def _cuda_graph_blocker(cfg: Config, device: torch.device, distributed: bool, mu
     """Why the whole-step CUDA graph cannot run here ("" when it can)."""
     if device.type != "cuda":
         return f"no CUDA device ({device})"
-    if distributed:
-        return "several processes (the collectives run outside a captured graph)"
+    if distributed and cfg.kernels.embedding != "triton":
+        return "several processes with the torch embedding (the sharded tables' sparse gradients have data-dependent shapes)"
+    if distributed and cfg.distributed.backend == "gloo":
+        return "several processes on the gloo backend (only NCCL's collectives can be captured)"
+    # several processes with the Triton embedding: the collectives are captured too (dlrm.train.graphed_step); on
+    # two H200s (2026-11-28, results/mlperf_dcnv2_two_gpus.md) Kaggle trained at 38.7M samples/s against 12.5M
+    # without the graph (host-bound), MLPerf DLRM-DCNv2 at 5.68M against 5.50M
     if multi_hot and cfg.kernels.embedding == "torch":
         return "the torch multi-hot embedding (EmbeddingBag) has sparse gradients with data-dependent shapes"
     if cfg.kernels.embedding == "torch" and not cfg.train.compile.enabled:

@@ -167,11 +167,14 @@ def graph_train_step(step: TrainStep, enabled: bool, distributed: bool):
         return step
     warmup = WARMUP_STEPS
     if distributed:
-        if not step.model.sparse_arch.fused_optimizer:
-            from dlrm.config import ConfigError
+        from dlrm.config import ConfigError
 
+        if not step.model.sparse_arch.fused_optimizer:
             raise ConfigError('train.cuda_graph: with several processes needs kernels.embedding "triton" (the '
                               "sharded torch embedding has sparse gradients of data-dependent shapes)")
+        if torch.distributed.get_backend() != "nccl":
+            raise ConfigError(f"train.cuda_graph: with several processes needs the nccl backend, not "
+                              f"{torch.distributed.get_backend()!r} (only NCCL's collectives can be captured)")
         warmup = DDP_WARMUP_STEPS
     logger.info("train.cuda_graph: the whole training step (forward, backward, embedding update, dense "
                 f"optimizer{', collectives' if distributed else ''}) is captured in one CUDA graph after "
