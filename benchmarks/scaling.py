@@ -164,12 +164,24 @@ def write_profile(profiles: list[dict], out: Path, name: str, config: str, batch
 
 
 def add_efficiency(rows: list[dict]) -> None:
-    """Efficiency against the latest 1-GPU row of the same config, precision and batch per GPU
-    ("" without one)."""
+    """Efficiency against the 1-GPU row of the same config, precision, batch per GPU and device measured
+    closest in time (the same device call when it ran one: calls can land on different machines); ""
+    without one."""
+    def minutes(r) -> float:
+        try:
+            return time.mktime(time.strptime(str(r["date"]), "%Y-%m-%d %H:%M")) / 60
+        except (KeyError, ValueError):
+            return 0.0
+
     for r in rows:
         base = [b for b in rows if int(b["gpus"]) == 1  # rows read back from the CSV are strings
-                and all(str(b[k]) == str(r[k]) for k in ("config", "precision", "batch_per_gpu"))]
-        r["efficiency"] = float(r["samples_per_sec"]) / (int(r["gpus"]) * float(base[-1]["samples_per_sec"])) if base else ""
+                and all(str(b.get(k)) == str(r.get(k)) for k in ("config", "precision", "batch_per_gpu", "device"))]
+        if not base:
+            r["efficiency"] = ""
+            continue
+        # closest in time; of two equally close, the later (the rows' order)
+        b = min(reversed(base), key=lambda b: abs(minutes(b) - minutes(r)))
+        r["efficiency"] = float(r["samples_per_sec"]) / (int(r["gpus"]) * float(b["samples_per_sec"]))
 
 
 def markdown_table(rows: list[dict]) -> list[str]:

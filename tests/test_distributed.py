@@ -251,6 +251,22 @@ def test_loader_ranks_concatenate_to_the_one_process_batches(dataset, loader_nam
             assert torch.equal(torch.cat([getattr(p, field) for p in parts]), getattr(batch, field))
 
 
+def test_scaling_efficiency_uses_the_one_gpu_row_closest_in_time():
+    """Device calls can land on different machines: each N-GPU row is divided by the 1-GPU row (same config,
+    precision, batch and device) measured closest to it, before or after."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import scaling
+
+    def row(gpus, rate, date, config="m.json"):
+        return {"gpus": gpus, "config": config, "precision": "bf16", "batch_per_gpu": 64, "device": "H",
+                "samples_per_sec": rate, "date": date}
+
+    rows = [row(1, 100.0, "2026-11-28 09:00"), row(2, 150.0, "2026-11-28 09:02"),
+            row(2, 180.0, "2026-11-28 10:01"), row(1, 120.0, "2026-11-28 10:02"), row(2, 90.0, "2026-11-28 10:03", "k.json")]
+    scaling.add_efficiency(rows)
+    assert [r["efficiency"] for r in rows] == [1.0, 0.75, 0.75, 1.0, ""]
+
+
 @pytest.mark.parametrize("multi_hot", [False, True], ids=["one-hot", "multi-hot"])
 def test_scaling_benchmark_runs_and_reports_efficiency(tmp_path, multi_hot):
     """Smoke run of benchmarks/scaling.py on the CPU (gloo): one process, then two ranks; also with multi-hot
