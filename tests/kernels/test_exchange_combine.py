@@ -1,7 +1,7 @@
 """kernels/exchange_combine.py (the sharded lookup's received blocks -> [B, F, D]) against float64 references.
 
-CPU: Triton interpreter, small shapes, fp32 and bf16; GPU-marked tests repeat it at MLPerf DLRM-DCNv2's two-rank
-layout (26 features, five row-wise, B 4096, D 128). References: the forward as float64 sums of each feature's
+CPU: Triton interpreter, small shapes, fp32 and bf16 (on a GPU machine the same tests run on CUDA); GPU-marked
+tests repeat it at MLPerf DLRM-DCNv2's two-rank layout (26 features, five row-wise, B 4096, D 128). References: the forward as float64 sums of each feature's
 columns, in rank order, rounded once to the dtype; the gradient as float64 gathers of the output gradient times
 the scale, rounded once, zero for the padded samples. The eager path (`combine_received_eager`, what CPU runs
 without Triton) is held to the same references, so the two paths agree number for number.
@@ -74,21 +74,21 @@ def _check(fn, served, F, B, P, D, dtype, device="cpu", scale=0.5):
 @pytest.mark.parametrize("B,P", [(1, 1), (3, 4), (127, 127)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fn", [combine_received, combine_received_eager], ids=["triton", "eager"])
-def test_against_float64(fn, dtype, B, P, name):
+def test_against_float64(fn, dtype, B, P, name, device):
     served, F = LAYOUTS[name]
-    _check(fn, served, F, B, P, 16, dtype)
+    _check(fn, served, F, B, P, 16, dtype, device)
 
 
 @pytest.mark.parametrize("D", [1, 5, 128])
-def test_widths(D):
+def test_widths(D, device):
     served, F = LAYOUTS["one_row_wise"]
-    _check(combine_received, served, F, 3, 4, D, torch.float32)
+    _check(combine_received, served, F, 3, 4, D, torch.float32, device)
 
 
-def test_zero_local_batch():
+def test_zero_local_batch(device):
     """A rank whose local batch is empty (B 0 of P 2) still sends the padded gradient rows: zeros."""
     served, F = LAYOUTS["one_row_wise"]
-    _check(combine_received, served, F, 0, 2, 8, torch.float32)
+    _check(combine_received, served, F, 0, 2, 8, torch.float32, device)
 
 
 def test_wrong_row_count_is_refused():
