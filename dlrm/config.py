@@ -299,21 +299,15 @@ class CheckpointConfig:
 
 @dataclass
 class DistributedConfig:
-    """Multi-process training under ``torchrun --nproc-per-node N`` (ignored in a single process).
-
-    The MLPs are replicated with DistributedDataParallel; the embedding tables are sharded and
-    the lookups exchanged with all_to_all (`dlrm.distributed.sharded_embedding`).
-    """
+    """Multi-process training under ``torchrun --nproc-per-node N`` (ignored in one process): the MLPs
+    replicated with DDP, the tables sharded, lookups exchanged with all_to_all (`dlrm.distributed`)."""
 
     sharding: Literal["auto", "table", "row"] = "auto"
-    """table: every table whole on one rank (tables spread as `balance` says); row: every table's
-    rows split into one block per rank; auto: table-wise, except tables with at least
-    `row_wise_min_rows` rows, which are split row-wise."""
+    """table: every table whole on one rank (spread as `balance` says); row: every table's rows split
+    into one block per rank; auto: table-wise, but tables of `row_wise_min_rows` rows or more row-wise."""
     balance: Literal["lookups", "rows"] = "lookups"
-    """What the table-wise tables are spread to even out over the ranks: the lookups a sample makes
-    into each rank's tables (multi-hot sizes counted; an owner's step time grows with them), or the
-    rows each rank holds (its memory; the plan before 2026-11-28, which a sharded checkpoint saved
-    then needs to resume)."""
+    """What the table-wise tables even out over the ranks: the lookups a sample makes into them
+    (multi-hot sizes counted), or the rows (the plan before 2026-11-28, which its checkpoints need)."""
     row_wise_min_rows: int = 10_000_000
     """The table size from which "auto" shards a table row-wise."""
     backend: Literal["auto", "nccl", "gloo"] = "auto"

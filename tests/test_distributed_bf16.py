@@ -369,17 +369,19 @@ def check_shards_are_bf16(run_dir: Path) -> None:
         assert s["model"]["sparse_arch.sr_seed"].tolist() == sparse["sr_seed"].tolist() == [STEPS]
 
 
-def assert_dense_close(a: dict, b: dict, rtol: float, atol: float) -> None:
-    """Every model tensor but the table, and the dense optimizer's state."""
+def assert_dense_close(a: dict, b: dict, atol: float, state_rel: float) -> None:
+    """Every model tensor but the table within `atol` element by element (and rtol 0.05), and each tensor of
+    the dense optimizer's state within `state_rel` of its norm (Adam's moments carry the rounding noise of
+    every step's gradients: compared by norm, as tests/test_distributed_nccl.py compares the parameters)."""
     assert set(a["model"]) == set(b["model"])
     for k in a["model"]:
         if k != "sparse_arch.weight":
-            torch.testing.assert_close(a["model"][k], b["model"][k], rtol=rtol, atol=atol, msg=k)
+            torch.testing.assert_close(a["model"][k], b["model"][k], rtol=0.05, atol=atol, msg=k)
     for pid, st in b["optimizers"][0]["state"].items():
         for name, v in st.items():
             if torch.is_tensor(v) and v.dim() > 0:
-                torch.testing.assert_close(a["optimizers"][0]["state"][pid][name], v, rtol=rtol, atol=atol,
-                                           msg=f"{pid}.{name}")
+                diff = (a["optimizers"][0]["state"][pid][name] - v).norm()
+                assert diff <= state_rel * v.norm() + 1e-12, (f"{pid}.{name}", float(diff / v.norm()))
 
 
 @pytest.mark.parametrize("kind", ["one-hot", "multi-hot"])
@@ -388,13 +390,20 @@ def test_two_ranks_with_bf16_shards_train_like_one_process(tmp_path, one_process
     """Both sides round stochastically with independent bits (keyed by the local row on the shards),
     so the runs differ by rounding noise that training carries along, as two one-process runs whose
     rounding seeds differ do. Each update's rounding is within 1 bf16 ulp (test_one_step_... above).
-    At step 27: the two tables differ by less than a fifth of how far the one-process tables moved
-    from step 10 to 27 (measured: 3.6-4.4%; one process against one process with the seed started at
-    1000, 2000, 3000: 4.1-4.5%), the sparse optimizer's fp32 sums by less than 2% (0.13-0.24%), the
-    dense parameters and their Adam state within rtol 0.05, atol 0.01 (parameters: at most 0.5% of a
-    tensor's norm, 0.007 in an element), the losses by less than 1% (at most 0.08%), the AUCs by less
-    than 0.02 (at most 0.001). Exact: the position, the rounding seed (one a step on both sides) and the keys of the
-    merged checkpoint (the one-process model's)."""
+    At step 27, with the bounds about 2.5x the largest value measured (two ranks against one process,
+    and one process against one process with its rounding seed started at 1000, 2000, 3000, 4000):
+    - the tables differ by less than a fifth of how far the one-process tables moved from step 10 to
+      27 (measured: 3.6-4.4%; seeds: 4.1-4.5%);
+    - the sparse optimizer's fp32 sums by less than 13% of their norm (seeds: 0.19%, 0.68%, 4.6%,
+      5.1%; two ranks table-wise multi-hot, lookups balanced: 4.75%; 0.13-0.24% under the plan that
+      balanced rows, whose rank 0 held the first tables at their one-process rows, where the rounding
+      bits, keyed by the row, are the same);
+    - the dense parameters within rtol 0.05, atol 0.02 (at most 0.6% of a tensor's norm, 0.0077 in
+      an element), and each tensor of their Adam state within 30% of its norm (Adam's first moment of
+      one parameter up to 10.9%: seeds 2000 and 3000, and two ranks table-wise multi-hot);
+    - the losses by less than 1% (at most 0.08%), the AUCs by less than 0.02 (at most 0.001).
+    Exact: the position, the rounding seed (one a step on both sides) and the keys of the merged
+    checkpoint (the one-process model's)."""
     ref, ref_summary, ref_dir = one_process[kind]
     run_dir = two_ranks(kind, sharding)
     check_shards_are_bf16(run_dir)
@@ -406,14 +415,14 @@ def test_two_ranks_with_bf16_shards_train_like_one_process(tmp_path, one_process
     sparse, ref_sparse = merged["optimizers"][1]["state"][0], ref["optimizers"][1]["state"][0]
     assert set(sparse) == set(ref_sparse) and sparse["sr_seed"].tolist() == ref_sparse["sr_seed"].tolist() == [STEPS]
     assert sparse["sum"].dtype == ref_sparse["sum"].dtype == torch.float32
-    assert (sparse["sum"] - ref_sparse["sum"]).norm() < 0.02 * ref_sparse["sum"].norm()
+    assert (sparse["sum"] - ref_sparse["sum"]).norm() < 0.13 * ref_sparse["sum"].norm()
     w, w_ref = merged["model"]["sparse_arch.weight"], ref["model"]["sparse_arch.weight"]
     assert w.dtype == w_ref.dtype == torch.bfloat16
     w10 = torch.load(ckpt.checkpoint_dir(ref_dir) / ckpt.checkpoint_name(10), weights_only=True)["model"]
     moved = (w_ref.float() - w10["sparse_arch.weight"].float()).norm()
     assert moved > 0.1 * w_ref.float().norm()  # training did move the tables (measured: 24-25%)
     assert (w.float() - w_ref.float()).norm() < 0.2 * moved
-    assert_dense_close(merged, ref, rtol=0.05, atol=0.01)
+    assert_dense_close(merged, ref, atol=0.02, state_rel=0.3)
     summary = summary_of(run_dir)
     assert summary["world_size"] == 2 and summary["samples"] == ref_summary["samples"]
     for (s1, l1), (s2, l2) in zip(summary["train_losses"], ref_summary["train_losses"]):

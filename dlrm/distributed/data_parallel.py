@@ -8,6 +8,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dlrm.model.dlrm import DLRM, dense_forward
 
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream of `device` on which `dlrm.train.graphed_step.GraphedTrainStep` warms up and
+    captures, made once: DDP is constructed on it too (`wrap_dense_parts`), so that the gradient
+    accumulators it keeps belong to the capture's stream, as a captured DDP step needs."""
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if index not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
+    return _CAPTURE_STREAMS[index]
+
 
 class DenseParts(nn.Module):
     """DenseArch, InteractionArch and OverArch of a DLRM (the same modules, not copies).
@@ -32,13 +45,11 @@ def wrap_dense_parts(model: DLRM, device: torch.device) -> DistributedDataParall
     step and evaluation receive this wrapper from `dlrm.train.builder`. DDP broadcasts rank 0's
     dense parameters at construction; every rank also built them from the same seed.
 
-    On CUDA it is constructed on the stream a captured training step uses
-    (`dlrm.train.graphed_step.capture_stream`), as a DDP step captured in a CUDA graph needs.
+    On CUDA it is constructed on the stream a captured training step uses (`capture_stream`), as a
+    DDP step captured in a CUDA graph needs.
     """
     if device.type != "cuda":
         return DistributedDataParallel(DenseParts(model))
-    from dlrm.train.graphed_step import capture_stream
-
     side, main = capture_stream(device), torch.cuda.current_stream(device)
     side.wait_stream(main)
     with torch.cuda.stream(side):

@@ -19,8 +19,8 @@ Several processes (torchrun, NCCL): the graph holds the collectives too (NCCL op
 captured since NCCL 2.9; PyTorch keeps captured work away from its NCCL watchdog): the sharded
 lookup's all_to_alls and DDP's all_reduce of the dense gradients. What that needs, as PyTorch's and
 NVIDIA's CUDA-graph guides say: the sharded tables' Triton kernel (fused update, no sparse
-gradients); DDP constructed on the stream that warms up and captures (`capture_stream`, which
-`dlrm.distributed.data_parallel` uses), and at least 11 DDP iterations before the capture
+gradients); DDP constructed on the stream that warms up and captures
+(`dlrm.distributed.data_parallel.capture_stream`), and at least 11 DDP iterations before the capture
 (`DDP_WARMUP_STEPS`: DDP rebuilds its buckets after the first); and every rank replaying or not
 replaying together, since a captured collective must be captured on every rank of the communicator:
 the choice depends on the global batch size only, which all ranks share.
@@ -34,6 +34,7 @@ import torch
 from loguru import logger
 
 from dlrm.data.loader import Batch
+from dlrm.distributed.data_parallel import capture_stream
 from dlrm.train.meter import WARMUP_STEPS
 from dlrm.train.optim import FusedSparseOptimizer
 from dlrm.train.step import TrainStep
@@ -41,18 +42,6 @@ from dlrm.train.step import TrainStep
 # DDP needs this many iterations before a capture (PyTorch's CUDA-graph notes: "at least 11 DDP-enabled
 # eager iterations"); a one-process step needs WARMUP_STEPS (compilation, autotuning, lazy state)
 DDP_WARMUP_STEPS = 11
-_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """The side stream of `device` on which a `GraphedTrainStep` warms up and captures, made once: DDP
-    is constructed on it too, so that the gradient accumulators it keeps belong to the capture's stream."""
-    index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
-    if index not in _CAPTURE_STREAMS:
-        _CAPTURE_STREAMS[index] = torch.cuda.Stream(index)
-    return _CAPTURE_STREAMS[index]
-
 
 class GraphedTrainStep:
     """A `TrainStep` whose steps of the first full batch's size replay one captured CUDA graph.
