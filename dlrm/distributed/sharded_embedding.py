@@ -125,10 +125,10 @@ class ShardedSparseArch(nn.Module):
             keyed by the row of the local shard, not of the full table, so a bf16 shard rounds
             like one process in distribution, not bit for bit.
         skip_masked_updates: make masked lookups (another rank's block of a row-wise table, an empty
-            slot, a padded sample: they point at rows of the shard, with zero gradients) skip the
-            update, as one process never touches a row for them. Needed for a lazy sparse weight
-            decay, which decays every row an update touches (`dlrm.train.optim.decay_touched_rows_`);
-            without it a masked lookup's zero gradient is a no-op for SGD, Adagrad and row-wise Adagrad (and a bf16 row
+            slot, a padded sample: they point at the shard's row 0) skip the update, as one process
+            never touches a row for them. Needed for a lazy sparse weight decay, which decays every
+            row an update touches (`dlrm.train.optim.decay_touched_rows_`); without it a masked
+            lookup's zero gradient is a no-op for SGD, Adagrad and row-wise Adagrad (and a bf16 row
             rounds back to itself), so the faster one-hot Triton module is kept. Triton: every shard
             then takes `kernels.embedding.TritonPooledEmbedding` (hotness 1), whose PAD slots are
             skipped. The torch kernel always leaves masked lookups out of its sparse gradient
@@ -215,7 +215,6 @@ class ShardedSparseArch(nn.Module):
         self.register_buffer("_local_offset", torch.tensor([o for _, _, o in mine], dtype=torch.int64), persistent=False)
 
         rows = plan.local_rows(rank)
-        self._spread_rows = max(1, rows)  # where masked lookups point (see forward)
         self.kernel = kernel
         if kernel == "triton":
             from kernels.embedding import TritonPooledEmbedding, TritonSparseEmbedding
@@ -295,7 +294,7 @@ class ShardedSparseArch(nn.Module):
     def _lookup(self, local_rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """[W, P, served slots] rows of the local shard -> [W, P, served features, D]: each served
         feature's slots summed (one slot a feature when one-hot), masked lookups (`valid` False:
-        `local_rows` holds some row of the shard there) contributing zeros and no update."""
+        `local_rows` holds 0 there) contributing zeros and no update."""
         W, P, S = local_rows.shape
         if S == 0:  # this rank serves no table (more ranks than tables): nothing to look up, but its part
             # of the exchange must take part in autograd, so that its backward all_to_all meets the others'
@@ -342,10 +341,8 @@ class ShardedSparseArch(nn.Module):
         # local lookup of what every rank asked for, pooled per feature: [W, P, |S_rank| features, D]
         t = recv.view(W, P, mine) - self._base
         valid = (t >= 0) & (t < self._count)
-        # ids in another rank's block (or empty slots, padded samples) contribute zeros. They point at rows of the
-        # shard spread by their id, not all at row 0: their zero gradients change nothing either way, but the
-        # one-hot Triton update's atomic adds of a row-wise table's masked lookups all went into one row
-        emb = self._lookup(torch.where(valid, t + self._local_offset, t.remainder(self._spread_rows)), valid)
+        # ids in another rank's block (or empty slots, padded samples) contribute zeros
+        emb = self._lookup(torch.where(valid, t + self._local_offset, torch.zeros_like(t)), valid)
 
         # embeddings back, in the shard's dtype (bf16: half the bytes): from rank q, [P, |S_q|, D]
         out = _AllToAll.apply(emb.reshape(-1, self.dim), [P * n for n in feats], [P * feats[self.rank]] * W)
