@@ -17,7 +17,7 @@ number, what the eager path computes (`combine_received_eager`: the blocks conca
 ``index_add`` into zeros, cut to B rows, cast back; the backward the same ops' autograd), but each direction is one
 kernel reading and writing every element once, where the eager ops made about a dozen passes over
 [P, F, D]-sized tensors (~9 ms a step for MLPerf DLRM-DCNv2 on two H200s: copies 6.7-7.0 ms, the fp32
-``index_add`` 2.0 ms; benchmarks/results/scaling_mlperf_profile_2gpu.md). The backward writes straight into the
+``index_add`` 2.0 ms; benchmarks/results/scaling_mlperf_profile_2gpu_nineteenth_code.md). The backward writes straight into the
 buffer the reverse all_to_all sends: no ``contiguous()`` copy of the concatenation's gradient slices.
 
 Layout (`ExchangeLayout`): built once from the plan's served features; the per-column tables are int64 device
@@ -106,7 +106,10 @@ def exchange_layout(served: list[list[int]], num_features: int, device=None) -> 
     at = 0
     for feats in served:
         for i, f in enumerate(feats):
-            feature.append(f), prefix.append(at), n.append(len(feats)), j.append(i)
+            feature.append(f)
+            prefix.append(at)
+            n.append(len(feats))
+            j.append(i)
         at += len(feats)
     cols = [[c for c, g in enumerate(feature) if g == f] for f in range(num_features)]
     missing = [f for f, c in enumerate(cols) if not c]

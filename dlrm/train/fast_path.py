@@ -152,7 +152,7 @@ def _cuda_graph_blocker(cfg: Config, device: torch.device, distributed: bool, mu
         return "several processes on the gloo backend (only NCCL's collectives can be captured)"
     # several processes with the Triton embedding: the collectives are captured too (dlrm.train.graphed_step); on
     # two H200s (2026-11-28, results/mlperf_dcnv2_two_gpus.md) Kaggle trained at 38.7M samples/s against 12.5M
-    # without the graph (host-bound), MLPerf DLRM-DCNv2 at 5.68M against 5.50M
+    # without the graph (host-bound), MLPerf DLRM-DCNv2 (table-wise shards) at 5.68M against 5.50M
     if multi_hot and cfg.kernels.embedding == "torch":
         return "the torch multi-hot embedding (EmbeddingBag) has sparse gradients with data-dependent shapes"
     if cfg.kernels.embedding == "torch" and not cfg.train.compile.enabled:

@@ -43,6 +43,7 @@ from dlrm.train.step import TrainStep
 # eager iterations"); a one-process step needs WARMUP_STEPS (compilation, autotuning, lazy state)
 DDP_WARMUP_STEPS = 11
 
+
 class GraphedTrainStep:
     """A `TrainStep` whose steps of the first full batch's size replay one captured CUDA graph.
 
