@@ -254,8 +254,9 @@ def test_loader_ranks_concatenate_to_the_one_process_batches(dataset, loader_nam
 def test_scaling_efficiency_uses_the_one_gpu_row_closest_in_time():
     """Device calls can land on different machines: each N-GPU row is divided by the 1-GPU row (same config,
     precision, batch and device) measured closest to it, before or after."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    import scaling
+    from tests.test_benchmark_scripts import load_script  # by path: benchmarks/kernels.py must not shadow `kernels`
+
+    scaling = load_script("scaling")
 
     def row(gpus, rate, date, config="m.json"):
         return {"gpus": gpus, "config": config, "precision": "bf16", "batch_per_gpu": 64, "device": "H",
