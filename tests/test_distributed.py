@@ -99,6 +99,46 @@ def test_plan_rejects_bad_balance_and_hotness():
         plan_sharding([3, 4], 2, "table", 10, [2])
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_one_hot_shard_looks_up_and_updates_per_served_feature(deterministic):
+    """A one-hot Triton shard is one table a served feature (so the update runs one feature a program): its local
+    lookup gives each valid slot's row and zeros for masked ones, and SGD changes exactly the rows looked up, by
+    the float64 sums of their gradients, whatever rows the masked lookups were pointed at."""
+    from dlrm.distributed.sharded_embedding import ShardedSparseArch
+    from kernels.embedding import SparseOptimizerConfig
+
+    cards = [3, 1, 40, 2]  # a 1-row table split over 3 ranks leaves rank 2 an empty block
+    plan = plan_sharding(cards, 3, "auto", 40)  # the 40-row table row-wise; "row" splits the others too
+    row_plan = plan_sharding(cards, 3, "row", 40)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        for plan_, rank in ((plan, 0), (plan, 2), (row_plan, 2)):
+            arch = ShardedSparseArch(cards, 4, plan_, rank, kernel="triton")
+            local = arch.__dict__["_triton"]
+            layout = plan_.local_layout(rank)
+            assert local.cardinality_list == [max(count, 1) for _, _, count, _ in layout]
+            assert local.offsets.tolist() == [at if count else 0 for _, _, count, at in layout]
+            W, P, S = 3, 5, len(layout)
+            counts = torch.tensor([count for _, _, count, _ in layout])
+            at = torch.tensor([a for _, _, _, a in layout])
+            t = (torch.rand(W, P, S) * (counts + 2)).long() - 1  # -1 and count: outside the block
+            valid = (t >= 0) & (t < counts)
+            local_rows = torch.where(valid, t + at, torch.zeros_like(t))
+            lr = torch.tensor([0.5])
+            arch.use_fused_update(SparseOptimizerConfig("sgd", lr, deterministic=deterministic))
+            before = arch.weight.detach().clone().double()
+            emb = arch._lookup(local_rows, valid)
+            expect = before[local_rows] * valid.unsqueeze(-1)
+            torch.testing.assert_close(emb.double(), expect, rtol=0, atol=0)
+            grad = torch.randn(W, P, S, 4)
+            emb.backward(grad)
+            step = torch.zeros_like(before).index_add_(0, local_rows[valid], grad.double()[valid])
+            torch.testing.assert_close(arch.weight.detach().double(), before - 0.5 * step, rtol=1e-6, atol=1e-6)
+            untouched = torch.ones(len(before), dtype=torch.bool)
+            untouched[local_rows[valid]] = False
+            assert torch.equal(arch.weight.detach().double()[untouched], before[untouched])
+
+
 def test_plan_rejects_bad_mode():
     with pytest.raises(ConfigError, match="distributed.sharding: 'rows'"):
         plan_sharding([3], 2, "rows", 10)
