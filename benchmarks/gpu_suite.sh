@@ -60,11 +60,12 @@ for part in "$@"; do
   case $part in
     scaling)  # configs/kaggle.json, 65536 rows per GPU, on 1 GPU then 2 ranks (a 2-GPU machine);
       # NVLink multicast (NVLS) stays off, as the device machine's README asks; SCALING_PROFILE=1 adds each
-      # rank's step profile (results/scaling_kaggle_profile_<N>gpu.{md,csv})
+      # rank's step profile (results/scaling_kaggle_profile_<N>gpu.{md,csv}); SCALING_ARGS (e.g. "--balance lookups")
+      # go to benchmarks/scaling.py as they are, here and in scaling:mlperf
       for n in 1 2; do
         run "scaling_$n" 280 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node $n benchmarks/scaling.py \
           --config configs/kaggle.json --batch-per-gpu 65536 --precision tf32 --out "$RES" --name scaling_kaggle \
-          ${SCALING_PROFILE:+--profile}
+          ${SCALING_PROFILE:+--profile} ${SCALING_ARGS:-}
       done
       ;;
     scaling:mlperf|scaling:mlperf:*)  # configs/mlperf-dcnv2.json, full tables (bf16 shards on 2 ranks), 65536 rows
@@ -75,7 +76,7 @@ for part in "$@"; do
       for n in ${counts:-2 1}; do
         run "scaling_mlperf_$n" 240 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node $n benchmarks/scaling.py \
           --config configs/mlperf-dcnv2.json --batch-per-gpu 65536 --precision bf16 --warmup 5 --steps 10 --windows 3 \
-          --out "$RES" --name scaling_mlperf ${SCALING_PROFILE:+--profile}
+          --out "$RES" --name scaling_mlperf ${SCALING_PROFILE:+--profile} ${SCALING_ARGS:-}
       done
       ;;
     nccl)  # two GPUs: train.py under torchrun (NCCL, bf16 shards, DCN, multi-hot) against one GPU

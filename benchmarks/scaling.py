@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-per-gpu", type=int, default=65536)
     ap.add_argument("--precision", default="tf32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--sharding", default=None, choices=["auto", "table", "row"], help="default: the config's")
-    ap.add_argument("--balance", default=None, choices=["lookups", "rows"], help="default: the config's")
+    ap.add_argument("--balance", default=None, choices=["cost", "lookups", "rows"], help="default: the config's")
     ap.add_argument("--cuda-graph", default=None, choices=["auto", "true", "false"],
                     help="train.cuda_graph (default: the config's)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps (more when a captured step needs them)")

@@ -304,12 +304,13 @@ class DistributedConfig:
 
     sharding: Literal["auto", "table", "row"] = "auto"
     """table: every table whole on one rank (spread as `balance` says); row: every table's rows split
-    into one block per rank; auto: table-wise, but tables of `row_wise_min_rows` rows or more row-wise."""
-    balance: Literal["lookups", "rows"] = "lookups"
-    """What the table-wise tables even out over the ranks: the lookups a sample makes into them
-    (multi-hot sizes counted), or the rows (the plan before 2026-11-28, which its checkpoints need)."""
+    into one block per rank; auto: tables of `row_wise_min_rows` rows or more row-wise as `balance` says."""
+    balance: Literal["cost", "lookups", "rows"] = "cost"
+    """cost: tables even out the lookups a sample makes, "auto" splits the big tables that lower the busiest
+    rank's cost, within 75% of GPU memory (`dlrm.distributed.sharding`); lookups: every big table split (the
+    plan of 2026-11-28); rows: the rows even out, every big table split (before); old checkpoints need theirs."""
     row_wise_min_rows: int = 10_000_000
-    """The table size from which "auto" shards a table row-wise."""
+    """The table size from which "auto" may shard a table row-wise."""
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     """torch.distributed backend; auto: nccl on CUDA, gloo on the CPU."""
 

@@ -62,7 +62,7 @@ BAD = [
     ({"log": {"run_name": "a/b"}}, r"log.run_name: 'a/b' must be a plain directory name"),
     ({"distributed": {"sharding": "rows"}}, r"distributed.sharding: 'rows' is not one of 'auto' \| 'table' \| 'row'"),
     ({"distributed": {"row_wise_min_rows": 0}}, r"distributed.row_wise_min_rows: 0 must be > 0"),
-    ({"distributed": {"balance": "memory"}}, r"distributed.balance: 'memory' is not one of 'lookups' \| 'rows'"),
+    ({"distributed": {"balance": "memory"}}, r"distributed.balance: 'memory' is not one of 'cost' \| 'lookups' \| 'rows'"),
     ({"distributed": {"backend": "mpi"}}, r"distributed.backend: 'mpi' is not one of"),
     ({"optim": {"dense": {"fused": "yes"}}}, r"optim.dense.fused: expected"),
     # issue #17: values that used to fail only later, or with a traceback

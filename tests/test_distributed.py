@@ -16,7 +16,7 @@ import torch
 from dlrm.config import ConfigError
 from dlrm.data.loader import batches_per_epoch, rank_slice
 from dlrm.distributed.checkpoint import assemble
-from dlrm.distributed.sharding import plan_sharding
+from dlrm.distributed.sharding import MASKED_SLOT_COST, plan_cost, plan_sharding
 from dlrm import checkpoint as ckpt
 from tests.conftest import REPO, make_dataset
 
@@ -56,7 +56,7 @@ def test_last_batch_smaller_than_world_is_dropped():
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_plan_covers_every_row_once(mode, world):
     cards = [1, 2, 5, 11, 100, 7, 3000, 2]
-    plan = plan_sharding(cards, world, mode, row_wise_min_rows=100)
+    plan = plan_sharding(cards, world, mode, row_wise_min_rows=100, balance="lookups")  # auto: the threshold
     owners = [torch.zeros(n, dtype=torch.int64) for n in cards]
     for q in range(world):
         for f, start, count, _ in plan.local_layout(q):
@@ -76,10 +76,10 @@ def test_table_wise_balances_rows():
 
 
 def test_table_wise_balances_lookups_then_rows():
-    """The default: lookups a sample per rank even (multi-hot sizes counted), ties to fewer rows; a row-wise
-    table counts 1/W of its lookups and rows on every rank."""
+    """Lookups a sample per rank even (multi-hot sizes counted), ties to fewer rows; a row-wise table counts 1/W
+    of its lookups and rows on every rank ("lookups": every table of row_wise_min_rows rows or more row-wise)."""
     cards, hot = [100, 90, 10, 10, 5, 1000], [1, 1, 8, 2, 5, 12]
-    plan = plan_sharding(cards, 2, "auto", 1000, hot)
+    plan = plan_sharding(cards, 2, "auto", 1000, hot, balance="lookups")
     # table 5 row-wise: 6 lookups and 500 rows on each rank; then, most looked-up first: table 2 (8) -> rank 0
     # (tie, rank order), 4 (5) -> 1, 3 (2) -> 1 (11 < 14), 0 (1) -> 1 (13 < 14), 1 (1) -> 0 (14 = 14, 510 < 615 rows)
     assert plan.table_rank == (1, 0, 0, 1, 1, -1)
@@ -92,8 +92,60 @@ def test_table_wise_balances_lookups_then_rows():
     assert [one_hot.local_rows(q) for q in range(2)] == [115, 105]
 
 
+MLPERF_CARDS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209, 11938,
+                155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36]
+MLPERF_HOT = [3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1]
+
+
+@pytest.mark.parametrize("world,row_wise,cost", [(2, [], 107), (4, [20], 100 * (1 / 4 + 3 / 12) + 29),
+                                                     (8, [20, 21], 127 * (1 / 8 + 7 / 24) + 12)])
+def test_cost_plan_splits_only_tables_that_lower_the_busiest_rank(world, row_wise, cost):
+    """MLPerf DLRM-DCNv2's tables (five of 40M rows may go row-wise): on two ranks every table whole (107 lookups a
+    sample each, against 132.3 with the five split, the plan "lookups" keeps); on four the 100-value feature split;
+    on eight the 27-value one too. A split table's masked slots count MASKED_SLOT_COST each."""
+    plan = plan_sharding(MLPERF_CARDS, world, "auto", 10**7, MLPERF_HOT)
+    assert plan.row_wise_tables() == row_wise
+    costs = plan_cost(plan, MLPERF_HOT)
+    assert max(costs) == pytest.approx(cost)
+    split = sum(MLPERF_HOT[f] for f in row_wise) * (1 / world + (1 - 1 / world) * MASKED_SLOT_COST)
+    assert costs == pytest.approx([split + plan.lookups(q, MLPERF_HOT) - sum(MLPERF_HOT[f] for f in row_wise) / world
+                                   for q in range(world)])
+    old = plan_sharding(MLPERF_CARDS, world, "auto", 10**7, MLPERF_HOT, balance="lookups")
+    assert old.row_wise_tables() == [0, 9, 19, 20, 21] and max(plan_cost(old, MLPERF_HOT)) > cost
+    # with sharding "table" or "row", "cost" places as "lookups" does
+    for mode in ("table", "row"):
+        assert plan_sharding(MLPERF_CARDS, world, mode, 10**7, MLPERF_HOT) == \
+            plan_sharding(MLPERF_CARDS, world, mode, 10**7, MLPERF_HOT, balance="lookups")
+
+
+def test_cost_plan_ties_go_to_fewer_splits_and_many_candidates_are_tried_nested():
+    # one-hot, two ranks: splitting never lowers the busiest rank (0.67 a split table against 0.5 whole)
+    plan = plan_sharding([50, 60, 70, 80], 2, "auto", 10)
+    assert plan.row_wise_tables() == [] and sorted(plan_cost(plan)) == [2, 2]
+    # 12 candidates (over EXHAUSTIVE_CANDIDATES): the nested subsets. The 40-value feature split (26.7 + 6 whole
+    # tables of 1 on the busiest rank), then one more (27.3 + 5), then no gain (28 + 5)
+    hot = [40] + [1] * 11
+    plan = plan_sharding([100] * 12, 2, "auto", 10, hot)
+    assert plan.row_wise_tables() == [0, 1]
+    assert max(plan_cost(plan, hot)) == pytest.approx(41 * (1 / 2 + 1 / 6) + 5)
+
+
+def test_cost_plan_fits_the_memory_or_says_what_does_not():
+    cards = [1000, 10, 10, 10]
+    # whole, the 1000-row table fits no rank of 600 bytes (1 byte a row): split, 500 rows a rank
+    plan = plan_sharding(cards, 2, "auto", 100, row_bytes=1, memory_per_rank=600)
+    assert plan.row_wise_tables() == [0] and max(plan.local_rows(q) for q in range(2)) <= 600
+    assert plan_sharding(cards, 2, "auto", 100).row_wise_tables() == []  # no limit: whole is cheaper (2 < 2.67)
+    with pytest.raises(ConfigError, match=r"sharding 'table': the tables \(1,030 rows of 1 bytes.*'auto' or 'row'"):
+        plan_sharding(cards, 2, "table", 100, row_bytes=1, memory_per_rank=600)
+    with pytest.raises(ConfigError, match="do not fit 2 ranks.*use more GPUs"):
+        plan_sharding(cards, 2, "auto", 100, row_bytes=1, memory_per_rank=400)
+    # "lookups" and "rows" keep their plans whatever the memory
+    assert plan_sharding(cards, 2, "table", 100, balance="lookups", row_bytes=1, memory_per_rank=600).table_rank[0] >= 0
+
+
 def test_plan_rejects_bad_balance_and_hotness():
-    with pytest.raises(ConfigError, match="distributed.balance: 'memory'"):
+    with pytest.raises(ConfigError, match=r"distributed.balance: 'memory' is not one of 'cost' \| 'lookups' \| 'rows'"):
         plan_sharding([3, 4], 2, "table", 10, balance="memory")
     with pytest.raises(ConfigError, match="multi-hot sizes: 1 values for 2 tables"):
         plan_sharding([3, 4], 2, "table", 10, [2])
@@ -108,7 +160,7 @@ def test_one_hot_shard_looks_up_and_updates_per_served_feature(deterministic):
     from kernels.embedding import SparseOptimizerConfig
 
     cards = [3, 1, 40, 2]  # a 1-row table split over 3 ranks leaves rank 2 an empty block
-    plan = plan_sharding(cards, 3, "auto", 40)  # the 40-row table row-wise; "row" splits the others too
+    plan = plan_sharding(cards, 3, "auto", 40, balance="lookups")  # the 40-row table row-wise; "row": all
     row_plan = plan_sharding(cards, 3, "row", 40)
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
@@ -160,7 +212,7 @@ def write_config(path, dataset, sharding="auto", embedding="torch", sparse_weigh
     raw["kernels"] = {"embedding": embedding}
     raw["optim"]["sparse"]["weight_decay"] = sparse_weight_decay
     raw["data"]["path"] = str(dataset)
-    raw["distributed"] = {"sharding": sharding, "row_wise_min_rows": 10}  # auto: every table (11 rows) row-wise
+    raw["distributed"] = {"sharding": sharding, "row_wise_min_rows": 10}  # auto (balance "cost"): all whole on 2 ranks
     path.write_text(json.dumps(raw))
     return path
 

@@ -127,7 +127,7 @@ def test_bf16_shard_starts_as_the_one_process_bf16_table(hotness, mode):
     """Each rank's bf16 rows are the one-process bf16 table's (drawn in bf16, not drawn in fp32 and
     cast: on the CPU those differ), and the RNG moves on as in one process."""
     world = 3
-    plan = plan_sharding(CARDS, world, mode, row_wise_min_rows=10)
+    plan = plan_sharding(CARDS, world, mode, row_wise_min_rows=10, balance="lookups")  # auto: mixed
     torch.manual_seed(0)
     full = one_process_table(hotness)
     after = torch.rand(4)
@@ -200,7 +200,7 @@ def _one_step(rank: int, hot: str, mode: str) -> None:
     g = torch.Generator().manual_seed(8)
     # the upstream gradient arrives in bf16, as the interaction's cast sends it back
     grad = torch.randn(batch, len(CARDS), DIM, generator=g).bfloat16()
-    plan = plan_sharding(CARDS, WORLD, mode, row_wise_min_rows=10)
+    plan = plan_sharding(CARDS, WORLD, mode, row_wise_min_rows=10, balance="lookups")  # auto: mixed
     torch.manual_seed(0)
     arch = ShardedSparseArch(CARDS, DIM, plan, rank, kernel="triton", hotness=hotness, dtype=torch.bfloat16)
     torch.manual_seed(0)

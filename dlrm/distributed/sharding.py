@@ -11,6 +11,7 @@ shard is one ``[R_q, D]`` weight holding, in feature order, the rows it serves.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -86,47 +87,130 @@ class ShardingPlan:
         return [f for f in range(len(self.cardinalities)) if self.row_wise(f)]
 
 
+# What a masked slot (another rank's block of a row-wise table: sent, looked up as zeros, its zero gradient
+# sent back and skipped or added) costs its owner against a slot it looks up. A rough estimate from two plans'
+# step times on two H200s (MLPerf DLRM-DCNv2, twentieth run: the five 40M-row tables row-wise, 24.35 ms, against
+# all tables whole, 23.06 ms), not a measured constant; it decides only when row-wise splits pay.
+MASKED_SLOT_COST = 1 / 3
+# Subsets of row-wise candidates tried exhaustively up to this many candidates; more: nested subsets only.
+EXHAUSTIVE_CANDIDATES = 10
+
+
 def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise_min_rows: int,
-                  hotness: Optional[list[int]] = None, balance: str = "lookups") -> ShardingPlan:
-    """Table-wise, row-wise or both ("auto": row-wise from `row_wise_min_rows` rows).
+                  hotness: Optional[list[int]] = None, balance: str = "cost", row_bytes: int = 0,
+                  memory_per_rank: Optional[int] = None) -> ShardingPlan:
+    """Table-wise, row-wise or both.
 
     Row-wise tables give every rank the same share (a block each). Table-wise tables then go one by one to
     the rank with the least load so far, where the load is
 
-    - ``balance="lookups"``: the lookups a sample makes into the tables a rank serves (``hotness[f]`` values of
-      each feature, 1 when one-hot; a row-wise table counts ``hotness / W`` on every rank), ties to the rank
-      with fewer rows; tables taken most looked-up first, then largest. An owner's step time (its pooled
-      lookup, the sort and update of the rows it is sent) grows with its lookups, not its rows: on MLPerf
-      DLRM-DCNv2 over two H200s the rows-balanced plan gave rank 1 211 of the 363 slots its owners look up
-      (the five 40M-row tables' 149 on both), and rank 0 waited 3.4 ms a step for it in the all_to_all;
-      balanced by lookups (107.5 and 106.5 a sample), the step was 7.3% faster.
+    - ``balance="cost"`` (default) or ``"lookups"``: the lookups a sample makes into the tables a rank serves
+      (``hotness[f]`` values of each feature, 1 when one-hot), ties to the rank with fewer rows; tables taken
+      most looked-up first, then largest. An owner's step time (its pooled lookup, the sort and update of the
+      rows it is sent) grows with its lookups, not its rows: on MLPerf DLRM-DCNv2 over two H200s the
+      rows-balanced plan gave rank 1 211 of the 363 slots its owners look up, and rank 0 waited 3.4 ms a step
+      for it in the all_to_all; balanced by lookups (107.5 and 106.5 a sample), the step was 7.3% faster.
     - ``balance="rows"``: the rows a rank holds (its memory), tables taken largest first (the plan of
       earlier versions; a sharded checkpoint saved with it resumes only under it).
+
+    Which tables are row-wise: every one with ``mode="row"``, none with ``"table"``. ``"auto"``: with
+    ``"lookups"`` or ``"rows"`` (the plans of earlier versions), every table of ``row_wise_min_rows`` rows or
+    more. With ``"cost"``, the subset of those tables that gives the least step cost, the cost of a rank
+    being its lookups a sample: ``hotness[f]`` for a table-wise table it holds, and for every row-wise table
+    ``hotness[f] * (1/W + (1 - 1/W) * MASKED_SLOT_COST)`` (each owner is sent every rank's slots of it and
+    looks up its 1/W), the step's cost the largest rank's. Ties go to fewer row-wise tables (less to
+    exchange), then to less memory on the fullest rank. A row-wise split pays when a table's lookups alone
+    would outweigh a rank's share: on two GPUs MLPerf's tables all go whole (107 lookups a rank against 132
+    with its five 40M-row tables split: 23.06 against 24.35 ms a step, measured), on four its 100-value
+    feature is split.
+
+    ``memory_per_rank`` (bytes, with ``row_bytes`` a row's weight and optimizer state): no rank may hold
+    more ("cost" only: it tries placements that fit, and splits tables row-wise when none does); None: no
+    limit. Raises ConfigError when no plan fits.
     """
     if world_size < 1:
         raise ConfigError(f"world size {world_size} must be >= 1")
     if mode not in ("auto", "table", "row"):
         raise ConfigError(f"distributed.sharding: {mode!r} is not one of 'auto' | 'table' | 'row'")
-    if balance not in ("lookups", "rows"):
-        raise ConfigError(f"distributed.balance: {balance!r} is not one of 'lookups' | 'rows'")
+    if balance not in ("cost", "lookups", "rows"):
+        raise ConfigError(f"distributed.balance: {balance!r} is not one of 'cost' | 'lookups' | 'rows'")
     cards = [int(c) for c in cardinalities]
     hot = [int(h) for h in hotness] if hotness is not None else [1] * len(cards)
     if len(hot) != len(cards):
         raise ConfigError(f"multi-hot sizes: {len(hot)} values for {len(cards)} tables")
-    row_wise = [mode == "row" or (mode == "auto" and n >= row_wise_min_rows) for n in cards]
+    limit = memory_per_rank if balance == "cost" and memory_per_rank is not None else None
+    if mode == "row" or mode == "table" or balance != "cost":
+        row_wise = [mode == "row" or (mode == "auto" and n >= row_wise_min_rows) for n in cards]
+        plan = _place_table_wise(cards, hot, world_size, row_wise, balance, row_bytes, limit)
+        if plan is None:
+            raise ConfigError(_no_fit(cards, world_size, mode, row_bytes, limit))
+        return plan
+    candidates = [f for f, n in enumerate(cards) if n >= row_wise_min_rows]
+    best, best_key = None, None
+    for subset in _row_wise_subsets(candidates, hot, cards):
+        row_wise = [f in subset for f in range(len(cards))]
+        plan = _place_table_wise(cards, hot, world_size, row_wise, balance, row_bytes, limit)
+        if plan is None:
+            continue
+        key = (round(max(plan_cost(plan, hot)), 9), len(subset), max(plan.local_rows(q) for q in range(world_size)))
+        if best_key is None or key < best_key:
+            best, best_key = plan, key
+    if best is None:
+        raise ConfigError(_no_fit(cards, world_size, mode, row_bytes, limit))
+    return best
+
+
+def plan_cost(plan: ShardingPlan, hotness: Optional[list[int]] = None) -> list[float]:
+    """Each rank's cost under ``balance="cost"`` (`plan_sharding`): lookups a sample into what it serves, a
+    masked slot of a row-wise table counted as ``MASKED_SLOT_COST``."""
+    W = plan.world_size
+    hot = hotness if hotness is not None else [1] * len(plan.cardinalities)
+    split = sum(h * (1 / W + (1 - 1 / W) * MASKED_SLOT_COST) for f, h in enumerate(hot) if plan.row_wise(f))
+    return [split + sum(h for f, h in enumerate(hot) if plan.table_rank[f] == q) for q in range(W)]
+
+
+def _row_wise_subsets(candidates: list[int], hot: list[int], cards: list[int]):
+    """Every subset of the candidates (few), else the nested ones: the k most looked-up, and the k largest."""
+    if len(candidates) <= EXHAUSTIVE_CANDIDATES:
+        for k in range(len(candidates) + 1):
+            yield from (set(c) for c in itertools.combinations(candidates, k))
+        return
+    for order in (sorted(candidates, key=lambda f: (-hot[f], -cards[f], f)),
+                  sorted(candidates, key=lambda f: (-cards[f], -hot[f], f))):
+        for k in range(len(order) + 1):
+            yield set(order[:k])
+
+
+def _place_table_wise(cards: list[int], hot: list[int], world_size: int, row_wise: list[bool], balance: str,
+                      row_bytes: int, limit: Optional[int]) -> Optional[ShardingPlan]:
+    """The table-wise tables spread over the ranks as `balance` says (see `plan_sharding`), each to a rank it
+    fits on under ``limit`` bytes; None when one fits nowhere."""
     rows = [sum(-(-n // world_size) for n, rw in zip(cards, row_wise) if rw)] * world_size
     lookups = [0] * world_size  # the row-wise tables' lookups are the same on every rank
     table_rank = [-1] * len(cards)
-    if balance == "lookups":
-        order = sorted(range(len(cards)), key=lambda f: (-hot[f], -cards[f], f))
-        pick = lambda: min(range(world_size), key=lambda q: (lookups[q], rows[q], q))  # noqa: E731
-    else:
+    if balance == "rows":
         order = sorted(range(len(cards)), key=lambda f: (-cards[f], f))
-        pick = lambda: min(range(world_size), key=lambda q: (rows[q], q))  # noqa: E731
+        load = lambda q: (rows[q], q)  # noqa: E731
+    else:
+        order = sorted(range(len(cards)), key=lambda f: (-hot[f], -cards[f], f))
+        load = lambda q: (lookups[q], rows[q], q)  # noqa: E731
     for f in order:
-        if not row_wise[f]:
-            q = pick()
-            table_rank[f] = q
-            rows[q] += cards[f]
-            lookups[q] += hot[f]
+        if row_wise[f]:
+            continue
+        fits = [q for q in range(world_size) if limit is None or (rows[q] + cards[f]) * row_bytes <= limit]
+        if not fits:
+            return None
+        q = min(fits, key=load)
+        table_rank[f] = q
+        rows[q] += cards[f]
+        lookups[q] += hot[f]
+    if limit is not None and rows[0] * row_bytes > limit:  # the row-wise blocks alone do not fit
+        return None
     return ShardingPlan(world_size, tuple(cards), tuple(table_rank))
+
+
+def _no_fit(cards: list[int], world_size: int, mode: str, row_bytes: int, limit: int) -> str:
+    return (f"distributed.sharding {mode!r}: the tables ({sum(cards):,} rows of {row_bytes} bytes with their "
+            f"optimizer state) do not fit {world_size} ranks of {limit:,} bytes ({limit / 2**30:.1f} GiB) each for tables "
+            f"(dlrm.train.builder.TABLE_MEMORY_FRACTION of the smallest GPU)"
+            + ("; sharding 'auto' or 'row' splits tables" if mode == "table" else "; use more GPUs"))

@@ -70,12 +70,26 @@ def tables_from_config(cfg: Config) -> Tables:
     return Tables([min(c, cap) if cap else c for c in cfg.model.cardinalities], None, "modulus", cfg.model.multi_hot_sizes)
 
 
-def make_sharding(cfg: Config, tables: Tables, env: DistEnv) -> Optional[ShardingPlan]:
+# The share of the smallest GPU's memory a rank's tables and their optimizer state may take under
+# distributed.balance "cost": the rest is for activations, the dense parts and the exchange (one H100 holds
+# MLPerf DLRM-DCNv2's 204M bf16 rows, 49 GiB with row-wise Adagrad, 62% of its 80 GB, at batch 65536).
+TABLE_MEMORY_FRACTION = 0.75
+
+
+def make_sharding(cfg: Config, tables: Tables, env: DistEnv, device: torch.device) -> Optional[ShardingPlan]:
     """The embedding sharding plan of a distributed run (logged with each rank's share), else None."""
     if not env.distributed:
         return None
+    dim = cfg.model.embedding_dim
+    state = {"sgd": 0, "adagrad": 4 * dim, "rowwise_adagrad": 4}[cfg.optim.sparse.name]  # fp32 state per row
+    row_bytes = dim * _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize + state
+    memory = None
+    if device.type == "cuda":  # every rank must plan alike: the smallest GPU's memory (one gather at start-up)
+        memory = int(min(env.all_gather_object(torch.cuda.get_device_properties(device).total_memory))
+                     * TABLE_MEMORY_FRACTION)
     plan = plan_sharding(tables.cardinalities, env.world_size, cfg.distributed.sharding,
-                         cfg.distributed.row_wise_min_rows, tables.multi_hot_sizes, cfg.distributed.balance)
+                         cfg.distributed.row_wise_min_rows, tables.multi_hot_sizes, cfg.distributed.balance,
+                         row_bytes, memory)
     for q in range(env.world_size):
         if plan.local_rows(q) == 0:
             raise ConfigError(f"distributed.sharding: {cfg.distributed.sharding!r} leaves rank {q} without "
@@ -121,7 +135,7 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
         eval_batch_size: the evaluation batch (a compiled evaluation pads to it); default 4 x batch.
     """
     cfg, fast_path = resolve_fast_path(cfg, device, env.distributed, tables.multi_hot, total_steps)
-    plan = make_sharding(cfg, tables, env)
+    plan = make_sharding(cfg, tables, env, device)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch,
                         compiled=bool(cfg.train.compile.enabled), multi_hot_sizes=tables.multi_hot_sizes)
