@@ -313,8 +313,8 @@ def test_sharded_resume_same_ranks_and_clear_refusals(tmp_path, dataset):
     result = run(["--config", cfg, "--resume", str(saved / ckpt.checkpoint_name(40))], tmp_path)
     assert result.returncode == 2
     assert "written by 2 ranks, resumed by 1" in result.stderr and "dlrm.distributed.merge" in result.stderr
-    # a different plan is named
-    other = write_config(tmp_path / "table.json", dataset, "table")
+    # a different plan is named ("auto" put every table whole, as "table" would)
+    other = write_config(tmp_path / "row.json", dataset, "row")
     result = run(["--config", str(other), "--resume", str(saved / ckpt.checkpoint_name(40))], tmp_path, nproc=2)
     assert result.returncode != 0 and "sharding plan differs" in result.stdout + result.stderr
 
