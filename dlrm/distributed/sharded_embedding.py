@@ -6,7 +6,8 @@ global batch. One forward, on rank r with a local batch of B rows padded to P = 
 1. hash raw values into table rows on the device (as the one-GPU `SparseArch`);
 2. ``all_to_all`` of ids: rank r sends rank q the ids of the tables q serves ([P, |S_q|]);
 3. rank q looks its [W, P, |S_q|] ids up in its local shard (ids outside its block of a row-wise
-   table give zeros);
+   table give zeros); where Triton runs, steps 1 and 3's id arithmetic are one kernel each
+   (`kernels.exchange_ids`; modulus hashing, else the eager ops for step 1);
 4. ``all_to_all`` of embeddings back (differentiable: its backward is the reverse all_to_all of
    the gradients); rank r sums the W
    blocks of each row-wise table and takes each table-wise table from its owner -> [B, F, D]
@@ -52,7 +53,6 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F_
 from torch import nn
 
 from dlrm.data.schema import PAD_SPARSE
@@ -66,6 +66,7 @@ from kernels.exchange_combine import (
     combine_received_eager,
     exchange_layout,
 )
+from kernels.exchange_ids import local_ids, send_ids, send_ids_eager
 from kernels.table_layout import init_table_, layout_tensors
 
 
@@ -209,6 +210,7 @@ class ShardedSparseArch(nn.Module):
         # the exchange is per slot (one slot a feature when one-hot): slot_feature[s] is slot s's feature
         slot_feature = [f for f, h in enumerate(self.hotness) for _ in range(h)]
         self.register_buffer("_slot_feature", torch.tensor(slot_feature, dtype=torch.int64), persistent=False)
+        self.register_buffer("_slot_card", cards[self._slot_feature], persistent=False)  # each slot's table size
         self.served = [plan.served(q) for q in range(self.world_size)]
         self.served_slots = [[s for f in feats for s in range(len(slot_feature)) if slot_feature[s] == f]
                              for feats in self.served]
@@ -314,68 +316,69 @@ class ShardedSparseArch(nn.Module):
             raise ValueError(f"local batch {batch} is larger than ceil(global batch {global_batch} / {self.world_size})")
         return padded
 
-    def _lookup(self, local_rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """[W, P, served slots] rows of the local shard -> [W, P, served features, D]: each served
-        feature's slots summed (one slot a feature when one-hot), masked lookups (`valid` False:
-        `local_rows` holds 0 there) contributing zeros and no update."""
-        W, P, S = local_rows.shape
+    def _lookup(self, recv: torch.Tensor) -> torch.Tensor:
+        """[W, P, served slots] received table rows -> [W, P, served features, D]: each served feature's
+        slots summed (one slot a feature when one-hot), lookups outside this rank's block of a table
+        (another rank's block, an empty slot, a padded sample: row -1) contributing zeros and no update."""
+        W, P, S = recv.shape
         if S == 0:  # this rank serves no table (more ranks than tables): nothing to look up, but its part
             # of the exchange must take part in autograd, so that its backward all_to_all meets the others'
             return torch.zeros(W, P, 0, self.dim, dtype=self.weight.dtype, device=self.weight.device, requires_grad=True)
-        if self.kernel == "torch":
-            if not self.multi_hot:
-                return masked_embedding(local_rows, self.weight, valid)  # masked lookups left out of the gradient
-            # bag (sample, served feature) holds that feature's slots, which lie together in the sample's row
-            n = len(self.served_hotness)
-            sample = torch.arange(W * P, device=local_rows.device)
-            bag_starts = (sample.unsqueeze(1) * S + self._group_start).reshape(-1)
-            bag = (sample.unsqueeze(1) * n + self._slot_group).reshape(-1)
-            pooled = masked_embedding_bag(local_rows.reshape(-1), self.weight, valid.reshape(-1), bag_starts, bag)
-            return pooled.view(W, P, n, self.dim)
-        local = self.__dict__["_triton"]
-        if self.pooled_local:  # one table of R rows, modulus hashing: raw r -> row r + 1 mod R; a PAD slot is skipped
-            flat = local_rows.reshape(W * P, S) - 1
-            return local(torch.where(valid.reshape(W * P, S), flat, PAD_SPARSE)).view(W, P, -1, self.dim)
-        # one table a served feature (`_one_table_per_feature`): raw r -> row r + 1 mod count of its block. A masked
-        # lookup reads (and adds its zero gradient to) a row spread by its sample, not every one row 0 of its block,
-        # whose address all of them would contend for in the update's atomic adds.
-        block_rows = local_rows - self._local_offset
-        sample = torch.arange(W * P, device=local_rows.device).view(W, P, 1)
-        emb = local(torch.where(valid, block_rows - 1, sample).reshape(W * P, S)).view(W, P, S, self.dim)
-        if self.row_wise:  # (padded samples are cut off after the exchange: no mask needed)
-            emb = emb * valid.unsqueeze(-1).to(emb.dtype)
-        return emb
+        if self.kernel == "triton":
+            # the local raw values (`kernels.exchange_ids`): pooled, one table of R rows (raw r -> row r + 1 mod R),
+            # a PAD slot skipped; one-hot, one table a served feature (`_one_table_per_feature`), a masked lookup
+            # pointed at a row spread by its sample, not every one at row 0 of its block, whose address all of them
+            # would contend for in the update's atomic adds
+            raw, valid = local_ids(recv.view(W * P, S), self._base, self._count, self._local_offset, self.pooled_local)
+            local = self.__dict__["_triton"]
+            emb = local(raw).view(W, P, -1, self.dim)
+            if not self.pooled_local and self.row_wise:  # (padded samples are cut off after the exchange)
+                emb = emb * valid.view(W, P, S, 1).to(emb.dtype)
+            return emb
+        t = recv - self._base
+        valid = (t >= 0) & (t < self._count)
+        local_rows = torch.where(valid, t + self._local_offset, torch.zeros_like(t))  # masked: row 0, no gradient
+        if not self.multi_hot:
+            return masked_embedding(local_rows, self.weight, valid)  # masked lookups left out of the gradient
+        # bag (sample, served feature) holds that feature's slots, which lie together in the sample's row
+        n = len(self.served_hotness)
+        sample = torch.arange(W * P, device=recv.device)
+        bag_starts = (sample.unsqueeze(1) * S + self._group_start).reshape(-1)
+        bag = (sample.unsqueeze(1) * n + self._slot_group).reshape(-1)
+        pooled = masked_embedding_bag(local_rows.reshape(-1), self.weight, valid.reshape(-1), bag_starts, bag)
+        return pooled.view(W, P, n, self.dim)
 
     def forward(self, raw: torch.Tensor, global_batch: Optional[int] = None) -> torch.Tensor:
         W, B = self.world_size, raw.shape[0]
         if raw.shape[1] != len(self._slot_feature):
             raise ValueError(f"sparse input has {raw.shape[1]} columns, the tables take {len(self._slot_feature)}")
         P = self._padded_batch(B, global_batch)
-        table_rows = self.rows(raw) - self.offsets[self._slot_feature]
-        if self.multi_hot:  # an empty slot asks for row -1, which no shard holds: it looks up zeros
-            table_rows = torch.where(raw == PAD_SPARSE, torch.full_like(table_rows, -1), table_rows)
-        if P > B:  # pad with row -1, which no shard holds: masked like an empty slot, cut off below
-            table_rows = F_.pad(table_rows, (0, 0, 0, P - B), value=-1)
         sizes = [len(s) for s in self.served_slots]
         mine = sizes[self.rank]
         feats = [len(f) for f in self.served]  # what comes back: pooled per served feature
+        triton_runs = self.kernel == "triton" or raw.is_cuda  # Triton's kernels: CUDA, or the CPU's interpreter
 
-        # ids: rank q gets [P, slots of S_q], destination-major
-        send = torch.cat([table_rows.index_select(1, getattr(self, f"_send_slots_{q}")).reshape(-1) for q in range(W)])
+        # ids: rank q gets [P, slots of S_q] table rows, destination-major; padded samples and empty slots ask
+        # for row -1, which no shard holds
+        slots = [getattr(self, f"_send_slots_{q}") for q in range(W)]
+        if triton_runs and self.hashing == "modulus":  # hashed and laid out in one pass (`kernels.exchange_ids`)
+            send = send_ids(raw, self._slot_card, slots, P, self.multi_hot)
+        else:
+            table_rows = self.rows(raw) - self.offsets[self._slot_feature]
+            if self.multi_hot:
+                table_rows = torch.where(raw == PAD_SPARSE, torch.full_like(table_rows, -1), table_rows)
+            send = send_ids_eager(table_rows, slots, P)
         recv = torch.empty(W * P * mine, dtype=send.dtype, device=send.device)
         dist.all_to_all_single(recv, send, [P * mine] * W, [P * s for s in sizes])
 
         # local lookup of what every rank asked for, pooled per feature: [W, P, |S_rank| features, D]
-        t = recv.view(W, P, mine) - self._base
-        valid = (t >= 0) & (t < self._count)
-        # ids in another rank's block (or empty slots, padded samples) contribute zeros
-        emb = self._lookup(torch.where(valid, t + self._local_offset, torch.zeros_like(t)), valid)
+        emb = self._lookup(recv.view(W, P, mine))
 
         # embeddings back, in the shard's dtype (bf16: half the bytes): from rank q, [P, |S_q|, D]
         out = _AllToAll.apply(emb.reshape(-1, self.dim), [P * n for n in feats], [P * feats[self.rank]] * W)
         # Row-wise parts summed in fp32 (at least) and rounded once more to the shard's dtype; the backward scales
         # the gradients by 1/W and sends them back in the shard's dtype, as the one-process lookup receives them.
         layout = ExchangeLayout(*self._exchange, *(getattr(self, f"_exchange_{n}") for n in EXCHANGE_TENSORS))
-        if self.kernel == "triton" or out.is_cuda:  # one Triton kernel a direction (CUDA, or the interpreter)
+        if triton_runs:  # one Triton kernel a direction
             return combine_received(out, layout, B, P, 1.0 / W)
         return combine_received_eager(out, layout, B, P, 1.0 / W)
