@@ -40,32 +40,41 @@ from kernels._backend import device_context
 
 PAD = -2  # dlrm.data.schema.PAD_SPARSE (kernels/ does not import dlrm)
 BLOCK = 1024
+INT32_INDEX_LIMIT = 2**31  # flat indices from here on are int64 (tests lower it to run that path)
+
+
+@triton.jit
+def _flat_index(WIDE: tl.constexpr, BLOCK: tl.constexpr):
+    if WIDE:
+        return tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
 
 
 @triton.jit
 def _send_ids_kernel(raw_ptr, stride_rb, stride_rl, slots_ptr, card_ptr, out_ptr, B, P, n,
-                     PAD_VALUE: tl.constexpr, MULTI_HOT: tl.constexpr, BLOCK: tl.constexpr):
-    """One destination's [P, n] block, flat: element k is sample k // n, its slot slots[k % n]."""
-    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+                     PAD_VALUE: tl.constexpr, MULTI_HOT: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+    """One destination's [P, n] block, flat: element k is sample k // n, its slot slots[k % n]. Indices in int32
+    unless ``WIDE`` (P * n >= 2**31): a 64-bit division is a long software sequence on the GPU."""
+    k = _flat_index(WIDE, BLOCK)
     inside = k < P * n
     p = k // n
     s = tl.load(slots_ptr + k % n, mask=inside, other=0)
     real = inside & (p < B)
-    raw = tl.load(raw_ptr + p * stride_rb + s * stride_rl, mask=real, other=0).to(tl.int64)
+    raw = tl.load(raw_ptr + p.to(tl.int64) * stride_rb + s * stride_rl, mask=real, other=0).to(tl.int64)
     card = tl.load(card_ptr + s, mask=inside, other=1)
     # `%` truncates towards zero in compiled Triton (C semantics): fold negatives back
     row = (raw + 1) % card
     row = tl.where(row < 0, row + card, row)
     if MULTI_HOT:
         real = real & (raw != PAD_VALUE)
-    tl.store(out_ptr + k, tl.where(real, row, -1), mask=inside)
+    tl.store(out_ptr + k, tl.where(real, row, -1).to(out_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
 def _local_ids_kernel(recv_ptr, base_ptr, count_ptr, at_ptr, raw_ptr, valid_ptr, rows, n,
-                      PAD_VALUE: tl.constexpr, POOLED: tl.constexpr, BLOCK: tl.constexpr):
-    """The received [rows, n] ids, flat: element k is row k // n, served slot k % n."""
-    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+                      PAD_VALUE: tl.constexpr, POOLED: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
+    """The received [rows, n] ids, flat: element k is row k // n, served slot k % n (int32 unless ``WIDE``)."""
+    k = _flat_index(WIDE, BLOCK)
     inside = k < rows * n
     j = k % n
     t = tl.load(recv_ptr + k, mask=inside, other=0).to(tl.int64) - tl.load(base_ptr + j, mask=inside, other=0)
@@ -73,7 +82,7 @@ def _local_ids_kernel(recv_ptr, base_ptr, count_ptr, at_ptr, raw_ptr, valid_ptr,
     if POOLED:
         raw = tl.where(valid, t + tl.load(at_ptr + j, mask=inside, other=0) - 1, PAD_VALUE)
     else:
-        raw = tl.where(valid, t - 1, k // n)
+        raw = tl.where(valid, t - 1, (k // n).to(tl.int64))
     tl.store(raw_ptr + k, raw, mask=inside)
     tl.store(valid_ptr + k, valid.to(tl.int8), mask=inside)
 
@@ -84,12 +93,15 @@ def _local_ids_kernel(recv_ptr, base_ptr, count_ptr, at_ptr, raw_ptr, valid_ptr,
 
 
 def send_ids(raw: torch.Tensor, slot_card: torch.Tensor, slots: list[torch.Tensor], padded: int,
-             multi_hot: bool) -> torch.Tensor:
-    """int64 [sum_q P * n_q] send buffer (see the module docstring): ``raw`` [B, L] int64 (any strides),
-    ``slot_card`` [L] int64 table sizes, ``slots[q]`` [n_q] int64 the slots rank q serves, ``padded`` P >= B."""
+             multi_hot: bool, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """[sum_q P * n_q] send buffer (see the module docstring) of ``dtype`` (int32 halves the bytes sent; the
+    caller picks it when every table has fewer than 2**31 rows): ``raw`` [B, L] int64 (any strides), ``slot_card``
+    [L] int64 table sizes, ``slots[q]`` [n_q] int64 the slots rank q serves, ``padded`` P >= B."""
+    if dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"dtype must be torch.int32 or torch.int64, got {dtype}")
     B = raw.shape[0]
     sizes = [int(s.numel()) for s in slots]
-    out = torch.empty(padded * sum(sizes), dtype=torch.int64, device=raw.device)
+    out = torch.empty(padded * sum(sizes), dtype=dtype, device=raw.device)
     with device_context(raw):
         start = 0
         for s, n in zip(slots, sizes):
@@ -97,15 +109,16 @@ def send_ids(raw: torch.Tensor, slot_card: torch.Tensor, slots: list[torch.Tenso
                 block = out[start : start + padded * n]
                 _send_ids_kernel[(triton.cdiv(padded * n, BLOCK),)](
                     raw, raw.stride(0), raw.stride(1), s, slot_card, block, B, padded, n,
-                    PAD_VALUE=PAD, MULTI_HOT=multi_hot, BLOCK=BLOCK)
+                    PAD_VALUE=PAD, MULTI_HOT=multi_hot, WIDE=padded * n + BLOCK >= INT32_INDEX_LIMIT, BLOCK=BLOCK)
             start += padded * n
     return out
 
 
 def local_ids(recv: torch.Tensor, base: torch.Tensor, count: torch.Tensor, at: torch.Tensor,
               pooled: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(raw [rows, n] int64, valid [rows, n] bool)`` of the received ids ``recv`` [rows, n] (see the module
-    docstring); ``base``, ``count``, ``at`` [n] int64: each served slot's block start, rows and local row."""
+    """``(raw [rows, n] int64, valid [rows, n] bool)`` of the received ids ``recv`` [rows, n] (int32 or int64; see
+    the module docstring); ``base``, ``count``, ``at`` [n] int64: each served slot's block start, rows and local
+    row."""
     rows, n = recv.shape
     raw = torch.empty((rows, n), dtype=torch.int64, device=recv.device)
     valid = torch.empty((rows, n), dtype=torch.int8, device=recv.device)
@@ -113,7 +126,8 @@ def local_ids(recv: torch.Tensor, base: torch.Tensor, count: torch.Tensor, at: t
         recv = recv.contiguous()
         with device_context(recv):
             _local_ids_kernel[(triton.cdiv(rows * n, BLOCK),)](
-                recv, base, count, at, raw, valid, rows, n, PAD_VALUE=PAD, POOLED=pooled, BLOCK=BLOCK)
+                recv, base, count, at, raw, valid, rows, n, PAD_VALUE=PAD, POOLED=pooled,
+                WIDE=rows * n + BLOCK >= INT32_INDEX_LIMIT, BLOCK=BLOCK)
     return raw, valid.view(torch.bool)
 
 

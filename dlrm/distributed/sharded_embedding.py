@@ -361,8 +361,10 @@ class ShardedSparseArch(nn.Module):
         # ids: rank q gets [P, slots of S_q] table rows, destination-major; padded samples and empty slots ask
         # for row -1, which no shard holds
         slots = [getattr(self, f"_send_slots_{q}") for q in range(W)]
-        if triton_runs and self.hashing == "modulus":  # hashed and laid out in one pass (`kernels.exchange_ids`)
-            send = send_ids(raw, self._slot_card, slots, P, self.multi_hot)
+        if triton_runs and self.hashing == "modulus":  # hashed and laid out in one pass (`kernels.exchange_ids`),
+            # int32 when every table has fewer than 2**31 rows (half the id bytes; every rank takes this path or none)
+            send = send_ids(raw, self._slot_card, slots, P, self.multi_hot,
+                            torch.int32 if max(self.plan.cardinalities) < 2**31 else torch.int64)
         else:
             table_rows = self.rows(raw) - self.offsets[self._slot_feature]
             if self.multi_hot:

@@ -56,6 +56,8 @@ def test_send_ids_hash_and_lay_out_every_rank_block(device, multi_hot, layout, B
     slot_tensors = [torch.tensor(s, dtype=torch.int64, device=device) for s in slots]
     got = send_ids(raw, card, slot_tensors, P, multi_hot)
     assert got.dtype == torch.int64 and got.tolist() == _send_reference(raw, CARDS, slots, P, multi_hot)
+    narrow = send_ids(raw, card, slot_tensors, P, multi_hot, torch.int32)  # what travels: the same ids
+    assert narrow.dtype == torch.int32 and torch.equal(narrow.long(), got)
     # the eager ops the sharded arch runs without Triton: the same buffer
     table_rows = torch.remainder(torch.where(raw == PAD, -1, raw) + 1, card) if multi_hot else \
         torch.remainder(raw + 1, card)
@@ -102,9 +104,32 @@ def test_local_ids_mask_other_blocks_and_point_at_local_rows(device, pooled, row
     assert valid.dtype == torch.bool and valid.tolist() == want_valid
     eager_raw, eager_valid = local_ids_eager(recv.to(device), *tensors, pooled)
     assert torch.equal(eager_raw, raw) and torch.equal(eager_valid, valid)
+    narrow = local_ids(recv.to(device, torch.int32), *tensors, pooled)  # int32 ids received
+    assert torch.equal(narrow[0], raw) and torch.equal(narrow[1], valid)
 
 
 def test_local_ids_of_nothing(device):
     z = torch.zeros(0, dtype=torch.int64, device=device)
     raw, valid = local_ids(torch.zeros(4, 0, dtype=torch.int64, device=device), z, z, z, True)
     assert raw.shape == valid.shape == (4, 0)
+
+
+def test_int64_indices_give_the_same_ids(device, monkeypatch):
+    """Past 2**31 elements the kernels index in int64; forced here on small shapes."""
+    import kernels.exchange_ids as ex
+
+    raw = _raw(7, len(CARDS), True, seed=3, device=device)
+    card = torch.tensor(CARDS, device=device)
+    slots = [torch.tensor(s, device=device) for s in SLOTS["two_ranks"]]
+    recv = torch.randint(-1, 45, (9, 3), generator=torch.Generator().manual_seed(4)).to(device)
+    tables = [torch.tensor(v, dtype=torch.int64, device=device) for v in ([0, 20, 3], [4, 20, 9], [0, 4, 24])]
+    narrow = send_ids(raw, card, slots, 8, True), *local_ids(recv, *tables, False)
+    monkeypatch.setattr(ex, "INT32_INDEX_LIMIT", 0)
+    wide = send_ids(raw, card, slots, 8, True), *local_ids(recv, *tables, False)
+    assert all(torch.equal(a, b) for a, b in zip(narrow, wide))
+
+
+def test_send_ids_refuse_other_dtypes(device):
+    with pytest.raises(ValueError, match="dtype must be torch.int32 or torch.int64, got torch.float32"):
+        send_ids(torch.zeros(1, 1, dtype=torch.int64, device=device), torch.ones(1, dtype=torch.int64, device=device),
+                 [torch.zeros(1, dtype=torch.int64, device=device)], 1, False, torch.float32)
