@@ -45,9 +45,10 @@ INT32_INDEX_LIMIT = 2**31  # flat indices from here on are int64 (tests lower it
 
 @triton.jit
 def _flat_index(WIDE: tl.constexpr, BLOCK: tl.constexpr):
-    if WIDE:
-        return tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    return tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    pid = tl.program_id(0)
+    if WIDE:  # (one return: compiled Triton refuses returns of two types, even under a constexpr branch)
+        pid = pid.to(tl.int64)
+    return pid * BLOCK + tl.arange(0, BLOCK)
 
 
 @triton.jit
