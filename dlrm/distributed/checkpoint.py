@@ -91,9 +91,9 @@ def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any
     saved_plan = _plan(sharded)
     if saved_plan != plan:
         raise ConfigError(f"{path}: sharding plan differs (distributed.sharding / balance / row_wise_min_rows or table "
-                          f"sizes, or, with balance 'cost', GPU memory; a checkpoint saved before distributed.balance existed "
-                          f"resumes with balance 'rows', one saved before 'cost' with 'lookups'): checkpoint table ranks {list(saved_plan.table_rank)}, this run "
-                          f"{list(plan.table_rank)}")
+                          f"sizes, or, with balance 'cost', GPU memory; a checkpoint saved before distributed.balance "
+                          f"existed resumes with balance 'rows', one saved before 'cost' with 'lookups'): checkpoint "
+                          f"table ranks {list(saved_plan.table_rank)}, this run {list(plan.table_rank)}")
     return load_shard(path, sharded, env.rank)
 
 
