@@ -144,6 +144,42 @@ def test_cost_plan_fits_the_memory_or_says_what_does_not():
     assert plan_sharding(cards, 2, "table", 100, balance="lookups", row_bytes=1, memory_per_rank=600).table_rank[0] >= 0
 
 
+def test_run_plans_within_the_smallest_gpu_memory(monkeypatch):
+    """make_sharding gives plan_sharding each row's bytes (weight and optimizer state) and 75% of the smallest
+    GPU's memory, gathered from every rank: with room for it whole, MLPerf's 100-value table stays whole on two
+    ranks; on smaller GPUs the cheapest split that fits; smaller still, a clear error."""
+    from types import SimpleNamespace
+
+    from dlrm.config import Config, validate
+    from dlrm.distributed.env import DistEnv
+    from dlrm.train import builder
+    from dlrm.train.setup import Tables
+
+    cfg = validate(Config())
+    cfg.model.embedding_dim, cfg.model.embedding_dtype = 128, "bf16"  # rowwise_adagrad: 2 * 128 + 4 bytes a row
+    tables = Tables(MLPERF_CARDS, None, "modulus", MLPERF_HOT)
+    gathered = []
+
+    class TwoRanks(DistEnv):
+        def all_gather_object(self, obj):
+            gathered.append(obj)
+            return [obj, memory[0]]  # the other rank's GPU
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=memory[1]))
+    env, cuda = TwoRanks(rank=0, world_size=2), torch.device("cuda", 0)
+    memory = [80 * 10**9, 141 * 10**9]
+    assert builder.make_sharding(cfg, tables, env, cuda).row_wise_tables() == []
+    assert gathered == [141 * 10**9]
+    memory = [40 * 10**9, 141 * 10**9]  # 30 GB for tables, 53 GB in all: the whole plan (32.3 GB) does not fit
+    plan = builder.make_sharding(cfg, tables, env, cuda)
+    assert plan.row_wise_tables() == [9]  # the cheapest split that fits: one 40M-row table of 7 values
+    assert max(plan.local_rows(q) for q in range(2)) * 260 <= 30 * 10**9
+    memory = [4 * 10**9, 4 * 10**9]
+    with pytest.raises(ConfigError, match=r"do not fit 2 ranks of 3,000,000,000 bytes .*use more GPUs"):
+        builder.make_sharding(cfg, tables, env, cuda)
+    assert builder.make_sharding(cfg, tables, env, torch.device("cpu")).row_wise_tables() == []  # no limit
+
+
 def test_plan_rejects_bad_balance_and_hotness():
     with pytest.raises(ConfigError, match=r"distributed.balance: 'memory' is not one of 'cost' \| 'lookups' \| 'rows'"):
         plan_sharding([3, 4], 2, "table", 10, balance="memory")
