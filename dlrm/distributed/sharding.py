@@ -92,6 +92,11 @@ class ShardingPlan:
 # step times on two H200s (MLPerf DLRM-DCNv2, twentieth run: the five 40M-row tables row-wise, 24.35 ms, against
 # all tables whole, 23.06 ms), not a measured constant; it decides only when row-wise splits pay.
 MASKED_SLOT_COST = 1 / 3
+# What a pooled feature a rank sends to another rank costs per sample (its embedding forward and its gradient
+# back, through NVLink), in lookups. Estimated from one profile (two H200s, MLPerf DLRM-DCNv2, every table whole,
+# twenty-first run): 2.2-2.3 ms of SendRecv a step for the 9.5 features a sample rank 1 sent across against
+# 5.5 ms of pooled lookup, sort and update for its 107 lookups a sample: 4.5 lookups a feature sent.
+SENT_FEATURE_COST = 4.5
 # Subsets of row-wise candidates tried exhaustively up to this many candidates; more: nested subsets only.
 EXHAUSTIVE_CANDIDATES = 10
 
@@ -115,14 +120,15 @@ def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise
 
     Which tables are row-wise: every one with ``mode="row"``, none with ``"table"``. ``"auto"``: with
     ``"lookups"`` or ``"rows"`` (the plans of earlier versions), every table of ``row_wise_min_rows`` rows or
-    more. With ``"cost"``, the subset of those tables that gives the least step cost, the cost of a rank
-    being its lookups a sample: ``hotness[f]`` for a table-wise table it holds, and for every row-wise table
-    ``hotness[f] * (1/W + (1 - 1/W) * MASKED_SLOT_COST)`` (each owner is sent every rank's slots of it and
-    looks up its 1/W), the step's cost the largest rank's. Ties go to fewer row-wise tables (less to
-    exchange), then to less memory on the fullest rank. A row-wise split pays when a table's lookups alone
-    would outweigh a rank's share: on two GPUs MLPerf's tables all go whole (107 lookups a rank against 132
-    with its five 40M-row tables split; measured on two H200s, 23.06 against 24.35 ms a step on two machines of
-    one kind, and 22.84 ms with this plan), on four its 100-value feature is split (not measured).
+    more. With ``"cost"``, the subset of those tables whose plan has the least `plan_cost`: the step is the
+    busiest rank's lookups (a row-wise table's slots are all sent to every owner, which looks up its 1/W and
+    masks the rest at ``MASKED_SLOT_COST`` each) plus the exchange of the rank that sends the most pooled
+    features to the others (``SENT_FEATURE_COST`` each; a row-wise table is sent by every rank). With
+    ``"cost"`` the table-wise tables are placed by that cost too: most looked-up first, each to the rank where
+    it adds the least, then single moves and swaps while they lower it. Ties go to fewer row-wise tables,
+    then to less memory on the fullest rank. On two GPUs MLPerf DLRM-DCNv2's tables all go whole (measured on
+    two H200s: 23.06 against 24.35 ms a step with the five 40M-row tables split, two machines of one kind),
+    on four its 100-value feature is split (not measured).
 
     ``memory_per_rank`` (bytes, with ``row_bytes`` a row's weight and optimizer state): no rank may hold
     more ("cost" only: it tries placements that fit, and splits tables row-wise when none does); None: no
@@ -141,18 +147,16 @@ def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise
     limit = memory_per_rank if balance == "cost" and memory_per_rank is not None else None
     if mode == "row" or mode == "table" or balance != "cost":
         row_wise = [mode == "row" or (mode == "auto" and n >= row_wise_min_rows) for n in cards]
-        plan = _place_table_wise(cards, hot, world_size, row_wise, balance, row_bytes, limit)
-        if plan is None:
-            raise ConfigError(_no_fit(cards, world_size, mode, row_bytes, limit))
-        return plan
-    candidates = [f for f, n in enumerate(cards) if n >= row_wise_min_rows]
+        subsets = [{f for f in range(len(cards)) if row_wise[f]}]
+    else:
+        subsets = _row_wise_subsets([f for f, n in enumerate(cards) if n >= row_wise_min_rows], hot, cards)
     best, best_key = None, None
-    for subset in _row_wise_subsets(candidates, hot, cards):
+    for subset in subsets:
         row_wise = [f in subset for f in range(len(cards))]
         plan = _place_table_wise(cards, hot, world_size, row_wise, balance, row_bytes, limit)
         if plan is None:
             continue
-        key = (round(max(plan_cost(plan, hot)), 9), len(subset), max(plan.local_rows(q) for q in range(world_size)))
+        key = (round(plan_cost(plan, hot), 9), len(subset), max(plan.local_rows(q) for q in range(world_size)))
         if best_key is None or key < best_key:
             best, best_key = plan, key
     if best is None:
@@ -160,13 +164,22 @@ def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise
     return best
 
 
-def plan_cost(plan: ShardingPlan, hotness: Optional[list[int]] = None) -> list[float]:
-    """Each rank's cost under ``balance="cost"`` (`plan_sharding`): lookups a sample into what it serves, a
-    masked slot of a row-wise table counted as ``MASKED_SLOT_COST``."""
+def rank_lookups(plan: ShardingPlan, hotness: Optional[list[int]] = None) -> list[float]:
+    """Each rank's lookups a sample of the global batch, a masked slot of a row-wise table counted as
+    ``MASKED_SLOT_COST`` of one (`plan_sharding`)."""
     W = plan.world_size
     hot = hotness if hotness is not None else [1] * len(plan.cardinalities)
     split = sum(h * (1 / W + (1 - 1 / W) * MASKED_SLOT_COST) for f, h in enumerate(hot) if plan.row_wise(f))
     return [split + sum(h for f, h in enumerate(hot) if plan.table_rank[f] == q) for q in range(W)]
+
+
+def plan_cost(plan: ShardingPlan, hotness: Optional[list[int]] = None) -> float:
+    """The step cost ``balance="cost"`` minimises, in lookups a sample: the busiest rank's `rank_lookups`, plus
+    ``SENT_FEATURE_COST`` times the pooled features a sample the rank that sends the most sends to other ranks
+    ((W - 1) / W of those it serves: its table-wise tables and every row-wise one)."""
+    W = plan.world_size
+    served = [len(plan.served(q)) for q in range(W)]
+    return max(rank_lookups(plan, hotness)) + SENT_FEATURE_COST * (W - 1) / W * max(served)
 
 
 def _row_wise_subsets(candidates: list[int], hot: list[int], cards: list[int]):
@@ -194,6 +207,10 @@ def _place_table_wise(cards: list[int], hot: list[int], world_size: int, row_wis
     else:
         order = sorted(range(len(cards)), key=lambda f: (-hot[f], -cards[f], f))
         load = lambda q: (lookups[q], rows[q], q)  # noqa: E731
+    sent = [sum(row_wise)] * world_size  # pooled features each rank sends back (balance "cost")
+    if balance == "cost":  # where a table adds the least cost (`plan_cost`): its lookups and the feature sent
+        share = SENT_FEATURE_COST * (world_size - 1) / world_size
+        load = lambda q: (lookups[q] + share * sent[q], rows[q], q)  # noqa: E731
     for f in order:
         if row_wise[f]:
             continue
@@ -204,9 +221,58 @@ def _place_table_wise(cards: list[int], hot: list[int], world_size: int, row_wis
         table_rank[f] = q
         rows[q] += cards[f]
         lookups[q] += hot[f]
+        sent[q] += 1
     if limit is not None and rows[0] * row_bytes > limit:  # the row-wise blocks alone do not fit
         return None
-    return ShardingPlan(world_size, tuple(cards), tuple(table_rank))
+    plan = ShardingPlan(world_size, tuple(cards), tuple(table_rank))
+    return _improve(plan, hot, row_bytes, limit) if balance == "cost" else plan
+
+
+def _improve(plan: ShardingPlan, hot: list[int], row_bytes: int, limit: Optional[int]) -> ShardingPlan:
+    """Single moves and pairwise swaps of table-wise tables while one lowers (`plan_cost`, fuller rank's rows)."""
+    W, cards = plan.world_size, plan.cardinalities
+    ranks = list(plan.table_rank)
+    tables = [f for f in range(len(cards)) if ranks[f] >= 0]
+    split = [f for f in range(len(cards)) if ranks[f] < 0]
+    base_rows = sum(-(-cards[f] // W) for f in split)
+    base_lookups = sum(hot[f] * (1 / W + (1 - 1 / W) * MASKED_SLOT_COST) for f in split)
+    share = SENT_FEATURE_COST * (W - 1) / W
+    rows, lookups, sent = [base_rows] * W, [base_lookups] * W, [len(split)] * W
+    for f in tables:
+        rows[ranks[f]] += cards[f]
+        lookups[ranks[f]] += hot[f]
+        sent[ranks[f]] += 1
+
+    def key():  # the same numbers as plan_cost, kept per rank as tables move
+        return round(max(lookups) + share * max(sent), 9), max(rows)
+
+    def place(f: int, q: int, sign: int) -> None:
+        rows[q] += sign * cards[f]
+        lookups[q] += sign * hot[f]
+        sent[q] += sign
+
+    best = key()
+    improved = True
+    while improved:
+        improved = False
+        moves = [((f, q),) for f in tables for q in range(W) if q != ranks[f]]
+        moves += [((f, ranks[g]), (g, ranks[f])) for f, g in itertools.combinations(tables, 2) if ranks[f] != ranks[g]]
+        for move in moves:
+            old = [(f, ranks[f]) for f, _ in move]
+            for f, q in old:
+                place(f, q, -1)
+            for f, q in move:
+                place(f, q, +1)
+            if (limit is None or max(rows) * row_bytes <= limit) and key() < best:
+                for f, q in move:
+                    ranks[f] = q
+                best, improved = key(), True
+                break
+            for f, q in move:
+                place(f, q, -1)
+            for f, q in old:
+                place(f, q, +1)
+    return ShardingPlan(W, cards, tuple(ranks))
 
 
 def _no_fit(cards: list[int], world_size: int, mode: str, row_bytes: int, limit: int) -> str:
