@@ -87,9 +87,12 @@ def test_table_wise_balances_lookups_then_rows():
     assert [plan.local_rows(q) for q in range(2)] == [600, 615]
     rows_plan = plan_sharding(cards, 2, "auto", 1000, hot, balance="rows")
     assert [rows_plan.lookups(q, hot) for q in range(2)] == [6 + 1 + 2, 6 + 1 + 8 + 5]  # tables 0, 3 | 1, 2, 4
-    one_hot = plan_sharding([100, 90, 10, 10, 5, 5], 2, "table", 10**9)
+    one_hot = plan_sharding([100, 90, 10, 10, 5, 5], 2, "table", 10**9, balance="lookups")
     assert [one_hot.lookups(q) for q in range(2)] == [3, 3]
     assert [one_hot.local_rows(q) for q in range(2)] == [115, 105]
+    # "cost": the same cost after a swap that evens the rows (ties go to the fuller rank's rows)
+    by_cost = plan_sharding([100, 90, 10, 10, 5, 5], 2, "table", 10**9)
+    assert [by_cost.lookups(q) for q in range(2)] == [3, 3] and [by_cost.local_rows(q) for q in range(2)] == [110, 110]
 
 
 MLPERF_CARDS = [40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209, 11938,
