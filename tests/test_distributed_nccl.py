@@ -122,7 +122,7 @@ def test_two_gpus_with_bf16_shards_train_the_dcn_model_like_one_gpu(tmp_path, da
     moved = (w_ref - w10["sparse_arch.weight"].float()).norm()
     assert moved > 0.05 * w_ref.norm()  # training moved the tables [23.6% of their norm]
     # [CPU: 6.3-17.3% of that movement; two H200s, 2026-11-28: row-wise 7.1%, table-wise placed by lookups 22.3%,
-    # table-wise placed by cost (the default) 40.9%, the same plan as the CPU's 6.3%: the rounding noise, carried
+    # table-wise placed by cost (the default) 40.9%, a plan that gave 6.3% on the CPU: the rounding noise, carried
     # along by Adam on 600 rows, differs that much between plans and machines. 1.5x the largest; the CPU tests
     # hold both shardings to one process exactly in fp32]
     assert (w - w_ref).norm() < 0.6 * moved
