@@ -306,9 +306,9 @@ class DistributedConfig:
     """table: every table whole on one rank (spread as `balance` says); row: every table's rows split
     into one block per rank; auto: tables of `row_wise_min_rows` rows or more row-wise as `balance` says."""
     balance: Literal["cost", "lookups", "rows"] = "cost"
-    """cost: tables even out the lookups a sample makes, "auto" splits the big tables that lower the busiest
-    rank's cost, within 75% of GPU memory (`dlrm.distributed.sharding`); lookups: every big table split (the
-    plan of 2026-11-28); rows: the rows even out, every big table split (before); old checkpoints need theirs."""
+    """cost: tables placed, and in "auto" big ones split, for the least step cost (busiest rank's lookups and
+    pooled features sent) within 75% of GPU memory (`dlrm.distributed.sharding`); lookups: lookups even, every
+    big table split (2026-11-28); rows: the rows even, every big table split (before); checkpoints need theirs."""
     row_wise_min_rows: int = 10_000_000
     """The table size from which "auto" may shard a table row-wise."""
     backend: Literal["auto", "nccl", "gloo"] = "auto"
