@@ -94,8 +94,9 @@ class ShardingPlan:
 MASKED_SLOT_COST = 1 / 3
 # What a pooled feature a rank sends to another rank costs per sample (its embedding forward and its gradient
 # back, through NVLink), in lookups. Estimated from one profile (two H200s, MLPerf DLRM-DCNv2, every table whole,
-# twenty-first run): 2.2-2.3 ms of SendRecv a step for the 9.5 features a sample rank 1 sent across against
-# 5.5 ms of pooled lookup, sort and update for its 107 lookups a sample: 4.5 lookups a feature sent.
+# benchmarks/results/scaling_mlperf_profile_2gpu_lookups_placed.md): 2.2-2.3 ms of SendRecv a step for the 9.5
+# features a sample rank 1 sent across against 5.5 ms of pooled lookup, sort and update for its 107 lookups a
+# sample: 4.5 lookups a feature sent. Counted, the step went from 21.79 to 21.60 ms (PERF.md, twenty-first run).
 SENT_FEATURE_COST = 4.5
 # Subsets of row-wise candidates tried exhaustively up to this many candidates; more: nested subsets only.
 EXHAUSTIVE_CANDIDATES = 10
