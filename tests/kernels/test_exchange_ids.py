@@ -133,3 +133,9 @@ def test_send_ids_refuse_other_dtypes(device):
     with pytest.raises(ValueError, match="dtype must be torch.int32 or torch.int64, got torch.float32"):
         send_ids(torch.zeros(1, 1, dtype=torch.int64, device=device), torch.ones(1, dtype=torch.int64, device=device),
                  [torch.zeros(1, dtype=torch.int64, device=device)], 1, False, torch.float32)
+
+
+def test_pad_is_the_schema_pad():
+    from dlrm.data.schema import PAD_SPARSE
+
+    assert PAD == PAD_SPARSE
