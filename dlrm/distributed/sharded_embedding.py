@@ -211,6 +211,8 @@ class ShardedSparseArch(nn.Module):
         slot_feature = [f for f, h in enumerate(self.hotness) for _ in range(h)]
         self.register_buffer("_slot_feature", torch.tensor(slot_feature, dtype=torch.int64), persistent=False)
         self.register_buffer("_slot_card", cards[self._slot_feature], persistent=False)  # each slot's table size
+        # the ids the exchange sends (`kernels.exchange_ids`): int32, half the bytes, while every table's rows fit
+        self._id_dtype = torch.int32 if max(cardinalities) < 2**31 else torch.int64
         self.served = [plan.served(q) for q in range(self.world_size)]
         self.served_slots = [[s for f in feats for s in range(len(slot_feature)) if slot_feature[s] == f]
                              for feats in self.served]
@@ -362,9 +364,8 @@ class ShardedSparseArch(nn.Module):
         # for row -1, which no shard holds
         slots = [getattr(self, f"_send_slots_{q}") for q in range(W)]
         if triton_runs and self.hashing == "modulus":  # hashed and laid out in one pass (`kernels.exchange_ids`),
-            # int32 when every table has fewer than 2**31 rows (half the id bytes; every rank takes this path or none)
-            send = send_ids(raw, self._slot_card, slots, P, self.multi_hot,
-                            torch.int32 if max(self.plan.cardinalities) < 2**31 else torch.int64)
+            # (every rank takes this path or none)
+            send = send_ids(raw, self._slot_card, slots, P, self.multi_hot, self._id_dtype)
         else:
             table_rows = self.rows(raw) - self.offsets[self._slot_feature]
             if self.multi_hot:
