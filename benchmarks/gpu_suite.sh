@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:nccl (2 GPUs) | sweep:carry | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -364,6 +364,18 @@ EOF
     overlap)  # a second stream beside the GEMMs: the embedding's update, sort and lookup against the step's GEMMs,
       # alone, in series and on two streams (MLPerf shapes, full bf16 tables)
       run stream_overlap 200 python benchmarks/stream_overlap.py --out "$RES"
+      ;;
+    overlap:nccl)  # the two-rank step's collectives (the embeddings' all_to_all, DDP's all_reduce) beside the
+      # embedding's sort, lookup and update and the weight-gradient GEMMs, on two GPUs (MLPerf shapes, full bf16 tables
+      # on each): what a step could hide behind its exchange (results/stream_overlap_nccl.*)
+      run stream_overlap_nccl 280 env NCCL_NVLS_ENABLE=0 torchrun --standalone --nproc-per-node 2 \
+        benchmarks/stream_overlap.py --pairs "a2a||sort,a2a||wgrads,a2a||lookup,allreduce||update" \
+        --out "$RES/stream_overlap_nccl"
+      ;;
+    sweep:carry)  # the pooled bf16 update with the carry kernel's blocks of chunks and carry launches (issue #22)
+      run pooled_update_sweep_carry 240 python benchmarks/pooled_update_sweep.py --dtypes bf16 \
+        --launches "picked,16:32:1:4,16:128:1:4,16:64:1:1,16:64:1:2,16:64:1:8" --carry-chunks 8,32,128 --repeats 2 \
+        --out "$RES" --name pooled_update_sweep_carry
       ;;
     crosslayer)  # the DCNv2 cross network: Inductor's vs the Triton path, and the fused forward's tiles
       run cross_layer 250 python benchmarks/cross_layer.py --out "$RES"

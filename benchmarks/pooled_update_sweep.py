@@ -10,7 +10,8 @@ replay, median of the windows), and reports ms and % of copy bandwidth as `poole
 the bytes. Rounding: "hash" / "hash1" / "hash1hi" / "philox" stochastic rounding (`kernels.embedding.update.SR_RNG`), "nearest";
 row loads: when the chunk kernel loads the updated rows (`kernels.embedding.update.ROW_LOADS`, ``--row-loads``);
 eviction: the L2 eviction priorities of its row and gradient traffic (`kernels.embedding.update.EVICTION`,
-``--evictions``);
+``--evictions``); carry chunks: the chunk boundaries a program of the carry kernel takes
+(`kernels.embedding.update.CARRY_CHUNKS`, ``--carry-chunks``);
 launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps) forced
 through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
 ``multi_hot_wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
@@ -46,7 +47,8 @@ PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 
         + [("bf16", "hash1hi", c) for c in ((16, 16, 4, 1), (32, 16, 2, 1), (32, 32, 4, 1), (32, 16, 8, 1), (32, 16, 4, 2))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
-KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "batch", "unique_rows", "ms", "gbps", "pct_of_copy", "status"]
+KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "batch", "unique_rows", "ms", "gbps",
+        "pct_of_copy", "status"]
 
 
 def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: torch.device, copy_gbps: float,
@@ -55,11 +57,12 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     x = pe.Inputs(t, batch, device)
     nbytes = pe.case_bytes("bwd", t, batch, x.unique)
     rows = []
-    shipped_rng, shipped_loads, shipped_evict = update.SR_RNG, update.ROW_LOADS, update.EVICTION
-    for _, rounding, launch, (row_loads, eviction) in plan:
+    shipped_rng, shipped_loads, shipped_evict, shipped_carry = (update.SR_RNG, update.ROW_LOADS, update.EVICTION,
+                                                                update.CARRY_CHUNKS)
+    for _, rounding, launch, (row_loads, eviction, carry_chunks) in plan:
         heuristics.SPARSE_UPDATE_OVERRIDE = launch
         update.SR_RNG = rounding if rounding in update.RNG_CODES else shipped_rng
-        update.ROW_LOADS, update.EVICTION = row_loads, eviction
+        update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS = row_loads, eviction, carry_chunks
         sr = rounding != "nearest"
 
         def step():
@@ -77,7 +80,9 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
         finally:
             heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG, update.ROW_LOADS, update.EVICTION = shipped_rng, shipped_loads, shipped_evict
-        rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction, launch=str(tuple(launch or heuristics.sparse_update_config(
+            update.CARRY_CHUNKS = shipped_carry
+        rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction,
+                         carry_chunks=carry_chunks, launch=str(tuple(launch or heuristics.sparse_update_config(
             heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True))) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
@@ -130,6 +135,9 @@ def main(argv=None) -> int:
     ap.add_argument("--evictions", default=None,
                     help=f"comma list of {', '.join(update.EVICTIONS)} (default: the shipped one), each timed "
                          "with every --row-loads order")
+    ap.add_argument("--carry-chunks", default=None,
+                    help="comma list of chunk boundaries a carry-kernel program takes (`kernels.embedding.update."
+                         "CARRY_CHUNKS`, a power of two; default: the shipped one), each timed with every other choice")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)
@@ -141,7 +149,11 @@ def main(argv=None) -> int:
                  else [e.strip() for e in args.evictions.split(",") if e.strip()])
     if not evictions or set(evictions) - set(update.EVICTIONS):
         ap.error(f"--evictions: {args.evictions!r} is not a comma list of {', '.join(update.EVICTIONS)}")
-    orders = [(o, e) for o in orders for e in evictions]
+    carries = [update.CARRY_CHUNKS] if args.carry_chunks is None else [
+        int(c) if c.strip().isdigit() else -1 for c in args.carry_chunks.split(",") if c.strip()]
+    if not carries or any(c < 1 or c & (c - 1) for c in carries):
+        ap.error(f"--carry-chunks: {args.carry_chunks!r} is not a comma list of powers of two")
+    orders = [(o, e, c) for o in orders for e in evictions for c in carries]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
         args.rows_cap, args.batch = args.rows_cap or 1000, 8
@@ -176,9 +188,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
-    table = ["| dtype | rounding | launch | row loads | eviction | ms | % of copy | status |",
-             "| --- | --- | --- | --- | --- | ---: | ---: | --- |"]
-    table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"],
+    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | ms | % of copy | status |",
+             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | --- |"]
+    table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["carry_chunks"],
                       f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
@@ -188,7 +200,8 @@ def main(argv=None) -> int:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     ok = [r for r in rows if "ms" in r]
-    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']}" for r in ok]
+    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['carry_chunks']}"
+              for r in ok]
     ax.barh(labels[::-1], [r["ms"] for r in ok][::-1])
     ax.set_xlabel("ms per call")
     ax.set_title(f"pooled fused backward\n{env['device']}, {env['date']}", fontsize=9)

@@ -25,8 +25,22 @@ replayed in ``--windows`` windows (CUDA events; the median window), with both st
 with A's or B's at the high one. The gain is ``(A+B) - (A || B)`` (the best of the three), and the share of the
 shorter part it hid.
 
+Under ``torchrun`` (several GPUs, NCCL), two more parts, the collectives of a two-rank step (`dlrm.distributed`):
+
+* ``a2a``: the embeddings' ``all_to_all_single`` (or its gradient's, the same bytes): every rank sends each rank
+  ``batch`` samples of half the features, [W x batch x F / W, D] bf16 (218 MB a peer at MLPerf's shapes);
+* ``allreduce``: DDP's all_reduce of the dense gradients, fp32, as many as the bottom MLP, cross network and top
+  MLP have parameters;
+
+so ``a2a||sort`` asks whether the owner's sort could travel beside the gradients' exchange, ``a2a||wgrads`` whether
+deferred weight gradients could, ``a2a||lookup`` whether half the lookup could run while the other half's
+embeddings travel, and ``allreduce||update`` whether the dense gradients' all_reduce hides under the update. A
+collective is issued on its side stream like any other part (NCCL's own stream waits on it, and it on NCCL's), and
+every rank captures and replays the same graphs; rank 0 writes the results, each time the slowest rank's.
+
 On the CPU (``--smoke``) there are no streams: both orders run the calls one after the other (a check of the
-script, not a measurement). Writes stream_overlap.csv / .md / .png under ``--out`` (GPU name, versions, date).
+script, not a measurement), and without ``torchrun`` the collectives are a local copy of their bytes (also a
+check of the script only). Writes stream_overlap.csv / .md / .png under ``--out`` (GPU name, versions, date).
 """
 
 from __future__ import annotations
@@ -39,6 +53,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 if not torch.cuda.is_available():  # the Triton kernels run under the interpreter on the CPU
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -50,14 +65,17 @@ from _common import (  # noqa: E402
 )
 from pooled_embedding import Inputs, Tables  # noqa: E402
 
+from dlrm.data.schema import NUM_DENSE  # noqa: E402
 from kernels.embedding import pooled_embedding_lookup  # noqa: E402
 from kernels.embedding.pooled import pooled_embedding_sparse_update_  # noqa: E402
 from kernels.embedding.update import _sort_by_row  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mlperf-dcnv2.json"
 PAIRS = ["update||wgrads", "sort||fwd_gemms", "lookup||wgrads"]
+# Pairs with a collective (`Collectives`): several ranks under torchrun, or a local stand-in (see the docstring)
+COLLECTIVE_PAIRS = ["a2a||sort", "a2a||wgrads", "a2a||lookup", "allreduce||update"]
 KEYS = ["pair", "a", "b", "a_ms", "b_ms", "seq_ms", "par_ms", "par_a_hi_ms", "par_b_hi_ms", "gain_ms", "hidden_pct",
-        "batch", "table_rows"]
+        "batch", "table_rows", "world"]
 
 
 class DenseShapes:
@@ -89,8 +107,46 @@ class DenseShapes:
             h = torch.mm(h, w.t())
 
 
-def parts(t: Tables, x: Inputs, dense: DenseShapes) -> dict[str, Callable[[], None]]:
+class Collectives:
+    """The two-rank step's collectives at ``batch`` samples a rank: the embeddings' all_to_all (``features``
+    pooled rows of ``dim`` bf16 a sample, each rank serving ``features / W`` of them) and the dense gradients'
+    all_reduce (``params`` fp32). Without an initialised process group each is a copy of its bytes on this device."""
+
+    def __init__(self, batch: int, features: int, dim: int, params: int, device: torch.device):
+        self.world = dist.get_world_size() if dist.is_initialized() else 1
+        served = -(-features // self.world)
+        g = torch.Generator(device=device).manual_seed(2)
+        self.send = torch.randn(self.world * batch * served, dim, generator=g, device=device).to(torch.bfloat16)
+        self.recv = torch.empty_like(self.send)
+        self.grads = torch.randn(params, generator=g, device=device)
+        self.grads_copy = torch.empty_like(self.grads)
+
+    def a2a(self) -> None:
+        if self.world > 1:
+            dist.all_to_all_single(self.recv, self.send)
+        else:
+            self.recv.copy_(self.send)
+
+    def allreduce(self) -> None:
+        if self.world > 1:
+            dist.all_reduce(self.grads)
+        else:
+            self.grads_copy.copy_(self.grads)
+
+
+def dense_params(cfg: dict, width: int) -> int:
+    """Parameters of the bottom MLP, the low-rank cross network and the top MLP (what DDP all-reduces)."""
+    def mlp(widths: list[int]) -> int:
+        return sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
+    rank, layers = int(cfg["cross_rank"]), int(cfg["cross_layers"])
+    return (mlp([NUM_DENSE, *cfg["bottom_mlp"]]) + layers * (2 * width * rank + width)
+            + mlp([width, *cfg["top_mlp"]]))
+
+
+def parts(t: Tables, x: Inputs, dense: DenseShapes, comm: Collectives) -> dict[str, Callable[[], None]]:
     return {
+        "a2a": comm.a2a,
+        "allreduce": comm.allreduce,
         "update": lambda: pooled_embedding_sparse_update_(x.rows, x.grad, t.layout, t.weight, t.state, t.lr,
                                                           "rowwise_adagrad", 1e-8, True, 0.0, t.sr_seed, True),
         "sort": lambda: _sort_by_row(x.rows, t.rows),
@@ -128,9 +184,18 @@ def concurrent(a: Callable[[], None], b: Callable[[], None], high: str = "") -> 
     return step
 
 
+def slowest(ms: float) -> float:
+    """The largest of the ranks' times (every rank's own when run alone)."""
+    if not dist.is_initialized():
+        return ms
+    t = torch.tensor([ms], dtype=torch.float64, device="cuda" if torch.cuda.is_available() else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
 def measure(pair: str, fns: dict[str, Callable[[], None]], args) -> dict:
     a, b = pair.split("||")
-    t = lambda f: graph_replay_ms(f, args.calls, args.windows, args.warmup)  # noqa: E731
+    t = lambda f: slowest(graph_replay_ms(f, args.calls, args.windows, args.warmup))  # noqa: E731
     row = {"pair": pair, "a": a, "b": b, "a_ms": t(fns[a]), "b_ms": t(fns[b]),
            "seq_ms": t(sequential(fns[a], fns[b])), "par_ms": t(concurrent(fns[a], fns[b])),
            "par_a_hi_ms": t(concurrent(fns[a], fns[b], "a")), "par_b_hi_ms": t(concurrent(fns[a], fns[b], "b"))}
@@ -179,9 +244,9 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tables capped at 1000 rows, batch 8, one window")
     args = ap.parse_args(argv)
     pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
-    unknown = [p for p in pairs if p not in PAIRS]
+    unknown = [p for p in pairs if p not in PAIRS + COLLECTIVE_PAIRS]
     if unknown or not pairs:
-        ap.error(f"--pairs: unknown {unknown or pairs}; choose from {PAIRS}")
+        ap.error(f"--pairs: unknown {unknown or pairs}; choose from {PAIRS + COLLECTIVE_PAIRS}")
     if args.smoke:
         # on a GPU the warm-up compiles the kernels before the capture (compiling inside a capture fails)
         args.rows_cap, args.batch, args.calls, args.windows = 1000, 8, 1, 1
@@ -191,33 +256,60 @@ def main(argv=None) -> int:
         cards, hotness, dim = cfg["cardinalities"], cfg["multi_hot_sizes"], int(cfg["embedding_dim"])
         width, top = (len(cards) + 1) * dim, cfg["top_mlp"]
         rank, layers = int(cfg["cross_rank"]), int(cfg["cross_layers"])
+        params = dense_params(cfg, width)
     except (OSError, ValueError, KeyError, TypeError) as e:
         ap.error(f"--config {args.config}: needs a DCN model with cardinalities, multi_hot_sizes, embedding_dim, "
-                 f"cross_rank, cross_layers and top_mlp ({e!r})")
+                 f"cross_rank, cross_layers, bottom_mlp and top_mlp ({e!r})")
     if args.rows_cap:
         cards = [min(int(c), args.rows_cap) for c in cards]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if "WORLD_SIZE" in os.environ:  # torchrun: one GPU a rank
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        rows, t = run_pairs(pairs, cards, hotness, dim, width, rank, layers, top, params, device, args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rows is None:  # not rank 0
+        return 0
     env = environment(device)
-    t = Tables(cards, hotness, dim, torch.bfloat16, device)
-    x = Inputs(t, args.batch, device)
-    dense = DenseShapes(args.batch, width, rank, layers, top[:-1], device)
-    fns = parts(t, x, dense)
-    rows = []
-    for pair in pairs:
-        rows.append({**measure(pair, fns, args), "batch": args.batch, "table_rows": t.rows})
-        r = rows[-1]
-        print(f"{pair:18s} A {r['a_ms']:.3f}  B {r['b_ms']:.3f}  A+B {r['seq_ms']:.3f}  A||B {r['par_ms']:.3f}  "
-              f"(A hi {r['par_a_hi_ms']:.3f}, B hi {r['par_b_hi_ms']:.3f})  gain {r['gain_ms']:.3f} ms", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     title = f"Stream overlap at MLPerf DLRM-DCNv2 shapes, batch {args.batch}"
+    world = rows[0]["world"] if rows else 1
     note = (f"Tables: {t.rows:,} rows x {dim} bf16; {args.calls} calls a graph, median of {args.windows} windows. "
             + ("CPU smoke run: no streams, each time one call (a check of the script, not a measurement)."
-               if device.type == "cpu" else "A || B: A and B on two streams forked from the capturing one."))
+               if device.type == "cpu" else "A || B: A and B on two streams forked from the capturing one.")
+            + (f" {world} ranks: each time the slowest rank's." if world > 1 else
+               " One process: a2a and allreduce are local copies of their bytes (no collective)."
+               if any(p in COLLECTIVE_PAIRS for p in pairs) else ""))
     write_csv(out / "stream_overlap.csv", rows, KEYS, env)
     (out / "stream_overlap.md").write_text(markdown(title, [env_line(env), note], markdown_table(rows)))
     plot(rows, env, out / "stream_overlap.png", title)
     return 0
+
+
+def run_pairs(pairs, cards, hotness, dim, width, rank, layers, top, params, device, args):
+    """Time every pair on this rank (all ranks in lockstep); rank 0 gets ``(rows, tables)``, the others ``(None,
+    tables)``."""
+    t = Tables(cards, hotness, dim, torch.bfloat16, device)
+    x = Inputs(t, args.batch, device)
+    dense = DenseShapes(args.batch, width, rank, layers, top[:-1], device)
+    comm = Collectives(args.batch, len(cards), dim, params, device)
+    fns = parts(t, x, dense, comm)
+    rows = []
+    for pair in pairs:
+        rows.append({**measure(pair, fns, args), "batch": args.batch, "table_rows": t.rows, "world": comm.world})
+        r = rows[-1]
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"{pair:18s} A {r['a_ms']:.3f}  B {r['b_ms']:.3f}  A+B {r['seq_ms']:.3f}  A||B {r['par_ms']:.3f}  "
+                  f"(A hi {r['par_a_hi_ms']:.3f}, B hi {r['par_b_hi_ms']:.3f})  gain {r['gain_ms']:.3f} ms", flush=True)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None, t
+    return rows, t
 
 
 if __name__ == "__main__":

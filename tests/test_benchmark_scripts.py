@@ -369,10 +369,18 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     rows = read_csv(tmp_path / "e.csv")
     assert [r["eviction"] for r in rows] == ["none", "rows_first_grad_last"]
     assert all(r["status"] == "ok" for r in rows) and update.EVICTION == "grad_last"
+    # --carry-chunks times each kept row with each carry-kernel block of chunks, the shipped one restored afterwards
+    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "c", "--dtypes", "bf16", "--launches", "picked",
+                    "--carry-chunks", "1,8"]) == 0
+    rows = read_csv(tmp_path / "c.csv")
+    assert [r["carry_chunks"] for r in rows] == ["1", "8"] and all(r["status"] == "ok" for r in rows)
+    assert update.CARRY_CHUNKS == 32 and "| 8 |" in (tmp_path / "c.md").read_text()
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--row-loads", "sideways"])
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--evictions", "evict_sometimes"])
+    with pytest.raises(SystemExit):
+        sw.main(["--smoke", "--out", str(tmp_path), "--carry-chunks", "12"])
 
 
 def test_stream_overlap_smoke_times_each_pair_alone_in_series_and_side_by_side(tmp_path):
@@ -393,6 +401,34 @@ def test_stream_overlap_smoke_times_each_pair_alone_in_series_and_side_by_side(t
     assert (tmp_path / "stream_overlap.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         so.main(["--smoke", "--out", str(tmp_path), "--pairs", "update||lookup"])
+    # the collectives' pairs: without torchrun a local copy of the same bytes, and the Markdown says so
+    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", "a2a||sort,allreduce||update"]) == 0
+    rows = read_csv(tmp_path / "stream_overlap.csv")
+    assert [(r["a"], r["b"], r["world"]) for r in rows] == [("a2a", "sort", "1"), ("allreduce", "update", "1")]
+    assert all(float(r["a_ms"]) > 0 for r in rows)
+    assert "local copies" in (tmp_path / "stream_overlap.md").read_text()
+
+
+def test_stream_overlap_collectives_match_the_exchange_and_ddp_sizes():
+    """`Collectives` sends what a two-rank MLPerf step's all_to_all sends (a rank's samples of half the features,
+    for every rank) and `dense_params` counts what DDP all-reduces: the bottom MLP's, cross network's and top MLP's
+    parameters, as the modules hold them."""
+    import torch
+
+    from dlrm.model.archs import LowRankCrossNet
+
+    so = load_script("stream_overlap")
+    cfg = {"cross_rank": 4, "cross_layers": 2, "bottom_mlp": [8, 4], "top_mlp": [6, 1]}
+    width = 3 * 4
+    bottom = torch.nn.Sequential(torch.nn.Linear(13, 8), torch.nn.Linear(8, 4))
+    top = torch.nn.Sequential(torch.nn.Linear(width, 6), torch.nn.Linear(6, 1))
+    cross = LowRankCrossNet(width, num_layers=2, low_rank=4)
+    assert so.dense_params(cfg, width) == sum(p.numel() for m in (bottom, cross, top) for p in m.parameters())
+    comm = so.Collectives(batch=5, features=3, dim=4, params=7, device=torch.device("cpu"))
+    assert tuple(comm.send.shape) == (1 * 5 * 3, 4) and comm.send.dtype == torch.bfloat16
+    comm.a2a()
+    comm.allreduce()
+    assert torch.equal(comm.recv, comm.send) and torch.equal(comm.grads_copy, comm.grads)
 
 
 def test_cross_layer_smoke_times_the_network_and_each_forward_tile(tmp_path):
