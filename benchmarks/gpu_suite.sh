@@ -372,10 +372,11 @@ EOF
         benchmarks/stream_overlap.py --pairs "a2a||sort,a2a||wgrads,a2a||lookup,allreduce||update" \
         --out "$RES/stream_overlap_nccl"
       ;;
-    sweep:carry)  # the pooled bf16 update with the carry kernel's blocks of chunks and carry launches (issue #22)
+    sweep:carry)  # the pooled bf16 update with the carry kernel's blocks of chunks and carry launches (issue #22);
+      # CARRY_LAUNCHES, CARRY_CHUNKS and CARRY_NAME change what is swept and where it is written
       run pooled_update_sweep_carry 240 python benchmarks/pooled_update_sweep.py --dtypes bf16 \
-        --launches "picked,16:32:1:4,16:128:1:4,16:64:1:1,16:64:1:2,16:64:1:8" --carry-chunks 8,32,128 --repeats 2 \
-        --out "$RES" --name pooled_update_sweep_carry
+        --launches "${CARRY_LAUNCHES:-picked,16:32:1:4,16:128:1:4,16:64:1:1,16:64:1:2,16:64:1:8}" \
+        --carry-chunks "${CARRY_CHUNKS:-8,32,128}" --repeats 2 --out "$RES" --name "${CARRY_NAME:-pooled_update_sweep_carry}"
       ;;
     crosslayer)  # the DCNv2 cross network: Inductor's vs the Triton path, and the fused forward's tiles
       run cross_layer 250 python benchmarks/cross_layer.py --out "$RES"

@@ -26,7 +26,9 @@ a rank serves: for MLPerf DLRM-DCNv2 on two ranks 25x and 8.4x (152 slots over 6
 
 Backward: the gradients travel back to the owners, whose local lookup turns them into a sparse
 gradient of the shard (applied by the sparse optimizer there) or, with the Triton embedding, the
-fused update in the lookup's backward. All message sizes depend on P and the plan only, never on
+fused update in the lookup's backward. A multi-hot Triton shard's lookup and exchange are one autograd
+node (`dlrm.distributed.owner_exchange`) whose backward sorts the owner's rows for the update while
+their gradients travel. All message sizes depend on P and the plan only, never on
 the data: no host sync, and shapes stay static across steps.
 
 Gradient scale: each rank's loss is its share of the global mean (`dlrm.train.step`), DDP averages
@@ -56,6 +58,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dlrm.data.schema import PAD_SPARSE
+from dlrm.distributed.owner_exchange import PooledLookupExchange, takes_fused_path
 from dlrm.distributed.sharding import ShardingPlan
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
 from dlrm.model.masked_lookup import masked_embedding, masked_embedding_bag
@@ -350,6 +353,18 @@ class ShardedSparseArch(nn.Module):
         pooled = masked_embedding_bag(local_rows.reshape(-1), self.weight, valid.reshape(-1), bag_starts, bag)
         return pooled.view(W, P, n, self.dim)
 
+    def _lookup_and_send(self, recv: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
+        """`_lookup` of the [W, P, served slots] received rows, sent back with ``all_to_all_single`` (splits as
+        it takes them) -> [sum(out_splits), D]. A multi-hot Triton shard with its fused update takes
+        `dlrm.distributed.owner_exchange.PooledLookupExchange`: the same numbers, its backward sorting the rows
+        while their gradients travel."""
+        W, P, S = recv.shape
+        local = self.__dict__.get("_triton")
+        if S > 0 and self.kernel == "triton" and self.pooled_local and takes_fused_path(local):
+            raw, _ = local_ids(recv.view(W * P, S), self._base, self._count, self._local_offset, True)
+            return PooledLookupExchange.apply(raw, local._grad_trigger, local, out_splits, in_splits)
+        return _AllToAll.apply(self._lookup(recv).reshape(-1, self.dim), out_splits, in_splits)
+
     def forward(self, raw: torch.Tensor, global_batch: Optional[int] = None) -> torch.Tensor:
         W, B = self.world_size, raw.shape[0]
         if raw.shape[1] != len(self._slot_feature):
@@ -374,11 +389,9 @@ class ShardedSparseArch(nn.Module):
         recv = torch.empty(W * P * mine, dtype=send.dtype, device=send.device)
         dist.all_to_all_single(recv, send, [P * mine] * W, [P * s for s in sizes])
 
-        # local lookup of what every rank asked for, pooled per feature: [W, P, |S_rank| features, D]
-        emb = self._lookup(recv.view(W, P, mine))
-
+        # local lookup of what every rank asked for, pooled per feature ([W, P, |S_rank| features, D]), and the
         # embeddings back, in the shard's dtype (bf16: half the bytes): from rank q, [P, |S_q|, D]
-        out = _AllToAll.apply(emb.reshape(-1, self.dim), [P * n for n in feats], [P * feats[self.rank]] * W)
+        out = self._lookup_and_send(recv.view(W, P, mine), [P * n for n in feats], [P * feats[self.rank]] * W)
         # Row-wise parts summed in fp32 (at least) and rounded once more to the shard's dtype; the backward scales
         # the gradients by 1/W and sends them back in the shard's dtype, as the one-process lookup receives them.
         layout = ExchangeLayout(*self._exchange, *(getattr(self, f"_exchange_{n}") for n in EXCHANGE_TENSORS))

@@ -181,15 +181,17 @@ def _bf16_rounding(weight: Tensor, stochastic_rounding: bool) -> Optional[str]:
 
 
 def pooled_update_impl(rows, grad_out, slot_feature, weight, state, lr, optimizer, eps, deterministic, weight_decay,
-                       sr_seed, stochastic_rounding) -> None:
-    """Check the inputs, apply one optimizer step to the rows hit (in place) and advance ``sr_seed``."""
+                       sr_seed, stochastic_rounding, presorted=None) -> None:
+    """Check the inputs, apply one optimizer step to the rows hit (in place) and advance ``sr_seed``.
+    ``presorted``: `kernels.embedding.update.sort_by_row` of ``rows``, run earlier by the caller."""
     rounding = _bf16_rounding(weight, stochastic_rounding)
     sr = rounding == "stochastic"
     if sr and (sr_seed.numel() != 1 or sr_seed.dtype != torch.int64 or sr_seed.device != weight.device):
         raise ValueError("stochastic rounding of a bf16 table needs sr_seed: a one-element int64 tensor on "
                          "weight's device (or stochastic_rounding=False)")
     sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay,
-                       slot_feature=slot_feature, bf16_rounding=rounding, sr_seed=sr_seed if sr else None)
+                       slot_feature=slot_feature, bf16_rounding=rounding, sr_seed=sr_seed if sr else None,
+                       presorted=presorted)
     if sr and rows.numel() > 0 and weight.shape[1] > 0:
         sr_seed.add_(1)  # on the device: the next call (or graph replay) draws new random bits
 

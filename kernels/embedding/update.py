@@ -52,7 +52,7 @@ from kernels.embedding.rounding import RNG_CODES
 from kernels.embedding.segment_carry import _sparse_carry_kernel
 from kernels.embedding.segment_chunk import _sparse_chunk_kernel
 
-__all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state"]
+__all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state", "sort_by_row", "update_sorts"]
 
 # Optimizer kinds of the fused update, and their kernel codes. Code 3 is internal: "store the summed
 # gradient into a dense gradient tensor" (the backward of the plain lookup).
@@ -115,10 +115,25 @@ def _sort_by_row(rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
     return torch.sort(keys, stable=True)
 
 
+def sort_by_row(rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
+    """The sort the update of ``rows`` (any shape) into a table of ``num_rows`` rows runs first, for a caller
+    that runs it earlier (``presorted`` of `sparse_update_impl`): it needs only the rows, so it can run while
+    their gradients are still being computed or received (`dlrm.distributed.owner_exchange`)."""
+    return _sort_by_row(rows, num_rows)
+
+
+def update_sorts(optimizer: str, deterministic: bool, weight_dtype: torch.dtype, weight_decay: float = 0.0) -> bool:
+    """Whether `sparse_update_impl` sorts the rows (its segment path), i.e. would use a ``presorted`` result;
+    SGD on fp32 weights without decay and not deterministic adds per position instead (no sort)."""
+    return not (optimizer == "sgd" and not deterministic and weight_dtype == torch.float32 and weight_decay == 0.0)
+
+
 def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tensor, lr: Tensor, opt: int, eps: float,
                     weight_decay: float = 0.0, slot_feature: Optional[Tensor] = None,
-                    bf16_rounding: Optional[str] = None, sr_seed: Optional[Tensor] = None):
-    """Sort positions by row and run the chunk + carry kernels (see the module docstring).
+                    bf16_rounding: Optional[str] = None, sr_seed: Optional[Tensor] = None,
+                    presorted: Optional[tuple[Tensor, Tensor]] = None):
+    """Sort positions by row (or take ``presorted``, `sort_by_row` of these very rows) and run the chunk + carry
+    kernels (see the module docstring).
 
     ``rows`` [B, C]; ``grad_out`` [B, F, D] with C == F, or any C with ``slot_feature`` [C] (the gradient
     row of column c is grad_out[:, slot_feature[c]]). Rows >= R are skipped (multi-hot padding).
@@ -128,7 +143,13 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     B, C = rows.shape
     N = B * C
     R, D = target.shape
-    sorted_rows, perm = _sort_by_row(rows, R)
+    if presorted is None:
+        sorted_rows, perm = _sort_by_row(rows, R)
+    else:
+        sorted_rows, perm = presorted
+        if sorted_rows.shape != (N,) or perm.shape != (N,):
+            raise ValueError(f"presorted: sort_by_row of the {N} rows, got shapes {tuple(sorted_rows.shape)} and "
+                             f"{tuple(perm.shape)}")
     BLOCK_D = heuristics.dot_block(D)
     cfg = heuristics.sparse_update_config(BLOCK_D, grad_out.dtype, multi_hot=slot_feature is not None)
     if interpret_mode() and heuristics.SPARSE_UPDATE_OVERRIDE is None and cfg.chunk < 64:
@@ -235,22 +256,22 @@ def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_de
 
 
 def sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, deterministic, weight_decay=0.0,
-                       slot_feature=None, bf16_rounding=None, sr_seed=None) -> None:
+                       slot_feature=None, bf16_rounding=None, sr_seed=None, presorted=None) -> None:
     """Check the inputs and apply one optimizer step to the looked-up rows (in place).
 
     ``slot_feature``, ``bf16_rounding`` and ``sr_seed``: see `_segment_update` (the multi-hot update
-    passes them).
+    passes them). ``presorted``: `sort_by_row` of ``rows``, already run (used where `update_sorts`).
     """
     _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_decay, slot_feature)
     if rows.numel() == 0 or weight.shape[1] == 0:
         return
     # The atomic path adds per position; the decay belongs to each unique row once, so it needs the segments.
-    if optimizer == "sgd" and not deterministic and weight.dtype == torch.float32 and weight_decay == 0.0:
+    if not update_sorts(optimizer, deterministic, weight.dtype, weight_decay):
         _sgd_atomic_update(rows, grad_out, weight, lr, slot_feature)
         return
     state_arg = state if state.numel() > 0 else weight  # sgd: never read
     _segment_update(rows, grad_out, weight, state_arg, lr, OPTIMIZERS[optimizer], eps, weight_decay, slot_feature,
-                    bf16_rounding, sr_seed)
+                    bf16_rounding, sr_seed, presorted)
 
 
 def dense_grad_impl(rows: Tensor, grad_out: Tensor, num_rows: int, slot_feature: Optional[Tensor] = None,

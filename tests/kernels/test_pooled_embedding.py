@@ -489,6 +489,41 @@ def test_pooled_update_deterministic_and_atomic_sgd(device, assert_close):
     assert torch.equal(results[0], results[1])  # bitwise reproducible
 
 
+@pytest.mark.parametrize("optimizer,dtype", [("rowwise_adagrad", torch.bfloat16), ("adagrad", torch.float32)])
+def test_presorted_rows_give_the_update_its_own_bits(optimizer, dtype, device):
+    """`update.sort_by_row` run by the caller beforehand (``presorted``, as the sharded owner runs it while the
+    gradients travel) gives the very weights, state and seed the update's own sort gives; a sort of other rows is
+    refused by shape; `update_sorts` says which updates sort at all."""
+    from kernels.embedding.pooled import pooled_update_impl
+
+    B, D = 61, 16
+    case = make_case(B, [3, 1, 2], "modulus", seed=9, pad=0.2).to(device)
+    raw = case.raw.clone()
+    raw[: B // 2, 0] = -1  # a hot row over several chunks
+    rows = pooled_hash_rows(raw, *case.hash_args(), case.num_rows).to(torch.int32)
+    grad = make_grad(B, 3, D, "permuted", device, dtype)
+    lr = torch.tensor(LR, device=device)
+    slot_feature = case.layout().slot_feature
+    results = []
+    for presorted in (None, update_module.sort_by_row(rows, case.num_rows)):
+        weight = make_weight(case.num_rows, D, device, dtype)
+        state = make_state(optimizer, weight)
+        seed = torch.full((1,), 5, dtype=torch.int64, device=device)
+        pooled_update_impl(rows, grad, slot_feature, weight, state, lr, optimizer, EPS, True, 0.01, seed, True,
+                           presorted=presorted)
+        results.append((weight, state, seed))
+    (w0, s0, k0), (w1, s1, k1) = results
+    assert not torch.equal(w0, make_weight(case.num_rows, D, device, dtype))  # the update happened
+    assert torch.equal(w1, w0) and torch.equal(s1, s0) and torch.equal(k1, k0)
+    other = update_module.sort_by_row(rows[:-1], case.num_rows)
+    with pytest.raises(ValueError, match="presorted"):
+        pooled_update_impl(rows, grad, slot_feature, w1, s1, lr, optimizer, EPS, True, 0.0, k1, True, presorted=other)
+    assert update_module.update_sorts(optimizer, True, dtype)
+    assert update_module.update_sorts("sgd", False, torch.bfloat16) and update_module.update_sorts("sgd", True, dtype)
+    assert update_module.update_sorts("sgd", False, torch.float32, weight_decay=0.1)
+    assert not update_module.update_sorts("sgd", False, torch.float32)
+
+
 def test_pooled_update_all_pad_touches_nothing(device):
     case = make_case(5, [2, 3]).to(device)
     raw = torch.full_like(case.raw, PAD_SPARSE)

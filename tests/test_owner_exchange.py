@@ -1,0 +1,111 @@
+"""`dlrm.distributed.owner_exchange.PooledLookupExchange`: a multi-hot Triton shard's lookup, exchange and fused
+update as one autograd node whose backward sorts while the gradients travel, against the path it replaces (the
+shard's fused lookup, then the differentiable all_to_all): the same outputs and the same updated tables, state and
+rounding seed, bit for bit, on two gloo ranks (CPU, Triton interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from dlrm.data.loader import rank_slice
+from dlrm.distributed import sharded_embedding
+from dlrm.distributed.sharded_embedding import ShardedSparseArch
+from dlrm.distributed.sharding import plan_sharding
+from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig
+
+# The pooled kernels under the interpreter: the GPU image's Triton 3.6 interpreter cannot run them (see
+# tests/test_distributed_bf16.py); CI's CPU runs them with the newest Triton.
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter test; the GPU image's Triton 3.6 "
+                                "interpreter cannot run the pooled kernels")
+
+WORLD = 2
+CARDS = [1, 3, 6, 40, 9]
+HOTNESS = [2, 1, 3, 4, 1]
+DIM = 5
+# (sharding, table dtype, optimizer, deterministic, weight decay): the sorted update with and without rounding and
+# decay, and SGD's atomic update (no sort to move)
+CASES = [("table", torch.bfloat16, "rowwise_adagrad", True, 0.0), ("row", torch.bfloat16, "rowwise_adagrad", True, 0.0),
+         ("row", torch.float32, "adagrad", True, 0.1), ("table", torch.float32, "sgd", False, 0.0)]
+
+
+def _raw(batch: int, step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(11 + step)
+    raw = torch.randint(-1, 2**32, (batch, sum(HOTNESS)), generator=g)
+    raw[torch.rand(raw.shape, generator=g) < 0.3] = 7  # repeated rows
+    raw[torch.rand(raw.shape, generator=g) < 0.2] = PAD_SPARSE
+    return raw
+
+
+def _graph_has(t: torch.Tensor, name: str) -> bool:
+    seen, todo = set(), [t.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if name in type(fn).__name__:
+            return True
+        todo.extend(f for f, _ in fn.next_functions)
+    return False
+
+
+def _case(rank: int, mode: str, dtype: torch.dtype, kind: str, deterministic: bool, decay: float) -> None:
+    plan = plan_sharding(CARDS, WORLD, mode, row_wise_min_rows=5, balance="lookups")
+    arches = []
+    for _ in range(2):  # the new path, then the old one: the same init (same seed)
+        torch.manual_seed(0)
+        arch = ShardedSparseArch(CARDS, DIM, plan, rank, kernel="triton", hotness=HOTNESS, dtype=dtype)
+        arch.__dict__["_triton"].use_fused_update(
+            SparseOptimizerConfig(kind, torch.tensor([0.05]), deterministic=deterministic, weight_decay=decay))
+        arches.append(arch)
+    start = arches[0].weight.detach().clone()
+    batch = 37  # odd: the last rank's slice is padded
+    a, b = rank_slice(0, batch, rank, WORLD)
+    taken = sharded_embedding.takes_fused_path
+    for step in range(2):
+        raw = _raw(batch, step)
+        grad = torch.randn(batch, len(CARDS), DIM, generator=torch.Generator().manual_seed(step))
+        outs = []
+        for i, arch in enumerate(arches):
+            sharded_embedding.takes_fused_path = taken if i == 0 else (lambda local: False)
+            try:
+                out = arch(raw[a:b], batch)
+            finally:
+                sharded_embedding.takes_fused_path = taken
+            assert _graph_has(out, "PooledLookupExchange") == (i == 0)
+            # a non-contiguous gradient: the exchange makes it contiguous
+            (out.float() * grad[a:b].float().transpose(0, 1).contiguous().transpose(0, 1) * WORLD).sum().backward()
+            outs.append(out.detach())
+        assert torch.equal(outs[0], outs[1]), f"step {step}: outputs differ"
+        new, old = arches
+        assert torch.equal(new.weight.detach(), old.weight.detach()), f"step {step}: tables differ"
+        s_new, s_old = (x.__dict__["_triton"].fused_update.state for x in arches)
+        assert (s_new is None) == (s_old is None) and (s_new is None or torch.equal(s_new, s_old))
+        assert int(new.__dict__["_triton"].sr_seed) == int(old.__dict__["_triton"].sr_seed)
+    assert not torch.equal(arches[0].weight.detach(), start), "the updates moved no row"
+
+
+def _worker(rank: int, init_file: str, results) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        for case in CASES:  # the same order on every rank: the collectives pair up
+            try:
+                _case(rank, *case)
+                results[(rank, str(case))] = "ok"
+            except AssertionError as e:
+                results[(rank, str(case))] = f"AssertionError: {e}"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_lookup_exchange_node_equals_the_fused_lookup_and_all_to_all(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_worker, args=(str(tmp_path / "init"), results), nprocs=WORLD, join=True)
+        got = dict(results)
+    failed = {k: v for k, v in got.items() if v != "ok"}
+    assert not failed and len(got) == WORLD * len(CASES), failed
