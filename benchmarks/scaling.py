@@ -15,6 +15,10 @@ samples/s. Rank 0 appends a row per launch to ``<out>/<name>.csv`` and rewrites 
 ``.png`` with the scaling efficiency ``rate(N) / (N x rate(1))`` for the rows of the same config,
 precision and batch per GPU.
 
+``--sort-overlap off``: multi-hot Triton shards sort their rows for the update after the gradients arrive
+instead of while they travel (`dlrm.distributed.owner_exchange.SORT_OVERLAP`; the same numbers), to measure
+what the overlap buys; the CSV's ``sort_overlap`` column says which ran.
+
 ``--profile``: after the timed windows, every rank profiles ``--steps`` more steps (PyTorch profiler)
 and rank 0 writes ``<name>_profile_<N>gpu.md`` / ``.csv``: each rank's device time per step grouped as
 `step_profile.py` groups kernels (the collectives, NCCL's kernels, in a group of their own), "idle" (the
@@ -53,13 +57,15 @@ from _common import (  # noqa: E402
 
 from dlrm.config import load_config  # noqa: E402
 from dlrm.data.loader import Batch  # noqa: E402
+from dlrm.distributed import owner_exchange  # noqa: E402
 from dlrm.distributed.env import init_distributed, shutdown  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
 from dlrm.train.graphed_step import GraphedTrainStep  # noqa: E402
 from dlrm.train.setup import resolve_device  # noqa: E402
 
 KEYS = ["gpus", "config", "precision", "sharding", "balance", "cuda_graph", "batch_per_gpu", "samples_per_sec", "min_samples_per_sec",
-        "max_samples_per_sec", "step_ms", "efficiency", "peak_memory_mb", "device", "torch", "triton", "date"]
+        "max_samples_per_sec", "step_ms", "efficiency", "peak_memory_mb", "device", "torch", "triton", "date",
+        "sort_overlap"]
 
 
 def rank_batches(batch_per_rank: int, env, device: torch.device, multi_hot_sizes=None) -> list[Batch]:
@@ -83,6 +89,7 @@ def measure(args) -> dict | None:
         cfg.distributed.balance = args.balance
     if args.cuda_graph:
         cfg.train.cuda_graph = {"true": True, "false": False}.get(args.cuda_graph, args.cuda_graph)
+    owner_exchange.SORT_OVERLAP = args.sort_overlap == "on"
     fill_cardinalities(cfg)  # the config's dataset's table sizes when it names none
     device = resolve_device(cfg.train.device)  # the config's train.device, as train.py reads it ("auto": CUDA if any)
     env, device = init_distributed(cfg.distributed, device)
@@ -117,6 +124,7 @@ def measure(args) -> dict | None:
             "balance": cfg.distributed.balance if env.distributed else "", "cuda_graph": graphed, "batch_per_gpu": B,
             "samples_per_sec": rate, "min_samples_per_sec": min(rates), "max_samples_per_sec": max(rates),
             "step_ms": B * W / rate * 1e3, "peak_memory_mb": max((p for p in peaks if p is not None), default=None),
+            "sort_overlap": args.sort_overlap if env.distributed else "",
             **{k: v for k, v in environment(device).items() if k in ("device", "torch", "triton", "date")}}
 
 
@@ -232,6 +240,9 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="tf32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--sharding", default=None, choices=["auto", "table", "row"], help="default: the config's")
     ap.add_argument("--balance", default=None, choices=["cost", "lookups", "rows"], help="default: the config's")
+    ap.add_argument("--sort-overlap", default="on", choices=["on", "off"],
+                    help="multi-hot Triton shards: sort the owner's rows while their gradients travel "
+                         "(`dlrm.distributed.owner_exchange.SORT_OVERLAP`), or after")
     ap.add_argument("--cuda-graph", default=None, choices=["auto", "true", "false"],
                     help="train.cuda_graph (default: the config's)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps (more when a captured step needs them)")

@@ -26,6 +26,10 @@ from kernels.embedding.update import empty_state, sort_by_row, update_sorts
 
 __all__ = ["PooledLookupExchange", "takes_fused_path"]
 
+# Sort while the gradients travel (True), or after they have arrived, as the fused lookup's own backward does
+# (False: the same numbers). Module-level, so that benchmarks/scaling.py --sort-overlap off can compare the two.
+SORT_OVERLAP = True
+
 
 def takes_fused_path(local) -> bool:
     """Whether ``local`` (a `kernels.embedding.TritonPooledEmbedding`) would run its fused lookup now: a fused update
@@ -71,7 +75,7 @@ class PooledLookupExchange(torch.autograd.Function):
         # The sort of the update needs only the rows: it runs while the gradients travel. Nothing else may run
         # between here and the wait that reads `back`.
         presorted = None
-        if update_sorts(cfg.kind, cfg.deterministic, weight.dtype, cfg.weight_decay) and rows.numel() > 0:
+        if SORT_OVERLAP and update_sorts(cfg.kind, cfg.deterministic, weight.dtype, cfg.weight_decay) and rows.numel():
             with device_context(weight):
                 presorted = sort_by_row(rows, weight.shape[0])
         work.wait()
