@@ -12,7 +12,7 @@ row loads: when the chunk kernel loads the updated rows (`kernels.embedding.upda
 eviction: the L2 eviction priorities of its row and gradient traffic (`kernels.embedding.update.EVICTION`,
 ``--evictions``); carry chunks: the chunk boundaries a program of the carry kernel takes
 (`kernels.embedding.update.CARRY_CHUNKS`, ``--carry-chunks``);
-launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps) forced
+launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps[, carry_chunks]) forced
 through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
 ``multi_hot_wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
 Writes ``<name>.csv`` / ``.md`` / ``.png`` under ``--out``.
@@ -81,9 +81,11 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
             heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG, update.ROW_LOADS, update.EVICTION = shipped_rng, shipped_loads, shipped_evict
             update.CARRY_CHUNKS = shipped_carry
+        cfg = heuristics.SparseUpdateConfig(*launch) if launch else heuristics.sparse_update_config(heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype],
+                                                        multi_hot=True)
         rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction,
-                         carry_chunks=carry_chunks, launch=str(tuple(launch or heuristics.sparse_update_config(
-            heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True))) + ("" if launch else " (picked)"),
+                         carry_chunks=carry_chunks or cfg.carry_chunks,
+                         launch=str(tuple(cfg)) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
     del t, x
@@ -94,15 +96,16 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
 
 
 def parse_launches(text: str) -> list:
-    """``"32:16:4:1,16:8:1:1,picked"`` -> ``[SparseUpdateConfig(32, 16, 4, 1), ..., None]``."""
+    """``"32:16:4:1,16:8:1:1:8,picked"`` -> ``[SparseUpdateConfig(32, 16, 4, 1), ..., None]`` (a fifth number:
+    carry_chunks)."""
     launches = []
     for item in (t.strip() for t in text.split(",")):
         if item == "picked":
             launches.append(None)
             continue
         parts = item.split(":")
-        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"{item!r} is not chunk:carry_block:chunk_warps:carry_warps "
+        if len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"{item!r} is not chunk:carry_block:chunk_warps:carry_warps[:carry_chunks] "
                              "(positive integers) or 'picked'")
         launches.append(heuristics.SparseUpdateConfig(*map(int, parts)))
     if not launches:
@@ -130,6 +133,7 @@ def main(argv=None) -> int:
                          f"{', '.join(update.ROW_LOAD_ORDERS)}; default: the shipped one)")
     ap.add_argument("--launches", default=None,
                     help="instead of PLAN's launches: a comma list of chunk:carry_block:chunk_warps:carry_warps"
+                         "[:carry_chunks]"
                          " (or 'picked'), each timed with every --roundings rounding (bf16 "
                          "tables: the shipped one by default; fp32 tables: '-')")
     ap.add_argument("--evictions", default=None,
@@ -137,7 +141,7 @@ def main(argv=None) -> int:
                          "with every --row-loads order")
     ap.add_argument("--carry-chunks", default=None,
                     help="comma list of chunk boundaries a carry-kernel program takes (`kernels.embedding.update."
-                         "CARRY_CHUNKS`, a power of two; default: the shipped one), each timed with every other choice")
+                         "CARRY_CHUNKS`, a power of two; default: each launch's own), each timed with every other choice")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)
@@ -151,7 +155,7 @@ def main(argv=None) -> int:
         ap.error(f"--evictions: {args.evictions!r} is not a comma list of {', '.join(update.EVICTIONS)}")
     carries = [update.CARRY_CHUNKS] if args.carry_chunks is None else [
         int(c) if c.strip().isdigit() else -1 for c in args.carry_chunks.split(",") if c.strip()]
-    if not carries or any(c < 1 or c & (c - 1) for c in carries):
+    if not carries or any(c is not None and (c < 1 or c & (c - 1)) for c in carries):
         ap.error(f"--carry-chunks: {args.carry_chunks!r} is not a comma list of powers of two")
     orders = [(o, e, c) for o in orders for e in evictions for c in carries]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

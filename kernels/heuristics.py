@@ -331,7 +331,8 @@ def pick_wgrad_launch(B: int, M: int, N: int, dtype: torch.dtype, sms: int, inte
 
 class SparseUpdateConfig(NamedTuple):
     """Launch of the sorted segment-sum update: ``chunk`` sorted positions per program of the chunk
-    kernel, ``carry_block`` chunks added per step of the carry loop, and each kernel's num_warps.
+    kernel, ``carry_block`` chunks added per step of the carry loop, each kernel's num_warps, and
+    ``carry_chunks`` chunk boundaries per program of the carry kernel (a power of two).
 
     ``tl.dot`` needs every dim >= 16; larger chunks cost ``chunk**2 * D`` multiply-adds per chunk but
     shorten hot rows' carry loops."""
@@ -340,6 +341,7 @@ class SparseUpdateConfig(NamedTuple):
     carry_block: int
     chunk_warps: int
     carry_warps: int
+    carry_chunks: int = 32
 
 
 # Measured on H100s, batch 65536, after the 2026-11-24 changes to the chunk kernel (partial sums picked only where
@@ -357,12 +359,18 @@ class SparseUpdateConfig(NamedTuple):
 #   0.360 / 0.356 with "default"; D=16 bf16 "default" 0.269 / 0.278, the one-warp launch 0.267 / 0.269 (kept).
 #   On skewed ids a long carry_block matters: the all-missing feature's row spans 1,000-4,000 chunks, summed
 #   carry_block partials a step by one program.
+# * Multi-hot bf16 again (H200, 2026-11-28, results/pooled_update_sweep_carry*.md, two interleaved repeats): the carry
+#   kernel with one warp, carry_block 32 and 8 chunk boundaries a program, 4.007-4.022 ms against 4.123-4.138 with
+#   (16, 64, 1, 4) at 32 boundaries (-2.7%); 4 boundaries 4.03, 2 boundaries 4.14; 4 warps at 8 boundaries 4.17-4.19.
+#   The update's hot-row work (22,651 segments spanning chunks at these shapes, up to 13 in one program's 32
+#   boundaries, each summed in turn) spreads over more, smaller programs.
 SPARSE_UPDATE_CONFIGS: dict[str, SparseUpdateConfig] = {
     "default": SparseUpdateConfig(chunk=64, carry_block=32, chunk_warps=4, carry_warps=4),
     "wide_rows": SparseUpdateConfig(chunk=32, carry_block=64, chunk_warps=4, carry_warps=1),
     "fp32_narrow_rows": SparseUpdateConfig(chunk=16, carry_block=128, chunk_warps=1, carry_warps=4),
     "multi_hot_wide_rows": SparseUpdateConfig(chunk=16, carry_block=16, chunk_warps=2, carry_warps=4),
-    "multi_hot_wide_rows_16bit": SparseUpdateConfig(chunk=16, carry_block=64, chunk_warps=1, carry_warps=4),
+    "multi_hot_wide_rows_16bit": SparseUpdateConfig(chunk=16, carry_block=32, chunk_warps=1, carry_warps=1,
+                                                    carry_chunks=8),
 }
 SPARSE_UPDATE_OVERRIDE: Optional[SparseUpdateConfig] = None
 

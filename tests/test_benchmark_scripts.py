@@ -344,6 +344,8 @@ def test_step_profile_on_a_small_model(tmp_path):
 def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     """benchmarks/pooled_update_sweep.py --smoke: every (dtype, rounding, launch) of its plan runs and is
     written (tiny tables, batch 8; the interpreter on the CPU), forced launches restored afterwards."""
+    import torch
+
     sw = load_script("pooled_update_sweep")
     from kernels import heuristics
     from kernels.embedding import update
@@ -374,7 +376,12 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
                     "--carry-chunks", "1,8"]) == 0
     rows = read_csv(tmp_path / "c.csv")
     assert [r["carry_chunks"] for r in rows] == ["1", "8"] and all(r["status"] == "ok" for r in rows)
-    assert update.CARRY_CHUNKS == 32 and "| 8 |" in (tmp_path / "c.md").read_text()
+    assert update.CARRY_CHUNKS is None and "| 8 |" in (tmp_path / "c.md").read_text()
+    # by default each launch's own carry_chunks, written as the number it is
+    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "d", "--dtypes", "bf16", "--launches",
+                    "picked,16:32:1:1:4"]) == 0
+    picked = heuristics.sparse_update_config(128, torch.bfloat16, multi_hot=True).carry_chunks
+    assert [r["carry_chunks"] for r in read_csv(tmp_path / "d.csv")] == [str(picked), "4"]
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--row-loads", "sideways"])
     with pytest.raises(SystemExit):

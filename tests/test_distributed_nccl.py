@@ -116,26 +116,34 @@ def test_two_gpus_with_bf16_shards_train_the_dcn_model_like_one_gpu(tmp_path, da
     assert set(merged["model"]) == set(ref["model"])
     sparse, ref_sparse = merged["optimizers"][1]["state"][0], ref["optimizers"][1]["state"][0]
     assert sparse["sr_seed"].tolist() == ref_sparse["sr_seed"].tolist() == [STEPS]
-    assert (sparse["sum"] - ref_sparse["sum"]).norm() < 0.08 * ref_sparse["sum"].norm()  # [3.0%]
+    summary = summary_of(run_dir)
+    assert summary["world_size"] == 2 and summary["samples"] == ref_summary["samples"]
+    assert len(summary["train_losses"]) == len(ref_summary["train_losses"]) > 0
+    assert [s for s, _ in summary["train_losses"]] == [s for s, _ in ref_summary["train_losses"]]
     w, w_ref = merged["model"]["sparse_arch.weight"].float(), ref["model"]["sparse_arch.weight"].float()
     w10 = torch.load(ckpt.checkpoint_dir(ref_dir) / ckpt.checkpoint_name(10), weights_only=True, map_location="cpu")["model"]
     moved = (w_ref - w10["sparse_arch.weight"].float()).norm()
-    assert moved > 0.05 * w_ref.norm()  # training moved the tables [23.6% of their norm]
+    # Every distance first, so that a failure shows them all: the tables' against how far training moved them,
+    # the rest against their norm, the losses relative, the AUC absolute.
+    drift = {"tables": float((w - w_ref).norm() / moved), "moved": float(moved / w_ref.norm()),
+             "sparse sums": float((sparse["sum"] - ref_sparse["sum"]).norm() / ref_sparse["sum"].norm()),
+             "loss": max(abs(a - b) / abs(b) for (_, a), (_, b) in zip(summary["train_losses"],
+                                                                      ref_summary["train_losses"])),
+             "auc": abs(summary["auc"] - ref_summary["auc"])}
+    dense = {k: float((merged["model"][k].float() - v.float()).norm() / (v.float().norm() + 1e-12))
+             for k, v in ref["model"].items() if k != "sparse_arch.weight" and v.is_floating_point()}
+    report = {k: round(v, 4) for k, v in [*drift.items(), *sorted(dense.items(), key=lambda kv: -kv[1])]}
+    assert drift["moved"] > 0.05, report  # training moved the tables [23.6% of their norm]
+    assert drift["sparse sums"] < 0.08, report  # [3.0%]
     # [CPU: 6.3-17.3% of that movement; two H200s, 2026-11-28: row-wise 7.1%, table-wise placed by lookups 22.3%,
     # table-wise placed by cost (the default) 40.9%, a plan that gave 6.3% on the CPU: the rounding noise, carried
     # along by Adam on 600 rows, differs that much between plans and machines. 1.5x the largest; the CPU tests
     # hold both shardings to one process exactly in fp32]
-    assert (w - w_ref).norm() < 0.6 * moved
-    for k, v in ref["model"].items():
-        if k != "sparse_arch.weight" and v.is_floating_point():
-            # [cross-net biases 8.6-9.0%, its kernels and the top MLP's first layer 2-4.3%, the rest < 1.1%]
-            assert (merged["model"][k].float() - v.float()).norm() <= 0.25 * v.float().norm() + 1e-6, k
-    summary = summary_of(run_dir)
-    assert summary["world_size"] == 2 and summary["samples"] == ref_summary["samples"]
-    assert len(summary["train_losses"]) == len(ref_summary["train_losses"]) > 0
-    for (s1, l1), (s2, l2) in zip(summary["train_losses"], ref_summary["train_losses"]):
-        assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-2)  # [0.19%]
-    assert summary["auc"] == pytest.approx(ref_summary["auc"], abs=0.02)  # [0.003]
+    assert drift["tables"] < 0.6, report
+    # [CPU: cross-net biases 8.6-9.0%, its kernels and the top MLP's first layer 2-4.3%, the rest < 1.1%]
+    assert max(dense.values()) <= 0.25, report
+    assert drift["loss"] < 1e-2, report  # [0.19%]
+    assert drift["auc"] < 0.02, report  # [0.003]
 
 
 def test_two_gpus_captured_step_trains_as_the_ordinary_step(tmp_path, dataset):

@@ -10,10 +10,10 @@ The update never materialises a dense gradient: positions are sorted by row
    every segment (run of equal rows) inside the chunk with a 0/1 ``[CHUNK, CHUNK]`` matrix product, applies
    the update for segments that start and end in the chunk, and writes two partial sums per chunk (of its
    first and its last row) for segments that cross chunk boundaries;
-2. ``_sparse_carry_kernel``: one program per ``CARRY_CHUNKS`` chunks finishes the crossing segments that
-   start in them by adding the first-row partials of the following chunks (``CARRY_BLOCK`` chunks per
-   step, so a hot row that fills thousands of chunks costs ``chunks / CARRY_BLOCK`` steps), then applies
-   the update.
+2. ``_sparse_carry_kernel``: one program per ``carry_chunks`` chunks (a launch config field) finishes the
+   crossing segments that start in them by adding the first-row partials of the following chunks
+   (``CARRY_BLOCK`` chunks per step, so a hot row that fills thousands of chunks costs
+   ``chunks / CARRY_BLOCK`` steps), then applies the update.
 
 Every unique row is therefore updated exactly once with its summed gradient, in a summation order fixed
 by the sorted order: results are bitwise reproducible. ``deterministic=False`` only changes plain SGD on
@@ -96,8 +96,10 @@ EVICTIONS = {"none": ("", ""), "rows_first": ("evict_first", ""), "grad_last": (
 EVICTION = "grad_last"
 
 
-# Chunk boundaries per program of the carry kernel (`kernels.embedding.segment_carry`).
-CARRY_CHUNKS = 32
+# Chunk boundaries per program of the carry kernel (`kernels.embedding.segment_carry`), forced (a power of two) over the
+# launch config's ``carry_chunks`` (`kernels.heuristics.SparseUpdateConfig`); module-level, for tests and
+# benchmarks/pooled_update_sweep.py --carry-chunks.
+CARRY_CHUNKS: Optional[int] = None
 
 # The Triton kernels: kernels/embedding/segment_chunk.py and kernels/embedding/segment_carry.py.
 
@@ -198,7 +200,8 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         num_warps=cfg.chunk_warps,
         **common,
     )
-    _sparse_carry_kernel[(triton.cdiv(num_chunks, CARRY_CHUNKS),)](
+    carry_chunks = CARRY_CHUNKS or cfg.carry_chunks
+    _sparse_carry_kernel[(triton.cdiv(num_chunks, carry_chunks),)](
         sorted_rows,
         target,
         target.stride(0),
@@ -215,7 +218,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         D,
         R,
         CARRY_BLOCK=cfg.carry_block,
-        CHUNKS=CARRY_CHUNKS,
+        CHUNKS=carry_chunks,
         num_warps=cfg.carry_warps,
         **common,
     )

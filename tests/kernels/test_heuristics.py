@@ -110,7 +110,8 @@ def test_sparse_update_config(monkeypatch):
     assert sparse_update_config(16, torch.float32) == SUC(16, 128, 1, 4)
     assert sparse_update_config(128, torch.bfloat16) == SUC(32, 64, 4, 1)  # one-hot, wide rows
     assert sparse_update_config(64, torch.float32) == SUC(32, 64, 4, 1)
-    assert sparse_update_config(128, torch.bfloat16, multi_hot=True) == SUC(16, 64, 1, 4)  # 16-bit gradients
+    assert sparse_update_config(128, torch.bfloat16, multi_hot=True) == SUC(16, 32, 1, 1, 8)  # 16-bit gradients
+    assert sparse_update_config(128, torch.float32, multi_hot=True).carry_chunks == 32  # the default
     assert sparse_update_config(128, torch.float32, multi_hot=True) == SUC(16, 16, 2, 4)
     assert sparse_update_config(16, torch.float32, multi_hot=True) == SUC(16, 128, 1, 4)
     monkeypatch.setattr(heuristics, "SPARSE_UPDATE_OVERRIDE", (16, 16, 4, 4))
