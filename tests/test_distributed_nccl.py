@@ -132,17 +132,19 @@ def test_two_gpus_with_bf16_shards_train_the_dcn_model_like_one_gpu(tmp_path, da
              "auc": abs(summary["auc"] - ref_summary["auc"])}
     dense = {k: float((merged["model"][k].float() - v.float()).norm() / (v.float().norm() + 1e-12))
              for k, v in ref["model"].items() if k != "sparse_arch.weight" and v.is_floating_point()}
-    report = {k: round(v, 4) for k, v in [*drift.items(), *sorted(dense.items(), key=lambda kv: -kv[1])]}
+    report = json.dumps({k: round(v, 4) for k, v in [*drift.items(), *sorted(dense.items(), key=lambda kv: -kv[1])]})
     assert drift["moved"] > 0.05, report  # training moved the tables [23.6% of their norm]
-    assert drift["sparse sums"] < 0.08, report  # [3.0%]
+    assert drift["sparse sums"] < 0.08, report  # [3.0%; two H200s, table-wise placed by cost: 4.85%]
     # [CPU: 6.3-17.3% of that movement; two H200s, 2026-11-28: row-wise 7.1%, table-wise placed by lookups 22.3%,
     # table-wise placed by cost (the default) 40.9%, a plan that gave 6.3% on the CPU: the rounding noise, carried
     # along by Adam on 600 rows, differs that much between plans and machines. 1.5x the largest; the CPU tests
     # hold both shardings to one process exactly in fp32]
     assert drift["tables"] < 0.6, report
-    # [CPU: cross-net biases 8.6-9.0%, its kernels and the top MLP's first layer 2-4.3%, the rest < 1.1%]
-    assert max(dense.values()) <= 0.25, report
-    assert drift["loss"] < 1e-2, report  # [0.19%]
+    # [CPU: cross-net biases 8.6-9.0%, its kernels and the top MLP's first layer 2-4.3%, the rest < 1.1%. Two H200s,
+    # table-wise placed by cost (2026-11-28, this code and the commit before the sort overlap alike): a cross-net bias
+    # 28.4%, as that plan's tables drift furthest (above). 1.5x the largest]
+    assert max(dense.values()) <= 0.43, report
+    assert drift["loss"] < 1e-2, report  # [0.19%; two H200s, table-wise placed by cost: 0.58%]
     assert drift["auc"] < 0.02, report  # [0.003]
 
 
