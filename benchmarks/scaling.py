@@ -194,15 +194,15 @@ def add_efficiency(rows: list[dict]) -> None:
 
 def markdown_table(rows: list[dict]) -> list[str]:
     """One line per launch (n/a for an efficiency or a peak memory it does not have)."""
-    lines = ["| GPUs | config | precision | sharding | balance | whole-step CUDA graph | batch per GPU | samples/s | step ms "
-             "| efficiency | peak MiB | date |",
-             "| ---: | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| GPUs | config | precision | sharding | balance | whole-step CUDA graph | sort while the gradients travel "
+             "| batch per GPU | samples/s | step ms | efficiency | peak MiB | date |",
+             "| ---: | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         eff = f"{float(r['efficiency']):.2f}" if r["efficiency"] != "" else "n/a"
         peak = f"{float(r['peak_memory_mb']):,.0f}" if r.get("peak_memory_mb") not in (None, "") else "n/a"
         lines.append(md_row([r["gpus"], r["config"], r["precision"], r["sharding"], r.get("balance") or "n/a",
                              r.get("cuda_graph") if r.get("cuda_graph") not in (None, "") else "n/a",
-                             f"{int(r['batch_per_gpu']):,}",
+                             r.get("sort_overlap") or "n/a", f"{int(r['batch_per_gpu']):,}",
                              f"{float(r['samples_per_sec']):,.0f}", f"{float(r['step_ms']):.2f}", eff, peak, r["date"]]))
     return lines
 
@@ -228,7 +228,9 @@ def write_results(rows: list[dict], out: Path, name: str) -> None:
     write_csv(out / f"{name}.csv", rows, KEYS)
     title = f"Multi-GPU scaling ({rows[-1]['device']}, torch {rows[-1]['torch']}, triton {rows[-1]['triton']})"
     about = ("Global samples/s of whole training steps (median of timed windows, CUDA events), synthetic batches "
-             "already on the device; efficiency = rate(N) / (N x rate(1)).")
+             "already on the device; efficiency = rate(N) / (N x rate(1)), against the 1-GPU row closest in time. "
+             "\"Sort while the gradients travel\": multi-hot Triton shards sort their rows for the update during the "
+             "gradients' all_to_all (on) or after it (off), `--sort-overlap`; n/a before it existed and on one GPU.")
     (out / f"{name}.md").write_text(markdown(title, [about], markdown_table(rows)))
     plot(rows, out / f"{name}.png")
 
