@@ -33,14 +33,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm import checkpoint as ckpt
 from dlrm.data.loader import rank_slice
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
 from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig, TritonPooledEmbedding, TritonSparseEmbedding
+from tests.gloo_ranks import failures_on_ranks
 from tests.test_distributed import BASE, merged_state, run
 
 # Every case runs bf16 Triton tables on the CPU under the Triton interpreter (gloo ranks). On the GPU
@@ -253,29 +252,12 @@ def _one_step(rank: int, hot: str, mode: str) -> None:
     assert int(arch.sr_seed) == int(full.sr_seed) == 1  # one update, one new seed, as in one process
 
 
-def _step_worker(rank: int, init_file: str, results) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        for case in STEP_CASES:  # the same order on every rank: the collectives pair up
-            try:
-                _one_step(rank, *case)
-                results[(rank, case)] = "ok"
-            except AssertionError as e:
-                results[(rank, case)] = f"AssertionError: {e}"
-    finally:
-        dist.destroy_process_group()
-
-
 def test_one_step_of_bf16_shards_rounds_the_one_process_fp32_step(tmp_path, monkeypatch):
     # Triton on CPU tensors: the interpreter in the processes started here, also on a GPU machine
     # (where tests/conftest.py leaves it off)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_step_worker, args=(str(tmp_path / "init"), results), nprocs=WORLD, join=True)
-        got = dict(results)
-    failed = {k: v for k, v in got.items() if v != "ok"}
-    assert not failed and len(got) == WORLD * len(STEP_CASES), failed
+    failed = failures_on_ranks(_one_step, STEP_CASES, WORLD, tmp_path)
+    assert not failed, failed
 
 
 # ------------------------------------------------------------------------------------------

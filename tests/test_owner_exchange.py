@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm.data.loader import rank_slice
 from dlrm.distributed import sharded_embedding
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
 from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig
+from tests.gloo_ranks import failures_on_ranks
 
 # The pooled kernels under the interpreter: the GPU image's Triton 3.6 interpreter cannot run them (see
 # tests/test_distributed_bf16.py); CI's CPU runs them with the newest Triton.
@@ -88,24 +88,18 @@ def _case(rank: int, mode: str, dtype: torch.dtype, kind: str, deterministic: bo
     assert not torch.equal(arches[0].weight.detach(), start), "the updates moved no row"
 
 
-def _worker(rank: int, init_file: str, results) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        for case in CASES:  # the same order on every rank: the collectives pair up
-            try:
-                _case(rank, *case)
-                results[(rank, str(case))] = "ok"
-            except AssertionError as e:
-                results[(rank, str(case))] = f"AssertionError: {e}"
-    finally:
-        dist.destroy_process_group()
-
-
 def test_lookup_exchange_node_equals_the_fused_lookup_and_all_to_all(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_worker, args=(str(tmp_path / "init"), results), nprocs=WORLD, join=True)
-        got = dict(results)
-    failed = {k: v for k, v in got.items() if v != "ok"}
-    assert not failed and len(got) == WORLD * len(CASES), failed
+    failed = failures_on_ranks(_case, CASES, WORLD, tmp_path)
+    assert not failed, failed
+
+
+def _fails_on_rank_one(rank: int, value: int) -> None:
+    dist.barrier()  # a collective, as the real checks have
+    assert rank != 1, f"rank 1 fails case {value}"
+
+
+def test_failures_on_ranks_reports_each_failing_rank_and_case(tmp_path):
+    """The harness above: a failing assertion on one rank comes back with its rank, case and message."""
+    failed = failures_on_ranks(_fails_on_rank_one, [(3,), (4,)], WORLD, tmp_path)
+    assert failed == {(1, "(3,)"): "AssertionError: rank 1 fails case 3", (1, "(4,)"): "AssertionError: rank 1 fails case 4"}

@@ -5,13 +5,12 @@ included), a non-contiguous input and a non-contiguous upstream gradient."""
 
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm.data.loader import rank_slice
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
 from dlrm.model.archs import SparseArch
+from tests.gloo_ranks import failures_on_ranks
 
 WORLD = 3
 CARDS = [1, 2, 5, 11, 40, 7]  # F = 6 tables, some smaller than the world
@@ -62,23 +61,6 @@ def _check_case(rank: int, mode: str, hashing: str, global_batch: int) -> None:
                                    rtol=1e-12, atol=1e-12)
 
 
-def _worker(rank: int, init_file: str, results) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        for case in CASES:  # every rank runs the cases in the same order (the collectives pair up)
-            try:
-                _check_case(rank, *case)
-                results[(rank, case)] = "ok"
-            except AssertionError as e:
-                results[(rank, case)] = f"AssertionError: {e}"
-    finally:
-        dist.destroy_process_group()
-
-
 def test_sharded_lookup_and_gradients_equal_one_process(tmp_path):
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_worker, args=(str(tmp_path / "init"), results), nprocs=WORLD, join=True)
-        got = dict(results)
-    failed = {k: v for k, v in got.items() if v != "ok"}
-    assert not failed and len(got) == WORLD * len(CASES), failed
+    failed = failures_on_ranks(_check_case, CASES, WORLD, tmp_path)
+    assert not failed, failed
