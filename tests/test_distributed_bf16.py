@@ -39,7 +39,7 @@ from dlrm.data.loader import rank_slice
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
 from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig, TritonPooledEmbedding, TritonSparseEmbedding
-from tests.gloo_ranks import failures_on_ranks
+from tests.spawned_ranks import failures_on_ranks
 from tests.test_distributed import BASE, merged_state, run
 
 # Every case runs bf16 Triton tables on the CPU under the Triton interpreter (gloo ranks). On the GPU

@@ -1,7 +1,8 @@
 """`dlrm.distributed.owner_exchange.PooledLookupExchange`: a multi-hot Triton shard's lookup, exchange and fused
 update as one autograd node whose backward sorts while the gradients travel, against the path it replaces (the
 shard's fused lookup, then the differentiable all_to_all): the same outputs and the same updated tables, state and
-rounding seed, bit for bit, on two gloo ranks (CPU, Triton interpreter)."""
+rounding seed, bit for bit, on two gloo ranks (CPU, Triton interpreter) and, where two GPUs are, on two NCCL ranks
+(the compiled kernels; NCCL's list all_to_all takes the halves' parts of different sizes straight into place)."""
 
 from __future__ import annotations
 
@@ -10,33 +11,35 @@ import torch
 import torch.distributed as dist
 
 from dlrm.data.loader import rank_slice
-from dlrm.distributed import sharded_embedding
+from dlrm.distributed import owner_exchange, sharded_embedding
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
 from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig
-from tests.gloo_ranks import failures_on_ranks
+from tests.spawned_ranks import failures_on_ranks
 
 # The pooled kernels under the interpreter: the GPU image's Triton 3.6 interpreter cannot run them (see
 # tests/test_distributed_bf16.py); CI's CPU runs them with the newest Triton.
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter test; the GPU image's Triton 3.6 "
-                                "interpreter cannot run the pooled kernels")
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter test; the GPU image's Triton 3.6 "
+                              "interpreter cannot run the pooled kernels")
 
 WORLD = 2
 CARDS = [1, 3, 6, 40, 9]
 HOTNESS = [2, 1, 3, 4, 1]
 DIM = 5
-# (sharding, table dtype, optimizer, deterministic, weight decay): the sorted update with and without rounding and
-# decay, and SGD's atomic update (no sort to move)
-CASES = [("table", torch.bfloat16, "rowwise_adagrad", True, 0.0), ("row", torch.bfloat16, "rowwise_adagrad", True, 0.0),
-         ("row", torch.float32, "adagrad", True, 0.1), ("table", torch.float32, "sgd", False, 0.0)]
+# (sharding, table dtype, optimizer, deterministic, weight decay, global batch): the sorted update with and without
+# rounding and decay, and SGD's atomic update (no sort to move); 37 rows: 19 a rank, one lookup and one exchange; 36:
+# 18 a rank, the forward in two halves (SPLIT_MIN_SAMPLES lowered in the ranks' processes)
+CASES = [(*c, batch) for batch in (37, 36) for c in [
+    ("table", torch.bfloat16, "rowwise_adagrad", True, 0.0), ("row", torch.bfloat16, "rowwise_adagrad", True, 0.0),
+    ("row", torch.float32, "adagrad", True, 0.1), ("table", torch.float32, "sgd", False, 0.0)]]
 
 
-def _raw(batch: int, step: int) -> torch.Tensor:
+def _raw(batch: int, step: int, device: torch.device) -> torch.Tensor:
     g = torch.Generator().manual_seed(11 + step)
     raw = torch.randint(-1, 2**32, (batch, sum(HOTNESS)), generator=g)
     raw[torch.rand(raw.shape, generator=g) < 0.3] = 7  # repeated rows
     raw[torch.rand(raw.shape, generator=g) < 0.2] = PAD_SPARSE
-    return raw
+    return raw.to(device)
 
 
 def _graph_has(t: torch.Tensor, name: str) -> bool:
@@ -52,42 +55,53 @@ def _graph_has(t: torch.Tensor, name: str) -> bool:
     return False
 
 
-def _case(rank: int, mode: str, dtype: torch.dtype, kind: str, deterministic: bool, decay: float) -> None:
+def _case(rank: int, mode: str, dtype: torch.dtype, kind: str, deterministic: bool, decay: float, batch: int) -> None:
+    owner_exchange.SPLIT_MIN_SAMPLES = 2
+    device = torch.device("cuda", rank) if dist.get_backend() == "nccl" else torch.device("cpu")
     plan = plan_sharding(CARDS, WORLD, mode, row_wise_min_rows=5, balance="lookups")
     arches = []
     for _ in range(2):  # the new path, then the old one: the same init (same seed)
         torch.manual_seed(0)
-        arch = ShardedSparseArch(CARDS, DIM, plan, rank, kernel="triton", hotness=HOTNESS, dtype=dtype)
-        arch.__dict__["_triton"].use_fused_update(
-            SparseOptimizerConfig(kind, torch.tensor([0.05]), deterministic=deterministic, weight_decay=decay))
+        with device:
+            arch = ShardedSparseArch(CARDS, DIM, plan, rank, kernel="triton", hotness=HOTNESS, dtype=dtype)
+        arch.__dict__["_triton"].use_fused_update(SparseOptimizerConfig(
+            kind, torch.tensor([0.05], device=device), deterministic=deterministic, weight_decay=decay))
         arches.append(arch)
     start = arches[0].weight.detach().clone()
-    batch = 37  # odd: the last rank's slice is padded
     a, b = rank_slice(0, batch, rank, WORLD)
-    taken = sharded_embedding.takes_fused_path
+    taken, send_half = sharded_embedding.takes_fused_path, owner_exchange._send_half
     for step in range(2):
-        raw = _raw(batch, step)
-        grad = torch.randn(batch, len(CARDS), DIM, generator=torch.Generator().manual_seed(step))
+        raw = _raw(batch, step, device)
+        grad = torch.randn(batch, len(CARDS), DIM, generator=torch.Generator().manual_seed(step)).to(device)
         outs = []
         for i, arch in enumerate(arches):
             sharded_embedding.takes_fused_path = taken if i == 0 else (lambda local: False)
+            halves = []
+            owner_exchange._send_half = lambda *args: halves.append(1) or send_half(*args)
             try:
                 out = arch(raw[a:b], batch)
             finally:
-                sharded_embedding.takes_fused_path = taken
+                sharded_embedding.takes_fused_path, owner_exchange._send_half = taken, send_half
             assert _graph_has(out, "PooledLookupExchange") == (i == 0)
+            assert len(halves) == (2 if i == 0 and batch % 4 == 0 else 0)  # 18 samples a rank: in halves
             # a non-contiguous gradient: the exchange makes it contiguous
             (out.float() * grad[a:b].float().transpose(0, 1).contiguous().transpose(0, 1) * WORLD).sum().backward()
             outs.append(out.detach())
-        assert torch.equal(outs[0], outs[1]), f"step {step}: outputs differ"
         new, old = arches
-        assert torch.equal(new.weight.detach(), old.weight.detach()), f"step {step}: tables differ"
+        if deterministic or device.type == "cpu":
+            assert torch.equal(outs[0], outs[1]), f"step {step}: outputs differ"
+            assert torch.equal(new.weight.detach(), old.weight.detach()), f"step {step}: tables differ"
+        else:  # SGD's atomic adds on a GPU: each run adds a row's gradients in its own order (fp32 rounding)
+            torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-7, msg=f"step {step}: outputs differ")
+            torch.testing.assert_close(new.weight.detach(), old.weight.detach(), rtol=1e-6, atol=1e-7,
+                                       msg=f"step {step}: tables differ")
         s_new, s_old = (x.__dict__["_triton"].fused_update.state for x in arches)
         assert (s_new is None) == (s_old is None) and (s_new is None or torch.equal(s_new, s_old))
         assert int(new.__dict__["_triton"].sr_seed) == int(old.__dict__["_triton"].sr_seed)
     assert not torch.equal(arches[0].weight.detach(), start), "the updates moved no row"
 
 
+@CPU_ONLY
 def test_lookup_exchange_node_equals_the_fused_lookup_and_all_to_all(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     failed = failures_on_ranks(_case, CASES, WORLD, tmp_path)
@@ -99,6 +113,15 @@ def _fails_on_rank_one(rank: int, value: int) -> None:
     assert rank != 1, f"rank 1 fails case {value}"
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_lookup_exchange_node_on_two_gpus(tmp_path):
+    """The same comparison on two NCCL ranks, the kernels compiled."""
+    failed = failures_on_ranks(_case, CASES, WORLD, tmp_path, backend="nccl")
+    assert not failed, failed
+
+
+@CPU_ONLY
 def test_failures_on_ranks_reports_each_failing_rank_and_case(tmp_path):
     """The harness above: a failing assertion on one rank comes back with its rank, case and message."""
     failed = failures_on_ranks(_fails_on_rank_one, [(3,), (4,)], WORLD, tmp_path)
