@@ -376,7 +376,8 @@ EOF
       # CARRY_LAUNCHES, CARRY_CHUNKS and CARRY_NAME change what is swept and where it is written
       run pooled_update_sweep_carry 240 python benchmarks/pooled_update_sweep.py --dtypes bf16 \
         --launches "${CARRY_LAUNCHES:-picked,16:32:1:4,16:128:1:4,16:64:1:1,16:64:1:2,16:64:1:8}" \
-        --carry-chunks "${CARRY_CHUNKS:-8,32,128}" --repeats 2 --out "$RES" --name "${CARRY_NAME:-pooled_update_sweep_carry}"
+        --carry-chunks "${CARRY_CHUNKS:-8,32,128}" --repeats 2 --out "$RES" \
+        --name "${CARRY_NAME:-pooled_update_sweep_carry}"
       ;;
     crosslayer)  # the DCNv2 cross network: Inductor's vs the Triton path, and the fused forward's tiles
       run cross_layer 250 python benchmarks/cross_layer.py --out "$RES"

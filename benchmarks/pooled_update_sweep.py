@@ -81,8 +81,8 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
             heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG, update.ROW_LOADS, update.EVICTION = shipped_rng, shipped_loads, shipped_evict
             update.CARRY_CHUNKS = shipped_carry
-        cfg = heuristics.SparseUpdateConfig(*launch) if launch else heuristics.sparse_update_config(heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype],
-                                                        multi_hot=True)
+        cfg = (heuristics.SparseUpdateConfig(*launch) if launch else heuristics.sparse_update_config(
+            heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True))
         rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction,
                          carry_chunks=carry_chunks or cfg.carry_chunks,
                          launch=str(tuple(cfg)) + ("" if launch else " (picked)"),
@@ -141,7 +141,8 @@ def main(argv=None) -> int:
                          "with every --row-loads order")
     ap.add_argument("--carry-chunks", default=None,
                     help="comma list of chunk boundaries a carry-kernel program takes (`kernels.embedding.update."
-                         "CARRY_CHUNKS`, a power of two; default: each launch's own), each timed with every other choice")
+                         "CARRY_CHUNKS`, a power of two; default: each launch's own), each timed with every other "
+                         "choice")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)

@@ -17,8 +17,7 @@ precision and batch per GPU.
 
 ``--sort-overlap off``: multi-hot Triton shards sort their rows for the update after the gradients arrive
 instead of while they travel (`dlrm.distributed.owner_exchange.SORT_OVERLAP`; the same numbers), to measure
-what the overlap buys; ``--split-exchange off``: they look up and send every sample at once instead of in two
-halves (`owner_exchange.SPLIT_MIN_SAMPLES`); the CSV's ``sort_overlap`` and ``split_exchange`` columns say which ran.
+what the overlap buys; the CSV's ``sort_overlap`` column says which ran.
 
 ``--profile``: after the timed windows, every rank profiles ``--steps`` more steps (PyTorch profiler)
 and rank 0 writes ``<name>_profile_<N>gpu.md`` / ``.csv``: each rank's device time per step grouped as
@@ -66,7 +65,7 @@ from dlrm.train.setup import resolve_device  # noqa: E402
 
 KEYS = ["gpus", "config", "precision", "sharding", "balance", "cuda_graph", "batch_per_gpu", "samples_per_sec", "min_samples_per_sec",
         "max_samples_per_sec", "step_ms", "efficiency", "peak_memory_mb", "device", "torch", "triton", "date",
-        "sort_overlap", "split_exchange"]
+        "sort_overlap"]
 
 
 def rank_batches(batch_per_rank: int, env, device: torch.device, multi_hot_sizes=None) -> list[Batch]:
@@ -91,8 +90,6 @@ def measure(args) -> dict | None:
     if args.cuda_graph:
         cfg.train.cuda_graph = {"true": True, "false": False}.get(args.cuda_graph, args.cuda_graph)
     owner_exchange.SORT_OVERLAP = args.sort_overlap == "on"
-    if args.split_exchange == "off":
-        owner_exchange.SPLIT_MIN_SAMPLES = None
     fill_cardinalities(cfg)  # the config's dataset's table sizes when it names none
     device = resolve_device(cfg.train.device)  # the config's train.device, as train.py reads it ("auto": CUDA if any)
     env, device = init_distributed(cfg.distributed, device)
@@ -128,7 +125,6 @@ def measure(args) -> dict | None:
             "samples_per_sec": rate, "min_samples_per_sec": min(rates), "max_samples_per_sec": max(rates),
             "step_ms": B * W / rate * 1e3, "peak_memory_mb": max((p for p in peaks if p is not None), default=None),
             "sort_overlap": args.sort_overlap if env.distributed else "",
-            "split_exchange": args.split_exchange if env.distributed else "",
             **{k: v for k, v in environment(device).items() if k in ("device", "torch", "triton", "date")}}
 
 
@@ -199,15 +195,14 @@ def add_efficiency(rows: list[dict]) -> None:
 def markdown_table(rows: list[dict]) -> list[str]:
     """One line per launch (n/a for an efficiency or a peak memory it does not have)."""
     lines = ["| GPUs | config | precision | sharding | balance | whole-step CUDA graph | sort while the gradients travel "
-             "| exchange in halves | batch per GPU | samples/s | step ms | efficiency | peak MiB | date |",
-             "| ---: | --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| batch per GPU | samples/s | step ms | efficiency | peak MiB | date |",
+             "| ---: | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         eff = f"{float(r['efficiency']):.2f}" if r["efficiency"] != "" else "n/a"
         peak = f"{float(r['peak_memory_mb']):,.0f}" if r.get("peak_memory_mb") not in (None, "") else "n/a"
         lines.append(md_row([r["gpus"], r["config"], r["precision"], r["sharding"], r.get("balance") or "n/a",
                              r.get("cuda_graph") if r.get("cuda_graph") not in (None, "") else "n/a",
-                             r.get("sort_overlap") or "n/a", r.get("split_exchange") or "n/a",
-                             f"{int(r['batch_per_gpu']):,}",
+                             r.get("sort_overlap") or "n/a", f"{int(r['batch_per_gpu']):,}",
                              f"{float(r['samples_per_sec']):,.0f}", f"{float(r['step_ms']):.2f}", eff, peak, r["date"]]))
     return lines
 
@@ -235,9 +230,7 @@ def write_results(rows: list[dict], out: Path, name: str) -> None:
     about = ("Global samples/s of whole training steps (median of timed windows, CUDA events), synthetic batches "
              "already on the device; efficiency = rate(N) / (N x rate(1)), against the 1-GPU row closest in time. "
              "\"Sort while the gradients travel\": multi-hot Triton shards sort their rows for the update during the "
-             "gradients' all_to_all (on) or after it (off), `--sort-overlap`; \"exchange in halves\": they look up and "
-             "send each rank's samples in two halves, one travelling while the other is looked up, `--split-exchange`; "
-             "n/a before each existed and on one GPU.")
+             "gradients' all_to_all (on) or after it (off), `--sort-overlap`; n/a before it existed and on one GPU.")
     (out / f"{name}.md").write_text(markdown(title, [about], markdown_table(rows)))
     plot(rows, out / f"{name}.png")
 
@@ -252,9 +245,6 @@ def main(argv=None) -> int:
     ap.add_argument("--sort-overlap", default="on", choices=["on", "off"],
                     help="multi-hot Triton shards: sort the owner's rows while their gradients travel "
                          "(`dlrm.distributed.owner_exchange.SORT_OVERLAP`), or after")
-    ap.add_argument("--split-exchange", default="on", choices=["on", "off"],
-                    help="multi-hot Triton shards: look up and send each rank's samples in two halves, the first "
-                         "travelling while the second is looked up (`owner_exchange.SPLIT_MIN_SAMPLES`), or at once")
     ap.add_argument("--cuda-graph", default=None, choices=["auto", "true", "false"],
                     help="train.cuda_graph (default: the config's)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps (more when a captured step needs them)")

@@ -27,13 +27,15 @@ def _worker(rank: int, check: Callable, cases: Sequence[tuple], world: int, init
         dist.destroy_process_group()
 
 
-def failures_on_ranks(check: Callable, cases: Sequence[tuple], world: int, tmp_path: Path, backend: str = "gloo") -> dict:
+def failures_on_ranks(check: Callable, cases: Sequence[tuple], world: int, tmp_path: Path,
+                      backend: str = "gloo") -> dict:
     """``check(rank, *case)`` for every case on each of ``world`` ranks of ``backend`` ("nccl": rank r on GPU r, its
     current device) (``check`` a module-level function, as the child processes import it); the ``(rank, case)`` that
     failed, with their messages. A case that never reported (a rank died) counts as failed."""
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_worker, args=(check, list(cases), world, str(tmp_path / "init"), results, backend), nprocs=world, join=True)
+        mp.spawn(_worker, args=(check, list(cases), world, str(tmp_path / "init"), results, backend), nprocs=world,
+                 join=True)
         got = dict(results)
     expected = {(r, str(c)) for r in range(world) for c in cases}
     return {k: got.get(k, "no result") for k in expected if got.get(k) != "ok"}
