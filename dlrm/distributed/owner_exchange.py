@@ -8,7 +8,9 @@ and the optimizer step (`kernels.embedding.update`). The sort needs only the row
 it runs between issuing the gradients' ``all_to_all`` and waiting for it: NCCL's kernel and the sort's run side by
 side. Measured on two H200s at MLPerf DLRM-DCNv2's shapes (`benchmarks/stream_overlap.py`,
 results/stream_overlap_nccl.md): the exchange 0.74 ms and the sort 0.72 ms took 1.48 ms one after the other and 1.04
-side by side.
+side by side; the whole step +1% on two H200s and +4% on four (`benchmarks/scaling.py --sort-overlap off` against
+on, results/mlperf_dcnv2_two_gpus.md). Tried and not kept: the forward's lookup in two halves, the first half's
+embeddings travelling beside the second half's lookup (no change in the two-H200 step).
 
 Numbers: the same kernels on the same inputs as `kernels.embedding.TritonPooledEmbedding`'s fused lookup followed by
 the module's old ``_AllToAll``, so the same results bit for bit (the sort is stable: its output does not depend on
