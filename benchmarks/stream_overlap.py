@@ -12,7 +12,7 @@ overlapping buys on the GPU itself, with the project's own kernels at the step's
 
 * ``update``: the pooled embedding's fused row-wise Adagrad backward (`pooled_embedding_sparse_update_`: the
   sort of the 14M slot positions, the segment sums, the update with stochastic rounding);
-* ``sort``: that sort alone (`kernels.embedding.update._sort_by_row`);
+* ``sort``: that sort alone (`kernels.embedding.update.sort_by_row`);
 * ``lookup``: the pooled forward (`pooled_embedding_lookup`, hashing inside);
 * ``wgrads``: the step's weight-gradient GEMMs (per cross layer ``grad_pre^T u`` [3456, 512] and
   ``grad_u^T x`` [512, 3456], and the four top-MLP ones), which need nothing the update writes, so a step
@@ -68,7 +68,7 @@ from pooled_embedding import Inputs, Tables  # noqa: E402
 from dlrm.data.schema import NUM_DENSE  # noqa: E402
 from kernels.embedding import pooled_embedding_lookup  # noqa: E402
 from kernels.embedding.pooled import pooled_embedding_sparse_update_  # noqa: E402
-from kernels.embedding.update import _sort_by_row  # noqa: E402
+from kernels.embedding.update import sort_by_row  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mlperf-dcnv2.json"
 PAIRS = ["update||wgrads", "sort||fwd_gemms", "lookup||wgrads"]
@@ -149,7 +149,7 @@ def parts(t: Tables, x: Inputs, dense: DenseShapes, comm: Collectives) -> dict[s
         "allreduce": comm.allreduce,
         "update": lambda: pooled_embedding_sparse_update_(x.rows, x.grad, t.layout, t.weight, t.state, t.lr,
                                                           "rowwise_adagrad", 1e-8, True, 0.0, t.sr_seed, True),
-        "sort": lambda: _sort_by_row(x.rows, t.rows),
+        "sort": lambda: sort_by_row(x.rows, t.rows),
         "lookup": lambda: pooled_embedding_lookup(x.raw, t.weight, t.cards, t.offsets, t.layout),
         "wgrads": dense.wgrads,
         "fwd_gemms": dense.fwd_gemms,
