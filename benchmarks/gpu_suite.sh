@@ -13,6 +13,9 @@ shift
 RES="$OUT/results"
 LOGS="$OUT/logs"
 mkdir -p "$RES" "$LOGS"
+# An earlier invocation with the same OUT_DIR packed its results and removed them (below): unpack them first, so
+# that this one adds to them (scaling rows appended to the same CSV, say) instead of overwriting the tarball.
+[ -f "$OUT/suite.tgz" ] && tar xzf "$OUT/suite.tgz" -C "$OUT"
 export PYTHONUNBUFFERED=1
 
 log() { echo "== $(date +%T) $*" | tee -a "$LOGS/suite.log"; }
