@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:nccl (2 GPUs) | sweep:carry | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -367,6 +367,18 @@ EOF
     overlap)  # a second stream beside the GEMMs: the embedding's update, sort and lookup against the step's GEMMs,
       # alone, in series and on two streams (MLPerf shapes, full bf16 tables)
       run stream_overlap 200 python benchmarks/stream_overlap.py --out "$RES"
+      ;;
+    overlap:sort)  # one GPU: the update's sort beside the lookup (this step's) and beside an update given its sort
+      # (the next step's sort under this step's update), against the sort beside the forward GEMMs (issue #22)
+      run stream_overlap_sort 200 python benchmarks/stream_overlap.py \
+        --pairs "sort||update_presorted,sort||lookup,sort||fwd_gemms" --out "$RES/stream_overlap_sort"
+      ;;
+    sweep:rounding)  # the pooled bf16 update at the picked launch: stochastic-rounding bits x row-load orders x L2
+      # priorities, two interleaved repeats (issue #22; the last such sweep ran at an older launch)
+      run pooled_update_sweep_rounding 300 python benchmarks/pooled_update_sweep.py --dtypes bf16 --launches picked \
+        --roundings "${ROUND_RNGS:-hash1,hash1hi}" --row-loads "${ROUND_LOADS:-prefetch_l2,first,with_gradients}" \
+        --evictions "${ROUND_EVICTIONS:-grad_last}" --repeats 2 --out "$RES" \
+        --name "${ROUND_NAME:-pooled_update_sweep_rounding}"
       ;;
     overlap:nccl)  # the two-rank step's collectives (the embeddings' all_to_all, DDP's all_reduce) beside the
       # embedding's sort, lookup and update and the weight-gradient GEMMs, on two GPUs (MLPerf shapes, full bf16 tables

@@ -395,9 +395,10 @@ def test_stream_overlap_smoke_times_each_pair_alone_in_series_and_side_by_side(t
     (on the CPU: one after the other, a check of the script), written as CSV, Markdown and a plot; unknown
     pairs refused."""
     so = load_script("stream_overlap")
-    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", "update||wgrads,sort||fwd_gemms"]) == 0
+    pairs = "update||wgrads,sort||fwd_gemms,sort||update_presorted"
+    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", pairs]) == 0
     rows = read_csv(tmp_path / "stream_overlap.csv")
-    assert [(r["a"], r["b"]) for r in rows] == [("update", "wgrads"), ("sort", "fwd_gemms")]
+    assert [(r["a"], r["b"]) for r in rows] == [("update", "wgrads"), ("sort", "fwd_gemms"), ("sort", "update_presorted")]
     for r in rows:
         par = ("par_ms", "par_a_hi_ms", "par_b_hi_ms")
         assert all(float(r[k]) > 0 for k in ("a_ms", "b_ms", "seq_ms", *par)), r
