@@ -15,6 +15,8 @@ samples/s. Rank 0 appends a row per launch to ``<out>/<name>.csv`` and rewrites 
 ``.png`` with the scaling efficiency ``rate(N) / (N x rate(1))`` for the rows of the same config,
 precision and batch per GPU.
 
+``--sr-rng``: the random bits of the bf16 tables' stochastic rounding (`kernels.embedding.update.SR_RNG`), for
+an A/B of the generators in the whole step; the CSV's ``sr_rng`` column says which ran.
 ``--sort-overlap off``: multi-hot Triton shards sort their rows for the update after the gradients arrive
 instead of while they travel (`dlrm.distributed.owner_exchange.SORT_OVERLAP`; the same numbers), to measure
 what the overlap buys; the CSV's ``sort_overlap`` column says which ran.
@@ -58,6 +60,7 @@ from _common import (  # noqa: E402
 from dlrm.config import load_config  # noqa: E402
 from dlrm.data.loader import Batch  # noqa: E402
 from dlrm.distributed import owner_exchange  # noqa: E402
+from kernels.embedding import update  # noqa: E402
 from dlrm.distributed.env import init_distributed, shutdown  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
 from dlrm.train.graphed_step import GraphedTrainStep  # noqa: E402
@@ -65,7 +68,7 @@ from dlrm.train.setup import resolve_device  # noqa: E402
 
 KEYS = ["gpus", "config", "precision", "sharding", "balance", "cuda_graph", "batch_per_gpu", "samples_per_sec", "min_samples_per_sec",
         "max_samples_per_sec", "step_ms", "efficiency", "peak_memory_mb", "device", "torch", "triton", "date",
-        "sort_overlap"]
+        "sort_overlap", "sr_rng"]
 
 
 def rank_batches(batch_per_rank: int, env, device: torch.device, multi_hot_sizes=None) -> list[Batch]:
@@ -90,6 +93,8 @@ def measure(args) -> dict | None:
     if args.cuda_graph:
         cfg.train.cuda_graph = {"true": True, "false": False}.get(args.cuda_graph, args.cuda_graph)
     owner_exchange.SORT_OVERLAP = args.sort_overlap == "on"
+    if args.sr_rng:
+        update.SR_RNG = args.sr_rng
     fill_cardinalities(cfg)  # the config's dataset's table sizes when it names none
     device = resolve_device(cfg.train.device)  # the config's train.device, as train.py reads it ("auto": CUDA if any)
     env, device = init_distributed(cfg.distributed, device)
@@ -124,7 +129,7 @@ def measure(args) -> dict | None:
             "balance": cfg.distributed.balance if env.distributed else "", "cuda_graph": graphed, "batch_per_gpu": B,
             "samples_per_sec": rate, "min_samples_per_sec": min(rates), "max_samples_per_sec": max(rates),
             "step_ms": B * W / rate * 1e3, "peak_memory_mb": max((p for p in peaks if p is not None), default=None),
-            "sort_overlap": args.sort_overlap if env.distributed else "",
+            "sort_overlap": args.sort_overlap if env.distributed else "", "sr_rng": update.SR_RNG,
             **{k: v for k, v in environment(device).items() if k in ("device", "torch", "triton", "date")}}
 
 
@@ -195,14 +200,14 @@ def add_efficiency(rows: list[dict]) -> None:
 def markdown_table(rows: list[dict]) -> list[str]:
     """One line per launch (n/a for an efficiency or a peak memory it does not have)."""
     lines = ["| GPUs | config | precision | sharding | balance | whole-step CUDA graph | sort while the gradients travel "
-             "| batch per GPU | samples/s | step ms | efficiency | peak MiB | date |",
-             "| ---: | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| rounding bits | batch per GPU | samples/s | step ms | efficiency | peak MiB | date |",
+             "| ---: | --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         eff = f"{float(r['efficiency']):.2f}" if r["efficiency"] != "" else "n/a"
         peak = f"{float(r['peak_memory_mb']):,.0f}" if r.get("peak_memory_mb") not in (None, "") else "n/a"
         lines.append(md_row([r["gpus"], r["config"], r["precision"], r["sharding"], r.get("balance") or "n/a",
                              r.get("cuda_graph") if r.get("cuda_graph") not in (None, "") else "n/a",
-                             r.get("sort_overlap") or "n/a", f"{int(r['batch_per_gpu']):,}",
+                             r.get("sort_overlap") or "n/a", r.get("sr_rng") or "n/a", f"{int(r['batch_per_gpu']):,}",
                              f"{float(r['samples_per_sec']):,.0f}", f"{float(r['step_ms']):.2f}", eff, peak, r["date"]]))
     return lines
 
@@ -230,7 +235,9 @@ def write_results(rows: list[dict], out: Path, name: str) -> None:
     about = ("Global samples/s of whole training steps (median of timed windows, CUDA events), synthetic batches "
              "already on the device; efficiency = rate(N) / (N x rate(1)), against the 1-GPU row closest in time. "
              "\"Sort while the gradients travel\": multi-hot Triton shards sort their rows for the update during the "
-             "gradients' all_to_all (on) or after it (off), `--sort-overlap`; n/a before it existed and on one GPU.")
+             "gradients' all_to_all (on) or after it (off), `--sort-overlap`; n/a before it existed and on one GPU. "
+             "\"Rounding bits\": the generator of the bf16 tables' stochastic rounding (`--sr-rng`); n/a before the "
+             "column existed (hash1 until 2026-11-28, twenty-seventh session).")
     (out / f"{name}.md").write_text(markdown(title, [about], markdown_table(rows)))
     plot(rows, out / f"{name}.png")
 
@@ -245,6 +252,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sort-overlap", default="on", choices=["on", "off"],
                     help="multi-hot Triton shards: sort the owner's rows while their gradients travel "
                          "(`dlrm.distributed.owner_exchange.SORT_OVERLAP`), or after")
+    ap.add_argument("--sr-rng", default=None, choices=sorted(update.RNG_CODES),
+                    help="the random bits of the bf16 tables' stochastic rounding (`kernels.embedding.update.SR_RNG`; "
+                         "default: the shipped one)")
     ap.add_argument("--cuda-graph", default=None, choices=["auto", "true", "false"],
                     help="train.cuda_graph (default: the config's)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps (more when a captured step needs them)")

@@ -155,7 +155,11 @@ def test_scaling_one_process_then_two_ranks(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = ["--config", "configs/sample.json", "--precision", "fp32", "--batch-per-gpu", "32", "--warmup", "1",
             "--steps", "2", "--windows", "2", "--out", str(tmp_path), "--name", "sc"]
-    assert sc.main(args) == 0
+    from kernels.embedding import update
+
+    with pytest.MonkeyPatch.context() as mp:  # --sr-rng sets the module's generator: put back after this run
+        mp.setattr(update, "SR_RNG", update.SR_RNG)
+        assert sc.main([*args, "--sr-rng", "hash1"]) == 0 and update.SR_RNG == "hash1"
     assert len(calls) == 1 and calls[0]["total_steps"] == 1 + 2 * 2
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env["CUDA_VISIBLE_DEVICES"] = ""
@@ -165,6 +169,7 @@ def test_scaling_one_process_then_two_ranks(tmp_path, monkeypatch):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     one, two = read_csv(tmp_path / "sc.csv")
     assert (one["gpus"], one["sharding"], float(one["efficiency"])) == ("1", "none", 1.0)
+    assert (one["sr_rng"], two["sr_rng"]) == ("hash1", update.SR_RNG)  # the second: the shipped generator
     assert two["gpus"] == "2" and two["sharding"] == "auto" and two["batch_per_gpu"] == "32"
     expected = float(two["samples_per_sec"]) / (2 * float(one["samples_per_sec"]))
     assert float(two["efficiency"]) == pytest.approx(expected)
@@ -355,7 +360,7 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     rows = read_csv(tmp_path / "s.csv")
     assert [(r["dtype"], r["rounding"]) for r in rows] == [(d, r) for d, r, _ in sw.PLAN]
     assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in rows), rows
-    assert heuristics.SPARSE_UPDATE_OVERRIDE is None and update.SR_RNG == shipped == "hash1"
+    assert heuristics.SPARSE_UPDATE_OVERRIDE is None and update.SR_RNG == shipped == "hash1hi"
     assert "(picked)" in rows[0]["launch"] and (tmp_path / "s.png").stat().st_size > 0
     assert {r["row_loads"] for r in rows} == {update.ROW_LOADS}
     # --row-loads times each kept row in each order, --repeats runs the plan again, interleaved

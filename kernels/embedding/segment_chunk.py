@@ -32,8 +32,8 @@ def _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK: tl.constexpr):
     """Chunk ``k``'s sorted rows, the row after each (-1 past the end) and the positions they came from."""
     i = k * CHUNK + tl.arange(0, CHUNK)
     valid = i < N
-    rows = tl.load(sorted_ptr + i, mask=valid, other=-1).to(tl.int64)
-    nxt = tl.load(sorted_ptr + i + 1, mask=(i + 1) < N, other=-1).to(tl.int64)
+    rows = tl.load(sorted_ptr + i, mask=valid, other=-1)
+    nxt = tl.load(sorted_ptr + i + 1, mask=(i + 1) < N, other=-1)
     pos = tl.load(perm_ptr + i, mask=valid, other=0)
     return rows, nxt, pos
 
@@ -71,16 +71,18 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
 
-    row0 = tl.load(sorted_ptr + cs).to(tl.int64)
-    prev = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1).to(tl.int64)
+    row0 = tl.load(sorted_ptr + cs)
+    prev = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1)
     last_i = tl.minimum(cs + CHUNK, N) - 1
-    row_last = tl.load(sorted_ptr + last_i).to(tl.int64)
-    following = tl.load(sorted_ptr + last_i + 1, mask=(last_i + 1) < N, other=-1).to(tl.int64)
+    row_last = tl.load(sorted_ptr + last_i)
+    following = tl.load(sorted_ptr + last_i + 1, mask=(last_i + 1) < N, other=-1)
     # A segment is complete here when it ends in the chunk (next sorted row differs) and starts in it,
     # i.e. its row differs from row0, unless the chunk itself starts a segment (then compare against -2,
     # which no row equals). Written as one comparison: the interpreter mishandles scalar | vector masks.
     row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
     complete = live & (nxt != rows) & (rows != row0_cont)
+    same = rows[:, None] == rows[None, :]
+    rows = rows.to(tl.int64)  # the comparisons above in the sorted keys' own width (int32 below 2**31 rows)
     # When to load the rows' weights and state (ROW_LOADS, see `kernels.embedding.update.ROW_LOAD_ORDERS`):
     # they need only the sorted rows, so they can be in flight together with the gradient gathers (sorted
     # row -> position -> gradient row) instead of waiting for the sums. Issued before the gathers, the
@@ -102,7 +104,6 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
     # Per-position sum over the positions of the chunk with the same row: a 0/1 matrix product with fp32
     # accumulation, in a fixed order (deterministic), fp32 gradients as three exact bf16 parts
     # (`kernels.embedding.select_sum`).
-    same = rows[:, None] == rows[None, :]
     seg = select_sum(same, g, SPLIT_FP32, DOT_16BIT)
     if (ROW_LOADS == 0) or (ROW_LOADS == 3):
         w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT, ROW_EVICT)

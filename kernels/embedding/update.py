@@ -63,10 +63,14 @@ _BF16_ROUNDING = {None: 0, "nearest": 1, "stochastic": 2}
 # The random bits of stochastic rounding (`kernels.embedding.rounding.RNG_CODES`); module-level so that a
 # benchmark can compare the generators.
 # "hash1": 4% faster than "hash" at MLPerf shapes (results/pooled_update_sweep_hash1.md). "hash1hi" (3 integer
-# ops an element) measured 0.2% faster at the shipped launch (pooled_update_sweep_hash1hi*.md) but is not the
-# default: with it, a 2-rank bf16 run's Adagrad sums ended 4.7% from one process's (tests/test_distributed_bf16.py,
-# bound 2%; 0.13-0.24% with "hash1"), a difference not understood yet.
-SR_RNG = "hash1"
+# ops an element against 4) measured 0.2% faster at the launch shipped then, (32, 16, 4, 1), and is 2.5% faster at
+# today's one-warp launch (16, 32, 1, 1, 8): 3.915-3.926 ms against 4.020-4.024 on an H200, two interleaved repeats
+# (results/pooled_update_sweep_rounding.md). It was held back because a 2-rank bf16 run's Adagrad sums once ended
+# 4.7% from one process's; tests/test_distributed_bf16.py has since measured why: one process against itself with
+# other rounding seeds ends 0.19-5.1% apart with "hash1" too (the earlier 0.13-0.24% came from a plan whose shards
+# kept the one-process rows, so the same rounding bits). Both generators pass the same uniformity, independence
+# and unbiasedness tests (tests/kernels/test_rounding.py).
+SR_RNG = "hash1hi"
 # When the chunk kernel loads the weights and optimizer state of the rows it updates (kernel code ROW_LOADS):
 # after the gradient sums, right after the gradient gathers are issued, before them, or after the sums but
 # prefetched into L2 first (GPU only; the interpreter runs "after_sums" for it). Module-level, so that
