@@ -41,18 +41,20 @@ def _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK: tl.constexpr):
 @triton.jit
 def _grad_coords(pos, valid, slot_ptr, F, SLOT_MAP: tl.constexpr, POS32: tl.constexpr):
     """``(b, f)`` of each position ``pos = b * F + c``: the gradient row is ``grad[b, f]`` with ``f = c``, or
-    ``f = slot[c]`` with ``SLOT_MAP``. ``POS32``: every position fits int32 (the host checks), so the division
-    is a 32-bit one (64-bit integer division is a long software sequence on GPUs)."""
+    ``f = slot[c]`` with ``SLOT_MAP``. ``POS32``: every position and every element offset of the gradient fits
+    int32 (the host checks), so the division is a 32-bit one (64-bit integer division is a long software
+    sequence on GPUs) and ``b``, ``f`` stay int32: the gradient's addresses cost one instruction each, not two."""
     if POS32:
         p = pos.to(tl.int32)
-        b32 = p // F
-        f = p - b32 * F
-        b = b32.to(tl.int64)
+        b = p // F
+        f = p - b * F
     else:
         b = pos // F
         f = pos - b * F
     if SLOT_MAP:
         f = tl.load(slot_ptr + f, mask=valid, other=0)
+        if POS32:
+            f = f.to(tl.int32)
     return b, f
 
 
@@ -118,10 +120,10 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
     lane = tl.arange(0, CHUNK)
     if (cs > 0) & (prev == row0):
         first = tl.sum(tl.where((lane == 0)[:, None], seg, 0.0), axis=0)
-        tl.store(first_ptr + k * BLOCK_D + d, first)
+        tl.store(first_ptr + k.to(tl.int64) * BLOCK_D + d, first)
     if following == row_last:
         last = tl.sum(tl.where((lane == (last_i - cs))[:, None], seg, 0.0), axis=0)
-        tl.store(last_ptr + k * BLOCK_D + d, last)
+        tl.store(last_ptr + k.to(tl.int64) * BLOCK_D + d, last)
 
 
 @triton.jit
@@ -145,7 +147,11 @@ def _sparse_chunk_kernel(
     and with ``D == BLOCK_D`` the column masks of every load and store fold away (Nsight Compute, 2026-11-24:
     the kernel issues an instruction on 65% of cycles, so instructions cost time).
     """
-    k = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(0)
+    if not POS32:
+        # Index arithmetic in 64 bits only where positions need it: in 32 bits each comparison and address is one
+        # instruction, not two (the indices of the 16 positions are ~30% of the instructions of a chunk).
+        k = k.to(tl.int64)
     # A chunk of padding only (its first sorted row >= R; padding sorts last): nothing to update, and the carry
     # kernel never reads its first/last sums (the segments it finishes have rows < R). A sharded row-wise
     # table's owner is sent the slots of every rank's samples, (W - 1) / W of them outside its block and so

@@ -113,6 +113,11 @@ CARRY_CHUNKS: Optional[int] = None
 # ----------------------------------------------------------------------------------------------------
 
 
+def _max_offset(t: Tensor) -> int:
+    """The largest element offset ``t`` addresses (its strides non-negative): 32-bit index arithmetic below 2**31."""
+    return sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
+
+
 def _sort_by_row(rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
     """``(sorted rows [N], permutation [N])`` of the flat positions, stable (equal rows keep their order)."""
     flat = rows.reshape(-1)
@@ -198,7 +203,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         SPLIT_FP32=grad_out.dtype == torch.float32,
         DOT_16BIT=not interpret_mode(),
         ROW_LOADS=0 if interpret_mode() and ROW_LOADS == "prefetch_l2" else ROW_LOAD_ORDERS[ROW_LOADS],
-        POS32=N + cfg.chunk < 2**31,
+        POS32=N + cfg.chunk < 2**31 and _max_offset(grad_out) < 2**31,
         ROW_EVICT=EVICTIONS[evict][0],
         GRAD_EVICT=EVICTIONS[evict][1],
         num_warps=cfg.chunk_warps,
