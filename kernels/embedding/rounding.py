@@ -11,15 +11,16 @@ programs):
 * ``"hash1"``: the same per-row key, then a single xorshift-multiply round per element (``_mix32_once``):
   ~4 integer ops an element. Each element's 16 bits stay exactly uniform (a bijection of the uniform
   row key), which is all unbiasedness needs; only the mixing between columns of one row is weaker (the
-  tests bound their correlation as for the others). The default of the fused updates
-  (``kernels.embedding.update.SR_RNG``): at MLPerf shapes the bf16 update took 6.14 ms against 6.39 ms
-  with ``"hash"`` (H100, ``results/pooled_update_sweep_hash1.md``);
+  tests bound their correlation as for the others). The default of the fused updates until 2026-11-28
+  (twenty-seventh session): at MLPerf shapes the bf16 update took 6.14 ms against 6.39 ms with ``"hash"``
+  (H100, ``results/pooled_update_sweep_hash1.md``);
 * ``"hash1hi"``: the same per-row key xor the column key, one odd multiply, and the product's HIGH 16
   bits (~3 integer ops an element: xor, multiply, shift). Still exactly uniform per element (an odd
   multiply is a bijection of a uniform 32-bit value); the high half of a product is its best-mixed part,
   so no xorshift is needed for 16 bits. 6.04 ms against ``"hash1"``'s 6.14 at the launch (16, 16, 2, 1),
-  5.98 against 5.99-6.01 at the launch then shipped, (32, 16, 4, 1) (H100, ``results/pooled_update_sweep_hash1hi*.md``):
-  not the default (see ``SR_RNG``);
+  5.98 against 5.99-6.01 at the launch then shipped, (32, 16, 4, 1) (H100, ``results/pooled_update_sweep_hash1hi*.md``);
+  3.915-3.926 against 4.020-4.024 at today's one-warp launch (H200, ``results/pooled_update_sweep_rounding.md``):
+  the default of the fused updates (``kernels.embedding.update.SR_RNG``);
 * ``"philox"``: ``tl.randint`` (Philox 4x32-10, as ``torch.rand``) on ``row * D + column``: ~10x the
   integer work. In the bandwidth-bound update of ~10M bf16 rows of 128 a step (MLPerf DLRM-DCNv2, batch
   65536) that work was measured to double the update's time on an H100 (18.1 ms against 9.6 ms with the
