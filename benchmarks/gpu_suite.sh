@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -455,6 +455,14 @@ for i, mode in enumerate([sys.argv[2], "layers", sys.argv[2], "layers"]):
     mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "auto",
                        "--out", f"{sys.argv[1]}/crossbwd_{i}_{mode}"])
 EOF
+      ;;
+    launches:memory)  # the memory-bound kernels tuned on an H100, over launches on this GPU (issue #22; an H200 moves
+      # ~1.4x the H100's bytes with as many SMs): the cross backward's passes, the fused MLP's mask kernel, the Gluon
+      # cross forward's configs
+      run cross_bwd_passes_launches 200 python benchmarks/cross_bwd_passes.py --out "$RES" --name "cross_bwd_passes_${LAUNCH_TAG:-gpu}" \
+        --launches 64x128r512w8,64x128r1024w8,128x128r512w8,64x128r256w8,32x128r512w4,64x128r512w4,128x64r512w8,64x64r512w4,64x128r2048w8,32x128r1024w4
+      run mask_bias_launches 150 python benchmarks/mask_bias_launches.py --out "$RES" --name "mask_bias_launches_${LAUNCH_TAG:-gpu}"
+      run cross_ws_probe_fwd 240 python benchmarks/cross_ws_probe.py --no-backward --out "$RES/cross_ws_probe_${LAUNCH_TAG:-gpu}"
       ;;
     crossbwd)  # the cross network backward's Triton passes (kernels/cross_bwd_passes.py) against Inductor's, launches
       run cross_bwd_passes 200 python benchmarks/cross_bwd_passes.py --out "$RES"

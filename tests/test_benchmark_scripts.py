@@ -624,3 +624,21 @@ def test_cross_ws_head_probe_parses_launches_and_refuses_without_hopper(tmp_path
     with pytest.raises(SystemExit) as e:
         probe.main(["--out", str(tmp_path)])
     assert e.value.code == 2
+
+
+def test_mask_bias_launches_smoke_times_each_launch_and_checks_it_against_the_shipped_one(tmp_path):
+    """benchmarks/mask_bias_launches.py --smoke: every launch timed over the seven ReLU layers, its masked gradients
+    equal to the shipped launch's, CSV and Markdown written, the module's launch constants put back; a malformed
+    launch refused."""
+    from kernels import mlp
+
+    mb = load_script("mask_bias_launches")
+    shipped = (mlp._BLOCK_M, mlp._NUM_WARPS, mlp._PROGRAMS_PER_SM)
+    assert mb.main(["--smoke", "--out", str(tmp_path), "--launches", "32x4p4,16x2p8"]) == 0
+    assert (mlp._BLOCK_M, mlp._NUM_WARPS, mlp._PROGRAMS_PER_SM) == shipped
+    rows = read_csv(tmp_path / "mask_bias_launches.csv")
+    assert [r["launch"].split()[0] for r in rows] == ["32x4p4", "16x2p8"]
+    assert all(r["status"] == "ok" and float(r["ms"]) > 0 and float(r["max_bias_diff"]) < 1e-4 for r in rows), rows
+    assert "| 16x2p8 |" in (tmp_path / "mask_bias_launches.md").read_text()
+    with pytest.raises(SystemExit):
+        mb.main(["--smoke", "--out", str(tmp_path), "--launches", "32x4"])
