@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         rows.append({"pass": name, "impl": "Inductor (per-layer ops)", "launch": "", "ms": ms, "gbps": gb / ms * 1e3,
                      "max_abs_err": err(compiled(*a))})
         for launch in args.launches.split(","):
-            passes.BLOCK_M, passes.BLOCK_N, passes.ROWS, passes.NUM_WARPS = parse_launch(launch)
+            passes.LAUNCH_OVERRIDE = parse_launch(launch)
             ms = graph_replay_ms(lambda: passes.cross_backward_pass(*a), calls=10, windows=5, warmup=3)
             rows.append({"pass": name, "impl": "Triton pass", "launch": launch, "ms": ms, "gbps": gb / ms * 1e3,
                          "max_abs_err": err(passes.cross_backward_pass(*a))})
@@ -80,8 +80,7 @@ def main(argv=None) -> int:
             print(f"{r['pass']:24s} {r['impl']:26s} {r['launch']:14s} {r['ms']:.3f} ms {r['gbps']:7.0f} GB/s "
                   f"err {r['max_abs_err']:.3g}", flush=True)
     best = min(totals, key=totals.get)
-    if args.set_best:
-        passes.BLOCK_M, passes.BLOCK_N, passes.ROWS, passes.NUM_WARPS = parse_launch(best)
+    passes.LAUNCH_OVERRIDE = parse_launch(best) if args.set_best else None
     env = environment(torch.device("cuda"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -5,10 +5,10 @@
 
 The MLPerf step's backward runs the mask kernel once per ReLU layer (``gm = grad * (out > 0)`` and the bias
 gradient's column sums, `kernels.mlp`): the top MLP's 1024, 1024, 512 and 256 columns and the bottom MLP's 512, 256
-and 128, each [batch, N] bf16. Its launch (rows a loop step ``BLOCK_M``, warps, programs a SM) was chosen on an H100;
-this times every layer under each launch of ``--launches`` (``BLOCK_MxWARPSpPROGRAMS``) and reports the sum over the
-layers, with GB/s counting the two [batch, N] reads and one write. Each launch's results are checked against the
-shipped launch's (bit for bit for ``gm``; the bias sums within fp32 reordering). CUDA graphs
+and 128, each [batch, N] bf16. Its launch (rows a loop step ``BLOCK_M``, warps, programs a SM) was chosen on an H100
+(`kernels.heuristics.mask_bias_launch`; an H200 takes its own since this script measured it); this times every
+layer under each launch of ``--launches`` (``BLOCK_MxWARPSpPROGRAMS``) and reports the sum over the layers, with GB/s counting the two [batch, N] reads and one write. Each launch's results are checked against the
+launch this GPU ships with (bit for bit for ``gm``; the bias sums within fp32 reordering). CUDA graphs
 (`_common.graph_replay_ms`); on the CPU one call each (a check of the script, not a measurement).
 """
 
@@ -43,9 +43,10 @@ def parse_launch(text: str) -> tuple[int, int, int]:
 
 
 def run(launch: tuple[int, int, int], layers: list[tuple[torch.Tensor, torch.Tensor]], args) -> tuple[float, list]:
-    """ms of all layers' mask kernels under ``launch`` (the module's constants set, then put back), and outputs."""
-    saved = (mlp._BLOCK_M, mlp._NUM_WARPS, mlp._PROGRAMS_PER_SM)
-    mlp._BLOCK_M, mlp._NUM_WARPS, mlp._PROGRAMS_PER_SM = launch
+    """ms of all layers' mask kernels under ``launch`` (`kernels.mlp.MASK_LAUNCH_OVERRIDE`, then put back), and
+    outputs."""
+    saved = mlp.MASK_LAUNCH_OVERRIDE
+    mlp.MASK_LAUNCH_OVERRIDE = launch
     try:
         outs = [mlp.mask_bias_grad(g, o, True) for g, o in layers]
 
@@ -55,7 +56,7 @@ def run(launch: tuple[int, int, int], layers: list[tuple[torch.Tensor, torch.Ten
 
         return graph_replay_ms(step, args.calls, args.windows, args.warmup), outs
     finally:
-        mlp._BLOCK_M, mlp._NUM_WARPS, mlp._PROGRAMS_PER_SM = saved
+        mlp.MASK_LAUNCH_OVERRIDE = saved
 
 
 def main(argv=None) -> int:
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
     layers = [(torch.randn(args.batch, n, generator=gen, device=device).to(dtype),
                torch.randn(args.batch, n, generator=gen, device=device).relu_().to(dtype)) for n in WIDTHS]
     nbytes = sum(3 * g.numel() * g.element_size() for g, _ in layers)
-    shipped = (mlp._BLOCK_M, mlp._NUM_WARPS, mlp._PROGRAMS_PER_SM)
+    shipped = mlp._mask_launch(device)  # what this GPU runs (`kernels.heuristics.mask_bias_launch`)
     _, reference = run(shipped, layers, args)
     rows = []
     for launch in launches:

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
 
 __all__ = ["MAX_TERMS", "cross_backward_pass", "cross_backward_pass_reference"]
@@ -40,15 +41,13 @@ __all__ = ["MAX_TERMS", "cross_backward_pass", "cross_backward_pass_reference"]
 # Up to this many T terms a pass (kernel arguments T1..T3, pre P0..P3): cross networks of up to 4 layers. Deeper ones
 # run the same arithmetic in PyTorch ops (`kernels.cross_ws_net`).
 MAX_TERMS = 3
-# The launch: BLOCK_M x BLOCK_N tiles, ROWS rows a program ([cdiv(M, ROWS), N] fp32 partial sums: 1.7 MB at MLPerf's
-# shapes), NUM_WARPS. Module-level, for benchmarks/cross_bwd_passes.py. H100, MLPerf DLRM-DCNv2's passes (bf16,
-# 65536 x 3456; results/cross_bwd_passes.md), ms for the top / middle / first layer's pass: 64x128, 512 rows, 8 warps
-# 0.486 / 0.630 / 1.410 (2.8-2.9 TB/s) against Inductor's pass + split reduction 0.600 / 0.736 / 1.465; 32x128 with 4
-# warps 0.495 / 0.662 / 1.445; 256-column tiles 1.1-1.3 ms on the top layer's pass.
-BLOCK_M = 64
-BLOCK_N = 128
-ROWS = 512
-NUM_WARPS = 8
+# The launch, (BLOCK_M, BLOCK_N, rows a program, warps): BLOCK_M x BLOCK_N tiles, ROWS rows a program ([cdiv(M, ROWS),
+# N] fp32 partial sums: 1.7 MB at MLPerf's shapes), NUM_WARPS; per GPU in `kernels.heuristics.cross_bwd_pass_launch`
+# (H100, MLPerf DLRM-DCNv2's passes (bf16, 65536 x 3456; results/cross_bwd_passes.md), ms for the top / middle / first
+# layer's pass: 64x128, 512 rows, 8 warps 0.486 / 0.630 / 1.410 (2.8-2.9 TB/s) against Inductor's pass + split
+# reduction 0.600 / 0.736 / 1.465; 32x128 with 4 warps 0.495 / 0.662 / 1.445; 256-column tiles 1.1-1.3 ms on the top
+# layer's pass; an H200 takes 128 x 64 tiles). ``LAUNCH_OVERRIDE`` forces one (benchmarks/cross_bwd_passes.py).
+LAUNCH_OVERRIDE: Optional[tuple[int, int, int, int]] = None
 
 
 @triton.jit
@@ -138,19 +137,20 @@ def cross_backward_pass(g: Tensor, ts: Sequence[Tensor], x0: Tensor, pres: Optio
     pres = None if pres is None else [p.contiguous() for p in pres]
     gpre = torch.empty_like(x0)
     dx0 = torch.empty_like(x0) if pres is not None else None
-    # the interpreter runs programs one by one: fewer, shorter loops for the tests' small shapes
-    rows = ROWS if not interpret_mode() else max(BLOCK_M, min(ROWS, triton.next_power_of_2(max(M, 1))))
+    block_m, block_n, rows, warps = LAUNCH_OVERRIDE or heuristics.cross_bwd_pass_launch(g.device)
+    if interpret_mode():  # the interpreter runs programs one by one: fewer, shorter loops for the tests' small shapes
+        rows = max(block_m, min(rows, triton.next_power_of_2(max(M, 1))))
     chunks = triton.cdiv(M, rows) if M else 0
     part = torch.zeros((max(chunks, 1), N), dtype=torch.float32, device=g.device)
     if M and N:
         slot = lambda seq, i: seq[i] if seq is not None and i < len(seq) else g  # noqa: E731 (unused: never read)
         with device_context(g):
-            _cross_backward_pass_kernel[(triton.cdiv(N, BLOCK_N), chunks)](
+            _cross_backward_pass_kernel[(triton.cdiv(N, block_n), chunks)](
                 g, slot(ts, 0), slot(ts, 1), slot(ts, 2), x0, slot(pres, 0), slot(pres, 1), slot(pres, 2),
                 slot(pres, 3), gpre, dx0 if dx0 is not None else gpre, part, M, N,
-                NUM_T=len(ts), WITH_DX0=pres is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                NUM_T=len(ts), WITH_DX0=pres is not None, BLOCK_M=block_m, BLOCK_N=block_n,
                 ROWS=rows,
-                num_warps=NUM_WARPS,
+                num_warps=warps,
             )
     return gpre, part.sum(0).to(bias_dtype), dx0
 

@@ -61,7 +61,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-__all__ = ["cross_forward_ws", "supported", "WsConfig"]
+from kernels import heuristics
+
+__all__ = ["cross_forward_ws", "default_config", "supported", "WsConfig"]
 
 # Triton 3.6 (the GPU image) names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global;
 # later releases renamed them async_load / async_store and made the old names raise.
@@ -459,6 +461,14 @@ class WsConfig:
         return f"{self.bm}x{self.bn}x{self.bk}s{self.stages}r{self.consumer_regs}"
 
 
+def default_config(device: torch.device) -> WsConfig:
+    """The launch `cross_forward_ws` takes without one: the coop schedule, 32-row epilogue slices in a ring of 2
+    (H100: results/cross_ws_probe.md); on an H200 64-row slices, one at a time, which read ``x0``/``x`` in larger
+    TMA loads (results/cross_ws_probe_h200.md: a later layer with ``pre`` stored 0.614 ms against 0.632, the first
+    0.543 against 0.559; on the H100 the same launch was slower, 0.758 against 0.712 and 0.631 against 0.615)."""
+    return WsConfig(sub=64, epi_stages=1) if heuristics.is_h200(device) else WsConfig()
+
+
 def supported(x0: Tensor, x: Tensor, u: Tensor, w: Tensor) -> bool:
     """Whether `cross_forward_ws` can run these operands (see the module docstring)."""
     if not (x0.is_cuda and torch.cuda.get_device_capability(x0.device)[0] == 9):
@@ -484,7 +494,7 @@ def cross_forward_ws(x0: Tensor, x: Tensor, u: Tensor, w: Tensor, b: Tensor, sto
         x0, x: ``[M, N]`` (``x`` may be ``x0`` itself: the first layer reads it once).
         u: ``[M, K]``; w: ``[N, K]`` (``nn.Linear``'s weight layout); b: ``[N]`` (any float dtype).
     """
-    cfg = config or WsConfig()
+    cfg = config or default_config(x0.device)
     M, N = x0.shape
     K = u.shape[1]
     if tuple(x.shape) != (M, N) or tuple(u.shape) != (M, K) or tuple(w.shape) != (N, K) or tuple(b.shape) != (N,):

@@ -32,9 +32,12 @@ __all__ = [
     "WgradLaunch",
     "dot_block",
     "fp32_dot_precision",
+    "cross_bwd_pass_launch",
     "gemm_tiles",
+    "is_h200",
     "interaction_launch",
     "lookup_launch",
+    "mask_bias_launch",
     "pooled_lookup_launch",
     "pick_cross_tile",
     "pick_gemm_tile",
@@ -66,6 +69,48 @@ def sm_count(device: torch.device | str | None) -> int:
     if device is None or device.type != "cuda" or not torch.cuda.is_available():
         return DEFAULT_SM_COUNT
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def is_h200(device: torch.device | str | None) -> bool:
+    """Whether ``device`` is an H200 (or a GH200): a Hopper GPU with HBM3e, ~1.4x the H100's memory bandwidth over
+    the same 132 SMs, so its memory-bound kernels want more bytes in flight a program than the H100's launches give
+    (`cross_bwd_pass_launch`, `mask_bias_launch`, `kernels.cross_ws.default_config`). False off CUDA and in the
+    interpreter. The other launches here were measured on an H100 and are kept on an H200 where it was measured too
+    (the pooled lookup's, results/pooled_lookup_launches_h200.md) or not measured."""
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda" or interpret_mode() or not torch.cuda.is_available():
+        return False
+    return "H200" in _cuda_device_name(device.index if device.index is not None else torch.cuda.current_device())
+
+
+# The cross network backward's elementwise passes (`kernels.cross_bwd_passes`): (BLOCK_M, BLOCK_N, rows a program,
+# warps). H100: 64 x 128, 512 rows, 8 warps, the three MLPerf passes 2.525 ms (results/cross_bwd_passes.md). H200
+# (results/cross_bwd_passes_h200.md): 128 x 64 tiles 0.345 + 0.473 + 0.998 = 1.816 ms against the H100's launch's
+# 0.360 + 0.468 + 1.096 = 1.924 (-5.6%; the first layer's pass, 9 streams, from 3.7 to 4.1 TB/s).
+CROSS_BWD_LAUNCH = (64, 128, 512, 8)
+CROSS_BWD_LAUNCH_H200 = (128, 64, 512, 8)
+
+
+def cross_bwd_pass_launch(device: torch.device | str | None) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, rows a program, warps)`` of `kernels.cross_bwd_passes` on ``device``."""
+    return CROSS_BWD_LAUNCH_H200 if is_h200(device) else CROSS_BWD_LAUNCH
+
+
+# The fused MLP's mask kernel (`kernels.mlp.mask_bias_grad`): (rows a loop step, warps, programs a SM). H100: 32 rows,
+# 4 warps, 4 programs a SM. H200 (results/mask_bias_launches_h200.md, MLPerf DLRM-DCNv2's seven ReLU layers at batch
+# 65536, bf16): 64 rows a step 0.432 ms against 0.474 (-9%); 8 warps, or 8-16 programs a SM, slower.
+MASK_BIAS_LAUNCH = (32, 4, 4)
+MASK_BIAS_LAUNCH_H200 = (64, 4, 4)
+
+
+def mask_bias_launch(device: torch.device | str | None) -> tuple[int, int, int]:
+    """``(rows a loop step, warps, programs a SM)`` of the fused MLP's mask kernel on ``device``."""
+    return MASK_BIAS_LAUNCH_H200 if is_h200(device) else MASK_BIAS_LAUNCH
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -66,12 +66,14 @@ _INTERPRET = interpret_mode()
 SUPPORTED_ACTIVATIONS = ("relu", "none")
 
 # Mask kernel tiles: BLOCK_M rows per loop step, up to _MAX_BLOCK_N columns per program; each program
-# walks `rows_per_program` rows (a multiple of BLOCK_M), so the partial sums are [programs_m, N].
-_BLOCK_M = 64 if _INTERPRET else 32
+# walks `rows_per_program` rows (a multiple of BLOCK_M), so the partial sums are [programs_m, N]. BLOCK_M, the warps
+# and the programs a SM per GPU: `kernels.heuristics.mask_bias_launch`; `MASK_LAUNCH_OVERRIDE` forces a launch
+# (benchmarks/mask_bias_launches.py); the interpreter takes 64 rows a step (fewer loop steps), 4 warps, 4 programs.
+MASK_LAUNCH_OVERRIDE: Optional[tuple[int, int, int]] = None
+_INTERPRETER_MASK_LAUNCH = (64, 4, 4)
 _MAX_BLOCK_N = 128
-_NUM_WARPS = 4
+_NUM_WARPS = 4  # the column-sum kernel's
 _BLOCK_R = 16 if _INTERPRET else 64  # rows of partial sums per step of the column-sum kernel
-_PROGRAMS_PER_SM = 4
 
 
 # ----------------------------------------------------------------------------------------------
@@ -145,14 +147,21 @@ def _block_n(n: int) -> int:
     return min(_MAX_BLOCK_N, max(16, triton.next_power_of_2(max(n, 1))))
 
 
-def _rows_per_program(M: int, col_blocks: int, device: torch.device) -> int:
+def _mask_launch(device: torch.device) -> tuple[int, int, int]:
+    """(rows a loop step, warps, programs a SM) of the mask kernel on ``device``."""
+    if MASK_LAUNCH_OVERRIDE is not None:
+        return MASK_LAUNCH_OVERRIDE
+    return _INTERPRETER_MASK_LAUNCH if _INTERPRET else heuristics.mask_bias_launch(device)
+
+
+def _rows_per_program(M: int, col_blocks: int, device: torch.device, block_m: int, programs_per_sm: int) -> int:
     """Rows each program of the mask kernel walks: enough programs to fill the GPU (a few per SM),
     no more (each writes one row of partial sums); the interpreter takes all rows in one program
     per column block (its cost is per program and per loop step)."""
     if _INTERPRET:
-        return max(_BLOCK_M, triton.cdiv(M, _BLOCK_M) * _BLOCK_M)
-    programs_m = max(1, (_PROGRAMS_PER_SM * heuristics.sm_count(device)) // col_blocks)
-    return triton.cdiv(triton.cdiv(M, programs_m), _BLOCK_M) * _BLOCK_M
+        return max(block_m, triton.cdiv(M, block_m) * block_m)
+    programs_m = max(1, (programs_per_sm * heuristics.sm_count(device)) // col_blocks)
+    return triton.cdiv(triton.cdiv(M, programs_m), block_m) * block_m
 
 
 def mask_bias_grad(grad: Tensor, out: Optional[Tensor], relu: bool, *, write: bool = True,
@@ -181,7 +190,8 @@ def mask_bias_grad(grad: Tensor, out: Optional[Tensor], relu: bool, *, write: bo
         return gm, gb
     bn = _block_n(N)
     col_blocks = triton.cdiv(N, bn)
-    rows = _rows_per_program(M, col_blocks, dev)
+    block_m, warps, programs_per_sm = _mask_launch(dev)
+    rows = _rows_per_program(M, col_blocks, dev, block_m, programs_per_sm)
     programs_m = triton.cdiv(M, rows)
     partial = torch.empty((programs_m, N), device=dev, dtype=torch.float32) if bias_grad else None
     o = out if relu else grad  # never read without relu; any valid pointer will do
@@ -189,7 +199,7 @@ def mask_bias_grad(grad: Tensor, out: Optional[Tensor], relu: bool, *, write: bo
         _mask_bias_kernel[(programs_m, col_blocks)](
             grad, o, gm if gm is not None else grad, partial if partial is not None else grad,
             M, N, grad.stride(0), grad.stride(1), o.stride(0), o.stride(1), rows,
-            RELU=relu, WRITE=write, BIAS=bias_grad, BLOCK_M=_BLOCK_M, BLOCK_N=bn, num_warps=_NUM_WARPS,
+            RELU=relu, WRITE=write, BIAS=bias_grad, BLOCK_M=block_m, BLOCK_N=bn, num_warps=warps,
         )  # fmt: skip
         if bias_grad:
             _col_sum_kernel[(col_blocks,)](partial, gb, programs_m, N, BLOCK_R=_BLOCK_R, BLOCK_N=bn, num_warps=_NUM_WARPS)

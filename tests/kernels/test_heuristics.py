@@ -125,3 +125,24 @@ def test_interaction_launch(monkeypatch):
     assert interaction_launch(128, torch.bfloat16, backward=False).samples == 2
     monkeypatch.setattr(heuristics, "INTERACTION_OVERRIDE", (3, 1))
     assert interaction_launch(16, torch.float32, backward=False) == heuristics.InteractionLaunch(3, 1)
+
+
+@pytest.mark.parametrize("name, h200", [("NVIDIA H200", True), ("NVIDIA GH200 144G HBM3e", True),
+                                        ("NVIDIA H100 80GB HBM3", False), ("NVIDIA A100-SXM4-80GB", False)])
+def test_memory_bound_launches_follow_the_gpu(name, h200, monkeypatch):
+    """An H200 (HBM3e) takes its own launches of the memory-bound kernels measured on it; every other GPU the H100's;
+    off CUDA (and in the interpreter) no GPU is an H200."""
+    from kernels import cross_ws
+
+    assert not heuristics.is_h200("cpu") and not heuristics.is_h200(None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(heuristics, "interpret_mode", lambda: False)
+    monkeypatch.setattr(heuristics, "_cuda_device_name", lambda index: name)
+    cuda = torch.device("cuda")
+    assert heuristics.is_h200(cuda) is h200 and heuristics.is_h200(torch.device("cuda", 1)) is h200
+    assert heuristics.cross_bwd_pass_launch(cuda) == ((128, 64, 512, 8) if h200 else (64, 128, 512, 8))
+    assert heuristics.mask_bias_launch(cuda) == ((64, 4, 4) if h200 else (32, 4, 4))
+    cfg = cross_ws.default_config(cuda)
+    assert (cfg.sub, cfg.epi_stages) == ((64, 1) if h200 else (32, 2))
+    assert heuristics.cross_bwd_pass_launch("cpu") == heuristics.CROSS_BWD_LAUNCH

@@ -242,7 +242,7 @@ def test_empty_batch(device):
 def test_mask_bias_kernel_several_programs(M, N, relu, rows, device, monkeypatch):
     """The mask + bias-gradient kernel with several row programs (and a column-sum loop longer than
     one step), non-contiguous gradient and output: against torch."""
-    monkeypatch.setattr(kmlp, "_rows_per_program", lambda m, cb, dev: rows)
+    monkeypatch.setattr(kmlp, "_rows_per_program", lambda m, cb, dev, block_m, programs: rows)
     gen = torch.Generator().manual_seed(M)
     g = torch.randn(N, M, generator=gen).t().to(device)
     out = torch.randn(M, 2 * N, generator=gen)[:, ::2].relu().to(device)
