@@ -15,6 +15,8 @@ samples/s. Rank 0 appends a row per launch to ``<out>/<name>.csv`` and rewrites 
 ``.png`` with the scaling efficiency ``rate(N) / (N x rate(1))`` for the rows of the same config,
 precision and batch per GPU.
 
+``--per-gpu-launches off``: an H200 runs the H100's launches of the memory-bound kernels
+(`kernels.heuristics.PER_GPU_LAUNCHES`), an A/B of its own; not a CSV column (``--name`` keeps the rows apart).
 ``--sr-rng``: the random bits of the bf16 tables' stochastic rounding (`kernels.embedding.update.SR_RNG`), for
 an A/B of the generators in the whole step; the CSV's ``sr_rng`` column says which ran.
 ``--sort-overlap off``: multi-hot Triton shards sort their rows for the update after the gradients arrive
@@ -60,6 +62,7 @@ from _common import (  # noqa: E402
 from dlrm.config import load_config  # noqa: E402
 from dlrm.data.loader import Batch  # noqa: E402
 from dlrm.distributed import owner_exchange  # noqa: E402
+from kernels import heuristics  # noqa: E402
 from kernels.embedding import update  # noqa: E402
 from dlrm.distributed.env import init_distributed, shutdown  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
@@ -95,6 +98,7 @@ def measure(args) -> dict | None:
     owner_exchange.SORT_OVERLAP = args.sort_overlap == "on"
     if args.sr_rng:
         update.SR_RNG = args.sr_rng
+    heuristics.PER_GPU_LAUNCHES = args.per_gpu_launches == "on"
     fill_cardinalities(cfg)  # the config's dataset's table sizes when it names none
     device = resolve_device(cfg.train.device)  # the config's train.device, as train.py reads it ("auto": CUDA if any)
     env, device = init_distributed(cfg.distributed, device)
@@ -255,6 +259,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sr-rng", default=None, choices=sorted(update.RNG_CODES),
                     help="the random bits of the bf16 tables' stochastic rounding (`kernels.embedding.update.SR_RNG`; "
                          "default: the shipped one)")
+    ap.add_argument("--per-gpu-launches", default="on", choices=["on", "off"],
+                    help="off: every GPU runs the H100's launches of the memory-bound kernels "
+                         "(`kernels.heuristics.PER_GPU_LAUNCHES`; an A/B of the H200's own; not in the CSV: "
+                         "use --name to keep the rows apart)")
     ap.add_argument("--cuda-graph", default=None, choices=["auto", "true", "false"],
                     help="train.cuda_graph (default: the config's)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps (more when a captured step needs them)")

@@ -71,6 +71,11 @@ def sm_count(device: torch.device | str | None) -> int:
     return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
+# False: every GPU takes the H100's launches (`is_h200` answers False), for benchmarks/scaling.py
+# --per-gpu-launches off, an A/B of the H200's own launches in the whole step.
+PER_GPU_LAUNCHES = True
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_device_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
@@ -83,7 +88,8 @@ def is_h200(device: torch.device | str | None) -> bool:
     interpreter. The other launches here were measured on an H100 and are kept on an H200 where it was measured too
     (the pooled lookup's, results/pooled_lookup_launches_h200.md) or not measured."""
     device = torch.device(device) if device is not None else None
-    if device is None or device.type != "cuda" or interpret_mode() or not torch.cuda.is_available():
+    if (not PER_GPU_LAUNCHES or device is None or device.type != "cuda" or interpret_mode()
+            or not torch.cuda.is_available()):
         return False
     return "H200" in _cuda_device_name(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -146,3 +146,5 @@ def test_memory_bound_launches_follow_the_gpu(name, h200, monkeypatch):
     cfg = cross_ws.default_config(cuda)
     assert (cfg.sub, cfg.epi_stages) == ((64, 1) if h200 else (32, 2))
     assert heuristics.cross_bwd_pass_launch("cpu") == heuristics.CROSS_BWD_LAUNCH
+    monkeypatch.setattr(heuristics, "PER_GPU_LAUNCHES", False)  # benchmarks/scaling.py --per-gpu-launches off
+    assert not heuristics.is_h200(cuda) and heuristics.mask_bias_launch(cuda) == heuristics.MASK_BIAS_LAUNCH
