@@ -7,8 +7,9 @@ The MLPerf step's backward runs the mask kernel once per ReLU layer (``gm = grad
 gradient's column sums, `kernels.mlp`): the top MLP's 1024, 1024, 512 and 256 columns and the bottom MLP's 512, 256
 and 128, each [batch, N] bf16. Its launch (rows a loop step ``BLOCK_M``, warps, programs a SM) was chosen on an H100
 (`kernels.heuristics.mask_bias_launch`; an H200 takes its own since this script measured it); this times every
-layer under each launch of ``--launches`` (``BLOCK_MxWARPSpPROGRAMS``) and reports the sum over the layers, with GB/s counting the two [batch, N] reads and one write. Each launch's results are checked against the
-launch this GPU ships with (bit for bit for ``gm``; the bias sums within fp32 reordering). CUDA graphs
+layer under each launch of ``--launches`` (``BLOCK_MxWARPSpPROGRAMS``) and reports the sum over the layers, with
+GB/s counting the two [batch, N] reads and one write. Each launch's results are checked against the launch this GPU
+ships with (bit for bit for ``gm``; the bias sums within fp32 reordering). CUDA graphs
 (`_common.graph_replay_ms`); on the CPU one call each (a check of the script, not a measurement).
 """
 

@@ -62,12 +62,12 @@ from _common import (  # noqa: E402
 from dlrm.config import load_config  # noqa: E402
 from dlrm.data.loader import Batch  # noqa: E402
 from dlrm.distributed import owner_exchange  # noqa: E402
-from kernels import heuristics  # noqa: E402
-from kernels.embedding import update  # noqa: E402
 from dlrm.distributed.env import init_distributed, shutdown  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
 from dlrm.train.graphed_step import GraphedTrainStep  # noqa: E402
 from dlrm.train.setup import resolve_device  # noqa: E402
+from kernels import heuristics  # noqa: E402
+from kernels.embedding import update  # noqa: E402
 
 KEYS = ["gpus", "config", "precision", "sharding", "balance", "cuda_graph", "batch_per_gpu", "samples_per_sec", "min_samples_per_sec",
         "max_samples_per_sec", "step_ms", "efficiency", "peak_memory_mb", "device", "torch", "triton", "date",
