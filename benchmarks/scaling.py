@@ -123,7 +123,8 @@ def measure(args) -> dict | None:
     if args.profile:
         step_ms = B * W / rate * 1e3
         start = warmup + args.windows * args.steps
-        profiles = env.all_gather_object(profile_rank(run, batches, args.steps, start, device, step_ms))
+        profiles = env.all_gather_object(profile_rank(run, batches, args.steps, start, device, step_ms,
+                                                      args.top_kernels))
         if env.is_main:
             write_profile(profiles, Path(args.out), f"{args.name}_profile_{W}gpu", Path(args.config).name, B, device)
     if not env.is_main:
@@ -138,12 +139,13 @@ def measure(args) -> dict | None:
 
 
 PROFILE_KEYS = ["rank", "category", "ms_per_step", "share_of_step", "kernels"]
-TOP_KERNELS = 25
 
 
-def profile_rank(run, batches: list, steps: int, start: int, device: torch.device, step_ms: float) -> dict:
+def profile_rank(run, batches: list, steps: int, start: int, device: torch.device, step_ms: float,
+                 top_kernels: int = 25) -> dict:
     """This rank's profile of `steps` more steps: {"rows": per-category ms a step (`step_profile.category`;
-    "idle" = `step_ms` minus the kernels), "top": the longest kernels}. On the CPU, ops' self CPU time."""
+    "idle" = `step_ms` minus the kernels), "top": the `top_kernels` longest kernels as (name, ms a step, calls a
+    step, category)}. On the CPU, ops' self CPU time."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device.type == "cuda"
@@ -156,7 +158,8 @@ def profile_rank(run, batches: list, steps: int, start: int, device: torch.devic
     else:
         times = [(e.key, float(e.self_cpu_time_total), int(e.count)) for e in prof.key_averages()
                  if e.self_cpu_time_total > 0]
-    top = [(n, us / 1e3 / steps, step_profile.category(n)) for n, us, _ in sorted(times, key=lambda t: -t[1])[:TOP_KERNELS]]
+    longest = sorted(times, key=lambda t: -t[1])[:top_kernels]
+    top = [(n, us / 1e3 / steps, calls / steps, step_profile.category(n)) for n, us, calls in longest]
     return {"step_ms": step_ms, "rows": step_profile.category_rows(times, steps, step_ms), "top": top}
 
 
@@ -174,8 +177,10 @@ def write_profile(profiles: list[dict], out: Path, name: str, config: str, batch
     table = ["| rank | category | ms per step | share of step | kernels |", "| ---: | --- | ---: | ---: | ---: |"]
     table += [md_row([r["rank"], r["category"], f"{r['ms_per_step']:.3f}", f"{r['share_of_step']:.1%}", r["kernels"]])
               for r in rows]
-    table += ["", "Longest kernels:", "", "| rank | kernel | ms per step | category |", "| ---: | --- | ---: | --- |"]
-    table += [md_row([r, n[:100].replace("|", "/"), f"{ms:.3f}", c]) for r, p in enumerate(profiles) for n, ms, c in p["top"]]
+    table += ["", "Longest kernels:", "", "| rank | kernel | ms per step | calls per step | category |",
+              "| ---: | --- | ---: | ---: | --- |"]
+    table += [md_row([r, n[:100].replace("|", "/"), f"{ms:.3f}", f"{calls:g}", c])
+              for r, p in enumerate(profiles) for n, ms, calls, c in p["top"]]
     (out / f"{name}.md").write_text(markdown(f"Step profile per rank ({env['device']}, torch {env['torch']}, "
                                              f"triton {env['triton']}, {env['date']})", about, table))
 
@@ -269,6 +274,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--profile", action="store_true", help="also profile --steps steps on every rank (see above)")
+    ap.add_argument("--top-kernels", type=int, default=25, help="with --profile: the longest kernels listed")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="scaling_kaggle")
     args = ap.parse_args(argv)

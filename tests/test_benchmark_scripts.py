@@ -159,8 +159,13 @@ def test_scaling_one_process_then_two_ranks(tmp_path, monkeypatch):
 
     with pytest.MonkeyPatch.context() as mp:  # --sr-rng sets the module's generator: put back after this run
         mp.setattr(update, "SR_RNG", update.SR_RNG)
-        assert sc.main([*args, "--sr-rng", "hash1"]) == 0 and update.SR_RNG == "hash1"
+        assert sc.main([*args, "--sr-rng", "hash1", "--profile", "--top-kernels", "3"]) == 0
+        assert update.SR_RNG == "hash1"
     assert len(calls) == 1 and calls[0]["total_steps"] == 1 + 2 * 2
+    # --profile: the per-category table and the --top-kernels longest ops (CPU time here), with calls a step
+    profile = (tmp_path / "sc_profile_1gpu.md").read_text()
+    longest = profile.split("Longest kernels:")[1]
+    assert "| calls per step |" in longest and longest.count("\n| 0 | ") == 3
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env["CUDA_VISIBLE_DEVICES"] = ""
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",

@@ -12,9 +12,9 @@ uses on CUDA), so the results are bitwise the same there; ``lr`` may be a float 
 (what the captured step reads), and the step counter stays a tensor on the parameter's device. Its
 state_dict has torch's keys (``step``, ``sum``) and group entries, so checkpoints load into either class.
 
-On CUDA (`ONE_PASS`), the same rule runs as one Triton kernel a parameter (`kernels.adagrad.adagrad_step_`: one
-read of the parameter, gradient and sum, one write of the parameter and sum, instead of the foreach ops' ~15 passes),
-with the same operations in the same order.
+On CUDA (`ONE_PASS`), the same rule runs as Triton kernels (`kernels.adagrad.adagrad_step_`, one launch for up to
+32 parameters): one read of the parameter, gradient and sum, one write of the parameter and sum, instead of the
+foreach ops' ~15 passes, with the same operations in the same order.
 """
 
 from __future__ import annotations

@@ -63,3 +63,27 @@ def test_refuses_tensors_it_cannot_take(device):
         adagrad_step_([p.t()], [torch.zeros(3, 4, device=device)], [torch.zeros(3, 4, device=device)], lr, 1e-8)
     with pytest.raises(ValueError, match="torch.float64"):
         adagrad_step_([p.double()], [p.double()], [p.double()], lr, 1e-8)
+
+
+def test_one_launch_for_many_parameters_matches_one_launch_each(device):
+    """More parameters than one launch takes (two launches), sizes around a program's block and an empty one:
+    bit for bit what a launch per parameter computes, with weight decay."""
+    from kernels.adagrad import BLOCK, MAX_TENSORS
+
+    sizes = [1, 0, BLOCK - 1, BLOCK, BLOCK + 1, 3 * BLOCK + 7] + [(5 * i) % 37 + 1 for i in range(MAX_TENSORS)]
+    gen = torch.Generator().manual_seed(3)
+    make = lambda: [torch.randn(n, generator=gen).to(device) for n in sizes]  # noqa: E731
+    params, grads = make(), make()
+    sums = [torch.rand(n, generator=gen).to(device) for n in sizes]
+    alone_p, alone_s = [p.clone() for p in params], [s.clone() for s in sums]
+    before = [p.clone() for p in params]
+    lr = torch.tensor(0.05, device=device)
+    adagrad_step_(params, grads, sums, lr, 1e-8, 0.01)
+    for p, g, s in zip(alone_p, grads, alone_s):
+        adagrad_step_([p], [g], [s], lr, 1e-8, 0.01)
+    assert len(sizes) > MAX_TENSORS
+    for p, s, ap, as_ in zip(params, sums, alone_p, alone_s):
+        assert torch.equal(p, ap) and torch.equal(s, as_)
+    # every non-empty parameter of both launches moved (a group left out would equal itself alone only if both
+    # skipped it)
+    assert all(not torch.equal(p, b) for p, b in zip(params, before) if p.numel())
