@@ -234,18 +234,20 @@ def _pad_k(t: Tensor, k: int) -> Tensor:
     return torch.nn.functional.pad(t, (0, k - t.shape[1]))
 
 
-def _input_layer_operands(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+def _input_layer_operands(x: Tensor, weight: Optional[Tensor]) -> tuple[Tensor, Optional[Tensor]]:
     """The first layer's ``(x, W)``, padded with zero columns to an aligned K (on every device, so that the CPU
     tests run the same path).
 
     The bottom MLP's input has 13 dense features: rows of 26 bytes in bf16, which cuBLAS serves with
     alignment-1 CUTLASS kernels (sm75 tensor-core code). At MLPerf DLRM-DCNv2's batch 65536 on an H100 those
     took 0.065 ms (forward) and 0.080 ms (weight gradient) a step (results/step_profile_mlperf_b65536_twentyfirst.md);
-    zero columns change no product, cost a [B, 16] copy, and let cuBLAS pick its Hopper kernels."""
+    zero columns change no product, cost a [B, 16] copy, and let cuBLAS pick its Hopper kernels. ``weight`` None:
+    ``x`` alone (the backward pads only the weight gradient's operand: a padded weight there was two wasted kernels
+    a step)."""
     k = _aligned_k(x.shape[1], x.dtype)
     if not ALIGN_INPUT or k == x.shape[1]:
         return x, weight
-    return _pad_k(x, k), _pad_k(weight, k)
+    return _pad_k(x, k), (None if weight is None else _pad_k(weight, k))
 
 
 def _layer_forward(h: Tensor, weight: Tensor, bias: Tensor, relu: bool) -> Tensor:
@@ -334,7 +336,7 @@ def _mlp_backward_op(
         if need_w[i]:
             # the first layer's input padded as in the forward (`_input_layer_operands`); the zero columns'
             # gradient is cut off
-            inp_k = _input_layer_operands(inp, weights[i])[0] if i == 0 else inp
+            inp_k = _input_layer_operands(inp, None)[0] if i == 0 else inp  # x only: the weight gradient's operand
             if side:
                 gw = torch.empty(weights[i].shape, device=x.device, dtype=x.dtype)  # on the current stream
                 gw_k = gw if inp_k is inp else torch.empty((gw.shape[0], inp_k.shape[1]), device=x.device, dtype=x.dtype)
