@@ -220,8 +220,9 @@ def _combo_kernels(cfg: Config, device: torch.device, distributed: bool, multi_h
     (+1.5%). At 65536 it measured -0.7% to +2.3% on three machines (10 fewer kernels, slightly longer ones), and tf32
     (no casts) the same at 128, 2048 and 65536: those keep Inductor's default. Multi-hot DCN models (MLPerf
     DLRM-DCNv2) on one process: on up to batch 65536; there, on an H200 (2026-11-28, twenty-fourth run,
-    results/combo_kernels_mlperf.md), autocast's 14 weight and gradient casts ran as 4 launches instead of 17 Inductor
-    kernels (0.114 -> 0.064 ms) and the step took 17.65-17.69 ms against 17.71-17.89 (three interleaved pairs, -0.45%
+    results/combo_kernels_mlperf.md), the step's Inductor kernels (autocast's 14 weight and gradient casts among them)
+    went from 17 distinct ones to 4 (0.114 -> 0.064 ms) and the step took 17.65-17.69 ms against 17.71-17.89 (three
+    interleaved pairs, -0.45%
     at the medians); its smaller batches were not measured (combo kernels gained more at the one-hot models' smaller
     batches). Several processes and one-hot DCN models were not measured."""
     m = cfg.model
@@ -236,8 +237,8 @@ def _combo_kernels(cfg: Config, device: torch.device, distributed: bool, multi_h
     if multi_hot and m.interaction == "dcn":
         if cfg.data.batch_size > COMBO_KERNELS_MAX_BATCH:
             return False, f"multi-hot DCN models measured up to batch {COMBO_KERNELS_MAX_BATCH} only"
-        return True, ("autocast's weight and gradient casts in 4 launches instead of 17: MLPerf DLRM-DCNv2 at batch "
-                      "65536 on an H200 -0.45% a step (17.68 against 17.76 ms, interleaved)")
+        return True, ("autocast's weight and gradient casts merged (Inductor's 17 kernels became 4): MLPerf DLRM-DCNv2 "
+                      "at batch 65536 on an H200 -0.45% a step (17.68 against 17.76 ms, interleaved)")
     if multi_hot or m.interaction != "dot":
         return False, "measured on one-hot dot models and multi-hot DCN models only"
     if cfg.data.batch_size >= COMBO_KERNELS_MAX_BATCH:

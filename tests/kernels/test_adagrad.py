@@ -84,6 +84,5 @@ def test_one_launch_for_many_parameters_matches_one_launch_each(device):
     assert len(sizes) > MAX_TENSORS
     for p, s, ap, as_ in zip(params, sums, alone_p, alone_s):
         assert torch.equal(p, ap) and torch.equal(s, as_)
-    # every non-empty parameter of both launches moved (a group left out would equal itself alone only if both
-    # skipped it)
+    # the equalities above would also hold if both ways skipped a parameter: every non-empty one moved
     assert all(not torch.equal(p, b) for p, b in zip(params, before) if p.numel())
