@@ -197,3 +197,35 @@ def test_bf16_tables_on_the_cpu_are_refused(datasets, tmp_path):
     """(Multi-hot tables sharded over ranks are tested in tests/test_distributed.py.)"""
     with pytest.raises(ConfigError, match=r'^model\.embedding_dtype: "bf16" needs kernels\.embedding "triton"'):
         train(config(datasets["variable"], tmp_path, "bf16", **{"model.embedding_dtype": "bf16", "train.device": "cpu"}))
+
+def test_compiled_step_of_the_mlperf_model_is_one_graph():
+    """The MLPerf model whose lookup builds the DCN input (`DLRM.concat_in_lookup`): whether the step takes that path
+    is decided when the step is built, and Dynamo traces `TrainStep._full_loss` (forward and loss) as one graph. On the
+    GPU (torch 2.11) the same decision inside the traced function, a comparison of two bound methods, made Dynamo give
+    up on the whole frame: the loss and its backward ran as eager ops (twenty-fourth run)."""
+    import sys
+
+    from dlrm.config import validate
+    from dlrm.train.builder import build_run, tables_from_config
+    from dlrm.train.step import TrainStep
+
+    sys.path.append(str(REPO / "benchmarks"))
+    from _common import synthetic_batches
+
+    shrunk = {k: v for k, v in SHRINK.items() if k.startswith("model.")}
+    cfg = load_config(MLPERF, {**shrunk, "kernels.embedding": "triton", "train.compile": True, "train.precision": "fp32",
+                               "data.batch_size": 16})
+    validate(cfg)
+    tables = tables_from_config(cfg)
+    tables.cardinalities[:] = [min(c, 50) for c in tables.cardinalities]
+    run = build_run(cfg, tables, torch.device("cpu"), total_steps=4)
+    step = run.train_step
+    assert isinstance(step, TrainStep) and step.embedding_in_graph and step.model.concat_in_lookup
+    assert step.lookup_builds_concat
+    batch = synthetic_batches(1, 16, torch.device("cpu"), multi_hot_sizes=cfg.model.multi_hot_sizes)[0]
+    explained = torch._dynamo.explain(step._full_loss)(batch.dense, batch.sparse, batch.labels)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    # another dense forward (a distributed run's DDP wrapper) takes the lookup-then-concatenate path
+    other = TrainStep(step.model, step.loss_fn, step.optimizers, "fp32", torch.device("cpu"), cfg.train.compile,
+                      dense_forward=lambda dense, embeddings: step.model.forward_from_embeddings(dense, embeddings))
+    assert not other.lookup_builds_concat

@@ -144,6 +144,10 @@ class TrainStep:
                  dense_forward: Optional[Callable] = None):
         self.model, self.loss_fn, self.optimizers = model, loss_fn, optimizers
         self.dense_forward = dense_forward or model.forward_from_embeddings
+        # Decided here, not in the compiled `_full_loss`: torch 2.11's Dynamo cannot compare two bound methods, and
+        # that comparison there made it give up on the whole frame, so the loss and its backward ran as eager ops
+        # beside a separately compiled model forward (seen on the GPU, twenty-fourth run).
+        self.lookup_builds_concat = model.concat_in_lookup and self.dense_forward == model.forward_from_embeddings
         self.precision, self.device = precision, device
         self.embedding_in_graph = model.sparse_arch.compilable  # see dlrm.model.interfaces
         # A sharded SparseArch (distributed run) is called with the global batch size, and each
@@ -161,7 +165,7 @@ class TrainStep:
             return self.loss_fn(logits.float(), labels)
 
     def _full_loss(self, dense: torch.Tensor, sparse: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        if self.model.concat_in_lookup and self.dense_forward == self.model.forward_from_embeddings:
+        if self.lookup_builds_concat:
             with autocast_context(self.device, self.precision, self.autocast_cache):
                 logits = self.model(dense, sparse)  # the lookup writes the DCN input's concatenation itself
             with record_function("loss"):
