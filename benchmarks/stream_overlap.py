@@ -42,6 +42,13 @@ embeddings travel, and ``allreduce||update`` whether the dense gradients' all_re
 collective is issued on its side stream like any other part (NCCL's own stream waits on it, and it on NCCL's), and
 every rank captures and replays the same graphs; rank 0 writes the results, each time the slowest rank's.
 
+``--sm-carveouts 0,16,32`` repeats every pair with cuBLAS told to leave that many SMs free
+(``torch._C._set_sm_carveout_experimental``: the GEMMs' persistent grids take the other SMs), so that the part
+beside a GEMM gets SMs of its own instead of waiting for the GEMM's last wave; "A || B" of a carve-out is then
+compared with "A then B" without one (``gain_vs_uncarved_ms``, where 0 is among the values): what restructuring
+the step around it could buy. Only cuBLAS honours the carve-out (the GEMMs' own times, "A alone" / "B alone",
+show what it costs them).
+
 On the CPU (``--smoke``) there are no streams: both orders run the calls one after the other (a check of the
 script, not a measurement), and without ``torchrun`` the collectives are a local copy of their bytes (also a
 check of the script only). Writes stream_overlap.csv / .md / .png under ``--out`` (GPU name, versions, date).
@@ -50,6 +57,7 @@ check of the script only). Writes stream_overlap.csv / .md / .png under ``--out`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -78,8 +86,8 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mlperf-dcnv2.json"
 PAIRS = ["update||wgrads", "sort||fwd_gemms", "lookup||wgrads", "sort||update_presorted", "sort||lookup"]
 # Pairs with a collective (`Collectives`): several ranks under torchrun, or a local stand-in (see the docstring)
 COLLECTIVE_PAIRS = ["a2a||sort", "a2a||wgrads", "a2a||lookup", "allreduce||update"]
-KEYS = ["pair", "a", "b", "a_ms", "b_ms", "seq_ms", "par_ms", "par_a_hi_ms", "par_b_hi_ms", "gain_ms", "hidden_pct",
-        "batch", "table_rows", "world"]
+KEYS = ["pair", "sm_carveout", "a", "b", "a_ms", "b_ms", "seq_ms", "par_ms", "par_a_hi_ms", "par_b_hi_ms", "gain_ms",
+        "hidden_pct", "gain_vs_uncarved_ms", "batch", "table_rows", "world"]
 
 
 class DenseShapes:
@@ -192,6 +200,22 @@ def concurrent(a: Callable[[], None], b: Callable[[], None], high: str = "") -> 
     return step
 
 
+@contextlib.contextmanager
+def sm_carveout(sms: int):
+    """cuBLAS leaves ``sms`` SMs free inside the block (read when each GEMM is set up, so also in a capture);
+    0: no carve-out. Not in every torch (then only 0 is accepted)."""
+    if sms == 0:
+        yield
+        return
+    if not hasattr(torch._C, "_set_sm_carveout_experimental"):
+        raise SystemExit(f"--sm-carveouts {sms}: this torch ({torch.__version__}) has no SM carve-out")
+    torch._C._set_sm_carveout_experimental(sms)
+    try:
+        yield
+    finally:
+        torch._C._set_sm_carveout_experimental(None)
+
+
 def slowest(ms: float) -> float:
     """The largest of the ranks' times (every rank's own when run alone)."""
     if not dist.is_initialized():
@@ -213,12 +237,14 @@ def measure(pair: str, fns: dict[str, Callable[[], None]], args) -> dict:
 
 
 def markdown_table(rows: list[dict]) -> list[str]:
-    lines = ["| A \\|\\| B | A alone | B alone | A then B | A \\|\\| B | A high priority | B high priority | gain "
-             "(best of the three) | of the shorter |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| A \\|\\| B | SMs carved out of cuBLAS | A alone | B alone | A then B | A \\|\\| B | A high priority "
+             "| B high priority | gain (best of the three) | of the shorter | gain against A then B uncarved |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         times = (f"{r[k]:.3f} ms" for k in ("a_ms", "b_ms", "seq_ms", "par_ms", "par_a_hi_ms", "par_b_hi_ms", "gain_ms"))
-        lines.append(md_row([f"{r['a']} \\|\\| {r['b']}", *times, f"{r['hidden_pct']:.0f}%"]))
+        uncarved = "" if r["gain_vs_uncarved_ms"] is None else f"{r['gain_vs_uncarved_ms']:.3f} ms"
+        lines.append(md_row([f"{r['a']} \\|\\| {r['b']}", str(r["sm_carveout"]), *times, f"{r['hidden_pct']:.0f}%",
+                             uncarved]))
     return lines
 
 
@@ -231,7 +257,8 @@ def plot(rows: list[dict], env: dict, path: Path, title: str) -> None:
     for k, (key, label) in enumerate(bars):
         ax.bar([i + k * width for i in range(len(rows))], [r[key] for r in rows], width, label=label)
     ax.set_xticks([i + width * (len(bars) - 1) / 2 for i in range(len(rows))])
-    ax.set_xticklabels([r["pair"].replace("||", " || ") for r in rows], fontsize=8)
+    ax.set_xticklabels([r["pair"].replace("||", " || ") + (f"\n{r['sm_carveout']} SMs carved" if r["sm_carveout"] else "")
+                        for r in rows], fontsize=8)
     ax.set_ylabel("ms per call (CUDA-graph replay)")
     ax.set_title(f"{title}\n{env['device']}, torch {env['torch']}, triton {env['triton']}, {env['date']}", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
@@ -250,7 +277,15 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=7, help="timed windows; the median is reported")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls before capture")
     ap.add_argument("--smoke", action="store_true", help="tables capped at 1000 rows, batch 8, one window")
+    ap.add_argument("--sm-carveouts", default="0",
+                    help="comma list of SM counts cuBLAS leaves free; every pair is measured at each (docstring)")
     args = ap.parse_args(argv)
+    try:
+        args.sm_carveouts = [int(c) for c in args.sm_carveouts.split(",") if c.strip()]
+        if not args.sm_carveouts or min(args.sm_carveouts) < 0:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--sm-carveouts {args.sm_carveouts!r}: a comma list of SM counts >= 0")
     pairs = [p.strip() for p in args.pairs.split(",") if p.strip()]
     unknown = [p for p in pairs if p not in PAIRS + COLLECTIVE_PAIRS]
     if unknown or not pairs:
@@ -310,11 +345,18 @@ def run_pairs(pairs, cards, hotness, dim, width, rank, layers, top, params, devi
     fns = parts(t, x, dense, comm)
     rows = []
     for pair in pairs:
-        rows.append({**measure(pair, fns, args), "batch": args.batch, "table_rows": t.rows, "world": comm.world})
-        r = rows[-1]
-        if not dist.is_initialized() or dist.get_rank() == 0:
-            print(f"{pair:18s} A {r['a_ms']:.3f}  B {r['b_ms']:.3f}  A+B {r['seq_ms']:.3f}  A||B {r['par_ms']:.3f}  "
-                  f"(A hi {r['par_a_hi_ms']:.3f}, B hi {r['par_b_hi_ms']:.3f})  gain {r['gain_ms']:.3f} ms", flush=True)
+        for carveout in args.sm_carveouts:
+            with sm_carveout(carveout):
+                r = measure(pair, fns, args)
+            rows.append({**r, "sm_carveout": carveout, "batch": args.batch, "table_rows": t.rows, "world": comm.world})
+            if not dist.is_initialized() or dist.get_rank() == 0:
+                print(f"{pair:18s} carve {carveout:3d}  A {r['a_ms']:.3f}  B {r['b_ms']:.3f}  A+B {r['seq_ms']:.3f}  "
+                      f"A||B {r['par_ms']:.3f}  (A hi {r['par_a_hi_ms']:.3f}, B hi {r['par_b_hi_ms']:.3f})  "
+                      f"gain {r['gain_ms']:.3f} ms", flush=True)
+    uncarved = {r["pair"]: r["seq_ms"] for r in rows if r["sm_carveout"] == 0}
+    for r in rows:
+        best = min(r["par_ms"], r["par_a_hi_ms"], r["par_b_hi_ms"])
+        r["gain_vs_uncarved_ms"] = uncarved[r["pair"]] - best if r["pair"] in uncarved else None
     if dist.is_initialized() and dist.get_rank() != 0:
         return None, t
     return rows, t

@@ -427,6 +427,24 @@ def test_stream_overlap_smoke_times_each_pair_alone_in_series_and_side_by_side(t
     assert "local copies" in (tmp_path / "stream_overlap.md").read_text()
 
 
+def test_stream_overlap_repeats_each_pair_at_each_sm_carveout(tmp_path):
+    """--sm-carveouts: every pair once per carve-out, each row's gain against the uncarved "A then B" of the same
+    pair (on the CPU the carve-out changes nothing: a check of the bookkeeping); bad lists refused."""
+    so = load_script("stream_overlap")
+    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", "sort||fwd_gemms", "--sm-carveouts", "0,8"]) == 0
+    rows = read_csv(tmp_path / "stream_overlap.csv")
+    assert [(r["pair"], r["sm_carveout"]) for r in rows] == [("sort||fwd_gemms", "0"), ("sort||fwd_gemms", "8")]
+    uncarved_seq = float(rows[0]["seq_ms"])
+    for r in rows:
+        best = min(float(r[k]) for k in ("par_ms", "par_a_hi_ms", "par_b_hi_ms"))
+        assert math.isclose(float(r["gain_vs_uncarved_ms"]), uncarved_seq - best, rel_tol=1e-6, abs_tol=1e-9)
+    assert "| sort \\|\\| fwd_gemms | 8 |" in (tmp_path / "stream_overlap.md").read_text()
+    assert not hasattr(torch._C, "_get_sm_carveout_experimental") or torch._C._get_sm_carveout_experimental() is None
+    for bad in ("-1", "a", ","):
+        with pytest.raises(SystemExit):
+            so.main(["--smoke", "--out", str(tmp_path), "--pairs", "sort||fwd_gemms", "--sm-carveouts", bad])
+
+
 def test_stream_overlap_collectives_match_the_exchange_and_ddp_sizes():
     """`Collectives` sends what a two-rank MLPerf step's all_to_all sends (a rank's samples of half the features,
     for every rank) and `dense_params` counts what DDP all-reduces: the bottom MLP's, cross network's and top MLP's
