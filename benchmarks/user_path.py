@@ -2,17 +2,21 @@
 device-resident benchmark of the same variant.
 
     python benchmarks/user_path.py --data DIR [--batch-sizes 128,2048,65536] [--epochs 6]
+    python benchmarks/user_path.py --config configs/mlperf-dcnv2.json --data DIR --batch-sizes 65536 \
+        --set train.log_every=10
 
 For each batch size it runs ``python train.py --config configs/kaggle.json --data DIR --batch-size B``
 with nothing else (every "auto" default: on a GPU the fast path and data placement "auto"), then the
 same with ``data.placement: "stream"`` forced (and "gpu", with --placements), for several epochs of
 the dataset, and reads each run's summary.json (median samples/s over logging windows, the share of
-the time the loop waited for data, what "auto" chose). Beside them, `train_throughput.measure` times
-the variant "auto" resolves to on synthetic batches already on the device (no loader, no
-bookkeeping): the ratio says how much of the device-resident rate a user gets.
+the time the loop waited for data, what "auto" chose). ``--set KEY=VALUE`` (repeatable; VALUE as JSON,
+else a string) changes the config of every run, e.g. logging windows short enough that the median
+leaves the compiling steps out. Beside them, `train_throughput.measure` times the variant "auto"
+(the run train.py's defaults build) on synthetic batches already on the device (no loader, no
+bookkeeping), in the config's precision: the ratio says how much of the device-resident rate a user gets.
 
 Writes user_path.csv / .md / .png under --out (default benchmarks/results/) with the GPU name,
-versions and date.
+versions and date, and each train.py run's output under user_path_logs/ (``--name`` names both).
 """
 
 from __future__ import annotations
@@ -36,8 +40,8 @@ from dlrm.data.schema import read_metadata  # noqa: E402
 
 KEYS = ["batch_size", "run", "samples_per_sec", "ratio", "data_wait_fraction", "steps", "placement", "kernels",
         "compile", "cuda_graph", "status"]
-REFERENCE_VARIANT = "triton-embedding-interaction+step-graph"
-"""What "auto" resolves to on one GPU with configs/kaggle.json (checked against each run's summary)."""
+REFERENCE_VARIANT = "auto"
+"""The run train.py's defaults build (what "auto" resolves to for the config on this machine)."""
 
 
 def train_py(config: Path, data: Path, batch: int, epochs: int, max_steps: int, name: str, work: Path,
@@ -70,25 +74,56 @@ def train_py(config: Path, data: Path, batch: int, epochs: int, max_steps: int, 
             "device_name": s["device_name"], "versions": s["versions"]}
 
 
-def device_resident(config: Path, batch: int, precision: str) -> dict:
+def device_resident(config: Path, batch: int, precision: str | None, overrides: dict | None = None) -> dict:
+    """`measure_reference` in a process of its own: what it leaves on the GPU (the compiled step's graph pool,
+    Inductor's caches; with MLPerf DLRM-DCNv2's 52 GB of tables) must not shrink the memory the train.py runs see,
+    which `data.placement` "auto" reads."""
+    args = json.dumps([str(config), batch, precision, overrides or {}])
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import user_path; "
+            "print('REFERENCE ' + json.dumps(user_path.measure_reference(*json.loads(sys.argv[2]))))")
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent), args], cwd=REPO,
+                          capture_output=True, text=True)
+    lines = done.stdout.splitlines()
+    result = next((ln[len("REFERENCE "):] for ln in reversed(lines) if ln.startswith("REFERENCE ")), None)
+    if done.returncode != 0 or result is None:
+        tail = (done.stderr.strip().splitlines() or lines or ["no output"])[-1]
+        return {"status": f"failed: exit {done.returncode}: {tail[:160]}"}
+    return json.loads(result)
+
+
+def measure_reference(config: str, batch: int, precision: str | None, overrides: dict) -> dict:
     """train_throughput's number for the reference variant (eager PyTorch on a machine without CUDA):
-    synthetic batches already on the device."""
+    synthetic batches already on the device; ``precision`` None: the config's."""
     import torch
 
     from dlrm.config import load_config
     from train_throughput import measure
 
-    cfg = load_config(config)
+    cfg = load_config(Path(config), overrides or {})
     cuda = torch.cuda.is_available()
     device, variant = (torch.device("cuda"), REFERENCE_VARIANT) if cuda else (torch.device("cpu"), "eager")
     try:
-        r = measure(cfg, variant, precision, batch, device, warmup=20 if cuda else 3, steps=50 if cuda else 5,
-                    windows=5 if cuda else 2)
+        r = measure(cfg, variant, precision or cfg.train.precision, batch, device, warmup=20 if cuda else 3,
+                    steps=50 if cuda else 5, windows=5 if cuda else 2)
     except Exception as e:  # noqa: BLE001 - one failing case must not hide the others' numbers
         return {"status": f"failed: {type(e).__name__}: {str(e)[:120]}"}
     finally:
         torch._dynamo.reset()
     return {"samples_per_sec": r["samples_per_sec"], "status": "ok", "run": f"device-resident ({variant})"}
+
+
+def parse_sets(items: list[str]) -> dict:
+    """``--set section.key=value`` items as config overrides (value parsed as JSON, else kept as a string)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key.count(".") != 1 or not all(key.split(".")):
+            raise ValueError(f"--set {item!r}: expected section.key=value, e.g. train.log_every=10")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 def write(rows: list[dict], args, stem: str) -> list[Path]:
@@ -101,6 +136,8 @@ def write(rows: list[dict], args, stem: str) -> list[Path]:
     versions = ", ".join(f"{k} {v}" for k, v in (users[0]["versions"] if users else {}).items())
     date = date_stamp()
     env = f"gpu: {gpu}; {versions}; date: {date}; dataset {Path(args.data).name}, {args.epochs} epochs"
+    if args.set:
+        env += "; every run with " + ", ".join(args.set)
     paths = [out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}.png"]
     write_csv(paths[0], rows, KEYS, {"config": args.config, "gpu": gpu, "date": date})
     table = ["| batch | run | samples/s | of device-resident | waiting for data | placement | compile | step graph | status |",
@@ -143,29 +180,42 @@ def main(argv=None) -> int:
     ap.add_argument("--max-steps", type=int, default=3000, help="cap per run (small batches on a large dataset)")
     ap.add_argument("--buffer-rows", default="",
                     help="comma list of data.shuffle_buffer_rows: one more stream run each (shuffle buffers an epoch)")
-    ap.add_argument("--precision", default="tf32", help="of the device-resident reference (the config's)")
+    ap.add_argument("--precision", default=None, help="of the device-resident reference (default: the config's)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every run, e.g. train.log_every=10 (repeatable)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="user_path")
     args = ap.parse_args(argv)
+    try:
+        sets = parse_sets(args.set)
+    except ValueError as e:
+        ap.error(str(e))
     if not (args.data / "metadata.json").is_file():
         print(f"{args.data}: no metadata.json (make a dataset first)", file=sys.stderr)
         return 2
     config = REPO / args.config
     work = Path(tempfile.mkdtemp(prefix="user_path_"))
+    meta = read_metadata(args.data)
+    # the reference's tables as train.py's: the dataset's sizes win over the config's
+    dataset_tables = {"model.cardinalities": meta.cardinalities, "model.multi_hot_sizes": meta.multi_hot_sizes}
     rows = []
     try:
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
-            ref = device_resident(config, batch, args.precision)
+            ref = device_resident(config, batch, args.precision, {**sets, **dataset_tables})
             rows.append({"batch_size": batch, "run": "device-resident", **ref})
             runs = [("train.py (defaults)", {})] + [(f"train.py, placement {p}", {"data.placement": p})
                                                     for p in args.placements.split(",") if p]
-            rows_total = read_metadata(args.data).splits["train"].rows
+            rows_total = meta.splits["train"].rows
             runs += [(f"train.py, placement stream, {math.ceil(rows_total / int(n))} buffers/epoch",
                       {"data.placement": "stream", "data.shuffle_buffer_rows": int(n)})
                      for n in args.buffer_rows.split(",") if n]
             for label, overrides in runs:
                 name = f"b{batch}-{overrides.get('data.placement', 'default')}-{overrides.get('data.shuffle_buffer_rows', '')}"
-                r = train_py(config, args.data, batch, args.epochs, args.max_steps, name, work, overrides)
+                r = train_py(config, args.data, batch, args.epochs, args.max_steps, name, work, {**sets, **overrides})
+                logs = Path(args.out) / f"{args.name}_logs"  # each run's own output, kept beside the tables
+                logs.mkdir(parents=True, exist_ok=True)
+                if (work / f"{name}.log").exists():
+                    shutil.copyfile(work / f"{name}.log", logs / f"{name}.log")
                 if r.get("samples_per_sec") and ref.get("samples_per_sec"):
                     r["ratio"] = r["samples_per_sec"] / ref["samples_per_sec"]
                 rows.append({"batch_size": batch, "run": label, **r})

@@ -96,6 +96,25 @@ def test_loader_throughput_measures_every_stage_on_a_small_input(tmp_path):
     assert (tmp_path / "lt.md").read_text().count("| decode |") == 2 and (tmp_path / "lt.png").stat().st_size > 0
 
 
+def test_loader_throughput_measures_an_existing_multi_hot_dataset(tmp_path):
+    """--dataset: the loader alone on a dataset already made (no raw file, no preprocessing), multi-hot rows decoded
+    as such (every row once; no one-hot target applied to them); a folder without metadata refused."""
+    from dlrm.data.synthetic import generate
+
+    data = tmp_path / "mh"
+    generate(data, 2000, seed=0, cardinalities="small", multi_hot_sizes="mlperf")
+    lt = load_script("loader_throughput")
+    assert lt.main(["--dataset", str(data), "--repeats", "1", "--devices", "cpu", "--shuffle", "true",
+                    "--reader-threads", "2", "--shuffle-buffer-rows", "700", "--batch-size", "256",
+                    "--out", str(tmp_path), "--name", "lt"]) == 0
+    rows = read_csv(tmp_path / "lt.csv")
+    assert [(r["stage"], r["placement"]) for r in rows] == [("decode", "stream"), ("loader", "stream")]
+    assert all(r["status"] == "ok" and float(r["rate"]) > 0 and r["target"] == "" for r in rows), rows
+    assert {int(r["rows"]) for r in rows} == {1600}  # the train split (80% of 2,000), every row once
+    with pytest.raises(SystemExit):
+        lt.main(["--dataset", str(tmp_path / "nothing"), "--devices", "cpu", "--out", str(tmp_path)])
+
+
 def test_loader_training_runs_each_placement(tmp_path):
     lt = load_script("loader_training")
     assert lt.main(["--data", str(REPO / "data" / "sample"), "--config", "configs/sample.json", "--variant", "eager",
@@ -664,3 +683,26 @@ def test_mask_bias_launches_smoke_times_each_launch_and_checks_it_against_the_sh
     assert "| 16x2p8 |" in (tmp_path / "mask_bias_launches.md").read_text()
     with pytest.raises(SystemExit):
         mb.main(["--smoke", "--out", str(tmp_path), "--launches", "32x4"])
+
+
+def test_user_path_runs_train_py_with_the_overrides_beside_the_device_resident_reference(tmp_path):
+    """benchmarks/user_path.py on the embedded sample (CPU: the reference is eager PyTorch): train.py as a user runs
+    it, every --set applied to its config (the logging windows the summary's median comes from), the ratio to the
+    device-resident rate, CSV / Markdown / plot; a malformed --set refused before anything runs."""
+    up = load_script("user_path")
+    args = ["--config", "configs/sample.json", "--data", str(REPO / "data" / "sample"), "--batch-sizes", "512",
+            "--epochs", "1", "--max-steps", "6", "--placements", "", "--out", str(tmp_path), "--name", "up",
+            "--set", "train.log_every=2", "--set", "train.eval_every=null"]
+    assert up.main(args) == 0
+    rows = read_csv(tmp_path / "up.csv")
+    assert [r["run"] for r in rows] == ["device-resident (eager)", "train.py (defaults)"]
+    ref, user = (float(r["samples_per_sec"]) for r in rows)
+    assert ref > 0 and user > 0 and math.isclose(float(rows[1]["ratio"]), user / ref, rel_tol=1e-6)
+    assert rows[1]["steps"] == "6" and rows[1]["status"] == "ok" and rows[1]["placement"]
+    assert "every run with train.log_every=2, train.eval_every=null" in (tmp_path / "up.md").read_text()
+    assert (tmp_path / "up.png").stat().st_size > 0
+    assert "steps/epoch" in (tmp_path / "up_logs" / "b512-default-.log").read_text()  # the run's own output kept
+    assert up.parse_sets(["a.b=3", "a.c=x", "a.d=null"]) == {"a.b": 3, "a.c": "x", "a.d": None}
+    for bad in ("train.log_every", "log_every=3", "a.b.c=1", ".x=1"):
+        with pytest.raises(SystemExit):
+            up.main([*args[:-4], "--set", bad])

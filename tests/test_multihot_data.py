@@ -342,3 +342,42 @@ def test_synthetic_mlperf_presets(tmp_path):
     assert batch.sparse.shape == (64, 214)
     bad = CliRunner().invoke(synthetic.main, ["--rows", "30", "--out", str(tmp_path / "x"), "--multi-hot-sizes", "3,2"])
     assert bad.exit_code == 2 and "--multi-hot-sizes" in bad.output and not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("lengths", [
+    [4, 4, 4],  # every list full: the reshape
+    [4, 0, 4, 0, 0, 4],  # full or empty (fixed fill, missing features): the row-block copy
+    [0, 0],  # all empty
+    [1, 4, 0, 3, 2],  # anything else: the scatter
+    [4, 4, 3],  # one short list among full ones: the scatter, not the row-block copy
+])
+def test_list_slots_puts_each_rows_values_first_then_padding(lengths):
+    """`list_slots` against a row-by-row reference on each of its paths (null lists count as empty)."""
+    from dlrm.data.host_arena import list_slots
+
+    rng = np.random.default_rng(len(lengths))
+    rows = [None if n == 0 and i % 2 else [int(v) for v in rng.integers(0, 2**40, n)] for i, n in enumerate(lengths)]
+    column = pa.array(rows, type=pa.list_(pa.int64()))
+    expected = np.full((len(rows), 4), PAD_SPARSE, dtype=np.int64)
+    for i, r in enumerate(rows):
+        expected[i, : len(r or [])] = r or []
+    got = list_slots(pa.chunked_array([column[:2], column[2:]]), 4)  # several chunks, as a read may return
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(list_slots(column, 4), expected)
+
+
+@pytest.mark.parametrize("cores,multi_hot,one_hot", [(1, 2, 2), (16, 16, 4), (64, 16, 4), (8, 8, 2)])
+def test_reader_threads_default_by_row_width(multi_hot_dataset, monkeypatch, cores, multi_hot, one_hot):
+    """Multi-hot row groups decode side by side, one reader a core up to 16; one-hot ones a quarter of the cores,
+    2 to 4 (pyarrow's own pool splits their many small columns)."""
+    import dlrm.data.parquet_loader as pl
+
+    monkeypatch.setattr(pl.os, "cpu_count", lambda: cores)
+    files = split_files(multi_hot_dataset, read_metadata(multi_hot_dataset), "train")
+    assert ParquetLoader(files, 8, multi_hot_sizes=SIZES).reader_threads == multi_hot
+    assert ParquetLoader(files, 8, multi_hot_sizes=SIZES, reader_threads=3).reader_threads == 3
+    from tests.conftest import REPO
+
+    sample = REPO / "data" / "sample"
+    one_hot_files = split_files(sample, read_metadata(sample), "validation")
+    assert ParquetLoader(one_hot_files, 8).reader_threads == one_hot

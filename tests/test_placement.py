@@ -6,7 +6,7 @@ from loguru import logger
 
 from dlrm.config import load_config
 from dlrm.data.schema import Metadata, SplitInfo
-from dlrm.train.placement import DEVICE_BYTES_PER_ROW, choose_placement, table_bytes
+from dlrm.train.placement import DEVICE_BYTES_PER_ROW, choose_placement, device_bytes_per_row, table_bytes
 from tests.conftest import REPO
 
 GiB = 2**30
@@ -68,3 +68,28 @@ def test_share_out_of_range_is_a_config_error(bad):
 
     with pytest.raises(ConfigError, match="data.gpu_memory_share"):
         load_config(REPO / "configs" / "sample.json", {"data.gpu_memory_share": bad})
+
+
+def test_mlperf_counts_bf16_tables_and_every_multi_hot_slot(free_memory):
+    """MLPerf DLRM-DCNv2 on an H200 (found there, twenty-fifth run): the tables are bf16 (2 B a value, plus row-wise
+    Adagrad's fp32 sum a row), not fp32 (which counted 98 GiB for 49); a row on the device holds its 214 slots, not
+    26. 139 GiB free: 2.3M rows (1.9 GiB) go to the GPU, 400M rows (340 GiB) stream."""
+    cfg = load_config(REPO / "configs" / "mlperf-dcnv2.json")
+    cards = cfg.model.cardinalities
+    assert table_bytes(cfg, cards) == sum(cards) * (128 * 2 + 4)  # 53.1 GB
+    sizes = cfg.model.multi_hot_sizes
+    assert device_bytes_per_row(sizes) == 13 * 4 + 214 * 4 + 4 and device_bytes_per_row([1] * 26) == DEVICE_BYTES_PER_ROW
+    assert table_bytes(cfg, cards, world_size=2) == table_bytes(cfg, cards) // 2
+
+    def mlperf_meta(rows, validation_rows=0):
+        return Metadata(cardinalities=cards, multi_hot_sizes=sizes,
+                        splits={"train": SplitInfo(rows, 0, []), "validation": SplitInfo(validation_rows, 0, [])})
+
+    free_memory(139 * GiB)
+    cuda = torch.device("cuda")
+    assert choose_placement(cfg, mlperf_meta(2_080_000, 260_000), cards, cuda) == "gpu"
+    assert choose_placement(cfg, mlperf_meta(400_000_000, 50_000_000), cards, cuda) == "stream"
+    # the share of what the tables leave: (139 GiB - 49.5) * 25% = 22.4 GiB, 26.4M rows of 912 B
+    fitting = int((139 * GiB - table_bytes(cfg, cards)) * 0.25) // device_bytes_per_row(sizes)
+    assert choose_placement(cfg, mlperf_meta(fitting - 10, 10), cards, cuda) == "gpu"
+    assert choose_placement(cfg, mlperf_meta(fitting, 10), cards, cuda) == "stream"

@@ -163,7 +163,7 @@ def test_text_dashboard_shows_step_breakdown_kernels_and_comparison(tensorboard,
         for cell in ("InteractionArch", "backward", "optimizer"):
             page.locator("td", has_text=cell).first.wait_for(timeout=60_000)
         page.locator("th", has_text="self ms").first.wait_for(timeout=30_000)  # top CPU ops (a CPU run)
-        page.locator("th", has_text="samples/s (median)").first.wait_for(timeout=30_000)  # compare/table
+        page.locator("th", has_text="samples/s (steady state)").first.wait_for(timeout=30_000)  # compare/table
         page.locator("td", has_text="eager").first.wait_for(timeout=30_000)
         for tag in ("profile/step_breakdown", "profile/top_kernels", "compare/table"):
             page.get_by_text(tag, exact=True).first.wait_for(timeout=30_000)

@@ -56,7 +56,8 @@ class ParquetLoader:
         prefetch: shuffle buffers decoded ahead of the one being cut (at least 1; each is at
             least `shuffle_buffer_rows` rows, i.e. many batches).
         shuffle_buffer_rows: rows shuffled together; also the rows decoded and copied as one unit.
-        reader_threads: row groups decoded at once (default: from the CPU count).
+        reader_threads: row groups decoded at once (default: from the CPU count: a quarter of the cores, 2 to 4,
+            for one-hot rows; one a core, up to 16, for multi-hot ones).
         rank, world_size: in a distributed run, deliver only rank `rank`'s slice of every global
             batch (`rank_slice`); every rank plans, decodes and uploads the same buffers (the
             global batches must be identical everywhere) but cuts only its own rows.
@@ -146,8 +147,15 @@ class ParquetLoader:
         # Decoding is the bulk of the host work, and pyarrow already spreads each row group's columns
         # over its own pool (one thread a core): a few row groups at once keep the cores busy, more
         # only contend. Measured on the 16-core H100 host (benchmarks/results/loader_throughput_*):
-        # 4 readers 27M shuffled samples/s, 8 readers 23M, 16 readers 25M.
-        self.reader_threads = reader_threads or max(2, min(4, (os.cpu_count() or 1) // 4))
+        # 4 readers 27M shuffled samples/s, 8 readers 23M, 16 readers 25M. Multi-hot rows are another matter:
+        # most of a row group's time goes to a few list columns (MLPerf DLRM-DCNv2's 100-value one holds almost
+        # half the values), which pyarrow's column pool cannot split, so row groups must decode side by side:
+        # one reader a core (the 16-core H200 host, MLPerf rows into CUDA, results/loader_throughput_mlperf.md:
+        # 4 readers 0.45M samples/s, 8 0.66M, 16 0.71M). At most 16: each holds a decoded row group and its
+        # temporaries (~0.6 GB for 131,072 MLPerf rows), and more than 16 were not measured.
+        cores = os.cpu_count() or 1
+        self.reader_threads = reader_threads or (max(2, min(16, cores)) if is_multi_hot(self.multi_hot_sizes)
+                                                 else max(2, min(4, cores // 4)))
         self.epoch = 0
         self.start_batch = 0
         # (file index, row group index, rows) for every row group, read from parquet footers only.

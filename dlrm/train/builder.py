@@ -30,6 +30,7 @@ from dlrm.model.dlrm import _TABLE_DTYPES, DLRM, build_loss, build_model
 from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.graphed_step import graph_train_step
 from dlrm.train.optim import build_optimizers, build_schedulers
+from dlrm.train.placement import table_row_bytes
 from dlrm.train.setup import Tables
 from dlrm.train.step import EvalForward, TrainStep, set_matmul_precision
 
@@ -81,8 +82,7 @@ def make_sharding(cfg: Config, tables: Tables, env: DistEnv, device: torch.devic
     if not env.distributed:
         return None
     dim = cfg.model.embedding_dim
-    state = {"sgd": 0, "adagrad": 4 * dim, "rowwise_adagrad": 4}[cfg.optim.sparse.name]  # fp32 state per row
-    row_bytes = dim * _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize + state
+    row_bytes = table_row_bytes(cfg)
     memory = None
     if device.type == "cuda":  # every rank must plan alike: the smallest GPU's memory (one gather at start-up)
         memory = int(min(env.all_gather_object(torch.cuda.get_device_properties(device).total_memory))

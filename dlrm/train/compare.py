@@ -99,7 +99,7 @@ VARIANTS: dict[str, Variant] = {
 
 COLUMNS = [
     ("variant", "variant", "{}"),
-    ("samples_per_sec", "samples/s (median)", "{:,.0f}"),
+    ("samples_per_sec", "samples/s (steady state)", "{:,.0f}"),
     ("warmup_s", "warm-up/compile s", "{:.2f}"),
     ("peak_memory_mb", "peak device MiB", "{:,.0f}"),
     ("final_train_loss", "final train loss", "{:.5f}"),
@@ -234,7 +234,8 @@ def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     table = markdown_table(rows)
     text = (f"# Variant comparison: {base.name}\n\nDevice: {device_name}; torch {torch.__version__}.\n"
-            "Throughput is the median over logging windows after the warm-up steps.\n\n" + table + "\n")
+            "Throughput is the steady state: the logging windows after the warm-up steps, their samples over their "
+            "seconds.\n\n" + table + "\n")
     (base / "compare.md").write_text(text)
     with open(base / "compare.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[k for k, _, _ in COLUMNS])

@@ -67,7 +67,7 @@ class GraphedTrainStep:
         if step.device.type != "cuda":
             raise ValueError(f"train.cuda_graph: CUDA graphs need a CUDA device, not {step.device}")
         self.step = step
-        self.warmup_left = warmup_steps
+        self.warmup_steps = self.warmup_left = warmup_steps
         # the global batch size the graph is for: every rank of a distributed run decides alike
         self.batch_size: int | None = None
         self.graph: torch.cuda.CUDAGraph | None = None

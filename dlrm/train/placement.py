@@ -1,9 +1,10 @@
 """``data.placement: "auto"``: hold the data in GPU memory when it fits, stream it otherwise.
 
 The estimate is deliberately simple and stated in the log line: the train and evaluation splits at
-`DEVICE_BYTES_PER_ROW` each (`dlrm.data.device_loader`: dense float32, sparse as 32-bit patterns,
-labels) against ``data.gpu_memory_share`` of the device memory that is free before the model is
-built, less what the embedding tables and their optimizer state will take.
+`device_bytes_per_row` each (`dlrm.data.device_loader`: dense float32, every sparse slot as a 32-bit
+pattern, labels) against ``data.gpu_memory_share`` of the device memory that is free before the model
+is built, less what the embedding tables (in ``model.embedding_dtype``) and their fp32 optimizer state
+will take.
 """
 
 from __future__ import annotations
@@ -13,16 +14,29 @@ from loguru import logger
 
 from dlrm.config import Config
 from dlrm.data.schema import Metadata
+from dlrm.model.dlrm import _TABLE_DTYPES
 
-DEVICE_BYTES_PER_ROW = 13 * 4 + 26 * 4 + 4
-"""Bytes a row takes in a device-resident split (`dlrm.data.device_loader`)."""
+
+def device_bytes_per_row(multi_hot_sizes: list[int]) -> int:
+    """Bytes a row takes in a device-resident split (`dlrm.data.device_loader`): 13 float32 dense values, one
+    int32 a sparse slot (26 one-hot; MLPerf DLRM-DCNv2's multi-hot rows hold 214), a float32 label."""
+    return 13 * 4 + sum(multi_hot_sizes) * 4 + 4
+
+
+DEVICE_BYTES_PER_ROW = device_bytes_per_row([1] * 26)
+"""`device_bytes_per_row` of a one-hot dataset."""
+
+
+def table_row_bytes(cfg: Config) -> int:
+    """One embedding row's weights (``model.embedding_dtype``) plus its sparse optimizer state (fp32)."""
+    dim = cfg.model.embedding_dim
+    state = {"sgd": 0, "adagrad": 4 * dim, "rowwise_adagrad": 4}[cfg.optim.sparse.name]
+    return dim * _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize + state
 
 
 def table_bytes(cfg: Config, cardinalities: list[int], world_size: int = 1) -> int:
-    """Embedding weights plus the sparse optimizer's state on one rank (fp32)."""
-    rows = sum(cardinalities) / world_size
-    per_row = {"sgd": 1.0, "rowwise_adagrad": 1.0 + 1.0 / cfg.model.embedding_dim, "adagrad": 2.0}
-    return int(rows * cfg.model.embedding_dim * 4 * per_row[cfg.optim.sparse.name])
+    """Embedding weights plus the sparse optimizer's state on one rank."""
+    return int(sum(cardinalities) / world_size * table_row_bytes(cfg))
 
 
 def choose_placement(cfg: Config, meta: Metadata, cardinalities: list[int], device: torch.device,
@@ -34,7 +48,7 @@ def choose_placement(cfg: Config, meta: Metadata, cardinalities: list[int], devi
         logger.info("data.placement auto: stream (no CUDA device)")
         return "stream"
     rows = sum(meta.splits[s].rows for s in ("train", cfg.data.eval_split) if s in meta.splits)
-    need = rows * DEVICE_BYTES_PER_ROW
+    need = rows * device_bytes_per_row(meta.multi_hot_sizes)
     free = torch.cuda.mem_get_info(device)[0] - table_bytes(cfg, cardinalities, world_size)
     budget = max(free, 0) * cfg.data.gpu_memory_share
     choice = "gpu" if need <= budget else "stream"

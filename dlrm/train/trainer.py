@@ -32,7 +32,7 @@ from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
 from dlrm.train.checkpointer import Checkpointer
-from dlrm.train.meter import RunStats, StepMeter
+from dlrm.train.meter import WARMUP_STEPS, RunStats, StepMeter
 from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement
 from dlrm.train.profiling import make_profiler
@@ -223,7 +223,10 @@ class Trainer:
         writer = SummaryWriter(str(self.run_dir.path), purge_step=pos.step + 1 if pos.step else None) \
             if env.is_main else NoWriter()
         self.writer, self.counters_before = writer, compile_counters()
-        meter = self.meter = StepMeter(self.device, pos.step, self.stats, window=cfg.train.log_every)
+        # a captured step: its ordinary warm-up steps and the capture before the first throughput window
+        graph_warmup = getattr(run.train_step, "warmup_steps", None)
+        meter = self.meter = StepMeter(self.device, pos.step, self.stats, window=cfg.train.log_every,
+                                       warmup_steps=WARMUP_STEPS if graph_warmup is None else graph_warmup + 1)
         evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env)
         bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=not env.is_main)
@@ -242,13 +245,15 @@ class Trainer:
                 if log_step:
                     self._log_window(bar)
                 if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step != self.data.total_steps:
-                    self.last_eval = evaluator(pos)
+                    with meter.paused():  # not training time: left out of the throughput window
+                        self.last_eval = evaluator(pos)
                     if evaluator.should_stop:
                         self.early_stopped = True
                         break
                 if cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0:
                     self._check_finite()  # never save a checkpoint of a diverged model
-                    self.checkpointer.save(run, pos, self.stats)
+                    with meter.paused():
+                        self.checkpointer.save(run, pos, self.stats)
                 if self._stop_requested(stop, log_step):
                     break
             bar.close()

@@ -1,0 +1,82 @@
+"""The training loop's throughput bookkeeping (`dlrm.train.meter.StepMeter`) against a fake clock: what summary.json's
+samples_per_sec and data_wait_fraction say about a run."""
+
+import pytest
+import torch
+
+from dlrm.train import meter as meter_mod
+from dlrm.train.meter import RunStats, StepMeter
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(meter_mod.time, "perf_counter", c)
+    return c
+
+
+def run_window(m, clock, steps, step_s, wait_s, batch=1000, paused_s=0.0):
+    """``steps`` steps of ``step_s`` seconds each, ``wait_s`` of it waiting for data; an evaluation of ``paused_s``
+    inside the window; then the window is closed."""
+    for i in range(steps):
+        clock.t += step_s
+        m.step(torch.tensor(0.5), samples=batch, data_wait_s=wait_s)
+        if paused_s and i == 0:
+            with m.paused():
+                clock.t += paused_s
+    return m.log_window(step=m.steps_done, mean_loss=0.5)
+
+
+def test_a_starving_loader_is_reported_as_the_whole_steady_state_not_the_median_window(clock):
+    """A loader that keeps up for a window from its read-ahead and then starves the step for two (as the stream
+    loader did with MLPerf DLRM-DCNv2's multi-hot rows on an H200): samples over seconds of all steady windows, and
+    the waiting share of those seconds; the median window would have said 10,000 samples/s and 0% waiting."""
+    m = StepMeter(torch.device("cpu"), 0, RunStats(), window=10, warmup_steps=2)
+    assert run_window(m, clock, 2, 5.0, 0.0) == (None, None)  # warm-up (compile): not a window
+    rates = []
+    for _ in range(3):  # fast, slow, fast, slow, ... : 3 fast windows, 2 slow ones
+        rates.append(run_window(m, clock, 10, 0.1, 0.0)[0])
+    for _ in range(2):
+        rates.append(run_window(m, clock, 10, 1.0, 0.9)[0])
+    assert rates == pytest.approx([10_000] * 3 + [1_000] * 2)
+    # 50 steps of 1,000 samples in 3 x 1 s + 2 x 10 s
+    assert m.samples_per_sec == pytest.approx(50_000 / 23.0)
+    assert m.data_wait_fraction == pytest.approx(18.0 / 23.0)
+    assert m.warmup_s == pytest.approx(10.0)
+
+
+def test_evaluations_inside_a_window_are_left_out(clock):
+    m = StepMeter(torch.device("cpu"), 0, RunStats(), window=10, warmup_steps=1)
+    run_window(m, clock, 1, 3.0, 0.0)
+    rate, wait = run_window(m, clock, 10, 0.1, 0.05, paused_s=30.0)
+    assert rate == pytest.approx(10_000) and wait == pytest.approx(0.5)
+    assert m.samples_per_sec == pytest.approx(10_000)
+    # a pause during the warm-up does not shorten the first window
+    m = StepMeter(torch.device("cpu"), 0, RunStats(), window=10, warmup_steps=2)
+    m.step(torch.tensor(0.5), samples=1000, data_wait_s=0.0)
+    with m.paused():
+        clock.t += 50.0
+    m.step(torch.tensor(0.5), samples=1000, data_wait_s=0.0)
+    assert run_window(m, clock, 4, 0.5, 0.0)[0] == pytest.approx(2_000)
+
+
+def test_the_warm_up_steps_are_the_meters_own(clock):
+    """A captured step's warm-up and capture (`GraphedTrainStep.warmup_steps` + 1) stay out of the first window."""
+    m = StepMeter(torch.device("cpu"), 0, RunStats(), window=11, warmup_steps=4)
+    assert run_window(m, clock, 3, 2.0, 0.0) == (None, None)
+    clock.t += 9.0  # the capture
+    m.step(torch.tensor(0.5), samples=1000, data_wait_s=0.0)
+    assert run_window(m, clock, 10, 0.1, 0.0)[0] == pytest.approx(10_000)
+    # no steady window yet: the session's average, no waiting share
+    m = StepMeter(torch.device("cpu"), 0, RunStats(), window=10, warmup_steps=4)
+    run_window(m, clock, 2, 1.0, 0.0)
+    assert m.samples_per_sec == pytest.approx(1_000) and m.data_wait_fraction is None
+
