@@ -7,7 +7,8 @@ the `--variant` (default the fastest measured one, the whole step as one CUDA gr
 preprocessed dataset DIR, once with ``data.placement: "stream"`` (ParquetLoader: shuffle buffers
 decoded on the host while training runs) and once with ``"gpu"`` (the whole split in device
 memory: no loader work at all), shuffled, for `--steps` steps across epochs. Reports each run's
-median samples/s over its logging windows and the share of the time the loop waited for the
+steady-state samples/s (summary.json: its logging windows after the warm-up, their samples over their
+seconds; the median window until 2026-11-28) and the share of that time the loop waited for the
 loader (the trainer's ``data_wait_fraction``). The stream loader keeps up when its samples/s
 matches the gpu placement's and its wait share stays near zero.
 
@@ -72,7 +73,7 @@ def write(rows: list[dict], args, stem: str) -> list[Path]:
     env = f"gpu: {gpu}; {versions}; date: {date}"
     paths = [out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}.png"]
     write_csv(paths[0], rows, KEYS, {"variant": args.variant, "config": args.config, "gpu": gpu, "date": date})
-    table = ["| placement | batch | steps | samples/s (median window) | waiting for data | AUC | status |",
+    table = ["| placement | batch | steps | samples/s (steady state) | waiting for data | AUC | status |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         sps, wait, auc = r.get("samples_per_sec"), r.get("data_wait_fraction"), r.get("auc")
@@ -87,7 +88,7 @@ def write(rows: list[dict], args, stem: str) -> list[Path]:
     bars = ax.bar([r["placement"] for r in ok], [r["samples_per_sec"] / 1e6 for r in ok], color="tab:blue")
     ax.bar_label(bars, [f"{r['samples_per_sec'] / 1e6:.2f}M\nwait {r['data_wait_fraction'] or 0:.1%}" for r in ok],
                  fontsize=8)
-    ax.set_ylabel("million samples/s (median window)")
+    ax.set_ylabel("million samples/s (steady state)")
     ax.set_title(f"{Path(args.config).name}, {args.variant}, batch {args.batch_size}", fontsize=9)
     ax.margins(y=0.25)
     fig.suptitle(f"{gpu}, {date}", fontsize=8)

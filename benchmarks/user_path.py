@@ -8,10 +8,10 @@ device-resident benchmark of the same variant.
 For each batch size it runs ``python train.py --config configs/kaggle.json --data DIR --batch-size B``
 with nothing else (every "auto" default: on a GPU the fast path and data placement "auto"), then the
 same with ``data.placement: "stream"`` forced (and "gpu", with --placements), for several epochs of
-the dataset, and reads each run's summary.json (median samples/s over logging windows, the share of
-the time the loop waited for data, what "auto" chose). ``--set KEY=VALUE`` (repeatable; VALUE as JSON,
-else a string) changes the config of every run, e.g. logging windows short enough that the median
-leaves the compiling steps out. Beside them, `train_throughput.measure` times the variant "auto"
+the dataset, and reads each run's summary.json (steady-state samples/s: the logging windows after the
+warm-up, their samples over their seconds; the share of that time the loop waited for data; what
+"auto" chose). ``--set KEY=VALUE`` (repeatable; VALUE as JSON, else a string) changes the config of
+every run, e.g. logging windows short enough for a short run to have several. Beside them, `train_throughput.measure` times the variant "auto"
 (the run train.py's defaults build) on synthetic batches already on the device (no loader, no
 bookkeeping), in the config's precision: the ratio says how much of the device-resident rate a user gets.
 

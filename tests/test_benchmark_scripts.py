@@ -687,7 +687,7 @@ def test_mask_bias_launches_smoke_times_each_launch_and_checks_it_against_the_sh
 
 def test_user_path_runs_train_py_with_the_overrides_beside_the_device_resident_reference(tmp_path):
     """benchmarks/user_path.py on the embedded sample (CPU: the reference is eager PyTorch): train.py as a user runs
-    it, every --set applied to its config (the logging windows the summary's median comes from), the ratio to the
+    it, every --set applied to its config (the logging windows of the summary's steady state), the ratio to the
     device-resident rate, CSV / Markdown / plot; a malformed --set refused before anything runs."""
     up = load_script("user_path")
     args = ["--config", "configs/sample.json", "--data", str(REPO / "data" / "sample"), "--batch-sizes", "512",

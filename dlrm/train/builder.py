@@ -81,7 +81,6 @@ def make_sharding(cfg: Config, tables: Tables, env: DistEnv, device: torch.devic
     """The embedding sharding plan of a distributed run (logged with each rank's share), else None."""
     if not env.distributed:
         return None
-    dim = cfg.model.embedding_dim
     row_bytes = table_row_bytes(cfg)
     memory = None
     if device.type == "cuda":  # every rank must plan alike: the smallest GPU's memory (one gather at start-up)
