@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -46,6 +46,13 @@ kaggle_data() {
   [ -f /tmp/kaggle-syn/metadata.json ] && return
   run synthetic 240 python -m dlrm.data.synthetic --rows 2000000 --out /tmp/kaggle-syn --cardinalities kaggle \
     --validation-fraction 0.05 --test-fraction 0
+}
+
+# 2.6M synthetic MLPerf DLRM-DCNv2 rows (multi-hot, 214 values a row, full table sizes): ~60 s with every core.
+mlperf_data() {
+  [ -f /tmp/mlperf-syn/metadata.json ] && return
+  run synthetic_mlperf 240 python -m dlrm.data.synthetic --rows 2600000 --out /tmp/mlperf-syn --cardinalities mlperf \
+    --multi-hot-sizes mlperf --workers 0
 }
 
 # configs/kaggle.json pointed at that dataset, held in GPU memory (the loader is not what is compared).
@@ -278,6 +285,20 @@ EOF
         run loader_training_2048 200 python benchmarks/loader_training.py --data /tmp/loader-bench/pp_w16 \
           --batch-size 2048 --steps 3000 --log-every 100 --out "$RES" --keep-logs
       fi
+      ;;
+    userpath:mlperf)  # what a user gets with configs/mlperf-dcnv2.json (issue #22): train.py with every default on
+      # 2.08M synthetic multi-hot train rows, 4 epochs, beside the device-resident step (results/user_path_mlperf.*);
+      # USERPATH_PLACEMENTS=stream adds the streamed run (each run writes a 53 GB checkpoint at its end: ~2.5 min a run)
+      mlperf_data
+      run user_path_mlperf "${USERPATH_LIMIT:-420}" python benchmarks/user_path.py --config configs/mlperf-dcnv2.json \
+        --data /tmp/mlperf-syn --batch-sizes 65536 --epochs 4 --max-steps 400 --placements "${USERPATH_PLACEMENTS:-}" \
+        --set train.log_every=10 --out "$RES" --name user_path_mlperf
+      ;;
+    loader:mlperf)  # the stream loader on those multi-hot rows into CUDA, shuffled, by reader threads, and the gpu
+      # placement (results/loader_throughput_mlperf.*)
+      mlperf_data
+      run loader_mlperf 200 python benchmarks/loader_throughput.py --dataset /tmp/mlperf-syn --devices cuda \
+        --shuffle true --reader-threads "${LOADER_READERS:-4,8,16}" --repeats 2 --out "$RES" --name loader_throughput_mlperf
       ;;
     userpath)  # what a user gets (issue #19): train.py configs/kaggle.json on the 2M-row Kaggle-shaped
       # synthetic dataset with every default ("auto"), and with placement stream forced, for 6 epochs,
