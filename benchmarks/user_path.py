@@ -11,9 +11,10 @@ same with ``data.placement: "stream"`` forced (and "gpu", with --placements), fo
 the dataset, and reads each run's summary.json (steady-state samples/s: the logging windows after the
 warm-up, their samples over their seconds; the share of that time the loop waited for data; what
 "auto" chose). ``--set KEY=VALUE`` (repeatable; VALUE as JSON, else a string) changes the config of
-every run, e.g. logging windows short enough for a short run to have several. Beside them, `train_throughput.measure` times the variant "auto"
-(the run train.py's defaults build) on synthetic batches already on the device (no loader, no
-bookkeeping), in the config's precision: the ratio says how much of the device-resident rate a user gets.
+every run, e.g. logging windows short enough for a short run to have several. Beside them,
+`train_throughput.measure` times the variant "auto" (the run train.py's defaults build) on synthetic
+batches already on the device (no loader, no bookkeeping), in the config's precision, in a process of
+its own: the ratio says how much of the device-resident rate a user gets.
 
 Writes user_path.csv / .md / .png under --out (default benchmarks/results/) with the GPU name,
 versions and date, and each train.py run's output under user_path_logs/ (``--name`` names both).
