@@ -73,7 +73,7 @@ def test_share_out_of_range_is_a_config_error(bad):
 def test_mlperf_counts_bf16_tables_and_every_multi_hot_slot(free_memory):
     """MLPerf DLRM-DCNv2 on an H200 (found there, twenty-fifth run): the tables are bf16 (2 B a value, plus row-wise
     Adagrad's fp32 sum a row), not fp32 (which counted 98 GiB for 49); a row on the device holds its 214 slots, not
-    26. 139 GiB free: 2.3M rows (1.9 GiB) go to the GPU, 400M rows (340 GiB) stream."""
+    26. 139 GiB free: 2.34M rows (2.0 GiB) go to the GPU, 450M rows (382 GiB) stream."""
     cfg = load_config(REPO / "configs" / "mlperf-dcnv2.json")
     cards = cfg.model.cardinalities
     assert table_bytes(cfg, cards) == sum(cards) * (128 * 2 + 4)  # 53.1 GB
