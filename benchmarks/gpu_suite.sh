@@ -294,11 +294,13 @@ EOF
         --data /tmp/mlperf-syn --batch-sizes 65536 --epochs 4 --max-steps 400 --placements "${USERPATH_PLACEMENTS:-}" \
         --set train.log_every=10 --out "$RES" --name user_path_mlperf
       ;;
-    loader:mlperf)  # the stream loader on those multi-hot rows into CUDA, shuffled, by reader threads, and the gpu
-      # placement (results/loader_throughput_mlperf.*)
+    loader:mlperf)  # the stream loader on those multi-hot rows into CUDA, shuffled, by reader threads, pyarrow's column
+      # pool on or off (LOADER_ARROW: default,on,off) and, with LOADER_CODECS=lz4,none, copies of the rows in those parquet
+      # codecs; and the gpu placement (results/${LOADER_NAME:-loader_throughput_mlperf}.*)
       mlperf_data
-      run loader_mlperf 200 python benchmarks/loader_throughput.py --dataset /tmp/mlperf-syn --devices cuda \
-        --shuffle true --reader-threads "${LOADER_READERS:-4,8,16}" --repeats 2 --out "$RES" --name loader_throughput_mlperf
+      run loader_mlperf "${LOADER_LIMIT:-200}" python benchmarks/loader_throughput.py --dataset /tmp/mlperf-syn --devices cuda \
+        --shuffle true --reader-threads "${LOADER_READERS:-4,8,16}" --arrow-threads "${LOADER_ARROW:-default}" \
+        ${LOADER_CODECS:+--codecs "$LOADER_CODECS"} --repeats 2 --out "$RES" --name "${LOADER_NAME:-loader_throughput_mlperf}"
       ;;
     userpath)  # what a user gets (issue #19): train.py configs/kaggle.json on the 2M-row Kaggle-shaped
       # synthetic dataset with every default ("auto"), and with placement stream forced, for 6 epochs,

@@ -21,7 +21,12 @@
 
 ``--dataset DIR`` skips steps 1 and 2 and measures the loader on an existing dataset (any schema version:
 MLPerf DLRM-DCNv2's multi-hot rows, 214 values a row, decode far slower than one-hot ones). The
-targets are for one-hot rows; multi-hot rows are measured without one.
+targets are for one-hot rows; multi-hot rows are measured without one. With ``--codecs lz4,none`` it
+also measures copies of the train split rewritten in those parquet codecs (same row groups and
+rows, made one at a time under the scratch directory); ``--arrow-threads on,off`` measures the
+loader with and without pyarrow's own column pool beside its reader threads. Each row records the
+process's CPU time (user, system) and page faults an epoch, and the streaming loader chains epochs
+as training does (``chain_epochs``).
 
 Prints a table and writes <stem>.csv, <stem>.md and <stem>.png under --out (default
 benchmarks/results/, stem loader_throughput_<device>), with the GPU name, torch / pyarrow / numpy
@@ -36,6 +41,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import statistics
 import sys
@@ -56,7 +62,8 @@ from dlrm.data import preprocess as pp  # noqa: E402
 
 TARGETS = {("preprocess", None): 1e6, ("loader", "stream"): 20e6, ("loader", "gpu"): 200e6}
 KEYS = ["stage", "device", "workers", "placement", "shuffle", "batch_size", "chunk_rows", "rows", "seconds",
-        "rate", "unit", "target", "meets_target", "status"]
+        "rate", "unit", "target", "meets_target", "status", "codec", "arrow_threads", "cpu_user_s", "cpu_sys_s",
+        "minor_faults"]
 
 
 def environment() -> dict:
@@ -103,13 +110,14 @@ def make_raw(rows: int, raw_tsv: Path | None, work: Path) -> tuple[Path, int]:
 
 
 def row(stage, device, rows, seconds, unit, *, workers=None, placement=None, shuffle=None, batch_size=None,
-        chunk_rows=None, status="ok") -> dict:
+        chunk_rows=None, status="ok", codec=None, arrow_threads=None) -> dict:
     rate = rows / seconds if seconds and status == "ok" else None
     target = TARGETS.get((stage, placement if stage == "loader" else None))
     return {
         "stage": stage, "device": device, "workers": workers, "placement": placement, "shuffle": shuffle,
         "batch_size": batch_size, "chunk_rows": chunk_rows, "rows": rows, "seconds": seconds, "rate": rate,
-        "unit": unit, "target": target, "meets_target": None, "status": status,
+        "unit": unit, "target": target, "meets_target": None, "status": status, "codec": codec,
+        "arrow_threads": arrow_threads,
     }
 
 
@@ -192,8 +200,53 @@ def _host_epoch(loader) -> tuple[int, float]:
     return loader.num_rows, time.perf_counter() - t0
 
 
+def dataset_codec(dataset: Path) -> str:
+    """The parquet codec of a dataset's first train file (lowercase: "zstd", "lz4", "uncompressed", ...)."""
+    import pyarrow.parquet as pq
+
+    from dlrm.data.loader import split_files
+    from dlrm.data.schema import read_metadata
+
+    meta = pq.ParquetFile(split_files(dataset, read_metadata(dataset), "train")[0]).metadata
+    return meta.row_group(0).column(0).compression.lower()
+
+
+def recode(dataset: Path, codec: str, work: Path) -> Path:
+    """A copy of `dataset`'s train split under `work` with every parquet file rewritten in `codec` (the same
+    row groups, rows and schema; metadata.json copied), the files in parallel threads (pyarrow releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    from dlrm.data.loader import split_files
+    from dlrm.data.schema import read_metadata
+
+    out = work / f"recoded-{codec}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    shutil.copy2(dataset / "metadata.json", out / "metadata.json")
+    files = split_files(dataset, read_metadata(dataset), "train")
+
+    def one(src: Path) -> None:
+        dst = out / src.relative_to(dataset)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        reader = pq.ParquetFile(src)
+        with pq.ParquetWriter(dst, reader.schema_arrow, compression=None if codec == "none" else codec) as writer:
+            for g in range(reader.num_row_groups):
+                table = reader.read_row_group(g)
+                writer.write_table(table, row_group_size=table.num_rows)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(one, files))
+    size = sum(f.stat().st_size for f in out.rglob("*.parquet"))
+    print(f"recoded {len(files)} train files to {codec} in {time.perf_counter() - t0:.1f} s ({size / 2**30:.2f} GiB)")
+    return out
+
+
 def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: int, shuffles: list[bool],
-                 reader_threads: list[int | None], shuffle_buffer_rows: int) -> list[dict]:
+                 reader_threads: list[int | None], shuffle_buffer_rows: int,
+                 arrow_threads: list[bool | None] = (None,), gpu_placement: bool = True) -> list[dict]:
     import torch
 
     from dlrm.data.device_loader import DeviceLoader
@@ -203,49 +256,65 @@ def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: in
     meta = read_metadata(dataset)
     files = split_files(dataset, meta, "train")
     sizes = meta.multi_hot_sizes
+    codec = dataset_codec(dataset)
     out = []
 
-    def measure(stage, dev, label, shuffle, threads, make, epoch_fn):
+    def measure(stage, dev, label, shuffle, threads, make, epoch_fn, arrow=None):
         try:
             loader = make()
             epoch_fn(loader)  # warm-up: file cache, CUDA context, pinned arenas, GPU upload
             runs = []
+            before = resource.getrusage(resource.RUSAGE_SELF)
             for epoch in range(repeats):
                 loader.set_epoch(epoch + 1)
                 runs.append(epoch_fn(loader))
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            if hasattr(loader, "close"):
+                loader.close()  # a chained producer stops here
             seconds = statistics.median(s for _, s in runs)
             r = row(stage, dev, runs[0][0], seconds, "samples/s", placement=label, shuffle=shuffle,
-                    batch_size=batch_size, workers=threads)
+                    batch_size=batch_size, workers=threads or getattr(loader, "reader_threads", None), codec=codec,
+                    arrow_threads=getattr(loader, "arrow_threads", None))
+            # the process's CPU time and page faults an epoch (all threads): where the cores' time went
+            r["cpu_user_s"] = (after.ru_utime - before.ru_utime) / repeats
+            r["cpu_sys_s"] = (after.ru_stime - before.ru_stime) / repeats
+            r["minor_faults"] = (after.ru_minflt - before.ru_minflt) // repeats
         except Exception as e:
             r = row(stage, dev, meta.splits["train"].rows, None, "samples/s", placement=label, shuffle=shuffle,
-                    batch_size=batch_size, workers=threads, status=f"error: {type(e).__name__}: {e}"[:200])
+                    batch_size=batch_size, workers=threads, status=f"error: {type(e).__name__}: {e}"[:200],
+                    codec=codec, arrow_threads=arrow)
         if sum(sizes) != len(sizes):
             r["target"] = None  # the targets are for one-hot rows
-        print(f"  {stage} {dev} {label} shuffle={shuffle} readers={threads or 'default'}: "
-              f"{r['rate'] or 0:,.0f} samples/s {r['status']}")
+        print(f"  {stage} {dev} {label} {codec} shuffle={shuffle} readers={r['workers'] or 'default'} "
+              f"arrow_threads={r['arrow_threads']}: {r['rate'] or 0:,.0f} samples/s {r['status']}"
+              + (f" (cpu {r['cpu_user_s']:.1f} s user, {r['cpu_sys_s']:.1f} s sys, {r['minor_faults']:,} faults an epoch)"
+                 if r.get("cpu_user_s") is not None else ""))
         out.append(r)
 
     for shuffle in shuffles:
         # the producer alone (decode into pinned arenas when CUDA is there): what the host can feed
         pin_dev = "cuda" if any(torch.device(d).type == "cuda" for d in devices) else "cpu"
         for threads in reader_threads:
-            measure("decode", "host", "stream", shuffle, threads,
-                    lambda: ParquetLoader(files, batch_size, pin_dev, shuffle=shuffle, drop_last=False,
-                                          reader_threads=threads, shuffle_buffer_rows=shuffle_buffer_rows,
-                                          multi_hot_sizes=sizes),
-                    _host_epoch)
+            for arrow in arrow_threads:
+                measure("decode", "host", "stream", shuffle, threads,
+                        lambda: ParquetLoader(files, batch_size, pin_dev, shuffle=shuffle, drop_last=False,
+                                              reader_threads=threads, shuffle_buffer_rows=shuffle_buffer_rows,
+                                              multi_hot_sizes=sizes, arrow_threads=arrow),
+                        _host_epoch, arrow)
     for dev in devices:
         device = torch.device(dev)
         # data.placement: "stream" (ParquetLoader: decoded buffers copied to the device, batches cut there)
         # or "gpu" (DeviceLoader: the whole split in device memory, batches are index gathers).
         for shuffle in shuffles:
             for threads in reader_threads:
-                measure("loader", dev, "stream", shuffle, threads,
-                        lambda: ParquetLoader(files, batch_size, device, shuffle=shuffle, drop_last=False,
-                                              reader_threads=threads, shuffle_buffer_rows=shuffle_buffer_rows,
-                                              multi_hot_sizes=sizes),
-                        lambda ld: _epoch(ld, device))
-            if device.type == "cuda":
+                for arrow in arrow_threads:
+                    # chain_epochs, as training streams: the next epoch decodes while this one's last batches go
+                    measure("loader", dev, "stream", shuffle, threads,
+                            lambda: ParquetLoader(files, batch_size, device, shuffle=shuffle, drop_last=False,
+                                                  reader_threads=threads, shuffle_buffer_rows=shuffle_buffer_rows,
+                                                  multi_hot_sizes=sizes, arrow_threads=arrow, chain_epochs=True),
+                            lambda ld: _epoch(ld, device), arrow)
+            if device.type == "cuda" and gpu_placement:
                 measure("loader", dev, "gpu", shuffle, None,
                         lambda: DeviceLoader(files, batch_size, device, shuffle=shuffle, drop_last=False,
                                              multi_hot_sizes=sizes),
@@ -267,15 +336,18 @@ def write_results(rows: list[dict], env: dict, out: Path, stem: str) -> list[Pat
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}.png"]
     write_csv(paths[0], rows, KEYS, env)
-    head = ["stage", "device", "workers", "placement", "shuffle", "batch", "rows", "seconds", "rate", "target", "meets",
-            "status"]
+    head = ["stage", "device", "workers", "placement", "codec", "arrow threads", "shuffle", "batch", "rows", "seconds",
+            "rate", "cpu user / sys s", "target", "meets", "status"]
     table = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         meets = {True: "yes", False: "NO", None: "-"}[r["meets_target"]]
         table.append(" | ".join([
-            r["stage"], r["device"], _fmt(r["workers"]), _fmt(r["placement"]), _fmt(r["shuffle"]),
+            r["stage"], r["device"], _fmt(r["workers"]), _fmt(r["placement"]), _fmt(r.get("codec")),
+            _fmt(r.get("arrow_threads")), _fmt(r["shuffle"]),
             _fmt(r["batch_size"]), f"{r['rows']:,}", _fmt(r["seconds"]),
-            f"{_fmt(r['rate'], r['unit'])} {r['unit']}" if r["rate"] else "-", _fmt(r["target"], r["unit"]), meets,
+            f"{_fmt(r['rate'], r['unit'])} {r['unit']}" if r["rate"] else "-",
+            f"{r['cpu_user_s']:.1f} / {r['cpu_sys_s']:.1f}" if r.get("cpu_user_s") is not None else "-",
+            _fmt(r["target"], r["unit"]), meets,
             r["status"],
         ]))
     title = "Data pipeline throughput (dlrm.preprocess, ParquetLoader)"
@@ -308,6 +380,8 @@ def write_results(rows: list[dict], env: dict, out: Path, stem: str) -> list[Pat
     if lod:  # horizontal bars on a log axis: gpu placement is ~30x the stream rates
         labels = [f"{'host decode only' if r['stage'] == 'decode' else r['device'] + ' ' + r['placement']}"
                   f"{', shuffled' if r['shuffle'] else ''}" + (f", {r['workers']} readers" if r["workers"] else "")
+                  + (f", {r['codec']}" if r.get("codec") and r["placement"] == "stream" else "")
+                  + (", arrow pool" if r.get("arrow_threads") else "")
                   for r in lod]
         colors = ["tab:gray" if r["stage"] == "decode" else "tab:orange" if r["placement"] == "gpu" else "tab:blue"
                   for r in lod]
@@ -353,6 +427,11 @@ def main(argv=None) -> int:
     ap.add_argument("--reader-threads", default=None,
                     help="comma-separated ParquetLoader reader thread counts to measure (default: its default)")
     ap.add_argument("--shuffle-buffer-rows", type=int, default=1_000_000, help="ParquetLoader shuffle_buffer_rows")
+    ap.add_argument("--arrow-threads", default="default",
+                    help="comma-separated ParquetLoader arrow_threads settings to measure: default, on, off")
+    ap.add_argument("--codecs", default=None,
+                    help="with --dataset: also measure copies of its train split rewritten in these parquet codecs "
+                         "(comma-separated: lz4, none, snappy, zstd), made under the scratch directory")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a new temp dir, removed)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -376,12 +455,22 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="loader_throughput_")) if created else args.work
     work.mkdir(parents=True, exist_ok=True)
     readers = [int(x) for x in args.reader_threads.split(",")] if args.reader_threads else [None]
+    arrow = []
+    for a in args.arrow_threads.split(","):
+        if a.strip() not in ("default", "on", "off"):
+            ap.error(f"--arrow-threads: {a!r} is not one of default, on, off")
+        arrow.append({"default": None, "on": True, "off": False}[a.strip()])
     try:
         if args.dataset is not None:
             if not (args.dataset / "metadata.json").is_file():
                 ap.error(f"--dataset {args.dataset}: no metadata.json there")
             results = bench_loader(args.dataset, devices, args.batch_size, args.repeats, shuffles, readers,
-                                   args.shuffle_buffer_rows)
+                                   args.shuffle_buffer_rows, arrow)
+            for codec in args.codecs.split(",") if args.codecs else []:
+                copy = recode(args.dataset, codec.strip(), work)  # one copy on disk at a time
+                results += bench_loader(copy, devices, args.batch_size, args.repeats, shuffles, readers,
+                                        args.shuffle_buffer_rows, arrow, gpu_placement=False)
+                shutil.rmtree(copy, ignore_errors=True)
             paths = write_results(results, env, args.out, stem)
             print("wrote " + ", ".join(str(p) for p in paths))
             return 0
@@ -401,7 +490,7 @@ def main(argv=None) -> int:
         results += pre
         if dataset is not None:
             results += bench_loader(dataset, devices, args.batch_size, args.repeats, shuffles, readers,
-                                    args.shuffle_buffer_rows)
+                                    args.shuffle_buffer_rows, arrow)
         # the targets are for the GPU machine: judged there only (all workers, batches to the GPU)
         best = max((r for r in pre if r["rate"]), key=lambda r: r["workers"], default=None)
         for r in results:

@@ -344,6 +344,50 @@ def test_synthetic_mlperf_presets(tmp_path):
     assert bad.exit_code == 2 and "--multi-hot-sizes" in bad.output and not (tmp_path / "x").exists()
 
 
+def test_synthetic_compression_changes_the_codec_not_the_rows(tmp_path):
+    """--compression lz4 writes the same rows as the default zstd, in LZ4 files, recorded in the metadata and in the
+    command that regenerates them; an unknown codec is refused before anything is written."""
+    from click.testing import CliRunner
+
+    args = ["--rows", "400", "--cardinalities", "mlperf", "--multi-hot-sizes", "mlperf", "--test-fraction", "0"]
+    for codec in ("zstd", "lz4"):
+        res = CliRunner().invoke(synthetic.main, args + ["--out", str(tmp_path / codec), "--compression", codec])
+        assert res.exit_code == 0, res.output
+    tables = {}
+    for codec in ("zstd", "lz4"):
+        meta = read_metadata(tmp_path / codec)
+        assert meta.extra["compression"] == codec
+        assert ("--compression lz4" in meta.extra["command"]) == (codec == "lz4")
+        files = split_files(tmp_path / codec, meta, "train")
+        footer = pq.ParquetFile(files[0]).metadata
+        assert {footer.row_group(0).column(i).compression for i in range(footer.num_columns)} == {codec.upper()}
+        tables[codec] = pq.read_table(files[0])
+    assert tables["lz4"].equals(tables["zstd"])
+    # the training loader says when multi-hot rows stream from files that a faster codec would decode sooner
+    from loguru import logger
+
+    from dlrm.config import load_config
+    from dlrm.train.trainer import make_loader
+
+    from tests.conftest import REPO
+
+    cfg = load_config(REPO / "configs" / "sample.json")
+    for codec in ("zstd", "lz4"):
+        meta = read_metadata(tmp_path / codec)
+        messages: list[str] = []
+        handle = logger.add(lambda m: messages.append(m.record["message"]), level="INFO")
+        try:
+            loader = make_loader(cfg, split_files(tmp_path / codec, meta, "train"), 64, torch.device("cpu"), train=True,
+                                 placement="stream", multi_hot_sizes=meta.multi_hot_sizes)
+            loader.close()
+        finally:
+            logger.remove(handle)
+        assert loader.codecs == {codec.upper()}
+        assert any("LZ4 files" in m and "zstd files" in m for m in messages) == (codec == "zstd"), messages
+    bad = CliRunner().invoke(synthetic.main, args + ["--out", str(tmp_path / "x"), "--compression", "lzo"])
+    assert bad.exit_code == 2 and "--compression" in bad.output and not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("lengths", [
     [4, 4, 4],  # every list full: the reshape
     [4, 0, 4, 0, 0, 4],  # full or empty (fixed fill, missing features): the row-block copy
@@ -364,6 +408,36 @@ def test_list_slots_puts_each_rows_values_first_then_padding(lengths):
     got = list_slots(pa.chunked_array([column[:2], column[2:]]), 4)  # several chunks, as a read may return
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(list_slots(column, 4), expected)
+
+
+@pytest.mark.parametrize("fill", ["full", "full_or_empty", "variable", "empty"])
+@pytest.mark.parametrize("block_rows", [1, 3, 7, None])
+def test_list_slots_into_matches_a_row_by_row_reference_in_any_layout(fill, block_rows):
+    """`list_slots_into` into a column-major int32 arena view (the stream loader's) and a row-major int64 one (the
+    device loader's), its row blocks cut at 1, 3, 7 rows and the default, so blocks of each path's kind (full,
+    full-or-empty, scattered, all empty) meet blocks of the others; values above 2**32 keep their low 32 bits."""
+    from dlrm.data.host_arena import list_slots_into
+
+    rng = np.random.default_rng(17)
+    n, size = 23, 5
+    lengths = {"full": np.full(n, size), "full_or_empty": rng.choice([0, size], n), "empty": np.zeros(n, int),
+               "variable": rng.integers(0, size + 1, n)}[fill]
+    if fill == "variable":
+        lengths[:7] = size  # a first block of full rows before the scattered ones
+    rows = [[int(v) for v in rng.integers(0, 2**40, k)] for k in lengths]
+    column = pa.array(rows, type=pa.list_(pa.int64()))
+    expected = np.full((n, size), PAD_SPARSE, dtype=np.int64)
+    for i, r in enumerate(rows):
+        expected[i, : len(r)] = r
+    arena = np.full((size + 2, n + 4), 99, dtype=np.int32)  # other slots and rows around the target: untouched
+    list_slots_into(pa.chunked_array([column[:5], column[5:]]), size, arena[1 : 1 + size, 2 : 2 + n], block_rows)
+    np.testing.assert_array_equal(arena[1 : 1 + size, 2 : 2 + n], expected.T.astype(np.int32))
+    assert (arena[[0, size + 1]] == 99).all() and (arena[:, [0, 1, n + 2, n + 3]] == 99).all()
+    row_major = np.zeros((n, size), dtype=np.int64)
+    list_slots_into(column, size, row_major.T, block_rows)
+    np.testing.assert_array_equal(row_major, expected)
+    with pytest.raises(ValueError, match=r"\(5, 23\)"):
+        list_slots_into(column, size, row_major)  # [n, size] where [size, n] is meant
 
 
 @pytest.mark.parametrize("cores,multi_hot,one_hot", [(1, 2, 2), (16, 16, 4), (64, 16, 4), (8, 8, 2)])

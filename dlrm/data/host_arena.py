@@ -6,7 +6,7 @@ the footers whether sparse values may travel as int32 bit patterns (see `widen_s
 
 Sparse values land in L = ``sum(multi_hot_sizes)`` slots a row (`dlrm.data.schema.slot_offsets`):
 a one-hot column fills its one slot, a multi-hot list column its ``size`` slots, values first and
-`PAD_SPARSE` after them (`list_slots`, vectorized over the rows: no Python loop per row).
+`PAD_SPARSE` after them (`list_slots_into`, vectorized over blocks of rows: no Python loop per row).
 """
 
 from __future__ import annotations
@@ -55,25 +55,55 @@ def compact_sparse_ok(footers: list[pq.FileMetaData], limit: int = _LOW32) -> bo
 def list_slots(column: pa.Array | pa.ChunkedArray, size: int) -> np.ndarray:
     """A multi-hot column (``list<int64>``, each list at most `size` long, no nulls: what
     `check_table` returns) as int64 [n, size]: row r's values in its first slots, `PAD_SPARSE`
-    in the rest. Vectorized: one scatter of all values, whatever their lengths."""
+    in the rest (`list_slots_into` a new row-major array)."""
+    n = len(column)
+    out = np.empty((n, size), dtype=np.int64)
+    list_slots_into(column, size, out.T)
+    return out
+
+
+# Bytes of one row block's int64 slots in `list_slots_into`: the block is laid out in cache and then copied into
+# the destination's layout, instead of whole-column temporaries (a 131,072-row group of MLPerf's 100-value column
+# made 105 MB of them: fresh pages, faulted in by every reader thread at once).
+_SLOT_BLOCK_BYTES = 1 << 20
+
+
+def list_slots_into(column: pa.Array | pa.ChunkedArray, size: int, out: np.ndarray,
+                    block_rows: Optional[int] = None) -> None:
+    """`list_slots` written into `out`, a [size, n] array of any layout and integer dtype (int32 keeps the values'
+    low 32 bits): the column-major arena's slot rows, or a row-major array's transpose.
+
+    Row block by row block (`block_rows`, default ~1 MB of int64 slots): every list full (fixed fill) is a
+    transposing copy of the values; full or empty (fixed fill with missing features, as MLPerf-style data holds)
+    places the full rows' consecutive values by a mask; anything else scatters each value to its slot. No
+    temporary larger than a block, whatever the column's length."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     lengths = list_lengths(column)
     values = column.flatten().to_numpy(zero_copy_only=False)
     n = lengths.size
-    if values.size == n * size:  # every list full (fixed fill): a reshape, no scatter
-        return values.reshape(n, size)
-    out = np.full((n, size), PAD_SPARSE, dtype=np.int64)
-    full = lengths == size
-    if values.size == int(np.count_nonzero(full)) * size:
-        # every list full or empty (fixed fill with missing features, as MLPerf-style data holds): the full rows'
-        # values are consecutive, one row-block copy instead of the scatter below (4x faster on a 100-slot column)
-        out[full] = values.reshape(-1, size)
-        return out
-    rows = np.repeat(np.arange(n), lengths)
-    starts = np.cumsum(lengths) - lengths  # each list's first value within `values`
-    out[rows, np.arange(values.size) - np.repeat(starts, lengths)] = values
-    return out
+    if out.shape != (size, n):
+        raise ValueError(f"out has shape {out.shape}, the column needs ({size}, {n})")
+    step = block_rows or max(256, _SLOT_BLOCK_BYTES // (8 * size))
+    if values.size == n * size:  # every list full: the values are the rows' slots already
+        rows = values.reshape(n, size)
+        for r0 in range(0, n, step):
+            out[:, r0 : r0 + step] = rows[r0 : r0 + step].T
+        return
+    ends = np.cumsum(lengths)  # each row's last value + 1, within `values`
+    scratch = np.empty((min(step, n), size), dtype=np.int64)
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        v0, v1 = (int(ends[r0 - 1]) if r0 else 0), int(ends[r1 - 1])
+        block, lens = scratch[: r1 - r0], lengths[r0:r1]
+        block.fill(PAD_SPARSE)
+        full = lens == size
+        if v1 - v0 == int(np.count_nonzero(full)) * size:  # full or empty rows only: their values are consecutive
+            block[full] = values[v0:v1].reshape(-1, size)
+        elif v1 > v0:
+            starts = np.repeat(ends[r0:r1] - lens - v0, lens)  # each value's row's first value, within the block
+            block[np.repeat(np.arange(r1 - r0), lens), np.arange(v1 - v0) - starts] = values[v0:v1]
+        out[:, r0:r1] = block.T
 
 
 # Rows per block of the column -> row-major transpose. Writing 26 int64 columns into a [n, 26] array
@@ -112,7 +142,7 @@ class _HostBlock:
 
         Releases the GIL for the copies (numpy does for large plain-dtype assignments), so several
         threads can fill disjoint row ranges of one block at once. Multi-hot columns land in their
-        slots through `list_slots` (one temporary [n, size] per list column).
+        slots through `list_slots_into` (no temporary larger than a row block).
         """
         n = table.num_rows
         self.label[at : at + n] = _column_array(table, LABEL_COLUMN)
@@ -122,8 +152,10 @@ class _HostBlock:
             for f, name in enumerate(SPARSE_COLUMNS):
                 lo, hi = offsets[f], offsets[f + 1]
                 column = table.column(name)
-                self.sparse[at : at + n, lo:hi] = (list_slots(column, hi - lo) if hi - lo > 1
-                                                   else _column_array(table, name)[:, None])
+                if hi - lo > 1:
+                    list_slots_into(column, hi - lo, self.sparse[at : at + n, lo:hi].T)
+                else:
+                    self.sparse[at : at + n, lo] = _column_array(table, name)
             return
         for dst, names in ((self.dense, DENSE_COLUMNS), (self.sparse, SPARSE_COLUMNS)):
             cols = [_column_array(table, c) for c in names]
@@ -187,7 +219,7 @@ class _Arena:
 def _write_columns(table: pa.Table, out: tuple[np.ndarray, np.ndarray, np.ndarray], at: int,
                    multi_hot_sizes: list[int] | None = None) -> None:
     """Copy `table`'s columns into column-major arrays at rows ``[at, at + num_rows)``; a
-    multi-hot column fills its ``size`` slot rows (`list_slots`, transposed on the copy)."""
+    multi-hot column fills its ``size`` slot rows (`list_slots_into`)."""
     label, dense, sparse = out
     n = table.num_rows
     label[at : at + n] = _column_array(table, LABEL_COLUMN)
@@ -199,5 +231,5 @@ def _write_columns(table: pa.Table, out: tuple[np.ndarray, np.ndarray, np.ndarra
         if hi - lo == 1:
             sparse[lo, at : at + n] = _column_array(table, name)  # int64 -> int32 (compact) keeps the low 32 bits
         else:
-            sparse[lo:hi, at : at + n] = list_slots(table.column(name), hi - lo).T
+            list_slots_into(table.column(name), hi - lo, sparse[lo:hi, at : at + n])
 

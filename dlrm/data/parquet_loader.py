@@ -73,6 +73,10 @@ class ParquetLoader:
             ``iter()`` after ``set_epoch(epoch + 1)`` starts without waiting for a decode. Batches
             are the same either way. Call `close` when done (the training loader; evaluation
             loaders, iterated now and then, leave it off).
+        arrow_threads: whether each reader also spreads its row group's columns over pyarrow's own
+            thread pool (``use_threads``). On by default: one-hot rows' few readers leave cores to it, and
+            for multi-hot rows, whose readers already fill the cores, off was no faster on the 16-core H200
+            host (results/loader_codecs_mlperf_ab.md).
 
     Example (the validation split of the embedded sample dataset, data/sample):
         >>> import pathlib, dlrm
@@ -129,6 +133,7 @@ class ParquetLoader:
         compact_sparse: Optional[bool] = None,
         multi_hot_sizes: Optional[list[int]] = None,
         chain_epochs: bool = False,
+        arrow_threads: bool = True,
     ) -> None:
         self.files = [Path(f) for f in files]
         self.multi_hot_sizes = list(multi_hot_sizes) if multi_hot_sizes is not None else one_hot_sizes()
@@ -156,6 +161,7 @@ class ParquetLoader:
         cores = os.cpu_count() or 1
         self.reader_threads = reader_threads or (max(2, min(16, cores)) if is_multi_hot(self.multi_hot_sizes)
                                                  else max(2, min(4, cores // 4)))
+        self.arrow_threads = bool(arrow_threads)
         self.epoch = 0
         self.start_batch = 0
         # (file index, row group index, rows) for every row group, read from parquet footers only.
@@ -184,6 +190,12 @@ class ParquetLoader:
         self._readers: Optional[ThreadPoolExecutor] = None
         self.chain_epochs = chain_epochs
         self._live: Optional[_Run] = None  # a chained producer already decoding the next epoch
+
+    @property
+    def codecs(self) -> set[str]:
+        """The parquet codecs of the split's files ("ZSTD", "LZ4", "UNCOMPRESSED", ...), from the footers."""
+        return {meta.row_group(0).column(c).compression for meta in self._footers if meta.num_row_groups
+                for c in range(meta.num_columns)}
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -248,8 +260,8 @@ class ParquetLoader:
         fi, gi, n = self.row_groups[k]
         try:
             with pq.ParquetFile(self.files[fi], metadata=self._footers[fi]) as reader:
-                # use_threads: pyarrow decodes the columns on its own pool as well
-                table = reader.read_row_group(gi, columns=_COLUMNS, use_threads=True)
+                # arrow_threads: pyarrow decodes the columns on its own pool as well
+                table = reader.read_row_group(gi, columns=_COLUMNS, use_threads=self.arrow_threads)
         except (OSError, pa.ArrowException) as e:
             raise DatasetError(f"{self.files[fi]}: row group {gi}: cannot be read ({e})") from None
         if table.num_rows != n:  # the plan placed every row group by its footer's count

@@ -188,6 +188,8 @@ from dlrm.data.synthetic_io import (  # noqa: E402,F401 - the writers (re-export
     COMPRESSION, MULTI_HOT_SEPARATOR, ROW_GROUP_ROWS, _hex8, _hex_lists, _list_array, _SplitWriter, _table, _tsv_block,
 )
 
+from dlrm.data.preprocess.options import CODECS  # noqa: E402 - the same codecs as preprocessing
+
 DEFAULT_ROWS_PER_FILE = 1_000_000
 
 
@@ -200,14 +202,16 @@ def split_sizes(rows: int, validation_fraction: float, test_fraction: float) -> 
 
 def regenerate_command(out: str, rows: int, seed: int, cardinalities: str, validation_fraction: float,
                        test_fraction: float, rows_per_file: int, regime: str = "default",
-                       multi_hot_sizes: Optional[list[int]] = None, multi_hot_fill: str = "fixed") -> str:
+                       multi_hot_sizes: Optional[list[int]] = None, multi_hot_fill: str = "fixed",
+                       compression: str = COMPRESSION) -> str:
     """The command line that writes the same parquet files again (the multi-hot options only
-    when multi-hot, so a one-hot command reads as it always did)."""
+    when multi-hot and the codec only when not the default, so a one-hot command reads as it always did)."""
     multi_hot = (f" --multi-hot-sizes {multi_hot_label(multi_hot_sizes)} --multi-hot-fill {multi_hot_fill}"
                  if is_multi_hot(multi_hot_sizes) else "")
     return (f"python -m dlrm.data.synthetic --rows {rows} --out {out} --seed {seed} --cardinalities {cardinalities}"
             f" --validation-fraction {validation_fraction:g} --test-fraction {test_fraction:g}"
-            f" --rows-per-file {rows_per_file}" + (f" --regime {regime}" if regime != "default" else "") + multi_hot)
+            f" --rows-per-file {rows_per_file}" + (f" --regime {regime}" if regime != "default" else "") + multi_hot
+            + (f" --compression {compression}" if compression != COMPRESSION else ""))
 
 
 def teacher_cardinalities(meta: Metadata) -> list[int]:
@@ -261,6 +265,7 @@ class _Settings:
     sizes: dict[str, int]
     multi_hot_sizes: Optional[list[int]] = None  # None: one-hot
     multi_hot_fill: str = "fixed"
+    compression: str = COMPRESSION
 
     @property
     def cards(self) -> list[int]:
@@ -271,7 +276,8 @@ class _Settings:
 def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalities: Optional[str],
               raw_tsv: Optional[str | os.PathLike], validation_fraction: Optional[float],
               test_fraction: Optional[float], rows_per_file: int, overwrite: bool, regime: str,
-              multi_hot_sizes: Optional[list[int] | str] = None, multi_hot_fill: str = "fixed") -> _Settings:
+              multi_hot_sizes: Optional[list[int] | str] = None, multi_hot_fill: str = "fixed",
+              compression: str = COMPRESSION) -> _Settings:
     """`generate`'s arguments resolved against `regime`; raises `click.ClickException` on bad ones."""
     if regime not in REGIMES:
         raise click.ClickException(f"unknown regime {regime!r} (expected one of {', '.join(REGIMES)})")
@@ -297,13 +303,15 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
         raise click.ClickException(f"--multi-hot-sizes: need {NUM_SPARSE} integers >= 1, got {multi_hot_sizes}")
     if multi_hot_fill not in MULTI_HOT_FILLS:
         raise click.ClickException(f"--multi-hot-fill: {multi_hot_fill!r} is not one of {', '.join(MULTI_HOT_FILLS)}")
+    if compression not in CODECS:
+        raise click.ClickException(f"--compression: {compression!r} is not one of {', '.join(CODECS)}")
     _check_target(out, overwrite, "directory")
     tsv_path = Path(raw_tsv) if raw_tsv is not None else None
     if tsv_path is not None:
         _check_target(tsv_path, overwrite, "file")
     return _Settings(out, tsv_path, rows, seed, cardinalities, validation_fraction, test_fraction, rows_per_file,
                      regime, preset.table_sizes, sizes,
-                     list(multi_hot_sizes) if is_multi_hot(multi_hot_sizes) else None, multi_hot_fill)
+                     list(multi_hot_sizes) if is_multi_hot(multi_hot_sizes) else None, multi_hot_fill, compression)
 
 
 class _Splits:
@@ -311,12 +319,12 @@ class _Splits:
     of their rows (probabilities and labels for the oracle AUC, distinct train values if asked)."""
 
     def __init__(self, root: Path, sizes: dict[str, int], rows_per_file: int, distinct: bool,
-                 multi_hot_sizes: Optional[list[int]] = None) -> None:
+                 multi_hot_sizes: Optional[list[int]] = None, compression: str = COMPRESSION) -> None:
         self.bounds = np.cumsum([0] + [sizes[s] for s in SPLITS])
         self.multi_hot_sizes = multi_hot_sizes
         self.offsets = slot_offsets(multi_hot_sizes)
         schema = arrow_schema(multi_hot_sizes)
-        self.writers = {s: _SplitWriter(root, s, rows_per_file, schema) for s in SPLITS if sizes[s]}
+        self.writers = {s: _SplitWriter(root, s, rows_per_file, schema, compression) for s in SPLITS if sizes[s]}
         self.probs: dict[str, list[np.ndarray]] = {s: [] for s in self.writers}
         self.labels: dict[str, list[np.ndarray]] = {s: [] for s in self.writers}
         self.distinct = distinct
@@ -371,7 +379,7 @@ def _metadata(s: _Settings, teacher: Teacher, splits: _Splits) -> Metadata:
         "generator_version": GENERATOR_VERSION,
         "command": regenerate_command(str(s.out), s.rows, s.seed, s.cardinalities, s.validation_fraction,
                                       s.test_fraction, s.rows_per_file, s.regime, s.multi_hot_sizes,
-                                      s.multi_hot_fill),
+                                      s.multi_hot_fill, s.compression),
         "regime": s.regime,
         "seed": s.seed,
         "rows": s.rows,
@@ -380,7 +388,7 @@ def _metadata(s: _Settings, teacher: Teacher, splits: _Splits) -> Metadata:
         "test_fraction": s.test_fraction,
         "rows_per_file": s.rows_per_file,
         "row_group_rows": ROW_GROUP_ROWS,
-        "compression": COMPRESSION,
+        "compression": s.compression,
         "teacher": {
             "bias": teacher.bias,
             "target_positive_rate": TARGET_POSITIVE_RATE,
@@ -428,6 +436,7 @@ def generate(
     multi_hot_sizes: Optional[list[int] | str] = None,
     multi_hot_fill: str = "fixed",
     workers: int = 1,
+    compression: str = COMPRESSION,
 ) -> Metadata:
     """Write a synthetic dataset directory at `out` (and optionally the raw TSV); returns its metadata.
 
@@ -435,7 +444,7 @@ def generate(
     "small" categories, 10% validation, 10% test, rows required). `multi_hot_sizes`: 26 sizes or
     a `MULTI_HOT_PRESETS` name (None: one-hot); `multi_hot_fill`: "fixed" or "variable" (see the
     module docstring). `workers`: processes that compute the rows (0: one per CPU); the output is
-    the same whatever their number.
+    the same whatever their number. `compression`: the parquet codec (`CODECS`; the rows are the same in any).
 
     Everything is written into temporary siblings that are renamed into place at the end, so
     an interrupted run leaves no partial dataset behind. Raises `click.ClickException` if
@@ -447,7 +456,7 @@ def generate(
         {'train': 8572, 'validation': 714, 'test': 714}
     """
     s = _settings(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file,
-                  overwrite, regime, multi_hot_sizes, multi_hot_fill)
+                  overwrite, regime, multi_hot_sizes, multi_hot_fill, compression)
     started = time.perf_counter()
     teacher = Teacher(s.seed, s.cards, multi_hot_sizes=s.multi_hot_sizes, multi_hot_fill=s.multi_hot_fill)
     logger.info(f"teacher bias {teacher.bias:.4f}; writing {s.rows} rows ({s.sizes}) to {s.out}")
@@ -456,7 +465,7 @@ def generate(
     tmp = Path(tempfile.mkdtemp(prefix=f".{s.out.name}.tmp-", dir=s.out.parent))
     tsv_tmp = None
     try:
-        splits = _Splits(tmp, s.sizes, s.rows_per_file, s.table_sizes == "distinct", s.multi_hot_sizes)
+        splits = _Splits(tmp, s.sizes, s.rows_per_file, s.table_sizes == "distinct", s.multi_hot_sizes, s.compression)
         tsv = None
         if s.tsv_path is not None:
             s.tsv_path.parent.mkdir(parents=True, exist_ok=True)
@@ -545,8 +554,11 @@ def _report(exc: BaseException) -> int:
               help="fixed: every present multi-hot feature holds its size's values; variable: 1..size, uniform.")
 @click.option("--workers", type=click.IntRange(min=0), default=1, show_default=True,
               help="Processes computing the rows (0: one per CPU). The dataset is the same for any number.")
+@click.option("--compression", type=click.Choice(CODECS), default=COMPRESSION, show_default=True,
+              help="Parquet codec. lz4 files are ~1.4x larger than zstd ones, and MLPerf-style multi-hot rows stream "
+                   "from them ~1.3x faster (data.placement stream; benchmarks/results/loader_codecs_mlperf.md).")
 def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
-         regime, multi_hot_sizes, multi_hot_fill, workers):
+         regime, multi_hot_sizes, multi_hot_fill, workers, compression):
     """Generate a synthetic Criteo-format dataset with a planted teacher (see the module docstring).
 
     Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 bad arguments, an occupied
@@ -558,7 +570,7 @@ def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_frac
         if raw_tsv is not None:
             _check_parent_writable(Path(raw_tsv), "--raw-tsv")
         generate(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
-                 regime, multi_hot_sizes, multi_hot_fill, workers)
+                 regime, multi_hot_sizes, multi_hot_fill, workers, compression)
     except (Exception, KeyboardInterrupt) as e:
         sys.exit(_report(e))
 

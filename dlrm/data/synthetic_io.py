@@ -46,8 +46,10 @@ def _table(labels: np.ndarray, rows: Rows, sparse: np.ndarray, sizes: Optional[l
 class _SplitWriter:
     """Writes one split as parquet files of `rows_per_file` rows, in row groups of `ROW_GROUP_ROWS`."""
 
-    def __init__(self, root: Path, split: str, rows_per_file: int, schema: Optional[pa.Schema] = None) -> None:
+    def __init__(self, root: Path, split: str, rows_per_file: int, schema: Optional[pa.Schema] = None,
+                 compression: str = COMPRESSION) -> None:
         self.root, self.split, self.rows_per_file = root, split, rows_per_file
+        self.compression = None if compression == "none" else compression
         self.schema = schema if schema is not None else arrow_schema()
         self.files: list[str] = []
         self._writer: Optional[pq.ParquetWriter] = None
@@ -79,7 +81,7 @@ class _SplitWriter:
         if self._writer is None:
             rel = f"{self.split}/part-{len(self.files):05d}.parquet"
             (self.root / self.split).mkdir(parents=True, exist_ok=True)
-            self._writer = pq.ParquetWriter(self.root / rel, self.schema, compression=COMPRESSION)
+            self._writer = pq.ParquetWriter(self.root / rel, self.schema, compression=self.compression)
             self.files.append(rel)
         self._writer.write_table(group, row_group_size=n)
         self._file_rows += n

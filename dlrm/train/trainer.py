@@ -25,7 +25,7 @@ from tqdm import tqdm
 from dlrm.config import Config, ConfigError, config_from_dict
 from dlrm.data.device_loader import DeviceLoader
 from dlrm.data.loader import Batch, ParquetLoader, split_files
-from dlrm.data.schema import write_json_atomic
+from dlrm.data.schema import is_multi_hot, write_json_atomic
 from dlrm.distributed.env import DistEnv, init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped
 from dlrm import checkpoint as ckpt
@@ -46,6 +46,10 @@ from dlrm.train.step import compile_counters
 __all__ = ["NonFiniteLoss", "TrainingStopped", "train", "evaluate", "build_for_data", "make_loader"]
 
 
+# Codecs whose decompression costs multi-hot rows more than LZ4 (zstd: 1.3x in MLPerf's rows, 16 readers, H200 host).
+SLOW_MULTI_HOT_CODECS = {"ZSTD", "GZIP", "BROTLI"}
+
+
 def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool,
                 env: DistEnv = DistEnv(), placement: Optional[str] = None, multi_hot_sizes: Optional[list[int]] = None):
     """The loader `placement` (default ``data.placement``, "stream" or "gpu") asks for: streamed from
@@ -61,8 +65,15 @@ def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.d
     if train:
         # chain_epochs: the producer decodes the next epoch's first buffers while this epoch's last
         # batches train, so an epoch boundary does not drain the pipeline (issue #19)
-        return ParquetLoader(files, batch_size, device, shuffle=d.shuffle, seed=cfg.train.seed, drop_last=d.drop_last,
-                             prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows, chain_epochs=True, **ranks)
+        loader = ParquetLoader(files, batch_size, device, shuffle=d.shuffle, seed=cfg.train.seed,
+                               drop_last=d.drop_last, prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows,
+                               chain_epochs=True, **ranks)
+        slow = sorted(c.lower() for c in loader.codecs & SLOW_MULTI_HOT_CODECS)
+        if is_multi_hot(multi_hot_sizes) and slow:
+            logger.info(f"data: multi-hot rows stream from {'/'.join(slow)} files, whose decoding is most of the "
+                        f"loader's work: LZ4 files (--compression lz4 when preprocessing or generating) stream "
+                        f"~1.3x faster (benchmarks/results/loader_codecs_mlperf_ab.md)")
+        return loader
     return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, **ranks)
 
 
