@@ -244,6 +244,11 @@ def recode(dataset: Path, codec: str, work: Path) -> Path:
     return out
 
 
+def _arrow(setting: bool | None) -> dict:
+    """ParquetLoader's arrow_threads argument for a --arrow-threads setting (None: the loader's default)."""
+    return {} if setting is None else {"arrow_threads": setting}
+
+
 def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: int, shuffles: list[bool],
                  reader_threads: list[int | None], shuffle_buffer_rows: int,
                  arrow_threads: list[bool | None] = (None,), gpu_placement: bool = True) -> list[dict]:
@@ -299,7 +304,7 @@ def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: in
                 measure("decode", "host", "stream", shuffle, threads,
                         lambda: ParquetLoader(files, batch_size, pin_dev, shuffle=shuffle, drop_last=False,
                                               reader_threads=threads, shuffle_buffer_rows=shuffle_buffer_rows,
-                                              multi_hot_sizes=sizes, arrow_threads=arrow),
+                                              multi_hot_sizes=sizes, **_arrow(arrow)),
                         _host_epoch, arrow)
     for dev in devices:
         device = torch.device(dev)
@@ -312,7 +317,8 @@ def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: in
                     measure("loader", dev, "stream", shuffle, threads,
                             lambda: ParquetLoader(files, batch_size, device, shuffle=shuffle, drop_last=False,
                                                   reader_threads=threads, shuffle_buffer_rows=shuffle_buffer_rows,
-                                                  multi_hot_sizes=sizes, arrow_threads=arrow, chain_epochs=True),
+                                                  multi_hot_sizes=sizes, chain_epochs=True,
+                                                  **_arrow(arrow)),
                             lambda ld: _epoch(ld, device), arrow)
             if device.type == "cuda" and gpu_placement:
                 measure("loader", dev, "gpu", shuffle, None,

@@ -91,6 +91,7 @@ def test_loader_throughput_measures_every_stage_on_a_small_input(tmp_path):
     assert [(r["stage"], r["workers"]) for r in rows] == [
         ("parse", "1"), ("preprocess", "1"), ("decode", "1"), ("decode", "2"), ("loader", "1"), ("loader", "2")]
     assert all(r["status"] == "ok" and float(r["rate"]) > 0 for r in rows)
+    assert {r["arrow_threads"] for r in rows if r["stage"] in ("decode", "loader")} == {"True"}  # the loader's default
     train_rows = {r["rows"] for r in rows if r["stage"] in ("decode", "loader")}
     assert len(train_rows) == 1 and 0 < int(train_rows.pop()) < 3000  # the train split, every row once
     assert (tmp_path / "lt.md").read_text().count("| decode |") == 2 and (tmp_path / "lt.png").stat().st_size > 0

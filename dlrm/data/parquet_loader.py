@@ -161,7 +161,9 @@ class ParquetLoader:
         cores = os.cpu_count() or 1
         self.reader_threads = reader_threads or (max(2, min(16, cores)) if is_multi_hot(self.multi_hot_sizes)
                                                  else max(2, min(4, cores // 4)))
-        self.arrow_threads = bool(arrow_threads)
+        if not isinstance(arrow_threads, bool):
+            raise TypeError(f"arrow_threads must be True or False, got {arrow_threads!r}")
+        self.arrow_threads = arrow_threads
         self.epoch = 0
         self.start_batch = 0
         # (file index, row group index, rows) for every row group, read from parquet footers only.
