@@ -455,3 +455,19 @@ def test_reader_threads_default_by_row_width(multi_hot_dataset, monkeypatch, cor
     sample = REPO / "data" / "sample"
     one_hot_files = split_files(sample, read_metadata(sample), "validation")
     assert ParquetLoader(one_hot_files, 8).reader_threads == one_hot
+
+
+def test_arrow_threads_switches_pyarrows_pool_and_batches_stay_the_same(multi_hot_dataset):
+    """arrow_threads (pyarrow's column pool beside the readers) changes who decodes, never what is delivered; it
+    must be a bool (the benchmark once passed its "default" None through, which read as off)."""
+    files = split_files(multi_hot_dataset, read_metadata(multi_hot_dataset), "train")
+    batches = {}
+    for arrow in (True, False):
+        loader = ParquetLoader(files, 16, shuffle=True, seed=3, multi_hot_sizes=SIZES, arrow_threads=arrow,
+                               shuffle_buffer_rows=20)
+        assert loader.arrow_threads is arrow
+        batches[arrow] = [b.sparse for b in loader]
+    assert len(batches[True]) == 6 and all(torch.equal(a, b) for a, b in zip(batches[True], batches[False]))
+    assert ParquetLoader(files, 8, multi_hot_sizes=SIZES).arrow_threads is True
+    with pytest.raises(TypeError, match="arrow_threads"):
+        ParquetLoader(files, 8, multi_hot_sizes=SIZES, arrow_threads=None)
