@@ -556,7 +556,7 @@ def _report(exc: BaseException) -> int:
               help="Processes computing the rows (0: one per CPU). The dataset is the same for any number.")
 @click.option("--compression", type=click.Choice(CODECS), default=COMPRESSION, show_default=True,
               help="Parquet codec. lz4 files are ~1.4x larger than zstd ones, and MLPerf-style multi-hot rows stream "
-                   "from them ~1.3x faster (data.placement stream; benchmarks/results/loader_codecs_mlperf.md).")
+                   "from them ~1.3x faster (data.placement stream; benchmarks/results/stream_training_mlperf.md).")
 def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
          regime, multi_hot_sizes, multi_hot_fill, workers, compression):
     """Generate a synthetic Criteo-format dataset with a planted teacher (see the module docstring).
