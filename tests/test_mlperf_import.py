@@ -1,0 +1,179 @@
+"""`dlrm.data.mlperf_import`: MLPerf DLRM-DCNv2's own preprocessed files (day_{i}_labels.npy, day_{i}_dense.npy,
+day_{i}_sparse_multi_hot.npz, as its reference writes them) into this project's dataset, value by value."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from dlrm.data import mlperf_import as mi
+from dlrm.data.loader import ParquetLoader, split_files
+from dlrm.data.schema import (
+    DENSE_COLUMNS,
+    LABEL_COLUMN,
+    MLPERF_MULTI_HOT_SIZES,
+    NUM_SPARSE,
+    SPARSE_COLUMNS,
+    read_metadata,
+    slot_offsets,
+)
+
+CARDS = [7 + f for f in range(NUM_SPARSE)]
+ROWS = {0: 37, 1: 29, 23: 21}  # two training days and the evaluation day
+
+
+def write_day(root, i, n, rng, counts=None, save=np.savez):
+    """One day as MLPerf's reference leaves it: labels int32 [n, 1], dense float32 log(x + 3) [n, 13], and an
+    uncompressed npz of 26 int32 [n, size] members "0" .. "25"."""
+    counts = rng.integers(-2, 3000, (n, 13)) if counts is None else counts
+    counts[0, :3] = [0, 123_456, -1]  # zero, a large count, a negative one (Criteo's I2)
+    labels = rng.integers(0, 2, (n, 1)).astype(np.int32)
+    np.save(root / f"day_{i}_labels.npy", labels)
+    np.save(root / f"day_{i}_dense.npy", np.log(counts + 3.0).astype(np.float32))
+    ids = {str(f): rng.integers(0, CARDS[f], (n, size)).astype(np.int32)
+           for f, size in enumerate(MLPERF_MULTI_HOT_SIZES)}
+    save(root / f"day_{i}_sparse_multi_hot.npz", **ids)
+    return labels[:, 0], np.maximum(counts, 0), ids
+
+
+@pytest.fixture
+def mlperf_dir(tmp_path):
+    rng = np.random.default_rng(0)
+    src = tmp_path / "in"
+    src.mkdir()
+    return src, {i: write_day(src, i, n, rng) for i, n in ROWS.items()}
+
+
+def run(*args):
+    return CliRunner().invoke(mi.main, [str(a) for a in args])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_value_lands_where_the_reference_puts_it(mlperf_dir, tmp_path, workers):
+    """Train = days 0-1 in order, validation the first ceil(N/2) rows of day 23, test the rest; labels, dense counts
+    (recovered from log(x + 3), negatives 0) and every id of every multi-hot list as in the npz members; files of at
+    most --rows-per-file rows; and the stream loader reads the rows back in their slots."""
+    src, days = mlperf_dir
+    out = tmp_path / "ds"
+    res = run("--input", src, "--output", out, "--train-days", "0-1", "--num-embeddings", ",".join(map(str, CARDS)),
+              "--rows-per-file", 16, "--workers", workers)
+    assert res.exit_code == 0, res.output
+    meta = read_metadata(out)
+    half = math.ceil(ROWS[23] / 2)
+    assert {s: i.rows for s, i in meta.splits.items()} == {"train": 66, "validation": half, "test": ROWS[23] - half}
+    assert meta.multi_hot_sizes == MLPERF_MULTI_HOT_SIZES and meta.cardinalities == CARDS
+    assert meta.hashing == "modulus" and meta.extra["compression"] == "lz4"
+    expect = {"train": [(0, 0, ROWS[0]), (1, 0, ROWS[1])], "validation": [(23, 0, half)],
+              "test": [(23, half, ROWS[23])]}
+    for split, spans in expect.items():
+        files = split_files(out, meta, split)
+        assert all(pq.ParquetFile(f).metadata.num_rows <= 16 for f in files)
+        assert {pq.ParquetFile(f).metadata.row_group(0).column(0).compression for f in files} == {"LZ4"}
+        table = pa.concat_tables([pq.read_table(f) for f in files])
+        labels = np.concatenate([days[d][0][lo:hi] for d, lo, hi in spans])
+        counts = np.concatenate([days[d][1][lo:hi] for d, lo, hi in spans])
+        np.testing.assert_array_equal(table.column(LABEL_COLUMN).to_numpy(), labels)
+        for j in range(13):
+            np.testing.assert_array_equal(table.column(DENSE_COLUMNS[j]).to_numpy(), counts[:, j])
+        for f, size in enumerate(MLPERF_MULTI_HOT_SIZES):
+            ids = np.concatenate([days[d][2][str(f)][lo:hi] for d, lo, hi in spans])
+            column = table.column(SPARSE_COLUMNS[f]).combine_chunks()
+            got = (np.stack(column.to_pylist()) if size > 1 else column.to_numpy()[:, None])
+            np.testing.assert_array_equal(got, ids)
+        assert meta.splits[split].positives == int(labels.sum())
+    batch = next(iter(ParquetLoader(split_files(out, meta, "validation"), half, multi_hot_sizes=meta.multi_hot_sizes)))
+    offsets = slot_offsets(MLPERF_MULTI_HOT_SIZES)
+    np.testing.assert_array_equal(batch.sparse[:, offsets[20]:offsets[21]].numpy(), days[23][2]["20"][:half])
+    assert not list(tmp_path.glob(".ds.tmp-*"))
+
+
+def test_dense_counts_round_trip_mlperfs_log():
+    """round(exp(log(x + 3)) - 3) is x for every count a float32 log keeps apart (up to ~5e5); negatives are 0."""
+    x = np.array([-2, -1, 0, 1, 2, 17, 999, 65_535, 500_000])
+    got = mi.dense_counts(np.log(x + 3.0).astype(np.float32))
+    np.testing.assert_array_equal(got, np.maximum(x, 0))
+    assert got.dtype == np.int32
+
+
+def test_max_rows_per_day_imports_a_subset(mlperf_dir, tmp_path):
+    src, _ = mlperf_dir
+    res = run("--input", src, "--output", tmp_path / "ds", "--train-days", "0,1", "--num-embeddings",
+              ",".join(map(str, CARDS)), "--max-rows-per-day", 10, "--workers", 1)
+    assert res.exit_code == 0, res.output
+    assert {s: i.rows for s, i in read_metadata(tmp_path / "ds").splits.items()} == {
+        "train": 20, "validation": 5, "test": 5}
+
+
+def _mutate_dense(src):
+    dense = np.load(src / "day_1_dense.npy")
+    dense[4, 7] = np.nan
+    np.save(src / "day_1_dense.npy", dense)
+
+
+def _mutate_ids(src):
+    members = dict(np.load(src / "day_0_sparse_multi_hot.npz"))
+    members["20"][6, 9] = CARDS[20]
+    np.savez(src / "day_0_sparse_multi_hot.npz", **members)
+
+
+def _compress(src):
+    members = dict(np.load(src / "day_23_sparse_multi_hot.npz"))
+    np.savez_compressed(src / "day_23_sparse_multi_hot.npz", **members)
+
+
+def _drop_member(src):
+    members = dict(np.load(src / "day_1_sparse_multi_hot.npz"))
+    del members["25"]
+    np.savez(src / "day_1_sparse_multi_hot.npz", **members)
+
+
+def _short_dense(src):
+    np.save(src / "day_0_dense.npy", np.load(src / "day_0_dense.npy")[:-1])
+
+
+def _bad_label(src):
+    labels = np.load(src / "day_23_labels.npy")
+    labels[3, 0] = 2
+    np.save(src / "day_23_labels.npy", labels)
+
+
+@pytest.mark.parametrize("mutate,needle", [
+    (_mutate_dense, "day_1_dense.npy: row 4, column 7: nan"),
+    (_mutate_ids, "day_0_sparse_multi_hot.npz: member 20.npy: row 6, value 9: id 27 is outside"),
+    (_compress, "day_23_sparse_multi_hot.npz: member 0.npy is compressed"),
+    (_drop_member, "day_1_sparse_multi_hot.npz: no member 25.npy"),
+    (_short_dense, "day_0_dense.npy: shape (36, 13)"),
+    (_bad_label, "day_23_labels.npy: row 3: label 2 is not 0 or 1"),
+    (lambda src: (src / "day_1_labels.npy").unlink(), "day_1_labels.npy: missing"),
+])
+def test_a_bad_file_or_value_stops_with_one_line_and_leaves_nothing(mlperf_dir, tmp_path, mutate, needle):
+    src, _ = mlperf_dir
+    mutate(src)
+    res = run("--input", src, "--output", tmp_path / "ds", "--train-days", "0-1", "--num-embeddings",
+              ",".join(map(str, CARDS)), "--workers", 1)
+    assert res.exit_code == 2, res.output
+    assert needle in res.output, res.output
+    assert not (tmp_path / "ds").exists() and not list(tmp_path.glob(".ds.tmp-*"))
+
+
+def test_arguments_and_an_occupied_output_are_refused(mlperf_dir, tmp_path):
+    src, _ = mlperf_dir
+    cards = ",".join(map(str, CARDS))
+    occupied = tmp_path / "ds"
+    occupied.mkdir()
+    (occupied / "keep.txt").write_text("mine")
+    res = run("--input", src, "--output", occupied, "--train-days", "0-1", "--num-embeddings", cards)
+    assert res.exit_code == 2 and "refusing to overwrite" in res.output
+    assert (occupied / "keep.txt").read_text() == "mine"
+    for args, needle in [(["--train-days", "0-x"], "--train-days"), (["--train-days", "0-1", "--eval-day", "1"],
+                                                                      "also a training day"),
+                         (["--train-days", "0-1", "--num-embeddings", "5,5"], "--num-embeddings")]:
+        res = run("--input", src, "--output", tmp_path / "new", *args, *(["--num-embeddings", cards]
+                                                                       if "--num-embeddings" not in args else []))
+        assert res.exit_code == 2 and needle in res.output, res.output
+    assert not (tmp_path / "new").exists()
