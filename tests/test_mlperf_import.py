@@ -177,3 +177,14 @@ def test_arguments_and_an_occupied_output_are_refused(mlperf_dir, tmp_path):
                                                                        if "--num-embeddings" not in args else []))
         assert res.exit_code == 2 and needle in res.output, res.output
     assert not (tmp_path / "new").exists()
+
+
+def test_a_bad_value_found_by_a_worker_process_is_the_same_one_line(mlperf_dir, tmp_path):
+    """An id out of range found in a --workers process comes back as the same one-line error, exit 2, no output."""
+    src, _ = mlperf_dir
+    _mutate_ids(src)
+    res = run("--input", src, "--output", tmp_path / "ds", "--train-days", "0-1", "--num-embeddings",
+              ",".join(map(str, CARDS)), "--workers", 2, "--rows-per-file", 8)
+    assert res.exit_code == 2, res.output
+    assert "day_0_sparse_multi_hot.npz: member 20.npy: row 6, value 9: id 27 is outside" in res.output
+    assert "Traceback" not in res.output and not (tmp_path / "ds").exists() and not list(tmp_path.glob(".ds.tmp-*"))
