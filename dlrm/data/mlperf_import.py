@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -304,8 +305,8 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
                     for t, fut in zip(ordered, futures):
                         results.append(fut.result())
                         bar.update(t.hi - t.lo)
-        done = dict(zip([id(t) for t in ordered], results))
-        splits = {s: SplitInfo(sum(done[id(t)][0] for t in ts), sum(done[id(t)][1] for t in ts), [t.out for t in ts])
+        done = dict(zip((t.out for t in ordered), results))  # file -> (rows, positives)
+        splits = {s: SplitInfo(sum(done[t.out][0] for t in ts), sum(done[t.out][1] for t in ts), [t.out for t in ts])
                   for s, ts in tasks.items() if ts}
         meta = Metadata(cardinalities=cards, multi_hot_sizes=sizes, hashing="modulus", splits=splits, extra={
             "importer": "dlrm.data.mlperf_import",
@@ -319,8 +320,6 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         write_metadata(tmp, meta)
         _replace_dir(tmp, output)
     except BaseException:
-        import shutil
-
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     seconds = time.perf_counter() - started
