@@ -89,7 +89,7 @@ def test_every_value_lands_where_the_reference_puts_it(mlperf_dir, tmp_path, wor
     batch = next(iter(ParquetLoader(split_files(out, meta, "validation"), half, multi_hot_sizes=meta.multi_hot_sizes)))
     offsets = slot_offsets(MLPERF_MULTI_HOT_SIZES)
     np.testing.assert_array_equal(batch.sparse[:, offsets[20]:offsets[21]].numpy(), days[23][2]["20"][:half])
-    assert not list(tmp_path.glob(".ds.tmp-*"))
+    assert not mi.partial_dir(out).exists()  # renamed into place
 
 
 def test_dense_counts_round_trip_mlperfs_log():
@@ -142,23 +142,29 @@ def _bad_label(src):
     np.save(src / "day_23_labels.npy", labels)
 
 
-@pytest.mark.parametrize("mutate,needle", [
-    (_mutate_dense, "day_1_dense.npy: row 4, column 7: nan"),
-    (_mutate_ids, "day_0_sparse_multi_hot.npz: member 20.npy: row 6, value 9: id 27 is outside"),
-    (_compress, "day_23_sparse_multi_hot.npz: member 0.npy is compressed"),
-    (_drop_member, "day_1_sparse_multi_hot.npz: no member 25.npy"),
-    (_short_dense, "day_0_dense.npy: shape (36, 13)"),
-    (_bad_label, "day_23_labels.npy: row 3: label 2 is not 0 or 1"),
-    (lambda src: (src / "day_1_labels.npy").unlink(), "day_1_labels.npy: missing"),
+@pytest.mark.parametrize("mutate,needle,found_while_writing", [
+    (_mutate_dense, "day_1_dense.npy: row 4, column 7: nan", True),
+    (_mutate_ids, "day_0_sparse_multi_hot.npz: member 20.npy: row 6, value 9: id 27 is outside", True),
+    (_bad_label, "day_23_labels.npy: row 3: label 2 is not 0 or 1", True),
+    (_compress, "day_23_sparse_multi_hot.npz: member 0.npy is compressed", False),
+    (_drop_member, "day_1_sparse_multi_hot.npz: no member 25.npy", False),
+    (_short_dense, "day_0_dense.npy: shape (36, 13)", False),
+    (lambda src: (src / "day_1_labels.npy").unlink(), "day_1_labels.npy: missing", False),
 ])
-def test_a_bad_file_or_value_stops_with_one_line_and_leaves_nothing(mlperf_dir, tmp_path, mutate, needle):
+def test_a_bad_file_or_value_stops_with_one_line_and_no_output(mlperf_dir, tmp_path, mutate, needle,
+                                                                found_while_writing):
+    """Shapes, dtypes and files are checked before anything is written; a bad value found while writing stops
+    the import with --output unwritten and only complete files kept for a resume."""
     src, _ = mlperf_dir
     mutate(src)
     res = run("--input", src, "--output", tmp_path / "ds", "--train-days", "0-1", "--num-embeddings",
               ",".join(map(str, CARDS)), "--workers", 1)
     assert res.exit_code == 2, res.output
     assert needle in res.output, res.output
-    assert not (tmp_path / "ds").exists() and not list(tmp_path.glob(".ds.tmp-*"))
+    assert not (tmp_path / "ds").exists()
+    work = mi.partial_dir(tmp_path / "ds")
+    assert work.exists() == found_while_writing
+    assert not list(work.rglob("*.tmp"))
 
 
 def test_arguments_and_an_occupied_output_are_refused(mlperf_dir, tmp_path):
@@ -187,4 +193,43 @@ def test_a_bad_value_found_by_a_worker_process_is_the_same_one_line(mlperf_dir, 
               ",".join(map(str, CARDS)), "--workers", 2, "--rows-per-file", 8)
     assert res.exit_code == 2, res.output
     assert "day_0_sparse_multi_hot.npz: member 20.npy: row 6, value 9: id 27 is outside" in res.output
-    assert "Traceback" not in res.output and not (tmp_path / "ds").exists() and not list(tmp_path.glob(".ds.tmp-*"))
+    assert "Traceback" not in res.output and not (tmp_path / "ds").exists()
+
+
+def test_a_stopped_import_resumes_from_its_finished_files(mlperf_dir, tmp_path):
+    """Day 1 holds a bad id: day 0's files are finished and kept; once the file is mended the same command
+    resumes (day 0's files untouched) and writes what an uninterrupted import writes. Other options with the
+    unfinished import there are refused; --overwrite starts over."""
+    src, _ = mlperf_dir
+    args = ["--train-days", "0-1", "--num-embeddings", ",".join(map(str, CARDS)), "--workers", 1,
+            "--rows-per-file", 16]
+    clean = run("--input", src, "--output", tmp_path / "clean", *args)
+    assert clean.exit_code == 0, clean.output
+    members = dict(np.load(src / "day_1_sparse_multi_hot.npz"))
+    good = members["4"][2, 1]
+    members["4"][2, 1] = -5
+    np.savez(src / "day_1_sparse_multi_hot.npz", **members)
+    out = tmp_path / "ds"
+    first = run("--input", src, "--output", out, *args)
+    assert first.exit_code == 2 and "id -5 is outside" in first.output and "resumes" in first.output, first.output
+    kept = sorted(mi.partial_dir(out).rglob("*.parquet"))
+    assert [p.name for p in kept] == ["day-00-part-00000.parquet", "day-00-part-00001.parquet",
+                                      "day-00-part-00002.parquet"]
+    stamps = [p.stat().st_mtime_ns for p in kept]
+    other = run("--input", src, "--output", out, *args[:-1], 8)
+    assert other.exit_code == 2 and "other options" in other.output and not out.exists()
+    members["4"][2, 1] = good
+    np.savez(src / "day_1_sparse_multi_hot.npz", **members)
+    second = run("--input", src, "--output", out, *args)
+    assert second.exit_code == 0 and "resuming" in second.output, second.output
+    assert [(out / p.relative_to(mi.partial_dir(out))).stat().st_mtime_ns for p in kept] == stamps
+    assert read_metadata(out).splits == read_metadata(tmp_path / "clean").splits
+    for rel in read_metadata(out).splits["train"].files:
+        assert pq.read_table(out / rel).equals(pq.read_table(tmp_path / "clean" / rel))
+    assert not mi.partial_dir(out).exists() and not (out / mi.PLAN_FILE).exists()
+    again = run("--input", src, "--output", tmp_path / "fresh", *args[:-1], 8)
+    assert again.exit_code == 0
+    mi.partial_dir(tmp_path / "x").mkdir()
+    (mi.partial_dir(tmp_path / "x") / mi.PLAN_FILE).write_text("{}")
+    assert run("--input", src, "--output", tmp_path / "x", *args).exit_code == 2
+    assert run("--input", src, "--output", tmp_path / "x", *args, "--overwrite").exit_code == 0

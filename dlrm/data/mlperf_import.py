@@ -20,12 +20,14 @@ The dense values are the one thing this format cannot hold as they are: it store
 the loaders feed ``log1p(max(x, 0))`` to the model. The counts are recovered as
 ``round(exp(d) - 3)`` (exact while ``x + 3`` is below ~5e5 in float32, about 1e-6 off in log space
 beyond), negatives (Criteo's -1, -2) become 0 as the preprocessor stores them, so the model sees
-``log1p(x)`` where MLPerf's sees ``log(x + 3)``: the same information, shifted by at most log 3.
+``log1p(x)`` where MLPerf's sees ``log(x + 3)``: for counts >= 0 the same information, shifted by at most log 3.
 
 The npz members are read through memory maps (no member is loaded whole: one feature of one day is
 up to ~70 GB), in row groups of 131,072 rows, by ``--workers`` processes, each writing its own
-files; everything goes to a temporary sibling of ``--output`` renamed into place at the end, so a
-failed or interrupted import leaves nothing behind. Every value is checked (labels 0/1, finite
+files into ``.<output name>.import-partial`` beside ``--output``, renamed into place when all are
+done: ``--output`` never holds a half-written dataset. An import that stops (a bad value, a kill)
+keeps the files it finished there, and the same command resumes from them (other options or
+another input are refused; ``--overwrite`` starts over). Every value is checked (labels 0/1, finite
 dense values, ids in range, shapes and dtypes alike across days), and a bad one stops the import
 with one line naming the file, the member and the row.
 
@@ -36,12 +38,12 @@ zstd (benchmarks/results/stream_training_mlperf.md).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
 import struct
 import sys
-import tempfile
 import time
 import zipfile
 from concurrent.futures import ProcessPoolExecutor
@@ -59,6 +61,7 @@ from tqdm import tqdm
 
 from dlrm.data.preprocess.options import CODECS
 from dlrm.data.schema import (
+    LABEL_COLUMN,
     MLPERF_CARDINALITIES,
     NUM_DENSE,
     NUM_SPARSE,
@@ -219,20 +222,39 @@ class _Task:
     compression: str
 
 
-def _write_file(task: _Task, tmp: str) -> tuple[int, int]:
-    """One task (in a worker process or this one): its rows and positives."""
+PLAN_FILE = "import-plan.json"
+
+
+def partial_dir(output: Path) -> Path:
+    """Where an import writes its files until all are done (kept when it stops, for the same command to resume)."""
+    return output.parent / f".{output.name}.import-partial"
+
+
+def _write_file(task: _Task, work: str) -> tuple[int, int]:
+    """One task (in a worker process or this one): its rows and positives. A file an earlier run of the same
+    import finished (renamed from its ``.tmp`` once complete) is kept as it is and only counted."""
+    path = Path(work) / task.out
+    if path.is_file() and pq.ParquetFile(path).metadata.num_rows == task.hi - task.lo:
+        labels = pq.read_table(path, columns=[LABEL_COLUMN]).column(LABEL_COLUMN).to_numpy()
+        return task.hi - task.lo, int(np.count_nonzero(labels))
     day = Day.open(Path(task.root), task.day)
     if day.sizes != list(task.sizes):
         raise ImportInputError(f"{day.paths[2]}: sizes {day.sizes} differ from the first day's {list(task.sizes)}")
     schema = arrow_schema(list(task.sizes))
-    path = Path(tmp) / task.out
     path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
     positives = 0
-    with pq.ParquetWriter(path, schema, compression=None if task.compression == "none" else task.compression) as w:
-        for r0 in range(task.lo, task.hi, ROW_GROUP_ROWS):
-            table, pos = _row_group(day, r0, min(task.hi, r0 + ROW_GROUP_ROWS), list(task.cards), schema)
-            w.write_table(table, row_group_size=table.num_rows)
-            positives += pos
+    try:
+        with pq.ParquetWriter(partial, schema,
+                              compression=None if task.compression == "none" else task.compression) as w:
+            for r0 in range(task.lo, task.hi, ROW_GROUP_ROWS):
+                table, pos = _row_group(day, r0, min(task.hi, r0 + ROW_GROUP_ROWS), list(task.cards), schema)
+                w.write_table(table, row_group_size=table.num_rows)
+                positives += pos
+    except BaseException:
+        partial.unlink(missing_ok=True)  # (a killed process's is overwritten when the import resumes)
+        raise
+    os.replace(partial, path)  # complete: a resumed import keeps it
     return task.hi - task.lo, positives
 
 
@@ -287,24 +309,43 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
     logger.info(f"importing {total:,} rows from {input_dir}: train days {train_days[0]}-{train_days[-1]} "
                 f"({len(train_days)} days), validation and test from day {eval_day}; multi-hot sizes {sizes}; "
                 f"{compression} files; {workers} worker(s)")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.tmp-", dir=output.parent))
+    plan = {"source": str(input_dir.resolve()), "train_days": train_days, "eval_day": eval_day, "cards": cards,
+            "sizes": sizes, "compression": compression, "rows_per_file": rows_per_file,
+            "max_rows_per_day": max_rows_per_day, "day_rows": {str(i): d.rows for i, d in days.items()}}
+    work = partial_dir(output)
+    if overwrite:
+        shutil.rmtree(work, ignore_errors=True)
+    if work.exists():
+        try:
+            earlier = json.loads((work / PLAN_FILE).read_text())
+        except (OSError, ValueError):
+            earlier = None
+        if earlier != plan:
+            raise ImportInputError(f"{work}: an unfinished import with other options or input; run that import's "
+                                   f"command again to finish it, or pass --overwrite to start over")
+        logger.info(f"resuming the unfinished import in {work}")
+    else:
+        work.mkdir(parents=True)
+        (work / PLAN_FILE).write_text(json.dumps(plan))
+    ordered = [t for ts in tasks.values() for t in ts]
     started = time.perf_counter()
     try:
-        ordered = [t for ts in tasks.values() for t in ts]
         with tqdm(total=total, unit="rows", unit_scale=True, desc="import", disable=None) as bar:
             if workers <= 1:
                 results = []
                 for t in ordered:
-                    results.append(_write_file(t, str(tmp)))
+                    results.append(_write_file(t, str(work)))
                     bar.update(t.hi - t.lo)
             else:
-                with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-                    futures = [pool.submit(_write_file, t, str(tmp)) for t in ordered]
+                pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
+                try:
+                    futures = [pool.submit(_write_file, t, str(work)) for t in ordered]
                     results = []
                     for t, fut in zip(ordered, futures):
                         results.append(fut.result())
                         bar.update(t.hi - t.lo)
+                finally:  # after an error, the files not started are not started (those running finish)
+                    pool.shutdown(wait=True, cancel_futures=True)
         done = dict(zip((t.out for t in ordered), results))  # file -> (rows, positives)
         splits = {s: SplitInfo(sum(done[t.out][0] for t in ts), sum(done[t.out][1] for t in ts), [t.out for t in ts])
                   for s, ts in tasks.items() if ts}
@@ -317,10 +358,13 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
             "compression": compression,
             "dense": "counts recovered as round(exp(d) - 3) from MLPerf's log(x + 3), negatives as 0",
         })
-        write_metadata(tmp, meta)
-        _replace_dir(tmp, output)
+        write_metadata(work, meta)
+        (work / PLAN_FILE).unlink()
+        _replace_dir(work, output)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        finished = sum(1 for _ in work.rglob("*.parquet"))
+        logger.info(f"the {finished} of {len(ordered)} files finished are kept in {work}: the same command resumes "
+                    f"from them (--overwrite starts over)")
         raise
     seconds = time.perf_counter() - started
     logger.info(f"wrote {output} in {seconds:.1f}s ({total / max(seconds, 1e-9):,.0f} rows/s): "
@@ -350,7 +394,8 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, r
     """Import MLPerf DLRM-DCNv2's preprocessed multi-hot Criteo 1TB (see the module docstring).
 
     Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 a bad input file, value or
-    argument, or an occupied output; 130 Ctrl-C. Nothing is left behind unless it finished.
+    argument, or an occupied output; 130 Ctrl-C. --output is written only when every file is done;
+    the files an import finished before it stopped are kept for the same command to resume from.
     """
     configure_logging()
     try:
@@ -371,7 +416,7 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, r
         logger.error(e.format_message())
         sys.exit(EXIT_BAD_INPUT)
     except KeyboardInterrupt:
-        logger.error("interrupted (Ctrl-C); no partial dataset was left behind")
+        logger.error("interrupted (Ctrl-C); --output was not written")
         sys.exit(EXIT_INTERRUPTED)
     except OSError as e:
         logger.error(f"cannot read or write: {e.filename + ': ' if e.filename else ''}{e.strerror or e}")
