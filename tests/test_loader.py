@@ -102,7 +102,7 @@ def test_metadata_errors_name_the_key(tmp_path):
     with pytest.raises(DatasetError, match=r"cardinalities\[25\]: 0 is not a positive integer"):
         read_metadata(tmp_path)
     (tmp_path / "metadata.json").write_text('{"schema_version": 9}')
-    with pytest.raises(DatasetError, match="schema_version: 9 is not the supported version 1"):
+    with pytest.raises(DatasetError, match="schema_version: 9 is not a supported version"):
         read_metadata(tmp_path)
 
 

@@ -39,18 +39,17 @@ from dlrm.data.loader import (
     check_table,
     compact_limit,
     first_rows,
-    open_footer,
+    open_shard,
     rank_slice,
     transform_dense,
 )
 from dlrm.data.loader import widen_sparse as _widen
 from dlrm.data.schema import (
-    DENSE_COLUMNS,
-    LABEL_COLUMN,
     NUM_DENSE,
     NUM_SPARSE,
-    SPARSE_COLUMNS,
     DatasetError,
+    SparseLayout,
+    arrow_schema,
     is_multi_hot,
     one_hot_sizes,
     sparse_width,
@@ -142,7 +141,8 @@ class DeviceLoader:
     def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # Each file's schema and label statistics are checked once, on opening (`open_footer`);
         # each row group's values as it is decoded (`check_table`: labels 0/1, nulls replaced).
-        footers = [open_footer(path, self.multi_hot_sizes) for path in self.files]
+        shards = [open_shard(path, self.multi_hot_sizes) for path in self.files]  # (footer, sparse layout) a file
+        footers, layouts = [footer for footer, _ in shards], [layout for _, layout in shards]
         groups = [(i, g, meta.row_group(g).num_rows) for i, meta in enumerate(footers) for g in range(meta.num_row_groups)]
         starts = first_rows(groups)
         nulls = NullTally(self.files, [meta.num_row_groups for meta in footers])
@@ -158,10 +158,10 @@ class DeviceLoader:
         readers: dict[int, pq.ParquetFile] = {}
         for k, (fi, g, rows) in enumerate(tqdm(groups, desc="loading to device", unit="group", disable=None)):
             path = self.files[fi]
-            table = self._read_group(readers, fi, footers[fi], g, rows)
-            table, replaced = check_table(path, g, starts[k], table, self.multi_hot_sizes)
+            table = self._read_group(readers, fi, footers[fi], g, rows, layouts[fi])
+            table, replaced = check_table(path, g, starts[k], table, self.multi_hot_sizes, layouts[fi])
             nulls.add(fi, g, replaced)
-            block = _HostBlock.from_table(table, self.multi_hot_sizes)
+            block = _HostBlock.from_table(table, self.multi_hot_sizes, layouts[fi])
             sl = slice(at, at + rows)
             dense[sl] = transform_dense(torch.from_numpy(block.dense).to(self.device))
             labels[sl] = torch.from_numpy(block.label.astype(np.float32)).to(self.device)
@@ -181,14 +181,14 @@ class DeviceLoader:
         return dense, (wide if wide is not None else sparse), labels
 
     def _read_group(self, readers: dict[int, pq.ParquetFile], fi: int, footer: pq.FileMetaData, g: int,
-                    rows: int) -> pa.Table:
+                    rows: int, layout: SparseLayout) -> pa.Table:
         """Row group `g` of file `fi` (its reader opened once and kept in `readers`), checked to hold
         the rows its footer promised; unreadable -> `DatasetError` naming file and row group."""
         path = self.files[fi]
         try:
             if fi not in readers:
                 readers[fi] = pq.ParquetFile(path, metadata=footer)
-            table = readers[fi].read_row_group(g, columns=[LABEL_COLUMN, *DENSE_COLUMNS, *SPARSE_COLUMNS])
+            table = readers[fi].read_row_group(g, columns=arrow_schema(self.multi_hot_sizes, layout).names)
         except (OSError, pa.ArrowException) as e:
             raise DatasetError(f"{path}: row group {g}: cannot be read ({e})") from None
         if table.num_rows != rows:

@@ -6,7 +6,8 @@ the footers whether sparse values may travel as int32 bit patterns (see `widen_s
 
 Sparse values land in L = ``sum(multi_hot_sizes)`` slots a row (`dlrm.data.schema.slot_offsets`):
 a one-hot column fills its one slot, a multi-hot list column its ``size`` slots, values first and
-`PAD_SPARSE` after them (`list_slots_into`, vectorized over blocks of rows: no Python loop per row).
+`PAD_SPARSE` after them (`list_slots_into`, vectorized over blocks of rows: no Python loop per row);
+in the "slots" layout every one of the L columns is already one slot, copied as it is.
 """
 
 from __future__ import annotations
@@ -26,25 +27,24 @@ from dlrm.data.schema import (
     NUM_SPARSE,
     PAD_SPARSE,
     SPARSE_COLUMNS,
+    SparseLayout,
     is_multi_hot,
     slot_offsets,
+    sparse_columns,
 )
 from dlrm.data.validation import list_lengths
-
-_COLUMNS = [LABEL_COLUMN, *DENSE_COLUMNS, *SPARSE_COLUMNS]
-
 
 def compact_sparse_ok(footers: list[pq.FileMetaData], limit: int = _LOW32) -> bool:
     """Whether every sparse value fits the compact int32 form (all below `limit`: 0xFFFFFFFF, or
     `compact_limit(True)` for multi-hot data), from the footers' max statistics alone; False when
-    any row group lacks them. A list column's statistics are those of its values' leaf column."""
-    sparse = set(SPARSE_COLUMNS)
+    any row group lacks them. A list column's statistics are those of its values' leaf column, a slot
+    column's (``SPARSE_<f>_<j>``) its own."""
     for meta in footers:
         for g in range(meta.num_row_groups):
             rg = meta.row_group(g)
             for i in range(rg.num_columns):
                 column = rg.column(i)
-                if column.path_in_schema.split(".")[0] not in sparse:
+                if not column.path_in_schema.startswith("SPARSE_"):  # the schema is checked: sparse columns only
                     continue
                 stats = column.statistics
                 if stats is None or not stats.has_min_max or stats.max >= limit:
@@ -131,22 +131,25 @@ class _HostBlock:
         return len(self.label)
 
     @staticmethod
-    def from_table(table: pa.Table, multi_hot_sizes: list[int] | None = None) -> "_HostBlock":
+    def from_table(table: pa.Table, multi_hot_sizes: list[int] | None = None,
+                   layout: SparseLayout = "lists") -> "_HostBlock":
         n, offsets = table.num_rows, slot_offsets(multi_hot_sizes)
         block = _HostBlock(np.empty(n, np.int8), np.empty((n, NUM_DENSE), np.int32), np.empty((n, offsets[-1]), np.int64))
-        block.write(table, 0, multi_hot_sizes)
+        block.write(table, 0, multi_hot_sizes, layout)
         return block
 
-    def write(self, table: pa.Table, at: int, multi_hot_sizes: list[int] | None = None) -> None:
+    def write(self, table: pa.Table, at: int, multi_hot_sizes: list[int] | None = None,
+              layout: SparseLayout = "lists") -> None:
         """Copy `table`'s rows into rows [at, at + table.num_rows) (column-major -> row-major, no temporaries).
 
         Releases the GIL for the copies (numpy does for large plain-dtype assignments), so several
-        threads can fill disjoint row ranges of one block at once. Multi-hot columns land in their
-        slots through `list_slots_into` (no temporary larger than a row block).
+        threads can fill disjoint row ranges of one block at once. Multi-hot list columns land in their
+        slots through `list_slots_into` (no temporary larger than a row block); slot columns ("slots"
+        `layout`, the file's) by the same blocked transpose as one-hot ones.
         """
         n = table.num_rows
         self.label[at : at + n] = _column_array(table, LABEL_COLUMN)
-        if is_multi_hot(multi_hot_sizes):
+        if is_multi_hot(multi_hot_sizes) and layout == "lists":
             self._write_dense(table, at)
             offsets = slot_offsets(multi_hot_sizes)
             for f, name in enumerate(SPARSE_COLUMNS):
@@ -157,7 +160,7 @@ class _HostBlock:
                 else:
                     self.sparse[at : at + n, lo] = _column_array(table, name)
             return
-        for dst, names in ((self.dense, DENSE_COLUMNS), (self.sparse, SPARSE_COLUMNS)):
+        for dst, names in ((self.dense, DENSE_COLUMNS), (self.sparse, sparse_columns(multi_hot_sizes, layout))):
             cols = [_column_array(table, c) for c in names]
             for r0 in range(0, n, _TRANSPOSE_ROWS):
                 r1 = min(n, r0 + _TRANSPOSE_ROWS)
@@ -217,14 +220,19 @@ class _Arena:
 
 
 def _write_columns(table: pa.Table, out: tuple[np.ndarray, np.ndarray, np.ndarray], at: int,
-                   multi_hot_sizes: list[int] | None = None) -> None:
+                   multi_hot_sizes: list[int] | None = None, layout: SparseLayout = "lists") -> None:
     """Copy `table`'s columns into column-major arrays at rows ``[at, at + num_rows)``; a
-    multi-hot column fills its ``size`` slot rows (`list_slots_into`)."""
+    multi-hot list column fills its ``size`` slot rows (`list_slots_into`); in the "slots" `layout`
+    (the file's) each of the L sparse columns is one slot row, one copy each."""
     label, dense, sparse = out
     n = table.num_rows
     label[at : at + n] = _column_array(table, LABEL_COLUMN)
     for j, name in enumerate(DENSE_COLUMNS):
         dense[j, at : at + n] = _column_array(table, name)
+    if layout == "slots":
+        for k, name in enumerate(sparse_columns(multi_hot_sizes, layout)):
+            sparse[k, at : at + n] = _column_array(table, name)  # int64 -> int32 (compact) keeps the low 32 bits
+        return
     offsets = slot_offsets(multi_hot_sizes)
     for f, name in enumerate(SPARSE_COLUMNS):
         lo, hi = offsets[f], offsets[f + 1]

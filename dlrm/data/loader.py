@@ -23,7 +23,6 @@ from dlrm.data.batch import (  # noqa: F401
     widen_sparse,
 )
 from dlrm.data.host_arena import (  # noqa: F401
-    _COLUMNS,
     _TRANSPOSE_ROWS,
     _Arena,
     _column_array,
@@ -40,10 +39,12 @@ from dlrm.data.validation import (  # noqa: F401
     check_labels,
     check_schema,
     check_table,
+    file_layout,
     first_rows,
     footer_label_check,
     list_lengths,
     open_footer,
+    open_shard,
     split_files,
 )
 
@@ -57,12 +58,14 @@ __all__ = [
     "check_table",
     "compact_limit",
     "compact_sparse_ok",
+    "file_layout",
     "first_rows",
     "footer_label_check",
     "keeps_last_batch",
     "list_lengths",
     "list_slots",
     "open_footer",
+    "open_shard",
     "rank_slice",
     "split_files",
     "transform_dense",

@@ -36,10 +36,10 @@ from dlrm.data.batch import (
     transform_dense,
     widen_sparse,
 )
-from dlrm.data.host_arena import _COLUMNS, _Arena, _write_columns, compact_sparse_ok
-from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, DatasetError, is_multi_hot, one_hot_sizes, sparse_width
+from dlrm.data.host_arena import _Arena, _write_columns, compact_sparse_ok
+from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, DatasetError, arrow_schema, is_multi_hot, one_hot_sizes, sparse_width
 from dlrm.data.stream_buffers import _END, _Flush, _Resident, _Run
-from dlrm.data.validation import NullTally, check_table, first_rows, open_footer
+from dlrm.data.validation import NullTally, check_table, first_rows, open_shard
 
 
 class ParquetLoader:
@@ -168,7 +168,10 @@ class ParquetLoader:
         self.start_batch = 0
         # (file index, row group index, rows) for every row group, read from parquet footers only.
         self.row_groups: list[tuple[int, int, int]] = []
-        self._footers = [open_footer(path, self.multi_hot_sizes) for path in self.files]  # each file checked once, here
+        # Each file checked once, here; its sparse layout ("lists" or "slots") read from its own schema.
+        self._footers, self._layouts = map(list, zip(*[open_shard(path, self.multi_hot_sizes) for path in self.files])) \
+            if self.files else ([], [])
+        self._columns = {layout: arrow_schema(self.multi_hot_sizes, layout).names for layout in set(self._layouts)}
         for i, meta in enumerate(self._footers):
             self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
         self._first_rows = first_rows(self.row_groups)
@@ -263,16 +266,17 @@ class ParquetLoader:
         try:
             with pq.ParquetFile(self.files[fi], metadata=self._footers[fi]) as reader:
                 # arrow_threads: pyarrow decodes the columns on its own pool as well
-                table = reader.read_row_group(gi, columns=_COLUMNS, use_threads=self.arrow_threads)
+                table = reader.read_row_group(gi, columns=self._columns[self._layouts[fi]], use_threads=self.arrow_threads)
         except (OSError, pa.ArrowException) as e:
             raise DatasetError(f"{self.files[fi]}: row group {gi}: cannot be read ({e})") from None
         if table.num_rows != n:  # the plan placed every row group by its footer's count
             raise DatasetError(f"{self.files[fi]}: row group {gi}: has {table.num_rows} rows, its footer said {n}")
         # Checked where it is decoded (vectorized, on this reader thread, every epoch: the file is
         # untrusted and may change); a DatasetError reaches the consumer through the producer.
-        table, replaced = check_table(self.files[fi], gi, self._first_rows[k], table, self.multi_hot_sizes)
+        layout = self._layouts[fi]
+        table, replaced = check_table(self.files[fi], gi, self._first_rows[k], table, self.multi_hot_sizes, layout)
         self._nulls.add(fi, gi, replaced)
-        _write_columns(table, out, at, self.multi_hot_sizes)
+        _write_columns(table, out, at, self.multi_hot_sizes, layout)
 
     def _take_spares(self, spares: list, count: int, make) -> list:
         with self._lock:

@@ -1,7 +1,8 @@
 """Per-file checks of the parquet shards: schema, labels, nulls, and the files a split lists.
 
-A shard is untrusted input: `open_footer` checks its schema (against the dataset's
-``multi_hot_sizes``: a multi-hot feature is a ``list<int64>`` column) and pre-checks its labels
+A shard is untrusted input: `open_shard` checks its schema (against the dataset's
+``multi_hot_sizes``: a multi-hot feature is a ``list<int64>`` column, or one int64 column a slot in the
+"slots" layout, whichever the file's schema holds: `file_layout`) and pre-checks its labels
 from the footer statistics when a loader opens it, and `check_table` checks every decoded row
 group (labels 0 or 1, lists no longer than their feature's size, nulls replaced by the policy of
 data/README.md), counting the replacements in a `NullTally` that logs them once per file. Every problem is a `DatasetError` naming the file,
@@ -26,11 +27,15 @@ from dlrm.data.schema import (
     MISSING_SPARSE,
     NUM_DENSE,
     NUM_SPARSE,
+    PAD_SPARSE,
     SPARSE_COLUMNS,
     DatasetError,
     Metadata,
+    SparseLayout,
     arrow_schema,
+    is_multi_hot,
     one_hot_sizes,
+    slot_column,
 )
 
 
@@ -55,17 +60,31 @@ def _is_int64_list(t: pa.DataType) -> bool:
 def _type_error(path: Path, name: str, actual: pa.DataType, want: pa.DataType) -> DatasetError:
     """The error of a column of the wrong type; says so when it is a multi-hot mismatch."""
     why = ""
-    if _is_int64_list(actual):
+    if _is_int64_list(actual) and name in SPARSE_COLUMNS:
         why = (f" (a multi-hot column, but the dataset's multi_hot_sizes[{SPARSE_COLUMNS.index(name)}] is 1: "
                "metadata.json, or the multi_hot_sizes the loader was given)")
     return DatasetError(f"{path}: column {name}: type {actual} is not {want}{why}")
 
 
-def check_schema(path: Path, schema: pa.Schema, multi_hot_sizes: list[int] | None = None) -> None:
-    """`schema` must have exactly `arrow_schema(multi_hot_sizes)`'s columns, in its order and with
+def file_layout(schema: pa.Schema, multi_hot_sizes: list[int] | None = None) -> SparseLayout:
+    """The sparse layout a shard's schema holds: "slots" when its first multi-hot feature f has the slot
+    column ``SPARSE_<f>_0``, else "lists" (one-hot data: "lists", the layouts coincide). `check_schema`
+    then holds the whole file to that layout, so a file mixing the two is refused, naming a column."""
+    sizes = multi_hot_sizes if multi_hot_sizes is not None else one_hot_sizes()
+    if not is_multi_hot(sizes):
+        return "lists"
+    first = next(f for f, size in enumerate(sizes) if size > 1)
+    return "slots" if slot_column(first, 0) in schema.names else "lists"
+
+
+def check_schema(path: Path, schema: pa.Schema, multi_hot_sizes: list[int] | None = None,
+                 layout: SparseLayout | None = None) -> SparseLayout:
+    """`schema` must have exactly `arrow_schema(multi_hot_sizes, layout)`'s columns, in its order and with
     its types (nullable fields are accepted: nulls follow `check_table`'s policy; a list's item
-    field may have any name); raises `DatasetError` naming the file and the first offending column."""
-    expected = arrow_schema(multi_hot_sizes)
+    field may have any name); raises `DatasetError` naming the file and the first offending column.
+    `layout` None: the file's own (`file_layout`). Returns the layout checked."""
+    layout = layout or file_layout(schema, multi_hot_sizes)
+    expected = arrow_schema(multi_hot_sizes, layout)
     names = schema.names
     for fld in expected:
         count = names.count(fld.name)
@@ -78,11 +97,13 @@ def check_schema(path: Path, schema: pa.Schema, multi_hot_sizes: list[int] | Non
             raise _type_error(path, fld.name, actual, fld.type)
     for name in names:
         if expected.get_field_index(name) < 0:
+            slots = " (a multi-hot feature as SPARSE_<f>_<slot> columns)" if layout == "slots" else ""
             raise DatasetError(f"{path}: column {name}: not part of the dataset schema (expected exactly "
-                               f"{LABEL_COLUMN}, DENSE_0..{NUM_DENSE - 1}, SPARSE_0..{NUM_SPARSE - 1})")
+                               f"{LABEL_COLUMN}, DENSE_0..{NUM_DENSE - 1}, SPARSE_0..{NUM_SPARSE - 1}{slots})")
     for i, (name, want) in enumerate(zip(names, expected.names)):
         if name != want:
             raise DatasetError(f"{path}: column {name}: at position {i}, where {want} belongs (columns out of order)")
+    return layout
 
 
 # The null policy (data/README.md): a null category is the missing category, a null count is a
@@ -145,25 +166,42 @@ def _check_list_column(path: Path, group: int, first_row: int, name: str, column
     return array, nulls
 
 
+def _slot_nulls(table: pa.Table, names: list[str], replaced: dict[str, int]) -> pa.Table:
+    """The slot columns `names` of a "slots" table with their nulls made `PAD_SPARSE` (a slot that
+    holds no value), counted in `replaced` under their column names."""
+    for name in names:
+        column = table.column(name)
+        if column.null_count:
+            replaced[name] = column.null_count
+            filled = pc.fill_null(column, pa.scalar(PAD_SPARSE, column.type))
+            table = table.set_column(table.schema.get_field_index(name), name, filled)
+    return table
+
+
 def check_table(path: Path, group: int, first_row: int, table: pa.Table,
-                multi_hot_sizes: list[int] | None = None) -> tuple[pa.Table, dict[str, int]]:
+                multi_hot_sizes: list[int] | None = None,
+                layout: SparseLayout = "lists") -> tuple[pa.Table, dict[str, int]]:
     """A decoded row group checked against the contract, and its nulls replaced by policy.
 
     Labels must be 0 or 1 and not null (else `DatasetError` naming file, column and row); a null
     dense count becomes 0 (`MISSING_DENSE`), a null category the missing value -1
     (`MISSING_SPARSE`). A multi-hot column (``multi_hot_sizes[f] > 1``, a list column) must hold at
     most ``multi_hot_sizes[f]`` values a row (else `DatasetError` naming file, column and row); a
-    null list becomes an empty one, a null value in a list -1. Returns the table to use and the
-    number of nulls replaced per column (``"SPARSE_<f>[]"`` for a list column's; empty for the
-    usual table without nulls, which costs one `min_max` and 40 null counts).
-    `first_row`: the row group's first row within the file (for the messages).
+    null list becomes an empty one, a null value in a list -1; in the "slots" layout (`layout`, the
+    file's, `file_layout`) a null slot holds no value (`PAD_SPARSE`). Returns the table to use and the
+    number of nulls replaced per column (``"SPARSE_<f>[]"`` for a list column's, the slot column's
+    name for a slot's; empty for the usual table without nulls, which costs one `min_max` and a null
+    count a column). `first_row`: the row group's first row within the file (for the messages).
     """
     check_labels(path, group, first_row, table.column(LABEL_COLUMN))
     sizes = multi_hot_sizes if multi_hot_sizes is not None else one_hot_sizes()
     replaced: dict[str, int] = {}
     for name, fill in _NULL_FILL.items():
-        column = table.column(name)
         size = sizes[SPARSE_COLUMNS.index(name)] if name in _SPARSE_INDEX else 1
+        if size > 1 and layout == "slots":
+            table = _slot_nulls(table, [slot_column(SPARSE_COLUMNS.index(name), j) for j in range(size)], replaced)
+            continue
+        column = table.column(name)
         if size > 1:
             array, nulls = _check_list_column(path, group, first_row, name, column, size)
             if nulls:
@@ -201,18 +239,23 @@ def footer_label_check(path: Path, footer: pq.FileMetaData) -> None:
         first_row += rg.num_rows
 
 
-def open_footer(path: Path, multi_hot_sizes: list[int] | None = None) -> pq.FileMetaData:
-    """The parquet footer of `path`, its schema checked (`check_schema`, against
-    `multi_hot_sizes`; None: one-hot) and its labels pre-checked from the statistics
-    (`footer_label_check`); unreadable -> `DatasetError`."""
+def open_shard(path: Path, multi_hot_sizes: list[int] | None = None) -> tuple[pq.FileMetaData, SparseLayout]:
+    """The parquet footer of `path` and its sparse layout (`file_layout`), its schema checked
+    (`check_schema`, against `multi_hot_sizes`; None: one-hot) and its labels pre-checked from the
+    statistics (`footer_label_check`); unreadable -> `DatasetError`."""
     try:
         footer = pq.ParquetFile(path).metadata
         schema = footer.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as e:
         raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
-    check_schema(path, schema, multi_hot_sizes)
+    layout = check_schema(path, schema, multi_hot_sizes)
     footer_label_check(path, footer)
-    return footer
+    return footer, layout
+
+
+def open_footer(path: Path, multi_hot_sizes: list[int] | None = None) -> pq.FileMetaData:
+    """`open_shard`'s footer alone."""
+    return open_shard(path, multi_hot_sizes)[0]
 
 
 def first_rows(row_groups: list[tuple[int, int, int]]) -> list[int]:
@@ -264,5 +307,9 @@ class NullTally:
             total = sum(counts[c + "[]"] for c in SPARSE_COLUMNS if c + "[]" in counts)
             parts.append(f"{total:,} null multi-hot lists or values replaced by an empty list or {MISSING_SPARSE} "
                          f"({', '.join(lists)})")
+        slots = [(c, n) for c, n in counts.items() if c not in _NULL_FILL and not c.endswith("[]")]
+        if slots:
+            parts.append(f"{sum(n for _, n in slots):,} null multi-hot slots replaced by no value ({PAD_SPARSE}) "
+                         f"({', '.join(f'{c} {n:,}' for c, n in slots)})")
         logger.warning(f"{self._files[file_index]}: {'; '.join(parts)}")
 
