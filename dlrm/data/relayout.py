@@ -1,0 +1,174 @@
+"""Rewrite a dataset's multi-hot features in another sparse layout (and, if asked, another codec).
+
+    python -m dlrm.data.relayout --data data/mlperf-syn --output data/mlperf-syn-slots
+    python -m dlrm.data.relayout --data data/mlperf-syn --output data/mlperf-lists --sparse-layout lists --compression zstd
+
+A dataset written before the "slots" layout existed (schema version 2: one ``list<int64>`` column a
+multi-hot feature) streams ~1.8x slower than the same rows in slot columns, one int64 column a slot
+(`dlrm.data.schema`, version 3; benchmarks/results/sparse_layout_*). This makes the slot copy
+without preprocessing or generating again: every file of every split is read row group by row group,
+checked as the loaders check it (schema, labels, list lengths, nulls replaced by the same policy),
+and written with the same path, row groups and rows, the multi-hot features in ``--sparse-layout``;
+label, dense and one-hot columns are copied as they are. ``vocab/`` is copied, ``metadata.json``
+gets the new layout (version 3 for slots) and an ``extra.relayout`` record of where it came from.
+
+A slot column keeps a row's values first and -2 (no value) after them; going back to lists drops
+the -2s, so lists -> slots -> lists gives back the same lists. ``--output`` is written whole into a
+temporary directory beside it and renamed into place at the end: it never holds a half-written
+dataset, and an existing non-empty ``--output`` is refused unless ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import click
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from loguru import logger
+from tqdm import tqdm
+
+from dlrm.data.host_arena import list_slots
+from dlrm.data.preprocess.options import CODECS
+from dlrm.data.schema import (
+    SPARSE_COLUMNS,
+    SPARSE_LAYOUTS,
+    DatasetError,
+    Metadata,
+    SparseLayout,
+    arrow_schema,
+    dictionary_columns,
+    read_metadata,
+    slot_column,
+    slots_to_list_array,
+    write_metadata,
+)
+from dlrm.data.synthetic import _check_parent_writable, _check_target, _replace_dir
+from dlrm.data.validation import check_table, first_rows, open_shard, split_files
+from dlrm.errors import report_bug
+from dlrm.logging_setup import configure_logging
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def table_in_layout(table: pa.Table, sizes: list[int], source: SparseLayout, layout: SparseLayout) -> pa.Table:
+    """`table` (checked rows in the `source` layout) with its multi-hot features in `layout`
+    (`arrow_schema(sizes, layout)`); every other column as it is."""
+    schema = arrow_schema(sizes, layout)
+    if source == layout:
+        return table.cast(schema)  # the same columns; nullability as this project writes it
+    arrays = {name: table.column(name) for name in table.column_names}
+    for f, size in enumerate(sizes):
+        if size == 1:
+            continue
+        if layout == "slots":  # one list column -> size slot columns, -2 after each row's values
+            slots = list_slots(arrays.pop(SPARSE_COLUMNS[f]), size)
+            arrays.update({slot_column(f, j): pa.array(np.ascontiguousarray(slots[:, j])) for j in range(size)})
+        else:  # size slot columns -> one list column, the -2s dropped
+            block = np.stack([arrays.pop(slot_column(f, j)).to_numpy() for j in range(size)], axis=1)
+            arrays[SPARSE_COLUMNS[f]] = slots_to_list_array(block)
+    return pa.Table.from_arrays([arrays[name] for name in schema.names], schema=schema)
+
+
+def relayout_file(src: Path, dst: Path, sizes: list[int], layout: SparseLayout, codec: str | None) -> int:
+    """`src` rewritten to `dst` in `layout` (row group by row group, each checked as the loaders check it)
+    and `codec` (None: the file's own); its rows. Raises `DatasetError` naming `src` on a bad file."""
+    footer, source = open_shard(src, sizes)
+    if codec is None:
+        codec = footer.row_group(0).column(0).compression.lower() if footer.num_row_groups else "none"
+        codec = "none" if codec == "uncompressed" else codec
+    groups = [(0, g, footer.row_group(g).num_rows) for g in range(footer.num_row_groups)]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    rows = 0
+    with pq.ParquetFile(src, metadata=footer) as reader, \
+            pq.ParquetWriter(dst, arrow_schema(sizes, layout), compression=None if codec == "none" else codec,
+                             use_dictionary=dictionary_columns(sizes, layout)) as writer:
+        for (_, g, n), first in zip(groups, first_rows(groups)):
+            try:
+                table = reader.read_row_group(g)
+            except (OSError, pa.ArrowException) as e:
+                raise DatasetError(f"{src}: row group {g}: cannot be read ({e})") from None
+            table, _ = check_table(src, g, first, table, sizes, source)
+            writer.write_table(table_in_layout(table, sizes, source, layout), row_group_size=max(1, n))
+            rows += n
+    return rows
+
+
+def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None = None, workers: int | None = None,
+             overwrite: bool = False) -> Metadata:
+    """Write `data`'s every split into `output` in `layout` (and `codec`; None keeps each file's); the new
+    metadata. `output` appears only when every file is done."""
+    meta = read_metadata(data)
+    _check_target(output, overwrite, "directory")
+    _check_parent_writable(output, "--output")
+    if output.resolve() == data.resolve():
+        raise click.ClickException(f"--output {output} is --data itself; write the copy somewhere else")
+    files = [(split, f) for split in meta.splits for f in split_files(data, meta, split)]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.relayout-", dir=output.parent))
+    started = time.perf_counter()
+    try:
+        if (data / "vocab").is_dir():
+            shutil.copytree(data / "vocab", tmp / "vocab")
+        sizes = meta.multi_hot_sizes
+        with ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:  # pyarrow and numpy release the GIL
+            jobs = [pool.submit(relayout_file, f, tmp / f.relative_to(data), sizes, layout, codec) for _, f in files]
+            rows = sum(job.result() for job in tqdm(jobs, desc="relayout", unit="file", disable=None))
+        new = Metadata(cardinalities=meta.cardinalities, multi_hot_sizes=sizes, hashing=meta.hashing, splits=meta.splits,
+                       schema_version=meta.schema_version, extra={**meta.extra, "relayout": {
+                           "from": str(data), "from_layout": meta.sparse_layout, "compression": codec or "kept"}},
+                       sparse_layout=layout)
+        write_metadata(tmp, new)
+        _replace_dir(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    seconds = time.perf_counter() - started
+    logger.info(f"wrote {output} ({layout}, schema version {new.written_version}): {len(files)} files, {rows:,} rows "
+                f"in {seconds:.1f}s")
+    return new
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path), required=True,
+              help="The dataset directory to read (any schema version).")
+@click.option("--output", type=click.Path(path_type=Path), required=True, help="The dataset directory to create.")
+@click.option("--sparse-layout", type=click.Choice(SPARSE_LAYOUTS), default="slots", show_default=True,
+              help="slots: one int64 column a multi-hot slot (schema version 3, read ~1.8x faster); lists: one list "
+                   "column a feature (version 2).")
+@click.option("--compression", type=click.Choice(("keep", *CODECS)), default="keep", show_default=True,
+              help="Parquet codec of the new files (keep: each file's own).")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="Files rewritten at once [default: min(cores, 8)].")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty --output directory.")
+def main(data, output, sparse_layout, compression, workers, overwrite):
+    """Rewrite a dataset's multi-hot features in another sparse layout (see the module docstring).
+
+    Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 a bad dataset, argument or an
+    occupied output; 130 Ctrl-C. --output is written only when every file is done.
+    """
+    configure_logging()
+    try:
+        relayout(data, output, sparse_layout, None if compression == "keep" else compression, workers, overwrite)
+    except KeyboardInterrupt:
+        logger.error("interrupted: --output was not written")
+        sys.exit(EXIT_INTERRUPTED)
+    except (DatasetError, click.ClickException) as e:
+        logger.error(e.format_message() if isinstance(e, click.ClickException) else str(e))
+        sys.exit(EXIT_BAD_INPUT)
+    except OSError as e:
+        logger.error(f"cannot write the dataset: {f'{e.filename}: ' if e.filename else ''}{e.strerror or e}")
+        sys.exit(EXIT_BAD_INPUT)
+    except Exception as e:  # noqa: BLE001 - anything else is a bug: traceback and a line saying so
+        sys.exit(report_bug(e))
+
+
+if __name__ == "__main__":
+    main()

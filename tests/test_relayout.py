@@ -1,0 +1,138 @@
+"""`python -m dlrm.data.relayout`: a dataset's multi-hot features rewritten in the other sparse layout,
+the rows (and so every batch) unchanged, the output all or nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from dlrm.data.loader import open_shard, split_files
+from dlrm.data.relayout import relayout
+from dlrm.data.schema import DatasetError, arrow_schema, read_metadata, write_metadata
+from tests.conftest import REPO
+from tests.test_multihot_data import SIZES, random_lists, write_shard
+from tests.test_sparse_layout import all_batches, make_split
+
+
+def layouts_of(root) -> list[str]:
+    return [open_shard(f, SIZES)[1] for f in split_files(root, read_metadata(root), "train")]
+
+
+@pytest.fixture(scope="module")
+def lists_split(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lists")
+    make_split(root, ["lists"] * 3)
+    (root / "vocab").mkdir()
+    np.save(root / "vocab" / "SPARSE_0.npy", np.arange(5))  # copied as it is (the split's hashing is modulus)
+    return root
+
+
+def test_lists_to_slots_and_back_keep_every_row(lists_split, tmp_path):
+    slots, back = tmp_path / "slots", tmp_path / "back"
+    meta = relayout(lists_split, slots, "slots", workers=2)
+    assert layouts_of(slots) == ["slots"] * 3 and meta.sparse_layout == "slots"
+    raw = json.loads((slots / "metadata.json").read_text())
+    assert raw["schema_version"] == 3 and raw["sparse_layout"] == "slots"
+    assert raw["extra"]["relayout"] == {"from": str(lists_split), "from_layout": "lists", "compression": "kept"}
+    assert raw["splits"] == json.loads((lists_split / "metadata.json").read_text())["splits"]
+    assert np.array_equal(np.load(slots / "vocab" / "SPARSE_0.npy"), np.arange(5))
+    for kind in ("stream", "device"):
+        for a, b in zip(all_batches(lists_split, kind), all_batches(slots, kind), strict=True):
+            assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+    relayout(slots, back, "lists")
+    assert read_metadata(back).sparse_layout == "lists"
+    assert json.loads((back / "metadata.json").read_text())["schema_version"] == 2
+    for src in split_files(lists_split, read_metadata(lists_split), "train"):
+        again = pq.ParquetFile(back / src.relative_to(lists_split))
+        assert again.read().equals(pq.read_table(src))  # lists -> slots -> lists: the same lists
+        assert [again.metadata.row_group(g).num_rows for g in range(again.num_row_groups)] == \
+            [pq.ParquetFile(src).metadata.row_group(g).num_rows for g in range(again.num_row_groups)]
+
+
+def test_codec_changes_with_compression(lists_split, tmp_path):
+    relayout(lists_split, tmp_path / "z", "slots", codec="zstd")
+    f = split_files(tmp_path / "z", read_metadata(tmp_path / "z"), "train")[0]
+    footer = pq.ParquetFile(f).metadata
+    assert {footer.row_group(0).column(c).compression for c in range(footer.num_columns)} == {"ZSTD"}
+    slot = footer.schema.to_arrow_schema().get_field_index("SPARSE_20_0")
+    assert "PLAIN_DICTIONARY" not in footer.row_group(0).column(slot).encodings  # slot columns: no dictionary
+
+
+def test_a_bad_file_stops_it_naming_the_file_and_leaves_nothing(tmp_path):
+    root = tmp_path / "bad"
+    make_split(root, ["lists"] * 3)
+    rng = np.random.default_rng(0)
+    features = random_lists(rng, 4, SIZES)
+    features[20] = [[1, 2, 3, 4, 5, 6]] * 4  # 6 values where multi_hot_sizes[20] is 5
+    write_shard(root / "train" / "part-00002.parquet", np.zeros(4), np.zeros((4, 13)), features, SIZES, 4)
+    out = tmp_path / "out"
+    with pytest.raises(DatasetError, match=r"part-00002.parquet: column SPARSE_20: row index 0 .* holds 6 values"):
+        relayout(root, out, "slots", workers=1)
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["bad"]  # no temporary left either
+
+
+def test_refuses_an_occupied_output_and_the_input_itself(lists_split, tmp_path):
+    import click
+
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(click.ClickException, match="refusing to overwrite non-empty"):
+        relayout(lists_split, tmp_path / "full", "slots")
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+    with pytest.raises(click.ClickException, match="is --data itself"):
+        relayout(lists_split, lists_split, "slots", overwrite=True)
+    relayout(lists_split, tmp_path / "full", "slots", overwrite=True)
+    assert layouts_of(tmp_path / "full") == ["slots"] * 3 and not (tmp_path / "full" / "keep.txt").exists()
+
+
+def test_nullable_files_are_written_back_without_nulls(tmp_path):
+    root = tmp_path / "n"
+    make_split(root, ["lists"] * 3)
+    f = root / "train" / "part-00000.parquet"
+    table = pq.read_table(f)
+    schema = pa.schema([pa.field(x.name, x.type, nullable=True) for x in table.schema])
+    dense = table.column("DENSE_1").to_numpy()
+    table = table.set_column(2, "DENSE_1", pa.array(dense, mask=np.arange(len(dense)) % 3 == 0)).cast(schema)
+    pq.write_table(table, f, row_group_size=7)
+    relayout(root, tmp_path / "s", "slots")
+    out = pq.read_table(tmp_path / "s" / "train" / "part-00000.parquet")
+    assert out.schema == arrow_schema(SIZES, "slots") and out.column("DENSE_1").null_count == 0
+    assert (out.column("DENSE_1").to_numpy()[::3] == 0).all()
+
+
+def test_cli_one_line_errors_and_exit_codes(lists_split, tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "dlrm.data.relayout", *map(str, args)], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+
+    done = run("--data", lists_split, "--output", tmp_path / "ok", "--compression", "lz4")
+    assert done.returncode == 0, done.stderr
+    assert layouts_of(tmp_path / "ok") == ["slots"] * 3
+    again = run("--data", lists_split, "--output", tmp_path / "ok")
+    assert again.returncode == 2 and "refusing to overwrite non-empty" in again.stderr
+    assert "Traceback" not in again.stderr
+    missing = tmp_path / "nodata"
+    missing.mkdir()
+    write_metadata(missing, read_metadata(lists_split))  # lists files that are not there
+    gone = run("--data", missing, "--output", tmp_path / "x")
+    assert gone.returncode == 2 and "listed in metadata.json splits.train but missing" in gone.stderr
+    assert not (tmp_path / "x").exists()
+    bad = run("--data", lists_split, "--output", tmp_path / "y", "--sparse-layout", "rows")
+    assert bad.returncode == 2 and "'rows' is not one of" in bad.stderr
+
+
+def test_version_1_one_hot_data_copies_unchanged(tmp_path):
+    sample = REPO / "data" / "sample"
+    meta = relayout(sample, tmp_path / "s", "slots")
+    assert meta.written_version == 1 and json.loads((tmp_path / "s" / "metadata.json").read_text())["schema_version"] == 1
+    src = split_files(sample, read_metadata(sample), "validation")[0]
+    assert pq.read_table(tmp_path / "s" / src.relative_to(sample)).equals(pq.read_table(src))
+    assert read_metadata(tmp_path / "s").splits == read_metadata(sample).splits
