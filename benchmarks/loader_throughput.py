@@ -23,8 +23,9 @@
 MLPerf DLRM-DCNv2's multi-hot rows, 214 values a row, decode far slower than one-hot ones). The
 targets are for one-hot rows; multi-hot rows are measured without one. With ``--codecs lz4,none`` it
 also measures copies of the train split rewritten in those parquet codecs (same row groups and
-rows, made one at a time under the scratch directory); ``--arrow-threads on,off`` measures the
-loader with and without pyarrow's own column pool beside its reader threads. Each row records the
+rows, made one at a time under the scratch directory), with ``--layouts lists,slots`` copies in those
+sparse layouts (`dlrm.data.relayout`; with both options, every codec in every layout);
+``--arrow-threads on,off`` measures the loader with and without pyarrow's own column pool beside its reader threads. Each row records the
 process's CPU time (user, system) and page faults an epoch, and the streaming loader chains epochs
 as training does (``chain_epochs``).
 
@@ -62,8 +63,8 @@ from dlrm.data import preprocess as pp  # noqa: E402
 
 TARGETS = {("preprocess", None): 1e6, ("loader", "stream"): 20e6, ("loader", "gpu"): 200e6}
 KEYS = ["stage", "device", "workers", "placement", "shuffle", "batch_size", "chunk_rows", "rows", "seconds",
-        "rate", "unit", "target", "meets_target", "status", "codec", "arrow_threads", "cpu_user_s", "cpu_sys_s",
-        "minor_faults"]
+        "rate", "unit", "target", "meets_target", "status", "codec", "layout", "arrow_threads", "cpu_user_s",
+        "cpu_sys_s", "minor_faults"]
 
 
 def environment() -> dict:
@@ -110,13 +111,13 @@ def make_raw(rows: int, raw_tsv: Path | None, work: Path) -> tuple[Path, int]:
 
 
 def row(stage, device, rows, seconds, unit, *, workers=None, placement=None, shuffle=None, batch_size=None,
-        chunk_rows=None, status="ok", codec=None, arrow_threads=None) -> dict:
+        chunk_rows=None, status="ok", codec=None, arrow_threads=None, layout=None) -> dict:
     rate = rows / seconds if seconds and status == "ok" else None
     target = TARGETS.get((stage, placement if stage == "loader" else None))
     return {
         "stage": stage, "device": device, "workers": workers, "placement": placement, "shuffle": shuffle,
         "batch_size": batch_size, "chunk_rows": chunk_rows, "rows": rows, "seconds": seconds, "rate": rate,
-        "unit": unit, "target": target, "meets_target": None, "status": status, "codec": codec,
+        "unit": unit, "target": target, "meets_target": None, "status": status, "codec": codec, "layout": layout,
         "arrow_threads": arrow_threads,
     }
 
@@ -211,36 +212,41 @@ def dataset_codec(dataset: Path) -> str:
     return meta.row_group(0).column(0).compression.lower()
 
 
-def recode(dataset: Path, codec: str, work: Path) -> Path:
-    """A copy of `dataset`'s train split under `work` with every parquet file rewritten in `codec` (the same
-    row groups, rows and schema; metadata.json copied), the files in parallel threads (pyarrow releases the GIL)."""
-    from concurrent.futures import ThreadPoolExecutor
-
+def dataset_layout(dataset: Path) -> str:
+    """The sparse layout of a dataset's first train file ("lists" or "slots", `dlrm.data.validation.file_layout`)."""
     import pyarrow.parquet as pq
 
-    from dlrm.data.loader import split_files
+    from dlrm.data.loader import file_layout, split_files
     from dlrm.data.schema import read_metadata
 
-    out = work / f"recoded-{codec}"
+    meta = read_metadata(dataset)
+    return file_layout(pq.read_schema(split_files(dataset, meta, "train")[0]), meta.multi_hot_sizes)
+
+
+def recode(dataset: Path, codec: str | None, work: Path, layout: str | None = None) -> Path:
+    """A copy of `dataset`'s train split under `work` with every parquet file rewritten in `codec` and sparse
+    `layout` (None: the file's own; the same row groups and rows; metadata.json copied), the files in parallel
+    threads (pyarrow releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dlrm.data.loader import split_files
+    from dlrm.data.relayout import relayout_file
+    from dlrm.data.schema import read_metadata
+
+    meta = read_metadata(dataset)
+    layout = layout or dataset_layout(dataset)
+    out = work / f"recoded-{codec or 'kept'}-{layout}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     shutil.copy2(dataset / "metadata.json", out / "metadata.json")
-    files = split_files(dataset, read_metadata(dataset), "train")
-
-    def one(src: Path) -> None:
-        dst = out / src.relative_to(dataset)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        reader = pq.ParquetFile(src)
-        with pq.ParquetWriter(dst, reader.schema_arrow, compression=None if codec == "none" else codec) as writer:
-            for g in range(reader.num_row_groups):
-                table = reader.read_row_group(g)
-                writer.write_table(table, row_group_size=table.num_rows)
-
+    files = split_files(dataset, meta, "train")
     t0 = time.perf_counter()
     with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        list(pool.map(one, files))
+        list(pool.map(lambda src: relayout_file(src, out / src.relative_to(dataset), meta.multi_hot_sizes, layout,
+                                                codec), files))
     size = sum(f.stat().st_size for f in out.rglob("*.parquet"))
-    print(f"recoded {len(files)} train files to {codec} in {time.perf_counter() - t0:.1f} s ({size / 2**30:.2f} GiB)")
+    print(f"recoded {len(files)} train files to {codec or 'their codec'}, {layout}, in {time.perf_counter() - t0:.1f} s "
+          f"({size / 2**30:.2f} GiB)")
     return out
 
 
@@ -261,7 +267,7 @@ def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: in
     meta = read_metadata(dataset)
     files = split_files(dataset, meta, "train")
     sizes = meta.multi_hot_sizes
-    codec = dataset_codec(dataset)
+    codec, layout = dataset_codec(dataset), dataset_layout(dataset)
     out = []
 
     def measure(stage, dev, label, shuffle, threads, make, epoch_fn, arrow=None):
@@ -279,7 +285,7 @@ def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: in
             seconds = statistics.median(s for _, s in runs)
             r = row(stage, dev, runs[0][0], seconds, "samples/s", placement=label, shuffle=shuffle,
                     batch_size=batch_size, workers=threads or getattr(loader, "reader_threads", None), codec=codec,
-                    arrow_threads=getattr(loader, "arrow_threads", None))
+                    arrow_threads=getattr(loader, "arrow_threads", None), layout=layout)
             # the process's CPU time and page faults an epoch (all threads): where the cores' time went
             r["cpu_user_s"] = (after.ru_utime - before.ru_utime) / repeats
             r["cpu_sys_s"] = (after.ru_stime - before.ru_stime) / repeats
@@ -287,10 +293,10 @@ def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: in
         except Exception as e:
             r = row(stage, dev, meta.splits["train"].rows, None, "samples/s", placement=label, shuffle=shuffle,
                     batch_size=batch_size, workers=threads, status=f"error: {type(e).__name__}: {e}"[:200],
-                    codec=codec, arrow_threads=arrow)
+                    codec=codec, arrow_threads=arrow, layout=layout)
         if sum(sizes) != len(sizes):
             r["target"] = None  # the targets are for one-hot rows
-        print(f"  {stage} {dev} {label} {codec} shuffle={shuffle} readers={r['workers'] or 'default'} "
+        print(f"  {stage} {dev} {label} {codec} {layout} shuffle={shuffle} readers={r['workers'] or 'default'} "
               f"arrow_threads={r['arrow_threads']}: {r['rate'] or 0:,.0f} samples/s {r['status']}"
               + (f" (cpu {r['cpu_user_s']:.1f} s user, {r['cpu_sys_s']:.1f} s sys, {r['minor_faults']:,} faults an epoch)"
                  if r.get("cpu_user_s") is not None else ""))
@@ -342,14 +348,14 @@ def write_results(rows: list[dict], env: dict, out: Path, stem: str) -> list[Pat
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.csv", out / f"{stem}.md", out / f"{stem}.png"]
     write_csv(paths[0], rows, KEYS, env)
-    head = ["stage", "device", "workers", "placement", "codec", "arrow threads", "shuffle", "batch", "rows", "seconds",
+    head = ["stage", "device", "workers", "placement", "codec", "layout", "arrow threads", "shuffle", "batch", "rows", "seconds",
             "rate", "cpu user / sys s", "target", "meets", "status"]
     table = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         meets = {True: "yes", False: "NO", None: "-"}[r["meets_target"]]
         table.append(" | ".join([
             r["stage"], r["device"], _fmt(r["workers"]), _fmt(r["placement"]), _fmt(r.get("codec")),
-            _fmt(r.get("arrow_threads")), _fmt(r["shuffle"]),
+            _fmt(r.get("layout")), _fmt(r.get("arrow_threads")), _fmt(r["shuffle"]),
             _fmt(r["batch_size"]), f"{r['rows']:,}", _fmt(r["seconds"]),
             f"{_fmt(r['rate'], r['unit'])} {r['unit']}" if r["rate"] else "-",
             f"{r['cpu_user_s']:.1f} / {r['cpu_sys_s']:.1f}" if r.get("cpu_user_s") is not None else "-",
@@ -387,6 +393,8 @@ def write_results(rows: list[dict], env: dict, out: Path, stem: str) -> list[Pat
         labels = [f"{'host decode only' if r['stage'] == 'decode' else r['device'] + ' ' + r['placement']}"
                   f"{', shuffled' if r['shuffle'] else ''}" + (f", {r['workers']} readers" if r["workers"] else "")
                   + (f", {r['codec']}" if r.get("codec") and r["placement"] == "stream" else "")
+                  + (f", {r['layout']}" if r.get("layout") and r["placement"] == "stream" else "")
+                  + (f", {r['layout']}" if r.get("layout") and r["placement"] == "stream" else "")
                   + (", arrow pool" if r.get("arrow_threads") else "")
                   for r in lod]
         colors = ["tab:gray" if r["stage"] == "decode" else "tab:orange" if r["placement"] == "gpu" else "tab:blue"
@@ -438,6 +446,9 @@ def main(argv=None) -> int:
     ap.add_argument("--codecs", default=None,
                     help="with --dataset: also measure copies of its train split rewritten in these parquet codecs "
                          "(comma-separated: lz4, none, snappy, zstd), made under the scratch directory")
+    ap.add_argument("--layouts", default=None,
+                    help="with --dataset: also measure copies of its train split in these sparse layouts "
+                         "(comma-separated: lists, slots), in every --codecs codec")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a new temp dir, removed)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -472,8 +483,11 @@ def main(argv=None) -> int:
                 ap.error(f"--dataset {args.dataset}: no metadata.json there")
             results = bench_loader(args.dataset, devices, args.batch_size, args.repeats, shuffles, readers,
                                    args.shuffle_buffer_rows, arrow)
-            for codec in args.codecs.split(",") if args.codecs else []:
-                copy = recode(args.dataset, codec.strip(), work)  # one copy on disk at a time
+            codecs = [c.strip() for c in args.codecs.split(",")] if args.codecs else []
+            layouts = [x.strip() for x in args.layouts.split(",")] if args.layouts else []
+            copies = [(c, x) for c in (codecs or [None]) for x in (layouts or [None])] if codecs or layouts else []
+            for codec, layout in copies:
+                copy = recode(args.dataset, codec, work, layout)  # one copy on disk at a time
                 results += bench_loader(copy, devices, args.batch_size, args.repeats, shuffles, readers,
                                         args.shuffle_buffer_rows, arrow, gpu_placement=False)
                 shutil.rmtree(copy, ignore_errors=True)

@@ -107,16 +107,18 @@ def test_loader_throughput_measures_an_existing_multi_hot_dataset(tmp_path):
     lt = load_script("loader_throughput")
     assert lt.main(["--dataset", str(data), "--repeats", "1", "--devices", "cpu", "--shuffle", "true",
                     "--reader-threads", "2", "--shuffle-buffer-rows", "700", "--batch-size", "256",
-                    "--arrow-threads", "on,off", "--codecs", "lz4", "--work", str(tmp_path / "work"),
+                    "--arrow-threads", "on,off", "--codecs", "lz4", "--layouts", "lists", "--work", str(tmp_path / "work"),
                     "--out", str(tmp_path), "--name", "lt"]) == 0
     rows = read_csv(tmp_path / "lt.csv")
-    # the dataset's own files (zstd), then a copy rewritten in LZ4, each with pyarrow's column pool on and off
-    assert [(r["stage"], r["codec"], r["arrow_threads"]) for r in rows] == [
-        (stage, codec, arrow) for codec in ("zstd", "lz4") for stage in ("decode", "loader") for arrow in ("True", "False")]
+    # the dataset's own files (zstd, slot columns), then a copy rewritten in LZ4 with list columns, each with
+    # pyarrow's column pool on and off
+    assert [(r["stage"], r["codec"], r["layout"], r["arrow_threads"]) for r in rows] == [
+        (stage, codec, layout, arrow) for codec, layout in (("zstd", "slots"), ("lz4", "lists"))
+        for stage in ("decode", "loader") for arrow in ("True", "False")]
     assert all(r["status"] == "ok" and float(r["rate"]) > 0 and r["target"] == "" and r["placement"] == "stream"
                and float(r["cpu_user_s"]) > 0 and int(r["minor_faults"]) >= 0 for r in rows), rows
     assert {int(r["rows"]) for r in rows} == {1600}  # the train split (80% of 2,000), every row once
-    assert not (tmp_path / "work" / "recoded-lz4").exists()  # the copy is removed once measured
+    assert not (tmp_path / "work" / "recoded-lz4-lists").exists()  # the copy is removed once measured
     with pytest.raises(SystemExit):
         lt.main(["--dataset", str(data), "--arrow-threads", "maybe", "--devices", "cpu", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):

@@ -3,6 +3,7 @@ day_{i}_sparse_multi_hot.npz, as its reference writes them) into this project's 
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -18,10 +19,13 @@ from dlrm.data.schema import (
     LABEL_COLUMN,
     MLPERF_MULTI_HOT_SIZES,
     NUM_SPARSE,
-    SPARSE_COLUMNS,
+    PAD_SPARSE,
+    arrow_schema,
     read_metadata,
+    slot_column,
     slot_offsets,
 )
+from tests.test_synthetic import feature_slots
 
 CARDS = [7 + f for f in range(NUM_SPARSE)]
 ROWS = {0: 37, 1: 29, 23: 21}  # two training days and the evaluation day
@@ -53,17 +57,21 @@ def run(*args):
     return CliRunner().invoke(mi.main, [str(a) for a in args])
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_every_value_lands_where_the_reference_puts_it(mlperf_dir, tmp_path, workers):
+@pytest.mark.parametrize("workers, layout", [(1, None), (2, None), (1, "lists"), (2, "lists")])
+def test_every_value_lands_where_the_reference_puts_it(mlperf_dir, tmp_path, workers, layout):
     """Train = days 0-1 in order, validation the first ceil(N/2) rows of day 23, test the rest; labels, dense counts
-    (recovered from log(x + 3), negatives 0) and every id of every multi-hot list as in the npz members; files of at
-    most --rows-per-file rows; and the stream loader reads the rows back in their slots."""
+    (recovered from log(x + 3), negatives 0) and every id of every multi-hot feature as in the npz members, in slot
+    columns (the default) or list columns (--sparse-layout lists), every one full; files of at most --rows-per-file
+    rows, of the layout's schema; and the stream loader reads the rows back in their slots."""
     src, days = mlperf_dir
     out = tmp_path / "ds"
     res = run("--input", src, "--output", out, "--train-days", "0-1", "--num-embeddings", ",".join(map(str, CARDS)),
-              "--rows-per-file", 16, "--workers", workers)
+              "--rows-per-file", 16, "--workers", workers, *(["--sparse-layout", layout] if layout else []))
     assert res.exit_code == 0, res.output
+    layout = layout or "slots"
     meta = read_metadata(out)
+    assert meta.sparse_layout == layout
+    assert json.loads((out / "metadata.json").read_text())["schema_version"] == (3 if layout == "slots" else 2)
     half = math.ceil(ROWS[23] / 2)
     assert {s: i.rows for s, i in meta.splits.items()} == {"train": 66, "validation": half, "test": ROWS[23] - half}
     assert meta.multi_hot_sizes == MLPERF_MULTI_HOT_SIZES and meta.cardinalities == CARDS
@@ -74,6 +82,7 @@ def test_every_value_lands_where_the_reference_puts_it(mlperf_dir, tmp_path, wor
         files = split_files(out, meta, split)
         assert all(pq.ParquetFile(f).metadata.num_rows <= 16 for f in files)
         assert {pq.ParquetFile(f).metadata.row_group(0).column(0).compression for f in files} == {"LZ4"}
+        assert all(pq.ParquetFile(f).schema_arrow.equals(arrow_schema(MLPERF_MULTI_HOT_SIZES, layout)) for f in files)
         table = pa.concat_tables([pq.read_table(f) for f in files])
         labels = np.concatenate([days[d][0][lo:hi] for d, lo, hi in spans])
         counts = np.concatenate([days[d][1][lo:hi] for d, lo, hi in spans])
@@ -82,9 +91,7 @@ def test_every_value_lands_where_the_reference_puts_it(mlperf_dir, tmp_path, wor
             np.testing.assert_array_equal(table.column(DENSE_COLUMNS[j]).to_numpy(), counts[:, j])
         for f, size in enumerate(MLPERF_MULTI_HOT_SIZES):
             ids = np.concatenate([days[d][2][str(f)][lo:hi] for d, lo, hi in spans])
-            column = table.column(SPARSE_COLUMNS[f]).combine_chunks()
-            got = (np.stack(column.to_pylist()) if size > 1 else column.to_numpy()[:, None])
-            np.testing.assert_array_equal(got, ids)
+            np.testing.assert_array_equal(feature_slots(table, f, size), ids)  # full: no -2 in either layout
         assert meta.splits[split].positives == int(labels.sum())
     batch = next(iter(ParquetLoader(split_files(out, meta, "validation"), half, multi_hot_sizes=meta.multi_hot_sizes)))
     offsets = slot_offsets(MLPERF_MULTI_HOT_SIZES)
@@ -233,3 +240,86 @@ def test_a_stopped_import_resumes_from_its_finished_files(mlperf_dir, tmp_path):
     (mi.partial_dir(tmp_path / "x") / mi.PLAN_FILE).write_text("{}")
     assert run("--input", src, "--output", tmp_path / "x", *args).exit_code == 2
     assert run("--input", src, "--output", tmp_path / "x", *args, "--overwrite").exit_code == 0
+
+
+def _layout_of(out, path):
+    """What a dataset's files hold: "slots" when SPARSE_0 (size 3) is three int64 columns, "lists" when one list."""
+    names = pq.ParquetFile(out / path).schema_arrow.names
+    assert (slot_column(0, 0) in names) != ("SPARSE_0" in names)
+    return "slots" if slot_column(0, 0) in names else "lists"
+
+
+def test_both_layouts_hold_the_same_values(mlperf_dir, tmp_path):
+    """The same input in slots and in lists: the same labels, dense counts and ids, a list equal to its slot columns
+    (no slot holds -2: MLPerf's rows are full); every column with a dictionary (few distinct ids); the loader's batches
+    identical."""
+    src, _ = mlperf_dir
+    args = ["--input", src, "--train-days", "0-1", "--num-embeddings", ",".join(map(str, CARDS)), "--workers", 1]
+    for layout in ("lists", "slots"):
+        res = run(*args, "--output", tmp_path / layout, "--sparse-layout", layout)
+        assert res.exit_code == 0, res.output
+    meta = read_metadata(tmp_path / "slots")
+    assert meta.splits == read_metadata(tmp_path / "lists").splits
+    for split, info in meta.splits.items():
+        for rel in info.files:
+            assert [_layout_of(tmp_path / layout, rel) for layout in ("lists", "slots")] == ["lists", "slots"]
+            a, b = pq.read_table(tmp_path / "lists" / rel), pq.read_table(tmp_path / "slots" / rel)
+            assert a.select([LABEL_COLUMN, *DENSE_COLUMNS]).equals(b.select([LABEL_COLUMN, *DENSE_COLUMNS]))
+            for f, size in enumerate(MLPERF_MULTI_HOT_SIZES):
+                slots = feature_slots(b, f, size)
+                np.testing.assert_array_equal(feature_slots(a, f, size), slots)
+                assert not (slots == PAD_SPARSE).any()
+        group = pq.ParquetFile(tmp_path / "slots" / info.files[0]).metadata.row_group(0)
+        assert all(group.column(i).has_dictionary_page for i in range(group.num_columns))  # few distinct ids here
+    loaded = {layout: list(ParquetLoader(split_files(tmp_path / layout, meta, "train"), 25, device="cpu",
+                                         multi_hot_sizes=meta.multi_hot_sizes)) for layout in ("lists", "slots")}
+    assert len(loaded["slots"]) == 3
+    for x, y in zip(loaded["lists"], loaded["slots"]):
+        assert x.labels.equal(y.labels) and x.dense.equal(y.dense) and x.sparse.equal(y.sparse)
+
+
+def test_a_bad_sparse_layout_is_one_line(mlperf_dir, tmp_path):
+    src, _ = mlperf_dir
+    res = run("--input", src, "--output", tmp_path / "ds", "--train-days", "0-1", "--sparse-layout", "columns")
+    assert res.exit_code == 2 and "--sparse-layout" in res.output and "'columns'" in res.output, res.output
+    with pytest.raises(mi.ImportInputError) as e:
+        mi.import_mlperf(src, tmp_path / "ds", [0, 1], 23, CARDS, sparse_layout="rows")
+    assert e.value.format_message() == "--sparse-layout: 'rows' is not one of lists, slots"
+    assert not (tmp_path / "ds").exists() and not mi.partial_dir(tmp_path / "ds").exists()
+
+
+def test_a_resume_in_another_layout_is_refused(mlperf_dir, tmp_path):
+    """An import that stopped keeps its layout in import-plan.json: resuming in the other one is refused (the files
+    it kept are in the first one), the same one resumes. A plan written before the key existed means "lists"."""
+    src, _ = mlperf_dir
+    members = dict(np.load(src / "day_1_sparse_multi_hot.npz"))
+    good = members["4"][2, 1]
+    members["4"][2, 1] = -5
+    np.savez(src / "day_1_sparse_multi_hot.npz", **members)
+    common = ["--input", src, "--train-days", "0-1", "--num-embeddings", ",".join(map(str, CARDS)), "--workers", 1,
+              "--rows-per-file", 16]
+    stopped = {}
+    for layout in ("slots", "lists"):  # day 0's three files finished, day 1 stops each import
+        out = tmp_path / layout
+        first = run(*common, "--output", out, "--sparse-layout", layout)
+        assert first.exit_code == 2 and "id -5 is outside" in first.output, first.output
+        assert json.loads((mi.partial_dir(out) / mi.PLAN_FILE).read_text())["sparse_layout"] == layout
+        stopped[layout] = sorted(p.relative_to(mi.partial_dir(out)) for p in mi.partial_dir(out).rglob("*.parquet"))
+        assert len(stopped[layout]) == 3
+    plan = mi.partial_dir(tmp_path / "lists") / mi.PLAN_FILE
+    older = {k: v for k, v in json.loads(plan.read_text()).items() if k != "sparse_layout"}
+    plan.write_text(json.dumps(older))  # as an import from before --sparse-layout left it
+    for layout, other in (("slots", "lists"), ("lists", "slots")):
+        refused = run(*common, "--output", tmp_path / layout, "--sparse-layout", other)
+        assert refused.exit_code == 2 and "other options" in refused.output, refused.output
+    assert run(*common, "--output", tmp_path / "lists").exit_code == 2  # the default, slots: not the older plan's
+    members["4"][2, 1] = good
+    np.savez(src / "day_1_sparse_multi_hot.npz", **members)
+    for layout in ("slots", "lists"):
+        out = tmp_path / layout
+        resumed = run(*common, "--output", out, "--sparse-layout", layout)
+        assert resumed.exit_code == 0 and "resuming" in resumed.output, resumed.output
+        assert read_metadata(out).sparse_layout == layout
+        files = read_metadata(out).splits["train"].files
+        assert {str(rel) for rel in stopped[layout]} < set(files)
+        assert {_layout_of(out, rel) for rel in files} == {layout}

@@ -85,6 +85,8 @@ def assert_one_line_error(result, *fragments: str, code: int = 2) -> str:
         (["--validation-fraction", "1.5"], ["--validation-fraction", "1.5"]),
         (["--test-fraction", "-0.1"], ["--test-fraction", "-0.1"]),
         (["--checkpoint-interval", "nan"], ["--checkpoint-interval", "nan"]),
+        (["--sparse-layout", "rows"], ["--sparse-layout", "'rows'", "lists, slots"]),
+        (["--multi-hot-sizes", "mlperf", "--sparse-layout", "Slots"], ["--sparse-layout", "'Slots'"]),
     ],
 )
 def test_bad_option_fails_before_any_output_and_the_corrected_command_works(tmp_path, src, bad, fragments):
@@ -120,14 +122,15 @@ def test_api_checks_every_option_before_creating_output(tmp_path, src, kwargs, f
 
 
 _ANY = st.one_of(st.none(), st.booleans(), st.integers(-5, 30), st.floats(allow_nan=True), st.text(max_size=6),
-                 st.sampled_from(["zstd", "snappy", "gzip", "lz4", "brotli", "none", "tsv", "random", "vocabulary"]))
+                 st.sampled_from(["zstd", "snappy", "gzip", "lz4", "brotli", "none", "tsv", "random", "vocabulary",
+                                  "lists", "slots"]))
 
 
 @settings(max_examples=150, deadline=None)
 @given(values=st.fixed_dictionaries({name: _ANY for name in (
     "input_format", "split", "validation_fraction", "test_fraction", "seed", "hashing", "min_frequency",
     "max_rows_per_table", "chunk_rows", "row_group_rows", "compression", "compression_level", "workers",
-    "on_bad_line", "checkpoint_interval")}))
+    "on_bad_line", "checkpoint_interval", "sparse_layout")}))
 def test_check_options_accepts_or_names_the_problem_in_one_line(values):
     """Whatever the values, the check returns valid options or raises one `PreprocessError` line
     naming an option: never another exception, which would surface as a traceback."""
@@ -141,6 +144,7 @@ def test_check_options_accepts_or_names_the_problem_in_one_line(values):
     assert 0 <= opts.validation_fraction < 1 and 0 <= opts.test_fraction < 1
     assert opts.max_rows is None or opts.max_rows >= 1
     assert opts.compression in pp_options.CODECS and not math.isnan(opts.checkpoint_interval)
+    assert opts.sparse_layout == "lists"  # one-hot: the layouts write the same files
     json.dumps(opts.output_options())  # goes into the manifest and metadata.json
 
 
@@ -278,6 +282,25 @@ def test_malformed_manifest_is_one_line(tmp_path, src):
     assert_one_line_error(run_cli("-i", src, "-o", out), "manifest.json: unreadable", "--overwrite")
     r = run_cli("-i", src, "-o", out, "--overwrite")
     assert r.exit_code == 0, r.stderr
+
+
+def test_an_unknown_recorded_layout_is_one_line(tmp_path, src):
+    """An unfinished run whose manifest records no known --sparse-layout: one line, and --overwrite
+    (with the layout asked for) starts over."""
+    out = tmp_path / "ds"
+    sizes = ",".join(["2"] + ["1"] * 25)
+    with pytest.raises(pp._Interrupted):
+        pp.preprocess([src], out, multi_hot_sizes=sizes, chunk_rows=20, _max_new_chunks=1, workers=1, progress=False)
+    manifest_path = out / pp.PROGRESS_DIR / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    assert manifest["options"]["sparse_layout"] == "slots"
+    manifest["options"]["sparse_layout"] = "columns"
+    manifest_path.write_text(json.dumps(manifest))
+    same = ["-i", src, "-o", out, "--multi-hot-sizes", sizes, "--chunk-rows", "20"]
+    assert_one_line_error(run_cli(*same), "sparse_layout 'columns'", "--overwrite")
+    r = run_cli(*same, "--sparse-layout", "lists", "--overwrite")
+    assert r.exit_code == 0, r.stderr
+    assert read_metadata(out).sparse_layout == "lists"
 
 
 # ------------------------------------------------------------------------------------------

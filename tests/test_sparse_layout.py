@@ -29,11 +29,11 @@ from dlrm.data.schema import (
     Metadata,
     SplitInfo,
     arrow_schema,
-    dictionary_columns,
     read_metadata,
     slot_column,
     slot_offsets,
     sparse_columns,
+    write_options,
     write_metadata,
 )
 from tests.test_multihot_data import SIZES, random_lists, reference_rows, write_shard
@@ -59,7 +59,7 @@ def write_slots_shard(path, label, dense, features, sizes, row_group_size, nulla
         schema = pa.schema([pa.field(fld.name, fld.type, nullable=True) for fld in schema])
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table(cols, schema=schema), path, row_group_size=row_group_size,
-                   use_dictionary=dictionary_columns(sizes, "slots"))
+                   **write_options(sizes, "slots"))
 
 
 def make_split(root, layouts: list[str], seed: int = 5) -> Metadata:
@@ -109,12 +109,31 @@ def test_slot_columns_follow_the_in_memory_slots():
     assert schema.names == [LABEL_COLUMN, *DENSE_COLUMNS, *names]
     assert all(schema.field(c).type == pa.int64() and not schema.field(c).nullable for c in names)
     assert sparse_columns(None, "slots") == SPARSE_COLUMNS and arrow_schema(None, "slots") == arrow_schema()
-    dictionary = dictionary_columns(MLPERF_MULTI_HOT_SIZES, "slots")
-    assert dictionary == [LABEL_COLUMN, *DENSE_COLUMNS, *[SPARSE_COLUMNS[f] for f, s in enumerate(MLPERF_MULTI_HOT_SIZES)
-                                                          if s == 1]]
-    assert dictionary_columns(MLPERF_MULTI_HOT_SIZES, "lists") == arrow_schema(MLPERF_MULTI_HOT_SIZES).names
+    assert write_options(MLPERF_MULTI_HOT_SIZES, "slots") == {"dictionary_pagesize_limit": 65536}
+    assert write_options(MLPERF_MULTI_HOT_SIZES, "lists") == {} and write_options(None, "slots") == {}
     with pytest.raises(ValueError, match="sparse layout 'rows' is not one of lists, slots"):
         arrow_schema(SIZES, "rows")
+
+
+def test_slot_dictionaries_fall_back_to_plain_early(tmp_path):
+    """`write_options`' 64 KB dictionary page: a slot column of many distinct ids (MLPerf's uniform extra ids)
+    leaves its dictionary after 8,192 of them, one of few distinct ids keeps it; pyarrow's default 1 MB page
+    would have dictionary-encoded the first 131,072."""
+    rng = np.random.default_rng(0)
+    n = 40_000
+    table = pa.table({"many": rng.integers(0, 40_000_000, n), "few": rng.integers(0, 1000, n)})
+
+    def dictionary_bytes(**options) -> dict[str, int]:
+        """Each column's dictionary page, in bytes (uncompressed: 8 B a distinct id, plus its header)."""
+        pq.write_table(table, tmp_path / "t.parquet", compression=None, data_page_size=1 << 14, **options)
+        group = pq.ParquetFile(tmp_path / "t.parquet").metadata.row_group(0)
+        return {name: group.column(i).data_page_offset - group.column(i).dictionary_page_offset
+                for i, name in enumerate(table.column_names)}
+
+    capped, default = dictionary_bytes(**write_options(SIZES, "slots")), dictionary_bytes()
+    assert 60_000 < capped["many"] < 2 * 65_536  # filled to about the cap (checked a batch at a time), then plain
+    assert default["many"] > 8 * 39_000  # every id of the chunk in the dictionary
+    assert capped["few"] == default["few"] < 8 * 1000 + 100  # few distinct ids: the same dictionary either way
 
 
 def test_metadata_says_version_3_only_for_multi_hot_slots(tmp_path):

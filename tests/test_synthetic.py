@@ -3,8 +3,10 @@ oracle, the raw TSV twin, and safe handling of existing output."""
 
 from __future__ import annotations
 
+import json
 import shlex
 
+import click
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
@@ -16,9 +18,11 @@ from dlrm.data.schema import (
     LABEL_COLUMN,
     NUM_DENSE,
     NUM_SPARSE,
+    PAD_SPARSE,
     SPARSE_COLUMNS,
     arrow_schema,
     read_metadata,
+    slot_column,
 )
 from tests.conftest import REPO
 
@@ -196,3 +200,140 @@ def test_embedded_sample_is_what_its_command_regenerates(tmp_path):
     for split in meta.splits:
         for x, y in zip(read_split(sample, split), read_split(tmp_path / "again", split)):
             np.testing.assert_array_equal(x, y)
+
+
+# --- --sparse-layout: multi-hot features as list columns or as one column a slot ---------------------
+
+LAYOUT_SIZES = [3, 1, 2] + [1] * 22 + [5]  # three multi-hot features, one of them the last column
+
+
+def feature_slots(table, f, size):
+    """Feature f of a pyarrow table as int64 slots [n, size] whatever its layout: the slot columns as they
+    are, a list column's lists padded with -2 (`PAD_SPARSE`), a one-hot column as one slot."""
+    if size == 1:
+        return table.column(SPARSE_COLUMNS[f]).to_numpy()[:, None]
+    if slot_column(f, 0) in table.schema.names:
+        return np.stack([table.column(slot_column(f, j)).to_numpy() for j in range(size)], axis=1)
+    lists = table.column(SPARSE_COLUMNS[f]).to_pylist()
+    return np.array([v + [PAD_SPARSE] * (size - len(v)) for v in lists], dtype=np.int64).reshape(-1, size)
+
+
+def layout_dataset(root, name, **kwargs):
+    """The 3,000 rows of seed 7, three files of train, variable multi-hot lists, with their raw TSV."""
+    return synthetic.generate(root / name, 3_000, seed=7, cardinalities="tiny", rows_per_file=1_000,
+                              multi_hot_sizes=LAYOUT_SIZES, multi_hot_fill="variable", raw_tsv=root / f"{name}.txt",
+                              **kwargs)
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    """The same seed written as "lists", as "slots" and with the default layout."""
+    root = tmp_path_factory.mktemp("layouts")
+    for name, kwargs in (("lists", {"sparse_layout": "lists"}), ("slots", {"sparse_layout": "slots"}),
+                         ("default", {})):
+        layout_dataset(root, name, **kwargs)
+    return root
+
+
+def test_both_layouts_hold_the_same_rows_slot_by_slot(layouts):
+    """Same seed, same values: a list padded with -2 is its slot columns, in every file of every split; labels,
+    dense counts, one-hot features, split counts, oracle AUCs and the raw TSV are the same."""
+    lists, slots = read_metadata(layouts / "lists"), read_metadata(layouts / "slots")
+    assert lists.splits == slots.splits and len(lists.splits["train"].files) == 3
+    assert lists.extra["oracle_auc"] == slots.extra["oracle_auc"]
+    pads = 0
+    for split, info in lists.splits.items():
+        for rel in info.files:
+            a, b = pq.read_table(layouts / "lists" / rel), pq.read_table(layouts / "slots" / rel)
+            for name in [LABEL_COLUMN, *DENSE_COLUMNS]:
+                assert a.column(name).equals(b.column(name)), (rel, name)
+            for f, size in enumerate(LAYOUT_SIZES):
+                got = feature_slots(b, f, size)
+                np.testing.assert_array_equal(feature_slots(a, f, size), got, err_msg=f"{rel} SPARSE_{f}")
+                pads += int((got == PAD_SPARSE).sum())
+    assert pads > 0  # variable fill: short lists, so the slot columns hold -2
+    assert (layouts / "lists.txt").read_text() == (layouts / "slots.txt").read_text()
+
+
+def test_each_layouts_schema_and_metadata(layouts):
+    """lists: one list<int64> column a multi-hot feature, schema_version 2 and no sparse_layout key (what it always
+    was); slots: SPARSE_<f>_<j> int64 columns, written without a dictionary, schema_version 3 and sparse_layout
+    "slots". The regenerate command names the layout."""
+    for layout, version in (("lists", 2), ("slots", 3)):
+        meta = read_metadata(layouts / layout)
+        raw = json.loads((layouts / layout / "metadata.json").read_text())
+        assert raw["schema_version"] == version and meta.sparse_layout == layout
+        assert raw.get("sparse_layout") == (None if layout == "lists" else "slots")
+        assert f"--multi-hot-fill variable --sparse-layout {layout}" in meta.extra["command"]
+        footer = pq.ParquetFile(layouts / layout / meta.splits["train"].files[0])
+        assert footer.schema_arrow.equals(arrow_schema(LAYOUT_SIZES, layout))
+        group = footer.metadata.row_group(0)
+        dictionary = {group.column(i).path_in_schema.split(".")[0]: "RLE_DICTIONARY" in group.column(i).encodings
+                      for i in range(group.num_columns)}
+        assert all(dictionary.values()), dictionary
+    names = footer.schema_arrow.names
+    assert names[14:21] == ["SPARSE_0_0", "SPARSE_0_1", "SPARSE_0_2", "SPARSE_1", "SPARSE_2_0", "SPARSE_2_1",
+                            "SPARSE_3"]
+    assert names[-5:] == [slot_column(25, j) for j in range(5)] and len(names) == 1 + NUM_DENSE + sum(LAYOUT_SIZES)
+
+
+def test_the_default_layout_is_slots(layouts):
+    default, slots = read_metadata(layouts / "default"), read_metadata(layouts / "slots")
+    assert default.sparse_layout == "slots" and "--sparse-layout slots" in default.extra["command"]
+    for rel in slots.splits["train"].files:
+        assert pq.read_table(layouts / "default" / rel).equals(pq.read_table(layouts / "slots" / rel))
+    option = next(p for p in synthetic.main.params if p.name == "sparse_layout")
+    assert option.default == "slots"
+
+
+def test_a_recorded_lists_command_regenerates_lists(layouts, tmp_path):
+    argv = shlex.split(read_metadata(layouts / "lists").extra["command"])
+    argv[argv.index("--out") + 1] = str(tmp_path / "again")
+    res = CliRunner().invoke(synthetic.main, argv[3:])
+    assert res.exit_code == 0, res.output
+    for rel in read_metadata(layouts / "lists").splits["validation"].files:
+        assert pq.read_table(tmp_path / "again" / rel).equals(pq.read_table(layouts / "lists" / rel))
+
+
+def test_one_hot_files_are_the_same_in_both_layouts(tmp_path):
+    """One-hot data have no multi-hot feature to store: the same bytes, version-2 metadata without the key, and a
+    command without --sparse-layout (it reads as it always did)."""
+    for layout in ("lists", "slots"):
+        synthetic.generate(tmp_path / layout, 1_500, seed=2, cardinalities="tiny", sparse_layout=layout)
+    raw = [json.loads((tmp_path / layout / "metadata.json").read_text()) for layout in ("lists", "slots")]
+    assert [r["schema_version"] for r in raw] == [2, 2] and not any("sparse_layout" in r for r in raw)
+    assert "--sparse-layout" not in raw[1]["extra"]["command"]
+    for rel in read_metadata(tmp_path / "lists").splits["train"].files:
+        assert (tmp_path / "lists" / rel).read_bytes() == (tmp_path / "slots" / rel).read_bytes()
+
+
+def test_a_bad_sparse_layout_is_one_line(tmp_path):
+    res = CliRunner().invoke(synthetic.main, ["--rows", "100", "--out", str(tmp_path / "ds"), "--sparse-layout",
+                                              "rows", "--multi-hot-sizes", "mlperf"])
+    assert res.exit_code == 2 and "--sparse-layout" in res.output and "'rows'" in res.output, res.output
+    with pytest.raises(click.ClickException) as e:
+        synthetic.generate(tmp_path / "ds", 100, sparse_layout="columns")
+    assert e.value.format_message() == "--sparse-layout: 'columns' is not one of lists, slots"
+    assert not (tmp_path / "ds").exists()
+
+
+def test_the_loader_reads_both_layouts_as_the_same_batches(layouts):
+    """End to end: `ParquetLoader` takes each file's layout from its schema and cuts the same batches from both,
+    the slots the files hold."""
+    from dlrm.data.loader import ParquetLoader, split_files
+
+    batches = {}
+    for layout in ("lists", "slots"):
+        meta = read_metadata(layouts / layout)
+        loader = ParquetLoader(split_files(layouts / layout, meta, "train"), 512, device="cpu",
+                               multi_hot_sizes=meta.multi_hot_sizes)
+        batches[layout] = list(loader)
+    assert len(batches["lists"]) == len(batches["slots"]) == 5  # 2,400 rows: four of 512 and 352
+    for a, b in zip(batches["lists"], batches["slots"]):
+        for name in ("labels", "dense", "sparse"):
+            assert getattr(a, name).equal(getattr(b, name)), name
+    meta = read_metadata(layouts / "slots")
+    tables = [pq.read_table(layouts / "slots" / rel) for rel in meta.splits["train"].files]
+    expected = np.concatenate([np.concatenate([feature_slots(t, f, size) for f, size in enumerate(LAYOUT_SIZES)],
+                                              axis=1) for t in tables])
+    np.testing.assert_array_equal(np.concatenate([b.sparse.numpy() for b in batches["slots"]]), expected)

@@ -37,15 +37,17 @@ def test_workers_write_the_same_dataset(tmp_path):
         assert a.equals(b), rel
 
 
-def test_workers_multi_hot_and_the_command_line(tmp_path):
+@pytest.mark.parametrize("layout", ["slots", "lists"])
+def test_workers_multi_hot_and_the_command_line(tmp_path, layout):
     sizes = ",".join(["3", "1"] * 13)
     args = ["--rows", str(CHUNK_ROWS + 10), "--cardinalities", "tiny", "--multi-hot-sizes", sizes,
-            "--multi-hot-fill", "variable", "--test-fraction", "0"]
+            "--multi-hot-fill", "variable", "--test-fraction", "0", "--sparse-layout", layout]
     for name, workers in (("serial", "1"), ("pool", "0")):
         res = CliRunner().invoke(synthetic.main, [*args, "--out", str(tmp_path / name), "--workers", workers])
         assert res.exit_code == 0, res.output
     meta = [json.loads((tmp_path / n / "metadata.json").read_text()) for n in ("serial", "pool")]
     assert without_command(meta[0]) == without_command(meta[1])
+    assert meta[0]["schema_version"] == (3 if layout == "slots" else 2)
     for rel in files(tmp_path / "serial"):
         assert pq.read_table(tmp_path / "serial" / rel).equals(pq.read_table(tmp_path / "pool" / rel)), rel
     res = CliRunner().invoke(synthetic.main, [*args, "--out", str(tmp_path / "x"), "--workers", "-1"])

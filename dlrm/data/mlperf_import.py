@@ -13,8 +13,11 @@ MLPerf's reference (mlcommons/training ``recommendation_v2/torchrec_dlrm``, torc
 
 Training rows are days 0-22 (the reference shuffled them across those days), validation the first
 ``ceil(N / 2)`` rows of day 23 and test the rest, as the reference splits them. Every row becomes
-one parquet row: the label, 13 dense counts and 26 features (a list of size_f ids where size_f > 1),
-with ``hashing`` "modulus" over the table sizes, which maps the ids 0 .. card - 1 to distinct rows.
+one parquet row: the label, 13 dense counts and 26 features, with ``hashing`` "modulus" over the
+table sizes, which maps the ids 0 .. card - 1 to distinct rows. A feature of size_f > 1 is stored as
+``--sparse-layout`` says (`dlrm.data.schema`): ``slots`` (the default, schema version 3), size_f int64
+columns ``SPARSE_<f>_0 ..``, which the loaders read 1.6-2x faster (MLPerf's rows are always full, so
+no slot holds -2); ``lists`` (version 2), one list column of size_f ids.
 
 The dense values are the one thing this format cannot hold as they are: it stores int32 counts and
 the loaders feed ``log1p(max(x, 0))`` to the model. The counts are recovered as
@@ -26,10 +29,10 @@ The npz members are read through memory maps (no member is loaded whole: one fea
 up to ~70 GB), in row groups of 131,072 rows, by ``--workers`` processes, each writing its own
 files into ``.<output name>.import-partial`` beside ``--output``, renamed into place when all are
 done: ``--output`` never holds a half-written dataset. An import that stops (a bad value, a kill)
-keeps the files it finished there, and the same command resumes from them (other options or
-another input are refused; ``--overwrite`` starts over). Every value is checked (labels 0/1, finite
-dense values, ids in range, shapes and dtypes alike across days), and a bad one stops the import
-with one line naming the file, the member and the row.
+keeps the files it finished there, and the same command resumes from them (other options, another
+``--sparse-layout`` included, or another input are refused; ``--overwrite`` starts over). Every
+value is checked (labels 0/1, finite dense values, ids in range, shapes and dtypes alike across
+days), and a bad one stops the import with one line naming the file, the member and the row.
 
 Files are written with LZ4 by default: a dataset of this size streams from parquet
 (``data.placement`` "stream"), and MLPerf's multi-hot rows decode ~1.3x faster from LZ4 than from
@@ -65,12 +68,15 @@ from dlrm.data.schema import (
     MLPERF_CARDINALITIES,
     NUM_DENSE,
     NUM_SPARSE,
+    SPARSE_LAYOUTS,
     Metadata,
     SplitInfo,
     arrow_schema,
+    write_options,
     write_metadata,
 )
 from dlrm.data.synthetic import _check_parent_writable, _check_target, _replace_dir
+from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
 
@@ -176,8 +182,22 @@ def dense_counts(logged: np.ndarray) -> np.ndarray:
     return np.clip(counts, 0, _INT32_MAX).astype(np.int32)
 
 
-def _row_group(day: Day, lo: int, hi: int, cards: list[int], schema: pa.Schema) -> tuple[pa.Table, int]:
-    """Rows [lo, hi) of `day` as one table of the dataset schema, every value checked; and its positives."""
+def _sparse_arrays(block: np.ndarray, layout: str) -> list[pa.Array]:
+    """One feature's ids [n, size] as its columns: one int64 column when size is 1; else size int64
+    columns ("slots") or one list column ("lists"), whose every list holds `size` ids (offsets 0, size, ...)."""
+    n, size = block.shape
+    if size == 1:
+        return [pa.array(block[:, 0])]
+    if layout == "slots":
+        return [pa.array(block[:, j]) for j in range(size)]
+    offsets = pa.array(np.arange(0, (n + 1) * size, size, dtype=np.int32))
+    return [pa.ListArray.from_arrays(offsets, pa.array(block.reshape(-1)))]
+
+
+def _row_group(day: Day, lo: int, hi: int, cards: list[int], schema: pa.Schema,
+               layout: str = SPARSE_LAYOUT) -> tuple[pa.Table, int]:
+    """Rows [lo, hi) of `day` as one table of the dataset schema (multi-hot features in `layout`), every
+    value checked; and its positives."""
     labels = np.asarray(day.labels[lo:hi])
     bad = np.flatnonzero((labels != 0) & (labels != 1))
     if bad.size:
@@ -191,7 +211,6 @@ def _row_group(day: Day, lo: int, hi: int, cards: list[int], schema: pa.Schema) 
     cols = [pa.array(labels.astype(np.int8))]
     dense = dense_counts(logged)
     cols += [pa.array(dense[:, j]) for j in range(NUM_DENSE)]
-    n = hi - lo
     for f, ids in enumerate(day.sparse):
         block = np.asarray(ids[lo:hi]).astype(np.int64, copy=False)
         bad = np.argwhere((block < 0) | (block >= cards[f]))
@@ -199,12 +218,7 @@ def _row_group(day: Day, lo: int, hi: int, cards: list[int], schema: pa.Schema) 
             r, s = (int(v) for v in bad[0])
             raise ImportInputError(f"{day.paths[2]}: member {f}.npy: row {lo + r}, value {s}: id {block[r, s].item()} is "
                                    f"outside feature {f}'s table of {cards[f]} rows (--num-embeddings)")
-        size = block.shape[1]
-        if size == 1:
-            cols.append(pa.array(block[:, 0]))
-        else:  # every list holds exactly `size` ids: offsets 0, size, 2 size, ...
-            offsets = pa.array(np.arange(0, (n + 1) * size, size, dtype=np.int32))
-            cols.append(pa.ListArray.from_arrays(offsets, pa.array(block.reshape(-1))))
+        cols += _sparse_arrays(block, layout)
     return pa.Table.from_arrays(cols, schema=schema), int(np.count_nonzero(labels))
 
 
@@ -220,6 +234,7 @@ class _Task:
     cards: tuple
     sizes: tuple
     compression: str
+    layout: str = SPARSE_LAYOUT
 
 
 PLAN_FILE = "import-plan.json"
@@ -240,15 +255,16 @@ def _write_file(task: _Task, work: str) -> tuple[int, int]:
     day = Day.open(Path(task.root), task.day)
     if day.sizes != list(task.sizes):
         raise ImportInputError(f"{day.paths[2]}: sizes {day.sizes} differ from the first day's {list(task.sizes)}")
-    schema = arrow_schema(list(task.sizes))
+    schema = arrow_schema(list(task.sizes), task.layout)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".tmp")
     positives = 0
     try:
-        with pq.ParquetWriter(partial, schema,
-                              compression=None if task.compression == "none" else task.compression) as w:
+        with pq.ParquetWriter(partial, schema, compression=None if task.compression == "none" else task.compression,
+                              **write_options(list(task.sizes), task.layout)) as w:
             for r0 in range(task.lo, task.hi, ROW_GROUP_ROWS):
-                table, pos = _row_group(day, r0, min(task.hi, r0 + ROW_GROUP_ROWS), list(task.cards), schema)
+                table, pos = _row_group(day, r0, min(task.hi, r0 + ROW_GROUP_ROWS), list(task.cards), schema,
+                                        task.layout)
                 w.write_table(table, row_group_size=table.num_rows)
                 positives += pos
     except BaseException:
@@ -256,6 +272,18 @@ def _write_file(task: _Task, work: str) -> tuple[int, int]:
         raise
     os.replace(partial, path)  # complete: a resumed import keeps it
     return task.hi - task.lo, positives
+
+
+def _earlier_plan(work: Path) -> Optional[dict]:
+    """The plan an unfinished import in `work` recorded (None: none readable). A plan written before
+    ``--sparse-layout`` existed lacks the key: its files are in list columns, "lists"."""
+    try:
+        earlier = json.loads((work / PLAN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(earlier, dict):
+        earlier.setdefault("sparse_layout", "lists")
+    return earlier
 
 
 def parse_days(text: str) -> list[int]:
@@ -274,9 +302,11 @@ def parse_days(text: str) -> list[int]:
 
 def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
                   cards: Optional[list[int]] = None, compression: str = "lz4", rows_per_file: int = DEFAULT_ROWS_PER_FILE,
-                  workers: int = 1, max_rows_per_day: Optional[int] = None, overwrite: bool = False) -> Metadata:
-    """Write the dataset (see the module docstring); returns its metadata. Raises `ImportInputError` (a
-    `click.ClickException`) for bad inputs, arguments or an occupied `output`."""
+                  workers: int = 1, max_rows_per_day: Optional[int] = None, overwrite: bool = False,
+                  sparse_layout: str = SPARSE_LAYOUT) -> Metadata:
+    """Write the dataset (see the module docstring); returns its metadata. `sparse_layout`: "slots" or
+    "lists", how multi-hot features are stored. Raises `ImportInputError` (a `click.ClickException`)
+    for bad inputs, arguments or an occupied `output`."""
     cards = list(cards or MLPERF_CARDINALITIES)
     if len(cards) != NUM_SPARSE or min(cards) < 1:
         raise ImportInputError(f"--num-embeddings: need {NUM_SPARSE} table sizes >= 1, got {len(cards)}")
@@ -284,6 +314,8 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         raise ImportInputError(f"--eval-day {eval_day} is also a training day (--train-days)")
     if compression not in CODECS:
         raise ImportInputError(f"--compression: {compression!r} is not one of {', '.join(CODECS)}")
+    if sparse_layout not in SPARSE_LAYOUTS:
+        raise ImportInputError(f"--sparse-layout: {sparse_layout!r:.40} is not one of {', '.join(SPARSE_LAYOUTS)}")
     _check_target(output, overwrite, "directory")
     days = {i: Day.open(input_dir, i) for i in [*train_days, eval_day]}  # every file checked before any work
     sizes = days[train_days[0]].sizes
@@ -291,6 +323,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         if day.sizes != sizes:
             raise ImportInputError(f"{day.paths[2]}: multi-hot sizes {day.sizes} differ from day {train_days[0]}'s "
                                    f"{sizes}")
+    layout = stored_layout(sizes, sparse_layout)
 
     def take(day: Day) -> int:
         return day.rows if max_rows_per_day is None else min(day.rows, max_rows_per_day)
@@ -304,23 +337,20 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         for k, r0 in enumerate(range(lo, hi, rows_per_file)):
             tasks[split].append(_Task(str(input_dir), i, r0, min(hi, r0 + rows_per_file),
                                       f"{split}/day-{i:02d}-part-{k:05d}.parquet", tuple(cards), tuple(sizes),
-                                      compression))
+                                      compression, layout))
     total = sum(t.hi - t.lo for ts in tasks.values() for t in ts)
     logger.info(f"importing {total:,} rows from {input_dir}: train days {train_days[0]}-{train_days[-1]} "
                 f"({len(train_days)} days), validation and test from day {eval_day}; multi-hot sizes {sizes}; "
-                f"{compression} files; {workers} worker(s)")
+                f"{compression} files, {layout} layout; {workers} worker(s)")
     plan = {"source": str(input_dir.resolve()), "train_days": train_days, "eval_day": eval_day, "cards": cards,
             "sizes": sizes, "compression": compression, "rows_per_file": rows_per_file,
-            "max_rows_per_day": max_rows_per_day, "day_rows": {str(i): d.rows for i, d in days.items()}}
+            "max_rows_per_day": max_rows_per_day, "day_rows": {str(i): d.rows for i, d in days.items()},
+            "sparse_layout": layout}
     work = partial_dir(output)
     if overwrite:
         shutil.rmtree(work, ignore_errors=True)
     if work.exists():
-        try:
-            earlier = json.loads((work / PLAN_FILE).read_text())
-        except (OSError, ValueError):
-            earlier = None
-        if earlier != plan:
+        if _earlier_plan(work) != plan:
             raise ImportInputError(f"{work}: an unfinished import with other options or input; run that import's "
                                    f"command again to finish it, or pass --overwrite to start over")
         logger.info(f"resuming the unfinished import in {work}")
@@ -349,7 +379,8 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         done = dict(zip((t.out for t in ordered), results))  # file -> (rows, positives)
         splits = {s: SplitInfo(sum(done[t.out][0] for t in ts), sum(done[t.out][1] for t in ts), [t.out for t in ts])
                   for s, ts in tasks.items() if ts}
-        meta = Metadata(cardinalities=cards, multi_hot_sizes=sizes, hashing="modulus", splits=splits, extra={
+        meta = Metadata(cardinalities=cards, multi_hot_sizes=sizes, hashing="modulus", splits=splits,
+                        sparse_layout=layout, extra={
             "importer": "dlrm.data.mlperf_import",
             "source": str(input_dir),
             "train_days": train_days,
@@ -383,13 +414,16 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
               help="Table sizes (every id must be below its feature's) [default: MLPerf's, 40M-capped].")
 @click.option("--compression", type=click.Choice(CODECS), default="lz4", show_default=True,
               help="Parquet codec (lz4: multi-hot rows stream ~1.3x faster than from zstd, for ~1.4x the bytes).")
+@click.option("--sparse-layout", type=click.Choice(SPARSE_LAYOUTS), default=SPARSE_LAYOUT, show_default=True,
+              help="How multi-hot features are stored: slots, one int64 column a slot (schema version 3, read 1.6-2x "
+                   "faster); lists, one list column a feature (version 2). The same values either way.")
 @click.option("--rows-per-file", type=click.IntRange(min=1), default=DEFAULT_ROWS_PER_FILE, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes writing files [default: min(cores, 8)].")
 @click.option("--max-rows-per-day", type=click.IntRange(min=1), default=None,
               help="Import only the first N rows of each day (a quick subset).")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty --output directory.")
-def main(input_dir, output, train_days, eval_day, num_embeddings, compression, rows_per_file, workers,
+def main(input_dir, output, train_days, eval_day, num_embeddings, compression, sparse_layout, rows_per_file, workers,
          max_rows_per_day, overwrite):
     """Import MLPerf DLRM-DCNv2's preprocessed multi-hot Criteo 1TB (see the module docstring).
 
@@ -411,7 +445,7 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, r
                 raise ImportInputError(f"--num-embeddings: {num_embeddings!r} is not {NUM_SPARSE} integers") from None
         _check_parent_writable(Path(output), "--output")
         import_mlperf(Path(input_dir), Path(output), days, eval_day, cards, compression, rows_per_file,
-                      workers or min(os.cpu_count() or 1, 8), max_rows_per_day, overwrite)
+                      workers or min(os.cpu_count() or 1, 8), max_rows_per_day, overwrite, sparse_layout)
     except click.ClickException as e:
         logger.error(e.format_message())
         sys.exit(EXIT_BAD_INPUT)

@@ -4,8 +4,9 @@
     python -m dlrm.data.relayout --data data/mlperf-syn --output data/mlperf-lists --sparse-layout lists --compression zstd
 
 A dataset written before the "slots" layout existed (schema version 2: one ``list<int64>`` column a
-multi-hot feature) streams ~1.8x slower than the same rows in slot columns, one int64 column a slot
-(`dlrm.data.schema`, version 3; benchmarks/results/sparse_layout_*). This makes the slot copy
+multi-hot feature) is read 1.6-2x slower than the same rows in slot columns, one int64 column a slot
+(`dlrm.data.schema`, version 3), and MLPerf DLRM-DCNv2 trains 1.3-1.45x slower streaming it
+(benchmarks/results/sparse_layout_mlperf.md). This makes the slot copy
 without preprocessing or generating again: every file of every split is read row group by row group,
 checked as the loaders check it (schema, labels, list lengths, nulls replaced by the same policy),
 and written with the same path, row groups and rows, the multi-hot features in ``--sparse-layout``;
@@ -44,10 +45,10 @@ from dlrm.data.schema import (
     Metadata,
     SparseLayout,
     arrow_schema,
-    dictionary_columns,
     read_metadata,
     slot_column,
     slots_to_list_array,
+    write_options,
     write_metadata,
 )
 from dlrm.data.synthetic import _check_parent_writable, _check_target, _replace_dir
@@ -90,7 +91,7 @@ def relayout_file(src: Path, dst: Path, sizes: list[int], layout: SparseLayout, 
     rows = 0
     with pq.ParquetFile(src, metadata=footer) as reader, \
             pq.ParquetWriter(dst, arrow_schema(sizes, layout), compression=None if codec == "none" else codec,
-                             use_dictionary=dictionary_columns(sizes, layout)) as writer:
+                             **write_options(sizes, layout)) as writer:
         for (_, g, n), first in zip(groups, first_rows(groups)):
             try:
                 table = reader.read_row_group(g)
@@ -142,7 +143,7 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
               help="The dataset directory to read (any schema version).")
 @click.option("--output", type=click.Path(path_type=Path), required=True, help="The dataset directory to create.")
 @click.option("--sparse-layout", type=click.Choice(SPARSE_LAYOUTS), default="slots", show_default=True,
-              help="slots: one int64 column a multi-hot slot (schema version 3, read ~1.8x faster); lists: one list "
+              help="slots: one int64 column a multi-hot slot (schema version 3, read 1.6-2x faster); lists: one list "
                    "column a feature (version 2).")
 @click.option("--compression", type=click.Choice(("keep", *CODECS)), default="keep", show_default=True,
               help="Parquet codec of the new files (keep: each file's own).")

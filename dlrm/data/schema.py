@@ -24,7 +24,8 @@ Columns (in this order):
                        "slots" (schema version 3): ``multi_hot_sizes[f]`` int64 columns
                        ``SPARSE_<f>_0 .. SPARSE_<f>_<size-1>``, one per slot, ``PAD_SPARSE`` (-2)
                        in a slot that holds no value. No repetition levels to decode: the
-                       loaders read these ~1.8x faster (benchmarks/results/sparse_layout_*).
+                       loaders decode these ~3x faster, and MLPerf DLRM-DCNv2 streams 1.3-1.45x faster
+                       (benchmarks/results/sparse_layout_mlperf.md).
 Files from other writers may declare columns nullable; the loaders then read a null count as 0,
 a null category as -1, a null list as an empty list and a null value inside a list as -1 (logged
 once per file) and refuse a null label (`dlrm.data.loader.check_table`).
@@ -161,14 +162,25 @@ def arrow_schema(multi_hot_sizes: list[int] | None = None, layout: SparseLayout 
     return pa.schema(fields)
 
 
-def dictionary_columns(multi_hot_sizes: list[int] | None = None, layout: SparseLayout = "lists") -> list[str]:
-    """The columns a writer should dictionary-encode (pyarrow's ``use_dictionary``): all but the slot columns.
+SLOT_DICTIONARY_PAGE_BYTES = 1 << 16
+"""pyarrow's ``dictionary_pagesize_limit`` for shards with slot columns (pyarrow's default is 1 MB)."""
 
-    A slot column holds one id a row of a possibly huge table, where a dictionary fills its page and
-    falls back to plain encoding: MLPerf-shaped rows were 23% larger from LZ4 (172 against 140 MB a
-    131,072-row group) and decoded 13% slower with it (benchmarks/results/sparse_layout_*)."""
+
+def write_options(multi_hot_sizes: list[int] | None = None, layout: SparseLayout = "lists") -> dict[str, Any]:
+    """Extra pyarrow parquet writer arguments for a shard of `multi_hot_sizes` in `layout`: none without slot
+    columns (pyarrow's defaults: files as before the "slots" layout existed); a 64 KB dictionary page with them.
+
+    A slot column holds one id a row. Where the column chunk holds few distinct ids (a small table, or
+    Zipf-like real data) a dictionary shrinks it; where it holds many (MLPerf's uniform extra ids of a
+    40M-row table) pyarrow's default 1 MB dictionary page fills before it falls back to plain encoding,
+    and those dictionary-encoded pages cost more than they save. Capped at 64 KB (~8,000 distinct ids),
+    one MLPerf-shaped 131,072-row group from LZ4 was 135 MB with uniform ids (172 with 1 MB pages, 138
+    without dictionaries) and decoded in 0.78 us a row (1.08, 0.77); with Zipf-like ids 91 MB (78, 99)
+    and 0.79 us (0.79, 0.85); one thread of the 2-core machine,
+    benchmarks/results/sparse_layout_decode_{uniform,zipf}_cpu.md. List columns took 2.3-2.5 us a row.
+    """
     slots = set(sparse_columns(multi_hot_sizes, layout)) - set(SPARSE_COLUMNS)
-    return [name for name in arrow_schema(multi_hot_sizes, layout).names if name not in slots]
+    return {"dictionary_pagesize_limit": SLOT_DICTIONARY_PAGE_BYTES} if slots else {}
 
 
 def slots_to_list_array(slots):

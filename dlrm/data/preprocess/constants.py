@@ -17,11 +17,14 @@ INT32_MAX = np.iinfo(np.int32).max
 DEFAULT_CHUNK_ROWS = 262_144  # about 370 MB peak per worker (measured); one row group per full shard
 DEFAULT_ROW_GROUP_ROWS = 262_144
 DEFAULT_MAX_ROWS_PER_TABLE = 40_000_000
+DEFAULT_SPARSE_LAYOUT = "slots"  # --sparse-layout of a new multi-hot run: slot columns read 1.6-2x faster than lists
+RECORDLESS_SPARSE_LAYOUT = "lists"  # a run whose options lack sparse_layout: older versions wrote list columns only
 PROGRESS_DIR = "_progress"
 MANIFEST_VERSION = 1
 
 BAD_LINE_REASONS = ("wrong_field_count", "bad_label", "bad_integer", "bad_category", "empty_file", "corrupt_gzip")
-# Options that change the output; a resumed run must use the same values.
+# Options that change the output; a resumed run must use the same values (and the same --multi-hot-sizes and
+# --sparse-layout, recorded only when multi-hot: `output._multi_hot_diffs`).
 _OUTPUT_OPTIONS = (
     "format",
     "split",

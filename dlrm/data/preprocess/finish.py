@@ -63,7 +63,9 @@ def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashi
         }
     )
     sizes = opts.get("multi_hot_sizes") or [1] * NUM_SPARSE
-    meta = Metadata(cardinalities=cards, multi_hot_sizes=list(sizes), hashing=hashing, splits=splits, extra=extra)
+    layout = opts.get("sparse_layout", "lists")  # recorded only when multi-hot; one-hot: the same files
+    meta = Metadata(cardinalities=cards, multi_hot_sizes=list(sizes), hashing=hashing, splits=splits, extra=extra,
+                    sparse_layout=layout)
     write_metadata(out, meta)
     logger.info("wrote {}", out / "metadata.json")
     return meta

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from dlrm.data.preprocess.constants import PROGRESS_DIR
+from dlrm.data.preprocess.constants import DEFAULT_SPARSE_LAYOUT, PROGRESS_DIR, RECORDLESS_SPARSE_LAYOUT
 from dlrm.data.preprocess.errors import PreprocessError
 from dlrm.data.preprocess.frequency import AUTO
-from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, SPLITS
+from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, SPARSE_LAYOUTS, SPLITS
 
 SPLIT_MODES = ("sequential", "random", "days")
 HASHINGS = ("modulus", "vocabulary")
@@ -53,6 +53,9 @@ class RunOptions:
     progress: bool
     min_frequency_auto: bool = False  # --min-frequency auto: the manifest keeps "auto", resolved per run
     multi_hot_sizes: list[int] | None = None  # --multi-hot-sizes; None: one-hot
+    # --sparse-layout of multi-hot data ("lists" when one-hot: both layouts are the same files); None
+    # until settled by `with_sparse_layout` when not given (a resumed run keeps the one it recorded)
+    sparse_layout: str | None = "lists"
 
     @property
     def count_cap(self) -> int | None:
@@ -66,6 +69,20 @@ class RunOptions:
     def with_min_frequency(self, value: int) -> "RunOptions":
         """These options with "auto" resolved to `value` (the manifest still says "auto")."""
         return dataclasses.replace(self, min_frequency=value)
+
+    def with_sparse_layout(self, recorded: dict | None) -> "RunOptions":
+        """These options with the layout settled: the one given, else the one in the options
+        `recorded` by the unfinished run this one resumes (`RECORDLESS_SPARSE_LAYOUT` if they lack it),
+        else `DEFAULT_SPARSE_LAYOUT` (None: a new run)."""
+        if self.sparse_layout is not None:
+            return self
+        if recorded is None:
+            return dataclasses.replace(self, sparse_layout=DEFAULT_SPARSE_LAYOUT)
+        layout = recorded.get("sparse_layout", RECORDLESS_SPARSE_LAYOUT)
+        if layout not in SPARSE_LAYOUTS:
+            raise PreprocessError(f"the unfinished run in the output records sparse_layout {layout!r:.40}, not one of "
+                                  f"{', '.join(SPARSE_LAYOUTS)}; use --overwrite to start over")
+        return dataclasses.replace(self, sparse_layout=layout)
 
     def output_options(self) -> dict[str, Any]:
         """The options that change the output (manifest and ``metadata.extra["options"]``);
@@ -87,13 +104,15 @@ class RunOptions:
             "on_bad_line": self.on_bad_line,
             # only when multi-hot: a one-hot run's options (and a resume of an older run) read as before
             **({"multi_hot_sizes": self.multi_hot_sizes} if self.multi_hot_sizes is not None else {}),
+            **({"sparse_layout": self.sparse_layout} if self.multi_hot_sizes is not None else {}),
         }
 
 
 def check_options(*, input_format: Any, split: Any, validation_fraction: Any, test_fraction: Any, seed: Any,
                   hashing: Any, min_frequency: Any, max_rows_per_table: Any, chunk_rows: Any, row_group_rows: Any,
                   compression: Any, compression_level: Any, workers: Any, on_bad_line: Any, overwrite: Any,
-                  checkpoint_interval: Any, progress: Any, multi_hot_sizes: Any = None) -> RunOptions:
+                  checkpoint_interval: Any, progress: Any, multi_hot_sizes: Any = None,
+                  sparse_layout: Any = None) -> RunOptions:
     """Validate every option of `preprocess` (values from the API or the command line)."""
     split = _check_choice("--split", split, SPLIT_MODES)
     validation_fraction = _check_fraction("--validation-fraction", validation_fraction)
@@ -110,12 +129,14 @@ def check_options(*, input_format: Any, split: Any, validation_fraction: Any, te
     if auto and hashing != "vocabulary":
         raise PreprocessError("--min-frequency auto: the frequency threshold applies to --hashing vocabulary only")
     sizes = _check_multi_hot_sizes(multi_hot_sizes)
+    layout = None if sparse_layout is None else _check_choice("--sparse-layout", sparse_layout, SPARSE_LAYOUTS)
     fmt = _check_choice("--format", input_format, INPUT_FORMATS)
     if sizes is not None and fmt == "csv":
         raise PreprocessError("--multi-hot-sizes: needs --format tsv (or auto on TSV files): ',' separates both the "
                               "fields of CSV and the values of a multi-hot field")
     return RunOptions(
         multi_hot_sizes=sizes,
+        sparse_layout=layout if sizes is not None else "lists",  # one-hot: the layouts write the same files
         input_format=fmt,
         split=split,
         validation_fraction=validation_fraction,

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from dlrm.data.preprocess.constants import _OUTPUT_OPTIONS, PROGRESS_DIR
+from dlrm.data.preprocess.constants import _OUTPUT_OPTIONS, PROGRESS_DIR, RECORDLESS_SPARSE_LAYOUT
 from dlrm.data.preprocess.errors import PreprocessError
 from dlrm.data.preprocess.scan import FileScan
 from dlrm.data.schema import SPLITS
@@ -91,8 +91,27 @@ def _manifest_diffs(manifest: dict, opts: dict, fingerprints: list[dict]) -> lis
         if old_opts.get(k) != opts[k]:
             if k == "on_bad_line" and old_opts.get(k) == "stop" and opts[k] == "skip":
                 continue  # chunks finished in stop mode had no bad line: same result in skip mode
-            diffs.append(f"{k.replace('_', '-')}: {old_opts.get(k)!r} (earlier run) vs {opts[k]!r} (now)")
-    return diffs
+            diffs.append(_option_diff(k, old_opts.get(k), opts[k]))
+    return diffs + _multi_hot_diffs(old_opts, opts)
+
+
+def _multi_hot_diffs(old: dict, new: dict) -> list[str]:
+    """How --multi-hot-sizes and --sparse-layout differ. A run records them only when multi-hot, so a
+    record without them means one-hot and, older versions writing nothing else, list columns; a
+    layout not given (None) is no difference: the run continues with the recorded one
+    (`RunOptions.with_sparse_layout`)."""
+    old_sizes, new_sizes = old.get("multi_hot_sizes"), new.get("multi_hot_sizes")
+    if old_sizes != new_sizes:
+        return [_option_diff("multi_hot_sizes", old_sizes or "one-hot", new_sizes or "one-hot")]
+    old_layout, new_layout = old.get("sparse_layout", RECORDLESS_SPARSE_LAYOUT), new.get("sparse_layout")
+    if new_sizes is not None and new_layout is not None and new_layout != old_layout:
+        return [_option_diff("sparse_layout", old_layout, new_layout)]
+    return []
+
+
+def _option_diff(key: str, old, new) -> str:
+    """One difference, named by its flag: ``sparse-layout: 'lists' (earlier run) vs 'slots' (now)``."""
+    return f"{key.replace('_', '-')}: {old!r} (earlier run) vs {new!r} (now)"
 
 
 def _load_done(progress: Path, out: Path) -> dict[tuple[int, int], dict]:

@@ -14,6 +14,7 @@ from dlrm.data.schema import (
     NUM_DENSE,
     NUM_SPARSE,
     PAD_SPARSE,
+    SparseLayout,
     arrow_schema,
     is_multi_hot,
     slot_offsets,
@@ -59,14 +60,17 @@ class ParsedChunk:
             return self.label, self.dense, self.sparse
         return self.label[idx], self.dense[:, idx], self.sparse[:, idx]
 
-    def to_table(self, idx: np.ndarray | None = None, multi_hot_sizes: list[int] | None = None):
-        """A `pyarrow.Table` with `arrow_schema(multi_hot_sizes)` (of the rows ``idx``, default all)."""
-        return _to_table(*self.take(idx), multi_hot_sizes)
+    def to_table(self, idx: np.ndarray | None = None, multi_hot_sizes: list[int] | None = None,
+                 layout: SparseLayout = "lists"):
+        """A `pyarrow.Table` with `arrow_schema(multi_hot_sizes, layout)` (of the rows ``idx``, default all)."""
+        return _to_table(*self.take(idx), multi_hot_sizes, layout)
 
 
-def _to_table(label: np.ndarray, dense: np.ndarray, sparse: np.ndarray, multi_hot_sizes: list[int] | None = None):
-    """A `pyarrow.Table` with `arrow_schema(multi_hot_sizes)` of label (n,), dense (13, n) and
-    sparse (L, n) arrays (a multi-hot feature's slot rows become its list column)."""
+def _to_table(label: np.ndarray, dense: np.ndarray, sparse: np.ndarray, multi_hot_sizes: list[int] | None = None,
+              layout: SparseLayout = "lists"):
+    """A `pyarrow.Table` with `arrow_schema(multi_hot_sizes, layout)` of label (n,), dense (13, n) and
+    sparse (L, n) arrays: a multi-hot feature's slot rows become its list column ("lists") or, as
+    they are, its slot columns ("slots", `PAD_SPARSE` kept in the empty ones)."""
     import pyarrow as pa
 
     arrays = [pa.array(np.ascontiguousarray(label, dtype=np.int8))]
@@ -74,11 +78,11 @@ def _to_table(label: np.ndarray, dense: np.ndarray, sparse: np.ndarray, multi_ho
     offsets = slot_offsets(multi_hot_sizes)
     for f in range(NUM_SPARSE):
         lo, hi = offsets[f], offsets[f + 1]
-        if hi - lo == 1:
-            arrays.append(pa.array(np.ascontiguousarray(sparse[lo], dtype=np.int64)))
+        if hi - lo == 1 or layout == "slots":
+            arrays += [pa.array(np.ascontiguousarray(sparse[j], dtype=np.int64)) for j in range(lo, hi)]
         else:
             arrays.append(slots_to_list_array(np.ascontiguousarray(sparse[lo:hi].T)))
-    return pa.Table.from_arrays(arrays, schema=arrow_schema(multi_hot_sizes))
+    return pa.Table.from_arrays(arrays, schema=arrow_schema(multi_hot_sizes, layout))
 
 
 _PAD = 8  # bytes in front of the data, so that an 8-byte window ending at any field is in bounds

@@ -64,6 +64,7 @@ def preprocess(
     checkpoint_interval: float = 300.0,
     progress: bool = True,
     multi_hot_sizes: list[int] | str | None = None,
+    sparse_layout: str | None = None,
     _max_new_chunks: int | None = None,
 ) -> Metadata:
     """Turn raw Criteo files into a dataset directory (see the package docstring); returns its metadata.
@@ -96,6 +97,11 @@ def preprocess(
             integers; None: one-hot). A multi-hot field holds hex values separated by ``,`` (TSV
             only; empty: no value); more values than its size is a bad line (bad_category).
             Distinct values and vocabulary frequencies count every value.
+        sparse_layout: how the shards store a multi-hot field (`dlrm.data.schema.SparseLayout`):
+            "slots" (one int64 column a slot, -2 in the empty ones; schema version 3, the faster to
+            read) or "lists" (one ``list<int64>`` column, version 2). None: "slots" for a new run,
+            and a resumed run keeps the layout it started with ("lists" if its record predates the
+            option); a different one is refused like any changed option. One-hot data: no effect.
 
     Every option, the inputs and the output location are checked before anything is written; a
     run that fails before its first chunk is finished removes what it created.
@@ -110,7 +116,7 @@ def preprocess(
         max_rows_per_table=max_rows_per_table, chunk_rows=chunk_rows, row_group_rows=row_group_rows,
         compression=compression, compression_level=compression_level, workers=workers, on_bad_line=on_bad_line,
         overwrite=overwrite, checkpoint_interval=checkpoint_interval, progress=progress,
-        multi_hot_sizes=multi_hot_sizes,
+        multi_hot_sizes=multi_hot_sizes, sparse_layout=sparse_layout,
     )
     paths = check_inputs(inputs, opts.split)
     out = Path(output)
@@ -160,7 +166,6 @@ class _Run:
     """One run's state, handed from step to step (count, start the output, restore, chunks, finish)."""
 
     def __init__(self, opts: RunOptions, paths: list[Path], out: Path, max_new: int | None):
-        self.opts = opts
         self.paths = paths
         self.out = out
         self.progress_dir = out / PROGRESS_DIR
@@ -168,6 +173,7 @@ class _Run:
         self.fingerprints = [_fingerprint(p) for p in paths]
         self.created = _first_missing(out)  # what this run creates (removed again if it fails early)
         self.manifest = _check_output(out, opts.output_options(), self.fingerprints, opts.overwrite)
+        self.opts = opts.with_sparse_layout(self.manifest["options"] if self.manifest is not None else None)
         self.pool: ProcessPoolExecutor | None = None
         self.done: dict[tuple[int, int], dict] = {}
         # True once this run has taken over the output (the old dataset replaced, the progress of
@@ -240,7 +246,9 @@ class _Run:
             logger.info("{} chunk(s) already done; re-reading table statistics of {} of them", len(self.done),
                         len(redo))
         if redo:
-            args = [(str(self.out / self.done[k]["shards"]["train"]["file"]), k[0], k[1], cap) for k in redo]
+            o = self.opts
+            args = [(str(self.out / self.done[k]["shards"]["train"]["file"]), k[0], k[1], cap, o.multi_hot_sizes,
+                     o.sparse_layout) for k in redo]
             it = self.pool.map(_stats_from_shard, args) if self.pool is not None else map(_stats_from_shard, args)
             for key, stats in it:
                 self.counter.add_stats(stats)
@@ -267,7 +275,7 @@ class _Run:
                 first_local=c * rows, file_first_global=self.firsts[f], data=data, plan=self.plan,
                 output=str(self.out), row_group_rows=o.row_group_rows, compression=o.compression,
                 compression_level=o.compression_level, on_bad_line=o.on_bad_line, count_cap=o.count_cap,
-                multi_hot_sizes=o.multi_hot_sizes,
+                multi_hot_sizes=o.multi_hot_sizes, sparse_layout=o.sparse_layout,
             )
 
     def run_chunks(self) -> _RunState:

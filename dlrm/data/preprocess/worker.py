@@ -19,7 +19,14 @@ from dlrm.data.preprocess.parse import _to_table, parse_chunk
 from dlrm.data.preprocess.scan import _iter_blocks
 from dlrm.data.preprocess.splits import SplitPlan
 from dlrm.data.preprocess.stats import feature_stats, sparse_stats
-from dlrm.data.schema import SPARSE_COLUMNS, SPLITS
+from dlrm.data.schema import (
+    SPARSE_COLUMNS,
+    SPLITS,
+    arrow_schema,
+    slot_column,
+    sparse_columns,
+    write_options,
+)
 
 
 @dataclass
@@ -45,6 +52,7 @@ class _ChunkTask:
     on_bad_line: str
     count_cap: int | None
     multi_hot_sizes: list[int] | None = None  # None: one-hot
+    sparse_layout: str = "lists"  # of a multi-hot feature's columns (`dlrm.data.schema.SparseLayout`)
 
 
 @dataclass
@@ -63,8 +71,10 @@ def shard_name(split: str, file_index: int, chunk_index: int) -> str:
     return f"{split}/part-{file_index:04d}-{chunk_index:06d}.parquet"
 
 
-def _write_shard(path: Path, table, row_group_rows: int, compression: str, level: int | None) -> None:
-    """Write a parquet shard atomically (temp file, fsync, rename): a kill never leaves half a shard."""
+def _write_shard(path: Path, table, row_group_rows: int, compression: str, level: int | None,
+                 options: dict | None = None) -> None:
+    """Write a parquet shard atomically (temp file, fsync, rename): a kill never leaves half a shard.
+    `options`: more pyarrow writer arguments (`dlrm.data.schema.write_options`)."""
     import pyarrow.parquet as pq
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -76,6 +86,7 @@ def _write_shard(path: Path, table, row_group_rows: int, compression: str, level
                 row_group_size=row_group_rows,
                 compression=None if compression == "none" else compression,
                 compression_level=level,
+                **(options or {}),
             )
             fh.flush()
             os.fsync(fh.fileno())
@@ -114,8 +125,9 @@ def _process_chunk(task: _ChunkTask) -> _ChunkResult:
             continue
         label, dense, sparse = parsed.take(None if k == parsed.num_rows else np.flatnonzero(mask))
         rel = shard_name(name, task.file_index, task.chunk_index)
-        _write_shard(out / rel, _to_table(label, dense, sparse, task.multi_hot_sizes), task.row_group_rows, task.compression,
-                     task.compression_level)
+        table = _to_table(label, dense, sparse, task.multi_hot_sizes, task.sparse_layout)
+        _write_shard(out / rel, table, task.row_group_rows, task.compression, task.compression_level,
+                     write_options(task.multi_hot_sizes, task.sparse_layout))
         shards[name] = {"file": rel, "rows": k, "positives": int(np.count_nonzero(label))}
         if name == "train":
             stats = sparse_stats(sparse, task.count_cap, task.multi_hot_sizes)
@@ -130,21 +142,32 @@ def _process_chunk(task: _ChunkTask) -> _ChunkResult:
     return _ChunkResult(task.file_index, task.chunk_index, record=record, stats=stats)
 
 
-def _stats_from_shard(args: tuple[str, int, int, int | None]) -> tuple[tuple[int, int], list]:
-    """Table statistics of a finished chunk, re-read from its train shard (when resuming)."""
+def _stats_from_shard(args: tuple) -> tuple[tuple[int, int], list]:
+    """Table statistics of a finished chunk, re-read from its train shard (when resuming): args are
+    (path, file, chunk, count cap, multi_hot_sizes, layout), the run's own, which wrote the shard.
+
+    The same as `sparse_stats` of the chunk's rows, in either layout: every value of a multi-hot
+    feature counts, whether from a list or a slot column, and `feature_stats` drops the negative
+    ones, so the `PAD_SPARSE` of empty slots counts no more than a missing -1 (in memory and in slot
+    columns alike; a list holds no padding)."""
     import pyarrow.parquet as pq
 
-    path, f, c, cap = args
+    path, f, c, cap, sizes, layout = args
+    table = pq.read_table(path, columns=sparse_columns(sizes, layout))
+    stats = []
+    for feature, name in enumerate(SPARSE_COLUMNS):
+        names = [name] if name in table.column_names else [slot_column(feature, j) for j in range(sizes[feature])]
+        stats.append(feature_stats(np.concatenate([_values(table.column(n)) for n in names]), cap))
+    return (f, c), stats
+
+
+def _values(column) -> np.ndarray:
+    """The int64 values of a shard's sparse column; a list column's lists, flattened."""
     import pyarrow as pa
 
-    table = pq.read_table(path, columns=SPARSE_COLUMNS)
-    stats = []
-    for name in SPARSE_COLUMNS:
-        column = table.column(name)
-        if pa.types.is_list(column.type):  # multi-hot: every value counts
-            column = pa.chunked_array([chunk.flatten() for chunk in column.chunks], pa.int64())
-        stats.append(feature_stats(column.to_numpy(), cap))
-    return (f, c), stats
+    if pa.types.is_list(column.type):
+        column = pa.chunked_array([chunk.flatten() for chunk in column.chunks], pa.int64())
+    return column.to_numpy()
 
 
 def _iter_ranges(path: str, ranges: list[tuple[int, int]]) -> Iterator[bytes]:
