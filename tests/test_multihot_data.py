@@ -383,8 +383,9 @@ def test_synthetic_compression_changes_the_codec_not_the_rows(tmp_path):
             loader.close()
         finally:
             logger.remove(handle)
-        assert loader.codecs == {codec.upper()}
+        assert loader.codecs == {codec.upper()} and loader.layouts == {"slots"}
         assert any("LZ4 files" in m and "zstd files" in m for m in messages) == (codec == "zstd"), messages
+        assert not any("list columns" in m for m in messages)
     bad = CliRunner().invoke(synthetic.main, args + ["--out", str(tmp_path / "x"), "--compression", "lzo"])
     assert bad.exit_code == 2 and "--compression" in bad.output and not (tmp_path / "x").exists()
 

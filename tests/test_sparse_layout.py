@@ -289,3 +289,22 @@ def test_slot_schema_mismatches_name_the_column(tmp_path):
     other[20] = 6
     with pytest.raises(DatasetError, match=r"column SPARSE_20_5: missing"):
         ParquetLoader([path], 4, multi_hot_sizes=other)
+
+
+def test_training_loader_suggests_slot_columns_for_list_files(splits):
+    """The training loader logs how to rewrite list columns (any file of the split) as slot columns; not for slots."""
+    from dlrm.config import load_config
+    from dlrm.train.trainer import make_loader
+    from tests.conftest import REPO
+
+    cfg = load_config(REPO / "configs" / "sample.json")
+    for name, hinted in (("lists", True), ("mixed", True), ("slots", False)):
+        messages: list[str] = []
+        handle = logger.add(lambda m: messages.append(m.record["message"]), level="INFO")
+        try:
+            loader = make_loader(cfg, split_files(splits[name], read_metadata(splits[name]), "train"), 16,
+                                 torch.device("cpu"), train=True, placement="stream", multi_hot_sizes=SIZES)
+            loader.close()
+        finally:
+            logger.remove(handle)
+        assert any("python -m dlrm.data.relayout" in m for m in messages) == hinted, (name, messages)

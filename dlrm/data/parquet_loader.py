@@ -202,6 +202,11 @@ class ParquetLoader:
         return {meta.row_group(0).column(c).compression for meta in self._footers if meta.num_row_groups
                 for c in range(meta.num_columns)}
 
+    @property
+    def layouts(self) -> set[str]:
+        """The sparse layouts of the split's files ("lists", "slots"; `dlrm.data.validation.file_layout`)."""
+        return set(self._layouts)
+
     def __len__(self) -> int:
         """Batches per epoch."""
         return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.world_size)

@@ -50,6 +50,21 @@ __all__ = ["NonFiniteLoss", "TrainingStopped", "train", "evaluate", "build_for_d
 SLOW_MULTI_HOT_CODECS = {"ZSTD", "GZIP", "BROTLI"}
 
 
+def _log_multi_hot_hints(loader: ParquetLoader) -> None:
+    """Say so when multi-hot rows stream from files that the host decodes slower than it could: list columns
+    (`python -m dlrm.data.relayout` rewrites them as slot columns) or a slow codec."""
+    if "lists" in loader.layouts:
+        logger.info("data: multi-hot rows stream from list columns, which the host decodes 2-3x slower than slot "
+                    "columns: `python -m dlrm.data.relayout --data DIR --output NEW` rewrites the dataset in slot "
+                    "columns; MLPerf DLRM-DCNv2 then trains 1.25-1.48x faster streaming "
+                    "(benchmarks/results/sparse_layout_mlperf.md)")
+    slow = sorted(c.lower() for c in loader.codecs & SLOW_MULTI_HOT_CODECS)
+    if slow:
+        logger.info(f"data: multi-hot rows stream from {'/'.join(slow)} files, whose decoding is most of the "
+                    f"loader's work: LZ4 files (--compression lz4 when preprocessing, generating or relayouting) "
+                    f"stream 1.1-1.4x faster (benchmarks/results/loader_layouts_final_mlperf.md)")
+
+
 def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool,
                 env: DistEnv = DistEnv(), placement: Optional[str] = None, multi_hot_sizes: Optional[list[int]] = None):
     """The loader `placement` (default ``data.placement``, "stream" or "gpu") asks for: streamed from
@@ -68,11 +83,8 @@ def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.d
         loader = ParquetLoader(files, batch_size, device, shuffle=d.shuffle, seed=cfg.train.seed,
                                drop_last=d.drop_last, prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows,
                                chain_epochs=True, **ranks)
-        slow = sorted(c.lower() for c in loader.codecs & SLOW_MULTI_HOT_CODECS)
-        if is_multi_hot(multi_hot_sizes) and slow:
-            logger.info(f"data: multi-hot rows stream from {'/'.join(slow)} files, whose decoding is most of the "
-                        f"loader's work: LZ4 files (--compression lz4 when preprocessing or generating) stream "
-                        f"~1.3x faster (benchmarks/results/loader_codecs_mlperf_ab.md)")
+        if is_multi_hot(multi_hot_sizes):
+            _log_multi_hot_hints(loader)
         return loader
     return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, **ranks)
 
