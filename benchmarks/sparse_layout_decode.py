@@ -50,14 +50,13 @@ def mlperf_table(rows: int, layout: str, ids: str = "uniform", seed: int = 0):
     """A table of the dataset schema in `layout` with MLPerf's table and multi-hot sizes (`ids`: `draw_ids`)."""
     import pyarrow as pa
 
-    from dlrm.data.schema import MLPERF_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, NUM_DENSE, arrow_schema
-    from dlrm.data.synthetic_io import _feature_arrays
+    from dlrm.data.schema import MLPERF_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, NUM_DENSE, arrow_schema, feature_columns
 
     rng = np.random.default_rng(seed)
     cols = [pa.array(rng.integers(0, 2, rows).astype(np.int8))]
     cols += [pa.array(rng.integers(0, 100, rows).astype(np.int32)) for _ in range(NUM_DENSE)]
     for size, card in zip(MLPERF_MULTI_HOT_SIZES, MLPERF_CARDINALITIES):
-        cols += _feature_arrays(draw_ids(rng, card, (rows, size), ids), layout)
+        cols += feature_columns(draw_ids(rng, card, (rows, size), ids), layout)
     return pa.Table.from_arrays(cols, schema=arrow_schema(MLPERF_MULTI_HOT_SIZES, layout))
 
 

@@ -72,6 +72,7 @@ from dlrm.data.schema import (
     Metadata,
     SplitInfo,
     arrow_schema,
+    feature_columns,
     write_options,
     write_metadata,
 )
@@ -182,18 +183,6 @@ def dense_counts(logged: np.ndarray) -> np.ndarray:
     return np.clip(counts, 0, _INT32_MAX).astype(np.int32)
 
 
-def _sparse_arrays(block: np.ndarray, layout: str) -> list[pa.Array]:
-    """One feature's ids [n, size] as its columns: one int64 column when size is 1; else size int64
-    columns ("slots") or one list column ("lists"), whose every list holds `size` ids (offsets 0, size, ...)."""
-    n, size = block.shape
-    if size == 1:
-        return [pa.array(block[:, 0])]
-    if layout == "slots":
-        return [pa.array(block[:, j]) for j in range(size)]
-    offsets = pa.array(np.arange(0, (n + 1) * size, size, dtype=np.int32))
-    return [pa.ListArray.from_arrays(offsets, pa.array(block.reshape(-1)))]
-
-
 def _row_group(day: Day, lo: int, hi: int, cards: list[int], schema: pa.Schema,
                layout: str = SPARSE_LAYOUT) -> tuple[pa.Table, int]:
     """Rows [lo, hi) of `day` as one table of the dataset schema (multi-hot features in `layout`), every
@@ -218,7 +207,7 @@ def _row_group(day: Day, lo: int, hi: int, cards: list[int], schema: pa.Schema,
             r, s = (int(v) for v in bad[0])
             raise ImportInputError(f"{day.paths[2]}: member {f}.npy: row {lo + r}, value {s}: id {block[r, s].item()} is "
                                    f"outside feature {f}'s table of {cards[f]} rows (--num-embeddings)")
-        cols += _sparse_arrays(block, layout)
+        cols += feature_columns(block, layout)
     return pa.Table.from_arrays(cols, schema=schema), int(np.count_nonzero(labels))
 
 

@@ -45,9 +45,9 @@ from dlrm.data.schema import (
     Metadata,
     SparseLayout,
     arrow_schema,
+    feature_columns,
     read_metadata,
     slot_column,
-    slots_to_list_array,
     write_options,
     write_metadata,
 )
@@ -72,10 +72,10 @@ def table_in_layout(table: pa.Table, sizes: list[int], source: SparseLayout, lay
             continue
         if layout == "slots":  # one list column -> size slot columns, -2 after each row's values
             slots = list_slots(arrays.pop(SPARSE_COLUMNS[f]), size)
-            arrays.update({slot_column(f, j): pa.array(np.ascontiguousarray(slots[:, j])) for j in range(size)})
+            arrays.update(zip((slot_column(f, j) for j in range(size)), feature_columns(slots, "slots")))
         else:  # size slot columns -> one list column, the -2s dropped
             block = np.stack([arrays.pop(slot_column(f, j)).to_numpy() for j in range(size)], axis=1)
-            arrays[SPARSE_COLUMNS[f]] = slots_to_list_array(block)
+            arrays[SPARSE_COLUMNS[f]] = feature_columns(block, "lists")[0]
     return pa.Table.from_arrays([arrays[name] for name in schema.names], schema=schema)
 
 

@@ -189,10 +189,28 @@ def slots_to_list_array(slots):
     import numpy as np
     import pyarrow as pa
 
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    n, size = slots.shape
     valid = slots != PAD_SPARSE
-    offsets = np.zeros(slots.shape[0] + 1, dtype=np.int32)
+    if valid.all():  # every list full (MLPerf's rows, fixed fill): the slots are the values, offsets 0, size, ...
+        return pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * size, size, dtype=np.int32)),
+                                        pa.array(slots.reshape(-1)))
+    offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(valid.sum(axis=1), out=offsets[1:])
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(slots[valid], pa.int64()))
+
+
+def feature_columns(slots, layout: SparseLayout = "lists") -> list:
+    """One feature's slots, int64 numpy [n, size] (values first, `PAD_SPARSE` after them), as the arrays of
+    its columns in `layout`: one int64 array when size is 1; else one ``list<int64>`` array ("lists",
+    `slots_to_list_array`) or size int64 arrays, the slots as they are ("slots")."""
+    import pyarrow as pa
+
+    if slots.shape[1] == 1:
+        return [pa.array(slots[:, 0], pa.int64())]
+    if check_layout(layout) == "slots":
+        return [pa.array(slots[:, j], pa.int64()) for j in range(slots.shape[1])]
+    return [slots_to_list_array(slots)]
 
 
 @dataclass

@@ -68,10 +68,10 @@ Regimes (`REGIMES`, ``--regime``) are presets of the settings above plus how the
 
 Rows are generated in fixed chunks of `CHUNK_ROWS`, each from its own random stream derived
 from (seed, chunk index), so the data depend only on (seed, rows, cardinalities, split
-fractions); the parquet layout options only cut them into files (``--sparse-layout`` and
-``--compression`` only store them), and ``--workers N`` only
-computes the chunks in N processes (`dlrm.data.synthetic_chunks`). The splits are contiguous
-ranges in generation order: train, then validation, then test.
+fractions); the parquet options only cut them into files and store them (``--sparse-layout``,
+``--compression``), and ``--workers N`` only computes the chunks in N processes
+(`dlrm.data.synthetic_chunks`). The splits are contiguous ranges in generation order: train, then
+validation, then test.
 """
 
 from __future__ import annotations
@@ -190,9 +190,8 @@ REGIMES: dict[str, Regime] = {
 }
 
 from dlrm.data.synthetic_chunks import CHUNK_ROWS, chunks  # noqa: E402,F401 - CHUNK_ROWS re-exported
-from dlrm.data.synthetic_io import (  # noqa: E402,F401 - the writers (re-exported: tests and tools use them here)
-    COMPRESSION, MULTI_HOT_SEPARATOR, ROW_GROUP_ROWS, SPARSE_LAYOUT, _hex8, _hex_lists, _list_array, _SplitWriter,
-    _table, _tsv_block, stored_layout,
+from dlrm.data.synthetic_io import (  # noqa: E402 - the writers
+    COMPRESSION, ROW_GROUP_ROWS, SPARSE_LAYOUT, _SplitWriter, _table, _tsv_block, stored_layout,
 )
 
 from dlrm.data.preprocess.options import CODECS  # noqa: E402 - the same codecs as preprocessing
@@ -574,12 +573,11 @@ def _report(exc: BaseException) -> int:
 @click.option("--workers", type=click.IntRange(min=0), default=1, show_default=True,
               help="Processes computing the rows (0: one per CPU). The dataset is the same for any number.")
 @click.option("--compression", type=click.Choice(CODECS), default=COMPRESSION, show_default=True,
-              help="Parquet codec. lz4 files are ~1.4x larger than zstd ones, and MLPerf-style multi-hot rows stream "
-                   "from them ~1.3x faster (data.placement stream; benchmarks/results/stream_training_mlperf.md).")
+              help="Parquet codec. lz4 files are ~1.4x larger than zstd ones; multi-hot rows stream from them 1.1-1.4x "
+                   "faster (benchmarks/results/loader_layouts_final_mlperf.md).")
 @click.option("--sparse-layout", type=click.Choice(SPARSE_LAYOUTS), default=SPARSE_LAYOUT, show_default=True,
-              help="How multi-hot features are stored: slots, one int64 column a slot (-2 where a row has no value; "
-                   "schema version 3, read 1.6-2x faster); lists, one list column a feature (version 2). The same rows "
-                   "either way; one-hot data are the same files in both.")
+              help="Multi-hot features as slots, one int64 column a slot (-2: no value; schema version 3, read 1.6-2x "
+                   "faster), or lists, one list column a feature (version 2). The same rows either way.")
 def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
          regime, multi_hot_sizes, multi_hot_fill, workers, compression, sparse_layout):
     """Generate a synthetic Criteo-format dataset with a planted teacher (see the module docstring).

@@ -19,6 +19,7 @@ from dlrm.data.schema import (
     PAD_SPARSE,
     SparseLayout,
     arrow_schema,
+    feature_columns,
     is_multi_hot,
     slot_offsets,
 )
@@ -38,24 +39,6 @@ def stored_layout(sizes: Optional[list[int]], layout: str) -> str:
     return layout if is_multi_hot(sizes) else "lists"
 
 
-def _list_array(block: np.ndarray) -> pa.ListArray:
-    """Slots [n, s] (values first, `PAD_SPARSE` after them) as a ``list<int64>`` array."""
-    valid = block != PAD_SPARSE
-    offsets = np.zeros(block.shape[0] + 1, dtype=np.int32)
-    np.cumsum(valid.sum(axis=1), out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(block[valid], pa.int64()))
-
-
-def _feature_arrays(block: np.ndarray, layout: str) -> list[pa.Array]:
-    """One feature's slots [n, s] as its columns: one int64 column when s is 1; else one ``list<int64>``
-    ("lists") or s int64 columns holding the slots as they are, `PAD_SPARSE` included ("slots")."""
-    if block.shape[1] == 1:
-        return [pa.array(block[:, 0])]
-    if layout == "slots":
-        return [pa.array(block[:, j]) for j in range(block.shape[1])]
-    return [_list_array(block)]
-
-
 def _table(labels: np.ndarray, rows: Rows, sparse: np.ndarray, sizes: Optional[list[int]] = None,
            layout: str = SPARSE_LAYOUT) -> pa.Table:
     """Rows as an arrow table with the dataset schema (`sizes`: multi-hot sizes, None: one-hot; `layout`:
@@ -67,7 +50,7 @@ def _table(labels: np.ndarray, rows: Rows, sparse: np.ndarray, sizes: Optional[l
         return pa.Table.from_arrays(cols, schema=arrow_schema())
     offsets = slot_offsets(sizes)
     for f in range(NUM_SPARSE):
-        cols += _feature_arrays(sparse[:, offsets[f] : offsets[f + 1]], layout)
+        cols += feature_columns(sparse[:, offsets[f] : offsets[f + 1]], layout)
     return pa.Table.from_arrays(cols, schema=arrow_schema(sizes, layout))
 
 

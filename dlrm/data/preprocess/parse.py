@@ -16,9 +16,9 @@ from dlrm.data.schema import (
     PAD_SPARSE,
     SparseLayout,
     arrow_schema,
+    feature_columns,
     is_multi_hot,
     slot_offsets,
-    slots_to_list_array,
 )
 
 MULTI_HOT_SEPARATOR = b","
@@ -78,10 +78,7 @@ def _to_table(label: np.ndarray, dense: np.ndarray, sparse: np.ndarray, multi_ho
     offsets = slot_offsets(multi_hot_sizes)
     for f in range(NUM_SPARSE):
         lo, hi = offsets[f], offsets[f + 1]
-        if hi - lo == 1 or layout == "slots":
-            arrays += [pa.array(np.ascontiguousarray(sparse[j], dtype=np.int64)) for j in range(lo, hi)]
-        else:
-            arrays.append(slots_to_list_array(np.ascontiguousarray(sparse[lo:hi].T)))
+        arrays += feature_columns(sparse[lo:hi].T, layout)
     return pa.Table.from_arrays(arrays, schema=arrow_schema(multi_hot_sizes, layout))
 
 
