@@ -56,7 +56,7 @@ def _log_multi_hot_hints(loader: ParquetLoader) -> None:
     if "lists" in loader.layouts:
         logger.info("data: multi-hot rows stream from list columns, which the host decodes 2-3x slower than slot "
                     "columns: `python -m dlrm.data.relayout --data DIR --output NEW` rewrites the dataset in slot "
-                    "columns; MLPerf DLRM-DCNv2 then trains 1.25-1.48x faster streaming "
+                    "columns; MLPerf DLRM-DCNv2 then trains 1.25-1.53x faster streaming "
                     "(benchmarks/results/sparse_layout_mlperf.md)")
     slow = sorted(c.lower() for c in loader.codecs & SLOW_MULTI_HOT_CODECS)
     if slow:
