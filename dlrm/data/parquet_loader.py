@@ -37,7 +37,15 @@ from dlrm.data.batch import (
     widen_sparse,
 )
 from dlrm.data.host_arena import _Arena, _write_columns, compact_sparse_ok
-from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, DatasetError, arrow_schema, is_multi_hot, one_hot_sizes, sparse_width
+from dlrm.data.schema import (
+    NUM_DENSE,
+    NUM_SPARSE,
+    DatasetError,
+    arrow_schema,
+    is_multi_hot,
+    one_hot_sizes,
+    sparse_width,
+)
 from dlrm.data.stream_buffers import _END, _Flush, _Resident, _Run
 from dlrm.data.validation import NullTally, check_table, first_rows, open_shard
 
@@ -169,8 +177,8 @@ class ParquetLoader:
         # (file index, row group index, rows) for every row group, read from parquet footers only.
         self.row_groups: list[tuple[int, int, int]] = []
         # Each file checked once, here; its sparse layout ("lists" or "slots") read from its own schema.
-        self._footers, self._layouts = map(list, zip(*[open_shard(path, self.multi_hot_sizes) for path in self.files])) \
-            if self.files else ([], [])
+        shards = [open_shard(path, self.multi_hot_sizes) for path in self.files]
+        self._footers, self._layouts = [footer for footer, _ in shards], [layout for _, layout in shards]
         self._columns = {layout: arrow_schema(self.multi_hot_sizes, layout).names for layout in set(self._layouts)}
         for i, meta in enumerate(self._footers):
             self.row_groups += [(i, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
@@ -271,7 +279,8 @@ class ParquetLoader:
         try:
             with pq.ParquetFile(self.files[fi], metadata=self._footers[fi]) as reader:
                 # arrow_threads: pyarrow decodes the columns on its own pool as well
-                table = reader.read_row_group(gi, columns=self._columns[self._layouts[fi]], use_threads=self.arrow_threads)
+                table = reader.read_row_group(gi, columns=self._columns[self._layouts[fi]],
+                                              use_threads=self.arrow_threads)
         except (OSError, pa.ArrowException) as e:
             raise DatasetError(f"{self.files[fi]}: row group {gi}: cannot be read ({e})") from None
         if table.num_rows != n:  # the plan placed every row group by its footer's count

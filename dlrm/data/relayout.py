@@ -1,7 +1,8 @@
 """Rewrite a dataset's multi-hot features in another sparse layout (and, if asked, another codec).
 
     python -m dlrm.data.relayout --data data/mlperf-syn --output data/mlperf-syn-slots
-    python -m dlrm.data.relayout --data data/mlperf-syn --output data/mlperf-lists --sparse-layout lists --compression zstd
+    python -m dlrm.data.relayout --data data/mlperf-syn --output data/mlperf-zstd --sparse-layout lists \
+        --compression zstd
 
 A dataset written before the "slots" layout existed (schema version 2: one ``list<int64>`` column a
 multi-hot feature) is read 1.6-2x slower than the same rows in slot columns, one int64 column a slot
@@ -123,10 +124,10 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
         with ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:  # pyarrow and numpy release the GIL
             jobs = [pool.submit(relayout_file, f, tmp / f.relative_to(data), sizes, layout, codec) for _, f in files]
             rows = sum(job.result() for job in tqdm(jobs, desc="relayout", unit="file", disable=None))
-        new = Metadata(cardinalities=meta.cardinalities, multi_hot_sizes=sizes, hashing=meta.hashing, splits=meta.splits,
-                       schema_version=meta.schema_version, extra={**meta.extra, "relayout": {
-                           "from": str(data), "from_layout": meta.sparse_layout, "compression": codec or "kept"}},
-                       sparse_layout=layout)
+        record = {"from": str(data), "from_layout": meta.sparse_layout, "compression": codec or "kept"}
+        new = Metadata(cardinalities=meta.cardinalities, multi_hot_sizes=sizes, hashing=meta.hashing,
+                       splits=meta.splits, schema_version=meta.schema_version,
+                       extra={**meta.extra, "relayout": record}, sparse_layout=layout)
         write_metadata(tmp, new)
         _replace_dir(tmp, output)
     except BaseException:

@@ -24,7 +24,7 @@ Columns (in this order):
                        "slots" (schema version 3): ``multi_hot_sizes[f]`` int64 columns
                        ``SPARSE_<f>_0 .. SPARSE_<f>_<size-1>``, one per slot, ``PAD_SPARSE`` (-2)
                        in a slot that holds no value. No repetition levels to decode: the
-                       loaders decode these ~3x faster, and MLPerf DLRM-DCNv2 streams 1.3-1.45x faster
+                       loaders decode these ~3x faster, and MLPerf DLRM-DCNv2 streams 1.25-1.53x faster
                        (benchmarks/results/sparse_layout_mlperf.md).
 Files from other writers may declare columns nullable; the loaders then read a null count as 0,
 a null category as -1, a null list as an empty list and a null value inside a list as -1 (logged
