@@ -257,8 +257,8 @@ def test_both_layouts_hold_the_same_rows_slot_by_slot(layouts):
 
 def test_each_layouts_schema_and_metadata(layouts):
     """lists: one list<int64> column a multi-hot feature, schema_version 2 and no sparse_layout key (what it always
-    was); slots: SPARSE_<f>_<j> int64 columns, written without a dictionary, schema_version 3 and sparse_layout
-    "slots". The regenerate command names the layout."""
+    was); slots: SPARSE_<f>_<j> int64 columns, each with a dictionary (few distinct ids here: `write_options` caps
+    its page at 64 KB), schema_version 3 and sparse_layout "slots". The regenerate command names the layout."""
     for layout, version in (("lists", 2), ("slots", 3)):
         meta = read_metadata(layouts / layout)
         raw = json.loads((layouts / layout / "metadata.json").read_text())

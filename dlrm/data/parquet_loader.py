@@ -37,15 +37,8 @@ from dlrm.data.batch import (
     widen_sparse,
 )
 from dlrm.data.host_arena import _Arena, _write_columns, compact_sparse_ok
-from dlrm.data.schema import (
-    NUM_DENSE,
-    NUM_SPARSE,
-    DatasetError,
-    arrow_schema,
-    is_multi_hot,
-    one_hot_sizes,
-    sparse_width,
-)
+from dlrm.data.schema import (NUM_DENSE, NUM_SPARSE, DatasetError, arrow_schema, is_multi_hot, one_hot_sizes,
+                              sparse_width)
 from dlrm.data.stream_buffers import _END, _Flush, _Resident, _Run
 from dlrm.data.validation import NullTally, check_table, first_rows, open_shard
 
