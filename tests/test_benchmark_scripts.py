@@ -382,7 +382,7 @@ def test_step_profile_on_a_small_model(tmp_path):
 
 def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     """benchmarks/pooled_update_sweep.py --smoke: every (dtype, rounding, launch) of its plan runs and is
-    written (tiny tables, batch 8; the interpreter on the CPU), forced launches restored afterwards."""
+    written (tiny tables, batch 2; the interpreter on the CPU), forced launches restored afterwards."""
     import torch
 
     sw = load_script("pooled_update_sweep")

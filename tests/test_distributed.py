@@ -583,6 +583,9 @@ def test_two_ranks_equal_one_process_with_multi_hot_tables(tmp_path, multi_hot_d
 
 # A large decay, so that one wrongly decayed row moves the checkpoint well past assert_close_states' bounds.
 DECAY = 0.2
+# One epoch (27 steps) is enough: masked slots occur at every step, and the epoch still ends with the
+# 2-row batch that pads rank 1.
+DECAY_RUN = ("--epochs", "1")
 # With decay, Triton shards are TritonPooledEmbedding modules, whose forward the GPU image's Triton 3.6
 # interpreter cannot run on the CPU (InterpreterError "only 0-dimensional arrays can be converted to Python
 # scalars" in _pooled_fwd_kernel, as tests/test_distributed_bf16.py notes); CI's newest Triton runs them.
@@ -592,7 +595,8 @@ SKIP_POOLED_ON_GPU_IMAGE = pytest.mark.skipif(torch.cuda.is_available(), reason=
 
 @pytest.fixture(scope="module")
 def one_process_decay(tmp_path_factory, dataset):
-    run_dir = train_run(tmp_path_factory.mktemp("one-decay"), dataset, "one-decay", 1, sparse_weight_decay=DECAY)
+    run_dir = train_run(tmp_path_factory.mktemp("one-decay"), dataset, "one-decay", 1, extra=DECAY_RUN,
+                        sparse_weight_decay=DECAY)
     return torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False), json.loads((run_dir / "summary.json").read_text())
 
 
@@ -603,7 +607,7 @@ def test_sparse_weight_decay_two_ranks_equal_one_process(tmp_path, dataset, one_
     row with a zero gradient. They must skip the update (the torch kernel leaves them out of its sparse
     gradient, a Triton shard gets them as skipped PAD slots): one process never decays a row for them."""
     ref_state, ref_summary = one_process_decay
-    run_dir = train_run(tmp_path, dataset, f"decay-{embedding}", 2, "row", embedding=embedding,
+    run_dir = train_run(tmp_path, dataset, f"decay-{embedding}", 2, "row", DECAY_RUN, embedding=embedding,
                         sparse_weight_decay=DECAY)
     _, merged = merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, f"decay-{embedding}")
     assert_close_states(merged, ref_state)
@@ -616,8 +620,8 @@ def test_sparse_weight_decay_two_ranks_equal_one_process(tmp_path, dataset, one_
 def test_sparse_weight_decay_two_ranks_equal_one_process_with_multi_hot_tables(tmp_path, multi_hot_dataset):
     """The same with multi-hot tables: empty slots are masked too. The reference is one eager process
     (PooledSparseArch, whose gradient also leaves PAD slots out); the two ranks hold Triton shards."""
-    one = train_run(tmp_path, multi_hot_dataset, "one-mh-decay", 1, sparse_weight_decay=DECAY)
-    two = train_run(tmp_path, multi_hot_dataset, "two-mh-decay", 2, "row", embedding="triton",
+    one = train_run(tmp_path, multi_hot_dataset, "one-mh-decay", 1, extra=DECAY_RUN, sparse_weight_decay=DECAY)
+    two = train_run(tmp_path, multi_hot_dataset, "two-mh-decay", 2, "row", DECAY_RUN, embedding="triton",
                     sparse_weight_decay=DECAY)
     ref_state = torch.load(ckpt.list_checkpoints(one)[-1], weights_only=False)
     _, merged = merged_state(ckpt.list_checkpoints(two)[-1], tmp_path, "mh-decay")

@@ -164,8 +164,8 @@ def test_fused_sparse_update_fifty_steps_matches_eager(optimizer, device):
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
 def test_fused_update_resume_matches_uninterrupted(tmp_path, optimizer):
     """kernels.embedding = triton trains through FusedSparseOptimizer (the update inside the backward, no
-    weight.grad); a run stopped at step 10 and resumed from its checkpoint ends bitwise where an
-    uninterrupted 24-step run ends: weights, row-wise Adagrad sums and scheduled lr all come back."""
+    weight.grad); a run stopped at step 6 and resumed from its checkpoint ends bitwise where an
+    uninterrupted 14-step run ends: weights, row-wise Adagrad sums and scheduled lr all come back."""
     from dlrm import checkpoint as ckpt
     from dlrm.train.optim import FusedSparseOptimizer
     from dlrm.train.trainer import train
@@ -178,13 +178,13 @@ def test_fused_update_resume_matches_uninterrupted(tmp_path, optimizer):
         c.optim.sparse.name = optimizer
         c.optim.schedule.decay = "none"  # the schedule must not depend on max_steps, which differs here
         c.train.max_steps, c.train.deterministic = max_steps, True
-        c.checkpoint.every = 10
+        c.checkpoint.every = 6
         return c
 
-    full = train(cfg("full", 24))
-    train(cfg("part", 10))
-    resumed = train(cfg("part", 24), resume="latest")
-    assert full["steps"] == resumed["steps"] == 24
+    full = train(cfg("full", 14))
+    train(cfg("part", 6))
+    resumed = train(cfg("part", 14), resume="latest")
+    assert full["steps"] == resumed["steps"] == 14 and resumed["resumed_from"]
     a = torch.load(ckpt.list_checkpoints(tmp_path / "tb" / "full")[-1], weights_only=False)
     b = torch.load(ckpt.list_checkpoints(tmp_path / "tb" / "part")[-1], weights_only=False)
     assert a["position"] == b["position"]
