@@ -266,7 +266,7 @@ def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: in
 
     meta = read_metadata(dataset)
     files = split_files(dataset, meta, "train")
-    sizes = meta.multi_hot_sizes
+    sizes, dense = meta.multi_hot_sizes, meta.dense_format
     codec, layout = dataset_codec(dataset), dataset_layout(dataset)
     out = []
 
@@ -310,7 +310,7 @@ def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: in
                 measure("decode", "host", "stream", shuffle, threads,
                         lambda: ParquetLoader(files, batch_size, pin_dev, shuffle=shuffle, drop_last=False,
                                               reader_threads=threads, shuffle_buffer_rows=shuffle_buffer_rows,
-                                              multi_hot_sizes=sizes, **_arrow(arrow)),
+                                              multi_hot_sizes=sizes, dense_format=dense, **_arrow(arrow)),
                         _host_epoch, arrow)
     for dev in devices:
         device = torch.device(dev)
@@ -323,13 +323,13 @@ def bench_loader(dataset: Path, devices: list[str], batch_size: int, repeats: in
                     measure("loader", dev, "stream", shuffle, threads,
                             lambda: ParquetLoader(files, batch_size, device, shuffle=shuffle, drop_last=False,
                                                   reader_threads=threads, shuffle_buffer_rows=shuffle_buffer_rows,
-                                                  multi_hot_sizes=sizes, chain_epochs=True,
+                                                  multi_hot_sizes=sizes, dense_format=dense, chain_epochs=True,
                                                   **_arrow(arrow)),
                             lambda ld: _epoch(ld, device), arrow)
             if device.type == "cuda" and gpu_placement:
                 measure("loader", dev, "gpu", shuffle, None,
                         lambda: DeviceLoader(files, batch_size, device, shuffle=shuffle, drop_last=False,
-                                             multi_hot_sizes=sizes),
+                                             multi_hot_sizes=sizes, dense_format=dense),
                         lambda ld: _epoch(ld, device))
     return out
 

@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=5, help="calls per captured graph")
     ap.add_argument("--windows", type=int, default=7, help="timed windows; the median is reported")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls before capture")
-    ap.add_argument("--smoke", action="store_true", help="tables capped at 1000 rows, batch 8, one window")
+    ap.add_argument("--smoke", action="store_true", help="tables capped at 1000 rows, batch 2, one window")
     ap.add_argument("--sm-carveouts", default="0",
                     help="comma list of SM counts cuBLAS leaves free; every pair is measured at each (docstring)")
     args = ap.parse_args(argv)
@@ -292,7 +292,7 @@ def main(argv=None) -> int:
         ap.error(f"--pairs: unknown {unknown or pairs}; choose from {PAIRS + COLLECTIVE_PAIRS}")
     if args.smoke:
         # on a GPU the warm-up compiles the kernels before the capture (compiling inside a capture fails)
-        args.rows_cap, args.batch, args.calls, args.windows = 1000, 8, 1, 1
+        args.rows_cap, args.batch, args.calls, args.windows = 1000, 2, 1, 1
         args.warmup = 2 if torch.cuda.is_available() else 0
     try:
         cfg = json.loads(Path(args.config).read_text())["model"]

@@ -243,11 +243,12 @@ def resolve_resume(resume: str, run_dir: Path) -> Optional[Path]:
 
 
 def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalities: list[int], model_cfg: dict, path: Path,
-                     multi_hot_sizes: Optional[list[int]] = None) -> None:
+                     multi_hot_sizes: Optional[list[int]] = None, dense_format: str = "counts") -> None:
     """Raise a one-line error naming what differs when the checkpoint cannot load into `model`.
 
     Kernel choices are not compared: torch and triton modules share state_dict keys. The values
-    per feature (`multi_hot_sizes`, None: one each) are: the same tables pool differently otherwise.
+    per feature (`multi_hot_sizes`, None: one each) are: the same tables pool differently otherwise;
+    so is the data's `dense_format`: a model trained on log counts means nothing on other values.
     """
     if "model" not in state:
         raise ConfigError(f"{path}: a sharded checkpoint's manifest holds no model; merge it for one process first: "
@@ -260,6 +261,10 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalitie
     sizes = list(multi_hot_sizes or [1] * len(cardinalities))
     if saved_sizes != sizes:
         raise ConfigError(f"{path}: multi_hot_sizes differ: checkpoint {saved_sizes}, this run's data {sizes}")
+    saved_dense = state.get("dense_format", "counts")  # older checkpoints: counts, the only format then
+    if saved_dense != dense_format:
+        raise ConfigError(f"{path}: dense_format differs: the checkpoint was trained on {saved_dense!r} dense "
+                          f"columns, this run's data holds {dense_format!r} (metadata.json)")
     saved_model = state["config"]["model"]
     for key in ("embedding_dim", "bottom_mlp", "top_mlp", "interaction", "activation", "top_mlp_input_multiple",
                 "bottom_mlp_input_multiple"):

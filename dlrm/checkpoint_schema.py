@@ -16,7 +16,7 @@ dict, RNG states as ``random.getstate()`` / ``np.random.get_state()`` tuples); `
 Three kinds of file, told apart by their keys:
 
 - a checkpoint: format_version, model, optimizers, schedulers, position, rng, cardinalities,
-  config_json, and optionally run_stats;
+  config_json, and optionally run_stats, multi_hot_sizes and dense_format;
 - a shard of a sharded checkpoint: a checkpoint's keys plus rank and plan;
 - the manifest of a sharded checkpoint: format_version, position, cardinalities, config_json, sharded.
 
@@ -45,7 +45,7 @@ _CHECKPOINT_KEYS = ("format_version", "model", "optimizers", "schedulers", "posi
                     "config_json")
 _SHARD_KEYS = _CHECKPOINT_KEYS + ("rank", "plan")
 _MANIFEST_KEYS = ("format_version", "position", "cardinalities", "config_json", "sharded")
-_OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes")  # absent in older files: run totals unknown; one-hot
+_OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format")  # absent in older files: totals unknown; one-hot; counts
 _SHARD_FILE = re.compile(r"step-\d{8,}\.rank\d+-of-\d+\.pt")
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _MAX_DEPTH = 32  # deeper nesting is no state of ours; the limit keeps the recursive checks bounded
@@ -409,6 +409,9 @@ def _check_common(disk: dict[str, Any], path: Path) -> None:
         _expect(type(sizes) is list and len(sizes) == len(cards), sizes, path, "multi_hot_sizes",
                 f"a list of {len(cards)} ints (one per table)")
         _check_int_list(sizes, path, "multi_hot_sizes", 1)
+    if "dense_format" in disk:
+        _expect(disk["dense_format"] in ("counts", "float"), disk["dense_format"], path, "dense_format",
+                "'counts' or 'float'")
     _check_config_json(disk["config_json"], path)
 
 

@@ -34,10 +34,9 @@ from dlrm.data.schema import (
     SplitInfo,
     arrow_schema,
     read_metadata,
-    read_vocabulary,
-    vocab_path,
     write_metadata,
 )
+from dlrm.data.vocabulary import read_vocabulary, vocab_path
 from dlrm.train.setup import dataset_tables
 from tests.conftest import REPO, make_dataset
 
@@ -151,7 +150,7 @@ def test_null_features_train_as_0_and_missing_and_are_logged_once_per_file(datas
     assert dense[rows[5], 7] == pytest.approx(np.log1p(250))
     assert int((dense[:, 3] == 0).sum()) >= 2 and int((sparse == -1).sum()) >= 1
     null_warnings = [m for m in warnings_logged if "null" in m]
-    assert null_warnings == [f"{shard}: 2 null dense counts replaced by 0 (DENSE_3 2); "
+    assert null_warnings == [f"{shard}: 2 null dense values replaced by 0 (DENSE_3 2); "
                              f"1 null categories (the missing value) replaced by -1 (SPARSE_5 1)"]
     again = make(files)
     for _ in range(2):  # two epochs of a new loader: one more warning (once per file and loader)

@@ -38,11 +38,12 @@ def write_day(root, i, n, rng, counts=None, save=np.savez):
     counts[0, :3] = [0, 123_456, -1]  # zero, a large count, a negative one (Criteo's I2)
     labels = rng.integers(0, 2, (n, 1)).astype(np.int32)
     np.save(root / f"day_{i}_labels.npy", labels)
-    np.save(root / f"day_{i}_dense.npy", np.log(counts + 3.0).astype(np.float32))
+    logged = np.log(counts + 3.0).astype(np.float32)
+    np.save(root / f"day_{i}_dense.npy", logged)
     ids = {str(f): rng.integers(0, CARDS[f], (n, size)).astype(np.int32)
            for f, size in enumerate(MLPERF_MULTI_HOT_SIZES)}
     save(root / f"day_{i}_sparse_multi_hot.npz", **ids)
-    return labels[:, 0], np.maximum(counts, 0), ids
+    return labels[:, 0], np.maximum(counts, 0), ids, logged
 
 
 @pytest.fixture
@@ -57,21 +58,25 @@ def run(*args):
     return CliRunner().invoke(mi.main, [str(a) for a in args])
 
 
-@pytest.mark.parametrize("workers, layout", [(1, None), (2, None), (1, "lists"), (2, "lists")])
-def test_every_value_lands_where_the_reference_puts_it(mlperf_dir, tmp_path, workers, layout):
-    """Train = days 0-1 in order, validation the first ceil(N/2) rows of day 23, test the rest; labels, dense counts
-    (recovered from log(x + 3), negatives 0) and every id of every multi-hot feature as in the npz members, in slot
-    columns (the default) or list columns (--sparse-layout lists), every one full; files of at most --rows-per-file
-    rows, of the layout's schema; and the stream loader reads the rows back in their slots."""
+@pytest.mark.parametrize("workers, layout, dense", [(1, None, None), (2, None, "counts"), (1, "lists", "counts"),
+                                                    (2, "lists", None)])
+def test_every_value_lands_where_the_reference_puts_it(mlperf_dir, tmp_path, workers, layout, dense):
+    """Train = days 0-1 in order, validation the first ceil(N/2) rows of day 23, test the rest; labels, dense values
+    (MLPerf's float32 log(x + 3) bit for bit by default; with --dense counts, counts recovered from them, negatives 0)
+    and every id of every multi-hot feature as in the npz members, in slot columns (the default) or list columns
+    (--sparse-layout lists), every one full; files of at most --rows-per-file rows, of the layout's schema; and the
+    stream loader reads the rows back: the ids in their slots, the dense values as the model's input."""
     src, days = mlperf_dir
     out = tmp_path / "ds"
     res = run("--input", src, "--output", out, "--train-days", "0-1", "--num-embeddings", ",".join(map(str, CARDS)),
-              "--rows-per-file", 16, "--workers", workers, *(["--sparse-layout", layout] if layout else []))
+              "--rows-per-file", 16, "--workers", workers, *(["--sparse-layout", layout] if layout else []),
+              *(["--dense", dense] if dense else []))
     assert res.exit_code == 0, res.output
-    layout = layout or "slots"
+    layout, dense = layout or "slots", dense or "float"
     meta = read_metadata(out)
-    assert meta.sparse_layout == layout
-    assert json.loads((out / "metadata.json").read_text())["schema_version"] == (3 if layout == "slots" else 2)
+    assert meta.sparse_layout == layout and meta.dense_format == dense
+    version = 4 if dense == "float" else 3 if layout == "slots" else 2
+    assert json.loads((out / "metadata.json").read_text())["schema_version"] == version
     half = math.ceil(ROWS[23] / 2)
     assert {s: i.rows for s, i in meta.splits.items()} == {"train": 66, "validation": half, "test": ROWS[23] - half}
     assert meta.multi_hot_sizes == MLPERF_MULTI_HOT_SIZES and meta.cardinalities == CARDS
@@ -82,20 +87,31 @@ def test_every_value_lands_where_the_reference_puts_it(mlperf_dir, tmp_path, wor
         files = split_files(out, meta, split)
         assert all(pq.ParquetFile(f).metadata.num_rows <= 16 for f in files)
         assert {pq.ParquetFile(f).metadata.row_group(0).column(0).compression for f in files} == {"LZ4"}
-        assert all(pq.ParquetFile(f).schema_arrow.equals(arrow_schema(MLPERF_MULTI_HOT_SIZES, layout)) for f in files)
+        assert all(pq.ParquetFile(f).schema_arrow.equals(arrow_schema(MLPERF_MULTI_HOT_SIZES, layout, dense))
+                   for f in files)
         table = pa.concat_tables([pq.read_table(f) for f in files])
         labels = np.concatenate([days[d][0][lo:hi] for d, lo, hi in spans])
-        counts = np.concatenate([days[d][1][lo:hi] for d, lo, hi in spans])
+        values = np.concatenate([days[d][1 if dense == "counts" else 3][lo:hi] for d, lo, hi in spans])
         np.testing.assert_array_equal(table.column(LABEL_COLUMN).to_numpy(), labels)
         for j in range(13):
-            np.testing.assert_array_equal(table.column(DENSE_COLUMNS[j]).to_numpy(), counts[:, j])
+            column = table.column(DENSE_COLUMNS[j]).to_numpy()
+            if dense == "float":  # bit for bit
+                assert column.dtype == np.float32
+                np.testing.assert_array_equal(column.view(np.int32), values[:, j].view(np.int32))
+            else:
+                np.testing.assert_array_equal(column, values[:, j])
         for f, size in enumerate(MLPERF_MULTI_HOT_SIZES):
             ids = np.concatenate([days[d][2][str(f)][lo:hi] for d, lo, hi in spans])
             np.testing.assert_array_equal(feature_slots(table, f, size), ids)  # full: no -2 in either layout
         assert meta.splits[split].positives == int(labels.sum())
-    batch = next(iter(ParquetLoader(split_files(out, meta, "validation"), half, multi_hot_sizes=meta.multi_hot_sizes)))
+    batch = next(iter(ParquetLoader(split_files(out, meta, "validation"), half, multi_hot_sizes=meta.multi_hot_sizes,
+                                    dense_format=meta.dense_format)))
     offsets = slot_offsets(MLPERF_MULTI_HOT_SIZES)
     np.testing.assert_array_equal(batch.sparse[:, offsets[20]:offsets[21]].numpy(), days[23][2]["20"][:half])
+    if dense == "float":  # exactly MLPerf's input
+        np.testing.assert_array_equal(batch.dense.numpy().view(np.int32), days[23][3][:half].view(np.int32))
+    else:
+        np.testing.assert_allclose(batch.dense.numpy(), np.log1p(days[23][1][:half]), rtol=1e-6)  # float32 log1p
     assert not mi.partial_dir(out).exists()  # renamed into place
 
 
@@ -272,7 +288,8 @@ def test_both_layouts_hold_the_same_values(mlperf_dir, tmp_path):
         group = pq.ParquetFile(tmp_path / "slots" / info.files[0]).metadata.row_group(0)
         assert all(group.column(i).has_dictionary_page for i in range(group.num_columns))  # few distinct ids here
     loaded = {layout: list(ParquetLoader(split_files(tmp_path / layout, meta, "train"), 25, device="cpu",
-                                         multi_hot_sizes=meta.multi_hot_sizes)) for layout in ("lists", "slots")}
+                                         multi_hot_sizes=meta.multi_hot_sizes, dense_format=meta.dense_format))
+              for layout in ("lists", "slots")}
     assert len(loaded["slots"]) == 3
     for x, y in zip(loaded["lists"], loaded["slots"]):
         assert x.labels.equal(y.labels) and x.dense.equal(y.dense) and x.sparse.equal(y.sparse)
@@ -323,3 +340,27 @@ def test_a_resume_in_another_layout_is_refused(mlperf_dir, tmp_path):
         files = read_metadata(out).splits["train"].files
         assert {str(rel) for rel in stopped[layout]} < set(files)
         assert {_layout_of(out, rel) for rel in files} == {layout}
+
+
+def test_a_bad_dense_format_or_a_resume_with_another_is_refused(mlperf_dir, tmp_path):
+    """--dense takes counts or float; an import that stopped keeps its format in import-plan.json, and resuming
+    with the other is refused (a plan from before --dense means counts)."""
+    src, _ = mlperf_dir
+    res = run("--input", src, "--output", tmp_path / "ds", "--dense", "log")
+    assert res.exit_code == 2 and "--dense" in res.output and "'log'" in res.output, res.output
+    with pytest.raises(mi.ImportInputError) as e:
+        mi.import_mlperf(src, tmp_path / "ds", [0, 1], 23, CARDS, dense_format="log")
+    assert e.value.format_message() == "--dense: 'log' is not one of counts, float"
+    members = dict(np.load(src / "day_1_sparse_multi_hot.npz"))
+    members["4"][2, 1] = -5
+    np.savez(src / "day_1_sparse_multi_hot.npz", **members)
+    common = ["--input", src, "--output", tmp_path / "ds", "--train-days", "0-1", "--num-embeddings",
+              ",".join(map(str, CARDS)), "--workers", 1, "--rows-per-file", 16]
+    assert run(*common).exit_code == 2
+    plan = mi.partial_dir(tmp_path / "ds") / mi.PLAN_FILE
+    assert json.loads(plan.read_text())["dense_format"] == "float"
+    refused = run(*common, "--dense", "counts")
+    assert refused.exit_code == 2 and "other options" in refused.output, refused.output
+    plan.write_text(json.dumps({k: v for k, v in json.loads(plan.read_text()).items() if k != "dense_format"}))
+    refused = run(*common)  # the default, float: not the older plan's counts
+    assert refused.exit_code == 2 and "other options" in refused.output, refused.output

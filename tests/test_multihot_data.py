@@ -134,7 +134,7 @@ def test_metadata_version_2_round_trip_and_version_1_reads_as_one_hot(tmp_path):
     ({"multi_hot_sizes": [2] * 25}, r"multi_hot_sizes: must be a list of 26 integers"),
     ({"multi_hot_sizes": [1] * 25 + [0]}, r"multi_hot_sizes\[25\]: 0 is not an integer in \[1, 65536\]"),
     ({"multi_hot_sizes": [1] * 25 + [True]}, r"multi_hot_sizes\[25\]: True is not an integer"),
-    ({"schema_version": 4}, r"schema_version: 4 is not a supported version"),
+    ({"schema_version": 5}, r"schema_version: 5 is not a supported version"),
 ])
 def test_bad_multi_hot_metadata_is_one_named_error(tmp_path, change, message):
     raw = {**Metadata(cardinalities=[7] * NUM_SPARSE).to_json(), **change}

@@ -28,10 +28,10 @@ from dlrm.data.schema import (
     SPARSE_LAYOUTS,
     arrow_schema,
     read_metadata,
-    read_vocabulary,
     slot_column,
     slot_offsets,
 )
+from dlrm.data.vocabulary import read_vocabulary
 
 SIZES = [1] * NUM_SPARSE
 SIZES[0], SIZES[2] = 3, 2  # C1 holds up to 3 values, C3 up to 2; L = 29

@@ -30,11 +30,10 @@ from hypothesis import strategies as st
 from dlrm.data import preprocess as pp
 from dlrm.data.schema import (
     ALL_COLUMNS,
-    SPARSE_COLUMNS,
     arrow_schema,
     read_metadata,
-    vocab_path,
 )
+from dlrm.data.vocabulary import vocab_path
 
 from tests.conftest import REPO
 SHARED = REPO.parent / "shared" / "criteo"

@@ -40,7 +40,8 @@ def test_lists_to_slots_and_back_keep_every_row(lists_split, tmp_path):
     assert layouts_of(slots) == ["slots"] * 3 and meta.sparse_layout == "slots"
     raw = json.loads((slots / "metadata.json").read_text())
     assert raw["schema_version"] == 3 and raw["sparse_layout"] == "slots"
-    assert raw["extra"]["relayout"] == {"from": str(lists_split), "from_layout": "lists", "compression": "kept"}
+    assert raw["extra"]["relayout"] == {"from": str(lists_split), "from_layout": "lists", "compression": "kept",
+                                        "from_dense_format": "counts"}
     assert raw["splits"] == json.loads((lists_split / "metadata.json").read_text())["splits"]
     assert np.array_equal(np.load(slots / "vocab" / "SPARSE_0.npy"), np.arange(5))
     for kind in ("stream", "device"):

@@ -155,7 +155,7 @@ def test_metadata_says_version_3_only_for_multi_hot_slots(tmp_path):
     ({"schema_version": 2, "sparse_layout": "slots"}, r"sparse_layout: is a schema_version 3 key \(this file says version 2\)"),
     ({"schema_version": 3, "sparse_layout": "columns"}, r"sparse_layout: 'columns' is not 'lists' or 'slots'"),
     ({"schema_version": 3, "sparse_layout": 1}, r"sparse_layout: 1 is not 'lists' or 'slots'"),
-    ({"schema_version": 4}, r"schema_version: 4 is not a supported version \(1, 2 or 3\)"),
+    ({"schema_version": 5}, r"schema_version: 5 is not a supported version \(1, 2, 3, 4\)"),
 ])
 def test_bad_layout_metadata_is_one_named_error(tmp_path, change, message):
     raw = {**Metadata(cardinalities=[7] * NUM_SPARSE, multi_hot_sizes=SIZES).to_json(), **change}

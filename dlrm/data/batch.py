@@ -18,7 +18,7 @@ import torch
 class Batch:
     """One batch on the target device.
 
-    dense: float32 [B, 13], already log1p(max(x, 0)); sparse: int64 [B, L] raw hash values,
+    dense: float32 [B, 13], the model's input (`transform_dense`: log1p(max(x, 0)) of counts); sparse: int64 [B, L] raw hash values,
     L = ``sum(multi_hot_sizes)`` (26 when one-hot): feature f in columns
     ``slot_offsets[f] : slot_offsets[f + 1]`` (`dlrm.data.schema.slot_offsets`), -1 a missing
     category, -2 (`PAD_SPARSE`) an empty slot of a multi-hot feature; labels: float32 [B]. In a distributed run B is this rank's slice and `global_size` the rows
@@ -59,9 +59,13 @@ def rank_slice(lo: int, hi: int, rank: int, world_size: int) -> tuple[int, int]:
     return min(lo + rank * per, hi), min(lo + (rank + 1) * per, hi)
 
 
-def transform_dense(counts: torch.Tensor) -> torch.Tensor:
-    """Criteo's dense transform: ``log1p(max(x, 0))`` in float32."""
-    return torch.log1p(counts.clamp_min(0).to(torch.float32))
+def transform_dense(dense: torch.Tensor, dense_format: str = "counts") -> torch.Tensor:
+    """The model's dense input from the stored values: Criteo's ``log1p(max(x, 0))`` of counts, in float32;
+    float values (``dense_format`` "float") as they are, from float32 or from the int32 bit patterns the
+    loaders carry them in (`dlrm.data.host_arena`)."""
+    if dense_format == "float":
+        return dense.view(torch.float32) if dense.dtype == torch.int32 else dense.to(torch.float32)
+    return torch.log1p(dense.clamp_min(0).to(torch.float32))
 
 
 _LOW32 = 0xFFFFFFFF

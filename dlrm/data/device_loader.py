@@ -50,6 +50,7 @@ from dlrm.data.schema import (
     DatasetError,
     SparseLayout,
     arrow_schema,
+    check_dense_format,
     is_multi_hot,
     one_hot_sizes,
     sparse_width,
@@ -106,6 +107,7 @@ class DeviceLoader:
             (`dlrm.data.loader.rank_slice`); each rank still holds the whole split.
         multi_hot_sizes: the dataset's `Metadata.multi_hot_sizes` (None: one-hot); batches then
             carry sparse [B, L] as `dlrm.data.loader.ParquetLoader` documents.
+        dense_format: the dataset's `Metadata.dense_format` ("counts" or "float", as `ParquetLoader`'s).
 
     Example (on the CPU here; `device="cuda"` in a real run): the sample's validation split
         >>> import pathlib, dlrm
@@ -120,13 +122,14 @@ class DeviceLoader:
 
     def __init__(self, files: list[Path], batch_size: int, device: torch.device | str, *, shuffle: bool = False,
                  seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
-                 multi_hot_sizes: list[int] | None = None) -> None:
+                 multi_hot_sizes: list[int] | None = None, dense_format: str = "counts") -> None:
         self.files = [Path(f) for f in files]
         self.multi_hot_sizes = list(multi_hot_sizes) if multi_hot_sizes is not None else one_hot_sizes()
         if len(self.multi_hot_sizes) != NUM_SPARSE or min(self.multi_hot_sizes) < 1:
             raise ValueError(f"multi_hot_sizes must be {NUM_SPARSE} integers >= 1, got {multi_hot_sizes}")
         self._multi_hot = is_multi_hot(self.multi_hot_sizes)
         self._width = sparse_width(self.multi_hot_sizes)
+        self.dense_format = check_dense_format(dense_format)
         self.rank, self.world_size = rank, world_size
         self.batch_size = batch_size
         self.device = torch.device(device)
@@ -141,7 +144,7 @@ class DeviceLoader:
     def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # Each file's schema and label statistics are checked once, on opening (`open_footer`);
         # each row group's values as it is decoded (`check_table`: labels 0/1, nulls replaced).
-        shards = [open_shard(path, self.multi_hot_sizes) for path in self.files]  # (footer, sparse layout) a file
+        shards = [open_shard(path, self.multi_hot_sizes, self.dense_format) for path in self.files]  # (footer, sparse layout) a file
         footers, layouts = [footer for footer, _ in shards], [layout for _, layout in shards]
         groups = [(i, g, meta.row_group(g).num_rows) for i, meta in enumerate(footers) for g in range(meta.num_row_groups)]
         starts = first_rows(groups)
@@ -159,11 +162,11 @@ class DeviceLoader:
         for k, (fi, g, rows) in enumerate(tqdm(groups, desc="loading to device", unit="group", disable=None)):
             path = self.files[fi]
             table = self._read_group(readers, fi, footers[fi], g, rows, layouts[fi])
-            table, replaced = check_table(path, g, starts[k], table, self.multi_hot_sizes, layouts[fi])
+            table, replaced = check_table(path, g, starts[k], table, self.multi_hot_sizes, layouts[fi], self.dense_format)
             nulls.add(fi, g, replaced)
             block = _HostBlock.from_table(table, self.multi_hot_sizes, layouts[fi])
             sl = slice(at, at + rows)
-            dense[sl] = transform_dense(torch.from_numpy(block.dense).to(self.device))
+            dense[sl] = transform_dense(torch.from_numpy(block.dense).to(self.device), self.dense_format)
             labels[sl] = torch.from_numpy(block.label.astype(np.float32)).to(self.device)
             raw = block.sparse
             if wide is None and (raw >= limit).any():

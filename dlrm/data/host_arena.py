@@ -114,13 +114,16 @@ _TRANSPOSE_ROWS = 16384
 
 
 def _column_array(table: pa.Table, name: str) -> np.ndarray:
-    """One column as numpy: zero-copy for the usual single chunk, concatenated otherwise."""
-    return table.column(name).to_numpy()
+    """One column as numpy: zero-copy for the usual single chunk, concatenated otherwise. A float32 dense
+    column (``dense_format`` "float") comes as its bit patterns, int32, for the int32 dense buffers: the
+    bytes cross the bus as they are, and `dlrm.data.batch.transform_dense` reads them as floats."""
+    array = table.column(name).to_numpy()
+    return array.view(np.int32) if array.dtype == np.float32 else array
 
 
 class _HostBlock:
-    """Decoded rows on the host, row-major: label int8 [n], dense int32 [n, 13], sparse int64 [n, L]
-    (how `dlrm.data.device_loader` stages a row group; L = 26 when one-hot)."""
+    """Decoded rows on the host, row-major: label int8 [n], dense int32 [n, 13] (counts, or float32 values'
+    bits), sparse int64 [n, L] (how `dlrm.data.device_loader` stages a row group; L = 26 when one-hot)."""
 
     __slots__ = ("label", "dense", "sparse")
 
@@ -182,7 +185,7 @@ class _HostBlock:
 class _Arena:
     """The new rows of one shuffle buffer on the host, column-major, and the buffer's permutation.
 
-    label int8 [n], dense int32 [13, n] and sparse int32|int64 [L, n] (L = `width`, 26 when
+    label int8 [n], dense int32 [13, n] (counts, or float32 values' bits) and sparse int32|int64 [L, n] (L = `width`, 26 when
     one-hot; sparse int32 holds the compact form, see `widen_sparse`): every column contiguous, so a reader thread lands a row
     group's column with one ``memcpy`` (numpy releases the GIL for it), and the whole buffer
     crosses the bus in three copies. perm int64 [carry + n]: the buffer's row permutation when

@@ -13,17 +13,18 @@ MLPerf's reference (mlcommons/training ``recommendation_v2/torchrec_dlrm``, torc
 
 Training rows are days 0-22 (the reference shuffled them across those days), validation the first
 ``ceil(N / 2)`` rows of day 23 and test the rest, as the reference splits them. Every row becomes
-one parquet row: the label, 13 dense counts and 26 features, with ``hashing`` "modulus" over the
+one parquet row: the label, 13 dense values and 26 features, with ``hashing`` "modulus" over the
 table sizes, which maps the ids 0 .. card - 1 to distinct rows. A feature of size_f > 1 is stored as
 ``--sparse-layout`` says (`dlrm.data.schema`): ``slots`` (the default, schema version 3), size_f int64
 columns ``SPARSE_<f>_0 ..``, which the loaders read 1.6-2x faster (MLPerf's rows are always full, so
 no slot holds -2); ``lists`` (version 2), one list column of size_f ids.
 
-The dense values are the one thing this format cannot hold as they are: it stores int32 counts and
-the loaders feed ``log1p(max(x, 0))`` to the model. The counts are recovered as
-``round(exp(d) - 3)`` (exact while ``x + 3`` is below ~5e5 in float32, about 1e-6 off in log space
-beyond), negatives (Criteo's -1, -2) become 0 as the preprocessor stores them, so the model sees
-``log1p(x)`` where MLPerf's sees ``log(x + 3)``: for counts >= 0 the same information, shifted by at most log 3.
+The dense values are stored as they are by default (``--dense float``: float32 columns, schema version
+4, ``dense_format`` "float"), so the model sees exactly what MLPerf's reference feeds its own,
+``log(x + 3)``. ``--dense counts`` writes int32 counts instead (the format of every other dataset here,
+which the loaders feed as ``log1p(max(x, 0))``): recovered as ``round(exp(d) - 3)`` (exact while
+``x + 3`` is below ~5e5 in float32, about 1e-6 off in log space beyond), negatives (Criteo's -1, -2)
+as 0 as the preprocessor stores them, so the model then sees ``log1p(x)`` where MLPerf's sees ``log(x + 3)``.
 
 The npz members are read through memory maps (no member is loaded whole: one feature of one day is
 up to ~70 GB), in row groups of 131,072 rows, by ``--workers`` processes, each writing its own
@@ -65,6 +66,7 @@ from tqdm import tqdm
 from dlrm.data.preprocess.options import CODECS
 from dlrm.data.schema import (
     LABEL_COLUMN,
+    DENSE_FORMATS,
     MLPERF_CARDINALITIES,
     NUM_DENSE,
     NUM_SPARSE,
@@ -86,6 +88,8 @@ EXIT_INTERRUPTED = 130
 ROW_GROUP_ROWS = 131072
 DEFAULT_ROWS_PER_FILE = 8 * ROW_GROUP_ROWS
 _INT32_MAX = 2**31 - 1
+DENSE_FORMAT = "float"
+"""``--dense``'s default: MLPerf's dense values as they are."""
 
 
 class ImportInputError(click.ClickException):
@@ -184,21 +188,22 @@ def dense_counts(logged: np.ndarray) -> np.ndarray:
 
 
 def _row_group(day: Day, lo: int, hi: int, cards: list[int], schema: pa.Schema,
-               layout: str = SPARSE_LAYOUT) -> tuple[pa.Table, int]:
-    """Rows [lo, hi) of `day` as one table of the dataset schema (multi-hot features in `layout`), every
-    value checked; and its positives."""
+               layout: str = SPARSE_LAYOUT, dense_format: str = DENSE_FORMAT) -> tuple[pa.Table, int]:
+    """Rows [lo, hi) of `day` as one table of the dataset schema (multi-hot features in `layout`, the dense
+    values as they are or as counts, `dense_format`), every value checked; and its positives."""
     labels = np.asarray(day.labels[lo:hi])
     bad = np.flatnonzero((labels != 0) & (labels != 1))
     if bad.size:
         raise ImportInputError(f"{day.paths[0]}: row {lo + int(bad[0])}: label {labels[bad[0]].item()!r} is not 0 or 1")
     logged = np.asarray(day.dense[lo:hi])
-    bad = np.argwhere(~np.isfinite(logged) | (logged > 30.0))  # exp(30) - 3 is past any int32 count
+    counts = dense_format == "counts"
+    bad = np.argwhere(~np.isfinite(logged) | ((logged > 30.0) if counts else False))  # exp(30) - 3 > any int32
     if bad.size:
         r, c = (int(v) for v in bad[0])
-        raise ImportInputError(f"{day.paths[1]}: row {lo + r}, column {c}: {logged[r, c].item()!r} is not log(x + 3) of a "
-                               f"count (finite, at most 30)")
+        raise ImportInputError(f"{day.paths[1]}: row {lo + r}, column {c}: {logged[r, c].item()!r} is not "
+                               + ("log(x + 3) of a count (finite, at most 30)" if counts else "a finite value"))
     cols = [pa.array(labels.astype(np.int8))]
-    dense = dense_counts(logged)
+    dense = dense_counts(logged) if counts else logged.astype(np.float32, copy=False)
     cols += [pa.array(dense[:, j]) for j in range(NUM_DENSE)]
     for f, ids in enumerate(day.sparse):
         block = np.asarray(ids[lo:hi]).astype(np.int64, copy=False)
@@ -224,6 +229,7 @@ class _Task:
     sizes: tuple
     compression: str
     layout: str = SPARSE_LAYOUT
+    dense_format: str = DENSE_FORMAT
 
 
 PLAN_FILE = "import-plan.json"
@@ -244,7 +250,7 @@ def _write_file(task: _Task, work: str) -> tuple[int, int]:
     day = Day.open(Path(task.root), task.day)
     if day.sizes != list(task.sizes):
         raise ImportInputError(f"{day.paths[2]}: sizes {day.sizes} differ from the first day's {list(task.sizes)}")
-    schema = arrow_schema(list(task.sizes), task.layout)
+    schema = arrow_schema(list(task.sizes), task.layout, task.dense_format)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".tmp")
     positives = 0
@@ -253,7 +259,7 @@ def _write_file(task: _Task, work: str) -> tuple[int, int]:
                               **write_options(list(task.sizes), task.layout)) as w:
             for r0 in range(task.lo, task.hi, ROW_GROUP_ROWS):
                 table, pos = _row_group(day, r0, min(task.hi, r0 + ROW_GROUP_ROWS), list(task.cards), schema,
-                                        task.layout)
+                                        task.layout, task.dense_format)
                 w.write_table(table, row_group_size=table.num_rows)
                 positives += pos
     except BaseException:
@@ -265,13 +271,15 @@ def _write_file(task: _Task, work: str) -> tuple[int, int]:
 
 def _earlier_plan(work: Path) -> Optional[dict]:
     """The plan an unfinished import in `work` recorded (None: none readable). A plan written before
-    ``--sparse-layout`` existed lacks the key: its files are in list columns, "lists"."""
+    ``--sparse-layout`` existed lacks the key: its files are in list columns, "lists"; one written before
+    ``--dense`` holds counts."""
     try:
         earlier = json.loads((work / PLAN_FILE).read_text())
     except (OSError, ValueError):
         return None
     if isinstance(earlier, dict):
         earlier.setdefault("sparse_layout", "lists")
+        earlier.setdefault("dense_format", "counts")
     return earlier
 
 
@@ -292,10 +300,11 @@ def parse_days(text: str) -> list[int]:
 def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
                   cards: Optional[list[int]] = None, compression: str = "lz4", rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                   workers: int = 1, max_rows_per_day: Optional[int] = None, overwrite: bool = False,
-                  sparse_layout: str = SPARSE_LAYOUT) -> Metadata:
+                  sparse_layout: str = SPARSE_LAYOUT, dense_format: str = DENSE_FORMAT) -> Metadata:
     """Write the dataset (see the module docstring); returns its metadata. `sparse_layout`: "slots" or
-    "lists", how multi-hot features are stored. Raises `ImportInputError` (a `click.ClickException`)
-    for bad inputs, arguments or an occupied `output`."""
+    "lists", how multi-hot features are stored; `dense_format`: "float", MLPerf's dense values as they
+    are, or "counts". Raises `ImportInputError` (a `click.ClickException`) for bad inputs, arguments or
+    an occupied `output`."""
     cards = list(cards or MLPERF_CARDINALITIES)
     if len(cards) != NUM_SPARSE or min(cards) < 1:
         raise ImportInputError(f"--num-embeddings: need {NUM_SPARSE} table sizes >= 1, got {len(cards)}")
@@ -305,6 +314,8 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         raise ImportInputError(f"--compression: {compression!r} is not one of {', '.join(CODECS)}")
     if sparse_layout not in SPARSE_LAYOUTS:
         raise ImportInputError(f"--sparse-layout: {sparse_layout!r:.40} is not one of {', '.join(SPARSE_LAYOUTS)}")
+    if dense_format not in DENSE_FORMATS:
+        raise ImportInputError(f"--dense: {dense_format!r:.40} is not one of {', '.join(DENSE_FORMATS)}")
     _check_target(output, overwrite, "directory")
     days = {i: Day.open(input_dir, i) for i in [*train_days, eval_day]}  # every file checked before any work
     sizes = days[train_days[0]].sizes
@@ -326,15 +337,15 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         for k, r0 in enumerate(range(lo, hi, rows_per_file)):
             tasks[split].append(_Task(str(input_dir), i, r0, min(hi, r0 + rows_per_file),
                                       f"{split}/day-{i:02d}-part-{k:05d}.parquet", tuple(cards), tuple(sizes),
-                                      compression, layout))
+                                      compression, layout, dense_format))
     total = sum(t.hi - t.lo for ts in tasks.values() for t in ts)
     logger.info(f"importing {total:,} rows from {input_dir}: train days {train_days[0]}-{train_days[-1]} "
                 f"({len(train_days)} days), validation and test from day {eval_day}; multi-hot sizes {sizes}; "
-                f"{compression} files, {layout} layout; {workers} worker(s)")
+                f"{compression} files, {layout} layout, dense {dense_format}; {workers} worker(s)")
     plan = {"source": str(input_dir.resolve()), "train_days": train_days, "eval_day": eval_day, "cards": cards,
             "sizes": sizes, "compression": compression, "rows_per_file": rows_per_file,
             "max_rows_per_day": max_rows_per_day, "day_rows": {str(i): d.rows for i, d in days.items()},
-            "sparse_layout": layout}
+            "sparse_layout": layout, "dense_format": dense_format}
     work = partial_dir(output)
     if overwrite:
         shutil.rmtree(work, ignore_errors=True)
@@ -369,14 +380,15 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         splits = {s: SplitInfo(sum(done[t.out][0] for t in ts), sum(done[t.out][1] for t in ts), [t.out for t in ts])
                   for s, ts in tasks.items() if ts}
         meta = Metadata(cardinalities=cards, multi_hot_sizes=sizes, hashing="modulus", splits=splits,
-                        sparse_layout=layout, extra={
+                        sparse_layout=layout, dense_format=dense_format, extra={
             "importer": "dlrm.data.mlperf_import",
             "source": str(input_dir),
             "train_days": train_days,
             "eval_day": eval_day,
             "max_rows_per_day": max_rows_per_day,
             "compression": compression,
-            "dense": "counts recovered as round(exp(d) - 3) from MLPerf's log(x + 3), negatives as 0",
+            "dense": ("counts recovered as round(exp(d) - 3) from MLPerf's log(x + 3), negatives as 0"
+                      if dense_format == "counts" else "MLPerf's log(x + 3) values as they are (float32)"),
         })
         write_metadata(work, meta)
         (work / PLAN_FILE).unlink()
@@ -406,14 +418,17 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
 @click.option("--sparse-layout", type=click.Choice(SPARSE_LAYOUTS), default=SPARSE_LAYOUT, show_default=True,
               help="How multi-hot features are stored: slots, one int64 column a slot (schema version 3, read 1.6-2x "
                    "faster); lists, one list column a feature (version 2). The same values either way.")
+@click.option("--dense", "dense_format", type=click.Choice(DENSE_FORMATS), default=DENSE_FORMAT, show_default=True,
+              help="float: MLPerf's dense values as they are (float32 columns, schema version 4: the model sees "
+                   "log(x + 3) as MLPerf's does); counts: int32 counts recovered as round(exp(d) - 3), fed as log1p.")
 @click.option("--rows-per-file", type=click.IntRange(min=1), default=DEFAULT_ROWS_PER_FILE, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Processes writing files [default: min(cores, 8)].")
 @click.option("--max-rows-per-day", type=click.IntRange(min=1), default=None,
               help="Import only the first N rows of each day (a quick subset).")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty --output directory.")
-def main(input_dir, output, train_days, eval_day, num_embeddings, compression, sparse_layout, rows_per_file, workers,
-         max_rows_per_day, overwrite):
+def main(input_dir, output, train_days, eval_day, num_embeddings, compression, sparse_layout, dense_format, rows_per_file,
+         workers, max_rows_per_day, overwrite):
     """Import MLPerf DLRM-DCNv2's preprocessed multi-hot Criteo 1TB (see the module docstring).
 
     Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 a bad input file, value or
@@ -434,7 +449,7 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, s
                 raise ImportInputError(f"--num-embeddings: {num_embeddings!r} is not {NUM_SPARSE} integers") from None
         _check_parent_writable(Path(output), "--output")
         import_mlperf(Path(input_dir), Path(output), days, eval_day, cards, compression, rows_per_file,
-                      workers or min(os.cpu_count() or 1, 8), max_rows_per_day, overwrite, sparse_layout)
+                      workers or min(os.cpu_count() or 1, 8), max_rows_per_day, overwrite, sparse_layout, dense_format)
     except click.ClickException as e:
         logger.error(e.format_message())
         sys.exit(EXIT_BAD_INPUT)

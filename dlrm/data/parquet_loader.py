@@ -37,8 +37,8 @@ from dlrm.data.batch import (
     widen_sparse,
 )
 from dlrm.data.host_arena import _Arena, _write_columns, compact_sparse_ok
-from dlrm.data.schema import (NUM_DENSE, NUM_SPARSE, DatasetError, arrow_schema, is_multi_hot, one_hot_sizes,
-                              sparse_width)
+from dlrm.data.schema import (NUM_DENSE, NUM_SPARSE, DatasetError, arrow_schema, check_dense_format, is_multi_hot,
+                              one_hot_sizes, sparse_width)
 from dlrm.data.stream_buffers import _END, _Flush, _Resident, _Run
 from dlrm.data.validation import NullTally, check_table, first_rows, open_shard
 
@@ -68,6 +68,8 @@ class ParquetLoader:
         multi_hot_sizes: the dataset's `Metadata.multi_hot_sizes` (None: one-hot). Batches then
             carry sparse int64 [B, L], L = sum of the sizes, each feature in its slots
             (`dlrm.data.schema.slot_offsets`), `PAD_SPARSE` (-2) in the slots a short list leaves.
+        dense_format: the dataset's `Metadata.dense_format`: "counts" (int32, fed as ``log1p(max(x, 0))``) or
+            "float" (float32, fed as they are); every file must hold it.
         chain_epochs: keep decoding across epoch boundaries: when an epoch has been iterated to its
             end, the producer goes on with the next epoch's buffers (and the consumer uploads the
             next epoch's first buffer while this epoch's last batches are cut), so the next
@@ -133,6 +135,7 @@ class ParquetLoader:
         world_size: int = 1,
         compact_sparse: Optional[bool] = None,
         multi_hot_sizes: Optional[list[int]] = None,
+        dense_format: str = "counts",
         chain_epochs: bool = False,
         arrow_threads: bool = True,
     ) -> None:
@@ -142,6 +145,7 @@ class ParquetLoader:
             raise ValueError(f"multi_hot_sizes must be {NUM_SPARSE} integers >= 1, got {multi_hot_sizes}")
         self._multi_hot = is_multi_hot(self.multi_hot_sizes)
         self._width = sparse_width(self.multi_hot_sizes)
+        self.dense_format = check_dense_format(dense_format)
         self.batch_size = batch_size
         self.rank, self.world_size = rank, world_size
         self.device = torch.device(device)
@@ -150,15 +154,13 @@ class ParquetLoader:
         self.drop_last = drop_last
         self.prefetch = max(1, prefetch)
         self.shuffle_buffer_rows = shuffle_buffer_rows
-        # Decoding is the bulk of the host work, and pyarrow already spreads each row group's columns
-        # over its own pool (one thread a core): a few row groups at once keep the cores busy, more
-        # only contend. Measured on the 16-core H100 host (benchmarks/results/loader_throughput_*):
-        # 4 readers 27M shuffled samples/s, 8 readers 23M, 16 readers 25M. Multi-hot rows are another matter:
-        # most of a row group's time goes to a few list columns (MLPerf DLRM-DCNv2's 100-value one holds almost
-        # half the values), which pyarrow's column pool cannot split, so row groups must decode side by side:
-        # one reader a core (the 16-core H200 host, MLPerf rows into CUDA, results/loader_throughput_mlperf.md:
-        # 4 readers 0.45M samples/s, 8 0.66M, 16 0.71M). At most 16: each holds a decoded row group and its
-        # temporaries (~0.6 GB for 131,072 MLPerf rows), and more than 16 were not measured.
+        # Decoding is the bulk of the host work, and pyarrow already spreads each row group's columns over its own
+        # pool (one thread a core): a few row groups at once keep the cores busy, more only contend (16-core H100
+        # host, results/loader_throughput_*: 4 readers 27M shuffled samples/s, 8 23M, 16 25M). Multi-hot row groups
+        # must decode side by side: a few columns hold most of their values, which pyarrow's pool cannot split. One
+        # reader a core (16-core H200 host, MLPerf rows, results/loader_throughput_mlperf.md: 4 readers 0.45M
+        # samples/s, 8 0.66M, 16 0.71M), at most 16: each holds a decoded row group (~0.6 GB for 131,072 MLPerf
+        # rows), and more than 16 were not measured.
         cores = os.cpu_count() or 1
         self.reader_threads = reader_threads or (max(2, min(16, cores)) if is_multi_hot(self.multi_hot_sizes)
                                                  else max(2, min(4, cores // 4)))
@@ -170,7 +172,7 @@ class ParquetLoader:
         # (file index, row group index, rows) for every row group, read from parquet footers only.
         self.row_groups: list[tuple[int, int, int]] = []
         # Each file checked once, here; its sparse layout ("lists" or "slots") read from its own schema.
-        shards = [open_shard(path, self.multi_hot_sizes) for path in self.files]
+        shards = [open_shard(path, self.multi_hot_sizes, self.dense_format) for path in self.files]
         self._footers, self._layouts = [footer for footer, _ in shards], [layout for _, layout in shards]
         self._columns = {layout: arrow_schema(self.multi_hot_sizes, layout).names for layout in set(self._layouts)}
         for i, meta in enumerate(self._footers):
@@ -281,7 +283,8 @@ class ParquetLoader:
         # Checked where it is decoded (vectorized, on this reader thread, every epoch: the file is
         # untrusted and may change); a DatasetError reaches the consumer through the producer.
         layout = self._layouts[fi]
-        table, replaced = check_table(self.files[fi], gi, self._first_rows[k], table, self.multi_hot_sizes, layout)
+        table, replaced = check_table(self.files[fi], gi, self._first_rows[k], table, self.multi_hot_sizes, layout,
+                                      self.dense_format)
         self._nulls.add(fi, gi, replaced)
         _write_columns(table, out, at, self.multi_hot_sizes, layout)
 
@@ -560,7 +563,7 @@ class ParquetLoader:
                 carried = prev.take(prev_flush.keep, prev_flush.rows)
                 for dst, src in zip((out.dense, out.sparse, out.labels), carried):
                     dst[: flush.carry] = src
-            out.dense[flush.carry :] = transform_dense(dense.t())
+            out.dense[flush.carry :] = transform_dense(dense.t(), self.dense_format)
             out.sparse[flush.carry :] = (widen_sparse(sparse.t(), self._multi_hot) if sparse.dtype != torch.int64
                                          else sparse.t())
             out.labels[flush.carry :] = label

@@ -1,4 +1,5 @@
-"""Rewrite a dataset's multi-hot features in another sparse layout (and, if asked, another codec).
+"""Rewrite a dataset's multi-hot features in another sparse layout (and, if asked, another codec, or its
+dense counts as the float values the model takes).
 
     python -m dlrm.data.relayout --data data/mlperf-syn --output data/mlperf-syn-slots
     python -m dlrm.data.relayout --data data/mlperf-syn --output data/mlperf-zstd --sparse-layout lists \
@@ -13,6 +14,10 @@ checked as the loaders check it (schema, labels, list lengths, nulls replaced by
 and written with the same path, row groups and rows, the multi-hot features in ``--sparse-layout``;
 label, dense and one-hot columns are copied as they are. ``vocab/`` is copied, ``metadata.json``
 gets the new layout (version 3 for slots) and an ``extra.relayout`` record of where it came from.
+``--dense-format float`` stores a counts dataset's dense columns as float32 ``log1p(max(x, 0))``, the
+loaders' own transform (`dlrm.data.batch.transform_dense`), so the copy trains exactly as the original
+(``dense_format`` "float", schema version 4); a float dataset keeps its values (there are no counts to
+recover from them).
 
 A slot column keeps a row's values first and -2 (no value) after them; going back to lists drops
 the -2s, so lists -> slots -> lists gives back the same lists. ``--output`` is written whole into a
@@ -34,15 +39,21 @@ import click
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 from loguru import logger
 from tqdm import tqdm
+
+from dlrm.data.batch import transform_dense
 
 from dlrm.data.host_arena import list_slots
 from dlrm.data.preprocess.options import CODECS
 from dlrm.data.schema import (
     SPARSE_COLUMNS,
     SPARSE_LAYOUTS,
+    DENSE_COLUMNS,
+    DENSE_FORMATS,
     DatasetError,
+    DenseFormat,
     Metadata,
     SparseLayout,
     arrow_schema,
@@ -61,10 +72,11 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
-def table_in_layout(table: pa.Table, sizes: list[int], source: SparseLayout, layout: SparseLayout) -> pa.Table:
+def table_in_layout(table: pa.Table, sizes: list[int], source: SparseLayout, layout: SparseLayout,
+                    dense_format: DenseFormat = "counts") -> pa.Table:
     """`table` (checked rows in the `source` layout) with its multi-hot features in `layout`
-    (`arrow_schema(sizes, layout)`); every other column as it is."""
-    schema = arrow_schema(sizes, layout)
+    (`arrow_schema(sizes, layout, dense_format)`); every other column as it is."""
+    schema = arrow_schema(sizes, layout, dense_format)
     if source == layout:
         return table.cast(schema)  # the same columns; nullability as this project writes it
     arrays = {name: table.column(name) for name in table.column_names}
@@ -80,10 +92,23 @@ def table_in_layout(table: pa.Table, sizes: list[int], source: SparseLayout, lay
     return pa.Table.from_arrays([arrays[name] for name in schema.names], schema=schema)
 
 
-def relayout_file(src: Path, dst: Path, sizes: list[int], layout: SparseLayout, codec: str | None) -> int:
-    """`src` rewritten to `dst` in `layout` (row group by row group, each checked as the loaders check it)
-    and `codec` (None: the file's own); its rows. Raises `DatasetError` naming `src` on a bad file."""
-    footer, source = open_shard(src, sizes)
+def dense_as_float(table: pa.Table) -> pa.Table:
+    """`table` with its dense counts (int32) replaced by the model's float32 input, ``log1p(max(x, 0))``
+    computed by `transform_dense` itself (the same bits the loaders would compute on the CPU)."""
+    counts = np.stack([table.column(c).to_numpy() for c in DENSE_COLUMNS], axis=1)
+    values = transform_dense(torch.from_numpy(counts)).numpy()
+    for j, name in enumerate(DENSE_COLUMNS):
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(values[:, j], pa.float32()))
+    return table
+
+
+def relayout_file(src: Path, dst: Path, sizes: list[int], layout: SparseLayout, codec: str | None,
+                  dense_format: DenseFormat = "counts", out_dense: DenseFormat | None = None) -> int:
+    """`src` (its dense columns in `dense_format`) rewritten to `dst` in `layout` (row group by row group,
+    each checked as the loaders check it), `codec` (None: the file's own) and `out_dense` (None: as they
+    are; "float" from counts: `dense_as_float`); its rows. Raises `DatasetError` naming `src` on a bad file."""
+    out_dense = out_dense or dense_format
+    footer, source = open_shard(src, sizes, dense_format)
     if codec is None:
         codec = footer.row_group(0).column(0).compression.lower() if footer.num_row_groups else "none"
         codec = "none" if codec == "uncompressed" else codec
@@ -91,24 +116,31 @@ def relayout_file(src: Path, dst: Path, sizes: list[int], layout: SparseLayout, 
     dst.parent.mkdir(parents=True, exist_ok=True)
     rows = 0
     with pq.ParquetFile(src, metadata=footer) as reader, \
-            pq.ParquetWriter(dst, arrow_schema(sizes, layout), compression=None if codec == "none" else codec,
+            pq.ParquetWriter(dst, arrow_schema(sizes, layout, out_dense), compression=None if codec == "none" else codec,
                              **write_options(sizes, layout)) as writer:
         for (_, g, n), first in zip(groups, first_rows(groups)):
             try:
                 table = reader.read_row_group(g)
             except (OSError, pa.ArrowException) as e:
                 raise DatasetError(f"{src}: row group {g}: cannot be read ({e})") from None
-            table, _ = check_table(src, g, first, table, sizes, source)
-            writer.write_table(table_in_layout(table, sizes, source, layout), row_group_size=max(1, n))
+            table, _ = check_table(src, g, first, table, sizes, source, dense_format)
+            if out_dense != dense_format:
+                table = dense_as_float(table)
+            writer.write_table(table_in_layout(table, sizes, source, layout, out_dense), row_group_size=max(1, n))
             rows += n
     return rows
 
 
 def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None = None, workers: int | None = None,
-             overwrite: bool = False) -> Metadata:
-    """Write `data`'s every split into `output` in `layout` (and `codec`; None keeps each file's); the new
-    metadata. `output` appears only when every file is done."""
+             overwrite: bool = False, dense_format: DenseFormat | None = None) -> Metadata:
+    """Write `data`'s every split into `output` in `layout` (and `codec`, None keeps each file's; and
+    `dense_format`, None or the dataset's keeps the dense columns, "float" turns counts into the model's
+    float input); the new metadata. `output` appears only when every file is done."""
     meta = read_metadata(data)
+    out_dense = dense_format or meta.dense_format
+    if out_dense not in DENSE_FORMATS or (out_dense == "counts" and meta.dense_format == "float"):
+        raise click.ClickException(f"--dense-format: {out_dense!r:.40} is not one of keep, float ({data} holds "
+                                   f"{meta.dense_format}; float values cannot be turned back into counts)")
     _check_target(output, overwrite, "directory")
     _check_parent_writable(output, "--output")
     if output.resolve() == data.resolve():
@@ -122,19 +154,22 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
             shutil.copytree(data / "vocab", tmp / "vocab")
         sizes = meta.multi_hot_sizes
         with ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:  # pyarrow and numpy release the GIL
-            jobs = [pool.submit(relayout_file, f, tmp / f.relative_to(data), sizes, layout, codec) for _, f in files]
+            jobs = [pool.submit(relayout_file, f, tmp / f.relative_to(data), sizes, layout, codec, meta.dense_format,
+                                out_dense) for _, f in files]
             rows = sum(job.result() for job in tqdm(jobs, desc="relayout", unit="file", disable=None))
-        record = {"from": str(data), "from_layout": meta.sparse_layout, "compression": codec or "kept"}
+        record = {"from": str(data), "from_layout": meta.sparse_layout, "compression": codec or "kept",
+                  "from_dense_format": meta.dense_format}
         new = Metadata(cardinalities=meta.cardinalities, multi_hot_sizes=sizes, hashing=meta.hashing,
                        splits=meta.splits, schema_version=meta.schema_version,
-                       extra={**meta.extra, "relayout": record}, sparse_layout=layout)
+                       extra={**meta.extra, "relayout": record}, sparse_layout=layout, dense_format=out_dense)
         write_metadata(tmp, new)
         _replace_dir(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     seconds = time.perf_counter() - started
-    logger.info(f"wrote {output} ({layout}, schema version {new.written_version}): {len(files)} files, {rows:,} rows "
+    logger.info(f"wrote {output} ({layout}, dense {out_dense}, schema version {new.written_version}): {len(files)} files, "
+                f"{rows:,} rows "
                 f"in {seconds:.1f}s")
     return new
 
@@ -148,9 +183,12 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
                    "column a feature (version 2).")
 @click.option("--compression", type=click.Choice(("keep", *CODECS)), default="keep", show_default=True,
               help="Parquet codec of the new files (keep: each file's own).")
+@click.option("--dense-format", type=click.Choice(("keep", "float")), default="keep", show_default=True,
+              help="float: dense counts stored as the model's float32 input, log1p(max(x, 0)) (schema version 4); "
+                   "keep: as they are.")
 @click.option("--workers", type=click.IntRange(min=1), default=None, help="Files rewritten at once [default: min(cores, 8)].")
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty --output directory.")
-def main(data, output, sparse_layout, compression, workers, overwrite):
+def main(data, output, sparse_layout, compression, dense_format, workers, overwrite):
     """Rewrite a dataset's multi-hot features in another sparse layout (see the module docstring).
 
     Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 a bad dataset, argument or an
@@ -158,7 +196,8 @@ def main(data, output, sparse_layout, compression, workers, overwrite):
     """
     configure_logging()
     try:
-        relayout(data, output, sparse_layout, None if compression == "keep" else compression, workers, overwrite)
+        relayout(data, output, sparse_layout, None if compression == "keep" else compression, workers, overwrite,
+                 None if dense_format == "keep" else dense_format)
     except KeyboardInterrupt:
         logger.error("interrupted: --output was not written")
         sys.exit(EXIT_INTERRUPTED)

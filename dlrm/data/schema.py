@@ -8,11 +8,14 @@ A dataset is a directory::
       validation/*.parquet
       test/*.parquet         # optional
       vocab/SPARSE_<i>.npy   # only for hashing mode "vocabulary": sorted int64 values per feature
-                             # (`read_vocabulary` checks them)
+                             # (`dlrm.data.vocabulary.read_vocabulary` checks them)
 
 Columns (in this order):
   ``label``            int8, 0 or 1
-  ``DENSE_0..DENSE_12`` int32, integer counts; a missing count is stored as 0
+  ``DENSE_0..DENSE_12`` int32, integer counts; a missing count is stored as 0. The loaders feed the
+                       model ``log1p(max(x, 0))``. Or (``dense_format`` "float", schema version 4)
+                       float32 values the model takes as they are, e.g. MLPerf's preprocessed
+                       ``log(x + 3)`` (`DenseFormat`); every value must be finite
   ``SPARSE_0..SPARSE_25`` the 32-bit Criteo hash (the hex string read as an integer):
                        int64 for a one-hot feature (``multi_hot_sizes[f] == 1``), where a missing
                        category is stored as ``MISSING_SPARSE`` (-1). A multi-hot feature
@@ -33,8 +36,9 @@ once per file) and refuse a null label (`dlrm.data.loader.check_table`).
 Readers take each file's layout from its own schema (`file_layout`), so both read anywhere;
 ``sparse_layout`` records what the writer wrote. A dataset is written with the lowest version that
 describes it (`Metadata.written_version`): slot columns of a multi-hot dataset need version 3,
-everything else is version 2 (or 1, kept for a one-hot dataset read from a version-1 file), so
-older readers keep reading what they can and refuse the rest by its version.
+float dense columns need version 4, everything else is version 2 (or 1, kept for a one-hot dataset
+read from a version-1 file), so older readers keep reading what they can and refuse the rest by its
+version.
 
 Multi-hot (schema version 2): ``metadata.json`` holds ``multi_hot_sizes``, per sparse feature the
 most values a row may hold (all 1: one-hot, the only layout of version 1, whose files lack the
@@ -61,11 +65,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The newest contract version (what `Metadata` describes; `Metadata.written_version` is what a dataset needs)."""
-SUPPORTED_SCHEMA_VERSIONS = (1, 2, 3)
-"""Versions `read_metadata` accepts: 1 (one-hot only, no ``multi_hot_sizes``), 2 (multi-hot list columns) and 3
-(``sparse_layout``: multi-hot features as one column a slot)."""
+SUPPORTED_SCHEMA_VERSIONS = (1, 2, 3, 4)
+"""Versions `read_metadata` accepts: 1 (one-hot only, no ``multi_hot_sizes``), 2 (multi-hot list columns), 3
+(``sparse_layout``: multi-hot features as one column a slot) and 4 (``dense_format``: float dense columns)."""
 NUM_DENSE = 13
 NUM_SPARSE = 26
 LABEL_COLUMN = "label"
@@ -92,6 +96,10 @@ HashingMode = Literal["modulus", "vocabulary"]
 SparseLayout = Literal["lists", "slots"]
 SPARSE_LAYOUTS = ("lists", "slots")
 """How a multi-hot feature is stored: "lists", one ``list<int64>`` column; "slots", one int64 column a slot."""
+DenseFormat = Literal["counts", "float"]
+DENSE_FORMATS = ("counts", "float")
+"""How the dense features are stored: "counts", int32 counts the loaders transform (``log1p(max(x, 0))``);
+"float", float32 values the model takes as they are (already transformed by their writer)."""
 
 
 from dlrm.errors import DatasetError  # noqa: E402,F401 - defined low (dlrm.errors), raised here
@@ -128,6 +136,13 @@ def check_layout(layout: str) -> str:
     return layout
 
 
+def check_dense_format(dense_format: str) -> str:
+    """`dense_format` if it is one of `DENSE_FORMATS`, else a ValueError naming it."""
+    if dense_format not in DENSE_FORMATS:
+        raise ValueError(f"dense format {dense_format!r:.40} is not one of {', '.join(DENSE_FORMATS)}")
+    return dense_format
+
+
 def slot_column(feature: int, slot: int) -> str:
     """The column of slot `slot` of multi-hot feature `feature` in the "slots" layout: ``SPARSE_<f>_<j>``."""
     return f"{SPARSE_COLUMNS[feature]}_{slot}"
@@ -144,15 +159,18 @@ def sparse_columns(multi_hot_sizes: list[int] | None = None, layout: SparseLayou
     return names
 
 
-def arrow_schema(multi_hot_sizes: list[int] | None = None, layout: SparseLayout = "lists"):
+def arrow_schema(multi_hot_sizes: list[int] | None = None, layout: SparseLayout = "lists",
+                 dense_format: DenseFormat = "counts"):
     """The pyarrow schema every shard is written with: a multi-hot feature (size > 1) is a
-    ``list<int64>`` column ("lists") or ``size`` int64 columns ("slots"), every other column as in
-    version 1 (None: one-hot, where both layouts are the same schema)."""
+    ``list<int64>`` column ("lists") or ``size`` int64 columns ("slots"), the dense columns int32
+    ("counts") or float32 ("float"), every other column as in version 1 (None: one-hot, where both
+    layouts are the same schema)."""
     import pyarrow as pa
 
     sizes = multi_hot_sizes if multi_hot_sizes is not None else one_hot_sizes()
     fields = [pa.field(LABEL_COLUMN, pa.int8(), nullable=False)]
-    fields += [pa.field(c, pa.int32(), nullable=False) for c in DENSE_COLUMNS]
+    dense = pa.float32() if check_dense_format(dense_format) == "float" else pa.int32()
+    fields += [pa.field(c, dense, nullable=False) for c in DENSE_COLUMNS]
     if layout == "slots":
         fields += [pa.field(c, pa.int64(), nullable=False) for c in sparse_columns(sizes, layout)]
     else:
@@ -236,6 +254,8 @@ class Metadata:
             `to_json` writes is `written_version`.
         sparse_layout: how the shards store multi-hot features, "lists" or "slots" (`SparseLayout`);
             recorded for people and older readers: the loaders take each file's from its schema.
+        dense_format: how the shards store the dense features, "counts" or "float" (`DenseFormat`);
+            every file must hold this one, and a model trained on one format refuses the other.
         missing_sparse: the stored value of a missing category.
         extra: free-form provenance (generator settings, oracle AUC, bad-line counts, ...).
     """
@@ -248,9 +268,11 @@ class Metadata:
     missing_sparse: int = MISSING_SPARSE
     extra: dict[str, Any] = field(default_factory=dict)
     sparse_layout: str = "lists"
+    dense_format: str = "counts"
 
     def __post_init__(self) -> None:
         check_layout(self.sparse_layout)
+        check_dense_format(self.dense_format)
 
     @property
     def slot_offsets(self) -> list[int]:
@@ -269,8 +291,10 @@ class Metadata:
     @property
     def written_version(self) -> int:
         """The lowest schema version that describes this dataset, which `to_json` writes (older readers
-        keep reading what they can): 3 for a multi-hot dataset in slot columns, 1 for a one-hot one
-        read from a version-1 file, else 2."""
+        keep reading what they can): 4 with float dense columns, 3 for a multi-hot dataset in slot
+        columns, 1 for a one-hot one read from a version-1 file, else 2."""
+        if self.dense_format == "float":
+            return 4
         if self.is_multi_hot and self.sparse_layout == "slots":
             return 3
         return 1 if self.schema_version < 2 and not self.is_multi_hot else 2
@@ -278,6 +302,8 @@ class Metadata:
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["schema_version"] = self.written_version
+        if d["schema_version"] < 4:  # counts, version 3 and older's only dense format
+            del d["dense_format"]
         if d["schema_version"] < 3:  # the layouts coincide for one-hot data; "lists" is version 2's only one
             del d["sparse_layout"]
         if d["schema_version"] < 2:
@@ -444,6 +470,18 @@ def _check_layout(path: Path, version: int, raw: dict[str, Any]) -> str:
     return layout
 
 
+def _check_dense_format(path: Path, version: int, raw: dict[str, Any]) -> str:
+    """`dense_format` of a version-4 file (absent: "counts"); older files must not have it."""
+    if "dense_format" not in raw:
+        return "counts"
+    dense_format = raw["dense_format"]
+    if version < 4:
+        raise _fail(path, "dense_format", f"is a schema_version 4 key (this file says version {version})")
+    if not (isinstance(dense_format, str) and dense_format in DENSE_FORMATS):
+        raise _fail(path, "dense_format", f"{dense_format!r:.80} is not {' or '.join(map(repr, DENSE_FORMATS))}")
+    return dense_format
+
+
 def _check_extra(path: Path, extra: Any) -> dict[str, Any]:
     """`extra` is free-form, except `oracle_auc`, which the trainer reads and prints."""
     extra = _check_object(path, "extra", extra)
@@ -465,7 +503,8 @@ def read_metadata(dataset_dir: str | os.PathLike) -> Metadata:
     """Load and validate `DIR/metadata.json`.
 
     A version-1 file (no ``multi_hot_sizes``) reads as one-hot; its `schema_version` is kept as
-    read. A file without ``sparse_layout`` (every version-1 and 2 file) reads as "lists". Every defect
+    read. A file without ``sparse_layout`` (every version-1 and 2 file) reads as "lists", one without
+    ``dense_format`` (every file before version 4) as "counts". Every defect
     (unreadable or non-UTF-8 bytes, invalid or too deeply nested JSON, NaN/Infinity, a wrong type or
     range of any known key, shard paths outside the dataset directory) raises a `DatasetError` naming
     the file and the key; nothing else escapes.
@@ -478,7 +517,8 @@ def read_metadata(dataset_dir: str | os.PathLike) -> Metadata:
         raise _fail(path, "<root>", "must be a JSON object")
     version = raw.get("schema_version")
     if not (_is_int(version) and version in SUPPORTED_SCHEMA_VERSIONS):
-        raise _fail(path, "schema_version", f"{version!r:.80} is not a supported version (1, 2 or 3)")
+        raise _fail(path, "schema_version", f"{version!r:.80} is not a supported version "
+                    f"({', '.join(map(str, SUPPORTED_SCHEMA_VERSIONS))})")
     cards = _check_cardinalities(path, raw.get("cardinalities"))
     sizes = _check_multi_hot_sizes(path, version, raw)
     hashing = raw.get("hashing", "modulus")
@@ -494,6 +534,7 @@ def read_metadata(dataset_dir: str | os.PathLike) -> Metadata:
         missing_sparse=MISSING_SPARSE,
         extra=_check_extra(path, raw.get("extra", {})),
         sparse_layout=_check_layout(path, version, raw),
+        dense_format=_check_dense_format(path, version, raw),
     )
 
 
@@ -518,72 +559,3 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 def write_metadata(dataset_dir: str | os.PathLike, meta: Metadata) -> None:
     """Write `metadata.json` atomically (it is the last file a writer produces)."""
     write_json_atomic(Path(dataset_dir) / "metadata.json", meta.to_json())
-
-
-def vocab_path(dataset_dir: str | os.PathLike, feature: int) -> Path:
-    """Where the sorted vocabulary of sparse feature `feature` lives (hashing mode "vocabulary")."""
-    return Path(dataset_dir) / "vocab" / f"{SPARSE_COLUMNS[feature]}.npy"
-
-
-def _read_npy_header(fh, path: Path) -> tuple[tuple[int, ...], Any, int]:
-    """(shape, dtype, data offset) of an open ``.npy`` file, from its header alone."""
-    import numpy as np
-
-    try:
-        version = np.lib.format.read_magic(fh)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
-        elif version == (2, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
-        else:
-            raise ValueError(f"unsupported .npy format version {version}")
-    except (ValueError, EOFError, OSError, SyntaxError, TypeError) as e:
-        raise DatasetError(f"{path}: not a readable .npy array ({e})") from None
-    return shape, dtype, fh.tell()
-
-
-def read_vocabulary(dataset_dir: str | os.PathLike, feature: int, cardinality: int):
-    """The sorted vocabulary of sparse feature `feature` as int64 numpy, validated against the contract.
-
-    The file must be a plain ``.npy`` (no pickles) holding a 1-D integer array, strictly
-    increasing (sorted, no duplicates: the hashing's binary search silently misplaces values
-    otherwise), of ``cardinality - 1`` values (row 0 is the out-of-vocabulary row) and exactly as
-    long as its header says. The header is checked before any data is read, so a corrupt header
-    cannot ask for a huge allocation. Raises `DatasetError` naming the file.
-    """
-    import numpy as np
-
-    path = vocab_path(dataset_dir, feature)
-    if not path.is_file():
-        raise DatasetError(f"{path}: vocabulary file missing (metadata.json says hashing 'vocabulary')")
-    try:
-        with open(path, "rb") as fh:
-            shape, dtype, offset = _read_npy_header(fh, path)
-            if dtype.kind not in "iu" or len(shape) != 1:
-                raise DatasetError(f"{path}: must hold a 1-D integer array, holds {dtype} of shape {shape}")
-            if shape[0] != cardinality - 1:
-                raise DatasetError(f"{path}: holds {shape[0]} values but metadata.json cardinalities[{feature}] "
-                                   f"is {cardinality} (a vocabulary of {cardinality - 1} values plus row 0)")
-            size = os.fstat(fh.fileno()).st_size
-            if size != offset + shape[0] * dtype.itemsize:
-                raise DatasetError(f"{path}: is {size} bytes, its header promises {offset + shape[0] * dtype.itemsize} "
-                                   "(truncated or corrupt)")
-            values = np.fromfile(fh, dtype=dtype, count=shape[0])
-    except OSError as e:
-        raise DatasetError(f"{path}: cannot be read ({e.strerror or e})") from None
-    return _checked_vocabulary(path, values)
-
-
-def _checked_vocabulary(path: Path, values):
-    """`values` as int64, checked to fit int64 and to be strictly increasing."""
-    import numpy as np
-
-    if values.dtype.kind == "u" and values.size and int(values.max()) > _MAX_INT:
-        raise DatasetError(f"{path}: value {int(values.max())} does not fit int64")
-    values = values.astype(np.int64)
-    bad = np.flatnonzero(values[1:] <= values[:-1])
-    if bad.size:
-        i = int(bad[0]) + 1
-        raise DatasetError(f"{path}: not strictly increasing (sorted, unique) at index {i}: "
-                           f"{int(values[i - 1])} then {int(values[i])}")
-    return values

@@ -2,9 +2,11 @@
 
 A shard is untrusted input: `open_shard` checks its schema (against the dataset's
 ``multi_hot_sizes``: a multi-hot feature is a ``list<int64>`` column, or one int64 column a slot in the
-"slots" layout, whichever the file's schema holds: `file_layout`) and pre-checks its labels
+"slots" layout, whichever the file's schema holds: `file_layout`; the dense columns int32 counts
+or float32 values, as the dataset's ``dense_format`` says) and pre-checks its labels
 from the footer statistics when a loader opens it, and `check_table` checks every decoded row
-group (labels 0 or 1, lists no longer than their feature's size, nulls replaced by the policy of
+group (labels 0 or 1, lists no longer than their feature's size, float dense values finite, nulls
+replaced by the policy of
 data/README.md), counting the replacements in a `NullTally` that logs them once per file. Every problem is a `DatasetError` naming the file,
 and where it can, the column and the row.
 """
@@ -23,6 +25,7 @@ from loguru import logger
 from dlrm.data.schema import (
     DENSE_COLUMNS,
     LABEL_COLUMN,
+    DenseFormat,
     MISSING_DENSE,
     MISSING_SPARSE,
     NUM_DENSE,
@@ -58,11 +61,14 @@ def _is_int64_list(t: pa.DataType) -> bool:
 
 
 def _type_error(path: Path, name: str, actual: pa.DataType, want: pa.DataType) -> DatasetError:
-    """The error of a column of the wrong type; says so when it is a multi-hot mismatch."""
+    """The error of a column of the wrong type; says so when it is a multi-hot or a dense format mismatch."""
     why = ""
     if _is_int64_list(actual) and name in SPARSE_COLUMNS:
         why = (f" (a multi-hot column, but the dataset's multi_hot_sizes[{SPARSE_COLUMNS.index(name)}] is 1: "
                "metadata.json, or the multi_hot_sizes the loader was given)")
+    if name in DENSE_COLUMNS and {actual, want} == {pa.int32(), pa.float32()}:
+        why = (f" (the dataset's dense_format is {'float' if want == pa.float32() else 'counts'!r}: metadata.json, "
+               "or the dense_format the loader was given)")
     return DatasetError(f"{path}: column {name}: type {actual} is not {want}{why}")
 
 
@@ -78,13 +84,13 @@ def file_layout(schema: pa.Schema, multi_hot_sizes: list[int] | None = None) -> 
 
 
 def check_schema(path: Path, schema: pa.Schema, multi_hot_sizes: list[int] | None = None,
-                 layout: SparseLayout | None = None) -> SparseLayout:
-    """`schema` must have exactly `arrow_schema(multi_hot_sizes, layout)`'s columns, in its order and with
-    its types (nullable fields are accepted: nulls follow `check_table`'s policy; a list's item
-    field may have any name); raises `DatasetError` naming the file and the first offending column.
+                 layout: SparseLayout | None = None, dense_format: DenseFormat = "counts") -> SparseLayout:
+    """`schema` must have exactly `arrow_schema(multi_hot_sizes, layout, dense_format)`'s columns, in its
+    order and with its types (nullable fields are accepted: nulls follow `check_table`'s policy; a list's
+    item field may have any name); raises `DatasetError` naming the file and the first offending column.
     `layout` None: the file's own (`file_layout`). Returns the layout checked."""
     layout = layout or file_layout(schema, multi_hot_sizes)
-    expected = arrow_schema(multi_hot_sizes, layout)
+    expected = arrow_schema(multi_hot_sizes, layout, dense_format)
     names = schema.names
     for fld in expected:
         count = names.count(fld.name)
@@ -166,6 +172,18 @@ def _check_list_column(path: Path, group: int, first_row: int, name: str, column
     return array, nulls
 
 
+def check_finite_dense(path: Path, group: int, first_row: int, table: pa.Table) -> None:
+    """Every float dense value of `table` (nulls already replaced) must be finite, else `DatasetError` naming
+    file, column and row: a NaN or an infinity would reach the model as it is and poison its weights."""
+    for name in DENSE_COLUMNS:
+        finite = pc.is_finite(table.column(name))
+        if not pc.all(finite).as_py():
+            i = int(np.flatnonzero(~finite.to_numpy(zero_copy_only=False))[0])
+            value = table.column(name)[i].as_py()
+            raise DatasetError(f"{path}: column {name}: row index {first_row + i} (row group {group}) holds {value}; "
+                               "float dense values must be finite")
+
+
 def _slot_nulls(table: pa.Table, names: list[str], replaced: dict[str, int]) -> pa.Table:
     """The slot columns `names` of a "slots" table with their nulls made `PAD_SPARSE` (a slot that
     holds no value), counted in `replaced` under their column names."""
@@ -179,12 +197,13 @@ def _slot_nulls(table: pa.Table, names: list[str], replaced: dict[str, int]) -> 
 
 
 def check_table(path: Path, group: int, first_row: int, table: pa.Table,
-                multi_hot_sizes: list[int] | None = None,
-                layout: SparseLayout = "lists") -> tuple[pa.Table, dict[str, int]]:
+                multi_hot_sizes: list[int] | None = None, layout: SparseLayout = "lists",
+                dense_format: DenseFormat = "counts") -> tuple[pa.Table, dict[str, int]]:
     """A decoded row group checked against the contract, and its nulls replaced by policy.
 
     Labels must be 0 or 1 and not null (else `DatasetError` naming file, column and row); a null
-    dense count becomes 0 (`MISSING_DENSE`), a null category the missing value -1
+    dense count or float value becomes 0 (`MISSING_DENSE`; float values must be finite,
+    `check_finite_dense`), a null category the missing value -1
     (`MISSING_SPARSE`). A multi-hot column (``multi_hot_sizes[f] > 1``, a list column) must hold at
     most ``multi_hot_sizes[f]`` values a row (else `DatasetError` naming file, column and row); a
     null list becomes an empty one, a null value in a list -1; in the "slots" layout (`layout`, the
@@ -211,6 +230,8 @@ def check_table(path: Path, group: int, first_row: int, table: pa.Table,
             replaced[name] = column.null_count
             filled = pc.fill_null(column, pa.scalar(fill, column.type))
             table = table.set_column(table.schema.get_field_index(name), name, filled)
+    if dense_format == "float":
+        check_finite_dense(path, group, first_row, table)
     return table, replaced
 
 
@@ -239,16 +260,17 @@ def footer_label_check(path: Path, footer: pq.FileMetaData) -> None:
         first_row += rg.num_rows
 
 
-def open_shard(path: Path, multi_hot_sizes: list[int] | None = None) -> tuple[pq.FileMetaData, SparseLayout]:
+def open_shard(path: Path, multi_hot_sizes: list[int] | None = None,
+               dense_format: DenseFormat = "counts") -> tuple[pq.FileMetaData, SparseLayout]:
     """The parquet footer of `path` and its sparse layout (`file_layout`), its schema checked
-    (`check_schema`, against `multi_hot_sizes`; None: one-hot) and its labels pre-checked from the
-    statistics (`footer_label_check`); unreadable -> `DatasetError`."""
+    (`check_schema`, against `multi_hot_sizes`, None: one-hot, and `dense_format`) and its labels
+    pre-checked from the statistics (`footer_label_check`); unreadable -> `DatasetError`."""
     try:
         footer = pq.ParquetFile(path).metadata
         schema = footer.schema.to_arrow_schema()
     except (OSError, pa.ArrowException) as e:
         raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
-    layout = check_schema(path, schema, multi_hot_sizes)
+    layout = check_schema(path, schema, multi_hot_sizes, dense_format=dense_format)
     footer_label_check(path, footer)
     return footer, layout
 
@@ -296,7 +318,7 @@ class NullTally:
     def _report(self, file_index: int, counts: dict[str, int]) -> None:
         """One warning for the file: how many nulls of each kind were replaced, and by what."""
         parts = []
-        for names, fill, what in ((DENSE_COLUMNS, MISSING_DENSE, "dense counts"),
+        for names, fill, what in ((DENSE_COLUMNS, MISSING_DENSE, "dense values"),
                                   (SPARSE_COLUMNS, MISSING_SPARSE, "categories (the missing value)")):
             hit = [f"{c} {counts[c]:,}" for c in names if c in counts]
             if hit:

@@ -116,6 +116,7 @@ class Checkpointer:
             "rng": ckpt.rng_state(),
             "cardinalities": self.tables.cardinalities,
             "multi_hot_sizes": self.tables.multi_hot_sizes or [1] * len(self.tables.cardinalities),
+            "dense_format": self.tables.dense_format,
             "config": self.cfg.to_dict(),
             "run_stats": stats.to_dict(),
         }
@@ -125,7 +126,7 @@ class Checkpointer:
         the run's totals so far. A distributed run loads its rank's shard (same ranks and plan)."""
         state: dict[str, Any] = dist_ckpt.load_for_rank(path, self.env, run.plan)
         ckpt.check_compatible(state, run.model, self.tables.cardinalities, self.cfg.to_dict()["model"], path,
-                              self.tables.multi_hot_sizes)
+                              self.tables.multi_hot_sizes, self.tables.dense_format)
         run.model.load_state_dict(state["model"])
         for opt, s in zip(run.optimizers, state["optimizers"]):
             opt.load_state_dict(s)

@@ -1,4 +1,5 @@
-"""Evaluate a checkpoint, and export an inference artifact that takes raw Criteo values."""
+"""Evaluate a checkpoint, and export an inference artifact that takes raw Criteo values (the dense
+features as the dataset stores them: counts, or float values)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def model_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device,
         cfg, _ = resolve_fast_path(cfg, device, multi_hot=tables.multi_hot)
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device,
                         multi_hot_sizes=tables.multi_hot_sizes)
-    ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path, tables.multi_hot_sizes)
+    ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path, tables.multi_hot_sizes,
+                          tables.dense_format)
     model.load_state_dict(state["model"])
     return model.eval()
 
@@ -46,7 +48,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     model = model_from_checkpoint(cfg, Path(path), tables, device)
     batch_size = cfg.data.eval_batch_size or 4 * cfg.data.batch_size
     loader = ParquetLoader(split_files(data_dir, meta, split), batch_size, device, prefetch=cfg.data.prefetch,
-                           multi_hot_sizes=meta.multi_hot_sizes)
+                           multi_hot_sizes=meta.multi_hot_sizes, dense_format=meta.dense_format)
     with RunDirectory.create(cfg) as run_dir:  # removed again if the evaluation fails
         t0 = time.perf_counter()
         set_matmul_precision(cfg.train.precision)
@@ -59,26 +61,34 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     return summary
 
 
+DENSE_INPUT_DTYPES = {"counts": torch.int64, "float": torch.float32}
+"""The exported program's dense input dtype for each `dlrm.data.schema.DenseFormat`."""
+
+
 class RawInputDLRM(nn.Module):
-    """Inference wrapper: raw dense counts and raw sparse hash values in, click probabilities out.
+    """Inference wrapper: raw dense values and raw sparse hash values in, click probabilities out.
 
     Args:
         model: a trained DLRM (its hashing buffers do the raw-value-to-row mapping).
+        dense_format: what the model was trained on (`Metadata.dense_format`): "counts", the dense input
+            is int64 counts (missing as 0), transformed here as the loaders do; "float", float32 values
+            taken as they are.
 
-    Shapes: int64 [B, 13] counts (missing as 0), int64 [B, 26] raw hashes (missing as -1) -> float32 [B].
-    The exported program checks its inputs' dtypes: int32 hashes (which would wrap values >= 2**31)
-    are refused, not converted.
+    Shapes: int64 [B, 13] counts or float32 [B, 13] values, int64 [B, 26] raw hashes (missing as -1;
+    [B, L] multi-hot slots) -> float32 [B]. The exported program checks its inputs' dtypes: int32
+    hashes (which would wrap values >= 2**31) are refused, not converted, and so is the other dense dtype.
     """
 
-    def __init__(self, model: DLRM) -> None:
+    def __init__(self, model: DLRM, dense_format: str = "counts") -> None:
         super().__init__()
         self.model = model
+        self.dense_format = dense_format
 
-    def forward(self, dense_counts: torch.Tensor, sparse_raw: torch.Tensor) -> torch.Tensor:
-        # A runtime check that stays in the exported graph: int32 hashes would have wrapped values >= 2**31.
+    def forward(self, dense: torch.Tensor, sparse_raw: torch.Tensor) -> torch.Tensor:
+        # Runtime checks that stay in the exported graph: int32 hashes would have wrapped values >= 2**31.
         torch.ops.aten._assert_tensor_metadata(sparse_raw, dtype=torch.int64)
-        torch.ops.aten._assert_tensor_metadata(dense_counts, dtype=torch.int64)
-        return torch.sigmoid(self.model(transform_dense(dense_counts), sparse_raw).float())
+        torch.ops.aten._assert_tensor_metadata(dense, dtype=DENSE_INPUT_DTYPES[self.dense_format])
+        return torch.sigmoid(self.model(transform_dense(dense, self.dense_format), sparse_raw).float())
 
 
 def _sparse_width(model: DLRM) -> int:
@@ -86,17 +96,18 @@ def _sparse_width(model: DLRM) -> int:
     return getattr(model.sparse_arch, "num_slots", NUM_SPARSE)
 
 
-def export_model(model: DLRM, path: Path) -> Path:
-    """Write a `torch.export` program (batch size dynamic) to `path` (conventionally *.pt2)."""
+def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
+    """Write a `torch.export` program (batch size dynamic) to `path` (conventionally *.pt2); its dense
+    input as `RawInputDLRM` takes it for `dense_format`."""
     path = Path(path)
     if path.exists():
         raise ConfigError(f"--export: {path} already exists; remove it or choose another path")
     if not path.parent.is_dir():
         raise ConfigError(f"--export: directory {path.parent} does not exist")
     device = next(model.parameters()).device
-    wrapper = RawInputDLRM(model).eval()
+    wrapper = RawInputDLRM(model, dense_format).eval()
     example = (
-        torch.zeros(4, NUM_DENSE, dtype=torch.int64, device=device),
+        torch.zeros(4, NUM_DENSE, dtype=DENSE_INPUT_DTYPES[dense_format], device=device),
         torch.zeros(4, _sparse_width(model), dtype=torch.int64, device=device),
     )
     batch = torch.export.Dim("batch", min=1)
@@ -105,7 +116,8 @@ def export_model(model: DLRM, path: Path) -> Path:
     tmp = path.with_name(f".tmp-{path.name}")  # torch.export.save wants a name ending in .pt2
     torch.export.save(program, str(tmp))
     tmp.replace(path)
-    logger.info(f"exported inference program to {path} (inputs: raw dense counts [B, 13], raw sparse hashes "
+    dense = "raw dense counts, int64" if dense_format == "counts" else "dense values, float32"
+    logger.info(f"exported inference program to {path} (inputs: {dense} [B, 13], raw sparse hashes "
                 f"[B, {_sparse_width(model)}])")
     return path
 
@@ -115,4 +127,4 @@ def export_checkpoint(cfg: Config, checkpoint: Path, path: Path) -> Path:
     from dlrm.train.trainer import build_for_data
 
     device, _, _, tables = build_for_data(cfg)
-    return export_model(model_from_checkpoint(cfg, checkpoint, tables, device, portable=True), path)
+    return export_model(model_from_checkpoint(cfg, checkpoint, tables, device, portable=True), path, tables.dense_format)

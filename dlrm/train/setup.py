@@ -12,7 +12,8 @@ import torch
 from loguru import logger
 
 from dlrm.config import Config, ConfigError
-from dlrm.data.schema import NUM_SPARSE, Metadata, read_metadata, read_vocabulary
+from dlrm.data.schema import NUM_SPARSE, Metadata, read_metadata
+from dlrm.data.vocabulary import read_vocabulary
 
 
 def resolve_device(name: str) -> torch.device:
@@ -41,6 +42,8 @@ class Tables:
     hashing: str
     multi_hot_sizes: Optional[list[int]] = None
     """Values per sample of each feature (sum-pooled); None: one each."""
+    dense_format: str = "counts"
+    """The dataset's `Metadata.dense_format` ("counts" when no dataset is given: what synthetic batches stand for)."""
 
     @property
     def multi_hot(self) -> bool:
@@ -70,7 +73,8 @@ def dataset_tables(cfg: Config, meta: Optional[Metadata], data_dir: Optional[Pat
         vocabs = [torch.from_numpy(read_vocabulary(data_dir, f, cards[f])) for f in range(NUM_SPARSE)]
     elif cfg.data.max_rows_per_table is not None:
         cards = [min(c, cfg.data.max_rows_per_table) for c in cards]
-    return Tables(cards, vocabs, hashing, list(sizes) if sizes is not None else None)
+    return Tables(cards, vocabs, hashing, list(sizes) if sizes is not None else None,
+                  meta.dense_format if meta is not None else "counts")
 
 
 def load_dataset_metadata(cfg: Config) -> tuple[Path, Metadata]:

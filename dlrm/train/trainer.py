@@ -66,12 +66,13 @@ def _log_multi_hot_hints(loader: ParquetLoader) -> None:
 
 
 def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool,
-                env: DistEnv = DistEnv(), placement: Optional[str] = None, multi_hot_sizes: Optional[list[int]] = None):
+                env: DistEnv = DistEnv(), placement: Optional[str] = None, multi_hot_sizes: Optional[list[int]] = None,
+                dense_format: str = "counts"):
     """The loader `placement` (default ``data.placement``, "stream" or "gpu") asks for: streamed from
     parquet, or the whole split in device memory; in a distributed run it delivers this rank's slice
-    of every global batch. `multi_hot_sizes`: the dataset's (metadata.json), for list columns."""
+    of every global batch. `multi_hot_sizes`, `dense_format`: the dataset's (metadata.json)."""
     d = cfg.data
-    ranks = dict(rank=env.rank, world_size=env.world_size, multi_hot_sizes=multi_hot_sizes)
+    ranks = dict(rank=env.rank, world_size=env.world_size, multi_hot_sizes=multi_hot_sizes, dense_format=dense_format)
     if (placement or d.placement) == "gpu":
         if device.type != "cuda":
             logger.warning("data.placement 'gpu' on a CPU device: the split is held in host memory instead")
@@ -114,7 +115,7 @@ class TrainData:
         batch_size = d.batch_size
         sizes = meta.multi_hot_sizes
         loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
-                             multi_hot_sizes=sizes)
+                             multi_hot_sizes=sizes, dense_format=meta.dense_format)
         if len(loader) == 0 and env.world_size <= loader.num_rows < batch_size:
             # A split smaller than one batch (the 100-line real Criteo sample holds 86 train rows): train on all
             # of it as one batch an epoch rather than refuse; said, and recorded as the summary's batch_size.
@@ -122,7 +123,7 @@ class TrainData:
                            f"{data_dir}/train: training with batch {loader.num_rows} instead (one batch an epoch)")
             batch_size = loader.num_rows
             loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
-                                 multi_hot_sizes=sizes)
+                                 multi_hot_sizes=sizes, dense_format=meta.dense_format)
         total = len(loader) * cfg.train.epochs
         if cfg.train.min_steps is not None and total < cfg.train.min_steps:
             total = cfg.train.min_steps
@@ -134,7 +135,7 @@ class TrainData:
             raise ConfigError(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of {data_dir}/train")
         eval_files = split_files(data_dir, meta, d.eval_split)
         eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env,
-                                  placement=placement, multi_hot_sizes=sizes)
+                                  placement=placement, multi_hot_sizes=sizes, dense_format=meta.dense_format)
         return cls(loader, eval_loader, batch_size, total, max(cfg.train.epochs, math.ceil(total / max(len(loader), 1))))
 
 

@@ -10,7 +10,8 @@ import numpy as np
 
 from dlrm.data.preprocess.constants import BAD_LINE_REASONS
 from dlrm.data.preprocess.stats import DistinctCounter
-from dlrm.data.schema import NUM_SPARSE, SPLITS, Metadata, SplitInfo, vocab_path, write_metadata
+from dlrm.data.schema import NUM_SPARSE, SPLITS, Metadata, SplitInfo, write_metadata
+from dlrm.data.vocabulary import vocab_path
 
 
 def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashing, min_frequency,
