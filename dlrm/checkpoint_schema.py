@@ -45,7 +45,8 @@ _CHECKPOINT_KEYS = ("format_version", "model", "optimizers", "schedulers", "posi
                     "config_json")
 _SHARD_KEYS = _CHECKPOINT_KEYS + ("rank", "plan")
 _MANIFEST_KEYS = ("format_version", "position", "cardinalities", "config_json", "sharded")
-_OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format")  # absent in older files: totals unknown; one-hot; counts
+# Absent in older files: run totals unknown; one-hot; counts.
+_OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format")
 _SHARD_FILE = re.compile(r"step-\d{8,}\.rank\d+-of-\d+\.pt")
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _MAX_DEPTH = 32  # deeper nesting is no state of ours; the limit keeps the recursive checks bounded

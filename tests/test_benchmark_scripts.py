@@ -716,3 +716,28 @@ def test_user_path_runs_train_py_with_the_overrides_beside_the_device_resident_r
     for bad in ("train.log_every", "log_every=3", "a.b.c=1", ".x=1"):
         with pytest.raises(SystemExit):
             up.main([*args[:-4], "--set", bad])
+
+
+def test_train_log_windows_reads_each_window_and_marks_epoch_starts(tmp_path):
+    """benchmarks/train_log_windows.py: a window per new samples_s value of the progress bar (the repeated
+    postfix of the steps between is one window), epoch starts from the log's "N steps/epoch", the run's totals
+    from its last line; a log without windows is refused."""
+    tw = load_script("train_log_windows")
+    bar = "".join(f"train:  {100 * s // 40:3d}%|##        | {s}/40 [00:0{s % 10}<00:01, 9.1step/s, loss=0.5, samples_s={v:,}]"
+                  for s, v in [(1, 0), (10, 1_000_000), (11, 1_000_000), (20, 3_000_000), (24, 3_000_000),
+                               (30, 2_000_000), (40, 3_500_000)] if v)
+    log = tmp_path / "run.log"
+    log.write_text("01:00:00 INFO    device cuda, 2,080,000 train rows, 15 steps/epoch, 40 steps\n" + bar + "\n"
+                   "01:01:00 INFO    validation: AUC 0.5950, logloss 2.5155, accuracy 0.7163 (oracle AUC 0.7702); 40 "
+                   "steps, 2,621,440 samples, 2,500,000 samples/s (waiting for data 12% of the time), 1.0s\n")
+    assert tw.main(["--logs", str(log), "--labels", "a", "--out", str(tmp_path), "--name", "w"]) == 0
+    rows = read_csv(tmp_path / "w.csv")
+    assert [(r["first_step"], r["end_step"], r["samples_per_s"], r["epoch_start"]) for r in rows] == [
+        ("1", "10", "1000000", "False"), ("11", "20", "3000000", "True"), ("21", "30", "2000000", "False"),
+        ("31", "40", "3500000", "True")]  # epochs start at steps 16 and 31 (15 steps an epoch)
+    md = (tmp_path / "w.md").read_text()
+    assert "| a | run.log | 2,500,000 | 12% | 4 | 3.00M | 2.00M | 3.25M | 3.50M |" in md
+    assert (tmp_path / "w.png").stat().st_size > 0
+    (tmp_path / "empty.log").write_text("nothing here\n")
+    with pytest.raises(SystemExit):
+        tw.main(["--logs", str(tmp_path / "empty.log"), "--out", str(tmp_path)])

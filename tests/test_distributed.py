@@ -15,20 +15,21 @@ import torch
 
 from dlrm.config import ConfigError
 from dlrm.data.loader import batches_per_epoch, rank_slice
+from dlrm.data.schema import read_metadata
 from dlrm.distributed.checkpoint import assemble
 from dlrm.distributed.sharding import MASKED_SLOT_COST, SENT_FEATURE_COST, plan_cost, plan_sharding
 from dlrm import checkpoint as ckpt
 from tests.conftest import REPO, make_dataset
 
 BASE = {
-    "data": {"batch_size": 23, "shuffle": True, "drop_last": False},  # 600 rows: 26 batches of 23 (12 + 11 per rank), then 2 (1 + 1)
+    "data": {"batch_size": 23, "shuffle": True, "drop_last": False},  # 278 rows: 12 batches of 23 (12 + 11 per rank), then 2 (1 + 1)
     "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
     "optim": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "rowwise_adagrad", "lr": 0.05},
               "schedule": {"warmup_steps": 5, "decay": "linear"}},
     "train": {"epochs": 2, "log_every": 9, "eval_every": 20, "device": "cpu", "seed": 3},
-    "checkpoint": {"every": 20, "keep": 5},
+    "checkpoint": {"every": 10, "keep": 5},
 }
-STEPS = 54
+STEPS = 26  # two epochs of 13 steps
 
 
 # ------------------------------------------------------------------------------------------
@@ -282,7 +283,7 @@ def test_plan_rejects_bad_mode():
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist") / "ds"
-    make_dataset(root, {"train": 600, "validation": 64, "test": 40}, row_group_size=50)
+    make_dataset(root, {"train": 278, "validation": 64, "test": 40}, row_group_size=50)
     return root
 
 
@@ -355,7 +356,7 @@ def test_two_ranks_equal_one_process(tmp_path, dataset, one_process, sharding, e
     out, merged = merged_state(manifest, tmp_path, sharding)
     assert_close_states(merged, ref_state)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["samples"] == ref_summary["samples"] == 2 * 600
+    assert summary["world_size"] == 2 and summary["samples"] == ref_summary["samples"] == 2 * 278
     # AUC and logloss over all ranks' rows equal the one-process numbers
     for key in ("auc", "logloss", "accuracy"):
         assert summary[key] == pytest.approx(ref_summary[key], abs=1e-5), key
@@ -375,13 +376,13 @@ def test_sharded_resume_same_ranks_and_clear_refusals(tmp_path, dataset):
     straight = {p.name: torch.load(p, weights_only=False) for p in cdir.glob(f"step-{STEPS:08d}.rank*")}
     saved = tmp_path / "straight"
     shutil.copytree(cdir, saved)
-    # resuming step 40 in place would overwrite the later checkpoints: refused on every rank, one line
+    # resuming step 20 in place would overwrite the later checkpoints: refused on every rank, one line
     cfg = str(tmp_path / "res.json")
-    result = run(["--config", cfg, "--resume", str(cdir / ckpt.checkpoint_name(40))], tmp_path, nproc=2)
+    result = run(["--config", cfg, "--resume", str(cdir / ckpt.checkpoint_name(20))], tmp_path, nproc=2)
     assert result.returncode != 0 and "not the latest checkpoint" in result.stderr  # torchrun exits 1 when a rank fails
     assert "this is a bug" not in result.stderr
-    # continued from step 40 in a new run on two ranks: the same shards as the uninterrupted run
-    result = run(["--config", cfg, "--resume", str(cdir / ckpt.checkpoint_name(40)), "--run-name", "res-branch",
+    # continued from step 20 in a new run on two ranks: the same shards as the uninterrupted run
+    result = run(["--config", cfg, "--resume", str(cdir / ckpt.checkpoint_name(20)), "--run-name", "res-branch",
                   "--tb-dir", str(tmp_path / "tb")], tmp_path, nproc=2)
     assert result.returncode == 0, result.stderr[-3000:]
     branch = ckpt.checkpoint_dir(tmp_path / "tb" / "res-branch")
@@ -389,12 +390,12 @@ def test_sharded_resume_same_ranks_and_clear_refusals(tmp_path, dataset):
         got = torch.load(branch / name, weights_only=True)
         assert_close_states(got, ref)
     # one process cannot resume it, and says how
-    result = run(["--config", cfg, "--resume", str(saved / ckpt.checkpoint_name(40))], tmp_path)
+    result = run(["--config", cfg, "--resume", str(saved / ckpt.checkpoint_name(20))], tmp_path)
     assert result.returncode == 2
     assert "written by 2 ranks, resumed by 1" in result.stderr and "dlrm.distributed.merge" in result.stderr
     # a different plan is named ("auto" put every table whole, as "table" would)
     other = write_config(tmp_path / "row.json", dataset, "row")
-    result = run(["--config", str(other), "--resume", str(saved / ckpt.checkpoint_name(40))], tmp_path, nproc=2)
+    result = run(["--config", str(other), "--resume", str(saved / ckpt.checkpoint_name(20))], tmp_path, nproc=2)
     assert result.returncode != 0 and "sharding plan differs" in result.stdout + result.stderr
 
 
@@ -413,8 +414,8 @@ def test_loader_ranks_concatenate_to_the_one_process_batches(dataset, loader_nam
 
     ref = list(make(0, 1))
     ranks = [list(make(r, world)) for r in range(world)]
-    # 26 batches of 23 rows, then one of 2 rows: kept for 2 ranks, dropped for 3 (a rank would get none)
-    assert len(ref) == 27 and all(len(r) == (27 if world == 2 else 26) for r in ranks)
+    # 12 batches of 23 rows, then one of 2 rows: kept for 2 ranks, dropped for 3 (a rank would get none)
+    assert len(ref) == 13 and all(len(r) == (13 if world == 2 else 12) for r in ranks)
     for i, batch in enumerate(ref[: len(ranks[0])]):
         parts = [r[i] for r in ranks]
         assert all(p.global_len == len(batch) for p in parts)
@@ -558,8 +559,9 @@ def multi_hot_dataset(tmp_path_factory):
     from dlrm.data import synthetic
 
     root = tmp_path_factory.mktemp("dist-mh") / "ds"
-    synthetic.generate(root, 700, seed=4, cardinalities="tiny", multi_hot_sizes=MULTI_HOT_SIZES,
-                       multi_hot_fill="variable", validation_fraction=64 / 700, test_fraction=36 / 700)
+    synthetic.generate(root, 378, seed=4, cardinalities="tiny", multi_hot_sizes=MULTI_HOT_SIZES,
+                       multi_hot_fill="variable", validation_fraction=64 / 378, test_fraction=36 / 378)
+    assert read_metadata(root).splits["train"].rows == 278  # BASE's two epochs of 13 steps
     return root
 
 
@@ -583,9 +585,6 @@ def test_two_ranks_equal_one_process_with_multi_hot_tables(tmp_path, multi_hot_d
 
 # A large decay, so that one wrongly decayed row moves the checkpoint well past assert_close_states' bounds.
 DECAY = 0.2
-# One epoch (27 steps) is enough: masked slots occur at every step, and the epoch still ends with the
-# 2-row batch that pads rank 1.
-DECAY_RUN = ("--epochs", "1")
 # With decay, Triton shards are TritonPooledEmbedding modules, whose forward the GPU image's Triton 3.6
 # interpreter cannot run on the CPU (InterpreterError "only 0-dimensional arrays can be converted to Python
 # scalars" in _pooled_fwd_kernel, as tests/test_distributed_bf16.py notes); CI's newest Triton runs them.
@@ -595,8 +594,7 @@ SKIP_POOLED_ON_GPU_IMAGE = pytest.mark.skipif(torch.cuda.is_available(), reason=
 
 @pytest.fixture(scope="module")
 def one_process_decay(tmp_path_factory, dataset):
-    run_dir = train_run(tmp_path_factory.mktemp("one-decay"), dataset, "one-decay", 1, extra=DECAY_RUN,
-                        sparse_weight_decay=DECAY)
+    run_dir = train_run(tmp_path_factory.mktemp("one-decay"), dataset, "one-decay", 1, sparse_weight_decay=DECAY)
     return torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False), json.loads((run_dir / "summary.json").read_text())
 
 
@@ -607,7 +605,7 @@ def test_sparse_weight_decay_two_ranks_equal_one_process(tmp_path, dataset, one_
     row with a zero gradient. They must skip the update (the torch kernel leaves them out of its sparse
     gradient, a Triton shard gets them as skipped PAD slots): one process never decays a row for them."""
     ref_state, ref_summary = one_process_decay
-    run_dir = train_run(tmp_path, dataset, f"decay-{embedding}", 2, "row", DECAY_RUN, embedding=embedding,
+    run_dir = train_run(tmp_path, dataset, f"decay-{embedding}", 2, "row", embedding=embedding,
                         sparse_weight_decay=DECAY)
     _, merged = merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, f"decay-{embedding}")
     assert_close_states(merged, ref_state)
@@ -620,8 +618,8 @@ def test_sparse_weight_decay_two_ranks_equal_one_process(tmp_path, dataset, one_
 def test_sparse_weight_decay_two_ranks_equal_one_process_with_multi_hot_tables(tmp_path, multi_hot_dataset):
     """The same with multi-hot tables: empty slots are masked too. The reference is one eager process
     (PooledSparseArch, whose gradient also leaves PAD slots out); the two ranks hold Triton shards."""
-    one = train_run(tmp_path, multi_hot_dataset, "one-mh-decay", 1, extra=DECAY_RUN, sparse_weight_decay=DECAY)
-    two = train_run(tmp_path, multi_hot_dataset, "two-mh-decay", 2, "row", DECAY_RUN, embedding="triton",
+    one = train_run(tmp_path, multi_hot_dataset, "one-mh-decay", 1, sparse_weight_decay=DECAY)
+    two = train_run(tmp_path, multi_hot_dataset, "two-mh-decay", 2, "row", embedding="triton",
                     sparse_weight_decay=DECAY)
     ref_state = torch.load(ckpt.list_checkpoints(one)[-1], weights_only=False)
     _, merged = merged_state(ckpt.list_checkpoints(two)[-1], tmp_path, "mh-decay")

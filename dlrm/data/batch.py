@@ -18,8 +18,8 @@ import torch
 class Batch:
     """One batch on the target device.
 
-    dense: float32 [B, 13], the model's input (`transform_dense`: log1p(max(x, 0)) of counts); sparse: int64 [B, L] raw hash values,
-    L = ``sum(multi_hot_sizes)`` (26 when one-hot): feature f in columns
+    dense: float32 [B, 13], the model's input (`transform_dense`: log1p(max(x, 0)) of counts);
+    sparse: int64 [B, L] raw hash values, L = ``sum(multi_hot_sizes)`` (26 when one-hot): feature f in columns
     ``slot_offsets[f] : slot_offsets[f + 1]`` (`dlrm.data.schema.slot_offsets`), -1 a missing
     category, -2 (`PAD_SPARSE`) an empty slot of a multi-hot feature; labels: float32 [B]. In a distributed run B is this rank's slice and `global_size` the rows
     of the whole global batch (see `rank_slice`).

@@ -144,7 +144,8 @@ class DeviceLoader:
     def _load(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # Each file's schema and label statistics are checked once, on opening (`open_footer`);
         # each row group's values as it is decoded (`check_table`: labels 0/1, nulls replaced).
-        shards = [open_shard(path, self.multi_hot_sizes, self.dense_format) for path in self.files]  # (footer, sparse layout) a file
+        # (footer, sparse layout) a file
+        shards = [open_shard(path, self.multi_hot_sizes, self.dense_format) for path in self.files]
         footers, layouts = [footer for footer, _ in shards], [layout for _, layout in shards]
         groups = [(i, g, meta.row_group(g).num_rows) for i, meta in enumerate(footers) for g in range(meta.num_row_groups)]
         starts = first_rows(groups)
@@ -162,7 +163,8 @@ class DeviceLoader:
         for k, (fi, g, rows) in enumerate(tqdm(groups, desc="loading to device", unit="group", disable=None)):
             path = self.files[fi]
             table = self._read_group(readers, fi, footers[fi], g, rows, layouts[fi])
-            table, replaced = check_table(path, g, starts[k], table, self.multi_hot_sizes, layouts[fi], self.dense_format)
+            table, replaced = check_table(path, g, starts[k], table, self.multi_hot_sizes, layouts[fi],
+                                          self.dense_format)
             nulls.add(fi, g, replaced)
             block = _HostBlock.from_table(table, self.multi_hot_sizes, layouts[fi])
             sl = slice(at, at + rows)

@@ -185,8 +185,8 @@ class _HostBlock:
 class _Arena:
     """The new rows of one shuffle buffer on the host, column-major, and the buffer's permutation.
 
-    label int8 [n], dense int32 [13, n] (counts, or float32 values' bits) and sparse int32|int64 [L, n] (L = `width`, 26 when
-    one-hot; sparse int32 holds the compact form, see `widen_sparse`): every column contiguous, so a reader thread lands a row
+    label int8 [n], dense int32 [13, n] (counts, or float32 values' bits) and sparse int32|int64 [L, n]
+    (L = `width`, 26 when one-hot; sparse int32 holds the compact form, see `widen_sparse`): every column contiguous, so a reader thread lands a row
     group's column with one ``memcpy`` (numpy releases the GIL for it), and the whole buffer
     crosses the bus in three copies. perm int64 [carry + n]: the buffer's row permutation when
     shuffling. Pinned on CUDA, so those copies are asynchronous; `released` is then the event

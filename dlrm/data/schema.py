@@ -458,28 +458,18 @@ def _check_multi_hot_sizes(path: Path, version: int, raw: dict[str, Any]) -> lis
     return list(sizes)
 
 
-def _check_layout(path: Path, version: int, raw: dict[str, Any]) -> str:
-    """`sparse_layout` of a version-3 file (absent: "lists"); older files must not have it."""
-    if "sparse_layout" not in raw:
-        return "lists"
-    layout = raw["sparse_layout"]
-    if version < 3:
-        raise _fail(path, "sparse_layout", f"is a schema_version 3 key (this file says version {version})")
-    if not (isinstance(layout, str) and layout in SPARSE_LAYOUTS):
-        raise _fail(path, "sparse_layout", f"{layout!r:.80} is not {' or '.join(map(repr, SPARSE_LAYOUTS))}")
-    return layout
-
-
-def _check_dense_format(path: Path, version: int, raw: dict[str, Any]) -> str:
-    """`dense_format` of a version-4 file (absent: "counts"); older files must not have it."""
-    if "dense_format" not in raw:
-        return "counts"
-    dense_format = raw["dense_format"]
-    if version < 4:
-        raise _fail(path, "dense_format", f"is a schema_version 4 key (this file says version {version})")
-    if not (isinstance(dense_format, str) and dense_format in DENSE_FORMATS):
-        raise _fail(path, "dense_format", f"{dense_format!r:.80} is not {' or '.join(map(repr, DENSE_FORMATS))}")
-    return dense_format
+def _check_choice(path: Path, version: int, raw: dict[str, Any], key: str, since: int, choices: tuple[str, ...],
+                  default: str) -> str:
+    """A key that schema version `since` added, one of `choices` (absent: `default`); older files must not have it
+    (``sparse_layout``, version 3; ``dense_format``, version 4)."""
+    if key not in raw:
+        return default
+    value = raw[key]
+    if version < since:
+        raise _fail(path, key, f"is a schema_version {since} key (this file says version {version})")
+    if not (isinstance(value, str) and value in choices):
+        raise _fail(path, key, f"{value!r:.80} is not {' or '.join(map(repr, choices))}")
+    return value
 
 
 def _check_extra(path: Path, extra: Any) -> dict[str, Any]:
@@ -533,8 +523,8 @@ def read_metadata(dataset_dir: str | os.PathLike) -> Metadata:
         schema_version=version,
         missing_sparse=MISSING_SPARSE,
         extra=_check_extra(path, raw.get("extra", {})),
-        sparse_layout=_check_layout(path, version, raw),
-        dense_format=_check_dense_format(path, version, raw),
+        sparse_layout=_check_choice(path, version, raw, "sparse_layout", 3, SPARSE_LAYOUTS, "lists"),
+        dense_format=_check_choice(path, version, raw, "dense_format", 4, DENSE_FORMATS, "counts"),
     )
 
 
