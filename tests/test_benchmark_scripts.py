@@ -741,3 +741,49 @@ def test_train_log_windows_reads_each_window_and_marks_epoch_starts(tmp_path):
     (tmp_path / "empty.log").write_text("nothing here\n")
     with pytest.raises(SystemExit):
         tw.main(["--logs", str(tmp_path / "empty.log"), "--out", str(tmp_path)])
+
+
+def test_stream_timeline_numbers_from_a_runs_events():
+    """benchmarks/stream_timeline.py's per-run numbers, from hand-made events: the steady part starts at step 20,
+    a decode straddling it counts in proportion, the host's step times and the time from each sync to the next
+    step are medians and means."""
+    st = load_script("stream_timeline")
+    steps = [float(i) for i in range(40)]  # step i + 1 at t = i: 1 s a step on the host
+    events = {"step": steps, "sync": [s + 0.25 for s in steps[9::10]], "loader": [{"reader_threads": 2}],
+              "decode": [[1, 17.0, 21.0, 400], [2, 20.0, 30.0, 1000], [1, 50.0, 60.0, 999]],  # the last after the end
+              "wait": [[10.0, 11.0], [25.0, 25.5]], "upload": [[21.0, 21.002]],
+              "probe": [[20.5, 0.001], [21.5, 0.003], [5.0, 9.0]]}
+    n = st.numbers(events, log_every=10)
+    assert n["steady_s"] == pytest.approx(20.0)  # step 20 (t = 19) to step 40 (t = 39)
+    assert n["decoded_rows_per_s"] == pytest.approx((200 + 1000) / 20.0)  # half of the first decode is steady
+    assert n["reader_busy"] == pytest.approx(12.0 / (20.0 * 2))
+    assert n["reader_rows_per_s"] == pytest.approx(1200 / 12.0)
+    assert (n["waits"], n["wait_s"]) == (1, pytest.approx(0.5))  # the wait at t = 10 is before the steady part
+    assert n["upload_ms"] == pytest.approx(2.0)
+    assert n["host_step_ms_p50"] == pytest.approx(1000.0)
+    assert n["after_sync_ms"] == pytest.approx(750.0)  # sync at 19.25, 29.25; next steps at 20.0, 30.0
+    assert n["oversleep_p99_ms"] == pytest.approx(3.0)
+    assert st.parse_setting("r8:reader_threads=8,arrow_threads=0,log_every=100") == (
+        "r8", {"reader_threads": 8, "arrow_threads": False, "log_every": 100})
+    for bad in ("x:threads=8", "x:prefetch", ":prefetch=2"):
+        with pytest.raises(Exception, match="--setting"):
+            st.parse_setting(bad)
+
+
+def test_stream_timeline_runs_train_py_with_the_loader_timed(tmp_path):
+    """One streamed run of the sample (the child sets the knobs, skips checkpoints and records its events), the
+    report written, and the figure redrawn from the CSV alone."""
+    st = load_script("stream_timeline")
+    out = tmp_path / "out"
+    assert st.main(["--config", str(REPO / "configs" / "sample.json"), "--data", str(REPO / "data" / "sample"),
+                    "--epochs", "1", "--setting", "n:reader_threads=1,reader_nice=3,log_every=5,arrow_threads=0",
+                    "--out", str(out), "--name", "t", "--keep-logs"]) == 0
+    (row,) = read_csv(out / "t.csv")
+    assert row["status"] == "ok" and row["readers"] == "1" and float(row["samples_per_sec"]) > 0
+    events = __import__("json").loads((out / "t_logs" / "n_1.events.json").read_text())
+    assert events["loader"] == [{"reader_threads": 1, "arrow_threads": False, "prefetch": 2}]
+    steps = len(events["step"])  # one epoch of the sample at its batch size; logged every 5 steps and at the end
+    assert steps > 100 and len(events["sync"]) == steps // 5 + (steps % 5 > 0)
+    assert not list((out / "t_logs").glob("*.pt")) and "| n | 1 |" in (out / "t.md").read_text()
+    (out / "t.png").unlink()
+    assert st.main(["--from-csv", str(out / "t.csv")]) == 0 and (out / "t.png").stat().st_size > 0

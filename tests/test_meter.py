@@ -1,6 +1,8 @@
 """The training loop's throughput bookkeeping (`dlrm.train.meter.StepMeter`) against a fake clock: what summary.json's
 samples_per_sec and data_wait_fraction say about a run."""
 
+import time
+
 import pytest
 import torch
 
@@ -80,3 +82,29 @@ def test_the_warm_up_steps_are_the_meters_own(clock):
     run_window(m, clock, 2, 1.0, 0.0)
     assert m.samples_per_sec == pytest.approx(1_000) and m.data_wait_fraction is None
 
+
+
+def test_on_the_cpu_the_hosts_wait_is_the_idle_time():
+    timer = meter_mod.DataWaitTimer(torch.device("cpu"))
+    batch, waited = timer.fetch(lambda: (time.sleep(0.02), "batch")[1])
+    assert batch == "batch" and 0.02 <= waited < 1.0 and timer.take() == 0.0
+
+
+@pytest.mark.gpu
+def test_a_wait_costs_the_device_only_what_it_had_not_queued():
+    """The host waits 50 ms for a batch: the device, idle, loses ~50 ms; the device, still running ~300 ms of queued
+    work, loses nothing. The host's clock says 50 ms both times (what summary.json said before 2026-11-29)."""
+    device = torch.device("cuda")
+    timer = meter_mod.DataWaitTimer(device)
+    torch.cuda.synchronize()
+    _, host = timer.fetch(lambda: time.sleep(0.05))
+    torch.cuda.synchronize()
+    idle = timer.take()
+    assert host == 0.0 and 0.045 <= idle < 0.2
+    torch.cuda._sleep(1_000_000_000)  # ~0.3-0.6 s of spinning on one SM (clock-dependent)
+    timer.fetch(lambda: time.sleep(0.05))
+    torch.cuda.synchronize()
+    assert timer.take() < 0.005
+    timer.fetch(lambda: None)  # a fetch that does not block the host is not timed at all
+    torch.cuda.synchronize()
+    assert timer.take() == 0.0

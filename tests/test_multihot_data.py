@@ -461,7 +461,7 @@ def test_reader_threads_default_by_row_width(multi_hot_dataset, monkeypatch, cor
 
 def test_arrow_threads_switches_pyarrows_pool_and_batches_stay_the_same(multi_hot_dataset):
     """arrow_threads (pyarrow's column pool beside the readers) changes who decodes, never what is delivered; it
-    must be a bool (the benchmark once passed its "default" None through, which read as off)."""
+    must be a bool or None (the default; the benchmark once passed a "default" None through, which read as off)."""
     files = split_files(multi_hot_dataset, read_metadata(multi_hot_dataset), "train")
     batches = {}
     for arrow in (True, False):
@@ -470,6 +470,12 @@ def test_arrow_threads_switches_pyarrows_pool_and_batches_stay_the_same(multi_ho
         assert loader.arrow_threads is arrow
         batches[arrow] = [b.sparse for b in loader]
     assert len(batches[True]) == 6 and all(torch.equal(a, b) for a, b in zip(batches[True], batches[False]))
-    assert ParquetLoader(files, 8, multi_hot_sizes=SIZES).arrow_threads is True
+    # by default off for multi-hot rows (their readers fill the cores), on for one-hot ones
+    assert ParquetLoader(files, 8, multi_hot_sizes=SIZES).arrow_threads is False
+    assert ParquetLoader(files, 8, multi_hot_sizes=SIZES, arrow_threads=None).arrow_threads is False
+    from tests.conftest import REPO
+
+    sample = REPO / "data" / "sample"
+    assert ParquetLoader(split_files(sample, read_metadata(sample), "validation"), 8).arrow_threads is True
     with pytest.raises(TypeError, match="arrow_threads"):
-        ParquetLoader(files, 8, multi_hot_sizes=SIZES, arrow_threads=None)
+        ParquetLoader(files, 8, multi_hot_sizes=SIZES, arrow_threads="on")

@@ -37,6 +37,7 @@ from dlrm.data.batch import (
     widen_sparse,
 )
 from dlrm.data.host_arena import _Arena, _write_columns, compact_sparse_ok
+from dlrm.data.reader_pool import default_arrow_threads, reader_pool
 from dlrm.data.schema import (NUM_DENSE, NUM_SPARSE, DatasetError, arrow_schema, check_dense_format, is_multi_hot,
                               one_hot_sizes, sparse_width)
 from dlrm.data.stream_buffers import _END, _Flush, _Resident, _Run
@@ -77,9 +78,9 @@ class ParquetLoader:
             are the same either way. Call `close` when done (the training loader; evaluation
             loaders, iterated now and then, leave it off).
         arrow_threads: whether each reader also spreads its row group's columns over pyarrow's own
-            thread pool (``use_threads``). On by default: one-hot rows' few readers leave cores to it, and
-            for multi-hot rows, whose readers already fill the cores, off was no faster on the 16-core H200
-            host (results/loader_codecs_mlperf_ab.md).
+            thread pool (``use_threads``); None: `dlrm.data.reader_pool.default_arrow_threads` (on for
+            one-hot rows, off for multi-hot ones). The readers run at a lower priority than the
+            training thread (`dlrm.data.reader_pool`).
 
     Example (the validation split of the embedded sample dataset, data/sample):
         >>> import pathlib, dlrm
@@ -96,7 +97,7 @@ class ParquetLoader:
 
     Pipeline, one shuffle buffer (about `shuffle_buffer_rows` rows) at a time:
       1. producer: `reader_threads` workers decode the buffer's row groups (pyarrow, GIL released,
-         each also spreading its columns over pyarrow's own pool) and copy each column with one
+         with `arrow_threads` each also spreading its columns over pyarrow's own pool) and copy each column with one
          ``memcpy`` into a column-major host arena (pinned on CUDA); up to `prefetch` decoded
          buffers wait ahead of the consumer;
       2. consumer: as soon as the next buffer is decoded, three asynchronous copies move it to
@@ -137,7 +138,7 @@ class ParquetLoader:
         multi_hot_sizes: Optional[list[int]] = None,
         dense_format: str = "counts",
         chain_epochs: bool = False,
-        arrow_threads: bool = True,
+        arrow_threads: Optional[bool] = None,
     ) -> None:
         self.files = [Path(f) for f in files]
         self.multi_hot_sizes = list(multi_hot_sizes) if multi_hot_sizes is not None else one_hot_sizes()
@@ -164,9 +165,9 @@ class ParquetLoader:
         cores = os.cpu_count() or 1
         self.reader_threads = reader_threads or (max(2, min(16, cores)) if is_multi_hot(self.multi_hot_sizes)
                                                  else max(2, min(4, cores // 4)))
-        if not isinstance(arrow_threads, bool):
-            raise TypeError(f"arrow_threads must be True or False, got {arrow_threads!r}")
-        self.arrow_threads = arrow_threads
+        if not isinstance(arrow_threads, (bool, type(None))):
+            raise TypeError(f"arrow_threads must be True, False or None, got {arrow_threads!r}")
+        self.arrow_threads = default_arrow_threads(self._multi_hot) if arrow_threads is None else arrow_threads
         self.epoch = 0
         self.start_batch = 0
         # (file index, row group index, rows) for every row group, read from parquet footers only.
@@ -416,7 +417,7 @@ class ParquetLoader:
         """
         with self._lock:
             if self._readers is None:
-                self._readers = ThreadPoolExecutor(self.reader_threads, thread_name_prefix="parquet-read")
+                self._readers = reader_pool(self.reader_threads)
             return self._readers
 
     def _new_arena(self) -> _Arena:

@@ -292,7 +292,8 @@ class Trainer:
         return self._finish(prof)
 
     def _batches(self) -> Iterator[tuple[Batch, float]]:
-        """(batch, host seconds waited for it) from the current position to the run's end, epoch by epoch."""
+        """(batch, seconds waited for it: the host's on the CPU; 0 on CUDA, where the meter's `DataWaitTimer` times
+        the device's idle time) from the current position to the run's end, epoch by epoch."""
         pos, loader = self.pos, self.data.train
         # the named range costs a few microseconds a step: only when a profiler records it
         data_range = (lambda: record_function("data")) if self.cfg.profile.enabled else contextlib.nullcontext
@@ -306,12 +307,11 @@ class Trainer:
                 batches = iter(loader)
                 try:
                     while pos.step < self.data.total_steps:
-                        t = time.perf_counter()
-                        with data_range():
-                            batch = next(batches, None)
+                        with data_range():  # the device's idle time while the host waits (`DataWaitTimer`)
+                            batch, waited = self.meter.wait_timer.fetch(lambda: next(batches, None))
                         if batch is None:
                             break
-                        yield batch, time.perf_counter() - t
+                        yield batch, waited
                 finally:
                     batches.close()  # stops the loader's thread when the run ends an epoch early
         finally:
