@@ -8,8 +8,9 @@ preprocessed dataset DIR, once with ``data.placement: "stream"`` (ParquetLoader:
 decoded on the host while training runs) and once with ``"gpu"`` (the whole split in device
 memory: no loader work at all), shuffled, for `--steps` steps across epochs. Reports each run's
 steady-state samples/s (summary.json: its logging windows after the warm-up, their samples over their
-seconds; the median window until 2026-11-28) and the share of that time the loop waited for the
-loader (the trainer's ``data_wait_fraction``). The stream loader keeps up when its samples/s
+seconds; the median window until 2026-11-28) and the share of that time the GPU sat idle waiting for
+the loader (the trainer's ``data_wait_fraction``; the host's time in the loader until 2026-11-29,
+which also counted launches blocked behind a busy GPU). The stream loader keeps up when its samples/s
 matches the gpu placement's and its wait share stays near zero.
 
 Writes <stem>.csv / .md / .png under --out (default benchmarks/results/) with the GPU name,

@@ -3,26 +3,29 @@
     python benchmarks/stream_timeline.py --config configs/mlperf-dcnv2.json --data DIR [--epochs 24] [--repeat 2] \
         --setting base --setting r8:reader_threads=8 --setting noarrow:arrow_threads=0 --setting pf4:prefetch=4
 
-Each run is train.py (the config with ``data.placement: "stream"`` and ``train.log_every`` 10) in a child process
-that, as a measurement only, sets the training loader's ``reader_threads``, ``arrow_threads`` and ``prefetch``
-(`dlrm.data.parquet_loader.ParquetLoader`'s arguments; the setting ``base`` keeps the defaults), skips the
-checkpoints (for MLPerf's tables the final one is a 52 GB write that says nothing about the loader), and records
-with ``time.perf_counter``:
+Each run is train.py (the config with ``data.placement: "stream"`` and ``train.log_every`` 10 unless the setting
+says ``placement`` or ``log_every``) in a child process that, as a measurement only, sets the training loader's
+``reader_threads``, ``arrow_threads`` and ``prefetch`` (`dlrm.data.parquet_loader.ParquetLoader`'s arguments),
+``reader_nice`` (the reader threads' nice value) and ``switch_interval_ms`` (``sys.setswitchinterval``) where the
+setting names them (``base`` keeps every default), skips the checkpoints (for MLPerf's tables each is a 52 GB write
+that says nothing about the loader), and records with ``time.perf_counter``:
 
 - every row group's decode on its reader thread (start, end, rows),
 - every blocking wait of the training thread for the next decoded buffer, and every buffer upload's host time,
 - a probe thread that sleeps 1 ms at a time and records how late it wakes: the contention for the interpreter lock
   and the cores that the training thread, which launches the step, meets too,
-- the host time of every step (at the trainer's `StepMeter.step`; a logging step reads the loss, so the time of
-  a logging step is when the GPU finished it).
+- the host time of every step (at the trainer's `StepMeter.step`) and of every logging step's sync (after it the
+  host is level with the GPU, whose queue is empty until the next step is launched).
 
-Per run, over its steady part (from the end of the second logging window to the last step): samples/s and the
-waiting share from summary.json (the trainer's own), rows decoded a second, the readers' busy share, each
+Per run, over its steady part (from step 20, the end of the second logging window at log_every 10, to the last
+step): samples/s and the waiting share from summary.json (the trainer's own), the host's median time a step and its
+mean time from a logging sync to the next step's launch, rows decoded a second, the readers' busy share, each
 reader's rows a second while it decodes (contention slows it), the seconds the training thread waited for a
-buffer, and the probe's median and 99th-percentile oversleep. Settings run interleaved (base, r8, ..., base, r8,
-...), so drift of the machine spreads over all of them. Writes NAME.csv / .md (with the GPU, versions and date)
-and NAME.png (the timeline of each setting's first run: decodes by reader thread, waits, the step's rate, the
-probe).
+buffer, the mean host time of an upload, and the probe's median and 99th-percentile oversleep. Settings run
+interleaved (base, r8, ..., base, r8, ...), so drift of the machine spreads over all of them. Writes NAME.csv / .md
+(with the GPU, versions and date) and NAME.png (every run's rate, then the timeline of each setting's first run:
+decodes by reader thread, waits, the rate between logging syncs, the probe); ``--from-csv NAME.csv`` redraws the
+rates alone.
 """
 
 from __future__ import annotations
