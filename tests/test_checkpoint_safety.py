@@ -153,6 +153,25 @@ def test_rng_streams_survive_a_format_2_round_trip(trained, tmp_path):
     assert raw_disk(out)["format_version"] == 2
 
 
+def test_a_large_checkpoint_shows_its_progress_and_writes_the_same_bytes(trained, tmp_path, monkeypatch, capsys):
+    """A checkpoint of at least PROGRESS_BYTES (1 GiB; lowered here) is written through a progress bar on stderr
+    that counts every byte; the file is byte for byte the one written without it, and loads."""
+    state = ckpt.load_checkpoint(trained["path"])
+    total = ckpt.tensor_bytes(ckpt.schema.to_disk(state))
+    assert total > 1000
+    ckpt.write_atomic(tmp_path / "quiet.pt", state)  # below the threshold: no bar
+    assert "writing" not in capsys.readouterr().err
+    monkeypatch.setattr(ckpt, "PROGRESS_BYTES", total)
+    ckpt.write_atomic(tmp_path / "shown.pt", state)
+    err = capsys.readouterr().err
+    assert "writing shown.pt" in err and "100%" in err
+    ckpt.write_atomic(tmp_path / "rank1.pt", state, progress=False)  # another rank's shard: no bar
+    assert "writing" not in capsys.readouterr().err
+    quiet, shown = (tmp_path / "quiet.pt").read_bytes(), (tmp_path / "shown.pt").read_bytes()
+    assert shown == quiet == (tmp_path / "rank1.pt").read_bytes()
+    assert ckpt.load_checkpoint(tmp_path / "shown.pt")["position"] == state["position"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Format 1
 

@@ -38,7 +38,8 @@ def save_sharded(run_dir: Path, state: dict[str, Any], step: int, keep: int, env
     """Every rank writes its shard; then rank 0 writes the manifest and prunes old checkpoints."""
     d = ckpt.checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
-    ckpt.write_atomic(d / shard_name(step, env.rank, env.world_size), {**state, "rank": env.rank, "plan": plan.to_dict()})
+    ckpt.write_atomic(d / shard_name(step, env.rank, env.world_size), {**state, "rank": env.rank, "plan": plan.to_dict()},
+                      progress=env.is_main)  # one progress bar: rank 0 shows its own shard's
     env.barrier()  # all shards complete before the manifest names them
     path = d / ckpt.checkpoint_name(step)
     if env.is_main:
