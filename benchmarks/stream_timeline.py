@@ -272,8 +272,8 @@ def plot_rates(ax, rows: list[dict]) -> None:
 
 
 def table_rows(rows: list[dict]) -> list[str]:
-    table = ["| setting | run | samples/s | waiting | host ms a step (p50) | after a sync (ms) | decoded rows/s | readers "
-             "| busy | rows/s a reader | waits (s) | upload ms | oversleep p50 / p99 ms |",
+    table = ["| setting | run | samples/s | waiting | host ms a step (p50) | after a sync (ms) | decoded rows/s "
+             "| readers | busy | rows/s a reader | waits (s) | upload ms | oversleep p50 / p99 ms |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         if r["status"] != "ok":

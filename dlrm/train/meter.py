@@ -5,10 +5,10 @@ host sync). Throughput is measured in windows between logging steps after the wa
 (compilation, autotuning, allocator growth, the CUDA graph's capture), with evaluations and
 checkpoints inside a window left out (`StepMeter.paused`). The summary reports the steady state as
 all those windows' samples over all their seconds, and the share of those seconds the device sat idle
-waiting for data (`DataWaitTimer`). Not the median window: a loader that keeps up for a few windows from its read-ahead and then
-starves the step for the next ones makes the windows' rates bimodal, and their median reported
-MLPerf DLRM-DCNv2 on an H200 at 1.75M samples/s and 2.5% waiting where the run's steady state was
-0.7M (twenty-fifth run).
+waiting for data (`DataWaitTimer`). Not the median window: a loader that keeps up for a few windows
+from its read-ahead and then starves the step for the next ones makes the windows' rates bimodal, and
+their median reported MLPerf DLRM-DCNv2 on an H200 at 1.75M samples/s and 2.5% waiting where the
+run's steady state was 0.7M (twenty-fifth run).
 """
 
 from __future__ import annotations
