@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -301,6 +301,16 @@ EOF
       run loader_mlperf "${LOADER_LIMIT:-200}" python benchmarks/loader_throughput.py --dataset /tmp/mlperf-syn --devices cuda \
         --shuffle true --reader-threads "${LOADER_READERS:-4,8,16}" --arrow-threads "${LOADER_ARROW:-default}" \
         ${LOADER_CODECS:+--codecs "$LOADER_CODECS"} --repeats 2 --out "$RES" --name "${LOADER_NAME:-loader_throughput_mlperf}"
+      ;;
+    stream:mlperf)  # MLPerf DLRM-DCNv2 streamed from LZ4 slot files with the loader timed (benchmarks/stream_timeline.py;
+      # PERF.md, twenty-ninth run): the loader's defaults at train.log_every 100 and 10 beside the same rows in device
+      # memory, two runs each as time allows (results/${STREAM_NAME:-stream_defaults_mlperf}.*)
+      [ -f /tmp/mlperf-lz4/metadata.json ] || run synthetic_mlperf_lz4 240 python -m dlrm.data.synthetic --rows 2600000 \
+        --out /tmp/mlperf-lz4 --cardinalities mlperf --multi-hot-sizes mlperf --workers 0 --compression lz4
+      run stream_mlperf "${STREAM_LIMIT:-500}" python benchmarks/stream_timeline.py --data /tmp/mlperf-lz4 --epochs 13 \
+        --repeat 2 --budget-s "${STREAM_BUDGET:-380}" --setting stream100:log_every=100 \
+        --setting gpu100:placement=gpu,log_every=100 --setting stream10 --setting gpu10:placement=gpu \
+        --machine "$(nproc) CPU cores" --out "$RES" --name "${STREAM_NAME:-stream_defaults_mlperf}"
       ;;
     userpath)  # what a user gets (issue #19): train.py configs/kaggle.json on the 2M-row Kaggle-shaped
       # synthetic dataset with every default ("auto"), and with placement stream forced, for 6 epochs,
