@@ -287,12 +287,14 @@ EOF
       fi
       ;;
     userpath:mlperf)  # what a user gets with configs/mlperf-dcnv2.json (issue #22): train.py with every default on
-      # 2.08M synthetic multi-hot train rows, 4 epochs, beside the device-resident step (results/user_path_mlperf.*);
-      # USERPATH_PLACEMENTS=stream adds the streamed run (each run writes a 53 GB checkpoint at its end: ~2.5 min a run)
+      # 2.08M synthetic multi-hot train rows, 13 epochs (403 steps), beside the device-resident step
+      # (results/user_path_mlperf.*); USERPATH_PLACEMENTS=stream adds the streamed run (each run writes a 53 GB
+      # checkpoint at its end: ~2.5 min a run). The config's own train.log_every (100): until 2026-11-29 this part
+      # set 10, whose logging syncs cost ~1% from GPU memory and ~10% streamed (PERF.md, twenty-ninth run)
       mlperf_data
       run user_path_mlperf "${USERPATH_LIMIT:-420}" python benchmarks/user_path.py --config configs/mlperf-dcnv2.json \
-        --data /tmp/mlperf-syn --batch-sizes 65536 --epochs 4 --max-steps 400 --placements "${USERPATH_PLACEMENTS:-}" \
-        --set train.log_every=10 --out "$RES" --name user_path_mlperf
+        --data /tmp/mlperf-syn --batch-sizes 65536 --epochs 13 --max-steps 403 --placements "${USERPATH_PLACEMENTS:-}" \
+        --out "$RES" --name user_path_mlperf
       ;;
     loader:mlperf)  # the stream loader on those multi-hot rows into CUDA, shuffled, by reader threads, pyarrow's column
       # pool on or off (LOADER_ARROW: default,on,off) and, with LOADER_CODECS=lz4,none, copies of the rows in those parquet

@@ -2,16 +2,17 @@
 device-resident benchmark of the same variant.
 
     python benchmarks/user_path.py --data DIR [--batch-sizes 128,2048,65536] [--epochs 6]
-    python benchmarks/user_path.py --config configs/mlperf-dcnv2.json --data DIR --batch-sizes 65536 \
-        --set train.log_every=10
+    python benchmarks/user_path.py --config configs/mlperf-dcnv2.json --data DIR --batch-sizes 65536 --epochs 13
 
 For each batch size it runs ``python train.py --config configs/kaggle.json --data DIR --batch-size B``
 with nothing else (every "auto" default: on a GPU the fast path and data placement "auto"), then the
 same with ``data.placement: "stream"`` forced (and "gpu", with --placements), for several epochs of
 the dataset, and reads each run's summary.json (steady-state samples/s: the logging windows after the
-warm-up, their samples over their seconds; the share of that time the loop waited for data; what
-"auto" chose). ``--set KEY=VALUE`` (repeatable; VALUE as JSON, else a string) changes the config of
-every run, e.g. logging windows short enough for a short run to have several. Beside them,
+warm-up, their samples over their seconds; the share of that time the GPU sat idle waiting for data;
+what "auto" chose). ``--set KEY=VALUE`` (repeatable; VALUE as JSON, else a string) changes the config of
+every run, e.g. logging windows short enough for a short run to have several (each logging step syncs: at
+``train.log_every`` 10 MLPerf DLRM-DCNv2 lost ~1% from GPU memory and ~10% streamed against the config's 100,
+PERF.md twenty-ninth run, so a user's rate is measured with the config's own). Beside them,
 `train_throughput.measure` times the variant "auto" (the run train.py's defaults build) on synthetic
 batches already on the device (no loader, no bookkeeping), in the config's precision, in a process of
 its own: the ratio says how much of the device-resident rate a user gets.
