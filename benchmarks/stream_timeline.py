@@ -6,20 +6,22 @@
 Each run is train.py (the config with ``data.placement: "stream"`` and ``train.log_every`` 10 unless the setting
 says ``placement`` or ``log_every``) in a child process that, as a measurement only, sets the training loader's
 ``reader_threads``, ``arrow_threads`` and ``prefetch`` (`dlrm.data.parquet_loader.ParquetLoader`'s arguments),
-``reader_nice`` (the reader threads' nice value) and ``switch_interval_ms`` (``sys.setswitchinterval``) where the
-setting names them (``base`` keeps every default), skips the checkpoints (for MLPerf's tables each is a 52 GB write
+``reader_nice`` (the reader threads' nice value), ``switch_interval_ms`` (``sys.setswitchinterval``) and
+``read_late=0`` (each logging window read at its own step, so the GPU drains there, as the trainer did before
+2026-11-29, instead of after the next step is queued) where the setting names them (``base`` keeps every default), skips the checkpoints (for MLPerf's tables each is a 52 GB write
 that says nothing about the loader), and records with ``time.perf_counter``:
 
 - every row group's decode on its reader thread (start, end, rows),
 - every blocking wait of the training thread for the next decoded buffer, and every buffer upload's host time,
 - a probe thread that sleeps 1 ms at a time and records how late it wakes: the contention for the interpreter lock
   and the cores that the training thread, which launches the step, meets too,
-- the host time of every step (at the trainer's `StepMeter.step`) and of every logging step's sync (after it the
-  host is level with the GPU, whose queue is empty until the next step is launched).
+- the host time of every step (at the trainer's `StepMeter.step`) and of every logging window's read (the sync:
+  after it the GPU has finished the window's last step; the trainer reads a window after the next step is
+  queued, so the GPU has that step to run, where until 2026-11-29 its queue was empty until the next launch).
 
 Per run, over its steady part (from step 20, the end of the second logging window at log_every 10, to the last
 step): samples/s and the waiting share from summary.json (the trainer's own), the host's median time a step and its
-mean time from a logging sync to the next step's launch, rows decoded a second, the readers' busy share, each
+mean time from a logging sync to the next step launched after it, rows decoded a second, the readers' busy share, each
 reader's rows a second while it decodes (contention slows it), the seconds the training thread waited for a
 buffer, the mean host time of an upload, and the probe's median and 99th-percentile oversleep. Settings run
 interleaved (base, r8, ..., base, r8, ...), so drift of the machine spreads over all of them. Writes NAME.csv / .md
@@ -31,6 +33,7 @@ rates alone.
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import statistics
@@ -41,12 +44,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.append(str(Path(__file__).resolve().parent))
 from _common import REPO, date_stamp, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
 
 KNOBS = {"reader_threads": int, "arrow_threads": lambda v: bool(int(v)), "prefetch": int,
-         "switch_interval_ms": float, "log_every": int, "placement": str, "reader_nice": int}
+         "switch_interval_ms": float, "log_every": int, "placement": str, "reader_nice": int,
+         "read_late": lambda v: bool(int(v))}
 LOADER_KNOBS = ("reader_threads", "arrow_threads", "prefetch")
 KEYS = ["setting", "repeat", "samples_per_sec", "data_wait_fraction", "decoded_rows_per_s", "readers",
         "reader_busy", "reader_rows_per_s", "waits", "wait_s", "upload_ms", "oversleep_p50_ms", "oversleep_p99_ms",
@@ -123,6 +128,14 @@ def child(knobs: dict, events_path: Path, train_args: list[str]) -> int:
         events["sync"].append(time.perf_counter())  # the host is level with the device here
 
     trainer.Trainer._log_window = patched_log_window
+    if knobs.get("read_late") is False:  # each logging window read at its own step, as before 2026-11-29
+        queue = trainer.Trainer._queue_window
+
+        def patched_queue(self, stop):
+            queue(self, stop)
+            self._log_window(SimpleNamespace(set_postfix=lambda **_: None))  # the device drains here
+
+        trainer.Trainer._queue_window = patched_queue
     if "reader_nice" in knobs:  # the reader threads below the training thread in the scheduler's eyes
         def nice():
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), knobs["reader_nice"])
@@ -179,14 +192,14 @@ def clipped(spans: list, t0: float, t1: float) -> float:
     return sum(max(0.0, min(s[1], t1) - max(s[0], t0)) for s in spans)
 
 
-def numbers(events: dict, log_every: int) -> dict:
+def numbers(events: dict) -> dict:
     """One run's loader numbers over its steady part (see the module docstring)."""
     t0, t1 = steady(events)
     steps = events["step"]
     host = [b - a for a, b in zip(steps[STEADY_AFTER_STEP:], steps[STEADY_AFTER_STEP + 1:])]
-    # from a logging step's sync to the next step: the device has nothing queued while the host prepares it
-    after_sync = [steps[i] - synced for i, synced in zip(range(log_every, len(steps), log_every), events["sync"])
-                  if steps[i] >= t0]
+    # from a logging window's read to the next step launched after it (the host's time to get back to launching)
+    after_sync = [steps[i] - synced for synced in events["sync"]
+                  if (i := bisect.bisect_right(steps, synced)) < len(steps) and steps[i] >= t0]
     span = max(t1 - t0, 1e-9)
     decodes = [(t, a, b, n) for t, a, b, n in events["decode"]]
     rows = sum(n * clipped([(a, b)], t0, t1) / max(b - a, 1e-9) for _, a, b, n in decodes)
@@ -229,7 +242,7 @@ def run_one(args, name: str, knobs: dict, repeat: int, raw: dict, work: Path) ->
         return {**row, "status": f"exit {rc}: {tail[0][:160]}"}, {}
     summary, events = json.loads(summary_path.read_text()), json.loads(events_path.read_text())
     row.update(samples_per_sec=summary["samples_per_sec"], data_wait_fraction=summary["data_wait_fraction"],
-               **numbers(events, raw["train"]["log_every"]), status="ok")
+               **numbers(events), status="ok")
     return row, {"events": events, "summary": summary, "log": log.read_text(errors="replace")}
 
 

@@ -243,7 +243,7 @@ class TrainConfig:
     report its AUC/logloss next to the DLRM's (`dlrm.train.baseline`); "auto": on when the run is one
     process and the train split has at most 2,000,000 rows on CUDA, 20,000 on the CPU."""
     log_every: int = 50
-    """Steps between host syncs for logging (loss, samples/s)."""
+    """Steps between logging windows (loss, lr, samples/s), each read once the next step is queued: no drain."""
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
     """fp32: IEEE fp32 everywhere. tf32: fp32 weights and activations, matmuls on TF32 tensor cores
     (CUDA only; ~10-bit mantissa products, fp32 accumulation; a no-op on the CPU). bf16: autocast

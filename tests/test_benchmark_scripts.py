@@ -753,7 +753,7 @@ def test_stream_timeline_numbers_from_a_runs_events():
               "decode": [[1, 17.0, 21.0, 400], [2, 20.0, 30.0, 1000], [1, 50.0, 60.0, 999]],  # the last after the end
               "wait": [[10.0, 11.0], [25.0, 25.5]], "upload": [[21.0, 21.002]],
               "probe": [[20.5, 0.001], [21.5, 0.003], [5.0, 9.0]]}
-    n = st.numbers(events, log_every=10)
+    n = st.numbers(events)
     assert n["steady_s"] == pytest.approx(20.0)  # step 20 (t = 19) to step 40 (t = 39)
     assert n["decoded_rows_per_s"] == pytest.approx((200 + 1000) / 20.0)  # half of the first decode is steady
     assert n["reader_busy"] == pytest.approx(12.0 / (20.0 * 2))
@@ -776,7 +776,7 @@ def test_stream_timeline_runs_train_py_with_the_loader_timed(tmp_path):
     st = load_script("stream_timeline")
     out = tmp_path / "out"
     assert st.main(["--config", str(REPO / "configs" / "sample.json"), "--data", str(REPO / "data" / "sample"),
-                    "--epochs", "1", "--setting", "n:reader_threads=1,reader_nice=3,log_every=5,arrow_threads=0",
+                    "--epochs", "1", "--setting", "n:reader_threads=1,reader_nice=3,log_every=5,arrow_threads=0,read_late=0",
                     "--out", str(out), "--name", "t", "--keep-logs"]) == 0
     (row,) = read_csv(out / "t.csv")
     assert row["status"] == "ok" and row["readers"] == "1" and float(row["samples_per_sec"]) > 0
@@ -784,6 +784,9 @@ def test_stream_timeline_runs_train_py_with_the_loader_timed(tmp_path):
     assert events["loader"] == [{"reader_threads": 1, "arrow_threads": False, "prefetch": 2}]
     steps = len(events["step"])  # one epoch of the sample at its batch size; logged every 5 steps and at the end
     assert steps > 100 and len(events["sync"]) == steps // 5 + (steps % 5 > 0)
+    # read_late=0: each window read at its own logging step, before the next step (the trainer reads it after)
+    assert [sum(t < sync for t in events["step"]) for sync in events["sync"]] == [
+        min(5 * (i + 1), steps) for i in range(len(events["sync"]))]
     assert not list((out / "t_logs").glob("*.pt")) and "| n | 1 |" in (out / "t.md").read_text()
     (out / "t.png").unlink()
     assert st.main(["--from-csv", str(out / "t.csv")]) == 0 and (out / "t.png").stat().st_size > 0

@@ -108,3 +108,51 @@ def test_a_wait_costs_the_device_only_what_it_had_not_queued():
     timer.fetch(lambda: None)  # a fetch that does not block the host is not timed at all
     torch.cuda.synchronize()
     assert timer.take() == 0.0
+
+
+def test_a_window_read_one_step_late_keeps_its_own_samples_and_ends_at_the_read(clock):
+    """The trainer cuts a window at its logging step and closes it after the next step is queued: the next step's
+    samples belong to the next window, whose time starts where this one's read ended."""
+    m = StepMeter(torch.device("cpu"), 0, RunStats(), window=10, warmup_steps=1)
+    run_window(m, clock, 1, 1.0, 0.0)  # warm-up
+    for _ in range(10):
+        clock.t += 0.1
+        m.step(torch.tensor(0.5), samples=1000, data_wait_s=0.01)
+    cut = m.cut_window(step=11)
+    assert (cut.step, cut.steps, cut.samples, cut.host_wait) == (11, 10, 10_000, pytest.approx(0.1))
+    clock.t += 0.1
+    m.step(torch.tensor(0.5), samples=1000, data_wait_s=0.02)  # the next step, queued before the read
+    rate, wait = m.close_window(cut, mean_loss=0.5)
+    assert rate == pytest.approx(10_000 / 1.1) and wait == pytest.approx(0.1 / 1.1)
+    assert m.stats.train_losses[-1] == [11, 0.5]
+    for _ in range(9):
+        clock.t += 0.1
+        m.step(torch.tensor(0.5), samples=1000, data_wait_s=0.02)
+    rate, wait = m.log_window(step=21, mean_loss=0.5)  # read at once (an evaluation step): 10 steps in 0.9 s
+    assert rate == pytest.approx(10_000 / 0.9) and wait == pytest.approx(0.2 / 0.9)
+    assert m.samples_per_sec == pytest.approx(20_000 / 2.0)
+
+
+def test_device_read_passes_numbers_and_copies_tensors():
+    t = torch.tensor([2.5])
+    read = meter_mod.DeviceRead(t, 7, torch.tensor(-1))
+    t.fill_(9.0)  # a later in-place update (the next step's) does not reach the values read
+    assert read.ready() and read.get() == [2.5, 7, -1]
+
+
+@pytest.mark.gpu
+def test_a_device_read_waits_for_its_own_step_not_the_next():
+    """The logging window's values are copied behind its last step; reading them waits for that step only, while
+    the next step (queued after the copy) still runs: the device does not drain at a logging step."""
+    value = torch.zeros((), device="cuda")
+    torch.cuda._sleep(200_000_000)  # the window's last step: ~0.1 s of spinning
+    value.add_(3.0)
+    read = meter_mod.DeviceRead(value, 1.5)
+    value.add_(1.0)  # the next step changes the value after the copy
+    torch.cuda._sleep(1_000_000_000)  # the next step: ~0.5 s
+    after = torch.cuda.Event()
+    after.record()
+    assert read.get() == [3.0, 1.5]
+    assert not after.query(), "the read waited for the next step as well"
+    torch.cuda.synchronize()
+    assert value.item() == 4.0

@@ -1,7 +1,7 @@
 """The parquet loader's reader threads, which give way to the training thread on a busy host.
 
-The training thread launches the step; while it waits for a core, the device runs out of queued work (after every
-logging step's sync it has none). With one reader a core (multi-hot rows) and pyarrow's own pool of one thread a core
+The training thread launches the step; while it waits for a core, the device runs out of queued work (as it did
+after every logging step's sync until the trainer read the logging window one step late). With one reader a core (multi-hot rows) and pyarrow's own pool of one thread a core
 beside them, the host has twice as many busy threads as cores. Measured on the 16-core H200 host, MLPerf DLRM-DCNv2
 streamed from LZ4 slot files at ``train.log_every`` 10 (benchmarks/results/stream_nice_mlperf.md, two runs each):
 2.74-2.92M samples/s as it was, 3.15-3.16M with the readers at a lower priority and without pyarrow's pool, 3.30M

@@ -1,7 +1,8 @@
 """Throughput, data wait and loss bookkeeping of the training loop, without per-step host syncs.
 
 The loss is summed on the device every step and read once per logging interval (the intended
-host sync). Throughput is measured in windows between logging steps after the warm-up steps
+host sync), one step late: the window's sums are copied to the host behind its last step and read
+after the next step is queued (`DeviceRead`), so the device has work while the host waits. Throughput is measured in windows between logging steps after the warm-up steps
 (compilation, autotuning, allocator growth, the CUDA graph's capture), with evaluations and
 checkpoints inside a window left out (`StepMeter.paused`). The summary reports the steady state as
 all those windows' samples over all their seconds, and the share of those seconds the device sat idle
@@ -63,8 +64,9 @@ class RunStats:
 class LossWindow:
     """The losses of the current logging window, one slot a step in a device buffer.
 
-    One small copy a step (no host sync, no arithmetic launches); at a logging or checkpoint step
-    the window's mean and its first non-finite step are read in one go.
+    One small copy a step (no host sync, no arithmetic launches); at a logging step the window's sum and its first
+    non-finite step are reduced on the device and read in one go (`DeviceRead`), at a checkpoint step its first
+    non-finite step.
 
     Args:
         device: where the losses live.
@@ -99,6 +101,73 @@ class LossWindow:
 
     def reset(self, step: int) -> None:
         self.n, self.first_step = 0, step
+
+
+class DeviceRead:
+    """Values on the device copied to the host without a sync, read later: the logging window's numbers are read one
+    step late, after the next step is queued behind them, so the device never drains at a logging step.
+
+    Tensors go through pinned host memory with a non-blocking copy and an event; `get` waits for that event only,
+    which completes when the work queued before it has (the next step, queued after it, keeps the device busy).
+    Plain numbers pass through. On the CPU the copy is immediate.
+
+    Args:
+        values: 0-dim tensors (on any device) and Python numbers.
+
+    Example:
+        >>> DeviceRead(torch.tensor(0.25), 3, torch.tensor(-1)).get()
+        [0.25, 3, -1]
+    """
+
+    def __init__(self, *values) -> None:
+        self.values = list(values)
+        self.event: Optional[torch.cuda.Event] = None
+        for i, v in enumerate(self.values):
+            if isinstance(v, torch.Tensor):
+                if v.is_cuda:
+                    host = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+                    host.copy_(v.detach(), non_blocking=True)
+                    self.values[i] = host
+                    if self.event is None:
+                        self.event = torch.cuda.Event()
+                else:
+                    self.values[i] = v.detach().clone()
+        if self.event is not None:
+            self.event.record()  # after every copy above, in the current stream's order
+
+    def ready(self) -> bool:
+        """True once `get` would not wait."""
+        return self.event is None or self.event.query()
+
+    def get(self) -> list:
+        """The values as Python numbers (waits for the copies: intended host sync, at logging steps only)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return [v.item() if isinstance(v, torch.Tensor) else v for v in self.values]
+
+
+@dataclass
+class WindowCut:
+    """A logging window's host-side numbers, taken at its last step (`StepMeter.cut_window`) and turned into its rate
+    when its device values have been read (`StepMeter.close_window`), possibly a step later.
+
+    Args:
+        step: the window's last step.
+        steps: steps in the window (the losses summed).
+        samples: samples trained in it.
+        host_wait: seconds the host waited for batches (the CPU's idle time; 0 on CUDA).
+        paused: seconds of evaluations and checkpoints inside it.
+        spans: the device's idle spans in it (`DataWaitTimer.cut`), read once its events completed.
+        steady: the window closes after the warm-up (it gets a rate).
+    """
+
+    step: int
+    steps: int
+    samples: int
+    host_wait: float
+    paused: float
+    spans: list = field(default_factory=list)
+    steady: bool = True
 
 
 BLOCKED_FETCH_S = 2.5e-4
@@ -153,10 +222,19 @@ class DataWaitTimer:
             self._start = None  # kept with its span; the next fetch records a new one
         return item, 0.0
 
+    def cut(self) -> list:
+        """The idle spans recorded since the last cut, to be read by `seconds` once the device has passed them."""
+        spans, self._spans = self._spans, []
+        return spans
+
+    @staticmethod
+    def seconds(spans: list) -> float:
+        """Device seconds idle in `spans` (call after a sync or an event that covers them)."""
+        return sum(a.elapsed_time(b) for a, b in spans) / 1e3
+
     def take(self) -> float:
         """Device seconds idle in the fetches since the last call (call after a sync that covers them)."""
-        spans, self._spans = self._spans, []
-        return sum(a.elapsed_time(b) for a, b in spans) / 1e3
+        return self.seconds(self.cut())
 
 
 class StepMeter:
@@ -224,22 +302,36 @@ class StepMeter:
     def log_window(self, step: int, mean_loss: float) -> tuple[Optional[float], Optional[float]]:
         """Close the logging window at `step` with its (already reduced) mean loss; returns
         (samples/s, data-wait fraction) of the window, or Nones during warm-up."""
-        self.stats.train_losses.append([step, mean_loss])
+        return self.close_window(self.cut_window(step), mean_loss)
+
+    def cut_window(self, step: int) -> WindowCut:
+        """End the logging window at `step` on the host's side (its samples, waits and pauses; the loss window starts
+        again): the steps after it count towards the next window. Launch the device reductions of `losses` first."""
+        cut = WindowCut(step, self.losses.n, self.window_samples, self.data_wait, self.window_paused,
+                        self.wait_timer.cut(), steady=self.steps_done > self.warmup_steps)
+        self.window_samples, self.data_wait, self.window_paused = 0, 0.0, 0.0
+        self.losses.reset(step)
+        return cut
+
+    def close_window(self, cut: WindowCut, mean_loss: float) -> tuple[Optional[float], Optional[float]]:
+        """The window `cut`, whose device work has just been waited for: its time runs to now (the device finished
+        its last step now, or earlier if the host was behind) and the next window's starts here. Returns
+        (samples/s, data-wait fraction), or Nones during warm-up."""
+        self.stats.train_losses.append([cut.step, mean_loss])
         now = time.perf_counter()
         rate = wait = None
-        seconds = now - self.window_start - self.window_paused
-        self.data_wait += self.wait_timer.take()  # the device's idle time: the caller has just synced
-        if self.steps_done > self.warmup_steps and self.window_samples and seconds > 0:
-            rate = self.window_samples / seconds
+        seconds = now - self.window_start - cut.paused
+        waited = cut.host_wait + self.wait_timer.seconds(cut.spans)  # the device's idle time: its events completed
+        if cut.steady and cut.samples and seconds > 0:
+            rate = cut.samples / seconds
             # the share of the window the device sat idle waiting for batches: the loader starving the step
-            wait = self.data_wait / seconds
+            wait = waited / seconds
             self.rates.append(rate)
             self.wait_fractions.append(wait)
-            self.steady_samples += self.window_samples
+            self.steady_samples += cut.samples
             self.steady_s += seconds
-            self.steady_wait += self.data_wait
-        self.window_start, self.window_samples, self.data_wait, self.window_paused = now, 0, 0.0, 0.0
-        self.losses.reset(step)
+            self.steady_wait += waited
+        self.window_start = now
         return rate, wait
 
     def finish(self) -> None:

@@ -41,13 +41,13 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
 
 
-def log_train(writer: SummaryWriter, step: int, loss: float, optimizers, samples_per_sec: Optional[float],
-              data_wait_fraction: Optional[float] = None) -> None:
-    """The logging interval's scalars: loss, learning rates, throughput, data wait."""
+def log_train(writer: SummaryWriter, step: int, loss: float, lrs: tuple[float, float],
+              samples_per_sec: Optional[float], data_wait_fraction: Optional[float] = None) -> None:
+    """The logging interval's scalars: loss, learning rates (dense, sparse: as they were at `step`), throughput,
+    data wait."""
     writer.add_scalar("train/loss", loss, step)
-    # float(): a device-tensor lr (train.cuda_graph) is read here, at the logging interval
-    writer.add_scalar("train/lr_dense", float(optimizers[0].param_groups[0]["lr"]), step)
-    writer.add_scalar("train/lr_sparse", float(optimizers[1].param_groups[0]["lr"]), step)
+    writer.add_scalar("train/lr_dense", lrs[0], step)
+    writer.add_scalar("train/lr_sparse", lrs[1], step)
     if samples_per_sec is not None:
         writer.add_scalar("train/samples_per_sec", samples_per_sec, step)
     if data_wait_fraction is not None:

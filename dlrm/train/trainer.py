@@ -32,7 +32,7 @@ from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
 from dlrm.train.checkpointer import Checkpointer
-from dlrm.train.meter import WARMUP_STEPS, RunStats, StepMeter
+from dlrm.train.meter import WARMUP_STEPS, DeviceRead, RunStats, StepMeter, WindowCut
 from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement
 from dlrm.train.profiling import make_profiler
@@ -265,21 +265,27 @@ class Trainer:
                 bar.update(1)
                 if prof is not None:
                     prof.step()
-                log_step = pos.step % cfg.train.log_every == 0 or pos.step == self.data.total_steps
-                if log_step:
-                    self._log_window(bar)
-                if cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 and pos.step != self.data.total_steps:
+                self._read_window(bar)  # the last logging step's, now that this step is queued behind it
+                if pos.step % cfg.train.log_every == 0 or pos.step == self.data.total_steps:
+                    self._queue_window(stop)
+                evaluate_now = cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 \
+                    and pos.step != self.data.total_steps
+                checkpoint_now = cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0
+                if evaluate_now or checkpoint_now:
+                    self._read_window(bar)  # now: the device drains for the evaluation or checkpoint anyway
+                if evaluate_now:
                     with meter.paused():  # not training time: left out of the throughput window
                         self.last_eval = evaluator(pos)
                     if evaluator.should_stop:
                         self.early_stopped = True
                         break
-                if cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0:
+                if checkpoint_now:
                     self._check_finite()  # never save a checkpoint of a diverged model
                     with meter.paused():
                         self.checkpointer.save(run, pos, self.stats)
-                if self._stop_requested(stop, log_step):
+                if self._stop_requested(stop):
                     break
+            self._read_window(bar)
             bar.close()
             meter.finish()
             self._check_finite()
@@ -322,28 +328,49 @@ class Trainer:
     early_stopped = False
     last_eval: Optional[dict] = None  # the metrics of an evaluation at the current step
 
-    def _stop_requested(self, stop: GracefulStop, log_step: bool) -> bool:
-        """A signal arrived; with several ranks, once they all know (they agree at logging steps, a host sync)."""
+    _pending: Optional[tuple[WindowCut, DeviceRead]] = None  # a logging window queued, not read yet
+
+    def _stop_requested(self, stop: GracefulStop) -> bool:
+        """A signal arrived; with several ranks, once they all know (they agree through the logging windows' reads)."""
         if not self.env.distributed:
             self._stopping = stop.requested
-        elif log_step:
-            self._stopping = self.env.any(stop.requested, self.device)
         return self._stopping
 
-    def _log_window(self, bar: tqdm) -> None:
-        """The logging interval: one host sync for the finite check and the mean loss."""
-        self._check_finite()
+    def _queue_window(self, stop: GracefulStop) -> None:
+        """A logging step: the window's loss sum, its first NaN/Inf step, the learning rates and, with several ranks,
+        whether any got a signal, reduced on the device and copied to the host behind this step, without a sync.
+        `_read_window` reads them after the next step is queued, so the device never drains at a logging step."""
         meter, env = self.meter, self.env
-        # intended host sync: logging interval (the ranks' shares summed: the global mean)
-        mean_loss = env.all_reduce_sum(meter.losses.total()).item() / env.world_size / meter.losses.n
-        rate, wait = meter.log_window(self.pos.step, mean_loss)
-        log_train(self.writer, self.pos.step, mean_loss, self.run.optimizers, rate, wait)
-        bar.set_postfix(loss=f"{mean_loss:.4f}", **({"samples_s": f"{meter.rates[-1]:,.0f}"} if meter.rates else {}))
+        values = [env.all_reduce_sum(meter.losses.total()), env.all_reduce_max(meter.losses.first_nonfinite_step())]
+        values += [opt.param_groups[0]["lr"] for opt in self.run.optimizers[:2]]  # a captured step's are tensors
+        if env.distributed:
+            values.append(env.all_reduce_max(torch.tensor([int(stop.requested)], device=self.device)))
+        self._pending = (meter.cut_window(self.pos.step), DeviceRead(*values))
+
+    def _read_window(self, bar: tqdm) -> None:
+        if self._pending is not None:
+            self._log_window(bar)
+
+    def _log_window(self, bar: tqdm) -> None:
+        """The queued logging window: waits for its copies (intended host sync, once per logging interval; the device
+        has the next step queued), stops on a NaN/Inf loss, logs the mean loss, rate and data wait."""
+        (cut, read), self._pending = self._pending, None
+        total, bad, lr_dense, lr_sparse, *stopping = read.get()
+        if stopping:  # the ranks agree: every one reads the same reduced flag after the same step
+            self._stopping = bool(stopping[0])
+        self._raise_if_nonfinite(int(bad))
+        mean_loss = total / self.env.world_size / cut.steps  # the ranks' shares summed: the global mean
+        rate, wait = self.meter.close_window(cut, mean_loss)
+        log_train(self.writer, cut.step, mean_loss, (float(lr_dense), float(lr_sparse)), rate, wait)
+        bar.set_postfix(loss=f"{mean_loss:.4f}",
+                        **({"samples_s": f"{self.meter.rates[-1]:,.0f}"} if self.meter.rates else {}))
 
     def _check_finite(self) -> None:
-        """Stop with NonFiniteLoss naming the first NaN/Inf step of the window (a host sync: logging and
-        checkpoint steps only; the ranks agree on it)."""
-        bad = int(self.env.all_reduce_max(self.meter.losses.first_nonfinite_step()).item())
+        """Stop with NonFiniteLoss naming the first NaN/Inf step since the last logging step (a host sync: checkpoint
+        steps and the end only; the ranks agree on it)."""
+        self._raise_if_nonfinite(int(self.env.all_reduce_max(self.meter.losses.first_nonfinite_step()).item()))
+
+    def _raise_if_nonfinite(self, bad: int) -> None:
         if bad >= 0:
             last = self.checkpointer.last
             where = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
