@@ -30,3 +30,23 @@ def test_lowering_stops_at_the_lowest_priority():
 
     with reader_pool(1) as pool:
         assert pool.submit(lowest).result() == 19
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+@pytest.mark.parametrize("multi_hot", [True, False])
+def test_the_loaders_readers_are_lowered_only_without_pyarrows_pool(tmp_path, multi_hot):
+    """Multi-hot rows decode on the readers alone (lowered); one-hot rows use pyarrow's pool too, whose threads keep
+    the training thread's priority, so the readers keep it as well."""
+    import torch
+
+    from dlrm.data.parquet_loader import ParquetLoader
+    from dlrm.data.reader_pool import default_arrow_threads, lower_readers
+    from tests.conftest import REPO
+
+    assert lower_readers(default_arrow_threads(multi_hot)) is multi_hot
+    loader = ParquetLoader(sorted((REPO / "data" / "sample" / "validation").glob("*.parquet")), batch_size=64,
+                           device=torch.device("cpu"), arrow_threads=not multi_hot, reader_threads=2)
+    mine = _nice()
+    theirs = set(loader._pool().map(lambda _: _nice(), range(8)))
+    loader.close()
+    assert theirs == {min(19, mine + READER_NICENESS) if multi_hot else mine}

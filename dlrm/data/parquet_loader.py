@@ -37,7 +37,7 @@ from dlrm.data.batch import (
     widen_sparse,
 )
 from dlrm.data.host_arena import _Arena, _write_columns, compact_sparse_ok
-from dlrm.data.reader_pool import default_arrow_threads, reader_pool
+from dlrm.data.reader_pool import default_arrow_threads, lower_readers, reader_pool
 from dlrm.data.schema import (NUM_DENSE, NUM_SPARSE, DatasetError, arrow_schema, check_dense_format, is_multi_hot,
                               one_hot_sizes, sparse_width)
 from dlrm.data.stream_buffers import _END, _Flush, _Resident, _Run
@@ -79,8 +79,8 @@ class ParquetLoader:
             loaders, iterated now and then, leave it off).
         arrow_threads: whether each reader also spreads its row group's columns over pyarrow's own
             thread pool (``use_threads``); None: `dlrm.data.reader_pool.default_arrow_threads` (on for
-            one-hot rows, off for multi-hot ones). The readers run at a lower priority than the
-            training thread (`dlrm.data.reader_pool`).
+            one-hot rows, off for multi-hot ones). Without it the readers run at a lower priority
+            than the training thread (`dlrm.data.reader_pool`).
 
     Example (the validation split of the embedded sample dataset, data/sample):
         >>> import pathlib, dlrm
@@ -417,7 +417,7 @@ class ParquetLoader:
         """
         with self._lock:
             if self._readers is None:
-                self._readers = reader_pool(self.reader_threads)
+                self._readers = reader_pool(self.reader_threads, lower=lower_readers(self.arrow_threads))
             return self._readers
 
     def _new_arena(self) -> _Arena:
