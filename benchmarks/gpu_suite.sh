@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -305,14 +305,44 @@ EOF
         ${LOADER_CODECS:+--codecs "$LOADER_CODECS"} --repeats 2 --out "$RES" --name "${LOADER_NAME:-loader_throughput_mlperf}"
       ;;
     stream:mlperf)  # MLPerf DLRM-DCNv2 streamed from LZ4 slot files with the loader timed (benchmarks/stream_timeline.py;
-      # PERF.md, twenty-ninth run): the loader's defaults at train.log_every 100 and 10 beside the same rows in device
-      # memory, two runs each as time allows (results/${STREAM_NAME:-stream_defaults_mlperf}.*)
+      # PERF.md, twenty-ninth and thirtieth runs): the loader's defaults at train.log_every 100 and 10 beside the same
+      # rows in device memory, two runs each as time allows (results/${STREAM_NAME:-stream_defaults_mlperf}.*; the
+      # thirtieth run measured the log_every 100 half there and the 10 half in readlate:mlperf)
       [ -f /tmp/mlperf-lz4/metadata.json ] || run synthetic_mlperf_lz4 240 python -m dlrm.data.synthetic --rows 2600000 \
         --out /tmp/mlperf-lz4 --cardinalities mlperf --multi-hot-sizes mlperf --workers 0 --compression lz4
       run stream_mlperf "${STREAM_LIMIT:-500}" python benchmarks/stream_timeline.py --data /tmp/mlperf-lz4 --epochs 13 \
         --repeat 2 --budget-s "${STREAM_BUDGET:-380}" --setting stream100:log_every=100 \
         --setting gpu100:placement=gpu,log_every=100 --setting stream10 --setting gpu10:placement=gpu \
         --machine "$(nproc) CPU cores" --out "$RES" --name "${STREAM_NAME:-stream_defaults_mlperf}"
+      ;;
+    readlate:mlperf)  # the logging window read one step late (the trainer's default) against at its own step
+      # (read_late=0, the trainer before 2026-11-29), MLPerf at log_every 10, from GPU memory and streamed
+      # (results/read_late_mlperf.*)
+      [ -f /tmp/mlperf-lz4/metadata.json ] || run synthetic_mlperf_lz4 240 python -m dlrm.data.synthetic --rows 2600000 \
+        --out /tmp/mlperf-lz4 --cardinalities mlperf --multi-hot-sizes mlperf --workers 0 --compression lz4
+      run read_late_mlperf 450 python benchmarks/stream_timeline.py --data /tmp/mlperf-lz4 --epochs 13 --repeat 2 \
+        --budget-s 390 --setting gpu10:placement=gpu --setting gpu10sync:placement=gpu,read_late=0 --setting stream10 \
+        --setting stream10sync:read_late=0 --machine "$(nproc) CPU cores" --out "$RES" --name read_late_mlperf
+      ;;
+    readlate:kaggle)  # the same where a step is short: Kaggle at batch 65536 in bf16 (~1.4 ms a step), log_every 10
+      # and 100 from GPU memory; then streamed one-hot rows with the readers at the training thread's priority (the
+      # default) and lowered (results/read_late_kaggle*.*, stream_onehot_nice_kaggle.*)
+      kaggle_data
+      python - <<'PY'
+import json
+raw = json.load(open("configs/kaggle.json"))
+raw["data"]["batch_size"] = 65536
+raw["train"].update({"eval_every": None, "precision": "bf16", "compile": {"mode": "default"}})
+json.dump(raw, open("/tmp/kaggle-b65536.json", "w"))
+PY
+      run read_late_kaggle 420 python benchmarks/stream_timeline.py --config /tmp/kaggle-b65536.json \
+        --data /tmp/kaggle-syn --epochs 100 --repeat 2 --budget-s 360 --setting k10:placement=gpu \
+        --setting k10sync:placement=gpu,read_late=0 --setting k100:placement=gpu,log_every=100 \
+        --machine "$(nproc) CPU cores" --out "$RES" --name read_late_kaggle
+      run stream_onehot_nice_kaggle 300 python benchmarks/stream_timeline.py --config /tmp/kaggle-b65536.json \
+        --data /tmp/kaggle-syn --epochs 100 --repeat 2 --budget-s 240 --setting ks100:log_every=100 \
+        --setting ks100nice:log_every=100,reader_nice=10 --machine "$(nproc) CPU cores" --out "$RES" \
+        --name stream_onehot_nice_kaggle
       ;;
     userpath)  # what a user gets (issue #19): train.py configs/kaggle.json on the 2M-row Kaggle-shaped
       # synthetic dataset with every default ("auto"), and with placement stream forced, for 6 epochs,
