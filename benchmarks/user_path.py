@@ -10,9 +10,10 @@ same with ``data.placement: "stream"`` forced (and "gpu", with --placements), fo
 the dataset, and reads each run's summary.json (steady-state samples/s: the logging windows after the
 warm-up, their samples over their seconds; the share of that time the GPU sat idle waiting for data;
 what "auto" chose). ``--set KEY=VALUE`` (repeatable; VALUE as JSON, else a string) changes the config of
-every run, e.g. logging windows short enough for a short run to have several (each logging step syncs: at
-``train.log_every`` 10 MLPerf DLRM-DCNv2 lost ~1% from GPU memory and ~10% streamed against the config's 100,
-PERF.md twenty-ninth run, so a user's rate is measured with the config's own). Beside them,
+every run, e.g. logging windows short enough for a short run to have several (each window is read with a host
+sync, one step late since the thirtieth run; before, at ``train.log_every`` 10 MLPerf DLRM-DCNv2 lost ~1% from GPU
+memory and ~10% streamed against the config's 100, PERF.md twenty-ninth run, so a user's rate is measured with the
+config's own). Beside them,
 `train_throughput.measure` times the variant "auto" (the run train.py's defaults build) on synthetic
 batches already on the device (no loader, no bookkeeping), in the config's precision, in a process of
 its own: the ratio says how much of the device-resident rate a user gets.
