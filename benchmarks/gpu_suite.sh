@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -323,6 +323,14 @@ EOF
       run read_late_mlperf 450 python benchmarks/stream_timeline.py --data /tmp/mlperf-lz4 --epochs 13 --repeat 2 \
         --budget-s 390 --setting gpu10:placement=gpu --setting gpu10sync:placement=gpu,read_late=0 --setting stream10 \
         --setting stream10sync:read_late=0 --machine "$(nproc) CPU cores" --out "$RES" --name read_late_mlperf
+      ;;
+    stream:prefetch)  # streamed MLPerf at log_every 10 with more decoded buffers ahead (arenas): the loader's stalls at
+      # epoch starts and second buffers (PERF.md Next 6, thirtieth run) against its prefetch (results/stream_prefetch_mlperf.*)
+      [ -f /tmp/mlperf-lz4/metadata.json ] || run synthetic_mlperf_lz4 240 python -m dlrm.data.synthetic --rows 2600000 \
+        --out /tmp/mlperf-lz4 --cardinalities mlperf --multi-hot-sizes mlperf --workers 0 --compression lz4
+      run stream_prefetch_mlperf 480 python benchmarks/stream_timeline.py --data /tmp/mlperf-lz4 --epochs 13 --repeat 2 \
+        --budget-s 420 --setting pf2 --setting pf3:prefetch=3 --setting pf4:prefetch=4 --setting gpu10:placement=gpu \
+        --machine "$(nproc) CPU cores" --out "$RES" --name stream_prefetch_mlperf
       ;;
     readlate:kaggle)  # the same where a step is short: Kaggle at batch 65536 in bf16 (~1.4 ms a step), log_every 10
       # and 100 from GPU memory; then streamed one-hot rows with the readers at the training thread's priority (the
