@@ -8,8 +8,9 @@ says ``placement`` or ``log_every``) in a child process that, as a measurement o
 ``reader_threads``, ``arrow_threads`` and ``prefetch`` (`dlrm.data.parquet_loader.ParquetLoader`'s arguments),
 ``reader_nice`` (the reader threads' nice value), ``switch_interval_ms`` (``sys.setswitchinterval``) and
 ``read_late=0`` (each logging window read at its own step, so the GPU drains there, as the trainer did before
-2026-11-29, instead of after the next step is queued) where the setting names them (``base`` keeps every default), skips the checkpoints (for MLPerf's tables each is a 52 GB write
-that says nothing about the loader), and records with ``time.perf_counter``:
+2026-11-29, instead of after the next step is queued) where the setting names them (``base`` keeps every
+default), skips the checkpoints (for MLPerf's tables each is a 52 GB write that says nothing about the loader), and
+records with ``time.perf_counter``:
 
 - every row group's decode on its reader thread (start, end, rows),
 - every blocking wait of the training thread for the next decoded buffer, and every buffer upload's host time,

@@ -776,7 +776,8 @@ def test_stream_timeline_runs_train_py_with_the_loader_timed(tmp_path):
     st = load_script("stream_timeline")
     out = tmp_path / "out"
     assert st.main(["--config", str(REPO / "configs" / "sample.json"), "--data", str(REPO / "data" / "sample"),
-                    "--epochs", "1", "--setting", "n:reader_threads=1,reader_nice=3,log_every=5,arrow_threads=0,read_late=0",
+                    "--epochs", "1",
+                    "--setting", "n:reader_threads=1,reader_nice=3,log_every=5,arrow_threads=0,read_late=0",
                     "--out", str(out), "--name", "t", "--keep-logs"]) == 0
     (row,) = read_csv(out / "t.csv")
     assert row["status"] == "ok" and row["readers"] == "1" and float(row["samples_per_sec"]) > 0

@@ -47,13 +47,6 @@ class DistEnv:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t
 
-    def any(self, flag: bool, device: torch.device) -> bool:
-        """True on every rank when `flag` is True on some rank (a host sync: call at intervals)."""
-        if not self.distributed:
-            return flag
-        t = torch.tensor([int(flag)], device=device)
-        return bool(self.all_reduce_max(t).item())  # intended host sync: the ranks must agree
-
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank."""
         if not self.distributed:

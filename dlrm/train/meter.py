@@ -2,7 +2,8 @@
 
 The loss is summed on the device every step and read once per logging interval (the intended
 host sync), one step late: the window's sums are copied to the host behind its last step and read
-after the next step is queued (`DeviceRead`), so the device has work while the host waits. Throughput is measured in windows between logging steps after the warm-up steps
+after the next step is queued (`DeviceRead`), so the device has work while the host waits.
+Throughput is measured in windows between logging steps after the warm-up steps
 (compilation, autotuning, allocator growth, the CUDA graph's capture), with evaluations and
 checkpoints inside a window left out (`StepMeter.paused`). The summary reports the steady state as
 all those windows' samples over all their seconds, and the share of those seconds the device sat idle
