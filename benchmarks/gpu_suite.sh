@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -46,6 +46,17 @@ kaggle_data() {
   [ -f /tmp/kaggle-syn/metadata.json ] && return
   run synthetic 240 python -m dlrm.data.synthetic --rows 2000000 --out /tmp/kaggle-syn --cardinalities kaggle \
     --validation-fraction 0.05 --test-fraction 0
+}
+
+# The Kaggle model at batch 65536 in bf16 without evaluations (compile mode default): /tmp/kaggle-b65536.json.
+kaggle_b65536_config() {
+  python - <<'PY'
+import json
+raw = json.load(open("configs/kaggle.json"))
+raw["data"]["batch_size"] = 65536
+raw["train"].update({"eval_every": None, "precision": "bf16", "compile": {"mode": "default"}})
+json.dump(raw, open("/tmp/kaggle-b65536.json", "w"))
+PY
 }
 
 # 2.6M synthetic MLPerf DLRM-DCNv2 rows (multi-hot, 214 values a row, full table sizes): ~60 s with every core.
@@ -329,20 +340,29 @@ EOF
       [ -f /tmp/mlperf-lz4/metadata.json ] || run synthetic_mlperf_lz4 240 python -m dlrm.data.synthetic --rows 2600000 \
         --out /tmp/mlperf-lz4 --cardinalities mlperf --multi-hot-sizes mlperf --workers 0 --compression lz4
       run stream_prefetch_mlperf 480 python benchmarks/stream_timeline.py --data /tmp/mlperf-lz4 --epochs 13 --repeat 2 \
-        --budget-s 420 --setting pf2 --setting pf3:prefetch=3 --setting pf4:prefetch=4 --setting gpu10:placement=gpu \
-        --machine "$(nproc) CPU cores" --out "$RES" --name stream_prefetch_mlperf
+        --budget-s 420 --setting pf2:prefetch=2 --setting pf3:prefetch=3 --setting pf4:prefetch=4 \
+        --setting gpu10:placement=gpu --machine "$(nproc) CPU cores" --out "$RES" --name stream_prefetch_mlperf
+      ;;
+    stream:prefetch100)  # prefetch 2 vs 3 (the default since) at the configs' own log_every 100: Kaggle at 65536
+      # streamed (one-hot, decode-bound) and MLPerf (results/stream_prefetch_kaggle.*, stream_prefetch_mlperf100.*)
+      kaggle_data
+      kaggle_b65536_config
+      run stream_prefetch_kaggle 240 python benchmarks/stream_timeline.py --config /tmp/kaggle-b65536.json \
+        --data /tmp/kaggle-syn --epochs 100 --repeat 2 --budget-s 210 --setting ks100:log_every=100,prefetch=2 \
+        --setting ks100pf3:log_every=100,prefetch=3 --machine "$(nproc) CPU cores" --out "$RES" \
+        --name stream_prefetch_kaggle
+      [ -f /tmp/mlperf-lz4/metadata.json ] || run synthetic_mlperf_lz4 240 python -m dlrm.data.synthetic --rows 2600000 \
+        --out /tmp/mlperf-lz4 --cardinalities mlperf --multi-hot-sizes mlperf --workers 0 --compression lz4
+      run stream_prefetch_mlperf100 300 python benchmarks/stream_timeline.py --data /tmp/mlperf-lz4 --epochs 13 \
+        --repeat 2 --budget-s 270 --setting stream100:log_every=100,prefetch=2 \
+        --setting stream100pf3:log_every=100,prefetch=3 --machine "$(nproc) CPU cores" --out "$RES" \
+        --name stream_prefetch_mlperf100
       ;;
     readlate:kaggle)  # the same where a step is short: Kaggle at batch 65536 in bf16 (~1.4 ms a step), log_every 10
       # and 100 from GPU memory; then streamed one-hot rows with the readers at the training thread's priority (the
       # default) and lowered (results/read_late_kaggle*.*, stream_onehot_nice_kaggle.*)
       kaggle_data
-      python - <<'PY'
-import json
-raw = json.load(open("configs/kaggle.json"))
-raw["data"]["batch_size"] = 65536
-raw["train"].update({"eval_every": None, "precision": "bf16", "compile": {"mode": "default"}})
-json.dump(raw, open("/tmp/kaggle-b65536.json", "w"))
-PY
+      kaggle_b65536_config
       run read_late_kaggle 420 python benchmarks/stream_timeline.py --config /tmp/kaggle-b65536.json \
         --data /tmp/kaggle-syn --epochs 100 --repeat 2 --budget-s 360 --setting k10:placement=gpu \
         --setting k10sync:placement=gpu,read_late=0 --setting k100:placement=gpu,log_every=100 \

@@ -66,11 +66,11 @@ class DataConfig:
     shuffle_buffer_rows: int = 1_000_000
     """Rows shuffled together, and the unit the stream loader decodes and copies to the device (two
     such buffers live on the device, 264 bytes a row); a split smaller than this is shuffled as a whole."""
-    prefetch: int = 2
+    prefetch: int = 3
     """Shuffle buffers decoded ahead by the background threads (each about shuffle_buffer_rows rows:
     many batches); on CUDA the next one is also copied to the device on a side stream while the
-    current one is cut into batches. Costs prefetch + 1 pinned host arenas of 165 bytes a row
-    (269 when sparse values need int64)."""
+    current one is cut into batches. Costs prefetch + 1 pinned host arenas of 165 bytes a row (269
+    with int64 sparse values; ~910 for MLPerf's multi-hot rows). 3 since 2026-11-29 (benchmarks/PERF.md)."""
     placement: Literal["auto", "stream", "gpu"] = "auto"
     """stream: read parquet row groups as training goes; gpu: load each split into device memory once
     (about 160 bytes a row) and cut batches from a device-side permutation; auto: gpu when the train

@@ -782,7 +782,7 @@ def test_stream_timeline_runs_train_py_with_the_loader_timed(tmp_path):
     (row,) = read_csv(out / "t.csv")
     assert row["status"] == "ok" and row["readers"] == "1" and float(row["samples_per_sec"]) > 0
     events = __import__("json").loads((out / "t_logs" / "n_1.events.json").read_text())
-    assert events["loader"] == [{"reader_threads": 1, "arrow_threads": False, "prefetch": 2}]
+    assert events["loader"] == [{"reader_threads": 1, "arrow_threads": False, "prefetch": 3}]
     steps = len(events["step"])  # one epoch of the sample at its batch size; logged every 5 steps and at the end
     assert steps > 100 and len(events["sync"]) == steps // 5 + (steps % 5 > 0)
     # read_late=0: each window read at its own logging step, before the next step (the trainer reads it after)

@@ -129,7 +129,7 @@ class ParquetLoader:
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
-        prefetch: int = 2,
+        prefetch: int = 3,
         shuffle_buffer_rows: int = 1_000_000,
         reader_threads: Optional[int] = None,
         rank: int = 0,
