@@ -67,10 +67,9 @@ class DataConfig:
     """Rows shuffled together, and the unit the stream loader decodes and copies to the device (two
     such buffers live on the device, 264 bytes a row); a split smaller than this is shuffled as a whole."""
     prefetch: int = 3
-    """Shuffle buffers decoded ahead by the background threads (each about shuffle_buffer_rows rows:
-    many batches); on CUDA the next one is also copied to the device on a side stream while the
-    current one is cut into batches. Costs prefetch + 1 pinned host arenas of 165 bytes a row (269
-    with int64 sparse values; ~910 for MLPerf's multi-hot rows). 3 since 2026-11-29 (benchmarks/PERF.md)."""
+    """Shuffle buffers decoded ahead by the background threads (about shuffle_buffer_rows rows each); on CUDA the
+    next is also copied to the device on a side stream while the current one is cut into batches. Costs prefetch + 1
+    pinned host arenas of 165 bytes a row (269 with int64 sparse values, ~910 for MLPerf's rows); 3 since 2026-11-29."""
     placement: Literal["auto", "stream", "gpu"] = "auto"
     """stream: read parquet row groups as training goes; gpu: load each split into device memory once
     (about 160 bytes a row) and cut batches from a device-side permutation; auto: gpu when the train
@@ -239,19 +238,17 @@ class TrainConfig:
     early_stopping: Optional[EarlyStoppingConfig] = None
     """null (train to the end), or when to stop early (needs eval_every)."""
     baseline: Union[bool, Auto] = "auto"
-    """Also fit an L2 logistic regression on the same split, loader and hashing after training and
-    report its AUC/logloss next to the DLRM's (`dlrm.train.baseline`); "auto": on when the run is one
-    process and the train split has at most 2,000,000 rows on CUDA, 20,000 on the CPU."""
+    """Also fit an L2 logistic regression on the same split, loader and hashing after training and report its
+    AUC/logloss next to the DLRM's (`dlrm.train.baseline`); "auto": on one process, up to 2M train rows (CPU: 20k)."""
     log_every: int = 50
     """Steps between logging windows (loss, lr, samples/s), each read once the next step is queued: no drain."""
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
-    """fp32: IEEE fp32 everywhere. tf32: fp32 weights and activations, matmuls on TF32 tensor cores
-    (CUDA only; ~10-bit mantissa products, fp32 accumulation; a no-op on the CPU). bf16: autocast
-    to bfloat16 (fp32 weights and optimizer state)."""
+    """fp32: IEEE fp32 everywhere. tf32: fp32 weights and activations, matmuls on TF32 tensor cores (CUDA only;
+    ~10-bit mantissa products, fp32 accumulation; a no-op on the CPU). bf16: autocast (fp32 weights and state)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     seed: int = 0
     deterministic: bool = False
-    """torch.use_deterministic_algorithms and deterministic kernels."""
+    """torch.use_deterministic_algorithms and deterministic kernels (no Inductor combo kernels: they are timed)."""
     compile: Union[bool, Auto, CompileConfig] = "auto"
     """false, true, "auto" (compiled on CUDA, eager on the CPU), or {"enabled": ..., "mode": ...,
     "fullgraph": ...}; normalised to a CompileConfig."""
@@ -520,6 +517,9 @@ def _check_train(t: TrainConfig) -> None:
         _positive("train.early_stopping.patience", t.early_stopping.patience)
         _positive("train.early_stopping.min_delta", t.early_stopping.min_delta, allow_zero=True)
     _positive("train.log_every", t.log_every)
+    if t.deterministic and t.compile.combo_kernels is True:
+        raise ConfigError("train.compile.combo_kernels: true cannot run with train.deterministic (Inductor keeps the "
+                          "combos that time faster, and refuses to time kernels in deterministic mode)")
 
 
 def _check_outputs(cfg: Config) -> None:

@@ -49,6 +49,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def _restore_deterministic_mode():
+    """`torch.use_deterministic_algorithms` is process-wide, and it turns Inductor's deterministic mode on too, in which
+    Inductor refuses to time kernels (combo kernels raise). A test that trains with train.deterministic must not leave
+    it on for the tests after it in the same worker (on the GPU machine that failed a compiled step with combo kernels)."""
+    mode, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    if (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) != (
+            mode, warn_only):
+        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+
+
 def write_rows(path: Path, label: np.ndarray, dense: np.ndarray, sparse: np.ndarray, row_group_size: int) -> None:
     """Write one parquet shard with the project's schema."""
     cols = {LABEL_COLUMN: label.astype(np.int8)}

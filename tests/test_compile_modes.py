@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dlrm.config import load_config
+from dlrm.config import ConfigError, load_config
 from dlrm.train.compare import variant_config
 from dlrm.train.fast_path import resolve_fast_path
 from tests.test_graphed_step import SAMPLE, batches, make_run, train
@@ -53,7 +53,6 @@ def test_on_the_cpu_auto_is_mode_default():
 def test_modes_with_cuda_graphs_of_their_own_refuse_the_step_graph(mode):
     """max-autotune makes torch.compile's own CUDA graphs as reduce-overhead does: with train.cuda_graph true a
     one-line ConfigError names both keys; "auto" leaves the step graph off for them (and says why)."""
-    from dlrm.config import ConfigError
 
     with pytest.raises(ConfigError, match=rf'sample\.json: train\.cuda_graph: .*train\.compile\.mode "{mode}"'):
         load_config(SAMPLE, {"train.compile": {"enabled": True, "mode": mode}, "train.cuda_graph": True})
@@ -122,6 +121,10 @@ def test_max_autotune_gemm_compiles_with_inductors_gemm_option_alone(monkeypatch
     ({"train.precision": "bf16", "model.interaction": "dcn"}, {"multi_hot": True, "distributed": True}, False,
      "one process"),
     ({"train.precision": "tf32", "model.interaction": "dcn"}, {"multi_hot": True}, False, "the same in tf32"),
+    # deterministic runs: Inductor's deterministic mode (torch.use_deterministic_algorithms) refuses to time combos
+    ({"train.precision": "bf16", "train.deterministic": True}, {}, False, "train.deterministic"),
+    ({"train.precision": "bf16", "model.interaction": "dcn", "train.deterministic": True}, {"multi_hot": True}, False,
+     "train.deterministic"),
 ])
 def test_combo_kernels_auto_is_on_where_measured_faster(overrides, kw, on, why):
     """train.compile.combo_kernels "auto": Inductor's combo kernels for compiled bf16 one-hot dot models on one CUDA
@@ -142,6 +145,30 @@ def test_combo_kernels_explicit_settings_win_and_eager_runs_log_nothing():
     assert "train.compile.combo_kernels" not in chosen
     assert variant_config(load_config(SAMPLE, {"train.compile": {"combo_kernels": True}}),
                           "triton-embedding-interaction+step-graph").train.compile.combo_kernels is True
+
+
+def test_combo_kernels_true_with_a_deterministic_run_is_a_config_error():
+    """Inductor keeps a combo kernel only where it times faster, and in deterministic mode (which
+    torch.use_deterministic_algorithms turns on) it raises instead of timing: refused when the config is read, naming
+    both keys, not as an InductorError at the first compiled step."""
+    with pytest.raises(ConfigError, match=r"train\.compile\.combo_kernels: true .*train\.deterministic"):
+        load_config(SAMPLE, {"train.compile": {"enabled": True, "combo_kernels": True}, "train.deterministic": True})
+    cfg = load_config(SAMPLE, {"train.compile": {"enabled": True, "combo_kernels": False}, "train.deterministic": True})
+    assert cfg.train.deterministic and cfg.train.compile.combo_kernels is False
+
+
+def test_each_run_sets_the_deterministic_mode_its_config_asks_for():
+    """torch.use_deterministic_algorithms is process-wide and also turns Inductor's deterministic mode on (in which
+    combo kernels fail to compile): a run with train.deterministic false turns off what an earlier deterministic run
+    in the same process left on."""
+    import torch._inductor.config as inductor_config
+
+    from dlrm.train.setup import seed_everything
+
+    seed_everything(0, True)
+    assert torch.are_deterministic_algorithms_enabled() and inductor_config.deterministic
+    seed_everything(0, False)
+    assert not torch.are_deterministic_algorithms_enabled() and not inductor_config.deterministic
 
 
 def test_combo_kernels_compile_with_the_modes_options(monkeypatch):

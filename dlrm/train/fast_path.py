@@ -229,6 +229,8 @@ def _combo_kernels(cfg: Config, device: torch.device, distributed: bool, multi_h
     m = cfg.model
     if device.type != "cuda":
         return False, f"no CUDA device ({device})"
+    if cfg.train.deterministic:  # torch.use_deterministic_algorithms turns Inductor's deterministic mode on too
+        return False, "train.deterministic: Inductor keeps a combo only where it times faster, and times nothing then"
     if cfg.train.precision == "tf32":
         return False, "measured the same in tf32, which has no weight casts to merge: Kaggle at 128, 2048 and 65536"
     if cfg.train.precision != "bf16":

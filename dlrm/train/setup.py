@@ -26,11 +26,19 @@ def resolve_device(name: str) -> torch.device:
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seeds Python, numpy and torch; torch's deterministic algorithms on or off as `train.deterministic` says.
+
+    Off is set too: the mode is process-wide, and a deterministic run earlier in the same process (a notebook, a
+    test) would otherwise leave it on, and with it Inductor's deterministic mode, which refuses to time kernels (the
+    combo kernels "auto" turns on for bf16 models fail to compile then)."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True, warn_only=False)
+    elif torch.are_deterministic_algorithms_enabled():
+        logger.info("train.deterministic false: torch's deterministic algorithms, left on in this process, turned off")
+        torch.use_deterministic_algorithms(False)
 
 
 @dataclass
