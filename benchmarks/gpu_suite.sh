@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | stream:onehot | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -357,6 +357,17 @@ EOF
         --repeat 2 --budget-s 270 --setting stream100:log_every=100,prefetch=2 \
         --setting stream100pf3:log_every=100,prefetch=3 --machine "$(nproc) CPU cores" --out "$RES" \
         --name stream_prefetch_mlperf100
+      ;;
+    stream:onehot)  # one-hot rows streamed at batch 65536 are decode-bound (Kaggle: 4 readers, pyarrow's pool, all
+      # busy, 25-29M against 46M from GPU memory; thirty-first run): more readers, with and without the pool
+      # (results/stream_onehot_readers_kaggle.*)
+      kaggle_data
+      kaggle_b65536_config
+      run stream_onehot_readers_kaggle 480 python benchmarks/stream_timeline.py --config /tmp/kaggle-b65536.json \
+        --data /tmp/kaggle-syn --epochs 100 --repeat 2 --budget-s 440 --setting r4:log_every=100 \
+        --setting r8:log_every=100,reader_threads=8 --setting r8solo:log_every=100,reader_threads=8,arrow_threads=0 \
+        --setting r16solo:log_every=100,reader_threads=16,arrow_threads=0 --machine "$(nproc) CPU cores" \
+        --out "$RES" --name stream_onehot_readers_kaggle
       ;;
     readlate:kaggle)  # the same where a step is short: Kaggle at batch 65536 in bf16 (~1.4 ms a step), log_every 10
       # and 100 from GPU memory; then streamed one-hot rows with the readers at the training thread's priority (the
