@@ -1,0 +1,215 @@
+"""The range and cross-field checks of a run configuration, one function per section (`check_sections` runs them in a
+fixed order; `dlrm.config.validate` calls it after normalising the shorthands). Each raises `ConfigError` naming the
+key and the value in one line. The dataclasses they check are `dlrm.config`'s (named here for types only)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Optional
+
+from dlrm.config_parse import INT64_MAX, _as_float32
+from dlrm.data.schema import MAX_MULTI_HOT_SIZE, NUM_SPARSE
+from dlrm.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dlrm.config import (
+        Config,
+        DataConfig,
+        ModelConfig,
+        OptimConfig,
+        ProfileConfig,
+        ScheduleConfig,
+        TrainConfig,
+    )
+
+COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")  # a whole-step graph cannot hold theirs
+
+MAX_SIZE = 2**31 - 1
+"""Upper bound of widths, batch sizes and table sizes: larger values cannot be allocated, and
+some would overflow the int64 element counts torch computes, failing with a confusing error."""
+
+
+
+def _positive(key: str, value: Any, allow_zero: bool = False, maximum: Optional[int] = None) -> None:
+    """Raise unless `value` (None passes) is > 0 (>= 0 with `allow_zero`) and at most `maximum`.
+
+    A float that must be > 0 must also stay > 0 in float32, where it is used: 1e-50 would
+    silently become 0 there (a zero learning rate or a division by a zero eps).
+    """
+    if value is None:
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: {value!r} must be a finite number")
+    if not (value > 0 or (allow_zero and value == 0)):
+        raise ConfigError(f"{key}: {value!r} must be {'>= 0' if allow_zero else '> 0'}")
+    if isinstance(value, float) and not allow_zero and _as_float32(value) == 0:
+        raise ConfigError(f"{key}: {value!r} underflows to 0 in float32 (must be >= 1.4e-45)")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{key}: {value!r} must be <= {maximum}")
+
+
+def _check_interaction(m: "ModelConfig") -> None:
+    """Every interaction stacks the bottom MLP's output with the F embeddings into [B, F+1, D]
+    (`dlrm.model.archs.InteractionArch`), so its last width must be D for "cat" and "dcn" as for
+    "dot"; the cross network of "dcn" needs at least one layer of rank at least 1 (checked whatever
+    the interaction, so a config never carries an impossible value)."""
+    _positive("model.cross_layers", m.cross_layers, maximum=MAX_SIZE)
+    _positive("model.cross_rank", m.cross_rank, maximum=MAX_SIZE)
+    if m.bottom_mlp[-1] != m.embedding_dim:
+        raise ConfigError(
+            f"model.bottom_mlp[-1]: {m.bottom_mlp[-1]} must equal model.embedding_dim ({m.embedding_dim}) "
+            f"for the {m.interaction} interaction (the dense vector is stacked with the embeddings)"
+        )
+
+
+def check_sections(cfg: "Config") -> None:
+    """Every section's checks in a fixed order: the first bad key raises."""
+    _check_profile(cfg.profile)
+    _check_data(cfg.data)
+    _check_model(cfg.model)
+    _check_optimizers(cfg.optim)
+    _check_regularization(cfg.optim, cfg.model)
+    _check_schedule(cfg.optim.schedule)
+    _check_cuda_graph(cfg)
+    _check_embedding_dtype(cfg)
+    _check_kernels(cfg)
+    _check_train(cfg.train)
+    _check_outputs(cfg)
+
+
+def _check_profile(p: ProfileConfig) -> None:
+    """The profiler schedule: step counts, `active` at least 1."""
+    _positive("profile.wait", p.wait, allow_zero=True)
+    _positive("profile.warmup", p.warmup, allow_zero=True)
+    _positive("profile.active", p.active)
+    _positive("profile.repeat", p.repeat, allow_zero=True)
+
+
+def _check_data(d: DataConfig) -> None:
+    """Sizes of batches and buffers, and the device-memory share of placement "auto"."""
+    _positive("data.batch_size", d.batch_size, maximum=MAX_SIZE)
+    _positive("data.eval_batch_size", d.eval_batch_size, maximum=MAX_SIZE)
+    _positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows, maximum=MAX_SIZE)
+    _positive("data.prefetch", d.prefetch, maximum=MAX_SIZE)
+    if not 0.0 < d.gpu_memory_share <= 1.0:
+        raise ConfigError(f"data.gpu_memory_share: {d.gpu_memory_share!r} must be within (0, 1]")
+    _positive("data.max_rows_per_table", d.max_rows_per_table, maximum=MAX_SIZE)
+
+
+def _check_model(m: ModelConfig) -> None:
+    """The network's shape: widths, the interaction's and the logit's constraints, table sizes."""
+    _positive("model.embedding_dim", m.embedding_dim, maximum=MAX_SIZE)
+    for key in ("top_mlp_input_multiple", "bottom_mlp_input_multiple"):
+        _positive(f"model.{key}", getattr(m, key), maximum=MAX_SIZE)
+    for name in ("bottom_mlp", "top_mlp"):
+        widths = getattr(m, name)
+        if not widths:
+            raise ConfigError(f"model.{name}: must list at least one layer width")
+        for i, w in enumerate(widths):
+            _positive(f"model.{name}[{i}]", w, maximum=MAX_SIZE)
+    _check_interaction(m)
+    if m.top_mlp[-1] != 1:
+        raise ConfigError(f"model.top_mlp[-1]: {m.top_mlp[-1]} must be 1 (the logit)")
+    if m.multi_hot_sizes is not None:
+        if not isinstance(m.multi_hot_sizes, list) or len(m.multi_hot_sizes) != NUM_SPARSE:
+            raise ConfigError(f"model.multi_hot_sizes: must be a list of {NUM_SPARSE} positive integers")
+        for i, c in enumerate(m.multi_hot_sizes):
+            _positive(f"model.multi_hot_sizes[{i}]", c, maximum=MAX_MULTI_HOT_SIZE)
+    if m.cardinalities is not None:
+        if len(m.cardinalities) != NUM_SPARSE:
+            raise ConfigError(f"model.cardinalities: has {len(m.cardinalities)} entries, expected {NUM_SPARSE}")
+        for i, c in enumerate(m.cardinalities):
+            _positive(f"model.cardinalities[{i}]", c, maximum=MAX_SIZE)
+
+
+def _check_optimizers(o: OptimConfig) -> None:
+    """Learning rates and eps of both optimizers, and SGD's momentum."""
+    for key, opt in (("optim.dense", o.dense), ("optim.sparse", o.sparse)):
+        _positive(f"{key}.lr", opt.lr)
+        _positive(f"{key}.eps", opt.eps)
+    _positive("optim.dense.momentum", o.dense.momentum, allow_zero=True)
+
+
+def _check_regularization(o: OptimConfig, m: ModelConfig) -> None:
+    """Weight decay of both optimizers and the model's dropout (issue #21's regularizers)."""
+    _positive("optim.dense.weight_decay", o.dense.weight_decay, allow_zero=True)
+    _positive("optim.sparse.weight_decay", o.sparse.weight_decay, allow_zero=True)
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout: {m.dropout!r} must be within [0, 1)")
+
+
+def _check_schedule(s: ScheduleConfig) -> None:
+    """Step counts of the learning-rate schedule and its final factor."""
+    for key in ("warmup_steps", "decay_start_step", "decay_steps"):
+        _positive(f"optim.schedule.{key}", getattr(s, key), allow_zero=True)
+    if not (0.0 <= s.end_factor <= 1.0):
+        raise ConfigError(f"optim.schedule.end_factor: {s.end_factor!r} must be within [0, 1]")
+
+
+def _check_kernels(cfg: Config) -> None:
+    if cfg.kernels.interaction == "gluon" and cfg.model.interaction != "dcn":
+        raise ConfigError(f'kernels.interaction: "gluon" is the DCN cross layer\'s, not {cfg.model.interaction!r}\'s')
+    if cfg.kernels.mlp not in ("fused", "wgrad"):
+        return
+    if cfg.model.activation != "relu":
+        raise ConfigError(f'kernels.mlp: "{cfg.kernels.mlp}" needs model.activation "relu", not {cfg.model.activation!r}')
+    if cfg.model.dropout and cfg.kernels.mlp == "fused":
+        raise ConfigError('kernels.mlp: "fused" has no dropout; set model.dropout 0 or kernels.mlp "torch"')
+
+
+def _check_embedding_dtype(cfg: Config) -> None:
+    """bf16 tables need the Triton embedding ("auto" is checked again once resolved, in dlrm.train.fast_path)."""
+    if cfg.model.embedding_dtype == "bf16" and cfg.kernels.embedding == "torch":
+        raise ConfigError('model.embedding_dtype: "bf16" needs kernels.embedding "triton" (its fused update '
+                          "rounds stochastically; the torch embedding would lose small updates to bf16 rounding)")
+
+
+def _check_cuda_graph(cfg: Config) -> None:
+    """What an explicit `train.cuda_graph: true` needs ("auto" turns itself off where these rules
+    say no, in dlrm.train.fast_path)."""
+    o, t = cfg.optim, cfg.train
+    if t.cuda_graph is not True:
+        return
+    if cfg.kernels.embedding == "torch" and t.compile.enabled is False:
+        raise ConfigError("train.cuda_graph: needs kernels.embedding \"triton\", or \"torch\" with train.compile "
+                          "(the eager torch embedding's sparse gradients have data-dependent shapes, which a CUDA "
+                          "graph cannot replay; compiled, it updates its rows in the backward with static shapes)")  # fmt: skip
+    if o.dense.name == "adagrad" and o.dense.fused is True:
+        raise ConfigError("train.cuda_graph: optim.dense.fused true with adagrad (torch's fused Adagrad runs on the "
+                          "CPU only); leave it null: dlrm.train.adagrad.CapturableAdagrad is used on CUDA")  # fmt: skip
+    if o.dense.name != "adagrad" and o.dense.fused is False:
+        raise ConfigError("train.cuda_graph: needs optim.dense.fused true or null (the fused optimizer reads "
+                          "its learning rate from a device tensor the graph can replay)")  # fmt: skip
+    if t.compile.enabled is not False and t.compile.mode in COMPILE_MODES_WITH_CUDA_GRAPHS:
+        raise ConfigError(f"train.cuda_graph: cannot be combined with train.compile.mode \"{t.compile.mode}\" (its "
+                          "CUDA graphs would nest in this one); use \"default\" or a max-autotune without them")
+
+
+def _check_train(t: TrainConfig) -> None:
+    """The loop's seed, length, evaluation cadence, early stopping and logging cadence."""
+    if not 0 <= t.seed <= INT64_MAX:  # numpy's SeedSequence refuses negatives; torch's seed is 64-bit
+        raise ConfigError(f"train.seed: {t.seed} must be within [0, 2**63)")
+    _positive("train.epochs", t.epochs)
+    _positive("train.max_steps", t.max_steps)
+    _positive("train.min_steps", t.min_steps)
+    _positive("train.eval_every", t.eval_every)
+    if t.early_stopping is not None:
+        if t.eval_every is None:
+            raise ConfigError("train.early_stopping: needs train.eval_every (it stops after evaluations)")
+        _positive("train.early_stopping.patience", t.early_stopping.patience)
+        _positive("train.early_stopping.min_delta", t.early_stopping.min_delta, allow_zero=True)
+    _positive("train.log_every", t.log_every)
+    if t.deterministic and t.compile.combo_kernels is True:
+        raise ConfigError("train.compile.combo_kernels: true cannot run with train.deterministic (Inductor keeps the "
+                          "combos that time faster, and refuses to time kernels in deterministic mode)")
+
+
+def _check_outputs(cfg: Config) -> None:
+    """Checkpoint cadence, sharding threshold, and the names that become directory names."""
+    _positive("checkpoint.every", cfg.checkpoint.every)
+    _positive("checkpoint.keep", cfg.checkpoint.keep)
+    _positive("distributed.row_wise_min_rows", cfg.distributed.row_wise_min_rows)
+    if not cfg.name or "/" in cfg.name:
+        raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without '/'")
+    if cfg.log.run_name is not None and (not cfg.log.run_name or "/" in cfg.log.run_name or cfg.log.run_name in (".", "..")):
+        raise ConfigError(f"log.run_name: {cfg.log.run_name!r} must be a plain directory name")
