@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | stream:onehot | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | stream:onehot | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | stepprofile:hotrows | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -406,6 +406,21 @@ EOF
         run "step_profile_kaggle_$p" 80 python benchmarks/step_profile.py --config configs/kaggle.json \
           --variant triton-embedding-interaction+step-graph --precision $p --batch-size 65536 --out "$RES" \
           --name "step_profile_kaggle_${p}_b65536"
+      done
+      ;;
+    stepprofile:hotrows)  # MLPerf's step (what train.py's "auto" builds) on synthetic uniform batches and on batches of
+      # the generator's Zipf-like data, whose hottest row spans ~28k chunks of the update, each with the update's
+      # group sums on and off (kernels.embedding.update.CARRY_GROUP_SUMS): does the carry walk make train.py's
+      # ~9% gap to the benchmark (results/step_profile_hotrows_*)
+      [ -f /tmp/mlperf-small/metadata.json ] || run synthetic_mlperf_small 120 python -m dlrm.data.synthetic \
+        --rows 600000 --out /tmp/mlperf-small --cardinalities mlperf --multi-hot-sizes mlperf --workers 0 \
+        --validation-fraction 0.05 --test-fraction 0
+      for gs in on off; do
+        run "step_profile_hotrows_uniform_$gs" 150 python benchmarks/step_profile.py --config configs/mlperf-dcnv2.json \
+          --variant auto --batch-size 65536 --group-sums $gs --out "$RES" --name "step_profile_hotrows_uniform_$gs"
+        run "step_profile_hotrows_zipf_$gs" 150 python benchmarks/step_profile.py --config configs/mlperf-dcnv2.json \
+          --variant auto --batch-size 65536 --data /tmp/mlperf-small --group-sums $gs --out "$RES" \
+          --name "step_profile_hotrows_zipf_$gs"
       done
       ;;
     sweep)  # the pooled fused backward over launch configs and bf16 rounding (issue #22)

@@ -14,6 +14,12 @@ match wins): the pooled or one-hot embedding lookup, the sort and the fused upda
 backward, GEMMs, Inductor's fused kernels, the project's other Triton kernels, the dense optimizer, copies.
 "idle" is the timed step minus the kernels' sum: launch gaps, host-bound stretches.
 
+``--data DIR`` trains on batches of that dataset's train split instead (the first 8, shuffled, cut by the
+device-resident loader `train.py` uses with `data.placement` "gpu", its hashing and table sizes): the step on the
+data's own id distribution (the synthetic generator's is Zipf-like, with hot rows the uniform batches lack).
+``--group-sums off`` runs the embedding update's hot rows the way they ran before 2026-11-29
+(`kernels.embedding.update.CARRY_GROUP_SUMS`), for an A/B in one call.
+
 Writes ``<name>.md`` / ``.csv`` / ``.png`` under ``--out`` (GPU name, versions and date). CUDA only.
 """
 
@@ -54,7 +60,7 @@ CATEGORIES = [
     ("collectives (NCCL)", r"nccl|Nccl|c10d::|AllToAll|all_to_all|alltoall|allreduce|all_reduce"),
     ("embedding lookup", r"_pooled_fwd_kernel|_lookup_kernel|_embedding_fwd|_gather_rows"),
     ("embedding update: sort", r"radix_?sort|RadixSort|fill_reverse_indices|_sort_"),
-    ("embedding update: segment sums + optimizer", r"_sparse_chunk_kernel|_sparse_carry_kernel|_sgd_atomic_kernel"),
+    ("embedding update: segment sums + optimizer", r"_sparse_chunk_kernel|_group_sum_kernel|_sparse_carry_kernel|_sgd_atomic_kernel"),
     ("GEMMs (cuBLAS / CUTLASS)", r"gemm|cutlass|xmma|nvjet|cublas|s1688|s16816|wgmma"),
     ("Inductor fused kernels", r"^triton_"),
     ("dense optimizer", r"multi_tensor|foreach|adagrad|_fused_sgd|_fused_adam|FusedOptimizer"),
@@ -84,8 +90,31 @@ def device_times(prof) -> list[tuple[str, float, int]]:
     return out
 
 
-def profile_step(cfg, variant: str, batch_size: int, precision: str, steps: int, warmup: int, top_n: int = 15):
-    """(step ms from CUDA events, per-category rows, the `top_n` longest kernels) of `variant` on synthetic batches."""
+def dataset_batches(cfg, data_dir: Path, n: int, batch_size: int, device: torch.device):
+    """``(tables, batches)``: the dataset's tables and the first `n` shuffled training batches of its train split, as
+    `train.py`'s device-resident loader cuts them."""
+    from dlrm.data.schema import read_metadata
+    from dlrm.data.validation import split_files
+    from dlrm.train.setup import dataset_tables
+    from dlrm.train.trainer import make_loader
+
+    meta = read_metadata(data_dir)
+    loader = make_loader(cfg, split_files(data_dir, meta, "train"), batch_size, device, train=True, placement="gpu",
+                         multi_hot_sizes=meta.multi_hot_sizes, dense_format=meta.dense_format)
+    batches = []
+    for batch in loader:
+        batches.append(batch)
+        if len(batches) == n:
+            break
+    if len(batches) < n:
+        raise SystemExit(f"--data {data_dir}: the train split holds {len(batches)} batches of {batch_size}, need {n}")
+    return dataset_tables(cfg, meta, data_dir), batches
+
+
+def profile_step(cfg, variant: str, batch_size: int, precision: str, steps: int, warmup: int, top_n: int = 15,
+                 data: Path | None = None):
+    """(step ms from CUDA events, per-category rows, the `top_n` longest kernels) of `variant` on synthetic batches
+    (or, with `data`, on that dataset's)."""
     from torch.profiler import ProfilerActivity, profile
 
     cfg = variant_config(cfg, variant)
@@ -94,8 +123,12 @@ def profile_step(cfg, variant: str, batch_size: int, precision: str, steps: int,
     validate(cfg)
     device = torch.device("cuda")
     torch.manual_seed(0)
-    run = build_run(cfg, tables_from_config(cfg), device, total_steps=warmup + 2 * steps)
-    batches = synthetic_batches(8, batch_size, device, multi_hot_sizes=cfg.model.multi_hot_sizes)
+    if data is None:
+        tables = tables_from_config(cfg)
+        batches = synthetic_batches(8, batch_size, device, multi_hot_sizes=cfg.model.multi_hot_sizes)
+    else:
+        tables, batches = dataset_batches(cfg, data, 8, batch_size, device)
+    run = build_run(cfg, tables, device, total_steps=warmup + 2 * steps)
     train_steps(run, batches, warmup)
     with Timer(device) as t:
         train_steps(run, batches, steps, start=warmup)
@@ -147,19 +180,30 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="step_profile")
     ap.add_argument("--top", type=int, default=15, help="kernels listed by time (the table of top kernels)")
+    ap.add_argument("--data", type=Path, default=None,
+                    help="batches of this dataset's train split instead of synthetic uniform ones")
+    ap.add_argument("--group-sums", choices=["on", "off"], default="on",
+                    help="off: the embedding update's hot rows as before 2026-11-29 (CARRY_GROUP_SUMS False)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device (the profile is of device kernels)")
     if args.variant not in VARIANTS:
         ap.error(f"unknown variant {args.variant!r} (choose from {', '.join(VARIANTS)})")
+    if args.data is not None and not (args.data / "metadata.json").is_file():
+        ap.error(f"--data {args.data}: no metadata.json there")
+    from kernels.embedding import update
+
+    update.CARRY_GROUP_SUMS = args.group_sums == "on"
     cfg = load_config(args.config)
     if args.max_rows is not None:  # else the config's own cap (configs/terabyte.json: 10M rows)
         cfg.data.max_rows_per_table = args.max_rows
     precision = args.precision or cfg.train.precision
     env = environment(torch.device("cuda"))
     step_ms, rows, top = profile_step(cfg, args.variant, args.batch_size, precision, args.steps, args.warmup,
-                                      args.top)
-    title = f"{Path(args.config).name}, {args.variant}, {precision}, batch {args.batch_size}: one step's device time"
+                                      args.top, args.data)
+    source = f"batches of {args.data.name}" if args.data else "synthetic uniform batches"
+    title = (f"{Path(args.config).name}, {args.variant}, {precision}, batch {args.batch_size}, {source}, group sums "
+             f"{args.group_sums}: one step's device time")
     cat_lines = ["| what | device ms per step | share of the step | distinct kernels |", "| --- | ---: | ---: | ---: |"]
     cat_lines += [md_row([r["category"], f"{r['ms_per_step']:.3f}", f"{100 * r['share_of_step']:.1f}%", r["kernels"]])
                   for r in rows]
@@ -174,7 +218,9 @@ def main(argv=None) -> int:
     text = markdown(title, [env_line(env), note], cat_lines + top_lines)
     (out / f"{args.name}.md").write_text(text)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "step_ms": step_ms, "variant": args.variant,
-                                                     "batch_size": args.batch_size, "precision": precision})
+                                                     "batch_size": args.batch_size, "precision": precision,
+                                                     "data": str(args.data or "synthetic"),
+                                                     "group_sums": args.group_sums})
     plot(rows, env, out / f"{args.name}.png", title)
     print(text, end="")
     return 0

@@ -347,7 +347,7 @@ def test_step_profile_groups_kernels_by_what_they_do():
     assert sp.category("void at_cuda_detail::cub::detail::radix_sort::DeviceRadixSortOnesweepKernel<...>") \
         == "embedding update: sort"
     assert sp.category("_sparse_chunk_kernel") == sp.category("_sparse_carry_kernel") \
-        == "embedding update: segment sums + optimizer"
+        == sp.category("_group_sum_kernel") == "embedding update: segment sums + optimizer"
     assert sp.category("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "GEMMs (cuBLAS / CUTLASS)"
     assert sp.category("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT") == "GEMMs (cuBLAS / CUTLASS)"
     assert sp.category("triton_poi_fused_addmm_relu_0") == "Inductor fused kernels"
@@ -367,6 +367,23 @@ def test_step_profile_refuses_to_run_without_cuda(capsys):
     assert e.value.code == 2 and "needs a CUDA device" in capsys.readouterr().err
 
 
+def test_step_profile_takes_batches_and_tables_of_a_dataset():
+    """--data: the first batches of the dataset's train split as train.py's device-resident loader cuts them, with the
+    dataset's tables; a split too small for them is refused naming the directory."""
+    from dlrm.config import load_config
+    from dlrm.data.schema import read_metadata
+
+    sp = load_script("step_profile")
+    sample = REPO / "data" / "sample"
+    cfg = load_config(REPO / "configs" / "sample.json")
+    tables, batches = sp.dataset_batches(cfg, sample, 3, 64, torch.device("cpu"))
+    assert tables.cardinalities == read_metadata(sample).cardinalities and len(batches) == 3
+    assert all(b.dense.shape == (64, 13) and b.sparse.shape == (64, 26) and b.labels.shape == (64,) for b in batches)
+    assert not torch.equal(batches[0].sparse, batches[1].sparse)
+    with pytest.raises(SystemExit, match="sample: the train split holds"):
+        sp.dataset_batches(cfg, sample, 8, 1 << 20, torch.device("cpu"))
+
+
 @pytest.mark.gpu
 def test_step_profile_on_a_small_model(tmp_path):
     sp = load_script("step_profile")
@@ -378,6 +395,16 @@ def test_step_profile_on_a_small_model(tmp_path):
     assert ms["embedding lookup"] > 0 and ms["GEMMs (cuBLAS / CUTLASS)"] > 0
     assert abs(sum(float(r["share_of_step"]) for r in rows) - 1.0) < 0.05 or ms.get("idle (step minus kernels)") == 0
     assert (tmp_path / "p.png").stat().st_size > 0 and "Top kernels" in (tmp_path / "p.md").read_text()
+    # the sample's own batches, the update's hot rows walked chunk by chunk as before group sums (the A/B knob)
+    from kernels.embedding import update
+
+    try:
+        assert sp.main(["--config", "configs/sample.json", "--variant", "auto", "--batch-size", "256", "--steps", "2",
+                        "--warmup", "2", "--data", str(REPO / "data" / "sample"), "--group-sums", "off",
+                        "--out", str(tmp_path), "--name", "d"]) == 0
+        assert update.CARRY_GROUP_SUMS is False and "sample, group sums off" in (tmp_path / "d.md").read_text()
+    finally:
+        update.CARRY_GROUP_SUMS = True
 
 
 def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):

@@ -10,10 +10,12 @@ The update never materialises a dense gradient: positions are sorted by row
    every segment (run of equal rows) inside the chunk with a 0/1 ``[CHUNK, CHUNK]`` matrix product, applies
    the update for segments that start and end in the chunk, and writes two partial sums per chunk (of its
    first and its last row) for segments that cross chunk boundaries;
-2. ``_sparse_carry_kernel``: one program per ``carry_chunks`` chunks (a launch config field) finishes the
-   crossing segments that start in them by adding the first-row partials of the following chunks
-   (``CARRY_BLOCK`` chunks per step, so a hot row that fills thousands of chunks costs
-   ``chunks / CARRY_BLOCK`` steps), then applies the update.
+2. ``_group_sum_kernel``: per group of ``CARRY_BLOCK`` chunks, the sum of the first-row partials of its chunks
+   that continue the row running into the group;
+3. ``_sparse_carry_kernel``: one program per ``carry_chunks`` chunks (a launch config field) finishes the
+   crossing segments that start in them by adding the first-row partials of the following chunks up to the
+   next group boundary, then the group sums (``CARRY_BLOCK`` groups per step, so a hot row that fills
+   thousands of chunks costs ``1 + chunks / CARRY_BLOCK**2`` steps), then applies the update.
 
 Every unique row is therefore updated exactly once with its summed gradient, in a summation order fixed
 by the sorted order: results are bitwise reproducible. ``deterministic=False`` only changes plain SGD on
@@ -49,7 +51,7 @@ from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
 from kernels.embedding.atomic_update import _sgd_atomic_update
 from kernels.embedding.rounding import RNG_CODES
-from kernels.embedding.segment_carry import _sparse_carry_kernel
+from kernels.embedding.segment_carry import _group_sum_kernel, _sparse_carry_kernel
 from kernels.embedding.segment_chunk import _sparse_chunk_kernel
 
 __all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state", "sort_by_row", "update_sorts"]
@@ -104,6 +106,10 @@ EVICTION = "grad_last"
 # launch config's ``carry_chunks`` (`kernels.heuristics.SparseUpdateConfig`); module-level, for tests and
 # benchmarks/pooled_update_sweep.py --carry-chunks.
 CARRY_CHUNKS: Optional[int] = None
+
+# Hot rows' long segments finished from group sums (`segment_carry._group_sum_kernel`, 2026-11-29); False: the walk
+# chunk by chunk of before, kept for A/B measurements (benchmarks/step_profile.py --group-sums off).
+CARRY_GROUP_SUMS = True
 
 # The Triton kernels: kernels/embedding/segment_chunk.py and kernels/embedding/segment_carry.py.
 
@@ -209,6 +215,11 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         num_warps=cfg.chunk_warps,
         **common,
     )
+    num_groups = triton.cdiv(num_chunks, cfg.carry_block) if CARRY_GROUP_SUMS else 1
+    gsum = torch.empty((num_groups, BLOCK_D), dtype=torch.float32, device=target.device)
+    if CARRY_GROUP_SUMS:
+        _group_sum_kernel[(num_groups,)](sorted_rows, first, gsum, num_chunks, R, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D,
+                                         GROUP=cfg.carry_block, num_warps=4)
     carry_chunks = CARRY_CHUNKS or cfg.carry_chunks
     _sparse_carry_kernel[(triton.cdiv(num_chunks, carry_chunks),)](
         sorted_rows,
@@ -220,6 +231,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         seed,
         first,
         last,
+        gsum,
         eps,
         weight_decay,
         N,
@@ -228,6 +240,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         R,
         CARRY_BLOCK=cfg.carry_block,
         CHUNKS=carry_chunks,
+        GROUP_SUMS=CARRY_GROUP_SUMS,
         num_warps=cfg.carry_warps,
         **common,
     )

@@ -127,3 +127,48 @@ def test_32_and_64_bit_index_paths_agree_bit_for_bit(dtype, grad_layout, device,
     w64, s64 = run_update(PLAIN, case, rows, grad, "rowwise_adagrad", dtype, device, monkeypatch)
     assert torch.equal(w32, w64) and torch.equal(s32, s64)
     assert not torch.equal(w32, make_weight(case.num_rows, 16, device, dtype))  # the update did move the rows
+
+
+# Hot rows spanning many groups of chunks (`_group_sum_kernel`): 16-position chunks, groups of CARRY_BLOCK chunks.
+# A 700-position run starting mid-chunk (44 chunks: many group steps), a 333-position one starting in the chunk the
+# first ends in, short repeats, then a 144-position run starting exactly at a chunk and group boundary (1088 = 68
+# chunks, a multiple of 2 and 4) and ending exactly at one.
+HOT_RUNS = [1] * 5 + [700] + [1] * 3 + [333] + [2] * 10 + [1] * 27 + [144] + [1] * 16
+
+
+@pytest.mark.parametrize("group_sums", [True, False], ids=["group-sums", "chunk-walk"])
+@pytest.mark.parametrize("carry_block", [2, 4])
+@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
+def test_hot_rows_spanning_many_groups(group_sums, carry_block, optimizer, device, monkeypatch, assert_close):
+    """Segments of tens of chunks finished from the group sums (and, for A/B measurements, by the walk chunk by
+    chunk they replaced), against the float64 reference, whatever the carry programs' share of chunk boundaries
+    (bit for bit: the summation order depends on the sorted rows alone)."""
+    from kernels.embedding import update
+
+    monkeypatch.setattr(update, "CARRY_GROUP_SUMS", group_sums)
+    n = sum(HOT_RUNS)
+    assert n == 1248 and (5 + 700 + 3 + 333 + 20 + 27) == 68 * 16
+    gen = torch.Generator().manual_seed(carry_block)
+    values = torch.cat([torch.full((c,), 2 * i + 1) for i, c in enumerate(HOT_RUNS)])
+    rows = values[torch.randperm(n, generator=gen)].reshape(n // 2, 2).to(device)
+    R = int(values.max()) + 1
+    layout = pooled_layout([1, 1], device)
+    grad = torch.randn(n // 2, 2, 16, generator=gen).to(device)
+    results = []
+    for chunks in (32, 1):
+        monkeypatch.setattr(update, "CARRY_CHUNKS", chunks)
+        monkeypatch.setattr(heuristics, "SPARSE_UPDATE_OVERRIDE", heuristics.SparseUpdateConfig(16, carry_block, 4, 4))
+        weight = make_weight(R, 16, device)
+        state = make_state(optimizer, weight)
+        pooled_embedding_sparse_update_(rows, grad, layout, weight, state, torch.tensor(LR, device=device),
+                                        optimizer, EPS, True, 0.0)
+        results.append((weight, state))
+    w_ref, s_ref = reference_update(optimizer, rows, grad, [0, 1], make_weight(R, 16, device),
+                                    make_state(optimizer, make_weight(R, 16, device)), LR)
+    for weight, state in results:
+        assert_close(weight, w_ref, torch.float32, scale=10.0, msg="weight")
+        if s_ref is not None:
+            assert_close(state, s_ref, torch.float32, scale=10.0, msg="state")
+    assert torch.equal(results[0][0], results[1][0])
+    hot = values.unique_consecutive()[torch.tensor([5, 9, HOT_RUNS.index(144)])]
+    assert not torch.equal(results[0][0][hot.long()], make_weight(R, 16, device)[hot.long()])  # the hot rows moved
