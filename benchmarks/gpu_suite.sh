@@ -410,7 +410,7 @@ EOF
       ;;
     stepprofile:hotrows)  # MLPerf's step (what train.py's "auto" builds) on synthetic uniform batches and on batches of
       # the generator's Zipf-like data, whose hottest row spans ~28k chunks of the update, each with the update's
-      # group sums on and off (kernels.embedding.update.CARRY_GROUP_SUMS): does the carry walk make train.py's
+      # group sums forced on and off (kernels.embedding.update.CARRY_GROUP_SUMS): does the carry walk make train.py's
       # ~9% gap to the benchmark (results/step_profile_hotrows_*)
       [ -f /tmp/mlperf-small/metadata.json ] || run synthetic_mlperf_small 120 python -m dlrm.data.synthetic \
         --rows 600000 --out /tmp/mlperf-small --cardinalities mlperf --multi-hot-sizes mlperf --workers 0 \

@@ -17,8 +17,8 @@ backward, GEMMs, Inductor's fused kernels, the project's other Triton kernels, t
 ``--data DIR`` trains on batches of that dataset's train split instead (the first 8, shuffled, cut by the
 device-resident loader `train.py` uses with `data.placement` "gpu", its hashing and table sizes): the step on the
 data's own id distribution (the synthetic generator's is Zipf-like, with hot rows the uniform batches lack).
-``--group-sums off`` runs the embedding update's hot rows the way they ran before 2026-11-29
-(`kernels.embedding.update.CARRY_GROUP_SUMS`), for an A/B in one call.
+``--group-sums on|off`` forces how the embedding update finishes hot rows (`kernels.embedding.update.CARRY_GROUP_SUMS`;
+"auto", the default, leaves it to the launch config: group sums for multi-hot tables since 2026-11-29), for an A/B.
 
 Writes ``<name>.md`` / ``.csv`` / ``.png`` under ``--out`` (GPU name, versions and date). CUDA only.
 """
@@ -182,8 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=15, help="kernels listed by time (the table of top kernels)")
     ap.add_argument("--data", type=Path, default=None,
                     help="batches of this dataset's train split instead of synthetic uniform ones")
-    ap.add_argument("--group-sums", choices=["on", "off"], default="on",
-                    help="off: the embedding update's hot rows as before 2026-11-29 (CARRY_GROUP_SUMS False)")
+    ap.add_argument("--group-sums", choices=["auto", "on", "off"], default="auto",
+                    help="force the embedding update's group sums on or off (auto: the launch config's)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device (the profile is of device kernels)")
@@ -193,7 +193,7 @@ def main(argv=None) -> int:
         ap.error(f"--data {args.data}: no metadata.json there")
     from kernels.embedding import update
 
-    update.CARRY_GROUP_SUMS = args.group_sums == "on"
+    update.CARRY_GROUP_SUMS = {"auto": None, "on": True, "off": False}[args.group_sums]
     cfg = load_config(args.config)
     if args.max_rows is not None:  # else the config's own cap (configs/terabyte.json: 10M rows)
         cfg.data.max_rows_per_table = args.max_rows

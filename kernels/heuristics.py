@@ -382,8 +382,9 @@ def pick_wgrad_launch(B: int, M: int, N: int, dtype: torch.dtype, sms: int, inte
 
 class SparseUpdateConfig(NamedTuple):
     """Launch of the sorted segment-sum update: ``chunk`` sorted positions per program of the chunk
-    kernel, ``carry_block`` chunks added per step of the carry loop, each kernel's num_warps, and
-    ``carry_chunks`` chunk boundaries per program of the carry kernel (a power of two).
+    kernel, ``carry_block`` chunks added per step of the carry loop, each kernel's num_warps,
+    ``carry_chunks`` chunk boundaries per program of the carry kernel (a power of two), and ``group_sums``:
+    hot rows' segments finished from sums of ``carry_block`` chunks (`kernels.embedding.segment_carry`).
 
     ``tl.dot`` needs every dim >= 16; larger chunks cost ``chunk**2 * D`` multiply-adds per chunk but
     shorten hot rows' carry loops."""
@@ -393,6 +394,7 @@ class SparseUpdateConfig(NamedTuple):
     chunk_warps: int
     carry_warps: int
     carry_chunks: int = 32
+    group_sums: bool = False
 
 
 # Measured on H100s, batch 65536, after the 2026-11-24 changes to the chunk kernel (partial sums picked only where
@@ -415,13 +417,19 @@ class SparseUpdateConfig(NamedTuple):
 #   (16, 64, 1, 4) at 32 boundaries (-2.7%); 4 boundaries 4.03, 2 boundaries 4.14; 4 warps at 8 boundaries 4.17-4.19.
 #   The update's hot-row work (22,651 segments spanning chunks at these shapes, up to 13 in one program's 32
 #   boundaries, each summed in turn) spreads over more, smaller programs.
+# * group_sums (2026-11-29, not yet measured on a GPU; PERF.md thirty-first run): on for the multi-hot launches, whose
+#   Zipf-like data (the synthetic generator's) made a serial walk of 884 carry steps for one hot row at batch 65536
+#   (29 with group sums; registers compiled for sm_90 with Triton 3.6: 211 against 214 for the 16-bit launch, 80
+#   against 86 for fp32). Off for one-hot launches, whose hot rows span at most thousands of chunks (1,000-4,000 for
+#   an all-missing feature) and where the second loop costs registers: 96 against 62 for fp32 D=16, more spills
+#   for D=128 with one carry warp.
 SPARSE_UPDATE_CONFIGS: dict[str, SparseUpdateConfig] = {
     "default": SparseUpdateConfig(chunk=64, carry_block=32, chunk_warps=4, carry_warps=4),
     "wide_rows": SparseUpdateConfig(chunk=32, carry_block=64, chunk_warps=4, carry_warps=1),
     "fp32_narrow_rows": SparseUpdateConfig(chunk=16, carry_block=128, chunk_warps=1, carry_warps=4),
-    "multi_hot_wide_rows": SparseUpdateConfig(chunk=16, carry_block=16, chunk_warps=2, carry_warps=4),
+    "multi_hot_wide_rows": SparseUpdateConfig(chunk=16, carry_block=16, chunk_warps=2, carry_warps=4, group_sums=True),
     "multi_hot_wide_rows_16bit": SparseUpdateConfig(chunk=16, carry_block=32, chunk_warps=1, carry_warps=1,
-                                                    carry_chunks=8),
+                                                    carry_chunks=8, group_sums=True),
 }
 SPARSE_UPDATE_OVERRIDE: Optional[SparseUpdateConfig] = None
 

@@ -404,7 +404,7 @@ def test_step_profile_on_a_small_model(tmp_path):
                         "--out", str(tmp_path), "--name", "d"]) == 0
         assert update.CARRY_GROUP_SUMS is False and "sample, group sums off" in (tmp_path / "d.md").read_text()
     finally:
-        update.CARRY_GROUP_SUMS = True
+        update.CARRY_GROUP_SUMS = None
 
 
 def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):

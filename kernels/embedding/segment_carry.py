@@ -12,7 +12,8 @@ at ``CHUNKS`` consecutive chunk boundaries at once (vector loads of their rows):
 * a segment that spans further chunks (a hot row fills thousands) is summed from the first-row partials of the
   chunks up to the next group boundary (groups of ``CARRY_BLOCK`` chunks), then from the group sums ``gsum``
   that `_group_sum_kernel` wrote (each the sum of its group's chunks that continue the row running at the
-  group's start), ``CARRY_BLOCK`` groups a step, one such segment at a time.
+  group's start), ``CARRY_BLOCK`` groups a step, one such segment at a time (``GROUP_SUMS``; the multi-hot
+  launches); without them by a loop over the following chunks, ``CARRY_BLOCK`` partials a step.
 
 Why group sums (2026-11-29): the walk is serial, one program per segment, each step a chain of dependent loads.
 Summing chunk partials ``CARRY_BLOCK`` at a time, the hottest row of the synthetic MLPerf DLRM-DCNv2 data

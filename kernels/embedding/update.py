@@ -10,12 +10,13 @@ The update never materialises a dense gradient: positions are sorted by row
    every segment (run of equal rows) inside the chunk with a 0/1 ``[CHUNK, CHUNK]`` matrix product, applies
    the update for segments that start and end in the chunk, and writes two partial sums per chunk (of its
    first and its last row) for segments that cross chunk boundaries;
-2. ``_group_sum_kernel``: per group of ``CARRY_BLOCK`` chunks, the sum of the first-row partials of its chunks
-   that continue the row running into the group;
+2. ``_group_sum_kernel`` (launches with ``group_sums``: the multi-hot ones): per group of ``CARRY_BLOCK`` chunks,
+   the sum of the first-row partials of its chunks that continue the row running into the group;
 3. ``_sparse_carry_kernel``: one program per ``carry_chunks`` chunks (a launch config field) finishes the
    crossing segments that start in them by adding the first-row partials of the following chunks up to the
    next group boundary, then the group sums (``CARRY_BLOCK`` groups per step, so a hot row that fills
-   thousands of chunks costs ``1 + chunks / CARRY_BLOCK**2`` steps), then applies the update.
+   thousands of chunks costs ``1 + chunks / CARRY_BLOCK**2`` steps; without group sums ``chunks / CARRY_BLOCK``
+   steps of chunk partials), then applies the update.
 
 Every unique row is therefore updated exactly once with its summed gradient, in a summation order fixed
 by the sorted order: results are bitwise reproducible. ``deterministic=False`` only changes plain SGD on
@@ -107,9 +108,10 @@ EVICTION = "grad_last"
 # benchmarks/pooled_update_sweep.py --carry-chunks.
 CARRY_CHUNKS: Optional[int] = None
 
-# Hot rows' long segments finished from group sums (`segment_carry._group_sum_kernel`, 2026-11-29); False: the walk
-# chunk by chunk of before, kept for A/B measurements (benchmarks/step_profile.py --group-sums off).
-CARRY_GROUP_SUMS = True
+# Hot rows' long segments finished from group sums (`segment_carry._group_sum_kernel`, 2026-11-29) or by the walk chunk
+# by chunk: None takes the launch config's choice (`kernels.heuristics.SparseUpdateConfig.group_sums`: the multi-hot
+# launches); True / False force it (tests, A/B measurements: benchmarks/step_profile.py --group-sums).
+CARRY_GROUP_SUMS: Optional[bool] = None
 
 # The Triton kernels: kernels/embedding/segment_chunk.py and kernels/embedding/segment_carry.py.
 
@@ -215,9 +217,10 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         num_warps=cfg.chunk_warps,
         **common,
     )
-    num_groups = triton.cdiv(num_chunks, cfg.carry_block) if CARRY_GROUP_SUMS else 1
+    group_sums = cfg.group_sums if CARRY_GROUP_SUMS is None else CARRY_GROUP_SUMS
+    num_groups = triton.cdiv(num_chunks, cfg.carry_block) if group_sums else 1
     gsum = torch.empty((num_groups, BLOCK_D), dtype=torch.float32, device=target.device)
-    if CARRY_GROUP_SUMS:
+    if group_sums:
         _group_sum_kernel[(num_groups,)](sorted_rows, first, gsum, num_chunks, R, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D,
                                          GROUP=cfg.carry_block, num_warps=4)
     carry_chunks = CARRY_CHUNKS or cfg.carry_chunks
@@ -240,7 +243,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         R,
         CARRY_BLOCK=cfg.carry_block,
         CHUNKS=carry_chunks,
-        GROUP_SUMS=CARRY_GROUP_SUMS,
+        GROUP_SUMS=group_sums,
         num_warps=cfg.carry_warps,
         **common,
     )

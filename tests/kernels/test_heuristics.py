@@ -110,9 +110,11 @@ def test_sparse_update_config(monkeypatch):
     assert sparse_update_config(16, torch.float32) == SUC(16, 128, 1, 4)
     assert sparse_update_config(128, torch.bfloat16) == SUC(32, 64, 4, 1)  # one-hot, wide rows
     assert sparse_update_config(64, torch.float32) == SUC(32, 64, 4, 1)
-    assert sparse_update_config(128, torch.bfloat16, multi_hot=True) == SUC(16, 32, 1, 1, 8)  # 16-bit gradients
+    # multi-hot wide rows: hot rows finished from group sums (their Zipf-like data's walks were long); one-hot not
+    assert sparse_update_config(128, torch.bfloat16, multi_hot=True) == SUC(16, 32, 1, 1, 8, True)  # 16-bit gradients
     assert sparse_update_config(128, torch.float32, multi_hot=True).carry_chunks == 32  # the default
-    assert sparse_update_config(128, torch.float32, multi_hot=True) == SUC(16, 16, 2, 4)
+    assert sparse_update_config(128, torch.float32, multi_hot=True) == SUC(16, 16, 2, 4, group_sums=True)
+    assert not any(sparse_update_config(d, t).group_sums for d in (16, 128) for t in (torch.float32, torch.bfloat16))
     assert sparse_update_config(16, torch.float32, multi_hot=True) == SUC(16, 128, 1, 4)
     monkeypatch.setattr(heuristics, "SPARSE_UPDATE_OVERRIDE", (16, 16, 4, 4))
     assert sparse_update_config(16, torch.float32) == heuristics.SparseUpdateConfig(16, 16, 4, 4)

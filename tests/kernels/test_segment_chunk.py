@@ -79,13 +79,16 @@ RUNS = {
 }
 
 
+@pytest.mark.parametrize("group_sums", [True, False], ids=["group-sums", "chunk-walk"])
 @pytest.mark.parametrize("runs", list(RUNS.values()), ids=list(RUNS))
 @pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
-def test_carry_paths(runs, optimizer, device, monkeypatch, assert_close):
+def test_carry_paths(runs, optimizer, group_sums, device, monkeypatch, assert_close):
     """Rows [24, 2] (two one-slot features) holding the runs in shuffled positions; 16-position chunks, one
-    carry program for all chunk boundaries and, in a second call, one per chunk boundary's worth of them."""
+    carry program for all chunk boundaries and, in a second call, one per chunk boundary's worth of them; hot rows
+    finished from group sums of 2 chunks and chunk by chunk."""
     from kernels.embedding import update
 
+    monkeypatch.setattr(update, "CARRY_GROUP_SUMS", group_sums)
     assert sum(runs) == 48
     gen = torch.Generator().manual_seed(len(runs))
     values = torch.cat([torch.full((n,), 3 * i + 1) for i, n in enumerate(runs)])
