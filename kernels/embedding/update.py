@@ -218,9 +218,10 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         **common,
     )
     group_sums = cfg.group_sums if CARRY_GROUP_SUMS is None else CARRY_GROUP_SUMS
-    num_groups = triton.cdiv(num_chunks, cfg.carry_block) if group_sums else 1
-    gsum = torch.empty((num_groups, BLOCK_D), dtype=torch.float32, device=target.device)
+    gsum = first  # never read without group sums
     if group_sums:
+        num_groups = triton.cdiv(num_chunks, cfg.carry_block)
+        gsum = torch.empty((num_groups, BLOCK_D), dtype=torch.float32, device=target.device)
         _group_sum_kernel[(num_groups,)](sorted_rows, first, gsum, num_chunks, R, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D,
                                          GROUP=cfg.carry_block, num_warps=4)
     carry_chunks = CARRY_CHUNKS or cfg.carry_chunks
