@@ -101,6 +101,19 @@ def layout_rows(spec, args, device, dtype, timer) -> list[dict]:
     return rows
 
 
+def tensorwise_fp8(x: torch.Tensor, major: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` in e4m3 with one scale for the whole tensor, laid out row- or column-major, and that scale.
+
+    ``torch._scaled_mm`` takes A row-major and B column-major only. The layout is made explicitly: an elementwise op
+    keeps its input's strides, so ``(b.t() / s).to(e4m3).t()`` is B row-major again, which ``_scaled_mm`` refuses
+    ("Only multiplication of row-major and column-major matrices is supported by cuBLASLt"; every tensorwise row
+    of the probe failed so until 2026-11-29).
+    """
+    scale = x.abs().amax().float() / torch.finfo(E4M3).max
+    q = (x.float() / scale).to(E4M3)
+    return (q.contiguous() if major == "row" else q.t().contiguous().t()), scale
+
+
 def fp8_rows(spec, device, timer) -> list[dict]:
     """FP8 e4m3 GEMMs (tensorwise and rowwise scales) and the rowwise quantization of A, for M = batch GEMMs."""
     gemm, pas, M, N, K, _ = spec
@@ -119,10 +132,7 @@ def fp8_rows(spec, device, timer) -> list[dict]:
     aq, sa = quant(a)
     bq_t, sb_t = quant(b.t().contiguous())  # B's columns, as rows of B^T
     bq, sb = bq_t.t(), sb_t.t()  # column-major [K, N], scales [1, N]
-    ta = a.abs().amax().float() / fmax
-    tb = b.abs().amax().float() / fmax
-    aq_t = (a.float() / ta).to(E4M3)
-    bq_tw = (b.t().float() / tb).to(E4M3).t()
+    (aq_t, ta), (bq_tw, tb) = tensorwise_fp8(a, "row"), tensorwise_fp8(b, "col")
     out = []
     cases = [
         ("fp8 tensorwise", lambda: torch._scaled_mm(aq_t, bq_tw, scale_a=ta, scale_b=tb, out_dtype=torch.bfloat16)),

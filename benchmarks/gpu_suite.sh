@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | stream:onehot | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | stepprofile:hotrows | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | stream:onehot | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | stepprofile:hotrows[:kaggle] | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -421,6 +421,19 @@ EOF
         run "step_profile_hotrows_zipf_$gs" 150 python benchmarks/step_profile.py --config configs/mlperf-dcnv2.json \
           --variant auto --batch-size 65536 --data /tmp/mlperf-small --group-sums $gs --out "$RES" \
           --name "step_profile_hotrows_zipf_$gs"
+      done
+      ;;
+    stepprofile:hotrows:kaggle)  # the same A/B for the one-hot Kaggle step at batch 65536 in bf16, whose launches keep
+      # the walk by default (group sums cost registers there): a one-hot row has at most B lookups a table, so its
+      # walk is <= B / (16 x 32) = 128 steps, against 43 for uniform ids' 3-row table (results/step_profile_hotrows_kaggle_*)
+      kaggle_data
+      kaggle_b65536_config
+      for gs in on off; do
+        for src in uniform zipf; do
+          run "step_profile_hotrows_kaggle_${src}_$gs" 120 python benchmarks/step_profile.py --config /tmp/kaggle-b65536.json \
+            --variant auto --batch-size 65536 $([ $src = zipf ] && echo "--data /tmp/kaggle-syn") --group-sums $gs \
+            --out "$RES" --name "step_profile_hotrows_kaggle_${src}_$gs"
+        done
       done
       ;;
     sweep)  # the pooled fused backward over launch configs and bf16 rounding (issue #22)
