@@ -423,9 +423,10 @@ EOF
           --name "step_profile_hotrows_zipf_$gs"
       done
       ;;
-    stepprofile:hotrows:kaggle)  # the same A/B for the one-hot Kaggle step at batch 65536 in bf16, whose launches keep
-      # the walk by default (group sums cost registers there): a one-hot row has at most B lookups a table, so its
-      # walk is <= B / (16 x 32) = 128 steps, against 43 for uniform ids' 3-row table (results/step_profile_hotrows_kaggle_*)
+    stepprofile:hotrows:kaggle)  # the same A/B for the one-hot Kaggle step at batch 65536 in bf16. Its "auto" update
+      # is the atomic SGD kernel, which has no walk, so the group sums change nothing there; what the skewed ids cost
+      # is that kernel's adds on hot rows (thirty-second run: 1.16 ms uniform, 1.36 on the data's batches;
+      # results/step_profile_hotrows_kaggle_*)
       kaggle_data
       kaggle_b65536_config
       for gs in on off; do
