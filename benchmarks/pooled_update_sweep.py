@@ -47,7 +47,7 @@ PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 
         + [("bf16", "hash1hi", c) for c in ((16, 16, 4, 1), (32, 16, 2, 1), (32, 32, 4, 1), (32, 16, 8, 1), (32, 16, 4, 2))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
-KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "chunk_loop", "batch", "unique_rows", "ms", "gbps",
+KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "batch", "unique_rows", "ms", "gbps",
         "pct_of_copy", "status"]
 
 
@@ -57,13 +57,12 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     x = pe.Inputs(t, batch, device)
     nbytes = pe.case_bytes("bwd", t, batch, x.unique)
     rows = []
-    shipped_rng, shipped_loads, shipped_evict, shipped_carry, shipped_loop = (
-        update.SR_RNG, update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS, update.CHUNK_LOOP)
-    for _, rounding, launch, (row_loads, eviction, carry_chunks, chunk_loop) in plan:
+    shipped_rng, shipped_loads, shipped_evict, shipped_carry = (update.SR_RNG, update.ROW_LOADS, update.EVICTION,
+                                                                update.CARRY_CHUNKS)
+    for _, rounding, launch, (row_loads, eviction, carry_chunks) in plan:
         heuristics.SPARSE_UPDATE_OVERRIDE = launch
         update.SR_RNG = rounding if rounding in update.RNG_CODES else shipped_rng
         update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS = row_loads, eviction, carry_chunks
-        update.CHUNK_LOOP = chunk_loop
         sr = rounding != "nearest"
 
         def step():
@@ -81,12 +80,11 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
         finally:
             heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG, update.ROW_LOADS, update.EVICTION = shipped_rng, shipped_loads, shipped_evict
-            update.CARRY_CHUNKS, update.CHUNK_LOOP = shipped_carry, shipped_loop
+            update.CARRY_CHUNKS = shipped_carry
         cfg = (heuristics.SparseUpdateConfig(*launch) if launch else heuristics.sparse_update_config(
             heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True))
         rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction,
                          carry_chunks=carry_chunks or cfg.carry_chunks,
-                         chunk_loop="a program a chunk" if chunk_loop is None else "%d an SM, %d stages" % chunk_loop,
                          launch=str(tuple(cfg)) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
@@ -113,15 +111,6 @@ def parse_launches(text: str) -> list:
     if not launches:
         raise ValueError(f"{text!r} names no launch")
     return launches
-
-
-def parse_chunk_loop(text: str):
-    """``"none"`` -> None, ``"2:3"`` -> (2, 3), anything else -> "bad"."""
-    text = text.strip()
-    if text == "none":
-        return None
-    parts = text.split(":")
-    return (int(parts[0]), int(parts[1])) if len(parts) == 2 and all(p.isdigit() and int(p) > 0 for p in parts) else "bad"
 
 
 def main(argv=None) -> int:
@@ -154,10 +143,6 @@ def main(argv=None) -> int:
                     help="comma list of chunk boundaries a carry-kernel program takes (`kernels.embedding.update."
                          "CARRY_CHUNKS`, a power of two; default: each launch's own), each timed with every other "
                          "choice")
-    ap.add_argument("--chunk-loops", default=None,
-                    help="comma list of 'none' (a program a chunk, shipped) or P:S (P persistent programs an SM, "
-                         "a loop pipelined over S stages: `kernels.embedding.update.CHUNK_LOOP`), each timed with "
-                         "every other choice")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)
@@ -173,11 +158,7 @@ def main(argv=None) -> int:
         int(c) if c.strip().isdigit() else -1 for c in args.carry_chunks.split(",") if c.strip()]
     if not carries or any(c is not None and (c < 1 or c & (c - 1)) for c in carries):
         ap.error(f"--carry-chunks: {args.carry_chunks!r} is not a comma list of powers of two")
-    loops = ([update.CHUNK_LOOP] if args.chunk_loops is None
-             else [parse_chunk_loop(t) for t in args.chunk_loops.split(",")])
-    if not loops or "bad" in loops:
-        ap.error(f"--chunk-loops: {args.chunk_loops!r} is not a comma list of 'none' or P:S (positive integers)")
-    orders = [(o, e, c, lp) for o in orders for e in evictions for c in carries for lp in loops]
+    orders = [(o, e, c) for o in orders for e in evictions for c in carries]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
         args.rows_cap, args.batch = args.rows_cap or 1000, 2  # 428 slots: repeated rows, chunks carried over
@@ -212,10 +193,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
-    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | chunk loop | ms | % of copy | status |",
-             "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | --- |"]
+    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | ms | % of copy | status |",
+             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | --- |"]
     table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["carry_chunks"],
-                      r["chunk_loop"],
                       f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
@@ -225,8 +205,8 @@ def main(argv=None) -> int:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     ok = [r for r in rows if "ms" in r]
-    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['carry_chunks']} "
-              f"{r['chunk_loop']}" for r in ok]
+    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['carry_chunks']}"
+              for r in ok]
     ax.barh(labels[::-1], [r["ms"] for r in ok][::-1])
     ax.set_xlabel("ms per call")
     ax.set_title(f"pooled fused backward\n{env['device']}, {env['date']}", fontsize=9)

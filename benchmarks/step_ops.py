@@ -58,7 +58,7 @@ DEVICE_CATS = ("kernel", "gpu_memset", "gpu_memcpy")
 DTYPES = {"c10::BFloat16": torch.bfloat16, "c10::Half": torch.float16, "float": torch.float32,
           "double": torch.float64}
 KEYS = ["op", "kernel", "dims", "strides", "dtypes", "calls_per_step", "ms_per_step", "ms_per_call", "gflop",
-        "tflops", "alone_ms_per_call", "alone_tflops"]
+        "tflops", "alone_ms_per_call", "alone_tflops", "alone_status"]
 
 
 def kernels_by_op(trace: dict) -> list[dict]:
@@ -181,9 +181,10 @@ def _tensor(dims, strides, dtype, device) -> torch.Tensor:
 
 
 def time_gemm_alone(op: str, dims: list, strides: Optional[list], dtypes: list, device: torch.device,
-                    repeats: int = 20, windows: int = 5) -> Optional[float]:
-    """Median ms of one call of GEMM `op` on fresh tensors with the recorded shapes, strides (contiguous where none
-    were recorded) and dtypes; None where the inputs cannot be rebuilt."""
+                    repeats: int = 20, windows: int = 5) -> tuple[Optional[float], str]:
+    """``(median ms of one call, "ok")`` of GEMM `op` on fresh tensors with the recorded shapes, strides (contiguous
+    where none were recorded) and dtypes, or ``(None, why not)`` where the inputs cannot be rebuilt or the call
+    fails."""
     ia, ib, ic = GEMM_OPS[op]
     try:
         def make(i):
@@ -196,14 +197,14 @@ def time_gemm_alone(op: str, dims: list, strides: Optional[list], dtypes: list, 
         # an out= tensor (Inductor's extern_kernels.mm(a, b, out=buf)): its layout is the GEMM's C layout
         mn = [dims[ia][0], dims[ib][1]]
         o = next((make(i) for i in range(ib + 1, len(dims)) if dims[i] == mn and op != "aten::addmm_"), None)
-    except (KeyError, IndexError, TypeError, RuntimeError):
-        return None
-    kw = {} if o is None else {"out": o}
-    call = {"aten::mm": lambda: torch.mm(a, b, **kw), "aten::addmm": lambda: torch.addmm(c, a, b, **kw),
-            "aten::addmm_": lambda: c.addmm_(a, b),
-            "aten::_addmm_activation": lambda: torch._addmm_activation(c, a, b, **kw)}[op]
-    for _ in range(3):
-        call()
+        kw = {} if o is None else {"out": o}
+        call = {"aten::mm": lambda: torch.mm(a, b, **kw), "aten::addmm": lambda: torch.addmm(c, a, b, **kw),
+                "aten::addmm_": lambda: c.addmm_(a, b),
+                "aten::_addmm_activation": lambda: torch._addmm_activation(c, a, b, **kw)}[op]
+        for _ in range(3):
+            call()
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
+        return None, f"not rebuilt: {type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
     times = []
     for _ in range(windows):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -213,7 +214,7 @@ def time_gemm_alone(op: str, dims: list, strides: Optional[list], dtypes: list, 
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / repeats)
-    return statistics.median(times)
+    return statistics.median(times), "ok"
 
 
 def profile_ops(cfg, variant: str, batch_size: int, steps: int, warmup: int, device: torch.device) -> list[dict]:
@@ -222,6 +223,10 @@ def profile_ops(cfg, variant: str, batch_size: int, steps: int, warmup: int, dev
 
     cfg = variant_config(cfg, variant)
     cfg.train.cuda_graph = False  # a replayed graph's kernels have no launching op
+    # nor have those of torch.compile's own CUDA graphs ("auto" picks reduce-overhead without the step graph)
+    modes = {"auto": "default", "reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+    if cfg.train.compile.enabled:
+        cfg.train.compile.mode = modes.get(cfg.train.compile.mode, cfg.train.compile.mode)
     cfg.data.batch_size = batch_size
     validate(cfg)
     torch.manual_seed(0)
@@ -261,6 +266,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", default="configs/mlperf-dcnv2.json")
     ap.add_argument("--variant", default="auto")
     ap.add_argument("--batch-size", type=int, default=65536)
+    ap.add_argument("--max-rows", type=int, default=None, help="cap every table at this many rows")
     ap.add_argument("--steps", type=int, default=3, help="steps profiled")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation)")
     ap.add_argument("--repeats", type=int, default=20, help="calls a timing window of a GEMM alone")
@@ -275,11 +281,13 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     env = environment(device)
     cfg = load_config(args.config)
+    if args.max_rows is not None:  # else the config's own cap
+        cfg.data.max_rows_per_table = args.max_rows
     rows = profile_ops(cfg, args.variant, args.batch_size, args.steps, args.warmup, device)
     gemms = gemm_rows(rows)
     for r in gemms:
-        ms = time_gemm_alone(r["op"], json.loads(r["dims"]), json.loads(r["strides"]), json.loads(r["dtypes"]), device,
-                             args.repeats)
+        ms, r["alone_status"] = time_gemm_alone(r["op"], json.loads(r["dims"]), json.loads(r["strides"]),
+                                                json.loads(r["dtypes"]), device, args.repeats)
         if ms is not None:
             r.update(alone_ms_per_call=ms, alone_tflops=r["gflop"] / ms)
     total = sum(r["ms_per_step"] for r in rows)
@@ -305,7 +313,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(title, [env_line(env), note], g_lines + a_lines)
     (out / f"{args.name}.md").write_text(text)
-    write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "variant": args.variant, "batch_size": args.batch_size})
+    # the GEMM ops (one row a call, its kernels merged, timed alone), then every other op's kernels
+    write_csv(out / f"{args.name}.csv", gemms + [r for r in rows if not r.get("gflop")], KEYS, {**env, "variant": args.variant, "batch_size": args.batch_size})
     plot(gemms, env, out / f"{args.name}.png", title)
     print(text, end="")
     return 0

@@ -454,15 +454,6 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
         sw.main(["--smoke", "--out", str(tmp_path), "--evictions", "evict_sometimes"])
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--carry-chunks", "12"])
-    # --chunk-loops: a program a chunk and persistent loops, the shipped one (a program a chunk) restored afterwards
-    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "l", "--dtypes", "bf16", "--launches", "picked",
-                    "--chunk-loops", "none,2:3"]) == 0
-    rows = read_csv(tmp_path / "l.csv")
-    assert [r["chunk_loop"] for r in rows] == ["a program a chunk", "2 an SM, 3 stages"]
-    assert all(r["status"] == "ok" for r in rows) and update.CHUNK_LOOP is None
-    for bad in ("2", "0:1", "a:b"):
-        with pytest.raises(SystemExit):
-            sw.main(["--smoke", "--out", str(tmp_path), "--chunk-loops", bad])
 
 
 def test_stream_overlap_smoke_times_each_pair_alone_in_series_and_side_by_side(tmp_path):

@@ -163,32 +163,3 @@ def _sparse_chunk_kernel(
     _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
                   OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT)
-
-
-@triton.jit
-def _sparse_chunk_loop_kernel(
-    sorted_ptr, perm_ptr, slot_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr, stride_wd,
-    state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, R, num_chunks, F: tl.constexpr,
-    D: tl.constexpr, OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, SLOT_MAP: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr,
-    ROW_LOADS: tl.constexpr, POS32: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr,
-    STAGES: tl.constexpr,
-):
-    """`_sparse_chunk_kernel`'s work in persistent programs: program ``p`` of ``G`` takes chunks ``p, p + G, ...``
-    in a loop Triton's pipeliner may software-pipeline over ``STAGES`` iterations (the gradient gathers feed the
-    segment product's ``tl.dot``, so they are the loads it can stage through shared memory with ``cp.async``
-    while the previous chunk's update runs; the earlier manual pipelining held them in registers, 239 a thread).
-
-    Same arithmetic and outputs as `_sparse_chunk_kernel`, chunk by chunk. Chunks of padding only are not skipped
-    by a branch (the loop body stays branch-free for the pipeliner): their positions are masked off (``rows >= R``
-    is never live, nor complete), and the first/last sums they may store are never read by the carry kernel."""
-    pid = tl.program_id(0)
-    for kk in tl.range(pid, num_chunks, tl.num_programs(0), num_stages=STAGES):
-        k = kk
-        if not POS32:
-            k = kk.to(tl.int64)
-        rows, nxt, pos = _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK)
-        b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
-        _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
-                      stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
-                      OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT)

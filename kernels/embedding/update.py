@@ -53,7 +53,7 @@ from kernels._backend import check_triton_device, device_context, interpret_mode
 from kernels.embedding.atomic_update import _sgd_atomic_update
 from kernels.embedding.rounding import RNG_CODES
 from kernels.embedding.segment_carry import _group_sum_kernel, _sparse_carry_kernel
-from kernels.embedding.segment_chunk import _sparse_chunk_kernel, _sparse_chunk_loop_kernel
+from kernels.embedding.segment_chunk import _sparse_chunk_kernel
 
 __all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state", "sort_by_row", "update_sorts"]
 
@@ -112,12 +112,6 @@ CARRY_CHUNKS: Optional[int] = None
 # by chunk: None takes the launch config's choice (`kernels.heuristics.SparseUpdateConfig.group_sums`: the multi-hot
 # launches); True / False force it (tests, A/B measurements: benchmarks/step_profile.py --group-sums).
 CARRY_GROUP_SUMS: Optional[bool] = None
-
-# The chunk kernel as persistent programs (`segment_chunk._sparse_chunk_loop_kernel`): None launches one program a chunk
-# (what ships); ``(P, S)`` launches P programs an SM, each looping over chunks in a loop Triton may software-pipeline
-# over S stages (the gradient gathers through shared memory). Module-level, for an A/B on the GPU
-# (benchmarks/pooled_update_sweep.py --chunk-loops) and the tests.
-CHUNK_LOOP: Optional[tuple[int, int]] = None
 
 # The Triton kernels: kernels/embedding/segment_chunk.py and kernels/embedding/segment_carry.py.
 
@@ -191,13 +185,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         rounding += RNG_CODES[SR_RNG]
     common = dict(OPT=opt, DECAY=weight_decay != 0.0, ROUND=rounding, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
     evict = EVICTION if slot_feature is not None else "none"  # see EVICTION
-    chunk_kernel, grid, loop_args = _sparse_chunk_kernel, (num_chunks,), {}
-    if CHUNK_LOOP is not None:
-        per_sm, stages = CHUNK_LOOP
-        sms = 2 if interpret_mode() else torch.cuda.get_device_properties(target.device).multi_processor_count
-        chunk_kernel, grid = _sparse_chunk_loop_kernel, (max(1, min(num_chunks, per_sm * sms)),)
-        loop_args = dict(num_chunks=num_chunks, STAGES=stages)
-    chunk_kernel[grid](
+    _sparse_chunk_kernel[(num_chunks,)](
         sorted_rows,
         perm,
         perm if slot_feature is None else slot_feature,
@@ -227,7 +215,6 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         ROW_EVICT=EVICTIONS[evict][0],
         GRAD_EVICT=EVICTIONS[evict][1],
         num_warps=cfg.chunk_warps,
-        **loop_args,
         **common,
     )
     group_sums = cfg.group_sums if CARRY_GROUP_SUMS is None else CARRY_GROUP_SUMS

@@ -175,24 +175,3 @@ def test_hot_rows_spanning_many_groups(group_sums, carry_block, optimizer, devic
     assert torch.equal(results[0][0], results[1][0])
     hot = values.unique_consecutive()[torch.tensor([5, 9, HOT_RUNS.index(144)])]
     assert not torch.equal(results[0][0][hot.long()], make_weight(R, 16, device)[hot.long()])  # the hot rows moved
-
-
-@pytest.mark.parametrize("loop", [(1, 2), (3, 1)], ids=["1-an-sm-2-stages", "3-an-sm-1-stage"])
-@pytest.mark.parametrize("optimizer,dtype", [("sgd", torch.float32), ("adagrad", torch.float32),
-                                             ("rowwise_adagrad", torch.float32), ("rowwise_adagrad", torch.bfloat16)])
-def test_persistent_chunk_loop_matches_a_program_a_chunk_bit_for_bit(loop, optimizer, dtype, device, monkeypatch):
-    """`update.CHUNK_LOOP` (persistent programs looping over the chunks, `_sparse_chunk_loop_kernel`) runs each
-    chunk's arithmetic unchanged, padding chunks (PAD slots sort last) masked instead of skipped: the same tables
-    and state bit for bit as one program a chunk (bf16: stochastic rounding, same seed), on hot rows spanning
-    chunks and with fewer programs than chunks (the interpreter counts 2 SMs)."""
-    from kernels.embedding import update
-
-    case, rows = hot_case(device, B=127, seed=11)
-    assert bool((rows >= case.num_rows).any())  # padding positions, sorted into the last chunks
-    grad = make_grad(rows.shape[0], 2, 16, "permuted", device)
-    w_one, s_one = run_update(PLAIN, case, rows, grad, optimizer, dtype, device, monkeypatch)
-    monkeypatch.setattr(update, "CHUNK_LOOP", loop)
-    w_loop, s_loop = run_update(PLAIN, case, rows, grad, optimizer, dtype, device, monkeypatch)
-    assert torch.equal(w_one, w_loop)
-    assert (s_one is None and s_loop is None) or torch.equal(s_one, s_loop)
-    assert not torch.equal(w_one, make_weight(case.num_rows, 16, device, dtype))  # the update did move the rows

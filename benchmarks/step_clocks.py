@@ -1,0 +1,233 @@
+"""The GPU's SM clock, power draw and clock-limit reasons while it trains, and while it runs one large GEMM alone.
+
+    python benchmarks/step_clocks.py --config configs/mlperf-dcnv2.json --seconds 20 \
+        --out benchmarks/results --name step_clocks_mlperf
+
+A floor computed from the tensor cores' peak rate assumes the boost clock. A step whose GEMMs draw the board to its
+power limit runs them at a lower clock, and a GEMM timed alone in short bursts (CUDA graphs of a few calls) may not
+see that. This script samples ``nvidia-smi`` every ``--interval-ms`` (a subprocess: no NVML binding needed) through
+four phases: idle, ``--seconds`` of training steps (the run `train.py` builds for ``--variant``, the whole-step CUDA
+graph included, on synthetic batches), idle again, then ``--seconds`` of one GEMM back to back (``--gemm M,N,K``,
+bf16, normal random operands; by default the MLPerf top MLP's first data gradient). For each phase: the median and
+range of the SM clock and the power draw, the share of samples with each clock-limit reason active (power cap,
+thermal, ...), and the work's rate (samples/s, TFLOP/s).
+
+Writes ``<name>.md`` / ``.csv`` (every sample) / ``.png`` (the timeline) under ``--out``. CUDA only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from _common import (  # noqa: E402
+    env_line,
+    environment,
+    markdown,
+    md_row,
+    pyplot,
+    save_figure,
+    synthetic_batches,
+    train_steps,
+    write_csv,
+)
+
+from dlrm.config import load_config, validate  # noqa: E402
+from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
+from dlrm.train.compare import VARIANTS, variant_config  # noqa: E402
+
+QUERY = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
+# clocks_event_reasons bits (nvidia-smi --help-query-gpu), the ones that lower the clock under load
+REASONS = {0x1: "idle", 0x4: "power cap (software)", 0x8: "hardware slowdown", 0x20: "thermal (software)",
+           0x40: "thermal (hardware)", 0x80: "power brake (hardware)"}
+KEYS = ["t", "phase", "sm_mhz", "mem_mhz", "power_w", "temp_c", "reasons"]
+
+
+def parse_samples(lines: list[str]) -> list[dict]:
+    """``nvidia-smi --query-gpu=QUERY --format=csv,noheader,nounits`` lines -> dicts with ``t`` (POSIX seconds) and
+    numbers; lines that do not parse (a header, "[N/A]") are skipped.
+
+        >>> s = parse_samples(["2026/11/29 10:45:01.250, 1980, 3201, 512.34, 45, 0x0000000000000004", "junk"])
+        >>> [(r["sm_mhz"], r["power_w"], r["reasons"]) for r in s], s[0]["t"] % 1
+        ([(1980.0, 512.34, 4)], 0.25)
+    """
+    out = []
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 6:
+            continue
+        try:
+            t = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            sm, mem, power, temp = (float(p) for p in parts[1:5])
+            reasons = int(parts[5], 16)
+        except ValueError:
+            continue
+        out.append(dict(t=t, sm_mhz=sm, mem_mhz=mem, power_w=power, temp_c=temp, reasons=reasons))
+    return out
+
+
+def label_phases(samples: list[dict], phases: list[tuple[str, float, float]]) -> list[dict]:
+    """Each sample with the ``phase`` whose [start, end) host-clock interval holds its time (or "between")."""
+    for s in samples:
+        s["phase"] = next((name for name, t0, t1 in phases if t0 <= s["t"] < t1), "between")
+    return samples
+
+
+def summarize(samples: list[dict], phase: str) -> Optional[dict]:
+    """Median / min / max SM clock and power of `phase`'s samples, and the share of them with each reason active.
+
+        >>> s = [dict(phase="steps", sm_mhz=m, power_w=p, reasons=r) for m, p, r in [(1700, 690, 4), (1800, 650, 0)]]
+        >>> r = summarize(s, "steps"); (r["samples"], r["sm_mhz"], r["power_w"], r["power cap (software)"])
+        (2, 1750.0, 670.0, 0.5)
+    """
+    mine = [s for s in samples if s["phase"] == phase]
+    if not mine:
+        return None
+    row = dict(phase=phase, samples=len(mine), sm_mhz=statistics.median(s["sm_mhz"] for s in mine),
+               sm_min=min(s["sm_mhz"] for s in mine), sm_max=max(s["sm_mhz"] for s in mine),
+               power_w=statistics.median(s["power_w"] for s in mine), power_max=max(s["power_w"] for s in mine))
+    for bit, name in REASONS.items():
+        row[name] = sum(1 for s in mine if s["reasons"] & bit) / len(mine)
+    return row
+
+
+def start_sampler(index: int, interval_ms: int) -> subprocess.Popen:
+    """nvidia-smi sampling every `interval_ms`; drivers before the "event reasons" name take the older alias."""
+    query = QUERY
+    if subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", f"-i={index}"],
+                      capture_output=True).returncode != 0:
+        query = QUERY.replace("clocks_event_reasons", "clocks_throttle_reasons")
+    return subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
+                             f"-lms={interval_ms}", f"-i={index}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def run_for(seconds: float, fn, device) -> int:
+    """Call `fn` until `seconds` have passed (checked every 10 calls, each check a sync); returns the calls."""
+    calls, t0 = 0, time.time()
+    while True:
+        for _ in range(10):
+            fn()
+        calls += 10
+        torch.cuda.synchronize(device)
+        if time.time() - t0 >= seconds:
+            return calls
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="configs/mlperf-dcnv2.json")
+    ap.add_argument("--variant", default="auto")
+    ap.add_argument("--batch-size", type=int, default=65536)
+    ap.add_argument("--max-rows", type=int, default=None, help="cap every table at this many rows")
+    ap.add_argument("--seconds", type=float, default=20.0, help="of training steps, and of the GEMM")
+    ap.add_argument("--idle", type=float, default=2.0, help="idle seconds before and after the steps")
+    ap.add_argument("--gemm", default="65536,3456,1024", help="M,N,K of the GEMM phase (bf16; '' skips it)")
+    ap.add_argument("--interval-ms", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=20, help="untimed steps first (compilation, graph capture)")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--name", default="step_clocks")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA device (and nvidia-smi)")
+    if args.variant not in VARIANTS:
+        ap.error(f"unknown variant {args.variant!r} (choose from {', '.join(VARIANTS)})")
+    try:
+        gemm = [int(v) for v in args.gemm.split(",")] if args.gemm else None
+        assert gemm is None or (len(gemm) == 3 and min(gemm) > 0)
+    except (ValueError, AssertionError):
+        ap.error(f"--gemm: {args.gemm!r} is not M,N,K (positive integers)")
+    device = torch.device("cuda")
+    env = environment(device)
+    cfg = variant_config(load_config(args.config), args.variant)
+    cfg.data.batch_size = args.batch_size
+    if args.max_rows is not None:
+        cfg.data.max_rows_per_table = args.max_rows
+    validate(cfg)
+    torch.manual_seed(0)
+    batches = synthetic_batches(8, args.batch_size, device, multi_hot_sizes=cfg.model.multi_hot_sizes)
+    run = build_run(cfg, tables_from_config(cfg), device, total_steps=args.warmup + 100_000)
+    train_steps(run, batches, args.warmup)
+    torch.cuda.synchronize(device)
+    step_no = [args.warmup]
+
+    def step():
+        train_steps(run, batches, 1, start=step_no[0])
+        step_no[0] += 1
+
+    sampler = start_sampler(device.index or 0, args.interval_ms)
+    phases, rates = [], {}
+    try:
+        time.sleep(args.idle)
+        t0 = time.time()
+        phases.append(("idle before", 0.0, t0))
+        calls = run_for(args.seconds, step, device)
+        t1 = time.time()
+        phases.append(("steps", t0, t1))
+        rates["steps"] = f"{calls * args.batch_size / (t1 - t0) / 1e6:.2f}M samples/s ({calls} steps)"
+        del run
+        torch.cuda.empty_cache()
+        time.sleep(args.idle)
+        t2 = time.time()
+        phases.append(("idle after", t1, t2))
+        if gemm:
+            M, N, K = gemm
+            a = torch.randn(M, K, device=device, dtype=torch.bfloat16)
+            b = torch.randn(K, N, device=device, dtype=torch.bfloat16)
+            c = torch.empty(M, N, device=device, dtype=torch.bfloat16)
+            calls = run_for(args.seconds, lambda: torch.mm(a, b, out=c), device)
+            t3 = time.time()
+            phases.append((f"GEMM {M}x{N}x{K}", t2, t3))
+            rates[phases[-1][0]] = f"{2 * M * N * K * calls / (t3 - t2) / 1e12:.0f} TFLOP/s ({calls} calls)"
+        time.sleep(0.5)
+    finally:
+        sampler.terminate()
+        stdout, _ = sampler.communicate(timeout=10)
+    samples = label_phases(parse_samples(stdout.splitlines()), phases)
+    rows = [r for r in (summarize(samples, p) for p, _, _ in phases) if r]
+    table = ["| phase | samples | SM MHz (median, min-max) | power W (median, max) | "
+             + " | ".join(f"{n} share" for n in REASONS.values()) + " | rate |",
+             "| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in REASONS) + " | --- |"]
+    table += [md_row([r["phase"], r["samples"], f"{r['sm_mhz']:.0f} ({r['sm_min']:.0f}-{r['sm_max']:.0f})",
+                      f"{r['power_w']:.0f} ({r['power_max']:.0f})"] + [f"{100 * r[n]:.0f}%" for n in REASONS.values()]
+                     + [rates.get(r["phase"], "")]) for r in rows]
+    note = (f"{Path(args.config).name}, variant {args.variant}, batch {args.batch_size}, synthetic uniform batches; "
+            f"nvidia-smi every {args.interval_ms} ms ({len(samples)} samples). Reasons: the share of samples with "
+            "each clocks_event_reasons bit set.")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(f"SM clock and power while training ({Path(args.config).name}) and in one GEMM",
+                    [env_line(env), note], table)
+    (out / f"{args.name}.md").write_text(text)
+    t_first = samples[0]["t"] if samples else 0.0
+    write_csv(out / f"{args.name}.csv", [dict(s, t=round(s["t"] - t_first, 3)) for s in samples], KEYS, env)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ts = [s["t"] - t_first for s in samples]
+    ax.plot(ts, [s["sm_mhz"] for s in samples], label="SM MHz", color="tab:blue")
+    ax2 = ax.twinx()
+    ax2.plot(ts, [s["power_w"] for s in samples], label="power W", color="tab:red", alpha=0.7)
+    for name, a, b in phases[1:]:
+        ax.axvspan(a - t_first, b - t_first, alpha=0.08, color="gray")
+        ax.text((a + b) / 2 - t_first, ax.get_ylim()[0], name, ha="center", va="bottom", fontsize=8)
+    ax.set_xlabel("s")
+    ax.set_ylabel("SM MHz")
+    ax2.set_ylabel("W")
+    ax.set_title(f"{env['device']}, torch {env['torch']}, {env['date']}", fontsize=9)
+    save_figure(fig, out / f"{args.name}.png")
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

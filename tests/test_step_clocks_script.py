@@ -1,0 +1,45 @@
+"""benchmarks/step_clocks.py: nvidia-smi samples parsed, given to their phase and summarized (the run itself needs a
+GPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_benchmark_scripts import load_script
+
+sc = load_script("step_clocks")
+
+
+def test_samples_parsed_labelled_and_summarized():
+    lines = ["timestamp, clocks.sm [MHz], ...",  # a header, skipped
+             "2026/11/29 10:00:00.000, 345, 3201, 120.5, 30, 0x0000000000000001",
+             "2026/11/29 10:00:01.000, 1980, 3201, 400.0, 40, 0x0000000000000000",
+             "2026/11/29 10:00:02.000, 1755, 3201, 699.0, 50, 0x0000000000000004",
+             "2026/11/29 10:00:03.000, 1650, 3201, 701.5, 55, 0x0000000000000024",
+             "2026/11/29 10:00:04.000, [N/A], 3201, 700.0, 55, 0x0"]  # not a number: skipped
+    samples = sc.parse_samples(lines)
+    assert [s["sm_mhz"] for s in samples] == [345.0, 1980.0, 1755.0, 1650.0]
+    assert [s["t"] - samples[0]["t"] for s in samples] == [0.0, 1.0, 2.0, 3.0]
+    t0 = samples[0]["t"]
+    sc.label_phases(samples, [("idle before", 0.0, t0 + 0.5), ("steps", t0 + 0.5, t0 + 3.5)])
+    assert [s["phase"] for s in samples] == ["idle before", "steps", "steps", "steps"]
+    steps = sc.summarize(samples, "steps")
+    assert (steps["samples"], steps["sm_mhz"], steps["sm_min"], steps["sm_max"]) == (3, 1755.0, 1650.0, 1980.0)
+    assert (steps["power_w"], steps["power_max"]) == (699.0, 701.5)
+    assert steps["power cap (software)"] == pytest.approx(2 / 3) and steps["thermal (software)"] == pytest.approx(1 / 3)
+    assert steps["idle"] == 0.0 and sc.summarize(samples, "idle before")["idle"] == 1.0
+    assert sc.summarize(samples, "GEMM") is None
+    assert sc.label_phases([dict(t=t0 + 9)], [("steps", t0, t0 + 1)])[0]["phase"] == "between"
+
+
+def test_main_refuses_without_cuda_or_with_a_bad_gemm(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        sc.main(["--out", "unused"])
+    assert e.value.code == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # refused before any device is touched
+    for bad in ("1,2", "a,b,c", "1,0,3"):
+        with pytest.raises(SystemExit) as e:
+            sc.main(["--gemm", bad, "--out", "unused"])
+        assert e.value.code == 2
