@@ -10,6 +10,11 @@ _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // _workers))
 
+# Every Python process a test starts (train.py, torchrun's ranks) dumps its threads' Python tracebacks on a fatal
+# signal: a rank that aborts in C++ ("terminate called without an active exception", SIGABRT; a rare gloo
+# teardown abort on the 2-core CI machine, 2026-11-29) then says in the failing test's captured stderr where it was.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():

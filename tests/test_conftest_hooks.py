@@ -43,3 +43,15 @@ def test_marked_tests_skip_without_cuda(run_hook, monkeypatch):
 def test_marked_tests_run_with_cuda(run_hook, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the hook asks only this
     run_hook().assert_outcomes(passed=3)
+
+
+def test_processes_started_by_tests_dump_python_tracebacks_on_an_abort():
+    """tests/conftest.py sets PYTHONFAULTHANDLER for every process a test starts: an abort in C++ (SIGABRT, as a
+    rank's "terminate called without an active exception") prints where each Python thread was."""
+    import subprocess
+    import sys
+
+    code = "import os\ndef where_it_aborted():\n    os.abort()\nwhere_it_aborted()\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "Fatal Python error: Aborted" in result.stderr and "where_it_aborted" in result.stderr, result.stderr
