@@ -584,14 +584,15 @@ EOF
       ;;
     mlperf:fusedbwd|mlperf:crossbwd)  # MLPerf DLRM-DCNv2, "auto": the cross network's backward (kernels.cross_ws_net.BACKWARD)
       # as the fused GEMM epilogues ("fused_gemm", mlperf:fusedbwd) or the default's GEMMs + Triton passes ("passes",
-      # mlperf:crossbwd) against the per-layer ops ("layers"), alternating in one process
+      # mlperf:crossbwd) against the per-layer ops ("layers"; CROSSBWD_AGAINST names another), alternating in one process
       mode=fused_gemm; [ "$part" = mlperf:crossbwd ] && mode=passes
-      run "mlperf_dcnv2_${part#mlperf:}" 420 python - "$RES" "$mode" <<'EOF'
+      against=${CROSSBWD_AGAINST:-layers}
+      run "mlperf_dcnv2_${part#mlperf:}_vs_$against" 420 python - "$RES" "$mode" "$against" <<'EOF'
 import sys
 sys.path.append("benchmarks")  # appended: benchmarks/kernels.py must not shadow the kernels package
 from kernels import cross_ws_net
 import mlperf_dcnv2
-for i, mode in enumerate([sys.argv[2], "layers", sys.argv[2], "layers"]):
+for i, mode in enumerate([sys.argv[2], sys.argv[3], sys.argv[2], sys.argv[3]]):
     cross_ws_net.BACKWARD = mode
     print("BACKWARD", mode, flush=True)
     mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "auto",
