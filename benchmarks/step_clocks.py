@@ -6,11 +6,12 @@
 A floor computed from the tensor cores' peak rate assumes the boost clock. A step whose GEMMs draw the board to its
 power limit runs them at a lower clock, and a GEMM timed alone in short bursts (CUDA graphs of a few calls) may not
 see that. This script samples ``nvidia-smi`` every ``--interval-ms`` (a subprocess: no NVML binding needed) through
-four phases: idle, ``--seconds`` of training steps (the run `train.py` builds for ``--variant``, the whole-step CUDA
-graph included, on synthetic batches), idle again, then ``--seconds`` of one GEMM back to back (``--gemm M,N,K``,
-bf16, normal random operands; by default the MLPerf top MLP's first data gradient). For each phase: the median and
-range of the SM clock and the power draw, the share of samples with each clock-limit reason active (power cap,
-thermal, ...), and the work's rate (samples/s, TFLOP/s).
+five phases: idle, ``--windows`` windows of 20 steps timed as the benchmarks time them (CUDA events, the median),
+``--seconds`` of training steps (the run `train.py` builds for ``--variant``, the whole-step CUDA graph included, on
+synthetic batches; a host sync every ``--sync-every`` steps), idle again, then ``--seconds`` of one GEMM back to back
+(``--gemm M,N,K``, bf16, normal random operands; by default the MLPerf top MLP's first data gradient). For each
+phase: the median and range of the SM clock and the power draw, the share of samples with each clock-limit reason
+active (power cap, thermal, ...), and the work's rate (samples/s, TFLOP/s).
 
 Writes ``<name>.md`` / ``.csv`` (every sample) / ``.png`` (the timeline) under ``--out``. CUDA only.
 """
@@ -112,13 +113,14 @@ def start_sampler(index: int, interval_ms: int) -> subprocess.Popen:
                             text=True)
 
 
-def run_for(seconds: float, fn, device) -> int:
-    """Call `fn` until `seconds` have passed (checked every 10 calls, each check a sync); returns the calls."""
+def run_for(seconds: float, fn, device, check_every: int = 10) -> int:
+    """Call `fn` until `seconds` have passed (checked every `check_every` calls, each check a host sync that drains
+    the queue); returns the calls."""
     calls, t0 = 0, time.time()
     while True:
-        for _ in range(10):
+        for _ in range(check_every):
             fn()
-        calls += 10
+        calls += check_every
         torch.cuda.synchronize(device)
         if time.time() - t0 >= seconds:
             return calls
@@ -133,7 +135,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=20.0, help="of training steps, and of the GEMM")
     ap.add_argument("--idle", type=float, default=2.0, help="idle seconds before and after the steps")
     ap.add_argument("--gemm", default="65536,3456,1024", help="M,N,K of the GEMM phase (bf16; '' skips it)")
+    ap.add_argument("--windows", type=int, default=5, help="timed windows of 20 steps before the sustained steps")
     ap.add_argument("--interval-ms", type=int, default=50)
+    ap.add_argument("--sync-every", type=int, default=50,
+                    help="steps between the host syncs that check the time (each drains the queue: the rate counts "
+                         "them, the benchmarks' timed windows of 20 steps one)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps first (compilation, graph capture)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="step_clocks")
@@ -142,6 +148,8 @@ def main(argv=None) -> int:
         ap.error("needs a CUDA device (and nvidia-smi)")
     if args.variant not in VARIANTS:
         ap.error(f"unknown variant {args.variant!r} (choose from {', '.join(VARIANTS)})")
+    if args.windows < 1 or args.sync_every < 1 or args.seconds <= 0:
+        ap.error(f"--windows {args.windows}, --sync-every {args.sync_every}, --seconds {args.seconds}: each must be > 0")
     try:
         gemm = [int(v) for v in args.gemm.split(",")] if args.gemm else None
         assert gemm is None or (len(gemm) == 3 and min(gemm) > 0)
@@ -169,12 +177,28 @@ def main(argv=None) -> int:
     phases, rates = [], {}
     try:
         time.sleep(args.idle)
+        tw = time.time()
+        phases.append(("idle before", 0.0, tw))
+        # the benchmarks' own timing first (mlperf_dcnv2.py: windows of 20 steps, CUDA events, the median), from idle
+        window_ms = []
+        for _ in range(args.windows):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                step()
+            end.record()
+            end.synchronize()
+            window_ms.append(start.elapsed_time(end) / 20)
         t0 = time.time()
-        phases.append(("idle before", 0.0, t0))
-        calls = run_for(args.seconds, step, device)
+        phases.append(("windows of 20 steps", tw, t0))
+        rates[phases[-1][0]] = (f"{args.batch_size / statistics.median(window_ms) / 1e3:.2f}M samples/s (median of "
+                                f"{args.windows}; " + ", ".join(f"{args.batch_size / ms / 1e3:.2f}" for ms in window_ms)
+                                + ")")
+        calls = run_for(args.seconds, step, device, args.sync_every)
         t1 = time.time()
         phases.append(("steps", t0, t1))
-        rates["steps"] = f"{calls * args.batch_size / (t1 - t0) / 1e6:.2f}M samples/s ({calls} steps)"
+        rates["steps"] = (f"{calls * args.batch_size / (t1 - t0) / 1e6:.2f}M samples/s ({calls} steps, a host sync "
+                          f"every {args.sync_every})")
         del run
         torch.cuda.empty_cache()
         time.sleep(args.idle)

@@ -39,7 +39,8 @@ def test_main_refuses_without_cuda_or_with_a_bad_gemm(monkeypatch):
         sc.main(["--out", "unused"])
     assert e.value.code == 2
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # refused before any device is touched
-    for bad in ("1,2", "a,b,c", "1,0,3"):
+    for bad in (["--gemm", "1,2"], ["--gemm", "a,b,c"], ["--gemm", "1,0,3"], ["--windows", "0"], ["--sync-every", "0"],
+                ["--seconds", "0"]):
         with pytest.raises(SystemExit) as e:
-            sc.main(["--gemm", bad, "--out", "unused"])
+            sc.main([*bad, "--out", "unused"])
         assert e.value.code == 2
