@@ -149,7 +149,8 @@ def aggregate(kernels: list[dict], steps: int) -> list[dict]:
 
 def gemm_rows(rows: list[dict]) -> list[dict]:
     """`aggregate`'s GEMM rows merged per op call (op, dims, strides, dtypes): a call's kernels (cuBLASLt's split-K
-    GEMM and its reduction, an addmm's copy) joined by " + ", its ms a call the sum, longest first.
+    GEMM and its reduction kernel, a memset, an elementwise kernel the op launches itself) joined by " + ", its ms a
+    call the sum, longest first.
 
         >>> r = dict(op="aten::mm", dims="[[8, 4], [4, 2]]", strides="[]", dtypes="[]", gflop=6.4e-08)
         >>> [(g["kernel"], g["ms_per_call"]) for g in gemm_rows([dict(r, kernel="splitK", calls_per_step=2,
@@ -297,7 +298,9 @@ def main(argv=None) -> int:
              "kernels by op")
     note = (f"{args.steps} steps profiled after {args.warmup} warm-up steps, synthetic uniform batches. Kernels "
             f"{total:.3f} ms a step, of which GEMM ops {gemm_total:.3f} ms; the same GEMMs alone (median of windows of "
-            f"{args.repeats} calls on fresh tensors of the recorded shapes and strides) {alone_total:.3f} ms.")
+            f"{args.repeats} calls on fresh tensors of the recorded shapes and strides) {alone_total:.3f} ms. Alone, "
+            "the calls run back to back on normal random operands, which draw more power than the step's own "
+            "(a GPU at its power cap runs them at a lower clock).")
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     g_lines = ["| op | input dims | input strides | kernels | calls a step | in step ms a call | TFLOP/s "
                "| alone ms a call | TFLOP/s |", "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
@@ -314,7 +317,8 @@ def main(argv=None) -> int:
     text = markdown(title, [env_line(env), note], g_lines + a_lines)
     (out / f"{args.name}.md").write_text(text)
     # the GEMM ops (one row a call, its kernels merged, timed alone), then every other op's kernels
-    write_csv(out / f"{args.name}.csv", gemms + [r for r in rows if not r.get("gflop")], KEYS, {**env, "variant": args.variant, "batch_size": args.batch_size})
+    write_csv(out / f"{args.name}.csv", gemms + [r for r in rows if not r.get("gflop")], KEYS,
+              {**env, "variant": args.variant, "batch_size": args.batch_size})
     plot(gemms, env, out / f"{args.name}.png", title)
     print(text, end="")
     return 0
