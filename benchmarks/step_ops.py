@@ -299,8 +299,8 @@ def main(argv=None) -> int:
     note = (f"{args.steps} steps profiled after {args.warmup} warm-up steps, synthetic uniform batches. Kernels "
             f"{total:.3f} ms a step, of which GEMM ops {gemm_total:.3f} ms; the same GEMMs alone (median of windows of "
             f"{args.repeats} calls on fresh tensors of the recorded shapes and strides) {alone_total:.3f} ms. Alone, "
-            "the calls run back to back on normal random operands, which draw more power than the step's own "
-            "(a GPU at its power cap runs them at a lower clock).")
+            "the calls run back to back on normal random operands: a GPU held at its power cap runs them at a lower "
+            "clock than the step's mix of kernels gets.")
     fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
     g_lines = ["| op | input dims | input strides | kernels | calls a step | in step ms a call | TFLOP/s "
                "| alone ms a call | TFLOP/s |", "| --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
