@@ -132,6 +132,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", default="auto")
     ap.add_argument("--batch-size", type=int, default=65536)
     ap.add_argument("--max-rows", type=int, default=None, help="cap every table at this many rows")
+    ap.add_argument("--precision", default=None, choices=["fp32", "tf32", "bf16"],
+                    help="default: the config's train.precision")
     ap.add_argument("--seconds", type=float, default=20.0, help="of training steps, and of the GEMM")
     ap.add_argument("--idle", type=float, default=2.0, help="idle seconds before and after the steps")
     ap.add_argument("--gemm", default="65536,3456,1024", help="M,N,K of the GEMM phase (bf16; '' skips it)")
@@ -159,6 +161,8 @@ def main(argv=None) -> int:
     env = environment(device)
     cfg = variant_config(load_config(args.config), args.variant)
     cfg.data.batch_size = args.batch_size
+    if args.precision is not None:
+        cfg.train.precision = args.precision
     if args.max_rows is not None:
         cfg.data.max_rows_per_table = args.max_rows
     validate(cfg)
@@ -225,7 +229,8 @@ def main(argv=None) -> int:
     table += [md_row([r["phase"], r["samples"], f"{r['sm_mhz']:.0f} ({r['sm_min']:.0f}-{r['sm_max']:.0f})",
                       f"{r['power_w']:.0f} ({r['power_max']:.0f})"] + [f"{100 * r[n]:.0f}%" for n in REASONS.values()]
                      + [rates.get(r["phase"], "")]) for r in rows]
-    note = (f"{Path(args.config).name}, variant {args.variant}, batch {args.batch_size}, synthetic uniform batches; "
+    note = (f"{Path(args.config).name}, variant {args.variant}, {cfg.train.precision}, batch {args.batch_size}, "
+            "synthetic uniform batches; "
             f"nvidia-smi every {args.interval_ms} ms ({len(samples)} samples). Reasons: the share of samples with "
             "each clocks_event_reasons bit set.")
     out = Path(args.out)
