@@ -9,7 +9,8 @@ see that. This script samples ``nvidia-smi`` every ``--interval-ms`` (a subproce
 five phases: idle, ``--windows`` windows of 20 steps timed as the benchmarks time them (CUDA events, the median),
 ``--seconds`` of training steps (the run `train.py` builds for ``--variant``, the whole-step CUDA graph included, on
 synthetic batches; a host sync every ``--sync-every`` steps), idle again, then ``--seconds`` of one GEMM back to back
-(``--gemm M,N,K``, bf16, normal random operands; by default the MLPerf top MLP's first data gradient). For each
+(``--gemm M,N,K``, bf16; by default the MLPerf top MLP's first data gradient) for each ``--gemm-operands`` kind of
+A operand (normal random values, half of them zeroed, zeros; B normal), idle between them. For each
 phase: the median and range of the SM clock and the power draw, the share of samples with each clock-limit reason
 active (power cap, thermal, ...), and the work's rate (samples/s, TFLOP/s).
 
@@ -113,6 +114,23 @@ def start_sampler(index: int, interval_ms: int) -> subprocess.Popen:
                             text=True)
 
 
+GEMM_OPERANDS = ("normal", "relu", "zeros")
+
+
+def gemm_operand(kind: str, shape: tuple, device) -> torch.Tensor:
+    """The GEMM phase's A operand (bf16): "normal" random values, "relu" the same with the negative half zeroed (as
+    the gradients behind a ReLU mask), "zeros". The tensor cores' power, hence the clock under a cap, depends on the
+    operands' bits.
+
+        >>> a = gemm_operand("relu", (1000, 8), "cpu"); 0.4 < float((a == 0).float().mean()) < 0.6
+        True
+    """
+    if kind == "zeros":
+        return torch.zeros(shape, device=device, dtype=torch.bfloat16)
+    a = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    return a.clamp_(min=0) if kind == "relu" else a
+
+
 def run_for(seconds: float, fn, device, check_every: int = 10) -> int:
     """Call `fn` until `seconds` have passed (checked every `check_every` calls, each check a host sync that drains
     the queue); returns the calls."""
@@ -138,6 +156,8 @@ def main(argv=None) -> int:
     ap.add_argument("--idle", type=float, default=2.0, help="idle seconds before and after the steps")
     ap.add_argument("--gemm", default="65536,3456,1024", help="M,N,K of the GEMM phase (bf16; '' skips it)")
     ap.add_argument("--windows", type=int, default=5, help="timed windows of 20 steps before the sustained steps")
+    ap.add_argument("--gemm-operands", default="normal",
+                    help=f"comma list of {', '.join(GEMM_OPERANDS)}: one GEMM phase each (its A operand's values)")
     ap.add_argument("--interval-ms", type=int, default=50)
     ap.add_argument("--sync-every", type=int, default=50,
                     help="steps between the host syncs that check the time (each drains the queue: the rate counts "
@@ -152,6 +172,9 @@ def main(argv=None) -> int:
         ap.error(f"unknown variant {args.variant!r} (choose from {', '.join(VARIANTS)})")
     if args.windows < 1 or args.sync_every < 1 or args.seconds <= 0:
         ap.error(f"--windows {args.windows}, --sync-every {args.sync_every}, --seconds {args.seconds}: each must be > 0")
+    operand_kinds = [k.strip() for k in args.gemm_operands.split(",") if k.strip()]
+    if not operand_kinds or set(operand_kinds) - set(GEMM_OPERANDS):
+        ap.error(f"--gemm-operands: {args.gemm_operands!r} is not a comma list of {', '.join(GEMM_OPERANDS)}")
     try:
         gemm = [int(v) for v in args.gemm.split(",")] if args.gemm else None
         assert gemm is None or (len(gemm) == 3 and min(gemm) > 0)
@@ -208,15 +231,18 @@ def main(argv=None) -> int:
         time.sleep(args.idle)
         t2 = time.time()
         phases.append(("idle after", t1, t2))
-        if gemm:
+        for kind in (operand_kinds if gemm else []):
             M, N, K = gemm
-            a = torch.randn(M, K, device=device, dtype=torch.bfloat16)
+            a = gemm_operand(kind, (M, K), device)
             b = torch.randn(K, N, device=device, dtype=torch.bfloat16)
             c = torch.empty(M, N, device=device, dtype=torch.bfloat16)
             calls = run_for(args.seconds, lambda: torch.mm(a, b, out=c), device)
             t3 = time.time()
-            phases.append((f"GEMM {M}x{N}x{K}", t2, t3))
+            phases.append((f"GEMM {M}x{N}x{K}, A {kind}", t2, t3))
             rates[phases[-1][0]] = f"{2 * M * N * K * calls / (t3 - t2) / 1e12:.0f} TFLOP/s ({calls} calls)"
+            del a, b, c
+            time.sleep(args.idle)
+            t2 = time.time()
         time.sleep(0.5)
     finally:
         sampler.terminate()

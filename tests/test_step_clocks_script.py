@@ -40,7 +40,15 @@ def test_main_refuses_without_cuda_or_with_a_bad_gemm(monkeypatch):
     assert e.value.code == 2
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # refused before any device is touched
     for bad in (["--gemm", "1,2"], ["--gemm", "a,b,c"], ["--gemm", "1,0,3"], ["--windows", "0"], ["--sync-every", "0"],
-                ["--seconds", "0"]):
+                ["--seconds", "0"], ["--gemm-operands", "normal,ones"], ["--gemm-operands", ","]):
         with pytest.raises(SystemExit) as e:
             sc.main([*bad, "--out", "unused"])
         assert e.value.code == 2
+
+
+def test_gemm_operands():
+    normal, relu, zeros = (sc.gemm_operand(k, (4096, 16), "cpu") for k in sc.GEMM_OPERANDS)
+    assert all(t.dtype == torch.bfloat16 and t.shape == (4096, 16) for t in (normal, relu, zeros))
+    assert float((normal == 0).float().mean()) < 0.01 and bool((normal < 0).any())
+    assert 0.45 < float((relu == 0).float().mean()) < 0.55 and bool((relu >= 0).all())
+    assert not bool(zeros.any())
