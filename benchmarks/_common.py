@@ -183,6 +183,31 @@ def train_steps(run, batches: list, n: int, start: int = 0):
     return loss
 
 
+def settle(step: Callable[[int], None], seconds: float, device: "torch.device", start: int = 0,
+           check_every: int = 10) -> int:
+    """Call ``step(i)`` (i = start, start + 1, ...) untimed until ``seconds`` have passed (checked every
+    `check_every` calls, each check a host sync); returns the calls. For GPUs that train at their power cap:
+    an H200 reaches it within a second of the first MLPerf step and its SM clock then falls from 1980 to
+    ~1635-1770 MHz (benchmarks/PERF.md, thirty-third run), so windows timed right after a few warm-up steps read
+    the first second's boost (3.73M samples/s against 3.67M sustained there). Nothing on the CPU or for 0 s.
+
+        >>> import torch; calls = []
+        >>> settle(calls.append, 0.0, torch.device("cpu")), calls
+        (0, [])
+    """
+    import torch
+
+    if seconds <= 0 or device.type != "cuda":
+        return 0
+    calls, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for _ in range(check_every):
+            step(start + calls)
+            calls += 1
+        torch.cuda.synchronize(device)
+    return calls
+
+
 # ---- writers ---------------------------------------------------------------------------------------
 
 

@@ -27,8 +27,10 @@ Implementations, each a row per batch size:
 Two 52 GB models do not fit one 80 GB GPU together: each case is built, timed and deleted (dynamo reset,
 ``torch.cuda.empty_cache()``) before the next; out-of-memory and other errors become the row's status.
 Timing: synthetic batches already on the device (raw values uniform: every lookup a cold row), warm-up
-steps untimed, then ``--windows`` windows of ``--steps`` steps timed with CUDA events; samples/s is the
-median window's. Peak GiB is ``torch.cuda.max_memory_allocated`` (tables included).
+steps untimed, then ``--settle-s`` seconds of untimed steps (the GPU's power-capped clock: an H200 trains this
+step at its 700 W cap, and windows timed right after the warm-up read the first second's boost, ~1.6% above a
+sustained run; `_common.settle`), then ``--windows`` windows of ``--steps`` steps timed with CUDA events;
+samples/s is the median window's. Peak GiB is ``torch.cuda.max_memory_allocated`` (tables included).
 
 The floor: FLOP per sample (fwd + bwd = 3 x the forward's 2 x multiply-adds, from the shapes, ~96 MFLOP)
 at the measured bf16 GEMM rate (an 8192^3 matmul), and the embedding bytes per sample (each lookup's bf16
@@ -68,6 +70,7 @@ from _common import (  # noqa: E402
     md_row,
     pyplot,
     save_figure,
+    settle,
     synthetic_batches,
     write_csv,
 )
@@ -238,7 +241,7 @@ class BaselineDCNv2(nn.Module):
 
 
 def measure_baseline(cfg, batch_size: int, device: torch.device, precision: str, cap: Optional[int], warmup: int,
-                     steps: int, windows: int) -> dict:
+                     steps: int, windows: int, settle_s: float = 0.0) -> dict:
     """The baseline's training step (sparse SGD on the embedding, dense Adagrad), timed as `measure`."""
     m, o = cfg.model, cfg.optim
     cards = [min(c, cap) if cap else c for c in m.cardinalities]
@@ -266,6 +269,7 @@ def measure_baseline(cfg, batch_size: int, device: torch.device, precision: str,
         step(batches[i % len(batches)])
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    settle(lambda i: step(batches[i % len(batches)]), settle_s, device, start=warmup)
     warmup_s = time.perf_counter() - t0
     rates, loss = [], torch.zeros((), device=device)
     for w in range(windows):
@@ -306,7 +310,7 @@ def run_case(impl: str, cfg, batch_size: int, device: torch.device, args) -> dic
     try:
         if impl == BASELINE:
             row.update(measure_baseline(cfg, batch_size, device, args.precision, args.max_rows, args.warmup,
-                                        args.steps, args.windows))
+                                        args.steps, args.windows, args.settle_s))
         else:
             reason = unavailable_reason(impl, device)
             vcfg = variant_config_for(cfg, impl, args)
@@ -319,7 +323,8 @@ def run_case(impl: str, cfg, batch_size: int, device: torch.device, args) -> dic
             if reason:
                 row["status"] = f"skipped: {reason}"
                 return row
-            r = measure(vcfg, impl, args.precision, batch_size, device, args.warmup, args.steps, args.windows)
+            r = measure(vcfg, impl, args.precision, batch_size, device, args.warmup, args.steps, args.windows,
+                        args.settle_s)
             mb = r.pop("peak_memory_mb")
             row.update({k: v for k, v in r.items() if k in KEYS and k not in ("impl",)},
                        peak_memory_gib=mb / 1024 if mb is not None else None)
@@ -485,6 +490,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps (compilation, CUDA-graph recording)")
     ap.add_argument("--steps", type=int, default=20, help="steps per timed window")
     ap.add_argument("--windows", type=int, default=5, help="timed windows; the median is reported")
+    ap.add_argument("--settle-s", type=float, default=3.0,
+                    help="seconds of untimed steps after the warm-up, before the windows (a GPU's power-capped "
+                         "clock; 0: none, as before 2026-11-29; CUDA only)")
     ap.add_argument("--append", action="store_true",
                     help="keep the rows of an earlier mlperf_dcnv2.csv in --out not measured again (the CSV's "
                          "environment and floor columns, and the Markdown's header, are this run's)")
@@ -500,7 +508,7 @@ def main(argv=None) -> int:
         args.max_rows = args.max_rows or 1000
         if args.batch_sizes == ap.get_default("batch_sizes"):
             args.batch_sizes = "64"
-        args.warmup, args.steps, args.windows = min(args.warmup, 1), 1, 2
+        args.warmup, args.steps, args.windows, args.settle_s = min(args.warmup, 1), 1, 2, 0.0
         if device.type != "cuda" and args.variants == ap.get_default("variants"):
             variants = ["eager"]  # Triton would run in its interpreter, compiled variants compile for minutes
     for v in variants:
@@ -520,7 +528,10 @@ def main(argv=None) -> int:
     timing = "CUDA events" if device.type == "cuda" else "perf_counter (CPU)"
     tables = f"capped at {args.max_rows:,} rows each" if args.max_rows else "full size"
     note = (f"{Path(args.config).name}, {args.precision}; whole training steps on synthetic device-resident "
-            f"batches (every lookup a cold row), {args.warmup} warm-up steps, median of {args.windows} windows "
+            f"batches (every lookup a cold row), {args.warmup} warm-up steps"
+            + (f" and {args.settle_s:g} s of untimed steps (the GPU's power-capped clock)" if args.settle_s > 0
+               and device.type == "cuda" else "")
+            + f", median of {args.windows} windows "
             f"of {args.steps} steps ({timing}). Tables: {tables}. "
             "baseline: one sparse nn.EmbeddingBag (bf16) + sparse SGD, eager dense part under bf16 autocast, "
             "dense Adagrad; ours: the run train.py builds (sparse row-wise Adagrad fused into the Triton "

@@ -36,6 +36,7 @@ from _common import (  # noqa: E402
     md_row,
     pyplot,
     save_figure,
+    settle,
     synthetic_batches,
     train_steps,
     write_csv,
@@ -50,9 +51,10 @@ KEYS = ["variant", "precision", "batch_size", "samples_per_sec", "min_samples_pe
 
 
 def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.device, warmup: int, steps: int,
-            windows: int) -> dict:
-    """One case: the run `train.py` would build for `variant` (`build_run`), `warmup` untimed steps,
-    then `windows` timed windows of `steps` steps; samples/s per window, the median reported."""
+            windows: int, settle_s: float = 0.0) -> dict:
+    """One case: the run `train.py` would build for `variant` (`build_run`), `warmup` untimed steps, then
+    untimed steps for `settle_s` seconds on a GPU (`_common.settle`: its power-capped clock), then `windows` timed
+    windows of `steps` steps; samples/s per window, the median reported. ``warmup_s``: the untimed time, both."""
     cfg = variant_config(cfg, variant)
     cfg.train.precision = precision  # tf32: TF32 tensor cores for fp32 matmuls; fp32: IEEE
     cfg.data.batch_size = batch_size
@@ -66,6 +68,7 @@ def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.de
     train_steps(run, batches, warmup)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    settle(lambda i: train_steps(run, batches, 1, start=i), settle_s, device, start=warmup)
     warmup_s = time.perf_counter() - t0
     rates = []
     loss = torch.zeros((), device=device)

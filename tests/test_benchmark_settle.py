@@ -1,0 +1,52 @@
+"""benchmarks/_common.settle: untimed steps for a number of seconds before timed windows (a GPU's power-capped
+clock), and the MLPerf benchmark's use of it."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+
+from tests.test_benchmark_scripts import REPO, load_script
+
+sys.path.append(str(REPO / "benchmarks"))
+
+import _common  # noqa: E402
+
+
+def test_settle_steps_until_the_time_is_up_in_blocks_and_counts_from_start(monkeypatch):
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    calls = []
+
+    def step(i):
+        calls.append(i)
+        time.sleep(0.002)
+
+    dev = torch.device("cuda")  # only its type is read; synchronize is stubbed above
+    n = _common.settle(step, 0.05, dev, start=7, check_every=5)
+    assert n == len(calls) and n % 5 == 0 and n >= 25  # >= 0.05 s of 2 ms steps
+    assert calls == list(range(7, 7 + n)) and len(syncs) == n // 5 and syncs[0] == dev
+
+
+def test_settle_does_nothing_on_the_cpu_or_for_zero_seconds(monkeypatch):
+    calls = []
+    assert _common.settle(calls.append, 5.0, torch.device("cpu")) == 0
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    assert _common.settle(calls.append, 0.0, torch.device("cuda")) == 0 and calls == []
+
+
+def test_mlperf_benchmark_settles_by_default_and_not_in_smoke_runs(tmp_path, monkeypatch):
+    md2 = load_script("mlperf_dcnv2")
+    seen = []
+    monkeypatch.setattr(md2, "measure_baseline", lambda *a, **k: seen.append(a[-1]) or {"status": "skipped: test"})
+    monkeypatch.setattr(md2, "measure", lambda *a, **k: seen.append(a[-1]) or {"status": "skipped: test"})
+    assert md2.main(["--smoke", "--variants", "eager", "--out", str(tmp_path / "smoke")]) == 0
+    assert seen == [0.0, 0.0]  # the baseline and the variant, no settling in a smoke run
+    # a full run (on the CPU here: small tables, the floor's rates at CPU sizes) passes the 3 s default on
+    seen.clear()
+    args = ["--variants", "eager", "--max-rows", "100", "--batch-sizes", "64", "--out", str(tmp_path / "full")]
+    assert md2.main(args) == 0 and seen == [3.0, 3.0]
+    assert md2.main([*args, "--settle-s", "0.5"]) == 0 and seen[2:] == [0.5, 0.5]
+    assert "untimed steps" not in (tmp_path / "full" / "mlperf_dcnv2.md").read_text()  # the CPU does not settle
