@@ -20,6 +20,7 @@ Writes ``<name>.md`` / ``.csv`` (every sample) / ``.png`` (the timeline) under `
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import subprocess
 import sys
@@ -109,7 +110,10 @@ def start_sampler(index: int, interval_ms: int) -> subprocess.Popen:
     if subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", f"-i={index}"],
                       capture_output=True).returncode != 0:
         query = QUERY.replace("clocks_event_reasons", "clocks_throttle_reasons")
-    return subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
+    # line-buffered: into a pipe nvidia-smi's output is block-buffered, and terminating it lost the last ~10 KB
+    # (the last phase's last seconds) until 2026-11-29
+    line_buffered = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
+    return subprocess.Popen([*line_buffered, "nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
                              f"-lms={interval_ms}", f"-i={index}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
 
@@ -236,6 +240,8 @@ def main(argv=None) -> int:
             a = gemm_operand(kind, (M, K), device)
             b = torch.randn(K, N, device=device, dtype=torch.bfloat16)
             c = torch.empty(M, N, device=device, dtype=torch.bfloat16)
+            torch.cuda.synchronize(device)
+            t2 = time.time()
             calls = run_for(args.seconds, lambda: torch.mm(a, b, out=c), device)
             t3 = time.time()
             phases.append((f"GEMM {M}x{N}x{K}, A {kind}", t2, t3))
@@ -249,6 +255,7 @@ def main(argv=None) -> int:
         stdout, _ = sampler.communicate(timeout=10)
     samples = label_phases(parse_samples(stdout.splitlines()), phases)
     rows = [r for r in (summarize(samples, p) for p, _, _ in phases) if r]
+    lost = phases[-1][2] - samples[-1]["t"] if samples else 0.0
     table = ["| phase | samples | SM MHz (median, min-max) | power W (median, max) | "
              + " | ".join(f"{n} share" for n in REASONS.values()) + " | rate |",
              "| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in REASONS) + " | --- |"]
@@ -257,7 +264,9 @@ def main(argv=None) -> int:
                      + [rates.get(r["phase"], "")]) for r in rows]
     note = (f"{Path(args.config).name}, variant {args.variant}, {cfg.train.precision}, batch {args.batch_size}, "
             "synthetic uniform batches; "
-            f"nvidia-smi every {args.interval_ms} ms ({len(samples)} samples). Reasons: the share of samples with "
+            f"nvidia-smi every {args.interval_ms} ms ({len(samples)} samples"
+            + (f"; the last {lost:.1f} s of the last phase not sampled" if lost > 1.0 else "")
+            + "). Reasons: the share of samples with "
             "each clocks_event_reasons bit set.")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
