@@ -11,6 +11,10 @@ sizes, named tile configs).
 This package imports nothing from ``dlrm``: inputs are plain tensors.
 """
 
+from kernels import _interpreter
 from kernels._backend import TritonUnavailableError, check_triton_device, interpret_mode
+
+# Under TRITON_INTERPRET=1 (CPU runs, the CPU tests): the interpreter's patching once a grid, not once a helper call.
+_interpreter.install()
 
 __all__ = ["TritonUnavailableError", "check_triton_device", "interpret_mode"]

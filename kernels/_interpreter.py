@@ -1,0 +1,97 @@
+"""Triton's CPU interpreter (``TRITON_INTERPRET=1``) without its repeated per-call patching.
+
+Why: before it runs a kernel, the interpreter points the builtins of ``triton.language`` at its numpy
+implementations (``triton.runtime.interpreter._patch_lang``, which walks every member of the language
+modules with ``inspect.getmembers``), and restores them when the grid is done. It also does that walk
+again at every call of a ``@triton.jit`` helper inside the kernel, once per program: the chunk kernel of
+the embedding update calls ~10 helpers per program, so a CPU training run of the multi-hot model spent
+~25% of its time re-patching modules that were already patched (Triton 3.6 and 3.9; cProfile of a 27-step
+run of the bf16 test config: 9,704 walks, 8.1 of 32 s).
+
+`install` wraps ``_patch_lang``: the kernel-level call patches as before (and its restore ends the
+grid); a helper's call patches only the language modules (``triton.language`` or ``triton.language.core``,
+whichever its own module's globals hold) that this grid has not patched yet, which is all that call
+would have changed (re-patching an already patched module rewrites the same functions). A run computes
+exactly what it computed before, in ~22% less time (the same 27-step run: 13.1 s -> 10.2 s, AUC and
+loss to every printed digit).
+
+It touches Triton's internals, so it installs only where they look as expected (Triton 3.6 and 3.9 were
+read and tested), and ``DLRM_INTERPRETER_PATCH_ONCE=0`` leaves the interpreter as it is.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+
+__all__ = ["install", "installed"]
+
+_state = threading.local()  # .patched: ids of the language modules patched in this thread's running grid
+_langs_by_fn: dict[int, frozenset[int]] = {}
+_original = None
+
+
+def _language_modules(fn) -> frozenset[int]:
+    """ids of the language modules ``fn``'s module can see (what ``_patch_lang`` patches for it)."""
+    got = _langs_by_fn.get(id(fn))
+    if got is None:
+        import triton.language as tl
+
+        got = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+        _langs_by_fn[id(fn)] = got
+    return got
+
+
+class _GridScope:
+    """The kernel-level call's patch scope; its ``restore`` (at the grid's end) also ends the grid."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+
+    def restore(self) -> None:
+        _state.patched = None
+        self._inner.restore()
+
+
+def _patch_lang_once(fn):
+    patched = getattr(_state, "patched", None)
+    langs = _language_modules(fn)
+    if patched is None:  # a kernel's grid starts
+        scope = _original(fn)
+        _state.patched = set(langs)
+        return _GridScope(scope)
+    if langs <= patched:  # a helper whose modules this grid already patched: nothing would change
+        return None
+    patched |= langs
+    return _original(fn)  # as before: the helper's patches outlive the grid (Triton never restores them)
+
+
+def installed() -> bool:
+    """Whether `install` has replaced the interpreter's ``_patch_lang``."""
+    return _original is not None
+
+
+def install() -> bool:
+    """Replace ``triton.runtime.interpreter._patch_lang`` (see the module docstring); True when installed.
+
+    A no-op outside interpreter mode, with ``DLRM_INTERPRETER_PATCH_ONCE=0``, or when this Triton's
+    interpreter does not look like the ones this was written for."""
+    global _original
+    if _original is not None:
+        return True
+    if os.environ.get("TRITON_INTERPRET", "0") != "1" or os.environ.get("DLRM_INTERPRETER_PATCH_ONCE", "1") == "0":
+        return False
+    try:
+        import triton.runtime.interpreter as interpreter
+    except ImportError:
+        return False
+    original = getattr(interpreter, "_patch_lang", None)
+    if not callable(original) or not hasattr(interpreter, "GridExecutor") or not hasattr(
+            interpreter, "InterpretedFunction"):
+        return False
+    if list(inspect.signature(original).parameters) != ["fn"]:
+        return False
+    _original = original
+    interpreter._patch_lang = _patch_lang_once
+    return True
