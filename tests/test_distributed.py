@@ -20,6 +20,7 @@ from dlrm.distributed.checkpoint import assemble
 from dlrm.distributed.sharding import MASKED_SLOT_COST, SENT_FEATURE_COST, plan_cost, plan_sharding
 from dlrm import checkpoint as ckpt
 from tests.conftest import REPO, make_dataset
+from tests.shared_once import computed_once
 
 BASE = {
     "data": {"batch_size": 23, "shuffle": True, "drop_last": False},  # 278 rows: 12 batches of 23 (12 + 11 per rank), then 2 (1 + 1)
@@ -282,9 +283,8 @@ def test_plan_rejects_bad_mode():
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dist") / "ds"
-    make_dataset(root, {"train": 278, "validation": 64, "test": 40}, row_group_size=50)
-    return root
+    make = lambda d: make_dataset(d / "ds", {"train": 278, "validation": 64, "test": 40}, row_group_size=50)  # noqa: E731
+    return computed_once(tmp_path_factory, "dist-ds", make) / "ds"
 
 
 def write_config(path, dataset, sharding="auto", embedding="torch", sparse_weight_decay=0.0):
@@ -335,8 +335,7 @@ def assert_close_states(a, b):
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, dataset):
-    tmp = tmp_path_factory.mktemp("one")
-    run_dir = train_run(tmp, dataset, "one", 1)
+    run_dir = computed_once(tmp_path_factory, "dist-one", lambda d: train_run(d, dataset, "one", 1)) / "tb" / "one"
     return torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False), json.loads((run_dir / "summary.json").read_text())
 
 
@@ -558,19 +557,22 @@ MULTI_HOT_SIZES = [3, 1, 2] + [1] * 20 + [4, 1, 2]  # L = 34 slots, variable fil
 def multi_hot_dataset(tmp_path_factory):
     from dlrm.data import synthetic
 
-    root = tmp_path_factory.mktemp("dist-mh") / "ds"
-    synthetic.generate(root, 378, seed=4, cardinalities="tiny", multi_hot_sizes=MULTI_HOT_SIZES,
-                       multi_hot_fill="variable", validation_fraction=64 / 378, test_fraction=36 / 378)
+    def make(d):
+        synthetic.generate(d / "ds", 378, seed=4, cardinalities="tiny", multi_hot_sizes=MULTI_HOT_SIZES,
+                           multi_hot_fill="variable", validation_fraction=64 / 378, test_fraction=36 / 378)
+
+    root = computed_once(tmp_path_factory, "dist-mh", make) / "ds"
     assert read_metadata(root).splits["train"].rows == 278  # BASE's two epochs of 13 steps
     return root
 
 
 @pytest.mark.parametrize("sharding", ["table", "row"])
-def test_two_ranks_equal_one_process_with_multi_hot_tables(tmp_path, multi_hot_dataset, sharding):
+def test_two_ranks_equal_one_process_with_multi_hot_tables(tmp_path, tmp_path_factory, multi_hot_dataset, sharding):
     """Sum-pooled multi-hot features under torchrun: ids are exchanged per slot (an empty one is
     skipped), each owner pools its block's slots per feature, the requesting rank sums the row-wise
     blocks; two ranks train exactly like one process."""
-    one = train_run(tmp_path, multi_hot_dataset, "one-mh", 1)
+    one = computed_once(tmp_path_factory, "dist-one-mh",
+                        lambda d: train_run(d, multi_hot_dataset, "one-mh", 1)) / "tb" / "one-mh"
     two = train_run(tmp_path, multi_hot_dataset, f"two-mh-{sharding}", 2, sharding)
     ref_state = torch.load(ckpt.list_checkpoints(one)[-1], weights_only=False)
     assert ref_state["multi_hot_sizes"] == MULTI_HOT_SIZES
@@ -594,7 +596,8 @@ SKIP_POOLED_ON_GPU_IMAGE = pytest.mark.skipif(torch.cuda.is_available(), reason=
 
 @pytest.fixture(scope="module")
 def one_process_decay(tmp_path_factory, dataset):
-    run_dir = train_run(tmp_path_factory.mktemp("one-decay"), dataset, "one-decay", 1, sparse_weight_decay=DECAY)
+    run_dir = computed_once(tmp_path_factory, "dist-one-decay",
+                            lambda d: train_run(d, dataset, "one-decay", 1, sparse_weight_decay=DECAY)) / "tb" / "one-decay"
     return torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False), json.loads((run_dir / "summary.json").read_text())
 
 

@@ -39,6 +39,7 @@ from dlrm.data.loader import rank_slice
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
 from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig, TritonPooledEmbedding, TritonSparseEmbedding
+from tests.shared_once import computed_once
 from tests.spawned_ranks import failures_on_ranks
 from tests.test_distributed import BASE, merged_state, run
 
@@ -278,11 +279,13 @@ def datasets(tmp_path_factory):
     from dlrm.data import synthetic
     from tests.test_distributed import MULTI_HOT_SIZES
 
-    root = tmp_path_factory.mktemp("bf16-data")
-    common = dict(seed=4, cardinalities="tiny", validation_fraction=64 / 700, test_fraction=36 / 700)
-    synthetic.generate(root / "one-hot", 700, **common)
-    synthetic.generate(root / "multi-hot", 700, multi_hot_sizes=MULTI_HOT_SIZES, multi_hot_fill="variable", **common)
-    return root
+    def make(root: Path) -> None:
+        common = dict(seed=4, cardinalities="tiny", validation_fraction=64 / 700, test_fraction=36 / 700)
+        synthetic.generate(root / "one-hot", 700, **common)
+        synthetic.generate(root / "multi-hot", 700, multi_hot_sizes=MULTI_HOT_SIZES, multi_hot_fill="variable",
+                           **common)
+
+    return computed_once(tmp_path_factory, "bf16-data", make)
 
 
 def bf16_config(path: Path, dataset: Path, sharding: str = "row", embedding: str = "triton") -> Path:
@@ -313,8 +316,9 @@ def one_process(tmp_path_factory, datasets):
     """One process with bf16 Triton tables, per dataset: (its last checkpoint, summary, run directory)."""
     out = {}
     for kind in ("one-hot", "multi-hot"):
-        tmp = tmp_path_factory.mktemp(f"bf16-one-{kind}")
-        run_dir = bf16_run(tmp, datasets / kind, "one", 1)
+        tmp = computed_once(tmp_path_factory, f"bf16-one-{kind}",
+                            lambda d, kind=kind: bf16_run(d, datasets / kind, "one", 1))
+        run_dir = tmp / "tb" / "one"
         state = torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False)
         out[kind] = (state, summary_of(run_dir), run_dir)
     return out
@@ -323,13 +327,11 @@ def one_process(tmp_path_factory, datasets):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory, datasets):
     """Two ranks with bf16 shards, per (dataset, sharding), run when first asked for: run directory."""
-    runs = {}
 
     def get(kind: str, sharding: str) -> Path:
-        if (kind, sharding) not in runs:
-            tmp = tmp_path_factory.mktemp(f"bf16-two-{kind}-{sharding}")
-            runs[(kind, sharding)] = bf16_run(tmp, datasets / kind, f"two-{sharding}", 2, sharding)
-        return runs[(kind, sharding)]
+        tmp = computed_once(tmp_path_factory, f"bf16-two-{kind}-{sharding}",
+                            lambda d: bf16_run(d, datasets / kind, f"two-{sharding}", 2, sharding))
+        return tmp / "tb" / f"two-{sharding}"
 
     return get
 
@@ -437,12 +439,15 @@ def resumed(request, tmp_path_factory, two_ranks):
     uninterrupted run's step-27 shards, the continued run's)."""
     kind, sharding = request.param
     straight_dir = two_ranks(kind, sharding)
-    tmp = tmp_path_factory.mktemp(f"bf16-resume-{kind}")
     config = straight_dir.parent.parent / f"two-{sharding}.json"
     step20 = ckpt.checkpoint_dir(straight_dir) / ckpt.checkpoint_name(20)
-    result = run(["--config", str(config), "--resume", str(step20), "--run-name", "branch",
-                  "--tb-dir", str(tmp / "tb")], tmp, nproc=2)
-    assert result.returncode == 0, result.stderr[-3000:]
+
+    def make(tmp: Path) -> None:
+        result = run(["--config", str(config), "--resume", str(step20), "--run-name", "branch",
+                      "--tb-dir", str(tmp / "tb")], tmp, nproc=2)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    tmp = computed_once(tmp_path_factory, f"bf16-resume-{kind}", make)
     straight, branch = shard_states(straight_dir), shard_states(tmp / "tb" / "branch")
     assert sorted(branch) == sorted(straight) and len(branch) == 2
     return straight, branch
