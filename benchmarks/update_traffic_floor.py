@@ -16,6 +16,7 @@ move the update's bytes in its order and do almost nothing else:
   rounding: repeated rows race, which changes values, not bytes);
 * ``rmw``: the same without the gradient gathers;
 * ``gather``: the gradient gathers alone (each program writes one sum row);
+* ``rmw+gather@P:W`` (``--skeleton-launches``): ``rmw+gather`` with P positions and W warps a program;
 * ``copy``: ``dst.copy_(src)`` of 1 GiB, the bandwidth reference.
 
 Bytes, per case: the distinct rows read and written (256 B each in bf16) with their state (counted as 4 B
@@ -80,13 +81,13 @@ def _skeleton_kernel(sorted_ptr, perm_ptr, slot_ptr, grad_ptr, stride_gb, stride
         tl.store(sink_ptr + k * D + d, tl.sum(g, axis=0))
 
 
-def skeleton(case: str, sorted_rows, perm, slot, grad, weight, state, sink) -> None:
+def skeleton(case: str, sorted_rows, perm, slot, grad, weight, state, sink, chunk: int = CHUNK, warps: int = 1) -> None:
     N = sorted_rows.numel()
-    _skeleton_kernel[(triton.cdiv(N, CHUNK),)](
+    _skeleton_kernel[(triton.cdiv(N, chunk),)](
         sorted_rows, perm, slot, grad, grad.stride(0), grad.stride(1), weight, state, sink, N, weight.shape[0],
         L=slot.numel(),
-        D=weight.shape[1], CHUNK=CHUNK, GATHER=case in ("rmw+gather", "gather"), RMW=case in ("rmw+gather", "rmw"),
-        num_warps=1)
+        D=weight.shape[1], CHUNK=chunk, GATHER=case in ("rmw+gather", "gather"), RMW=case in ("rmw+gather", "rmw"),
+        num_warps=warps)
 
 
 def case_bytes(case: str, positions: int, distinct: int, row_bytes: int) -> int:
@@ -94,7 +95,7 @@ def case_bytes(case: str, positions: int, distinct: int, row_bytes: int) -> int:
     rmw = distinct * 2 * (row_bytes + 4)
     gather = positions * row_bytes
     return {"update": idx + rmw + gather, "rmw+gather": idx + rmw + gather, "rmw": idx + rmw,
-            "gather": idx + gather}[case]
+            "gather": idx + gather}[case.split("@")[0]]
 
 
 def main(argv=None) -> int:
@@ -107,7 +108,16 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=7)
     ap.add_argument("--repeats", type=int, default=2, help="rounds of every case, interleaved")
     ap.add_argument("--smoke", action="store_true", help="tables of <= 1000 rows, batch 4, one call per window")
+    ap.add_argument("--skeleton-launches", default="",
+                    help="also time rmw+gather at these launches: comma list of positions:warps a program (e.g. "
+                         "32:1,64:2), the update's own 16:1 being the default case")
     args = ap.parse_args(argv)
+    try:
+        launches = [tuple(int(v) for v in item.split(":")) for item in args.skeleton_launches.split(",") if item.strip()]
+        if any(len(t) != 2 or t[0] < 1 or t[0] & (t[0] - 1) or t[1] < 1 or t[1] & (t[1] - 1) for t in launches):
+            raise ValueError
+    except ValueError:
+        ap.error(f"--skeleton-launches: {args.skeleton_launches!r} is not a comma list of positions:warps (powers of two)")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     steps, warmup = 0, 3
     if args.smoke:
@@ -124,7 +134,7 @@ def main(argv=None) -> int:
     sorted_rows, perm = update.sort_by_row(x.rows, t.rows)
     slot = t.layout.slot_feature
     positions, distinct = x.rows.numel(), x.unique
-    sink = torch.empty(triton.cdiv(positions, CHUNK), t.dim, dtype=torch.float32, device=device)
+    sink = torch.empty(triton.cdiv(positions, CHUNK), t.dim, dtype=torch.float32, device=device)  # the most programs
     row_bytes = t.dim * t.weight.element_size()
 
     def step_for(case: str):
@@ -132,10 +142,13 @@ def main(argv=None) -> int:
             return lambda: update._segment_update(x.rows, x.grad, t.weight, t.state, t.lr, update.OPTIMIZERS[pe.OPTIMIZER],
                                                   pe.EPS, 0.0, slot, "stochastic", t.sr_seed,
                                                   presorted=(sorted_rows, perm))
+        if case.startswith("rmw+gather@"):
+            chunk, warps = (int(v) for v in case.split("@")[1].split(":"))
+            return lambda: skeleton("rmw+gather", sorted_rows, perm, slot, x.grad, t.weight, t.state, sink, chunk, warps)
         return lambda: skeleton(case, sorted_rows, perm, slot, x.grad, t.weight, t.state, sink)
 
     timer = pe.time_graph if device.type == "cuda" else pe.time_cpu
-    cases = ["update", "rmw+gather", "rmw", "gather"]
+    cases = ["update", "rmw+gather", "rmw", "gather"] + [f"rmw+gather@{c}:{w}" for c, w in launches]
     times: dict[str, list[float]] = {c: [] for c in cases}
     for _ in range(args.repeats):
         for case in cases:

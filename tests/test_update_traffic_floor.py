@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.test_benchmark_scripts import load_script, read_csv
@@ -9,12 +10,16 @@ from tests.test_benchmark_scripts import load_script, read_csv
 
 def test_smoke_times_every_case_and_writes_its_files(tmp_path):
     utf = load_script("update_traffic_floor")
-    assert utf.main(["--smoke", "--out", str(tmp_path), "--name", "u"]) == 0
+    assert utf.main(["--smoke", "--out", str(tmp_path), "--name", "u", "--skeleton-launches", "32:2"]) == 0
     rows = read_csv(tmp_path / "u.csv")
-    assert [r["case"] for r in rows] == ["update", "rmw+gather", "rmw", "gather", "copy"]
-    assert all(float(r["ms"]) > 0 and float(r["gbytes"]) > 0 for r in rows[:4])
+    assert [r["case"] for r in rows] == ["update", "rmw+gather", "rmw", "gather", "rmw+gather@32:2", "copy"]
+    assert all(float(r["ms"]) > 0 and float(r["gbytes"]) > 0 for r in rows[:5])
+    assert rows[4]["gbytes"] == rows[1]["gbytes"]  # the same bytes at another launch
     assert float(rows[-1]["gbps"]) > 0 and (tmp_path / "u.png").stat().st_size > 0
     assert "| rmw+gather |" in (tmp_path / "u.md").read_text()
+    for bad in ("3:1", "32", "x:1"):
+        with pytest.raises(SystemExit):
+            utf.main(["--smoke", "--out", str(tmp_path), "--skeleton-launches", bad])
 
 
 def test_the_skeleton_writes_each_distinct_row_once_and_never_the_padding(tmp_path):
