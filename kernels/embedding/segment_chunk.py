@@ -63,8 +63,7 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
                   OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, CHUNK: tl.constexpr,
                   BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr,
-                  ROW_LOADS: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr,
-                  SKIP_UNIQUE: tl.constexpr = False):
+                  ROW_LOADS: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr):
     """Chunk ``k`` once its indices are known (`_chunk_indices`, `_grad_coords`): segment sums, the update of
     the segments that start and end in it, and the carry kernel's partial sums."""
     cs = k * CHUNK
@@ -107,17 +106,7 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
     # Per-position sum over the positions of the chunk with the same row: a 0/1 matrix product with fp32
     # accumulation, in a fixed order (deterministic), fp32 gradients as three exact bf16 parts
     # (`kernels.embedding.select_sum`).
-    if SKIP_UNIQUE:
-        # A chunk whose sorted rows are all distinct (most chunks on uniform ids) needs no product: each lane's sum
-        # is its own gradient row, which is also what the 0/1 product gives (g * 1 plus exact zeros), bit for bit.
-        # The test is on neighbours (sorted rows): lane i and i + 1 of this chunk, not the next chunk's first row.
-        inner = valid & (tl.arange(0, CHUNK) < CHUNK - 1)
-        if tl.sum(((nxt == rows) & inner).to(tl.int32), axis=0) == 0:
-            seg = g.to(tl.float32)
-        else:
-            seg = select_sum(same, g, SPLIT_FP32, DOT_16BIT)
-    else:
-        seg = select_sum(same, g, SPLIT_FP32, DOT_16BIT)
+    seg = select_sum(same, g, SPLIT_FP32, DOT_16BIT)
     if (ROW_LOADS == 0) or (ROW_LOADS == 3):
         w, s = _load_row_state(rows, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, OPT, ROW_EVICT)
     _finish_row_update(rows, seg, w, s, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps,
@@ -143,7 +132,7 @@ def _sparse_chunk_kernel(
     state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, R, F: tl.constexpr, D: tl.constexpr,
     OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, SLOT_MAP: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr, ROW_LOADS: tl.constexpr,
-    POS32: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr, SKIP_UNIQUE: tl.constexpr = False,
+    POS32: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr,
 ):
     """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
 
@@ -173,5 +162,4 @@ def _sparse_chunk_kernel(
     b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
     _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
-                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT,
-                  SKIP_UNIQUE)
+                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT)

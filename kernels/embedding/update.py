@@ -103,12 +103,6 @@ EVICTIONS = {"none": ("", ""), "rows_first": ("evict_first", ""), "grad_last": (
 EVICTION = "grad_last"
 
 
-# Chunks whose sorted rows are all distinct skip the 0/1 segment product (`segment_chunk._chunk_update`, the same
-# bits); module-level, for A/B measurements (benchmarks/pooled_update_sweep.py --skip-unique). Off until measured
-# faster on a GPU: tried on the H100 at the one-warp launch in the seventh run, it was equal in bf16, 7% slower in
-# fp32.
-SKIP_UNIQUE_SUMS = False
-
 # Chunk boundaries per program of the carry kernel (`kernels.embedding.segment_carry`), forced (a power of two) over the
 # launch config's ``carry_chunks`` (`kernels.heuristics.SparseUpdateConfig`); module-level, for tests and
 # benchmarks/pooled_update_sweep.py --carry-chunks.
@@ -220,7 +214,6 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         POS32=N + cfg.chunk < 2**31 and _max_offset(grad_out) < 2**31,
         ROW_EVICT=EVICTIONS[evict][0],
         GRAD_EVICT=EVICTIONS[evict][1],
-        SKIP_UNIQUE=SKIP_UNIQUE_SUMS,
         num_warps=cfg.chunk_warps,
         **common,
     )

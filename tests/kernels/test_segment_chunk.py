@@ -132,27 +132,6 @@ def test_32_and_64_bit_index_paths_agree_bit_for_bit(dtype, grad_layout, device,
     assert not torch.equal(w32, make_weight(case.num_rows, 16, device, dtype))  # the update did move the rows
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("optimizer", ["sgd", "rowwise_adagrad"])
-def test_skipping_the_product_in_chunks_of_distinct_rows_changes_no_bit(dtype, optimizer, device, monkeypatch):
-    """`update.SKIP_UNIQUE_SUMS`: a chunk whose sorted rows are all distinct takes its gradient rows as its sums
-    instead of the 0/1 product; hot rows (chunks of repeats, segments carried across chunks) and cold ones (chunks
-    of distinct rows, one ending where the next chunk's first row repeats it) give the same tables and state."""
-    from kernels.embedding import update
-
-    case, rows = hot_case(device, B=127, seed=11)
-    grad = make_grad(rows.shape[0], 2, 16, "permuted", device)
-    w_dot, s_dot = run_update(PLAIN, case, rows, grad, optimizer, dtype, device, monkeypatch)
-    monkeypatch.setattr(update, "SKIP_UNIQUE_SUMS", True)
-    w_skip, s_skip = run_update(PLAIN, case, rows, grad, optimizer, dtype, device, monkeypatch)
-    assert torch.equal(w_dot, w_skip) and (s_dot is None or torch.equal(s_dot, s_skip))
-    flat = update.sort_by_row(rows, case.num_rows)[0]
-    chunks = flat[: flat.numel() // 16 * 16].reshape(-1, 16)
-    distinct = (chunks[:, 1:] != chunks[:, :-1]).all(dim=1)
-    assert distinct.any() and (~distinct).any()  # both kinds of chunk were there
-    assert not torch.equal(w_dot, make_weight(case.num_rows, 16, device, dtype))
-
-
 # Hot rows spanning many groups of chunks (`_group_sum_kernel`): 16-position chunks, groups of CARRY_BLOCK chunks.
 # A 700-position run starting mid-chunk (44 chunks: many group steps), a 333-position one starting in the chunk the
 # first ends in, short repeats, then a 144-position run starting exactly at a chunk and group boundary (1088 = 68
