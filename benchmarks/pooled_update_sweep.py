@@ -47,8 +47,8 @@ PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 
         + [("bf16", "hash1hi", c) for c in ((16, 16, 4, 1), (32, 16, 2, 1), (32, 32, 4, 1), (32, 16, 8, 1), (32, 16, 4, 2))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
-KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "chunk_halves", "batch", "unique_rows",
-        "ms", "gbps", "pct_of_copy", "status"]
+KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "batch", "unique_rows", "ms", "gbps",
+        "pct_of_copy", "status"]
 
 
 def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: torch.device, copy_gbps: float,
@@ -59,9 +59,7 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     rows = []
     shipped_rng, shipped_loads, shipped_evict, shipped_carry = (update.SR_RNG, update.ROW_LOADS, update.EVICTION,
                                                                 update.CARRY_CHUNKS)
-    shipped_halves = update.CHUNK_HALVES
-    for _, rounding, launch, (row_loads, eviction, carry_chunks, halves) in plan:
-        update.CHUNK_HALVES = halves or shipped_halves
+    for _, rounding, launch, (row_loads, eviction, carry_chunks) in plan:
         heuristics.SPARSE_UPDATE_OVERRIDE = launch
         update.SR_RNG = rounding if rounding in update.RNG_CODES else shipped_rng
         update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS = row_loads, eviction, carry_chunks
@@ -82,11 +80,11 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
         finally:
             heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG, update.ROW_LOADS, update.EVICTION = shipped_rng, shipped_loads, shipped_evict
-            update.CARRY_CHUNKS, update.CHUNK_HALVES = shipped_carry, shipped_halves
+            update.CARRY_CHUNKS = shipped_carry
         cfg = (heuristics.SparseUpdateConfig(*launch) if launch else heuristics.sparse_update_config(
             heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True))
         rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction,
-                         carry_chunks=carry_chunks or cfg.carry_chunks, chunk_halves=halves or shipped_halves,
+                         carry_chunks=carry_chunks or cfg.carry_chunks,
                          launch=str(tuple(cfg)) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
@@ -145,10 +143,6 @@ def main(argv=None) -> int:
                     help="comma list of chunk boundaries a carry-kernel program takes (`kernels.embedding.update."
                          "CARRY_CHUNKS`, a power of two; default: each launch's own), each timed with every other "
                          "choice")
-    ap.add_argument("--chunk-halves", default=None,
-                    help="comma list of 1, 2: row-wise Adagrad on full- or half-width tiles in the chunk kernel "
-                         "(`kernels.embedding.update.CHUNK_HALVES`; default: the shipped one), each timed with every "
-                         "other choice")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)
@@ -164,11 +158,7 @@ def main(argv=None) -> int:
         int(c) if c.strip().isdigit() else -1 for c in args.carry_chunks.split(",") if c.strip()]
     if not carries or any(c is not None and (c < 1 or c & (c - 1)) for c in carries):
         ap.error(f"--carry-chunks: {args.carry_chunks!r} is not a comma list of powers of two")
-    halves = [None] if args.chunk_halves is None else [int(v) if v.strip() in ("1", "2") else -1
-                                                        for v in args.chunk_halves.split(",") if v.strip()]
-    if not halves or -1 in halves:
-        ap.error(f"--chunk-halves: {args.chunk_halves!r} is not a comma list of 1, 2")
-    orders = [(o, e, c, h) for o in orders for e in evictions for c in carries for h in halves]
+    orders = [(o, e, c) for o in orders for e in evictions for c in carries]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
         args.rows_cap, args.batch = args.rows_cap or 1000, 2  # 428 slots: repeated rows, chunks carried over
@@ -203,10 +193,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
-    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | halves | ms | % of copy | status |",
-             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | ms | % of copy | status |",
+             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | --- |"]
     table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["carry_chunks"],
-                      r["chunk_halves"],
                       f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
