@@ -28,18 +28,18 @@ import threading
 __all__ = ["install", "installed"]
 
 _state = threading.local()  # .patched: ids of the language modules patched in this thread's running grid
-_langs_by_fn: dict[int, frozenset[int]] = {}
+_langs_by_fn: dict = {}  # function -> its language modules' ids (functions live as long as their jit wrappers)
 _original = None
 
 
 def _language_modules(fn) -> frozenset[int]:
     """ids of the language modules ``fn``'s module can see (what ``_patch_lang`` patches for it)."""
-    got = _langs_by_fn.get(id(fn))
+    got = _langs_by_fn.get(fn)
     if got is None:
         import triton.language as tl
 
         got = frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
-        _langs_by_fn[id(fn)] = got
+        _langs_by_fn[fn] = got
     return got
 
 
