@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | stream:onehot | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | stepprofile:hotrows[:kaggle] | stepops | clocks (LAUNCH_TAG) | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | stream:onehot | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | stepprofile:hotrows[:kaggle] | stepops | updatefloor | clocks (LAUNCH_TAG) | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -561,6 +561,11 @@ EOF
     stepops)  # every kernel of MLPerf's step by its launching op (shapes, strides), each GEMM timed alone on that layout
       run step_ops_mlperf 200 python benchmarks/step_ops.py --config configs/mlperf-dcnv2.json --out "$RES" \
         --name "step_ops_mlperf${LAUNCH_TAG:+_$LAUNCH_TAG}"
+      ;;
+    updatefloor)  # the pooled update's traffic without its arithmetic, beside the update (thirty-fourth run: 2.04-2.59
+      # ms against 3.25 on an H200; results/update_traffic_floor_h200.md)
+      run update_traffic_floor 200 python benchmarks/update_traffic_floor.py --out "$RES" --repeats 2 \
+        --skeleton-launches 32:1,16:2 --name "update_traffic_floor${LAUNCH_TAG:+_$LAUNCH_TAG}"
       ;;
     clocks)  # the SM clock, power and clock-limit reasons through 20 s of MLPerf's step and 20 s of one GEMM (the
       # thirty-third run: an H200 at its 700 W cap 99% of the step, 1635 MHz median; results/step_clocks_mlperf.md)
