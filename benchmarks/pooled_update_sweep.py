@@ -11,7 +11,8 @@ the bytes. Rounding: "hash" / "hash1" / "hash1hi" / "philox" stochastic rounding
 row loads: when the chunk kernel loads the updated rows (`kernels.embedding.update.ROW_LOADS`, ``--row-loads``);
 eviction: the L2 eviction priorities of its row and gradient traffic (`kernels.embedding.update.EVICTION`,
 ``--evictions``); carry chunks: the chunk boundaries a program of the carry kernel takes
-(`kernels.embedding.update.CARRY_CHUNKS`, ``--carry-chunks``);
+(`kernels.embedding.update.CARRY_CHUNKS`, ``--carry-chunks``); picks: how the chunk kernel writes its first/last
+partial sums (`kernels.embedding.update.PARTIAL_PICK`, ``--picks``);
 launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps[, carry_chunks]) forced
 through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
 ``multi_hot_wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
@@ -47,7 +48,7 @@ PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 
         + [("bf16", "hash1hi", c) for c in ((16, 16, 4, 1), (32, 16, 2, 1), (32, 32, 4, 1), (32, 16, 8, 1), (32, 16, 4, 2))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
-KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "batch", "unique_rows", "ms", "gbps",
+KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "pick", "batch", "unique_rows", "ms", "gbps",
         "pct_of_copy", "status"]
 
 
@@ -57,12 +58,13 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     x = pe.Inputs(t, batch, device)
     nbytes = pe.case_bytes("bwd", t, batch, x.unique)
     rows = []
-    shipped_rng, shipped_loads, shipped_evict, shipped_carry = (update.SR_RNG, update.ROW_LOADS, update.EVICTION,
-                                                                update.CARRY_CHUNKS)
-    for _, rounding, launch, (row_loads, eviction, carry_chunks) in plan:
+    shipped_rng, shipped_loads, shipped_evict, shipped_carry, shipped_pick = (
+        update.SR_RNG, update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS, update.PARTIAL_PICK)
+    for _, rounding, launch, (row_loads, eviction, carry_chunks, pick) in plan:
         heuristics.SPARSE_UPDATE_OVERRIDE = launch
         update.SR_RNG = rounding if rounding in update.RNG_CODES else shipped_rng
         update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS = row_loads, eviction, carry_chunks
+        update.PARTIAL_PICK = pick
         sr = rounding != "nearest"
 
         def step():
@@ -80,11 +82,11 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
         finally:
             heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG, update.ROW_LOADS, update.EVICTION = shipped_rng, shipped_loads, shipped_evict
-            update.CARRY_CHUNKS = shipped_carry
+            update.CARRY_CHUNKS, update.PARTIAL_PICK = shipped_carry, shipped_pick
         cfg = (heuristics.SparseUpdateConfig(*launch) if launch else heuristics.sparse_update_config(
             heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True))
         rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction,
-                         carry_chunks=carry_chunks or cfg.carry_chunks,
+                         carry_chunks=carry_chunks or cfg.carry_chunks, pick=pick,
                          launch=str(tuple(cfg)) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
@@ -143,6 +145,9 @@ def main(argv=None) -> int:
                     help="comma list of chunk boundaries a carry-kernel program takes (`kernels.embedding.update."
                          "CARRY_CHUNKS`, a power of two; default: each launch's own), each timed with every other "
                          "choice")
+    ap.add_argument("--picks", default=None,
+                    help=f"comma list of {', '.join(update.PARTIAL_PICKS)} (how the chunk kernel writes its first/last "
+                         "partial sums; default: the shipped one), each timed with every other choice")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)
@@ -158,7 +163,10 @@ def main(argv=None) -> int:
         int(c) if c.strip().isdigit() else -1 for c in args.carry_chunks.split(",") if c.strip()]
     if not carries or any(c is not None and (c < 1 or c & (c - 1)) for c in carries):
         ap.error(f"--carry-chunks: {args.carry_chunks!r} is not a comma list of powers of two")
-    orders = [(o, e, c) for o in orders for e in evictions for c in carries]
+    picks = [update.PARTIAL_PICK] if args.picks is None else [p.strip() for p in args.picks.split(",") if p.strip()]
+    if not picks or set(picks) - set(update.PARTIAL_PICKS):
+        ap.error(f"--picks: {args.picks!r} is not a comma list of {', '.join(update.PARTIAL_PICKS)}")
+    orders = [(o, e, c, p) for o in orders for e in evictions for c in carries for p in picks]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
         args.rows_cap, args.batch = args.rows_cap or 1000, 2  # 428 slots: repeated rows, chunks carried over
@@ -193,9 +201,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
-    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | ms | % of copy | status |",
-             "| --- | --- | --- | --- | --- | ---: | ---: | ---: | --- |"]
-    table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["carry_chunks"],
+    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | picks | ms | % of copy | status |",
+             "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | --- |"]
+    table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["carry_chunks"], r["pick"],
                       f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
@@ -205,7 +213,7 @@ def main(argv=None) -> int:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     ok = [r for r in rows if "ms" in r]
-    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['carry_chunks']}"
+    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['carry_chunks']} {r['pick']}"
               for r in ok]
     ax.barh(labels[::-1], [r["ms"] for r in ok][::-1])
     ax.set_xlabel("ms per call")

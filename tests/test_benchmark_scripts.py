@@ -448,6 +448,14 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
                     "picked,16:32:1:1:4"]) == 0
     picked = heuristics.sparse_update_config(128, torch.bfloat16, multi_hot=True).carry_chunks
     assert [r["carry_chunks"] for r in read_csv(tmp_path / "d.csv")] == [str(picked), "4"]
+    # --picks times each kept row with each way of writing the chunk partials, the shipped one restored afterwards
+    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "p", "--dtypes", "bf16", "--launches", "picked",
+                    "--picks", "sum,store"]) == 0
+    rows = read_csv(tmp_path / "p.csv")
+    assert [r["pick"] for r in rows] == ["sum", "store"] and all(r["status"] == "ok" for r in rows)
+    assert update.PARTIAL_PICK == "store" and "| sum |" in (tmp_path / "p.md").read_text()
+    with pytest.raises(SystemExit):
+        sw.main(["--smoke", "--out", str(tmp_path), "--picks", "both"])
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--row-loads", "sideways"])
     with pytest.raises(SystemExit):

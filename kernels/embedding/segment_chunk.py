@@ -63,7 +63,8 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
                   OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, CHUNK: tl.constexpr,
                   BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr,
-                  ROW_LOADS: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr):
+                  ROW_LOADS: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr,
+                  PICK_STORE: tl.constexpr):
     """Chunk ``k`` once its indices are known (`_chunk_indices`, `_grad_coords`): segment sums, the update of
     the segments that start and end in it, and the carry kernel's partial sums."""
     cs = k * CHUNK
@@ -112,18 +113,26 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
     _finish_row_update(rows, seg, w, s, complete, d, D, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, eps,
                        weight_decay, seed_ptr, OPT, DECAY, ROUND, ROW_EVICT)
 
-    # Every lane of a segment holds the segment's chunk sum: pick the first and the last lane. The carry
-    # kernel reads first[k] only of a chunk that continues its predecessor's last segment, and last[k] only
-    # of a chunk whose last segment continues into the next one: only those chunks pick and store them
-    # (each pick is a masked sum over the [CHUNK, BLOCK_D] tile, a cross-warp reduction; branches on
-    # scalars, so uniform for the program).
+    # Every lane of a segment holds the segment's chunk sum: the first and the last lane's rows are the partials.
+    # The carry kernel reads first[k] only of a chunk that continues its predecessor's last segment, and last[k]
+    # only of a chunk whose last segment continues into the next one: only those chunks write them (branches on
+    # scalars, so uniform for the program). PICK_STORE (`kernels.embedding.update.PARTIAL_PICK`): the tile stored
+    # with a mask that keeps the one lane's row, so only the threads holding it store; otherwise that row is picked
+    # by a masked sum over the tile, a cross-lane reduction (~220 instructions a pick on sm_90, offline count).
     lane = tl.arange(0, CHUNK)
-    if (cs > 0) & (prev == row0):
-        first = tl.sum(tl.where((lane == 0)[:, None], seg, 0.0), axis=0)
-        tl.store(first_ptr + k.to(tl.int64) * BLOCK_D + d, first)
-    if following == row_last:
-        last = tl.sum(tl.where((lane == (last_i - cs))[:, None], seg, 0.0), axis=0)
-        tl.store(last_ptr + k.to(tl.int64) * BLOCK_D + d, last)
+    if PICK_STORE:
+        offs = k.to(tl.int64) * BLOCK_D + (lane[:, None] * 0 + d[None, :])  # every lane's pointer at the one row
+        if (cs > 0) & (prev == row0):
+            tl.store(first_ptr + offs, seg, mask=(lane == 0)[:, None])
+        if following == row_last:
+            tl.store(last_ptr + offs, seg, mask=(lane == (last_i - cs))[:, None])
+    else:
+        if (cs > 0) & (prev == row0):
+            first = tl.sum(tl.where((lane == 0)[:, None], seg, 0.0), axis=0)
+            tl.store(first_ptr + k.to(tl.int64) * BLOCK_D + d, first)
+        if following == row_last:
+            last = tl.sum(tl.where((lane == (last_i - cs))[:, None], seg, 0.0), axis=0)
+            tl.store(last_ptr + k.to(tl.int64) * BLOCK_D + d, last)
 
 
 @triton.jit
@@ -132,7 +141,7 @@ def _sparse_chunk_kernel(
     state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, R, F: tl.constexpr, D: tl.constexpr,
     OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, SLOT_MAP: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr, ROW_LOADS: tl.constexpr,
-    POS32: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr,
+    POS32: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr, PICK_STORE: tl.constexpr,
 ):
     """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
 
@@ -162,4 +171,5 @@ def _sparse_chunk_kernel(
     b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
     _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
-                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT)
+                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT,
+                  PICK_STORE)

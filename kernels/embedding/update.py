@@ -103,6 +103,15 @@ EVICTIONS = {"none": ("", ""), "rows_first": ("evict_first", ""), "grad_last": (
 EVICTION = "grad_last"
 
 
+# How the chunk kernel writes the partial sums of its first and last row (`segment_chunk._chunk_update`), where the
+# carry kernel reads them: "store", a store of the tile masked to that row's lane (no reduction), or "sum", the row
+# picked by a masked sum over the tile's 16 positions (a cross-lane reduction, ~220 instructions a pick on sm_90 by
+# an offline count; the way until 2026-11-29). The same values (sum: x + 0.0 turns -0.0 into +0.0); with uniform
+# ids at MLPerf DLRM-DCNv2's shapes ~54% of 16-position chunks pick one (the small tables' rows repeat). Module-level,
+# so that benchmarks/pooled_update_sweep.py --picks can compare them.
+PARTIAL_PICKS = {"store": True, "sum": False}
+PARTIAL_PICK = "store"
+
 # Chunk boundaries per program of the carry kernel (`kernels.embedding.segment_carry`), forced (a power of two) over the
 # launch config's ``carry_chunks`` (`kernels.heuristics.SparseUpdateConfig`); module-level, for tests and
 # benchmarks/pooled_update_sweep.py --carry-chunks.
@@ -214,6 +223,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         POS32=N + cfg.chunk < 2**31 and _max_offset(grad_out) < 2**31,
         ROW_EVICT=EVICTIONS[evict][0],
         GRAD_EVICT=EVICTIONS[evict][1],
+        PICK_STORE=PARTIAL_PICKS[PARTIAL_PICK],
         num_warps=cfg.chunk_warps,
         **common,
     )

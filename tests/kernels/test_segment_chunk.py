@@ -132,6 +132,27 @@ def test_32_and_64_bit_index_paths_agree_bit_for_bit(dtype, grad_layout, device,
     assert not torch.equal(w32, make_weight(case.num_rows, 16, device, dtype))  # the update did move the rows
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim,launch", [(16, PLAIN), (128, heuristics.SparseUpdateConfig(16, 32, 1, 1, 8))],
+                         ids=["D16-4warps", "D128-1warp"])
+def test_partial_picks_store_and_sum_agree_bit_for_bit(dtype, dim, launch, device, monkeypatch):
+    """The chunk kernel's first/last partials written by a store masked to the row's lane (`update.PARTIAL_PICK`
+    "store", shipped) or picked by a masked sum over the tile ("sum"): the same tables and state bit for bit
+    (row-wise Adagrad, lazy decay, bf16 with stochastic rounding), on hot rows whose segments cross chunks, at
+    the one-hot tests' dim and at MLPerf's dim and one-warp launch."""
+    from kernels.embedding import update
+
+    case, rows = hot_case(device, B=127, seed=11)
+    grad = make_grad(rows.shape[0], 2, dim, "permuted", device)
+    results = {}
+    for pick in ("store", "sum"):
+        monkeypatch.setattr(update, "PARTIAL_PICK", pick)
+        results[pick] = run_update(launch, case, rows, grad, "rowwise_adagrad", dtype, device, monkeypatch)
+    (w_store, s_store), (w_sum, s_sum) = results["store"], results["sum"]
+    assert torch.equal(w_store, w_sum) and torch.equal(s_store, s_sum)
+    assert not torch.equal(w_store, make_weight(case.num_rows, dim, device, dtype))  # the update did move the rows
+
+
 # Hot rows spanning many groups of chunks (`_group_sum_kernel`): 16-position chunks, groups of CARRY_BLOCK chunks.
 # A 700-position run starting mid-chunk (44 chunks: many group steps), a 333-position one starting in the chunk the
 # first ends in, short repeats, then a 144-position run starting exactly at a chunk and group boundary (1088 = 68
