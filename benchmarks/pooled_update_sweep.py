@@ -12,7 +12,8 @@ row loads: when the chunk kernel loads the updated rows (`kernels.embedding.upda
 eviction: the L2 eviction priorities of its row and gradient traffic (`kernels.embedding.update.EVICTION`,
 ``--evictions``); carry chunks: the chunk boundaries a program of the carry kernel takes
 (`kernels.embedding.update.CARRY_CHUNKS`, ``--carry-chunks``); picks: how the chunk kernel writes its first/last
-partial sums (`kernels.embedding.update.PARTIAL_PICK`, ``--picks``);
+partial sums (`kernels.embedding.update.PARTIAL_PICK`, ``--picks``); maxnreg: the chunk kernel's register cap
+(`kernels.embedding.update.CHUNK_MAXNREG`, ``--maxnregs``);
 launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps[, carry_chunks]) forced
 through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
 ``multi_hot_wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
@@ -48,7 +49,7 @@ PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 
         + [("bf16", "hash1hi", c) for c in ((16, 16, 4, 1), (32, 16, 2, 1), (32, 32, 4, 1), (32, 16, 8, 1), (32, 16, 4, 2))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
-KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "pick", "batch", "unique_rows", "ms", "gbps",
+KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "pick", "maxnreg", "batch", "unique_rows", "ms", "gbps",
         "pct_of_copy", "status"]
 
 
@@ -60,11 +61,11 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     rows = []
     shipped_rng, shipped_loads, shipped_evict, shipped_carry, shipped_pick = (
         update.SR_RNG, update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS, update.PARTIAL_PICK)
-    for _, rounding, launch, (row_loads, eviction, carry_chunks, pick) in plan:
+    for _, rounding, launch, (row_loads, eviction, carry_chunks, pick, maxnreg) in plan:
         heuristics.SPARSE_UPDATE_OVERRIDE = launch
         update.SR_RNG = rounding if rounding in update.RNG_CODES else shipped_rng
         update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS = row_loads, eviction, carry_chunks
-        update.PARTIAL_PICK = pick
+        update.PARTIAL_PICK, update.CHUNK_MAXNREG = pick, maxnreg
         sr = rounding != "nearest"
 
         def step():
@@ -82,11 +83,12 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
         finally:
             heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG, update.ROW_LOADS, update.EVICTION = shipped_rng, shipped_loads, shipped_evict
-            update.CARRY_CHUNKS, update.PARTIAL_PICK = shipped_carry, shipped_pick
+            update.CARRY_CHUNKS, update.PARTIAL_PICK, update.CHUNK_MAXNREG = shipped_carry, shipped_pick, None
         cfg = (heuristics.SparseUpdateConfig(*launch) if launch else heuristics.sparse_update_config(
             heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True))
         rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction,
                          carry_chunks=carry_chunks or cfg.carry_chunks, pick=pick,
+                         maxnreg=(cfg.chunk_maxnreg if maxnreg is None else maxnreg) or "none",
                          launch=str(tuple(cfg)) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
@@ -148,6 +150,10 @@ def main(argv=None) -> int:
     ap.add_argument("--picks", default=None,
                     help=f"comma list of {', '.join(update.PARTIAL_PICKS)} (how the chunk kernel writes its first/last "
                          "partial sums; default: the shipped one), each timed with every other choice")
+    ap.add_argument("--maxnregs", default=None,
+                    help="comma list of register caps for the chunk kernel (`kernels.embedding.update.CHUNK_MAXNREG`: "
+                         "'launch' the launch config's own, the default; 'none' the compiler's choice; or a count), "
+                         "each timed with every other choice")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)
@@ -166,7 +172,12 @@ def main(argv=None) -> int:
     picks = [update.PARTIAL_PICK] if args.picks is None else [p.strip() for p in args.picks.split(",") if p.strip()]
     if not picks or set(picks) - set(update.PARTIAL_PICKS):
         ap.error(f"--picks: {args.picks!r} is not a comma list of {', '.join(update.PARTIAL_PICKS)}")
-    orders = [(o, e, c, p) for o in orders for e in evictions for c in carries for p in picks]
+    caps = [None] if args.maxnregs is None else [
+        {"launch": None, "none": 0}.get(c.strip(), int(c) if c.strip().isdigit() else -1)
+        for c in args.maxnregs.split(",") if c.strip()]
+    if not caps or any(c not in (None, 0) and not 24 <= c <= 255 for c in caps):
+        ap.error(f"--maxnregs: {args.maxnregs!r} is not a comma list of 'launch', 'none' and register counts 24-255")
+    orders = [(o, e, c, p, r) for o in orders for e in evictions for c in carries for p in picks for r in caps]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
         args.rows_cap, args.batch = args.rows_cap or 1000, 2  # 428 slots: repeated rows, chunks carried over
@@ -201,9 +212,10 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
-    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | picks | ms | % of copy | status |",
-             "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | --- |"]
+    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | picks | maxnreg | ms | % of copy | status |",
+             "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- |"]
     table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["carry_chunks"], r["pick"],
+                      r["maxnreg"],
                       f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
@@ -213,7 +225,7 @@ def main(argv=None) -> int:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     ok = [r for r in rows if "ms" in r]
-    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['carry_chunks']} {r['pick']}"
+    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['carry_chunks']} {r['pick']} {r['maxnreg']}"
               for r in ok]
     ax.barh(labels[::-1], [r["ms"] for r in ok][::-1])
     ax.set_xlabel("ms per call")

@@ -383,8 +383,9 @@ def pick_wgrad_launch(B: int, M: int, N: int, dtype: torch.dtype, sms: int, inte
 class SparseUpdateConfig(NamedTuple):
     """Launch of the sorted segment-sum update: ``chunk`` sorted positions per program of the chunk
     kernel, ``carry_block`` chunks added per step of the carry loop, each kernel's num_warps,
-    ``carry_chunks`` chunk boundaries per program of the carry kernel (a power of two), and ``group_sums``:
-    hot rows' segments finished from sums of ``carry_block`` chunks (`kernels.embedding.segment_carry`).
+    ``carry_chunks`` chunk boundaries per program of the carry kernel (a power of two), ``group_sums``:
+    hot rows' segments finished from sums of ``carry_block`` chunks (`kernels.embedding.segment_carry`), and
+    ``chunk_maxnreg``: a register cap for the chunk kernel (Triton's ``maxnreg``; None: the compiler's choice).
 
     ``tl.dot`` needs every dim >= 16; larger chunks cost ``chunk**2 * D`` multiply-adds per chunk but
     shorten hot rows' carry loops."""
@@ -395,6 +396,7 @@ class SparseUpdateConfig(NamedTuple):
     carry_warps: int
     carry_chunks: int = 32
     group_sums: bool = False
+    chunk_maxnreg: Optional[int] = None
 
 
 # Measured on H100s, batch 65536, after the 2026-11-24 changes to the chunk kernel (partial sums picked only where
@@ -429,7 +431,7 @@ SPARSE_UPDATE_CONFIGS: dict[str, SparseUpdateConfig] = {
     "fp32_narrow_rows": SparseUpdateConfig(chunk=16, carry_block=128, chunk_warps=1, carry_warps=4),
     "multi_hot_wide_rows": SparseUpdateConfig(chunk=16, carry_block=16, chunk_warps=2, carry_warps=4, group_sums=True),
     "multi_hot_wide_rows_16bit": SparseUpdateConfig(chunk=16, carry_block=32, chunk_warps=1, carry_warps=1,
-                                                    carry_chunks=8, group_sums=True),
+                                                    carry_chunks=8, group_sums=True, chunk_maxnreg=128),
 }
 SPARSE_UPDATE_OVERRIDE: Optional[SparseUpdateConfig] = None
 

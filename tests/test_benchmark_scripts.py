@@ -456,6 +456,15 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     assert update.PARTIAL_PICK == "store" and "| sum |" in (tmp_path / "p.md").read_text()
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--picks", "both"])
+    # --maxnregs times each kept row with each register cap of the chunk kernel (the interpreter ignores it), none restored
+    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "r", "--dtypes", "bf16", "--launches", "picked",
+                    "--maxnregs", "launch,none,120"]) == 0
+    rows = read_csv(tmp_path / "r.csv")
+    own = heuristics.sparse_update_config(128, torch.bfloat16, multi_hot=True).chunk_maxnreg
+    assert [r["maxnreg"] for r in rows] == [str(own or "none"), "none", "120"] and all(r["status"] == "ok" for r in rows)
+    assert update.CHUNK_MAXNREG is None and "| 120 |" in (tmp_path / "r.md").read_text()
+    with pytest.raises(SystemExit):
+        sw.main(["--smoke", "--out", str(tmp_path), "--maxnregs", "8"])
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--row-loads", "sideways"])
     with pytest.raises(SystemExit):

@@ -112,6 +112,11 @@ EVICTION = "grad_last"
 PARTIAL_PICKS = {"store": True, "sum": False}
 PARTIAL_PICK = "store"
 
+# The chunk kernel's register cap forced over the launch config's ``chunk_maxnreg`` (`kernels.heuristics`): None takes
+# the launch's, 0 none (the compiler's choice), N caps at N registers a thread. Module-level, for tests and
+# benchmarks/pooled_update_sweep.py --maxnregs.
+CHUNK_MAXNREG: Optional[int] = None
+
 # Chunk boundaries per program of the carry kernel (`kernels.embedding.segment_carry`), forced (a power of two) over the
 # launch config's ``carry_chunks`` (`kernels.heuristics.SparseUpdateConfig`); module-level, for tests and
 # benchmarks/pooled_update_sweep.py --carry-chunks.
@@ -194,6 +199,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         rounding += RNG_CODES[SR_RNG]
     common = dict(OPT=opt, DECAY=weight_decay != 0.0, ROUND=rounding, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
     evict = EVICTION if slot_feature is not None else "none"  # see EVICTION
+    maxnreg = cfg.chunk_maxnreg if CHUNK_MAXNREG is None else CHUNK_MAXNREG
     _sparse_chunk_kernel[(num_chunks,)](
         sorted_rows,
         perm,
@@ -225,6 +231,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         GRAD_EVICT=EVICTIONS[evict][1],
         PICK_STORE=PARTIAL_PICKS[PARTIAL_PICK],
         num_warps=cfg.chunk_warps,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
         **common,
     )
     group_sums = cfg.group_sums if CARRY_GROUP_SUMS is None else CARRY_GROUP_SUMS

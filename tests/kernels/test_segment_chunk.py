@@ -153,6 +153,25 @@ def test_partial_picks_store_and_sum_agree_bit_for_bit(dtype, dim, launch, devic
     assert not torch.equal(w_store, make_weight(case.num_rows, dim, device, dtype))  # the update did move the rows
 
 
+@pytest.mark.parametrize("cap", [128, 96])
+def test_register_cap_gives_the_same_update_bit_for_bit(cap, device, monkeypatch):
+    """The chunk kernel under a register cap (`SparseUpdateConfig.chunk_maxnreg`, 128 in the multi-hot 16-bit
+    launch; spills on sm_90 below that): the same bf16 tables and state bit for bit as the uncapped kernel, at
+    MLPerf's dim and one-warp launch (the interpreter ignores the cap: there this checks that the field passes)."""
+    from kernels.embedding import update
+
+    assert heuristics.sparse_update_config(128, torch.bfloat16, multi_hot=True).chunk_maxnreg == 128
+    assert update.CHUNK_MAXNREG is None  # the launch's own cap, not a forced one
+    case, rows = hot_case(device, B=127, seed=17)
+    grad = make_grad(rows.shape[0], 2, 128, "permuted", device, dtype=torch.bfloat16)
+    launch = heuristics.SparseUpdateConfig(16, 32, 1, 1, 8, True, cap)
+    uncapped = launch._replace(chunk_maxnreg=None)
+    w_cap, s_cap = run_update(launch, case, rows, grad, "rowwise_adagrad", torch.bfloat16, device, monkeypatch)
+    w_ref, s_ref = run_update(uncapped, case, rows, grad, "rowwise_adagrad", torch.bfloat16, device, monkeypatch)
+    assert torch.equal(w_cap, w_ref) and torch.equal(s_cap, s_ref)
+    assert not torch.equal(w_cap, make_weight(case.num_rows, 128, device, torch.bfloat16))
+
+
 # Hot rows spanning many groups of chunks (`_group_sum_kernel`): 16-position chunks, groups of CARRY_BLOCK chunks.
 # A 700-position run starting mid-chunk (44 chunks: many group steps), a 333-position one starting in the chunk the
 # first ends in, short repeats, then a 144-position run starting exactly at a chunk and group boundary (1088 = 68
