@@ -544,18 +544,19 @@ for i, one_pass in enumerate([True, False, True, False]):
                        "--out", f"{sys.argv[1]}/adagrad_{i}_{'one_pass' if one_pass else 'foreach'}"])
 EOF
       ;;
-    mlperf:picks)  # the chunk kernel's first/last partial sums by a masked store (update.PARTIAL_PICK "store") against
-      # the masked sum over the tile ("sum"): the MLPerf step ("auto") alternating in one process (results/mlperf_dcnv2_picks*)
-      run mlperf_dcnv2_picks 260 python - "$RES" <<'EOF'
+    mlperf:maxnreg)  # the update's chunk kernel at its launch's register cap (SparseUpdateConfig.chunk_maxnreg, 128 for
+      # MLPerf's bf16 tables) against uncapped (update.CHUNK_MAXNREG = 0): the MLPerf step ("auto") alternating in one
+      # process (results/mlperf_dcnv2_maxnreg*)
+      run mlperf_dcnv2_maxnreg 300 python - "$RES" <<'EOF'
 import sys
 sys.path.append("benchmarks")  # appended: benchmarks/kernels.py must not shadow the kernels package
 from kernels.embedding import update
 import mlperf_dcnv2
-for i, pick in enumerate(["store", "sum", "store", "sum"]):
-    update.PARTIAL_PICK = pick
-    print("PARTIAL_PICK", pick, flush=True)
+for i, cap in enumerate([None, 0, None, 0]):
+    update.CHUNK_MAXNREG = cap
+    print("CHUNK_MAXNREG", cap, flush=True)
     mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "auto",
-                       "--out", f"{sys.argv[1]}/picks_{i}_{pick}"])
+                       "--out", f"{sys.argv[1]}/maxnreg_{i}_{'launch' if cap is None else 'none'}"])
 EOF
       ;;
     mlperf:concat)  # the DCN input built by the pooled lookup (dlrm.model.dlrm.CONCAT_IN_LOOKUP) against a separate
