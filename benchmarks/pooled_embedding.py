@@ -344,19 +344,19 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="tables capped at 1000 rows, batch 2, 1 call per window (CPU: 1 window, no warm-up)")
     ap.add_argument("--lookup-launches", default="",
-                    help="also time the triton fwd at these launches: comma list of SAMPLESxWARPS[xUNROLL] (unroll 1 if "
-                         "left out), forced "
+                    help="also time the triton fwd at these launches: comma list of SAMPLESxWARPS[xUNROLL[xMAXNREG]] "
+                         "(unroll 1 if left out; MAXNREG a register cap, 24-255), forced "
                          "through kernels.embedding.pooled.POOLED_LOOKUP_OVERRIDE (rows 'triton SxWxU')")
     args = ap.parse_args(argv)
     try:
         launches = [tuple(int(v) for v in item.split("x")) for item in args.lookup_launches.split(",") if item.strip()]
-        launches = [lw if len(lw) == 3 else (*lw, 1) for lw in launches]
-        if any(len(lw) != 3 or lw[0] < 1 or lw[0] & (lw[0] - 1) or lw[1] not in (1, 2, 4, 8, 16) or lw[2] not in (1, 2, 4)
-               for lw in launches):
+        launches = [(*lw, 1) if len(lw) == 2 else lw for lw in launches]
+        if any(len(lw) not in (3, 4) or lw[0] < 1 or lw[0] & (lw[0] - 1) or lw[1] not in (1, 2, 4, 8, 16)
+               or lw[2] not in (1, 2, 4) or (len(lw) == 4 and not 24 <= lw[3] <= 255) for lw in launches):
             raise ValueError
     except ValueError:
-        ap.error(f"--lookup-launches: {args.lookup_launches!r} is not a comma list of SAMPLESxWARPS[xUNROLL] "
-                 "(samples a power of two, warps 1-16, unroll 1, 2 or 4)")
+        ap.error(f"--lookup-launches: {args.lookup_launches!r} is not a comma list of SAMPLESxWARPS[xUNROLL[xMAXNREG]] "
+                 "(samples a power of two, warps 1-16, unroll 1, 2 or 4, maxnreg 24-255)")
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))

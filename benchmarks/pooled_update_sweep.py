@@ -49,7 +49,8 @@ PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 
         + [("bf16", "hash1hi", c) for c in ((16, 16, 4, 1), (32, 16, 2, 1), (32, 32, 4, 1), (32, 16, 8, 1), (32, 16, 4, 2))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
-KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "pick", "maxnreg", "batch", "unique_rows", "ms", "gbps",
+KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "pick", "maxnreg", "batch", "unique_rows",
+        "ms", "gbps",
         "pct_of_copy", "status"]
 
 
@@ -212,9 +213,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
-    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | picks | maxnreg | ms | % of copy | status |",
+    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | picks | maxnreg | ms | % of copy "
+             "| status |",
              "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- |"]
-    table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["carry_chunks"], r["pick"],
+    table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["carry_chunks"],
+                      r["pick"],
                       r["maxnreg"],
                       f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
@@ -225,7 +228,8 @@ def main(argv=None) -> int:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     ok = [r for r in rows if "ms" in r]
-    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['carry_chunks']} {r['pick']} {r['maxnreg']}"
+    labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['carry_chunks']} "
+              f"{r['pick']} {r['maxnreg']}"
               for r in ok]
     ax.barh(labels[::-1], [r["ms"] for r in ok][::-1])
     ax.set_xlabel("ms per call")

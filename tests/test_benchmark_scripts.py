@@ -305,19 +305,21 @@ def test_pooled_embedding_smoke_times_every_mode_and_dtype(tmp_path):
 
 
 def test_pooled_embedding_lookup_launches_add_forward_rows_and_restore_the_picked_launch(tmp_path):
-    """--lookup-launches: one more triton fwd row per forced launch (SAMPLESxWARPS[xUNROLL]), the override reset
-    after."""
+    """--lookup-launches: one more triton fwd row per forced launch (SAMPLESxWARPS[xUNROLL[xMAXNREG]]), the override
+    reset after."""
     pe = load_script("pooled_embedding")
     import kernels.embedding.pooled as pooled
 
     assert pe.main(["--smoke", "--out", str(tmp_path), "--dtypes", "bf16", "--modes", "fwd", "--impls", "triton",
-                    "--lookup-launches", "16x2,8x4x4"]) == 0
+                    "--lookup-launches", "16x2,8x4x4,8x4x2x128"]) == 0
     rows = read_csv(tmp_path / "pooled_embedding.csv")
-    assert [r["impl"] for r in rows] == ["triton", "triton 16x2x1", "triton 8x4x4"]
+    assert [r["impl"] for r in rows] == ["triton", "triton 16x2x1", "triton 8x4x4", "triton 8x4x2x128"]
     assert all(r["status"] == "ok" and int(r["bytes"]) == int(rows[0]["bytes"]) for r in rows)
     assert pooled.POOLED_LOOKUP_OVERRIDE is None
     with pytest.raises(SystemExit):
         pe.main(["--smoke", "--out", str(tmp_path), "--lookup-launches", "12x4"])  # rows not a power of two
+    with pytest.raises(SystemExit):
+        pe.main(["--smoke", "--out", str(tmp_path), "--lookup-launches", "16x4x2x8"])  # a register cap below 24
 
 
 def test_onehot_embedding_sweep_smoke_times_each_launch_and_update(tmp_path):
@@ -456,12 +458,14 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     assert update.PARTIAL_PICK == "store" and "| sum |" in (tmp_path / "p.md").read_text()
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--picks", "both"])
-    # --maxnregs times each kept row with each register cap of the chunk kernel (the interpreter ignores it), none restored
+    # --maxnregs times each kept row with each register cap of the chunk kernel (the interpreter ignores it), the
+    # override reset after
     assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "r", "--dtypes", "bf16", "--launches", "picked",
                     "--maxnregs", "launch,none,120"]) == 0
     rows = read_csv(tmp_path / "r.csv")
     own = heuristics.sparse_update_config(128, torch.bfloat16, multi_hot=True).chunk_maxnreg
-    assert [r["maxnreg"] for r in rows] == [str(own or "none"), "none", "120"] and all(r["status"] == "ok" for r in rows)
+    assert [r["maxnreg"] for r in rows] == [str(own or "none"), "none", "120"]
+    assert all(r["status"] == "ok" for r in rows)
     assert update.CHUNK_MAXNREG is None and "| 120 |" in (tmp_path / "r.md").read_text()
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--maxnregs", "8"])

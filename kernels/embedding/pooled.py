@@ -65,10 +65,10 @@ __all__ = [
 ]
 
 PAD_SPARSE = -2  # an empty multi-hot slot (missing values are -1 and hash to a row like any other)
-# (samples per program, warps, slots a loop step) forced on the lookup's launch, or None for
+# (samples per program, warps, slots a loop step[, register cap]) forced on the lookup's launch, or None for
 # `kernels.heuristics.pooled_lookup_launch`; module-level so that benchmarks/pooled_embedding.py --lookup-launches
 # can compare them.
-POOLED_LOOKUP_OVERRIDE: Optional[tuple[int, int, int]] = None
+POOLED_LOOKUP_OVERRIDE: Optional[tuple[int, ...]] = None
 
 # The forward's Triton kernel: kernels/embedding/pooled_fwd.py.
 
@@ -142,8 +142,9 @@ def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offset
                                         vocab, vocab_offsets, lookup=False, rows_dtype=rows_dtype)[1]
     args, use_vocab, steps = hash_args(raw, cardinalities, offsets, vocab, vocab_offsets)
     BLOCK_D = triton.next_power_of_2(max(D, 1))
-    BLOCK_B, warps, unroll = ((POOLED_LOOKUP_OVERRIDE or pooled_lookup_launch(BLOCK_D)) if lookup
-                              else (MAX_ROWS_PER_PROGRAM, 4, 1))
+    launch = (POOLED_LOOKUP_OVERRIDE or pooled_lookup_launch(BLOCK_D)) if lookup else (MAX_ROWS_PER_PROGRAM, 4, 1)
+    BLOCK_B, warps, unroll = launch[:3]
+    maxnreg = launch[3] if len(launch) > 3 else None  # a register cap (Triton's maxnreg), where the launch names one
     _pooled_fwd_kernel[(triton.cdiv(B, BLOCK_B), F)](
         *args,
         hotness.to(torch.int64).contiguous(),
@@ -167,6 +168,7 @@ def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offset
         BLOCK_D=BLOCK_D,
         UNROLL=unroll,
         num_warps=warps,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return full, rows
 

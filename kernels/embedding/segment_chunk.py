@@ -10,12 +10,17 @@ updated rows' weights and state) with ~1,500 instructions a warp between them. A
 occupancy, with DRAM at ~48% of peak: both the latency of the chain and the instruction count cost time.
 Tried and slower there: persistent programs software-pipelined over three chunks (239 registers, 7.2 ms
 against 5.6), each program asking L2 for the lines of a chunk 264-4224 chunks ahead (+1-10%), register caps
-(spills), skipping the segment product in chunks without repeated rows (more registers).
+(spills; that kernel), skipping the segment product in chunks without repeated rows (more registers).
+On an H200 (2026-11-29, results/pooled_update_chunk_latency_h200.md) it is the chain's latency and how many programs
+wait on it at once: 10% fewer instructions (the partials below) bought 1.4%, one serial load fewer (the padding exit
+decided on the chunk's own index loads) 3.2%, and 16 one-warp programs an SM instead of 13 (a 128-register cap,
+`kernels.heuristics.SparseUpdateConfig.chunk_maxnreg`) 7%.
 
-``first[k]`` / ``last[k]`` (a chunk's partial sums of its first and last row) are picked out of the tile and
-written only where the carry kernel reads them: by a chunk that starts inside a segment, and by one whose
-last segment continues into the next chunk. Every chunk did both until 2026-11-24: two masked sums over its
-whole tile and 0.45 GB of stores a step at MLPerf shapes; skipping them made the bf16 update 7% faster.
+``first[k]`` / ``last[k]`` (a chunk's partial sums of its first and last row) are written only where the carry
+kernel reads them: by a chunk that starts inside a segment, and by one whose last segment continues into the next
+chunk. Every chunk did both until 2026-11-24: two masked sums over its
+whole tile and 0.45 GB of stores a step at MLPerf shapes; skipping them made the bf16 update 7% faster. Since
+2026-11-29 a store masked to the row's lane writes them, without the masked sum's cross-lane reduction.
 """
 
 from __future__ import annotations

@@ -111,7 +111,8 @@ def test_sparse_update_config(monkeypatch):
     assert sparse_update_config(128, torch.bfloat16) == SUC(32, 64, 4, 1)  # one-hot, wide rows
     assert sparse_update_config(64, torch.float32) == SUC(32, 64, 4, 1)
     # multi-hot wide rows: hot rows finished from group sums (their Zipf-like data's walks were long); one-hot not
-    # 16-bit gradients: the chunk kernel capped at 128 registers (more programs resident; results/pooled_update_maxnreg_h200.md)
+    # 16-bit gradients: the chunk kernel capped at 128 registers (more programs an SM;
+    # results/pooled_update_chunk_latency_h200.md)
     assert sparse_update_config(128, torch.bfloat16, multi_hot=True) == SUC(16, 32, 1, 1, 8, True, 128)
     assert not any(sparse_update_config(d, t).chunk_maxnreg for d in (16, 128) for t in (torch.float32, torch.bfloat16))
     assert sparse_update_config(128, torch.float32, multi_hot=True).carry_chunks == 32  # the default
