@@ -425,6 +425,11 @@ class SparseUpdateConfig(NamedTuple):
 #   against 86 for fp32). Off for one-hot launches, whose hot rows span at most thousands of chunks (1,000-4,000 for
 #   an all-missing feature) and where the second loop costs registers: 96 against 62 for fp32 D=16, more spills
 #   for D=128 with one carry warp.
+# * chunk_maxnreg (H200, 2026-11-29, results/pooled_update_chunk_latency_h200.md): the multi-hot 16-bit launch's chunk
+#   kernel at 128 registers a thread (146 uncapped with Triton 3.6): 16 one-warp programs an SM instead of 13 hide more
+#   of its load latency, the update with its sort 3.584-3.593 ms against 3.852-3.866 (-7%; 124 3.64, 120 3.70, 112
+#   3.85, 132-144 3.94), the MLPerf step -1.5% (mlperf_dcnv2_maxnreg_h200.md). fp32 tables: within 0.3% at 128, lower
+#   caps slower, so none. Not measured on an H100 (the same SM and register file).
 SPARSE_UPDATE_CONFIGS: dict[str, SparseUpdateConfig] = {
     "default": SparseUpdateConfig(chunk=64, carry_block=32, chunk_warps=4, carry_warps=4),
     "wide_rows": SparseUpdateConfig(chunk=32, carry_block=64, chunk_warps=4, carry_warps=1),

@@ -18,9 +18,9 @@ decided on the chunk's own index loads) 3.2%, and 16 one-warp programs an SM ins
 
 ``first[k]`` / ``last[k]`` (a chunk's partial sums of its first and last row) are written only where the carry
 kernel reads them: by a chunk that starts inside a segment, and by one whose last segment continues into the next
-chunk. Every chunk did both until 2026-11-24: two masked sums over its
-whole tile and 0.45 GB of stores a step at MLPerf shapes; skipping them made the bf16 update 7% faster. Since
-2026-11-29 a store masked to the row's lane writes them, without the masked sum's cross-lane reduction.
+chunk. Every chunk did both until 2026-11-24: two masked sums over its whole tile and 0.45 GB of stores a step at
+MLPerf shapes; skipping them made the bf16 update 7% faster. Since 2026-11-29 a store masked to the row's lane
+writes them, without the masked sum's cross-lane reduction.
 """
 
 from __future__ import annotations

@@ -200,6 +200,8 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     common = dict(OPT=opt, DECAY=weight_decay != 0.0, ROUND=rounding, CHUNK=cfg.chunk, BLOCK_D=BLOCK_D)
     evict = EVICTION if slot_feature is not None else "none"  # see EVICTION
     maxnreg = cfg.chunk_maxnreg if CHUNK_MAXNREG is None else CHUNK_MAXNREG
+    if torch.version.hip is not None:  # Triton's AMD backend has no maxnreg option (a launch with it raises)
+        maxnreg = None
     _sparse_chunk_kernel[(num_chunks,)](
         sorted_rows,
         perm,
