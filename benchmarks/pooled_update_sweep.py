@@ -50,8 +50,7 @@ PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
 KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "pick", "maxnreg", "batch", "unique_rows",
-        "ms", "gbps",
-        "pct_of_copy", "status"]
+        "ms", "gbps", "pct_of_copy", "status"]
 
 
 def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: torch.device, copy_gbps: float,
@@ -217,8 +216,7 @@ def main(argv=None) -> int:
              "| status |",
              "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- |"]
     table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["carry_chunks"],
-                      r["pick"],
-                      r["maxnreg"],
+                      r["pick"], r["maxnreg"],
                       f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
