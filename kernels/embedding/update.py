@@ -109,7 +109,8 @@ EVICTION = "grad_last"
 # an offline count; the way until 2026-11-29). The same values (sum: x + 0.0 turns -0.0 into +0.0); with uniform
 # ids at MLPerf DLRM-DCNv2's shapes ~54% of 16-position chunks pick one (counted in NumPy: the small tables' rows
 # repeat). Store: the update 0.3% faster at the one-warp launch, ncu 10% fewer instructions (H200,
-# results/pooled_update_picks_h200.md). Module-level, so that benchmarks/pooled_update_sweep.py --picks can compare them.
+# results/pooled_update_picks_h200.md). Module-level, so that benchmarks/pooled_update_sweep.py --picks can compare
+# them.
 PARTIAL_PICKS = {"store": True, "sum": False}
 PARTIAL_PICK = "store"
 
