@@ -44,6 +44,18 @@ def _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK: tl.constexpr):
 
 
 @triton.jit
+def _chunk_bounds(sorted_ptr, k, N, CHUNK: tl.constexpr):
+    """Chunk ``k``'s first and last sorted row and the rows just before and after it (-1 past either end)."""
+    cs = k * CHUNK
+    last_i = tl.minimum(cs + CHUNK, N) - 1
+    row0 = tl.load(sorted_ptr + cs)
+    prev = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1)
+    row_last = tl.load(sorted_ptr + last_i)
+    following = tl.load(sorted_ptr + last_i + 1, mask=(last_i + 1) < N, other=-1)
+    return row0, prev, row_last, following
+
+
+@triton.jit
 def _grad_coords(pos, valid, slot_ptr, F, SLOT_MAP: tl.constexpr, POS32: tl.constexpr):
     """``(b, f)`` of each position ``pos = b * F + c``: the gradient row is ``grad[b, f]`` with ``f = c``, or
     ``f = slot[c]`` with ``SLOT_MAP``. ``POS32``: every position and every element offset of the gradient fits
@@ -64,7 +76,7 @@ def _grad_coords(pos, valid, slot_ptr, F, SLOT_MAP: tl.constexpr, POS32: tl.cons
 
 
 @triton.jit
-def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
+def _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
                   OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, CHUNK: tl.constexpr,
                   BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr,
@@ -79,11 +91,7 @@ def _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
 
-    row0 = tl.load(sorted_ptr + cs)
-    prev = tl.load(sorted_ptr + cs - 1, mask=cs > 0, other=-1)
     last_i = tl.minimum(cs + CHUNK, N) - 1
-    row_last = tl.load(sorted_ptr + last_i)
-    following = tl.load(sorted_ptr + last_i + 1, mask=(last_i + 1) < N, other=-1)
     # A segment is complete here when it ends in the chunk (next sorted row differs) and starts in it,
     # i.e. its row differs from row0, unless the chunk itself starts a segment (then compare against -2,
     # which no row equals). Written as one comparison: the interpreter mishandles scalar | vector masks.
@@ -177,10 +185,13 @@ def _sparse_chunk_kernel(
     # 2026-11-29: ~9% of the kernel's stall samples on that first load). ``pos`` and ``nxt`` enter the condition
     # (always true) so that their loads too are issued before it.
     keep = (k * CHUNK + tl.arange(0, CHUNK) < N) & (pos >= 0) & (nxt >= -1)
-    if tl.min(tl.where(keep, rows, R), axis=0) >= R:
+    # The chunk's bounding rows too (the segments' edges), so that no load waits for the branch: always true as well.
+    row0, prev, row_last, following = _chunk_bounds(sorted_ptr, k, N, CHUNK)
+    bounds_loaded = (prev >= -1) & (following >= -1) & (row0 >= -1) & (row_last >= -1)
+    if (tl.min(tl.where(keep, rows, R), axis=0) >= R) & bounds_loaded:
         return
     b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
-    _chunk_update(k, rows, nxt, b, f, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
+    _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
                   stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
                   OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT,
                   PICK_STORE)
