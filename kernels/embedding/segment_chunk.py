@@ -76,14 +76,13 @@ def _grad_coords(pos, valid, slot_ptr, F, SLOT_MAP: tl.constexpr, POS32: tl.cons
 
 
 @triton.jit
-def _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
-                  stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
-                  OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, CHUNK: tl.constexpr,
-                  BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr,
-                  ROW_LOADS: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr,
-                  PICK_STORE: tl.constexpr):
-    """Chunk ``k`` once its indices are known (`_chunk_indices`, `_grad_coords`): segment sums, the update of
-    the segments that start and end in it, and the carry kernel's partial sums."""
+def _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_ptr, grad_ptr, stride_gb, stride_gf,
+                  stride_gd, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps,
+                  weight_decay, N, D, R, OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr,
+                  CHUNK: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr,
+                  ROW_LOADS: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr, PICK_STORE: tl.constexpr):
+    """Chunk ``k`` once its indices and bounding rows are known (`_chunk_indices`, `_grad_coords`, `_chunk_bounds`):
+    segment sums, the update of the segments that start and end in it, and the carry kernel's partial sums."""
     cs = k * CHUNK
     i = cs + tl.arange(0, CHUNK)
     valid = i < N
@@ -191,7 +190,7 @@ def _sparse_chunk_kernel(
     if (tl.min(tl.where(keep, rows, R), axis=0) >= R) & bounds_loaded:
         return
     b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
-    _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr,
-                  stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, D, R,
-                  OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT,
-                  PICK_STORE)
+    _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_ptr, grad_ptr, stride_gb, stride_gf,
+                  stride_gd, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps,
+                  weight_decay, N, D, R, OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT,
+                  GRAD_EVICT, PICK_STORE)
