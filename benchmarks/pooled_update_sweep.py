@@ -13,8 +13,7 @@ eviction: the L2 eviction priorities of its row and gradient traffic (`kernels.e
 ``--evictions``); carry chunks: the chunk boundaries a program of the carry kernel takes
 (`kernels.embedding.update.CARRY_CHUNKS`, ``--carry-chunks``); picks: how the chunk kernel writes its first/last
 partial sums (`kernels.embedding.update.PARTIAL_PICK`, ``--picks``); maxnreg: the chunk kernel's register cap
-(`kernels.embedding.update.CHUNK_MAXNREG`, ``--maxnregs``); chunks a program: how many consecutive chunks a program of the
-chunk kernel takes (`kernels.embedding.update.CHUNKS_PER_PROGRAM`, ``--chunks-per-program``);
+(`kernels.embedding.update.CHUNK_MAXNREG`, ``--maxnregs``);
 launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps[, carry_chunks]) forced
 through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
 ``multi_hot_wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
@@ -50,7 +49,7 @@ PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 
         + [("bf16", "hash1hi", c) for c in ((16, 16, 4, 1), (32, 16, 2, 1), (32, 32, 4, 1), (32, 16, 8, 1), (32, 16, 4, 2))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
-KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "pick", "maxnreg", "chunks_per_program", "batch", "unique_rows",
+KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "pick", "maxnreg", "batch", "unique_rows",
         "ms", "gbps", "pct_of_copy", "status"]
 
 
@@ -60,15 +59,13 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     x = pe.Inputs(t, batch, device)
     nbytes = pe.case_bytes("bwd", t, batch, x.unique)
     rows = []
-    shipped_rng, shipped_loads, shipped_evict, shipped_carry, shipped_pick, shipped_cpp = (
-        update.SR_RNG, update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS, update.PARTIAL_PICK,
-        (update.CHUNKS_PER_PROGRAM, update.INDEX_AHEAD))
-    for _, rounding, launch, (row_loads, eviction, carry_chunks, pick, maxnreg, cpp) in plan:
+    shipped_rng, shipped_loads, shipped_evict, shipped_carry, shipped_pick = (
+        update.SR_RNG, update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS, update.PARTIAL_PICK)
+    for _, rounding, launch, (row_loads, eviction, carry_chunks, pick, maxnreg) in plan:
         heuristics.SPARSE_UPDATE_OVERRIDE = launch
         update.SR_RNG = rounding if rounding in update.RNG_CODES else shipped_rng
         update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS = row_loads, eviction, carry_chunks
         update.PARTIAL_PICK, update.CHUNK_MAXNREG = pick, maxnreg
-        update.CHUNKS_PER_PROGRAM, update.INDEX_AHEAD = int(cpp.split(":")[0]), cpp.split(":")[1]
         sr = rounding != "nearest"
 
         def step():
@@ -87,12 +84,11 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
             heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG, update.ROW_LOADS, update.EVICTION = shipped_rng, shipped_loads, shipped_evict
             update.CARRY_CHUNKS, update.PARTIAL_PICK, update.CHUNK_MAXNREG = shipped_carry, shipped_pick, None
-            update.CHUNKS_PER_PROGRAM, update.INDEX_AHEAD = shipped_cpp
         cfg = (heuristics.SparseUpdateConfig(*launch) if launch else heuristics.sparse_update_config(
             heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True))
         rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction,
                          carry_chunks=carry_chunks or cfg.carry_chunks, pick=pick,
-                         maxnreg=(cfg.chunk_maxnreg if maxnreg is None else maxnreg) or "none", chunks_per_program=cpp,
+                         maxnreg=(cfg.chunk_maxnreg if maxnreg is None else maxnreg) or "none",
                          launch=str(tuple(cfg)) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
@@ -158,11 +154,6 @@ def main(argv=None) -> int:
                     help="comma list of register caps for the chunk kernel (`kernels.embedding.update.CHUNK_MAXNREG`: "
                          "'launch' the launch config's own, the default; 'none' the compiler's choice; or a count), "
                          "each timed with every other choice")
-    ap.add_argument("--chunks-per-program", default=None,
-                    help="comma list of chunks a program of the chunk kernel takes (`kernels.embedding.update."
-                         "CHUNKS_PER_PROGRAM`, default: the shipped one), each timed with every other choice; "
-                         "N:l1 or N:l2 prefetch the next chunk's index lines instead of loading them ahead "
-                         "(`update.INDEX_AHEAD`)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)
@@ -186,13 +177,7 @@ def main(argv=None) -> int:
         for c in args.maxnregs.split(",") if c.strip()]
     if not caps or any(c not in (None, 0) and not 24 <= c <= 255 for c in caps):
         ap.error(f"--maxnregs: {args.maxnregs!r} is not a comma list of 'launch', 'none' and register counts 24-255")
-    cpps = [f"{update.CHUNKS_PER_PROGRAM}:{update.INDEX_AHEAD}"] if args.chunks_per_program is None else [
-        c.strip() if ":" in c else f"{c.strip()}:registers" for c in args.chunks_per_program.split(",") if c.strip()]
-    if not cpps or not all(c.split(":")[0].isdigit() and int(c.split(":")[0]) >= 1 and c.split(":")[1]
-                           in update.INDEX_AHEADS and c.count(":") == 1 for c in cpps):
-        ap.error(f"--chunks-per-program: {args.chunks_per_program!r} is not a comma list of positive integers")
-    orders = [(o, e, c, p, r, n) for o in orders for e in evictions for c in carries for p in picks for r in caps
-              for n in cpps]
+    orders = [(o, e, c, p, r) for o in orders for e in evictions for c in carries for p in picks for r in caps]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
         args.rows_cap, args.batch = args.rows_cap or 1000, 2  # 428 slots: repeated rows, chunks carried over
@@ -227,11 +212,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
-    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | picks | maxnreg | chunks a program | ms "
-             "| % of copy | status |",
-             "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | picks | maxnreg | ms | % of copy "
+             "| status |",
+             "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- |"]
     table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["carry_chunks"],
-                      r["pick"], r["maxnreg"], r["chunks_per_program"],
+                      r["pick"], r["maxnreg"],
                       f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
@@ -242,7 +227,7 @@ def main(argv=None) -> int:
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     ok = [r for r in rows if "ms" in r]
     labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['carry_chunks']} "
-              f"{r['pick']} {r['maxnreg']} x{r['chunks_per_program']}"
+              f"{r['pick']} {r['maxnreg']}"
               for r in ok]
     ax.barh(labels[::-1], [r["ms"] for r in ok][::-1])
     ax.set_xlabel("ms per call")

@@ -469,17 +469,6 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     assert update.CHUNK_MAXNREG is None and "| 120 |" in (tmp_path / "r.md").read_text()
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--maxnregs", "8"])
-    # --chunks-per-program times each kept row with each count of chunks a program, the shipped one restored after
-    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "c", "--dtypes", "bf16", "--launches", "picked",
-                    "--chunks-per-program", "1,2,2:l1"]) == 0
-    rows = read_csv(tmp_path / "c.csv")
-    assert [r["chunks_per_program"] for r in rows] == ["1:registers", "2:registers", "2:l1"]
-    assert all(r["status"] == "ok" for r in rows)
-    assert update.CHUNKS_PER_PROGRAM == 1 and update.INDEX_AHEAD == "registers" and "| chunks a program |" in (tmp_path / "c.md").read_text()
-    with pytest.raises(SystemExit):
-        sw.main(["--smoke", "--out", str(tmp_path), "--chunks-per-program", "0"])
-    with pytest.raises(SystemExit):
-        sw.main(["--smoke", "--out", str(tmp_path), "--chunks-per-program", "2:l3"])
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--row-loads", "sideways"])
     with pytest.raises(SystemExit):

@@ -56,24 +56,6 @@ def _chunk_bounds(sorted_ptr, k, N, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _prefetch_chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK: tl.constexpr, LEVEL: tl.constexpr):
-    """Ask L1 (``LEVEL`` 1) or L2 (2) for the cache lines of chunk ``k``'s sorted rows (the row after its last and
-    the one before its first included) and positions: ``prefetch.global``, which returns at once (PTX only)."""
-    cs = k * CHUNK
-    # Two elements a span: its ends, clamped into the arrays (a chunk of 16 spans at most two 128-byte lines).
-    end = tl.arange(0, 2) * (CHUNK + 1) - 1  # -1 and CHUNK
-    i = tl.minimum(tl.maximum(cs + end, 0), N - 1)
-    j = tl.minimum(cs + tl.arange(0, 2) * (CHUNK - 1), N - 1)
-    addrs = tl.join((sorted_ptr + i).to(tl.int64, bitcast=True), (perm_ptr + j).to(tl.int64, bitcast=True))
-    if LEVEL == 1:
-        tl.inline_asm_elementwise("prefetch.global.L1 [$1]; mov.b32 $0, 0;", "=r,l", [addrs], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.b32 $0, 0;", "=r,l", [addrs], dtype=tl.int32,
-                                  is_pure=False, pack=1)
-
-
-@triton.jit
 def _grad_coords(pos, valid, slot_ptr, F, SLOT_MAP: tl.constexpr, POS32: tl.constexpr):
     """``(b, f)`` of each position ``pos = b * F + c``: the gradient row is ``grad[b, f]`` with ``f = c``, or
     ``f = slot[c]`` with ``SLOT_MAP``. ``POS32``: every position and every element offset of the gradient fits
@@ -172,10 +154,8 @@ def _sparse_chunk_kernel(
     OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, SLOT_MAP: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr, ROW_LOADS: tl.constexpr,
     POS32: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr, PICK_STORE: tl.constexpr,
-    CHUNKS_PER_PROGRAM: tl.constexpr = 1, INDEX_AHEAD: tl.constexpr = 0,
 ):
-    """Segment sums inside one chunk of sorted positions (or ``CHUNKS_PER_PROGRAM`` consecutive chunks, one after
-    another); update the segments that lie inside it.
+    """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
 
     Writes ``first[k]`` (sum over the chunk's positions whose row is the chunk's first row) and ``last[k]``
     (same for its last row) where the carry kernel needs them (see the module docstring).
@@ -187,74 +167,30 @@ def _sparse_chunk_kernel(
     shift, not the ~20-instruction division by a runtime value that each thread ran for each of its positions,
     and with ``D == BLOCK_D`` the column masks of every load and store fold away (Nsight Compute, 2026-11-24:
     the kernel issues an instruction on 65% of cycles, so instructions cost time).
-
-    ``CHUNKS_PER_PROGRAM`` > 1: the program loads the next chunk's indices and bounding rows before it works on
-    the current one, so that every chunk but its first finds them in registers (`kernels.embedding.update.
-    CHUNKS_PER_PROGRAM`), or with ``INDEX_AHEAD`` 1 / 2 asks L1 / L2 for their cache lines (`prefetch`, no
-    registers held) and loads them after the current chunk. Each chunk's arithmetic is the same as alone: the same
-    results bit for bit.
     """
-    if CHUNKS_PER_PROGRAM == 1:
-        k = tl.program_id(0)
-        if not POS32:
-            # Index arithmetic in 64 bits only where positions need it: in 32 bits each comparison and address is one
-            # instruction, not two (the indices of the 16 positions are ~30% of the instructions of a chunk).
-            k = k.to(tl.int64)
-        # A chunk of padding only (its first sorted row >= R; padding sorts last): nothing to update, and the carry
-        # kernel never reads its first/last sums (the segments it finishes have rows < R). A sharded row-wise
-        # table's owner is sent the slots of every rank's samples, (W - 1) / W of them outside its block and so
-        # padding here: for MLPerf DLRM-DCNv2 on two ranks, 9.8M of the 23.9M positions a step.
-        rows, nxt, pos = _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK)
-        # Decided on the chunk's own index loads (rows sort ascending: the smallest is its first row), not on a load
-        # of its first row ahead of them: the compiler moves loads below a branch into the one path that uses them,
-        # so the program waited for that load, then for the index loads, two memory latencies in a row (Nsight
-        # Compute, 2026-11-29: ~9% of the kernel's stall samples on that first load). ``pos`` and ``nxt`` enter the
-        # condition (always true) so that their loads too are issued before it.
-        keep = (k * CHUNK + tl.arange(0, CHUNK) < N) & (pos >= 0) & (nxt >= -1)
-        # The chunk's bounding rows too (the segments' edges), so that no load waits for the branch: always true.
-        row0, prev, row_last, following = _chunk_bounds(sorted_ptr, k, N, CHUNK)
-        bounds_loaded = (prev >= -1) & (following >= -1) & (row0 >= -1) & (row_last >= -1)
-        if (tl.min(tl.where(keep, rows, R), axis=0) >= R) & bounds_loaded:
-            return
-        b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
-        _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_ptr, grad_ptr, stride_gb,
-                      stride_gf, stride_gd, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr,
-                      last_ptr, eps, weight_decay, N, D, R, OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT,
-                      ROW_LOADS, ROW_EVICT, GRAD_EVICT, PICK_STORE)
-    else:
-        k = tl.program_id(0) * CHUNKS_PER_PROGRAM
-        if not POS32:
-            k = k.to(tl.int64)
-        num_chunks = tl.cdiv(N, CHUNK)
-        rows, nxt, pos = _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK)
-        row0, prev, row_last, following = _chunk_bounds(sorted_ptr, tl.minimum(k, num_chunks - 1), N, CHUNK)
-        for j in tl.static_range(CHUNKS_PER_PROGRAM):
-            if (j + 1 < CHUNKS_PER_PROGRAM) and (INDEX_AHEAD == 0):
-                # The next chunk's loads, issued before this chunk waits on anything (clamped: the grid's last
-                # program may run past the last chunk, which then has no valid position and is skipped below).
-                rows_n, nxt_n, pos_n = _chunk_indices(sorted_ptr, perm_ptr, k + 1, N, CHUNK)
-                row0_n, prev_n, row_last_n, following_n = _chunk_bounds(sorted_ptr, tl.minimum(k + 1, num_chunks - 1),
-                                                                        N, CHUNK)
-            if (j + 1 < CHUNKS_PER_PROGRAM) and (INDEX_AHEAD != 0):
-                # Or only their cache lines asked for (no registers held across this chunk), loaded after it.
-                _prefetch_chunk_indices(sorted_ptr, perm_ptr, k + 1, N, CHUNK, INDEX_AHEAD)
-            # As in the one-chunk path, the condition uses every index load of this chunk (the extra terms are always
-            # false), so that none of them is moved below the branch into the one path that uses it.
-            in_n = k * CHUNK + tl.arange(0, CHUNK) < N
-            keep = in_n & (pos >= 0) & (nxt >= -1)
-            edges_unloaded = (prev < -1) | (following < -1) | (row0 < -1) | (row_last < -1)
-            if (tl.min(tl.where(keep, rows, R), axis=0) < R) | edges_unloaded:
-                b, f = _grad_coords(pos, in_n, slot_ptr, F, SLOT_MAP, POS32)
-                _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_ptr, grad_ptr, stride_gb,
-                              stride_gf, stride_gd, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, seed_ptr,
-                              first_ptr, last_ptr, eps, weight_decay, N, D, R, OPT, DECAY, ROUND, CHUNK, BLOCK_D,
-                              SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT, GRAD_EVICT, PICK_STORE)
-            if j + 1 < CHUNKS_PER_PROGRAM:
-                k += 1
-                if INDEX_AHEAD == 0:
-                    rows, nxt, pos = rows_n, nxt_n, pos_n
-                    row0, prev, row_last, following = row0_n, prev_n, row_last_n, following_n
-                else:
-                    rows, nxt, pos = _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK)
-                    row0, prev, row_last, following = _chunk_bounds(sorted_ptr, tl.minimum(k, num_chunks - 1), N,
-                                                                    CHUNK)
+    k = tl.program_id(0)
+    if not POS32:
+        # Index arithmetic in 64 bits only where positions need it: in 32 bits each comparison and address is one
+        # instruction, not two (the indices of the 16 positions are ~30% of the instructions of a chunk).
+        k = k.to(tl.int64)
+    # A chunk of padding only (its first sorted row >= R; padding sorts last): nothing to update, and the carry
+    # kernel never reads its first/last sums (the segments it finishes have rows < R). A sharded row-wise
+    # table's owner is sent the slots of every rank's samples, (W - 1) / W of them outside its block and so
+    # padding here: for MLPerf DLRM-DCNv2 on two ranks, 9.8M of the 23.9M positions a step.
+    rows, nxt, pos = _chunk_indices(sorted_ptr, perm_ptr, k, N, CHUNK)
+    # Decided on the chunk's own index loads (rows sort ascending: the smallest is its first row), not on a load of its
+    # first row ahead of them: the compiler moves loads below a branch into the one path that uses them, so the
+    # program waited for that load, then for the index loads, two memory latencies in a row (Nsight Compute,
+    # 2026-11-29: ~9% of the kernel's stall samples on that first load). ``pos`` and ``nxt`` enter the condition
+    # (always true) so that their loads too are issued before it.
+    keep = (k * CHUNK + tl.arange(0, CHUNK) < N) & (pos >= 0) & (nxt >= -1)
+    # The chunk's bounding rows too (the segments' edges), so that no load waits for the branch: always true as well.
+    row0, prev, row_last, following = _chunk_bounds(sorted_ptr, k, N, CHUNK)
+    bounds_loaded = (prev >= -1) & (following >= -1) & (row0 >= -1) & (row_last >= -1)
+    if (tl.min(tl.where(keep, rows, R), axis=0) >= R) & bounds_loaded:
+        return
+    b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
+    _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_ptr, grad_ptr, stride_gb, stride_gf,
+                  stride_gd, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps,
+                  weight_decay, N, D, R, OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT,
+                  GRAD_EVICT, PICK_STORE)

@@ -119,16 +119,6 @@ PARTIAL_PICK = "store"
 # benchmarks/pooled_update_sweep.py --maxnregs.
 CHUNK_MAXNREG: Optional[int] = None
 
-# Chunks of sorted positions a program of the chunk kernel takes, one after another, loading the next one's indices
-# before it works on the current one (`segment_chunk._sparse_chunk_kernel`); 1: one chunk a program, as shipped.
-# Module-level, for tests and benchmarks/pooled_update_sweep.py --chunks-per-program.
-CHUNKS_PER_PROGRAM = 1
-# How such a program gets the next chunk's indices ahead: "registers" (loaded before the current chunk, held across
-# it) or their cache lines asked for, "l1" / "l2" (`prefetch.global`, no registers held; GPU only: the interpreter
-# runs "registers"), then loaded after the current chunk.
-INDEX_AHEADS = {"registers": 0, "l1": 1, "l2": 2}
-INDEX_AHEAD = "registers"
-
 # Chunk boundaries per program of the carry kernel (`kernels.embedding.segment_carry`), forced (a power of two) over the
 # launch config's ``carry_chunks`` (`kernels.heuristics.SparseUpdateConfig`); module-level, for tests and
 # benchmarks/pooled_update_sweep.py --carry-chunks.
@@ -214,9 +204,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     maxnreg = cfg.chunk_maxnreg if CHUNK_MAXNREG is None else CHUNK_MAXNREG
     if torch.version.hip is not None:  # Triton's AMD backend has no maxnreg option (a launch with it raises)
         maxnreg = None
-    if CHUNKS_PER_PROGRAM < 1:
-        raise ValueError(f"CHUNKS_PER_PROGRAM must be >= 1, got {CHUNKS_PER_PROGRAM}")
-    _sparse_chunk_kernel[(triton.cdiv(num_chunks, CHUNKS_PER_PROGRAM),)](
+    _sparse_chunk_kernel[(num_chunks,)](
         sorted_rows,
         perm,
         perm if slot_feature is None else slot_feature,
@@ -246,8 +234,6 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         ROW_EVICT=EVICTIONS[evict][0],
         GRAD_EVICT=EVICTIONS[evict][1],
         PICK_STORE=PARTIAL_PICKS[PARTIAL_PICK],
-        CHUNKS_PER_PROGRAM=CHUNKS_PER_PROGRAM,
-        INDEX_AHEAD=0 if interpret_mode() else INDEX_AHEADS[INDEX_AHEAD],
         num_warps=cfg.chunk_warps,
         **({"maxnreg": maxnreg} if maxnreg else {}),
         **common,

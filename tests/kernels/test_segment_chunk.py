@@ -172,40 +172,6 @@ def test_register_cap_gives_the_same_update_bit_for_bit(cap, device, monkeypatch
     assert not torch.equal(w_cap, make_weight(case.num_rows, 128, device, torch.bfloat16))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("dim,launch", [(16, PLAIN), (128, heuristics.SparseUpdateConfig(16, 32, 1, 1, 8, True, 128))],
-                         ids=["D16-4warps", "D128-1warp-capped"])
-@pytest.mark.parametrize("per_program,ahead", [(2, "registers"), (3, "registers"), (2, "l1"), (3, "l2")])
-def test_chunks_per_program_give_the_same_update_bit_for_bit(per_program, ahead, dtype, dim, launch, device,
-                                                             monkeypatch):
-    """Several chunks a program of the chunk kernel (`update.CHUNKS_PER_PROGRAM`: the next chunk's indices loaded
-    before the current one is worked on, or their cache lines prefetched, `update.INDEX_AHEAD`; the interpreter
-    runs "registers" for the prefetches): the same tables and state bit for bit as one chunk a program (row-wise
-    Adagrad, lazy decay, bf16 with stochastic rounding), on hot rows whose segments cross chunks. 127 samples of 5
-    slots are 635 positions, 40 chunks of 16: with 3 a program the last program runs past the last chunk."""
-    from kernels.embedding import update
-
-    case, rows = hot_case(device, B=127, seed=23)
-    assert rows.numel() == 635
-    grad = make_grad(rows.shape[0], 2, dim, "permuted", device)
-    w_ref, s_ref = run_update(launch, case, rows, grad, "rowwise_adagrad", dtype, device, monkeypatch)
-    monkeypatch.setattr(update, "CHUNKS_PER_PROGRAM", per_program)
-    monkeypatch.setattr(update, "INDEX_AHEAD", ahead)
-    w, s = run_update(launch, case, rows, grad, "rowwise_adagrad", dtype, device, monkeypatch)
-    assert torch.equal(w, w_ref) and torch.equal(s, s_ref)
-    assert not torch.equal(w, make_weight(case.num_rows, dim, device, dtype))  # the update did move the rows
-
-
-def test_chunks_per_program_below_one_is_an_error(device, monkeypatch):
-    from kernels.embedding import update
-
-    case, rows = hot_case(device, B=8, seed=1)
-    grad = make_grad(rows.shape[0], 2, 16, "contiguous", device)
-    monkeypatch.setattr(update, "CHUNKS_PER_PROGRAM", 0)
-    with pytest.raises(ValueError, match="CHUNKS_PER_PROGRAM must be >= 1, got 0"):
-        run_update(PLAIN, case, rows, grad, "rowwise_adagrad", torch.float32, device, monkeypatch)
-
-
 # Hot rows spanning many groups of chunks (`_group_sum_kernel`): 16-position chunks, groups of CARRY_BLOCK chunks.
 # A 700-position run starting mid-chunk (44 chunks: many group steps), a 333-position one starting in the chunk the
 # first ends in, short repeats, then a 144-position run starting exactly at a chunk and group boundary (1088 = 68
