@@ -13,8 +13,7 @@ eviction: the L2 eviction priorities of its row and gradient traffic (`kernels.e
 ``--evictions``); carry chunks: the chunk boundaries a program of the carry kernel takes
 (`kernels.embedding.update.CARRY_CHUNKS`, ``--carry-chunks``); picks: how the chunk kernel writes its first/last
 partial sums (`kernels.embedding.update.PARTIAL_PICK`, ``--picks``); maxnreg: the chunk kernel's register cap
-(`kernels.embedding.update.CHUNK_MAXNREG`, ``--maxnregs``); halves: row-wise Adagrad on half-width tiles in the
-chunk kernel (`kernels.embedding.update.CHUNK_HALVES`, ``--chunk-halves``);
+(`kernels.embedding.update.CHUNK_MAXNREG`, ``--maxnregs``);
 launch: a `kernels.heuristics.SparseUpdateConfig` (chunk, carry_block, chunk_warps, carry_warps[, carry_chunks]) forced
 through ``SPARSE_UPDATE_OVERRIDE``, or None for what `sparse_update_config` picks. This is how the
 ``multi_hot_wide_rows`` launch and the hash generator were chosen (`results/pooled_update_sweep.md`).
@@ -50,7 +49,7 @@ PLAN = ([("bf16", r, c) for r in ("hash",) for c in (None, (64, 32, 4, 1), (32, 
         + [("bf16", "hash1hi", c) for c in ((16, 16, 4, 1), (32, 16, 2, 1), (32, 32, 4, 1), (32, 16, 8, 1), (32, 16, 4, 2))]
         + [("bf16", "philox", (16, 16, 2, 1))]
         + [("fp32", "-", c) for c in (None, (32, 16, 4, 4), (16, 16, 1, 1), (32, 16, 2, 1))])
-KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "pick", "maxnreg", "halves", "batch", "unique_rows",
+KEYS = ["dtype", "rounding", "launch", "row_loads", "eviction", "carry_chunks", "pick", "maxnreg", "batch", "unique_rows",
         "ms", "gbps", "pct_of_copy", "status"]
 
 
@@ -60,13 +59,13 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
     x = pe.Inputs(t, batch, device)
     nbytes = pe.case_bytes("bwd", t, batch, x.unique)
     rows = []
-    shipped_rng, shipped_loads, shipped_evict, shipped_carry, shipped_pick, shipped_halves = (
-        update.SR_RNG, update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS, update.PARTIAL_PICK, update.CHUNK_HALVES)
-    for _, rounding, launch, (row_loads, eviction, carry_chunks, pick, maxnreg, halves) in plan:
+    shipped_rng, shipped_loads, shipped_evict, shipped_carry, shipped_pick = (
+        update.SR_RNG, update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS, update.PARTIAL_PICK)
+    for _, rounding, launch, (row_loads, eviction, carry_chunks, pick, maxnreg) in plan:
         heuristics.SPARSE_UPDATE_OVERRIDE = launch
         update.SR_RNG = rounding if rounding in update.RNG_CODES else shipped_rng
         update.ROW_LOADS, update.EVICTION, update.CARRY_CHUNKS = row_loads, eviction, carry_chunks
-        update.PARTIAL_PICK, update.CHUNK_MAXNREG, update.CHUNK_HALVES = pick, maxnreg, halves
+        update.PARTIAL_PICK, update.CHUNK_MAXNREG = pick, maxnreg
         sr = rounding != "nearest"
 
         def step():
@@ -85,12 +84,11 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
             heuristics.SPARSE_UPDATE_OVERRIDE = None
             update.SR_RNG, update.ROW_LOADS, update.EVICTION = shipped_rng, shipped_loads, shipped_evict
             update.CARRY_CHUNKS, update.PARTIAL_PICK, update.CHUNK_MAXNREG = shipped_carry, shipped_pick, None
-            update.CHUNK_HALVES = shipped_halves
         cfg = (heuristics.SparseUpdateConfig(*launch) if launch else heuristics.sparse_update_config(
             heuristics.dot_block(m.embedding_dim), pe.DTYPES[dtype], multi_hot=True))
         rows.append(dict(dtype=dtype, rounding=rounding, row_loads=row_loads, eviction=eviction,
                          carry_chunks=carry_chunks or cfg.carry_chunks, pick=pick,
-                         maxnreg=(cfg.chunk_maxnreg if maxnreg is None else maxnreg) or "none", halves=halves,
+                         maxnreg=(cfg.chunk_maxnreg if maxnreg is None else maxnreg) or "none",
                          launch=str(tuple(cfg)) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
@@ -156,10 +154,6 @@ def main(argv=None) -> int:
                     help="comma list of register caps for the chunk kernel (`kernels.embedding.update.CHUNK_MAXNREG`: "
                          "'launch' the launch config's own, the default; 'none' the compiler's choice; or a count), "
                          "each timed with every other choice")
-    ap.add_argument("--chunk-halves", default=None,
-                    help="comma list of 1 (full-width tiles) and 2 (row-wise Adagrad on half-width tiles, "
-                         "`kernels.embedding.update.CHUNK_HALVES`; default: the shipped one), each timed with every "
-                         "other choice")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
     args = ap.parse_args(argv)
@@ -183,12 +177,7 @@ def main(argv=None) -> int:
         for c in args.maxnregs.split(",") if c.strip()]
     if not caps or any(c not in (None, 0) and not 24 <= c <= 255 for c in caps):
         ap.error(f"--maxnregs: {args.maxnregs!r} is not a comma list of 'launch', 'none' and register counts 24-255")
-    halves = [update.CHUNK_HALVES] if args.chunk_halves is None else [
-        int(h) if h.strip() in ("1", "2") else 0 for h in args.chunk_halves.split(",") if h.strip()]
-    if not halves or 0 in halves:
-        ap.error(f"--chunk-halves: {args.chunk_halves!r} is not a comma list of 1 and 2")
-    orders = [(o, e, c, p, r, h) for o in orders for e in evictions for c in carries for p in picks for r in caps
-              for h in halves]
+    orders = [(o, e, c, p, r) for o in orders for e in evictions for c in carries for p in picks for r in caps]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if args.smoke:
         args.rows_cap, args.batch = args.rows_cap or 1000, 2  # 428 slots: repeated rows, chunks carried over
@@ -223,11 +212,11 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, {**env, "copy_gbps": copy_gbps})
-    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | picks | maxnreg | halves | ms "
-             "| % of copy | status |",
-             "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
+    table = ["| dtype | rounding | launch | row loads | eviction | carry chunks | picks | maxnreg | ms | % of copy "
+             "| status |",
+             "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | --- |"]
     table += [md_row([r["dtype"], r["rounding"], r["launch"], r["row_loads"], r["eviction"], r["carry_chunks"],
-                      r["pick"], r["maxnreg"], r["halves"],
+                      r["pick"], r["maxnreg"],
                       f"{r['ms']:.3f}" if "ms" in r else "n/a",
                       f"{r['pct_of_copy']:.1f}%" if "pct_of_copy" in r else "n/a", r["status"]]) for r in rows]
     note = (f"batch {args.batch}, D = {m.embedding_dim}, {sum(m.multi_hot_sizes)} slots a sample; copy_ {copy_gbps:,.0f} GB/s; "
@@ -238,7 +227,7 @@ def main(argv=None) -> int:
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     ok = [r for r in rows if "ms" in r]
     labels = [f"{r['dtype']} {r['rounding']} {r['launch']} {r['row_loads']} {r['eviction']} {r['carry_chunks']} "
-              f"{r['pick']} {r['maxnreg']} h{r['halves']}"
+              f"{r['pick']} {r['maxnreg']}"
               for r in ok]
     ax.barh(labels[::-1], [r["ms"] for r in ok][::-1])
     ax.set_xlabel("ms per call")

@@ -469,14 +469,6 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     assert update.CHUNK_MAXNREG is None and "| 120 |" in (tmp_path / "r.md").read_text()
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--maxnregs", "8"])
-    # --chunk-halves times each kept row with full- and half-width tiles, the shipped one restored after
-    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "h", "--dtypes", "bf16", "--launches", "picked",
-                    "--chunk-halves", "1,2"]) == 0
-    rows = read_csv(tmp_path / "h.csv")
-    assert [r["halves"] for r in rows] == ["1", "2"] and all(r["status"] == "ok" for r in rows)
-    assert update.CHUNK_HALVES == 1 and "| halves |" in (tmp_path / "h.md").read_text()
-    with pytest.raises(SystemExit):
-        sw.main(["--smoke", "--out", str(tmp_path), "--chunk-halves", "4"])
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--row-loads", "sideways"])
     with pytest.raises(SystemExit):

@@ -28,7 +28,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.embedding.rounding import _round_bf16
 from kernels.embedding.row_update import _finish_row_update, _load_row_state, _prefetch_row_state_l2
 from kernels.embedding.select_sum import select_sum
 
@@ -149,73 +148,12 @@ def _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_pt
 
 
 @triton.jit
-def _half_grad_sums(same, b, f, live, h, grad_ptr, stride_gb, stride_gf, stride_gd, D, H: tl.constexpr,
-                    SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr, GRAD_EVICT: tl.constexpr):
-    """Columns ``[h * H, (h + 1) * H)``: their gathered gradient rows' segment sums (each output element the same
-    16-term product as `select_sum` over the whole width gives it)."""
-    dh = h * H + tl.arange(0, H)
-    gh = tl.load(grad_ptr + b[:, None] * stride_gb + f[:, None] * stride_gf + dh[None, :] * stride_gd,
-                 mask=live[:, None] & (dh < D)[None, :], other=0.0, eviction_policy=GRAD_EVICT)
-    return select_sum(same, gh, SPLIT_FP32, DOT_16BIT), dh
-
-
-@triton.jit
-def _chunk_update_halves(k, rows, nxt, b, f, row0, prev, row_last, following, grad_ptr, stride_gb, stride_gf,
-                         stride_gd, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps,
-                         N, D, R, ROUND: tl.constexpr, CHUNK: tl.constexpr, BLOCK_D: tl.constexpr,
-                         SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr, ROW_LOADS: tl.constexpr,
-                         ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr):
-    """`_chunk_update` for row-wise Adagrad without decay on half-width tiles (``update.CHUNK_HALVES``): a first pass
-    over the two column halves sums each row's squared gradient sums (and stores the carry kernel's partial sums),
-    a second gathers each half again (from L1/L2) and updates it, so that no full [CHUNK, BLOCK_D] tile of sums and
-    weights is live at once: 80 registers a thread without spills at MLPerf's one-warp launch (sm_90, offline),
-    against 128 with spills for the full width. The sum of squares adds the two halves' sums: another rounding
-    order than `_chunk_update`'s (one fp32 ulp of the state at most)."""
-    H: tl.constexpr = BLOCK_D // 2
-    cs = k * CHUNK
-    i = cs + tl.arange(0, CHUNK)
-    live = (i < N) & (rows < R)
-    last_i = tl.minimum(cs + CHUNK, N) - 1
-    row0_cont = tl.where((cs == 0) | (prev != row0), -2, row0)
-    complete = live & (nxt != rows) & (rows != row0_cont)
-    same = rows[:, None] == rows[None, :]
-    rows = rows.to(tl.int64)
-    if ROW_LOADS == 3:
-        _prefetch_row_state_l2(rows, complete, w_ptr, stride_wr, state_ptr, 2, BLOCK_D)
-    lane = tl.arange(0, CHUNK)
-    sumsq = tl.zeros((CHUNK,), dtype=tl.float32)
-    for h in tl.static_range(2):
-        seg, dh = _half_grad_sums(same, b, f, live, h, grad_ptr, stride_gb, stride_gf, stride_gd, D, H, SPLIT_FP32,
-                                  DOT_16BIT, GRAD_EVICT)
-        sumsq += tl.sum(seg * seg, axis=1)
-        offs = k.to(tl.int64) * BLOCK_D + (lane[:, None] * 0 + dh[None, :])  # every lane's pointer at the one row
-        if (cs > 0) & (prev == row0):
-            tl.store(first_ptr + offs, seg, mask=(lane == 0)[:, None])
-        if following == row_last:
-            tl.store(last_ptr + offs, seg, mask=(lane == (last_i - cs))[:, None])
-    s = tl.load(state_ptr + rows, mask=complete, other=0.0, eviction_policy=ROW_EVICT) + sumsq / D
-    tl.store(state_ptr + rows, s, mask=complete, eviction_policy=ROW_EVICT)
-    step = tl.load(lr_ptr).to(tl.float32) / (tl.sqrt(s) + eps)
-    for h in tl.static_range(2):
-        seg, dh = _half_grad_sums(same, b, f, live, h, grad_ptr, stride_gb, stride_gf, stride_gd, D, H, SPLIT_FP32,
-                                  DOT_16BIT, GRAD_EVICT)
-        m2 = complete[:, None] & (dh < D)[None, :]
-        offs = rows[:, None] * stride_wr + dh[None, :] * stride_wd
-        w = tl.load(w_ptr + offs, mask=m2, other=0.0, eviction_policy=ROW_EVICT).to(tl.float32)
-        w = w - seg * step[:, None]
-        if ROUND != 0:
-            w = _round_bf16(w, seed_ptr, rows[:, None], dh[None, :], D, ROUND >= 2, RNG=ROUND - 2)
-        tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2, eviction_policy=ROW_EVICT)
-
-
-@triton.jit
 def _sparse_chunk_kernel(
     sorted_ptr, perm_ptr, slot_ptr, grad_ptr, stride_gb, stride_gf, stride_gd, w_ptr, stride_wr, stride_wd,
     state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps, weight_decay, N, R, F: tl.constexpr, D: tl.constexpr,
     OPT: tl.constexpr, DECAY: tl.constexpr, ROUND: tl.constexpr, SLOT_MAP: tl.constexpr, CHUNK: tl.constexpr,
     BLOCK_D: tl.constexpr, SPLIT_FP32: tl.constexpr, DOT_16BIT: tl.constexpr, ROW_LOADS: tl.constexpr,
     POS32: tl.constexpr, ROW_EVICT: tl.constexpr, GRAD_EVICT: tl.constexpr, PICK_STORE: tl.constexpr,
-    HALVES: tl.constexpr = 1,
 ):
     """Segment sums inside one chunk of sorted positions; update the segments that lie inside it.
 
@@ -252,13 +190,7 @@ def _sparse_chunk_kernel(
     if (tl.min(tl.where(keep, rows, R), axis=0) >= R) & bounds_loaded:
         return
     b, f = _grad_coords(pos, k * CHUNK + tl.arange(0, CHUNK) < N, slot_ptr, F, SLOT_MAP, POS32)
-    if HALVES == 2:
-        _chunk_update_halves(k, rows, nxt, b, f, row0, prev, row_last, following, grad_ptr, stride_gb, stride_gf,
-                             stride_gd, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr,
-                             eps, N, D, R, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT,
-                             GRAD_EVICT)
-    else:
-        _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_ptr, grad_ptr, stride_gb,
-                      stride_gf, stride_gd, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr,
-                      last_ptr, eps, weight_decay, N, D, R, OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT,
-                      ROW_LOADS, ROW_EVICT, GRAD_EVICT, PICK_STORE)
+    _chunk_update(k, rows, nxt, b, f, row0, prev, row_last, following, sorted_ptr, grad_ptr, stride_gb, stride_gf,
+                  stride_gd, w_ptr, stride_wr, stride_wd, state_ptr, lr_ptr, seed_ptr, first_ptr, last_ptr, eps,
+                  weight_decay, N, D, R, OPT, DECAY, ROUND, CHUNK, BLOCK_D, SPLIT_FP32, DOT_16BIT, ROW_LOADS, ROW_EVICT,
+                  GRAD_EVICT, PICK_STORE)

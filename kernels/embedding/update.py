@@ -119,11 +119,6 @@ PARTIAL_PICK = "store"
 # benchmarks/pooled_update_sweep.py --maxnregs.
 CHUNK_MAXNREG: Optional[int] = None
 
-# Row-wise Adagrad (no decay, rows of >= 32 columns) on half-width tiles in the chunk kernel
-# (`segment_chunk._chunk_update_halves`): 2, or 1 for the full-width kernel. Module-level, for A/B measurements
-# (benchmarks/pooled_update_sweep.py --chunk-halves).
-CHUNK_HALVES = 1
-
 # Chunk boundaries per program of the carry kernel (`kernels.embedding.segment_carry`), forced (a power of two) over the
 # launch config's ``carry_chunks`` (`kernels.heuristics.SparseUpdateConfig`); module-level, for tests and
 # benchmarks/pooled_update_sweep.py --carry-chunks.
@@ -239,7 +234,6 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         ROW_EVICT=EVICTIONS[evict][0],
         GRAD_EVICT=EVICTIONS[evict][1],
         PICK_STORE=PARTIAL_PICKS[PARTIAL_PICK],
-        HALVES=CHUNK_HALVES if (opt == OPTIMIZERS["rowwise_adagrad"] and weight_decay == 0.0 and BLOCK_D >= 32) else 1,
         num_warps=cfg.chunk_warps,
         **({"maxnreg": maxnreg} if maxnreg else {}),
         **common,

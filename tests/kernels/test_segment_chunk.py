@@ -172,64 +172,6 @@ def test_register_cap_gives_the_same_update_bit_for_bit(cap, device, monkeypatch
     assert not torch.equal(w_cap, make_weight(case.num_rows, 128, device, torch.bfloat16))
 
 
-@pytest.mark.parametrize("runs", list(RUNS.values()) + [None], ids=list(RUNS) + ["hot-case"])
-def test_half_width_tiles_update_as_the_full_width_kernel(runs, device, monkeypatch, assert_close):
-    """`update.CHUNK_HALVES` 2 (row-wise Adagrad on two 16-column halves, D = 32): against float64 and against
-    the full-width kernel (equal but for the sums of squares' rounding order: one fp32 ulp of the state), with
-    segments inside chunks, carried across chunk boundaries and through hot rows."""
-    from kernels.embedding import update
-
-    if runs is None:
-        case, rows = hot_case(device, B=127, seed=11)
-        slot_feature, R = case.slot_feature, case.num_rows
-        grad = make_grad(rows.shape[0], 2, 32, "permuted", device)
-    else:
-        gen = torch.Generator().manual_seed(len(runs))
-        values = torch.cat([torch.full((n,), 3 * i + 1) for i, n in enumerate(runs)])
-        rows = values[torch.randperm(48, generator=gen)].reshape(24, 2).to(device)
-        slot_feature, R = [0, 1], int(values.max()) + 1
-        grad = torch.randn(24, 2, 32, generator=gen).to(device)
-    layout = pooled_layout([1, 1], device) if runs is not None else case.layout()
-    monkeypatch.setattr(heuristics, "SPARSE_UPDATE_OVERRIDE", heuristics.SparseUpdateConfig(16, 2, 4, 4))
-    results = []
-    for halves in (1, 2):
-        monkeypatch.setattr(update, "CHUNK_HALVES", halves)
-        weight = make_weight(R, 32, device)
-        state = make_state("rowwise_adagrad", weight)
-        pooled_embedding_sparse_update_(rows, grad, layout, weight, state, torch.tensor(LR, device=device),
-                                        "rowwise_adagrad", EPS, True, 0.0)
-        results.append((weight, state))
-    w_ref, s_ref = reference_update("rowwise_adagrad", rows, grad, slot_feature, make_weight(R, 32, device),
-                                    make_state("rowwise_adagrad", make_weight(R, 32, device)), LR)
-    (w_full, s_full), (w_half, s_half) = results
-    assert_close(w_half, w_ref, torch.float32, scale=10.0, msg="weight")
-    assert_close(s_half, s_ref, torch.float32, scale=10.0, msg="state")
-    torch.testing.assert_close(s_half, s_full, rtol=2**-22, atol=0)
-    torch.testing.assert_close(w_half, w_full, rtol=2**-20, atol=2**-23)  # weights ~1: an ulp of the step
-    assert not torch.equal(w_half, make_weight(R, 32, device))
-
-
-@pytest.mark.parametrize("dim,launch", [(32, PLAIN), (128, heuristics.SparseUpdateConfig(16, 32, 1, 1, 8, True, 80))],
-                         ids=["D32-4warps", "D128-1warp-capped80"])
-def test_half_width_tiles_round_bf16_tables_as_the_full_width_kernel(dim, launch, device, monkeypatch):
-    """bf16 tables, stochastic rounding: the halves draw each element's random bits from its row and column, as the
-    full-width kernel does, so the two agree within one bf16 ulp (where the state's last bit moved the step); also
-    at MLPerf's dim and one-warp launch under the 80-register cap the halves fit in without spills (sm_90)."""
-    from kernels.embedding import update
-
-    case, rows = hot_case(device, B=127, seed=11)
-    grad = make_grad(rows.shape[0], 2, dim, "contiguous", device)
-    full = run_update(launch, case, rows, grad, "rowwise_adagrad", torch.bfloat16, device, monkeypatch,
-                      weight_decay=0.0)
-    monkeypatch.setattr(update, "CHUNK_HALVES", 2)
-    half = run_update(launch, case, rows, grad, "rowwise_adagrad", torch.bfloat16, device, monkeypatch,
-                      weight_decay=0.0)
-    torch.testing.assert_close(half[1], full[1], rtol=2**-22, atol=0)
-    torch.testing.assert_close(half[0].float(), full[0].float(), rtol=2**-7, atol=0)
-    assert (half[0] == full[0]).float().mean() > 0.99
-    assert not torch.equal(half[0], make_weight(case.num_rows, dim, device, torch.bfloat16))
-
-
 # Hot rows spanning many groups of chunks (`_group_sum_kernel`): 16-position chunks, groups of CARRY_BLOCK chunks.
 # A 700-position run starting mid-chunk (44 chunks: many group steps), a 333-position one starting in the chunk the
 # first ends in, short repeats, then a 144-position run starting exactly at a chunk and group boundary (1088 = 68
