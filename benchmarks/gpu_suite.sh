@@ -491,10 +491,9 @@ EOF
       run pooled_update_sweep_launches 200 python benchmarks/pooled_update_sweep.py --dtypes bf16 --roundings hash1hi \
         --out "$RES" --name pooled_update_sweep_hash1hi_launches
       ;;
-    mlperf)  # MLPerf DLRM-DCNv2, full tables in bf16: the plain PyTorch version vs ours, then the pooled
-      # embedding's bandwidth (issue #22); each loads 52 GB of tables, one model at a time
-      run mlperf_dcnv2 340 python benchmarks/mlperf_dcnv2.py --batch-sizes 65536 \
-        --variants triton-embedding+compiled,triton-embedding+step-graph --out "$RES"
+    mlperf)  # MLPerf DLRM-DCNv2, full tables in bf16: the plain PyTorch version vs ours as "auto" runs it (twice), then
+      # the pooled embedding's bandwidth (issue #22); each loads 52 GB of tables, one model at a time
+      run mlperf_dcnv2 340 python benchmarks/mlperf_dcnv2.py --batch-sizes 65536 --variants auto,auto --out "$RES"
       run pooled_embedding 160 python benchmarks/pooled_embedding.py --out "$RES"
       ;;
     overlap)  # a second stream beside the GEMMs: the embedding's update, sort and lookup against the step's GEMMs,

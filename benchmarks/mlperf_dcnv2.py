@@ -84,8 +84,11 @@ TARGET = 4.0e6  # the issue's target at batch 65536, samples/s
 TARGET_BATCH = 65536
 HUGECTR = 1.95e6  # best published per-GPU figure (HugeCTR, H100), samples/s, for context
 ISSUE_BASELINE = {65536: 1.14e6, 16384: 1.10e6}  # the issue's baseline measurement on an H100
-# what "auto" runs (the whole step captured, dense CapturableAdagrad), and without the step graph
-PREFERRED = ["triton-embedding+step-graph", "triton-embedding+compiled"]
+# "auto": what train.py runs with every default (dlrm.train.fast_path: the Triton embedding, the Gluon cross layers and
+# the fused MLP where they run, compile, the whole step in one CUDA graph), the issue's measurement. Until 2026-11-29
+# the default was the embedding kernel alone ("triton-embedding+step-graph" and "+compiled"), which "auto" had
+# outgrown: 19.2 ms a step against auto's 17.6 on an H200 (benchmarks/PERF.md, thirty-sixth run).
+PREFERRED = ["auto"]
 DEFAULT_VARIANTS = [v for v in PREFERRED if v in VARIANTS]
 BASELINE = "baseline"
 
