@@ -100,18 +100,25 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
 
 
 def parse_launches(text: str) -> list:
-    """``"32:16:4:1,16:8:1:1:8,picked"`` -> ``[SparseUpdateConfig(32, 16, 4, 1), ..., None]`` (a fifth number:
-    carry_chunks)."""
+    """``"32:16:4:1,16:8:1:1:8,16:32:4:1:8:1:0,picked"`` -> ``[SparseUpdateConfig(32, 16, 4, 1), ..., None]`` (a fifth
+    number: carry_chunks; a sixth: group_sums, 0 or 1; a seventh: chunk_maxnreg, 0 for none)."""
     launches = []
     for item in (t.strip() for t in text.split(",")):
         if item == "picked":
             launches.append(None)
             continue
         parts = item.split(":")
-        if len(parts) not in (4, 5) or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"{item!r} is not chunk:carry_block:chunk_warps:carry_warps[:carry_chunks] "
-                             "(positive integers) or 'picked'")
-        launches.append(heuristics.SparseUpdateConfig(*map(int, parts)))
+        ok = 4 <= len(parts) <= 7 and all(p.isdigit() for p in parts) and all(int(p) > 0 for p in parts[:5])
+        if not ok or (len(parts) >= 6 and parts[5] not in ("0", "1")):
+            raise ValueError(f"{item!r} is not chunk:carry_block:chunk_warps:carry_warps[:carry_chunks[:group_sums"
+                             "[:chunk_maxnreg]]] (positive integers; group_sums 0 or 1, chunk_maxnreg 0 for none) "
+                             "or 'picked'")
+        nums = list(map(int, parts))
+        if len(nums) >= 6:
+            nums[5] = bool(nums[5])
+        if len(nums) == 7:
+            nums[6] = nums[6] or None
+        launches.append(heuristics.SparseUpdateConfig(*nums))
     if not launches:
         raise ValueError(f"{text!r} names no launch")
     return launches

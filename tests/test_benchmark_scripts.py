@@ -475,6 +475,13 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
         sw.main(["--smoke", "--out", str(tmp_path), "--evictions", "evict_sometimes"])
     with pytest.raises(SystemExit):
         sw.main(["--smoke", "--out", str(tmp_path), "--carry-chunks", "12"])
+    # a launch's sixth and seventh numbers: group sums (0/1) and the chunk kernel's register cap (0: none)
+    assert sw.parse_launches("16:32:4:1:8:1:0,16:32:1:1:8:0:96,16:32:1:1") == [
+        heuristics.SparseUpdateConfig(16, 32, 4, 1, 8, True, None),
+        heuristics.SparseUpdateConfig(16, 32, 1, 1, 8, False, 96), heuristics.SparseUpdateConfig(16, 32, 1, 1)]
+    for bad in ("16:32:4:1:8:2", "16:32:4:1:0", "16:32:4", "16:32:4:1:8:1:0:5", "16:x:4:1"):
+        with pytest.raises(ValueError, match="is not chunk:carry_block"):
+            sw.parse_launches(bad)
 
 
 def test_stream_overlap_smoke_times_each_pair_alone_in_series_and_side_by_side(tmp_path):
