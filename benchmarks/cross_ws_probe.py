@@ -94,18 +94,16 @@ def _backward_rows(args, rows, timer, keys) -> None:
 
 def parse_config(text: str):
     """``BMxBNxBKsSTAGESrREGS`` (ping-pong) or
-    ``coop:BMxBNxBKsSTAGESuSUBqEPI_STAGESmMMA_WARPSrMMA_REGSeEPI_WARPS[pPRE_SLOTS]``."""
+    ``coop:BMxBNxBKsSTAGESuSUBqEPI_STAGESmMMA_WARPSrMMA_REGSeEPI_WARPS``."""
     import re
 
     from kernels.cross_ws import WsConfig
 
     if text.startswith("coop:"):
-        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)s(\d+)u(\d+)q(\d+)m(\d+)r(\d+)e(\d+)(?:p(\d+))?", text[5:])
-        if m is None:
-            raise ValueError(f"{text!r} is not coop:BMxBNxBKsSTAGESuSUBqEPI_STAGESmMMA_WARPSrMMA_REGSeEPI_WARPS[pPRE_SLOTS]")
-        bm, bn, bk, stages, sub, es, mw, mr, ew = (int(v) for v in m.groups()[:9])
+        m = re.fullmatch(r"(\d+)x(\d+)x(\d+)s(\d+)u(\d+)q(\d+)m(\d+)r(\d+)e(\d+)", text[5:])
+        bm, bn, bk, stages, sub, es, mw, mr, ew = (int(v) for v in m.groups())
         return WsConfig(bm=bm, bn=bn, bk=bk, stages=stages, schedule="coop", sub=sub, epi_stages=es, mma_warps=mw,
-                        mma_regs=mr, epi_warps=ew, pre_slots=int(m.group(10) or 2))
+                        mma_regs=mr, epi_warps=ew)
     dims, rest = text.split("s", 1)
     stages, regs = rest.split("r")
     bm, bn, bk = (int(v) for v in dims.split("x"))

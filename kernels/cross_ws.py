@@ -262,12 +262,11 @@ def _coop_mma(b_ptr, a_bufs, b_bufs, pre_bufs, ready, empty, pre_ready, pre_empt
               MMA_WARPS: gl.constexpr, B_KMAJOR: gl.constexpr = True, HAS_BIAS: gl.constexpr = True):
     """The MMA partition (``MMA_WARPS`` warps, one wgmma row block of 64 per warpgroup): each tile's K loop,
     then ``pre = acc + b`` (``acc`` without ``HAS_BIAS``) in bf16 into a shared staging slot for the epilogue
-    partition (one of ``pre_bufs``' slots: with two the MMA warps may run up to two tiles ahead of the epilogue)."""
+    partition."""
     BM: gl.constexpr = a_bufs.type.shape[1]
     BK: gl.constexpr = a_bufs.type.shape[2]
     BN: gl.constexpr = b_bufs.type.shape[1] if B_KMAJOR else b_bufs.type.shape[2]
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    PRE_SLOTS: gl.constexpr = pre_bufs.type.shape[0]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[MMA_WARPS, 1],
                                                          instr_shape=[16, BN, 16])
     col_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
@@ -299,8 +298,8 @@ def _coop_mma(b_ptr, a_bufs, b_bufs, pre_bufs, ready, empty, pre_ready, pre_empt
             pre = (acc + gl.expand_dims(bias, 0)).to(pre_bufs.dtype)
         else:
             pre = acc.to(pre_bufs.dtype)
-        slot = j % PRE_SLOTS
-        mbarrier.wait(pre_empty.index(slot), ((j // PRE_SLOTS) & 1) ^ 1)
+        slot = j % 2
+        mbarrier.wait(pre_empty.index(slot), ((j // 2) & 1) ^ 1)
         pre_bufs.index(slot).store(pre)
         fence_async_shared()
         mbarrier.arrive(pre_ready.index(slot), count=1)
@@ -344,7 +343,6 @@ def _coop_epilogue(pre_desc, out_ptr, stride_out, pre_bufs, x0_bufs, x_bufs, pre
     BN: gl.constexpr = pre_bufs.type.shape[2]
     SUB: gl.constexpr = x0_bufs.type.shape[1]
     EPI_STAGES: gl.constexpr = x0_bufs.type.shape[0]
-    PRE_SLOTS: gl.constexpr = pre_bufs.type.shape[0]
     TN: gl.constexpr = BN // 8 if BN // 8 < 32 else 32
     blk: gl.constexpr = gl.BlockedLayout([1, 8], [TN, 32 // TN], [EPI_WARPS, 1], [1, 0])
     pid = gl.program_id(0)
@@ -356,9 +354,9 @@ def _coop_epilogue(pre_desc, out_ptr, stride_out, pre_bufs, x0_bufs, x_bufs, pre
     for t in range(pid, num_tiles, grid):
         om = (t // num_pid_n) * BM
         on = (t % num_pid_n) * BN
-        slot = j % PRE_SLOTS
+        slot = j % 2
         buf = pre_bufs.index(slot)
-        mbarrier.wait(pre_ready.index(slot), (j // PRE_SLOTS) & 1)
+        mbarrier.wait(pre_ready.index(slot), (j // 2) & 1)
         if STORE_PRE:
             _tma_store(pre_desc, [om, on], buf)
         cols = on + gl.arange(0, BN, gl.SliceLayout(0, blk))
@@ -389,7 +387,7 @@ def _coop_epilogue(pre_desc, out_ptr, stride_out, pre_bufs, x0_bufs, x_bufs, pre
 def _cross_fwd_coop_kernel(u_desc, w_desc, pre_desc, x0_desc, x_desc, out_ptr, b_ptr, stride_out, M, N, K,
                            STAGES: gl.constexpr, EPI_STAGES: gl.constexpr, X_IS_X0: gl.constexpr,
                            STORE_PRE: gl.constexpr, MMA_WARPS: gl.constexpr, MMA_REGS: gl.constexpr,
-                           EPI_WARPS: gl.constexpr, PRE_SLOTS: gl.constexpr = 2):
+                           EPI_WARPS: gl.constexpr):
     """The cooperative schedule: a loader warp for the K loop, ``MMA_WARPS`` warps on one ``BM x BN`` tile at a
     time, a loader warp for the epilogue's operands and the launch's ``num_warps`` warps running the previous
     tile's epilogue."""
@@ -399,7 +397,7 @@ def _cross_fwd_coop_kernel(u_desc, w_desc, pre_desc, x0_desc, x_desc, out_ptr, b
     SUB: gl.constexpr = x0_desc.block_type.shape[0]
     a_bufs = gl.allocate_shared_memory(u_desc.dtype, [STAGES, BM, BK], u_desc.layout)
     b_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
-    pre_bufs = gl.allocate_shared_memory(pre_desc.dtype, [PRE_SLOTS, BM, BN], pre_desc.layout)
+    pre_bufs = gl.allocate_shared_memory(pre_desc.dtype, [2, BM, BN], pre_desc.layout)
     x0_bufs = gl.allocate_shared_memory(x0_desc.dtype, [EPI_STAGES, SUB, BN], x0_desc.layout)
     if X_IS_X0:
         x_bufs = x0_bufs
@@ -407,14 +405,14 @@ def _cross_fwd_coop_kernel(u_desc, w_desc, pre_desc, x0_desc, x_desc, out_ptr, b
         x_bufs = gl.allocate_shared_memory(x_desc.dtype, [EPI_STAGES, SUB, BN], x_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    pre_ready = gl.allocate_shared_memory(gl.int64, [PRE_SLOTS, 1], mbarrier.MBarrierLayout())
-    pre_empty = gl.allocate_shared_memory(gl.int64, [PRE_SLOTS, 1], mbarrier.MBarrierLayout())
+    pre_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    pre_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     epi_ready = gl.allocate_shared_memory(gl.int64, [EPI_STAGES, 1], mbarrier.MBarrierLayout())
     epi_empty = gl.allocate_shared_memory(gl.int64, [EPI_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(PRE_SLOTS):
+    for i in gl.static_range(2):
         mbarrier.init(pre_ready.index(i), count=1)
         mbarrier.init(pre_empty.index(i), count=1)
     for i in gl.static_range(EPI_STAGES):
@@ -440,31 +438,26 @@ class WsConfig:
     ``schedule``: ``"pingpong"`` (two 4-warp consumers taking tiles in turn, each running its own epilogue) or
     ``"coop"`` (``mma_warps`` warps on one tile, ``epi_warps`` warps running the previous tile's epilogue).
     ``BM x BN`` output tiles (pingpong: one consumer's, ``BM`` = 64; coop: ``BM`` = 64 per MMA warpgroup),
-    ``BK`` the K step, ``STAGES`` ring slots for the ``U``/``W`` tiles, ``sub`` rows per epilogue slice,
-    ``epi_stages`` slots of the slices' ``x0``/``x`` ring and ``pre_slots`` (1 or 2) staging slots of ``pre`` between
-    the MMA warps and the epilogue (coop; one slot leaves a tile's 32 KB of shared memory to the ``x0``/``x`` ring),
+    ``BK`` the K step, ``STAGES`` ring slots for the ``U``/``W`` tiles, ``sub`` rows per epilogue slice and
+    ``epi_stages`` slots of the slices' ``x0``/``x`` ring (coop),
     register budgets per thread of the worker partitions (the default partition gets what is left of
     ``maxnreg``).
     """
 
     def __init__(self, bm: int = 128, bn: int = 128, bk: int = 64, stages: int = 4, consumer_regs: int = 232,
                  maxnreg: Optional[int] = None, schedule: str = "coop", sub: int = 32, mma_warps: int = 8,
-                 mma_regs: int = 160, epi_warps: int = 4, epi_stages: int = 2, pre_slots: int = 2) -> None:
+                 mma_regs: int = 160, epi_warps: int = 4, epi_stages: int = 2) -> None:
         if schedule not in ("pingpong", "coop"):
             raise ValueError(f"schedule must be 'pingpong' or 'coop', got {schedule!r}")
         self.bm, self.bn, self.bk, self.stages = bm, bn, bk, stages
         self.consumer_regs, self.maxnreg, self.schedule = consumer_regs, maxnreg, schedule
         self.sub, self.mma_warps, self.mma_regs, self.epi_warps = sub, mma_warps, mma_regs, epi_warps
         self.epi_stages = epi_stages
-        if pre_slots not in (1, 2):
-            raise ValueError(f"pre_slots must be 1 or 2, got {pre_slots!r}")
-        self.pre_slots = pre_slots
 
     def __repr__(self) -> str:
         if self.schedule == "coop":
             return (f"coop {self.bm}x{self.bn}x{self.bk}s{self.stages} sub{self.sub}x{self.epi_stages} "
-                    f"mma{self.mma_warps}w r{self.mma_regs} epi{self.epi_warps}w"
-                    + ("" if self.pre_slots == 2 else f" pre{self.pre_slots}"))
+                    f"mma{self.mma_warps}w r{self.mma_regs} epi{self.epi_warps}w")
         return f"{self.bm}x{self.bn}x{self.bk}s{self.stages}r{self.consumer_regs}"
 
 
@@ -522,8 +515,7 @@ def cross_forward_ws(x0: Tensor, x: Tensor, u: Tensor, w: Tensor, b: Tensor, sto
             _desc(u, [cfg.bm, cfg.bk]), _desc(w, [cfg.bn, cfg.bk]), _desc(pre if store_pre else out, tile),
             _desc(x0, sub), _desc(x, sub), out, b, out.stride(0), M, N, K, STAGES=cfg.stages,
             EPI_STAGES=cfg.epi_stages, X_IS_X0=x_is_x0, STORE_PRE=store_pre, MMA_WARPS=cfg.mma_warps,
-            MMA_REGS=cfg.mma_regs, EPI_WARPS=cfg.epi_warps, PRE_SLOTS=cfg.pre_slots, num_warps=cfg.epi_warps,
-            **extra)
+            MMA_REGS=cfg.mma_regs, EPI_WARPS=cfg.epi_warps, num_warps=cfg.epi_warps, **extra)
         return out, pre
     descs = (_desc(u, [cfg.bm, cfg.bk]), _desc(w, [cfg.bn, cfg.bk]), _desc(x0, tile), _desc(x, tile),
              _desc(out, tile), _desc(pre if store_pre else out, tile))
