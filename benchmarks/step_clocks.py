@@ -10,7 +10,9 @@ five phases: idle, ``--windows`` windows of 20 steps timed as the benchmarks tim
 ``--seconds`` of training steps (the run `train.py` builds for ``--variant``, the whole-step CUDA graph included, on
 synthetic batches; a host sync every ``--sync-every`` steps), idle again, then ``--seconds`` of one GEMM back to back
 (``--gemm M,N,K``, bf16; by default the MLPerf top MLP's first data gradient) for each ``--gemm-operands`` kind of
-A operand (normal random values, half of them zeroed, zeros; B normal), idle between them. For each
+A operand (normal random values, half of them zeroed, zeros; B normal), idle between them, then ``--seconds`` of each
+``--kernels`` kernel back to back (`KERNELS`: a 1 GiB ``copy_``, DRAM traffic alone; one MLPerf DLRM-DCNv2 cross layer's
+Gluon forward, ``out = x0 * (u W^T + b) + x`` with ``pre`` stored, tensor-core math and DRAM traffic at once). For each
 phase: the median and range of the SM clock and the power draw, the share of samples with each clock-limit reason
 active (power cap, thermal, ...), and the work's rate (samples/s, TFLOP/s).
 
@@ -119,6 +121,26 @@ def start_sampler(index: int, interval_ms: int) -> subprocess.Popen:
 
 
 GEMM_OPERANDS = ("normal", "relu", "zeros")
+# --kernels: name -> what its phase runs, for the report
+KERNELS = {"copy": "copy_ of 1 GiB (bf16)",
+           "cross_fwd": "Gluon cross forward, later layer, pre stored (65536 x 3456, rank 512, bf16)"}
+
+
+def kernel_phase(name: str, device, copy_numel: int = 2**29) -> tuple:
+    """``(fn, bytes a call, FLOP a call)`` of a ``--kernels`` phase, its tensors made on ``device`` (the copy:
+    ``copy_numel`` bf16 values, 1 GiB by default)."""
+    if name == "copy":
+        src = torch.randn(copy_numel, device=device, dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        return (lambda: dst.copy_(src)), 2 * src.numel() * 2, 0
+    from kernels.cross_ws import cross_forward_ws
+
+    M, N, K = 65536, 3456, 512
+    x0, x = (torch.randn(M, N, device=device, dtype=torch.bfloat16) for _ in range(2))
+    u = torch.randn(M, K, device=device, dtype=torch.bfloat16)
+    w = (torch.randn(N, K, device=device) * K ** -0.5).to(torch.bfloat16)
+    b = torch.randn(N, device=device)
+    return (lambda: cross_forward_ws(x0, x, u, w, b, store_pre=True)), 4 * M * N * 2 + (M + N) * K * 2, 2 * M * N * K
 
 
 def gemm_operand(kind: str, shape: tuple, device) -> torch.Tensor:
@@ -162,6 +184,8 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=5, help="timed windows of 20 steps before the sustained steps")
     ap.add_argument("--gemm-operands", default="normal",
                     help=f"comma list of {', '.join(GEMM_OPERANDS)}: one GEMM phase each (its A operand's values)")
+    ap.add_argument("--kernels", default="",
+                    help=f"comma list of {', '.join(KERNELS)}: one phase each after the GEMM phases ('' none)")
     ap.add_argument("--interval-ms", type=int, default=50)
     ap.add_argument("--sync-every", type=int, default=50,
                     help="steps between the host syncs that check the time (each drains the queue: the rate counts "
@@ -179,6 +203,9 @@ def main(argv=None) -> int:
     operand_kinds = [k.strip() for k in args.gemm_operands.split(",") if k.strip()]
     if not operand_kinds or set(operand_kinds) - set(GEMM_OPERANDS):
         ap.error(f"--gemm-operands: {args.gemm_operands!r} is not a comma list of {', '.join(GEMM_OPERANDS)}")
+    kernel_names = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    if set(kernel_names) - set(KERNELS):
+        ap.error(f"--kernels: {args.kernels!r} is not a comma list of {', '.join(KERNELS)}")
     try:
         gemm = [int(v) for v in args.gemm.split(",")] if args.gemm else None
         assert gemm is None or (len(gemm) == 3 and min(gemm) > 0)
@@ -249,6 +276,20 @@ def main(argv=None) -> int:
             del a, b, c
             time.sleep(args.idle)
             t2 = time.time()
+        for name in kernel_names:
+            fn, nbytes, flop = kernel_phase(name, device)
+            fn()
+            torch.cuda.synchronize(device)
+            t2 = time.time()
+            calls = run_for(args.seconds, fn, device)
+            t3 = time.time()
+            phases.append((KERNELS[name], t2, t3))
+            per = (t3 - t2) / calls
+            rates[phases[-1][0]] = (f"{per * 1e3:.3f} ms a call, {nbytes / per / 1e9:,.0f} GB/s"
+                                    + (f", {flop / per / 1e12:.0f} TFLOP/s" if flop else "") + f" ({calls} calls)")
+            del fn
+            torch.cuda.empty_cache()
+            time.sleep(args.idle)
         time.sleep(0.5)
     finally:
         sampler.terminate()

@@ -40,7 +40,8 @@ def test_main_refuses_without_cuda_or_with_a_bad_gemm(monkeypatch):
     assert e.value.code == 2
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # refused before any device is touched
     for bad in (["--gemm", "1,2"], ["--gemm", "a,b,c"], ["--gemm", "1,0,3"], ["--windows", "0"], ["--sync-every", "0"],
-                ["--seconds", "0"], ["--gemm-operands", "normal,ones"], ["--gemm-operands", ","]):
+                ["--seconds", "0"], ["--gemm-operands", "normal,ones"], ["--gemm-operands", ","],
+                ["--kernels", "copy,matmul"]):
         with pytest.raises(SystemExit) as e:
             sc.main([*bad, "--out", "unused"])
         assert e.value.code == 2
@@ -52,3 +53,10 @@ def test_gemm_operands():
     assert float((normal == 0).float().mean()) < 0.01 and bool((normal < 0).any())
     assert 0.45 < float((relu == 0).float().mean()) < 0.55 and bool((relu >= 0).all())
     assert not bool(zeros.any())
+
+
+def test_kernel_phases_name_what_they_run():
+    assert set(sc.KERNELS) == {"copy", "cross_fwd"}
+    fn, nbytes, flop = sc.kernel_phase("copy", "cpu", copy_numel=1000)  # runs anywhere; cross_fwd needs a Hopper GPU
+    dst = fn()
+    assert nbytes == 2 * 1000 * 2 and flop == 0 and dst.shape == (1000,) and bool(dst.ne(0).any())
