@@ -113,7 +113,8 @@ def start_sampler(index: int, interval_ms: int) -> subprocess.Popen:
                       capture_output=True).returncode != 0:
         query = QUERY.replace("clocks_event_reasons", "clocks_throttle_reasons")
     # line-buffered: into a pipe nvidia-smi's output is block-buffered, and terminating it lost the last ~10 KB
-    # (the last phase's last seconds) until 2026-11-29
+    # (the last phase's last seconds) until 2026-11-29; with stdbuf the last ~10 s were still lost once (fortieth
+    # session), so main() also ends on --tail-s idle seconds
     line_buffered = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
     return subprocess.Popen([*line_buffered, "nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
                              f"-lms={interval_ms}", f"-i={index}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -187,6 +188,9 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default="",
                     help=f"comma list of {', '.join(KERNELS)}: one phase each after the GEMM phases ('' none)")
     ap.add_argument("--interval-ms", type=int, default=50)
+    ap.add_argument("--tail-s", type=float, default=12.0,
+                    help="idle seconds after the last phase before the sampler stops: nvidia-smi's last ~10 s of output "
+                         "are lost when it is stopped (block-buffered into a pipe, stdbuf or not), so they are idle")
     ap.add_argument("--sync-every", type=int, default=50,
                     help="steps between the host syncs that check the time (each drains the queue: the rate counts "
                          "them, the benchmarks' timed windows of 20 steps one)")
@@ -290,7 +294,7 @@ def main(argv=None) -> int:
             del fn
             torch.cuda.empty_cache()
             time.sleep(args.idle)
-        time.sleep(0.5)
+        time.sleep(max(0.5, args.tail_s))
     finally:
         sampler.terminate()
         stdout, _ = sampler.communicate(timeout=10)
