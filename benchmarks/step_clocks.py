@@ -22,7 +22,7 @@ Writes ``<name>.md`` / ``.csv`` (every sample) / ``.png`` (the timeline) under `
 from __future__ import annotations
 
 import argparse
-import shutil
+import os
 import statistics
 import subprocess
 import sys
@@ -106,19 +106,62 @@ def summarize(samples: list[dict], phase: str) -> Optional[dict]:
     return row
 
 
-def start_sampler(index: int, interval_ms: int) -> subprocess.Popen:
+class Sampler:
+    """``cmd``'s output lines, read as they come. On a pseudo-terminal where there is one (Linux): there nvidia-smi
+    writes each sample when it takes it, while into a pipe its output is block-buffered, and stopping it lost the
+    last 10-13 s of samples (seen three times until 2026-11-29, ``stdbuf -oL`` or not). A thread drains the output,
+    so a full pty buffer never stalls the child."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        import threading
+
+        self.chunks: list[str] = []
+        try:
+            import pty
+
+            master, slave = pty.openpty()
+        except (ImportError, OSError):
+            master = slave = None
+        if master is None:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            self.fd = self.proc.stdout.fileno()
+        else:
+            self.proc = subprocess.Popen(cmd, stdout=slave, stderr=subprocess.DEVNULL, close_fds=True)
+            os.close(slave)
+            self.fd = master
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except OSError:  # the pty's other side closed (EIO)
+                return
+            if not data:
+                return
+            self.chunks.append(data.decode(errors="replace"))
+
+    def stop(self) -> list[str]:
+        """Stop the child; every line it wrote (a pty turns "\n" into "\r\n": stripped)."""
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.thread.join(timeout=10)
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        return [line.rstrip("\r") for line in "".join(self.chunks).split("\n") if line.strip()]
+
+
+def start_sampler(index: int, interval_ms: int) -> Sampler:
     """nvidia-smi sampling every `interval_ms`; drivers before the "event reasons" name take the older alias."""
     query = QUERY
     if subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", f"-i={index}"],
                       capture_output=True).returncode != 0:
         query = QUERY.replace("clocks_event_reasons", "clocks_throttle_reasons")
-    # line-buffered: into a pipe nvidia-smi's output is block-buffered, and terminating it lost the last ~10 KB
-    # (the last phase's last seconds) until 2026-11-29; with stdbuf the last ~10 s were still lost once (fortieth
-    # session), so main() also ends on --tail-s idle seconds
-    line_buffered = ["stdbuf", "-oL"] if shutil.which("stdbuf") else []
-    return subprocess.Popen([*line_buffered, "nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
-                             f"-lms={interval_ms}", f"-i={index}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return Sampler(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", f"-lms={interval_ms}",
+                    f"-i={index}"])
 
 
 GEMM_OPERANDS = ("normal", "relu", "zeros")
@@ -188,9 +231,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default="",
                     help=f"comma list of {', '.join(KERNELS)}: one phase each after the GEMM phases ('' none)")
     ap.add_argument("--interval-ms", type=int, default=50)
-    ap.add_argument("--tail-s", type=float, default=12.0,
-                    help="idle seconds after the last phase before the sampler stops: nvidia-smi's last ~10 s of output "
-                         "are lost when it is stopped (block-buffered into a pipe, stdbuf or not), so they are idle")
+    ap.add_argument("--tail-s", type=float, default=1.0, help="idle seconds after the last phase, still sampled")
     ap.add_argument("--sync-every", type=int, default=50,
                     help="steps between the host syncs that check the time (each drains the queue: the rate counts "
                          "them, the benchmarks' timed windows of 20 steps one)")
@@ -280,14 +321,15 @@ def main(argv=None) -> int:
             del a, b, c
             time.sleep(args.idle)
             t2 = time.time()
-        for name in kernel_names:
+        for i, name in enumerate(kernel_names):
             fn, nbytes, flop = kernel_phase(name, device)
             fn()
             torch.cuda.synchronize(device)
             t2 = time.time()
             calls = run_for(args.seconds, fn, device)
             t3 = time.time()
-            phases.append((KERNELS[name], t2, t3))
+            repeat = kernel_names[:i].count(name)  # a kernel named again gets its own phase
+            phases.append((KERNELS[name] + (f" #{repeat + 1}" if repeat else ""), t2, t3))
             per = (t3 - t2) / calls
             rates[phases[-1][0]] = (f"{per * 1e3:.3f} ms a call, {nbytes / per / 1e9:,.0f} GB/s"
                                     + (f", {flop / per / 1e12:.0f} TFLOP/s" if flop else "") + f" ({calls} calls)")
@@ -296,9 +338,8 @@ def main(argv=None) -> int:
             time.sleep(args.idle)
         time.sleep(max(0.5, args.tail_s))
     finally:
-        sampler.terminate()
-        stdout, _ = sampler.communicate(timeout=10)
-    samples = label_phases(parse_samples(stdout.splitlines()), phases)
+        lines = sampler.stop()
+    samples = label_phases(parse_samples(lines), phases)
     rows = [r for r in (summarize(samples, p) for p, _, _ in phases) if r]
     lost = phases[-1][2] - samples[-1]["t"] if samples else 0.0
     table = ["| phase | samples | SM MHz (median, min-max) | power W (median, max) | "

@@ -3,6 +3,8 @@ GPU)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -60,3 +62,17 @@ def test_kernel_phases_name_what_they_run():
     fn, nbytes, flop = sc.kernel_phase("copy", "cpu", copy_numel=1000)  # runs anywhere; cross_fwd needs a Hopper GPU
     dst = fn()
     assert nbytes == 2 * 1000 * 2 and flop == 0 and dst.shape == (1000,) and bool(dst.ne(0).any())
+
+
+def test_sampler_reads_lines_a_buffering_child_wrote_before_it_was_stopped():
+    """A child whose output is block-buffered into a pipe (Python's, as nvidia-smi's) and which is stopped while
+    still running: every line it printed arrives, because it writes to a pseudo-terminal (line-buffered)."""
+    import time
+
+    code = "import time\nfor i in range(40):\n    print(f'{i},x')\n    time.sleep(0.005)\ntime.sleep(60)"
+    sampler = sc.Sampler([sys.executable, "-c", code])
+    deadline = time.time() + 20
+    while sum(c.count("\n") for c in sampler.chunks) < 40 and time.time() < deadline:
+        time.sleep(0.05)
+    lines = sampler.stop()
+    assert lines == [f"{i},x" for i in range(40)]
