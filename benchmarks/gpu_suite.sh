@@ -581,10 +581,12 @@ EOF
       run update_traffic_floor 200 python benchmarks/update_traffic_floor.py --out "$RES" --repeats 2 \
         --skeleton-launches 32:1,16:2 --name "update_traffic_floor${LAUNCH_TAG:+_$LAUNCH_TAG}"
       ;;
-    clocks)  # the SM clock, power and clock-limit reasons through 20 s of MLPerf's step and 20 s of one GEMM (the
-      # thirty-third run: an H200 at its 700 W cap 99% of the step, 1635 MHz median; results/step_clocks_mlperf.md)
-      run step_clocks_mlperf 300 python benchmarks/step_clocks.py --config configs/mlperf-dcnv2.json --seconds 20 \
-        --out "$RES" --name "step_clocks_mlperf${LAUNCH_TAG:+_$LAUNCH_TAG}"
+    clocks)  # the SM clock, power and clock-limit reasons through 20 s of MLPerf's step, 20 s of one GEMM and 20 s each
+      # of CLOCK_KERNELS (default a copy and the Gluon cross forward: DRAM traffic alone, math and traffic at once)
+      # (thirty-third run: an H200 at its 700 W cap 99% of the step, 1635 MHz median, results/step_clocks_mlperf.md;
+      # thirty-sixth: the cross forward capped at 1470-1485 MHz, a copy at 1980, results/step_clocks_cross_fwd_pty_h200.md)
+      run step_clocks_mlperf 360 python benchmarks/step_clocks.py --config configs/mlperf-dcnv2.json --seconds 20 \
+        --kernels "${CLOCK_KERNELS-copy,cross_fwd}" --out "$RES" --name "step_clocks_mlperf${LAUNCH_TAG:+_$LAUNCH_TAG}"
       ;;
     gemmlayout)  # every GEMM of the MLPerf step in eight operand layouts, and as rowwise / tensorwise FP8 GEMMs
       run gemm_layout_probe 150 python benchmarks/gemm_layout_probe.py --out "$RES"
