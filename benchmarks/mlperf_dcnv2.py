@@ -18,9 +18,10 @@ Implementations, each a row per batch size:
   ``torch.optim.SGD`` on the rows the sparse gradient touches, the MLPs and cross network under bf16
   autocast, dense ``torch.optim.Adagrad``;
 * ours: `benchmarks/train_throughput.measure` (the run `train.py` builds, `dlrm.train.builder.build_run`)
-  for each of ``--variants`` (`dlrm.train.compare.VARIANTS`; by default "auto", what ``train.py`` runs), with the config's optimizers (dense Adagrad,
-  sparse row-wise Adagrad; ``--dense-optim`` switches the dense one; ``+step-graph`` variants capture the
-  dense Adagrad as `dlrm.train.adagrad.CapturableAdagrad`, or a fused SGD or Adam). A variant using the
+  for each of ``--variants`` (`dlrm.train.compare.VARIANTS`; by default "auto", what ``train.py`` runs), with the
+  config's optimizers (dense Adagrad, sparse row-wise Adagrad; ``--dense-optim`` switches the dense one;
+  ``+step-graph`` variants capture the dense Adagrad as `dlrm.train.adagrad.CapturableAdagrad`, or a fused SGD
+  or Adam). A variant using the
   torch embedding gets fp32 tables (the config refuses bf16 ones without the Triton embedding's
   stochastic rounding): at full size those need 104 GB and are recorded as out of memory.
 

@@ -122,9 +122,10 @@ class Sampler:
             master, slave = pty.openpty()
         except (ImportError, OSError):
             master = slave = None
-        if master is None:
+        if master is None:  # no pty: a pipe (its last block may be lost when the child is stopped)
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-            self.fd = self.proc.stdout.fileno()
+            self.fd = os.dup(self.proc.stdout.fileno())
+            self.proc.stdout.close()
         else:
             self.proc = subprocess.Popen(cmd, stdout=slave, stderr=subprocess.DEVNULL, close_fds=True)
             os.close(slave)
