@@ -558,6 +558,20 @@ for i, cap in enumerate([None, 0, None, 0]):
                        "--out", f"{sys.argv[1]}/maxnreg_{i}_{'launch' if cap is None else 'none'}"])
 EOF
       ;;
+    mlperf:mlpstream)  # the fused MLP's weight-gradient GEMMs on a side stream (shipped) against in series
+      # (kernels.mlp.SIDE_STREAM): the MLPerf step ("auto") alternating in one process (results/mlperf_dcnv2_mlpstream*)
+      run mlperf_dcnv2_mlpstream 300 python - "$RES" <<'EOF'
+import sys
+sys.path.append("benchmarks")  # appended: benchmarks/kernels.py must not shadow the kernels package
+import kernels.mlp
+import mlperf_dcnv2
+for i, side in enumerate([True, False, True, False]):
+    kernels.mlp.SIDE_STREAM = side
+    print("SIDE_STREAM", side, flush=True)
+    mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "auto",
+                       "--out", f"{sys.argv[1]}/mlpstream_{i}_{'side' if side else 'serial'}"])
+EOF
+      ;;
     mlperf:concat)  # the DCN input built by the pooled lookup (dlrm.model.dlrm.CONCAT_IN_LOOKUP) against a separate
       # concatenation: the MLPerf step alternating in one process (results/mlperf_dcnv2_concat.md)
       run mlperf_dcnv2_concat 220 python - "$RES" <<'EOF'

@@ -207,6 +207,9 @@ def mask_bias_grad(grad: Tensor, out: Optional[Tensor], relu: bool, *, write: bo
 
 
 _SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
+# The weight-gradient GEMMs on the side stream (True) or in series on the current stream (False): module-level, for A/B
+# measurements (gpu_suite.sh part mlperf:mlpstream; under a power cap overlap may buy nothing, PERF.md thirty-sixth run).
+SIDE_STREAM = True
 
 
 def _side_stream(device: torch.device) -> "torch.cuda.Stream":
@@ -316,7 +319,7 @@ def _mlp_backward_op(
     gx = x.new_empty(0)
     # the lowest layer whose gradient is asked for: the data-gradient chain stops there
     lowest = -1 if need_x else min([i for i in range(n) if need_w[i] or need_b[i]], default=n)
-    side = x.device.type == "cuda" and any(need_w)
+    side = SIDE_STREAM and x.device.type == "cuda" and any(need_w)
     if side:
         main = torch.cuda.current_stream(x.device)
         stream = _side_stream(x.device)
