@@ -21,7 +21,8 @@ Backward, per layer from the last one down (`_mlp_backward_op`):
    recorded after step 1 and overlaps the data-gradient chain; the current stream waits on the side
    stream once before the op returns (fork / join: legal inside CUDA-graph capture, and every tensor
    the side stream touches is allocated on the current stream and alive until the join, so the
-   caching allocator never hands its memory out early).
+   caching allocator never hands its memory out early). ``SIDE_STREAM = False`` runs them in series instead, an
+   A/B knob: on an H200 held at its power cap the MLPerf step was 0.3-0.6% faster so (PERF.md, thirty-sixth run).
 
 The two halves are ``torch.library`` custom ops (``dlrm_kernels::mlp_forward`` / ``mlp_backward``)
 with fake and autograd registrations, so torch.compile traces a module using them without graph
