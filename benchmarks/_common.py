@@ -103,10 +103,13 @@ class Timer:
             self.seconds = time.perf_counter() - self.t0
 
 
-def graph_replay_ms(step: Callable[[], None], calls: int, windows: int, warmup: int) -> float:
+def graph_replay_ms(step: Callable[[], None], calls: int, windows: int, warmup: int,
+                    settle_s: float = 0.0) -> float:
     """Median ms per call of `step`: a CUDA graph of `calls` calls replayed in `windows` windows (CUDA events),
-    after `warmup` untimed calls on a side stream (compilation must not happen inside the capture). Without
-    CUDA, the perf_counter time of one call (smoke runs: a check of the script, not a measurement)."""
+    after `warmup` untimed calls on a side stream (compilation must not happen inside the capture) and, with
+    `settle_s`, that many seconds of untimed replays (the power-capped clock a sustained run gets, not the first
+    second's boost: see `settle`). Without CUDA, the perf_counter time of one call (smoke runs: a check of the
+    script, not a measurement)."""
     import statistics
 
     import torch
@@ -127,6 +130,7 @@ def graph_replay_ms(step: Callable[[], None], calls: int, windows: int, warmup: 
         for _ in range(calls):
             step()
     graph.replay()  # the first replay uploads the graph
+    settle(lambda _: graph.replay(), settle_s, torch.device("cuda"))
     times = []
     for _ in range(windows):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

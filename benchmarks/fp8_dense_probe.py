@@ -102,12 +102,16 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--calls", type=int, default=3)
     ap.add_argument("--windows", type=int, default=7)
+    ap.add_argument("--settle-s", type=float, default=3.0,
+                    help="untimed replays before the windows: the power-capped clock of a sustained run, where the "
+                         "energy a FLOP costs sets the time (an H200 trains MLPerf at its 700 W cap: PERF.md, "
+                         "thirty-sixth run); 0 in --smoke")
     ap.add_argument("--smoke", action="store_true", help="batch 64, width 96, rank 32, top 64,32,1; eager on the CPU")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     if args.smoke:
         args.batch, args.check_batch, args.width, args.rank, args.top = 64, 32, 96, 32, "64,32,1"
-        args.calls, args.windows = 1, 1
+        args.calls, args.windows, args.settle_s = 1, 1, 0.0
     device = torch.device("cuda" if cuda else "cpu")
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not names or set(names) - set(VARIANTS):
@@ -134,7 +138,7 @@ def main(argv=None) -> int:
                 out.backward(glog.to(out.dtype))
 
             if cuda:
-                row["ms"] = graph_replay_ms(step, args.calls, args.windows, 3)
+                row["ms"] = graph_replay_ms(step, args.calls, args.windows, 3, args.settle_s)
             else:
                 t0 = time.perf_counter()
                 step()
@@ -166,8 +170,8 @@ def main(argv=None) -> int:
         "MLPerf DLRM-DCNv2 dense part: rowwise FP8 GEMMs against bf16",
         [env_line(env), f"batch {args.batch} (errors at {args.check_batch}), width {args.width}, rank {args.rank}, "
          f"{args.layers} cross layers, top {args.top}; compiled, bf16 autocast, forward + backward; CUDA graphs of "
-         f"{args.calls} calls, median of {args.windows} windows. Errors: relative Frobenius norm against float64 "
-         "eager."], table))
+         f"{args.calls} calls, median of {args.windows} windows after {args.settle_s:g} s of untimed replays. Errors: "
+         "relative Frobenius norm against float64 eager."], table))
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3))
     ok = [r for r in rows if r.get("ms")]
