@@ -16,12 +16,16 @@ input-gradient GEMMs of the cross network, the top MLP, or both, as `kernels.fp8
 Accuracy, at ``--check-batch`` rows: the logits, ``x0``'s gradient and the first cross layer's V gradient against
 float64 eager (relative Frobenius error), for each variant. Timing: CUDA graphs of ``--calls`` calls replayed in
 ``--windows`` windows (`_common.graph_replay_ms`). Writes fp8_dense_probe.csv / .md / .png under ``--out``.
+``--profile`` adds fp8_dense_probe_kernels.md: each variant's kernels (compiled, 3 calls under torch.profiler, no
+graph) summed by kind (FP8 GEMMs, bf16 GEMMs, Inductor's fused kernels, the rest), then its longest kernels: where
+the FP8 GEMMs' saving goes.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
 import time
 from pathlib import Path
@@ -43,6 +47,52 @@ from kernels.fp8_linear import fp8_rowwise_linear  # noqa: E402
 VARIANTS = {"bf16": (False, False), "fp8 cross": (True, False), "fp8 top": (False, True),
             "fp8 cross + top": (True, True)}
 KEYS = ["variant", "batch", "ms", "vs_bf16", "err_logits", "err_dx0", "err_dV0", "status"]
+# --profile: kernel kinds, the first pattern that matches a kernel's name wins (cuBLASLt's FP8 kernels on an H200 with
+# CUDA 13 are "nvjet_sm90_qqtst_...", older ones carry "e4m3" / "f8"; its bf16 ones "nvjet_sm90_tst_..." / "gemm")
+KINDS = [("FP8 GEMMs", r"e4m3|e5m2|f8|fp8|_qqtst_"), ("bf16 GEMMs", r"gemm|cutlass|xmma|nvjet|cublas|wgmma|splitKreduce"),
+         ("Inductor fused kernels", r"^triton_"), ("other", r"")]
+
+
+def kernel_kind(name: str) -> str:
+    """The `KINDS` label of a kernel name.
+
+        >>> kernel_kind("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n_tilesize128x128x128"), kernel_kind("triton_red_fused_0")
+        ('FP8 GEMMs', 'Inductor fused kernels')
+    """
+    return next(label for label, pattern in KINDS if re.search(pattern, name))
+
+
+def profile_kernels(step, calls: int = 3) -> list[tuple[str, float, int]]:
+    """``(kernel name, device ms a call, launches a call)`` of `step`, longest first, from ``calls`` calls under
+    torch.profiler (CUDA only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    out = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+        if us and str(getattr(e, "device_type", "")).endswith("CUDA"):
+            out.append((e.key, float(us) / 1e3 / calls, round(int(e.count) / calls)))
+    return sorted(out, key=lambda r: -r[1])
+
+
+def kernel_report(profiles: dict, top_n: int = 12) -> list[str]:
+    """Markdown lines: a table of ms a call by kernel kind and variant, then each variant's `top_n` longest kernels."""
+    names = list(profiles)
+    lines = [md_row(["kind", *names]), md_row(["---", *["---:" for _ in names]])]
+    for label, _ in KINDS:
+        lines.append(md_row([label, *[f"{sum(ms for k, ms, _ in profiles[v] if kernel_kind(k) == label):.3f}"
+                                      for v in names]]))
+    lines.append(md_row(["all kernels", *[f"{sum(ms for _, ms, _ in profiles[v]):.3f}" for v in names]]))
+    for v in names:
+        lines += ["", f"**{v}**, the {top_n} longest kernels:", "",
+                  md_row(["kernel", "kind", "launches a call", "ms a call"]), md_row(["---", "---", "---:", "---:"])]
+        lines += [md_row([k[:110], kernel_kind(k), n, f"{ms:.3f}"]) for k, ms, n in profiles[v][:top_n]]
+    return lines
 
 
 class DensePart(nn.Module):
@@ -106,6 +156,8 @@ def main(argv=None) -> int:
                     help="untimed replays before the windows: the power-capped clock of a sustained run, where the "
                          "energy a FLOP costs sets the time (an H200 trains MLPerf at its 700 W cap: PERF.md, "
                          "thirty-sixth run); 0 in --smoke")
+    ap.add_argument("--profile", action="store_true",
+                    help="also write fp8_dense_probe_kernels.md: each variant's kernels by kind (CUDA only)")
     ap.add_argument("--smoke", action="store_true", help="batch 64, width 96, rank 32, top 64,32,1; eager on the CPU")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
@@ -122,7 +174,7 @@ def main(argv=None) -> int:
     x0 = (torch.randn(args.batch, args.width, generator=gen, device=device) * 0.5).to(torch.bfloat16)
     x0.requires_grad_()
     glog = torch.randn(args.batch, generator=gen, device=device) / args.batch
-    rows = []
+    rows, profiles = [], {}
     for name in names:
         model = copy.deepcopy(base)
         model.fp8_cross, model.fp8_top = VARIANTS[name]
@@ -139,6 +191,8 @@ def main(argv=None) -> int:
 
             if cuda:
                 row["ms"] = graph_replay_ms(step, args.calls, args.windows, 3, args.settle_s)
+                if args.profile:
+                    profiles[name] = profile_kernels(step)
             else:
                 t0 = time.perf_counter()
                 step()
@@ -172,6 +226,12 @@ def main(argv=None) -> int:
          f"{args.layers} cross layers, top {args.top}; compiled, bf16 autocast, forward + backward; CUDA graphs of "
          f"{args.calls} calls, median of {args.windows} windows after {args.settle_s:g} s of untimed replays. Errors: "
          "relative Frobenius norm against float64 eager."], table))
+    if profiles:
+        (out / "fp8_dense_probe_kernels.md").write_text(markdown(
+            "MLPerf DLRM-DCNv2 dense part: kernels by kind, rowwise FP8 against bf16",
+            [env_line(env), f"batch {args.batch}, compiled, bf16 autocast, forward + backward, device ms a call from 3 "
+             "calls under torch.profiler (no CUDA graph, so launch gaps are not counted)."],
+            kernel_report(profiles)))
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3))
     ok = [r for r in rows if r.get("ms")]

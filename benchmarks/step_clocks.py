@@ -168,16 +168,36 @@ def start_sampler(index: int, interval_ms: int) -> Sampler:
 GEMM_OPERANDS = ("normal", "relu", "zeros")
 # --kernels: name -> what its phase runs, for the report
 KERNELS = {"copy": "copy_ of 1 GiB (bf16)",
-           "cross_fwd": "Gluon cross forward, later layer, pre stored (65536 x 3456, rank 512, bf16)"}
+           "cross_fwd": "Gluon cross forward, later layer, pre stored (65536 x 3456, rank 512, bf16)",
+           "gemm_bf16": "GEMM 65536x1024x3456, bf16 (the top MLP's first forward)",
+           "gemm_fp8": "GEMM 65536x1024x3456, rowwise-scaled e4m3, bf16 out (torch._scaled_mm)"}
+# the shape of the gemm_bf16 / gemm_fp8 phases: the top MLP's first forward GEMM, M x N x K
+FP8_GEMM_SHAPE = (65536, 1024, 3456)
 
 
-def kernel_phase(name: str, device, copy_numel: int = 2**29) -> tuple:
+def kernel_phase(name: str, device, copy_numel: int = 2**29, gemm_shape: tuple = FP8_GEMM_SHAPE) -> tuple:
     """``(fn, bytes a call, FLOP a call)`` of a ``--kernels`` phase, its tensors made on ``device`` (the copy:
-    ``copy_numel`` bf16 values, 1 GiB by default)."""
+    ``copy_numel`` bf16 values, 1 GiB by default; the GEMMs: ``gemm_shape``, M x N x K)."""
     if name == "copy":
         src = torch.randn(copy_numel, device=device, dtype=torch.bfloat16)
         dst = torch.empty_like(src)
         return (lambda: dst.copy_(src)), 2 * src.numel() * 2, 0
+    if name in ("gemm_bf16", "gemm_fp8"):
+        # the same product in both precisions, A row-major and B column-major (what torch._scaled_mm takes), so that
+        # the two phases' TFLOP/s and watts give the energy a FLOP costs in each under the power cap
+        M, N, K = gemm_shape
+        a = torch.randn(M, K, device=device, dtype=torch.bfloat16)
+        b = torch.randn(N, K, device=device, dtype=torch.bfloat16).t()
+        out = torch.empty(M, N, device=device, dtype=torch.bfloat16)
+        if name == "gemm_bf16":
+            return (lambda: torch.mm(a, b, out=out)), (M * K + K * N + M * N) * 2, 2 * M * N * K
+        from kernels.fp8_linear import quantize_rows
+
+        aq, sa = quantize_rows(a)  # [M, K] e4m3, [M, 1] fp32
+        bq, sb = quantize_rows(b.t())  # [N, K], [N, 1]: one scale per output column
+        bq, sb = bq.t(), sb.t()
+        return ((lambda: torch._scaled_mm(aq, bq, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)),
+                M * K + K * N + M * N * 2, 2 * M * N * K)
     from kernels.cross_ws import cross_forward_ws
 
     M, N, K = 65536, 3456, 512

@@ -712,6 +712,24 @@ def test_fp8_dense_probe_smoke_runs_each_variant_and_measures_its_error(tmp_path
         fdp.main(["--smoke", "--out", str(tmp_path), "--variants", "fp4"])
 
 
+def test_fp8_dense_probe_kernel_report_sums_each_kind_per_variant():
+    """--profile's table: a kernel counted once, under the first kind its name matches (an FP8 GEMM is not counted
+    as a bf16 one), each variant's column summing to its kernels' total."""
+    fdp = load_script("fp8_dense_probe")
+    assert fdp.kernel_kind("sm90_xmma_gemm_e4m3bf16_e4m3f32_f32_tn_n") == "FP8 GEMMs"
+    assert fdp.kernel_kind("nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT") == "FP8 GEMMs"
+    assert fdp.kernel_kind("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT") == "bf16 GEMMs"
+    assert fdp.kernel_kind("triton_per_fused_abs_amax_0") == "Inductor fused kernels"
+    assert fdp.kernel_kind("Memset (Device)") == "other"
+    lines = fdp.kernel_report({"bf16": [("nvjet_a", 1.25, 2), ("triton_poi_1", 0.5, 1)],
+                               "fp8": [("gemm_e4m3_b", 0.75, 2), ("triton_red_2", 0.25, 3), ("memcpy", 0.125, 1)]})
+    rows = {line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[1:] for line in lines[2:7]}
+    assert rows["FP8 GEMMs"] == ["0.000", "0.750"] and rows["bf16 GEMMs"] == ["1.250", "0.000"]
+    assert rows["Inductor fused kernels"] == ["0.500", "0.250"] and rows["other"] == ["0.000", "0.125"]
+    assert rows["all kernels"] == ["1.750", "1.125"]
+    assert "| triton_red_2 | Inductor fused kernels | 3 | 0.250 |" in lines
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_cross_ws_probe_refuses_to_run_without_cuda(tmp_path, capsys):
     pytest.importorskip("kernels.cross_ws", reason="this Triton has no Gluon Hopper dialect")

@@ -58,10 +58,27 @@ def test_gemm_operands():
 
 
 def test_kernel_phases_name_what_they_run():
-    assert set(sc.KERNELS) == {"copy", "cross_fwd"}
+    assert set(sc.KERNELS) == {"copy", "cross_fwd", "gemm_bf16", "gemm_fp8"}
     fn, nbytes, flop = sc.kernel_phase("copy", "cpu", copy_numel=1000)  # runs anywhere; cross_fwd needs a Hopper GPU
     dst = fn()
     assert nbytes == 2 * 1000 * 2 and flop == 0 and dst.shape == (1000,) and bool(dst.ne(0).any())
+
+
+def test_gemm_phases_compute_the_same_product_in_bf16_and_fp8():
+    """The two GEMM phases multiply the same operands (same seed): the FP8 product is the bf16 one within e4m3's
+    rounding (3 mantissa bits), and not bit for bit (it was quantized). Counts: 2MNK FLOP; bf16 operands 2 bytes an
+    element, e4m3 ones 1, both outputs bf16."""
+    M, N, K = 33, 16, 48
+    products = {}
+    for name in ("gemm_bf16", "gemm_fp8"):
+        torch.manual_seed(0)
+        fn, nbytes, flop = sc.kernel_phase(name, "cpu", gemm_shape=(M, N, K))
+        products[name] = fn().float()
+        assert flop == 2 * M * N * K and products[name].shape == (M, N)
+        assert nbytes == ((M * K + K * N) * 2 if name == "gemm_bf16" else M * K + K * N) + M * N * 2
+    bf16, fp8 = products["gemm_bf16"], products["gemm_fp8"]
+    rel = float((fp8 - bf16).norm() / bf16.norm())
+    assert 1e-3 < rel < 0.06, rel
 
 
 def test_sampler_reads_lines_a_buffering_child_wrote_before_it_was_stopped():
