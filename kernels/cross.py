@@ -52,6 +52,7 @@ from torch import Tensor, nn
 
 from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels.col_sum import sum_partial_rows
 from kernels.heuristics import GemmTile
 from kernels.linear import gemm_bias_act, resolve_input_precision
 
@@ -63,8 +64,6 @@ _INTERPRET = interpret_mode()
 _EW_BLOCK_M = 32
 _EW_MAX_BLOCK_N = 128
 _EW_WARPS = 4
-# Column-sum second stage: rows of partial sums reduced per loop step.
-_BLOCK_R = 16 if _INTERPRET else 64
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,17 +187,6 @@ def _cross_bwd_elementwise_kernel(
         tl.store(gx0_ptr + offs, (g * pre).to(gx0_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _col_sum_kernel(partial_ptr, out_ptr, R, N, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[n] = sum_r partial[r, n] for a contiguous fp32 [R, N] buffer, in a fixed order (deterministic)."""
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for i in range(0, tl.cdiv(R, BLOCK_R)):
-        rr = i * BLOCK_R + tl.arange(0, BLOCK_R)
-        tile = tl.load(partial_ptr + rr[:, None] * N + rn[None, :], mask=(rr[:, None] < R) & (rn[None, :] < N), other=0.0)
-        acc += tl.sum(tile, axis=0)
-    tl.store(out_ptr + rn, acc.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
 AUTOTUNE = os.environ.get("DLRM_TRITON_AUTOTUNE", "0") not in ("", "0") and not _INTERPRET
@@ -304,7 +292,7 @@ def cross_elementwise_backward(g: Tensor, x0: Tensor, pre: Tensor, *, need_pre: 
             BLOCK_M=_EW_BLOCK_M, BLOCK_N=bn, num_warps=_EW_WARPS,
         )  # fmt: skip
         if need_b:
-            _col_sum_kernel[(triton.cdiv(N, bn),)](partial, gb, grid[0], N, BLOCK_R=_BLOCK_R, BLOCK_N=bn, num_warps=_EW_WARPS)
+            sum_partial_rows(partial, gb, bn)
     return gpre, gx0, gb
 
 

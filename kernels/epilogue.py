@@ -22,6 +22,7 @@ from torch import Tensor
 
 from kernels._backend import check_triton_device, device_context, interpret_mode
 from kernels.activations import act_derivative, activation_code
+from kernels.col_sum import sum_partial_rows
 
 __all__ = ["act_backward"]
 
@@ -32,8 +33,6 @@ _INTERPRET = interpret_mode()
 _BLOCK_M = 32
 _MAX_BLOCK_N = 128
 _NUM_WARPS = 4
-# Column-sum second stage: rows of partial sums reduced per loop step.
-_BLOCK_R = 16 if _INTERPRET else 64
 
 
 # ----------------------------------------------------------------------------------------------
@@ -80,17 +79,6 @@ def _act_bwd_kernel(
         tl.store(partial_ptr + pid_m * N + rn, tl.sum(g, axis=0), mask=rn < N)
 
 
-@triton.jit
-def _col_sum_kernel(partial_ptr, out_ptr, R, N, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[n] = sum_r partial[r, n] for a contiguous fp32 [R, N] buffer, in a fixed order (deterministic)."""
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for i in range(0, tl.cdiv(R, BLOCK_R)):
-        rr = i * BLOCK_R + tl.arange(0, BLOCK_R)
-        tile = tl.load(partial_ptr + rr[:, None] * N + rn[None, :], mask=(rr[:, None] < R) & (rn[None, :] < N), other=0.0)
-        acc += tl.sum(tile, axis=0)
-    tl.store(out_ptr + rn, acc.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -163,5 +151,5 @@ def act_backward(
             num_warps=_NUM_WARPS,
         )
         if bias_grad:
-            _col_sum_kernel[(triton.cdiv(N, bn),)](partial, gbias, grid[0], N, BLOCK_R=_BLOCK_R, BLOCK_N=bn, num_warps=_NUM_WARPS)
+            sum_partial_rows(partial, gbias, bn)
     return gpre, gbias

@@ -12,7 +12,7 @@ Backward, per layer from the last one down (`_mlp_backward_op`):
 
 1. ONE Triton kernel (`_mask_bias_kernel`) reads the incoming gradient once (any strides), writes
    the masked gradient ``gm = grad * (out > 0)`` (contiguous) and per-program fp32 partial column
-   sums; a tiny second kernel (`_col_sum_kernel`) adds them in a fixed order (deterministic bias
+   sums; a tiny second kernel (`kernels.col_sum`) adds them in a fixed order (deterministic bias
    gradient). Without activation nothing is written: the GEMMs read the incoming gradient as is.
 2. The data-gradient GEMM ``gm @ W`` (cuBLAS, on the current stream: the critical path to the next
    layer down), skipped for the first layer when the MLP's input needs no gradient (the bottom
@@ -59,8 +59,9 @@ from torch import Tensor, nn
 
 from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels.col_sum import sum_partial_rows
 
-__all__ = ["FusedMLP", "fused_mlp", "mask_bias_grad", "SUPPORTED_ACTIVATIONS"]
+__all__ = ["FusedMLP", "build_fused_layers", "fused_mlp", "mask_bias_grad", "SUPPORTED_ACTIVATIONS"]
 
 _INTERPRET = interpret_mode()
 
@@ -73,8 +74,6 @@ SUPPORTED_ACTIVATIONS = ("relu", "none")
 MASK_LAUNCH_OVERRIDE: Optional[tuple[int, int, int]] = None
 _INTERPRETER_MASK_LAUNCH = (64, 4, 4)
 _MAX_BLOCK_N = 128
-_NUM_WARPS = 4  # the column-sum kernel's
-_BLOCK_R = 16 if _INTERPRET else 64  # rows of partial sums per step of the column-sum kernel
 
 
 # ----------------------------------------------------------------------------------------------
@@ -126,17 +125,6 @@ def _mask_bias_kernel(
         tl.store(partial_ptr + pid_m * N + rn, acc, mask=rn < N)
 
 
-@triton.jit
-def _col_sum_kernel(partial_ptr, out_ptr, R, N, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[n] = sum_r partial[r, n] of a contiguous fp32 [R, N] buffer, in a fixed order."""
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for i in range(0, tl.cdiv(R, BLOCK_R)):
-        rr = i * BLOCK_R + tl.arange(0, BLOCK_R)
-        tile = tl.load(partial_ptr + rr[:, None] * N + rn[None, :], mask=(rr[:, None] < R) & (rn[None, :] < N), other=0.0)
-        acc += tl.sum(tile, axis=0)
-    tl.store(out_ptr + rn, acc.to(out_ptr.dtype.element_ty), mask=rn < N)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -203,7 +191,7 @@ def mask_bias_grad(grad: Tensor, out: Optional[Tensor], relu: bool, *, write: bo
             RELU=relu, WRITE=write, BIAS=bias_grad, BLOCK_M=block_m, BLOCK_N=bn, num_warps=warps,
         )  # fmt: skip
         if bias_grad:
-            _col_sum_kernel[(col_blocks,)](partial, gb, programs_m, N, BLOCK_R=_BLOCK_R, BLOCK_N=bn, num_warps=_NUM_WARPS)
+            sum_partial_rows(partial, gb, bn)
     return gm, gb
 
 
@@ -449,23 +437,9 @@ class FusedMLP(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        if activation not in SUPPORTED_ACTIVATIONS:
-            raise ValueError(f"FusedMLP fuses only {SUPPORTED_ACTIVATIONS}, not activation={activation!r} (use the eager MLP)")
-        if linear_cls is not None:
-            raise ValueError("FusedMLP runs its own layers: linear_cls must be None")
-        if dropout:
-            raise ValueError(f"FusedMLP has no dropout between its fused layers (dropout={dropout}); use the eager MLP")
-        if not widths:
-            raise ValueError("FusedMLP needs at least one layer")
-        dims = [in_features, *widths]
-        acts = [activation] * len(widths)
-        if not activate_last:
-            acts[-1] = "none"
         self.in_features = in_features
-        self.activations = acts
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-        for layer in self.layers:
-            _init_linear_(layer)
+        self.activations, self.layers = build_fused_layers(type(self).__name__, in_features, widths, activation,
+                                                           activate_last, linear_cls, dropout)
         self.dropout = None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -476,6 +450,43 @@ class FusedMLP(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, activations={self.activations}"
+
+
+def build_fused_layers(
+    owner: str,
+    in_features: int,
+    widths: list[int],
+    activation: str,
+    activate_last: bool,
+    linear_cls: Optional[type],
+    dropout: float,
+) -> tuple[list[str], nn.ModuleList]:
+    """``(activations, layers)`` of an MLP module that runs its own fused layers with the eager
+    ``dlrm.model.archs.MLP``'s constructor (`FusedMLP`, ``kernels.mlp_tail_module.OnChipTailMLP``): each layer's
+    activation name ("none" for the last one unless ``activate_last``) and the ``nn.Linear`` layers, built and
+    initialised in the eager MLP's order (same seed, same values). ``owner`` names the module in the errors: an
+    activation other than relu / none, a ``linear_cls``, dropout or no layer is a ValueError.
+
+        >>> acts, layers = build_fused_layers("FusedMLP", 13, [8, 1], "relu", False, None, 0.0)
+        >>> acts, [tuple(l.weight.shape) for l in layers]
+        (['relu', 'none'], [(8, 13), (1, 8)])
+    """
+    if activation not in SUPPORTED_ACTIVATIONS:
+        raise ValueError(f"{owner} fuses only {SUPPORTED_ACTIVATIONS}, not activation={activation!r} (use the eager MLP)")
+    if linear_cls is not None:
+        raise ValueError(f"{owner} runs its own layers: linear_cls must be None")
+    if dropout:
+        raise ValueError(f"{owner} has no dropout between its fused layers (dropout={dropout}); use the eager MLP")
+    if not widths:
+        raise ValueError(f"{owner} needs at least one layer")
+    dims = [in_features, *widths]
+    acts = [activation] * len(widths)
+    if not activate_last:
+        acts[-1] = "none"
+    layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+    for layer in layers:
+        _init_linear_(layer)
+    return acts, layers
 
 
 def _init_linear_(layer: nn.Linear) -> None:

@@ -39,7 +39,7 @@ down ``gm_l = g_l * (h_{l+1} > 0)`` (or ``g_l``), accumulate ``dW_l += gm_l^T @ 
 ``g_{l-1} = gm_l @ W_l`` on chip; the first layer's data gradient is written as dx only when the
 input needs one (the bottom MLP's input is data). At the end each program writes its fp32 partial
 ``[dW_0, db_0, dW_1, db_1, ...]`` (one row of a [P, S] buffer, ``S = sum(N_l K_l + N_l)``) and
-`kernels.mlp._col_sum_kernel` adds the P rows in a fixed order, writing the gradients in the input
+`kernels.col_sum.sum_partial_rows` adds the P rows in a fixed order, writing the gradients in the input
 dtype. Deterministic: every program sums its rows in a fixed order and P depends only on M, the
 widths, the launch and the GPU, so two runs are bitwise equal. Why partials: dW reduces over all M
 rows into at most 256 x 256 values per layer; fp32 atomics would be faster to write but not
@@ -86,8 +86,8 @@ from torch import Tensor
 from kernels import heuristics
 from kernels.heuristics import TailLaunch, tail_launch
 from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels.col_sum import sum_partial_rows
 from kernels.linear import resolve_input_precision
-from kernels.mlp import _col_sum_kernel
 
 __all__ = ["MAX_LAYERS", "MAX_WIDTH", "TailLaunch", "tail_launch", "tail_mlp"]
 
@@ -96,8 +96,7 @@ _INTERPRET = interpret_mode()
 MAX_WIDTH = 256  # the widest input or layer the kernel keeps on chip
 MAX_LAYERS = 4  # layers per launch (the kernel is unrolled per layer; DLRM's tails have 1 or 2)
 
-_COL_BLOCK = 128  # columns per program of the partial-sum reduction (kernels.mlp's _col_sum_kernel)
-_BLOCK_R = 16 if _INTERPRET else 64  # rows of partials per step of that reduction
+_COL_BLOCK = 128  # columns per program of the partial-sum reduction (kernels.col_sum)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -454,8 +453,7 @@ def _tail_backward(grad: Tensor, x: Tensor, weights: list[Tensor], biases: list[
             grad.stride(0), grad.stride(1), **meta, NEED_DX=need_x, PREC=prec, BLOCK_M=cfg.block_m,
             RELOAD=cfg.reload, HOIST_W=cfg.hoist, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
-        _col_sum_kernel[(triton.cdiv(S, _COL_BLOCK),)](partial, flat, programs, S, BLOCK_R=_BLOCK_R, BLOCK_N=_COL_BLOCK,
-                                                        num_warps=4)  # fmt: skip
+        sum_partial_rows(partial, flat, _COL_BLOCK)
     return gx, flat
 
 

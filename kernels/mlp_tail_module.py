@@ -12,7 +12,7 @@ from typing import Optional
 
 from torch import Tensor, nn
 
-from kernels.mlp import SUPPORTED_ACTIVATIONS, _init_linear_, fused_mlp
+from kernels.mlp import build_fused_layers, fused_mlp
 from kernels.mlp_tail import MAX_LAYERS, MAX_WIDTH, tail_mlp
 
 __all__ = ["OnChipTailMLP", "split_tail"]
@@ -67,24 +67,10 @@ class OnChipTailMLP(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        if activation not in SUPPORTED_ACTIVATIONS:
-            raise ValueError(f"OnChipTailMLP runs only {SUPPORTED_ACTIVATIONS}, not activation={activation!r}")
-        if linear_cls is not None:
-            raise ValueError("OnChipTailMLP runs its own layers: linear_cls must be None")
-        if dropout:
-            raise ValueError(f"OnChipTailMLP has no dropout between its layers (dropout={dropout}); use the eager MLP")
-        if not widths:
-            raise ValueError("OnChipTailMLP needs at least one layer")
-        dims = [in_features, *widths]
-        acts = [activation] * len(widths)
-        if not activate_last:
-            acts[-1] = "none"
         self.in_features = in_features
-        self.activations = acts
-        self.tail_start = split_tail(dims)
-        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
-        for layer in self.layers:
-            _init_linear_(layer)
+        self.activations, self.layers = build_fused_layers(type(self).__name__, in_features, widths, activation,
+                                                           activate_last, linear_cls, dropout)
+        self.tail_start = split_tail([in_features, *widths])
         self.dropout = None
 
     def forward(self, x: Tensor) -> Tensor:
