@@ -43,6 +43,7 @@ import torch.nn.functional as F_
 from torch import Tensor
 
 from dlrm.model.archs import SparseArch
+from kernels.embedding.fused_switch import FusedUpdateSwitch
 
 __all__ = ["FusedUpdateSparseArch", "init_state", "segment_sums", "sparse_update_"]
 
@@ -224,7 +225,7 @@ class _LookupThenUpdate(torch.autograd.Function):
         return (None,) * 9
 
 
-class FusedUpdateSparseArch(SparseArch):
+class FusedUpdateSparseArch(FusedUpdateSwitch, SparseArch):
     """`SparseArch` whose backward applies the sparse optimizer (PyTorch ops, static shapes).
 
     Same weight, hashing, initialisation and state_dict (``weight`` only) as `SparseArch`, so a
@@ -290,23 +291,8 @@ class FusedUpdateSparseArch(SparseArch):
             for t in (config.state, config.lr):
                 if t is not None:
                     torch._dynamo.mark_static_address(t)
-            self.weight.requires_grad_(False)
-            self._grad_trigger = self._new_trigger()
-        else:
-            self.weight.requires_grad_(True)
-            self._grad_trigger = None
-        self.fused_update = config
+        self._switch_fused_update(config)
         return config
-
-    def _new_trigger(self) -> Tensor:
-        return torch.zeros(0, device=self.weight.device, requires_grad=True)
-
-    def _apply(self, fn, *args, **kwargs):
-        # Keep the trigger on weight's device across .to() / .cuda().
-        out = super()._apply(fn, *args, **kwargs)
-        if self._grad_trigger is not None:
-            self._grad_trigger = self._new_trigger()
-        return out
 
     def forward(self, raw: Tensor) -> Tensor:
         cfg = self.fused_update

@@ -20,7 +20,8 @@ One file per job:
 * `atomic_update`: plain SGD with atomic adds on fp32 tables (non-deterministic), and its op that hashes the raw
   values itself (``dlrm_kernels::embedding_sgd_atomic_hashed_``: the lookup then writes no rows);
 * `select_sum`: sums of gradient rows picked by a 0/1 matrix (fp32 gradients as three exact bf16 parts);
-* `module`: ``TritonSparseEmbedding`` and its ``SparseOptimizerConfig``;
+* `module`: ``TritonSparseEmbedding`` and its ``SparseOptimizerConfig``; `fused_switch`: the switch to the
+  in-backward update it shares with ``dlrm.model.fused_sparse`` (the weight frozen, a zero-size grad trigger);
 * `pooled`: the multi-hot (sum-pooled) lookup with ``PAD_SPARSE`` slots, its fused update (the same
   segment kernels) with stochastic rounding for bf16 tables; `pooled_module`: ``TritonPooledEmbedding``.
 

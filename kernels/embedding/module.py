@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from kernels import table_layout
+from kernels.embedding.fused_switch import FusedUpdateSwitch
 from kernels.embedding.hashing import hash_rows
 from kernels.embedding.lookup import embedding_lookup, fused_embedding
 from kernels.embedding.update import OPTIMIZERS, init_sparse_optimizer_state
@@ -57,7 +58,7 @@ def _checked_vocabularies(vocabs: Sequence[Tensor], cards: list[int]) -> list[Te
     return out
 
 
-class TritonSparseEmbedding(nn.Module):
+class TritonSparseEmbedding(FusedUpdateSwitch, nn.Module):
     """All sparse features' embedding tables as one ``[R, D]`` weight, looked up by a Triton kernel.
 
     Args:
@@ -167,23 +168,8 @@ class TritonSparseEmbedding(nn.Module):
                 raise ValueError(f"kind must be one of {sorted(OPTIMIZERS)}, got {config.kind!r}")
             if config.state is None:
                 config.state = init_sparse_optimizer_state(config.kind, self.weight)
-            self.weight.requires_grad_(False)
-            self._grad_trigger = self._new_trigger()
-        else:
-            self.weight.requires_grad_(True)
-            self._grad_trigger = None
-        self.fused_update = config
+        self._switch_fused_update(config)
         return config
-
-    def _new_trigger(self) -> Tensor:
-        return torch.zeros(0, device=self.weight.device, requires_grad=True)
-
-    def _apply(self, fn, *args, **kwargs):
-        # Keep the trigger on weight's device across .to() / .cuda().
-        out = super()._apply(fn, *args, **kwargs)
-        if self._grad_trigger is not None:
-            self._grad_trigger = self._new_trigger()
-        return out
 
     def output_dtype(self) -> Optional[torch.dtype]:
         """bf16 under bf16 autocast with ``autocast_output`` and fp32 tables, else None (weight's dtype).
