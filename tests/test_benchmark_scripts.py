@@ -243,6 +243,27 @@ def test_mlp_benchmark_smoke_times_every_implementation(tmp_path):
         mb.main(["--smoke", "--impls", "tail", "--tail-launches", "16x4", "--out", str(tmp_path / "bad")])
 
 
+def test_mlperf_dcnv2_floor_at_the_sustained_gemm_rate():
+    """With a settle time the GEMM is timed again after it (the power-capped clock): the compute and series floors
+    at that rate are reported beside the burst ones; without one they are None and their rows absent."""
+    md2 = load_script("mlperf_dcnv2")
+    work = {"flop": 100e6, "emb_bytes": 200e3, "bottom_macs": 0.0, "cross_macs": 0.0, "top_macs": 0.0,
+            "lookups": 214, "features": 26}
+    peaks = {"gemm_tflops": 800.0, "gemm_tflops_sustained": 600.0, "copy_gbps": 4000.0, "gemm_n": 8192}
+    fl = md2.floors(work, peaks)
+    assert fl["compute_floor_sps"] == pytest.approx(8e6) and fl["compute_floor_sustained_sps"] == pytest.approx(6e6)
+    assert fl["memory_floor_sps"] == pytest.approx(20e6)
+    assert fl["floor_sustained_sps"] == pytest.approx(1 / (1 / 6e6 + 1 / 20e6))
+    lines = md2.floor_lines(work, fl, peaks)
+    assert any("600 TFLOP/s (sustained)" in line for line in lines) and len(lines) == 7
+    assert "at the sustained GEMM rate (compute 6.00M)" in md2.context_paragraph(fl)
+    burst_only = md2.floors(work, {**peaks, "gemm_tflops_sustained": None})
+    assert burst_only["floor_sustained_sps"] is None and len(md2.floor_lines(work, burst_only, peaks)) == 5
+    measured = md2.device_peaks(torch.device("cpu"), smoke=True, settle_s=0.05)
+    assert measured["gemm_tflops"] > 0 and measured["gemm_tflops_sustained"] > 0
+    assert md2.device_peaks(torch.device("cpu"), smoke=True)["gemm_tflops_sustained"] is None
+
+
 def test_mlperf_dcnv2_smoke_baseline_ours_and_a_step_graph_variant(tmp_path):
     """benchmarks/mlperf_dcnv2.py --smoke: the plain PyTorch baseline and our eager run measured at tiny
     tables (batch 64), a +step-graph variant with the config's dense Adagrad (CapturableAdagrad on CUDA:
