@@ -187,8 +187,6 @@ def _cross_bwd_elementwise_kernel(
         tl.store(gx0_ptr + offs, (g * pre).to(gx0_ptr.dtype.element_ty), mask=mask)
 
 
-
-
 AUTOTUNE = os.environ.get("DLRM_TRITON_AUTOTUNE", "0") not in ("", "0") and not _INTERPRET
 _cross_fwd_kernel_autotuned = triton.autotune(
     configs=[tile.config() for tile in heuristics.gemm_tiles(_INTERPRET)], key=["M", "N", "K"]

@@ -79,8 +79,6 @@ def _act_bwd_kernel(
         tl.store(partial_ptr + pid_m * N + rn, tl.sum(g, axis=0), mask=rn < N)
 
 
-
-
 # ----------------------------------------------------------------------------------------------
 # Host launcher (no autograd: the linear op's backward calls it)
 # ----------------------------------------------------------------------------------------------
