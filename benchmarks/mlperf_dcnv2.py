@@ -40,6 +40,10 @@ written, and the bf16 output gradient read: ~173 KB) at the measured ``copy_`` b
 read + written). Activations and the dense parameters' traffic are not counted: a floor, not an estimate.
 The GEMM is timed twice, in a short burst (the boost clock) and after ``--settle-s`` seconds of the same GEMM
 (the power-capped clock the step runs at): two compute floors, and two in series.
+Clocks (``--clocks``, on by default on a GPU with nvidia-smi): nvidia-smi samples every 50 ms while each case runs,
+and the row keeps those of its timed windows: the SM clock and power (medians) and the share of samples with the
+power-cap reason set, so that rows from machines with different capped clocks can be told apart (PERF.md, thirty-sixth
+run: the same code 3.6% apart on two H200s).
 Writes mlperf_dcnv2.csv / .md / .png under ``--out`` (GPU name, versions, date on every row / in the title).
 """
 
@@ -49,6 +53,7 @@ import argparse
 import csv
 import gc
 import math
+import shutil
 import statistics
 import sys
 import textwrap
@@ -77,6 +82,7 @@ from _common import (  # noqa: E402
     synthetic_batches,
     write_csv,
 )
+from step_clocks import label_phases, parse_samples, start_sampler, summarize  # noqa: E402
 from train_throughput import measure  # noqa: E402
 
 from dlrm.config import load_config, validate  # noqa: E402
@@ -95,11 +101,14 @@ PREFERRED = ["auto"]
 DEFAULT_VARIANTS = [v for v in PREFERRED if v in VARIANTS]
 BASELINE = "baseline"
 
+# nvidia-smi's sampling interval during the timed windows (~36 samples in 5 windows of 20 MLPerf steps on an H200)
+CLOCK_INTERVAL_MS = 50
 KEYS = ["impl", "batch_size", "dense_optim", "embedding_dtype", "table_rows", "samples_per_sec",
         "min_samples_per_sec", "max_samples_per_sec", "step_ms", "warmup_s", "peak_memory_gib", "final_loss",
-        "speedup_vs_baseline", "of_target", "status", "note"]
+        "speedup_vs_baseline", "of_target", "sm_mhz", "power_w", "power_capped", "status", "note"]
 NUMERIC = {"batch_size", "table_rows", "samples_per_sec", "min_samples_per_sec", "max_samples_per_sec", "step_ms",
-           "warmup_s", "peak_memory_gib", "final_loss", "speedup_vs_baseline", "of_target"}
+           "warmup_s", "peak_memory_gib", "final_loss", "speedup_vs_baseline", "of_target", "sm_mhz", "power_w",
+           "power_capped"}
 # the run's constants, repeated on every CSV row after the environment
 FLOOR_KEYS = ["flop_per_sample", "emb_bytes_per_sample", "gemm_tflops", "copy_gbps", "compute_floor_sps",
               "memory_floor_sps", "floor_sps", "gemm_tflops_sustained", "compute_floor_sustained_sps",
@@ -301,14 +310,17 @@ def measure_baseline(cfg, batch_size: int, device: torch.device, precision: str,
     settle(lambda i: step(batches[i % len(batches)]), settle_s, device, start=warmup)
     warmup_s = time.perf_counter() - t0
     rates, loss = [], torch.zeros((), device=device)
+    windows_t0 = time.time()  # the host clock around the timed windows (the queue is empty here), for the sampler
     for w in range(windows):
         with Timer(device) as t:
             for i in range(steps):
                 loss = step(batches[(w * steps + i) % len(batches)])
         rates.append(steps * batch_size / t.seconds)
+    final_loss = float(loss)  # a sync: the windows have run
     sps = statistics.median(rates)
     return {"samples_per_sec": sps, "min_samples_per_sec": min(rates), "max_samples_per_sec": max(rates),
-            "step_ms": batch_size / sps * 1e3, "warmup_s": warmup_s, "final_loss": float(loss),
+            "step_ms": batch_size / sps * 1e3, "warmup_s": warmup_s, "final_loss": final_loss,
+            "windows_t0": windows_t0, "windows_t1": time.time(),
             "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
             "table_rows": sum(cards), "embedding_dtype": m.embedding_dtype, "dense_optim": "adagrad",
             "status": "ok"}
@@ -332,14 +344,39 @@ def error_status(e: BaseException) -> str:
     return f"{kind}: {type(e).__name__}: {msg}"
 
 
+def clock_sampler(device: torch.device, enabled: bool):
+    """`step_clocks.Sampler` of nvidia-smi every `CLOCK_INTERVAL_MS` while a case runs; None on the CPU, when not
+    `enabled` (--no-clocks) or without nvidia-smi."""
+    if device.type != "cuda" or not enabled or shutil.which("nvidia-smi") is None:
+        return None
+    return start_sampler(device.index or 0, CLOCK_INTERVAL_MS)
+
+
+def window_clocks(lines: list[str], t0: float, t1: float) -> dict:
+    """``sm_mhz`` and ``power_w`` (medians) and ``power_capped`` (the share of samples with the power-cap reason)
+    of the nvidia-smi lines sampled in the host-clock interval [t0, t1); {} when none fell in it.
+
+        >>> window_clocks(["2026/11/29 10:00:01.000, 1700, 3201, 690.0, 50, 0x4",
+        ...                "2026/11/29 10:00:01.050, 1800, 3201, 650.0, 50, 0x0"], 0.0, 2e9)
+        {'sm_mhz': 1750.0, 'power_w': 670.0, 'power_capped': 0.5}
+    """
+    r = summarize(label_phases(parse_samples(lines), [("windows", t0, t1)]), "windows")
+    return {} if r is None else {"sm_mhz": r["sm_mhz"], "power_w": r["power_w"],
+                                 "power_capped": r["power cap (software)"]}
+
+
 def run_case(impl: str, cfg, batch_size: int, device: torch.device, args) -> dict:
     """One row: the baseline or variant `impl` measured, skipped (cannot run here) or failed / out of
-    memory (the error's first line); everything it allocated freed before returning."""
+    memory (the error's first line); everything it allocated freed before returning. On a GPU with nvidia-smi the
+    row also gets the SM clock, power and power-capped share sampled during its timed windows."""
     row = {"impl": impl, "batch_size": batch_size}
+    sampler, windows = clock_sampler(device, getattr(args, "clocks", True)), None
     try:
         if impl == BASELINE:
-            row.update(measure_baseline(cfg, batch_size, device, args.precision, args.max_rows, args.warmup,
-                                        args.steps, args.windows, args.settle_s))
+            r = measure_baseline(cfg, batch_size, device, args.precision, args.max_rows, args.warmup, args.steps,
+                                 args.windows, args.settle_s)
+            windows = r.pop("windows_t0"), r.pop("windows_t1")
+            row.update(r)
         else:
             reason = unavailable_reason(impl, device)
             vcfg = variant_config_for(cfg, impl, args)
@@ -354,6 +391,7 @@ def run_case(impl: str, cfg, batch_size: int, device: torch.device, args) -> dic
                 return row
             r = measure(vcfg, impl, args.precision, batch_size, device, args.warmup, args.steps, args.windows,
                         args.settle_s)
+            windows = r.pop("windows_t0"), r.pop("windows_t1")
             mb = r.pop("peak_memory_mb")
             row.update({k: v for k, v in r.items() if k in KEYS and k not in ("impl",)},
                        peak_memory_gib=mb / 1024 if mb is not None else None)
@@ -361,6 +399,10 @@ def run_case(impl: str, cfg, batch_size: int, device: torch.device, args) -> dic
         traceback.print_exc()
         row["status"] = error_status(e)
     finally:
+        if sampler is not None:
+            lines = sampler.stop()
+            if windows is not None:
+                row.update(window_clocks(lines, *windows))
         free_device(device)
         if device.type == "cuda":  # what the next case cannot use (should be ~0: every case frees its model)
             print(f"  after {impl} B={batch_size}: {torch.cuda.memory_allocated(device) / 2**30:.2f} GiB still "
@@ -407,17 +449,19 @@ def millions(v) -> str:
 
 def markdown_table(rows: list[dict]) -> list[str]:
     lines = ["| impl | batch | dense optim | tables | samples/s (median) | step ms | peak GiB | vs baseline "
-             "| of 4M target | warm-up s | status |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "| of 4M target | warm-up s | SM MHz in the windows (power, capped) | status |",
+             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         tables = f"{fmt(r.get('table_rows'), ',.0f')} {r.get('embedding_dtype') or ''}".strip()
         speed = fmt(r.get("speedup_vs_baseline"), ".2f") + ("x" if r.get("speedup_vs_baseline") else "")
         target = fmt(100 * r["of_target"], ".0f") + "%" if r.get("of_target") else "n/a"
         status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
+        clocks = (f"{r['sm_mhz']:.0f} ({r['power_w']:.0f} W, {100 * r['power_capped']:.0f}%)"
+                  if isinstance(r.get("sm_mhz"), (int, float)) else "n/a")
         lines.append(md_row([r["impl"], r["batch_size"], r.get("dense_optim") or "", tables,
                              fmt(r.get("samples_per_sec"), ",.0f"), fmt(r.get("step_ms"), ".2f"),
                              fmt(r.get("peak_memory_gib"), ".1f"), speed, target, fmt(r.get("warmup_s"), ".1f"),
-                             status.replace("|", "\\|")]))
+                             clocks, status.replace("|", "\\|")]))
     return lines
 
 
@@ -532,6 +576,8 @@ def main(argv=None) -> int:
     ap.add_argument("--settle-s", type=float, default=3.0,
                     help="seconds of untimed steps after the warm-up, before the windows (a GPU's power-capped "
                          "clock; 0: none, as before 2026-11-29; CUDA only)")
+    ap.add_argument("--clocks", action=argparse.BooleanOptionalAction, default=True,
+                    help="sample nvidia-smi (SM clock, power, the power-cap reason) during each case's timed windows")
     ap.add_argument("--append", action="store_true",
                     help="keep the rows of an earlier mlperf_dcnv2.csv in --out not measured again (the CSV's "
                          "environment and floor columns, and the Markdown's header, are this run's)")

@@ -54,7 +54,9 @@ def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.de
             windows: int, settle_s: float = 0.0) -> dict:
     """One case: the run `train.py` would build for `variant` (`build_run`), `warmup` untimed steps, then
     untimed steps for `settle_s` seconds on a GPU (`_common.settle`: its power-capped clock), then `windows` timed
-    windows of `steps` steps; samples/s per window, the median reported. ``warmup_s``: the untimed time, both."""
+    windows of `steps` steps; samples/s per window, the median reported. ``warmup_s``: the untimed time, both;
+    ``windows_t0`` / ``windows_t1``: the host clock (``time.time()``) around the timed windows, for samplers that
+    label what they saw then (`mlperf_dcnv2.py`'s SM clock)."""
     cfg = variant_config(cfg, variant)
     cfg.train.precision = precision  # tf32: TF32 tensor cores for fp32 matmuls; fp32: IEEE
     cfg.data.batch_size = batch_size
@@ -72,15 +74,17 @@ def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.de
     warmup_s = time.perf_counter() - t0
     rates = []
     loss = torch.zeros((), device=device)
+    windows_t0 = time.time()  # the queue is empty here (settle and the warm-up end with a sync)
     for w in range(windows):
         with Timer(device) as t:
             loss = train_steps(run, batches, steps, start=w * steps)
         rates.append(steps * batch_size / t.seconds)
+    final_loss = float(loss)  # a sync: the windows have run
     return {
         "variant": variant, "precision": precision, "batch_size": batch_size,
         "samples_per_sec": statistics.median(rates), "min_samples_per_sec": min(rates),
         "max_samples_per_sec": max(rates), "step_ms": batch_size / statistics.median(rates) * 1e3,
-        "warmup_s": warmup_s, "final_loss": float(loss),
+        "warmup_s": warmup_s, "final_loss": final_loss, "windows_t0": windows_t0, "windows_t1": time.time(),
         "peak_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
         "status": "ok",
     }

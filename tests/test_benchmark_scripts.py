@@ -264,6 +264,28 @@ def test_mlperf_dcnv2_floor_at_the_sustained_gemm_rate():
     assert md2.device_peaks(torch.device("cpu"), smoke=True)["gemm_tflops_sustained"] is None
 
 
+def test_mlperf_dcnv2_clocks_of_the_timed_windows_only():
+    """The nvidia-smi samples taken between a case's two host-clock marks give its row's SM clock, power and
+    power-capped share (samples before or after, the warm-up's and the next case's, are left out); the table shows
+    them, n/a where none were sampled (the CPU, --no-clocks)."""
+    md2 = load_script("mlperf_dcnv2")
+    from datetime import datetime
+
+    t0 = datetime(2026, 11, 29, 10, 0, 1).timestamp()
+    line = lambda sec, mhz, w, reasons: f"2026/11/29 10:00:{sec:06.3f}, {mhz}, 3201, {w}, 50, {reasons}"  # noqa: E731
+    lines = [line(0.5, 1980, 300.0, "0x0"),  # before the windows: the warm-up's boost
+             line(1.0, 1700, 690.0, "0x4"), line(1.5, 1650, 698.0, "0x4"), line(2.0, 1800, 650.0, "0x0"),
+             line(3.0, 1980, 200.0, "0x1")]  # after them
+    clocks = md2.window_clocks(lines, t0, t0 + 1.5)
+    assert clocks == {"sm_mhz": 1700.0, "power_w": 690.0, "power_capped": pytest.approx(2 / 3)}
+    assert md2.window_clocks(lines, t0 + 10, t0 + 11) == {}
+    assert md2.clock_sampler(torch.device("cpu"), True) is None
+    row = {"impl": "auto", "batch_size": 65536, "status": "ok", **clocks}
+    table = md2.markdown_table([row, {"impl": "baseline", "batch_size": 65536, "status": "ok"}])
+    assert "SM MHz in the windows (power, capped)" in table[0]
+    assert "| 1700 (690 W, 67%) |" in table[2] and "| n/a | ok |" in table[3]
+
+
 def test_mlperf_dcnv2_smoke_baseline_ours_and_a_step_graph_variant(tmp_path):
     """benchmarks/mlperf_dcnv2.py --smoke: the plain PyTorch baseline and our eager run measured at tiny
     tables (batch 64), a +step-graph variant with the config's dense Adagrad (CapturableAdagrad on CUDA:
@@ -286,6 +308,8 @@ def test_mlperf_dcnv2_smoke_baseline_ours_and_a_step_graph_variant(tmp_path):
         assert graph["status"] == "skipped: CUDA graphs need a CUDA device" and not graph["samples_per_sec"], graph
     assert 95e6 < float(base["flop_per_sample"]) < 97e6 and 165e3 < float(base["emb_bytes_per_sample"]) < 180e3
     assert float(base["floor_sps"]) > 0 and {"device", "torch", "triton", "date"} <= set(base)
+    if not torch.cuda.is_available():  # no nvidia-smi samples on the CPU: the clock columns stay empty
+        assert all(r["sm_mhz"] == "" and r["power_capped"] == "" for r in rows), rows
     md = (tmp_path / "mlperf_dcnv2.md").read_text()
     assert "| baseline | 64 |" in md and "96.2 MFLOP" in md and (tmp_path / "mlperf_dcnv2.png").stat().st_size > 0
 
