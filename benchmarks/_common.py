@@ -103,21 +103,19 @@ class Timer:
             self.seconds = time.perf_counter() - self.t0
 
 
-def graph_replay_ms(step: Callable[[], None], calls: int, windows: int, warmup: int,
-                    settle_s: float = 0.0) -> float:
-    """Median ms per call of `step`: a CUDA graph of `calls` calls replayed in `windows` windows (CUDA events),
-    after `warmup` untimed calls on a side stream (compilation must not happen inside the capture) and, with
-    `settle_s`, that many seconds of untimed replays (the power-capped clock a sustained run gets, not the first
-    second's boost: see `settle`). Without CUDA, the perf_counter time of one call (smoke runs: a check of the
-    script, not a measurement)."""
+def graph_replay_windows(step: Callable[[], None], calls: int, windows: int, warmup: int,
+                         settle_s: float = 0.0) -> tuple[list[float], int]:
+    """ms per call of each of `windows` replays of one CUDA graph of `calls` calls, and `calls`.
+
+    `warmup` untimed calls run first on a side stream (Triton compiles there: compilation must not happen
+    inside the capture). With `calls` <= 0 the count is chosen from a one-call graph's replay time: about
+    20 ms of work a window, 2 to 200 calls. With `settle_s`, that many seconds of untimed replays come
+    before the windows (the power-capped clock a sustained run gets, not the first second's boost: see
+    `settle`). CUDA only: `wall_windows` is the CPU's."""
     import statistics
 
     import torch
 
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
-        step()
-        return (time.perf_counter() - t0) * 1e3
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -125,22 +123,79 @@ def graph_replay_ms(step: Callable[[], None], calls: int, windows: int, warmup: 
             step()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            step()
-    graph.replay()  # the first replay uploads the graph
-    settle(lambda _: graph.replay(), settle_s, torch.device("cuda"))
-    times = []
-    for _ in range(windows):
+
+    def capture(n: int) -> "torch.cuda.CUDAGraph":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(n):
+                step()
+        return graph
+
+    def replay_ms(graph: "torch.cuda.CUDAGraph") -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
+        return start.elapsed_time(end)
+
+    if calls <= 0:
+        one = capture(1)
+        replay_ms(one)  # the first replay uploads the graph
+        t = statistics.median(replay_ms(one) for _ in range(3))
+        del one
+        calls = max(2, min(200, int(20.0 / max(t, 1e-3))))
+    graph = capture(calls)
+    replay_ms(graph)  # the first replay uploads the graph
+    settle(lambda _: graph.replay(), settle_s, torch.device("cuda"))
+    times = [replay_ms(graph) / calls for _ in range(windows)]
     del graph
-    return statistics.median(times)
+    return times, calls
+
+
+def wall_windows(step: Callable[[], None], calls: int, windows: int, warmup: int) -> tuple[list[float], int]:
+    """`graph_replay_windows` on the CPU: ms per call of each of `windows` windows of `calls` (at least 1)
+    calls, by perf_counter, after `warmup` untimed calls.
+
+        >>> calls = []
+        >>> times, n = wall_windows(lambda: calls.append(1), 2, windows=3, warmup=1)
+        >>> len(times), n, len(calls)
+        (3, 2, 7)
+    """
+    for _ in range(warmup):
+        step()
+    calls = max(1, calls)
+    out = []
+    for _ in range(windows):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            step()
+        out.append((time.perf_counter() - t0) * 1e3 / calls)
+    return out, calls
+
+
+def wall_ms(step: Callable[[], None]) -> float:
+    """One call's wall time in ms (the CPU smoke runs: a check of a script, not a measurement).
+
+        >>> wall_ms(lambda: None) >= 0
+        True
+    """
+    t0 = time.perf_counter()
+    step()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def graph_replay_ms(step: Callable[[], None], calls: int, windows: int, warmup: int,
+                    settle_s: float = 0.0) -> float:
+    """Median ms per call of `step` by `graph_replay_windows` (`calls` > 0 calls a graph). Without CUDA, the
+    wall time of one call (`wall_ms`; smoke runs: a check of the script, not a measurement)."""
+    import statistics
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return wall_ms(step)
+    return statistics.median(graph_replay_windows(step, calls, windows, warmup, settle_s)[0])
 
 
 def synthetic_batches(n: int, batch_size: int, device: "torch.device", seed: int = 0,

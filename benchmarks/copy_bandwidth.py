@@ -8,7 +8,7 @@ work). The two gave 3,001 and 2,429 GB/s in different runs. This times the same 
 
 * ``do_bench``: `triton.testing.do_bench` (what kernels.py's copy reference uses);
 * ``do_bench_cudagraph``: `triton.testing.do_bench_cudagraph` (what kernels.py's ``--timing graph`` kernels use);
-* ``graph_replay``: `pooled_embedding.time_graph` (what pooled_embedding.py and the sweeps use, kernels and copy);
+* ``graph_replay``: `_common.graph_replay_windows` (what pooled_embedding.py and the sweeps use, kernels and copy);
 * ``event_loop``: CUDA events around ``--loop`` plain back-to-back launches (`pooled_embedding.copy_bandwidth`'s
   copy reference since the graph replay of 1 GiB copies was found slow).
 
@@ -28,7 +28,7 @@ import triton.testing
 sys.path.append(str(Path(__file__).resolve().parent))
 
 import pooled_embedding as pe  # noqa: E402
-from _common import env_line, environment, markdown, md_row, write_csv  # noqa: E402
+from _common import env_line, environment, graph_replay_windows, markdown, md_row, write_csv  # noqa: E402
 
 KEYS = ["mib", "timer", "ms", "gbps"]
 
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         timers = {
             "do_bench": lambda: float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")),
             "do_bench_cudagraph": lambda: float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")),
-            "graph_replay": lambda: statistics.median(pe.time_graph(fn, 0, args.windows, 2)[0]),
+            "graph_replay": lambda: statistics.median(graph_replay_windows(fn, 0, args.windows, 2)[0]),
             "event_loop": lambda: pe.event_loop_ms(fn, args.loop, args.windows),
         }
         for name, timer in timers.items():

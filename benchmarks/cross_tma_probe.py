@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -38,7 +37,7 @@ import triton.language as tl  # noqa: E402
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import env_line, environment, graph_replay_ms, markdown, md_row, write_csv  # noqa: E402
+from _common import env_line, environment, graph_replay_ms, markdown, md_row, wall_ms, write_csv  # noqa: E402
 
 from kernels.cross import cross_forward  # noqa: E402
 
@@ -114,13 +113,6 @@ def persistent_forward(x0, x, u, w, b, bm, bn, bk, stages, warps, flatten, ws, e
         *descs, x0, x, b, M, N, K, x0.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, NUM_SMS=num_sms,
         FLATTEN=flatten, WS=ws, EPI_TMA=epi_tma, STORE_PRE=store_pre, num_stages=stages, num_warps=warps)
     return out, (pre if store_pre else None)
-
-
-def wall_ms(fn) -> float:
-    """One call's wall time in ms (the CPU smoke run: the interpreter, a check of the script, not a speed)."""
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
 
 
 def parse_variant(text: str) -> dict:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -35,7 +34,7 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, write_csv,
+    env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, wall_ms, write_csv,
 )
 
 KEYS = ["gemm", "pass", "M", "N", "K", "impl", "a", "b", "c", "as_run", "ms", "tflops", "vs_as_run", "max_rel_err",
@@ -63,12 +62,6 @@ def step_gemms(batch: int, width: int, rank: int, top: list[int]) -> list[tuple[
 def in_layout(t: torch.Tensor, major: str) -> torch.Tensor:
     """``t`` (row-major) with the same values, row- or column-major."""
     return t if major == "row" else t.t().contiguous().t()
-
-
-def wall_ms(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
 
 
 def layout_rows(spec, args, device, dtype, timer) -> list[dict]:

@@ -38,7 +38,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -51,7 +50,9 @@ if not torch.cuda.is_available():  # the fused MLP's Triton kernel runs under th
 # appended: benchmarks/kernels.py must not shadow the kernels package
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import env_line, environment, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import (  # noqa: E402
+    env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure, wall_windows, write_csv,
+)
 
 from dlrm.model.archs import MLP  # noqa: E402
 from dlrm.train.step import autocast_context, set_matmul_precision  # noqa: E402
@@ -121,56 +122,6 @@ def make_step(model, params: list[torch.Tensor], x: torch.Tensor, g: torch.Tenso
     return step
 
 
-def time_graph(step, steps: int, windows: int, warmup: int) -> tuple[list[float], int]:
-    """ms per step of each window of `steps` graph-replayed steps (`steps` chosen from one step's time
-    when 0: about 20 ms of work per window, 2 to 200 steps)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the default stream, as CUDA-graph capture wants
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-
-    def capture(n: int) -> torch.cuda.CUDAGraph:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(n):
-                step()
-        return graph
-
-    def replay_ms(graph) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-
-    if steps <= 0:
-        one = capture(1)
-        replay_ms(one)
-        t = statistics.median(replay_ms(one) for _ in range(3))
-        del one
-        steps = max(2, min(200, int(20.0 / max(t, 1e-3))))
-    graph = capture(steps)
-    replay_ms(graph)  # the first replay uploads the graph
-    return [replay_ms(graph) / steps for _ in range(windows)], steps
-
-
-def time_cpu(step, steps: int, windows: int, warmup: int) -> tuple[list[float], int]:
-    for _ in range(warmup):
-        step()
-    steps = max(1, steps)
-    out = []
-    for _ in range(windows):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        out.append((time.perf_counter() - t0) * 1e3 / steps)
-    return out, steps
-
-
 def measure(name: str, impl: str, precision: str, batch: int, device: torch.device, args) -> dict:
     in_features, widths, activate_last, input_grad = CASES[name]
     if args.smoke:
@@ -194,7 +145,7 @@ def measure(name: str, impl: str, precision: str, batch: int, device: torch.devi
         if input_grad:
             params.append(x)
         step = make_step(model, params, x, g, precision, device)
-        timer = time_graph if device.type == "cuda" else time_cpu
+        timer = graph_replay_windows if device.type == "cuda" else wall_windows
         times, steps = timer(step, args.steps, args.windows, args.warmup)
         ms = statistics.median(times)
         row.update(ms=ms, min_ms=min(times), max_ms=max(times), samples_per_sec=batch / ms * 1e3,

@@ -37,7 +37,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.append(str(HERE))
 
 import pooled_embedding as pe  # noqa: E402
-from _common import env_line, environment, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import (  # noqa: E402
+    env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure, wall_windows, write_csv,
+)
 
 from dlrm.data.schema import KAGGLE_CARDINALITIES  # noqa: E402
 import kernels.embedding.lookup as lookup  # noqa: E402
@@ -98,7 +100,7 @@ def run_case(dim: int, cap, dtype: torch.dtype, batch: int, launches: list, fetc
     rows = modulus_rows(raw, card_t, offs_t)
     unique = int(torch.unique(rows).numel())  # once, before timing
     work = bytes_of(batch * len(cards), unique, dim, weight.element_size())
-    timer = pe.time_graph if device.type == "cuda" else pe.time_cpu
+    timer = graph_replay_windows if device.type == "cuda" else wall_windows
     ops = [("fwd", launch, lambda: embedding_lookup(raw, weight, card_t, offs_t)) for launch in launches]
     ops.append(("bwd", None, lambda: embedding_sparse_update_(rows, grad, weight, None, lr, "sgd", deterministic=True)))
     if dtype == torch.float32:

@@ -39,7 +39,6 @@ import gc
 import os
 import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
 from typing import Callable, Optional
@@ -54,7 +53,9 @@ if not torch.cuda.is_available():  # the Triton kernels run under the interprete
 # appended: benchmarks/kernels.py must not shadow the kernels package
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import env_line, environment, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import (  # noqa: E402
+    env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure, wall_windows, write_csv,
+)
 
 from dlrm.config import load_config  # noqa: E402
 from kernels.embedding import (  # noqa: E402
@@ -83,57 +84,6 @@ KEYS = ["impl", "mode", "dtype", "batch", "table_rows", "lookups", "unique_rows"
 # ---- timing -----------------------------------------------------------------------------------------
 
 
-def time_graph(step: Callable[[], None], steps: int, windows: int, warmup: int) -> tuple[list[float], int]:
-    """ms per call of each window of `steps` graph-replayed calls (`steps` 0: ~20 ms of work, 2 to 200)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up (Triton compilation) off the default stream, as capture wants
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-
-    def capture(n: int) -> torch.cuda.CUDAGraph:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(n):
-                step()
-        return graph
-
-    def replay_ms(graph) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-
-    if steps <= 0:
-        one = capture(1)
-        replay_ms(one)
-        t = statistics.median(replay_ms(one) for _ in range(3))
-        del one
-        steps = max(2, min(200, int(20.0 / max(t, 1e-3))))
-    graph = capture(steps)
-    replay_ms(graph)  # the first replay uploads the graph
-    times = [replay_ms(graph) / steps for _ in range(windows)]
-    del graph
-    return times, steps
-
-
-def time_cpu(step: Callable[[], None], steps: int, windows: int, warmup: int) -> tuple[list[float], int]:
-    for _ in range(warmup):
-        step()
-    steps = max(1, steps)
-    out = []
-    for _ in range(windows):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        out.append((time.perf_counter() - t0) * 1e3 / steps)
-    return out, steps
-
-
 def copy_bandwidth(device: torch.device, nbytes: int, windows: int) -> float:
     """GB/s of ``dst.copy_(src)`` (bytes read + written / time), the median of `windows`.
 
@@ -144,7 +94,7 @@ def copy_bandwidth(device: torch.device, nbytes: int, windows: int) -> float:
     src = torch.empty(nbytes // 4, device=device, dtype=torch.float32).uniform_()
     dst = torch.empty_like(src)
     if device.type != "cuda":
-        times, _ = time_cpu(lambda: dst.copy_(src), 3, windows, 2)
+        times, _ = wall_windows(lambda: dst.copy_(src), 3, windows, 2)
         return 2 * nbytes / (statistics.median(times) / 1e3) / 1e9
     return 2 * nbytes / (event_loop_ms(lambda: dst.copy_(src), 20, windows) / 1e3) / 1e9
 
@@ -244,7 +194,7 @@ def measure(impl: str, mode: str, dtype: str, t: Tables, x: Inputs, batch: int, 
     try:
         step = make_step(impl, mode, t, x)
         with torch.no_grad() if mode == "fwd" or mode == "bwd" else torch.enable_grad():
-            timer = time_graph if device.type == "cuda" else time_cpu
+            timer = graph_replay_windows if device.type == "cuda" else wall_windows
             times, steps = timer(step, args.steps, args.windows, args.warmup)
         ms = statistics.median(times)
         nbytes = case_bytes(mode, t, batch, x.unique)

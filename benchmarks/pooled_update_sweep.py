@@ -5,7 +5,7 @@
 
 For each table dtype (bf16 at full size, fp32 capped at ``--fp32-rows-cap`` rows a table) and each
 (rounding, launch) pair of `PLAN`, times ``pooled_embedding_sparse_update_`` (row-wise Adagrad) on one batch
-of 65536 uniform raw values (every lookup a cold row) with `pooled_embedding.time_graph` (CUDA-graph
+of 65536 uniform raw values (every lookup a cold row) with `_common.graph_replay_windows` (CUDA-graph
 replay, median of the windows), and reports ms and % of copy bandwidth as `pooled_embedding.py` counts
 the bytes. Rounding: "hash" / "hash1" / "hash1hi" / "philox" stochastic rounding (`kernels.embedding.update.SR_RNG`), "nearest";
 row loads: when the chunk kernel loads the updated rows (`kernels.embedding.update.ROW_LOADS`, ``--row-loads``);
@@ -37,7 +37,9 @@ if not torch.cuda.is_available():  # the Triton kernels run under the interprete
 sys.path.append(str(Path(__file__).resolve().parent))
 
 import pooled_embedding as pe  # noqa: E402
-from _common import env_line, environment, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import (  # noqa: E402
+    env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure, wall_windows, write_csv,
+)
 
 from dlrm.config import load_config  # noqa: E402
 from kernels import heuristics  # noqa: E402
@@ -72,7 +74,7 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
             pe.pooled_embedding_sparse_update_(x.rows, x.grad, t.layout, t.weight, t.state, t.lr, pe.OPTIMIZER, pe.EPS,
                                                True, 0.0, t.sr_seed, sr)
 
-        timer = pe.time_graph if device.type == "cuda" else pe.time_cpu
+        timer = graph_replay_windows if device.type == "cuda" else wall_windows
         try:
             times, _ = timer(step, args.steps, args.windows, args.warmup)
             ms = statistics.median(times)

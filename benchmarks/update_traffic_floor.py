@@ -43,7 +43,9 @@ import triton.language as tl  # noqa: E402
 sys.path.append(str(Path(__file__).resolve().parent))
 
 import pooled_embedding as pe  # noqa: E402
-from _common import env_line, environment, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import (  # noqa: E402
+    env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure, wall_windows, write_csv,
+)
 
 from dlrm.config import load_config  # noqa: E402
 from kernels.embedding import update  # noqa: E402
@@ -147,7 +149,7 @@ def main(argv=None) -> int:
             return lambda: skeleton("rmw+gather", sorted_rows, perm, slot, x.grad, t.weight, t.state, sink, chunk, warps)
         return lambda: skeleton(case, sorted_rows, perm, slot, x.grad, t.weight, t.state, sink)
 
-    timer = pe.time_graph if device.type == "cuda" else pe.time_cpu
+    timer = graph_replay_windows if device.type == "cuda" else wall_windows
     cases = ["update", "rmw+gather", "rmw", "gather"] + [f"rmw+gather@{c}:{w}" for c, w in launches]
     times: dict[str, list[float]] = {c: [] for c in cases}
     for _ in range(args.repeats):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,7 +28,7 @@ if not torch.cuda.is_available():
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import env_line, environment, graph_replay_ms, markdown, md_row, write_csv  # noqa: E402
+from _common import env_line, environment, graph_replay_ms, markdown, md_row, wall_ms, write_csv  # noqa: E402
 
 import kernels.wgrad as wg  # noqa: E402
 from kernels.wgrad import linear_wgrad  # noqa: E402
@@ -59,13 +58,6 @@ def pointer_wgrad(g, x, y):
         return linear_wgrad(g, x, y, weight_dtype=torch.float32, bias_dtype=torch.float32)
     finally:
         wg.TMA_OPERANDS = saved
-
-
-def wall_ms(fn) -> float:
-    """One call's wall time in ms (the CPU smoke run: the interpreter, a check of the script, not a speed)."""
-    t0 = time.perf_counter()
-    fn()
-    return (time.perf_counter() - t0) * 1e3
 
 
 def main(argv=None) -> int:
