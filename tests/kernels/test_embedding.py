@@ -25,8 +25,9 @@ from kernels.embedding import (
     embedding_sparse_update_,
     fused_embedding,
     hash_rows,
-    init_sparse_optimizer_state,
 )
+from tests.kernels.cuda_graphs import capture
+from tests.kernels.embedding_inputs import make_grad, make_state, make_weight
 
 
 CARD_POOL = [3, 1000, 17, 1, 250, 4099]  # small R: the interpreter copies whole tensors per launch
@@ -145,33 +146,6 @@ def reference_update(optimizer: str, rows, grad_out, weight, state, lr: float, e
         S[touched] += (gt * gt).mean(1)
         W[touched] -= lr * gt / (S[touched].sqrt()[:, None] + eps)
     return W, S
-
-
-def make_grad(B: int, F: int, D: int, layout: str, device, dtype=torch.float32, seed: int = 1) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    if layout == "contiguous":
-        g = torch.randn(B, F, D, generator=gen)
-    elif layout == "permuted":  # non-contiguous: built [D, B, F]
-        g = torch.randn(D, B, F, generator=gen).permute(1, 2, 0)
-    elif layout == "expand":  # stride 0 over the batch
-        g = torch.randn(1, F, D, generator=gen).expand(B, F, D)
-    else:
-        raise ValueError(layout)
-    return g.to(device=device, dtype=dtype)
-
-
-def make_weight(R: int, D: int, device, dtype=torch.float32, sliced: bool = False) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(2)
-    if sliced:  # non-contiguous rows: a column slice of a wider table
-        return torch.randn(R, D + 5, generator=gen)[:, 2 : 2 + D].to(device=device, dtype=dtype)
-    return torch.randn(R, D, generator=gen).to(device=device, dtype=dtype)
-
-
-def make_state(optimizer: str, weight: torch.Tensor, zero: bool = False) -> Optional[torch.Tensor]:
-    s = init_sparse_optimizer_state(optimizer, weight)
-    if s is not None and not zero:
-        s.uniform_(0.5, 1.5, generator=torch.Generator(device=s.device).manual_seed(3))
-    return s
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -715,15 +689,8 @@ def test_gpu_no_host_sync_and_cuda_graph_capture():
     w_eager, s_eager = weight.clone(), state.clone()
     with torch.no_grad():  # capture the update alone (autograd's engine is not captured here)
         rows = hash_rows(case.raw, *case.hash_args())
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            embedding_sparse_update_(rows, grad, weight, state, lr, "rowwise_adagrad", EPS, True)
-        torch.cuda.current_stream().wait_stream(stream)
         w_before, s_before = weight.clone(), state.clone()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            embedding_sparse_update_(rows, grad, weight, state, lr, "rowwise_adagrad", EPS, True)
+        graph = capture(lambda: embedding_sparse_update_(rows, grad, weight, state, lr, "rowwise_adagrad", EPS, True))
         weight.copy_(w_before)
         state.copy_(s_before)
         graph.replay()

@@ -19,18 +19,8 @@ import pytest
 import torch
 
 from kernels.embedding import SparseOptimizerConfig, TritonSparseEmbedding, embedding_lookup, fused_embedding
-from tests.kernels.test_embedding import (
-    EPS,
-    LR,
-    OPTIMIZERS,
-    dense_grad64,
-    make_case,
-    make_grad,
-    make_state,
-    make_weight,
-    reference_update,
-    training_rows,
-)
+from tests.kernels.embedding_inputs import make_grad, make_state, make_weight
+from tests.kernels.test_embedding import EPS, LR, OPTIMIZERS, dense_grad64, make_case, reference_update, training_rows
 
 BF16 = torch.bfloat16
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from kernels.embedding import SparseOptimizerConfig, TritonSparseEmbedding, embedding_sparse_update_, hash_rows
-from tests.kernels.test_embedding import EPS, LR, OPTIMIZERS, make_case, make_grad, make_state, make_weight
+from tests.kernels.embedding_inputs import make_grad, make_state, make_weight
+from tests.kernels.test_embedding import EPS, LR, OPTIMIZERS, make_case
 
 BF16 = torch.bfloat16
 

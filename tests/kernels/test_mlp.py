@@ -21,6 +21,7 @@ import pytest  # noqa: E402
 import kernels.mlp as kmlp  # noqa: E402
 from dlrm.model.archs import MLP, DenseArch, OverArch  # noqa: E402
 from kernels.mlp import FusedMLP, _mlp_backward_op, _mlp_forward_op, fused_mlp, mask_bias_grad  # noqa: E402
+from tests.kernels.cuda_graphs import capture  # noqa: E402
 
 # (atol, rtol) against float64, element by element, of results whose magnitude is O(1) (inputs
 # N(0, 1), weights scaled by fan_in**-0.5 as nn.Linear's, so every layer's activations stay O(1)).
@@ -449,15 +450,7 @@ def test_gpu_cuda_graph_capture_matches_eager():
             p.grad = None
         mlp(x).float().square().mean().backward()
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step, warmup=2)
     captured = [p.grad for p in params]
 
     with torch.no_grad():

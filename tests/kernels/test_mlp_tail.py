@@ -22,6 +22,7 @@ import kernels.mlp_tail as kt  # noqa: E402
 from dlrm.model.archs import MLP, DenseArch, OverArch  # noqa: E402
 from kernels.mlp_tail import TailLaunch, _tail_backward_op, _tail_forward_op, tail_mlp  # noqa: E402
 from kernels.mlp_tail_module import OnChipTailMLP, split_tail  # noqa: E402
+from tests.kernels.cuda_graphs import capture  # noqa: E402
 
 # (atol, rtol) against float64 of O(1) results, as tests/kernels/test_mlp.py: "fp32" ieee products and
 # sums, "tf32" operands rounded to 10 mantissa bits, "bf16" operands and each layer's output in bf16.
@@ -472,15 +473,7 @@ def test_gpu_cuda_graph_capture_matches_eager():
             out = mlp(x)
         out.float().square().mean().backward()
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture(step, warmup=2)
     captured = [p.grad for p in params]
     with torch.no_grad():
         x.copy_(torch.randn_like(x))

@@ -26,12 +26,13 @@ from kernels.embedding import (
     TritonPooledEmbedding,
     TritonSparseEmbedding,
     fused_pooled_embedding,
-    init_sparse_optimizer_state,
     pooled_embedding_lookup,
     pooled_embedding_sparse_update_,
     pooled_hash_rows,
     pooled_layout,
 )
+from tests.kernels.cuda_graphs import capture
+from tests.kernels.embedding_inputs import make_grad, make_state, make_weight
 
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad"]
 EPS = 1e-10
@@ -205,33 +206,6 @@ def reference_update(optimizer, rows, grad_out, slot_feature, weight, state, lr,
         S[touched] += (g * g).mean(1)
         W[touched] -= lr * g / (S[touched].sqrt()[:, None] + eps)
     return W, S
-
-
-def make_grad(B: int, F: int, D: int, layout: str, device, dtype=torch.float32, seed: int = 1) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    if layout == "contiguous":
-        g = torch.randn(B, F, D, generator=gen)
-    elif layout == "permuted":  # non-contiguous: built [D, B, F]
-        g = torch.randn(D, B, F, generator=gen).permute(1, 2, 0)
-    elif layout == "expand":  # stride 0 over the batch
-        g = torch.randn(1, F, D, generator=gen).expand(B, F, D)
-    else:
-        raise ValueError(layout)
-    return g.to(device=device, dtype=dtype)
-
-
-def make_weight(R: int, D: int, device, dtype=torch.float32, sliced: bool = False) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(2)
-    if sliced:  # non-contiguous rows: a column slice of a wider table
-        return torch.randn(R, D + 5, generator=gen)[:, 2 : 2 + D].to(device=device, dtype=dtype)
-    return torch.randn(R, D, generator=gen).to(device=device, dtype=dtype)
-
-
-def make_state(optimizer: str, weight: torch.Tensor) -> Optional[torch.Tensor]:
-    s = init_sparse_optimizer_state(optimizer, weight)
-    if s is not None:
-        s.uniform_(0.5, 1.5, generator=torch.Generator(device=s.device).manual_seed(3))
-    return s
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -902,14 +876,7 @@ def test_gpu_no_host_sync_and_cuda_graph_replay_draws_new_bits():
     with torch.no_grad():
         rows = emb.rows(raw)
         args = (rows, grad, emb.layout, emb.weight, cfg.state, cfg.lr, "rowwise_adagrad", EPS, True, 0.0, emb.sr_seed)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            pooled_embedding_sparse_update_(*args)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            pooled_embedding_sparse_update_(*args)
+        graph = capture(lambda: pooled_embedding_sparse_update_(*args))
         w0, s0, seed0 = emb.weight.clone(), cfg.state.clone(), emb.sr_seed.clone()
         graph.replay()
         w_a = emb.weight.clone()

@@ -10,15 +10,8 @@ import torch
 
 from kernels import heuristics
 from kernels.embedding import pooled_embedding_sparse_update_, pooled_hash_rows, pooled_layout
-from tests.kernels.test_pooled_embedding import (
-    EPS,
-    LR,
-    make_case,
-    make_grad,
-    make_state,
-    make_weight,
-    reference_update,
-)
+from tests.kernels.embedding_inputs import make_grad, make_state, make_weight
+from tests.kernels.test_pooled_embedding import EPS, LR, make_case, reference_update
 
 PLAIN = heuristics.SparseUpdateConfig(16, 4, 4, 4)
 
