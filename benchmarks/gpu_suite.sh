@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | stream:onehot | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | stepprofile:hotrows[:kaggle] | stepops | updatefloor | clocks (LAUNCH_TAG) | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | onehot:mlpstream | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | stream:onehot | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | stepprofile:hotrows[:kaggle] | stepops | updatefloor | clocks (LAUNCH_TAG) | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -558,7 +558,7 @@ for i, cap in enumerate([None, 0, None, 0]):
                        "--out", f"{sys.argv[1]}/maxnreg_{i}_{'launch' if cap is None else 'none'}"])
 EOF
       ;;
-    mlperf:mlpstream)  # the fused MLP's weight-gradient GEMMs on a side stream (shipped) against in series
+    mlperf:mlpstream)  # the fused MLP's weight-gradient GEMMs on a side stream against in series (shipped for 16-bit operands)
       # (kernels.mlp.SIDE_STREAM): the MLPerf step ("auto") alternating in one process (results/mlperf_dcnv2_mlpstream*)
       run mlperf_dcnv2_mlpstream 300 python - "$RES" <<'EOF'
 import sys
@@ -570,6 +570,22 @@ for i, side in enumerate([True, False, True, False]):
     print("SIDE_STREAM", side, flush=True)
     mlperf_dcnv2.main(["--no-baseline", "--batch-sizes", "65536", "--variants", "auto",
                        "--out", f"{sys.argv[1]}/mlpstream_{i}_{'side' if side else 'serial'}"])
+EOF
+      ;;
+    onehot:mlpstream)  # the same A/B for the one-hot models whose "auto" runs the fused MLP (tf32 at 65536): Kaggle and
+      # Terabyte, side stream (shipped for 32-bit operands) against in series, alternating in one process (results/mlpstream_h200_b.md)
+      run onehot_mlpstream 300 python - "$RES" <<'EOF'
+import sys
+sys.path.append("benchmarks")  # appended: benchmarks/kernels.py must not shadow the kernels package
+import kernels.mlp
+import train_throughput
+for model in ("kaggle", "terabyte"):
+    for i, side in enumerate([True, False, True, False]):
+        kernels.mlp.SIDE_STREAM = side
+        print(model, "SIDE_STREAM", side, flush=True)
+        train_throughput.main(["--config", f"configs/{model}.json", "--batch-sizes", "65536", "--variants", "auto",
+                               "--precisions", "tf32", "--warmup", "10", "--steps", "30", "--windows", "5",
+                               "--out", sys.argv[1], "--name", f"onehot_mlpstream_{model}_{i}_{'side' if side else 'serial'}"])
 EOF
       ;;
     mlperf:concat)  # the DCN input built by the pooled lookup (dlrm.model.dlrm.CONCAT_IN_LOOKUP) against a separate

@@ -21,8 +21,10 @@ Backward, per layer from the last one down (`_mlp_backward_op`):
    recorded after step 1 and overlaps the data-gradient chain; the current stream waits on the side
    stream once before the op returns (fork / join: legal inside CUDA-graph capture, and every tensor
    the side stream touches is allocated on the current stream and alive until the join, so the
-   caching allocator never hands its memory out early). ``SIDE_STREAM = False`` runs them in series instead, an
-   A/B knob: on an H200 held at its power cap the MLPerf step was 0.3-0.6% faster so (PERF.md, thirty-sixth run).
+   caching allocator never hands its memory out early). That for 32-bit operands; 16-bit ones run them in series
+   on the current stream (`SIDE_STREAM`: measured on H200s, the tf32 Kaggle and Terabyte steps were 1.1-1.8%
+   faster with the side stream, the bf16 MLPerf DLRM-DCNv2 step, held at the GPU's power cap where overlap buys
+   nothing, ~0.4% faster in series on average over three machines; results/mlpstream_h200_b.md).
 
 The two halves are ``torch.library`` custom ops (``dlrm_kernels::mlp_forward`` / ``mlp_backward``)
 with fake and autograd registrations, so torch.compile traces a module using them without graph
@@ -194,9 +196,27 @@ def mask_bias_grad(grad: Tensor, out: Optional[Tensor], relu: bool, *, write: bo
 
 
 _SIDE_STREAMS: dict[int, "torch.cuda.Stream"] = {}
-# The weight-gradient GEMMs on the side stream (True) or in series on the current stream (False): module-level, for A/B
-# measurements (gpu_suite.sh part mlperf:mlpstream; under a power cap overlap may buy nothing, PERF.md thirty-sixth run).
-SIDE_STREAM = True
+# The weight-gradient GEMMs on the side stream (True) or in series on the current stream (False); None (the default)
+# picks by the operands' width (`_use_side_stream`). Module-level, for A/B measurements (gpu_suite.sh parts
+# mlperf:mlpstream and onehot:mlpstream, alternating True and False in one process). Measured on H200s
+# (results/mlpstream_h200_b.md): tf32 Kaggle 1.6-1.8% and Terabyte 1.1-1.4% faster with the side stream, both at batch
+# 65536; the bf16 MLPerf DLRM-DCNv2 step, the one 16-bit model "auto" runs this MLP for, held at the 700 W power cap
+# (where overlap buys no time: PERF.md, thirty-sixth run), 0.3-0.6% and 0.7-1.5% faster in series on two machines and
+# 0.1-0.3% slower on a third: ~0.4% on average, within the machines' spread. Not measured on an H100.
+SIDE_STREAM: Optional[bool] = None
+
+
+def _use_side_stream(device: torch.device, dtype: torch.dtype, need_w: list[bool]) -> bool:
+    """Whether the weight-gradient GEMMs go to the side stream: on CUDA, with a weight gradient to compute, by
+    `SIDE_STREAM`, or when it is None for 32-bit operands only.
+
+        >>> _use_side_stream(torch.device("cuda"), torch.float32, [True]), _use_side_stream(torch.device("cuda"),
+        ...     torch.bfloat16, [True]), _use_side_stream(torch.device("cpu"), torch.float32, [True])
+        (True, False, False)
+    """
+    if device.type != "cuda" or not any(need_w):
+        return False
+    return SIDE_STREAM if SIDE_STREAM is not None else dtype.itemsize >= 4
 
 
 def _side_stream(device: torch.device) -> "torch.cuda.Stream":
@@ -306,7 +326,7 @@ def _mlp_backward_op(
     gx = x.new_empty(0)
     # the lowest layer whose gradient is asked for: the data-gradient chain stops there
     lowest = -1 if need_x else min([i for i in range(n) if need_w[i] or need_b[i]], default=n)
-    side = SIDE_STREAM and x.device.type == "cuda" and any(need_w)
+    side = _use_side_stream(x.device, x.dtype, need_w)
     if side:
         main = torch.cuda.current_stream(x.device)
         stream = _side_stream(x.device)

@@ -32,7 +32,7 @@ KERNEL_SETS: dict[str, tuple[str, str, str, str]] = {
     # on non-tensor-core cuBLAS kernels), MLPs and loss in PyTorch
     "triton-embedding-interaction": ("triton", "triton", "torch", "torch"),
     # and the MLPs as kernels.mlp.FusedMLP (cuBLASLt bias+ReLU epilogues, one Triton kernel for the
-    # ReLU mask and bias gradient, weight gradients on a side stream; issue #20)
+    # ReLU mask and bias gradient, weight gradients on a side stream in tf32; issue #20)
     "triton-fused-mlp": ("triton", "triton", "fused", "torch"),
     # PyTorch MLPs whose weight and bias gradients come from kernels.wgrad (one Triton GEMM with the ReLU
     # mask and bias sum fused; issue #20)

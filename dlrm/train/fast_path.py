@@ -131,7 +131,8 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[s
                 and not m.dropout and cfg.data.batch_size >= DCN_FUSED_MLP_MIN_BATCH
                 and cfg.train.compile.mode not in TEMPLATE_MODES):
             return "fused", ("kernels.mlp.FusedMLP (cuBLASLt bias+ReLU epilogues, one pass for the ReLU mask and bias "
-                             "gradient) beside the Gluon cross layers: MLPerf DLRM-DCNv2 +1.0-3.2% on an H100 from batch 32768")
+                             "gradient, weight gradients in series in bf16) beside the Gluon cross layers: MLPerf "
+                             "DLRM-DCNv2 +1.0-3.2% on an H100 from batch 32768")
         if cfg.train.compile.enabled and cfg.train.compile.mode in TEMPLATE_MODES:
             return "torch", ("Inductor's max-autotune GEMM templates fuse the MLPs' epilogues (Kaggle tf32 at 65536: "
                              "23.4M samples/s against the fused MLP's 22.0M)")

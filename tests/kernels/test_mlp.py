@@ -463,6 +463,40 @@ def test_gpu_cuda_graph_capture_matches_eager():
         torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-5)
 
 
+def test_side_stream_only_for_32_bit_operands_on_cuda_unless_forced(monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")  # only the device's type is read
+    assert kmlp.SIDE_STREAM is None  # shipped: by the operands' width
+    assert kmlp._use_side_stream(cuda, torch.float32, [False, True])
+    assert not kmlp._use_side_stream(cuda, torch.bfloat16, [True, True])
+    assert not kmlp._use_side_stream(cuda, torch.float16, [True])
+    assert not kmlp._use_side_stream(cuda, torch.float32, [False, False])  # no weight gradient to overlap
+    assert not kmlp._use_side_stream(cpu, torch.float32, [True])
+    monkeypatch.setattr(kmlp, "SIDE_STREAM", True)
+    assert kmlp._use_side_stream(cuda, torch.bfloat16, [True]) and not kmlp._use_side_stream(cpu, torch.float32, [True])
+    monkeypatch.setattr(kmlp, "SIDE_STREAM", False)
+    assert not kmlp._use_side_stream(cuda, torch.float32, [True])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_side_stream_and_in_series_give_the_same_gradients(dtype, monkeypatch):
+    """The weight gradients are the same GEMMs on either stream: forcing the side stream or the series order
+    changes no bit of any gradient (bf16 runs in series by default, fp32 on the side stream)."""
+    torch.manual_seed(0)
+    mlp = FusedMLP(3456, [1024, 512, 256, 1], activate_last=False).cuda().to(dtype)
+    x = torch.randn(4099, 3456, device="cuda", dtype=dtype, requires_grad=True)
+    g = torch.randn(4099, 1, device="cuda", dtype=dtype)
+    grads = {}
+    for side in (True, False):
+        monkeypatch.setattr(kmlp, "SIDE_STREAM", side)
+        mlp.zero_grad(set_to_none=True)
+        x.grad = None
+        mlp(x).backward(g)
+        grads[side] = [x.grad.clone(), *(p.grad.clone() for p in mlp.parameters())]
+    for a, b in zip(grads[True], grads[False]):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.gpu
 def test_gpu_side_stream_result_is_visible_right_after_backward():
     """The weight gradients computed on the side stream are complete when backward returns (the
