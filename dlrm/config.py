@@ -269,8 +269,8 @@ class KernelsConfig:
     interaction: InteractionKernelChoice = "auto"
     mlp: MlpKernelChoice = "auto"
     """torch: nn.Linear; triton: the Triton linear kernel per layer; fused: kernels.mlp.FusedMLP (cuBLASLt
-    bias+ReLU epilogues, weight gradients on a side stream in 32 bits, in series in 16; relu, no dropout); wgrad: nn.Linear forward,
-    dW and db from one Triton GEMM with the ReLU mask and bias sum fused (kernels.wgrad; relu)."""
+    bias+ReLU epilogues, weight gradients on a side stream in 32 bits, in series in 16; relu, no dropout); wgrad:
+    nn.Linear forward, dW and db from one Triton GEMM with the ReLU mask and bias sum fused (kernels.wgrad; relu)."""
     loss: KernelChoice = "auto"
 
 
