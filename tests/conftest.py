@@ -1,6 +1,7 @@
 """Shared test setup. TRITON_INTERPRET must be set before anything imports triton."""
 
 import os
+import re
 
 # Under pytest-xdist (-n N) every worker, and every train.py or torchrun process a test starts, would
 # otherwise take one intra-op thread per core: N x cores threads on the cores. On the 16-core GPU
@@ -64,6 +65,18 @@ def _restore_deterministic_mode():
     if (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) != (
             mode, warn_only):
         torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+
+
+def process_output(result, tail: int = 3000) -> str:
+    """A failed subprocess's output for an assertion message: the last `tail` characters of its stdout and stderr,
+    led, when a process it started died of a fatal signal, by faulthandler's report (the signal and each thread's
+    Python traceback: PYTHONFAULTHANDLER above). Each report ends with the list of loaded extension modules, for
+    torch's ranks thousands of characters, which pushed the report out of a plain tail; the lists are shortened."""
+    err = result.stderr or ""
+    err = re.sub(r"\nExtension modules: [^\n]*", "\nExtension modules: (list left out)", err)
+    fatal = [m.group(0) for m in re.finditer(r"Fatal Python error(?:.|\n)*?(?=\nExtension modules: |\Z)", err)]
+    head = "".join(f"{report[:4000]}\n...\n" for report in fatal)
+    return head + (result.stdout or "")[-tail:] + err[-tail:]
 
 
 def write_rows(path: Path, label: np.ndarray, dense: np.ndarray, sparse: np.ndarray, row_group_size: int) -> None:

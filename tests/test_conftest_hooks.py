@@ -55,3 +55,27 @@ def test_processes_started_by_tests_dump_python_tracebacks_on_an_abort():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "Fatal Python error: Aborted" in result.stderr and "where_it_aborted" in result.stderr, result.stderr
+
+
+def test_process_output_leads_with_the_abort_report_a_long_tail_would_push_out():
+    """A rank's abort: faulthandler's report, then thousands of characters (the extension-module list, torchrun's
+    traceback) in the stderr tail. The assertion message keeps the report and shortens the list."""
+    import subprocess
+    import sys
+
+    from tests.conftest import process_output
+
+    code = "import os\ndef where_it_aborted():\n    os.abort()\nwhere_it_aborted()\n"
+    aborted = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    modules = "\nExtension modules: " + ", ".join(f"pandas._libs.m{i}" for i in range(400)) + " (total: 400)\n"
+    noise = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError\n" * 100
+    result = subprocess.CompletedProcess(aborted.args, 1, "stdout line\n", aborted.stderr + modules + noise)
+    message = process_output(result)
+    assert "Fatal Python error: Aborted" not in result.stderr[-3000:]  # what a plain tail would have shown
+    assert message.index("Fatal Python error: Aborted") < message.index("where_it_aborted") < message.index("stdout")
+    assert "pandas._libs.m399" not in message and message.endswith(noise[-3000:])
+    short = subprocess.CompletedProcess(aborted.args, 1, "", aborted.stderr + modules + "the last line\n")
+    assert "pandas._libs" not in process_output(short)  # the list shortened in the tail too
+    assert process_output(short).endswith("Extension modules: (list left out)\nthe last line\n")
+    clean = subprocess.CompletedProcess(["x"], 1, "out", "err")
+    assert process_output(clean) == "outerr"  # nothing to lead with when no process aborted

@@ -19,7 +19,7 @@ from dlrm.data.schema import read_metadata
 from dlrm.distributed.checkpoint import assemble
 from dlrm.distributed.sharding import MASKED_SLOT_COST, SENT_FEATURE_COST, plan_cost, plan_sharding
 from dlrm import checkpoint as ckpt
-from tests.conftest import REPO, make_dataset
+from tests.conftest import REPO, make_dataset, process_output
 from tests.shared_once import computed_once
 
 BASE = {
@@ -309,7 +309,7 @@ def run(args, cwd, nproc=1):
 def train_run(tmp_path, dataset, name, nproc, sharding="auto", extra=(), embedding="torch", sparse_weight_decay=0.0):
     cfg = write_config(tmp_path / f"{name}.json", dataset, sharding, embedding, sparse_weight_decay)
     result = run(["--config", str(cfg), "--run-name", name, "--tb-dir", str(tmp_path / "tb"), *extra], tmp_path, nproc)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, process_output(result)
     return tmp_path / "tb" / name
 
 
@@ -364,7 +364,7 @@ def test_two_ranks_equal_one_process(tmp_path, dataset, one_process, sharding, e
     # the merged checkpoint serves one process: --eval-only gives the same validation numbers
     result = run(["--config", str(tmp_path / f"two-{sharding}.json"), "--eval-only", "--checkpoint", str(out),
                   "--run-name", "eval", "--tb-dir", str(tmp_path / "tb")], tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.returncode == 0, process_output(result)
     evaluated = json.loads((tmp_path / "tb" / "eval" / "summary.json").read_text())
     assert evaluated["auc"] == pytest.approx(summary["auc"], abs=1e-6)
 
@@ -383,7 +383,7 @@ def test_sharded_resume_same_ranks_and_clear_refusals(tmp_path, dataset):
     # continued from step 20 in a new run on two ranks: the same shards as the uninterrupted run
     result = run(["--config", cfg, "--resume", str(cdir / ckpt.checkpoint_name(20)), "--run-name", "res-branch",
                   "--tb-dir", str(tmp_path / "tb")], tmp_path, nproc=2)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, process_output(result)
     branch = ckpt.checkpoint_dir(tmp_path / "tb" / "res-branch")
     for name, ref in straight.items():
         got = torch.load(branch / name, weights_only=True)
@@ -455,7 +455,7 @@ def test_scaling_benchmark_runs_and_reports_efficiency(tmp_path, multi_hot):
                                  "--batch-per-gpu", "64", "--warmup", "1", "--steps", "2", "--windows", "1",
                                  "--out", str(tmp_path), "--name", "s", *(["--profile"] if multi_hot else [])],
                                 capture_output=True, text=True, timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.returncode == 0, process_output(result)
     rows = list(csv.DictReader(open(tmp_path / "s.csv")))
     assert [r["gpus"] for r in rows] == ["1", "2"] and rows[1]["sharding"] == "auto"
     assert float(rows[0]["efficiency"]) == 1.0 and float(rows[1]["efficiency"]) > 0
@@ -481,7 +481,7 @@ def test_compare_and_profile_under_torchrun(tmp_path, dataset):
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     result = run(["--config", str(tmp_path / "c.json"), "--compare", "eager", "--run-name", "cmp",
                   "--tb-dir", str(tmp_path / "tb")], tmp_path, nproc=2)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, process_output(result)
     base = tmp_path / "tb" / "cmp"
     assert {"compare.md", "compare.csv", "compare.png"} <= {p.name for p in base.iterdir()}
     rows = list(csv.DictReader(open(base / "compare.csv")))

@@ -39,6 +39,7 @@ from dlrm.data.loader import rank_slice
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
 from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig, TritonPooledEmbedding, TritonSparseEmbedding
+from tests.conftest import process_output
 from tests.shared_once import computed_once
 from tests.spawned_ranks import failures_on_ranks
 from tests.test_distributed import BASE, merged_state, run
@@ -303,7 +304,7 @@ def bf16_config(path: Path, dataset: Path, sharding: str = "row", embedding: str
 def bf16_run(tmp: Path, dataset: Path, name: str, nproc: int, sharding: str = "row") -> Path:
     cfg = bf16_config(tmp / f"{name}.json", dataset, sharding)
     result = run(["--config", str(cfg), "--run-name", name, "--tb-dir", str(tmp / "tb")], tmp, nproc)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, process_output(result)
     return tmp / "tb" / name
 
 
@@ -445,7 +446,7 @@ def resumed(request, tmp_path_factory, two_ranks):
     def make(tmp: Path) -> None:
         result = run(["--config", str(config), "--resume", str(step20), "--run-name", "branch",
                       "--tb-dir", str(tmp / "tb")], tmp, nproc=2)
-        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.returncode == 0, process_output(result)
 
     tmp = computed_once(tmp_path_factory, f"bf16-resume-{kind}", make)
     straight, branch = shard_states(straight_dir), shard_states(tmp / "tb" / "branch")

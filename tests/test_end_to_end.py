@@ -11,7 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dlrm.data.schema import read_metadata
-from tests.conftest import REPO
+from tests.conftest import REPO, process_output
 
 
 @pytest.mark.slow
@@ -21,7 +21,7 @@ def test_sample_config_reaches_the_oracle_auc(tmp_path):
          "--tb-dir", str(tmp_path / "tb"), "--run-name", "e2e"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, process_output(res)
     run = tmp_path / "tb" / "e2e"
     summary = json.loads((run / "summary.json").read_text())
     for key in ("auc", "logloss", "accuracy", "steps", "samples", "samples_per_sec", "wall_s", "config"):
