@@ -8,7 +8,6 @@ tf32), bf16 and under bf16 autocast, at DLRM sizes, inside a CUDA graph and unde
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
@@ -22,75 +21,12 @@ import kernels.mlp as kmlp  # noqa: E402
 from dlrm.model.archs import MLP, DenseArch, OverArch  # noqa: E402
 from kernels.mlp import FusedMLP, _mlp_backward_op, _mlp_forward_op, fused_mlp, mask_bias_grad  # noqa: E402
 from tests.kernels.cuda_graphs import capture  # noqa: E402
-
-# (atol, rtol) against float64, element by element, of results whose magnitude is O(1) (inputs
-# N(0, 1), weights scaled by fan_in**-0.5 as nn.Linear's, so every layer's activations stay O(1)).
-# "fp32": ieee fp32 products and sums (the CPU, or fp32_precision "ieee" on the GPU): a few ulps on
-# sums of up to a few hundred terms, through up to 4 layers. "tf32": operands rounded to 10 mantissa
-# bits (rel. 2**-11 each) before fp32 sums. "bf16": bf16 operands and outputs (rel. step 2**-8),
-# fp32 accumulation, each layer's output rounded to bf16 before it feeds the next.
-TOLERANCES = {"fp32": (1e-5, 1e-5), "tf32": (1e-2, 1e-2), "bf16": (4e-2, 2e-2)}
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}
-
-
-@contextlib.contextmanager
-def matmul_precision(kind: str):
-    """cuBLAS fp32 GEMMs in TF32 for kind "tf32", in ieee fp32 otherwise (restored after)."""
-    if not torch.cuda.is_available():
-        yield
-        return
-    matmul = torch.backends.cuda.matmul
-    old = matmul.fp32_precision
-    matmul.fp32_precision = "tf32" if kind == "tf32" else "ieee"
-    try:
-        yield
-    finally:
-        matmul.fp32_precision = old
-
-
-def _make(shape, layout: str, gen, scale: float = 1.0) -> torch.Tensor:
-    """A float64 CPU tensor of `shape` [R, C] in the memory layout asked (converted later with .to,
-    which keeps a non-contiguous layout only where it is built on the target: see `_on`)."""
-    R, C = shape
-    if layout == "contiguous":
-        t = torch.randn(R, C, generator=gen, dtype=torch.float64)
-    elif layout == "transposed":
-        t = torch.randn(C, R, generator=gen, dtype=torch.float64).t()
-    elif layout == "sliced":  # every other column of a wider tensor: stride 2 along dim 1
-        t = torch.randn(R, 2 * C + 1, generator=gen, dtype=torch.float64)[:, 1::2]
-    elif layout == "expand":  # stride 0 along the rows (incoming gradients only)
-        t = torch.randn(1, C, generator=gen, dtype=torch.float64).expand(R, C)
-    else:
-        raise ValueError(layout)
-    return t * scale
-
-
-def _on(t: torch.Tensor, layout: str, device, dtype) -> torch.Tensor:
-    """`t`'s values on `device` in `dtype`, with the layout rebuilt there (``.to`` would make a
-    transposed or sliced tensor contiguous)."""
-    R, C = t.shape
-    if layout == "transposed":
-        return t.t().contiguous().to(device=device, dtype=dtype).t()
-    if layout == "sliced":
-        wide = torch.zeros(R, 2 * C + 1, device=device, dtype=dtype)
-        wide[:, 1::2] = t.to(device=device, dtype=dtype)
-        return wide[:, 1::2]
-    if layout == "expand":
-        return t[:1].to(device=device, dtype=dtype).expand(R, C)
-    return t.to(device=device, dtype=dtype)
-
-
-def _check(got: torch.Tensor, ref: torch.Tensor, kind: str, what: str, tol_scale: float = 1.0) -> None:
-    """Element by element; atol is relative to the result's RMS where that exceeds 1 (a weight or bias
-    gradient sums over the batch: magnitude ~sqrt(B), and so are the rounding errors of its elements
-    near zero)."""
-    atol, rtol = TOLERANCES[kind]
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    assert torch.isfinite(got).all(), f"{what}: non-finite values"
-    ref = ref.detach().double().cpu()
-    rms = float(ref.square().mean().sqrt()) if ref.numel() else 0.0
-    torch.testing.assert_close(got.detach().double().cpu(), ref, atol=atol * tol_scale * max(1.0, rms),
-                               rtol=rtol * tol_scale, msg=lambda m: f"{what}: {m}")  # fmt: skip
+from tests.kernels.mlp_chain_reference import (  # noqa: E402
+    DTYPES,
+    chain_inputs,
+    check_chain,
+    matmul_precision,
+)
 
 
 def run_case(
@@ -111,18 +47,8 @@ def run_case(
     `dims`: [in_features, *widths]; `frozen`: layers whose weight and bias need no gradient.
     """
     dtype = DTYPES[kind]
-    n = len(dims) - 1
-    gen = torch.Generator().manual_seed(seed)
-    x64 = _make((M, dims[0]), x_layout, gen)
-    w64 = [_make((b, a), "contiguous", gen, scale=a**-0.5) for a, b in zip(dims[:-1], dims[1:])]
-    b64 = [_make((1, b), "contiguous", gen).reshape(b) for b in dims[1:]]
-    g64 = _make((M, dims[-1]), grad_layout, gen)
-
-    x = _on(x64, x_layout, device, dtype).requires_grad_(need_x)
-    ws = [w.to(device=device, dtype=dtype).requires_grad_(i not in frozen) for i, w in enumerate(w64)]
-    bs = [b.to(device=device, dtype=dtype).requires_grad_(i not in frozen) for i, b in enumerate(b64)]
-    g = _on(g64, grad_layout, device, dtype)
-    relu = [True] * n
+    x, ws, bs, g = chain_inputs(M, dims, device, kind, x_layout, grad_layout, need_x, frozen, seed)
+    relu = [True] * (len(dims) - 1)
     if not activate_last:
         relu[-1] = False
 
@@ -131,13 +57,8 @@ def run_case(
         assert out.dtype == dtype and out.shape == (M, dims[-1])
         out.backward(g)
 
-    # float64 reference from the same rounded values. relu' jumps at 0: where a layer's pre-activation
-    # rounds to the other side of 0 than in float64 (|pre| ~ rounding, e.g. with tf32), the reference
-    # takes the kernel's decision. The kernel keeps only the outputs, so the decisions are re-derived
-    # from a float64 replay of the same layers, flipped only where |pre| is within rounding of 0.
-    xd = x.detach().double().cpu().requires_grad_(True)
-    wd = [w.detach().double().cpu().requires_grad_(True) for w in ws]
-    bd = [b.detach().double().cpu().requires_grad_(True) for b in bs]
+    # The kernel keeps only the outputs, so its ReLU decisions near 0 are re-derived from a replay of the same
+    # layers through cuBLAS (the fused MLP's own GEMMs).
     with torch.no_grad(), matmul_precision(kind):
         h = x.detach()
         kernel_masks = []
@@ -145,28 +66,7 @@ def run_case(
             pre = torch.addmm(b.detach(), h, w.detach().t())
             kernel_masks.append((pre > 0).double().cpu() if r else None)
             h = pre.relu() if r else pre
-    h = xd
-    for w, b, r, km in zip(wd, bd, relu, kernel_masks):
-        pre = h @ w.t() + b
-        if r:
-            edge = pre.detach().abs() < {"fp32": 1e-6, "tf32": 1e-2, "bf16": 5e-2}[kind]
-            mask = torch.where(edge, km, (pre.detach() > 0).double())
-            h = pre * mask
-        else:
-            h = pre
-    _check(out, h, kind, "output", tol_scale)
-    h.backward(g.detach().double().cpu())
-    if need_x:
-        _check(x.grad, xd.grad, kind, "grad x", tol_scale)
-    else:
-        assert x.grad is None
-    for i in range(n):
-        if i in frozen:
-            assert ws[i].grad is None and bs[i].grad is None, f"layer {i} is frozen"
-            continue
-        _check(ws[i].grad, wd[i].grad, kind, f"grad W{i}", tol_scale)
-        _check(bs[i].grad, bd[i].grad, kind, f"grad b{i}", tol_scale)
-        assert ws[i].grad.dtype == bs[i].grad.dtype == dtype
+    check_chain(out, x, ws, bs, g, relu, kernel_masks, kind, need_x, frozen, tol_scale)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -23,29 +23,12 @@ from dlrm.model.archs import MLP, DenseArch, OverArch  # noqa: E402
 from kernels.mlp_tail import TailLaunch, _tail_backward_op, _tail_forward_op, tail_mlp  # noqa: E402
 from kernels.mlp_tail_module import OnChipTailMLP, split_tail  # noqa: E402
 from tests.kernels.cuda_graphs import capture  # noqa: E402
-
-# (atol, rtol) against float64 of O(1) results, as tests/kernels/test_mlp.py: "fp32" ieee products and
-# sums, "tf32" operands rounded to 10 mantissa bits, "bf16" operands and each layer's output in bf16.
-TOLERANCES = {"fp32": (1e-5, 1e-5), "tf32": (1e-2, 1e-2), "bf16": (4e-2, 2e-2)}
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16}
-# |pre-activation| below which the kernel's ReLU decision may differ from float64's (rounding)
-EDGES = {"fp32": 1e-6, "tf32": 1e-2, "bf16": 5e-2}
-
-
-@contextlib.contextmanager
-def matmul_precision(kind: str):
-    """fp32 GEMMs (cuBLAS and the kernel's tl.dot, which follows cuBLAS's setting) in TF32 for kind
-    "tf32", in ieee fp32 otherwise (restored after)."""
-    if not torch.cuda.is_available():
-        yield
-        return
-    matmul = torch.backends.cuda.matmul
-    old = matmul.fp32_precision
-    matmul.fp32_precision = "tf32" if kind == "tf32" else "ieee"
-    try:
-        yield
-    finally:
-        matmul.fp32_precision = old
+from tests.kernels.mlp_chain_reference import (  # noqa: E402
+    DTYPES,
+    chain_inputs,
+    check_chain,
+    matmul_precision,
+)
 
 
 @contextlib.contextmanager
@@ -59,51 +42,6 @@ def forced_launch(block_m: int, programs: int, reload: bool = True, hoist: bool 
         yield
     finally:
         kt.TAIL_LAUNCH_OVERRIDE, kt._backward_programs = old_override, old_programs
-
-
-def _make(shape, layout: str, gen, scale: float = 1.0) -> torch.Tensor:
-    """A float64 CPU tensor [R, C] with the values of the layout asked (rebuilt on the target by `_on`)."""
-    R, C = shape
-    if layout == "contiguous":
-        t = torch.randn(R, C, generator=gen, dtype=torch.float64)
-    elif layout == "transposed":
-        t = torch.randn(C, R, generator=gen, dtype=torch.float64).t()
-    elif layout == "sliced":
-        t = torch.randn(R, 2 * C + 1, generator=gen, dtype=torch.float64)[:, 1::2]
-    elif layout == "expand":
-        t = torch.randn(1, C, generator=gen, dtype=torch.float64).expand(R, C)
-    else:
-        raise ValueError(layout)
-    return t * scale
-
-
-def _on(t: torch.Tensor, layout: str, device, dtype) -> torch.Tensor:
-    """`t`'s values on `device` in `dtype`, in the memory layout named (``.to`` would make it contiguous)."""
-    R, C = t.shape
-    if layout == "transposed":
-        out = t.t().contiguous().to(device=device, dtype=dtype).t()
-    elif layout == "sliced":
-        wide = torch.zeros(R, 2 * C + 1, device=device, dtype=dtype)
-        wide[:, 1::2] = t.to(device=device, dtype=dtype)
-        out = wide[:, 1::2]
-    elif layout == "expand":
-        out = t[:1].to(device=device, dtype=dtype).expand(R, C)
-    else:
-        out = t.to(device=device, dtype=dtype)
-    assert out.is_contiguous() == (layout == "contiguous") or R <= 1 or C <= 1
-    return out
-
-
-def _check(got: torch.Tensor, ref: torch.Tensor, kind: str, what: str, tol_scale: float = 1.0) -> None:
-    """Element by element; atol relative to the result's RMS where that exceeds 1 (a weight or bias
-    gradient sums over the batch)."""
-    atol, rtol = TOLERANCES[kind]
-    assert got.shape == ref.shape, f"{what}: shape {tuple(got.shape)} != {tuple(ref.shape)}"
-    assert torch.isfinite(got).all(), f"{what}: non-finite values"
-    ref = ref.detach().double().cpu()
-    rms = float(ref.square().mean().sqrt()) if ref.numel() else 0.0
-    torch.testing.assert_close(got.detach().double().cpu(), ref, atol=atol * tol_scale * max(1.0, rms),
-                               rtol=rtol * tol_scale, msg=lambda m: f"{what}: {m}")  # fmt: skip
 
 
 def run_case(
@@ -122,58 +60,23 @@ def run_case(
     """tail_mlp forward and backward vs float64 autograd on the same (rounded) values; returns the
     kernel's [out, grad_x, grad_W..., grad_b...] (for the determinism test)."""
     dtype = DTYPES[kind]
-    n = len(dims) - 1
-    gen = torch.Generator().manual_seed(seed)
-    x64 = _make((M, dims[0]), x_layout, gen)
-    w64 = [_make((b, a), "contiguous", gen, scale=a**-0.5) for a, b in zip(dims[:-1], dims[1:])]
-    b64 = [_make((1, b), "contiguous", gen).reshape(b) for b in dims[1:]]
-    g64 = _make((M, dims[-1]), grad_layout, gen)
-
-    x = _on(x64, x_layout, device, dtype).requires_grad_(need_x)
-    ws = [w.to(device=device, dtype=dtype).requires_grad_(i not in frozen) for i, w in enumerate(w64)]
-    bs = [b.to(device=device, dtype=dtype).requires_grad_(i not in frozen) for i, b in enumerate(b64)]
-    g = _on(g64, grad_layout, device, dtype)
+    x, ws, bs, g = chain_inputs(M, dims, device, kind, x_layout, grad_layout, need_x, frozen, seed)
 
     with matmul_precision(kind):
         out = tail_mlp(x, ws, bs, relu)
         assert out.dtype == dtype and out.shape == (M, dims[-1])
         out.backward(g)
 
-    # float64 reference from the same rounded values; where a pre-activation is within rounding of 0
-    # the ReLU decision is the kernel's own (either is a valid answer): the kernel's forward over the
-    # chain's first l + 1 layers gives layer l's decisions, in the kernel's very products. (A replay
-    # through cuBLAS is not one in TF32: on the H100 it disagreed with the kernel's TF32 decisions beyond
-    # the 1e-2 band on a few units, identically for every launch of the kernel, 2026-11-24.)
-    xd = x.detach().double().cpu().requires_grad_(True)
-    wd = [w.detach().double().cpu().requires_grad_(True) for w in ws]
-    bd = [b.detach().double().cpu().requires_grad_(True) for b in bs]
+    # The kernel's ReLU decisions near 0: its forward over the chain's first l + 1 layers gives layer l's, in the
+    # kernel's very products. (A replay through cuBLAS is not one in TF32: on the H100 it disagreed with the kernel's
+    # TF32 decisions beyond the 1e-2 band on a few units, identically for every launch of the kernel, 2026-11-24.)
     with torch.no_grad(), matmul_precision(kind):
         kernel_masks = []
         for i, r in enumerate(relu):
             prefix = tail_mlp(x.detach(), [w.detach() for w in ws[: i + 1]], [b.detach() for b in bs[: i + 1]],
                               relu[: i + 1]) if r else None  # fmt: skip
             kernel_masks.append((prefix > 0).double().cpu() if r else None)
-    h = xd
-    for w, b, r, km in zip(wd, bd, relu, kernel_masks):
-        pre = h @ w.t() + b
-        if r:
-            mask = torch.where(pre.detach().abs() < EDGES[kind], km, (pre.detach() > 0).double())
-            h = pre * mask
-        else:
-            h = pre
-    _check(out, h, kind, "output", tol_scale)
-    h.backward(g.detach().double().cpu())
-    if need_x:
-        _check(x.grad, xd.grad, kind, "grad x", tol_scale)
-    else:
-        assert x.grad is None
-    for i in range(n):
-        if i in frozen:
-            assert ws[i].grad is None and bs[i].grad is None, f"layer {i} is frozen"
-            continue
-        _check(ws[i].grad, wd[i].grad, kind, f"grad W{i}", tol_scale)
-        _check(bs[i].grad, bd[i].grad, kind, f"grad b{i}", tol_scale)
-        assert ws[i].grad.dtype == bs[i].grad.dtype == dtype
+    check_chain(out, x, ws, bs, g, relu, kernel_masks, kind, need_x, frozen, tol_scale)
     return [out.detach(), *([x.grad] if need_x else []), *(w.grad for w in ws), *(b.grad for b in bs)]
 
 
