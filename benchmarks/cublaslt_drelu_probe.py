@@ -169,8 +169,13 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        ap.error("a CUDA GPU is needed (cuBLASLt)")
-    ep = Epilogues()
+        print("cublaslt_drelu_probe.py needs a CUDA GPU (cuBLASLt)", file=sys.stderr)
+        return 2
+    try:
+        ep = Epilogues()
+    except ImportError as e:
+        print(f"cublaslt_drelu_probe.py needs nvmath-python (pip install nvmath-python): {e}", file=sys.stderr)
+        return 2
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = mlp_rows("top", *TOP, args.batch, ep, args, gen) + mlp_rows("bottom", *BOTTOM, args.batch, ep, args, gen)
     env = environment(torch.device("cuda"))

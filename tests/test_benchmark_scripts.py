@@ -784,6 +784,27 @@ def test_cross_ws_probe_refuses_to_run_without_cuda(tmp_path, capsys):
     assert not any(tmp_path.iterdir())  # nothing half-written
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_cublaslt_drelu_probe_refuses_to_run_without_cuda(tmp_path, capsys):
+    probe = load_script("cublaslt_drelu_probe")
+    assert probe.main(["--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+def test_cublaslt_drelu_probe_unpacks_a_column_major_bitmask():
+    """Bit i of column j in byte [i // 8, j] (LSB first), rows padded to 16 bytes: the layout the probe reads."""
+    probe = load_script("cublaslt_drelu_probe")
+    gen = torch.Generator().manual_seed(0)
+    n, batch = 19, 5  # 19 rows -> 3 bytes, padded to 16
+    mask = torch.rand(batch, n, generator=gen) > 0.5
+    aux = torch.zeros(16, batch, dtype=torch.uint8)
+    for j in range(batch):
+        for i in range(n):
+            aux[i // 8, j] |= int(mask[j, i]) << (i % 8)
+    assert torch.equal(probe.unpack_bits(aux, n, batch), mask)
+
+
 def test_cross_ws_probe_parses_both_schedules():
     pytest.importorskip("kernels.cross_ws", reason="this Triton has no Gluon Hopper dialect")
     probe = load_script("cross_ws_probe")
