@@ -118,6 +118,18 @@ def test_every_shipped_config_passes_the_new_rules(tmp_path, trained):
     assert [cfg.name for cfg, _ in trained] == ["sample", "kaggle", "terabyte"]
 
 
+@pytest.mark.parametrize("make", ["missing", "file"])
+def test_missing_dataset_is_one_line_saying_how_to_make_one(tmp_path, make):
+    """A config whose data directory is absent (every shipped config but the sample's, on a fresh checkout)."""
+    data = tmp_path / "data"
+    if make == "file":
+        data.write_text("not a dataset")
+    line = error_line(invoke(tmp_path, REPO / "configs" / "sample.json", "--data", str(data)), 2, "data.path", str(data), "dlrm.data.synthetic",
+                      "data/README.md")
+    assert ("does not exist" if make == "missing" else "is not a directory") in line
+    assert not (tmp_path / "tb").exists() or not any((tmp_path / "tb").iterdir())  # no run directory left behind
+
+
 def test_ctrl_c_while_the_config_loads_is_an_interruption(tmp_path, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

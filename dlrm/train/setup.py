@@ -88,5 +88,8 @@ def dataset_tables(cfg: Config, meta: Optional[Metadata], data_dir: Optional[Pat
 def load_dataset_metadata(cfg: Config) -> tuple[Path, Metadata]:
     data_dir = Path(cfg.data.path)
     if not data_dir.is_dir():
-        raise ConfigError(f"data.path: {str(data_dir)!r} is not a directory")
+        state = "is not a directory" if data_dir.exists() else "does not exist"
+        raise ConfigError(f"data.path: {str(data_dir)!r} {state} (make a dataset with `python -m dlrm.data.synthetic`, "
+                          "`python -m dlrm.preprocess` or `python -m dlrm.data.mlperf_import`, see data/README.md; "
+                          "`--data DIR` trains on another)")
     return data_dir, read_metadata(data_dir)
