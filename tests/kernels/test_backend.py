@@ -41,7 +41,10 @@ def test_check_triton_device(no_interpreter):
 
 def test_check_passes_under_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    check_triton_device("cpu")  # no exception
+    assert check_triton_device("cpu") is None  # accepted: returns, raises nothing
+    assert check_triton_device(torch.device("cpu"), what="the pooled lookup") is None
+    with pytest.raises(TritonUnavailableError, match="device type 'meta'"):  # the interpreter runs the CPU only
+        check_triton_device("meta")
 
 
 def test_every_op_refuses_cpu_without_interpreter(no_interpreter):
