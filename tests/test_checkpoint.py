@@ -86,11 +86,13 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dataset):
     assert victim.wait(timeout=30) == -signal.SIGKILL
     done = {p.name for p in ckpt.list_checkpoints(tb / "killed")}
     assert ckpt.checkpoint_name(225) not in done  # it really was killed mid-training (225 = 3 epochs of 75)
+    latest = max(ckpt.load_checkpoint(p)["position"]["step"] for p in ckpt.list_checkpoints(tb / "killed"))
 
     resumed = cli("--config", str(cfg), "--tb-dir", str(tb), "--run-name", "killed", "--resume", cwd=tmp_path)
     out = resumed.communicate(timeout=180)[0]
     assert resumed.returncode == 0, out
-    assert "resumed from" in out
+    assert re.search(rf"resumed from \S+ at step {latest} ", out), out  # from the last checkpoint, not step 0
+    assert json.loads((tb / "killed" / "summary.json").read_text())["resumed_at_step"] == latest >= 40
     assert_same_training_state(final_state(tb / "full"), final_state(tb / "killed"))
     assert len(ckpt.list_checkpoints(tb / "killed")) == 2  # keep = 2
     assert not list((tb / "killed" / "checkpoints").glob(".*"))  # no temporary files left

@@ -200,7 +200,8 @@ def test_format_1_checkpoint_converts_with_one_warning_and_resumes(trained, tmp_
 
     cfg = load_config(trained["cfg_path"], {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": "old",
                                             "train.max_steps": 6})
-    train(cfg, resume=str(old))
+    summary = train(cfg, resume=str(old))
+    assert summary["resumed_at_step"] == state["position"]["step"] == 3  # it went on from the converted checkpoint
     resumed = old.parent / ckpt.checkpoint_name(6)
     assert raw_disk(resumed)["format_version"] == 2  # what the resumed run writes is format 2
     assert ckpt.load_checkpoint(resumed)["position"]["step"] == 6

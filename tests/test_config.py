@@ -91,14 +91,15 @@ def test_bad_values_name_their_key(raw, pattern):
 
 
 def test_file_errors(tmp_path):
-    with pytest.raises(ConfigError, match="config file not found"):
+    with pytest.raises(ConfigError, match=r"nope.json: config file not found") as err:
         load_config(tmp_path / "nope.json")
+    assert str(err.value).startswith(f"{tmp_path / 'nope.json'}: ")  # the path as given, first
     bad = tmp_path / "bad.json"
     bad.write_text('{"data": {"batch_size": 3,}}')
     with pytest.raises(ConfigError, match=r"bad.json: invalid JSON at line 1"):
         load_config(bad)
     bad.write_text("[1, 2]")
-    with pytest.raises(ConfigError, match="top level must be a JSON object"):
+    with pytest.raises(ConfigError, match=r"bad.json: the top level must be a JSON object"):
         load_config(bad)
 
 
@@ -134,8 +135,9 @@ def test_oversized_or_unreadable_config_file(tmp_path, monkeypatch):
     monkeypatch.setattr(config, "MAX_CONFIG_BYTES", 100)
     with pytest.raises(ConfigError, match=r"big.json: 2\d\d bytes is too large for a config file"):
         load_config(path)
-    with pytest.raises(ConfigError, match=r"config file not found \(or not a regular file\)"):
+    with pytest.raises(ConfigError, match=r"config file not found \(or not a regular file\)") as err:
         load_config(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path}: ")  # names the directory given as the config
 
 
 def test_config_keys_are_the_dotted_keys_of_the_dataclasses():

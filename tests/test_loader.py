@@ -1,5 +1,7 @@
 """Loader: batch boundaries, partial batch, dense transform, seeded shuffle, errors."""
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -71,10 +73,15 @@ def test_shuffle_is_seeded_and_covers_every_row_once(tiny_dataset, buffer_rows):
 
 def test_early_break_stops_the_producer(tiny_dataset):
     root, _ = tiny_dataset
-    loader = ParquetLoader(files_of(root), 1, prefetch=1)
+    # 10-row buffers: the producer is still decoding (or waiting for a free buffer) when the loop breaks
+    loader = ParquetLoader(files_of(root), 1, prefetch=1, shuffle_buffer_rows=10)
+    others = {t for t in threading.enumerate() if t.name == "parquet-loader"}
     for i, _ in enumerate(loader):
         if i == 2:
+            running = [t for t in threading.enumerate() if t.name == "parquet-loader" and t not in others]
             break
+    assert len(running) == 1, "no producer thread while iterating"
+    assert not running[0].is_alive()  # the break stopped and joined it
     assert len(list(loader)) == 100  # a fresh iteration still works
 
 

@@ -2,6 +2,7 @@
 the next epoch's buffers while this epoch's last batches are cut, and the batches stay exactly
 those of the plain sequential reference, epoch after epoch."""
 
+import threading
 import time
 
 import pytest
@@ -62,10 +63,13 @@ def test_jumps_breaks_and_resumes_restart_the_producer(uneven_dataset):
     assert not first.thread.is_alive()
     loader.set_epoch(4, start_batch=2)  # resume inside the epoch decoded ahead
     assert_same_batches(list(loader), ref(4, 2))
+    others = {t for t in threading.enumerate() if t.name == "parquet-loader"}
     for i, _ in enumerate(loader):  # the same epoch again, abandoned: nothing stays running
         if i == 1:
+            running = [t for t in threading.enumerate() if t.name == "parquet-loader" and t not in others]
             break
     assert loader._live is None
+    assert len(running) == 1 and not running[0].is_alive()  # its producer stopped and joined by the break
     loader.set_epoch(5)
     assert_same_batches(list(loader), ref(5))
     pairs = list(zip(loader, loader))  # two iterations of one epoch at once: one producer survives

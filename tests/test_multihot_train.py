@@ -118,7 +118,7 @@ def test_resume_gives_the_uninterrupted_runs_weights(datasets, tmp_path, kernels
     full = train(config(datasets["variable"], tmp_path, "full", **over))
     train(config(datasets["variable"], tmp_path, "parts", **over, **{"train.max_steps": 4}))
     resumed = train(config(datasets["variable"], tmp_path, "parts", **over), resume="latest")
-    assert resumed["steps"] == 6 and resumed["resumed_from"]
+    assert resumed["steps"] == 6 and resumed["resumed_from"] and resumed["resumed_at_step"] == 4
     assert resumed["train_losses"] == full["train_losses"]  # bit for bit
     assert resumed["auc"] == full["auc"]
     a, b = final_checkpoint(tmp_path, "full"), final_checkpoint(tmp_path, "parts")

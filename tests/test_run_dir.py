@@ -158,6 +158,7 @@ def test_summary_counts_the_whole_run_across_resumes(tmp_path, dataset):
     uninterrupted = train(config(tmp_path, dataset, run_name="whole", **{"train.max_steps": 20}))
     train(config(tmp_path, dataset, run_name="parts"))
     resumed = train(config(tmp_path, dataset, run_name="parts", **{"train.max_steps": 20}), resume="latest")
+    assert resumed["resumed_at_step"] == 10  # this session trained steps 11-20 only
     assert resumed["samples"] == uninterrupted["samples"] == 20 * 8
     assert [s for s, _ in resumed["train_losses"]] == [5, 10, 15, 20]
     assert [l for _, l in resumed["train_losses"]] == pytest.approx([l for _, l in uninterrupted["train_losses"]], rel=1e-5)

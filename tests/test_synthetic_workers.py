@@ -4,13 +4,15 @@ processes (`dlrm.data.synthetic_chunks`)."""
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from dlrm.data import synthetic
+from dlrm.data import synthetic, synthetic_chunks
 from dlrm.data.synthetic_chunks import CHUNK_ROWS
 from dlrm.data.teacher import Teacher
 
@@ -24,11 +26,28 @@ def files(root):
     return sorted(p.relative_to(root) for p in root.rglob("*.parquet"))
 
 
-def test_workers_write_the_same_dataset(tmp_path):
+@pytest.fixture
+def pools(monkeypatch) -> list[int]:
+    """The process count of every pool the chunks are computed in (a serial run makes none): a run that quietly
+    computed everything in this process would compare serial against serial."""
+    made: list[int] = []
+
+    class Recorded(ProcessPoolExecutor):
+        def __init__(self, max_workers=None, **kwargs):
+            made.append(max_workers)
+            super().__init__(max_workers, **kwargs)
+
+    monkeypatch.setattr(synthetic_chunks, "ProcessPoolExecutor", Recorded)
+    return made
+
+
+def test_workers_write_the_same_dataset(tmp_path, pools):
     rows = 2 * CHUNK_ROWS + 1234  # three chunks, the last one short
     one = synthetic.generate(tmp_path / "one", rows, seed=3, cardinalities="tiny", rows_per_file=50_000)
+    assert pools == []
     three = synthetic.generate(tmp_path / "three", rows, seed=3, cardinalities="tiny", rows_per_file=50_000,
                                workers=3)
+    assert pools == [3]
     assert one.cardinalities == three.cardinalities and one.splits == three.splits
     assert without_command({"extra": one.extra}) == without_command({"extra": three.extra})
     assert files(tmp_path / "one") == files(tmp_path / "three") and len(files(tmp_path / "one")) >= 3
@@ -38,13 +57,14 @@ def test_workers_write_the_same_dataset(tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["slots", "lists"])
-def test_workers_multi_hot_and_the_command_line(tmp_path, layout):
+def test_workers_multi_hot_and_the_command_line(tmp_path, layout, pools):
     sizes = ",".join(["3", "1"] * 13)
     args = ["--rows", str(CHUNK_ROWS + 10), "--cardinalities", "tiny", "--multi-hot-sizes", sizes,
             "--multi-hot-fill", "variable", "--test-fraction", "0", "--sparse-layout", layout]
     for name, workers in (("serial", "1"), ("pool", "0")):
         res = CliRunner().invoke(synthetic.main, [*args, "--out", str(tmp_path / name), "--workers", workers])
         assert res.exit_code == 0, res.output
+    assert pools == ([2] if (os.cpu_count() or 1) > 1 else [])  # "0": a process a CPU, as many as the 2 chunks
     meta = [json.loads((tmp_path / n / "metadata.json").read_text()) for n in ("serial", "pool")]
     assert without_command(meta[0]) == without_command(meta[1])
     assert meta[0]["schema_version"] == (3 if layout == "slots" else 2)
@@ -63,10 +83,11 @@ class ExplodingTeacher(Teacher):
         return super().probability(dense, ids)
 
 
-def test_a_failing_worker_leaves_no_partial_dataset(tmp_path, monkeypatch):
+def test_a_failing_worker_leaves_no_partial_dataset(tmp_path, monkeypatch, pools):
     monkeypatch.setattr(synthetic, "Teacher", ExplodingTeacher)
     with pytest.raises(ValueError, match="teacher failed in a worker"):
         synthetic.generate(tmp_path / "d", 2 * CHUNK_ROWS + 5, seed=1, cardinalities="tiny", workers=2)
+    assert pools == [2]  # the chunks, the failing one too, were computed in the pool
     assert list(tmp_path.iterdir()) == []  # neither the dataset nor its temporary sibling
 
 

@@ -184,6 +184,7 @@ class Trainer:
         self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
         self.data = TrainData.build(cfg, data_dir, self.meta, self.device, self.env, self.placement)
         self.resume_from = self.finished = latest = None
+        self.resumed_at_step: Optional[int] = None  # the step a resumed session starts from (summary.json)
         if resume is not None:
             self.resume_from, latest = checkpoint_to_resume(cfg, resume)
             state = ckpt.load_checkpoint(self.resume_from)  # a sharded run's manifest: small
@@ -202,6 +203,7 @@ class Trainer:
             except BaseException:
                 self.run_dir.abandon()
                 raise
+            self.resumed_at_step = self.pos.step
             logger.info(f"resumed from {self.resume_from} at step {self.pos.step} "
                         f"(epoch {self.pos.epoch}, batch {self.pos.batch})")
         self._log_start()
@@ -417,6 +419,7 @@ class Trainer:
             "early_stopped": self.early_stopped,
             "batch_size": self.data.batch_size,
             "resumed_from": str(self.resume_from) if self.resume_from is not None else None,
+            "resumed_at_step": self.resumed_at_step,  # the step this session started from (None: not resumed)
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "compile": counters,
             "fast_path": self.run.fast_path,  # what each "auto" setting became on this device, and why

@@ -184,7 +184,7 @@ def test_fused_update_resume_matches_uninterrupted(tmp_path, optimizer):
     full = train(cfg("full", 14))
     train(cfg("part", 6))
     resumed = train(cfg("part", 14), resume="latest")
-    assert full["steps"] == resumed["steps"] == 14 and resumed["resumed_from"]
+    assert full["steps"] == resumed["steps"] == 14 and resumed["resumed_from"] and resumed["resumed_at_step"] == 6
     a = torch.load(ckpt.list_checkpoints(tmp_path / "tb" / "full")[-1], weights_only=False)
     b = torch.load(ckpt.list_checkpoints(tmp_path / "tb" / "part")[-1], weights_only=False)
     assert a["position"] == b["position"]
