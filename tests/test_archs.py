@@ -68,8 +68,14 @@ def test_sparse_arch_lookup_and_sparse_gradient():
 
 
 def test_sparse_arch_init_bounds_per_table():
+    """Each table U(-1/sqrt(rows), 1/sqrt(rows)): within its bound, and filling it (not zeros, not a narrower law)."""
+    torch.manual_seed(0)
     arch = SparseArch([4, 10000], dim=3)
-    assert arch.weight[:4].abs().max() <= 0.5 and arch.weight[4:].abs().max() <= 0.01
+    small, large = arch.weight[:4].detach(), arch.weight[4:].detach()
+    assert small.abs().max() <= 0.5 and large.abs().max() <= 0.01
+    assert small.abs().max() > 0.1  # 12 draws all inside +-0.1 of U(-0.5, 0.5): probability 0.2^12
+    assert large.abs().max() > 0.0099 and abs(float(large.std()) - 0.01 / 3**0.5) < 0.05 * 0.01 / 3**0.5
+    assert abs(float(large.mean())) < 2e-4  # 30,000 draws: a standard error of 3.3e-5
 
 
 def brute_force_dot(dense, sparse):

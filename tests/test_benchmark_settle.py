@@ -4,7 +4,6 @@ clock), and the MLPerf benchmark's use of it."""
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 
@@ -18,15 +17,22 @@ import _common  # noqa: E402
 def test_settle_steps_until_the_time_is_up_in_blocks_and_counts_from_start(monkeypatch):
     syncs = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
-    calls = []
+    calls, now = [], [100.0]  # binary-exact times: 0.25 s a step
+
+    class Clock:  # each step takes 0.25 s of this clock, whatever the machine's load (a sleep can take longer)
+        @staticmethod
+        def perf_counter():
+            return now[0]
+
+    monkeypatch.setattr(_common, "time", Clock)
 
     def step(i):
         calls.append(i)
-        time.sleep(0.002)
+        now[0] += 0.25
 
     dev = torch.device("cuda")  # only its type is read; synchronize is stubbed above
-    n = _common.settle(step, 0.05, dev, start=7, check_every=5)
-    assert n == len(calls) and n % 5 == 0 and n >= 25  # >= 0.05 s of 2 ms steps
+    n = _common.settle(step, 6.25, dev, start=7, check_every=5)
+    assert n == len(calls) == 25  # blocks of 5 calls (1.25 s) until 6.25 s have passed, checked after each block
     assert calls == list(range(7, 7 + n)) and len(syncs) == n // 5 and syncs[0] == dev
 
 

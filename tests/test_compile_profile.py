@@ -84,6 +84,11 @@ def test_compare_writes_reports_with_one_row_per_variant(dataset, tmp_path):
     assert float(table[2]["max_loss_diff_vs_eager"]) == 0.0  # on the CPU "auto" is eager PyTorch: the same steps
     assert all(float(r["samples_per_sec"]) > 0 for r in table)
     assert (base / "eager" / "summary.json").exists() and (base / "compiled" / "summary.json").exists()
+    # each variant trained as named: the compiled one through Dynamo, the others eagerly (identical losses alone
+    # would not tell a "compiled" row that ran eagerly)
+    summaries = {v: json.loads((base / v / "summary.json").read_text()) for v in ("eager", "compiled", "auto")}
+    assert summaries["compiled"]["compile"]["graphs"] >= 1 and summaries["compiled"]["resolved"]["compile"] is True
+    assert summaries["eager"]["compile"]["graphs"] == summaries["auto"]["compile"]["graphs"] == 0
     md = (base / "compare.md").read_text()
     assert "| eager |" in md and "| compiled |" in md
 

@@ -384,6 +384,8 @@ def test_sharded_resume_same_ranks_and_clear_refusals(tmp_path, dataset):
     result = run(["--config", cfg, "--resume", str(cdir / ckpt.checkpoint_name(20)), "--run-name", "res-branch",
                   "--tb-dir", str(tmp_path / "tb")], tmp_path, nproc=2)
     assert result.returncode == 0, process_output(result)
+    # it went on from step 20 (a run trained from step 0 would end with the same shards)
+    assert json.loads((tmp_path / "tb" / "res-branch" / "summary.json").read_text())["resumed_at_step"] == 20
     branch = ckpt.checkpoint_dir(tmp_path / "tb" / "res-branch")
     for name, ref in straight.items():
         got = torch.load(branch / name, weights_only=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -449,6 +450,8 @@ def resumed(request, tmp_path_factory, two_ranks):
         assert result.returncode == 0, process_output(result)
 
     tmp = computed_once(tmp_path_factory, f"bf16-resume-{kind}", make)
+    # it went on from step 20 (a run trained from step 0 would reach the same step-27 shards and seed)
+    assert json.loads((tmp / "tb" / "branch" / "summary.json").read_text())["resumed_at_step"] == 20
     straight, branch = shard_states(straight_dir), shard_states(tmp / "tb" / "branch")
     assert sorted(branch) == sorted(straight) and len(branch) == 2
     return straight, branch
@@ -501,6 +504,21 @@ def test_bf16_merge_loads_and_exports_as_one_process(tmp_path, one_process, two_
     program = torch.export.load(str(export_checkpoint(cfg, out, tmp_path / "m.pt2")))
     exported = program.state_dict["model.sparse_arch.weight"]
     assert exported.dtype == torch.float32 and torch.equal(exported, table.float())
+    # and the program predicts as the merged model does, on raw inputs (one column per slot)
+    from dlrm.data.loader import transform_dense
+
+    width = sum(tables.multi_hot_sizes) if tables.multi_hot_sizes else len(CARDS)
+    rng = np.random.default_rng(0)
+    for batch in (1, 3):
+        counts = torch.from_numpy(rng.integers(-2, 5000, (batch, 13)))
+        raw = torch.from_numpy(rng.integers(-1, 2**32, (batch, width)))
+        want = model.predict(transform_dense(counts).to(device), raw.to(device)).cpu()
+        got = program.module()(counts, raw)
+        if kind == "multi-hot":  # the Triton lookup rounds each pooled sum to the bf16 table's dtype (2^-9 relative);
+            # the exported program sums in fp32: the logits differ by bf16 rounding, the probabilities by (1 - p) times
+            torch.testing.assert_close(torch.logit(got.double()), torch.logit(want.double()), rtol=0, atol=1e-2)
+        else:  # one value a feature: the bf16 rows as they are, in fp32
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
 
 
 def test_torch_embedding_refuses_bf16_shards_in_one_line(tmp_path, datasets):
