@@ -159,6 +159,10 @@ def _short_dense(src):
     np.save(src / "day_0_dense.npy", np.load(src / "day_0_dense.npy")[:-1])
 
 
+def _float64_dense(src):
+    np.save(src / "day_0_dense.npy", np.load(src / "day_0_dense.npy").astype(np.float64))
+
+
 def _bad_label(src):
     labels = np.load(src / "day_23_labels.npy")
     labels[3, 0] = 2
@@ -172,6 +176,7 @@ def _bad_label(src):
     (_compress, "day_23_sparse_multi_hot.npz: member 0.npy is compressed", False),
     (_drop_member, "day_1_sparse_multi_hot.npz: no member 25.npy", False),
     (_short_dense, "day_0_dense.npy: shape (36, 13)", False),
+    (_float64_dense, "day_0_dense.npy: shape (37, 13) float64, expected float32", False),
     (lambda src: (src / "day_1_labels.npy").unlink(), "day_1_labels.npy: missing", False),
 ])
 def test_a_bad_file_or_value_stops_with_one_line_and_no_output(mlperf_dir, tmp_path, mutate, needle,
@@ -206,6 +211,50 @@ def test_arguments_and_an_occupied_output_are_refused(mlperf_dir, tmp_path):
                                                                        if "--num-embeddings" not in args else []))
         assert res.exit_code == 2 and needle in res.output, res.output
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("value", [2**63, 99999999999999999999999, 0])
+def test_a_table_size_outside_1_to_2_63_is_refused_naming_it(mlperf_dir, tmp_path, value):
+    """train.py refuses a dataset whose table sizes are not below 2^63: refused before anything is written."""
+    src, _ = mlperf_dir
+    cards = [*CARDS[:3], value, *CARDS[4:]]
+    res = run("--input", src, "--output", tmp_path / "ds", "--train-days", "0-1", "--num-embeddings",
+              ",".join(map(str, cards)))
+    assert res.exit_code == 2, res.output
+    assert f"--num-embeddings: {value} (feature 3) is not a table size >= 1 and below 2^63" in res.output, res.output
+    assert not (tmp_path / "ds").exists() and not mi.partial_dir(tmp_path / "ds").exists()
+
+
+def _input_files(src) -> dict:
+    return {f.name: f.read_bytes() for f in sorted(src.iterdir())}
+
+
+@pytest.mark.parametrize("where, needle", [
+    (lambda src: src, "is --input itself"),
+    (lambda src: src.parent, "is inside --output"),
+    (lambda src: src / "ds", "is inside --input"),
+    (lambda src: src.parent / "link", "is --input itself"),
+])
+def test_an_output_overlapping_the_input_is_refused_even_with_overwrite(mlperf_dir, where, needle):
+    """--overwrite replaces --output whole: an --output that is the input, holds it or lies inside it (symlinks
+    resolved) would delete the .npy/.npz files being read. Refused in one line, exit 2, the input untouched."""
+    src, _ = mlperf_dir
+    (src.parent / "link").symlink_to(src, target_is_directory=True)
+    before = _input_files(src)
+    res = run("--input", src, "--output", where(src), "--train-days", "0-1", "--num-embeddings",
+              ",".join(map(str, CARDS)), "--workers", 1, "--overwrite")
+    assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output, res.output
+    assert _input_files(src) == before and not mi.partial_dir(where(src)).exists()
+
+
+def test_an_input_inside_the_unfinished_imports_directory_is_refused(mlperf_dir, tmp_path):
+    """--overwrite removes the partial directory: an input inside it would go with it."""
+    src, _ = mlperf_dir
+    work = mi.partial_dir(tmp_path / "ds")
+    src.rename(work)
+    res = run("--input", work, "--output", tmp_path / "ds", "--train-days", "0-1", "--overwrite")
+    assert res.exit_code == 2 and f"--input {work} is inside {work}, where" in res.output, res.output
+    assert (work / "day_0_dense.npy").is_file()
 
 
 def test_a_bad_value_found_by_a_worker_process_is_the_same_one_line(mlperf_dir, tmp_path):
@@ -256,6 +305,33 @@ def test_a_stopped_import_resumes_from_its_finished_files(mlperf_dir, tmp_path):
     (mi.partial_dir(tmp_path / "x") / mi.PLAN_FILE).write_text("{}")
     assert run("--input", src, "--output", tmp_path / "x", *args).exit_code == 2
     assert run("--input", src, "--output", tmp_path / "x", *args, "--overwrite").exit_code == 0
+
+
+@pytest.mark.parametrize("size", [100, 0])
+def test_a_resume_writes_again_a_finished_file_damaged_since(mlperf_dir, tmp_path, size):
+    """A finished file in the partial directory cut short (a full disk, a copy gone wrong) cannot be read: the
+    resumed import writes it again, naming it, and the dataset equals an uninterrupted import's."""
+    src, _ = mlperf_dir
+    args = ["--train-days", "0-1", "--num-embeddings", ",".join(map(str, CARDS)), "--workers", 1,
+            "--rows-per-file", 16]
+    assert run("--input", src, "--output", tmp_path / "clean", *args).exit_code == 0
+    members = dict(np.load(src / "day_1_sparse_multi_hot.npz"))
+    good = members["4"][2, 1]
+    members["4"][2, 1] = -5
+    np.savez(src / "day_1_sparse_multi_hot.npz", **members)
+    out = tmp_path / "ds"
+    assert run("--input", src, "--output", out, *args).exit_code == 2
+    damaged = mi.partial_dir(out) / "train" / "day-00-part-00001.parquet"
+    with open(damaged, "r+b") as f:
+        f.truncate(size)
+    members["4"][2, 1] = good
+    np.savez(src / "day_1_sparse_multi_hot.npz", **members)
+    resumed = run("--input", src, "--output", out, *args)
+    assert resumed.exit_code == 0 and "resuming" in resumed.output, resumed.output
+    assert f"{damaged}: a finished file that cannot be read" in resumed.output, resumed.output
+    assert read_metadata(out).splits == read_metadata(tmp_path / "clean").splits
+    for rel in read_metadata(out).splits["train"].files:
+        assert pq.read_table(out / rel).equals(pq.read_table(tmp_path / "clean" / rel))
 
 
 def _layout_of(out, path):

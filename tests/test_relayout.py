@@ -69,9 +69,11 @@ def test_a_bad_file_stops_it_naming_the_file_and_leaves_nothing(tmp_path):
     root = tmp_path / "bad"
     make_split(root, ["lists"] * 3)
     rng = np.random.default_rng(0)
-    features = random_lists(rng, 4, SIZES)
-    features[20] = [[1, 2, 3, 4, 5, 6]] * 4  # 6 values where multi_hot_sizes[20] is 5
-    write_shard(root / "train" / "part-00002.parquet", np.zeros(4), np.zeros((4, 13)), features, SIZES, 4)
+    shard = root / "train" / "part-00002.parquet"
+    n = pq.ParquetFile(shard).metadata.num_rows  # as many rows as metadata.json counts for it
+    features = random_lists(rng, n, SIZES)
+    features[20] = [[1, 2, 3, 4, 5, 6]] * n  # 6 values where multi_hot_sizes[20] is 5
+    write_shard(shard, np.zeros(n), np.zeros((n, 13)), features, SIZES, 4)
     out = tmp_path / "out"
     with pytest.raises(DatasetError, match=r"part-00002.parquet: column SPARSE_20: row index 0 .* holds 6 values"):
         relayout(root, out, "slots", workers=1)
@@ -90,6 +92,35 @@ def test_refuses_an_occupied_output_and_the_input_itself(lists_split, tmp_path):
         relayout(lists_split, lists_split, "slots", overwrite=True)
     relayout(lists_split, tmp_path / "full", "slots", overwrite=True)
     assert layouts_of(tmp_path / "full") == ["slots"] * 3 and not (tmp_path / "full" / "keep.txt").exists()
+
+
+def _contents(root) -> dict:
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def test_an_output_that_holds_or_lies_inside_the_data_is_refused_even_with_overwrite(tmp_path):
+    """--overwrite replaces --output whole: an --output that is a parent of --data (or inside it, or --data
+    through a symlink) would delete the dataset being read. Refused in one line, exit 2, the data untouched."""
+    from click.testing import CliRunner
+
+    from dlrm.data.relayout import main
+
+    data = tmp_path / "parent" / "ds"
+    make_split(data, ["lists"] * 3)
+    before = _contents(tmp_path)
+    (tmp_path / "link").symlink_to(data, target_is_directory=True)
+    for output, needle in [(tmp_path / "parent", f"--data {data} is inside --output {tmp_path / 'parent'}"),
+                           (tmp_path, "is inside --output"),
+                           (data / "train", f"--output {data / 'train'} is inside --data {data}"),
+                           (data / "new", "is inside --data"),
+                           (tmp_path / "link", "is --data itself")]:
+        res = CliRunner().invoke(main, ["--data", str(data), "--output", str(output), "--overwrite"])
+        assert res.exit_code == 2 and needle in res.output, (output, res.output)
+        assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1, res.output
+        assert _contents(tmp_path) == before and (tmp_path / "link").is_symlink(), output
+    # the other way round: --data reached through a symlink inside the --output it would replace
+    res = CliRunner().invoke(main, ["--data", str(tmp_path / "link"), "--output", str(data), "--overwrite"])
+    assert res.exit_code == 2 and "is --data itself" in res.output and _contents(tmp_path) == before, res.output
 
 
 def test_nullable_files_are_written_back_without_nulls(tmp_path):

@@ -30,8 +30,10 @@ The npz members are read through memory maps (no member is loaded whole: one fea
 up to ~70 GB), in row groups of 131,072 rows, by ``--workers`` processes, each writing its own
 files into ``.<output name>.import-partial`` beside ``--output``, renamed into place when all are
 done: ``--output`` never holds a half-written dataset. An import that stops (a bad value, a kill)
-keeps the files it finished there, and the same command resumes from them (other options, another
-``--sparse-layout`` included, or another input are refused; ``--overwrite`` starts over). Every
+keeps the files it finished there, and the same command resumes from them, writing again any that can no
+longer be read (other options, another ``--sparse-layout`` included, or another input are refused;
+``--overwrite`` starts over). An ``--output`` that is ``--input``, holds it or lies inside it is refused,
+``--overwrite`` or not. Every
 value is checked (labels 0/1, finite dense values, ids in range, shapes and dtypes alike across
 days), and a bad one stops the import with one line naming the file, the member and the row.
 
@@ -158,9 +160,10 @@ class Day:
         if labels.ndim != 1 or labels.dtype.kind not in "iuf":
             raise ImportInputError(f"{paths[0]}: shape {labels.shape} {labels.dtype}, expected numbers [N] or [N, 1]")
         n = labels.shape[0]
-        if dense.shape != (n, NUM_DENSE) or dense.dtype.kind != "f":
-            raise ImportInputError(f"{paths[1]}: shape {dense.shape} {dense.dtype}, expected float [{n}, {NUM_DENSE}] "
-                                   f"(the rows of {paths[0].name})")
+        # float32 as the reference writes it: a float64 copy would be rounded to float32 silently (either byte order)
+        if dense.shape != (n, NUM_DENSE) or dense.dtype.kind != "f" or dense.dtype.itemsize != 4:
+            raise ImportInputError(f"{paths[1]}: shape {dense.shape} {dense.dtype}, expected float32 "
+                                   f"[{n}, {NUM_DENSE}] (the rows of {paths[0].name})")
         sparse = tuple(npz_member(paths[2], str(f)) for f in range(NUM_SPARSE))
         for f, ids in enumerate(sparse):
             if ids.ndim != 2 or ids.shape[0] != n or ids.shape[1] < 1 or ids.dtype.kind not in "iu":
@@ -242,11 +245,16 @@ def partial_dir(output: Path) -> Path:
 
 def _write_file(task: _Task, work: str) -> tuple[int, int]:
     """One task (in a worker process or this one): its rows and positives. A file an earlier run of the same
-    import finished (renamed from its ``.tmp`` once complete) is kept as it is and only counted."""
+    import finished (renamed from its ``.tmp`` once complete) is kept as it is and only counted; one damaged
+    since (unreadable footer or labels) is written again."""
     path = Path(work) / task.out
-    if path.is_file() and pq.ParquetFile(path).metadata.num_rows == task.hi - task.lo:
-        labels = pq.read_table(path, columns=[LABEL_COLUMN]).column(LABEL_COLUMN).to_numpy()
-        return task.hi - task.lo, int(np.count_nonzero(labels))
+    if path.is_file():
+        try:
+            if pq.ParquetFile(path).metadata.num_rows == task.hi - task.lo:
+                labels = pq.read_table(path, columns=[LABEL_COLUMN]).column(LABEL_COLUMN).to_numpy()
+                return task.hi - task.lo, int(np.count_nonzero(labels))
+        except (OSError, pa.ArrowException) as e:
+            logger.warning(f"{path}: a finished file that cannot be read ({e}); writing it again")
     day = Day.open(Path(task.root), task.day)
     if day.sizes != list(task.sizes):
         raise ImportInputError(f"{day.paths[2]}: sizes {day.sizes} differ from the first day's {list(task.sizes)}")
@@ -283,6 +291,22 @@ def _earlier_plan(work: Path) -> Optional[dict]:
     return earlier
 
 
+def _check_apart(input_dir: Path, output: Path) -> None:
+    """Raise a one-line `ImportInputError` when `input_dir` and `output` (or its partial directory) overlap,
+    symlinks resolved: --overwrite removes both, and the finished import replaces `output` whole, so an
+    overlap would delete the .npy/.npz files being read, --overwrite or not."""
+    i, o, work = input_dir.resolve(), output.resolve(), partial_dir(output)
+    if i == o:
+        raise ImportInputError(f"--output {output} is --input itself; choose another --output")
+    if i.is_relative_to(o):
+        raise ImportInputError(f"--input {input_dir} is inside --output {output}; choose another --output")
+    if o.is_relative_to(i):
+        raise ImportInputError(f"--output {output} is inside --input {input_dir}; choose another --output")
+    if i.is_relative_to(work.resolve()):
+        raise ImportInputError(f"--input {input_dir} is inside {work}, where an import into --output {output} "
+                               f"writes its files; choose another --output")
+
+
 def parse_days(text: str) -> list[int]:
     """``"0-22"`` or ``"0,3,5-7"`` as a sorted list of day numbers."""
     days: set[int] = set()
@@ -306,8 +330,12 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
     are, or "counts". Raises `ImportInputError` (a `click.ClickException`) for bad inputs, arguments or
     an occupied `output`."""
     cards = list(cards or MLPERF_CARDINALITIES)
-    if len(cards) != NUM_SPARSE or min(cards) < 1:
+    if len(cards) != NUM_SPARSE:
         raise ImportInputError(f"--num-embeddings: need {NUM_SPARSE} table sizes >= 1, got {len(cards)}")
+    for f, card in enumerate(cards):  # int64 ids: train.py refuses a dataset whose tables are not below 2^63
+        if not 1 <= card < 2**63:
+            raise ImportInputError(f"--num-embeddings: {str(card):.40} (feature {f}) is not a table size >= 1 and "
+                                   f"below 2^63")
     if eval_day in train_days:
         raise ImportInputError(f"--eval-day {eval_day} is also a training day (--train-days)")
     if compression not in CODECS:
@@ -316,6 +344,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         raise ImportInputError(f"--sparse-layout: {sparse_layout!r:.40} is not one of {', '.join(SPARSE_LAYOUTS)}")
     if dense_format not in DENSE_FORMATS:
         raise ImportInputError(f"--dense: {dense_format!r:.40} is not one of {', '.join(DENSE_FORMATS)}")
+    _check_apart(input_dir, output)
     _check_target(output, overwrite, "directory")
     days = {i: Day.open(input_dir, i) for i in [*train_days, eval_day]}  # every file checked before any work
     sizes = days[train_days[0]].sizes
@@ -367,7 +396,8 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
                     results.append(_write_file(t, str(work)))
                     bar.update(t.hi - t.lo)
             else:
-                pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"))
+                # a worker's log lines (a damaged file written again) in the same format as this process's
+                pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=configure_logging)
                 try:
                     futures = [pool.submit(_write_file, t, str(work)) for t in ordered]
                     results = []

@@ -22,7 +22,8 @@ recover from them).
 A slot column keeps a row's values first and -2 (no value) after them; going back to lists drops
 the -2s, so lists -> slots -> lists gives back the same lists. ``--output`` is written whole into a
 temporary directory beside it and renamed into place at the end: it never holds a half-written
-dataset, and an existing non-empty ``--output`` is refused unless ``--overwrite``.
+dataset, and an existing non-empty ``--output`` is refused unless ``--overwrite`` (an ``--output`` that is
+``--data``, holds it or lies inside it is refused even then).
 """
 
 from __future__ import annotations
@@ -131,6 +132,19 @@ def relayout_file(src: Path, dst: Path, sizes: list[int], layout: SparseLayout, 
     return rows
 
 
+def _check_apart(data: Path, output: Path) -> None:
+    """Raise a one-line `click.ClickException` when `output` and `data` overlap (symlinks resolved): the
+    finished copy replaces `output` whole, so an `output` that is `data`, holds it or lies inside it would
+    delete (part of) the dataset being read, --overwrite or not."""
+    d, o = data.resolve(), output.resolve()
+    if d == o:
+        raise click.ClickException(f"--output {output} is --data itself; write the copy somewhere else")
+    if d.is_relative_to(o):
+        raise click.ClickException(f"--data {data} is inside --output {output}; write the copy somewhere else")
+    if o.is_relative_to(d):
+        raise click.ClickException(f"--output {output} is inside --data {data}; write the copy somewhere else")
+
+
 def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None = None, workers: int | None = None,
              overwrite: bool = False, dense_format: DenseFormat | None = None) -> Metadata:
     """Write `data`'s every split into `output` in `layout` (and `codec`, None keeps each file's; and
@@ -141,10 +155,9 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
     if out_dense not in DENSE_FORMATS or (out_dense == "counts" and meta.dense_format == "float"):
         raise click.ClickException(f"--dense-format: {out_dense!r:.40} is not one of keep, float ({data} holds "
                                    f"{meta.dense_format}; float values cannot be turned back into counts)")
+    _check_apart(data, output)
     _check_target(output, overwrite, "directory")
     _check_parent_writable(output, "--output")
-    if output.resolve() == data.resolve():
-        raise click.ClickException(f"--output {output} is --data itself; write the copy somewhere else")
     files = [(split, f) for split in meta.splits for f in split_files(data, meta, split)]
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.relayout-", dir=output.parent))
