@@ -393,7 +393,19 @@ def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) ->
     raw = parse_config_bytes(read_config_bytes(path), str(path))
     raw.setdefault("name", path.stem)
     apply_overrides(raw, overrides or {}, str(path))
-    return config_from_dict(raw, str(path))
+    try:
+        return config_from_dict(raw, str(path))
+    except ConfigError as e:
+        raise _blame_overrides(e, str(path), overrides or {}) from None
+
+
+def _blame_overrides(error: ConfigError, source: str, overrides: dict[str, Any]) -> ConfigError:
+    """A value that came from the command line (an override) is named as such, not as the config file's."""
+    message, prefix = str(error), f"{source}: "
+    rest = message[len(prefix):] if message.startswith(prefix) else None
+    if rest is not None and any(rest.startswith(f"{key}:") or rest.startswith(f"{key} ") for key in overrides):
+        return ConfigError(f"command line: {rest}")
+    return error
 
 
 def config_keys() -> set[str]:

@@ -188,6 +188,19 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
+class _DuplicateKey(Exception):
+    """A JSON object naming one key twice (json.loads would keep the last one and drop the first silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
 def parse_config_bytes(data: bytes, source: str) -> dict[str, Any]:
     """Decode UTF-8 JSON holding an object; every malformation is a one-line `ConfigError`.
 
@@ -201,9 +214,13 @@ def parse_config_bytes(data: bytes, source: str) -> dict[str, Any]:
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise ConfigError(f"{source}: not UTF-8 text (byte 0x{data[e.start]:02x} at line {line} column {column})") from None
     try:
-        raw = json.loads(text, parse_int=_parse_int)
+        raw = json.loads(text, parse_int=_parse_int, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{source}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except _DuplicateKey as e:
+        key = e.args[0]
+        shown = repr(key) if key.isprintable() and len(key) <= 80 else _show(key)
+        raise ConfigError(f"{source}: key {shown} appears twice in one object (JSON would keep only the last)") from None
     except RecursionError:
         raise ConfigError(f"{source}: invalid config: JSON nested too deeply") from None
     if not isinstance(raw, dict):

@@ -96,6 +96,9 @@ def parse_set(option: str) -> tuple[str, list[Any]]:
         raise ConfigError(f"--set {key}: not a config key{hint}")
     if key == "train.seed":
         raise ConfigError("--set train.seed: the seeds come from --seeds (0 .. seeds-1)")
+    if key == "log" or key.startswith("log."):  # every trial is written under the sweep's own directory
+        raise ConfigError(f"--set {key}: each trial's run directory is <--tb-dir>/<--run-name>/<setting>/seed-<N>; "
+                          "set --tb-dir and --run-name for the sweep")
     texts = split_values(values)
     if any(t == "" for t in texts):
         raise ConfigError(f"--set {key}: empty value in {values!r}")
@@ -315,7 +318,11 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     for trial, (r, seed) in enumerate(itertools.product(results, range(seeds)), start=1):
         cfg = load_config(config, {**base, **r.setting, "train.seed": seed})
         run_dir = directory / slug(r.index, r.setting) / f"seed-{seed}"
-        summary = train_fn(cfg, run_dir=run_dir)
+        try:
+            summary = train_fn(cfg, run_dir=run_dir)
+        except ConfigError as e:  # a setting only its run can refuse (a device, a size): say which trial it was
+            raise ConfigError(f"sweep trial {trial}/{len(settings) * seeds} ({label(r.setting)}, seed {seed}): {e}") \
+                from None
         r.summaries.append(summary)
         logger.info(f"sweep trial {trial}/{len(settings) * seeds}: {label(r.setting)}, seed {seed}: "
                     f"AUC {summary['auc']:.4f}, logloss {summary['logloss']:.4f}")

@@ -225,3 +225,23 @@ def test_compare_frees_each_variant_before_the_next(tmp_path):
         gc.enable()
     assert alive_at_start == [False, False]
     assert all(r() is None for r in left_behind)
+
+
+def test_a_run_shorter_than_the_profiler_cycle_is_told_at_the_start(tmp_path):
+    from loguru import logger
+
+    from dlrm.config import ProfileConfig
+    from dlrm.train.profiling import make_profiler
+
+    seen: list[str] = []
+    handle = logger.add(seen.append, level="WARNING", format="{message}")
+    try:
+        cfg = ProfileConfig(enabled=True, wait=5, warmup=3, active=5)
+        make_profiler(cfg, tmp_path, torch.device("cpu"), steps=12)
+        assert len(seen) == 1 and "trains 12 step(s), fewer than the profiler's first cycle" in seen[0]
+        assert "= 13" in seen[0] and "write no trace" in seen[0]
+        make_profiler(cfg, tmp_path, torch.device("cpu"), steps=13)  # one whole cycle: a trace, nothing to say
+        make_profiler(ProfileConfig(enabled=False), tmp_path, torch.device("cpu"), steps=1)
+        assert len(seen) == 1
+    finally:
+        logger.remove(handle)

@@ -1,6 +1,7 @@
 """Config errors fail before any work with one line naming the key path and the value."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -112,6 +113,8 @@ def test_file_errors(tmp_path):
     (b'{"optim": {"dense": {"lr": 1e400}}}', r"f.json: optim.dense.lr: inf must be a finite number"),
     (b'{"optim": {"dense": {"lr": NaN}}}', r"f.json: optim.dense.lr: nan must be a finite number"),
     (b'{"optim": {"dense": {"momentum": -Infinity}}}', r"f.json: optim.dense.momentum: -inf must be a finite number"),
+    (b'{"data": {"batch_size": 4}, "data": {"batch_size": 8}}', r"f.json: key 'data' appears twice in one object"),
+    (b'{"data": {"batch_size": 4, "batch_size": 8}}', r"f.json: key 'batch_size' appears twice in one object"),
 ])
 def test_hostile_files_are_one_line_config_errors(tmp_path, content, pattern):
     path = tmp_path / "f.json"
@@ -227,3 +230,15 @@ def test_cli_compile_mode_contradiction_is_one_line(tmp_path):
     errors = [line for line in res.stderr.splitlines() if "ERROR" in line]
     assert res.returncode == 2 and len(errors) == 1 and "contradicts --no-compile" in errors[0]
     assert not (tmp_path / "tb").exists()
+
+
+def test_a_bad_override_is_blamed_on_the_command_line_not_the_file(tmp_path):
+    """train.py's --max-steps, --batch-size, --run-name... reach load_config as overrides: an error in one of them
+    names the command line; an error in the file still names the file."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"train": {"max_steps": 5}}))
+    with pytest.raises(ConfigError, match=r"^command line: train.max_steps: -1 must be > 0$"):
+        load_config(path, {"train.max_steps": -1})
+    path.write_text(json.dumps({"train": {"max_steps": -1}}))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: train.max_steps: -1 must be > 0$"):
+        load_config(path, {"data.batch_size": 8})

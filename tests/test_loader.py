@@ -1,5 +1,6 @@
 """Loader: batch boundaries, partial batch, dense transform, seeded shuffle, errors."""
 
+import json
 import threading
 
 import numpy as np
@@ -96,6 +97,24 @@ def test_missing_listed_file_is_named(tiny_dataset):
     root, _ = tiny_dataset
     (root / "train" / "part-00001.parquet").unlink()
     with pytest.raises(DatasetError, match=r"part-00001.parquet: listed in metadata.json splits.train but missing"):
+        files_of(root)
+
+
+def test_row_counts_metadata_and_shards_disagree_on_are_named(tiny_dataset):
+    """metadata.json's rows against the shards' footers: a shard replaced by another one, or the count edited."""
+    root, _ = tiny_dataset
+    meta_path = root / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    rows = meta["splits"]["train"]["rows"]
+    meta["splits"]["train"]["rows"] = 999_999
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(DatasetError, match=rf"metadata.json: splits.train.rows is 999,999 but its \d+ file\(s\) hold "
+                                           rf"{rows:,} rows"):
+        files_of(root)
+    meta["splits"]["train"]["rows"] = rows
+    meta_path.write_text(json.dumps(meta))
+    (root / "train" / "part-00001.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(DatasetError, match=r"part-00001.parquet: not a readable parquet file"):
         files_of(root)
 
 

@@ -3,6 +3,7 @@ and summary.json that counts the whole run across resumes (issue #17)."""
 
 import hashlib
 import json
+import shutil
 import os
 import subprocess
 import sys
@@ -285,3 +286,20 @@ def test_min_steps_adds_epochs_on_a_small_split(tmp_path, dataset):
     assert summary["steps"] == 60 and summary["samples"] == 60 * 8
     capped = train(config(tmp_path, dataset, run_name="cap", **{"train.max_steps": 40, "train.min_steps": 60}))
     assert capped["steps"] == 40
+
+
+def test_resume_with_the_dataset_named_another_way_is_the_same_dataset(tmp_path, dataset, monkeypatch):
+    """data.path relative instead of absolute, or through a symlink, names the same directory: not a config change;
+    another directory with the same files is one."""
+    train(config(tmp_path, dataset))
+    monkeypatch.chdir(dataset.parent)
+    link = tmp_path / "link"
+    link.symlink_to(dataset)
+    summary = train(config(tmp_path, dataset, **{"data.path": dataset.name, "train.max_steps": 15}), resume="latest")
+    assert summary["steps"] == 15 and summary["resumed_at_step"] == 10
+    summary = train(config(tmp_path, dataset, **{"data.path": str(link), "train.max_steps": 20}), resume="latest")
+    assert summary["steps"] == 20 and summary["resumed_at_step"] == 15
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    with pytest.raises(ConfigError, match=r"\(data.path: .*--allow-config-change data.path$"):
+        train(config(tmp_path, dataset, **{"data.path": str(copy), "train.max_steps": 25}), resume="latest")

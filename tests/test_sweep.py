@@ -39,6 +39,8 @@ def test_parse_set_types_values_and_the_grid_is_the_product():
     ("optim.sparse.lr=0.1,,0.2", "empty value"),
     ("optim.sparse.lr=0.1,0.1", "listed twice"),
     ("train.seed=1,2", "the seeds come from --seeds"),
+    ("log.run_name=a,b", "--set log.run_name: each trial's run directory is <--tb-dir>/<--run-name>/"),
+    ("log.tb_dir=/tmp/a,/tmp/b", "set --tb-dir and --run-name for the sweep"),
 ])
 def test_bad_set_options_are_one_line_errors(option, message):
     with pytest.raises(ConfigError) as err:
@@ -135,3 +137,14 @@ def test_cli_unknown_key_suggests_the_right_one(tmp_path, sweep_config):
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert res.returncode == 2 and "did you mean optim.sparse.lr?" in res.stderr and len(res.stderr.splitlines()) == 1
+
+
+def test_a_trial_its_run_refuses_is_named_in_the_error(tmp_path, sweep_config):
+    def train(cfg, run_dir):
+        if cfg.optim.sparse.lr == 0.1:
+            raise ConfigError("train.device: 'cuda' was requested but CUDA is not available")
+        return {"auc": 0.5, "logloss": 0.7}
+
+    sets = [parse_set("optim.sparse.lr=0.01,0.1")]
+    with pytest.raises(ConfigError, match=r"^sweep trial 3/4 \(optim.sparse.lr=0.1, seed 0\): train.device: 'cuda'"):
+        run_sweep(str(sweep_config), sets, 2, tb_dir=str(tmp_path), run_name="sw", train_fn=train)

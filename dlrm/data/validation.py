@@ -43,15 +43,26 @@ from dlrm.data.schema import (
 
 
 def split_files(dataset_dir: str | Path, meta: Metadata, split: str) -> list[Path]:
-    """The parquet files of `split`, checked to exist."""
+    """The parquet files of `split`, checked to exist and to hold the rows metadata.json says (their footers: a shard
+    replaced, truncated to fewer row groups or from another dataset shows here, before any training)."""
+    where = Path(dataset_dir) / "metadata.json"
     if split not in meta.splits:
-        raise DatasetError(f"{Path(dataset_dir) / 'metadata.json'}: splits: has no '{split}' split")
+        raise DatasetError(f"{where}: splits: has no '{split}' split")
     files = [Path(dataset_dir) / f for f in meta.splits[split].files]
     for f in files:
         if not f.is_file():
             raise DatasetError(f"{f}: listed in metadata.json splits.{split} but missing")
     if not files:
-        raise DatasetError(f"{Path(dataset_dir) / 'metadata.json'}: splits.{split}: lists no files")
+        raise DatasetError(f"{where}: splits.{split}: lists no files")
+    rows = 0
+    for f in files:
+        try:
+            rows += pq.ParquetFile(f).metadata.num_rows
+        except (OSError, pa.ArrowException) as e:
+            raise DatasetError(f"{f}: not a readable parquet file ({e})") from None
+    if rows != meta.splits[split].rows:
+        raise DatasetError(f"{where}: splits.{split}.rows is {meta.splits[split].rows:,} but its {len(files)} file(s) "
+                           f"hold {rows:,} rows")
     return files
 
 

@@ -21,10 +21,16 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 from dlrm.config import ProfileConfig
 
 
-def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device):
-    """A started-on-enter profiler writing into `run_dir`, or a null context when disabled."""
+def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps: Optional[int] = None):
+    """A started-on-enter profiler writing into `run_dir`, or a null context when disabled. `steps`: the steps this
+    session will train; fewer than the schedule's first cycle write no trace, which is said at the start."""
     if not cfg.enabled:
         return contextlib.nullcontext(None)
+    cycle = cfg.wait + cfg.warmup + cfg.active
+    if steps is not None and steps < cycle:
+        logger.warning(f"profiling: this run trains {steps} step(s), fewer than the profiler's first cycle (profile.wait "
+                       f"{cfg.wait} + profile.warmup {cfg.warmup} + profile.active {cfg.active} = {cycle}): it will "
+                       "write no trace; train longer or shorten those")
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)

@@ -9,6 +9,7 @@ optimizer, schedule, seed, ...) is refused unless ``--allow-config-change`` name
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable
 
 from loguru import logger
@@ -41,11 +42,19 @@ def _under(key: str, prefixes: Iterable[str]) -> bool:
 
 
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(dotted key, checkpoint value, this run's value) for every leaf that differs."""
+    """(dotted key, checkpoint value, this run's value) for every leaf that differs; ``data.path`` given another way
+    (relative against absolute, through a symlink) to the same directory does not differ."""
     a, b = _flatten(saved), _flatten(current)
     missing = object()
     return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
-            if a.get(k, missing) != b.get(k, missing)]
+            if a.get(k, missing) != b.get(k, missing) and not (k == "data.path" and _same_dir(a[k], b.get(k)))]
+
+
+def _same_dir(old: Any, new: Any) -> bool:
+    try:
+        return isinstance(old, str) and isinstance(new, str) and os.path.samefile(old, new)
+    except OSError:  # either one is gone: compare them as written
+        return False
 
 
 def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed: Iterable[str], source: str) -> None:

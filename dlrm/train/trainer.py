@@ -256,7 +256,8 @@ class Trainer:
         evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env)
         bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=not env.is_main)
-        with make_profiler(cfg.profile, self.run_dir.path, self.device) as prof, GracefulStop() as stop:
+        with make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
+                GracefulStop() as stop:
             for batch, data_wait in self._batches():
                 loss = run.train_step(batch)
                 for sched in run.schedulers:
