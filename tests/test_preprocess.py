@@ -788,6 +788,28 @@ def test_resume_after_interruption_is_identical(tmp_path, checkpoint_interval):
     assert_same_dataset(out, tmp_path / "ref")
 
 
+@pytest.mark.parametrize("damage", ["truncated", "data overwritten"])
+def test_resume_redoes_a_damaged_shard(tmp_path, damage):
+    """A recorded shard damaged after its run was interrupted (truncated: no footer; or its data
+    overwritten, the footer intact, found when the statistics are re-read) is redone like a
+    missing one: the resumed run ends with the same bytes as an uninterrupted run."""
+    src = write_raw(tmp_path / "a.tsv", make_fields(600, seed=21))
+    kw = dict(chunk_rows=100, checkpoint_interval=1e9, **FAST)  # no checkpoint: every train shard is re-read
+    pp.preprocess([src], tmp_path / "ref", **kw)
+    out = tmp_path / "ds"
+    with pytest.raises(pp._Interrupted):
+        pp.preprocess([src], out, _max_new_chunks=3, **kw)
+    shard = out / "train" / "part-0000-000001.parquet"
+    data = bytearray(shard.read_bytes())
+    if damage == "truncated":
+        del data[100:]
+    else:
+        data[4 : len(data) // 2] = bytes(len(data) // 2 - 4)
+    shard.write_bytes(bytes(data))
+    pp.preprocess([src], out, **kw)
+    assert_same_dataset(out, tmp_path / "ref")
+
+
 def test_resume_stop_then_skip(tmp_path):
     src, line, *_ = _with_bad_line(tmp_path, "bad_integer")
     out = tmp_path / "ds"

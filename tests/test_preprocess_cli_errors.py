@@ -10,8 +10,10 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -377,3 +379,110 @@ def test_python_m_exit_codes(tmp_path, src):
     expected = f"error: {src}: given twice as input (the same path); list every file once"
     assert r.stderr.strip().splitlines() == [expected]
     assert not out.exists()
+
+
+# ------------------------------------------------------------------------------------------
+# the CSV header: exactly label,I1..I13,C1..C26 (fields are read by position)
+
+CSV_HEADER = ["label", *[f"I{i}" for i in range(1, 14)], *[f"C{i}" for i in range(1, 27)]]
+
+
+@pytest.mark.parametrize(
+    "change,column,expected,found",
+    [({1: "I2", 2: "I1"}, 2, "I1", "I2"), ({5: "X5"}, 6, "I5", "X5"), ({20: "c7"}, 21, "C7", "c7")],
+)
+def test_a_csv_header_with_swapped_or_misnamed_columns_is_one_line(tmp_path, src, change, column, expected, found):
+    header = [change.get(i, name) for i, name in enumerate(CSV_HEADER)]
+    csv = tmp_path / "in" / "a.csv"
+    csv.write_text(",".join(header) + "\n" + src.read_text().replace("\t", ","))
+    out = tmp_path / "ds"
+    assert_one_line_error(run_cli("-i", csv, "-o", out), f"{csv}:1: header column {column}",
+                          f"expected {expected!r}, found {found!r}")
+    assert not out.exists()
+    csv.write_text(",".join(CSV_HEADER) + "\n" + src.read_text().replace("\t", ","))
+    r = run_cli("-i", csv, "-o", out)
+    assert r.exit_code == 0, r.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# a non-empty output directory that is not an unfinished run of this tool
+
+
+def test_a_non_empty_directory_is_refused_without_overwrite(tmp_path, src):
+    """Another dataset's split directory, or a directory of the user's files: refused, untouched."""
+    other = tmp_path / "other"
+    pp.preprocess([src], other, progress=False, workers=1)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    for out, held in [(other / "train", "part-0000-000000.parquet"), (mine, "notes.txt")]:
+        before = {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+        assert_one_line_error(run_cli("-i", src, "-o", out), f"{out} is not empty ({held}", "--overwrite")
+        assert {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    r = run_cli("-i", src, "-o", mine, "--overwrite")
+    assert r.exit_code == 0, r.stderr
+    assert (mine / "notes.txt").read_text() == "mine" and read_metadata(mine).splits["train"].rows > 0
+
+
+def test_an_interrupted_run_still_resumes_and_empty_directories_of_a_killed_start_are_reused(tmp_path, src):
+    out = tmp_path / "ds"
+    with pytest.raises(pp._Interrupted):
+        pp.preprocess([src], out, chunk_rows=20, _max_new_chunks=1, progress=False, workers=1)
+    r = run_cli("-i", src, "-o", out, "--chunk-rows", "20")
+    assert r.exit_code == 0, r.stderr
+    killed = tmp_path / "killed"  # a run killed right after making its directories, before its manifest
+    for name in ("_progress", "train", "validation", "test"):
+        (killed / name).mkdir(parents=True)
+    r = run_cli("-i", src, "-o", killed)
+    assert r.exit_code == 0, r.stderr
+
+
+# ------------------------------------------------------------------------------------------
+# Ctrl-C
+
+
+@pytest.mark.parametrize("records", [0, 2])  # as the chunks start (feeder thread starting), or mid-way
+def test_ctrl_c_with_worker_processes_is_one_line_and_prompt(tmp_path, records):
+    """SIGINT to the whole process group (as a terminal's Ctrl-C) with 2 workers: only the main
+    process handles it (no worker traceback), the pool shuts down, exit 130 promptly (no hang at
+    exit), and the same command resumes."""
+    src = tmp_path / "big.tsv"
+    src.write_text(raw_lines(40_000))
+    out = tmp_path / "ds"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "dlrm.preprocess", "--no-progress", str(src), "-o", str(out), "--chunk-rows", "1000",
+           "--workers", "2"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    done = out / pp.PROGRESS_DIR / "done.jsonl"
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        if done.is_file() and len(done.read_bytes().splitlines()) >= records:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "finished before it could be interrupted"
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, stderr = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"still running 30 s after Ctrl-C: {proc.communicate()[1]}")
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    errors = [x for x in stderr.splitlines() if x.startswith("error: ")]
+    assert errors == ["error: interrupted; the same command resumes from the finished chunks"], stderr
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert read_metadata(out).splits["train"].rows > 0
+
+
+def test_ctrl_c_once_the_dataset_is_complete_says_so(tmp_path, src, monkeypatch):
+    """An interrupt after metadata.json was written: exit 130 (a calling script stops), with a line
+    saying the dataset is complete, not that it should be resumed."""
+    out = tmp_path / "ds"
+
+    def report(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pp_run, "_report", report)
+    assert_one_line_error(run_cli("-i", src, "-o", out), f"after the dataset in {out} was complete", code=130)
+    assert read_metadata(out).splits["train"].rows > 0 and not (out / pp.PROGRESS_DIR).exists()

@@ -86,6 +86,7 @@ from dlrm.data.preprocess.constants import (
 from dlrm.data.preprocess.errors import (
     BadLine,
     BadLineError,
+    InterruptedWhenComplete,
     PreprocessError,
     _Interrupted,  # noqa: F401
 )
@@ -121,6 +122,7 @@ __all__ = [
     "DistinctCounter",
     "FileScan",
     "INT32_MAX",
+    "InterruptedWhenComplete",
     "MANIFEST_VERSION",
     "NUM_FIELDS",
     "PROGRESS_DIR",

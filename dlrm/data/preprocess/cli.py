@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 
 from dlrm.data.preprocess.constants import DEFAULT_CHUNK_ROWS, DEFAULT_MAX_ROWS_PER_TABLE, DEFAULT_ROW_GROUP_ROWS
-from dlrm.data.preprocess.errors import PreprocessError
+from dlrm.data.preprocess.errors import InterruptedWhenComplete, PreprocessError
 from dlrm.data.preprocess.options import CODECS
 from dlrm.data.preprocess.run import preprocess
 
@@ -131,6 +131,10 @@ def _run(inputs: list[Path], output: Path, kwargs: dict) -> None:
     except (MemoryError, BrokenProcessPool):  # a worker killed by the kernel's OOM killer breaks the pool
         _fail("out of memory (or a worker process was killed): run the same command with a smaller --chunk-rows "
               "or fewer --workers; it resumes from the finished chunks", EXIT_OUT_OF_MEMORY)
+    except InterruptedWhenComplete:
+        # still 130, not 0: a script running this in a loop must stop on Ctrl-C; the line says no rerun is needed
+        _fail(f"interrupted after the dataset in {output} was complete (metadata.json written); it is usable as it "
+              "is", EXIT_INTERRUPTED)
     except KeyboardInterrupt:
         _fail("interrupted; the same command resumes from the finished chunks", EXIT_INTERRUPTED)
     except Exception as e:

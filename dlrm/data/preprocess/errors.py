@@ -40,3 +40,12 @@ class BadLineError(PreprocessError):
 
 class _Interrupted(PreprocessError):
     """A run stopped by ``_max_new_chunks`` (tests: the state a kill leaves behind)."""
+
+
+class InterruptedWhenComplete(KeyboardInterrupt):
+    """Ctrl-C after metadata.json was written: the dataset is complete, only the tidying up after it
+    (removing the progress records, the summary) was cut short. ``.output`` is the dataset."""
+
+    def __init__(self, output):
+        super().__init__(str(output))
+        self.output = output

@@ -50,14 +50,25 @@ def _check_output(out: Path, opts: dict, fingerprints: list[dict], overwrite: bo
                 "use the same settings to resume it, or --overwrite to start over"
             )
         return manifest
-    for name in (*SPLITS, "vocab"):
-        p = out / name
-        if p.is_dir() and any(p.iterdir()):
-            raise PreprocessError(
-                f"{out} already holds dataset files ({name}/) but no {PROGRESS_DIR}/manifest.json of an unfinished "
-                "run; use --overwrite to replace them"
-            )
+    # anything else there is not ours to write next to: another dataset's split directory, the user's files
+    held = _foreign_entries(out)
+    if held:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise PreprocessError(
+            f"{out} is not empty ({shown}) and holds no unfinished run of this tool ({PROGRESS_DIR}/manifest.json); "
+            "choose an empty or new --output, or use --overwrite to write the dataset into it (replacing only "
+            "its metadata.json, train/, validation/, test/ and vocab/)"
+        )
     return None
+
+
+def _foreign_entries(out: Path) -> list[str]:
+    """The names in ``out`` (if it is a directory) but the empty directories of a run's own names,
+    which is all a run killed before writing its manifest leaves."""
+    if not out.is_dir():
+        return []
+    ours = (*SPLITS, "vocab", PROGRESS_DIR)
+    return sorted(p.name for p in out.iterdir() if not (p.name in ours and p.is_dir() and not any(p.iterdir())))
 
 
 def _read_manifest(path: Path) -> dict:
@@ -115,8 +126,9 @@ def _option_diff(key: str, old, new) -> str:
 
 
 def _load_done(progress: Path, out: Path) -> dict[tuple[int, int], dict]:
-    """The finished chunks recorded in done.jsonl whose shards are all there (a torn last record
-    is cut off, a damaged one skipped: that chunk is redone)."""
+    """The finished chunks recorded in done.jsonl whose shards are all there and readable (a torn
+    last record is cut off, a damaged one skipped, a shard missing or damaged since: that chunk is
+    redone)."""
     done: dict[tuple[int, int], dict] = {}
     path = progress / "done.jsonl"
     if not path.is_file():
@@ -131,11 +143,24 @@ def _load_done(progress: Path, out: Path) -> dict[tuple[int, int], dict]:
     for line in text.decode("utf-8", "replace").splitlines():
         try:
             rec = json.loads(line)
-            if all((out / s["file"]).is_file() for s in rec["shards"].values()):
+            if all(_shard_intact(out / s["file"], s["rows"]) for s in rec["shards"].values()):
                 done[(rec["file"], rec["chunk"])] = rec
         except (ValueError, KeyError, TypeError, AttributeError):
             continue  # a damaged record: that chunk is redone
     return done
+
+
+def _shard_intact(path: Path, rows: int) -> bool:
+    """Whether a recorded shard still holds its rows: its parquet footer (written last) reads back
+    and counts them. Shards are renamed into place complete, so a failure means it was damaged
+    since (truncated, overwritten), and its chunk is redone like that of a missing shard."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_metadata(path).num_rows == rows
+    except (OSError, pa.ArrowException):  # missing, unreadable, or not parquet (ArrowInvalid)
+        return False
 
 
 def _remove_temp_files(out: Path) -> None:

@@ -21,7 +21,7 @@ from dlrm.data.preprocess.constants import (
     MANIFEST_VERSION,
     PROGRESS_DIR,
 )
-from dlrm.data.preprocess.errors import BadLineError, PreprocessError, _Interrupted
+from dlrm.data.preprocess.errors import BadLineError, InterruptedWhenComplete, PreprocessError, _Interrupted
 from dlrm.data.preprocess.finish import _finish, _report
 from dlrm.data.preprocess.frequency import auto_min_frequency, describe_rule, train_rows_of_plan
 from dlrm.data.preprocess.options import RunOptions, check_inputs, check_options, check_output_location
@@ -38,7 +38,7 @@ from dlrm.data.preprocess.scan import FileScan, _count_pass
 from dlrm.data.preprocess.schedule import _run_inline, _run_pool, _RunState
 from dlrm.data.preprocess.splits import SplitPlan
 from dlrm.data.preprocess.stats import DistinctCounter
-from dlrm.data.preprocess.worker import _ChunkTask, _iter_ranges, _stats_from_shard
+from dlrm.data.preprocess.worker import _ChunkTask, _ignore_sigint, _iter_ranges, _stats_from_shard
 from dlrm.data.schema import SPLITS, Metadata, write_json_atomic
 
 
@@ -124,8 +124,11 @@ def preprocess(
     run = _Run(opts, paths, out, _max_new_chunks)
     _execute(run)
     meta = run.finish()
-    shutil.rmtree(run.progress_dir, ignore_errors=True)
-    _report(meta, time.monotonic() - t_start)
+    try:  # metadata.json is written: an interrupt from here on must not read as a run to resume
+        shutil.rmtree(run.progress_dir, ignore_errors=True)
+        _report(meta, time.monotonic() - t_start)
+    except KeyboardInterrupt:
+        raise InterruptedWhenComplete(out) from None
     return meta
 
 
@@ -133,7 +136,8 @@ def _execute(run: _Run) -> None:
     """Steps 1-3 with the worker pool; after a failure (not the test hook's `_Interrupted`, which
     stands for a kill) the output is cleaned up once the pool has stopped writing into it."""
     if run.opts.workers > 1:
-        run.pool = ProcessPoolExecutor(max_workers=run.opts.workers, mp_context=multiprocessing.get_context("spawn"))
+        run.pool = ProcessPoolExecutor(max_workers=run.opts.workers, mp_context=multiprocessing.get_context("spawn"),
+                                       initializer=_ignore_sigint)
     failure: BaseException | None = None
     try:
         run.count()
@@ -251,6 +255,10 @@ class _Run:
                      o.sparse_layout) for k in redo]
             it = self.pool.map(_stats_from_shard, args) if self.pool is not None else map(_stats_from_shard, args)
             for key, stats in it:
+                if stats is None:  # its train shard was damaged since: redo the chunk, as for a missing shard
+                    shard = self.out / self.done.pop(key)["shards"]["train"]["file"]
+                    logger.warning("{}: unreadable; its chunk is redone", shard)
+                    continue
                 self.counter.add_stats(stats)
                 self.covered.add(key)
 

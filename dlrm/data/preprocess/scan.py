@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dlrm.data.preprocess.constants import _GZIP_ERRORS, _READ_BLOCK, DEFAULT_CHUNK_ROWS, NUM_FIELDS
+from dlrm.data.preprocess.constants import _GZIP_ERRORS, _READ_BLOCK, DEFAULT_CHUNK_ROWS, NUM_FIELDS, RAW_COLUMNS
 from dlrm.data.preprocess.errors import BadLine, PreprocessError
 from dlrm.data.preprocess.parse import _delimiter_of
 
@@ -115,7 +115,7 @@ def _gzip_problem(e: BaseException) -> tuple[str, bool]:
 
 def _detect_format(first_line: bytes, path: Path, fmt: str) -> tuple[str, bool]:
     """The format (``fmt``, or from the separator in the first line with "auto") and whether the
-    first line is the CSV header (which must then have 40 fields)."""
+    first line is the CSV header (which must then be exactly label,I1..I13,C1..C26)."""
     if fmt == "auto":
         if b"\t" in first_line:
             fmt = "tsv"
@@ -128,9 +128,23 @@ def _detect_format(first_line: bytes, path: Path, fmt: str) -> tuple[str, bool]:
     delim = _delimiter_of(fmt)
     fields = first_line.rstrip(b"\r\n").split(delim)
     header = fields[0].strip() == b"label"
-    if header and len(fields) != NUM_FIELDS:
-        raise PreprocessError(f"{path}:1: the header has {len(fields)} fields, expected {NUM_FIELDS}")
+    if header:
+        _check_header(fields, path)
     return fmt, header
+
+
+def _check_header(fields: list[bytes], path: Path) -> None:
+    """The header must name the columns in the order the parser reads them: fields are taken by
+    position, so swapped or misnamed columns would silently mix up the features."""
+    if len(fields) != NUM_FIELDS:
+        raise PreprocessError(f"{path}:1: the header has {len(fields)} fields, expected {NUM_FIELDS}")
+    for i, (field, expected) in enumerate(zip(fields, RAW_COLUMNS)):
+        found = field.strip().decode("utf-8", "replace")
+        if found != expected:
+            raise PreprocessError(
+                f"{path}:1: header column {i + 1}: expected {expected!r}, found {found!r} "
+                "(the header must be label,I1..I13,C1..C26, in this order)"
+            )
 
 
 def _format_and_header(first_line: bytes, path: Path, fmt: str) -> tuple[str, bool]:

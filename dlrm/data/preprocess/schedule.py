@@ -117,9 +117,12 @@ def _run_pool(pool: ProcessPoolExecutor, make_tasks, files: list[int], workers: 
 
     n_feeders = max(1, min(workers, len(files)))
     feeders = ThreadPoolExecutor(max_workers=n_feeders, thread_name_prefix="preprocess-feed")
-    feed_futures = [feeders.submit(feed) for _ in range(n_feeders)]
+    feed_futures: list[Future] = []
     failure: BaseException | None = None
     try:
+        # submitted inside the try: a Ctrl-C while a feeder thread starts must still shut the feeders down,
+        # or the idle thread keeps the process from exiting
+        feed_futures += [feeders.submit(feed) for _ in range(n_feeders)]
         while True:
             try:
                 fut = results.get(timeout=0.1)

@@ -7,6 +7,7 @@ spawned worker processes can unpickle them by name.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,13 @@ from dlrm.data.schema import (
     sparse_columns,
     write_options,
 )
+
+
+def _ignore_sigint() -> None:
+    """Initializer of the worker processes: Ctrl-C (sent to the whole process group) is the main
+    process's to handle; it shuts the pool down, and a worker that died of it would print a
+    traceback and could leave the pool's shutdown waiting on it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @dataclass
@@ -142,18 +150,24 @@ def _process_chunk(task: _ChunkTask) -> _ChunkResult:
     return _ChunkResult(task.file_index, task.chunk_index, record=record, stats=stats)
 
 
-def _stats_from_shard(args: tuple) -> tuple[tuple[int, int], list]:
+def _stats_from_shard(args: tuple) -> tuple[tuple[int, int], list | None]:
     """Table statistics of a finished chunk, re-read from its train shard (when resuming): args are
     (path, file, chunk, count cap, multi_hot_sizes, layout), the run's own, which wrote the shard.
+    None for a shard damaged since it was written (its footer intact, its data not): the caller
+    redoes that chunk.
 
     The same as `sparse_stats` of the chunk's rows, in either layout: every value of a multi-hot
     feature counts, whether from a list or a slot column, and `feature_stats` drops the negative
     ones, so the `PAD_SPARSE` of empty slots counts no more than a missing -1 (in memory and in slot
     columns alike; a list holds no padding)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     path, f, c, cap, sizes, layout = args
-    table = pq.read_table(path, columns=sparse_columns(sizes, layout))
+    try:
+        table = pq.read_table(path, columns=sparse_columns(sizes, layout))
+    except (OSError, pa.ArrowException):
+        return (f, c), None
     stats = []
     for feature, name in enumerate(SPARSE_COLUMNS):
         names = [name] if name in table.column_names else [slot_column(feature, j) for j in range(sizes[feature])]
