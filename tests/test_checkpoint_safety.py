@@ -423,6 +423,39 @@ def test_merge_cli_missing_file_and_existing_output(tmp_path):
     assert (tmp_path / "out.pt").read_text() == "mine"
 
 
+def test_merge_refuses_shards_of_different_runs(trained, tmp_path):
+    state = {k: v for k, v in ckpt.load_checkpoint(trained["path"]).items() if k != "format_version"}
+    manifest, _ = write_sharded(tmp_path / "run", state)
+    other = {**state, "config": {**state["config"], "train": {**state["config"]["train"], "seed": 4}}}
+    other_manifest, _ = write_sharded(tmp_path / "other", other)
+    # rank 1's shard replaced by the same-step shard of another run: the plan and shapes fit
+    rank1 = manifest.parent / dist_ckpt.shard_name(state["position"]["step"], 1, 2)
+    rank1.write_bytes((other_manifest.parent / rank1.name).read_bytes())
+    with pytest.raises(ConfigError, match=r"rank0-of-2.pt, .*rank1-of-2.pt: shards of different runs.*"
+                                          r"config.train.seed differs"):
+        merge_to_file(manifest, tmp_path / "m.pt")
+    result = run_cli(["-m", "dlrm.distributed.merge", str(manifest), str(tmp_path / "m.pt")])
+    assert result.returncode == 2
+    assert_one_line_error(result.stderr, "rank0-of-2.pt", str(rank1), "config.train.seed")
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_merge_refuses_a_dangling_symlink_or_a_file_as_out_directory(trained, tmp_path):
+    state = {k: v for k, v in ckpt.load_checkpoint(trained["path"]).items() if k != "format_version"}
+    manifest, _ = write_sharded(tmp_path / "run", state)
+    link = tmp_path / "link.pt"
+    link.symlink_to(tmp_path / "nowhere.pt")
+    result = run_cli(["-m", "dlrm.distributed.merge", str(manifest), str(link)])
+    assert result.returncode == 2
+    assert_one_line_error(result.stderr, "link.pt: already exists")
+    assert link.is_symlink() and not (tmp_path / "nowhere.pt").exists()  # the user's link is left as it was
+    (tmp_path / "c.json").write_text("mine")
+    result = run_cli(["-m", "dlrm.distributed.merge", str(manifest), str(tmp_path / "c.json" / "m7.pt")])
+    assert result.returncode == 2
+    assert_one_line_error(result.stderr, "m7.pt", f"{tmp_path / 'c.json'} is not a directory")
+    assert (tmp_path / "c.json").read_text() == "mine"
+
+
 # ---------------------------------------------------------------------------------------------
 # Temporary files of killed writes
 

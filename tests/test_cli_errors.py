@@ -299,3 +299,23 @@ def test_synthetic_unexpected_exception_is_a_bug(tmp_path, monkeypatch):
     assert result.exit_code == 1
     assert "Traceback" in result.stderr and "ZeroDivisionError" in result.stderr
     assert "bug in dlrm" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("where", ["inside", "same", "above"])
+def test_synthetic_raw_tsv_overlapping_out_exits_2_before_any_work(tmp_path, where):
+    out = tmp_path / "ds"
+    tsv, out = {"inside": (out / "raw.tsv", out), "same": (out, out), "above": (out, out / "data")}[where]
+    result = invoke_synthetic("--rows", "10", "--cardinalities", "tiny", "--out", str(out), "--raw-tsv", str(tsv))
+    line = error_line(result, 2, "--raw-tsv", str(tsv), "--out", str(out))
+    assert ".tmp" not in line  # names the user's paths, not an internal temporary file
+    assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_synthetic_multi_hot_size_above_the_cap_exits_2(tmp_path):
+    from dlrm.data.schema import MAX_MULTI_HOT_SIZE
+
+    sizes = ",".join(["1"] * 3 + [str(MAX_MULTI_HOT_SIZE + 1)] + ["1"] * 22)
+    result = invoke_synthetic("--rows", "10", "--cardinalities", "tiny", "--multi-hot-sizes", sizes,
+                              "--out", str(tmp_path / "ds"))
+    error_line(result, 2, "--multi-hot-sizes", "SPARSE_3", str(MAX_MULTI_HOT_SIZE + 1), str(MAX_MULTI_HOT_SIZE))
+    assert list(tmp_path.iterdir()) == []

@@ -101,3 +101,39 @@ def test_a_killed_worker_is_one_line_and_exit_4(caplog):
     finally:
         logger.remove(handle)
     assert len(lines) == 1 and "--workers process died" in lines[0]
+
+
+def test_ctrl_c_with_workers_is_one_line_and_leaves_nothing(tmp_path):
+    """Ctrl-C signals the whole process group: the workers ignore it (no traceback of theirs), the main process
+    stops the pool and removes its temporary dataset. The raw TSV makes the main process the slow one, so the
+    workers wait on their queue when the signal comes, where a worker used to die with a traceback."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    proc = subprocess.Popen([sys.executable, "-m", "dlrm.data.synthetic", "--rows", str(200 * CHUNK_ROWS),
+                             "--cardinalities", "tiny", "--workers", "2", "--rows-per-file", "10000",
+                             "--out", str(tmp_path / "ds"), "--raw-tsv", str(tmp_path / "raw.tsv")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group, as a terminal's Ctrl-C reaches
+    try:
+        deadline = time.monotonic() + 120
+        # a written file means the workers have computed a chunk: they are running, their initializer done
+        while not list(tmp_path.glob(".ds.tmp-*/train/*.parquet")):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else ""
+            time.sleep(0.1)
+        time.sleep(2)  # the workers fill their look-ahead and wait for the main process
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == synthetic.EXIT_INTERRUPTED, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "interrupted" in errors[0], stderr
+    assert list(tmp_path.iterdir()) == []  # neither the dataset nor its temporary sibling

@@ -80,7 +80,7 @@ from dlrm.data.schema import (
     write_options,
     write_metadata,
 )
-from dlrm.data.synthetic import _check_parent_writable, _check_target, _replace_dir
+from dlrm.data.synthetic import _check_apart, _check_parent_writable, _check_target, _replace_dir
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
@@ -291,18 +291,13 @@ def _earlier_plan(work: Path) -> Optional[dict]:
     return earlier
 
 
-def _check_apart(input_dir: Path, output: Path) -> None:
+def _check_input_apart(input_dir: Path, output: Path) -> None:
     """Raise a one-line `ImportInputError` when `input_dir` and `output` (or its partial directory) overlap,
     symlinks resolved: --overwrite removes both, and the finished import replaces `output` whole, so an
     overlap would delete the .npy/.npz files being read, --overwrite or not."""
-    i, o, work = input_dir.resolve(), output.resolve(), partial_dir(output)
-    if i == o:
-        raise ImportInputError(f"--output {output} is --input itself; choose another --output")
-    if i.is_relative_to(o):
-        raise ImportInputError(f"--input {input_dir} is inside --output {output}; choose another --output")
-    if o.is_relative_to(i):
-        raise ImportInputError(f"--output {output} is inside --input {input_dir}; choose another --output")
-    if i.is_relative_to(work.resolve()):
+    _check_apart("--input", input_dir, "--output", output, "choose another --output", ImportInputError)
+    work = partial_dir(output)
+    if input_dir.resolve().is_relative_to(work.resolve()):
         raise ImportInputError(f"--input {input_dir} is inside {work}, where an import into --output {output} "
                                f"writes its files; choose another --output")
 
@@ -344,7 +339,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         raise ImportInputError(f"--sparse-layout: {sparse_layout!r:.40} is not one of {', '.join(SPARSE_LAYOUTS)}")
     if dense_format not in DENSE_FORMATS:
         raise ImportInputError(f"--dense: {dense_format!r:.40} is not one of {', '.join(DENSE_FORMATS)}")
-    _check_apart(input_dir, output)
+    _check_input_apart(input_dir, output)
     _check_target(output, overwrite, "directory")
     days = {i: Day.open(input_dir, i) for i in [*train_days, eval_day]}  # every file checked before any work
     sizes = days[train_days[0]].sizes

@@ -64,7 +64,7 @@ from dlrm.data.schema import (
     write_options,
     write_metadata,
 )
-from dlrm.data.synthetic import _check_parent_writable, _check_target, _replace_dir
+from dlrm.data.synthetic import _check_apart, _check_parent_writable, _check_target, _replace_dir
 from dlrm.data.validation import check_table, first_rows, open_shard, split_files
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
@@ -132,19 +132,6 @@ def relayout_file(src: Path, dst: Path, sizes: list[int], layout: SparseLayout, 
     return rows
 
 
-def _check_apart(data: Path, output: Path) -> None:
-    """Raise a one-line `click.ClickException` when `output` and `data` overlap (symlinks resolved): the
-    finished copy replaces `output` whole, so an `output` that is `data`, holds it or lies inside it would
-    delete (part of) the dataset being read, --overwrite or not."""
-    d, o = data.resolve(), output.resolve()
-    if d == o:
-        raise click.ClickException(f"--output {output} is --data itself; write the copy somewhere else")
-    if d.is_relative_to(o):
-        raise click.ClickException(f"--data {data} is inside --output {output}; write the copy somewhere else")
-    if o.is_relative_to(d):
-        raise click.ClickException(f"--output {output} is inside --data {data}; write the copy somewhere else")
-
-
 def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None = None, workers: int | None = None,
              overwrite: bool = False, dense_format: DenseFormat | None = None) -> Metadata:
     """Write `data`'s every split into `output` in `layout` (and `codec`, None keeps each file's; and
@@ -155,7 +142,7 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
     if out_dense not in DENSE_FORMATS or (out_dense == "counts" and meta.dense_format == "float"):
         raise click.ClickException(f"--dense-format: {out_dense!r:.40} is not one of keep, float ({data} holds "
                                    f"{meta.dense_format}; float values cannot be turned back into counts)")
-    _check_apart(data, output)
+    _check_apart("--data", data, "--output", output, "write the copy somewhere else")
     _check_target(output, overwrite, "directory")
     _check_parent_writable(output, "--output")
     files = [(split, f) for split in meta.splits for f in split_files(data, meta, split)]

@@ -94,6 +94,7 @@ from tqdm import tqdm
 from dlrm.data.schema import (
     DENSE_COLUMNS,
     LABEL_COLUMN,
+    MAX_MULTI_HOT_SIZE,
     MLPERF_CARDINALITIES,
     MLPERF_MULTI_HOT_SIZES,
     NUM_SPARSE,
@@ -243,6 +244,20 @@ def _check_target(path: Path, overwrite: bool, what: str) -> None:
         raise click.ClickException(f"refusing to overwrite non-empty {path} (pass --overwrite to replace it)")
 
 
+def _check_apart(source_opt: str, source: Path, out_opt: str, out: Path, advice: str,
+                 error: type[click.ClickException] = click.ClickException) -> None:
+    """Raise a one-line `error` when the output `out` and the input `source` overlap (the same, or one inside the
+    other; symlinks resolved): a finished output replaces `out` whole, and --overwrite removes it first, so an
+    overlap deletes (part of) the input being read, --overwrite or not."""
+    s, o = source.resolve(), out.resolve()
+    if s == o:
+        raise error(f"{out_opt} {out} is {source_opt} itself; {advice}")
+    if s.is_relative_to(o):
+        raise error(f"{source_opt} {source} is inside {out_opt} {out}; {advice}")
+    if o.is_relative_to(s):
+        raise error(f"{out_opt} {out} is inside {source_opt} {source}; {advice}")
+
+
 def _replace_dir(tmp: Path, out: Path) -> None:
     """Move the finished `tmp` to `out`; an old `out` is set aside first and removed only after."""
     old = None
@@ -309,6 +324,11 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
             raise click.ClickException(f"--multi-hot-sizes: {e.format_message()}") from None
     if multi_hot_sizes is not None and (len(multi_hot_sizes) != NUM_SPARSE or min(multi_hot_sizes) < 1):
         raise click.ClickException(f"--multi-hot-sizes: need {NUM_SPARSE} integers >= 1, got {multi_hot_sizes}")
+    if multi_hot_sizes is not None and max(multi_hot_sizes) > MAX_MULTI_HOT_SIZE:
+        # the readers and the preprocessor refuse larger sizes; generating them would only run out of memory
+        f = next(i for i, size in enumerate(multi_hot_sizes) if size > MAX_MULTI_HOT_SIZE)
+        raise click.ClickException(f"--multi-hot-sizes: SPARSE_{f}'s size {multi_hot_sizes[f]} is above the cap of "
+                                   f"{MAX_MULTI_HOT_SIZE} values a feature")
     if multi_hot_fill not in MULTI_HOT_FILLS:
         raise click.ClickException(f"--multi-hot-fill: {multi_hot_fill!r} is not one of {', '.join(MULTI_HOT_FILLS)}")
     if compression not in CODECS:
@@ -318,6 +338,12 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
     _check_target(out, overwrite, "directory")
     tsv_path = Path(raw_tsv) if raw_tsv is not None else None
     if tsv_path is not None:
+        # --out is written as a temporary sibling and renamed into place as a whole: a TSV inside it would
+        # have no directory to be written to, or be deleted with the old dataset (nor may one path hold both)
+        out_at, tsv_at = out.resolve(), tsv_path.resolve()
+        if out_at == tsv_at or out_at in tsv_at.parents or tsv_at in out_at.parents:
+            raise click.ClickException(f"--raw-tsv {tsv_path} overlaps --out {out}, which is replaced as a whole; "
+                                       "write the TSV outside the dataset directory")
         _check_target(tsv_path, overwrite, "file")
     return _Settings(out, tsv_path, rows, seed, cardinalities, validation_fraction, test_fraction, rows_per_file,
                      regime, preset.table_sizes, sizes,

@@ -11,6 +11,7 @@ rows a second on the GPU machine's cores).
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Iterator, Optional
@@ -66,6 +67,9 @@ _TEACHER: Optional[Teacher] = None
 def _init_worker(teacher: Teacher) -> None:
     global _TEACHER
     _TEACHER = teacher
+    # Ctrl-C reaches the whole process group: a worker would die with a traceback of its own. Only the main
+    # process handles it, closing the `chunks` generator, whose shutdown cancels and waits for the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _pool_chunk(seed: int, chunk: int, n: int, cards: list[int], multi_hot_sizes: Optional[list[int]],

@@ -7,23 +7,80 @@ exists or cannot be written) is one error line and exit status 2; OUT is then le
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
+from typing import Any, Optional
 
 import click
+import torch
 from loguru import logger
 
+from dlrm import checkpoint_schema as schema
 from dlrm.config import ConfigError
 from dlrm.distributed.checkpoint import SPARSE_WEIGHT, merge
 from dlrm.logging_setup import configure_logging
-from dlrm.checkpoint import write_atomic
+from dlrm.checkpoint import load_checkpoint, write_atomic
+
+# What a shard records of the run and the moment it was saved: equal in every shard of one checkpoint.
+_RUN_KEYS = ("config", "position", "cardinalities")
+
+
+def check_out_path(out: Path) -> None:
+    """Refuse, before any work, an OUT that exists (a dangling symlink too: writing would replace it, as
+    ``--export`` refuses) or that cannot be created because a file stands where a directory must."""
+    if os.path.lexists(out):
+        raise ConfigError(f"{out}: already exists; remove it or choose another path")
+    ancestor = out.absolute().parent
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{out}: cannot write it: {ancestor} is not a directory")
+
+
+def _run_record(path: Path) -> dict[str, Any]:
+    """The `_RUN_KEYS` a shard at `path` recorded. Called after `merge` has read and checked the file, so it
+    is read again with its tensors memory-mapped rather than loaded: a second full read of every shard would
+    double the time of merging a large checkpoint."""
+    allowed = [(obj, name) for name, obj in schema.v1_numpy_globals().items()]  # format 1's NumPy RNG state
+    with torch.serialization.safe_globals(allowed):
+        disk = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if "config_json" in disk:  # format 2; format 1 holds the config dict itself
+        disk["config"] = json.loads(disk["config_json"])
+    return {key: disk[key] for key in _RUN_KEYS}
+
+
+def _first_difference(a: Any, b: Any, key: str = "") -> Optional[str]:
+    """The first dotted key (in `a`'s order, then `b`'s) whose values differ; None if `a` equals `b`."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in [*a, *(k for k in b if k not in a)]:
+            found = _first_difference(a.get(k), b.get(k), f"{key}.{k}" if key else str(k))
+            if found is not None:
+                return found
+        return None
+    return None if a == b else key
+
+
+def check_same_run(manifest_path: Path) -> None:
+    """Raise a one-line ConfigError naming two shard files and the first key that differs when the shards
+    the manifest names were not saved by one run at one step (e.g. a shard copied from another run: the
+    plan and shapes may fit, the merge would silently mix two models)."""
+    sharded = load_checkpoint(manifest_path)["sharded"]
+    paths = [manifest_path.parent / name for name in sharded["shards"]]
+    first = _run_record(paths[0])
+    for path in paths[1:]:
+        key = _first_difference(first, _run_record(path))
+        if key is not None:
+            raise ConfigError(f"{paths[0]}, {path}: shards of different runs or steps ({key} differs); "
+                              "merge the shards of one checkpoint")
 
 
 def merge_to_file(checkpoint: Path, out: Path) -> dict:
     """Merge the sharded `checkpoint` and write it atomically to `out`, which must not exist."""
-    if out.exists():
-        raise ConfigError(f"{out}: already exists; remove it or choose another path")
+    check_out_path(out)
     state = merge(checkpoint)
+    check_same_run(checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, state)
     return state
