@@ -440,3 +440,17 @@ def test_a_bad_dense_format_or_a_resume_with_another_is_refused(mlperf_dir, tmp_
     plan.write_text(json.dumps({k: v for k, v in json.loads(plan.read_text()).items() if k != "dense_format"}))
     refused = run(*common)  # the default, float: not the older plan's counts
     assert refused.exit_code == 2 and "other options" in refused.output, refused.output
+
+
+def test_workers_leave_ctrl_c_to_the_main_process(monkeypatch):
+    """The pool's initializer: the worker ignores SIGINT (Ctrl-C reaches the whole process group; the main process
+    stops the pool and says so in one line) and logs in this process's format."""
+    import signal
+
+    from dlrm.data import mlperf_import
+
+    calls = []
+    monkeypatch.setattr(mlperf_import.signal, "signal", lambda sig, handler: calls.append((sig, handler)))
+    monkeypatch.setattr(mlperf_import, "configure_logging", lambda: calls.append("logging"))
+    mlperf_import._init_worker()
+    assert calls == ["logging", (signal.SIGINT, signal.SIG_IGN)]

@@ -48,6 +48,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import struct
 import sys
 import time
@@ -291,6 +292,13 @@ def _earlier_plan(work: Path) -> Optional[dict]:
     return earlier
 
 
+def _init_worker() -> None:
+    """A worker's log lines (a damaged file written again) in this process's format; Ctrl-C, which reaches the whole
+    process group, left to the main process, which stops the pool (a worker would print a traceback of its own)."""
+    configure_logging()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _check_input_apart(input_dir: Path, output: Path) -> None:
     """Raise a one-line `ImportInputError` when `input_dir` and `output` (or its partial directory) overlap,
     symlinks resolved: --overwrite removes both, and the finished import replaces `output` whole, so an
@@ -391,8 +399,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
                     results.append(_write_file(t, str(work)))
                     bar.update(t.hi - t.lo)
             else:
-                # a worker's log lines (a damaged file written again) in the same format as this process's
-                pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=configure_logging)
+                pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker)
                 try:
                     futures = [pool.submit(_write_file, t, str(work)) for t in ordered]
                     results = []
