@@ -81,7 +81,7 @@ from dlrm.data.schema import (
     write_options,
     write_metadata,
 )
-from dlrm.data.synthetic import _check_apart, _check_parent_writable, _check_target, _replace_dir
+from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, replace_dir
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
@@ -303,7 +303,7 @@ def _check_input_apart(input_dir: Path, output: Path) -> None:
     """Raise a one-line `ImportInputError` when `input_dir` and `output` (or its partial directory) overlap,
     symlinks resolved: --overwrite removes both, and the finished import replaces `output` whole, so an
     overlap would delete the .npy/.npz files being read, --overwrite or not."""
-    _check_apart("--input", input_dir, "--output", output, "choose another --output", ImportInputError)
+    check_apart("--input", input_dir, "--output", output, "choose another --output", ImportInputError)
     work = partial_dir(output)
     if input_dir.resolve().is_relative_to(work.resolve()):
         raise ImportInputError(f"--input {input_dir} is inside {work}, where an import into --output {output} "
@@ -348,7 +348,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
     if dense_format not in DENSE_FORMATS:
         raise ImportInputError(f"--dense: {dense_format!r:.40} is not one of {', '.join(DENSE_FORMATS)}")
     _check_input_apart(input_dir, output)
-    _check_target(output, overwrite, "directory")
+    check_target(output, overwrite, "directory")
     days = {i: Day.open(input_dir, i) for i in [*train_days, eval_day]}  # every file checked before any work
     sizes = days[train_days[0]].sizes
     for day in days.values():
@@ -424,7 +424,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         })
         write_metadata(work, meta)
         (work / PLAN_FILE).unlink()
-        _replace_dir(work, output)
+        replace_dir(work, output)
     except BaseException:
         finished = sum(1 for _ in work.rglob("*.parquet"))
         logger.info(f"the {finished} of {len(ordered)} files finished are kept in {work}: the same command resumes "
@@ -479,7 +479,7 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, s
                 cards = [int(v) for v in num_embeddings.split(",")]
             except ValueError:
                 raise ImportInputError(f"--num-embeddings: {num_embeddings!r} is not {NUM_SPARSE} integers") from None
-        _check_parent_writable(Path(output), "--output")
+        check_parent_writable(Path(output), "--output")
         import_mlperf(Path(input_dir), Path(output), days, eval_day, cards, compression, rows_per_file,
                       workers or min(os.cpu_count() or 1, 8), max_rows_per_day, overwrite, sparse_layout, dense_format)
     except click.ClickException as e:

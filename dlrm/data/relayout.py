@@ -64,7 +64,7 @@ from dlrm.data.schema import (
     write_options,
     write_metadata,
 )
-from dlrm.data.synthetic import _check_apart, _check_parent_writable, _check_target, _replace_dir
+from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, replace_dir
 from dlrm.data.validation import check_table, first_rows, open_shard, split_files
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
@@ -142,9 +142,9 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
     if out_dense not in DENSE_FORMATS or (out_dense == "counts" and meta.dense_format == "float"):
         raise click.ClickException(f"--dense-format: {out_dense!r:.40} is not one of keep, float ({data} holds "
                                    f"{meta.dense_format}; float values cannot be turned back into counts)")
-    _check_apart("--data", data, "--output", output, "write the copy somewhere else")
-    _check_target(output, overwrite, "directory")
-    _check_parent_writable(output, "--output")
+    check_apart("--data", data, "--output", output, "write the copy somewhere else")
+    check_target(output, overwrite, "directory")
+    check_parent_writable(output, "--output")
     files = [(split, f) for split in meta.splits for f in split_files(data, meta, split)]
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.relayout-", dir=output.parent))
@@ -163,7 +163,7 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
                        splits=meta.splits, schema_version=meta.schema_version,
                        extra={**meta.extra, "relayout": record}, sparse_layout=layout, dense_format=out_dense)
         write_metadata(tmp, new)
-        _replace_dir(tmp, output)
+        replace_dir(tmp, output)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -91,6 +91,7 @@ import numpy as np
 from loguru import logger
 from tqdm import tqdm
 
+from dlrm.data.output_dirs import check_parent_writable, check_target, replace_dir
 from dlrm.data.schema import (
     DENSE_COLUMNS,
     LABEL_COLUMN,
@@ -233,43 +234,6 @@ def _distinct_tables(values: list[np.ndarray]) -> list[int]:
     return [int(np.unique(v).size) + 1 for v in values]
 
 
-def _check_target(path: Path, overwrite: bool, what: str) -> None:
-    """Raise a one-line `click.ClickException` unless `path` may be (over)written."""
-    if path.is_dir() and what == "file":
-        raise click.ClickException(f"{path} is a directory, expected a file path for the raw TSV")
-    if path.exists() and not path.is_dir() and what == "directory":
-        raise click.ClickException(f"{path} exists and is not a directory")
-    occupied = path.is_file() or (path.is_dir() and any(path.iterdir()))
-    if occupied and not overwrite:
-        raise click.ClickException(f"refusing to overwrite non-empty {path} (pass --overwrite to replace it)")
-
-
-def _check_apart(source_opt: str, source: Path, out_opt: str, out: Path, advice: str,
-                 error: type[click.ClickException] = click.ClickException) -> None:
-    """Raise a one-line `error` when the output `out` and the input `source` overlap (the same, or one inside the
-    other; symlinks resolved): a finished output replaces `out` whole, and --overwrite removes it first, so an
-    overlap deletes (part of) the input being read, --overwrite or not."""
-    s, o = source.resolve(), out.resolve()
-    if s == o:
-        raise error(f"{out_opt} {out} is {source_opt} itself; {advice}")
-    if s.is_relative_to(o):
-        raise error(f"{source_opt} {source} is inside {out_opt} {out}; {advice}")
-    if o.is_relative_to(s):
-        raise error(f"{out_opt} {out} is inside {source_opt} {source}; {advice}")
-
-
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move the finished `tmp` to `out`; an old `out` is set aside first and removed only after."""
-    old = None
-    if out.is_dir() and any(out.iterdir()):
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.replace(out, old / out.name)
-    os.chmod(tmp, 0o755)  # mkdtemp creates 0700; the dataset is an ordinary readable directory
-    os.replace(tmp, out)  # rename(2) also replaces an empty directory
-    if old is not None:
-        shutil.rmtree(old)
-
-
 @dataclass(frozen=True)
 class _Settings:
     """`generate`'s arguments with the regime's defaults filled in, checked (see `_settings`)."""
@@ -335,7 +299,7 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
         raise click.ClickException(f"--compression: {compression!r} is not one of {', '.join(CODECS)}")
     if sparse_layout not in SPARSE_LAYOUTS:
         raise click.ClickException(f"--sparse-layout: {sparse_layout!r:.40} is not one of {', '.join(SPARSE_LAYOUTS)}")
-    _check_target(out, overwrite, "directory")
+    check_target(out, overwrite, "directory")
     tsv_path = Path(raw_tsv) if raw_tsv is not None else None
     if tsv_path is not None:
         # --out is written as a temporary sibling and renamed into place as a whole: a TSV inside it would
@@ -344,7 +308,7 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
         if out_at == tsv_at or out_at in tsv_at.parents or tsv_at in out_at.parents:
             raise click.ClickException(f"--raw-tsv {tsv_path} overlaps --out {out}, which is replaced as a whole; "
                                        "write the TSV outside the dataset directory")
-        _check_target(tsv_path, overwrite, "file")
+        check_target(tsv_path, overwrite, "file")
     return _Settings(out, tsv_path, rows, seed, cardinalities, validation_fraction, test_fraction, rows_per_file,
                      regime, preset.table_sizes, sizes,
                      list(multi_hot_sizes) if is_multi_hot(multi_hot_sizes) else None, multi_hot_fill, compression,
@@ -447,7 +411,7 @@ def _metadata(s: _Settings, teacher: Teacher, splits: _Splits) -> Metadata:
 
 def _publish(tmp: Path, tsv_tmp: Optional[Path], s: _Settings) -> None:
     """Rename the finished dataset `tmp` (and TSV `tsv_tmp`, if any) into place."""
-    _replace_dir(tmp, s.out)
+    replace_dir(tmp, s.out)
     if tsv_tmp is not None:
         os.chmod(tsv_tmp, 0o644)  # mkstemp makes 0600; the finished file gets an ordinary file's mode
         os.replace(tsv_tmp, s.tsv_path)
@@ -538,18 +502,6 @@ EXIT_OUT_OF_MEMORY = 4
 EXIT_INTERRUPTED = 130
 
 
-def _check_parent_writable(path: Path, option: str) -> None:
-    """Raise a one-line `click.ClickException` unless `path` could be created: its nearest
-    existing ancestor must be a writable directory (checked before any work starts)."""
-    ancestor = path.absolute().parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise click.ClickException(f"{option} {path}: {ancestor} is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise click.ClickException(f"{option} {path}: directory {ancestor} is not writable")
-
-
 def _report(exc: BaseException) -> int:
     """Log the failure in one line (a bug: traceback and a bug line); return the exit code."""
     if isinstance(exc, click.ClickException):  # generate()'s and the CLI's checks of the arguments and outputs
@@ -613,9 +565,9 @@ def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_frac
     """
     configure_logging()
     try:
-        _check_parent_writable(Path(out), "--out")
+        check_parent_writable(Path(out), "--out")
         if raw_tsv is not None:
-            _check_parent_writable(Path(raw_tsv), "--raw-tsv")
+            check_parent_writable(Path(raw_tsv), "--raw-tsv")
         generate(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
                  regime, multi_hot_sizes, multi_hot_fill, workers, compression, sparse_layout)
     except (Exception, KeyboardInterrupt) as e:
