@@ -454,3 +454,22 @@ def test_workers_leave_ctrl_c_to_the_main_process(monkeypatch):
     monkeypatch.setattr(mlperf_import, "configure_logging", lambda: calls.append("logging"))
     mlperf_import._init_worker()
     assert calls == ["logging", (signal.SIGINT, signal.SIG_IGN)]
+
+
+def test_ctrl_c_once_the_output_is_complete_says_so(mlperf_dir, tmp_path, monkeypatch):
+    """An interrupt after --output was renamed into place: exit 130 (a calling script stops) with a line saying the
+    dataset is complete, not that nothing was written."""
+    src, _ = mlperf_dir
+    real_info = mi.logger.info
+
+    def info(message, *args, **kwargs):
+        if str(message).startswith("wrote "):
+            raise KeyboardInterrupt
+        return real_info(message, *args, **kwargs)
+
+    monkeypatch.setattr(mi.logger, "info", info)
+    res = run("--input", src, "--output", tmp_path / "ds", "--train-days", "0,1", "--num-embeddings",
+              ",".join(map(str, CARDS)), "--workers", 1)
+    assert res.exit_code == mi.EXIT_INTERRUPTED, res.output
+    assert f"after {tmp_path / 'ds'} was complete" in res.output and "was not written" not in res.output
+    assert read_metadata(tmp_path / "ds").splits["train"].rows > 0

@@ -431,9 +431,16 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
                     f"from them (--overwrite starts over)")
         raise
     seconds = time.perf_counter() - started
-    logger.info(f"wrote {output} in {seconds:.1f}s ({total / max(seconds, 1e-9):,.0f} rows/s): "
-                + ", ".join(f"{s} {i.rows:,} rows" for s, i in meta.splits.items()))
+    try:  # --output is complete from here on: an interrupt must not read as an import to redo
+        logger.info(f"wrote {output} in {seconds:.1f}s ({total / max(seconds, 1e-9):,.0f} rows/s): "
+                    + ", ".join(f"{s} {i.rows:,} rows" for s, i in meta.splits.items()))
+    except KeyboardInterrupt:
+        raise InterruptedWhenComplete(output) from None
     return meta
+
+
+class InterruptedWhenComplete(KeyboardInterrupt):
+    """Ctrl-C after --output was renamed into place whole: the dataset is complete, only the last log line was cut."""
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -485,6 +492,9 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, s
     except click.ClickException as e:
         logger.error(e.format_message())
         sys.exit(EXIT_BAD_INPUT)
+    except InterruptedWhenComplete as e:  # 130 still: a calling script must stop on Ctrl-C; nothing needs redoing
+        logger.error(f"interrupted (Ctrl-C) after {e} was complete (metadata.json written); it is usable as it is")
+        sys.exit(EXIT_INTERRUPTED)
     except KeyboardInterrupt:
         logger.error("interrupted (Ctrl-C); --output was not written")
         sys.exit(EXIT_INTERRUPTED)
