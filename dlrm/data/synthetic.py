@@ -91,7 +91,7 @@ import numpy as np
 from loguru import logger
 from tqdm import tqdm
 
-from dlrm.data.output_dirs import check_parent_writable, check_target, replace_dir
+from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, replace_dir
 from dlrm.data.schema import (
     DENSE_COLUMNS,
     LABEL_COLUMN,
@@ -304,10 +304,8 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
     if tsv_path is not None:
         # --out is written as a temporary sibling and renamed into place as a whole: a TSV inside it would
         # have no directory to be written to, or be deleted with the old dataset (nor may one path hold both)
-        out_at, tsv_at = out.resolve(), tsv_path.resolve()
-        if out_at == tsv_at or out_at in tsv_at.parents or tsv_at in out_at.parents:
-            raise click.ClickException(f"--raw-tsv {tsv_path} overlaps --out {out}, which is replaced as a whole; "
-                                       "write the TSV outside the dataset directory")
+        check_apart("--out", out, "--raw-tsv", tsv_path, "write the TSV outside the dataset directory, which is "
+                    "replaced as a whole")
         check_target(tsv_path, overwrite, "file")
     return _Settings(out, tsv_path, rows, seed, cardinalities, validation_fraction, test_fraction, rows_per_file,
                      regime, preset.table_sizes, sizes,
