@@ -442,18 +442,17 @@ def test_a_bad_dense_format_or_a_resume_with_another_is_refused(mlperf_dir, tmp_
     assert refused.exit_code == 2 and "other options" in refused.output, refused.output
 
 
-def test_workers_leave_ctrl_c_to_the_main_process(monkeypatch):
-    """The pool's initializer: the worker ignores SIGINT (Ctrl-C reaches the whole process group; the main process
-    stops the pool and says so in one line) and logs in this process's format."""
-    import signal
-
+def test_workers_log_in_this_process_format_and_leave_ctrl_c_to_it(monkeypatch):
+    """The pool's workers log in this process's format (their initializer), and are started by `start_pool`, which
+    keeps Ctrl-C (it reaches the whole process group) from them from their first instruction on
+    (tests/test_worker_pool.py)."""
     from dlrm.data import mlperf_import
 
     calls = []
-    monkeypatch.setattr(mlperf_import.signal, "signal", lambda sig, handler: calls.append((sig, handler)))
     monkeypatch.setattr(mlperf_import, "configure_logging", lambda: calls.append("logging"))
     mlperf_import._init_worker()
-    assert calls == ["logging", (signal.SIGINT, signal.SIG_IGN)]
+    assert calls == ["logging"]
+    assert mlperf_import.start_pool.__module__ == "dlrm.data.worker_pool"
 
 
 def test_ctrl_c_once_the_output_is_complete_says_so(mlperf_dir, tmp_path, monkeypatch):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
 import pyarrow.parquet as pq
@@ -31,13 +30,13 @@ def pools(monkeypatch) -> list[int]:
     """The process count of every pool the chunks are computed in (a serial run makes none): a run that quietly
     computed everything in this process would compare serial against serial."""
     made: list[int] = []
+    start_pool = synthetic_chunks.start_pool
 
-    class Recorded(ProcessPoolExecutor):
-        def __init__(self, max_workers=None, **kwargs):
-            made.append(max_workers)
-            super().__init__(max_workers, **kwargs)
+    def recorded(workers, *args):
+        made.append(workers)
+        return start_pool(workers, *args)
 
-    monkeypatch.setattr(synthetic_chunks, "ProcessPoolExecutor", Recorded)
+    monkeypatch.setattr(synthetic_chunks, "start_pool", recorded)
     return made
 
 

@@ -48,14 +48,11 @@ import json
 import math
 import os
 import shutil
-import signal
 import struct
 import sys
 import time
 import zipfile
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Optional
 
@@ -83,6 +80,7 @@ from dlrm.data.schema import (
 )
 from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, replace_dir
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
+from dlrm.data.worker_pool import start_pool
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
 
@@ -293,10 +291,8 @@ def _earlier_plan(work: Path) -> Optional[dict]:
 
 
 def _init_worker() -> None:
-    """A worker's log lines (a damaged file written again) in this process's format; Ctrl-C, which reaches the whole
-    process group, left to the main process, which stops the pool (a worker would print a traceback of its own)."""
+    """A worker's log lines (a damaged file written again) in this process's format (Ctrl-C: `start_pool`)."""
     configure_logging()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _check_input_apart(input_dir: Path, output: Path) -> None:
@@ -399,7 +395,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
                     results.append(_write_file(t, str(work)))
                     bar.update(t.hi - t.lo)
             else:
-                pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker)
+                pool = start_pool(workers, _init_worker)  # workers that leave Ctrl-C to this process
                 try:
                     futures = [pool.submit(_write_file, t, str(work)) for t in ordered]
                     results = []

@@ -10,16 +10,15 @@ rows a second on the GPU machine's cores).
 
 from __future__ import annotations
 
-import multiprocessing
-import signal
 from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from typing import Iterator, Optional
 
 import numpy as np
 
 from dlrm.data.schema import MISSING_SPARSE, NUM_SPARSE, slot_offsets
 from dlrm.data.teacher import Rows, Teacher, category_values, expand_multi_hot, sample_rows
+from dlrm.data.worker_pool import start_pool
 
 CHUNK_ROWS = 1 << 16
 """Rows per generation chunk; fixed so the data do not depend on memory, file or worker settings."""
@@ -67,9 +66,6 @@ _TEACHER: Optional[Teacher] = None
 def _init_worker(teacher: Teacher) -> None:
     global _TEACHER
     _TEACHER = teacher
-    # Ctrl-C reaches the whole process group: a worker would die with a traceback of its own. Only the main
-    # process handles it, closing the `chunks` generator, whose shutdown cancels and waits for the workers.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _pool_chunk(seed: int, chunk: int, n: int, cards: list[int], multi_hot_sizes: Optional[list[int]],
@@ -92,9 +88,7 @@ def chunks(seed: int, rows: int, cards: list[int], teacher: Teacher, multi_hot_s
         for c, start, n in plan:
             yield start, make_chunk(seed, c, n, cards, teacher, multi_hot_sizes, multi_hot_fill)
         return
-    ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(plan)), mp_context=ctx, initializer=_init_worker,
-                               initargs=(teacher,))
+    pool = start_pool(min(workers, len(plan)), _init_worker, (teacher,))  # workers that leave Ctrl-C to this process
     try:
         todo = iter(plan)
         pending: deque[tuple[int, Future]] = deque()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
 import time
@@ -38,8 +37,9 @@ from dlrm.data.preprocess.scan import FileScan, _count_pass
 from dlrm.data.preprocess.schedule import _run_inline, _run_pool, _RunState
 from dlrm.data.preprocess.splits import SplitPlan
 from dlrm.data.preprocess.stats import DistinctCounter
-from dlrm.data.preprocess.worker import _ChunkTask, _ignore_sigint, _iter_ranges, _stats_from_shard
+from dlrm.data.preprocess.worker import _ChunkTask, _iter_ranges, _stats_from_shard
 from dlrm.data.schema import SPLITS, Metadata, write_json_atomic
+from dlrm.data.worker_pool import start_pool
 
 
 def preprocess(
@@ -136,8 +136,7 @@ def _execute(run: _Run) -> None:
     """Steps 1-3 with the worker pool; after a failure (not the test hook's `_Interrupted`, which
     stands for a kill) the output is cleaned up once the pool has stopped writing into it."""
     if run.opts.workers > 1:
-        run.pool = ProcessPoolExecutor(max_workers=run.opts.workers, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_ignore_sigint)
+        run.pool = start_pool(run.opts.workers)  # its workers leave Ctrl-C to this process (dlrm.data.worker_pool)
     failure: BaseException | None = None
     try:
         run.count()

@@ -7,7 +7,6 @@ spawned worker processes can unpickle them by name.
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +27,6 @@ from dlrm.data.schema import (
     sparse_columns,
     write_options,
 )
-
-
-def _ignore_sigint() -> None:
-    """Initializer of the worker processes: Ctrl-C (sent to the whole process group) is the main
-    process's to handle; it shuts the pool down, and a worker that died of it would print a
-    traceback and could leave the pool's shutdown waiting on it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @dataclass
