@@ -68,3 +68,21 @@ def test_keyed_vocabulary_refuses_values_beyond_32_bits():
         keyed_vocabulary([torch.tensor([1]), torch.tensor([0, 2**32])])
     with pytest.raises(ValueError, match="feature 0"):
         keyed_vocabulary([torch.tensor([-(2**32) - 1])])
+
+
+def test_vocabularies_at_both_ends_of_the_range_stay_apart():
+    """Adjacent features whose vocabularies reach both limits, -2**32 and 2**32 - 1: their keys must not interleave
+    (one sorted array), and every value finds its own row in its own table."""
+    limits = [-(2**32), -1, 0, 2**32 - 1]
+    vocabs = [torch.tensor(limits), torch.tensor(limits[:1] + [7] + limits[3:]), torch.tensor(limits)]
+    keys, voff = keyed_vocabulary(vocabs)
+    assert bool((keys[1:] > keys[:-1]).all())
+    cards = torch.tensor([len(v) + 1 for v in vocabs])
+    offsets = torch.cumsum(cards, 0) - cards
+    for f, vocab in enumerate(vocabs):
+        raw = torch.full((len(vocab), len(vocabs)), 12345, dtype=torch.int64)  # 12345: in no vocabulary
+        raw[:, f] = vocab
+        rows = vocabulary_rows(raw, keys, voff, offsets)
+        assert torch.equal(rows[:, f], offsets[f] + 1 + torch.arange(len(vocab)))
+        others = [g for g in range(len(vocabs)) if g != f]
+        assert torch.equal(rows[:, others], offsets[others].expand(len(vocab), -1))  # out of vocabulary

@@ -110,3 +110,31 @@ def test_chained_cuda_epochs_equal_the_reference(uneven_dataset):
                                                   shuffle_buffer_rows=30), "cuda")
     finally:
         loader.close()
+
+
+def test_the_next_epochs_first_buffer_uploaded_during_the_last_one_is_cut_by_its_own_plan(uneven_dataset):
+    """The look-ahead upload (`_look_ahead`), made certain: the consumer waits, at every look-ahead, until the
+    producer has queued the epoch's end and the next epoch's first buffer. That buffer holds a different number of
+    rows in each epoch here, so it must be uploaded by the next epoch's plan, not this one's."""
+    import numpy as np
+
+    loader = chained(uneven_dataset, 16, 100)
+    firsts = {loader._plan(np.random.default_rng([2, epoch]))[0].rows for epoch in range(4)}
+    assert len(firsts) > 1  # the first buffers differ in size between epochs
+    look_ahead = loader._look_ahead
+
+    def patient(run, ended):
+        deadline = time.monotonic() + 10
+        while run.q.qsize() < (1 if ended else 2) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return look_ahead(run, ended)
+
+    loader._look_ahead = patient
+    try:
+        for epoch in range(4):
+            loader.set_epoch(epoch)
+            assert_same_batches(list(loader), reference_batches(uneven_dataset, 16, shuffle=True, seed=2, epoch=epoch,
+                                                                shuffle_buffer_rows=100))
+            assert loader._live.first is not None  # the next epoch's first buffer is already uploaded
+    finally:
+        loader.close()

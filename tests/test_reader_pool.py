@@ -50,3 +50,21 @@ def test_the_loaders_readers_are_lowered_only_without_pyarrows_pool(tmp_path, mu
     theirs = set(loader._pool().map(lambda _: _nice(), range(8)))
     loader.close()
     assert theirs == {min(19, mine + READER_NICENESS) if multi_hot else mine}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+def test_readers_are_lowered_relative_to_an_already_lowered_caller():
+    """A pool made by a thread already at nice 3 runs its readers at 3 + READER_NICENESS, not at READER_NICENESS."""
+    seen = {}
+
+    def caller() -> None:
+        lower_priority(by=3)  # only in this thread: it cannot be undone without privileges
+        seen["caller"] = _nice()
+        with reader_pool(2) as pool:
+            seen["readers"] = set(pool.map(lambda _: _nice(), range(4)))
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    thread.join()
+    assert seen["readers"] == {min(19, seen["caller"] + READER_NICENESS)}
+    assert seen["caller"] == min(19, _nice() + 3)

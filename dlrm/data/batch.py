@@ -51,12 +51,13 @@ def batches_per_epoch(num_rows: int, batch_size: int, drop_last: bool, world_siz
 
 
 def rank_slice(lo: int, hi: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Rank `rank`'s rows of the global batch ``[lo, hi)``: consecutive blocks of
-    ``ceil((hi - lo) / world_size)`` rows, so every rank but the last ones gets the same count
-    (a short last batch may leave some ranks empty). The slices concatenated in rank order are
-    the global batch, which is what makes an N-process run equal a one-process run."""
-    per = -(-(hi - lo) // world_size)
-    return min(lo + rank * per, hi), min(lo + (rank + 1) * per, hi)
+    """Rank `rank`'s rows of the global batch ``[lo, hi)``: consecutive blocks, the first
+    ``(hi - lo) % world_size`` ranks ``ceil((hi - lo) / world_size)`` rows each, the others one fewer,
+    so a batch of at least `world_size` rows (`keeps_last_batch`) leaves no rank empty (an empty
+    rank's mean loss is NaN). The slices concatenated in rank order are the global batch, which is
+    what makes an N-process run equal a one-process run."""
+    per, extra = divmod(hi - lo, world_size)
+    return lo + rank * per + min(rank, extra), lo + (rank + 1) * per + min(rank + 1, extra)
 
 
 def transform_dense(dense: torch.Tensor, dense_format: str = "counts") -> torch.Tensor:
