@@ -156,3 +156,82 @@ def test_a_device_read_waits_for_its_own_step_not_the_next():
     assert not after.query(), "the read waited for the next step as well"
     torch.cuda.synchronize()
     assert value.item() == 4.0
+
+
+def test_the_first_nonfinite_step_is_numbered_from_the_runs_and_the_windows_start():
+    """NonFiniteLoss names the step: the first NaN or Inf of the window (not the last one), counted from the step the
+    session resumed at and, after a logging step, from that step."""
+    m = StepMeter(torch.device("cpu"), start_step=100, stats=RunStats(), window=4)
+    for loss in (0.5, float("inf"), float("nan")):
+        m.step(torch.tensor(loss), samples=10, data_wait_s=0.0)
+    assert int(m.losses.first_nonfinite_step()) == 102
+    m.cut_window(step=103)
+    assert int(m.losses.first_nonfinite_step()) == -1
+    for loss in (0.25, 0.5, float("-inf")):
+        m.step(torch.tensor(loss), samples=10, data_wait_s=0.0)
+    assert int(m.losses.first_nonfinite_step()) == 106
+    m.cut_window(step=106)
+    for loss in (0.25, 0.5):  # fewer steps than the window before: its slots are not summed again
+        m.step(torch.tensor(loss), samples=10, data_wait_s=0.0)
+    assert m.losses.total().item() == 0.75 and int(m.losses.first_nonfinite_step()) == -1
+
+
+def test_an_evaluation_and_a_checkpoint_at_one_step_are_both_left_out_and_only_of_their_window(clock):
+    """Two pauses in one window (evaluation and checkpoint at the same step) both come off its seconds; the next
+    window, without a pause, keeps all of its own."""
+    m = StepMeter(torch.device("cpu"), 0, RunStats(), window=10, warmup_steps=1)
+    run_window(m, clock, 1, 1.0, 0.0)
+    for _ in range(10):
+        clock.t += 0.1
+        m.step(torch.tensor(0.5), samples=1000, data_wait_s=0.0)
+    for pause_s in (20.0, 7.0):
+        with m.paused():
+            clock.t += pause_s
+    assert m.log_window(step=11, mean_loss=0.5)[0] == pytest.approx(10_000)
+    assert run_window(m, clock, 10, 0.2, 0.0)[0] == pytest.approx(5_000)
+    assert m.rates == pytest.approx([10_000, 5_000])
+
+
+def test_a_resumed_session_reports_its_own_samples_and_adds_its_time_to_the_runs(clock):
+    """Resumed from a checkpoint whose RunStats hold 10^6 samples and 50 s: without a steady window the rate is this
+    session's samples over its time, and the run's train_s grows by this session's loop time."""
+    stats = RunStats(samples=10**6, train_s=50.0, train_losses=[[1000, 0.4]])
+    m = StepMeter(torch.device("cpu"), 1000, stats, window=10, warmup_steps=4)
+    run_window(m, clock, 3, 2.0, 0.0)
+    assert m.samples_per_sec == pytest.approx(3_000 / 6.0) and stats.samples == 10**6 + 3_000
+    clock.t += 1.0
+    m.step(torch.tensor(0.5), samples=1000, data_wait_s=0.0)  # the warm-up ends: the windows' clock restarts
+    assert run_window(m, clock, 9, 0.1, 0.0)[0] == pytest.approx(10_000)
+    m.finish()
+    assert stats.train_s == pytest.approx(50.0 + 6.0 + 1.0 + 0.9)
+    assert stats.train_losses[0] == [1000, 0.4] and len(stats.train_losses) == 3
+
+
+def test_run_stats_survive_the_checkpoints_dict():
+    stats = RunStats(samples=123, train_s=4.5, train_losses=[[10, 0.7], [20, 0.6]],
+                     best={"step": 20, "metric": "logloss", "auc": 0.7, "logloss": 0.6, "checkpoint": "b.pt"},
+                     evals_since_best=2)
+    back = RunStats.from_dict(stats.to_dict())
+    assert back == stats and back.best is not stats.best
+    assert RunStats.from_dict(RunStats().to_dict()) == RunStats() == RunStats.from_dict(None)
+
+
+class FakeSpan:
+    """A pair of device timing events `ms` apart (what `DataWaitTimer.cut` hands over on CUDA)."""
+
+    def __init__(self, ms):
+        self.ms = ms
+
+    def elapsed_time(self, end):
+        return end.ms - self.ms
+
+
+def test_the_devices_idle_spans_count_as_waiting(clock, monkeypatch):
+    """On CUDA the waiting is the device's idle spans (host wait 0): they make each window's share and the total."""
+    m = StepMeter(torch.device("cpu"), 0, RunStats(), window=10, warmup_steps=1)
+    run_window(m, clock, 1, 1.0, 0.0)
+    spans = [(FakeSpan(0.0), FakeSpan(250.0)), (FakeSpan(5.0), FakeSpan(55.0))]  # 0.3 s idle a window
+    monkeypatch.setattr(m.wait_timer, "cut", lambda: list(spans))
+    assert run_window(m, clock, 10, 0.1, 0.0)[1] == pytest.approx(0.3)  # 0.3 s of 1 s
+    assert run_window(m, clock, 10, 0.2, 0.01)[1] == pytest.approx(0.4 / 2.0)
+    assert m.wait_fractions == pytest.approx([0.3, 0.2]) and m.data_wait_fraction == pytest.approx(0.7 / 3.0)

@@ -74,15 +74,19 @@ def test_gpu_tables_have_device_columns_and_kernels():
     assert "late_kernel" not in top
 
 
-def test_cpu_trace_reports_host_time_and_cpu_ops_by_self_time_not_zero_columns():
-    trace = {"traceEvents": [
+def cpu_trace() -> dict:
+    """One CPU step (µs): nested ops on the step's thread, one op on another thread."""
+    return {"traceEvents": [
         ev("ProfilerStep#2", "user_annotation", 0, 1000),
         ev("DenseArch", "user_annotation", 0, 400),
         ev("aten::linear", "cpu_op", 10, 300), ev("aten::addmm", "cpu_op", 20, 250),
         ev("backward", "user_annotation", 400, 500), ev("aten::mm", "cpu_op", 450, 100),
         ev("aten::mm", "cpu_op", 600, 100, tid=2),
     ]}  # fmt: skip
-    s = ts.summarize_step(trace)
+
+
+def test_cpu_trace_reports_host_time_and_cpu_ops_by_self_time_not_zero_columns():
+    s = ts.summarize_step(cpu_trace())
     assert not s.on_device and s.device_busy_ms is None
     assert all(r.device_ms is None for r in s.ranges)
     assert [(t.name, t.calls, t.ms) for t in s.top] == [("aten::addmm", 1, 0.25), ("aten::mm", 2, 0.2),
@@ -91,6 +95,75 @@ def test_cpu_trace_reports_host_time_and_cpu_ops_by_self_time_not_zero_columns()
     assert "device" not in table.split("\n", 2)[2] and "0.000" not in table
     assert "| DenseArch | 0.400 | 40.0 |" in table and "| other | 0.100 | 10.0 |" in table
     assert "| CPU op | calls | self ms | % of step |" in top and "| `aten::addmm` | 1 | 0.250 | 25.0 |" in top
+
+
+def test_host_calls_are_ranked_by_inclusive_time_runtime_calls_included():
+    gpu, cpu = ts.summarize_step(gpu_trace()), ts.summarize_step(cpu_trace())
+    assert [(t.name, t.calls, t.ms) for t in gpu.host_calls] == [  # equal totals: by name
+        ("cudaGraphLaunch", 1, pytest.approx(0.02)), ("cudaLaunchKernel", 2, pytest.approx(0.02)),
+        ("cudaMemcpyAsync", 1, pytest.approx(0.005))]  # fmt: skip
+    assert [(t.name, t.calls, t.ms) for t in cpu.host_calls] == [
+        ("aten::linear", 1, 0.3), ("aten::addmm", 1, 0.25), ("aten::mm", 2, 0.2)]  # fmt: skip
+    assert "| `cudaLaunchKernel` | 2 | 0.020 |" in ts.host_calls_table(gpu)
+    assert "| `aten::mm` | 2 | 0.200 |" in ts.report(cpu, "t")
+
+
+def test_device_time_goes_to_the_innermost_range_and_nested_ranges_count_once():
+    """A kernel launched inside ``loss`` nested in ``OverArch`` is the loss's; the step's host time outside every
+    range is the step less the union of the ranges; a launch at the step's end belongs to the next step."""
+    trace = {"traceEvents": [
+        ev("ProfilerStep#3", "user_annotation", 0, 1000),
+        ev("OverArch", "user_annotation", 100, 400), ev("loss", "user_annotation", 300, 100),
+        ev("cudaLaunchKernel", "cuda_runtime", 150, 5, corr=1), ev("cudaLaunchKernel", "cuda_runtime", 350, 5, corr=2),
+        ev("cudaLaunchKernel", "cuda_runtime", 1000, 5, corr=3),
+        ev("mlp", "kernel", 160, 10, corr=1), ev("bce", "kernel", 360, 20, corr=2),
+        ev("next", "kernel", 1010, 40, corr=3),
+    ]}  # fmt: skip
+    s = ts.summarize_step(trace)
+    assert [(r.name, r.host_ms, r.device_ms) for r in s.ranges] == [
+        ("OverArch", 0.4, 0.01), ("loss", 0.1, 0.02), ("other", 0.6, 0.0)]  # fmt: skip
+    assert s.kernels == 2 and s.device_busy_ms == pytest.approx(0.03)
+
+
+def test_the_profiled_step_is_the_last_that_holds_a_backward():
+    anno = lambda name, ts_, dur: ev(name, "user_annotation", ts_, dur)
+    events = [anno("ProfilerStep#1", 0, 100), anno("backward", 50, 10), anno("ProfilerStep#2", 100, 100),
+              anno("backward", 150, 10), anno("ProfilerStep#3", 200, 50)]  # fmt: skip
+    assert ts.profiled_step(events)["name"] == "ProfilerStep#2"
+
+
+def test_without_correlation_ids_device_time_comes_from_the_profilers_device_spans():
+    """Kernels without correlation ids count for the step when they start in it or up to a step's length after it,
+    and each range's device time is its gpu_user_annotation span."""
+    trace = {"traceEvents": [
+        ev("ProfilerStep#5", "user_annotation", 0, 1000), ev("backward", "user_annotation", 400, 500),
+        ev("k1", "kernel", 500, 100), ev("k2", "kernel", 1500, 50), ev("k3", "kernel", 2100, 10),
+        ev("backward", "gpu_user_annotation", 1200, 300),
+    ]}  # fmt: skip
+    s = ts.summarize_step(trace)
+    assert s.on_device and s.kernels == 2 and s.device_busy_ms == pytest.approx(0.15)
+    assert [(r.name, r.host_ms, r.device_ms) for r in s.ranges] == [("backward", 0.5, 0.3), ("other", 0.5, None)]
+    assert [label for label, _ in ts.lanes(ts.collect(trace))][-1] == "device: kernels"
+
+
+def test_a_device_op_without_a_correlation_id_in_a_linked_trace_is_left_out():
+    trace = gpu_trace()
+    trace["traceEvents"].append(ev("Memset (Device)", "gpu_memset", 1500, 7))
+    assert ts.summarize_step(trace) == ts.summarize_step(gpu_trace())
+
+
+def test_the_cpu_timeline_lane_holds_the_steps_threads_outermost_ops():
+    (_, ranges), (label, ops) = ts.lanes(ts.collect(cpu_trace()))
+    assert label == "host: CPU ops (outermost)"
+    assert [(e["name"], e["ts"], name) for e, name in ops] == [("aten::linear", 10, "DenseArch"),
+                                                               ("aten::mm", 450, "backward")]
+    assert [name for _, name in ranges] == ["DenseArch", "backward"]
+
+
+def test_table_cells_are_cut_and_escaped():
+    long = ts.cell("k" * 500)
+    assert len(long) == ts.NAME_WIDTH + 2 and long.endswith("…`") and long.startswith("`kkk")
+    assert ts.cell("a`b|c") == "`a'b\\|c`" and ts.cell("short") == "`short`"
 
 
 def test_a_trace_without_a_profiled_step_is_a_trace_error(tmp_path):
@@ -180,7 +253,7 @@ def test_profiled_run_shows_step_breakdown_kernels_and_timeline(profiled_run):
     assert "| backward |" in (profiled_run / "profile_step.md").read_text()
 
 
-def test_hparams_are_in_the_run_itself_and_the_plugin_lists_the_run(profiled_run):
+def test_hparams_are_in_the_run_itself_and_the_plugin_lists_the_run(profiled_run, dataset):
     assert not (profiled_run / "hparams").exists()
     assert set(profiled_run.rglob("events.out.tfevents*")) == set(profiled_run.glob("events.out.tfevents*"))
     acc = accumulator(profiled_run)
@@ -188,10 +261,16 @@ def test_hparams_are_in_the_run_itself_and_the_plugin_lists_the_run(profiled_run
     groups = hparams_session_groups(profiled_run.parent)
     assert [g["name"] for g in groups] == ["prof"]
     (group,) = groups
-    assert group["hparams"]["batch_size"] == 32 and group["hparams"]["precision"] == "fp32"
+    cfg = tiny_config(dataset, profiled_run.parent)  # the run's model and optimizer settings
+    assert group["hparams"] == pytest.approx({
+        "batch_size": 32, "precision": "fp32", "embedding_dim": cfg.model.embedding_dim,
+        "dense_lr": cfg.optim.dense.lr, "sparse_lr": cfg.optim.sparse.lr, "interaction": cfg.model.interaction})
+    assert cfg.optim.dense.lr != cfg.optim.sparse.lr
     metrics = {m["name"]["tag"]: m["value"] for m in group["sessions"][0]["metricValues"]}
     summary = json.loads((profiled_run / "summary.json").read_text())
-    assert metrics["hparam/auc"] == pytest.approx(summary["auc"], abs=1e-6)
+    assert metrics == pytest.approx({f"hparam/{k}": summary[k] for k in ("auc", "logloss", "accuracy")}, abs=1e-6)
+    scalars = {tag: [e.value for e in acc.Scalars(tag)] for tag in metrics}
+    assert scalars == {tag: [pytest.approx(value, abs=1e-6)] for tag, value in metrics.items()}
 
 
 def hparams_session_groups(logdir) -> list[dict]:
@@ -252,7 +331,10 @@ def test_log_profile_reads_this_process_trace_and_survives_an_unreadable_one(tmp
     with SummaryWriter(str(tmp_path)) as writer:
         summary = log_profile(writer, tmp_path, torch.device("cpu"), 3)
     assert summary.step == "ProfilerStep#4" and "| `gemm` | 1 | 0.100 |" in (tmp_path / "profile_step.md").read_text()
-    assert "| `gemm` | 1 | 0.100 |" in text(accumulator(tmp_path), "profile/top_kernels")
+    acc = accumulator(tmp_path)
+    assert "| `gemm` | 1 | 0.100 |" in text(acc, "profile/top_kernels")
+    steps = [e.step for tag in ("profile/step_breakdown", "profile/top_kernels") for e in acc.Tensors(tag)]
+    assert steps + [e.step for e in acc.Images("profile/timeline")] == [3, 3, 3]  # the step given
     own.unlink()
     with SummaryWriter(str(tmp_path / "b")) as writer:
         assert log_profile(writer, tmp_path, torch.device("cpu"), 3) is None

@@ -10,6 +10,8 @@ training stops after `patience` evaluations in a row without an improvement of m
 
 from __future__ import annotations
 
+import math
+
 import torch
 from loguru import logger
 
@@ -70,7 +72,8 @@ class Evaluator:
 
     def _improves(self, value: float) -> bool:
         best = self.stats.best
-        if best is None or best.get("metric") != self.metric:
+        # a NaN best (AUC of a one-class split, logloss of an overflowed model) is no best: nothing compares above it
+        if best is None or best.get("metric") != self.metric or math.isnan(best[self.metric]):
             return True
         gain = value - best[self.metric] if self.metric == "auc" else best[self.metric] - value
         return gain > self.min_delta

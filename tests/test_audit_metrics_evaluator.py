@@ -1,0 +1,142 @@
+"""The evaluator's bookkeeping without a model or a run directory (`dlrm.train.evaluator`): which evaluation is the
+best, when early stopping's patience runs out, what is logged at which step, and the model's mode around an
+evaluation."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from dlrm.config import EarlyStoppingConfig
+from dlrm.train import evaluator as evaluator_mod
+from dlrm.train.evaluator import Evaluator, evaluate
+from dlrm.train.meter import RunStats
+from dlrm.train.metrics import evaluate_logits
+
+
+class Writer:
+    def __init__(self):
+        self.scalars = []
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, value, step))
+
+
+class Checkpointer:
+    def __init__(self):
+        self.saved = []
+
+    def save_best(self, run, pos, stats):
+        self.saved.append(pos.step)
+        return Path(f"/run/checkpoints/best-{pos.step}.pt")
+
+
+def make_evaluator(monkeypatch, results, early=None, stats=None):
+    """An Evaluator whose evaluations return `results` (dicts of metrics) in turn."""
+    queue = list(results)
+    monkeypatch.setattr(evaluator_mod, "evaluate", lambda forward, loader, env: dict(queue.pop(0)))
+    cfg = SimpleNamespace(train=SimpleNamespace(early_stopping=early))
+    writer, checkpointer = Writer(), Checkpointer()
+    ev = Evaluator(SimpleNamespace(eval_forward=None), [], cfg, writer, checkpointer, stats or RunStats())
+    return ev, writer, checkpointer
+
+
+def metrics(auc, logloss):
+    return {"auc": auc, "logloss": logloss, "accuracy": 0.75}
+
+
+def test_early_stopping_on_logloss_needs_a_drop_above_min_delta_and_stops_after_patience(monkeypatch):
+    results = [metrics(0.70, 0.50), metrics(0.71, 0.495), metrics(0.69, 0.48), metrics(0.72, 0.48),
+               metrics(0.73, 0.49), metrics(0.74, 0.47)]  # fmt: skip
+    early = EarlyStoppingConfig(metric="logloss", patience=2, min_delta=0.01)
+    ev, writer, checkpointer = make_evaluator(monkeypatch, results, early)
+    seen = []
+    for step in (10, 20, 30, 40, 50):
+        ev(SimpleNamespace(step=step))
+        seen.append((ev.stats.evals_since_best, ev.should_stop))
+    # 0.495 is 0.005 better: not enough; 0.48 is 0.02 better: the best; 0.48 again and 0.49 worse: patience 2 runs out
+    assert seen == [(0, False), (1, False), (0, False), (1, False), (2, True)]
+    assert checkpointer.saved == [10, 30]
+    assert ev.stats.best == {"step": 30, "metric": "logloss", **metrics(0.69, 0.48),
+                             "checkpoint": "/run/checkpoints/best-30.pt"}
+
+
+def test_early_stopping_on_auc_a_plateau_is_no_improvement(monkeypatch):
+    """Higher AUC is better; with min_delta 0 an equal AUC does not reset the patience."""
+    results = [metrics(0.70, 0.5), metrics(0.70, 0.4), metrics(0.71, 0.6), metrics(0.705, 0.3)]
+    ev, _, checkpointer = make_evaluator(monkeypatch, results, EarlyStoppingConfig(metric="auc", patience=2))
+    seen = []
+    for step in (1, 2, 3, 4):
+        ev(SimpleNamespace(step=step))
+        seen.append((ev.stats.evals_since_best, ev.should_stop))
+    assert seen == [(0, False), (1, False), (0, False), (1, False)]
+    assert checkpointer.saved == [1, 3] and ev.stats.best["auc"] == 0.71 and ev.stats.best["step"] == 3
+
+
+def test_without_early_stopping_the_best_is_by_auc_and_training_never_stops(monkeypatch):
+    results = [metrics(0.8, 0.4)] + [metrics(0.7, 0.3)] * 5
+    ev, _, checkpointer = make_evaluator(monkeypatch, results)
+    for step in range(1, 7):
+        ev(SimpleNamespace(step=step))
+        assert not ev.should_stop
+    assert checkpointer.saved == [1] and ev.stats.evals_since_best == 5
+
+
+def test_a_best_chosen_by_another_metric_is_replaced_by_the_first_evaluation(monkeypatch):
+    """A run resumed with early stopping on logloss after it kept its best by AUC: that best says nothing about
+    logloss, so the first evaluation becomes the best, whatever its logloss."""
+    old = {"step": 5, "metric": "auc", **metrics(0.9, 0.1), "checkpoint": "old.pt"}
+    stats = RunStats(best=dict(old), evals_since_best=3)
+    ev, _, checkpointer = make_evaluator(monkeypatch, [metrics(0.6, 0.45)],
+                                         EarlyStoppingConfig(metric="logloss", patience=1), stats)
+    ev(SimpleNamespace(step=8))
+    assert checkpointer.saved == [8] and stats.best["metric"] == "logloss" and stats.evals_since_best == 0
+
+
+def test_each_evaluation_is_logged_at_its_own_step(monkeypatch):
+    ev, writer, _ = make_evaluator(monkeypatch, [metrics(0.7, 0.5), metrics(0.8, 0.4)])
+    assert ev(SimpleNamespace(step=12)) == metrics(0.7, 0.5)
+    ev(SimpleNamespace(step=24))
+    assert sorted(writer.scalars) == sorted(
+        [(f"eval/{k}", v, s) for s, m in ((12, metrics(0.7, 0.5)), (24, metrics(0.8, 0.4))) for k, v in m.items()])
+
+
+class Forward:
+    """Logits of fake batches; records the model's mode at each call."""
+
+    def __init__(self):
+        self.model = torch.nn.Dropout(0.5)
+        self.modes = []
+
+    def __call__(self, batch):
+        self.modes.append(self.model.training)
+        return batch.logits
+
+
+def test_evaluate_runs_the_model_in_eval_mode_over_every_batch_then_back_to_training():
+    rng = np.random.default_rng(3)
+    sizes = (3, 1, 127)
+    batches = [SimpleNamespace(logits=torch.tensor(rng.normal(size=n), dtype=torch.float32),
+                               labels=torch.tensor(rng.integers(0, 2, n), dtype=torch.float32)) for n in sizes]
+    forward = Forward()
+    got = evaluate(forward, batches)
+    assert forward.modes == [False] * len(sizes) and forward.model.training
+    want = evaluate_logits(torch.cat([b.logits for b in batches]), torch.cat([b.labels for b in batches]))
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_an_undefined_first_evaluation_does_not_stay_the_best(monkeypatch):
+    """AUC is NaN while the evaluation split holds one class only (or logloss NaN for a model that overflowed): such
+    an evaluation ranks below any real one, so a later real one replaces it as best.pt (a NaN best compared as
+    never beaten would keep the first model for the rest of the run and stop it after `patience` evaluations)."""
+    nan = float("nan")
+    results = [metrics(nan, 0.5), metrics(0.6, 0.4), metrics(0.65, 0.3), metrics(nan, nan), metrics(0.64, 0.2)]
+    ev, _, checkpointer = make_evaluator(monkeypatch, results, EarlyStoppingConfig(metric="auc", patience=2))
+    seen = []
+    for step in (1, 2, 3, 4, 5):
+        ev(SimpleNamespace(step=step))
+        seen.append((ev.stats.evals_since_best, ev.should_stop))
+    assert checkpointer.saved == [1, 2, 3] and ev.stats.best["step"] == 3
+    assert seen == [(0, False), (0, False), (0, False), (1, False), (2, True)]
