@@ -26,6 +26,7 @@ from kernels.cross import (  # noqa: E402
     TritonLowRankCrossNet,
     _cross_layer_backward_op,
     _cross_layer_op,
+    cross_elementwise_backward,
     cross_layer,
     cross_layer_reference,
 )
@@ -43,24 +44,31 @@ NAMES = ("x0", "x", "u", "weight", "bias")
 
 
 def _make(shape, layout: str, device, dtype, gen, scale: float = 1.0) -> torch.Tensor:
-    """A tensor of `shape` ([R, C], or [C] for "vector" / "strided_vector") with a given memory layout."""
+    """A tensor of `shape` ([R, C], or [C] for "vector" / "strided_vector") with a given memory layout.
+
+    The view is taken last, on the device and in the dtype: scaling, or moving a strided view to another
+    device or dtype, would return a contiguous copy."""
+    def base(*size):
+        return (torch.randn(*size, generator=gen) * scale).to(device=device, dtype=dtype)
+
     if layout == "vector":
-        t = torch.randn(shape, generator=gen)
+        t = base(shape)
     elif layout == "strided_vector":  # every third element of a longer vector
-        t = torch.randn(3 * shape, generator=gen)[::3]
+        t = base(3 * shape)[::3]
     else:
         R, C = shape
         if layout == "contiguous":
-            t = torch.randn(R, C, generator=gen)
+            t = base(R, C)
         elif layout == "transposed":
-            t = torch.randn(C, R, generator=gen).t()
+            t = base(C, R).t()
         elif layout == "sliced":  # every other column of a wider tensor: stride 2 along dim 1
-            t = torch.randn(R, 2 * C + 1, generator=gen)[:, 1::2]
+            t = base(R, 2 * C + 1)[:, 1::2]
         elif layout == "expand":  # stride 0 along the rows (incoming gradients only)
-            t = torch.randn(1, C, generator=gen).expand(R, C)
+            t = base(1, C).expand(R, C)
         else:
             raise ValueError(layout)
-    return (t * scale).to(device=device, dtype=dtype)
+    assert t.is_contiguous() == (layout in ("contiguous", "vector")) or min(t.shape) <= 1, (layout, t.stride())
+    return t
 
 
 def _check(got, ref, kind: str, what: str, mag=None, tol_scale: float = 1.0) -> None:
@@ -100,7 +108,7 @@ def run_case(M: int, N: int, K: int, device, kind: str = "fp32", layouts: dict |
     x0 = _make((M, N), layouts["x0"], device, dtype, gen)
     x = x0 if same_x else _make((M, N), layouts["x"], device, dtype, gen)
     u = _make((M, K), layouts["u"], device, dtype, gen)
-    w = _make((N, K), layouts["weight"], device, dtype, gen, scale=K**-0.5)  # keeps pre O(1)
+    w = _make((N, K), layouts["weight"], device, dtype, gen, scale=max(K, 1) ** -0.5)  # keeps pre O(1)
     b = _make(N, layouts["bias"], device, dtype, gen)
     g = _make((M, N), grad_layout, device, dtype, gen)
     inputs = [t.detach().requires_grad_(n) for t, n in zip((x0, x, u, w, b), need)]
@@ -143,6 +151,7 @@ def run_case(M: int, N: int, K: int, device, kind: str = "fp32", layouts: dict |
     (3, 10, 4),
     (127, 27, 5),    # F = 26, D = 1
     (3, 6, 9),       # rank above N
+    (3, 10, 0),      # rank 0: pre = bias (the launcher's path without the kernel)
 ])
 def test_shapes(M, N, K, device):
     run_case(M, N, K, device)
@@ -161,7 +170,8 @@ def test_several_tiles_per_dimension(device):
     ({"weight": "sliced", "u": "sliced", "x": "transposed", "bias": "strided_vector"}, "sliced"),
 ])
 def test_noncontiguous(layouts, grad_layout, device):
-    run_case(127, 24, 13, device, layouts=layouts, grad_layout=grad_layout, seed=2)
+    """K = 37: the K loop steps through strided u and weight (two steps of the interpreter's 32, the second a tail)."""
+    run_case(127, 24, 37, device, layouts=layouts, grad_layout=grad_layout, seed=2)
 
 
 @pytest.mark.parametrize("need", [
@@ -178,6 +188,25 @@ def test_partial_grads(need, device):
 def test_x0_and_x_the_same_tensor(device):
     """The first layer passes the input as both x0 and x: its gradient is the sum of both paths."""
     run_case(5, 12, 3, device, same_x=True, seed=4)
+
+
+@pytest.mark.parametrize("need", [(True, True, True), (False, True, False), (True, False, True)])
+def test_elementwise_backward_any_strides(need, device):
+    """The backward's elementwise pass on its own, against float64: g stride 0 along the rows, x0 sliced and pre
+    transposed (the public backward op takes any pre, not only the forward's contiguous one); two row blocks
+    and two column blocks, each with a tail (M = 33, N = 130)."""
+    gen = torch.Generator().manual_seed(15)
+    M, N = 33, 130
+    g, x0, pre = (_make((M, N), layout, device, torch.float32, gen) for layout in ("expand", "sliced", "transposed"))
+    got = cross_elementwise_backward(g, x0, pre, need_pre=need[0], need_x0=need[1], need_b=need[2])
+    g64, x064, pre64 = (t.double().cpu() for t in (g, x0, pre))
+    want = (g64 * x064, g64 * pre64, (g64 * x064).sum(0))
+    mags = (None, None, (g64 * x064).abs().sum(0))
+    for name, t, ref, mag, n in zip(("grad_pre", "grad_x0", "grad_b"), got, want, mags, need):
+        if n:
+            _check(t, ref, "fp32", name, mag)
+        else:
+            assert t is None, name
 
 
 def test_no_grad_forward(device):

@@ -255,6 +255,35 @@ def test_lookup_launches_give_the_same_gather(launch, device, monkeypatch):
     assert torch.equal(want, weight[training_rows(case).to(device)])
 
 
+@pytest.mark.parametrize("layout", ["transposed", "every_other_column"])
+def test_lookup_reads_the_table_through_both_strides(layout, device, assert_close):
+    """A table stored transposed (built [D, R]) and every other column of a wider one (column stride 2): the gather
+    is exact and the dense gradient right; D = 24 is no power of two."""
+    case = make_case(127, 3, "modulus", hot=True, seed=43).to(device)
+    R, D = case.num_rows, 24
+    gen = torch.Generator().manual_seed(44)
+    if layout == "transposed":
+        weight = torch.randn(D, R, generator=gen).to(device).t()
+    else:
+        weight = torch.randn(R, 2 * D + 1, generator=gen).to(device)[:, 1::2]
+    assert weight.stride(1) != 1
+    weight.requires_grad_()
+    out = embedding_lookup(case.raw, weight, *case.hash_args())
+    rows = training_rows(case).to(device)
+    assert torch.equal(out, weight.detach()[rows])
+    grad = make_grad(127, 3, D, "permuted", device)
+    out.backward(grad)
+    assert_close(weight.grad, dense_grad64(rows, grad, R), torch.float32)
+
+
+def test_lookup_of_zero_wide_rows_still_gives_the_rows(device):
+    """D = 0: an empty output, but the op's rows are still the hashed rows (hashed without the gather)."""
+    case = make_case(3, 4, "vocabulary", seed=47).to(device)
+    weight = torch.empty(case.num_rows, 0, device=device)
+    out, rows = torch.ops.dlrm_kernels.embedding_lookup(case.raw, weight, *case.hash_args())
+    assert out.shape == (3, 4, 0) and torch.equal(rows.cpu(), training_rows(case))
+
+
 def test_lookup_no_weight_grad_when_frozen(device):
     case = make_case(3, 4, "modulus").to(device)
     weight = make_weight(case.num_rows, 16, device)

@@ -14,30 +14,32 @@ from kernels.interaction import (
 )
 
 
+def _randn(gen, device, dtype, *size) -> torch.Tensor:
+    """randn from `gen`, on `device` in `dtype`: the layouts' views are taken after this (moving a strided view to
+    another device or dtype would copy it contiguous)."""
+    return torch.randn(*size, generator=gen).to(device=device, dtype=dtype)
+
+
 def make_x(B: int, F1: int, D: int, layout: str, device, dtype=torch.float32, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     if layout == "contiguous":
-        x = torch.randn(B, F1, D, generator=gen)
-    elif layout == "transposed":  # built [B, D, F1]: stride 1 along the vector index
-        x = torch.randn(B, D, F1, generator=gen).transpose(1, 2)
-    elif layout == "sliced":  # every other sample, a window of a wider feature dim
-        x = torch.randn(2 * B, F1, D + 8, generator=gen)[::2, :, 3 : 3 + D]
-    else:
-        raise ValueError(layout)
-    return x.to(device=device, dtype=dtype)
+        return _randn(gen, device, dtype, B, F1, D)
+    if layout == "transposed":  # built [B, D, F1]: stride 1 along the vector index
+        return _randn(gen, device, dtype, B, D, F1).transpose(1, 2)
+    if layout == "sliced":  # every other sample, a window of a wider feature dim
+        return _randn(gen, device, dtype, 2 * B, F1, D + 8)[::2, :, 3 : 3 + D]
+    raise ValueError(layout)
 
 
 def make_grad(B: int, cols: int, layout: str, device, dtype=torch.float32, seed: int = 1) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     if layout == "contiguous":
-        g = torch.randn(B, cols, generator=gen)
-    elif layout == "transposed":
-        g = torch.randn(cols, B, generator=gen).t()
-    elif layout == "expand":  # stride 0 over the batch
-        g = torch.randn(1, cols, generator=gen).expand(B, cols)
-    else:
-        raise ValueError(layout)
-    return g.to(device=device, dtype=dtype)
+        return _randn(gen, device, dtype, B, cols)
+    if layout == "transposed":
+        return _randn(gen, device, dtype, cols, B).t()
+    if layout == "expand":  # stride 0 over the batch
+        return _randn(gen, device, dtype, 1, cols).expand(B, cols)
+    raise ValueError(layout)
 
 
 def reference(x: torch.Tensor, grad: torch.Tensor):
@@ -105,16 +107,12 @@ def make_parts(B: int, F: int, D: int, layout: str, device, dtype=torch.float32,
     """dense [B, D] and sparse [B, F, D] as separate tensors, each in its own layout."""
     gen = torch.Generator().manual_seed(seed)
     if layout == "contiguous":
-        dense, sparse = torch.randn(B, D, generator=gen), torch.randn(B, F, D, generator=gen)
-    elif layout == "strided":  # dense a column window of a wider matrix, sparse built [D, F, B] and permuted
-        dense = torch.randn(B, D + 5, generator=gen)[:, 2 : 2 + D]
-        sparse = torch.randn(D, F, B, generator=gen).permute(2, 1, 0)
-    elif layout == "every_other":  # every other sample of both
-        dense = torch.randn(2 * B, D, generator=gen)[::2]
-        sparse = torch.randn(2 * B, F, D, generator=gen)[::2]
-    else:
-        raise ValueError(layout)
-    return dense.to(device=device, dtype=dtype), sparse.to(device=device, dtype=dtype)
+        return _randn(gen, device, dtype, B, D), _randn(gen, device, dtype, B, F, D)
+    if layout == "strided":  # dense a column window of a wider matrix, sparse built [D, F, B] and permuted
+        return _randn(gen, device, dtype, B, D + 5)[:, 2 : 2 + D], _randn(gen, device, dtype, D, F, B).permute(2, 1, 0)
+    if layout == "every_other":  # every other sample of both
+        return _randn(gen, device, dtype, 2 * B, D)[::2], _randn(gen, device, dtype, 2 * B, F, D)[::2]
+    raise ValueError(layout)
 
 
 SPLIT_CASES = [

@@ -17,18 +17,27 @@ REDUCTIONS = ["mean", "sum", "none"]
 
 def make_inputs(B: int, device, dtype=torch.float32, *, layout: str = "contiguous", scale: float = 3.0,
                 soft: bool = False, seed: int = 0):
-    """logits ~ N(0, scale) and labels in {0, 1} (or soft labels in [0, 1])."""
+    """logits ~ N(0, scale) and labels in {0, 1} (or soft labels in [0, 1]); a non-contiguous `layout` lays out the
+    labels with another stride than the logits'."""
     gen = torch.Generator().manual_seed(seed)
+    # The views are taken on the device, in the dtype: moving a strided view would copy it contiguous.
     if layout == "contiguous":
-        z = torch.randn(B, generator=gen) * scale
+        z = (torch.randn(B, generator=gen) * scale).to(device=device, dtype=dtype)
     elif layout == "strided":  # every other element of a longer vector
-        z = (torch.randn(2 * B, generator=gen) * scale)[::2]
+        z = (torch.randn(2 * B, generator=gen) * scale).to(device=device, dtype=dtype)[::2]
     elif layout == "column":  # a column of a [B, 3] matrix (stride 3), as a model's [B, 1] head squeezed
-        z = (torch.randn(B, 3, generator=gen) * scale)[:, 1]
+        z = (torch.randn(B, 3, generator=gen) * scale).to(device=device, dtype=dtype)[:, 1]
     else:
         raise ValueError(layout)
-    y = torch.rand(B, generator=gen) if soft else torch.randint(0, 2, (B,), generator=gen).float()
-    return z.to(device=device, dtype=dtype), y.to(device=device)
+    y = (torch.rand(B, generator=gen) if soft else torch.randint(0, 2, (B,), generator=gen).float()).to(device)
+    # Labels in a layout of their own, never the logits' stride, between NaNs that poison a wrong read.
+    if layout == "strided":  # a column of a [B, 3] matrix (stride 3)
+        y = torch.full((B, 3), float("nan"), device=device).index_copy_(1, torch.tensor([2], device=device),
+                                                                         y[:, None])[:, 2]
+    elif layout == "column":  # every other element (stride 2)
+        y = torch.full((2 * B,), float("nan"), device=device).index_copy_(0, torch.arange(0, 2 * B, 2, device=device),
+                                                                           y)[::2]
+    return z, y
 
 
 def reference(z: torch.Tensor, y: torch.Tensor, reduction: str, grad: torch.Tensor | None, need_y: bool = False):
@@ -47,10 +56,10 @@ def check(got, ref, dtype, what, assert_close, scale=1.0):
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)
-@pytest.mark.parametrize("B,layout", [(1, "contiguous"), (3, "strided"), (127, "column"), (300, "contiguous")])
+@pytest.mark.parametrize("B,layout", [(1, "contiguous"), (3, "strided"), (127, "column"), (4161, "contiguous")])
 def test_loss_and_grads(B, layout, reduction, device, assert_close):
-    """B=300 spans several forward blocks and several steps of the partial-sum loop (interpreter blocks
-    are 64 elements, 32 partials per step)."""
+    """B=4161 spans 66 forward blocks under the interpreter (64 elements each), so three steps of the partial-sum
+    loop (32 partials each), the last one partial."""
     z, y = make_inputs(B, device, layout=layout, soft=(B == 3), seed=B)
     z.requires_grad_()
     y.requires_grad_(True)  # labels may require grad, as in torch (d loss / dy = -z)
@@ -68,6 +77,23 @@ def test_loss_and_grads(B, layout, reduction, device, assert_close):
     gscale = 1.0 / B if reduction == "mean" else 1.0
     check(z.grad, gz, torch.float32, "grad_logits", assert_close, scale=gscale)
     check(y.grad, gy, torch.float32, "grad_labels", assert_close, scale=gscale)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_labels_gradient_alone(reduction, device, assert_close):
+    """Only the labels require grad: their gradient (-z, scaled), none for the logits, and no input written to (the
+    backward launches with the logits standing in for the gradient it must not write)."""
+    B = 70
+    z, y = make_inputs(B, device, layout="column", soft=True, seed=8)
+    z0, y0 = z.clone(), y.clone()
+    y.requires_grad_()
+    out = bce_with_logits(z, y, reduction)
+    grad = torch.randn(B, device=device) if reduction == "none" else torch.tensor(0.7, device=device)
+    out.backward(grad)
+    _, _, gy = reference(z, y, reduction, grad, need_y=True)
+    assert z.grad is None
+    check(y.grad, gy, torch.float32, "grad_labels", assert_close, scale=1.0 / B if reduction == "mean" else 1.0)
+    assert torch.equal(z, z0) and torch.equal(y.detach(), y0)
 
 
 @pytest.mark.parametrize("reduction", REDUCTIONS)

@@ -299,6 +299,37 @@ def test_pooled_lookup_forward_backward(B, hotness, D, mode, layout, device, ass
                  msg="dense grad")
 
 
+@pytest.mark.parametrize("layout", ["transposed", "every_other_column"])
+def test_pooled_lookup_reads_the_table_through_both_strides(layout, device, assert_close):
+    """A table stored transposed (built [D, R]) and every other column of a wider one (column stride 2): the sums
+    and the dense gradient against float64; D = 24 is no power of two."""
+    case = make_case(37, [3, 1, 2], "modulus", seed=17).to(device)
+    R, D = case.num_rows, 24
+    gen = torch.Generator().manual_seed(18)
+    if layout == "transposed":
+        weight = torch.randn(D, R, generator=gen).to(device).t()
+    else:
+        weight = torch.randn(R, 2 * D + 1, generator=gen).to(device)[:, 1::2]
+    assert weight.stride(1) != 1
+    weight.requires_grad_()
+    out = pooled_embedding_lookup(case.raw, weight, *case.hash_args())
+    rows = naive_rows(case).to(device)
+    assert_close(out, forward64(rows, weight, case.slot_feature), torch.float32, msg="forward")
+    grad = make_grad(37, 3, D, "permuted", device)
+    out.backward(grad)
+    assert_close(weight.grad, dense_grad64(rows, grad, case.slot_feature, R), torch.float32, msg="dense grad")
+
+
+def test_pooled_lookup_of_zero_wide_rows_still_gives_the_rows(device):
+    """D = 0: an empty output, but the op's rows (saved for the backward) are still the hashed rows, PAD slots R."""
+    case = make_case(3, [3, 1, 2], "vocabulary", seed=19).to(device)
+    weight = torch.empty(case.num_rows, 0, device=device)
+    cards, offsets, layout = case.hash_args()
+    out, rows = torch.ops.dlrm_kernels.pooled_embedding_lookup(case.raw, weight, cards, offsets, *layout,
+                                                              *case.vocab_args())
+    assert out.shape == (3, 3, 0) and torch.equal(rows.cpu(), naive_rows(case))
+
+
 @pytest.mark.parametrize("launch", [(1, 1, 1), (64, 8, 1), (32, 4, 2), (16, 4, 4), (128, 4, 4)])
 def test_pooled_lookup_launches_give_the_same_sums(launch, device, monkeypatch, assert_close):
     """A launch forced through POOLED_LOOKUP_OVERRIDE (benchmarks/pooled_embedding.py --lookup-launches), slots
