@@ -129,7 +129,9 @@ def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise
     it adds the least, then single moves and swaps while they lower it. Ties go to fewer row-wise tables,
     then to less memory on the fullest rank. On two GPUs MLPerf DLRM-DCNv2's tables all go whole (measured on
     two H200s: 23.06 against 24.35 ms a step with the five 40M-row tables split, two machines of one kind),
-    on four its 100-value feature is split (not measured).
+    on four its 100-value feature is split (not measured). A plan that leaves a rank without rows (more ranks
+    than whole tables), which a run refuses (`dlrm.train.builder.make_sharding`), is taken only when no subset
+    gives every rank rows: with more ranks than tables, a candidate is split even where whole tables cost less.
 
     ``memory_per_rank`` (bytes, with ``row_bytes`` a row's weight and optimizer state): no rank may hold
     more ("cost" only: it tries placements that fit, and splits tables row-wise when none does); None: no
@@ -157,7 +159,8 @@ def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise
         plan = _place_table_wise(cards, hot, world_size, row_wise, balance, row_bytes, limit)
         if plan is None:
             continue
-        key = (round(plan_cost(plan, hot), 9), len(subset), max(plan.local_rows(q) for q in range(world_size)))
+        rows = [plan.local_rows(q) for q in range(world_size)]
+        key = (rows.count(0), round(plan_cost(plan, hot), 9), len(subset), max(rows))
         if best_key is None or key < best_key:
             best, best_key = plan, key
     if best is None:
