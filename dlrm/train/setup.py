@@ -16,6 +16,15 @@ from dlrm.data.schema import NUM_SPARSE, Metadata, read_metadata
 from dlrm.data.vocabulary import read_vocabulary
 
 
+def seed_rank(seed: int, rank: int) -> None:
+    """A rank's own torch random stream, once the model is built (its initialization the same on every rank): with
+    one seed everywhere the ranks drew the same dropout masks, correlated where one process draws independent ones
+    for every sample. Rank 0 (and a one-process run) keeps its stream, unchanged. Each rank's checkpoint shard holds
+    its own stream, so a resume continues it."""
+    if rank > 0:
+        torch.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1, np.uint64)[0]))
+
+
 def resolve_device(name: str) -> torch.device:
     """'auto' picks CUDA when present; asking for CUDA without it is an error, not a fallback."""
     if name == "auto":

@@ -39,7 +39,7 @@ from dlrm.train.profiling import make_profiler
 from dlrm.train.reporting import NoWriter, device_name, final_line, log_hparams, log_profile, log_train, versions
 from dlrm.train.resume_policy import check_resume_config
 from dlrm.train.run_dir import RunDirectory
-from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything
+from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
 from dlrm.train.signals import GracefulStop
 from dlrm.train.step import compile_counters
 
@@ -194,6 +194,7 @@ class Trainer:
                 return  # nothing to build: fit() reports the finished run and changes nothing
         self.run = build_run(cfg, self.tables, self.device, self.data.total_steps, self.env,
                              cfg.data.eval_batch_size or 4 * cfg.data.batch_size)
+        seed_rank(cfg.train.seed, self.env.rank)  # after the shared initialization: dropout masks per rank
         self.pos, self.stats = ckpt.Position(), RunStats()
         self.run_dir = self._open_run_dir(run_dir, latest)
         self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env)
