@@ -114,12 +114,31 @@ class _ProgressFile:
         self._f.flush()
 
 
-def write_atomic(path: Path, state: dict[str, Any], progress: bool = True) -> None:
+def move_to_new(tmp: Path, path: Path, exists: str) -> None:
+    """Rename `tmp` to `path` unless something is there (a file, a symbolic link, dangling or not), even something that
+    appeared after an earlier check: then ConfigError(`exists`), and `tmp` is the caller's to remove.
+
+    A hard link makes the check and the rename one step; on a file system without hard links the check comes just
+    before the rename."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise ConfigError(exists) from None
+    except OSError:  # no hard links here
+        if os.path.lexists(path):
+            raise ConfigError(exists) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, replace: bool = True) -> None:
     """torch.save `state` in format 2 to a temporary file, fsync, rename to `path`.
 
     `state` is the in-memory form (config dict, RNG tuples); it is converted and checked against
     the schema first, so a file this program could not load again is never written. With `progress`,
     a checkpoint of at least `PROGRESS_BYTES` shows a progress bar (bytes, rate, ETA) while it is written.
+    Without `replace`, whatever is at `path`, even what appeared there while this was written, is kept: a ConfigError.
     """
     path = Path(path)
     disk = schema.to_disk(state)
@@ -133,7 +152,10 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True) -> No
             torch.save(disk, _ProgressFile(f, bar) if not bar.disable else f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            move_to_new(Path(tmp), path, f"{path}: already exists; remove it or choose another path")
     except RuntimeError as e:
         # torch.save reports a full disk as a zip writer failure ("unexpected pos ..."): say what happened
         Path(tmp).unlink(missing_ok=True)

@@ -384,7 +384,9 @@ def _is_number(value: Any) -> bool:
 
 def _check_run_stats(stats: Any, path: Path) -> None:
     """The run's totals so far (the trainer's RunStats): plain data; when not empty, samples (int),
-    train_s (a number) and train_losses ([step, loss] pairs), which a resume reads back."""
+    train_s (a number) and train_losses ([step, loss] pairs), and, when there, evals_since_best (int) and
+    best (None, or the best evaluation: its step, the name of its metric and that metric's value), which a
+    resume reads back."""
     ok = _is_dict(stats) and all(type(k) is str for k in stats)
     _expect(ok, stats, path, "run_stats", "a dict with str keys")
     _check_plain(stats, path, "run_stats", tensors=False)
@@ -397,6 +399,13 @@ def _check_run_stats(stats: Any, path: Path) -> None:
     ok = type(losses) is list and all(type(p) in (list, tuple) and len(p) == 2 and all(_is_number(x) for x in p)
                                       for p in losses)
     _expect(ok, losses, path, "run_stats.train_losses", "a list of [step, loss] pairs")
+    if "evals_since_best" in stats:
+        _expect(_is_int(stats["evals_since_best"]), stats["evals_since_best"], path, "run_stats.evals_since_best",
+                "an int >= 0")
+    best = stats.get("best")
+    ok = best is None or (_is_dict(best) and _is_int(best.get("step")) and type(best.get("metric")) is str
+                          and _is_number(best.get(best["metric"])))
+    _expect(ok, best, path, "run_stats.best", "None or a dict with the int step, the metric's name and its value")
 
 
 def _check_common(disk: dict[str, Any], path: Path) -> None:

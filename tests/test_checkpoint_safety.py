@@ -290,6 +290,20 @@ def _drop(d: dict, dotted: str, _value=None) -> None:
     del parent[key]
 
 
+def _poke(d: dict, dotted: str, index_value) -> None:
+    """Set one item of the entry (a list or tensor): `index_value` is (index, value)."""
+    parent, key = _parent(d, dotted)
+    index, value = index_value
+    parent[key][index] = value
+
+
+def _nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize("change,key,value,message", [
     (_drop, "position", None, "checkpoint key 'position' missing"),
     (_set, "extra", 1, "checkpoint key 'extra' unexpected"),
@@ -312,6 +326,25 @@ def _drop(d: dict, dotted: str, _value=None) -> None:
     (_set, "run_stats.samples", torch.tensor(3), "checkpoint key 'run_stats.samples' must be plain data"),
     (_set, "run_stats.train_losses", [[1, 0.5, 2]], "checkpoint key 'run_stats.train_losses' must be a list of"),
     (_set, "format_version", 3, "not a checkpoint of this program (format_version 3)"),
+    # a sparse tensor's indices are not checked on load: out of range, they read and write outside the table
+    (_set, "model.x", torch.sparse_coo_tensor(torch.tensor([[0]]), torch.tensor([1.0]), (3,), check_invariants=True),
+     "checkpoint key 'model.x' must be a dense tensor"),
+    (_set, "optimizers.0.param_groups.0.params", [0, "1"],
+     "checkpoint key 'optimizers[0].param_groups[0].params' must be a list of ints >= 0"),
+    (_set, "optimizers.0.state.0", 5, "checkpoint key 'optimizers[0].state.0' must be a dict of str -> state"),
+    (_set, "run_stats.note", _nested(40), "[0]' is nested more than 32 levels deep"),
+    (_set, "dense_format", "log", "checkpoint key 'dense_format' must be 'counts' or 'float', got str 'log'"),
+    (_set, "multi_hot_sizes", [1], "checkpoint key 'multi_hot_sizes' must be a list of"),
+    (_set, "cardinalities", [], "checkpoint key 'cardinalities' must be a non-empty list of ints"),
+    (_set, "rng.numpy.key", torch.full((624,), -1, dtype=torch.int64),
+     "checkpoint key 'rng.numpy.key' must be an int64 tensor of 624 values in [0, 4294967296)"),
+    (_poke, "rng.python.state", (-1, 625), "checkpoint key 'rng.python.state' must be a position <= 624 last"),
+    (_set, "rng.numpy.has_gauss", 2, "checkpoint key 'rng.numpy.has_gauss' must be 0 or 1, got int 2"),
+    (_set, "rng.cuda", [torch.zeros(3)], "checkpoint key 'rng.cuda' must be None or a list of 1-D uint8 tensors"),
+    (_set, "config_json", '{"data": {}}', "checkpoint key 'config_json.model' must be a JSON object, got NoneType"),
+    (_set, "run_stats.samples", -1, "checkpoint key 'run_stats.samples' must be an int >= 0, got int -1"),
+    (_set, "run_stats.evals_since_best", "2", "checkpoint key 'run_stats.evals_since_best' must be an int >= 0"),
+    (_set, "run_stats.best", {"step": 3, "metric": "auc"}, "checkpoint key 'run_stats.best' must be None or a dict"),
 ])
 def test_schema_errors_name_the_file_and_key(trained, tmp_path, change, key, value, message):
     disk = raw_disk(trained["path"])

@@ -58,9 +58,10 @@ def _plan(sharded: dict[str, Any]) -> ShardingPlan:
     return ShardingPlan.from_dict(sharded["plan"])
 
 
-def load_shard(manifest_path: Path, sharded: dict[str, Any], rank: int) -> dict[str, Any]:
-    """Rank `rank`'s shard of a sharded checkpoint, checked to be that rank's, of the manifest's plan
-    and at the manifest's position."""
+def load_shard(manifest_path: Path, manifest: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Rank `rank`'s shard of the sharded checkpoint whose loaded manifest is `manifest`, checked to be that rank's,
+    of the manifest's plan and at the manifest's position."""
+    sharded = manifest["sharded"]
     path = Path(manifest_path).parent / sharded["shards"][rank]
     shard = ckpt.load_checkpoint(path)
     if "rank" not in shard:
@@ -69,6 +70,9 @@ def load_shard(manifest_path: Path, sharded: dict[str, Any], rank: int) -> dict[
         raise ConfigError(f"{path}: the shard of rank {shard['rank']}, where {manifest_path} names rank {rank}'s")
     if shard["plan"] != sharded["plan"]:
         raise ConfigError(f"{path}: sharding plan differs from the one of its manifest {manifest_path}")
+    if shard["position"] != manifest["position"]:
+        raise ConfigError(f"{path}: at {shard['position']}, where its manifest {manifest_path} is at "
+                          f"{manifest['position']}: a shard of another checkpoint")
     return shard
 
 
@@ -95,7 +99,7 @@ def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any
                           f"sizes, or, with balance 'cost', GPU memory; a checkpoint saved before distributed.balance "
                           f"existed resumes with balance 'rows', one saved before 'cost' with 'lookups'): checkpoint "
                           f"table ranks {list(saved_plan.table_rank)}, this run {list(plan.table_rank)}")
-    return load_shard(path, sharded, env.rank)
+    return load_shard(path, state, env.rank)
 
 
 def assemble(plan: ShardingPlan, shards: list[torch.Tensor]) -> torch.Tensor:
@@ -159,7 +163,7 @@ def merge(manifest_path: Path) -> dict[str, Any]:
     if sharded is None:
         raise ConfigError(f"{manifest_path}: not a sharded checkpoint (it already loads in one process)")
     plan = _plan(sharded)
-    shards = [load_shard(manifest_path, sharded, q) for q in range(sharded["world_size"])]
+    shards = [load_shard(manifest_path, manifest, q) for q in range(sharded["world_size"])]
     if any(SPARSE_WEIGHT not in s["model"] for s in shards):
         raise ConfigError(f"{manifest_path}: a shard holds no {SPARSE_WEIGHT}")
     full = {k: v for k, v in shards[0].items() if k not in ("rank", "plan", "format_version")}

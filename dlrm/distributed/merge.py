@@ -82,7 +82,7 @@ def merge_to_file(checkpoint: Path, out: Path) -> dict:
     state = merge(checkpoint)
     check_same_run(checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, state)
+    write_atomic(out, state, replace=False)  # nor an OUT that appeared while the merge ran
     return state
 
 

@@ -4,6 +4,8 @@ features as the dataset stores them: counts, or float values)."""
 from __future__ import annotations
 
 import copy
+import os
+import secrets
 import time
 from pathlib import Path
 
@@ -100,8 +102,9 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
     """Write a `torch.export` program (batch size dynamic) to `path` (conventionally *.pt2); its dense
     input as `RawInputDLRM` takes it for `dense_format`."""
     path = Path(path)
-    if path.exists():
-        raise ConfigError(f"--export: {path} already exists; remove it or choose another path")
+    exists = f"--export: {path} already exists; remove it or choose another path"
+    if os.path.lexists(path):  # a dangling symbolic link too: the rename would replace it
+        raise ConfigError(exists)
     if not path.parent.is_dir():
         raise ConfigError(f"--export: directory {path.parent} does not exist")
     device = next(model.parameters()).device
@@ -113,9 +116,14 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
         program = torch.export.export(wrapper, example, dynamic_shapes=({0: batch}, {0: batch}))
-    tmp = path.with_name(f".tmp-{path.name}")  # torch.export.save wants a name ending in .pt2
-    torch.export.save(program, str(tmp))
-    tmp.replace(path)
+    # a temporary name of this export's own (torch.export.save wants a name ending in .pt2), created exclusively
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp.pt2")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        torch.export.save(program, str(tmp))
+        ckpt.move_to_new(tmp, path, exists)  # never over a file that appeared meanwhile
+    finally:
+        tmp.unlink(missing_ok=True)
     dense = "raw dense counts, int64" if dense_format == "counts" else "dense values, float32"
     logger.info(f"exported inference program to {path} (inputs: {dense} [B, 13], raw sparse hashes "
                 f"[B, {_sparse_width(model)}])")

@@ -47,7 +47,7 @@ def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple
     a, b = _flatten(saved), _flatten(current)
     missing = object()
     return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
-            if a.get(k, missing) != b.get(k, missing) and not (k == "data.path" and _same_dir(a[k], b.get(k)))]
+            if a.get(k, missing) != b.get(k, missing) and not (k == "data.path" and _same_dir(a.get(k), b.get(k)))]
 
 
 def _same_dir(old: Any, new: Any) -> bool:
