@@ -52,7 +52,7 @@ from torch import Tensor, nn
 
 from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
-from kernels.col_sum import sum_partial_rows
+from kernels.col_sum import needs_int64_offsets, sum_partial_rows
 from kernels.heuristics import GemmTile
 from kernels.linear import gemm_bias_act, resolve_input_precision
 
@@ -98,9 +98,10 @@ def _cross_fwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr = False,
 ):
     """pre = u @ w^T + b; out = x0 * pre + x. u [M, K], w [N, K], b [N], x0 and x [M, N] through any
-    strides; out and pre contiguous [M, N]."""
+    strides; out and pre contiguous [M, N]. INT64_OFFSETS: 64-bit offsets (an operand reaches 2^31 elements)."""
     # Grouped ("super-tile") program order: GROUP_M row tiles share each column tile of w in L2.
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -111,6 +112,11 @@ def _cross_fwd_kernel(
     group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
     pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
     pid_n = (pid % num_pid_in_group) // group_size_m
+    if INT64_OFFSETS:  # rows, columns and the loop's pointer steps in 64 bits (kernels.col_sum.needs_int64_offsets)
+        pid_m = pid_m.to(tl.int64)
+        pid_n = pid_n.to(tl.int64)
+        stride_uk = tl.cast(stride_uk, tl.int64)
+        stride_wk = tl.cast(stride_wk, tl.int64)
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -163,11 +169,16 @@ def _cross_bwd_elementwise_kernel(
     BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr = False,
 ):
     """grad_pre = g * x0 and grad_x0 = g * pre (each optional, contiguous [M, N]); per-row-block
-    column sums of grad_pre go to partial[pid_m, :] (stage one of the bias gradient)."""
+    column sums of grad_pre go to partial[pid_m, :] (stage one of the bias gradient). INT64_OFFSETS: 64-bit
+    offsets (an operand reaches 2^31 elements)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if INT64_OFFSETS:
+        pid_m = pid_m.to(tl.int64)
+        pid_n = pid_n.to(tl.int64)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -257,6 +268,7 @@ def cross_forward(x0: Tensor, x: Tensor, u: Tensor, weight: Tensor, bias: Tensor
             x0.stride(0), x0.stride(1), x.stride(0), x.stride(1),
             STORE_PRE=pre is not None,
             INPUT_PRECISION=prec,
+            INT64_OFFSETS=needs_int64_offsets(u, weight, x0, x, out, pre),
             **launch,
         )  # fmt: skip
     return out, pre
@@ -287,7 +299,8 @@ def cross_elementwise_backward(g: Tensor, x0: Tensor, pre: Tensor, *, need_pre: 
             M, N,
             g.stride(0), g.stride(1), x0.stride(0), x0.stride(1), pre.stride(0), pre.stride(1),
             WRITE_GPRE=need_pre, WRITE_GX0=need_x0, BIAS_GRAD=need_b,
-            BLOCK_M=_EW_BLOCK_M, BLOCK_N=bn, num_warps=_EW_WARPS,
+            BLOCK_M=_EW_BLOCK_M, BLOCK_N=bn, INT64_OFFSETS=needs_int64_offsets(g, x0, pre, gpre, gx0, partial),
+            num_warps=_EW_WARPS,
         )  # fmt: skip
         if need_b:
             sum_partial_rows(partial, gb, bn)

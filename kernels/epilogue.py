@@ -22,7 +22,7 @@ from torch import Tensor
 
 from kernels._backend import check_triton_device, device_context, interpret_mode
 from kernels.activations import act_derivative, activation_code
-from kernels.col_sum import sum_partial_rows
+from kernels.col_sum import needs_int64_offsets, sum_partial_rows
 
 __all__ = ["act_backward"]
 
@@ -58,11 +58,16 @@ def _act_bwd_kernel(
     BIAS_GRAD: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr = False,
 ):
     """grad_pre = grad_out * act'(saved), written to gpre (optional); per-row-block column sums of
-    grad_pre go to partial[pid_m, :] (stage one of the deterministic bias-gradient reduction)."""
+    grad_pre go to partial[pid_m, :] (stage one of the deterministic bias-gradient reduction).
+    INT64_OFFSETS: 64-bit offsets (an operand reaches 2^31 elements, `kernels.col_sum.needs_int64_offsets`)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if INT64_OFFSETS:
+        pid_m = pid_m.to(tl.int64)
+        pid_n = pid_n.to(tl.int64)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (rm[:, None] < M) & (rn[None, :] < N)
@@ -146,6 +151,7 @@ def act_backward(
             BIAS_GRAD=bias_grad,
             BLOCK_M=_BLOCK_M,
             BLOCK_N=bn,
+            INT64_OFFSETS=needs_int64_offsets(grad_out, saved, gpre, partial),
             num_warps=_NUM_WARPS,
         )
         if bias_grad:

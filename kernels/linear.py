@@ -47,6 +47,7 @@ from torch import Tensor, nn
 from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
 from kernels.activations import act_forward, activation_code, apply_activation, check_activation, derivative_from_output
+from kernels.col_sum import INT32_OFFSET_LIMIT, needs_int64_offsets
 from kernels.epilogue import act_backward
 from kernels.heuristics import GemmTile
 
@@ -84,6 +85,7 @@ def _linear_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr = False,
 ):
     """out[m, n] = act(sum_k a[m, k] * w[n, k] + bias[n]); pre (optional) = the argument of act.
 
@@ -91,6 +93,9 @@ def _linear_kernel(
     Split-K: program (tile, s) sums only k in [s * K_PER_SPLIT, (s + 1) * K_PER_SPLIT) and writes
     its partial sums at ``out + s * stride_split`` (an fp32 [S, M, N] workspace, no bias or
     activation); without splitting K_PER_SPLIT = K and the grid's second axis is 1.
+    INT64_OFFSETS: 64-bit offsets, for operands with element offsets of 2^31 or more (the weight gradient's
+    ``a = grad_pre^T`` walks the batch along K); the workspace's ``pid_k * stride_split`` stays below 2^31
+    (`_plan_splits`).
     """
     # Grouped ("super-tile") program order: GROUP_M row-tiles share each column tile of w in L2.
     pid = tl.program_id(0)
@@ -104,6 +109,11 @@ def _linear_kernel(
     pid_n = (pid % num_pid_in_group) // group_size_m
 
     pid_k = tl.program_id(1)
+    if INT64_OFFSETS:  # rows, columns, K and the loop's pointer steps in 64 bits (kernels.col_sum.needs_int64_offsets)
+        pid_m = pid_m.to(tl.int64)
+        pid_n = pid_n.to(tl.int64)
+        stride_ak = tl.cast(stride_ak, tl.int64)
+        stride_wk = tl.cast(stride_wk, tl.int64)
     k_start = pid_k * K_PER_SPLIT
     k_len = tl.minimum(K - k_start, K_PER_SPLIT)
 
@@ -191,10 +201,13 @@ def _plan_splits(M: int, N: int, K: int, tile: GemmTile, plain: bool, split_k: O
     """``(slices, K per slice)``: `split_k` as asked, the heuristic's choice for plain GEMMs, else 1.
 
     K per slice is a whole number of BLOCK_K steps, and the slice count is recomputed from it so that
-    no slice is empty."""
+    no slice is empty. The fp32 [slices, M, N] workspace stays below 2^31 elements, so that the kernel's 32-bit
+    ``pid_k * stride_split`` cannot wrap (the heuristic's workspaces are orders of magnitude smaller; only a huge
+    `split_k` is cut)."""
     if split_k is not None and split_k > 1 and not plain:
         raise ValueError("split_k > 1 is for plain GEMMs (no bias, activation or pre-activation)")
     splits = (split_k or 1) if (split_k is not None or not plain) else _split_k(M, N, K, tile, device)
+    splits = min(splits, max(1, INT32_OFFSET_LIMIT // (M * N)))
     k_per_split = triton.cdiv(triton.cdiv(K, splits), tile.block_k) * tile.block_k
     return triton.cdiv(K, k_per_split), k_per_split
 
@@ -235,6 +248,7 @@ def _launch_gemm(a, w, bias, target, pre, activation, prec, tile: GemmTile, spli
             ACTIVATION=activation_code(activation),
             STORE_PRE=pre is not None,
             INPUT_PRECISION=prec,
+            INT64_OFFSETS=needs_int64_offsets(a, w, target, pre),
             **launch,
         )
 

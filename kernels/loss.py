@@ -34,6 +34,7 @@ import triton.language as tl
 from torch import Tensor, nn
 
 from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels.col_sum import needs_int64_offsets
 
 _INTERPRET = interpret_mode()
 
@@ -80,9 +81,13 @@ def _bce_fwd_kernel(
     stride_y,
     REDUCE: tl.constexpr,
     BLOCK: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr = False,
 ):
-    """REDUCE: partial[pid] = sum of the block's losses (fp32); else loss[i] per element."""
+    """REDUCE: partial[pid] = sum of the block's losses (fp32); else loss[i] per element. INT64_OFFSETS: 64-bit
+    offsets (``(B - 1) * stride`` of an operand reaches 2^31, `kernels.col_sum.needs_int64_offsets`)."""
     pid = tl.program_id(0)
+    if INT64_OFFSETS:
+        pid = pid.to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < B
     z = tl.load(z_ptr + offs * stride_z, mask=mask, other=0.0).to(tl.float32)
@@ -120,10 +125,14 @@ def _bce_bwd_kernel(
     WRITE_GZ: tl.constexpr,
     WRITE_GY: tl.constexpr,
     BLOCK: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr = False,
 ):
     """gz = (sigmoid(z) - y) * go * scale, gy = -z * go * scale. For reduced losses go is the
-    scalar upstream gradient (stride_go = 0) and scale is 1/B ('mean') or 1 ('sum')."""
+    scalar upstream gradient (stride_go = 0) and scale is 1/B ('mean') or 1 ('sum'). INT64_OFFSETS: as the
+    forward's."""
     pid = tl.program_id(0)
+    if INT64_OFFSETS:
+        pid = pid.to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < B
     z = tl.load(z_ptr + offs * stride_z, mask=mask, other=0.0).to(tl.float32)
@@ -168,7 +177,8 @@ def bce_forward(logits: Tensor, labels: Tensor, reduction: str) -> Tensor:
         if B:
             with device_context(z):
                 _bce_fwd_kernel[(triton.cdiv(B, _BLOCK),)](
-                    z, y, out, out, B, z.stride(0), y.stride(0), REDUCE=False, BLOCK=_BLOCK, num_warps=_NUM_WARPS
+                    z, y, out, out, B, z.stride(0), y.stride(0), REDUCE=False, BLOCK=_BLOCK,
+                    INT64_OFFSETS=needs_int64_offsets(z, y, out), num_warps=_NUM_WARPS
                 )
         return out.view(logits.shape)
     out = torch.empty((), device=dev, dtype=logits.dtype)
@@ -177,7 +187,8 @@ def bce_forward(logits: Tensor, labels: Tensor, reduction: str) -> Tensor:
     nblocks = triton.cdiv(B, _BLOCK)
     partial = torch.empty(nblocks, device=dev, dtype=torch.float32)
     with device_context(z):
-        _bce_fwd_kernel[(nblocks,)](z, y, out, partial, B, z.stride(0), y.stride(0), REDUCE=True, BLOCK=_BLOCK, num_warps=_NUM_WARPS)
+        _bce_fwd_kernel[(nblocks,)](z, y, out, partial, B, z.stride(0), y.stride(0), REDUCE=True, BLOCK=_BLOCK,
+                                    INT64_OFFSETS=needs_int64_offsets(z, y), num_warps=_NUM_WARPS)
         _sum_partials_kernel[(1,)](partial, out, nblocks, float(B) if reduction == "mean" else 1.0, BLOCK_R=_BLOCK_R, num_warps=_NUM_WARPS)
     return out
 
@@ -215,6 +226,7 @@ def bce_backward(
                 WRITE_GZ=need_logits,
                 WRITE_GY=need_labels,
                 BLOCK=_BLOCK,
+                INT64_OFFSETS=needs_int64_offsets(z, y, go, gz, gy),
                 num_warps=_NUM_WARPS,
             )
     return (

@@ -61,7 +61,7 @@ from torch import Tensor, nn
 
 from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
-from kernels.col_sum import sum_partial_rows
+from kernels.col_sum import needs_int64_offsets, sum_partial_rows
 
 __all__ = ["FusedMLP", "build_fused_layers", "fused_mlp", "mask_bias_grad", "SUPPORTED_ACTIVATIONS"]
 
@@ -101,11 +101,16 @@ def _mask_bias_kernel(
     BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr = False,
 ):
     """gm = g * (out > 0) (written contiguous [M, N] when WRITE) and partial[pid_m, :] = the column
-    sums of gm over this program's rows [pid_m * ROWS_PER_PROG, (pid_m + 1) * ROWS_PER_PROG)."""
+    sums of gm over this program's rows [pid_m * ROWS_PER_PROG, (pid_m + 1) * ROWS_PER_PROG).
+    INT64_OFFSETS: 64-bit offsets (an operand reaches 2^31 elements, `kernels.col_sum.needs_int64_offsets`)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
+    if INT64_OFFSETS:
+        pid_m = pid_m.to(tl.int64)
+        pid_n = pid_n.to(tl.int64)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = rn[None, :] < N
     row0 = pid_m * ROWS_PER_PROG
@@ -188,7 +193,8 @@ def mask_bias_grad(grad: Tensor, out: Optional[Tensor], relu: bool, *, write: bo
         _mask_bias_kernel[(programs_m, col_blocks)](
             grad, o, gm if gm is not None else grad, partial if partial is not None else grad,
             M, N, grad.stride(0), grad.stride(1), o.stride(0), o.stride(1), rows,
-            RELU=relu, WRITE=write, BIAS=bias_grad, BLOCK_M=block_m, BLOCK_N=bn, num_warps=warps,
+            RELU=relu, WRITE=write, BIAS=bias_grad, BLOCK_M=block_m, BLOCK_N=bn,
+            INT64_OFFSETS=needs_int64_offsets(grad, o, gm, partial), num_warps=warps,
         )  # fmt: skip
         if bias_grad:
             sum_partial_rows(partial, gb, bn)

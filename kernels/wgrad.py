@@ -50,6 +50,7 @@ from torch import Tensor, nn
 
 from kernels import heuristics
 from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels.col_sum import INT32_OFFSET_LIMIT, needs_int64_offsets
 
 _INTERPRET = interpret_mode()
 
@@ -84,6 +85,7 @@ def _wgrad_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    INT64_OFFSETS: tl.constexpr = False,
 ):
     """w_out[m, n] = sum_b gm[b, m] x[b, n]; b_out[m] = sum_b gm[b, m] (written by the pid_n == 0 tiles).
 
@@ -95,13 +97,21 @@ def _wgrad_kernel(
     round gm. Program (tile, s)
     sums rows [s * ROWS_PER_SPLIT, (s + 1) * ROWS_PER_SPLIT) and writes at ``+ s * stride_split``
     (workspace rows: weight partials at [0, M * N), bias partials at [M * N, M * N + M)); unsplit,
-    w_out / b_out are the outputs.
+    w_out / b_out are the outputs. INT64_OFFSETS: 64-bit offsets (an operand reaches 2^31 elements: g [B, M] at
+    B * M >= 2^31, `kernels.col_sum.needs_int64_offsets`); the workspace's ``pid_s * stride_split`` stays below
+    2^31 (`linear_wgrad` caps the slices).
     """
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_pid_n
     pid_n = pid % num_pid_n
     pid_s = tl.program_id(1)
+    if INT64_OFFSETS:  # batch rows, columns and the loop's pointer steps in 64 bits
+        pid_m = pid_m.to(tl.int64)
+        pid_n = pid_n.to(tl.int64)
+        stride_gb = tl.cast(stride_gb, tl.int64)
+        stride_yb = tl.cast(stride_yb, tl.int64)
+        stride_xb = tl.cast(stride_xb, tl.int64)
     b_start = pid_s * ROWS_PER_SPLIT
     b_len = tl.minimum(B - b_start, ROWS_PER_SPLIT)
 
@@ -304,9 +314,7 @@ def linear_wgrad(
     launch = heuristics.pick_wgrad_launch(B, M, N, grad.dtype, heuristics.sm_count(grad.device), _INTERPRET,
                                           masked=out is not None)
     tiles = triton.cdiv(M, launch.block_m) * triton.cdiv(N, launch.block_n)
-    slices = splits if splits is not None else launch.splits
-    rows = triton.cdiv(triton.cdiv(B, max(1, slices)), launch.block_b) * launch.block_b
-    slices = triton.cdiv(B, rows)  # no empty slice
+    slices, rows = _plan_slices(B, M, N, launch.block_b, splits if splits is not None else launch.splits)
     y = out if out is not None else grad
     if slices == 1:
         w_target, b_target, stride_split = dw, db, 0
@@ -325,6 +333,7 @@ def linear_wgrad(
                 MASK=out is not None, SUM_BY_DOT=sum_by_dot, INPUT_PRECISION=prec,
                 EVEN=B % rows == 0 and M % launch.block_m == 0 and N % launch.block_n == 0,
                 BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, BLOCK_B=launch.block_b,
+                INT64_OFFSETS=needs_int64_offsets(grad, y, x, w_target, b_target),
                 num_warps=launch.num_warps, num_stages=launch.num_stages,
             )
         if slices > 1:
@@ -332,6 +341,20 @@ def linear_wgrad(
             _split_sum_kernel[(triton.cdiv(M * N + M, block),)](ws, dw, db, slices, M * N, M, ws.stride(0), BLOCK=block,
                                                                 BLOCK_S=block_s)
     return dw, db
+
+
+def _plan_slices(B: int, M: int, N: int, block_b: int, slices: int) -> tuple[int, int]:
+    """``(slices, rows a slice)`` of the batch for about ``slices`` slices: whole ``block_b`` steps a slice, none
+    empty. The fp32 workspace [slices, M * N + M] stays below 2^31 elements, so that its 32-bit offsets (the
+    kernels' ``pid_s * stride_split``, `_split_sum_kernel`'s) cannot wrap (the heuristic's slices are far below
+    that; only a huge `splits` is cut).
+
+    >>> _plan_slices(1000, 16, 8, 32, 4)
+    (4, 256)
+    """
+    slices = min(slices, max(1, INT32_OFFSET_LIMIT // (M * N + M)))
+    rows = triton.cdiv(triton.cdiv(B, max(1, slices)), block_b) * block_b
+    return triton.cdiv(B, rows), rows
 
 
 def _launch_tma(grad, x, out, w_target, b_target, stride_split, rows, slices, tiles, launch, prec) -> None:
