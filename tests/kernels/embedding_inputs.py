@@ -32,9 +32,21 @@ def make_grad(B: int, F: int, D: int, layout: str, device, dtype=torch.float32, 
 def make_weight(R: int, D: int, device, dtype=torch.float32, sliced: bool = False) -> torch.Tensor:
     """A table [R, D]; `sliced`: non-contiguous rows (a column slice of a wider table)."""
     gen = torch.Generator().manual_seed(2)
-    if sliced:
-        return torch.randn(R, D + 5, generator=gen)[:, 2 : 2 + D].to(device=device, dtype=dtype)
+    if sliced:  # sliced on the device: `.to` of a slice with gaps would copy it contiguous there
+        return torch.randn(R, D + 5, generator=gen).to(device=device, dtype=dtype)[:, 2 : 2 + D]
     return torch.randn(R, D, generator=gen).to(device=device, dtype=dtype)
+
+
+def strided_table(R: int, D: int, layout: str, device, seed: int) -> torch.Tensor:
+    """A [R, D] fp32 table whose column stride is not 1 (requires grad): "transposed" (built [D, R]) or
+    "every_other_column" (every other column of a [R, 2D + 1] one)."""
+    gen = torch.Generator().manual_seed(seed)
+    if layout == "transposed":
+        weight = torch.randn(D, R, generator=gen).to(device).t()
+    else:
+        weight = torch.randn(R, 2 * D + 1, generator=gen).to(device)[:, 1::2]
+    assert weight.stride(1) != 1
+    return weight.requires_grad_()
 
 
 def make_state(optimizer: str, weight: torch.Tensor, zero: bool = False) -> Optional[torch.Tensor]:

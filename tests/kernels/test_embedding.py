@@ -27,7 +27,7 @@ from kernels.embedding import (
     hash_rows,
 )
 from tests.kernels.cuda_graphs import capture
-from tests.kernels.embedding_inputs import make_grad, make_state, make_weight
+from tests.kernels.embedding_inputs import make_grad, make_state, make_weight, strided_table
 
 
 CARD_POOL = [3, 1000, 17, 1, 250, 4099]  # small R: the interpreter copies whole tensors per launch
@@ -261,13 +261,7 @@ def test_lookup_reads_the_table_through_both_strides(layout, device, assert_clos
     is exact and the dense gradient right; D = 24 is no power of two."""
     case = make_case(127, 3, "modulus", hot=True, seed=43).to(device)
     R, D = case.num_rows, 24
-    gen = torch.Generator().manual_seed(44)
-    if layout == "transposed":
-        weight = torch.randn(D, R, generator=gen).to(device).t()
-    else:
-        weight = torch.randn(R, 2 * D + 1, generator=gen).to(device)[:, 1::2]
-    assert weight.stride(1) != 1
-    weight.requires_grad_()
+    weight = strided_table(R, D, layout, device, seed=44)
     out = embedding_lookup(case.raw, weight, *case.hash_args())
     rows = training_rows(case).to(device)
     assert torch.equal(out, weight.detach()[rows])

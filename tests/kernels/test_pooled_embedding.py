@@ -32,7 +32,7 @@ from kernels.embedding import (
     pooled_layout,
 )
 from tests.kernels.cuda_graphs import capture
-from tests.kernels.embedding_inputs import make_grad, make_state, make_weight
+from tests.kernels.embedding_inputs import make_grad, make_state, make_weight, strided_table
 
 OPTIMIZERS = ["sgd", "adagrad", "rowwise_adagrad"]
 EPS = 1e-10
@@ -305,13 +305,7 @@ def test_pooled_lookup_reads_the_table_through_both_strides(layout, device, asse
     and the dense gradient against float64; D = 24 is no power of two."""
     case = make_case(37, [3, 1, 2], "modulus", seed=17).to(device)
     R, D = case.num_rows, 24
-    gen = torch.Generator().manual_seed(18)
-    if layout == "transposed":
-        weight = torch.randn(D, R, generator=gen).to(device).t()
-    else:
-        weight = torch.randn(R, 2 * D + 1, generator=gen).to(device)[:, 1::2]
-    assert weight.stride(1) != 1
-    weight.requires_grad_()
+    weight = strided_table(R, D, layout, device, seed=18)
     out = pooled_embedding_lookup(case.raw, weight, *case.hash_args())
     rows = naive_rows(case).to(device)
     assert_close(out, forward64(rows, weight, case.slot_feature), torch.float32, msg="forward")
