@@ -239,7 +239,7 @@ def test_a_run_shorter_than_the_profiler_cycle_is_told_at_the_start(tmp_path):
         cfg = ProfileConfig(enabled=True, wait=5, warmup=3, active=5)
         make_profiler(cfg, tmp_path, torch.device("cpu"), steps=12)
         assert len(seen) == 1 and "trains 12 step(s), fewer than the profiler's first cycle" in seen[0]
-        assert "= 13" in seen[0] and "write no trace" in seen[0]
+        assert "= 13" in seen[0] and "its trace will hold only 4 of the 5 active step(s)" in seen[0]
         make_profiler(cfg, tmp_path, torch.device("cpu"), steps=13)  # one whole cycle: a trace, nothing to say
         make_profiler(ProfileConfig(enabled=False), tmp_path, torch.device("cpu"), steps=1)
         assert len(seen) == 1

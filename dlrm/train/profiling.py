@@ -23,14 +23,19 @@ from dlrm.config import ProfileConfig
 
 def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps: Optional[int] = None):
     """A started-on-enter profiler writing into `run_dir`, or a null context when disabled. `steps`: the steps this
-    session will train; fewer than the schedule's first cycle write no trace, which is said at the start."""
+    session will train; fewer than the schedule's first cycle profile fewer steps than profile.active (the profiler
+    saves what it recorded when it exits: a shortened trace, or none of a step when the run ends before the active
+    steps), which is said at the start."""
     if not cfg.enabled:
         return contextlib.nullcontext(None)
     cycle = cfg.wait + cfg.warmup + cfg.active
     if steps is not None and steps < cycle:
-        logger.warning(f"profiling: this run trains {steps} step(s), fewer than the profiler's first cycle (profile.wait "
-                       f"{cfg.wait} + profile.warmup {cfg.warmup} + profile.active {cfg.active} = {cycle}): it will "
-                       "write no trace; train longer or shorten those")
+        recorded = max(0, steps - cfg.wait - cfg.warmup)
+        outcome = (f"its trace will hold only {recorded} of the {cfg.active} active step(s)" if recorded
+                   else "it will profile no step")
+        logger.warning(f"profiling: this run trains {steps} step(s), fewer than the profiler's first cycle "
+                       f"(profile.wait {cfg.wait} + profile.warmup {cfg.warmup} + profile.active {cfg.active} = "
+                       f"{cycle}): {outcome}; train longer or shorten those")
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
