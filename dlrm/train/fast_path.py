@@ -100,7 +100,7 @@ def _triton_usable(device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[str, str]:
+def _kernel_choice(component: str, cfg: Config, device: torch.device, multi_hot: bool = False) -> tuple[str, str]:
     usable, why_not = _triton_usable(device)
     if component == "embedding":
         return ("triton", "fused hashing, lookup and sparse update") if usable else ("torch", why_not)
@@ -122,7 +122,8 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device) -> tuple[s
         if not usable:
             return "torch", why_not
         m = cfg.model
-        one_hot_dot = m.interaction == "dot" and not any(s != 1 for s in (m.multi_hot_sizes or []))
+        # the run's tables (the dataset's sizes win over model.multi_hot_sizes, dlrm.train.setup.dataset_tables)
+        one_hot_dot = m.interaction == "dot" and not multi_hot
         if (cfg.train.precision == "bf16" and cfg.data.batch_size >= WGRAD_MIN_BATCH and m.activation == "relu"
                 and cfg.train.compile.enabled and one_hot_dot):
             return "wgrad", ("kernels.wgrad (the ReLU mask and bias gradients fused into Triton weight-gradient GEMMs) "
@@ -304,7 +305,7 @@ def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = Fal
         if out.train.compile.enabled:
             chosen["train.compile.combo_kernels"] = {"value": on, "why": why}
     if out.kernels.mlp == "auto":
-        value, why = _kernel_choice("mlp", out, device)
+        value, why = _kernel_choice("mlp", out, device, multi_hot)
         out.kernels.mlp = value
         chosen["kernels.mlp"] = {"value": value, "why": why}
     if chosen:  # one line: settings that share a reason share its clause
