@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Optional
 
 import torch
 
@@ -51,3 +52,38 @@ def check_triton_device(device: torch.device | str, what: str = "triton kernels"
 def device_context(t: torch.Tensor):
     """Launch on `t`'s GPU (Triton launches on the *current* CUDA device); a no-op on the CPU."""
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+# Element offsets from here on do not fit the int32 arithmetic of a kernel's indices and strides. In a kernel
+# ``rm = pid * BLOCK_M + tl.arange(0, BLOCK_M)`` is int32 and strides below 2^31 are specialized as int32, so
+# ``rm[:, None] * stride`` wraps once an operand has an element offset of 2^31 or more (MLPerf DLRM-DCNv2's cross net,
+# N = 3456, at ~621k rows; a 1024-wide layer at ~2.1M rows): another row is read or written, silently. The dense
+# kernels' launchers (`kernels.cross`, `kernels.linear`, `kernels.epilogue`, `kernels.mlp`, `kernels.wgrad`,
+# `kernels.loss`, `kernels.col_sum`) set their ``INT64_OFFSETS`` flag by `needs_int64_offsets`: with it the kernels cast
+# their row (and column) indices to int64 before multiplying; without it they compile to exactly the 32-bit code they
+# always ran, which every shape below that size keeps.
+INT32_OFFSET_LIMIT = 2**31
+
+
+def max_element_offset(t: Optional[torch.Tensor]) -> int:
+    """The largest element offset from ``t``'s data pointer, ``sum_d (size_d - 1) * stride_d`` (0 for an empty tensor
+    or None): what a kernel's index arithmetic reaches on ``t``.
+
+    >>> import torch
+    >>> max_element_offset(torch.empty(3, 5)), max_element_offset(torch.empty(3, 5).t()), max_element_offset(None)
+    (14, 14, 0)
+    """
+    if t is None or t.numel() == 0:
+        return 0
+    return sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+
+
+def needs_int64_offsets(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether one of ``tensors`` (None skipped) has an element offset of 2^31 or more: then a kernel's 32-bit
+    ``index * stride`` products would wrap, and its launcher sets ``INT64_OFFSETS``.
+
+    >>> import torch
+    >>> [needs_int64_offsets(torch.empty(m, 2**15, device="meta"), None) for m in (2**16, 2**16 + 1)]
+    [False, True]
+    """
+    return any(max_element_offset(t) >= INT32_OFFSET_LIMIT for t in tensors)

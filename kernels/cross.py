@@ -51,8 +51,8 @@ import triton.language as tl
 from torch import Tensor, nn
 
 from kernels import heuristics
-from kernels._backend import check_triton_device, device_context, interpret_mode
-from kernels.col_sum import needs_int64_offsets, sum_partial_rows
+from kernels._backend import check_triton_device, device_context, interpret_mode, needs_int64_offsets
+from kernels.col_sum import sum_partial_rows
 from kernels.heuristics import GemmTile
 from kernels.linear import gemm_bias_act, resolve_input_precision
 
@@ -112,7 +112,7 @@ def _cross_fwd_kernel(
     group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
     pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
     pid_n = (pid % num_pid_in_group) // group_size_m
-    if INT64_OFFSETS:  # rows, columns and the loop's pointer steps in 64 bits (kernels.col_sum.needs_int64_offsets)
+    if INT64_OFFSETS:  # rows, columns and the loop's pointer steps in 64 bits (kernels._backend.needs_int64_offsets)
         pid_m = pid_m.to(tl.int64)
         pid_n = pid_n.to(tl.int64)
         stride_uk = tl.cast(stride_uk, tl.int64)

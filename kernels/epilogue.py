@@ -20,9 +20,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels._backend import check_triton_device, device_context, interpret_mode, needs_int64_offsets
 from kernels.activations import act_derivative, activation_code
-from kernels.col_sum import needs_int64_offsets, sum_partial_rows
+from kernels.col_sum import sum_partial_rows
 
 __all__ = ["act_backward"]
 
@@ -62,7 +62,7 @@ def _act_bwd_kernel(
 ):
     """grad_pre = grad_out * act'(saved), written to gpre (optional); per-row-block column sums of
     grad_pre go to partial[pid_m, :] (stage one of the deterministic bias-gradient reduction).
-    INT64_OFFSETS: 64-bit offsets (an operand reaches 2^31 elements, `kernels.col_sum.needs_int64_offsets`)."""
+    INT64_OFFSETS: 64-bit offsets (an operand reaches 2^31 elements, `kernels._backend.needs_int64_offsets`)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if INT64_OFFSETS:

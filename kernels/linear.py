@@ -45,9 +45,9 @@ import triton.language as tl
 from torch import Tensor, nn
 
 from kernels import heuristics
-from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels._backend import (INT32_OFFSET_LIMIT, check_triton_device, device_context, interpret_mode,
+                              needs_int64_offsets)
 from kernels.activations import act_forward, activation_code, apply_activation, check_activation, derivative_from_output
-from kernels.col_sum import INT32_OFFSET_LIMIT, needs_int64_offsets
 from kernels.epilogue import act_backward
 from kernels.heuristics import GemmTile
 
@@ -109,7 +109,7 @@ def _linear_kernel(
     pid_n = (pid % num_pid_in_group) // group_size_m
 
     pid_k = tl.program_id(1)
-    if INT64_OFFSETS:  # rows, columns, K and the loop's pointer steps in 64 bits (kernels.col_sum.needs_int64_offsets)
+    if INT64_OFFSETS:  # rows, columns, K and the loop's pointer steps in 64 bits (kernels._backend.needs_int64_offsets)
         pid_m = pid_m.to(tl.int64)
         pid_n = pid_n.to(tl.int64)
         stride_ak = tl.cast(stride_ak, tl.int64)

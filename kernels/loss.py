@@ -33,8 +33,7 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
-from kernels._backend import check_triton_device, device_context, interpret_mode
-from kernels.col_sum import needs_int64_offsets
+from kernels._backend import check_triton_device, device_context, interpret_mode, needs_int64_offsets
 
 _INTERPRET = interpret_mode()
 
@@ -84,7 +83,7 @@ def _bce_fwd_kernel(
     INT64_OFFSETS: tl.constexpr = False,
 ):
     """REDUCE: partial[pid] = sum of the block's losses (fp32); else loss[i] per element. INT64_OFFSETS: 64-bit
-    offsets (``(B - 1) * stride`` of an operand reaches 2^31, `kernels.col_sum.needs_int64_offsets`)."""
+    offsets (``(B - 1) * stride`` of an operand reaches 2^31, `kernels._backend.needs_int64_offsets`)."""
     pid = tl.program_id(0)
     if INT64_OFFSETS:
         pid = pid.to(tl.int64)

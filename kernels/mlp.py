@@ -60,8 +60,8 @@ import triton.language as tl
 from torch import Tensor, nn
 
 from kernels import heuristics
-from kernels._backend import check_triton_device, device_context, interpret_mode
-from kernels.col_sum import needs_int64_offsets, sum_partial_rows
+from kernels._backend import check_triton_device, device_context, interpret_mode, needs_int64_offsets
+from kernels.col_sum import sum_partial_rows
 
 __all__ = ["FusedMLP", "build_fused_layers", "fused_mlp", "mask_bias_grad", "SUPPORTED_ACTIVATIONS"]
 
@@ -105,7 +105,7 @@ def _mask_bias_kernel(
 ):
     """gm = g * (out > 0) (written contiguous [M, N] when WRITE) and partial[pid_m, :] = the column
     sums of gm over this program's rows [pid_m * ROWS_PER_PROG, (pid_m + 1) * ROWS_PER_PROG).
-    INT64_OFFSETS: 64-bit offsets (an operand reaches 2^31 elements, `kernels.col_sum.needs_int64_offsets`)."""
+    INT64_OFFSETS: 64-bit offsets (an operand reaches 2^31 elements, `kernels._backend.needs_int64_offsets`)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if INT64_OFFSETS:

@@ -49,8 +49,8 @@ import triton.language as tl
 from torch import Tensor, nn
 
 from kernels import heuristics
-from kernels._backend import check_triton_device, device_context, interpret_mode
-from kernels.col_sum import INT32_OFFSET_LIMIT, needs_int64_offsets
+from kernels._backend import (INT32_OFFSET_LIMIT, check_triton_device, device_context, interpret_mode,
+                              needs_int64_offsets)
 
 _INTERPRET = interpret_mode()
 
@@ -98,7 +98,7 @@ def _wgrad_kernel(
     sums rows [s * ROWS_PER_SPLIT, (s + 1) * ROWS_PER_SPLIT) and writes at ``+ s * stride_split``
     (workspace rows: weight partials at [0, M * N), bias partials at [M * N, M * N + M)); unsplit,
     w_out / b_out are the outputs. INT64_OFFSETS: 64-bit offsets (an operand reaches 2^31 elements: g [B, M] at
-    B * M >= 2^31, `kernels.col_sum.needs_int64_offsets`); the workspace's ``pid_s * stride_split`` stays below
+    B * M >= 2^31, `kernels._backend.needs_int64_offsets`); the workspace's ``pid_s * stride_split`` stays below
     2^31 (`linear_wgrad` caps the slices).
     """
     pid = tl.program_id(0)

@@ -49,7 +49,7 @@ import triton
 from torch import Tensor
 
 from kernels import heuristics
-from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels._backend import INT32_OFFSET_LIMIT, check_triton_device, device_context, interpret_mode, max_element_offset
 from kernels.embedding.atomic_update import _sgd_atomic_update
 from kernels.embedding.rounding import RNG_CODES
 from kernels.embedding.segment_carry import _group_sum_kernel, _sparse_carry_kernel
@@ -135,11 +135,6 @@ CARRY_GROUP_SUMS: Optional[bool] = None
 # ----------------------------------------------------------------------------------------------------
 # Host launchers
 # ----------------------------------------------------------------------------------------------------
-
-
-def _max_offset(t: Tensor) -> int:
-    """The largest element offset ``t`` addresses (its strides non-negative): 32-bit index arithmetic below 2**31."""
-    return sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if n > 0)
 
 
 def _sort_by_row(rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
@@ -230,7 +225,7 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
         SPLIT_FP32=grad_out.dtype == torch.float32,
         DOT_16BIT=not interpret_mode(),
         ROW_LOADS=0 if interpret_mode() and ROW_LOADS == "prefetch_l2" else ROW_LOAD_ORDERS[ROW_LOADS],
-        POS32=N + cfg.chunk < 2**31 and _max_offset(grad_out) < 2**31,
+        POS32=N + cfg.chunk < 2**31 and max_element_offset(grad_out) < INT32_OFFSET_LIMIT,
         ROW_EVICT=EVICTIONS[evict][0],
         GRAD_EVICT=EVICTIONS[evict][1],
         PICK_STORE=PARTIAL_PICKS[PARTIAL_PICK],

@@ -7,7 +7,7 @@ int32, so ``rm[:, None] * stride`` wraps once an operand has an element offset o
 cross net (N = 3456) at ~621k rows, a 1024-wide layer at ~2.1M rows, the weight gradient's ``g [B, 512]`` at ~4.2M
 rows, any operand that is a view with a large row (or column) stride. The wrapped offset lands 2^32 elements before
 the right one: another row is read or written, silently. Each launcher sets its kernel's ``INT64_OFFSETS`` flag when
-an operand reaches 2^31 (`kernels.col_sum.needs_int64_offsets`), and the kernel casts its row and column indices
+an operand reaches 2^31 (`kernels._backend.needs_int64_offsets`), and the kernel casts its row and column indices
 (and the loop's pointer steps) to int64; these tests fail when one of those casts, or the flag, is lost.
 
 Operands live in sparse files mapped into memory (``torch.from_file``: tens of GB of address space, only the pages
@@ -38,7 +38,7 @@ import torch
 
 from kernels import col_sum, cross, epilogue, linear, loss, mlp, wgrad
 from kernels._backend import interpret_mode
-from kernels.col_sum import INT32_OFFSET_LIMIT, max_element_offset
+from kernels._backend import INT32_OFFSET_LIMIT, max_element_offset
 from kernels.heuristics import INTERPRETER_GEMM_TILE
 
 BIG = INT32_OFFSET_LIMIT  # 2^31

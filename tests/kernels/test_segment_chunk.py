@@ -111,15 +111,15 @@ def test_carry_paths(runs, optimizer, group_sums, device, monkeypatch, assert_cl
 @pytest.mark.parametrize("grad_layout", ["contiguous", "permuted"])
 def test_32_and_64_bit_index_paths_agree_bit_for_bit(dtype, grad_layout, device, monkeypatch):
     """The chunk kernel does its index arithmetic in int32 where every position and gradient offset fits (POS32,
-    checked on the host with `update._max_offset`), else in int64: forced onto the 64-bit path, the same update
+    checked on the host with `update.max_element_offset`), else in int64: forced onto the 64-bit path, the same update
     (row-wise Adagrad, lazy decay, bf16 with stochastic rounding) gives the same tables and state bit for bit."""
     from kernels.embedding import update
 
     case, rows = hot_case(device, B=127, seed=5)
     grad = make_grad(rows.shape[0], 2, 16, grad_layout, device)
-    assert update._max_offset(grad) == sum((n - 1) * s for n, s in zip(grad.shape, grad.stride()))
+    assert update.max_element_offset(grad) == sum((n - 1) * s for n, s in zip(grad.shape, grad.stride()))
     w32, s32 = run_update(PLAIN, case, rows, grad, "rowwise_adagrad", dtype, device, monkeypatch)
-    monkeypatch.setattr(update, "_max_offset", lambda t: 2**31)  # as if the gradient were too large for int32
+    monkeypatch.setattr(update, "max_element_offset", lambda t: 2**31)  # as if the gradient were too large for int32
     w64, s64 = run_update(PLAIN, case, rows, grad, "rowwise_adagrad", dtype, device, monkeypatch)
     assert torch.equal(w32, w64) and torch.equal(s32, s64)
     assert not torch.equal(w32, make_weight(case.num_rows, 16, device, dtype))  # the update did move the rows
