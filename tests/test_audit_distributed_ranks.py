@@ -10,7 +10,7 @@ import torch
 
 from dlrm.config import Config, validate
 from dlrm.data.batch import Batch
-from dlrm.data.loader import rank_slice
+from dlrm.data.loader import rank_rows, rank_slice
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
@@ -187,9 +187,11 @@ def _batches(sizes: list[int], seed: int) -> list[Batch]:
                   (torch.rand(n, generator=g) < 0.4).float()) for n in sizes]
 
 
-def _mine(batch: Batch, rank: int) -> Batch:
-    a, b = rank_slice(0, len(batch), rank, WORLD)
-    return Batch(batch.dense[a:b], batch.sparse[a:b], batch.labels[a:b], len(batch))
+def _mine(batch: Batch, rank: int, pad_ranks: bool = False) -> Batch:
+    """This rank's slice, as the loaders cut it: with `pad_ranks` (an evaluation's loader) a rank without a row
+    gets the batch's last row as padding."""
+    a, b, pad = rank_rows(0, len(batch), rank, WORLD, pad_ranks)
+    return Batch(batch.dense[a:b], batch.sparse[a:b], batch.labels[a:b], len(batch), pad)
 
 
 def _check_run(rank: int, sharding: str, dense: str, sparse: str) -> None:
@@ -228,10 +230,11 @@ def _check_run(rank: int, sharding: str, dense: str, sparse: str) -> None:
     assert moved == dist.plan.local_rows(rank)
     eval_batches = _batches(EVAL_BATCHES, seed=2)
     ref_metrics = evaluate(one.eval_forward, eval_batches)
-    metrics = evaluate(dist.eval_forward, [_mine(b, rank) for b in eval_batches], env)
-    assert metrics.keys() == ref_metrics.keys()
-    for k, v in ref_metrics.items():
-        assert metrics[k] == pytest.approx(v, rel=1e-6, abs=1e-7), k
+    for pad_ranks in (False, True):  # rank 2 without a row of the last batch, or with a padding row
+        metrics = evaluate(dist.eval_forward, [_mine(b, rank, pad_ranks) for b in eval_batches], env)
+        assert metrics.keys() == ref_metrics.keys()
+        for k, v in ref_metrics.items():
+            assert metrics[k] == pytest.approx(v, rel=1e-6, abs=1e-7), (k, pad_ranks)
 
 
 # SGD: a gradient off by a factor moves the parameters by as much (Adam and Adagrad divide most of it out)

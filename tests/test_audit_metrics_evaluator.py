@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dlrm.config import EarlyStoppingConfig
+from dlrm.data.batch import Batch
 from dlrm.train import evaluator as evaluator_mod
 from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.meter import RunStats
@@ -104,7 +105,7 @@ def test_each_evaluation_is_logged_at_its_own_step(monkeypatch):
 
 
 class Forward:
-    """Logits of fake batches; records the model's mode at each call."""
+    """Logits of fake batches (carried in their dense column 0); records the model's mode at each call."""
 
     def __init__(self):
         self.model = torch.nn.Dropout(0.5)
@@ -112,19 +113,25 @@ class Forward:
 
     def __call__(self, batch):
         self.modes.append(self.model.training)
-        return batch.logits
+        return batch.dense[:, 0].clone()
 
 
 def test_evaluate_runs_the_model_in_eval_mode_over_every_batch_then_back_to_training():
+    """Every batch's rows count, less a batch's padding rows (`Batch.pad`: a rank without a row of an evaluation's
+    last batch gets a copy of its last row, which must not count twice)."""
     rng = np.random.default_rng(3)
-    sizes = (3, 1, 127)
-    batches = [SimpleNamespace(logits=torch.tensor(rng.normal(size=n), dtype=torch.float32),
-                               labels=torch.tensor(rng.integers(0, 2, n), dtype=torch.float32)) for n in sizes]
+    sizes, pads = (3, 1, 127, 2), (0, 1, 0, 1)
+    batches = [Batch(torch.tensor(rng.normal(size=(n, 13)), dtype=torch.float32), torch.zeros(n, 26, dtype=torch.int64),
+                     torch.tensor(rng.integers(0, 2, n), dtype=torch.float32), pad=p) for n, p in zip(sizes, pads)]
     forward = Forward()
     got = evaluate(forward, batches)
     assert forward.modes == [False] * len(sizes) and forward.model.training
-    want = evaluate_logits(torch.cat([b.logits for b in batches]), torch.cat([b.labels for b in batches]))
+    real = [slice(0, n - p) for n, p in zip(sizes, pads)]
+    want = evaluate_logits(torch.cat([b.dense[r, 0] for b, r in zip(batches, real)]),
+                           torch.cat([b.labels[r] for b, r in zip(batches, real)]))
     assert got == pytest.approx(want, rel=1e-12)
+    padded = evaluate_logits(torch.cat([b.dense[:, 0] for b in batches]), torch.cat([b.labels for b in batches]))
+    assert got != pytest.approx(padded, rel=1e-6)  # the padding rows change the metrics: they were left out
 
 
 def test_an_undefined_first_evaluation_does_not_stay_the_best(monkeypatch):

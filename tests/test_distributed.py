@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dlrm.config import ConfigError
-from dlrm.data.loader import batches_per_epoch, rank_slice
+from dlrm.data.loader import batches_per_epoch, rank_rows, rank_slice
 from dlrm.data.schema import read_metadata
 from dlrm.distributed.checkpoint import assemble
 from dlrm.distributed.sharding import MASKED_SLOT_COST, SENT_FEATURE_COST, plan_cost, plan_sharding
@@ -23,7 +23,9 @@ from tests.conftest import REPO, make_dataset, process_output
 from tests.shared_once import computed_once
 
 BASE = {
-    "data": {"batch_size": 23, "shuffle": True, "drop_last": False},  # 278 rows: 12 batches of 23 (12 + 11 per rank), then 2 (1 + 1)
+    # 278 rows: 12 batches of 23 (12 + 11 per rank), then 2 (1 + 1); 64 validation rows: 3 batches of 21, then one
+    # row (on two ranks: that row and a padding row, Batch.pad)
+    "data": {"batch_size": 23, "eval_batch_size": 21, "shuffle": True, "drop_last": False},
     "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
     "optim": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "rowwise_adagrad", "lr": 0.05},
               "schedule": {"warmup_steps": 5, "decay": "linear"}},
@@ -53,6 +55,28 @@ def test_last_batch_smaller_than_world_is_dropped():
     assert batches_per_epoch(47, 23, False, world_size=2) == 2  # 1 row left, 2 ranks
     assert batches_per_epoch(48, 23, False, world_size=2) == 3
     assert batches_per_epoch(48, 23, True, world_size=2) == 2
+    # an evaluation keeps it (pad_ranks): the rank without a row gets a padding row
+    assert batches_per_epoch(47, 23, False, world_size=2, pad_ranks=True) == 3
+    assert batches_per_epoch(46, 23, False, world_size=2, pad_ranks=True) == 2
+    assert batches_per_epoch(47, 23, True, world_size=2, pad_ranks=True) == 2
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+@pytest.mark.parametrize("lo,hi", [(0, 23), (5, 7), (0, 1), (10, 10 + 64)])
+def test_rank_rows_pad_only_the_ranks_left_empty(world, lo, hi):
+    rows = [rank_rows(lo, hi, r, world, pad_ranks=True) for r in range(world)]
+    for r, (a, b, pad) in enumerate(rows):
+        if (a, b) == rank_slice(lo, hi, r, world):
+            assert pad == 0
+        else:  # an empty slice: one padding row, the batch's last
+            assert rank_slice(lo, hi, r, world)[0] == rank_slice(lo, hi, r, world)[1] and (a, b, pad) == (hi - 1, hi, 1)
+    real = [(a, b) for a, b, pad in rows if not pad]
+    assert real == [rank_slice(lo, hi, r, world) for r in range(len(real))]  # the real rows are rank_slice's
+    assert all(pad for *_, pad in rows[len(real):])  # the padded ranks are the last ones
+    assert all(b - a == 1 for a, b, pad in rows if pad) and sum(pad for *_, pad in rows) == max(0, world - (hi - lo))
+    assert [rank_rows(lo, hi, r, world, pad_ranks=False) for r in range(world)] == [(*s, 0) for s in
+                                                                                    (rank_slice(lo, hi, r, world)
+                                                                                     for r in range(world))]
 
 
 @pytest.mark.parametrize("mode", ["table", "row", "auto"])
@@ -420,9 +444,39 @@ def test_loader_ranks_concatenate_to_the_one_process_batches(dataset, loader_nam
     assert len(ref) == 13 and all(len(r) == (13 if world == 2 else 12) for r in ranks)
     for i, batch in enumerate(ref[: len(ranks[0])]):
         parts = [r[i] for r in ranks]
-        assert all(p.global_len == len(batch) for p in parts)
+        assert all(p.global_len == len(batch) and p.pad == 0 for p in parts)
         for field in ("dense", "sparse", "labels"):
             assert torch.equal(torch.cat([getattr(p, field) for p in parts]), getattr(batch, field))
+
+
+@pytest.mark.parametrize("loader_name", ["parquet", "device"])
+@pytest.mark.parametrize("world", [3, 4])
+def test_evaluation_loader_ranks_keep_a_last_batch_smaller_than_world(dataset, loader_name, world):
+    """An evaluation's loader (pad_ranks) keeps the 2-row last batch on 3 and 4 ranks: the ranks without a row
+    get the batch's last row as padding (Batch.pad), and every batch's real rows joined in rank order are the one
+    process's batch."""
+    from dlrm.data.device_loader import DeviceLoader
+    from dlrm.data.loader import ParquetLoader
+
+    files = sorted((dataset / "train").glob("*.parquet"))
+
+    def make(rank, world_size):
+        if loader_name == "device":
+            return DeviceLoader(files, 23, "cpu", rank=rank, world_size=world_size, pad_ranks=True)
+        return ParquetLoader(files, 23, "cpu", prefetch=1, rank=rank, world_size=world_size, pad_ranks=True)
+
+    ref = list(make(0, 1))
+    ranks = [list(make(r, world)) for r in range(world)]
+    assert len(ref) == 13 and all(len(r) == 13 == len(make(q, world)) for q, r in enumerate(ranks))
+    assert [p.pad for p in ranks[-1]] == [0] * 12 + [1] and [len(p) for p in (r[-1] for r in ranks)] == [1] * world
+    for i, batch in enumerate(ref):
+        parts = [r[i] for r in ranks]
+        assert all(p.global_len == len(batch) for p in parts)
+        for field in ("dense", "sparse", "labels"):
+            assert torch.equal(torch.cat([p.real(getattr(p, field)) for p in parts]), getattr(batch, field))
+        for p in parts:
+            if p.pad:  # the padding row repeats the batch's last row
+                assert torch.equal(p.sparse, batch.sparse[-1:]) and p.real(p.labels).shape == (0,)
 
 
 def test_scaling_efficiency_uses_the_one_gpu_row_closest_in_time():

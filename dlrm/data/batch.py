@@ -1,7 +1,7 @@
 """The batch the loaders deliver, and what both loaders share about batches.
 
 `Batch`, how many batches an epoch has (`batches_per_epoch`, `keeps_last_batch`), which rows of
-a global batch a rank gets (`rank_slice`), and the transforms applied on the device once per
+a global batch a rank gets (`rank_slice`, `rank_rows`), and the transforms applied on the device once per
 buffer: the dense counts' ``log1p(max(x, 0))`` (`transform_dense`) and the widening of sparse
 values that crossed the bus in their compact int32 form (`widen_sparse`).
 """
@@ -22,16 +22,24 @@ class Batch:
     sparse: int64 [B, L] raw hash values, L = ``sum(multi_hot_sizes)`` (26 when one-hot): feature f in columns
     ``slot_offsets[f] : slot_offsets[f + 1]`` (`dlrm.data.schema.slot_offsets`), -1 a missing
     category, -2 (`PAD_SPARSE`) an empty slot of a multi-hot feature; labels: float32 [B]. In a distributed run B is this rank's slice and `global_size` the rows
-    of the whole global batch (see `rank_slice`).
+    of the whole global batch (see `rank_slice`). `pad`: the last rows of this slice that are not the split's (an
+    evaluation's last batch with fewer rows than ranks gives a rank without a row a copy of the batch's last row,
+    `rank_rows`): they go through the model like the others and are left out of the metrics (`real`).
     """
 
     dense: torch.Tensor
     sparse: torch.Tensor
     labels: torch.Tensor
     global_size: Optional[int] = None
+    pad: int = 0
 
     def __len__(self) -> int:
         return self.labels.shape[0]
+
+    def real(self, t: torch.Tensor) -> torch.Tensor:
+        """`t`'s rows of the split (a per-row result of this batch, e.g. its logits or labels) without the padding
+        rows (`pad`)."""
+        return t[: len(self) - self.pad] if self.pad else t
 
     @property
     def global_len(self) -> int:
@@ -39,15 +47,17 @@ class Batch:
         return len(self) if self.global_size is None else self.global_size
 
 
-def keeps_last_batch(rows: int, drop_last: bool, world_size: int) -> bool:
+def keeps_last_batch(rows: int, drop_last: bool, world_size: int, pad_ranks: bool = False) -> bool:
     """Whether an epoch's last, partial batch of `rows` rows is delivered: not with `drop_last`,
-    and not when it has fewer rows than ranks (every rank must get at least one row)."""
-    return 0 < rows and not drop_last and rows >= world_size
+    and not when it has fewer rows than ranks (every rank must get at least one row), unless `pad_ranks` (an
+    evaluation: the ranks without a row get a padding row, `rank_rows`)."""
+    return 0 < rows and not drop_last and (rows >= world_size or pad_ranks)
 
 
-def batches_per_epoch(num_rows: int, batch_size: int, drop_last: bool, world_size: int = 1) -> int:
+def batches_per_epoch(num_rows: int, batch_size: int, drop_last: bool, world_size: int = 1,
+                      pad_ranks: bool = False) -> int:
     full, rest = divmod(num_rows, batch_size)
-    return full + int(keeps_last_batch(rest, drop_last, world_size))
+    return full + int(keeps_last_batch(rest, drop_last, world_size, pad_ranks))
 
 
 def rank_slice(lo: int, hi: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -58,6 +68,21 @@ def rank_slice(lo: int, hi: int, rank: int, world_size: int) -> tuple[int, int]:
     what makes an N-process run equal a one-process run."""
     per, extra = divmod(hi - lo, world_size)
     return lo + rank * per + min(rank, extra), lo + (rank + 1) * per + min(rank + 1, extra)
+
+
+def rank_rows(lo: int, hi: int, rank: int, world_size: int, pad_ranks: bool) -> tuple[int, int, int]:
+    """``(a, b, pad)``: rank `rank`'s rows ``[a, b)`` of the global batch ``[lo, hi)`` (`rank_slice`), of which the
+    last `pad` are padding. With `pad_ranks` a rank `rank_slice` leaves empty (a batch of fewer rows than ranks)
+    gets the batch's last row as one padding row, so every rank runs its forward (and the sharded lookup's
+    collectives) on at least one row; the evaluation leaves the padding out (`Batch.real`).
+
+        >>> [rank_rows(0, 2, r, 4, pad_ranks=True) for r in range(4)]
+        [(0, 1, 0), (1, 2, 0), (1, 2, 1), (1, 2, 1)]
+    """
+    a, b = rank_slice(lo, hi, rank, world_size)
+    if a == b and pad_ranks and hi > lo:
+        return hi - 1, hi, 1
+    return a, b, 0
 
 
 def transform_dense(dense: torch.Tensor, dense_format: str = "counts") -> torch.Tensor:

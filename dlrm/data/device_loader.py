@@ -40,7 +40,7 @@ from dlrm.data.loader import (
     compact_limit,
     first_rows,
     open_shard,
-    rank_slice,
+    rank_rows,
     transform_dense,
 )
 from dlrm.data.loader import widen_sparse as _widen
@@ -105,6 +105,8 @@ class DeviceLoader:
         drop_last: drop the last partial batch of an epoch.
         rank, world_size: deliver only this rank's slice of every global batch
             (`dlrm.data.loader.rank_slice`); each rank still holds the whole split.
+        pad_ranks: keep a last batch with fewer rows than ranks, a rank without a row getting a padding row
+            (`dlrm.data.batch.rank_rows`, `Batch.pad`): for evaluations, which must see every row.
         multi_hot_sizes: the dataset's `Metadata.multi_hot_sizes` (None: one-hot); batches then
             carry sparse [B, L] as `dlrm.data.loader.ParquetLoader` documents.
         dense_format: the dataset's `Metadata.dense_format` ("counts" or "float", as `ParquetLoader`'s).
@@ -121,7 +123,7 @@ class DeviceLoader:
     """
 
     def __init__(self, files: list[Path], batch_size: int, device: torch.device | str, *, shuffle: bool = False,
-                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, drop_last: bool = False, rank: int = 0, world_size: int = 1, pad_ranks: bool = False,
                  multi_hot_sizes: list[int] | None = None, dense_format: str = "counts") -> None:
         self.files = [Path(f) for f in files]
         self.multi_hot_sizes = list(multi_hot_sizes) if multi_hot_sizes is not None else one_hot_sizes()
@@ -130,7 +132,7 @@ class DeviceLoader:
         self._multi_hot = is_multi_hot(self.multi_hot_sizes)
         self._width = sparse_width(self.multi_hot_sizes)
         self.dense_format = check_dense_format(dense_format)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.pad_ranks = rank, world_size, pad_ranks
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.shuffle = shuffle
@@ -202,7 +204,7 @@ class DeviceLoader:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.world_size)
+        return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.world_size, self.pad_ranks)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """The next iteration yields `epoch`'s batches from index `start_batch` on (for resume)."""
@@ -219,7 +221,7 @@ class DeviceLoader:
         order = self._order() if self.shuffle else None
         for i in range(self.start_batch, len(self)):
             lo, hi = i * self.batch_size, min((i + 1) * self.batch_size, self.num_rows)
-            a, b = rank_slice(lo, hi, self.rank, self.world_size)
+            a, b, pad = rank_rows(lo, hi, self.rank, self.world_size, self.pad_ranks)
             idx = order[a:b] if order is not None else slice(a, b)
             yield Batch(self.dense[idx], _widen(self.sparse[idx], self._multi_hot), self.labels[idx],
-                        hi - lo if self.world_size > 1 else None)
+                        hi - lo if self.world_size > 1 else None, pad)

@@ -32,7 +32,7 @@ from dlrm.data.batch import (
     batches_per_epoch,
     compact_limit,
     keeps_last_batch,
-    rank_slice,
+    rank_rows,
     transform_dense,
     widen_sparse,
 )
@@ -63,6 +63,8 @@ class ParquetLoader:
         rank, world_size: in a distributed run, deliver only rank `rank`'s slice of every global
             batch (`rank_slice`); every rank plans, decodes and uploads the same buffers (the
             global batches must be identical everywhere) but cuts only its own rows.
+        pad_ranks: keep a last batch with fewer rows than ranks, a rank without a row getting a padding row
+            (`dlrm.data.batch.rank_rows`, `Batch.pad`): for evaluations, which must see every row.
         compact_sparse: move sparse values as int32 bit patterns on the host (exact only without
             0xFFFFFFFF, and in multi-hot data 0xFFFFFFFE, which the footers' statistics must rule
             out); None: on CUDA devices.
@@ -134,6 +136,7 @@ class ParquetLoader:
         reader_threads: Optional[int] = None,
         rank: int = 0,
         world_size: int = 1,
+        pad_ranks: bool = False,
         compact_sparse: Optional[bool] = None,
         multi_hot_sizes: Optional[list[int]] = None,
         dense_format: str = "counts",
@@ -148,7 +151,7 @@ class ParquetLoader:
         self._width = sparse_width(self.multi_hot_sizes)
         self.dense_format = check_dense_format(dense_format)
         self.batch_size = batch_size
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.pad_ranks = rank, world_size, pad_ranks
         self.device = torch.device(device)
         self.shuffle = shuffle
         self.seed = seed
@@ -213,7 +216,7 @@ class ParquetLoader:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.world_size)
+        return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.world_size, self.pad_ranks)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """The next iteration yields `epoch`'s batches from index `start_batch` on (for resume).
@@ -244,7 +247,7 @@ class ParquetLoader:
             nonlocal batches
             full = rows // B * B
             cuts = [(s, s + B) for s in range(0, full, B)]
-            if final and keeps_last_batch(rows - full, self.drop_last, self.world_size):
+            if final and keeps_last_batch(rows - full, self.drop_last, self.world_size, self.pad_ranks):
                 cuts.append((full, rows))
             flushes.append(_Flush(groups, carry, rows, final, cuts, batches, full))
             batches += len(cuts)
@@ -586,9 +589,9 @@ class ParquetLoader:
                     if t is not None:
                         t.record_stream(current)  # made on the copy stream, read (and viewed) here
                 buf.streams.add(current)
-        a, b = rank_slice(lo, hi, self.rank, self.world_size)
+        a, b, pad = rank_rows(lo, hi, self.rank, self.world_size, self.pad_ranks)
         dense, sparse, labels = buf.take(a, b)
-        return Batch(dense, sparse, labels, hi - lo if self.world_size > 1 else None)
+        return Batch(dense, sparse, labels, hi - lo if self.world_size > 1 else None, pad)
 
     @staticmethod
     def _empty(q: queue.Queue) -> list:

@@ -38,6 +38,10 @@ class DenseParts(nn.Module):
         return dense_forward(self, dense, embeddings)
 
 
+CONSTANT_BUFFERS = frozenset({"interaction_arch.tril_rows", "interaction_arch.tril_cols"})
+"""The dense parts' buffers, constants every rank builds alike (`dlrm.model.archs.InteractionArch`)."""
+
+
 def wrap_dense_parts(model: DLRM, device: torch.device) -> DistributedDataParallel:
     """The dense parts of `model` replicated with DDP: call it instead of `model.forward_from_embeddings`.
 
@@ -48,11 +52,18 @@ def wrap_dense_parts(model: DLRM, device: torch.device) -> DistributedDataParall
     On CUDA it is constructed on the stream a captured training step uses (`capture_stream`), as a
     DDP step captured in a CUDA graph needs.
     """
+    parts = DenseParts(model)
+    # The dense parts' only buffers are constant indices (the interaction's lower-triangle pairs, `CONSTANT_BUFFERS`),
+    # computed alike on every rank: DDP's default broadcast of rank 0's buffers before every forward would add a
+    # collective to each step (and to its captured graph) that moves nothing new.
+    stateful = [n for n, _ in parts.named_buffers() if n not in CONSTANT_BUFFERS]
+    if stateful:
+        raise ValueError(f"the dense parts hold buffers DDP would have to keep in sync: {stateful}")
     if device.type != "cuda":
-        return DistributedDataParallel(DenseParts(model))
+        return DistributedDataParallel(parts, broadcast_buffers=False)
     side, main = capture_stream(device), torch.cuda.current_stream(device)
     side.wait_stream(main)
     with torch.cuda.stream(side):
-        ddp = DistributedDataParallel(DenseParts(model), device_ids=[device.index])
+        ddp = DistributedDataParallel(parts, device_ids=[device.index], broadcast_buffers=False)
     main.wait_stream(side)
     return ddp

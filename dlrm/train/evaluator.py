@@ -31,8 +31,8 @@ def evaluate(forward, loader, env: DistEnv = DistEnv()) -> dict[str, float]:
     forward.model.eval()
     logits, labels = [], []
     for batch in loader:
-        logits.append(forward(batch))
-        labels.append(batch.labels)
+        logits.append(batch.real(forward(batch)))  # a padding row (Batch.pad) is not the split's
+        labels.append(batch.real(batch.labels))
     forward.model.train()
     return evaluate_logits(env.all_gather_rows(torch.cat(logits)), env.all_gather_rows(torch.cat(labels)))
 

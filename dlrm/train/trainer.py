@@ -77,7 +77,7 @@ def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.d
         if device.type != "cuda":
             logger.warning("data.placement 'gpu' on a CPU device: the split is held in host memory instead")
         return DeviceLoader(files, batch_size, device, shuffle=train and d.shuffle, seed=cfg.train.seed,
-                            drop_last=train and d.drop_last, **ranks)
+                            drop_last=train and d.drop_last, pad_ranks=not train, **ranks)
     if train:
         # chain_epochs: the producer decodes the next epoch's first buffers while this epoch's last
         # batches train, so an epoch boundary does not drain the pipeline (issue #19)
@@ -87,7 +87,8 @@ def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.d
         if is_multi_hot(multi_hot_sizes):
             _log_multi_hot_hints(loader)
         return loader
-    return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, **ranks)
+    # an evaluation sees every row: a last batch with fewer rows than ranks gets padding rows (Batch.pad)
+    return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, pad_ranks=True, **ranks)
 
 
 def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:

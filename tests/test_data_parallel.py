@@ -1,0 +1,44 @@
+"""`dlrm.distributed.data_parallel.wrap_dense_parts`: DDP over the dense parts without a per-step buffer broadcast
+(their only buffers are constant indices), refusing dense parts with buffers that would need one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dlrm.config import KernelsConfig, ModelConfig
+from dlrm.distributed.data_parallel import CONSTANT_BUFFERS, DenseParts, wrap_dense_parts
+from dlrm.model.dlrm import build_model
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-process gloo group (DDP needs a process group), removed after the test."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _model(interaction: str, kernel: str = "torch"):
+    cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1], interaction=interaction)
+    return build_model(cfg, [5] * 26, kernels=KernelsConfig(interaction=kernel))
+
+
+@pytest.mark.parametrize("interaction,kernel", [("dot", "torch"), ("dot", "triton"), ("dcn", "torch"), ("cat", "torch")])
+def test_no_buffer_broadcast_and_the_same_logits(one_rank, interaction, kernel):
+    model = _model(interaction, kernel)
+    buffers = {n for n, _ in DenseParts(model).named_buffers()}
+    assert buffers <= CONSTANT_BUFFERS and buffers == (set() if kernel == "triton" else CONSTANT_BUFFERS)
+    ddp = wrap_dense_parts(model, torch.device("cpu"))
+    assert ddp.broadcast_buffers is False
+    dense, embeddings = torch.randn(3, 13), torch.randn(3, 26, 4)
+    torch.testing.assert_close(ddp(dense, embeddings), model.forward_from_embeddings(dense, embeddings), rtol=0, atol=0)
+
+
+def test_a_stateful_buffer_is_refused_by_name(one_rank):
+    """A buffer that training changes (a BatchNorm's running mean, say) would need DDP's broadcast: refused, named."""
+    model = _model("dot")
+    model.over_arch.register_buffer("running_mean", torch.zeros(8))
+    with pytest.raises(ValueError, match=r"over_arch\.running_mean"):
+        wrap_dense_parts(model, torch.device("cpu"))
