@@ -15,24 +15,26 @@ FAKE = {  # per variant: samples/s, warm-up s, peak bytes, losses per step, AUC,
     "compiled": (2000.0, 9.0, 3 * 2**20, [(2, 0.52), (4, 0.37), (6, 0.30)], 0.71, 3),
     "eager": (1000.0, 1.0, None, [(2, 0.50), (4, 0.40), (6, 0.31)], 0.70, 5),
     "compiled-default": (1500.0, 4.0, 5 * 2**20, [(4, 0.40), (6, 0.35)], 0.72, 0),  # logged from step 4 on
+    "auto": (1100.0, 1.5, None, [(2, 0.50), (4, 0.39), (6, 0.31)], 0.70, 0),  # resolved to eager (no graph breaks)
 }
 
 
 def fake_train(cfg, run_dir):
     name = run_dir.name
     sps, warm, peak, losses, auc, breaks = FAKE[name]
-    assert cfg.train.compile.enabled == (name != "eager")
+    assert cfg.train.compile.enabled == ("auto" if name == "auto" else name != "eager")
     run_dir.mkdir(parents=True)  # a second variant in the same directory would fail here
     (run_dir / "mine").write_text(name)
     return {"samples_per_sec": sps, "warmup_s": warm, "peak_memory_bytes": peak, "final_train_loss": losses[-1][1],
-            "auc": auc, "compile": {"graph_breaks": breaks}, "train_losses": losses}
+            "auc": auc, "compile": {"graph_breaks": breaks}, "train_losses": losses,
+            "resolved": {"compile": name not in ("eager", "auto")}}  # "auto" as a CPU run resolves it: eager
 
 
 def test_each_row_is_its_own_variants_and_the_loss_difference_is_against_eager(tmp_path):
     cfg = load_config(REPO / "configs" / "sample.json", {"log.tb_dir": str(tmp_path / "tb"), "train.device": "cpu",
                                                          "log.run_name": "cmp"})
-    names = parse_variants("compiled,eager,compiled-cudagraphs,compiled-default,eager")
-    assert names == ["compiled", "eager", "compiled-cudagraphs", "compiled-default"]
+    names = parse_variants("compiled,eager,compiled-cudagraphs,compiled-default,eager,auto")
+    assert names == ["compiled", "eager", "compiled-cudagraphs", "compiled-default", "auto"]
     rows = run_comparison(cfg, names, fake_train)
     base = tmp_path / "tb" / "cmp"
     assert [r["variant"] for r in rows] == names
@@ -46,7 +48,7 @@ def test_each_row_is_its_own_variants_and_the_loss_difference_is_against_eager(t
         assert (r["status"], r["samples_per_sec"], r["warmup_s"], r["auc"]) == ("ok", sps, warm, auc)
         assert r["final_train_loss"] == losses[-1][1]
         assert r["peak_memory_mb"] == (None if peak is None else peak / 2**20)
-        assert r["graph_breaks"] == (None if name == "eager" else breaks)
+        assert r["graph_breaks"] == (None if name in ("eager", "auto") else breaks)
     assert by["eager"]["max_loss_diff_vs_eager"] == 0.0
     assert by["compiled"]["max_loss_diff_vs_eager"] == pytest.approx(0.03)
     assert by["compiled-default"]["max_loss_diff_vs_eager"] == pytest.approx(0.04)  # step against the same step

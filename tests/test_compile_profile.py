@@ -82,6 +82,8 @@ def test_compare_writes_reports_with_one_row_per_variant(dataset, tmp_path):
     assert float(table[0]["max_loss_diff_vs_eager"]) == 0.0
     assert float(table[1]["max_loss_diff_vs_eager"]) < 1e-4
     assert float(table[2]["max_loss_diff_vs_eager"]) == 0.0  # on the CPU "auto" is eager PyTorch: the same steps
+    # graph breaks are counted for the compiled run only ("auto" resolved to eager has none to count: n/a)
+    assert [r["graph_breaks"] for r in table] == ["", table[1]["graph_breaks"], ""] and int(table[1]["graph_breaks"]) >= 0
     assert all(float(r["samples_per_sec"]) > 0 for r in table)
     assert (base / "eager" / "summary.json").exists() and (base / "compiled" / "summary.json").exists()
     # each variant trained as named: the compiled one through Dynamo, the others eagerly (identical losses alone
@@ -215,7 +217,8 @@ def test_compare_frees_each_variant_before_the_next(tmp_path):
         del h
         run_dir.mkdir(parents=True, exist_ok=True)
         return {"samples_per_sec": 1.0, "warmup_s": 0.0, "peak_memory_bytes": None, "final_train_loss": 0.5,
-                "auc": 0.5, "compile": {"graph_breaks": 0}, "train_losses": [(1, 0.5)]}
+                "auc": 0.5, "compile": {"graph_breaks": 0}, "train_losses": [(1, 0.5)],
+                "resolved": {"compile": bool(cfg.train.compile.enabled)}}
 
     gc.disable()  # only the comparison's own collection may free the cycle
     try:

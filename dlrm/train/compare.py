@@ -205,7 +205,8 @@ def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, dev
             "peak_memory_mb": s["peak_memory_bytes"] / 2**20 if s["peak_memory_bytes"] is not None else None,
             "final_train_loss": s["final_train_loss"],
             "auc": s["auc"],
-            "graph_breaks": s["compile"]["graph_breaks"] if VARIANTS[name].compile_mode else None,
+            # only a compiled run has graph breaks to count ("auto" may resolve to eager, on a CPU say)
+            "graph_breaks": s["compile"]["graph_breaks"] if s["resolved"]["compile"] else None,
             "status": "ok",
         })
     eager = summaries.get("eager")
