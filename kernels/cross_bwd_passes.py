@@ -138,6 +138,8 @@ def cross_backward_pass(g: Tensor, ts: Sequence[Tensor], x0: Tensor, pres: Optio
     gpre = torch.empty_like(x0)
     dx0 = torch.empty_like(x0) if pres is not None else None
     block_m, block_n, rows, warps = LAUNCH_OVERRIDE or heuristics.cross_bwd_pass_launch(g.device)
+    if rows % block_m:  # a program's last tile would run into the next chunk's rows: db would count them twice
+        raise ValueError(f"cross_backward_pass: rows a program ({rows}) must be a multiple of BLOCK_M ({block_m})")
     if interpret_mode():  # the interpreter runs programs one by one: fewer, shorter loops for the tests' small shapes
         rows = max(block_m, min(rows, triton.next_power_of_2(max(M, 1))))
     chunks = triton.cdiv(M, rows) if M else 0

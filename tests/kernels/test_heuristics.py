@@ -153,3 +153,26 @@ def test_memory_bound_launches_follow_the_gpu(name, h200, monkeypatch):
     assert heuristics.cross_bwd_pass_launch("cpu") == heuristics.CROSS_BWD_LAUNCH
     monkeypatch.setattr(heuristics, "PER_GPU_LAUNCHES", False)  # benchmarks/scaling.py --per-gpu-launches off
     assert not heuristics.is_h200(cuda) and heuristics.mask_bias_launch(cuda) == heuristics.MASK_BIAS_LAUNCH
+
+
+def test_tail_launch_at_dlrm_tails(monkeypatch):
+    """`kernels.mlp_tail`'s launch on a GPU (the docstring's sm_90 picks): forward 128-row tiles in 16-bit, 64 in fp32;
+    backward 32 rows, 8 warps, one program an SM; RELOAD for fp32 (both orientations of a 64 x 256 tile would not fit
+    in shared memory) and for 16-bit first layers wider than 64 x 256; the weights hoisted where their two copies take
+    at most 128 KB (Kaggle's bottom tail in fp32 exactly: hoisted; MLPerf's bottom in fp32: not). The interpreter:
+    64-row tiles, both variants in the backward."""
+    from kernels.heuristics import TailLaunch, tail_launch
+
+    monkeypatch.setattr(heuristics, "interpret_mode", lambda: True)
+    assert tail_launch([256, 64, 16], torch.float32, False) == TailLaunch(64, 4, 1)
+    assert tail_launch([256, 64, 16], torch.float32, True) == TailLaunch(64, 4, 1, 1, reload=True, hoist=True)
+    monkeypatch.setattr(heuristics, "interpret_mode", lambda: False)
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert tail_launch([256, 64, 16], bf16, False) == TailLaunch(128, 8, 1)
+    assert tail_launch([256, 64, 16], fp32, False) == TailLaunch(64, 8, 1)
+    assert tail_launch([256, 64, 16], bf16, True) == TailLaunch(32, 8, 1, 1, reload=False, hoist=True)
+    assert tail_launch([256, 64, 16], fp32, True) == TailLaunch(32, 8, 1, 1, reload=True, hoist=True)
+    assert tail_launch([256, 128], bf16, True) == TailLaunch(32, 8, 1, 1, reload=True, hoist=True)
+    assert tail_launch([256, 128], fp32, True) == TailLaunch(32, 8, 1, 1, reload=True, hoist=False)
+    assert tail_launch([256, 1], bf16, True) == TailLaunch(32, 8, 1, 1, reload=False, hoist=True)
+    assert tail_launch([256, 1], fp32, True) == TailLaunch(32, 8, 1, 1, reload=True, hoist=True)
