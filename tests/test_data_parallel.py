@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from dlrm.config import KernelsConfig, ModelConfig
-from dlrm.distributed.data_parallel import CONSTANT_BUFFERS, DenseParts, wrap_dense_parts
+from dlrm.distributed.data_parallel import DenseParts, stateful_buffers, wrap_dense_parts
 from dlrm.model.dlrm import build_model
 
 
@@ -20,16 +20,19 @@ def one_rank(tmp_path):
     dist.destroy_process_group()
 
 
-def _model(interaction: str, kernel: str = "torch"):
-    cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1], interaction=interaction)
+def _model(interaction: str, kernel: str = "torch", pad_multiple: int = 1):
+    cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1], interaction=interaction,
+                      top_mlp_input_multiple=pad_multiple)
     return build_model(cfg, [5] * 26, kernels=KernelsConfig(interaction=kernel))
 
 
-@pytest.mark.parametrize("interaction,kernel", [("dot", "torch"), ("dot", "triton"), ("dcn", "torch"), ("cat", "torch")])
-def test_no_buffer_broadcast_and_the_same_logits(one_rank, interaction, kernel):
-    model = _model(interaction, kernel)
-    buffers = {n for n, _ in DenseParts(model).named_buffers()}
-    assert buffers <= CONSTANT_BUFFERS and buffers == (set() if kernel == "triton" else CONSTANT_BUFFERS)
+@pytest.mark.parametrize("interaction,kernel,pad_multiple", [("dot", "torch", 1), ("dot", "triton", 1), ("dcn", "torch", 1),
+                                                             ("cat", "torch", 1), ("dcn", "torch", 64)])
+def test_no_buffer_broadcast_and_the_same_logits(one_rank, interaction, kernel, pad_multiple):
+    """Every dense part's buffer is a declared constant, also inside the padded interaction's wrapper."""
+    model = _model(interaction, kernel, pad_multiple)
+    buffers = {n.rsplit(".", 1)[-1] for n, _ in DenseParts(model).named_buffers()}
+    assert buffers == (set() if kernel == "triton" else {"tril_rows", "tril_cols"}) and not stateful_buffers(DenseParts(model))
     ddp = wrap_dense_parts(model, torch.device("cpu"))
     assert ddp.broadcast_buffers is False
     dense, embeddings = torch.randn(3, 13), torch.randn(3, 26, 4)

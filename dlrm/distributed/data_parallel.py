@@ -38,8 +38,12 @@ class DenseParts(nn.Module):
         return dense_forward(self, dense, embeddings)
 
 
-CONSTANT_BUFFERS = frozenset({"interaction_arch.tril_rows", "interaction_arch.tril_cols"})
-"""The dense parts' buffers, constants every rank builds alike (`dlrm.model.archs.InteractionArch`)."""
+def stateful_buffers(module: nn.Module) -> list[str]:
+    """Names of `module`'s buffers that are not constants: a module lists its constant buffers (built alike on every
+    rank, never changed) in a ``constant_buffers`` attribute (`dlrm.model.archs.InteractionArch`'s index pairs)."""
+    return [f"{prefix}.{name}" if prefix else name
+            for prefix, sub in module.named_modules()
+            for name, _ in sub.named_buffers(recurse=False) if name not in getattr(sub, "constant_buffers", ())]
 
 
 def wrap_dense_parts(model: DLRM, device: torch.device) -> DistributedDataParallel:
@@ -53,10 +57,10 @@ def wrap_dense_parts(model: DLRM, device: torch.device) -> DistributedDataParall
     DDP step captured in a CUDA graph needs.
     """
     parts = DenseParts(model)
-    # The dense parts' only buffers are constant indices (the interaction's lower-triangle pairs, `CONSTANT_BUFFERS`),
-    # computed alike on every rank: DDP's default broadcast of rank 0's buffers before every forward would add a
-    # collective to each step (and to its captured graph) that moves nothing new.
-    stateful = [n for n, _ in parts.named_buffers() if n not in CONSTANT_BUFFERS]
+    # The dense parts' only buffers are constants (the interaction's lower-triangle index pairs), computed alike on
+    # every rank: DDP's default broadcast of rank 0's buffers before every forward would add a collective to each step
+    # (and to its captured graph) that moves nothing new. A buffer training changes would need it: refused.
+    stateful = stateful_buffers(parts)
     if stateful:
         raise ValueError(f"the dense parts hold buffers DDP would have to keep in sync: {stateful}")
     if device.type != "cuda":

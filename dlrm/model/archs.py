@@ -327,6 +327,8 @@ class InteractionArch(nn.Module):
         self.num_features = num_features
         self.dim = dim
         rows, cols = torch.tril_indices(num_features + 1, num_features + 1, offset=-1)
+        # constants every rank builds alike: DDP need not broadcast them (`dlrm.distributed.data_parallel`)
+        self.constant_buffers = ("tril_rows", "tril_cols")
         self.register_buffer("tril_rows", rows, persistent=False)
         self.register_buffer("tril_cols", cols, persistent=False)
         if kind == "dcn":
