@@ -47,7 +47,7 @@ _SHARD_KEYS = _CHECKPOINT_KEYS + ("rank", "plan")
 _MANIFEST_KEYS = ("format_version", "position", "cardinalities", "config_json", "sharded")
 # Absent in older files: run totals unknown; one-hot; counts.
 _OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format")
-_SHARD_FILE = re.compile(r"step-\d{8,}\.rank\d+-of-\d+\.pt")
+_SHARD_FILE = re.compile(r"(?:best-)?step-\d{8,}\.rank\d+-of-\d+\.pt")  # best-: a sharded best.pt's
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _MAX_DEPTH = 32  # deeper nesting is no state of ours; the limit keeps the recursive checks bounded
 _MT_WORDS = 624  # Mersenne Twister state words (Python's and NumPy's MT19937)
@@ -375,7 +375,7 @@ def _check_sharded(sharded: Any, path: Path) -> None:
     # bare names of this directory's shard files: a manifest must not point anywhere else
     ok = (type(shards) is list and len(shards) == world
           and all(type(s) is str and _SHARD_FILE.fullmatch(s) for s in shards))
-    _expect(ok, shards, path, "sharded.shards", f"a list of {world} shard file names (step-N.rankQ-of-W.pt)")
+    _expect(ok, shards, path, "sharded.shards", f"a list of {world} shard file names ([best-]step-N.rankQ-of-W.pt)")
 
 
 def _is_number(value: Any) -> bool:

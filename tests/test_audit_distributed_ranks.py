@@ -250,9 +250,88 @@ def test_three_ranks_train_and_evaluate_like_one_process(three_ranks):
 
 
 # ------------------------------------------------------------------------------------------
+# best.pt of a sharded run
+
+
+def _local_state(run) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+
+
+def _check_merged(path, local: dict[str, torch.Tensor], plan, rank: int) -> None:
+    """`path` (a sharded checkpoint's manifest) merges into the model whose dense parameters are `local`'s and whose
+    table rows on this rank are `local`'s sparse weight."""
+    from dlrm.distributed.checkpoint import merge
+
+    merged = merge(path)["model"]
+    offsets = [sum(CARDS[:f]) for f in range(len(CARDS))]
+    for k, v in local.items():
+        if k == "sparse_arch.weight":
+            for f, start, count, at in plan.local_layout(rank):
+                rows = slice(offsets[f] + start, offsets[f] + start + count)
+                assert torch.equal(merged[k][rows], v[at : at + count]), (path.name, f)
+        elif k in merged:
+            assert torch.equal(merged[k], v), (path.name, k)
+
+
+def _check_best(rank: int) -> None:
+    """Checkpointer.save_best on three ranks: at a step not checkpointed each rank writes its best-step-N shard and
+    rank 0 the manifest best.pt; at a checkpointed step the shards are hard links to the step's; the previous best's
+    shards are removed, and the step checkpoints' pruning (keep 1) leaves best.pt's. Each best.pt merges into the
+    model it was saved from."""
+    import os
+    from pathlib import Path
+
+    from dlrm import checkpoint as ckpt
+    from dlrm.train.builder import build_run
+    from dlrm.train.checkpointer import Checkpointer
+    from dlrm.train.meter import RunStats
+    from dlrm.train.setup import Tables
+
+    cfg, tables = _config("auto", "sgd", "sgd"), Tables(CARDS, None, "modulus")
+    cfg.checkpoint.keep = 1
+    env = DistEnv(rank, WORLD)
+    torch.manual_seed(0)
+    run = build_run(cfg, tables, torch.device("cpu"), len(GLOBAL_BATCHES), env)
+    run_dir = Path(os.environ["DLRM_TEST_RANKS_DIR"]) / "best-run"
+    d = ckpt.checkpoint_dir(run_dir)
+    cp, stats = Checkpointer(run_dir, cfg, tables, env), RunStats()
+    batches = _batches(GLOBAL_BATCHES, seed=1)
+    shards = lambda step: [f"best-step-{step:08d}.rank{q}-of-{WORLD}.pt" for q in range(WORLD)]  # noqa: E731
+
+    run.train_step(_mine(batches[0], rank))
+    first = cp.save_best(run, ckpt.Position(1, 0, 1), stats)  # step 1 was not checkpointed: shards written
+    assert first == d / "best.pt"
+    assert ckpt.load_checkpoint(first)["sharded"]["shards"] == shards(1)
+    _check_merged(first, _local_state(run), run.plan, rank)
+
+    run.train_step(_mine(batches[1], rank))
+    at_two = _local_state(run)
+    step_two = cp.save(run, ckpt.Position(2, 0, 2), stats)
+    assert cp.save_best(run, ckpt.Position(2, 0, 2), stats) == first
+    mine = d / shards(2)[rank]
+    assert os.path.samefile(mine, d / f"step-00000002.rank{rank}-of-{WORLD}.pt")  # a link, not a second copy
+    env.barrier()  # rank 0 removed the previous best's shards before the save's last barrier
+    assert sorted(p.name for p in d.glob("best-*")) == shards(2)
+    for i, step in ((2, 3), (3, 4)):
+        run.train_step(_mine(batches[i], rank))
+        cp.save(run, ckpt.Position(step, 0, step), stats)
+    env.barrier()
+    assert not step_two.exists() and [p.name for p in ckpt.list_checkpoints(run_dir)] == ["step-00000004.pt"]
+    assert ckpt.load_checkpoint(first)["position"]["step"] == 2 and mine.exists()
+    _check_merged(first, at_two, run.plan, rank)  # step 2's model, after its own checkpoint was pruned
+
+
+BEST_CASES = [("best",)]
+
+
+def test_sharded_best_checkpoint_outlives_pruning_and_merges(three_ranks):
+    assert not three_ranks(BEST_CASES)
+
+
+# ------------------------------------------------------------------------------------------
 # every case above in one start of three processes (starting them is most of the time)
 
-CHECKS = {"env": _check_env, "lookup": _check_lookup, "run": _check_run}
+CHECKS = {"env": _check_env, "lookup": _check_lookup, "run": _check_run, "best": _check_best}
 
 
 def _check(rank: int, name: str, *args) -> None:
@@ -262,8 +341,10 @@ def _check(rank: int, name: str, *args) -> None:
 @pytest.fixture(scope="module")
 def three_ranks(tmp_path_factory):
     """The failures of the given cases: every case ran on three ranks, once for the module."""
-    cases = [*ENV_CASES, *LOOKUP_CASES, *RUN_CASES]
+    cases = [*ENV_CASES, *LOOKUP_CASES, *RUN_CASES, *BEST_CASES]
+    tmp = tmp_path_factory.mktemp("ranks")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")  # the Triton shards on CPU tensors (also on a GPU machine)
-        failed = failures_on_ranks(_check, cases, WORLD, tmp_path_factory.mktemp("ranks"))
+        mp.setenv("DLRM_TEST_RANKS_DIR", str(tmp))  # a directory every rank shares (the best.pt case's run)
+        failed = failures_on_ranks(_check, cases, WORLD, tmp)
     return lambda mine: {k: v for k, v in failed.items() if k[1] in {str(c) for c in mine}}

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -386,6 +387,14 @@ def test_two_ranks_equal_one_process(tmp_path, dataset, one_process, sharding, e
         assert summary[key] == pytest.approx(ref_summary[key], abs=1e-5), key
     for (s1, l1), (s2, l2) in zip(summary["train_losses"], ref_summary["train_losses"]):
         assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5)
+    # best.pt: a manifest of its own shards, which merges into the one process's best.pt
+    best = ckpt.checkpoint_dir(run_dir) / "best.pt"
+    assert ckpt.load_checkpoint(best)["sharded"]["shards"] == [
+        f"best-step-{summary['best']['step']:08d}.rank{q}-of-2.pt" for q in range(2)]
+    assert summary["best"]["checkpoint"] == str(best) and summary["best"]["step"] == ref_summary["best"]["step"]
+    _, merged_best = merged_state(best, tmp_path, f"{sharding}-best")
+    ref_best = torch.load(Path(ref_summary["best"]["checkpoint"]), weights_only=False)
+    assert_close_states(merged_best, ref_best)
     # the merged checkpoint serves one process: --eval-only gives the same validation numbers
     result = run(["--config", str(tmp_path / f"two-{sharding}.json"), "--eval-only", "--checkpoint", str(out),
                   "--run-name", "eval", "--tb-dir", str(tmp_path / "tb")], tmp_path)

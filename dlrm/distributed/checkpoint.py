@@ -15,7 +15,7 @@ a manifest whose shards are incomplete. Resume needs the same number of ranks;
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -30,26 +30,64 @@ SPARSE_WEIGHT = "sparse_arch.weight"
 SHARD_ONLY = ("sparse_arch.sr_seed",)
 
 
+BEST_PREFIX = "best-"
+"""The shards of a sharded run's best.pt: ``best-step-N.rankQ-of-W.pt`` (`save_best_sharded`); never pruned."""
+
+
 def shard_name(step: int, rank: int, world_size: int) -> str:
     return f"step-{step:08d}.rank{rank}-of-{world_size}.pt"
+
+
+def _shard(state: dict[str, Any], env: DistEnv, plan: ShardingPlan) -> dict[str, Any]:
+    return {**state, "rank": env.rank, "plan": plan.to_dict()}
+
+
+def _manifest(state: dict[str, Any], env: DistEnv, plan: ShardingPlan, shards: list[str]) -> dict[str, Any]:
+    manifest = {k: state[k] for k in ("position", "cardinalities", "config")}
+    manifest["sharded"] = {"world_size": env.world_size, "plan": plan.to_dict(), "shards": shards}
+    return manifest
 
 
 def save_sharded(run_dir: Path, state: dict[str, Any], step: int, keep: int, env: DistEnv, plan: ShardingPlan) -> Path:
     """Every rank writes its shard; then rank 0 writes the manifest and prunes old checkpoints."""
     d = ckpt.checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
-    ckpt.write_atomic(d / shard_name(step, env.rank, env.world_size), {**state, "rank": env.rank, "plan": plan.to_dict()},
+    ckpt.write_atomic(d / shard_name(step, env.rank, env.world_size), _shard(state, env, plan),
                       progress=env.is_main)  # one progress bar: rank 0 shows its own shard's
     env.barrier()  # all shards complete before the manifest names them
     path = d / ckpt.checkpoint_name(step)
     if env.is_main:
         ckpt.remove_stale_temp_files(d)  # no rank is writing now: any temporary file is a killed write's
-        manifest = {k: state[k] for k in ("position", "cardinalities", "config")}
-        manifest["sharded"] = {"world_size": env.world_size, "plan": plan.to_dict(),
-                               "shards": [shard_name(step, q, env.world_size) for q in range(env.world_size)]}
-        ckpt.write_atomic(path, manifest)
+        ckpt.write_atomic(path, _manifest(state, env, plan, [shard_name(step, q, env.world_size)
+                                                             for q in range(env.world_size)]))
         ckpt.prune_checkpoints(run_dir, keep)
     env.barrier()  # nobody goes on (or reads "latest") before the manifest exists
+    return path
+
+
+def save_best_sharded(path: Path, state: dict[str, Any], step: int, env: DistEnv, plan: ShardingPlan,
+                      link: Callable[[Path, Path], bool], saved: Optional[Path] = None) -> Path:
+    """The best evaluation's sharded checkpoint as `path` (a manifest, ``checkpoints/best.pt``) and its shards
+    ``best-step-N.rankQ-of-W.pt``: outside the step checkpoints' names, so their pruning never removes them.
+
+    `saved`: this step's regular manifest, when the step was just checkpointed: each rank then hard-links its shard
+    (`link`, the same model; a copy where links fail) instead of writing it again. Crash-safe: the shards are written
+    under their step's names, the manifest replaced only once every rank's shard is complete, and the previous best's
+    shards removed after that."""
+    d = path.parent
+    d.mkdir(parents=True, exist_ok=True)
+    names = [BEST_PREFIX + shard_name(step, q, env.world_size) for q in range(env.world_size)]
+    mine = d / names[env.rank]
+    source = saved.parent / shard_name(step, env.rank, env.world_size) if saved is not None else None
+    if source is None or not source.is_file() or not link(source, mine):
+        ckpt.write_atomic(mine, _shard(state, env, plan), progress=env.is_main)
+    env.barrier()  # every shard complete before the manifest names them
+    if env.is_main:
+        ckpt.write_atomic(path, _manifest(state, env, plan, names))
+        for old in d.glob(BEST_PREFIX + "step-*.rank*-of-*.pt"):
+            if old.name not in names:  # the previous best's shards (any world size), no longer named
+                old.unlink(missing_ok=True)
+    env.barrier()
     return path
 
 

@@ -12,8 +12,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-from loguru import logger
-
 from dlrm.config import Config, ConfigError
 from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
@@ -74,17 +72,18 @@ class Checkpointer:
             self.last = ckpt.save_checkpoint(self.run_dir, state, pos.step, keep)
         return self.last
 
-    def save_best(self, run: Run, pos: ckpt.Position, stats: RunStats) -> Optional[Path]:
-        """Write ``checkpoints/best.pt`` (atomically, over the previous best); None in a sharded run,
-        whose best model is kept only as its regular checkpoints (said once in the log)."""
-        if run.plan is not None:
-            if not getattr(self, "_said_sharded_best", False):
-                logger.info("best.pt is not written in a sharded run: use its regular checkpoints")
-                self._said_sharded_best = True
-            return None
+    def save_best(self, run: Run, pos: ckpt.Position, stats: RunStats) -> Path:
+        """Write ``checkpoints/best.pt`` (atomically, over the previous best): a hard link to this step's checkpoint
+        when the step was just saved, else a copy of the model; in a sharded run a manifest and its own shards
+        (`dlrm.distributed.checkpoint.save_best_sharded`; ``python -m dlrm.distributed.merge`` makes it one file)."""
         path = ckpt.checkpoint_dir(self.run_dir) / BEST_NAME
+        saved = (self.last if self.last is not None and self.last.name == ckpt.checkpoint_name(pos.step)
+                 and self.last.resolve().parent.parent == self.run_dir.resolve() else None)
+        if run.plan is not None:
+            return dist_ckpt.save_best_sharded(path, self._state(run, pos, stats), pos.step, self.env, run.plan,
+                                               self._link, saved)
         path.parent.mkdir(parents=True, exist_ok=True)
-        if self.last is not None and self.last.name == ckpt.checkpoint_name(pos.step) and self._link(self.last, path):
+        if saved is not None and self._link(saved, path):
             return path
         ckpt.write_atomic(path, self._state(run, pos, stats))
         return path
