@@ -223,12 +223,6 @@ def regenerate_command(out: str, rows: int, seed: int, cardinalities: str, valid
             + (f" --compression {compression}" if compression != COMPRESSION else ""))
 
 
-def teacher_cardinalities(meta: Metadata) -> list[int]:
-    """The category counts the teacher of a generated dataset used (its tables may be smaller)."""
-    preset = meta.extra.get("cardinality_preset")
-    return CARDINALITY_PRESETS[preset] if preset in CARDINALITY_PRESETS else list(meta.cardinalities)
-
-
 def _distinct_tables(values: list[np.ndarray]) -> list[int]:
     """Table sizes the preprocessor's modulus hashing gives: distinct train values + 1 per feature."""
     return [int(np.unique(v).size) + 1 for v in values]
