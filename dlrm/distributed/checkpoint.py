@@ -5,6 +5,7 @@ A checkpoint of an N-rank run is N shard files plus a manifest, in the run's che
     step-00001000.rank0-of-2.pt   everything rank 0 needs to continue: model state (dense parts and
     step-00001000.rank1-of-2.pt   its embedding shard), optimizers, schedules, position, its RNG
     step-00001000.pt              the manifest: sharding plan, shard names, position, config
+    best.pt                       the best evaluation's manifest, naming its own best-step-N.rankQ-of-W.pt shards
 
 Every shard is written atomically; the manifest, which is what `--resume` and the pruning look
 for, is written by rank 0 only after every rank has finished its shard, so a crash never leaves
