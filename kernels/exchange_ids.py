@@ -58,8 +58,8 @@ def _send_ids_kernel(raw_ptr, stride_rb, stride_rl, slots_ptr, card_ptr, out_ptr
     """One destination's [P, n] block, flat: element k is sample k // n, its slot slots[k % n]. Indices in int32
     unless ``WIDE`` (P * n >= 2**31): a 64-bit division is a long software sequence on the GPU."""
     k = _flat_index(WIDE, BLOCK)
-    inside = k < P * n
     p = k // n
+    inside = p < P  # not k < P * n: P and n are int32 arguments, their product wraps from 2**31 on
     s = tl.load(slots_ptr + k % n, mask=inside, other=0)
     real = inside & (p < B)
     raw = tl.load(raw_ptr + p.to(tl.int64) * stride_rb + s * stride_rl, mask=real, other=0).to(tl.int64)
@@ -77,7 +77,7 @@ def _local_ids_kernel(recv_ptr, base_ptr, count_ptr, at_ptr, raw_ptr, valid_ptr,
                       PAD_VALUE: tl.constexpr, POOLED: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr):
     """The received [rows, n] ids, flat: element k is row k // n, served slot k % n (int32 unless ``WIDE``)."""
     k = _flat_index(WIDE, BLOCK)
-    inside = k < rows * n
+    inside = k // n < rows  # not k < rows * n: int32 arguments, their product wraps from 2**31 on
     j = k % n
     t = tl.load(recv_ptr + k, mask=inside, other=0).to(tl.int64) - tl.load(base_ptr + j, mask=inside, other=0)
     valid = (t >= 0) & (t < tl.load(count_ptr + j, mask=inside, other=0))
