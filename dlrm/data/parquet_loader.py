@@ -63,8 +63,7 @@ class ParquetLoader:
         rank, world_size: in a distributed run, deliver only rank `rank`'s slice of every global
             batch (`rank_slice`); every rank plans, decodes and uploads the same buffers (the
             global batches must be identical everywhere) but cuts only its own rows.
-        pad_ranks: keep a last batch with fewer rows than ranks, a rank without a row getting a padding row
-            (`dlrm.data.batch.rank_rows`, `Batch.pad`): for evaluations, which must see every row.
+        pad_ranks: keep a last batch of fewer rows than ranks, padded (`rank_rows`, `Batch.pad`): evaluations.
         compact_sparse: move sparse values as int32 bit patterns on the host (exact only without
             0xFFFFFFFF, and in multi-hot data 0xFFFFFFFE, which the footers' statistics must rule
             out); None: on CUDA devices.
@@ -153,9 +152,7 @@ class ParquetLoader:
         self.batch_size = batch_size
         self.rank, self.world_size, self.pad_ranks = rank, world_size, pad_ranks
         self.device = torch.device(device)
-        self.shuffle = shuffle
-        self.seed = seed
-        self.drop_last = drop_last
+        self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.prefetch = max(1, prefetch)
         self.shuffle_buffer_rows = shuffle_buffer_rows
         # Decoding is the bulk of the host work, and pyarrow already spreads each row group's columns over its own
@@ -171,8 +168,7 @@ class ParquetLoader:
         if not isinstance(arrow_threads, (bool, type(None))):
             raise TypeError(f"arrow_threads must be True, False or None, got {arrow_threads!r}")
         self.arrow_threads = default_arrow_threads(self._multi_hot) if arrow_threads is None else arrow_threads
-        self.epoch = 0
-        self.start_batch = 0
+        self.epoch, self.start_batch = 0, 0
         # (file index, row group index, rows) for every row group, read from parquet footers only.
         self.row_groups: list[tuple[int, int, int]] = []
         # Each file checked once, here; its sparse layout ("lists" or "slots") read from its own schema.
