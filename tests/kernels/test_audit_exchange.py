@@ -12,6 +12,7 @@ import torch
 import kernels.exchange_ids as ex
 from kernels.exchange_combine import combine_received, exchange_layout
 from kernels.exchange_ids import BLOCK, PAD, local_ids, send_ids
+from tests.kernels.test_exchange_ids import _local_reference
 
 # raw values int64 allows beyond the data's [-1, 2**32): negatives below -1, the 32-bit boundaries, int64's minimum
 NEGATIVE_AND_BOUNDARY = [-1, -3, -4, -(2**31), -(2**32) - 1, -(2**40) - 7, -(2**63), 0xFFFFFFFF, 2**31, 2**31 - 1, 0]
@@ -53,14 +54,7 @@ def test_local_ids_read_non_contiguous_recv(device):
     tensors = [torch.tensor(v, dtype=torch.int64, device=device) for v in (base, count, at)]
     for pooled in (False, True):
         raw, valid = local_ids(recv, *tensors, pooled)
-        want_raw, want_valid = [], []
-        for i, row in enumerate(recv_t.t().tolist()):
-            want_raw.append([]), want_valid.append([])
-            for j, r in enumerate(row):
-                t = r - base[j]
-                ok = 0 <= t < count[j]
-                want_valid[-1].append(ok)
-                want_raw[-1].append((t + at[j] - 1 if ok else PAD) if pooled else (t - 1 if ok else i))
+        want_raw, want_valid = _local_reference(recv_t.t(), base, count, at, pooled)
         assert raw.tolist() == want_raw and valid.tolist() == want_valid
 
 

@@ -22,9 +22,9 @@ if not torch.cuda.is_available():  # before triton is imported (tests/kernels/co
 
 import pytest  # noqa: E402
 
-import kernels.mlp_tail as kt  # noqa: E402
-from kernels.mlp_tail import TailLaunch, tail_mlp  # noqa: E402
+from kernels.mlp_tail import tail_mlp  # noqa: E402
 from tests.kernels.mlp_chain_reference import DTYPES, EDGES, check_close, make_values, matmul_precision  # noqa: E402
+from tests.kernels.test_mlp_tail import forced_launch  # noqa: E402
 
 
 @pytest.fixture
@@ -34,17 +34,12 @@ def kind(device) -> str:
 
 @contextlib.contextmanager
 def launch(block_m: int | None, programs: int = 1, reload: bool = True, hoist: bool = True):
-    """None: the shipped launch; else `block_m`-row tiles and `programs` backward programs (as test_mlp_tail.py)."""
+    """None: the shipped launch; else `block_m`-row tiles and `programs` backward programs (test_mlp_tail.py's)."""
     if block_m is None:
         yield
         return
-    old_override, old_programs = kt.TAIL_LAUNCH_OVERRIDE, kt._backward_programs
-    kt.TAIL_LAUNCH_OVERRIDE = (TailLaunch(block_m, 4), TailLaunch(block_m, 4, 1, 1, reload, hoist))
-    kt._backward_programs = lambda M, bm, cfg, device: programs
-    try:
+    with forced_launch(block_m, programs, reload, hoist):
         yield
-    finally:
-        kt.TAIL_LAUNCH_OVERRIDE, kt._backward_programs = old_override, old_programs
 
 
 def framed(t: torch.Tensor, device, dtype, pad: int = 37) -> torch.Tensor:
