@@ -109,6 +109,35 @@ def test_a_nan_in_the_last_logging_window_stops_the_run(tmp_path, dataset, monke
     assert not (tmp_path / "tb" / "nan" / "summary.json").exists()
 
 
+def test_a_nan_before_an_early_stop_between_logging_steps_stops_the_run(tmp_path, dataset, monkeypatch):
+    """Early stopping ends the loop at step 6, an evaluation step between the logging steps 4 and 8: the NaN loss of
+    step 5 is in no logging window read yet, so only the end's finite check sees it; it must raise, naming step 5,
+    and write no summary (the run is not reported as an early-stopped success)."""
+    from dlrm.train import evaluator as evaluator_mod
+
+    cfg = config(tmp_path, dataset, "nan-early", data={"drop_last": True},
+                 train={"epochs": 2, "eval_every": 3, "early_stopping": {"metric": "auc", "patience": 1}})
+    original, calls = step_mod.TrainStep.__call__, {"n": 0}
+
+    def poisoned(self, batch):
+        calls["n"] += 1
+        loss = original(self, batch)
+        return loss * float("nan") if calls["n"] == 5 else loss
+
+    evaluations = []
+
+    def first_only(self, value):  # the step-3 evaluation is the best, step 6's not: patience 1 stops at step 6
+        evaluations.append(value)
+        return len(evaluations) == 1
+
+    monkeypatch.setattr(step_mod.TrainStep, "__call__", poisoned)
+    monkeypatch.setattr(evaluator_mod.Evaluator, "_improves", first_only)
+    with pytest.raises(NonFiniteLoss, match=r"at step 5; stopped; no checkpoint was written"):
+        train(cfg)
+    assert calls["n"] == 6 and len(evaluations) == 2  # stopped at step 6, before the logging step 8
+    assert not (tmp_path / "tb" / "nan-early" / "summary.json").exists()
+
+
 @pytest.mark.parametrize("rows,global_rows,world", [(3, 7, 2), (4, 7, 2), (8, 16, 2), (2, 9, 4)])
 def test_a_ranks_loss_share_sums_to_the_global_mean_over_the_ranks(rows, global_rows, world):
     """`TrainStep._share`: rank loss x B_rank x W / B_global, so that the ranks' shares summed and divided by W (what
