@@ -269,6 +269,7 @@ def gemm_bias_act(
     summed in a fixed order: deterministic); None picks it from the shape (`_split_k`) for plain
     GEMMs (no bias, activation or pre-activation), which is what the weight gradient is."""
     _check_gemm_operands(a, w, bias)
+    _check_precision(input_precision)  # on every device and dtype (as cross_forward / mlp_tail): CPU runs catch it too
     if w.dtype != a.dtype:
         w = w.to(a.dtype)  # tl.dot needs matching operand types
     M, K = a.shape
@@ -281,7 +282,7 @@ def gemm_bias_act(
         _empty_reduction(out, pre, bias, activation)
         return out, pre
     # tf32 applies to fp32 operands only; other dtypes ignore the setting, so pin it to ieee.
-    prec = _check_precision(input_precision) if a.dtype == torch.float32 and not _INTERPRET else "ieee"
+    prec = input_precision if a.dtype == torch.float32 and not _INTERPRET else "ieee"
     tile = _pick_tile(M, N, a.dtype, a.device)
     plain = bias is None and activation == "none" and not store_pre
     splits, k_per_split = _plan_splits(M, N, K, tile, plain, split_k, a.device)

@@ -297,6 +297,8 @@ def linear_wgrad(
         True
     """
     _check_operands(grad, x, out)
+    if input_precision not in ("ieee", "tf32"):  # on every device and dtype, as kernels.linear
+        raise ValueError(f"wgrad: input_precision must be 'ieee' or 'tf32', got {input_precision!r}")
     B, M = grad.shape
     N = x.shape[1]
     dw = torch.empty((M, N), device=grad.device, dtype=weight_dtype or grad.dtype)
