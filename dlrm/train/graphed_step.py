@@ -87,8 +87,11 @@ class GraphedTrainStep:
         return [o for o in self.step.optimizers if not isinstance(o, FusedSparseOptimizer)]
 
     def __call__(self, batch: Batch) -> torch.Tensor:
-        if self.batch_size is None:
+        if self.batch_size is None or (self.graph is None and batch.global_len > self.batch_size):
+            # the graph is for the full batch size: a run resumed just before an epoch's partial last batch sees
+            # that smaller batch first (the larger one then takes over, with its own warm-up)
             self.batch_size = batch.global_len
+            self.warmup_left = self.warmup_steps
         if batch.global_len != self.batch_size:
             return self.step(batch)  # e.g. the epoch's partial last batch: the ordinary step
         if self.warmup_left > 0:
