@@ -204,3 +204,26 @@ def test_graphed_step_in_bf16_tracks_the_ordinary_step():
         moved = (p.detach().float() - before[name].float()).norm()
         apart = (after[name].float() - p.detach().float()).norm()
         assert apart <= 0.1 * moved, f"{name}: the runs are {float(apart):.3g} apart, moved {float(moved):.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernels,compiled", [("triton", False), ("torch", True)])
+def test_a_partial_first_batch_still_captures_the_full_batch_size(kernels, compiled):
+    """A run resumed just before an epoch's partial last batch sees that smaller batch first: the ordinary step
+    trains on it, the next (full) batches warm up and are captured, and every loss and the final weights match
+    the ordinary step's (it used to capture nothing for the rest of the run)."""
+    device = torch.device("cuda")
+    cfg = load_config(SAMPLE, {"kernels.embedding": kernels, "kernels.interaction": kernels, "train.cuda_graph": True,
+                               "train.compile": compiled, "optim.schedule.warmup_steps": 2})
+    data = batches(1, 33, device, seed=2) + batches(9, 127, device)  # partial, 3 warm-up, capture, 5 replays
+    plain = make_run(cfg, device, cuda_graph=False)
+    plain_losses = train(plain, data)
+    run = make_run(cfg, device)
+    graphed = graphed_step(run)
+    losses = train(run, data)
+
+    assert graphed.graph is not None and graphed.batch_size == 127
+    assert len(set(losses[5:])) == 5  # each replay trains on its own batch
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(plain_losses), rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(plain.model.state_dict().items(), run.model.state_dict().values()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
