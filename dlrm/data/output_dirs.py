@@ -39,13 +39,20 @@ def check_apart(source_opt: str, source: Path, out_opt: str, out: Path, advice: 
 
 
 def replace_dir(tmp: Path, out: Path) -> None:
-    """Move the finished `tmp` to `out`; an old `out` is set aside first and removed only after."""
+    """Move the finished `tmp` to `out`; an old `out` is set aside first and removed only after. If the swap fails
+    (or is interrupted) after the old `out` was set aside, it is put back where it was before the error goes on."""
     old = None
     if out.is_dir() and any(out.iterdir()):
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
         os.replace(out, old / out.name)
-    os.chmod(tmp, 0o755)  # mkdtemp creates 0700; the dataset is an ordinary readable directory
-    os.replace(tmp, out)  # rename(2) also replaces an empty directory
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp creates 0700; the dataset is an ordinary readable directory
+        os.replace(tmp, out)  # rename(2) also replaces an empty directory
+    except BaseException:
+        if old is not None and tmp.exists():  # not swapped: the user's directory back, not left under a hidden name
+            os.replace(old / out.name, out)
+            old.rmdir()
+        raise
     if old is not None:
         shutil.rmtree(old)
 
