@@ -219,13 +219,13 @@ def test_host_block_from_slot_columns_equals_from_lists(splits):
 def test_slot_column_statistics_decide_the_compact_form(tmp_path):
     make_split(tmp_path, ["slots"] * 3)
     files = split_files(tmp_path, read_metadata(tmp_path), "train")
-    assert compact_sparse_ok([pq.ParquetFile(f).metadata for f in files], 0xFFFFFFFE)
+    assert compact_sparse_ok([pq.ParquetFile(f).metadata for f in files], (-2, 0xFFFFFFFE))
     # a slot column holding 0xFFFFFFFE (-2's bit pattern in int32) must keep the split int64
     rng = np.random.default_rng(0)
     features = random_lists(rng, 5, SIZES)
     features[20] = [[0xFFFFFFFE]] * 5
     write_slots_shard(tmp_path / "big.parquet", np.zeros(5), np.zeros((5, 13)), features, SIZES, 5)
-    assert not compact_sparse_ok([pq.ParquetFile(tmp_path / "big.parquet").metadata], 0xFFFFFFFE)
+    assert not compact_sparse_ok([pq.ParquetFile(tmp_path / "big.parquet").metadata], (-2, 0xFFFFFFFE))
     batch = next(iter(ParquetLoader([tmp_path / "big.parquet"], 5, multi_hot_sizes=SIZES, compact_sparse=True)))
     at = slot_offsets(SIZES)[20]
     assert (batch.sparse[:, at] == 0xFFFFFFFE).all() and (batch.sparse[:, at + 1 : at + 5] == PAD_SPARSE).all()

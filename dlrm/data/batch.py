@@ -13,6 +13,8 @@ from typing import Optional
 
 import torch
 
+from dlrm.data.schema import MISSING_SPARSE, PAD_SPARSE
+
 
 @dataclass
 class Batch:
@@ -101,6 +103,13 @@ def compact_limit(padded: bool) -> int:
     """The smallest raw value the compact int32 form cannot carry: 0xFFFFFFFF (-1's bit pattern),
     and in multi-hot data already 0xFFFFFFFE (the bit pattern of -2, `PAD_SPARSE`)."""
     return _LOW32 - 1 if padded else _LOW32
+
+
+def compact_range(padded: bool) -> tuple[int, int]:
+    """The raw values ``[lo, hi)`` the compact int32 form carries exactly: from -1 (missing; multi-hot data: from
+    -2, `PAD_SPARSE`) to `compact_limit`. A value outside would come back as another value from `widen_sparse`
+    (e.g. -5 as 0xFFFFFFFB, 2^32 + 5 as 5) where the int64 form keeps it: another embedding row."""
+    return (PAD_SPARSE if padded else MISSING_SPARSE), compact_limit(padded)
 
 
 def widen_sparse(sparse: torch.Tensor, padded: bool = False) -> torch.Tensor:

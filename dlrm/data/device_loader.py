@@ -11,12 +11,12 @@ those gathers, and nothing syncs. Criteo Kaggle (45.8M rows) takes about 7.3 GB 
 
 A raw value v in [0, 2^32) is kept as the int32 with the same bits and widened back with
 ``v & 0xFFFFFFFF``; a missing value (-1) stays -1. That is exact unless a split holds the value
-0xFFFFFFFF itself (its bits equal -1's), in which case the sparse block is kept as int64
-(208 B/row) and the log says so.
+0xFFFFFFFF itself (its bits equal -1's) or a value outside [-1, 2^32) (the int64 form keeps any value), in
+which case the sparse block is kept as int64 (208 B/row) and the log says so.
 
 Multi-hot data (``multi_hot_sizes``): sparse is [N, L], L = sum of the sizes (4 * L bytes a row,
 856 for MLPerf's 214 slots), empty slots hold -2 (`PAD_SPARSE`); 0xFFFFFFFE (-2's bits) then
-also sends the split to int64 (`dlrm.data.batch.compact_limit`).
+also sends the split to int64, and the range is [-2, 2^32) (`dlrm.data.batch.compact_range`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dlrm.data.loader import (
     _HostBlock,
     batches_per_epoch,
     check_table,
-    compact_limit,
+    compact_range,
     first_rows,
     open_shard,
     rank_rows,
@@ -153,9 +153,9 @@ class DeviceLoader:
         starts = first_rows(groups)
         nulls = NullTally(self.files, [meta.num_row_groups for meta in footers])
         n = sum(rows for _, _, rows in groups)
-        # The int32 encoding is exact unless the value 0xFFFFFFFF (multi-hot: 0xFFFFFFFE too) occurs;
-        # checked per row group below.
-        limit, width = compact_limit(self._multi_hot), self._width
+        # The int32 encoding is exact unless the value 0xFFFFFFFF (multi-hot: 0xFFFFFFFE too) or one outside
+        # [-1, 2^32) ([-2, 2^32)) occurs (`compact_range`); checked per row group below.
+        (floor, limit), width = compact_range(self._multi_hot), self._width
         dense = torch.empty((n, NUM_DENSE), dtype=torch.float32, device=self.device)
         sparse = torch.empty((n, width), dtype=torch.int32, device=self.device)
         labels = torch.empty((n,), dtype=torch.float32, device=self.device)
@@ -173,9 +173,9 @@ class DeviceLoader:
             dense[sl] = transform_dense(torch.from_numpy(block.dense).to(self.device), self.dense_format)
             labels[sl] = torch.from_numpy(block.label.astype(np.float32)).to(self.device)
             raw = block.sparse
-            if wide is None and (raw >= limit).any():
-                logger.warning(f"{path}: holds the value {limit:#X}{' or above' if self._multi_hot else ''}, "
-                               f"so the split is kept as int64 ({8 * width} B/row)")
+            if wide is None and ((raw >= limit) | (raw < floor)).any():
+                logger.warning(f"{path}: holds a sparse value outside [{floor}, {limit:#X}), the compact int32 "
+                               f"form's range, so the split is kept as int64 ({8 * width} B/row)")
                 wide = (_widen(sparse[:at], self._multi_hot) if at
                         else torch.empty((0, width), dtype=torch.int64, device=self.device))
                 wide = torch.cat([wide, torch.empty((n - at, width), dtype=torch.int64, device=self.device)])

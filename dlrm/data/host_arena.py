@@ -23,6 +23,7 @@ from dlrm.data.batch import _LOW32
 from dlrm.data.schema import (
     DENSE_COLUMNS,
     LABEL_COLUMN,
+    MISSING_SPARSE,
     NUM_DENSE,
     NUM_SPARSE,
     PAD_SPARSE,
@@ -34,11 +35,13 @@ from dlrm.data.schema import (
 )
 from dlrm.data.validation import list_lengths
 
-def compact_sparse_ok(footers: list[pq.FileMetaData], limit: int = _LOW32) -> bool:
-    """Whether every sparse value fits the compact int32 form (all below `limit`: 0xFFFFFFFF, or
-    `compact_limit(True)` for multi-hot data), from the footers' max statistics alone; False when
-    any row group lacks them. A list column's statistics are those of its values' leaf column, a slot
-    column's (``SPARSE_<f>_<j>``) its own."""
+def compact_sparse_ok(footers: list[pq.FileMetaData], bounds: tuple[int, int] = (MISSING_SPARSE, _LOW32)) -> bool:
+    """Whether every sparse value fits the compact int32 form (all in ``bounds``, ``[lo, hi)``: -1 to 0xFFFFFFFF,
+    or `dlrm.data.batch.compact_range` (True) for multi-hot data), from the footers' min and max statistics alone;
+    False when any row group lacks them. A list column's statistics are those of its values' leaf column, a slot
+    column's (``SPARSE_<f>_<j>``) its own. The statistics are untrusted: the loader checks every decoded row group
+    against the same bounds (`dlrm.data.validation.check_table`'s ``compact``)."""
+    lo, hi = bounds
     for meta in footers:
         for g in range(meta.num_row_groups):
             rg = meta.row_group(g)
@@ -47,7 +50,7 @@ def compact_sparse_ok(footers: list[pq.FileMetaData], limit: int = _LOW32) -> bo
                 if not column.path_in_schema.startswith("SPARSE_"):  # the schema is checked: sparse columns only
                     continue
                 stats = column.statistics
-                if stats is None or not stats.has_min_max or stats.max >= limit:
+                if stats is None or not stats.has_min_max or stats.min < lo or stats.max >= hi:
                     return False
     return True
 

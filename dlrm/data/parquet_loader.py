@@ -30,7 +30,7 @@ from loguru import logger
 from dlrm.data.batch import (
     Batch,
     batches_per_epoch,
-    compact_limit,
+    compact_range,
     keeps_last_batch,
     rank_rows,
     transform_dense,
@@ -186,7 +186,7 @@ class ParquetLoader:
         # bytes to copy on the host and across the bus. On the CPU the widening would cost more
         # than it saves, so buffers stay int64 there unless `compact_sparse` says.
         want = self.device.type == "cuda" if compact_sparse is None else compact_sparse
-        self._compact = want and compact_sparse_ok(self._footers, compact_limit(self._multi_hot))
+        self._compact = want and compact_sparse_ok(self._footers, compact_range(self._multi_hot))
         # Largest buffer any epoch can need: pending rows below the threshold, then the row group
         # that crosses it (see `_plan`), plus a carry (< B); never more than all rows.
         largest_group = max((n for _, _, n in self.row_groups), default=0)
@@ -284,7 +284,7 @@ class ParquetLoader:
         # untrusted and may change); a DatasetError reaches the consumer through the producer.
         layout = self._layouts[fi]
         table, replaced = check_table(self.files[fi], gi, self._first_rows[k], table, self.multi_hot_sizes, layout,
-                                      self.dense_format)
+                                      self.dense_format, compact_range(self._multi_hot) if self._compact else None)
         self._nulls.add(fi, gi, replaced)
         _write_columns(table, out, at, self.multi_hot_sizes, layout)
 

@@ -207,9 +207,33 @@ def _slot_nulls(table: pa.Table, names: list[str], replaced: dict[str, int]) -> 
     return table
 
 
+def check_compact(path: Path, group: int, first_row: int, table: pa.Table, bounds: tuple[int, int]) -> None:
+    """Every sparse value of `table` (nulls already replaced) in ``bounds`` (``[lo, hi)``), else `DatasetError`
+    naming file, column, row and value: the range of the compact int32 form a loader chose because the footers'
+    statistics promised it (`dlrm.data.host_arena.compact_sparse_ok`). Statistics that lie (or a file changed since
+    it was opened) would otherwise hand the model another value (-5 as 0xFFFFFFFB, 2^32 + 5 as 5) than the int64
+    form would. Vectorized: one `min_max` a column."""
+    lo, hi = bounds
+    for name in table.column_names[1 + NUM_DENSE:]:  # the sparse columns (the schema is checked: label, dense first)
+        column = table.column(name)
+        values = pc.list_flatten(column) if pa.types.is_list(column.type) else column
+        seen = pc.min_max(values)
+        if len(values) == 0 or (seen["min"].as_py() >= lo and seen["max"].as_py() < hi):
+            continue
+        array = column.combine_chunks()
+        flat = pc.list_flatten(array) if pa.types.is_list(array.type) else array
+        numbers = flat.to_numpy(zero_copy_only=False)
+        k = int(np.flatnonzero((numbers < lo) | (numbers >= hi))[0])
+        row = pc.list_parent_indices(array)[k].as_py() if pa.types.is_list(array.type) else k
+        raise DatasetError(f"{path}: column {name}: row index {first_row + row} (row group {group}) holds {numbers[k]}, "
+                           f"outside [{lo}, {hi}) its footer's statistics promised (wrong statistics, or the file "
+                           "changed since it was opened)")
+
+
 def check_table(path: Path, group: int, first_row: int, table: pa.Table,
                 multi_hot_sizes: list[int] | None = None, layout: SparseLayout = "lists",
-                dense_format: DenseFormat = "counts") -> tuple[pa.Table, dict[str, int]]:
+                dense_format: DenseFormat = "counts",
+                compact: tuple[int, int] | None = None) -> tuple[pa.Table, dict[str, int]]:
     """A decoded row group checked against the contract, and its nulls replaced by policy.
 
     Labels must be 0 or 1 and not null (else `DatasetError` naming file, column and row); a null
@@ -221,7 +245,9 @@ def check_table(path: Path, group: int, first_row: int, table: pa.Table,
     file's, `file_layout`) a null slot holds no value (`PAD_SPARSE`). Returns the table to use and the
     number of nulls replaced per column (``"SPARSE_<f>[]"`` for a list column's, the slot column's
     name for a slot's; empty for the usual table without nulls, which costs one `min_max` and a null
-    count a column). `first_row`: the row group's first row within the file (for the messages).
+    count a column). `first_row`: the row group's first row within the file (for the messages). `compact`: the
+    loader carries sparse values in the compact int32 form, whose range ``[lo, hi)`` every value must lie in
+    (`check_compact`).
     """
     check_labels(path, group, first_row, table.column(LABEL_COLUMN))
     sizes = multi_hot_sizes if multi_hot_sizes is not None else one_hot_sizes()
@@ -243,6 +269,8 @@ def check_table(path: Path, group: int, first_row: int, table: pa.Table,
             table = table.set_column(table.schema.get_field_index(name), name, filled)
     if dense_format == "float":
         check_finite_dense(path, group, first_row, table)
+    if compact is not None:
+        check_compact(path, group, first_row, table, compact)
     return table, replaced
 
 
