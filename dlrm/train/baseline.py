@@ -193,8 +193,11 @@ def fit(dense: torch.Tensor, rows: torch.Tensor, labels: torch.Tensor, l2: Optio
     with torch.no_grad():  # start from the base rate: the bias is the only unpenalized weight
         rate = labels.mean().clamp(1e-6, 1 - 1e-6)
         model.bias.fill_(torch.log(rate / (1 - rate)))
-    opt = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=max_iterations, history_size=20,
-                            tolerance_grad=1e-7, tolerance_change=1e-10, line_search_fn="strong_wolfe")
+    # max_eval: iterations stop the fit, as in scikit-learn (scipy's 15,000 evaluations); PyTorch's default,
+    # 1.25 evaluations an iteration, ended a fit of max_iterations 3 after its first iteration. Its strong Wolfe
+    # line search takes at most 25 evaluations an iteration.
+    opt = torch.optim.LBFGS(model.parameters(), lr=1.0, max_iter=max_iterations, max_eval=25 * max_iterations + 1,
+                            history_size=20, tolerance_grad=1e-7, tolerance_change=1e-10, line_search_fn="strong_wolfe")
 
     def penalized_loss() -> torch.Tensor:
         logits = model.logits_from_ids(dense, ids)
