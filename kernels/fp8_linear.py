@@ -158,6 +158,8 @@ class Fp8RowwiseLinear(nn.Linear):
         super().__init__(in_features, out_features, bias, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.shape[0] % 16:  # as Fp8Linear: a one-line error here, not cuBLASLt's inside _scaled_mm on a GPU
+            raise ValueError(f"Fp8RowwiseLinear: the batch ({x.shape[0]}) must be a multiple of 16 (FP8 GEMMs)")
         return fp8_rowwise_linear(x, self.weight, self.bias)
 
 
@@ -191,7 +193,7 @@ class Fp8Linear(nn.Linear):
 
 def fp8_mlp(module: nn.Module) -> nn.Module:
     """A deep copy of ``module`` with every ``nn.Linear`` whose both widths are multiples of 16
-    replaced by an `Fp8Linear` holding the same parameters (the others stay as they are)."""
+    replaced by an `Fp8Linear` holding the same parameters, frozen ones frozen (the others stay as they are)."""
     out = copy.deepcopy(module)
     for name, child in list(out.named_modules()):
         for attr, layer in list(child.named_children()):
@@ -199,5 +201,7 @@ def fp8_mlp(module: nn.Module) -> nn.Module:
                 new = Fp8Linear(layer.in_features, layer.out_features, layer.bias is not None,
                                 device=layer.weight.device, dtype=layer.weight.dtype)
                 new.load_state_dict(layer.state_dict())
+                for p_new, p_old in zip(new.parameters(), layer.parameters()):
+                    p_new.requires_grad_(p_old.requires_grad)  # a frozen layer stays frozen
                 setattr(child, attr, new)
     return out

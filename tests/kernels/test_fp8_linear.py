@@ -115,6 +115,10 @@ def test_fp8_mlp_swaps_only_layers_of_multiples_of_16_and_keeps_the_parameters()
     assert type(mlp[2]) is nn.Linear  # the original is left alone
     for (ka, a), (kb, b) in zip(mlp.state_dict().items(), out.state_dict().items()):
         assert ka == kb and torch.equal(a, b)
+    mlp[2].weight.requires_grad_(False)  # a frozen layer stays frozen (its bias, trainable, stays trainable)
+    frozen = fp8_mlp(mlp)[2]
+    assert type(frozen).__name__ == "Fp8Linear"
+    assert not frozen.weight.requires_grad and frozen.bias.requires_grad
 
 
 def test_shapes_fp8_gemms_cannot_take_are_refused_in_one_line():
@@ -122,6 +126,8 @@ def test_shapes_fp8_gemms_cannot_take_are_refused_in_one_line():
         Fp8Linear(13, 512)
     with pytest.raises(ValueError, match=r"the batch \(3\) must be a multiple of 16"):
         Fp8Linear(16, 16)(torch.randn(3, 16))
+    with pytest.raises(ValueError, match=r"^Fp8RowwiseLinear: the batch \(17\) must be a multiple of 16"):
+        Fp8RowwiseLinear(16, 16)(torch.randn(17, 16))
 
 
 # ---- rowwise scales (fp8_rowwise_linear): tried on the MLPerf dense part, not wired into the model ----
