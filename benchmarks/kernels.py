@@ -890,7 +890,9 @@ def resolve_options(args) -> tuple[torch.device, list[int], list[str], tuple[str
     cpu = device.type == "cpu"
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda but CUDA is not available (use --device cpu with TRITON_INTERPRET=1 for a smoke test)")
-    if cpu and os.environ.get("TRITON_INTERPRET") != "1":
+    from kernels._backend import interpret_mode  # imported here: TRITON_INTERPRET is set above before triton loads
+
+    if cpu and not interpret_mode():
         raise SystemExit("--device cpu needs TRITON_INTERPRET=1 (set before triton is imported)")
     if args.batch_sizes:
         batches = [int(b) for b in args.batch_sizes.split(",") if b.strip()]

@@ -17,9 +17,15 @@ class TritonUnavailableError(RuntimeError):
     """Raised when a Triton kernel is requested where it cannot run (never a silent fallback)."""
 
 
+# How Triton reads a boolean variable (`triton.knobs.env_bool`): these words, in any case, and nothing else.
+_TRITON_TRUE = ("1", "true", "yes", "on", "y")
+
+
 def interpret_mode() -> bool:
-    """True when ``TRITON_INTERPRET=1`` is set (Triton kernels then run on the CPU, fp32 only)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """True when ``TRITON_INTERPRET`` switches Triton's interpreter on (Triton kernels then run on the CPU, fp32
+    only): ``1``, or ``true`` / ``yes`` / ``on`` / ``y`` in any case, as Triton itself reads the variable (only
+    ``1`` counted before, so ``TRITON_INTERPRET=true`` ran the interpreter with launches picked for a GPU)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRITON_TRUE
 
 
 def triton_importable() -> bool:

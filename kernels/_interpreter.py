@@ -25,6 +25,8 @@ import inspect
 import os
 import threading
 
+from kernels._backend import interpret_mode
+
 __all__ = ["install", "installed"]
 
 _state = threading.local()  # .patched: ids of the language modules patched in this thread's running grid
@@ -80,7 +82,7 @@ def install() -> bool:
     global _original
     if _original is not None:
         return True
-    if os.environ.get("TRITON_INTERPRET", "0") != "1" or os.environ.get("DLRM_INTERPRETER_PATCH_ONCE", "1") == "0":
+    if not interpret_mode() or os.environ.get("DLRM_INTERPRETER_PATCH_ONCE", "1") == "0":
         return False
     try:
         import triton.runtime.interpreter as interpreter

@@ -9,7 +9,6 @@ marked gpu repeat the comparisons with the kernel, in bf16 under autocast and co
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from dlrm.config import Config, ConfigError, KernelsConfig, ModelConfig, validat
 from dlrm.model.archs import GluonLowRankCrossNet, LowRankCrossNet  # noqa: E402
 from dlrm.model.dlrm import build_model  # noqa: E402
 from kernels import TritonUnavailableError  # noqa: E402
+from kernels._backend import interpret_mode  # noqa: E402
 from kernels.cross_ws_op import _cross_layer_ws_op, cross_layer_ws  # noqa: E402
 
 
@@ -137,7 +137,7 @@ def test_forced_gluon_without_a_hopper_gpu_is_an_error():
         build_model(cfg, [10] * 26, device=torch.device("cpu"), kernels=KernelsConfig(interaction="gluon"))
     # under the interpreter (no CUDA) the Triton embedding can run on the CPU and the Gluon choice is what fails; on a
     # CUDA machine without TRITON_INTERPRET the CPU build fails one check earlier, with its own one-line reason
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if interpret_mode():
         assert "Hopper" in str(info.value)
 
 
