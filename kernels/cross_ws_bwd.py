@@ -13,8 +13,9 @@ Inductor write ``du_l V_l`` and read it back in an elementwise pass; here the GE
   ``g_pre = dx_l * x0``, and accumulates ``dx0 += dx_l * pre`` in place;
 * ``pre=None`` (the first layer, where ``x_0`` is ``x0`` itself): ``dx0 += g + du V`` in place, nothing returned.
 
-All tensors [M, N] except ``du`` [M, K] and ``v`` [K, N]; one 16-bit dtype; the epilogue computes in fp32 and
-rounds each output once (``dx0`` too, at each layer: the accumulation is in the tensors' dtype).
+All tensors [M, N] except ``du`` [M, K] and ``v`` [K, N]; one 16-bit dtype; the GEMM accumulates in fp32 and
+hands its tile to the epilogue in the tensors' dtype (rounded once), the epilogue computes in fp32 and rounds each
+output once more (``dx0`` too, at each layer: the accumulation is in the tensors' dtype).
 Requirements as `kernels.cross_ws.supported` (``v`` row-major [K, N]).
 
 Used through `kernels.cross_ws_net` (the cross network's backward as one autograd function), which is off by

@@ -962,3 +962,18 @@ def test_stream_timeline_runs_train_py_with_the_loader_timed(tmp_path):
     assert not list((out / "t_logs").glob("*.pt")) and "| n | 1 |" in (out / "t.md").read_text()
     (out / "t.png").unlink()
     assert st.main(["--from-csv", str(out / "t.csv")]) == 0 and (out / "t.png").stat().st_size > 0
+
+
+def test_gluon_mutants_still_apply_to_the_kernels():
+    """Each mutant of benchmarks/gluon_mutants.py names text that is in its kernel at that occurrence, and changes
+    it: a kernel edit that moves the text fails here, not on the GPU after a device call."""
+    gm = load_script("gluon_mutants")
+    assert len({m[0].split()[0] for m in gm.MUTANTS}) == len(gm.MUTANTS)
+    for name, path, old, new, occurrence, tests in gm.MUTANTS:
+        source = (REPO / path).read_text()
+        mutated = gm.mutate(source, old, new, occurrence)
+        assert mutated != source and len(mutated) == len(source) - len(old) + len(new), name
+        assert (REPO / tests[0]).exists(), name
+    with pytest.raises(ValueError, match="occurrence 3 of 'pred=k > 0' not found"):
+        gm.mutate((REPO / gm.FWD).read_text(), "pred=k > 0", "", 3)
+    assert [gm.verdict(rc) for rc in (0, 1, 2, "timeout")] == ["survived", "killed", "killed", "killed (hang)"]

@@ -20,7 +20,8 @@ def _signature(fn, args):
 
 CONFIGS = {
     "pingpong": cross_ws.WsConfig(bm=64, stages=4, schedule="pingpong"),
-    "coop": cross_ws.WsConfig(),  # the default: what dlrm_kernels::cross_layer_ws runs
+    "coop": cross_ws.WsConfig(),  # the default: what dlrm_kernels::cross_layer_ws runs (H100)
+    "coop-sub64": cross_ws.WsConfig(sub=64, epi_stages=1),  # `default_config` on an H200
 }
 
 
@@ -37,7 +38,7 @@ def _compile(schedule: str, x_is_x0: bool, store_pre: bool):
     tile = [cfg.bm, cfg.bn]
     descs = [cross_ws._desc(u, [cfg.bm, cfg.bk]), cross_ws._desc(w, [cfg.bn, cfg.bk])]
     consts = {"STAGES": cfg.stages, "X_IS_X0": x_is_x0, "STORE_PRE": store_pre}
-    if schedule == "coop":
+    if cfg.schedule == "coop":
         fn = cross_ws._cross_fwd_coop_kernel
         sub = [cfg.sub, cfg.bn]
         args = descs + [cross_ws._desc(x0, tile), cross_ws._desc(x0, sub), cross_ws._desc(x0, sub), x0,
@@ -51,7 +52,7 @@ def _compile(schedule: str, x_is_x0: bool, store_pre: bool):
     sig = _signature(fn, args)
     sig.update({k: "constexpr" for k in consts})
     src = GluonASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-    warps = cfg.epi_warps if schedule == "coop" else 4
+    warps = cfg.epi_warps if cfg.schedule == "coop" else 4
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
@@ -67,7 +68,7 @@ def test_compiles_for_sm90():
     from tests.kernels.gluon_compile import check, in_clean_process
 
     results = in_clean_process("tests.kernels.test_cross_ws", "compile_all")
-    assert len(results) == 8
+    assert len(results) == 4 * len(CONFIGS)
     check(results)
 
 
@@ -98,6 +99,30 @@ def _strided(rows: int, cols: int, gen, pad: int) -> torch.Tensor:
     return t[:, :cols]
 
 
+def _check(x0, x, u, w, b, out, pre, schedule):
+    d = lambda t: t.double()  # noqa: E731
+    ref_pre = d(u) @ d(w).t() + d(b)
+    ref = d(x0) * ref_pre + d(x)
+    # bf16 outputs rounded once from fp32 (unit roundoff 2^-8), fp32 accumulation (far smaller): bound by the
+    # magnitudes. "coop" forms out from the bf16-rounded pre: two roundings.
+    rounds = 2 if CONFIGS[schedule].schedule == "coop" else 1
+    mag_pre = d(u).abs() @ d(w).abs().t() + d(b).abs()
+    mag = d(x0).abs() * mag_pre + d(x).abs()
+    assert out.shape == tuple(x0.shape) and out.is_contiguous()
+    assert ((d(out) - ref).abs() <= rounds * 2.0**-8 * mag + 1e-6).all()
+    if pre is not None:
+        assert ((d(pre) - ref_pre).abs() <= 2.0**-8 * mag_pre + 1e-6).all()
+
+
+def _operands(M, N, K, gen, pad, x_is_x0):
+    x0 = _strided(M, N, gen, pad)
+    x = x0 if x_is_x0 else _strided(M, N, gen, pad)
+    u = _strided(M, K, gen, pad)
+    w = (_strided(N, K, gen, pad).float() * K ** -0.5).to(torch.bfloat16)
+    b = torch.randn(N, generator=gen, device="cuda")
+    return x0, x, u, w, b
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU")
 @pytest.mark.parametrize("M,N,K", [(1, 8, 8), (3, 136, 72), (127, 136, 512), (1000, 264, 64), (4096, 3456, 512),
@@ -108,24 +133,27 @@ def _strided(rows: int, cols: int, gen, pad: int) -> torch.Tensor:
 @pytest.mark.parametrize("schedule", sorted(CONFIGS))
 def test_matches_float64(M, N, K, x_is_x0, store_pre, pad, schedule):
     gen = torch.Generator(device="cuda").manual_seed(M * 7 + N + K)
-    x0 = _strided(M, N, gen, pad)
-    x = x0 if x_is_x0 else _strided(M, N, gen, pad)
-    u = _strided(M, K, gen, pad)
-    w = (_strided(N, K, gen, pad).float() * K ** -0.5).to(torch.bfloat16)
-    b = torch.randn(N, generator=gen, device="cuda")
+    x0, x, u, w, b = _operands(M, N, K, gen, pad, x_is_x0)
     assert cross_ws.supported(x0, x, u, w)
     out, pre = cross_ws.cross_forward_ws(x0, x, u, w, b, store_pre=store_pre, config=CONFIGS[schedule])
-    d = lambda t: t.double()  # noqa: E731
-    ref_pre = d(u) @ d(w).t() + d(b)
-    ref = d(x0) * ref_pre + d(x)
-    # bf16 outputs rounded once from fp32 (unit roundoff 2^-8), fp32 accumulation (far smaller): bound by the
-    # magnitudes. "coop" forms out from the bf16-rounded pre: two roundings.
-    rounds = 2 if schedule == "coop" else 1
-    mag_pre = d(u).abs() @ d(w).abs().t() + d(b).abs()
-    mag = d(x0).abs() * mag_pre + d(x).abs()
-    assert out.shape == (M, N) and out.is_contiguous()
-    assert ((d(out) - ref).abs() <= rounds * 2.0**-8 * mag + 1e-6).all()
-    if store_pre:
-        assert ((d(pre) - ref_pre).abs() <= 2.0**-8 * mag_pre + 1e-6).all()
-    else:
+    if not store_pre:
         assert pre is None
+    _check(x0, x, u, w, b, out, pre, schedule)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU")
+@pytest.mark.parametrize("K", [16, 520])
+@pytest.mark.parametrize("num_sms", [1, 3])
+@pytest.mark.parametrize("schedule", sorted(CONFIGS))
+def test_many_tiles_a_program_reuse_every_slot(K, num_sms, schedule):
+    """On the shapes above a program takes one tile, or several with an 8-step K loop: the staging slots and the
+    rings go round across tiles only slowly. Here 1-3 programs take 60-180 tiles each, with a K loop of one step
+    (the MMA partition races ahead to the slot the epilogue still reads) or of 9 (more steps than ring slots, a
+    partial last step): a slot released too early, or a barrier phase off by one, shows as wrong tiles."""
+    M, N = 2000, 1160  # 16 x 10 tiles of 128 x 128 (the last row and column of tiles partial)
+    gen = torch.Generator(device="cuda").manual_seed(K + num_sms)
+    x0, x, u, w, b = _operands(M, N, K, gen, 0, False)
+    for _ in range(3):
+        out, pre = cross_ws.cross_forward_ws(x0, x, u, w, b, config=CONFIGS[schedule], num_sms=num_sms)
+        _check(x0, x, u, w, b, out, pre, schedule)
