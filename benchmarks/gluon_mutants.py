@@ -105,7 +105,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for mutants.csv / mutants.md")
     ap.add_argument("--only", nargs="*", default=[], help="mutant ids to run (F1, B2, ...); 'base' the unmutated tests")
-    ap.add_argument("--limit", type=float, default=120.0, help="seconds a mutant's tests may run (a hang is a kill)")
+    ap.add_argument("--limit", type=float, default=60.0, help="seconds a mutant's tests may run (a hang is a kill)")
     args = ap.parse_args()
     import torch
 

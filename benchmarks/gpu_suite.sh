@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR PART...
 #
-# PART: tests | testsall | crossws | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | onehot:mlpstream | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | stream:onehot | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | stepprofile:hotrows[:kaggle] | stepops | updatefloor | clocks (LAUNCH_TAG) | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
+# PART: tests | testsall | crossws | gluonmutants | crossbwd | launches:memory (LAUNCH_TAG) | mlperf:gluon | mlperf:fusedbwd | mlperf:crossbwd | multihot:gluon | multihot:fusedmlp | bandwidth | overlap | overlap:sort | overlap:nccl (2 GPUs) | sweep:carry | sweep:rounding | crosslayer | gemmlayout | fp8dense | mlperf:wgrad | mlperf:eviction | mlperf:adagrad | mlperf:concat | onehot:mlpstream | autotune:gemm | testsall:kernels|first|rest | userpath | userpath:mlperf | loader:mlperf | stream:mlperf | readlate:mlperf | readlate:kaggle | stream:prefetch | stream:prefetch100 | stream:onehot | compile | compilecompare | autopick | combo | mlp | mlp:fp8 | mlp:tail | rows65536 | sweep:launches | mlperf | multihot | multihot:large | stepprofile | stepprofile:hotrows[:kaggle] | stepops | updatefloor | clocks (LAUNCH_TAG) | sweep | kernels | kernels:linear | kernels:graph[:embedding|small|linear] | train | mix | stepgraph | pad | wgrad | terabyte | terabyte:stepgraph | compare[:BATCH] | profile[:VARIANT] (PROFILE_BATCH) | loader | scaling, scaling:mlperf[:N], nccl (2 GPUs). Each part writes its logs, CSVs,
 # Markdown and plots under OUT_DIR/results/ (what gets committed to benchmarks/results/) and
 # OUT_DIR/logs/, and a failing part does not stop the next one. At the end everything is packed
 # into OUT_DIR/suite.tgz (the device tool returns only a few files).
@@ -626,6 +626,9 @@ EOF
       ;;
     crossws)  # the warp-specialized Gluon cross-layer forward (kernels/cross_ws.py) against cuBLAS + Inductor's pass
       run cross_ws_probe 300 python benchmarks/cross_ws_probe.py --out "$RES"
+      ;;
+    gluonmutants)  # the Gluon cross kernels' mutants against their GPU tests (results/gluon_mutants_h200.md)
+      run gluon_mutants 580 python benchmarks/gluon_mutants.py --out "$RES/gluon_mutants"
       ;;
     mlperf:gluon)  # MLPerf DLRM-DCNv2: "auto" (the Gluon cross layers on Hopper) against the PyTorch cross net,
       # alternating in one process, beside the plain PyTorch version (results/mlperf_dcnv2_gluon.md)
