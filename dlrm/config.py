@@ -373,18 +373,46 @@ def read_config_bytes(path: Path) -> bytes:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], source: str) -> None:
-    """Set dotted keys (e.g. {"data.batch_size": 64}) in the raw config, creating parent objects."""
+    """Set dotted keys (e.g. {"data.batch_size": 64}) in the raw config, creating parent objects.
+
+    A section given in its short form (`"compile": true` means {"enabled": true}) is expanded; a parent the file
+    gives a value its type does not take is the error the file alone gets (never hidden by the override)."""
     for dotted, value in overrides.items():
         node = raw
         *parents, leaf = dotted.split(".")
-        for p in parents:
+        for i, p in enumerate(parents):
             child = node.get(p)
-            if child is None or isinstance(child, bool) or child == "auto":  # `"compile": true` means {"enabled": true}
-                child = node[p] = {} if child is None else {"enabled": child}
-            node = child
-            if not isinstance(node, dict):
-                raise ConfigError(f"{source}: {p}: expected an object, got {_show(node)}")
+            if p in node and not isinstance(child, dict):
+                child = _short_form(child, ".".join(parents[: i + 1]), source)
+            node[p] = {} if child is None else child
+            node = node[p]
         node[leaf] = value
+
+
+def _short_form(value: Any, path: str, source: str) -> Optional[dict[str, Any]]:
+    """The object that the file's non-object `value` of section `path` stands for: None for a null the section
+    allows (an absent optional section), {"enabled": value} for a shorthand such as `"compile": "auto"`."""
+    tp = _field_type(path)
+    section = next((a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)), None)
+    try:
+        if section is None:
+            raise ConfigError(f"{path}: expected an object, got {_show(value)}")
+        _convert(value, tp, path)  # a value the section does not take: the file's own error
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    return None if value is None else {"enabled": value}
+
+
+def _field_type(dotted: str) -> Any:
+    """The declared type of `Config`'s dotted key `dotted` (None where there is no such key)."""
+    tp: Any = Config
+    for name in dotted.split("."):
+        cls = next((a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)), None)
+        hints = typing.get_type_hints(cls) if cls is not None else {}
+        if name not in hints:
+            return None
+        tp = hints[name]
+    return tp
 
 
 def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> Config:

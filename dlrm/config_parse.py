@@ -18,6 +18,7 @@ not finite in float32, NaN/Infinity literals, strings holding NUL. Nothing here 
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import math
@@ -207,8 +208,11 @@ def parse_config_bytes(data: bytes, source: str) -> dict[str, Any]:
     Integers too long to convert become `_HugeInt` placeholders (rejected by `config_from_dict`
     with their key); NaN and Infinity literals become floats that it rejects the same way.
     """
+    # A leading BOM (some Windows editors write one) is harmless. It is cut off here rather than by the "utf-8-sig"
+    # codec, whose error offsets count from after the BOM: the byte and column named would be 3 bytes off.
+    data = data.removeprefix(codecs.BOM_UTF8)
     try:
-        text = data.decode("utf-8-sig")  # a leading BOM (some Windows editors write one) is harmless
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
