@@ -50,9 +50,9 @@ def summarize(cells) -> list[dict]:
     for cell, rows in cells:
         rate = {r["variant"]: float(r["samples_per_sec"]) for r in rows}
         named = {k: v for k, v in rate.items() if k != "auto"}
-        fastest = max(named, key=named.get)
+        fastest = max(named, key=named.get) if named else None  # None: no named variant of the cell ran ok
         out.append({**cell, "rate": rate, "fastest": fastest,
-                    "auto_vs_fastest_pct": 100.0 * (rate["auto"] / named[fastest] - 1.0)})
+                    "auto_vs_fastest_pct": 100.0 * (rate["auto"] / named[fastest] - 1.0) if fastest else float("nan")})
     return out
 
 
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
                 text = f"{s['rate'][v] / 1e6:.2f}M"
                 cells_text.append(f"**{text}**" if v == s["fastest"] else text)
         lines.append(md_row([s["model"].capitalize(), s["precision"], s["batch"], f"{s['rate']['auto'] / 1e6:.2f}M",
-                             *cells_text, f"{s['auto_vs_fastest_pct']:+.1f}%"]))
+                             *cells_text, f"{s['auto_vs_fastest_pct']:+.1f}%" if s["fastest"] else "n/a"]))
     (args.out / "autopick.md").write_text("\n".join(lines) + "\n")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))

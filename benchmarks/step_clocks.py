@@ -328,7 +328,7 @@ def main(argv=None) -> int:
         time.sleep(args.idle)
         t2 = time.time()
         phases.append(("idle after", t1, t2))
-        for kind in (operand_kinds if gemm else []):
+        for i, kind in enumerate(operand_kinds if gemm else []):
             M, N, K = gemm
             a = gemm_operand(kind, (M, K), device)
             b = torch.randn(K, N, device=device, dtype=torch.bfloat16)
@@ -337,7 +337,8 @@ def main(argv=None) -> int:
             t2 = time.time()
             calls = run_for(args.seconds, lambda: torch.mm(a, b, out=c), device)
             t3 = time.time()
-            phases.append((f"GEMM {M}x{N}x{K}, A {kind}", t2, t3))
+            repeat = operand_kinds[:i].count(kind)  # a kind named again gets its own phase, as a kernel does
+            phases.append((f"GEMM {M}x{N}x{K}, A {kind}" + (f" #{repeat + 1}" if repeat else ""), t2, t3))
             rates[phases[-1][0]] = f"{2 * M * N * K * calls / (t3 - t2) / 1e12:.0f} TFLOP/s ({calls} calls)"
             del a, b, c
             time.sleep(args.idle)

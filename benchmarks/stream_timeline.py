@@ -197,7 +197,8 @@ def numbers(events: dict) -> dict:
     """One run's loader numbers over its steady part (see the module docstring)."""
     t0, t1 = steady(events)
     steps = events["step"]
-    host = [b - a for a, b in zip(steps[STEADY_AFTER_STEP:], steps[STEADY_AFTER_STEP + 1:])]
+    # every step that ends in the steady part, from the one after step `STEADY_AFTER_STEP` (which starts it)
+    host = [b - a for a, b in zip(steps[STEADY_AFTER_STEP - 1:], steps[STEADY_AFTER_STEP:])]
     # from a logging window's read to the next step launched after it (the host's time to get back to launching)
     after_sync = [steps[i] - synced for synced in events["sync"]
                   if (i := bisect.bisect_right(steps, synced)) < len(steps) and steps[i] >= t0]
