@@ -429,6 +429,8 @@ def test_update_traffic_main_medians_bytes_and_launches(monkeypatch, tmp_path):
     positions and distinct rows) / 1e9; % of copy; each launch timed at its own positions and warps; warps not a power
     of two refused."""
     utf = load_script("update_traffic_floor")
+    # the CPU path (wall-clock windows, no warmup); on a GPU machine main would time CUDA-graph replays
+    monkeypatch.setattr(utf.torch.cuda, "is_available", lambda: False)
     calls, n = [], [0]
     monkeypatch.setattr(utf.pe, "Tables", lambda cards, hotness, dim, dtype, device: NS(
         dim=dim, weight=torch.empty(0, dtype=dtype), rows=sum(cards), layout=NS(slot_feature=None), state=None, lr=None,
