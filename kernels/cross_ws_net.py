@@ -130,12 +130,15 @@ def _cross_net_backward_op(grad: Tensor, x0: Tensor, xs: list[Tensor], us: list[
                 dx0 = part.addmm_(du, vs[layer])  # in place: no copy of the addend, unlike an out-of-place addmm
             else:
                 ts.append(du @ vs[layer])
-    return dx0, dvs, dws, dbs
+    # contiguous, as the fake says: the PyTorch pass's dx0 follows the incoming gradient's layout (a transposed one
+    # under torch.compile would break the fake's strides); free for the kernels' contiguous dx0
+    return dx0.contiguous(), dvs, dws, dbs
 
 
 @_cross_net_backward_op.register_fake
 def _(grad, x0, xs, us, pres, vs, ws, b_dtype):
-    return (torch.empty_like(x0), [torch.empty_like(v) for v in vs], [torch.empty_like(w) for w in ws],
+    # every output contiguous (the GEMMs' results and dx0 above), whatever the layout of x0 and the weights
+    return (x0.new_empty(x0.shape), [v.new_empty(v.shape) for v in vs], [w.new_empty(w.shape) for w in ws],
             [x0.new_empty((x0.shape[1],), dtype=b_dtype) for _ in vs])
 
 
