@@ -53,6 +53,25 @@ def fake_timer(seconds: list[float]):
     return FakeTimer
 
 
+def fake_event_class(clock: list[float]):
+    """A `torch.cuda.Event` class whose events record `clock[0]` (ms) and measure the difference."""
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    return Event
+
+
 def read_csv(path) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
@@ -92,18 +111,7 @@ def test_common_graph_replay_windows_ms_per_call_with_a_fake_cuda(monkeypatch):
     20 ms of work a window from one call's replay time. torch.cuda's pieces are fakes: a call takes 0.5 ms."""
     clock, capturing = [0.0], []
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            self.t = None
-
-        def record(self):
-            self.t = clock[0]
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, end):
-            return end.t - self.t
+    Event = fake_event_class(clock)
 
     class Graph:
         def __init__(self):

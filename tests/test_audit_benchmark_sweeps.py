@@ -23,7 +23,7 @@ from unittest import mock
 import pytest
 import torch
 
-from tests.test_audit_benchmark_numbers import FakeClock, read_csv
+from tests.test_audit_benchmark_numbers import FakeClock, fake_event_class, read_csv
 from tests.test_benchmark_scripts import REPO, load_script
 
 NS = types.SimpleNamespace
@@ -118,18 +118,7 @@ def test_pooled_event_loop_ms_is_the_median_ms_per_call(monkeypatch):
     pe = load_script("pooled_embedding")
     clock = [0.0]
 
-    class Event:
-        def __init__(self, enable_timing=False):
-            self.t = None
-
-        def record(self):
-            self.t = clock[0]
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, end):
-            return end.t - self.t
+    Event = fake_event_class(clock)
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
