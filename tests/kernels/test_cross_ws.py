@@ -148,10 +148,10 @@ def test_matches_float64(M, N, K, x_is_x0, store_pre, pad, schedule):
 @pytest.mark.parametrize("schedule", sorted(CONFIGS))
 def test_many_tiles_a_program_reuse_every_slot(K, num_sms, schedule):
     """On the shapes above a program takes one tile, or several with an 8-step K loop: the staging slots and the
-    rings go round across tiles only slowly. Here 1-3 programs take 60-180 tiles each, with a K loop of one step
+    rings go round across tiles only slowly. Here 1 or 3 programs take 53-320 tiles each, with a K loop of one step
     (the MMA partition races ahead to the slot the epilogue still reads) or of 9 (more steps than ring slots, a
     partial last step): a slot released too early, or a barrier phase off by one, shows as wrong tiles."""
-    M, N = 2000, 1160  # 16 x 10 tiles of 128 x 128 (the last row and column of tiles partial)
+    M, N = 2000, 1160  # 16 x 10 tiles of 128 x 128 (pingpong: 32 x 10 of 64 x 128), the last row and column partial
     gen = torch.Generator(device="cuda").manual_seed(K + num_sms)
     x0, x, u, w, b = _operands(M, N, K, gen, 0, False)
     for _ in range(3):
