@@ -168,3 +168,36 @@ def test_padded_evaluation_of_a_partial_batch_returns_that_batchs_own_logits(mon
     got = forward(batch)
     assert got.shape == (3,)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("own, other, agreed", [(0, 15, 15), (2, 0, 2), (2, 15, 15), (0, 0, 0)])
+def test_ranks_agree_on_the_signal_that_stops_them(own, other, agreed):
+    """With several ranks, a logging window carries the largest signal number any rank got (0: none) through an
+    all-reduce max; every rank then stops with 128 + that signal, also one that got none itself (it exited 128
+    while its neighbour exited 143). Run through the trainer's own window queue and read, with the other rank's
+    number standing in for the collective."""
+    from dlrm.train.signals import GracefulStop
+
+    reduced = []
+
+    def all_reduce_max(t):
+        out = torch.maximum(t, torch.full_like(t, other)) if t.dim() == 1 else t  # only the signal is a 1-element vector
+        reduced.append(out)
+        return out
+
+    env = SimpleNamespace(distributed=True, world_size=2, all_reduce_sum=lambda t: t, all_reduce_max=all_reduce_max)
+    losses = SimpleNamespace(total=lambda: torch.tensor(1.5), first_nonfinite_step=lambda: torch.tensor(-1))
+    fake_meter = SimpleNamespace(losses=losses, cut_window=lambda step: SimpleNamespace(step=step, steps=3),
+                                 close_window=lambda cut, loss: (None, None), rates=[])
+    opt = SimpleNamespace(param_groups=[{"lr": 0.1}])
+    trainer = SimpleNamespace(meter=fake_meter, env=env, run=SimpleNamespace(optimizers=[opt, opt]),
+                              device=torch.device("cpu"), pos=SimpleNamespace(step=8), _pending=None, _stop_signal=0,
+                              writer=SimpleNamespace(add_scalar=lambda *a: None), _raise_if_nonfinite=lambda bad: None)
+    stop = GracefulStop()
+    stop.signum = own or None
+    assert Trainer._stop_requested(trainer, stop) is False  # several ranks: nothing is decided before the read
+    Trainer._queue_window(trainer, stop)
+    assert [int(t.item()) for t in reduced if t.dim() == 1] == [agreed]
+    Trainer._log_window(trainer, SimpleNamespace(set_postfix=lambda **kw: None))
+    assert trainer._stop_signal == agreed
+    assert Trainer._stop_requested(trainer, stop) is (agreed > 0)

@@ -294,11 +294,12 @@ class Trainer:
             bar.close()
             meter.finish()
             self._check_finite()
-            if self._stopping:
+            if self._stop_signal:
                 writer.close()
                 path = self.checkpointer.save(run, pos, self.stats)
                 self.run_dir.close()
-                raise TrainingStopped(stop.exit_code, f"stopped by signal at step {pos.step}; checkpoint {path}")
+                raise TrainingStopped(128 + self._stop_signal,
+                                      f"stopped by signal at step {pos.step}; checkpoint {path}")
         self.checkpointer.save(run, pos, self.stats)
         return self._finish(prof)
 
@@ -329,7 +330,9 @@ class Trainer:
             if hasattr(loader, "close"):
                 loader.close()  # a loader decoding the next epoch ahead (chain_epochs) stops here
 
-    _stopping = False
+    # The signal that stops the run (0: none). With several ranks, the largest number any rank got: a rank that got
+    # none stops with the others' exit code (128 + signal), not 128.
+    _stop_signal = 0
     early_stopped = False
     last_eval: Optional[dict] = None  # the metrics of an evaluation at the current step
 
@@ -338,8 +341,8 @@ class Trainer:
     def _stop_requested(self, stop: GracefulStop) -> bool:
         """A signal arrived; with several ranks, once they all know (they agree through the logging windows' reads)."""
         if not self.env.distributed:
-            self._stopping = stop.requested
-        return self._stopping
+            self._stop_signal = stop.signum or 0
+        return self._stop_signal > 0
 
     def _queue_window(self, stop: GracefulStop) -> None:
         """A logging step: the window's loss sum, its first NaN/Inf step, the learning rates and, with several ranks,
@@ -349,7 +352,7 @@ class Trainer:
         values = [env.all_reduce_sum(meter.losses.total()), env.all_reduce_max(meter.losses.first_nonfinite_step())]
         values += [opt.param_groups[0]["lr"] for opt in self.run.optimizers[:2]]  # a captured step's are tensors
         if env.distributed:
-            values.append(env.all_reduce_max(torch.tensor([int(stop.requested)], device=self.device)))
+            values.append(env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=self.device)))
         self._pending = (meter.cut_window(self.pos.step), DeviceRead(*values))
 
     def _read_window(self, bar: tqdm) -> None:
@@ -361,8 +364,8 @@ class Trainer:
         has the next step queued), stops on a NaN/Inf loss, logs the mean loss, rate and data wait."""
         (cut, read), self._pending = self._pending, None
         total, bad, lr_dense, lr_sparse, *stopping = read.get()
-        if stopping:  # the ranks agree: every one reads the same reduced flag after the same step
-            self._stopping = bool(stopping[0])
+        if stopping:  # the ranks agree: every one reads the same reduced signal number after the same step
+            self._stop_signal = int(stopping[0])
         self._raise_if_nonfinite(int(bad))
         mean_loss = total / self.env.world_size / cut.steps  # the ranks' shares summed: the global mean
         rate, wait = self.meter.close_window(cut, mean_loss)
