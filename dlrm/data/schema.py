@@ -193,9 +193,9 @@ def write_options(multi_hot_sizes: list[int] | None = None, layout: SparseLayout
     40M-row table) pyarrow's default 1 MB dictionary page fills before it falls back to plain encoding,
     and those dictionary-encoded pages cost more than they save. Capped at 64 KB (~8,000 distinct ids),
     one MLPerf-shaped 131,072-row group from LZ4 was 135 MB with uniform ids (172 with 1 MB pages, 138
-    without dictionaries) and decoded in 0.78 us a row (1.08, 0.77); with Zipf-like ids 91 MB (78, 99)
-    and 0.79 us (0.79, 0.85); one thread of the 2-core machine,
-    benchmarks/results/sparse_layout_decode_{uniform,zipf}_cpu.md. List columns took 2.3-2.5 us a row.
+    without dictionaries) and decoded in 1.10 us a row (1.50, 1.12); with Zipf-like ids 99 MB (85, 107)
+    and 1.17 us (1.01, 1.29); one thread of the 2-core machine,
+    benchmarks/results/sparse_layout_decode_{uniform,zipf}_cpu.md (2026-11-30). List columns took 3.1-3.5 us a row.
     """
     slots = set(sparse_columns(multi_hot_sizes, layout)) - set(SPARSE_COLUMNS)
     return {"dictionary_pagesize_limit": SLOT_DICTIONARY_PAGE_BYTES} if slots else {}
