@@ -186,7 +186,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / f"{args.name}.csv", rows, KEYS, extra=env)
     total = {k: sum(r[k] for r in rows if k in r) for k in ("shipped_ms", "epilogue_ms", "saved_ms")}
-    table = [md_row(KEYS), md_row(["---"] * 3 + ["---:"] * 4 + ["---"] * 2)]
+    # timing is text, max_diff a number
+    table = [md_row(KEYS), md_row(["---"] * 3 + ["---:"] * 3 + ["---", "---:", "---"])]
     for r in rows:
         table.append(md_row([r["part"], r["layer"], r["shape"], f"{r['shipped_ms']:.4f}", f"{r['epilogue_ms']:.4f}",
                              f"{r['saved_ms']:+.4f}", r["timing"], f"{r['max_diff']:.3g}", r["status"]]))

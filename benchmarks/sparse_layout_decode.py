@@ -113,6 +113,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
+    if args.rows < 1 or args.repeats < 1:
+        ap.error(f"--rows and --repeats must be at least 1 (got {args.rows}, {args.repeats})")
     import pyarrow as pa
 
     env = {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "pyarrow": pa.__version__,

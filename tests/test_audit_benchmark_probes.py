@@ -214,6 +214,17 @@ def test_sparse_layout_decode_main_writes_every_codec_layout_and_mode(tmp_path, 
     assert (out / "sparse_layout_decode_box.png").stat().st_size > 0
 
 
+@pytest.mark.parametrize("flag", ["--repeats", "--rows"])
+def test_sparse_layout_decode_refuses_zero_repeats_or_rows(tmp_path, capsys, flag):
+    """No read (its best time would be inf in the CSV) or no row (us a row divides by it): a usage error, nothing
+    written."""
+    sld = load_script("sparse_layout_decode")
+    with pytest.raises(SystemExit) as exc:
+        sld.main([flag, "0", "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 # ---- cross_tma_probe.py ----------------------------------------------------------------------------------------------
 
 
