@@ -242,6 +242,7 @@ def test_cross_tma_probe_rows_bytes_flops_errors_and_failures(tmp_path, monkeypa
     three (four with pre) [B, N] streams, TFLOP/s of 2 B N r, a variant that raises as an error row; the cuBLAS row
     timed without the check's extra ``y + b``. Kernels replaced by float64 fakes, the timer by a fixed 0.5 ms."""
     ctp = load_script("cross_tma_probe")
+    monkeypatch.setattr(ctp.torch.cuda, "is_available", lambda: False)  # the CPU path, on a GPU machine too
     launches, timed = [], []
 
     def exact(x0, x, u, w, b, store_pre, pre_offset=0.0):
@@ -307,6 +308,7 @@ def test_wgrad_tma_probe_bytes_stages_errors_and_layer_sums(tmp_path, monkeypatc
     stages with TMA switched on, both dW's and db's errors counted, and each kernel's sum over the layers.
     `linear_wgrad` replaced by a float64 fake (its TMA path's db off by 0.125), the timer by fixed times."""
     wtp = load_script("wgrad_tma_probe")
+    monkeypatch.setattr(wtp.torch.cuda, "is_available", lambda: False)  # the CPU path, on a GPU machine too
     seen = []
 
     def linear_wgrad(g, x, y, weight_dtype, bias_dtype):
@@ -411,6 +413,21 @@ def test_gemm_layout_probe_summary_names_the_fastest_layout_and_the_fp8_rowwise_
 # ---- fp8_dense_probe.py ----------------------------------------------------------------------------------------------
 
 
+def _cpu_rowwise_scaled_mm() -> bool:
+    """Whether this torch's CPU ``_scaled_mm`` takes row-wise scales (torch 2.11's takes per-tensor scales only: an
+    internal assert; the GPU image has 2.11, CI the newest torch)."""
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except RuntimeError:
+        return False
+    return True
+
+
+needs_cpu_rowwise_fp8 = pytest.mark.skipif(not _cpu_rowwise_scaled_mm(),
+                                           reason="this torch's CPU _scaled_mm takes per-tensor scales only")
+
+
 def fp8_spy(monkeypatch, fdp, calls: list, real=None):
     def spy(x, w, b=None):
         calls.append(tuple(w.shape))
@@ -453,6 +470,7 @@ def test_fp8_dense_probe_dense_part_is_the_cross_network_then_the_relu_mlp():
     assert (expected < 0).any()  # a ReLU on the logits would show
 
 
+@needs_cpu_rowwise_fp8
 def test_fp8_dense_probe_errors_are_relative_to_float64_eager_without_fp8():
     """errors(): ||model - ref|| / ||ref|| for the logits, x0's gradient and V_0's gradient, the model under bf16
     autocast (FP8 cross layers here), the reference a float64 copy with FP8 off; the model's gradients cleared."""
@@ -489,12 +507,14 @@ def test_fp8_dense_probe_errors_are_relative_to_float64_eager_without_fp8():
     assert all(p.grad is None for p in checked.parameters())
 
 
+@needs_cpu_rowwise_fp8
 def test_fp8_dense_probe_main_times_each_variant_against_bf16(tmp_path, monkeypatch):
     """On the CPU, ms = one step's perf_counter difference x 1e3 (fake clock), vs_bf16 = bf16's ms / the variant's;
     "fp8 top" runs only the top MLP's GEMMs in FP8; an empty --variants is refused."""
     from kernels.fp8_linear import fp8_rowwise_linear
 
     fdp = load_script("fp8_dense_probe")
+    monkeypatch.setattr(fdp.torch.cuda, "is_available", lambda: False)  # the CPU path, on a GPU machine too
     calls = []
     fp8_spy(monkeypatch, fdp, calls, real=fp8_rowwise_linear)
     monkeypatch.setattr(fdp, "time", fake_time([10.0, 10.0078125, 20.0, 20.001953125]))
