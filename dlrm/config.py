@@ -254,7 +254,8 @@ class TrainConfig:
     """Capture the whole training step (forward, backward, the Triton embedding's fused update, the
     dense optimizer) in one CUDA graph after 3 warm-up steps and replay it: no per-step host launch
     cost, which bounds small batches. Needs kernels.embedding "triton" (or "torch" with train.compile),
-    a fused dense optimizer (sgd or adam) and compile mode other than reduce-overhead; on the CPU it
+    a fused dense optimizer (sgd or adam) or adagrad (dlrm.train.adagrad.CapturableAdagrad on CUDA) and a
+    compile mode without CUDA graphs of its own (not reduce-overhead or max-autotune); on the CPU it
     is ignored with a warning.
     "auto": on when the run allows it on CUDA (dlrm.train.fast_path says why not otherwise)."""
 
