@@ -395,6 +395,26 @@ def test_export_into_a_missing_directory_is_refused_before_exporting(tmp_path, s
     assert stub_export == [] and list(tmp_path.iterdir()) == []
 
 
+def test_the_exported_program_returns_plain_probabilities_and_the_model_stays_trainable(tmp_path):
+    """A program loaded back and called as a user would (no no_grad around it) returns probabilities without an
+    autograd graph, so `.numpy()` works, equal to the model's own; the exported model's parameters that were
+    trainable still are."""
+    torch.manual_seed(0)
+    cfg = tiny_config()
+    model = build_model(cfg.model, [7] * 26, None, cfg.kernels, "cpu").eval()  # Criteo's 26 features, as exported
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    path = export_mod.export_model(model, tmp_path / "m.pt2")
+    assert trainable and [n for n, p in model.named_parameters() if p.requires_grad] == trainable
+    program = torch.export.load(str(path)).module()
+    dense = torch.randint(0, 50, (3, 13))
+    raw = torch.randint(-1, 2**40, (3, 26))
+    probs = program(dense, raw)
+    assert not probs.requires_grad and probs.grad_fn is None
+    with torch.no_grad():
+        expected = export_mod.RawInputDLRM(model)(dense, raw)
+    np.testing.assert_allclose(probs.numpy(), expected.numpy(), rtol=1e-6, atol=1e-7)
+
+
 def test_the_portable_model_is_fp32_whatever_the_config_says(tmp_path):
     """An exported program must not need this package's Triton ops: a bf16 checkpoint's tables come out fp32 PyTorch
     modules from a config that asks for bf16 tables and "auto" kernels; the caller's config is left as it was."""

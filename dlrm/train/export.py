@@ -3,10 +3,12 @@ features as the dataset stores them: counts, or float values)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import secrets
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -98,6 +100,19 @@ def _sparse_width(model: DLRM) -> int:
     return getattr(model.sparse_arch, "num_slots", NUM_SPARSE)
 
 
+@contextlib.contextmanager
+def _frozen(module: nn.Module) -> Iterator[None]:
+    """`module`'s trainable parameters with requires_grad off inside the block, given back after it."""
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    for p in trainable:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in trainable:
+            p.requires_grad_(True)
+
+
 def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
     """Write a `torch.export` program (batch size dynamic) to `path` (conventionally *.pt2); its dense
     input as `RawInputDLRM` takes it for `dense_format`."""
@@ -114,16 +129,19 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
         torch.zeros(4, _sparse_width(model), dtype=torch.int64, device=device),
     )
     batch = torch.export.Dim("batch", min=1)
-    with torch.no_grad():
-        program = torch.export.export(wrapper, example, dynamic_shapes=({0: batch}, {0: batch}))
-    # a temporary name of this export's own (torch.export.save wants a name ending in .pt2), created exclusively
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp.pt2")
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-    try:
-        torch.export.save(program, str(tmp))
-        ckpt.move_to_new(tmp, path, exists)  # never over a file that appeared meanwhile
-    finally:
-        tmp.unlink(missing_ok=True)
+    # The program holds the parameters themselves and saves each one's requires_grad: saved trainable, its outputs would
+    # carry an autograd graph wherever it is called outside no_grad (`.numpy()` refused). Frozen until saved.
+    with _frozen(wrapper):
+        with torch.no_grad():
+            program = torch.export.export(wrapper, example, dynamic_shapes=({0: batch}, {0: batch}))
+        # a temporary name of this export's own (torch.export.save wants a name ending in .pt2), created exclusively
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp.pt2")
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        try:
+            torch.export.save(program, str(tmp))
+            ckpt.move_to_new(tmp, path, exists)  # never over a file that appeared meanwhile
+        finally:
+            tmp.unlink(missing_ok=True)
     dense = "raw dense counts, int64" if dense_format == "counts" else "dense values, float32"
     logger.info(f"exported inference program to {path} (inputs: {dense} [B, 13], raw sparse hashes "
                 f"[B, {_sparse_width(model)}])")
