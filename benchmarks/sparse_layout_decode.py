@@ -10,9 +10,9 @@ sizes, every list full) is written in memory in each sparse layout (`dlrm.data.s
 default dictionaries (1 MB pages), with the writers' 64 KB pages, and with none on the sparse columns, in each codec; then read back (`read_row_group`, pyarrow's own
 threads off) and its ids copied into a column-major int32 arena as `dlrm.data.host_arena._write_columns`
 does. Reported: bytes, the read alone and read + arena copy in microseconds a row (best of
-``--repeats``). ``--ids zipf`` draws the ids from a Zipf law truncated to each table (`draw_ids`; heavy-headed
-like the synthetic generator's) instead of uniformly (MLPerf's extra multi-hot ids are uniform, real Criteo ids are Zipf-like). The
-writers use what this measures to choose: slot columns, 64 KB dictionary pages
+``--repeats``). ``--ids zipf`` draws the ids from a Zipf law truncated to each table (`draw_ids`;
+heavy-headed like the synthetic generator's) instead of uniformly (MLPerf's extra multi-hot ids are
+uniform, real Criteo ids are Zipf-like). The writers use what this measures to choose: slot columns, 64 KB dictionary pages
 (`dlrm.data.schema.write_options`).
 
 Prints a table and writes <name>.csv, .md and .png under --out (default benchmarks/results/,

@@ -181,7 +181,8 @@ def test_ranks_agree_on_the_signal_that_stops_them(own, other, agreed):
     reduced = []
 
     def all_reduce_max(t):
-        out = torch.maximum(t, torch.full_like(t, other)) if t.dim() == 1 else t  # only the signal is a 1-element vector
+        # only the signal is a 1-element vector; the loss sums and NaN steps are 0-dim
+        out = torch.maximum(t, torch.full_like(t, other)) if t.dim() == 1 else t
         reduced.append(out)
         return out
 
