@@ -144,7 +144,7 @@ class Fp8RowwiseLinear(nn.Linear):
         out_features: M, a multiple of 16.
         bias: as ``nn.Linear``.
 
-    Input ``[N, K]``, N a multiple of 16; output ``[N, M]`` in bf16.
+    Shapes: ``[N, K]``, N a multiple of 16 -> ``[N, M]`` in bf16.
 
     Example:
         >>> Fp8RowwiseLinear(32, 16)(torch.randn(16, 32)).shape
@@ -171,7 +171,7 @@ class Fp8Linear(nn.Linear):
         out_features: M, a multiple of 16.
         bias: as ``nn.Linear``.
 
-    Input ``[N, K]`` with N a multiple of 16 (fp32 or bf16); output ``[N, M]`` in bf16.
+    Shapes: ``[N, K]`` with N a multiple of 16 (fp32 or bf16) -> ``[N, M]`` in bf16.
 
     Example:
         >>> layer = Fp8Linear(32, 16)

@@ -329,10 +329,23 @@ def dot_interaction_reference(x: Tensor) -> Tensor:
 
 
 class TritonDotInteraction(nn.Module):
-    """Dot interaction (no parameters): ``forward(x [B, F + 1, D]) -> [B, D + (F + 1) F / 2]``.
+    """Dot interaction on the fused kernels (:func:`dot_interaction`); no parameters, no constructor arguments.
 
-    ``forward(dense [B, D], sparse [B, F, D])`` computes the same from the two parts, without
-    concatenating them (:func:`dot_interaction_split`).
+    ``forward(x [B, F + 1, D])``: the first vector (the bottom MLP's output) followed by the strictly
+    lower triangle of the pairwise dot products. ``forward(dense [B, D], sparse [B, F, D], pad=0)``
+    computes the same from the two parts, without concatenating them, followed by `pad` zero columns
+    (:func:`dot_interaction_split`).
+
+    Example:
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> op = TritonDotInteraction()
+        >>> x = torch.arange(24.0, device=device).reshape(2, 3, 4) % 5   # B=2, F+1=3 vectors, D=4
+        >>> op(x).shape
+        torch.Size([2, 7])
+        >>> torch.equal(op(x[:, 0], x[:, 1:], 2), torch.nn.functional.pad(op(x), (0, 2)))
+        True
+
+    Shapes: [B, F + 1, D] -> [B, D + (F + 1) F / 2]; [B, D], [B, F, D] -> [B, D + (F + 1) F / 2 + pad].
     """
 
     def forward(self, x: Tensor, sparse: Tensor | None = None, pad: int = 0) -> Tensor:

@@ -447,9 +447,24 @@ class TritonLinear(nn.Module):
 
     Parameters ``weight`` [out_features, in_features] and ``bias`` [out_features] have nn.Linear's
     names, state_dict keys and default init (its ``reset_parameters`` is reused, so the same RNG
-    state gives the same weights). ``activation`` is one of `kernels.activations.ACTIVATIONS`.
+    state gives the same weights).
 
-    forward(x [..., in_features]) -> [..., out_features]
+    Args:
+        in_features, out_features, bias, device, dtype: as ``nn.Linear``.
+        activation: one of `kernels.activations.ACTIVATIONS`, applied in the GEMM's epilogue.
+        allow_tf32: fp32 inputs on the GPU use TF32 tensor cores (None: follow ``torch.backends.cuda.matmul``);
+            ignored for 16-bit inputs and on the CPU.
+
+    Example:
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> layer = TritonLinear(6, 3, activation="relu", allow_tf32=False).to(device)
+        >>> x = torch.randn(4, 6, device=device)
+        >>> layer(x).shape, list(layer.state_dict())
+        (torch.Size([4, 3]), ['weight', 'bias'])
+        >>> torch.allclose(layer(x), torch.relu(x @ layer.weight.T + layer.bias), atol=1e-5)
+        True
+
+    Shapes: [..., in_features] -> [..., out_features].
     """
 
     __constants__ = ["in_features", "out_features", "activation"]

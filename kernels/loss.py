@@ -313,7 +313,21 @@ def bce_with_logits(logits: Tensor, labels: Tensor, reduction: str = "mean") -> 
 class TritonBCEWithLogitsLoss(nn.Module):
     """``nn.BCEWithLogitsLoss(reduction=...)`` (without ``weight``/``pos_weight``) on the fused kernels.
 
-    forward(input [B], target [B]) -> 0-dim loss ('mean', 'sum') or [B] ('none')
+    Args:
+        reduction: "mean" (default), "sum" or "none", as ``nn.BCEWithLogitsLoss``.
+
+    Example:
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> logits = torch.tensor([-2.0, 0.0, 3.0], device=device, requires_grad=True)
+        >>> labels = torch.tensor([0.0, 1.0, 1.0], device=device)
+        >>> loss = TritonBCEWithLogitsLoss()(logits, labels)
+        >>> torch.allclose(loss, nn.BCEWithLogitsLoss()(logits, labels))
+        True
+        >>> loss.backward()
+        >>> torch.allclose(logits.grad, (torch.sigmoid(logits) - labels).detach() / 3)   # the mean's gradient
+        True
+
+    Shapes: input [B], target [B] -> 0-dim loss ("mean", "sum") or [B] ("none").
     """
 
     def __init__(self, reduction: str = "mean") -> None:

@@ -448,6 +448,14 @@ class FusedMLP(nn.Module):
     ``layers.<i>.bias`` [widths[i]] (nn.Linear modules holding them, built and initialised in the
     same order, so the same seed gives the same values); ``activations`` lists each layer's name.
 
+    Example:
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> mlp = FusedMLP(13, [8, 1], activate_last=False).to(device)
+        >>> mlp(torch.randn(3, 13, device=device)).shape, mlp.activations
+        (torch.Size([3, 1]), ['relu', 'none'])
+        >>> list(mlp.state_dict())
+        ['layers.0.weight', 'layers.0.bias', 'layers.1.weight', 'layers.1.bias']
+
     Shapes: [B, in_features] -> [B, widths[-1]].
     """
 

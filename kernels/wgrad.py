@@ -503,7 +503,7 @@ class LinearReLUWgrad(nn.Linear):
         >>> layer(torch.randn(3, 13)).shape
         torch.Size([3, 512])
 
-    forward(x [..., in_features]) -> [..., out_features]
+    Shapes: [..., in_features] -> [..., out_features].
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, activation: str = "none",

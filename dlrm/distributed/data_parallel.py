@@ -23,9 +23,23 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 class DenseParts(nn.Module):
-    """DenseArch, InteractionArch and OverArch of a DLRM (the same modules, not copies).
+    """DenseArch, InteractionArch and OverArch of a DLRM (the same modules, not copies): the part of the
+    model DDP replicates under torchrun (`wrap_dense_parts`) while the sparse arch stays sharded.
 
-    ``forward(dense [B, 13], embeddings [B, F, D]) -> logits [B]``.
+    Args:
+        model: the DLRM whose dense parts these are (its sparse arch is left out).
+
+    Example:
+        >>> from dlrm.config import ModelConfig
+        >>> from dlrm.model.dlrm import build_model
+        >>> model = build_model(ModelConfig(embedding_dim=8, bottom_mlp=[16, 8], top_mlp=[16, 1]), [10] * 26)
+        >>> parts = DenseParts(model)
+        >>> parts.over_arch is model.over_arch
+        True
+        >>> parts(torch.randn(4, 13), torch.randn(4, 26, 8)).shape
+        torch.Size([4])
+
+    Shapes: ``forward(dense [B, 13], embeddings [B, F, D]) -> logits [B]``.
     """
 
     def __init__(self, model: DLRM) -> None:

@@ -264,6 +264,9 @@ class GluonLowRankCrossNet(LowRankCrossNet):
     the bias gradients while they write ``g_pre`` ("passes"), or Gluon GEMMs with the next layer's elementwise work
     in their epilogues ("fused_gemm", slower in the MLPerf step: PERF.md sixteenth run).
 
+    Args:
+        in_features, num_layers, low_rank: as `LowRankCrossNet`.
+
     Example:
         >>> net = GluonLowRankCrossNet(in_features=12, num_layers=2, low_rank=3)
         >>> net(torch.randn(5, 12)).shape

@@ -33,6 +33,8 @@ class DLRM(nn.Module):
         >>> model = build_model(cfg, [10] * 26)
         >>> model(torch.randn(4, 13), torch.randint(0, 100, (4, 26))).shape
         torch.Size([4])
+
+    Shapes: dense [B, 13], raw sparse int64 [B, F] (multi-hot: [B, L] slots) -> logits [B].
     """
 
     def __init__(self, dense_arch: nn.Module, sparse_arch: nn.Module, interaction_arch: nn.Module, over_arch: nn.Module):
@@ -224,6 +226,16 @@ def build_loss(kernels: Optional[KernelsConfig] = None):
 class PaddedInteraction(nn.Module):
     """An interaction arch whose output gets `pad` zero columns (``model.top_mlp_input_multiple``).
 
+    Args:
+        inner: the interaction arch (an `InteractionArch`; its ``output_dim`` is read).
+        pad: zero columns appended to its output.
+
+    Example:
+        >>> arch = PaddedInteraction(InteractionArch(2, 4), pad=3)   # dot: 4 + 3 pairs = 7 columns, then 3 zeros
+        >>> out = arch(torch.randn(5, 4), torch.randn(5, 2, 4))
+        >>> arch.output_dim, out.shape, bool((out[:, 7:] == 0).all())
+        (10, torch.Size([5, 10]), True)
+
     Shapes: as the wrapped arch, with ``output_dim`` larger by `pad`. No state of its own.
     """
 
@@ -240,8 +252,24 @@ class PaddedInteraction(nn.Module):
 class TritonDotInteractionArch(nn.Module):
     """InteractionArch whose dot product runs in the fused Triton kernel; same (empty) state.
 
-    `pad`: zero columns after the pairs, written by the kernel (as `PaddedInteraction` adds them to
-    the eager arch's output); ``output_dim`` counts them.
+    Args:
+        eager: the ``"dot"`` `InteractionArch` it stands in for (its ``output_dim`` is read).
+        op: the kernel's module, `kernels.interaction.TritonDotInteraction`.
+        pad: zero columns after the pairs, written by the kernel (as `PaddedInteraction` adds them to
+            the eager arch's output); ``output_dim`` counts them.
+
+    Example:
+        >>> from kernels.interaction import TritonDotInteraction
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> eager = InteractionArch(2, 4).to(device)
+        >>> arch = TritonDotInteractionArch(eager, TritonDotInteraction(), pad=1)
+        >>> dense = torch.arange(20.0, device=device).reshape(5, 4) % 3   # small integers: exact in any precision
+        >>> sparse = torch.arange(40.0, device=device).reshape(5, 2, 4) % 5 - 2
+        >>> out = arch(dense, sparse)
+        >>> out.shape, torch.equal(out[:, :7], eager(dense, sparse)), bool((out[:, 7] == 0).all())
+        (torch.Size([5, 8]), True, True)
+
+    Shapes: [B, D], [B, F, D] -> [B, D + (F+1)F/2 + pad].
     """
 
     def __init__(self, eager: InteractionArch, op: nn.Module, pad: int = 0) -> None:

@@ -81,6 +81,13 @@ class RawInputDLRM(nn.Module):
     Shapes: int64 [B, 13] counts or float32 [B, 13] values, int64 [B, 26] raw hashes (missing as -1;
     [B, L] multi-hot slots) -> float32 [B]. The exported program checks its inputs' dtypes: int32
     hashes (which would wrap values >= 2**31) are refused, not converted, and so is the other dense dtype.
+
+    Example:
+        >>> from dlrm.config import ModelConfig
+        >>> model = build_model(ModelConfig(embedding_dim=8, bottom_mlp=[16, 8], top_mlp=[16, 1]), [10] * 26)
+        >>> probs = RawInputDLRM(model.eval())(torch.randint(0, 50, (3, 13)), torch.randint(-1, 1000, (3, 26)))
+        >>> probs.shape, probs.dtype, bool(((probs > 0) & (probs < 1)).all())
+        (torch.Size([3]), torch.float32, True)
     """
 
     def __init__(self, model: DLRM, dense_format: str = "counts") -> None:

@@ -85,6 +85,19 @@ class TritonSparseEmbedding(FusedUpdateSwitch, nn.Module):
     :func:`fused_embedding`) and a private zero-size tensor that requires grad makes autograd run the
     backward. ``use_fused_update(None)`` switches back (and sets ``requires_grad`` again). The
     state_dict holds only ``weight``, initialised as the eager ``SparseArch`` (`kernels.table_layout`).
+
+    Example:
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> emb = TritonSparseEmbedding([5, 3], dim=4).to(device)
+        >>> emb
+        TritonSparseEmbedding(features=2, rows=8, dim=4, hashing=modulus)
+        >>> raw = torch.tensor([[0, 2], [-1, 7]], device=device)   # -1: missing
+        >>> emb.rows(raw).tolist()   # feature f: offset + (raw + 1) mod rows; missing -> the feature's row 0
+        [[1, 5], [0, 7]]
+        >>> torch.equal(emb(raw)[1, 1], emb.weight[7])
+        True
+
+    Shapes: int64 [B, F] raw values -> [B, F, D] (the weight's dtype, or bf16 with `autocast_output`).
     """
 
     # The plain lookup's backward is an ordinary dense [R, D] gradient from a custom op (no sparse COO

@@ -53,6 +53,8 @@ class TritonPooledEmbedding(TritonSparseEmbedding):
     torch.Size([2, 2, 4])
     >>> emb.rows(raw).tolist()  # the empty slot gets row R = 8: no row
     [[1, 3, 7], [4, 8, 5]]
+
+    Shapes: int64 [B, L] raw slot values -> [B, F, D]; with ``prefix`` [B, D] -> [B, 1 + F, D].
     """
 
     def __init__(
