@@ -768,7 +768,8 @@ PY
       par=$(python -c "import xdist" 2>/dev/null && echo "-n ${TESTS_WORKERS:-16}")
       files=$(ls tests/test_*.py)
       case $part in
-        testsall:kernels) sel="tests/kernels" ;;
+        # with the docstring examples of dlrm/ and kernels/ (testpaths: a plain `pytest -q` runs them too)
+        testsall:kernels) sel="tests/kernels dlrm kernels" ;;
         testsall:first) sel=$(echo "$files" | head -21) ;;
         *) sel=$(echo "$files" | tail -n +22) ;;
       esac

@@ -70,10 +70,12 @@ def adagrad_step_(params: list[Tensor], grads: list[Tensor], sums: list[Tensor],
     fp32 tensor on their device (CUDA, or the CPU under ``TRITON_INTERPRET=1``). One kernel launch per
     ``MAX_TENSORS`` parameters.
 
-    >>> p, g, s = torch.tensor([1.0, -2.0]), torch.tensor([2.0, -2.0]), torch.zeros(2)
-    >>> adagrad_step_([p], [g], [s], torch.tensor(0.5), eps=0.0)
-    >>> p, s
-    (tensor([ 0.5000, -1.5000]), tensor([4., 4.]))
+    >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+    >>> p, g = torch.tensor([1.0, -2.0], device=device), torch.tensor([2.0, -2.0], device=device)
+    >>> s = torch.zeros(2, device=device)
+    >>> adagrad_step_([p], [g], [s], torch.tensor(0.5, device=device), eps=0.0)
+    >>> p.tolist(), s.tolist()
+    ([0.5, -1.5], [4.0, 4.0])
     """
     work = []
     for p, g, s in zip(params, grads, sums):

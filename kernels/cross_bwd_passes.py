@@ -124,7 +124,8 @@ def cross_backward_pass(g: Tensor, ts: Sequence[Tensor], x0: Tensor, pres: Optio
     ``g_pre`` has ``x0``'s dtype, ``dx0`` too. Any strides (non-contiguous inputs are copied first). Runs on CUDA, or
     on the CPU under ``TRITON_INTERPRET=1`` (fp32).
 
-    >>> g, t, x0, p0, p1 = (torch.full((2, 3), v) for v in (1.0, 2.0, 3.0, 0.5, 0.25))
+    >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+    >>> g, t, x0, p0, p1 = (torch.full((2, 3), v, device=device) for v in (1.0, 2.0, 3.0, 0.5, 0.25))
     >>> gpre, db, dx0 = cross_backward_pass(g, [t], x0, [p0, p1])
     >>> gpre[0].tolist(), db.tolist(), dx0[0].tolist()  # (1 + 2) * 3; 2 rows of 9; 3 + 1 * 0.5 + 3 * 0.25
     ([9.0, 9.0, 9.0], [18.0, 18.0, 18.0], [4.25, 4.25, 4.25])

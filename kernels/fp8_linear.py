@@ -130,7 +130,8 @@ def fp8_rowwise_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) ->
     """``F.linear`` with its forward and input-gradient GEMMs in FP8 (rowwise scales); ``x`` [N, K] with N, K
     and the output width multiples of 16; returns bf16 [N, M].
 
-    >>> fp8_rowwise_linear(torch.randn(16, 32), torch.randn(16, 32)).shape
+    >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+    >>> fp8_rowwise_linear(torch.randn(16, 32, device=device), torch.randn(16, 32, device=device)).shape
     torch.Size([16, 16])
     """
     return _Fp8RowwiseLinearFunction.apply(x, weight, bias)
@@ -147,7 +148,8 @@ class Fp8RowwiseLinear(nn.Linear):
     Shapes: ``[N, K]``, N a multiple of 16 -> ``[N, M]`` in bf16.
 
     Example:
-        >>> Fp8RowwiseLinear(32, 16)(torch.randn(16, 32)).shape
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> Fp8RowwiseLinear(32, 16, device=device)(torch.randn(16, 32, device=device)).shape
         torch.Size([16, 16])
     """
 

@@ -288,8 +288,9 @@ def linear_wgrad(
     weight_dtype / bias_dtype: the gradients' dtypes (default grad's); sums are fp32 either way.
     splits: slices of the batch (None: `heuristics.pick_wgrad_launch` picks them from the shape).
 
-    Example (on the CPU under ``TRITON_INTERPRET=1``, as the tests run it):
-        >>> g, x = torch.randn(127, 5), torch.randn(127, 3)
+    Example (on CUDA, or on the CPU under ``TRITON_INTERPRET=1`` as the tests run it):
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> g, x = torch.randn(127, 5, device=device), torch.randn(127, 3, device=device)
         >>> dw, db = linear_wgrad(g, x)
         >>> dw.shape, db.shape
         (torch.Size([5, 3]), torch.Size([5]))
