@@ -4,8 +4,12 @@ difference is against the eager variant wherever it is listed; variants that can
 from __future__ import annotations
 
 import csv
+import re
+import sys
 
 import pytest
+import torch
+import triton
 
 from dlrm.config import load_config
 from dlrm.train.compare import parse_variants, run_comparison
@@ -62,6 +66,11 @@ def test_each_row_is_its_own_variants_and_the_loss_difference_is_against_eager(t
     md = (base / "compare.md").read_text()
     assert "| compiled | 2,000 | 9.00 | 3 | 0.30000 | 3.00e-02 | 0.7100 | 3 | ok |" in md
     assert "| eager | 1,000 | 1.00 | n/a | 0.31000 | 0.00e+00 | 0.7000 | n/a | ok |" in md
+    # what produced the numbers: the device, the libraries' versions and the date
+    head = md.splitlines()[2]
+    assert head.startswith(f"Device: CPU; python {sys.version.split()[0]}, torch {torch.__version__}, "
+                           f"triton {triton.__version__}"), head
+    assert re.search(r"; 20\d\d-\d\d-\d\d \d\d:\d\d UTC\.$", head), head
 
 
 def test_without_an_eager_variant_there_is_no_loss_difference(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import datetime
 import gc
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Union
@@ -232,9 +233,14 @@ def markdown_table(rows: list[dict]) -> str:
 
 def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
     """compare.md, compare.csv and compare.png in `base`, and the table and plot in its TensorBoard events."""
+    from dlrm.train.reporting import versions
+
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     table = markdown_table(rows)
-    text = (f"# Variant comparison: {base.name}\n\nDevice: {device_name}; torch {torch.__version__}.\n"
+    # what produced the numbers, as the benchmarks' reports record it: libraries and the date (UTC)
+    made = ", ".join(f"{name} {version}" for name, version in versions().items())
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    text = (f"# Variant comparison: {base.name}\n\nDevice: {device_name}; {made}; {date}.\n"
             "Throughput is the steady state: the logging windows after the warm-up steps, their samples over their "
             "seconds.\n\n" + table + "\n")
     (base / "compare.md").write_text(text)
