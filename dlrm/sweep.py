@@ -301,9 +301,10 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
         tb_dir, run_name: where the sweep directory goes.
         train_fn: ``(cfg, run_dir=...) -> summary``; `dlrm.train.trainer.train` by default.
 
-    Example:
-        >>> directory, v = run_sweep("configs/criteo-small.json", [("optim.sparse.lr", [0.005, 0.01])], 3,
-        ...                          {"data.path": "data/small-real"})     # doctest: +SKIP
+    Example (not a doctest: six training runs on `data/small-real`, which the README's command makes)::
+
+        directory, v = run_sweep("configs/criteo-small.json", [("optim.sparse.lr", [0.005, 0.01])], 3,
+                                 {"data.path": "data/small-real"})
     """
     if seeds < 1:
         raise ConfigError(f"--seeds: {seeds} must be >= 1")

@@ -449,10 +449,12 @@ def generate(
     an interrupted run leaves no partial dataset behind. Raises `click.ClickException` if
     `out` (or `raw_tsv`) is non-empty and `overwrite` is False, or the settings are invalid.
 
-    Example:
-        >>> meta = generate("/tmp/small-real", regime="small-real", overwrite=True)   # doctest: +SKIP
-        >>> {s: i.rows for s, i in meta.splits.items()}                                # doctest: +SKIP
+    Example (~1 s):
+        >>> out = Path(tempfile.mkdtemp())
+        >>> meta = generate(out / "small-real", regime="small-real")
+        >>> {s: i.rows for s, i in meta.splits.items()}
         {'train': 8572, 'validation': 714, 'test': 714}
+        >>> shutil.rmtree(out)
     """
     s = _settings(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file,
                   overwrite, regime, multi_hot_sizes, multi_hot_fill, compression, sparse_layout)

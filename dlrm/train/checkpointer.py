@@ -49,10 +49,11 @@ class Checkpointer:
         tables: the table sizes (stored, and compared on restore).
         env: the process group.
 
-    Example (not run by the doctests: it needs a run in progress, whose trainer holds `run`, the
-    loader `position` and the `stats`; tests/test_checkpoint.py exercises it):
-        >>> checkpointer = Checkpointer(run_dir, cfg, tables, env)       # doctest: +SKIP
-        >>> path = checkpointer.save(run, position, stats)                # doctest: +SKIP
+    Example (not a doctest: it needs a run in progress, whose trainer holds `run`, the loader
+    `position` and the `stats`; tests/test_checkpoint.py exercises it)::
+
+        checkpointer = Checkpointer(run_dir, cfg, tables, env)
+        path = checkpointer.save(run, position, stats)
     """
 
     def __init__(self, run_dir: Path, cfg: Config, tables: Tables, env: DistEnv = DistEnv()) -> None:

@@ -52,11 +52,11 @@ class GraphedTrainStep:
         warmup_steps: ordinary steps on a side stream before the capture (compilation, autotuning,
             cuBLAS workspaces and lazily created optimizer state must exist before capturing).
 
-    Example (not run by the doctests: capturing a CUDA graph needs a CUDA device, and the step's
-    model, loss, optimizers and batch come from a built run, `dlrm.train.builder`):
-        >>> step = GraphedTrainStep(  # doctest: +SKIP
-        ...     TrainStep(model, loss_fn, optimizers, "tf32", device, compile_cfg))
-        >>> loss = step(batch)  # a 0-dim device tensor  # doctest: +SKIP
+    Example (not a doctest: capturing a CUDA graph needs a CUDA device, and the step's model, loss,
+    optimizers and batch come from a built run, `dlrm.train.builder`; tests/test_graphed_step.py runs it)::
+
+        step = GraphedTrainStep(TrainStep(model, loss_fn, optimizers, "tf32", device, compile_cfg))
+        loss = step(batch)  # a 0-dim device tensor
 
     Returns, like `TrainStep`, the loss as a detached 0-dim device tensor. After the capture it is
     the graph's output buffer: the next step overwrites it, so use it (in stream order, as the

@@ -141,9 +141,10 @@ def log_profile(writer: SummaryWriter, run_dir: Path, device: torch.device, step
     PyTorch Profiler tab's charts load from a CDN). Returns the `trace_summary.StepSummary`, or None
     (said in the log) when the run holds no profiled step. Rank 0 only: it writes run files.
 
-    Example (not run by the doctests: needs a run trained with --profile):
-        >>> log_profile(writer, Path("tb_logs/run"), torch.device("cpu"), 1406).ranges[0]  # doctest: +SKIP
-        RangeTime(name='data', host_ms=0.058, device_ms=None)
+    Example (not a doctest: it needs a run trained with --profile)::
+
+        log_profile(writer, Path("tb_logs/run"), torch.device("cpu"), 1406).ranges[0]
+        # RangeTime(name='data', host_ms=0.058, device_ms=None)
     """
     from dlrm.train import trace_summary as ts  # matplotlib and the trace parser: only for profiled runs
     from dlrm.train.profiling import own_trace

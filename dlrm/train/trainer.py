@@ -171,8 +171,10 @@ class Trainer:
         resume: "latest" (the run's newest checkpoint) or a checkpoint path.
         allow_config_change: dotted config keys a resume may change (``--allow-config-change``).
 
-    Example (not run by the doctests: a whole training run, ~10 s on 2 cores, writing tb_logs/):
-        >>> summary = Trainer(load_config("configs/sample.json")).fit()   # doctest: +SKIP
+    Example (not a doctest: a whole training run, ~10 s on 2 cores, writing tb_logs/; tests/test_end_to_end.py
+    runs it)::
+
+        summary = Trainer(load_config("configs/sample.json")).fit()
     """
 
     def __init__(self, cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = None,
