@@ -10,8 +10,9 @@ backward, optimizer), one for the device time the profiler attributes to each ra
 (``gpu_user_annotation``), and one for the kernels themselves, coloured by the range that launched
 them. A picture that needs no browser and no network.
 
-Also writes ``<out>.md`` (and prints it): the same step in numbers, the host and device
-milliseconds of each range, the device's busy time, the top kernels, and the host calls that took
+Also writes ``<out>.md`` (and prints it): under its title what produced the trace (the run's device and
+library versions from the ``summary.json`` beside it, and the trace's date), then the same step in numbers, the host
+and device milliseconds of each range, the device's busy time, the top kernels, and the host calls that took
 the most time (CUDA runtime calls included: a step whose host time far exceeds its device busy time
 is bound by launches, not by the GPU).
 
@@ -22,6 +23,8 @@ tables and picture into its TensorBoard events (``profile/*``) and run directory
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import sys
 from pathlib import Path
 
@@ -59,6 +62,22 @@ def summarize(trace: dict, title: str, top: int = 15) -> str:
     return trace_summary.report(trace_summary.summarize_step(trace, top), title)
 
 
+def provenance(trace_file: Path, trace: dict) -> str:
+    """What produced the trace, in one line: the run's device and library versions from the ``summary.json`` that a
+    finished run writes beside its trace (else the device the trace itself names), and when the trace was written."""
+    written = datetime.datetime.fromtimestamp(trace_file.stat().st_mtime, datetime.timezone.utc)
+    when = f"trace written {written:%Y-%m-%d %H:%M} UTC"
+    summary = trace_file.parent / "summary.json"
+    try:
+        run = json.loads(summary.read_text())
+        made = ", ".join(f"{name} {version}" for name, version in run["versions"].items())
+        return f"Run: {trace_file.parent.name} on {run['device_name']}; {made}; {when}."
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        devices = sorted({d["name"] for d in trace.get("deviceProperties", []) if isinstance(d, dict) and "name" in d})
+        device = ", ".join(devices) or "no CUDA device in the trace"
+        return f"Run: {trace_file.parent.name} on {device}; library versions unknown (no readable {summary}); {when}."
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace", type=Path, help="a run directory written with --profile, or a trace file")
@@ -71,6 +90,8 @@ def main() -> None:
         text = summarize(trace, args.title)
     except trace_summary.TraceError as e:
         raise SystemExit(f"{args.trace}: {e}") from None
+    title, rest = text.split("\n", 1)  # the provenance under the title
+    text = f"{title}\n\n{provenance(trace_summary.find_trace(args.trace), trace)}\n{rest}"
     args.out.with_suffix(".md").write_text(text)
     print(text)
 

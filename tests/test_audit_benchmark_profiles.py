@@ -10,6 +10,10 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime
+import gzip
+import json
+import os
+import sys
 import types
 
 import pytest
@@ -381,6 +385,38 @@ def test_trace_timeline_top_rows_and_a_missing_trace(tmp_path):
     assert "top 1:" in text and "| `gemm` | 1 | 0.010 |" in text and "relu_bwd" not in text
     with pytest.raises(SystemExit, match="no \\*.pt.trace.json"):
         tt.load_trace(tmp_path)
+
+
+def test_trace_timeline_names_what_produced_the_trace(tmp_path, monkeypatch, capsys):
+    """The report says the run's device and library versions (its summary.json), else the trace's device, and the
+    trace's date, under the title."""
+    ev = lambda name, cat, ts, dur: {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur}  # noqa: E731
+    run = tmp_path / "run-a"
+    run.mkdir()
+    trace_file = run / "host.123.pt.trace.json.gz"
+    with gzip.open(trace_file, "wt") as f:
+        json.dump({"traceEvents": [ev("ProfilerStep#1", "user_annotation", 0, 100),
+                                   ev("backward", "user_annotation", 10, 30), ev("gemm", "kernel", 20, 10)],
+                   "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}]}, f)
+    os.utime(trace_file, (1_800_000_000, 1_800_000_000))  # 2027-01-15 08:00 UTC
+    out = tmp_path / "t.png"
+    monkeypatch.setattr(sys, "argv", ["trace_timeline.py", str(run), "--out", str(out), "--title", "T"])
+    tt.main()
+    lines = (tmp_path / "t.md").read_text().splitlines()
+    assert lines[:3] == ["# T", "", f"Run: run-a on NVIDIA H200; library versions unknown (no readable "
+                                    f"{run / 'summary.json'}); trace written 2027-01-15 08:00 UTC."]
+    (run / "summary.json").write_text(json.dumps({"device_name": "NVIDIA H100 80GB HBM3",
+                                                 "versions": {"python": "3.12.3", "torch": "2.11.0", "triton": "3.6.0"}}))
+    tt.main()
+    assert (tmp_path / "t.md").read_text().splitlines()[2] == (
+        "Run: run-a on NVIDIA H100 80GB HBM3; python 3.12.3, torch 2.11.0, triton 3.6.0; trace written 2027-01-15 "
+        "08:00 UTC.")
+    assert "Run: run-a on NVIDIA H100 80GB HBM3" in capsys.readouterr().out
+    bare = tmp_path / "bare" / "t.pt.trace.json"  # no summary and no deviceProperties (a CPU run): said so
+    bare.parent.mkdir()
+    bare.write_text("{}")
+    assert tt.provenance(bare, {"traceEvents": []}).startswith(
+        "Run: bare on no CUDA device in the trace; library versions unknown")
 
 
 # ---- train_log_windows.py -------------------------------------------------------------------------------------------
