@@ -120,7 +120,7 @@ def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tenso
     if hashing is None:
         rows = rows.contiguous()
     card, off = hashing if hashing is not None else (rows, rows)
-    slots = rows if slot_feature is None else slot_feature
+    slots = rows if slot_feature is None else slot_feature.contiguous()  # read through its data pointer
     head = (rows, rows.stride(0), rows.stride(1), card, off, slots, grad_out, grad_out.stride(0), grad_out.stride(1),
             grad_out.stride(2), weight, weight.stride(0), weight.stride(1), lr)
     flags = dict(SLOT_MAP=slot_feature is not None, HASH=hashing is not None)

@@ -173,6 +173,10 @@ def _segment_update(rows: Tensor, grad_out: Tensor, target: Tensor, state: Tenso
     B, C = rows.shape
     N = B * C
     R, D = target.shape
+    if slot_feature is not None:
+        # the chunk kernel reads slot_feature[c] through its data pointer: any strides in, contiguous to the kernel
+        # (a no-op for `pooled_layout`'s own tensors; a strided one gave each slot another slot's feature)
+        slot_feature = slot_feature.contiguous()
     if presorted is None:
         sorted_rows, perm = _sort_by_row(rows, R)
     else:
