@@ -3,7 +3,8 @@
 Computes exactly what the training code's ``dlrm.model.hashing`` computes (tests compare the two):
 
 * *modulus* mode: ``row = offsets[f] + (raw + 1) mod cardinalities[f]`` (non-negative modulo, so the
-  missing value -1 lands on row ``offsets[f]``), for every int64 ``raw``;
+  missing value -1 lands on row ``offsets[f]``), for every int64 ``raw`` (``raw + 1`` in int64 arithmetic: 2**63 - 1
+  wraps to -2**63, here as in ``dlrm.model.hashing`` and the exported program, so training and serving agree);
 * *vocabulary* mode: per-feature sorted, unique vocabularies concatenated in ``vocab`` with
   ``vocab_offsets [F + 1]``; ``row = offsets[f] + (1 + i if vocab_f[i] == raw else 0)`` (local row 0 is
   the out-of-vocabulary row, missing values land there too), so ``cardinalities[f] = V_f + 1``. An
