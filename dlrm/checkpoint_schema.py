@@ -16,9 +16,10 @@ dict, RNG states as ``random.getstate()`` / ``np.random.get_state()`` tuples); `
 Three kinds of file, told apart by their keys:
 
 - a checkpoint: format_version, model, optimizers, schedulers, position, rng, cardinalities,
-  config_json, and optionally run_stats, multi_hot_sizes and dense_format;
+  config_json, and optionally run_stats, multi_hot_sizes, dense_format and data_placement;
 - a shard of a sharded checkpoint: a checkpoint's keys plus rank and plan;
-- the manifest of a sharded checkpoint: format_version, position, cardinalities, config_json, sharded.
+- the manifest of a sharded checkpoint: format_version, position, cardinalities, config_json, sharded, and
+  optionally data_placement.
 
 `validate` checks a loaded file against these (every required key, no other, each of its type)
 and raises a one-line ConfigError naming the file and the key. `upgrade_v1` turns a format-1 file
@@ -45,8 +46,8 @@ _CHECKPOINT_KEYS = ("format_version", "model", "optimizers", "schedulers", "posi
                     "config_json")
 _SHARD_KEYS = _CHECKPOINT_KEYS + ("rank", "plan")
 _MANIFEST_KEYS = ("format_version", "position", "cardinalities", "config_json", "sharded")
-# Absent in older files: run totals unknown; one-hot; counts.
-_OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format")
+# Absent in older files: run totals unknown; one-hot; counts; the placement ("auto" resolved) unknown.
+_OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format", "data_placement")
 _SHARD_FILE = re.compile(r"(?:best-)?step-\d{8,}\.rank\d+-of-\d+\.pt")  # best-: a sharded best.pt's
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _MAX_DEPTH = 32  # deeper nesting is no state of ours; the limit keeps the recursive checks bounded
@@ -422,6 +423,9 @@ def _check_common(disk: dict[str, Any], path: Path) -> None:
     if "dense_format" in disk:
         _expect(disk["dense_format"] in ("counts", "float"), disk["dense_format"], path, "dense_format",
                 "'counts' or 'float'")
+    if "data_placement" in disk:
+        _expect(disk["data_placement"] in ("stream", "gpu"), disk["data_placement"], path, "data_placement",
+                "'stream' or 'gpu'")
     _check_config_json(disk["config_json"], path)
 
 
@@ -442,7 +446,7 @@ def validate(disk: Any, path: Path) -> None:
     version = disk.get("format_version")
     _expect(type(version) is int and version == FORMAT_VERSION, version, path, "format_version", str(FORMAT_VERSION))
     if "sharded" in disk:
-        _check_keys(disk, _MANIFEST_KEYS, (), path)
+        _check_keys(disk, _MANIFEST_KEYS, ("data_placement",), path)
         _check_common(disk, path)
         _check_sharded(disk["sharded"], path)
         return

@@ -48,6 +48,7 @@ class Checkpointer:
         cfg: the run's config (stored in every checkpoint; decides how many are kept).
         tables: the table sizes (stored, and compared on restore).
         env: the process group.
+        placement: the run's data placement, "auto" resolved (stored: a resumed run reads its batches the same way).
 
     Example (not a doctest: it needs a run in progress, whose trainer holds `run`, the loader
     `position` and the `stats`; tests/test_checkpoint.py exercises it)::
@@ -56,8 +57,10 @@ class Checkpointer:
         path = checkpointer.save(run, position, stats)
     """
 
-    def __init__(self, run_dir: Path, cfg: Config, tables: Tables, env: DistEnv = DistEnv()) -> None:
+    def __init__(self, run_dir: Path, cfg: Config, tables: Tables, env: DistEnv = DistEnv(),
+                 placement: Optional[str] = None) -> None:
         self.run_dir, self.cfg, self.tables, self.env = Path(run_dir), cfg, tables, env
+        self.placement = placement
         self.last: Optional[Path] = None
 
     def save(self, run: Run, pos: ckpt.Position, stats: RunStats) -> Path:
@@ -73,11 +76,16 @@ class Checkpointer:
             self.last = ckpt.save_checkpoint(self.run_dir, state, pos.step, keep)
         return self.last
 
+    @property
+    def best_path(self) -> Path:
+        """Where `save_best` writes (``checkpoints/best.pt``; a manifest in a sharded run)."""
+        return ckpt.checkpoint_dir(self.run_dir) / BEST_NAME
+
     def save_best(self, run: Run, pos: ckpt.Position, stats: RunStats) -> Path:
         """Write ``checkpoints/best.pt`` (atomically, over the previous best): a hard link to this step's checkpoint
         when the step was just saved, else a copy of the model; in a sharded run a manifest and its own shards
         (`dlrm.distributed.checkpoint.save_best_sharded`; ``python -m dlrm.distributed.merge`` makes it one file)."""
-        path = ckpt.checkpoint_dir(self.run_dir) / BEST_NAME
+        path = self.best_path
         saved = (self.last if self.last is not None and self.last.name == ckpt.checkpoint_name(pos.step)
                  and self.last.resolve().parent.parent == self.run_dir.resolve() else None)
         if run.plan is not None:
@@ -119,6 +127,7 @@ class Checkpointer:
             "dense_format": self.tables.dense_format,
             "config": self.cfg.to_dict(),
             "run_stats": stats.to_dict(),
+            **({"data_placement": self.placement} if self.placement is not None else {}),
         }
 
     def restore(self, path: Path, run: Run) -> tuple[ckpt.Position, RunStats]:

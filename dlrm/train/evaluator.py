@@ -11,6 +11,7 @@ training stops after `patience` evaluations in a row without an improvement of m
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from loguru import logger
@@ -58,17 +59,32 @@ class Evaluator:
         self.metric = self.early.metric if self.early else "auc"
         self.min_delta = self.early.min_delta if self.early else 0.0
 
-    def __call__(self, pos: ckpt.Position) -> dict[str, float]:
-        """Evaluate at `pos`: log, and keep best.pt when this is the best evaluation so far."""
+    _pending_best: Optional[ckpt.Position] = None  # a best evaluation whose best.pt `write_best` writes
+
+    def __call__(self, pos: ckpt.Position, defer_best: bool = False) -> dict[str, float]:
+        """Evaluate at `pos`: log, and keep best.pt when this is the best evaluation so far.
+
+        `defer_best`: record the evaluation in ``stats`` now and write best.pt in `write_best`, after the step's
+        checkpoint (which then holds this evaluation, and which best.pt links to)."""
         metrics = log_eval(self.writer, evaluate(self.run.eval_forward, self.loader, self.env), pos.step)
         if self._improves(metrics[self.metric]):
-            path = self.checkpointer.save_best(self.run, pos, self.stats)
+            if defer_best:
+                self._pending_best = ckpt.Position(pos.step, pos.epoch, pos.batch)
+                path = self.checkpointer.best_path
+            else:
+                path = self.checkpointer.save_best(self.run, pos, self.stats)
             self.stats.best = {"step": pos.step, "metric": self.metric, **metrics,
                                "checkpoint": str(path) if path else None}
             self.stats.evals_since_best = 0
         else:
             self.stats.evals_since_best += 1
         return metrics
+
+    def write_best(self) -> None:
+        """Write the best.pt that a ``defer_best`` evaluation left to write, if any."""
+        if self._pending_best is not None:
+            pos, self._pending_best = self._pending_best, None
+            self.checkpointer.save_best(self.run, pos, self.stats)
 
     def _improves(self, value: float) -> bool:
         best = self.stats.best
@@ -77,6 +93,14 @@ class Evaluator:
             return True
         gain = value - best[self.metric] if self.metric == "auc" else best[self.metric] - value
         return gain > self.min_delta
+
+    @staticmethod
+    def patience_ran_out(early, stats: RunStats) -> bool:
+        """Whether early stopping (`early`, ``train.early_stopping``) already stopped the run whose totals are
+        `stats`: its last `patience` evaluations of this metric did not improve (a resume then has nothing to do)."""
+        best = stats.best
+        return (early is not None and best is not None and best.get("metric") == early.metric
+                and stats.evals_since_best >= early.patience)
 
     @property
     def should_stop(self) -> bool:

@@ -37,6 +37,9 @@ class RunStats:
         train_losses: ``[step, mean loss of the logging window]`` pairs.
         best: the best evaluation so far (`dlrm.train.evaluator.Evaluator`), or None.
         evals_since_best: evaluations since `best` (early stopping's patience counter).
+        window_losses: the losses of the steps since the last step that is a multiple of ``train.log_every``, one a
+            step (`StepMeter.snapshot`): a run resumed between two logging steps puts them back in its first logging
+            window, which then logs the mean the uninterrupted run logs.
     """
 
     samples: int = 0
@@ -44,6 +47,7 @@ class RunStats:
     train_losses: list[list[float]] = field(default_factory=list)
     best: Optional[dict] = None
     evals_since_best: int = 0
+    window_losses: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         out = {"samples": int(self.samples), "train_s": float(self.train_s),
@@ -51,6 +55,8 @@ class RunStats:
                "evals_since_best": int(self.evals_since_best)}
         if self.best is not None:
             out["best"] = dict(self.best)
+        if self.window_losses:
+            out["window_losses"] = [float(x) for x in self.window_losses]
         return out
 
     @classmethod
@@ -59,7 +65,8 @@ class RunStats:
             return cls()
         best = d.get("best")
         return cls(int(d["samples"]), float(d["train_s"]), [[int(s), float(l)] for s, l in d["train_losses"]],
-                   dict(best) if isinstance(best, dict) else None, int(d.get("evals_since_best", 0)))
+                   dict(best) if isinstance(best, dict) else None, int(d.get("evals_since_best", 0)),
+                   [float(x) for x in d.get("window_losses") or []])
 
 
 class LossWindow:
@@ -102,6 +109,15 @@ class LossWindow:
 
     def reset(self, step: int) -> None:
         self.n, self.first_step = 0, step
+
+    def values(self) -> list[float]:
+        """The window's losses as Python floats (a host sync: checkpoint steps only)."""
+        return self.buf[: self.n].tolist()
+
+    def preload(self, values: list[float], step: int) -> None:
+        """Start the window at `step` holding `values`, the losses of the steps just before it (a resumed run's)."""
+        self.buf[: len(values)].copy_(torch.tensor(values, dtype=self.buf.dtype))
+        self.n, self.first_step = len(values), step - len(values)
 
 
 class DeviceRead:
@@ -263,7 +279,16 @@ class StepMeter:
         self.warmup_steps = warmup_steps
         self.steps_done = 0
         self.session_samples = 0
+        self.window = window
         self.losses = LossWindow(device, window, start_step)  # read at logging steps only
+        # a run resumed between two logging steps: the losses since the last one (at most those since the last
+        # multiple of `window`, which may differ from the interrupted session's) go on in this window
+        carried = stats.window_losses[max(len(stats.window_losses) - start_step % window, 0):] \
+            if start_step % window else []
+        if carried:
+            self.losses.preload(carried, start_step)
+        stats.window_losses = []
+        self._tail: list[float] = []  # a window cut off the logging grid (a run's last step): its losses
         self.wait_timer = DataWaitTimer(device)  # the trainer fetches batches through it
         self.window_samples, self.data_wait, self.window_paused = 0, 0.0, 0.0
         self.rates: list[float] = []
@@ -311,8 +336,16 @@ class StepMeter:
         cut = WindowCut(step, self.losses.n, self.window_samples, self.data_wait, self.window_paused,
                         self.wait_timer.cut(), steady=self.steps_done > self.warmup_steps)
         self.window_samples, self.data_wait, self.window_paused = 0, 0.0, 0.0
+        # off the grid of multiples of `window` (a run's last step): a longer resumed run logs again at the next
+        # multiple, over these steps too (a host sync, once a run)
+        self._tail = self._tail + self.losses.values() if step % self.window else []
         self.losses.reset(step)
         return cut
+
+    def snapshot(self) -> None:
+        """Put the losses since the last multiple of `window` into ``stats.window_losses`` (a host sync: before a
+        checkpoint or an evaluation, which checkpoint `stats`)."""
+        self.stats.window_losses = self._tail + self.losses.values()
 
     def close_window(self, cut: WindowCut, mean_loss: float) -> tuple[Optional[float], Optional[float]]:
         """The window `cut`, whose device work has just been waited for: its time runs to now (the device finished

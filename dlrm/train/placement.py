@@ -9,10 +9,12 @@ will take.
 
 from __future__ import annotations
 
+from typing import Iterable, Optional
+
 import torch
 from loguru import logger
 
-from dlrm.config import Config
+from dlrm.config import Config, ConfigError
 from dlrm.data.schema import Metadata
 from dlrm.model.dlrm import _TABLE_DTYPES
 
@@ -56,3 +58,27 @@ def choose_placement(cfg: Config, meta: Metadata, cardinalities: list[int], devi
                 f"the device; {cfg.data.gpu_memory_share:.0%} of the {max(free, 0) / 2**30:.1f} GiB free after the "
                 f"tables is {budget / 2**30:.1f} GiB)")
     return choice
+
+
+def resumed_placement(cfg: Config, saved: Optional[str], chosen: str, allowed: Iterable[str] = ()) -> str:
+    """The placement a resumed run reads its batches with: `chosen` (`choose_placement`'s), unless the checkpoint's run
+    used another (`saved`, None when the checkpoint does not say) and ``data.shuffle`` is on.
+
+    The two loaders shuffle differently (`dlrm.data.device_loader.device_permutation` permutes the whole split, the
+    stream loader row groups and shuffle buffers), so the placement decides which rows form a shuffled epoch's batches:
+    "auto" then takes the checkpoint's placement (it resolves by the device memory free at the start, which a resume
+    need not find again), and another explicit placement is refused unless ``--allow-config-change data.placement``
+    names it. Unshuffled, both give the rows in file order: any placement resumes the same batches."""
+    if saved is None or saved == chosen or not cfg.data.shuffle:
+        return chosen
+    if cfg.data.placement == "auto":
+        logger.info(f"data.placement auto: {saved}, the placement of the run resumed (its shuffled batches; "
+                    f"{chosen} would shuffle other ones)")
+        return saved
+    if any(k in ("data", "data.placement") for k in allowed):
+        logger.warning(f"--resume: data.placement {saved} -> {chosen} allowed by --allow-config-change: the "
+                       "shuffled batches from here on differ from the ones the run would have trained on")
+        return chosen
+    raise ConfigError(f"data.placement: {chosen!r}, where the run resumed read its batches with {saved!r}: the two "
+                      f"shuffle differently, so the run would train on other batches; resume with {saved!r} (or "
+                      f"\"auto\"), or pass --allow-config-change data.placement")

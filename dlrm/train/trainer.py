@@ -34,7 +34,7 @@ from dlrm.train.builder import build_run
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import WARMUP_STEPS, DeviceRead, RunStats, StepMeter, WindowCut
 from dlrm.train.evaluator import Evaluator, evaluate
-from dlrm.train.placement import choose_placement
+from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler
 from dlrm.train.reporting import NoWriter, device_name, final_line, log_hparams, log_profile, log_train, versions
 from dlrm.train.resume_policy import check_resume_config
@@ -154,6 +154,15 @@ def checkpoint_to_resume(cfg: Config, resume: str) -> tuple[Path, Optional[Path]
     return path, (listed[-1] if listed else None)
 
 
+def summarized(checkpoint: Path, step: int) -> bool:
+    """Whether the run `checkpoint` belongs to wrote its summary.json at `step` or later (its end)."""
+    try:
+        summary = json.loads((Path(checkpoint).resolve().parent.parent / "summary.json").read_text())
+        return summary["steps"] >= step
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+
+
 def saved_config(state: dict) -> dict:
     """A checkpoint's config with today's defaults filled in (keys added since it was written)."""
     try:
@@ -184,15 +193,22 @@ class Trainer:
         device, data_dir, self.meta, self.tables = build_for_data(cfg)
         self.env, self.device = init_distributed(cfg.distributed, device)  # one process unless under torchrun
         seed_everything(cfg.train.seed, cfg.train.deterministic)
-        self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
-        self.data = TrainData.build(cfg, data_dir, self.meta, self.device, self.env, self.placement)
-        self.resume_from = self.finished = latest = None
+        self.resume_from = self.finished = latest = state = None
         self.resumed_at_step: Optional[int] = None  # the step a resumed session starts from (summary.json)
         if resume is not None:
             self.resume_from, latest = checkpoint_to_resume(cfg, resume)
             state = ckpt.load_checkpoint(self.resume_from)  # a sharded run's manifest: small
             check_resume_config(saved_config(state), cfg.to_dict(), allow_config_change, str(self.resume_from))
-            if state["position"]["step"] >= self.data.total_steps:
+        self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
+        if state is not None:  # the batches the run resumed would train on (shuffled, they depend on the placement)
+            self.placement = resumed_placement(cfg, state.get("data_placement"), self.placement, allow_config_change)
+        self.data = TrainData.build(cfg, data_dir, self.meta, self.device, self.env, self.placement)
+        if state is not None:
+            step = state["position"]["step"]
+            # at its end, and finished: a run stopped by a signal during its last step saved that step but made neither
+            # its last evaluation nor its summary, which this session then makes (training no step)
+            if step >= self.data.total_steps and self.env.broadcast_object(
+                    summarized(self.resume_from, step) if self.env.is_main else None):
                 self.finished = self.resume_from
                 return  # nothing to build: fit() reports the finished run and changes nothing
         self.run = build_run(cfg, self.tables, self.device, self.data.total_steps, self.env,
@@ -200,13 +216,18 @@ class Trainer:
         seed_rank(cfg.train.seed, self.env.rank)  # after the shared initialization: dropout masks per rank
         self.pos, self.stats = ckpt.Position(), RunStats()
         self.run_dir = self._open_run_dir(run_dir, latest)
-        self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env)
+        self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env, self.placement)
         if self.resume_from is not None:
             try:
                 self.pos, self.stats = self.checkpointer.restore(self.resume_from, self.run)
             except BaseException:
                 self.run_dir.abandon()
                 raise
+            if Evaluator.patience_ran_out(cfg.train.early_stopping, self.stats):
+                # early stopping ended the run at this checkpoint: it is finished, as one at its last step is
+                self.run_dir.abandon()  # releases the lock (removes a branch's new directory, which holds nothing)
+                self.finished, self.finished_early = self.resume_from, True
+                return
             self.resumed_at_step = self.pos.step
             logger.info(f"resumed from {self.resume_from} at step {self.pos.step} "
                         f"(epoch {self.pos.epoch}, batch {self.pos.batch})")
@@ -280,6 +301,7 @@ class Trainer:
                 checkpoint_now = cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0
                 if evaluate_now or checkpoint_now:
                     self._read_window(bar)  # now: the device drains for the evaluation or checkpoint anyway
+                    meter.snapshot()  # the logging window so far, for the checkpoints (step-N.pt, best.pt)
                 if evaluate_now:
                     with meter.paused():  # not training time: left out of the throughput window
                         self.last_eval = evaluator(pos)
@@ -296,13 +318,24 @@ class Trainer:
             bar.close()
             meter.finish()
             self._check_finite()
+            meter.snapshot()
             if self._stop_signal:
                 writer.close()
                 path = self.checkpointer.save(run, pos, self.stats)
                 self.run_dir.close()
                 raise TrainingStopped(128 + self._stop_signal,
                                       f"stopped by signal at step {pos.step}; checkpoint {path}")
+        # The last evaluation, at the run's last step, unless early stopping just made it. At a multiple of
+        # train.eval_every it is one of the periodic evaluations a longer run makes there too: made before the last
+        # checkpoint, which then holds it (the best so far, early stopping's count), so a run resumed from it with a
+        # larger train.max_steps goes on as the longer run would. Elsewhere it is this length's own, made after.
+        if not self.early_stopped and cfg.train.eval_every and pos.step % cfg.train.eval_every == 0:
+            self.last_eval = self.evaluator(pos, defer_best=True)
+            self.final_evaluated = True
+            if self.resumed_at_step == pos.step:  # no step trained (see __init__): that step's checkpoint again,
+                self.checkpointer.last = None     # with this evaluation
         self.checkpointer.save(run, pos, self.stats)
+        self.evaluator.write_best()  # a hard link to that checkpoint
         return self._finish(prof)
 
     def _batches(self) -> Iterator[tuple[Batch, float]]:
@@ -336,6 +369,8 @@ class Trainer:
     # none stops with the others' exit code (128 + signal), not 128.
     _stop_signal = 0
     early_stopped = False
+    finished_early = False  # the checkpoint resumed is where early stopping ended the run (`__init__`)
+    final_evaluated = False  # the run's last evaluation was made before its last checkpoint (`_fit`)
     last_eval: Optional[dict] = None  # the metrics of an evaluation at the current step
 
     _pending: Optional[tuple[WindowCut, DeviceRead]] = None  # a logging window queued, not read yet
@@ -391,7 +426,7 @@ class Trainer:
     def _finish(self, prof) -> dict:
         cfg, env, writer = self.cfg, self.env, self.writer
         # the last evaluation, unless early stopping just made it at this step
-        metrics = self.last_eval if self.early_stopped else self.evaluator(self.pos)
+        metrics = self.last_eval if self.early_stopped or self.final_evaluated else self.evaluator(self.pos)
         counters = {k: v - self.counters_before[k] for k, v in compile_counters().items()}
         if self.run.config.train.compile.enabled:
             logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
@@ -446,8 +481,13 @@ class Trainer:
     def _report_finished(self) -> dict:
         """Resuming a run that already reached its end: say so, write nothing, return its summary."""
         run_dir = self.finished.resolve().parent.parent
-        logger.info(f"--resume: {self.finished} is at step {self.data.total_steps} or later, the end of this run "
-                    f"(train.epochs / train.max_steps); nothing to train, nothing written")
+        if self.finished_early:
+            logger.info(f"--resume: {self.finished} is where early stopping ended this run (train.early_stopping: "
+                        f"{self.stats.evals_since_best} evaluations without improvement); nothing to train, "
+                        f"nothing written")
+        else:
+            logger.info(f"--resume: {self.finished} is at step {self.data.total_steps} or later, the end of this run "
+                        f"(train.epochs / train.max_steps); nothing to train, nothing written")
         path = run_dir / "summary.json"
         summary = {}
         if path.is_file():
