@@ -175,7 +175,7 @@ def test_two_fused_steps_with_an_all_pad_sample_and_hotness_100(optimizer, devic
     cfg = emb.use_fused_update(SparseOptimizerConfig(optimizer, torch.tensor([LR], device=device), eps=EPS,
                                                      weight_decay=0.05))
     slot_feature = [f for f, h in enumerate(HOTNESS) for _ in range(h)]
-    w_ref, s_ref = emb.weight.detach().double().clone(), cfg.state.double().clone()
+    w_ref, s_ref = emb.weight.detach().double().cpu(), cfg.state.double().cpu()  # the reference on the CPU
     w_start = emb.weight.detach().clone()
     touched = torch.zeros(R + 1, dtype=torch.bool)
     gen = torch.Generator().manual_seed(3)
