@@ -38,13 +38,16 @@ from dlrm.data.validation import list_lengths
 def compact_sparse_ok(footers: list[pq.FileMetaData], bounds: tuple[int, int] = (MISSING_SPARSE, _LOW32)) -> bool:
     """Whether every sparse value fits the compact int32 form (all in ``bounds``, ``[lo, hi)``: -1 to 0xFFFFFFFF,
     or `dlrm.data.batch.compact_range` (True) for multi-hot data), from the footers' min and max statistics alone;
-    False when any row group lacks them. A list column's statistics are those of its values' leaf column, a slot
-    column's (``SPARSE_<f>_<j>``) its own. The statistics are untrusted: the loader checks every decoded row group
-    against the same bounds (`dlrm.data.validation.check_table`'s ``compact``)."""
+    False when any row group that holds rows lacks them (a row group of no rows has none). A list column's
+    statistics are those of its values' leaf column, a slot column's (``SPARSE_<f>_<j>``) its own. The statistics
+    are untrusted: the loader checks every decoded row group against the same bounds
+    (`dlrm.data.validation.check_table`'s ``compact``)."""
     lo, hi = bounds
     for meta in footers:
         for g in range(meta.num_row_groups):
             rg = meta.row_group(g)
+            if rg.num_rows == 0:  # no values, so no statistics either: nothing to rule out
+                continue
             for i in range(rg.num_columns):
                 column = rg.column(i)
                 if not column.path_in_schema.startswith("SPARSE_"):  # the schema is checked: sparse columns only
