@@ -68,14 +68,15 @@ class Evaluator:
         checkpoint (which then holds this evaluation, and which best.pt links to)."""
         metrics = log_eval(self.writer, evaluate(self.run.eval_forward, self.loader, self.env), pos.step)
         if self._improves(metrics[self.metric]):
+            # the totals first: best.pt stores them, and a run resumed from it (--resume .../best.pt --run-name NEW)
+            # must take this evaluation as its best (with the previous best it kept a worse later one as best.pt)
+            self.stats.best = {"step": pos.step, "metric": self.metric, **metrics,
+                               "checkpoint": str(self.checkpointer.best_path)}
+            self.stats.evals_since_best = 0
             if defer_best:
                 self._pending_best = ckpt.Position(pos.step, pos.epoch, pos.batch)
-                path = self.checkpointer.best_path
             else:
-                path = self.checkpointer.save_best(self.run, pos, self.stats)
-            self.stats.best = {"step": pos.step, "metric": self.metric, **metrics,
-                               "checkpoint": str(path) if path else None}
-            self.stats.evals_since_best = 0
+                self.checkpointer.save_best(self.run, pos, self.stats)
         else:
             self.stats.evals_since_best += 1
         return metrics
@@ -88,7 +89,8 @@ class Evaluator:
 
     def _improves(self, value: float) -> bool:
         best = self.stats.best
-        # a NaN best (AUC of a one-class split, logloss of an overflowed model) is no best: nothing compares above it
+        # a NaN best (AUC of a one-class split or of NaN logits, logloss of an overflowed model) is no best: nothing
+        # compares above it
         if best is None or best.get("metric") != self.metric or math.isnan(best[self.metric]):
             return True
         gain = value - best[self.metric] if self.metric == "auc" else best[self.metric] - value

@@ -9,7 +9,9 @@ def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Exact ROC AUC (Mann-Whitney U with tied scores counted as half), as a 0-dim float64 tensor.
 
     Equals the fraction of (positive, negative) pairs ranked correctly, ties counting 1/2.
-    NaN when one class is absent. Sort-based, O(n log n), no host sync.
+    NaN when one class is absent, and when a score is NaN (a diverged model's: a NaN ranks against
+    nothing; `torch.unique` would give each its own rank, by position, and a model of NaN logits an
+    AUC of up to 1). Sort-based, O(n log n), no host sync.
 
     Args:
         scores: [N] any real scores (logits or probabilities; monotone maps give the same AUC).
@@ -25,7 +27,8 @@ def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     n_pos = labels.sum()
     n_neg = labels.numel() - n_pos
     u = (ranks * labels).sum() - n_pos * (n_pos + 1) / 2
-    return u / (n_pos * n_neg)
+    auc = u / (n_pos * n_neg)
+    return torch.where(scores.isnan().any(), torch.full_like(auc, float("nan")), auc)
 
 
 def log_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
