@@ -217,7 +217,7 @@ class EarlyStoppingConfig:
     patience: int = 3
     """Evaluations without an improvement of more than `min_delta` before training stops."""
     min_delta: float = 0.0
-    """The smallest change that counts as an improvement."""
+    """An improvement is a change of more than this (strictly: with 0, any gain counts, a tie does not)."""
 
 
 @dataclass
