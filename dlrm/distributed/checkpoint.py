@@ -15,6 +15,7 @@ a manifest whose shards are incomplete. Resume needs the same number of ranks;
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -195,7 +196,8 @@ def merge(manifest_path: Path) -> dict[str, Any]:
     embedding weight (in the shards' dtype: bf16 shards give a bf16 table, which loads as a one-process
     bf16 table does) and every per-row tensor of the sparse optimizer's state (fp32) are assembled
     from the shards; state only a shard has (`SHARD_ONLY`) is left out, so the model's keys are a
-    one-process model's; RNG states are rank 0's. Shards that do not fit together are a ConfigError.
+    one-process model's; RNG states and run totals are rank 0's, except the logging window's losses, the ranks'
+    shares summed (`_merge_run_stats`). Shards that do not fit together are a ConfigError.
     """
     manifest = ckpt.load_checkpoint(manifest_path)
     sharded = manifest.get("sharded")
@@ -210,4 +212,22 @@ def merge(manifest_path: Path) -> dict[str, Any]:
     full["model"][SPARSE_WEIGHT] = _assembled(plan, [s["model"][SPARSE_WEIGHT] for s in shards], manifest_path,
                                               SPARSE_WEIGHT)
     full["optimizers"] = [shards[0]["optimizers"][0], _merge_sparse_optimizer(plan, shards, manifest_path)]
+    if isinstance(full.get("run_stats"), dict):
+        full["run_stats"] = _merge_run_stats(shards, manifest_path)
     return full
+
+
+def _merge_run_stats(shards: list[dict[str, Any]], where: Path) -> dict[str, Any]:
+    """Rank 0's run totals (the same on every rank: global losses, samples, evaluations) with the logging window's
+    losses of the whole global batch: each rank's ``window_losses`` are its share of each step's global mean loss
+    (`dlrm.train.step.TrainStep._share`), which one process, resuming the merged checkpoint between two logging
+    steps, puts back in its first logging window; their sum over the ranks divided by W is that step's loss as one
+    process computes it (rank 0's alone made the first logged loss after the resume another number)."""
+    stats = dict(shards[0]["run_stats"])
+    per_rank = [list((s.get("run_stats") or {}).get("window_losses") or []) for s in shards]
+    if any(len(w) != len(per_rank[0]) for w in per_rank):
+        raise ConfigError(f"{where}: the shards hold logging windows of {[len(w) for w in per_rank]} losses, "
+                          "where one checkpoint's ranks hold as many")
+    if per_rank[0]:
+        stats["window_losses"] = [math.fsum(step) / len(shards) for step in zip(*per_rank)]
+    return stats

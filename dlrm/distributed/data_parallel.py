@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from dlrm.data.schema import NUM_DENSE
 from dlrm.model.dlrm import DLRM, dense_forward
 
 _CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
@@ -60,8 +63,35 @@ def stateful_buffers(module: nn.Module) -> list[str]:
             for name, _ in sub.named_buffers(recurse=False) if name not in getattr(sub, "constant_buffers", ())]
 
 
-def wrap_dense_parts(model: DLRM, device: torch.device) -> DistributedDataParallel:
+def prime_buckets(ddp: DistributedDataParallel, embeddings: tuple[int, int], device: torch.device) -> None:
+    """One forward and backward of `ddp` on zeros (``[2, 13]`` dense inputs, ``[2, F, D]`` embeddings for
+    `embeddings` = (F, D)), its gradients (all zeros, all-reduced) then dropped, so that DDP rebuilds its gradient
+    buckets before the first training step: every step of every session then reduces the same bucket layout.
+
+    DDP reduces its first iteration's gradients in one bucket of the parameters in their order, and rebuilds the
+    buckets after it (in the order the gradients got ready, the first one at most 1 MiB). From three ranks on, the
+    order in which an all-reduce adds an element's W values depends on where the element lies in its bucket (the
+    ring's chunks), so the first step of a session summed the dense gradients in another order than the same step of
+    the uninterrupted run: a resumed run of three ranks drifted from it by rounding (1e-8 in the dense weights and
+    the tables after 12 steps), where two ranks (a + b = b + a) resumed bit for bit. Collective: every rank calls it.
+    The RNG streams are left as they were (`fork_rng`: dropout's draws here are undone)."""
+    params = [p for p in ddp.module.parameters() if p.requires_grad]
+    if not params:
+        return
+    features, dim = embeddings
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        out = ddp(torch.zeros(2, NUM_DENSE, device=device), torch.zeros(2, features, dim, device=device))
+        (out.float().sum() * 0.0).backward()
+    for p in params:
+        p.grad = None
+
+
+def wrap_dense_parts(model: DLRM, device: torch.device,
+                     embeddings: Optional[tuple[int, int]] = None) -> DistributedDataParallel:
     """The dense parts of `model` replicated with DDP: call it instead of `model.forward_from_embeddings`.
+
+    `embeddings`: (F, D) of the lookup's output: the buckets are rebuilt before training (`prime_buckets`; a
+    collective), so that a resumed run of three or more ranks reduces its gradients as the uninterrupted run did.
 
     The model is not changed (its state_dict keys stay those of a one-process DLRM); the train
     step and evaluation receive this wrapper from `dlrm.train.builder`. DDP broadcasts rank 0's
@@ -78,10 +108,15 @@ def wrap_dense_parts(model: DLRM, device: torch.device) -> DistributedDataParall
     if stateful:
         raise ValueError(f"the dense parts hold buffers DDP would have to keep in sync: {stateful}")
     if device.type != "cuda":
-        return DistributedDataParallel(parts, broadcast_buffers=False)
+        ddp = DistributedDataParallel(parts, broadcast_buffers=False)
+        if embeddings is not None:
+            prime_buckets(ddp, embeddings, device)
+        return ddp
     side, main = capture_stream(device), torch.cuda.current_stream(device)
     side.wait_stream(main)
     with torch.cuda.stream(side):
         ddp = DistributedDataParallel(parts, device_ids=[device.index], broadcast_buffers=False)
+        if embeddings is not None:
+            prime_buckets(ddp, embeddings, device)
     main.wait_stream(side)
     return ddp

@@ -142,7 +142,8 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
     if env.distributed:
         from dlrm.distributed.data_parallel import wrap_dense_parts
 
-        dense_forward = wrap_dense_parts(model, device)
+        # the buckets rebuilt before the first step: a resumed run reduces as the uninterrupted one (3+ ranks)
+        dense_forward = wrap_dense_parts(model, device, (len(tables.cardinalities), cfg.model.embedding_dim))
         _log_memory(env, model, device)
     optimizers = build_optimizers(model, cfg.optim, cfg.train.deterministic)
     schedulers = build_schedulers(optimizers, cfg.optim.schedule, total_steps)
