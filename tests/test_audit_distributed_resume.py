@@ -44,10 +44,12 @@ CONFIG = {
 }
 
 
-def config(root: Path, name: str, **overrides):
+def config(root: Path, name: str, rank: int | None = None, **overrides):
     raw = json.loads(json.dumps(CONFIG))
     raw["data"]["path"] = str(root / "ds")
-    path = root / f"{name}.json"
+    raw["name"] = name
+    # a file per rank: ranks writing one file at once could read each other's half-written file
+    path = root / (f"{name}.json" if rank is None else f"{name}.rank{rank}.json")
     path.write_text(json.dumps(raw))
     return load_config(path, {"log.tb_dir": str(root / "tb"), "log.run_name": name, **overrides})
 
@@ -55,7 +57,7 @@ def config(root: Path, name: str, **overrides):
 def _train_on_rank(rank: int, world: int, root: str, name: str, overrides: dict, resume) -> None:
     """`train` as rank `rank` of a torchrun launch of `world` ranks would (the process group is the spawned one)."""
     os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="localhost")
-    summary = train(config(Path(root), name, **overrides), resume=resume)
+    summary = train(config(Path(root), name, rank, **overrides), resume=resume)
     if rank == 0:
         (Path(root) / f"{name}.summary.json").write_text(json.dumps(summary, default=str))
 
