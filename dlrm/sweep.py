@@ -14,7 +14,7 @@ The sweep directory (``<tb-dir>/<run-name>``, default ``tb_logs/<config>-sweep-<
 
 * ``sweep.md`` / ``sweep.csv``: per setting the mean and standard deviation over seeds of the
   final validation AUC and logloss (and of the built-in baseline's AUC when the runs fitted it),
-  best first; ``trials.csv``: every trial;
+  best first (a setting whose mean AUC is NaN last); ``trials.csv``: every trial;
 * TensorBoard HParams (one run per setting under ``hparams/``): the swept keys against
   ``sweep/auc_mean``, ``sweep/auc_std``, ``sweep/logloss_mean``;
 * the verdict, also the last log line: the winner, its margin over the runner-up, and that margin
@@ -103,9 +103,22 @@ def parse_set(option: str) -> tuple[str, list[Any]]:
     if any(t == "" for t in texts):
         raise ConfigError(f"--set {key}: empty value in {values!r}")
     parsed = [parse_value(t) for t in texts]
-    if len({json.dumps(v, sort_keys=True) for v in parsed}) != len(parsed):
+    if len({json.dumps(_same_value(v), sort_keys=True) for v in parsed}) != len(parsed):
         raise ConfigError(f"--set {key}: a value is listed twice in {values!r}")
     return key, parsed
+
+
+def _same_value(value: Any) -> Any:
+    """`value` with every number as a float, so that 0 and 0.0 (one config value) compare as duplicates."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, list):
+        return [_same_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _same_value(v) for k, v in value.items()}
+    return value
 
 
 def grid(sets: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
@@ -154,6 +167,12 @@ class SettingResult:
     def auc_mean(self) -> float:
         return statistics.fmean(self.values("auc"))
 
+    def rank_key(self) -> tuple[bool, float]:
+        """Sort key, best first with ``reverse=True``: a NaN mean AUC (a trial's AUC was NaN) ranks last (NaN
+        compares False with everything, so sorting by it alone leaves the order arbitrary)."""
+        mean = self.auc_mean
+        return (not math.isnan(mean), mean if not math.isnan(mean) else 0.0)
+
     def row(self) -> dict[str, Any]:
         """The setting's line of sweep.csv."""
         aucs, losses, base = self.values("auc"), self.values("logloss"), self.baseline_aucs()
@@ -165,7 +184,10 @@ class SettingResult:
 
 
 def _std(values: list[float]) -> float:
-    """Sample standard deviation (0 for a single value)."""
+    """Sample standard deviation (0 for a single value; NaN when a value is NaN or infinite: `statistics.stdev`
+    raises AttributeError on a NaN in Python 3.11, which ended a sweep with a diverged trial before its tables)."""
+    if not all(math.isfinite(v) for v in values):
+        return math.nan
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
@@ -180,7 +202,7 @@ class Verdict:
 
     @property
     def beyond_noise(self) -> Optional[bool]:
-        if self.margin is None or self.noise is None:
+        if self.margin is None or self.noise is None or math.isnan(self.margin):
             return None
         return self.margin >= NOISE_FACTOR * self.noise
 
@@ -189,6 +211,9 @@ class Verdict:
         if self.runner_up is None:
             return head + "; the only setting"
         text = f"{head}, {self.margin:+.4f} AUC over {label(self.runner_up.setting)} ({self.runner_up.auc_mean:.4f})"
+        if math.isnan(self.margin):
+            return text + ("; a trial's AUC is NaN (a one-class validation split, or NaN scores): "
+                           "no margin to compare with the seed noise")
         if self.noise is None:
             return text + "; one seed: no estimate of the seed noise (use --seeds 3 or more)"
         if self.noise == 0.0:
@@ -208,7 +233,7 @@ def verdict(results: list[SettingResult]) -> Verdict:
         >>> v = verdict(r); v.winner.setting, round(v.margin, 4), round(v.noise, 4)
         ({'a': 2}, 0.015, 0.005)
     """
-    ranked = sorted(results, key=lambda r: r.auc_mean, reverse=True)
+    ranked = sorted(results, key=SettingResult.rank_key, reverse=True)
     winner = ranked[0]
     if len(ranked) == 1:
         return Verdict(winner, None, None, None)
@@ -223,7 +248,7 @@ def verdict(results: list[SettingResult]) -> Verdict:
 
 def write_tables(directory: Path, results: list[SettingResult], keys: list[str], text: str) -> None:
     """sweep.csv, sweep.md (settings best first) and trials.csv (every trial) in `directory`."""
-    ranked = sorted(results, key=lambda r: r.auc_mean, reverse=True)
+    ranked = sorted(results, key=SettingResult.rank_key, reverse=True)
     rows = [r.row() for r in ranked]
     columns = ["setting", *keys, "seeds", "auc_mean", "auc_std", "logloss_mean", "logloss_std",
                "baseline_auc_mean", "aucs"]

@@ -164,8 +164,12 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
     base = env.broadcast_object(owned.path if owned else None)
     try:
         rows = _run_variants(cfg, variants, train_fn, env, device, base, owned)
-    except BaseException:  # the base directory is removed only if no variant finished
+    except BaseException:  # the base directory is removed only if no variant finished or left a run behind
         if owned:
+            # a variant that failed after its first step keeps its own run directory (RunDirectory's rule: it has
+            # history, checkpoints perhaps); removing the base directory would remove it with it
+            if any((base / name).exists() for name in variants):
+                owned.started()
             owned.abandon()
         raise
     if owned:
