@@ -15,6 +15,7 @@ constructors are needed to read them.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import random
 import shutil
@@ -298,13 +299,30 @@ def resolve_resume(resume: str, run_dir: Path) -> Optional[Path]:
     return found[-1]
 
 
+def vocabulary_digest(vocabs: Optional[list[torch.Tensor]]) -> Optional[str]:
+    """A SHA-256 of the per-feature vocabularies (vocabulary hashing), None without them (modulus hashing): the
+    raw-value-to-row mapping a checkpoint's embedding rows were trained under."""
+    if vocabs is None:
+        return None
+    digest = hashlib.sha256()
+    for vocab in vocabs:
+        values = vocab.to(torch.int64).cpu().contiguous().numpy()
+        digest.update(len(values).to_bytes(8, "little"))
+        digest.update(values.astype("<i8").tobytes())
+    return digest.hexdigest()
+
+
 def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalities: list[int], model_cfg: dict, path: Path,
-                     multi_hot_sizes: Optional[list[int]] = None, dense_format: str = "counts") -> None:
+                     multi_hot_sizes: Optional[list[int]] = None, dense_format: str = "counts",
+                     hashing: Optional[str] = None, vocabs: Optional[list[torch.Tensor]] = None) -> None:
     """Raise a one-line error naming what differs when the checkpoint cannot load into `model`.
 
     Kernel choices are not compared: torch and triton modules share state_dict keys. The values
     per feature (`multi_hot_sizes`, None: one each) are: the same tables pool differently otherwise;
-    so is the data's `dense_format`: a model trained on log counts means nothing on other values.
+    so is the data's `dense_format`: a model trained on log counts means nothing on other values; and so
+    are the data's `hashing` and vocabularies (`vocabs`), which map raw values to rows (the model's
+    vocabulary buffers are built from the dataset, not loaded): other ones look up other rows. A checkpoint
+    written before these were recorded is not checked for them; `hashing` None: not checked either.
     """
     if "model" not in state:
         raise ConfigError(f"{path}: a sharded checkpoint's manifest holds no model; merge it for one process first: "
@@ -321,6 +339,15 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalitie
     if saved_dense != dense_format:
         raise ConfigError(f"{path}: dense_format differs: the checkpoint was trained on {saved_dense!r} dense "
                           f"columns, this run's data holds {dense_format!r} (metadata.json)")
+    saved_hashing = state.get("hashing")  # older checkpoints: not recorded
+    if hashing is not None and saved_hashing is not None:
+        if saved_hashing != hashing:
+            raise ConfigError(f"{path}: hashing differs: the checkpoint was trained with {saved_hashing!r} hashing, "
+                              f"this run's data uses {hashing!r} (metadata.json): the same raw values map to other rows")
+        saved_digest, digest = state.get("vocabulary_digest"), vocabulary_digest(vocabs)
+        if saved_digest != digest:
+            raise ConfigError(f"{path}: vocabulary differs: the checkpoint was trained with other vocabularies than "
+                              f"this run's data holds (vocab/SPARSE_*.npy): the same raw values map to other rows")
     saved_model = state["config"]["model"]
     for key in ("embedding_dim", "bottom_mlp", "top_mlp", "interaction", "activation", "top_mlp_input_multiple",
                 "bottom_mlp_input_multiple"):

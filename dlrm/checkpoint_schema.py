@@ -16,7 +16,8 @@ dict, RNG states as ``random.getstate()`` / ``np.random.get_state()`` tuples); `
 Three kinds of file, told apart by their keys:
 
 - a checkpoint: format_version, model, optimizers, schedulers, position, rng, cardinalities,
-  config_json, and optionally run_stats, multi_hot_sizes, dense_format and data_placement;
+  config_json, and optionally run_stats, multi_hot_sizes, dense_format, data_placement, hashing and
+  vocabulary_digest;
 - a shard of a sharded checkpoint: a checkpoint's keys plus rank and plan;
 - the manifest of a sharded checkpoint: format_version, position, cardinalities, config_json, sharded, and
   optionally data_placement.
@@ -46,8 +47,9 @@ _CHECKPOINT_KEYS = ("format_version", "model", "optimizers", "schedulers", "posi
                     "config_json")
 _SHARD_KEYS = _CHECKPOINT_KEYS + ("rank", "plan")
 _MANIFEST_KEYS = ("format_version", "position", "cardinalities", "config_json", "sharded")
-# Absent in older files: run totals unknown; one-hot; counts; the placement ("auto" resolved) unknown.
-_OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format", "data_placement")
+# Absent in older files: run totals unknown; one-hot; counts; the placement ("auto" resolved) unknown; the
+# hashing and vocabularies unknown (not checked). vocabulary_digest: only with hashing "vocabulary".
+_OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format", "data_placement", "hashing", "vocabulary_digest")
 _SHARD_FILE = re.compile(r"(?:best-)?step-\d{8,}\.rank\d+-of-\d+\.pt")  # best-: a sharded best.pt's
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _MAX_DEPTH = 32  # deeper nesting is no state of ours; the limit keeps the recursive checks bounded
@@ -423,6 +425,13 @@ def _check_common(disk: dict[str, Any], path: Path) -> None:
     if "dense_format" in disk:
         _expect(disk["dense_format"] in ("counts", "float"), disk["dense_format"], path, "dense_format",
                 "'counts' or 'float'")
+    if "hashing" in disk:
+        _expect(disk["hashing"] in ("modulus", "vocabulary"), disk["hashing"], path, "hashing",
+                "'modulus' or 'vocabulary'")
+    if "vocabulary_digest" in disk:
+        digest = disk["vocabulary_digest"]
+        _expect(type(digest) is str and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest), digest,
+                path, "vocabulary_digest", "a SHA-256 hex digest")
     if "data_placement" in disk:
         _expect(disk["data_placement"] in ("stream", "gpu"), disk["data_placement"], path, "data_placement",
                 "'stream' or 'gpu'")

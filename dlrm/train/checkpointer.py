@@ -62,6 +62,10 @@ class Checkpointer:
         self.run_dir, self.cfg, self.tables, self.env = Path(run_dir), cfg, tables, env
         self.placement = placement
         self.last: Optional[Path] = None
+        # once: the vocabularies do not change (a stand-in for Tables without hashing: nothing recorded)
+        self._hashing = getattr(tables, "hashing", None)
+        self._vocabs = getattr(tables, "vocabs", None)
+        self._vocabulary_digest = ckpt.vocabulary_digest(self._vocabs)
 
     def save(self, run: Run, pos: ckpt.Position, stats: RunStats) -> Path:
         """Checkpoint `run` at `pos` (once per step: a second call at the same step returns the first)."""
@@ -125,6 +129,8 @@ class Checkpointer:
             "cardinalities": self.tables.cardinalities,
             "multi_hot_sizes": self.tables.multi_hot_sizes or [1] * len(self.tables.cardinalities),
             "dense_format": self.tables.dense_format,
+            **({"hashing": self._hashing} if self._hashing is not None else {}),
+            **({"vocabulary_digest": self._vocabulary_digest} if self._vocabulary_digest is not None else {}),
             "config": self.cfg.to_dict(),
             "run_stats": stats.to_dict(),
             **({"data_placement": self.placement} if self.placement is not None else {}),
@@ -135,7 +141,8 @@ class Checkpointer:
         the run's totals so far. A distributed run loads its rank's shard (same ranks and plan)."""
         state: dict[str, Any] = dist_ckpt.load_for_rank(path, self.env, run.plan)
         ckpt.check_compatible(state, run.model, self.tables.cardinalities, self.cfg.to_dict()["model"], path,
-                              self.tables.multi_hot_sizes, self.tables.dense_format)
+                              self.tables.multi_hot_sizes, self.tables.dense_format, self._hashing,
+                              self._vocabs)
         run.model.load_state_dict(state["model"])
         for opt, s in zip(run.optimizers, state["optimizers"]):
             opt.load_state_dict(s)

@@ -38,7 +38,7 @@ def model_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device,
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device,
                         multi_hot_sizes=tables.multi_hot_sizes)
     ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path, tables.multi_hot_sizes,
-                          tables.dense_format)
+                          tables.dense_format, tables.hashing, tables.vocabs)
     model.load_state_dict(state["model"])
     return model.eval()
 
