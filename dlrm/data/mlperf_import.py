@@ -129,6 +129,12 @@ def npz_member(path: Path, name: str) -> np.ndarray:
         offset = f.tell()
     if dtype.hasobject:
         raise ImportInputError(f"{path}: member {name}.npy holds Python objects, not integers")
+    # the zip says how many bytes the member holds: a member cut short would map the next member's (or the zip
+    # directory's) bytes as ids, or past the file's end (numpy's ValueError, a traceback)
+    need = offset - (info.header_offset + 30 + name_len + extra_len) + math.prod(shape) * dtype.itemsize
+    if info.file_size < need:
+        raise ImportInputError(f"{path}: member {name}.npy holds {info.file_size} bytes, but its header's shape "
+                               f"{shape} {dtype} needs {need}: the member is cut short")
     return np.memmap(path, dtype=dtype, mode="r", shape=shape, offset=offset, order="F" if fortran else "C")
 
 
@@ -159,6 +165,8 @@ class Day:
         if labels.ndim != 1 or labels.dtype.kind not in "iuf":
             raise ImportInputError(f"{paths[0]}: shape {labels.shape} {labels.dtype}, expected numbers [N] or [N, 1]")
         n = labels.shape[0]
+        if n == 0:  # a day without rows is a broken preprocessing; imported, it leaves a split out of the dataset
+            raise ImportInputError(f"{paths[0]}: no rows (shape {labels.shape}); every day of MLPerf's holds rows")
         # float32 as the reference writes it: a float64 copy would be rounded to float32 silently (either byte order)
         if dense.shape != (n, NUM_DENSE) or dense.dtype.kind != "f" or dense.dtype.itemsize != 4:
             raise ImportInputError(f"{paths[1]}: shape {dense.shape} {dense.dtype}, expected float32 "
@@ -176,10 +184,15 @@ class Day:
 
 
 def _npy(path: Path) -> np.ndarray:
+    # EOFError: an empty file (a copy cut off); BadZipFile: a file starting "PK", which np.load takes for an .npz
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as e:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
         raise ImportInputError(f"{path}: not a readable .npy array ({e})") from None
+    if not isinstance(array, np.ndarray):  # an .npz (np.load's NpzFile) under the .npy name
+        array.close()
+        raise ImportInputError(f"{path}: an .npz archive, not an .npy array")
+    return array
 
 
 def dense_counts(logged: np.ndarray) -> np.ndarray:
@@ -208,11 +221,12 @@ def _row_group(day: Day, lo: int, hi: int, cards: list[int], schema: pa.Schema,
     dense = dense_counts(logged) if counts else logged.astype(np.float32, copy=False)
     cols += [pa.array(dense[:, j]) for j in range(NUM_DENSE)]
     for f, ids in enumerate(day.sparse):
-        block = np.asarray(ids[lo:hi]).astype(np.int64, copy=False)
+        raw = np.asarray(ids[lo:hi])
+        block = raw.astype(np.int64, copy=False)  # a uint64 id >= 2^63 turns negative: caught below
         bad = np.argwhere((block < 0) | (block >= cards[f]))
-        if bad.size:
+        if bad.size:  # the id as the file holds it (raw), not as the int64 cast made it
             r, s = (int(v) for v in bad[0])
-            raise ImportInputError(f"{day.paths[2]}: member {f}.npy: row {lo + r}, value {s}: id {block[r, s].item()} is "
+            raise ImportInputError(f"{day.paths[2]}: member {f}.npy: row {lo + r}, value {s}: id {raw[r, s].item()} is "
                                    f"outside feature {f}'s table of {cards[f]} rows (--num-embeddings)")
         cols += feature_columns(block, layout)
     return pa.Table.from_arrays(cols, schema=schema), int(np.count_nonzero(labels))
@@ -312,7 +326,10 @@ def parse_days(text: str) -> list[int]:
     try:
         for part in text.split(","):
             lo, _, hi = part.strip().partition("-")
-            days.update(range(int(lo), int(hi or lo) + 1))
+            first, last = int(lo), int(hi or lo)
+            if last < first:  # range() would name no days: "0,9-3" imported day 0 alone, silently
+                raise click.BadParameter(f"{text!r}: {part.strip()!r} runs backwards (write {last}-{first})")
+            days.update(range(first, last + 1))
     except ValueError:
         raise click.BadParameter(f"{text!r} is not a list of days such as 0-22 or 0,1,5-7") from None
     if not days or min(days) < 0:
@@ -419,8 +436,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
                       if dense_format == "counts" else "MLPerf's log(x + 3) values as they are (float32)"),
         })
         write_metadata(work, meta)
-        (work / PLAN_FILE).unlink()
-        replace_dir(work, output)
+        replace_dir(work, output)  # the plan goes with it (removed below): a failed rename leaves a resumable import
     except BaseException:
         finished = sum(1 for _ in work.rglob("*.parquet"))
         logger.info(f"the {finished} of {len(ordered)} files finished are kept in {work}: the same command resumes "
@@ -428,6 +444,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         raise
     seconds = time.perf_counter() - started
     try:  # --output is complete from here on: an interrupt must not read as an import to redo
+        (output / PLAN_FILE).unlink(missing_ok=True)
         logger.info(f"wrote {output} in {seconds:.1f}s ({total / max(seconds, 1e-9):,.0f} rows/s): "
                     + ", ".join(f"{s} {i.rows:,} rows" for s, i in meta.splits.items()))
     except KeyboardInterrupt:
