@@ -35,6 +35,7 @@ import click
 from loguru import logger
 
 from dlrm.config import Config, config_keys, load_config
+from dlrm.config_checks import check_default_run_name
 from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, report_bug
 from dlrm.logging_setup import configure_logging
 
@@ -113,6 +114,12 @@ def check_export_path(path: str) -> Path:
 def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str], export_path: Optional[str],
                 checkpoint_path: Optional[str], allowed_changes: list[str]) -> None:
     """Refuse option combinations whose one part would otherwise be silently ignored."""
+    # An empty path (an unset shell variable: --export "$OUT") must not read as an option left out: --export ""
+    # trained a whole run and exported nothing, --checkpoint "" --export M trained a new run instead.
+    if export_path == "":
+        raise ConfigError("--export: empty path (name the .pt2 file to write)")
+    if checkpoint_path == "":
+        raise ConfigError("--checkpoint: empty path (a .pt file or a run directory)")
     if compare is not None:
         for flag, given in (("--eval-only", eval_only), ("--resume", resume), ("--export", export_path)):
             if given:
@@ -123,6 +130,9 @@ def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str
         raise ConfigError("--eval-only: needs --checkpoint PATH")
     if checkpoint_path and not (eval_only or export_path):
         raise ConfigError("--checkpoint: only used with --eval-only or --export (to continue training use --resume)")
+    if resume is not None and checkpoint_path:  # with --export: the checkpoint was exported, the resume never ran
+        raise ConfigError("--resume cannot be combined with --checkpoint (--resume continues training from its own "
+                          "checkpoint; export a --checkpoint in a run of its own)")
     if allowed_changes and resume is None:
         raise ConfigError("--allow-config-change: only applies with --resume")
     world_size = os.environ.get("WORLD_SIZE", "1")
@@ -200,6 +210,11 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     """
     cfg = load_config(config_path, overrides)
     loaded.append(cfg)
+    if resume is None and not (eval_only or (export_path and checkpoint_path)):  # a new run directory is named
+        try:
+            check_default_run_name(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"{config_path}: {e}") from None
     export = check_export_path(export_path) if export_path else None
     # imported late: --help and config errors stay fast
     from dlrm.train import export as export_mod

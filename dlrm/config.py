@@ -12,6 +12,7 @@ cross-field checks (one function per section) in `dlrm.config_checks`, which `va
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import typing
 from dataclasses import dataclass, field
@@ -377,8 +378,11 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], source: str)
     """Set dotted keys (e.g. {"data.batch_size": 64}) in the raw config, creating parent objects.
 
     A section given in its short form (`"compile": true` means {"enabled": true}) is expanded; a parent the file
-    gives a value its type does not take is the error the file alone gets (never hidden by the override)."""
-    for dotted, value in overrides.items():
+    gives a value its type does not take is the error the file alone gets (never hidden by the override).
+    A section is set before the keys inside it, so both apply in any order ({"optim.dense.lr": 0.5, "optim.dense":
+    {...}}: the section applied second used to replace the key); values are copied, never written into."""
+    for dotted, value in sorted(overrides.items(), key=lambda item: item[0].count(".")):  # stable: same depth, as given
+        value = copy.deepcopy(value)  # a key inside it is written below: the caller's (a sweep grid's shared) object
         node = raw
         *parents, leaf = dotted.split(".")
         for i, p in enumerate(parents):

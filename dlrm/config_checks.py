@@ -5,6 +5,7 @@ key and the value in one line. The dataclasses they check are `dlrm.config`'s (n
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any, Optional
 
 from dlrm.config_parse import INT64_MAX, _as_float32
@@ -21,6 +22,15 @@ if TYPE_CHECKING:
         ScheduleConfig,
         TrainConfig,
     )
+
+RUN_NAME = re.compile(r"[\w.+-]+")
+"""What a run directory's name may hold: `dlrm.train.run_dir.run_name`'s rule, checked here with the config so that
+a name the run would refuse fails before the dataset is read and the model built (it used to fail after)."""
+MAX_NAME_BYTES = 255
+"""A file name's limit on Linux file systems: a longer run name failed to create its directory (after the model was
+built), leaving --tb-dir behind, created empty."""
+DEFAULT_RUN_NAME_SUFFIX = len("-20261130-160000")
+"""The "-<date>-<time>" that `name` gets when it becomes the default run name."""
 
 COMPILE_MODES_WITH_CUDA_GRAPHS = ("reduce-overhead", "max-autotune")  # a whole-step graph cannot hold theirs
 
@@ -86,7 +96,9 @@ def _check_profile(p: ProfileConfig) -> None:
 
 
 def _check_data(d: DataConfig) -> None:
-    """Sizes of batches and buffers, and the device-memory share of placement "auto"."""
+    """The dataset's path, sizes of batches and buffers, and the device-memory share of placement "auto"."""
+    if d.path == "":  # Path("") is silently the working directory (an unset shell variable: --data "$DIR")
+        raise ConfigError('data.path: empty path (a dataset directory; "." for the working directory)')
     _positive("data.batch_size", d.batch_size, maximum=MAX_SIZE)
     _positive("data.eval_batch_size", d.eval_batch_size, maximum=MAX_SIZE)
     _positive("data.shuffle_buffer_rows", d.shuffle_buffer_rows, maximum=MAX_SIZE)
@@ -209,7 +221,30 @@ def _check_outputs(cfg: Config) -> None:
     _positive("checkpoint.every", cfg.checkpoint.every)
     _positive("checkpoint.keep", cfg.checkpoint.keep)
     _positive("distributed.row_wise_min_rows", cfg.distributed.row_wise_min_rows)
+    if cfg.log.tb_dir == "":  # Path("") is the working directory: --tb-dir "" wrote the run there, silently
+        raise ConfigError('log.tb_dir: empty path (the TensorBoard root; "." for the working directory)')
     if not cfg.name or "/" in cfg.name:
         raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without '/'")
     if cfg.log.run_name is not None and (not cfg.log.run_name or "/" in cfg.log.run_name or cfg.log.run_name in (".", "..")):
         raise ConfigError(f"log.run_name: {cfg.log.run_name!r} must be a plain directory name")
+    if cfg.log.run_name is not None:
+        if not RUN_NAME.fullmatch(cfg.log.run_name):
+            raise ConfigError(f"log.run_name: {cfg.log.run_name!r} may hold only letters, digits and . _ + - "
+                              "(it names the run's directory)")
+        if len(cfg.log.run_name.encode()) > MAX_NAME_BYTES:
+            raise ConfigError(f"log.run_name: a name of {len(cfg.log.run_name.encode())} bytes is too long for a "
+                              f"directory name (at most {MAX_NAME_BYTES})")
+
+
+def check_default_run_name(cfg: "Config") -> None:
+    """A new run without `log.run_name` is named ``<name>-<date>-<time>``: `name` (the config file's stem unless set)
+    must then be a valid start of a directory name. Checked by `dlrm.cli` for a new run only (evaluation and export
+    write no run directory, so a config file "my config.json" still serves them)."""
+    if cfg.log.run_name is not None:
+        return
+    if not RUN_NAME.fullmatch(cfg.name):
+        raise ConfigError(f"name: {cfg.name!r} (the config file's name unless set) begins the default run name and "
+                          'may hold only letters, digits and . _ + -; set "name" or pass --run-name')
+    if len(cfg.name.encode()) + DEFAULT_RUN_NAME_SUFFIX > MAX_NAME_BYTES:
+        raise ConfigError(f"name: a name of {len(cfg.name.encode())} bytes is too long to begin the default run name "
+                          f"(at most {MAX_NAME_BYTES - DEFAULT_RUN_NAME_SUFFIX}); set a shorter \"name\" or pass --run-name")
