@@ -20,6 +20,11 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 
 from dlrm.config import ProfileConfig
 
+# The trace files each run directory (its real path) held when this process last started a profiler on it: they are
+# an earlier session's (a resume in the same process, or one whose pid this process reused), never this session's
+# step, so `own_trace` leaves them out.
+_EARLIER: dict[str, frozenset[str]] = {}
+
 
 def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps: Optional[int] = None):
     """A started-on-enter profiler writing into `run_dir`, or a null context when disabled. `steps`: the steps this
@@ -36,6 +41,7 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps
         logger.warning(f"profiling: this run trains {steps} step(s), fewer than the profiler's first cycle "
                        f"(profile.wait {cfg.wait} + profile.warmup {cfg.warmup} + profile.active {cfg.active} = "
                        f"{cycle}): {outcome}; train longer or shorten those")
+    _EARLIER[os.path.realpath(run_dir)] = frozenset(p.name for p in Path(run_dir).glob("*.pt.trace.json*"))
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
@@ -59,12 +65,15 @@ def trace_files(run_dir: Path) -> list[Path]:
 
 
 def own_trace(run_dir: Path) -> Optional[Path]:
-    """The newest trace this process wrote into `run_dir`, or None. `tensorboard_trace_handler` names
-    its files ``<host>_<pid>.<ns>.pt.trace.json.gz``; in a distributed run every rank writes into the
-    same directory, and another rank's file may still be being written.
+    """The newest trace this process wrote into `run_dir` since its profiler started (`make_profiler`), or None.
+    `tensorboard_trace_handler` names its files ``<host>_<pid>.<ns>.pt.trace.json.gz``; in a distributed run every
+    rank writes into the same directory, and another rank's file may still be being written; a resumed run's
+    directory holds the earlier sessions' traces.
 
     >>> own_trace(Path("/nonexistent-run")) is None
     True
     """
-    mine = list(Path(run_dir).glob(f"{socket.gethostname()}_{os.getpid()}.*.pt.trace.json*"))
+    earlier = _EARLIER.get(os.path.realpath(run_dir), frozenset())
+    mine = [p for p in Path(run_dir).glob(f"{socket.gethostname()}_{os.getpid()}.*.pt.trace.json*")
+            if p.name not in earlier]
     return max(mine, key=lambda p: p.stat().st_mtime) if mine else None

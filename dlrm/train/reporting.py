@@ -134,12 +134,13 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 
 def log_profile(writer: SummaryWriter, run_dir: Path, device: torch.device, step: int):
-    """One profiled step of the run, from its newest trace, where a person looks: TensorBoard text
-    ``profile/step_breakdown`` (host and device ms per named range) and ``profile/top_kernels`` (top
-    device kernels; CPU ops by self time on a CPU run), image ``profile/timeline``, and the same as
-    ``profile_step.md`` and ``profile_timeline.png`` in `run_dir`. All of it renders offline (the
+    """One profiled step of the session, from the newest trace it wrote (`profiling.own_trace`), where a person
+    looks: TensorBoard text ``profile/step_breakdown`` (host and device ms per named range) and
+    ``profile/top_kernels`` (top device kernels; CPU ops by self time on a CPU run), image ``profile/timeline``, and
+    the same as ``profile_step.md`` and ``profile_timeline.png`` in `run_dir`. All of it renders offline (the
     PyTorch Profiler tab's charts load from a CDN). Returns the `trace_summary.StepSummary`, or None
-    (said in the log) when the run holds no profiled step. Rank 0 only: it writes run files.
+    (said in the log) when the session profiled no step (a resumed run's earlier traces are not its step, and its
+    files from them stay). Rank 0 only: it writes run files.
 
     Example (not a doctest: it needs a run trained with --profile)::
 
@@ -149,8 +150,12 @@ def log_profile(writer: SummaryWriter, run_dir: Path, device: torch.device, step
     from dlrm.train import trace_summary as ts  # matplotlib and the trace parser: only for profiled runs
     from dlrm.train.profiling import own_trace
 
+    mine = own_trace(run_dir)
+    if mine is None:  # no step profiled in this session: another file there is another session's or rank's step
+        logger.warning(f"profile: {run_dir}: this run wrote no trace (it profiled no step); no step breakdown written")
+        return None
     try:
-        trace = ts.load_trace(own_trace(run_dir) or run_dir)
+        trace = ts.load_trace(mine)
         summary = ts.summarize_step(trace)
     except (ts.TraceError, OSError, EOFError, ValueError, KeyError) as e:  # the run's results stand without it
         logger.warning(f"profile: {run_dir}: {e}; no step breakdown written")

@@ -7,7 +7,11 @@
   names the holder's pid and host; a second process (a second ``--resume`` of the same run, say)
   is refused with that pid. The kernel drops the lock when its holder dies, so a lock left by a
   killed run is stale by construction: it is taken over, and the log says so.
-* **A new run never reuses a name.** A non-empty directory is refused (use ``--resume``).
+* **A new run never reuses a name.** A non-empty directory is refused (use ``--resume``); a run without
+  ``--run-name`` whose default name (``<config>-<date>-<time>``) another run started in the same second holds gets
+  the first free ``<name>-2``, ``<name>-3``, ...
+* **A resume writes only into a run.** ``--resume`` of a checkpoint outside a run's ``checkpoints/`` (a copy
+  elsewhere) needs ``--run-name NEW``: its folder is not a run to continue in place.
 * **A resume writes only into its own run.** ``--resume PATH`` continues the run the checkpoint
   belongs to; a ``--run-name`` naming another run is an error, unless that name is new: then the
   checkpoint's run is copied into a fresh run of that name (said in the log) and the original is
@@ -53,6 +57,34 @@ def describe_path(path: Path) -> str:
     """`path` as typed, plus where it really is when that differs (absolute, .., symlinks)."""
     real = Path(os.path.realpath(path))
     return str(path) if str(real) == str(path) else f"{path} (resolves to {real})"
+
+
+def is_run_checkpoint(checkpoint: Path) -> bool:
+    """Whether `checkpoint` is in a run's ``checkpoints/`` directory (``<run>/checkpoints/*.pt``), where a run writes
+    every checkpoint (`dlrm.checkpoint.checkpoint_dir`)."""
+    return Path(checkpoint).resolve().parent.name == "checkpoints"
+
+
+def _claim_default(cfg: Config) -> Path:
+    """A new directory for a run without ``log.run_name``: ``<config>-<date>-<time>``, or with ``-2``, ``-3``, ...
+    when a run started in the same second (or an hour's repeat at a DST change) holds that name. Made here (one
+    ``mkdir``, which only one process can win), so two runs started at once never share one."""
+    base = run_name(cfg)
+    parent = Path(cfg.log.tb_dir)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"log.tb_dir: cannot create {str(parent)!r} ({e.strerror})") from None
+    for n in range(1, 1000):
+        path = parent / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise ConfigError(f"log.tb_dir: cannot create {str(path)!r} ({e.strerror})") from None
+    raise ConfigError(f"log.tb_dir: {str(parent)!r} holds {base!r} and 998 more of its name; set --run-name")
 
 
 class RunLock:
@@ -126,13 +158,18 @@ class RunDirectory:
     @classmethod
     def create(cls, cfg: Config, path: Optional[Path] = None) -> "RunDirectory":
         """A new run's directory (``log.tb_dir/<run name>`` unless `path`), locked, with config.json."""
+        claimed = path is None and cfg.log.run_name is None
+        if claimed:
+            path = _claim_default(cfg)
         path = Path(path) if path is not None else Path(cfg.log.tb_dir) / run_name(cfg)
         if path.is_symlink() and not path.exists():
             raise ConfigError(f"log.run_name: {path} is a dangling symbolic link; remove it or choose another --run-name")
+        if path.exists() and not path.is_dir():  # (iterdir below would raise NotADirectoryError: a traceback)
+            raise ConfigError(f"log.run_name: {str(path)!r} exists and is not a directory; choose another --run-name")
         if path.exists() and any(p.name != LOCK_NAME for p in path.iterdir()):
             raise ConfigError(f"log.run_name: {str(path)!r} already exists and is not empty; pick another --run-name "
                               "(or --resume it)")
-        created = not path.exists()
+        created = claimed or not path.exists()
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -163,7 +200,13 @@ class RunDirectory:
         """
         source = checkpoint.resolve().parent.parent
         wanted = cfg.log.run_name
-        if wanted is None or wanted == source.name:
+        if not is_run_checkpoint(checkpoint):
+            # a checkpoint copied elsewhere (models/mine.pt): its grandparent is no run; continuing "in place" wrote
+            # events, checkpoints/ and summary.json (replacing one there) into whatever folder that is
+            if wanted is None:
+                raise ConfigError(f"--resume: {checkpoint} is not in a run's checkpoints/ directory; add --run-name "
+                                  "NEW to continue from it in a new run")
+        elif wanted is None or wanted == source.name:
             if latest is not None and latest.resolve() != checkpoint.resolve():
                 raise ConfigError(f"--resume: {checkpoint} is not the latest checkpoint of run {source.name!r} "
                                   f"({latest.name} is); resuming it in place would overwrite the later ones: "

@@ -107,11 +107,23 @@ def find_trace(path: Path) -> Path:
 
 
 def load_trace(path: Path) -> dict:
-    """The trace JSON (a dict with ``traceEvents``) of `path` or of the newest trace under it."""
+    """The trace JSON (a dict with ``traceEvents``) of `path` or of the newest trace under it. A file that is no
+    Chrome trace (empty, cut off while written, not JSON, no event list) is a `TraceError` naming it: the callers
+    (`dlrm.train.reporting.log_profile`, ``benchmarks/trace_timeline.py``) say one line, not a traceback. Chrome's
+    JSON Array Format (the events alone) is read as the object format."""
     path = find_trace(path)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return json.load(f)
+    try:
+        with opener(path, "rt") as f:
+            trace = json.load(f)
+    except (OSError, EOFError, ValueError) as e:  # BadGzipFile is an OSError; JSON and UTF-8 errors ValueErrors
+        raise TraceError(f"{path}: not a readable Chrome trace ({type(e).__name__}: {e})") from None
+    if isinstance(trace, list):
+        trace = {"traceEvents": trace}
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+        raise TraceError(f"{path}: not a Chrome trace (no list of event objects under 'traceEvents')")
+    return trace
 
 
 def within(events: list[dict], cats, lo: float, hi: float) -> list[dict]:
