@@ -20,6 +20,12 @@ The sweep directory (``<tb-dir>/<run-name>``, default ``tb_logs/<config>-sweep-<
 * the verdict, also the last log line: the winner, its margin over the runner-up, and that margin
   against the seed noise, the standard error of the per-seed (paired) AUC differences: "within
   the seed noise" unless the margin is at least twice that.
+
+A trial that fails while it runs (a diverged loss, a data error, out of memory, a bug) does not end the sweep: the
+other trials run, the failed one is a row of ``trials.csv`` (``status``: ``failed: <reason>``) and of the list under
+``sweep.md``'s table, its setting ranks after those whose trials all finished and is left out of the verdict, and
+once the tables are written the sweep exits with the first failure's code (dlrm.cli's). A config error a trial's run
+raises (a device that is absent, say) ends the sweep, as do Ctrl-C and a signal (the trial's checkpoint is kept).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import math
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -40,6 +47,7 @@ import click
 from loguru import logger
 
 from dlrm.config import ConfigError, config_keys, load_config
+from dlrm.errors import DatasetError, NonFiniteLoss, TrainingStopped
 
 NOISE_FACTOR = 2.0
 """A margin counts as more than seed noise when it is at least this many standard errors."""
@@ -155,7 +163,8 @@ class SettingResult:
 
     index: int
     setting: dict[str, Any]
-    summaries: list[dict] = field(default_factory=list)
+    summaries: list[dict] = field(default_factory=list)  # the trials that finished, in seed order
+    failed: dict[int, str] = field(default_factory=dict)  # seed -> why that trial failed
 
     def values(self, key: str) -> list[float]:
         return [float(s[key]) for s in self.summaries]
@@ -164,29 +173,48 @@ class SettingResult:
         return [float(s["baseline"]["auc"]) for s in self.summaries if s.get("baseline")]
 
     @property
-    def auc_mean(self) -> float:
-        return statistics.fmean(self.values("auc"))
+    def complete(self) -> bool:
+        """Every trial finished: only such settings take part in the verdict (the per-seed pairing needs every seed,
+        and a setting that failed on a seed, a diverged one say, is no safe pick)."""
+        return bool(self.summaries) and not self.failed
 
-    def rank_key(self) -> tuple[bool, float]:
-        """Sort key, best first with ``reverse=True``: a NaN mean AUC (a trial's AUC was NaN) ranks last (NaN
-        compares False with everything, so sorting by it alone leaves the order arbitrary)."""
+    @property
+    def auc_mean(self) -> float:
+        return _mean(self.values("auc"))
+
+    def rank_key(self) -> tuple[bool, bool, float]:
+        """Sort key, best first with ``reverse=True``: a setting with a failed trial ranks after those whose trials
+        all finished; a NaN mean AUC (a trial's AUC was NaN) ranks last (NaN compares False with everything, so
+        sorting by it alone leaves the order arbitrary)."""
         mean = self.auc_mean
-        return (not math.isnan(mean), mean if not math.isnan(mean) else 0.0)
+        return (self.complete, not math.isnan(mean), mean if not math.isnan(mean) else 0.0)
+
+    def trials(self) -> list[tuple[int, Optional[dict], Optional[str]]]:
+        """(seed, summary or None, failure reason or None) for every trial, in seed order."""
+        done = iter(self.summaries)
+        return [(seed, None, self.failed[seed]) if seed in self.failed else (seed, next(done), None)
+                for seed in range(len(self.summaries) + len(self.failed))]
 
     def row(self) -> dict[str, Any]:
-        """The setting's line of sweep.csv."""
+        """The setting's line of sweep.csv (its means over the trials that finished)."""
         aucs, losses, base = self.values("auc"), self.values("logloss"), self.baseline_aucs()
         return {"setting": label(self.setting), **{k: json.dumps(v) for k, v in self.setting.items()},
-                "seeds": len(aucs), "auc_mean": statistics.fmean(aucs), "auc_std": _std(aucs),
-                "logloss_mean": statistics.fmean(losses), "logloss_std": _std(losses),
+                "seeds": len(aucs), "failed": len(self.failed), "auc_mean": _mean(aucs), "auc_std": _std(aucs),
+                "logloss_mean": _mean(losses), "logloss_std": _std(losses),
                 "baseline_auc_mean": statistics.fmean(base) if base else None,
                 "aucs": " ".join(f"{a:.4f}" for a in aucs)}
 
 
+def _mean(values: list[float]) -> float:
+    """The mean; NaN when no trial finished (`statistics.fmean` raises on an empty list)."""
+    return statistics.fmean(values) if values else math.nan
+
+
 def _std(values: list[float]) -> float:
     """Sample standard deviation (0 for a single value; NaN when a value is NaN or infinite: `statistics.stdev`
-    raises AttributeError on a NaN in Python 3.11, which ended a sweep with a diverged trial before its tables)."""
-    if not all(math.isfinite(v) for v in values):
+    raises AttributeError on a NaN in Python 3.11, which ended a sweep with a diverged trial before its tables;
+    NaN for no value)."""
+    if not values or not all(math.isfinite(v) for v in values):
         return math.nan
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
@@ -199,6 +227,7 @@ class Verdict:
     runner_up: Optional[SettingResult]
     margin: Optional[float]  # mean AUC difference, winner - runner-up
     noise: Optional[float]  # standard error of the paired per-seed differences
+    left_out: int = 0  # settings with a failed trial, not compared
 
     @property
     def beyond_noise(self) -> Optional[bool]:
@@ -209,8 +238,10 @@ class Verdict:
     def text(self) -> str:
         head = f"best: {label(self.winner.setting)} (AUC {self.winner.auc_mean:.4f} mean of {len(self.winner.summaries)} seeds)"
         if self.runner_up is None:
-            return head + "; the only setting"
+            return head + ("; the only setting whose trials all finished" if self.left_out else "; the only setting")
         text = f"{head}, {self.margin:+.4f} AUC over {label(self.runner_up.setting)} ({self.runner_up.auc_mean:.4f})"
+        if self.left_out:
+            text += f" ({self.left_out} setting(s) with a failed trial left out)"
         if math.isnan(self.margin):
             return text + ("; a trial's AUC is NaN (a one-class validation split, or NaN scores): "
                            "no margin to compare with the seed noise")
@@ -247,10 +278,10 @@ def verdict(results: list[SettingResult]) -> Verdict:
 
 
 def write_tables(directory: Path, results: list[SettingResult], keys: list[str], text: str) -> None:
-    """sweep.csv, sweep.md (settings best first) and trials.csv (every trial) in `directory`."""
+    """sweep.csv, sweep.md (settings best first, then the failed trials) and trials.csv (every trial)."""
     ranked = sorted(results, key=SettingResult.rank_key, reverse=True)
     rows = [r.row() for r in ranked]
-    columns = ["setting", *keys, "seeds", "auc_mean", "auc_std", "logloss_mean", "logloss_std",
+    columns = ["setting", *keys, "seeds", "failed", "auc_mean", "auc_std", "logloss_mean", "logloss_std",
                "baseline_auc_mean", "aucs"]
     with open(directory / "sweep.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, columns)
@@ -258,18 +289,30 @@ def write_tables(directory: Path, results: list[SettingResult], keys: list[str],
         writer.writerows(rows)
     with open(directory / "trials.csv", "w", newline="") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["setting", "seed", "auc", "logloss", "best_auc", "baseline_auc", "steps", "run_dir"])
+        writer.writerow(["setting", "seed", "auc", "logloss", "best_auc", "baseline_auc", "steps", "run_dir", "status"])
         for r in results:
-            for seed, s in enumerate(r.summaries):
+            for seed, s, reason in r.trials():
+                if s is None:  # a failed trial: its run directory if it kept one (it ran steps)
+                    run_dir = directory / slug(r.index, r.setting) / f"seed-{seed}"
+                    writer.writerow([label(r.setting), seed, None, None, None, None, None,
+                                     str(run_dir) if run_dir.exists() else None, f"failed: {reason}"])
+                    continue
                 writer.writerow([label(r.setting), seed, s["auc"], s["logloss"], (s.get("best") or {}).get("auc"),
-                                 (s.get("baseline") or {}).get("auc"), s["steps"], s["run_dir"]])
+                                 (s.get("baseline") or {}).get("auc"), s["steps"], s["run_dir"], "ok"])
     has_base = any(row["baseline_auc_mean"] is not None for row in rows)
-    lines = ["| setting | AUC mean | AUC std | logloss mean | logloss std | seeds |" + (" baseline AUC |" if has_base else ""),
-             "| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if has_base else "")]
+    has_failed = any(r.failed for r in results)  # the column only then: a sweep without failures reads as before
+    lines = ["| setting | AUC mean | AUC std | logloss mean | logloss std | seeds |" + (" failed |" if has_failed else "")
+             + (" baseline AUC |" if has_base else ""),
+             "| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if has_failed else "") + (" ---: |" if has_base else "")]
     for row in rows:
         base = f" {row['baseline_auc_mean']:.4f} |" if row["baseline_auc_mean"] is not None else (" - |" if has_base else "")
         lines.append(f"| {row['setting']} | {row['auc_mean']:.4f} | {row['auc_std']:.4f} | {row['logloss_mean']:.4f} "
-                     f"| {row['logloss_std']:.4f} | {row['seeds']} |" + base)
+                     f"| {row['logloss_std']:.4f} | {row['seeds']} |" + (f" {row['failed']} |" if has_failed else "")
+                     + base)
+    failures = [f"- {label(r.setting)}, seed {seed}: {reason}" for r in results for seed, _, reason in r.trials() if reason]
+    if failures:
+        lines += ["", "Failed trials (their settings rank after the others and are left out of the verdict):", "",
+                  *failures]
     (directory / "sweep.md").write_text("\n".join(lines) + "\n\n" + text + "\n")
 
 
@@ -279,30 +322,35 @@ def write_hparams(directory: Path, results: list[SettingResult]) -> None:
 
     with SummaryWriter(str(directory / "hparams")) as writer:
         for r in results:
+            if not r.summaries:  # every trial of it failed: no metric to show
+                continue
             hparams = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in r.setting.items()}
             aucs, losses = r.values("auc"), r.values("logloss")
             writer.add_hparams(hparams or {"setting": "defaults"},
                                {"sweep/auc_mean": statistics.fmean(aucs), "sweep/auc_std": _std(aucs),
-                                "sweep/logloss_mean": statistics.fmean(losses)},
+                                "sweep/logloss_mean": statistics.fmean(losses),
+                                "sweep/failed_trials": len(r.failed)},  # its means are of fewer seeds
                                run_name=slug(r.index, r.setting))
 
 
 # -- running ----------------------------------------------------------------------------------------
 
 
-def sweep_directory(tb_dir: str, run_name: Optional[str], config: str) -> Path:
-    """The new, empty sweep directory (an existing non-empty one is refused: nothing is overwritten)."""
+def sweep_directory(tb_dir: str, run_name: Optional[str], config: str) -> tuple[Path, bool]:
+    """The new, empty sweep directory (an existing non-empty one is refused: nothing is overwritten), and whether
+    this call created it."""
     name = run_name or f"{Path(config).stem}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     if not name or "/" in name or name in (".", ".."):
         raise ConfigError(f"--run-name: {name!r} must be a plain directory name")
     directory = Path(tb_dir) / name
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ConfigError(f"--run-name: {directory} already exists; pick another name")
+    created = not directory.exists()
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"--tb-dir: cannot create {directory} ({e.strerror or e})") from None
-    return directory
+    return directory, created
 
 
 def check_settings(config: str, base: dict[str, Any], settings: list[dict[str, Any]], seeds: int) -> None:
@@ -311,11 +359,18 @@ def check_settings(config: str, base: dict[str, Any], settings: list[dict[str, A
         try:
             load_config(config, {**base, **setting, "train.seed": seeds - 1})
         except ConfigError as e:
+            # an error the config file or --data/--device make without any setting (a missing file, a bad device)
+            # is theirs: not blamed on the first --set (a setting may also mend the file's value: then it is fine)
+            try:
+                load_config(config, {**base, "train.seed": seeds - 1})
+            except ConfigError as without:
+                if str(without) == str(e):
+                    raise without from None
             raise ConfigError(f"--set {label(setting)}: {e}") from None
 
 
 def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: Optional[dict[str, Any]] = None,
-              tb_dir: str = "tb_logs", run_name: Optional[str] = None, train_fn=None) -> tuple[Path, Verdict]:
+              tb_dir: str = "tb_logs", run_name: Optional[str] = None, train_fn=None) -> tuple[Path, Optional[Verdict]]:
     """Train every setting of the grid with seeds 0 .. seeds-1; write the tables; return (directory, verdict).
 
     Args:
@@ -338,26 +393,91 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     check_settings(config, base, settings, seeds)
     if train_fn is None:
         from dlrm.train.trainer import train as train_fn
-    directory = sweep_directory(tb_dir, run_name, config)
+    directory, created = sweep_directory(tb_dir, run_name, config)
     logger.info(f"sweep: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs into {directory}")
     results = [SettingResult(i, s) for i, s in enumerate(settings)]
+    try:
+        first_failure = _run_trials(config, base, results, seeds, directory, train_fn)
+    except BaseException:  # a config error, Ctrl-C or a signal ended the sweep: keep what its trials wrote, and
+        # only that (a trial that failed before its first step removed its own run directory, not the empty
+        # <setting>/ and sweep directories above it, and the same --run-name was then refused as "already exists")
+        _remove_empty_directories(directory, keep_root=not created)
+        raise
+    return _finish(directory, results, sets, seeds, first_failure)
+
+
+def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult], seeds: int, directory: Path,
+                train_fn) -> Optional[BaseException]:
+    """Every trial in turn, its summary or its failure into `results`; returns the first failure's exception."""
+    total = len(results) * seeds
+    first_failure: Optional[BaseException] = None
     for trial, (r, seed) in enumerate(itertools.product(results, range(seeds)), start=1):
         cfg = load_config(config, {**base, **r.setting, "train.seed": seed})
         run_dir = directory / slug(r.index, r.setting) / f"seed-{seed}"
         try:
             summary = train_fn(cfg, run_dir=run_dir)
         except ConfigError as e:  # a setting only its run can refuse (a device, a size): say which trial it was
-            raise ConfigError(f"sweep trial {trial}/{len(settings) * seeds} ({label(r.setting)}, seed {seed}): {e}") \
-                from None
+            raise ConfigError(f"sweep trial {trial}/{total} ({label(r.setting)}, seed {seed}): {e}") from None
+        except TrainingStopped:  # a signal (Ctrl-C, SIGTERM) stopped the trial after its checkpoint: stop the sweep
+            raise
+        except Exception as e:  # one trial's failure: the others still run (KeyboardInterrupt is no Exception)
+            r.failed[seed] = failure_reason(e)
+            logger.error(f"sweep trial {trial}/{total} ({label(r.setting)}, seed {seed}) failed: {r.failed[seed]}; "
+                         "the sweep goes on")
+            if first_failure is None:
+                # its frames' locals (the failed run's model and tensors) freed for the next trials; the traceback
+                # itself stays for the report at the end
+                traceback.clear_frames(e.__traceback__)
+                first_failure = e
+            continue
         r.summaries.append(summary)
-        logger.info(f"sweep trial {trial}/{len(settings) * seeds}: {label(r.setting)}, seed {seed}: "
+        logger.info(f"sweep trial {trial}/{total}: {label(r.setting)}, seed {seed}: "
                     f"AUC {summary['auc']:.4f}, logloss {summary['logloss']:.4f}")
-    result = verdict(results)
-    write_tables(directory, results, [k for k, _ in sets], result.text())
+    return first_failure
+
+
+def _remove_empty_directories(directory: Path, keep_root: bool) -> None:
+    """Remove the empty directories in `directory`, and (unless `keep_root`) itself if it is left empty; never a
+    file."""
+    for sub in sorted((p for p in directory.rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
+        if not any(sub.iterdir()):
+            sub.rmdir()
+    if not keep_root and directory.is_dir() and not any(directory.iterdir()):
+        directory.rmdir()
+
+
+def _finish(directory: Path, results: list[SettingResult], sets: list[tuple[str, list[Any]]], seeds: int,
+            first_failure: Optional[BaseException]) -> tuple[Path, Optional[Verdict]]:
+    """The verdict, the tables and HParams; then the first failed trial's exception, if a trial failed."""
+    total = len(results) * seeds
+    complete = [r for r in results if r.complete]
+    if complete:
+        result = verdict(complete)
+        result.left_out = len(results) - len(complete)
+        text = result.text()
+    else:
+        result, text = None, "no setting finished all its trials: no verdict"
+    write_tables(directory, results, [k for k, _ in sets], text)
     write_hparams(directory, results)
     logger.info(f"sweep table: {directory / 'sweep.md'}")
-    logger.info(f"sweep {result.text()}")
+    logger.info(f"sweep {text}")
+    if first_failure is not None:  # the tables are written: now the non-zero exit (the first failure's code)
+        failed = [(r, seed) for r in results for seed in r.failed]
+        names = "; ".join(f"{label(r.setting)}, seed {seed}" for r, seed in failed)
+        logger.error(f"sweep: {len(failed)} of {total} trials failed ({names}); their reasons are listed in "
+                     f"{directory / 'sweep.md'} and trials.csv; the first:")
+        raise first_failure
     return directory, result
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A failed trial's (or --compare variant's) reason on one line: the message of an error of ours (it says what
+    went wrong), otherwise the exception's type and message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = " ".join(lines)
+    if not isinstance(exc, (ConfigError, DatasetError, NonFiniteLoss)) or not text:
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= 500 else text[:497] + "..."
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -372,7 +492,8 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
 def main(config_path, sets, seeds, data, device, tb_dir, run_name) -> None:
     """Train a grid of settings over several seeds; tables, HParams and the winner against the seed noise.
 
-    Exit codes as train.py's (dlrm.cli): 0 done, 2 a bad key, value or option (one line), 1 a bug.
+    Exit codes as train.py's (dlrm.cli): 0 done, 2 a bad key, value or option (one line), 1 a bug; when a trial
+    failed, the first failed trial's code (3 a diverged loss, 4 out of memory, ...), after the tables are written.
     """
     from dlrm.cli import report_failure
     from dlrm.logging_setup import configure_logging

@@ -4,6 +4,12 @@ Each variant trains from the same seed on the same batches for the same steps, a
 TensorBoard run under ``tb_logs/<run-name>/<variant>/`` so the curves overlay; the comparison
 table goes to ``compare.md``, ``compare.csv`` and ``compare.png`` in ``tb_logs/<run-name>/``, and
 into that parent run's TensorBoard events (text ``compare/table``, image ``compare/plot``).
+
+A variant that fails while it trains (an error, a diverged loss, out of memory) does not end the comparison: the
+others run, its row's status is ``failed: <reason>``, and once the reports are written the command exits with the
+first failure's code (dlrm.cli's). If no variant finished, there is no report: the first failure ends it as a
+single run's would. Ctrl-C and a signal stop end it at once; so does any failure under torchrun (one rank going on
+to the next variant while the others wait in the failed one's collectives would hang them).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import copy
 import csv
 import datetime
 import gc
+import traceback
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Union
 
@@ -19,6 +26,7 @@ import torch
 from loguru import logger
 
 from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig
+from dlrm.errors import TrainingStopped
 from dlrm.train.run_dir import RunDirectory
 from dlrm.train.setup import resolve_device
 
@@ -190,7 +198,9 @@ def release_memory(device: torch.device) -> None:
 
 def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, device: torch.device, base: Path,
                   owned: Optional[RunDirectory]) -> list[dict]:
-    rows, summaries = [], {}
+    from dlrm.sweep import failure_reason
+
+    rows, summaries, failures = [], {}, []
     for name in variants:
         reason = unavailable_reason(name, device)
         if reason:
@@ -198,7 +208,20 @@ def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, dev
             rows.append({"variant": name, "status": f"skipped: {reason}"})
             continue
         logger.info(f"compare: variant {name}")
-        s = train_fn(variant_config(cfg, name), run_dir=base / name)
+        try:
+            s = train_fn(variant_config(cfg, name), run_dir=base / name)
+        except TrainingStopped:  # a signal stopped it (after its checkpoint): stop the comparison
+            raise
+        except Exception as e:  # (KeyboardInterrupt is no Exception: it ends everything at once)
+            if env.distributed:
+                raise
+            reason = failure_reason(e)
+            logger.error(f"compare: variant {name} failed: {reason}; the comparison goes on")
+            traceback.clear_frames(e.__traceback__)  # the failed run's model and tensors, freed for the next variant
+            failures.append(e)
+            rows.append({"variant": name, "status": f"failed: {reason}"})
+            release_memory(device)
+            continue
         release_memory(device)
         if owned:
             owned.started()  # a finished variant: the base directory now holds results worth keeping
@@ -218,14 +241,22 @@ def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, dev
     for row in rows:
         if eager is not None and row["variant"] in summaries:
             row["max_loss_diff_vs_eager"] = max_loss_diff(summaries[row["variant"]]["train_losses"], eager["train_losses"])
+    if failures and not summaries:  # nothing to compare: the first failure, as a single run would end
+        raise failures[0]
     if env.is_main:
         write_reports(base, rows, device)
+    if failures:  # the reports are written: now the non-zero exit
+        failed = [r["variant"] for r in rows if r["status"].startswith("failed")]
+        logger.error(f"compare: {len(failed)} of {len(variants)} variants failed ({', '.join(failed)}); their rows in "
+                     f"{base / 'compare.md'} say why; the first:")
+        raise failures[0]
     return rows
 
 
 def _fmt(row: dict, key: str, fmt: str) -> str:
     value = row.get(key)
-    return "n/a" if value is None else fmt.format(value)
+    # a bare | in a text cell (a failure's reason) would split the Markdown cell
+    return "n/a" if value is None else fmt.format(value).replace("|", "\\|")
 
 
 def markdown_table(rows: list[dict]) -> str:
