@@ -94,9 +94,29 @@ def build_cli():
         all_inputs = [*inputs, *more_inputs]
         if not all_inputs:
             _fail("no input files (use --input PATH or list them as arguments)")
+        _refuse_unused_options(kwargs)
         _run(all_inputs, output, kwargs)
 
     return command
+
+
+# options given on the command line that the chosen mode would ignore: (option, mode key, the mode they need)
+_MODE_OPTIONS = (("validation_fraction", "split", "random"), ("test_fraction", "split", "random"),
+                 ("seed", "split", "random"), ("max_rows_per_table", "hashing", "modulus"))
+
+
+def _refuse_unused_options(kwargs: dict) -> None:
+    """Refuse an option given on the command line that its mode ignores (``--validation-fraction 0.2`` with the
+    default sequential split, ``--max-rows-per-table`` with vocabulary hashing): it was silently dropped, and the
+    dataset was not the one asked for. Defaults (not given) are fine."""
+    import click
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    for name, mode, needed in _MODE_OPTIONS:
+        if kwargs[mode] != needed and ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
+            flag = "--" + name.replace("_", "-")
+            _fail(f"{flag} {kwargs[name]}: applies to --{mode} {needed} only (this run has --{mode} {kwargs[mode]})")
 
 
 def _MinFrequency():

@@ -80,11 +80,15 @@ def _write_vocabularies(out: Path, counter: DistinctCounter, min_frequency: int)
         path = vocab_path(out, f)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            np.save(fh, vocab)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as fh:
+                np.save(fh, vocab)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:  # a full disk, Ctrl-C: no half-written temp file left in the dataset
+            tmp.unlink(missing_ok=True)
+            raise
         sizes.append(int(vocab.size))
     return sizes
 

@@ -28,6 +28,7 @@ HASHINGS = ("modulus", "vocabulary")
 INPUT_FORMATS = ("auto", "tsv", "csv")
 ON_BAD_LINE = ("stop", "skip")
 CODECS = ("zstd", "snappy", "lz4", "gzip", "brotli", "none")
+_MAX_MIN_FREQUENCY = 2**32 - 1  # the largest count `DistinctCounter` stores (uint32)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,13 @@ def check_options(*, input_format: Any, split: Any, validation_fraction: Any, te
     auto = min_frequency == AUTO
     if auto and hashing != "vocabulary":
         raise PreprocessError("--min-frequency auto: the frequency threshold applies to --hashing vocabulary only")
+    # the frequency counts are uint32 saturating at the threshold (`stats.DistinctCounter`): a larger one
+    # overflowed them (a traceback from a worker), and no value is seen more often than that anyway
+    threshold = None if auto else _check_int("--min-frequency", min_frequency, minimum=1, maximum=_MAX_MIN_FREQUENCY)
+    if threshold is not None and threshold > 1 and hashing != "vocabulary":
+        # modulus hashing gives every value its own row: a threshold given with it would be silently ignored
+        raise PreprocessError(f"--min-frequency {threshold}: the frequency threshold applies to --hashing vocabulary "
+                              "only")
     sizes = _check_multi_hot_sizes(multi_hot_sizes)
     layout = None if sparse_layout is None else _check_choice("--sparse-layout", sparse_layout, SPARSE_LAYOUTS)
     fmt = _check_choice("--format", input_format, INPUT_FORMATS)
@@ -143,11 +151,12 @@ def check_options(*, input_format: Any, split: Any, validation_fraction: Any, te
         test_fraction=test_fraction,
         seed=_check_int("--seed", seed),
         hashing=hashing,
-        min_frequency=None if auto else _check_int("--min-frequency", min_frequency, minimum=1),
+        min_frequency=threshold,
         min_frequency_auto=auto,
         max_rows=max_rows,
         chunk_rows=_check_int("--chunk-rows", chunk_rows, minimum=1),
-        row_group_rows=_check_int("--row-group-rows", row_group_rows, minimum=1),
+        # pyarrow takes the row group size as an int64: a larger one was an OverflowError in the worker
+        row_group_rows=_check_int("--row-group-rows", row_group_rows, minimum=1, maximum=2**63 - 1),
         workers=_default_workers() if workers is None else _check_int("--workers", workers, minimum=1),
         on_bad_line=_check_choice("--on-bad-line", on_bad_line, ON_BAD_LINE),
         overwrite=bool(overwrite),
@@ -190,12 +199,14 @@ def _check_choice(flag: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _check_int(flag: str, value: Any, minimum: int | None = None) -> int:
-    """``value`` as an int, if it is an integer (not a bool) of at least ``minimum``."""
+def _check_int(flag: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an int, if it is an integer (not a bool) of at least ``minimum`` and at most ``maximum``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise PreprocessError(f"{flag}: {value!r} is not an integer")
     if minimum is not None and value < minimum:
         raise PreprocessError(f"{flag}: {value} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise PreprocessError(f"{flag}: {value} must be at most {maximum}")
     return int(value)
 
 

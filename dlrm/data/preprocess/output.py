@@ -21,12 +21,14 @@ def _fingerprint(path: Path) -> dict:
 
 
 def _remove_dataset(out: Path) -> None:
-    """Remove what a run writes into ``out`` (splits, vocab, progress, metadata.json); nothing else."""
+    """Remove what a run writes into ``out`` (metadata.json, splits, vocab, progress); nothing else.
+    metadata.json goes first: a removal cut short (Ctrl-C, a kill) must not leave it claiming a complete
+    dataset whose shards are gone."""
+    (out / "metadata.json").unlink(missing_ok=True)
     for name in (*SPLITS, "vocab", PROGRESS_DIR):
         p = out / name
         if p.is_dir():
             shutil.rmtree(p)
-    (out / "metadata.json").unlink(missing_ok=True)
 
 
 def _check_output(out: Path, opts: dict, fingerprints: list[dict], overwrite: bool) -> dict | None:
@@ -164,12 +166,16 @@ def _shard_intact(path: Path, rows: int) -> bool:
 
 
 def _remove_temp_files(out: Path) -> None:
-    """Remove the temp files of shards whose write a failure or a kill cut short."""
-    for name in SPLITS:
+    """Remove the temp files of shards, vocabularies and metadata.json whose write a failure or a kill cut
+    short (a resumed run would otherwise finish a dataset that still holds them)."""
+    for name in (*SPLITS, "vocab"):
         d = out / name
         if d.is_dir():
             for p in d.glob(".*.tmp"):
                 p.unlink(missing_ok=True)
+    if out.is_dir():
+        for p in out.glob(".metadata.json.*.tmp"):  # `write_json_atomic`'s
+            p.unlink(missing_ok=True)
 
 
 def _first_missing(path: Path) -> Path | None:

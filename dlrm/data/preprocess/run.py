@@ -203,6 +203,10 @@ class _Run:
             logger.info("counting the lines of {} input file(s)", len(self.paths))
             self.scans = _count_pass(self.paths, o.input_format, o.chunk_rows, self.pool, o.workers, o.progress)
         self.file_bad = _check_scans(self.scans, o.on_bad_line)
+        if o.multi_hot_sizes is not None:  # known from the count pass: refused before anything is written
+            csv = next((sc.path for sc in self.scans if sc.format == "csv"), None)
+            if csv is not None:
+                raise PreprocessError(f"{csv}: is CSV; --multi-hot-sizes needs TSV (',' separates CSV fields)")
         file_lines = [sc.lines for sc in self.scans]
         self.plan = SplitPlan.build(
             o.split, file_lines, seed=o.seed, validation_fraction=o.validation_fraction, test_fraction=o.test_fraction
@@ -272,8 +276,6 @@ class _Run:
             datas = _iter_ranges(sc.path, [(sc.offsets[c], sc.offsets[c + 1]) for c in chunks])
         else:
             datas = iter([None] * len(chunks))  # the worker reads its byte range of the plain file
-        if o.multi_hot_sizes is not None and sc.format == "csv":
-            raise PreprocessError(f"{sc.path}: is CSV; --multi-hot-sizes needs TSV (',' separates CSV fields)")
         for c, data in zip(chunks, datas):
             yield _ChunkTask(
                 file_index=f, chunk_index=c, path=sc.path, fmt=sc.format,
@@ -324,6 +326,9 @@ class _Run:
             raise PreprocessError(f"internal error: chunks {missing[:5]} did not finish")
         if not any(rec["shards"] for rec in self.done.values()):
             skipped = sum(self.file_bad.values()) + sum(sum(rec["bad"].values()) for rec in self.done.values())
+            # nothing to resume (rerun, it fails the same way): forget the chunks, so that the cleanup removes
+            # what this run made and the corrected command (another --format, a fixed input) starts afresh
+            self.done.clear()
             raise PreprocessError(
                 f"no rows to write: not one good line in the {len(self.paths)} input file(s) "
                 f"({skipped} bad line(s) or file(s) skipped)"
