@@ -425,12 +425,16 @@ def test_sharded_resume_same_ranks_and_clear_refusals(tmp_path, dataset):
         got = torch.load(branch / name, weights_only=True)
         assert_close_states(got, ref)
     # one process cannot resume it, and says how
-    result = run(["--config", cfg, "--resume", str(saved / ckpt.checkpoint_name(20))], tmp_path)
+    # (a copy out of its run: --run-name NEW, the run directory's own rule, lets the shard check speak)
+    result = run(["--config", cfg, "--resume", str(saved / ckpt.checkpoint_name(20)), "--run-name", "one-process",
+                  "--tb-dir", str(tmp_path / "tb")], tmp_path)
     assert result.returncode == 2
+    assert not (tmp_path / "tb" / "one-process").exists()  # refused before its first step: nothing left
     assert "written by 2 ranks, resumed by 1" in result.stderr and "dlrm.distributed.merge" in result.stderr
     # a different plan is named ("auto" put every table whole, as "table" would)
     other = write_config(tmp_path / "row.json", dataset, "row")
-    result = run(["--config", str(other), "--resume", str(saved / ckpt.checkpoint_name(20))], tmp_path, nproc=2)
+    result = run(["--config", str(other), "--resume", str(saved / ckpt.checkpoint_name(20)), "--run-name", "other-plan",
+                  "--tb-dir", str(tmp_path / "tb")], tmp_path, nproc=2)
     assert result.returncode != 0 and "sharding plan differs" in result.stdout + result.stderr
 
 

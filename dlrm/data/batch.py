@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from dlrm.data.schema import MISSING_SPARSE, PAD_SPARSE
+from dlrm.errors import ConfigError
 
 
 @dataclass
@@ -60,6 +61,15 @@ def batches_per_epoch(num_rows: int, batch_size: int, drop_last: bool, world_siz
                       pad_ranks: bool = False) -> int:
     full, rest = divmod(num_rows, batch_size)
     return full + int(keeps_last_batch(rest, drop_last, world_size, pad_ranks))
+
+
+def check_rank_batch(batch_size: int, world_size: int, pad_ranks: bool) -> None:
+    """Refuse a global batch of fewer rows than ranks where no padding fills the gap: `rank_slice` would leave a rank
+    without a row in every batch (not only the last), and an empty rank's mean loss is NaN (3 ranks at batch 2
+    stopped at step 1 with "loss became NaN"). An evaluation (`pad_ranks`) pads such ranks instead (`rank_rows`)."""
+    if world_size > 1 and batch_size < world_size and not pad_ranks:
+        raise ConfigError(f"data.batch_size: {batch_size} is less than the {world_size} ranks: it is the global "
+                          f"batch, and every rank needs at least one row of it (use at least {world_size})")
 
 
 def rank_slice(lo: int, hi: int, rank: int, world_size: int) -> tuple[int, int]:

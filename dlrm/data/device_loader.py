@@ -36,6 +36,7 @@ from dlrm.data.loader import (
     NullTally,
     _HostBlock,
     batches_per_epoch,
+    check_rank_batch,
     check_table,
     compact_range,
     first_rows,
@@ -132,6 +133,7 @@ class DeviceLoader:
         self._multi_hot = is_multi_hot(self.multi_hot_sizes)
         self._width = sparse_width(self.multi_hot_sizes)
         self.dense_format = check_dense_format(dense_format)
+        check_rank_batch(batch_size, world_size, pad_ranks)
         self.rank, self.world_size, self.pad_ranks = rank, world_size, pad_ranks
         self.batch_size = batch_size
         self.device = torch.device(device)
@@ -185,15 +187,22 @@ class DeviceLoader:
             else:
                 sparse[sl] = torch.from_numpy(raw.astype(np.uint32).view(np.int32)).to(self.device)
             at += rows
+        for done in readers.values():
+            done.close()
         return dense, (wide if wide is not None else sparse), labels
 
     def _read_group(self, readers: dict[int, pq.ParquetFile], fi: int, footer: pq.FileMetaData, g: int,
                     rows: int, layout: SparseLayout) -> pa.Table:
-        """Row group `g` of file `fi` (its reader opened once and kept in `readers`), checked to hold
-        the rows its footer promised; unreadable -> `DatasetError` naming file and row group."""
+        """Row group `g` of file `fi` (its reader opened once, kept in `readers` while its groups are read), checked
+        to hold the rows its footer promised; unreadable -> `DatasetError` naming file and row group."""
         path = self.files[fi]
         try:
             if fi not in readers:
+                # the groups come in file order: the previous file is done. Closed now, not all at the end: a
+                # split of more shards than the open-file limit failed ("Too many open files") on a sound shard
+                for done in readers.values():
+                    done.close()
+                readers.clear()
                 readers[fi] = pq.ParquetFile(path, metadata=footer)
             table = readers[fi].read_row_group(g, columns=arrow_schema(self.multi_hot_sizes, layout).names)
         except (OSError, pa.ArrowException) as e:

@@ -16,6 +16,7 @@ from dlrm.data.batch import (  # noqa: F401
     _LOW32,
     Batch,
     batches_per_epoch,
+    check_rank_batch,
     compact_limit,
     compact_range,
     keeps_last_batch,

@@ -27,15 +27,8 @@ import pyarrow.parquet as pq
 import torch
 from loguru import logger
 
-from dlrm.data.batch import (
-    Batch,
-    batches_per_epoch,
-    compact_range,
-    keeps_last_batch,
-    rank_rows,
-    transform_dense,
-    widen_sparse,
-)
+from dlrm.data.batch import (Batch, batches_per_epoch, check_rank_batch, compact_range, keeps_last_batch, rank_rows,
+                             transform_dense, widen_sparse)
 from dlrm.data.host_arena import _Arena, _write_columns, compact_sparse_ok
 from dlrm.data.reader_pool import default_arrow_threads, lower_readers, reader_pool
 from dlrm.data.schema import (NUM_DENSE, NUM_SPARSE, DatasetError, arrow_schema, check_dense_format, is_multi_hot,
@@ -150,6 +143,7 @@ class ParquetLoader:
         self._width = sparse_width(self.multi_hot_sizes)
         self.dense_format = check_dense_format(dense_format)
         self.batch_size = batch_size
+        check_rank_batch(batch_size, world_size, pad_ranks)
         self.rank, self.world_size, self.pad_ranks = rank, world_size, pad_ranks
         self.device = torch.device(device)
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
@@ -490,6 +484,8 @@ class ParquetLoader:
         """Upload each decoded buffer as soon as it arrives and cut the current one into batches."""
         q, free, copy_stream = run.q, run.free, run.copy_stream
         previous: Optional[tuple[_Flush, _Resident]] = None  # needed only until the next upload (its carry)
+        if run.error is not None:  # decoding this epoch ahead failed (`_look_ahead`); the producer is gone
+            raise run.error
         current, run.first = run.first, None  # uploaded during the previous epoch (chained), or None
         ended = False  # this epoch's end marker received (while looking ahead into the next epoch)
         for f, flush in enumerate(plan):
@@ -520,7 +516,11 @@ class ParquetLoader:
                 return False
             if item is not _END:
                 raise RuntimeError("parquet loader: the producer and the plan disagree on the buffers")
-        arena = self._receive(run.q, block=False)
+        try:
+            arena = self._receive(run.q, block=False)
+        except Exception as e:  # noqa: BLE001 - the next epoch's decode failed: raised when that epoch starts
+            run.error = e  # (`_cut_epoch`), not among this epoch's last batches, which may be all (one buffer)
+            return True
         if arena is not None:
             plan = self._plan(np.random.default_rng([self.seed, self.epoch + 1]))
             run.first = self._upload(plan[0], arena, None, run.free, run.copy_stream)

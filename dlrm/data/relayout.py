@@ -65,7 +65,7 @@ from dlrm.data.schema import (
     write_metadata,
 )
 from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, replace_dir
-from dlrm.data.validation import check_table, first_rows, open_shard, split_files
+from dlrm.data.validation import NullTally, check_table, first_rows, open_shard, split_files
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
 
@@ -116,6 +116,8 @@ def relayout_file(src: Path, dst: Path, sizes: list[int], layout: SparseLayout, 
     groups = [(0, g, footer.row_group(g).num_rows) for g in range(footer.num_row_groups)]
     dst.parent.mkdir(parents=True, exist_ok=True)
     rows = 0
+    # the nulls replaced, in the loaders' one warning a file: the copy holds none, so no loader would say it
+    nulls = NullTally([src], [footer.num_row_groups])
     with pq.ParquetFile(src, metadata=footer) as reader, \
             pq.ParquetWriter(dst, arrow_schema(sizes, layout, out_dense), compression=None if codec == "none" else codec,
                              **write_options(sizes, layout)) as writer:
@@ -124,7 +126,8 @@ def relayout_file(src: Path, dst: Path, sizes: list[int], layout: SparseLayout, 
                 table = reader.read_row_group(g)
             except (OSError, pa.ArrowException) as e:
                 raise DatasetError(f"{src}: row group {g}: cannot be read ({e})") from None
-            table, _ = check_table(src, g, first, table, sizes, source, dense_format)
+            table, replaced = check_table(src, g, first, table, sizes, source, dense_format)
+            nulls.add(0, g, replaced)
             if out_dense != dense_format:
                 table = dense_as_float(table)
             writer.write_table(table_in_layout(table, sizes, source, layout, out_dense), row_group_size=max(1, n))
@@ -153,10 +156,15 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
         if (data / "vocab").is_dir():
             shutil.copytree(data / "vocab", tmp / "vocab")
         sizes = meta.multi_hot_sizes
-        with ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1)) as pool:  # pyarrow and numpy release the GIL
+        pool = ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1))  # pyarrow and numpy release the GIL
+        try:
             jobs = [pool.submit(relayout_file, f, tmp / f.relative_to(data), sizes, layout, codec, meta.dense_format,
                                 out_dense) for _, f in files]
             rows = sum(job.result() for job in tqdm(jobs, desc="relayout", unit="file", disable=None))
+        finally:
+            # On a failure (a bad file, Ctrl-C) the files still queued are dropped, not all rewritten first (a
+            # `with` block's exit waits for every one of them); those being written finish before `tmp` goes.
+            pool.shutdown(wait=True, cancel_futures=True)
         record = {"from": str(data), "from_layout": meta.sparse_layout, "compression": codec or "kept",
                   "from_dense_format": meta.dense_format}
         new = Metadata(cardinalities=meta.cardinalities, multi_hot_sizes=sizes, hashing=meta.hashing,

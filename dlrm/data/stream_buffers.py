@@ -65,7 +65,8 @@ class _Run:
     """One producer thread and the queues it fills: one epoch, or (``chain_epochs``) epoch after epoch.
 
     `next_epoch`: the epoch whose buffers the queue delivers next; `first`: that epoch's first
-    buffer, already uploaded while the previous epoch's last batches were cut (or None).
+    buffer, already uploaded while the previous epoch's last batches were cut (or None); `error`: what the
+    producer raised decoding that buffer instead (raised when that epoch is iterated).
     """
 
     q: queue.Queue
@@ -75,3 +76,4 @@ class _Run:
     next_epoch: int
     copy_stream: Optional[torch.cuda.Stream]
     first: Optional[_Resident] = None
+    error: Optional[BaseException] = None
