@@ -76,7 +76,9 @@ validation, then test.
 
 from __future__ import annotations
 
+import numbers
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -155,7 +157,7 @@ def parse_multi_hot_sizes(text: str) -> list[int]:
     if text in MULTI_HOT_PRESETS:
         return list(MULTI_HOT_PRESETS[text])
     parts = text.split(",")
-    if len(parts) != NUM_SPARSE or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+    if len(parts) != NUM_SPARSE or not all(p.strip().isdecimal() and int(p) >= 1 for p in parts):  # isdigit() admits '²'
         raise click.BadParameter(f"{text!r:.80} is not {' or '.join(MULTI_HOT_PRESETS)} or {NUM_SPARSE} "
                                  "comma-separated integers >= 1")
     return [int(p) for p in parts]
@@ -199,6 +201,7 @@ from dlrm.data.synthetic_io import (  # noqa: E402 - the writers
 from dlrm.data.preprocess.options import CODECS  # noqa: E402 - the same codecs as preprocessing
 
 DEFAULT_ROWS_PER_FILE = 1_000_000
+MAX_SEED = 2**31 - 1  # --seed's range (2^40 overflows `dlrm.data.teacher._key`)
 
 
 def split_sizes(rows: int, validation_fraction: float, test_fraction: float) -> dict[str, int]:
@@ -206,6 +209,11 @@ def split_sizes(rows: int, validation_fraction: float, test_fraction: float) -> 
     validation = round(rows * validation_fraction)
     test = round(rows * test_fraction)
     return {"train": rows - validation - test, "validation": validation, "test": test}
+
+
+def _exact(x: float) -> str:
+    """`x` as the command writes it: %g where that reads back as `x`, else every digit (%g wrote 1/14 as 0.0714286)."""
+    return f"{x:g}" if float(f"{x:g}") == x else repr(float(x))
 
 
 def regenerate_command(out: str, rows: int, seed: int, cardinalities: str, validation_fraction: float,
@@ -217,8 +225,8 @@ def regenerate_command(out: str, rows: int, seed: int, cardinalities: str, valid
     as it always did and a multi-hot one names its layout whatever the default becomes)."""
     multi_hot = (f" --multi-hot-sizes {multi_hot_label(multi_hot_sizes)} --multi-hot-fill {multi_hot_fill}"
                  f" --sparse-layout {sparse_layout}" if is_multi_hot(multi_hot_sizes) else "")
-    return (f"python -m dlrm.data.synthetic --rows {rows} --out {out} --seed {seed} --cardinalities {cardinalities}"
-            f" --validation-fraction {validation_fraction:g} --test-fraction {test_fraction:g}"
+    return (f"python -m dlrm.data.synthetic --rows {rows} --out {shlex.quote(out)} --seed {seed} --cardinalities "
+            f"{cardinalities} --validation-fraction {_exact(validation_fraction)} --test-fraction {_exact(test_fraction)}"
             f" --rows-per-file {rows_per_file}" + (f" --regime {regime}" if regime != "default" else "") + multi_hot
             + (f" --compression {compression}" if compression != COMPRESSION else ""))
 
@@ -254,11 +262,24 @@ class _Settings:
         return CARDINALITY_PRESETS[self.cardinalities]
 
 
+def _check_numbers(rows, seed, validation_fraction, test_fraction, rows_per_file, workers) -> tuple:
+    """The CLI's ranges, for `generate`'s callers too (out of them a run failed after the work with a traceback, from
+    pyarrow, numpy or round(); workers < 0 was taken as one per CPU), as Python numbers (numpy's: not JSON)."""
+    for name, value, low, high in (("rows", rows, 1, None), ("seed", seed, 0, MAX_SEED),
+                                   ("rows_per_file", rows_per_file, 1, None), ("workers", workers, 0, None)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (high and value > high):
+            raise click.ClickException(f"{name}: {value!r:.40} is not an integer in [{low}, {high or 'inf'}]")
+    for name, value in (("validation_fraction", validation_fraction), ("test_fraction", test_fraction)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < 1:
+            raise click.ClickException(f"{name}: {value!r:.40} is not a number in [0, 1)")
+    return int(rows), int(seed), float(validation_fraction), float(test_fraction), int(rows_per_file)
+
+
 def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalities: Optional[str],
               raw_tsv: Optional[str | os.PathLike], validation_fraction: Optional[float],
               test_fraction: Optional[float], rows_per_file: int, overwrite: bool, regime: str,
               multi_hot_sizes: Optional[list[int] | str] = None, multi_hot_fill: str = "fixed",
-              compression: str = COMPRESSION, sparse_layout: str = SPARSE_LAYOUT) -> _Settings:
+              compression: str = COMPRESSION, sparse_layout: str = SPARSE_LAYOUT, workers: int = 1) -> _Settings:
     """`generate`'s arguments resolved against `regime`; raises `click.ClickException` on bad ones."""
     if regime not in REGIMES:
         raise click.ClickException(f"unknown regime {regime!r} (expected one of {', '.join(REGIMES)})")
@@ -269,7 +290,11 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
     cardinalities = preset.cardinalities if cardinalities is None else cardinalities
     validation_fraction = preset.validation_fraction if validation_fraction is None else validation_fraction
     test_fraction = preset.test_fraction if test_fraction is None else test_fraction
+    rows, seed, validation_fraction, test_fraction, rows_per_file = _check_numbers(
+        rows, seed, validation_fraction, test_fraction, rows_per_file, workers)
     out = Path(out)
+    if out.name in ("", ".."):  # "." or "..": renaming the finished dataset onto it failed (EBUSY) after the work
+        raise click.ClickException(f"--out {out}: name the dataset directory itself, not . or .. (it is renamed into place)")
     sizes = split_sizes(rows, validation_fraction, test_fraction)
     if sizes["train"] < 1:
         raise click.ClickException(f"validation and test fractions leave no training rows out of {rows}")
@@ -301,6 +326,8 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
         check_apart("--out", out, "--raw-tsv", tsv_path, "write the TSV outside the dataset directory, which is "
                     "replaced as a whole")
         check_target(tsv_path, overwrite, "file")
+        if not overwrite and os.path.lexists(tsv_path) and not tsv_path.is_file():  # a FIFO: the rename replaced it
+            raise click.ClickException(f"refusing to overwrite {tsv_path}, not a regular file (pass --overwrite to replace it)")
     return _Settings(out, tsv_path, rows, seed, cardinalities, validation_fraction, test_fraction, rows_per_file,
                      regime, preset.table_sizes, sizes,
                      list(multi_hot_sizes) if is_multi_hot(multi_hot_sizes) else None, multi_hot_fill, compression,
@@ -457,7 +484,7 @@ def generate(
         >>> shutil.rmtree(out)
     """
     s = _settings(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file,
-                  overwrite, regime, multi_hot_sizes, multi_hot_fill, compression, sparse_layout)
+                  overwrite, regime, multi_hot_sizes, multi_hot_fill, compression, sparse_layout, workers)
     started = time.perf_counter()
     teacher = Teacher(s.seed, s.cards, multi_hot_sizes=s.multi_hot_sizes, multi_hot_fill=s.multi_hot_fill)
     logger.info(f"teacher bias {teacher.bias:.4f}; writing {s.rows} rows ({s.sizes}) to {s.out}")
@@ -521,7 +548,7 @@ def _report(exc: BaseException) -> int:
 @click.option("--rows", type=click.IntRange(min=1), default=None,
               help="Total rows over all splits (required unless --regime sets it: small-real 10,000).")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Dataset directory to create.")
-@click.option("--seed", type=click.IntRange(min=0, max=2**31 - 1), default=0, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0, max=MAX_SEED), default=0, show_default=True)
 @click.option("--cardinalities", type=click.Choice(sorted(CARDINALITY_PRESETS)), default=None,
               help="tiny: the embedded sample (3..400); small: CPU-sized tables (3..4000); kaggle: the Criteo Kaggle "
                    "table sizes; mlperf: MLPerf DLRM-DCNv2's (up to 40M) [default: the regime's: small, or kaggle for "
