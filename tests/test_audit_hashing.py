@@ -132,3 +132,22 @@ def test_vocabulary_rows_with_arbitrary_offsets_and_boundary_values(device, B, F
         seen = [(f, offsets[f] + i + 1) for f in range(F) for i, v in enumerate(vocabs[f]) if v in BOUNDARY_RAW]
         assert all(x in hit for x in seen)
         assert all((f, offsets[f]) in hit for f in range(F))
+
+
+@pytest.mark.parametrize("bad", [[5, 2**40], [-(2**33), 7], [2**32]])
+def test_a_vocabulary_beyond_32_bit_values_is_refused_naming_its_file_before_the_model(tmp_path, bad):
+    """`read_vocabulary` loads any int64 (its own contract), but the hashing's keys hold 32-bit values: a damaged file
+    with a larger one was a ValueError traceback ("this is a bug") from `keyed_vocabulary` when the model was built."""
+    from dlrm.config import Config
+    from dlrm.data.schema import NUM_SPARSE, Metadata
+    from dlrm.train.setup import dataset_tables
+
+    cards = [3] * NUM_SPARSE
+    cards[4] = len(bad) + 1
+    for f in range(NUM_SPARSE):
+        _write(tmp_path, np.array(bad if f == 4 else [1, 2], dtype=np.int64), f)
+    meta = Metadata(cardinalities=cards, hashing="vocabulary")
+    with pytest.raises(DatasetError, match=rf"SPARSE_4.npy: values {min(bad)}..{max(bad)} lie outside \[-2\*\*32"):
+        dataset_tables(Config(), meta, tmp_path)
+    _write(tmp_path, np.array([-(2**32), 2**32 - 1], dtype=np.int64)[: len(bad)], 4)
+    assert dataset_tables(Config(), meta, tmp_path).vocabs[4].tolist()[0] == -(2**32)  # the bounds themselves load

@@ -14,7 +14,8 @@ import torch
 # so one sorted array and one searchsorted serve all features at once.
 _FEATURE_SHIFT = 1 << 33
 # Vocabulary values in [-2**32, 2**32) keep feature f's keys in [f * 2**33 - 2**32, f * 2**33 + 2**32).
-_VALUE_LIMIT = 1 << 32
+VOCABULARY_VALUE_LIMIT = 1 << 32  # vocabulary values lie in [-limit, limit): 32-bit hashes
+_VALUE_LIMIT = VOCABULARY_VALUE_LIMIT
 
 
 def _check_vocabulary_range(feature: int, vocab: torch.Tensor) -> None:

@@ -12,8 +12,10 @@ import torch
 from loguru import logger
 
 from dlrm.config import Config, ConfigError
+from dlrm.errors import DatasetError
 from dlrm.data.schema import NUM_SPARSE, Metadata, read_metadata
-from dlrm.data.vocabulary import read_vocabulary
+from dlrm.data.vocabulary import read_vocabulary, vocab_path
+from dlrm.model.hashing import VOCABULARY_VALUE_LIMIT
 
 
 def seed_rank(seed: int, rank: int) -> None:
@@ -88,6 +90,10 @@ def dataset_tables(cfg: Config, meta: Optional[Metadata], data_dir: Optional[Pat
         # Each file is read and checked once here (plain .npy, 1-D integers, sorted, unique, and
         # as long as its cardinality): an unsorted vocabulary trains, silently misplacing values.
         vocabs = [torch.from_numpy(read_vocabulary(data_dir, f, cards[f])) for f in range(NUM_SPARSE)]
+        for f, v in enumerate(vocabs):  # the hashing's keys hold 32-bit values (a traceback from its build else)
+            if v.numel() and not (int(v[0]) >= -VOCABULARY_VALUE_LIMIT and int(v[-1]) < VOCABULARY_VALUE_LIMIT):
+                raise DatasetError(f"{vocab_path(data_dir, f)}: values {int(v[0])}..{int(v[-1])} lie outside "
+                                   "[-2**32, 2**32), the 32-bit hashes a vocabulary holds (a damaged file?)")
     elif cfg.data.max_rows_per_table is not None:
         cards = [min(c, cfg.data.max_rows_per_table) for c in cards]
     return Tables(cards, vocabs, hashing, list(sizes) if sizes is not None else None,
