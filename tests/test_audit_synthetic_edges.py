@@ -130,3 +130,15 @@ def test_an_existing_fifo_as_raw_tsv_is_not_replaced_without_the_flag(tmp_path):
                                               "--raw-tsv", str(fifo), "--overwrite"])
     assert res.exit_code == 0, res.output
     assert fifo.is_file() and len(fifo.read_text().splitlines()) == 10
+
+
+def test_a_dangling_link_as_out_is_refused_before_any_work(tmp_path):
+    """A dangling symbolic link at --out passed the checks (it does not exist), and the finished dataset's rename onto
+    it failed after every row was written."""
+    link = tmp_path / "ds"
+    link.symlink_to(tmp_path / "gone")
+    for flags in ([], ["--overwrite"]):
+        res = CliRunner().invoke(synthetic.main, ["--rows", "10", "--cardinalities", "tiny", "--out", str(link), *flags])
+        assert res.exit_code == 2, res.output
+        assert f"{link} is a dangling symbolic link" in res.output and "teacher" not in res.output, res.output
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["ds"]

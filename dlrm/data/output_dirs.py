@@ -15,6 +15,10 @@ import click
 
 def check_target(path: Path, overwrite: bool, what: str) -> None:
     """Raise a one-line `click.ClickException` unless `path` may be (over)written."""
+    if what == "directory" and path.is_symlink() and not path.exists():  # the finished dataset's rename onto it
+        # failed (ENOTDIR), after all the work
+        raise click.ClickException(f"{path} is a dangling symbolic link (to {os.readlink(path)}); remove it or name "
+                                   "another path")
     if path.is_dir() and what == "file":
         raise click.ClickException(f"{path} is a directory, expected a file path for the raw TSV")
     if path.exists() and not path.is_dir() and what == "directory":
