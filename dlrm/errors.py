@@ -53,3 +53,13 @@ def report_bug(exc: BaseException) -> int:
     logger.error(f"this is a bug in dlrm {dlrm_version()} ({type(exc).__name__}): please report it with the "
                  "traceback above")
     return EXIT_BUG
+
+
+def failure_reason(exc: BaseException) -> str:
+    """A failed trial's (or --compare variant's) reason on one line: the message of an error of ours (it says what
+    went wrong), otherwise the exception's type and message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = " ".join(lines)
+    if not isinstance(exc, (ConfigError, DatasetError, NonFiniteLoss)) or not text:
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text if len(text) <= 500 else text[:497] + "..."

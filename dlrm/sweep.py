@@ -47,7 +47,7 @@ import click
 from loguru import logger
 
 from dlrm.config import ConfigError, config_keys, load_config
-from dlrm.errors import DatasetError, NonFiniteLoss, TrainingStopped
+from dlrm.errors import TrainingStopped, failure_reason
 
 NOISE_FACTOR = 2.0
 """A margin counts as more than seed noise when it is at least this many standard errors."""
@@ -468,16 +468,6 @@ def _finish(directory: Path, results: list[SettingResult], sets: list[tuple[str,
                      f"{directory / 'sweep.md'} and trials.csv; the first:")
         raise first_failure
     return directory, result
-
-
-def failure_reason(exc: BaseException) -> str:
-    """A failed trial's (or --compare variant's) reason on one line: the message of an error of ours (it says what
-    went wrong), otherwise the exception's type and message."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = " ".join(lines)
-    if not isinstance(exc, (ConfigError, DatasetError, NonFiniteLoss)) or not text:
-        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    return text if len(text) <= 500 else text[:497] + "..."
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

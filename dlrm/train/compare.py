@@ -26,7 +26,7 @@ import torch
 from loguru import logger
 
 from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig
-from dlrm.errors import TrainingStopped
+from dlrm.errors import TrainingStopped, failure_reason
 from dlrm.train.run_dir import RunDirectory
 from dlrm.train.setup import resolve_device
 
@@ -198,8 +198,6 @@ def release_memory(device: torch.device) -> None:
 
 def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, device: torch.device, base: Path,
                   owned: Optional[RunDirectory]) -> list[dict]:
-    from dlrm.sweep import failure_reason
-
     rows, summaries, failures = [], {}, []
     for name in variants:
         reason = unavailable_reason(name, device)
