@@ -123,7 +123,7 @@ def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any
     if sharded is None:
         if "rank" in state:
             raise ConfigError(f"{path}: one shard of a sharded checkpoint; resume from its manifest "
-                              f"({ckpt.checkpoint_name(state['position']['step'])})")
+                              f"({_manifest_of(Path(path), state).name})")  # a best shard's is best.pt
         if env.distributed:
             raise ConfigError(f"{path}: a one-process checkpoint cannot be resumed by {env.world_size} ranks; "
                               "start a new run, or resume it with one process")
@@ -169,6 +169,14 @@ def _assembled(plan: ShardingPlan, shards: list[torch.Tensor], where: Path, what
         raise ConfigError(f"{where}: {what}: {e}") from None
 
 
+def _manifest_of(shard_path: Path, shard: dict[str, Any]) -> Path:
+    """The manifest that names the shard at `shard_path`: best.pt for a best shard (`save_best_sharded`), else its
+    step's checkpoint."""
+    if shard_path.name.startswith(BEST_PREFIX):
+        return shard_path.parent / "best.pt"
+    return shard_path.parent / ckpt.checkpoint_name(shard["position"]["step"])
+
+
 def _merge_sparse_optimizer(plan: ShardingPlan, shards: list[dict[str, Any]], where: Path) -> dict[str, Any]:
     """The sparse optimizer's state over all rows: its per-row tensors assembled from the shards."""
     if any(len(s["optimizers"]) != 2 for s in shards):
@@ -202,6 +210,9 @@ def merge(manifest_path: Path) -> dict[str, Any]:
     manifest = ckpt.load_checkpoint(manifest_path)
     sharded = manifest.get("sharded")
     if sharded is None:
+        if "rank" in manifest:  # a shard, which no one process loads (it said "it already loads in one process")
+            raise ConfigError(f"{manifest_path}: one shard of a sharded checkpoint; merge its manifest, "
+                              f"{_manifest_of(Path(manifest_path), manifest)}")
         raise ConfigError(f"{manifest_path}: not a sharded checkpoint (it already loads in one process)")
     plan = _plan(sharded)
     shards = [load_shard(manifest_path, manifest, q) for q in range(sharded["world_size"])]

@@ -76,11 +76,27 @@ def check_same_run(manifest_path: Path) -> None:
                               "merge the shards of one checkpoint")
 
 
+def own_best(state: dict[str, Any], out: Path, checkpoint: Path) -> None:
+    """The best evaluation's checkpoint that the merged `state` (written as `out`) records: `out` itself when it is
+    at the best's step (the best's model), else none. The shards record the sharded run's best.pt, a manifest of
+    shards one process cannot load (a one-process run resumed from `out` reported it as its best's checkpoint)."""
+    stats = state.get("run_stats")
+    best = stats.get("best") if isinstance(stats, dict) else None
+    if not isinstance(best, dict):
+        return
+    here = best.get("step") == state["position"]["step"]
+    if not here and best.get("checkpoint"):
+        logger.info(f"{checkpoint}: the best evaluation (step {best.get('step')}) is in {best['checkpoint']}, not in "
+                    f"this checkpoint; merge that one too for its model")
+    state["run_stats"] = {**stats, "best": {**best, "checkpoint": str(out.absolute()) if here else None}}
+
+
 def merge_to_file(checkpoint: Path, out: Path) -> dict:
     """Merge the sharded `checkpoint` and write it atomically to `out`, which must not exist."""
     check_out_path(out)
     state = merge(checkpoint)
     check_same_run(checkpoint)
+    own_best(state, out, checkpoint)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, state, replace=False)  # nor an OUT that appeared while the merge ran
     return state

@@ -62,6 +62,9 @@ class Checkpointer:
         self.run_dir, self.cfg, self.tables, self.env = Path(run_dir), cfg, tables, env
         self.placement = placement
         self.last: Optional[Path] = None
+        # the step of the run's latest evaluation (the evaluator sets it; a checkpoint at that step records it, in
+        # run_stats, so a resume knows that its stats already count that step's evaluation)
+        self.evaluated_step: Optional[int] = None
         # once: the vocabularies do not change (a stand-in for Tables without hashing: nothing recorded)
         self._hashing = getattr(tables, "hashing", None)
         self._vocabs = getattr(tables, "vocabs", None)
@@ -132,7 +135,8 @@ class Checkpointer:
             **({"hashing": self._hashing} if self._hashing is not None else {}),
             **({"vocabulary_digest": self._vocabulary_digest} if self._vocabulary_digest is not None else {}),
             "config": self.cfg.to_dict(),
-            "run_stats": stats.to_dict(),
+            "run_stats": {**stats.to_dict(),
+                          **({"evaluated_step": pos.step} if self.evaluated_step == pos.step else {})},
             **({"data_placement": self.placement} if self.placement is not None else {}),
         }
 
@@ -150,4 +154,5 @@ class Checkpointer:
             sched.load_state_dict(s)
         ckpt.set_rng_state(state["rng"])
         self.last = Path(path)
+        self.evaluated_step = (state.get("run_stats") or {}).get("evaluated_step")
         return ckpt.Position(**state["position"]), RunStats.from_dict(state.get("run_stats"))

@@ -61,12 +61,16 @@ class Evaluator:
 
     _pending_best: Optional[ckpt.Position] = None  # a best evaluation whose best.pt `write_best` writes
 
-    def __call__(self, pos: ckpt.Position, defer_best: bool = False) -> dict[str, float]:
+    def __call__(self, pos: ckpt.Position, defer_best: bool = False, counted: bool = True) -> dict[str, float]:
         """Evaluate at `pos`: log, and keep best.pt when this is the best evaluation so far.
 
         `defer_best`: record the evaluation in ``stats`` now and write best.pt in `write_best`, after the step's
-        checkpoint (which then holds this evaluation, and which best.pt links to)."""
+        checkpoint (which then holds this evaluation, and which best.pt links to).
+        `counted`: False for an evaluation off the ``train.eval_every`` grid (a run's last, at a ``train.max_steps``
+        that is not a multiple): one without improvement is not counted towards early stopping's patience (a longer
+        run makes no evaluation there; a resume would stop earlier than it); a new best is recorded all the same."""
         metrics = log_eval(self.writer, evaluate(self.run.eval_forward, self.loader, self.env), pos.step)
+        self.checkpointer.evaluated_step = pos.step  # a checkpoint at this step holds this evaluation
         if self._improves(metrics[self.metric]):
             # the totals first: best.pt stores them, and a run resumed from it (--resume .../best.pt --run-name NEW)
             # must take this evaluation as its best (with the previous best it kept a worse later one as best.pt)
@@ -77,7 +81,7 @@ class Evaluator:
                 self._pending_best = ckpt.Position(pos.step, pos.epoch, pos.batch)
             else:
                 self.checkpointer.save_best(self.run, pos, self.stats)
-        else:
+        elif counted:
             self.stats.evals_since_best += 1
         return metrics
 

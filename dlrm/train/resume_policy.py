@@ -2,9 +2,10 @@
 
 A resumed run must continue the trajectory its checkpoint started. Keys that only change how the
 run is observed or executed (logging, checkpoint cadence, profiling, kernel and compile choices,
-data placement and prefetch, device) are free; the run's length (``train.epochs``,
-``train.max_steps``) may change and is logged; every other difference (batch size, model, data,
-optimizer, schedule, seed, ...) is refused unless ``--allow-config-change`` names its key.
+data placement and prefetch, device; the evaluations' cadence and split unless the run stops early) are
+free; the run's length (``train.epochs``, ``train.max_steps``) may change and is logged; every other
+difference (batch size, model, data, optimizer, schedule, seed, ...) is refused unless
+``--allow-config-change`` names its key.
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ from dlrm.config import ConfigError
 # dotted prefixes: a key equal to one or under it is free
 FREE_KEYS = (
     "log", "checkpoint", "profile", "kernels", "name",
-    "train.log_every", "train.eval_every", "train.compile", "train.cuda_graph", "train.device", "train.baseline",
-    "data.prefetch", "data.placement", "data.gpu_memory_share", "data.eval_batch_size", "data.eval_split",
+    "train.log_every", "train.compile", "train.cuda_graph", "train.device", "train.baseline",
+    "data.prefetch", "data.placement", "data.gpu_memory_share", "data.eval_batch_size",
     "distributed",  # the sharding plan is checked against the checkpoint's where it matters
 )
+# Free too, unless the run stops early: train.early_stopping counts evaluations (every train.eval_every steps) of a
+# metric on a split (data.eval_split), so they decide where it stops, and are refused as a trajectory key is. (Another
+# eval_split also makes the recorded best another split's: the trainer starts the best afresh.)
+EVAL_KEYS = ("train.eval_every", "data.eval_split")
 LENGTH_KEYS = ("train.epochs", "train.max_steps", "train.min_steps")
 
 
@@ -67,11 +72,14 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed:
         source: the checkpoint path, for the messages.
     """
     allowed = tuple(allowed)
+    early = any((c.get("train") or {}).get("early_stopping") for c in (saved, current))
     refused = []
     for key, old, new in config_changes(saved, current):
         shown = f"{key}: {_show(old)} -> {_show(new)}"
-        if _under(key, FREE_KEYS):
+        if _under(key, FREE_KEYS) or (_under(key, EVAL_KEYS) and not early):
             continue
+        if _under(key, EVAL_KEYS):
+            shown += " (train.early_stopping counts its evaluations)"
         if _under(key, LENGTH_KEYS):
             logger.info(f"--resume: run length changed, {shown}")
         elif _under(key, allowed):

@@ -223,6 +223,7 @@ class Trainer:
             except BaseException:
                 self.run_dir.abandon()
                 raise
+            self._forget_another_splits_best(saved_config(state))
             if Evaluator.patience_ran_out(cfg.train.early_stopping, self.stats):
                 # early stopping ended the run at this checkpoint: it is finished, as one at its last step is
                 self.run_dir.abandon()  # releases the lock (removes a branch's new directory, which holds nothing)
@@ -232,6 +233,18 @@ class Trainer:
             logger.info(f"resumed from {self.resume_from} at step {self.pos.step} "
                         f"(epoch {self.pos.epoch}, batch {self.pos.batch})")
         self._log_start()
+
+    def _forget_another_splits_best(self, saved: dict) -> None:
+        """A resume on another data.eval_split (free without early stopping, else allowed): the recorded best is of
+        the checkpoint's split, not comparable with this run's evaluations (it stayed the best, and best.pt its model,
+        whatever they scored): the best and early stopping's count start afresh, said."""
+        old, new = (saved.get("data") or {}).get("eval_split"), self.cfg.data.eval_split
+        if old == new or self.stats.best is None:
+            return
+        logger.warning(f"--resume: data.eval_split {old!r} -> {new!r}: the best evaluation so far (step "
+                       f"{self.stats.best.get('step')}) is of {old!r}, not compared with {new!r}'s: the best starts "
+                       f"afresh, and this run's best {new!r} evaluation replaces {self.checkpointer.best_path}")
+        self.stats.best, self.stats.evals_since_best = None, 0
 
     def _open_run_dir(self, run_dir: Optional[Path], latest: Optional[Path]) -> RunDirectory:
         """Rank 0 creates (or, resuming, takes over) and locks the run directory; others learn its path."""
@@ -298,13 +311,18 @@ class Trainer:
                     self._queue_window(stop)
                 evaluate_now = cfg.train.eval_every and pos.step % cfg.train.eval_every == 0 \
                     and pos.step != self.data.total_steps
-                checkpoint_now = cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0
+                # not at the last step: the end saves it after the last evaluation, which it must hold (saved here
+                # first, the end's save of the same step was a no-op and a resume forgot that evaluation)
+                checkpoint_now = cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0 \
+                    and pos.step != self.data.total_steps
                 if evaluate_now or checkpoint_now:
                     self._read_window(bar)  # now: the device drains for the evaluation or checkpoint anyway
                     meter.snapshot()  # the logging window so far, for the checkpoints (step-N.pt, best.pt)
                 if evaluate_now:
                     with meter.paused():  # not training time: left out of the throughput window
-                        self.last_eval = evaluator(pos)
+                        # a best at a checkpoint step: best.pt written after that checkpoint, a hard link to it (written
+                        # before, it was a second full copy of the model)
+                        self.last_eval = evaluator(pos, defer_best=bool(checkpoint_now))
                     if evaluator.should_stop:
                         self.early_stopped = True
                         break
@@ -312,6 +330,7 @@ class Trainer:
                     self._check_finite()  # never save a checkpoint of a diverged model
                     with meter.paused():
                         self.checkpointer.save(run, pos, self.stats)
+                        evaluator.write_best()
                 if self._stop_requested(stop):
                     break
             self._read_window(bar)
@@ -325,12 +344,18 @@ class Trainer:
                 self.run_dir.close()
                 raise TrainingStopped(128 + self._stop_signal,
                                       f"stopped by signal at step {pos.step}; checkpoint {path}")
-        # The last evaluation, at the run's last step, unless early stopping just made it. At a multiple of
-        # train.eval_every it is one of the periodic evaluations a longer run makes there too: made before the last
-        # checkpoint, which then holds it (the best so far, early stopping's count), so a run resumed from it with a
-        # larger train.max_steps goes on as the longer run would. Elsewhere it is this length's own, made after.
-        if not self.early_stopped and cfg.train.eval_every and pos.step % cfg.train.eval_every == 0:
-            self.last_eval = self.evaluator(pos, defer_best=True)
+        # The last evaluation, at the run's last step, unless early stopping just made it: made before the last
+        # checkpoint, which then holds it, and best.pt (when it is the best) linked after, so a run resumed from that
+        # checkpoint with a larger train.max_steps compares with the best that best.pt holds. At a multiple of
+        # train.eval_every it is one of the periodic evaluations a longer run makes there too (early stopping counts
+        # it); elsewhere it is this length's own, which a longer run does not make: it counts only as a new best
+        # (made after the checkpoint, such a best rewrote best.pt unrecorded, and a resume named an older best).
+        if not self.early_stopped:
+            on_grid = bool(cfg.train.eval_every) and pos.step % cfg.train.eval_every == 0
+            # resumed at its end from a checkpoint that already holds this step's evaluation (a run killed before its
+            # summary): made again for the summary, not counted a second time
+            again = self.resumed_at_step == pos.step and self.checkpointer.evaluated_step == pos.step
+            self.last_eval = self.evaluator(pos, defer_best=True, counted=on_grid and not again)
             self.final_evaluated = True
             if self.resumed_at_step == pos.step:  # no step trained (see __init__): that step's checkpoint again,
                 self.checkpointer.last = None     # with this evaluation
