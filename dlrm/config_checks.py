@@ -161,6 +161,10 @@ def _check_schedule(s: ScheduleConfig) -> None:
 def _check_kernels(cfg: Config) -> None:
     if cfg.kernels.interaction == "gluon" and cfg.model.interaction != "dcn":
         raise ConfigError(f'kernels.interaction: "gluon" is the DCN cross layer\'s, not {cfg.model.interaction!r}\'s')
+    if cfg.kernels.interaction == "triton" and cfg.model.interaction == "cat":
+        # there is no Triton cat interaction: the model was built with the torch one while the log said triton
+        raise ConfigError('kernels.interaction: "triton" has no kernel for model.interaction "cat" (only "dot" and '
+                          '"dcn"); set kernels.interaction "torch" or "auto"')
     if cfg.kernels.mlp not in ("fused", "wgrad"):
         return
     if cfg.model.activation != "relu":

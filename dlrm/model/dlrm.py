@@ -9,7 +9,7 @@ from loguru import logger
 from torch import nn
 from torch.profiler import record_function
 
-from dlrm.config import KernelsConfig, ModelConfig
+from dlrm.config import ConfigError, KernelsConfig, ModelConfig
 from dlrm.data.schema import NUM_DENSE
 from dlrm.model.archs import DenseArch, InteractionArch, OverArch, SparseArch
 
@@ -113,6 +113,11 @@ def build_model(
     """
     kernels = kernels or KernelsConfig()
     choices = {k: getattr(kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
+    # an interaction kernel the model's interaction has none of would be dropped below (the torch arch built while
+    # the log line names the kernel): refused, as dlrm.config refuses it for a run's config
+    if (choices["interaction"], cfg.interaction) in (("triton", "cat"), ("gluon", "dot"), ("gluon", "cat")):
+        raise ConfigError(f'kernels.interaction: "{choices["interaction"]}" has no kernel for model.interaction '
+                          f'"{cfg.interaction}"; use "torch"')
     if any(v in ("triton", "fused", "wgrad", "gluon") for v in choices.values()):
         from kernels import check_triton_device
 

@@ -142,8 +142,12 @@ def variant_config(cfg: Config, name: str) -> Config:
     return v
 
 
-def unavailable_reason(name: str, device: torch.device) -> Optional[str]:
-    """Why a variant cannot run here, or None."""
+def unavailable_reason(name: str, device: torch.device, cfg: Optional[Config] = None) -> Optional[str]:
+    """Why a variant cannot run here, or None. With `cfg`, also why it cannot run this config's model: the variant's
+    settings are checked as a config file's are (a Triton interaction for a "cat" model, the Gluon cross layer for a
+    dot model, bf16 tables with the torch embedding, the fused MLP with dropout...), since the variants replace the
+    config's kernels and compile settings after it was validated; unchecked, such a variant trained with another
+    kernel or fp32 tables than its name says, or failed with a traceback."""
     kernels, mode, step_graph = VARIANTS[name]
     if (mode == "reduce-overhead" or step_graph is True) and device.type != "cuda":
         return "CUDA graphs need a CUDA device"
@@ -154,6 +158,22 @@ def unavailable_reason(name: str, device: torch.device) -> Optional[str]:
             check_triton_device(device, "triton kernels")
         except TritonUnavailableError as e:
             return str(e)
+    if cfg is not None:
+        from dlrm.config import validate
+
+        try:
+            validate(variant_config(cfg, name))
+        except ConfigError as e:
+            return str(e)
+        if kernels == "auto" and cfg.model.embedding_dtype == "bf16":
+            from dlrm.train.fast_path import _triton_usable
+
+            # what dlrm.train.fast_path.resolve_fast_path refuses once the variant is built: bf16 tables need the
+            # Triton embedding, which "auto" takes only where Triton runs
+            usable, why_not = _triton_usable(device)
+            if not usable:
+                return (f'model.embedding_dtype "bf16" needs kernels.embedding "triton", which "auto" cannot pick '
+                        f"here ({why_not})")
     return None
 
 
@@ -200,7 +220,7 @@ def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, dev
                   owned: Optional[RunDirectory]) -> list[dict]:
     rows, summaries, failures = [], {}, []
     for name in variants:
-        reason = unavailable_reason(name, device)
+        reason = unavailable_reason(name, device, cfg)
         if reason:
             logger.warning(f"compare: skipping {name}: {reason}")
             rows.append({"variant": name, "status": f"skipped: {reason}"})

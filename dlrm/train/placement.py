@@ -51,13 +51,27 @@ def choose_placement(cfg: Config, meta: Metadata, cardinalities: list[int], devi
         return "stream"
     rows = sum(meta.splits[s].rows for s in ("train", cfg.data.eval_split) if s in meta.splits)
     need = rows * device_bytes_per_row(meta.multi_hot_sizes)
-    free = torch.cuda.mem_get_info(device)[0] - table_bytes(cfg, cardinalities, world_size)
+    free = _smallest_free_memory(device, world_size) - table_bytes(cfg, cardinalities, world_size)
     budget = max(free, 0) * cfg.data.gpu_memory_share
     choice = "gpu" if need <= budget else "stream"
     logger.info(f"data.placement auto: {choice} (train + {cfg.data.eval_split}: {rows:,} rows, {need / 2**30:.2f} GiB on "
                 f"the device; {cfg.data.gpu_memory_share:.0%} of the {max(free, 0) / 2**30:.1f} GiB free after the "
                 f"tables is {budget / 2**30:.1f} GiB)")
     return choice
+
+
+def _smallest_free_memory(device: torch.device, world_size: int) -> int:
+    """The device memory free on this rank, or under torchrun the least free on any rank (one gather at start-up).
+
+    Every rank must place the data alike: each loads the whole split and takes its slice of every global batch, and
+    the two loaders shuffle differently, so a rank streaming beside one holding its split in GPU memory (less free
+    memory on one GPU) took its slices from other global batches: rows trained twice an epoch, others never."""
+    free = torch.cuda.mem_get_info(device)[0]
+    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list = [None] * world_size
+        torch.distributed.all_gather_object(gathered, free)
+        free = min(gathered)
+    return free
 
 
 def resumed_placement(cfg: Config, saved: Optional[str], chosen: str, allowed: Iterable[str] = ()) -> str:
