@@ -175,3 +175,20 @@ def test_resume_of_a_checkpoint_outside_a_run_does_not_write_into_its_folder(dat
                     resume=str(home / "models" / "mine.pt"))
     assert summary["steps"] == 7 and summary["run_dir"] == str(tmp_path / "tb" / "home")
     assert sorted(p.name for p in home.iterdir()) == ["models", "summary.json"]
+
+
+# ---- the HParams metrics of an extended run --------------------------------------------------------
+
+
+def test_the_hparams_metrics_of_each_session_are_at_its_last_step(dataset, tmp_path):
+    """The run's `hparam/*` scalars (the HParams dashboard's metrics) were written at step 0: an extended run (--resume
+    with a larger train.max_steps) then held two values at step 0, and which one the dashboard showed was arbitrary."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train(tiny_config(dataset, tmp_path, **{"log.run_name": "hp"}))
+    second = train(tiny_config(dataset, tmp_path, **{"log.run_name": "hp", "train.max_steps": 9}), resume="latest")
+    acc = EventAccumulator(str(tmp_path / "hp"), size_guidance={"scalars": 0})
+    acc.Reload()
+    events = acc.Scalars("hparam/auc")
+    assert [e.step for e in events] == [6, 9]
+    assert events[-1].value == pytest.approx(second["auc"], abs=1e-6)

@@ -460,7 +460,7 @@ class Trainer:
         summary = self._summary(metrics, counters)
         # the linear model on the same split, loader and hashing, when train.baseline asks (dlrm.train.baseline)
         summary["baseline"] = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step)
-        log_hparams(writer, cfg, self.data.batch_size, metrics)
+        log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step)  # at the last step: an extended run's come after
         writer.close()
         if env.is_main:
             write_json_atomic(self.run_dir.path / "summary.json", summary)
