@@ -82,18 +82,39 @@ class DistEnv:
             dist.barrier()
 
 
+def _env_int(name: str, default: str | None) -> int:
+    """The integer environment variable `name` (torchrun's launch); a malformed value is a one-line ConfigError
+    naming it, not int()'s ValueError traceback."""
+    text = os.environ.get(name, default) if default is not None else os.environ[name]
+    if default is not None and not text.strip():  # set but empty: unset (as dlrm.cli.check_modes reads WORLD_SIZE)
+        text = default
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={text!r} is not an integer (set by torchrun "
+                          "--nproc-per-node N)") from None
+
+
 def init_distributed(cfg: DistributedConfig, device: torch.device) -> tuple[DistEnv, torch.device]:
     """Join the ``torchrun`` process group (once per process) and pick this rank's device.
 
     Returns the env and the device: ``cuda:LOCAL_RANK`` for CUDA, the CPU otherwise.
     """
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = _env_int("WORLD_SIZE", "1")
     if world_size <= 1:
         return DistEnv(), device
     if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
         raise ConfigError(f"WORLD_SIZE is {world_size} but RANK / MASTER_ADDR are not set: launch with "
                           "torchrun --nproc-per-node N train.py ...")
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    rank, local_rank = _env_int("RANK", None), _env_int("LOCAL_RANK", "0")
+    # A rank outside [0, WORLD_SIZE) never meets the others: init_process_group would wait for the
+    # missing ranks until its store times out (30 minutes) instead of saying what is wrong.
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"RANK {rank} is not in [0, WORLD_SIZE {world_size}): launch with torchrun "
+                          "--nproc-per-node N")
+    if not 0 <= local_rank < world_size:
+        raise ConfigError(f"LOCAL_RANK {local_rank} is not in [0, WORLD_SIZE {world_size}): launch with torchrun "
+                          "--nproc-per-node N")
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
             raise ConfigError(f"LOCAL_RANK {local_rank}: only {torch.cuda.device_count()} CUDA devices here")
@@ -103,6 +124,13 @@ def init_distributed(cfg: DistributedConfig, device: torch.device) -> tuple[Dist
     if backend == "nccl" and device.type != "cuda":
         raise ConfigError("distributed.backend: 'nccl' needs CUDA devices; use 'gloo' (or 'auto') on the CPU")
     if not dist.is_initialized():
+        # env:// rendezvous reads MASTER_PORT: missing or malformed, torch raises a ValueError (a traceback here)
+        if "MASTER_PORT" not in os.environ:
+            raise ConfigError(f"WORLD_SIZE is {world_size} but MASTER_PORT is not set: launch with "
+                              "torchrun --nproc-per-node N train.py ...")
+        port = _env_int("MASTER_PORT", None)
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"environment variable MASTER_PORT={port} is not a port (0 to 65535)")
         dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
         if rank != 0:  # rank 0 speaks for the run; the others report only warnings and errors
             logger.remove()
