@@ -152,7 +152,10 @@ class FusedSparseOptimizer(torch.optim.Optimizer):
         # back rounded to bf16) and would turn the int64 seed into a float.
         saved = next(iter(state_dict.get("state", {}).values()), {})
         if self.fused.state is not None:
-            self.fused.state.copy_(saved["sum"] if "sum" in saved else self.state[weight]["sum"])
+            if "sum" in saved:
+                self.fused.state.copy_(saved["sum"])
+            else:  # the eager row-wise Adagrad's state before its first step: its sums would start at zero
+                self.fused.state.zero_()
             self.state[weight]["sum"] = self.fused.state
         if self.sr_seed is not None:
             if "sr_seed" in saved:  # checkpoints written before the seed was saved start it at 0
@@ -195,15 +198,62 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, deterministic: bool = F
     s = cfg.sparse
     logger.info(f"dense optimizer: {d.name}" + (" (fused)" if fused else "") + f"; sparse optimizer: {s.name}"
                 + (f", lazy weight decay {s.weight_decay:g} on touched rows" if s.weight_decay else ""))
+    dense = keeps_configured_hyperparameters(dense)
     if model.sparse_arch.fused_optimizer:
-        return dense, FusedSparseOptimizer(model.sparse_arch, s.name, s.lr, s.eps, deterministic, s.weight_decay)
+        return dense, keeps_configured_hyperparameters(
+            FusedSparseOptimizer(model.sparse_arch, s.name, s.lr, s.eps, deterministic, s.weight_decay))
     if s.name == "sgd":
         sparse = torch.optim.SGD(sparse_params, lr=s.lr)
     elif s.name == "adagrad":
         sparse = torch.optim.Adagrad(sparse_params, lr=s.lr, eps=s.eps)
     else:
         sparse = RowWiseAdagrad(sparse_params, lr=s.lr, eps=s.eps)
-    return dense, add_sparse_weight_decay(sparse, s.weight_decay)
+    return dense, add_sparse_weight_decay(keeps_configured_hyperparameters(loads_fused_state(sparse)), s.weight_decay)
+
+
+CONFIGURED = ("lr", "eps", "weight_decay", "momentum")
+"""The param-group entries an `OptimConfig` sets (the lr before any schedule)."""
+
+
+def keeps_configured_hyperparameters(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Make `optimizer` keep the hyperparameters it was built with (`CONFIGURED`) when a state dict loads; returns it.
+
+    torch's Optimizer.load_state_dict takes the saved param groups whole, so a resumed run trained on with
+    the checkpoint's learning rate, eps, weight decay and momentum even where ``--allow-config-change``
+    let the config change them (and logged the change). The state (sums, moments, step counters) is the
+    checkpoint's; the hyperparameters are the config's. A schedule then scales the lr (`build_schedulers`).
+    """
+    configured = [{k: group[k] for k in CONFIGURED if k in group} for group in optimizer.param_groups]
+
+    def restore(opt) -> None:
+        for group, values in zip(opt.param_groups, configured):
+            group.update(values)
+            if "initial_lr" in group and "lr" in values:  # a schedule's base (LambdaLR reads it when built)
+                group["initial_lr"] = values["lr"]
+
+    optimizer.register_load_state_dict_post_hook(restore)
+    return optimizer
+
+
+def loads_fused_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Make `optimizer` (an eager sparse one) load a `FusedSparseOptimizer`'s state dict too; returns it.
+
+    ``kernels.embedding`` and ``train.compile`` may change on resume (`dlrm.train.resume_policy`), so a
+    checkpoint of the fused update (its param groups hold only ``lr`` and ``eps``, its state only the
+    sums) resumes with the eager optimizer: the groups get the optimizer's defaults for the keys they lack
+    (torch's SGD read ``group["momentum"]``: KeyError), and torch's Adagrad its ``step`` counter (which,
+    without ``lr_decay``, the update does not use).
+    """
+    def fill(opt, state_dict):
+        groups = [{**opt.defaults, **group} for group in state_dict["param_groups"]]
+        state = state_dict["state"]
+        if isinstance(opt, torch.optim.Adagrad):
+            state = {k: {"step": torch.zeros((), dtype=torch.float32), **v} if "sum" in v else v
+                     for k, v in state.items()}
+        return {**state_dict, "param_groups": groups, "state": state}
+
+    optimizer.register_load_state_dict_pre_hook(fill)
+    return optimizer
 
 
 def lr_multiplier(step: int, cfg: ScheduleConfig, total_steps: int) -> float:
@@ -224,6 +274,26 @@ def build_schedulers(optimizers, cfg: ScheduleConfig, total_steps: int) -> list[
     (no warm-up, no decay): stepping a constant schedule costs host time every step for nothing."""
     if cfg.warmup_steps == 0 and cfg.decay == "none":
         return []
-    return [
-        torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_multiplier(step, cfg, total_steps)) for opt in optimizers
-    ]
+    return [ScheduledLR(opt, lambda step: lr_multiplier(step, cfg, total_steps)) for opt in optimizers]
+
+
+class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
+    """`LambdaLR` whose base learning rates stay the configured ones when a checkpoint's state loads.
+
+    LambdaLR.load_state_dict restores the saved ``base_lrs``: a learning rate changed on resume
+    (``--allow-config-change optim.dense.lr``) would be undone at the next step. Here the position
+    (``last_epoch``) is the checkpoint's, the base the optimizer's own (`keeps_configured_hyperparameters`),
+    and the groups' lr is set at once to ``base * multiplier(last_epoch)``: with an unchanged config,
+    exactly the value the checkpoint holds.
+    """
+
+    def load_state_dict(self, state_dict) -> None:
+        base_lrs = list(self.base_lrs)
+        super().load_state_dict(state_dict)
+        self.base_lrs = base_lrs
+        self._last_lr = [base * f(self.last_epoch) for base, f in zip(base_lrs, self.lr_lambdas)]
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)  # a captured step's lr tensor: filled in place, as the schedulers do
+            else:
+                group["lr"] = lr
