@@ -21,7 +21,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels._backend import check_triton_device, device_context, interpret_mode, needs_int64_offsets
-from kernels.activations import act_derivative, activation_code
+from kernels.activations import act_derivative, activation_code, derivative_from_output
 from kernels.col_sum import sum_partial_rows
 
 __all__ = ["act_backward"]
@@ -119,6 +119,14 @@ def act_backward(
     deterministic pass for the column sums.
     """
     _check_2d("grad_out", grad_out)
+    code = activation_code(activation)  # an unknown name: ValueError
+    # The kernel reads saved[m, n] for every [m, n] of grad_out: a saved tensor of another shape was read out of
+    # bounds (garbage derivatives), and an output handed where only the pre-activation serves gave gelu's and
+    # squared_relu's derivative of the wrong argument. Both silently; refused instead.
+    if activation != "none" and tuple(saved.shape) != tuple(grad_out.shape):
+        raise ValueError(f"saved must have grad_out's shape {tuple(grad_out.shape)}, got {tuple(saved.shape)}")
+    if from_output and not derivative_from_output(activation):
+        raise ValueError(f"{activation}'s derivative needs the pre-activation (from_output=False), not the output")
     check_triton_device(grad_out.device, "fused epilogue kernels")
     M, N = grad_out.shape
     dev, dt = grad_out.device, grad_out.dtype
@@ -145,7 +153,7 @@ def act_backward(
             grad_out.stride(1),
             saved.stride(0),
             saved.stride(1),
-            ACTIVATION=activation_code(activation),
+            ACTIVATION=code,
             FROM_OUTPUT=from_output,
             WRITE_PRE=write_pre,
             BIAS_GRAD=bias_grad,

@@ -171,6 +171,8 @@ def combine_received(x: torch.Tensor, layout: ExchangeLayout, B: int, P: int, sc
     """The received blocks ``x`` [sum_q P n_q, D] -> [B, F, D] (row-wise parts summed in fp32, rounded once);
     the gradient of ``x`` is ``scale`` times the output's, zero for the padded samples. Triton, one kernel a
     direction (CUDA, or the CPU under TRITON_INTERPRET=1)."""
+    if not 0 <= B <= P:  # samples past P would be read from the next rank's block (or past the buffer's end)
+        raise ValueError(f"the batch B={B} must lie in [0, P={P}] (P: the padded batch each rank sent)")
     if x.shape[0] != P * sum(layout.columns_per_rank):
         raise ValueError(f"received {x.shape[0]} rows, the layout needs P * {sum(layout.columns_per_rank)} = "
                          f"{P * sum(layout.columns_per_rank)}")

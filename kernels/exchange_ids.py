@@ -102,6 +102,8 @@ def send_ids(raw: torch.Tensor, slot_card: torch.Tensor, slots: list[torch.Tenso
     if dtype not in (torch.int32, torch.int64):
         raise ValueError(f"dtype must be torch.int32 or torch.int64, got {dtype}")
     B = raw.shape[0]
+    if padded < B:  # the [P, n_q] blocks hold P samples: the samples from P on were dropped without a word
+        raise ValueError(f"padded P={padded} must be >= the batch B={B}")
     sizes = [int(s.numel()) for s in slots]
     out = torch.empty(padded * sum(sizes), dtype=dtype, device=raw.device)
     with device_context(raw):

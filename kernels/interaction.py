@@ -299,8 +299,9 @@ def dot_interaction_split(dense: Tensor, sparse: Tensor, pad: int = 0) -> Tensor
     return torch.ops.dlrm_kernels.dot_interaction(dense, sparse, pad)
 
 
-def dot_interaction(x: Tensor) -> Tensor:
-    """``x [B, F + 1, D] -> [B, D + (F + 1) F / 2]`` (Triton; any strides; output in x's dtype).
+def dot_interaction(x: Tensor, pad: int = 0) -> Tensor:
+    """``x [B, F + 1, D] -> [B, D + (F + 1) F / 2 + pad]`` (Triton; any strides; output in x's dtype; `pad` zero
+    columns after the pairs, as :func:`dot_interaction_split`).
 
     Example (on the CPU the kernel runs in Triton's interpreter, TRITON_INTERPRET=1):
         >>> device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -317,7 +318,7 @@ def dot_interaction(x: Tensor) -> Tensor:
         raise ValueError(f"x must be [B, F + 1, D], got shape {tuple(x.shape)}")
     if x.shape[1] == 0:
         raise ValueError(f"x must hold at least the dense vector (F + 1 >= 1), got shape {tuple(x.shape)}")
-    return dot_interaction_split(x[:, 0], x[:, 1:])
+    return dot_interaction_split(x[:, 0], x[:, 1:], pad)
 
 
 def dot_interaction_reference(x: Tensor) -> Tensor:
@@ -331,10 +332,10 @@ def dot_interaction_reference(x: Tensor) -> Tensor:
 class TritonDotInteraction(nn.Module):
     """Dot interaction on the fused kernels (:func:`dot_interaction`); no parameters, no constructor arguments.
 
-    ``forward(x [B, F + 1, D])``: the first vector (the bottom MLP's output) followed by the strictly
-    lower triangle of the pairwise dot products. ``forward(dense [B, D], sparse [B, F, D], pad=0)``
-    computes the same from the two parts, without concatenating them, followed by `pad` zero columns
-    (:func:`dot_interaction_split`).
+    ``forward(x [B, F + 1, D], pad=0)``: the first vector (the bottom MLP's output) followed by the strictly
+    lower triangle of the pairwise dot products, followed by `pad` zero columns.
+    ``forward(dense [B, D], sparse [B, F, D], pad=0)`` computes the same from the two parts, without
+    concatenating them (:func:`dot_interaction_split`).
 
     Example:
         >>> device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -345,8 +346,9 @@ class TritonDotInteraction(nn.Module):
         >>> torch.equal(op(x[:, 0], x[:, 1:], 2), torch.nn.functional.pad(op(x), (0, 2)))
         True
 
-    Shapes: [B, F + 1, D] -> [B, D + (F + 1) F / 2]; [B, D], [B, F, D] -> [B, D + (F + 1) F / 2 + pad].
+    Shapes: [B, F + 1, D] -> [B, D + (F + 1) F / 2 + pad]; [B, D], [B, F, D] -> [B, D + (F + 1) F / 2 + pad].
     """
 
     def forward(self, x: Tensor, sparse: Tensor | None = None, pad: int = 0) -> Tensor:
-        return dot_interaction(x) if sparse is None else dot_interaction_split(x, sparse, pad)
+        # pad goes to both forms (the one-tensor form dropped it: fewer columns than asked, no error)
+        return dot_interaction(x, pad) if sparse is None else dot_interaction_split(x, sparse, pad)

@@ -184,6 +184,8 @@ def _check_gemm_operands(a: Tensor, w: Tensor, bias: Optional[Tensor]) -> None:
         raise ValueError(f"gemm shapes do not match: a {tuple(a.shape)} @ w^T with w {tuple(w.shape)}")
     if a.device != w.device or (bias is not None and bias.device != a.device):
         raise ValueError("all operands must be on the same device")
+    if bias is not None and tuple(bias.shape) != (w.shape[0],):  # the kernel reads bias[n] for n < N: no more, no less
+        raise ValueError(f"bias must be [{w.shape[0]}] (w's rows), got shape {tuple(bias.shape)}")
     check_triton_device(a.device, "fused linear kernels")
 
 
@@ -272,6 +274,8 @@ def gemm_bias_act(
     _check_precision(input_precision)  # on every device and dtype (as cross_forward / mlp_tail): CPU runs catch it too
     if w.dtype != a.dtype:
         w = w.to(a.dtype)  # tl.dot needs matching operand types
+    if bias is not None and bias.stride(0) != 1:
+        bias = bias.contiguous()  # the kernel reads bias[n] at bias_ptr + n (a slice or an expanded bias: wrong values)
     M, K = a.shape
     N = w.shape[0]
     out = torch.empty((M, N), device=a.device, dtype=a.dtype)

@@ -136,6 +136,9 @@ def check_hash_inputs(raw, cardinalities, offsets, vocab, vocab_offsets) -> None
     """Shapes of the hashing inputs (see the module docstring) and a device Triton can run on."""
     if raw.dim() != 2:
         raise ValueError(f"raw must be [B, F], got shape {tuple(raw.shape)}")
+    if raw.is_floating_point() or raw.is_complex():
+        # the kernels convert what they load to int64: 1.5 hashed as 1, with no error (the eager SparseArch refuses)
+        raise ValueError(f"raw must hold integers (int64 raw values), got {raw.dtype}")
     F = raw.shape[1]
     if cardinalities.shape != (F,) or offsets.shape != (F,):
         raise ValueError(f"cardinalities and offsets must be [F={F}]")

@@ -13,7 +13,7 @@ from kernels import table_layout
 from kernels.embedding.fused_switch import FusedUpdateSwitch
 from kernels.embedding.hashing import hash_rows
 from kernels.embedding.lookup import embedding_lookup, fused_embedding
-from kernels.embedding.update import OPTIMIZERS, init_sparse_optimizer_state
+from kernels.embedding.update import OPTIMIZERS, check_hyperparameters, init_sparse_optimizer_state
 
 __all__ = ["SparseOptimizerConfig", "TritonSparseEmbedding"]
 
@@ -179,6 +179,7 @@ class TritonSparseEmbedding(FusedUpdateSwitch, nn.Module):
         if config is not None:
             if config.kind not in OPTIMIZERS:
                 raise ValueError(f"kind must be one of {sorted(OPTIMIZERS)}, got {config.kind!r}")
+            check_hyperparameters(config.kind, config.eps, config.weight_decay)  # now, not at the first backward
             if config.state is None:
                 config.state = init_sparse_optimizer_state(config.kind, self.weight)
         self._switch_fused_update(config)

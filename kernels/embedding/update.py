@@ -55,7 +55,8 @@ from kernels.embedding.rounding import RNG_CODES
 from kernels.embedding.segment_carry import _group_sum_kernel, _sparse_carry_kernel
 from kernels.embedding.segment_chunk import _sparse_chunk_kernel
 
-__all__ = ["OPTIMIZERS", "embedding_sparse_update_", "init_sparse_optimizer_state", "sort_by_row", "update_sorts"]
+__all__ = ["OPTIMIZERS", "check_hyperparameters", "embedding_sparse_update_", "init_sparse_optimizer_state", "sort_by_row",
+           "update_sorts"]
 
 # Optimizer kinds of the fused update, and their kernel codes. Code 3 is internal: "store the summed
 # gradient into a dense gradient tensor" (the backward of the plain lookup).
@@ -276,12 +277,20 @@ def _expected_state_shape(optimizer: str, weight: Tensor) -> Optional[tuple[int,
     return {"adagrad": (R, D), "rowwise_adagrad": (R,)}.get(optimizer)
 
 
-def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_decay: float = 0.0,
-                         slot_feature: Optional[Tensor] = None) -> None:
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+def check_hyperparameters(optimizer: str, eps: float, weight_decay: float) -> None:
+    """One-line ValueErrors for what torch.optim.Adagrad refuses too: a negative (or NaN) ``eps`` of the Adagrad
+    rules (``sqrt(0) + eps < 0`` divides by ~0 or flips the step: inf / NaN rows, silently) or ``weight_decay``."""
     if not weight_decay >= 0.0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay!r}")
+    if optimizer != "sgd" and not eps >= 0.0:
+        raise ValueError(f"{optimizer} eps must be >= 0, got {eps!r}")
+
+
+def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_decay: float = 0.0,
+                         slot_feature: Optional[Tensor] = None, eps: float = 0.0) -> None:
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
+    check_hyperparameters(optimizer, eps, weight_decay)
     if slot_feature is None:
         if rows.dim() != 2 or grad_out.dim() != 3 or tuple(grad_out.shape[:2]) != tuple(rows.shape):
             raise ValueError(
@@ -311,7 +320,7 @@ def sparse_update_impl(rows, grad_out, weight, state, lr, optimizer, eps, determ
     ``slot_feature``, ``bf16_rounding`` and ``sr_seed``: see `_segment_update` (the multi-hot update
     passes them). ``presorted``: `sort_by_row` of ``rows``, already run (used where `update_sorts`).
     """
-    _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_decay, slot_feature)
+    _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_decay, slot_feature, eps)
     if rows.numel() == 0 or weight.shape[1] == 0:
         return
     # The atomic path adds per position; the decay belongs to each unique row once, so it needs the segments.
