@@ -111,6 +111,24 @@ def check_export_path(path: str) -> Path:
     return target
 
 
+def load_with_kernels_shortcut(config_path: str, overrides: dict) -> Config:
+    """`load_config`, where ``--kernels triton`` (every component at once) leaves the interaction of a "cat" model to
+    torch, said in the log: there is no Triton cat interaction, and an explicit ``kernels.interaction "triton"`` for
+    one is refused (`dlrm.config_checks`), but the shortcut means "Triton wherever it has a kernel"."""
+    shortcut = all(overrides.get(f"kernels.{k}") == "triton" for k in ("embedding", "interaction", "mlp", "loss"))
+    try:
+        return load_config(config_path, overrides)
+    except ConfigError as e:
+        if not shortcut:
+            raise
+        error = e
+    cfg = load_config(config_path, {**overrides, "kernels.interaction": "torch"})  # another error: its own message
+    if cfg.model.interaction != "cat":
+        raise error
+    logger.info('--kernels triton: model.interaction "cat" has no Triton kernel; kernels.interaction "torch"')
+    return cfg
+
+
 def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str], export_path: Optional[str],
                 checkpoint_path: Optional[str], allowed_changes: list[str]) -> None:
     """Refuse option combinations whose one part would otherwise be silently ignored."""
@@ -208,7 +226,7 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
 
     `loaded` receives the Config once it is valid (for the out-of-memory message).
     """
-    cfg = load_config(config_path, overrides)
+    cfg = load_with_kernels_shortcut(config_path, overrides)
     loaded.append(cfg)
     if resume is None and not (eval_only or (export_path and checkpoint_path)):  # a new run directory is named
         try:

@@ -160,3 +160,23 @@ def test_an_empty_directory_option_is_refused(tmp_path, actions, option, message
     assert one_error(result) == message
     assert actions == []
     assert load_config(SAMPLE, {"log.tb_dir": ".", "data.path": "."}).log.tb_dir == "."
+
+
+def test_the_kernels_shortcut_leaves_a_cat_models_interaction_to_torch(tmp_path):
+    """`--kernels triton` (every component at once) on a "cat" model: refused since the Triton cat interaction was
+    found missing (an explicit kernels.interaction "triton" there is refused); the shortcut means Triton wherever it
+    has a kernel, so the interaction stays torch, and a dot model keeps the Triton interaction."""
+    from dlrm.cli import load_with_kernels_shortcut
+
+    shortcut = {f"kernels.{k}": "triton" for k in ("embedding", "interaction", "mlp", "loss")}
+    cat = tmp_path / "cat.json"
+    cat.write_text(json.dumps({"model": {"interaction": "cat", "bottom_mlp": [64, 16]}}))
+    cfg = load_with_kernels_shortcut(str(cat), shortcut)
+    assert (cfg.kernels.embedding, cfg.kernels.interaction, cfg.kernels.mlp, cfg.kernels.loss) == (
+        "triton", "torch", "triton", "triton")
+    dot = load_with_kernels_shortcut(str(REPO / "configs" / "sample.json"), shortcut)
+    assert dot.kernels.interaction == "triton"
+    with pytest.raises(ConfigError, match='kernels.interaction: "triton"'):  # asked for by name: still refused
+        load_with_kernels_shortcut(str(cat), {"kernels.interaction": "triton"})
+    with pytest.raises(ConfigError, match="data.batch_size"):  # another error keeps its own message
+        load_with_kernels_shortcut(str(cat), {**shortcut, "data.batch_size": 0})
