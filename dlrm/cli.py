@@ -228,7 +228,7 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     """
     cfg = load_with_kernels_shortcut(config_path, overrides)
     loaded.append(cfg)
-    if resume is None and not (eval_only or (export_path and checkpoint_path)):  # a new run directory is named
+    if resume is None and not (export_path and checkpoint_path):  # a new run (or --eval-only's) directory is named
         try:
             check_default_run_name(cfg)
         except ConfigError as e:

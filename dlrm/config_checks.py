@@ -242,8 +242,8 @@ def _check_outputs(cfg: Config) -> None:
 
 def check_default_run_name(cfg: "Config") -> None:
     """A new run without `log.run_name` is named ``<name>-<date>-<time>``: `name` (the config file's stem unless set)
-    must then be a valid start of a directory name. Checked by `dlrm.cli` for a new run only (evaluation and export
-    write no run directory, so a config file "my config.json" still serves them)."""
+    must then be a valid start of a directory name. Checked by `dlrm.cli` where a run directory is named: a new run,
+    --compare and --eval-only (an export of a --checkpoint writes none, so a config file "my config.json" serves it)."""
     if cfg.log.run_name is not None:
         return
     if not RUN_NAME.fullmatch(cfg.name):

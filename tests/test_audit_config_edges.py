@@ -108,9 +108,11 @@ def test_a_config_file_name_that_cannot_name_a_run_is_refused_before_training(tm
     assert message == (f"{config}: name: 'my config' (the config file's name unless set) begins the default run "
                        "name and may hold only letters, digits and . _ + -; set \"name\" or pass --run-name")
     assert actions == []
-    # an explicit run name makes it irrelevant, and evaluation writes no run directory
+    # an explicit run name makes it irrelevant; --eval-only writes a run directory of that name too (refused alike),
+    # an export of a --checkpoint none
     assert invoke(tmp_path, "--run-name", "r", config=config).exit_code == 0
-    assert invoke(tmp_path, "--eval-only", "--checkpoint", "c.pt", config=config).exit_code == 0
+    assert invoke(tmp_path, "--eval-only", "--checkpoint", "c.pt", config=config).exit_code == 2
+    assert invoke(tmp_path, "--eval-only", "--checkpoint", "c.pt", "--run-name", "e", config=config).exit_code == 0
     assert actions == ["train", "eval"]
 
 
@@ -180,3 +182,15 @@ def test_the_kernels_shortcut_leaves_a_cat_models_interaction_to_torch(tmp_path)
         load_with_kernels_shortcut(str(cat), {"kernels.interaction": "triton"})
     with pytest.raises(ConfigError, match="data.batch_size"):  # another error keeps its own message
         load_with_kernels_shortcut(str(cat), {**shortcut, "data.batch_size": 0})
+
+
+def test_eval_only_refuses_a_config_name_that_cannot_name_its_run_before_loading(tmp_path):
+    """--eval-only writes a run directory of the default name too: a config file named "my config.json" failed after
+    the checkpoint and the model were loaded, naming log.run_name, a key the user never set."""
+    bad = tmp_path / "my config.json"
+    bad.write_text(SAMPLE.read_text())
+    res = CliRunner().invoke(cli.main, ["--config", str(bad), "--eval-only", "--checkpoint", str(tmp_path / "none.pt"),
+                                        "--tb-dir", str(tmp_path / "tb")])
+    assert res.exit_code == 2, res.output
+    assert "name: 'my config'" in res.output and "none.pt" not in res.output, res.output
+    assert not (tmp_path / "tb").exists()

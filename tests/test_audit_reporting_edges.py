@@ -192,3 +192,15 @@ def test_the_hparams_metrics_of_each_session_are_at_its_last_step(dataset, tmp_p
     events = acc.Scalars("hparam/auc")
     assert [e.step for e in events] == [6, 9]
     assert events[-1].value == pytest.approx(second["auc"], abs=1e-6)
+
+
+def test_resume_of_best_pt_in_place_when_it_is_the_latest_checkpoint(dataset, tmp_path):
+    """best.pt is a hard link to its step's checkpoint; when that is the run's latest one, resuming best.pt in place
+    continues the run (it was refused as "not the latest checkpoint": the paths were compared, not the files)."""
+    cfg = tiny_config(dataset, tmp_path, **{"log.run_name": "b", "train.eval_every": 6})
+    train(cfg)
+    best = tmp_path / "b" / "checkpoints" / "best.pt"
+    assert best.samefile(tmp_path / "b" / "checkpoints" / "step-00000006.pt")
+    summary = train(tiny_config(dataset, tmp_path, **{"log.run_name": "b", "train.eval_every": 6, "train.max_steps": 9}),
+                    resume=str(best))
+    assert summary["resumed_at_step"] == 6 and summary["steps"] == 9

@@ -87,6 +87,14 @@ def _claim_default(cfg: Config) -> Path:
     raise ConfigError(f"log.tb_dir: {str(parent)!r} holds {base!r} and 998 more of its name; set --run-name")
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` are one file (a path, a symbolic link or a hard link to it)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
 class RunLock:
     """An exclusive ``flock`` on ``<run_dir>/.lock`` naming its holder (pid, host, start time).
 
@@ -207,7 +215,8 @@ class RunDirectory:
                 raise ConfigError(f"--resume: {checkpoint} is not in a run's checkpoints/ directory; add --run-name "
                                   "NEW to continue from it in a new run")
         elif wanted is None or wanted == source.name:
-            if latest is not None and latest.resolve() != checkpoint.resolve():
+            # (best.pt is a hard link to its step's checkpoint: the latest one too, when the last evaluation was best)
+            if latest is not None and not _same_file(latest, checkpoint):
                 raise ConfigError(f"--resume: {checkpoint} is not the latest checkpoint of run {source.name!r} "
                                   f"({latest.name} is); resuming it in place would overwrite the later ones: "
                                   "add --run-name NEW to continue from it in a new run")
