@@ -69,6 +69,36 @@ def env_line(env: dict) -> str:
     return ", ".join(f"{k}: {v}" for k, v in env.items())
 
 
+# ---- arguments -------------------------------------------------------------------------------------
+
+
+def int_list(ap, flag: str, text: str, minimum: int = 1) -> list[int]:
+    """The comma list of integers (each >= `minimum`) an option gave, or `ap.error` naming the option and its
+    value (one line, exit 2): a bad value must not crash with a traceback after the run has started.
+
+        >>> import argparse; int_list(argparse.ArgumentParser(), "--batch-sizes", "8, 64")
+        [8, 64]
+    """
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or any(v < minimum for v in values):
+        ap.error(f"{flag}: {text!r} is not a comma list of integers >= {minimum}")
+    return values
+
+
+def config_or_error(ap, path) -> "Config":
+    """`dlrm.config.load_config(path)`, or `ap.error` with its one-line message (a missing or malformed config
+    file is bad input, not a traceback)."""
+    from dlrm.config import ConfigError, load_config
+
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        ap.error(str(e))
+
+
 # ---- measuring -------------------------------------------------------------------------------------
 
 

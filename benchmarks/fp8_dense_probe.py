@@ -37,7 +37,7 @@ import torch.nn.functional as F_
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, write_csv,
+    env_line, environment, graph_replay_ms, int_list, markdown, md_row, pyplot, save_figure, write_csv,
 )
 
 from dlrm.model.archs import LowRankCrossNet  # noqa: E402
@@ -168,8 +168,9 @@ def main(argv=None) -> int:
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not names or set(names) - set(VARIANTS):
         ap.error(f"--variants: {args.variants!r} is not a comma list of {', '.join(VARIANTS)}")
+    top = int_list(ap, "--top", args.top)  # a bad width: one argparse line, not a traceback
     torch.manual_seed(0)
-    base = DensePart(args.width, args.layers, args.rank, [int(v) for v in args.top.split(",")]).to(device)
+    base = DensePart(args.width, args.layers, args.rank, top).to(device)
     gen = torch.Generator(device=device).manual_seed(1)
     x0 = (torch.randn(args.batch, args.width, generator=gen, device=device) * 0.5).to(torch.bfloat16)
     x0.requires_grad_()

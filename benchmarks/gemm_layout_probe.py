@@ -34,7 +34,7 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, wall_ms, write_csv,
+    env_line, environment, graph_replay_ms, int_list, markdown, md_row, pyplot, save_figure, wall_ms, write_csv,
 )
 
 KEYS = ["gemm", "pass", "M", "N", "K", "impl", "a", "b", "c", "as_run", "ms", "tflops", "vs_as_run", "max_rel_err",
@@ -217,12 +217,13 @@ def main(argv=None) -> int:
     cuda = torch.cuda.is_available()
     if args.smoke:
         args.batch, args.width, args.rank, args.top, args.calls, args.windows = 64, 48, 16, "32,16,1", 1, 1
+    top = int_list(ap, "--top", args.top)  # a bad width: one argparse line, not a traceback
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     timer = (lambda f: graph_replay_ms(f, args.calls, args.windows, 3)) if cuda else wall_ms
     fp8 = cuda and E4M3 is not None and torch.cuda.get_device_capability() >= (8, 9)
     rows = []
-    for spec in step_gemms(args.batch, args.width, args.rank, [int(v) for v in args.top.split(",")]):
+    for spec in step_gemms(args.batch, args.width, args.rank, top):
         rows += layout_rows(spec, args, device, dtype, timer)
         if fp8 and spec[1] != "wgrad":
             rows += fp8_rows(spec, device, timer)

@@ -57,7 +57,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 # Light imports only at module level: the preprocess worker processes are spawned and re-import this
 # script, so torch / pyarrow / matplotlib are imported inside the functions that need them.
 import numpy as np  # noqa: E402
-from _common import date_stamp, env_line, markdown, pyplot, save_figure, write_csv  # noqa: E402
+from _common import date_stamp, env_line, int_list, markdown, pyplot, save_figure, write_csv  # noqa: E402
 
 from dlrm.data import preprocess as pp  # noqa: E402
 
@@ -473,7 +473,8 @@ def main(argv=None) -> int:
 
     logger.disable("dlrm")  # the preprocess / generator logs would drown the table
     cpus = os.cpu_count() or 1
-    workers = ([int(x) for x in args.workers.split(",")] if args.workers
+    # the int lists parsed before the scratch directory is made: a bad value is one argparse line, no leftover
+    workers = (int_list(ap, "--workers", args.workers, minimum=0) if args.workers
                else sorted({w for w in (1, 2, 4, 8, 16) if w <= cpus} | {cpus}))
     devices = (["cpu"] + (["cuda"] if torch.cuda.is_available() else [])) if args.devices == "auto" \
         else args.devices.split(",")
@@ -481,10 +482,10 @@ def main(argv=None) -> int:
     env = environment()
     stem = args.name or "loader_throughput_" + re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"] if env["gpu"] != "none" else "cpu").strip("-").lower()
 
+    readers = int_list(ap, "--reader-threads", args.reader_threads, minimum=0) if args.reader_threads else [None]
     created = args.work is None
     work = Path(tempfile.mkdtemp(prefix="loader_throughput_")) if created else args.work
     work.mkdir(parents=True, exist_ok=True)
-    readers = [int(x) for x in args.reader_threads.split(",")] if args.reader_threads else [None]
     arrow = []
     for a in args.arrow_threads.split(","):
         if a.strip() not in ("default", "on", "off"):

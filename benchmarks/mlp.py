@@ -51,7 +51,8 @@ if not torch.cuda.is_available():  # the fused MLP's Triton kernel runs under th
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure, wall_windows, write_csv,
+    env_line, environment, graph_replay_windows, int_list, markdown, md_row, pyplot, save_figure, wall_windows,
+    write_csv,
 )
 
 from dlrm.model.archs import MLP  # noqa: E402
@@ -256,6 +257,7 @@ def main(argv=None) -> int:
             ap.error(str(e))
         impls.append(f"tail[{spec}]")
     precisions = args.precisions.split(",")
+    batches = int_list(ap, "--batch-sizes", args.batch_sizes)  # one argparse line for a bad value, not a traceback
     if device.type != "cuda" and "bf16" in precisions:
         ap.error("bf16 is measured on CUDA only (the Triton interpreter is fp32-only)")
 
@@ -278,7 +280,7 @@ def main(argv=None) -> int:
             + note_tail)
     rows = []
     for name in names:
-        for batch in [int(b) for b in args.batch_sizes.split(",")]:
+        for batch in batches:
             for precision in precisions:
                 for impl in impls:
                     r = measure(name, impl, precision, batch, device, args)

@@ -72,8 +72,10 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
     Timer,
+    config_or_error,
     env_line,
     environment,
+    int_list,
     markdown,
     md_row,
     pyplot,
@@ -85,7 +87,7 @@ from _common import (  # noqa: E402
 from step_clocks import label_phases, parse_samples, start_sampler, summarize  # noqa: E402
 from train_throughput import measure  # noqa: E402
 
-from dlrm.config import load_config, validate  # noqa: E402
+from dlrm.config import load_config, validate  # noqa: E402,F401 - load_config: the tests' name
 from dlrm.train.compare import KERNEL_SETS, VARIANTS, unavailable_reason, variant_config  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mlperf-dcnv2.json"
@@ -600,7 +602,9 @@ def main(argv=None) -> int:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v!r} (choose from {', '.join(VARIANTS)})")
     impls = ([BASELINE] if args.baseline else []) + variants
-    cfg = load_config(args.config)
+    # before the device peaks are measured: bad input is one argparse line, not a traceback after minutes
+    batch_sizes = int_list(ap, "--batch-sizes", args.batch_sizes)
+    cfg = config_or_error(ap, args.config)
     if not cfg.model.multi_hot_sizes or not cfg.model.cardinalities:
         ap.error(f"{args.config}: needs model.cardinalities and model.multi_hot_sizes")
 
@@ -628,7 +632,6 @@ def main(argv=None) -> int:
           f"target {millions(TARGET)}, HugeCTR H100 {millions(HUGECTR)}", flush=True)
 
     out = Path(args.out)
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     # --append: a case measured again replaces the earlier run's row; a variant named twice in this run (to
     # alternate it with another) keeps a row per measurement
     earlier = read_rows(out / "mlperf_dcnv2.csv") if args.append else []

@@ -54,10 +54,11 @@ if not torch.cuda.is_available():  # the Triton kernels run under the interprete
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
-    env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure, wall_windows, write_csv,
+    config_or_error, env_line, environment, graph_replay_windows, int_list, markdown, md_row, pyplot, save_figure,
+    wall_windows, write_csv,
 )
 
-from dlrm.config import load_config  # noqa: E402
+from dlrm.config import load_config  # noqa: E402,F401 - the tests' name
 from kernels.embedding import (  # noqa: E402
     fused_pooled_embedding,
     pooled_embedding_lookup,
@@ -321,7 +322,10 @@ def main(argv=None) -> int:
         for v in given:
             if v not in allowed:
                 ap.error(f"unknown {name} {v!r} (choose from {', '.join(allowed)})")
-    cfg = load_config(args.config)
+    # parsed before the copy bandwidth is measured and the (empty) results files are written: bad input must not
+    # replace an earlier run's files with an empty table and then crash with a traceback
+    batches = int_list(ap, "--batch-sizes", args.batch_sizes)
+    cfg = config_or_error(ap, args.config)
     m = cfg.model
     if not m.multi_hot_sizes or not m.cardinalities:
         ap.error(f"{args.config}: needs model.cardinalities and model.multi_hot_sizes")
@@ -361,7 +365,7 @@ def main(argv=None) -> int:
                 t = Tables(cards, m.multi_hot_sizes, m.embedding_dim, DTYPES[dtype], device)
             except torch.OutOfMemoryError as e:
                 skip = f"oom: allocating the {dtype} tables: {str(e).splitlines()[0][:120]}"
-        for batch in [int(b) for b in args.batch_sizes.split(",")]:
+        for batch in batches:
             x = None
             if t is not None:
                 try:

@@ -38,10 +38,11 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import pooled_embedding as pe  # noqa: E402
 from _common import (  # noqa: E402
-    env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure, wall_windows, write_csv,
+    config_or_error, env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure,
+    wall_windows, write_csv,
 )
 
-from dlrm.config import load_config  # noqa: E402
+from dlrm.config import load_config  # noqa: E402,F401 - the tests' name
 from kernels import heuristics  # noqa: E402
 from kernels.embedding import update  # noqa: E402
 
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
     if args.smoke:
         args.rows_cap, args.batch = args.rows_cap or 1000, 2  # 428 slots: repeated rows, chunks carried over
         args.warmup, args.steps, args.windows = int(device.type == "cuda"), 1, 1
-    m = load_config(args.config).model
+    m = config_or_error(ap, args.config).model  # a missing / malformed config: one line, not a traceback
     env = environment(device)
     copy_gbps = pe.copy_bandwidth(device, 2**30 if device.type == "cuda" and not args.smoke else 2**24, args.windows)
     rows: list[dict] = []

@@ -29,9 +29,11 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
     Timer,
+    config_or_error,
     env_line,
     environment,
     fill_cardinalities,
+    int_list,
     markdown,
     md_row,
     pyplot,
@@ -42,7 +44,7 @@ from _common import (  # noqa: E402
     write_csv,
 )
 
-from dlrm.config import load_config, validate  # noqa: E402
+from dlrm.config import load_config, validate  # noqa: E402,F401 - load_config: the tests' and callers' name
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
 from dlrm.train.compare import VARIANTS, release_memory, unavailable_reason, variant_config  # noqa: E402
 
@@ -163,7 +165,9 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default=None, help="output file stem (default train_throughput_<config>)")
     args = ap.parse_args(argv)
 
-    cfg = load_config(args.config)
+    cfg = config_or_error(ap, args.config)  # a missing / malformed config: one line, not a traceback
+    # parsed before any case runs: a bad value is one argparse line, not a ValueError after the first cases
+    batch_sizes = int_list(ap, "--batch-sizes", args.batch_sizes)
     fill_cardinalities(cfg)  # the config's dataset's table sizes when it names none
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
@@ -175,7 +179,7 @@ def main(argv=None) -> int:
     for variant in variants:
         if variant not in VARIANTS:
             ap.error(f"unknown variant {variant!r}")
-    for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
+    for batch_size in batch_sizes:
         for precision in args.precisions.split(","):
             for variant in variants:
                 r = run_case(cfg, variant, precision, batch_size, device, args)

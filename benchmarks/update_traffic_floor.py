@@ -44,10 +44,11 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import pooled_embedding as pe  # noqa: E402
 from _common import (  # noqa: E402
-    env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure, wall_windows, write_csv,
+    config_or_error, env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure,
+    wall_windows, write_csv,
 )
 
-from dlrm.config import load_config  # noqa: E402
+from dlrm.config import load_config  # noqa: E402,F401 - the tests' name
 from kernels.embedding import update  # noqa: E402
 
 CHUNK = 16
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
         steps, warmup = 1, int(device.type == "cuda")
     if args.windows < 1 or args.repeats < 1 or args.batch < 1:
         ap.error("--windows, --repeats and --batch must be >= 1")
-    m = load_config(args.config).model
+    m = config_or_error(ap, args.config).model  # a missing / malformed config: one line, not a traceback
     cards = [min(c, args.rows_cap) if args.rows_cap else c for c in m.cardinalities]
     env = environment(device)
     copy_gbps = pe.copy_bandwidth(device, 2**30 if device.type == "cuda" and not args.smoke else 2**24, args.windows)

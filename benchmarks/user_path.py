@@ -37,7 +37,7 @@ from pathlib import Path
 # appended: benchmarks/kernels.py must not shadow the kernels package
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import REPO, date_stamp, markdown, pyplot, save_figure, write_csv  # noqa: E402
+from _common import REPO, date_stamp, int_list, markdown, pyplot, save_figure, write_csv  # noqa: E402
 
 from dlrm.data.schema import read_metadata  # noqa: E402
 
@@ -193,6 +193,10 @@ def main(argv=None) -> int:
         sets = parse_sets(args.set)
     except ValueError as e:
         ap.error(str(e))
+    # the int lists checked before anything runs: a bad --buffer-rows crashed with a traceback after the reference
+    # and the first batch size's runs (0: a ZeroDivisionError), a bad --batch-sizes with one before any
+    batches = int_list(ap, "--batch-sizes", args.batch_sizes)
+    buffer_rows = int_list(ap, "--buffer-rows", args.buffer_rows) if args.buffer_rows else []
     if not (args.data / "metadata.json").is_file():
         print(f"{args.data}: no metadata.json (make a dataset first)", file=sys.stderr)
         return 2
@@ -203,15 +207,14 @@ def main(argv=None) -> int:
     dataset_tables = {"model.cardinalities": meta.cardinalities, "model.multi_hot_sizes": meta.multi_hot_sizes}
     rows = []
     try:
-        for batch in [int(b) for b in args.batch_sizes.split(",")]:
+        for batch in batches:
             ref = device_resident(config, batch, args.precision, {**sets, **dataset_tables})
             rows.append({"batch_size": batch, "run": "device-resident", **ref})
             runs = [("train.py (defaults)", {})] + [(f"train.py, placement {p}", {"data.placement": p})
                                                     for p in args.placements.split(",") if p]
             rows_total = meta.splits["train"].rows
-            runs += [(f"train.py, placement stream, {math.ceil(rows_total / int(n))} buffers/epoch",
-                      {"data.placement": "stream", "data.shuffle_buffer_rows": int(n)})
-                     for n in args.buffer_rows.split(",") if n]
+            runs += [(f"train.py, placement stream, {math.ceil(rows_total / n)} buffers/epoch",
+                      {"data.placement": "stream", "data.shuffle_buffer_rows": n}) for n in buffer_rows]
             for label, overrides in runs:
                 name = f"b{batch}-{overrides.get('data.placement', 'default')}-{overrides.get('data.shuffle_buffer_rows', '')}"
                 r = train_py(config, args.data, batch, args.epochs, args.max_steps, name, work, {**sets, **overrides})

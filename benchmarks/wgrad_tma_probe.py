@@ -28,7 +28,7 @@ if not torch.cuda.is_available():
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import env_line, environment, graph_replay_ms, markdown, md_row, wall_ms, write_csv  # noqa: E402
+from _common import env_line, environment, graph_replay_ms, int_list, markdown, md_row, wall_ms, write_csv  # noqa: E402
 
 import kernels.wgrad as wg  # noqa: E402
 from kernels.wgrad import linear_wgrad  # noqa: E402
@@ -71,7 +71,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     shapes, B = (SMOKE, 67) if args.smoke else (KAGGLE, args.batch)
-    stages = [int(s) for s in args.stages.split(",")] if not args.smoke else [2]
+    # a bad depth: one argparse line, not a traceback
+    stages = int_list(ap, "--stages", args.stages) if not args.smoke else [2]
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     timer = (lambda f: graph_replay_ms(f, args.calls, args.windows, 3)) if cuda else wall_ms
