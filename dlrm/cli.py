@@ -290,7 +290,7 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
 @click.option("--checkpoint", "checkpoint_path", type=str,
               help="Checkpoint for --eval-only or --export: a .pt file, or a run directory (its best.pt, else "
                    "its newest checkpoint).")
-@click.option("--split", type=click.Choice(["validation", "test"]), default=None, help="Split for --eval-only.")
+@click.option("--split", type=click.Choice(["validation", "test"]), default=None, help="The split evaluated: by --eval-only, and during training (data.eval_split: best.pt and early stopping follow it).")
 @click.option("--export", "export_path", type=str,
               help="Write a torch.export inference program (raw inputs, hashing included) to this new .pt2 file: "
                    "from --checkpoint, or from the model at the end of training (the path is checked first).")

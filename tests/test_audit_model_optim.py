@@ -161,3 +161,16 @@ def test_a_learning_rate_change_allowed_on_resume_is_the_one_trained_with(schedu
     # the state itself is the checkpoint's
     torch.testing.assert_close(new[0].state[new[0].param_groups[0]["params"][0]]["sum"],
                                opts[0].state[opts[0].param_groups[0]["params"][0]]["sum"])
+
+
+@pytest.mark.parametrize("kwargs, says", [({"eps": -1e-3}, "eps"), ({"eps": float("nan")}, "eps"),
+                                          ({"weight_decay": -0.1}, "weight_decay")])
+def test_capturable_adagrad_refuses_what_torch_adagrad_refuses(kwargs, says):
+    """A negative or NaN eps (or a negative weight decay) gave -inf / NaN weights silently; torch's Adagrad refuses
+    them, and the two classes take each other's state."""
+    from dlrm.train.adagrad import CapturableAdagrad
+
+    with pytest.raises(ValueError, match=says):
+        torch.optim.Adagrad([torch.nn.Parameter(torch.ones(2))], **kwargs)
+    with pytest.raises(ValueError, match=f"{says} must be >= 0"):
+        CapturableAdagrad([torch.nn.Parameter(torch.ones(2))], **kwargs)

@@ -55,6 +55,10 @@ class CapturableAdagrad(torch.optim.Optimizer):
                  weight_decay: float = 0.0) -> None:
         if not isinstance(lr, Tensor) and lr < 0.0:
             raise ValueError(f"lr must be >= 0, got {lr}")
+        if not eps >= 0.0:  # as torch.optim.Adagrad: a negative (or NaN) eps gave -inf / NaN weights, silently
+            raise ValueError(f"eps must be >= 0, got {eps}")
+        if not weight_decay >= 0.0:
+            raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         # torch.optim.Adagrad's group entries, so that a state_dict of either class loads into the other
         defaults = dict(lr=lr, eps=eps, weight_decay=weight_decay, lr_decay=0.0, initial_accumulator_value=0.0,
                         foreach=True, maximize=False, differentiable=False, fused=None)
