@@ -214,6 +214,10 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, deterministic: bool = F
 CONFIGURED = ("lr", "eps", "weight_decay", "momentum")
 """The param-group entries an `OptimConfig` sets (the lr before any schedule)."""
 
+IMPLEMENTATION = ("fused", "foreach", "capturable")
+"""The param-group entries that choose how a torch optimizer runs here (the device, `train.cuda_graph`), not what it
+computes: a checkpoint's do not apply to the run that loads it."""
+
 
 def keeps_configured_hyperparameters(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """Make `optimizer` keep the hyperparameters it was built with (`CONFIGURED`) when a state dict loads; returns it.
@@ -222,17 +226,44 @@ def keeps_configured_hyperparameters(optimizer: torch.optim.Optimizer) -> torch.
     the checkpoint's learning rate, eps, weight decay and momentum even where ``--allow-config-change``
     let the config change them (and logged the change). The state (sums, moments, step counters) is the
     checkpoint's; the hyperparameters are the config's. A schedule then scales the lr (`build_schedulers`).
+
+    The implementation entries (`IMPLEMENTATION`) are the live optimizer's as the load starts: a checkpoint
+    of a CPU run (Adam neither fused nor capturable) resumed on a GPU with ``train.cuda_graph`` made the
+    captured step's Adam non-capturable (the capture then failed) and the dense optimizer silently unfused.
+    Step counters move where torch keeps them for the live entries (on the parameter's device when fused or
+    capturable, else on the CPU), as torch's load does for the saved ones.
     """
     configured = [{k: group[k] for k in CONFIGURED if k in group} for group in optimizer.param_groups]
+    live: list[dict] = []
+
+    def remember(opt, state_dict) -> None:
+        # the entries as the run set them, up to this load (GraphedTrainStep sets capturable after the build)
+        live[:] = [{k: group[k] for k in IMPLEMENTATION if k in group} for group in opt.param_groups]
 
     def restore(opt) -> None:
-        for group, values in zip(opt.param_groups, configured):
+        for group, values, flags in zip(opt.param_groups, configured, live or [{}] * len(configured)):
             group.update(values)
             if "initial_lr" in group and "lr" in values:  # a schedule's base (LambdaLR reads it when built)
                 group["initial_lr"] = values["lr"]
+            if flags and any(group.get(k) != v for k, v in flags.items()):
+                group.update(flags)
+                _place_step_counters(opt, group)
 
+    optimizer.register_load_state_dict_pre_hook(remember)
     optimizer.register_load_state_dict_post_hook(restore)
     return optimizer
+
+
+def _place_step_counters(opt: torch.optim.Optimizer, group: dict) -> None:
+    """Each "step" tensor of `group`'s parameters where torch's optimizers keep it for the group's flags: an fp32
+    tensor on the parameter's device when fused or capturable, else on the CPU (torch's own load places a step by
+    the saved group's flags, which `keeps_configured_hyperparameters` has just replaced)."""
+    on_device = bool(group.get("fused")) or bool(group.get("capturable"))
+    for p in group["params"]:
+        state = opt.state.get(p)
+        step = state.get("step") if state else None
+        if isinstance(step, torch.Tensor):
+            state["step"] = step.to(dtype=torch.float32, device=p.device if on_device else "cpu")
 
 
 def loads_fused_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
