@@ -42,6 +42,28 @@ def init_linear_(layer: nn.Linear) -> None:
             layer.bias.normal_(0.0, math.sqrt(1.0 / fan_out))
 
 
+def init_linear_torchrec_(layer: nn.Module) -> None:
+    """TorchRec's initialisation (its MLP layers are plain nn.Linear; MLPerf DLRM-DCNv2's reference, whose closed
+    division requires the same distributions): weight kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
+    bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)). Any layer with nn.Linear's ``weight`` [out, in] and ``bias``."""
+    nn.Linear.reset_parameters(layer)  # type: ignore[arg-type]
+
+
+# `DenseArch` / `OverArch` ``init``: the 2019 DLRM's (the dot model) or TorchRec's DLRM_DCN's (the DCN model)
+MLP_INITS = {"dlrm": init_linear_, "torchrec": init_linear_torchrec_}
+
+
+def reinit_mlp_(mlp: nn.Module, init: str) -> None:
+    """Draw every layer of `mlp` (``layers``: an `MLP`, or a kernel MLP with the same layers) again with `init`.
+
+    After the construction, which every MLP class does with `init_linear_` in the same order: the same seed then
+    gives the same weights whichever class runs the layers (a checkpoint moves between them)."""
+    if init == "dlrm":
+        return
+    for layer in mlp.layers:
+        MLP_INITS[init](layer)
+
+
 class MLP(nn.Module):
     """Stack of linear layers with an activation between them.
 
@@ -109,6 +131,8 @@ class DenseArch(nn.Module):
         mlp_cls: the layer chain's class (`MLP`, or `kernels.mlp.FusedMLP`: same parameters).
         input_multiple: zero columns are appended to the input up to a multiple of this
             (``model.bottom_mlp_input_multiple``; the first layer's weight is that wide).
+        init: the layers' initialisation, a key of `MLP_INITS` ("dlrm": `init_linear_`; "torchrec":
+            `init_linear_torchrec_`, the DCN model's, as MLPerf DLRM-DCNv2's reference).
 
     Example:
         >>> DenseArch(13, [64, 16])(torch.randn(4, 13)).shape
@@ -120,11 +144,12 @@ class DenseArch(nn.Module):
     """
 
     def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None,
-                 dropout: float = 0.0, mlp_cls=None, input_multiple: int = 1) -> None:
+                 dropout: float = 0.0, mlp_cls=None, input_multiple: int = 1, init: str = "dlrm") -> None:
         super().__init__()
         self.pad = -in_features % input_multiple
         self.model = (mlp_cls or MLP)(in_features + self.pad, widths, activation, activate_last=True,
                                       linear_cls=linear_cls, dropout=dropout)
+        reinit_mlp_(self.model, init)
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
         if self.pad:  # under torch.compile the zeros are written by the kernel that casts the input
@@ -368,6 +393,7 @@ class OverArch(nn.Module):
         widths: layer widths, the last equal to 1.
         activation: activation between layers.
         mlp_cls: the layer chain's class (`MLP`, or `kernels.mlp.FusedMLP`: same parameters).
+        init: the layers' initialisation, as `DenseArch`'s.
 
     Example:
         >>> OverArch(367, [64, 1])(torch.randn(5, 367)).shape
@@ -377,10 +403,11 @@ class OverArch(nn.Module):
     """
 
     def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None,
-                 dropout: float = 0.0, mlp_cls=None) -> None:
+                 dropout: float = 0.0, mlp_cls=None, init: str = "dlrm") -> None:
         super().__init__()
         self.model = (mlp_cls or MLP)(in_features, widths, activation, activate_last=False, linear_cls=linear_cls,
                                       dropout=dropout)
+        reinit_mlp_(self.model, init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x).squeeze(-1)

@@ -154,8 +154,11 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
         from kernels.wgrad import LinearReLUWgrad
 
         linear_cls = LinearReLUWgrad
+    # The DCN model's reference (MLPerf DLRM-DCNv2: TorchRec's DLRM_DCN) initialises its MLPs as nn.Linear does; the
+    # dot model's (the 2019 DLRM) with N(0, sqrt(2/(fan_in+fan_out))) weights and N(0, sqrt(1/fan_out)) biases
+    mlp_init = "torchrec" if cfg.interaction == "dcn" else "dlrm"
     dense_arch = DenseArch(NUM_DENSE, cfg.bottom_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout,
-                           mlp_cls=mlp_cls, input_multiple=cfg.bottom_mlp_input_multiple)
+                           mlp_cls=mlp_cls, input_multiple=cfg.bottom_mlp_input_multiple, init=mlp_init)
     multi_hot = multi_hot_sizes is not None and any(s != 1 for s in multi_hot_sizes)
     if sparse_arch is not None:
         sparse_arch = sparse_arch()
@@ -196,7 +199,7 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
     elif pad:
         interaction = PaddedInteraction(interaction, pad)
     over_arch = OverArch(interaction.output_dim, cfg.top_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout,
-                         mlp_cls=mlp_cls)
+                         mlp_cls=mlp_cls, init=mlp_init)
     return DLRM(dense_arch, sparse_arch, interaction, over_arch)
 
 
