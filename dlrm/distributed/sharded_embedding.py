@@ -338,7 +338,9 @@ class ShardedSparseArch(nn.Module):
             local = self.__dict__["_triton"]
             emb = local(raw).view(W, P, -1, self.dim)
             if not self.pooled_local and self.row_wise:  # (padded samples are cut off after the exchange)
-                emb = emb * valid.view(W, P, S, 1).to(emb.dtype)
+                # where, not a multiply by the 0/1 mask: the row a masked lookup points at may hold NaN or Inf
+                # (0 * NaN = NaN); its gradient is zero either way
+                emb = torch.where(valid.view(W, P, S, 1), emb, 0.0)
             return emb
         t = recv - self._base
         valid = (t >= 0) & (t < self._count)

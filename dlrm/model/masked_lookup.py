@@ -2,7 +2,8 @@
 
 A lookup can be *masked*: an empty multi-hot slot (``PAD_SPARSE``), or, under torchrun, an id that
 another rank's block of a row-wise table serves, or a padded sample. Such a lookup still has to
-point at some row (static shapes), and it contributes zeros to the output. With
+point at some row (static shapes), and it contributes exactly zeros to the output, also when that row
+holds NaN or Inf (it is selected out or left out of the bag, never multiplied by 0). With
 ``F.embedding(sparse=True)`` or ``F.embedding_bag(per_sample_weights=0)`` its row would still
 appear in the sparse gradient, with a zero value. A zero gradient changes nothing for SGD, Adagrad or
 row-wise Adagrad. But the lazy weight decay (`dlrm.train.optim.decay_touched_rows_`) decays every row
@@ -35,7 +36,9 @@ class _MaskedEmbedding(torch.autograd.Function):
         ctx.save_for_backward(rows, keep)
         ctx.weight_shape = weight.shape
         out = F_.embedding(rows, weight)
-        return out * keep.unsqueeze(-1).to(out.dtype)
+        # where, not a multiply by the 0/1 mask: a masked lookup's row may hold NaN or Inf (0 * NaN = NaN), and it
+        # must contribute nothing, as the Triton kernels skip it (same cost: one pass writing the output)
+        return torch.where(keep.unsqueeze(-1), out, 0.0)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -63,13 +66,35 @@ def masked_embedding(rows: torch.Tensor, weight: torch.Tensor, keep: torch.Tenso
     return _MaskedEmbedding.apply(weight, rows, keep)
 
 
+def _kept_first(rows: torch.Tensor, keep: torch.Tensor, bag_starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows` with the kept lookups first (in their order, so each bag's stay together) and the masked ones after
+    them, and ``F.embedding_bag`` offsets of the bags over the kept ones plus one last bag of the masked ones.
+
+    A masked lookup must contribute nothing to its bag. A per-sample weight of 0 does not do that when its row holds
+    NaN or Inf (0 * NaN = NaN), whereas the Triton kernels skip it; leaving it out of the bags does. Static shapes
+    and no host sync. Cost: a few elementwise passes over N int64s (a cumulative count, the positions, a scatter with
+    unique indices: deterministic) and two N int64 temporaries besides `packed`, against the N * D values the lookup
+    reads; the 0/1 per-sample weights it replaces were N floats."""
+    n = rows.shape[0]
+    kept_before = torch.zeros(n + 1, dtype=torch.int64, device=rows.device)
+    torch.cumsum(keep, 0, out=kept_before[1:])
+    total = kept_before[n:]
+    # a kept lookup goes to (kept ones before it), a masked one to total + (masked ones before it)
+    position = torch.arange(n, device=rows.device).sub_(kept_before[:-1]).add_(total)
+    torch.where(keep, kept_before[:-1], position, out=position)
+    packed = torch.empty_like(rows).scatter_(0, position, rows)
+    return packed, torch.cat([kept_before[bag_starts], total])
+
+
 class _MaskedEmbeddingBag(torch.autograd.Function):
     @staticmethod
     def forward(ctx, weight: torch.Tensor, rows: torch.Tensor, keep: torch.Tensor, bag_starts: torch.Tensor,
                 bag: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(rows, keep, bag)
         ctx.weight_shape = weight.shape
-        return F_.embedding_bag(rows, weight, bag_starts, mode="sum", per_sample_weights=keep.to(weight.dtype))
+        packed, offsets = _kept_first(rows, keep, bag_starts)
+        # the last bag holds the masked lookups: its sum is dropped
+        return F_.embedding_bag(packed, weight, offsets, mode="sum")[:-1]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):

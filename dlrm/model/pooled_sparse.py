@@ -7,8 +7,9 @@ list leaves empty holds ``PAD_SPARSE`` (-2), a missing value -1).
 
 Each feature's values are looked up in its table and summed (MLPerf DLRM-DCNv2's sum pooling),
 with ``F.embedding_bag`` over the one concatenated weight: one bag per (sample, feature), at the
-static offsets ``b * L + slot_offsets[f]``, and a per-slot weight of 0 for PAD slots (1
-otherwise), so shapes never depend on the data. The sparse gradient leaves PAD slots out
+static offsets ``b * L + slot_offsets[f]``, PAD slots left out of the bags (moved to one extra
+bag whose sum is dropped: a PAD slot adds nothing, even when the row it points at holds NaN or Inf),
+so shapes never depend on the data. The sparse gradient leaves PAD slots out
 (`dlrm.model.masked_lookup`), so a lazy weight decay decays only rows a sample used. The Triton twin is
 `kernels.embedding.TritonPooledEmbedding` (same weight, init and hashing; PAD slots skipped).
 """

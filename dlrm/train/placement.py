@@ -4,7 +4,8 @@ The estimate is deliberately simple and stated in the log line: the train and ev
 `device_bytes_per_row` each (`dlrm.data.device_loader`: dense float32, every sparse slot as a 32-bit
 pattern, labels) against ``data.gpu_memory_share`` of the device memory that is free before the model
 is built, less what the embedding tables (in ``model.embedding_dtype``) and their fp32 optimizer state
-will take.
+will take (`rank_table_bytes`: under torchrun the rows the sharding plan gives each rank, and with
+vocabulary hashing the int64 keys every rank holds), on the rank where the least is left.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from loguru import logger
 
 from dlrm.config import Config, ConfigError
 from dlrm.data.schema import Metadata
+from dlrm.distributed.sharding import plan_sharding
 from dlrm.model.dlrm import _TABLE_DTYPES
 
 
@@ -37,8 +39,27 @@ def table_row_bytes(cfg: Config) -> int:
 
 
 def table_bytes(cfg: Config, cardinalities: list[int], world_size: int = 1) -> int:
-    """Embedding weights plus the sparse optimizer's state on one rank."""
+    """Embedding weights plus the sparse optimizer's state on one rank, were the rows spread evenly
+    (`rank_table_bytes` counts the rows the sharding plan gives each rank)."""
     return int(sum(cardinalities) / world_size * table_row_bytes(cfg))
+
+
+def rank_table_bytes(cfg: Config, cardinalities: list[int], world_size: int = 1, hotness: Optional[list[int]] = None,
+                     hashing: str = "modulus", memory_per_rank: Optional[int] = None) -> list[int]:
+    """What each rank's embedding holds on its device: weights and sparse optimizer state of its rows, and with
+    vocabulary hashing the int64 key of every vocabulary value (`dlrm.model.hashing.keyed_vocabulary`: every rank
+    holds all of them, a table's rows less its out-of-vocabulary row).
+
+    A rank's rows are those of the sharding plan the build makes (`dlrm.train.builder.make_sharding`, from the same
+    settings; ``memory_per_rank`` is its limit), not ``1/W`` of the tables: table-wise tables go whole to one rank
+    (MLPerf DLRM-DCNv2 on 2 ranks: 1.6 times the even share, 15 GiB more, on one of them)."""
+    row = table_row_bytes(cfg)
+    keys = 8 * sum(int(c) - 1 for c in cardinalities) if hashing == "vocabulary" else 0
+    if world_size == 1:
+        return [sum(cardinalities) * row + keys]
+    plan = plan_sharding(list(cardinalities), world_size, cfg.distributed.sharding, cfg.distributed.row_wise_min_rows,
+                         hotness, cfg.distributed.balance, row, memory_per_rank)
+    return [plan.local_rows(q) * row + keys for q in range(world_size)]
 
 
 def choose_placement(cfg: Config, meta: Metadata, cardinalities: list[int], device: torch.device,
@@ -51,7 +72,11 @@ def choose_placement(cfg: Config, meta: Metadata, cardinalities: list[int], devi
         return "stream"
     rows = sum(meta.splits[s].rows for s in ("train", cfg.data.eval_split) if s in meta.splits)
     need = rows * device_bytes_per_row(meta.multi_hot_sizes)
-    free = _smallest_free_memory(device, world_size) - table_bytes(cfg, cardinalities, world_size)
+    frees, total = _free_memory(device, world_size)
+    # the rank's own tables from its own free memory: the ranks hold different shares of the rows
+    tables = rank_table_bytes(cfg, cardinalities, world_size, meta.multi_hot_sizes, meta.hashing,
+                              int(total * _table_memory_fraction()))
+    free = min(f - t for f, t in zip(frees, tables))
     budget = max(free, 0) * cfg.data.gpu_memory_share
     choice = "gpu" if need <= budget else "stream"
     logger.info(f"data.placement auto: {choice} (train + {cfg.data.eval_split}: {rows:,} rows, {need / 2**30:.2f} GiB on "
@@ -60,18 +85,28 @@ def choose_placement(cfg: Config, meta: Metadata, cardinalities: list[int], devi
     return choice
 
 
-def _smallest_free_memory(device: torch.device, world_size: int) -> int:
-    """The device memory free on this rank, or under torchrun the least free on any rank (one gather at start-up).
+def _table_memory_fraction() -> float:
+    from dlrm.train.builder import TABLE_MEMORY_FRACTION  # (the builder imports this module)
+
+    return TABLE_MEMORY_FRACTION
+
+
+def _free_memory(device: torch.device, world_size: int) -> tuple[list[int], int]:
+    """(the device memory free on each rank, the least total memory of any rank, which `make_sharding` plans with):
+    this rank's alone in one process, every rank's under torchrun (two gathers at start-up), so every rank decides
+    alike. cudaMemGetInfo's total is the device properties' total memory, which `make_sharding` reads.
 
     Every rank must place the data alike: each loads the whole split and takes its slice of every global batch, and
     the two loaders shuffle differently, so a rank streaming beside one holding its split in GPU memory (less free
     memory on one GPU) took its slices from other global batches: rows trained twice an epoch, others never."""
-    free = torch.cuda.mem_get_info(device)[0]
+    free, total = torch.cuda.mem_get_info(device)
     if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-        gathered: list = [None] * world_size
-        torch.distributed.all_gather_object(gathered, free)
-        free = min(gathered)
-    return free
+        frees: list = [None] * world_size
+        torch.distributed.all_gather_object(frees, free)
+        totals: list = [None] * world_size
+        torch.distributed.all_gather_object(totals, total)
+        return frees, min(totals)
+    return [free] * world_size, total
 
 
 def resumed_placement(cfg: Config, saved: Optional[str], chosen: str, allowed: Iterable[str] = ()) -> str:
