@@ -20,10 +20,12 @@ loaders' own transform (`dlrm.data.batch.transform_dense`), so the copy trains e
 recover from them).
 
 A slot column keeps a row's values first and -2 (no value) after them; going back to lists drops
-the -2s, so lists -> slots -> lists gives back the same lists. ``--output`` is written whole into a
-temporary directory beside it and renamed into place at the end: it never holds a half-written
-dataset, and an existing non-empty ``--output`` is refused unless ``--overwrite`` (an ``--output`` that is
-``--data``, holds it or lies inside it is refused even then).
+the -2s after a row's last value (a -2 between two values, as another writer may store it, stays), so
+lists -> slots -> lists gives back the same lists and slots -> lists -> slots the same slots.
+``--output`` is written whole into a temporary directory beside it and renamed into place at the end: it
+never holds a half-written dataset (a failed run removes the temporary directory and the parents of
+``--output`` it made), and an existing non-empty ``--output`` is refused unless ``--overwrite`` (an
+``--output`` that is ``--data``, holds it or lies inside it is refused even then).
 """
 
 from __future__ import annotations
@@ -48,11 +50,13 @@ from dlrm.data.batch import transform_dense
 
 from dlrm.data.host_arena import list_slots
 from dlrm.data.preprocess.options import CODECS
+from dlrm.data.preprocess.output import _first_missing, _remove_empty_dirs
 from dlrm.data.schema import (
     SPARSE_COLUMNS,
     SPARSE_LAYOUTS,
     DENSE_COLUMNS,
     DENSE_FORMATS,
+    PAD_SPARSE,
     DatasetError,
     DenseFormat,
     Metadata,
@@ -65,7 +69,7 @@ from dlrm.data.schema import (
     write_metadata,
 )
 from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, replace_dir
-from dlrm.data.validation import NullTally, check_table, first_rows, open_shard, split_files
+from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_rows, open_shard, split_files
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
 
@@ -87,10 +91,28 @@ def table_in_layout(table: pa.Table, sizes: list[int], source: SparseLayout, lay
         if layout == "slots":  # one list column -> size slot columns, -2 after each row's values
             slots = list_slots(arrays.pop(SPARSE_COLUMNS[f]), size)
             arrays.update(zip((slot_column(f, j) for j in range(size)), feature_columns(slots, "slots")))
-        else:  # size slot columns -> one list column, the -2s dropped
+        else:  # size slot columns -> one list column, the -2s after each row's last value dropped
             block = np.stack([arrays.pop(slot_column(f, j)).to_numpy() for j in range(size)], axis=1)
-            arrays[SPARSE_COLUMNS[f]] = feature_columns(block, "lists")[0]
+            arrays[SPARSE_COLUMNS[f]] = slots_as_lists(block)
     return pa.Table.from_arrays([arrays[name] for name in schema.names], schema=schema)
+
+
+def slots_as_lists(slots: np.ndarray) -> pa.ListArray:
+    """A feature's slots, int64 [n, size], as a ``list<int64>`` array holding each row's slots up to its last value.
+
+    Only the `PAD_SPARSE` slots after a row's last value are dropped: a -2 between two values (another writer's
+    row [5, -2, 7]) stays in the list, where the loaders read it back into the same slot (`list_slots`), so
+    slots -> lists -> slots gives back the same slots. Dropping every -2 (`dlrm.data.schema.slots_to_list_array`,
+    right for the writers' values-first rows) moved the 7 into the middle slot: the same pooled sum, not the
+    same data."""
+    n, size = slots.shape
+    filled = slots != PAD_SPARSE
+    # each row's length: 1 + the index of its last value (0 for a row of -2s only)
+    lengths = np.where(filled.any(axis=1), size - np.argmax(filled[:, ::-1], axis=1), 0)
+    keep = np.arange(size) < lengths[:, None]
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(slots[keep], pa.int64()))
 
 
 def dense_as_float(table: pa.Table) -> pa.Table:
@@ -145,14 +167,21 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
     if out_dense not in DENSE_FORMATS or (out_dense == "counts" and meta.dense_format == "float"):
         raise click.ClickException(f"--dense-format: {out_dense!r:.40} is not one of keep, float ({data} holds "
                                    f"{meta.dense_format}; float values cannot be turned back into counts)")
+    for path in (data, output):  # pyarrow opens (and writes) files by a UTF-8 path only
+        check_utf8_path(path)
     check_apart("--data", data, "--output", output, "write the copy somewhere else")
     check_target(output, overwrite, "directory")
     check_parent_writable(output, "--output")
-    files = [(split, f) for split in meta.splits for f in split_files(data, meta, split)]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.relayout-", dir=output.parent))
+    # a split without rows lists no files (the preprocessor's tiny inputs, a fraction 0): nothing to rewrite, and
+    # `split_files` refuses it (a loader must not open it); its entry is kept as it is
+    files = [(split, f) for split, info in meta.splits.items() if info.files or info.rows
+             for f in split_files(data, meta, split)]
+    created = _first_missing(output.parent)  # the directories made for --output, removed again on a failure
+    tmp: Path | None = None
     started = time.perf_counter()
     try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.relayout-", dir=output.parent))
         if (data / "vocab").is_dir():
             shutil.copytree(data / "vocab", tmp / "vocab")
         sizes = meta.multi_hot_sizes
@@ -173,7 +202,10 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
         write_metadata(tmp, new)
         replace_dir(tmp, output)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if created is not None:  # a failed run leaves nothing behind, not even the parents of --output it made
+            _remove_empty_dirs(output.parent.absolute(), created)
         raise
     seconds = time.perf_counter() - started
     logger.info(f"wrote {output} ({layout}, dense {out_dense}, schema version {new.written_version}): {len(files)} files, "

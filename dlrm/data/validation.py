@@ -42,6 +42,15 @@ from dlrm.data.schema import (
 )
 
 
+def check_utf8_path(path: str | Path) -> None:
+    """`DatasetError` unless `path` is valid UTF-8: pyarrow opens files by a UTF-8 path and raised a bare
+    UnicodeEncodeError (a traceback) for a name that is not (a Latin-1 name on Linux reads as surrogates)."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        raise DatasetError(f"{str(path)!r}: the path is not valid UTF-8, which pyarrow cannot open; rename it") from None
+
+
 def split_files(dataset_dir: str | Path, meta: Metadata, split: str) -> list[Path]:
     """The parquet files of `split`, checked to exist and to hold the rows metadata.json says (their footers: a shard
     replaced, truncated to fewer row groups or from another dataset shows here, before any training)."""
@@ -56,6 +65,7 @@ def split_files(dataset_dir: str | Path, meta: Metadata, split: str) -> list[Pat
         raise DatasetError(f"{where}: splits.{split}: lists no files")
     rows = 0
     for f in files:
+        check_utf8_path(f)
         try:
             rows += pq.ParquetFile(f).metadata.num_rows
         except (OSError, pa.ArrowException) as e:
@@ -304,6 +314,7 @@ def open_shard(path: Path, multi_hot_sizes: list[int] | None = None,
     """The parquet footer of `path` and its sparse layout (`file_layout`), its schema checked
     (`check_schema`, against `multi_hot_sizes`, None: one-hot, and `dense_format`) and its labels
     pre-checked from the statistics (`footer_label_check`); unreadable -> `DatasetError`."""
+    check_utf8_path(path)
     try:
         footer = pq.ParquetFile(path).metadata
         schema = footer.schema.to_arrow_schema()

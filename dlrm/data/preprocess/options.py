@@ -328,6 +328,11 @@ def _order_days(paths: list[Path]) -> list[Path]:
 def check_output_location(out: Path, inputs: list[Path]) -> None:
     """The output is (or can be made as) a writable directory that holds none of the inputs in
     the parts a run replaces."""
+    try:
+        str(out).encode("utf-8")
+    except UnicodeEncodeError:  # pyarrow opens shards by a UTF-8 path: no loader (nor a resume) could read them
+        raise PreprocessError(f"--output {str(out)!r}: the path is not valid UTF-8, which pyarrow (every loader) "
+                              "cannot open; choose another name") from None
     if os.path.lexists(out) and not out.is_dir():
         raise PreprocessError(f"{out}: exists and is not a directory")
     base = _nearest_existing(out)

@@ -360,11 +360,22 @@ def _count_pass(paths: list[Path], fmt: str, chunk_rows: int, pool, workers: int
             return [scans[i] for i in range(len(paths))]
         big = [not _is_gzip(p) and p.stat().st_size >= _PARALLEL_SCAN_MIN_BYTES for p in paths]
         futures = {pool.submit(_scan_star, (str(p), fmt, chunk_rows)): i for i, p in enumerate(paths) if not big[i]}
+        # A file's error (no format, a wrong header) is kept, not raised at once: the one reported is the first in
+        # input order, as with one worker, whichever file this process or the pool counted first.
+        errors: dict[int, PreprocessError] = {}
         for i, p in enumerate(paths):
-            if big[i]:
-                scans[i] = scan_file_parallel(p, fmt, chunk_rows, pool, 2 * workers)
+            if big[i] and not errors:  # a big file after one in error: not worth counting
+                try:
+                    scans[i] = scan_file_parallel(p, fmt, chunk_rows, pool, 2 * workers)
+                except PreprocessError as e:
+                    errors[i] = e
                 bar.update(1)
         for fut in as_completed(futures):
-            scans[futures[fut]] = fut.result()
+            try:
+                scans[futures[fut]] = fut.result()
+            except PreprocessError as e:
+                errors[futures[fut]] = e
             bar.update(1)
+        if errors:
+            raise errors[min(errors)]
     return [scans[i] for i in range(len(paths))]

@@ -88,15 +88,25 @@ def _run_inline(make_tasks, n_files: int, state: _RunState) -> None:
 
 def _run_pool(pool: ProcessPoolExecutor, make_tasks, files: list[int], workers: int, state: _RunState) -> None:
     """Feeder threads (one file at a time each; they decompress gzip inputs) submit chunks to the
-    pool, at most 2 per worker in flight; this thread records the results."""
+    pool, at most 2 per worker in flight; this thread records the results.
+
+    A bad line does not stop the chunks before it in input order: feeders run several files at once,
+    so a later file's bad line can come back first, and the run must still report the first bad line
+    in input order, as one worker does (``--on-bad-line stop``). Only the chunks after the earliest
+    bad chunk seen so far (``limit``) are no longer started."""
     results: queue.Queue[Future] = queue.Queue()
     slots = threading.Semaphore(2 * workers)
     stop = threading.Event()
     lock = threading.Lock()
     outstanding = [0]
+    limit: list[tuple[int, int] | None] = [None]  # (file, chunk) of the earliest chunk with a bad line
     file_queue: queue.Queue[int] = queue.Queue()
     for f in files:
         file_queue.put(f)
+
+    def after_limit(f: int, c: int) -> bool:
+        with lock:
+            return limit[0] is not None and (f, c) > limit[0]
 
     def feed() -> None:
         while not stop.is_set():
@@ -104,13 +114,19 @@ def _run_pool(pool: ProcessPoolExecutor, make_tasks, files: list[int], workers: 
                 f = file_queue.get_nowait()
             except queue.Empty:
                 return
+            if after_limit(f, -1):
+                continue  # a file after the bad line: not even decompressed
             for task in make_tasks(f):
+                if after_limit(f, task.chunk_index):
+                    break  # this chunk and the rest of the file lie after the bad line
                 while not slots.acquire(timeout=0.1):
                     if stop.is_set():
                         return
-                if stop.is_set():
+                if stop.is_set() or after_limit(f, task.chunk_index):
                     slots.release()
-                    return
+                    if stop.is_set():
+                        return
+                    break
                 with lock:
                     outstanding[0] += 1
                 pool.submit(_process_chunk, task).add_done_callback(results.put)
@@ -140,9 +156,14 @@ def _run_pool(pool: ProcessPoolExecutor, make_tasks, files: list[int], workers: 
                 failure = failure or exc
                 stop.set()
                 continue
-            state.handle(fut.result())
-            if state.stopping:
+            res = fut.result()
+            state.handle(res)
+            if state.interrupted:
                 stop.set()
+            elif res.error is not None:
+                with lock:
+                    key = (res.file_index, res.chunk_index)
+                    limit[0] = key if limit[0] is None else min(limit[0], key)
     except BaseException:
         stop.set()
         raise
