@@ -26,6 +26,12 @@ other trials run, the failed one is a row of ``trials.csv`` (``status``: ``faile
 ``sweep.md``'s table, its setting ranks after those whose trials all finished and is left out of the verdict, and
 once the tables are written the sweep exits with the first failure's code (dlrm.cli's). A config error a trial's run
 raises (a device that is absent, say) ends the sweep, as do Ctrl-C and a signal (the trial's checkpoint is kept).
+
+A sweep records its grid in ``sweep.json`` before its first trial; one that stopped (Ctrl-C, a signal, a crash, a time
+limit) or had failed trials is finished in the same directory by ``python -m dlrm.sweep --resume <sweep dir>``:
+finished trials are gathered, not trained again; an interrupted one resumes from its checkpoint; one without a
+checkpoint, or failed, is trained afresh (what it left moved aside); then the tables cover every trial once. Options
+given with ``--resume`` must match the record (`dlrm.sweep_resume`).
 """
 
 from __future__ import annotations
@@ -393,31 +399,73 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     check_settings(config, base, settings, seeds)
     if train_fn is None:
         from dlrm.train.trainer import train as train_fn
+    from dlrm.sweep_resume import write_record
+
     directory, created = sweep_directory(tb_dir, run_name, config)
-    logger.info(f"sweep: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs into {directory}")
-    results = [SettingResult(i, s) for i, s in enumerate(settings)]
     try:
-        first_failure = _run_trials(config, base, results, seeds, directory, train_fn)
-    except BaseException:  # a config error, Ctrl-C or a signal ended the sweep: keep what its trials wrote, and
-        # only that (a trial that failed before its first step removed its own run directory, not the empty
-        # <setting>/ and sweep directories above it, and the same --run-name was then refused as "already exists")
+        lock = write_record(directory, config, sets, seeds, base)  # what --resume reads back
+    except BaseException:
         _remove_empty_directories(directory, keep_root=not created)
         raise
-    return _finish(directory, results, sets, seeds, first_failure)
+    logger.info(f"sweep: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs into {directory}")
+    return run_and_finish(config, base, sets, seeds, directory, train_fn, lock, created, resume=False)
+
+
+def run_and_finish(config: str, base: dict[str, Any], sets: list[tuple[str, list[Any]]], seeds: int, directory: Path,
+                   train_fn, lock, created: bool, resume: bool) -> tuple[Path, Optional[Verdict]]:
+    """The trials (on `resume`, those `dlrm.sweep_resume.trial_state` leaves to do), then `_finish`; `lock` (the
+    sweep's, `SweepLock`) is released at the end."""
+    results = [SettingResult(i, s) for i, s in enumerate(grid(sets))]
+    try:
+        try:
+            first_failure = _run_trials(config, base, results, seeds, directory, train_fn, resume)
+        except BaseException:  # a config error, Ctrl-C or a signal ended the sweep: keep what its trials wrote, and
+            # only that (a trial that failed before its first step removed its own run directory, not the empty
+            # <setting>/ and sweep directories above it, and the same --run-name was then refused as "already exists")
+            _remove_empty_directories(directory, keep_root=True)
+            if not resume and [p.name for p in directory.iterdir()] == ["sweep.json"]:
+                (directory / "sweep.json").unlink()  # nothing trained: no sweep to resume, the name is free again
+                _remove_empty_directories(directory, keep_root=not created)
+            else:
+                logger.info(f"sweep: stopped; `python -m dlrm.sweep --resume {directory}` finishes it (the finished "
+                            "trials are kept, the stopped one resumes from its checkpoint)")
+            raise
+        return _finish(directory, results, sets, seeds, first_failure, resume)
+    finally:
+        lock.release()
 
 
 def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult], seeds: int, directory: Path,
-                train_fn) -> Optional[BaseException]:
-    """Every trial in turn, its summary or its failure into `results`; returns the first failure's exception."""
+                train_fn, resume: bool = False) -> Optional[BaseException]:
+    """Every trial in turn, its summary or its failure into `results`; returns the first failure's exception. On
+    `resume`, a finished trial's summary is gathered and an interrupted one resumed from its checkpoint."""
+    from dlrm.sweep_resume import trial_state
+
     total = len(results) * seeds
     first_failure: Optional[BaseException] = None
     for trial, (r, seed) in enumerate(itertools.product(results, range(seeds)), start=1):
-        cfg = load_config(config, {**base, **r.setting, "train.seed": seed})
+        overrides = {**base, **r.setting, "train.seed": seed}
+        cfg = load_config(config, overrides)
         run_dir = directory / slug(r.index, r.setting) / f"seed-{seed}"
+        name = f"sweep trial {trial}/{total} ({label(r.setting)}, seed {seed})"
+        done, checkpoint = trial_state(run_dir, cfg.to_dict(), name) if resume else (None, None)
+        if done is not None:
+            r.summaries.append(done)
+            logger.info(f"{name}: finished earlier ({run_dir / 'summary.json'}): AUC {done['auc']:.4f}")
+            continue
         try:
-            summary = train_fn(cfg, run_dir=run_dir)
+            if checkpoint is not None:  # in place: the trainer's --resume of run <setting dir>/seed-<k>
+                logger.info(f"{name}: resuming from {checkpoint}")
+                cfg = load_config(config, {**overrides, "log.tb_dir": str(run_dir.parent), "log.run_name": run_dir.name})
+                summary = train_fn(cfg, resume=str(checkpoint))
+                if not all(isinstance(summary.get(k), (int, float)) for k in ("auc", "logloss", "steps")):
+                    # its run had ended (early stopping's checkpoint) but its summary.json is gone: no metrics
+                    raise ConfigError(f"{checkpoint} ended its run, whose summary.json is missing; move {run_dir} "
+                                      "away to train this trial afresh")
+            else:
+                summary = train_fn(cfg, run_dir=run_dir)
         except ConfigError as e:  # a setting only its run can refuse (a device, a size): say which trial it was
-            raise ConfigError(f"sweep trial {trial}/{total} ({label(r.setting)}, seed {seed}): {e}") from None
+            raise ConfigError(f"{name}: {e}") from None
         except TrainingStopped:  # a signal (Ctrl-C, SIGTERM) stopped the trial after its checkpoint: stop the sweep
             raise
         except Exception as e:  # one trial's failure: the others still run (KeyboardInterrupt is no Exception)
@@ -447,7 +495,7 @@ def _remove_empty_directories(directory: Path, keep_root: bool) -> None:
 
 
 def _finish(directory: Path, results: list[SettingResult], sets: list[tuple[str, list[Any]]], seeds: int,
-            first_failure: Optional[BaseException]) -> tuple[Path, Optional[Verdict]]:
+            first_failure: Optional[BaseException], resume: bool = False) -> tuple[Path, Optional[Verdict]]:
     """The verdict, the tables and HParams; then the first failed trial's exception, if a trial failed."""
     total = len(results) * seeds
     complete = [r for r in results if r.complete]
@@ -458,6 +506,11 @@ def _finish(directory: Path, results: list[SettingResult], sets: list[tuple[str,
     else:
         result, text = None, "no setting finished all its trials: no verdict"
     write_tables(directory, results, [k for k, _ in sets], text)
+    if resume and (directory / "hparams").is_dir():  # an earlier session's: its runs again would show twice
+        import shutil
+
+        shutil.rmtree(directory / "hparams")
+        logger.info(f"sweep --resume: {directory / 'hparams'} of the earlier session replaced (all trials)")
     write_hparams(directory, results)
     logger.info(f"sweep table: {directory / 'sweep.md'}")
     logger.info(f"sweep {text}")
@@ -471,7 +524,8 @@ def _finish(directory: Path, results: list[SettingResult], sets: list[tuple[str,
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="JSON config file.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="JSON config file (required, except with --resume: the sweep's own by default).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=V1,V2",
               help="A dotted config key and the values to try (JSON, else strings); repeat for the product.")
 @click.option("--seeds", type=int, default=3, show_default=True, help="Trials per setting (train.seed 0 .. N-1).")
@@ -479,7 +533,9 @@ def _finish(directory: Path, results: list[SettingResult], sets: list[tuple[str,
 @click.option("--device", type=str, help="auto | cpu | cuda (overrides train.device).")
 @click.option("--tb-dir", type=str, default="tb_logs", show_default=True, help="Where the sweep directory goes.")
 @click.option("--run-name", type=str, help="The sweep directory's name [default: <config>-sweep-<date>-<time>].")
-def main(config_path, sets, seeds, data, device, tb_dir, run_name) -> None:
+@click.option("--resume", "resume_dir", type=str, metavar="SWEEP_DIR",
+              help="Finish the stopped sweep in SWEEP_DIR, as its sweep.json records it (options given must match).")
+def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -> None:
     """Train a grid of settings over several seeds; tables, HParams and the winner against the seed noise.
 
     Exit codes as train.py's (dlrm.cli): 0 done, 2 a bad key, value or option (one line), 1 a bug; when a trial
@@ -488,10 +544,25 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name) -> None:
     from dlrm.cli import report_failure
     from dlrm.logging_setup import configure_logging
 
+    ctx = click.get_current_context()
+    given = {name: ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT for name in ("seeds", "tb_dir")}
+    if resume_dir is None and config_path is None:
+        raise click.UsageError("Missing option '--config'.")
     configure_logging()
     try:
         base = {k: v for k, v in (("data.path", data), ("train.device", device)) if v is not None}
-        run_sweep(config_path, [parse_set(s) for s in sets], seeds, base, tb_dir, run_name)
+        if resume_dir is None:
+            run_sweep(config_path, [parse_set(s) for s in sets], seeds, base, tb_dir, run_name)
+            return
+        if run_name is not None or given["tb_dir"]:
+            raise ConfigError("--resume: the sweep directory is SWEEP_DIR itself; --tb-dir and --run-name do not go "
+                              "with it")
+        if resume_dir == "":
+            raise ConfigError("--resume: an empty path is no sweep directory")
+        from dlrm.sweep_resume import resume_sweep
+
+        resume_sweep(resume_dir, config_path, [parse_set(s) for s in sets] if sets else None,
+                     seeds if given["seeds"] else None, base)
     except (Exception, KeyboardInterrupt) as e:
         sys.exit(report_failure(e, None))
 

@@ -1,0 +1,211 @@
+"""``python -m dlrm.sweep --resume <sweep dir>``: finish a sweep that Ctrl-C, a signal, a crash or a time limit stopped.
+
+Every sweep records what it trains in ``<sweep dir>/sweep.json`` before its first trial: the config file (absolute
+path), the ``--set`` lists in order, ``--seeds``, the ``--data``/``--device`` overrides, and the config every trial
+starts from, resolved. ``--resume DIR`` reads it back, so the directory alone is enough; ``--config``, ``--set``,
+``--seeds``, ``--data`` and ``--device`` may be given again, and whatever is given (and the config file, which may have
+been edited since) must match the record: a difference is refused in one line naming it (exit 2); ``log`` and
+``name`` are free (each trial's directory is the sweep's). The sweep then goes on in the same directory, trial by
+trial (`trial_state`):
+
+* a trial whose run wrote its ``summary.json`` finished: it is not trained again, its summary is gathered;
+* a trial without a summary but with a checkpoint (stopped by a signal, a crash after a ``checkpoint.every``
+  save, a failed trial that had saved) is resumed from its newest checkpoint by the trainer's ``--resume``
+  machinery, in place (a signal's stop continues bit for bit);
+* a trial with neither (killed before its first checkpoint, or it failed) is trained afresh in its directory; what
+  an earlier attempt left there is first moved aside to ``seed-<k>.interrupted`` (``-2``, ``-3``, ... when taken),
+  said in the log, never deleted.
+
+The tables (sweep.md, sweep.csv, trials.csv) and ``hparams/`` are written anew over all trials, each once. One process
+at a time runs a sweep: it holds an ``flock`` on its ``sweep.json`` (a second ``--resume`` while the first, or the
+original sweep, runs is refused, naming the directory).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from loguru import logger
+
+from dlrm.checkpoint import list_checkpoints
+from dlrm.config import ConfigError, load_config
+from dlrm.data.schema import write_json_atomic
+from dlrm.train.resume_policy import config_changes
+
+RECORD = "sweep.json"
+FORMAT = 1
+_FREE = ("log", "name")  # config keys a resume may change: every trial's directory is the sweep's own
+
+
+class SweepLock:
+    """An exclusive ``flock`` on ``<sweep dir>/sweep.json`` for as long as a process runs the sweep's trials."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @classmethod
+    def acquire(cls, directory: Path) -> "SweepLock":
+        fd = os.open(directory / RECORD, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                raise ConfigError(f"--resume: {directory} is in use by another sweep process; one process at a time "
+                                  "runs a sweep (wait for it to end)") from None
+            raise
+        return cls(fd)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def resolved(config: str, base: dict[str, Any], sets: list) -> dict[str, Any]:
+    """The first setting's config (seed 0), as ``Config.to_dict()``: the keys no --set sweeps are every trial's (the
+    file alone may be invalid: a value every setting mends)."""
+    first = {k: values[0] for k, values in sets if values}
+    return load_config(config, {**base, **first, "train.seed": 0}).to_dict()
+
+
+def write_record(directory: Path, config: str, sets: list[tuple[str, list[Any]]], seeds: int,
+                 base: dict[str, Any]) -> SweepLock:
+    """Write ``sweep.json`` (what `resume_sweep` reads back) and hold the sweep's lock."""
+    record = {"format": FORMAT, "config": str(Path(config).resolve()), "sets": [[k, list(v)] for k, v in sets],
+              "seeds": seeds, "base": base, "resolved": resolved(config, base, sets)}
+    try:
+        write_json_atomic(directory / RECORD, record)
+    except OSError as e:
+        raise ConfigError(f"--tb-dir: cannot write {directory / RECORD} ({e.strerror or e})") from None
+    return SweepLock.acquire(directory)
+
+
+def read_record(directory: Path) -> dict[str, Any]:
+    """The record of the sweep in `directory`; a one-line `ConfigError` when there is none or it is malformed."""
+    path = directory / RECORD
+    if not directory.is_dir():
+        raise ConfigError(f"--resume: {directory}: no such sweep directory")
+    if not path.is_file():
+        raise ConfigError(f"--resume: {directory} holds no {RECORD}: not the directory of a sweep (sweeps record their "
+                          "grid there when they start; one made before that cannot be resumed)")
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--resume: {path}: not readable as JSON ({e})") from None
+    ok = (isinstance(record, dict) and record.get("format") == FORMAT and isinstance(record.get("config"), str)
+          and isinstance(record.get("sets"), list)
+          and all(isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and isinstance(s[1], list)
+                  for s in record["sets"])
+          and isinstance(record.get("seeds"), int) and not isinstance(record["seeds"], bool) and record["seeds"] >= 1
+          and isinstance(record.get("base"), dict) and isinstance(record.get("resolved"), dict))
+    if not ok:
+        raise ConfigError(f"--resume: {path}: not a sweep record of format {FORMAT} (config, sets, seeds, base, resolved)")
+    return record
+
+
+def _show_sets(sets: list) -> str:
+    return " ".join(f"--set {k}={','.join(json.dumps(v) for v in values)}" for k, values in sets) or "no --set"
+
+
+def reconcile(directory: Path, record: dict[str, Any], config: Optional[str], sets: Optional[list], seeds: Optional[int],
+              base: Optional[dict[str, Any]]) -> tuple[str, list[tuple[str, list[Any]]], int, dict[str, Any]]:
+    """(config, sets, seeds, base) of the sweep: the record's, where the command line gives none; what it gives must
+    match, and so must the config file as it is now (a one-line `ConfigError` names every difference)."""
+    where = f"{directory / RECORD}"
+    differences = []
+    recorded_sets = [(k, v) for k, v in record["sets"]]
+    # compared as JSON: 1 and 1.0 are one config value but two trial directories (`slug`)
+    if sets is not None and json.dumps([[k, v] for k, v in sets]) != json.dumps(record["sets"]):
+        differences.append(f"{_show_sets(sets)} (recorded: {_show_sets(record['sets'])})")
+    if seeds is not None and seeds != record["seeds"]:
+        differences.append(f"--seeds {seeds} (recorded: {record['seeds']})")
+    base = {**record["base"], **(base or {})}
+    config = config if config is not None else record["config"]
+    changed = [(k, old, new) for k, old, new in config_changes(record["resolved"], resolved(config, base, record["sets"]))
+               if not any(k == p or k.startswith(p + ".") for p in _FREE)]
+    if changed:
+        shown = ", ".join(f"{k}: {json.dumps(old, default=str)} -> {json.dumps(new, default=str)}"
+                          for k, old, new in changed)
+        differences.append(f"the config ({config}, with --data/--device) differs in {shown}")
+    if differences:  # (a differing --set is named as such: the config is compared on the recorded grid's first setting)
+        raise ConfigError(f"--resume: the sweep in {directory} was started otherwise ({where}): "
+                          + "; ".join(differences) + "; resume it as it started, or start a new sweep")
+    return config, recorded_sets if sets is None else sets, record["seeds"] if seeds is None else seeds, base
+
+
+def trial_state(run_dir: Path, cfg_dict: dict[str, Any], name: str) -> tuple[Optional[dict], Optional[Path]]:
+    """(its summary, None) for a trial that finished; (None, newest checkpoint) for one to resume; (None, None) for one
+    to train afresh, with what an earlier attempt left in `run_dir` moved aside first (never deleted)."""
+    summary = _read_summary(run_dir / "summary.json")
+    if summary is not None:
+        changed = [k for k, _, _ in config_changes(summary.get("config") or {}, cfg_dict)
+                   if not any(k == p or k.startswith(p + ".") for p in _FREE)]
+        if summary.get("config") is not None and changed:
+            raise ConfigError(f"--resume: {run_dir / 'summary.json'} is not of {name}: its config differs in "
+                              f"{', '.join(changed[:5])}")
+        return summary, None
+    checkpoints = list_checkpoints(run_dir) if run_dir.is_dir() and not run_dir.is_symlink() else []
+    if checkpoints:
+        return None, checkpoints[-1]
+    if run_dir.is_symlink() or run_dir.exists():
+        if run_dir.is_dir() and not run_dir.is_symlink() and all(p.name == ".lock" for p in run_dir.iterdir()):
+            return None, None  # an empty directory: the fresh run takes it (RunDirectory.create)
+        aside = _free_name(run_dir)
+        if run_dir.is_dir() and not run_dir.is_symlink():
+            from dlrm.train.run_dir import RunLock
+
+            RunLock.acquire(run_dir).release()  # a run still writing there (another process): refused, named
+        run_dir.rename(aside)
+        logger.warning(f"sweep --resume: {name} has neither a summary nor a checkpoint (stopped before its first "
+                       f"checkpoint, or it failed): what it left is moved to {aside}; the trial is trained afresh")
+    return None, None
+
+
+def _read_summary(path: Path) -> Optional[dict]:
+    """A finished run's summary (None: none, or not one a run wrote at its end: unreadable, no metrics)."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or not all(isinstance(summary.get(k), (int, float)) for k in ("auc", "logloss", "steps")):
+        return None
+    return summary
+
+
+def _free_name(run_dir: Path) -> Path:
+    for n in range(1, 1000):
+        aside = run_dir.with_name(f"{run_dir.name}.interrupted" + (f"-{n}" if n > 1 else ""))
+        if not aside.exists() and not aside.is_symlink():
+            return aside
+    raise ConfigError(f"--resume: {run_dir}: 999 earlier attempts are kept beside it; remove some")
+
+
+def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Optional[list] = None,
+                 seeds: Optional[int] = None, base: Optional[dict[str, Any]] = None, train_fn=None):
+    """Finish the sweep in `directory` (see the module docstring); returns (directory, verdict) as `run_sweep`.
+
+    Args:
+        directory: the sweep directory (``<tb-dir>/<run-name>`` of the sweep).
+        config, sets, seeds, base: None takes the record's; given, they must match it.
+        train_fn: ``(cfg, run_dir=...) -> summary`` and ``(cfg, resume=checkpoint) -> summary``;
+            `dlrm.train.trainer.train` by default.
+    """
+    from dlrm import sweep
+
+    directory = Path(directory)
+    record = read_record(directory)
+    config, sets, seeds, base = reconcile(directory, record, config, sets, seeds, base)
+    settings = sweep.grid(sets)
+    sweep.check_settings(config, base, settings, seeds)
+    if train_fn is None:
+        from dlrm.train.trainer import train as train_fn
+    lock = SweepLock.acquire(directory)
+    logger.info(f"sweep --resume: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs in "
+                f"{directory}; finished trials are gathered, interrupted ones resumed, failed ones tried again")
+    return sweep.run_and_finish(config, base, sets, seeds, directory, train_fn, lock, created=False, resume=True)
