@@ -99,6 +99,48 @@ def config_or_error(ap, path) -> "Config":
         ap.error(str(e))
 
 
+def run_config_or_error(ap, path, overrides: dict, variant: Optional[str] = None,
+                        tables: Optional[str] = "config") -> "Config":
+    """The config a script builds its run from, checked before anything is measured and before any CUDA check (a
+    bad file or value must be the same one argparse line on a GPU as on the CPU, not a traceback after the device
+    was set up): `path` loaded with the dotted-key `overrides` its options set (None: the config's own value), then
+    `variant`'s kernels and compile settings (`dlrm.train.compare.variant_config`) validated as a config file's are,
+    and the table sizes the script builds from: `tables` "config" (`dlrm.train.builder.tables_from_config`: the
+    config must name ``model.cardinalities``), "dataset" (its dataset's filled in when it names none,
+    `fill_cardinalities`) or None (the script reads a dataset of its own). Any of these refused: `ap.error` with the
+    one-line reason (exit 2)."""
+    from dlrm.config import ConfigError, load_config, validate
+    from dlrm.errors import DatasetError
+
+    try:
+        cfg = load_config(path, {k: v for k, v in overrides.items() if v is not None})
+        if variant is not None:
+            from dlrm.train.compare import VARIANTS, variant_config
+
+            if variant not in VARIANTS:
+                ap.error(f"--variant: unknown variant {variant!r} (choose from {', '.join(VARIANTS)})")
+            try:
+                cfg = validate(variant_config(cfg, variant))
+            except ConfigError as e:
+                ap.error(f"{path}: --variant {variant}: {e}")
+        if tables == "dataset":
+            fill_cardinalities(cfg)
+        elif tables == "config" and cfg.model.cardinalities is None:
+            ap.error(f"{path}: model.cardinalities: needed (this script builds the tables from the config, not from "
+                     "a dataset)")
+    except (ConfigError, DatasetError) as e:
+        ap.error(str(e))
+    return cfg
+
+
+def positive_or_error(ap, **options: float) -> None:
+    """`ap.error` naming the first option (keyword: its flag with _ for -) whose value is not > 0: a zero count of
+    steps or windows divided by zero, or took the median of nothing, after the whole measurement ran."""
+    for name, value in options.items():
+        if not value > 0:
+            ap.error(f"--{name.replace('_', '-')}: {value!r} must be > 0")
+
+
 # ---- measuring -------------------------------------------------------------------------------------
 
 

@@ -52,7 +52,9 @@ from _common import (  # noqa: E402
     fill_cardinalities,
     markdown,
     md_row,
+    positive_or_error,
     pyplot,
+    run_config_or_error,
     save_figure,
     synthetic_batches,
     train_steps,
@@ -185,10 +187,17 @@ def write_profile(profiles: list[dict], out: Path, name: str, config: str, batch
                                              f"triton {env['triton']}, {env['date']})", about, table))
 
 
+# What a 1-GPU row must share with the row it is the efficiency base of; the whole-step CUDA graph too, as the row
+# records it (resolved): a 2-GPU run without the graph was divided by a 1-GPU run with it, an "efficiency" of 0.20
+# that measured the graph's absence (results/scaling_kaggle.csv, 2026-11-28 09:11). A 1-GPU run has no sharding,
+# balance or sort overlap (its row says "none" / n/a): it is the base of every sharding.
+BASE_KEYS = ("config", "precision", "batch_per_gpu", "device", "cuda_graph")
+
+
 def add_efficiency(rows: list[dict]) -> None:
-    """Efficiency against the 1-GPU row of the same config, precision, batch per GPU and device measured
-    closest in time (the same device call when it ran one: calls can land on different machines); ""
-    without one."""
+    """Efficiency against the 1-GPU row of the same `BASE_KEYS` (config, precision, batch per GPU, device, whole-step
+    CUDA graph) measured closest in time (the same device call when it ran one: calls can land on
+    different machines); "" without one."""
     def minutes(r) -> float:
         try:
             return time.mktime(time.strptime(str(r["date"]), "%Y-%m-%d %H:%M")) / 60
@@ -197,7 +206,7 @@ def add_efficiency(rows: list[dict]) -> None:
 
     for r in rows:
         base = [b for b in rows if int(b["gpus"]) == 1  # rows read back from the CSV are strings
-                and all(str(b.get(k)) == str(r.get(k)) for k in ("config", "precision", "batch_per_gpu", "device"))]
+                and all(str(b.get(k)) == str(r.get(k)) for k in BASE_KEYS)]
         if not base:
             r["efficiency"] = ""
             continue
@@ -209,7 +218,8 @@ def add_efficiency(rows: list[dict]) -> None:
 def markdown_table(rows: list[dict]) -> list[str]:
     """One line per launch (n/a for an efficiency or a peak memory it does not have)."""
     lines = ["| GPUs | config | precision | sharding | balance | whole-step CUDA graph | sort while the gradients travel "
-             "| rounding bits | batch per GPU | samples/s | step ms | efficiency | peak MiB | date |",
+             "| rounding bits | batch per GPU | samples/s | step ms | efficiency (vs 1 GPU, same graph) | peak MiB "
+             "| date |",
              "| ---: | --- | --- | --- | --- | --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         eff = f"{float(r['efficiency']):.2f}" if r["efficiency"] != "" else "n/a"
@@ -242,7 +252,9 @@ def write_results(rows: list[dict], out: Path, name: str) -> None:
     write_csv(out / f"{name}.csv", rows, KEYS)
     title = f"Multi-GPU scaling ({rows[-1]['device']}, torch {rows[-1]['torch']}, triton {rows[-1]['triton']})"
     about = ("Global samples/s of whole training steps (median of timed windows, CUDA events), synthetic batches "
-             "already on the device; efficiency = rate(N) / (N x rate(1)), against the 1-GPU row closest in time. "
+             "already on the device; efficiency = rate(N) / (N x rate(1)), against the 1-GPU row closest in time "
+             "of the same config, precision, batch per GPU, device and whole-step CUDA graph (n/a where none was "
+             "measured; one GPU has no sharding: the base of every sharding). "
              "\"Sort while the gradients travel\": multi-hot Triton shards sort their rows for the update during the "
              "gradients' all_to_all (on) or after it (off), `--sort-overlap`; n/a before it existed and on one GPU. "
              "\"Rounding bits\": the generator of the bf16 tables' stochastic rounding (`--sr-rng`); n/a before the "
@@ -278,6 +290,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="scaling_kaggle")
     args = ap.parse_args(argv)
+    # the options and the config (with the options' settings) first: one argparse line for a bad one on every rank,
+    # not a traceback, nor (--steps or --windows 0) a division by zero once the launch was measured
+    positive_or_error(ap, batch_per_gpu=args.batch_per_gpu, steps=args.steps, windows=args.windows)
+    run_config_or_error(ap, args.config, {"train.precision": args.precision, "data.batch_size": args.batch_per_gpu,
+                                          "distributed.sharding": args.sharding, "distributed.balance": args.balance,
+                                          "train.cuda_graph": {"true": True, "false": False}.get(args.cuda_graph,
+                                                                                                 args.cuda_graph)},
+                        tables="dataset")
     try:
         row = measure(args)
     finally:

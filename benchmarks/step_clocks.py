@@ -41,6 +41,7 @@ from _common import (  # noqa: E402
     markdown,
     md_row,
     pyplot,
+    run_config_or_error,
     save_figure,
     synthetic_batches,
     train_steps,
@@ -49,7 +50,7 @@ from _common import (  # noqa: E402
 
 from dlrm.config import load_config, validate  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
-from dlrm.train.compare import VARIANTS, variant_config  # noqa: E402
+from dlrm.train.compare import variant_config  # noqa: E402
 
 QUERY = "timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active"
 # clocks_event_reasons bits (nvidia-smi --help-query-gpu), the ones that lower the clock under load
@@ -260,12 +261,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="step_clocks")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA device (and nvidia-smi)")
-    if args.variant not in VARIANTS:
-        ap.error(f"unknown variant {args.variant!r} (choose from {', '.join(VARIANTS)})")
+    # the options and the config first: one argparse line for a bad one, before the CUDA check (they were checked
+    # after it, and a bad config was a traceback there, only on a GPU)
     if args.windows < 1 or args.sync_every < 1 or args.seconds <= 0:
         ap.error(f"--windows {args.windows}, --sync-every {args.sync_every}, --seconds {args.seconds}: each must be > 0")
+    run_config_or_error(ap, args.config, {"data.batch_size": args.batch_size, "train.precision": args.precision,
+                                          "data.max_rows_per_table": args.max_rows}, args.variant)
     operand_kinds = [k.strip() for k in args.gemm_operands.split(",") if k.strip()]
     if not operand_kinds or set(operand_kinds) - set(GEMM_OPERANDS):
         ap.error(f"--gemm-operands: {args.gemm_operands!r} is not a comma list of {', '.join(GEMM_OPERANDS)}")
@@ -277,6 +278,8 @@ def main(argv=None) -> int:
         assert gemm is None or (len(gemm) == 3 and min(gemm) > 0)
     except (ValueError, AssertionError):
         ap.error(f"--gemm: {args.gemm!r} is not M,N,K (positive integers)")
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA device (and nvidia-smi)")
     device = torch.device("cuda")
     env = environment(device)
     cfg = variant_config(load_config(args.config), args.variant)

@@ -39,16 +39,18 @@ from _common import (  # noqa: E402
     environment,
     markdown,
     md_row,
+    positive_or_error,
     pyplot,
+    run_config_or_error,
     save_figure,
     synthetic_batches,
     train_steps,
     write_csv,
 )
 
-from dlrm.config import load_config, validate  # noqa: E402
+from dlrm.config import validate  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
-from dlrm.train.compare import VARIANTS, variant_config  # noqa: E402
+from dlrm.train.compare import variant_config  # noqa: E402
 
 # GEMM ops: the positions of their two operands in the recorded inputs, and of the addend (None: none)
 GEMM_OPS = {"aten::mm": (0, 1, None), "aten::addmm": (1, 2, 0), "aten::addmm_": (1, 2, 0),
@@ -275,15 +277,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="step_ops")
     args = ap.parse_args(argv)
+    # the options and the config first: one argparse line for a bad one, before the CUDA check (it was a traceback,
+    # and only on a GPU)
+    positive_or_error(ap, steps=args.steps, repeats=args.repeats, top=args.top)
+    # --max-rows: else the config's own cap
+    cfg = run_config_or_error(ap, args.config, {"data.batch_size": args.batch_size,
+                                                "data.max_rows_per_table": args.max_rows}, args.variant)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device (the profile is of device kernels)")
-    if args.variant not in VARIANTS:
-        ap.error(f"unknown variant {args.variant!r} (choose from {', '.join(VARIANTS)})")
     device = torch.device("cuda")
     env = environment(device)
-    cfg = load_config(args.config)
-    if args.max_rows is not None:  # else the config's own cap
-        cfg.data.max_rows_per_table = args.max_rows
     rows = profile_ops(cfg, args.variant, args.batch_size, args.steps, args.warmup, device)
     gemms = gemm_rows(rows)
     for r in gemms:

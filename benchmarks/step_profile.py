@@ -42,16 +42,18 @@ from _common import (  # noqa: E402
     environment,
     markdown,
     md_row,
+    positive_or_error,
     pyplot,
+    run_config_or_error,
     save_figure,
     synthetic_batches,
     train_steps,
     write_csv,
 )
 
-from dlrm.config import load_config, validate  # noqa: E402
+from dlrm.config import validate  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
-from dlrm.train.compare import VARIANTS, variant_config  # noqa: E402
+from dlrm.train.compare import variant_config  # noqa: E402
 
 # (category, regular expression on the kernel name), first match wins
 CATEGORIES = [
@@ -185,18 +187,19 @@ def main(argv=None) -> int:
     ap.add_argument("--group-sums", choices=["auto", "on", "off"], default="auto",
                     help="force the embedding update's group sums on or off (auto: the launch config's)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA device (the profile is of device kernels)")
-    if args.variant not in VARIANTS:
-        ap.error(f"unknown variant {args.variant!r} (choose from {', '.join(VARIANTS)})")
+    # the options and the config first: one argparse line for a bad one, before the CUDA check (it was a traceback,
+    # and only on a GPU); --max-rows: else the config's own cap (configs/terabyte.json: 10M rows)
+    positive_or_error(ap, steps=args.steps, top=args.top)
     if args.data is not None and not (args.data / "metadata.json").is_file():
         ap.error(f"--data {args.data}: no metadata.json there")
+    cfg = run_config_or_error(ap, args.config, {"data.batch_size": args.batch_size, "train.precision": args.precision,
+                                                "data.max_rows_per_table": args.max_rows}, args.variant,
+                              tables="config" if args.data is None else None)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA device (the profile is of device kernels)")
     from kernels.embedding import update
 
     update.CARRY_GROUP_SUMS = {"auto": None, "on": True, "off": False}[args.group_sums]
-    cfg = load_config(args.config)
-    if args.max_rows is not None:  # else the config's own cap (configs/terabyte.json: 10M rows)
-        cfg.data.max_rows_per_table = args.max_rows
     precision = args.precision or cfg.train.precision
     env = environment(torch.device("cuda"))
     step_ms, rows, top = profile_step(cfg, args.variant, args.batch_size, precision, args.steps, args.warmup,

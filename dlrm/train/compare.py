@@ -8,8 +8,9 @@ into that parent run's TensorBoard events (text ``compare/table``, image ``compa
 A variant that fails while it trains (an error, a diverged loss, out of memory) does not end the comparison: the
 others run, its row's status is ``failed: <reason>``, and once the reports are written the command exits with the
 first failure's code (dlrm.cli's). If no variant finished, there is no report: the first failure ends it as a
-single run's would. Ctrl-C and a signal stop end it at once; so does any failure under torchrun (one rank going on
-to the next variant while the others wait in the failed one's collectives would hang them).
+single run's would, and if every variant was skipped (none can run on this device, model or data) a one-line error
+names each one's reason. Ctrl-C and a signal stop end it at once; so does any failure under torchrun (one rank going
+on to the next variant while the others wait in the failed one's collectives would hang them).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from loguru import logger
 from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig
 from dlrm.errors import TrainingStopped, failure_reason
 from dlrm.train.run_dir import RunDirectory
-from dlrm.train.setup import resolve_device
+from dlrm.train.setup import load_dataset_metadata, resolve_device
 
 # Which implementation each part gets, (embedding, interaction, mlp, loss), per kernel set.
 KERNEL_SETS: dict[str, tuple[str, str, str, str]] = {
@@ -142,13 +143,37 @@ def variant_config(cfg: Config, name: str) -> Config:
     return v
 
 
-def unavailable_reason(name: str, device: torch.device, cfg: Optional[Config] = None) -> Optional[str]:
+def data_reason(name: str, multi_hot: bool, distributed: bool = False) -> Optional[str]:
+    """Why a variant cannot train this run's data (`multi_hot`: the dataset's metadata.json sizes, which win over the
+    config's) or process group (`distributed`: under torchrun), on any device, or None. The whole-step CUDA graph
+    cannot replay the torch embedding's sparse gradients where they have data-dependent shapes: the multi-hot
+    EmbeddingBag's (dlrm.train.builder refuses it) and the sharded tables' (dlrm.train.graphed_step refuses them).
+    Unchecked, such a variant was built and refused: a "failed" row and a non-zero exit for the comparison, or,
+    under torchrun, the end of it."""
+    kernels, _, step_graph = VARIANTS[name]
+    if step_graph is True and KERNEL_SETS[kernels][0] == "torch":
+        if multi_hot:
+            return ("the dataset is multi-hot: the torch multi-hot embedding (EmbeddingBag) has sparse gradients with "
+                    "data-dependent shapes, which the whole-step CUDA graph cannot replay (a triton-embedding "
+                    "step-graph variant can)")
+        if distributed:
+            return ("several processes with the torch embedding: the sharded tables' sparse gradients have "
+                    "data-dependent shapes, which the whole-step CUDA graph cannot replay")
+    return None
+
+
+def unavailable_reason(name: str, device: torch.device, cfg: Optional[Config] = None, multi_hot: bool = False,
+                       distributed: bool = False) -> Optional[str]:
     """Why a variant cannot run here, or None. With `cfg`, also why it cannot run this config's model: the variant's
     settings are checked as a config file's are (a Triton interaction for a "cat" model, the Gluon cross layer for a
     dot model, bf16 tables with the torch embedding, the fused MLP with dropout...), since the variants replace the
     config's kernels and compile settings after it was validated; unchecked, such a variant trained with another
-    kernel or fp32 tables than its name says, or failed with a traceback."""
+    kernel or fp32 tables than its name says, or failed with a traceback. `multi_hot`, `distributed`: see
+    `data_reason`, checked first (those variants run on no device)."""
     kernels, mode, step_graph = VARIANTS[name]
+    reason = data_reason(name, multi_hot, distributed)
+    if reason:
+        return reason
     if (mode == "reduce-overhead" or step_graph is True) and device.type != "cuda":
         return "CUDA graphs need a CUDA device"
     if kernels.startswith("triton"):
@@ -185,13 +210,17 @@ def max_loss_diff(losses: list, reference: list) -> Optional[float]:
 
 def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list[dict]:
     """Train each variant with `train_fn(cfg, run_dir=...)`; write and print the reports."""
+    from dlrm.data.schema import is_multi_hot
     from dlrm.distributed.env import init_distributed
 
+    # the dataset's sizes, as the trainer reads them (they win over model.multi_hot_sizes): which variants can run
+    # them is decided before any is built; a missing or bad dataset is refused here, before the run directory exists
+    multi_hot = is_multi_hot(load_dataset_metadata(cfg)[1].multi_hot_sizes)
     env, device = init_distributed(cfg.distributed, resolve_device(cfg.train.device))
     owned = RunDirectory.create(cfg) if env.is_main else None  # rank 0 writes the reports
     base = env.broadcast_object(owned.path if owned else None)
     try:
-        rows = _run_variants(cfg, variants, train_fn, env, device, base, owned)
+        rows = _run_variants(cfg, variants, train_fn, env, device, base, owned, multi_hot)
     except BaseException:  # the base directory is removed only if no variant finished or left a run behind
         if owned:
             # a variant that failed after its first step keeps its own run directory (RunDirectory's rule: it has
@@ -217,10 +246,10 @@ def release_memory(device: torch.device) -> None:
 
 
 def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, device: torch.device, base: Path,
-                  owned: Optional[RunDirectory]) -> list[dict]:
+                  owned: Optional[RunDirectory], multi_hot: bool = False) -> list[dict]:
     rows, summaries, failures = [], {}, []
     for name in variants:
-        reason = unavailable_reason(name, device, cfg)
+        reason = unavailable_reason(name, device, cfg, multi_hot, env.distributed)
         if reason:
             logger.warning(f"compare: skipping {name}: {reason}")
             rows.append({"variant": name, "status": f"skipped: {reason}"})
@@ -261,6 +290,9 @@ def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, dev
             row["max_loss_diff_vs_eager"] = max_loss_diff(summaries[row["variant"]]["train_losses"], eager["train_losses"])
     if failures and not summaries:  # nothing to compare: the first failure, as a single run would end
         raise failures[0]
+    if not summaries:  # every variant skipped: nothing ran, which is no comparison (it wrote an empty one, exit 0)
+        raise ConfigError("--compare: no variant can run here (" + "; ".join(
+            f"{r['variant']}: {r['status'][len('skipped: '):]}" for r in rows) + ")")
     if env.is_main:
         write_reports(base, rows, device)
     if failures:  # the reports are written: now the non-zero exit
