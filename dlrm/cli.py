@@ -228,7 +228,9 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     """
     cfg = load_with_kernels_shortcut(config_path, overrides)
     loaded.append(cfg)
-    if resume is None and not (export_path and checkpoint_path):  # a new run (or --eval-only's) directory is named
+    # a new run's directory is named, or --eval-only's (with --export too: it evaluates first); a bare export of a
+    # --checkpoint writes none
+    if resume is None and (eval_only or not (export_path and checkpoint_path)):
         try:
             check_default_run_name(cfg)
         except ConfigError as e:

@@ -10,7 +10,8 @@ setting sees the same initialisations and batch orders) through `dlrm.train.trai
 trial in its own TensorBoard run ``<sweep dir>/<NN-setting>/seed-<k>/``. Every setting is validated
 before the first trial: a bad key or value is one line naming it, exit code 2.
 
-The sweep directory (``<tb-dir>/<run-name>``, default ``tb_logs/<config>-sweep-<date>-<time>``) gets:
+The sweep directory (``<tb-dir>/<run-name>``, default ``tb_logs/<config>-sweep-<date>-<time>``, with ``-2``,
+``-3``, ... when another sweep started in the same second holds that name) gets:
 
 * ``sweep.md`` / ``sweep.csv``: per setting the mean and standard deviation over seeds of the
   final validation AUC and logloss (and of the built-in baseline's AUC when the runs fitted it),
@@ -349,6 +350,8 @@ def sweep_directory(tb_dir: str, run_name: Optional[str], config: str) -> tuple[
     if not name or "/" in name or name in (".", ".."):
         raise ConfigError(f"--run-name: {name!r} must be a plain directory name")
     directory = Path(tb_dir) / name
+    if run_name is None:
+        return _claim_default_directory(directory), True
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
         raise ConfigError(f"--run-name: {directory} already exists; pick another name")
     created = not directory.exists()
@@ -357,6 +360,27 @@ def sweep_directory(tb_dir: str, run_name: Optional[str], config: str) -> tuple[
     except OSError as e:
         raise ConfigError(f"--tb-dir: cannot create {directory} ({e.strerror or e})") from None
     return directory, created
+
+
+def _claim_default_directory(directory: Path) -> Path:
+    """A new directory for a sweep without --run-name: `directory` (``<config>-sweep-<date>-<time>``), or the first
+    free ``-2``, ``-3``, ... when another sweep started in the same second holds it (refused as "--run-name ...
+    already exists" though none was given, or, still empty, shared: the two sweeps' trials collided). One ``mkdir``
+    claims it, which only one process wins, as `dlrm.train.run_dir` does for a run's default name."""
+    try:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--tb-dir: cannot create {directory.parent} ({e.strerror or e})") from None
+    for n in range(1, 1000):
+        candidate = directory if n == 1 else directory.with_name(f"{directory.name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise ConfigError(f"--tb-dir: cannot create {candidate} ({e.strerror or e})") from None
+    raise ConfigError(f"--tb-dir: {directory.parent} holds {directory.name} and 998 more of its name; pass --run-name")
 
 
 def check_settings(config: str, base: dict[str, Any], settings: list[dict[str, Any]], seeds: int) -> None:

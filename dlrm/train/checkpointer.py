@@ -72,8 +72,7 @@ class Checkpointer:
 
     def save(self, run: Run, pos: ckpt.Position, stats: RunStats) -> Path:
         """Checkpoint `run` at `pos` (once per step: a second call at the same step returns the first)."""
-        if (self.last is not None and self.last.name == ckpt.checkpoint_name(pos.step)
-                and self.last.resolve().parent.parent == self.run_dir.resolve()):
+        if self._saved_here(pos.step):
             return self.last  # this step is already saved in this run
         state = self._state(run, pos, stats)
         keep = self.cfg.checkpoint.keep
@@ -82,6 +81,13 @@ class Checkpointer:
         else:
             self.last = ckpt.save_checkpoint(self.run_dir, state, pos.step, keep)
         return self.last
+
+    def _saved_here(self, step: int) -> bool:
+        """Whether the last checkpoint written or resumed (`last`) is `step`'s in this run's checkpoints/. Those
+        directories compared, resolved: checkpoints/ may be a symbolic link to another disk, where the resolved
+        checkpoint's grandparent is not the run (the step was saved a second time, best.pt a full copy)."""
+        return (self.last is not None and self.last.name == ckpt.checkpoint_name(step)
+                and self.last.parent.resolve() == ckpt.checkpoint_dir(self.run_dir).resolve())
 
     @property
     def best_path(self) -> Path:
@@ -93,8 +99,7 @@ class Checkpointer:
         when the step was just saved, else a copy of the model; in a sharded run a manifest and its own shards
         (`dlrm.distributed.checkpoint.save_best_sharded`; ``python -m dlrm.distributed.merge`` makes it one file)."""
         path = self.best_path
-        saved = (self.last if self.last is not None and self.last.name == ckpt.checkpoint_name(pos.step)
-                 and self.last.resolve().parent.parent == self.run_dir.resolve() else None)
+        saved = self.last if self._saved_here(pos.step) else None
         if run.plan is not None:
             return dist_ckpt.save_best_sharded(path, self._state(run, pos, stats), pos.step, self.env, run.plan,
                                                self._link, saved)
@@ -152,6 +157,9 @@ class Checkpointer:
             opt.load_state_dict(s)
         for sched, s in zip(run.schedulers, state["schedulers"]):
             sched.load_state_dict(s)
+        if not state["schedulers"]:  # saved without a schedule: one added on resume starts at the checkpoint's step
+            for sched in run.schedulers:
+                sched.start_at(state["position"]["step"])
         ckpt.set_rng_state(state["rng"])
         self.last = Path(path)
         self.evaluated_step = (state.get("run_stats") or {}).get("evaluated_step")

@@ -322,7 +322,14 @@ class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
         base_lrs = list(self.base_lrs)
         super().load_state_dict(state_dict)
         self.base_lrs = base_lrs
-        self._last_lr = [base * f(self.last_epoch) for base, f in zip(base_lrs, self.lr_lambdas)]
+        self.start_at(self.last_epoch)
+
+    def start_at(self, step: int) -> None:
+        """Stand at `step` of the schedule, the groups' lr set to ``base * multiplier(step)``. Also for a checkpoint
+        written without a schedule (``--allow-config-change optim.schedule`` adding one): built, the schedule stood
+        at step 0, so a decay from step N began N steps late (or never) and a warm-up ran again mid-run."""
+        self.last_epoch = step
+        self._last_lr = [base * f(step) for base, f in zip(self.base_lrs, self.lr_lambdas)]
         for group, lr in zip(self.optimizer.param_groups, self._last_lr):
             if isinstance(group["lr"], torch.Tensor):
                 group["lr"].fill_(lr)  # a captured step's lr tensor: filled in place, as the schedulers do

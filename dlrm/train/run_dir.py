@@ -59,10 +59,23 @@ def describe_path(path: Path) -> str:
     return str(path) if str(real) == str(path) else f"{path} (resolves to {real})"
 
 
+def run_of(checkpoint: Path) -> Optional[Path]:
+    """The run `checkpoint` belongs to (``<run>/checkpoints/*.pt``, where a run writes every checkpoint:
+    `dlrm.checkpoint.checkpoint_dir`), or None for a checkpoint elsewhere (a copy).
+
+    The path as given first: a run's ``checkpoints/`` may be a symbolic link to another disk, and resolved, the
+    link target's parent was taken for the run (the run's own checkpoint refused as another run's, or written
+    beside). Then the path resolved: a symbolic link to a run's checkpoint file."""
+    given = Path(os.path.abspath(checkpoint))
+    if given.parent.name == "checkpoints":
+        return given.parent.parent
+    real = given.resolve()
+    return real.parent.parent if real.parent.name == "checkpoints" else None
+
+
 def is_run_checkpoint(checkpoint: Path) -> bool:
-    """Whether `checkpoint` is in a run's ``checkpoints/`` directory (``<run>/checkpoints/*.pt``), where a run writes
-    every checkpoint (`dlrm.checkpoint.checkpoint_dir`)."""
-    return Path(checkpoint).resolve().parent.name == "checkpoints"
+    """Whether `checkpoint` is in a run's ``checkpoints/`` directory (`run_of`)."""
+    return run_of(checkpoint) is not None
 
 
 def _claim_default(cfg: Config) -> Path:
@@ -206,7 +219,7 @@ class RunDirectory:
             checkpoint: the checkpoint resumed from (``<run>/checkpoints/step-*.pt``).
             latest: the newest checkpoint of that run.
         """
-        source = checkpoint.resolve().parent.parent
+        source = run_of(checkpoint) or checkpoint.resolve().parent.parent
         wanted = cfg.log.run_name
         if not is_run_checkpoint(checkpoint):
             # a checkpoint copied elsewhere (models/mine.pt): its grandparent is no run; continuing "in place" wrote
@@ -214,21 +227,27 @@ class RunDirectory:
             if wanted is None:
                 raise ConfigError(f"--resume: {checkpoint} is not in a run's checkpoints/ directory; add --run-name "
                                   "NEW to continue from it in a new run")
-        elif wanted is None or wanted == source.name:
-            # (best.pt is a hard link to its step's checkpoint: the latest one too, when the last evaluation was best)
+        elif wanted is None or wanted == source.name or _same_file(Path(cfg.log.tb_dir) / wanted, source):
+            # (--run-name may name the checkpoint's own run through a symbolic link: tb/r -> elsewhere/real)
+            # best.pt is a hard link to its step's checkpoint: the latest one too, when the last evaluation was best
             if latest is not None and not _same_file(latest, checkpoint):
                 raise ConfigError(f"--resume: {checkpoint} is not the latest checkpoint of run {source.name!r} "
                                   f"({latest.name} is); resuming it in place would overwrite the later ones: "
                                   "add --run-name NEW to continue from it in a new run")
             return cls(source, RunLock.acquire(source), created=False), False
         target = Path(cfg.log.tb_dir) / run_name(cfg)
+        copied = not is_run_checkpoint(checkpoint)  # its grandparent is no run: not named as one
         if target.exists():
+            if copied:
+                raise ConfigError(f"--resume: {checkpoint} is not in a run's checkpoints/ directory, and --run-name "
+                                  f"{wanted!r} names an existing run ({target}); name a new run to continue in")
             raise ConfigError(f"--resume: {checkpoint} belongs to run {source.name!r}, and --run-name {wanted!r} "
                               f"names another existing run ({target}); omit --run-name, or name a new run to "
                               "continue in a copy")
         run = cls.create(cfg, target)
-        logger.info(f"--resume: continuing run {source.name!r} from {checkpoint.name} in the new run "
-                    f"{run.path} (the original run is not written)")
+        whose = f"from {checkpoint}" if copied else f"run {source.name!r} from {checkpoint.name}"
+        logger.info(f"--resume: continuing {whose} in the new run {run.path} (the original "
+                    f"{'file' if copied else 'run'} is not written)")
         return run, True
 
     def started(self) -> None:

@@ -38,7 +38,7 @@ from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler
 from dlrm.train.reporting import NoWriter, device_name, final_line, log_hparams, log_profile, log_train, versions
 from dlrm.train.resume_policy import check_resume_config
-from dlrm.train.run_dir import RunDirectory
+from dlrm.train.run_dir import RunDirectory, run_of
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
 from dlrm.train.signals import GracefulStop
 from dlrm.train.step import compile_counters
@@ -150,14 +150,16 @@ def checkpoint_to_resume(cfg: Config, resume: str) -> tuple[Path, Optional[Path]
     path = Path(resume)
     if not path.is_file():
         raise ConfigError(f"--resume: {path}: checkpoint not found")
-    listed = ckpt.list_checkpoints(path.resolve().parent.parent)
+    run = run_of(path)
+    listed = ckpt.list_checkpoints(run) if run is not None else []
     return path, (listed[-1] if listed else None)
 
 
 def summarized(checkpoint: Path, step: int) -> bool:
     """Whether the run `checkpoint` belongs to wrote its summary.json at `step` or later (its end)."""
     try:
-        summary = json.loads((Path(checkpoint).resolve().parent.parent / "summary.json").read_text())
+        summary = json.loads(((run_of(checkpoint) or Path(checkpoint).resolve().parent.parent) / "summary.json")
+                             .read_text())
         return summary["steps"] >= step
     except (OSError, ValueError, TypeError, KeyError):
         return False
@@ -505,7 +507,7 @@ class Trainer:
 
     def _report_finished(self) -> dict:
         """Resuming a run that already reached its end: say so, write nothing, return its summary."""
-        run_dir = self.finished.resolve().parent.parent
+        run_dir = run_of(self.finished) or self.finished.resolve().parent.parent
         if self.finished_early:
             logger.info(f"--resume: {self.finished} is where early stopping ended this run (train.early_stopping: "
                         f"{self.stats.evals_since_best} evaluations without improvement); nothing to train, "
