@@ -409,6 +409,14 @@ def _check_run_stats(stats: Any, path: Path) -> None:
     ok = best is None or (_is_dict(best) and _is_int(best.get("step")) and type(best.get("metric")) is str
                           and _is_number(best.get(best["metric"])))
     _expect(ok, best, path, "run_stats.best", "None or a dict with the int step, the metric's name and its value")
+    # train.early_stopping.target's (dlrm.train.target): a resume reads them back
+    if "eval_s" in stats:
+        _expect(_is_number(stats["eval_s"]), stats["eval_s"], path, "run_stats.eval_s", "a number")
+    target = stats.get("target")
+    ok = target is None or (_is_dict(target) and _is_int(target.get("step")) and type(target.get("metric")) is str
+                            and all(_is_number(target.get(k)) for k in ("value", "train_s", "wall_s")))
+    _expect(ok, target, path, "run_stats.target", "None or a dict with the int step, the metric's name, its value, "
+            "train_s and wall_s")
 
 
 def _check_common(disk: dict[str, Any], path: Path) -> None:

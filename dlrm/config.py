@@ -210,15 +210,20 @@ class ProfileConfig:
 
 @dataclass
 class EarlyStoppingConfig:
-    """Stop training when the evaluation metric has not improved for `patience` evaluations in a row
-    (evaluations every ``train.eval_every`` steps); the best evaluation's checkpoint is best.pt."""
+    """Stop training when the evaluation metric has not improved for `patience` evaluations in a row, or when it
+    reaches `target` (evaluations every ``train.eval_every`` steps); the best evaluation's checkpoint is best.pt."""
 
     metric: Literal["auc", "logloss"] = "auc"
     """What "better" means: higher AUC, or lower logloss."""
-    patience: int = 3
-    """Evaluations without an improvement of more than `min_delta` before training stops."""
+    patience: Optional[int] = 3
+    """Evaluations without an improvement of more than `min_delta` before training stops; null: no plateau stop
+    (then `target` must be set)."""
     min_delta: float = 0.0
     """An improvement is a change of more than this (strictly: with 0, any gain counts, a tie does not)."""
+    target: Optional[float] = None
+    """A quality target (MLPerf's time to train; DLRM-DCNv2: auc 0.80275): stop at the first evaluation with AUC >=
+    target (metric auc, in (0, 1]) or logloss <= target (metric logloss, > 0); summary.json reports target_reached,
+    target_step and time_to_target_s (training seconds, evaluations excluded). null: no target."""
 
 
 @dataclass

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from dlrm.config import (
         Config,
         DataConfig,
+        EarlyStoppingConfig,
         ModelConfig,
         OptimConfig,
         ProfileConfig,
@@ -214,10 +215,24 @@ def _check_train(t: TrainConfig) -> None:
             raise ConfigError("train.early_stopping: needs train.eval_every (it stops after evaluations)")
         _positive("train.early_stopping.patience", t.early_stopping.patience)
         _positive("train.early_stopping.min_delta", t.early_stopping.min_delta, allow_zero=True)
+        _check_target(t.early_stopping)
     _positive("train.log_every", t.log_every)
     if t.deterministic and t.compile.combo_kernels is True:
         raise ConfigError("train.compile.combo_kernels: true cannot run with train.deterministic (Inductor keeps the "
                           "combos that time faster, and refuses to time kernels in deterministic mode)")
+
+
+def _check_target(e: "EarlyStoppingConfig") -> None:
+    """At least one way to stop; a target the metric can reach (AUC in (0, 1], logloss > 0)."""
+    if e.patience is None and e.target is None:
+        raise ConfigError("train.early_stopping: patience and target are both null: set patience (stop on a "
+                          "plateau), target (stop at a quality target) or both")
+    if e.target is None:
+        return
+    auc = e.metric == "auc"
+    if not math.isfinite(e.target) or e.target <= 0 or (auc and e.target > 1):
+        raise ConfigError(f"train.early_stopping.target: {e.target!r} must be "
+                          f"{'in (0, 1] for metric auc' if auc else '> 0 for metric logloss'}")
 
 
 def _check_outputs(cfg: Config) -> None:

@@ -65,6 +65,9 @@ class Checkpointer:
         # the step of the run's latest evaluation (the evaluator sets it; a checkpoint at that step records it, in
         # run_stats, so a resume knows that its stats already count that step's evaluation)
         self.evaluated_step: Optional[int] = None
+        # run_stats keys beside RunStats' own (`dlrm.train.target`: the evaluations' seconds, a reached target),
+        # written in every checkpoint; `restore` reads the checkpoint's back into it
+        self.extra_stats: dict[str, Any] = {}
         # once: the vocabularies do not change (a stand-in for Tables without hashing: nothing recorded)
         self._hashing = getattr(tables, "hashing", None)
         self._vocabs = getattr(tables, "vocabs", None)
@@ -140,7 +143,7 @@ class Checkpointer:
             **({"hashing": self._hashing} if self._hashing is not None else {}),
             **({"vocabulary_digest": self._vocabulary_digest} if self._vocabulary_digest is not None else {}),
             "config": self.cfg.to_dict(),
-            "run_stats": {**stats.to_dict(),
+            "run_stats": {**stats.to_dict(), **self.extra_stats,
                           **({"evaluated_step": pos.step} if self.evaluated_step == pos.step else {})},
             **({"data_placement": self.placement} if self.placement is not None else {}),
         }
@@ -162,5 +165,7 @@ class Checkpointer:
                 sched.start_at(state["position"]["step"])
         ckpt.set_rng_state(state["rng"])
         self.last = Path(path)
-        self.evaluated_step = (state.get("run_stats") or {}).get("evaluated_step")
+        run_stats = state.get("run_stats") or {}
+        self.evaluated_step = run_stats.get("evaluated_step")
+        self.extra_stats = {k: run_stats[k] for k in ("eval_s", "target") if k in run_stats}
         return ckpt.Position(**state["position"]), RunStats.from_dict(state.get("run_stats"))

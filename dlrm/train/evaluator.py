@@ -5,12 +5,13 @@ Every evaluation is logged to TensorBoard (``eval/*``). The best one so far (by
 `RunStats` (so it survives a resume) and its model is written as ``checkpoints/best.pt``, which
 ``--eval-only`` and ``--export`` use when given the run directory. With ``train.early_stopping``,
 training stops after `patience` evaluations in a row without an improvement of more than
-`min_delta`.
+`min_delta`, or (``target``, `dlrm.train.target`) at the first evaluation that reaches the target.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Optional
 
 import torch
@@ -24,6 +25,7 @@ from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats
 from dlrm.train.metrics import evaluate_logits
 from dlrm.train.reporting import log_eval
+from dlrm.train.target import TargetTracker
 
 
 def evaluate(forward, loader, env: DistEnv = DistEnv()) -> dict[str, float]:
@@ -49,11 +51,12 @@ class Evaluator:
         checkpointer: writes best.pt.
         stats: the run's totals; ``stats.best`` and ``stats.evals_since_best`` are updated here.
         env: the process group.
+        target: watches ``train.early_stopping.target`` (`dlrm.train.target`), or None.
     """
 
     def __init__(self, run: Run, loader, cfg: Config, writer, checkpointer: Checkpointer, stats: RunStats,
-                 env: DistEnv = DistEnv()) -> None:
-        self.run, self.loader, self.writer, self.env = run, loader, writer, env
+                 env: DistEnv = DistEnv(), target: Optional[TargetTracker] = None) -> None:
+        self.run, self.loader, self.writer, self.env, self.target = run, loader, writer, env, target
         self.checkpointer, self.stats = checkpointer, stats
         self.early = cfg.train.early_stopping
         self.metric = self.early.metric if self.early else "auc"
@@ -69,7 +72,10 @@ class Evaluator:
         `counted`: False for an evaluation off the ``train.eval_every`` grid (a run's last, at a ``train.max_steps``
         that is not a multiple): one without improvement is not counted towards early stopping's patience (a longer
         run makes no evaluation there; a resume would stop earlier than it); a new best is recorded all the same."""
+        t = time.perf_counter()
         metrics = log_eval(self.writer, evaluate(self.run.eval_forward, self.loader, self.env), pos.step)
+        if self.target is not None:  # before the best: best.pt's run_stats then record a target it reached
+            self.target.observe(pos, metrics, time.perf_counter() - t, self.writer)
         self.checkpointer.evaluated_step = pos.step  # a checkpoint at this step holds this evaluation
         if self._improves(metrics[self.metric]):
             # the totals first: best.pt stores them, and a run resumed from it (--resume .../best.pt --run-name NEW)
@@ -105,13 +111,17 @@ class Evaluator:
         """Whether early stopping (`early`, ``train.early_stopping``) already stopped the run whose totals are
         `stats`: its last `patience` evaluations of this metric did not improve (a resume then has nothing to do)."""
         best = stats.best
-        return (early is not None and best is not None and best.get("metric") == early.metric
-                and stats.evals_since_best >= early.patience)
+        # patience null: no plateau stop (the run stops at its target only)
+        return (early is not None and early.patience is not None and best is not None
+                and best.get("metric") == early.metric and stats.evals_since_best >= early.patience)
 
     @property
     def should_stop(self) -> bool:
-        """Early stopping's patience ran out (never without ``train.early_stopping``)."""
-        if self.early is None or self.stats.evals_since_best < self.early.patience:
+        """Early stopping's patience ran out, or the last evaluation reached its target (logged there); never
+        without ``train.early_stopping``."""
+        if self.target is not None and self.target.just_reached:
+            return True
+        if self.early is None or self.early.patience is None or self.stats.evals_since_best < self.early.patience:
             return False
         best = self.stats.best
         logger.info(f"early stopping: no {self.metric} improvement above {self.min_delta} in "

@@ -42,6 +42,7 @@ from dlrm.train.run_dir import RunDirectory, run_of
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
 from dlrm.train.signals import GracefulStop
 from dlrm.train.step import compile_counters
+from dlrm.train.target import TargetTracker, already_reached
 
 __all__ = ["NonFiniteLoss", "TrainingStopped", "train", "evaluate", "build_for_data", "make_loader"]
 
@@ -231,6 +232,12 @@ class Trainer:
                 self.run_dir.abandon()  # releases the lock (removes a branch's new directory, which holds nothing)
                 self.finished, self.finished_early = self.resume_from, True
                 return
+            # train.early_stopping.target reached: ended there as an early stop does (recorded, or by the best so far)
+            self.finished_target = already_reached(cfg.train.early_stopping, self.checkpointer.extra_stats, self.stats)
+            if self.finished_target is not None:
+                self.run_dir.abandon()
+                self.finished = self.resume_from
+                return
             self.resumed_at_step = self.pos.step
             logger.info(f"resumed from {self.resume_from} at step {self.pos.step} "
                         f"(epoch {self.pos.epoch}, batch {self.pos.batch})")
@@ -293,7 +300,10 @@ class Trainer:
         graph_warmup = getattr(run.train_step, "warmup_steps", None)
         meter = self.meter = StepMeter(self.device, pos.step, self.stats, window=cfg.train.log_every,
                                        warmup_steps=WARMUP_STEPS if graph_warmup is None else graph_warmup + 1)
-        evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env)
+        self.target = TargetTracker(cfg.train.early_stopping, dict(self.checkpointer.extra_stats), self.stats,
+                                    self.t_start, meter.loop_start, len(self.data.train), self.checkpointer.extra_stats)
+        evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env,
+                                               self.target)
         bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=not env.is_main)
         with make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
@@ -338,6 +348,7 @@ class Trainer:
             self._read_window(bar)
             bar.close()
             meter.finish()
+            self.target.session_finished()  # the evaluations' seconds within stats.train_s, for the checkpoints
             self._check_finite()
             meter.snapshot()
             if self._stop_signal:
@@ -397,6 +408,7 @@ class Trainer:
     _stop_signal = 0
     early_stopped = False
     finished_early = False  # the checkpoint resumed is where early stopping ended the run (`__init__`)
+    finished_target: Optional[str] = None  # ... where it reached train.early_stopping.target: how (`__init__`)
     final_evaluated = False  # the run's last evaluation was made before its last checkpoint (`_fit`)
     last_eval: Optional[dict] = None  # the metrics of an evaluation at the current step
 
@@ -459,7 +471,7 @@ class Trainer:
             logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
         if prof is not None and env.is_main:  # step breakdown, kernels, timeline: TensorBoard and run dir
             log_profile(writer, self.run_dir.path, self.device, self.pos.step)
-        summary = self._summary(metrics, counters)
+        summary = {**self._summary(metrics, counters), **self.target.summary(self.pos.step, self.stats.best)}
         # the linear model on the same split, loader and hashing, when train.baseline asks (dlrm.train.baseline)
         summary["baseline"] = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step)
         log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step)  # at the last step: an extended run's come after
@@ -512,6 +524,9 @@ class Trainer:
             logger.info(f"--resume: {self.finished} is where early stopping ended this run (train.early_stopping: "
                         f"{self.stats.evals_since_best} evaluations without improvement); nothing to train, "
                         f"nothing written")
+        elif self.finished_target is not None:
+            logger.info(f"--resume: {self.finished} is where this run reached its target (train.early_stopping."
+                        f"target: {self.finished_target}); nothing to train, nothing written")
         else:
             logger.info(f"--resume: {self.finished} is at step {self.data.total_steps} or later, the end of this run "
                         f"(train.epochs / train.max_steps); nothing to train, nothing written")
