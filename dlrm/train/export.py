@@ -28,6 +28,12 @@ def model_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device,
     """The model stored in `path`, built as training resolved it (kernels, and with them the tables'
     storage: bf16 tables need the Triton embedding) or, `portable`, from PyTorch modules only (fp32
     tables: an exported program must not need this package's Triton ops)."""
+    return _built_from_checkpoint(cfg, path, tables, device, portable)[0]
+
+
+def _built_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device,
+                           portable: bool = False) -> tuple[DLRM, Config]:
+    """`model_from_checkpoint`'s model and the config it was built from (its "auto" settings resolved)."""
     state = ckpt.load_checkpoint(path)
     if portable:
         cfg = copy.deepcopy(cfg)
@@ -39,8 +45,23 @@ def model_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device,
                         multi_hot_sizes=tables.multi_hot_sizes)
     ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path, tables.multi_hot_sizes,
                           tables.dense_format, tables.hashing, tables.vocabs)
+    _check_no_rounding(state["model"], model, path, cfg.model.embedding_dtype)
     model.load_state_dict(state["model"])
-    return model.eval()
+    return model.eval(), cfg
+
+
+def _check_no_rounding(saved: dict, model: DLRM, path: Path, embedding_dtype: str) -> None:
+    """Refuse a checkpoint whose floating tensors the model would store narrower (fp32 tables in a bf16-table model
+    built from this config): `load_state_dict` rounds them silently, and `--eval-only` reported that other model's
+    AUC as the checkpoint's. bf16 tables loading into fp32 ones (how they evaluate on a CPU) are exact."""
+    for key, own in model.state_dict().items():
+        value = saved.get(key)  # (a missing key: load_state_dict names it)
+        if (isinstance(value, torch.Tensor) and value.is_floating_point() and own.is_floating_point()
+                and torch.finfo(own.dtype).bits < torch.finfo(value.dtype).bits):
+            held = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(value.dtype, str(value.dtype))
+            raise ConfigError(f"{path}: model.embedding_dtype differs: the checkpoint holds {key} in {held}, this "
+                              f"config's {embedding_dtype!r} would round it to {own.dtype} (set model.embedding_dtype "
+                              f'"{held}")')
 
 
 def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
@@ -49,14 +70,17 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     from dlrm.train.trainer import build_for_data, evaluate
 
     device, data_dir, meta, tables = build_for_data(cfg)
-    model = model_from_checkpoint(cfg, Path(path), tables, device)
+    # the resolved config evaluates as training did: train.compile "auto" is eager on the CPU; given "auto" as it is,
+    # EvalForward compiled the forward there (Inductor's bf16 rounds otherwise: another logloss than training's)
+    model, resolved = _built_from_checkpoint(cfg, Path(path), tables, device)
     batch_size = cfg.data.eval_batch_size or 4 * cfg.data.batch_size
     loader = ParquetLoader(split_files(data_dir, meta, split), batch_size, device, prefetch=cfg.data.prefetch,
                            multi_hot_sizes=meta.multi_hot_sizes, dense_format=meta.dense_format)
     with RunDirectory.create(cfg) as run_dir:  # removed again if the evaluation fails
         t0 = time.perf_counter()
-        set_matmul_precision(cfg.train.precision)
-        metrics = evaluate(EvalForward(model, cfg.train.precision, device, cfg.train.compile, batch_size), loader)
+        set_matmul_precision(resolved.train.precision)
+        metrics = evaluate(EvalForward(model, resolved.train.precision, device, resolved.train.compile, batch_size),
+                           loader)
         summary = {**metrics, "split": split, "checkpoint": str(path), "rows": loader.num_rows,
                    "wall_s": time.perf_counter() - t0, "device": str(device), "config": cfg.to_dict()}
         write_json_atomic(run_dir.path / "summary.json", summary)
