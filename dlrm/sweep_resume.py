@@ -150,7 +150,9 @@ def trial_state(run_dir: Path, cfg_dict: dict[str, Any], name: str) -> tuple[Opt
             raise ConfigError(f"--resume: {run_dir / 'summary.json'} is not of {name}: its config differs in "
                               f"{', '.join(changed[:5])}")
         return summary, None
-    checkpoints = list_checkpoints(run_dir) if run_dir.is_dir() and not run_dir.is_symlink() else []
+    # through a symbolic link too (a trial moved to another disk and linked back): the trainer resumes such a run in
+    # place (`dlrm.train.run_dir.run_of`); taken for "nothing", it was moved aside and trained again from step 0
+    checkpoints = list_checkpoints(run_dir) if run_dir.is_dir() else []
     if checkpoints:
         return None, checkpoints[-1]
     if run_dir.is_symlink() or run_dir.exists():

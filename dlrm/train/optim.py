@@ -258,7 +258,8 @@ def _place_step_counters(opt: torch.optim.Optimizer, group: dict) -> None:
     """Each "step" tensor of `group`'s parameters where torch's optimizers keep it for the group's flags: an fp32
     tensor on the parameter's device when fused or capturable, else on the CPU (torch's own load places a step by
     the saved group's flags, which `keeps_configured_hyperparameters` has just replaced)."""
-    on_device = bool(group.get("fused")) or bool(group.get("capturable"))
+    # CapturableAdagrad keeps them on the device whatever its flags say (its own load hook put them there)
+    on_device = bool(group.get("fused")) or bool(group.get("capturable")) or isinstance(opt, CapturableAdagrad)
     for p in group["params"]:
         state = opt.state.get(p)
         step = state.get("step") if state else None
