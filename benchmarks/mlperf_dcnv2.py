@@ -88,6 +88,7 @@ from step_clocks import label_phases, parse_samples, start_sampler, summarize  #
 from train_throughput import measure  # noqa: E402
 
 from dlrm.config import load_config, validate  # noqa: E402,F401 - load_config: the tests' name
+from dlrm.data.schema import is_multi_hot  # noqa: E402
 from dlrm.train.compare import KERNEL_SETS, VARIANTS, unavailable_reason, variant_config  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mlperf-dcnv2.json"
@@ -380,7 +381,8 @@ def run_case(impl: str, cfg, batch_size: int, device: torch.device, args) -> dic
             windows = r.pop("windows_t0"), r.pop("windows_t1")
             row.update(r)
         else:
-            reason = unavailable_reason(impl, device)
+            # the batches are multi-hot when the config's sizes are (a torch-embedding step graph cannot replay them)
+            reason = unavailable_reason(impl, device, multi_hot=is_multi_hot(cfg.model.multi_hot_sizes))
             vcfg = variant_config_for(cfg, impl, args)
             row.update(dense_optim=vcfg.optim.dense.name, embedding_dtype=vcfg.model.embedding_dtype,
                        table_rows=sum(min(c, args.max_rows) if args.max_rows else c for c in vcfg.model.cardinalities))

@@ -45,6 +45,7 @@ from _common import (  # noqa: E402
 )
 
 from dlrm.config import load_config, validate  # noqa: E402,F401 - load_config: the tests' and callers' name
+from dlrm.data.schema import is_multi_hot  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
 from dlrm.train.compare import VARIANTS, release_memory, unavailable_reason, variant_config  # noqa: E402
 
@@ -138,7 +139,7 @@ def run_case(cfg, variant: str, precision: str, batch_size: int, device: torch.d
     """One case's row: measured, or skipped (the variant cannot run here), or failed (the error's
     first line; one failing variant must not hide the others' numbers)."""
     case = {"variant": variant, "precision": precision, "batch_size": batch_size}
-    reason = unavailable_reason(variant, device)
+    reason = unavailable_reason(variant, device, multi_hot=is_multi_hot(cfg.model.multi_hot_sizes))  # its batches' shape
     if reason:
         return {**case, "status": f"skipped: {reason}"}
     try:

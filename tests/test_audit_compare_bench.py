@@ -214,3 +214,16 @@ def test_scaling_efficiency_base_has_the_same_whole_step_graph():
     assert [r["efficiency"] for r in alone] == [1.0, "", 0.75]
     table = sc.markdown_table(alone)
     assert "efficiency (vs 1 GPU, same graph)" in table[0] and table[3].split("|")[12].strip() == "n/a"
+
+
+def test_the_throughput_benchmarks_skip_the_torch_step_graph_of_multi_hot_batches():
+    """benchmarks/train_throughput.py and mlperf_dcnv2.py build multi-hot batches from a multi-hot config: the
+    torch-embedding step graph is skipped with the multi-hot reason (it was built and failed on a GPU), and a one-hot
+    config keeps its other reason on the CPU."""
+    tt = load_script("train_throughput")
+    mh = load_config(REPO / "configs" / "mlperf-dcnv2.json", {"model.embedding_dtype": "fp32"})
+    row = tt.run_case(mh, "compiled+step-graph", "fp32", 8, torch.device("cpu"), None)
+    assert row["status"].startswith("skipped: the dataset is multi-hot"), row
+    one_hot = load_config(REPO / "configs" / "sample.json")
+    row = tt.run_case(one_hot, "compiled+step-graph", "fp32", 8, torch.device("cpu"), None)
+    assert row["status"] == "skipped: CUDA graphs need a CUDA device", row
