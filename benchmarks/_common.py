@@ -88,6 +88,20 @@ def int_list(ap, flag: str, text: str, minimum: int = 1) -> list[int]:
     return values
 
 
+def choice_list(ap, flag: str, text: str, choices) -> list[str]:
+    """The comma list of names from `choices` an option gave ('': none), or `ap.error` naming the option and its
+    value: an empty item is refused as `int_list` refuses it ('stream,' was taken as 'stream' where '1000,' is not
+    a list of integers), and a misspelt name before any run (it failed in its own run, after the others).
+
+        >>> import argparse; choice_list(argparse.ArgumentParser(), "--placements", "stream, gpu", ("stream", "gpu"))
+        ['stream', 'gpu']
+    """
+    values = [v.strip() for v in text.split(",")] if text.strip() else []
+    if any(v not in choices for v in values):
+        ap.error(f"{flag}: {text!r} is not a comma list of {', '.join(choices)}")
+    return values
+
+
 def config_or_error(ap, path) -> "Config":
     """`dlrm.config.load_config(path)`, or `ap.error` with its one-line message (a missing or malformed config
     file is bad input, not a traceback)."""

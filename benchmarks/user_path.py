@@ -31,15 +31,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import typing
 from pathlib import Path
 
 # _common (which puts the repository first on sys.path), also when loaded by path (tests);
 # appended: benchmarks/kernels.py must not shadow the kernels package
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import REPO, date_stamp, int_list, markdown, pyplot, save_figure, write_csv  # noqa: E402
+from _common import REPO, choice_list, date_stamp, int_list, markdown, pyplot, save_figure, write_csv  # noqa: E402
 
+from dlrm.config import DataConfig  # noqa: E402
 from dlrm.data.schema import read_metadata  # noqa: E402
+
+PLACEMENTS = typing.get_args(typing.get_type_hints(DataConfig)["placement"])
+"""data.placement's values (auto, stream, gpu): what --placements may name."""
 
 KEYS = ["batch_size", "run", "samples_per_sec", "ratio", "data_wait_fraction", "steps", "placement", "kernels",
         "compile", "cuda_graph", "status"]
@@ -197,6 +202,7 @@ def main(argv=None) -> int:
     # and the first batch size's runs (0: a ZeroDivisionError), a bad --batch-sizes with one before any
     batches = int_list(ap, "--batch-sizes", args.batch_sizes)
     buffer_rows = int_list(ap, "--buffer-rows", args.buffer_rows) if args.buffer_rows else []
+    placements = choice_list(ap, "--placements", args.placements, PLACEMENTS)
     if not (args.data / "metadata.json").is_file():
         print(f"{args.data}: no metadata.json (make a dataset first)", file=sys.stderr)
         return 2
@@ -211,7 +217,7 @@ def main(argv=None) -> int:
             ref = device_resident(config, batch, args.precision, {**sets, **dataset_tables})
             rows.append({"batch_size": batch, "run": "device-resident", **ref})
             runs = [("train.py (defaults)", {})] + [(f"train.py, placement {p}", {"data.placement": p})
-                                                    for p in args.placements.split(",") if p]
+                                                    for p in placements]
             rows_total = meta.splits["train"].rows
             runs += [(f"train.py, placement stream, {math.ceil(rows_total / n)} buffers/epoch",
                       {"data.placement": "stream", "data.shuffle_buffer_rows": n}) for n in buffer_rows]

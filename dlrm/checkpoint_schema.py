@@ -409,6 +409,12 @@ def _check_run_stats(stats: Any, path: Path) -> None:
     ok = best is None or (_is_dict(best) and _is_int(best.get("step")) and type(best.get("metric")) is str
                           and _is_number(best.get(best["metric"])))
     _expect(ok, best, path, "run_stats.best", "None or a dict with the int step, the metric's name and its value")
+    # the losses since the last logging step (`StepMeter.snapshot`): a resume puts them back in its first window
+    # (unchecked, a malformed list was a float() traceback in RunStats.from_dict, a string read as digit losses)
+    if "window_losses" in stats:
+        window = stats["window_losses"]
+        _expect(type(window) is list and all(_is_number(x) for x in window), window, path,
+                "run_stats.window_losses", "a list of numbers")
     # train.early_stopping.target's (dlrm.train.target): a resume reads them back
     if "eval_s" in stats:
         _expect(_is_number(stats["eval_s"]), stats["eval_s"], path, "run_stats.eval_s", "a number")

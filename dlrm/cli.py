@@ -153,8 +153,15 @@ def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str
                           "checkpoint; export a --checkpoint in a run of its own)")
     if allowed_changes and resume is None:
         raise ConfigError("--allow-config-change: only applies with --resume")
-    world_size = os.environ.get("WORLD_SIZE", "1")
-    if world_size.strip() not in ("", "0", "1") and (eval_only or export_path):
+    # read as dlrm.distributed.env._env_int reads it (that module imports torch): int(), empty = unset. Compared as
+    # text, "01" (one process to init_distributed) got the torchrun refusal, and so did "abc", not an integer.
+    text = os.environ.get("WORLD_SIZE", "")
+    try:
+        world_size = int(text) if text.strip() else 1
+    except ValueError:
+        raise ConfigError(f"environment variable WORLD_SIZE={text!r} is not an integer (set by torchrun "
+                          "--nproc-per-node N)") from None
+    if world_size > 1 and (eval_only or export_path):
         raise ConfigError("--eval-only and --export run in one process (not under torchrun): merge a sharded "
                           "checkpoint first with python -m dlrm.distributed.merge CHECKPOINT OUT")
 

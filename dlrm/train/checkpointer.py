@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from dlrm.config import Config, ConfigError
 from dlrm.distributed import checkpoint as dist_ckpt
@@ -68,6 +68,8 @@ class Checkpointer:
         # run_stats keys beside RunStats' own (`dlrm.train.target`: the evaluations' seconds, a reached target),
         # written in every checkpoint; `restore` reads the checkpoint's back into it
         self.extra_stats: dict[str, Any] = {}
+        # brings the stats' train_s up to now before a checkpoint stores them (the trainer's `StepMeter.update_train_s`)
+        self.clock: Optional[Callable[[], None]] = None
         # once: the vocabularies do not change (a stand-in for Tables without hashing: nothing recorded)
         self._hashing = getattr(tables, "hashing", None)
         self._vocabs = getattr(tables, "vocabs", None)
@@ -131,6 +133,8 @@ class Checkpointer:
             return False
 
     def _state(self, run: Run, pos: ckpt.Position, stats: RunStats) -> dict[str, Any]:
+        if self.clock is not None:
+            self.clock()  # the training time up to this checkpoint, not only earlier sessions'
         return {
             "model": run.model.state_dict(),
             "optimizers": [plain_lr_state_dict(o) for o in run.optimizers],

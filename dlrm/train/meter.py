@@ -295,6 +295,7 @@ class StepMeter:
         self.wait_fractions: list[float] = []
         self.steady_samples, self.steady_s, self.steady_wait = 0, 0.0, 0.0  # the closed windows' totals
         self.warmup_s = float("nan")
+        self.prior_train_s, self._finished = stats.train_s, False  # earlier sessions' training time
         self.loop_start = self.window_start = time.perf_counter()
 
     def step(self, loss: torch.Tensor, samples: int, data_wait_s: float) -> None:
@@ -373,9 +374,18 @@ class StepMeter:
         # window while its samples counted (summary.json's samples/s 1/8 too high over 12 steps at log_every 3).
         return rate, wait
 
+    def update_train_s(self) -> None:
+        """Bring ``stats.train_s`` up to now: earlier sessions' time plus this session's loop so far (frozen once the
+        loop ended, `finish`). The checkpointer calls it before it stores `stats`: a checkpoint records the training
+        time up to its step (grown only at the loop's end, a run killed after a mid-run checkpoint lost that
+        session's time from train_s and from the time to target)."""
+        if not self._finished:
+            self.stats.train_s = self.prior_train_s + (time.perf_counter() - self.loop_start)
+
     def finish(self) -> None:
-        """Add this session's loop time to the run's total."""
-        self.stats.train_s += time.perf_counter() - self.loop_start
+        """Add this session's loop time to the run's total (and stop its clock: the last evaluation is not in it)."""
+        self.update_train_s()
+        self._finished = True
 
     @property
     def samples_per_sec(self) -> float:

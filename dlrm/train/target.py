@@ -71,12 +71,15 @@ class TargetTracker:
         self.session_eval_s = 0.0
         self.reached: Optional[dict] = None
         self.just_reached = False
+        self.loop_ended = False
         extra["eval_s"] = self.eval_s_before
         extra.pop("target", None)  # a target the run reaches again (an allowed other target) is this session's
 
     def observe(self, pos: ckpt.Position, metrics: dict, eval_s: float, writer) -> None:
         """After the evaluation at `pos` (which took `eval_s`): record the target when this is the first to reach it."""
         self.session_eval_s += eval_s
+        if not self.loop_ended:  # within the train_s a checkpoint now records (`StepMeter.update_train_s`): so is eval_s
+            self.extra["eval_s"] = self.eval_s_before + self.session_eval_s
         if self.reached is not None or not meets(self.metric, metrics.get(self.metric), self.target):
             return
         now = time.perf_counter()
@@ -93,8 +96,10 @@ class TargetTracker:
                     f"excluded) / {wall_s:.1f} s wall ({NAMES[self.metric]} {self.reached['value']:.5f})")
 
     def session_finished(self) -> None:
-        """The training loop ended (``stats.train_s`` now holds this session): so does ``eval_s``."""
+        """The training loop ended (``stats.train_s`` now holds this session): so does ``eval_s`` (the last
+        evaluation, after the loop, is in neither)."""
         self.extra["eval_s"] = self.eval_s_before + self.session_eval_s
+        self.loop_ended = True
 
     def summary(self, steps: int, best: Optional[dict]) -> dict:
         """summary.json's keys (None without a target); logs a run that ended without reaching it."""

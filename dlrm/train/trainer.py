@@ -300,6 +300,7 @@ class Trainer:
         graph_warmup = getattr(run.train_step, "warmup_steps", None)
         meter = self.meter = StepMeter(self.device, pos.step, self.stats, window=cfg.train.log_every,
                                        warmup_steps=WARMUP_STEPS if graph_warmup is None else graph_warmup + 1)
+        self.checkpointer.clock = meter.update_train_s  # every checkpoint records the training time up to its step
         self.target = TargetTracker(cfg.train.early_stopping, dict(self.checkpointer.extra_stats), self.stats,
                                     self.t_start, meter.loop_start, len(self.data.train), self.checkpointer.extra_stats)
         evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env,
@@ -368,10 +369,14 @@ class Trainer:
             # resumed at its end from a checkpoint that already holds this step's evaluation (a run killed before its
             # summary): made again for the summary, not counted a second time
             again = self.resumed_at_step == pos.step and self.checkpointer.evaluated_step == pos.step
+            best_before = self.stats.best
             self.last_eval = self.evaluator(pos, defer_best=True, counted=on_grid and not again)
             self.final_evaluated = True
-            if self.resumed_at_step == pos.step:  # no step trained (see __init__): that step's checkpoint again,
-                self.checkpointer.last = None     # with this evaluation
+            # no step trained (see __init__): that step's checkpoint again, with this evaluation; unless it already
+            # held it (`again`) and the evaluation made no new best: written again, it was a new file beside the
+            # best.pt linked to the old one (the model twice on disk)
+            if self.resumed_at_step == pos.step and not (again and self.stats.best is best_before):
+                self.checkpointer.last = None
         self.checkpointer.save(run, pos, self.stats)
         self.evaluator.write_best()  # a hard link to that checkpoint
         return self._finish(prof)
