@@ -471,7 +471,6 @@ def main(argv=None) -> int:
     import torch
     from loguru import logger
 
-    logger.disable("dlrm")  # the preprocess / generator logs would drown the table
     cpus = os.cpu_count() or 1
     # the int lists parsed before the scratch directory is made: a bad value is one argparse line, no leftover
     workers = (int_list(ap, "--workers", args.workers, minimum=0) if args.workers
@@ -483,14 +482,17 @@ def main(argv=None) -> int:
     stem = args.name or "loader_throughput_" + re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"] if env["gpu"] != "none" else "cpu").strip("-").lower()
 
     readers = int_list(ap, "--reader-threads", args.reader_threads, minimum=0) if args.reader_threads else [None]
-    created = args.work is None
-    work = Path(tempfile.mkdtemp(prefix="loader_throughput_")) if created else args.work
-    work.mkdir(parents=True, exist_ok=True)
     arrow = []
     for a in args.arrow_threads.split(","):
         if a.strip() not in ("default", "on", "off"):
             ap.error(f"--arrow-threads: {a!r} is not one of default, on, off")
         arrow.append({"default": None, "on": True, "off": False}[a.strip()])
+    created = args.work is None
+    work = Path(tempfile.mkdtemp(prefix="loader_throughput_")) if created else args.work
+    work.mkdir(parents=True, exist_ok=True)
+    # after every option check (an argparse exit before the try left "dlrm" disabled for the rest of the process:
+    # tests calling main() in-process then saw no log messages)
+    logger.disable("dlrm")  # the preprocess / generator logs would drown the table
     try:
         if args.dataset is not None:
             if not (args.dataset / "metadata.json").is_file():

@@ -79,6 +79,30 @@ def test_loader_throughput_bad_int_lists_refused_without_a_scratch_dir(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("argv", [["--workers", "2,x"], ["--arrow-threads", "sometimes"]])
+def test_loader_throughput_option_errors_leave_logging_on_and_no_scratch_dir(tmp_path, capsys, monkeypatch, argv):
+    """An option error is an argparse exit: it disabled the "dlrm" logger first and never enabled it again (main() runs
+    in-process in tests: later tests' log captures got nothing), and --arrow-threads was checked after the scratch
+    directory was made (left behind)."""
+    from loguru import logger
+
+    lt = load_script("loader_throughput")
+    made = []
+    real = lt.tempfile.mkdtemp
+    monkeypatch.setattr(lt.tempfile, "mkdtemp", lambda *a, **k: made.append(real(dir=tmp_path)) or made[-1])
+    _refused(capsys, lt.main, [*argv, "--out", str(tmp_path / "out")])
+    assert made == []
+    messages: list[str] = []
+    sink = logger.add(lambda m: messages.append(m.record["message"]), format="{message}")
+    try:
+        from dlrm import cli  # a module of the "dlrm" package logging
+
+        cli.logger.info("still logged")
+    finally:
+        logger.remove(sink)
+    assert messages == ["still logged"]
+
+
 def test_stream_timeline_oversleep_percentiles_are_nearest_rank():
     """The probe's p50 / p99 oversleep by nearest rank (the ceil(q * n)-th smallest): of 100 samples of 1..100 ms the
     p99 is 99 ms, not the maximum, and the p50 is 50 ms (it read 100 and 51: one rank high)."""
