@@ -3,7 +3,8 @@
 (a) A masked lookup (an empty multi-hot slot, another rank's block, a padded sample) must contribute exactly nothing,
 forward and backward, also when the row it points at holds NaN or Inf: the Triton kernels skip it, the eager paths
 (`dlrm.model.masked_lookup`, `dlrm.model.pooled_sparse`) multiplied it by 0 (0 * NaN = NaN).
-Triton runs under its interpreter on the CPU (the root conftest sets TRITON_INTERPRET=1 before triton is imported).
+Triton runs under its interpreter on the CPU (the root conftest sets TRITON_INTERPRET=1 before triton is imported),
+and on the GPU where there is one (a CUDA machine's test session has no interpreter): `TRITON_DEVICE`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dlrm.model.masked_lookup import masked_embedding, masked_embedding_bag
 from dlrm.model.pooled_sparse import PooledSparseArch
 
 NONFINITE = [float("nan"), float("inf"), float("-inf")]
+TRITON_DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _sanitized(weight: torch.Tensor, rows: list[int]) -> torch.Tensor:
@@ -30,7 +32,7 @@ def test_pooled_pad_slots_on_a_nonfinite_row_add_nothing_as_in_triton(bad):
     torch.manual_seed(0)
     cards, hot, dim = [10, 20, 7], [3, 1, 2], 4
     eager = PooledSparseArch(cards, hot, dim)
-    triton = TritonPooledEmbedding(cards, hot, dim)
+    triton = TritonPooledEmbedding(cards, hot, dim).to(TRITON_DEVICE)
     triton.load_state_dict(eager.state_dict())
     raw = torch.tensor([[5, 7, -2, 3, 4, -2], [4, -2, -2, 6, -2, -2], [1, 2, 3, 4, 5, 4]])
     pad_rows = sorted(set(eager.rows(raw)[raw == -2].tolist()))  # rows only PAD slots point at (no -1 value here)
@@ -41,7 +43,7 @@ def test_pooled_pad_slots_on_a_nonfinite_row_add_nothing_as_in_triton(bad):
     clean = PooledSparseArch(cards, hot, dim)
     clean.load_state_dict({"weight": _sanitized(eager.weight, pad_rows)})
 
-    out, expected = eager(raw), triton(raw)
+    out, expected = eager(raw), triton(raw.to(TRITON_DEVICE)).cpu()
     assert torch.isfinite(expected).all()
     assert torch.isfinite(out).all(), out
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
@@ -61,8 +63,8 @@ def test_masked_embedding_on_a_nonfinite_row_gives_zeros_as_triton(bad):
     from kernels.embedding import TritonPooledEmbedding
 
     torch.manual_seed(1)
-    triton = TritonPooledEmbedding([12], [1], 3)
-    weight = torch.nn.Parameter(triton.weight.detach().clone())
+    triton = TritonPooledEmbedding([12], [1], 3).to(TRITON_DEVICE)
+    weight = torch.nn.Parameter(triton.weight.detach().cpu().clone())
     rows = torch.tensor([[3, 0], [5, 0], [0, 7]])
     keep = torch.tensor([[True, False], [True, False], [False, True]])
     with torch.no_grad():
@@ -71,7 +73,7 @@ def test_masked_embedding_on_a_nonfinite_row_gives_zeros_as_triton(bad):
     out = masked_embedding(rows, weight, keep)
     # raw r -> row (r + 1) mod 12 in the Triton table: raw r - 1 looks up row r; a masked lookup is a PAD slot
     raw = torch.where(keep, rows - 1, torch.full_like(rows, -2)).reshape(-1, 1)
-    expected = triton(raw).view(3, 2, 3)
+    expected = triton(raw.to(TRITON_DEVICE)).view(3, 2, 3).cpu()
     assert torch.isfinite(expected).all()
     assert torch.isfinite(out).all(), out
     torch.testing.assert_close(out, expected)
@@ -187,7 +189,7 @@ def test_auto_placement_counts_the_vocabulary_keys(monkeypatch):
     cfg = _config(**{"kernels.embedding": "triton", "model.embedding_dtype": "bf16", "optim.sparse.name": "sgd"})
     cards = [3000] * 26
     vocabs = [torch.arange(c - 1, dtype=torch.int64) * 7 for c in cards]
-    model = build_model(cfg.model, cards, vocabs, cfg.kernels, torch.device("cpu"))
+    model = build_model(cfg.model, cards, vocabs, cfg.kernels, TRITON_DEVICE)  # bf16 tables: the Triton embedding
     _, sparse = build_optimizers(model, cfg.optim)
     held = _device_bytes(model.sparse_arch, sparse)
     assert _placements(monkeypatch, cfg, cards, held, hashing="vocabulary") == ["gpu", "stream"]
@@ -223,10 +225,10 @@ def test_sharded_triton_one_hot_lookup_of_another_ranks_rows_is_zero_on_a_nan_sh
     from dlrm.distributed.sharded_embedding import ShardedSparseArch
     from dlrm.distributed.sharding import plan_sharding
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = TRITON_DEVICE
     cards = [8] * 26
-    arch = ShardedSparseArch(cards, 4, plan_sharding(cards, 2, "row", 1, None, "rows"), 0, None,
-                             kernel="triton").to(device)
+    with torch.device(device):  # (its Triton table is no registered submodule: built where it runs)
+        arch = ShardedSparseArch(cards, 4, plan_sharding(cards, 2, "row", 1, None, "rows"), 0, None, kernel="triton")
     with torch.no_grad():
         arch.weight.fill_(float("nan"))  # every row: a masked lookup gives NaN if its row is multiplied in
     recv = torch.full((2, 3, 26), 5, dtype=torch.int64, device=device)  # row 5 of every table: rank 1's block

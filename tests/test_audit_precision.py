@@ -16,18 +16,21 @@ from dlrm.train import export as export_mod
 from dlrm.train.setup import Tables
 
 CARDS = [3, 5, 2]
+# bf16 tables need the Triton embedding: its interpreter on the CPU, the GPU where there is one (a CUDA machine's test
+# session has no interpreter)
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SPARSE = "sparse_arch.weight"
 
 
 def tiny_config(**model) -> Config:
-    # kernels.embedding "triton": bf16 tables need it (run by the Triton interpreter on the CPU)
+    # kernels.embedding "triton": bf16 tables need it (`TRITON_DEVICE`)
     return config_from_dict({"model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1], **model},
-                             "kernels": {"embedding": "triton"}, "train": {"device": "cpu"}})
+                             "kernels": {"embedding": "triton"}, "train": {"device": TRITON_DEVICE}})
 
 
 def tiny_checkpoint(path: Path, cfg: Config) -> dict:
     """A one-process checkpoint of the tiny model built as `cfg` says, its table holding values bf16 cannot hold."""
-    model = build_model(cfg.model, CARDS, None, cfg.kernels, "cpu")
+    model = build_model(cfg.model, CARDS, None, cfg.kernels, TRITON_DEVICE)
     state = {"model": model.state_dict(), "optimizers": [], "schedulers": [],
              "position": {"step": 3, "epoch": 0, "batch": 3}, "rng": ckpt.rng_state(),
              "cardinalities": list(CARDS), "config": cfg.to_dict()}
@@ -49,7 +52,7 @@ def test_eval_only_refuses_to_round_a_checkpoints_fp32_tables_to_bf16(tmp_path):
     tables = Tables(list(CARDS), None, "modulus")
     with pytest.raises(ConfigError, match=r"model\.embedding_dtype.*fp32.*bf16"):
         export_mod.model_from_checkpoint(tiny_config(embedding_dtype="bf16"), tmp_path / "c.pt", tables,
-                                         torch.device("cpu"))
+                                         torch.device(TRITON_DEVICE))
 
 
 def test_eval_only_of_bf16_tables_in_fp32_and_in_bf16_keeps_them_exactly(tmp_path):
@@ -58,9 +61,9 @@ def test_eval_only_of_bf16_tables_in_fp32_and_in_bf16_keeps_them_exactly(tmp_pat
     tables = Tables(list(CARDS), None, "modulus")
     for dtype, want in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         model = export_mod.model_from_checkpoint(tiny_config(embedding_dtype=dtype), tmp_path / "c.pt", tables,
-                                                 torch.device("cpu"))
+                                                 torch.device(TRITON_DEVICE))
         assert model.sparse_arch.weight.dtype == want
-        assert torch.equal(model.sparse_arch.weight.float(), state["model"][SPARSE].float())
+        assert torch.equal(model.sparse_arch.weight.float().cpu(), state["model"][SPARSE].float().cpu())
 
 
 # -- 2. --eval-only evaluates as training did (train.compile "auto" resolved) -------------------------------------------
