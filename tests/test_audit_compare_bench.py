@@ -12,6 +12,7 @@ from dlrm.config import load_config
 from dlrm.data import synthetic
 from dlrm.distributed.env import DistEnv
 from tests.conftest import REPO
+from tests.test_audit_fast_path_edges import FAKE_SUMMARY
 
 CUDA = torch.device("cuda")
 SIZES = [1] * 26
@@ -51,8 +52,7 @@ def _compare(tmp_path, monkeypatch, variants, device=None, env=None, **overrides
     def fake_train(vcfg, run_dir):
         trained[run_dir.name] = vcfg
         run_dir.mkdir(parents=True)
-        return {"samples_per_sec": 1.0, "warmup_s": 0.0, "peak_memory_bytes": None, "final_train_loss": 0.5,
-                "auc": 0.5, "compile": {"graph_breaks": 0}, "train_losses": [(1, 0.5)], "resolved": {"compile": False}}
+        return dict(FAKE_SUMMARY)
 
     rows = compare.run_comparison(cfg, variants, fake_train)
     return {r["variant"]: r["status"] for r in rows}, trained

@@ -19,6 +19,9 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 # where Triton runs in this test session: the GPU, or the CPU under the interpreter (conftest sets it without CUDA)
 TRITON_DEVICE = CUDA if torch.cuda.is_available() else CPU
 TRITON_ON_CPU = os.environ.get("TRITON_INTERPRET") == "1"
+# what a trained variant's summary holds for run_comparison's tables (the tests' fake trainers return it)
+FAKE_SUMMARY = {"samples_per_sec": 1.0, "warmup_s": 0.0, "peak_memory_bytes": None, "final_train_loss": 0.5, "auc": 0.5,
+                "compile": {"graph_breaks": 0}, "train_losses": [(1, 0.5)], "resolved": {"compile": False}}
 
 
 def sample(**overrides):
@@ -66,8 +69,7 @@ def _compare(tmp_path, overrides, variants):
     def fake_train(vcfg, run_dir):
         trained[run_dir.name] = vcfg
         run_dir.mkdir(parents=True)
-        return {"samples_per_sec": 1.0, "warmup_s": 0.0, "peak_memory_bytes": None, "final_train_loss": 0.5,
-                "auc": 0.5, "compile": {"graph_breaks": 0}, "train_losses": [(1, 0.5)], "resolved": {"compile": False}}
+        return dict(FAKE_SUMMARY)
 
     rows = run_comparison(cfg, variants, fake_train)
     return {r["variant"]: r["status"] for r in rows}, trained
@@ -140,8 +142,7 @@ def test_compare_skips_the_auto_variant_of_bf16_tables_where_auto_takes_the_torc
         resolve_fast_path(vcfg, CPU)
         trained.append(run_dir.name)
         run_dir.mkdir(parents=True)
-        return {"samples_per_sec": 1.0, "warmup_s": 0.0, "peak_memory_bytes": None, "final_train_loss": 0.5,
-                "auc": 0.5, "compile": {"graph_breaks": 0}, "train_losses": [(1, 0.5)], "resolved": {"compile": False}}
+        return dict(FAKE_SUMMARY)
 
     auto_reason = ('model.embedding_dtype "bf16" needs kernels.embedding "triton", which "auto" cannot pick here '
                    "(no CUDA device (cpu))")

@@ -3,44 +3,21 @@ step, WORLD_SIZE parsing for --eval-only and the benchmarks' list options. Every
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from dlrm import checkpoint as ckpt
-from dlrm.config import load_config
 from dlrm.train import evaluator as evaluator_mod
 from dlrm.train import step as step_mod
 from dlrm.train.trainer import train
-from tests.conftest import make_dataset
-
-CONFIG = {
-    "data": {"batch_size": 8, "shuffle": True, "drop_last": False, "shuffle_buffer_rows": 40},
-    "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
-    "optim": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "rowwise_adagrad", "lr": 0.05}},
-    "train": {"epochs": 1, "log_every": 2, "eval_every": 100, "device": "cpu", "seed": 3, "deterministic": True,
-              "baseline": False},
-    "checkpoint": {"every": 4, "keep": 5},
-}
-STEPS = 13  # 100 rows, batch 8, drop_last false
-
-
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runstats")
-    make_dataset(root / "ds", {"train": 100, "validation": 48, "test": 16}, row_group_size=30)
-    return root / "ds"
+from tests.test_early_stopping_target import STEPS, data  # noqa: F401 - data: the tiny dataset (a fixture)
+from tests.test_early_stopping_target import config as _target_config
 
 
 def config(data, tmp_path, name, early=None, **overrides):
-    raw = json.loads(json.dumps(CONFIG))
-    raw["data"]["path"] = str(data)
-    if early is not None:
-        raw["train"]["early_stopping"] = early
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(raw))
-    return load_config(path, {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": name, **overrides})
+    """test_early_stopping_target's tiny run, checkpointed every 4 steps and evaluated only at its end (by default)."""
+    return _target_config(data, tmp_path, name, early, **{"train.eval_every": 100, "checkpoint.every": 4, **overrides})
 
 
 class Killed(BaseException):
