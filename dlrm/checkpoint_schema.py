@@ -387,9 +387,9 @@ def _is_number(value: Any) -> bool:
 
 def _check_run_stats(stats: Any, path: Path) -> None:
     """The run's totals so far (the trainer's RunStats): plain data; when not empty, samples (int),
-    train_s (a number) and train_losses ([step, loss] pairs), and, when there, evals_since_best (int) and
-    best (None, or the best evaluation: its step, the name of its metric and that metric's value), which a
-    resume reads back."""
+    train_s (a number) and train_losses ([step, loss] pairs), and, when there, evals_since_best (int), evaluated_step
+    (None or int) and best (None, or the best evaluation: its step, the name of its metric and that metric's value),
+    which a resume reads back."""
     ok = _is_dict(stats) and all(type(k) is str for k in stats)
     _expect(ok, stats, path, "run_stats", "a dict with str keys")
     _check_plain(stats, path, "run_stats", tensors=False)
@@ -405,6 +405,11 @@ def _check_run_stats(stats: Any, path: Path) -> None:
     if "evals_since_best" in stats:
         _expect(_is_int(stats["evals_since_best"]), stats["evals_since_best"], path, "run_stats.evals_since_best",
                 "an int >= 0")
+    # the step whose evaluation the checkpoint holds (`Checkpointer`): a resume at that step does not evaluate
+    # again; unchecked, a hand-edited non-int never matched and the evaluation counted twice towards patience
+    if "evaluated_step" in stats:
+        step = stats["evaluated_step"]
+        _expect(step is None or _is_int(step), step, path, "run_stats.evaluated_step", "None or an int >= 0")
     best = stats.get("best")
     ok = best is None or (_is_dict(best) and _is_int(best.get("step")) and type(best.get("metric")) is str
                           and _is_number(best.get(best["metric"])))

@@ -418,12 +418,13 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     """
     if seeds < 1:
         raise ConfigError(f"--seeds: {seeds} must be >= 1")
-    base = dict(base or {})
+    from dlrm.sweep_resume import absolute_data, write_record
+
+    base = absolute_data(dict(base or {}))  # the trials and sweep.json: --data as the working directory names it now
     settings = grid(sets)
     check_settings(config, base, settings, seeds)
     if train_fn is None:
         from dlrm.train.trainer import train as train_fn
-    from dlrm.sweep_resume import write_record
 
     directory, created = sweep_directory(tb_dir, run_name, config)
     try:

@@ -1,9 +1,10 @@
 """``python -m dlrm.sweep --resume <sweep dir>``: finish a sweep that Ctrl-C, a signal, a crash or a time limit stopped.
 
 Every sweep records what it trains in ``<sweep dir>/sweep.json`` before its first trial: the config file (absolute
-path), the ``--set`` lists in order, ``--seeds``, the ``--data``/``--device`` overrides, and the config every trial
-starts from, resolved. ``--resume DIR`` reads it back, so the directory alone is enough; ``--config``, ``--set``,
-``--seeds``, ``--data`` and ``--device`` may be given again, and whatever is given (and the config file, which may have
+path), the ``--set`` lists in order, ``--seeds``, the ``--data`` (absolute: a resume from elsewhere trains on the same
+data)/``--device`` overrides, and the config every trial starts from, resolved. ``--resume DIR`` reads it back, so the
+directory alone is enough; ``--config``, ``--set``, ``--seeds``, ``--data`` (resolved against the working directory of
+the resume) and ``--device`` may be given again, and whatever is given (and the config file, which may have
 been edited since) must match the record: a difference is refused in one line naming it (exit 2); ``log`` and
 ``name`` are free (each trial's directory is the sweep's). The sweep then goes on in the same directory, trial by
 trial (`trial_state`):
@@ -67,6 +68,15 @@ class SweepLock:
             self.fd = -1
 
 
+def absolute_data(base: dict[str, Any]) -> dict[str, Any]:
+    """`base` with its ``data.path`` (``--data``) made absolute against the working directory: recorded as given, a
+    relative path resumed from elsewhere named other data under an equal string (the config check saw no change)."""
+    path = base.get("data.path")
+    if isinstance(path, str) and path:  # (anything else is the config check's to refuse, as given)
+        return {**base, "data.path": os.path.abspath(path)}
+    return base
+
+
 def resolved(config: str, base: dict[str, Any], sets: list) -> dict[str, Any]:
     """The first setting's config (seed 0), as ``Config.to_dict()``: the keys no --set sweeps are every trial's (the
     file alone may be invalid: a value every setting mends)."""
@@ -125,6 +135,9 @@ def reconcile(directory: Path, record: dict[str, Any], config: Optional[str], se
         differences.append(f"{_show_sets(sets)} (recorded: {_show_sets(record['sets'])})")
     if seeds is not None and seeds != record["seeds"]:
         differences.append(f"--seeds {seeds} (recorded: {record['seeds']})")
+    recorded = record["base"].get("data.path")
+    if isinstance(recorded, str) and os.path.isabs(recorded):  # (no --data recorded, or a record made before: as given)
+        base = absolute_data(base or {})  # compared resolved: relative to this working directory
     base = {**record["base"], **(base or {})}
     config = config if config is not None else record["config"]
     changed = [(k, old, new) for k, old, new in config_changes(record["resolved"], resolved(config, base, record["sets"]))

@@ -42,26 +42,46 @@ def init_linear_(layer: nn.Linear) -> None:
             layer.bias.normal_(0.0, math.sqrt(1.0 / fan_out))
 
 
-def init_linear_torchrec_(layer: nn.Module) -> None:
+def init_linear_torchrec_(layer: nn.Module, fan_in: Optional[int] = None) -> None:
     """TorchRec's initialisation (its MLP layers are plain nn.Linear; MLPerf DLRM-DCNv2's reference, whose closed
     division requires the same distributions): weight kaiming_uniform(a=sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in)),
-    bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)). Any layer with nn.Linear's ``weight`` [out, in] and ``bias``."""
-    nn.Linear.reset_parameters(layer)  # type: ignore[arg-type]
+    bias U(-1/sqrt(fan_in), 1/sqrt(fan_in)). Any layer with nn.Linear's ``weight`` [out, in] and ``bias``.
+    `fan_in`: the inputs that are not zero padding (default: the weight's width)."""
+    if fan_in is None or fan_in == layer.weight.shape[1]:
+        nn.Linear.reset_parameters(layer)  # type: ignore[arg-type]
+        return
+    # the same draws as reset_parameters (the stream after it unchanged), with the unpadded layer's bound
+    bound = 1.0 / math.sqrt(fan_in)
+    with torch.no_grad():
+        layer.weight.uniform_(-bound, bound)
+        if layer.bias is not None:
+            layer.bias.uniform_(-bound, bound)
 
 
 # `DenseArch` / `OverArch` ``init``: the 2019 DLRM's (the dot model) or TorchRec's DLRM_DCN's (the DCN model)
 MLP_INITS = {"dlrm": init_linear_, "torchrec": init_linear_torchrec_}
 
 
-def reinit_mlp_(mlp: nn.Module, init: str) -> None:
+def reinit_mlp_(mlp: nn.Module, init: str, fan_in: Optional[int] = None) -> None:
     """Draw every layer of `mlp` (``layers``: an `MLP`, or a kernel MLP with the same layers) again with `init`.
 
     After the construction, which every MLP class does with `init_linear_` in the same order: the same seed then
-    gives the same weights whichever class runs the layers (a checkpoint moves between them)."""
+    gives the same weights whichever class runs the layers (a checkpoint moves between them). `fan_in`: the first
+    layer's inputs without the zero columns `DenseArch` appends (``model.bottom_mlp_input_multiple``): its law is
+    the unpadded layer's, as the references' (13 dense inputs), the pad columns drawn with it (they multiply zeros)."""
+    first = mlp.layers[0]
+    fan_out, width = first.weight.shape
+    padded = fan_in is not None and fan_in != width
     if init == "dlrm":
+        if padded:  # N(0, sqrt(2/(fan_in+fan_out))) from the construction's draw: no new draw, the stream unchanged
+            with torch.no_grad():
+                first.weight.mul_(math.sqrt((width + fan_out) / (fan_in + fan_out)))
         return
-    for layer in mlp.layers:
-        MLP_INITS[init](layer)
+    for i, layer in enumerate(mlp.layers):
+        if i == 0 and padded:
+            MLP_INITS[init](layer, fan_in)
+        else:
+            MLP_INITS[init](layer)
 
 
 class MLP(nn.Module):
@@ -149,7 +169,7 @@ class DenseArch(nn.Module):
         self.pad = -in_features % input_multiple
         self.model = (mlp_cls or MLP)(in_features + self.pad, widths, activation, activate_last=True,
                                       linear_cls=linear_cls, dropout=dropout)
-        reinit_mlp_(self.model, init)
+        reinit_mlp_(self.model, init, fan_in=in_features)
 
     def forward(self, dense: torch.Tensor) -> torch.Tensor:
         if self.pad:  # under torch.compile the zeros are written by the kernel that casts the input
