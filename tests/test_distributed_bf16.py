@@ -39,6 +39,7 @@ from dlrm import checkpoint as ckpt
 from dlrm.data.loader import rank_slice
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
+from dlrm.train.builder import rounding_seed_start
 from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig, TritonPooledEmbedding, TritonSparseEmbedding
 from tests.conftest import process_output
 from tests.shared_once import computed_once
@@ -268,6 +269,8 @@ def test_one_step_of_bf16_shards_rounds_the_one_process_fp32_step(tmp_path, monk
 
 
 STEPS = 27
+# the rounding seed after the run: its start from train.seed (`dlrm.train.builder.rounding_seed_start`), one a step
+FINAL_SR_SEED = rounding_seed_start(BASE["train"]["seed"]) + STEPS
 
 
 @pytest.fixture(scope="module")
@@ -352,7 +355,7 @@ def check_shards_are_bf16(run_dir: Path) -> None:
         assert sparse["sum"].dtype == torch.float32  # row-wise Adagrad's sums stay fp32
         # one rounding seed a step, the same on every rank: in the shard, and in the sparse optimizer's state
         assert {k for k in s["model"] if k.startswith("sparse_arch.")} == {"sparse_arch.weight", "sparse_arch.sr_seed"}
-        assert s["model"]["sparse_arch.sr_seed"].tolist() == sparse["sr_seed"].tolist() == [STEPS]
+        assert s["model"]["sparse_arch.sr_seed"].tolist() == sparse["sr_seed"].tolist() == [FINAL_SR_SEED]
 
 
 def assert_dense_close(a: dict, b: dict, atol: float, state_rel: float) -> None:
@@ -379,7 +382,12 @@ def test_two_ranks_with_bf16_shards_train_like_one_process(tmp_path, one_process
     At step 27, with the bounds about 2.5x the largest value measured (two ranks against one process,
     and one process against one process with its rounding seed started at 1000, 2000, 3000, 4000):
     - the tables differ by less than a fifth of how far the one-process tables moved from step 10 to
-      27 (measured: 3.6-4.4%; seeds: 4.1-4.5%);
+      27 (measured: 3.6-4.4% with both seeds started at 0; 4.5-7.0% with train.seed 3's start, 3 << 32;
+      seeds: 4.1-4.5%). Heavy-tailed: multi-hot row-wise, six seed starts, one process and two ranks
+      (66 pairs): 3.8-4.8%, but 21% for every pair with the two-rank run started at 0x5aa66d2c7ddf743f,
+      whose distance sits in ~15 rows hit a few times with tiny gradients (row-wise Adagrad's first steps
+      are ~lr whatever a gradient's size: their sign is the noise's). The seeds here are fixed: the
+      runs are deterministic, the bound holds them, a change of seed may not;
     - the sparse optimizer's fp32 sums by less than 13% of their norm (seeds: 0.19%, 0.68%, 4.6%,
       5.1%; two ranks table-wise multi-hot, lookups balanced: 4.75%; 0.13-0.24% under the plan that
       balanced rows, whose rank 0 held the first tables at their one-process rows, where the rounding
@@ -399,7 +407,7 @@ def test_two_ranks_with_bf16_shards_train_like_one_process(tmp_path, one_process
     # state_dict); the sparse optimizer's state carries it on both sides
     assert set(merged["model"]) == set(ref["model"]) and "sparse_arch.sr_seed" not in ref["model"]
     sparse, ref_sparse = merged["optimizers"][1]["state"][0], ref["optimizers"][1]["state"][0]
-    assert set(sparse) == set(ref_sparse) and sparse["sr_seed"].tolist() == ref_sparse["sr_seed"].tolist() == [STEPS]
+    assert set(sparse) == set(ref_sparse) and sparse["sr_seed"].tolist() == ref_sparse["sr_seed"].tolist() == [FINAL_SR_SEED]
     assert sparse["sum"].dtype == ref_sparse["sum"].dtype == torch.float32
     assert (sparse["sum"] - ref_sparse["sum"]).norm() < 0.13 * ref_sparse["sum"].norm()
     w, w_ref = merged["model"]["sparse_arch.weight"], ref["model"]["sparse_arch.weight"]
@@ -463,8 +471,8 @@ def test_bf16_sharded_resume_goes_on_with_the_rounding_seed(resumed):
     straight, branch = resumed
     for name, ref in straight.items():
         for s in (branch[name], ref):
-            assert s["model"]["sparse_arch.sr_seed"].tolist() == [STEPS], name
-            assert s["optimizers"][1]["state"][0]["sr_seed"].tolist() == [STEPS], name
+            assert s["model"]["sparse_arch.sr_seed"].tolist() == [FINAL_SR_SEED], name
+            assert s["optimizers"][1]["state"][0]["sr_seed"].tolist() == [FINAL_SR_SEED], name
 
 
 def test_bf16_sharded_resume_is_exact(resumed):

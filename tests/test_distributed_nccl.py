@@ -31,7 +31,7 @@ import torch
 from dlrm import checkpoint as ckpt
 from tests.conftest import REPO
 from tests.test_distributed import BASE, MULTI_HOT_SIZES, merged_state
-from tests.test_distributed_bf16 import STEPS, check_shards_are_bf16
+from tests.test_distributed_bf16 import FINAL_SR_SEED, STEPS, check_shards_are_bf16
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")]
@@ -115,7 +115,7 @@ def test_two_gpus_with_bf16_shards_train_the_dcn_model_like_one_gpu(tmp_path, da
     assert merged["position"] == ref["position"] and merged["position"]["step"] == STEPS
     assert set(merged["model"]) == set(ref["model"])
     sparse, ref_sparse = merged["optimizers"][1]["state"][0], ref["optimizers"][1]["state"][0]
-    assert sparse["sr_seed"].tolist() == ref_sparse["sr_seed"].tolist() == [STEPS]
+    assert sparse["sr_seed"].tolist() == ref_sparse["sr_seed"].tolist() == [FINAL_SR_SEED]
     summary = summary_of(run_dir)
     assert summary["world_size"] == 2 and summary["samples"] == ref_summary["samples"]
     assert len(summary["train_losses"]) == len(ref_summary["train_losses"]) > 0

@@ -67,8 +67,9 @@ def reinit_mlp_(mlp: nn.Module, init: str, fan_in: Optional[int] = None) -> None
 
     After the construction, which every MLP class does with `init_linear_` in the same order: the same seed then
     gives the same weights whichever class runs the layers (a checkpoint moves between them). `fan_in`: the first
-    layer's inputs without the zero columns `DenseArch` appends (``model.bottom_mlp_input_multiple``): its law is
-    the unpadded layer's, as the references' (13 dense inputs), the pad columns drawn with it (they multiply zeros)."""
+    layer's inputs without the zero columns appended to its input (``model.bottom_mlp_input_multiple``,
+    ``model.top_mlp_input_multiple``): its law is the unpadded layer's, as the references' (13 dense inputs, 367
+    interaction features), the pad columns drawn with it (they multiply zeros)."""
     first = mlp.layers[0]
     fan_out, width = first.weight.shape
     padded = fan_in is not None and fan_in != width
@@ -414,6 +415,9 @@ class OverArch(nn.Module):
         activation: activation between layers.
         mlp_cls: the layer chain's class (`MLP`, or `kernels.mlp.FusedMLP`: same parameters).
         init: the layers' initialisation, as `DenseArch`'s.
+        fan_in: the inputs that are not zero padding (``model.top_mlp_input_multiple`` pads the
+            interaction's output): the first layer is initialised as that many inputs' layer (default:
+            all of ``in_features``).
 
     Example:
         >>> OverArch(367, [64, 1])(torch.randn(5, 367)).shape
@@ -423,11 +427,11 @@ class OverArch(nn.Module):
     """
 
     def __init__(self, in_features: int, widths: list[int], activation: str = "relu", linear_cls=None,
-                 dropout: float = 0.0, mlp_cls=None, init: str = "dlrm") -> None:
+                 dropout: float = 0.0, mlp_cls=None, init: str = "dlrm", fan_in: Optional[int] = None) -> None:
         super().__init__()
         self.model = (mlp_cls or MLP)(in_features, widths, activation, activate_last=False, linear_cls=linear_cls,
                                       dropout=dropout)
-        reinit_mlp_(self.model, init)
+        reinit_mlp_(self.model, init, fan_in=fan_in)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x).squeeze(-1)

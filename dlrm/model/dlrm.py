@@ -190,7 +190,8 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
         crossnet_cls = GluonLowRankCrossNet
     interaction = InteractionArch(len(cardinalities), cfg.embedding_dim, cfg.interaction,
                                   cross_layers=cfg.cross_layers, cross_rank=cfg.cross_rank, crossnet_cls=crossnet_cls)
-    pad = -interaction.output_dim % cfg.top_mlp_input_multiple
+    unpadded = interaction.output_dim
+    pad = -unpadded % cfg.top_mlp_input_multiple
     if kernels.interaction == "triton" and cfg.interaction == "dot":
         from kernels.interaction import TritonDotInteraction
 
@@ -199,7 +200,7 @@ def _build_archs(cfg: ModelConfig, cardinalities: list[int], vocabs, kernels: Ke
     elif pad:
         interaction = PaddedInteraction(interaction, pad)
     over_arch = OverArch(interaction.output_dim, cfg.top_mlp, cfg.activation, linear_cls=linear_cls, dropout=cfg.dropout,
-                         mlp_cls=mlp_cls, init=mlp_init)
+                         mlp_cls=mlp_cls, init=mlp_init, fan_in=unpadded)
     return DLRM(dense_arch, sparse_arch, interaction, over_arch)
 
 

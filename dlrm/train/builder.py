@@ -121,6 +121,22 @@ def _log_memory(env: DistEnv, model: DLRM, device: torch.device) -> None:
                     + (f", CUDA memory allocated {a / 2**20:,.1f} MiB" if a is not None else ""))
 
 
+def rounding_seed_start(seed: int) -> int:
+    """The first stochastic-rounding seed of bf16 tables in a run of ``train.seed`` ``seed``: the seed's low 31
+    bits in the high half of the int64 counter, whose low half then counts steps (the update advances it by
+    one). So runs of different seeds draw different rounding bits (two seeds apart by a multiple of 2**31
+    share them), streams never overlap within 2**32 steps, and seed 0 starts at 0 as before."""
+    return (seed % 2**31) << 32
+
+
+def start_rounding_seed(model: torch.nn.Module, seed: int) -> None:
+    """Set every bf16 table's stochastic-rounding seed (the buffers named ``sr_seed``, on every rank the same) to
+    `rounding_seed_start` (a resumed run then loads its checkpoint's)."""
+    for name, buffer in model.named_buffers():
+        if name.rsplit(".", 1)[-1] == "sr_seed":
+            buffer.fill_(rounding_seed_start(seed))
+
+
 def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: int, env: DistEnv = DistEnv(),
               eval_batch_size: Optional[int] = None) -> Run:
     """Build the parts of a run as `cfg` says ("auto" settings resolved here, for this device).
@@ -138,6 +154,7 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch,
                         compiled=bool(cfg.train.compile.enabled), multi_hot_sizes=tables.multi_hot_sizes)
+    start_rounding_seed(model, cfg.train.seed)
     dense_forward = None  # one process: the model's own forward_from_embeddings
     if env.distributed:
         from dlrm.distributed.data_parallel import wrap_dense_parts

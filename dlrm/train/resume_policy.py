@@ -95,4 +95,9 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed:
 
 def _show(value: Any) -> str:
     text = repr(value) if value is not None else "null"
-    return "(absent)" if text.startswith("<object") else (text if len(text) <= 40 else text[:37] + "...")
+    if text.startswith("<object"):
+        return "(absent)"
+    if len(text) <= 40:
+        return text
+    # a path's end tells two paths apart (data.path: the same temporary or home directory in front)
+    return "..." + text[-37:] if isinstance(value, str) and "/" in value else text[:37] + "..."

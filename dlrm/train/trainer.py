@@ -9,8 +9,10 @@ owned through `RunDirectory` (one writer, no clobbering, failed starts cleaned u
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,6 +194,10 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = None,
                  allow_config_change: Sequence[str] = ()) -> None:
         self.t_start = time.perf_counter()
+        # data.path as an absolute path (not resolving links): the checkpoints and summary.json record it, so a
+        # --resume from another working directory whose config names the data relatively is compared with the data
+        # this run read (refused when it is another directory) instead of training on whatever lies there
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(cfg.data.path)))
         self.cfg = cfg
         device, data_dir, self.meta, self.tables = build_for_data(cfg)
         self.env, self.device = init_distributed(cfg.distributed, device)  # one process unless under torchrun
@@ -497,8 +503,8 @@ class Trainer:
             "samples_per_sec": self.meter.samples_per_sec,  # this session's steady state
             "data_wait_fraction": self.meter.data_wait_fraction,
             "warmup_s": self.meter.warmup_s,
-            "train_s": stats.train_s,
-            "wall_s": time.perf_counter() - self.t_start,
+            "train_s": stats.train_s,  # the whole run's training seconds, across resumes
+            "wall_s": time.perf_counter() - self.t_start,  # this session's wall clock, everything included
             "final_train_loss": stats.train_losses[-1][1] if stats.train_losses else None,
             "train_losses": stats.train_losses,
             "best": stats.best,  # the best evaluation (step, metrics, best.pt); the top-level metrics are the last
