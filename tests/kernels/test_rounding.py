@@ -43,9 +43,11 @@ def low16(rng: str, seed: int, row0: int, rows: int, D: int, device) -> torch.Te
 
 @pytest.mark.parametrize("rng", list(RNG_CODES))
 @pytest.mark.parametrize("row0", [0, 2**33 + 7])  # a table of more than 2**32 / D rows: the high half matters
-def test_random_bits_are_uniform_and_independent(rng, row0, device):
+# seeds with a high half: a run's stream starts at (train.seed mod 2**31) << 32 (dlrm.train.builder.rounding_seed_start)
+@pytest.mark.parametrize("seed", [12345, (3 << 32) + 2**32 - 1, ((2**31 - 1) << 32) + 2**32 - 2])
+def test_random_bits_are_uniform_and_independent(rng, row0, seed, device):
     rows, D = 256, 64
-    x = low16(rng, 12345, row0, rows, D, device)
+    x = low16(rng, seed, row0, rows, D, device)
     n = x.numel()
     # uniform: 64 bins of the top 6 bits, chi-square with 63 degrees of freedom (mean 63, sd ~11.2)
     counts = torch.bincount((x.long() >> 10).flatten(), minlength=64).double()
@@ -62,7 +64,7 @@ def test_random_bits_are_uniform_and_independent(rng, row0, device):
     bound = 6 / n**0.5
     assert abs(corr(x[:, 1:], x[:, :-1])) < bound
     assert abs(corr(x[1:], x[:-1])) < bound
-    y = low16(rng, 12346, row0, rows, D, device)
+    y = low16(rng, seed + 1, row0, rows, D, device)  # the next step's seed (the second case carries into the high half; the last is 2**63 - 1)
     assert abs(corr(x, y)) < bound and not torch.equal(x, y)
 
 
