@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from dlrm.config import ConfigError, ModelConfig, load_config
+from dlrm.config import ConfigError, KernelsConfig, ModelConfig, load_config
 from dlrm.model.archs import OverArch
 from dlrm.model.dlrm import build_model
 from dlrm.train.builder import rounding_seed_start, start_rounding_seed
@@ -37,9 +37,8 @@ def test_rounding_seed_start_keeps_seed_zero_and_gives_each_seed_its_own_stream(
 
 def test_start_rounding_seed_sets_the_bf16_tables_seed():
     cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1], embedding_dtype="bf16")
-    from dlrm.config import KernelsConfig
-
-    model = build_model(cfg, [5, 3], None, KernelsConfig(embedding="triton"), "cpu", multi_hot_sizes=[2, 1])
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # Triton on the CPU: the interpreter (CI)
+    model = build_model(cfg, [5, 3], None, KernelsConfig(embedding="triton"), device, multi_hot_sizes=[2, 1])
     seeds = [b for n, b in model.named_buffers() if n.endswith("sr_seed")]
     assert len(seeds) == 1 and seeds[0].tolist() == [0]
     start_rounding_seed(model, 7)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -19,6 +20,7 @@ from loguru import logger
 
 from dlrm.config import Config
 from dlrm.distributed.env import DistEnv
+from dlrm.errors import DatasetError
 from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
 from dlrm.train.checkpointer import Checkpointer
@@ -37,7 +39,15 @@ def evaluate(forward, loader, env: DistEnv = DistEnv()) -> dict[str, float]:
         logits.append(batch.real(forward(batch)))  # a padding row (Batch.pad) is not the split's
         labels.append(batch.real(batch.labels))
     forward.model.train()
+    if not logits:  # torch.cat's "expected a non-empty list of Tensors" traceback (--eval-only on an empty split)
+        raise DatasetError(f"{_split_name(loader)}: the evaluation split holds no rows; nothing to evaluate")
     return evaluate_logits(env.all_gather_rows(torch.cat(logits)), env.all_gather_rows(torch.cat(labels)))
+
+
+def _split_name(loader) -> str:
+    """The evaluation split's directory, from its loader's files (or "the evaluation split")."""
+    files = getattr(loader, "files", None)
+    return str(Path(files[0]).parent) if files else "the evaluation split"
 
 
 class Evaluator:
@@ -61,6 +71,11 @@ class Evaluator:
         self.early = cfg.train.early_stopping
         self.metric = self.early.metric if self.early else "auc"
         self.min_delta = self.early.min_delta if self.early else 0.0
+        if getattr(loader, "num_rows", None) == 0:
+            # said before training: found at the end, the run's last evaluation raised a traceback and the training
+            # since the last checkpoint was lost (the last checkpoint is saved after that evaluation)
+            raise DatasetError(f"{_split_name(loader)}: data.eval_split {cfg.data.eval_split!r} holds no rows; "
+                               f"nothing to evaluate (choose another split)")
 
     _pending_best: Optional[ckpt.Position] = None  # a best evaluation whose best.pt `write_best` writes
 

@@ -297,6 +297,8 @@ class StepMeter:
         self.warmup_s = float("nan")
         self.prior_train_s, self._finished = stats.train_s, False  # earlier sessions' training time
         self.loop_start = self.window_start = time.perf_counter()
+        # this session's paused seconds and its loop's end (`finish`): the rate of a session without a steady window
+        self.session_paused, self.loop_end = 0.0, None
 
     def step(self, loss: torch.Tensor, samples: int, data_wait_s: float) -> None:
         self.losses.add(loss)
@@ -324,7 +326,9 @@ class StepMeter:
         try:
             yield
         finally:
-            self.window_paused += time.perf_counter() - t
+            paused = time.perf_counter() - t
+            self.window_paused += paused
+            self.session_paused += paused
 
     def log_window(self, step: int, mean_loss: float) -> tuple[Optional[float], Optional[float]]:
         """Close the logging window at `step` with its (already reduced) mean loss; returns
@@ -386,14 +390,18 @@ class StepMeter:
         """Add this session's loop time to the run's total (and stop its clock: the last evaluation is not in it)."""
         self.update_train_s()
         self._finished = True
+        self.loop_end = time.perf_counter()
 
     @property
     def samples_per_sec(self) -> float:
         """This session's steady state: the closed windows' samples over their seconds (the whole session's
-        average if no window closed after the warm-up)."""
+        average if no window closed after the warm-up: its loop's seconds up to `finish`, evaluations and
+        checkpoints left out, as in the windows; read after the loop ended, it counted the final evaluation,
+        checkpoint and profile summary too, and a 2-step run reported 54 samples/s for 370)."""
         if self.steady_s > 0:
             return self.steady_samples / self.steady_s
-        elapsed = time.perf_counter() - self.loop_start
+        end = self.loop_end if self.loop_end is not None else time.perf_counter()
+        elapsed = end - self.loop_start - self.session_paused
         return self.session_samples / elapsed if elapsed > 0 else 0.0
 
     @property

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 from loguru import logger
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from dlrm.config import ProfileConfig
 
@@ -24,6 +24,22 @@ from dlrm.config import ProfileConfig
 # an earlier session's (a resume in the same process, or one whose pid this process reused), never this session's
 # step, so `own_trace` leaves them out.
 _EARLIER: dict[str, frozenset[str]] = {}
+
+
+class _StepProfile(profile):
+    """A profiler that saves no trace of the loop's tail alone. Each ``step()`` after a trained step opens the next
+    ``ProfilerStep#N`` range; when the run ends right where recording starts (it trained profile.wait +
+    profile.warmup steps, or ended as a later cycle began), the exit saved a trace holding only that range over the
+    work after the loop, which `dlrm.train.reporting.log_profile` then reported as "one training step"."""
+
+    def stop(self) -> None:
+        recording = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
+        # the open step is the tail; an earlier step of this trace was recorded only if the step before was RECORD
+        # (a RECORD_AND_SAVE there ended the previous trace)
+        if self.current_action in recording and (self.step_num == 0
+                                                 or self.schedule(self.step_num - 1) != ProfilerAction.RECORD):
+            self.on_trace_ready = None
+        super().stop()
 
 
 def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps: Optional[int] = None):
@@ -49,7 +65,7 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps
         f"profiling: wait {cfg.wait}, warmup {cfg.warmup}, active {cfg.active}, repeat {cfg.repeat} steps; "
         f"traces go to {run_dir}"
     )
-    return profile(
+    return _StepProfile(
         activities=activities,
         schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat),
         on_trace_ready=tensorboard_trace_handler(str(run_dir), use_gzip=True),

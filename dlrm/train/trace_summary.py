@@ -123,7 +123,19 @@ def load_trace(path: Path) -> dict:
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
         raise TraceError(f"{path}: not a Chrome trace (no list of event objects under 'traceEvents')")
+    for i, e in enumerate(events):  # what the summary reads: another tool's file was a KeyError/TypeError traceback
+        if e.get("ph") == "X" and not (isinstance(e.get("name", ""), str)
+                                       and all(_number(e.get(k)) for k in ("ts", "dur"))):
+            raise TraceError(f"{path}: event {i} ({e.get('name')!r}): a complete ('X') event needs a string name and "
+                             f"numeric ts and dur; not a torch.profiler trace")
+        if not isinstance(e.get("args") or {}, dict):
+            raise TraceError(f"{path}: event {i} ({e.get('name')!r}): its args are not an object; not a "
+                             f"torch.profiler trace")
     return trace
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def within(events: list[dict], cats, lo: float, hi: float) -> list[dict]:
@@ -138,7 +150,9 @@ def within(events: list[dict], cats, lo: float, hi: float) -> list[dict]:
 
 def profiled_step(events: list[dict]) -> dict:
     """The last ProfilerStep range that holds a training step's ``backward`` (the last step range may be
-    the tail after training: evaluation, profiler exit), else the last step range.
+    the tail after training: evaluation, profiler exit), else the last that holds a named range (a captured CUDA
+    graph step shows only the trainer's ``data``: the last step range alone was the tail then), else the last step
+    range.
 
     >>> ev = lambda n, ts, dur: {"name": n, "cat": "user_annotation", "ph": "X", "ts": ts, "dur": dur}
     >>> profiled_step([ev("ProfilerStep#1", 0, 10), ev("backward", 2, 3), ev("ProfilerStep#2", 10, 5)])["name"]
@@ -148,10 +162,12 @@ def profiled_step(events: list[dict]) -> dict:
              and str(e.get("name", "")).startswith("ProfilerStep#")]
     if not steps:
         raise TraceError("the trace holds no ProfilerStep ranges (the run ended before a profiled step completed)")
-    backward = [e["ts"] for e in events if e.get("cat") == "user_annotation" and e.get("name") == "backward"]
-    for step in sorted(steps, key=lambda e: -e["ts"]):
-        if any(step["ts"] <= t < step["ts"] + step["dur"] for t in backward):
-            return step
+    ranges = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") in RANGES]
+    for names in (("backward",), RANGES):
+        starts = [e["ts"] for e in ranges if e["name"] in names]
+        for step in sorted(steps, key=lambda e: -e["ts"]):
+            if any(step["ts"] <= t < step["ts"] + step["dur"] for t in starts):
+                return step
     return max(steps, key=lambda e: e["ts"])
 
 
