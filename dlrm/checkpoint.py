@@ -362,3 +362,117 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalitie
     for k, v in own.items():
         if tuple(saved[k].shape) != tuple(v.shape):
             raise ConfigError(f"{path}: {k} has shape {tuple(saved[k].shape)} in the checkpoint, {tuple(v.shape)} here")
+        # load_state_dict copies across kinds silently (int or bool weights became floats, complex ones lost their
+        # imaginary part with a warning) and a meta tensor, which holds no values, failed with a traceback
+        if saved[k].is_meta or _kind(saved[k].dtype) != _kind(v.dtype):
+            held = "a meta tensor (no values)" if saved[k].is_meta else str(saved[k].dtype)
+            raise ConfigError(f"{path}: {k} is {held} in the checkpoint, {v.dtype} here")
+    if "optimizers" in state:
+        _check_optimizer_state(state, model, path)
+
+
+def _kind(dtype: torch.dtype) -> str:
+    if dtype.is_complex:
+        return "complex"
+    return "float" if dtype.is_floating_point else ("bool" if dtype == torch.bool else "int")
+
+
+def _check_optimizer_state(state: dict[str, Any], model: torch.nn.Module, path: Path) -> None:
+    """The optimizer states fit `model`'s parameters as `dlrm.train.optim.build_optimizers` hands them out: the dense
+    optimizer all but the embedding weight (in ``model.parameters()`` order), the sparse one that weight (or one
+    optimizer over them all).
+
+    The schema checks only that they are plain data; torch's Optimizer.load_state_dict checks little more, so a
+    hand-edited state failed with a traceback (a group of another size at the load; a moment of another shape, a
+    missing moment or a string step counter at the first step, or an embedding index error) and a checkpoint with one
+    optimizer resumed silently with the other's state fresh."""
+    saved = state["optimizers"]
+    sparse = model.sparse_arch.weight
+    layouts = {1: [list(model.parameters())], 2: [[p for p in model.parameters() if p is not sparse], [sparse]]}
+    if len(saved) not in layouts:
+        raise ConfigError(f"{path}: checkpoint key 'optimizers' holds {len(saved)} optimizer states, this program "
+                          "2 (dense, sparse)")
+    expected = layouts[len(saved)]
+    for i, (opt, params) in enumerate(zip(saved, expected)):
+        key = f"optimizers[{i}]"
+        ids = [pid for group in opt["param_groups"] for pid in group["params"]]
+        if len(ids) != len(params) or len(set(ids)) != len(ids):
+            raise ConfigError(f"{path}: checkpoint key '{key}.param_groups' names {len(ids)} parameters "
+                              f"{ascii(ids[:5])[:60]}, the model has {len(params)} distinct ones for it")
+        for j, group in enumerate(opt["param_groups"]):
+            _check_hyperparameters(group, path, f"{key}.param_groups[{j}]")
+        names = None
+        for pid, per_param in opt["state"].items():
+            if pid not in ids:
+                raise ConfigError(f"{path}: checkpoint key '{key}.state.{pid}' is the state of no parameter of "
+                                  "its param_groups")
+            param = params[ids.index(pid)]
+            if names is not None and set(per_param) != names:
+                raise ConfigError(f"{path}: checkpoint key '{key}.state.{pid}' holds {sorted(per_param)}, the other "
+                                  f"parameters' states {sorted(names)}")
+            names = set(per_param)
+            for name, value in per_param.items():
+                _check_state_value(value, name, param, param is sparse and len(saved) == 2 and _row_wise(state), path,
+                                   f"{key}.state.{pid}.{name}")
+
+
+_NUMBERS = ("lr", "eps", "weight_decay", "momentum", "dampening", "lr_decay", "initial_accumulator_value",
+            "initial_lr")
+_FLAGS = ("amsgrad", "maximize", "nesterov", "capturable", "differentiable", "decoupled_weight_decay")
+
+
+def _is_scalar(value: Any) -> bool:
+    """A number (not a bool) or a one-value floating tensor (torch takes tensor learning rates and betas)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and value.is_floating_point()
+    return type(value) in (int, float)
+
+
+def _check_hyperparameters(group: dict, path: Path, key: str) -> None:
+    """torch's hyperparameters in a param group, where present, of their types: the load takes the checkpoint's
+    (those the config sets are put back after it), and a string "betas" was a TypeError at the first step."""
+    for name, value in group.items():
+        if name in _NUMBERS:
+            ok, what = _is_scalar(value), "a number"
+        elif name == "betas":
+            ok, what = type(value) in (list, tuple) and len(value) == 2 and all(map(_is_scalar, value)), "two numbers"
+        elif name in _FLAGS:
+            ok, what = type(value) is bool, "a bool"
+        elif name in ("foreach", "fused"):
+            ok, what = value is None or type(value) is bool, "a bool or None"
+        else:
+            continue  # params (checked above) and what other torch versions add
+        if not ok:
+            raise ConfigError(f"{path}: checkpoint key '{key}.{name}' must be {what}, got {ascii(value)[:40]}")
+
+
+def _row_wise(state: dict[str, Any]) -> bool:
+    """Whether the checkpoint's sparse optimizer keeps one sum per row (a (rows, dim) sum loaded into the row-wise
+    update failed at its first step with an index_add_ traceback), by its config; unknown: either is taken."""
+    optim = state["config"].get("optim")
+    sparse = optim.get("sparse") if isinstance(optim, dict) else None
+    name = sparse.get("name") if isinstance(sparse, dict) else None
+    return name is None or name == "rowwise_adagrad"
+
+
+def _check_state_value(value: Any, name: str, param: torch.Tensor, sparse: bool, path: Path, key: str) -> None:
+    """A step counter: a number or a one-value tensor; the bf16 tables' rounding seed: a one-value integer tensor;
+    anything else: a floating tensor of the parameter's shape (`sparse`: the row-wise sums, one per row)."""
+    if name == "step":
+        ok = type(value) in (int, float) or (isinstance(value, torch.Tensor) and value.numel() == 1
+                                             and _kind(value.dtype) in ("float", "int"))
+        what = "a number or a one-value tensor"
+    elif name == "momentum_buffer" and value is None:  # SGD without momentum: older torch kept a None
+        ok, what = True, ""
+    elif name == "sr_seed":
+        ok = isinstance(value, torch.Tensor) and value.numel() == 1 and _kind(value.dtype) == "int"
+        what = "a one-value integer tensor"
+    else:
+        shapes = [tuple(param.shape[:1])] if sparse else [tuple(param.shape)]
+        ok = (isinstance(value, torch.Tensor) and not value.is_meta and value.is_floating_point()
+              and tuple(value.shape) in shapes)
+        what = f"a floating tensor of shape {' or '.join(map(str, shapes))}"
+    if not ok:
+        got = f"a {value.dtype} tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else \
+            f"{type(value).__name__} {ascii(value)[:40]}"
+        raise ConfigError(f"{path}: checkpoint key {key!r} must be {what}, got {got}")

@@ -29,6 +29,7 @@ and raises a one-line ConfigError naming the file and the key. `upgrade_v1` turn
 
 from __future__ import annotations
 
+import inspect
 import json
 import random
 import re
@@ -53,6 +54,7 @@ _OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format", "data_placemen
 _SHARD_FILE = re.compile(r"(?:best-)?step-\d{8,}\.rank\d+-of-\d+\.pt")  # best-: a sharded best.pt's
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _MAX_DEPTH = 32  # deeper nesting is no state of ours; the limit keeps the recursive checks bounded
+_MAX_POSITION = 2**62  # far beyond any run; an int64 holds it and the step after it
 _MT_WORDS = 624  # Mersenne Twister state words (Python's and NumPy's MT19937)
 
 
@@ -273,12 +275,41 @@ def _check_optimizers(optimizers: Any, path: Path) -> None:
             _check_plain(group, path, f"{key}.param_groups[{j}]")
 
 
+def _replaces_code(key: str) -> bool:
+    """Whether a scheduler state key would replace the scheduler's optimizer or one of its methods: load_state_dict
+    sets every key as an attribute (an "optimizer" or "step" key made the first step an AttributeError/TypeError)."""
+    attr = inspect.getattr_static(torch.optim.lr_scheduler.LambdaLR, key, None)
+    return key == "optimizer" or callable(attr) or isinstance(attr, (property, staticmethod, classmethod))
+
+
 def _check_schedulers(schedulers: Any, path: Path) -> None:
+    """LR scheduler state_dicts: plain data whose keys are state, not the scheduler's code; the step (last_epoch) an
+    int and the learning rates numbers (a string last_epoch was a TypeError at the first step, a dict without any
+    state a KeyError at the load: tracebacks)."""
     _expect(type(schedulers) is list, schedulers, path, "schedulers", "a list of LR scheduler state_dicts")
     for i, sched in enumerate(schedulers):
+        key = f"schedulers[{i}]"
         ok = _is_dict(sched) and all(type(k) is str for k in sched)
-        _expect(ok, sched, path, f"schedulers[{i}]", "a scheduler state_dict (a dict with str keys)")
-        _check_plain(sched, path, f"schedulers[{i}]")
+        _expect(ok, sched, path, key, "a scheduler state_dict (a dict with str keys)")
+        _check_plain(sched, path, key)
+        for name in sched:
+            if _replaces_code(name):
+                raise _fail(path, f"{key}.{name}", "unexpected (names the scheduler's optimizer or a method)")
+        _check_keys(sched, ("last_epoch", "base_lrs"), tuple(sched), path, key + ".")
+        last = sched["last_epoch"]
+        _expect(_is_int(last) and last < _MAX_POSITION, last, path, f"{key}.last_epoch", "an int in [0, 2**62)")
+        for name in ("base_lrs", "_last_lr"):
+            if name in sched:
+                value = sched[name]
+                _expect(type(value) is list and all(_is_number(v) for v in value), value, path, f"{key}.{name}",
+                        "a list of numbers")
+        if "lr_lambdas" in sched:  # LambdaLR's: the state of each group's function (None: a plain function)
+            lambdas = sched["lr_lambdas"]
+            _expect(type(lambdas) is list and len(lambdas) == len(sched["base_lrs"])
+                    and all(f is None or _is_dict(f) for f in lambdas), lambdas, path, f"{key}.lr_lambdas",
+                    "a list of None or dicts, one per learning rate")
+        if "_step_count" in sched:
+            _expect(_is_int(sched["_step_count"]), sched["_step_count"], path, f"{key}._step_count", "an int >= 0")
 
 
 def _check_position(position: Any, path: Path) -> None:
@@ -286,6 +317,8 @@ def _check_position(position: Any, path: Path) -> None:
     _check_keys(position, ("step", "epoch", "batch"), (), path, "position.")
     for key in ("step", "epoch", "batch"):
         _expect(_is_int(position[key]), position[key], path, f"position.{key}", "an int >= 0")
+        # bounded: TensorBoard's purge_step (step + 1) is an int64, so a larger step was a ValueError traceback
+        _expect(position[key] < _MAX_POSITION, position[key], path, f"position.{key}", "an int < 2**62")
 
 
 def _check_state_tensor(value: Any, path: Path, key: str, size: int, high: int) -> None:
@@ -462,6 +495,10 @@ def _check_training_state(disk: dict[str, Any], path: Path) -> None:
     _check_model(disk["model"], path)
     _check_optimizers(disk["optimizers"], path)
     _check_schedulers(disk["schedulers"], path)
+    # one schedule per optimizer or none: with fewer, the resume silently ran the others from step 0 (another lr)
+    count = len(disk["schedulers"])
+    _expect(count in (0, len(disk["optimizers"])), count, path, "schedulers",
+            f"none or one per optimizer ({len(disk['optimizers'])})")
     _check_rng(disk["rng"], path)
     if "run_stats" in disk:
         _check_run_stats(disk["run_stats"], path)

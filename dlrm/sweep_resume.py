@@ -116,7 +116,24 @@ def read_record(directory: Path) -> dict[str, Any]:
           and isinstance(record.get("base"), dict) and isinstance(record.get("resolved"), dict))
     if not ok:
         raise ConfigError(f"--resume: {path}: not a sweep record of format {FORMAT} (config, sets, seeds, base, resolved)")
+    _check_recorded_sets(path, record["sets"])
     return record
+
+
+def _check_recorded_sets(path: Path, sets: list) -> None:
+    """What `dlrm.sweep.parse_set` refuses on the command line, refused in the record too (an edited sweep.json
+    resumed with a value listed twice trained it twice, as two settings; one with a log.* key or train.seed swept
+    keys the sweep owns)."""
+    from dlrm.sweep import _same_value
+
+    for key, values in sets:
+        if key == "train.seed" or key == "log" or key.startswith("log."):
+            raise ConfigError(f"--resume: {path}: sets: {key!r:.60} cannot be swept (--set refuses it)")
+        if not values:
+            raise ConfigError(f"--resume: {path}: sets: {key!r:.60} has no values")
+        if len({json.dumps(_same_value(v), sort_keys=True) for v in values}) != len(values):
+            raise ConfigError(f"--resume: {path}: sets: {key!r:.60}: a value is listed twice in "
+                              f"{json.dumps(values)[:60]}")
 
 
 def _show_sets(sets: list) -> str:
@@ -157,7 +174,11 @@ def trial_state(run_dir: Path, cfg_dict: dict[str, Any], name: str) -> tuple[Opt
     to train afresh, with what an earlier attempt left in `run_dir` moved aside first (never deleted)."""
     summary = _read_summary(run_dir / "summary.json")
     if summary is not None:
-        changed = [k for k, _, _ in config_changes(summary.get("config") or {}, cfg_dict)
+        saved = summary.get("config")
+        if saved is not None and not isinstance(saved, dict):  # hand-edited: config_changes raised AttributeError
+            raise ConfigError(f"--resume: {run_dir / 'summary.json'}: key 'config' must be a JSON object (the run's "
+                              f"config), got {type(saved).__name__} {json.dumps(saved)[:40]}")
+        changed = [k for k, _, _ in config_changes(saved or {}, cfg_dict)
                    if not any(k == p or k.startswith(p + ".") for p in _FREE)]
         if summary.get("config") is not None and changed:
             raise ConfigError(f"--resume: {run_dir / 'summary.json'} is not of {name}: its config differs in "
