@@ -13,7 +13,8 @@ code   meaning
 3      the training loss became NaN or Inf (the line names the last good checkpoint)
 4      out of memory (host or GPU): retry with a smaller data.batch_size, or cap the embedding
        tables with data.max_rows_per_table
-128+n  stopped by signal n after writing a checkpoint (143: SIGTERM, 130: SIGINT during training)
+128+n  stopped by signal n after writing a checkpoint (143: SIGTERM, 130: SIGINT during training);
+       SIGTERM outside the training steps stops at once, without one (a new run's directory removed)
 130    interrupted by Ctrl-C (KeyboardInterrupt) outside the training loop
 ====== ==========================================================================================
 
@@ -38,6 +39,7 @@ from dlrm.config import Config, config_keys, load_config
 from dlrm.config_checks import check_default_run_name
 from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, report_bug
 from dlrm.logging_setup import configure_logging
+from dlrm.train.signals import StopAtOnce
 
 EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE_LOSS = 3
@@ -318,8 +320,12 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
         allowed_changes = parse_allowed_changes(allow_config_change)
         check_modes(eval_only=eval_only, compare=compare, resume=resume, export_path=export_path,
                     checkpoint_path=checkpoint_path, allowed_changes=allowed_changes)
-        run(config_path=config_path, overrides=overrides, eval_only=eval_only, compare=compare, resume=resume,
-            checkpoint_path=checkpoint_path, export_path=export_path, allowed_changes=allowed_changes, loaded=loaded)
+        # SIGTERM raises where it arrives (its default action killed the process before any cleanup: an --eval-only
+        # run directory kept, an export's temporary file left beside OUT); the training steps stop gracefully
+        with StopAtOnce():
+            run(config_path=config_path, overrides=overrides, eval_only=eval_only, compare=compare, resume=resume,
+                checkpoint_path=checkpoint_path, export_path=export_path, allowed_changes=allowed_changes,
+                loaded=loaded)
     except (Exception, KeyboardInterrupt) as e:  # SystemExit passes: it already carries its code
         code = report_failure(e, loaded[0] if loaded else None)
     finally:

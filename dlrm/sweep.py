@@ -346,7 +346,10 @@ def write_hparams(directory: Path, results: list[SettingResult]) -> None:
 def sweep_directory(tb_dir: str, run_name: Optional[str], config: str) -> tuple[Path, bool]:
     """The new, empty sweep directory (an existing non-empty one is refused: nothing is overwritten), and whether
     this call created it."""
-    name = run_name or f"{Path(config).stem}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    # an empty value (an unset variable): --tb-dir "" wrote into the working directory, --run-name "" took the default
+    if tb_dir == "":
+        raise ConfigError('--tb-dir: empty path (the TensorBoard root; "." for the working directory)')
+    name = f"{Path(config).stem}-sweep-{time.strftime('%Y%m%d-%H%M%S')}" if run_name is None else run_name
     if not name or "/" in name or name in (".", ".."):
         raise ConfigError(f"--run-name: {name!r} must be a plain directory name")
     directory = Path(tb_dir) / name

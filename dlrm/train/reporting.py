@@ -191,4 +191,5 @@ def _best_clause(summary: dict[str, Any]) -> str:
     if not best or best.get("step") == summary["steps"]:
         return ""
     return (f"; best {best['metric']} {best[best['metric']]:.4f} at step {best['step']}"
-            + (" (early stopped)" if summary.get("early_stopped") else "") + f", kept as {best.get('checkpoint')}")
+            + (" (early stopped)" if summary.get("early_stopped") else "")
+            + (f", kept as {best['checkpoint']}" if best.get("checkpoint") else ", its model not kept"))

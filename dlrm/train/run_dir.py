@@ -42,6 +42,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.data.schema import write_json_atomic
 
 _VALID_NAME = re.compile(r"[\w.+-]+")
+_RUN_CHECKPOINT = re.compile(r"(?:step-\d{8,}|best)\.pt")  # the names a run gives its checkpoints
 LOCK_NAME = ".lock"
 
 
@@ -65,12 +66,23 @@ def run_of(checkpoint: Path) -> Optional[Path]:
 
     The path as given first: a run's ``checkpoints/`` may be a symbolic link to another disk, and resolved, the
     link target's parent was taken for the run (the run's own checkpoint refused as another run's, or written
-    beside). Then the path resolved: a symbolic link to a run's checkpoint file."""
+    beside). Then the path resolved: a symbolic link to a run's checkpoint file. Either way it must look like a run's
+    (`_in_run`): a copy kept in a folder of the user's that happens to be called checkpoints/
+    (models/checkpoints/mine.pt) was taken for a run's, and `--resume` of it wrote events, .lock, checkpoints and
+    summary.json (over one there) into models/."""
     given = Path(os.path.abspath(checkpoint))
-    if given.parent.name == "checkpoints":
+    if given.parent.name == "checkpoints" and _in_run(given):
         return given.parent.parent
     real = given.resolve()
-    return real.parent.parent if real.parent.name == "checkpoints" else None
+    return real.parent.parent if real.parent.name == "checkpoints" and _in_run(real) else None
+
+
+def _in_run(checkpoint: Path) -> bool:
+    """Whether `checkpoint` (in a checkpoints/ directory) is a run's: named as a run names its checkpoints, or in a
+    directory `RunDirectory.create` made (its lock file, its config.json)."""
+    run = checkpoint.parent.parent
+    return (_RUN_CHECKPOINT.fullmatch(checkpoint.name) is not None or (run / LOCK_NAME).is_file()
+            or (run / "config.json").is_file())
 
 
 def is_run_checkpoint(checkpoint: Path) -> bool:
@@ -227,8 +239,10 @@ class RunDirectory:
             if wanted is None:
                 raise ConfigError(f"--resume: {checkpoint} is not in a run's checkpoints/ directory; add --run-name "
                                   "NEW to continue from it in a new run")
-        elif wanted is None or wanted == source.name or _same_file(Path(cfg.log.tb_dir) / wanted, source):
-            # (--run-name may name the checkpoint's own run through a symbolic link: tb/r -> elsewhere/real)
+        elif wanted is None or _same_file(Path(cfg.log.tb_dir) / wanted, source):
+            # (--run-name may name the checkpoint's own run through a symbolic link: tb/r -> elsewhere/real). Compared
+            # as directories, not names: --tb-dir NEW --run-name r1 of tb/r1's checkpoint continued tb/r1 in place
+            # (written, and refused as "not the latest" from an earlier checkpoint) instead of the new run NEW/r1
             # best.pt is a hard link to its step's checkpoint: the latest one too, when the last evaluation was best
             if latest is not None and not _same_file(latest, checkpoint):
                 raise ConfigError(f"--resume: {checkpoint} is not the latest checkpoint of run {source.name!r} "

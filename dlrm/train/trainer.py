@@ -42,7 +42,7 @@ from dlrm.train.reporting import NoWriter, device_name, final_line, log_hparams,
 from dlrm.train.resume_policy import check_resume_config
 from dlrm.train.run_dir import RunDirectory, run_of
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
-from dlrm.train.signals import GracefulStop
+from dlrm.train.signals import GracefulStop, StopAtOnce
 from dlrm.train.step import compile_counters
 from dlrm.train.target import TargetTracker, already_reached
 
@@ -168,6 +168,16 @@ def summarized(checkpoint: Path, step: int) -> bool:
         return False
 
 
+def _checkpoint_step(path: Path) -> Optional[int]:
+    """The step of the checkpoint (or manifest) at `path`, read without loading its tensors; None when unreadable."""
+    try:
+        numpy = [(obj, name) for name, obj in ckpt.schema.v1_numpy_globals().items()]  # a format-1 file's RNG state
+        with torch.serialization.safe_globals(numpy):
+            return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["position"]["step"])
+    except Exception:  # noqa: BLE001 - missing, foreign or damaged: it holds no known step
+        return None
+
+
 def saved_config(state: dict) -> dict:
     """A checkpoint's config with today's defaults filled in (keys added since it was written)."""
     try:
@@ -225,29 +235,30 @@ class Trainer:
         seed_rank(cfg.train.seed, self.env.rank)  # after the shared initialization: dropout masks per rank
         self.pos, self.stats = ckpt.Position(), RunStats()
         self.run_dir = self._open_run_dir(run_dir, latest)
-        self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env, self.placement)
-        if self.resume_from is not None:
-            try:
+        try:  # any failure (a SIGTERM too: `train`) before the first step: the directory is given up (`abandon`)
+            self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env, self.placement)
+            if self.resume_from is not None:
                 self.pos, self.stats = self.checkpointer.restore(self.resume_from, self.run)
-            except BaseException:
-                self.run_dir.abandon()
-                raise
-            self._forget_another_splits_best(saved_config(state))
-            if Evaluator.patience_ran_out(cfg.train.early_stopping, self.stats):
-                # early stopping ended the run at this checkpoint: it is finished, as one at its last step is
-                self.run_dir.abandon()  # releases the lock (removes a branch's new directory, which holds nothing)
-                self.finished, self.finished_early = self.resume_from, True
-                return
-            # train.early_stopping.target reached: ended there as an early stop does (recorded, or by the best so far)
-            self.finished_target = already_reached(cfg.train.early_stopping, self.checkpointer.extra_stats, self.stats)
-            if self.finished_target is not None:
-                self.run_dir.abandon()
-                self.finished = self.resume_from
-                return
-            self.resumed_at_step = self.pos.step
-            logger.info(f"resumed from {self.resume_from} at step {self.pos.step} "
-                        f"(epoch {self.pos.epoch}, batch {self.pos.batch})")
-        self._log_start()
+                self._forget_another_splits_best(saved_config(state))
+                if Evaluator.patience_ran_out(cfg.train.early_stopping, self.stats):
+                    # early stopping ended the run at this checkpoint: it is finished, as one at its last step is
+                    self.run_dir.abandon()  # releases the lock (removes a branch's new directory, which holds nothing)
+                    self.finished, self.finished_early = self.resume_from, True
+                    return
+                # train.early_stopping.target reached: ended there as an early stop does (recorded, or by the best so far)
+                self.finished_target = already_reached(cfg.train.early_stopping, self.checkpointer.extra_stats, self.stats)
+                if self.finished_target is not None:
+                    self.run_dir.abandon()
+                    self.finished = self.resume_from
+                    return
+                self._keep_best_model()
+                self.resumed_at_step = self.pos.step
+                logger.info(f"resumed from {self.resume_from} at step {self.pos.step} "
+                            f"(epoch {self.pos.epoch}, batch {self.pos.batch})")
+            self._log_start()
+        except BaseException:
+            self.run_dir.abandon()
+            raise
 
     def _forget_another_splits_best(self, saved: dict) -> None:
         """A resume on another data.eval_split (free without early stopping, else allowed): the recorded best is of
@@ -260,6 +271,34 @@ class Trainer:
                        f"{self.stats.best.get('step')}) is of {old!r}, not compared with {new!r}'s: the best starts "
                        f"afresh, and this run's best {new!r} evaluation replaces {self.checkpointer.best_path}")
         self.stats.best, self.stats.evals_since_best = None, 0
+
+    def _keep_best_model(self) -> None:
+        """The recorded best evaluation's checkpoint must hold that evaluation's model. A resume from an earlier
+        checkpoint (a branch, ``--run-name NEW``) recorded the run's best.pt, which that run has since replaced with a
+        later best: the summary named it, and ``--export`` exported it, as this run's best (another step's model, of
+        another run). Then the best step's own checkpoint becomes this run's best.pt (a link), or, gone, none is named."""
+        best = self.stats.best
+        if not best or not best.get("checkpoint"):
+            return
+        found = None
+        if self.env.is_main:
+            source = run_of(self.resume_from) or self.resume_from.resolve().parent.parent
+            own_step = ckpt.checkpoint_dir(source) / ckpt.checkpoint_name(best["step"])
+            for path in (Path(best["checkpoint"]), self.resume_from, own_step):
+                if _checkpoint_step(path) == best["step"]:
+                    found = path
+                    break
+            if found is not None and found != Path(best["checkpoint"]) and self.run.plan is None:
+                self.checkpointer.best_path.parent.mkdir(parents=True, exist_ok=True)
+                if self.checkpointer._link(found, self.checkpointer.best_path):
+                    logger.warning(f"--resume: {best['checkpoint']} does not hold the best evaluation's model (step "
+                                   f"{best['step']}): {self.checkpointer.best_path} is now a link to {found}")
+                    found = self.checkpointer.best_path
+            if found is None:
+                logger.warning(f"--resume: {best['checkpoint']} no longer holds the best evaluation's model (step "
+                               f"{best['step']}), nor does a checkpoint of that step: no best checkpoint is named")
+        found = self.env.broadcast_object(None if found is None else str(found))
+        self.stats.best = {**best, "checkpoint": found}
 
     def _open_run_dir(self, run_dir: Optional[Path], latest: Optional[Path]) -> RunDirectory:
         """Rank 0 creates (or, resuming, takes over) and locks the run directory; others learn its path."""
@@ -554,4 +593,5 @@ class Trainer:
 def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = None,
           allow_config_change: Sequence[str] = ()) -> dict:
     """Train a DLRM as `cfg` says; returns the summary also written to summary.json (see `Trainer`)."""
-    return Trainer(cfg, run_dir, resume, allow_config_change).fit()
+    with StopAtOnce():  # a SIGTERM outside the steps: the run's cleanup runs (a new directory removed, its lock freed)
+        return Trainer(cfg, run_dir, resume, allow_config_change).fit()
