@@ -301,8 +301,9 @@ def _check_schedulers(schedulers: Any, path: Path) -> None:
         for name in ("base_lrs", "_last_lr"):
             if name in sched:
                 value = sched[name]
-                _expect(type(value) is list and all(_is_number(v) for v in value), value, path, f"{key}.{name}",
-                        "a list of numbers")
+                # one-value tensors too: a captured step keeps each group's lr as a device tensor (graphed_step)
+                _expect(type(value) is list and all(_is_number(v) or _is_one_float(v) for v in value), value, path,
+                        f"{key}.{name}", "a list of numbers")
         if "lr_lambdas" in sched:  # LambdaLR's: the state of each group's function (None: a plain function)
             lambdas = sched["lr_lambdas"]
             _expect(type(lambdas) is list and len(lambdas) == len(sched["base_lrs"])
@@ -416,6 +417,10 @@ def _check_sharded(sharded: Any, path: Path) -> None:
 
 def _is_number(value: Any) -> bool:
     return type(value) in (int, float)
+
+
+def _is_one_float(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point()
 
 
 def _check_run_stats(stats: Any, path: Path) -> None:

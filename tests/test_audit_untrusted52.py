@@ -170,3 +170,21 @@ def test_sweep_resume_refuses_a_record_whose_sets_the_command_line_refuses(tmp_p
         resume_sweep(directory, train_fn=train_fn)
     assert str(e.value) == f"--resume: {directory / 'sweep.json'}: {message}"
     assert calls == [] and sorted(p.name for p in directory.iterdir()) == ["sweep.json"]
+
+
+def test_tensor_learning_rates_as_a_captured_step_keeps_them_resume(trained, tmp_path):
+    """A captured CUDA-graph step keeps each group's lr as a one-value device tensor (`dlrm.train.graphed_step`), so
+    its checkpoints hold tensors in the optimizers' lr and the schedules' base_lrs and _last_lr: they load (the first
+    version of the schedule check refused them, and every two-GPU run's checkpoint with it)."""
+    tb = tmp_path / "tb"
+    shutil.copytree(trained["tb"], tb, symlinks=True)
+    disk = copy.deepcopy(trained["disk"])
+    for sched in disk["schedulers"]:
+        sched["base_lrs"] = [torch.tensor(float(v)) for v in sched["base_lrs"]]
+        sched["_last_lr"] = [torch.tensor(float(v)) for v in sched["_last_lr"]]
+    for opt in disk["optimizers"]:
+        for group in opt["param_groups"]:
+            group["lr"] = torch.tensor(float(group["lr"]))
+    torch.save(disk, tb / "run" / "checkpoints" / trained["path"].name)
+    cfg = load_config(trained["cfg_path"], {"log.tb_dir": str(tb), "log.run_name": "run", "train.max_steps": 4})
+    assert train(cfg, resume="latest")["steps"] == 4
