@@ -37,6 +37,9 @@ from dlrm.train.reporting import final_line
 from dlrm.train.trainer import train
 from tests.conftest import REPO, make_dataset, process_output
 
+# the checkout first, the caller's path kept (the GPU machine's packages live on PYTHONPATH)
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
 
 def scripted(monkeypatch, aucs):
     """Evaluations whose AUCs are `aucs`, in turn (logloss and accuracy fixed)."""
@@ -145,7 +148,7 @@ def test_sigterm_before_the_first_step_leaves_no_run_directory(tmp_path):
     config = tiny_config(tmp_path)
     result = subprocess.run([sys.executable, "-c", SIGTERM_AT_START, "--config", str(config), "--run-name", "r"],
                             cwd=REPO, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env=CHILD_ENV)
     assert result.returncode == 143, process_output(result)  # was -15: killed by the default action
     assert "SIGTERM" in result.stderr
     assert not (tmp_path / "tb" / "r").exists(), sorted(p.name for p in (tmp_path / "tb" / "r").iterdir())
@@ -178,7 +181,7 @@ def test_sigterm_during_eval_only_or_export_leaves_nothing_behind(tmp_path, mode
     args = (["--eval-only", "--run-name", "ev"] if mode == "eval-only" else ["--export", str(tmp_path / "out" / "m.pt2")])
     result = subprocess.run([sys.executable, "-c", SIGTERM_IN, "--config", str(config), "--checkpoint",
                              str(tmp_path / "tb" / "r"), *args], cwd=REPO, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env=CHILD_ENV)
     assert result.returncode == 143, process_output(result)  # was -15
     assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == ["r"]  # no "ev"
     assert list((tmp_path / "out").iterdir()) == []  # no .m.pt2.<pid>-<hex>.tmp.pt2
