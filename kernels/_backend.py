@@ -55,6 +55,20 @@ def check_triton_device(device: torch.device | str, what: str = "triton kernels"
     raise TritonUnavailableError(f"{what} cannot run on device type {device.type!r}")
 
 
+# Operand dtypes of the GEMM kernels whose ``tl.dot`` accumulates in an fp32 accumulator (`kernels.linear`,
+# `kernels.cross`, `kernels.wgrad`). Triton types the product of float64 operands float64 while that accumulator
+# stays fp32, so float64 gave garbage with no error (the interpreter stored fp32 bit patterns into the float64
+# output: ``ones(3, 4) @ ones(2, 4).T`` read 5e-315); such operands are refused by `check_gemm_dtype`.
+GEMM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_gemm_dtype(dtype: torch.dtype, what: str) -> None:
+    """One-line ValueError unless ``dtype`` is one of `GEMM_DTYPES` (use the PyTorch layers for float64)."""
+    if dtype not in GEMM_DTYPES:
+        raise ValueError(f"{what} take float32, bfloat16 or float16 operands, got {dtype} (the PyTorch modules "
+                         "run other dtypes)")
+
+
 def device_context(t: torch.Tensor):
     """Launch on `t`'s GPU (Triton launches on the *current* CUDA device); a no-op on the CPU."""
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()

@@ -51,7 +51,7 @@ import triton.language as tl
 from torch import Tensor, nn
 
 from kernels import heuristics
-from kernels._backend import check_triton_device, device_context, interpret_mode, needs_int64_offsets
+from kernels._backend import check_gemm_dtype, check_triton_device, device_context, interpret_mode, needs_int64_offsets
 from kernels.col_sum import sum_partial_rows
 from kernels.heuristics import GemmTile
 from kernels.linear import gemm_bias_act, resolve_input_precision
@@ -229,6 +229,7 @@ def _check_operands(x0: Tensor, x: Tensor, u: Tensor, weight: Tensor, bias: Tens
         raise ValueError("all operands must be on the same device")
     if any(t.dtype != x0.dtype for t in (x, u, weight, bias)):
         raise ValueError(f"all operands must have one dtype, got {[t.dtype for t in (x0, x, u, weight, bias)]}")
+    check_gemm_dtype(x0.dtype, "cross layer kernels")  # float64: a garbage pre-activation, so garbage gradients
     check_triton_device(x0.device, "cross layer kernels")
 
 

@@ -45,8 +45,8 @@ import triton.language as tl
 from torch import Tensor, nn
 
 from kernels import heuristics
-from kernels._backend import (INT32_OFFSET_LIMIT, check_triton_device, device_context, interpret_mode,
-                              needs_int64_offsets)
+from kernels._backend import (INT32_OFFSET_LIMIT, check_gemm_dtype, check_triton_device, device_context,
+                              interpret_mode, needs_int64_offsets)
 from kernels.activations import act_forward, activation_code, apply_activation, check_activation, derivative_from_output
 from kernels.epilogue import act_backward
 from kernels.heuristics import GemmTile
@@ -186,6 +186,7 @@ def _check_gemm_operands(a: Tensor, w: Tensor, bias: Optional[Tensor]) -> None:
         raise ValueError("all operands must be on the same device")
     if bias is not None and tuple(bias.shape) != (w.shape[0],):  # the kernel reads bias[n] for n < N: no more, no less
         raise ValueError(f"bias must be [{w.shape[0]}] (w's rows), got shape {tuple(bias.shape)}")
+    check_gemm_dtype(a.dtype, "fused linear kernels")  # float64: garbage without an error (kernels._backend)
     check_triton_device(a.device, "fused linear kernels")
 
 

@@ -49,8 +49,8 @@ import triton.language as tl
 from torch import Tensor, nn
 
 from kernels import heuristics
-from kernels._backend import (INT32_OFFSET_LIMIT, check_triton_device, device_context, interpret_mode,
-                              needs_int64_offsets)
+from kernels._backend import (GEMM_DTYPES, INT32_OFFSET_LIMIT, check_gemm_dtype, check_triton_device, device_context,
+                              interpret_mode, needs_int64_offsets)
 
 _INTERPRET = interpret_mode()
 
@@ -269,6 +269,7 @@ def _check_operands(grad: Tensor, x: Tensor, out: Optional[Tensor]) -> None:
         raise ValueError(f"wgrad: grad ({grad.dtype}) and x ({x.dtype}) must have one dtype")
     if x.device != grad.device or (out is not None and out.device != grad.device):
         raise ValueError("wgrad: all operands must be on the same device")
+    check_gemm_dtype(grad.dtype, "wgrad: the weight-gradient kernel's GEMMs")  # float64: a garbage dW, no error
     check_triton_device(grad.device, "the weight-gradient kernel")
 
 
@@ -458,8 +459,10 @@ def linear_act_wgrad(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, r
 
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x [..., {x.shape[-1]}] does not match weight {tuple(weight.shape)} ([N_out, N_in])")
-    fp32 = _compute_dtype(x, weight) == torch.float32
-    if weight.shape[0] < MIN_OUT_FEATURES or weight.numel() >= MAX_WEIGHT_NUMEL or (fp32 and not FP32_KERNEL):
+    dtype = _compute_dtype(x, weight)
+    # float64 (an nn.Linear that .double() reached) keeps PyTorch's backward: the kernel's GEMM cannot run it
+    unsupported = dtype not in GEMM_DTYPES or (dtype == torch.float32 and not FP32_KERNEL)
+    if weight.shape[0] < MIN_OUT_FEATURES or weight.numel() >= MAX_WEIGHT_NUMEL or unsupported:
         y = F.linear(x, weight, bias)
         return torch.relu(y) if relu else y
     return _LinearActWgrad.apply(x, weight, bias, relu, resolve_input_precision(x, allow_tf32))
@@ -492,8 +495,8 @@ def _compute_dtype(x: Tensor, weight: Tensor) -> torch.dtype:
 class LinearReLUWgrad(nn.Linear):
     """``nn.Linear`` (+ ReLU when ``activation="relu"``) whose weight and bias gradients come from the fused
     Triton weight-gradient kernel (`linear_wgrad`); layers with fewer than `MIN_OUT_FEATURES` outputs or
-    `MAX_WEIGHT_NUMEL` weights or more, and fp32 compute (unless `FP32_KERNEL`), keep PyTorch's backward.
-    Same parameters, state_dict keys and init as nn.Linear.
+    `MAX_WEIGHT_NUMEL` weights or more, fp32 compute (unless `FP32_KERNEL`) and float64 compute keep PyTorch's
+    backward. Same parameters, state_dict keys and init as nn.Linear.
 
     Args:
         in_features, out_features, bias: as ``nn.Linear``.

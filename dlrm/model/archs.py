@@ -117,6 +117,8 @@ class MLP(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
+        if linear_cls is None and activation not in ACTIVATIONS:  # else a KeyError at the first forward
+            raise ValueError(f"MLP activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         dims = [in_features, *widths]
         acts = [activation] * len(widths)
         if not activate_last:
@@ -372,6 +374,8 @@ class InteractionArch(nn.Module):
     def __init__(self, num_features: int, dim: int, kind: str = "dot", cross_layers: int = 3, cross_rank: int = 512,
                  crossnet_cls: Optional[type] = None) -> None:
         super().__init__()
+        if kind not in ("dot", "cat", "dcn"):  # else an unknown kind ran the dot while output_dim gave cat's width
+            raise ValueError(f"InteractionArch kind must be 'dot', 'cat' or 'dcn', got {kind!r}")
         self.kind = kind
         self.num_features = num_features
         self.dim = dim

@@ -87,6 +87,10 @@ def _check_pooled_inputs(raw, cardinalities, offsets, hotness, slot_offsets, slo
     """
     if raw.dim() != 2:
         raise ValueError(f"raw must be [B, L], got shape {tuple(raw.shape)}")
+    if raw.is_floating_point() or raw.is_complex():
+        # as the one-hot lookup (`kernels.embedding.hashing.check_hash_inputs`): the kernel converts what it loads
+        # to int64, so 1.5 was hashed as 1 and 2.7 as 2 with no error (the eager PooledSparseArch refuses them)
+        raise ValueError(f"raw must hold integers (int64 raw values), got {raw.dtype}")
     F = hotness.shape[0] if hotness.dim() == 1 else -1
     if F < 1 or slot_offsets.shape != (F,):
         raise ValueError(f"hotness and slot_offsets must be [F] with F >= 1, got {tuple(hotness.shape)}, "

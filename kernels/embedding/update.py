@@ -291,6 +291,9 @@ def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_de
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(OPTIMIZERS)}, got {optimizer!r}")
     check_hyperparameters(optimizer, eps, weight_decay)
+    if rows.is_floating_point() or rows.is_complex():
+        # the sort converts them to int32 keys: row 1.7 updated row 1, with no error (as raw values, refused)
+        raise ValueError(f"rows must hold integers (int64 rows of weight, from hash_rows), got {rows.dtype}")
     if slot_feature is None:
         if rows.dim() != 2 or grad_out.dim() != 3 or tuple(grad_out.shape[:2]) != tuple(rows.shape):
             raise ValueError(
