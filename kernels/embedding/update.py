@@ -456,7 +456,8 @@ def embedding_sparse_update_(
     """Apply one optimizer step to the rows looked up, in place, from the lookup's output gradient.
 
     Args:
-        rows: ``[B, F]`` int64 global rows (from :func:`hash_rows`).
+        rows: ``[B, F]`` int64 global rows (from :func:`hash_rows`): each in ``[0, R)``, or ``>= R`` (skipped).
+            Not checked (that would be a host synchronisation): a negative row writes outside the table.
         grad_out: ``[B, F, D]`` gradient of the lookup output (any strides, stride 0 included).
         weight: ``[R, D]`` table, updated in place (fp32 or bf16; the arithmetic is fp32).
         state: None or empty for 'sgd'; ``[R, D]`` fp32 for 'adagrad'; ``[R]`` fp32 for
