@@ -131,8 +131,14 @@ def load_with_kernels_shortcut(config_path: str, overrides: dict) -> Config:
     return cfg
 
 
+# Options that only act on training: a run that trains nothing (--eval-only, or --export of a --checkpoint) ignored
+# them without a word (`--eval-only --profile` wrote no trace, `--eval-only --baseline` fitted none).
+TRAINING_ONLY = {"profile.enabled": "--profile", "train.baseline": "--baseline",
+                 "checkpoint.every": "--checkpoint-every", "train.epochs": "--epochs", "train.max_steps": "--max-steps"}
+
+
 def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str], export_path: Optional[str],
-                checkpoint_path: Optional[str], allowed_changes: list[str]) -> None:
+                checkpoint_path: Optional[str], allowed_changes: list[str], overrides: Optional[dict] = None) -> None:
     """Refuse option combinations whose one part would otherwise be silently ignored."""
     # An empty path (an unset shell variable: --export "$OUT") must not read as an option left out: --export ""
     # trained a whole run and exported nothing, --checkpoint "" --export M trained a new run instead.
@@ -153,6 +159,21 @@ def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str
     if resume is not None and checkpoint_path:  # with --export: the checkpoint was exported, the resume never ran
         raise ConfigError("--resume cannot be combined with --checkpoint (--resume continues training from its own "
                           "checkpoint; export a --checkpoint in a run of its own)")
+    if resume not in (None, "latest") and os.path.isdir(resume):
+        # `--resume tb_logs/r1` (the run directory, as --checkpoint takes one) said "checkpoint not found" of a
+        # directory that exists; --resume PATH is a checkpoint file, and a run is resumed by its name
+        run_dir = Path(resume)
+        if run_dir.name == "checkpoints" and not (run_dir / "checkpoints").is_dir():
+            run_dir = run_dir.parent  # a run's checkpoints/ folder
+        how = (f"resume the run by name (--tb-dir {run_dir.parent} --run-name {run_dir.name} --resume) or give one "
+               "of its checkpoints/step-*.pt" if (run_dir / "checkpoints").is_dir()
+               else "give a run's checkpoints/step-*.pt")
+        raise ConfigError(f"--resume: {resume} is a directory, not a checkpoint file: {how}")
+    if eval_only or (export_path and checkpoint_path):
+        ignored = [flag for key, flag in TRAINING_ONLY.items() if (overrides or {}).get(key) not in (None, False)]
+        if ignored:
+            mode = "--eval-only" if eval_only else "--export of a --checkpoint"
+            raise ConfigError(f"{ignored[0]}: acts only on training, and {mode} trains nothing (leave it out)")
     if allowed_changes and resume is None:
         raise ConfigError("--allow-config-change: only applies with --resume")
     # read as dlrm.distributed.env._env_int reads it (that module imports torch): int(), empty = unset. Compared as
@@ -251,7 +272,12 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     from dlrm.train.trainer import train
 
     if eval_only or (export and checkpoint_path):
-        checkpoint = checkpoint_for(Path(checkpoint_path))  # a run directory means its best.pt
+        given = Path(checkpoint_path)
+        # a run's checkpoints/ folder means its run (it was refused as "a directory without checkpoints/best.pt or
+        # step-*.pt" while holding both); a run directory means its best.pt, else its newest checkpoint
+        if given.is_dir() and given.name == "checkpoints" and not (given / "checkpoints").is_dir():
+            given = given.parent
+        checkpoint = checkpoint_for(given)
         if eval_only:
             export_mod.evaluate_checkpoint(cfg, checkpoint, cfg.data.eval_split)
         if export:
@@ -299,8 +325,8 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
                    "its checkpoint's config (otherwise any change that alters the training trajectory is refused).")
 @click.option("--eval-only", is_flag=True, help="Only evaluate --checkpoint on --split.")
 @click.option("--checkpoint", "checkpoint_path", type=str,
-              help="Checkpoint for --eval-only or --export: a .pt file, or a run directory (its best.pt, else "
-                   "its newest checkpoint).")
+              help="Checkpoint for --eval-only or --export: a .pt file, or a run directory or its checkpoints/ "
+                   "folder (its best.pt, else its newest checkpoint).")
 @click.option("--split", type=click.Choice(["validation", "test"]), default=None, help="The split evaluated: by --eval-only, and during training (data.eval_split: best.pt and early stopping follow it).")
 @click.option("--export", "export_path", type=str,
               help="Write a torch.export inference program (raw inputs, hashing included) to this new .pt2 file: "
@@ -319,7 +345,7 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
                                   kernels=kernels, baseline=baseline)
         allowed_changes = parse_allowed_changes(allow_config_change)
         check_modes(eval_only=eval_only, compare=compare, resume=resume, export_path=export_path,
-                    checkpoint_path=checkpoint_path, allowed_changes=allowed_changes)
+                    checkpoint_path=checkpoint_path, allowed_changes=allowed_changes, overrides=overrides)
         # SIGTERM raises where it arrives (its default action killed the process before any cleanup: an --eval-only
         # run directory kept, an export's temporary file left beside OUT); the training steps stop gracefully
         with StopAtOnce():

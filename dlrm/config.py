@@ -80,7 +80,8 @@ class DataConfig:
     eval_split: Literal["validation", "test"] = "validation"
     """Split evaluated during and after training."""
     max_rows_per_table: Optional[int] = None
-    """Cap on each embedding table's rows (modulus hashing only); None keeps the dataset's sizes."""
+    """Cap on each embedding table's rows (modulus hashing folds larger tables to it; a vocabulary-hashed dataset's
+    tables must be within it); None keeps the dataset's sizes."""
 
 
 @dataclass
@@ -162,7 +163,8 @@ class ScheduleConfig:
     warmup_steps: int = 0
     decay: Literal["none", "linear", "cosine"] = "none"
     decay_start_step: int = 0
-    """Step at which decay begins (after warm-up)."""
+    """Step at which decay begins, counted from step 0 (not from the warm-up's end): one below warmup_steps starts
+    the decay inside the warm-up, whose end then drops the multiplier at once (facebookresearch/dlrm refuses that)."""
     decay_steps: int = 0
     """Steps over which the multiplier falls to end_factor (0 = to the end of training)."""
     end_factor: float = 0.0

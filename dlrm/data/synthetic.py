@@ -197,7 +197,6 @@ from dlrm.data.synthetic_chunks import CHUNK_ROWS, chunks  # noqa: E402,F401 - C
 from dlrm.data.synthetic_io import (  # noqa: E402 - the writers
     COMPRESSION, ROW_GROUP_ROWS, SPARSE_LAYOUT, _SplitWriter, _table, _tsv_block, stored_layout,
 )
-
 from dlrm.data.preprocess.options import CODECS  # noqa: E402 - the same codecs as preprocessing
 
 DEFAULT_ROWS_PER_FILE = 1_000_000
@@ -298,6 +297,9 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
     sizes = split_sizes(rows, validation_fraction, test_fraction)
     if sizes["train"] < 1:
         raise click.ClickException(f"validation and test fractions leave no training rows out of {rows}")
+    empty = [s for s, f in (("validation", validation_fraction), ("test", test_fraction)) if f > 0 and not sizes[s]]
+    if empty:  # a fraction rounded to no row wrote no such split, silently (train.py: "has no 'validation' split")
+        raise click.ClickException(f"--{empty[0]}-fraction of {rows} rows rounds to no {empty[0]} row (more --rows, or 0)")
     if cardinalities not in CARDINALITY_PRESETS:
         raise click.ClickException(f"unknown cardinalities {cardinalities!r} (expected one of {', '.join(CARDINALITY_PRESETS)})")
     if isinstance(multi_hot_sizes, str):
@@ -439,10 +441,8 @@ def _publish(tmp: Path, tsv_tmp: Optional[Path], s: _Settings) -> None:
 def _done_line(s: _Settings, meta: Metadata, seconds: float) -> str:
     """The log line of a finished dataset: time, positive rate, oracle AUC per split."""
     total_pos = sum(i.positives for i in meta.splits.values())
-    return (
-        f"wrote {s.out} in {seconds:.1f}s: positive rate {total_pos / s.rows:.4f}, "
-        + ", ".join(f"{split} oracle AUC {a:.4f}" for split, a in meta.extra["oracle_auc"].items() if a is not None)
-    )
+    aucs = [f"{split} oracle AUC {a:.4f}" for split, a in meta.extra["oracle_auc"].items() if a is not None]
+    return ", ".join([f"wrote {s.out} in {seconds:.1f}s: positive rate {total_pos / s.rows:.4f}", *aucs])  # none: no ", "
 
 
 def generate(
