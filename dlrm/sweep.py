@@ -174,10 +174,11 @@ class SettingResult:
     failed: dict[int, str] = field(default_factory=dict)  # seed -> why that trial failed
 
     def values(self, key: str) -> list[float]:
-        return [float(s[key]) for s in self.summaries]
+        return [math.nan if s[key] is None else float(s[key]) for s in self.summaries]  # null: NaN in summary.json
 
     def baseline_aucs(self) -> list[float]:
-        return [float(s["baseline"]["auc"]) for s in self.summaries if s.get("baseline")]
+        aucs = [s["baseline"]["auc"] for s in self.summaries if s.get("baseline")]
+        return [math.nan if a is None else float(a) for a in aucs]
 
     @property
     def complete(self) -> bool:

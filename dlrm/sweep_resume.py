@@ -209,7 +209,10 @@ def _read_summary(path: Path) -> Optional[dict]:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(summary, dict) or not all(isinstance(summary.get(k), (int, float)) for k in ("auc", "logloss", "steps")):
+    # a NaN metric (a one-class split's AUC) is written as null: the run finished all the same
+    finished = isinstance(summary, dict) and type(summary.get("steps")) is int and all(
+        k in summary and (summary[k] is None or type(summary[k]) in (int, float)) for k in ("auc", "logloss"))
+    if not finished:
         return None
     return summary
 

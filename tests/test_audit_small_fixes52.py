@@ -6,7 +6,9 @@
 2. ``model.top_mlp_input_multiple`` (kaggle.json, terabyte.json: 8) initialised the first top layer with the padded
    fan_in (368 for the 2019 DLRM's 367 interaction features), as the bottom layer was before session 51;
 3. a relative ``data.path`` was recorded as written, so ``--resume`` from another working directory with the same
-   config trained on the data found there; the run now records it absolute and such a resume is refused.
+   config trained on the data found there; the run now records it absolute and such a resume is refused;
+4. summary.json held NaN (a one-class split's AUC, a session shorter than the warm-up's warmup_s), which is not JSON
+   (jq and JSON.parse refuse it): written as null now, and a sweep --resume reads such a trial as finished.
 """
 
 from __future__ import annotations
@@ -112,3 +114,48 @@ def test_a_relative_data_path_is_recorded_absolute_and_a_resume_elsewhere_is_ref
         train(load_config(config_file), resume="latest")
     monkeypatch.chdir(first)  # where the run started: it continues
     assert train(load_config(config_file), resume="latest")["steps"] == 6
+
+
+# -- 4. summary.json is strict JSON: NaN is written as null, and read back as a finished run's ---------------------------
+
+
+def _strict(text: str):
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_summary_json_writes_nan_as_null_and_a_sweep_resume_reads_it_as_finished(tmp_path, monkeypatch):
+    from dlrm.sweep_resume import _read_summary
+
+    make_dataset(tmp_path / "data" / "ds", {"train": 64, "validation": 16}, row_group_size=16)
+    raw = json.loads(json.dumps(BASE))
+    raw["log"] = {"tb_dir": str(tmp_path / "tb"), "run_name": "r"}
+    config_file = tmp_path / "cfg.json"
+    config_file.write_text(json.dumps(raw))
+    monkeypatch.chdir(tmp_path)
+    # 2 steps: fewer than the meter's warm-up, so no warm-up end (warmup_s NaN, which json.dump wrote as NaN)
+    summary = train(load_config(config_file, {"train.max_steps": 2}))
+    assert math.isnan(summary["warmup_s"])
+    on_disk = _strict((tmp_path / "tb" / "r" / "summary.json").read_text())
+    assert on_disk["warmup_s"] is None and on_disk["steps"] == 2
+    on_disk["auc"] = None  # as a one-class split's NaN AUC is written
+    (tmp_path / "s.json").write_text(json.dumps(on_disk))
+    assert _read_summary(tmp_path / "s.json")["auc"] is None  # finished: it was moved aside and trained again
+
+
+def test_a_sweep_setting_with_a_null_auc_ranks_last_instead_of_failing():
+    from dlrm.sweep import SettingResult
+
+    nan = SettingResult(0, {"a": 1}, [{"auc": None, "logloss": None}])
+    ok = SettingResult(1, {"a": 2}, [{"auc": 0.7, "logloss": 0.5}])
+    assert math.isnan(nan.auc_mean)
+    assert sorted([nan, ok], key=SettingResult.rank_key, reverse=True) == [ok, nan]
+
+
+def test_compare_table_shows_nan_as_n_a():
+    from dlrm.train.compare import _fmt
+
+    assert _fmt({"warmup_s": float("nan")}, "warmup_s", "{:.2f}") == "n/a"
+    assert _fmt({"warmup_s": 1.234}, "warmup_s", "{:.2f}") == "1.23"

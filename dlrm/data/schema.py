@@ -59,6 +59,7 @@ Hashing (applied on the model's device, never on the host):
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -528,8 +529,11 @@ def read_metadata(dataset_dir: str | os.PathLike) -> Metadata:
     )
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON to a temporary file in the same directory, fsync, then rename over `path`."""
+def write_json_atomic(path: str | os.PathLike, obj: Any, nan_as_null: bool = False) -> None:
+    """Write JSON to a temporary file in the same directory, fsync, then rename over `path`. `nan_as_null`: NaN and
+    infinities are written as null (strict JSON: Python writes NaN, which jq and JSON.parse refuse)."""
+    if nan_as_null:
+        obj = _finite_or_null(obj)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -544,6 +548,16 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _finite_or_null(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_null(v) for v in obj]
+    return obj
 
 
 def write_metadata(dataset_dir: str | os.PathLike, meta: Metadata) -> None:

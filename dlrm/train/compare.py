@@ -19,6 +19,7 @@ import copy
 import csv
 import datetime
 import gc
+import math
 import traceback
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Union
@@ -306,7 +307,9 @@ def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, dev
 def _fmt(row: dict, key: str, fmt: str) -> str:
     value = row.get(key)
     # a bare | in a text cell (a failure's reason) would split the Markdown cell
-    return "n/a" if value is None else fmt.format(value).replace("|", "\\|")
+    if value is None or (isinstance(value, float) and math.isnan(value)):  # NaN: a session without its warm-up's end
+        return "n/a"
+    return fmt.format(value).replace("|", "\\|")
 
 
 def markdown_table(rows: list[dict]) -> str:

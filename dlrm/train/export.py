@@ -83,7 +83,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
                            loader)
         summary = {**metrics, "split": split, "checkpoint": str(path), "rows": loader.num_rows,
                    "wall_s": time.perf_counter() - t0, "device": str(device), "config": cfg.to_dict()}
-        write_json_atomic(run_dir.path / "summary.json", summary)
+        write_json_atomic(run_dir.path / "summary.json", summary, nan_as_null=True)
         run_dir.started()
     logger.info(f"{split}: AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}")
     return summary

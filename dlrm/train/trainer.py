@@ -527,7 +527,7 @@ class Trainer:
         log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step)  # at the last step: an extended run's come after
         writer.close()
         if env.is_main:
-            write_json_atomic(self.run_dir.path / "summary.json", summary)
+            write_json_atomic(self.run_dir.path / "summary.json", summary, nan_as_null=True)  # NaN: a one-class AUC
         self.run_dir.close()
         logger.info(final_line(summary) + baseline_clause(summary))
         return summary
