@@ -118,10 +118,12 @@ def build_model(
     if (choices["interaction"], cfg.interaction) in (("triton", "cat"), ("gluon", "dot"), ("gluon", "cat")):
         raise ConfigError(f'kernels.interaction: "{choices["interaction"]}" has no kernel for model.interaction '
                           f'"{cfg.interaction}"; use "torch"')
-    if any(v in ("triton", "fused", "wgrad", "gluon") for v in choices.values()):
+    triton_keys = [f'kernels.{k} "{v}"' for k, v in choices.items() if v in ("triton", "fused", "wgrad", "gluon")]
+    if triton_keys:
         from kernels import check_triton_device
 
-        check_triton_device(device, "--kernels triton")
+        # named as set: a config's kernels.mlp "fused" was reported as "--kernels triton", which was never passed
+        check_triton_device(device, " and ".join(triton_keys) + " (Triton kernels)")
     if choices["interaction"] == "gluon":
         from kernels import TritonUnavailableError
         from kernels.cross_ws_op import gluon_hopper_available

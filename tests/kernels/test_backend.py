@@ -71,8 +71,11 @@ def test_build_model_refuses(no_interpreter):
 
     cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1])
     for k in ("embedding", "interaction", "mlp", "loss"):
-        with pytest.raises(TritonUnavailableError, match="--kernels triton"):
+        with pytest.raises(TritonUnavailableError, match=f'kernels.{k} "triton"'):
             build_model(cfg, [5] * 26, kernels=KernelsConfig(**{k: "triton"}), device="cpu")
+    # named as set, not as "--kernels triton" (a config's kernels.mlp "fused" was reported as a flag never given)
+    with pytest.raises(TritonUnavailableError, match='^kernels.mlp "fused" \\(Triton kernels\\) cannot run on the CPU'):
+        build_model(cfg, [5] * 26, kernels=KernelsConfig(mlp="fused"), device="cpu")
 
 
 def test_fresh_process_without_interpreter_fails_clearly():
