@@ -13,32 +13,18 @@ import torch
 from dlrm import checkpoint as ckpt
 from dlrm.config import ConfigError, load_config
 from dlrm.train.trainer import train
-from tests.conftest import make_dataset
+from tests.test_checkpoint_safety import trained  # noqa: F401 - the fixture: a 3-step run (Adam, row-wise Adagrad, a schedule)
 
-CONFIG = {
-    "data": {"batch_size": 8, "shuffle": True},
-    "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
-    "optim": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "rowwise_adagrad", "lr": 0.05},
-              "schedule": {"warmup_steps": 2, "decay": "linear"}},
-    "train": {"epochs": 1, "log_every": 2, "device": "cpu", "deterministic": True, "seed": 3},
-    "checkpoint": {"every": 3, "keep": 2},
-}
 BIAS = "dense_arch.model.layers.0.bias"
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A 3-step run (Adam + row-wise Adagrad, a linear schedule): its config file, run directory, checkpoint."""
-    root = tmp_path_factory.mktemp("untrusted52")
-    raw = json.loads(json.dumps(CONFIG))
-    raw["data"]["path"] = str(root / "ds")
-    make_dataset(root / "ds", {"train": 200, "validation": 32, "test": 16}, row_group_size=50)
-    cfg_path = root / "cfg.json"
-    cfg_path.write_text(json.dumps(raw))
-    cfg = load_config(cfg_path, {"log.tb_dir": str(root / "tb"), "log.run_name": "run", "train.max_steps": 3})
-    path = Path(train(cfg)["checkpoint"])
-    return {"cfg_path": cfg_path, "tb": root / "tb", "path": path,
-            "disk": torch.load(path, map_location="cpu", weights_only=True)}
+def _disk(trained) -> dict:
+    """The 3-step run's last checkpoint as saved (`trained`: tests/test_checkpoint_safety.py's run)."""
+    return torch.load(trained["path"], map_location="cpu", weights_only=True)
+
+
+def _tb(trained) -> Path:
+    return Path(trained["cfg"].log.tb_dir)
 
 
 def _set(disk: dict, keys: list, value) -> None:
@@ -50,8 +36,8 @@ def _set(disk: dict, keys: list, value) -> None:
 def _resume_edited(trained, tmp_path, edit) -> tuple[str, list[Path]]:
     """Resume a copy of the run whose checkpoint `edit` changed; the ConfigError's message and the checkpoints after."""
     tb = tmp_path / "tb"
-    shutil.copytree(trained["tb"], tb, symlinks=True)
-    disk = copy.deepcopy(trained["disk"])
+    shutil.copytree(_tb(trained), tb, symlinks=True)
+    disk = copy.deepcopy(_disk(trained))
     edit(disk)
     path = tb / "run" / "checkpoints" / trained["path"].name
     torch.save(disk, path)
@@ -118,7 +104,7 @@ def test_edited_checkpoint_is_refused_in_one_line_before_any_step(trained, tmp_p
 def test_unedited_checkpoint_still_resumes(trained, tmp_path):
     """The checks accept what this program writes (the run's own checkpoint resumes and saves again)."""
     tb = tmp_path / "tb"
-    shutil.copytree(trained["tb"], tb, symlinks=True)
+    shutil.copytree(_tb(trained), tb, symlinks=True)
     cfg = load_config(trained["cfg_path"], {"log.tb_dir": str(tb), "log.run_name": "run", "train.max_steps": 6})
     result = train(cfg, resume="latest")
     assert Path(result["checkpoint"]).name == ckpt.checkpoint_name(6)
@@ -177,8 +163,8 @@ def test_tensor_learning_rates_as_a_captured_step_keeps_them_resume(trained, tmp
     its checkpoints hold tensors in the optimizers' lr and the schedules' base_lrs and _last_lr: they load (the first
     version of the schedule check refused them, and every two-GPU run's checkpoint with it)."""
     tb = tmp_path / "tb"
-    shutil.copytree(trained["tb"], tb, symlinks=True)
-    disk = copy.deepcopy(trained["disk"])
+    shutil.copytree(_tb(trained), tb, symlinks=True)
+    disk = copy.deepcopy(_disk(trained))
     for sched in disk["schedulers"]:
         sched["base_lrs"] = [torch.tensor(float(v)) for v in sched["base_lrs"]]
         sched["_last_lr"] = [torch.tensor(float(v)) for v in sched["_last_lr"]]

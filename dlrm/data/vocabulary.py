@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from dlrm.data.schema import _MAX_INT, SPARSE_COLUMNS, DatasetError
 
