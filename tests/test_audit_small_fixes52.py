@@ -98,14 +98,20 @@ BASE = {
 }
 
 
-def test_a_relative_data_path_is_recorded_absolute_and_a_resume_elsewhere_is_refused(tmp_path, monkeypatch):
-    first, second = tmp_path / "first", tmp_path / "second"
-    for where, seed in ((first, 0), (second, 1)):  # two datasets of the same shape, another content
-        make_dataset(where / "data" / "ds", {"train": 64, "validation": 16}, row_group_size=16, seed=seed)
+def _config_file(tmp_path):
+    """BASE (its data.path relative: data/ds) with run r under tmp_path/tb."""
     raw = json.loads(json.dumps(BASE))
     raw["log"] = {"tb_dir": str(tmp_path / "tb"), "run_name": "r"}
     config_file = tmp_path / "cfg.json"
     config_file.write_text(json.dumps(raw))
+    return config_file
+
+
+def test_a_relative_data_path_is_recorded_absolute_and_a_resume_elsewhere_is_refused(tmp_path, monkeypatch):
+    first, second = tmp_path / "first", tmp_path / "second"
+    for where, seed in ((first, 0), (second, 1)):  # two datasets of the same shape, another content
+        make_dataset(where / "data" / "ds", {"train": 64, "validation": 16}, row_group_size=16, seed=seed)
+    config_file = _config_file(tmp_path)
     monkeypatch.chdir(first)
     summary = train(load_config(config_file, {"train.max_steps": 3}))
     assert summary["config"]["data"]["path"] == str(first / "data" / "ds")
@@ -130,10 +136,7 @@ def test_summary_json_writes_nan_as_null_and_a_sweep_resume_reads_it_as_finished
     from dlrm.sweep_resume import _read_summary
 
     make_dataset(tmp_path / "data" / "ds", {"train": 64, "validation": 16}, row_group_size=16)
-    raw = json.loads(json.dumps(BASE))
-    raw["log"] = {"tb_dir": str(tmp_path / "tb"), "run_name": "r"}
-    config_file = tmp_path / "cfg.json"
-    config_file.write_text(json.dumps(raw))
+    config_file = _config_file(tmp_path)
     monkeypatch.chdir(tmp_path)
     # 2 steps: fewer than the meter's warm-up, so no warm-up end (warmup_s NaN, which json.dump wrote as NaN)
     summary = train(load_config(config_file, {"train.max_steps": 2}))
