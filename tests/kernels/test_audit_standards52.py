@@ -252,7 +252,7 @@ def test_linear_row_broadcast_gradient(M, K, N, activation, device):
     yr = apply_activation(xr @ wr.t() + br, activation)
     _close(y, yr, "forward", atol=1e-4)
     g = _grad("rows", (M, N), device)
-    for got, want, name in zip(torch.autograd.grad(y, (x, w, b), g), torch.autograd.grad(yr, (xr, wr, br), g.double()),
+    for got, want, name in zip(torch.autograd.grad(y, (x, w, b), g), torch.autograd.grad(yr, (xr, wr, br), g.double().cpu()),
                                "xwb"):
         _close(got, want, f"d{name}", atol=1e-4)
 
