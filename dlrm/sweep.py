@@ -572,6 +572,7 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
     """
     from dlrm.cli import report_failure
     from dlrm.logging_setup import configure_logging
+    from dlrm.train.signals import StopAtOnce
 
     ctx = click.get_current_context()
     given = {name: ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT for name in ("seeds", "tb_dir")}
@@ -579,19 +580,18 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
         raise click.UsageError("Missing option '--config'.")
     configure_logging()
     try:
-        base = {k: v for k, v in (("data.path", data), ("train.device", device)) if v is not None}
-        if resume_dir is None:
-            run_sweep(config_path, [parse_set(s) for s in sets], seeds, base, tb_dir, run_name)
-            return
-        if run_name is not None or given["tb_dir"]:
-            raise ConfigError("--resume: the sweep directory is SWEEP_DIR itself; --tb-dir and --run-name do not go "
-                              "with it")
-        if resume_dir == "":
-            raise ConfigError("--resume: an empty path is no sweep directory")
-        from dlrm.sweep_resume import resume_sweep
-
-        resume_sweep(resume_dir, config_path, [parse_set(s) for s in sets] if sets else None,
-                     seeds if given["seeds"] else None, base)
+        with StopAtOnce():  # SIGTERM raises, as in train.py: its default action skipped the sweep's cleanup
+            base = {k: v for k, v in (("data.path", data), ("train.device", device)) if v is not None}
+            if resume_dir is None:
+                run_sweep(config_path, [parse_set(s) for s in sets], seeds, base, tb_dir, run_name)
+                return
+            if run_name is not None or given["tb_dir"]:
+                raise ConfigError("--resume: the sweep directory is SWEEP_DIR; --tb-dir and --run-name do not go with it")
+            if resume_dir == "":
+                raise ConfigError("--resume: an empty path is no sweep directory")
+            from dlrm.sweep_resume import resume_sweep
+            resume_sweep(resume_dir, config_path, [parse_set(s) for s in sets] if sets else None,
+                         seeds if given["seeds"] else None, base)
     except (Exception, KeyboardInterrupt) as e:
         sys.exit(report_failure(e, None))
 

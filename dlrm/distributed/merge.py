@@ -19,8 +19,10 @@ from loguru import logger
 
 from dlrm import checkpoint_schema as schema
 from dlrm.config import ConfigError
+from dlrm.errors import TrainingStopped
 from dlrm.distributed.checkpoint import SPARSE_WEIGHT, merge
 from dlrm.logging_setup import configure_logging
+from dlrm.train.signals import StopAtOnce
 from dlrm.checkpoint import load_checkpoint, write_atomic
 
 # What a shard records of the run and the moment it was saved: equal in every shard of one checkpoint.
@@ -109,10 +111,16 @@ def main(checkpoint: str, out: str) -> None:
     """Merge the sharded CHECKPOINT (its step-*.pt manifest) into the one-process checkpoint OUT."""
     configure_logging()
     try:
-        state = merge_to_file(Path(checkpoint), Path(out))
+        # SIGTERM raises (as in train.py): its default action killed the merge before write_atomic removed the
+        # temporary file beside OUT (as large as the checkpoint), which nothing removes later
+        with StopAtOnce():
+            state = merge_to_file(Path(checkpoint), Path(out))
     except ConfigError as e:
         logger.error(str(e))
         sys.exit(2)
+    except TrainingStopped as e:
+        logger.warning(str(e))
+        sys.exit(e.exit_code)
     except OSError as e:  # OUT's directory cannot be created or written
         logger.error(f"{out}: cannot write ({e.strerror or e})")
         sys.exit(2)

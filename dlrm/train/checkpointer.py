@@ -12,6 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from loguru import logger
+
 from dlrm.config import Config, ConfigError
 from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
@@ -152,6 +154,26 @@ class Checkpointer:
             **({"data_placement": self.placement} if self.placement is not None else {}),
         }
 
+    def _fresh_optimizers(self, state: dict[str, Any], path: Path, count: int) -> set[int]:
+        """The optimizers (0 dense, 1 sparse) whose saved state is another optimizer's: ``optim.dense.name`` or
+        ``optim.sparse.name`` changed, which the resume policy lets through only under ``--allow-config-change``.
+        They start afresh (said in the log): torch's load took the other optimizer's state whole, and the first step
+        failed with a traceback (KeyError 'sum' or 'dampening', an index_add_ shape error). The checkpoint must
+        hold as many optimizers as the run (one over all the parameters failed in torch's load with a ValueError)."""
+        if len(state["optimizers"]) != count:
+            raise ConfigError(f"{path}: checkpoint key 'optimizers' holds {len(state['optimizers'])} optimizer "
+                              f"states, this run has {count} optimizers (dense, sparse)")
+        saved, fresh = state["config"].get("optim"), set()
+        for i, section in enumerate(("dense", "sparse")[:count]):
+            part = saved.get(section) if isinstance(saved, dict) else None
+            old = part.get("name") if isinstance(part, dict) else None  # not recorded: not compared
+            new = getattr(self.cfg.optim, section).name
+            if old is not None and old != new:
+                logger.warning(f"--resume: optim.{section}.name changed from {old!r} to {new!r}: the checkpoint's "
+                               f"{old!r} state cannot continue as {new!r}'s, which starts afresh")
+                fresh.add(i)
+        return fresh
+
     def restore(self, path: Path, run: Run) -> tuple[ckpt.Position, RunStats]:
         """Load `path` into the freshly built `run` (after checking it fits); returns its position and
         the run's totals so far. A distributed run loads its rank's shard (same ranks and plan)."""
@@ -159,9 +181,11 @@ class Checkpointer:
         ckpt.check_compatible(state, run.model, self.tables.cardinalities, self.cfg.to_dict()["model"], path,
                               self.tables.multi_hot_sizes, self.tables.dense_format, self._hashing,
                               self._vocabs)
+        fresh = self._fresh_optimizers(state, path, len(run.optimizers))
         run.model.load_state_dict(state["model"])
-        for opt, s in zip(run.optimizers, state["optimizers"]):
-            opt.load_state_dict(s)
+        for i, (opt, s) in enumerate(zip(run.optimizers, state["optimizers"])):
+            if i not in fresh:
+                opt.load_state_dict(s)
         for sched, s in zip(run.schedulers, state["schedulers"]):
             sched.load_state_dict(s)
         if not state["schedulers"]:  # saved without a schedule: one added on resume starts at the checkpoint's step

@@ -158,7 +158,7 @@ class FusedSparseOptimizer(torch.optim.Optimizer):
                 self.fused.state.zero_()
             self.state[weight]["sum"] = self.fused.state
         if self.sr_seed is not None:
-            if "sr_seed" in saved:  # checkpoints written before the seed was saved start it at 0
+            if "sr_seed" in saved:  # written before the seed was saved: it keeps the start from train.seed
                 self.sr_seed.copy_(saved["sr_seed"])
             self.state[weight]["sr_seed"] = self.sr_seed
         else:

@@ -40,7 +40,7 @@ from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler
 from dlrm.train.reporting import NoWriter, device_name, final_line, log_hparams, log_profile, log_train, versions
 from dlrm.train.resume_policy import check_resume_config
-from dlrm.train.run_dir import RunDirectory, run_of
+from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
 from dlrm.train.signals import GracefulStop, StopAtOnce
 from dlrm.train.step import compile_counters
@@ -273,27 +273,29 @@ class Trainer:
         self.stats.best, self.stats.evals_since_best = None, 0
 
     def _keep_best_model(self) -> None:
-        """The recorded best evaluation's checkpoint must hold that evaluation's model. A resume from an earlier
-        checkpoint (a branch, ``--run-name NEW``) recorded the run's best.pt, which that run has since replaced with a
-        later best: the summary named it, and ``--export`` exported it, as this run's best (another step's model, of
-        another run). Then the best step's own checkpoint becomes this run's best.pt (a link), or, gone, none is named."""
+        """The recorded best evaluation's checkpoint must hold that evaluation's model, in this run: a branch
+        (``--run-name NEW``) named its source run's best.pt, which that run replaces with later bests (then another
+        step's model was this run's best, exported too). A file holding it becomes this run's best.pt, else none."""
         best = self.stats.best
         if not best or not best.get("checkpoint"):
             return
         found = None
         if self.env.is_main:
             source = run_of(self.resume_from) or self.resume_from.resolve().parent.parent
-            own_step = ckpt.checkpoint_dir(source) / ckpt.checkpoint_name(best["step"])
-            for path in (Path(best["checkpoint"]), self.resume_from, own_step):
+            saved = ckpt.checkpoint_dir(source)  # its best.pt too: a path recorded relative to another directory
+            for path in (Path(best["checkpoint"]), saved / self.checkpointer.best_path.name, self.resume_from,
+                         saved / ckpt.checkpoint_name(best["step"])):
                 if _checkpoint_step(path) == best["step"]:
                     found = path
                     break
-            if found is not None and found != Path(best["checkpoint"]) and self.run.plan is None:
-                self.checkpointer.best_path.parent.mkdir(parents=True, exist_ok=True)
-                if self.checkpointer._link(found, self.checkpointer.best_path):
-                    logger.warning(f"--resume: {best['checkpoint']} does not hold the best evaluation's model (step "
-                                   f"{best['step']}): {self.checkpointer.best_path} is now a link to {found}")
-                    found = self.checkpointer.best_path
+            own = self.checkpointer.best_path  # also from another run's best.pt holding it now (a branch), which that
+            moves = found != Path(best["checkpoint"]) or run_of(found) is not None  # run replaces with a later best
+            if found is not None and self.run.plan is None and moves and not _same_file(found, own):
+                own.parent.mkdir(parents=True, exist_ok=True)
+                if self.checkpointer._link(found, own):
+                    logger.warning(f"--resume: the best evaluation's model (step {best['step']}, recorded as "
+                                   f"{best['checkpoint']}) is {found}: {own} is now a link to it")
+                    found = own
             if found is None:
                 logger.warning(f"--resume: {best['checkpoint']} no longer holds the best evaluation's model (step "
                                f"{best['step']}), nor does a checkpoint of that step: no best checkpoint is named")
