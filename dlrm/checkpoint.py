@@ -367,7 +367,7 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalitie
         if saved[k].is_meta or _kind(saved[k].dtype) != _kind(v.dtype):
             held = "a meta tensor (no values)" if saved[k].is_meta else str(saved[k].dtype)
             raise ConfigError(f"{path}: {k} is {held} in the checkpoint, {v.dtype} here")
-    if "optimizers" in state:
+    if state.get("optimizers"):  # none: a model-only file (--eval-only, --export); a resume needs them (Checkpointer)
         _check_optimizer_state(state, model, path)
 
 
