@@ -39,7 +39,7 @@ from dlrm.config import Config, config_keys, load_config
 from dlrm.config_checks import check_default_run_name
 from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, report_bug
 from dlrm.logging_setup import configure_logging
-from dlrm.train.signals import StopAtOnce
+from dlrm.stop_signal import StopAtOnce
 
 EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE_LOSS = 3

@@ -572,7 +572,7 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
     """
     from dlrm.cli import report_failure
     from dlrm.logging_setup import configure_logging
-    from dlrm.train.signals import StopAtOnce
+    from dlrm.stop_signal import StopAtOnce
 
     ctx = click.get_current_context()
     given = {name: ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT for name in ("seeds", "tb_dir")}

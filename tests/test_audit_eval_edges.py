@@ -95,9 +95,12 @@ def test_a_run_branched_from_best_pt_keeps_it_as_its_best(tmp_path, monkeypatch)
     assert (branch["best"]["step"], branch["best"]["auc"]) == (6, 0.70)  # was (8, 0.65)
     last = ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / "tb" / "branch")[-1])
     assert last["run_stats"]["evals_since_best"] == 2  # as the uninterrupted run's
-    # the best model is where the summary says: the best.pt the branch started from (step 6's model)
-    assert branch["best_checkpoint"] == str(best_pt)
-    assert not (tmp_path / "tb" / "branch" / "checkpoints" / "best.pt").exists()  # was step 8's model
+    # the best model is where the summary says: step 6's model, linked into the branch's own best.pt (since the
+    # fifty-second session: the source run's best.pt is that run's, which it replaces with its later bests)
+    own = tmp_path / "tb" / "branch" / "checkpoints" / "best.pt"
+    assert branch["best_checkpoint"] == str(own)
+    assert ckpt.load_checkpoint(own)["position"]["step"] == 6  # was step 8's model
+    assert own.samefile(best_pt)  # a hard link: no copy of the model
 
 
 def test_nan_logits_have_no_auc():

@@ -22,7 +22,7 @@ from dlrm.config import ConfigError
 from dlrm.errors import TrainingStopped
 from dlrm.distributed.checkpoint import SPARSE_WEIGHT, merge
 from dlrm.logging_setup import configure_logging
-from dlrm.train.signals import StopAtOnce
+from dlrm.stop_signal import StopAtOnce
 from dlrm.checkpoint import load_checkpoint, write_atomic
 
 # What a shard records of the run and the moment it was saved: equal in every shard of one checkpoint.

@@ -8,7 +8,7 @@ from typing import Optional
 
 from loguru import logger
 
-from dlrm.errors import TrainingStopped
+from dlrm.stop_signal import StopAtOnce  # noqa: F401 - re-exported: the runs' outer guard
 
 
 class GracefulStop:
@@ -61,31 +61,3 @@ class GracefulStop:
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
-
-
-class StopAtOnce:
-    """Context manager (a whole run, around `GracefulStop`'s loop): SIGTERM raises `TrainingStopped` (exit 143) where
-    it arrives, as Ctrl-C raises KeyboardInterrupt, so the run's own cleanup runs. Left to its default action, a SIGTERM
-    while a run started (its checkpoint restored, say) killed the process before `RunDirectory.abandon`: the new run
-    directory stayed, and its name was refused from then on ("already exists"). A handler set by whoever started the
-    process (ignored, say) is left as it is."""
-
-    def __init__(self) -> None:
-        self._previous: Optional[object] = None
-
-    @staticmethod
-    def _handle(signum, frame) -> None:
-        raise TrainingStopped(128 + signum, f"{signal.Signals(signum).name}: stopped at once, outside the training "
-                                            "steps (no checkpoint written now)")
-
-    def __enter__(self) -> "StopAtOnce":
-        try:
-            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-                self._previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not the main thread: leave signals alone
-            pass
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
