@@ -172,6 +172,29 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, repla
         _WRITING.discard(os.path.abspath(tmp))
 
 
+def write_files_atomic(directory: Path, files: dict[str, str | bytes]) -> None:
+    """Write `files` (name -> text or bytes) in `directory` as one set, for reports of several files (--compare's,
+    a sweep's): every one to a temporary file of its own in `directory` (fsync) first, then each renamed over its
+    name. A failure while they are written (a full disk, a kill) leaves each file as it was and no temporary: never
+    half a file, nor some of a new report beside the rest of an older one."""
+    directory = Path(directory)
+    temps: list[tuple[Path, Path]] = []
+    try:
+        for name, content in files.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+            temps.append((Path(tmp), directory / name))
+            with os.fdopen(fd, "wb") as f:
+                f.write(content.encode() if isinstance(content, str) else content)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is an ordinary readable file
+        for tmp, path in temps:
+            os.replace(tmp, path)
+    finally:
+        for tmp, _ in temps:
+            tmp.unlink(missing_ok=True)
+
+
 def _alive(pid: int) -> bool:
     """Whether process `pid` exists on this host (signal 0 checks without signalling)."""
     if pid <= 0:

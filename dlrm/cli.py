@@ -289,7 +289,21 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     else:
         summary = train(cfg, resume=resume, allow_config_change=allowed_changes)
         if export:  # the best evaluation's model when the run kept one, else the final one
-            export_mod.export_checkpoint(cfg, Path(summary.get("best_checkpoint") or summary["checkpoint"]), export)
+            export_mod.export_checkpoint(cfg, Path(_best_checkpoint(summary) or summary["checkpoint"]), export)
+
+
+def _best_checkpoint(summary: dict) -> Optional[str]:
+    """The summary's best checkpoint, as a path from this working directory. A finished run's summary (a --resume of
+    a run at its end) is its summary.json, which records it as the run saw it: relative to the working directory it
+    trained in. From another one, that named another run's best.pt (exported silently) or none: a checkpoint of
+    this run's (``<run name>/checkpoints/<file>``) is taken from its run directory as it is now."""
+    best = summary.get("best_checkpoint")
+    if not best or not summary.get("finished") or os.path.isabs(best) or not summary.get("run_dir"):
+        return best
+    recorded, run_dir = Path(best), Path(summary["run_dir"])
+    if recorded.parent.name == "checkpoints" and recorded.parent.parent.name == run_dir.name:
+        return str(run_dir / "checkpoints" / recorded.name)
+    return best
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})

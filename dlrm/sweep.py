@@ -22,6 +22,8 @@ The sweep directory (``<tb-dir>/<run-name>``, default ``tb_logs/<config>-sweep-<
   against the seed noise, the standard error of the per-seed (paired) AUC differences: "within
   the seed noise" unless the margin is at least twice that.
 
+The tables and ``hparams/`` are one report, written as a whole or not at all (`dlrm.sweep_report`).
+
 A trial that fails while it runs (a diverged loss, a data error, out of memory, a bug) does not end the sweep: the
 other trials run, the failed one is a row of ``trials.csv`` (``status``: ``failed: <reason>``) and of the list under
 ``sweep.md``'s table, its setting ranks after those whose trials all finished and is left out of the verdict, and
@@ -37,7 +39,6 @@ given with ``--resume`` must match the record (`dlrm.sweep_resume`).
 
 from __future__ import annotations
 
-import csv
 import difflib
 import itertools
 import json
@@ -286,59 +287,10 @@ def verdict(results: list[SettingResult]) -> Verdict:
 
 
 def write_tables(directory: Path, results: list[SettingResult], keys: list[str], text: str) -> None:
-    """sweep.csv, sweep.md (settings best first, then the failed trials) and trials.csv (every trial)."""
-    ranked = sorted(results, key=SettingResult.rank_key, reverse=True)
-    rows = [r.row() for r in ranked]
-    columns = ["setting", *keys, "seeds", "failed", "auc_mean", "auc_std", "logloss_mean", "logloss_std",
-               "baseline_auc_mean", "aucs"]
-    with open(directory / "sweep.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(directory / "trials.csv", "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["setting", "seed", "auc", "logloss", "best_auc", "baseline_auc", "steps", "run_dir", "status"])
-        for r in results:
-            for seed, s, reason in r.trials():
-                if s is None:  # a failed trial: its run directory if it kept one (it ran steps)
-                    run_dir = directory / slug(r.index, r.setting) / f"seed-{seed}"
-                    writer.writerow([label(r.setting), seed, None, None, None, None, None,
-                                     str(run_dir) if run_dir.exists() else None, f"failed: {reason}"])
-                    continue
-                writer.writerow([label(r.setting), seed, s["auc"], s["logloss"], (s.get("best") or {}).get("auc"),
-                                 (s.get("baseline") or {}).get("auc"), s["steps"], s["run_dir"], "ok"])
-    has_base = any(row["baseline_auc_mean"] is not None for row in rows)
-    has_failed = any(r.failed for r in results)  # the column only then: a sweep without failures reads as before
-    lines = ["| setting | AUC mean | AUC std | logloss mean | logloss std | seeds |" + (" failed |" if has_failed else "")
-             + (" baseline AUC |" if has_base else ""),
-             "| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if has_failed else "") + (" ---: |" if has_base else "")]
-    for row in rows:
-        base = f" {row['baseline_auc_mean']:.4f} |" if row["baseline_auc_mean"] is not None else (" - |" if has_base else "")
-        lines.append(f"| {row['setting']} | {row['auc_mean']:.4f} | {row['auc_std']:.4f} | {row['logloss_mean']:.4f} "
-                     f"| {row['logloss_std']:.4f} | {row['seeds']} |" + (f" {row['failed']} |" if has_failed else "")
-                     + base)
-    failures = [f"- {label(r.setting)}, seed {seed}: {reason}" for r in results for seed, _, reason in r.trials() if reason]
-    if failures:
-        lines += ["", "Failed trials (their settings rank after the others and are left out of the verdict):", "",
-                  *failures]
-    (directory / "sweep.md").write_text("\n".join(lines) + "\n\n" + text + "\n")
+    """sweep.csv, sweep.md and trials.csv, and the HParams under ``hparams/``, as one report (`dlrm.sweep_report`)."""
+    from dlrm.sweep_report import write_report
 
-
-def write_hparams(directory: Path, results: list[SettingResult]) -> None:
-    """One TensorBoard HParams run per setting under ``directory/hparams/`` (swept keys -> metrics)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    with SummaryWriter(str(directory / "hparams")) as writer:
-        for r in results:
-            if not r.summaries:  # every trial of it failed: no metric to show
-                continue
-            hparams = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in r.setting.items()}
-            aucs, losses = r.values("auc"), r.values("logloss")
-            writer.add_hparams(hparams or {"setting": "defaults"},
-                               {"sweep/auc_mean": statistics.fmean(aucs), "sweep/auc_std": _std(aucs),
-                                "sweep/logloss_mean": statistics.fmean(losses),
-                                "sweep/failed_trials": len(r.failed)},  # its means are of fewer seeds
-                               run_name=slug(r.index, r.setting))
+    write_report(directory, results, keys, text)
 
 
 # -- running ----------------------------------------------------------------------------------------
@@ -422,9 +374,10 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     """
     if seeds < 1:
         raise ConfigError(f"--seeds: {seeds} must be >= 1")
-    from dlrm.sweep_resume import absolute_data, write_record
+    from dlrm.sweep_resume import absolute_data, absolute_sets, write_record
 
     base = absolute_data(dict(base or {}))  # the trials and sweep.json: --data as the working directory names it now
+    sets = absolute_sets(sets)  # and --set data.path=... alike
     settings = grid(sets)
     check_settings(config, base, settings, seeds)
     if train_fn is None:
@@ -534,13 +487,10 @@ def _finish(directory: Path, results: list[SettingResult], sets: list[tuple[str,
         text = result.text()
     else:
         result, text = None, "no setting finished all its trials: no verdict"
+    earlier = resume and (directory / "hparams").is_dir()  # an earlier session's: replaced, not added to
     write_tables(directory, results, [k for k, _ in sets], text)
-    if resume and (directory / "hparams").is_dir():  # an earlier session's: its runs again would show twice
-        import shutil
-
-        shutil.rmtree(directory / "hparams")
+    if earlier:
         logger.info(f"sweep --resume: {directory / 'hparams'} of the earlier session replaced (all trials)")
-    write_hparams(directory, results)
     logger.info(f"sweep table: {directory / 'sweep.md'}")
     logger.info(f"sweep {text}")
     if first_failure is not None:  # the tables are written: now the non-zero exit (the first failure's code)

@@ -1,10 +1,10 @@
 """``python -m dlrm.sweep --resume <sweep dir>``: finish a sweep that Ctrl-C, a signal, a crash or a time limit stopped.
 
 Every sweep records what it trains in ``<sweep dir>/sweep.json`` before its first trial: the config file (absolute
-path), the ``--set`` lists in order, ``--seeds``, the ``--data`` (absolute: a resume from elsewhere trains on the same
-data)/``--device`` overrides, and the config every trial starts from, resolved. ``--resume DIR`` reads it back, so the
-directory alone is enough; ``--config``, ``--set``, ``--seeds``, ``--data`` (resolved against the working directory of
-the resume) and ``--device`` may be given again, and whatever is given (and the config file, which may have
+path), the ``--set`` lists in order (``data.path`` values absolute), ``--seeds``, the ``--data`` (absolute: a resume
+from elsewhere trains on the same data)/``--device`` overrides, and the config every trial starts from, resolved.
+``--resume DIR`` reads it back, so the directory alone is enough; ``--config``, ``--set``, ``--seeds``, ``--data``
+(resolved against the working directory of the resume) and ``--device`` may be given again, and whatever is given (and the config file, which may have
 been edited since) must match the record: a difference is refused in one line naming it (exit 2); ``log`` and
 ``name`` are free (each trial's directory is the sweep's). The sweep then goes on in the same directory, trial by
 trial (`trial_state`):
@@ -77,6 +77,19 @@ def absolute_data(base: dict[str, Any]) -> dict[str, Any]:
     return base
 
 
+def absolute_sets(sets: list[tuple[str, list[Any]]], refuse_twice: bool = True) -> list[tuple[str, list[Any]]]:
+    """`sets` with the values of ``--set data.path=...`` made absolute against the working directory, as
+    `absolute_data` makes --data: recorded as given, a resume from elsewhere trained the trials left on other data
+    under the same labels, in the same tables."""
+    out = [(k, [os.path.abspath(v) if k == "data.path" and isinstance(v, str) and v else v for v in values])
+           for k, values in sets]
+    for (key, given), (_, values) in zip(sets, out):
+        # two names of one directory: one setting trained twice, and a record that --resume refuses
+        if refuse_twice and len(set(map(json.dumps, values))) != len(values):
+            raise ConfigError(f"--set {key}: {json.dumps(given)[:200]} names one directory twice")
+    return out
+
+
 def resolved(config: str, base: dict[str, Any], sets: list) -> dict[str, Any]:
     """The first setting's config (seed 0), as ``Config.to_dict()``: the keys no --set sweeps are every trial's (the
     file alone may be invalid: a value every setting mends)."""
@@ -147,6 +160,8 @@ def reconcile(directory: Path, record: dict[str, Any], config: Optional[str], se
     where = f"{directory / RECORD}"
     differences = []
     recorded_sets = [(k, v) for k, v in record["sets"]]
+    if sets is not None and recorded_sets == absolute_sets(recorded_sets, refuse_twice=False):  # (a record made before: as given)
+        sets = absolute_sets(sets)  # compared resolved, as --data is
     # compared as JSON: 1 and 1.0 are one config value but two trial directories (`slug`)
     if sets is not None and json.dumps([[k, v] for k, v in sets]) != json.dumps(record["sets"]):
         differences.append(f"{_show_sets(sets)} (recorded: {_show_sets(record['sets'])})")

@@ -3,7 +3,9 @@
 Each variant trains from the same seed on the same batches for the same steps, as its own
 TensorBoard run under ``tb_logs/<run-name>/<variant>/`` so the curves overlay; the comparison
 table goes to ``compare.md``, ``compare.csv`` and ``compare.png`` in ``tb_logs/<run-name>/``, and
-into that parent run's TensorBoard events (text ``compare/table``, image ``compare/plot``).
+into that parent run's TensorBoard events (text ``compare/table``, image ``compare/plot``). The three files are made
+first and written as one set (`dlrm.checkpoint.write_files_atomic`): a failure while they are made or written leaves
+none of them, never two of three or half a file.
 
 A variant that fails while it trains (an error, a diverged loss, out of memory) does not end the comparison: the
 others run, its row's status is ``failed: <reason>``, and once the reports are written the command exits with the
@@ -17,9 +19,12 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import datetime
 import gc
+import io
 import math
+import os
 import traceback
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Union
@@ -214,6 +219,9 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
     from dlrm.data.schema import is_multi_hot
     from dlrm.distributed.env import init_distributed
 
+    # data.path absolute, as the trainer records it in each variant's run: the comparison's own config.json held it
+    # as typed, naming other data (or none) read from another working directory
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(cfg.data.path)))
     # the dataset's sizes, as the trainer reads them (they win over model.multi_hot_sizes): which variants can run
     # them is decided before any is built; a missing or bad dataset is refused here, before the run directory exists
     multi_hot = is_multi_hot(load_dataset_metadata(cfg)[1].multi_hot_sizes)
@@ -321,6 +329,7 @@ def markdown_table(rows: list[dict]) -> str:
 
 def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
     """compare.md, compare.csv and compare.png in `base`, and the table and plot in its TensorBoard events."""
+    from dlrm.checkpoint import write_files_atomic
     from dlrm.train.reporting import versions
 
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -331,19 +340,21 @@ def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
     text = (f"# Variant comparison: {base.name}\n\nDevice: {device_name}; {made}; {date}.\n"
             "Throughput is the steady state: the logging windows after the warm-up steps, their samples over their "
             "seconds.\n\n" + table + "\n")
-    (base / "compare.md").write_text(text)
-    with open(base / "compare.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[k for k, _, _ in COLUMNS])
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: r.get(k) for k, _, _ in COLUMNS})
-    plot_comparison(rows, base / "compare.png", f"{base.name} on {device_name}")
-    log_comparison(base, text, (base / "compare.png").read_bytes())
+    out = io.StringIO(newline="")
+    w = csv.DictWriter(out, fieldnames=[k for k, _, _ in COLUMNS])
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: r.get(k) for k, _, _ in COLUMNS})
+    png = plot_comparison(rows, f"{base.name} on {device_name}")
+    # all three made first, then written as one set: a plot that failed after the table was written left
+    # compare.md and compare.csv without compare.png (and an interrupted write, half a file)
+    write_files_atomic(base, {"compare.md": text, "compare.csv": out.getvalue(), "compare.png": png})
+    log_comparison(base, text, png)
     logger.info(f"comparison ({base}):\n" + table)
 
 
-def plot_comparison(rows: list[dict], path: Path, title: str) -> None:
-    """Bars of steady-state samples/s and warm-up seconds per variant that ran, saved to `path` (PNG)."""
+def plot_comparison(rows: list[dict], title: str) -> bytes:
+    """Bars of steady-state samples/s and warm-up seconds per variant that ran, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -351,17 +362,21 @@ def plot_comparison(rows: list[dict], path: Path, title: str) -> None:
 
     ran = [r for r in rows if r.get("samples_per_sec") is not None]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    names = [r["variant"] for r in ran]
-    axes[0].bar(names, [r["samples_per_sec"] for r in ran], color="tab:blue")
-    axes[0].set_title("steady-state samples/s (higher is better)")
-    axes[1].bar(names, [r["warmup_s"] for r in ran], color="tab:orange")
-    axes[1].set_title("warm-up / compile seconds")
-    for ax in axes:
-        ax.tick_params(axis="x", rotation=20)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        names = [r["variant"] for r in ran]
+        axes[0].bar(names, [r["samples_per_sec"] for r in ran], color="tab:blue")
+        axes[0].set_title("steady-state samples/s (higher is better)")
+        axes[1].bar(names, [r["warmup_s"] for r in ran], color="tab:orange")
+        axes[1].set_title("warm-up / compile seconds")
+        for ax in axes:
+            ax.tick_params(axis="x", rotation=20)
+        fig.suptitle(title)
+        fig.tight_layout()
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=110)
+    finally:
+        plt.close(fig)
+    return png.getvalue()
 
 
 def log_comparison(base: Path, text: str, png: bytes) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 import secrets
 import time
@@ -69,6 +70,9 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     from dlrm.train.step import EvalForward, set_matmul_precision
     from dlrm.train.trainer import build_for_data, evaluate
 
+    # data.path absolute, as a training run records it (dlrm.train.trainer): config.json and summary.json held it as
+    # typed, which names other data (or none) from another working directory
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(cfg.data.path)))
     device, data_dir, meta, tables = build_for_data(cfg)
     # the resolved config evaluates as training did: train.compile "auto" is eager on the CPU; given "auto" as it is,
     # EvalForward compiled the forward there (Inductor's bf16 rounds otherwise: another logloss than training's)
