@@ -13,14 +13,14 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from loguru import logger
 
 from dlrm.config import Config
 from dlrm.distributed.env import DistEnv
-from dlrm.errors import DatasetError
+from dlrm.errors import DatasetError, NonFiniteLoss
 from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
 from dlrm.train.checkpointer import Checkpointer
@@ -62,11 +62,16 @@ class Evaluator:
         stats: the run's totals; ``stats.best`` and ``stats.evals_since_best`` are updated here.
         env: the process group.
         target: watches ``train.early_stopping.target`` (`dlrm.train.target`), or None.
+        stop_if_diverged: the trainer's loss and weight checks, or None: when given, an evaluation whose logloss is
+            NaN or Inf (some logit is: the model diverged) calls it (it names a NaN loss's step or a NaN/Inf weight),
+            then raises `NonFiniteLoss`, before the evaluation is recorded or written as best.pt.
     """
 
     def __init__(self, run: Run, loader, cfg: Config, writer, checkpointer: Checkpointer, stats: RunStats,
-                 env: DistEnv = DistEnv(), target: Optional[TargetTracker] = None) -> None:
+                 env: DistEnv = DistEnv(), target: Optional[TargetTracker] = None,
+                 stop_if_diverged: Optional[Callable[[], None]] = None) -> None:
         self.run, self.loader, self.writer, self.env, self.target = run, loader, writer, env, target
+        self.stop_if_diverged = stop_if_diverged
         self.checkpointer, self.stats = checkpointer, stats
         self.early = cfg.train.early_stopping
         self.metric = self.early.metric if self.early else "auc"
@@ -92,7 +97,18 @@ class Evaluator:
         if self.target is not None:  # before the best: best.pt's run_stats then record a target it reached
             self.target.observe(pos, metrics, time.perf_counter() - t, self.writer)
         self.checkpointer.evaluated_step = pos.step  # a checkpoint at this step holds this evaluation
-        if self._improves(metrics[self.metric]):
+        improves = self._improves(metrics[self.metric])
+        if self.stop_if_diverged is not None and not math.isfinite(metrics["logloss"]):
+            # a model that diverged between the loss checks (which see only logging windows, checkpoints and the end:
+            # its first evaluation wrote it as best.pt), or whose finite weights overflow its outputs (a huge learning
+            # rate: the run finished "successfully", AUC null). Finite logits always give a finite logloss, also on a
+            # one-class split (whose AUC alone is NaN).
+            self.stop_if_diverged()  # a NaN loss's step or a NaN/Inf weight, named first
+            last = self.checkpointer.last
+            raise NonFiniteLoss(f"evaluation at step {pos.step}: logloss {metrics['logloss']} (the model's outputs are "
+                                f"NaN or Inf: it diverged); stopped; "
+                                + (f"the last good checkpoint is {last}" if last else "no checkpoint was written"))
+        if improves:
             # the totals first: best.pt stores them, and a run resumed from it (--resume .../best.pt --run-name NEW)
             # must take this evaluation as its best (with the previous best it kept a worse later one as best.pt)
             self.stats.best = {"step": pos.step, "metric": self.metric, **metrics,

@@ -124,6 +124,21 @@ def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what:
     return torch.compile(fn, mode=mode, fullgraph=cfg.fullgraph)
 
 
+def nonfinite_weight(model: torch.nn.Module, env) -> Optional[str]:
+    """The name of a parameter of `model` holding a NaN or Inf (on any rank of `env`: "on another rank"), or
+    None; one host sync. An update that overflowed leaves its step's loss finite (computed before it): the loss
+    checks alone let a checkpoint or best.pt of such a model be written. ``aminmax`` reduces without a copy of a
+    table (``isfinite`` would allocate one as large) and carries a NaN or Inf into its min or max."""
+    params = [(name, p.detach()) for name, p in model.named_parameters() if p.numel()]
+    bounds = torch.stack([torch.stack(torch.aminmax(p)).float() for _, p in params])
+    finite = torch.isfinite(bounds).all(dim=1)
+    flag = (~finite).any().to(torch.int64).reshape(1)
+    if not int(env.all_reduce_max(flag).item()):
+        return None
+    local = [name for (name, _), ok in zip(params, finite.tolist()) if not ok]
+    return local[0] if local else "on another rank"
+
+
 class TrainStep:
     """forward, loss, backward and the optimizer steps for one batch.
 

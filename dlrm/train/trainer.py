@@ -43,7 +43,7 @@ from dlrm.train.resume_policy import check_resume_config
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
 from dlrm.train.signals import GracefulStop, StopAtOnce
-from dlrm.train.step import compile_counters
+from dlrm.train.step import compile_counters, nonfinite_weight
 from dlrm.train.target import TargetTracker, already_reached
 
 __all__ = ["NonFiniteLoss", "TrainingStopped", "train", "evaluate", "build_for_data", "make_loader"]
@@ -351,7 +351,7 @@ class Trainer:
         self.target = TargetTracker(cfg.train.early_stopping, dict(self.checkpointer.extra_stats), self.stats,
                                     self.t_start, meter.loop_start, len(self.data.train), self.checkpointer.extra_stats)
         evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env,
-                                               self.target)
+                                               self.target, stop_if_diverged=self._check_finite)
         bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=not env.is_main)
         with make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
@@ -502,15 +502,16 @@ class Trainer:
                         **({"samples_s": f"{self.meter.rates[-1]:,.0f}"} if self.meter.rates else {}))
 
     def _check_finite(self) -> None:
-        """Stop with NonFiniteLoss naming the first NaN/Inf step since the last logging step (a host sync: checkpoint
-        steps and the end only; the ranks agree on it)."""
+        """Stop with NonFiniteLoss naming the first NaN/Inf loss since the last logging step, or a NaN/Inf weight (an
+        update that overflowed: its loss was finite); host syncs at checkpoint steps, diverged evaluations, the end."""
         self._raise_if_nonfinite(int(self.env.all_reduce_max(self.meter.losses.first_nonfinite_step()).item()))
+        weight = nonfinite_weight(self.run.model, self.env)  # the ranks agree on both
+        self._raise_if_nonfinite(self.pos.step if weight else -1, f"weight {weight}")
 
-    def _raise_if_nonfinite(self, bad: int) -> None:
+    def _raise_if_nonfinite(self, bad: int, what: str = "loss") -> None:
         if bad >= 0:
-            last = self.checkpointer.last
-            where = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
-            raise NonFiniteLoss(f"loss became NaN or Inf at step {bad}; stopped; {where}")
+            where = f"the last good checkpoint is {self.checkpointer.last}" if self.checkpointer.last else "no checkpoint was written"
+            raise NonFiniteLoss(f"{what} became NaN or Inf at step {bad}; stopped; {where}")
 
     # -- the end ----------------------------------------------------------------------------------
 
