@@ -93,6 +93,26 @@ def save_best_sharded(path: Path, state: dict[str, Any], step: int, env: DistEnv
     return path
 
 
+def link_best_sharded(found: Path, path: Path, link: Callable[[Path, Path], bool]) -> bool:
+    """Make `path` (a run's best.pt) the sharded checkpoint whose manifest is `found` (another run's best.pt or a step
+    checkpoint, holding the recorded best evaluation's model) without copying it: each shard hard-linked (`link`) under
+    best.pt's own shard names (`BEST_PREFIX`, never pruned), then a manifest naming them. A link to `found`'s manifest
+    alone would name shards beside `found`, which its run prunes or replaces. False where a link fails (then `path`
+    is not written). Called by one process (rank 0): the checkpoints/ of the ranks are one directory."""
+    manifest = ckpt.load_checkpoint(found)
+    sharded = manifest["sharded"]
+    step, world = manifest["position"]["step"], sharded["world_size"]
+    names = [BEST_PREFIX + shard_name(step, q, world) for q in range(world)]
+    for name, mine in zip(sharded["shards"], names):
+        if not link(Path(found).parent / name, path.parent / mine):
+            return False
+    ckpt.write_atomic(path, {**manifest, "sharded": {**sharded, "shards": names}})
+    for old in path.parent.glob(BEST_PREFIX + "step-*.rank*-of-*.pt"):
+        if old.name not in names:  # a previous best's shards, no longer named
+            old.unlink(missing_ok=True)
+    return True
+
+
 def _plan(sharded: dict[str, Any]) -> ShardingPlan:
     """The plan of a validated manifest (see checkpoint_schema: its fields are checked on load)."""
     return ShardingPlan.from_dict(sharded["plan"])

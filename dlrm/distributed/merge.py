@@ -121,6 +121,9 @@ def main(checkpoint: str, out: str) -> None:
     except TrainingStopped as e:
         logger.warning(str(e))
         sys.exit(e.exit_code)
+    except KeyboardInterrupt:  # click's own answer was "Aborted!" and exit 1 (a bug's code); OUT's temporary is gone
+        logger.error("interrupted (Ctrl-C)")
+        sys.exit(130)
     except OSError as e:  # OUT's directory cannot be created or written
         logger.error(f"{out}: cannot write ({e.strerror or e})")
         sys.exit(2)

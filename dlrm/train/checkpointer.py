@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import torch
 from loguru import logger
 
 from dlrm.config import Config, ConfigError
@@ -40,6 +41,16 @@ def checkpoint_for(path: Path) -> Path:
     if not found:
         raise ConfigError(f"--checkpoint: {path} is a directory without checkpoints/{BEST_NAME} or step-*.pt")
     return found[-1]
+
+
+def checkpoint_step(path: Path) -> Optional[int]:
+    """The step of the checkpoint (or manifest) at `path`, read without loading its tensors; None when unreadable."""
+    try:
+        numpy = [(obj, name) for name, obj in ckpt.schema.v1_numpy_globals().items()]  # a format-1 file's RNG state
+        with torch.serialization.safe_globals(numpy):
+            return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["position"]["step"])
+    except Exception:  # noqa: BLE001 - missing, foreign or damaged: it holds no known step
+        return None
 
 
 class Checkpointer:
@@ -116,6 +127,14 @@ class Checkpointer:
         ckpt.write_atomic(path, self._state(run, pos, stats))
         return path
 
+    def adopt_best(self, found: Path, sharded: bool) -> bool:
+        """Make this run's best.pt hold the checkpoint at `found` (the recorded best evaluation's model, in another
+        run's or another file) without a copy: a hard link; in a sharded run (`sharded`) a manifest of its own linked
+        shards (a link to `found`'s manifest named another run's shards). False where links are not supported."""
+        path = self.best_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return dist_ckpt.link_best_sharded(found, path, self._link) if sharded else self._link(found, path)
+
     @staticmethod
     def _link(source: Path, path: Path) -> bool:
         """Make `path` a hard link to `source` (this step's checkpoint: the same model), atomically.
@@ -133,6 +152,9 @@ class Checkpointer:
         except OSError:
             tmp.unlink(missing_ok=True)
             return False
+        except BaseException:  # a SIGTERM (`StopAtOnce`) between link and replace left .best.pt.<pid>-link.tmp
+            tmp.unlink(missing_ok=True)
+            raise
 
     def _state(self, run: Run, pos: ckpt.Position, stats: RunStats) -> dict[str, Any]:
         if self.clock is not None:

@@ -101,3 +101,26 @@ def _show(value: Any) -> str:
         return text
     # a path's end tells two paths apart (data.path: the same temporary or home directory in front)
     return "..." + text[-37:] if isinstance(value, str) and "/" in value else text[:37] + "..."
+
+
+# What a batch index counts: allowed to change, a checkpoint's position counts other batches (then not checked)
+BATCH_KEYS = ("data.batch_size", "data.drop_last", "data.path")
+
+
+def check_position(position: dict[str, int], batches: int, allowed: Iterable[str], source: str) -> None:
+    """Refuse a checkpoint whose loader position this run's data cannot hold: its epoch's next batch beyond the
+    `batches` of an epoch, or an epoch and batch that do not add up to its step. Resumed, the loader skipped the rest
+    of the epoch (or every epoch: the run ended at once, "done") and trained on other batches than the run it continues.
+
+    A sharded run merged for one process may count one batch an epoch fewer (a last batch of fewer rows than ranks is
+    dropped there): tolerated. Negative values are the schema's (`dlrm.checkpoint_schema`)."""
+    if any(_under(key, tuple(allowed)) for key in BATCH_KEYS):
+        return
+    step, epoch, batch = position["step"], position["epoch"], position["batch"]
+    if batch > batches:
+        raise ConfigError(f"--resume {source}: position.batch {batch} is beyond the {batches} batches of an epoch of "
+                          f"this run's data (a damaged checkpoint, or other data at data.path)")
+    if not epoch * (batches - 1) + batch <= step <= epoch * batches + batch:
+        raise ConfigError(f"--resume {source}: position.epoch {epoch}, batch {batch} do not match position.step {step} "
+                          f"(epochs of {batches} batches: step {epoch * batches + batch}; a damaged checkpoint, or "
+                          f"other data at data.path)")

@@ -33,13 +33,13 @@ from dlrm.errors import NonFiniteLoss, TrainingStopped
 from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
-from dlrm.train.checkpointer import Checkpointer
+from dlrm.train.checkpointer import Checkpointer, checkpoint_step
 from dlrm.train.meter import WARMUP_STEPS, DeviceRead, RunStats, StepMeter, WindowCut
 from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler
 from dlrm.train.reporting import NoWriter, device_name, final_line, log_hparams, log_profile, log_train, versions
-from dlrm.train.resume_policy import check_resume_config
+from dlrm.train.resume_policy import check_position, check_resume_config
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
 from dlrm.train.signals import GracefulStop, StopAtOnce
@@ -168,16 +168,6 @@ def summarized(checkpoint: Path, step: int) -> bool:
         return False
 
 
-def _checkpoint_step(path: Path) -> Optional[int]:
-    """The step of the checkpoint (or manifest) at `path`, read without loading its tensors; None when unreadable."""
-    try:
-        numpy = [(obj, name) for name, obj in ckpt.schema.v1_numpy_globals().items()]  # a format-1 file's RNG state
-        with torch.serialization.safe_globals(numpy):
-            return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["position"]["step"])
-    except Exception:  # noqa: BLE001 - missing, foreign or damaged: it holds no known step
-        return None
-
-
 def saved_config(state: dict) -> dict:
     """A checkpoint's config with today's defaults filled in (keys added since it was written)."""
     try:
@@ -239,6 +229,8 @@ class Trainer:
             self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env, self.placement)
             if self.resume_from is not None:
                 self.pos, self.stats = self.checkpointer.restore(self.resume_from, self.run)
+                # after the restore's checks (which refuse another world size's): a position the epochs cannot hold
+                check_position(vars(self.pos), len(self.data.train), allow_config_change, str(self.resume_from))
                 self._forget_another_splits_best(saved_config(state))
                 if Evaluator.patience_ran_out(cfg.train.early_stopping, self.stats):
                     # early stopping ended the run at this checkpoint: it is finished, as one at its last step is
@@ -283,19 +275,19 @@ class Trainer:
         if self.env.is_main:
             source = run_of(self.resume_from) or self.resume_from.resolve().parent.parent
             saved = ckpt.checkpoint_dir(source)  # its best.pt too: a path recorded relative to another directory
-            for path in (Path(best["checkpoint"]), saved / self.checkpointer.best_path.name, self.resume_from,
-                         saved / ckpt.checkpoint_name(best["step"])):
-                if _checkpoint_step(path) == best["step"]:
+            recorded = Path(best["checkpoint"])  # relative: to the directory it trained in (last: from another one
+            ours = (saved / self.checkpointer.best_path.name, self.resume_from, saved / ckpt.checkpoint_name(best["step"]))
+            for path in ((recorded, *ours) if recorded.is_absolute() else (*ours, recorded)):  # a namesake run's file)
+                if checkpoint_step(path) == best["step"]:
                     found = path
                     break
             own = self.checkpointer.best_path  # also from another run's best.pt holding it now (a branch), which that
-            moves = found != Path(best["checkpoint"]) or run_of(found) is not None  # run replaces with a later best
-            if found is not None and self.run.plan is None and moves and not _same_file(found, own):
-                own.parent.mkdir(parents=True, exist_ok=True)
-                if self.checkpointer._link(found, own):
-                    logger.warning(f"--resume: the best evaluation's model (step {best['step']}, recorded as "
-                                   f"{best['checkpoint']}) is {found}: {own} is now a link to it")
-                    found = own
+            moves = found != recorded or run_of(found) is not None  # run replaces with a later best (sharded: a
+            if found is not None and moves and not _same_file(found, own) \
+                    and self.checkpointer.adopt_best(found, sharded=self.run.plan is not None):  # manifest of links)
+                logger.warning(f"--resume: the best evaluation's model (step {best['step']}, recorded as "
+                               f"{best['checkpoint']}) is {found}: {own} is now a link to it")
+                found = own
             if found is None:
                 logger.warning(f"--resume: {best['checkpoint']} no longer holds the best evaluation's model (step "
                                f"{best['step']}), nor does a checkpoint of that step: no best checkpoint is named")
@@ -399,7 +391,9 @@ class Trainer:
             self.target.session_finished()  # the evaluations' seconds within stats.train_s, for the checkpoints
             self._check_finite()
             meter.snapshot()
-            if self._stop_signal:
+            # a signal after the loop's last look (it was swallowed: the run went on to its last evaluation, exit 0): as
+            # one during the last step; not after an early stop, whose checkpoint a resume takes for the run's end
+            if self._stop_signal or (not self.early_stopped and self._signal_after_loop(stop)):
                 writer.close()
                 path = self.checkpointer.save(run, pos, self.stats)
                 self.run_dir.close()
@@ -470,6 +464,12 @@ class Trainer:
         """A signal arrived; with several ranks, once they all know (they agree through the logging windows' reads)."""
         if not self.env.distributed:
             self._stop_signal = stop.signum or 0
+        return self._stop_signal > 0
+
+    def _signal_after_loop(self, stop: GracefulStop) -> bool:
+        """A signal after the loop's last look at it (as its last window was read, say), agreed by the ranks through
+        one all-reduce: unseen, it was lost."""
+        self._stop_signal = int(self.env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=self.device)))
         return self._stop_signal > 0
 
     def _queue_window(self, stop: GracefulStop) -> None:

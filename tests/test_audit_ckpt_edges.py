@@ -1,0 +1,230 @@
+"""Checkpoint edge cases (audit): a sharded branch's best.pt, a checkpoint's loader position, SIGTERM at the run's end.
+
+1. A branch (``--resume .../best.pt --run-name NEW``) of a sharded run named the source run's best.pt (a manifest of
+   that run's shards, which it replaces with its later bests) as its own best: only a one-process branch linked the
+   best's model into its own best.pt. The sharded branch now links the shards and writes its own manifest.
+2. A checkpoint whose loader position lies beyond an epoch's batches (position.batch 20 of 13), or whose epoch does not
+   match its step, was resumed: the loader skipped the rest of the epoch (or every epoch) and the run trained on other
+   batches, or none, and ended "done". Refused in one line naming the file and the values.
+3. SIGTERM after the training loop's last look at the signal (the loop's end, while its window is read) was swallowed:
+   the log said "checkpointing and exiting", the run went on to its last evaluation and exited 0. SIGTERM while best.pt
+   was linked at the end left a ``.best.pt.<pid>-link.tmp`` file behind.
+4. Ctrl-C during ``python -m dlrm.distributed.merge``: click's "Aborted!" and exit 1, not one line and exit 130.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlrm import checkpoint as ckpt
+from dlrm.config import ConfigError, load_config
+from dlrm.train import evaluator as evaluator_mod
+from dlrm.train.trainer import train
+from tests.conftest import make_dataset
+from tests.spawned_ranks import failures_on_ranks
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = {
+    "data": {"batch_size": 8, "shuffle": True, "drop_last": False, "shuffle_buffer_rows": 40},
+    "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
+    "optim": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "rowwise_adagrad", "lr": 0.05}},
+    "train": {"epochs": 2, "log_every": 2, "device": "cpu", "seed": 3, "deterministic": True, "baseline": False},
+    "checkpoint": {"every": 1000, "keep": 5},
+}  # 100 train rows in batches of 8: 13 batches an epoch
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ckpt_edges")
+    make_dataset(root / "ds", {"train": 100, "validation": 32}, row_group_size=30)
+    return root / "ds"
+
+
+def config(data, tmp_path, name, rank=None, **overrides):
+    raw = json.loads(json.dumps(CONFIG))
+    raw["data"]["path"] = str(data)
+    raw["name"] = name
+    path = tmp_path / (f"{name}.json" if rank is None else f"{name}.rank{rank}.json")  # a file per rank
+    path.write_text(json.dumps(raw))
+    return load_config(path, {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": name, **overrides})
+
+
+def scripted(aucs):
+    queue = list(aucs)
+    return lambda forward, loader, env=None: {"auc": queue.pop(0), "logloss": 0.5, "accuracy": 0.75}
+
+
+# -- 1. a sharded branch from best.pt ---------------------------------------------------------------------------------
+
+def _train_on_rank(rank, world, root, name, overrides, aucs, resume):
+    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="localhost")
+    evaluator_mod.evaluate = scripted(aucs)  # this child process's own module
+    root = Path(root)
+    summary = train(config(root / "ds", root, name, rank, **{"distributed.sharding": "row",
+                                                            "distributed.row_wise_min_rows": 5, **overrides}),
+                    resume=resume)
+    if rank == 0:
+        (root / f"{name}.summary.json").write_text(json.dumps(summary, default=str))
+
+
+def test_a_sharded_branch_from_best_pt_links_its_own_best(tmp_path):
+    """Two ranks, max_steps 6, evaluations at 2 (0.70, the best), 4 and 6; a branch from best.pt (step 2) to step 4
+    (0.60, no better): its best.pt is its own manifest of hard links to step 2's shards, as a one-process branch's
+    best.pt is a link to the best's file. It named the source run's best.pt (replaced by that run's later bests)."""
+    make_dataset(tmp_path / "ds", {"train": 100, "validation": 32}, row_group_size=30)
+    src = ckpt.checkpoint_dir(tmp_path / "tb" / "src")
+    cases = [(2, str(tmp_path), "src", {"train.max_steps": 6, "train.eval_every": 2}, [0.70, 0.60, 0.65], None),
+             (2, str(tmp_path), "branch", {"train.max_steps": 4, "train.eval_every": 2}, [0.60], str(src / "best.pt"))]
+    assert not failures_on_ranks(_train_on_rank, cases, 2, tmp_path)
+    branch = json.loads((tmp_path / "branch.summary.json").read_text())
+    own = ckpt.checkpoint_dir(tmp_path / "tb" / "branch") / "best.pt"
+    assert branch["resumed_at_step"] == 2 and branch["best"]["step"] == 2
+    assert branch["best_checkpoint"] == str(own), branch["best_checkpoint"]  # was the source's best.pt
+    manifest = ckpt.load_checkpoint(own)
+    assert manifest["position"]["step"] == 2
+    names = manifest["sharded"]["shards"]
+    assert names == [f"best-step-00000002.rank{q}-of-2.pt" for q in range(2)]
+    for name in names:  # hard links to the source's best shards: the same model, no copy
+        assert (own.parent / name).samefile(src / name)
+    last = ckpt.list_checkpoints(tmp_path / "tb" / "branch")[-1]  # a manifest: rank 0's shard records the best
+    shard = ckpt.load_checkpoint(last.parent / ckpt.load_checkpoint(last)["sharded"]["shards"][0])
+    assert shard["run_stats"]["best"]["checkpoint"] == str(own)
+
+
+def test_a_sharded_branch_from_an_earlier_step_links_that_steps_shards(tmp_path):
+    """The source's best.pt moved on (evaluations 0.70 at 2, 0.60 at 4, 0.80 at 6: best.pt holds step 6); a branch
+    from step 4, whose best is step 2, ending at 5 (0.50): its best.pt is a manifest of links to step 2's shards (it
+    named the source run's step-00000002.pt, which that run's checkpoint.keep prunes with its shards)."""
+    make_dataset(tmp_path / "ds", {"train": 100, "validation": 32}, row_group_size=30)
+    src = ckpt.checkpoint_dir(tmp_path / "tb" / "src")
+    every = {"train.eval_every": 2, "checkpoint.every": 2}
+    cases = [(2, str(tmp_path), "src", {"train.max_steps": 6, **every}, [0.70, 0.60, 0.80], None),
+             (2, str(tmp_path), "branch", {"train.max_steps": 5, **every}, [0.50], str(src / "step-00000004.pt"))]
+    assert not failures_on_ranks(_train_on_rank, cases, 2, tmp_path)
+    assert ckpt.load_checkpoint(src / "best.pt")["position"]["step"] == 6
+    branch = json.loads((tmp_path / "branch.summary.json").read_text())
+    own = ckpt.checkpoint_dir(tmp_path / "tb" / "branch") / "best.pt"
+    assert branch["best"]["step"] == 2 and branch["best_checkpoint"] == str(own), branch["best_checkpoint"]
+    manifest = ckpt.load_checkpoint(own)
+    assert manifest["position"]["step"] == 2
+    for q, name in enumerate(manifest["sharded"]["shards"]):
+        assert name == f"best-step-00000002.rank{q}-of-2.pt" and (own.parent / name).samefile(
+            src / f"step-00000002.rank{q}-of-2.pt")
+
+
+# -- 2. a loader position outside the data --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("position, what", [
+    ({"step": 4, "epoch": 0, "batch": 20}, "position.batch 20 is beyond the 13 batches"),
+    ({"step": 4, "epoch": 5, "batch": 4}, "position.epoch 5, batch 4 do not match position.step 4"),
+    ({"step": 4, "epoch": 1, "batch": 4}, "position.epoch 1, batch 4 do not match position.step 4"),
+    ({"step": 30, "epoch": 0, "batch": 4}, "position.epoch 0, batch 4 do not match position.step 30"),
+])
+def test_a_position_outside_the_epochs_is_refused(data, tmp_path, position, what):
+    """Resumed, the first skipped the rest of epoch 0 (17 steps), the second trained nothing and ended at step 4 "done",
+    the third skipped epoch 0's last 9 batches, the fourth trained nothing. Refused, naming the file; no run made."""
+    train(config(data, tmp_path, "r", **{"train.max_steps": 4}))
+    state = ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / "tb" / "r")[-1])
+    assert state["position"] == {"step": 4, "epoch": 0, "batch": 4}
+    bad = tmp_path / "bad.pt"
+    ckpt.write_atomic(bad, {**state, "position": position})
+    with pytest.raises(ConfigError, match=f"--resume {bad}: {what}"):
+        train(config(data, tmp_path, "b"), resume=str(bad))
+    assert not (tmp_path / "tb" / "b").exists()
+    # a consistent position at an epoch's end (batch 13 of 13) still resumes
+    ckpt.write_atomic(bad, {**state, "position": {"step": 13, "epoch": 0, "batch": 13}})
+    assert train(config(data, tmp_path, "ok", **{"train.max_steps": 14}), resume=str(bad))["steps"] == 14
+
+
+def test_a_negative_position_is_refused_in_one_line(data, tmp_path):
+    train(config(data, tmp_path, "r", **{"train.max_steps": 2}))
+    path = ckpt.list_checkpoints(tmp_path / "tb" / "r")[-1]
+    disk = torch.load(path, weights_only=True)
+    disk["position"]["batch"] = -1
+    torch.save(disk, tmp_path / "neg.pt")
+    with pytest.raises(ConfigError, match=r"neg.pt.*position.batch.*-1"):
+        train(config(data, tmp_path, "n"), resume=str(tmp_path / "neg.pt"))
+
+
+# -- 3. SIGTERM at the run's end --------------------------------------------------------------------------------------
+
+SCRIPT = """
+import os, signal, sys
+from dlrm.train import evaluator, meter
+where = sys.argv[1]
+kill = lambda: os.kill(os.getpid(), signal.SIGTERM)
+if where == "loop-end":  # after the loop's last look at the signal, inside it
+    finish = meter.StepMeter.finish
+    meter.StepMeter.finish = lambda self, *a: (finish(self, *a), kill())[0]
+else:  # while the last best.pt is linked to the last checkpoint
+    aucs = iter([0.5, 0.6, 0.7, 0.8])
+    evaluator.evaluate = lambda forward, loader, env=None: {"auc": next(aucs), "logloss": 0.5, "accuracy": 0.7}
+    link = os.link
+    def linked(a, b):
+        link(a, b)
+        if "step-00000013" in str(a):
+            kill()
+    os.link = linked
+from dlrm.cli import main
+main(sys.argv[2:])
+"""
+
+
+def _run_cli(tmp_path, where, *args):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", SCRIPT, where, *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=240)
+
+
+@pytest.mark.parametrize("where", ["loop-end", "best-link"])
+def test_sigterm_at_the_runs_end_stops_cleanly(data, tmp_path, where):
+    """One epoch (13 steps), evaluations every 4, checkpoints every 4. loop-end: the signal came after the loop's last
+    look at it; the run said "checkpointing and exiting" but made its last evaluation and exited 0. Now it stops as a
+    signal during the last step does: step 13 checkpointed, exit 143, no summary; the resume makes them. best-link:
+    exit 143 left .best.pt.<pid>-link.tmp (a hard link to step 13) in checkpoints/."""
+    raw = json.loads(json.dumps(CONFIG))
+    raw["data"]["path"] = str(data)
+    raw["train"].update(epochs=1, eval_every=4)
+    raw["checkpoint"]["every"] = 4
+    (tmp_path / "c.json").write_text(json.dumps(raw))
+    args = ["--config", "c.json", "--tb-dir", "tb", "--run-name", where]
+    done = _run_cli(tmp_path, where, *args)
+    assert done.returncode == 143, done.stderr[-2000:]
+    d = tmp_path / "tb" / where / "checkpoints"
+    assert sorted(p.name for p in d.iterdir() if p.name.startswith(".")) == []  # was .best.pt.<pid>-link.tmp
+    assert not (tmp_path / "tb" / where / "summary.json").exists()
+    assert ckpt.load_checkpoint(d / "step-00000013.pt")["position"]["step"] == 13
+    if where == "loop-end":
+        cfg = load_config(tmp_path / "c.json", {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": where})
+        resumed = train(cfg, resume="latest")
+        assert resumed["resumed_at_step"] == 13 and resumed["steps"] == 13 and resumed["auc"] is not None
+
+
+# -- 4. Ctrl-C during a merge -----------------------------------------------------------------------------------------
+
+MERGE = """
+import os, signal, sys
+from dlrm.distributed import merge
+check = merge.check_out_path
+merge.check_out_path = lambda out: (check(out), os.kill(os.getpid(), signal.SIGINT))[0]  # Ctrl-C as the merge starts
+merge.main(sys.argv[1:])
+"""
+
+
+def test_ctrl_c_during_a_merge_is_one_line_and_exit_130(tmp_path):
+    """``python -m dlrm.distributed.merge`` answered Ctrl-C with click's "Aborted!" and exit 1 (a bug's exit code),
+    where train.py, the sweep, the importer and the relayout say so in one line and exit 130."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", MERGE, str(tmp_path / "step-00000002.pt"), str(tmp_path / "out.pt")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr, done.stderr[-1500:]
+    assert done.returncode == 130 and "interrupted (Ctrl-C)" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no OUT, no temporary file

@@ -1,0 +1,39 @@
+"""Defects found while merging the fifty-third session's audits (each test failed before its fix)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dlrm import checkpoint as ckpt
+from dlrm.config import load_config
+from dlrm.train.trainer import train
+from tests.test_audit_review52 import _scripted, tiny_config
+
+
+def test_an_in_place_resume_from_another_directory_keeps_its_own_best_model_not_a_namesakes(tmp_path, monkeypatch):
+    """A run whose --tb-dir was relative records its best.pt relatively (tb/r/checkpoints/best.pt). Resumed in place
+    from another working directory holding a run of the same name and the same best step, `_keep_best_model` tried
+    the recorded path first: it named the other run's best.pt, and this run's best.pt became a hard link to that
+    other run's model (its own best model lost)."""
+    config = tiny_config(tmp_path, train={"epochs": 2, "eval_every": 2})
+    for name, seed in (("a", 3), ("b", 4)):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        _scripted(monkeypatch, [0.60, 0.55])
+        first = train(load_config(config, {"log.tb_dir": "tb", "log.run_name": "r", "train.max_steps": 4,
+                                           "train.seed": seed}))
+        assert first["best"]["step"] == 2
+    own = tmp_path / "a" / "tb" / "r" / "checkpoints" / "best.pt"
+    before = ckpt.load_checkpoint(own)["model"]
+    other = ckpt.load_checkpoint(tmp_path / "b" / "tb" / "r" / "checkpoints" / "best.pt")["model"]
+    assert any(not torch.equal(before[k], other[k]) for k in before)  # two different models of one step
+    _scripted(monkeypatch, [0.50])  # run b's directory is the working directory: tb/r/... names its files
+    resumed = train(load_config(config, {"log.tb_dir": str(tmp_path / "a" / "tb"), "log.run_name": "r",
+                                         "train.max_steps": 6, "train.seed": 3}), resume="latest")
+    assert resumed["best"]["step"] == 2
+    after = ckpt.load_checkpoint(resumed["best_checkpoint"])["model"]
+    assert all(torch.equal(before[k], after[k]) for k in before)  # was run b's step-2 model
+    assert all(torch.equal(before[k], v) for k, v in ckpt.load_checkpoint(own)["model"].items())
+    assert not Path(resumed["best_checkpoint"]).samefile(tmp_path / "b" / "tb" / "r" / "checkpoints" / "best.pt")
