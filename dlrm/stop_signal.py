@@ -2,7 +2,9 @@
 
 Below `dlrm.distributed` in the layers (pyproject.toml's import contract), so that every entry point can use it:
 train.py and `dlrm.train.trainer.train`, ``python -m dlrm.sweep``, ``python -m dlrm.distributed.merge``. The training
-steps themselves stop gracefully instead (`dlrm.train.signals.GracefulStop`).
+steps themselves stop gracefully instead (`dlrm.train.signals.GracefulStop`). The data tools (``python -m
+dlrm.preprocess``, ``dlrm.data.synthetic``, ``dlrm.data.mlperf_import``, ``dlrm.data.relayout``) use
+``StopAtOnce(interrupt=True)``: SIGTERM raises `Terminated`, a KeyboardInterrupt, so it takes their Ctrl-C paths.
 """
 
 from __future__ import annotations
@@ -13,18 +15,43 @@ from typing import Optional
 from dlrm.errors import TrainingStopped
 
 
+EXIT_INTERRUPTED = 130
+"""The exit code of Ctrl-C (128 + SIGINT)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM in a data tool (`StopAtOnce` with ``interrupt=True``), raised where it arrives as Ctrl-C's
+    KeyboardInterrupt is: every cleanup those tools run on Ctrl-C (a staging directory removed, an unfinished run kept
+    for the same command to resume) runs on it too, and no ``except Exception`` takes it for an error of the work.
+    ``exit_code``: 128 + the signal (143)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.exit_code = signum, 128 + signum
+
+
+def interruption(exc: BaseException) -> tuple[int, str]:
+    """A data tool's KeyboardInterrupt (`Terminated`, or anything carrying its ``exit_code``) as its exit code and
+    what stopped it: (143, "SIGTERM"), or (130, "Ctrl-C")."""
+    code = getattr(exc, "exit_code", EXIT_INTERRUPTED)
+    return code, "Ctrl-C" if code == EXIT_INTERRUPTED else signal.Signals(code - 128).name
+
+
 class StopAtOnce:
     """Context manager (a whole run, around `GracefulStop`'s loop): SIGTERM raises `TrainingStopped` (exit 143) where
     it arrives, as Ctrl-C raises KeyboardInterrupt, so the run's own cleanup runs. Left to its default action, a SIGTERM
     while a run started (its checkpoint restored, say) killed the process before `RunDirectory.abandon`: the new run
     directory stayed, and its name was refused from then on ("already exists"). A handler set by whoever started the
-    process (ignored, say) is left as it is."""
+    process (ignored, say) is left as it is. ``interrupt=True`` (the data tools): SIGTERM raises `Terminated`
+    instead, a KeyboardInterrupt, so that it takes the tool's Ctrl-C paths."""
 
-    def __init__(self) -> None:
+    def __init__(self, interrupt: bool = False) -> None:
         self._previous: Optional[object] = None
+        self._interrupt = interrupt
 
-    @staticmethod
-    def _handle(signum, frame) -> None:
+    def _handle(self, signum, frame) -> None:
+        if self._interrupt:
+            raise Terminated(signum)
         raise TrainingStopped(128 + signum, f"{signal.Signals(signum).name}: stopped at once, outside the training "
                                             "steps (no checkpoint written now)")
 

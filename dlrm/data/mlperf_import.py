@@ -75,6 +75,7 @@ from dlrm.data.schema import (
     SplitInfo,
     arrow_schema,
     feature_columns,
+    write_json_atomic,
     write_options,
     write_metadata,
 )
@@ -83,9 +84,9 @@ from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
+from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 ROW_GROUP_ROWS = 131072
 DEFAULT_ROWS_PER_FILE = 8 * ROW_GROUP_ROWS
 _INT32_MAX = 2**31 - 1
@@ -400,8 +401,13 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
                                    f"command again to finish it, or pass --overwrite to start over")
         logger.info(f"resuming the unfinished import in {work}")
     else:
-        work.mkdir(parents=True)
-        (work / PLAN_FILE).write_text(json.dumps(plan))
+        try:
+            work.mkdir(parents=True)
+            write_json_atomic(work / PLAN_FILE, plan)
+        except BaseException:  # Ctrl-C, SIGTERM, a full disk before the plan was in it: the directory without its plan
+            # refused the very same command from then on ("an unfinished import with other options or input")
+            shutil.rmtree(work, ignore_errors=True)
+            raise
     ordered = [t for ts in tasks.values() for t in ts]
     started = time.perf_counter()
     try:
@@ -437,7 +443,12 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         })
         write_metadata(work, meta)
         replace_dir(work, output)  # the plan goes with it (removed below): a failed rename leaves a resumable import
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt) and not work.exists():  # renamed into place whole: only the removal of
+            # the replaced --output (--overwrite; a large one's takes a while) was cut, which the line must not
+            # report as an import that wrote nothing ("--output was not written": it was)
+            (output / PLAN_FILE).unlink(missing_ok=True)
+            raise InterruptedWhenComplete(output, interruption(e)[0]) from None
         finished = sum(1 for _ in work.rglob("*.parquet"))
         logger.info(f"the {finished} of {len(ordered)} files finished are kept in {work}: the same command resumes "
                     f"from them (--overwrite starts over)")
@@ -447,13 +458,18 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         (output / PLAN_FILE).unlink(missing_ok=True)
         logger.info(f"wrote {output} in {seconds:.1f}s ({total / max(seconds, 1e-9):,.0f} rows/s): "
                     + ", ".join(f"{s} {i.rows:,} rows" for s, i in meta.splits.items()))
-    except KeyboardInterrupt:
-        raise InterruptedWhenComplete(output) from None
+    except KeyboardInterrupt as e:
+        raise InterruptedWhenComplete(output, interruption(e)[0]) from None
     return meta
 
 
 class InterruptedWhenComplete(KeyboardInterrupt):
-    """Ctrl-C after --output was renamed into place whole: the dataset is complete, only the last log line was cut."""
+    """Ctrl-C (or SIGTERM: `exit_code`) after --output was renamed into place whole: the dataset is complete, only
+    the last log line was cut."""
+
+    def __init__(self, output, exit_code: int = EXIT_INTERRUPTED) -> None:
+        super().__init__(str(output))
+        self.exit_code = exit_code
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -484,38 +500,48 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, s
     """Import MLPerf DLRM-DCNv2's preprocessed multi-hot Criteo 1TB (see the module docstring).
 
     Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 a bad input file, value or
-    argument, or an occupied output; 130 Ctrl-C. --output is written only when every file is done;
+    argument, or an occupied output; 130 Ctrl-C; 143 SIGTERM. --output is written only when every file is done;
     the files an import finished before it stopped are kept for the same command to resume from.
     """
     configure_logging()
-    try:
-        try:
-            days = parse_days(train_days)
-        except click.BadParameter as e:
-            raise ImportInputError(f"--train-days: {e.format_message()}") from None
-        cards = None
-        if num_embeddings is not None:
-            try:
-                cards = [int(v) for v in num_embeddings.split(",")]
-            except ValueError:
-                raise ImportInputError(f"--num-embeddings: {num_embeddings!r} is not {NUM_SPARSE} integers") from None
-        check_parent_writable(Path(output), "--output")
-        import_mlperf(Path(input_dir), Path(output), days, eval_day, cards, compression, rows_per_file,
-                      workers or min(os.cpu_count() or 1, 8), max_rows_per_day, overwrite, sparse_layout, dense_format)
+    try:  # SIGTERM raises as Ctrl-C does (`Terminated`): its default action skipped the import's own cleanup
+        with StopAtOnce(interrupt=True):
+            _main(input_dir, output, train_days, eval_day, num_embeddings, compression, sparse_layout, dense_format,
+                  rows_per_file, workers, max_rows_per_day, overwrite)
     except click.ClickException as e:
         logger.error(e.format_message())
         sys.exit(EXIT_BAD_INPUT)
-    except InterruptedWhenComplete as e:  # 130 still: a calling script must stop on Ctrl-C; nothing needs redoing
-        logger.error(f"interrupted (Ctrl-C) after {e} was complete (metadata.json written); it is usable as it is")
-        sys.exit(EXIT_INTERRUPTED)
-    except KeyboardInterrupt:
-        logger.error("interrupted (Ctrl-C); --output was not written")
-        sys.exit(EXIT_INTERRUPTED)
+    except InterruptedWhenComplete as e:  # 130 (143) still: a calling script must stop on Ctrl-C; nothing needs redoing
+        code, what = interruption(e)
+        logger.error(f"interrupted ({what}) after {e} was complete (metadata.json written); it is usable as it is")
+        sys.exit(code)
+    except KeyboardInterrupt as e:  # Ctrl-C (130), or SIGTERM (`Terminated`: 143)
+        code, what = interruption(e)
+        logger.error(f"interrupted ({what}); --output was not written")
+        sys.exit(code)
     except OSError as e:
         logger.error(f"cannot read or write: {e.filename + ': ' if e.filename else ''}{e.strerror or e}")
         sys.exit(EXIT_BAD_INPUT)
     except Exception as e:  # noqa: BLE001 - anything else is a bug: traceback and exit 1
         sys.exit(report_bug(e))
+
+
+def _main(input_dir, output, train_days, eval_day, num_embeddings, compression, sparse_layout, dense_format,
+          rows_per_file, workers, max_rows_per_day, overwrite) -> None:
+    """`main`'s work: the options parsed, then `import_mlperf`."""
+    try:
+        days = parse_days(train_days)
+    except click.BadParameter as e:
+        raise ImportInputError(f"--train-days: {e.format_message()}") from None
+    cards = None
+    if num_embeddings is not None:
+        try:
+            cards = [int(v) for v in num_embeddings.split(",")]
+        except ValueError:
+            raise ImportInputError(f"--num-embeddings: {num_embeddings!r} is not {NUM_SPARSE} integers") from None
+    check_parent_writable(Path(output), "--output")
+    import_mlperf(Path(input_dir), Path(output), days, eval_day, cards, compression, rows_per_file,
+                  workers or min(os.cpu_count() or 1, 8), max_rows_per_day, overwrite, sparse_layout, dense_format)
 
 
 if __name__ == "__main__":

@@ -46,19 +46,25 @@ def replace_dir(tmp: Path, out: Path) -> None:
     """Move the finished `tmp` to `out`; an old `out` is set aside first and removed only after. If the swap fails
     (or is interrupted) after the old `out` was set aside, it is put back where it was before the error goes on."""
     old = None
-    if out.is_dir() and any(out.iterdir()):
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.replace(out, old / out.name)
-    try:
+    try:  # the setting aside too: a Ctrl-C or SIGTERM as it returned left the user's `out` under the hidden name
+        if out.is_dir() and any(out.iterdir()):
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / out.name)
         os.chmod(tmp, 0o755)  # mkdtemp creates 0700; the dataset is an ordinary readable directory
         os.replace(tmp, out)  # rename(2) also replaces an empty directory
     except BaseException:
-        if old is not None and tmp.exists():  # not swapped: the user's directory back, not left under a hidden name
-            os.replace(old / out.name, out)
-            old.rmdir()
+        if old is not None:
+            swapped = not tmp.exists() and out.exists()  # the interrupt came as the rename returned
+            if not swapped and (old / out.name).exists():  # the user's directory back where it was
+                os.replace(old / out.name, out)
+            shutil.rmtree(old, ignore_errors=True)  # now empty (or, swapped after all, the replaced `out`)
         raise
     if old is not None:
-        shutil.rmtree(old)
+        try:
+            shutil.rmtree(old)
+        except BaseException:  # an interrupt in the removal (a large dataset's takes seconds): `out` was replaced, so
+            shutil.rmtree(old, ignore_errors=True)  # none of the old one may stay hidden beside it, half removed
+            raise
 
 
 def check_parent_writable(path: Path, option: str) -> None:

@@ -72,9 +72,9 @@ from dlrm.data.output_dirs import check_apart, check_parent_writable, check_targ
 from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_rows, open_shard, split_files
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
+from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 
 def table_in_layout(table: pa.Table, sizes: list[int], source: SparseLayout, layout: SparseLayout,
@@ -201,7 +201,10 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
                        extra={**meta.extra, "relayout": record}, sparse_layout=layout, dense_format=out_dense)
         write_metadata(tmp, new)
         replace_dir(tmp, output)
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt) and tmp is not None and not tmp.exists():  # renamed into place whole:
+            # only the removal of the replaced --output (--overwrite) was cut; not "--output was not written"
+            raise InterruptedWhenComplete(output, interruption(e)[0]) from None
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if created is not None:  # a failed run leaves nothing behind, not even the parents of --output it made
@@ -212,6 +215,15 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
                 f"{rows:,} rows "
                 f"in {seconds:.1f}s")
     return new
+
+
+class InterruptedWhenComplete(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM: `exit_code`) after --output was renamed into place whole, as the directory it replaced was
+    being removed: the new one is complete."""
+
+    def __init__(self, output, exit_code: int = EXIT_INTERRUPTED) -> None:
+        super().__init__(str(output))
+        self.exit_code = exit_code
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -232,15 +244,21 @@ def main(data, output, sparse_layout, compression, dense_format, workers, overwr
     """Rewrite a dataset's multi-hot features in another sparse layout (see the module docstring).
 
     Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 a bad dataset, argument or an
-    occupied output; 130 Ctrl-C. --output is written only when every file is done.
+    occupied output; 130 Ctrl-C; 143 SIGTERM. --output is written only when every file is done.
     """
     configure_logging()
-    try:
-        relayout(data, output, sparse_layout, None if compression == "keep" else compression, workers, overwrite,
-                 None if dense_format == "keep" else dense_format)
-    except KeyboardInterrupt:
-        logger.error("interrupted: --output was not written")
-        sys.exit(EXIT_INTERRUPTED)
+    try:  # SIGTERM raises as Ctrl-C does: its default action left the temporary directory beside --output
+        with StopAtOnce(interrupt=True):
+            relayout(data, output, sparse_layout, None if compression == "keep" else compression, workers, overwrite,
+                     None if dense_format == "keep" else dense_format)
+    except KeyboardInterrupt as e:  # Ctrl-C (130), or SIGTERM (`Terminated`: 143)
+        code, what = interruption(e)
+        if isinstance(e, InterruptedWhenComplete):  # still 130 (143): a calling script must stop
+            logger.error(f"interrupted ({what}) after {output} was complete (metadata.json written); it is usable as "
+                         "it is")
+        else:
+            logger.error(f"interrupted ({what}): --output was not written")
+        sys.exit(code)
     except (DatasetError, click.ClickException) as e:
         logger.error(e.format_message() if isinstance(e, click.ClickException) else str(e))
         sys.exit(EXIT_BAD_INPUT)

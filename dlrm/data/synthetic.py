@@ -93,7 +93,7 @@ import numpy as np
 from loguru import logger
 from tqdm import tqdm
 
-from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, replace_dir
+from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target
 from dlrm.data.schema import (
     DENSE_COLUMNS,
     LABEL_COLUMN,
@@ -125,6 +125,7 @@ from dlrm.data.teacher import (  # noqa: F401
 )
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
+from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption  # noqa: F401 - EXIT_INTERRUPTED re-exported
 
 GENERATOR_VERSION = 1
 """Bumped whenever the same seed and settings would produce different rows."""
@@ -195,7 +196,7 @@ REGIMES: dict[str, Regime] = {
 
 from dlrm.data.synthetic_chunks import CHUNK_ROWS, chunks  # noqa: E402,F401 - CHUNK_ROWS re-exported
 from dlrm.data.synthetic_io import (  # noqa: E402 - the writers
-    COMPRESSION, ROW_GROUP_ROWS, SPARSE_LAYOUT, _SplitWriter, _table, _tsv_block, stored_layout,
+    COMPRESSION, ROW_GROUP_ROWS, SPARSE_LAYOUT, _SplitWriter, _table, _tsv_block, publish, stored_layout,
 )
 from dlrm.data.preprocess.options import CODECS  # noqa: E402 - the same codecs as preprocessing
 
@@ -430,14 +431,6 @@ def _metadata(s: _Settings, teacher: Teacher, splits: _Splits) -> Metadata:
                     splits=infos, extra=extra, sparse_layout=s.sparse_layout)
 
 
-def _publish(tmp: Path, tsv_tmp: Optional[Path], s: _Settings) -> None:
-    """Rename the finished dataset `tmp` (and TSV `tsv_tmp`, if any) into place."""
-    replace_dir(tmp, s.out)
-    if tsv_tmp is not None:
-        os.chmod(tsv_tmp, 0o644)  # mkstemp makes 0600; the finished file gets an ordinary file's mode
-        os.replace(tsv_tmp, s.tsv_path)
-
-
 def _done_line(s: _Settings, meta: Metadata, seconds: float) -> str:
     """The log line of a finished dataset: time, positive rate, oracle AUC per split."""
     total_pos = sum(i.positives for i in meta.splits.values())
@@ -507,7 +500,7 @@ def generate(
             tsv.close()
         meta = _metadata(s, teacher, splits)
         write_metadata(tmp, meta)  # last file of the dataset: marks it complete
-        _publish(tmp, tsv_tmp, s)
+        publish(tmp, s.out, tsv_tmp, s.tsv_path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if tsv_tmp is not None:
@@ -520,7 +513,6 @@ def generate(
 EXIT_BAD_INPUT = 2
 """Exit code for bad arguments and unwritable or occupied outputs (click's usage errors use it too)."""
 EXIT_OUT_OF_MEMORY = 4
-EXIT_INTERRUPTED = 130
 
 
 def _report(exc: BaseException) -> int:
@@ -538,9 +530,9 @@ def _report(exc: BaseException) -> int:
     if isinstance(exc, BrokenProcessPool):  # a --workers process was killed (by the OOM killer, most often)
         logger.error("a --workers process died (out of host memory?): use fewer --workers; no partial dataset was left")
         return EXIT_OUT_OF_MEMORY
-    if isinstance(exc, KeyboardInterrupt):
-        logger.error("interrupted (Ctrl-C); no partial dataset was left behind")
-        return EXIT_INTERRUPTED
+    if isinstance(exc, KeyboardInterrupt):  # Ctrl-C (130), or SIGTERM (`Terminated`: 143)
+        logger.error(f"interrupted ({interruption(exc)[1]}); no partial dataset was left behind")
+        return interruption(exc)[0]
     return report_bug(exc)
 
 
@@ -582,15 +574,16 @@ def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_frac
     """Generate a synthetic Criteo-format dataset with a planted teacher (see the module docstring).
 
     Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 bad arguments, an occupied
-    or unwritable output; 4 out of memory; 130 Ctrl-C.
+    or unwritable output; 4 out of memory; 130 Ctrl-C; 143 SIGTERM.
     """
     configure_logging()
-    try:
-        check_parent_writable(Path(out), "--out")
-        if raw_tsv is not None:
-            check_parent_writable(Path(raw_tsv), "--raw-tsv")
-        generate(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
-                 regime, multi_hot_sizes, multi_hot_fill, workers, compression, sparse_layout)
+    try:  # SIGTERM raises as Ctrl-C does: its default action left the temporary dataset (and TSV) beside --out
+        with StopAtOnce(interrupt=True):
+            check_parent_writable(Path(out), "--out")
+            if raw_tsv is not None:
+                check_parent_writable(Path(raw_tsv), "--raw-tsv")
+            generate(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file,
+                     overwrite, regime, multi_hot_sizes, multi_hot_fill, workers, compression, sparse_layout)
     except (Exception, KeyboardInterrupt) as e:
         sys.exit(_report(e))
 

@@ -5,6 +5,7 @@ only writes them). Both layouts store the same in-memory slots, so the rows neve
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -23,6 +24,7 @@ from dlrm.data.schema import (
     is_multi_hot,
     slot_offsets,
 )
+from dlrm.data.output_dirs import replace_dir
 from dlrm.data.teacher import _U64, Rows
 
 ROW_GROUP_ROWS = 1 << 17
@@ -155,3 +157,16 @@ def _tsv_block(labels: np.ndarray, rows: Rows, sparse: np.ndarray, sizes: Option
         text[column < 0] = None
         cols[f"C{f + 1}"] = text
     return pd.DataFrame(cols).to_csv(sep="\t", header=False, index=False, na_rep="", lineterminator="\n")
+
+
+def publish(tmp: Path, out: Path, tsv_tmp: Path | None, tsv_path: Path | None) -> None:
+    """Rename the finished dataset `tmp` to `out` and the raw TSV `tsv_tmp` (if any) to `tsv_path`."""
+    try:
+        replace_dir(tmp, out)
+    finally:
+        # The TSV goes with the dataset once that is in place (`tmp` gone), even when an interrupt came as the
+        # replaced --out was being removed: the caller then removed the new TSV, and the user's old one stayed
+        # beside the new dataset.
+        if tsv_tmp is not None and not tmp.exists():
+            os.chmod(tsv_tmp, 0o644)  # mkstemp makes 0600; the finished file gets an ordinary file's mode
+            os.replace(tsv_tmp, tsv_path)

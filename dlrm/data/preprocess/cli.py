@@ -4,7 +4,7 @@ Exit codes (as `dlrm.cli`'s): 0 done; 2 an expected failure (a bad option, input
 directory, a bad line, a full disk...), printed as one line ``error: ...``; 4 out of memory (a
 worker killed or a MemoryError: the same command with a smaller ``--chunk-rows`` or fewer
 ``--workers`` resumes); 1 an unexpected exception, a bug: its traceback, then one line saying so;
-130 interrupted (Ctrl-C).
+130 interrupted (Ctrl-C); 143 SIGTERM (which takes Ctrl-C's path: `dlrm.stop_signal.Terminated`).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def build_cli():
         OUTPUT/_progress/); the same command run again resumes from them and ends with the same
         output as an uninterrupted run; a run that stops before finishing any removes what it
         made. metadata.json is written last. Exit codes: 0 done, 2 an error (one line), 4 out of
-        memory, 1 a bug (traceback), 130 interrupted.
+        memory, 1 a bug (traceback), 130 interrupted (Ctrl-C), 143 SIGTERM.
         """
         all_inputs = [*inputs, *more_inputs]
         if not all_inputs:
@@ -144,19 +144,26 @@ def _run(inputs: list[Path], output: Path, kwargs: dict) -> None:
     """`preprocess`, with every way it can end turned into a message and an exit code."""
     from concurrent.futures.process import BrokenProcessPool
 
+    from dlrm.stop_signal import StopAtOnce, interruption
+
     try:
-        preprocess(inputs, output, **kwargs)
+        # SIGTERM raises as Ctrl-C does: its default action skipped the cleanup (a run that finished no chunk left
+        # its progress records, which refused a corrected command) and left the worker processes running
+        with StopAtOnce(interrupt=True):
+            preprocess(inputs, output, **kwargs)
     except (PreprocessError, OSError) as e:  # bad input or options, a refused or full output: expected
         _fail(" ".join(str(e).split()))
     except (MemoryError, BrokenProcessPool):  # a worker killed by the kernel's OOM killer breaks the pool
         _fail("out of memory (or a worker process was killed): run the same command with a smaller --chunk-rows "
               "or fewer --workers; it resumes from the finished chunks", EXIT_OUT_OF_MEMORY)
-    except InterruptedWhenComplete:
-        # still 130, not 0: a script running this in a loop must stop on Ctrl-C; the line says no rerun is needed
-        _fail(f"interrupted after the dataset in {output} was complete (metadata.json written); it is usable as it "
-              "is", EXIT_INTERRUPTED)
-    except KeyboardInterrupt:
-        _fail("interrupted; the same command resumes from the finished chunks", EXIT_INTERRUPTED)
+    except KeyboardInterrupt as e:  # Ctrl-C (130), or SIGTERM (`Terminated`: 143)
+        code, what = interruption(e)
+        how = "" if what == "Ctrl-C" else f" ({what})"  # Ctrl-C's lines as they always were
+        if isinstance(e, InterruptedWhenComplete):
+            # still 130 (143), not 0: a script running this in a loop must stop; the line says no rerun is needed
+            _fail(f"interrupted{how} after the dataset in {output} was complete (metadata.json written); it is "
+                  "usable as it is", code)
+        _fail(f"interrupted{how}; the same command resumes from the finished chunks", code)
     except Exception as e:
         _report_bug(e)
 

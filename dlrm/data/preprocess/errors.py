@@ -43,9 +43,10 @@ class _Interrupted(PreprocessError):
 
 
 class InterruptedWhenComplete(KeyboardInterrupt):
-    """Ctrl-C after metadata.json was written: the dataset is complete, only the tidying up after it
-    (removing the progress records, the summary) was cut short. ``.output`` is the dataset."""
+    """Ctrl-C (or SIGTERM: ``exit_code`` 143) after metadata.json was written: the dataset is complete, only the
+    tidying up after it (removing the progress records, the summary) was cut short. ``.output`` is the dataset."""
 
-    def __init__(self, output):
+    def __init__(self, output, exit_code: int = 130):
         super().__init__(str(output))
         self.output = output
+        self.exit_code = exit_code

@@ -123,12 +123,18 @@ def preprocess(
     check_output_location(out, paths)
     run = _Run(opts, paths, out, _max_new_chunks)
     _execute(run)
-    meta = run.finish()
+    try:
+        meta = run.finish()
+    except KeyboardInterrupt as e:  # as metadata.json was written (its log line): the dataset is complete
+        if not (out / "metadata.json").is_file():  # (an old one was removed by --overwrite, or refused, before)
+            raise
+        shutil.rmtree(run.progress_dir, ignore_errors=True)
+        raise InterruptedWhenComplete(out, getattr(e, "exit_code", 130)) from None
     try:  # metadata.json is written: an interrupt from here on must not read as a run to resume
         shutil.rmtree(run.progress_dir, ignore_errors=True)
         _report(meta, time.monotonic() - t_start)
-    except KeyboardInterrupt:
-        raise InterruptedWhenComplete(out) from None
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (`dlrm.stop_signal.Terminated`, 143)
+        raise InterruptedWhenComplete(out, getattr(e, "exit_code", 130)) from None
     return meta
 
 
