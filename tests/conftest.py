@@ -41,6 +41,8 @@ from dlrm.data.schema import (  # noqa: E402
 )
 
 REPO = Path(__file__).resolve().parents[1]  # the repository root; tests import it from here
+# a subprocess's environment: the checkout first, the caller's PYTHONPATH kept (the GPU machine's packages are there)
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 SHARED_CRITEO = REPO.parent / "shared" / "criteo"
 
 

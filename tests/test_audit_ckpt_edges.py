@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ from dlrm import checkpoint as ckpt
 from dlrm.config import ConfigError, load_config
 from dlrm.train import evaluator as evaluator_mod
 from dlrm.train.trainer import train
-from tests.conftest import make_dataset
+from tests.conftest import CHILD_ENV, make_dataset
 from tests.spawned_ranks import failures_on_ranks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -179,7 +178,7 @@ main(sys.argv[2:])
 
 
 def _run_cli(tmp_path, where, *args):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = CHILD_ENV
     return subprocess.run([sys.executable, "-c", SCRIPT, where, *args], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=240)
 
@@ -222,7 +221,7 @@ merge.main(sys.argv[1:])
 def test_ctrl_c_during_a_merge_is_one_line_and_exit_130(tmp_path):
     """``python -m dlrm.distributed.merge`` answered Ctrl-C with click's "Aborted!" and exit 1 (a bug's exit code),
     where train.py, the sweep, the importer and the relayout say so in one line and exit 130."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = CHILD_ENV
     done = subprocess.run([sys.executable, "-c", MERGE, str(tmp_path / "step-00000002.pt"), str(tmp_path / "out.pt")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert "Traceback" not in done.stderr, done.stderr[-1500:]

@@ -21,7 +21,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -35,10 +34,9 @@ from dlrm.sweep import sweep_directory
 from dlrm.train import evaluator as evaluator_mod
 from dlrm.train.reporting import final_line
 from dlrm.train.trainer import train
-from tests.conftest import REPO, make_dataset, process_output
+from tests.conftest import CHILD_ENV, REPO, make_dataset, process_output
 
 # the checkout first, the caller's path kept (the GPU machine's packages live on PYTHONPATH)
-CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 def scripted(monkeypatch, aucs):

@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,9 +27,8 @@ from loguru import logger
 from dlrm import checkpoint as ckpt
 from dlrm.config import ConfigError, load_config
 from dlrm.train.trainer import train
-from tests.conftest import REPO, make_dataset, process_output
+from tests.conftest import CHILD_ENV, REPO, make_dataset, process_output
 
-CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 def tiny_config(tmp_path: Path, **sections) -> Path:

@@ -31,11 +31,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO
+from tests.conftest import CHILD_ENV as _CALLER_ENV, REPO
 from dlrm.data.schema import NUM_SPARSE, read_metadata
 
-CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-CHILD_ENV.pop("SIG_AT", None)
+CHILD_ENV = {k: v for k, v in _CALLER_ENV.items() if k != "SIG_AT"}  # the hook only where a test sets it
 CARDS = [7 + f for f in range(NUM_SPARSE)]
 
 # The tool, with a hook that sends the signal ($SIG) to this process at $SIG_AT; $PIDS gets the pool's worker pids.
