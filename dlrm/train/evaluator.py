@@ -64,7 +64,8 @@ class Evaluator:
         target: watches ``train.early_stopping.target`` (`dlrm.train.target`), or None.
         stop_if_diverged: the trainer's loss and weight checks, or None: when given, an evaluation whose logloss is
             NaN or Inf (some logit is: the model diverged) calls it (it names a NaN loss's step or a NaN/Inf weight),
-            then raises `NonFiniteLoss`, before the evaluation is recorded or written as best.pt.
+            then raises `NonFiniteLoss`, before the evaluation is recorded or written as best.pt; also called before
+            a new best's best.pt is written here (not deferred).
     """
 
     def __init__(self, run: Run, loader, cfg: Config, writer, checkpointer: Checkpointer, stats: RunStats,
@@ -108,13 +109,17 @@ class Evaluator:
             raise NonFiniteLoss(f"evaluation at step {pos.step}: logloss {metrics['logloss']} (the model's outputs are "
                                 f"NaN or Inf: it diverged); stopped; "
                                 + (f"the last good checkpoint is {last}" if last else "no checkpoint was written"))
+        if improves and not defer_best and self.stop_if_diverged is not None:
+            # best.pt now: never of a NaN/Inf weight that this evaluation did not read (an overflowed embedding row
+            # that no evaluation row looks up; its metrics finite). A deferred one follows the checkpoint's own check
+            self.stop_if_diverged()
         if improves:
             # the totals first: best.pt stores them, and a run resumed from it (--resume .../best.pt --run-name NEW)
             # must take this evaluation as its best (with the previous best it kept a worse later one as best.pt)
             self.stats.best = {"step": pos.step, "metric": self.metric, **metrics,
                                "checkpoint": str(self.checkpointer.best_path)}
             self.stats.evals_since_best = 0
-            if defer_best:
+            if defer_best:  # (written after the step's checkpoint, whose check looks at the weights first)
                 self._pending_best = ckpt.Position(pos.step, pos.epoch, pos.batch)
             else:
                 self.checkpointer.save_best(self.run, pos, self.stats)

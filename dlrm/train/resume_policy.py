@@ -112,15 +112,19 @@ def check_position(position: dict[str, int], batches: int, allowed: Iterable[str
     `batches` of an epoch, or an epoch and batch that do not add up to its step. Resumed, the loader skipped the rest
     of the epoch (or every epoch: the run ended at once, "done") and trained on other batches than the run it continues.
 
-    A sharded run merged for one process may count one batch an epoch fewer (a last batch of fewer rows than ranks is
-    dropped there): tolerated. Negative values are the schema's (`dlrm.checkpoint_schema`)."""
+    Negative values are the schema's (`dlrm.checkpoint_schema`)."""
     if any(_under(key, tuple(allowed)) for key in BATCH_KEYS):
         return
     step, epoch, batch = position["step"], position["epoch"], position["batch"]
     if batch > batches:
         raise ConfigError(f"--resume {source}: position.batch {batch} is beyond the {batches} batches of an epoch of "
                           f"this run's data (a damaged checkpoint, or other data at data.path)")
-    if not epoch * (batches - 1) + batch <= step <= epoch * batches + batch:
+    # The steps before this epoch's `batch`: each earlier epoch trained one at least, none before epoch 0. Not
+    # `epoch * batches`: a run resumed under --allow-config-change data.batch_size (or drop_last, path) counted its
+    # earlier epochs in other batches, and its later checkpoints, resumed with their own config, were refused.
+    earlier = step - batch
+    if earlier < epoch or (epoch == 0 and earlier != 0):
+        detail = "epoch 0's steps are its batches" if epoch == 0 else \
+            f"{earlier} steps left to the {epoch} earlier epochs, which train one at least each"
         raise ConfigError(f"--resume {source}: position.epoch {epoch}, batch {batch} do not match position.step {step} "
-                          f"(epochs of {batches} batches: step {epoch * batches + batch}; a damaged checkpoint, or "
-                          f"other data at data.path)")
+                          f"({detail}; a damaged checkpoint, or other data at data.path)")

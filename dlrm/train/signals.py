@@ -53,7 +53,10 @@ class GracefulStop:
     def __enter__(self) -> "GracefulStop":
         for s in self.SIGNALS:
             try:
-                self._previous[s] = signal.signal(s, self._handle)
+                # a signal whose starter set it to be ignored (nohup, a shell's background job, a supervisor) stays
+                # ignored, as `StopAtOnce` leaves it: replaced, such a process stopped on it during the steps alone
+                if signal.getsignal(s) is not signal.SIG_IGN:
+                    self._previous[s] = signal.signal(s, self._handle)
             except ValueError:  # not the main thread: leave signals alone
                 pass
         return self

@@ -159,11 +159,11 @@ def checkpoint_to_resume(cfg: Config, resume: str) -> tuple[Path, Optional[Path]
 
 
 def summarized(checkpoint: Path, step: int) -> bool:
-    """Whether the run `checkpoint` belongs to wrote its summary.json at `step` or later (its end)."""
+    """Whether the run `checkpoint` belongs to ended at `step` (a later summary.json: that run extended since)."""
     try:
         summary = json.loads(((run_of(checkpoint) or Path(checkpoint).resolve().parent.parent) / "summary.json")
                              .read_text())
-        return summary["steps"] >= step
+        return summary["steps"] == step
     except (OSError, ValueError, TypeError, KeyError):
         return False
 
