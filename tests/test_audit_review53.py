@@ -33,7 +33,7 @@ from dlrm.train.resume_policy import check_position
 from dlrm.train.signals import GracefulStop
 from dlrm.train.step import TrainStep
 from dlrm.train.trainer import train
-from tests.conftest import make_dataset
+from tests.conftest import CHILD_ENV, make_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {
@@ -110,7 +110,7 @@ def test_a_run_started_with_sigterm_ignored_trains_to_its_end(data, tmp_path):
     (tmp_path / "c.json").write_text(json.dumps(raw))
     proc = subprocess.run([sys.executable, "-c", SCRIPT, "--config", str(tmp_path / "c.json"), "--tb-dir",
                            str(tmp_path / "tb"), "--run-name", "r", "--max-steps", "3"],
-                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          cwd=tmp_path, env=CHILD_ENV, capture_output=True, text=True,
                           timeout=120, check=False)
     # was: exit 143, "stopped by signal at step 1"
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -37,3 +37,16 @@ def test_an_in_place_resume_from_another_directory_keeps_its_own_best_model_not_
     assert all(torch.equal(before[k], after[k]) for k in before)  # was run b's step-2 model
     assert all(torch.equal(before[k], v) for k, v in ckpt.load_checkpoint(own)["model"].items())
     assert not Path(resumed["best_checkpoint"]).samefile(tmp_path / "b" / "tb" / "r" / "checkpoints" / "best.pt")
+
+
+def test_no_test_starts_a_subprocess_without_the_callers_pythonpath():
+    """A subprocess test whose environment set ``PYTHONPATH`` to the checkout alone lost the packages the GPU
+    machine carries on the caller's PYTHONPATH (loguru): it failed there only (four tests this session and the last).
+    Every such test takes `tests.conftest.CHILD_ENV` (the checkout, then the caller's PYTHONPATH)."""
+    import re
+
+    tests = Path(__file__).resolve().parent
+    pattern = re.compile(r"""["']?PYTHONPATH["']?\s*[:=]\s*str\(REPO\)\s*[,})]""")
+    offenders = [f"{p.relative_to(tests)}:{n}" for p in sorted(tests.rglob("*.py"))
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,8 +20,8 @@ from kernels import _backend, heuristics
 from kernels._backend import INT32_OFFSET_LIMIT, device_context, max_element_offset, needs_int64_offsets
 from kernels.heuristics import GEMM_TILES, SPARSE_UPDATE_CONFIGS, WgradLaunch
 from kernels.table_layout import init_bound, init_table_, layout_tensors
+from tests.conftest import CHILD_ENV
 
-REPO = Path(__file__).resolve().parents[2]
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
 
@@ -117,8 +115,8 @@ print(json.dumps({"first": first, "again": again, "self_wrapped": _interpreter._
 def test_install_twice_keeps_the_interpreter_original(tmp_path):
     script = tmp_path / "twice.py"
     script.write_text(_TWICE)
-    env = {k: v for k, v in os.environ.items() if k != "DLRM_INTERPRETER_PATCH_ONCE"}
-    env.update(TRITON_INTERPRET="1", PYTHONPATH=str(REPO))
+    env = {k: v for k, v in CHILD_ENV.items() if k != "DLRM_INTERPRETER_PATCH_ONCE"}  # the caller's PYTHONPATH too
+    env.update(TRITON_INTERPRET="1")
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
                          cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import CHILD_ENV
 
 SCRIPT = r'''
 import json, sys
@@ -78,8 +78,8 @@ print(json.dumps({"installed": _interpreter.installed(), "walks": calls["walks"]
 def _run(tmp_path: Path, patch_once: str | None, interpret: str = "1") -> dict:
     script = tmp_path / "interp_case.py"
     script.write_text(SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k != "DLRM_INTERPRETER_PATCH_ONCE"}
-    env.update(TRITON_INTERPRET=interpret, PYTHONPATH=str(REPO))
+    env = {k: v for k, v in CHILD_ENV.items() if k != "DLRM_INTERPRETER_PATCH_ONCE"}  # the caller's PYTHONPATH too
+    env.update(TRITON_INTERPRET=interpret)
     if patch_once is not None:
         env["DLRM_INTERPRETER_PATCH_ONCE"] = patch_once
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env,
@@ -125,7 +125,7 @@ def test_not_installed_without_the_interpreter_or_when_switched_off(tmp_path):
     assert _run(tmp_path, "0")["installed"] is False
     # TRITON_INTERPRET=0 in a process with no GPU: the kernel cannot launch, so ask install() directly
     code = "import os; os.environ['TRITON_INTERPRET']='0'; from kernels import _interpreter; print(_interpreter.install())"
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
+    env = {**CHILD_ENV, "TRITON_INTERPRET": "0"}
     env.pop("DLRM_INTERPRETER_PATCH_ONCE", None)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
