@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from dlrm import checkpoint as ckpt
 from dlrm.config import load_config
 from dlrm.train.trainer import train
+from tests.conftest import make_dataset
 from tests.test_audit_review52 import _scripted, tiny_config
 
 
@@ -43,10 +47,42 @@ def test_no_test_starts_a_subprocess_without_the_callers_pythonpath():
     """A subprocess test whose environment set ``PYTHONPATH`` to the checkout alone lost the packages the GPU
     machine carries on the caller's PYTHONPATH (loguru): it failed there only (four tests this session and the last).
     Every such test takes `tests.conftest.CHILD_ENV` (the checkout, then the caller's PYTHONPATH)."""
-    import re
-
     tests = Path(__file__).resolve().parent
     pattern = re.compile(r"""["']?PYTHONPATH["']?\s*[:=]\s*str\(REPO\)\s*[,})]""")
     offenders = [f"{p.relative_to(tests)}:{n}" for p in sorted(tests.rglob("*.py"))
                  for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert offenders == []
+
+
+def test_a_diverged_run_without_step_checkpoints_names_its_good_best_pt(tmp_path, monkeypatch):
+    """``checkpoint.every`` off, evaluations every 2 steps: step 2's evaluation wrote best.pt (a good model); step 3
+    makes the model NaN. The error line said "no checkpoint was written" beside that best.pt."""
+    from dlrm.errors import NonFiniteLoss
+    from dlrm.train import step as step_mod
+    from tests.test_audit_numerics import BASE
+
+    make_dataset(tmp_path / "ds", {"train": 100, "validation": 40}, row_group_size=16)
+    raw = json.loads(json.dumps(BASE))
+    raw["data"]["path"] = str(tmp_path / "ds")
+    raw["train"]["eval_every"] = 2
+    (tmp_path / "c.json").write_text(json.dumps(raw))
+    original, calls = step_mod.TrainStep.__call__, {"n": 0}
+
+    def poisoned(self, batch):
+        calls["n"] += 1
+        loss = original(self, batch)
+        if calls["n"] == 3:
+            with torch.no_grad():
+                for p in self.model.parameters():
+                    p.fill_(float("nan"))
+            loss = loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(step_mod.TrainStep, "__call__", poisoned)
+    best = tmp_path / "tb" / "r" / "checkpoints" / "best.pt"
+    with pytest.raises(NonFiniteLoss, match=rf"loss became NaN or Inf at step 3; stopped; no step checkpoint was "
+                                            rf"written; {re.escape(str(best))} holds the best evaluation's model \(step 2\)"):
+        train(load_config(tmp_path / "c.json", {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": "r"}))
+    state = ckpt.load_checkpoint(best)
+    assert state["position"]["step"] == 2
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())

@@ -135,6 +135,18 @@ class Checkpointer:
         path.parent.mkdir(parents=True, exist_ok=True)
         return dist_ckpt.link_best_sharded(found, path, self._link) if sharded else self._link(found, path)
 
+    def last_good(self, best: Optional[dict]) -> str:
+        """Where a diverged run's last good model is, for its error line: the last step checkpoint, else the best
+        evaluation's checkpoint (`best`: ``RunStats.best``; written only after the weights were checked; one deferred
+        to a checkpoint step may not be written yet: read back), else none.
+        Without step checkpoints (``checkpoint.every`` off) the line said "no checkpoint was written" beside a good
+        best.pt."""
+        if self.last:
+            return f"the last good checkpoint is {self.last}"
+        if best and best.get("checkpoint") and checkpoint_step(Path(best["checkpoint"])) == best["step"]:
+            return f"no step checkpoint was written; {best['checkpoint']} holds the best evaluation's model (step {best['step']})"
+        return "no checkpoint was written"
+
     @staticmethod
     def _link(source: Path, path: Path) -> bool:
         """Make `path` a hard link to `source` (this step's checkpoint: the same model), atomically.

@@ -105,10 +105,8 @@ class Evaluator:
             # rate: the run finished "successfully", AUC null). Finite logits always give a finite logloss, also on a
             # one-class split (whose AUC alone is NaN).
             self.stop_if_diverged()  # a NaN loss's step or a NaN/Inf weight, named first
-            last = self.checkpointer.last
             raise NonFiniteLoss(f"evaluation at step {pos.step}: logloss {metrics['logloss']} (the model's outputs are "
-                                f"NaN or Inf: it diverged); stopped; "
-                                + (f"the last good checkpoint is {last}" if last else "no checkpoint was written"))
+                                f"NaN or Inf: it diverged); stopped; {self.checkpointer.last_good(self.stats.best)}")
         if improves and not defer_best and self.stop_if_diverged is not None:
             # best.pt now: never of a NaN/Inf weight that this evaluation did not read (an overflowed embedding row
             # that no evaluation row looks up; its metrics finite). A deferred one follows the checkpoint's own check

@@ -510,8 +510,7 @@ class Trainer:
 
     def _raise_if_nonfinite(self, bad: int, what: str = "loss") -> None:
         if bad >= 0:
-            where = f"the last good checkpoint is {self.checkpointer.last}" if self.checkpointer.last else "no checkpoint was written"
-            raise NonFiniteLoss(f"{what} became NaN or Inf at step {bad}; stopped; {where}")
+            raise NonFiniteLoss(f"{what} became NaN or Inf at step {bad}; stopped; {self.checkpointer.last_good(self.stats.best)}")
 
     # -- the end ----------------------------------------------------------------------------------
 
