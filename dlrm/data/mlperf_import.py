@@ -79,7 +79,7 @@ from dlrm.data.schema import (
     write_options,
     write_metadata,
 )
-from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, replace_dir
+from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock, replace_dir
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
 from dlrm.errors import report_bug
@@ -363,6 +363,18 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         raise ImportInputError(f"--dense: {dense_format!r:.40} is not one of {', '.join(DENSE_FORMATS)}")
     _check_input_apart(input_dir, output)
     check_target(output, overwrite, "directory")
+    # one import of an --output at a time: a second one resumed the first's .OUT.import-partial (or, --overwrite,
+    # removed it) under it, and renamed it into place while the first still wrote there
+    with output_lock(output, "--output", ImportInputError):
+        check_target(output, overwrite, "directory")  # again, under the lock: another may have finished meanwhile
+        return _import(input_dir, output, train_days, eval_day, cards, compression, rows_per_file, workers,
+                       max_rows_per_day, overwrite, sparse_layout, dense_format)
+
+
+def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int, cards: list[int], compression: str,
+            rows_per_file: int, workers: int, max_rows_per_day: Optional[int], overwrite: bool, sparse_layout: str,
+            dense_format: str) -> Metadata:
+    """`import_mlperf`'s work, its arguments checked and its --output locked."""
     days = {i: Day.open(input_dir, i) for i in [*train_days, eval_day]}  # every file checked before any work
     sizes = days[train_days[0]].sizes
     for day in days.values():

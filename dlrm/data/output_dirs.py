@@ -1,13 +1,19 @@
 """Where the data tools write (the generator, `dlrm.data.relayout`, `dlrm.data.mlperf_import`): a dataset directory is
 built in a temporary sibling and renamed into place whole, so these check, before any work, that the target may be
 written (`check_target`, `check_parent_writable`), that it does not overlap the input being read (`check_apart`), and
-swap the finished directory in (`replace_dir`). Every refusal is one `click.ClickException` line."""
+swap the finished directory in (`replace_dir`). `output_lock` keeps a second run (``python -m dlrm.preprocess`` too)
+off an output that one is writing. Every refusal is one `click.ClickException` line."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import os
 import shutil
+import socket
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -77,3 +83,82 @@ def check_parent_writable(path: Path, option: str) -> None:
         raise click.ClickException(f"{option} {path}: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise click.ClickException(f"{option} {path}: directory {ancestor} is not writable")
+
+
+@contextlib.contextmanager
+def output_lock(path: Path, option: str, error: type[Exception] = click.ClickException,
+                inside_ok: bool = False) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``.NAME.lock`` beside the output `path` for the whole run (as a run directory's
+    ``.lock``, `dlrm.train.run_dir.RunLock`); a second run writing the same output is refused in one `error` line that
+    names the holder. Without it two runs of one output interleaved: both resumed the same unfinished run (preprocess,
+    mlperf_import) and wrote into one directory, or the later one replaced the dataset of the other, --overwrite or not.
+
+    Beside, not inside: the tools build the output in a sibling and rename it into place. The kernel drops the lock of
+    a process that died, so a file left by a killed run is taken over; the file is removed on release, and the
+    directories made for it (the output's missing parents) with it if they are still empty. ``inside_ok`` (an output
+    written in place: preprocess): an existing writable output whose parent is not writable (a mount point) holds
+    the file itself, under the same name.
+
+    Example:
+        >>> out = Path(tempfile.mkdtemp()) / "out"
+        >>> with output_lock(out, "--out"):
+        ...     with output_lock(out, "--out"):  # any second holder, even one in this process, is refused
+        ...         pass
+        Traceback (most recent call last):
+        ...
+        click.exceptions.ClickException: --out ...out: in use by pid ... (its lock ....out.lock); one run writes ...
+        >>> list(out.parent.iterdir())  # the lock file went with the run
+        []
+        >>> out.parent.rmdir()
+    """
+    parent = Path(path).absolute().parent
+    if inside_ok and Path(path).is_dir() and os.access(path, os.W_OK | os.X_OK) and not os.access(parent, os.W_OK):
+        parent = Path(path).absolute()
+    try:
+        check_parent_writable(parent / "lock", option)
+    except click.ClickException as e:
+        raise error(e.format_message().replace(str(parent / "lock"), str(path))) from None
+    made = parent
+    while not made.parent.exists() and made.parent != made.parent.parent:
+        made = made.parent
+    made = None if parent.exists() else made  # the topmost directory this creates, removed again if left empty
+    parent.mkdir(parents=True, exist_ok=True)
+    lock = parent / f".{Path(path).name}.lock"
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES):
+                raise error(f"{option} {path}: in use by {holder} (its lock {lock}); one run writes an output at a "
+                            "time: wait for it, or choose another path") from None
+            raise
+        try:  # the holder may have removed the file (its release) between our open and flock: lock the new one
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        yield
+    finally:
+        try:
+            lock.unlink(missing_ok=True)  # while still held: a process that opened it meanwhile locks a removed file,
+        finally:  # sees that, and opens the new one (above)
+            os.close(fd)
+        if made is not None:
+            with contextlib.suppress(OSError):
+                _remove_empty_parents(parent, made)
+
+
+def _remove_empty_parents(path: Path, top: Path) -> None:
+    """Remove `path` and its parents up to `top` while they are empty directories."""
+    while path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+        if path == top or path.parent == path:
+            return
+        path = path.parent

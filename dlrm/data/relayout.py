@@ -68,7 +68,7 @@ from dlrm.data.schema import (
     write_options,
     write_metadata,
 )
-from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, replace_dir
+from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock, replace_dir
 from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_rows, open_shard, split_files
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
@@ -172,6 +172,15 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
     check_apart("--data", data, "--output", output, "write the copy somewhere else")
     check_target(output, overwrite, "directory")
     check_parent_writable(output, "--output")
+    # one run of an --output at a time: a second one's copy was silently replaced by the first's at its end
+    with output_lock(output, "--output"):
+        check_target(output, overwrite, "directory")  # again, under the lock: another may have finished meanwhile
+        return _relayout(data, output, layout, codec, workers, meta, out_dense)
+
+
+def _relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None, workers: int | None, meta: Metadata,
+              out_dense: DenseFormat) -> Metadata:
+    """`relayout`'s work, its arguments checked and its --output locked."""
     # a split without rows lists no files (the preprocessor's tiny inputs, a fraction 0): nothing to rewrite, and
     # `split_files` refuses it (a loader must not open it); its entry is kept as it is
     files = [(split, f) for split, info in meta.splits.items() if info.files or info.rows

@@ -93,7 +93,7 @@ import numpy as np
 from loguru import logger
 from tqdm import tqdm
 
-from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target
+from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock
 from dlrm.data.schema import (
     DENSE_COLUMNS,
     LABEL_COLUMN,
@@ -476,38 +476,42 @@ def generate(
         {'train': 8572, 'validation': 714, 'test': 714}
         >>> shutil.rmtree(out)
     """
-    s = _settings(out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file,
-                  overwrite, regime, multi_hot_sizes, multi_hot_fill, compression, sparse_layout, workers)
-    started = time.perf_counter()
-    teacher = Teacher(s.seed, s.cards, multi_hot_sizes=s.multi_hot_sizes, multi_hot_fill=s.multi_hot_fill)
-    logger.info(f"teacher bias {teacher.bias:.4f}; writing {s.rows} rows ({s.sizes}) to {s.out}")
+    args = (out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
+            regime, multi_hot_sizes, multi_hot_fill, compression, sparse_layout, workers)
+    # one run of an --out at a time: a second one (checked before the first's dataset was in place) was silently
+    # replaced by it at its end, --overwrite or not; checked again under the lock (one may have finished meanwhile)
+    with output_lock(_settings(*args).out, "--out"):
+        s = _settings(*args)
+        started = time.perf_counter()
+        teacher = Teacher(s.seed, s.cards, multi_hot_sizes=s.multi_hot_sizes, multi_hot_fill=s.multi_hot_fill)
+        logger.info(f"teacher bias {teacher.bias:.4f}; writing {s.rows} rows ({s.sizes}) to {s.out}")
 
-    s.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{s.out.name}.tmp-", dir=s.out.parent))
-    tsv_tmp = None
-    try:
-        splits = _Splits(tmp, s.sizes, s.rows_per_file, s.table_sizes == "distinct", s.multi_hot_sizes, s.compression,
-                         s.sparse_layout)
-        tsv = None
-        if s.tsv_path is not None:
-            s.tsv_path.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=f".{s.tsv_path.name}.", suffix=".tmp", dir=s.tsv_path.parent)
-            tsv_tmp = Path(name)
-            tsv = os.fdopen(fd, "w")
-        _write_rows(s, teacher, splits, tsv, workers if workers > 0 else (os.cpu_count() or 1))
-        splits.close()
-        if tsv is not None:
-            tsv.close()
-        meta = _metadata(s, teacher, splits)
-        write_metadata(tmp, meta)  # last file of the dataset: marks it complete
-        publish(tmp, s.out, tsv_tmp, s.tsv_path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if tsv_tmp is not None:
-            tsv_tmp.unlink(missing_ok=True)
-        raise
-    logger.info(_done_line(s, meta, time.perf_counter() - started))
-    return meta
+        s.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{s.out.name}.tmp-", dir=s.out.parent))
+        tsv_tmp = None
+        try:
+            splits = _Splits(tmp, s.sizes, s.rows_per_file, s.table_sizes == "distinct", s.multi_hot_sizes, s.compression,
+                             s.sparse_layout)
+            tsv = None
+            if s.tsv_path is not None:
+                s.tsv_path.parent.mkdir(parents=True, exist_ok=True)
+                fd, name = tempfile.mkstemp(prefix=f".{s.tsv_path.name}.", suffix=".tmp", dir=s.tsv_path.parent)
+                tsv_tmp = Path(name)
+                tsv = os.fdopen(fd, "w")
+            _write_rows(s, teacher, splits, tsv, workers if workers > 0 else (os.cpu_count() or 1))
+            splits.close()
+            if tsv is not None:
+                tsv.close()
+            meta = _metadata(s, teacher, splits)
+            write_metadata(tmp, meta)  # last file of the dataset: marks it complete
+            publish(tmp, s.out, tsv_tmp, s.tsv_path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if tsv_tmp is not None:
+                tsv_tmp.unlink(missing_ok=True)
+            raise
+        logger.info(_done_line(s, meta, time.perf_counter() - started))
+        return meta
 
 
 EXIT_BAD_INPUT = 2

@@ -70,7 +70,8 @@ def _foreign_entries(out: Path) -> list[str]:
     if not out.is_dir():
         return []
     ours = (*SPLITS, "vocab", PROGRESS_DIR)
-    return sorted(p.name for p in out.iterdir() if not (p.name in ours and p.is_dir() and not any(p.iterdir())))
+    return sorted(p.name for p in out.iterdir() if not (p.name in ours and p.is_dir() and not any(p.iterdir()))
+                  and p.name != f".{out.name}.lock")  # `output_lock`'s, in an output whose parent is not writable
 
 
 def _read_manifest(path: Path) -> dict:

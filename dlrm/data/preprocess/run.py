@@ -38,6 +38,7 @@ from dlrm.data.preprocess.schedule import _run_inline, _run_pool, _RunState
 from dlrm.data.preprocess.splits import SplitPlan
 from dlrm.data.preprocess.stats import DistinctCounter
 from dlrm.data.preprocess.worker import _ChunkTask, _iter_ranges, _stats_from_shard
+from dlrm.data.output_dirs import output_lock
 from dlrm.data.schema import SPLITS, Metadata, write_json_atomic
 from dlrm.data.worker_pool import start_pool
 
@@ -121,7 +122,15 @@ def preprocess(
     paths = check_inputs(inputs, opts.split)
     out = Path(output)
     check_output_location(out, paths)
-    run = _Run(opts, paths, out, _max_new_chunks)
+    # one run of an output at a time: a second one resumed the first's unfinished run (or, --overwrite, removed it)
+    # in the directory the first was still writing, which then finished a dataset of both runs' shards
+    with output_lock(out, "--output", PreprocessError, inside_ok=True):
+        return _locked_run(opts, paths, out, _max_new_chunks, t_start)
+
+
+def _locked_run(opts: RunOptions, paths: list[Path], out: Path, max_new: int | None, t_start: float) -> Metadata:
+    """`preprocess`'s run, its output locked."""
+    run = _Run(opts, paths, out, max_new)
     _execute(run)
     try:
         meta = run.finish()
