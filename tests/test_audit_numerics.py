@@ -41,17 +41,15 @@ def config(tmp_path, dataset, name, **sections):
     return load_config(tmp_path / f"{name}.json", {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": name})
 
 
-def test_a_nan_loss_between_logging_steps_stops_before_an_evaluation_writes_best_pt(tmp_path, dataset, monkeypatch):
-    """Step 1 makes the model NaN (its loss too); evaluations every 2 steps, logging every 10. The evaluation at
-    step 2 ran on the NaN model without a look at the losses since the last logging step and, as the first
-    evaluation, wrote checkpoints/best.pt full of NaNs (the run then said "no checkpoint was written")."""
-    cfg = config(tmp_path, dataset, "nan-eval", train={"eval_every": 2})
+def poison_at(monkeypatch, step: int) -> dict:
+    """Make the training step number `step` (1-based, counted in calls) leave the model and its loss NaN; returns
+    the call counter (``calls["n"]``)."""
     original, calls = step_mod.TrainStep.__call__, {"n": 0}
 
     def poisoned(self, batch):
         calls["n"] += 1
         loss = original(self, batch)
-        if calls["n"] == 1:
+        if calls["n"] == step:
             with torch.no_grad():
                 for p in self.model.parameters():
                     p.fill_(float("nan"))
@@ -59,6 +57,15 @@ def test_a_nan_loss_between_logging_steps_stops_before_an_evaluation_writes_best
         return loss
 
     monkeypatch.setattr(step_mod.TrainStep, "__call__", poisoned)
+    return calls
+
+
+def test_a_nan_loss_between_logging_steps_stops_before_an_evaluation_writes_best_pt(tmp_path, dataset, monkeypatch):
+    """Step 1 makes the model NaN (its loss too); evaluations every 2 steps, logging every 10. The evaluation at
+    step 2 ran on the NaN model without a look at the losses since the last logging step and, as the first
+    evaluation, wrote checkpoints/best.pt full of NaNs (the run then said "no checkpoint was written")."""
+    cfg = config(tmp_path, dataset, "nan-eval", train={"eval_every": 2})
+    calls = poison_at(monkeypatch, 1)
     with pytest.raises(NonFiniteLoss, match=r"loss became NaN or Inf at step 1; stopped; no checkpoint was written"):
         train(cfg)
     run_dir = tmp_path / "tb" / "nan-eval"

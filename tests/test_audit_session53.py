@@ -58,27 +58,14 @@ def test_a_diverged_run_without_step_checkpoints_names_its_good_best_pt(tmp_path
     """``checkpoint.every`` off, evaluations every 2 steps: step 2's evaluation wrote best.pt (a good model); step 3
     makes the model NaN. The error line said "no checkpoint was written" beside that best.pt."""
     from dlrm.errors import NonFiniteLoss
-    from dlrm.train import step as step_mod
-    from tests.test_audit_numerics import BASE
+    from tests.test_audit_numerics import BASE, poison_at
 
     make_dataset(tmp_path / "ds", {"train": 100, "validation": 40}, row_group_size=16)
     raw = json.loads(json.dumps(BASE))
     raw["data"]["path"] = str(tmp_path / "ds")
     raw["train"]["eval_every"] = 2
     (tmp_path / "c.json").write_text(json.dumps(raw))
-    original, calls = step_mod.TrainStep.__call__, {"n": 0}
-
-    def poisoned(self, batch):
-        calls["n"] += 1
-        loss = original(self, batch)
-        if calls["n"] == 3:
-            with torch.no_grad():
-                for p in self.model.parameters():
-                    p.fill_(float("nan"))
-            loss = loss * float("nan")
-        return loss
-
-    monkeypatch.setattr(step_mod.TrainStep, "__call__", poisoned)
+    poison_at(monkeypatch, 3)
     best = tmp_path / "tb" / "r" / "checkpoints" / "best.pt"
     with pytest.raises(NonFiniteLoss, match=rf"loss became NaN or Inf at step 3; stopped; no step checkpoint was "
                                             rf"written; {re.escape(str(best))} holds the best evaluation's model \(step 2\)"):
