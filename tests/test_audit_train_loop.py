@@ -132,7 +132,9 @@ def test_a_nan_before_an_early_stop_between_logging_steps_stops_the_run(tmp_path
 
     monkeypatch.setattr(step_mod.TrainStep, "__call__", poisoned)
     monkeypatch.setattr(evaluator_mod.Evaluator, "_improves", first_only)
-    with pytest.raises(NonFiniteLoss, match=r"at step 5; stopped; no checkpoint was written"):
+    # no step checkpoint; the step-3 evaluation's best.pt (written before the NaN) is named as the good model
+    with pytest.raises(NonFiniteLoss, match=r"at step 5; stopped; no step checkpoint was written; \S*best.pt holds "
+                                            r"the best evaluation's model \(step 3\)"):
         train(cfg)
     assert calls["n"] == 6 and len(evaluations) == 2  # stopped at step 6, before the logging step 8
     assert not (tmp_path / "tb" / "nan-early" / "summary.json").exists()
