@@ -100,19 +100,35 @@ def tensor_bytes(obj: Any) -> int:
 
 
 class _ProgressFile:
-    """A binary file whose writes advance a progress bar (torch.save writes a file object through ``write``)."""
+    """A binary file whose writes advance a progress bar (`bar`, optional) and which keeps its first failed write's
+    OSError (`error`): torch's zip writer turns an OSError of the file object's ``write`` (a full disk, a quota) into a
+    RuntimeError ("unexpected pos ..."), which said neither the cause nor the file (a traceback and exit 1, unless
+    little space was left: not so over a quota, nor once a large checkpoint's temporary file was removed)."""
 
-    def __init__(self, f, bar: tqdm) -> None:
+    def __init__(self, f, bar: Optional[tqdm] = None) -> None:
         self._f, self._bar = f, bar
+        self.error: Optional[OSError] = None
 
     def write(self, data) -> int:
-        n = self._f.write(data)
-        # the total counts the tensors only: the archive's own few bytes stop at 100%
-        self._bar.update(min(len(data), self._bar.total - self._bar.n))
+        try:
+            n = self._f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+        if self._bar is not None:  # the total counts the tensors only: the archive's own few bytes stop at 100%
+            self._bar.update(min(len(data), self._bar.total - self._bar.n))
         return n
 
     def flush(self) -> None:
         self._f.flush()
+
+
+def named_os_error(e: OSError, path: Path) -> OSError:
+    """`e` naming `path` when it names no file (a failed write or fsync of an open file names none: the error line
+    said "No space left on device" without saying where)."""
+    if e.filename is not None or e.errno is None:
+        return e
+    return OSError(e.errno, e.strerror or os.strerror(e.errno), str(path))
 
 
 def move_to_new(tmp: Path, path: Path, exists: str) -> None:
@@ -150,7 +166,13 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, repla
     try:
         with os.fdopen(fd, "wb") as f, tqdm(total=total, desc=f"writing {path.name}", unit="B", unit_scale=True,
                                             dynamic_ncols=True, disable=total < PROGRESS_BYTES) as bar:
-            torch.save(disk, _ProgressFile(f, bar) if not bar.disable else f)
+            out = _ProgressFile(f, None if bar.disable else bar)
+            try:
+                torch.save(disk, out)
+            except (OSError, RuntimeError) as e:
+                if out.error is None:
+                    raise
+                raise named_os_error(out.error, path) from e
             f.flush()
             os.fsync(f.fileno())
         if replace:
@@ -165,6 +187,9 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, repla
             raise OSError(errno.ENOSPC, f"no space left on the device writing the checkpoint ({free / 2**20:,.0f} MiB "
                                         f"free)", str(path)) from e
         raise
+    except OSError as e:  # the flush, fsync or rename: named (the temporary's name would mean nothing to a user)
+        Path(tmp).unlink(missing_ok=True)
+        raise named_os_error(e, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -181,13 +206,16 @@ def write_files_atomic(directory: Path, files: dict[str, str | bytes]) -> None:
     temps: list[tuple[Path, Path]] = []
     try:
         for name, content in files.items():
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-            temps.append((Path(tmp), directory / name))
-            with os.fdopen(fd, "wb") as f:
-                f.write(content.encode() if isinstance(content, str) else content)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is an ordinary readable file
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
+                temps.append((Path(tmp), directory / name))
+                with os.fdopen(fd, "wb") as f:
+                    f.write(content.encode() if isinstance(content, str) else content)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is an ordinary readable file
+            except OSError as e:  # the write's error names no file: this one's name (not its temporary's)
+                raise named_os_error(e, directory / name) from None
         for tmp, path in temps:
             os.replace(tmp, path)
     finally:

@@ -9,7 +9,7 @@ code   meaning
 1      a bug in dlrm: an unexpected exception; its traceback, then a line saying so (with the version)
 2      bad input: command line (click's usage errors too), config file, dataset, checkpoint,
        --export path, Triton unavailable for a requested Triton kernel, a file that cannot be
-       written or read (disk full, read-only file system, no permission)
+       written or read (disk full, over quota or a file size limit, read-only file system, no permission)
 3      the training loss became NaN or Inf (the line names the last good checkpoint)
 4      out of memory (host or GPU): retry with a smaller data.batch_size, or cap the embedding
        tables with data.max_rows_per_table
@@ -46,8 +46,9 @@ EXIT_NON_FINITE_LOSS = 3
 EXIT_OUT_OF_MEMORY = 4
 EXIT_INTERRUPTED = 130
 
-# OSErrors that are the environment's fault, not the program's: reported in one line.
-ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+# OSErrors that are the environment's fault, not the program's: reported in one line. EFBIG: a file larger than the
+# file system takes (FAT32's 4 GiB, a 50 GB checkpoint) or `ulimit -f` allows (it was reported as a bug in dlrm).
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
 
 
 def cli_overrides(*, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, checkpoint_every, split,

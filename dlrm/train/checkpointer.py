@@ -22,6 +22,7 @@ from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
 from dlrm.train.graphed_step import plain_lr_state_dict
 from dlrm.train.meter import RunStats
+from dlrm.train.run_dir import run_dir_present
 from dlrm.train.setup import Tables
 
 BEST_NAME = "best.pt"
@@ -92,6 +93,7 @@ class Checkpointer:
         """Checkpoint `run` at `pos` (once per step: a second call at the same step returns the first)."""
         if self._saved_here(pos.step):
             return self.last  # this step is already saved in this run
+        run_dir_present(self.run_dir)
         state = self._state(run, pos, stats)
         keep = self.cfg.checkpoint.keep
         if run.plan is not None:
@@ -117,6 +119,7 @@ class Checkpointer:
         when the step was just saved, else a copy of the model; in a sharded run a manifest and its own shards
         (`dlrm.distributed.checkpoint.save_best_sharded`; ``python -m dlrm.distributed.merge`` makes it one file)."""
         path = self.best_path
+        run_dir_present(self.run_dir)
         saved = self.last if self._saved_here(pos.step) else None
         if run.plan is not None:
             return dist_ckpt.save_best_sharded(path, self._state(run, pos, stats), pos.step, self.env, run.plan,

@@ -18,10 +18,11 @@ from torch import nn
 
 from dlrm.config import Config, ConfigError, KernelsConfig
 from dlrm.data.loader import ParquetLoader, split_files, transform_dense
-from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, write_json_atomic
+from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
 from dlrm.model.dlrm import DLRM, build_model
 from dlrm import checkpoint as ckpt
 from dlrm.train.fast_path import resolve_fast_path
+from dlrm.train.reporting import write_summary
 from dlrm.train.run_dir import RunDirectory
 
 
@@ -87,7 +88,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
                            loader)
         summary = {**metrics, "split": split, "checkpoint": str(path), "rows": loader.num_rows,
                    "wall_s": time.perf_counter() - t0, "device": str(device), "config": cfg.to_dict()}
-        write_json_atomic(run_dir.path / "summary.json", summary, nan_as_null=True)
+        write_summary(run_dir.path / "summary.json", summary)  # a failed write names the file
         run_dir.started()
     logger.info(f"{split}: AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}")
     return summary
@@ -148,6 +149,35 @@ def _frozen(module: nn.Module) -> Iterator[None]:
             p.requires_grad_(True)
 
 
+def _save_program(program, tmp: Path, path: Path) -> None:
+    """torch.export.save `program` to `tmp`; a failed write (a full disk, a quota, a file size limit) is an OSError
+    naming `path`, the file asked for.
+
+    torch's archive writer reports a failed write as a RuntimeError ("unexpected pos ...") and, left unfinished by
+    it, writes the archive's end again in its C++ destructor, where a second failure aborted the process (SIGABRT:
+    no error line, the temporary file left). The writers in the failure's frames are ended here (where a failure is
+    an exception); then one byte appended to the file finds the cause, which the RuntimeError does not say."""
+    try:
+        torch.export.save(program, str(tmp))
+    except RuntimeError as e:
+        writer_type = getattr(torch._C, "PyTorchFileWriter", None)
+        tb = e.__traceback__
+        while tb is not None and writer_type is not None:
+            for value in list(tb.tb_frame.f_locals.values()):
+                for writer in (value, getattr(value, "archive_file", None)):
+                    if isinstance(writer, writer_type):
+                        with contextlib.suppress(Exception):  # it fails again, and is marked finished
+                            writer.write_end_of_file()
+            tb = tb.tb_next
+        try:
+            with open(tmp, "ab") as f:
+                f.write(b"\0")
+                f.flush()
+        except OSError as cause:
+            raise OSError(cause.errno, cause.strerror, str(path)) from None
+        raise
+
+
 def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
     """Write a `torch.export` program (batch size dynamic) to `path` (conventionally *.pt2); its dense
     input as `RawInputDLRM` takes it for `dense_format`."""
@@ -173,7 +203,7 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
         tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp.pt2")
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         try:
-            torch.export.save(program, str(tmp))
+            _save_program(program, tmp, path)
             ckpt.move_to_new(tmp, path, exists)  # never over a file that appeared meanwhile
         finally:
             tmp.unlink(missing_ok=True)

@@ -3,6 +3,7 @@ log line."""
 
 from __future__ import annotations
 
+import os
 import platform
 import struct
 import sys
@@ -13,7 +14,10 @@ import torch
 from loguru import logger
 from torch.utils.tensorboard import SummaryWriter
 
-from dlrm.config import Config
+from dlrm.checkpoint import write_files_atomic
+from dlrm.config import Config, ConfigError
+from dlrm.data.schema import write_json_atomic
+from dlrm.train.run_dir import run_dir_present
 
 
 class NoWriter:
@@ -21,6 +25,63 @@ class NoWriter:
 
     def __getattr__(self, name):
         return lambda *args, **kwargs: None
+
+
+def open_writer(run_dir: Path, purge_step: Optional[int] = None) -> SummaryWriter:
+    """The run's SummaryWriter, whose failed event-file write (a full disk, a quota) stops the run at its next
+    TensorBoard call with one line naming the event file.
+
+    Its events are written by a background thread, which died of such an error with a traceback on stderr ("Exception
+    in thread"); the training thread then stopped with a line naming no file. Here the thread keeps the error, as
+    its own would be kept, without dying (later events are dropped), and the writer raises it, named, at its next
+    call. A TensorBoard whose writer is laid out otherwise keeps its own behaviour."""
+    writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+    events = getattr(writer._get_file_writer(), "event_writer", None)
+    worker = getattr(getattr(events, "_async_writer", None), "_worker", None)
+    if hasattr(worker, "_record_writer") and hasattr(worker, "exception"):
+        worker._record_writer = _KeptWriteError(worker, getattr(events, "_file_name", str(run_dir)))
+    return writer
+
+
+class _KeptWriteError:
+    """The event writer thread's record writer, whose first OSError becomes the thread's `exception` (which the
+    writer raises in the caller's thread: tensorboard's `_AsyncWriter._check_worker_status`), naming `path`."""
+
+    def __init__(self, worker, path: str) -> None:
+        self._worker, self._records, self._path = worker, worker._record_writer, os.fsdecode(path)
+
+    def _kept(self, call, *args) -> None:
+        if self._worker.exception is not None:
+            return  # the run stops at its next TensorBoard call: nothing more is written
+        try:
+            call(*args)
+        except OSError as e:
+            try:  # the run directory removed: said so (its file "not found" was reported as a bug in dlrm)
+                run_dir_present(Path(self._path).parent)
+                self._worker.exception = OSError(e.errno, e.strerror or str(e), self._path)
+            except ConfigError as gone:
+                self._worker.exception = gone
+
+    def write(self, data: bytes) -> None:
+        self._kept(self._records.write, data)
+
+    def flush(self) -> None:
+        self._kept(self._records.flush)
+
+    def close(self) -> None:
+        self._records.close()
+
+
+def write_summary(path: Path, summary: dict[str, Any]) -> None:
+    """summary.json, atomically (NaN written as null: a one-class AUC); a failed write names the file (the error of a
+    write or fsync of an open file names none)."""
+    run_dir_present(Path(path).parent)  # (write_json_atomic makes its directory)
+    try:
+        write_json_atomic(path, summary, nan_as_null=True)
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def versions() -> dict[str, str]:
@@ -162,8 +223,9 @@ def log_profile(writer: SummaryWriter, run_dir: Path, device: torch.device, step
         return None
     title = f"{Path(run_dir).name}: one training step on {device_name(device)}"
     png = ts.timeline_png(trace, title)
-    (Path(run_dir) / "profile_step.md").write_text(ts.report(summary, title))
-    (Path(run_dir) / "profile_timeline.png").write_bytes(png)
+    # one set, each file whole (a full disk: written in place, a half-written profile_step.md or .png replaced a resumed
+    # run's, the pair from two sessions, and the error named no file)
+    write_files_atomic(Path(run_dir), {"profile_step.md": ts.report(summary, title), "profile_timeline.png": png})
     add_markdown(writer, "profile/step_breakdown", ts.step_table(summary), step)
     add_markdown(writer, "profile/top_kernels", ts.top_table(summary), step)
     add_png(writer, "profile/timeline", png, step)

@@ -77,6 +77,15 @@ def run_of(checkpoint: Path) -> Optional[Path]:
     return real.parent.parent if real.parent.name == "checkpoints" and _in_run(real) else None
 
 
+def run_dir_present(run_dir: Path) -> None:
+    """Refuse to write into a run directory that was removed while the run wrote it (a cleanup job, a mistaken rm):
+    the saves' ``mkdir(parents=True)`` made it again, empty of the earlier checkpoints, best.pt, config.json and the
+    lock, and the run finished with exit 0, its summary naming a best.pt that no longer existed."""
+    if not Path(run_dir).is_dir():
+        raise ConfigError(f"{run_dir}: the run directory is gone (removed while the run wrote it, with its "
+                          "checkpoints); stopped without writing it again")
+
+
 def _in_run(checkpoint: Path) -> bool:
     """Whether `checkpoint` (in a checkpoints/ directory) is a run's: named as a run names its checkpoints, or in a
     directory `RunDirectory.create` made (its lock file, its config.json)."""

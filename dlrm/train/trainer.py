@@ -21,13 +21,12 @@ from typing import Iterator, Optional, Sequence
 import torch
 from loguru import logger
 from torch.profiler import record_function
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from dlrm.config import Config, ConfigError, config_from_dict
 from dlrm.data.device_loader import DeviceLoader
 from dlrm.data.loader import Batch, ParquetLoader, split_files
-from dlrm.data.schema import is_multi_hot, write_json_atomic
+from dlrm.data.schema import is_multi_hot
 from dlrm.distributed.env import DistEnv, init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped
 from dlrm import checkpoint as ckpt
@@ -38,7 +37,8 @@ from dlrm.train.meter import WARMUP_STEPS, DeviceRead, RunStats, StepMeter, Wind
 from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler
-from dlrm.train.reporting import NoWriter, device_name, final_line, log_hparams, log_profile, log_train, versions
+from dlrm.train.reporting import (NoWriter, device_name, final_line, log_hparams, log_profile, log_train, open_writer,
+                                  versions, write_summary)
 from dlrm.train.resume_policy import check_position, check_resume_config
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
@@ -332,8 +332,7 @@ class Trainer:
 
     def _fit(self) -> dict:
         cfg, env, run, pos = self.cfg, self.env, self.run, self.pos
-        writer = SummaryWriter(str(self.run_dir.path), purge_step=pos.step + 1 if pos.step else None) \
-            if env.is_main else NoWriter()
+        writer = open_writer(self.run_dir.path, pos.step + 1 if pos.step else None) if env.is_main else NoWriter()
         self.writer, self.counters_before = writer, compile_counters()
         # a captured step: its ordinary warm-up steps and the capture before the first throughput window
         graph_warmup = getattr(run.train_step, "warmup_steps", None)
@@ -529,7 +528,7 @@ class Trainer:
         log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step)  # at the last step: an extended run's come after
         writer.close()
         if env.is_main:
-            write_json_atomic(self.run_dir.path / "summary.json", summary, nan_as_null=True)  # NaN: a one-class AUC
+            write_summary(self.run_dir.path / "summary.json", summary)  # a failed write names the file
         self.run_dir.close()
         logger.info(final_line(summary) + baseline_clause(summary))
         return summary
