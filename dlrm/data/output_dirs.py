@@ -7,16 +7,15 @@ off an output that one is writing. Every refusal is one `click.ClickException` l
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import click
+
+from dlrm.file_lock import LockHeld, name_holder, try_lock
 
 
 def check_target(path: Path, overwrite: bool, what: str) -> None:
@@ -125,16 +124,11 @@ def output_lock(path: Path, option: str, error: type[Exception] = click.ClickExc
     parent.mkdir(parents=True, exist_ok=True)
     lock = parent / f".{Path(path).name}.lock"
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            if e.errno in (errno.EAGAIN, errno.EACCES):
-                raise error(f"{option} {path}: in use by {holder} (its lock {lock}); one run writes an output at a "
-                            "time: wait for it, or choose another path") from None
-            raise
+            fd, _ = try_lock(lock)
+        except LockHeld as held:
+            raise error(f"{option} {path}: in use by {held.holder} (its lock {lock}); one run writes an output at a "
+                        "time: wait for it, or choose another path") from None
         try:  # the holder may have removed the file (its release) between our open and flock: lock the new one
             if os.stat(lock).st_ino == os.fstat(fd).st_ino:
                 break
@@ -142,8 +136,7 @@ def output_lock(path: Path, option: str, error: type[Exception] = click.ClickExc
             pass
         os.close(fd)
     try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        name_holder(fd)
         yield
     finally:
         try:

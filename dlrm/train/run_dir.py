@@ -26,12 +26,9 @@ The resolved absolute path is logged whenever it differs from what was typed (ab
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import re
 import shutil
-import socket
 import time
 from pathlib import Path
 from typing import Optional
@@ -40,6 +37,7 @@ from loguru import logger
 
 from dlrm.config import Config, ConfigError
 from dlrm.data.schema import write_json_atomic
+from dlrm.file_lock import LockHeld, name_holder, try_lock
 
 _VALID_NAME = re.compile(r"[\w.+-]+")
 _RUN_CHECKPOINT = re.compile(r"(?:step-\d{8,}|best)\.pt")  # the names a run gives its checkpoints
@@ -153,21 +151,14 @@ class RunLock:
     @classmethod
     def acquire(cls, run_dir: Path) -> "RunLock":
         path = Path(run_dir) / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            if e.errno in (errno.EAGAIN, errno.EACCES):
-                raise ConfigError(f"{run_dir}: in use by {holder}; a run directory has one writer at a time "
-                                  "(wait for it, or choose another --run-name)") from None
-            raise
-        previous = os.pread(fd, 200, 0).decode(errors="replace").strip()
+            fd, previous = try_lock(path)
+        except LockHeld as held:
+            raise ConfigError(f"{run_dir}: in use by {held.holder}; a run directory has one writer at a time "
+                              "(wait for it, or choose another --run-name)") from None
         if previous:  # the holder died without releasing: flock was dropped by the kernel
             logger.warning(f"{path}: stale lock of {previous} (that process is gone); taken over")
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        name_holder(fd, since=True)
         return cls(path, fd)
 
     def release(self) -> None:
