@@ -275,16 +275,16 @@ class Trainer:
         if self.env.is_main:
             source = run_of(self.resume_from) or self.resume_from.resolve().parent.parent
             saved = ckpt.checkpoint_dir(source)  # its best.pt too: a path recorded relative to another directory
-            recorded = Path(best["checkpoint"])  # relative: to the directory it trained in (last: from another one
+            recorded = Path(best["checkpoint"])  # relative to where it trained: from elsewhere, maybe a namesake's file
             ours = (saved / self.checkpointer.best_path.name, self.resume_from, saved / ckpt.checkpoint_name(best["step"]))
-            for path in ((recorded, *ours) if recorded.is_absolute() else (*ours, recorded)):  # a namesake run's file)
+            for path in ((recorded, *ours) if recorded.is_absolute() else (*ours, recorded)):  # so this run's first
                 if checkpoint_step(path) == best["step"]:
                     found = path
                     break
             own = self.checkpointer.best_path  # also from another run's best.pt holding it now (a branch), which that
-            moves = found != recorded or run_of(found) is not None  # run replaces with a later best (sharded: a
+            moves = found != recorded or run_of(found) is not None  # run replaces with a later best
             if found is not None and moves and not _same_file(found, own) \
-                    and self.checkpointer.adopt_best(found, sharded=self.run.plan is not None):  # manifest of links)
+                    and self.checkpointer.adopt_best(found, sharded=self.run.plan is not None):  # sharded: own manifest
                 logger.warning(f"--resume: the best evaluation's model (step {best['step']}, recorded as "
                                f"{best['checkpoint']}) is {found}: {own} is now a link to it")
                 found = own
