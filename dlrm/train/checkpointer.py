@@ -74,6 +74,9 @@ class Checkpointer:
     def __init__(self, run_dir: Path, cfg: Config, tables: Tables, env: DistEnv = DistEnv(),
                  placement: Optional[str] = None) -> None:
         self.run_dir, self.cfg, self.tables, self.env = Path(run_dir), cfg, tables, env
+        # a run directory there at the start (a run's: `RunDirectory` made it) must still be there at each save (one
+        # removed meanwhile is refused, not made again empty); a Checkpointer given a new path makes it at its first
+        self._dir_at_start = self.run_dir.is_dir()
         self.placement = placement
         self.last: Optional[Path] = None
         # the step of the run's latest evaluation (the evaluator sets it; a checkpoint at that step records it, in
@@ -93,7 +96,8 @@ class Checkpointer:
         """Checkpoint `run` at `pos` (once per step: a second call at the same step returns the first)."""
         if self._saved_here(pos.step):
             return self.last  # this step is already saved in this run
-        run_dir_present(self.run_dir)
+        if self._dir_at_start:
+            run_dir_present(self.run_dir)
         state = self._state(run, pos, stats)
         keep = self.cfg.checkpoint.keep
         if run.plan is not None:
@@ -119,7 +123,8 @@ class Checkpointer:
         when the step was just saved, else a copy of the model; in a sharded run a manifest and its own shards
         (`dlrm.distributed.checkpoint.save_best_sharded`; ``python -m dlrm.distributed.merge`` makes it one file)."""
         path = self.best_path
-        run_dir_present(self.run_dir)
+        if self._dir_at_start:
+            run_dir_present(self.run_dir)
         saved = self.last if self._saved_here(pos.step) else None
         if run.plan is not None:
             return dist_ckpt.save_best_sharded(path, self._state(run, pos, stats), pos.step, self.env, run.plan,
