@@ -443,7 +443,8 @@ def _blame_overrides(error: ConfigError, source: str, overrides: dict[str, Any])
     """A value that came from the command line (an override) is named as such, not as the config file's."""
     message, prefix = str(error), f"{source}: "
     rest = message[len(prefix):] if message.startswith(prefix) else None
-    if rest is not None and any(rest.startswith(f"{key}:") or rest.startswith(f"{key} ") for key in overrides):
+    # "key[i]:" too: an element of a list the override gave (model.multi_hot_sizes[0]) was blamed on the file
+    if rest is not None and any(rest.startswith((f"{key}:", f"{key} ", f"{key}[")) for key in overrides):
         return ConfigError(f"command line: {rest}")
     return error
 

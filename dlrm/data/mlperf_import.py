@@ -67,6 +67,7 @@ from dlrm.data.preprocess.options import CODECS
 from dlrm.data.schema import (
     LABEL_COLUMN,
     DENSE_FORMATS,
+    MAX_MULTI_HOT_SIZE,
     MLPERF_CARDINALITIES,
     NUM_DENSE,
     NUM_SPARSE,
@@ -177,6 +178,10 @@ class Day:
             if ids.ndim != 2 or ids.shape[0] != n or ids.shape[1] < 1 or ids.dtype.kind not in "iu":
                 raise ImportInputError(f"{paths[2]}: member {f}.npy: shape {ids.shape} {ids.dtype}, expected integers "
                                        f"[{n}, size] (the rows of {paths[0].name})")
+            if ids.shape[1] > MAX_MULTI_HOT_SIZE:  # metadata.json could not hold it: every reader refused the
+                # finished dataset ("multi_hot_sizes[f]: ... is not an integer in [1, 65536]") after a whole import
+                raise ImportInputError(f"{paths[2]}: member {f}.npy: {ids.shape[1]} values a row, more than the "
+                                       f"{MAX_MULTI_HOT_SIZE} a dataset's multi_hot_sizes allows")
         return cls(i, labels, dense, sparse, paths)
 
     @property

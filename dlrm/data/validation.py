@@ -13,6 +13,7 @@ and where it can, the column and the row.
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -81,12 +82,31 @@ def _is_int64_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) and t.value_type == pa.int64()
 
 
-def _type_error(path: Path, name: str, actual: pa.DataType, want: pa.DataType) -> DatasetError:
+def _sizes_hint(names: list[str], column: str, sizes: list[int]) -> str:
+    """Words naming the key behind an error about `column`, a sparse column of feature f: how the file (columns
+    `names`) holds f, one column or k slot columns, and the dataset's ``multi_hot_sizes[f]`` ("" for another column,
+    or a feature the file holds no column of). A multi-hot mismatch (metadata.json says another size than the file
+    was written with) read "column SPARSE_6_0: missing" or "type int64 is not list<item: int64>", naming no key."""
+    match = re.fullmatch(r"SPARSE_(\d+)(_\d+)?", column)
+    f = int(match.group(1)) if match else NUM_SPARSE
+    if f >= NUM_SPARSE:
+        return ""
+    slots = sum(1 for name in names if re.fullmatch(rf"SPARSE_{f}_\d+", name))
+    held = (f"{slots} slot column{'s' if slots > 1 else ''}" if slots
+            else f"one column {SPARSE_COLUMNS[f]}" if SPARSE_COLUMNS[f] in names else "")
+    return (f" (the file holds feature {f} in {held}, the dataset's multi_hot_sizes[{f}] is {sizes[f]}: metadata.json, "
+            "or the multi_hot_sizes the loader was given)") if held else ""
+
+
+def _type_error(path: Path, name: str, actual: pa.DataType, want: pa.DataType, names: list[str],
+                sizes: list[int]) -> DatasetError:
     """The error of a column of the wrong type; says so when it is a multi-hot or a dense format mismatch."""
     why = ""
     if _is_int64_list(actual) and name in SPARSE_COLUMNS:
         why = (f" (a multi-hot column, but the dataset's multi_hot_sizes[{SPARSE_COLUMNS.index(name)}] is 1: "
                "metadata.json, or the multi_hot_sizes the loader was given)")
+    if actual == pa.int64() and _is_int64_list(want):  # the other way round: a one-hot column, sizes[f] > 1
+        why = _sizes_hint(names, name, sizes)
     if name in DENSE_COLUMNS and {actual, want} == {pa.int32(), pa.float32()}:
         why = (f" (the dataset's dense_format is {'float' if want == pa.float32() else 'counts'!r}: metadata.json, "
                "or the dense_format the loader was given)")
@@ -112,21 +132,22 @@ def check_schema(path: Path, schema: pa.Schema, multi_hot_sizes: list[int] | Non
     `layout` None: the file's own (`file_layout`). Returns the layout checked."""
     layout = layout or file_layout(schema, multi_hot_sizes)
     expected = arrow_schema(multi_hot_sizes, layout, dense_format)
-    names = schema.names
+    names, sizes = schema.names, multi_hot_sizes if multi_hot_sizes is not None else one_hot_sizes()
     for fld in expected:
         count = names.count(fld.name)
         if count == 0:
-            raise DatasetError(f"{path}: column {fld.name}: missing")
+            raise DatasetError(f"{path}: column {fld.name}: missing{_sizes_hint(names, fld.name, sizes)}")
         if count > 1:
             raise DatasetError(f"{path}: column {fld.name}: appears {count} times")
         actual = schema.field(fld.name).type
         if not (actual == fld.type or (_is_int64_list(fld.type) and _is_int64_list(actual))):
-            raise _type_error(path, fld.name, actual, fld.type)
+            raise _type_error(path, fld.name, actual, fld.type, names, sizes)
     for name in names:
         if expected.get_field_index(name) < 0:
             slots = " (a multi-hot feature as SPARSE_<f>_<slot> columns)" if layout == "slots" else ""
             raise DatasetError(f"{path}: column {name}: not part of the dataset schema (expected exactly "
-                               f"{LABEL_COLUMN}, DENSE_0..{NUM_DENSE - 1}, SPARSE_0..{NUM_SPARSE - 1}{slots})")
+                               f"{LABEL_COLUMN}, DENSE_0..{NUM_DENSE - 1}, SPARSE_0..{NUM_SPARSE - 1}{slots})"
+                               f"{_sizes_hint(names, name, sizes)}")
     for i, (name, want) in enumerate(zip(names, expected.names)):
         if name != want:
             raise DatasetError(f"{path}: column {name}: at position {i}, where {want} belongs (columns out of order)")
