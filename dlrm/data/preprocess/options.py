@@ -149,7 +149,9 @@ def check_options(*, input_format: Any, split: Any, validation_fraction: Any, te
         split=split,
         validation_fraction=validation_fraction,
         test_fraction=test_fraction,
-        seed=_check_int("--seed", seed),
+        # the random split keys its hash with the seed's low 64 bits (`splits.random_uniform`): a seed outside
+        # [0, 2**64) silently split as another one did (2**64 as 0, -1 as 2**64 - 1) while the metadata named it
+        seed=_check_int("--seed", seed, minimum=0, maximum=2**64 - 1),
         hashing=hashing,
         min_frequency=threshold,
         min_frequency_auto=auto,
