@@ -18,6 +18,7 @@ from dlrm.config import ConfigError
 from dlrm.data.loader import batches_per_epoch, rank_rows, rank_slice
 from dlrm.data.schema import read_metadata
 from dlrm.distributed.checkpoint import assemble
+from dlrm.distributed.merge import merge_to_file
 from dlrm.distributed.sharding import MASKED_SLOT_COST, SENT_FEATURE_COST, plan_cost, plan_sharding
 from dlrm import checkpoint as ckpt
 from tests.conftest import REPO, make_dataset, process_output
@@ -340,10 +341,10 @@ def train_run(tmp_path, dataset, name, nproc, sharding="auto", extra=(), embeddi
 
 
 def merged_state(manifest, tmp_path, name):
+    """The sharded checkpoint `manifest` merged into ``{name}-merged.pt`` (in this process: the merge's command
+    line, its exit codes and messages, is tested in tests/test_checkpoint_safety.py; a process a merge cost ~2 s)."""
     out = tmp_path / f"{name}-merged.pt"
-    result = subprocess.run([sys.executable, "-m", "dlrm.distributed.merge", str(manifest), str(out)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
+    merge_to_file(Path(manifest), out)
     return out, torch.load(out, weights_only=False)
 
 

@@ -14,11 +14,11 @@ How close, and why:
   (`TritonSparseEmbedding` for one-hot tables, `TritonPooledEmbedding` for multi-hot ones), with
   random bits keyed by the row of the local shard, not of the full table, so shard and one process
   round independently (at most 1 bf16 ulp apart after one step, not bit for bit).
-* Training (train.py under torchrun, planted data): the tables round independently at every step, so
-  the runs drift apart as two one-process runs with different rounding seeds would (measured: as far
-  as those, for both kinds): their losses, AUCs, dense parameters, and the distance between their
-  tables measured against how far training moved the tables, have bounds such noise stays far
-  inside. The rounding seed advances once a step on both sides (exact).
+* Training (train.py under torchrun, planted data; one run a kind, whose plan holds both kinds of shard): the
+  tables round independently at every step, so the runs drift apart as two one-process runs with different
+  rounding seeds would (measured: as far as those, for both kinds): their losses, AUCs, dense parameters, and
+  the distance between their tables measured against how far training moved the tables, have bounds such noise
+  stays far inside. The rounding seed advances once a step on both sides (exact).
 * Resume of a sharded bf16 run: the stochastic-rounding seed is part of the shard (and of the sparse
   optimizer's state), the fp32 Adagrad sums come back fp32: bit for bit, one-hot and multi-hot.
 * Merge: the shards assemble into the bf16 table (the shard-only seed left out of the model, as the
@@ -293,19 +293,35 @@ def datasets(tmp_path_factory):
     return computed_once(tmp_path_factory, "bf16-data", make)
 
 
-def bf16_config(path: Path, dataset: Path, sharding: str = "row", embedding: str = "triton") -> Path:
+# The training runs' plan: both kinds of shard in one run, so one two-rank run (~30 s on a CI core under the
+# interpreter) checks both: of the "tiny" tables, the 12 of 60 rows or more row-wise (a block on each rank), the
+# 14 others whole, lookups balanced (6 to 8 whole tables a rank). Table-wise alone and row-wise alone are checked step
+# by step above (`test_one_step_of_bf16_shards_rounds_the_one_process_fp32_step`).
+MIXED = {"sharding": "auto", "balance": "lookups", "row_wise_min_rows": 60}
+
+
+def mixed_plan(kind: str):
+    """The training runs' `MIXED` plan of the "tiny" tables over two ranks."""
+    from dlrm.data.synthetic import CARDINALITY_PRESETS
+    from tests.test_distributed import MULTI_HOT_SIZES
+
+    return plan_sharding(CARDINALITY_PRESETS["tiny"], 2, MIXED["sharding"], MIXED["row_wise_min_rows"],
+                         MULTI_HOT_SIZES if kind == "multi-hot" else None, MIXED["balance"])
+
+
+def bf16_config(path: Path, dataset: Path, sharding: str = "mixed", embedding: str = "triton") -> Path:
     raw = json.loads(json.dumps(BASE))
     raw["kernels"] = {"embedding": embedding}
     raw["model"]["embedding_dtype"] = "bf16"
     raw["data"]["path"] = str(dataset)
     raw["train"]["epochs"] = 1
     raw["checkpoint"]["every"] = 10  # checkpoints at 10, 20 and 27: the resume test continues 20
-    raw["distributed"] = {"sharding": sharding, "row_wise_min_rows": 10}  # read by "auto" only
+    raw["distributed"] = MIXED if sharding == "mixed" else {"sharding": sharding}
     path.write_text(json.dumps(raw))
     return path
 
 
-def bf16_run(tmp: Path, dataset: Path, name: str, nproc: int, sharding: str = "row") -> Path:
+def bf16_run(tmp: Path, dataset: Path, name: str, nproc: int, sharding: str = "mixed") -> Path:
     cfg = bf16_config(tmp / f"{name}.json", dataset, sharding)
     result = run(["--config", str(cfg), "--run-name", name, "--tb-dir", str(tmp / "tb")], tmp, nproc)
     assert result.returncode == 0, process_output(result)
@@ -331,12 +347,11 @@ def one_process(tmp_path_factory, datasets):
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory, datasets):
-    """Two ranks with bf16 shards, per (dataset, sharding), run when first asked for: run directory."""
+    """Two ranks with bf16 shards (the `MIXED` plan), per dataset, run when first asked for: run directory."""
 
-    def get(kind: str, sharding: str) -> Path:
-        tmp = computed_once(tmp_path_factory, f"bf16-two-{kind}-{sharding}",
-                            lambda d: bf16_run(d, datasets / kind, f"two-{sharding}", 2, sharding))
-        return tmp / "tb" / f"two-{sharding}"
+    def get(kind: str) -> Path:
+        tmp = computed_once(tmp_path_factory, f"bf16-two-{kind}", lambda d: bf16_run(d, datasets / kind, "two", 2))
+        return tmp / "tb" / "two"
 
     return get
 
@@ -374,8 +389,7 @@ def assert_dense_close(a: dict, b: dict, atol: float, state_rel: float) -> None:
 
 
 @pytest.mark.parametrize("kind", ["one-hot", "multi-hot"])
-@pytest.mark.parametrize("sharding", ["table", "row"])
-def test_two_ranks_with_bf16_shards_train_like_one_process(tmp_path, one_process, two_ranks, kind, sharding):
+def test_two_ranks_with_bf16_shards_train_like_one_process(tmp_path, one_process, two_ranks, kind):
     """Both sides round stochastically with independent bits (keyed by the local row on the shards),
     so the runs differ by rounding noise that training carries along, as two one-process runs whose
     rounding seeds differ do. Each update's rounding is within 1 bf16 ulp (test_one_step_... above).
@@ -392,16 +406,25 @@ def test_two_ranks_with_bf16_shards_train_like_one_process(tmp_path, one_process
       5.1%; two ranks table-wise multi-hot, lookups balanced: 4.75%; 0.13-0.24% under the plan that
       balanced rows, whose rank 0 held the first tables at their one-process rows, where the rounding
       bits, keyed by the row, are the same);
-    - the dense parameters within rtol 0.05, atol 0.02 (at most 0.6% of a tensor's norm, 0.0077 in
+    - the dense parameters within rtol 0.05, atol 0.04 (at most 0.6% of a tensor's norm, 0.0077 in
       an element), and each tensor of their Adam state within 30% of its norm (Adam's first moment of
       one parameter up to 10.9%: seeds 2000 and 3000, and two ranks table-wise multi-hot);
     - the losses by less than 1% (at most 0.08%), the AUCs by less than 0.02 (at most 0.001).
+    The values above were measured on table-wise and row-wise plans. The runs here use the `MIXED` plan (both kinds
+    in one run), measured on 2026-12-01: tables 6.9% (one-hot) and 4.4% (multi-hot) of the movement; sums 0.35% and
+    5.6%; dense parameters up to 2.0% of a tensor's norm and 0.0198 in an element (one-hot, the top MLP's first
+    weight: 0.71 of the bound at atol 0.02, hence atol 0.04, ~2x), Adam's state up to 11.5%; losses 0.10% and
+    0.12%, AUCs 0.001. The same runs with fp32 tables agree with one process to 1e-7 (rounding is all that differs).
     Exact: the position, the rounding seed (one a step on both sides) and the keys of the merged
     checkpoint (the one-process model's)."""
     ref, ref_summary, ref_dir = one_process[kind]
-    run_dir = two_ranks(kind, sharding)
+    run_dir = two_ranks(kind)
     check_shards_are_bf16(run_dir)
-    _, merged = merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, sharding)
+    plan = mixed_plan(kind)  # both kinds of shard: 12 tables a block on each rank, the 14 others whole (6 to 8 a rank)
+    assert len(plan.row_wise_tables()) == 12 and min(len(plan.served(q)) for q in range(2)) >= 12 + 6
+    assert [s["model"]["sparse_arch.weight"].shape[0] for s in shard_states(run_dir).values()] == [
+        plan.local_rows(q) for q in range(2)]
+    _, merged = merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, kind)
     assert merged["position"] == ref["position"] and merged["position"]["step"] == STEPS
     # the shard-only seed is left out of the model (one process keeps its own out of the model's
     # state_dict); the sparse optimizer's state carries it on both sides
@@ -416,7 +439,7 @@ def test_two_ranks_with_bf16_shards_train_like_one_process(tmp_path, one_process
     moved = (w_ref.float() - w10["sparse_arch.weight"].float()).norm()
     assert moved > 0.1 * w_ref.float().norm()  # training did move the tables (measured: 24-25%)
     assert (w.float() - w_ref.float()).norm() < 0.2 * moved
-    assert_dense_close(merged, ref, atol=0.02, state_rel=0.3)
+    assert_dense_close(merged, ref, atol=0.04, state_rel=0.3)
     summary = summary_of(run_dir)
     assert summary["world_size"] == 2 and summary["samples"] == ref_summary["samples"]
     for (s1, l1), (s2, l2) in zip(summary["train_losses"], ref_summary["train_losses"]):
@@ -443,13 +466,13 @@ def assert_equal_states(a: dict, b: dict) -> None:
                     assert oa["state"][pid][name] == v, f"{pid}.{name}"
 
 
-@pytest.fixture(scope="module", params=[("multi-hot", "row"), ("one-hot", "table")], ids=lambda p: "-".join(p))
+@pytest.fixture(scope="module", params=["multi-hot", "one-hot"])
 def resumed(request, tmp_path_factory, two_ranks):
     """A two-rank bf16 run continued from its step-20 checkpoint in a new run on two ranks: (the
     uninterrupted run's step-27 shards, the continued run's)."""
-    kind, sharding = request.param
-    straight_dir = two_ranks(kind, sharding)
-    config = straight_dir.parent.parent / f"two-{sharding}.json"
+    kind = request.param
+    straight_dir = two_ranks(kind)
+    config = straight_dir.parent.parent / "two.json"
     step20 = ckpt.checkpoint_dir(straight_dir) / ckpt.checkpoint_name(20)
 
     def make(tmp: Path) -> None:
@@ -484,10 +507,9 @@ def test_bf16_sharded_resume_is_exact(resumed):
         assert_equal_states(branch[name], ref)
 
 
-@pytest.mark.parametrize("kind,sharding,module", [("multi-hot", "row", TritonPooledEmbedding),
-                                                   ("one-hot", "table", TritonSparseEmbedding)],
-                         ids=["multi-hot-row", "one-hot-table"])
-def test_bf16_merge_loads_and_exports_as_one_process(tmp_path, one_process, two_ranks, kind, sharding, module):
+@pytest.mark.parametrize("kind,module", [("multi-hot", TritonPooledEmbedding), ("one-hot", TritonSparseEmbedding)],
+                         ids=["multi-hot", "one-hot"])
+def test_bf16_merge_loads_and_exports_as_one_process(tmp_path, one_process, two_ranks, kind, module):
     """The merged bf16 checkpoint holds a one-process model (bf16 table, no shard-only keys: the
     shards' sr_seed is left out, as one process keeps its seed out of its model's state_dict): it
     loads into the one-process bf16 Triton model as is, and exports (portable, fp32 PyTorch modules)
@@ -496,13 +518,13 @@ def test_bf16_merge_loads_and_exports_as_one_process(tmp_path, one_process, two_
     from dlrm.train.export import export_checkpoint, model_from_checkpoint
     from dlrm.train.trainer import build_for_data
 
-    run_dir = two_ranks(kind, sharding)
+    run_dir = two_ranks(kind)
     assert all("sparse_arch.sr_seed" in s["model"] for s in shard_states(run_dir).values())
-    out, merged = merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, f"{kind}-{sharding}")
+    out, merged = merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, kind)
     table = merged["model"]["sparse_arch.weight"]
     assert table.dtype == torch.bfloat16 and set(merged["model"]) == set(one_process[kind][0]["model"])
     assert "sparse_arch.sr_seed" not in merged["model"]
-    cfg = load_config(run_dir.parent.parent / f"two-{sharding}.json", {})
+    cfg = load_config(run_dir.parent.parent / "two.json", {})
     _, _, _, tables = build_for_data(cfg)
     # Triton needs CUDA, or the CPU under TRITON_INTERPRET (set by conftest only where there is no CUDA)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

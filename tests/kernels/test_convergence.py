@@ -175,6 +175,8 @@ def test_fused_update_resume_matches_uninterrupted(tmp_path, optimizer):
 
     def cfg(run, max_steps):
         c = _train_config(data, tmp_path / "tb", "triton", run)
+        if not torch.cuda.is_available():  # the other Triton kernels hold no state a resume restores; under the CPU's
+            c.kernels.interaction = c.kernels.mlp = c.kernels.loss = "torch"  # interpreter they were ~75% of the time
         c.optim.sparse.name = optimizer
         c.optim.schedule.decay = "none"  # the schedule must not depend on max_steps, which differs here
         c.train.max_steps, c.train.deterministic = max_steps, True
