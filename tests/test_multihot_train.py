@@ -112,6 +112,8 @@ def test_resume_gives_the_uninterrupted_runs_weights(datasets, tmp_path, kernels
     """"triton-bf16": bf16 tables, whose fp32 Adagrad sums must come back fp32 (not cast to the table's
     dtype) and whose stochastic-rounding seed must go on where it stopped."""
     over = {"kernels.embedding": "torch"} if kernels == "torch" else TRITON
+    if kernels != "torch" and DEVICE == "cpu":  # the other Triton kernels hold no state a resume restores; under the
+        over = {"kernels.embedding": "triton"}  # CPU's interpreter they were most of this test's time
     if kernels == "triton-bf16":
         over = {**over, "model.embedding_dtype": "bf16"}
     over = {**over, "checkpoint.every": 2}
