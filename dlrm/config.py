@@ -65,7 +65,8 @@ class DataConfig:
     """Seeded shuffle of row-group order and of rows within the shuffle buffer."""
     shuffle_buffer_rows: int = 1_000_000
     """Rows shuffled together, and the unit the stream loader decodes and copies to the device (two
-    such buffers live on the device, 264 bytes a row); a split smaller than this is shuffled as a whole."""
+    such buffers live on the device, 264 bytes a row); a split smaller than this is shuffled as a whole. The
+    evaluation loaders (unshuffled) decode buffers of this size too."""
     prefetch: int = 3
     """Shuffle buffers decoded ahead by the background threads (about shuffle_buffer_rows rows each); on CUDA the
     next is also copied to the device on a side stream while the current one is cut into batches. Costs prefetch + 1

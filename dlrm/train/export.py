@@ -80,6 +80,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     model, resolved = _built_from_checkpoint(cfg, Path(path), tables, device)
     batch_size = cfg.data.eval_batch_size or 4 * cfg.data.batch_size
     loader = ParquetLoader(split_files(data_dir, meta, split), batch_size, device, prefetch=cfg.data.prefetch,
+                           shuffle_buffer_rows=cfg.data.shuffle_buffer_rows,  # the memory the config allows
                            multi_hot_sizes=meta.multi_hot_sizes, dense_format=meta.dense_format)
     with RunDirectory.create(cfg) as run_dir:  # removed again if the evaluation fails
         t0 = time.perf_counter()

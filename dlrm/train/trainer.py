@@ -90,8 +90,10 @@ def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.d
         if is_multi_hot(multi_hot_sizes):
             _log_multi_hot_hints(loader)
         return loader
-    # an evaluation sees every row: a last batch with fewer rows than ranks gets padding rows (Batch.pad)
-    return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, pad_ranks=True, **ranks)
+    # an evaluation sees every row: a last batch with fewer rows than ranks gets padding rows (Batch.pad); its buffers
+    # are data.shuffle_buffer_rows too (the default 1M rows held ~0.9 GB a buffer of MLPerf's rows whatever was set)
+    return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, pad_ranks=True,
+                         shuffle_buffer_rows=d.shuffle_buffer_rows, **ranks)
 
 
 def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:
