@@ -110,9 +110,12 @@ def output_lock(path: Path, option: str, error: type[Exception] = click.ClickExc
         []
         >>> out.parent.rmdir()
     """
-    parent = Path(path).absolute().parent
-    if inside_ok and Path(path).is_dir() and os.access(path, os.W_OK | os.X_OK) and not os.access(parent, os.W_OK):
-        parent = Path(path).absolute()
+    # the lock of the output itself, however it is spelled: an output reached through a symlink (`link` -> `out`)
+    # locked `.link.lock`, and a second run writing `out` took `.out.lock` at the same time
+    real = Path(os.path.realpath(path))
+    parent = real.parent
+    if inside_ok and real.is_dir() and os.access(real, os.W_OK | os.X_OK) and not os.access(parent, os.W_OK):
+        parent = real
     try:
         check_parent_writable(parent / "lock", option)
     except click.ClickException as e:
@@ -122,7 +125,7 @@ def output_lock(path: Path, option: str, error: type[Exception] = click.ClickExc
         made = made.parent
     made = None if parent.exists() else made  # the topmost directory this creates, removed again if left empty
     parent.mkdir(parents=True, exist_ok=True)
-    lock = parent / f".{Path(path).name}.lock"
+    lock = parent / f".{real.name}.lock"
     while True:
         try:
             fd, _ = try_lock(lock)
