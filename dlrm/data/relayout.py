@@ -21,7 +21,8 @@ recover from them).
 
 A slot column keeps a row's values first and -2 (no value) after them; going back to lists drops
 the -2s after a row's last value (a -2 between two values, as another writer may store it, stays), so
-lists -> slots -> lists gives back the same lists and slots -> lists -> slots the same slots.
+lists -> slots -> lists gives back the same lists (less any -2s a list ends with, which the loaders read as the
+same empty slots either way) and slots -> lists -> slots the same slots.
 ``--output`` is written whole into a temporary directory beside it and renamed into place at the end: it
 never holds a half-written dataset (a failed run removes the temporary directory and the parents of
 ``--output`` it made), and an existing non-empty ``--output`` is refused unless ``--overwrite`` (an
