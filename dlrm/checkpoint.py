@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
+from dlrm.stop_signal import signals_deferred
 
 FORMAT_VERSION = schema.FORMAT_VERSION
 _NAME = re.compile(r"step-(\d{8,})\.pt$")
@@ -216,8 +217,9 @@ def write_files_atomic(directory: Path, files: dict[str, str | bytes]) -> None:
                 os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is an ordinary readable file
             except OSError as e:  # the write's error names no file: this one's name (not its temporary's)
                 raise named_os_error(e, directory / name) from None
-        for tmp, path in temps:
-            os.replace(tmp, path)
+        with signals_deferred():  # all renamed or none: a Ctrl-C or SIGTERM between two mixed the sets
+            for tmp, path in temps:
+                os.replace(tmp, path)
     finally:
         for tmp, _ in temps:
             tmp.unlink(missing_ok=True)

@@ -9,7 +9,10 @@ dlrm.preprocess``, ``dlrm.data.synthetic``, ``dlrm.data.mlperf_import``, ``dlrm.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
+from collections.abc import Iterator
 from typing import Optional
 
 from dlrm.errors import TrainingStopped
@@ -66,3 +69,35 @@ class StopAtOnce:
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside wait until it ends, then act as they would have (the handlers in place
+    before run, a default action takes effect): for a few steps that must all happen or none, as the renames that
+    publish a set of report files (`dlrm.checkpoint.write_files_atomic`); a Ctrl-C between two of them left a new file
+    beside the older others. Only the main thread handles signals: elsewhere it defers nothing.
+
+    Example:
+        >>> import os
+        >>> got = []
+        >>> previous = signal.signal(signal.SIGTERM, lambda n, f: got.append("handled"))
+        >>> with signals_deferred():
+        ...     os.kill(os.getpid(), signal.SIGTERM)
+        ...     got.append("finished")
+        >>> got
+        ['finished', 'handled']
+        >>> _ = signal.signal(signal.SIGTERM, previous)
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: arrived.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in dict.fromkeys(arrived):  # each once, in the order they came
+            signal.raise_signal(signum)
