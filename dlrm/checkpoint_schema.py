@@ -452,6 +452,10 @@ def _check_run_stats(stats: Any, path: Path) -> None:
     ok = best is None or (_is_dict(best) and _is_int(best.get("step")) and type(best.get("metric")) is str
                           and _is_number(best.get(best["metric"])))
     _expect(ok, best, path, "run_stats.best", "None or a dict with the int step, the metric's name and its value")
+    grid = stats.get("grid_best")  # early stopping's reference when best is off the eval_every grid (RunStats)
+    ok = grid is None or (_is_dict(grid) and (not grid or (_is_int(grid.get("step")) and type(grid.get("metric")) is str
+                                                           and _is_number(grid.get(grid["metric"])))))
+    _expect(ok, grid, path, "run_stats.grid_best", "None, {} or a dict with the int step, the metric's name and its value")
     # the losses since the last logging step (`StepMeter.snapshot`): a resume puts them back in its first window
     # (unchecked, a malformed list was a float() traceback in RunStats.from_dict, a string read as digit losses)
     if "window_losses" in stats:

@@ -136,6 +136,9 @@ def load_with_kernels_shortcut(config_path: str, overrides: dict) -> Config:
 # them without a word (`--eval-only --profile` wrote no trace, `--eval-only --baseline` fitted none).
 TRAINING_ONLY = {"profile.enabled": "--profile", "train.baseline": "--baseline",
                  "checkpoint.every": "--checkpoint-every", "train.epochs": "--epochs", "train.max_steps": "--max-steps"}
+# ... and the options naming the evaluated split and the run directory, which a bare export of a --checkpoint does not
+# make either (`--checkpoint C --export M --split test` exported C, exit 0; with --eval-only they act)
+EVALUATION_ONLY = {"data.eval_split": "--split", "log.run_name": "--run-name"}
 
 
 def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str], export_path: Optional[str],
@@ -175,6 +178,11 @@ def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str
         if ignored:
             mode = "--eval-only" if eval_only else "--export of a --checkpoint"
             raise ConfigError(f"{ignored[0]}: acts only on training, and {mode} trains nothing (leave it out)")
+    if export_path and checkpoint_path and not eval_only:
+        ignored = [flag for key, flag in EVALUATION_ONLY.items() if (overrides or {}).get(key) is not None]
+        if ignored:
+            raise ConfigError(f"{ignored[0]}: acts only on an evaluation or a training run, and --export of a "
+                              "--checkpoint makes neither (leave it out, or add --eval-only)")
     if allowed_changes and resume is None:
         raise ConfigError("--allow-config-change: only applies with --resume")
     # read as dlrm.distributed.env._env_int reads it (that module imports torch): int(), empty = unset. Compared as

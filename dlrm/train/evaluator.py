@@ -92,13 +92,19 @@ class Evaluator:
         checkpoint (which then holds this evaluation, and which best.pt links to).
         `counted`: False for an evaluation off the ``train.eval_every`` grid (a run's last, at a ``train.max_steps``
         that is not a multiple): one without improvement is not counted towards early stopping's patience (a longer
-        run makes no evaluation there; a resume would stop earlier than it); a new best is recorded all the same."""
+        run makes no evaluation there; a resume would stop earlier than it); a new best is recorded all the same (kept
+        as best.pt), while patience goes on comparing the grid's evaluations with the grid's best (`RunStats.grid_best`)."""
         t = time.perf_counter()
         metrics = log_eval(self.writer, evaluate(self.run.eval_forward, self.loader, self.env), pos.step)
         if self.target is not None:  # before the best: best.pt's run_stats then record a target it reached
             self.target.observe(pos, metrics, time.perf_counter() - t, self.writer)
         self.checkpointer.evaluated_step = pos.step  # a checkpoint at this step holds this evaluation
         improves = self._improves(metrics[self.metric])
+        # early stopping compares the grid's evaluations with the grid's best: an off-grid best (a session's last
+        # evaluation, at a max_steps that is not a multiple) is kept, but a longer run makes no evaluation there, and
+        # compared with it a resume counted the uninterrupted run's gains as none and stopped before it did
+        grid = self.stats.best if self.stats.grid_best is None else self.stats.grid_best
+        grid_gain = counted and self.stats.grid_best is not None and self._gain(metrics[self.metric], grid)
         if self.stop_if_diverged is not None and not math.isfinite(metrics["logloss"]):
             # a model that diverged between the loss checks (which see only logging windows, checkpoints and the end:
             # its first evaluation wrote it as best.pt), or whose finite weights overflow its outputs (a huge learning
@@ -116,11 +122,17 @@ class Evaluator:
             # must take this evaluation as its best (with the previous best it kept a worse later one as best.pt)
             self.stats.best = {"step": pos.step, "metric": self.metric, **metrics,
                                "checkpoint": str(self.checkpointer.best_path)}
-            self.stats.evals_since_best = 0
+            if counted:
+                self.stats.grid_best, self.stats.evals_since_best = None, 0
+            else:  # the grid's best stays what it was ({}: none yet), and so does the count
+                self.stats.grid_best = {} if grid is None else grid
             if defer_best:  # (written after the step's checkpoint, whose check looks at the weights first)
                 self._pending_best = ckpt.Position(pos.step, pos.epoch, pos.batch)
             else:
                 self.checkpointer.save_best(self.run, pos, self.stats)
+        elif grid_gain:  # a gain over the grid's best: the uninterrupted run's new best (best.pt keeps the better)
+            self.stats.grid_best = {"step": pos.step, "metric": self.metric, self.metric: metrics[self.metric]}
+            self.stats.evals_since_best = 0
         elif counted:
             self.stats.evals_since_best += 1
         return metrics
@@ -132,7 +144,10 @@ class Evaluator:
             self.checkpointer.save_best(self.run, pos, self.stats)
 
     def _improves(self, value: float) -> bool:
-        best = self.stats.best
+        return self._gain(value, self.stats.best)
+
+    def _gain(self, value: float, best: Optional[dict]) -> bool:
+        """Whether `value` improves on the evaluation `best` (None or {}: there is none)."""
         # a NaN best (AUC of a one-class split or of NaN logits, logloss of an overflowed model) is no best: nothing
         # compares above it
         if best is None or best.get("metric") != self.metric or math.isnan(best[self.metric]):

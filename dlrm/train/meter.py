@@ -36,7 +36,10 @@ class RunStats:
         train_s: seconds spent in the training loop.
         train_losses: ``[step, mean loss of the logging window]`` pairs.
         best: the best evaluation so far (`dlrm.train.evaluator.Evaluator`), or None.
-        evals_since_best: evaluations since `best` (early stopping's patience counter).
+        evals_since_best: evaluations since `best` (early stopping's patience counter; of the grid's best, below).
+        grid_best: None when `best` is an evaluation on the ``train.eval_every`` grid; else (`best` is a session's last
+            evaluation off it) the best of the grid's evaluations ({}: none yet), which early stopping compares with,
+            as a longer uninterrupted run (which makes no evaluation off the grid) does.
         window_losses: the losses of the steps since the last step that is a multiple of ``train.log_every``, one a
             step (`StepMeter.snapshot`): a run resumed between two logging steps puts them back in its first logging
             window, which then logs the mean the uninterrupted run logs.
@@ -48,6 +51,7 @@ class RunStats:
     best: Optional[dict] = None
     evals_since_best: int = 0
     window_losses: list[float] = field(default_factory=list)
+    grid_best: Optional[dict] = None
 
     def to_dict(self) -> dict:
         out = {"samples": int(self.samples), "train_s": float(self.train_s),
@@ -57,6 +61,8 @@ class RunStats:
             out["best"] = dict(self.best)
         if self.window_losses:
             out["window_losses"] = [float(x) for x in self.window_losses]
+        if self.grid_best is not None:
+            out["grid_best"] = dict(self.grid_best)
         return out
 
     @classmethod
@@ -66,7 +72,8 @@ class RunStats:
         best = d.get("best")
         return cls(int(d["samples"]), float(d["train_s"]), [[int(s), float(l)] for s, l in d["train_losses"]],
                    dict(best) if isinstance(best, dict) else None, int(d.get("evals_since_best", 0)),
-                   [float(x) for x in d.get("window_losses") or []])
+                   [float(x) for x in d.get("window_losses") or []],
+                   dict(d["grid_best"]) if isinstance(d.get("grid_best"), dict) else None)
 
 
 class LossWindow:

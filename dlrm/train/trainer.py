@@ -90,8 +90,7 @@ def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.d
         if is_multi_hot(multi_hot_sizes):
             _log_multi_hot_hints(loader)
         return loader
-    # an evaluation sees every row: a last batch with fewer rows than ranks gets padding rows (Batch.pad); its buffers
-    # are data.shuffle_buffer_rows too (the default 1M rows held ~0.9 GB a buffer of MLPerf's rows whatever was set)
+    # an evaluation sees every row (a last batch with fewer rows than ranks: padding rows, Batch.pad); buffers as set
     return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, pad_ranks=True,
                          shuffle_buffer_rows=d.shuffle_buffer_rows, **ranks)
 
@@ -264,7 +263,7 @@ class Trainer:
         logger.warning(f"--resume: data.eval_split {old!r} -> {new!r}: the best evaluation so far (step "
                        f"{self.stats.best.get('step')}) is of {old!r}, not compared with {new!r}'s: the best starts "
                        f"afresh, and this run's best {new!r} evaluation replaces {self.checkpointer.best_path}")
-        self.stats.best, self.stats.evals_since_best = None, 0
+        self.stats.best, self.stats.grid_best, self.stats.evals_since_best = None, None, 0
 
     def _keep_best_model(self) -> None:
         """The recorded best evaluation's checkpoint must hold that evaluation's model, in this run: a branch
@@ -376,8 +375,10 @@ class Trainer:
                         # a best at a checkpoint step: best.pt written after that checkpoint, a hard link to it (written
                         # before, it was a second full copy of the model)
                         self.last_eval = evaluator(pos, defer_best=bool(checkpoint_now))
-                    if evaluator.should_stop:
+                    if evaluator.should_stop:  # this step's losses logged as at a run's last step (final_train_loss)
                         self.early_stopped = True
+                        if pos.step % cfg.train.log_every:  # off the logging grid: not queued above
+                            self._queue_window(stop)
                         break
                 if checkpoint_now:
                     self._check_finite()  # never save a checkpoint of a diverged model
@@ -560,9 +561,7 @@ class Trainer:
             "fast_path": self.run.fast_path,  # what each "auto" setting became on this device, and why
             "resolved": {"kernels": vars(self.run.config.kernels), "compile": self.run.config.train.compile.enabled,
                          "cuda_graph": self.run.config.train.cuda_graph, "placement": self.placement},
-            "device": str(device),
-            "device_name": device_name(device),
-            "versions": versions(),
+            "device": str(device), "device_name": device_name(device), "versions": versions(),
             "oracle_auc": self.meta.extra.get("oracle_auc", {}).get(d.eval_split),
             "checkpoint": str(self.checkpointer.last),
             "run_dir": str(self.run_dir.path),
