@@ -95,16 +95,25 @@ def tables_text(directory: Path, results: list[SettingResult], keys: list[str], 
 
 def write_hparams(directory: Path, results: list[SettingResult]) -> None:
     """One TensorBoard HParams run per setting under `directory` (swept keys -> metrics)."""
-    from torch.utils.tensorboard import SummaryWriter
+    from torch.utils.tensorboard.summary import hparams
 
-    with SummaryWriter(str(directory)) as writer:
-        for r in results:
-            if not r.summaries:  # every trial of it failed: no metric to show
-                continue
-            hparams = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in r.setting.items()}
-            aucs, losses = r.values("auc"), r.values("logloss")
-            writer.add_hparams(hparams or {"setting": "defaults"},
-                               {"sweep/auc_mean": statistics.fmean(aucs), "sweep/auc_std": _std(aucs),
-                                "sweep/logloss_mean": statistics.fmean(losses),
-                                "sweep/failed_trials": len(r.failed)},  # its means are of fewer seeds
-                               run_name=slug(r.index, r.setting))
+    from dlrm.train.reporting import open_writer
+
+    # Each setting's run written as SummaryWriter.add_hparams writes it (its experiment, session summaries and metric
+    # scalars in DIRECTORY/<slug>), by open_writer: on a full disk an OSError naming the event file (add_hparams's own
+    # inner writer's thread died of it with a traceback, and the error raised here named no file)
+    with open_writer(directory):  # the sweep's own events file, as before
+        pass
+    for r in results:
+        if not r.summaries:  # every trial of it failed: no metric to show
+            continue
+        swept = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in r.setting.items()}
+        aucs, losses = r.values("auc"), r.values("logloss")
+        metrics = {"sweep/auc_mean": statistics.fmean(aucs), "sweep/auc_std": _std(aucs),
+                   "sweep/logloss_mean": statistics.fmean(losses),
+                   "sweep/failed_trials": len(r.failed)}  # its means are of fewer seeds
+        with open_writer(directory / slug(r.index, r.setting)) as writer:
+            for summary in hparams(swept or {"setting": "defaults"}, metrics):
+                writer._get_file_writer().add_summary(summary)
+            for tag, value in metrics.items():
+                writer.add_scalar(tag, value)

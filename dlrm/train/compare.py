@@ -391,11 +391,11 @@ def log_comparison(base: Path, text: str, png: bytes) -> None:
         ...     any(p.name.startswith("events.out.tfevents") for p in Path(d).iterdir())
         True
     """
-    from torch.utils.tensorboard import SummaryWriter
+    from dlrm.train.reporting import add_markdown, add_png, open_writer
 
-    from dlrm.train.reporting import add_markdown, add_png
-
-    with SummaryWriter(str(base)) as writer:
+    # open_writer: a full disk is an OSError naming the event file (a plain SummaryWriter's thread died of it with a
+    # traceback, and the error raised here named no file)
+    with open_writer(base) as writer:
         add_markdown(writer, "compare/table", text, 0)
         add_png(writer, "compare/plot", png, 0)
 
