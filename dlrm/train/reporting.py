@@ -3,6 +3,7 @@ log line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import struct
@@ -41,6 +42,14 @@ def open_writer(run_dir: Path, purge_step: Optional[int] = None) -> SummaryWrite
     if hasattr(worker, "_record_writer") and hasattr(worker, "exception"):
         worker._record_writer = _KeptWriteError(worker, getattr(events, "_file_name", str(run_dir)))
     return writer
+
+
+def close_quietly(writer: Optional[SummaryWriter]) -> None:
+    """Close a failed run's writer: its event-writer thread and open event file outlived the run (one more a failed
+    trial in a sweep's process). An error while closing (the full disk that failed the run) is not the run's error."""
+    if writer is not None:
+        with contextlib.suppress(Exception):
+            writer.close()
 
 
 class _KeptWriteError:

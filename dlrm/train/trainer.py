@@ -37,8 +37,8 @@ from dlrm.train.meter import WARMUP_STEPS, DeviceRead, RunStats, StepMeter, Wind
 from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler
-from dlrm.train.reporting import (NoWriter, device_name, final_line, log_hparams, log_profile, log_train, open_writer,
-                                  versions, write_summary)
+from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, log_train,
+                                  open_writer, versions, write_summary)
 from dlrm.train.resume_policy import check_position, check_resume_config
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
@@ -328,6 +328,7 @@ class Trainer:
         try:
             return self._fit()
         except BaseException:
+            close_quietly(getattr(self, "writer", None))  # before the directory may go: its thread writes there
             self.run_dir.abandon()  # removes the directory only if no step ran
             raise
 
