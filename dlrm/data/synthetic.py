@@ -76,6 +76,7 @@ validation, then test.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import os
 import shlex
@@ -478,9 +479,12 @@ def generate(
     """
     args = (out, rows, seed, cardinalities, raw_tsv, validation_fraction, test_fraction, rows_per_file, overwrite,
             regime, multi_hot_sizes, multi_hot_fill, compression, sparse_layout, workers)
-    # one run of an --out at a time: a second one (checked before the first's dataset was in place) was silently
-    # replaced by it at its end, --overwrite or not; checked again under the lock (one may have finished meanwhile)
-    with output_lock(_settings(*args).out, "--out"):
+    # one run of an --out (and of a --raw-tsv: two runs' TSVs replaced one another) at a time: a second one (checked
+    # before the first's output was in place) was silently replaced by it at its end, --overwrite or not; checked
+    # again under the locks (one may have finished meanwhile)
+    tsv_out = _settings(*args).tsv_path
+    with output_lock(_settings(*args).out, "--out"), \
+            (output_lock(tsv_out, "--raw-tsv") if tsv_out is not None else contextlib.nullcontext()):
         s = _settings(*args)
         started = time.perf_counter()
         teacher = Teacher(s.seed, s.cards, multi_hot_sizes=s.multi_hot_sizes, multi_hot_fill=s.multi_hot_fill)
