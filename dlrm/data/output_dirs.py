@@ -125,7 +125,7 @@ def output_lock(path: Path, option: str, error: type[Exception] = click.ClickExc
         made = made.parent
     made = None if parent.exists() else made  # the topmost directory this creates, removed again if left empty
     parent.mkdir(parents=True, exist_ok=True)
-    lock = parent / f".{real.name}.lock"
+    lock = parent / lock_name(path)
     while True:
         try:
             fd, _ = try_lock(lock)
@@ -149,6 +149,12 @@ def output_lock(path: Path, option: str, error: type[Exception] = click.ClickExc
         if made is not None:
             with contextlib.suppress(OSError):
                 _remove_empty_parents(parent, made)
+
+
+def lock_name(path: Path) -> str:
+    """The name of `output_lock`'s file for the output `path`: its real path's (``.NAME.lock``), so that a tool that
+    looks for it (preprocess, whose output may hold it) finds it under a symlinked spelling too."""
+    return f".{Path(os.path.realpath(path)).name}.lock"
 
 
 def _remove_empty_parents(path: Path, top: Path) -> None:

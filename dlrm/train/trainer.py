@@ -258,6 +258,8 @@ class Trainer:
         the checkpoint's split, not comparable with this run's evaluations (it stayed the best, and best.pt its model,
         whatever they scored): the best and early stopping's count start afresh, said."""
         old, new = (saved.get("data") or {}).get("eval_split"), self.cfg.data.eval_split
+        if old != new:  # its step's evaluation is the old split's: at the run's end, this split's counts (not `again`)
+            self.checkpointer.evaluated_step = None
         if old == new or self.stats.best is None:
             return
         logger.warning(f"--resume: data.eval_split {old!r} -> {new!r}: the best evaluation so far (step "
@@ -564,10 +566,8 @@ class Trainer:
                          "cuda_graph": self.run.config.train.cuda_graph, "placement": self.placement},
             "device": str(device), "device_name": device_name(device), "versions": versions(),
             "oracle_auc": self.meta.extra.get("oracle_auc", {}).get(d.eval_split),
-            "checkpoint": str(self.checkpointer.last),
-            "run_dir": str(self.run_dir.path),
-            "config": self.cfg.to_dict(),
-            "world_size": self.env.world_size,
+            "checkpoint": str(self.checkpointer.last), "run_dir": str(self.run_dir.path),
+            "config": self.cfg.to_dict(), "world_size": self.env.world_size,
         }
 
     def _report_finished(self) -> dict:

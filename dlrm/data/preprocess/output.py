@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+from dlrm.data.output_dirs import lock_name
 from dlrm.data.preprocess.constants import _OUTPUT_OPTIONS, PROGRESS_DIR, RECORDLESS_SPARSE_LAYOUT
 from dlrm.data.preprocess.errors import PreprocessError
 from dlrm.data.preprocess.scan import FileScan
@@ -71,7 +72,9 @@ def _foreign_entries(out: Path) -> list[str]:
         return []
     ours = (*SPLITS, "vocab", PROGRESS_DIR)
     return sorted(p.name for p in out.iterdir() if not (p.name in ours and p.is_dir() and not any(p.iterdir()))
-                  and p.name != f".{out.name}.lock")  # `output_lock`'s, in an output whose parent is not writable
+                  # `output_lock`'s, in an output whose parent is not writable: named after the real path (an
+                  # output given as a symlink held .TARGET.lock, refused as a foreign entry)
+                  and p.name != lock_name(out))
 
 
 def _read_manifest(path: Path) -> dict:
