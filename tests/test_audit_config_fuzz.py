@@ -107,14 +107,7 @@ def test_an_off_grid_best_does_not_make_a_longer_resume_stop_before_the_uninterr
     at 4 (the fuzzer's r218: stopped at 2 where the uninterrupted run reached its target at 4). The grid's evaluations
     now count against the grid's best, as in the uninterrupted run; the better off-grid model stays the best."""
     from dlrm.train import evaluator as evaluator_mod
-
-    def scripted(aucs):
-        queue = list(aucs)
-
-        def evaluate(forward, loader, env=None):
-            return {"auc": queue.pop(0), "logloss": 0.5, "accuracy": 0.75}
-        evaluate.queue = queue
-        return evaluate
+    from tests.test_audit_best_resume import scripted
 
     early = {"eval_every": 2, "max_steps": 8, "early_stopping": {"metric": "auc", "patience": 1}}
     monkeypatch.setattr(evaluator_mod, "evaluate", scripted([0.60, 0.62, 0.61]))
