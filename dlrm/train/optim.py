@@ -306,6 +306,13 @@ def build_schedulers(optimizers, cfg: ScheduleConfig, total_steps: int) -> list[
     (no warm-up, no decay): stepping a constant schedule costs host time every step for nothing."""
     if cfg.warmup_steps == 0 and cfg.decay == "none":
         return []
+    # accepted, and then without effect in this run: said (a decay that never starts trained at the full rate)
+    if cfg.decay != "none" and cfg.decay_start_step >= total_steps:
+        logger.warning(f"optim.schedule.decay_start_step {cfg.decay_start_step} is at or after this run's end (step "
+                       f"{total_steps}): the {cfg.decay} decay never starts")
+    if cfg.warmup_steps > total_steps:
+        logger.warning(f"optim.schedule.warmup_steps {cfg.warmup_steps} is longer than this run ({total_steps} steps): "
+                       f"it ends at {total_steps / cfg.warmup_steps:.0%} of the learning rate")
     return [ScheduledLR(opt, lambda step: lr_multiplier(step, cfg, total_steps)) for opt in optimizers]
 
 
