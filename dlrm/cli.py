@@ -37,7 +37,7 @@ from loguru import logger
 
 from dlrm.config import Config, config_keys, load_config
 from dlrm.config_checks import check_default_run_name
-from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, report_bug
+from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory, report_bug
 from dlrm.logging_setup import configure_logging
 from dlrm.stop_signal import StopAtOnce
 
@@ -196,19 +196,6 @@ def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str
     if world_size > 1 and (eval_only or export_path):
         raise ConfigError("--eval-only and --export run in one process (not under torchrun): merge a sharded "
                           "checkpoint first with python -m dlrm.distributed.merge CHECKPOINT OUT")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Host or GPU memory ran out. torch is looked up only if already imported: if it is not,
-    the exception cannot be one of its classes (and importing it here would be slow)."""
-    if isinstance(exc, MemoryError):
-        return True
-    torch = sys.modules.get("torch")
-    oom_class = getattr(torch, "OutOfMemoryError", None) if torch is not None else None  # = torch.cuda.OutOfMemoryError
-    if oom_class is not None and isinstance(exc, oom_class):
-        return True
-    # torch's CPU allocator reports failure as a plain RuntimeError
-    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
 
 
 def is_triton_unavailable(exc: BaseException) -> bool:

@@ -63,3 +63,16 @@ def failure_reason(exc: BaseException) -> str:
     if not isinstance(exc, (ConfigError, DatasetError, NonFiniteLoss)) or not text:
         text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     return text if len(text) <= 500 else text[:497] + "..."
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Host or GPU memory ran out. torch is looked up only if already imported: if it is not,
+    the exception cannot be one of its classes (and importing it here would be slow)."""
+    if isinstance(exc, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    oom_class = getattr(torch, "OutOfMemoryError", None) if torch is not None else None  # = torch.cuda.OutOfMemoryError
+    if oom_class is not None and isinstance(exc, oom_class):
+        return True
+    # torch's CPU allocator reports failure as a plain RuntimeError
+    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)

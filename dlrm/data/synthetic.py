@@ -57,7 +57,7 @@ Regimes (`REGIMES`, ``--regime``) are presets of the settings above plus how the
 * ``default``: what the options say; the metadata's table sizes are the preset's category counts
   (every category has its own row).
 * ``small-real``: a small real click log, as issue #21 met it: 10,000 rows (``--rows`` changes it)
-  split 8,572 / 714 / 714 like ``python -m dlrm.preprocess --split sequential`` splits 10,000 lines,
+  split as ``python -m dlrm.preprocess --split sequential`` splits as many lines (8,572 / 714 / 714 of 10,000),
   the Criteo Kaggle category counts (up to 10M a feature), so that most values are rare (measured at
   10,000 rows: 76% of the 41,000 distinct train values occur once; 79% of 3,053 at 300 rows, where
   the 300 real lines of ../shared/criteo have 82% of 3,134), and the teacher's signal is mostly
@@ -96,23 +96,9 @@ from tqdm import tqdm
 
 from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock
 from dlrm.data.schema import (
-    DENSE_COLUMNS,
-    LABEL_COLUMN,
-    MAX_MULTI_HOT_SIZE,
-    MLPERF_CARDINALITIES,
-    MLPERF_MULTI_HOT_SIZES,
-    NUM_SPARSE,
-    SPARSE_COLUMNS,
-    SPARSE_LAYOUTS,
-    SPLITS,
-    Metadata,
-    SplitInfo,
-    arrow_schema,
-    is_multi_hot,
-    one_hot_sizes,
-    slot_offsets,
-    write_options,
-    write_metadata,
+    DENSE_COLUMNS, LABEL_COLUMN, MAX_MULTI_HOT_SIZE, MLPERF_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, NUM_SPARSE,
+    SPARSE_COLUMNS, SPARSE_LAYOUTS, SPLITS, Metadata, SplitInfo, arrow_schema, is_multi_hot, one_hot_sizes,
+    slot_offsets, write_options, write_metadata,
 )
 # The planted teacher and its hashing live in dlrm.data.teacher; every name is re-exported here,
 # where the tests and other modules import them from.
@@ -128,8 +114,9 @@ from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption  # noqa: F401 - EXIT_INTERRUPTED re-exported
 
-GENERATOR_VERSION = 1
-"""Bumped whenever the same seed and settings would produce different rows."""
+GENERATOR_VERSION = 2
+"""Bumped whenever the same seed and settings would produce different rows or splits (2: small-real splits as
+``--split sequential`` does at every row count, 2026-12-01; the rows themselves are version 1's)."""
 
 CARDINALITY_PRESETS: dict[str, list[int]] = {
     # The embedded data/sample: "small" divided by 10 (features of <= 30 values keep their size), so
@@ -180,6 +167,7 @@ class Regime:
         validation_fraction, test_fraction: the split.
         table_sizes: "categories" (a row per category) or "distinct" (distinct train values + 1,
             the preprocessor's modulus rule).
+        sequential: given its own fractions, split as ``--split sequential`` splits as many lines (`sequential_sizes`).
     """
 
     cardinalities: str
@@ -187,12 +175,13 @@ class Regime:
     validation_fraction: float
     test_fraction: float
     table_sizes: str
+    sequential: bool = False
 
 
 REGIMES: dict[str, Regime] = {
     "default": Regime("small", None, 0.1, 0.1, "categories"),
     # 1/14 each: the sizes --split sequential gives the same number of lines (8,572 / 714 / 714 of 10,000)
-    "small-real": Regime("kaggle", 10_000, 1 / 14, 1 / 14, "distinct"),
+    "small-real": Regime("kaggle", 10_000, 1 / 14, 1 / 14, "distinct", sequential=True),
 }
 
 from dlrm.data.synthetic_chunks import CHUNK_ROWS, chunks  # noqa: E402,F401 - CHUNK_ROWS re-exported
@@ -200,6 +189,7 @@ from dlrm.data.synthetic_io import (  # noqa: E402 - the writers
     COMPRESSION, ROW_GROUP_ROWS, SPARSE_LAYOUT, _SplitWriter, _table, _tsv_block, publish, stored_layout,
 )
 from dlrm.data.preprocess.options import CODECS  # noqa: E402 - the same codecs as preprocessing
+from dlrm.data.preprocess.splits import sequential_sizes  # noqa: E402 - small-real's split, the preprocessor's
 
 DEFAULT_ROWS_PER_FILE = 1_000_000
 MAX_SEED = 2**31 - 1  # --seed's range (2^40 overflows `dlrm.data.teacher._key`)
@@ -296,12 +286,17 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
     out = Path(out)
     if out.name in ("", ".."):  # "." or "..": renaming the finished dataset onto it failed (EBUSY) after the work
         raise click.ClickException(f"--out {out}: name the dataset directory itself, not . or .. (it is renamed into place)")
-    sizes = split_sizes(rows, validation_fraction, test_fraction)
+    # small-real: its TSV twin's sizes (1/14 rounded gave 1,714 train rows of 2,000, the twin 1,715: other tables)
+    sequential = sequential_sizes(rows) if preset.sequential and (validation_fraction, test_fraction) == (
+        preset.validation_fraction, preset.test_fraction) else None
+    sizes = sequential or split_sizes(rows, validation_fraction, test_fraction)
     if sizes["train"] < 1:
         raise click.ClickException(f"validation and test fractions leave no training rows out of {rows}")
     empty = [s for s, f in (("validation", validation_fraction), ("test", test_fraction)) if f > 0 and not sizes[s]]
     if empty:  # a fraction rounded to no row wrote no such split, silently (train.py: "has no 'validation' split")
-        raise click.ClickException(f"--{empty[0]}-fraction of {rows} rows rounds to no {empty[0]} row (more --rows, or 0)")
+        what = (f"--regime {regime}'s split (--split sequential's) of {rows} rows leaves" if sizes is sequential
+                else f"--{empty[0]}-fraction of {rows} rows rounds to")
+        raise click.ClickException(f"{what} no {empty[0]} row (more --rows{'' if sizes is sequential else ', or 0'})")
     if cardinalities not in CARDINALITY_PRESETS:
         raise click.ClickException(f"unknown cardinalities {cardinalities!r} (expected one of {', '.join(CARDINALITY_PRESETS)})")
     if isinstance(multi_hot_sizes, str):

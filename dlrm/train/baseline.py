@@ -39,6 +39,7 @@ from loguru import logger
 
 from dlrm.data.loader import Batch, ParquetLoader, split_files
 from dlrm.data.schema import PAD_SPARSE
+from dlrm.errors import is_out_of_memory
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
 from dlrm.train.metrics import evaluate_logits
 from kernels.table_layout import layout_tensors
@@ -263,7 +264,11 @@ def run_baseline(cfg, meta, tables, device: torch.device, world_size: int = 1, w
     try:
         result = fit_and_evaluate(train, evaluation, RowHasher(tables.cardinalities, tables.vocabs, device,
                                                                tables.multi_hot_sizes))
-    except (MemoryError, torch.OutOfMemoryError) as e:  # the DLRM's results are already safe: report, go on
+    except (MemoryError, RuntimeError) as e:  # out of memory: the DLRM's results are already safe: report, go on
+        # torch's CPU allocator raises a plain RuntimeError ("can't allocate memory"), CUDA's torch.OutOfMemoryError
+        # (a RuntimeError too); catching only the latter ended a CPU run after training without its summary.json
+        if not is_out_of_memory(e):
+            raise
         logger.warning(f"baseline: skipped, out of memory ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
                        "set train.baseline false (--no-baseline) for data this large")
         return None

@@ -96,3 +96,9 @@ class SplitPlan:
                     f"{self.last_file_test_lines} lines test, the rest validation")
         return (f"random (seed {self.seed}): test if u < {self.test_fraction:.12g}, validation if u < "
                 f"{self.test_fraction + self.validation_fraction:.12g}, else train; u = splitmix64(seed, line)")
+
+
+def sequential_sizes(total: int) -> dict[str, int]:
+    """Lines per split that ``--split sequential`` gives `total` lines (also the synthetic small-real regime's split)."""
+    plan = SplitPlan.build("sequential", [total])
+    return {"train": plan.train_end, "validation": total - plan.test_end, "test": plan.test_end - plan.train_end}
