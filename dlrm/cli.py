@@ -135,7 +135,8 @@ def load_with_kernels_shortcut(config_path: str, overrides: dict) -> Config:
 # Options that only act on training: a run that trains nothing (--eval-only, or --export of a --checkpoint) ignored
 # them without a word (`--eval-only --profile` wrote no trace, `--eval-only --baseline` fitted none).
 TRAINING_ONLY = {"profile.enabled": "--profile", "train.baseline": "--baseline",
-                 "checkpoint.every": "--checkpoint-every", "train.epochs": "--epochs", "train.max_steps": "--max-steps"}
+                 "checkpoint.every": "--checkpoint-every", "train.epochs": "--epochs", "train.max_steps": "--max-steps",
+                 "train.seed": "--seed"}  # an evaluation and an export draw nothing at random
 # ... and the options naming the evaluated split and the run directory, which a bare export of a --checkpoint does not
 # make either (`--checkpoint C --export M --split test` exported C, exit 0; with --eval-only they act)
 EVALUATION_ONLY = {"data.eval_split": "--split", "log.run_name": "--run-name"}
@@ -174,7 +175,8 @@ def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str
                else "give a run's checkpoints/step-*.pt")
         raise ConfigError(f"--resume: {resume} is a directory, not a checkpoint file: {how}")
     if eval_only or (export_path and checkpoint_path):
-        ignored = [flag for key, flag in TRAINING_ONLY.items() if (overrides or {}).get(key) not in (None, False)]
+        ignored = [flag for key, flag in TRAINING_ONLY.items()  # (by identity: --seed 0 is given, == False)
+                   if (overrides or {}).get(key) is not None and (overrides or {}).get(key) is not False]
         if ignored:
             mode = "--eval-only" if eval_only else "--export of a --checkpoint"
             raise ConfigError(f"{ignored[0]}: acts only on training, and {mode} trains nothing (leave it out)")

@@ -120,3 +120,16 @@ def test_an_off_grid_best_does_not_make_a_longer_resume_stop_before_the_uninterr
     resumed = Trainer(config(tmp_path, dataset, "r", train=early), resume="latest").fit()
     assert ev.queue == [] and (resumed["steps"], resumed["early_stopped"]) == (6, True)  # was (4, True)
     assert (resumed["best"]["step"], resumed["best"]["auc"]) == (3, 0.70)
+
+
+@pytest.mark.parametrize("seed", ["0", "7"])
+@pytest.mark.parametrize("mode", ["--eval-only", "--export"])
+def test_a_seed_is_refused_where_nothing_is_drawn(tmp_path, seed, mode):
+    """--seed with --eval-only or a bare --export of a --checkpoint acted on nothing (an evaluation and an export draw
+    nothing at random), exit 0; --seed 0 too (0 == False slipped through the check of the flags left out)."""
+    args = ["--config", str(REPO / "configs" / "sample.json"), "--checkpoint", str(tmp_path / "c.pt"), "--seed", seed]
+    args += ["--eval-only"] if mode == "--eval-only" else ["--export", str(tmp_path / "m.pt2")]
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == 2, result.output
+    assert "--seed: acts only on training" in result.output
+    assert not (tmp_path / "m.pt2").exists()
