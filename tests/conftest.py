@@ -18,6 +18,11 @@ os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 import torch  # noqa: E402
 
+# ... and this process too: the root conftest.py imported torch before the variable was set, and torch keeps the
+# thread count it started with (2 intra-op threads a worker on the 2-core CI machine: 4 busy threads on 2 cores)
+if _workers > 1 and os.environ["OMP_NUM_THREADS"].isdigit():
+    torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
