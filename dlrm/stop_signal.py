@@ -73,8 +73,8 @@ class StopAtOnce:
 
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
-    """SIGINT and SIGTERM that arrive inside wait until it ends, then act as they would have (the handlers in place
-    before run, a default action takes effect): for a few steps that must all happen or none, as the renames that
+    """SIGINT and SIGTERM that arrive inside wait until it ends, then act as they would have (through the handlers in
+    place before it; a default action takes effect then): for a few steps that must all happen or none, as the renames that
     publish a set of report files (`dlrm.checkpoint.write_files_atomic`); a Ctrl-C between two of them left a new file
     beside the older others. Only the main thread handles signals: elsewhere it defers nothing.
 
