@@ -385,6 +385,10 @@ class StubEnv:
     def barrier(self) -> None:
         pass
 
+    def all_gather_object(self, obj):
+        """Every rank's outcome of a save's part (`dist_ckpt._agreed`): as this one's (the others wrote before)."""
+        return [obj] * self.world_size
+
 
 def local_rows(plan, q: int, full: torch.Tensor) -> torch.Tensor:
     """Rank q's rows of a full per-row tensor (the inverse of `assemble`)."""

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from dlrm.config import ConfigError
-from dlrm.distributed.env import DistEnv
+from dlrm.distributed.env import DistEnv, failure, failure_error
 from dlrm.distributed.sharding import ShardingPlan
 from dlrm import checkpoint as ckpt
 
@@ -50,20 +50,56 @@ def _manifest(state: dict[str, Any], env: DistEnv, plan: ShardingPlan, shards: l
     return manifest
 
 
+def _agreed(env: DistEnv, part: Callable[[], None], what: str) -> None:
+    """Run this rank's `part` of a save, then learn every rank's outcome in one collective; in place of a barrier, at
+    checkpoints only. A rank whose part failed raises its own error; every other rank raises one naming the failed
+    rank and its file (the same kind: an OSError keeps its errno, so the command reports it in one line, exit 2).
+    With a bare barrier the other ranks waited for a rank that would never come (the process group's timeout, 30
+    minutes) or died with gloo's "Connection closed by peer" traceback."""
+    error: Optional[BaseException] = None
+    try:
+        part()
+    except Exception as e:  # noqa: BLE001 - a full disk, a quota, a removed directory, a state the schema refuses,
+        error = e  # a bug: each raised below, after the others learnt of it (they waited for this rank forever)
+    outcomes = env.all_gather_object(None if error is None else failure(error)) if env.distributed else [None]
+    if error is not None:
+        raise error
+    for q, failed in enumerate(outcomes):
+        if failed is not None:
+            raise failure_error(failed, q, f"could not write {what}")
+
+
 def save_sharded(run_dir: Path, state: dict[str, Any], step: int, keep: int, env: DistEnv, plan: ShardingPlan) -> Path:
-    """Every rank writes its shard; then rank 0 writes the manifest and prunes old checkpoints."""
+    """Every rank writes its shard; then rank 0 writes the manifest and prunes old checkpoints. A failed write on any
+    rank stops every rank (`_agreed`) without a manifest, and the shards that were written are removed."""
     d = ckpt.checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
-    ckpt.write_atomic(d / shard_name(step, env.rank, env.world_size), _shard(state, env, plan),
-                      progress=env.is_main)  # one progress bar: rank 0 shows its own shard's
-    env.barrier()  # all shards complete before the manifest names them
+    mine = d / shard_name(step, env.rank, env.world_size)
     path = d / ckpt.checkpoint_name(step)
-    if env.is_main:
-        ckpt.remove_stale_temp_files(d)  # no rank is writing now: any temporary file is a killed write's
-        ckpt.write_atomic(path, _manifest(state, env, plan, [shard_name(step, q, env.world_size)
-                                                             for q in range(env.world_size)]))
-        ckpt.prune_checkpoints(run_dir, keep)
-    env.barrier()  # nobody goes on (or reads "latest") before the manifest exists
+    # a manifest of this step already there (the run's last step saved again after a resume) keeps its shards
+    existed = path.exists()
+    try:
+        _agreed(env, lambda: ckpt.write_atomic(mine, _shard(state, env, plan),
+                                               progress=env.is_main),  # one progress bar: rank 0's own shard's
+                f"its shard of step {step}")  # all shards complete before the manifest names them
+    except Exception:
+        if not existed:  # named by no manifest, this step's complete shards would never be pruned
+            mine.unlink(missing_ok=True)
+        raise
+
+    def manifest() -> None:
+        if env.is_main:
+            ckpt.remove_stale_temp_files(d)  # no rank is writing now: any temporary file is a killed write's
+            ckpt.write_atomic(path, _manifest(state, env, plan, [shard_name(step, q, env.world_size)
+                                                                 for q in range(env.world_size)]))
+            ckpt.prune_checkpoints(run_dir, keep)
+
+    try:
+        _agreed(env, manifest, f"the manifest of step {step}")  # nobody goes on (or reads "latest") before it exists
+    except Exception:
+        if not existed and not path.exists():
+            mine.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -81,16 +117,34 @@ def save_best_sharded(path: Path, state: dict[str, Any], step: int, env: DistEnv
     names = [BEST_PREFIX + shard_name(step, q, env.world_size) for q in range(env.world_size)]
     mine = d / names[env.rank]
     source = saved.parent / shard_name(step, env.rank, env.world_size) if saved is not None else None
-    if source is None or not source.is_file() or not link(source, mine):
-        ckpt.write_atomic(mine, _shard(state, env, plan), progress=env.is_main)
-    env.barrier()  # every shard complete before the manifest names them
-    if env.is_main:
-        ckpt.write_atomic(path, _manifest(state, env, plan, names))
-        for old in d.glob(BEST_PREFIX + "step-*.rank*-of-*.pt"):
-            if old.name not in names:  # the previous best's shards (any world size), no longer named
-                old.unlink(missing_ok=True)
-    env.barrier()
+
+    def shard() -> None:
+        if source is None or not source.is_file() or not link(source, mine):
+            ckpt.write_atomic(mine, _shard(state, env, plan), progress=env.is_main)
+
+    def manifest() -> None:
+        if env.is_main:
+            ckpt.write_atomic(path, _manifest(state, env, plan, names))
+            for old in d.glob(BEST_PREFIX + "step-*.rank*-of-*.pt"):
+                if old.name not in names:  # the previous best's shards (any world size), no longer named
+                    old.unlink(missing_ok=True)
+
+    try:
+        _agreed(env, shard, f"its shard of best.pt (step {step})")  # every shard complete before the manifest
+        _agreed(env, manifest, f"best.pt (step {step})")  # a failure on any rank stops every rank
+    except Exception:
+        if mine.name not in _named_shards(path):  # named by no best.pt (it is still the previous one): never removed
+            mine.unlink(missing_ok=True)
+        raise
     return path
+
+
+def _named_shards(manifest_path: Path) -> list[str]:
+    """The shard names of the manifest at `manifest_path`; none when it is missing or unreadable."""
+    try:
+        return list(ckpt.load_checkpoint(manifest_path)["sharded"]["shards"])
+    except Exception:  # noqa: BLE001 - missing, damaged, or not sharded: it names no shard
+        return []
 
 
 def link_best_sharded(found: Path, path: Path, link: Callable[[Path, Path], bool]) -> bool:
@@ -103,10 +157,18 @@ def link_best_sharded(found: Path, path: Path, link: Callable[[Path, Path], bool
     sharded = manifest["sharded"]
     step, world = manifest["position"]["step"], sharded["world_size"]
     names = [BEST_PREFIX + shard_name(step, q, world) for q in range(world)]
-    for name, mine in zip(sharded["shards"], names):
-        if not link(Path(found).parent / name, path.parent / mine):
-            return False
-    ckpt.write_atomic(path, {**manifest, "sharded": {**sharded, "shards": names}})
+    kept, made, done = set(_named_shards(path)), [], False  # the current best.pt's shards are kept whatever fails
+    try:
+        for name, mine in zip(sharded["shards"], names):
+            if not link(Path(found).parent / name, path.parent / mine):
+                return False
+            made.append(path.parent / mine)
+        ckpt.write_atomic(path, {**manifest, "sharded": {**sharded, "shards": names}})
+        done = True
+    finally:
+        for mine in made if not done else []:  # a link failed, or the manifest's write: named by no best.pt, the
+            if mine.name not in kept:  # links made would never be removed (a shard's space once `found`'s run prunes)
+                mine.unlink(missing_ok=True)
     for old in path.parent.glob(BEST_PREFIX + "step-*.rank*-of-*.pt"):
         if old.name not in names:  # a previous best's shards, no longer named
             old.unlink(missing_ok=True)

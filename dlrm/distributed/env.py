@@ -10,13 +10,14 @@ import gc
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from loguru import logger
 
 from dlrm.config import ConfigError, DistributedConfig
+from dlrm.errors import TrainingStopped
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,45 @@ class DistEnv:
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()
+
+    def on_main(self, part: Callable[[], Any], what: str) -> Any:
+        """What rank 0's `part()` returns, on every rank; where it raises, every rank raises (the others an error
+        naming rank 0, `failure_error`). A bare broadcast after it left the others waiting for rank 0 until the
+        process group's timeout, or dying with gloo's "Connection closed by peer" traceback."""
+        result, error = None, None
+        if self.is_main:
+            try:
+                result = part()
+            except Exception as e:  # noqa: BLE001 - raised below, once the others know of it
+                error = e
+        if self.distributed:
+            result, failed = self.broadcast_object((result, None if error is None else failure(error)))
+            if failed is not None and error is None:
+                raise failure_error(failed, 0, what)
+        if error is not None:
+            raise error
+        return result
+
+
+def failure(e: BaseException) -> tuple:
+    """What the other ranks need to report `e`, one rank's failure (picklable: an exception's traceback is not)."""
+    if isinstance(e, OSError):
+        return ("os", e.errno, e.strerror or str(e), e.filename)
+    if isinstance(e, TrainingStopped):  # a SIGTERM there: the others stop with its exit code, not as with a bug
+        return ("stopped", e.exit_code, str(e), None)
+    return ("config" if isinstance(e, ConfigError) else "other", None, str(e), None)
+
+
+def failure_error(failed: tuple, rank: int, what: str) -> BaseException:
+    """The error another rank raises for rank `rank`'s `failed` (`failure`): of the same kind, so that the command
+    reports it as that rank does (an OSError keeps its errno and file: one line, exit 2)."""
+    kind, code, message, filename = failed
+    line = f"rank {rank} {what}: {message}"
+    if kind == "os":
+        return OSError(code, line, filename)
+    if kind == "stopped":
+        return TrainingStopped(code, line)
+    return (ConfigError if kind == "config" else RuntimeError)(line)
 
 
 def _env_int(name: str, default: str | None) -> int:

@@ -274,16 +274,14 @@ class Trainer:
         best = self.stats.best
         if not best or not best.get("checkpoint"):
             return
-        found = None
-        if self.env.is_main:
+
+        def find() -> Optional[str]:  # rank 0's: a failure there (adopt_best's ENOSPC) stops every rank (`on_main`)
             source = run_of(self.resume_from) or self.resume_from.resolve().parent.parent
             saved = ckpt.checkpoint_dir(source)  # its best.pt too: a path recorded relative to another directory
             recorded = Path(best["checkpoint"])  # relative to where it trained: from elsewhere, maybe a namesake's file
             ours = (saved / self.checkpointer.best_path.name, self.resume_from, saved / ckpt.checkpoint_name(best["step"]))
-            for path in ((recorded, *ours) if recorded.is_absolute() else (*ours, recorded)):  # so this run's first
-                if checkpoint_step(path) == best["step"]:
-                    found = path
-                    break
+            found = next((path for path in ((recorded, *ours) if recorded.is_absolute() else (*ours, recorded))
+                          if checkpoint_step(path) == best["step"]), None)  # so this run's first
             own = self.checkpointer.best_path  # also from another run's best.pt holding it now (a branch), which that
             moves = found != recorded or run_of(found) is not None  # run replaces with a later best
             if found is not None and moves and not _same_file(found, own) \
@@ -294,7 +292,8 @@ class Trainer:
             if found is None:
                 logger.warning(f"--resume: {best['checkpoint']} no longer holds the best evaluation's model (step "
                                f"{best['step']}), nor does a checkpoint of that step: no best checkpoint is named")
-        found = self.env.broadcast_object(None if found is None else str(found))
+            return None if found is None else str(found)
+        found = self.env.on_main(find, f"could not make {self.checkpointer.best_path} hold the best model")
         self.stats.best = {**best, "checkpoint": found}
 
     def _open_run_dir(self, run_dir: Optional[Path], latest: Optional[Path]) -> RunDirectory:
