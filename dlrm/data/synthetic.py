@@ -96,8 +96,8 @@ from tqdm import tqdm
 
 from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock
 from dlrm.data.schema import (
-    DENSE_COLUMNS, LABEL_COLUMN, MAX_MULTI_HOT_SIZE, MLPERF_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, NUM_SPARSE,
-    SPARSE_COLUMNS, SPARSE_LAYOUTS, SPLITS, Metadata, SplitInfo, arrow_schema, is_multi_hot, one_hot_sizes,
+    MAX_MULTI_HOT_SIZE, MLPERF_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, NUM_SPARSE,
+    SPARSE_LAYOUTS, SPLITS, Metadata, SplitInfo, arrow_schema, is_multi_hot, one_hot_sizes,
     slot_offsets, write_options, write_metadata,
 )
 # The planted teacher and its hashing live in dlrm.data.teacher; every name is re-exported here,

@@ -17,7 +17,6 @@ import pyarrow.parquet as pq
 from dlrm.data.schema import (
     NUM_DENSE,
     NUM_SPARSE,
-    PAD_SPARSE,
     SparseLayout,
     arrow_schema,
     feature_columns,

@@ -22,7 +22,6 @@ from dlrm.data.preprocess.stats import feature_stats, sparse_stats
 from dlrm.data.schema import (
     SPARSE_COLUMNS,
     SPLITS,
-    arrow_schema,
     slot_column,
     sparse_columns,
     write_options,
