@@ -16,6 +16,7 @@ a manifest whose shards are incomplete. Resume needs the same number of ranks;
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -76,18 +77,24 @@ def save_sharded(run_dir: Path, state: dict[str, Any], step: int, keep: int, env
     d.mkdir(parents=True, exist_ok=True)
     mine = d / shard_name(step, env.rank, env.world_size)
     path = d / ckpt.checkpoint_name(step)
-    # a manifest of this step already there (the run's last step saved again after a resume) keeps its shards
+    # a manifest of this step already there (the run's last step saved again after a resume) keeps its shards: the
+    # new ones are written beside them (`written`) and moved over them only once every rank's is complete (replaced
+    # in place, a failure on one rank left the manifest naming the others' new shards beside its old one: ranks of
+    # another dense state and run totals, resumed as one checkpoint). Not a temporary's name: rank 0 removes those
     existed = path.exists()
+    written = mine.with_name(mine.name + ".pending") if existed else mine
     try:
-        _agreed(env, lambda: ckpt.write_atomic(mine, _shard(state, env, plan),
+        _agreed(env, lambda: ckpt.write_atomic(written, _shard(state, env, plan),
                                                progress=env.is_main),  # one progress bar: rank 0's own shard's
                 f"its shard of step {step}")  # all shards complete before the manifest names them
     except Exception:
-        if not existed:  # named by no manifest, this step's complete shards would never be pruned
-            mine.unlink(missing_ok=True)
+        # named by no manifest (this step's complete shards would never be pruned), or the pending copy of one
+        written.unlink(missing_ok=True)
         raise
 
     def manifest() -> None:
+        if existed:
+            os.replace(written, mine)
         if env.is_main:
             ckpt.remove_stale_temp_files(d)  # no rank is writing now: any temporary file is a killed write's
             ckpt.write_atomic(path, _manifest(state, env, plan, [shard_name(step, q, env.world_size)
@@ -99,6 +106,8 @@ def save_sharded(run_dir: Path, state: dict[str, Any], step: int, keep: int, env
     except Exception:
         if not existed and not path.exists():
             mine.unlink(missing_ok=True)
+        if existed:  # not moved (a failed rename): named by no manifest
+            written.unlink(missing_ok=True)
         raise
     return path
 

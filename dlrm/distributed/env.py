@@ -17,7 +17,7 @@ import torch.distributed as dist
 from loguru import logger
 
 from dlrm.config import ConfigError, DistributedConfig
-from dlrm.errors import TrainingStopped
+from dlrm.errors import DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,13 @@ def failure(e: BaseException) -> tuple:
         return ("os", e.errno, e.strerror or str(e), e.filename)
     if isinstance(e, TrainingStopped):  # a SIGTERM there: the others stop with its exit code, not as with a bug
         return ("stopped", e.exit_code, str(e), None)
-    return ("config" if isinstance(e, ConfigError) else "other", None, str(e), None)
+    if is_out_of_memory(e):  # the others exit 4 as this rank does (a MemoryError's, a CUDA OOM's, a RuntimeError
+        # of theirs was a bug's traceback, exit 1); "gpu": the command's line says which memory ran out
+        return ("memory", "gpu" if type(e).__name__ == "OutOfMemoryError" else "host", str(e) or type(e).__name__, None)
+    for kind, cls in _KINDS.items():  # DatasetError (exit 2) and NonFiniteLoss (3) too, not the "other" kind's bug
+        if isinstance(e, cls):
+            return (kind, None, str(e), None)
+    return ("other", None, str(e), None)
 
 
 def failure_error(failed: tuple, rank: int, what: str) -> BaseException:
@@ -119,7 +125,13 @@ def failure_error(failed: tuple, rank: int, what: str) -> BaseException:
         return OSError(code, line, filename)
     if kind == "stopped":
         return TrainingStopped(code, line)
-    return (ConfigError if kind == "config" else RuntimeError)(line)
+    if kind == "memory":
+        return torch.OutOfMemoryError(line) if code == "gpu" else MemoryError(line)
+    return _KINDS.get(kind, RuntimeError)(line)
+
+
+# the kinds of error `failure` tells apart by class (the command's exit code differs for each)
+_KINDS = {"config": ConfigError, "dataset": DatasetError, "non-finite": NonFiniteLoss}
 
 
 def _env_int(name: str, default: str | None) -> int:
