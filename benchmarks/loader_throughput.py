@@ -184,8 +184,9 @@ def _host_epoch(loader) -> tuple[int, float]:
     import threading
 
     from dlrm.data.loader import _END
+    from dlrm.data.shuffle_seed import epoch_rng
 
-    rng = np.random.default_rng([loader.seed, loader.epoch])
+    rng = epoch_rng(loader.seed, loader.epoch)  # the loader's own generator of the epoch
     plan = loader._plan(rng)
     q, free, stop = queue.Queue(loader.prefetch), queue.Queue(), threading.Event()
     t0 = time.perf_counter()

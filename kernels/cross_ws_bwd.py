@@ -32,7 +32,7 @@ import triton
 from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from kernels.cross_ws import WsConfig, _coop_loader, _coop_mma, _desc, _tma_load
 

@@ -33,6 +33,7 @@ from dlrm.data.host_arena import _Arena, _write_columns, compact_sparse_ok
 from dlrm.data.reader_pool import default_arrow_threads, lower_readers, reader_pool
 from dlrm.data.schema import (NUM_DENSE, NUM_SPARSE, DatasetError, arrow_schema, check_dense_format, is_multi_hot,
                               one_hot_sizes, sparse_width)
+from dlrm.data.shuffle_seed import epoch_rng
 from dlrm.data.stream_buffers import _END, _Flush, _Resident, _Run
 from dlrm.data.validation import NullTally, check_table, first_rows, open_shard
 
@@ -302,8 +303,7 @@ class ParquetLoader:
             if not self.chain_epochs:
                 return
             epoch += 1
-            rng = np.random.default_rng([self.seed, epoch])
-            plan = self._plan(rng)
+            plan = self._plan(rng := epoch_rng(self.seed, epoch))
 
     def _produce(self, flushes: Iterator, q: queue.Queue, free: queue.Queue, stop: threading.Event) -> None:
         try:
@@ -435,7 +435,7 @@ class ParquetLoader:
     # -- consumer -------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Batch]:
-        rng = np.random.default_rng([self.seed, self.epoch])
+        rng = epoch_rng(self.seed, self.epoch)  # (seed, epoch)'s own stream: `dlrm.data.shuffle_seed`
         plan = self._plan(rng)  # the same plan a chained producer drew for this epoch
         run, self._live = self._live, None
         if run is None or run.next_epoch != self.epoch:
@@ -522,7 +522,7 @@ class ParquetLoader:
             run.error = e  # (`_cut_epoch`), not among this epoch's last batches, which may be all (one buffer)
             return True
         if arena is not None:
-            plan = self._plan(np.random.default_rng([self.seed, self.epoch + 1]))
+            plan = self._plan(epoch_rng(self.seed, self.epoch + 1))
             run.first = self._upload(plan[0], arena, None, run.free, run.copy_stream)
         return True
 

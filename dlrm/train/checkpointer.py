@@ -16,6 +16,7 @@ import torch
 from loguru import logger
 
 from dlrm.config import Config, ConfigError
+from dlrm.data.shuffle_seed import shuffle_scheme
 from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
 from dlrm import checkpoint as ckpt
@@ -194,6 +195,7 @@ class Checkpointer:
             "run_stats": {**stats.to_dict(), **self.extra_stats,
                           **({"evaluated_step": pos.step} if self.evaluated_step == pos.step else {})},
             **({"data_placement": self.placement} if self.placement is not None else {}),
+            **shuffle_scheme(self.cfg.train.seed),  # a seed >= 2**32's stream shuffle (`dlrm.data.shuffle_seed`)
         }
 
     def _fresh_optimizers(self, state: dict[str, Any], path: Path, count: int) -> set[int]:

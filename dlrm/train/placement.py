@@ -17,6 +17,7 @@ from loguru import logger
 
 from dlrm.config import Config, ConfigError
 from dlrm.data.schema import Metadata
+from dlrm.data.shuffle_seed import check_resumed_shuffle
 from dlrm.distributed.sharding import plan_sharding
 from dlrm.model.dlrm import _TABLE_DTYPES
 
@@ -109,15 +110,24 @@ def _free_memory(device: torch.device, world_size: int) -> tuple[list[int], int]
     return [free] * world_size, total
 
 
-def resumed_placement(cfg: Config, saved: Optional[str], chosen: str, allowed: Iterable[str] = ()) -> str:
+def resumed_placement(cfg: Config, state: dict, chosen: str, allowed: Iterable[str] = (), source: object = "") -> str:
     """The placement a resumed run reads its batches with: `chosen` (`choose_placement`'s), unless the checkpoint's run
-    used another (`saved`, None when the checkpoint does not say) and ``data.shuffle`` is on.
+    used another (its ``data_placement`` in `state`, the checkpoint `source`; absent when it does not say) and
+    ``data.shuffle`` is on.
 
     The two loaders shuffle differently (`dlrm.data.device_loader.device_permutation` permutes the whole split, the
     stream loader row groups and shuffle buffers), so the placement decides which rows form a shuffled epoch's batches:
     "auto" then takes the checkpoint's placement (it resolves by the device memory free at the start, which a resume
     need not find again), and another explicit placement is refused unless ``--allow-config-change data.placement``
-    names it. Unshuffled, both give the rows in file order: any placement resumes the same batches."""
+    names it. Unshuffled, both give the rows in file order: any placement resumes the same batches. A stream-loader
+    run of a seed >= 2**32 checkpointed before its shuffle changed is refused too (`check_resumed_shuffle`)."""
+    allowed = tuple(allowed)
+    placement = _resumed_placement(cfg, state.get("data_placement"), chosen, allowed)
+    check_resumed_shuffle(cfg, state, placement, allowed, source)
+    return placement
+
+
+def _resumed_placement(cfg: Config, saved: Optional[str], chosen: str, allowed: Iterable[str]) -> str:
     if saved is None or saved == chosen or not cfg.data.shuffle:
         return chosen
     if cfg.data.placement == "auto":

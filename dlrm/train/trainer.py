@@ -211,7 +211,7 @@ class Trainer:
             check_resume_config(saved_config(state), cfg.to_dict(), allow_config_change, str(self.resume_from))
         self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
         if state is not None:  # the batches the run resumed would train on (shuffled, they depend on the placement)
-            self.placement = resumed_placement(cfg, state.get("data_placement"), self.placement, allow_config_change)
+            self.placement = resumed_placement(cfg, state, self.placement, allow_config_change, self.resume_from)
         self.data = TrainData.build(cfg, data_dir, self.meta, self.device, self.env, self.placement)
         if state is not None:
             step = state["position"]["step"]
