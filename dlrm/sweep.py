@@ -43,6 +43,7 @@ import difflib
 import itertools
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -390,17 +391,19 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
         _remove_empty_directories(directory, keep_root=not created)
         raise
     logger.info(f"sweep: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs into {directory}")
-    return run_and_finish(config, base, sets, seeds, directory, train_fn, lock, created, resume=False)
+    return run_and_finish(config, base, sets, seeds, directory, train_fn, lock, created, resume=False,
+                          workdir=os.getcwd())
 
 
 def run_and_finish(config: str, base: dict[str, Any], sets: list[tuple[str, list[Any]]], seeds: int, directory: Path,
-                   train_fn, lock, created: bool, resume: bool) -> tuple[Path, Optional[Verdict]]:
+                   train_fn, lock, created: bool, resume: bool, workdir: str) -> tuple[Path, Optional[Verdict]]:
     """The trials (on `resume`, those `dlrm.sweep_resume.trial_state` leaves to do), then `_finish`; `lock` (the
-    sweep's, `SweepLock`) is released at the end."""
+    sweep's, `SweepLock`) is released at the end. `workdir`: the working directory the sweep started in (sweep.json's
+    ``cwd``), against which the config file's own relative data.path is read."""
     results = [SettingResult(i, s) for i, s in enumerate(grid(sets))]
     try:
         try:
-            first_failure = _run_trials(config, base, results, seeds, directory, train_fn, resume)
+            first_failure = _run_trials(config, base, results, seeds, directory, train_fn, resume, workdir)
         except BaseException:  # a config error, Ctrl-C or a signal ended the sweep: keep what its trials wrote, and
             # only that (a trial that failed before its first step removed its own run directory, not the empty
             # <setting>/ and sweep directories above it, and the same --run-name was then refused as "already exists")
@@ -418,7 +421,7 @@ def run_and_finish(config: str, base: dict[str, Any], sets: list[tuple[str, list
 
 
 def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult], seeds: int, directory: Path,
-                train_fn, resume: bool = False) -> Optional[BaseException]:
+                train_fn, resume: bool = False, workdir: Optional[str] = None) -> Optional[BaseException]:
     """Every trial in turn, its summary or its failure into `results`; returns the first failure's exception. On
     `resume`, a finished trial's summary is gathered and an interrupted one resumed from its checkpoint."""
     from dlrm.sweep_resume import trial_state
@@ -428,6 +431,12 @@ def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult],
     for trial, (r, seed) in enumerate(itertools.product(results, range(seeds)), start=1):
         overrides = {**base, **r.setting, "train.seed": seed}
         cfg = load_config(config, overrides)
+        if workdir is not None and not os.path.isabs(cfg.data.path):
+            # the config file's own data.path (--data and --set data.path are recorded absolute): read where the sweep
+            # started, as --data is. A --resume from another working directory trained the trials left on what that
+            # name held there, and refused the finished ones ("not of" their trial: they recorded the first place).
+            overrides["data.path"] = os.path.normpath(os.path.join(workdir, cfg.data.path))
+            cfg = load_config(config, overrides)
         run_dir = directory / slug(r.index, r.setting) / f"seed-{seed}"
         name = f"sweep trial {trial}/{total} ({label(r.setting)}, seed {seed})"
         done, checkpoint = trial_state(run_dir, cfg.to_dict(), name) if resume else (None, None)

@@ -2,7 +2,8 @@
 
 Every sweep records what it trains in ``<sweep dir>/sweep.json`` before its first trial: the config file (absolute
 path), the ``--set`` lists in order (``data.path`` values absolute), ``--seeds``, the ``--data`` (absolute: a resume
-from elsewhere trains on the same data)/``--device`` overrides, and the config every trial starts from, resolved.
+from elsewhere trains on the same data)/``--device`` overrides, the config every trial starts from, resolved, and the
+working directory (``cwd``: a relative data.path of the config file names the data there, from wherever resumed).
 ``--resume DIR`` reads it back, so the directory alone is enough; ``--config``, ``--set``, ``--seeds``, ``--data``
 (resolved against the working directory of the resume) and ``--device`` may be given again, and whatever is given (and the config file, which may have
 been edited since) must match the record: a difference is refused in one line naming it (exit 2); ``log`` and
@@ -100,8 +101,10 @@ def resolved(config: str, base: dict[str, Any], sets: list) -> dict[str, Any]:
 def write_record(directory: Path, config: str, sets: list[tuple[str, list[Any]]], seeds: int,
                  base: dict[str, Any]) -> SweepLock:
     """Write ``sweep.json`` (what `resume_sweep` reads back) and hold the sweep's lock."""
+    # cwd: what the config file's own relative data.path is read against, by this session and by a --resume from
+    # anywhere (dlrm.sweep._run_trials)
     record = {"format": FORMAT, "config": str(Path(config).resolve()), "sets": [[k, list(v)] for k, v in sets],
-              "seeds": seeds, "base": base, "resolved": resolved(config, base, sets)}
+              "seeds": seeds, "base": base, "resolved": resolved(config, base, sets), "cwd": os.getcwd()}
     try:
         write_json_atomic(directory / RECORD, record)
     except OSError as e:
@@ -126,9 +129,12 @@ def read_record(directory: Path) -> dict[str, Any]:
           and all(isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and isinstance(s[1], list)
                   for s in record["sets"])
           and isinstance(record.get("seeds"), int) and not isinstance(record["seeds"], bool) and record["seeds"] >= 1
-          and isinstance(record.get("base"), dict) and isinstance(record.get("resolved"), dict))
+          and isinstance(record.get("base"), dict) and isinstance(record.get("resolved"), dict)
+          # (a record made before it has none: the config's data.path is then read here, as it was)
+          and (record.get("cwd") is None or isinstance(record["cwd"], str) and os.path.isabs(record["cwd"])))
     if not ok:
-        raise ConfigError(f"--resume: {path}: not a sweep record of format {FORMAT} (config, sets, seeds, base, resolved)")
+        raise ConfigError(f"--resume: {path}: not a sweep record of format {FORMAT} (config, sets, seeds, base, resolved, "
+                          "cwd)")
     _check_recorded_sets(path, record["sets"])
     return record
 
@@ -262,4 +268,5 @@ def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Opti
     lock = SweepLock.acquire(directory)
     logger.info(f"sweep --resume: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs in "
                 f"{directory}; finished trials are gathered, interrupted ones resumed, failed ones tried again")
-    return sweep.run_and_finish(config, base, sets, seeds, directory, train_fn, lock, created=False, resume=True)
+    return sweep.run_and_finish(config, base, sets, seeds, directory, train_fn, lock, created=False, resume=True,
+                                workdir=record.get("cwd") or os.getcwd())
