@@ -76,6 +76,10 @@ class RunStats:
                    dict(d["grid_best"]) if isinstance(d.get("grid_best"), dict) else None)
 
 
+_FIRST_SLOTS = 1024
+"""Slots `LossWindow` allocates at first (4 KB); a longer logging window grows its buffer as it fills."""
+
+
 class LossWindow:
     """The losses of the current logging window, one slot a step in a device buffer.
 
@@ -96,10 +100,22 @@ class LossWindow:
     """
 
     def __init__(self, device: torch.device, capacity: int, first_step: int) -> None:
-        self.buf = torch.zeros(capacity, device=device)
+        # Slots for the first steps only, grown (doubled) as a window fills them: `capacity` is train.log_every, which
+        # has no upper bound, and a run that logs only at its end sets it beyond its length (one float32 a step of it
+        # up front: 4 GB of device memory at 1e9, and at 1e12 a run stopped before its first step as "out of memory").
+        self.capacity = capacity
+        self.buf = torch.zeros(min(capacity, _FIRST_SLOTS), device=device)
         self.n, self.first_step = 0, first_step
 
+    def _reserve(self, n: int) -> None:
+        """Room for `n` losses (at most `capacity`; a copy of the ones held, no host sync)."""
+        if n > self.buf.numel():
+            grown = torch.zeros(min(self.capacity, max(n, 2 * self.buf.numel())), device=self.buf.device)
+            grown[: self.n].copy_(self.buf[: self.n])
+            self.buf = grown
+
     def add(self, loss: torch.Tensor) -> None:
+        self._reserve(self.n + 1)
         self.buf[self.n].copy_(loss)  # a view of one slot: one copy, in stream order with the step
         self.n += 1
 
@@ -123,6 +139,8 @@ class LossWindow:
 
     def preload(self, values: list[float], step: int) -> None:
         """Start the window at `step` holding `values`, the losses of the steps just before it (a resumed run's)."""
+        self.n = 0
+        self._reserve(len(values))
         self.buf[: len(values)].copy_(torch.tensor(values, dtype=self.buf.dtype))
         self.n, self.first_step = len(values), step - len(values)
 

@@ -141,9 +141,12 @@ CARRY_GROUP_SUMS: Optional[bool] = None
 def _sort_by_row(rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
     """``(sorted rows [N], permutation [N])`` of the flat positions, stable (equal rows keep their order)."""
     flat = rows.reshape(-1)
-    # int32 keys sort faster; R is static, so this choice costs no host sync.
-    keys = flat.to(torch.int32) if num_rows < 2**31 else flat
-    return torch.sort(keys, stable=True)
+    # int32 keys sort faster; R is static, so this choice costs no host sync. Wider rows are clamped to R first: a row
+    # at or past R is "no row" (skipped), and one past 2**31 cast as it is kept its low 32 bits (2**32 + 1 updated
+    # row 1). int32 rows (the fused multi-hot op's, `pooled.fused_rows_dtype`) are keys as they are.
+    if num_rows < 2**31 and flat.dtype != torch.int32:
+        flat = flat.clamp(max=num_rows).to(torch.int32)
+    return torch.sort(flat, stable=True)
 
 
 def sort_by_row(rows: Tensor, num_rows: int) -> tuple[Tensor, Tensor]:
