@@ -55,6 +55,7 @@ def _sgd_atomic_kernel(
     C,
     D,
     R,
+    c0,
     SLOT_MAP: tl.constexpr,
     HASH: tl.constexpr,
     SPAN: tl.constexpr,
@@ -65,10 +66,10 @@ def _sgd_atomic_kernel(
 ):
     """Non-deterministic SGD: w[row(b, c)] -= lr * grad[b, f(c)] with atomics (fp32 weights only).
 
-    Program (i, c): samples ``i * BLOCK_B ...`` of column c of ``rows`` [B, C]; f(c) is c, or
+    Program (i, j): samples ``i * BLOCK_B ...`` of column c = c0 + j of ``rows`` [B, C]; f(c) is c, or
     ``slot_feature[c]`` with ``SLOT_MAP``; rows ``>= R`` are skipped (multi-hot padding). ``HASH``: ``rows_ptr``
     holds the raw values [B, F] instead, hashed here in modulus mode (`kernels.embedding.hashing`)."""
-    c = tl.program_id(1)
+    c = tl.program_id(1) + c0
     b = tl.program_id(0).to(tl.int64) * BLOCK_B + tl.arange(0, BLOCK_B)
     if HASH:
         inb = b < B
@@ -109,6 +110,10 @@ def _sgd_atomic_kernel(
 # Host launcher
 # ----------------------------------------------------------------------------------------------------
 
+MAX_GRID_Y = 65535
+"""CUDA's limit on a grid's second axis (gridDim.y): the most columns one launch of `_sgd_atomic_kernel` takes."""
+
+
 
 def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tensor,
                        slot_feature: Optional[Tensor] = None, hashing: Optional[tuple[Tensor, Tensor]] = None) -> None:
@@ -127,20 +132,24 @@ def _sgd_atomic_update(rows: Tensor, grad_out: Tensor, weight: Tensor, lr: Tenso
     # tl.dot needs 16 columns at least; the masks keep the padding out
     BLOCK_D = max(16, triton.next_power_of_2(D))
     block_b, warps = heuristics.atomic_update_launch(BLOCK_D, grad_out.dtype == torch.float32)
-    _sgd_atomic_kernel[(triton.cdiv(B, block_b), C)](
-        *head,
-        B,
-        C,
-        D,
-        R,
-        **flags,
-        SPAN=heuristics.ATOMIC_SUM_SPAN,
-        SPLIT_FP32=grad_out.dtype == torch.float32,
-        DOT_16BIT=not interpret_mode(),
-        BLOCK_B=block_b,
-        BLOCK_D=BLOCK_D,
-        num_warps=warps,
-    )
+    # CUDA caps a grid's second axis at 65535 programs, and C (the multi-hot slots of a row, up to 65536 a feature)
+    # can pass it: one launch a run of at most MAX_GRID_Y columns (the launch failed, "invalid argument")
+    for c0 in range(0, C, MAX_GRID_Y):
+        _sgd_atomic_kernel[(triton.cdiv(B, block_b), min(C - c0, MAX_GRID_Y))](
+            *head,
+            B,
+            C,
+            D,
+            R,
+            c0,
+            **flags,
+            SPAN=heuristics.ATOMIC_SUM_SPAN,
+            SPLIT_FP32=grad_out.dtype == torch.float32,
+            DOT_16BIT=not interpret_mode(),
+            BLOCK_B=block_b,
+            BLOCK_D=BLOCK_D,
+            num_warps=warps,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------
