@@ -246,7 +246,8 @@ class TrainConfig:
     """null (train to the end), or when to stop early (needs eval_every)."""
     baseline: Union[bool, Auto] = "auto"
     """Also fit an L2 logistic regression on the same split, loader and hashing after training and report its
-    AUC/logloss next to the DLRM's (`dlrm.train.baseline`); "auto": on one process, up to 2M train rows (CPU: 20k)."""
+    AUC/logloss next to the DLRM's (`dlrm.train.baseline`); "auto": on one process, up to 2M train rows (CPU: 20k) of 26
+    sparse values (multi-hot: as many values)."""
     log_every: int = 50
     """Steps between logging windows (loss, lr, samples/s), each read once the next step is queued: no drain."""
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"

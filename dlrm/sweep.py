@@ -57,6 +57,7 @@ from loguru import logger
 
 from dlrm.config import ConfigError, config_keys, load_config
 from dlrm.errors import TrainingStopped, failure_reason
+from dlrm.train.metric_text import auc_text
 
 NOISE_FACTOR = 2.0
 """A margin counts as more than seed noise when it is at least this many standard errors."""
@@ -192,6 +193,11 @@ class SettingResult:
     def auc_mean(self) -> float:
         return _mean(self.values("auc"))
 
+    def mean_auc_text(self) -> str:
+        """The mean AUC for the verdict: "n/a (one class)" where a trial's was undefined (it read "nan")."""
+        losses = [s.get("logloss") for s in self.summaries]
+        return auc_text({"auc": self.auc_mean, "logloss": _mean([math.nan if v is None else v for v in losses])})
+
     def rank_key(self) -> tuple[bool, bool, float]:
         """Sort key, best first with ``reverse=True``: a setting with a failed trial ranks after those whose trials
         all finished; a NaN mean AUC (a trial's AUC was NaN) ranks last (NaN compares False with everything, so
@@ -246,10 +252,12 @@ class Verdict:
         return self.margin >= NOISE_FACTOR * self.noise
 
     def text(self) -> str:
-        head = f"best: {label(self.winner.setting)} (AUC {self.winner.auc_mean:.4f} mean of {len(self.winner.summaries)} seeds)"
+        head = (f"best: {label(self.winner.setting)} (AUC {self.winner.mean_auc_text()} mean of "
+                f"{len(self.winner.summaries)} seeds)")
         if self.runner_up is None:
             return head + ("; the only setting whose trials all finished" if self.left_out else "; the only setting")
-        text = f"{head}, {self.margin:+.4f} AUC over {label(self.runner_up.setting)} ({self.runner_up.auc_mean:.4f})"
+        margin = "AUC margin n/a" if math.isnan(self.margin) else f"{self.margin:+.4f} AUC"  # (it read "+nan AUC")
+        text = f"{head}, {margin} over {label(self.runner_up.setting)} ({self.runner_up.mean_auc_text()})"
         if self.left_out:
             text += f" ({self.left_out} setting(s) with a failed trial left out)"
         if math.isnan(self.margin):
@@ -442,7 +450,8 @@ def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult],
         done, checkpoint = trial_state(run_dir, cfg.to_dict(), name) if resume else (None, None)
         if done is not None:
             r.summaries.append(done)
-            logger.info(f"{name}: finished earlier ({run_dir / 'summary.json'}): AUC {done['auc']:.4f}")
+            # (its AUC null: a one-class split's, which ended the resume with a format TypeError)
+            logger.info(f"{name}: finished earlier ({run_dir / 'summary.json'}): AUC {auc_text(done)}")
             continue
         try:
             if checkpoint is not None:  # in place: the trainer's --resume of run <setting dir>/seed-<k>
@@ -471,7 +480,7 @@ def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult],
             continue
         r.summaries.append(summary)
         logger.info(f"sweep trial {trial}/{total}: {label(r.setting)}, seed {seed}: "
-                    f"AUC {summary['auc']:.4f}, logloss {summary['logloss']:.4f}")
+                    f"AUC {auc_text(summary)}, logloss {summary['logloss']:.4f}")
     return first_failure
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import shutil
 import statistics
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from dlrm.checkpoint import write_files_atomic
 from dlrm.sweep import SettingResult, _std, label, slug
+from dlrm.train.metric_text import auc_text
 
 
 def write_report(directory: Path, results: list[SettingResult], keys: list[str], text: str) -> None:
@@ -80,9 +82,13 @@ def tables_text(directory: Path, results: list[SettingResult], keys: list[str], 
              + (" baseline AUC |" if has_base else ""),
              "| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if has_failed else "") + (" ---: |" if has_base else "")]
     for row in rows:
-        base = f" {row['baseline_auc_mean']:.4f} |" if row["baseline_auc_mean"] is not None else (" - |" if has_base else "")
+        # an undefined AUC (a one-class validation split's: every trial's NaN) reads "n/a (one class)", not "nan"
+        auc = auc_text({"auc": row["auc_mean"], "logloss": row["logloss_mean"]})
+        auc_std = "n/a" if math.isnan(row["auc_std"]) else f"{row['auc_std']:.4f}"
+        base = (f" {auc_text({'auc': row['baseline_auc_mean'], 'logloss': row['logloss_mean']})} |"
+                if row["baseline_auc_mean"] is not None else (" - |" if has_base else ""))
         setting = row["setting"].replace("|", "\\|")  # a bare | (a path's) split the cell: numbers under other heads
-        lines.append(f"| {setting} | {row['auc_mean']:.4f} | {row['auc_std']:.4f} | {row['logloss_mean']:.4f} "
+        lines.append(f"| {setting} | {auc} | {auc_std} | {row['logloss_mean']:.4f} "
                      f"| {row['logloss_std']:.4f} | {row['seeds']} |" + (f" {row['failed']} |" if has_failed else "")
                      + base)
     failures = [f"- {label(r.setting)}, seed {seed}: {reason}" for r in results for seed, _, reason in r.trials() if reason]
@@ -112,6 +118,8 @@ def write_hparams(directory: Path, results: list[SettingResult]) -> None:
         metrics = {"sweep/auc_mean": statistics.fmean(aucs), "sweep/auc_std": _std(aucs),
                    "sweep/logloss_mean": statistics.fmean(losses),
                    "sweep/failed_trials": len(r.failed)}  # its means are of fewer seeds
+        # an undefined AUC (a one-class split's) is no HParams metric: left out, not shown as NaN
+        metrics = {k: v for k, v in metrics.items() if not math.isnan(v)}
         with open_writer(directory / slug(r.index, r.setting)) as writer:
             for summary in hparams(swept or {"setting": "defaults"}, metrics):
                 writer._get_file_writer().add_summary(summary)

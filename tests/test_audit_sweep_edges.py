@@ -47,7 +47,7 @@ def test_the_tables_put_a_nan_setting_last(tmp_path):
     assert math.isnan(float(table[2]["auc_mean"])) and math.isnan(float(table[2]["auc_std"]))
     assert float(table[0]["auc_std"]) == pytest.approx(0.02 / math.sqrt(2))
     md = (directory / "sweep.md").read_text().splitlines()
-    assert md[2].startswith("| optim.sparse.lr=0.1 | 0.7600 |") and md[4].startswith("| optim.sparse.lr=0.03 | nan |")
+    assert md[2].startswith("| optim.sparse.lr=0.1 | 0.7600 |") and md[4].startswith("| optim.sparse.lr=0.03 | n/a (one class) | n/a |")
 
 
 @pytest.mark.parametrize("option", ["model.dropout=0,0.0", "optim.sparse.lr=0.01,1e-2",
@@ -108,7 +108,7 @@ def test_all_nan_aucs_finish_the_sweep_with_a_verdict_that_says_so():
     b = SettingResult(1, {"x": 2}, [{"auc": nan, "logloss": 0.7}, {"auc": nan, "logloss": 0.4}])
     v = verdict([a, b])
     assert v.winner is a and v.beyond_noise is None and math.isnan(v.noise)
-    assert v.text().endswith("+nan AUC over x=2 (nan); a trial's AUC is NaN (a one-class validation split, or NaN "
+    assert v.text().endswith("AUC margin n/a over x=2 (n/a (one class)); a trial's AUC is NaN (a one-class validation split, or NaN "
                              "scores): no margin to compare with the seed noise")
     row = a.row()
     assert math.isnan(row["auc_std"]) and row["logloss_std"] == pytest.approx(0.0707107, abs=1e-6)

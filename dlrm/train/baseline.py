@@ -24,7 +24,8 @@ peak is more: 4.0 GiB, ~2.2 KB a row, measured on an H100, below).
 
 When (``train.baseline``): true, false, or "auto" = on when the run is one process and its train
 split is small enough for the fit to be cheap next to the training (`AUTO_MAX_TRAIN_ROWS`): at most
-2,000,000 rows on CUDA, 20,000 on the CPU, where one L-BFGS iteration costs about 1.2 us a train
+2,000,000 rows on CUDA, 20,000 on the CPU (rows of 26 sparse values: a multi-hot split may hold as many values,
+``rows x sum(multi_hot_sizes)``), where one L-BFGS iteration costs about 1.2 us a train
 row (measured on a 2-core CPU: 22 s for the 100 iterations over data/sample's 180,000 rows, 0.23 s
 over 8,572; on one H100, 19-25 s and 4.0 GiB for 1,900,000 rows).
 """
@@ -39,21 +40,24 @@ import torch
 from loguru import logger
 
 from dlrm.data.loader import Batch, ParquetLoader, split_files
-from dlrm.data.schema import PAD_SPARSE
+from dlrm.data.schema import NUM_SPARSE, PAD_SPARSE
 from dlrm.errors import is_out_of_memory
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
+from dlrm.train.metric_text import auc_gain_text, auc_text, auc_undefined
 from dlrm.train.metrics import evaluate_logits
 from kernels.table_layout import layout_tensors
 
 AUTO_MAX_TRAIN_ROWS = {"cuda": 2_000_000, "cpu": 20_000}
-"""``train.baseline: "auto"`` fits the baseline when the train split has at most this many rows (per device type)."""
+"""``train.baseline: "auto"`` fits the baseline when the train split has at most this many rows (per device type) of
+26 sparse values; a multi-hot split at most as many values (`baseline_wanted`)."""
 LOADER_BATCH = 65_536
 """Rows per batch when reading the splits for the baseline (any size gives the same rows)."""
 MAX_ITERATIONS = 100
 """L-BFGS iterations at most: scikit-learn's default max_iter (the reference the issue measured against)."""
 
 
-def baseline_wanted(setting: Union[bool, str], train_rows: int, world_size: int, device_type: str) -> tuple[bool, str]:
+def baseline_wanted(setting: Union[bool, str], train_rows: int, world_size: int, device_type: str,
+                    sparse_width: int = NUM_SPARSE) -> tuple[bool, str]:
     """Whether a run fits the baseline, and why (for the log).
 
     Args:
@@ -61,10 +65,16 @@ def baseline_wanted(setting: Union[bool, str], train_rows: int, world_size: int,
         train_rows: rows of the train split.
         world_size: processes of the run (the baseline is fitted in one process only).
         device_type: "cuda" or "cpu" (the "auto" limit depends on it).
+        sparse_width: sparse values a row holds (`Metadata.sparse_width`: 26 one-hot, ``sum(multi_hot_sizes)``
+            multi-hot). The fit holds and gathers one weight a value, so "auto" budgets the values read: the limit's
+            rows of 26 values. (By rows alone a multi-hot split of MLPerf's 214 values a row was fitted up to the
+            limit's rows, 8.2 times the data the limit was measured for.)
 
     Example:
         >>> baseline_wanted("auto", 8_572, 1, "cpu")
         (True, 'train.baseline "auto": 8,572 train rows <= 20,000 on cpu')
+        >>> baseline_wanted("auto", 8_572, 1, "cpu", sparse_width=214)[0]
+        False
     """
     if setting is False:
         return False, "train.baseline is false"
@@ -73,9 +83,14 @@ def baseline_wanted(setting: Union[bool, str], train_rows: int, world_size: int,
     if setting is True:
         return True, "train.baseline is true"
     limit = AUTO_MAX_TRAIN_ROWS.get(device_type, AUTO_MAX_TRAIN_ROWS["cpu"])
-    if train_rows <= limit:
-        return True, f'train.baseline "auto": {train_rows:,} train rows <= {limit:,} on {device_type}'
-    return False, f'train.baseline "auto": {train_rows:,} train rows > {limit:,} on {device_type} (true fits it anyway)'
+    if sparse_width == NUM_SPARSE:
+        if train_rows <= limit:
+            return True, f'train.baseline "auto": {train_rows:,} train rows <= {limit:,} on {device_type}'
+        return False, f'train.baseline "auto": {train_rows:,} train rows > {limit:,} on {device_type} (true fits it anyway)'
+    values, budget = train_rows * sparse_width, limit * NUM_SPARSE
+    said = (f'train.baseline "auto": {train_rows:,} train rows x {sparse_width} sparse values = {values:,} values '
+            f'{"<=" if values <= budget else ">"} {budget:,} ({limit:,} rows of {NUM_SPARSE}) on {device_type}')
+    return (True, said) if values <= budget else (False, said + " (true fits it anyway)")
 
 
 class RowHasher:
@@ -253,7 +268,8 @@ def run_baseline(cfg, meta, tables, device: torch.device, world_size: int = 1, w
         The baseline's summary (see `fit_and_evaluate`), or None when it is off.
     """
     # the metadata's row count decides: no file is opened for a run that fits no baseline
-    wanted, why = baseline_wanted(cfg.train.baseline, meta.splits["train"].rows, world_size, device.type)
+    wanted, why = baseline_wanted(cfg.train.baseline, meta.splits["train"].rows, world_size, device.type,
+                                  meta.sparse_width)
     if not wanted:
         logger.info(f"baseline: off ({why})")
         return None
@@ -275,10 +291,11 @@ def run_baseline(cfg, meta, tables, device: torch.device, world_size: int = 1, w
         return None
     result["why"] = why
     logger.info(f"baseline ({why}): {result['model']}, l2 {result['l2']:.3g}, {result['iterations']} L-BFGS "
-                f"iterations, {result['seconds']:.1f}s: {cfg.data.eval_split} AUC {result['auc']:.4f}, "
+                f"iterations, {result['seconds']:.1f}s: {cfg.data.eval_split} AUC {auc_text(result)}, "
                 f"logloss {result['logloss']:.4f}")
     if writer is not None:
-        writer.add_scalar("baseline/auc", result["auc"], step)
+        if not auc_undefined(result["auc"]):  # a one-class split's NaN: no point (the log line says why)
+            writer.add_scalar("baseline/auc", result["auc"], step)
         writer.add_scalar("baseline/logloss", result["logloss"], step)
     return result
 
@@ -288,5 +305,7 @@ def baseline_clause(summary: dict) -> str:
     base = summary.get("baseline")
     if not base:
         return ""
-    return (f"; baseline (logistic regression) AUC {base['auc']:.4f}, logloss {base['logloss']:.4f} "
-            f"(DLRM {summary['auc'] - base['auc']:+.4f} AUC)")
+    # a one-class split: both AUCs undefined, and so the margin (it read "AUC nan ... (DLRM +nan AUC)")
+    gain = auc_gain_text(summary["auc"], base["auc"])
+    return (f"; baseline (logistic regression) AUC {auc_text(base)}, logloss {base['logloss']:.4f} "
+            + (f"(DLRM {gain} AUC)" if gain != "n/a" else "(the DLRM's AUC margin n/a)"))

@@ -20,7 +20,7 @@ from loguru import logger
 
 from dlrm.config import Config
 from dlrm.distributed.env import DistEnv
-from dlrm.errors import DatasetError, NonFiniteLoss
+from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss
 from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
 from dlrm.train.checkpointer import Checkpointer
@@ -66,17 +66,28 @@ class Evaluator:
             NaN or Inf (some logit is: the model diverged) calls it (it names a NaN loss's step or a NaN/Inf weight),
             then raises `NonFiniteLoss`, before the evaluation is recorded or written as best.pt; also called before
             a new best's best.pt is written here (not deferred).
+        split: the evaluation split's metadata (`SplitInfo`: rows, positives), or None. A split of one class has no
+            AUC (NaN): early stopping on AUC is refused (ConfigError), and without early stopping the best evaluation
+            is the one of the lowest logloss (by the undefined AUC every evaluation was "best": best.pt the latest).
     """
 
     def __init__(self, run: Run, loader, cfg: Config, writer, checkpointer: Checkpointer, stats: RunStats,
                  env: DistEnv = DistEnv(), target: Optional[TargetTracker] = None,
-                 stop_if_diverged: Optional[Callable[[], None]] = None) -> None:
+                 stop_if_diverged: Optional[Callable[[], None]] = None, split=None) -> None:
         self.run, self.loader, self.writer, self.env, self.target = run, loader, writer, env, target
         self.stop_if_diverged = stop_if_diverged
         self.checkpointer, self.stats = checkpointer, stats
         self.early = cfg.train.early_stopping
         self.metric = self.early.metric if self.early else "auc"
         self.min_delta = self.early.min_delta if self.early else 0.0
+        if split is not None and split.rows > 0 and split.positives in (0, split.rows) and self.metric == "auc":
+            one_class = (f"data.eval_split {cfg.data.eval_split!r} holds one class ({split.rows:,} rows, "
+                         f"{split.positives:,} positives): its AUC is undefined")
+            if self.early is not None:  # a patience that never ran out, a target never reached: trained to the end
+                raise ConfigError(f"train.early_stopping.metric 'auc': {one_class}; use metric 'logloss' or another "
+                                  f"split")
+            self.metric = "logloss"
+            logger.warning(f"{one_class}; the best evaluation (best.pt) is the one of the lowest logloss")
         if getattr(loader, "num_rows", None) == 0:
             # said before training: found at the end, the run's last evaluation raised a traceback and the training
             # since the last checkpoint was lost (the last checkpoint is saved after that evaluation)

@@ -68,6 +68,7 @@ def _check_no_rounding(saved: dict, model: DLRM, path: Path, embedding_dtype: st
 
 def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     """AUC, logloss and accuracy of a checkpoint on `split`; written to a new run's summary.json."""
+    from dlrm.train.metric_text import auc_text
     from dlrm.train.step import EvalForward, set_matmul_precision
     from dlrm.train.trainer import build_for_data, evaluate
 
@@ -91,7 +92,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
                    "wall_s": time.perf_counter() - t0, "device": str(device), "config": cfg.to_dict()}
         write_summary(run_dir.path / "summary.json", summary)  # a failed write names the file
         run_dir.started()
-    logger.info(f"{split}: AUC {metrics['auc']:.4f}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}")
+    logger.info(f"{split}: AUC {auc_text(metrics)}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}")
     return summary
 
 

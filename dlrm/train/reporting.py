@@ -18,6 +18,7 @@ from torch.utils.tensorboard import SummaryWriter
 from dlrm.checkpoint import write_files_atomic
 from dlrm.config import Config, ConfigError
 from dlrm.data.schema import write_json_atomic
+from dlrm.train.metric_text import auc_text, auc_undefined
 from dlrm.train.run_dir import run_dir_present
 
 
@@ -125,9 +126,17 @@ def log_train(writer: SummaryWriter, step: int, loss: float, lrs: tuple[float, f
 
 
 def log_eval(writer: SummaryWriter, metrics: dict[str, float], step: int) -> dict[str, float]:
+    """An evaluation's scalars ``eval/*`` and log line. An undefined AUC (a one-class split's NaN) is said so, in the
+    line and as TensorBoard text ``eval/auc_undefined``, and no ``eval/auc`` scalar is written (it read "auc nan", a NaN
+    point)."""
     for k, v in metrics.items():
+        if k == "auc" and auc_undefined(v):
+            if isinstance(writer, SummaryWriter):  # (not NoWriter, nor a stand-in with scalars only)
+                add_markdown(writer, "eval/auc_undefined", f"AUC {auc_text(metrics)}: undefined on this split", step)
+            continue
         writer.add_scalar(f"eval/{k}", v, step)
-    logger.info(f"step {step}: eval " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    logger.info(f"step {step}: eval " + ", ".join(f"{k} {auc_text(metrics) if k == 'auc' else format(v, '.4f')}"
+                                                    for k, v in metrics.items()))
     return metrics
 
 
@@ -155,7 +164,8 @@ def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: di
 
     hp = {"batch_size": batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
           "sparse_lr": cfg.optim.sparse.lr, "precision": cfg.train.precision, "interaction": cfg.model.interaction}
-    values = {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS}
+    # an undefined AUC (a one-class split's NaN) is no session metric: left out, not shown as NaN
+    values = {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS if not (k == "auc" and auc_undefined(metrics[k]))}
     # _get_file_writer(): the writer's own accessor (it reopens the file if the writer was closed)
     file_writer = writer._get_file_writer()
     for summary in hparams(hp, values):  # the experiment, session-start and session-end summaries
@@ -246,7 +256,7 @@ def log_profile(writer: SummaryWriter, run_dir: Path, device: torch.device, step
 def final_line(summary: dict[str, Any]) -> str:
     """The one line that ends a run: the metrics, the oracle when known, the run's totals."""
     return (
-        f"{summary['split']}: AUC {summary['auc']:.4f}, logloss {summary['logloss']:.4f}, "
+        f"{summary['split']}: AUC {auc_text(summary)}, logloss {summary['logloss']:.4f}, "
         f"accuracy {summary['accuracy']:.4f}"
         + (f" (oracle AUC {summary['oracle_auc']:.4f})" if summary.get("oracle_auc") is not None else "")
         + f"; {summary['steps']} steps, {summary['samples']:,} samples, {summary['samples_per_sec']:,.0f} samples/s"
@@ -261,6 +271,7 @@ def _best_clause(summary: dict[str, Any]) -> str:
     best = summary.get("best")
     if not best or best.get("step") == summary["steps"]:
         return ""
-    return (f"; best {best['metric']} {best[best['metric']]:.4f} at step {best['step']}"
+    value = auc_text(best) if best["metric"] == "auc" else f"{best[best['metric']]:.4f}"
+    return (f"; best {best['metric']} {value} at step {best['step']}"
             + (" (early stopped)" if summary.get("early_stopped") else "")
             + (f", kept as {best['checkpoint']}" if best.get("checkpoint") else ", its model not kept"))

@@ -344,8 +344,8 @@ class Trainer:
         self.checkpointer.clock = meter.update_train_s  # every checkpoint records the training time up to its step
         self.target = TargetTracker(cfg.train.early_stopping, dict(self.checkpointer.extra_stats), self.stats,
                                     self.t_start, meter.loop_start, len(self.data.train), self.checkpointer.extra_stats)
-        evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env,
-                                               self.target, stop_if_diverged=self._check_finite)
+        evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env, self.target,
+                                               self._check_finite, self.meta.splits.get(cfg.data.eval_split))
         bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=not env.is_main)
         with make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
