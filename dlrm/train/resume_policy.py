@@ -5,17 +5,22 @@ run is observed or executed (logging, checkpoint cadence, profiling, kernel and 
 data placement and prefetch, device; the evaluations' cadence and split unless the run stops early) are
 free; the run's length (``train.epochs``, ``train.max_steps``) may change and is logged; every other
 difference (batch size, model, data, optimizer, schedule, seed, ...) is refused unless
-``--allow-config-change`` names its key.
+``--allow-config-change`` names its key. Also the checkpoint a ``--resume`` names, its saved config, and whether its
+run already ended (moved here from `dlrm.train.trainer`, which stays under the modules' 600 lines).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, Iterable
+from pathlib import Path
+from typing import Any, Iterable, Optional
 
 from loguru import logger
 
-from dlrm.config import ConfigError
+from dlrm import checkpoint as ckpt
+from dlrm.config import Config, ConfigError, config_from_dict
+from dlrm.train.run_dir import run_of
 
 # dotted prefixes: a key equal to one or under it is free
 FREE_KEYS = (
@@ -128,3 +133,36 @@ def check_position(position: dict[str, int], batches: int, allowed: Iterable[str
             f"{earlier} steps left to the {epoch} earlier epochs, which train one at least each"
         raise ConfigError(f"--resume {source}: position.epoch {epoch}, batch {batch} do not match position.step {step} "
                           f"({detail}; a damaged checkpoint, or other data at data.path)")
+
+
+def checkpoint_to_resume(cfg: Config, resume: str) -> tuple[Path, Optional[Path]]:
+    """(the checkpoint `--resume` names, the newest checkpoint of the run it belongs to)."""
+    if resume == "latest":
+        if not cfg.log.run_name:
+            raise ConfigError("--resume: name the run to resume with --run-name (or give a checkpoint path)")
+        latest = ckpt.resolve_resume("latest", Path(cfg.log.tb_dir) / cfg.log.run_name)
+        return latest, latest
+    path = Path(resume)
+    if not path.is_file():
+        raise ConfigError(f"--resume: {path}: checkpoint not found")
+    run = run_of(path)
+    listed = ckpt.list_checkpoints(run) if run is not None else []
+    return path, (listed[-1] if listed else None)
+
+
+def summarized(checkpoint: Path, step: int) -> bool:
+    """Whether the run `checkpoint` belongs to ended at `step` (a later summary.json: that run extended since)."""
+    try:
+        summary = json.loads(((run_of(checkpoint) or Path(checkpoint).resolve().parent.parent) / "summary.json")
+                             .read_text())
+        return summary["steps"] == step
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
+
+
+def saved_config(state: dict) -> dict:
+    """A checkpoint's config with today's defaults filled in (keys added since it was written)."""
+    try:
+        return config_from_dict(state["config"]).to_dict()
+    except ConfigError:
+        return state["config"]

@@ -1,13 +1,18 @@
 """SIGINT/SIGTERM during training: finish the step, checkpoint, flush, exit; a second signal stops at once. Outside
-the steps (a run's start, its last evaluation and summary) SIGTERM stops at once as Ctrl-C does: `StopAtOnce`."""
+the steps (a run's start, its last evaluation and summary) SIGTERM stops at once as Ctrl-C does: `StopAtOnce`; in a
+distributed run the start and the last evaluation wait for the ranks to agree instead (`agreed_stop`)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
+import torch
 from loguru import logger
 
+from dlrm.distributed.env import DistEnv
+from dlrm.errors import TrainingStopped
 from dlrm.stop_signal import StopAtOnce  # noqa: F401 - re-exported: the runs' outer guard
 
 
@@ -28,9 +33,10 @@ class GracefulStop:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self) -> None:
+    def __init__(self, doing: str = "finishing the current step, then checkpointing and exiting") -> None:
         self.signum: Optional[int] = None
         self._previous: dict[int, object] = {}
+        self._doing = doing  # what the first signal's warning says happens next
 
     @property
     def requested(self) -> bool:
@@ -46,8 +52,7 @@ class GracefulStop:
             raise SystemExit(128 + signum)
         self.signum = signum
         logger.warning(
-            f"{signal.Signals(signum).name}: finishing the current step, then checkpointing and exiting "
-            "(send it again to stop at once)"
+            f"{signal.Signals(signum).name}: {self._doing} (send it again to stop at once)"
         )
 
     def __enter__(self) -> "GracefulStop":
@@ -64,3 +69,23 @@ class GracefulStop:
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callable[[str], str]) -> Iterator[None]:
+    """A distributed run's phase outside the training steps that holds collectives (its start; its last evaluation
+    and checkpoint): a SIGINT/SIGTERM there is held until the phase ends, where the ranks agree on it (one all-reduce
+    MAX), and then every rank raises `TrainingStopped` with the same code (128 + the largest signal any rank got) and
+    ``message(signal name)``. Stopped at once as `StopAtOnce` does, a rank that alone got the signal (a user's ``kill
+    PID``, a scheduler pre-empting one process) left while the others waited for it in the phase's next collective, to
+    die of gloo's "Connection closed by peer" traceback (a bug's exit 1) or at the process group's timeout. The stop
+    comes at the phase's end (the start: no checkpoint; the last evaluation: after its checkpoint); a second signal
+    stops at once. One process: nothing changes (`StopAtOnce` stops it at once)."""
+    if not env.distributed:
+        yield
+        return
+    with GracefulStop(f"stopping {where}, once every rank knows") as stop:
+        yield
+        agreed = int(env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=device)).item())
+    if agreed:
+        raise TrainingStopped(128 + agreed, message(signal.Signals(agreed).name))

@@ -23,7 +23,7 @@ from loguru import logger
 from torch.profiler import record_function
 from tqdm import tqdm
 
-from dlrm.config import Config, ConfigError, config_from_dict
+from dlrm.config import Config, ConfigError
 from dlrm.data.device_loader import DeviceLoader
 from dlrm.data.loader import Batch, ParquetLoader, split_files
 from dlrm.data.schema import is_multi_hot
@@ -39,10 +39,11 @@ from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler
 from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, log_train,
                                   open_writer, versions, write_summary)
-from dlrm.train.resume_policy import check_position, check_resume_config
+from dlrm.train.resume_policy import (check_position, check_resume_config, checkpoint_to_resume, saved_config,
+                                      summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
-from dlrm.train.signals import GracefulStop, StopAtOnce
+from dlrm.train.signals import GracefulStop, StopAtOnce, agreed_stop
 from dlrm.train.step import compile_counters, nonfinite_weight
 from dlrm.train.target import TargetTracker, already_reached
 
@@ -144,39 +145,6 @@ class TrainData:
         return cls(loader, eval_loader, batch_size, total, max(cfg.train.epochs, math.ceil(total / max(len(loader), 1))))
 
 
-def checkpoint_to_resume(cfg: Config, resume: str) -> tuple[Path, Optional[Path]]:
-    """(the checkpoint `--resume` names, the newest checkpoint of the run it belongs to)."""
-    if resume == "latest":
-        if not cfg.log.run_name:
-            raise ConfigError("--resume: name the run to resume with --run-name (or give a checkpoint path)")
-        latest = ckpt.resolve_resume("latest", Path(cfg.log.tb_dir) / cfg.log.run_name)
-        return latest, latest
-    path = Path(resume)
-    if not path.is_file():
-        raise ConfigError(f"--resume: {path}: checkpoint not found")
-    run = run_of(path)
-    listed = ckpt.list_checkpoints(run) if run is not None else []
-    return path, (listed[-1] if listed else None)
-
-
-def summarized(checkpoint: Path, step: int) -> bool:
-    """Whether the run `checkpoint` belongs to ended at `step` (a later summary.json: that run extended since)."""
-    try:
-        summary = json.loads(((run_of(checkpoint) or Path(checkpoint).resolve().parent.parent) / "summary.json")
-                             .read_text())
-        return summary["steps"] == step
-    except (OSError, ValueError, TypeError, KeyError):
-        return False
-
-
-def saved_config(state: dict) -> dict:
-    """A checkpoint's config with today's defaults filled in (keys added since it was written)."""
-    try:
-        return config_from_dict(state["config"]).to_dict()
-    except ConfigError:
-        return state["config"]
-
-
 class Trainer:
     """One training run: built from `cfg`, optionally resumed, trained, evaluated and summarized.
 
@@ -202,6 +170,11 @@ class Trainer:
         self.cfg = cfg
         device, data_dir, self.meta, self.tables = build_for_data(cfg)
         self.env, self.device = init_distributed(cfg.distributed, device)  # one process unless under torchrun
+        with agreed_stop(self.env, self.device, "before the first step", self._stopped_at_start):  # several ranks
+            self._start(cfg, data_dir, run_dir, resume, allow_config_change)
+
+    def _start(self, cfg: Config, data_dir: Path, run_dir: Optional[Path], resume: Optional[str],
+               allow_config_change: Sequence[str]) -> None:
         seed_everything(cfg.train.seed, cfg.train.deterministic)
         self.resume_from = self.finished = latest = state = None
         self.resumed_at_step: Optional[int] = None  # the step a resumed session starts from (summary.json)
@@ -252,6 +225,13 @@ class Trainer:
         except BaseException:
             self.run_dir.abandon()
             raise
+
+    def _stopped_at_start(self, name: str) -> str:
+        """A signal during a distributed run's start, agreed (`agreed_stop`): a new run's directory given up, as by one
+        process (unless a finished run's start already gave it up)."""
+        if getattr(self, "run_dir", None) is not None and self.finished is None:
+            self.run_dir.abandon()
+        return f"{name}: stopped before the first step, on every rank (no checkpoint written now)"
 
     def _forget_another_splits_best(self, saved: dict) -> None:
         """A resume on another data.eval_split (free without early stopping, else allowed): the recorded best is of
@@ -409,21 +389,25 @@ class Trainer:
         # train.eval_every it is one of the periodic evaluations a longer run makes there too (early stopping counts
         # it); elsewhere it is this length's own, which a longer run does not make: it counts only as a new best
         # (made after the checkpoint, such a best rewrote best.pt unrecorded, and a resume named an older best).
-        if not self.early_stopped:
-            on_grid = bool(cfg.train.eval_every) and pos.step % cfg.train.eval_every == 0
-            # resumed at its end from a checkpoint that already holds this step's evaluation (a run killed before its
-            # summary): made again for the summary, not counted a second time
-            again = self.resumed_at_step == pos.step and self.checkpointer.evaluated_step == pos.step
-            best_before = self.stats.best
-            self.last_eval = self.evaluator(pos, defer_best=True, counted=on_grid and not again)
-            self.final_evaluated = True
-            # no step trained (see __init__): that step's checkpoint again, with this evaluation; unless it already
-            # held it (`again`) and the evaluation made no new best: written again, it was a new file beside the
-            # best.pt linked to the old one (the model twice on disk)
-            if self.resumed_at_step == pos.step and not (again and self.stats.best is best_before):
-                self.checkpointer.last = None
-        self.checkpointer.save(run, pos, self.stats)
-        self.evaluator.write_best()  # a hard link to that checkpoint
+        # several ranks: a signal on one of them during the last evaluation (collectives) or checkpoint stops every
+        # rank after both (`agreed_stop`), the summary left to a --resume (one process: at once, `StopAtOnce`)
+        with agreed_stop(env, self.device, "after the last evaluation", lambda name: f"stopped by signal ({name}) at "
+                         f"step {pos.step}, after its last evaluation; checkpoint {self.checkpointer.last}"):
+            if not self.early_stopped:
+                on_grid = bool(cfg.train.eval_every) and pos.step % cfg.train.eval_every == 0
+                # resumed at its end from a checkpoint that already holds this step's evaluation (a run killed before
+                # its summary): made again for the summary, not counted a second time
+                again = self.resumed_at_step == pos.step and self.checkpointer.evaluated_step == pos.step
+                best_before = self.stats.best
+                self.last_eval = self.evaluator(pos, defer_best=True, counted=on_grid and not again)
+                self.final_evaluated = True
+                # no step trained (see __init__): that step's checkpoint again, with this evaluation; unless it already
+                # held it (`again`) and the evaluation made no new best: written again, it was a new file beside the
+                # best.pt linked to the old one (the model twice on disk)
+                if self.resumed_at_step == pos.step and not (again and self.stats.best is best_before):
+                    self.checkpointer.last = None
+            self.checkpointer.save(run, pos, self.stats)
+            self.evaluator.write_best()  # a hard link to that checkpoint
         return self._finish(prof)
 
     def _batches(self) -> Iterator[tuple[Batch, float]]:
@@ -465,7 +449,8 @@ class Trainer:
     _pending: Optional[tuple[WindowCut, DeviceRead]] = None  # a logging window queued, not read yet
 
     def _stop_requested(self, stop: GracefulStop) -> bool:
-        """A signal arrived; with several ranks, once they all know (they agree through the logging windows' reads)."""
+        """A signal arrived; with several ranks, once they all know (they agree through the logging windows' reads):
+        also one that reached one rank only, at most train.log_every steps after the step in flight (no per-step sync)."""
         if not self.env.distributed:
             self._stop_signal = stop.signum or 0
         return self._stop_signal > 0
