@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import math
 import platform
 import sys
 import time
@@ -358,13 +359,24 @@ def settle(step: Callable[[int], None], seconds: float, device: "torch.device", 
 
 def write_csv(path: Path, rows: Iterable[dict], keys: list[str], extra: Optional[dict[str, Any]] = None) -> None:
     """One CSV row per dict: the columns `keys` (missing ones empty), then the constant columns
-    `extra` (the environment) repeated on every row."""
+    `extra` (the environment) repeated on every row. A value that is missing (None) or was not measured (NaN, an
+    infinity: a failed case's time) is an empty cell, as in the app's own CSVs (`dlrm.train.metric_text.csv_cell`): a
+    failed case wrote "nan" in its measured columns and an empty cell in the others."""
     extra = extra or {}
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys + list(extra))
         w.writeheader()
         for r in rows:
-            w.writerow({**{k: r.get(k) for k in keys}, **extra})
+            w.writerow({k: _cell(v) for k, v in {**{k: r.get(k) for k in keys}, **extra}.items()})
+
+
+def _cell(value: Any) -> Any:
+    """None for a NaN or infinite float (csv writes None as an empty cell); any other value as it is.
+
+        >>> [_cell(v) for v in (1.5, float("nan"), float("inf"), "ok", None)]
+        [1.5, None, None, 'ok', None]
+    """
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def md_row(cells: Iterable[Any]) -> str:

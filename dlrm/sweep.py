@@ -15,7 +15,8 @@ The sweep directory (``<tb-dir>/<run-name>``, default ``tb_logs/<config>-sweep-<
 
 * ``sweep.md`` / ``sweep.csv``: per setting the mean and standard deviation over seeds of the
   final validation AUC and logloss (and of the built-in baseline's AUC when the runs fitted it),
-  best first (a setting whose mean AUC is NaN last); ``trials.csv``: every trial;
+  best first (a setting whose mean AUC is NaN last); ``trials.csv``: every trial; in both CSVs a value that is
+  missing or undefined (a failed trial's, a one-class split's NaN AUC: null in summary.json) is an empty cell;
 * TensorBoard HParams (one run per setting under ``hparams/``): the swept keys against
   ``sweep/auc_mean``, ``sweep/auc_std``, ``sweep/logloss_mean``;
 * the verdict, also the last log line: the winner, its margin over the runner-up, and that margin

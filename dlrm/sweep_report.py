@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dlrm.checkpoint import write_files_atomic
 from dlrm.sweep import SettingResult, _std, label, slug
-from dlrm.train.metric_text import auc_text
+from dlrm.train.metric_text import auc_text, csv_cell
 
 
 def write_report(directory: Path, results: list[SettingResult], keys: list[str], text: str) -> None:
@@ -61,7 +61,7 @@ def tables_text(directory: Path, results: list[SettingResult], keys: list[str], 
     sweep_csv = io.StringIO(newline="")
     writer = csv.DictWriter(sweep_csv, columns)
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)  # NaN: an empty cell
     trials_csv = io.StringIO(newline="")
     writer = csv.writer(trials_csv)
     writer.writerow(["setting", "seed", "auc", "logloss", "best_auc", "baseline_auc", "steps", "run_dir", "status"])
@@ -74,8 +74,9 @@ def tables_text(directory: Path, results: list[SettingResult], keys: list[str], 
                 writer.writerow([label(r.setting), seed, None, None, None, None, None,
                                  str(run_dir) if run_dir.exists() else None, f"failed: {reason}"])
                 continue
-            writer.writerow([label(r.setting), seed, s["auc"], s["logloss"], (s.get("best") or {}).get("auc"),
-                             (s.get("baseline") or {}).get("auc"), s["steps"], str(run_dir), "ok"])
+            # a NaN (this session's one-class AUC) an empty cell, as null read back from summary.json by --resume
+            writer.writerow([label(r.setting), seed, *map(csv_cell, (s["auc"], s["logloss"], (s.get("best") or {}).get(
+                "auc"), (s.get("baseline") or {}).get("auc"), s["steps"])), str(run_dir), "ok"])
     has_base = any(row["baseline_auc_mean"] is not None for row in rows)
     has_failed = any(r.failed for r in results)  # the column only then: a sweep without failures reads as before
     lines = ["| setting | AUC mean | AUC std | logloss mean | logloss std | seeds |" + (" failed |" if has_failed else "")
@@ -83,20 +84,27 @@ def tables_text(directory: Path, results: list[SettingResult], keys: list[str], 
              "| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if has_failed else "") + (" ---: |" if has_base else "")]
     for row in rows:
         # an undefined AUC (a one-class validation split's: every trial's NaN) reads "n/a (one class)", not "nan"
-        auc = auc_text({"auc": row["auc_mean"], "logloss": row["logloss_mean"]})
-        auc_std = "n/a" if math.isnan(row["auc_std"]) else f"{row['auc_std']:.4f}"
+        # a setting whose trials all failed has no metric at all: "n/a" (it read "n/a (NaN scores)" and a logloss of
+        # "nan", as if it had trained to NaN scores; its failures are listed under the table)
+        auc = auc_text({"auc": row["auc_mean"], "logloss": row["logloss_mean"]}) if row["seeds"] else "n/a"
+        auc_std = _number(row["auc_std"])
         base = (f" {auc_text({'auc': row['baseline_auc_mean'], 'logloss': row['logloss_mean']})} |"
                 if row["baseline_auc_mean"] is not None else (" - |" if has_base else ""))
         setting = row["setting"].replace("|", "\\|")  # a bare | (a path's) split the cell: numbers under other heads
-        lines.append(f"| {setting} | {auc} | {auc_std} | {row['logloss_mean']:.4f} "
-                     f"| {row['logloss_std']:.4f} | {row['seeds']} |" + (f" {row['failed']} |" if has_failed else "")
-                     + base)
+        lines.append(f"| {setting} | {auc} | {auc_std} | {_number(row['logloss_mean'])} "
+                     f"| {_number(row['logloss_std'])} | {row['seeds']} |"
+                     + (f" {row['failed']} |" if has_failed else "") + base)
     failures = [f"- {label(r.setting)}, seed {seed}: {reason}" for r in results for seed, _, reason in r.trials() if reason]
     if failures:
         lines += ["", "Failed trials (their settings rank after the others and are left out of the verdict):", "",
                   *failures]
     return {"sweep.csv": sweep_csv.getvalue(), "trials.csv": trials_csv.getvalue(),
             "sweep.md": "\n".join(lines) + "\n\n" + text + "\n"}
+
+
+def _number(value: float) -> str:
+    """A mean or standard deviation for sweep.md: 4 decimals, "n/a" for NaN (no trial finished, a NaN value)."""
+    return "n/a" if math.isnan(value) else f"{value:.4f}"
 
 
 def write_hparams(directory: Path, results: list[SettingResult]) -> None:

@@ -5,7 +5,8 @@ TensorBoard run under ``tb_logs/<run-name>/<variant>/`` so the curves overlay; t
 table goes to ``compare.md``, ``compare.csv`` and ``compare.png`` in ``tb_logs/<run-name>/``, and
 into that parent run's TensorBoard events (text ``compare/table``, image ``compare/plot``). The three files are made
 first and written as one set (`dlrm.checkpoint.write_files_atomic`): a failure while they are made or written leaves
-none of them, never two of three or half a file.
+none of them, never two of three or half a file. In compare.csv a missing or undefined value (a skipped variant's, a
+one-class split's AUC) is an empty cell, as in the sweep's CSVs; compare.md says "n/a" ("n/a (one class)" for the AUC).
 
 A variant that fails while it trains (an error, a diverged loss, out of memory) does not end the comparison: the
 others run, its row's status is ``failed: <reason>``, and once the reports are written the command exits with the
@@ -34,6 +35,7 @@ from loguru import logger
 
 from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig
 from dlrm.errors import TrainingStopped, failure_reason
+from dlrm.train.metric_text import auc_text, csv_cell
 from dlrm.train.run_dir import RunDirectory
 from dlrm.train.setup import load_dataset_metadata, resolve_device
 
@@ -289,6 +291,7 @@ def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, dev
             "peak_memory_mb": s["peak_memory_bytes"] / 2**20 if s["peak_memory_bytes"] is not None else None,
             "final_train_loss": s["final_train_loss"],
             "auc": s["auc"],
+            "logloss": s.get("logloss"),  # (not a column: why an AUC is undefined, `metric_text.auc_text`)
             # only a compiled run has graph breaks to count ("auto" may resolve to eager, on a CPU say)
             "graph_breaks": s["compile"]["graph_breaks"] if s["resolved"]["compile"] else None,
             "status": "ok",
@@ -316,7 +319,8 @@ def _fmt(row: dict, key: str, fmt: str) -> str:
     value = row.get(key)
     # a bare | in a text cell (a failure's reason) would split the Markdown cell
     if value is None or (isinstance(value, float) and math.isnan(value)):  # NaN: a session without its warm-up's end
-        return "n/a"
+        # an undefined AUC reads as the other reports write it ("n/a (one class)"), not a plain "n/a"
+        return auc_text(row) if key == "auc" and row.get("status") == "ok" else "n/a"
     return fmt.format(value).replace("|", "\\|")
 
 
@@ -344,7 +348,8 @@ def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
     w = csv.DictWriter(out, fieldnames=[k for k, _, _ in COLUMNS])
     w.writeheader()
     for r in rows:
-        w.writerow({k: r.get(k) for k, _, _ in COLUMNS})
+        # a missing or undefined value (NaN: a one-class AUC, no warm-up's end) an empty cell, as in the sweep's CSVs
+        w.writerow({k: csv_cell(r.get(k)) for k, _, _ in COLUMNS})
     png = plot_comparison(rows, f"{base.name} on {device_name}")
     # all three made first, then written as one set: a plot that failed after the table was written left
     # compare.md and compare.csv without compare.png (and an interrupted write, half a file)

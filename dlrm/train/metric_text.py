@@ -37,3 +37,16 @@ def auc_text(metrics: dict[str, Any], key: str = "auc") -> str:
 def auc_gain_text(auc: Optional[float], other: Optional[float]) -> str:
     """``auc - other`` signed (4 decimals), or "n/a" when either is undefined (not "+nan")."""
     return "n/a" if auc_undefined(auc) or auc_undefined(other) else f"{auc - other:+.4f}"
+
+
+def csv_cell(value: Any) -> Any:
+    """`value` for a CSV cell the app writes (sweep.csv, trials.csv, compare.csv): a missing value (None) and an
+    undefined one (NaN, infinite: a one-class split's AUC) are an empty cell, as summary.json writes them null. A
+    trial gathered by ``sweep --resume`` read null back from summary.json and wrote an empty cell, one trained in the
+    session its NaN as "nan": one column, two spellings of one value, and the tables of a resumed sweep differed
+    from those of the same sweep uninterrupted.
+
+        >>> [csv_cell(v) for v in (0.5, float("nan"), None, "ok", 3)]
+        [0.5, None, None, 'ok', 3]
+    """
+    return None if isinstance(value, float) and not math.isfinite(value) else value
