@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -227,3 +228,206 @@ def test_ctrl_c_during_a_merge_is_one_line_and_exit_130(tmp_path):
     assert "Traceback" not in done.stderr, done.stderr[-1500:]
     assert done.returncode == 130 and "interrupted (Ctrl-C)" in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no OUT, no temporary file
+
+
+# -- 5. a distributed save's parts outside the agreed ones ------------------------------------------------------------
+# Two gloo ranks (a 20 s process-group timeout: a hang fails the test). Checkpointer.save / save_best checked the run
+# directory, gathered the state and made checkpoints/ before the first agreed part: a failure there on one rank raised
+# on that rank alone while the others waited in the part's collective (gloo's "Connection closed by peer" traceback, or
+# the timeout). A repeated save's move of its pending shard over the previous one was agreed after rank 0 had already
+# written the manifest: one rank's failed move left the manifest naming rank 0's new shard beside rank 1's old one.
+
+EDGE_TIMEOUT_S = 20
+
+
+def _edge_case(rank: int, root: Path, case: str) -> None:
+    import errno as errno_mod
+    from types import SimpleNamespace
+
+    from dlrm.distributed import checkpoint as dist_ckpt
+    from dlrm.distributed.env import DistEnv
+    from dlrm.distributed.sharding import plan_sharding
+    from dlrm.train import checkpointer as checkpointer_mod
+    from dlrm.train.setup import Tables
+    from tests.test_audit_checkpoint_files import CARDS, tiny_config, tiny_state
+    from tests.test_audit_sharded_save_failure import _shard_state
+
+    if case == "resume":  # 6 steps, checkpoints at 2, 4, 6; rank 1's shard of step 6 damaged; resumed from step 6
+        import torch.distributed as dist
+
+        _train_on_rank(rank, 2, str(root), "src", {"train.max_steps": 6, "checkpoint.every": 2}, [0.7], None)
+        d = ckpt.checkpoint_dir(root / "tb" / "src")
+        if rank == 0:
+            shard = d / "step-00000006.rank1-of-2.pt"
+            shard.write_bytes(shard.read_bytes()[:100])  # truncated (a failing disk, a copy cut short)
+        dist.barrier()
+        _train_on_rank(rank, 2, str(root), "more", {"train.max_steps": 8, "checkpoint.every": 2}, [0.7],
+                       str(d / "step-00000006.pt"))
+        return
+    env, state = DistEnv(rank, 2), tiny_state(step=2)
+    plan = plan_sharding(state["cardinalities"], 2, "row", 1)
+    run_dir = root / "run"
+    run_dir.mkdir(exist_ok=True)
+    saver = checkpointer_mod.Checkpointer(run_dir, tiny_config(), Tables(list(CARDS), None, "modulus"), env)
+    saver._state = lambda run, pos, stats: _shard_state(state, plan, rank)
+    run, pos = SimpleNamespace(plan=plan), ckpt.Position(step=2, epoch=0, batch=2)
+    if case == "replace":  # step 2 saved, then saved again (another dense lr) with rank 1's move of it failing
+        saver.save(run, pos, None)
+        dense = state["optimizers"][0]
+        state = {**state, "optimizers": [{**dense, "param_groups": [{**dense["param_groups"][0], "lr": 0.5}]},
+                                         state["optimizers"][1]]}
+        saver.last = None  # a resumed run's last step, saved again (`Trainer._fit`)
+        real_replace = os.replace
+
+        def replace(src, dst, *args, **kwargs):
+            if rank == 1 and str(src).endswith(".pending"):
+                raise PermissionError(errno_mod.EACCES, "Permission denied", str(src))
+            return real_replace(src, dst, *args, **kwargs)
+
+        dist_ckpt.os.replace = replace
+    elif rank == 1 and case in ("gone", "best-gone"):  # rank 1's view of the run directory is gone (another host's)
+        def gone(path):
+            raise ConfigError(f"{path}: the run directory is gone")
+
+        checkpointer_mod.run_dir_present = gone
+    elif rank == 1 and case == "mkdir":  # rank 1 may not make checkpoints/ (the first save)
+        real_mkdir = Path.mkdir
+
+        def mkdir(self, *args, **kwargs):
+            if self.name == "checkpoints":
+                raise PermissionError(errno_mod.EACCES, "Permission denied", str(self))
+            return real_mkdir(self, *args, **kwargs)
+
+        Path.mkdir = mkdir
+    if case == "best-gone":
+        saver.save_best(run, pos, None)
+    else:
+        saver.save(run, pos, None)
+
+
+def _edge_worker(rank: int, init_file: str, root: str, case: str, results) -> None:
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=EDGE_TIMEOUT_S))
+    start = time.monotonic()
+    try:
+        _edge_case(rank, Path(root), case)
+        results[rank] = ("no error", "", None, time.monotonic() - start)
+    except BaseException as e:  # noqa: BLE001 - reported to the test
+        results[rank] = (type(e).__name__, str(e), getattr(e, "errno", None), time.monotonic() - start)
+    finally:
+        time.sleep(0.5)  # the other rank's collective first (an early exit breaks gloo's connection, not a hang)
+        dist.destroy_process_group()
+
+
+def _edge_run(tmp_path: Path, case: str) -> tuple[dict, Path]:
+    import torch.multiprocessing as mp
+
+    root = tmp_path / case
+    root.mkdir(exist_ok=True)
+    ctx = mp.get_context("spawn")
+    with mp.Manager() as manager:
+        results = manager.dict()
+        procs = [ctx.Process(target=_edge_worker, args=(r, str(root / "init"), str(root), case, results))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(EDGE_TIMEOUT_S + 40)
+        for p in procs:  # only the processes this test started
+            if p.is_alive():
+                p.kill()
+                p.join()
+        got = dict(results)
+    return got, ckpt.checkpoint_dir(root / "run")
+
+
+@pytest.mark.parametrize("case", ["gone", "best-gone", "mkdir"])
+def test_a_failure_before_a_distributed_saves_first_part_stops_every_rank(tmp_path, case):
+    """Rank 1's run directory check (of a save, of best.pt's save) or its mkdir of checkpoints/ fails: rank 1 raises
+    its error, rank 0 one naming rank 1, of the same kind, at once; nothing is written."""
+    got, d = _edge_run(tmp_path, case)
+    kind = "ConfigError" if case != "mkdir" else "PermissionError"
+    assert got.get(1, ("no result",))[0] == kind, got
+    other, message, _, took = got.get(0, ("no result", "", None, 0))
+    assert other in (kind, "OSError") and "rank 1" in message, got  # not gloo's RuntimeError, not the timeout
+    assert took < EDGE_TIMEOUT_S / 2, got
+    assert not d.exists() or not [p.name for p in d.iterdir()], list(d.iterdir())  # no shard, manifest or best.pt
+
+
+def test_a_failed_move_of_a_repeated_saves_shard_keeps_the_previous_save(tmp_path):
+    """Step 2 saved again; rank 1's move of its new shard over the old one fails: both ranks stop with its error, and
+    step 2's checkpoint is wholly the first save's (rank 0 had written the manifest, naming its new shard beside rank
+    1's old one: ranks of another dense optimizer, resumed as one checkpoint)."""
+    from dlrm.distributed import checkpoint as dist_ckpt
+
+    got, d = _edge_run(tmp_path, "replace")
+    assert got.get(1, ("no result",))[0] == "PermissionError", got
+    _, message, code, took = got.get(0, ("no result", "", None, 0))
+    assert code == errno.EACCES and "rank 1" in message and took < EDGE_TIMEOUT_S / 2, got  # (a PermissionError)
+    manifest = d / ckpt.checkpoint_name(2)
+    loaded = ckpt.load_checkpoint(manifest)
+    lrs = [dist_ckpt.load_shard(manifest, loaded, q)["optimizers"][0]["param_groups"][0]["lr"] for q in range(2)]
+    assert lrs == [0.01, 0.01], lrs
+    assert sorted(p.name for p in d.iterdir()) == [
+        "step-00000002.pt", "step-00000002.rank0-of-2.pt", "step-00000002.rank1-of-2.pt"]
+
+
+def test_another_ranks_os_error_without_errno_reads_without_errno_none():
+    """A rank's OSError without an errno (an ``io.UnsupportedOperation``, a network file system's bare OSError): the
+    others' error read "[Errno None] rank 1 could not write ...". Its message and file kept, an OSError still."""
+    import io
+
+    from dlrm.distributed.env import failure, failure_error
+
+    for error in (io.UnsupportedOperation("not writable"), OSError("stale file handle")):
+        other = failure_error(failure(error), 1, "could not write its shard of step 4")
+        assert isinstance(other, OSError) and other.errno is None, repr(other)
+        assert str(other) == f"rank 1 could not write its shard of step 4: {error}", str(other)
+    named = failure_error(failure(OSError(None, "stale file handle", "/ckpt/x.pt")), 0, "could not write best.pt")
+    assert str(named) == "rank 0 could not write best.pt: stale file handle: '/ckpt/x.pt'", str(named)
+
+
+def test_a_shard_that_one_rank_cannot_resume_stops_every_rank_in_one_line(tmp_path):
+    """Rank 1's shard of the checkpoint resumed is truncated: rank 1 refused it in one line, rank 0 went on to the run's
+    first collective and died of gloo's "Connection closed by peer" (a RuntimeError: a bug's traceback, exit 1). Now
+    rank 0 says that rank 1 could not resume, naming the shard (a ConfigError: one line, exit 2), at once."""
+    make_dataset(tmp_path / "resume" / "ds", {"train": 100, "validation": 32}, row_group_size=30)
+    got, _ = _edge_run(tmp_path, "resume")
+    shard = ckpt.checkpoint_dir(tmp_path / "resume" / "tb" / "src") / "step-00000006.rank1-of-2.pt"
+    refused = f"{shard}: not a readable checkpoint (not a zip archive: truncated, or not written by torch.save)"
+    assert got.get(1, ("no result",))[:2] == ("ConfigError", refused), got
+    kind, message, _, took = got.get(0, ("no result", "", None, 0))
+    assert kind == "ConfigError" and message.startswith("rank 1 could not resume from ") and str(shard) in message, got
+    assert took < EDGE_TIMEOUT_S, got
+
+
+def test_pruning_a_step_removes_the_shards_a_killed_repeated_save_left(tmp_path):
+    """A repeated save of a step killed between its shards' write and their move leaves each rank's new shard beside
+    the old one (``.pending``: a shard's size of disk each; and a ``.previous`` link to the old one, kept during the
+    move), which the pruning of that step (``.rank*-of-*.pt`` only) never removed."""
+    from dlrm.distributed import checkpoint as dist_ckpt
+    from dlrm.distributed.sharding import plan_sharding
+    from tests.test_audit_checkpoint_files import tiny_state
+    from tests.test_audit_sharded_save_failure import _shard_state
+    from tests.test_checkpoint_safety import StubEnv
+
+    def save(step: int) -> None:
+        state = tiny_state(step=step)
+        plan = plan_sharding(state["cardinalities"], 2, "row", 1)
+        for q in (1, 0):
+            dist_ckpt.save_sharded(tmp_path, _shard_state(state, plan, q), step, 1, StubEnv(q, 2), plan)
+
+    save(2)
+    d = ckpt.checkpoint_dir(tmp_path)
+    for q in range(2):  # what the killed save of step 2 left
+        shard = d / dist_ckpt.shard_name(2, q, 2)
+        (d / f"{shard.name}.pending").write_bytes(shard.read_bytes())
+        (d / f"{shard.name}.previous").write_bytes(shard.read_bytes())
+    save(4)  # keep 1: step 2 pruned
+    assert sorted(p.name for p in d.iterdir()) == [
+        "step-00000004.pt", "step-00000004.rank0-of-2.pt", "step-00000004.rank1-of-2.pt"]

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 
@@ -32,6 +33,10 @@ SPARSE_WEIGHT = "sparse_arch.weight"
 # a resumed run draws new rounding bits; a one-process table keeps its seed out of the state_dict.
 SHARD_ONLY = ("sparse_arch.sr_seed",)
 
+
+T = TypeVar("T")
+State = dict[str, Any] | Callable[[], dict[str, Any]]
+"""A rank's state to save, or a function gathering it (`save_sharded`)."""
 
 BEST_PREFIX = "best-"
 """The shards of a sharded run's best.pt: ``best-step-N.rankQ-of-W.pt`` (`save_best_sharded`); never pruned."""
@@ -52,10 +57,11 @@ def _manifest(state: dict[str, Any], env: DistEnv, plan: ShardingPlan, shards: l
     return manifest
 
 
-def _agreed(env: DistEnv, part: Callable[[], None], what: str) -> None:
-    """Run this rank's `part` of a save, then learn every rank's outcome in one collective; in place of a barrier, at
-    checkpoints only. A rank whose part failed raises its own error; every other rank raises one naming the failed
-    rank and its file (the same kind: an OSError keeps its errno, so the command reports it in one line, exit 2).
+def _agreed(env: DistEnv, part: Callable[[], None], what: str, doing: str = "write") -> None:
+    """Run this rank's `part` of a save (or of a resume's load: `doing`), then learn every rank's outcome in one
+    collective; in place of a barrier, at checkpoints only. A rank whose part failed raises its own error; every other
+    rank raises one naming the failed rank and its file (the same kind: an OSError keeps its errno, so the command
+    reports it in one line, exit 2).
     With a bare barrier the other ranks waited for a rank that would never come (the process group's timeout, 30
     minutes) or died with gloo's "Connection closed by peer" traceback."""
     error: Optional[BaseException] = None
@@ -68,14 +74,22 @@ def _agreed(env: DistEnv, part: Callable[[], None], what: str) -> None:
         raise error
     for q, failed in enumerate(outcomes):
         if failed is not None:
-            raise failure_error(failed, q, f"could not write {what}")
+            raise failure_error(failed, q, f"could not {doing} {what}")
 
 
-def save_sharded(run_dir: Path, state: dict[str, Any], step: int, keep: int, env: DistEnv, plan: ShardingPlan) -> Path:
+def _gathered(state: State) -> dict[str, Any]:
+    """`state`, or what the function `state` gathers (the caller's checks and state: in the first agreed part)."""
+    return state() if callable(state) else state
+
+
+def save_sharded(run_dir: Path, state: State, step: int, keep: int, env: DistEnv, plan: ShardingPlan) -> Path:
     """Every rank writes its shard; then rank 0 writes the manifest and prunes old checkpoints. A failed write on any
-    rank stops every rank (`_agreed`) without a manifest, and the shards that were written are removed."""
+    rank stops every rank (`_agreed`) without a manifest, and the shards that were written are removed.
+
+    `state`: this rank's state, or a function returning it: called (with the making of checkpoints/) inside the first
+    agreed part, so that its failure on one rank (the run directory gone, the state's gathering) stops every rank;
+    raised before that part, it left the others waiting in its collective (gloo's "Connection closed by peer")."""
     d = ckpt.checkpoint_dir(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
     mine = d / shard_name(step, env.rank, env.world_size)
     path = d / ckpt.checkpoint_name(step)
     # a manifest of this step already there (the run's last step saved again after a resume) keeps its shards: the
@@ -84,22 +98,47 @@ def save_sharded(run_dir: Path, state: dict[str, Any], step: int, keep: int, env
     # another dense state and run totals, resumed as one checkpoint). Not a temporary's name: rank 0 removes those
     existed = path.exists()
     written = mine.with_name(mine.name + ".pending") if existed else mine
+    previous = mine.with_name(mine.name + ".previous")  # the old shard, while the new ones are moved over theirs
+    gathered: dict[str, Any] = {}
+    aside = False  # this rank's old shard is at `previous`
+
+    def shard() -> None:
+        gathered.update(_gathered(state))
+        d.mkdir(parents=True, exist_ok=True)
+        ckpt.write_atomic(written, _shard(gathered, env, plan), progress=env.is_main)  # one bar: rank 0's own shard's
+
+    def move() -> None:
+        # agreed before rank 0 writes the manifest (it wrote it while another rank's move failed: its old shard beside
+        # rank 0's new one); the old shard kept aside, so that a move that failed on any rank is undone on every rank.
+        # A link (a copy where links fail), not a rename: killed in between, the manifest's shard is still there
+        nonlocal aside
+        if mine.exists():
+            previous.unlink(missing_ok=True)
+            try:
+                os.link(mine, previous)
+            except OSError:
+                shutil.copyfile(mine, previous)
+            aside = True
+        os.replace(written, mine)
+
     try:
-        _agreed(env, lambda: ckpt.write_atomic(written, _shard(state, env, plan),
-                                               progress=env.is_main),  # one progress bar: rank 0's own shard's
-                f"its shard of step {step}")  # all shards complete before the manifest names them
+        _agreed(env, shard, f"its shard of step {step}")  # all shards complete before the manifest names them
+        if existed:
+            _agreed(env, move, f"its shard of step {step} over the previous save's")
     except Exception:
         # named by no manifest (this step's complete shards would never be pruned), or the pending copy of one
         written.unlink(missing_ok=True)
+        if aside:  # every shard back to the previous save's, which its manifest names
+            os.replace(previous, mine)
+            previous.unlink(missing_ok=True)  # still there when not moved (rename's no-op: a link to `mine`)
         raise
+    previous.unlink(missing_ok=True)
 
     def manifest() -> None:
-        if existed:
-            os.replace(written, mine)
         if env.is_main:
             ckpt.remove_stale_temp_files(d)  # no rank is writing now: any temporary file is a killed write's
-            ckpt.write_atomic(path, _manifest(state, env, plan, [shard_name(step, q, env.world_size)
-                                                                 for q in range(env.world_size)]))
+            ckpt.write_atomic(path, _manifest(gathered, env, plan, [shard_name(step, q, env.world_size)
+                                                                    for q in range(env.world_size)]))
             ckpt.prune_checkpoints(run_dir, keep)
 
     try:
@@ -107,13 +146,11 @@ def save_sharded(run_dir: Path, state: dict[str, Any], step: int, keep: int, env
     except Exception:
         if not existed and not path.exists():
             mine.unlink(missing_ok=True)
-        if existed:  # not moved (a failed rename): named by no manifest
-            written.unlink(missing_ok=True)
         raise
     return path
 
 
-def save_best_sharded(path: Path, state: dict[str, Any], step: int, env: DistEnv, plan: ShardingPlan,
+def save_best_sharded(path: Path, state: State, step: int, env: DistEnv, plan: ShardingPlan,
                       link: Callable[[Path, Path], bool], saved: Optional[Path] = None) -> Path:
     """The best evaluation's sharded checkpoint as `path` (a manifest, ``checkpoints/best.pt``) and its shards
     ``best-step-N.rankQ-of-W.pt``: outside the step checkpoints' names, so their pruning never removes them.
@@ -121,20 +158,23 @@ def save_best_sharded(path: Path, state: dict[str, Any], step: int, env: DistEnv
     `saved`: this step's regular manifest, when the step was just checkpointed: each rank then hard-links its shard
     (`link`, the same model; a copy where links fail) instead of writing it again. Crash-safe: the shards are written
     under their step's names, the manifest replaced only once every rank's shard is complete, and the previous best's
-    shards removed after that."""
+    shards removed after that. `state`: as `save_sharded`'s (a function's failure on one rank stops every rank)."""
     d = path.parent
-    d.mkdir(parents=True, exist_ok=True)
     names = [BEST_PREFIX + shard_name(step, q, env.world_size) for q in range(env.world_size)]
     mine = d / names[env.rank]
     source = saved.parent / shard_name(step, env.rank, env.world_size) if saved is not None else None
 
+    gathered: dict[str, Any] = {}
+
     def shard() -> None:
+        gathered.update(_gathered(state))
+        d.mkdir(parents=True, exist_ok=True)
         if source is None or not source.is_file() or not link(source, mine):
-            ckpt.write_atomic(mine, _shard(state, env, plan), progress=env.is_main)
+            ckpt.write_atomic(mine, _shard(gathered, env, plan), progress=env.is_main)
 
     def manifest() -> None:
         if env.is_main:
-            ckpt.write_atomic(path, _manifest(state, env, plan, names))
+            ckpt.write_atomic(path, _manifest(gathered, env, plan, names))
             for old in d.glob(BEST_PREFIX + "step-*.rank*-of-*.pt"):
                 if old.name not in names:  # the previous best's shards (any world size), no longer named
                     old.unlink(missing_ok=True)
@@ -206,6 +246,15 @@ def load_shard(manifest_path: Path, manifest: dict[str, Any], rank: int) -> dict
         raise ConfigError(f"{path}: at {shard['position']}, where its manifest {manifest_path} is at "
                           f"{manifest['position']}: a shard of another checkpoint")
     return shard
+
+
+def restore_agreed(env: DistEnv, restore: Callable[[], T], path: Path) -> T:
+    """What `restore` (this rank's load of the checkpoint at `path`, into its run) returns, once every rank's succeeded;
+    one collective, at a resume only. A rank whose shard is damaged or does not fit raised alone: the others went on
+    to the run's first collective and died of gloo's "Connection closed by peer" (a traceback, exit 1)."""
+    out: list[T] = []
+    _agreed(env, lambda: out.append(restore()), str(path), doing="resume from")
+    return out[0]
 
 
 def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any]:

@@ -122,6 +122,9 @@ def failure_error(failed: tuple, rank: int, what: str) -> BaseException:
     kind, code, message, filename = failed
     line = f"rank {rank} {what}: {message}"
     if kind == "os":
+        if code is None:  # an OSError without an errno (io.UnsupportedOperation, a bare OSError("...")): built with
+            # one (or given a filename), its line read "[Errno None] rank 1 could not write ..."
+            return OSError(f"{line}: {filename!r}" if filename is not None else line)
         return OSError(code, line, filename)
     if kind == "stopped":
         return TrainingStopped(code, line)

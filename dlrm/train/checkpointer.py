@@ -97,15 +97,21 @@ class Checkpointer:
         """Checkpoint `run` at `pos` (once per step: a second call at the same step returns the first)."""
         if self._saved_here(pos.step):
             return self.last  # this step is already saved in this run
+        keep = self.cfg.checkpoint.keep
+        if run.plan is not None:  # the check and the state inside the save's first agreed part (`_checked_state`)
+            self.last = dist_ckpt.save_sharded(self.run_dir, lambda: self._checked_state(run, pos, stats), pos.step,
+                                               keep, self.env, run.plan)
+        else:
+            self.last = ckpt.save_checkpoint(self.run_dir, self._checked_state(run, pos, stats), pos.step, keep)
+        return self.last
+
+    def _checked_state(self, run: Run, pos: ckpt.Position, stats: RunStats) -> dict[str, Any]:
+        """The state to save, once the run directory is known to be there. In a sharded run called inside the save's
+        first agreed part: a failure here on one rank (its view of the run directory gone, the state's gathering)
+        raised before it, and the other ranks waited in its collective (gloo's "Connection closed by peer")."""
         if self._dir_at_start:
             run_dir_present(self.run_dir)
-        state = self._state(run, pos, stats)
-        keep = self.cfg.checkpoint.keep
-        if run.plan is not None:
-            self.last = dist_ckpt.save_sharded(self.run_dir, state, pos.step, keep, self.env, run.plan)
-        else:
-            self.last = ckpt.save_checkpoint(self.run_dir, state, pos.step, keep)
-        return self.last
+        return self._state(run, pos, stats)
 
     def _saved_here(self, step: int) -> bool:
         """Whether the last checkpoint written or resumed (`last`) is `step`'s in this run's checkpoints/. Those
@@ -124,12 +130,12 @@ class Checkpointer:
         when the step was just saved, else a copy of the model; in a sharded run a manifest and its own shards
         (`dlrm.distributed.checkpoint.save_best_sharded`; ``python -m dlrm.distributed.merge`` makes it one file)."""
         path = self.best_path
-        if self._dir_at_start:
-            run_dir_present(self.run_dir)
         saved = self.last if self._saved_here(pos.step) else None
         if run.plan is not None:
-            return dist_ckpt.save_best_sharded(path, self._state(run, pos, stats), pos.step, self.env, run.plan,
-                                               self._link, saved)
+            return dist_ckpt.save_best_sharded(path, lambda: self._checked_state(run, pos, stats), pos.step, self.env,
+                                               run.plan, self._link, saved)
+        if self._dir_at_start:
+            run_dir_present(self.run_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         if saved is not None and self._link(saved, path):
             return path
@@ -220,7 +226,11 @@ class Checkpointer:
 
     def restore(self, path: Path, run: Run) -> tuple[ckpt.Position, RunStats]:
         """Load `path` into the freshly built `run` (after checking it fits); returns its position and
-        the run's totals so far. A distributed run loads its rank's shard (same ranks and plan)."""
+        the run's totals so far. A distributed run loads its rank's shard (same ranks and plan); a failure on any rank
+        stops every rank (`dist_ckpt.restore_agreed`: one rank's damaged shard)."""
+        return dist_ckpt.restore_agreed(self.env, lambda: self._restore(path, run), path)
+
+    def _restore(self, path: Path, run: Run) -> tuple[ckpt.Position, RunStats]:
         state: dict[str, Any] = dist_ckpt.load_for_rank(path, self.env, run.plan)
         ckpt.check_compatible(state, run.model, self.tables.cardinalities, self.cfg.to_dict()["model"], path,
                               self.tables.multi_hot_sizes, self.tables.dense_format, self._hashing,
