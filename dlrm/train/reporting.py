@@ -68,7 +68,9 @@ class _KeptWriteError:
         except OSError as e:
             try:  # the run directory removed: said so (its file "not found" was reported as a bug in dlrm)
                 run_dir_present(Path(self._path).parent)
-                self._worker.exception = OSError(e.errno, e.strerror or str(e), self._path)
+                # (an OSError without an errno, built with one, read "[Errno None] ...")
+                self._worker.exception = OSError(e.errno, e.strerror or str(e), self._path) if e.errno is not None \
+                    else OSError(f"{e}: {self._path!r}")
             except ConfigError as gone:
                 self._worker.exception = gone
 
