@@ -53,6 +53,7 @@ from dlrm.data.host_arena import list_slots
 from dlrm.data.preprocess.options import CODECS
 from dlrm.data.preprocess.output import _first_missing, _remove_empty_dirs
 from dlrm.data.schema import (
+    NUM_SPARSE,
     SPARSE_COLUMNS,
     SPARSE_LAYOUTS,
     DENSE_COLUMNS,
@@ -71,6 +72,7 @@ from dlrm.data.schema import (
 )
 from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock, replace_dir
 from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_rows, open_shard, split_files
+from dlrm.data.vocabulary import read_vocabulary
 from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
@@ -170,6 +172,11 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
                                    f"{meta.dense_format}; float values cannot be turned back into counts)")
     for path in (data, output):  # pyarrow opens (and writes) files by a UTF-8 path only
         check_utf8_path(path)
+    if meta.hashing == "vocabulary":
+        # vocab/ is copied as it is: a missing, truncated or unsorted vocabulary file made a copy (exit 0) that no
+        # run can train on. Checked as training reads them (`read_vocabulary`), before anything is written.
+        for f in range(NUM_SPARSE):
+            read_vocabulary(data, f, meta.cardinalities[f])
     check_apart("--data", data, "--output", output, "write the copy somewhere else")
     check_target(output, overwrite, "directory")
     check_parent_writable(output, "--output")

@@ -40,14 +40,20 @@ def modulus_rows(raw: torch.Tensor, cardinalities: torch.Tensor, offsets: torch.
 def keyed_vocabulary(vocabs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Concatenate per-feature sorted vocabularies into one sorted key array (done once, at build).
 
-    Vocabulary values must lie in ``[-2**32, 2**32)`` (32-bit hashes do; ValueError otherwise): then
-    each feature's keys stay inside its own ``2**33``-wide range and the array stays sorted.
+    Each vocabulary must be 1-D, sorted ascending and unique, with values in ``[-2**32, 2**32)`` (32-bit
+    hashes do; ValueError otherwise): then each feature's keys stay inside its own ``2**33``-wide range
+    and the array stays sorted.
 
     Returns:
         keys: int64 [V] with ``keys = value + feature * 2**33``, sorted.
         vocab_offsets: int64 [F + 1], start of each feature's vocabulary in `keys`.
     """
     for f, v in enumerate(vocabs):
+        # `vocabulary_rows`' searchsorted is only exact on sorted, unique keys: an unsorted or repeated vocabulary put
+        # in-vocabulary values on the out-of-vocabulary row, silently, in every eager module (SparseArch,
+        # PooledSparseArch, ShardedSparseArch, the baseline's RowHasher), where the Triton modules refuse it.
+        if v.dim() != 1 or (v.numel() > 1 and not bool((v[1:] > v[:-1]).all())):
+            raise ValueError(f"feature {f}: vocabulary must be a 1-D tensor sorted ascending and unique")
         _check_vocabulary_range(f, v)
     sizes = torch.tensor([0] + [len(v) for v in vocabs], dtype=torch.int64)
     keys = torch.cat([v.to(torch.int64) + f * _FEATURE_SHIFT for f, v in enumerate(vocabs)])
