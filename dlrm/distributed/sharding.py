@@ -134,7 +134,8 @@ def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise
     gives every rank rows: with more ranks than tables, a candidate is split even where whole tables cost less.
 
     ``memory_per_rank`` (bytes, with ``row_bytes`` a row's weight and optimizer state): no rank may hold
-    more ("cost" only: it tries placements that fit, and splits tables row-wise when none does); None: no
+    more ("cost" only: it tries placements that fit, spread by cost or else packed largest first, and splits tables
+    row-wise when none does); None: no
     limit. Raises ConfigError when no plan fits.
     """
     if world_size < 1:
@@ -220,7 +221,11 @@ def _place_table_wise(cards: list[int], hot: list[int], world_size: int, row_wis
             continue
         fits = [q for q in range(world_size) if limit is None or (rows[q] + cards[f]) * row_bytes <= limit]
         if not fits:
-            return None
+            # Spread by load, the tables can leave every rank a little room and none enough for the next table,
+            # where another spread fits ([5, 5, 4, 3, 3] rows looked up 5, 4, ... times on 2 ranks of 10: 5+4+3
+            # does not fit, 5+5 and 4+3+3 do): pack them largest first before saying they do not fit.
+            packed = _pack_largest_first(cards, world_size, row_wise, row_bytes, limit)
+            return None if packed is None else _improve(packed, hot, row_bytes, limit)
         q = min(fits, key=load)
         table_rank[f] = q
         rows[q] += cards[f]
@@ -230,6 +235,24 @@ def _place_table_wise(cards: list[int], hot: list[int], world_size: int, row_wis
         return None
     plan = ShardingPlan(world_size, tuple(cards), tuple(table_rank))
     return _improve(plan, hot, row_bytes, limit) if balance == "cost" else plan
+
+
+def _pack_largest_first(cards: list[int], world_size: int, row_wise: list[bool], row_bytes: int,
+                        limit: int) -> Optional[ShardingPlan]:
+    """The table-wise tables under ``limit`` bytes a rank, largest first, each to the fullest rank it fits on
+    (best-fit decreasing: it leaves the large gaps for the large tables); None when one fits nowhere."""
+    rows = [sum(-(-n // world_size) for n, rw in zip(cards, row_wise) if rw)] * world_size
+    table_rank = [-1] * len(cards)
+    for f in sorted(range(len(cards)), key=lambda f: (-cards[f], f)):
+        if row_wise[f]:
+            continue
+        fits = [q for q in range(world_size) if (rows[q] + cards[f]) * row_bytes <= limit]
+        if not fits:
+            return None
+        q = max(fits, key=lambda q: (rows[q], -q))
+        table_rank[f] = q
+        rows[q] += cards[f]
+    return ShardingPlan(world_size, tuple(cards), tuple(table_rank))
 
 
 def _improve(plan: ShardingPlan, hot: list[int], row_bytes: int, limit: Optional[int]) -> ShardingPlan:

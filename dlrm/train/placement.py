@@ -80,10 +80,22 @@ def choose_placement(cfg: Config, meta: Metadata, cardinalities: list[int], devi
     free = min(f - t for f, t in zip(frees, tables))
     budget = max(free, 0) * cfg.data.gpu_memory_share
     choice = "gpu" if need <= budget else "stream"
-    logger.info(f"data.placement auto: {choice} (train + {cfg.data.eval_split}: {rows:,} rows, {need / 2**30:.2f} GiB on "
-                f"the device; {cfg.data.gpu_memory_share:.0%} of the {max(free, 0) / 2**30:.1f} GiB free after the "
-                f"tables is {budget / 2**30:.1f} GiB)")
+    shown_need, shown_free, shown_budget = _shown_gib(need, max(free, 0), budget)
+    logger.info(f"data.placement auto: {choice} (train + {cfg.data.eval_split}: {rows:,} rows, {shown_need} GiB on "
+                f"the device; {cfg.data.gpu_memory_share:.0%} of the {shown_free} GiB free after the "
+                f"tables is {shown_budget} GiB)")
     return choice
+
+
+def _shown_gib(need: float, free: float, budget: float) -> tuple[str, str, str]:
+    """`need`, `free` and `budget` in GiB as the log line states them: the need to 2 decimals, the others to 1, unless
+    the rounded numbers would contradict the choice (7.44 GiB needed "of 7.4 GiB" and placed on the GPU, 7.46 "of
+    7.5" and streamed); then all to as many decimals as it takes to read the choice off them."""
+    fits = need <= budget
+    digits = (2, 1)
+    while digits[0] < 12 and (float(f"{need / 2**30:.{digits[0]}f}") <= float(f"{budget / 2**30:.{digits[1]}f}")) != fits:
+        digits = (max(digits) + 1,) * 2
+    return (f"{need / 2**30:.{digits[0]}f}", f"{free / 2**30:.{digits[1]}f}", f"{budget / 2**30:.{digits[1]}f}")
 
 
 def _table_memory_fraction() -> float:
