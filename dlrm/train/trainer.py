@@ -206,16 +206,19 @@ class Trainer:
                 # after the restore's checks (which refuse another world size's): a position the epochs cannot hold
                 check_position(vars(self.pos), len(self.data.train), allow_config_change, str(self.resume_from))
                 self._forget_another_splits_best(saved_config(state))
-                if Evaluator.patience_ran_out(cfg.train.early_stopping, self.stats):
-                    # early stopping ended the run at this checkpoint: it is finished, as one at its last step is
+                # early stopping ended the run at this checkpoint (its patience ran out, or train.early_stopping.target
+                # reached, recorded or by the best so far): it is finished, as one at its last step is
+                ended = Evaluator.patience_ran_out(cfg.train.early_stopping, self.stats)
+                self.finished_target = None if ended else already_reached(cfg.train.early_stopping,
+                                                                          self.checkpointer.extra_stats, self.stats)
+                # unless stopped (a signal) after that checkpoint, before its summary: this session makes the summary,
+                # training no step (`_batches`); taken for finished, the run never got one ("nothing written")
+                if (ended or self.finished_target) and not self.env.broadcast_object(
+                        summarized(self.resume_from, self.pos.step) if self.env.is_main else None):
+                    self.early_stopped, self.finished_target = True, None
+                elif ended or self.finished_target:
                     self.run_dir.abandon()  # releases the lock (removes a branch's new directory, which holds nothing)
-                    self.finished, self.finished_early = self.resume_from, True
-                    return
-                # train.early_stopping.target reached: ended there as an early stop does (recorded, or by the best so far)
-                self.finished_target = already_reached(cfg.train.early_stopping, self.checkpointer.extra_stats, self.stats)
-                if self.finished_target is not None:
-                    self.run_dir.abandon()
-                    self.finished = self.resume_from
+                    self.finished, self.finished_early = self.resume_from, ended
                     return
                 self._keep_best_model()
                 self.resumed_at_step = self.pos.step
@@ -393,7 +396,7 @@ class Trainer:
         # rank after both (`agreed_stop`), the summary left to a --resume (one process: at once, `StopAtOnce`)
         with agreed_stop(env, self.device, "after the last evaluation", lambda name: f"stopped by signal ({name}) at "
                          f"step {pos.step}, after its last evaluation; checkpoint {self.checkpointer.last}"):
-            if not self.early_stopped:
+            if not self.early_stopped or self.last_eval is None:  # (None: an early stop resumed for its summary)
                 on_grid = bool(cfg.train.eval_every) and pos.step % cfg.train.eval_every == 0
                 # resumed at its end from a checkpoint that already holds this step's evaluation (a run killed before
                 # its summary): made again for the summary, not counted a second time
@@ -407,6 +410,9 @@ class Trainer:
                 if self.resumed_at_step == pos.step and not (again and self.stats.best is best_before):
                     self.checkpointer.last = None
             self.checkpointer.save(run, pos, self.stats)
+            # the directory now holds that checkpoint: kept on a failure or stop from here (a branch resumed at its
+            # end trains no step, and its agreed stop's cleanup removed the checkpoint its line named)
+            self.run_dir.started()
             self.evaluator.write_best()  # a hard link to that checkpoint
         return self._finish(prof)
 
@@ -418,7 +424,7 @@ class Trainer:
         data_range = (lambda: record_function("data")) if self.cfg.profile.enabled else contextlib.nullcontext
         try:
             for epoch in range(pos.epoch, self.data.epochs):
-                if pos.step >= self.data.total_steps:
+                if pos.step >= self.data.total_steps or self.early_stopped:  # (a resumed early stop: no step)
                     return
                 if epoch != pos.epoch:
                     pos.epoch, pos.batch = epoch, 0
