@@ -264,9 +264,10 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints (with the shard files of sharded ones)."""
     for old in list_checkpoints(run_dir)[:-keep]:
         # with a killed repeated save's shards (``.pt.pending``, ``.pt.previous``: `dlrm.distributed.checkpoint.
-        # save_sharded`), each a shard's size, which nothing else removes
-        for shard in old.parent.glob(old.stem + ".rank*-of-*.pt*"):
-            shard.unlink(missing_ok=True)
+        # save_sharded`), each a shard's size, which nothing else removes; those names only (a user's copy is kept)
+        for suffix in ("", ".pending", ".previous"):
+            for shard in old.parent.glob(old.stem + ".rank*-of-*.pt" + suffix):
+                shard.unlink(missing_ok=True)
         old.unlink(missing_ok=True)
 
 

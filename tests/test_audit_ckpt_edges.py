@@ -428,6 +428,8 @@ def test_pruning_a_step_removes_the_shards_a_killed_repeated_save_left(tmp_path)
         shard = d / dist_ckpt.shard_name(2, q, 2)
         (d / f"{shard.name}.pending").write_bytes(shard.read_bytes())
         (d / f"{shard.name}.previous").write_bytes(shard.read_bytes())
+    (d / "step-00000002.rank0-of-2.pt.bak").write_bytes(b"a user's copy")  # no name a save makes: kept
     save(4)  # keep 1: step 2 pruned
     assert sorted(p.name for p in d.iterdir()) == [
-        "step-00000004.pt", "step-00000004.rank0-of-2.pt", "step-00000004.rank1-of-2.pt"]
+        "step-00000002.rank0-of-2.pt.bak", "step-00000004.pt", "step-00000004.rank0-of-2.pt",
+        "step-00000004.rank1-of-2.pt"]
