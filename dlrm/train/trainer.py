@@ -29,6 +29,7 @@ from dlrm.data.loader import Batch, ParquetLoader, split_files
 from dlrm.data.schema import is_multi_hot
 from dlrm.distributed.env import DistEnv, init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped
+from dlrm.logging_setup import bar_interval
 from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
@@ -330,8 +331,10 @@ class Trainer:
         evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env, self.target,
                                                self._check_finite, self.meta.splits.get(cfg.data.eval_split))
         bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
-                   disable=not env.is_main)
-        with make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
+                   disable=not env.is_main, **bar_interval())
+        # `bar` closed on an exception too: left open, a failed run's ERROR line was glued to the bar's line and the
+        # bar, closed by the garbage collector at exit, was the log's last line (a sweep's next bar went one line down)
+        with bar, make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
                 GracefulStop() as stop:
             for batch, data_wait in self._batches():
                 loss = run.train_step(batch)
@@ -493,7 +496,8 @@ class Trainer:
         mean_loss = total / self.env.world_size / cut.steps  # the ranks' shares summed: the global mean
         rate, wait = self.meter.close_window(cut, mean_loss)
         log_train(self.writer, cut.step, mean_loss, (float(lr_dense), float(lr_sparse)), rate, wait)
-        bar.set_postfix(loss=f"{mean_loss:.4f}",
+        # refresh=False: shown at the bar's next timed redraw (a forced one per window flooded a log file)
+        bar.set_postfix(loss=f"{mean_loss:.4f}", refresh=False,
                         **({"samples_s": f"{self.meter.rates[-1]:,.0f}"} if self.meter.rates else {}))
 
     def _check_finite(self) -> None:
