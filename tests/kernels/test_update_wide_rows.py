@@ -27,7 +27,7 @@ def _update(rows, optimizer, deterministic, pooled, device):
     lr = torch.tensor([0.5], device=device)
     if pooled:  # one feature of 3 slots: grad_out [B, 1, D]
         g = torch.full((rows.shape[0], 1, D), 1.0, device=device)
-        pooled_embedding_sparse_update_(rows, g, pooled_layout([rows.shape[1]]), w, state, lr, optimizer,
+        pooled_embedding_sparse_update_(rows, g, pooled_layout([rows.shape[1]], device), w, state, lr, optimizer,
                                         deterministic=deterministic)
     else:
         g = torch.full((*rows.shape, D), 1.0, device=device)
