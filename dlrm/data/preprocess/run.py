@@ -37,6 +37,7 @@ from dlrm.data.preprocess.scan import FileScan, _count_pass
 from dlrm.data.preprocess.schedule import _run_inline, _run_pool, _RunState
 from dlrm.data.preprocess.splits import SplitPlan
 from dlrm.data.preprocess.stats import DistinctCounter
+from dlrm.logging_setup import bar_interval
 from dlrm.data.preprocess.worker import _ChunkTask, _iter_ranges, _stats_from_shard
 from dlrm.data.output_dirs import output_lock
 from dlrm.data.schema import SPLITS, Metadata, write_json_atomic
@@ -315,7 +316,9 @@ class _Run:
         state = _RunState(self.progress_dir, self.counter, self.covered, self.done, o.checkpoint_interval, self.max_new)
         with tqdm(
             total=self.plan.total_lines, initial=done_lines, unit=" rows", unit_scale=True, disable=not o.progress,
-            desc="preprocessing", mininterval=1.0, smoothing=0.05, dynamic_ncols=True,
+            desc="preprocessing", smoothing=0.05, dynamic_ncols=True,
+            # once a second on a terminal, once a minute into a log file (an hour's run wrote 3,600 copies)
+            **{"mininterval": 1.0, **bar_interval()},
         ) as bar:
             state.bar = bar
             try:

@@ -14,6 +14,7 @@ import numpy as np
 from dlrm.data.preprocess.constants import _GZIP_ERRORS, _READ_BLOCK, DEFAULT_CHUNK_ROWS, NUM_FIELDS, RAW_COLUMNS
 from dlrm.data.preprocess.errors import BadLine, PreprocessError
 from dlrm.data.preprocess.parse import _delimiter_of
+from dlrm.logging_setup import bar_interval
 
 
 def _is_gzip(path: Path) -> bool:
@@ -352,7 +353,8 @@ def _count_pass(paths: list[Path], fmt: str, chunk_rows: int, pool, workers: int
     from tqdm import tqdm
 
     scans: dict[int, FileScan] = {}
-    with tqdm(total=len(paths), unit=" files", desc="counting lines", disable=not progress or len(paths) < 2) as bar:
+    with tqdm(total=len(paths), unit=" files", desc="counting lines", disable=not progress or len(paths) < 2,
+              **bar_interval()) as bar:  # once a minute at most into a log file
         if pool is None:
             for i, p in enumerate(paths):
                 scans[i] = scan_file(p, fmt, chunk_rows)
