@@ -267,8 +267,10 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
     for old in list_checkpoints(run_dir)[:-keep]:
         # with a killed repeated save's shards (``.pt.pending``, ``.pt.previous``: `dlrm.distributed.checkpoint.
         # save_sharded`), each a shard's size, which nothing else removes; those names only (a user's copy is kept)
-        for suffix in ("", ".pending", ".previous"):
-            for shard in old.parent.glob(old.stem + ".rank*-of-*.pt" + suffix):
+        # (matched whole: the glob's `*`s also took a user's "step-N.rank0-of-2.old.pt" for a shard, deleted)
+        shard_name = re.compile(re.escape(old.stem) + r"\.rank\d+-of-\d+\.pt(\.pending|\.previous)?")
+        for shard in old.parent.glob(old.stem + ".rank*-of-*.pt*"):
+            if shard_name.fullmatch(shard.name):
                 shard.unlink(missing_ok=True)
         old.unlink(missing_ok=True)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
@@ -175,7 +176,7 @@ def save_best_sharded(path: Path, state: State, step: int, env: DistEnv, plan: S
     def manifest() -> None:
         if env.is_main:
             ckpt.write_atomic(path, _manifest(gathered, env, plan, names))
-            for old in d.glob(BEST_PREFIX + "step-*.rank*-of-*.pt"):
+            for old in _best_shards(d):
                 if old.name not in names:  # the previous best's shards (any world size), no longer named
                     old.unlink(missing_ok=True)
 
@@ -219,10 +220,19 @@ def link_best_sharded(found: Path, path: Path, link: Callable[[Path, Path], bool
         for mine in made if not done else []:  # a link failed, or the manifest's write: named by no best.pt, the
             if mine.name not in kept:  # links made would never be removed (a shard's space once `found`'s run prunes)
                 mine.unlink(missing_ok=True)
-    for old in path.parent.glob(BEST_PREFIX + "step-*.rank*-of-*.pt"):
+    for old in _best_shards(path.parent):
         if old.name not in names:  # a previous best's shards, no longer named
             old.unlink(missing_ok=True)
     return True
+
+
+_BEST_SHARD = re.compile(re.escape(BEST_PREFIX) + r"step-\d{8,}\.rank\d+-of-\d+\.pt")
+
+
+def _best_shards(d: Path) -> list[Path]:
+    """The files in `d` named as a best.pt's shards are (matched whole: the glob alone also took a user's
+    ``best-step-N.rank0-of-2.old.pt`` for one, and deleted it with the previous best's)."""
+    return [p for p in d.glob(BEST_PREFIX + "step-*.rank*-of-*.pt") if _BEST_SHARD.fullmatch(p.name)]
 
 
 def _plan(sharded: dict[str, Any]) -> ShardingPlan:

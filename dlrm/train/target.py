@@ -59,10 +59,11 @@ class TargetTracker:
         t_start, loop_start: this session's start and its training loop's (``time.perf_counter``).
         steps_per_epoch: for the epoch the target was reached in.
         extra: the checkpointer's dict of run_stats extras, kept up to date here (written in every checkpoint).
+        ended: this session only makes the summary of a run that ended at the resumed checkpoint (`Trainer._start`).
     """
 
     def __init__(self, early, carried: dict, stats: RunStats, t_start: float, loop_start: float,
-                 steps_per_epoch: int, extra: dict) -> None:
+                 steps_per_epoch: int, extra: dict, ended: bool = False) -> None:
         self.metric = early.metric if early is not None else "auc"
         self.target = early.target if early is not None else None
         self.prior_train_s, self.t_start, self.loop_start = stats.train_s, t_start, loop_start
@@ -73,7 +74,14 @@ class TargetTracker:
         self.just_reached = False
         self.loop_ended = False
         extra["eval_s"] = self.eval_s_before
-        extra.pop("target", None)  # a target the run reaches again (an allowed other target) is this session's
+        rec = carried.get("target")
+        if ended and isinstance(rec, dict) and rec.get("metric") == self.metric \
+                and meets(self.metric, rec.get("value"), self.target):
+            # the run's time to target is the one recorded: its final evaluation here, of the same model, took for a
+            # first reaching, reported this session's clock (the wall time restarted at the resume)
+            self.reached = dict(rec)
+        else:
+            extra.pop("target", None)  # a target the run reaches again (an allowed other target) is this session's
 
     def observe(self, pos: ckpt.Position, metrics: dict, eval_s: float, writer) -> None:
         """After the evaluation at `pos` (which took `eval_s`): record the target when this is the first to reach it."""
@@ -110,5 +118,5 @@ class TargetTracker:
                 if best and best.get("metric") == self.metric else ""
             logger.info(f"target {NAMES[self.metric]} {self.target} not reached in {steps} steps{shown}")
             return {"target_reached": False, "target_step": None, "time_to_target_s": None}
-        return {"target_reached": True, "target_step": self.reached["step"],
-                "time_to_target_s": self.reached["train_s"], "time_to_target_wall_s": self.reached["wall_s"]}
+        return {"target_reached": True, "target_step": self.reached.get("step"),
+                "time_to_target_s": self.reached.get("train_s"), "time_to_target_wall_s": self.reached.get("wall_s")}

@@ -327,7 +327,8 @@ class Trainer:
                                        warmup_steps=WARMUP_STEPS if graph_warmup is None else graph_warmup + 1)
         self.checkpointer.clock = meter.update_train_s  # every checkpoint records the training time up to its step
         self.target = TargetTracker(cfg.train.early_stopping, dict(self.checkpointer.extra_stats), self.stats,
-                                    self.t_start, meter.loop_start, len(self.data.train), self.checkpointer.extra_stats)
+                                    self.t_start, meter.loop_start, len(self.data.train), self.checkpointer.extra_stats,
+                                    ended=self.early_stopped)  # (True: an early stop resumed for its summary)
         evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env, self.target,
                                                self._check_finite, self.meta.splits.get(cfg.data.eval_split))
         bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
