@@ -158,30 +158,66 @@ def save_best_sharded(path: Path, state: State, step: int, env: DistEnv, plan: S
 
     `saved`: this step's regular manifest, when the step was just checkpointed: each rank then hard-links its shard
     (`link`, the same model; a copy where links fail) instead of writing it again. Crash-safe: the shards are written
-    under their step's names, the manifest replaced only once every rank's shard is complete, and the previous best's
-    shards removed after that. `state`: as `save_sharded`'s (a function's failure on one rank stops every rank)."""
+    beside their names (``.pending``) and moved over them only once every rank's is complete, the manifest replaced
+    once every rank's is moved, and the previous best's shards removed after that. `state`: as `save_sharded`'s (a
+    function's failure on one rank stops every rank)."""
     d = path.parent
     names = [BEST_PREFIX + shard_name(step, q, env.world_size) for q in range(env.world_size)]
     mine = d / names[env.rank]
     source = saved.parent / shard_name(step, env.rank, env.world_size) if saved is not None else None
-
+    # a best of the current best.pt's step (a resume at the run's end on another data.eval_split, one re-evaluated for
+    # its summary) has its shards' names: written in place, a failure on another rank (or a kill before the manifest)
+    # left best.pt naming this rank's new shard beside the others' old ones (two models, merged or resumed as one).
+    # So, as `save_sharded` does for a step saved again: written beside (`written`), moved over in an agreed part once
+    # every rank's is complete, the old one kept aside (`previous`) and put back if any rank's move fails. The move's
+    # agreed part runs on every rank (one collective each): a rank whose name is new wrote it in place, moves nothing
+    written = mine.with_name(mine.name + ".pending") if mine.exists() else mine
+    previous = mine.with_name(mine.name + ".previous")
     gathered: dict[str, Any] = {}
+    aside, moved = False, False
 
     def shard() -> None:
         gathered.update(_gathered(state))
         d.mkdir(parents=True, exist_ok=True)
-        if source is None or not source.is_file() or not link(source, mine):
-            ckpt.write_atomic(mine, _shard(gathered, env, plan), progress=env.is_main)
+        if source is None or not source.is_file() or not link(source, written):
+            ckpt.write_atomic(written, _shard(gathered, env, plan), progress=env.is_main)
+
+    def move() -> None:
+        # a link (a copy where links fail), not a rename: killed in between, the manifest's shard is still there
+        nonlocal aside, moved
+        if written == mine:
+            return
+        if mine.exists():
+            previous.unlink(missing_ok=True)
+            try:
+                os.link(mine, previous)
+            except OSError:
+                shutil.copyfile(mine, previous)
+            aside = True
+        os.replace(written, mine)
+        moved = True
 
     def manifest() -> None:
         if env.is_main:
             ckpt.write_atomic(path, _manifest(gathered, env, plan, names))
             for old in _best_shards(d):
-                if old.name not in names:  # the previous best's shards (any world size), no longer named
-                    old.unlink(missing_ok=True)
+                if old.name not in names:  # the previous best's shards (any world size), no longer named, and a
+                    old.unlink(missing_ok=True)  # killed save's .pending/.previous (no rank is saving now)
 
     try:
-        _agreed(env, shard, f"its shard of best.pt (step {step})")  # every shard complete before the manifest
+        _agreed(env, shard, f"its shard of best.pt (step {step})")  # every shard complete before any is moved
+        _agreed(env, move, f"its shard of best.pt (step {step}) over the previous best's")
+    except Exception:
+        if aside:  # every shard back to the current best.pt's
+            os.replace(previous, mine)
+            previous.unlink(missing_ok=True)  # still there when not moved (rename's no-op: a link to `mine`)
+        elif (moved or written == mine) and mine.name not in _named_shards(path):  # named by no best.pt: never
+            mine.unlink(missing_ok=True)  # removed
+        if written != mine:
+            written.unlink(missing_ok=True)  # the pending one, named by no manifest
+        raise
+    previous.unlink(missing_ok=True)
+    try:
         _agreed(env, manifest, f"best.pt (step {step})")  # a failure on any rank stops every rank
     except Exception:
         if mine.name not in _named_shards(path):  # named by no best.pt (it is still the previous one): never removed
@@ -226,13 +262,15 @@ def link_best_sharded(found: Path, path: Path, link: Callable[[Path, Path], bool
     return True
 
 
-_BEST_SHARD = re.compile(re.escape(BEST_PREFIX) + r"step-\d{8,}\.rank\d+-of-\d+\.pt")
+# with a killed save's ``.pending`` and ``.previous`` (`save_best_sharded`), each a shard's size, removed only here
+_BEST_SHARD = re.compile(re.escape(BEST_PREFIX) + r"step-\d{8,}\.rank\d+-of-\d+\.pt(\.pending|\.previous)?")
 
 
 def _best_shards(d: Path) -> list[Path]:
-    """The files in `d` named as a best.pt's shards are (matched whole: the glob alone also took a user's
-    ``best-step-N.rank0-of-2.old.pt`` for one, and deleted it with the previous best's)."""
-    return [p for p in d.glob(BEST_PREFIX + "step-*.rank*-of-*.pt") if _BEST_SHARD.fullmatch(p.name)]
+    """The files in `d` named as a best.pt's shards are, or as a killed save's pending or set-aside ones (matched
+    whole: the glob alone also took a user's ``best-step-N.rank0-of-2.old.pt`` for one, and deleted it with the
+    previous best's)."""
+    return [p for p in d.glob(BEST_PREFIX + "step-*.rank*-of-*.pt*") if _BEST_SHARD.fullmatch(p.name)]
 
 
 def _plan(sharded: dict[str, Any]) -> ShardingPlan:
