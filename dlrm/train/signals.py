@@ -1,6 +1,7 @@
 """SIGINT/SIGTERM during training: finish the step, checkpoint, flush, exit; a second signal stops at once. Outside
 the steps (a run's start, its last evaluation and summary) SIGTERM stops at once as Ctrl-C does: `StopAtOnce`; in a
-distributed run the start and the last evaluation wait for the ranks to agree instead (`agreed_stop`)."""
+distributed run the start, and the time from its first step to its summary, wait for the ranks to agree instead
+(`agreed_stop`, `held_signals`)."""
 
 from __future__ import annotations
 
@@ -72,20 +73,42 @@ class GracefulStop:
 
 
 @contextlib.contextmanager
-def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callable[[str], str]) -> Iterator[None]:
-    """A distributed run's phase outside the training steps that holds collectives (its start; its last evaluation
-    and checkpoint): a SIGINT/SIGTERM there is held until the phase ends, where the ranks agree on it (one all-reduce
-    MAX), and then every rank raises `TrainingStopped` with the same code (128 + the largest signal any rank got) and
+def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callable[[str], str],
+                held: Optional[GracefulStop] = None) -> Iterator[None]:
+    """A distributed run's phase outside the training steps that holds collectives (its start; its last evaluation,
+    checkpoint and summary): a SIGINT/SIGTERM there is held until the phase ends, where the ranks agree on it (one
+    all-reduce MAX), and then every rank raises `TrainingStopped` with the same code (128 + the largest signal any rank got) and
     ``message(signal name)``. Stopped at once as `StopAtOnce` does, a rank that alone got the signal (a user's ``kill
     PID``, a scheduler pre-empting one process) left while the others waited for it in the phase's next collective, to
     die of gloo's "Connection closed by peer" traceback (a bug's exit 1) or at the process group's timeout. The stop
     comes at the phase's end (the start: no checkpoint; the last evaluation: after its checkpoint); a second signal
-    stops at once. One process: nothing changes (`StopAtOnce` stops it at once)."""
+    stops at once. `held`: the run's `held_signals`, which holds the phase's signals (and any from before it) instead
+    of a handler of its own. One process: nothing changes (`StopAtOnce` stops it at once)."""
     if not env.distributed:
         yield
         return
-    with GracefulStop(f"stopping {where}, once every rank knows") as stop:
+    doing = f"stopping {where}, once every rank knows"
+    if held is not None:  # installed (`held_signals`): what it holds from before this phase counts too
+        held._doing = doing
+    with contextlib.nullcontext(held) if held is not None else GracefulStop(doing) as stop:
         yield
         agreed = int(env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=device)).item())
     if agreed:
         raise TrainingStopped(128 + agreed, message(signal.Signals(agreed).name))
+    if held is not None:  # agreed that none came: one now (after the run's last agreement) has nothing left to stop
+        held._doing = "ignored: the run is writing its summary, nothing is left to stop"
+
+
+@contextlib.contextmanager
+def held_signals(env: DistEnv) -> Iterator[GracefulStop]:
+    """A distributed run's training and end (`Trainer.fit`): a SIGINT/SIGTERM that arrives between its agreed phases
+    (the loop's `GracefulStop`, the last evaluation's `agreed_stop`) is held for the next one, which agrees on it.
+    Left to `StopAtOnce` there, the signalled rank stopped alone: between the loop and the last evaluation the others
+    died in its collectives (gloo's "Connection closed by peer" traceback, exit 1); during the summary they exited 0
+    beside its 143, and a signalled rank 0 wrote no summary.json. One process: one not installed (it holds nothing,
+    `StopAtOnce` stays), so nothing changes."""
+    if not env.distributed:
+        yield GracefulStop()
+        return
+    with GracefulStop("held until every rank knows, then stopping") as held:
+        yield held

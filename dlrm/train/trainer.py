@@ -44,7 +44,7 @@ from dlrm.train.resume_policy import (check_position, check_resume_config, check
                                       summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
-from dlrm.train.signals import GracefulStop, StopAtOnce, agreed_stop
+from dlrm.train.signals import GracefulStop, StopAtOnce, agreed_stop, held_signals
 from dlrm.train.step import compile_counters, nonfinite_weight
 from dlrm.train.target import TargetTracker, already_reached
 
@@ -311,13 +311,14 @@ class Trainer:
         if self.finished is not None:
             return self._report_finished()
         try:
-            return self._fit()
+            with held_signals(self.env) as held:  # several ranks: a signal between agreed phases waits for the next
+                return self._fit(held)
         except BaseException:
             close_quietly(getattr(self, "writer", None))  # before the directory may go: its thread writes there
             self.run_dir.abandon()  # removes the directory only if no step ran
             raise
 
-    def _fit(self) -> dict:
+    def _fit(self, held: GracefulStop) -> dict:
         cfg, env, run, pos = self.cfg, self.env, self.run, self.pos
         writer = open_writer(self.run_dir.path, pos.step + 1 if pos.step else None) if env.is_main else NoWriter()
         self.writer, self.counters_before = writer, compile_counters()
@@ -337,6 +338,7 @@ class Trainer:
         # bar, closed by the garbage collector at exit, was the log's last line (a sweep's next bar went one line down)
         with bar, make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
                 GracefulStop() as stop:
+            stop.signum = held.signum  # one held before the loop (several ranks): agreed at the first window
             for batch, data_wait in self._batches():
                 loss = run.train_step(batch)
                 for sched in run.schedulers:
@@ -390,6 +392,7 @@ class Trainer:
                 self.run_dir.close()
                 raise TrainingStopped(128 + self._stop_signal,
                                       f"stopped by signal at step {pos.step}; checkpoint {path}")
+        held.signum = held.signum or stop.signum  # one after the loop's last agreement: the next one's (it was lost)
         # The last evaluation, at the run's last step, unless early stopping just made it: made before the last
         # checkpoint, which then holds it, and best.pt (when it is the best) linked after, so a run resumed from that
         # checkpoint with a larger train.max_steps compares with the best that best.pt holds. At a multiple of
@@ -397,9 +400,9 @@ class Trainer:
         # it); elsewhere it is this length's own, which a longer run does not make: it counts only as a new best
         # (made after the checkpoint, such a best rewrote best.pt unrecorded, and a resume named an older best).
         # several ranks: a signal on one of them during the last evaluation (collectives) or checkpoint stops every
-        # rank after both (`agreed_stop`), the summary left to a --resume (one process: at once, `StopAtOnce`)
+        # rank after both and the summary (`agreed_stop`), left to a --resume (one process: at once, `StopAtOnce`)
         with agreed_stop(env, self.device, "after the last evaluation", lambda name: f"stopped by signal ({name}) at "
-                         f"step {pos.step}, after its last evaluation; checkpoint {self.checkpointer.last}"):
+                         f"step {pos.step}, after its last evaluation; checkpoint {self.checkpointer.last}", held):
             if not self.early_stopped or self.last_eval is None:  # (None: an early stop resumed for its summary)
                 on_grid = bool(cfg.train.eval_every) and pos.step % cfg.train.eval_every == 0
                 # resumed at its end from a checkpoint that already holds this step's evaluation (a run killed before
@@ -418,7 +421,12 @@ class Trainer:
             # end trains no step, and its agreed stop's cleanup removed the checkpoint its line named)
             self.run_dir.started()
             self.evaluator.write_best()  # a hard link to that checkpoint
-        return self._finish(prof)
+            summary = self._finish(prof)
+        if env.is_main:
+            write_summary(self.run_dir.path / "summary.json", summary)  # a failed write names the file
+        self.run_dir.close()
+        logger.info(final_line(summary) + baseline_clause(summary))
+        return summary
 
     def _batches(self) -> Iterator[tuple[Batch, float]]:
         """(batch, seconds waited for it: the host's on the CPU; 0 on CUDA, where the meter's `DataWaitTimer` times
@@ -528,10 +536,6 @@ class Trainer:
         summary["baseline"] = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step)
         log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step)  # at the last step: an extended run's come after
         writer.close()
-        if env.is_main:
-            write_summary(self.run_dir.path / "summary.json", summary)  # a failed write names the file
-        self.run_dir.close()
-        logger.info(final_line(summary) + baseline_clause(summary))
         return summary
 
     def _summary(self, metrics: dict, counters: dict) -> dict:
