@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-from conftest import CHILD_ENV, REPO, make_dataset
+from tests.conftest import CHILD_ENV, REPO, make_dataset
 
 
 def _config(tmp_path, rows: int, batch_size: int, log_every: int):

@@ -29,3 +29,11 @@ def test_no_module_in_the_package_or_the_kernels_is_over_600_lines():
     long = {str(p.relative_to(REPO)): n for root in ("dlrm", "kernels") for p in (REPO / root).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 600}
     assert long == {}, long
+
+
+def test_tests_import_the_shared_setup_by_its_package_name():
+    """`from conftest import ...` names whichever conftest module pytest loaded first: in the suite's one run (the
+    README's command) tests/kernels/conftest.py, which has no CHILD_ENV: that test file failed to collect, CI red."""
+    hits = subprocess.run(["grep", "-rn", "--include=*.py", "-E", r"^\s*(from|import) conftest\b", "tests"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert hits.stdout == "", hits.stdout
