@@ -13,14 +13,13 @@ Each rank is launched as torchrun launches it (RANK, WORLD_SIZE, MASTER_ADDR/POR
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from dlrm import checkpoint as ckpt
-from tests.conftest import CHILD_ENV, make_dataset
-from tests.test_audit_onerank_stop import CONFIG, STEPS, free_port
+from tests.conftest import make_dataset
+from tests import test_audit_onerank_stop as onerank
+from tests.test_audit_onerank_stop import STEPS, assert_stopped_together
 
 # rank KILL_RANK sends itself SIGTERM (as `kill PID` does) where KILL_AT says: during the summary (as its TensorBoard
 # hparams are logged, on every rank before rank 0 writes summary.json), or just before the last evaluation's agreed
@@ -71,31 +70,7 @@ def dataset(tmp_path_factory):
 
 def launch(tmp_path, dataset, kill_at, kill_rank=1):
     """Both ranks of ``train.py``, rank `kill_rank` signalled at `kill_at`; [(exit code, output)] by rank."""
-    cfg = json.loads(json.dumps(CONFIG))
-    cfg["data"]["path"] = str(dataset)
-    (tmp_path / "c.json").write_text(json.dumps(cfg))
-    env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "TRITON_INTERPRET": "1", "KILL_AT": kill_at, "KILL_RANK": str(kill_rank)}
-    args = ["--config", str(tmp_path / "c.json"), "--run-name", "r", "--tb-dir", str(tmp_path / "tb")]
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(2)]
-    results = []
-    try:
-        for p in procs:
-            results.append((p.wait(timeout=150), p.stdout.read()))
-    except subprocess.TimeoutExpired:  # a rank waiting for the other in a collective (the process group's timeout)
-        for p in procs:
-            p.kill()
-        pytest.fail(f"a rank still waits 150 s after the signal: {[p.wait() for p in procs]}")
-    return results
-
-
-def assert_stopped_together(results, what):
-    for rank, (code, out) in enumerate(results):
-        assert code == 143, f"rank {rank} exited {code}:\n{out[-3000:]}"
-        assert "Traceback" not in out and "this is a bug" not in out, f"rank {rank}:\n{out[-3000:]}"
-        assert what in out, f"rank {rank}:\n{out[-3000:]}"
+    return onerank.launch(tmp_path, dataset, "r", kill_at, kill_rank, script=SCRIPT)
 
 
 def assert_stopped_after_the_last_checkpoint(tmp_path, results):

@@ -68,15 +68,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(tmp_path, dataset, name, kill_at=None, kill_rank=1, extra=()):
-    """Both ranks of ``train.py`` (the script above when `kill_at`); [(exit code, output)] by rank."""
+def launch(tmp_path, dataset, name, kill_at=None, kill_rank=1, extra=(), script=None):
+    """Both ranks of ``train.py`` (`script`, by default the one above, when `kill_at`); [(exit code, output)] by
+    rank."""
     cfg = json.loads(json.dumps(CONFIG))
     cfg["data"]["path"] = str(dataset)
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "TRITON_INTERPRET": "1", "KILL_AT": kill_at or "", "KILL_RANK": str(kill_rank if kill_at else -1)}
     args = ["--config", str(tmp_path / "c.json"), "--run-name", name, "--tb-dir", str(tmp_path / "tb"), *extra]
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", script or SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
              for r in range(2)]
     results = []

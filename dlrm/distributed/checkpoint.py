@@ -78,6 +78,20 @@ def _agreed(env: DistEnv, part: Callable[[], None], what: str, doing: str = "wri
             raise failure_error(failed, q, f"could not {doing} {what}")
 
 
+def _set_aside(shard: Path, previous: Path) -> bool:
+    """Keep `shard` (a saved one, about to be replaced) as `previous` too, so that a failed replacement on any rank can
+    be undone on every rank; whether there was one. A link (a copy where links fail), not a rename: killed in between,
+    the shard its manifest names is still there."""
+    if not shard.exists():
+        return False
+    previous.unlink(missing_ok=True)
+    try:
+        os.link(shard, previous)
+    except OSError:
+        shutil.copyfile(shard, previous)
+    return True
+
+
 def _gathered(state: State) -> dict[str, Any]:
     """`state`, or what the function `state` gathers (the caller's checks and state: in the first agreed part)."""
     return state() if callable(state) else state
@@ -111,15 +125,8 @@ def save_sharded(run_dir: Path, state: State, step: int, keep: int, env: DistEnv
     def move() -> None:
         # agreed before rank 0 writes the manifest (it wrote it while another rank's move failed: its old shard beside
         # rank 0's new one); the old shard kept aside, so that a move that failed on any rank is undone on every rank.
-        # A link (a copy where links fail), not a rename: killed in between, the manifest's shard is still there
         nonlocal aside
-        if mine.exists():
-            previous.unlink(missing_ok=True)
-            try:
-                os.link(mine, previous)
-            except OSError:
-                shutil.copyfile(mine, previous)
-            aside = True
+        aside = _set_aside(mine, previous)
         os.replace(written, mine)
 
     try:
@@ -183,17 +190,10 @@ def save_best_sharded(path: Path, state: State, step: int, env: DistEnv, plan: S
             ckpt.write_atomic(written, _shard(gathered, env, plan), progress=env.is_main)
 
     def move() -> None:
-        # a link (a copy where links fail), not a rename: killed in between, the manifest's shard is still there
         nonlocal aside, moved
         if written == mine:
             return
-        if mine.exists():
-            previous.unlink(missing_ok=True)
-            try:
-                os.link(mine, previous)
-            except OSError:
-                shutil.copyfile(mine, previous)
-            aside = True
+        aside = _set_aside(mine, previous)
         os.replace(written, mine)
         moved = True
 
