@@ -170,7 +170,7 @@ def test_summary_counts_the_whole_run_across_resumes(tmp_path, dataset):
 def test_failed_start_removes_the_directory_it_made(tmp_path, dataset, monkeypatch):
     from dlrm.train import trainer as trainer_mod
 
-    def broken_fit(self):
+    def broken_fit(self, *args):
         raise RuntimeError("boom before the first step")
 
     monkeypatch.setattr(trainer_mod.Trainer, "_fit", broken_fit)
