@@ -37,7 +37,7 @@ from loguru import logger
 from dlrm.checkpoint import list_checkpoints
 from dlrm.config import ConfigError, load_config
 from dlrm.data.schema import write_json_atomic
-from dlrm.train.resume_policy import config_changes
+from dlrm.train.resume_policy import config_changes, with_defaults
 
 RECORD = "sweep.json"
 FORMAT = 1
@@ -155,6 +155,12 @@ def _check_recorded_sets(path: Path, sets: list) -> None:
                               f"{json.dumps(values)[:60]}")
 
 
+def _shown(value: Any) -> str:
+    """A config value of `reconcile`'s message; a key one side lacks ("config_changes"' marker, a bare object) is
+    "(absent)": it was shown as "<object object at 0x...>"."""
+    return "(absent)" if type(value) is object else json.dumps(value, default=str)
+
+
 def _show_sets(sets: list) -> str:
     return " ".join(f"--set {k}={','.join(json.dumps(v) for v in values)}" for k, values in sets) or "no --set"
 
@@ -178,11 +184,13 @@ def reconcile(directory: Path, record: dict[str, Any], config: Optional[str], se
         base = absolute_data(base or {})  # compared resolved: relative to this working directory
     base = {**record["base"], **(base or {})}
     config = config if config is not None else record["config"]
-    changed = [(k, old, new) for k, old, new in config_changes(record["resolved"], resolved(config, base, record["sets"]))
+    # the record with today's defaults for the keys added since an older version wrote it (train.early_stopping.target:
+    # compared as absent, every sweep of early stopping recorded before it was refused as "started otherwise")
+    changed = [(k, old, new) for k, old, new in config_changes(with_defaults(record["resolved"]),
+                                                               resolved(config, base, record["sets"]))
                if not any(k == p or k.startswith(p + ".") for p in _FREE)]
     if changed:
-        shown = ", ".join(f"{k}: {json.dumps(old, default=str)} -> {json.dumps(new, default=str)}"
-                          for k, old, new in changed)
+        shown = ", ".join(f"{k}: {_shown(old)} -> {_shown(new)}" for k, old, new in changed)
         differences.append(f"the config ({config}, with --data/--device) differs in {shown}")
     if differences:  # (a differing --set is named as such: the config is compared on the recorded grid's first setting)
         raise ConfigError(f"--resume: the sweep in {directory} was started otherwise ({where}): "
@@ -199,7 +207,8 @@ def trial_state(run_dir: Path, cfg_dict: dict[str, Any], name: str) -> tuple[Opt
         if saved is not None and not isinstance(saved, dict):  # hand-edited: config_changes raised AttributeError
             raise ConfigError(f"--resume: {run_dir / 'summary.json'}: key 'config' must be a JSON object (the run's "
                               f"config), got {type(saved).__name__} {json.dumps(saved)[:40]}")
-        changed = [k for k, _, _ in config_changes(saved or {}, cfg_dict)
+        # (an older version's summary: today's defaults for the keys added since, as the record's in `reconcile`)
+        changed = [k for k, _, _ in config_changes(with_defaults(saved) if saved else {}, cfg_dict)
                    if not any(k == p or k.startswith(p + ".") for p in _FREE)]
         if summary.get("config") is not None and changed:
             raise ConfigError(f"--resume: {run_dir / 'summary.json'} is not of {name}: its config differs in "

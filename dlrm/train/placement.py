@@ -134,9 +134,23 @@ def resumed_placement(cfg: Config, state: dict, chosen: str, allowed: Iterable[s
     names it. Unshuffled, both give the rows in file order: any placement resumes the same batches. A stream-loader
     run of a seed >= 2**32 checkpointed before its shuffle changed is refused too (`check_resumed_shuffle`)."""
     allowed = tuple(allowed)
-    placement = _resumed_placement(cfg, state.get("data_placement"), chosen, allowed)
+    placement = _resumed_placement(cfg, _saved_placement(state), chosen, allowed)
     check_resumed_shuffle(cfg, state, placement, allowed, source)
     return placement
+
+
+def _saved_placement(state: dict) -> Optional[str]:
+    """The placement the checkpoint's run read its batches with: its ``data_placement``, or, in a checkpoint written
+    before that key existed (2026-11-30), its config's data.placement when explicit ("stream", the default until
+    "auto" came, or "gpu": every version used an explicit one as it is). Unknown (None) only for "auto" there: taken
+    for unknown, a run of the old default "stream" resumed with "auto" held its split in GPU memory where it fit, and
+    an explicit "gpu" one streamed on a CPU, silently training other shuffled batches."""
+    if state.get("data_placement") is not None:
+        return state["data_placement"]
+    config = state.get("config")
+    data = config.get("data") if isinstance(config, dict) else None
+    placement = data.get("placement") if isinstance(data, dict) else None
+    return placement if placement in ("stream", "gpu") else None
 
 
 def _resumed_placement(cfg: Config, saved: Optional[str], chosen: str, allowed: Iterable[str]) -> str:

@@ -162,7 +162,13 @@ def summarized(checkpoint: Path, step: int) -> bool:
 
 def saved_config(state: dict) -> dict:
     """A checkpoint's config with today's defaults filled in (keys added since it was written)."""
+    return with_defaults(state["config"])
+
+
+def with_defaults(config: dict) -> dict:
+    """A config an older version recorded (a checkpoint's, a sweep's, a summary's) with today's defaults filled in for
+    the keys added since (as is, if it does not parse: the comparison then names what differs)."""
     try:
-        return config_from_dict(state["config"]).to_dict()
+        return config_from_dict(config).to_dict()
     except ConfigError:
-        return state["config"]
+        return config

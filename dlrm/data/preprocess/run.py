@@ -8,7 +8,7 @@ import time
 import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -213,7 +213,13 @@ class _Run:
 
         o = self.opts
         if self.manifest is not None and self.manifest.get("scans"):
-            self.scans = [FileScan(**d) for d in self.manifest["scans"]]
+            # each file's path as this run names it: the inputs matched the manifest's by resolved path, size and
+            # mtime, but a scan keeps the path as the earlier run spelled it (relative to its working directory: a
+            # resume from another one failed with "No such file or directory" on an input it had been given)
+            if len(self.manifest["scans"]) != len(self.paths):
+                raise PreprocessError(f"{self.progress_dir / 'manifest.json'}: {len(self.manifest['scans'])} file "
+                                      f"scans for {len(self.paths)} inputs; use --overwrite to start over")
+            self.scans = [replace(FileScan(**d), path=str(p)) for d, p in zip(self.manifest["scans"], self.paths)]
             logger.info("resuming the unfinished run in {}", self.out)
         else:
             logger.info("counting the lines of {} input file(s)", len(self.paths))
