@@ -52,6 +52,7 @@ import struct
 import sys
 import time
 import zipfile
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -88,6 +89,7 @@ from dlrm.logging_setup import configure_logging
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
+EXIT_OUT_OF_MEMORY = 4  # as preprocess's and the generator's
 ROW_GROUP_ROWS = 131072
 DEFAULT_ROWS_PER_FILE = 8 * ROW_GROUP_ROWS
 _INT32_MAX = 2**31 - 1
@@ -343,6 +345,14 @@ def parse_days(text: str) -> list[int]:
     return sorted(days)
 
 
+def _planless(work: Path) -> bool:
+    """Whether `work` is a directory an import left before its plan was in place: no plan, and nothing in it but
+    the plan's temporary file (`write_json_atomic`'s ``.import-plan.json.*.tmp``)."""
+    if not work.is_dir() or (work / PLAN_FILE).exists():
+        return False
+    return all(p.name.startswith(f".{PLAN_FILE}.") and p.name.endswith(".tmp") for p in work.iterdir())
+
+
 def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
                   cards: Optional[list[int]] = None, compression: str = "lz4", rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                   workers: int = 1, max_rows_per_day: Optional[int] = None, overwrite: bool = False,
@@ -410,7 +420,9 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
             "max_rows_per_day": max_rows_per_day, "day_rows": {str(i): d.rows for i, d in days.items()},
             "sparse_layout": layout, "dense_format": dense_format}
     work = partial_dir(output)
-    if overwrite:
+    if overwrite or _planless(work):
+        # planless: a kill (SIGKILL, which no handler below sees) between making `work` and its plan's rename left
+        # it holding no plan and nothing imported, which refused the very same command from then on
         shutil.rmtree(work, ignore_errors=True)
     if work.exists():
         if _earlier_plan(work) != plan:
@@ -517,8 +529,9 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, s
     """Import MLPerf DLRM-DCNv2's preprocessed multi-hot Criteo 1TB (see the module docstring).
 
     Exit codes: 0 done; 1 a bug (traceback, then a line saying so); 2 a bad input file, value or
-    argument, or an occupied output; 130 Ctrl-C; 143 SIGTERM. --output is written only when every file is done;
-    the files an import finished before it stopped are kept for the same command to resume from.
+    argument, or an occupied output; 4 out of memory (or a --workers process killed); 130 Ctrl-C; 143 SIGTERM.
+    --output is written only when every file is done; the files an import finished before it stopped are kept
+    for the same command to resume from.
     """
     configure_logging()
     try:  # SIGTERM raises as Ctrl-C does (`Terminated`): its default action skipped the import's own cleanup
@@ -539,6 +552,11 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, s
     except OSError as e:
         logger.error(f"cannot read or write: {e.filename + ': ' if e.filename else ''}{e.strerror or e}")
         sys.exit(EXIT_BAD_INPUT)
+    except (MemoryError, BrokenProcessPool):  # a worker killed (by the OOM killer, most often) breaks the pool: it
+        # was reported as a bug, with BrokenProcessPool's traceback
+        logger.error("out of memory (or a --workers process was killed): run the same command with fewer --workers; "
+                     "it resumes from the finished files")
+        sys.exit(EXIT_OUT_OF_MEMORY)
     except Exception as e:  # noqa: BLE001 - anything else is a bug: traceback and exit 1
         sys.exit(report_bug(e))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -70,6 +71,26 @@ def replace_dir(tmp: Path, out: Path) -> None:
         except BaseException:  # an interrupt in the removal (a large dataset's takes seconds): `out` was replaced, so
             shutil.rmtree(old, ignore_errors=True)  # none of the old one may stay hidden beside it, half removed
             raise
+
+
+def remove_stale_temps(path: Path, pattern: str) -> None:
+    """Remove what killed runs of the output `path` left beside it under a temporary name: the entries of its parent
+    whose name is `pattern` with ``{name}`` the output's name and ``{rand}`` the 8 random characters `tempfile`
+    adds (``".{name}.tmp-{rand}"``: the generator's ``mkdtemp``). Call it holding `output_lock(path)`: every run
+    that writes such a name holds that lock, so those there are a dead run's. A SIGKILL (the OOM killer,
+    ``kill -9``) runs no cleanup: its half-written dataset stayed beside the output for good, one more each kill."""
+    parent = path.absolute().parent
+    regex = re.compile(re.escape(pattern).replace(re.escape("{name}"), re.escape(path.name))
+                       .replace(re.escape("{rand}"), "[a-z0-9_]{8}"))
+    if not parent.is_dir():
+        return
+    for p in parent.iterdir():
+        if regex.fullmatch(p.name):  # best effort: a leftover that cannot go is no reason to refuse the run
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
 
 
 def check_parent_writable(path: Path, option: str) -> None:

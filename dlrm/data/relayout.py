@@ -70,7 +70,8 @@ from dlrm.data.schema import (
     write_options,
     write_metadata,
 )
-from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock, replace_dir
+from dlrm.data.output_dirs import (check_apart, check_parent_writable, check_target, output_lock,
+                                   remove_stale_temps, replace_dir)
 from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_rows, open_shard, split_files
 from dlrm.data.vocabulary import read_vocabulary
 from dlrm.errors import report_bug
@@ -198,6 +199,7 @@ def _relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None,
     started = time.perf_counter()
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(output, ".{name}.relayout-{rand}")  # a killed run's (this one holds --output's lock)
         tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.relayout-", dir=output.parent))
         if (data / "vocab").is_dir():
             shutil.copytree(data / "vocab", tmp / "vocab")

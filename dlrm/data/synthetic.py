@@ -94,7 +94,7 @@ import numpy as np
 from loguru import logger
 from tqdm import tqdm
 
-from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock
+from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock, remove_stale_temps
 from dlrm.data.schema import (
     MAX_MULTI_HOT_SIZE, MLPERF_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, NUM_SPARSE,
     SPARSE_LAYOUTS, SPLITS, Metadata, SplitInfo, arrow_schema, is_multi_hot, one_hot_sizes,
@@ -485,6 +485,10 @@ def generate(
         teacher = Teacher(s.seed, s.cards, multi_hot_sizes=s.multi_hot_sizes, multi_hot_fill=s.multi_hot_fill)
         logger.info(f"teacher bias {teacher.bias:.4f}; writing {s.rows} rows ({s.sizes}) to {s.out}")
 
+        # a killed run's temporary dataset and TSV (no run of this --out, or --raw-tsv, but this one is alive)
+        remove_stale_temps(s.out, ".{name}.tmp-{rand}")
+        if s.tsv_path is not None:
+            remove_stale_temps(s.tsv_path, ".{name}.{rand}.tmp")
         s.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{s.out.name}.tmp-", dir=s.out.parent))
         tsv_tmp = None

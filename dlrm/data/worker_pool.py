@@ -18,7 +18,10 @@ workers start is held for those milliseconds, then raised there as usual.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import resource_tracker
 from typing import Any, Callable, Optional
@@ -28,12 +31,26 @@ __all__ = ["start_pool"]
 # How long a started worker waits for the others to start before it gives up (the pool then reports itself broken):
 # far above the seconds a worker takes to import its modules on a loaded machine.
 START_TIMEOUT_S = 600.0
+# How often a worker checks that the process that started it is still alive (`_exit_with_parent`).
+PARENT_POLL_S = 0.2
 
 
-def _start_worker(barrier, initializer: Optional[Callable[..., Any]], initargs: tuple) -> None:
-    """The workers' initializer: ignore SIGINT (one pending is dropped), wait for all workers, then ``initializer``."""
+def _exit_with_parent(parent: int) -> None:
+    """Exit this worker as soon as `parent` (the pool's process) is gone. A main process killed outright (SIGKILL:
+    the OOM killer, ``kill -9``) stops nothing: its workers were reparented and ran on for good, idle on their own
+    call queue, each holding its memory and the caller's stdout/stderr (``| tee``, ``subprocess.run`` hung)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)  # at once, mid-task too: the tools' temporary files of an unfinished write are removed or redone
+
+
+def _start_worker(barrier, initializer: Optional[Callable[..., Any]], initargs: tuple, parent: int = 0) -> None:
+    """The workers' initializer: ignore SIGINT (one pending is dropped), exit with the `parent` process (its pid),
+    wait for all workers, then ``initializer``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if parent:
+        threading.Thread(target=_exit_with_parent, args=(parent,), name="exit-with-parent", daemon=True).start()
     barrier.wait(START_TIMEOUT_S)
     if initializer is not None:
         initializer(*initargs)
@@ -69,7 +86,7 @@ def start_pool(workers: int, initializer: Optional[Callable[..., Any]] = None,
     resource_tracker.ensure_running()
     barrier = ctx.Barrier(workers)
     pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_start_worker,
-                               initargs=(barrier, initializer, initargs))
+                               initargs=(barrier, initializer, initargs, os.getpid()))
     try:
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
