@@ -31,11 +31,10 @@ up to ~70 GB), in row groups of 131,072 rows, by ``--workers`` processes, each w
 files into ``.<output name>.import-partial`` beside ``--output``, renamed into place when all are
 done: ``--output`` never holds a half-written dataset. An import that stops (a bad value, a kill)
 keeps the files it finished there, and the same command resumes from them, writing again any that can no
-longer be read (other options, another ``--sparse-layout`` included, or another input are refused;
-``--overwrite`` starts over). An ``--output`` that is ``--input``, holds it or lies inside it is refused,
-``--overwrite`` or not. Every
-value is checked (labels 0/1, finite dense values, ids in range, shapes and dtypes alike across
-days), and a bad one stops the import with one line naming the file, the member and the row.
+longer be read or whose day's input files changed since (`dlrm.data.input_stamps`) (other options, another
+``--sparse-layout`` included, or another input are refused; ``--overwrite`` starts over). An ``--output`` that
+is ``--input``, holds it or lies inside it is refused, ``--overwrite`` or not. Every value is checked (labels
+0/1, finite dense values, ids in range, shapes and dtypes alike across days), and a bad one stops the import with one line naming the file, the member and the row.
 
 Files are written with LZ4 by default: a dataset of this size streams from parquet
 (``data.placement`` "stream"), and MLPerf's multi-hot rows decode ~1.3x faster from LZ4 than from
@@ -81,6 +80,7 @@ from dlrm.data.schema import (
     write_options,
     write_metadata,
 )
+from dlrm.data.input_stamps import STAMPS_FILE, redo_changed_inputs
 from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock, replace_dir
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
@@ -345,6 +345,12 @@ def parse_days(text: str) -> list[int]:
     return sorted(days)
 
 
+def _remove_bookkeeping(output: Path) -> None:
+    """Remove the unfinished import's own files from the finished dataset (renamed into place with them)."""
+    for name in (PLAN_FILE, STAMPS_FILE):
+        (output / name).unlink(missing_ok=True)
+
+
 def _planless(work: Path) -> bool:
     """Whether `work` is a directory an import left before its plan was in place: no plan, and nothing in it but
     the plan's temporary file (`write_json_atomic`'s ``.import-plan.json.*.tmp``)."""
@@ -438,6 +444,11 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
             shutil.rmtree(work, ignore_errors=True)
             raise
     ordered = [t for ts in tasks.values() for t in ts]
+    redone = redo_changed_inputs(work, {str(i): list(d.paths) for i, d in days.items()},
+                                 {str(i): [t.out for t in ordered if t.day == i] for i in days})
+    for i, n in redone.items():  # (the plan checks the days' rows, not their contents: see dlrm.data.input_stamps)
+        logger.warning(f"day {i}'s input files changed since the unfinished import began: its {n} finished "
+                       f"file(s) are written again")
     started = time.perf_counter()
     try:
         with tqdm(total=total, unit="rows", unit_scale=True, desc="import", disable=None) as bar:
@@ -476,7 +487,7 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
         if isinstance(e, KeyboardInterrupt) and not work.exists():  # renamed into place whole: only the removal of
             # the replaced --output (--overwrite; a large one's takes a while) was cut, which the line must not
             # report as an import that wrote nothing ("--output was not written": it was)
-            (output / PLAN_FILE).unlink(missing_ok=True)
+            _remove_bookkeeping(output)
             raise InterruptedWhenComplete(output, interruption(e)[0]) from None
         finished = sum(1 for _ in work.rglob("*.parquet"))
         logger.info(f"the {finished} of {len(ordered)} files finished are kept in {work}: the same command resumes "
@@ -484,7 +495,7 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
         raise
     seconds = time.perf_counter() - started
     try:  # --output is complete from here on: an interrupt must not read as an import to redo
-        (output / PLAN_FILE).unlink(missing_ok=True)
+        _remove_bookkeeping(output)
         logger.info(f"wrote {output} in {seconds:.1f}s ({total / max(seconds, 1e-9):,.0f} rows/s): "
                     + ", ".join(f"{s} {i.rows:,} rows" for s, i in meta.splits.items()))
     except KeyboardInterrupt as e:
