@@ -89,6 +89,31 @@ def test_an_old_checkpoint_of_the_old_default_stream_placement_is_not_moved_to_t
     assert resumed_placement(cfg, {"config": {}}, "stream") == "stream"
 
 
+def test_an_old_checkpoint_of_auto_placement_warns_that_its_choice_is_unknown():
+    """A checkpoint of 2026-11-23..30 saved "auto" without what it resolved to: the resume cannot know which
+    loader's batches the run trained on, and says so (once, naming the checkpoint); not for a known placement, nor
+    unshuffled (both loaders then give the rows in file order)."""
+    from loguru import logger
+
+    from dlrm.config import Config
+    from dlrm.train.placement import resumed_placement
+
+    seen: list[str] = []
+    handle = logger.add(lambda m: seen.append(m.record["message"]), level="WARNING")
+    try:
+        cfg = Config()
+        assert resumed_placement(cfg, {"config": {"data": {"placement": "auto"}}}, "gpu", (), "ck.pt") == "gpu"
+        assert len(seen) == 1 and "ck.pt does not record which placement" in seen[0] and "with gpu" in seen[0]
+        assert resumed_placement(cfg, {"config": {"data": {"placement": "auto"}}, "data_placement": "gpu"}, "gpu") \
+            == "gpu"
+        assert resumed_placement(cfg, {"config": {"data": {"placement": "stream"}}}, "stream") == "stream"
+        cfg.data.shuffle = False
+        assert resumed_placement(cfg, {"config": {"data": {"placement": "auto"}}}, "gpu") == "gpu"
+        assert len(seen) == 1
+    finally:
+        logger.remove(handle)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # A sweep recorded before train.early_stopping.target existed
 

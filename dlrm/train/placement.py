@@ -134,7 +134,12 @@ def resumed_placement(cfg: Config, state: dict, chosen: str, allowed: Iterable[s
     names it. Unshuffled, both give the rows in file order: any placement resumes the same batches. A stream-loader
     run of a seed >= 2**32 checkpointed before its shuffle changed is refused too (`check_resumed_shuffle`)."""
     allowed = tuple(allowed)
-    placement = _resumed_placement(cfg, _saved_placement(state), chosen, allowed)
+    saved = _saved_placement(state)
+    if saved is None and cfg.data.shuffle and _configured_placement(state) == "auto":  # (written 11-23..11-30)
+        logger.warning(f"--resume: {source or 'the checkpoint'} does not record which placement its run's "
+                       f"data.placement \"auto\" chose; resuming with {chosen}: if that run used the other, the "
+                       "shuffled batches from here on differ from the ones it would have trained on")
+    placement = _resumed_placement(cfg, saved, chosen, allowed)
     check_resumed_shuffle(cfg, state, placement, allowed, source)
     return placement
 
@@ -147,10 +152,15 @@ def _saved_placement(state: dict) -> Optional[str]:
     an explicit "gpu" one streamed on a CPU, silently training other shuffled batches."""
     if state.get("data_placement") is not None:
         return state["data_placement"]
+    placement = _configured_placement(state)
+    return placement if placement in ("stream", "gpu") else None
+
+
+def _configured_placement(state: dict) -> Optional[str]:
+    """The data.placement of the checkpoint's config, as written (None: none there)."""
     config = state.get("config")
     data = config.get("data") if isinstance(config, dict) else None
-    placement = data.get("placement") if isinstance(data, dict) else None
-    return placement if placement in ("stream", "gpu") else None
+    return data.get("placement") if isinstance(data, dict) else None
 
 
 def _resumed_placement(cfg: Config, saved: Optional[str], chosen: str, allowed: Iterable[str]) -> str:
