@@ -13,6 +13,7 @@ code   meaning
 3      the training loss became NaN or Inf (the line names the last good checkpoint)
 4      out of memory (host or GPU): retry with a smaller data.batch_size, or cap the embedding
        tables with data.max_rows_per_table
+5      another rank of a distributed run died (killed, out of memory): --resume continues the run
 128+n  stopped by signal n after writing a checkpoint (143: SIGTERM, 130: SIGINT during training);
        SIGTERM outside the training steps stops at once, without one (a new run's directory removed)
 130    interrupted by Ctrl-C (KeyboardInterrupt) outside the training loop
@@ -37,7 +38,8 @@ from loguru import logger
 
 from dlrm.config import Config, config_keys, load_config
 from dlrm.config_checks import check_default_run_name
-from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory, report_bug
+from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
+                         is_peer_lost, peer_lost_message, report_bug)
 from dlrm.logging_setup import configure_logging
 from dlrm.stop_signal import StopAtOnce
 
@@ -244,6 +246,9 @@ def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         logger.error(f"file system error: {where}{exc.strerror}")
         return EXIT_BAD_INPUT
+    if is_peer_lost(exc):  # another rank died: not a bug of this rank's (it printed gloo's traceback, exit 1)
+        logger.error(peer_lost_message(exc))
+        return EXIT_PEER_LOST
     return report_bug(exc)
 
 

@@ -7,13 +7,16 @@ Ctrl-C) comes before the slow trainer import.
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import traceback
 from importlib import metadata
 
 from loguru import logger
 
-__all__ = ["ConfigError", "DatasetError", "NonFiniteLoss", "TrainingStopped", "EXIT_BUG", "report_bug", "dlrm_version"]
+__all__ = ["ConfigError", "DatasetError", "NonFiniteLoss", "TrainingStopped", "EXIT_BUG", "EXIT_PEER_LOST",
+           "report_bug", "is_peer_lost", "peer_lost_message", "dlrm_version"]
 
 class ConfigError(ValueError):
     """A config key is unknown, mistyped or out of range; the message names the key path."""
@@ -25,6 +28,32 @@ class DatasetError(ValueError):
 
 EXIT_BUG = 1
 """Exit code of every entry point for an unexpected exception."""
+
+
+EXIT_PEER_LOST = 5
+"""Exit code of a rank of a distributed run whose peer rank died (see `is_peer_lost`)."""
+
+# What a collective raises (a RuntimeError, torch's DistBackendError) on a rank whose peer's process is gone (a
+# `kill -9` of one rank, the out-of-memory killer, a lost host): gloo's TCP transport finds its sockets closed by the
+# kernel; NCCL reports ncclRemoteError ("remote process exited or there was a network error").
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "remote process exited or there was a network error")
+
+
+def is_peer_lost(exc: BaseException) -> bool:
+    """Whether `exc` is a collective's failure because another rank's process died. The surviving ranks reported it
+    as a bug in dlrm (gloo's traceback, exit 1), where the rank that died was at fault, not the code."""
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("gloo" in text or "NCCL" in text) and any(t in text for t in _PEER_LOST)
+
+
+def peer_lost_message(exc: BaseException) -> str:
+    """One line for `is_peer_lost`'s failure: gloo's reason without its source location and advice."""
+    reason = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip().splitlines()[0]).split(". This is typically")[0]
+    rank = os.environ.get("RANK")
+    return (f"{f'rank {rank}: ' if rank is not None else ''}another rank of this distributed run died (killed, out of "
+            f"memory, or its host lost): {reason}; stopped; --resume continues the run from its last checkpoint, if it "
+            "wrote one")
 
 
 class TrainingStopped(Exception):
