@@ -100,11 +100,15 @@ MASKED_SLOT_COST = 1 / 3
 SENT_FEATURE_COST = 4.5
 # Subsets of row-wise candidates tried exhaustively up to this many candidates; more: nested subsets only.
 EXHAUSTIVE_CANDIDATES = 10
+# Search steps (a table tried in a rank's set) the exact packing under a memory limit may spend in one plan_sharding
+# call, over every subset of row-wise tables it tries (`_pack_exact`): a few tenths of a second; past it, largest first
+# decides.
+PACK_NODE_BUDGET = 50_000
 
 
 def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise_min_rows: int,
                   hotness: Optional[list[int]] = None, balance: str = "cost", row_bytes: int = 0,
-                  memory_per_rank: Optional[int] = None) -> ShardingPlan:
+                  memory_per_rank: Optional[int] = None, shared_bytes: int = 0) -> ShardingPlan:
     """Table-wise, row-wise or both.
 
     Row-wise tables give every rank the same share (a block each). Table-wise tables then go one by one to
@@ -134,9 +138,10 @@ def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise
     gives every rank rows: with more ranks than tables, a candidate is split even where whole tables cost less.
 
     ``memory_per_rank`` (bytes, with ``row_bytes`` a row's weight and optimizer state): no rank may hold
-    more ("cost" only: it tries placements that fit, spread by cost or else packed largest first, and splits tables
-    row-wise when none does); None: no
-    limit. Raises ConfigError when no plan fits.
+    more, its rows and the ``shared_bytes`` every rank holds besides them (vocabulary hashing's keys,
+    `dlrm.train.placement.vocabulary_key_bytes`) together ("cost" only: it tries placements that fit, spread by cost
+    or else packed largest first, or else any packing that fits (`_pack_exact`), and splits tables row-wise when
+    none does); None: no limit. Raises ConfigError when no plan fits.
     """
     if world_size < 1:
         raise ConfigError(f"world size {world_size} must be >= 1")
@@ -148,7 +153,9 @@ def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise
     hot = [int(h) for h in hotness] if hotness is not None else [1] * len(cards)
     if len(hot) != len(cards):
         raise ConfigError(f"multi-hot sizes: {len(hot)} values for {len(cards)} tables")
-    limit = memory_per_rank if balance == "cost" and memory_per_rank is not None else None
+    # the bytes left for a rank's rows: every rank also holds the vocabulary keys (ShardedSparseArch's vocab_keys)
+    limit = memory_per_rank - shared_bytes if balance == "cost" and memory_per_rank is not None else None
+    budget = [PACK_NODE_BUDGET]  # shared by every subset's exact packing: one call stays fast (and alike everywhere)
     if mode == "row" or mode == "table" or balance != "cost":
         row_wise = [mode == "row" or (mode == "auto" and n >= row_wise_min_rows) for n in cards]
         subsets = [{f for f in range(len(cards)) if row_wise[f]}]
@@ -157,7 +164,7 @@ def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise
     best, best_key = None, None
     for subset in subsets:
         row_wise = [f in subset for f in range(len(cards))]
-        plan = _place_table_wise(cards, hot, world_size, row_wise, balance, row_bytes, limit)
+        plan = _place_table_wise(cards, hot, world_size, row_wise, balance, row_bytes, limit, budget)
         if plan is None:
             continue
         rows = [plan.local_rows(q) for q in range(world_size)]
@@ -165,7 +172,7 @@ def plan_sharding(cardinalities: list[int], world_size: int, mode: str, row_wise
         if best_key is None or key < best_key:
             best, best_key = plan, key
     if best is None:
-        raise ConfigError(_no_fit(cards, world_size, mode, row_bytes, limit))
+        raise ConfigError(_no_fit(cards, world_size, mode, row_bytes, memory_per_rank, shared_bytes))
     return best
 
 
@@ -200,7 +207,7 @@ def _row_wise_subsets(candidates: list[int], hot: list[int], cards: list[int]):
 
 
 def _place_table_wise(cards: list[int], hot: list[int], world_size: int, row_wise: list[bool], balance: str,
-                      row_bytes: int, limit: Optional[int]) -> Optional[ShardingPlan]:
+                      row_bytes: int, limit: Optional[int], budget: list[int]) -> Optional[ShardingPlan]:
     """The table-wise tables spread over the ranks as `balance` says (see `plan_sharding`), each to a rank it
     fits on under ``limit`` bytes; None when one fits nowhere."""
     rows = [sum(-(-n // world_size) for n, rw in zip(cards, row_wise) if rw)] * world_size
@@ -223,8 +230,10 @@ def _place_table_wise(cards: list[int], hot: list[int], world_size: int, row_wis
         if not fits:
             # Spread by load, the tables can leave every rank a little room and none enough for the next table,
             # where another spread fits ([5, 5, 4, 3, 3] rows looked up 5, 4, ... times on 2 ranks of 10: 5+4+3
-            # does not fit, 5+5 and 4+3+3 do): pack them largest first before saying they do not fit.
-            packed = _pack_largest_first(cards, world_size, row_wise, row_bytes, limit)
+            # does not fit, 5+5 and 4+3+3 do): pack them largest first, else search every packing (largest first
+            # misses some: `_pack_exact`), before saying they do not fit.
+            packed = (_pack_largest_first(cards, world_size, row_wise, row_bytes, limit)
+                      or _pack_exact(cards, world_size, row_wise, row_bytes, limit, budget))
             return None if packed is None else _improve(packed, hot, row_bytes, limit)
         q = min(fits, key=load)
         table_rank[f] = q
@@ -252,6 +261,92 @@ def _pack_largest_first(cards: list[int], world_size: int, row_wise: list[bool],
         q = max(fits, key=lambda q: (rows[q], -q))
         table_rank[f] = q
         rows[q] += cards[f]
+    return ShardingPlan(world_size, tuple(cards), tuple(table_rank))
+
+
+def _pack_exact(cards: list[int], world_size: int, row_wise: list[bool], row_bytes: int, limit: int,
+                budget: list[int]) -> Optional[ShardingPlan]:
+    """A packing of the table-wise tables under ``limit`` bytes a rank whenever one exists (largest first misses
+    some: [6, 4, 5, 9, 5, 8] rows on 2 ranks of 19 go 9 + 8 and 6 + 5 + 5, and 4 fits neither, where 9 + 6 + 4 and
+    8 + 5 + 5 fit); None when none does, or when the search spends ``budget[0]`` nodes (it is decremented) first.
+
+    Bin completion: ranks are filled one at a time, each with the largest table left (it must go somewhere, and
+    empty ranks are alike) and a set of smaller ones, fullest sets first. The room a rank leaves unfilled is lost,
+    so no set may leave more than the ranks' room less the tables' rows, all told: near-exact fits are found, and
+    refused, quickly. Equal sizes are not tried twice, nor a (tables left, ranks filled) state that failed once.
+    Deterministic: the same tables in the same order give the same plan."""
+    tables = sorted((f for f in range(len(cards)) if not row_wise[f]), key=lambda f: (-cards[f], f))
+    sizes = [cards[f] for f in tables]
+    if row_bytes <= 0 or not sizes or len(sizes) > 250:  # no bytes: largest first fitted; more: the recursion limit
+        return None
+    room = limit // row_bytes - sum(-(-n // world_size) for n, rw in zip(cards, row_wise) if rw)  # rows a rank takes
+    slack = room * world_size - sum(sizes)  # the room the ranks may leave unfilled, all told
+    if slack < 0 or sizes[0] > room:
+        return None
+    failed: set = set()
+    chosen: list = []  # the tables (a bit mask of their places in `sizes`) of each rank filled so far
+
+    def fill(left: int, k: int, lost: int) -> bool:  # place the tables in mask `left` on ranks k, k + 1, ...
+        if not left:
+            return True
+        if k == world_size or (left, k) in failed:
+            return False
+        budget[0] -= len(sizes)  # this rank's lists below
+        items = [i for i in range(len(sizes)) if left >> i & 1]  # largest first
+        cap = room - sizes[items[0]]
+        least = cap - (slack - lost)  # rows the other tables of this rank must reach
+        rest = [sizes[i] for i in items[1:]]
+        after = list(itertools.accumulate(reversed(rest), initial=0))[::-1]  # after[j]: rows of rest[j:]
+        # the sums some tables of rest[j:] make (bit r: r rows), where the bits are few: the sets are then made
+        # fullest first, one sum at a time, and a branch that reaches no wanted sum is not searched
+        reach = [1] * (len(rest) + 1) if cap < 1 << 20 else None
+        for j in range(len(rest) - 1, -1, -1) if reach else ():
+            budget[0] -= 1 + (cap >> 14)  # a step of a few thousand bits costs about one node
+            reach[j] = (reach[j + 1] | reach[j + 1] << rest[j]) & ((2 << cap) - 1)
+
+        def sets(j: int, rows: int, mask: int, lo: int, hi: int):  # sets of rest[j:] that bring rows to lo..hi
+            budget[0] -= 1
+            if budget[0] < 0 or (reach is not None and not reach[j] >> max(lo - rows, 0) << max(lo - rows, 0)
+                                 & ((2 << (hi - rows)) - 1)):
+                return
+            if rows >= lo:
+                yield rows, mask
+            for t in range(j, len(rest)):
+                if rows + after[t] < lo:
+                    break
+                if (t > j and rest[t] == rest[t - 1]) or rows + rest[t] > hi:  # an equal size was tried here
+                    continue
+                yield from sets(t + 1, rows + rest[t], mask | 1 << items[t + 1], lo, hi)
+
+        def fullest(sums: int):  # each reachable sum from the fullest down, its sets made as they are tried
+            while sums and budget[0] >= 0:
+                target = sums.bit_length() - 1
+                sums ^= 1 << target
+                yield from sets(0, 0, 1 << items[0], target, target)
+
+        if reach is not None:
+            options = fullest(reach[0] >> max(least, 0) << max(least, 0))
+        else:
+            options = sorted(sets(0, 0, 1 << items[0], least, cap), key=lambda s: -s[0])  # stable: fullest first
+        for rows, mask in options:
+            if budget[0] < 0:  # spent: no more sets tried (nor this state marked failed)
+                return False
+            chosen.append(mask)
+            if fill(left & ~mask, k + 1, lost + cap - rows):
+                return True
+            chosen.pop()
+        if budget[0] < 0:
+            return False
+        failed.add((left, k))
+        return False
+
+    if not fill((1 << len(sizes)) - 1, 0, 0):
+        return None
+    table_rank = [-1] * len(cards)
+    for q, mask in enumerate(chosen):
+        for i, f in enumerate(tables):
+            if mask >> i & 1:
+                table_rank[f] = q
     return ShardingPlan(world_size, tuple(cards), tuple(table_rank))
 
 
@@ -302,8 +397,9 @@ def _improve(plan: ShardingPlan, hot: list[int], row_bytes: int, limit: Optional
     return ShardingPlan(W, cards, tuple(ranks))
 
 
-def _no_fit(cards: list[int], world_size: int, mode: str, row_bytes: int, limit: int) -> str:
+def _no_fit(cards: list[int], world_size: int, mode: str, row_bytes: int, limit: int, shared_bytes: int) -> str:
+    keys = f" and {shared_bytes:,} bytes of vocabulary keys every rank holds" if shared_bytes else ""
     return (f"distributed.sharding {mode!r}: the tables ({sum(cards):,} rows of {row_bytes} bytes with their "
-            f"optimizer state) do not fit {world_size} ranks of {limit:,} bytes ({limit / 2**30:.1f} GiB) each for "
-            f"tables (dlrm.train.builder.TABLE_MEMORY_FRACTION of the smallest GPU)"
+            f"optimizer state{keys}) do not fit {world_size} ranks of {limit:,} bytes ({limit / 2**30:.1f} GiB) each "
+            f"for tables (dlrm.train.builder.TABLE_MEMORY_FRACTION of the smallest GPU)"
             + ("; sharding 'auto' or 'row' splits tables" if mode == "table" else "; use more GPUs"))

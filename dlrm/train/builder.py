@@ -30,7 +30,7 @@ from dlrm.model.dlrm import _TABLE_DTYPES, DLRM, build_loss, build_model
 from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.graphed_step import graph_train_step
 from dlrm.train.optim import build_optimizers, build_schedulers
-from dlrm.train.placement import table_row_bytes
+from dlrm.train.placement import table_row_bytes, vocabulary_key_bytes
 from dlrm.train.setup import Tables
 from dlrm.train.step import EvalForward, TrainStep, set_matmul_precision
 
@@ -86,13 +86,19 @@ def make_sharding(cfg: Config, tables: Tables, env: DistEnv, device: torch.devic
     if device.type == "cuda":  # every rank must plan alike: the smallest GPU's memory (one gather at start-up)
         memory = int(min(env.all_gather_object(torch.cuda.get_device_properties(device).total_memory))
                      * TABLE_MEMORY_FRACTION)
+    # every rank holds all the vocabulary keys (ShardedSparseArch's vocab_keys): the limit must leave room for them
     plan = plan_sharding(tables.cardinalities, env.world_size, cfg.distributed.sharding,
                          cfg.distributed.row_wise_min_rows, tables.multi_hot_sizes, cfg.distributed.balance,
-                         row_bytes, memory)
+                         row_bytes, memory, vocabulary_key_bytes(tables.cardinalities, tables.hashing))
     for q in range(env.world_size):
         if plan.local_rows(q) == 0:
+            # 'row' already splits every table, in blocks of ceil(n / W) rows: tables that small leave the last ranks
+            # none, and advising 'row' there sent the user back to the same refusal
+            advice = ("use fewer ranks (every table is split in blocks of ceil(rows / ranks) rows: "
+                      f"{max(tables.cardinalities, default=0):,} rows at most here)"
+                      if plan.row_wise_tables() == list(range(len(tables.cardinalities))) else "use 'row'")
             raise ConfigError(f"distributed.sharding: {cfg.distributed.sharding!r} leaves rank {q} without "
-                              f"embedding rows ({len(tables.cardinalities)} tables, {env.world_size} ranks); use 'row'")
+                              f"embedding rows ({len(tables.cardinalities)} tables, {env.world_size} ranks); {advice}")
     logger.info(f"embedding sharding ({cfg.distributed.sharding}, balancing {cfg.distributed.balance}) over "
                 f"{env.world_size} ranks:\n"
                 + plan.describe(cfg.model.embedding_dim, _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize,

@@ -39,6 +39,12 @@ def table_row_bytes(cfg: Config) -> int:
     return dim * _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize + state
 
 
+def vocabulary_key_bytes(cardinalities: list[int], hashing: str) -> int:
+    """What every rank holds of vocabulary hashing besides its rows: the int64 key of every vocabulary value
+    (`dlrm.model.hashing.keyed_vocabulary`, a table's rows less its out-of-vocabulary row); 0 under modulus hashing."""
+    return 8 * sum(int(c) - 1 for c in cardinalities) if hashing == "vocabulary" else 0
+
+
 def table_bytes(cfg: Config, cardinalities: list[int], world_size: int = 1) -> int:
     """Embedding weights plus the sparse optimizer's state on one rank, were the rows spread evenly
     (`rank_table_bytes` counts the rows the sharding plan gives each rank)."""
@@ -52,14 +58,15 @@ def rank_table_bytes(cfg: Config, cardinalities: list[int], world_size: int = 1,
     holds all of them, a table's rows less its out-of-vocabulary row).
 
     A rank's rows are those of the sharding plan the build makes (`dlrm.train.builder.make_sharding`, from the same
-    settings; ``memory_per_rank`` is its limit), not ``1/W`` of the tables: table-wise tables go whole to one rank
-    (MLPerf DLRM-DCNv2 on 2 ranks: 1.6 times the even share, 15 GiB more, on one of them)."""
+    settings; ``memory_per_rank`` is its limit, the keys counted in it), not ``1/W`` of the tables: table-wise
+    tables go whole to one rank (MLPerf DLRM-DCNv2 on 2 ranks: 1.6 times the even share, 15 GiB more, on one of
+    them)."""
     row = table_row_bytes(cfg)
-    keys = 8 * sum(int(c) - 1 for c in cardinalities) if hashing == "vocabulary" else 0
+    keys = vocabulary_key_bytes(cardinalities, hashing)
     if world_size == 1:
         return [sum(cardinalities) * row + keys]
     plan = plan_sharding(list(cardinalities), world_size, cfg.distributed.sharding, cfg.distributed.row_wise_min_rows,
-                         hotness, cfg.distributed.balance, row, memory_per_rank)
+                         hotness, cfg.distributed.balance, row, memory_per_rank, keys)
     return [plan.local_rows(q) * row + keys for q in range(world_size)]
 
 
