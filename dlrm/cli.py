@@ -335,7 +335,8 @@ def _best_checkpoint(summary: dict) -> Optional[str]:
               "(a wrong name lists them all).")
 @click.option("--checkpoint-every", type=int, help="Steps between checkpoints (overrides checkpoint.every).")
 @click.option("--resume", is_flag=False, flag_value="latest", default=None, metavar="[PATH]",
-              help="Continue the run named by --run-name from its latest checkpoint, or from PATH.")
+              help="Continue the run named by --run-name from its latest checkpoint (one with none yet starts from "
+                   "step 0), or from PATH.")
 @click.option("--allow-config-change", "allow_config_change", type=str, default=None, metavar="KEYS",
               help="With --resume: comma-separated dotted config keys (e.g. data.batch_size,optim.dense.lr; a "
                    "section such as optim.dense stands for all its keys) in which the resumed run may differ from "

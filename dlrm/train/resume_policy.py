@@ -20,7 +20,8 @@ from loguru import logger
 
 from dlrm import checkpoint as ckpt
 from dlrm.config import Config, ConfigError, config_from_dict
-from dlrm.train.run_dir import run_of
+from dlrm.distributed.env import DistEnv
+from dlrm.train.run_dir import LOCK_NAME, restart_leftovers, restart_refusal, run_of
 
 # dotted prefixes: a key equal to one or under it is free
 FREE_KEYS = (
@@ -67,7 +68,8 @@ def _same_dir(old: Any, new: Any) -> bool:
         return False
 
 
-def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed: Iterable[str], source: str) -> None:
+def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed: Iterable[str], source: str,
+                        whose: str = "the checkpoint's") -> None:
     """Raise a one-line ConfigError listing the trajectory-changing keys not in `allowed`.
 
     Args:
@@ -93,9 +95,9 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed:
             refused.append((key, shown))
     if refused:
         keys = ",".join(k for k, _ in refused)
-        raise ConfigError(f"--resume {source}: the config differs from the checkpoint's in what changes training "
+        raise ConfigError(f"--resume {source}: the config differs from {whose} in what changes training "
                           f"({'; '.join(s for _, s in refused[:4])}{'; ...' if len(refused) > 4 else ''}); "
-                          f"resume with the checkpoint's values, or pass --allow-config-change {keys}")
+                          f"resume with {whose} values, or pass --allow-config-change {keys}")
 
 
 def _show(value: Any) -> str:
@@ -135,19 +137,54 @@ def check_position(position: dict[str, int], batches: int, allowed: Iterable[str
                           f"({detail}; a damaged checkpoint, or other data at data.path)")
 
 
-def checkpoint_to_resume(cfg: Config, resume: str) -> tuple[Path, Optional[Path]]:
-    """(the checkpoint `--resume` names, the newest checkpoint of the run it belongs to)."""
+def checkpoint_to_resume(cfg: Config, resume: str, allowed: Iterable[str] = (),
+                         env: Optional[DistEnv] = None) -> tuple[Optional[Path], Optional[Path]]:
+    """(the checkpoint `--resume` names, the newest checkpoint of the run it belongs to); (None, None): the run
+    ``--resume`` names has no checkpoint yet, and starts from step 0 in its directory (`restart_config`). Rank 0
+    looks, every rank takes its answer (`env`): ranks that looked apart could part, one resuming, one starting."""
     if resume == "latest":
         if not cfg.log.run_name:
             raise ConfigError("--resume: name the run to resume with --run-name (or give a checkpoint path)")
-        latest = ckpt.resolve_resume("latest", Path(cfg.log.tb_dir) / cfg.log.run_name)
-        return latest, latest
+        run = Path(cfg.log.tb_dir) / cfg.log.run_name
+
+        def look() -> Optional[str]:
+            if ckpt.list_checkpoints(run):
+                return str(ckpt.resolve_resume("latest", run))
+            restart_config(run, cfg.to_dict(), allowed)
+            return None
+        found = (env or DistEnv()).on_main(look, "refused the resume")
+        return (Path(found), Path(found)) if found is not None else (None, None)
     path = Path(resume)
     if not path.is_file():
         raise ConfigError(f"--resume: {path}: checkpoint not found")
     run = run_of(path)
     listed = ckpt.list_checkpoints(run) if run is not None else []
     return path, (listed[-1] if listed else None)
+
+
+def restart_config(run: Path, current: dict[str, Any], allowed: Iterable[str]) -> None:
+    """Check that ``--resume`` may start `run`, which has no checkpoint, from step 0: a run killed before its first
+    checkpoint (SIGKILL, out of memory, a pre-empted job) left config.json, events and its lock there, and neither
+    --resume ("no checkpoint") nor a new start ("not empty") took it; a job requeued with one command line could never
+    run. Its config.json must be this run's (compared as a checkpoint's config is); anything else there is refused."""
+    leftovers = restart_leftovers(run)
+    if leftovers is None:
+        raise ConfigError(restart_refusal(run))
+    source = run / "config.json"
+    if source.name in leftovers:
+        try:
+            saved = json.loads(source.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--resume: {source}: not readable as JSON ({e}); {run} holds no checkpoint: move it "
+                              "away or pick another --run-name") from None
+        if not isinstance(saved, dict):
+            raise ConfigError(f"--resume: {source}: not a run's config (a JSON {type(saved).__name__})")
+        check_resume_config(with_defaults(saved), current, allowed, str(source),
+                            whose="the stopped run's config.json")
+    elif any(name != LOCK_NAME and not name.endswith(".tmp") for name in leftovers):
+        raise ConfigError(restart_refusal(run))  # events or traces without the config.json a run writes first
+    what = "the run stopped before its first one" if leftovers else "a new run"
+    logger.info(f"--resume: {run} holds no checkpoint yet ({what}): starting it from step 0")
 
 
 def summarized(checkpoint: Path, step: int) -> bool:

@@ -17,6 +17,10 @@
   checkpoint's run is copied into a fresh run of that name (said in the log) and the original is
   never written. Resuming from a checkpoint that is not its run's latest would overwrite the later
   ones, so it is refused with that hint.
+* **A run stopped before its first checkpoint starts again.** ``--resume`` (latest) of a run directory that is missing,
+  or holds only what a run writes before its first checkpoint (`restart_leftovers`: config.json of the same run, its
+  TensorBoard events, the lock, profiler traces, temporary files), starts the run from step 0 there, the earlier
+  events removed (they would show twice); anything else there is refused, named.
 * **A failed start leaves nothing behind.** A directory this process created is removed again if
   the run fails before its first training step (it holds only what the start wrote).
 
@@ -35,6 +39,7 @@ from typing import Optional
 
 from loguru import logger
 
+from dlrm.checkpoint import list_checkpoints
 from dlrm.config import Config, ConfigError
 from dlrm.data.schema import write_json_atomic
 from dlrm.file_lock import LockHeld, name_holder, try_lock
@@ -84,6 +89,42 @@ def run_dir_present(run_dir: Path) -> None:
                           "checkpoints); stopped without writing it again")
 
 
+# What a run writes before its first checkpoint: config.json (and `write_json_atomic`'s temporary file of it), the lock,
+# TensorBoard's event files, the profiler's traces; in checkpoints/, only a save's temporary files (killed while writing)
+_BEFORE_FIRST = re.compile(r"config\.json|\.config\.json\..+\.tmp|\.lock|events\.out\.tfevents\..+"
+                           r"|.+\.pt\.trace\.json(?:\.gz)?")
+_SAVE_TEMP = re.compile(r"\.[^/]+\.pt\.[^/]*\.tmp")
+
+
+def restart_leftovers(path: Path) -> Optional[list[str]]:
+    """What a run directory without a checkpoint holds when that is only what a run writes before its first
+    checkpoint (names, sorted; [] for a missing or empty one), or None when it holds anything else (a best.pt, a
+    summary.json, a file of the user's): a ``--resume`` may start such a run from step 0 (`RunDirectory.create`)."""
+    path = Path(path)
+    if not path.exists():
+        return None if path.is_symlink() else []
+    if not path.is_dir():
+        return None
+    names = sorted(p.name for p in path.iterdir())
+    for name in names:
+        sub = path / name
+        if name == "checkpoints" and sub.is_dir():  # (a link to another disk's directory too)
+            if not all(_SAVE_TEMP.fullmatch(p.name) and p.is_file() for p in sub.iterdir()):
+                return None
+        elif not (_BEFORE_FIRST.fullmatch(name) and sub.is_file() and not sub.is_symlink()):
+            return None
+    return names
+
+
+def restart_refusal(path: Path) -> str:
+    """The one line refusing ``--resume`` of `path`, a run directory with no checkpoint and more than a run writes
+    before its first one: what is there, and what to do."""
+    shown = ", ".join(sorted(p.name + ("/" if p.is_dir() else "") for p in Path(path).iterdir())[:6]) \
+        if Path(path).is_dir() else "not a directory"
+    return (f"--resume: {path} holds no checkpoint (checkpoints/step-*.pt) but more than a run writes before its first "
+            f"one ({shown}); it cannot be resumed nor started again there: move it away or pick another --run-name")
+
+
 def _in_run(checkpoint: Path) -> bool:
     """Whether `checkpoint` (in a checkpoints/ directory) is a run's: named as a run names its checkpoints, or in a
     directory `RunDirectory.create` made (its lock file, its config.json)."""
@@ -117,6 +158,16 @@ def _claim_default(cfg: Config) -> Path:
         except OSError as e:
             raise ConfigError(f"log.tb_dir: cannot create {str(path)!r} ({e.strerror})") from None
     raise ConfigError(f"log.tb_dir: {str(parent)!r} holds {base!r} and 998 more of its name; set --run-name")
+
+
+def _advice(path: Path) -> str:
+    """What to do with an existing run directory a new run may not take: only what works for what it holds."""
+    if list_checkpoints(path):
+        return "pick another --run-name (or --resume it)"
+    if restart_leftovers(path) is not None:  # "--resume it" said "no checkpoint": now it starts the run again
+        return ("it holds a run stopped before its first checkpoint: --resume starts it again from step 0 there "
+                "(with the same config), or pick another --run-name")
+    return "it holds no checkpoint to --resume: pick another --run-name, or move it away"
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -189,8 +240,10 @@ class RunDirectory:
         self._started = False
 
     @classmethod
-    def create(cls, cfg: Config, path: Optional[Path] = None) -> "RunDirectory":
-        """A new run's directory (``log.tb_dir/<run name>`` unless `path`), locked, with config.json."""
+    def create(cls, cfg: Config, path: Optional[Path] = None, restart: bool = False) -> "RunDirectory":
+        """A new run's directory (``log.tb_dir/<run name>`` unless `path`), locked, with config.json. `restart`: a
+        ``--resume`` of a run with no checkpoint yet (`dlrm.train.resume_policy.checkpoint_to_resume` checked its
+        config.json): the directory may hold what that run wrote before its first checkpoint; its events go."""
         claimed = path is None and cfg.log.run_name is None
         if claimed:
             path = _claim_default(cfg)
@@ -199,9 +252,8 @@ class RunDirectory:
             raise ConfigError(f"log.run_name: {path} is a dangling symbolic link; remove it or choose another --run-name")
         if path.exists() and not path.is_dir():  # (iterdir below would raise NotADirectoryError: a traceback)
             raise ConfigError(f"log.run_name: {str(path)!r} exists and is not a directory; choose another --run-name")
-        if path.exists() and any(p.name != LOCK_NAME for p in path.iterdir()):
-            raise ConfigError(f"log.run_name: {str(path)!r} already exists and is not empty; pick another --run-name "
-                              "(or --resume it)")
+        if not restart and path.exists() and any(p.name != LOCK_NAME for p in path.iterdir()):
+            raise ConfigError(f"log.run_name: {str(path)!r} already exists and is not empty; {_advice(path)}")
         created = claimed or not path.exists()
         try:
             path.mkdir(parents=True, exist_ok=True)
@@ -215,6 +267,8 @@ class RunDirectory:
             raise
         run = cls(path, lock, created)
         try:
+            if restart:
+                run._clear_for_restart()
             write_json_atomic(path / "config.json", cfg.to_dict())
         except OSError as e:
             run.abandon()
@@ -263,6 +317,21 @@ class RunDirectory:
         logger.info(f"--resume: continuing {whose} in the new run {run.path} (the original "
                     f"{'file' if copied else 'run'} is not written)")
         return run, True
+
+    def _clear_for_restart(self) -> None:
+        """Under the lock (no run writes here now): refuse what appeared since the resume looked (a checkpoint of a
+        process that since ended), and remove the stopped run's event files: kept, TensorBoard showed each of its
+        steps twice (its curve and the new one's), and the new run logs them all again."""
+        if list_checkpoints(self.path) or restart_leftovers(self.path) is None:
+            self.close()
+            raise ConfigError(f"--resume: {self.path} got a checkpoint since this resume looked; --resume again"
+                              if list_checkpoints(self.path) else restart_refusal(self.path))
+        events = sorted(self.path.glob("events.out.tfevents.*"))
+        for event_file in events:
+            event_file.unlink()
+        if events:
+            logger.info(f"--resume: removed the {len(events)} TensorBoard event file(s) of the run's stopped session "
+                        "(it wrote no checkpoint; its steps are trained again)")
 
     def started(self) -> None:
         """The first training step ran: from now on a failure keeps the directory (it has history)."""

@@ -1,9 +1,8 @@
 """The training loop, readable top to bottom: build (dlrm.train.builder), resume, then steps with
 periodic logging, evaluation and checkpoints, then the summary.
 
-The loop itself (:meth:`Trainer.fit`) only orchestrates: loader -> step -> meter -> evaluator ->
-checkpointer. Everything a run is made of comes from `build_run`; the run directory it writes is
-owned through `RunDirectory` (one writer, no clobbering, failed starts cleaned up).
+The loop (:meth:`Trainer.fit`) only orchestrates: loader -> step -> meter -> evaluator -> checkpointer; a run is made
+by `build_run`; the run directory it writes is owned through `RunDirectory` (one writer, no clobbering, cleanups).
 """
 
 from __future__ import annotations
@@ -179,8 +178,9 @@ class Trainer:
         seed_everything(cfg.train.seed, cfg.train.deterministic)
         self.resume_from = self.finished = latest = state = None
         self.resumed_at_step: Optional[int] = None  # the step a resumed session starts from (summary.json)
-        if resume is not None:
-            self.resume_from, latest = checkpoint_to_resume(cfg, resume)
+        if resume is not None:  # (None, None): a run without a checkpoint yet, started from step 0 (`restart`)
+            self.resume_from, latest = checkpoint_to_resume(cfg, resume, allow_config_change, self.env)
+        if self.resume_from is not None:
             state = ckpt.load_checkpoint(self.resume_from)  # a sharded run's manifest: small
             check_resume_config(saved_config(state), cfg.to_dict(), allow_config_change, str(self.resume_from))
         self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
@@ -199,7 +199,7 @@ class Trainer:
                              cfg.data.eval_batch_size or 4 * cfg.data.batch_size)
         seed_rank(cfg.train.seed, self.env.rank)  # after the shared initialization: dropout masks per rank
         self.pos, self.stats = ckpt.Position(), RunStats()
-        self.run_dir = self._open_run_dir(run_dir, latest)
+        self.run_dir = self._open_run_dir(run_dir, latest, restart=resume is not None and self.resume_from is None)
         try:  # any failure (a SIGTERM too: `train`) before the first step: the directory is given up (`abandon`)
             self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env, self.placement)
             if self.resume_from is not None:
@@ -280,7 +280,7 @@ class Trainer:
         found = self.env.on_main(find, f"could not make {self.checkpointer.best_path} hold the best model")
         self.stats.best = {**best, "checkpoint": found}
 
-    def _open_run_dir(self, run_dir: Optional[Path], latest: Optional[Path]) -> RunDirectory:
+    def _open_run_dir(self, run_dir: Optional[Path], latest: Optional[Path], restart: bool) -> RunDirectory:
         """Rank 0 creates (or, resuming, takes over) and locks the run directory; others learn its path."""
         opened, refusal = None, None
         if self.env.is_main:
@@ -288,7 +288,7 @@ class Trainer:
                 if self.resume_from is not None and run_dir is None:
                     opened, _ = RunDirectory.for_resume(self.cfg, self.resume_from, latest)
                 else:
-                    opened = RunDirectory.create(self.cfg, run_dir)
+                    opened = RunDirectory.create(self.cfg, run_dir, restart)
             except ConfigError as e:
                 refusal = str(e)
         # every rank learns the path, or rank 0's refusal (so no rank waits for one that left)
