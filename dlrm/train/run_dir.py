@@ -39,7 +39,7 @@ from typing import Optional
 
 from loguru import logger
 
-from dlrm.checkpoint import list_checkpoints
+from dlrm.checkpoint import list_checkpoints, remove_stale_temp_files
 from dlrm.config import Config, ConfigError
 from dlrm.data.schema import write_json_atomic
 from dlrm.file_lock import LockHeld, name_holder, try_lock
@@ -94,6 +94,8 @@ def run_dir_present(run_dir: Path) -> None:
 _BEFORE_FIRST = re.compile(r"config\.json|\.config\.json\..+\.tmp|\.lock|events\.out\.tfevents\..+"
                            r"|.+\.pt\.trace\.json(?:\.gz)?")
 _SAVE_TEMP = re.compile(r"\.[^/]+\.pt\.[^/]*\.tmp")
+# `write_json_atomic`'s temporary file of a run file (summary.json, config.json): ".<name>.<8 random characters>.tmp"
+_JSON_TEMP = re.compile(r"\.[^/]+\.json\.[a-z0-9_]{8}\.tmp")
 
 
 def restart_leftovers(path: Path) -> Optional[list[str]]:
@@ -302,7 +304,9 @@ class RunDirectory:
                 raise ConfigError(f"--resume: {checkpoint} is not the latest checkpoint of run {source.name!r} "
                                   f"({latest.name} is); resuming it in place would overwrite the later ones: "
                                   "add --run-name NEW to continue from it in a new run")
-            return cls(source, RunLock.acquire(source), created=False), False
+            run = cls(source, RunLock.acquire(source), created=False)
+            run._remove_stale_temps()
+            return run, False
         target = Path(cfg.log.tb_dir) / run_name(cfg)
         copied = not is_run_checkpoint(checkpoint)  # its grandparent is no run: not named as one
         if target.exists():
@@ -317,6 +321,17 @@ class RunDirectory:
         logger.info(f"--resume: continuing {whose} in the new run {run.path} (the original "
                     f"{'file' if copied else 'run'} is not written)")
         return run, True
+
+    def _remove_stale_temps(self) -> None:
+        """Under the lock (no run writes here now): remove the temporary files a killed session left (`write_json_atomic`'s
+        ``.summary.json.<random>.tmp``, ``.config.json.<random>.tmp``; checkpoints/: `remove_stale_temp_files`, best.pt's
+        ``.best.pt.<pid>-link.tmp`` too). A resume that trains nothing (its run's summary written again) left them
+        for good; only the next checkpoint save removed those in checkpoints/."""
+        for p in self.path.glob(".*.json.*.tmp"):
+            if _JSON_TEMP.fullmatch(p.name):
+                p.unlink(missing_ok=True)
+        if (self.path / "checkpoints").is_dir():
+            remove_stale_temp_files(self.path / "checkpoints")
 
     def _clear_for_restart(self) -> None:
         """Under the lock (no run writes here now): refuse what appeared since the resume looked (a checkpoint of a
