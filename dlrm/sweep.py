@@ -353,16 +353,46 @@ def check_settings(config: str, base: dict[str, Any], settings: list[dict[str, A
     """Load every setting's config before training: the first bad one raises, naming its key and value."""
     for setting in settings:
         try:
-            load_config(config, {**base, **setting, "train.seed": seeds - 1})
+            _check_device_rules(load_config(config, {**base, **setting, "train.seed": seeds - 1}))
         except ConfigError as e:
             # an error the config file or --data/--device make without any setting (a missing file, a bad device)
             # is theirs: not blamed on the first --set (a setting may also mend the file's value: then it is fine)
             try:
-                load_config(config, {**base, "train.seed": seeds - 1})
+                _check_device_rules(load_config(config, {**base, "train.seed": seeds - 1}))
             except ConfigError as without:
                 if str(without) == str(e):
                     raise without from None
             raise ConfigError(f"--set {label(setting)}: {e}") from None
+
+
+def _check_device_rules(cfg) -> None:
+    """The refusals only the device decides (`resolve_device`, `resolve_fast_path`, `build_model`'s kernel checks): made
+    by a trial's run, they ended the sweep, or failed each trial, after the trials before had trained (`--device cpu
+    --set model.embedding_dtype=fp32,bf16`: "auto" takes the torch embedding on a CPU, which bf16 tables cannot use)."""
+    from dlrm.train.fast_path import _triton_usable
+    from dlrm.train.setup import resolve_device
+
+    device = resolve_device(cfg.train.device)  # cuda asked for without CUDA: its one-line error
+    if cfg.model.embedding_dtype == "bf16" and cfg.kernels.embedding == "auto":
+        usable, why_not = _triton_usable(device)
+        if not usable:
+            raise ConfigError(f'model.embedding_dtype: "bf16" needs kernels.embedding "triton", which "auto" cannot '
+                              f"pick here ({why_not}): use fp32 tables")
+    chosen = {k: getattr(cfg.kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
+    asked = [f'kernels.{k} "{v}"' for k, v in chosen.items() if v in ("triton", "fused", "wgrad", "gluon")]
+    if asked:
+        from kernels import TritonUnavailableError, check_triton_device
+
+        try:
+            check_triton_device(device, " and ".join(asked) + " (Triton kernels)")
+        except TritonUnavailableError as e:
+            raise ConfigError(str(e)) from None
+    if chosen["interaction"] == "gluon":
+        from kernels.cross_ws_op import gluon_hopper_available
+
+        if not gluon_hopper_available(device):
+            raise ConfigError(f'kernels.interaction: "gluon" needs a Hopper GPU (sm_90) and a Triton with Gluon\'s '
+                              f"Hopper dialect; {device} is not one")
 
 
 def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: Optional[dict[str, Any]] = None,

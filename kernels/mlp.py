@@ -429,6 +429,13 @@ def fused_mlp(x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: list
         x = x.to(dt)
         weights = [w.to(dt) for w in weights]
         biases = [b.to(dt) for b in biases]
+    elif x.device.type != "cuda" and torch.is_autocast_enabled(x.device.type):
+        # Off CUDA the kernels run in fp32 (the interpreter), as kernels.linear's layers do there; under the CPU's bf16
+        # autocast the interaction hands over bf16 activations, which were refused beside the fp32 weights (a
+        # traceback at the first step of kernels.mlp "fused" with train.precision "bf16"): the op runs in the weights'
+        # dtype with autocast off (left on, it cast the op's operands to bf16 and its backward mixed the dtypes)
+        with torch.autocast(x.device.type, enabled=False):
+            return _mlp_forward_op(x.to(weights[0].dtype), list(weights), list(biases), [bool(r) for r in relu])[-1]
     outs = _mlp_forward_op(x, list(weights), list(biases), [bool(r) for r in relu])
     return outs[-1]
 
