@@ -80,6 +80,7 @@ class StepSummary:
     ranges: list[RangeTime]  # the named ranges present, in RANGES order, then OTHER
     top: list[Timed]  # device kernels by total time, or on a CPU trace CPU ops by self time
     host_calls: list[Timed] = field(default_factory=list)  # host calls by inclusive time
+    graph_launches: int = 0  # cudaGraphLaunch calls in the step (a captured step replays its kernels at once)
 
     @property
     def on_device(self) -> bool:
@@ -313,7 +314,7 @@ def summarize_step(trace: dict, top: int = 15) -> StepSummary:
     t0, t1 = s.t0, s.t0 + s.step["dur"]
     calls = [(e["name"], e["dur"]) for e in within(trace["traceEvents"], HOST_CALL_CATS, t0, t1)]
     return StepSummary(s.step["name"], s.step["dur"] / 1e3, busy, len(kernels), copy_ms, range_times(s), top_ops,
-                       ranked(calls, top))
+                       ranked(calls, top), sum(1 for name, _ in calls if name == "cudaGraphLaunch"))
 
 
 # ---- Markdown -----------------------------------------------------------------------------------
@@ -347,7 +348,21 @@ def step_table(s: StepSummary) -> str:
     else:
         head = ["| range | host ms | host % of step |", "| --- | ---: | ---: |"]
         body = [f"| {r.name} | {r.host_ms:.3f} | {share(r.host_ms)} |" for r in s.ranges]
-    return "\n".join([step_line(s), "", *head, *body]) + "\n"
+    return "\n".join([step_line(s), "", *head, *body, *graph_note(s)]) + "\n"
+
+
+def graph_note(s: StepSummary) -> list[str]:
+    """A line under the table of a step replayed from a CUDA graph that names no model range: its kernels were
+    launched by one ``cudaGraphLaunch``, outside every range, so the table alone said only "other".
+
+    >>> graph_note(StepSummary("ProfilerStep#3", 1.0, 0.5, 9, 0.0, [RangeTime("other", 1.0, 0.5)], [], [], 1))[1][:28]
+    'The step ran as a CUDA graph'
+    """
+    if not s.graph_launches or any(r.name not in ("data", OTHER) for r in s.ranges):
+        return []
+    return ["", f"The step ran as a CUDA graph replay ({s.graph_launches} `cudaGraphLaunch`): its kernels run outside "
+                "every named range, in \"other\"; the kernels below are its work. For the per-range breakdown, "
+                "profile with `train.cuda_graph` false (and `train.compile` false)."]
 
 
 def top_table(s: StepSummary) -> str:
