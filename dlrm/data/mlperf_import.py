@@ -81,7 +81,8 @@ from dlrm.data.schema import (
     write_metadata,
 )
 from dlrm.data.input_stamps import STAMPS_FILE, redo_changed_inputs
-from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock, replace_dir
+from dlrm.data.output_dirs import (check_apart, check_parent_writable, check_target, output_lock, recover_replaced,
+                                   replace_dir)
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
 from dlrm.errors import report_bug
@@ -387,6 +388,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
     # one import of an --output at a time: a second one resumed the first's .OUT.import-partial (or, --overwrite,
     # removed it) under it, and renamed it into place while the first still wrote there
     with output_lock(output, "--output", ImportInputError):
+        recover_replaced(output)  # what an import killed while replacing --output left (`replace_dir`)
         check_target(output, overwrite, "directory")  # again, under the lock: another may have finished meanwhile
         return _import(input_dir, output, train_days, eval_day, cards, compression, rows_per_file, workers,
                        max_rows_per_day, overwrite, sparse_layout, dense_format)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import click
+from loguru import logger
 
 from dlrm.file_lock import LockHeld, name_holder, try_lock
 
@@ -71,6 +72,23 @@ def replace_dir(tmp: Path, out: Path) -> None:
         except BaseException:  # an interrupt in the removal (a large dataset's takes seconds): `out` was replaced, so
             shutil.rmtree(old, ignore_errors=True)  # none of the old one may stay hidden beside it, half removed
             raise
+
+
+def recover_replaced(out: Path) -> None:
+    """Finish what a killed `replace_dir` of `out` left (call it holding `output_lock(out)`): the old output it set
+    aside under ``.<name>.old-<8 random characters>/`` goes back to `out` when `out` is missing (killed between its
+    two renames: the user's dataset was gone from its place, hidden), and is removed when `out` is there (killed while
+    removing the replaced one: a dataset's worth of disk, TBs for Criteo 1TB, stayed hidden for good)."""
+    parent = out.absolute().parent
+    if not parent.is_dir():
+        return
+    pattern = re.compile(re.escape(f".{out.name}.old-") + "[a-z0-9_]{8}")
+    for old in sorted(p for p in parent.iterdir() if pattern.fullmatch(p.name) and p.is_dir() and not p.is_symlink()):
+        kept = old / out.name
+        if kept.is_dir() and not (out.exists() or out.is_symlink()):
+            os.replace(kept, out)
+            logger.warning(f"{out}: put back from {old.name}, where a run killed while replacing it had set it aside")
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def remove_stale_temps(path: Path, pattern: str) -> None:

@@ -71,7 +71,7 @@ from dlrm.data.schema import (
     write_metadata,
 )
 from dlrm.data.output_dirs import (check_apart, check_parent_writable, check_target, output_lock,
-                                   remove_stale_temps, replace_dir)
+                                   recover_replaced, remove_stale_temps, replace_dir)
 from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_rows, open_shard, split_files
 from dlrm.data.vocabulary import read_vocabulary
 from dlrm.errors import report_bug
@@ -183,6 +183,7 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
     check_parent_writable(output, "--output")
     # one run of an --output at a time: a second one's copy was silently replaced by the first's at its end
     with output_lock(output, "--output"):
+        recover_replaced(output)  # what a run killed while replacing --output left (`replace_dir`)
         check_target(output, overwrite, "directory")  # again, under the lock: another may have finished meanwhile
         return _relayout(data, output, layout, codec, workers, meta, out_dense)
 

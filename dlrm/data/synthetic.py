@@ -94,7 +94,8 @@ import numpy as np
 from loguru import logger
 from tqdm import tqdm
 
-from dlrm.data.output_dirs import check_apart, check_parent_writable, check_target, output_lock, remove_stale_temps
+from dlrm.data.output_dirs import (check_apart, check_parent_writable, check_target, output_lock, recover_replaced,
+                                   remove_stale_temps)
 from dlrm.data.schema import (
     MAX_MULTI_HOT_SIZE, MLPERF_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, NUM_SPARSE,
     SPARSE_LAYOUTS, SPLITS, Metadata, SplitInfo, arrow_schema, is_multi_hot, one_hot_sizes,
@@ -480,13 +481,13 @@ def generate(
     tsv_out = _settings(*args).tsv_path
     with output_lock(_settings(*args).out, "--out"), \
             (output_lock(tsv_out, "--raw-tsv") if tsv_out is not None else contextlib.nullcontext()):
+        recover_replaced(_settings(*args).out)  # (before the checks: a killed replace's old dataset comes back)
         s = _settings(*args)
         started = time.perf_counter()
         teacher = Teacher(s.seed, s.cards, multi_hot_sizes=s.multi_hot_sizes, multi_hot_fill=s.multi_hot_fill)
         logger.info(f"teacher bias {teacher.bias:.4f}; writing {s.rows} rows ({s.sizes}) to {s.out}")
 
-        # a killed run's temporary dataset and TSV (no run of this --out, or --raw-tsv, but this one is alive)
-        remove_stale_temps(s.out, ".{name}.tmp-{rand}")
+        remove_stale_temps(s.out, ".{name}.tmp-{rand}")  # a killed run's dataset and TSV (this run holds the locks)
         if s.tsv_path is not None:
             remove_stale_temps(s.tsv_path, ".{name}.{rand}.tmp")
         s.out.parent.mkdir(parents=True, exist_ok=True)
