@@ -13,7 +13,7 @@ code   meaning
 3      the training loss became NaN or Inf (the line names the last good checkpoint)
 4      out of memory (host or GPU): retry with a smaller data.batch_size, or cap the embedding
        tables with data.max_rows_per_table
-5      another rank of a distributed run died (killed, out of memory): --resume continues the run
+5      another rank of a distributed run is gone (killed, out of memory, its own error): --resume continues
 128+n  stopped by signal n after writing a checkpoint (143: SIGTERM, 130: SIGINT during training);
        SIGTERM outside the training steps stops at once, without one (a new run's directory removed)
 130    interrupted by Ctrl-C (KeyboardInterrupt) outside the training loop

@@ -51,9 +51,10 @@ def peer_lost_message(exc: BaseException) -> str:
     """One line for `is_peer_lost`'s failure: gloo's reason without its source location and advice."""
     reason = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip().splitlines()[0]).split(". This is typically")[0]
     rank = os.environ.get("RANK")
-    return (f"{f'rank {rank}: ' if rank is not None else ''}another rank of this distributed run died (killed, out of "
-            f"memory, or its host lost): {reason}; stopped; --resume continues the run from its last checkpoint, if it "
-            "wrote one")
+    # (a peer that stopped on its own error, a bad config say, reads the same here: its line names that error)
+    return (f"{f'rank {rank}: ' if rank is not None else ''}another rank of this distributed run is gone (stopped by "
+            f"its own error, logged by it, or killed: out of memory, its host lost): {reason}; stopped; --resume "
+            "continues the run from its last checkpoint, if it wrote one")
 
 
 class TrainingStopped(Exception):

@@ -271,7 +271,12 @@ def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Opti
     record = read_record(directory)
     config, sets, seeds, base = reconcile(directory, record, config, sets, seeds, base)
     settings = sweep.grid(sets)
-    sweep.check_settings(config, base, settings, seeds)
+    # checked (the device's rules too) only the settings with a trial left to train: `_run_trials` gathers the
+    # finished ones, training nothing, where checked all a resume of a sweep whose trials had all finished (killed
+    # while writing its report) was refused on another machine than theirs ("CUDA is not available"), report unmade
+    sweep.check_settings(config, base, [s for i, s in enumerate(settings) if any(
+        _read_summary(directory / sweep.slug(i, s) / f"seed-{k}" / "summary.json") is None for k in range(seeds))],
+        seeds)
     if train_fn is None:
         from dlrm.train.trainer import train as train_fn
     lock = SweepLock.acquire(directory)

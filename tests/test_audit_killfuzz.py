@@ -40,9 +40,10 @@ def test_a_dead_peer_rank_is_reported_in_one_line_not_as_a_bug(capsys, monkeypat
     finally:
         logger.remove(sink)
     assert "Traceback" not in capsys.readouterr().err, "a traceback was printed"
-    assert messages == [("rank 0: another rank of this distributed run died (killed, out of memory, or its host "
-                         "lost): Read error [127.0.0.1]:17292: Connection reset by peer; stopped; --resume continues "
-                         "the run from its last checkpoint, if it wrote one")], messages
+    assert messages == [("rank 0: another rank of this distributed run is gone (stopped by its own error, logged by "
+                         "it, or killed: out of memory, its host lost): Read error [127.0.0.1]:17292: Connection reset "
+                         "by peer; stopped; --resume continues the run from its last checkpoint, if it wrote one")], \
+        messages
     assert code == 5
     # gloo's other text for a peer gone; a RuntimeError of anything else stays a bug
     closed = RuntimeError("[gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.0.0.2]:4242")
@@ -119,7 +120,7 @@ def test_one_rank_sigkilled_the_survivor_stops_in_one_line_and_the_run_resumes(t
     assert code1 == -9
     assert code0 == 5, f"rank 0 exited {code0}:\n{out0[-3000:]}"
     assert "Traceback" not in out0 and "this is a bug" not in out0, out0[-3000:]
-    assert "rank 0: another rank of this distributed run died" in out0, out0[-3000:]
+    assert "rank 0: another rank of this distributed run is gone" in out0, out0[-3000:]
     run = tmp_path / "tb" / "r"
     assert (run / "checkpoints" / "step-00000003.pt").is_file() and not (run / "summary.json").exists()
     results = launch(tmp_path, dataset, extra=["--resume"])

@@ -68,3 +68,39 @@ def test_unchanged_days_keep_their_finished_files(mlperf_dir, tmp_path):
         out / p.relative_to(work): (out / p.relative_to(work)).stat().st_mtime_ns for p in day0}
     assert run("--input", src, "--output", tmp_path / "clean", *ARGS).exit_code == 0
     _same_dataset(out, tmp_path / "clean")
+
+
+def test_a_same_size_rewrite_with_its_mtime_restored_is_seen(mlperf_dir, tmp_path):
+    """A day rewritten to the same size with its modification time set back (a copy that restores times, or a
+    rewrite within a coarse file system's mtime step) still counts as changed (its status change time moved)."""
+    import os
+
+    from dlrm.data.input_stamps import file_stamp
+
+    src, _ = mlperf_dir
+    path = src / "day_0_labels.npy"
+    before = file_stamp(path)
+    st = os.stat(path)
+    labels = np.load(path)
+    np.save(path, 1 - labels)  # the same shape and size, other labels
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    assert file_stamp(path) != before
+
+
+def test_the_finished_dataset_holds_no_bookkeeping_temporary(mlperf_dir, tmp_path):
+    """A kill while the resume rewrote the stamps left their temporary file in the work directory, renamed into
+    --output with the finished dataset."""
+    src, _ = mlperf_dir
+    out = tmp_path / "ds"
+    work = mi.partial_dir(out)
+    members = dict(np.load(src / "day_1_sparse_multi_hot.npz"))
+    good = members["4"][2, 1]
+    members["4"][2, 1] = -5
+    np.savez(src / "day_1_sparse_multi_hot.npz", **members)
+    assert run("--input", src, "--output", out, *ARGS).exit_code == 2
+    (work / f".{STAMPS_FILE}.k1ll3d_a.tmp").write_text("{")
+    members["4"][2, 1] = good
+    np.savez(src / "day_1_sparse_multi_hot.npz", **members)
+    assert run("--input", src, "--output", out, *ARGS).exit_code == 0
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []

@@ -21,9 +21,12 @@ STAMPS_FILE = "input-stamps.json"
 
 
 def file_stamp(path: Path) -> list[int]:
-    """[size in bytes, modification time in ns] of `path` (a rewritten file changes one or both)."""
+    """[size in bytes, modification time, status change time (ns)] of `path`. The change time too: a file rewritten
+    to the same size within a coarse file system's mtime step (1-2 s), or whose mtime a copy restored (``tar``,
+    ``rsync -t``), keeps its size and mtime, but no tool can set the change time (a chmod moves it too: a needless
+    redo of that day, never a missed change)."""
     st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns]
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def redo_changed_inputs(work: Path, inputs: dict[str, list[Path]], outputs: dict[str, list[str]]) -> dict[str, int]:

@@ -348,8 +348,9 @@ def parse_days(text: str) -> list[int]:
 
 def _remove_bookkeeping(output: Path) -> None:
     """Remove the unfinished import's own files from the finished dataset (renamed into place with them)."""
-    for name in (PLAN_FILE, STAMPS_FILE):
-        (output / name).unlink(missing_ok=True)
+    for name in (PLAN_FILE, STAMPS_FILE):  # and their temporary files (a kill while one was written)
+        for path in (output / name, *output.glob(f".{name}.*.tmp")):
+            path.unlink(missing_ok=True)
 
 
 def _planless(work: Path) -> bool:

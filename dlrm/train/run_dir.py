@@ -91,9 +91,14 @@ def run_dir_present(run_dir: Path) -> None:
 
 # What a run writes before its first checkpoint: config.json (and `write_json_atomic`'s temporary file of it), the lock,
 # TensorBoard's event files, the profiler's traces; in checkpoints/, only a save's temporary files (killed while writing)
+# and a distributed save's shards (killed before their manifest)
 _BEFORE_FIRST = re.compile(r"config\.json|\.config\.json\..+\.tmp|\.lock|events\.out\.tfevents\..+"
                            r"|.+\.pt\.trace\.json(?:\.gz)?")
 _SAVE_TEMP = re.compile(r"\.[^/]+\.pt\.[^/]*\.tmp")
+# the shards of a distributed run's save (`dlrm.distributed.checkpoint.shard_name`) killed before the manifest naming
+# them was written: what its first save leaves as a one-process run's leaves a temporary file (refused, the job
+# requeued with one command line could never run again)
+_ORPHAN_SHARD = re.compile(r"step-\d{8,}\.rank\d+-of-\d+\.pt")
 # `write_json_atomic`'s temporary file of a run file (summary.json, config.json): ".<name>.<8 random characters>.tmp"
 _JSON_TEMP = re.compile(r"\.[^/]+\.json\.[a-z0-9_]{8}\.tmp")
 
@@ -111,7 +116,8 @@ def restart_leftovers(path: Path) -> Optional[list[str]]:
     for name in names:
         sub = path / name
         if name == "checkpoints" and sub.is_dir():  # (a link to another disk's directory too)
-            if not all(_SAVE_TEMP.fullmatch(p.name) and p.is_file() for p in sub.iterdir()):
+            if not all((_SAVE_TEMP.fullmatch(p.name) or _ORPHAN_SHARD.fullmatch(p.name)) and p.is_file()
+                       for p in sub.iterdir()):
                 return None
         elif not (_BEFORE_FIRST.fullmatch(name) and sub.is_file() and not sub.is_symlink()):
             return None
@@ -341,6 +347,12 @@ class RunDirectory:
             self.close()
             raise ConfigError(f"--resume: {self.path} got a checkpoint since this resume looked; --resume again"
                               if list_checkpoints(self.path) else restart_refusal(self.path))
+        # the stopped session's temporary files too (its config.json's, a first save's): `restart_leftovers` accepts
+        # them, and without this a restarted run kept them for good (only `for_resume` removed a killed session's)
+        self._remove_stale_temps()
+        for shard in (self.path / "checkpoints").glob("step-*.rank*-of-*.pt"):  # no manifest names them (none here)
+            if _ORPHAN_SHARD.fullmatch(shard.name):
+                shard.unlink()
         events = sorted(self.path.glob("events.out.tfevents.*"))
         for event_file in events:
             event_file.unlink()
