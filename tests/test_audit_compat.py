@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from dlrm import checkpoint as ckpt
-from dlrm.config import ConfigError, load_config
+from dlrm.config import ConfigError
 from dlrm.errors import TrainingStopped
 from dlrm.sweep import parse_set, run_sweep
 from dlrm.train.trainer import train
 from tests.conftest import make_dataset
-from tests.test_audit_resume_edges import ONE_HOT, assert_same_state, last_state, signal_at
+from tests.test_audit_resume_edges import assert_same_state, last_state, one_hot, signal_at
 from tests.test_sweep import BASE
 
 
@@ -34,14 +34,6 @@ def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("compat")
     make_dataset(root / "one", {"train": 100, "validation": 32}, row_group_size=30)
     return root
-
-
-def one_hot(data, tmp_path, name, **overrides):
-    raw = json.loads(json.dumps(ONE_HOT))
-    raw["data"]["path"] = str(data / "one")
-    path = tmp_path / "one.json"
-    path.write_text(json.dumps(raw))
-    return load_config(path, {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": name, **overrides})
 
 
 def as_written_before_data_placement(path):

@@ -16,7 +16,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dlrm.config import ConfigError, load_config
 from dlrm.train.run_dir import RunLock
 from dlrm.train.trainer import train
-from tests.conftest import REPO, make_dataset
+from tests.conftest import REPO
+from tests.test_run_dir import dataset  # noqa: F401 (a fixture)
 
 BASE = {
     "data": {"batch_size": 8, "shuffle": True},
@@ -26,13 +27,6 @@ BASE = {
     "checkpoint": {"every": 5, "keep": 5},
 }
 METRICS = ("auc", "logloss", "accuracy", "steps", "samples", "final_train_loss", "resumed_from", "resumed_at_step")
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    root = tmp_path_factory.mktemp("restart") / "ds"
-    make_dataset(root, {"train": 200, "validation": 32}, row_group_size=50)
-    return root
 
 
 def config(tmp_path, dataset, run_name="victim", **overrides):
