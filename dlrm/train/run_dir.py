@@ -97,8 +97,9 @@ _BEFORE_FIRST = re.compile(r"config\.json|\.config\.json\..+\.tmp|\.lock|events\
 _SAVE_TEMP = re.compile(r"\.[^/]+\.pt\.[^/]*\.tmp")
 # the shards of a distributed run's save (`dlrm.distributed.checkpoint.shard_name`) killed before the manifest naming
 # them was written: what its first save leaves as a one-process run's leaves a temporary file (refused, the job
-# requeued with one command line could never run again)
-_ORPHAN_SHARD = re.compile(r"step-\d{8,}\.rank\d+-of-\d+\.pt")
+# requeued with one command line could never run again). best.pt's shards too (``best-step-N.rankQ-of-W.pt``): an
+# evaluation before the first checkpoint (train.eval_every < checkpoint.every) killed before best.pt's manifest
+_ORPHAN_SHARD = re.compile(r"(?:best-)?step-\d{8,}\.rank\d+-of-\d+\.pt")
 # `write_json_atomic`'s temporary file of a run file (summary.json, config.json): ".<name>.<8 random characters>.tmp"
 _JSON_TEMP = re.compile(r"\.[^/]+\.json\.[a-z0-9_]{8}\.tmp")
 
@@ -350,7 +351,7 @@ class RunDirectory:
         # the stopped session's temporary files too (its config.json's, a first save's): `restart_leftovers` accepts
         # them, and without this a restarted run kept them for good (only `for_resume` removed a killed session's)
         self._remove_stale_temps()
-        for shard in (self.path / "checkpoints").glob("step-*.rank*-of-*.pt"):  # no manifest names them (none here)
+        for shard in (self.path / "checkpoints").glob("*step-*.rank*-of-*.pt"):  # no manifest names them (none here)
             if _ORPHAN_SHARD.fullmatch(shard.name):
                 shard.unlink()
         events = sorted(self.path.glob("events.out.tfevents.*"))
