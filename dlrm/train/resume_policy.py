@@ -21,6 +21,7 @@ from loguru import logger
 from dlrm import checkpoint as ckpt
 from dlrm.config import Config, ConfigError, config_from_dict
 from dlrm.distributed.env import DistEnv
+from dlrm.train.checkpointer import BEST_NAME
 from dlrm.train.run_dir import LOCK_NAME, restart_leftovers, restart_refusal, run_of
 
 # dotted prefixes: a key equal to one or under it is free
@@ -150,6 +151,14 @@ def checkpoint_to_resume(cfg: Config, resume: str, allowed: Iterable[str] = (),
         def look() -> Optional[str]:
             if ckpt.list_checkpoints(run):
                 return str(ckpt.resolve_resume("latest", run))
+            best = ckpt.checkpoint_dir(run) / BEST_NAME
+            if best.is_file() and not (run / "summary.json").exists():
+                # killed after an evaluation saved best.pt, before the first step checkpoint (train.eval_every <
+                # checkpoint.every): best.pt holds its step's whole training state, the latest the run saved; it was
+                # refused as more than a run writes before its first checkpoint, a dead end for a requeued job
+                logger.info(f"--resume: {run} has no step checkpoint yet; going on from {best}, the latest state its "
+                            "run saved")
+                return str(best)
             restart_config(run, cfg.to_dict(), allowed)
             return None
         found = (env or DistEnv()).on_main(look, "refused the resume")
