@@ -319,6 +319,11 @@ class DistributedConfig:
     """The table size from which "auto" may shard a table row-wise."""
     backend: Literal["auto", "nccl", "gloo"] = "auto"
     """torch.distributed backend; auto: nccl on CUDA, gloo on the CPU."""
+    timeout_s: Optional[float] = None
+    """Seconds a rank waits in a collective (and for the others to join) before it stops: a peer rank that hangs
+    (stopped, deadlocked, its host frozen) or, on NCCL, died. gloo: one line, exit 5; NCCL: its watchdog aborts the
+    rank, naming the collective. null: torch's default (10 minutes on NCCL, 30 on gloo). Set it above the longest
+    time one rank may spend alone while the others wait: a checkpoint's writes, rank 0's summary, compile."""
 
 
 @dataclass

@@ -240,6 +240,7 @@ def _check_outputs(cfg: Config) -> None:
     _positive("checkpoint.every", cfg.checkpoint.every)
     _positive("checkpoint.keep", cfg.checkpoint.keep)
     _positive("distributed.row_wise_min_rows", cfg.distributed.row_wise_min_rows)
+    _positive("distributed.timeout_s", cfg.distributed.timeout_s, maximum=10**7)  # timedelta and C++ ms stay finite
     if cfg.log.tb_dir == "":  # Path("") is the working directory: --tb-dir "" wrote the run there, silently
         raise ConfigError('log.tb_dir: empty path (the TensorBoard root; "." for the working directory)')
     if not cfg.name or "/" in cfg.name:

@@ -16,7 +16,7 @@ from importlib import metadata
 from loguru import logger
 
 __all__ = ["ConfigError", "DatasetError", "NonFiniteLoss", "TrainingStopped", "EXIT_BUG", "EXIT_PEER_LOST",
-           "report_bug", "is_peer_lost", "peer_lost_message", "dlrm_version"]
+           "PeerLost", "report_bug", "is_peer_lost", "peer_lost_message", "dlrm_version"]
 
 class ConfigError(ValueError):
     """A config key is unknown, mistyped or out of range; the message names the key path."""
@@ -38,21 +38,41 @@ EXIT_PEER_LOST = 5
 # kernel; NCCL reports ncclRemoteError ("remote process exited or there was a network error").
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
               "remote process exited or there was a network error")
+# What gloo raises on a rank whose collective waited the process group's timeout (`distributed.timeout_s`) for a
+# peer that hangs: stopped (SIGSTOP, a debugger), deadlocked, its host frozen. ("Timed out waiting 5000ms for send
+# operation to complete", "... for recv operation ...")
+_PEER_TIMEOUT = re.compile(r"Timed out waiting \d+ ?ms for \w+ operation")
+
+
+class PeerLost(RuntimeError):
+    """The other ranks of a distributed run never joined this one (exit 5, as for `is_peer_lost`); the message is
+    the whole line."""
 
 
 def is_peer_lost(exc: BaseException) -> bool:
-    """Whether `exc` is a collective's failure because another rank's process died. The surviving ranks reported it
-    as a bug in dlrm (gloo's traceback, exit 1), where the rank that died was at fault, not the code."""
+    """Whether `exc` is a collective's failure because another rank's process died, or did not answer within the
+    process group's timeout. The surviving ranks reported it as a bug in dlrm (gloo's traceback, exit 1), where the
+    rank that died or hung was at fault, not the code."""
     text = str(exc)
-    return isinstance(exc, RuntimeError) and ("gloo" in text or "NCCL" in text) and any(t in text for t in _PEER_LOST)
+    if isinstance(exc, PeerLost):
+        return True
+    if not isinstance(exc, RuntimeError) or not ("gloo" in text or "NCCL" in text):
+        return False
+    return any(t in text for t in _PEER_LOST) or _PEER_TIMEOUT.search(text) is not None
 
 
 def peer_lost_message(exc: BaseException) -> str:
     """One line for `is_peer_lost`'s failure: gloo's reason without its source location and advice."""
+    if isinstance(exc, PeerLost):
+        return str(exc)
     reason = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).strip().splitlines()[0]).split(". This is typically")[0]
-    rank = os.environ.get("RANK")
+    rank = f"rank {os.environ['RANK']}: " if os.environ.get("RANK") is not None else ""
+    if _PEER_TIMEOUT.search(reason):
+        return (f"{rank}another rank of this distributed run did not answer within the process group's timeout "
+                f"(distributed.timeout_s; it hangs, or is gone): {reason}; stopped; --resume continues the run from "
+                "its last checkpoint, if it wrote one")
     # (a peer that stopped on its own error, a bad config say, reads the same here: its line names that error)
-    return (f"{f'rank {rank}: ' if rank is not None else ''}another rank of this distributed run is gone (stopped by "
+    return (f"{rank}another rank of this distributed run is gone (stopped by "
             f"its own error, logged by it, or killed: out of memory, its host lost): {reason}; stopped; --resume "
             "continues the run from its last checkpoint, if it wrote one")
 

@@ -10,6 +10,7 @@ import gc
 import os
 import sys
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable
 
 import torch
@@ -17,7 +18,7 @@ import torch.distributed as dist
 from loguru import logger
 
 from dlrm.config import ConfigError, DistributedConfig
-from dlrm.errors import DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory
+from dlrm.errors import DatasetError, NonFiniteLoss, PeerLost, TrainingStopped, is_out_of_memory
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,20 @@ def init_distributed(cfg: DistributedConfig, device: torch.device) -> tuple[Dist
         port = _env_int("MASTER_PORT", None)
         if not 0 <= port <= 65535:
             raise ConfigError(f"environment variable MASTER_PORT={port} is not a port (0 to 65535)")
-        dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
+        # distributed.timeout_s: how long a collective waits for a rank that hangs (torch's default without it)
+        timeout = {} if cfg.timeout_s is None else {"timeout": timedelta(seconds=cfg.timeout_s)}
+        try:
+            dist.init_process_group(backend, device_id=device if backend == "nccl" else None, **timeout)
+        except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: "Timed out after 1800 seconds
+            # waiting for clients. 1/2 clients joined.", "The client socket has timed out after ...ms while trying to
+            # connect to (host, port)." They read as a bug in dlrm (a traceback, exit 1), after half an hour.
+            if "timed out" not in str(e).lower():
+                raise
+            waited = f"{cfg.timeout_s:g} s (distributed.timeout_s)" if cfg.timeout_s is not None else \
+                "torch's default timeout (distributed.timeout_s)"
+            raise PeerLost(f"rank {rank}: the other ranks of this distributed run did not join it at "
+                           f"{os.environ['MASTER_ADDR']}:{port} within {waited}: {str(e).strip().splitlines()[0]} "
+                           "(did every rank start, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?)") from None
         if rank != 0:  # rank 0 speaks for the run; the others report only warnings and errors
             logger.remove()
             logger.add(sys.stderr, level="WARNING", format=f"[rank {rank}] {{time:HH:mm:ss}} {{level: <7}} {{message}}")
