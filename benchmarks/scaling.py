@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import sys
 import time
@@ -313,4 +314,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Every file is written and closed, the process group destroyed. The interpreter's teardown after that once
+    # aborted a rank that had profiled ("terminate called without an active exception": native threads, kineto's
+    # or gloo's, destroyed at exit; exit crashes of this kind: pytorch/pytorch#195837): skip it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
