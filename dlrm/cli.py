@@ -273,26 +273,28 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     from dlrm.train import export as export_mod
     from dlrm.train.checkpointer import checkpoint_for
     from dlrm.train.trainer import train
+    from dlrm.train.setup import dataset_held
 
-    if eval_only or (export and checkpoint_path):
-        given = Path(checkpoint_path)
-        # a run's checkpoints/ folder means its run (it was refused as "a directory without checkpoints/best.pt or
-        # step-*.pt" while holding both); a run directory means its best.pt, else its newest checkpoint
-        if given.is_dir() and given.name == "checkpoints" and not (given / "checkpoints").is_dir():
-            given = given.parent
-        checkpoint = checkpoint_for(given)
-        if eval_only:
-            export_mod.evaluate_checkpoint(cfg, checkpoint, cfg.data.eval_split)
-        if export:
-            export_mod.export_checkpoint(cfg, checkpoint, export)
-    elif compare is not None:
-        from dlrm.train.compare import parse_variants, run_comparison
+    with dataset_held(cfg):  # the dataset held for reading: a tool's --overwrite never replaces it under this run
+        if eval_only or (export and checkpoint_path):
+            given = Path(checkpoint_path)
+            # a run's checkpoints/ folder means its run (it was refused as "a directory without checkpoints/best.pt or
+            # step-*.pt" while holding both); a run directory means its best.pt, else its newest checkpoint
+            if given.is_dir() and given.name == "checkpoints" and not (given / "checkpoints").is_dir():
+                given = given.parent
+            checkpoint = checkpoint_for(given)
+            if eval_only:
+                export_mod.evaluate_checkpoint(cfg, checkpoint, cfg.data.eval_split)
+            if export:
+                export_mod.export_checkpoint(cfg, checkpoint, export)
+        elif compare is not None:
+            from dlrm.train.compare import parse_variants, run_comparison
 
-        run_comparison(cfg, parse_variants(compare), train)
-    else:
-        summary = train(cfg, resume=resume, allow_config_change=allowed_changes)
-        if export:  # the best evaluation's model when the run kept one, else the final one
-            export_mod.export_checkpoint(cfg, Path(_best_checkpoint(summary) or summary["checkpoint"]), export)
+            run_comparison(cfg, parse_variants(compare), train)
+        else:
+            summary = train(cfg, resume=resume, allow_config_change=allowed_changes)
+            if export:  # the best evaluation's model when the run kept one, else the final one
+                export_mod.export_checkpoint(cfg, Path(_best_checkpoint(summary) or summary["checkpoint"]), export)
 
 
 def _best_checkpoint(summary: dict) -> Optional[str]:

@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 from loguru import logger
 
-from dlrm.checkpoint import list_checkpoints
+from dlrm.checkpoint import list_checkpoints, move_to_new
 from dlrm.config import ConfigError, load_config
 from dlrm.data.schema import write_json_atomic
 from dlrm.train.resume_policy import config_changes, with_defaults
@@ -105,11 +105,27 @@ def write_record(directory: Path, config: str, sets: list[tuple[str, list[Any]]]
     # anywhere (dlrm.sweep._run_trials)
     record = {"format": FORMAT, "config": str(Path(config).resolve()), "sets": [[k, list(v)] for k, v in sets],
               "seeds": seeds, "base": base, "resolved": resolved(config, base, sets), "cwd": os.getcwd()}
+    # Written under a name of this process's own, locked, then given its name only if no record is there: two sweeps
+    # of one --run-name started together both found the directory empty (`dlrm.sweep.sweep_directory`), and the
+    # second's rename replaced the first's record (a --resume then trained the other grid) and locked the new file,
+    # beside the first's lock on the replaced one: both sweeps ran their trials in one directory.
+    staging = directory / f".{RECORD}.{os.getpid()}.tmp"
+    fd = -1
     try:
-        write_json_atomic(directory / RECORD, record)
-    except OSError as e:
-        raise ConfigError(f"--tb-dir: cannot write {directory / RECORD} ({e.strerror or e})") from None
-    return SweepLock.acquire(directory)
+        try:
+            write_json_atomic(staging, record)
+            fd = os.open(staging, os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: no other process has it
+            move_to_new(staging, directory / RECORD, f"--run-name: {directory} was taken by another sweep started at "
+                        "the same time; pick another name")
+        except OSError as e:
+            raise ConfigError(f"--tb-dir: cannot write {directory / RECORD} ({e.strerror or e})") from None
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        staging.unlink(missing_ok=True)
+        raise
+    return SweepLock(fd)
 
 
 def read_record(directory: Path) -> dict[str, Any]:

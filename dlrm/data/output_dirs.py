@@ -2,11 +2,13 @@
 built in a temporary sibling and renamed into place whole, so these check, before any work, that the target may be
 written (`check_target`, `check_parent_writable`), that it does not overlap the input being read (`check_apart`), and
 swap the finished directory in (`replace_dir`). `output_lock` keeps a second run (``python -m dlrm.preprocess`` too)
-off an output that one is writing. Every refusal is one `click.ClickException` line."""
+off an output that one is writing, and `dataset_read_lock` keeps the writers off a dataset that a run reads.
+Every refusal is one `click.ClickException` line."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -165,18 +167,11 @@ def output_lock(path: Path, option: str, error: type[Exception] = click.ClickExc
     made = None if parent.exists() else made  # the topmost directory this creates, removed again if left empty
     parent.mkdir(parents=True, exist_ok=True)
     lock = parent / lock_name(path)
-    while True:
-        try:
-            fd, _ = try_lock(lock)
-        except LockHeld as held:
-            raise error(f"{option} {path}: in use by {held.holder} (its lock {lock}); one run writes an output at a "
-                        "time: wait for it, or choose another path") from None
-        try:  # the holder may have removed the file (its release) between our open and flock: lock the new one
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        os.close(fd)
+    try:
+        fd = _lock_current(lock, shared=False)
+    except LockHeld as held:
+        raise error(f"{option} {path}: in use by {held.holder} (its lock {lock}); one run writes an output at a "
+                    "time: wait for it, or choose another path") from None
     try:
         name_holder(fd)
         yield
@@ -188,6 +183,54 @@ def output_lock(path: Path, option: str, error: type[Exception] = click.ClickExc
         if made is not None:
             with contextlib.suppress(OSError):
                 _remove_empty_parents(parent, made)
+
+
+def _lock_current(lock: Path, shared: bool) -> int:
+    """`try_lock(lock, shared)`'s descriptor, of the file named `lock` now: the holder may have removed the file (its
+    release) between our open and flock; then the new one is locked. Raises `LockHeld`."""
+    while True:
+        fd, _ = try_lock(lock, shared)
+        try:
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def dataset_read_lock(path: Path, option: str, error: type[Exception] = click.ClickException) -> Iterator[None]:
+    """Hold a shared ``flock`` on `output_lock`'s file of the dataset `path` while a run reads it. Without it, a tool
+    writing that dataset (the generator's, relayout's or an import's ``--overwrite``, preprocess) replaced it under a
+    training run, whose later epochs then trained on the new dataset's rows without a word (or whose evaluation
+    failed on a file "that cannot be read"). Now the writer is refused while a run reads it, naming the reader, and
+    a run is refused in one `error` line while a tool writes it. Readers share the lock; the last one removes the
+    file. Where none can be made (a read-only parent: a shared dataset no tool here writes), the run reads unlocked."""
+    real = Path(os.path.realpath(path))
+    parent = real.parent  # where output_lock puts it, for preprocess's inside_ok too (an output in place)
+    if real.is_dir() and os.access(real, os.W_OK | os.X_OK) and not os.access(parent, os.W_OK):
+        parent = real
+    lock = parent / lock_name(path)
+    try:
+        fd = _lock_current(lock, shared=True)
+    except LockHeld as held:
+        raise error(f"{option} {path}: being written by {held.holder} (its lock {lock}); wait for it to finish") \
+            from None
+    except OSError:  # no lock file can be made there (read-only, missing): nothing writes it here either
+        fd = -1
+    try:
+        if fd >= 0:
+            name_holder(fd, note=", a run reading it")  # a writer refused names this reader (the last to start)
+        yield
+    finally:
+        if fd >= 0:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no other reader: remove the file (as output_lock)
+                lock.unlink(missing_ok=True)
+            except OSError:
+                pass  # another reader holds it, and removes it
+            finally:
+                os.close(fd)
 
 
 def lock_name(path: Path) -> str:

@@ -70,7 +70,7 @@ from dlrm.data.schema import (
     write_options,
     write_metadata,
 )
-from dlrm.data.output_dirs import (check_apart, check_parent_writable, check_target, output_lock,
+from dlrm.data.output_dirs import (check_apart, check_parent_writable, check_target, dataset_read_lock, output_lock,
                                    recover_replaced, remove_stale_temps, replace_dir)
 from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_rows, open_shard, split_files
 from dlrm.data.vocabulary import read_vocabulary
@@ -182,7 +182,9 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
     check_target(output, overwrite, "directory")
     check_parent_writable(output, "--output")
     # one run of an --output at a time: a second one's copy was silently replaced by the first's at its end
-    with output_lock(output, "--output"):
+    # and --data held for reading (`dataset_read_lock`): a tool's --overwrite of it meanwhile replaced the files being
+    # copied, under the metadata.json read before
+    with output_lock(output, "--output"), dataset_read_lock(data, "--data"):
         recover_replaced(output)  # what a run killed while replacing --output left (`replace_dir`)
         check_target(output, overwrite, "directory")  # again, under the lock: another may have finished meanwhile
         return _relayout(data, output, layout, codec, workers, meta, out_dense)

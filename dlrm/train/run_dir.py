@@ -7,6 +7,8 @@
   names the holder's pid and host; a second process (a second ``--resume`` of the same run, say)
   is refused with that pid. The kernel drops the lock when its holder dies, so a lock left by a
   killed run is stale by construction: it is taken over, and the log says so.
+  What a resume decided before it held the lock is checked again under it: a later checkpoint that
+  another process saved meanwhile is refused, not trained over.
 * **A new run never reuses a name.** A non-empty directory is refused (use ``--resume``); a run without
   ``--run-name`` whose default name (``<config>-<date>-<time>``) another run started in the same second holds gets
   the first free ``<name>-2``, ``<name>-3``, ...
@@ -171,12 +173,30 @@ def _claim_default(cfg: Config) -> Path:
 
 def _advice(path: Path) -> str:
     """What to do with an existing run directory a new run may not take: only what works for what it holds."""
+    holder = _lock_holder(path)
+    if holder is not None:  # (a run started at the same moment under the same name was told its directory held "a
+        # run stopped before its first checkpoint", to --resume, which the running one refuses)
+        return f"a run is writing it now ({holder}): pick another --run-name"
     if list_checkpoints(path):
         return "pick another --run-name (or --resume it)"
     if restart_leftovers(path) is not None:  # "--resume it" said "no checkpoint": now it starts the run again
         return ("it holds a run stopped before its first checkpoint: --resume starts it again from step 0 there "
                 "(with the same config), or pick another --run-name")
     return "it holds no checkpoint to --resume: pick another --run-name, or move it away"
+
+
+def _lock_holder(path: Path) -> Optional[str]:
+    """The line naming the process that holds `path`'s run lock now (`RunLock`), or None (free, or no lock file)."""
+    if not (path / LOCK_NAME).is_file():
+        return None
+    try:
+        fd, _ = try_lock(path / LOCK_NAME)
+    except LockHeld as held:
+        return held.holder
+    except OSError:
+        return None
+    os.close(fd)  # (free: released at once, the file as it was)
+    return None
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -312,6 +332,7 @@ class RunDirectory:
                                   f"({latest.name} is); resuming it in place would overwrite the later ones: "
                                   "add --run-name NEW to continue from it in a new run")
             run = cls(source, RunLock.acquire(source), created=False)
+            run._check_latest_unchanged(latest)
             run._remove_stale_temps()
             return run, False
         target = Path(cfg.log.tb_dir) / run_name(cfg)
@@ -328,6 +349,18 @@ class RunDirectory:
         logger.info(f"--resume: continuing {whose} in the new run {run.path} (the original "
                     f"{'file' if copied else 'run'} is not written)")
         return run, True
+
+    def _check_latest_unchanged(self, latest: Optional[Path]) -> None:
+        """Under the lock: refuse when the run got a newer checkpoint than `latest` (what this resume looked at before
+        taking the lock, seconds earlier: the data and model were built in between) from another process that held
+        the run meanwhile (a stopped job still saving as its requeued one started). Resumed from the older one, it
+        was trained again in place over the later checkpoints and summary.json of that process, as the "not the
+        latest checkpoint" rule forbids."""
+        found = list_checkpoints(self.path)
+        if found and (latest is None or not _same_file(found[-1], latest)):
+            self.close()
+            raise ConfigError(f"--resume: {self.path} got a later checkpoint ({found[-1].name}) since this resume "
+                              "looked (another process was writing the run); --resume again")
 
     def _remove_stale_temps(self) -> None:
         """Under the lock (no run writes here now): remove the temporary files a killed session left (`write_json_atomic`'s

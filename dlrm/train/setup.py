@@ -116,3 +116,12 @@ def load_dataset_metadata(cfg: Config) -> tuple[Path, Metadata]:
                           "`python -m dlrm.preprocess` or `python -m dlrm.data.mlperf_import`, see data/README.md; "
                           "`--data DIR` trains on another)")
     return data_dir, read_metadata(data_dir)
+
+
+def dataset_held(cfg: Config):
+    """A context holding ``data.path`` for reading (`dlrm.data.output_dirs.dataset_read_lock`) for as long as a run
+    reads it: a generator's (or relayout's, an import's) ``--overwrite`` of it replaced the dataset under the run, whose
+    later epochs trained on the new rows without a word. A tool writing it meanwhile refuses this run in one line."""
+    from dlrm.data.output_dirs import dataset_read_lock  # (click: not needed by the rest of this module)
+
+    return dataset_read_lock(Path(cfg.data.path), "data.path", ConfigError)
