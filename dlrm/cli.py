@@ -37,7 +37,7 @@ import click
 from loguru import logger
 
 from dlrm.config import Config, config_keys, load_config
-from dlrm.config_checks import check_default_run_name
+from dlrm.config_checks import check_default_run_name, export_name_problem
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
                          is_peer_lost, peer_lost_message, report_bug)
 from dlrm.logging_setup import configure_logging
@@ -113,6 +113,9 @@ def check_export_path(path: str) -> Path:
         raise ConfigError(f"--export: directory {parent} {state}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"--export: directory {parent} is not writable")
+    problem = export_name_problem(target)
+    if problem:
+        raise ConfigError(problem)
     return target
 
 

@@ -5,7 +5,9 @@ key and the value in one line. The dataclasses they check are `dlrm.config`'s (n
 from __future__ import annotations
 
 import math
+import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from dlrm.config_parse import INT64_MAX, _as_float32
@@ -268,3 +270,17 @@ def check_default_run_name(cfg: "Config") -> None:
     if len(cfg.name.encode()) + DEFAULT_RUN_NAME_SUFFIX > MAX_NAME_BYTES:
         raise ConfigError(f"name: a name of {len(cfg.name.encode())} bytes is too long to begin the default run name "
                           f"(at most {MAX_NAME_BYTES - DEFAULT_RUN_NAME_SUFFIX}); set a shorter \"name\" or pass --run-name")
+
+
+def export_name_problem(target: Path) -> Optional[str]:
+    """Why `target` cannot name an export file, or None. Found only when the program was written (after a whole
+    training run with --export), a name not in UTF-8 (torch's archive writer takes UTF-8 names: an AttributeError
+    traceback, then an abort) or too long for a file name (ENAMETOOLONG) was a traceback, "a bug in dlrm"."""
+    try:
+        str(target).encode("utf-8")
+    except UnicodeEncodeError:
+        return f"--export: {str(target)!r} is not valid UTF-8, which torch.export.save cannot write; rename it"
+    size = len(os.fsencode(target.name))
+    if size > MAX_NAME_BYTES:
+        return f"--export: a file name of {size} bytes is too long (at most {MAX_NAME_BYTES})"
+    return None

@@ -17,6 +17,7 @@ from loguru import logger
 from torch import nn
 
 from dlrm.config import Config, ConfigError, KernelsConfig
+from dlrm.config_checks import export_name_problem
 from dlrm.data.loader import ParquetLoader, split_files, transform_dense
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
 from dlrm.model.dlrm import DLRM, build_model
@@ -180,6 +181,13 @@ def _save_program(program, tmp: Path, path: Path) -> None:
         raise
 
 
+def _short(name: str, limit: int = 64) -> str:
+    """`name`'s first characters, at most `limit` bytes of UTF-8."""
+    while len(name.encode("utf-8")) > limit:
+        name = name[:-1]
+    return name
+
+
 def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
     """Write a `torch.export` program (batch size dynamic) to `path` (conventionally *.pt2); its dense
     input as `RawInputDLRM` takes it for `dense_format`."""
@@ -189,6 +197,9 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
         raise ConfigError(exists)
     if not path.parent.is_dir():
         raise ConfigError(f"--export: directory {path.parent} does not exist")
+    problem = export_name_problem(path)
+    if problem:
+        raise ConfigError(problem)
     device = next(model.parameters()).device
     wrapper = RawInputDLRM(model, dense_format).eval()
     example = (
@@ -201,8 +212,9 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
     with _frozen(wrapper):
         with torch.no_grad():
             program = torch.export.export(wrapper, example, dynamic_shapes=({0: batch}, {0: batch}))
-        # a temporary name of this export's own (torch.export.save wants a name ending in .pt2), created exclusively
-        tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp.pt2")
+        # a temporary name of this export's own (torch.export.save wants a name ending in .pt2), created exclusively;
+        # `path`'s name cut short in it: a name near the 255-byte limit made it too long (ENAMETOOLONG, a traceback)
+        tmp = path.with_name(f".{_short(path.name)}.{os.getpid()}-{secrets.token_hex(4)}.tmp.pt2")
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         try:
             _save_program(program, tmp, path)
