@@ -143,8 +143,16 @@ TRAINING_ONLY = {"profile.enabled": "--profile", "train.baseline": "--baseline",
                  "checkpoint.every": "--checkpoint-every", "train.epochs": "--epochs", "train.max_steps": "--max-steps",
                  "train.seed": "--seed"}  # an evaluation and an export draw nothing at random
 # ... and the options naming the evaluated split and the run directory, which a bare export of a --checkpoint does not
-# make either (`--checkpoint C --export M --split test` exported C, exit 0; with --eval-only they act)
-EVALUATION_ONLY = {"data.eval_split": "--split", "log.run_name": "--run-name"}
+# make either (`--checkpoint C --export M --split test` exported C, exit 0; with --eval-only they act); so is
+# torch.compile, which compiles training and evaluation only (the export traces the eager model: `--compile-mode X`
+# was ignored without a word)
+EVALUATION_ONLY = {"data.eval_split": "--split", "log.run_name": "--run-name", "train.compile.mode": "--compile-mode",
+                   "train.compile.enabled": "--compile"}
+# Options that --compare's variants set themselves (dlrm.train.compare.variant_config: each variant's kernels, and
+# whether and in which mode it is compiled): `--compare eager,compiled --compile-mode max-autotune` trained the
+# compiled variant in its own mode and the eager one eagerly, ignoring the option without a word.
+SET_BY_VARIANTS = {"train.compile.mode": "--compile-mode", "train.compile.enabled": "--compile/--no-compile",
+                   "kernels.embedding": "--kernels"}
 
 
 def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str], export_path: Optional[str],
@@ -160,6 +168,10 @@ def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str
         for flag, given in (("--eval-only", eval_only), ("--resume", resume), ("--export", export_path)):
             if given:
                 raise ConfigError(f"--compare cannot be combined with {flag}")
+        ignored = [flag for key, flag in SET_BY_VARIANTS.items() if (overrides or {}).get(key) is not None]
+        if ignored:
+            raise ConfigError(f"{ignored[0]}: --compare's variants set the kernels and torch.compile themselves (each "
+                              "variant's name says them); leave it out, or name the variants to compare")
     if eval_only and resume is not None:
         raise ConfigError("--eval-only cannot be combined with --resume (evaluate a --checkpoint instead)")
     if eval_only and not checkpoint_path:
@@ -186,7 +198,9 @@ def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str
             mode = "--eval-only" if eval_only else "--export of a --checkpoint"
             raise ConfigError(f"{ignored[0]}: acts only on training, and {mode} trains nothing (leave it out)")
     if export_path and checkpoint_path and not eval_only:
-        ignored = [flag for key, flag in EVALUATION_ONLY.items() if (overrides or {}).get(key) is not None]
+        # (--no-compile says what the export does: accepted, as --no-baseline is by --eval-only)
+        ignored = [flag for key, flag in EVALUATION_ONLY.items()
+                   if (overrides or {}).get(key) is not None and (overrides or {}).get(key) is not False]
         if ignored:
             raise ConfigError(f"{ignored[0]}: acts only on an evaluation or a training run, and --export of a "
                               "--checkpoint makes neither (leave it out, or add --eval-only)")

@@ -156,6 +156,11 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
         eval_batch_size: the evaluation batch (a compiled evaluation pads to it); default 4 x batch.
     """
     cfg, fast_path = resolve_fast_path(cfg, device, env.distributed, tables.multi_hot, total_steps)
+    if env.distributed and cfg.train.compile.enabled and cfg.train.compile.fullgraph:
+        # DDP's forward (its reducer's bookkeeping before the dense parts run) cannot be traced: Dynamo breaks the graph
+        # there, which fullgraph turns into an Unsupported traceback at the first step, on every rank
+        raise ConfigError("train.compile.fullgraph: true cannot compile a run of several processes (the dense parts' "
+                          "DistributedDataParallel forward breaks the graph); set it false")
     plan = make_sharding(cfg, tables, env, device)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch,

@@ -110,6 +110,12 @@ def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what:
         return torch.compile(fn, mode="default", fullgraph=cfg.fullgraph)
     # "auto" is resolved by dlrm.train.fast_path (build_run); a caller that skips it gets mode default
     mode = "default" if cfg.mode == "auto" else cfg.mode
+    if mode == "max-autotune" and device.type != "cuda":
+        # its CUDA graphs cannot run here either: said, as for reduce-overhead (it went without a word), and compiled
+        # with the rest of what the mode does
+        logger.warning(f"compile mode max-autotune (CUDA graphs) needs CUDA; {what} uses mode "
+                       f"max-autotune-no-cudagraphs on {device}")
+        mode = "max-autotune-no-cudagraphs"
     # not a torch.compile mode: Inductor's GEMM template autotuning alone (mode max-autotune also tunes
     # every pointwise and reduction kernel, by coordinate descent too)
     options = {"max_autotune_gemm": True} if mode == GEMM_AUTOTUNE_MODE else None

@@ -39,6 +39,8 @@ from typing import Optional
 # The step's named ranges (record_function in the model, the step and the trainer's loop), in order.
 RANGES = ("data", "SparseArch", "DenseArch", "InteractionArch", "OverArch", "loss", "backward", "optimizer")
 OTHER = "other"  # step time outside every named range
+COMPILED_REGION = "Torch-Compiled Region"  # the host op a torch.compile'd function runs its graph in
+COMPILED_RANGES = ("DenseArch", "InteractionArch", "OverArch", "loss")  # always inside a compiled step's graph
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 HOST_CALL_CATS = ("cpu_op", "cuda_runtime", "cuda_driver", "python_function")
@@ -81,6 +83,7 @@ class StepSummary:
     top: list[Timed]  # device kernels by total time, or on a CPU trace CPU ops by self time
     host_calls: list[Timed] = field(default_factory=list)  # host calls by inclusive time
     graph_launches: int = 0  # cudaGraphLaunch calls in the step (a captured step replays its kernels at once)
+    compiled_regions: int = 0  # torch.compile's "Torch-Compiled Region" calls in the step (its graphs run there)
 
     @property
     def on_device(self) -> bool:
@@ -314,7 +317,8 @@ def summarize_step(trace: dict, top: int = 15) -> StepSummary:
     t0, t1 = s.t0, s.t0 + s.step["dur"]
     calls = [(e["name"], e["dur"]) for e in within(trace["traceEvents"], HOST_CALL_CATS, t0, t1)]
     return StepSummary(s.step["name"], s.step["dur"] / 1e3, busy, len(kernels), copy_ms, range_times(s), top_ops,
-                       ranked(calls, top), sum(1 for name, _ in calls if name == "cudaGraphLaunch"))
+                       ranked(calls, top), sum(1 for name, _ in calls if name == "cudaGraphLaunch"),
+                       sum(1 for name, _ in calls if name.startswith(COMPILED_REGION)))
 
 
 # ---- Markdown -----------------------------------------------------------------------------------
@@ -348,7 +352,7 @@ def step_table(s: StepSummary) -> str:
     else:
         head = ["| range | host ms | host % of step |", "| --- | ---: | ---: |"]
         body = [f"| {r.name} | {r.host_ms:.3f} | {share(r.host_ms)} |" for r in s.ranges]
-    return "\n".join([step_line(s), "", *head, *body, *graph_note(s)]) + "\n"
+    return "\n".join([step_line(s), "", *head, *body, *(graph_note(s) or compiled_note(s))]) + "\n"
 
 
 def graph_note(s: StepSummary) -> list[str]:
@@ -363,6 +367,23 @@ def graph_note(s: StepSummary) -> list[str]:
     return ["", f"The step ran as a CUDA graph replay ({s.graph_launches} `cudaGraphLaunch`): its kernels run outside "
                 "every named range, in \"other\"; the kernels below are its work. For the per-range breakdown, "
                 "profile with `train.cuda_graph` false (and `train.compile` false)."]
+
+
+def compiled_note(s: StepSummary) -> list[str]:
+    """A line under the table of a compiled step whose model ranges are missing: torch.compile leaves out the
+    record_function ranges inside its graphs ("Profiler record function ... will be ignored"), so the model's
+    forward and loss were "other", unexplained.
+
+    >>> step = StepSummary("ProfilerStep#3", 1.0, None, 0, 0.0, [RangeTime("other", 1.0, None)], [], [], 0, 1)
+    >>> compiled_note(step)[1][:24]
+    'The step ran compiled (1'
+    """
+    if not s.compiled_regions or any(r.name in COMPILED_RANGES for r in s.ranges):
+        return []
+    return ["", f"The step ran compiled ({s.compiled_regions} `{COMPILED_REGION}`): torch.compile leaves out the named "
+                "ranges inside its graphs, so the model's forward and loss are in \"other\"; the "
+                f"{'kernels' if s.on_device else 'ops'} below are its work. For the per-range breakdown, profile with "
+                "`train.compile` false."]
 
 
 def top_table(s: StepSummary) -> str:
