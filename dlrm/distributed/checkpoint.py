@@ -296,6 +296,17 @@ def load_shard(manifest_path: Path, manifest: dict[str, Any], rank: int) -> dict
     return shard
 
 
+def first_difference(a: Any, b: Any, key: str = "") -> Optional[str]:
+    """The first dotted key (in `a`'s order, then `b`'s) whose values differ; None if `a` equals `b`."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in [*a, *(k for k in b if k not in a)]:
+            found = first_difference(a.get(k), b.get(k), f"{key}.{k}" if key else str(k))
+            if found is not None:
+                return found
+        return None
+    return None if a == b else key
+
+
 def restore_agreed(env: DistEnv, restore: Callable[[], T], path: Path) -> T:
     """What `restore` (this rank's load of the checkpoint at `path`, into its run) returns, once every rank's succeeded;
     one collective, at a resume only. A rank whose shard is damaged or does not fit raised alone: the others went on
@@ -312,7 +323,7 @@ def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any
     if sharded is None:
         if "rank" in state:
             raise ConfigError(f"{path}: one shard of a sharded checkpoint; resume from its manifest "
-                              f"({_manifest_of(Path(path), state).name})")  # a best shard's is best.pt
+                              f"({manifest_of(Path(path), state).name})")  # a best shard's is best.pt
         if env.distributed:
             raise ConfigError(f"{path}: a one-process checkpoint cannot be resumed by {env.world_size} ranks; "
                               "start a new run, or resume it with one process")
@@ -328,7 +339,16 @@ def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any
                           f"sizes, or, with balance 'cost', GPU memory; a checkpoint saved before distributed.balance "
                           f"existed resumes with balance 'rows', one saved before 'cost' with 'lookups'): checkpoint "
                           f"table ranks {list(saved_plan.table_rank)}, this run {list(plan.table_rank)}")
-    return load_shard(path, state, env.rank)
+    shard = load_shard(path, state, env.rank)
+    # a shard of another run at the same step (a copied file: same plan, shapes and position) was resumed silently
+    # into its rank: another model, dense weights other than the other ranks', a config other than the one the resume
+    # checked (the manifest's). `merge` compares the shards with each other (`merge.check_same_run`).
+    for key in ("config", "cardinalities"):
+        differs = first_difference(state.get(key), shard.get(key), key) if key in state else None
+        if differs is not None:
+            raise ConfigError(f"{Path(path).parent / sharded['shards'][env.rank]}: {differs} differs from its "
+                              f"manifest {path}'s: a shard of another run")
+    return shard
 
 
 def assemble(plan: ShardingPlan, shards: list[torch.Tensor]) -> torch.Tensor:
@@ -358,7 +378,7 @@ def _assembled(plan: ShardingPlan, shards: list[torch.Tensor], where: Path, what
         raise ConfigError(f"{where}: {what}: {e}") from None
 
 
-def _manifest_of(shard_path: Path, shard: dict[str, Any]) -> Path:
+def manifest_of(shard_path: Path, shard: dict[str, Any]) -> Path:
     """The manifest that names the shard at `shard_path`: best.pt for a best shard (`save_best_sharded`), else its
     step's checkpoint."""
     if shard_path.name.startswith(BEST_PREFIX):
@@ -401,7 +421,7 @@ def merge(manifest_path: Path) -> dict[str, Any]:
     if sharded is None:
         if "rank" in manifest:  # a shard, which no one process loads (it said "it already loads in one process")
             raise ConfigError(f"{manifest_path}: one shard of a sharded checkpoint; merge its manifest, "
-                              f"{_manifest_of(Path(manifest_path), manifest)}")
+                              f"{manifest_of(Path(manifest_path), manifest)}")
         raise ConfigError(f"{manifest_path}: not a sharded checkpoint (it already loads in one process)")
     plan = _plan(sharded)
     shards = [load_shard(manifest_path, manifest, q) for q in range(sharded["world_size"])]

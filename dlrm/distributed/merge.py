@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import click
 import torch
@@ -20,7 +20,7 @@ from loguru import logger
 from dlrm import checkpoint_schema as schema
 from dlrm.config import ConfigError
 from dlrm.errors import TrainingStopped
-from dlrm.distributed.checkpoint import SPARSE_WEIGHT, merge
+from dlrm.distributed.checkpoint import SPARSE_WEIGHT, first_difference, merge
 from dlrm.logging_setup import configure_logging
 from dlrm.stop_signal import StopAtOnce
 from dlrm.checkpoint import load_checkpoint, write_atomic
@@ -53,17 +53,6 @@ def _run_record(path: Path) -> dict[str, Any]:
     return {key: disk[key] for key in _RUN_KEYS}
 
 
-def _first_difference(a: Any, b: Any, key: str = "") -> Optional[str]:
-    """The first dotted key (in `a`'s order, then `b`'s) whose values differ; None if `a` equals `b`."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in [*a, *(k for k in b if k not in a)]:
-            found = _first_difference(a.get(k), b.get(k), f"{key}.{k}" if key else str(k))
-            if found is not None:
-                return found
-        return None
-    return None if a == b else key
-
-
 def check_same_run(manifest_path: Path) -> None:
     """Raise a one-line ConfigError naming two shard files and the first key that differs when the shards
     the manifest names were not saved by one run at one step (e.g. a shard copied from another run: the
@@ -72,7 +61,7 @@ def check_same_run(manifest_path: Path) -> None:
     paths = [manifest_path.parent / name for name in sharded["shards"]]
     first = _run_record(paths[0])
     for path in paths[1:]:
-        key = _first_difference(first, _run_record(path))
+        key = first_difference(first, _run_record(path))
         if key is not None:
             raise ConfigError(f"{paths[0]}, {path}: shards of different runs or steps ({key} differs); "
                               "merge the shards of one checkpoint")

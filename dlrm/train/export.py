@@ -20,6 +20,7 @@ from dlrm.config import Config, ConfigError, KernelsConfig
 from dlrm.config_checks import export_name_problem
 from dlrm.data.loader import ParquetLoader, split_files, transform_dense
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
+from dlrm.distributed.checkpoint import manifest_of
 from dlrm.model.dlrm import DLRM, build_model
 from dlrm import checkpoint as ckpt
 from dlrm.train.fast_path import resolve_fast_path
@@ -38,6 +39,11 @@ def _built_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device
                            portable: bool = False) -> tuple[DLRM, Config]:
     """`model_from_checkpoint`'s model and the config it was built from (its "auto" settings resolved)."""
     state = ckpt.load_checkpoint(path)
+    if "rank" in state:  # one rank's shard: its table rows were refused as "sparse_arch.weight has shape (299, 4) in
+        # the checkpoint, (598, 4) here", which reads as other data or another config, not as the file being a shard
+        manifest = manifest_of(Path(path), state)
+        raise ConfigError(f"{path}: one shard of a sharded checkpoint; merge its manifest for one process first: "
+                          f"python -m dlrm.distributed.merge {manifest} OUT.pt")
     if portable:
         cfg = copy.deepcopy(cfg)
         cfg.kernels = KernelsConfig("torch", "torch", "torch", "torch")

@@ -39,9 +39,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
+import torch
 from loguru import logger
 
 from dlrm.checkpoint import list_checkpoints, remove_stale_temp_files
+from dlrm.checkpoint_schema import v1_numpy_globals
 from dlrm.config import Config, ConfigError
 from dlrm.data.schema import write_json_atomic
 from dlrm.file_lock import LockHeld, name_holder, try_lock
@@ -207,6 +209,31 @@ def _same_file(a: Path, b: Path) -> bool:
         return Path(a).resolve() == Path(b).resolve()
 
 
+def _same_checkpoint(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` hold one checkpoint: one file, or the manifests of one sharded checkpoint's shard files (a
+    sharded run's best.pt names hard links to its step's shards when that step was checkpointed: a manifest of its
+    own, never the step's file, so best.pt at the latest step was refused as "not the latest checkpoint", resuming it
+    in place "would overwrite the later ones", where one process's best.pt, a link to that step's file, resumed)."""
+    if _same_file(a, b):
+        return True
+    names = [_shard_names(p) for p in (a, b)]
+    if names[0] is None or names[1] is None or len(names[0]) != len(names[1]):
+        return False
+    return all(_same_file(Path(a).parent / x, Path(b).parent / y) for x, y in zip(*names))
+
+
+def _shard_names(path: Path) -> Optional[list[str]]:
+    """The shard file names the sharded manifest at `path` lists; None for any other file. Read memory-mapped: a
+    one-process checkpoint (50 GB for MLPerf's) is not loaded to learn that it lists none."""
+    try:
+        numpy = [(obj, name) for name, obj in v1_numpy_globals().items()]  # a format-1 file's RNG state
+        with torch.serialization.safe_globals(numpy):
+            shards = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["sharded"]["shards"]
+    except Exception:  # noqa: BLE001 - missing, foreign, damaged or one-process: it lists no shard
+        return None
+    return list(shards) if isinstance(shards, list) and all(isinstance(x, str) for x in shards) else None
+
+
 class RunLock:
     """An exclusive ``flock`` on ``<run_dir>/.lock`` naming its holder (pid, host, start time).
 
@@ -327,7 +354,7 @@ class RunDirectory:
             # as directories, not names: --tb-dir NEW --run-name r1 of tb/r1's checkpoint continued tb/r1 in place
             # (written, and refused as "not the latest" from an earlier checkpoint) instead of the new run NEW/r1
             # best.pt is a hard link to its step's checkpoint: the latest one too, when the last evaluation was best
-            if latest is not None and not _same_file(latest, checkpoint):
+            if latest is not None and not _same_checkpoint(latest, checkpoint):
                 raise ConfigError(f"--resume: {checkpoint} is not the latest checkpoint of run {source.name!r} "
                                   f"({latest.name} is); resuming it in place would overwrite the later ones: "
                                   "add --run-name NEW to continue from it in a new run")

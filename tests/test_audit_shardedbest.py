@@ -1,0 +1,175 @@
+"""Sharded checkpoints (audit): a shard of another run, resumed.
+
+1. `--resume` of a sharded checkpoint one of whose shards is another run's, at the same step (a copied file: its plan,
+   shapes and position fit), loaded that shard into its rank without a word: the run went on with a model of two
+   runs (and dense weights other than the other ranks'), exit 0. `python -m dlrm.distributed.merge` refused the same
+   checkpoint ("shards of different runs"). Each rank now compares its shard's config and table sizes with its
+   manifest's: one line naming the shard file and the first key that differs, exit 2 on every rank.
+2. ``--resume <run>/checkpoints/best.pt`` of a sharded run whose best evaluation is its latest checkpoint's step was
+   refused as "not the latest checkpoint ... resuming it in place would overwrite the later ones" (there are none),
+   where one process resumes its best.pt there (a hard link to the step's file: tests/test_audit_reporting_edges.py).
+   A sharded best.pt is a manifest of its own whose shards are hard links to the step's: the shard files are compared
+   now. best.pt at an earlier step is still refused.
+3. ``--eval-only`` or ``--export`` of one shard file (``step-N.rankQ-of-W.pt``, ``best-step-N.rankQ-of-W.pt``, what a
+   sharded run's checkpoints/ lists beside its manifests) said "sparse_arch.weight has shape (299, 4) in the
+   checkpoint, (598, 4) here", which reads as other data or another config. Now it names the file a shard and the
+   manifest to merge, as `--resume` and the merge of a shard do.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dlrm import checkpoint as ckpt
+from dlrm.config import ConfigError, load_config
+from dlrm.distributed import checkpoint as dist_ckpt
+from dlrm.distributed.sharding import plan_sharding
+from dlrm.train import export as export_mod
+from dlrm.train.checkpointer import Checkpointer
+from dlrm.train.setup import Tables
+from dlrm.train.run_dir import RunDirectory
+from tests.conftest import CHILD_ENV, REPO, make_dataset
+from tests.test_audit_checkpoint_files import CARDS, save_sharded, tiny_config, tiny_state
+from tests.test_checkpoint_safety import StubEnv
+
+
+# -- 1. a shard of another run -----------------------------------------------------------------------------------------
+
+def test_a_shard_of_another_run_at_the_same_step_is_not_resumed(tmp_path):
+    """Run "mine" and run "other" (train.seed 4) at step 3 under the same plan: rank 1's shard of "mine" replaced by
+    "other"'s. Rank 1's load for the resume is refused, naming the file and config.train.seed; rank 0's (its own
+    shard) still loads."""
+    manifest = save_sharded(tmp_path / "mine", tiny_state())
+    other_cfg = tiny_config()
+    other_cfg.train.seed = 4
+    other = save_sharded(tmp_path / "other", tiny_state(cfg=other_cfg))
+    rank1 = manifest.parent / dist_ckpt.shard_name(3, 1, 2)
+    shutil.copyfile(other.parent / rank1.name, rank1)
+    plan = plan_sharding(CARDS, 2, "row", 1)
+    assert dist_ckpt.load_for_rank(manifest, StubEnv(0, 2), plan)["rank"] == 0
+    with pytest.raises(ConfigError) as e:  # was: rank 1's state returned, another run's model
+        dist_ckpt.load_for_rank(manifest, StubEnv(1, 2), plan)
+    message = str(e.value)
+    assert message.startswith(f"{rank1}: config.train.seed differs from its manifest {manifest}")
+    assert "\n" not in message
+
+
+# -- 2. best.pt at the latest step, resumed in place -------------------------------------------------------------------
+
+def _save_best(manifest, state):
+    """best.pt of the sharded checkpoint `manifest` (its step just saved: each rank links its shard, as a run does)."""
+    plan = plan_sharding(CARDS, 2, "row", 1)
+    best = manifest.parent / "best.pt"
+    for q in (1, 0):  # rank 0 last: it writes the manifest
+        shard = dist_ckpt.load_shard(manifest, ckpt.load_checkpoint(manifest), q)
+        dist_ckpt.save_best_sharded(best, shard, state["position"]["step"], StubEnv(q, 2), plan, Checkpointer._link,
+                                    manifest)
+    return best
+
+
+def test_a_sharded_best_pt_at_the_latest_step_resumes_in_place(tmp_path):
+    run = tmp_path / "tb" / "r"
+    cfg = tiny_config()
+    cfg.log.tb_dir = str(tmp_path / "tb")
+    state = tiny_state(step=3)
+    manifest = save_sharded(run, state)
+    best = _save_best(manifest, state)
+    d = best.parent
+    for q in range(2):  # hard links to the step's shards: one checkpoint
+        assert (d / f"best-step-00000003.rank{q}-of-2.pt").samefile(d / dist_ckpt.shard_name(3, q, 2))
+    opened, copied = RunDirectory.for_resume(cfg, best, manifest)  # was: ConfigError "not the latest checkpoint"
+    try:
+        assert opened.path == run and not copied
+    finally:
+        opened.close()
+    later = save_sharded(run, tiny_state(step=6))  # a later checkpoint: best.pt (step 3) is not the latest
+    with pytest.raises(ConfigError, match="best.pt is not the latest checkpoint of run 'r' \\(step-00000006.pt is\\)"):
+        RunDirectory.for_resume(cfg, best, later)
+
+
+# -- 3. one shard evaluated or exported ------------------------------------------------------------------------------
+
+def test_evaluating_or_exporting_one_shard_names_its_manifest(tmp_path):
+    state = tiny_state(step=3)
+    manifest = save_sharded(tmp_path / "r", state)
+    best = _save_best(manifest, state)
+    tables = Tables(list(CARDS), None, "modulus")
+    model = tiny_config().to_dict()["model"]
+    (tmp_path / "c.json").write_text(json.dumps({"model": model, "train": {"device": "cpu"}}))
+    cfg = load_config(tmp_path / "c.json", {})  # as the command line's (its "auto" settings resolvable)
+    for shard, named in ((manifest.parent / dist_ckpt.shard_name(3, 1, 2), manifest),
+                         (best.parent / "best-step-00000003.rank0-of-2.pt", best)):
+        for portable in (False, True):  # --eval-only's model, --export's
+            with pytest.raises(ConfigError) as e:  # was: "sparse_arch.weight has shape (4, 4) in the checkpoint, ..."
+                export_mod.model_from_checkpoint(cfg, shard, tables, torch.device("cpu"), portable)
+            assert str(e.value) == (f"{shard}: one shard of a sharded checkpoint; merge its manifest for one process "
+                                    f"first: python -m dlrm.distributed.merge {named} OUT.pt")
+
+
+# -- the same through train.py on two gloo ranks ----------------------------------------------------------------------
+
+CONFIG = {
+    "data": {"batch_size": 20, "eval_batch_size": 10, "shuffle": True, "drop_last": False},
+    "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
+    "optim": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "rowwise_adagrad", "lr": 0.05}},
+    "train": {"epochs": 1, "log_every": 3, "eval_every": 3, "device": "cpu", "seed": 3, "baseline": False},
+    "checkpoint": {"every": 3, "keep": 5},
+    "distributed": {"sharding": "table"},
+}  # 120 train rows in global batches of 20: 6 steps; checkpoints and evaluations at 3 and 6
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shardedbest") / "ds"
+    make_dataset(root, {"train": 120, "validation": 40}, row_group_size=20, cardinality=23)
+    return root
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(tmp_path, dataset, args, world=2, config=None):
+    """``train.py`` on `world` gloo ranks (as torchrun starts them); [(exit code, output)] by rank."""
+    cfg = json.loads(json.dumps(config or CONFIG))
+    cfg["data"]["path"] = str(dataset)
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    env = {**CHILD_ENV, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "TRITON_INTERPRET": "1"}
+    cmd = [sys.executable, "train.py", "--config", str(tmp_path / "c.json"), "--tb-dir", str(tmp_path / "tb"), *args]
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+             for r in range(world)]
+    try:
+        return [(p.wait(timeout=150), p.stdout.read()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def test_resuming_with_another_runs_shard_stops_every_rank_in_one_line(tmp_path, dataset):
+    """Two 2-rank runs of the same config but train.seed (3 and 5), stopped at step 3; "mine"'s rank-1 shard replaced
+    by "other"'s: the resume exited 0 on both ranks, training on from two runs' shards."""
+    for name, seed in (("mine", "3"), ("other", "5")):
+        results = launch(tmp_path, dataset, ["--run-name", name, "--seed", seed, "--max-steps", "3"])
+        assert [code for code, _ in results] == [0, 0], results[0][1][-3000:]
+    d, other = ckpt.checkpoint_dir(tmp_path / "tb" / "mine"), ckpt.checkpoint_dir(tmp_path / "tb" / "other")
+    rank1 = d / dist_ckpt.shard_name(3, 1, 2)
+    shutil.copyfile(other / rank1.name, rank1)
+    results = launch(tmp_path, dataset, ["--run-name", "mine", "--seed", "3", "--resume"])
+    for rank, (code, out) in enumerate(results):
+        assert code == 2, f"rank {rank} exited {code}:\n{out[-3000:]}"
+        errors = [line for line in out.splitlines() if "ERROR" in line]
+        assert len(errors) == 1 and "Traceback" not in out, out[-3000:]
+        assert rank1.name in errors[0] and "config.train.seed differs" in errors[0], errors[0]
+    assert [p.name for p in ckpt.list_checkpoints(tmp_path / "tb" / "mine")] == ["step-00000003.pt"]
