@@ -19,6 +19,7 @@ from loguru import logger
 
 from dlrm import checkpoint_schema as schema
 from dlrm.config import ConfigError
+from dlrm.config_checks import MAX_NAME_BYTES
 from dlrm.errors import TrainingStopped
 from dlrm.distributed.checkpoint import SPARSE_WEIGHT, first_difference, merge
 from dlrm.logging_setup import configure_logging
@@ -34,6 +35,9 @@ def check_out_path(out: Path) -> None:
     ``--export`` refuses) or that cannot be created because a file stands where a directory must."""
     if os.path.lexists(out):
         raise ConfigError(f"{out}: already exists; remove it or choose another path")
+    if len(os.fsencode(out.name)) > MAX_NAME_BYTES:  # (found by the final link, after the whole merge)
+        raise ConfigError(f"{out}: a file name of {len(os.fsencode(out.name))} bytes is too long (at most "
+                          f"{MAX_NAME_BYTES})")
     ancestor = out.absolute().parent
     while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
         ancestor = ancestor.parent
