@@ -48,6 +48,7 @@ from dlrm.config import load_config, validate  # noqa: E402,F401 - load_config: 
 from dlrm.data.schema import is_multi_hot  # noqa: E402
 from dlrm.train.builder import build_run, tables_from_config  # noqa: E402
 from dlrm.train.compare import VARIANTS, release_memory, unavailable_reason, variant_config  # noqa: E402
+from dlrm.train.setup import seed_everything  # noqa: E402
 
 KEYS = ["variant", "precision", "batch_size", "samples_per_sec", "min_samples_per_sec", "max_samples_per_sec",
         "step_ms", "warmup_s", "peak_memory_mb", "final_loss", "status"]
@@ -64,7 +65,9 @@ def measure(cfg, variant: str, precision: str, batch_size: int, device: torch.de
     cfg.train.precision = precision  # tf32: TF32 tensor cores for fp32 matmuls; fp32: IEEE
     cfg.data.batch_size = batch_size
     validate(cfg)  # as train.py does: a combination that cannot run is a ConfigError row, not a broken step
-    torch.manual_seed(0)
+    # seeded, and torch's deterministic mode set as the config says (as train.py's seed_everything does): left on by
+    # a deterministic run earlier in this process, it kept Inductor from timing the combo kernels (a failed row)
+    seed_everything(0, cfg.train.deterministic)
     run = build_run(cfg, tables_from_config(cfg), device, total_steps=warmup + windows * steps)
     batches = synthetic_batches(8, batch_size, device, multi_hot_sizes=cfg.model.multi_hot_sizes)
     if device.type == "cuda":

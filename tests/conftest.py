@@ -62,16 +62,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# torch's deterministic mode as the test session found it
+_DETERMINISTIC_AT_START = (torch.are_deterministic_algorithms_enabled(),
+                           torch.is_deterministic_algorithms_warn_only_enabled())
+
+
 @pytest.fixture(autouse=True)
 def _restore_deterministic_mode():
     """`torch.use_deterministic_algorithms` is process-wide, and it turns Inductor's deterministic mode on too, in which
     Inductor refuses to time kernels (combo kernels raise). A test that trains with train.deterministic must not leave
-    it on for the tests after it in the same worker (on the GPU machine that failed a compiled step with combo kernels)."""
-    mode, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    it on for the tests after it in the same worker (on the GPU machine that failed a compiled step with combo kernels):
+    restored to the session's start, not to what the test found (a module-scoped fixture that trained with it, before
+    this test's snapshot, left it on for the whole worker)."""
     yield
-    if (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) != (
-            mode, warn_only):
-        torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    if (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled()) != _DETERMINISTIC_AT_START:
+        torch.use_deterministic_algorithms(_DETERMINISTIC_AT_START[0], warn_only=_DETERMINISTIC_AT_START[1])
 
 
 def process_output(result, tail: int = 3000) -> str:
