@@ -148,6 +148,8 @@ TRAINING_ONLY = {"profile.enabled": "--profile", "train.baseline": "--baseline",
 # was ignored without a word), and --kernels triton (the export's model has the PyTorch kernels, `load_for_export`)
 EVALUATION_ONLY = {"data.eval_split": "--split", "log.run_name": "--run-name", "train.compile.mode": "--compile-mode",
                    "train.compile.enabled": "--compile", "kernels.embedding": "--kernels"}
+# ... of which these values say what a bare export does (the export has neither torch.compile nor Triton kernels)
+EXPORT_ACCEPTS = {"train.compile.enabled": False, "kernels.embedding": "torch"}
 # Options that --compare's variants set themselves (dlrm.train.compare.variant_config: each variant's kernels, and
 # whether and in which mode it is compiled): `--compare eager,compiled --compile-mode max-autotune` trained the
 # compiled variant in its own mode and the eager one eagerly, ignoring the option without a word.
@@ -198,9 +200,11 @@ def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str
             mode = "--eval-only" if eval_only else "--export of a --checkpoint"
             raise ConfigError(f"{ignored[0]}: acts only on training, and {mode} trains nothing (leave it out)")
     if export_path and checkpoint_path and not eval_only:
-        # (--no-compile and --kernels torch say what the export does: accepted, as --no-baseline is by --eval-only)
+        # (--no-compile and --kernels torch say what the export does: accepted, as --no-baseline is by --eval-only;
+        # those two only: any option of the value torch or false was, `--run-name torch` ignored without a word)
+        given = overrides or {}
         ignored = [flag for key, flag in EVALUATION_ONLY.items()
-                   if (overrides or {}).get(key) is not None and (overrides or {}).get(key) not in (False, "torch")]
+                   if given.get(key) is not None and not (key in EXPORT_ACCEPTS and given[key] == EXPORT_ACCEPTS[key])]
         if ignored:
             raise ConfigError(f"{ignored[0]}: acts only on an evaluation or a training run, and --export of a "
                               "--checkpoint makes neither (leave it out, or add --eval-only)")

@@ -243,6 +243,9 @@ def _check_outputs(cfg: Config) -> None:
     _positive("checkpoint.keep", cfg.checkpoint.keep)
     _positive("distributed.row_wise_min_rows", cfg.distributed.row_wise_min_rows)
     _positive("distributed.timeout_s", cfg.distributed.timeout_s, maximum=10**7)  # timedelta and C++ ms stay finite
+    if cfg.distributed.timeout_s is not None and cfg.distributed.timeout_s < 1:  # torch rounds it to whole ms: 1e-4
+        # was 0 ms, and every rank "did not join" at once, blaming the others
+        raise ConfigError(f"distributed.timeout_s: {cfg.distributed.timeout_s!r} must be >= 1 (seconds)")
     if cfg.log.tb_dir == "":  # Path("") is the working directory: --tb-dir "" wrote the run there, silently
         raise ConfigError('log.tb_dir: empty path (the TensorBoard root; "." for the working directory)')
     if not cfg.name or "/" in cfg.name:

@@ -55,7 +55,7 @@ def rank_env(rank: int, port: int) -> dict:
             "RANK": str(rank), "LOCAL_RANK": str(rank), "TRITON_INTERPRET": "1"}
 
 
-@pytest.mark.parametrize("value", [0, -3, "10", 1e9])
+@pytest.mark.parametrize("value", [0, -3, "10", 1e9, 1e-4, 0.5])
 def test_a_bad_timeout_is_refused_naming_the_key(tmp_path, value):
     with pytest.raises(ConfigError, match=r"distributed\.timeout_s"):
         load_config(write_config(tmp_path, value))

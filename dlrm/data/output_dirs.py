@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,6 +199,10 @@ def _lock_current(lock: Path, shared: bool) -> int:
         os.close(fd)
 
 
+_READER_NOTE = ", a run reading it"  # the end of a reader's line in the lock file (`dataset_read_lock`)
+_LEAVING_READER_S = 2.0  # how long a starting reader waits for one that holds the file to remove it
+
+
 @contextlib.contextmanager
 def dataset_read_lock(path: Path, option: str, error: type[Exception] = click.ClickException) -> Iterator[None]:
     """Hold a shared ``flock`` on `output_lock`'s file of the dataset `path` while a run reads it. Without it, a tool
@@ -211,16 +216,24 @@ def dataset_read_lock(path: Path, option: str, error: type[Exception] = click.Cl
     if real.is_dir() and os.access(real, os.W_OK | os.X_OK) and not os.access(parent, os.W_OK):
         parent = real
     lock = parent / lock_name(path)
-    try:
-        fd = _lock_current(lock, shared=True)
-    except LockHeld as held:
-        raise error(f"{option} {path}: being written by {held.holder} (its lock {lock}); wait for it to finish") \
-            from None
-    except OSError:  # no lock file can be made there (read-only, missing): nothing writes it here either
-        fd = -1
+    patience = time.monotonic() + _LEAVING_READER_S
+    while True:
+        try:
+            fd = _lock_current(lock, shared=True)
+        except LockHeld as held:
+            # the last reader holds the file exclusively for a moment, to remove it (below): a run started then was
+            # refused as "being written by" that reader. A writer names itself at once (its line replaces a reader's)
+            if held.holder.endswith(_READER_NOTE) and time.monotonic() < patience:
+                time.sleep(0.01)
+                continue
+            raise error(f"{option} {path}: being written by {held.holder} (its lock {lock}); wait for it to finish") \
+                from None
+        except OSError:  # no lock file can be made there (read-only, missing): nothing writes it here either
+            fd = -1
+        break
     try:
         if fd >= 0:
-            name_holder(fd, note=", a run reading it")  # a writer refused names this reader (the last to start)
+            name_holder(fd, note=_READER_NOTE)  # a writer refused names this reader (the last to start)
         yield
     finally:
         if fd >= 0:

@@ -166,6 +166,16 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
     """Write `data`'s every split into `output` in `layout` (and `codec`, None keeps each file's; and
     `dense_format`, None or the dataset's keeps the dense columns, "float" turns counts into the model's
     float input); the new metadata. `output` appears only when every file is done."""
+    # --data held for reading (`dataset_read_lock`) from before its metadata.json is read: a tool's --overwrite of it
+    # between that read and the lock made a copy of the new dataset's files under the old one's metadata (other
+    # table sizes and counts), exit 0
+    with dataset_read_lock(data, "--data"):
+        return _checked_relayout(data, output, layout, codec, workers, overwrite, dense_format)
+
+
+def _checked_relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None, workers: int | None,
+                      overwrite: bool, dense_format: DenseFormat | None) -> Metadata:
+    """`relayout`, holding --data for reading."""
     meta = read_metadata(data)
     out_dense = dense_format or meta.dense_format
     if out_dense not in DENSE_FORMATS or (out_dense == "counts" and meta.dense_format == "float"):
@@ -182,9 +192,7 @@ def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None =
     check_target(output, overwrite, "directory")
     check_parent_writable(output, "--output")
     # one run of an --output at a time: a second one's copy was silently replaced by the first's at its end
-    # and --data held for reading (`dataset_read_lock`): a tool's --overwrite of it meanwhile replaced the files being
-    # copied, under the metadata.json read before
-    with output_lock(output, "--output"), dataset_read_lock(data, "--data"):
+    with output_lock(output, "--output"):
         recover_replaced(output)  # what a run killed while replacing --output left (`replace_dir`)
         check_target(output, overwrite, "directory")  # again, under the lock: another may have finished meanwhile
         return _relayout(data, output, layout, codec, workers, meta, out_dense)
