@@ -184,3 +184,23 @@ def test_relayout_holds_its_data_while_it_copies_it(tmp_path, dataset):
     assert not (tmp_path / "copy").exists()
     relayout(dataset, tmp_path / "copy", "lists")  # once the writer is gone
     assert (tmp_path / "copy" / "metadata.json").is_file()
+
+
+def test_a_nested_hold_of_one_dataset_takes_one_lock_and_keeps_it_until_the_outer_ends(tmp_path, monkeypatch):
+    """`dlrm.cli.run` holds the dataset around `train`, which holds it too: the inner hold is counted, not a second
+    flock (on NFS, whose flock is a POSIX lock per process, the inner release dropped the outer hold and removed the
+    file), and the lock file stays until the outer hold ends."""
+    from dlrm.data import output_dirs
+
+    data = tmp_path / "D"
+    data.mkdir()
+    flocks: list[int] = []
+    real = output_dirs.try_lock
+    monkeypatch.setattr(output_dirs, "try_lock", lambda *a, **k: flocks.append(1) or real(*a, **k))
+    lock = tmp_path / ".D.lock"
+    with output_dirs.dataset_read_lock(data, "data.path"):
+        with output_dirs.dataset_read_lock(data, "data.path"):
+            assert lock.exists()
+        assert lock.exists(), "the inner hold's release removed the outer hold's lock file"
+        assert len(flocks) == 1
+    assert not lock.exists() and output_dirs._READING == {}

@@ -201,6 +201,7 @@ def _lock_current(lock: Path, shared: bool) -> int:
 
 _READER_NOTE = ", a run reading it"  # the end of a reader's line in the lock file (`dataset_read_lock`)
 _LEAVING_READER_S = 2.0  # how long a starting reader waits for one that holds the file to remove it
+_READING: dict[str, int] = {}  # the lock files this process holds for reading, and how many holds each
 
 
 @contextlib.contextmanager
@@ -216,6 +217,15 @@ def dataset_read_lock(path: Path, option: str, error: type[Exception] = click.Cl
     if real.is_dir() and os.access(real, os.W_OK | os.X_OK) and not os.access(parent, os.W_OK):
         parent = real
     lock = parent / lock_name(path)
+    if str(lock) in _READING:  # held by this process already (`dlrm.cli.run` around `train`): one hold, counted. A
+        # second flock of the same file by one process is a second lock on local file systems, but on NFS (POSIX
+        # locks, one per process) the inner release dropped the outer hold and removed the file
+        _READING[str(lock)] += 1
+        try:
+            yield
+        finally:
+            _READING[str(lock)] -= 1
+        return
     patience = time.monotonic() + _LEAVING_READER_S
     while True:
         try:
@@ -231,11 +241,13 @@ def dataset_read_lock(path: Path, option: str, error: type[Exception] = click.Cl
         except OSError:  # no lock file can be made there (read-only, missing): nothing writes it here either
             fd = -1
         break
+    _READING[str(lock)] = 1
     try:
         if fd >= 0:
             name_holder(fd, note=_READER_NOTE)  # a writer refused names this reader (the last to start)
         yield
     finally:
+        del _READING[str(lock)]
         if fd >= 0:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # no other reader: remove the file (as output_lock)
