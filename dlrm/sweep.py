@@ -464,6 +464,7 @@ def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult],
     """Every trial in turn, its summary or its failure into `results`; returns the first failure's exception. On
     `resume`, a finished trial's summary is gathered and an interrupted one resumed from its checkpoint."""
     from dlrm.sweep_resume import trial_state
+    from dlrm.train.compare import release_memory
 
     total = len(results) * seeds
     first_failure: Optional[BaseException] = None
@@ -484,6 +485,7 @@ def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult],
             # (its AUC null: a one-class split's, which ended the resume with a format TypeError)
             logger.info(f"{name}: finished earlier ({run_dir / 'summary.json'}): AUC {auc_text(done)}")
             continue
+        release_memory()  # as train.py alone: no compiled graph (its recompile limit) nor model of the trials before
         try:
             if checkpoint is not None:  # in place: the trainer's --resume of run <setting dir>/seed-<k>
                 logger.info(f"{name}: resuming from {checkpoint}")
@@ -501,11 +503,9 @@ def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult],
             raise
         except Exception as e:  # one trial's failure: the others still run (KeyboardInterrupt is no Exception)
             r.failed[seed] = failure_reason(e)
-            logger.error(f"sweep trial {trial}/{total} ({label(r.setting)}, seed {seed}) failed: {r.failed[seed]}; "
-                         "the sweep goes on")
+            logger.error(f"{name} failed: {r.failed[seed]}; the sweep goes on")
             if first_failure is None:
-                # its frames' locals (the failed run's model and tensors) freed for the next trials; the traceback
-                # itself stays for the report at the end
+                # its frames' locals (the failed run's model and tensors) freed; the traceback stays for the report
                 traceback.clear_frames(e.__traceback__)
                 first_failure = e
             continue

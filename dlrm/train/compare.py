@@ -245,15 +245,20 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
     return rows
 
 
-def release_memory(device: torch.device) -> None:
+def release_memory(device: Optional[torch.device] = None) -> None:
     """Free what a finished variant may still hold before the next one builds its model: compiled
     graphs (dynamo's caches), reference cycles (a captured step and its CUDA graph pool) and the CUDA
     caching allocator's blocks. Without it benchmarks/train_throughput.py's next case ran out of memory
-    on the H100 with the Terabyte tables (27 GB) of the case before still allocated."""
+    on the H100 with the Terabyte tables (27 GB) of the case before still allocated.
+
+    A sweep calls it before each trial (`device` None: the CUDA blocks too, where CUDA was initialized), which then
+    runs as train.py alone: kept, the trials before's compiled graphs counted toward Dynamo's recompile limit (once a
+    sweep had compiled 8 model structures, every later trial ran eager, said by a torch warning alone), and their
+    models, optimizer state and arenas (reference cycles) stayed in memory beside the next trials' own."""
     torch._dynamo.reset()
     gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    if device is None or device.type == "cuda":
+        torch.cuda.empty_cache()  # (a no-op where CUDA was never initialized)
 
 
 def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, device: torch.device, base: Path,
