@@ -21,8 +21,8 @@ from loguru import logger
 from dlrm import checkpoint as ckpt
 from dlrm.config import Config, ConfigError, config_from_dict
 from dlrm.distributed.env import DistEnv
-from dlrm.train.checkpointer import BEST_NAME
-from dlrm.train.run_dir import LOCK_NAME, restart_leftovers, restart_refusal, run_of
+from dlrm.train.checkpointer import BEST_NAME, checkpoint_step
+from dlrm.train.run_dir import LOCK_NAME, branch_start, restart_leftovers, restart_refusal, run_of
 
 # dotted prefixes: a key equal to one or under it is free
 FREE_KEYS = (
@@ -152,6 +152,9 @@ def checkpoint_to_resume(cfg: Config, resume: str, allowed: Iterable[str] = (),
             if ckpt.list_checkpoints(run):
                 return str(ckpt.resolve_resume("latest", run))
             best = ckpt.checkpoint_dir(run) / BEST_NAME
+            start = branch_start(run)
+            if start is not None and not (run / "summary.json").exists():
+                return str(branch_resume(run, best, *start))
             if best.is_file() and not (run / "summary.json").exists():
                 # killed after an evaluation saved best.pt, before the first step checkpoint (train.eval_every <
                 # checkpoint.every): best.pt holds its step's whole training state, the latest the run saved; it was
@@ -169,6 +172,28 @@ def checkpoint_to_resume(cfg: Config, resume: str, allowed: Iterable[str] = (),
     run = run_of(path)
     listed = ckpt.list_checkpoints(run) if run is not None else []
     return path, (listed[-1] if listed else None)
+
+
+def branch_resume(run: Path, best: Path, start: Path, step: int) -> Path:
+    """What ``--resume`` of the branch `run` (started from `start` at `step`, `branch_start`), which has no step
+    checkpoint yet, goes on from: its best.pt when an evaluation after its start made it (the latest state it saved),
+    else its start. Its best.pt is otherwise its source run's best step's model, at `step` or earlier: going on from
+    it trained steps the branch never trained (under its config), and from step 0 (none) the whole run."""
+    own = checkpoint_step(best) if best.is_file() else None
+    if own is not None and own > step:
+        logger.info(f"--resume: {run} has no step checkpoint yet; going on from {best} (step {own}), the latest state "
+                    "its run saved")
+        return best
+    held = checkpoint_step(start)
+    if held == step:
+        return start
+    if own == step:  # (a link to the start's model: it outlives the start's pruning)
+        return best
+    what = "is gone" if not start.exists() else ("is not a readable checkpoint" if held is None else
+                                                 f"holds step {held} now")
+    raise ConfigError(f"--resume: {run} is a branch started from {start} at step {step} and stopped before its first "
+                      f"checkpoint; that file {what} (pruned or replaced since), so it cannot go on from its start: "
+                      "move it away and branch again, or pick another --run-name")
 
 
 def restart_config(run: Path, current: dict[str, Any], allowed: Iterable[str]) -> None:

@@ -19,6 +19,9 @@
   checkpoint's run is copied into a fresh run of that name (said in the log) and the original is
   never written. Resuming from a checkpoint that is not its run's latest would overwrite the later
   ones, so it is refused with that hint.
+* **A branch stopped before its first checkpoint goes on from its start.** A new run continued from a checkpoint
+  records it (``branched_from.json``: the file and its step); ``--resume`` of it with no step checkpoint yet goes on
+  from there (`branch_start`), not from the best.pt it linked (its source run's best step, earlier) nor from step 0.
 * **A run stopped before its first checkpoint starts again.** ``--resume`` (latest) of a run directory that is missing,
   or holds only what a run writes before its first checkpoint (`restart_leftovers`: config.json of the same run, its
   TensorBoard events, the lock, profiler traces, temporary files), starts the run from step 0 there, the earlier
@@ -32,6 +35,7 @@ The resolved absolute path is logged whenever it differs from what was typed (ab
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -51,6 +55,10 @@ from dlrm.file_lock import LockHeld, name_holder, try_lock
 _VALID_NAME = re.compile(r"[\w.+-]+")
 _RUN_CHECKPOINT = re.compile(r"(?:step-\d{8,}|best)\.pt")  # the names a run gives its checkpoints
 LOCK_NAME = ".lock"
+BRANCH_NAME = "branched_from.json"
+"""A branch's start (`RunDirectory.for_resume`): ``{"checkpoint": path, "step": N}``. A branch killed before its first
+step checkpoint held only best.pt, a link to its source run's best step's model (earlier than N, or none): its
+``--resume`` went on from there (or from step 0) and trained other steps than the branch, silently."""
 
 
 def run_name(cfg: Config) -> str:
@@ -129,6 +137,26 @@ def restart_leftovers(path: Path) -> Optional[list[str]]:
     return names
 
 
+def branch_start(run: Path) -> Optional[tuple[Path, int]]:
+    """(the checkpoint, its step) the branch `run` started from (`BRANCH_NAME`), or None: not a branch, or a
+    record that does not read as one (then it is refused as anything else there is)."""
+    try:
+        record = json.loads((Path(run) / BRANCH_NAME).read_text())
+        checkpoint, step = record["checkpoint"], record["step"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(checkpoint, str) or not checkpoint or type(step) is not int or step < 0:
+        return None
+    return Path(checkpoint), step
+
+
+def _restartable_branch(path: Path, checkpoint: Path) -> bool:
+    """Whether `path` is the branch from `checkpoint` stopped before its first step checkpoint (or summary)."""
+    start = branch_start(path)
+    return (start is not None and _same_file(start[0], checkpoint) and not list_checkpoints(path)
+            and not (path / "summary.json").exists())
+
+
 def restart_refusal(path: Path) -> str:
     """The one line refusing ``--resume`` of `path`, a run directory with no checkpoint and more than a run writes
     before its first one: what is there, and what to do."""
@@ -181,6 +209,8 @@ def _advice(path: Path) -> str:
         return f"a run is writing it now ({holder}): pick another --run-name"
     if list_checkpoints(path):
         return "pick another --run-name (or --resume it)"
+    if branch_start(path) is not None and not (path / "summary.json").exists():
+        return "it holds a branch stopped before its first checkpoint: --resume goes on from its start, or pick another --run-name"
     if restart_leftovers(path) is not None:  # "--resume it" said "no checkpoint": now it starts the run again
         return ("it holds a run stopped before its first checkpoint: --resume starts it again from step 0 there "
                 "(with the same config), or pick another --run-name")
@@ -365,6 +395,8 @@ class RunDirectory:
         target = Path(cfg.log.tb_dir) / run_name(cfg)
         copied = not is_run_checkpoint(checkpoint)  # its grandparent is no run: not named as one
         if target.exists():
+            if _restartable_branch(target, checkpoint):  # this branch again, killed before its first checkpoint
+                return cls._reopen_branch(cfg, target, checkpoint), True
             if copied:
                 raise ConfigError(f"--resume: {checkpoint} is not in a run's checkpoints/ directory, and --run-name "
                                   f"{wanted!r} names an existing run ({target}); name a new run to continue in")
@@ -372,10 +404,42 @@ class RunDirectory:
                               f"names another existing run ({target}); omit --run-name, or name a new run to "
                               "continue in a copy")
         run = cls.create(cfg, target)
+        run._record_start(checkpoint)
         whose = f"from {checkpoint}" if copied else f"run {source.name!r} from {checkpoint.name}"
         logger.info(f"--resume: continuing {whose} in the new run {run.path} (the original "
                     f"{'file' if copied else 'run'} is not written)")
         return run, True
+
+    def _record_start(self, checkpoint: Path) -> None:
+        """Write `BRANCH_NAME` in this new branch: where a ``--resume`` before its first step checkpoint goes on."""
+        from dlrm.train.checkpointer import checkpoint_step  # (that module imports this one)
+        step = checkpoint_step(checkpoint)
+        if step is None:  # (unreadable: the restore refuses it in one line)
+            return
+        try:
+            write_json_atomic(self.path / BRANCH_NAME, {"checkpoint": os.path.abspath(checkpoint), "step": step})
+        except OSError as e:
+            self.abandon()
+            raise ConfigError(f"log.tb_dir: cannot write {str(self.path / BRANCH_NAME)!r} ({e.strerror})") from None
+
+    @classmethod
+    def _reopen_branch(cls, cfg: Config, path: Path, checkpoint: Path) -> "RunDirectory":
+        """The branch from `checkpoint` at `path`, killed before its first step checkpoint, taken again (under its lock:
+        one saved meanwhile is refused): its stopped session's temporary files and events go (the steps after its
+        start are trained and logged again), config.json is this session's."""
+        run = cls(path, RunLock.acquire(path), created=False)
+        run._check_latest_unchanged(None)
+        try:
+            run._remove_stale_temps()
+            for event_file in path.glob("events.out.tfevents.*"):
+                event_file.unlink()
+            write_json_atomic(path / "config.json", cfg.to_dict())
+        except OSError as e:
+            run.close()
+            raise ConfigError(f"log.tb_dir: cannot write {str(path)!r} ({e.strerror})") from None
+        logger.info(f"--resume: {path} is a branch from {checkpoint} stopped before its first checkpoint: going on "
+                    "from there")
+        return run
 
     def _check_latest_unchanged(self, latest: Optional[Path]) -> None:
         """Under the lock: refuse when the run got a newer checkpoint than `latest` (what this resume looked at before

@@ -166,8 +166,7 @@ class Trainer:
         # data.path as an absolute path (not resolving links): the checkpoints and summary.json record it, so a
         # --resume from another working directory whose config names the data relatively is compared with the data
         # this run read (refused when it is another directory) instead of training on whatever lies there
-        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(cfg.data.path)))
-        self.cfg = cfg
+        self.cfg = cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(cfg.data.path)))
         device, data_dir, self.meta, self.tables = build_for_data(cfg)
         self.env, self.device = init_distributed(cfg.distributed, device)  # one process unless under torchrun
         with agreed_stop(self.env, self.device, "before the first step", self._stopped_at_start):  # several ranks
@@ -268,8 +267,9 @@ class Trainer:
                           if checkpoint_step(path) == best["step"]), None)  # so this run's first
             own = self.checkpointer.best_path  # also from another run's best.pt holding it now (a branch), which that
             moves = found != recorded or run_of(found) is not None  # run replaces with a later best
-            if found is not None and moves and not _same_file(found, own) \
-                    and self.checkpointer.adopt_best(found, sharded=self.run.plan is not None):  # sharded: own manifest
+            if found is not None and moves and _same_file(found, own):  # a restarted branch's best.pt (named the
+                found = own  # source's best.pt, the same file now, which that run replaces with later bests)
+            elif found is not None and moves and self.checkpointer.adopt_best(found, self.run.plan is not None):
                 logger.warning(f"--resume: the best evaluation's model (step {best['step']}, recorded as "
                                f"{best['checkpoint']}) is {found}: {own} is now a link to it")
                 found = own
