@@ -175,7 +175,8 @@ class Checkpointer:
             tmp.unlink(missing_ok=True)
             os.link(source, tmp)
             os.replace(tmp, path)
-            return True
+            tmp.unlink(missing_ok=True)  # `path` already a link to `source`: rename() of two links of one file does
+            return True  # nothing (POSIX) and left tmp (a restarted sharded branch re-links its best shards so)
         except OSError:
             tmp.unlink(missing_ok=True)
             return False

@@ -22,7 +22,7 @@ from dlrm import checkpoint as ckpt
 from dlrm.config import Config, ConfigError, config_from_dict
 from dlrm.distributed.env import DistEnv
 from dlrm.train.checkpointer import BEST_NAME, checkpoint_step
-from dlrm.train.run_dir import LOCK_NAME, branch_start, restart_leftovers, restart_refusal, run_of
+from dlrm.train.run_dir import BRANCH_NAME, LOCK_NAME, branch_start, restart_leftovers, restart_refusal, run_of
 
 # dotted prefixes: a key equal to one or under it is free
 FREE_KEYS = (
@@ -155,6 +155,11 @@ def checkpoint_to_resume(cfg: Config, resume: str, allowed: Iterable[str] = (),
             start = branch_start(run)
             if start is not None and not (run / "summary.json").exists():
                 return str(branch_resume(run, best, *start))
+            if (run / BRANCH_NAME).exists() and not (run / "summary.json").exists():  # (taken for no branch, it went
+                # on from the best.pt it linked, its source's earlier best step: what the record is there to prevent)
+                raise ConfigError(f"--resume: {run / BRANCH_NAME} does not read as a branch's start (a JSON "
+                                  '{"checkpoint": path, "step": N}); ' f"{run} holds no step checkpoint, so where it "
+                                  "goes on is unknown: move it away or pick another --run-name")
             if best.is_file() and not (run / "summary.json").exists():
                 # killed after an evaluation saved best.pt, before the first step checkpoint (train.eval_every <
                 # checkpoint.every): best.pt holds its step's whole training state, the latest the run saved; it was

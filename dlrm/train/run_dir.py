@@ -151,10 +151,22 @@ def branch_start(run: Path) -> Optional[tuple[Path, int]]:
 
 
 def _restartable_branch(path: Path, checkpoint: Path) -> bool:
-    """Whether `path` is the branch from `checkpoint` stopped before its first step checkpoint (or summary)."""
+    """Whether `path` is the branch from `checkpoint` stopped before its first step checkpoint (or summary). Refused
+    when that file no longer holds the branch's start step (a best.pt replaced by a later best): going on from it
+    trained another branch than the one started there, under its name, as ``--resume`` (`branch_resume`) refuses."""
     start = branch_start(path)
-    return (start is not None and _same_file(start[0], checkpoint) and not list_checkpoints(path)
-            and not (path / "summary.json").exists())
+    if not (start is not None and _same_file(start[0], checkpoint) and not list_checkpoints(path)
+            and not (path / "summary.json").exists()):
+        return False
+    from dlrm.train.checkpointer import checkpoint_step  # (that module imports this one)
+    held = checkpoint_step(checkpoint)
+    if held != start[1]:
+        holds = "no readable step" if held is None else f"step {held}"
+        raise ConfigError(f"--resume: {path} is a branch started from {checkpoint} at step {start[1]} and stopped "
+                          f"before its first checkpoint; that file holds {holds} now (replaced since), so it cannot "
+                          f"go on from its start: --resume it with --run-name {path.name} alone (from its own best.pt, "
+                          "where that holds its start), or pick another --run-name")
+    return True
 
 
 def restart_refusal(path: Path) -> str:
@@ -324,6 +336,7 @@ class RunDirectory:
     def __init__(self, path: Path, lock: Optional[RunLock], created: bool) -> None:
         self.path, self.lock, self.created = Path(path), lock, created
         self._started = False
+        self._replaced_at_start: Optional[tuple[list[Path], dict]] = None  # (`_reopen_branch`)
 
     @classmethod
     def create(cls, cfg: Config, path: Optional[Path] = None, restart: bool = False) -> "RunDirectory":
@@ -425,18 +438,18 @@ class RunDirectory:
     @classmethod
     def _reopen_branch(cls, cfg: Config, path: Path, checkpoint: Path) -> "RunDirectory":
         """The branch from `checkpoint` at `path`, killed before its first step checkpoint, taken again (under its lock:
-        one saved meanwhile is refused): its stopped session's temporary files and events go (the steps after its
-        start are trained and logged again), config.json is this session's."""
+        one saved meanwhile is refused): its stopped session's temporary files go now, its events at the first step
+        (the steps after its start are trained and logged again), when config.json becomes this session's."""
         run = cls(path, RunLock.acquire(path), created=False)
         run._check_latest_unchanged(None)
         try:
             run._remove_stale_temps()
-            for event_file in path.glob("events.out.tfevents.*"):
-                event_file.unlink()
-            write_json_atomic(path / "config.json", cfg.to_dict())
         except OSError as e:
             run.close()
             raise ConfigError(f"log.tb_dir: cannot write {str(path)!r} ({e.strerror})") from None
+        # its events and config.json replaced at this session's first step (`started`), not now: a start refused
+        # after this (the restore: other table sizes, another world size) removed the stopped session's events
+        run._replaced_at_start = (sorted(path.glob("events.out.tfevents.*")), cfg.to_dict())
         logger.info(f"--resume: {path} is a branch from {checkpoint} stopped before its first checkpoint: going on "
                     "from there")
         return run
@@ -487,6 +500,15 @@ class RunDirectory:
 
     def started(self) -> None:
         """The first training step ran: from now on a failure keeps the directory (it has history)."""
+        if self._replaced_at_start is not None:  # a reopened branch: its stopped session's steps are trained again
+            events, config = self._replaced_at_start
+            self._replaced_at_start = None
+            try:
+                for event_file in events:
+                    event_file.unlink(missing_ok=True)
+                write_json_atomic(self.path / "config.json", config)
+            except OSError as e:
+                raise ConfigError(f"log.tb_dir: cannot write {str(self.path)!r} ({e.strerror})") from None
         self._started = True
 
     def abandon(self) -> None:

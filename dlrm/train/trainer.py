@@ -262,11 +262,11 @@ class Trainer:
             source = run_of(self.resume_from) or self.resume_from.resolve().parent.parent
             saved = ckpt.checkpoint_dir(source)  # its best.pt too: a path recorded relative to another directory
             recorded = Path(best["checkpoint"])  # relative to where it trained: from elsewhere, maybe a namesake's file
-            ours = (saved / self.checkpointer.best_path.name, self.resume_from, saved / ckpt.checkpoint_name(best["step"]))
+            own = self.checkpointer.best_path  # last: a restarted branch's link to it (its source's best.pt moved on)
+            ours = (saved / own.name, self.resume_from, saved / ckpt.checkpoint_name(best["step"]), own)
             found = next((path for path in ((recorded, *ours) if recorded.is_absolute() else (*ours, recorded))
-                          if checkpoint_step(path) == best["step"]), None)  # so this run's first
-            own = self.checkpointer.best_path  # also from another run's best.pt holding it now (a branch), which that
-            moves = found != recorded or run_of(found) is not None  # run replaces with a later best
+                          if checkpoint_step(path) == best["step"]), None)  # so this run's first; also from another
+            moves = found != recorded or run_of(found) is not None  # run's best.pt (a branch), replaced with later bests
             if found is not None and moves and _same_file(found, own):  # a restarted branch's best.pt (named the
                 found = own  # source's best.pt, the same file now, which that run replaces with later bests)
             elif found is not None and moves and self.checkpointer.adopt_best(found, self.run.plan is not None):
