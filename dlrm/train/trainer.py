@@ -42,7 +42,8 @@ from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_li
 from dlrm.train.resume_policy import (check_position, check_resume_config, checkpoint_to_resume, saved_config,
                                       summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
-from dlrm.train.setup import Tables, dataset_held, dataset_tables, load_dataset_metadata, resolve_device, seed_everything, seed_rank
+from dlrm.train.setup import (Tables, dataset_held, dataset_tables, load_dataset_metadata, resolve_device,
+                              seed_everything, seed_rank)
 from dlrm.train.signals import GracefulStop, StopAtOnce, agreed_stop, held_signals
 from dlrm.train.step import compile_counters, nonfinite_weight
 from dlrm.train.target import TargetTracker, already_reached
@@ -595,5 +596,5 @@ class Trainer:
 def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = None,
           allow_config_change: Sequence[str] = ()) -> dict:
     """Train a DLRM as `cfg` says; returns the summary also written to summary.json (see `Trainer`)."""
-    with StopAtOnce(), dataset_held(cfg):  # a SIGTERM outside the steps: the run's cleanup runs (a new directory removed, its lock freed)
+    with StopAtOnce(), dataset_held(cfg):  # SIGTERM outside the steps: the cleanup runs; the dataset held for reading
         return Trainer(cfg, run_dir, resume, allow_config_change).fit()
