@@ -36,3 +36,13 @@ def test_merge_refuses_an_out_name_over_the_limit_before_any_work(tmp_path):
         check_out_path(tmp_path / ("m" * 253 + ".pt"))
     check_out_path(tmp_path / ("m" * 252 + ".pt"))  # 255 bytes: fine
     assert not any(Path(tmp_path).iterdir())
+
+
+def test_merge_takes_h_for_help_as_every_other_command():
+    """`python -m dlrm.distributed.merge -h` was "No such option: -h" (exit 2); train.py and the data tools take it."""
+    from click.testing import CliRunner
+
+    from dlrm.distributed import merge
+
+    result = CliRunner().invoke(merge.main, ["-h"])
+    assert result.exit_code == 0 and "Merge the sharded CHECKPOINT" in result.output, result.output

@@ -97,7 +97,7 @@ def merge_to_file(checkpoint: Path, out: Path) -> dict:
     return state
 
 
-@click.command()
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("checkpoint", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 def main(checkpoint: str, out: str) -> None:
