@@ -287,3 +287,40 @@ def export_name_problem(target: Path) -> Optional[str]:
     if size > MAX_NAME_BYTES:
         return f"--export: a file name of {size} bytes is too long (at most {MAX_NAME_BYTES})"
     return None
+
+
+# Config keys that act only where another key has one of some values (`dlrm.model.archs.InteractionArch` builds the
+# cross network for "dcn" alone; `dlrm.train.optim.build_optimizers` gives momentum to SGD alone, eps to the others):
+# a sweep over one of them where no setting has such a value trained the same model under each of its values, then
+# named a "winner" among them.
+DEPENDENT_KEYS = {
+    "model.cross_layers": ("model.interaction", ("dcn",)),
+    "model.cross_rank": ("model.interaction", ("dcn",)),
+    "optim.dense.momentum": ("optim.dense.name", ("sgd",)),
+    "optim.dense.eps": ("optim.dense.name", ("adagrad", "adam")),
+    "optim.sparse.eps": ("optim.sparse.name", ("adagrad", "rowwise_adagrad")),
+}
+
+
+def check_dependent_keys(config: str, base: dict, settings: list[dict]) -> None:
+    """Refuse a sweep's ``--set`` of a `DEPENDENT_KEYS` key when no setting of its grid (`settings`, each loaded from
+    `config` with the overrides `base`) has a value of the key it depends on that lets it act."""
+    from dlrm.config import load_config
+
+    keys = [key for key in DEPENDENT_KEYS if any(key in setting for setting in settings)]
+    cfgs = [load_config(config, {**base, **setting}).to_dict() for setting in settings] if keys else []
+    for key in keys:
+        on, acting = DEPENDENT_KEYS[key]
+        section, name = on.rsplit(".", 1)
+        values = {_lookup(cfg, section)[name] for cfg in cfgs}
+        if not values & set(acting):
+            raise ConfigError(f"--set {key}: acts with {on} {' or '.join(map(repr, acting))} only, and every setting "
+                              f"of this sweep has {' or '.join(sorted(map(repr, values)))}: its values would train the "
+                              "same model")
+
+
+def _lookup(tree: dict, dotted: str) -> dict:
+    """The section `dotted` ("optim.dense") of a `Config.to_dict` tree."""
+    for part in dotted.split("."):
+        tree = tree[part]
+    return tree

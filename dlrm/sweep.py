@@ -57,6 +57,7 @@ import click
 from loguru import logger
 
 from dlrm.config import ConfigError, config_keys, load_config
+from dlrm.config_checks import check_dependent_keys
 from dlrm.errors import TrainingStopped, failure_reason
 from dlrm.train.metric_text import auc_text
 
@@ -129,9 +130,7 @@ def parse_set(option: str) -> tuple[str, list[Any]]:
 
 def _same_value(value: Any) -> Any:
     """`value` with every number as a float, so that 0 and 0.0 (one config value) compare as duplicates."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):  # (a bool stays itself)
         return float(value)
     if isinstance(value, list):
         return [_same_value(v) for v in value]
@@ -420,6 +419,7 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     sets = absolute_sets(sets)  # and --set data.path=... alike
     settings = grid(sets)
     check_settings(config, base, settings, seeds)
+    check_dependent_keys(config, base, settings)  # a new sweep's whole grid (--resume: checked when it began)
     if train_fn is None:
         from dlrm.train.trainer import train as train_fn
 

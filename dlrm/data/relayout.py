@@ -40,6 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -162,21 +163,27 @@ def relayout_file(src: Path, dst: Path, sizes: list[int], layout: SparseLayout, 
 
 
 def relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None = None, workers: int | None = None,
-             overwrite: bool = False, dense_format: DenseFormat | None = None) -> Metadata:
+             overwrite: bool = False, dense_format: DenseFormat | None = None, layout_given: bool = False) -> Metadata:
     """Write `data`'s every split into `output` in `layout` (and `codec`, None keeps each file's; and
     `dense_format`, None or the dataset's keeps the dense columns, "float" turns counts into the model's
-    float input); the new metadata. `output` appears only when every file is done."""
+    float input); the new metadata. `output` appears only when every file is done. `layout_given`: `layout` was
+    asked for (--sparse-layout on the command line), refused for a one-hot dataset, where it cannot act."""
     # --data held for reading (`dataset_read_lock`) from before its metadata.json is read: a tool's --overwrite of it
     # between that read and the lock made a copy of the new dataset's files under the old one's metadata (other
     # table sizes and counts), exit 0
     with dataset_read_lock(data, "--data"):
-        return _checked_relayout(data, output, layout, codec, workers, overwrite, dense_format)
+        return _checked_relayout(data, output, layout, codec, workers, overwrite, dense_format, layout_given)
 
 
 def _checked_relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None, workers: int | None,
-                      overwrite: bool, dense_format: DenseFormat | None) -> Metadata:
+                      overwrite: bool, dense_format: DenseFormat | None, layout_given: bool = False) -> Metadata:
     """`relayout`, holding --data for reading."""
     meta = read_metadata(data)
+    if layout_given and not meta.is_multi_hot:
+        # one-hot columns are the same in either layout: the copy was the same files (schema version 2), exit 0, its
+        # log line naming the layout asked for as if it had been written
+        raise click.ClickException(f"--sparse-layout {layout}: {data} is one-hot (no multi-hot feature to lay out); "
+                                   "leave the option out")
     out_dense = dense_format or meta.dense_format
     if out_dense not in DENSE_FORMATS or (out_dense == "counts" and meta.dense_format == "float"):
         raise click.ClickException(f"--dense-format: {out_dense!r:.40} is not one of keep, float ({data} holds "
@@ -279,8 +286,9 @@ def main(data, output, sparse_layout, compression, dense_format, workers, overwr
     configure_logging()
     try:  # SIGTERM raises as Ctrl-C does: its default action left the temporary directory beside --output
         with StopAtOnce(interrupt=True):
+            given = click.get_current_context().get_parameter_source("sparse_layout") == ParameterSource.COMMANDLINE
             relayout(data, output, sparse_layout, None if compression == "keep" else compression, workers, overwrite,
-                     None if dense_format == "keep" else dense_format)
+                     None if dense_format == "keep" else dense_format, layout_given=given)
     except KeyboardInterrupt as e:  # Ctrl-C (130), or SIGTERM (`Terminated`: 143)
         code, what = interruption(e)
         if isinstance(e, InterruptedWhenComplete):  # still 130 (143): a calling script must stop

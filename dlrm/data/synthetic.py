@@ -186,9 +186,8 @@ REGIMES: dict[str, Regime] = {
 }
 
 from dlrm.data.synthetic_chunks import CHUNK_ROWS, chunks  # noqa: E402,F401 - CHUNK_ROWS re-exported
-from dlrm.data.synthetic_io import (  # noqa: E402 - the writers
-    COMPRESSION, ROW_GROUP_ROWS, SPARSE_LAYOUT, _SplitWriter, _table, _tsv_block, publish, stored_layout,
-)
+from dlrm.data.synthetic_io import (COMPRESSION, ROW_GROUP_ROWS, SPARSE_LAYOUT, _SplitWriter, _table,  # noqa: E402
+                                    _tsv_block, publish, refuse_one_hot_options, stored_layout)  # the writers
 from dlrm.data.preprocess.options import CODECS  # noqa: E402 - the same codecs as preprocessing
 from dlrm.data.preprocess.splits import sequential_sizes  # noqa: E402 - small-real's split, the preprocessor's
 
@@ -587,6 +586,7 @@ def main(rows, out, seed, cardinalities, raw_tsv, validation_fraction, test_frac
     configure_logging()
     try:  # SIGTERM raises as Ctrl-C does: its default action left the temporary dataset (and TSV) beside --out
         with StopAtOnce(interrupt=True):
+            refuse_one_hot_options(multi_hot_sizes, parse_multi_hot_sizes)  # before any work: a flag without effect
             check_parent_writable(Path(out), "--out")
             if raw_tsv is not None:
                 check_parent_writable(Path(raw_tsv), "--raw-tsv")

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+import click
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -169,3 +170,23 @@ def publish(tmp: Path, out: Path, tsv_tmp: Path | None, tsv_path: Path | None) -
         if tsv_tmp is not None and not tmp.exists():
             os.chmod(tsv_tmp, 0o644)  # mkstemp makes 0600; the finished file gets an ordinary file's mode
             os.replace(tsv_tmp, tsv_path)
+
+
+def refuse_one_hot_options(multi_hot_sizes: Optional[str], parse) -> None:
+    """Refuse ``--multi-hot-fill`` or ``--sparse-layout`` given on the command line for one-hot data (no
+    --multi-hot-sizes, ``one-hot``, or all sizes 1): neither can act on one-hot features, and both were silently
+    dropped (the same dataset as without them, the command recorded without them). `parse`: the generator's
+    --multi-hot-sizes parser; a value it refuses is left to `dlrm.data.synthetic.generate` to report."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    given = [name for name in ("multi_hot_fill", "sparse_layout")
+             if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE]
+    try:
+        sizes = None if multi_hot_sizes is None else parse(multi_hot_sizes)
+    except click.BadParameter:
+        return  # `generate` names the bad --multi-hot-sizes
+    if given and not is_multi_hot(sizes):
+        flag = "--" + given[0].replace("_", "-")
+        raise click.ClickException(f"{flag} {ctx.params[given[0]]}: applies to multi-hot features only (this run is "
+                                   "one-hot: give --multi-hot-sizes, or leave the option out)")

@@ -112,11 +112,25 @@ def _refuse_unused_options(kwargs: dict) -> None:
     import click
     from click.core import ParameterSource
 
+    from dlrm.data.schema import SPARSE_LAYOUTS
+
     ctx = click.get_current_context()
     for name, mode, needed in _MODE_OPTIONS:
         if kwargs[mode] != needed and ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
             flag = "--" + name.replace("_", "-")
             _fail(f"{flag} {kwargs[name]}: applies to --{mode} {needed} only (this run has --{mode} {kwargs[mode]})")
+    if ctx.get_parameter_source("sparse_layout") == ParameterSource.COMMANDLINE and kwargs["sparse_layout"] in \
+            SPARSE_LAYOUTS:  # (a bad value is named as such by `check_options`)
+        # one-hot fields are one int64 column in either layout: the same files, the option not even recorded
+        from dlrm.data.preprocess.options import _check_multi_hot_sizes
+
+        try:
+            one_hot = _check_multi_hot_sizes(kwargs["multi_hot_sizes"]) is None
+        except PreprocessError:
+            return  # a bad --multi-hot-sizes: named as such by `check_options`
+        if one_hot:
+            _fail(f"--sparse-layout {kwargs['sparse_layout']}: applies to multi-hot fields only (this run is one-hot: "
+                  "give --multi-hot-sizes, or leave the option out)")
 
 
 def _MinFrequency():
