@@ -151,10 +151,10 @@ def move_to_new(tmp: Path, path: Path, exists: str) -> None:
     os.unlink(tmp)
 
 
-def _temp_stem(name: str, limit: int = 200) -> str:
-    """`name` for `write_atomic`'s temporary name, cut to `limit` bytes (keeping ``.pt``, which `_TEMP` looks for): the
-    whole name plus ``.<pid>-<random>.tmp`` overflowed the 255-byte limit for a name near it (a merge's OUT), a
-    one-line "File name too long" after the whole merge."""
+def temp_stem(name: str, limit: int = 200) -> str:
+    """`name` for a temporary name beside it (`write_atomic`'s, an export's), cut to `limit` bytes (keeping ``.pt``,
+    which `_TEMP` looks for): the whole name plus ``.<pid>-<random>.tmp`` overflowed the 255-byte limit for a name
+    near it (a merge's OUT, an export), "File name too long" after the whole merge, or training."""
     if len(os.fsencode(name)) <= limit:
         return name
     suffix = ".pt" if name.endswith(".pt") else ""
@@ -173,7 +173,7 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, repla
     path = Path(path)
     disk = schema.to_disk(state)
     schema.validate(disk, path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{_temp_stem(path.name)}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{temp_stem(path.name)}.{os.getpid()}-", suffix=".tmp", dir=path.parent)
     _WRITING.add(os.path.abspath(tmp))
     total = tensor_bytes(disk) if progress else 0
     try:

@@ -26,7 +26,7 @@ def test_a_checkpoint_name_near_the_limit_is_written_and_loads(trained, tmp_path
 
 
 def test_a_temporary_of_a_long_name_is_still_seen_as_a_stale_temporary(tmp_path):
-    stem = ckpt._temp_stem("s" * 300 + ".pt")
+    stem = ckpt.temp_stem("s" * 300 + ".pt")
     assert len(os.fsencode(stem)) <= 200 and stem.endswith(".pt")
     assert ckpt._TEMP.fullmatch(f".{stem}.123-abcd1234.tmp")
 

@@ -187,13 +187,6 @@ def _save_program(program, tmp: Path, path: Path) -> None:
         raise
 
 
-def _short(name: str, limit: int = 64) -> str:
-    """`name`'s first characters, at most `limit` bytes of UTF-8."""
-    while len(name.encode("utf-8")) > limit:
-        name = name[:-1]
-    return name
-
-
 def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
     """Write a `torch.export` program (batch size dynamic) to `path` (conventionally *.pt2); its dense
     input as `RawInputDLRM` takes it for `dense_format`."""
@@ -220,7 +213,7 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
             program = torch.export.export(wrapper, example, dynamic_shapes=({0: batch}, {0: batch}))
         # a temporary name of this export's own (torch.export.save wants a name ending in .pt2), created exclusively;
         # `path`'s name cut short in it: a name near the 255-byte limit made it too long (ENAMETOOLONG, a traceback)
-        tmp = path.with_name(f".{_short(path.name)}.{os.getpid()}-{secrets.token_hex(4)}.tmp.pt2")
+        tmp = path.with_name(f".{ckpt.temp_stem(path.name, 64)}.{os.getpid()}-{secrets.token_hex(4)}.tmp.pt2")
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         try:
             _save_program(program, tmp, path)
