@@ -350,48 +350,20 @@ def _claim_default_directory(directory: Path) -> Path:
 
 def check_settings(config: str, base: dict[str, Any], settings: list[dict[str, Any]], seeds: int) -> None:
     """Load every setting's config before training: the first bad one raises, naming its key and value."""
+    from dlrm.train.setup import check_device_rules  # (torch: not for --help)
+
     for setting in settings:
         try:
-            _check_device_rules(load_config(config, {**base, **setting, "train.seed": seeds - 1}))
+            check_device_rules(load_config(config, {**base, **setting, "train.seed": seeds - 1}))
         except ConfigError as e:
             # an error the config file or --data/--device make without any setting (a missing file, a bad device)
             # is theirs: not blamed on the first --set (a setting may also mend the file's value: then it is fine)
             try:
-                _check_device_rules(load_config(config, {**base, "train.seed": seeds - 1}))
+                check_device_rules(load_config(config, {**base, "train.seed": seeds - 1}))
             except ConfigError as without:
                 if str(without) == str(e):
                     raise without from None
             raise ConfigError(f"--set {label(setting)}: {e}") from None
-
-
-def _check_device_rules(cfg) -> None:
-    """The refusals only the device decides (`resolve_device`, `resolve_fast_path`, `build_model`'s kernel checks): made
-    by a trial's run, they ended the sweep, or failed each trial, after the trials before had trained (`--device cpu
-    --set model.embedding_dtype=fp32,bf16`: "auto" takes the torch embedding on a CPU, which bf16 tables cannot use)."""
-    from dlrm.train.fast_path import _triton_usable
-    from dlrm.train.setup import resolve_device
-
-    device = resolve_device(cfg.train.device)  # cuda asked for without CUDA: its one-line error
-    if cfg.model.embedding_dtype == "bf16" and cfg.kernels.embedding == "auto":
-        usable, why_not = _triton_usable(device)
-        if not usable:
-            raise ConfigError(f'model.embedding_dtype: "bf16" needs kernels.embedding "triton", which "auto" cannot '
-                              f"pick here ({why_not}): use fp32 tables")
-    chosen = {k: getattr(cfg.kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
-    asked = [f'kernels.{k} "{v}"' for k, v in chosen.items() if v in ("triton", "fused", "wgrad", "gluon")]
-    if asked:
-        from kernels import TritonUnavailableError, check_triton_device
-
-        try:
-            check_triton_device(device, " and ".join(asked) + " (Triton kernels)")
-        except TritonUnavailableError as e:
-            raise ConfigError(str(e)) from None
-    if chosen["interaction"] == "gluon":
-        from kernels.cross_ws_op import gluon_hopper_available
-
-        if not gluon_hopper_available(device):
-            raise ConfigError(f'kernels.interaction: "gluon" needs a Hopper GPU (sm_90) and a Triton with Gluon\'s '
-                              f"Hopper dialect; {device} is not one")
 
 
 def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: Optional[dict[str, Any]] = None,
@@ -442,7 +414,11 @@ def run_and_finish(config: str, base: dict[str, Any], sets: list[tuple[str, list
     results = [SettingResult(i, s) for i, s in enumerate(grid(sets))]
     try:
         try:
-            first_failure = _run_trials(config, base, results, seeds, directory, train_fn, resume, workdir)
+            from dlrm.train.setup import DatasetHolds  # (torch: not for --help)
+
+            with DatasetHolds() as holds:  # a tool's --overwrite of a dataset between two trials is refused
+                first_failure = _run_trials(config, base, results, seeds, directory, train_fn, holds, resume,
+                                            workdir)
         except BaseException:  # a config error, Ctrl-C or a signal ended the sweep: keep what its trials wrote, and
             # only that (a trial that failed before its first step removed its own run directory, not the empty
             # <setting>/ and sweep directories above it, and the same --run-name was then refused as "already exists")
@@ -460,7 +436,7 @@ def run_and_finish(config: str, base: dict[str, Any], sets: list[tuple[str, list
 
 
 def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult], seeds: int, directory: Path,
-                train_fn, resume: bool = False, workdir: Optional[str] = None) -> Optional[BaseException]:
+                train_fn, holds, resume: bool = False, workdir: Optional[str] = None) -> Optional[BaseException]:
     """Every trial in turn, its summary or its failure into `results`; returns the first failure's exception. On
     `resume`, a finished trial's summary is gathered and an interrupted one resumed from its checkpoint."""
     from dlrm.sweep_resume import trial_state
@@ -487,6 +463,7 @@ def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult],
             continue
         release_memory()  # as train.py alone: no compiled graph (its recompile limit) nor model of the trials before
         try:
+            holds.hold(cfg)  # until the sweep ends: its trials compared on one dataset
             if checkpoint is not None:  # in place: the trainer's --resume of run <setting dir>/seed-<k>
                 logger.info(f"{name}: resuming from {checkpoint}")
                 cfg = load_config(config, {**overrides, "log.tb_dir": str(run_dir.parent), "log.run_name": run_dir.name})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,3 +127,50 @@ def dataset_held(cfg: Config):
     from dlrm.data.output_dirs import dataset_read_lock  # (click: not needed by the rest of this module)
 
     return dataset_read_lock(Path(cfg.data.path), "data.path", ConfigError)
+
+
+class DatasetHolds(contextlib.ExitStack):
+    """Runs in one process one after another (a sweep's trials): each run's ``data.path`` held for reading
+    (`dataset_held`) from the first run on it until the last has finished. Held per run only, a tool's
+    ``--overwrite`` between two trials replaced the dataset, and the later trials trained on other rows than the
+    earlier ones they are compared with, without a word."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._held: set[str] = set()
+
+    def hold(self, cfg: Config) -> None:
+        real = os.path.realpath(cfg.data.path)
+        if real not in self._held:
+            self.enter_context(dataset_held(cfg))
+            self._held.add(real)
+
+
+def check_device_rules(cfg) -> None:
+    """The refusals only the device decides (`resolve_device`, `resolve_fast_path`, `build_model`'s kernel checks),
+    made for a sweep's every setting before its first trial: made by a trial's run, they ended the sweep, or failed
+    each trial, after the trials before had trained (`--device cpu --set model.embedding_dtype=fp32,bf16`: "auto"
+    takes the torch embedding on a CPU, which bf16 tables cannot use)."""
+    from dlrm.train.fast_path import _triton_usable
+
+    device = resolve_device(cfg.train.device)  # cuda asked for without CUDA: its one-line error
+    if cfg.model.embedding_dtype == "bf16" and cfg.kernels.embedding == "auto":
+        usable, why_not = _triton_usable(device)
+        if not usable:
+            raise ConfigError(f'model.embedding_dtype: "bf16" needs kernels.embedding "triton", which "auto" cannot '
+                              f"pick here ({why_not}): use fp32 tables")
+    chosen = {k: getattr(cfg.kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
+    asked = [f'kernels.{k} "{v}"' for k, v in chosen.items() if v in ("triton", "fused", "wgrad", "gluon")]
+    if asked:
+        from kernels import TritonUnavailableError, check_triton_device
+
+        try:
+            check_triton_device(device, " and ".join(asked) + " (Triton kernels)")
+        except TritonUnavailableError as e:
+            raise ConfigError(str(e)) from None
+    if chosen["interaction"] == "gluon":
+        from kernels.cross_ws_op import gluon_hopper_available
+
+        if not gluon_hopper_available(device):
+            raise ConfigError(f'kernels.interaction: "gluon" needs a Hopper GPU (sm_90) and a Triton with Gluon\'s '
+                              f"Hopper dialect; {device} is not one")
