@@ -147,10 +147,10 @@ TRAINING_ONLY = {"profile.enabled": "--profile", "train.baseline": "--baseline",
 # torch.compile, which compiles training and evaluation only (the export traces the eager model: `--compile-mode X`
 # was ignored without a word), and --kernels triton (the export's model has the PyTorch kernels, `load_for_export`)
 # --batch-size sets the evaluation's batches only (`--checkpoint C --export M --batch-size 8` exported C, exit 0: the
-# program's batch dimension is dynamic)
+# program's batch dimension is dynamic); --tb-dir, like --run-name, places a run directory, which it does not make
 EVALUATION_ONLY = {"data.eval_split": "--split", "log.run_name": "--run-name", "train.compile.mode": "--compile-mode",
                    "train.compile.enabled": "--compile", "kernels.embedding": "--kernels",
-                   "data.batch_size": "--batch-size"}
+                   "data.batch_size": "--batch-size", "log.tb_dir": "--tb-dir"}
 # ... of which these values say what a bare export does (the export has neither torch.compile nor Triton kernels)
 EXPORT_ACCEPTS = {"train.compile.enabled": False, "kernels.embedding": "torch"}
 # Options that --compare's variants set themselves (dlrm.train.compare.variant_config: each variant's kernels, and

@@ -4,6 +4,7 @@ key and the value in one line. The dataclasses they check are `dlrm.config`'s (n
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -303,24 +304,45 @@ DEPENDENT_KEYS = {
 
 
 def check_dependent_keys(config: str, base: dict, settings: list[dict]) -> None:
-    """Refuse a sweep's ``--set`` of a `DEPENDENT_KEYS` key when no setting of its grid (`settings`, each loaded from
-    `config` with the overrides `base`) has a value of the key it depends on that lets it act."""
+    """Refuse a sweep's ``--set`` of a `DEPENDENT_KEYS` key (or of a section whose values vary it) when no setting of
+    its grid (`settings`, each loaded from `config` with the overrides `base`) has a value of the key it depends on
+    that lets it act."""
     from dlrm.config import load_config
 
-    keys = [key for key in DEPENDENT_KEYS if any(key in setting for setting in settings)]
+    given = {key: next((g for g in (_set_as(setting, key) for setting in settings) if g), None)
+             for key in DEPENDENT_KEYS}
+    keys = [key for key in DEPENDENT_KEYS if given[key]]
     cfgs = [load_config(config, {**base, **setting}).to_dict() for setting in settings] if keys else []
     for key in keys:
+        if given[key] != key and len({json.dumps(_value(cfg, key)) for cfg in cfgs}) == 1:
+            continue  # a section's value that carries the key unchanged (copied from a config.json: every key in it)
         on, acting = DEPENDENT_KEYS[key]
-        section, name = on.rsplit(".", 1)
-        values = {_lookup(cfg, section)[name] for cfg in cfgs}
+        values = {_value(cfg, on) for cfg in cfgs}
         if not values & set(acting):
-            raise ConfigError(f"--set {key}: acts with {on} {' or '.join(map(repr, acting))} only, and every setting "
+            what = key if given[key] == key else f"{given[key]} ({key})"
+            raise ConfigError(f"--set {what}: acts with {on} {' or '.join(map(repr, acting))} only, and every setting "
                               f"of this sweep has {' or '.join(sorted(map(repr, values)))}: its values would train the "
                               "same model")
 
 
-def _lookup(tree: dict, dotted: str) -> dict:
-    """The section `dotted` ("optim.dense") of a `Config.to_dict` tree."""
+def _set_as(setting: dict, key: str) -> Optional[str]:
+    """The ``--set`` key of `setting` that sets the dotted `key`: itself, or a section holding it in its value
+    (``--set 'optim.dense={"momentum": 0.9},{"momentum": 0}'`` on Adam trained one model twice, unrefused); None."""
+    parts = key.split(".")
+    for i in range(len(parts), 0, -1):
+        value = setting.get(".".join(parts[:i]), _ABSENT)
+        for part in parts[i:]:
+            value = value.get(part, _ABSENT) if isinstance(value, dict) else _ABSENT
+        if value is not _ABSENT:
+            return ".".join(parts[:i])
+    return None
+
+
+_ABSENT = object()
+
+
+def _value(tree: dict, dotted: str) -> Any:
+    """The value of the key `dotted` ("optim.dense.name") in a `Config.to_dict` tree."""
     for part in dotted.split("."):
         tree = tree[part]
     return tree

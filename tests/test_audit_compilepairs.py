@@ -3,7 +3,6 @@ refused in one line where it cannot run."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 

@@ -41,9 +41,10 @@ def test_eval_only_with_export_refuses_a_config_name_that_cannot_name_its_run_be
     assert res.exit_code == 2, res.output
     assert "name: 'my config'" in res.output and "none.pt" not in res.output, res.output
     assert not (tmp_path / "tb").exists() and not (tmp_path / "m.pt2").exists()
-    # a bare export of a --checkpoint writes no run directory: the name does not matter there
+    # a bare export of a --checkpoint writes no run directory: the name does not matter there (nor does --tb-dir,
+    # refused with it)
     res = CliRunner().invoke(cli.main, ["--config", str(bad), "--checkpoint", str(tmp_path / "none.pt"),
-                                        "--export", str(tmp_path / "m.pt2"), "--tb-dir", str(tmp_path / "tb")])
+                                        "--export", str(tmp_path / "m.pt2")])
     assert res.exit_code == 2 and "none.pt" in res.output, res.output
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import json
-from pathlib import Path
 
 import pytest
 import torch

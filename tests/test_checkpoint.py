@@ -190,7 +190,7 @@ def test_eval_only_and_export(tmp_path, dataset):
     # int32 sparse input would wrap raw hashes >= 2**31: the program refuses any dtype but int64
     with pytest.raises(RuntimeError, match="dtype"):
         program(counts, raw.to(torch.int32))
-    again = cli("--config", str(cfg_path), "--tb-dir", str(tb), "--checkpoint", summary["checkpoint"],
+    again = cli("--config", str(cfg_path), "--checkpoint", summary["checkpoint"],
                 "--export", str(tmp_path / "m.pt2"), cwd=tmp_path)
     out = again.communicate(timeout=120)[0]
     assert again.returncode == 2 and "already exists" in out

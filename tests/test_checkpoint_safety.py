@@ -257,7 +257,7 @@ def test_cli_refuses_malicious_checkpoint_with_one_line(tmp_path):
     assert_one_line_error(result.stderr, str(bad), "refused")
     assert not tb.exists()  # no run directory was made for the evaluation
     out = tmp_path / "OUT.pt2"
-    result = run_cli(["train.py", "--config", "configs/sample.json", "--tb-dir", str(tb), "--export", str(out),
+    result = run_cli(["train.py", "--config", "configs/sample.json", "--export", str(out),  # (no run directory)
                       "--checkpoint", str(bad)])
     assert result.returncode == 2
     assert_one_line_error(result.stderr, str(bad), "refused")

@@ -399,7 +399,7 @@ def test_kaggle_dcn_export_predicts_like_the_model(tiny_dataset, tmp_path):
     summary = train(cfg)
     run_dir = tmp_path / "tb" / "exp"
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), "--config", str(KAGGLE_DCN), "--data", str(tiny_dataset),
-                           "--device", "cpu", "--tb-dir", str(tmp_path / "tb"), "--checkpoint", str(run_dir),
+                           "--device", "cpu", "--checkpoint", str(run_dir),
                            "--export", str(tmp_path / "dcn.pt2")], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 

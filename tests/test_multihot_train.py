@@ -157,9 +157,9 @@ def test_export_and_eval_only_from_the_command_line(datasets, tmp_path):
     summary = train(cfg)
     run_dir = tmp_path / "tb" / "exp"
     cfg_file = _config_file(tmp_path, datasets["variable"])
-    common = ["--config", cfg_file, "--device", "cpu", "--tb-dir", str(tmp_path / "tb"), "--checkpoint", str(run_dir)]
+    common = ["--config", cfg_file, "--device", "cpu", "--checkpoint", str(run_dir)]
 
-    res = CliRunner().invoke(main, [*common, "--export", str(tmp_path / "mh.pt2")])
+    res = CliRunner().invoke(main, [*common, "--export", str(tmp_path / "mh.pt2")])  # (a bare export: no --tb-dir)
     assert res.exit_code == 0, res.output
     assert f"[B, {WIDTH}]" in res.output  # the program takes one column per slot
     _, _, _, tables = build_for_data(cfg)
@@ -175,7 +175,7 @@ def test_export_and_eval_only_from_the_command_line(datasets, tmp_path):
         raw[0, 26:30] = PAD_SPARSE  # feature 9 of sample 0: all slots empty
         torch.testing.assert_close(program(counts, raw), model.predict(transform_dense(counts), raw), rtol=1e-6, atol=1e-7)
 
-    res = CliRunner().invoke(main, [*common, "--eval-only", "--run-name", "ev"])
+    res = CliRunner().invoke(main, [*common, "--eval-only", "--tb-dir", str(tmp_path / "tb"), "--run-name", "ev"])
     assert res.exit_code == 0, res.output
     ev = json.loads((tmp_path / "tb" / "ev" / "summary.json").read_text())
     assert ev["split"] == "validation" and ev["rows"] == read_metadata(datasets["variable"]).splits["validation"].rows

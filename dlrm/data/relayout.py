@@ -248,7 +248,8 @@ def _relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None,
             _remove_empty_dirs(output.parent.absolute(), created)
         raise
     seconds = time.perf_counter() - started
-    logger.info(f"wrote {output} ({layout}, dense {out_dense}, schema version {new.written_version}): {len(files)} files, "
+    shape = layout if meta.is_multi_hot else "one-hot"  # (one-hot columns have no layout: "slots" at version 2 misled)
+    logger.info(f"wrote {output} ({shape}, dense {out_dense}, schema version {new.written_version}): {len(files)} files, "
                 f"{rows:,} rows "
                 f"in {seconds:.1f}s")
     return new
