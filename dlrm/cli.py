@@ -26,8 +26,10 @@ is imported late, which keeps --help and config errors fast.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import errno
+import json
 import os
 import sys
 from pathlib import Path
@@ -119,18 +121,18 @@ def check_export_path(path: str) -> Path:
     return target
 
 
-def load_with_kernels_shortcut(config_path: str, overrides: dict) -> Config:
+def load_with_kernels_shortcut(config_path: str, overrides: dict, inert_keys: Optional[str] = None) -> Config:
     """`load_config`, where ``--kernels triton`` (every component at once) leaves the interaction of a "cat" model to
     torch, said in the log: there is no Triton cat interaction, and an explicit ``kernels.interaction "triton"`` for
     one is refused (`dlrm.config_checks`), but the shortcut means "Triton wherever it has a kernel"."""
     shortcut = all(overrides.get(f"kernels.{k}") == "triton" for k in ("embedding", "interaction", "mlp", "loss"))
     try:
-        return load_config(config_path, overrides)
+        return load_config(config_path, overrides, inert_keys)
     except ConfigError as e:
         if not shortcut:
             raise
         error = e
-    cfg = load_config(config_path, {**overrides, "kernels.interaction": "torch"})  # another error: its own message
+    cfg = load_config(config_path, {**overrides, "kernels.interaction": "torch"}, inert_keys)  # another error: its message
     if cfg.model.interaction != "cat":
         raise error
     logger.info('--kernels triton: model.interaction "cat" has no Triton kernel; kernels.interaction "torch"')
@@ -213,17 +215,31 @@ def check_modes(*, eval_only: bool, compare: Optional[str], resume: Optional[str
                               "--checkpoint makes neither (leave it out, or add --eval-only)")
     if allowed_changes and resume is None:
         raise ConfigError("--allow-config-change: only applies with --resume")
+    if world_size_from_env() > 1 and (eval_only or export_path):
+        raise ConfigError("--eval-only and --export run in one process (not under torchrun): merge a sharded "
+                          "checkpoint first with python -m dlrm.distributed.merge CHECKPOINT OUT")
+
+
+def world_size_from_env() -> int:
+    """The processes of this run, as torchrun's WORLD_SIZE says (1 without it)."""
     # read as dlrm.distributed.env._env_int reads it (that module imports torch): int(), empty = unset. Compared as
     # text, "01" (one process to init_distributed) got the torchrun refusal, and so did "abc", not an integer.
     text = os.environ.get("WORLD_SIZE", "")
     try:
-        world_size = int(text) if text.strip() else 1
+        return int(text) if text.strip() else 1
     except ValueError:
         raise ConfigError(f"environment variable WORLD_SIZE={text!r} is not an integer (set by torchrun "
                           "--nproc-per-node N)") from None
-    if world_size > 1 and (eval_only or export_path):
-        raise ConfigError("--eval-only and --export run in one process (not under torchrun): merge a sharded "
-                          "checkpoint first with python -m dlrm.distributed.merge CHECKPOINT OUT")
+
+
+def warn_distributed_in_one_process(cfg: Config) -> None:
+    """Name the `distributed` keys a run of one process sets (all of them act under torchrun alone): a run that forgot
+    torchrun trained one process without a word about them. Told, not refused: one file serves both launches."""
+    changed = [f"{f.name} {json.dumps(getattr(cfg.distributed, f.name))}" for f in dataclasses.fields(cfg.distributed)
+               if getattr(cfg.distributed, f.name) != f.default]
+    if changed and world_size_from_env() <= 1:
+        logger.warning(f"distributed: {', '.join(changed)} set, but this run is one process (not under torchrun "
+                       "--nproc-per-node N): ignored")
 
 
 def is_triton_unavailable(exc: BaseException) -> bool:
@@ -283,8 +299,15 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
 
     `loaded` receives the Config once it is valid (for the out-of-memory message).
     """
-    cfg = load_with_kernels_shortcut(config_path, overrides)
+    trains = not (eval_only or (export_path and checkpoint_path))
+    # a key that cannot act is refused for a run that trains; a --resume continues a run that began with this config
+    # (told only: refused, it would be stranded), and an evaluation or export of a --checkpoint trains nothing, so
+    # the training keys (optimizers, schedule, compile, profile) cannot act there whatever their values
+    inert_keys = ("warn" if resume is not None else "refuse") if trains else None
+    cfg = load_with_kernels_shortcut(config_path, overrides, inert_keys)
     loaded.append(cfg)
+    if trains:
+        warn_distributed_in_one_process(cfg)
     # a new run's directory is named, or --eval-only's (with --export too: it evaluates first); a bare export of a
     # --checkpoint writes none
     if resume is None and (eval_only or not (export_path and checkpoint_path)):

@@ -38,7 +38,12 @@ from dlrm.config_parse import (  # noqa: F401
     _type_name,
     parse_config_bytes,
 )
-from dlrm.config_checks import COMPILE_MODES_WITH_CUDA_GRAPHS, MAX_SIZE, check_sections  # noqa: F401 - re-exported
+from dlrm.config_checks import (  # noqa: F401 - re-exported
+    COMPILE_MODES_WITH_CUDA_GRAPHS,
+    MAX_SIZE,
+    check_inert_keys,
+    check_sections,
+)
 
 Activation = Literal["relu", "sigmoid", "gelu", "squared_relu", "none"]
 KernelChoice = Literal["auto", "torch", "triton"]
@@ -305,8 +310,9 @@ class CheckpointConfig:
 
 @dataclass
 class DistributedConfig:
-    """Multi-process training under ``torchrun --nproc-per-node N`` (ignored in one process): the MLPs
-    replicated with DDP, the tables sharded, lookups exchanged with all_to_all (`dlrm.distributed`)."""
+    """Multi-process training under ``torchrun --nproc-per-node N`` (ignored in one process: train.py names the keys
+    set in a warning): the MLPs replicated with DDP, the tables sharded, lookups exchanged with all_to_all
+    (`dlrm.distributed`)."""
 
     sharding: Literal["auto", "table", "row"] = "auto"
     """table: every table whole on one rank (spread as `balance` says); row: every table's rows split
@@ -434,16 +440,24 @@ def _field_type(dotted: str) -> Any:
     return tp
 
 
-def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None) -> Config:
-    """Read a JSON config file, apply dotted-key `overrides` (e.g. {"data.batch_size": 64}), validate."""
+def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None,
+                inert_keys: Optional[Literal["refuse", "warn"]] = None) -> Config:
+    """Read a JSON config file, apply dotted-key `overrides` (e.g. {"data.batch_size": 64}), validate.
+
+    `inert_keys` (a training run of train.py): a key the file or the overrides set that cannot act under the rest of
+    the config (`dlrm.config_checks.check_inert_keys`) is refused, or only logged ("warn"); None checks nothing."""
     path = Path(path)
     raw = parse_config_bytes(read_config_bytes(path), str(path))
+    given = copy.deepcopy(raw) if inert_keys else {}  # the file's own keys (overrides are written into `raw`)
     raw.setdefault("name", path.stem)
     apply_overrides(raw, overrides or {}, str(path))
     try:
-        return config_from_dict(raw, str(path))
+        cfg = config_from_dict(raw, str(path))
     except ConfigError as e:
         raise _blame_overrides(e, str(path), overrides or {}) from None
+    if inert_keys:
+        check_inert_keys(cfg, given, overrides or {}, str(path), refuse=inert_keys == "refuse")
+    return cfg
 
 
 def _blame_overrides(error: ConfigError, source: str, overrides: dict[str, Any]) -> ConfigError:

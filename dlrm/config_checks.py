@@ -291,16 +291,35 @@ def export_name_problem(target: Path) -> Optional[str]:
 
 
 # Config keys that act only where another key has one of some values (`dlrm.model.archs.InteractionArch` builds the
-# cross network for "dcn" alone; `dlrm.train.optim.build_optimizers` gives momentum to SGD alone, eps to the others):
-# a sweep over one of them where no setting has such a value trained the same model under each of its values, then
-# named a "winner" among them.
+# cross network for "dcn" alone; `dlrm.train.optim.build_optimizers` gives momentum to SGD alone, eps to the others;
+# `dlrm.train.optim.lr_multiplier` reads the decay's keys only once a decay is chosen; `dlrm.train.placement` weighs
+# gpu_memory_share for placement "auto" alone; `dlrm.train.step` and `dlrm.train.profiling` read their sections' keys
+# only when compiling or profiling): a sweep over one of them where no setting has such a value trained the same model
+# under each of its values, then named a "winner" among them; a single run that set one trained as without it, silently.
 DEPENDENT_KEYS = {
     "model.cross_layers": ("model.interaction", ("dcn",)),
     "model.cross_rank": ("model.interaction", ("dcn",)),
     "optim.dense.momentum": ("optim.dense.name", ("sgd",)),
     "optim.dense.eps": ("optim.dense.name", ("adagrad", "adam")),
     "optim.sparse.eps": ("optim.sparse.name", ("adagrad", "rowwise_adagrad")),
+    **{f"optim.schedule.{key}": ("optim.schedule.decay", ("linear", "cosine"))
+       for key in ("decay_start_step", "decay_steps", "end_factor")},
+    "data.gpu_memory_share": ("data.placement", ("auto",)),
+    # placement "gpu" trains and evaluates from the split in memory (`dlrm.train.trainer.make_loader`)
+    "data.prefetch": ("data.placement", ("auto", "stream")),
+    "data.shuffle_buffer_rows": ("data.placement", ("auto", "stream")),
+    **{f"train.compile.{key}": ("train.compile.enabled", (True, "auto"))
+       for key in ("mode", "fullgraph", "combo_kernels")},
+    **{f"profile.{key}": ("profile.enabled", (True,))
+       for key in ("wait", "warmup", "active", "repeat", "record_shapes", "profile_memory", "with_stack")},
 }
+
+# Where a key of `DEPENDENT_KEYS` that cannot act in a training run still acts, by the key it depends on or by its own
+# name: a file keeps it for those runs, so a training run is told, not refused. The train.py flags that turn a key on
+# (`"compile": {"enabled": false, "mode": ...}` with --compile), and --eval-only's and --export's evaluation, which
+# streams its split whatever the placement (`dlrm.train.export`).
+KEPT_FOR = {"train.compile.enabled": "a run with --compile", "profile.enabled": "a run with --profile",
+            "data.prefetch": "--eval-only, which streams", "data.shuffle_buffer_rows": "--eval-only, which streams"}
 
 
 def check_dependent_keys(config: str, base: dict, settings: list[dict]) -> None:
@@ -323,6 +342,59 @@ def check_dependent_keys(config: str, base: dict, settings: list[dict]) -> None:
             raise ConfigError(f"--set {what}: acts with {on} {' or '.join(map(repr, acting))} only, and every setting "
                               f"of this sweep has {' or '.join(sorted(map(repr, values)))}: its values would train the "
                               "same model")
+
+
+def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, refuse: bool = True) -> None:
+    """Refuse, in one line naming `source` (the config file) or the command line, a `DEPENDENT_KEYS` key that the file
+    (`given`, its JSON as read) or `overrides` set explicitly where the key it depends on leaves it without effect
+    (`model.cross_layers` of a "dot" model trained the dot model, silently); defaults are never refused. It is a
+    warning instead where the depended-on key is the command line's (a sweep's --set of model.interaction over a file
+    keeping cross_layers for its "dcn" settings), where the key acts in other runs of the file (`KEPT_FOR`), and with
+    `refuse` False (a --resume: the run began with this config; refusing would strand it mid-way)."""
+    from loguru import logger
+
+    from dlrm.config import Config, validate
+
+    tree, defaults = cfg.to_dict(), validate(Config()).to_dict()  # (validated: its profile and compile sections whole)
+    for key, (on, acting) in DEPENDENT_KEYS.items():
+        from_command_line = _holds(overrides, key)
+        if not (from_command_line or _holds(given, key)):
+            continue
+        switch = _value(tree, on)
+        if switch in acting:
+            continue
+        value, needs = _value(tree, key), " or ".join(map(json.dumps, acting))
+        if value == _value(defaults, key):
+            continue  # what the run does without it: a run's config.json (every key written) as a --config trains
+        what = (f"{key}: {json.dumps(value)} has no effect: it acts with {on} {needs} only, and this run has "
+                f"{json.dumps(switch)}")
+        if _holds(overrides, on):
+            why = f"{on} set on the command line"
+        elif on in KEPT_FOR or key in KEPT_FOR:
+            why = f"kept for {KEPT_FOR.get(on) or KEPT_FOR[key]}"
+        elif not refuse:
+            why = "the resumed run keeps its config"
+        else:
+            raise ConfigError(f"{'command line' if from_command_line else source}: {what} (remove it, or set {on})")
+        logger.warning(f"{what}: ignored ({why})")
+
+
+def _holds(raw: dict, dotted: str) -> bool:
+    """Whether `raw` gives `dotted`: a file's JSON object (nested sections; a section's shorthand, `"compile": false`,
+    gives none of its keys) or dotted overrides ("optim.dense.eps", or a section's {"optim.dense": {"eps": ...}})."""
+    parts = dotted.split(".")
+    for i in range(1, len(parts) + 1):
+        head = ".".join(parts[:i])
+        if head not in raw:
+            continue
+        node = raw[head]
+        for part in parts[i:]:
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            return True
+    return False
 
 
 def _set_as(setting: dict, key: str) -> Optional[str]:

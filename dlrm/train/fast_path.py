@@ -34,6 +34,7 @@ What "auto" picks, and why (numbers in benchmarks/results/ and PERF.md):
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any, Optional
 
 import torch
@@ -290,6 +291,14 @@ def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = Fal
         out.train.compile.enabled = on
         chosen["train.compile"] = {"value": on, "why": "Inductor fuses the dense part on CUDA" if on else
                                    "eager on the CPU (compiling costs about a minute of warm-up for little gain)"}
+        # the settings of a compiled run, set in a file that runs on both devices: told where "auto" runs eager (a
+        # max-autotune mode there was dropped without a word); explicit false with them is dlrm.config_checks'
+        unused = [f"{key} {json.dumps(value)}" for key, value, default in (
+            ("mode", cfg.train.compile.mode, "auto"), ("fullgraph", cfg.train.compile.fullgraph, False),
+            ("combo_kernels", cfg.train.compile.combo_kernels, "auto")) if value != default]
+        if not on and unused:
+            logger.warning(f"train.compile: {', '.join(unused)} set, but train.compile \"auto\" runs eager on "
+                           f"{device.type}: ignored")
     if out.train.cuda_graph == "auto":
         blocker = _cuda_graph_blocker(out, device, distributed, multi_hot)
         out.train.cuda_graph = not blocker
