@@ -33,8 +33,10 @@ done: ``--output`` never holds a half-written dataset. An import that stops (a b
 keeps the files it finished there, and the same command resumes from them, writing again any that can no
 longer be read or whose day's input files changed since (`dlrm.data.input_stamps`) (other options, another
 ``--sparse-layout`` included, or another input are refused; ``--overwrite`` starts over). An ``--output`` that
-is ``--input``, holds it or lies inside it is refused, ``--overwrite`` or not. Every value is checked (labels
-0/1, finite dense values, ids in range, shapes and dtypes alike across days), and a bad one stops the import with one line naming the file, the member and the row.
+is ``--input``, holds it or lies inside it is refused, ``--overwrite`` or not, as are ``.`` and ``..``. Every value
+is checked (labels 0/1, finite dense values, ids in range, shapes and dtypes alike across days), and a bad one stops
+the import with one line naming the file, the member and the row. The day files are opened and checked by
+`dlrm.data.mlperf_days`.
 
 Files are written with LZ4 by default: a dataset of this size streams from parquet
 (``data.placement`` "stream"), and MLPerf's multi-hot rows decode ~1.3x faster from LZ4 than from
@@ -47,16 +49,15 @@ import json
 import math
 import os
 import shutil
-import struct
 import sys
 import time
-import zipfile
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import click
+from click.core import ParameterSource
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -67,7 +68,6 @@ from dlrm.data.preprocess.options import CODECS
 from dlrm.data.schema import (
     LABEL_COLUMN,
     DENSE_FORMATS,
-    MAX_MULTI_HOT_SIZE,
     MLPERF_CARDINALITIES,
     NUM_DENSE,
     NUM_SPARSE,
@@ -76,17 +76,19 @@ from dlrm.data.schema import (
     SplitInfo,
     arrow_schema,
     feature_columns,
+    is_multi_hot,
     write_json_atomic,
     write_options,
     write_metadata,
 )
 from dlrm.data.input_stamps import STAMPS_FILE, redo_changed_inputs
+from dlrm.data.mlperf_days import Day, ImportInputError, npz_member  # noqa: F401 - npz_member re-exported
 from dlrm.data.output_dirs import (check_apart, check_parent_writable, check_target, output_lock, recover_replaced,
                                    replace_dir)
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
 from dlrm.errors import report_bug
-from dlrm.logging_setup import configure_logging
+from dlrm.logging_setup import bar_interval, configure_logging
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
@@ -96,112 +98,6 @@ DEFAULT_ROWS_PER_FILE = 8 * ROW_GROUP_ROWS
 _INT32_MAX = 2**31 - 1
 DENSE_FORMAT = "float"
 """``--dense``'s default: MLPerf's dense values as they are."""
-
-
-class ImportInputError(click.ClickException):
-    """A bad input file or value (one line, exit 2)."""
-
-
-def npz_member(path: Path, name: str) -> np.ndarray:
-    """Member `name` (without ``.npy``) of an uncompressed ``.npz`` as a read-only memory map.
-
-    ``np.load`` reads npz members whole; MLPerf's are tens of GB, so the member's bytes are mapped
-    where the zip stores them (``ZIP_STORED``: the data follow the local file header as they are)."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            info = z.getinfo(f"{name}.npy")
-    except KeyError:
-        raise ImportInputError(f"{path}: no member {name}.npy (expected 0.npy .. {NUM_SPARSE - 1}.npy)") from None
-    except (OSError, zipfile.BadZipFile) as e:
-        raise ImportInputError(f"{path}: not a readable .npz ({e})") from None
-    if info.compress_type != zipfile.ZIP_STORED:
-        raise ImportInputError(f"{path}: member {name}.npy is compressed (np.savez_compressed?); memory maps need "
-                               f"np.savez's stored members: rewrite the file uncompressed")
-    with open(path, "rb") as f:
-        f.seek(info.header_offset)
-        local = f.read(30)
-        if len(local) != 30 or local[:4] != b"PK\x03\x04":
-            raise ImportInputError(f"{path}: member {name}.npy: no local file header where the zip directory says")
-        name_len, extra_len = struct.unpack("<HH", local[26:30])
-        f.seek(info.header_offset + 30 + name_len + extra_len)
-        try:
-            version = np.lib.format.read_magic(f)
-            read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                           else np.lib.format.read_array_header_2_0)
-            shape, fortran, dtype = read_header(f)
-        except ValueError as e:
-            raise ImportInputError(f"{path}: member {name}.npy: not an .npy array ({e})") from None
-        offset = f.tell()
-    if dtype.hasobject:
-        raise ImportInputError(f"{path}: member {name}.npy holds Python objects, not integers")
-    # the zip says how many bytes the member holds: a member cut short would map the next member's (or the zip
-    # directory's) bytes as ids, or past the file's end (numpy's ValueError, a traceback)
-    need = offset - (info.header_offset + 30 + name_len + extra_len) + math.prod(shape) * dtype.itemsize
-    if info.file_size < need:
-        raise ImportInputError(f"{path}: member {name}.npy holds {info.file_size} bytes, but its header's shape "
-                               f"{shape} {dtype} needs {need}: the member is cut short")
-    return np.memmap(path, dtype=dtype, mode="r", shape=shape, offset=offset, order="F" if fortran else "C")
-
-
-@dataclass(frozen=True)
-class Day:
-    """One day's three files, opened as memory maps, checked for shape and dtype."""
-
-    index: int
-    labels: np.ndarray  # [N]
-    dense: np.ndarray  # float [N, 13]
-    sparse: tuple  # 26 integer arrays [N, size_f]
-    paths: tuple  # labels, dense, sparse file
-
-    @property
-    def rows(self) -> int:
-        return int(self.labels.shape[0])
-
-    @classmethod
-    def open(cls, root: Path, i: int) -> "Day":
-        paths = (root / f"day_{i}_labels.npy", root / f"day_{i}_dense.npy", root / f"day_{i}_sparse_multi_hot.npz")
-        for p in paths:
-            if not p.is_file():
-                raise ImportInputError(f"{p}: missing (MLPerf's day {i} needs day_{i}_labels.npy, day_{i}_dense.npy "
-                                       f"and day_{i}_sparse_multi_hot.npz)")
-        labels, dense = (_npy(p) for p in paths[:2])
-        if labels.ndim == 2 and labels.shape[1] == 1:
-            labels = labels[:, 0]
-        if labels.ndim != 1 or labels.dtype.kind not in "iuf":
-            raise ImportInputError(f"{paths[0]}: shape {labels.shape} {labels.dtype}, expected numbers [N] or [N, 1]")
-        n = labels.shape[0]
-        if n == 0:  # a day without rows is a broken preprocessing; imported, it leaves a split out of the dataset
-            raise ImportInputError(f"{paths[0]}: no rows (shape {labels.shape}); every day of MLPerf's holds rows")
-        # float32 as the reference writes it: a float64 copy would be rounded to float32 silently (either byte order)
-        if dense.shape != (n, NUM_DENSE) or dense.dtype.kind != "f" or dense.dtype.itemsize != 4:
-            raise ImportInputError(f"{paths[1]}: shape {dense.shape} {dense.dtype}, expected float32 "
-                                   f"[{n}, {NUM_DENSE}] (the rows of {paths[0].name})")
-        sparse = tuple(npz_member(paths[2], str(f)) for f in range(NUM_SPARSE))
-        for f, ids in enumerate(sparse):
-            if ids.ndim != 2 or ids.shape[0] != n or ids.shape[1] < 1 or ids.dtype.kind not in "iu":
-                raise ImportInputError(f"{paths[2]}: member {f}.npy: shape {ids.shape} {ids.dtype}, expected integers "
-                                       f"[{n}, size] (the rows of {paths[0].name})")
-            if ids.shape[1] > MAX_MULTI_HOT_SIZE:  # metadata.json could not hold it: every reader refused the
-                # finished dataset ("multi_hot_sizes[f]: ... is not an integer in [1, 65536]") after a whole import
-                raise ImportInputError(f"{paths[2]}: member {f}.npy: {ids.shape[1]} values a row, more than the "
-                                       f"{MAX_MULTI_HOT_SIZE} a dataset's multi_hot_sizes allows")
-        return cls(i, labels, dense, sparse, paths)
-
-    @property
-    def sizes(self) -> list[int]:
-        return [int(ids.shape[1]) for ids in self.sparse]
-
-
-def _npy(path: Path) -> np.ndarray:
-    # EOFError: an empty file (a copy cut off); BadZipFile: a file starting "PK", which np.load takes for an .npz
-    try:
-        array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise ImportInputError(f"{path}: not a readable .npy array ({e})") from None
-    if not isinstance(array, np.ndarray):  # an .npz (np.load's NpzFile) under the .npy name
-        array.close()
-        raise ImportInputError(f"{path}: an .npz archive, not an .npy array")
-    return array
 
 
 def dense_counts(logged: np.ndarray) -> np.ndarray:
@@ -265,16 +161,16 @@ def partial_dir(output: Path) -> Path:
     return output.parent / f".{output.name}.import-partial"
 
 
-def _write_file(task: _Task, work: str) -> tuple[int, int]:
-    """One task (in a worker process or this one): its rows and positives. A file an earlier run of the same
-    import finished (renamed from its ``.tmp`` once complete) is kept as it is and only counted; one damaged
-    since (unreadable footer or labels) is written again."""
+def _write_file(task: _Task, work: str) -> tuple[int, int, bool]:
+    """One task (in a worker process or this one): its rows, positives and whether it was written now. A file an
+    earlier run of the same import finished (renamed from its ``.tmp`` once complete) is kept as it is and only
+    counted; one damaged since (unreadable footer or labels) is written again."""
     path = Path(work) / task.out
     if path.is_file():
         try:
             if pq.ParquetFile(path).metadata.num_rows == task.hi - task.lo:
                 labels = pq.read_table(path, columns=[LABEL_COLUMN]).column(LABEL_COLUMN).to_numpy()
-                return task.hi - task.lo, int(np.count_nonzero(labels))
+                return task.hi - task.lo, int(np.count_nonzero(labels)), False
         except (OSError, pa.ArrowException) as e:
             logger.warning(f"{path}: a finished file that cannot be read ({e}); writing it again")
     day = Day.open(Path(task.root), task.day)
@@ -296,7 +192,7 @@ def _write_file(task: _Task, work: str) -> tuple[int, int]:
         partial.unlink(missing_ok=True)  # (a killed process's is overwritten when the import resumes)
         raise
     os.replace(partial, path)  # complete: a resumed import keeps it
-    return task.hi - task.lo, positives
+    return task.hi - task.lo, positives, True
 
 
 def _earlier_plan(work: Path) -> Optional[dict]:
@@ -364,9 +260,11 @@ def _planless(work: Path) -> bool:
 def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
                   cards: Optional[list[int]] = None, compression: str = "lz4", rows_per_file: int = DEFAULT_ROWS_PER_FILE,
                   workers: int = 1, max_rows_per_day: Optional[int] = None, overwrite: bool = False,
-                  sparse_layout: str = SPARSE_LAYOUT, dense_format: str = DENSE_FORMAT) -> Metadata:
+                  sparse_layout: str = SPARSE_LAYOUT, dense_format: str = DENSE_FORMAT,
+                  layout_given: bool = False) -> Metadata:
     """Write the dataset (see the module docstring); returns its metadata. `sparse_layout`: "slots" or
-    "lists", how multi-hot features are stored; `dense_format`: "float", MLPerf's dense values as they
+    "lists", how multi-hot features are stored (`layout_given`: asked for, --sparse-layout on the command line,
+    refused for a one-hot input, where it cannot act); `dense_format`: "float", MLPerf's dense values as they
     are, or "counts". Raises `ImportInputError` (a `click.ClickException`) for bad inputs, arguments or
     an occupied `output`."""
     cards = list(cards or MLPERF_CARDINALITIES)
@@ -384,6 +282,10 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         raise ImportInputError(f"--sparse-layout: {sparse_layout!r:.40} is not one of {', '.join(SPARSE_LAYOUTS)}")
     if dense_format not in DENSE_FORMATS:
         raise ImportInputError(f"--dense: {dense_format!r:.40} is not one of {', '.join(DENSE_FORMATS)}")
+    if output.name in ("", ".."):  # "." or "..": the finished dataset's rename onto it failed (EBUSY) after the
+        # whole import, leaving ..import-partial and ..old-* in the working directory
+        raise ImportInputError(f"--output {output}: name the dataset directory itself, not . or .. (it is renamed "
+                               f"into place)")
     _check_input_apart(input_dir, output)
     check_target(output, overwrite, "directory")
     # one import of an --output at a time: a second one resumed the first's .OUT.import-partial (or, --overwrite,
@@ -392,12 +294,12 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         recover_replaced(output)  # what an import killed while replacing --output left (`replace_dir`)
         check_target(output, overwrite, "directory")  # again, under the lock: another may have finished meanwhile
         return _import(input_dir, output, train_days, eval_day, cards, compression, rows_per_file, workers,
-                       max_rows_per_day, overwrite, sparse_layout, dense_format)
+                       max_rows_per_day, overwrite, sparse_layout, dense_format, layout_given)
 
 
 def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int, cards: list[int], compression: str,
             rows_per_file: int, workers: int, max_rows_per_day: Optional[int], overwrite: bool, sparse_layout: str,
-            dense_format: str) -> Metadata:
+            dense_format: str, layout_given: bool = False) -> Metadata:
     """`import_mlperf`'s work, its arguments checked and its --output locked."""
     days = {i: Day.open(input_dir, i) for i in [*train_days, eval_day]}  # every file checked before any work
     sizes = days[train_days[0]].sizes
@@ -405,6 +307,10 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
         if day.sizes != sizes:
             raise ImportInputError(f"{day.paths[2]}: multi-hot sizes {day.sizes} differ from day {train_days[0]}'s "
                                    f"{sizes}")
+    if layout_given and not is_multi_hot(sizes):  # one-hot features are one int64 column in either layout: the same
+        # files, "lists" recorded, exit 0, as if the layout asked for had been written
+        raise ImportInputError(f"--sparse-layout {sparse_layout}: applies to multi-hot features only (every member of "
+                               f"{days[train_days[0]].paths[2]} holds one id a row); leave the option out")
     layout = stored_layout(sizes, sparse_layout)
 
     def take(day: Day) -> int:
@@ -454,7 +360,10 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
                        f"file(s) are written again")
     started = time.perf_counter()
     try:
-        with tqdm(total=total, unit="rows", unit_scale=True, desc="import", disable=None) as bar:
+        # shown in a log file too (nohup, SLURM), redrawn once a minute there: disabled off a terminal, an import of
+        # hours logged nothing between its first line and its last
+        with tqdm(total=total, unit="rows", unit_scale=True, desc="import", **{"mininterval": 1.0, **bar_interval()}) \
+                as bar:
             if workers <= 1:
                 results = []
                 for t in ordered:
@@ -470,7 +379,7 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
                         bar.update(t.hi - t.lo)
                 finally:  # after an error, the files not started are not started (those running finish)
                     pool.shutdown(wait=True, cancel_futures=True)
-        done = dict(zip((t.out for t in ordered), results))  # file -> (rows, positives)
+        done = dict(zip((t.out for t in ordered), results))  # file -> (rows, positives, written now)
         splits = {s: SplitInfo(sum(done[t.out][0] for t in ts), sum(done[t.out][1] for t in ts), [t.out for t in ts])
                   for s, ts in tasks.items() if ts}
         meta = Metadata(cardinalities=cards, multi_hot_sizes=sizes, hashing="modulus", splits=splits,
@@ -499,7 +408,11 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
     seconds = time.perf_counter() - started
     try:  # --output is complete from here on: an interrupt must not read as an import to redo
         _remove_bookkeeping(output)
-        logger.info(f"wrote {output} in {seconds:.1f}s ({total / max(seconds, 1e-9):,.0f} rows/s): "
+        # the rate of the rows written now: a resume's kept files took no time (counted, a resume that wrote one day
+        # of 24 claimed ~24x its rate)
+        written = sum(rows for rows, _, now in done.values() if now)
+        kept = f"; {total - written:,} rows kept from the unfinished import" if written < total else ""
+        logger.info(f"wrote {output} in {seconds:.1f}s ({written / max(seconds, 1e-9):,.0f} rows/s{kept}): "
                     + ", ".join(f"{s} {i.rows:,} rows" for s, i in meta.splits.items()))
     except KeyboardInterrupt as e:
         raise InterruptedWhenComplete(output, interruption(e)[0]) from None
@@ -528,7 +441,8 @@ class InterruptedWhenComplete(KeyboardInterrupt):
               help="Parquet codec (lz4: multi-hot rows stream ~1.3x faster than from zstd, for ~1.4x the bytes).")
 @click.option("--sparse-layout", type=click.Choice(SPARSE_LAYOUTS), default=SPARSE_LAYOUT, show_default=True,
               help="How multi-hot features are stored: slots, one int64 column a slot (schema version 3, read 1.6-2x "
-                   "faster); lists, one list column a feature (version 2). The same values either way.")
+                   "faster); lists, one list column a feature (version 2). The same values either way; refused for a "
+                   "one-hot input (every npz member one id a row).")
 @click.option("--dense", "dense_format", type=click.Choice(DENSE_FORMATS), default=DENSE_FORMAT, show_default=True,
               help="float: MLPerf's dense values as they are (float32 columns, schema version 4: the model sees "
                    "log(x + 3) as MLPerf's does); counts: int32 counts recovered as round(exp(d) - 3), fed as log1p.")
@@ -551,7 +465,8 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, s
     try:  # SIGTERM raises as Ctrl-C does (`Terminated`): its default action skipped the import's own cleanup
         with StopAtOnce(interrupt=True):
             _main(input_dir, output, train_days, eval_day, num_embeddings, compression, sparse_layout, dense_format,
-                  rows_per_file, workers, max_rows_per_day, overwrite)
+                  rows_per_file, workers, max_rows_per_day, overwrite,
+                  click.get_current_context().get_parameter_source("sparse_layout") == ParameterSource.COMMANDLINE)
     except click.ClickException as e:
         logger.error(e.format_message())
         sys.exit(EXIT_BAD_INPUT)
@@ -576,8 +491,9 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, s
 
 
 def _main(input_dir, output, train_days, eval_day, num_embeddings, compression, sparse_layout, dense_format,
-          rows_per_file, workers, max_rows_per_day, overwrite) -> None:
-    """`main`'s work: the options parsed, then `import_mlperf`."""
+          rows_per_file, workers, max_rows_per_day, overwrite, layout_given=False) -> None:
+    """`main`'s work: the options parsed, then `import_mlperf` (`layout_given`: --sparse-layout was on the command
+    line)."""
     try:
         days = parse_days(train_days)
     except click.BadParameter as e:
@@ -590,7 +506,8 @@ def _main(input_dir, output, train_days, eval_day, num_embeddings, compression, 
             raise ImportInputError(f"--num-embeddings: {num_embeddings!r} is not {NUM_SPARSE} integers") from None
     check_parent_writable(Path(output), "--output")
     import_mlperf(Path(input_dir), Path(output), days, eval_day, cards, compression, rows_per_file,
-                  workers or min(os.cpu_count() or 1, 8), max_rows_per_day, overwrite, sparse_layout, dense_format)
+                  workers or min(os.cpu_count() or 1, 8), max_rows_per_day, overwrite, sparse_layout, dense_format,
+                  layout_given)
 
 
 if __name__ == "__main__":
