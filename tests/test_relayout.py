@@ -123,6 +123,24 @@ def test_an_output_that_holds_or_lies_inside_the_data_is_refused_even_with_overw
     assert res.exit_code == 2 and "is --data itself" in res.output and _contents(tmp_path) == before, res.output
 
 
+@pytest.mark.parametrize("output", [".", ".."])
+def test_the_working_directory_as_output_is_refused_before_any_work(tmp_path, monkeypatch, output):
+    """``--output .`` (or ``..``) copied every file, then failed renaming the copy onto the working directory ("Device
+    or resource busy"), leaving ``..old-*`` in it; refused before any work now, as the generator and the import do."""
+    from click.testing import CliRunner
+
+    from dlrm.data.relayout import main
+
+    data = tmp_path / "ds"
+    make_split(data, ["lists"] * 3)
+    cwd = tmp_path / "a" / "b"
+    cwd.mkdir(parents=True)
+    monkeypatch.chdir(cwd)
+    res = CliRunner().invoke(main, ["--data", str(data), "--output", output, "--overwrite"])
+    assert res.exit_code == 2 and f"--output {output}: name the dataset directory itself, not . or .." in res.output
+    assert list(cwd.iterdir()) == [] and [p.name for p in cwd.parent.iterdir()] == ["b"], res.output
+
+
 def test_nullable_files_are_written_back_without_nulls(tmp_path):
     root = tmp_path / "n"
     make_split(root, ["lists"] * 3)

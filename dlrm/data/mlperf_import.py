@@ -83,8 +83,8 @@ from dlrm.data.schema import (
 )
 from dlrm.data.input_stamps import STAMPS_FILE, redo_changed_inputs
 from dlrm.data.mlperf_days import Day, ImportInputError, npz_member  # noqa: F401 - npz_member re-exported
-from dlrm.data.output_dirs import (check_apart, check_parent_writable, check_target, output_lock, recover_replaced,
-                                   replace_dir)
+from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, output_lock,
+                                   recover_replaced, replace_dir)
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
 from dlrm.errors import report_bug
@@ -282,10 +282,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         raise ImportInputError(f"--sparse-layout: {sparse_layout!r:.40} is not one of {', '.join(SPARSE_LAYOUTS)}")
     if dense_format not in DENSE_FORMATS:
         raise ImportInputError(f"--dense: {dense_format!r:.40} is not one of {', '.join(DENSE_FORMATS)}")
-    if output.name in ("", ".."):  # "." or "..": the finished dataset's rename onto it failed (EBUSY) after the
-        # whole import, leaving ..import-partial and ..old-* in the working directory
-        raise ImportInputError(f"--output {output}: name the dataset directory itself, not . or .. (it is renamed "
-                               f"into place)")
+    check_named(output, "--output", ImportInputError)
     _check_input_apart(input_dir, output)
     check_target(output, overwrite, "directory")
     # one import of an --output at a time: a second one resumed the first's .OUT.import-partial (or, --overwrite,

@@ -38,6 +38,13 @@ def check_target(path: Path, overwrite: bool, what: str) -> None:
         raise click.ClickException(f"refusing to overwrite non-empty {path} (pass --overwrite to replace it)")
 
 
+def check_named(out: Path, option: str, error: type[click.ClickException] = click.ClickException) -> None:
+    """Refuse ``.`` and ``..`` as a dataset directory a tool renames into place: the rename onto the working directory
+    failed (EBUSY) after all the work, leaving its temporary (``..import-partial``, ``..old-*``) there."""
+    if out.name in ("", ".."):
+        raise error(f"{option} {out}: name the dataset directory itself, not . or .. (it is renamed into place)")
+
+
 def check_apart(source_opt: str, source: Path, out_opt: str, out: Path, advice: str,
                  error: type[click.ClickException] = click.ClickException) -> None:
     """Raise a one-line `error` when the output `out` and the input `source` overlap (the same, or one inside the

@@ -94,8 +94,8 @@ import numpy as np
 from loguru import logger
 from tqdm import tqdm
 
-from dlrm.data.output_dirs import (check_apart, check_parent_writable, check_target, output_lock, recover_replaced,
-                                   remove_stale_temps)
+from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, output_lock,
+                                   recover_replaced, remove_stale_temps)
 from dlrm.data.schema import (
     MAX_MULTI_HOT_SIZE, MLPERF_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, NUM_SPARSE,
     SPARSE_LAYOUTS, SPLITS, Metadata, SplitInfo, arrow_schema, is_multi_hot, one_hot_sizes,
@@ -284,8 +284,7 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
     rows, seed, validation_fraction, test_fraction, rows_per_file = _check_numbers(
         rows, seed, validation_fraction, test_fraction, rows_per_file, workers)
     out = Path(out)
-    if out.name in ("", ".."):  # "." or "..": renaming the finished dataset onto it failed (EBUSY) after the work
-        raise click.ClickException(f"--out {out}: name the dataset directory itself, not . or .. (it is renamed into place)")
+    check_named(out, "--out")
     # small-real: its TSV twin's sizes (1/14 rounded gave 1,714 train rows of 2,000, the twin 1,715: other tables)
     sequential = sequential_sizes(rows) if preset.sequential and (validation_fraction, test_fraction) == (
         preset.validation_fraction, preset.test_fraction) else None
