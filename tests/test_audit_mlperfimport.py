@@ -126,3 +126,19 @@ def test_a_fresh_imports_rate_counts_every_row(mlperf_dir, tmp_path, monkeypatch
     assert res.exit_code == 0, res.output
     assert f"in 4.0s ({sum(ROWS.values()) / 4:,.0f} rows/s): train" in res.output
     assert "kept" not in res.output
+
+
+@pytest.mark.parametrize("text, shown", [("0-22", "0-22"), ("0,5", "0,5"), ("7-9,0,1,2,5", "0-2,5,7-9"), ("3", "3")])
+def test_the_log_names_the_days_imported(text, shown):
+    """`--train-days 0,5` was logged as "train days 0-5 (2 days)": the first and last day joined by a dash."""
+    assert mi.days_text(mi.parse_days(text)) == shown
+    assert mi.parse_days(mi.days_text(mi.parse_days(text))) == mi.parse_days(text)
+
+
+def test_a_day_range_typo_is_refused_at_once():
+    """`--train-days 0-2000000000` built a set of two billion days before the first missing day's error."""
+    import click
+
+    with pytest.raises(click.BadParameter, match=r"day 2000000000 is past 9999"):
+        mi.parse_days("0-2000000000")
+    assert mi.parse_days("9990-9999")[-1] == 9999

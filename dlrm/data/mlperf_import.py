@@ -225,6 +225,21 @@ def _check_input_apart(input_dir: Path, output: Path) -> None:
                                f"writes its files; choose another --output")
 
 
+MAX_DAY = 9999
+"""The last day number `parse_days` takes."""
+
+
+def days_text(days: list[int]) -> str:
+    """Sorted day numbers as `parse_days` reads them: ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    runs: list[list[int]] = []
+    for d in days:
+        if runs and d == runs[-1][1] + 1:
+            runs[-1][1] = d
+        else:
+            runs.append([d, d])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def parse_days(text: str) -> list[int]:
     """``"0-22"`` or ``"0,3,5-7"`` as a sorted list of day numbers."""
     days: set[int] = set()
@@ -234,6 +249,8 @@ def parse_days(text: str) -> list[int]:
             first, last = int(lo), int(hi or lo)
             if last < first:  # range() would name no days: "0,9-3" imported day 0 alone, silently
                 raise click.BadParameter(f"{text!r}: {part.strip()!r} runs backwards (write {last}-{first})")
+            if last > MAX_DAY:  # a typo ("0-2000000000") built a set of that many days before any file was looked at
+                raise click.BadParameter(f"{text!r}: day {last} is past {MAX_DAY} (MLPerf's days are 0-23)")
             days.update(range(first, last + 1))
     except ValueError:
         raise click.BadParameter(f"{text!r} is not a list of days such as 0-22 or 0,1,5-7") from None
@@ -324,7 +341,7 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
                                       f"{split}/day-{i:02d}-part-{k:05d}.parquet", tuple(cards), tuple(sizes),
                                       compression, layout, dense_format))
     total = sum(t.hi - t.lo for ts in tasks.values() for t in ts)
-    logger.info(f"importing {total:,} rows from {input_dir}: train days {train_days[0]}-{train_days[-1]} "
+    logger.info(f"importing {total:,} rows from {input_dir}: train days {days_text(train_days)} "
                 f"({len(train_days)} days), validation and test from day {eval_day}; multi-hot sizes {sizes}; "
                 f"{compression} files, {layout} layout, dense {dense_format}; {workers} worker(s)")
     plan = {"source": str(input_dir.resolve()), "train_days": train_days, "eval_day": eval_day, "cards": cards,
