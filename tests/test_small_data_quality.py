@@ -45,7 +45,7 @@ def preprocessed(raw, out, **options):
 @pytest.fixture(scope="module")
 def regime(tmp_path_factory):
     """Per seed: the small-real regime's parquet dataset, its raw TSV preprocessed the recommended way
-    (vocabulary, --min-frequency auto) and with plain modulus hashing (every value its own row)."""
+    (vocabulary, --min-frequency auto) and with plain modulus hashing (no threshold: tables of the distinct train values + 1 rows, values collide)."""
     root = tmp_path_factory.mktemp("small-real")
     data = {}
     for seed in SEEDS:

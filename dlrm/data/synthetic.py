@@ -71,7 +71,7 @@ from (seed, chunk index), so the data depend only on (seed, rows, cardinalities,
 fractions); the parquet options only cut them into files and store them (``--sparse-layout``,
 ``--compression``), and ``--workers N`` only computes the chunks in N processes
 (`dlrm.data.synthetic_chunks`). The splits are contiguous ranges in generation order: train, then
-validation, then test.
+validation, then test (small-real: train, test, validation, the order ``--split sequential`` cuts its twin in).
 """
 
 from __future__ import annotations
@@ -115,9 +115,9 @@ from dlrm.errors import report_bug
 from dlrm.logging_setup import configure_logging
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption  # noqa: F401 - EXIT_INTERRUPTED re-exported
 
-GENERATOR_VERSION = 2
-"""Bumped whenever the same seed and settings would produce different rows or splits (2: small-real splits as
-``--split sequential`` does at every row count, 2026-12-01; the rows themselves are version 1's)."""
+GENERATOR_VERSION = 3
+"""Bumped whenever the same seed and settings would produce different rows or splits (2: small-real's split sizes as
+``--split sequential``'s at every row count; 3: its rows too, test before validation; 2026-12-01; the rows are v1's)."""
 
 CARDINALITY_PRESETS: dict[str, list[int]] = {
     # The embedded data/sample: "small" divided by 10 (features of <= 30 values keep their size), so
@@ -197,8 +197,7 @@ MAX_SEED = 2**31 - 1  # --seed's range (2^40 overflows `dlrm.data.teacher._key`)
 
 def split_sizes(rows: int, validation_fraction: float, test_fraction: float) -> dict[str, int]:
     """Rows per split (validation and test rounded, train takes the rest)."""
-    validation = round(rows * validation_fraction)
-    test = round(rows * test_fraction)
+    validation, test = round(rows * validation_fraction), round(rows * test_fraction)
     return {"train": rows - validation - test, "validation": validation, "test": test}
 
 
@@ -339,7 +338,8 @@ class _Splits:
     def __init__(self, root: Path, sizes: dict[str, int], rows_per_file: int, distinct: bool,
                  multi_hot_sizes: Optional[list[int]] = None, compression: str = COMPRESSION,
                  layout: str = SPARSE_LAYOUT) -> None:
-        self.bounds = np.cumsum([0] + [sizes[s] for s in SPLITS])
+        self.order = list(sizes)  # row ranges in this order (small-real: train, test, validation, as in its TSV twin)
+        self.bounds = np.cumsum([0] + [sizes[s] for s in self.order])
         self.multi_hot_sizes, self.layout = multi_hot_sizes, layout
         self.offsets = slot_offsets(multi_hot_sizes)
         schema = arrow_schema(multi_hot_sizes, layout)
@@ -355,7 +355,7 @@ class _Splits:
         """Append the rows that begin at row `start` of the dataset to the splits they fall in."""
         n = labels.size
         table = _table(labels, block, sparse, self.multi_hot_sizes, self.layout)
-        for i, split in enumerate(SPLITS):
+        for i, split in enumerate(self.order):
             lo, hi = max(self.bounds[i] - start, 0), min(self.bounds[i + 1] - start, n)
             if lo < hi:
                 self.writers[split].append(table.slice(lo, hi - lo))

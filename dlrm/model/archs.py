@@ -379,7 +379,9 @@ class InteractionArch(nn.Module):
         self.kind = kind
         self.num_features = num_features
         self.dim = dim
-        rows, cols = torch.tril_indices(num_features + 1, num_features + 1, offset=-1)
+        # two tensors of their own, not views of one [2, N] storage: torch.export.save warned "No complete tensor found
+        # in the group! ... may cause issues when your weights are not on CPU" at every --export
+        rows, cols = (t.clone() for t in torch.tril_indices(num_features + 1, num_features + 1, offset=-1))
         # constants every rank builds alike: DDP need not broadcast them (`dlrm.distributed.data_parallel`)
         self.constant_buffers = ("tril_rows", "tril_cols")
         self.register_buffer("tril_rows", rows, persistent=False)

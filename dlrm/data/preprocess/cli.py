@@ -46,7 +46,11 @@ def build_cli():
     @click.option("--validation-fraction", type=float, default=0.05, show_default=True, help="--split random.")
     @click.option("--test-fraction", type=float, default=0.05, show_default=True, help="--split random.")
     @click.option("--seed", type=int, default=0, show_default=True, help="--split random.")
-    @click.option("--hashing", type=click.Choice(["modulus", "vocabulary"]), default="modulus", show_default=True)
+    @click.option("--hashing", type=click.Choice(["modulus", "vocabulary"]), default="modulus", show_default=True,
+                  help="modulus: a table of the feature's distinct train values + 1 rows (at most "
+                  "--max-rows-per-table), a value on row (value + 1) mod rows (values collide: about 63% share a row); "
+                  "vocabulary: a row for each value seen --min-frequency times in train, row 0 for rarer, unseen and "
+                  "missing values.")
     @click.option("--min-frequency", type=_MinFrequency(), default="1", show_default=True, metavar="N|auto",
                   help="--hashing vocabulary: values seen at least this often in train get their own row; auto: "
                   "picked from the train split's size: clip(round(0.15 * sqrt(train rows)), 2, 50), e.g. 14 for 8,572 train rows (dlrm.data.preprocess.frequency).")

@@ -99,6 +99,7 @@ class SplitPlan:
 
 
 def sequential_sizes(total: int) -> dict[str, int]:
-    """Lines per split that ``--split sequential`` gives `total` lines (also the synthetic small-real regime's split)."""
+    """Lines per split that ``--split sequential`` gives `total` lines, in the order it cuts them: train, test, then
+    validation (also the synthetic small-real regime's split, whose rows are written in this order)."""
     plan = SplitPlan.build("sequential", [total])
-    return {"train": plan.train_end, "validation": total - plan.test_end, "test": plan.test_end - plan.train_end}
+    return {"train": plan.train_end, "test": plan.test_end - plan.train_end, "validation": total - plan.test_end}
