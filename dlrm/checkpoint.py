@@ -420,8 +420,11 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalitie
             raise ConfigError(f"{path}: vocabulary differs: the checkpoint was trained with other vocabularies than "
                               f"this run's data holds (vocab/SPARSE_*.npy): the same raw values map to other rows")
     saved_model = state["config"]["model"]
+    # a DCN model's cross network too (after "interaction": both are "dcn" there), named as the other keys are: another
+    # rank or depth was refused as a tensor's shape or missing state_dict keys, naming no config key
+    cross = ("cross_layers", "cross_rank") if saved_model.get("interaction") == "dcn" else ()
     for key in ("embedding_dim", "bottom_mlp", "top_mlp", "interaction", "activation", "top_mlp_input_multiple",
-                "bottom_mlp_input_multiple"):
+                "bottom_mlp_input_multiple", *cross):
         saved_value = saved_model.get(key, getattr(ModelConfig(), key))  # keys added later: their default
         if saved_value != model_cfg.get(key):
             raise ConfigError(f"{path}: model.{key} differs: checkpoint {saved_value!r}, this run {model_cfg.get(key)!r}")

@@ -322,12 +322,26 @@ KEPT_FOR = {"train.compile.enabled": "a run with --compile", "profile.enabled": 
             "data.prefetch": "--eval-only, which streams", "data.shuffle_buffer_rows": "--eval-only, which streams"}
 
 
+# Config keys a training run never reads: the dataset's metadata.json gives the table sizes and the values per feature
+# (`dlrm.train.setup.dataset_tables`; the config's serve runs without a dataset, the benchmarks). A sweep over one
+# trained the same model under each value (a warning per trial at most), then named a "winner" among them.
+DATASET_KEYS = {
+    "model.cardinalities": "sweep data.max_rows_per_table to cap the dataset's tables",
+    "model.multi_hot_sizes": "make a dataset of each value with `python -m dlrm.data.synthetic --multi-hot-sizes` or "
+                             "`python -m dlrm.preprocess --multi-hot-sizes` and sweep data.path over them",
+}
+
+
 def check_dependent_keys(config: str, base: dict, settings: list[dict]) -> None:
     """Refuse a sweep's ``--set`` of a `DEPENDENT_KEYS` key (or of a section whose values vary it) when no setting of
     its grid (`settings`, each loaded from `config` with the overrides `base`) has a value of the key it depends on
-    that lets it act."""
+    that lets it act, and of a `DATASET_KEYS` key, which no setting's run reads."""
     from dlrm.config import load_config
 
+    for key, instead in DATASET_KEYS.items():
+        if any(key in setting for setting in settings):
+            raise ConfigError(f"--set {key}: a training run takes it from the dataset's metadata.json, not the config: "
+                              f"its values would train the same model; {instead}")
     given = {key: next((g for g in (_set_as(setting, key) for setting in settings) if g), None)
              for key in DEPENDENT_KEYS}
     keys = [key for key in DEPENDENT_KEYS if given[key]]

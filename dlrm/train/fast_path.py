@@ -114,7 +114,8 @@ def _kernel_choice(component: str, cfg: Config, device: torch.device, multi_hot:
                                  "took 0.71-0.74 ms a layer against 0.93 for cuBLAS + Inductor at MLPerf DLRM-DCNv2's "
                                  "shapes on an H100: the step +2.5-2.7%; the network's backward as one op of cuBLAS "
                                  "GEMMs and Triton passes, +2.2-2.7%)")
-        if cfg.model.interaction != "dot":
+        # without a GPU that is the reason, as for the dot (a dcn run on the CPU was told the cross layer measured slower)
+        if cfg.model.interaction != "dot" and usable:
             return "torch", (f"the Triton dot kernel is for the dot interaction, not {cfg.model.interaction!r} (dcn's Triton "
                              "cross layer, kernels.interaction \"triton\", measured slower than the compiled torch one: "
                              "40.9 vs 37.1 ms an MLPerf DLRM-DCNv2 step; the Gluon one needs a Hopper GPU and bf16)")

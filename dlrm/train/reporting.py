@@ -17,7 +17,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from dlrm.checkpoint import write_files_atomic
 from dlrm.config import Config, ConfigError
-from dlrm.data.schema import write_json_atomic
+from dlrm.data.schema import NUM_SPARSE, write_json_atomic
 from dlrm.train.metric_text import auc_text, auc_undefined
 from dlrm.train.run_dir import run_dir_present
 
@@ -114,6 +114,32 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
 
 
+def model_text(model: torch.nn.Module, cfg: Config, tables) -> str:
+    """The start line's model: its parameters (the embedding counted whole: a sharded run's rank holds only its rows,
+    which were counted as the model's), its tables (`dlrm.train.setup.Tables`), and what sets a DCN or multi-hot model
+    apart (the cross network; the values a sample pools, which only the torch embedding's own line said, not the
+    Triton one's).
+
+        >>> from dlrm.config import Config, ModelConfig
+        >>> from dlrm.model.dlrm import build_model
+        >>> cfg = Config(model=ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1], interaction="dcn",
+        ...                                cross_layers=2, cross_rank=3))
+        >>> from dlrm.train.setup import Tables
+        >>> model_text(build_model(cfg.model, [5] * 26), cfg, Tables([5] * 26, None, "modulus"))
+        '3,061 parameters (130 embedding rows, hashing modulus; dcn: 2 cross layers of rank 3 over 108 inputs)'
+    """
+    tables_of = {id(p) for p in model.sparse_arch.parameters()}  # (this rank's rows, of whichever embedding kernel)
+    dense = sum(p.numel() for p in model.parameters() if id(p) not in tables_of)
+    rows, m, sizes = sum(tables.cardinalities), cfg.model, tables.multi_hot_sizes
+    parts = [f"{rows:,} embedding rows, hashing {tables.hashing}"]
+    if m.interaction == "dcn":
+        parts.append(f"dcn: {m.cross_layers} cross layers of rank {m.cross_rank} over "
+                     f"{(len(tables.cardinalities) + 1) * m.embedding_dim} inputs")
+    if tables.multi_hot:  # the dataset's sizes (they win over model.multi_hot_sizes)
+        parts.append(f"multi-hot: {sum(sizes)} values a sample sum-pooled into {len(sizes)} features")
+    return f"{dense + rows * m.embedding_dim:,} parameters ({'; '.join(parts)})"
+
+
 def log_train(writer: SummaryWriter, step: int, loss: float, lrs: tuple[float, float],
               samples_per_sec: Optional[float], data_wait_fraction: Optional[float] = None) -> None:
     """The logging interval's scalars: loss, learning rates (dense, sparse: as they were at `step`), throughput,
@@ -146,8 +172,13 @@ HPARAM_METRICS = ("auc", "logloss", "accuracy")
 
 
 def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: dict[str, float],
-                step: Optional[int] = None) -> None:
+                step: Optional[int] = None, multi_hot_sizes: Optional[list[int]] = None) -> None:
     """The run's hyperparameters and final metrics for the HParams dashboard, in the run's own events.
+    Also ``cross_layers`` and ``cross_rank`` (0 and 0 for a model without a cross network) and ``multi_hot_values``
+    (values a sample over the 26 features, from `multi_hot_sizes`: the dataset's, which win over
+    ``model.multi_hot_sizes``; None: one-hot, 26): without them runs of other cross networks or hotness were told
+    apart by nothing. Every run names all of them: the dashboard's columns are those of one run's experiment summary,
+    picked arbitrarily, so keys a dot run left out were no columns once its summary was the one picked.
 
     `SummaryWriter.add_hparams` would write them into a new ``<run>/hparams`` run, one more entry per
     run in every dashboard's run list; written here, the run itself is the HParams session (its
@@ -166,6 +197,9 @@ def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: di
 
     hp = {"batch_size": batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
           "sparse_lr": cfg.optim.sparse.lr, "precision": cfg.train.precision, "interaction": cfg.model.interaction}
+    dcn = cfg.model.interaction == "dcn"
+    hp.update(cross_layers=cfg.model.cross_layers if dcn else 0, cross_rank=cfg.model.cross_rank if dcn else 0,
+              multi_hot_values=sum(multi_hot_sizes) if multi_hot_sizes is not None else NUM_SPARSE)
     # an undefined AUC (a one-class split's NaN) is no session metric: left out, not shown as NaN
     values = {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS if not (k == "auc" and auc_undefined(metrics[k]))}
     # _get_file_writer(): the writer's own accessor (it reopens the file if the writer was closed)

@@ -38,7 +38,7 @@ from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler
 from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, log_train,
-                                  open_writer, versions, write_summary)
+                                  model_text, open_writer, versions, write_summary)
 from dlrm.train.resume_policy import (check_position, check_resume_config, checkpoint_to_resume, saved_config,
                                       summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
@@ -299,11 +299,9 @@ class Trainer:
         return opened or RunDirectory(path, None, created=False)
 
     def _log_start(self) -> None:
-        model, cfg = self.run.model, self.cfg
-        logger.info(
-            f"device {self.device}, precision {cfg.train.precision}, {sum(p.numel() for p in model.parameters()):,} "
-            f"parameters ({sum(self.tables.cardinalities):,} embedding rows, hashing {self.tables.hashing}), "
-            f"{self.data.train.num_rows:,} train rows, {len(self.data.train)} steps/epoch, {self.data.total_steps} steps")
+        logger.info(f"device {self.device}, precision {self.cfg.train.precision}, "
+                    f"{model_text(self.run.model, self.cfg, self.tables)}, {self.data.train.num_rows:,} train rows, "
+                    f"{len(self.data.train)} steps/epoch, {self.data.total_steps} steps")
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -535,7 +533,8 @@ class Trainer:
         summary = {**self._summary(metrics, counters), **self.target.summary(self.pos.step, self.stats.best)}
         # the linear model on the same split, loader and hashing, when train.baseline asks (dlrm.train.baseline)
         summary["baseline"] = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step)
-        log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step)  # at the last step: an extended run's come after
+        # at the last step (an extended run's come after); the dataset's multi-hot sizes, which the run trained with
+        log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step, self.tables.multi_hot_sizes)
         writer.close()
         return summary
 
