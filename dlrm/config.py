@@ -296,6 +296,9 @@ class LogConfig:
     """Root of the TensorBoard runs."""
     run_name: Optional[str] = None
     """Run directory name under tb_dir; default: <config name>-<date>-<time>."""
+    sweep_keys: Optional[list[str]] = None
+    """Set by ``python -m dlrm.sweep`` on its trials: the swept keys, which the run's HParams session names beside its
+    own columns, in the sweep's experiment (`dlrm.train.reporting.session_hparams`); None: a run of its own."""
 
 
 @dataclass
@@ -366,6 +369,9 @@ def validate(cfg: Config) -> Config:
     if isinstance(cfg.profile, bool):
         cfg.profile = ProfileConfig(enabled=cfg.profile)
     check_sections(cfg)
+    unknown = [k for k in cfg.log.sweep_keys or () if k not in config_keys()]
+    if unknown:  # (an HParams column of nothing: its value is looked up in the config at the run's end)
+        raise ConfigError(f"log.sweep_keys: {unknown[0]!r} is not a config key")
     return cfg
 
 

@@ -8,7 +8,8 @@ are JSON, else plain strings; commas inside [...] or {...} stay in the value); s
 make the product. Each setting is trained once per seed (``train.seed`` = 0 .. seeds-1, so every
 setting sees the same initialisations and batch orders) through `dlrm.train.trainer.train`, each
 trial in its own TensorBoard run ``<sweep dir>/<NN-setting>/seed-<k>/``. Every setting is validated
-before the first trial: a bad key or value is one line naming it, exit code 2.
+before the first trial: a bad key or value is one line naming it, exit code 2, as are two settings that would train
+the same config, or one whose dataset is missing (`dlrm.sweep_checks`).
 
 The sweep directory (``<tb-dir>/<run-name>``, default ``tb_logs/<config>-sweep-<date>-<time>``, with ``-2``,
 ``-3``, ... when another sweep started in the same second holds that name) gets:
@@ -17,8 +18,9 @@ The sweep directory (``<tb-dir>/<run-name>``, default ``tb_logs/<config>-sweep-<
   final validation AUC and logloss (and of the built-in baseline's AUC when the runs fitted it),
   best first (a setting whose mean AUC is NaN last); ``trials.csv``: every trial; in both CSVs a value that is
   missing or undefined (a failed trial's, a one-class split's NaN AUC: null in summary.json) is an empty cell;
-* TensorBoard HParams (one run per setting under ``hparams/``): the swept keys against
-  ``sweep/auc_mean``, ``sweep/auc_std``, ``sweep/logloss_mean``;
+* TensorBoard HParams (one run per setting under ``hparams/``): a session of the same columns as its trials' (every
+  run's keys and the swept ones, ``log.sweep_keys``), its means over the seeds as ``hparam/auc``, ``hparam/logloss``,
+  ``hparam/accuracy``, and ``sweep/auc_std``, ``sweep/logloss_std``, ``sweep/seeds``, ``sweep/failed_trials``;
 * the verdict, also the last log line: the winner, its margin over the runner-up, and that margin
   against the seed noise, the standard error of the per-seed (paired) AUC differences: "within
   the seed noise" unless the margin is at least twice that.
@@ -392,8 +394,13 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     settings = grid(sets)
     check_settings(config, base, settings, seeds)
     check_dependent_keys(config, base, settings)  # a new sweep's whole grid (--resume: checked when it began)
-    if train_fn is None:
+    from dlrm.sweep_checks import check_datasets, check_same_configs
+
+    check_same_configs(config, base, settings)  # nor two settings of one config (a dot model under two cross_rank)
+    if train_fn is None:  # (a train_fn of its own may read no dataset)
         from dlrm.train.trainer import train as train_fn
+
+        check_datasets(config, base, settings, os.getcwd())  # a setting's missing dataset: not after the others trained
 
     directory, created = sweep_directory(tb_dir, run_name, config)
     try:
@@ -445,7 +452,8 @@ def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult],
     total = len(results) * seeds
     first_failure: Optional[BaseException] = None
     for trial, (r, seed) in enumerate(itertools.product(results, range(seeds)), start=1):
-        overrides = {**base, **r.setting, "train.seed": seed}
+        # log.sweep_keys: its HParams session names the swept keys, as the settings' under hparams/ do (one experiment)
+        overrides = {**base, **r.setting, "train.seed": seed, "log.sweep_keys": list(r.setting)}
         cfg = load_config(config, overrides)
         if workdir is not None and not os.path.isabs(cfg.data.path):
             # the config file's own data.path (--data and --set data.path are recorded absolute): read where the sweep

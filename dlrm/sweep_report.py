@@ -108,10 +108,15 @@ def _number(value: float) -> str:
 
 
 def write_hparams(directory: Path, results: list[SettingResult]) -> None:
-    """One TensorBoard HParams run per setting under `directory` (swept keys -> metrics)."""
+    """One TensorBoard HParams run per setting under `directory`, a session with the columns of its trials' sessions
+    (`dlrm.train.reporting.session_hparams`: every run's keys and the swept ones; metrics ``hparam/auc``,
+    ``hparam/logloss``, ``hparam/accuracy``, here the means over its finished trials, and ``SWEEP_METRICS``) and the
+    same experiment. TensorBoard takes every column from one run's experiment, picked arbitrarily: the settings' named
+    only the swept keys and ``sweep/*`` metrics, the trials' only their own keys, so in ``--logdir tb_logs`` one kind
+    of row showed blank beside the other."""
     from torch.utils.tensorboard.summary import hparams
 
-    from dlrm.train.reporting import open_writer
+    from dlrm.train.reporting import experiment_metrics, open_writer
 
     # Each setting's run written as SummaryWriter.add_hparams writes it (its experiment, session summaries and metric
     # scalars in DIRECTORY/<slug>), by open_writer: on a full disk an OSError naming the event file (add_hparams's own
@@ -121,15 +126,39 @@ def write_hparams(directory: Path, results: list[SettingResult]) -> None:
     for r in results:
         if not r.summaries:  # every trial of it failed: no metric to show
             continue
-        swept = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in r.setting.items()}
+        hp, cfg = _setting_hparams(r)
         aucs, losses = r.values("auc"), r.values("logloss")
-        metrics = {"sweep/auc_mean": statistics.fmean(aucs), "sweep/auc_std": _std(aucs),
-                   "sweep/logloss_mean": statistics.fmean(losses),
+        accuracies = [float(s["accuracy"]) for s in r.summaries if isinstance(s.get("accuracy"), (int, float))]
+        metrics = {"hparam/auc": statistics.fmean(aucs), "hparam/logloss": statistics.fmean(losses),
+                   "hparam/accuracy": statistics.fmean(accuracies) if len(accuracies) == len(aucs) else math.nan,
+                   "sweep/auc_std": _std(aucs), "sweep/logloss_std": _std(losses), "sweep/seeds": len(aucs),
                    "sweep/failed_trials": len(r.failed)}  # its means are of fewer seeds
         # an undefined AUC (a one-class split's) is no HParams metric: left out, not shown as NaN
         metrics = {k: v for k, v in metrics.items() if not math.isnan(v)}
         with open_writer(directory / slug(r.index, r.setting)) as writer:
-            for summary in hparams(swept or {"setting": "defaults"}, metrics):
+            for summary in hparams(hp, dict.fromkeys(experiment_metrics(cfg), 0.0)):  # (names: the values are scalars)
                 writer._get_file_writer().add_summary(summary)
             for tag, value in metrics.items():
                 writer.add_scalar(tag, value)
+
+
+def _setting_hparams(r: SettingResult):
+    """(HParams, config) of setting `r`'s session: its first finished trial's, as that trial's session names them.
+    A summary without its run's config (a ``train_fn`` of a test's own): the swept keys alone."""
+    keys = list(r.setting)  # (every setting sets the swept keys, in --set order)
+    from dlrm.config import Config, ConfigError, LogConfig, config_from_dict
+    from dlrm.data.schema import DatasetError, read_metadata
+    from dlrm.train.reporting import session_hparams
+
+    first = r.summaries[0]
+    try:
+        cfg = config_from_dict({**first["config"], "log": {"sweep_keys": keys}})
+    except (KeyError, TypeError, ConfigError):
+        swept = {k: v if isinstance(v, (int, float, str, bool)) else json.dumps(v) for k, v in r.setting.items()}
+        return swept or {"setting": "defaults"}, Config(log=LogConfig(sweep_keys=keys))
+    try:  # the dataset's values a sample, which the trials trained with (they win over model.multi_hot_sizes)
+        sizes = read_metadata(cfg.data.path).multi_hot_sizes
+    except DatasetError:  # (the dataset gone since, on a --resume that gathered every trial)
+        sizes = cfg.model.multi_hot_sizes
+    batch = first.get("batch_size")
+    return session_hparams(cfg, batch if isinstance(batch, int) else cfg.data.batch_size, sizes), cfg

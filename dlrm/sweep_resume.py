@@ -290,11 +290,14 @@ def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Opti
     # checked (the device's rules too) only the settings with a trial left to train: `_run_trials` gathers the
     # finished ones, training nothing, where checked all a resume of a sweep whose trials had all finished (killed
     # while writing its report) was refused on another machine than theirs ("CUDA is not available"), report unmade
-    sweep.check_settings(config, base, [s for i, s in enumerate(settings) if any(
-        _read_summary(directory / sweep.slug(i, s) / f"seed-{k}" / "summary.json") is None for k in range(seeds))],
-        seeds)
+    left = [s for i, s in enumerate(settings) if any(
+        _read_summary(directory / sweep.slug(i, s) / f"seed-{k}" / "summary.json") is None for k in range(seeds))]
+    sweep.check_settings(config, base, left, seeds)
     if train_fn is None:
+        from dlrm.sweep_checks import check_datasets
         from dlrm.train.trainer import train as train_fn
+
+        check_datasets(config, base, left, record.get("cwd") or os.getcwd())  # (their data as the trials read it)
     lock = SweepLock.acquire(directory)
     logger.info(f"sweep --resume: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs in "
                 f"{directory}; finished trials are gathered, interrupted ones resumed, failed ones tried again")

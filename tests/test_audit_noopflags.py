@@ -117,7 +117,11 @@ def test_sweep_of_a_dcn_only_key_on_a_dot_model_is_refused(tmp_path):
         _sweep(tmp_path, "optim.dense.eps=1e-8,1e-6", "optim.dense.name=sgd")
     # where it acts: a dcn model, or a grid that sweeps the interaction too
     assert _sweep(tmp_path / "a", "model.cross_layers=1,2", interaction="dcn") == [("dcn", 1)]
-    assert _sweep(tmp_path / "b", "model.interaction=dcn,dot", "model.cross_layers=1,2")[0][0] == "dcn"
+    assert _sweep(tmp_path / "b", "model.interaction=dcn,dot", "model.cross_layers=1")[0][0] == "dcn"
+    # (over two values, the grid's two dot settings would train one config: refused, tests/test_audit_sweepreport.py)
+    with pytest.raises(ConfigError, match=r'^--set: model.interaction="dot", model.cross_layers=1 and '
+                                          r'model.interaction="dot", model.cross_layers=2 train the same config'):
+        _sweep(tmp_path / "c", "model.interaction=dcn,dot", "model.cross_layers=1,2")
 
 
 def test_sweep_cli_names_the_inert_key_in_one_line(tmp_path):

@@ -93,9 +93,9 @@ def test_each_trial_gets_its_own_setting_seed_and_directory_and_the_tables_say_s
         run = directory / "hparams" / slug(index, {"optim.sparse.lr": setting[0], "model.dropout": setting[1]})
         events = EventAccumulator(str(run))
         events.Reload()
-        (mean,) = events.Scalars("sweep/auc_mean")
+        (mean,) = events.Scalars("hparam/auc")  # the mean over its seeds, in every run's column
         (std,) = events.Scalars("sweep/auc_std")
-        (loss,) = events.Scalars("sweep/logloss_mean")
+        (loss,) = events.Scalars("hparam/logloss")
         aucs = [AUC[(*setting, s)] for s in range(3)]
         assert mean.value == pytest.approx(statistics.fmean(aucs), abs=1e-6)
         assert std.value == pytest.approx(statistics.stdev(aucs), abs=1e-6)

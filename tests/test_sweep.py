@@ -115,7 +115,7 @@ def test_sweep_trains_every_trial_and_writes_tables_and_hparams(tmp_path, sweep_
     assert len(runs) == 4
     events = EventAccumulator(str(runs[0]))
     events.Reload()
-    assert "sweep/auc_mean" in events.Tags()["scalars"]
+    assert {"hparam/auc", "sweep/auc_std"} <= set(events.Tags()["scalars"])
 
 
 def test_cli_bad_value_is_one_line_and_trains_nothing(tmp_path, sweep_config):

@@ -4,6 +4,7 @@ log line."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import struct
@@ -169,16 +170,50 @@ def log_eval(writer: SummaryWriter, metrics: dict[str, float], step: int) -> dic
 
 
 HPARAM_METRICS = ("auc", "logloss", "accuracy")
+SWEEP_METRICS = ("sweep/auc_std", "sweep/logloss_std", "sweep/seeds", "sweep/failed_trials")
+"""A sweep setting's session metrics beside its ``hparam/*`` (the means over its seeds; `dlrm.sweep_report`)."""
 
 
-def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: dict[str, float],
-                step: Optional[int] = None, multi_hot_sizes: Optional[list[int]] = None) -> None:
-    """The run's hyperparameters and final metrics for the HParams dashboard, in the run's own events.
+def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list[int]] = None) -> dict[str, Any]:
+    """A run's HParams: the same keys for every run, and a sweep trial's swept keys (``log.sweep_keys``, as dotted
+    names, a list or object value as JSON text). A sweep's settings under ``hparams/`` name the same
+    (`dlrm.sweep_report`), so whichever run's experiment TensorBoard takes its columns from, its rows and the trials'
+    fill them.
+
     Also ``cross_layers`` and ``cross_rank`` (0 and 0 for a model without a cross network) and ``multi_hot_values``
     (values a sample over the 26 features, from `multi_hot_sizes`: the dataset's, which win over
     ``model.multi_hot_sizes``; None: one-hot, 26): without them runs of other cross networks or hotness were told
     apart by nothing. Every run names all of them: the dashboard's columns are those of one run's experiment summary,
     picked arbitrarily, so keys a dot run left out were no columns once its summary was the one picked.
+
+        >>> from dlrm.config import LogConfig
+        >>> session_hparams(Config(log=LogConfig(sweep_keys=["model.dropout", "model.top_mlp"])), 32)["model.top_mlp"]
+        '[64, 1]'
+    """
+    hp = {"batch_size": batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
+          "sparse_lr": cfg.optim.sparse.lr, "precision": cfg.train.precision, "interaction": cfg.model.interaction}
+    dcn = cfg.model.interaction == "dcn"
+    hp.update(cross_layers=cfg.model.cross_layers if dcn else 0, cross_rank=cfg.model.cross_rank if dcn else 0,
+              multi_hot_values=sum(multi_hot_sizes) if multi_hot_sizes is not None else NUM_SPARSE)
+    tree = cfg.to_dict()
+    for key in cfg.log.sweep_keys or ():
+        value = tree
+        for part in key.split("."):
+            value = value[part]
+        # (None, a list or a section: no HParams value type; JSON text as the sweep's tables show it)
+        hp[key] = value if isinstance(value, (int, float, str, bool)) else json.dumps(value)
+    return hp
+
+
+def experiment_metrics(cfg: Config) -> tuple[str, ...]:
+    """The metric columns of a run's HParams experiment: a sweep trial's names its settings' too (one experiment)."""
+    return tuple(f"hparam/{k}" for k in HPARAM_METRICS) + (SWEEP_METRICS if cfg.log.sweep_keys is not None else ())
+
+
+def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: dict[str, float],
+                step: Optional[int] = None, multi_hot_sizes: Optional[list[int]] = None) -> None:
+    """The run's hyperparameters (`session_hparams`) and final metrics for the HParams dashboard, in the run's own
+    events.
 
     `SummaryWriter.add_hparams` would write them into a new ``<run>/hparams`` run, one more entry per
     run in every dashboard's run list; written here, the run itself is the HParams session (its
@@ -195,17 +230,13 @@ def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: di
         return
     from torch.utils.tensorboard.summary import hparams
 
-    hp = {"batch_size": batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
-          "sparse_lr": cfg.optim.sparse.lr, "precision": cfg.train.precision, "interaction": cfg.model.interaction}
-    dcn = cfg.model.interaction == "dcn"
-    hp.update(cross_layers=cfg.model.cross_layers if dcn else 0, cross_rank=cfg.model.cross_rank if dcn else 0,
-              multi_hot_values=sum(multi_hot_sizes) if multi_hot_sizes is not None else NUM_SPARSE)
     # an undefined AUC (a one-class split's NaN) is no session metric: left out, not shown as NaN
     values = {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS if not (k == "auc" and auc_undefined(metrics[k]))}
     # _get_file_writer(): the writer's own accessor (it reopens the file if the writer was closed)
     file_writer = writer._get_file_writer()
-    for summary in hparams(hp, values):  # the experiment, session-start and session-end summaries
-        file_writer.add_summary(summary, step)
+    columns = dict.fromkeys(experiment_metrics(cfg), 0.0)  # (the experiment's metric names; the values are scalars)
+    for summary in hparams(session_hparams(cfg, batch_size, multi_hot_sizes), columns):
+        file_writer.add_summary(summary, step)  # the experiment, session-start and session-end summaries
     for tag, value in values.items():
         writer.add_scalar(tag, value, step)
 
