@@ -121,18 +121,20 @@ def check_export_path(path: str) -> Path:
     return target
 
 
-def load_with_kernels_shortcut(config_path: str, overrides: dict, inert_keys: Optional[str] = None) -> Config:
+def load_with_kernels_shortcut(config_path: str, overrides: dict, inert_keys: Optional[str] = None,
+                               decided: tuple[str, ...] = ()) -> Config:
     """`load_config`, where ``--kernels triton`` (every component at once) leaves the interaction of a "cat" model to
     torch, said in the log: there is no Triton cat interaction, and an explicit ``kernels.interaction "triton"`` for
     one is refused (`dlrm.config_checks`), but the shortcut means "Triton wherever it has a kernel"."""
     shortcut = all(overrides.get(f"kernels.{k}") == "triton" for k in ("embedding", "interaction", "mlp", "loss"))
     try:
-        return load_config(config_path, overrides, inert_keys)
+        return load_config(config_path, overrides, inert_keys, decided)
     except ConfigError as e:
         if not shortcut:
             raise
         error = e
-    cfg = load_config(config_path, {**overrides, "kernels.interaction": "torch"}, inert_keys)  # another error: its message
+    # another error: its own message
+    cfg = load_config(config_path, {**overrides, "kernels.interaction": "torch"}, inert_keys, decided)
     if cfg.model.interaction != "cat":
         raise error
     logger.info('--kernels triton: model.interaction "cat" has no Triton kernel; kernels.interaction "torch"')
@@ -304,7 +306,10 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     # (told only: refused, it would be stranded), and an evaluation or export of a --checkpoint trains nothing, so
     # the training keys (optimizers, schedule, compile, profile) cannot act there whatever their values
     inert_keys = ("warn" if resume is not None else "refuse") if trains else None
-    cfg = load_with_kernels_shortcut(config_path, overrides, inert_keys)
+    # --compare's variants compile or not themselves: the file's compile settings act in its compiled variants (they
+    # were told "ignored"), or are replaced, which `dlrm.train.compare.run_comparison` says
+    decided = ("train.compile.enabled",) if compare is not None else ()
+    cfg = load_with_kernels_shortcut(config_path, overrides, inert_keys, decided)
     loaded.append(cfg)
     if trains:
         warn_distributed_in_one_process(cfg)

@@ -447,11 +447,12 @@ def _field_type(dotted: str) -> Any:
 
 
 def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None,
-                inert_keys: Optional[Literal["refuse", "warn"]] = None) -> Config:
+                inert_keys: Optional[Literal["refuse", "warn"]] = None, decided: tuple[str, ...] = ()) -> Config:
     """Read a JSON config file, apply dotted-key `overrides` (e.g. {"data.batch_size": 64}), validate.
 
     `inert_keys` (a training run of train.py): a key the file or the overrides set that cannot act under the rest of
-    the config (`dlrm.config_checks.check_inert_keys`) is refused, or only logged ("warn"); None checks nothing."""
+    the config (`dlrm.config_checks.check_inert_keys`) is refused, or only logged ("warn"); None checks nothing.
+    `decided`: keys the run's mode sets itself (--compare's variants), whose dependent keys are not checked."""
     path = Path(path)
     raw = parse_config_bytes(read_config_bytes(path), str(path))
     given = copy.deepcopy(raw) if inert_keys else {}  # the file's own keys (overrides are written into `raw`)
@@ -462,7 +463,7 @@ def load_config(path: str | Path, overrides: Optional[dict[str, Any]] = None,
     except ConfigError as e:
         raise _blame_overrides(e, str(path), overrides or {}) from None
     if inert_keys:
-        check_inert_keys(cfg, given, overrides or {}, str(path), refuse=inert_keys == "refuse")
+        check_inert_keys(cfg, given, overrides or {}, str(path), refuse=inert_keys == "refuse", decided=decided)
     return cfg
 
 

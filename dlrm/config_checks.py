@@ -335,8 +335,11 @@ DATASET_KEYS = {
 def check_dependent_keys(config: str, base: dict, settings: list[dict]) -> None:
     """Refuse a sweep's ``--set`` of a `DEPENDENT_KEYS` key (or of a section whose values vary it) when no setting of
     its grid (`settings`, each loaded from `config` with the overrides `base`) has a value of the key it depends on
-    that lets it act, and of a `DATASET_KEYS` key, which no setting's run reads."""
-    from dlrm.config import load_config
+    that lets it act, and of a `DATASET_KEYS` key, which no setting's run reads; then the file's own keys, as
+    `check_inert_keys` checks those of a run of train.py."""
+    from loguru import logger
+
+    from dlrm.config import load_config, parse_config_bytes, read_config_bytes
 
     for key, instead in DATASET_KEYS.items():
         if any(key in setting for setting in settings):
@@ -356,15 +359,28 @@ def check_dependent_keys(config: str, base: dict, settings: list[dict]) -> None:
             raise ConfigError(f"--set {what}: acts with {on} {' or '.join(map(repr, acting))} only, and every setting "
                               f"of this sweep has {' or '.join(sorted(map(repr, values)))}: its values would train the "
                               "same model")
+    # the file's own keys, checked as train.py checks a run of its own (each trial is one: a sweep trained a file
+    # keeping momentum beside Adam without a word, which train.py refuses); a setting's --set is its command line
+    told: list[str] = []
+    file_keys = parse_config_bytes(read_config_bytes(Path(config)), config)
+    for setting in settings:
+        check_inert_keys(load_config(config, {**base, **setting}), file_keys, {**base, **setting}, config, told=told)
+    for line in dict.fromkeys(told):  # once, not once a setting
+        logger.warning(line)
 
 
-def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, refuse: bool = True) -> None:
+def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, refuse: bool = True,
+                     decided: tuple[str, ...] = (), told: Optional[list[str]] = None) -> None:
     """Refuse, in one line naming `source` (the config file) or the command line, a `DEPENDENT_KEYS` key that the file
     (`given`, its JSON as read) or `overrides` set explicitly where the key it depends on leaves it without effect
     (`model.cross_layers` of a "dot" model trained the dot model, silently); defaults are never refused. It is a
     warning instead where the depended-on key is the command line's (a sweep's --set of model.interaction over a file
-    keeping cross_layers for its "dcn" settings), where the key acts in other runs of the file (`KEPT_FOR`), and with
-    `refuse` False (a --resume: the run began with this config; refusing would strand it mid-way)."""
+    keeping cross_layers for its "dcn" settings), where the key acts in other runs of the file (`KEPT_FOR`), where the
+    file gives every key (a run's config.json: it records the keys its command line left without effect too; a sweep
+    trial's given as --config was refused), and with `refuse` False (a --resume: the run began with this config;
+    refusing would strand it mid-way). A key depending on one of `decided` is not checked: the mode sets that key
+    itself (--compare's variants, train.compile.enabled: the compile settings act in its compiled variants). `told`:
+    a list the warnings are appended to instead of logged (a sweep's settings: each said once)."""
     from loguru import logger
 
     from dlrm.config import Config, validate
@@ -372,7 +388,7 @@ def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, r
     tree, defaults = cfg.to_dict(), validate(Config()).to_dict()  # (validated: its profile and compile sections whole)
     for key, (on, acting) in DEPENDENT_KEYS.items():
         from_command_line = _holds(overrides, key)
-        if not (from_command_line or _holds(given, key)):
+        if on in decided or not (from_command_line or _holds(given, key)):
             continue
         switch = _value(tree, on)
         if switch in acting:
@@ -386,11 +402,24 @@ def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, r
             why = f"{on} set on the command line"
         elif on in KEPT_FOR or key in KEPT_FOR:
             why = f"kept for {KEPT_FOR.get(on) or KEPT_FOR[key]}"
+        elif _gives_every_key(given, defaults):
+            why = "the file gives every key, as a run's config.json does"
         elif not refuse:
             why = "the resumed run keeps its config"
         else:
             raise ConfigError(f"{'command line' if from_command_line else source}: {what} (remove it, or set {on})")
-        logger.warning(f"{what}: ignored ({why})")
+        if told is None:
+            logger.warning(f"{what}: ignored ({why})")
+        else:
+            told.append(f"{what}: ignored ({why})")
+
+
+def _gives_every_key(raw: Any, tree: dict) -> bool:
+    """Whether the file's JSON `raw` gives every key of the `Config.to_dict` tree `tree`, as the config.json a run
+    writes does (a section null where the tree has an object, or one where it has null, is given)."""
+    return isinstance(raw, dict) and all(
+        k in raw and not (isinstance(v, dict) and isinstance(raw[k], dict) and not _gives_every_key(raw[k], v))
+        for k, v in tree.items())
 
 
 def _holds(raw: dict, dotted: str) -> bool:

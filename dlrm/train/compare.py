@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import gc
 import io
+import json
 import math
 import os
 import traceback
@@ -33,7 +34,7 @@ from typing import Callable, NamedTuple, Optional, Union
 import torch
 from loguru import logger
 
-from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig
+from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig, validate
 from dlrm.errors import TrainingStopped, failure_reason
 from dlrm.train.metric_text import auc_text, csv_cell
 from dlrm.train.run_dir import RunDirectory
@@ -151,6 +152,26 @@ def variant_config(cfg: Config, name: str) -> Config:
     return v
 
 
+# What `variant_config` sets for each variant (train.compile.fullgraph is the config's in every one)
+SET_BY_VARIANT = ("kernels.embedding", "kernels.interaction", "kernels.mlp", "kernels.loss", "train.compile.enabled",
+                  "train.compile.mode", "train.compile.combo_kernels", "train.cuda_graph", "optim.dense.fused")
+
+
+def replaced_settings(cfg: Config, variants: list[str]) -> list[str]:
+    """The config's settings of `SET_BY_VARIANT` (those not at their defaults) that a variant of `variants` trains
+    with another value, as ``key value``: the variants replaced them without a word."""
+    def value(c: Config, dotted: str):
+        node = c
+        for part in dotted.split("."):
+            node = getattr(node, part)
+        return node
+
+    default = validate(Config())  # (its compile section whole)
+    return [f"{key} {json.dumps(value(cfg, key))}" for key in SET_BY_VARIANT
+            if value(cfg, key) != value(default, key)
+            and any(value(variant_config(cfg, name), key) != value(cfg, key) for name in variants)]
+
+
 def data_reason(name: str, multi_hot: bool, distributed: bool = False) -> Optional[str]:
     """Why a variant cannot train this run's data (`multi_hot`: the dataset's metadata.json sizes, which win over the
     config's) or process group (`distributed`: under torchrun), on any device, or None. The whole-step CUDA graph
@@ -192,8 +213,6 @@ def unavailable_reason(name: str, device: torch.device, cfg: Optional[Config] = 
         except TritonUnavailableError as e:
             return str(e)
     if cfg is not None:
-        from dlrm.config import validate
-
         try:
             validate(variant_config(cfg, name))
         except ConfigError as e:
@@ -224,6 +243,10 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
     # data.path absolute, as the trainer records it in each variant's run: the comparison's own config.json held it
     # as typed, naming other data (or none) read from another working directory
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(cfg.data.path)))
+    replaced = replaced_settings(cfg, variants)
+    if replaced:
+        logger.warning(f"--compare: the config's {', '.join(replaced)} replaced by each variant's own (its name says "
+                       "its kernels and compile settings)")
     # the dataset's sizes, as the trainer reads them (they win over model.multi_hot_sizes): which variants can run
     # them is decided before any is built; a missing or bad dataset is refused here, before the run directory exists
     multi_hot = is_multi_hot(load_dataset_metadata(cfg)[1].multi_hot_sizes)
