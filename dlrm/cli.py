@@ -240,8 +240,9 @@ def warn_distributed_in_one_process(cfg: Config) -> None:
     changed = [f"{f.name} {json.dumps(getattr(cfg.distributed, f.name))}" for f in dataclasses.fields(cfg.distributed)
                if getattr(cfg.distributed, f.name) != f.default]
     if changed and world_size_from_env() <= 1:
-        logger.warning(f"distributed: {', '.join(changed)} set, but this run is one process (not under torchrun "
-                       "--nproc-per-node N): ignored")
+        # (WORLD_SIZE 1: no torchrun, or torchrun of one process, which trains as one too)
+        logger.warning(f"distributed: {', '.join(changed)} set, but this run is one process (they act under "
+                       "torchrun --nproc-per-node N, N > 1): ignored")
 
 
 def is_triton_unavailable(exc: BaseException) -> bool:
