@@ -38,7 +38,7 @@ from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig, valid
 from dlrm.errors import TrainingStopped, failure_reason
 from dlrm.train.metric_text import auc_text, csv_cell
 from dlrm.train.run_dir import RunDirectory
-from dlrm.train.setup import load_dataset_metadata, resolve_device
+from dlrm.train.setup import as_trained, dataset_tables, load_dataset_metadata, resolve_device
 
 # Which implementation each part gets, (embedding, interaction, mlp, loss), per kernel set.
 KERNEL_SETS: dict[str, tuple[str, str, str, str]] = {
@@ -248,8 +248,11 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
         logger.warning(f"--compare: the config's {', '.join(replaced)} replaced by each variant's own (its name says "
                        "its kernels and compile settings)")
     # the dataset's sizes, as the trainer reads them (they win over model.multi_hot_sizes): which variants can run
-    # them is decided before any is built; a missing or bad dataset is refused here, before the run directory exists
-    multi_hot = is_multi_hot(load_dataset_metadata(cfg)[1].multi_hot_sizes)
+    # them is decided before any is built; a missing or bad dataset is refused here, before the run directory exists.
+    # The comparison's config.json records them, as each variant's does (`as_trained`), not the config file's
+    data_dir, meta = load_dataset_metadata(cfg)
+    cfg = as_trained(cfg, dataset_tables(cfg, meta, data_dir))
+    multi_hot = is_multi_hot(meta.multi_hot_sizes)
     env, device = init_distributed(cfg.distributed, resolve_device(cfg.train.device))
     owned = RunDirectory.create(cfg) if env.is_main else None  # rank 0 writes the reports
     base = env.broadcast_object(owned.path if owned else None)

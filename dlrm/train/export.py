@@ -24,8 +24,9 @@ from dlrm.distributed.checkpoint import manifest_of
 from dlrm.model.dlrm import DLRM, build_model
 from dlrm import checkpoint as ckpt
 from dlrm.train.fast_path import resolve_fast_path
-from dlrm.train.reporting import write_summary
+from dlrm.train.reporting import tables_record, write_summary
 from dlrm.train.run_dir import RunDirectory
+from dlrm.train.setup import as_trained
 
 
 def model_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device, portable: bool = False) -> DLRM:
@@ -76,13 +77,14 @@ def _check_no_rounding(saved: dict, model: DLRM, path: Path, embedding_dtype: st
 def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     """AUC, logloss and accuracy of a checkpoint on `split`; written to a new run's summary.json."""
     from dlrm.train.metric_text import auc_text
-    from dlrm.train.step import EvalForward, set_matmul_precision
+    from dlrm.train.step import EvalForward, compile_mode_on, set_matmul_precision
     from dlrm.train.trainer import build_for_data, evaluate
 
     # data.path absolute, as a training run records it (dlrm.train.trainer): config.json and summary.json held it as
     # typed, which names other data (or none) from another working directory
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(cfg.data.path)))
     device, data_dir, meta, tables = build_for_data(cfg)
+    cfg = as_trained(cfg, tables)  # config.json and summary.json: the dataset's table sizes, which it evaluates with
     # the resolved config evaluates as training did: train.compile "auto" is eager on the CPU; given "auto" as it is,
     # EvalForward compiled the forward there (Inductor's bf16 rounds otherwise: another logloss than training's)
     model, resolved = _built_from_checkpoint(cfg, Path(path), tables, device)
@@ -96,7 +98,13 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
         metrics = evaluate(EvalForward(model, resolved.train.precision, device, resolved.train.compile, batch_size),
                            loader)
         summary = {**metrics, "split": split, "checkpoint": str(path), "rows": loader.num_rows,
-                   "wall_s": time.perf_counter() - t0, "device": str(device), "config": cfg.to_dict()}
+                   "wall_s": time.perf_counter() - t0, "device": str(device), "config": cfg.to_dict(),
+                   # what it evaluated with, where the config may say "auto" (as a training run's summary says)
+                   "resolved": {"kernels": vars(resolved.kernels), "compile": resolved.train.compile.enabled,
+                                "compile_mode": compile_mode_on(resolved.train.compile, device)
+                                if resolved.train.compile.enabled else None, "precision": resolved.train.precision,
+                                "device": str(device), "batch_size": batch_size, "data_path": cfg.data.path,
+                                "tables": tables_record(tables)}}
         write_summary(run_dir.path / "summary.json", summary)  # a failed write names the file
         run_dir.started()
     logger.info(f"{split}: AUC {auc_text(metrics)}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}")

@@ -418,13 +418,17 @@ class StepMeter:
         self.loop_end = time.perf_counter()
 
     @property
-    def samples_per_sec(self) -> float:
+    def samples_per_sec(self) -> Optional[float]:
         """This session's steady state: the closed windows' samples over their seconds (the whole session's
         average if no window closed after the warm-up: its loop's seconds up to `finish`, evaluations and
         checkpoints left out, as in the windows; read after the loop ended, it counted the final evaluation,
-        checkpoint and profile summary too, and a 2-step run reported 54 samples/s for 370)."""
+        checkpoint and profile summary too, and a 2-step run reported 54 samples/s for 370). None for a session that
+        trained no step (a run resumed at its end, for its last evaluation and summary): it has no rate, and "0
+        samples/s" was summary.json's and the final line's throughput of a run that trained at its own."""
         if self.steady_s > 0:
             return self.steady_samples / self.steady_s
+        if self.steps_done == 0:
+            return None
         end = self.loop_end if self.loop_end is not None else time.perf_counter()
         elapsed = end - self.loop_start - self.session_paused
         return self.session_samples / elapsed if elapsed > 0 else 0.0

@@ -141,6 +141,36 @@ def model_text(model: torch.nn.Module, cfg: Config, tables) -> str:
     return f"{dense + rows * m.embedding_dim:,} parameters ({'; '.join(parts)})"
 
 
+def tables_record(tables) -> dict[str, Any]:
+    """The tables a run used (`dlrm.train.setup.Tables`: the dataset's), as summary.json's "resolved" names them."""
+    return {"cardinalities": list(tables.cardinalities), "hashing": tables.hashing,
+            "multi_hot_sizes": list(tables.multi_hot_sizes or [1] * len(tables.cardinalities)),
+            "dense_format": tables.dense_format}
+
+
+def resolved_settings(run, cfg: Config, data, tables, placement: str, device: torch.device, world_size: int,
+                      baseline: bool) -> dict[str, Any]:
+    """summary.json's "resolved": in one place, every setting the session decided at its start and trained with, where
+    the config may say "auto" or something else (it named the kernels, compile, step graph and placement only: the
+    compile mode, the device, the batch after a small split's adjustment, the dataset's tables and hashing, the
+    sharding plan and whether the baseline was fitted were in log lines alone, or nowhere). `run`: the built
+    `dlrm.train.builder.Run` (its config has no "auto" left); `data`: the trainer's `TrainData`; `tables`: the
+    dataset's (`dlrm.train.setup.Tables`); `baseline`: whether train.baseline fitted the logistic regression."""
+    from dlrm.train.step import compile_mode_on
+
+    c = run.config.train.compile
+    return {"kernels": vars(run.config.kernels), "compile": c.enabled, "cuda_graph": run.config.train.cuda_graph,
+            "placement": placement,
+            # (None when eager; combo kernels and the CUDA-graph modes are CUDA's: off the GPU, compiled without them)
+            "compile_mode": compile_mode_on(c, device) if c.enabled else None,
+            "combo_kernels": bool(c.enabled and c.combo_kernels is True and device.type == "cuda"),
+            "device": str(device), "precision": run.config.train.precision, "seed": cfg.train.seed,
+            "batch_size": data.batch_size, "eval_batch_size": cfg.data.eval_batch_size or 4 * cfg.data.batch_size,
+            "steps": data.total_steps, "steps_per_epoch": len(data.train), "data_path": cfg.data.path,
+            "tables": tables_record(tables), "world_size": world_size, "sharding": run.plan.to_dict() if run.plan is not None else None,
+            "baseline": baseline}
+
+
 def log_train(writer: SummaryWriter, step: int, loss: float, lrs: tuple[float, float],
               samples_per_sec: Optional[float], data_wait_fraction: Optional[float] = None) -> None:
     """The logging interval's scalars: loss, learning rates (dense, sparse: as they were at `step`), throughput,
@@ -326,7 +356,9 @@ def final_line(summary: dict[str, Any]) -> str:
         f"{summary['split']}: AUC {auc_text(summary)}, logloss {summary['logloss']:.4f}, "
         f"accuracy {summary['accuracy']:.4f}"
         + (f" (oracle AUC {summary['oracle_auc']:.4f})" if summary.get("oracle_auc") is not None else "")
-        + f"; {summary['steps']} steps, {summary['samples']:,} samples, {summary['samples_per_sec']:,.0f} samples/s"
+        + f"; {summary['steps']} steps, {summary['samples']:,} samples"
+        + (f", {summary['samples_per_sec']:,.0f} samples/s" if summary.get("samples_per_sec") is not None
+           else " (none trained in this session)")
         + (f" (waiting for data {summary['data_wait_fraction']:.0%} of the time)"
            if summary.get("data_wait_fraction") is not None else "")
         + f", {summary['wall_s']:.1f}s"

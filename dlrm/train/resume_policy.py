@@ -53,13 +53,20 @@ def _under(key: str, prefixes: Iterable[str]) -> bool:
     return any(key == p or key.startswith(p + ".") for p in prefixes)
 
 
+# A run takes these from its dataset and records those (`dlrm.train.setup.as_trained`); the checkpoint's own sizes are
+# compared with the data's at the restore (`dlrm.checkpoint.check_compatible`). Compared here, a run or sweep trial
+# recorded with the config file's (null, or configs/kaggle.json's published sizes) was refused for sizes none trained.
+DATASET_KEYS = ("model.cardinalities", "model.multi_hot_sizes")
+
+
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(dotted key, checkpoint value, this run's value) for every leaf that differs; ``data.path`` given another way
-    (relative against absolute, through a symlink) to the same directory does not differ."""
+    (relative against absolute, through a symlink) to the same directory does not differ, nor do `DATASET_KEYS`."""
     a, b = _flatten(saved), _flatten(current)
     missing = object()
     return [(k, a.get(k, missing), b.get(k, missing)) for k in sorted(set(a) | set(b))
-            if a.get(k, missing) != b.get(k, missing) and not (k == "data.path" and _same_dir(a.get(k), b.get(k)))]
+            if a.get(k, missing) != b.get(k, missing) and not (k == "data.path" and _same_dir(a.get(k), b.get(k)))
+            and k not in DATASET_KEYS]
 
 
 def _same_dir(old: Any, new: Any) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import random
 from dataclasses import dataclass
@@ -108,6 +109,18 @@ def dataset_tables(cfg: Config, meta: Optional[Metadata], data_dir: Optional[Pat
         cards = [min(c, cfg.data.max_rows_per_table) for c in cards]
     return Tables(cards, vocabs, hashing, list(sizes) if sizes is not None else None,
                   meta.dense_format if meta is not None else "counts")
+
+
+def as_trained(cfg: Config, tables: Tables) -> Config:
+    """`cfg` with ``model.cardinalities`` and ``model.multi_hot_sizes`` set to the run's `tables` (`dataset_tables`:
+    the dataset's, capped by data.max_rows_per_table), which win over the config's. A run records this config
+    (config.json, summary.json's config, every checkpoint's): it held the config file's sizes (null, or the published
+    Kaggle ones of configs/kaggle.json) beside a model trained on others, and runs compared by it looked alike or apart
+    by sizes none of them trained. A resume does not compare them (`dlrm.train.resume_policy.DATASET_KEYS`): the
+    checkpoint's own sizes are compared with the data's (`dlrm.checkpoint.check_compatible`)."""
+    sizes = list(tables.multi_hot_sizes) if tables.multi_hot_sizes is not None else None
+    model = dataclasses.replace(cfg.model, cardinalities=list(tables.cardinalities), multi_hot_sizes=sizes)
+    return dataclasses.replace(cfg, model=model)
 
 
 def load_dataset_metadata(cfg: Config) -> tuple[Path, Metadata]:

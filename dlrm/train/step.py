@@ -95,6 +95,23 @@ def tag_compile_caches() -> str:
     return config.cache_key_tag
 
 
+# the torch.compile modes that make CUDA graphs, and what a run on another device compiles with instead (max-autotune's
+# CUDA graphs cannot run there either: said, as for reduce-overhead, and compiled with the rest of what the mode does)
+CUDA_GRAPH_MODES = {"reduce-overhead": "default", "max-autotune": "max-autotune-no-cudagraphs"}
+
+
+def compile_mode_on(cfg: CompileConfig, device: torch.device) -> str:
+    """The mode a compiled run on `device` uses (`_maybe_compile`; summary.json's "resolved" records it): "auto" is
+    resolved by dlrm.train.fast_path (build_run), and a caller that skips it gets mode default; off CUDA, the CUDA
+    graph modes become their modes without graphs.
+
+        >>> compile_mode_on(CompileConfig(enabled=True, mode="reduce-overhead"), torch.device("cpu"))
+        'default'
+    """
+    mode = "default" if cfg.mode == "auto" else cfg.mode
+    return CUDA_GRAPH_MODES.get(mode, mode) if device.type != "cuda" else mode
+
+
 def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what: str) -> Callable:
     if not cfg.enabled:
         return fn
@@ -105,17 +122,11 @@ def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what:
         import torch._inductor.config as inductor_config
 
         inductor_config.compile_threads = 1
+    mode = compile_mode_on(cfg, device)
+    if mode != cfg.mode and cfg.mode in CUDA_GRAPH_MODES:
+        logger.warning(f"compile mode {cfg.mode} (CUDA graphs) needs CUDA; {what} uses mode {mode} on {device}")
     if cfg.mode == "reduce-overhead" and device.type != "cuda":
-        logger.warning(f"compile mode reduce-overhead (CUDA graphs) needs CUDA; {what} uses mode default on {device}")
         return torch.compile(fn, mode="default", fullgraph=cfg.fullgraph)
-    # "auto" is resolved by dlrm.train.fast_path (build_run); a caller that skips it gets mode default
-    mode = "default" if cfg.mode == "auto" else cfg.mode
-    if mode == "max-autotune" and device.type != "cuda":
-        # its CUDA graphs cannot run here either: said, as for reduce-overhead (it went without a word), and compiled
-        # with the rest of what the mode does
-        logger.warning(f"compile mode max-autotune (CUDA graphs) needs CUDA; {what} uses mode "
-                       f"max-autotune-no-cudagraphs on {device}")
-        mode = "max-autotune-no-cudagraphs"
     # not a torch.compile mode: Inductor's GEMM template autotuning alone (mode max-autotune also tunes
     # every pointwise and reduction kernel, by coordinate descent too)
     options = {"max_autotune_gemm": True} if mode == GEMM_AUTOTUNE_MODE else None

@@ -38,12 +38,12 @@ from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler
 from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, log_train,
-                                  model_text, open_writer, versions, write_summary)
+                                  model_text, open_writer, resolved_settings, versions, write_summary)
 from dlrm.train.resume_policy import (check_position, check_resume_config, checkpoint_to_resume, saved_config,
                                       summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
-from dlrm.train.setup import (Tables, dataset_held, dataset_tables, load_dataset_metadata, resolve_device,
-                              seed_everything, seed_rank)
+from dlrm.train.setup import (Tables, as_trained, dataset_held, dataset_tables, load_dataset_metadata,
+                              resolve_device, seed_everything, seed_rank)
 from dlrm.train.signals import GracefulStop, StopAtOnce, agreed_stop, held_signals
 from dlrm.train.step import compile_counters, nonfinite_weight
 from dlrm.train.target import TargetTracker, already_reached
@@ -169,6 +169,7 @@ class Trainer:
         # this run read (refused when it is another directory) instead of training on whatever lies there
         self.cfg = cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(cfg.data.path)))
         device, data_dir, self.meta, self.tables = build_for_data(cfg)
+        self.cfg = cfg = as_trained(cfg, self.tables)  # the dataset's table sizes, recorded as trained
         self.env, self.device = init_distributed(cfg.distributed, device)  # one process unless under torchrun
         with agreed_stop(self.env, self.device, "before the first step", self._stopped_at_start):  # several ranks
             self._start(cfg, data_dir, run_dir, resume, allow_config_change)
@@ -357,8 +358,8 @@ class Trainer:
                 # first, the end's save of the same step was a no-op and a resume forgot that evaluation)
                 checkpoint_now = cfg.checkpoint.every and pos.step % cfg.checkpoint.every == 0 \
                     and pos.step != self.data.total_steps
-                if evaluate_now or checkpoint_now:
-                    self._read_window(bar)  # now: the device drains for the evaluation or checkpoint anyway
+                if evaluate_now or checkpoint_now or pos.step == self.data.total_steps:  # (the last step: read before
+                    self._read_window(bar)  # the loader stops, not timed as training) now: the device drains anyway
                     meter.snapshot()  # the logging window so far, for the checkpoints (step-N.pt, best.pt)
                 if evaluate_now:
                     with meter.paused():  # not training time: left out of the throughput window
@@ -530,15 +531,15 @@ class Trainer:
             logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
         if prof is not None and env.is_main:  # step breakdown, kernels, timeline: TensorBoard and run dir
             log_profile(writer, self.run_dir.path, self.device, self.pos.step)
-        summary = {**self._summary(metrics, counters), **self.target.summary(self.pos.step, self.stats.best)}
         # the linear model on the same split, loader and hashing, when train.baseline asks (dlrm.train.baseline)
-        summary["baseline"] = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step)
+        baseline = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step)
+        summary = {**self._summary(metrics, counters, baseline), **self.target.summary(self.pos.step, self.stats.best)}
         # at the last step (an extended run's come after); the dataset's multi-hot sizes, which the run trained with
         log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step, self.tables.multi_hot_sizes)
         writer.close()
         return summary
 
-    def _summary(self, metrics: dict, counters: dict) -> dict:
+    def _summary(self, metrics: dict, counters: dict, baseline: Optional[dict] = None) -> dict:
         d, stats, device = self.cfg.data, self.stats, self.device
         return {
             **metrics,
@@ -561,12 +562,12 @@ class Trainer:
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
             "compile": counters,
             "fast_path": self.run.fast_path,  # what each "auto" setting became on this device, and why
-            "resolved": {"kernels": vars(self.run.config.kernels), "compile": self.run.config.train.compile.enabled,
-                         "cuda_graph": self.run.config.train.cuda_graph, "placement": self.placement},
+            "resolved": resolved_settings(self.run, self.cfg, self.data, self.tables, self.placement, device,
+                                          self.env.world_size, baseline is not None),  # what this session trained with
             "device": str(device), "device_name": device_name(device), "versions": versions(),
             "oracle_auc": self.meta.extra.get("oracle_auc", {}).get(d.eval_split),
             "checkpoint": str(self.checkpointer.last), "run_dir": str(self.run_dir.path),
-            "config": self.cfg.to_dict(), "world_size": self.env.world_size,
+            "config": self.cfg.to_dict(), "world_size": self.env.world_size, "baseline": baseline,
         }
 
     def _report_finished(self) -> dict:
