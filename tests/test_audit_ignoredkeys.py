@@ -17,28 +17,10 @@ from loguru import logger
 
 import dlrm.cli as cli
 from dlrm.config import ConfigError, load_config
-from dlrm.logging_setup import configure_logging
 from tests.conftest import REPO
+from tests.test_cli_errors import _restore_logging, trained  # noqa: F401 (fixtures)
 
 SAMPLE = json.loads((REPO / "configs" / "sample.json").read_text())
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    """main() points loguru at CliRunner's stderr, which is closed afterwards: point it back."""
-    yield
-    configure_logging()
-
-
-@pytest.fixture
-def trained(monkeypatch):
-    """Replace the trainer's `train` with a recorder (no training); returns the recorded (config, kwargs)."""
-    import dlrm.train.trainer as trainer
-
-    calls = []
-    monkeypatch.setattr(trainer, "train", lambda cfg, **kwargs: calls.append((cfg, kwargs)) or {"checkpoint": "x"})
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    return calls
 
 
 def _config(tmp_path: Path, **sections) -> Path:

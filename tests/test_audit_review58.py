@@ -13,28 +13,10 @@ from click.testing import CliRunner
 
 import dlrm.cli as cli
 from dlrm.config import ConfigError, load_config
-from dlrm.logging_setup import configure_logging
 from tests.conftest import REPO
+from tests.test_cli_errors import _restore_logging, trained  # noqa: F401 (fixtures)
 
 SAMPLE = json.loads((REPO / "configs" / "sample.json").read_text())
-
-
-@pytest.fixture(autouse=True)
-def _restore_logging():
-    """main() points loguru at CliRunner's stderr, which is closed afterwards: point it back."""
-    yield
-    configure_logging()
-
-
-@pytest.fixture
-def trained(monkeypatch):
-    """Replace the trainer's `train` with a recorder that trains nothing; returns the recorded configs."""
-    import dlrm.train.trainer as trainer
-
-    calls: list = []
-    monkeypatch.setattr(trainer, "train", lambda cfg, **kwargs: calls.append(cfg) or {"checkpoint": "x"})
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    return calls
 
 
 def _write(path: Path, raw: dict) -> Path:
@@ -60,7 +42,7 @@ def test_a_sweep_trials_config_json_given_as_the_config_trains_again(tmp_path, t
 
     result = _invoke(tmp_path, written)
     assert result.exit_code == 0, result.output
-    assert len(trained) == 1 and trained[0].to_dict()["optim"] == trial.to_dict()["optim"]
+    assert len(trained) == 1 and trained[0][0].to_dict()["optim"] == trial.to_dict()["optim"]
     assert _warnings(result) == [
         f'optim.schedule.{key}: {value} has no effect: it acts with optim.schedule.decay "linear" or "cosine" only, '
         f'and this run has "none": ignored (the file gives every key, as a run\'s config.json does)'

@@ -41,6 +41,7 @@ def trained(monkeypatch):
         return {"checkpoint": "unused"}
 
     monkeypatch.setattr(trainer, "train", fake_train)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)  # (a run of one process, whatever the shell says)
     return calls
 
 
