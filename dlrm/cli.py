@@ -312,6 +312,12 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     decided = ("train.compile.enabled",) if compare is not None else ()
     cfg = load_with_kernels_shortcut(config_path, overrides, inert_keys, decided)
     loaded.append(cfg)
+    if resume is None and cfg.log.sweep_keys is not None:
+        # a sweep trial's config.json given again is a run of its own: kept, its HParams session named the sweep's
+        # swept keys and sweep/* metrics (`dlrm.train.reporting.experiment_metrics`), blank columns for every other
+        # run of a --logdir whose columns TensorBoard took from it (a --resume of the trial stays the sweep's)
+        logger.info(f"{config_path}: log.sweep_keys (a sweep's, on its trials) dropped: this run is one of its own")
+        cfg.log.sweep_keys = None
     if trains:
         warn_distributed_in_one_process(cfg)
     # a new run's directory is named, or --eval-only's (with --export too: it evaluates first); a bare export of a

@@ -361,16 +361,22 @@ def check_dependent_keys(config: str, base: dict, settings: list[dict]) -> None:
                               "same model")
     # the file's own keys, checked as train.py checks a run of its own (each trial is one: a sweep trained a file
     # keeping momentum beside Adam without a word, which train.py refuses); a setting's --set is its command line
-    told: list[str] = []
+    told: list[tuple] = []
     file_keys = parse_config_bytes(read_config_bytes(Path(config)), config)
     for setting in settings:
         check_inert_keys(load_config(config, {**base, **setting}), file_keys, {**base, **setting}, config, told=told)
-    for line in dict.fromkeys(told):  # once, not once a setting
-        logger.warning(line)
+    # once a key, naming the settings it cannot act in: said once per value of the key it depends on, as if of one
+    # run ("this run has "dot": ignored"), it read as ignored by the whole sweep, the dcn settings' too
+    switches: dict[tuple, list[str]] = {}
+    for key, value, on, needs, switch, why in told:
+        switches.setdefault((key, value, on, needs, why), []).append(switch)
+    for (key, value, on, needs, why), seen in switches.items():
+        logger.warning(f"{key}: {value} has no effect in the {len(seen)} of the {len(settings)} settings with {on} "
+                       f"{' or '.join(dict.fromkeys(seen))}: it acts with {on} {needs} only: ignored there ({why})")
 
 
 def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, refuse: bool = True,
-                     decided: tuple[str, ...] = (), told: Optional[list[str]] = None) -> None:
+                     decided: tuple[str, ...] = (), told: Optional[list[tuple]] = None) -> None:
     """Refuse, in one line naming `source` (the config file) or the command line, a `DEPENDENT_KEYS` key that the file
     (`given`, its JSON as read) or `overrides` set explicitly where the key it depends on leaves it without effect
     (`model.cross_layers` of a "dot" model trained the dot model, silently); defaults are never refused. It is a
@@ -380,7 +386,8 @@ def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, r
     trial's given as --config was refused), and with `refuse` False (a --resume: the run began with this config;
     refusing would strand it mid-way). A key depending on one of `decided` is not checked: the mode sets that key
     itself (--compare's variants, train.compile.enabled: the compile settings act in its compiled variants). `told`:
-    a list the warnings are appended to instead of logged (a sweep's settings: each said once)."""
+    a list the warnings are appended to instead of logged, as (key, value, on, needs, switch, why) tuples (a sweep's
+    settings: `check_dependent_keys` says each key once)."""
     from loguru import logger
 
     from dlrm.config import Config, validate
@@ -411,15 +418,17 @@ def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, r
         if told is None:
             logger.warning(f"{what}: ignored ({why})")
         else:
-            told.append(f"{what}: ignored ({why})")
+            told.append((key, json.dumps(value), on, needs, json.dumps(switch), why))
 
 
 def _gives_every_key(raw: Any, tree: dict) -> bool:
-    """Whether the file's JSON `raw` gives every key of the `Config.to_dict` tree `tree`, as the config.json a run
-    writes does (a section null where the tree has an object, or one where it has null, is given)."""
+    """Whether the file's JSON `raw` gives every section of the `Config.to_dict` tree `tree`, at every depth, as the
+    config.json a run writes does, of this version or an earlier one (a section null where the tree has an object, or
+    one where it has null, is given). Sections, not every key: an earlier version's config.json lacks the keys added
+    since (``log.sweep_keys``, ``distributed.timeout_s``), and every run's written before them was refused."""
     return isinstance(raw, dict) and all(
-        k in raw and not (isinstance(v, dict) and isinstance(raw[k], dict) and not _gives_every_key(raw[k], v))
-        for k, v in tree.items())
+        k in raw and (not isinstance(raw[k], dict) or _gives_every_key(raw[k], v))
+        for k, v in tree.items() if isinstance(v, dict))
 
 
 def _holds(raw: dict, dotted: str) -> bool:

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import struct
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Optional
 
@@ -17,7 +19,7 @@ from loguru import logger
 from torch.utils.tensorboard import SummaryWriter
 
 from dlrm.checkpoint import write_files_atomic
-from dlrm.config import Config, ConfigError
+from dlrm.config import Config, ConfigError, _field_type
 from dlrm.data.schema import NUM_SPARSE, write_json_atomic
 from dlrm.train.metric_text import auc_text, auc_undefined
 from dlrm.train.run_dir import run_dir_present
@@ -206,7 +208,7 @@ SWEEP_METRICS = ("sweep/auc_std", "sweep/logloss_std", "sweep/seeds", "sweep/fai
 
 def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list[int]] = None) -> dict[str, Any]:
     """A run's HParams: the same keys for every run, and a sweep trial's swept keys (``log.sweep_keys``, as dotted
-    names, a list or object value as JSON text). A sweep's settings under ``hparams/`` name the same
+    names, each of one type in every setting: `swept_value`). A sweep's settings under ``hparams/`` name the same
     (`dlrm.sweep_report`), so whichever run's experiment TensorBoard takes its columns from, its rows and the trials'
     fill them.
 
@@ -230,9 +232,33 @@ def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list
         value = tree
         for part in key.split("."):
             value = value[part]
-        # (None, a list or a section: no HParams value type; JSON text as the sweep's tables show it)
-        hp[key] = value if isinstance(value, (int, float, str, bool)) else json.dumps(value)
+        hp[key] = swept_value(key, value)
     return hp
+
+
+def swept_value(key: str, value: Any) -> Any:
+    """A swept key's HParams value, of one type whatever the setting (the type its config field declares): the
+    dashboard sorts and filters a column by comparing its sessions' values, and a column of two types
+    (``--set data.max_rows_per_table=null,1000``: "null" beside 1000; ``train.compile.enabled=auto,false``) failed
+    its every request once sorted ("'<' not supported between instances of 'float' and 'str'"). A number's null is
+    NaN (a blank cell there); a key of several kinds (null, "auto" or a bool beside another), a list or a section is
+    JSON text, as the sweep's tables show it.
+
+        >>> [swept_value(k, v) for k, v in (("train.max_steps", None), ("optim.dense.fused", True), ("train.seed", 3))]
+        [nan, 'true', 3]
+    """
+    def kinds(tp: Any) -> set:
+        if typing.get_origin(tp) is typing.Literal:
+            return {type(a) for a in typing.get_args(tp)}
+        args = typing.get_args(tp)
+        return set().union(*map(kinds, args)) if typing.get_origin(tp) is typing.Union else {tp}
+
+    declared = kinds(_field_type(key))
+    if declared - {type(None)} and declared - {type(None)} <= {int, float}:
+        return math.nan if value is None else value
+    if declared in ({bool}, {str}) and isinstance(value, (bool, str)):  # (never null)
+        return value
+    return json.dumps(value)
 
 
 def experiment_metrics(cfg: Config) -> tuple[str, ...]:
