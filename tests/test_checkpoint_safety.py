@@ -134,7 +134,13 @@ def test_written_checkpoint_is_plain_data(trained):
     assert disk["rng"]["python"]["state"].dtype == torch.int64 and disk["rng"]["python"]["state"].shape == (625,)
     assert disk["rng"]["numpy"]["key"].shape == (624,)
     state = ckpt.load_checkpoint(path)
-    assert state["config"] == json.loads(disk["config_json"]) == trained["cfg"].to_dict()
+    recorded = json.loads(disk["config_json"])
+    # the config the run trained with: the given one, with the dataset's table sizes (`dlrm.train.setup.as_trained`)
+    given = trained["cfg"].to_dict()
+    tables = trained["tables"]
+    sizes = None if tables.multi_hot_sizes is None else list(tables.multi_hot_sizes)
+    given["model"].update(cardinalities=list(tables.cardinalities), multi_hot_sizes=sizes)
+    assert state["config"] == recorded == given
     assert state["rng"]["python"][0] == 3 and len(state["rng"]["python"][1]) == 625
     assert state["rng"]["numpy"][0] == "MT19937" and state["rng"]["numpy"][1].dtype == np.uint32
     assert {"samples", "train_s", "train_losses"} <= set(state["run_stats"]) and state["run_stats"]["samples"] == 24
