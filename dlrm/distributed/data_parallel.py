@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -108,15 +109,24 @@ def wrap_dense_parts(model: DLRM, device: torch.device,
     if stateful:
         raise ValueError(f"the dense parts hold buffers DDP would have to keep in sync: {stateful}")
     if device.type != "cuda":
-        ddp = DistributedDataParallel(parts, broadcast_buffers=False)
+        ddp = _ddp(parts)
         if embeddings is not None:
             prime_buckets(ddp, embeddings, device)
         return ddp
     side, main = capture_stream(device), torch.cuda.current_stream(device)
     side.wait_stream(main)
     with torch.cuda.stream(side):
-        ddp = DistributedDataParallel(parts, device_ids=[device.index], broadcast_buffers=False)
+        ddp = _ddp(parts, device_ids=[device.index])
         if embeddings is not None:
             prime_buckets(ddp, embeddings, device)
     main.wait_stream(side)
     return ddp
+
+
+def _ddp(parts: nn.Module, **kwargs) -> DistributedDataParallel:
+    """DDP without the per-step buffer broadcast. torch 2.13 deprecates `broadcast_buffers` (a FutureWarning each rank
+    printed in every run) for `forward_sync_buffers`, which torch 2.11 lacks and whose False still syncs at init; its
+    own advice for buffers not synced at init is to keep `broadcast_buffers=False`: the warning is left out."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`broadcast_buffers` is deprecated", category=FutureWarning)
+        return DistributedDataParallel(parts, broadcast_buffers=False, **kwargs)

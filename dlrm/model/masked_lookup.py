@@ -27,7 +27,10 @@ def _kept_rows_grad(weight_shape: torch.Size, rows: torch.Tensor, keep: torch.Te
     kept = keep.nonzero().squeeze(1)  # host sync (see the module docstring)
     source = kept if bag is None else bag.index_select(0, kept)
     values = grad.reshape(-1, weight_shape[1]).index_select(0, source)
-    return torch.sparse_coo_tensor(rows.index_select(0, kept).unsqueeze(0), values, weight_shape)
+    # check_invariants given: left implicit, torch 2.13 warned of "memory errors (e.g. SEGFAULT)" in every multi-hot
+    # or sharded eager run (its rows are the lookups' own, within the table)
+    return torch.sparse_coo_tensor(rows.index_select(0, kept).unsqueeze(0), values, weight_shape,
+                                   check_invariants=False)
 
 
 class _MaskedEmbedding(torch.autograd.Function):

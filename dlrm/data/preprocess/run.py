@@ -238,8 +238,10 @@ class _Run:
         if o.min_frequency_auto:
             train_rows = train_rows_of_plan(self.plan, file_lines)
             self.opts = o.with_min_frequency(auto_min_frequency(train_rows))
-            logger.info("--min-frequency auto: {} for {:,} train rows ({})", self.opts.min_frequency, train_rows,
-                        describe_rule())
+            # a random split's count is its expectation (its lines are drawn later): said, not given as the split's
+            expected = ", the expected count of --split random" if self.plan.mode == "random" else ""
+            logger.info("--min-frequency auto: {} for {:,} train rows ({}{})", self.opts.min_frequency, train_rows,
+                        describe_rule(), expected)
 
     def start_output(self) -> None:
         """Step 2: replace the old dataset (--overwrite), make the directories, read what an earlier
