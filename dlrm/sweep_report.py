@@ -121,8 +121,7 @@ def write_hparams(directory: Path, results: list[SettingResult]) -> None:
     # Each setting's run written as SummaryWriter.add_hparams writes it (its experiment, session summaries and metric
     # scalars in DIRECTORY/<slug>), by open_writer: on a full disk an OSError naming the event file (add_hparams's own
     # inner writer's thread died of it with a traceback, and the error raised here named no file)
-    with open_writer(directory):  # the sweep's own events file, as before
-        pass
+    # (no events file of hparams/ itself: one holding only its header listed <sweep>/hparams as a run with no data)
     for r in results:
         if not r.summaries:  # every trial of it failed: no metric to show
             continue

@@ -62,6 +62,8 @@ def test_the_settings_and_the_trials_of_a_sweep_fill_the_same_hparams_columns(ti
 
     experiments = _experiments(tmp_path)
     assert len(experiments) == 1 + 4 * 2 + 4  # the plain run, the trials, the settings
+    # and no run of hparams/ itself: an events file of only its header listed it as a run with no data
+    assert not list((directory / "hparams").glob("events.out.tfevents.*"))
     plain = experiments.pop("plain")
     (sweep_columns,) = set(map(json.dumps, experiments.values()))  # one experiment for the whole sweep
     hparam_columns, metric_columns = json.loads(sweep_columns)
