@@ -242,3 +242,15 @@ def test_a_bad_override_is_blamed_on_the_command_line_not_the_file(tmp_path):
     path.write_text(json.dumps({"train": {"max_steps": -1}}))
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: train.max_steps: -1 must be > 0$"):
         load_config(path, {"data.batch_size": 8})
+
+
+def test_a_section_override_replaces_the_files_section(tmp_path):
+    """README (sweeps): `--set 'optim.dense={...}'` replaces the file's section; the keys the object leaves out take
+    their defaults, not the file's values, while a dotted key keeps the rest of the file's section."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"optim": {"dense": {"name": "sgd", "lr": 0.5, "momentum": 0.9, "weight_decay": 0.01}}}))
+    default = Config().optim.dense
+    whole = load_config(path, {"optim.dense": {"name": "sgd", "lr": 0.1}}).optim.dense
+    assert (whole.lr, whole.momentum, whole.weight_decay) == (0.1, default.momentum, default.weight_decay)
+    one = load_config(path, {"optim.dense.lr": 0.1}).optim.dense
+    assert (one.lr, one.momentum, one.weight_decay) == (0.1, 0.9, 0.01)
