@@ -12,7 +12,9 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import logging
 import os
+import warnings
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -112,10 +114,36 @@ def compile_mode_on(cfg: CompileConfig, device: torch.device) -> str:
     return CUDA_GRAPH_MODES.get(mode, mode) if device.type != "cuda" else mode
 
 
+class _ProfilerRangeNotice(logging.Filter):
+    """Drops Dynamo's "Profiler record function ... will be ignored" (`quiet_compile_notices`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Profiler record function", "Profiler function"))
+
+
+# the loggers Dynamo tells a record_function it traces through (torch._dynamo.variables: the context manager, the call)
+_DYNAMO_PROFILER_LOGGERS = ("torch._dynamo.variables.ctx_manager", "torch._dynamo.variables.torch")
+
+
+def quiet_compile_notices() -> None:
+    """Two notices every compiled run printed on its first step, which tell a user of this program nothing to do:
+    Dynamo's warning that the model's record_function ranges (DenseArch, SparseArch, ...) are left out of the compiled
+    graph (the profile's trace summary says a compiled region shows its kernels, not those ranges), and, on CUDA in
+    fp32, Inductor's advice to call ``torch.set_float32_matmul_precision('high')``, which this program overrides with
+    `train.precision` (its "tf32" is the setting that runs fp32 matmuls on the tensor cores, as the README says)."""
+    for name in _DYNAMO_PROFILER_LOGGERS:
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _ProfilerRangeNotice) for f in log.filters):
+            log.addFilter(_ProfilerRangeNotice())
+    warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores for float32 matrix multiplication available "
+                            "but not enabled", category=UserWarning)
+
+
 def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what: str) -> Callable:
     if not cfg.enabled:
         return fn
     tag_compile_caches()
+    quiet_compile_notices()
     if device.type == "cpu" and (os.cpu_count() or 1) <= 4:
         # Inductor's pool of compile workers keeps competing for the cores after compilation;
         # on a 2-core machine that made compiled CPU steps ~50x slower than eager. Compile in-process.
