@@ -77,8 +77,20 @@ def adagrad_step_(params: list[Tensor], grads: list[Tensor], sums: list[Tensor],
     >>> p.tolist(), s.tolist()
     ([0.5, -1.5], [4.0, 4.0])
     """
+    # zip() would stop at the shortest list: the parameters past it were left without their step, silently
+    if not len(params) == len(grads) == len(sums):
+        raise ValueError(f"adagrad_step_: one gradient and one sum per parameter, got {len(params)} parameters, "
+                         f"{len(grads)} gradients and {len(sums)} sums")
+    # the kernel loads lr through a pointer: a Python float failed inside Triton with no word of lr, a tensor of
+    # several values stepped with its first, another dtype computed the step in it, another device read bad memory
+    if not (isinstance(lr, Tensor) and lr.numel() == 1 and lr.dtype == torch.float32):
+        raise ValueError(f"adagrad_step_: lr must be a one-element float32 tensor, got "
+                         f"{f'{lr.dtype} {tuple(lr.shape)}' if isinstance(lr, Tensor) else type(lr).__name__}")
     work = []
     for p, g, s in zip(params, grads, sums):
+        if not (p.device == g.device == s.device == lr.device):
+            raise ValueError(f"adagrad_step_: parameter, gradient, sum and lr must share one device, got {p.device}, "
+                             f"{g.device}, {s.device} and {lr.device}")
         if not (p.dtype == g.dtype == s.dtype == torch.float32 and p.is_contiguous() and g.is_contiguous()
                 and s.is_contiguous() and p.shape == g.shape == s.shape):
             raise ValueError(f"adagrad_step_: fp32 contiguous tensors of one shape expected, got {p.dtype} "

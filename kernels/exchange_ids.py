@@ -94,6 +94,12 @@ def _local_ids_kernel(recv_ptr, base_ptr, count_ptr, at_ptr, raw_ptr, valid_ptr,
 # ----------------------------------------------------------------------------------------------------
 
 
+def _check_integer(name: str, t: torch.Tensor) -> None:
+    """One-line ValueError for a floating (or complex, bool) id tensor: the kernels would truncate its values."""
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integers (int64 or int32 ids), got {t.dtype}")
+
+
 def send_ids(raw: torch.Tensor, slot_card: torch.Tensor, slots: list[torch.Tensor], padded: int,
              multi_hot: bool, dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """[sum_q P * n_q] send buffer (see the module docstring) of ``dtype`` (int32 halves the bytes sent; the
@@ -101,7 +107,14 @@ def send_ids(raw: torch.Tensor, slot_card: torch.Tensor, slots: list[torch.Tenso
     [L] int64 table sizes, ``slots[q]`` [n_q] int64 the slots rank q serves, ``padded`` P >= B."""
     if dtype not in (torch.int32, torch.int64):
         raise ValueError(f"dtype must be torch.int32 or torch.int64, got {dtype}")
+    _check_integer("raw", raw)  # the kernel converts what it loads to int64: 1.5 was sent as row 2 of its table
     B = raw.shape[0]
+    # The kernel reads slots[q][j] and slot_card[s] at their data pointers plus j and s: a strided view (a column of
+    # a 2-D plan) gave every slot another slot's table, silently. [n]-sized copies, only where needed.
+    slot_card = slot_card.contiguous()
+    slots = [s.contiguous() for s in slots]
+    for name, t in [("slot_card", slot_card), *((f"slots[{q}]", s) for q, s in enumerate(slots))]:
+        _check_integer(name, t)
     if padded < B:  # the [P, n_q] blocks hold P samples: the samples from P on were dropped without a word
         raise ValueError(f"padded P={padded} must be >= the batch B={B}")
     sizes = [int(s.numel()) for s in slots]
@@ -124,6 +137,11 @@ def local_ids(recv: torch.Tensor, base: torch.Tensor, count: torch.Tensor, at: t
     the module docstring); ``base``, ``count``, ``at`` [n] int64: each served slot's block start, rows and local
     row."""
     rows, n = recv.shape
+    _check_integer("recv", recv)
+    # read at their data pointers plus the served slot j: strided views gave slot j another slot's block (as above)
+    base, count, at = base.contiguous(), count.contiguous(), at.contiguous()
+    for name, t in (("base", base), ("count", count), ("at", at)):
+        _check_integer(name, t)
     raw = torch.empty((rows, n), dtype=torch.int64, device=recv.device)
     valid = torch.empty((rows, n), dtype=torch.int8, device=recv.device)
     if raw.numel():

@@ -85,7 +85,7 @@ from torch import Tensor
 
 from kernels import heuristics
 from kernels.heuristics import TailLaunch, tail_launch
-from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels._backend import check_gemm_dtype, check_triton_device, device_context, interpret_mode
 from kernels.col_sum import sum_partial_rows
 from kernels.linear import resolve_input_precision
 
@@ -388,6 +388,9 @@ def _check_tail(x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: li
         if w.dtype != x.dtype or b.dtype != x.dtype or w.device != x.device or b.device != x.device:
             raise ValueError(f"layer {i}: weight and bias must have x's dtype and device ({x.dtype}, {x.device})")
         k = w.shape[0]
+    # float64 (a .double() model) ran through fp32 tl.dot accumulators and came back float64 with fp32 accuracy, silently
+    # (relative errors ~1e-8 on the GPU): refused, as the other GEMM kernels (kernels.linear, kernels.cross) refuse it
+    check_gemm_dtype(x.dtype, "the on-chip MLP tail")
     widths = [x.shape[1], *(w.shape[0] for w in weights)]
     if max(widths) > MAX_WIDTH or min(widths) < 1:
         raise ValueError(f"the on-chip tail takes widths 1 to {MAX_WIDTH}, got {widths}")
