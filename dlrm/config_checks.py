@@ -332,11 +332,13 @@ DATASET_KEYS = {
 }
 
 
-def check_dependent_keys(config: str, base: dict, settings: list[dict]) -> None:
+def check_dependent_keys(config: str, base: dict, settings: list[dict], warn: bool = True) -> list[str]:
     """Refuse a sweep's ``--set`` of a `DEPENDENT_KEYS` key (or of a section whose values vary it) when no setting of
     its grid (`settings`, each loaded from `config` with the overrides `base`) has a value of the key it depends on
     that lets it act, and of a `DATASET_KEYS` key, which no setting's run reads; then the file's own keys, as
-    `check_inert_keys` checks those of a run of train.py."""
+    `check_inert_keys` checks those of a run of train.py. Returns the warnings, logged unless `warn` is False (a
+    sweep logs them once its other checks passed: told before a refusal of the same settings, one problem read as
+    two, the first as if the sweep would go on)."""
     from loguru import logger
 
     from dlrm.config import load_config, parse_config_bytes, read_config_bytes
@@ -370,9 +372,12 @@ def check_dependent_keys(config: str, base: dict, settings: list[dict]) -> None:
     switches: dict[tuple, list[str]] = {}
     for key, value, on, needs, switch, why in told:
         switches.setdefault((key, value, on, needs, why), []).append(switch)
-    for (key, value, on, needs, why), seen in switches.items():
-        logger.warning(f"{key}: {value} has no effect in the {len(seen)} of the {len(settings)} settings with {on} "
-                       f"{' or '.join(dict.fromkeys(seen))}: it acts with {on} {needs} only: ignored there ({why})")
+    lines = [f"{key}: {value} has no effect in the {len(seen)} of the {len(settings)} settings with {on} "
+             f"{' or '.join(dict.fromkeys(seen))}: it acts with {on} {needs} only: ignored there ({why})"
+             for (key, value, on, needs, why), seen in switches.items()]
+    for line in lines if warn else ():
+        logger.warning(line)
+    return lines
 
 
 def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, refuse: bool = True,

@@ -9,7 +9,8 @@ make the product. Each setting is trained once per seed (``train.seed`` = 0 .. s
 setting sees the same initialisations and batch orders) through `dlrm.train.trainer.train`, each
 trial in its own TensorBoard run ``<sweep dir>/<NN-setting>/seed-<k>/``. Every setting is validated
 before the first trial: a bad key or value is one line naming it, exit code 2, as are two settings that would train
-the same config, or one whose dataset is missing (`dlrm.sweep_checks`).
+the same config (as their runs train it: what the device and the dataset decide resolved), or one whose dataset is
+missing (`dlrm.sweep_checks`); only then are the grid's inert keys told (warnings).
 
 The sweep directory (``<tb-dir>/<run-name>``, default ``tb_logs/<config>-sweep-<date>-<time>``, with ``-2``,
 ``-3``, ... when another sweep started in the same second holds that name) gets:
@@ -45,13 +46,10 @@ from __future__ import annotations
 import difflib
 import itertools
 import json
-import math
 import os
-import statistics
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -61,11 +59,10 @@ from loguru import logger
 from dlrm.config import ConfigError, config_keys, load_config
 from dlrm.config_checks import check_dependent_keys
 from dlrm.errors import TrainingStopped, failure_reason
+# (the results and the verdict: dlrm.sweep_results, named here as they always were)
+from dlrm.sweep_results import (NOISE_FACTOR, SettingResult, Verdict, _mean, _std, label,  # noqa: F401
+                               verdict)
 from dlrm.train.metric_text import auc_text
-
-NOISE_FACTOR = 2.0
-"""A margin counts as more than seed noise when it is at least this many standard errors."""
-
 
 # -- the grid ---------------------------------------------------------------------------------------
 
@@ -154,144 +151,11 @@ def grid(sets: list[tuple[str, list[Any]]]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(v for _, v in sets))] if sets else [{}]
 
 
-def label(setting: dict[str, Any]) -> str:
-    """``key=value`` pairs of a setting, for tables and logs ("defaults" when nothing is set)."""
-    return ", ".join(f"{k}={json.dumps(v)}" for k, v in setting.items()) or "defaults"
-
-
 def slug(index: int, setting: dict[str, Any]) -> str:
     """A directory name for a setting: its index and a filesystem-safe, shortened label."""
     text = "+".join(f"{'.'.join(k.split('.')[-2:])}={json.dumps(v)}" for k, v in setting.items()) or "defaults"
     safe = "".join(c if c.isalnum() or c in "._=-+" else "_" for c in text)
     return f"{index:02d}-{safe[:80]}"
-
-
-# -- results ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class SettingResult:
-    """The trials of one setting: one summary per seed, in seed order."""
-
-    index: int
-    setting: dict[str, Any]
-    summaries: list[dict] = field(default_factory=list)  # the trials that finished, in seed order
-    failed: dict[int, str] = field(default_factory=dict)  # seed -> why that trial failed
-
-    def values(self, key: str) -> list[float]:
-        return [math.nan if s[key] is None else float(s[key]) for s in self.summaries]  # null: NaN in summary.json
-
-    def baseline_aucs(self) -> list[float]:
-        aucs = [s["baseline"]["auc"] for s in self.summaries if s.get("baseline")]
-        return [math.nan if a is None else float(a) for a in aucs]
-
-    @property
-    def complete(self) -> bool:
-        """Every trial finished: only such settings take part in the verdict (the per-seed pairing needs every seed,
-        and a setting that failed on a seed, a diverged one say, is no safe pick)."""
-        return bool(self.summaries) and not self.failed
-
-    @property
-    def auc_mean(self) -> float:
-        return _mean(self.values("auc"))
-
-    def mean_auc_text(self) -> str:
-        """The mean AUC for the verdict: "n/a (one class)" where a trial's was undefined (it read "nan")."""
-        losses = [s.get("logloss") for s in self.summaries]
-        return auc_text({"auc": self.auc_mean, "logloss": _mean([math.nan if v is None else v for v in losses])})
-
-    def rank_key(self) -> tuple[bool, bool, float]:
-        """Sort key, best first with ``reverse=True``: a setting with a failed trial ranks after those whose trials
-        all finished; a NaN mean AUC (a trial's AUC was NaN) ranks last (NaN compares False with everything, so
-        sorting by it alone leaves the order arbitrary)."""
-        mean = self.auc_mean
-        return (self.complete, not math.isnan(mean), mean if not math.isnan(mean) else 0.0)
-
-    def trials(self) -> list[tuple[int, Optional[dict], Optional[str]]]:
-        """(seed, summary or None, failure reason or None) for every trial, in seed order."""
-        done = iter(self.summaries)
-        return [(seed, None, self.failed[seed]) if seed in self.failed else (seed, next(done), None)
-                for seed in range(len(self.summaries) + len(self.failed))]
-
-    def row(self) -> dict[str, Any]:
-        """The setting's line of sweep.csv (its means over the trials that finished)."""
-        aucs, losses, base = self.values("auc"), self.values("logloss"), self.baseline_aucs()
-        return {"setting": label(self.setting), **{k: json.dumps(v) for k, v in self.setting.items()},
-                "seeds": len(aucs), "failed": len(self.failed), "auc_mean": _mean(aucs), "auc_std": _std(aucs),
-                "logloss_mean": _mean(losses), "logloss_std": _std(losses),
-                "baseline_auc_mean": statistics.fmean(base) if base else None,
-                "aucs": " ".join(f"{a:.4f}" for a in aucs)}
-
-
-def _mean(values: list[float]) -> float:
-    """The mean; NaN when no trial finished (`statistics.fmean` raises on an empty list)."""
-    return statistics.fmean(values) if values else math.nan
-
-
-def _std(values: list[float]) -> float:
-    """Sample standard deviation (0 for a single value; NaN when a value is NaN or infinite: `statistics.stdev`
-    raises AttributeError on a NaN in Python 3.11, which ended a sweep with a diverged trial before its tables;
-    NaN for no value)."""
-    if not values or not all(math.isfinite(v) for v in values):
-        return math.nan
-    return statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-@dataclass
-class Verdict:
-    """Which setting won, by how much, and how that compares with the seed noise."""
-
-    winner: SettingResult
-    runner_up: Optional[SettingResult]
-    margin: Optional[float]  # mean AUC difference, winner - runner-up
-    noise: Optional[float]  # standard error of the paired per-seed differences
-    left_out: int = 0  # settings with a failed trial, not compared
-
-    @property
-    def beyond_noise(self) -> Optional[bool]:
-        if self.margin is None or self.noise is None or math.isnan(self.margin):
-            return None
-        return self.margin >= NOISE_FACTOR * self.noise
-
-    def text(self) -> str:
-        head = (f"best: {label(self.winner.setting)} (AUC {self.winner.mean_auc_text()} mean of "
-                f"{len(self.winner.summaries)} seeds)")
-        if self.runner_up is None:
-            return head + ("; the only setting whose trials all finished" if self.left_out else "; the only setting")
-        margin = "AUC margin n/a" if math.isnan(self.margin) else f"{self.margin:+.4f} AUC"  # (it read "+nan AUC")
-        text = f"{head}, {margin} over {label(self.runner_up.setting)} ({self.runner_up.mean_auc_text()})"
-        if self.left_out:
-            text += f" ({self.left_out} setting(s) with a failed trial left out)"
-        if math.isnan(self.margin):
-            return text + ("; a trial's AUC is NaN (a one-class validation split, or NaN scores): "
-                           "no margin to compare with the seed noise")
-        if self.noise is None:
-            return text + "; one seed: no estimate of the seed noise (use --seeds 3 or more)"
-        if self.noise == 0.0:
-            return text + "; the per-seed differences are all equal (no spread to compare with)"
-        ratio = self.margin / self.noise
-        verdict = "beyond" if self.beyond_noise else "within"
-        return (text + f"; seed noise (standard error of the paired differences) {self.noise:.4f}: "
-                f"{ratio:.1f}x, {verdict} the noise (>= {NOISE_FACTOR:g}x counts)")
-
-
-def verdict(results: list[SettingResult]) -> Verdict:
-    """The winner by mean AUC, its margin over the runner-up and the paired standard error.
-
-    Example:
-        >>> r = [SettingResult(0, {"a": 1}, [{"auc": 0.70}, {"auc": 0.72}]),
-        ...      SettingResult(1, {"a": 2}, [{"auc": 0.71}, {"auc": 0.74}])]
-        >>> v = verdict(r); v.winner.setting, round(v.margin, 4), round(v.noise, 4)
-        ({'a': 2}, 0.015, 0.005)
-    """
-    ranked = sorted(results, key=SettingResult.rank_key, reverse=True)
-    winner = ranked[0]
-    if len(ranked) == 1:
-        return Verdict(winner, None, None, None)
-    second = ranked[1]
-    diffs = [a - b for a, b in zip(winner.values("auc"), second.values("auc"))]
-    noise = _std(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
-    return Verdict(winner, second, winner.auc_mean - second.auc_mean, noise)
 
 
 # -- outputs ----------------------------------------------------------------------------------------
@@ -393,7 +257,8 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     sets = absolute_sets(sets)  # and --set data.path=... alike
     settings = grid(sets)
     check_settings(config, base, settings, seeds)
-    check_dependent_keys(config, base, settings)  # a new sweep's whole grid (--resume: checked when it began)
+    # a new sweep's whole grid (--resume: checked when it began); its warnings told once nothing is refused
+    told = check_dependent_keys(config, base, settings, warn=False)
     from dlrm.sweep_checks import check_datasets, check_same_configs
 
     check_same_configs(config, base, settings)  # nor two settings of one config (a dot model under two cross_rank)
@@ -401,6 +266,8 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
         from dlrm.train.trainer import train as train_fn
 
         check_datasets(config, base, settings, os.getcwd())  # a setting's missing dataset: not after the others trained
+    for line in told:
+        logger.warning(line)
 
     directory, created = sweep_directory(tb_dir, run_name, config)
     try:
@@ -521,10 +388,12 @@ def _finish(directory: Path, results: list[SettingResult], sets: list[tuple[str,
         text = result.text()
     else:
         result, text = None, "no setting finished all its trials: no verdict"
-    earlier = resume and (directory / "hparams").is_dir()  # an earlier session's: replaced, not added to
+    # an earlier session's report: replaced, not added to (said: its tables were replaced without a word)
+    earlier = [n for n in ("sweep.md", "sweep.csv", "trials.csv", "hparams") if resume and (directory / n).exists()]
     write_tables(directory, results, [k for k, _ in sets], text)
     if earlier:
-        logger.info(f"sweep --resume: {directory / 'hparams'} of the earlier session replaced (all trials)")
+        logger.info(f"sweep --resume: the earlier session's report in {directory} ({', '.join(earlier)}) replaced by "
+                    "this one's (all trials)")
     logger.info(f"sweep table: {directory / 'sweep.md'}")
     logger.info(f"sweep {text}")
     if first_failure is not None:  # the tables are written: now the non-zero exit (the first failure's code)

@@ -7,7 +7,10 @@ lists, so ``--set model.interaction=dot,dcn --set model.cross_rank=4,8`` holds t
 labels, and ranked as rivals: the same numbers twice in the tables, and, where the dot model won, a "runner-up" that
 was itself (margin 0, "the per-seed differences are all equal"). `dlrm.config_checks.check_dependent_keys` refuses a key
 only where no setting lets it act; here some do, so the grid is compared setting by setting: each one's config with the
-keys that cannot act in it left out.
+keys that cannot act in it left out, and as its run trains it (`trained_config`): with what the device decides resolved
+(on a CPU ``--set train.precision=fp32,tf32`` trained one fp32 model twice, as did a compile mode under
+``train.compile.enabled`` "auto", which runs eager there) and the dataset's tables (a ``data.max_rows_per_table`` that
+no table reaches caps nothing; two names of one dataset are one).
 
 A setting whose dataset is missing (`check_datasets`): found by its first trial's run, it ended the sweep after the
 settings before it had trained (``--set data.path=ds,d_typo``), and ``--resume`` (which must match the record) could
@@ -16,17 +19,90 @@ not mend the name.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import os
-from typing import Any
+from typing import Any, Optional
 
-from dlrm.config import ConfigError, load_config
+from loguru import logger
+
+from dlrm.config import Config, ConfigError, load_config
 from dlrm.config_checks import DEPENDENT_KEYS
 
 
-def effective(config: str, overrides: dict[str, Any]) -> str:
-    """The config `overrides` make of `config`, as JSON, without the `DEPENDENT_KEYS` keys that cannot act in it."""
-    tree = load_config(config, overrides).to_dict()
+def effective(config: str, overrides: dict[str, Any], metadata: Optional[dict] = None) -> str:
+    """The config `overrides` make of `config` as its run trains it, as JSON: what the device decides resolved
+    (`trained_config`; under both of the run lengths that can decide a compile mode "auto", so that two settings
+    are one only where they are one whatever the run's length) and the `DEPENDENT_KEYS` keys that cannot act in it
+    left out. `metadata`: a cache of the datasets' metadata by path."""
+    cfg = load_config(config, overrides)
+    metadata = {} if metadata is None else metadata
+    return json.dumps([_without_inert(trained_config(cfg, metadata, steps)[0]) for steps in (None, _LONG_RUN)],
+                      sort_keys=True, default=str)
+
+
+# A run length past every threshold `dlrm.train.fast_path` resolves "auto" by (its autotuning pays from ~1M steps).
+_LONG_RUN = 10**15
+
+
+def trained_config(cfg: Config, metadata: dict, total_steps: Optional[int] = None) -> tuple[dict, str]:
+    """(`cfg` as its run trains it, as ``Config.to_dict()``; the device's type). What the run takes from its device
+    (`dlrm.train.fast_path.resolve_fast_path`: the kernels', compile's and CUDA graph's "auto"; on a CPU: tf32
+    matmuls, which stay IEEE fp32 there, a CUDA graph, ignored there, and data.placement "auto", which streams there)
+    and from its dataset (the tables: the dataset's sizes under data.max_rows_per_table, which then stands for no more
+    than those sizes). A config the device cannot resolve (its run refuses it, named by `dlrm.sweep.check_settings`)
+    or a dataset not readable here (`check_datasets` names it) leaves those parts as given."""
+    from dlrm.errors import DatasetError
+    from dlrm.train.fast_path import resolve_fast_path
+    from dlrm.train.setup import load_dataset_metadata, resolve_device  # (torch: not for --help)
+
+    cfg = copy.deepcopy(cfg)
+    try:
+        device = resolve_device(cfg.train.device)
+    except ConfigError:
+        return cfg.to_dict(), cfg.train.device
+    path = os.path.abspath(cfg.data.path)
+    if path not in metadata:
+        try:
+            metadata[path] = load_dataset_metadata(cfg)[1]
+        except (ConfigError, DatasetError, OSError):
+            metadata[path] = None
+    meta, cap = metadata[path], cfg.data.max_rows_per_table
+    if meta is not None and (meta.hashing == "modulus" or cap is None or max(meta.cardinalities) <= cap):
+        # (a vocabulary-hashed table over the cap is refused by the run: left as given)
+        cfg.model.cardinalities = [c if cap is None or meta.hashing != "modulus" else min(c, cap)
+                                   for c in meta.cardinalities]
+        cfg.model.multi_hot_sizes = list(meta.multi_hot_sizes)
+        cfg.data.max_rows_per_table = None
+    sizes = cfg.model.multi_hot_sizes
+    try:
+        with _quiet("dlrm.train.fast_path"):  # (its log lines are each trial's to say)
+            cfg, _ = resolve_fast_path(cfg, device, False, sizes is not None and any(s != 1 for s in sizes),
+                                       total_steps)
+    except ConfigError:
+        return cfg.to_dict(), device.type
+    if device.type != "cuda":  # (dlrm.train.step.set_matmul_precision, graph_train_step, choose_placement)
+        cfg.train.precision = "fp32" if cfg.train.precision == "tf32" else cfg.train.precision
+        cfg.train.cuda_graph = False
+        cfg.data.placement = "stream" if cfg.data.placement == "auto" else cfg.data.placement
+    cfg.train.device = device.type
+    cfg.data.path = path if metadata[path] is None else os.path.realpath(path)  # (two names of one dataset: one)
+    return cfg.to_dict(), device.type
+
+
+@contextlib.contextmanager
+def _quiet(module: str):
+    logger.disable(module)
+    try:
+        yield
+    finally:
+        logger.enable(module)
+
+
+def _without_inert(tree: dict) -> dict:
+    """`tree` without the `DEPENDENT_KEYS` keys that cannot act in it."""
+    tree = copy.deepcopy(tree)
     for key, (on, acting) in DEPENDENT_KEYS.items():
         if _get(tree, on) not in acting:
             *sections, leaf = key.split(".")
@@ -34,25 +110,64 @@ def effective(config: str, overrides: dict[str, Any]) -> str:
             for part in sections:
                 node = node[part]
             node.pop(leaf)
-    return json.dumps(tree, sort_keys=True, default=str)
+    return tree
 
 
 def check_same_configs(config: str, base: dict[str, Any], settings: list[dict[str, Any]]) -> None:
-    """Refuse, in one line naming two settings, a grid with two settings that train the same config."""
+    """Refuse, in one line naming two settings, a grid with two settings that train the same config: the same as
+    given, or made one by what the device or the dataset decides (`trained_config`)."""
     from dlrm.sweep import label
 
     seen: dict[str, dict[str, Any]] = {}
+    metadata: dict = {}
     for setting in settings:
-        key = effective(config, {**base, **setting})
+        key = effective(config, {**base, **setting}, metadata)
         first = seen.setdefault(key, setting)
         if first is setting:
             continue
-        inert = [k for k in setting if setting[k] != first[k] and k in DEPENDENT_KEYS]
-        why = "; ".join(f"{k} acts with {DEPENDENT_KEYS[k][0]} {' or '.join(map(json.dumps, DEPENDENT_KEYS[k][1]))} "
-                        f"only" for k in inert) or "their values make one config"
+        reasons = _why_one(config, base, first, setting, metadata)
+        why = "; ".join(clause for clause, _ in reasons) or "their values make one config"
+        advice = "; ".join(dict.fromkeys(a for _, a in reasons)) or _WHERE_THEY_ACT
         raise ConfigError(f"--set: {label(first)} and {label(setting)} train the same config ({why}): it would be "
-                          "trained twice and ranked as its own rival; sweep those keys where they act in a sweep of "
-                          "their own")
+                          f"trained twice and ranked as its own rival; {advice}")
+
+
+_WHERE_THEY_ACT = "sweep those keys where they act in a sweep of their own"
+
+
+def _why_one(config: str, base: dict[str, Any], first: dict[str, Any], other: dict[str, Any],
+             metadata: dict) -> list[tuple[str, str]]:
+    """Why the keys `first` and `other` set apart make one config: (a clause, what to do instead) per key."""
+    raw = [load_config(config, {**base, **s}) for s in (first, other)]
+    (tree, device), (other_tree, _) = (trained_config(cfg, metadata) for cfg in raw)
+    given = [cfg.to_dict() for cfg in raw]
+    on_device = f"sweep them on a device where they act (here: {device})"
+    out = []
+    for k in (k for k in other if k in first and other[k] != first[k]):
+        try:
+            resolved = [_get(tree, k), _get(other_tree, k)] if k != "data.max_rows_per_table" else None
+        except (KeyError, TypeError):  # (a section's value: compared whole)
+            continue
+        shown = " and ".join(json.dumps(s[k]) for s in (first, other))  # (as given: a section's not expanded)
+        if k in DEPENDENT_KEYS:
+            on, acting = DEPENDENT_KEYS[k]
+            text = f"{k} acts with {on} {' or '.join(map(json.dumps, acting))} only"
+            switch = _get(given[1], on)
+            if _get(other_tree, on) != switch:  # the device's choice
+                out.append((f"{text}, and {json.dumps(switch)} is {json.dumps(_get(other_tree, on))} on {device}",
+                            on_device))
+            else:
+                out.append((text, _WHERE_THEY_ACT))
+        elif k == "data.path" and resolved is not None and resolved[0] == resolved[1]:
+            out.append((f"data.path {shown} name one dataset, {resolved[0]}", "sweep distinct datasets"))
+        elif k == "data.max_rows_per_table":
+            meta = metadata.get(os.path.abspath(raw[1].data.path))
+            largest = f" (the largest has {max(meta.cardinalities):,} rows)" if meta is not None else ""
+            out.append((f"{k} {shown} cap the tables of {raw[1].data.path} alike{largest}",
+                        "sweep caps below its largest table's rows"))
+        elif resolved is not None and resolved[0] == resolved[1]:
+            out.append((f"{k} {shown} both train as {json.dumps(resolved[0])} on {device}", on_device))
+    return out
 
 
 def check_datasets(config: str, base: dict[str, Any], settings: list[dict[str, Any]], workdir: str) -> None:

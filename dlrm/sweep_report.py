@@ -21,7 +21,8 @@ import tempfile
 from pathlib import Path
 
 from dlrm.checkpoint import write_files_atomic
-from dlrm.sweep import SettingResult, _std, label, slug
+from dlrm.sweep import slug
+from dlrm.sweep_results import SettingResult, _std, label
 from dlrm.train.metric_text import auc_text, csv_cell
 
 
