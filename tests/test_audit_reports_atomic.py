@@ -225,7 +225,11 @@ def test_export_of_a_finished_run_resumed_from_elsewhere_takes_that_runs_best(tm
         monkeypatch.chdir(tmp_path / place)
         cfg = _tiny(str(tmp_path / "ds"), "tb", "r1")
         cfg.train.eval_every, cfg.train.seed = 1, {"A": 3, "B": 4}[place]
-        assert train(cfg)["best_checkpoint"] == str(Path("tb") / "r1" / "checkpoints" / "best.pt")
+        assert train(cfg)["best_checkpoint"] == str(tmp_path / place / "tb" / "r1" / "checkpoints" / "best.pt")
+    # as an earlier version wrote it (summary.json's paths are absolute now: tests/test_audit_resumerec.py)
+    written = tmp_path / "A" / "tb" / "r1" / "summary.json"
+    written.write_text(json.dumps({**json.loads(written.read_text()),
+                                   "best_checkpoint": str(Path("tb") / "r1" / "checkpoints" / "best.pt")}))
     exported = []
     monkeypatch.setattr(export_mod, "export_checkpoint", lambda cfg, ckpt, out: exported.append(Path(ckpt)))
     config = tmp_path / "c.json"

@@ -23,6 +23,7 @@ from dlrm.config import Config, ConfigError, _field_type
 from dlrm.data.schema import NUM_SPARSE, write_json_atomic
 from dlrm.train.metric_text import auc_text, auc_undefined
 from dlrm.train.run_dir import run_dir_present
+from dlrm.train.sessions import absolute_paths, drop_earlier_hparams, with_sessions
 
 
 class NoWriter:
@@ -87,10 +88,15 @@ class _KeptWriteError:
         self._records.close()
 
 
-def write_summary(path: Path, summary: dict[str, Any]) -> None:
+def write_summary(path: Path, summary: dict[str, Any], sessions: bool = False) -> None:
     """summary.json, atomically (NaN written as null: a one-class AUC); a failed write names the file (the error of a
-    write or fsync of an open file names none)."""
+    write or fsync of an open file names none). Its paths are made absolute, in `summary` too (`absolute_paths`);
+    `sessions` (a training run's): with the run's earlier sessions, from the summary.json it replaces
+    (`with_sessions`)."""
     run_dir_present(Path(path).parent)  # (write_json_atomic makes its directory)
+    absolute_paths(summary)
+    if sessions:
+        with_sessions(summary, Path(path))
     try:
         write_json_atomic(path, summary, nan_as_null=True)
     except OSError as e:
@@ -290,11 +296,33 @@ def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: di
     values = {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS if not (k == "auc" and auc_undefined(metrics[k]))}
     # _get_file_writer(): the writer's own accessor (it reopens the file if the writer was closed)
     file_writer = writer._get_file_writer()
+    shown = session_hparams(cfg, batch_size, multi_hot_sizes)
+    _replace_earlier_hparams(writer, shown)
     columns = dict.fromkeys(experiment_metrics(cfg), 0.0)  # (the experiment's metric names; the values are scalars)
-    for summary in hparams(session_hparams(cfg, batch_size, multi_hot_sizes), columns):
+    for summary in hparams(shown, columns):
         file_writer.add_summary(summary, step)  # the experiment, session-start and session-end summaries
     for tag, value in values.items():
         writer.add_scalar(tag, value, step)
+
+
+def _replace_earlier_hparams(writer: SummaryWriter, shown: dict[str, Any]) -> None:
+    """A resumed run's HParams session is its last session's (`shown`): TensorBoard keeps the first it reads of a
+    run, so an earlier session's, in its own event file, is removed there (`drop_earlier_hparams`; each session's are
+    in summary.json's ``sessions``). A failure to rewrite that file is said, not the run's error."""
+    if getattr(writer, "log_dir", None) is None:  # (a stand-in writer: no run directory of its own)
+        return
+    own = getattr(getattr(writer._get_file_writer(), "event_writer", None), "_file_name", None)
+    try:
+        earlier = drop_earlier_hparams(Path(writer.log_dir), own)
+    except OSError as e:
+        logger.warning(f"TensorBoard HParams: {e}; the run may show an earlier session's hyperparameters")
+        return
+    if earlier is not None:
+        changed = {k: (v, shown[k]) for k, v in earlier.items() if k in shown and v != shown[k]
+                   and not (v != v and shown[k] != shown[k])}  # (NaN: a swept number key's null, both sides)
+        logger.info("TensorBoard HParams: the run shows this session's hyperparameters, replacing an earlier "
+                    "session's" + (f" ({', '.join(f'{k} {a} -> {b}' for k, (a, b) in changed.items())})" if changed
+                                   else " (the same values)") + "; each session's are in summary.json's sessions")
 
 
 def add_markdown(writer: SummaryWriter, tag: str, text: str, step: Optional[int] = None) -> None:

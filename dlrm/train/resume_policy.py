@@ -88,10 +88,11 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed:
     """
     allowed = tuple(allowed)
     early = any((c.get("train") or {}).get("early_stopping") for c in (saved, current))
-    refused = []
+    refused, free = [], []
     for key, old, new in config_changes(saved, current):
         shown = f"{key}: {_show(old)} -> {_show(new)}"
         if _under(key, FREE_KEYS) or (_under(key, EVAL_KEYS) and not early):
+            free.append((key, old, new, shown))
             continue
         if _under(key, EVAL_KEYS):
             shown += " (train.early_stopping counts its evaluations)"
@@ -101,11 +102,26 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed:
             logger.warning(f"--resume: config change allowed by --allow-config-change, {shown}")
         else:
             refused.append((key, shown))
+    _say_free_changes(free)
     if refused:
         keys = ",".join(k for k, _ in refused)
         raise ConfigError(f"--resume {source}: the config differs from {whose} in what changes training "
                           f"({'; '.join(s for _, s in refused[:4])}{'; ...' if len(refused) > 4 else ''}); "
                           f"resume with {whose} values, or pass --allow-config-change {keys}")
+
+
+def _say_free_changes(free: list[tuple[str, Any, Any, str]]) -> None:
+    """Say the settings a resumed session takes from its own command line where they differ from the run's (they were
+    taken without a word): a resume without the first command line's ``--checkpoint-every`` checkpointed only at a
+    signal and at its end, and a crash lost every step since the resume, unsaid."""
+    if not free:
+        return
+    logger.info("--resume: this session's own settings differ from the run's: " + "; ".join(s for *_, s in free))
+    for key, old, new, _ in free:
+        if key == "checkpoint.every" and isinstance(old, int) and old > 0 and not (isinstance(new, int) and new <= old):
+            logger.warning(f"--resume: checkpoint.every {_show(old)} -> {_show(new)}: this session checkpoints "
+                           f"{'only at a signal and at its end' if not new else 'less often'}; give "
+                           f"--checkpoint-every {old} again to keep the run's cadence")
 
 
 def _show(value: Any) -> str:

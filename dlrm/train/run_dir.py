@@ -25,7 +25,7 @@
 * **A run stopped before its first checkpoint starts again.** ``--resume`` (latest) of a run directory that is missing,
   or holds only what a run writes before its first checkpoint (`restart_leftovers`: config.json of the same run, its
   TensorBoard events, the lock, profiler traces, temporary files), starts the run from step 0 there, the earlier
-  events removed (they would show twice); anything else there is refused, named.
+  events removed at its first step (they would show twice); anything else there is refused, named.
 * **A failed start leaves nothing behind.** A directory this process created is removed again if
   the run fails before its first training step (it holds only what the start wrote).
 
@@ -114,6 +114,8 @@ _SAVE_TEMP = re.compile(r"\.[^/]+\.pt\.[^/]*\.tmp")
 _ORPHAN_SHARD = re.compile(r"(?:best-)?step-\d{8,}\.rank\d+-of-\d+\.pt")
 # `write_json_atomic`'s temporary file of a run file (summary.json, config.json): ".<name>.<8 random characters>.tmp"
 _JSON_TEMP = re.compile(r"\.[^/]+\.json\.[a-z0-9_]{8}\.tmp")
+# an event file's rewrite without its HParams (`dlrm.train.sessions.drop_earlier_hparams`) killed before its rename
+_EVENTS_REWRITE_TEMP = re.compile(r"\.hparams-rewrite\.[0-9a-f]{8}\.tmp")
 
 
 def restart_leftovers(path: Path) -> Optional[list[str]]:
@@ -336,7 +338,8 @@ class RunDirectory:
     def __init__(self, path: Path, lock: Optional[RunLock], created: bool) -> None:
         self.path, self.lock, self.created = Path(path), lock, created
         self._started = False
-        self._replaced_at_start: Optional[tuple[list[Path], dict]] = None  # (`_reopen_branch`)
+        # (`_reopen_branch`, `_clear_for_restart`: the stopped session's events, and a branch's config.json)
+        self._replaced_at_start: Optional[tuple[list[Path], Optional[dict]]] = None
 
     @classmethod
     def create(cls, cfg: Config, path: Optional[Path] = None, restart: bool = False) -> "RunDirectory":
@@ -468,19 +471,20 @@ class RunDirectory:
 
     def _remove_stale_temps(self) -> None:
         """Under the lock (no run writes here now): remove the temporary files a killed session left (`write_json_atomic`'s
-        ``.summary.json.<random>.tmp``, ``.config.json.<random>.tmp``; checkpoints/: `remove_stale_temp_files`, best.pt's
-        ``.best.pt.<pid>-link.tmp`` too). A resume that trains nothing (its run's summary written again) left them
-        for good; only the next checkpoint save removed those in checkpoints/."""
-        for p in self.path.glob(".*.json.*.tmp"):
-            if _JSON_TEMP.fullmatch(p.name):
+        ``.summary.json.<random>.tmp``, ``.config.json.<random>.tmp``, an event file's ``.hparams-rewrite.<random>.tmp``;
+        checkpoints/: `remove_stale_temp_files`, best.pt's ``.best.pt.<pid>-link.tmp`` too). A resume that trains
+        nothing (its run's summary written again) left them for good; only the next checkpoint save removed those in
+        checkpoints/."""
+        for p in self.path.glob(".*.tmp"):
+            if _JSON_TEMP.fullmatch(p.name) or _EVENTS_REWRITE_TEMP.fullmatch(p.name):
                 p.unlink(missing_ok=True)
         if (self.path / "checkpoints").is_dir():
             remove_stale_temp_files(self.path / "checkpoints")
 
     def _clear_for_restart(self) -> None:
         """Under the lock (no run writes here now): refuse what appeared since the resume looked (a checkpoint of a
-        process that since ended), and remove the stopped run's event files: kept, TensorBoard showed each of its
-        steps twice (its curve and the new one's), and the new run logs them all again."""
+        process that since ended), and remove the stopped run's event files at the first step (`started`): kept,
+        TensorBoard showed each of its steps twice (its curve and the new one's), and the new run logs them all again."""
         if list_checkpoints(self.path) or restart_leftovers(self.path) is None:
             self.close()
             raise ConfigError(f"--resume: {self.path} got a checkpoint since this resume looked; --resume again"
@@ -491,24 +495,25 @@ class RunDirectory:
         for shard in (self.path / "checkpoints").glob("*step-*.rank*-of-*.pt"):  # no manifest names them (none here)
             if _ORPHAN_SHARD.fullmatch(shard.name):
                 shard.unlink()
-        events = sorted(self.path.glob("events.out.tfevents.*"))
-        for event_file in events:
-            event_file.unlink()
-        if events:
-            logger.info(f"--resume: removed the {len(events)} TensorBoard event file(s) of the run's stopped session "
-                        "(it wrote no checkpoint; its steps are trained again)")
+        # its events at the first step (`started`), not now: a restart that failed before it (out of memory at the
+        # first step, a compile error, Ctrl-C) left the run without the only record of the stopped session's curves
+        self._replaced_at_start = (sorted(self.path.glob("events.out.tfevents.*")), None)
 
     def started(self) -> None:
         """The first training step ran: from now on a failure keeps the directory (it has history)."""
-        if self._replaced_at_start is not None:  # a reopened branch: its stopped session's steps are trained again
-            events, config = self._replaced_at_start
+        if self._replaced_at_start is not None:  # a reopened branch or restarted run: its stopped session's steps are
+            events, config = self._replaced_at_start  # trained again (config: a branch's, written now)
             self._replaced_at_start = None
             try:
                 for event_file in events:
                     event_file.unlink(missing_ok=True)
-                write_json_atomic(self.path / "config.json", config)
+                if config is not None:
+                    write_json_atomic(self.path / "config.json", config)
             except OSError as e:
                 raise ConfigError(f"log.tb_dir: cannot write {str(self.path)!r} ({e.strerror})") from None
+            if events:
+                logger.info(f"--resume: removed the {len(events)} TensorBoard event file(s) of the run's stopped "
+                            "session (it wrote no checkpoint after this one's start; its steps are trained again)")
         self._started = True
 
     def abandon(self) -> None:

@@ -423,7 +423,7 @@ class Trainer:
             self.evaluator.write_best()  # a hard link to that checkpoint
             summary = self._finish(prof)
         if env.is_main:
-            write_summary(self.run_dir.path / "summary.json", summary)  # a failed write names the file
+            write_summary(self.run_dir.path / "summary.json", summary, sessions=True)  # a failed write names the file
         self.run_dir.close()
         logger.info(final_line(summary) + baseline_clause(summary))
         return summary
@@ -590,7 +590,7 @@ class Trainer:
                 summary = json.loads(path.read_text())
             except (OSError, ValueError):
                 summary = {}
-        return {**summary, "checkpoint": str(self.finished), "run_dir": str(run_dir), "finished": True}
+        return {**summary, "checkpoint": os.path.abspath(self.finished), "run_dir": os.path.abspath(run_dir), "finished": True}
 
 
 def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = None,
