@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
-from dlrm.logging_setup import bar_interval
+from dlrm.logging_setup import bar_interval, run_logger
 from dlrm.stop_signal import signals_deferred
 
 FORMAT_VERSION = schema.FORMAT_VERSION
@@ -355,8 +355,8 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     disk = schema.upgrade_v1(raw, path) if version == 1 else raw
     schema.validate(disk, path)
     if version == 1:
-        logger.warning(f"converted format 1 checkpoint {path} to format 2 in memory; checkpoints written from now "
-                       "on are format 2 (data only, loaded without running code)")
+        run_logger.warning(f"converted format 1 checkpoint {path} to format 2 in memory; checkpoints written from now "
+                           "on are format 2 (data only, loaded without running code)")
     return schema.from_disk(disk)
 
 

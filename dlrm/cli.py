@@ -42,7 +42,7 @@ from dlrm.config import Config, config_keys, load_config
 from dlrm.config_checks import check_default_run_name, export_name_problem
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
                          is_peer_lost, peer_lost_message, report_bug)
-from dlrm.logging_setup import configure_logging
+from dlrm.logging_setup import configure_logging, run_logger
 from dlrm.stop_signal import StopAtOnce
 
 EXIT_BAD_INPUT = 2
@@ -274,7 +274,9 @@ def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
         logger.error(_one_line(exc))
         return EXIT_BAD_INPUT
     if isinstance(exc, NonFiniteLoss):
-        logger.error(_one_line(exc))
+        # the ranks of a torchrun run agree on it (reduced checks): rank 0's line says it for all (rank 1's copy was
+        # glued to rank 0's progress bar)
+        run_logger.error(_one_line(exc))
         return EXIT_NON_FINITE_LOSS
     if isinstance(exc, TrainingStopped):
         logger.warning(_one_line(exc))
@@ -414,7 +416,7 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
          compile_mode, profile, baseline, compare, checkpoint_every, resume, allow_config_change, eval_only, checkpoint_path,
          split, export_path) -> None:
     """Train a DLRM on a Criteo-format parquet dataset (exit codes: see `dlrm.cli`'s docstring)."""
-    configure_logging()
+    configure_logging(ranks=True)
     loaded: list = []
     code = 0
     try:

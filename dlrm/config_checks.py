@@ -393,7 +393,7 @@ def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, r
     itself (--compare's variants, train.compile.enabled: the compile settings act in its compiled variants). `told`:
     a list the warnings are appended to instead of logged, as (key, value, on, needs, switch, why) tuples (a sweep's
     settings: `check_dependent_keys` says each key once)."""
-    from loguru import logger
+    from dlrm.logging_setup import run_logger
 
     from dlrm.config import Config, validate
 
@@ -421,7 +421,7 @@ def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, r
         else:
             raise ConfigError(f"{'command line' if from_command_line else source}: {what} (remove it, or set {on})")
         if told is None:
-            logger.warning(f"{what}: ignored ({why})")
+            run_logger.warning(f"{what}: ignored ({why})")
         else:
             told.append((key, json.dumps(value), on, needs, json.dumps(switch), why))
 

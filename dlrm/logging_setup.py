@@ -7,10 +7,16 @@ import sys
 from typing import Optional, TextIO
 
 from loguru import logger
+from tqdm import tqdm
 
 # A progress bar's redraws, at most one per this many seconds, where its stream is not a terminal (README: "Console
 # output"): tqdm's 0.1 s wrote a `\r` copy of the bar ten times a second into a nohup/SLURM/CI log
 FILE_BAR_INTERVAL_S = 60.0
+
+run_logger = logger.bind(same_on_every_rank=True)
+"""The logger of a record that every rank of a torchrun run makes alike (a warning about the config or the dataset):
+rank 0 logs it and the other ranks, which log warnings and errors (`log_as_rank`), leave it out. Through `logger`
+every rank repeated it, `[rank 1] ...` after rank 0's line (one copy a rank: 8 on a node of 8 GPUs)."""
 
 
 class ConsoleStream:
@@ -20,8 +26,11 @@ class ConsoleStream:
 
     def __init__(self, stream: TextIO) -> None:
         self.stream, self.reader_gone = stream, False
+        self.last_char = "\n"  # the last character written: whether a log record starts a line of its own
 
     def write(self, text: str) -> int:
+        if text:
+            self.last_char = text[-1]
         if not self.reader_gone:
             try:
                 return self.stream.write(text)
@@ -36,27 +45,82 @@ class ConsoleStream:
             except BrokenPipeError:
                 self.reader_gone = True
 
+    def write_record(self, text: str) -> None:
+        """A log record (loguru's sink), on a line of its own. A progress bar's line has no newline until the bar
+        closes: a record written after it (an evaluation's line, a warning) was glued to it, on a terminal and, in a
+        log file (nohup, SLURM, `> run.log 2>&1`), for good (`train: 25%|...| 5/20 [...]12:00:01 INFO    step 5: eval
+        auc ...`). On a terminal the bars are cleared, the record written and the bars redrawn below it (tqdm.write's
+        way); in a file, whose `\r` copies of a bar stay, the bar's line is ended with a newline first (clearing and
+        redrawing there would add a copy of the bar a record)."""
+        if _interactive(self):
+            with tqdm.external_write_mode(file=self):
+                if self.last_char not in "\r\n":  # (a cleared bar leaves the cursor at the start of its line)
+                    self.write("\n")
+                self.write(text)
+        else:
+            if self.last_char != "\n":
+                self.write("\n")
+            self.write(text)
+        self.flush()
+
     def __getattr__(self, name: str):  # isatty, fileno, encoding, ... (loguru's and tqdm's checks) of the stream
         return getattr(self.stream, name)
 
 
+class RecordSink:
+    """loguru's sink: each record through `ConsoleStream.write_record` (on a line of its own, not after a bar's)."""
+
+    def __init__(self, console: ConsoleStream) -> None:
+        self.console = console
+
+    def write(self, text: str) -> None:
+        self.console.write_record(text)
+
+
+def _interactive(stream: TextIO) -> bool:
+    """Whether `stream` is a terminal (a closed or odd stream is not)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 def bar_interval(stream: Optional[TextIO] = None) -> dict:
     """tqdm's redraw interval for a bar on `stream` (stderr): its default where a terminal shows it, else
-    FILE_BAR_INTERVAL_S. Redraws forced by set_postfix/refresh are the caller's to avoid (refresh=False)."""
+    FILE_BAR_INTERVAL_S, and there the bar's line is the current one (``position`` 0). Redraws forced by
+    set_postfix/refresh are the caller's to avoid (refresh=False)."""
     stream = sys.stderr if stream is None else stream
-    try:
-        interactive = stream.isatty()
-    except (AttributeError, ValueError, OSError):
-        interactive = False
-    # maxinterval too: tqdm's monitor thread forces a redraw of a bar quiet for maxinterval (10 s)
-    return {} if interactive else {"mininterval": FILE_BAR_INTERVAL_S, "maxinterval": FILE_BAR_INTERVAL_S}
+    interactive = _interactive(stream)
+    # maxinterval too: tqdm's monitor thread forces a redraw of a bar quiet for maxinterval (10 s). position 0: a bar
+    # opened while another is (a checkpoint's of 1 GiB or more, written during training) took the next line, reached
+    # with "\n" and left with the terminal's cursor-up code: `\x1b[A` in every redraw, in a file that has no cursor
+    return {} if interactive else {"mininterval": FILE_BAR_INTERVAL_S, "maxinterval": FILE_BAR_INTERVAL_S,
+                                   "position": 0}
 
 
-def configure_logging(level: str = "INFO") -> None:
+def log_as_rank(rank: int) -> None:
+    """A torchrun rank other than 0: rank 0 speaks for the run; this one logs its own warnings and errors, named
+    `[rank N]`, not the records `run_logger` makes on every rank alike."""
+    logger.remove()
+    logger.add(RecordSink(sys.stderr) if isinstance(sys.stderr, ConsoleStream) else sys.stderr, level="WARNING",
+               colorize=False, filter=lambda record: not record["extra"].get("same_on_every_rank"),
+               format=f"[rank {rank}] {{time:HH:mm:ss}} {{level: <7}} {{message}}")
+
+
+def _torchrun_rank() -> int:
+    """This process's rank under torchrun (RANK, WORLD_SIZE > 1), else 0 (also for values that are no numbers:
+    `dlrm.distributed.env.init_distributed` says what is wrong with them)."""
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    return int(rank) if rank.isdigit() and world.isdigit() and int(world) > 1 else 0
+
+
+def configure_logging(level: str = "INFO", ranks: bool = False) -> None:
     """Send loguru's records to stderr as `HH:MM:SS LEVEL message`, replacing its default sink; stderr becomes a
     ConsoleStream. Colours only on a terminal and without NO_COLOR (https://no-color.org): loguru's own choice
     ignores NO_COLOR and, under CI=true with GITHUB_ACTIONS (GITLAB_CI, ...) or PYCHARM_HOSTED set, colours the real
-    stderr whatever it is, so `train.py 2> train.log` in a CI job wrote escape codes into the file."""
+    stderr whatever it is, so `train.py 2> train.log` in a CI job wrote escape codes into the file. `ranks`: a command
+    that runs as torchrun's ranks (train.py): a rank other than 0 logs as `log_as_rank` says from the start (not the
+    tools, which a launcher's RANK and WORLD_SIZE of a node must not quieten)."""
     if sys.stderr is None:
         # started with stderr closed (`2>&-`, a launcher that closes it): loguru refused the None sink with a
         # TypeError (exit 1, nothing trained). The output is discarded, and fd 2 (the lowest free descriptor) taken
@@ -68,6 +132,11 @@ def configure_logging(level: str = "INFO") -> None:
         colorize = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
     except (AttributeError, ValueError, OSError):
         colorize = False
+    if ranks and _torchrun_rank():
+        # from the start: the records before the process group is joined (the config's warnings, the dataset's)
+        # were printed by every rank, at INFO too, with nothing saying which rank
+        log_as_rank(_torchrun_rank())
+        return
     logger.remove()
-    logger.add(sys.stderr, level=level, colorize=colorize,
+    logger.add(RecordSink(sys.stderr), level=level, colorize=colorize,
                format="<green>{time:HH:mm:ss}</green> <level>{level: <7}</level> {message}")

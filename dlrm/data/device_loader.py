@@ -28,7 +28,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from loguru import logger
 from tqdm import tqdm
 
 from dlrm.data.loader import (
@@ -56,7 +55,7 @@ from dlrm.data.schema import (
     one_hot_sizes,
     sparse_width,
 )
-
+from dlrm.logging_setup import run_logger
 
 
 def _as_int64(v: int) -> int:
@@ -164,7 +163,9 @@ class DeviceLoader:
         wide = None  # int64 copy, made only if 0xFFFFFFFF turns up
         at = 0
         readers: dict[int, pq.ParquetFile] = {}
-        for k, (fi, g, rows) in enumerate(tqdm(groups, desc="loading to device", unit="group", disable=None)):
+        # rank 0's bar only: under torchrun every rank loads the split, and their bars fought over one terminal line
+        for k, (fi, g, rows) in enumerate(tqdm(groups, desc="loading to device", unit="group",
+                                               disable=None if self.rank == 0 else True)):
             path = self.files[fi]
             table = self._read_group(readers, fi, footers[fi], g, rows, layouts[fi])
             table, replaced = check_table(path, g, starts[k], table, self.multi_hot_sizes, layouts[fi],
@@ -176,7 +177,7 @@ class DeviceLoader:
             labels[sl] = torch.from_numpy(block.label.astype(np.float32)).to(self.device)
             raw = block.sparse
             if wide is None and ((raw >= limit) | (raw < floor)).any():
-                logger.warning(f"{path}: holds a sparse value outside [{floor}, {limit:#X}), the compact int32 "
+                run_logger.warning(f"{path}: holds a sparse value outside [{floor}, {limit:#X}), the compact int32 "
                                f"form's range, so the split is kept as int64 ({8 * width} B/row)")
                 wide = (_widen(sparse[:at], self._multi_hot) if at
                         else torch.empty((0, width), dtype=torch.int64, device=self.device))

@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import numpy as np
-from loguru import logger
 
 from dlrm.errors import ConfigError
+from dlrm.logging_setup import run_logger
 
 SHUFFLE_SCHEME = 2
 """The stream loader's shuffle for seeds >= 2**32 (1, never written: ``default_rng([seed, epoch])`` for every seed)."""
@@ -53,9 +53,9 @@ def check_resumed_shuffle(cfg: Any, state: dict[str, Any], placement: str, allow
             or not cfg.data.shuffle or placement != "stream" or state.get("data_placement") not in (None, "stream")):
         return
     if any(k in ("data", "data.shuffle") for k in allowed):
-        logger.warning(f"--resume: train.seed {seed} (>= 2**32): the checkpoint's run shuffled its stream batches "
-                       "otherwise (no 'shuffle_scheme'); allowed by --allow-config-change, it goes on with this "
-                       "version's batches")
+        run_logger.warning(f"--resume: train.seed {seed} (>= 2**32): the checkpoint's run shuffled its stream batches "
+                           "otherwise (no 'shuffle_scheme'); allowed by --allow-config-change, it goes on with this "
+                           "version's batches")
         return
     raise ConfigError(f"{source}: train.seed {seed} (>= 2**32) was shuffled by the stream loader of a version that "
                       f"drew some of its epochs' batches as other seeds' (no key 'shuffle_scheme'); this version "

@@ -13,6 +13,7 @@ and where it can, the column and the row.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from pathlib import Path
@@ -21,7 +22,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from loguru import logger
 
 from dlrm.data.schema import (
     DENSE_COLUMNS,
@@ -41,6 +41,7 @@ from dlrm.data.schema import (
     one_hot_sizes,
     slot_column,
 )
+from dlrm.logging_setup import run_logger
 
 
 def check_utf8_path(path: str | Path) -> None:
@@ -362,9 +363,33 @@ def first_rows(row_groups: list[tuple[int, int, int]]) -> list[int]:
     return starts
 
 
+# The null warnings this process logged, by (file, its size and mtime, the counts): a run's baseline and --resume's
+# loaders read the files again, and each loader's tally said the same warning once more (a run whose train files hold
+# nulls printed each file's warning twice: once by the training loader, once by the baseline's, as if it were news)
+_REPORTED: set = set()
+_REPORTED_LOCK = threading.Lock()
+
+
+def _first_report(path: Path, counts: dict[str, int]) -> bool:
+    """Whether this process has not logged `counts` for `path` as it is now (a rewritten file is news again)."""
+    try:
+        st = os.stat(path)
+        stamp = (st.st_size, st.st_mtime_ns)
+    except OSError:
+        stamp = None
+    key = (os.path.abspath(path), stamp, tuple(sorted(counts.items())))
+    with _REPORTED_LOCK:
+        if key in _REPORTED:
+            return False
+        _REPORTED.add(key)
+        return True
+
+
 class NullTally:
     """Counts the nulls `check_table` replaced, per file, and logs them once per file (a loguru
-    warning) when every row group of the file has been checked; thread-safe (reader threads)."""
+    warning) when every row group of the file has been checked; thread-safe (reader threads). A file's warning is
+    said once per process (another loader of the same file, unchanged, finds the same nulls: not said again), and
+    under torchrun by rank 0 (every rank reads every row group: the same counts)."""
 
     def __init__(self, files: list[Path], groups_per_file: list[int]):
         self._files = files
@@ -404,5 +429,6 @@ class NullTally:
         if slots:
             parts.append(f"{sum(n for _, n in slots):,} null multi-hot slots replaced by no value ({PAD_SPARSE}) "
                          f"({', '.join(f'{c} {n:,}' for c, n in slots)})")
-        logger.warning(f"{self._files[file_index]}: {'; '.join(parts)}")
+        if _first_report(self._files[file_index], counts):
+            run_logger.warning(f"{self._files[file_index]}: {'; '.join(parts)}")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
@@ -19,6 +18,7 @@ from loguru import logger
 
 from dlrm.config import ConfigError, DistributedConfig
 from dlrm.errors import DatasetError, NonFiniteLoss, PeerLost, TrainingStopped, is_out_of_memory
+from dlrm.logging_setup import log_as_rank
 
 
 @dataclass(frozen=True)
@@ -202,8 +202,7 @@ def init_distributed(cfg: DistributedConfig, device: torch.device) -> tuple[Dist
                            f"{os.environ['MASTER_ADDR']}:{port} within {waited}: {str(e).strip().splitlines()[0]} "
                            "(did every rank start, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?)") from None
         if rank != 0:  # rank 0 speaks for the run; the others report only warnings and errors
-            logger.remove()
-            logger.add(sys.stderr, level="WARNING", format=f"[rank {rank}] {{time:HH:mm:ss}} {{level: <7}} {{message}}")
+            log_as_rank(rank)
         logger.info(f"torch.distributed: {world_size} ranks, backend {backend}, device {device} on rank 0")
     return DistEnv(rank, world_size, local_rank), device
 

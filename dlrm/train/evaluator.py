@@ -22,6 +22,7 @@ from dlrm.config import Config
 from dlrm.distributed.env import DistEnv
 from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss
 from dlrm import checkpoint as ckpt
+from dlrm.logging_setup import run_logger
 from dlrm.train.builder import Run
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats
@@ -87,7 +88,7 @@ class Evaluator:
                 raise ConfigError(f"train.early_stopping.metric 'auc': {one_class}; use metric 'logloss' or another "
                                   f"split")
             self.metric = "logloss"
-            logger.warning(f"{one_class}; the best evaluation (best.pt) is the one of the lowest logloss")
+            run_logger.warning(f"{one_class}; the best evaluation (best.pt) is the one of the lowest logloss")
         if getattr(loader, "num_rows", None) == 0:
             # said before training: found at the end, the run's last evaluation raised a traceback and the training
             # since the last checkpoint was lost (the last checkpoint is saved after that evaluation)

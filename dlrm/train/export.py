@@ -24,7 +24,8 @@ from dlrm.distributed.checkpoint import manifest_of
 from dlrm.model.dlrm import DLRM, build_model
 from dlrm import checkpoint as ckpt
 from dlrm.train.fast_path import resolve_fast_path
-from dlrm.train.reporting import tables_record, write_summary
+from dlrm.train.checkpointer import checkpoint_step
+from dlrm.train.reporting import eval_scalars, open_writer, tables_record, write_summary
 from dlrm.train.run_dir import RunDirectory
 from dlrm.train.setup import as_trained
 
@@ -92,12 +93,20 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     loader = ParquetLoader(split_files(data_dir, meta, split), batch_size, device, prefetch=cfg.data.prefetch,
                            shuffle_buffer_rows=cfg.data.shuffle_buffer_rows,  # the memory the config allows
                            multi_hot_sizes=meta.multi_hot_sizes, dense_format=meta.dense_format)
+    step = checkpoint_step(Path(path))  # the step it holds: said with the metrics, and TensorBoard's x
     with RunDirectory.create(cfg) as run_dir:  # removed again if the evaluation fails
         t0 = time.perf_counter()
         set_matmul_precision(resolved.train.precision)
         metrics = evaluate(EvalForward(model, resolved.train.precision, device, resolved.train.compile, batch_size),
                            loader)
-        summary = {**metrics, "split": split, "checkpoint": str(path), "rows": loader.num_rows,
+        # the numbers in TensorBoard too, as a training run's evaluations are (they were in summary.json only: the
+        # evaluation of a checkpoint on the test split could not be seen beside the runs' curves)
+        writer = open_writer(run_dir.path)
+        try:
+            eval_scalars(writer, metrics, step or 0)
+        finally:
+            writer.close()
+        summary = {**metrics, "split": split, "checkpoint": str(path), "step": step, "rows": loader.num_rows,
                    "wall_s": time.perf_counter() - t0, "device": str(device), "config": cfg.to_dict(),
                    # what it evaluated with, where the config may say "auto" (as a training run's summary says)
                    "resolved": {"kernels": vars(resolved.kernels), "compile": resolved.train.compile.enabled,
@@ -107,7 +116,10 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
                                 "tables": tables_record(tables)}}
         write_summary(run_dir.path / "summary.json", summary)  # a failed write names the file
         run_dir.started()
-    logger.info(f"{split}: AUC {auc_text(metrics)}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}")
+    # which model: given a run directory, its best.pt or its newest checkpoint was evaluated, and the line said neither
+    of = f"{path}" + (f", step {step}" if step is not None else "")
+    logger.info(f"{split}: AUC {auc_text(metrics)}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f} "
+                f"({of})")
     return summary
 
 

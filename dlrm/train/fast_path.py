@@ -41,6 +41,7 @@ import torch
 from loguru import logger
 
 from dlrm.config import COMPILE_MODES_WITH_CUDA_GRAPHS, Config
+from dlrm.logging_setup import run_logger
 
 COMPONENTS = ("embedding", "interaction", "mlp", "loss")
 # kernels.mlp "auto" takes the fused MLP for tf32 from this batch size: measured +5% at 65536 and -1% at
@@ -298,8 +299,8 @@ def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = Fal
             ("mode", cfg.train.compile.mode, "auto"), ("fullgraph", cfg.train.compile.fullgraph, False),
             ("combo_kernels", cfg.train.compile.combo_kernels, "auto")) if value != default]
         if not on and unused:
-            logger.warning(f"train.compile: {', '.join(unused)} set, but train.compile \"auto\" runs eager on "
-                           f"{device.type}: ignored")
+            run_logger.warning(f"train.compile: {', '.join(unused)} set, but train.compile \"auto\" runs eager on "
+                               f"{device.type}: ignored")
     if out.train.cuda_graph == "auto":
         blocker = _cuda_graph_blocker(out, device, distributed, multi_hot)
         out.train.cuda_graph = not blocker

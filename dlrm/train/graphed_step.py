@@ -35,6 +35,7 @@ from loguru import logger
 
 from dlrm.data.loader import Batch
 from dlrm.distributed.data_parallel import capture_stream
+from dlrm.logging_setup import run_logger
 from dlrm.train.meter import WARMUP_STEPS
 from dlrm.train.optim import FusedSparseOptimizer
 from dlrm.train.step import TrainStep
@@ -156,7 +157,7 @@ def graph_train_step(step: TrainStep, enabled: bool, distributed: bool):
     if not enabled:
         return step
     if step.device.type != "cuda":
-        logger.warning(f"train.cuda_graph needs CUDA; training with the ordinary step on {step.device}")
+        run_logger.warning(f"train.cuda_graph needs CUDA; training with the ordinary step on {step.device}")
         return step
     warmup = WARMUP_STEPS
     if distributed:

@@ -19,6 +19,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.data.schema import Metadata
 from dlrm.data.shuffle_seed import check_resumed_shuffle
 from dlrm.distributed.sharding import plan_sharding
+from dlrm.logging_setup import run_logger
 from dlrm.model.dlrm import _TABLE_DTYPES
 
 
@@ -143,9 +144,9 @@ def resumed_placement(cfg: Config, state: dict, chosen: str, allowed: Iterable[s
     allowed = tuple(allowed)
     saved = _saved_placement(state)
     if saved is None and cfg.data.shuffle and _configured_placement(state) == "auto":  # (written 11-23..11-30)
-        logger.warning(f"--resume: {source or 'the checkpoint'} does not record which placement its run's "
-                       f"data.placement \"auto\" chose; resuming with {chosen}: if that run used the other, the "
-                       "shuffled batches from here on differ from the ones it would have trained on")
+        run_logger.warning(f"--resume: {source or 'the checkpoint'} does not record which placement its run's "
+                           f"data.placement \"auto\" chose; resuming with {chosen}: if that run used the other, the "
+                           "shuffled batches from here on differ from the ones it would have trained on")
     placement = _resumed_placement(cfg, saved, chosen, allowed)
     check_resumed_shuffle(cfg, state, placement, allowed, source)
     return placement
@@ -178,8 +179,8 @@ def _resumed_placement(cfg: Config, saved: Optional[str], chosen: str, allowed: 
                     f"{chosen} would shuffle other ones)")
         return saved
     if any(k in ("data", "data.placement") for k in allowed):
-        logger.warning(f"--resume: data.placement {saved} -> {chosen} allowed by --allow-config-change: the "
-                       "shuffled batches from here on differ from the ones the run would have trained on")
+        run_logger.warning(f"--resume: data.placement {saved} -> {chosen} allowed by --allow-config-change: the "
+                           "shuffled batches from here on differ from the ones the run would have trained on")
         return chosen
     raise ConfigError(f"data.placement: {chosen!r}, where the run resumed read its batches with {saved!r}: the two "
                       f"shuffle differently, so the run would train on other batches; resume with {saved!r} (or "

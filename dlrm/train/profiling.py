@@ -19,6 +19,7 @@ from loguru import logger
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from dlrm.config import ProfileConfig
+from dlrm.logging_setup import run_logger
 
 # The trace files each run directory (its real path) held when this process last started a profiler on it: they are
 # an earlier session's (a resume in the same process, or one whose pid this process reused), never this session's
@@ -54,9 +55,9 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps
         recorded = max(0, steps - cfg.wait - cfg.warmup)
         outcome = (f"its trace will hold only {recorded} of the {cfg.active} active step(s)" if recorded
                    else "it will profile no step")
-        logger.warning(f"profiling: this run trains {steps} step(s), fewer than the profiler's first cycle "
-                       f"(profile.wait {cfg.wait} + profile.warmup {cfg.warmup} + profile.active {cfg.active} = "
-                       f"{cycle}): {outcome}; train longer or shorten those")
+        run_logger.warning(f"profiling: this run trains {steps} step(s), fewer than the profiler's first cycle "
+                           f"(profile.wait {cfg.wait} + profile.warmup {cfg.warmup} + profile.active {cfg.active} = "
+                           f"{cycle}): {outcome}; train longer or shorten those")
     _EARLIER[os.path.realpath(run_dir)] = frozenset(p.name for p in Path(run_dir).glob("*.pt.trace.json*"))
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":

@@ -192,16 +192,21 @@ def log_train(writer: SummaryWriter, step: int, loss: float, lrs: tuple[float, f
         writer.add_scalar("train/data_wait_fraction", data_wait_fraction, step)
 
 
-def log_eval(writer: SummaryWriter, metrics: dict[str, float], step: int) -> dict[str, float]:
-    """An evaluation's scalars ``eval/*`` and log line. An undefined AUC (a one-class split's NaN) is said so, in the
-    line and as TensorBoard text ``eval/auc_undefined``, and no ``eval/auc`` scalar is written (it read "auc nan", a NaN
-    point)."""
+def eval_scalars(writer: SummaryWriter, metrics: dict[str, float], step: int) -> None:
+    """An evaluation's TensorBoard scalars ``eval/*`` (an undefined AUC as the text ``eval/auc_undefined``)."""
     for k, v in metrics.items():
         if k == "auc" and auc_undefined(v):
             if isinstance(writer, SummaryWriter):  # (not NoWriter, nor a stand-in with scalars only)
                 add_markdown(writer, "eval/auc_undefined", f"AUC {auc_text(metrics)}: undefined on this split", step)
             continue
         writer.add_scalar(f"eval/{k}", v, step)
+
+
+def log_eval(writer: SummaryWriter, metrics: dict[str, float], step: int) -> dict[str, float]:
+    """An evaluation's scalars ``eval/*`` and log line. An undefined AUC (a one-class split's NaN) is said so, in the
+    line and as TensorBoard text ``eval/auc_undefined``, and no ``eval/auc`` scalar is written (it read "auc nan", a NaN
+    point)."""
+    eval_scalars(writer, metrics, step)
     logger.info(f"step {step}: eval " + ", ".join(f"{k} {auc_text(metrics) if k == 'auc' else format(v, '.4f')}"
                                                     for k, v in metrics.items()))
     return metrics

@@ -21,6 +21,7 @@ from loguru import logger
 from dlrm import checkpoint as ckpt
 from dlrm.config import Config, ConfigError, config_from_dict
 from dlrm.distributed.env import DistEnv
+from dlrm.logging_setup import run_logger
 from dlrm.train.checkpointer import BEST_NAME, checkpoint_step
 from dlrm.train.run_dir import BRANCH_NAME, LOCK_NAME, branch_start, restart_leftovers, restart_refusal, run_of
 
@@ -99,7 +100,7 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed:
         if _under(key, LENGTH_KEYS):
             logger.info(f"--resume: run length changed, {shown}")
         elif _under(key, allowed):
-            logger.warning(f"--resume: config change allowed by --allow-config-change, {shown}")
+            run_logger.warning(f"--resume: config change allowed by --allow-config-change, {shown}")
         else:
             refused.append((key, shown))
     _say_free_changes(free)

@@ -18,6 +18,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.errors import DatasetError
 from dlrm.data.schema import NUM_SPARSE, Metadata, read_metadata
 from dlrm.data.vocabulary import read_vocabulary, vocab_path
+from dlrm.logging_setup import run_logger
 from dlrm.model.hashing import VOCABULARY_VALUE_LIMIT
 
 
@@ -85,7 +86,7 @@ def dataset_tables(cfg: Config, meta: Optional[Metadata], data_dir: Optional[Pat
         hashing = meta.hashing
         sizes = list(meta.multi_hot_sizes)
         if cfg.model.multi_hot_sizes is not None and list(cfg.model.multi_hot_sizes) != sizes:
-            logger.warning(f"model.multi_hot_sizes: the dataset's metadata says {sizes}; training with those")
+            run_logger.warning(f"model.multi_hot_sizes: the dataset's metadata says {sizes}; training with those")
     vocabs = None
     if hashing == "vocabulary":
         cap = cfg.data.max_rows_per_table

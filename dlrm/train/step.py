@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-from loguru import logger
 from torch.profiler import record_function
 
 from dlrm.config import CompileConfig
 from dlrm.data.loader import Batch
+from dlrm.logging_setup import run_logger
 from dlrm.model.dlrm import DLRM
 from dlrm.train.optim import FusedSparseOptimizer
 
@@ -152,14 +152,14 @@ def _maybe_compile(fn: Callable, cfg: CompileConfig, device: torch.device, what:
         inductor_config.compile_threads = 1
     mode = compile_mode_on(cfg, device)
     if mode != cfg.mode and cfg.mode in CUDA_GRAPH_MODES:
-        logger.warning(f"compile mode {cfg.mode} (CUDA graphs) needs CUDA; {what} uses mode {mode} on {device}")
+        run_logger.warning(f"compile mode {cfg.mode} (CUDA graphs) needs CUDA; {what} uses mode {mode} on {device}")
     if cfg.mode == "reduce-overhead" and device.type != "cuda":
         return torch.compile(fn, mode="default", fullgraph=cfg.fullgraph)
     # not a torch.compile mode: Inductor's GEMM template autotuning alone (mode max-autotune also tunes
     # every pointwise and reduction kernel, by coordinate descent too)
     options = {"max_autotune_gemm": True} if mode == GEMM_AUTOTUNE_MODE else None
     if cfg.combo_kernels is True and device.type != "cuda":
-        logger.warning(f"train.compile.combo_kernels is for CUDA (Triton kernels); {what} compiles without it on {device}")
+        run_logger.warning(f"train.compile.combo_kernels is for CUDA (Triton kernels); {what} compiles without it on {device}")
     elif cfg.combo_kernels is True:  # only the combos that time faster are kept (benchmark_combo_kernel), as measured
         from torch._inductor import list_mode_options  # what mode=... applies: torch.compile takes a mode or options
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
@@ -23,12 +21,10 @@ from torch.profiler import record_function
 from tqdm import tqdm
 
 from dlrm.config import Config, ConfigError
-from dlrm.data.device_loader import DeviceLoader
-from dlrm.data.loader import Batch, ParquetLoader, split_files
-from dlrm.data.schema import is_multi_hot
-from dlrm.distributed.env import DistEnv, init_distributed
+from dlrm.data.loader import Batch
+from dlrm.distributed.env import init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped
-from dlrm.logging_setup import bar_interval
+from dlrm.logging_setup import bar_interval, run_logger
 from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
@@ -42,108 +38,13 @@ from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_li
 from dlrm.train.resume_policy import (check_position, check_resume_config, checkpoint_to_resume, saved_config,
                                       summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
-from dlrm.train.setup import (Tables, as_trained, dataset_held, dataset_tables, load_dataset_metadata,
-                              resolve_device, seed_everything, seed_rank)
+from dlrm.train.setup import as_trained, dataset_held, seed_everything, seed_rank
 from dlrm.train.signals import GracefulStop, StopAtOnce, agreed_stop, held_signals
 from dlrm.train.step import compile_counters, nonfinite_weight
 from dlrm.train.target import TargetTracker, already_reached
+from dlrm.train.train_data import TrainData, build_for_data, make_loader
 
 __all__ = ["NonFiniteLoss", "TrainingStopped", "train", "evaluate", "build_for_data", "make_loader"]
-
-
-# Codecs whose decompression costs multi-hot rows more than LZ4 (zstd: 1.3x in MLPerf's rows, 16 readers, H200 host).
-SLOW_MULTI_HOT_CODECS = {"ZSTD", "GZIP", "BROTLI"}
-
-
-def _log_multi_hot_hints(loader: ParquetLoader) -> None:
-    """Say so when multi-hot rows stream from files that the host decodes slower than it could: list columns
-    (`python -m dlrm.data.relayout` rewrites them as slot columns) or a slow codec."""
-    if "lists" in loader.layouts:
-        logger.info("data: multi-hot rows stream from list columns, which the host decodes 2-3x slower than slot "
-                    "columns: `python -m dlrm.data.relayout --data DIR --output NEW` rewrites the dataset in slot "
-                    "columns; MLPerf DLRM-DCNv2 then trains 1.25-1.53x faster streaming "
-                    "(benchmarks/results/sparse_layout_mlperf.md)")
-    slow = sorted(c.lower() for c in loader.codecs & SLOW_MULTI_HOT_CODECS)
-    if slow:
-        logger.info(f"data: multi-hot rows stream from {'/'.join(slow)} files, whose decoding is most of the "
-                    f"loader's work: LZ4 files (--compression lz4 when preprocessing, generating or relayouting) "
-                    f"stream 1.1-1.4x faster (benchmarks/results/loader_layouts_final_mlperf.md)")
-
-
-def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool,
-                env: DistEnv = DistEnv(), placement: Optional[str] = None, multi_hot_sizes: Optional[list[int]] = None,
-                dense_format: str = "counts"):
-    """The loader `placement` (default ``data.placement``, "stream" or "gpu") asks for: streamed from
-    parquet, or the whole split in device memory; in a distributed run it delivers this rank's slice
-    of every global batch. `multi_hot_sizes`, `dense_format`: the dataset's (metadata.json)."""
-    d = cfg.data
-    ranks = dict(rank=env.rank, world_size=env.world_size, multi_hot_sizes=multi_hot_sizes, dense_format=dense_format)
-    if (placement or d.placement) == "gpu":
-        if device.type != "cuda":
-            logger.warning("data.placement 'gpu' on a CPU device: the split is held in host memory instead")
-        return DeviceLoader(files, batch_size, device, shuffle=train and d.shuffle, seed=cfg.train.seed,
-                            drop_last=train and d.drop_last, pad_ranks=not train, **ranks)
-    if train:
-        # chain_epochs: the producer decodes the next epoch's first buffers while this epoch's last
-        # batches train, so an epoch boundary does not drain the pipeline (issue #19)
-        loader = ParquetLoader(files, batch_size, device, shuffle=d.shuffle, seed=cfg.train.seed,
-                               drop_last=d.drop_last, prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows,
-                               chain_epochs=True, **ranks)
-        if is_multi_hot(multi_hot_sizes):
-            _log_multi_hot_hints(loader)
-        return loader
-    # an evaluation sees every row (a last batch with fewer rows than ranks: padding rows, Batch.pad); buffers as set
-    return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, pad_ranks=True,
-                         shuffle_buffer_rows=d.shuffle_buffer_rows, **ranks)
-
-
-def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:
-    """The device, the dataset directory, its metadata and its tables."""
-    device = resolve_device(cfg.train.device)
-    data_dir, meta = load_dataset_metadata(cfg)
-    return device, data_dir, meta, dataset_tables(cfg, meta, data_dir)
-
-
-@dataclass
-class TrainData:
-    """The run's loaders, its effective batch size, its length in steps and the epochs that takes."""
-
-    train: object
-    eval: object
-    batch_size: int
-    total_steps: int
-    epochs: int
-
-    @classmethod
-    def build(cls, cfg: Config, data_dir: Path, meta, device: torch.device, env: DistEnv,
-              placement: str) -> "TrainData":
-        d = cfg.data
-        files = split_files(data_dir, meta, "train")
-        batch_size = d.batch_size
-        sizes = meta.multi_hot_sizes
-        loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
-                             multi_hot_sizes=sizes, dense_format=meta.dense_format)
-        if len(loader) == 0 and env.world_size <= loader.num_rows < batch_size:
-            # A split smaller than one batch (the 100-line real Criteo sample holds 86 train rows): train on all
-            # of it as one batch an epoch rather than refuse; said, and recorded as the summary's batch_size.
-            logger.warning(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of "
-                           f"{data_dir}/train: training with batch {loader.num_rows} instead (one batch an epoch)")
-            batch_size = loader.num_rows
-            loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
-                                 multi_hot_sizes=sizes, dense_format=meta.dense_format)
-        total = len(loader) * cfg.train.epochs
-        if cfg.train.min_steps is not None and total < cfg.train.min_steps:
-            total = cfg.train.min_steps
-            logger.info(f"train.min_steps: {total} steps, {math.ceil(total / max(len(loader), 1))} epochs of "
-                        f"{len(loader)} steps (train.epochs {cfg.train.epochs} would give {len(loader) * cfg.train.epochs})")
-        if cfg.train.max_steps is not None:
-            total = min(total, cfg.train.max_steps)
-        if total == 0:
-            raise ConfigError(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of {data_dir}/train")
-        eval_files = split_files(data_dir, meta, d.eval_split)
-        eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env,
-                                  placement=placement, multi_hot_sizes=sizes, dense_format=meta.dense_format)
-        return cls(loader, eval_loader, batch_size, total, max(cfg.train.epochs, math.ceil(total / max(len(loader), 1))))
 
 
 class Trainer:
@@ -247,9 +148,9 @@ class Trainer:
             self.checkpointer.evaluated_step = None
         if old == new or self.stats.best is None:
             return
-        logger.warning(f"--resume: data.eval_split {old!r} -> {new!r}: the best evaluation so far (step "
-                       f"{self.stats.best.get('step')}) is of {old!r}, not compared with {new!r}'s: the best starts "
-                       f"afresh, and this run's best {new!r} evaluation replaces {self.checkpointer.best_path}")
+        run_logger.warning(f"--resume: data.eval_split {old!r} -> {new!r}: the best evaluation so far (step "
+                           f"{self.stats.best.get('step')}) is of {old!r}, not compared with {new!r}'s: the best starts "
+                           f"afresh, and this run's best {new!r} evaluation replaces {self.checkpointer.best_path}")
         self.stats.best, self.stats.grid_best, self.stats.evals_since_best = None, None, 0
 
     def _keep_best_model(self) -> None:

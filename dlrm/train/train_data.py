@@ -1,0 +1,123 @@
+"""The run's data: its training and evaluation loaders (streamed from parquet or held in device memory), its effective
+batch size and its length in steps (`TrainData`), and the log lines about them, said once (by rank 0) for the loader
+the run trains with."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from loguru import logger
+
+from dlrm.config import Config, ConfigError
+from dlrm.data.device_loader import DeviceLoader
+from dlrm.data.loader import ParquetLoader, split_files
+from dlrm.data.schema import is_multi_hot
+from dlrm.distributed.env import DistEnv
+from dlrm.logging_setup import run_logger
+from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device
+
+__all__ = ["SLOW_MULTI_HOT_CODECS", "TrainData", "build_for_data", "make_loader"]
+
+
+# Codecs whose decompression costs multi-hot rows more than LZ4 (zstd: 1.3x in MLPerf's rows, 16 readers, H200 host).
+SLOW_MULTI_HOT_CODECS = {"ZSTD", "GZIP", "BROTLI"}
+
+
+def _log_multi_hot_hints(loader: ParquetLoader) -> None:
+    """Say so when multi-hot rows stream from files that the host decodes slower than it could: list columns
+    (`python -m dlrm.data.relayout` rewrites them as slot columns) or a slow codec."""
+    if "lists" in loader.layouts:
+        logger.info("data: multi-hot rows stream from list columns, which the host decodes 2-3x slower than slot "
+                    "columns: `python -m dlrm.data.relayout --data DIR --output NEW` rewrites the dataset in slot "
+                    "columns; MLPerf DLRM-DCNv2 then trains 1.25-1.53x faster streaming "
+                    "(benchmarks/results/sparse_layout_mlperf.md)")
+    slow = sorted(c.lower() for c in loader.codecs & SLOW_MULTI_HOT_CODECS)
+    if slow:
+        logger.info(f"data: multi-hot rows stream from {'/'.join(slow)} files, whose decoding is most of the "
+                    f"loader's work: LZ4 files (--compression lz4 when preprocessing, generating or relayouting) "
+                    f"stream 1.1-1.4x faster (benchmarks/results/loader_layouts_final_mlperf.md)")
+
+
+def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.device, train: bool,
+                env: DistEnv = DistEnv(), placement: Optional[str] = None, multi_hot_sizes: Optional[list[int]] = None,
+                dense_format: str = "counts", hints: bool = True):
+    """The loader `placement` (default ``data.placement``, "stream" or "gpu") asks for: streamed from
+    parquet, or the whole split in device memory; in a distributed run it delivers this rank's slice
+    of every global batch. `multi_hot_sizes`, `dense_format`: the dataset's (metadata.json). `hints`: a streamed
+    multi-hot training loader logs how its files could stream faster (`_log_multi_hot_hints`)."""
+    d = cfg.data
+    ranks = dict(rank=env.rank, world_size=env.world_size, multi_hot_sizes=multi_hot_sizes, dense_format=dense_format)
+    if (placement or d.placement) == "gpu":  # (on a CPU device in host memory: `TrainData.build` says so, once)
+        return DeviceLoader(files, batch_size, device, shuffle=train and d.shuffle, seed=cfg.train.seed,
+                            drop_last=train and d.drop_last, pad_ranks=not train, **ranks)
+    if train:
+        # chain_epochs: the producer decodes the next epoch's first buffers while this epoch's last
+        # batches train, so an epoch boundary does not drain the pipeline (issue #19)
+        loader = ParquetLoader(files, batch_size, device, shuffle=d.shuffle, seed=cfg.train.seed,
+                               drop_last=d.drop_last, prefetch=d.prefetch, shuffle_buffer_rows=d.shuffle_buffer_rows,
+                               chain_epochs=True, **ranks)
+        if hints and is_multi_hot(multi_hot_sizes):
+            _log_multi_hot_hints(loader)
+        return loader
+    # an evaluation sees every row (a last batch with fewer rows than ranks: padding rows, Batch.pad); buffers as set
+    return ParquetLoader(files, batch_size, device, prefetch=d.prefetch, pad_ranks=True,
+                         shuffle_buffer_rows=d.shuffle_buffer_rows, **ranks)
+
+
+def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:
+    """The device, the dataset directory, its metadata and its tables."""
+    device = resolve_device(cfg.train.device)
+    data_dir, meta = load_dataset_metadata(cfg)
+    return device, data_dir, meta, dataset_tables(cfg, meta, data_dir)
+
+
+@dataclass
+class TrainData:
+    """The run's loaders, its effective batch size, its length in steps and the epochs that takes."""
+
+    train: object
+    eval: object
+    batch_size: int
+    total_steps: int
+    epochs: int
+
+    @classmethod
+    def build(cls, cfg: Config, data_dir: Path, meta, device: torch.device, env: DistEnv,
+              placement: str) -> "TrainData":
+        d = cfg.data
+        files = split_files(data_dir, meta, "train")
+        batch_size = d.batch_size
+        sizes = meta.multi_hot_sizes
+        if placement == "gpu" and device.type != "cuda":  # (each loader made said it: two or three times a run)
+            run_logger.warning("data.placement 'gpu' on a CPU device: the splits are held in host memory instead")
+        # the hints once, for the loader the run trains with (a split smaller than a batch makes a second one: the
+        # hint was logged twice), and by rank 0 only (every rank logged it under torchrun)
+        loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
+                             multi_hot_sizes=sizes, dense_format=meta.dense_format, hints=False)
+        if len(loader) == 0 and env.world_size <= loader.num_rows < batch_size:
+            # A split smaller than one batch (the 100-line real Criteo sample holds 86 train rows): train on all
+            # of it as one batch an epoch rather than refuse; said, and recorded as the summary's batch_size.
+            run_logger.warning(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of "
+                               f"{data_dir}/train: training with batch {loader.num_rows} instead (one batch an epoch)")
+            batch_size = loader.num_rows
+            loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
+                                 multi_hot_sizes=sizes, dense_format=meta.dense_format, hints=False)
+        if env.is_main and is_multi_hot(sizes) and isinstance(loader, ParquetLoader):
+            _log_multi_hot_hints(loader)
+        total = len(loader) * cfg.train.epochs
+        if cfg.train.min_steps is not None and total < cfg.train.min_steps:
+            total = cfg.train.min_steps
+            logger.info(f"train.min_steps: {total} steps, {math.ceil(total / max(len(loader), 1))} epochs of "
+                        f"{len(loader)} steps (train.epochs {cfg.train.epochs} would give {len(loader) * cfg.train.epochs})")
+        if cfg.train.max_steps is not None:
+            total = min(total, cfg.train.max_steps)
+        if total == 0:
+            raise ConfigError(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of {data_dir}/train")
+        eval_files = split_files(data_dir, meta, d.eval_split)
+        eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env,
+                                  placement=placement, multi_hot_sizes=sizes, dense_format=meta.dense_format)
+        return cls(loader, eval_loader, batch_size, total, max(cfg.train.epochs, math.ceil(total / max(len(loader), 1))))
