@@ -80,8 +80,13 @@ class Day:
         paths = (root / f"day_{i}_labels.npy", root / f"day_{i}_dense.npy", root / f"day_{i}_sparse_multi_hot.npz")
         for p in paths:
             if not p.is_file():
+                one_hot = root / f"day_{i}_sparse.npy"
+                hint = ""
+                if p == paths[2] and one_hot.is_file():  # TorchRec's one-hot step, before the multi-hot one
+                    hint = (f"; {one_hot.name} is there: the one-hot ids of the first preprocessing step, from which "
+                            "MLPerf's materialize_synthetic_multihot_dataset.py makes the multi-hot files")
                 raise ImportInputError(f"{p}: missing (MLPerf's day {i} needs day_{i}_labels.npy, day_{i}_dense.npy "
-                                       f"and day_{i}_sparse_multi_hot.npz)")
+                                       f"and day_{i}_sparse_multi_hot.npz){hint}")
         labels, dense = (_npy(p) for p in paths[:2])
         if labels.ndim == 2 and labels.shape[1] == 1:
             labels = labels[:, 0]

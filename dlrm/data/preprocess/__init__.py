@@ -31,10 +31,12 @@ Bad input, ``--on-bad-line stop`` (default): the run fails with one line ``FILE:
 ...`` for the first bad line and writes no metadata.json; finished shards stay (complete, recorded)
 so that a run with the same inputs resumes, and a run that finished nothing removes what it made.
 ``skip``: bad lines are dropped and counted per reason (`BAD_LINE_REASONS`) in the log and in
-``metadata.extra["bad_lines"]``. Reasons: wrong number of fields (a plain file cut mid-line
-included), label not 0/1, count not an integer (``260.0`` is one), category not 1 to 8 hex digits,
-empty file, corrupt gzip (a truncated stream keeps its complete lines in skip mode; damage inside
-the stream, where the decompressed bytes cannot be trusted, drops the whole file).
+``metadata.extra["bad_lines"]``, the first one's message in the log and ``metadata.extra["first_bad_line"]``.
+Reasons: wrong number of fields (a plain file cut mid-line included: the message says the file ends
+there without a newline), label not 0/1, count not an integer (``260.0`` is one), category not 1 to 8
+hex digits (or, in a file that ends without a newline, a last value of fewer than 8: a copy cut inside
+it, `cut_line`), empty file, corrupt gzip (a truncated stream keeps its complete lines in skip mode;
+damage inside the stream, where the decompressed bytes cannot be trusted, drops the whole file).
 
 Resuming: the output directory holds ``_progress/`` while a run is unfinished: ``manifest.json``
 (options, input fingerprints and the count pass), ``done.jsonl`` (one line per finished chunk,
@@ -46,7 +48,8 @@ contents and the split of every line depend only on the inputs and options, neve
 the number of workers.
 
 Before anything is written, every option, the inputs (each an existing, readable file, given once:
-another spelling of a path, a symlink or a hard link to a file already listed is refused) and the
+another spelling of a path, a symlink or a hard link to a file already listed is refused; an archive such
+as Kaggle's ``dac.tar.gz``, or a bzip2, xz or zstd file, is named as such, `input_kinds`) and the
 output location are checked (`options`); a run that fails before it finished a chunk removes what
 it created, so the corrected command starts afresh.
 
@@ -55,7 +58,9 @@ Modules (this package re-exports the names other code uses)::
     constants   field layout, defaults, option names
     errors      PreprocessError, BadLine, BadLineError
     parse       the vectorized chunk parser (`parse_chunk`)
-    scan        the count pass (`scan_file`, `scan_file_parallel`)
+    scan        the count pass (`scan_file`, `scan_file_parallel`; a UTF-8 byte-order mark is skipped)
+    input_kinds archives and codecs the preprocessor does not read, named from their magic bytes
+    cut_line    a file cut off inside its last value
     splits      `SplitPlan`, the counter-based `random_uniform`
     stats       `DistinctCounter`, per-chunk `sparse_stats`
     worker      one chunk in a worker process (parse, split, write shards)

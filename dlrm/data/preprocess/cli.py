@@ -83,10 +83,10 @@ def build_cli():
         """Preprocess raw Criteo click logs into a dataset directory (parquet shards + metadata.json).
 
         Inputs: Kaggle train.txt / Terabyte day_N (TAB-separated, no header) or the CSV variant with
-        a label,I1..I13,C1..C26 header (counts may be written as 260.0); plain or gzip; each file
-        once. Stored values: a missing or negative count becomes 0 (counts above 2^31-1 are
-        clipped), a missing category becomes -1; categories are the 32-bit hex hashes read as
-        integers.
+        a label,I1..I13,C1..C26 header (counts may be written as 260.0); plain or gzip (an archive
+        such as Kaggle's dac.tar.gz is refused: extract its train.txt); each file once. Stored
+        values: a missing or negative count becomes 0 (counts above 2^31-1 are clipped), a missing
+        category becomes -1; categories are the 32-bit hex hashes read as integers.
 
         Options, inputs and the output directory are checked before anything is written. A run
         that stops (bad input, a kill) keeps the shards it finished (recorded in

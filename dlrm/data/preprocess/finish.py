@@ -60,6 +60,9 @@ def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashi
             "split_rule": plan.describe(),
             "options": opts,
             "bad_lines": bad,
+            # the first line skipped (input order): the counts alone said neither which file nor where
+            "first_bad_line": next((done[k]["first_bad"] for k in keys if isinstance(done[k].get("first_bad"), str)),
+                                   None),
             "dense_clipped": sum(done[k]["clipped"] for k in keys),
         }
     )
@@ -109,7 +112,9 @@ def _report(meta: Metadata, seconds: float) -> None:
         f"distinct values in train {sum(meta.extra['distinct_counts']):,}"
     )
     bad = {k: v for k, v in meta.extra["bad_lines"].items() if v}
-    lines.append("bad lines skipped: " + (", ".join(f"{k} {v:,}" for k, v in bad.items()) if bad else "none"))
+    first = meta.extra.get("first_bad_line")
+    lines.append("bad lines skipped: " + (", ".join(f"{k} {v:,}" for k, v in bad.items()) if bad else "none")
+                 + (f"; the first: {first}" if first else ""))
     if meta.extra["dense_clipped"]:
         lines.append(f"counts clipped to int32 max: {meta.extra['dense_clipped']:,}")
     lines.append(f"{total:,} rows in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} rows/s)")

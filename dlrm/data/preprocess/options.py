@@ -21,6 +21,7 @@ import numpy as np
 from dlrm.data.preprocess.constants import DEFAULT_SPARSE_LAYOUT, PROGRESS_DIR, RECORDLESS_SPARSE_LAYOUT
 from dlrm.data.preprocess.errors import PreprocessError
 from dlrm.data.preprocess.frequency import AUTO
+from dlrm.data.preprocess.input_kinds import unreadable_kind
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, SPARSE_LAYOUTS, SPLITS
 
 SPLIT_MODES = ("sequential", "random", "days")
@@ -287,7 +288,8 @@ def check_inputs(inputs: Any, split: str) -> list[Path]:
 
 
 def _check_input_file(path: Path) -> None:
-    """``path`` exists, is a regular file (after symlinks) and can be opened for reading."""
+    """``path`` exists, is a regular file (after symlinks), can be opened for reading and is text (plain or gzip), not
+    an archive or another codec (`dlrm.data.preprocess.input_kinds`)."""
     if not path.exists():
         raise PreprocessError(f"{path}: no such file")
     if not path.is_file():
@@ -295,8 +297,11 @@ def _check_input_file(path: Path) -> None:
     try:
         with open(path, "rb"):
             pass
+        kind = unreadable_kind(path)
     except OSError as e:
         raise PreprocessError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if kind is not None:  # read as text it would fail on its first line, naming a field instead of the file's kind
+        raise PreprocessError(f"{path}: {kind}; the preprocessor reads plain or gzip text files")
 
 
 def _check_distinct(paths: list[Path]) -> None:
@@ -318,6 +323,15 @@ def _order_days(paths: list[Path]) -> list[Path]:
     """``day_N`` inputs in the order of N (logged when that is not the order given)."""
     nums = [re.search(r"day_(\d+)", p.name) for p in paths]
     if all(nums):
+        # Two files of one day (day_5 and day_5.gz: a `day_*` glob after `gunzip -k`) trained its rows twice, and
+        # with the last day the evaluation rows went into train too: `_check_distinct` sees two files
+        seen: dict[int, Path] = {}
+        for m, p in zip(nums, paths):
+            day = int(m.group(1))
+            if day in seen:
+                raise PreprocessError(f"--split days: {seen[day]} and {p} are both day {day}: give each day once "
+                                      "(its rows would be read twice; the last day's would train as well)")
+            seen[day] = p
         ordered = [p for _, p in sorted(zip((int(m.group(1)) for m in nums), paths), key=lambda t: t[0])]
         if ordered != paths:
             from loguru import logger

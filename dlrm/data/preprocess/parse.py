@@ -420,6 +420,9 @@ def _drop_wrong_field_counts(cb: _Buffer, delim: int, source: str, first_line: i
         bad_counts["wrong_field_count"] = int(bad_lines.size)
         i = int(bad_lines[0])
         found = "an empty line" if nl[i] == line_start[i] else f"{int(nfields[i])}"
+        if first_line + i == 1 and nfields[i] == NUM_FIELDS - 1 and nl[i] != line_start[i]:
+            # the file's first line one field short: a file without labels, such as Kaggle's test.txt
+            found += " (no label column? Kaggle's test.txt has none: preprocess train.txt)"
         first_bad = BadLine(
             source,
             first_line + i,

@@ -114,6 +114,20 @@ def _gzip_problem(e: BaseException) -> tuple[str, bool]:
     return f"corrupt gzip stream ({type(e).__name__}: {e}); the data before this point cannot be trusted", False
 
 
+UTF8_BOM = b"\xef\xbb\xbf"
+"""The UTF-8 byte-order mark that Excel, Windows tools and pandas' ``utf-8-sig`` put before a file's first line: it is
+skipped (read as part of the first field, it made "column label: '\\ufeff0' is not a label", or hid the CSV header)."""
+
+
+def _skip_bom(offsets: list[int], first_line: bytes, header: bool) -> list[int]:
+    """The chunk offsets with chunk 0 starting after a byte-order mark (a header line is skipped whole anyway)."""
+    # (a file of the mark alone keeps it: its one line is then named as a bad line, not lost)
+    if first_line.startswith(UTF8_BOM) and not header and len(offsets) > 1 and offsets[0] == 0 \
+            and offsets[1] > len(UTF8_BOM):
+        return [len(UTF8_BOM), *offsets[1:]]
+    return offsets
+
+
 def _detect_format(first_line: bytes, path: Path, fmt: str) -> tuple[str, bool]:
     """The format (``fmt``, or from the separator in the first line with "auto") and whether the
     first line is the CSV header (which must then be exactly label,I1..I13,C1..C26)."""
@@ -129,7 +143,9 @@ def _detect_format(first_line: bytes, path: Path, fmt: str) -> tuple[str, bool]:
     delim = _delimiter_of(fmt)
     fields = first_line.rstrip(b"\r\n").split(delim)
     header = fields[0].strip() == b"label"
-    if header:
+    # A line naming the label column anywhere (pandas' index column before it, another case) is a header that does not
+    # match: named as such, not parsed as data ("column label: 'Label' is not a label", "found 41 fields")
+    if header or b"label" in (f.strip().lower() for f in fields):
         _check_header(fields, path)
     return fmt, header
 
@@ -138,7 +154,9 @@ def _check_header(fields: list[bytes], path: Path) -> None:
     """The header must name the columns in the order the parser reads them: fields are taken by
     position, so swapped or misnamed columns would silently mix up the features."""
     if len(fields) != NUM_FIELDS:
-        raise PreprocessError(f"{path}:1: the header has {len(fields)} fields, expected {NUM_FIELDS}")
+        index = " (an index column before label? write the file with pandas' index=False)" \
+            if len(fields) == NUM_FIELDS + 1 and fields[1].strip() == b"label" else ""
+        raise PreprocessError(f"{path}:1: the header has {len(fields)} fields, expected {NUM_FIELDS}{index}")
     for i, (field, expected) in enumerate(zip(fields, RAW_COLUMNS)):
         found = field.strip().decode("utf-8", "replace")
         if found != expected:
@@ -149,7 +167,9 @@ def _check_header(fields: list[bytes], path: Path) -> None:
 
 
 def _format_and_header(first_line: bytes, path: Path, fmt: str) -> tuple[str, bool]:
-    """`_detect_format` of a first line; an empty one (empty file or a bad line) has no header."""
+    """`_detect_format` of a first line (after a byte-order mark); an empty one (empty file or a bad line) has no
+    header."""
+    first_line = first_line.removeprefix(UTF8_BOM)
     if first_line:
         return _detect_format(first_line, path, fmt)
     return ("tsv" if fmt == "auto" else fmt), False
@@ -210,7 +230,9 @@ def scan_file(path: str | os.PathLike, fmt: str = "auto", chunk_rows: int = DEFA
         starts.feed(b)
     if problem is None:
         problem = _count_rest(starts, blocks)
-    return _scan_result(path, compressed, fmt, header, starts, chunk_rows, problem)
+    scan = _scan_result(path, compressed, fmt, header, starts, chunk_rows, problem)
+    scan.offsets = _skip_bom(scan.offsets, first_line, header)
+    return scan
 
 
 def _first_blocks(blocks: Iterator[bytes]) -> tuple[list[bytes], BaseException | None]:
@@ -337,7 +359,7 @@ def scan_file_parallel(path: str | os.PathLike, fmt: str, chunk_rows: int, execu
         offsets += found
     if n_chunks and h == 0:
         offsets.insert(0, 0)
-    offsets = offsets[:n_chunks] + [size]
+    offsets = _skip_bom(offsets[:n_chunks] + [size], first_line, header)
     error = "empty_file" if lines == 0 else None
     return FileScan(str(path), False, fmt, header, size, lines, offsets, error)
 

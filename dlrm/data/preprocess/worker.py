@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from dlrm.data.preprocess.constants import _SPLIT_CODE
+from dlrm.data.preprocess.cut_line import cut_last_line, drop_cut_line, unterminated_note
 from dlrm.data.preprocess.errors import BadLine, BadLineError, PreprocessError
 from dlrm.data.preprocess.parse import _to_table, parse_chunk
 from dlrm.data.preprocess.scan import _iter_blocks
@@ -102,11 +103,18 @@ def _process_chunk(task: _ChunkTask) -> _ChunkResult:
         with open(task.path, "rb") as fh:
             fh.seek(task.offset)
             data = fh.read(task.length)
+    cut = cut_last_line(data, task.fmt, task.path, task.first_line, task.multi_hot_sizes)
+    if cut is not None:  # parse the lines before it: one of them may be the first bad line
+        data = data[: data.rfind(b"\n") + 1]
     try:
         parsed = parse_chunk(data, task.fmt, on_bad_line=task.on_bad_line, source=task.path, first_line=task.first_line,
                              multi_hot_sizes=task.multi_hot_sizes)
     except BadLineError as e:
-        return _ChunkResult(task.file_index, task.chunk_index, error=e.bad)
+        return _ChunkResult(task.file_index, task.chunk_index, error=unterminated_note(e.bad, data, task.first_line))
+    if cut is not None:
+        if task.on_bad_line == "stop":
+            return _ChunkResult(task.file_index, task.chunk_index, error=cut)
+        parsed = drop_cut_line(parsed, cut)
     if parsed.n_lines != task.n_lines:
         raise PreprocessError(
             f"{task.path}: chunk {task.chunk_index} has {parsed.n_lines} lines where the count pass found "
@@ -138,6 +146,8 @@ def _process_chunk(task: _ChunkTask) -> _ChunkResult:
         "bad": parsed.bad,
         "clipped": parsed.clipped,
     }
+    if parsed.first_bad is not None:  # skip mode: where the first dropped line is, for the report
+        record["first_bad"] = parsed.first_bad.message()
     return _ChunkResult(task.file_index, task.chunk_index, record=record, stats=stats)
 
 
