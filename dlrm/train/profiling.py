@@ -43,6 +43,12 @@ class _StepProfile(profile):
         super().stop()
 
 
+def saves_trace(prof: profile) -> bool:
+    """Whether the next ``prof.step()`` ends a recording and saves its trace (`tensorboard_trace_handler`: a gzip JSON
+    file, seconds for a GPU run's kernels): not training, which the loop leaves out of its throughput window."""
+    return prof.current_action == ProfilerAction.RECORD_AND_SAVE
+
+
 def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps: Optional[int] = None):
     """A started-on-enter profiler writing into `run_dir`, or a null context when disabled. `steps`: the steps this
     session will train; fewer than the schedule's first cycle profile fewer steps than profile.active (the profiler

@@ -29,25 +29,26 @@ from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
 from dlrm.train.checkpointer import Checkpointer, checkpoint_step
-from dlrm.train.meter import WARMUP_STEPS, DeviceRead, RunStats, StepMeter, WindowCut
+from dlrm.train.meter import WARMUP_STEPS, RunStats, StepMeter
 from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement, resumed_placement
-from dlrm.train.profiling import make_profiler
-from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, log_train,
-                                  model_text, open_writer, resolved_settings, versions, write_summary)
+from dlrm.train.profiling import make_profiler, saves_trace
+from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, model_text,
+                                  open_writer, resolved_settings, versions, write_summary)
 from dlrm.train.resume_policy import (check_position, check_resume_config, checkpoint_to_resume, saved_config,
                                       summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import as_trained, dataset_held, seed_everything, seed_rank
 from dlrm.train.signals import GracefulStop, StopAtOnce, agreed_stop, held_signals
-from dlrm.train.step import compile_counters, nonfinite_weight
+from dlrm.train.step import compile_counters
 from dlrm.train.target import TargetTracker, already_reached
 from dlrm.train.train_data import TrainData, build_for_data, make_loader
+from dlrm.train.windows import WindowLogging
 
 __all__ = ["NonFiniteLoss", "TrainingStopped", "train", "evaluate", "build_for_data", "make_loader"]
 
 
-class Trainer:
+class Trainer(WindowLogging):
     """One training run: built from `cfg`, optionally resumed, trained, evaluated and summarized.
 
     Args:
@@ -238,9 +239,9 @@ class Trainer:
         # `bar` closed on an exception too: left open, a failed run's ERROR line was glued to the bar's line and the
         # bar, closed by the garbage collector at exit, was the log's last line (a sweep's next bar went one line down)
         with bar, make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
-                GracefulStop() as stop:
+                GracefulStop() as stop, self._training_batches() as batches:
             stop.signum = held.signum  # one held before the loop (several ranks): agreed at the first window
-            for batch, data_wait in self._batches():
+            for batch, data_wait in batches:
                 loss = run.train_step(batch)
                 for sched in run.schedulers:
                     sched.step()
@@ -248,8 +249,9 @@ class Trainer:
                 pos.step, pos.batch = pos.step + 1, pos.batch + 1
                 self.run_dir.started()
                 bar.update(1)
-                if prof is not None:
-                    prof.step()
+                if prof is not None:  # a trace's save (once a profiler cycle): left out of the throughput window
+                    with meter.paused() if saves_trace(prof) else contextlib.nullcontext():
+                        prof.step()
                 self._read_window(bar)  # the last logging step's, now that this step is queued behind it
                 if pos.step % cfg.train.log_every == 0 or pos.step == self.data.total_steps:
                     self._queue_window(stop)
@@ -273,15 +275,23 @@ class Trainer:
                             self._queue_window(stop)
                         break
                 if checkpoint_now:
-                    self._check_finite()  # never save a checkpoint of a diverged model
-                    with meter.paused():
+                    with meter.paused():  # the weight check too: a read of every table, not training (`_check_finite`)
+                        self._check_finite()  # never save a checkpoint of a diverged model
                         self.checkpointer.save(run, pos, self.stats)
                         evaluator.write_best()
                 if self._stop_requested(stop):
                     break
+                if pos.step == self.data.total_steps:
+                    break  # no fetch past the last step: the generator's end stopped the loader inside the clock
+            else:
+                self._ran_out(stop)
+            # The last window read and the loop's clock stopped before the loader stops: joining its threads is not
+            # training, and a run stopped early (early stopping, a signal, the data running out) read that window after
+            # it (with a 1 s join, that window's samples/s was 1/300 of the others'; samples_per_sec and train_s too).
             self._read_window(bar)
             bar.close()
             meter.finish()
+            self._stop_loader(batches)
             self.target.session_finished()  # the evaluations' seconds within stats.train_s, for the checkpoints
             self._check_finite()
             meter.snapshot()
@@ -335,91 +345,57 @@ class Trainer:
         pos, loader = self.pos, self.data.train
         # the named range costs a few microseconds a step: only when a profiler records it
         data_range = (lambda: record_function("data")) if self.cfg.profile.enabled else contextlib.nullcontext
-        try:
-            for epoch in range(pos.epoch, self.data.epochs):
-                if pos.step >= self.data.total_steps or self.early_stopped:  # (a resumed early stop: no step)
-                    return
-                if epoch != pos.epoch:
-                    pos.epoch, pos.batch = epoch, 0
-                loader.set_epoch(epoch, start_batch=pos.batch)
-                batches = iter(loader)
-                try:
-                    while pos.step < self.data.total_steps:
-                        with data_range():  # the device's idle time while the host waits (`DataWaitTimer`)
-                            batch, waited = self.meter.wait_timer.fetch(lambda: next(batches, None))
-                        if batch is None:
-                            break
-                        yield batch, waited
-                finally:
-                    batches.close()  # stops the loader's thread when the run ends an epoch early
-        finally:
-            if hasattr(loader, "close"):
-                loader.close()  # a loader decoding the next epoch ahead (chain_epochs) stops here
+        for epoch in range(pos.epoch, self.data.epochs):
+            if pos.step >= self.data.total_steps or self.early_stopped:  # (a resumed early stop: no step)
+                return
+            if epoch != pos.epoch:
+                pos.epoch, pos.batch = epoch, 0
+            loader.set_epoch(epoch, start_batch=pos.batch)
+            batches = iter(loader)
+            try:
+                while pos.step < self.data.total_steps:
+                    with data_range():  # the device's idle time while the host waits (`DataWaitTimer`)
+                        batch, waited = self.meter.wait_timer.fetch(lambda: next(batches, None))
+                    if batch is None:
+                        break
+                    yield batch, waited
+            finally:
+                batches.close()  # stops the loader's thread when the run ends an epoch early (`_stop_loader`)
 
-    # The signal that stops the run (0: none). With several ranks, the largest number any rank got: a rank that got
-    # none stops with the others' exit code (128 + signal), not 128.
-    _stop_signal = 0
+    @contextlib.contextmanager
+    def _training_batches(self) -> Iterator[Iterator[tuple[Batch, float]]]:
+        """`_batches`, whose loader stops when the block ends, a failure's too (the loop stops it earlier, as soon as
+        its clock stopped: `_stop_loader`)."""
+        batches = self._batches()
+        try:
+            yield batches
+        finally:
+            self._stop_loader(batches)
+
+    def _stop_loader(self, batches: Iterator) -> None:
+        """Stop the training loader: the epoch in flight's thread and one decoding the next epoch ahead (chain_epochs);
+        both idempotent."""
+        batches.close()
+        if hasattr(self.data.train, "close"):
+            self.data.train.close()
+
+    def _ran_out(self, stop: GracefulStop) -> None:
+        """The loader ended before the run's last step (it yielded fewer batches than its length said): said, and the
+        steps since the last logging step logged as the run's last window (none queued them: their loss was in no
+        log, TensorBoard point or final_train_loss, and their time in no samples/s)."""
+        pos, total = self.pos, self.data.total_steps
+        if self.meter.steps_done == 0 or pos.step >= total:  # no step trained (a run resumed at its end)
+            return
+        logger.warning(f"data: the training loader ended at step {pos.step} (epoch {pos.epoch}), before the run's "
+                       f"{total} steps: the run ends there")
+        if pos.step % self.cfg.train.log_every:
+            self._queue_window(stop)
+
     early_stopped = False
     finished_early = False  # the checkpoint resumed is where early stopping ended the run (`__init__`)
     finished_target: Optional[str] = None  # ... where it reached train.early_stopping.target: how (`__init__`)
     final_evaluated = False  # the run's last evaluation was made before its last checkpoint (`_fit`)
     last_eval: Optional[dict] = None  # the metrics of an evaluation at the current step
-
-    _pending: Optional[tuple[WindowCut, DeviceRead]] = None  # a logging window queued, not read yet
-
-    def _stop_requested(self, stop: GracefulStop) -> bool:
-        """A signal arrived; with several ranks, once they all know (they agree through the logging windows' reads):
-        also one that reached one rank only, at most train.log_every steps after the step in flight (no per-step sync)."""
-        if not self.env.distributed:
-            self._stop_signal = stop.signum or 0
-        return self._stop_signal > 0
-
-    def _signal_after_loop(self, stop: GracefulStop) -> bool:
-        """A signal after the loop's last look at it (as its last window was read, say), agreed by the ranks through
-        one all-reduce: unseen, it was lost."""
-        self._stop_signal = int(self.env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=self.device)))
-        return self._stop_signal > 0
-
-    def _queue_window(self, stop: GracefulStop) -> None:
-        """A logging step: the window's loss sum, its first NaN/Inf step, the learning rates and, with several ranks,
-        whether any got a signal, reduced on the device and copied to the host behind this step, without a sync.
-        `_read_window` reads them after the next step is queued, so the device never drains at a logging step."""
-        meter, env = self.meter, self.env
-        values = [env.all_reduce_sum(meter.losses.total()), env.all_reduce_max(meter.losses.first_nonfinite_step())]
-        values += [opt.param_groups[0]["lr"] for opt in self.run.optimizers[:2]]  # a captured step's are tensors
-        if env.distributed:
-            values.append(env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=self.device)))
-        self._pending = (meter.cut_window(self.pos.step), DeviceRead(*values))
-
-    def _read_window(self, bar: tqdm) -> None:
-        if self._pending is not None:
-            self._log_window(bar)
-
-    def _log_window(self, bar: tqdm) -> None:
-        """The queued logging window: waits for its copies (intended host sync, once per logging interval; the device
-        has the next step queued), stops on a NaN/Inf loss, logs the mean loss, rate and data wait."""
-        (cut, read), self._pending = self._pending, None
-        total, bad, lr_dense, lr_sparse, *stopping = read.get()
-        if stopping:  # the ranks agree: every one reads the same reduced signal number after the same step
-            self._stop_signal = int(stopping[0])
-        self._raise_if_nonfinite(int(bad))
-        mean_loss = total / self.env.world_size / cut.steps  # the ranks' shares summed: the global mean
-        rate, wait = self.meter.close_window(cut, mean_loss)
-        log_train(self.writer, cut.step, mean_loss, (float(lr_dense), float(lr_sparse)), rate, wait)
-        # refresh=False: shown at the bar's next timed redraw (a forced one per window flooded a log file)
-        bar.set_postfix(loss=f"{mean_loss:.4f}", refresh=False,
-                        **({"samples_s": f"{self.meter.rates[-1]:,.0f}"} if self.meter.rates else {}))
-
-    def _check_finite(self) -> None:
-        """Stop with NonFiniteLoss naming the first NaN/Inf loss since the last logging step, or a NaN/Inf weight (an
-        update that overflowed: its loss was finite); host syncs at checkpoint steps, diverged evaluations, the end."""
-        self._raise_if_nonfinite(int(self.env.all_reduce_max(self.meter.losses.first_nonfinite_step()).item()))
-        weight = nonfinite_weight(self.run.model, self.env)  # the ranks agree on both
-        self._raise_if_nonfinite(self.pos.step if weight else -1, f"weight {weight}")
-
-    def _raise_if_nonfinite(self, bad: int, what: str = "loss") -> None:
-        if bad >= 0:
-            raise NonFiniteLoss(f"{what} became NaN or Inf at step {bad}; stopped; {self.checkpointer.last_good(self.stats.best)}")
 
     # -- the end ----------------------------------------------------------------------------------
 

@@ -1,0 +1,81 @@
+"""The training loop's logging windows (`WindowLogging`, mixed into `dlrm.train.trainer.Trainer`): queued at a logging
+step without a host sync, read one step late (the intended sync, once a window), logged to the log and TensorBoard;
+with several ranks the signal that stops the run is agreed through those reads; and the NaN/Inf checks that stop a
+diverged run. The trainer owns the state they read (meter, env, run, pos, writer, device, checkpointer, stats)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from tqdm import tqdm
+
+from dlrm.errors import NonFiniteLoss
+from dlrm.train.meter import DeviceRead, WindowCut
+from dlrm.train.reporting import log_train
+from dlrm.train.signals import GracefulStop
+from dlrm.train.step import nonfinite_weight
+
+
+class WindowLogging:
+    """The logging windows, the agreed stop signal and the NaN/Inf checks of a `Trainer`."""
+
+    # The signal that stops the run (0: none). With several ranks, the largest number any rank got: a rank that got
+    # none stops with the others' exit code (128 + signal), not 128.
+    _stop_signal = 0
+
+    _pending: Optional[tuple[WindowCut, DeviceRead]] = None  # a logging window queued, not read yet
+
+    def _stop_requested(self, stop: GracefulStop) -> bool:
+        """A signal arrived; with several ranks, once they all know (they agree through the logging windows' reads):
+        also one that reached one rank only, at most train.log_every steps after the step in flight (no per-step sync)."""
+        if not self.env.distributed:
+            self._stop_signal = stop.signum or 0
+        return self._stop_signal > 0
+
+    def _signal_after_loop(self, stop: GracefulStop) -> bool:
+        """A signal after the loop's last look at it (as its last window was read, say), agreed by the ranks through
+        one all-reduce: unseen, it was lost."""
+        self._stop_signal = int(self.env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=self.device)))
+        return self._stop_signal > 0
+
+    def _queue_window(self, stop: GracefulStop) -> None:
+        """A logging step: the window's loss sum, its first NaN/Inf step, the learning rates and, with several ranks,
+        whether any got a signal, reduced on the device and copied to the host behind this step, without a sync.
+        `_read_window` reads them after the next step is queued, so the device never drains at a logging step."""
+        meter, env = self.meter, self.env
+        values = [env.all_reduce_sum(meter.losses.total()), env.all_reduce_max(meter.losses.first_nonfinite_step())]
+        values += [opt.param_groups[0]["lr"] for opt in self.run.optimizers[:2]]  # a captured step's are tensors
+        if env.distributed:
+            values.append(env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=self.device)))
+        self._pending = (meter.cut_window(self.pos.step), DeviceRead(*values))
+
+    def _read_window(self, bar: tqdm) -> None:
+        if self._pending is not None:
+            self._log_window(bar)
+
+    def _log_window(self, bar: tqdm) -> None:
+        """The queued logging window: waits for its copies (intended host sync, once per logging interval; the device
+        has the next step queued), stops on a NaN/Inf loss, logs the mean loss, rate and data wait."""
+        (cut, read), self._pending = self._pending, None
+        total, bad, lr_dense, lr_sparse, *stopping = read.get()
+        if stopping:  # the ranks agree: every one reads the same reduced signal number after the same step
+            self._stop_signal = int(stopping[0])
+        self._raise_if_nonfinite(int(bad))
+        mean_loss = total / self.env.world_size / cut.steps  # the ranks' shares summed: the global mean
+        rate, wait = self.meter.close_window(cut, mean_loss)
+        log_train(self.writer, cut.step, mean_loss, (float(lr_dense), float(lr_sparse)), rate, wait)
+        # refresh=False: shown at the bar's next timed redraw (a forced one per window flooded a log file)
+        bar.set_postfix(loss=f"{mean_loss:.4f}", refresh=False,
+                        **({"samples_s": f"{self.meter.rates[-1]:,.0f}"} if self.meter.rates else {}))
+
+    def _check_finite(self) -> None:
+        """Stop with NonFiniteLoss naming the first NaN/Inf loss since the last logging step, or a NaN/Inf weight (an
+        update that overflowed: its loss was finite); host syncs at checkpoint steps, diverged evaluations, the end."""
+        self._raise_if_nonfinite(int(self.env.all_reduce_max(self.meter.losses.first_nonfinite_step()).item()))
+        weight = nonfinite_weight(self.run.model, self.env)  # the ranks agree on both
+        self._raise_if_nonfinite(self.pos.step if weight else -1, f"weight {weight}")
+
+    def _raise_if_nonfinite(self, bad: int, what: str = "loss") -> None:
+        if bad >= 0:
+            raise NonFiniteLoss(f"{what} became NaN or Inf at step {bad}; stopped; {self.checkpointer.last_good(self.stats.best)}")
