@@ -416,6 +416,8 @@ def check_inert_keys(cfg: "Config", given: dict, overrides: dict, source: str, r
             why = f"kept for {KEPT_FOR.get(on) or KEPT_FOR[key]}"
         elif _gives_every_key(given, defaults):
             why = "the file gives every key, as a run's config.json does"
+        elif _run_record(source):
+            why = "the file is a run's config.json, written by an earlier version"
         elif not refuse:
             why = "the resumed run keeps its config"
         else:
@@ -434,6 +436,16 @@ def _gives_every_key(raw: Any, tree: dict) -> bool:
     return isinstance(raw, dict) and all(
         k in raw and (not isinstance(raw[k], dict) or _gives_every_key(raw[k], v))
         for k, v in tree.items() if isinstance(v, dict))
+
+
+def _run_record(source: str) -> bool:
+    """Whether `source` is the config.json of a run directory (beside its summary.json or checkpoints/). One of a
+    version before a section was added (``distributed``, 2026-11-23; ``profile`` and ``checkpoint`` earlier) gives not
+    every section (`_gives_every_key`), and was refused for a key it recorded without effect (a run of its own,
+    trained by that version, could not be trained again from its record)."""
+    path = Path(source)
+    return path.name == "config.json" and ((path.parent / "summary.json").is_file()
+                                           or (path.parent / "checkpoints").is_dir())
 
 
 def _holds(raw: dict, dotted: str) -> bool:

@@ -201,6 +201,7 @@ class WindowCut:
         paused: seconds of evaluations and checkpoints inside it.
         spans: the device's idle spans in it (`DataWaitTimer.cut`), read once its events completed.
         steady: the window closes after the warm-up (it gets a rate).
+        done: the session's steps trained when it was cut (`StepMeter.finish`: whether its close ended the training).
     """
 
     step: int
@@ -210,6 +211,7 @@ class WindowCut:
     paused: float
     spans: list = field(default_factory=list)
     steady: bool = True
+    done: int = -1
 
 
 BLOCKED_FETCH_S = 2.5e-4
@@ -324,6 +326,8 @@ class StepMeter:
         self.loop_start = self.window_start = time.perf_counter()
         # this session's paused seconds and its loop's end (`finish`): the rate of a session without a steady window
         self.session_paused, self.loop_end = 0.0, None
+        self._end_paused = 0.0  # the seconds of `session_paused` before `loop_end`
+        self._last_close: tuple[float, int, float] = (0.0, -1, 0.0)  # (time, steps then, seconds paused then)
 
     def step(self, loss: torch.Tensor, samples: int, data_wait_s: float) -> None:
         self.losses.add(loss)
@@ -364,7 +368,7 @@ class StepMeter:
         """End the logging window at `step` on the host's side (its samples, waits and pauses; the loss window starts
         again): the steps after it count towards the next window. Launch the device reductions of `losses` first."""
         cut = WindowCut(step, self.losses.n, self.window_samples, self.data_wait, self.window_paused,
-                        self.wait_timer.cut(), steady=self.steps_done > self.warmup_steps)
+                        self.wait_timer.cut(), steady=self.steps_done > self.warmup_steps, done=self.steps_done)
         self.window_samples, self.data_wait, self.window_paused = 0, 0.0, 0.0
         # off the grid of multiples of `window` (a run's last step): a longer resumed run logs again at the next
         # multiple, over these steps too (a host sync, once a run)
@@ -397,6 +401,7 @@ class StepMeter:
             self.steady_wait += waited
         if cut.steady:
             self.window_start = now
+        self._last_close = (now, cut.done, self.session_paused)  # (`finish`: the end of the session's training)
         # A warm-up window's close does not start the next window: the warm-up's end does (`step`). Read a step late,
         # at the warm-up's last step (train.log_every 1 or 3) that close comes after the first steady step ran (on the
         # CPU, which runs each step as it is launched), and restarting there left that step's seconds out of every
@@ -415,7 +420,14 @@ class StepMeter:
         """Add this session's loop time to the run's total (and stop its clock: the last evaluation is not in it)."""
         self.update_train_s()
         self._finished = True
-        self.loop_end = time.perf_counter()
+        # the last window's read when it covered every step (the trainer reads the last step's at once): after it the
+        # loop asked for one more batch, which stopped the train loader (its producer decoding ahead), and, on an
+        # early stop, evaluated; counted, a session without a steady window averaged that shutdown in as training
+        closed, done, paused = self._last_close
+        if done == self.steps_done:
+            self.loop_end, self._end_paused = closed, paused
+        else:
+            self.loop_end, self._end_paused = time.perf_counter(), self.session_paused
 
     @property
     def samples_per_sec(self) -> Optional[float]:
@@ -429,8 +441,10 @@ class StepMeter:
             return self.steady_samples / self.steady_s
         if self.steps_done == 0:
             return None
-        end = self.loop_end if self.loop_end is not None else time.perf_counter()
-        elapsed = end - self.loop_start - self.session_paused
+        if self.loop_end is not None:
+            elapsed = self.loop_end - self.loop_start - self._end_paused
+        else:
+            elapsed = time.perf_counter() - self.loop_start - self.session_paused
         return self.session_samples / elapsed if elapsed > 0 else 0.0
 
     @property

@@ -89,16 +89,7 @@ def dataset_tables(cfg: Config, meta: Optional[Metadata], data_dir: Optional[Pat
             run_logger.warning(f"model.multi_hot_sizes: the dataset's metadata says {sizes}; training with those")
     vocabs = None
     if hashing == "vocabulary":
-        cap = cfg.data.max_rows_per_table
-        # A cap no table exceeds changes nothing, so it is accepted: configs/terabyte.json (10M) was refused with
-        # every vocabulary dataset, though README says any config trains on any dataset (`--data DIR`). Only a
-        # table above the cap is refused: a vocabulary's rows cannot be folded as modulus hashing folds them.
-        over = [f for f, c in enumerate(cards) if cap is not None and c > cap]
-        if over:
-            f = over[0]
-            raise ConfigError(f"data.max_rows_per_table: cannot cap tables of a vocabulary-hashed dataset "
-                              f"({data_dir}: SPARSE_{f} has {cards[f]:,} rows > {cap:,}; raise or remove the cap, "
-                              "or preprocess with a higher --min-frequency)")
+        check_table_cap(cfg, meta, data_dir)
         # Each file is read and checked once here (plain .npy, 1-D integers, sorted, unique, and
         # as long as its cardinality): an unsorted vocabulary trains, silently misplacing values.
         vocabs = [torch.from_numpy(read_vocabulary(data_dir, f, cards[f])) for f in range(NUM_SPARSE)]
@@ -110,6 +101,23 @@ def dataset_tables(cfg: Config, meta: Optional[Metadata], data_dir: Optional[Pat
         cards = [min(c, cfg.data.max_rows_per_table) for c in cards]
     return Tables(cards, vocabs, hashing, list(sizes) if sizes is not None else None,
                   meta.dense_format if meta is not None else "counts")
+
+
+def check_table_cap(cfg: Config, meta: Metadata, data_dir: Optional[Path]) -> None:
+    """Refuse ``data.max_rows_per_table`` below a table of a vocabulary-hashed dataset (`meta`, of `data_dir`), from
+    its metadata alone (`dataset_tables`; a sweep's settings before their first trial, `dlrm.sweep_checks`)."""
+    if meta.hashing != "vocabulary":
+        return
+    cards, cap = list(meta.cardinalities), cfg.data.max_rows_per_table
+    # A cap no table exceeds changes nothing, so it is accepted: configs/terabyte.json (10M) was refused with
+    # every vocabulary dataset, though README says any config trains on any dataset (`--data DIR`). Only a
+    # table above the cap is refused: a vocabulary's rows cannot be folded as modulus hashing folds them.
+    over = [f for f, c in enumerate(cards) if cap is not None and c > cap]
+    if over:
+        f = over[0]
+        raise ConfigError(f"data.max_rows_per_table: cannot cap tables of a vocabulary-hashed dataset "
+                          f"({data_dir}: SPARSE_{f} has {cards[f]:,} rows > {cap:,}; raise or remove the cap, "
+                          "or preprocess with a higher --min-frequency)")
 
 
 def as_trained(cfg: Config, tables: Tables) -> Config:
