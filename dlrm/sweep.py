@@ -15,8 +15,8 @@ missing (`dlrm.sweep_checks`); only then are the grid's inert keys told (warning
 The sweep directory (``<tb-dir>/<run-name>``, default ``tb_logs/<config>-sweep-<date>-<time>``, with ``-2``,
 ``-3``, ... when another sweep started in the same second holds that name) gets:
 
-* ``sweep.md`` / ``sweep.csv``: per setting the mean and standard deviation over seeds of the
-  final validation AUC and logloss (and of the built-in baseline's AUC when the runs fitted it),
+* ``sweep.md`` / ``sweep.csv``: per setting the mean and standard deviation over seeds (undefined, "n/a", for one
+  finished seed) of the final validation AUC and logloss (and of the built-in baseline's AUC when the runs fitted it),
   best first (a setting whose mean AUC is NaN last); ``trials.csv``: every trial; in both CSVs a value that is
   missing or undefined (a failed trial's, a one-class split's NaN AUC: null in summary.json) is an empty cell;
 * TensorBoard HParams (one run per setting under ``hparams/``): a session of the same columns as its trials' (every
@@ -37,7 +37,8 @@ raises (a device that is absent, say) ends the sweep, as do Ctrl-C and a signal 
 A sweep records its grid in ``sweep.json`` before its first trial; one that stopped (Ctrl-C, a signal, a crash, a time
 limit) or had failed trials is finished in the same directory by ``python -m dlrm.sweep --resume <sweep dir>``:
 finished trials are gathered, not trained again; an interrupted one resumes from its checkpoint; one without a
-checkpoint, or failed, is trained afresh (what it left moved aside); then the tables cover every trial once. Options
+checkpoint, or failed, is trained afresh (what it left moved aside, as ``seed-<k>.failed`` or ``.interrupted``); then
+the tables cover every trial once. Every finished trial's summary is checked against its trial's config first. Options
 given with ``--resume`` must match the record (`dlrm.sweep_resume`).
 """
 
@@ -180,7 +181,9 @@ def sweep_directory(tb_dir: str, run_name: Optional[str], config: str) -> tuple[
     name = f"{Path(config).stem}-sweep-{time.strftime('%Y%m%d-%H%M%S')}" if run_name is None else run_name
     if not name or "/" in name or name in (".", ".."):
         raise ConfigError(f"--run-name: {name!r} must be a plain directory name")
-    directory = Path(tb_dir) / name
+    # absolute: the trials' run directories (their summary.json, checkpoints) and trials.csv's run_dir name it; under
+    # a relative --tb-dir (the default tb_logs) trials.csv named paths valid only from where the sweep was started
+    directory = Path(os.path.abspath(tb_dir)) / name
     if run_name is None:
         return _claim_default_directory(directory), True
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
@@ -309,15 +312,11 @@ def run_and_finish(config: str, base: dict[str, Any], sets: list[tuple[str, list
         lock.release()
 
 
-def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult], seeds: int, directory: Path,
-                train_fn, holds, resume: bool = False, workdir: Optional[str] = None) -> Optional[BaseException]:
-    """Every trial in turn, its summary or its failure into `results`; returns the first failure's exception. On
-    `resume`, a finished trial's summary is gathered and an interrupted one resumed from its checkpoint."""
-    from dlrm.sweep_resume import trial_state
-    from dlrm.train.compare import release_memory
-
+def trials(config: str, base: dict[str, Any], results: list[SettingResult], seeds: int, directory: Path,
+           workdir: Optional[str] = None):
+    """Every trial of the sweep, in order: (number from 1, its setting's result, seed, overrides, config, run
+    directory, name for the log)."""
     total = len(results) * seeds
-    first_failure: Optional[BaseException] = None
     for trial, (r, seed) in enumerate(itertools.product(results, range(seeds)), start=1):
         # log.sweep_keys: its HParams session names the swept keys, as the settings' under hparams/ do (one experiment)
         overrides = {**base, **r.setting, "train.seed": seed, "log.sweep_keys": list(r.setting)}
@@ -329,7 +328,18 @@ def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult],
             overrides["data.path"] = os.path.normpath(os.path.join(workdir, cfg.data.path))
             cfg = load_config(config, overrides)
         run_dir = directory / slug(r.index, r.setting) / f"seed-{seed}"
-        name = f"sweep trial {trial}/{total} ({label(r.setting)}, seed {seed})"
+        yield trial, r, seed, overrides, cfg, run_dir, f"sweep trial {trial}/{total} ({label(r.setting)}, seed {seed})"
+
+
+def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult], seeds: int, directory: Path,
+                train_fn, holds, resume: bool = False, workdir: Optional[str] = None) -> Optional[BaseException]:
+    """Every trial in turn, its summary or its failure into `results`; returns the first failure's exception. On
+    `resume`, a finished trial's summary is gathered and an interrupted one resumed from its checkpoint."""
+    from dlrm.sweep_resume import mark_failed, trial_state
+    from dlrm.train.compare import release_memory
+
+    first_failure: Optional[BaseException] = None
+    for trial, r, seed, overrides, cfg, run_dir, name in trials(config, base, results, seeds, directory, workdir):
         done, checkpoint = trial_state(run_dir, cfg.to_dict(), name) if resume else (None, None)
         if done is not None:
             r.summaries.append(done)
@@ -356,13 +366,15 @@ def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult],
         except Exception as e:  # one trial's failure: the others still run (KeyboardInterrupt is no Exception)
             r.failed[seed] = failure_reason(e)
             logger.error(f"{name} failed: {r.failed[seed]}; the sweep goes on")
+            mark_failed(run_dir, r.failed[seed])  # what it kept: a --resume moves it aside as failed, not "interrupted"
             if first_failure is None:
                 # its frames' locals (the failed run's model and tensors) freed; the traceback stays for the report
                 traceback.clear_frames(e.__traceback__)
                 first_failure = e
             continue
+        mark_failed(run_dir, None)  # (a failed trial resumed from its checkpoint: it has finished now)
         r.summaries.append(summary)
-        logger.info(f"sweep trial {trial}/{total}: {label(r.setting)}, seed {seed}: "
+        logger.info(f"sweep trial {trial}/{len(results) * seeds}: {label(r.setting)}, seed {seed}: "
                     f"AUC {auc_text(summary)}, logloss {summary['logloss']:.4f}")
     return first_failure
 

@@ -80,12 +80,14 @@ def _mean(values: list[float]) -> float:
 
 
 def _std(values: list[float]) -> float:
-    """Sample standard deviation (0 for a single value; NaN when a value is NaN or infinite: `statistics.stdev`
-    raises AttributeError on a NaN in Python 3.11, which ended a sweep with a diverged trial before its tables;
-    NaN for no value)."""
-    if not values or not all(math.isfinite(v) for v in values):
+    """Sample standard deviation; NaN where it is undefined: for fewer than two values (one seed measures no spread:
+    it was 0.0, shown as "0.0000" in sweep.md and sweep.csv and as ``sweep/auc_std`` in TensorBoard, as if the seeds
+    had agreed), and when a value is NaN or infinite (`statistics.stdev` raises AttributeError on a NaN in Python
+    3.11, which ended a sweep with a diverged trial before its tables). The report shows NaN as "n/a", an empty cell
+    and no scalar."""
+    if len(values) < 2 or not all(math.isfinite(v) for v in values):
         return math.nan
-    return statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.stdev(values)
 
 
 @dataclass

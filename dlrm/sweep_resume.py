@@ -15,8 +15,12 @@ trial (`trial_state`):
   save, a failed trial that had saved) is resumed from its newest checkpoint by the trainer's ``--resume``
   machinery, in place (a signal's stop continues bit for bit);
 * a trial with neither (killed before its first checkpoint, or it failed) is trained afresh in its directory; what
-  an earlier attempt left there is first moved aside to ``seed-<k>.interrupted`` (``-2``, ``-3``, ... when taken),
-  said in the log, never deleted.
+  an earlier attempt left there is first moved aside to ``seed-<k>.failed`` (a trial that failed: the sweep marks
+  its directory, `mark_failed`) or ``seed-<k>.interrupted`` (``-2``, ``-3``, ... when taken), said in the log, never
+  deleted; TensorBoard shows its events as the run of that name.
+
+Every finished trial's summary.json is checked against its trial's config before anything trains (`check_gathered`):
+one that records another config (hand-edited, another sweep's) is refused in one line naming it.
 
 The tables (sweep.md, sweep.csv, trials.csv) and ``hparams/`` are written anew over all trials, each once. One process
 at a time runs a sweep: it holds an ``flock`` on its ``sweep.json`` (a second ``--resume`` while the first, or the
@@ -41,6 +45,7 @@ from dlrm.train.resume_policy import config_changes, with_defaults
 
 RECORD = "sweep.json"
 FORMAT = 1
+FAILED_MARK = "sweep_trial_failed.txt"  # in a failed trial's run directory: why it failed (`mark_failed`)
 _FREE = ("log", "name")  # config keys a resume may change: every trial's directory is the sweep's own
 
 
@@ -214,21 +219,57 @@ def reconcile(directory: Path, record: dict[str, Any], config: Optional[str], se
     return config, recorded_sets if sets is None else sets, record["seeds"] if seeds is None else seeds, base
 
 
+def mark_failed(run_dir: Path, reason: Optional[str]) -> None:
+    """Record in `run_dir` (where the failed trial kept one) that its trial failed, and why (`reason`; None: remove
+    the mark, the trial has finished since). Without it a ``--resume`` took a failed trial's directory for an
+    interrupted one's and moved it aside as ``seed-<k>.interrupted``. A mark that cannot be written is said, not
+    fatal (the failure may be a full disk): the directory is then named as interrupted."""
+    mark = run_dir / FAILED_MARK
+    try:
+        if reason is None:
+            mark.unlink(missing_ok=True)
+        elif run_dir.is_dir() and not run_dir.is_symlink():
+            mark.write_text(reason + "\n")
+    except OSError as e:
+        logger.warning(f"sweep: cannot {'remove' if reason is None else 'write'} {mark} ({e.strerror or e})")
+
+
+def gathered_summary(run_dir: Path, cfg_dict: dict[str, Any], name: str) -> Optional[dict]:
+    """The summary of the trial `name` (config `cfg_dict`) in `run_dir` if it finished, else None; a one-line
+    `ConfigError` when its summary.json records another config (hand-edited, another sweep's or version's run)."""
+    summary = _read_summary(run_dir / "summary.json")
+    if summary is None:
+        return None
+    saved = summary.get("config")
+    if saved is not None and not isinstance(saved, dict):  # hand-edited: config_changes raised AttributeError
+        raise ConfigError(f"--resume: {run_dir / 'summary.json'}: key 'config' must be a JSON object (the run's "
+                          f"config), got {type(saved).__name__} {json.dumps(saved)[:40]}")
+    # (an older version's summary: today's defaults for the keys added since, as the record's in `reconcile`)
+    changed = [k for k, _, _ in config_changes(with_defaults(saved) if saved else {}, cfg_dict)
+               if not any(k == p or k.startswith(p + ".") for p in _FREE)]
+    if saved is not None and changed:
+        raise ConfigError(f"--resume: {run_dir / 'summary.json'} is not of {name}: its config differs in "
+                          f"{', '.join(changed[:5])}; move {run_dir} away to train this trial afresh")
+    return summary
+
+
+def check_gathered(config: str, base: dict[str, Any], sets: list, seeds: int, directory: Path, workdir: str) -> None:
+    """Every finished trial's summary against its trial's config (`gathered_summary`), before anything trains: checked
+    as the sweep reached each one, a foreign summary was refused only after the trials before it had trained (and
+    what failed ones left had been moved aside)."""
+    from dlrm.sweep import SettingResult, grid, trials
+
+    results = [SettingResult(i, s) for i, s in enumerate(grid(sets))]
+    for _, _, _, _, cfg, run_dir, name in trials(config, base, results, seeds, directory, workdir):
+        gathered_summary(run_dir, cfg.to_dict(), name)
+
+
 def trial_state(run_dir: Path, cfg_dict: dict[str, Any], name: str) -> tuple[Optional[dict], Optional[Path]]:
     """(its summary, None) for a trial that finished; (None, newest checkpoint) for one to resume; (None, None) for one
-    to train afresh, with what an earlier attempt left in `run_dir` moved aside first (never deleted)."""
-    summary = _read_summary(run_dir / "summary.json")
+    to train afresh, with what an earlier attempt left in `run_dir` moved aside first (never deleted): to
+    ``seed-<k>.failed`` where the trial failed (`mark_failed`), else ``seed-<k>.interrupted``."""
+    summary = gathered_summary(run_dir, cfg_dict, name)
     if summary is not None:
-        saved = summary.get("config")
-        if saved is not None and not isinstance(saved, dict):  # hand-edited: config_changes raised AttributeError
-            raise ConfigError(f"--resume: {run_dir / 'summary.json'}: key 'config' must be a JSON object (the run's "
-                              f"config), got {type(saved).__name__} {json.dumps(saved)[:40]}")
-        # (an older version's summary: today's defaults for the keys added since, as the record's in `reconcile`)
-        changed = [k for k, _, _ in config_changes(with_defaults(saved) if saved else {}, cfg_dict)
-                   if not any(k == p or k.startswith(p + ".") for p in _FREE)]
-        if summary.get("config") is not None and changed:
-            raise ConfigError(f"--resume: {run_dir / 'summary.json'} is not of {name}: its config differs in "
-                              f"{', '.join(changed[:5])}")
         return summary, None
     # through a symbolic link too (a trial moved to another disk and linked back): the trainer resumes such a run in
     # place (`dlrm.train.run_dir.run_of`); taken for "nothing", it was moved aside and trained again from step 0
@@ -238,15 +279,27 @@ def trial_state(run_dir: Path, cfg_dict: dict[str, Any], name: str) -> tuple[Opt
     if run_dir.is_symlink() or run_dir.exists():
         if run_dir.is_dir() and not run_dir.is_symlink() and all(p.name == ".lock" for p in run_dir.iterdir()):
             return None, None  # an empty directory: the fresh run takes it (RunDirectory.create)
-        aside = _free_name(run_dir)
+        failure = _failure(run_dir)
+        aside = _free_name(run_dir, "interrupted" if failure is None else "failed")
         if run_dir.is_dir() and not run_dir.is_symlink():
             from dlrm.train.run_dir import RunLock
 
             RunLock.acquire(run_dir).release()  # a run still writing there (another process): refused, named
         run_dir.rename(aside)
-        logger.warning(f"sweep --resume: {name} has neither a summary nor a checkpoint (stopped before its first "
-                       f"checkpoint, or it failed): what it left is moved to {aside}; the trial is trained afresh")
+        # (its events stay in TensorBoard, as the run <setting>/<aside's name>: named for what it was)
+        what = ("stopped before its first checkpoint" if failure is None else
+                f"it failed in an earlier session: {failure}")
+        logger.warning(f"sweep --resume: {name} has neither a summary nor a checkpoint ({what}): what it left is "
+                       f"moved to {aside}; the trial is trained afresh")
     return None, None
+
+
+def _failure(run_dir: Path) -> Optional[str]:
+    """The reason `mark_failed` recorded in `run_dir` (None: no failure recorded, the trial was interrupted)."""
+    try:
+        return (run_dir / FAILED_MARK).read_text().strip() or "failed"
+    except OSError:
+        return None
 
 
 def _read_summary(path: Path) -> Optional[dict]:
@@ -263,9 +316,9 @@ def _read_summary(path: Path) -> Optional[dict]:
     return summary
 
 
-def _free_name(run_dir: Path) -> Path:
+def _free_name(run_dir: Path, what: str) -> Path:
     for n in range(1, 1000):
-        aside = run_dir.with_name(f"{run_dir.name}.interrupted" + (f"-{n}" if n > 1 else ""))
+        aside = run_dir.with_name(f"{run_dir.name}.{what}" + (f"-{n}" if n > 1 else ""))
         if not aside.exists() and not aside.is_symlink():
             return aside
     raise ConfigError(f"--resume: {run_dir}: 999 earlier attempts are kept beside it; remove some")
@@ -283,7 +336,7 @@ def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Opti
     """
     from dlrm import sweep
 
-    directory = Path(directory)
+    directory = Path(os.path.abspath(directory))  # as a new sweep's (`dlrm.sweep.sweep_directory`): trials.csv's paths
     record = read_record(directory)
     config, sets, seeds, base = reconcile(directory, record, config, sets, seeds, base)
     settings = sweep.grid(sets)
@@ -293,6 +346,7 @@ def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Opti
     left = [s for i, s in enumerate(settings) if any(
         _read_summary(directory / sweep.slug(i, s) / f"seed-{k}" / "summary.json") is None for k in range(seeds))]
     sweep.check_settings(config, base, left, seeds)
+    check_gathered(config, base, sets, seeds, directory, record.get("cwd") or os.getcwd())
     if train_fn is None:
         from dlrm.sweep_checks import check_datasets
         from dlrm.train.trainer import train as train_fn
