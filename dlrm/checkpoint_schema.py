@@ -468,6 +468,8 @@ def _check_run_stats(stats: Any, path: Path) -> None:
     # train.early_stopping.target's (dlrm.train.target): a resume reads them back
     if "eval_s" in stats:
         _expect(_is_number(stats["eval_s"]), stats["eval_s"], path, "run_stats.eval_s", "a number")
+    if "wall_s" in stats:  # the wall clock up to this checkpoint, across sessions (time_to_target_wall_s goes on)
+        _expect(_is_number(stats["wall_s"]), stats["wall_s"], path, "run_stats.wall_s", "a number")
     target = stats.get("target")
     ok = target is None or (_is_dict(target) and _is_int(target.get("step")) and type(target.get("metric")) is str
                             and all(_is_number(target.get(k)) for k in ("value", "train_s", "wall_s")))

@@ -39,7 +39,7 @@ import click
 from loguru import logger
 
 from dlrm.config import Config, config_keys, load_config
-from dlrm.config_checks import check_default_run_name, export_name_problem
+from dlrm.config_checks import check_default_run_name, export_name_problem, free_run_name
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
                          is_peer_lost, peer_lost_message, report_bug)
 from dlrm.logging_setup import configure_logging, run_logger
@@ -322,6 +322,8 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
         cfg.log.sweep_keys = None
     if trains:
         warn_distributed_in_one_process(cfg)
+    if resume is None and compare is None and (eval_only or not export_path or not checkpoint_path):
+        check_not_own_record(config_path, cfg, overrides, eval_only)
     # a new run's directory is named, or --eval-only's (with --export too: it evaluates first); a bare export of a
     # --checkpoint writes none
     if resume is None and (eval_only or not (export_path and checkpoint_path)):
@@ -356,6 +358,29 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
             summary = train(cfg, resume=resume, allow_config_change=allowed_changes)
             if export:  # the best evaluation's model when the run kept one, else the final one
                 export_mod.export_checkpoint(cfg, Path(_best_checkpoint(summary) or summary["checkpoint"]), export)
+
+
+def check_not_own_record(config_path: str, cfg: Config, overrides: dict, eval_only: bool) -> None:
+    """Refuse a new run (or --eval-only) whose --config is an existing run's own config.json, whose log.run_name names
+    that run, naming a --run-name that is free: refused by that run's directory, the user was told "pick another
+    --run-name (or --resume it)", to --resume an evaluation, and not why the name was taken."""
+    name = cfg.log.run_name
+    if name is None or "log.run_name" in overrides:
+        return
+    run_dir = Path(cfg.log.tb_dir) / name
+    try:
+        own = Path(config_path).resolve() == (run_dir / "config.json").resolve()
+    except (OSError, RuntimeError):  # (a link loop: the run directory's own check names it)
+        return
+    if not own:
+        return
+    free = free_run_name(run_dir)
+    if eval_only:
+        raise ConfigError(f"{config_path} is run {name!r}'s own config.json: its log.run_name names that run's "
+                          f"directory, and --eval-only writes a directory of its own: add --run-name {free} (free)")
+    raise ConfigError(f"{config_path} is run {name!r}'s own config.json: its log.run_name names that run, which a "
+                      f"new run never overwrites: add --run-name {free} (free) to train a new run with this config, "
+                      "or --resume to continue that run")
 
 
 def _best_checkpoint(summary: dict) -> Optional[str]:

@@ -276,6 +276,16 @@ def check_default_run_name(cfg: "Config") -> None:
                           f"(at most {MAX_NAME_BYTES - DEFAULT_RUN_NAME_SUFFIX}); set a shorter \"name\" or pass --run-name")
 
 
+def free_run_name(path: Path) -> str:
+    """A name beside `path` that no directory holds now: ``<name>-2``, ``<name>-3``, ... (what an advice to "pick
+    another --run-name" can name)."""
+    stem = re.sub(r"-\d{1,3}$", "", path.name) or path.name  # r-2's is r-3 (a date-time suffix stays)
+    n = 2
+    while os.path.lexists(path.parent / f"{stem}-{n}"):
+        n += 1
+    return f"{stem}-{n}"
+
+
 def export_name_problem(target: Path) -> Optional[str]:
     """Why `target` cannot name an export file, or None. Found only when the program was written (after a whole
     training run with --export), a name not in UTF-8 (torch's archive writer takes UTF-8 names: an AttributeError

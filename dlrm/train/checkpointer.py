@@ -250,5 +250,5 @@ class Checkpointer:
         self.last = Path(path)
         run_stats = state.get("run_stats") or {}
         self.evaluated_step = run_stats.get("evaluated_step")
-        self.extra_stats = {k: run_stats[k] for k in ("eval_s", "target") if k in run_stats}
+        self.extra_stats = {k: run_stats[k] for k in ("eval_s", "target", "wall_s") if k in run_stats}
         return ckpt.Position(**state["position"]), RunStats.from_dict(state.get("run_stats"))

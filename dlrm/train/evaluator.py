@@ -27,7 +27,7 @@ from dlrm.train.builder import Run
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats
 from dlrm.train.metrics import evaluate_logits
-from dlrm.train.reporting import log_eval
+from dlrm.train.reporting import NoWriter, log_eval
 from dlrm.train.target import TargetTracker
 
 
@@ -97,7 +97,8 @@ class Evaluator:
 
     _pending_best: Optional[ckpt.Position] = None  # a best evaluation whose best.pt `write_best` writes
 
-    def __call__(self, pos: ckpt.Position, defer_best: bool = False, counted: bool = True) -> dict[str, float]:
+    def __call__(self, pos: ckpt.Position, defer_best: bool = False, counted: bool = True,
+                 logged: bool = True) -> dict[str, float]:
         """Evaluate at `pos`: log, and keep best.pt when this is the best evaluation so far.
 
         `defer_best`: record the evaluation in ``stats`` now and write best.pt in `write_best`, after the step's
@@ -105,11 +106,14 @@ class Evaluator:
         `counted`: False for an evaluation off the ``train.eval_every`` grid (a run's last, at a ``train.max_steps``
         that is not a multiple): one without improvement is not counted towards early stopping's patience (a longer
         run makes no evaluation there; a resume would stop earlier than it); a new best is recorded all the same (kept
-        as best.pt), while patience goes on comparing the grid's evaluations with the grid's best (`RunStats.grid_best`)."""
+        as best.pt), while patience goes on comparing the grid's evaluations with the grid's best (`RunStats.grid_best`).
+        `logged`: False for an evaluation TensorBoard already holds (a run resumed at its end, whose last checkpoint
+        holds that step's evaluation): a second ``eval/*`` point at the same step drew a vertical segment."""
         t = time.perf_counter()
-        metrics = log_eval(self.writer, evaluate(self.run.eval_forward, self.loader, self.env), pos.step)
+        writer = self.writer if logged else NoWriter()
+        metrics = log_eval(writer, evaluate(self.run.eval_forward, self.loader, self.env), pos.step)
         if self.target is not None:  # before the best: best.pt's run_stats then record a target it reached
-            self.target.observe(pos, metrics, time.perf_counter() - t, self.writer)
+            self.target.observe(pos, metrics, time.perf_counter() - t, writer)
         self.checkpointer.evaluated_step = pos.step  # a checkpoint at this step holds this evaluation
         improves = self._improves(metrics[self.metric])
         # early stopping compares the grid's evaluations with the grid's best: an off-grid best (a session's last

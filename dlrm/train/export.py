@@ -94,7 +94,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
                            shuffle_buffer_rows=cfg.data.shuffle_buffer_rows,  # the memory the config allows
                            multi_hot_sizes=meta.multi_hot_sizes, dense_format=meta.dense_format)
     step = checkpoint_step(Path(path))  # the step it holds: said with the metrics, and TensorBoard's x
-    with RunDirectory.create(cfg) as run_dir:  # removed again if the evaluation fails
+    with RunDirectory.create(cfg, evaluation=True) as run_dir:  # removed again if the evaluation fails
         t0 = time.perf_counter()
         set_matmul_precision(resolved.train.precision)
         metrics = evaluate(EvalForward(model, resolved.train.precision, device, resolved.train.compile, batch_size),

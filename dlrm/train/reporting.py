@@ -428,7 +428,9 @@ def final_line(summary: dict[str, Any]) -> str:
 def _best_clause(summary: dict[str, Any]) -> str:
     best = summary.get("best")
     if not best or best.get("step") == summary["steps"]:
-        return ""
+        # a run that stopped early at its best evaluation (a target reached there) said nothing of stopping early:
+        # it read as a run that trained to its end
+        return "; early stopped" if summary.get("early_stopped") else ""
     value = auc_text(best) if best["metric"] == "auc" else f"{best[best['metric']]:.4f}"
     return (f"; best {best['metric']} {value} at step {best['step']}"
             + (" (early stopped)" if summary.get("early_stopped") else "")

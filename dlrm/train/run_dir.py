@@ -49,6 +49,7 @@ from loguru import logger
 from dlrm.checkpoint import list_checkpoints, remove_stale_temp_files
 from dlrm.checkpoint_schema import v1_numpy_globals
 from dlrm.config import Config, ConfigError
+from dlrm.config_checks import free_run_name
 from dlrm.data.schema import write_json_atomic
 from dlrm.file_lock import LockHeld, name_holder, try_lock
 
@@ -215,20 +216,25 @@ def _claim_default(cfg: Config) -> Path:
     raise ConfigError(f"log.tb_dir: {str(parent)!r} holds {base!r} and 998 more of its name; set --run-name")
 
 
-def _advice(path: Path) -> str:
-    """What to do with an existing run directory a new run may not take: only what works for what it holds."""
+def _advice(path: Path, evaluation: bool = False) -> str:
+    """What to do with an existing run directory a new run (`evaluation`: --eval-only's) may not take: only what
+    works for what it holds, and for that mode (an evaluation writes a directory of its own: "--resume it" does not
+    apply to it), naming a free --run-name."""
+    other = f"pick another --run-name (--run-name {free_run_name(path)} is free)"
     holder = _lock_holder(path)
     if holder is not None:  # (a run started at the same moment under the same name was told its directory held "a
         # run stopped before its first checkpoint", to --resume, which the running one refuses)
-        return f"a run is writing it now ({holder}): pick another --run-name"
+        return f"a run is writing it now ({holder}): {other}"
+    if evaluation:  # --eval-only writes its summary into a new directory; it never continues a run
+        return f"--eval-only writes its own run directory: {other}"
     if list_checkpoints(path):
-        return "pick another --run-name (or --resume it)"
+        return f"{other}, or --resume it"
     if branch_start(path) is not None and not (path / "summary.json").exists():
-        return "it holds a branch stopped before its first checkpoint: --resume goes on from its start, or pick another --run-name"
+        return f"it holds a branch stopped before its first checkpoint: --resume goes on from its start, or {other}"
     if restart_leftovers(path) is not None:  # "--resume it" said "no checkpoint": now it starts the run again
         return ("it holds a run stopped before its first checkpoint: --resume starts it again from step 0 there "
-                "(with the same config), or pick another --run-name")
-    return "it holds no checkpoint to --resume: pick another --run-name, or move it away"
+                f"(with the same config), or {other}")
+    return f"it holds no checkpoint to --resume: {other}, or move it away"
 
 
 def _lock_holder(path: Path) -> Optional[str]:
@@ -342,10 +348,12 @@ class RunDirectory:
         self._replaced_at_start: Optional[tuple[list[Path], Optional[dict]]] = None
 
     @classmethod
-    def create(cls, cfg: Config, path: Optional[Path] = None, restart: bool = False) -> "RunDirectory":
+    def create(cls, cfg: Config, path: Optional[Path] = None, restart: bool = False,
+               evaluation: bool = False) -> "RunDirectory":
         """A new run's directory (``log.tb_dir/<run name>`` unless `path`), locked, with config.json. `restart`: a
         ``--resume`` of a run with no checkpoint yet (`dlrm.train.resume_policy.checkpoint_to_resume` checked its
-        config.json): the directory may hold what that run wrote before its first checkpoint; its events go."""
+        config.json): the directory may hold what that run wrote before its first checkpoint; its events go.
+        `evaluation`: the directory of an ``--eval-only`` (a refusal's advice fits it)."""
         claimed = path is None and cfg.log.run_name is None
         if claimed:
             path = _claim_default(cfg)
@@ -355,7 +363,7 @@ class RunDirectory:
         if path.exists() and not path.is_dir():  # (iterdir below would raise NotADirectoryError: a traceback)
             raise ConfigError(f"log.run_name: {str(path)!r} exists and is not a directory; choose another --run-name")
         if not restart and path.exists() and any(p.name != LOCK_NAME for p in path.iterdir()):
-            raise ConfigError(f"log.run_name: {str(path)!r} already exists and is not empty; {_advice(path)}")
+            raise ConfigError(f"log.run_name: {str(path)!r} already exists and is not empty; {_advice(path, evaluation)}")
         created = claimed or not path.exists()
         try:
             path.mkdir(parents=True, exist_ok=True)

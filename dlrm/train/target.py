@@ -5,9 +5,13 @@ metric auc the target is reached at AUC >= target, with logloss at logloss <= ta
 `TargetTracker.observe` after each evaluation; the run then stops as an early stop does (checkpoint, best.pt).
 
 Time to target: T, the seconds of training (the training loops of this and earlier sessions, evaluations
-excluded), and W, the wall seconds (this session's since its start, plus earlier sessions' training loops). The
-evaluations' seconds are kept in the checkpoint's ``run_stats.eval_s`` (those inside its ``train_s``), the reached
-target in ``run_stats.target``, so a resume continues the clock and knows that the run already ended there.
+excluded), and W, the wall-clock seconds (each session's from its start, start-up, evaluations and checkpoints
+included: earlier sessions' up to the checkpoint this one resumed, which records them as ``run_stats.wall_s``; the
+time a killed session spent after its last checkpoint is lost work, redone and counted by the next). W added earlier
+sessions' training loops (T's measure) to this session's wall clock, a sum of two clocks. The evaluations' seconds
+are kept in the checkpoint's ``run_stats.eval_s`` (those inside its ``train_s``), the reached target in
+``run_stats.target``, so a resume continues the clocks and knows that the run already ended there. A checkpoint
+written before ``wall_s`` was recorded continues W from its ``train_s`` (the nearest it knows).
 """
 
 from __future__ import annotations
@@ -69,11 +73,15 @@ class TargetTracker:
         self.prior_train_s, self.t_start, self.loop_start = stats.train_s, t_start, loop_start
         self.steps_per_epoch, self.extra = max(steps_per_epoch, 1), extra
         self.eval_s_before = float(carried.get("eval_s") or 0.0)  # within stats.train_s
+        # earlier sessions' wall clock up to the resumed checkpoint (none recorded: its training time, the nearest)
+        wall = carried.get("wall_s")
+        self.wall_s_before = float(wall) if isinstance(wall, (int, float)) and not isinstance(wall, bool) \
+            else float(stats.train_s)
         self.session_eval_s = 0.0
         self.reached: Optional[dict] = None
         self.just_reached = False
         self.loop_ended = False
-        extra["eval_s"] = self.eval_s_before
+        extra["eval_s"], extra["wall_s"] = self.eval_s_before, self.wall_s_before
         rec = carried.get("target")
         if ended and isinstance(rec, dict) and rec.get("metric") == self.metric \
                 and meets(self.metric, rec.get("value"), self.target):
@@ -92,7 +100,7 @@ class TargetTracker:
             return
         now = time.perf_counter()
         train_s = self.prior_train_s - self.eval_s_before + (now - self.loop_start) - self.session_eval_s
-        wall_s = self.prior_train_s + (now - self.t_start)
+        wall_s = self.wall_s_before + (now - self.t_start)
         self.reached = {"metric": self.metric, "target": self.target, "value": float(metrics[self.metric]),
                         "step": pos.step, "epoch": pos.step / self.steps_per_epoch, "train_s": train_s,
                         "wall_s": wall_s}
@@ -103,6 +111,11 @@ class TargetTracker:
                     f"(epoch {self.reached['epoch']:.2f}) after {train_s:.1f} s of training (evaluation time "
                     f"excluded) / {wall_s:.1f} s wall ({NAMES[self.metric]} {self.reached['value']:.5f})")
 
+    def update_wall(self) -> None:
+        """Bring ``run_stats.wall_s`` (the checkpoints' record of W's clock) up to now; called as a checkpoint is
+        written (`Checkpointer.clock`)."""
+        self.extra["wall_s"] = self.wall_s_before + (time.perf_counter() - self.t_start)
+
     def session_finished(self) -> None:
         """The training loop ended (``stats.train_s`` now holds this session): so does ``eval_s`` (the last
         evaluation, after the loop, is in neither)."""
@@ -112,11 +125,13 @@ class TargetTracker:
     def summary(self, steps: int, best: Optional[dict]) -> dict:
         """summary.json's keys (None without a target); logs a run that ended without reaching it."""
         if self.target is None:
-            return {"target_reached": None, "target_step": None, "time_to_target_s": None}
+            return {"target_reached": None, "target_step": None, "time_to_target_s": None,
+                    "time_to_target_wall_s": None}
         if self.reached is None:
             shown = f"; best {best[self.metric]:.5f} at step {best['step']}" \
                 if best and best.get("metric") == self.metric else ""
             logger.info(f"target {NAMES[self.metric]} {self.target} not reached in {steps} steps{shown}")
-            return {"target_reached": False, "target_step": None, "time_to_target_s": None}
+            return {"target_reached": False, "target_step": None, "time_to_target_s": None,
+                    "time_to_target_wall_s": None}
         return {"target_reached": True, "target_step": self.reached.get("step"),
                 "time_to_target_s": self.reached.get("train_s"), "time_to_target_wall_s": self.reached.get("wall_s")}

@@ -68,6 +68,19 @@ def make_loader(cfg: Config, files: list[Path], batch_size: int, device: torch.d
                          shuffle_buffer_rows=d.shuffle_buffer_rows, **ranks)
 
 
+def _log_min_steps(cfg: Config, total: int, by_epochs: int, steps_per_epoch: int) -> None:
+    """Say what train.min_steps made of the run's length: the steps and epochs it trains (train.max_steps may cap
+    them below train.min_steps, or leave them within train.epochs)."""
+    t = cfg.train
+    capped = f"; train.max_steps {t.max_steps} caps it there" if total < t.min_steps else ""
+    if total > by_epochs:
+        logger.info(f"train.min_steps {t.min_steps}: {total} steps, {math.ceil(total / max(steps_per_epoch, 1))} "
+                    f"epochs of {steps_per_epoch} steps (train.epochs {t.epochs} would give {by_epochs}){capped}")
+    else:
+        logger.info(f"train.min_steps {t.min_steps}: no effect, train.max_steps {t.max_steps} ends the run at "
+                    f"{total} steps, within train.epochs {t.epochs} ({by_epochs} steps)")
+
+
 def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:
     """The device, the dataset directory, its metadata and its tables."""
     device = resolve_device(cfg.train.device)
@@ -108,13 +121,14 @@ class TrainData:
                                  multi_hot_sizes=sizes, dense_format=meta.dense_format, hints=False)
         if env.is_main and is_multi_hot(sizes) and isinstance(loader, ParquetLoader):
             _log_multi_hot_hints(loader)
-        total = len(loader) * cfg.train.epochs
-        if cfg.train.min_steps is not None and total < cfg.train.min_steps:
+        by_epochs = total = len(loader) * cfg.train.epochs
+        raised = cfg.train.min_steps is not None and total < cfg.train.min_steps
+        if raised:
             total = cfg.train.min_steps
-            logger.info(f"train.min_steps: {total} steps, {math.ceil(total / max(len(loader), 1))} epochs of "
-                        f"{len(loader)} steps (train.epochs {cfg.train.epochs} would give {len(loader) * cfg.train.epochs})")
         if cfg.train.max_steps is not None:
             total = min(total, cfg.train.max_steps)
+        if raised:  # said after max_steps: "200 steps, 200 epochs" was logged of a --max-steps 5 run, which trained 5
+            _log_min_steps(cfg, total, by_epochs, len(loader))
         if total == 0:
             raise ConfigError(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of {data_dir}/train")
         eval_files = split_files(data_dir, meta, d.eval_split)

@@ -228,14 +228,17 @@ class Trainer(WindowLogging):
         graph_warmup = getattr(run.train_step, "warmup_steps", None)
         meter = self.meter = StepMeter(self.device, pos.step, self.stats, window=cfg.train.log_every,
                                        warmup_steps=WARMUP_STEPS if graph_warmup is None else graph_warmup + 1)
-        self.checkpointer.clock = meter.update_train_s  # every checkpoint records the training time up to its step
         self.target = TargetTracker(cfg.train.early_stopping, dict(self.checkpointer.extra_stats), self.stats,
                                     self.t_start, meter.loop_start, len(self.data.train), self.checkpointer.extra_stats,
                                     ended=self.early_stopped)  # (True: an early stop resumed for its summary)
+        self.checkpointer.clock = self._clocks  # every checkpoint records the training and wall time up to its step
         evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env, self.target,
                                                self._check_finite, self.meta.splits.get(cfg.data.eval_split))
+        # none for a session with no step to train (a run resumed at its end, or at its early stop, for its summary):
+        # its full bar was printed twice, at its start and its close, as if it trained
+        idle = pos.step >= self.data.total_steps or self.early_stopped
         bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
-                   disable=not env.is_main, **bar_interval())
+                   disable=not env.is_main or idle, **bar_interval())
         # `bar` closed on an exception too: left open, a failed run's ERROR line was glued to the bar's line and the
         # bar, closed by the garbage collector at exit, was the log's last line (a sweep's next bar went one line down)
         with bar, make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
@@ -320,7 +323,7 @@ class Trainer(WindowLogging):
                 # its summary): made again for the summary, not counted a second time
                 again = self.resumed_at_step == pos.step and self.checkpointer.evaluated_step == pos.step
                 best_before = self.stats.best
-                self.last_eval = self.evaluator(pos, defer_best=True, counted=on_grid and not again)
+                self.last_eval = self.evaluator(pos, defer_best=True, counted=on_grid and not again, logged=not again)
                 self.final_evaluated = True
                 # no step trained (see __init__): that step's checkpoint again, with this evaluation; unless it already
                 # held it (`again`) and the evaluation made no new best: written again, it was a new file beside the
@@ -338,6 +341,11 @@ class Trainer(WindowLogging):
         self.run_dir.close()
         logger.info(final_line(summary) + baseline_clause(summary))
         return summary
+
+    def _clocks(self) -> None:
+        """The run's clocks up to now, for the checkpoint being written: training time, and the wall clock (W)."""
+        self.meter.update_train_s()
+        self.target.update_wall()
 
     def _batches(self) -> Iterator[tuple[Batch, float]]:
         """(batch, seconds waited for it: the host's on the CPU; 0 on CUDA, where the meter's `DataWaitTimer` times

@@ -65,9 +65,10 @@ class WindowLogging:
         mean_loss = total / self.env.world_size / cut.steps  # the ranks' shares summed: the global mean
         rate, wait = self.meter.close_window(cut, mean_loss)
         log_train(self.writer, cut.step, mean_loss, (float(lr_dense), float(lr_sparse)), rate, wait)
-        # refresh=False: shown at the bar's next timed redraw (a forced one per window flooded a log file)
+        # refresh=False: shown at the bar's next timed redraw (a forced one per window flooded a log file); this
+        # window's rate only (the last closed window's showed beside a window that has none, as if it were its own)
         bar.set_postfix(loss=f"{mean_loss:.4f}", refresh=False,
-                        **({"samples_s": f"{self.meter.rates[-1]:,.0f}"} if self.meter.rates else {}))
+                        **({"samples_s": f"{rate:,.0f}"} if rate is not None else {}))
 
     def _check_finite(self) -> None:
         """Stop with NonFiniteLoss naming the first NaN/Inf loss since the last logging step, or a NaN/Inf weight (an
