@@ -62,11 +62,31 @@ def check_triton_device(device: torch.device | str, what: str = "triton kernels"
 GEMM_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def check_gemm_dtype(dtype: torch.dtype, what: str) -> None:
-    """One-line ValueError unless ``dtype`` is one of `GEMM_DTYPES` (use the PyTorch layers for float64)."""
+def check_gemm_dtype(dtype: torch.dtype, what: str, instead: str = "the PyTorch modules") -> None:
+    """One-line ValueError unless ``dtype`` is one of `GEMM_DTYPES` (use the PyTorch layers for float64). Also
+    used by the kernels that accumulate in fp32 without a ``tl.dot``: they would compute float64 inputs in fp32
+    and return them as float64, looking exact; ``instead`` names what runs other dtypes."""
     if dtype not in GEMM_DTYPES:
-        raise ValueError(f"{what} take float32, bfloat16 or float16 operands, got {dtype} (the PyTorch modules "
+        raise ValueError(f"{what} take float32, bfloat16 or float16 operands, got {dtype} ({instead} "
                          "run other dtypes)")
+
+
+def check_same_device(what: str, **tensors: Optional[torch.Tensor]) -> None:
+    """One-line ValueError unless the given tensors (None skipped) lie on one device: a kernel launches on its
+    first operand's device and reads every pointer there, so a tensor of another device (a CPU index tensor with
+    CUDA ids, another GPU's buffer) was read as bad memory or failed inside Triton with no word of which tensor.
+
+    >>> import torch
+    >>> check_same_device("f", a=torch.empty(1), b=None, c=torch.empty(1, device="meta"))
+    Traceback (most recent call last):
+    ...
+    ValueError: f: a, c must share one device, got a on cpu, c on meta
+    """
+    given = {name: t for name, t in tensors.items() if t is not None}
+    devices = {t.device for t in given.values()}
+    if len(devices) > 1:
+        where = ", ".join(f"{name} on {t.device}" for name, t in given.items())
+        raise ValueError(f"{what}: {', '.join(given)} must share one device, got {where}")
 
 
 def device_context(t: torch.Tensor):

@@ -34,7 +34,7 @@ import triton.language as tl
 from torch import Tensor
 
 from kernels import heuristics
-from kernels._backend import check_triton_device, device_context, interpret_mode
+from kernels._backend import check_gemm_dtype, check_triton_device, device_context, interpret_mode
 
 __all__ = ["MAX_TERMS", "cross_backward_pass", "cross_backward_pass_reference"]
 
@@ -131,6 +131,8 @@ def cross_backward_pass(g: Tensor, ts: Sequence[Tensor], x0: Tensor, pres: Optio
     ([9.0, 9.0, 9.0], [18.0, 18.0, 18.0], [4.25, 4.25, 4.25])
     """
     _check(g, ts, x0, pres, MAX_TERMS)
+    # fp32 arithmetic, stored in x0's dtype: float64 came back rounded to fp32 (the reference runs float64)
+    check_gemm_dtype(x0.dtype, "cross_backward_pass", "cross_backward_pass_reference and the PyTorch modules")
     check_triton_device(g.device, "the cross network's backward passes")
     M, N = g.shape
     g, x0 = g.contiguous(), x0.contiguous()

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._backend import check_triton_device, device_context, interpret_mode, needs_int64_offsets
+from kernels._backend import (check_gemm_dtype, check_same_device, check_triton_device, device_context, interpret_mode,
+                              needs_int64_offsets)
 from kernels.activations import act_derivative, activation_code, derivative_from_output
 from kernels.col_sum import sum_partial_rows
 
@@ -127,6 +128,10 @@ def act_backward(
         raise ValueError(f"saved must have grad_out's shape {tuple(grad_out.shape)}, got {tuple(saved.shape)}")
     if from_output and not derivative_from_output(activation):
         raise ValueError(f"{activation}'s derivative needs the pre-activation (from_output=False), not the output")
+    # fp32 arithmetic: float64 came back as float64 rounded to fp32; a saved tensor of another device read bad memory
+    check_gemm_dtype(grad_out.dtype, "the fused epilogue kernels", "the PyTorch modules")
+    if activation != "none":
+        check_same_device("act_backward", grad_out=grad_out, saved=saved)
     check_triton_device(grad_out.device, "fused epilogue kernels")
     M, N = grad_out.shape
     dev, dt = grad_out.device, grad_out.dtype

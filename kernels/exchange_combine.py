@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._backend import device_context
+from kernels._backend import GEMM_DTYPES, check_gemm_dtype, check_same_device, device_context
 from kernels.embedding.rounding import _round_bf16
 
 
@@ -78,6 +78,7 @@ def _combine_bwd_kernel(g_ptr, gx_ptr, feat_ptr, prefix_ptr, n_ptr, j_ptr, B, P,
     tl.store(gx_ptr + rows[:, None] * D + d[None, :], g.to(gx_ptr.dtype.element_ty), mask=(b < P)[:, None] & dmask)
 
 
+COMBINE_DTYPES = GEMM_DTYPES  # the dtypes `combine_received` takes (fp32 sums); others: `combine_received_eager`
 EXCHANGE_TENSORS = ("src", "feature", "prefix", "n", "j")  # ExchangeLayout's tensor fields, in order
 
 
@@ -128,7 +129,8 @@ def _blocks(D: int) -> tuple[int, int]:
 
 
 def combine_fwd(x: torch.Tensor, layout: ExchangeLayout, B: int, P: int) -> torch.Tensor:
-    """[sum_q P n_q, D] -> [B, F, D] in x's dtype (contiguous)."""
+    """[sum_q P n_q, D] (any strides) -> [B, F, D] in x's dtype (contiguous)."""
+    x = x.contiguous()  # the kernel reads row r at r * D: a strided x (a column slice) was read as another tensor
     D = x.shape[1]
     y = torch.empty(B, layout.num_features, D, dtype=x.dtype, device=x.device)
     if B == 0:
@@ -160,7 +162,7 @@ class _CombineReceived(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, layout: ExchangeLayout, B: int, P: int, scale: float) -> torch.Tensor:
         ctx.layout, ctx.P, ctx.scale, ctx.dtype = layout, P, scale, x.dtype
-        return combine_fwd(x.contiguous(), layout, B, P)
+        return combine_fwd(x, layout, B, P)
 
     @staticmethod
     def backward(ctx, gy: torch.Tensor):
@@ -171,6 +173,11 @@ def combine_received(x: torch.Tensor, layout: ExchangeLayout, B: int, P: int, sc
     """The received blocks ``x`` [sum_q P n_q, D] -> [B, F, D] (row-wise parts summed in fp32, rounded once);
     the gradient of ``x`` is ``scale`` times the output's, zero for the padded samples. Triton, one kernel a
     direction (CUDA, or the CPU under TRITON_INTERPRET=1)."""
+    # The kernels add in fp32 and round once to x's dtype: float64 parts were added in fp32 and handed back as
+    # float64 (3.1 off at values ~1e8), where the eager twin adds in float64. Refused, as the GEMM kernels refuse it.
+    check_gemm_dtype(x.dtype, "combine_received's kernels", "combine_received_eager and the torch kernels")
+    # the layout's tables are read on x's device (a layout left on the CPU with CUDA blocks read bad memory)
+    check_same_device("combine_received", x=x, **{f"layout.{n}": getattr(layout, n) for n in EXCHANGE_TENSORS})
     if not 0 <= B <= P:  # samples past P would be read from the next rank's block (or past the buffer's end)
         raise ValueError(f"the batch B={B} must lie in [0, P={P}] (P: the padded batch each rank sent)")
     if x.shape[0] != P * sum(layout.columns_per_rank):

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._backend import device_context
+from kernels._backend import check_same_device, device_context
 
 PAD = -2  # dlrm.data.schema.PAD_SPARSE (kernels/ does not import dlrm)
 BLOCK = 1024
@@ -115,6 +115,8 @@ def send_ids(raw: torch.Tensor, slot_card: torch.Tensor, slots: list[torch.Tenso
     slots = [s.contiguous() for s in slots]
     for name, t in [("slot_card", slot_card), *((f"slots[{q}]", s) for q, s in enumerate(slots))]:
         _check_integer(name, t)
+    # the kernel runs on raw's device and reads every table there: a CPU slot table with CUDA ids read bad memory
+    check_same_device("send_ids", raw=raw, slot_card=slot_card, **{f"slots[{q}]": s for q, s in enumerate(slots)})
     if padded < B:  # the [P, n_q] blocks hold P samples: the samples from P on were dropped without a word
         raise ValueError(f"padded P={padded} must be >= the batch B={B}")
     sizes = [int(s.numel()) for s in slots]
@@ -142,6 +144,7 @@ def local_ids(recv: torch.Tensor, base: torch.Tensor, count: torch.Tensor, at: t
     base, count, at = base.contiguous(), count.contiguous(), at.contiguous()
     for name, t in (("base", base), ("count", count), ("at", at)):
         _check_integer(name, t)
+    check_same_device("local_ids", recv=recv, base=base, count=count, at=at)  # (read on recv's device, as above)
     raw = torch.empty((rows, n), dtype=torch.int64, device=recv.device)
     valid = torch.empty((rows, n), dtype=torch.int8, device=recv.device)
     if raw.numel():

@@ -154,7 +154,8 @@ def _dot_interaction_bwd_kernel(
             gx = tl.dot(sym.to(tl.float32), x, input_precision=FP32_DOT)
         else:
             gx = tl.dot(sym.to(x.dtype), x)
-        g0 = tl.load(g_base + d * stride_gc, mask=dmask, other=0.0).to(tl.float32)
+        # in gx's dtype (fp32 for fp32 and 16-bit inputs): a float64 passthrough gradient was rounded to fp32
+        g0 = tl.load(g_base + d * stride_gc, mask=dmask, other=0.0).to(gx.dtype)
         gx += tl.where((i == 0)[:, None], g0[None, :], 0.0)
         # Row 0 goes to gdense [B, D], rows 1..F to gsparse [B, F, D] (both contiguous): one store.
         g_ptrs = _vector_ptrs(gdense_ptr + b * D, 1, gsparse_ptr + b * (F1 - 1) * D, D, 1, i, d)

@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 from torch import Tensor, nn
 
-from kernels._backend import check_triton_device, device_context, interpret_mode, needs_int64_offsets
+from kernels._backend import (check_gemm_dtype, check_same_device, check_triton_device, device_context, interpret_mode,
+                              needs_int64_offsets)
 
 _INTERPRET = interpret_mode()
 
@@ -162,6 +163,9 @@ def _check_inputs(logits: Tensor, labels: Tensor, reduction: str) -> None:
         raise TypeError("logits and labels must be floating point")
     if logits.device != labels.device:
         raise ValueError("logits and labels must be on the same device")
+    # the kernels compute in fp32: float64 logits got an fp32 loss handed back as float64 (8e-5 off at |z| ~ 1e3)
+    check_gemm_dtype(logits.dtype, "the fused loss kernels", "torch.nn.functional.binary_cross_entropy_with_logits "
+                     "and the torch kernels")
 
 
 def bce_forward(logits: Tensor, labels: Tensor, reduction: str) -> Tensor:
@@ -198,6 +202,8 @@ def bce_backward(
     """Launch the backward: ``(grad_logits if need_logits, grad_labels if need_labels)``, shaped
     and typed like logits and labels."""
     _check_inputs(logits, labels, reduction)
+    # grad_out is read through its pointer on logits' device: another device's was read as bad memory
+    check_same_device("bce_backward", grad_out=grad_out, logits=logits)
     check_triton_device(logits.device, "fused loss kernels")
     z, y = _flat(logits), _flat(labels)
     B = z.numel()

@@ -60,7 +60,8 @@ import triton.language as tl
 from torch import Tensor, nn
 
 from kernels import heuristics
-from kernels._backend import check_triton_device, device_context, interpret_mode, needs_int64_offsets
+from kernels._backend import (check_gemm_dtype, check_same_device, check_triton_device, device_context, interpret_mode,
+                              needs_int64_offsets)
 from kernels.col_sum import sum_partial_rows
 
 __all__ = ["FusedMLP", "build_fused_layers", "fused_mlp", "mask_bias_grad", "SUPPORTED_ACTIVATIONS"]
@@ -171,6 +172,10 @@ def mask_bias_grad(grad: Tensor, out: Optional[Tensor], relu: bool, *, write: bo
         raise ValueError(f"grad must be 2-D [M, N], got shape {tuple(grad.shape)}")
     if relu and (out is None or out.shape != grad.shape):
         raise ValueError("relu needs the layer's output, of grad's shape")
+    # fp32 arithmetic: a float64 gradient came back rounded to fp32; an output of another device read bad memory
+    check_gemm_dtype(grad.dtype, "the fused MLP's mask kernel", "the PyTorch MLPs")
+    if relu:
+        check_same_device("mask_bias_grad", grad=grad, out=out)
     check_triton_device(grad.device, "the fused MLP's mask kernel")
     M, N = grad.shape
     dev, dt = grad.device, grad.dtype
@@ -285,6 +290,8 @@ def _check_operands(x: Tensor, weights: list[Tensor], biases: list[Tensor], relu
         raise ValueError(f"need one weight, bias and relu flag per layer (>= 1), got {len(weights)}, {len(biases)}, {len(relu)}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D [B, in_features], got shape {tuple(x.shape)}")
+    # refused at the forward, not at the backward's mask kernel (fp32): the float64 gradients came back fp32-rounded
+    check_gemm_dtype(x.dtype, "the fused MLP's kernels", "the PyTorch MLPs")
     k = x.shape[1]
     for i, (w, b) in enumerate(zip(weights, biases)):
         if w.dim() != 2 or w.shape[1] != k or b.shape != (w.shape[0],):

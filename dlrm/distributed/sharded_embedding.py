@@ -63,6 +63,7 @@ from dlrm.distributed.sharding import ShardingPlan
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
 from dlrm.model.masked_lookup import masked_embedding, masked_embedding_bag
 from kernels.exchange_combine import (
+    COMBINE_DTYPES,
     EXCHANGE_TENSORS,
     ExchangeLayout,
     combine_received,
@@ -397,6 +398,7 @@ class ShardedSparseArch(nn.Module):
         # Row-wise parts summed in fp32 (at least) and rounded once more to the shard's dtype; the backward scales
         # the gradients by 1/W and sends them back in the shard's dtype, as the one-process lookup receives them.
         layout = ExchangeLayout(*self._exchange, *(getattr(self, f"_exchange_{n}") for n in EXCHANGE_TENSORS))
-        if triton_runs:  # one Triton kernel a direction
+        if triton_runs and out.dtype in COMBINE_DTYPES:  # one Triton kernel a direction (its sums are fp32: a
+            # shard made float64 by .double() takes the eager ops, which add in float64)
             return combine_received(out, layout, B, P, 1.0 / W)
         return combine_received_eager(out, layout, B, P, 1.0 / W)

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._backend import check_triton_device, device_context
+from kernels._backend import check_same_device, check_triton_device, device_context
 from kernels.heuristics import MAX_ROWS_PER_PROGRAM
 
 __all__ = ["hash_rows"]
@@ -146,6 +146,10 @@ def check_hash_inputs(raw, cardinalities, offsets, vocab, vocab_offsets) -> None
         raise ValueError("vocab and vocab_offsets go together")
     if vocab_offsets is not None and vocab_offsets.shape != (F + 1,):
         raise ValueError(f"vocab_offsets must be [F + 1 = {F + 1}], got {tuple(vocab_offsets.shape)}")
+    # the kernels read every table on raw's device: a batch left on the CPU beside CUDA tables (or the other way
+    # round) failed inside Triton naming a pointer's position, or read another GPU's memory
+    check_same_device("hashed embedding kernels", raw=raw, cardinalities=cardinalities, offsets=offsets, vocab=vocab,
+                      vocab_offsets=vocab_offsets)
     check_triton_device(raw.device, "hashed embedding kernels")
 
 

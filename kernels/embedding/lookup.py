@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from kernels._backend import device_context
+from kernels._backend import check_same_device, device_context
 from kernels.embedding.atomic_update import hashes_in_update
 from kernels.embedding.hashing import _hash_positions, check_hash_inputs, hash_args, hash_rows_impl
 from kernels.embedding.rounding import _round_bf16
@@ -114,6 +114,7 @@ def lookup_impl(raw, weight, cardinalities, offsets, vocab, vocab_offsets,
     check_hash_inputs(raw, cardinalities, offsets, vocab, vocab_offsets)
     if weight.dim() != 2:
         raise ValueError(f"weight must be [R, D], got shape {tuple(weight.shape)}")
+    check_same_device("the embedding lookup", raw=raw, weight=weight)  # (the tables: `check_hash_inputs`)
     B, F = raw.shape
     D = weight.shape[1]
     N = B * F

@@ -48,7 +48,7 @@ import torch
 import triton
 from torch import Tensor
 
-from kernels._backend import check_triton_device, device_context
+from kernels._backend import check_gemm_dtype, check_same_device, check_triton_device, device_context
 from kernels.embedding.hashing import hash_args
 from kernels.embedding.pooled_fwd import _pooled_fwd_kernel
 from kernels.embedding.update import dense_grad_impl, empty_state, sparse_update_impl
@@ -103,6 +103,8 @@ def _check_pooled_inputs(raw, cardinalities, offsets, hotness, slot_offsets, slo
         raise ValueError("vocab and vocab_offsets go together")
     if vocab_offsets is not None and vocab_offsets.shape != (F + 1,):
         raise ValueError(f"vocab_offsets must be [F + 1 = {F + 1}], got {tuple(vocab_offsets.shape)}")
+    check_same_device("pooled embedding kernels", raw=raw, cardinalities=cardinalities, offsets=offsets, hotness=hotness,
+                      slot_offsets=slot_offsets, slot_feature=slot_feature, vocab=vocab, vocab_offsets=vocab_offsets)
     check_triton_device(raw.device, "pooled embedding kernels")
 
 
@@ -125,6 +127,9 @@ def pooled_lookup_impl(raw, weight, cardinalities, offsets, hotness, slot_offset
     _check_pooled_inputs(raw, cardinalities, offsets, hotness, slot_offsets, slot_feature, vocab, vocab_offsets)
     if weight.dim() != 2:
         raise ValueError(f"weight must be [R, D], got shape {tuple(weight.shape)}")
+    check_same_device("the pooled lookup", raw=raw, weight=weight, prefix=prefix)  # (read on raw's device)
+    if lookup:  # the slots are summed in fp32: a float64 table's sums came back fp32-rounded (3.9 off at 1e9)
+        check_gemm_dtype(weight.dtype, "the pooled lookup kernels", 'kernels.embedding "torch"')
     B, L = raw.shape
     F = hotness.shape[0]
     R, D = weight.shape

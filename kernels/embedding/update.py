@@ -49,7 +49,8 @@ import triton
 from torch import Tensor
 
 from kernels import heuristics
-from kernels._backend import INT32_OFFSET_LIMIT, check_triton_device, device_context, interpret_mode, max_element_offset
+from kernels._backend import (INT32_OFFSET_LIMIT, check_gemm_dtype, check_same_device, check_triton_device, device_context, interpret_mode,
+                              max_element_offset)
 from kernels.embedding.atomic_update import _sgd_atomic_update
 from kernels.embedding.rounding import RNG_CODES
 from kernels.embedding.segment_carry import _group_sum_kernel, _sparse_carry_kernel
@@ -312,6 +313,12 @@ def _check_update_inputs(rows, grad_out, weight, state, lr, optimizer, weight_de
         raise ValueError(f"grad_out [B, F, D] and weight [R, D] disagree: {tuple(grad_out.shape)}, {tuple(weight.shape)}")
     if lr.numel() != 1 or lr.dtype != torch.float32 or lr.device != weight.device:
         raise ValueError("lr must be a one-element float32 tensor on weight's device")
+    # the step is computed in fp32 and stored in weight's dtype: a float64 table had every row it touched rounded to
+    # fp32 (1e8 + 0.3 became 1e8, an lr * grad of 1e-4 lost), with no error
+    check_gemm_dtype(weight.dtype, "the sparse embedding update kernels", 'kernels.embedding "torch"')
+    # rows, the gradient and the state are read on weight's device: one of another device read bad memory
+    check_same_device("the sparse embedding update", rows=rows, grad_out=grad_out, weight=weight,
+                      state=state if state.numel() else None, slot_feature=slot_feature)
     expected = _expected_state_shape(optimizer, weight)
     if expected is not None:
         if tuple(state.shape) != expected or state.dtype != torch.float32 or not state.is_contiguous():
