@@ -279,7 +279,9 @@ def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
         run_logger.error(_one_line(exc))
         return EXIT_NON_FINITE_LOSS
     if isinstance(exc, TrainingStopped):
-        logger.warning(_one_line(exc))
+        # agreed by the ranks of a torchrun run: rank 0's line says it for all (rank 1 repeated it as `[rank 1] ...`);
+        # a stop of one rank alone (`StopAtOnce`, a failure another rank reported) is that rank's to say
+        (run_logger if exc.agreed else logger).warning(_one_line(exc))
         return exc.exit_code
     if isinstance(exc, KeyboardInterrupt):
         logger.error("interrupted (Ctrl-C)")

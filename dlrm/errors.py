@@ -78,11 +78,12 @@ def peer_lost_message(exc: BaseException) -> str:
 
 
 class TrainingStopped(Exception):
-    """Training ended early on a signal, after writing a checkpoint; `exit_code` is 128 + signal."""
+    """Training ended early on a signal, after writing a checkpoint; `exit_code` is 128 + signal. `agreed`: every rank
+    of a torchrun run stops with this same line (they agreed on the signal), which rank 0 says for all."""
 
-    def __init__(self, exit_code: int, message: str):
+    def __init__(self, exit_code: int, message: str, agreed: bool = False):
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code, self.agreed = exit_code, agreed
 
 
 class NonFiniteLoss(RuntimeError):

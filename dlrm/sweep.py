@@ -328,6 +328,12 @@ def trials(config: str, base: dict[str, Any], results: list[SettingResult], seed
             overrides["data.path"] = os.path.normpath(os.path.join(workdir, cfg.data.path))
             cfg = load_config(config, overrides)
         run_dir = directory / slug(r.index, r.setting) / f"seed-{seed}"
+        # the trial's run directory as its config names it, from its first session on: the trainer's --resume of it
+        # names it so (below), and a first session recorded log.tb_dir "tb_logs" and log.run_name null, which every
+        # resumed trial then said as settings it changed ("log.run_name: null -> 'seed-0'"), in summary.json's
+        # sessions too. Absolute: a --resume from another working directory names the same directory
+        overrides.update({"log.tb_dir": os.path.abspath(run_dir.parent), "log.run_name": run_dir.name})
+        cfg = load_config(config, overrides)
         yield trial, r, seed, overrides, cfg, run_dir, f"sweep trial {trial}/{total} ({label(r.setting)}, seed {seed})"
 
 
@@ -351,7 +357,6 @@ def _run_trials(config: str, base: dict[str, Any], results: list[SettingResult],
             holds.hold(cfg)  # until the sweep ends: its trials compared on one dataset
             if checkpoint is not None:  # in place: the trainer's --resume of run <setting dir>/seed-<k>
                 logger.info(f"{name}: resuming from {checkpoint}")
-                cfg = load_config(config, {**overrides, "log.tb_dir": str(run_dir.parent), "log.run_name": run_dir.name})
                 summary = train_fn(cfg, resume=str(checkpoint))
                 if not all(isinstance(summary.get(k), (int, float)) for k in ("auc", "logloss", "steps")):
                     # its run had ended (early stopping's checkpoint) but its summary.json is gone: no metrics

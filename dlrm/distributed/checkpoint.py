@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 
 import torch
+from loguru import logger
 
 from dlrm.config import ConfigError
 from dlrm.distributed.env import DistEnv, failure, failure_error
@@ -155,6 +156,8 @@ def save_sharded(run_dir: Path, state: State, step: int, keep: int, env: DistEnv
         if not existed and not path.exists():
             mine.unlink(missing_ok=True)
         raise
+    if env.is_main:  # as a one-process run's save says it (`dlrm.checkpoint.save_checkpoint`): a torchrun run said none
+        logger.info(f"checkpoint: {path}")
     return path
 
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
-from loguru import logger
 
 from dlrm.config import Config, ConfigError
 from dlrm.data.shuffle_seed import shuffle_scheme
 from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
+from dlrm.logging_setup import run_logger
 from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
 from dlrm.train.graphed_step import plain_lr_state_dict
@@ -220,7 +220,8 @@ class Checkpointer:
             old = part.get("name") if isinstance(part, dict) else None  # not recorded: not compared
             new = getattr(self.cfg.optim, section).name
             if old is not None and old != new:
-                logger.warning(f"--resume: optim.{section}.name changed from {old!r} to {new!r}: the checkpoint's "
+                # every rank restores its shard with the same configs: said once (rank 0), not once a rank
+                run_logger.warning(f"--resume: optim.{section}.name changed from {old!r} to {new!r}: the checkpoint's "
                                f"{old!r} state cannot continue as {new!r}'s, which starts afresh")
                 fresh.add(i)
         return fresh

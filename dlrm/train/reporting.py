@@ -88,15 +88,16 @@ class _KeptWriteError:
         self._records.close()
 
 
-def write_summary(path: Path, summary: dict[str, Any], sessions: bool = False) -> None:
+def write_summary(path: Path, summary: dict[str, Any], sessions: bool = False,
+                  resumed_config: Optional[dict] = None) -> None:
     """summary.json, atomically (NaN written as null: a one-class AUC); a failed write names the file (the error of a
     write or fsync of an open file names none). Its paths are made absolute, in `summary` too (`absolute_paths`);
     `sessions` (a training run's): with the run's earlier sessions, from the summary.json it replaces
-    (`with_sessions`)."""
+    (`with_sessions`; `resumed_config`: the config of the checkpoint the session resumed)."""
     run_dir_present(Path(path).parent)  # (write_json_atomic makes its directory)
     absolute_paths(summary)
     if sessions:
-        with_sessions(summary, Path(path))
+        with_sessions(summary, Path(path), resumed_config)
     try:
         write_json_atomic(path, summary, nan_as_null=True)
     except OSError as e:
@@ -325,9 +326,18 @@ def _replace_earlier_hparams(writer: SummaryWriter, shown: dict[str, Any]) -> No
     if earlier is not None:
         changed = {k: (v, shown[k]) for k, v in earlier.items() if k in shown and v != shown[k]
                    and not (v != v and shown[k] != shown[k])}  # (NaN: a swept number key's null, both sides)
+        said = ", ".join(f"{k} {_as_shown(a, b)} -> {b}" for k, (a, b) in changed.items())
         logger.info("TensorBoard HParams: the run shows this session's hyperparameters, replacing an earlier "
-                    "session's" + (f" ({', '.join(f'{k} {a} -> {b}' for k, (a, b) in changed.items())})" if changed
-                                   else " (the same values)") + "; each session's are in summary.json's sessions")
+                    "session's" + (f" ({said})" if changed else " (the same values)")
+                    + "; each session's are in summary.json's sessions")
+
+
+def _as_shown(held: Any, shown: Any) -> Any:
+    """An earlier session's hparam as this session's of the same key is written: the event file holds every number
+    as a float, so an integer setting read back (a batch size) was said as ``batch_size 256.0 -> 128``."""
+    if isinstance(held, float) and isinstance(shown, int) and not isinstance(shown, bool) and held.is_integer():
+        return int(held)
+    return held
 
 
 def add_markdown(writer: SummaryWriter, tag: str, text: str, step: Optional[int] = None) -> None:

@@ -117,10 +117,11 @@ def _say_free_changes(free: list[tuple[str, Any, Any, str]]) -> None:
     signal and at its end, and a crash lost every step since the resume, unsaid."""
     if not free:
         return
-    logger.info("--resume: this session's own settings differ from the run's: " + "; ".join(s for *_, s in free))
+    # (run_logger: every torchrun rank checks the same configs; rank 1 repeated the warning as `[rank 1] ...`)
+    run_logger.info("--resume: this session's own settings differ from the run's: " + "; ".join(s for *_, s in free))
     for key, old, new, _ in free:
         if key == "checkpoint.every" and isinstance(old, int) and old > 0 and not (isinstance(new, int) and new <= old):
-            logger.warning(f"--resume: checkpoint.every {_show(old)} -> {_show(new)}: this session checkpoints "
+            run_logger.warning(f"--resume: checkpoint.every {_show(old)} -> {_show(new)}: this session checkpoints "
                            f"{'only at a signal and at its end' if not new else 'less often'}; give "
                            f"--checkpoint-every {old} again to keep the run's cadence")
 

@@ -68,7 +68,8 @@ def session_hparams_of(summary: dict[str, Any]) -> Optional[dict[str, Any]]:
 def session_record(summary: dict[str, Any], previous_config: Optional[dict] = None) -> dict[str, Any]:
     """One session's entry in ``sessions``, from the summary it wrote: the steps it trained (``start_step`` to
     ``end_step``), where it resumed from, its throughput, wall time, device and library versions, its HParams, and the
-    config keys it changed from `previous_config` (the session before's: ``{key: [old, new]}``; null for the first)."""
+    config keys it changed from `previous_config` (the resumed checkpoint's: ``{key: [old, new]}``; null for the
+    first)."""
     from dlrm.train.resume_policy import config_changes, with_defaults
 
     record = {"start_step": summary.get("resumed_at_step") or 0, "end_step": summary.get("steps"), "recorded": True,
@@ -90,9 +91,11 @@ def _unrecorded(start: int, end: int) -> dict[str, Any]:
     return {"start_step": start, "end_step": end, "recorded": False}
 
 
-def with_sessions(summary: dict[str, Any], path: Path) -> None:
+def with_sessions(summary: dict[str, Any], path: Path, resumed_config: Optional[dict] = None) -> None:
     """Add ``sessions`` to `summary` (this session's, about to be written to `path`, summary.json), in place: the
-    sessions of the summary.json there (the run's earlier ones), steps no summary recorded, then this one's."""
+    sessions of the summary.json there (the run's earlier ones), steps no summary recorded, then this one's.
+    `resumed_config`: the config of the checkpoint this session resumed (the session that trained up to it), which
+    its ``config_changes`` are from; without it, the summary.json's config."""
     earlier: list[dict[str, Any]] = []
     previous: Optional[dict] = None
     if Path(path).is_file():
@@ -114,7 +117,11 @@ def with_sessions(summary: dict[str, Any], path: Path) -> None:
     reached = earlier[-1].get("end_step") if earlier else 0
     if isinstance(reached, int) and reached < start:
         earlier.append(_unrecorded(reached, start))
-    summary["sessions"] = earlier + [session_record(summary, previous.get("config") if previous else None)]
+    # from the checkpoint's config, not the summary.json's: after a session that wrote none (a signal stopped it,
+    # having resumed with another learning rate), the change was said again as this session's, and one it made
+    # itself was missed; and a resume from an older checkpoint of the run changes from that checkpoint's settings
+    before = resumed_config if isinstance(resumed_config, dict) else (previous.get("config") if previous else None)
+    summary["sessions"] = earlier + [session_record(summary, before)]
 
 
 def drop_earlier_hparams(run_dir: Path, own: Optional[str]) -> Optional[dict[str, Any]]:

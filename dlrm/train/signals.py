@@ -94,7 +94,7 @@ def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callabl
         yield
         agreed = int(env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=device)).item())
     if agreed:
-        raise TrainingStopped(128 + agreed, message(signal.Signals(agreed).name))
+        raise TrainingStopped(128 + agreed, message(signal.Signals(agreed).name), agreed=True)
     if held is not None:  # agreed that none came: one now (after the run's last agreement) has nothing left to stop
         held._doing = "ignored: the run is writing its summary, nothing is left to stop"
 

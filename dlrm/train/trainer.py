@@ -85,7 +85,8 @@ class Trainer(WindowLogging):
             self.resume_from, latest = checkpoint_to_resume(cfg, resume, allow_config_change, self.env)
         if self.resume_from is not None:
             state = ckpt.load_checkpoint(self.resume_from)  # a sharded run's manifest: small
-            check_resume_config(saved_config(state), cfg.to_dict(), allow_config_change, str(self.resume_from))
+            self.resumed_config = saved_config(state)  # (summary.json's sessions: this session's config changes)
+            check_resume_config(self.resumed_config, cfg.to_dict(), allow_config_change, str(self.resume_from))
         self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
         if state is not None:  # the batches the run resumed would train on (shuffled, they depend on the placement)
             self.placement = resumed_placement(cfg, state, self.placement, allow_config_change, self.resume_from)
@@ -304,8 +305,8 @@ class Trainer(WindowLogging):
                 writer.close()
                 path = self.checkpointer.save(run, pos, self.stats)
                 self.run_dir.close()
-                raise TrainingStopped(128 + self._stop_signal,
-                                      f"stopped by signal at step {pos.step}; checkpoint {path}")
+                raise TrainingStopped(128 + self._stop_signal, f"stopped by signal at step {pos.step}; checkpoint {path}",
+                                      agreed=True)  # (the ranks agreed on the signal: the same line on each)
         held.signum = held.signum or stop.signum  # one after the loop's last agreement: the next one's (it was lost)
         # The last evaluation, at the run's last step, unless early stopping just made it: made before the last
         # checkpoint, which then holds it, and best.pt (when it is the best) linked after, so a run resumed from that
@@ -337,7 +338,8 @@ class Trainer(WindowLogging):
             self.evaluator.write_best()  # a hard link to that checkpoint
             summary = self._finish(prof)
         if env.is_main:
-            write_summary(self.run_dir.path / "summary.json", summary, sessions=True)  # a failed write names the file
+            write_summary(self.run_dir.path / "summary.json", summary, sessions=True,  # a failed write names the file
+                          resumed_config=self.resumed_config)
         self.run_dir.close()
         logger.info(final_line(summary) + baseline_clause(summary))
         return summary
@@ -394,7 +396,8 @@ class Trainer(WindowLogging):
         pos, total = self.pos, self.data.total_steps
         if self.meter.steps_done == 0 or pos.step >= total:  # no step trained (a run resumed at its end)
             return
-        logger.warning(f"data: the training loader ended at step {pos.step} (epoch {pos.epoch}), before the run's "
+        # (every rank's loader ends alike: rank 0 says it, not each rank once more as `[rank N]`)
+        run_logger.warning(f"data: the training loader ended at step {pos.step} (epoch {pos.epoch}), before the run's "
                        f"{total} steps: the run ends there")
         if pos.step % self.cfg.train.log_every:
             self._queue_window(stop)
@@ -403,6 +406,7 @@ class Trainer(WindowLogging):
     finished_early = False  # the checkpoint resumed is where early stopping ended the run (`__init__`)
     finished_target: Optional[str] = None  # ... where it reached train.early_stopping.target: how (`__init__`)
     final_evaluated = False  # the run's last evaluation was made before its last checkpoint (`_fit`)
+    resumed_config: Optional[dict] = None  # the config of the checkpoint this session resumed (`_start`)
     last_eval: Optional[dict] = None  # the metrics of an evaluation at the current step
 
     # -- the end ----------------------------------------------------------------------------------
