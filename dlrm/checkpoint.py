@@ -125,6 +125,33 @@ class _ProgressFile:
         self._f.flush()
 
 
+class _ReadProgress:
+    """A binary file whose reads advance a progress bar (torch.load reads an archive through readinto, seek and
+    tell)."""
+
+    def __init__(self, f, bar: tqdm) -> None:
+        self._f, self._bar = f, bar
+
+    def _advance(self, n: int) -> None:
+        self._bar.update(max(0, min(n, self._bar.total - self._bar.n)))  # a seek back reads some bytes twice
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._f.read(size)
+        self._advance(len(data))
+        return data
+
+    def readinto(self, buffer) -> int:
+        n = self._f.readinto(buffer)
+        self._advance(n or 0)
+        return n
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+
 def named_os_error(e: OSError, path: Path) -> OSError:
     """`e` naming `path` when it names no file (a failed write or fsync of an open file names none: the error line
     said "No space left on device" without saying where)."""
@@ -331,9 +358,13 @@ def _read_plain(path: Path) -> Any:
         raise ConfigError(f"{path}: refused: loading it would call {', '.join(ascii(n) for n in code[:3])}; "
                           "a checkpoint holds data only")
     allowed = [(obj, name) for name, obj in numpy_globals.items()] if needed else []
+    size = path.stat().st_size
     try:
-        with torch.serialization.safe_globals(allowed):
-            return torch.load(path, map_location="cpu", weights_only=True)
+        # a bar (bytes, rate, ETA) for a big one: a --resume of MLPerf's (tens of GB) read for minutes without a word
+        with torch.serialization.safe_globals(allowed), open(path, "rb") as f, \
+                tqdm(total=size, desc=f"reading {path.name}", unit="B", unit_scale=True, dynamic_ncols=True,
+                     disable=size < PROGRESS_BYTES, **bar_interval()) as bar:
+            return torch.load(f if bar.disable else _ReadProgress(f, bar), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure to read means a corrupt or foreign file
         raise ConfigError(f"{path}: not a readable checkpoint ({_reason(e)})") from None
 

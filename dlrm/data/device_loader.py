@@ -58,6 +58,9 @@ from dlrm.data.schema import (
 from dlrm.logging_setup import run_logger
 
 
+_WIDEN_ROWS = 1 << 20  # rows widened to int64 at a time when a split turns out to need it
+
+
 def _as_int64(v: int) -> int:
     """A 64-bit constant as the signed value torch's int64 holds for it."""
     return v - (1 << 64) if v >= 1 << 63 else v
@@ -179,9 +182,7 @@ class DeviceLoader:
             if wide is None and ((raw >= limit) | (raw < floor)).any():
                 run_logger.warning(f"{path}: holds a sparse value outside [{floor}, {limit:#X}), the compact int32 "
                                f"form's range, so the split is kept as int64 ({8 * width} B/row)")
-                wide = (_widen(sparse[:at], self._multi_hot) if at
-                        else torch.empty((0, width), dtype=torch.int64, device=self.device))
-                wide = torch.cat([wide, torch.empty((n - at, width), dtype=torch.int64, device=self.device)])
+                wide = self._widen_loaded(sparse, at)
                 del sparse
             if wide is not None:
                 wide[sl] = torch.from_numpy(raw).to(self.device)
@@ -191,6 +192,16 @@ class DeviceLoader:
         for done in readers.values():
             done.close()
         return dense, (wide if wide is not None else sparse), labels
+
+    def _widen_loaded(self, sparse: torch.Tensor, at: int) -> torch.Tensor:
+        """The int64 sparse block of the whole split, its first `at` rows widened from `sparse`, a slice at a time:
+        widening them at once and concatenating the rest made two more int64 copies of those rows (20 B a slot
+        at the peak instead of 12: out of memory on a split that fits in int64)."""
+        wide = torch.empty((sparse.shape[0], self._width), dtype=torch.int64, device=self.device)
+        for lo in range(0, at, _WIDEN_ROWS):
+            hi = min(lo + _WIDEN_ROWS, at)
+            wide[lo:hi] = _widen(sparse[lo:hi], self._multi_hot)
+        return wide
 
     def _read_group(self, readers: dict[int, pq.ParquetFile], fi: int, footer: pq.FileMetaData, g: int,
                     rows: int, layout: SparseLayout) -> pa.Table:
@@ -211,6 +222,12 @@ class DeviceLoader:
         if table.num_rows != rows:
             raise DatasetError(f"{path}: row group {g}: has {table.num_rows} rows, its footer said {rows}")
         return table
+
+    def rebatch(self, batch_size: int) -> None:
+        """Cut batches of `batch_size` rows from now on, the split staying where it is (`TrainData.build` shrinks
+        the batch of a split smaller than one: making a second loader held the whole split in memory twice)."""
+        check_rank_batch(batch_size, self.world_size, self.pad_ranks)
+        self.batch_size = batch_size
 
     def __len__(self) -> int:
         """Batches per epoch."""

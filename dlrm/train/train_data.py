@@ -117,8 +117,12 @@ class TrainData:
             run_logger.warning(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of "
                                f"{data_dir}/train: training with batch {loader.num_rows} instead (one batch an epoch)")
             batch_size = loader.num_rows
-            loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
-                                 multi_hot_sizes=sizes, dense_format=meta.dense_format, hints=False)
+            if isinstance(loader, DeviceLoader):  # the split is in memory already: a second loader held it twice
+                loader.rebatch(batch_size)
+            else:
+                loader.close()
+                loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
+                                     multi_hot_sizes=sizes, dense_format=meta.dense_format, hints=False)
         if env.is_main and is_multi_hot(sizes) and isinstance(loader, ParquetLoader):
             _log_multi_hot_hints(loader)
         by_epochs = total = len(loader) * cfg.train.epochs

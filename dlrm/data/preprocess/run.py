@@ -224,6 +224,11 @@ class _Run:
         else:
             logger.info("counting the lines of {} input file(s)", len(self.paths))
             self.scans = _count_pass(self.paths, o.input_format, o.chunk_rows, self.pool, o.workers, o.progress)
+        for sc in self.scans:
+            if sc.trailing_blank:
+                logger.info("{}: ends in {} empty line(s) after its last record: left out (an editor's or a tool's "
+                            "trailing newline, not a record; an empty line before a record is a bad line)",
+                            sc.path, sc.trailing_blank)
         self.file_bad = _check_scans(self.scans, o.on_bad_line)
         if o.multi_hot_sizes is not None:  # known from the count pass: refused before anything is written
             csv = next((sc.path for sc in self.scans if sc.format == "csv"), None)

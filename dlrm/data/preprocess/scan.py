@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,22 +23,28 @@ def _is_gzip(path: Path) -> bool:
         return f.read(2) == b"\x1f\x8b"
 
 
-def _iter_blocks(path: Path, block: int = _READ_BLOCK) -> Iterator[bytes]:
+def _iter_blocks(path: Path, block: int | None = None,
+                 on_bytes: Callable[[int], object] | None = None) -> Iterator[bytes]:
     """The (decompressed) bytes of a file in blocks; the same sequence every time it is read.
 
     A truncated or corrupt gzip stream raises (EOFError, gzip.BadGzipFile, zlib.error) after
-    yielding everything that could be decompressed before the damage.
+    yielding everything that could be decompressed before the damage. `on_bytes`: told how many bytes of the file
+    on disk (compressed ones, for gzip) each block took, for a progress bar.
     """
+    block = block or _READ_BLOCK
     with open(path, "rb") as raw:
         if raw.read(2) != b"\x1f\x8b":
             raw.seek(0)
             while b := raw.read(block):
+                if on_bytes is not None:
+                    on_bytes(len(b))
                 yield b
             return
         raw.seek(0)
         f = gzip.GzipFile(fileobj=raw, mode="rb")
         parts: list[bytes] = []
         size = 0
+        told = 0  # compressed bytes reported to on_bytes
         while True:
             try:
                 b = f.read1(block)  # one decompression step: keeps the data before an error
@@ -51,8 +57,14 @@ def _iter_blocks(path: Path, block: int = _READ_BLOCK) -> Iterator[bytes]:
             parts.append(b)
             size += len(b)
             if size >= block:
+                if on_bytes is not None:
+                    at = raw.tell()
+                    on_bytes(at - told)
+                    told = at
                 yield b"".join(parts)
                 parts, size = [], 0
+        if on_bytes is not None:
+            on_bytes(raw.tell() - told)
         if parts:
             yield b"".join(parts)
 
@@ -82,6 +94,7 @@ class FileScan:
     error: str | None = None  # "empty_file" | "corrupt_gzip"
     error_detail: str = ""
     prefix_trusted: bool = True
+    trailing_blank: int = 0  # empty lines at the end, not counted in `lines` and outside the chunks (`_BlankTail`)
 
     @property
     def num_chunks(self) -> int:
@@ -101,7 +114,7 @@ class FileScan:
     def without_data(self) -> FileScan:
         """This file with no lines (``--on-bad-line skip`` of a gzip corrupt inside the stream)."""
         return FileScan(self.path, self.compressed, self.format, self.header, self.size, 0, [0],
-                        self.error, self.error_detail, self.prefix_trusted)
+                        self.error, self.error_detail, self.prefix_trusted, self.trailing_blank)
 
 
 def _gzip_problem(e: BaseException) -> tuple[str, bool]:
@@ -175,6 +188,58 @@ def _format_and_header(first_line: bytes, path: Path, fmt: str) -> tuple[str, bo
     return ("tsv" if fmt == "auto" else fmt), False
 
 
+class _BlankTail:
+    """The empty lines (``\\n`` or ``\\r\\n`` alone) a file ends with, over its blocks in order: an editor's or a
+    tool's trailing newline is no record, and read as one it stopped the run (``wrong_field_count ... found an empty
+    line``). ``blank``: how many; ``content_end``: the offset just after the newline of the last line with content
+    (0: none yet)."""
+
+    def __init__(self) -> None:
+        self.newlines = 0  # newlines in the run of CR/LF bytes the data ends with
+        self.content_end = 0
+        self.open = False  # the last content seen has no newline after it yet (it ended in CR at a block's end)
+
+    def feed(self, b: bytes, base: int) -> None:
+        body = b.rstrip(b"\r\n")
+        if body:
+            self.newlines, self.open = 0, True
+            start = len(body)
+        else:
+            start = 0
+        if self.open:
+            nl = b.find(b"\n", start)
+            if nl >= 0:
+                self.content_end, self.open = base + nl + 1, False
+        self.newlines += b.count(b"\n", start)
+
+    @property
+    def blank(self) -> int:
+        """Trailing empty lines: the newlines after the one that ends the last content line (a file of newlines
+        alone: all of them)."""
+        return self.newlines - 1 if self.content_end else self.newlines
+
+
+def _plain_tail(path: Path, size: int) -> _BlankTail:
+    """`_BlankTail` of a plain file, read backwards from its end only as far as its trailing newlines go."""
+    tail = _BlankTail()
+    with open(path, "rb") as f:
+        at = size
+        blocks: list[bytes] = []
+        while at > 0:
+            start = max(at - (1 << 16), 0)
+            f.seek(start)
+            b = f.read(at - start)
+            blocks.insert(0, b)
+            at = start
+            if b.rstrip(b"\r\n"):
+                break
+    base = at
+    for b in blocks:
+        tail.feed(b, base)
+        base += len(b)
+    return tail
+
+
 class _ChunkStarts:
     """The running count over a file's (decompressed) blocks: newlines seen, and the offsets where
     chunks start (chunk k starts after newline number k*R + h, 1-based; chunk 0 of a file without
@@ -189,9 +254,11 @@ class _ChunkStarts:
         self.base = 0  # offset of the current block
         self.last_nl_end = 0  # offset just after the last newline seen
         self.last_byte = b""
+        self.tail = _BlankTail()
 
     def feed(self, b: bytes) -> None:
         """Count the next block."""
+        self.tail.feed(b, self.base)
         cnt = b.count(b"\n")
         nlpos = None
         while True:
@@ -213,14 +280,16 @@ class _ChunkStarts:
         self.last_byte = b[-1:]
 
 
-def scan_file(path: str | os.PathLike, fmt: str = "auto", chunk_rows: int = DEFAULT_CHUNK_ROWS) -> FileScan:
+def scan_file(path: str | os.PathLike, fmt: str = "auto", chunk_rows: int = DEFAULT_CHUNK_ROWS,
+              on_bytes: Callable[[int], object] | None = None) -> FileScan:
     """The count pass over one file: lines, format, header and chunk start offsets.
 
     Reads the file once (gzip decompressed as a stream, detected by its magic bytes) counting
     b"\\n" per block. Does not raise for an empty file or a corrupt gzip: see ``FileScan.error``.
+    `on_bytes`: told the bytes of the file read as the count goes (`_iter_blocks`).
     """
     path = Path(path)
-    blocks = _iter_blocks(path)
+    blocks = _iter_blocks(path, on_bytes=on_bytes)
     compressed = _is_gzip(path)
     pending, problem = _first_blocks(blocks)
     first_line = b"".join(pending).split(b"\n", 1)[0].rstrip(b"\r")
@@ -261,10 +330,12 @@ def _count_rest(starts: _ChunkStarts, blocks: Iterator[bytes]) -> BaseException 
 def _scan_result(path: Path, compressed: bool, fmt: str, header: bool, starts: _ChunkStarts, chunk_rows: int,
                  problem: BaseException | None) -> FileScan:
     """The `FileScan` of a counted file; ``problem``: the gzip error that cut the stream short."""
-    error, detail, trusted = None, "", True
+    error, detail, trusted, blank = None, "", True, 0
     if problem is None:
         end = starts.base
         lines = starts.seen + (1 if starts.base > 0 and starts.last_byte != b"\n" else 0) - starts.h
+        blank, end = _trailing_blank(starts.tail, lines, end)
+        lines -= blank
     else:
         error = "corrupt_gzip"
         detail, trusted = _gzip_problem(problem)
@@ -277,7 +348,15 @@ def _scan_result(path: Path, compressed: bool, fmt: str, header: bool, starts: _
     offsets = starts.offsets[:n_chunks] + [end]
     if lines == 0 and error is None:
         error = "empty_file"
-    return FileScan(str(path), compressed, fmt, header, starts.base, lines, offsets, error, detail, trusted)
+    return FileScan(str(path), compressed, fmt, header, starts.base, lines, offsets, error, detail, trusted, blank)
+
+
+def _trailing_blank(tail: _BlankTail, lines: int, end: int) -> tuple[int, int]:
+    """The trailing empty lines left out of a file's data lines, and where its data then ends: all of them when the
+    file has content, else none (a file of empty lines alone stays a bad line: it holds no data at all)."""
+    if tail.content_end == 0 or tail.blank <= 0 or tail.blank > lines:
+        return 0, end
+    return tail.blank, tail.content_end
 
 
 _PARALLEL_SCAN_MIN_BYTES = 64 << 20  # plain files at least this big are counted in parallel
@@ -325,10 +404,11 @@ def _newline_offsets(args: tuple[str, int, int, int, list[int]]) -> list[int]:
     return out
 
 
-def scan_file_parallel(path: str | os.PathLike, fmt: str, chunk_rows: int, executor, n_tasks: int) -> FileScan:
+def scan_file_parallel(path: str | os.PathLike, fmt: str, chunk_rows: int, executor, n_tasks: int,
+                       on_bytes: Callable[[int], object] | None = None) -> FileScan:
     """`scan_file` of a plain (not gzip) file with the reading spread over ``executor``: newlines
     are counted in byte ranges in parallel, then the chunk starts are found in the ranges that hold
-    them. Same result as `scan_file`."""
+    them. Same result as `scan_file`. `on_bytes`: told each counted range's bytes."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -341,10 +421,16 @@ def scan_file_parallel(path: str | os.PathLike, fmt: str, chunk_rows: int, execu
     n_ranges = max(1, min(max(n_tasks, -(-size // _SCAN_RANGE_BYTES)), 1024))
     bounds = [size * i // n_ranges for i in range(n_ranges + 1)]
     ranges = [(str(path), bounds[i], bounds[i + 1]) for i in range(n_ranges)]
-    counts = list(executor.map(_count_newlines, ranges))
+    counts = []
+    for (_, lo, hi), count in zip(ranges, executor.map(_count_newlines, ranges)):
+        counts.append(count)
+        if on_bytes is not None:
+            on_bytes(hi - lo)
     before = np.concatenate(([0], np.cumsum(counts))).astype(np.int64).tolist()
     seen = before[-1]
     lines = max(seen + (1 if size > 0 and last_byte != b"\n" else 0) - h, 0)
+    blank, end = _trailing_blank(_plain_tail(path, size), lines, size)
+    lines -= blank
     n_chunks = -(-lines // chunk_rows)
     offsets: list[int] = []
     wanted: list[list[int]] = [[] for _ in ranges]
@@ -359,9 +445,9 @@ def scan_file_parallel(path: str | os.PathLike, fmt: str, chunk_rows: int, execu
         offsets += found
     if n_chunks and h == 0:
         offsets.insert(0, 0)
-    offsets = _skip_bom(offsets[:n_chunks] + [size], first_line, header)
+    offsets = _skip_bom(offsets[:n_chunks] + [end], first_line, header)
     error = "empty_file" if lines == 0 else None
-    return FileScan(str(path), False, fmt, header, size, lines, offsets, error)
+    return FileScan(str(path), False, fmt, header, size, lines, offsets, error, trailing_blank=blank)
 
 
 def _scan_star(args: tuple[str, str, int]) -> FileScan:
@@ -371,16 +457,21 @@ def _scan_star(args: tuple[str, str, int]) -> FileScan:
 
 def _count_pass(paths: list[Path], fmt: str, chunk_rows: int, pool, workers: int, progress: bool) -> list[FileScan]:
     """`scan_file` of every input: gzip and small files one per worker, big plain files split
-    over all workers (`scan_file_parallel`). A bar counts the files when there are several."""
+    over all workers (`scan_file_parallel`). A bar counts the bytes on disk read (rate and ETA): block by block for
+    a file counted in this process (one input, or one worker) or range by range (a big plain file), else a file at a
+    time. (It counted files, and not for one: a 50 GB day file was minutes without a sign of life.)"""
     from tqdm import tqdm
 
     scans: dict[int, FileScan] = {}
-    with tqdm(total=len(paths), unit=" files", desc="counting lines", disable=not progress or len(paths) < 2,
-              **bar_interval()) as bar:  # once a minute at most into a log file
-        if pool is None:
+    sizes = [p.stat().st_size for p in paths]
+    with tqdm(total=sum(sizes), unit="B", unit_scale=True, unit_divisor=1024, desc="counting lines",
+              disable=not progress, **bar_interval()) as bar:  # once a minute at most into a log file
+        if pool is None or len(paths) == 1:
             for i, p in enumerate(paths):
-                scans[i] = scan_file(p, fmt, chunk_rows)
-                bar.update(1)
+                if pool is not None and not _is_gzip(p) and sizes[i] >= _PARALLEL_SCAN_MIN_BYTES:
+                    scans[i] = scan_file_parallel(p, fmt, chunk_rows, pool, 2 * workers, on_bytes=bar.update)
+                else:
+                    scans[i] = scan_file(p, fmt, chunk_rows, on_bytes=bar.update)
             return [scans[i] for i in range(len(paths))]
         big = [not _is_gzip(p) and p.stat().st_size >= _PARALLEL_SCAN_MIN_BYTES for p in paths]
         futures = {pool.submit(_scan_star, (str(p), fmt, chunk_rows)): i for i, p in enumerate(paths) if not big[i]}
@@ -390,16 +481,15 @@ def _count_pass(paths: list[Path], fmt: str, chunk_rows: int, pool, workers: int
         for i, p in enumerate(paths):
             if big[i] and not errors:  # a big file after one in error: not worth counting
                 try:
-                    scans[i] = scan_file_parallel(p, fmt, chunk_rows, pool, 2 * workers)
+                    scans[i] = scan_file_parallel(p, fmt, chunk_rows, pool, 2 * workers, on_bytes=bar.update)
                 except PreprocessError as e:
                     errors[i] = e
-                bar.update(1)
         for fut in as_completed(futures):
             try:
                 scans[futures[fut]] = fut.result()
             except PreprocessError as e:
                 errors[futures[fut]] = e
-            bar.update(1)
+            bar.update(sizes[futures[fut]])
         if errors:
             raise errors[min(errors)]
     return [scans[i] for i in range(len(paths))]
