@@ -378,11 +378,11 @@ def check_not_own_record(config_path: str, cfg: Config, overrides: dict, eval_on
         return
     free = free_run_name(run_dir)
     if eval_only:
-        raise ConfigError(f"{config_path} is run {name!r}'s own config.json: its log.run_name names that run's "
-                          f"directory, and --eval-only writes a directory of its own: add --run-name {free} (free)")
-    raise ConfigError(f"{config_path} is run {name!r}'s own config.json: its log.run_name names that run, which a "
-                      f"new run never overwrites: add --run-name {free} (free) to train a new run with this config, "
-                      "or --resume to continue that run")
+        raise ConfigError(f"{config_path} is the config.json of run {name!r} itself: its log.run_name names that "
+                          f"run's directory, and --eval-only writes a directory of its own: add --run-name {free} (free)")
+    raise ConfigError(f"{config_path} is the config.json of run {name!r} itself: its log.run_name names that run, "
+                      f"which a new run never overwrites: add --run-name {free} (free) to train a new run with this "
+                      "config, or --resume to continue that run")
 
 
 def _best_checkpoint(summary: dict) -> Optional[str]:

@@ -278,8 +278,12 @@ def check_default_run_name(cfg: "Config") -> None:
 
 def free_run_name(path: Path) -> str:
     """A name beside `path` that no directory holds now: ``<name>-2``, ``<name>-3``, ... (what an advice to "pick
-    another --run-name" can name)."""
-    stem = re.sub(r"-\d{1,3}$", "", path.name) or path.name  # r-2's is r-3 (a date-time suffix stays)
+    another --run-name" can name). A sweep's trial (``<sweep>/<setting>/seed-<k>``) keeps its
+    whole name, ``seed-0-2``: ``seed-2`` was the sweep's own trial of seed 2, which a stopped sweep had not run yet (a
+    run put there by that advice made `sweep --resume` refuse the trial)."""
+    trial = re.fullmatch(r"seed-\d+", path.name) and (path.parent.parent / "sweep.json").is_file()
+    # r-2's is r-3 (a date-time suffix stays)
+    stem = path.name if trial else re.sub(r"-\d{1,3}$", "", path.name) or path.name
     n = 2
     while os.path.lexists(path.parent / f"{stem}-{n}"):
         n += 1
