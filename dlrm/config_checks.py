@@ -285,9 +285,20 @@ def free_run_name(path: Path) -> str:
     # r-2's is r-3 (a date-time suffix stays)
     stem = path.name if trial else re.sub(r"-\d{1,3}$", "", path.name) or path.name
     n = 2
-    while os.path.lexists(path.parent / f"{stem}-{n}"):
+    while os.path.lexists(path.parent / _fitted(stem, f"-{n}")):
         n += 1
-    return f"{stem}-{n}"
+    return _fitted(stem, f"-{n}")
+
+
+def _fitted(stem: str, suffix: str) -> str:
+    """``stem + suffix``, `stem` cut (on a character boundary) so the name fits a directory name
+    (`MAX_NAME_BYTES`): a run name near the limit was advised a free name the file system refuses
+    (ENAMETOOLONG)."""
+    room = MAX_NAME_BYTES - len(os.fsencode(suffix))
+    data = os.fsencode(stem)
+    if len(data) > room:
+        stem = data[:room].decode("utf-8", errors="ignore") or stem[:1]
+    return stem + suffix
 
 
 def export_name_problem(target: Path) -> Optional[str]:

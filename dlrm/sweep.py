@@ -283,6 +283,24 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
                           workdir=os.getcwd())
 
 
+_STOPPED_LINE = "_sweep_stopped_line"
+
+
+def stopped_line(exc: BaseException, line: Optional[str] = None) -> Optional[str]:
+    """The sweep's "stopped; --resume finishes it" line that `exc` (what ended the sweep) carries to `main`, which logs
+    it after `exc`'s own report; with `line`: attach it (an exception that takes no attribute: logged now)."""
+    if line is None:
+        return getattr(exc, _STOPPED_LINE, None)
+    if not isinstance(exc, (Exception, KeyboardInterrupt)):  # (a second signal's SystemExit: `main` reports none)
+        logger.info(line)
+        return line
+    try:
+        setattr(exc, _STOPPED_LINE, line)
+    except (AttributeError, TypeError):
+        logger.info(line)
+    return line
+
+
 def run_and_finish(config: str, base: dict[str, Any], sets: list[tuple[str, list[Any]]], seeds: int, directory: Path,
                    train_fn, lock, created: bool, resume: bool, workdir: str) -> tuple[Path, Optional[Verdict]]:
     """The trials (on `resume`, those `dlrm.sweep_resume.trial_state` leaves to do), then `_finish`; `lock` (the
@@ -304,8 +322,10 @@ def run_and_finish(config: str, base: dict[str, Any], sets: list[tuple[str, list
                 (directory / "sweep.json").unlink()  # nothing trained: no sweep to resume, the name is free again
                 _remove_empty_directories(directory, keep_root=not created)
             else:
-                logger.info(f"sweep: stopped; `python -m dlrm.sweep --resume {directory}` finishes it (the finished "
-                            "trials are kept, the stopped one resumes from its checkpoint)")
+                # said by `main` after the error's own line ("stopped by signal at step N; checkpoint ..."), which
+                # it reports: logged here, the sweep's conclusion came before the trial's stop it follows from
+                stopped_line(sys.exc_info()[1], f"sweep: stopped; `python -m dlrm.sweep --resume {directory}` "
+                             "finishes it (the finished trials are kept, the stopped one resumes from its checkpoint)")
             raise
         return _finish(directory, results, sets, seeds, first_failure, resume)
     finally:
@@ -463,7 +483,10 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
             resume_sweep(resume_dir, config_path, [parse_set(s) for s in sets] if sets else None,
                          seeds if given["seeds"] else None, base)
     except (Exception, KeyboardInterrupt) as e:
-        sys.exit(report_failure(e, None))
+        code = report_failure(e, None)
+        if stopped_line(e) is not None:  # after the stop's own line, which it follows from
+            logger.info(stopped_line(e))
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -183,8 +183,9 @@ def test_ranks_agree_on_the_signal_that_stops_them(own, other, agreed):
     reduced = []
 
     def all_reduce_max(t):
-        # only the signal is a 1-element vector; the loss sums and NaN steps are 0-dim
-        out = torch.maximum(t, torch.full_like(t, other)) if t.dim() == 1 else t
+        # only the signal is a vector (the signal, then 1 - got: whether some rank got none); the loss sums and NaN
+        # steps are 0-dim
+        out = torch.maximum(t, torch.tensor([other, int(not other)])) if t.dim() == 1 else t
         reduced.append(out)
         return out
 
@@ -200,7 +201,7 @@ def test_ranks_agree_on_the_signal_that_stops_them(own, other, agreed):
     stop.signum = own or None
     assert Trainer._stop_requested(trainer, stop) is False  # several ranks: nothing is decided before the read
     Trainer._queue_window(trainer, stop)
-    assert [int(t.item()) for t in reduced if t.dim() == 1] == [agreed]
+    assert [int(t[0]) for t in reduced if t.dim() == 1] == [agreed]
     Trainer._log_window(trainer, SimpleNamespace(set_postfix=lambda **kw: None))
     assert trainer._stop_signal == agreed
     assert Trainer._stop_requested(trainer, stop) is (agreed > 0)

@@ -27,6 +27,9 @@ from dlrm.train.run_dir import run_dir_present
 from dlrm.train.setup import Tables
 
 BEST_NAME = "best.pt"
+EVAL_CURVE_SPLIT = "eval_curve_split"
+"""run_stats' key of the split the run's ``eval/*`` scalars are of (its first session's data.eval_split): a resume on
+another split logs its evaluations as ``eval/<split>/*`` (`dlrm.train.trainer.Trainer._eval_tag`)."""
 """The best evaluation's checkpoint, beside the step checkpoints (never pruned)."""
 
 
@@ -74,7 +77,9 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, cfg: Config, tables: Tables, env: DistEnv = DistEnv(),
                  placement: Optional[str] = None) -> None:
-        self.run_dir, self.cfg, self.tables, self.env = Path(run_dir), cfg, tables, env
+        # absolute (links kept, as summary.json's paths): the paths this names (`last`, `best_path`) go into log lines
+        # and the stats; with a relative --tb-dir a run's first session named them relative, a resumed one absolute
+        self.run_dir, self.cfg, self.tables, self.env = Path(os.path.abspath(run_dir)), cfg, tables, env
         # a run directory there at the start (a run's: `RunDirectory` made it) must still be there at each save (one
         # removed meanwhile is refused, not made again empty); a Checkpointer given a new path makes it at its first
         self._dir_at_start = self.run_dir.is_dir()
@@ -248,8 +253,8 @@ class Checkpointer:
             for sched in run.schedulers:
                 sched.start_at(state["position"]["step"])
         ckpt.set_rng_state(state["rng"])
-        self.last = Path(path)
+        self.last = Path(os.path.abspath(path))  # (as a save names it: `__init__`)
         run_stats = state.get("run_stats") or {}
         self.evaluated_step = run_stats.get("evaluated_step")
-        self.extra_stats = {k: run_stats[k] for k in ("eval_s", "target", "wall_s") if k in run_stats}
+        self.extra_stats = {k: run_stats[k] for k in ("eval_s", "target", "wall_s", EVAL_CURVE_SPLIT) if k in run_stats}
         return ckpt.Position(**state["position"]), RunStats.from_dict(state.get("run_stats"))

@@ -70,12 +70,15 @@ class Evaluator:
         split: the evaluation split's metadata (`SplitInfo`: rows, positives), or None. A split of one class has no
             AUC (NaN): early stopping on AUC is refused (ConfigError), and without early stopping the best evaluation
             is the one of the lowest logloss (by the undefined AUC every evaluation was "best": best.pt the latest).
+        tag: the TensorBoard prefix of the evaluations' scalars (``eval``; ``eval/<split>`` for another split than
+            the one the run's ``eval/*`` curve is of: `dlrm.train.trainer.Trainer._eval_tag`).
     """
 
     def __init__(self, run: Run, loader, cfg: Config, writer, checkpointer: Checkpointer, stats: RunStats,
                  env: DistEnv = DistEnv(), target: Optional[TargetTracker] = None,
-                 stop_if_diverged: Optional[Callable[[], None]] = None, split=None) -> None:
+                 stop_if_diverged: Optional[Callable[[], None]] = None, split=None, tag: str = "eval") -> None:
         self.run, self.loader, self.writer, self.env, self.target = run, loader, writer, env, target
+        self.tag = tag
         self.stop_if_diverged = stop_if_diverged
         self.checkpointer, self.stats = checkpointer, stats
         self.early = cfg.train.early_stopping
@@ -111,7 +114,7 @@ class Evaluator:
         holds that step's evaluation): a second ``eval/*`` point at the same step drew a vertical segment."""
         t = time.perf_counter()
         writer = self.writer if logged else NoWriter()
-        metrics = log_eval(writer, evaluate(self.run.eval_forward, self.loader, self.env), pos.step)
+        metrics = log_eval(writer, evaluate(self.run.eval_forward, self.loader, self.env), pos.step, self.tag)
         if self.target is not None:  # before the best: best.pt's run_stats then record a target it reached
             self.target.observe(pos, metrics, time.perf_counter() - t, writer)
         self.checkpointer.evaluated_step = pos.step  # a checkpoint at this step holds this evaluation

@@ -193,21 +193,22 @@ def log_train(writer: SummaryWriter, step: int, loss: float, lrs: tuple[float, f
         writer.add_scalar("train/data_wait_fraction", data_wait_fraction, step)
 
 
-def eval_scalars(writer: SummaryWriter, metrics: dict[str, float], step: int) -> None:
-    """An evaluation's TensorBoard scalars ``eval/*`` (an undefined AUC as the text ``eval/auc_undefined``)."""
+def eval_scalars(writer: SummaryWriter, metrics: dict[str, float], step: int, tag: str = "eval") -> None:
+    """An evaluation's TensorBoard scalars ``eval/*`` (an undefined AUC as the text ``eval/auc_undefined``); `tag`:
+    another prefix (``eval/<split>``: a resumed run's evaluations of another split than its ``eval/*`` curve's)."""
     for k, v in metrics.items():
         if k == "auc" and auc_undefined(v):
             if isinstance(writer, SummaryWriter):  # (not NoWriter, nor a stand-in with scalars only)
-                add_markdown(writer, "eval/auc_undefined", f"AUC {auc_text(metrics)}: undefined on this split", step)
+                add_markdown(writer, f"{tag}/auc_undefined", f"AUC {auc_text(metrics)}: undefined on this split", step)
             continue
-        writer.add_scalar(f"eval/{k}", v, step)
+        writer.add_scalar(f"{tag}/{k}", v, step)
 
 
-def log_eval(writer: SummaryWriter, metrics: dict[str, float], step: int) -> dict[str, float]:
+def log_eval(writer: SummaryWriter, metrics: dict[str, float], step: int, tag: str = "eval") -> dict[str, float]:
     """An evaluation's scalars ``eval/*`` and log line. An undefined AUC (a one-class split's NaN) is said so, in the
     line and as TensorBoard text ``eval/auc_undefined``, and no ``eval/auc`` scalar is written (it read "auc nan", a NaN
     point)."""
-    eval_scalars(writer, metrics, step)
+    eval_scalars(writer, metrics, step, tag)
     logger.info(f"step {step}: eval " + ", ".join(f"{k} {auc_text(metrics) if k == 'auc' else format(v, '.4f')}"
                                                     for k, v in metrics.items()))
     return metrics

@@ -117,6 +117,15 @@ def with_sessions(summary: dict[str, Any], path: Path, resumed_config: Optional[
     reached = earlier[-1].get("end_step") if earlier else 0
     if isinstance(reached, int) and reached < start:
         earlier.append(_unrecorded(reached, start))
+    # resumed from a checkpoint older than the run's last recorded step (the later ones removed): the earlier sessions'
+    # steps past it were trained again by this one, and their ranges overlapped this one's as if both counted
+    discarded = [s for s in earlier if isinstance(s.get("end_step"), int) and s["end_step"] > start]
+    for s in discarded:
+        s["discarded_after"] = start if s.get("discarded_after") is None else min(start, s["discarded_after"])
+    if discarded:
+        logger.warning(f"{path}: this session resumed at step {start}, before the end of earlier sessions (step "
+                       f"{max(s['end_step'] for s in discarded)}): their steps after {start} are recorded as discarded "
+                       "(`discarded_after`), not as the run's")
     # from the checkpoint's config, not the summary.json's: after a session that wrote none (a signal stopped it,
     # having resumed with another learning rate), the change was said again as this session's, and one it made
     # itself was missed; and a resume from an older checkpoint of the run changes from that checkpoint's settings

@@ -34,10 +34,23 @@ class GracefulStop:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, doing: str = "finishing the current step, then checkpointing and exiting") -> None:
+    def __init__(self, doing: str = "finishing the current step, then checkpointing and exiting",
+                 defer: bool = False) -> None:
         self.signum: Optional[int] = None
         self._previous: dict[int, object] = {}
         self._doing = doing  # what the first signal's warning says happens next
+        # a torchrun rank other than 0 in the training loop: the first signal's warning kept for the ranks' agreement
+        # (`say_deferred`); a terminal's Ctrl-C reaches every rank, and each printed it (8 lines on 8 GPUs)
+        self._defer = defer
+        self.deferred: Optional[str] = None
+
+    def say_deferred(self, alone: bool) -> None:
+        """The ranks agreed on a signal: a deferred first-signal warning is said when some rank got none (`alone`: a
+        ``kill PID`` of this process, which the others' lines do not tell), dropped when every rank got it (rank 0's
+        says it for all)."""
+        line, self.deferred = self.deferred, None
+        if line is not None and alone:
+            logger.warning(line)
 
     @property
     def requested(self) -> bool:
@@ -52,9 +65,11 @@ class GracefulStop:
             logger.warning(f"{signal.Signals(signum).name} again: stopping now, without a checkpoint")
             raise SystemExit(128 + signum)
         self.signum = signum
-        logger.warning(
-            f"{signal.Signals(signum).name}: {self._doing} (send it again to stop at once)"
-        )
+        line = f"{signal.Signals(signum).name}: {self._doing} (send it again to stop at once)"
+        if self._defer:
+            self.deferred = line
+        else:
+            logger.warning(line)
 
     def __enter__(self) -> "GracefulStop":
         for s in self.SIGNALS:

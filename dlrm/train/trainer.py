@@ -28,7 +28,7 @@ from dlrm.logging_setup import bar_interval, run_logger
 from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
-from dlrm.train.checkpointer import Checkpointer, checkpoint_step
+from dlrm.train.checkpointer import EVAL_CURVE_SPLIT, Checkpointer, checkpoint_step
 from dlrm.train.meter import WARMUP_STEPS, RunStats, StepMeter
 from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement, resumed_placement
@@ -127,7 +127,7 @@ class Trainer(WindowLogging):
                     return
                 self._keep_best_model()
                 self.resumed_at_step = self.pos.step
-                logger.info(f"resumed from {self.resume_from} at step {self.pos.step} "
+                logger.info(f"resumed from {os.path.abspath(self.resume_from)} at step {self.pos.step} "
                             f"(epoch {self.pos.epoch}, batch {self.pos.batch})")
             self._log_start()
         except BaseException:
@@ -154,6 +154,26 @@ class Trainer(WindowLogging):
                            f"{self.stats.best.get('step')}) is of {old!r}, not compared with {new!r}'s: the best starts "
                            f"afresh, and this run's best {new!r} evaluation replaces {self.checkpointer.best_path}")
         self.stats.best, self.stats.grid_best, self.stats.evals_since_best = None, None, 0
+
+    def _eval_tag(self) -> str:
+        """The TensorBoard prefix of this session's evaluations: ``eval`` for the split the run's ``eval/*`` curve is
+        of (its first session's, recorded in every checkpoint), ``eval/<split>`` for another (a resume that changed
+        data.eval_split): its points went on the same curve, and one at the run's end (no step trained) stood at the
+        same step as the other split's, a vertical segment between two splits' numbers."""
+        extra, split = self.checkpointer.extra_stats, self.cfg.data.eval_split
+        # a checkpoint written before this was recorded: the split it was trained with
+        resumed = ((self.resumed_config or {}).get("data") or {}).get("eval_split")
+        source = run_of(self.resume_from) if self.resume_from is not None else None
+        if source is None or not _same_file(source, self.run_dir.path):  # a new run, or a branch: its events hold none
+            extra.pop(EVAL_CURVE_SPLIT, None)
+            resumed = None
+        curve = extra.get(EVAL_CURVE_SPLIT) or resumed or split
+        extra[EVAL_CURVE_SPLIT] = curve
+        if curve == split:
+            return "eval"
+        run_logger.info(f"data.eval_split {split!r}: the run's eval/* scalars are of {curve!r}; this session's "
+                        f"evaluations of {split!r} are logged as eval/{split}/*")
+        return f"eval/{split}"
 
     def _keep_best_model(self) -> None:
         """The recorded best evaluation's checkpoint must hold that evaluation's model, in this run: a branch
@@ -234,7 +254,8 @@ class Trainer(WindowLogging):
                                     ended=self.early_stopped)  # (True: an early stop resumed for its summary)
         self.checkpointer.clock = self._clocks  # every checkpoint records the training and wall time up to its step
         evaluator = self.evaluator = Evaluator(run, self.data.eval, cfg, writer, self.checkpointer, self.stats, env, self.target,
-                                               self._check_finite, self.meta.splits.get(cfg.data.eval_split))
+                                               self._check_finite, self.meta.splits.get(cfg.data.eval_split),
+                                               self._eval_tag())
         # none for a session with no step to train (a run resumed at its end, or at its early stop, for its summary):
         # its full bar was printed twice, at its start and its close, as if it trained
         idle = pos.step >= self.data.total_steps or self.early_stopped
@@ -243,7 +264,7 @@ class Trainer(WindowLogging):
         # `bar` closed on an exception too: left open, a failed run's ERROR line was glued to the bar's line and the
         # bar, closed by the garbage collector at exit, was the log's last line (a sweep's next bar went one line down)
         with bar, make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
-                GracefulStop() as stop, self._training_batches() as batches:
+                GracefulStop(defer=env.distributed and not env.is_main) as stop, self._training_batches() as batches:
             stop.signum = held.signum  # one held before the loop (several ranks): agreed at the first window
             for batch, data_wait in batches:
                 loss = run.train_step(batch)

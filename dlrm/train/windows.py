@@ -25,6 +25,7 @@ class WindowLogging:
     _stop_signal = 0
 
     _pending: Optional[tuple[WindowCut, DeviceRead]] = None  # a logging window queued, not read yet
+    _window_stop: Optional[GracefulStop] = None  # the loop's signal handler, as the window was queued
 
     def _stop_requested(self, stop: GracefulStop) -> bool:
         """A signal arrived; with several ranks, once they all know (they agree through the logging windows' reads):
@@ -36,7 +37,11 @@ class WindowLogging:
     def _signal_after_loop(self, stop: GracefulStop) -> bool:
         """A signal after the loop's last look at it (as its last window was read, say), agreed by the ranks through
         one all-reduce: unseen, it was lost."""
-        self._stop_signal = int(self.env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=self.device)))
+        agreed = self.env.all_reduce_max(torch.tensor([int(stop.signum or 0), int(stop.signum is None)],
+                                                      device=self.device)).tolist()
+        self._stop_signal = int(agreed[0])
+        if self._stop_signal:
+            stop.say_deferred(alone=bool(agreed[1]))
         return self._stop_signal > 0
 
     def _queue_window(self, stop: GracefulStop) -> None:
@@ -46,9 +51,12 @@ class WindowLogging:
         meter, env = self.meter, self.env
         values = [env.all_reduce_sum(meter.losses.total()), env.all_reduce_max(meter.losses.first_nonfinite_step())]
         values += [opt.param_groups[0]["lr"] for opt in self.run.optimizers[:2]]  # a captured step's are tensors
-        if env.distributed:
-            values.append(env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=self.device)))
+        if env.distributed:  # the largest signal, and (its MAX of 1 - got) whether some rank got none: one reduce
+            agreed = env.all_reduce_max(torch.tensor([int(stop.signum or 0), int(stop.signum is None)],
+                                                     device=self.device))
+            values += [agreed[0], agreed[1]]
         self._pending = (meter.cut_window(self.pos.step), DeviceRead(*values))
+        self._window_stop = stop  # (whose deferred signal line the read says or drops: `GracefulStop.say_deferred`)
 
     def _read_window(self, bar: tqdm) -> None:
         if self._pending is not None:
@@ -61,6 +69,8 @@ class WindowLogging:
         total, bad, lr_dense, lr_sparse, *stopping = read.get()
         if stopping:  # the ranks agree: every one reads the same reduced signal number after the same step
             self._stop_signal = int(stopping[0])
+            if self._stop_signal and self._window_stop is not None:
+                self._window_stop.say_deferred(alone=bool(stopping[1]))
         self._raise_if_nonfinite(int(bad))
         mean_loss = total / self.env.world_size / cut.steps  # the ranks' shares summed: the global mean
         rate, wait = self.meter.close_window(cut, mean_loss)
