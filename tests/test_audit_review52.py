@@ -139,9 +139,13 @@ def test_an_in_place_resume_from_another_directory_keeps_the_runs_best(tmp_path,
     monkeypatch.chdir(tmp_path / "a")
     _scripted(monkeypatch, [0.60, 0.55])
     first = train(load_config(config, {"log.tb_dir": "tb", "log.run_name": "r", "train.max_steps": 4}))
-    # the checkpoint records it as the run saw it (relative); summary.json absolute (tests/test_audit_resumerec.py)
-    recorded = ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path / "a" / "tb" / "r")[-1])["run_stats"]["best"]
-    assert first["best"]["step"] == 2 and not Path(recorded["checkpoint"]).is_absolute()
+    # a checkpoint of an earlier version recorded it as the run saw it (relative; since session 59 absolute, as
+    # summary.json's paths): written so here, the resume from elsewhere must still find the run's own best.pt
+    last = ckpt.list_checkpoints(tmp_path / "a" / "tb" / "r")[-1]
+    state = ckpt.load_checkpoint(last)
+    assert first["best"]["step"] == 2 and Path(state["run_stats"]["best"]["checkpoint"]).is_absolute()
+    state["run_stats"]["best"]["checkpoint"] = str(Path("tb") / "r" / "checkpoints" / "best.pt")
+    ckpt.write_atomic(last, state)
     monkeypatch.chdir(tmp_path / "b")
     _scripted(monkeypatch, [0.50])
     resumed = train(load_config(config, {"log.tb_dir": str(tmp_path / "a" / "tb"), "log.run_name": "r",

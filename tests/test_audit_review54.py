@@ -74,7 +74,7 @@ def _scripted(monkeypatch, aucs: dict[int, float]) -> list[int]:
     seen: list[int] = []
     monkeypatch.setattr(evaluator_mod, "evaluate", lambda forward, loader, env=None: {})
 
-    def log_eval(writer, metrics, step):
+    def log_eval(writer, metrics, step, tag="eval"):  # (tag: another split's curve, eval/<split>)
         seen.append(step)
         return {"auc": aucs[step], "logloss": 0.5, "accuracy": 0.75}
     monkeypatch.setattr(evaluator_mod, "log_eval", log_eval)

@@ -564,7 +564,8 @@ def test_compare_and_profile_under_torchrun(tmp_path, dataset):
 
 def test_sigterm_under_torchrun_stops_all_ranks_at_one_step(tmp_path, dataset):
     """torchrun passes SIGTERM to every rank; the ranks agree through the next logging window's read (the step
-    after its logging step), write one sharded checkpoint there, and each says where it stopped."""
+    after its logging step), write one sharded checkpoint there, and rank 0 says where they stopped (an agreed stop is
+    said once: every rank said it, one line a rank, until session 59)."""
     import signal
     import time
 
@@ -584,7 +585,7 @@ def test_sigterm_under_torchrun_stops_all_ranks_at_one_step(tmp_path, dataset):
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=120)[0]
     stops = re.findall(r"stopped by signal at step (\d+)", out)
-    assert len(stops) == 2 and stops[0] == stops[1], out[-3000:]
+    assert len(stops) == 1 and "[rank 1]" not in out.split("stopped by signal")[0][-200:], out[-3000:]
     step = int(stops[0])
     assert step % 5 == 1  # the step after a logging step, where its window (and the ranks' flags) is read
     manifest = ckpt.list_checkpoints(run_dir)[-1]

@@ -27,10 +27,10 @@ from dlrm.train.run_dir import run_dir_present
 from dlrm.train.setup import Tables
 
 BEST_NAME = "best.pt"
+"""The best evaluation's checkpoint, beside the step checkpoints (never pruned)."""
 EVAL_CURVE_SPLIT = "eval_curve_split"
 """run_stats' key of the split the run's ``eval/*`` scalars are of (its first session's data.eval_split): a resume on
 another split logs its evaluations as ``eval/<split>/*`` (`dlrm.train.trainer.Trainer._eval_tag`)."""
-"""The best evaluation's checkpoint, beside the step checkpoints (never pruned)."""
 
 
 def checkpoint_for(path: Path) -> Path:
