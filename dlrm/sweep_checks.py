@@ -170,25 +170,20 @@ def _why_one(config: str, base: dict[str, Any], first: dict[str, Any], other: di
     return out
 
 
-def check_datasets(config: str, base: dict[str, Any], settings: list[dict[str, Any]], workdir: str,
-                   rivals: bool = True) -> None:
+def check_datasets(config: str, base: dict[str, Any], settings: list[dict[str, Any]], workdir: str) -> None:
     """Refuse, in one line naming the setting, one whose ``data.path`` holds no dataset (its metadata.json read as
     its run reads it), or whose ``data.max_rows_per_table`` is below a table of its vocabulary-hashed dataset (which
     its run refuses as it reads the tables: found by that setting's first trial, it ended the sweep after the settings
-    before it had trained). With `rivals`, also two settings that train the same model because a cap binds no table
-    of their dataset (``data.max_rows_per_table=null,1000`` over tables of at most 224 rows: the same model twice,
-    ranked as its own rival, as `check_same_configs` refuses for keys that cannot act); a resumed sweep's grid began
-    so and is not refused midway. `workdir`: what a relative data.path is read against (the working directory the
-    sweep started in, as its trials read it: `dlrm.sweep._run_trials`)."""
+    before it had trained). Two settings whose caps bind no table of their dataset are `check_same_configs`'s to
+    refuse (`trained_config`). `workdir`: what a relative data.path is read against (the working directory the sweep
+    started in, as its trials read it: `dlrm.sweep._run_trials`)."""
     from dlrm.errors import DatasetError
     from dlrm.sweep import label
     from dlrm.train.setup import check_table_cap, load_dataset_metadata  # (torch: not for --help)
 
     datasets: dict[str, tuple] = {}
-    seen: dict[str, dict[str, Any]] = {}
     for setting in settings:
-        overrides = {**base, **setting}
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, {**base, **setting})
         cfg.data.path = os.path.join(workdir, cfg.data.path)  # (an absolute path stays itself)
         try:
             if cfg.data.path not in datasets:
@@ -199,23 +194,6 @@ def check_datasets(config: str, base: dict[str, Any], settings: list[dict[str, A
             # (else the file's or --data's: not a --set's)
             given = any(k in ("data", "data.path", "data.max_rows_per_table") for k in setting)
             raise type(e)(f"--set {label(setting)}: {e}" if given else str(e)) from None
-        if not rivals:
-            continue
-        cap, largest = cfg.data.max_rows_per_table, max(meta.cardinalities)
-        if cap is not None and cap >= largest:  # the run trains every table whole: as without the cap
-            overrides["data.max_rows_per_table"] = None
-        first = seen.setdefault(effective(config, overrides), setting)
-        # (settings of one config, caps apart, are `check_same_configs`'s to refuse)
-        if first is not setting and _cap(config, base, first) != cap:
-            caps = sorted({c for c in (_cap(config, base, first), cap) if c is not None})
-            raise ConfigError(f"--set: {label(first)} and {label(setting)} train the same model (a cap of "
-                              f"{' or '.join(f'{c:,}' for c in caps)} rows caps no table of {data_dir}, whose largest "
-                              f"has {largest:,}): it would be trained twice and ranked as its own rival; sweep "
-                              f"data.max_rows_per_table below {largest:,}")
-
-
-def _cap(config: str, base: dict[str, Any], setting: dict[str, Any]) -> Any:
-    return load_config(config, {**base, **setting}).data.max_rows_per_table
 
 
 def _get(tree: dict, dotted: str) -> Any:

@@ -352,7 +352,7 @@ def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Opti
         from dlrm.train.trainer import train as train_fn
 
         # (their data as the trials read it; the grid's rivals were refused when it began, or it began so)
-        check_datasets(config, base, left, record.get("cwd") or os.getcwd(), rivals=False)
+        check_datasets(config, base, left, record.get("cwd") or os.getcwd())
     lock = SweepLock.acquire(directory)
     logger.info(f"sweep --resume: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs in "
                 f"{directory}; finished trials are gathered, interrupted ones resumed, failed ones tried again")

@@ -168,7 +168,7 @@ def test_a_sweep_refuses_two_settings_whose_caps_bind_no_table(tmp_path):
     """--set data.max_rows_per_table=null,1000 on a dataset whose largest table has 224 rows: the cap changes no table,
     so both settings trained the same model, ranked as rivals ("+0.0000 AUC over" the other). Refused before the first
     trial, as two settings of one config are (`check_same_configs`); caps that bind stay accepted, and a resumed sweep
-    (`rivals=False`: its grid began so) is not refused midway."""
+    (`check_datasets` alone: its grid began so) is not refused midway."""
     from dlrm.sweep_checks import check_datasets
     from tests.conftest import make_dataset
 
@@ -176,10 +176,14 @@ def test_a_sweep_refuses_two_settings_whose_caps_bind_no_table(tmp_path):
     make_dataset(data, {"train": 20, "validation": 8}, cardinality=224)
     (tmp_path / "c.json").write_text(json.dumps({"data": {"path": str(data)}}))
     config, base = str(tmp_path / "c.json"), {"data.path": str(data)}
+    from dlrm.sweep_checks import check_same_configs
+
+    check_same_configs(config, base, [{"data.max_rows_per_table": v} for v in (None, 100, 200)])
     check_datasets(config, base, [{"data.max_rows_per_table": v} for v in (None, 100, 200)], str(tmp_path))
     grid = [{"data.max_rows_per_table": v} for v in (None, 100, 1000)]
+    # (the sweep checks the grid's configs first: `check_same_configs` resolves the dataset's tables, session 59)
     with pytest.raises(ConfigError, match=r"^--set: data\.max_rows_per_table=null and data\.max_rows_per_table=1000 "
-                                          r"train the same model \(a cap of 1,000 rows caps no table of .*ds, whose "
-                                          r"largest has 224\)"):
-        check_datasets(config, base, grid, str(tmp_path))
-    check_datasets(config, base, grid, str(tmp_path), rivals=False)
+                                          r"train the same config \(data\.max_rows_per_table null and 1000 cap the "
+                                          r"tables of .*ds alike \(the largest has 224 rows\)"):
+        check_same_configs(config, base, grid)
+    check_datasets(config, base, grid, str(tmp_path))  # (a resumed sweep's: its grid began so, not refused midway)
