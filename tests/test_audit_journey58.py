@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import CHILD_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Both masked lookups' backward, as a multi-hot eager run (or a sharded one) runs it, in a fresh process: torch warns
@@ -28,7 +30,7 @@ print(v.grad.coalesce().to_dense().tolist())
 def test_the_masked_lookups_sparse_gradient_warns_of_no_memory_errors():
     """A multi-hot eager run (README: MLPerf's model on a CPU with fp32 tables) printed torch 2.13's "Sparse invariant
     checks are implicitly disabled. Memory errors (e.g. SEGFAULT) will occur ..." at its first backward."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "always"}
+    env = {**CHILD_ENV, "PYTHONWARNINGS": "always"}  # the caller's PYTHONPATH kept (the GPU machine's loguru)
     done = subprocess.run([sys.executable, "-c", _MASKED_BACKWARD], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
@@ -52,7 +54,7 @@ def _preprocess_log(tmp_path: Path, *args: str) -> tuple[str, dict]:
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "dlrm.preprocess", "--input", str(_raw_log(tmp_path / "log.txt", 200)),
                            "--output", str(out), "--hashing", "vocabulary", "--min-frequency", "auto", "--workers", "1",
-                           "--no-progress", *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                           "--no-progress", *args], cwd=ROOT, env=CHILD_ENV,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     from dlrm.data.schema import read_metadata

@@ -27,10 +27,19 @@ def _kept_rows_grad(weight_shape: torch.Size, rows: torch.Tensor, keep: torch.Te
     kept = keep.nonzero().squeeze(1)  # host sync (see the module docstring)
     source = kept if bag is None else bag.index_select(0, kept)
     values = grad.reshape(-1, weight_shape[1]).index_select(0, source)
-    # check_invariants given: left implicit, torch 2.13 warned of "memory errors (e.g. SEGFAULT)" in every multi-hot
-    # or sharded eager run (its rows are the lookups' own, within the table)
-    return torch.sparse_coo_tensor(rows.index_select(0, kept).unsqueeze(0), values, weight_shape,
-                                   check_invariants=False)
+    # its rows are the lookups' own, within the table: nothing for torch's invariant checks to find
+    return unchecked_sparse_coo(rows.index_select(0, kept).unsqueeze(0), values, weight_shape)
+
+
+def unchecked_sparse_coo(indices: torch.Tensor, values: torch.Tensor, shape: torch.Size,
+                         is_coalesced: bool | None = None) -> torch.Tensor:
+    """``torch.sparse_coo_tensor`` without invariant checks (the caller's indices are valid), and without torch's
+    "Sparse invariant checks are implicitly disabled. Memory errors (e.g. SEGFAULT) will occur ..." warning, which
+    every multi-hot or sharded eager run printed at its first backward: torch 2.13 leaves it out for
+    ``check_invariants=False``, torch 2.11 (the GPU image's) warns unless the process-wide setting is made explicitly,
+    as the context manager does (it restores the caller's setting, checks off by default)."""
+    with torch.sparse.check_sparse_tensor_invariants(enable=torch.sparse.check_sparse_tensor_invariants.is_enabled()):
+        return torch.sparse_coo_tensor(indices, values, shape, is_coalesced=is_coalesced, check_invariants=False)
 
 
 class _MaskedEmbedding(torch.autograd.Function):

@@ -11,6 +11,7 @@ from torch import nn
 
 from dlrm.config import OptimConfig, ScheduleConfig
 from dlrm.logging_setup import run_logger
+from dlrm.model.masked_lookup import unchecked_sparse_coo
 from dlrm.train.adagrad import CapturableAdagrad
 
 
@@ -79,8 +80,7 @@ def decay_touched_rows_(weight: torch.Tensor, weight_decay: float) -> None:
         grad = grad.coalesce()
         rows = grad.indices()[0]
         values = grad.values() + weight_decay * w[rows].to(grad.dtype)
-        weight.grad = torch.sparse_coo_tensor(grad.indices(), values, grad.shape, is_coalesced=True,
-                                              check_invariants=False)  # the indices are coalesce()'s
+        weight.grad = unchecked_sparse_coo(grad.indices(), values, grad.shape, is_coalesced=True)  # coalesce()'s
     else:
         touched = grad.ne(0).any(dim=1, keepdim=True)
         grad.add_(w * touched, alpha=weight_decay)
