@@ -23,7 +23,8 @@ from dlrm.config import Config, ConfigError, config_from_dict
 from dlrm.distributed.env import DistEnv
 from dlrm.logging_setup import run_logger
 from dlrm.train.checkpointer import BEST_NAME, checkpoint_step
-from dlrm.train.run_dir import BRANCH_NAME, LOCK_NAME, branch_start, restart_leftovers, restart_refusal, run_of
+from dlrm.train.run_dir import (BRANCH_NAME, LOCK_NAME, _same_file, branch_start, restart_leftovers, restart_refusal,
+                                run_of)
 
 # dotted prefixes: a key equal to one or under it is free
 FREE_KEYS = (
@@ -243,7 +244,7 @@ def restart_config(run: Path, current: dict[str, Any], allowed: Iterable[str]) -
                               "away or pick another --run-name") from None
         if not isinstance(saved, dict):
             raise ConfigError(f"--resume: {source}: not a run's config (a JSON {type(saved).__name__})")
-        check_resume_config(with_defaults(saved), current, allowed, str(source),
+        check_resume_config(named_as_current(with_defaults(saved), current, run), current, allowed, str(source),
                             whose="the stopped run's config.json")
     elif any(name != LOCK_NAME and not name.endswith(".tmp") for name in leftovers):
         raise ConfigError(restart_refusal(run))  # events or traces without the config.json a run writes first
@@ -259,6 +260,26 @@ def summarized(checkpoint: Path, step: int) -> bool:
         return summary["steps"] == step
     except (OSError, ValueError, TypeError, KeyError):
         return False
+
+
+_RUN_NAMING = ("tb_dir", "run_name")  # the log keys that name a run's directory
+
+
+def named_as_current(saved: dict, current: dict, run: Optional[Path]) -> dict:
+    """`saved` (the config of a checkpoint or config.json of `run`) with its ``log.tb_dir`` and ``log.run_name`` as
+    `current` gives them when this session writes `run` itself (a resume in place: `current` names `run`, or no run at
+    all); else `saved` as it is (a branch: a new directory, a change its record keeps). The two name one directory
+    however they are spelled: compared as settings, a resume of a run started without --run-name (recorded null) by
+    the name it got said ``log.run_name: null -> 'c-20261201-183337'`` as a change of its own, and one by checkpoint
+    path ``log.run_name: 'r1' -> null`` (``log.tb_dir`` too, spelled otherwise), in the log and in summary.json's
+    ``sessions``."""
+    log, own = saved.get("log"), current.get("log")
+    if run is None or not isinstance(log, dict) or not isinstance(own, dict):
+        return saved
+    name, tb_dir = own.get("run_name"), own.get("tb_dir")
+    if name is not None and not (isinstance(tb_dir, str) and _same_file(Path(tb_dir) / name, Path(run))):
+        return saved
+    return {**saved, "log": {**log, **{k: own[k] for k in _RUN_NAMING if k in own}}}
 
 
 def saved_config(state: dict) -> dict:

@@ -35,8 +35,8 @@ from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler, saves_trace
 from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, model_text,
                                   open_writer, resolved_settings, versions, write_summary)
-from dlrm.train.resume_policy import (check_position, check_resume_config, checkpoint_to_resume, saved_config,
-                                      summarized)
+from dlrm.train.resume_policy import (check_position, check_resume_config, checkpoint_to_resume, named_as_current,
+                                      saved_config, summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import as_trained, dataset_held, seed_everything, seed_rank
 from dlrm.train.signals import GracefulStop, StopAtOnce, agreed_stop, held_signals
@@ -85,7 +85,9 @@ class Trainer(WindowLogging):
             self.resume_from, latest = checkpoint_to_resume(cfg, resume, allow_config_change, self.env)
         if self.resume_from is not None:
             state = ckpt.load_checkpoint(self.resume_from)  # a sharded run's manifest: small
-            self.resumed_config = saved_config(state)  # (summary.json's sessions: this session's config changes)
+            # (summary.json's sessions: this session's config changes; the run's directory, written in place, is no
+            # change however the two name it: `named_as_current`)
+            self.resumed_config = named_as_current(saved_config(state), cfg.to_dict(), run_of(self.resume_from))
             check_resume_config(self.resumed_config, cfg.to_dict(), allow_config_change, str(self.resume_from))
         self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
         if state is not None:  # the batches the run resumed would train on (shuffled, they depend on the placement)
