@@ -44,3 +44,25 @@ def test_an_unchecked_sparse_tensor_keeps_the_callers_invariant_setting(checks):
     coalesced = unchecked_sparse_coo(torch.tensor([[0, 2]]), torch.tensor([[2.0], [1.0]]), torch.Size([3, 1]),
                                      is_coalesced=True)
     assert coalesced.is_coalesced()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the host sync it avoids is CUDA's"))])
+def test_the_logging_windows_signal_flags_are_filled_behind_the_step_without_a_sync(device):
+    """review60: under torchrun each logging window built its signal flags with ``torch.tensor([...], device=cuda)``,
+    a copy from pageable memory that waits for the whole queued step, which the window's reads are meant to run
+    behind. torch's sync debug mode raises on any synchronizing call."""
+    from dlrm.train.windows import filled_on_device
+
+    queued = torch.randn(512, 512, device=device)
+    if device == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(4):
+            queued = queued @ queued.T / 512  # work queued ahead of the flags
+        flags = filled_on_device([15, 1, 0], torch.device(device))
+    finally:
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    assert flags.dtype == torch.int64 and flags.device.type == device
+    assert flags.tolist() == [15, 1, 0]

@@ -52,8 +52,7 @@ class WindowLogging:
         values = [env.all_reduce_sum(meter.losses.total()), env.all_reduce_max(meter.losses.first_nonfinite_step())]
         values += [opt.param_groups[0]["lr"] for opt in self.run.optimizers[:2]]  # a captured step's are tensors
         if env.distributed:  # the largest signal, and (its MAX of 1 - got) whether some rank got none: one reduce
-            agreed = env.all_reduce_max(torch.tensor([int(stop.signum or 0), int(stop.signum is None)],
-                                                     device=self.device))
+            agreed = env.all_reduce_max(filled_on_device([int(stop.signum or 0), int(stop.signum is None)], self.device))
             values += [agreed[0], agreed[1]]
         self._pending = (meter.cut_window(self.pos.step), DeviceRead(*values))
         self._window_stop = stop  # (whose deferred signal line the read says or drops: `GracefulStop.say_deferred`)
@@ -90,3 +89,14 @@ class WindowLogging:
     def _raise_if_nonfinite(self, bad: int, what: str = "loss") -> None:
         if bad >= 0:
             raise NonFiniteLoss(f"{what} became NaN or Inf at step {bad}; stopped; {self.checkpointer.last_good(self.stats.best)}")
+
+
+def filled_on_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """An int64 tensor of `values` on `device`, written by fill kernels queued behind the step: no host sync.
+    ``torch.tensor(values, device="cuda")`` copies from pageable host memory, which waits for every queued kernel (the
+    whole step a logging window's reads are meant to run behind, once a window under torchrun)."""
+    out = torch.empty(len(values), dtype=torch.int64, device=device)
+    for i, value in enumerate(values):
+        out[i] = value  # a fill kernel with the value as its argument
+    return out
+
