@@ -217,7 +217,8 @@ def test_a_byte_order_mark_in_gzip_and_in_the_parallel_count(tmp_path, monkeypat
 
 def test_the_mlperf_import_of_one_hot_files_names_the_missing_step(tmp_path):
     """A user with TorchRec's first-step files (day_N_sparse.npy, one-hot) was told only that day_0_sparse_multi_hot.npz
-    is missing; the message now says what the .npy beside it is and which MLPerf script makes the multi-hot files."""
+    is missing; those files now import as one-hot features (tests/test_audit_datarest.py checks every value), and a day
+    with neither sparse file is refused naming both."""
     import subprocess
     import sys
 
@@ -229,17 +230,24 @@ def test_the_mlperf_import_of_one_hot_files_names_the_missing_step(tmp_path):
     for d in (0, 1):
         np.save(src / f"day_{d}_labels.npy", np.zeros((4, 1), np.int32))
         np.save(src / f"day_{d}_dense.npy", np.zeros((4, 13), np.float32))
-        np.save(src / f"day_{d}_sparse.npy", np.zeros((4, 26), np.int32))
-    done = subprocess.run([sys.executable, "-m", "dlrm.data.mlperf_import", "--input", str(src), "--output",
-                           str(tmp_path / "out"), "--train-days", "0", "--eval-day", "1", "--workers", "1"], cwd=root,
-                          env={**CHILD_ENV, "NO_COLOR": "1"}, capture_output=True,
-                          text=True, timeout=120)
+    np.save(src / "day_1_sparse.npy", np.zeros((4, 26), np.int32))
+
+    def run_import():
+        return subprocess.run([sys.executable, "-m", "dlrm.data.mlperf_import", "--input", str(src), "--output",
+                               str(tmp_path / "out"), "--train-days", "0", "--eval-day", "1", "--workers", "1"],
+                              cwd=root, env={**CHILD_ENV, "NO_COLOR": "1"}, capture_output=True, text=True, timeout=120)
+
+    done = run_import()
     assert done.returncode == 2, done.stderr
     lines = [x for x in done.stderr.splitlines() if "ERROR" in x or x.startswith("error")]
     assert len(lines) == 1, done.stderr
     assert "day_0_sparse_multi_hot.npz: missing" in lines[0], lines[0]
-    assert "day_0_sparse.npy is there" in lines[0] and "materialize_synthetic_multihot_dataset.py" in lines[0], lines[0]
+    assert "or TorchRec's one-hot day_0_sparse.npy" in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
+    np.save(src / "day_0_sparse.npy", np.zeros((4, 26), np.int32))
+    done = run_import()
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "metadata.json").is_file()
 
 
 _HEADER = ",".join(["label", *[f"I{i}" for i in range(1, 14)], *[f"C{i}" for i in range(1, 27)]])

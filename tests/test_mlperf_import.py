@@ -169,9 +169,10 @@ def _bad_label(src):
     np.save(src / "day_23_labels.npy", labels)
 
 
-@pytest.mark.parametrize("mutate,needle,found_while_writing", [
+@pytest.mark.parametrize("mutate,needle,kept", [
     (_mutate_dense, "day_1_dense.npy: row 4, column 7: nan", True),
-    (_mutate_ids, "day_0_sparse_multi_hot.npz: member 20.npy: row 6, value 9: id 27 is outside", True),
+    # found while writing the first file: nothing finished, nothing kept
+    (_mutate_ids, "day_0_sparse_multi_hot.npz: member 20.npy: row 6, value 9: id 27 is outside", False),
     (_bad_label, "day_23_labels.npy: row 3: label 2 is not 0 or 1", True),
     (_compress, "day_23_sparse_multi_hot.npz: member 0.npy is compressed", False),
     (_drop_member, "day_1_sparse_multi_hot.npz: no member 25.npy", False),
@@ -180,9 +181,10 @@ def _bad_label(src):
     (lambda src: (src / "day_1_labels.npy").unlink(), "day_1_labels.npy: missing", False),
 ])
 def test_a_bad_file_or_value_stops_with_one_line_and_no_output(mlperf_dir, tmp_path, mutate, needle,
-                                                                found_while_writing):
+                                                                kept):
     """Shapes, dtypes and files are checked before anything is written; a bad value found while writing stops
-    the import with --output unwritten and only complete files kept for a resume."""
+    the import with --output unwritten and only complete files kept for a resume (`kept`: a file was finished
+    before the bad value; none finished, the unfinished import is removed)."""
     src, _ = mlperf_dir
     mutate(src)
     res = run("--input", src, "--output", tmp_path / "ds", "--train-days", "0-1", "--num-embeddings",
@@ -191,7 +193,7 @@ def test_a_bad_file_or_value_stops_with_one_line_and_no_output(mlperf_dir, tmp_p
     assert needle in res.output, res.output
     assert not (tmp_path / "ds").exists()
     work = mi.partial_dir(tmp_path / "ds")
-    assert work.exists() == found_while_writing
+    assert work.exists() == kept
     assert not list(work.rglob("*.tmp"))
 
 

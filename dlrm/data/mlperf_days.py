@@ -1,6 +1,7 @@
 """MLPerf DLRM-DCNv2's input files of one day (``day_{i}_labels.npy``, ``day_{i}_dense.npy``,
-``day_{i}_sparse_multi_hot.npz``), opened as read-only memory maps and checked for shape and dtype before any row is
-read (`dlrm.data.mlperf_import` reads their rows). Every refusal is one `ImportInputError` line naming the file."""
+``day_{i}_sparse_multi_hot.npz``, or TorchRec's one-hot ``day_{i}_sparse.npy`` in its place), opened as read-only
+memory maps and checked for shape and dtype before any row is read (`dlrm.data.mlperf_import` reads their rows).
+Every refusal is one `ImportInputError` line naming the file."""
 
 from __future__ import annotations
 
@@ -78,15 +79,16 @@ class Day:
     @classmethod
     def open(cls, root: Path, i: int) -> "Day":
         paths = (root / f"day_{i}_labels.npy", root / f"day_{i}_dense.npy", root / f"day_{i}_sparse_multi_hot.npz")
+        one_hot = root / f"day_{i}_sparse.npy"
+        if not paths[2].is_file() and one_hot.is_file():
+            # TorchRec's one-hot layout (`BinaryCriteoUtils`: int [N, 26], one id a feature), before MLPerf's multi-hot
+            # step: imported as 26 one-hot features. It was refused, pointing at MLPerf's multi-hot synthesis, which
+            # a user training the one-hot DLRM on those files does not want.
+            paths = (*paths[:2], one_hot)
         for p in paths:
             if not p.is_file():
-                one_hot = root / f"day_{i}_sparse.npy"
-                hint = ""
-                if p == paths[2] and one_hot.is_file():  # TorchRec's one-hot step, before the multi-hot one
-                    hint = (f"; {one_hot.name} is there: the one-hot ids of the first preprocessing step, from which "
-                            "MLPerf's materialize_synthetic_multihot_dataset.py makes the multi-hot files")
                 raise ImportInputError(f"{p}: missing (MLPerf's day {i} needs day_{i}_labels.npy, day_{i}_dense.npy "
-                                       f"and day_{i}_sparse_multi_hot.npz){hint}")
+                                       f"and day_{i}_sparse_multi_hot.npz, or TorchRec's one-hot day_{i}_sparse.npy)")
         labels, dense = (_npy(p) for p in paths[:2])
         if labels.ndim == 2 and labels.shape[1] == 1:
             labels = labels[:, 0]
@@ -99,6 +101,12 @@ class Day:
         if dense.shape != (n, NUM_DENSE) or dense.dtype.kind != "f" or dense.dtype.itemsize != 4:
             raise ImportInputError(f"{paths[1]}: shape {dense.shape} {dense.dtype}, expected float32 "
                                    f"[{n}, {NUM_DENSE}] (the rows of {paths[0].name})")
+        if paths[2] == one_hot:
+            ids = _npy(one_hot)
+            if ids.shape != (n, NUM_SPARSE) or ids.dtype.kind not in "iu":
+                raise ImportInputError(f"{one_hot}: shape {ids.shape} {ids.dtype}, expected integers "
+                                       f"[{n}, {NUM_SPARSE}] (the rows of {paths[0].name}, one id a feature)")
+            return cls(i, labels, dense, tuple(ids[:, f:f + 1] for f in range(NUM_SPARSE)), paths)
         sparse = tuple(npz_member(paths[2], str(f)) for f in range(NUM_SPARSE))
         for f, ids in enumerate(sparse):
             if ids.ndim != 2 or ids.shape[0] != n or ids.shape[1] < 1 or ids.dtype.kind not in "iu":
@@ -109,6 +117,12 @@ class Day:
                 raise ImportInputError(f"{paths[2]}: member {f}.npy: {ids.shape[1]} values a row, more than the "
                                        f"{MAX_MULTI_HOT_SIZE} a dataset's multi_hot_sizes allows")
         return cls(i, labels, dense, sparse, paths)
+
+    def where(self, feature: int) -> str:
+        """Where `feature`'s ids are in the sparse file, for an error line: its npz member, or its column."""
+        if self.paths[2].suffix == ".npy":
+            return f"column {feature}"
+        return f"member {feature}.npy"
 
     @property
     def sizes(self) -> list[int]:

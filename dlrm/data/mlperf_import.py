@@ -9,7 +9,11 @@ MLPerf's reference (mlcommons/training ``recommendation_v2/torchrec_dlrm``, torc
 - ``day_{i}_labels.npy``: int32 [N, 1] (or [N]), 0 or 1;
 - ``day_{i}_dense.npy``: float32 [N, 13], already ``log(x + 3)`` of the raw counts;
 - ``day_{i}_sparse_multi_hot.npz``: an uncompressed ``np.savez`` with members ``"0"`` .. ``"25"``,
-  int32 [N, size_f]: every row exactly size_f ids of feature f, each below its table size.
+  int32 [N, size_f]: every row exactly size_f ids of feature f, each below its table size;
+- or, in the npz's place, TorchRec's one-hot ``day_{i}_sparse.npy`` (``BinaryCriteoUtils``' layout before MLPerf's
+  multi-hot step): integers [N, 26], one id a feature, imported as 26 one-hot features. The ids must be below their
+  tables' sizes (TorchRec's contiguous ids, with ``--num-embeddings``); raw 32-bit hashes exceed any table and are
+  refused naming the file, the column and the row (preprocess the raw logs with ``python -m dlrm.preprocess`` instead).
 
 Training rows are days 0-22 (the reference shuffled them across those days), validation the first
 ``ceil(N / 2)`` rows of day 23 and test the rest, as the reference splits them. Every row becomes
@@ -30,12 +34,13 @@ The npz members are read through memory maps (no member is loaded whole: one fea
 up to ~70 GB), in row groups of 131,072 rows, by ``--workers`` processes, each writing its own
 files into ``.<output name>.import-partial`` beside ``--output``, renamed into place when all are
 done: ``--output`` never holds a half-written dataset. An import that stops (a bad value, a kill)
-keeps the files it finished there, and the same command resumes from them, writing again any that can no
-longer be read or whose day's input files changed since (`dlrm.data.input_stamps`) (other options, another
-``--sparse-layout`` included, or another input are refused; ``--overwrite`` starts over). An ``--output`` that
-is ``--input``, holds it or lies inside it is refused, ``--overwrite`` or not, as are ``.`` and ``..``. Every value
-is checked (labels 0/1, finite dense values, ids in range, shapes and dtypes alike across days), and a bad one stops
-the import with one line naming the file, the member and the row. The day files are opened and checked by
+keeps the files it finished there (one that finished none, stopped by a bad value or Ctrl-C, leaves nothing),
+and the same command resumes from them, writing again any that can no longer be read or whose day's input
+files changed since (`dlrm.data.input_stamps`) (other options, another ``--sparse-layout`` included, or another
+input are refused; ``--overwrite`` starts over). An ``--output`` that is ``--input``, holds it or lies inside it
+is refused, ``--overwrite`` or not, as are ``.`` and ``..``. Every value is checked (labels 0/1, finite dense
+values, ids in range, shapes and dtypes alike across days), and a bad one stops the import with one line naming
+the file, the member (or column) and the row. The day files are opened and checked by
 `dlrm.data.mlperf_days`.
 
 Files are written with LZ4 by default: a dataset of this size streams from parquet
@@ -131,7 +136,7 @@ def _row_group(day: Day, lo: int, hi: int, cards: list[int], schema: pa.Schema,
         bad = np.argwhere((block < 0) | (block >= cards[f]))
         if bad.size:  # the id as the file holds it (raw), not as the int64 cast made it
             r, s = (int(v) for v in bad[0])
-            raise ImportInputError(f"{day.paths[2]}: member {f}.npy: row {lo + r}, value {s}: id {raw[r, s].item()} is "
+            raise ImportInputError(f"{day.paths[2]}: {day.where(f)}: row {lo + r}, value {s}: id {raw[r, s].item()} is "
                                    f"outside feature {f}'s table of {cards[f]} rows (--num-embeddings)")
         cols += feature_columns(block, layout)
     return pa.Table.from_arrays(cols, schema=schema), int(np.count_nonzero(labels))
@@ -416,8 +421,15 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
             _remove_bookkeeping(output)
             raise InterruptedWhenComplete(output, interruption(e)[0]) from None
         finished = sum(1 for _ in work.rglob("*.parquet"))
-        logger.info(f"the {finished} of {len(ordered)} files finished are kept in {work}: the same command resumes "
-                    f"from them (--overwrite starts over)")
+        if finished == 0:
+            # nothing to resume (the workers have stopped: the pool was shut down above). Kept, its plan refused the
+            # corrected command (another --num-embeddings after an id outside its table, the usual first mistake)
+            # as "an unfinished import with other options or input", which only --overwrite got past
+            shutil.rmtree(work, ignore_errors=True)
+            logger.info(f"no file was finished: {work} removed")
+        else:
+            logger.info(f"the {finished} of {len(ordered)} files finished are kept in {work}: the same command "
+                        f"resumes from them (--overwrite starts over)")
         raise
     seconds = time.perf_counter() - started
     try:  # --output is complete from here on: an interrupt must not read as an import to redo
@@ -444,7 +456,8 @@ class InterruptedWhenComplete(KeyboardInterrupt):
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--input", "input_dir", type=click.Path(file_okay=False, exists=True), required=True,
-              help="MLPerf's folder of day_{i}_labels.npy, day_{i}_dense.npy and day_{i}_sparse_multi_hot.npz.")
+              help="MLPerf's folder of day_{i}_labels.npy, day_{i}_dense.npy and day_{i}_sparse_multi_hot.npz (or "
+                   "TorchRec's one-hot day_{i}_sparse.npy).")
 @click.option("--output", type=click.Path(file_okay=False), required=True, help="Dataset directory to create.")
 @click.option("--train-days", default="0-22", show_default=True, help="Days whose rows train (e.g. 0-22, or 0,1).")
 @click.option("--eval-day", type=click.IntRange(min=0), default=23, show_default=True,

@@ -42,6 +42,15 @@ def open_writer(run_dir: Path, purge_step: Optional[int] = None) -> SummaryWrite
     its own would be kept, without dying (later events are dropped), and the writer raises it, named, at its next
     call. A TensorBoard whose writer is laid out otherwise keeps its own behaviour."""
     writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+    if purge_step is not None:
+        # A second SessionLog.START: TensorBoard's Python loader (plugin_event_accumulator, what `tensorboard
+        # --load_fast=false` and a TensorBoard without its data server read) takes a run's first START for the run's
+        # start, not a restart, and purges nothing. A run's first session writes none, so a resume from an earlier
+        # checkpoint showed the stopped session's later points next to its own (8, 10, 8, 10); the data server and
+        # event_accumulator purge at either START.
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        writer._get_file_writer().add_event(Event(step=purge_step, session_log=SessionLog(status=SessionLog.START)))
     events = getattr(writer._get_file_writer(), "event_writer", None)
     worker = getattr(getattr(events, "_async_writer", None), "_worker", None)
     if hasattr(worker, "_record_writer") and hasattr(worker, "exception"):

@@ -40,6 +40,7 @@ def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashi
         sizes = _write_vocabularies(out, counter, min_frequency)
         cards = [v + 1 for v in sizes]
         extra["vocabulary_sizes"] = sizes
+        _warn_empty_vocabularies(sizes, min_frequency, splits["train"].rows)
     else:
         cards = [min(d + 1, max_rows) if max_rows else d + 1 for d in distinct]
     extra.update(
@@ -73,6 +74,23 @@ def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashi
     write_metadata(out, meta)
     logger.info("wrote {}", out / "metadata.json")
     return meta
+
+
+def _warn_empty_vocabularies(sizes: list[int], min_frequency: int, train_rows: int) -> None:
+    """One warning naming the features whose vocabulary is empty: a --min-frequency above every count of theirs
+    (1000 on a 100-line sample) made every table the out-of-vocabulary row alone, said nowhere but in the summary's
+    "26 rows in all", and the model then trained on the dense features only."""
+    from loguru import logger
+
+    empty = [f"SPARSE_{f}" for f, n in enumerate(sizes) if n == 0]
+    if not empty:
+        return
+    every = len(empty) == NUM_SPARSE
+    which = ("no feature keeps a value" if every
+             else f"{len(empty)} of {NUM_SPARSE} features ({', '.join(empty)}) keep none")
+    logger.warning(f"--min-frequency {min_frequency}: {which} (no value occurs {min_frequency} times in the "
+                   f"{train_rows:,} train rows): their tables are the out-of-vocabulary row alone, so the model learns "
+                   "nothing from them" + ("; use a lower --min-frequency, or auto" if every else ""))
 
 
 def _write_vocabularies(out: Path, counter: DistinctCounter, min_frequency: int) -> list[int]:
