@@ -16,5 +16,7 @@ from kernels._backend import TritonUnavailableError, check_triton_device, interp
 
 # Under TRITON_INTERPRET=1 (CPU runs, the CPU tests): the interpreter's patching once a grid, not once a helper call.
 _interpreter.install()
+# ... and its tl.dot of bf16 operands computed from their values, not their uint16 bit patterns (a correctness fix).
+_interpreter.install_bf16_dot()
 
 __all__ = ["TritonUnavailableError", "check_triton_device", "interpret_mode"]

@@ -22,8 +22,8 @@ _TRITON_TRUE = ("1", "true", "yes", "on", "y")
 
 
 def interpret_mode() -> bool:
-    """True when ``TRITON_INTERPRET`` switches Triton's interpreter on (Triton kernels then run on the CPU, fp32
-    only): ``1``, or ``true`` / ``yes`` / ``on`` / ``y`` in any case, as Triton itself reads the variable (only
+    """True when ``TRITON_INTERPRET`` switches Triton's interpreter on (Triton kernels then run on the CPU; bf16 as a
+    GPU computes it only with `kernels._interpreter.install_bf16_dot`, which ``import kernels`` installs): ``1``, or ``true`` / ``yes`` / ``on`` / ``y`` in any case, as Triton itself reads the variable (only
     ``1`` counted before, so ``TRITON_INTERPRET=true`` ran the interpreter with launches picked for a GPU)."""
     return os.environ.get("TRITON_INTERPRET", "0").lower() in _TRITON_TRUE
 

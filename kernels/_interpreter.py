@@ -17,6 +17,16 @@ loss to every printed digit).
 
 It touches Triton's internals, so it installs only where they look as expected (Triton 3.6 and 3.9 were
 read and tested), and ``DLRM_INTERPRETER_PATCH_ONCE=0`` leaves the interpreter as it is.
+
+`install_bf16_dot` is a correctness fix, installed whatever ``DLRM_INTERPRETER_PATCH_ONCE`` says: the interpreter
+keeps bf16 tensors as their uint16 bit patterns (numpy has no bf16) and its ``tl.dot`` multiplied those integers
+(``InterpreterBuilder.create_dot``: ``np.matmul`` of the raw arrays), so every kernel whose ``tl.dot`` takes bf16
+operands (`kernels.linear`, `kernels.cross`, `kernels.wgrad`, `kernels.interaction`, `kernels.mlp_tail`) returned
+values ~1e10 off, silently (a CPU run of ``kernels.interaction "triton"`` at ``train.precision "bf16"`` trained on a
+loss of 7.7e8). It hands such a dot the operands' exact fp32 values, the products a GPU's bf16 MMA forms, summed in
+fp32. It also makes the interpreter's fp32 -> bf16 cast (``x.to(tl.bfloat16)``, a store of fp32 values into bf16) round
+to nearest even, as a GPU's ``cvt.rn.bf16.f32`` does: it truncated, so every bf16 result of a CPU run was biased
+toward zero and a chain of bf16 layers (`kernels.mlp_tail`) drifted from the eager bf16 MLP by tens of bf16 steps.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ import threading
 
 from kernels._backend import interpret_mode
 
-__all__ = ["install", "installed"]
+__all__ = ["install", "install_bf16_dot", "installed"]
 
 _state = threading.local()  # .patched: ids of the language modules patched in this thread's running grid
 _langs_by_fn: dict = {}  # function -> its language modules' ids (functions live as long as their jit wrappers)
@@ -96,4 +106,60 @@ def install() -> bool:
         return False
     _original = original
     interpreter._patch_lang = _patch_lang_once
+    return True
+
+
+_original_dot = None
+_original_fp_trunc = None
+
+
+def _create_dot_exact_bf16(self, a, b, d, input_precision, max_num_imprecise_acc):
+    """``InterpreterBuilder.create_dot`` with bf16 operands first widened to their fp32 values (exact)."""
+    import triton.language as tl
+
+    a = self.cast_impl(a, tl.float32) if a.dtype == tl.bfloat16 else a
+    b = self.cast_impl(b, tl.float32) if b.dtype == tl.bfloat16 else b
+    return _original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+
+def _fp_trunc_nearest_bf16(self, src, dst_type):
+    """``InterpreterBuilder.create_fp_trunc`` with fp32 -> bf16 rounded to nearest, ties to even (NaN stays NaN)."""
+    import numpy as np
+    import triton.language as tl
+    import triton.runtime.interpreter as interpreter
+
+    if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+        return _original_fp_trunc(self, src, dst_type)
+    data = np.asarray(src.data, dtype=np.float32)
+    bits = data.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = np.isnan(data)
+    rounded[nan] = (bits[nan] >> 16).astype(np.uint16) | 0x40  # a quiet NaN (the carry could have made it inf)
+    return interpreter.TensorHandle(rounded.reshape(data.shape), tl.bfloat16)
+
+
+def install_bf16_dot() -> bool:
+    """Make the interpreter's ``tl.dot`` of bf16 operands compute with their values and its fp32 -> bf16 casts round
+    to nearest even (see the module docstring); True when installed. A no-op outside interpreter mode or where the
+    interpreter does not look as expected."""
+    global _original_dot, _original_fp_trunc
+    if _original_dot is not None:
+        return True
+    if not interpret_mode():
+        return False
+    try:
+        import triton.runtime.interpreter as interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    dot = getattr(builder, "create_dot", None)
+    trunc = getattr(builder, "create_fp_trunc", None)
+    if not callable(dot) or not callable(trunc) or not callable(getattr(builder, "cast_impl", None)) or not hasattr(
+            interpreter, "TensorHandle") or list(inspect.signature(dot).parameters) != [
+            "self", "a", "b", "d", "input_precision", "max_num_imprecise_acc"] or list(
+            inspect.signature(trunc).parameters) != ["self", "src", "dst_type"]:
+        return False
+    _original_dot, _original_fp_trunc = dot, trunc
+    builder.create_dot = _create_dot_exact_bf16
+    builder.create_fp_trunc = _fp_trunc_nearest_bf16
     return True

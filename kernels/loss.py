@@ -21,7 +21,8 @@ scales it by grad_out (read through a pointer, never ``.item()``: no host sync),
 written or kept alive in the forward (and nothing is wasted in evaluation).
 
 Shapes: logits and labels of the same shape [B] (any shape is accepted and flattened; 1-D inputs
-are read through their strides, no copy). Labels: float32 or the logits' dtype.
+are read through their strides, no copy). Labels: float32 or the logits' dtype (float64 labels beside fp32 logits
+are read as fp32 values, and their gradient, -z * g, is computed in float64 by the launcher).
 """
 
 from __future__ import annotations
@@ -215,6 +216,13 @@ def bce_backward(
     else:
         go = grad_out.reshape(())
         stride_go, scale = 0, (1.0 / B if (reduction == "mean" and B) else 1.0)
+    if need_labels and labels.dtype == torch.float64 and B:
+        # fp32 logits with float64 labels: the kernel's -z * g * scale in fp32, stored as float64, was ~1e-8 off
+        # torch's float64 label gradient while looking exact; the labels' gradient is computed here in float64
+        # (two elementwise ops on the device, no host sync) and the kernel writes the logits' one alone
+        g64 = go.double() / B if reduction == "mean" else go.double()  # 1/B in float64 (the kernel's scale is fp32)
+        torch.mul(z.double(), g64, out=gy).neg_()
+        need_labels = False
     if B and (need_logits or need_labels):
         with device_context(z):
             _bce_bwd_kernel[(triton.cdiv(B, _BLOCK),)](

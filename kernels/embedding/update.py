@@ -350,7 +350,11 @@ def dense_grad_impl(rows: Tensor, grad_out: Tensor, num_rows: int, slot_feature:
     """Dense ``[num_rows, D]`` gradient of a lookup at ``rows``, summed in sorted segments (deterministic).
 
     ``slot_feature``: see `_segment_update` (rows >= num_rows get no gradient). ``dtype``: the gradient's
-    (default grad_out's; the segment sums are fp32 either way)."""
+    (default grad_out's; the segment sums are fp32 either way, so float64 is refused in one line: a float64 table's
+    gradient was summed in fp32 and handed back as float64, 2e-12 off a sum of two 1 + 1e-12, with no error)."""
+    check_gemm_dtype(grad_out.dtype, "the embedding backward kernels", 'kernels.embedding "torch"')
+    if dtype is not None:
+        check_gemm_dtype(dtype, "the embedding backward kernels", 'kernels.embedding "torch"')
     D = grad_out.shape[2]
     grad = torch.zeros((num_rows, D), dtype=dtype or grad_out.dtype, device=grad_out.device)
     if rows.numel() == 0 or D == 0:

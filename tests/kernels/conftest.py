@@ -15,9 +15,10 @@ if not torch.cuda.is_available():
 import pytest  # noqa: E402
 
 # (atol, rtol) per dtype for comparisons against a float64 reference computed from the same input
-# values. fp32: a few ulps on sums of tens to hundreds of terms. bf16 (GPU only; the interpreter is
-# fp32-only): outputs are rounded to bf16 (8 bits of mantissa, rel. step 2**-8 ~ 4e-3) after fp32
-# accumulation, plus the bf16 rounding of intermediate results fed to the next step.
+# values. fp32: a few ulps on sums of tens to hundreds of terms. bf16 (mostly GPU tests; the interpreter
+# computes bf16 as a GPU does since `kernels._interpreter.install_bf16_dot`): outputs are rounded to bf16
+# (8 bits of mantissa, rel. step 2**-8 ~ 4e-3) after fp32 accumulation, plus the bf16 rounding of
+# intermediate results fed to the next step.
 TOLERANCES = {
     torch.float32: (1e-5, 1e-5),
     torch.bfloat16: (2e-2, 2e-2),
