@@ -31,6 +31,7 @@ import difflib
 import errno
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -39,7 +40,7 @@ import click
 from loguru import logger
 
 from dlrm.config import Config, config_keys, load_config
-from dlrm.config_checks import check_default_run_name, export_name_problem, free_run_name
+from dlrm.config_checks import check_default_run_name, export_name_problem, fitted_name, free_run_name
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
                          is_peer_lost, peer_lost_message, report_bug)
 from dlrm.logging_setup import configure_logging, run_logger
@@ -268,10 +269,48 @@ def out_of_memory_message(exc: BaseException, cfg: Optional[Config]) -> str:
             "or cap the embedding tables with data.max_rows_per_table")
 
 
+def _said_once_per_node(exc: BaseException):
+    """The logger of bad input `exc`: under torchrun, one found before the ranks joined the process group (the
+    config, the command line, the dataset's metadata) is found alike by every rank, and only each node's first rank
+    (LOCAL_RANK 0: rank 0 on one machine) says it; `torchrun --nproc-per-node 2 train.py --config bad.json` printed
+    it twice, once as `[rank 1] ...` (each rank still exits 2). Not a rank's own (`this_rank_only`: its RANK, GPU),
+    and not one after the ranks met, which one rank may make alone (rank 0's on_main part, a file only it reads),
+    unless made where every rank checks the same (`found_alike`: a --resume's config against its checkpoint's)."""
+    joined = "torch.distributed" in sys.modules and sys.modules["torch.distributed"].is_available() \
+        and sys.modules["torch.distributed"].is_initialized()
+    if getattr(exc, "this_rank_only", False) or (joined and not getattr(exc, "found_alike", False)):
+        return logger
+    # (every node's files are its own: the first rank of each says what it found; run_logger's filter, on the
+    # other ranks only, leaves out a record bound with same_on_every_rank true)
+    return logger.bind(same_on_every_rank=_node_other_rank())
+
+
+def _node_other_rank() -> bool:
+    """Whether this process is a torchrun rank (WORLD_SIZE > 1) other than its machine's first (LOCAL_RANK 0)."""
+    world = os.environ.get("WORLD_SIZE", "").strip()
+    return world.isdigit() and int(world) > 1 and os.environ.get("LOCAL_RANK", "0").strip() not in ("", "0")
+
+
+class RanksCommand(click.Command):
+    """click's command, whose usage errors (`--bogus`, `--batch-size x`) under torchrun only each machine's first
+    rank prints (every rank exits 2 as click exits): every rank printed click's four lines (Usage, Try, Error)."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        if not (standalone_mode and _node_other_rank()):
+            return super().main(*args, standalone_mode=standalone_mode, **kwargs)
+        try:
+            code = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as e:  # (the first rank shows it: click's standalone handling)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)  # (--help's click.Exit: its code; a run: main's sys.exit)
+
+
 def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
     """Log `exc` as its one line (a bug: its traceback and a line saying so); return the exit code."""
     if isinstance(exc, (ConfigError, DatasetError)) or is_triton_unavailable(exc):
-        logger.error(_one_line(exc))
+        _said_once_per_node(exc).error(_one_line(exc))
         return EXIT_BAD_INPUT
     if isinstance(exc, NonFiniteLoss):
         # the ranks of a torchrun run agree on it (reduced checks): rank 0's line says it for all (rank 1's copy was
@@ -324,6 +363,8 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
         cfg.log.sweep_keys = None
     if trains:
         warn_distributed_in_one_process(cfg)
+    if resume is None and (eval_only or not (export_path and checkpoint_path)):
+        check_outside_sweep(config_path, cfg)  # (before the own-record refusal: its free name was in the sweep too)
     if resume is None and compare is None and (eval_only or not export_path or not checkpoint_path):
         check_not_own_record(config_path, cfg, overrides, eval_only)
     # a new run's directory is named, or --eval-only's (with --export too: it evaluates first); a bare export of a
@@ -360,6 +401,50 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
             summary = train(cfg, resume=resume, allow_config_change=allowed_changes)
             if export:  # the best evaluation's model when the run kept one, else the final one
                 export_mod.export_checkpoint(cfg, Path(_best_checkpoint(summary) or summary["checkpoint"]), export)
+
+
+def sweep_holding(tb_dir: str) -> Optional[Path]:
+    """The sweep directory (one holding ``sweep.json``, `dlrm.sweep_resume.RECORD`) that a run under `tb_dir` would
+    be written into: `tb_dir` itself, its setting directory's sweep (a trial's ``log.tb_dir``) or a trial's; else
+    None."""
+    here = Path(os.path.abspath(tb_dir))
+    for candidate in (here, here.parent, here.parent.parent):
+        try:  # a sweep's record (a small file), not any file of that name in a directory above the TensorBoard root
+            record = json.loads((candidate / "sweep.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and "sets" in record and "seeds" in record:
+            return candidate
+    return None
+
+
+def check_outside_sweep(config_path: str, cfg: Config) -> None:
+    """Refuse a new run (or --eval-only, --compare) whose directory would be inside a sweep's, in one line naming a
+    free place outside it. A sweep trial's config.json names the trial's setting directory as ``log.tb_dir``: given
+    back as --config with the --run-name its refusal named (or any), the new run was written among the sweep's
+    trials, where `--logdir <sweep>` showed it as one of them (with other HParams columns) and the sweep's records
+    did not list it."""
+    sweep = sweep_holding(cfg.log.tb_dir)
+    if sweep is None:
+        return
+    where = Path(os.path.abspath(cfg.log.tb_dir))
+    setting = where.name[:2] if where.parent == sweep and where.name[:2].isdigit() else None
+    advice = f"add --tb-dir {sweep.parent}"
+    if cfg.log.run_name is not None:  # (without one the default <config>-<date>-<time> is new there)
+        stem = re.sub(r"[^\w.+-]", "_", "-".join(x for x in (sweep.name, setting, cfg.log.run_name) if x))
+        advice += f" --run-name {free_name(sweep.parent, stem)} (free)"
+    raise ConfigError(f"{config_path}: the run would be written into the sweep {sweep} (log.tb_dir {where}), which "
+                      f"holds that sweep's trials only: {advice} to run this config outside it"
+                      + (" (`train.py --resume` of a trial continues it in place)" if setting else ""))
+
+
+def free_name(parent: Path, name: str) -> str:
+    """`name`, or ``name-2``, ``name-3``, ... : the first that `parent` holds nothing of (cut to a file name's length)."""
+    n, candidate = 1, fitted_name(name, "")
+    while os.path.lexists(parent / candidate):
+        n += 1
+        candidate = fitted_name(name, f"-{n}")
+    return candidate
 
 
 def check_not_own_record(config_path: str, cfg: Config, overrides: dict, eval_only: bool) -> None:
@@ -399,7 +484,7 @@ def _best_checkpoint(summary: dict) -> Optional[str]:
     return best
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=RanksCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="JSON config file.")
 @click.option("--data", type=str, help="Dataset directory (overrides data.path).")
 @click.option("--device", type=str, help="auto | cpu | cuda (overrides train.device).")

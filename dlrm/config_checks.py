@@ -285,12 +285,12 @@ def free_run_name(path: Path) -> str:
     # r-2's is r-3 (a date-time suffix stays)
     stem = path.name if trial else re.sub(r"-\d{1,3}$", "", path.name) or path.name
     n = 2
-    while os.path.lexists(path.parent / _fitted(stem, f"-{n}")):
+    while os.path.lexists(path.parent / fitted_name(stem, f"-{n}")):
         n += 1
-    return _fitted(stem, f"-{n}")
+    return fitted_name(stem, f"-{n}")
 
 
-def _fitted(stem: str, suffix: str) -> str:
+def fitted_name(stem: str, suffix: str) -> str:
     """``stem + suffix``, `stem` cut (on a character boundary) so the name fits a directory name
     (`MAX_NAME_BYTES`): a run name near the limit was advised a free name the file system refuses
     (ENAMETOOLONG)."""

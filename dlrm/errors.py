@@ -7,16 +7,19 @@ Ctrl-C) comes before the slow trainer import.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import traceback
 from importlib import metadata
+from typing import Iterator
 
 from loguru import logger
 
 __all__ = ["ConfigError", "DatasetError", "NonFiniteLoss", "TrainingStopped", "EXIT_BUG", "EXIT_PEER_LOST",
-           "PeerLost", "report_bug", "is_peer_lost", "peer_lost_message", "dlrm_version"]
+           "PeerLost", "report_bug", "this_rank_only", "found_alike", "is_peer_lost", "peer_lost_message",
+           "dlrm_version"]
 
 class ConfigError(ValueError):
     """A config key is unknown, mistyped or out of range; the message names the key path."""
@@ -24,6 +27,28 @@ class ConfigError(ValueError):
 
 class DatasetError(ValueError):
     """A dataset on disk does not follow the contract; the message names the file and field."""
+
+
+@contextlib.contextmanager
+def found_alike() -> Iterator[None]:
+    """A phase of a torchrun run, after the ranks met, whose bad input every rank finds alike (the checks of a
+    --resume against its checkpoint's config, made by each rank on the same files): its ConfigError or DatasetError is
+    said once, as one before the ranks met (`dlrm.cli.report_failure`); every rank printed it, `[rank 1] ...` after
+    rank 0's line."""
+    try:
+        yield
+    except (ConfigError, DatasetError) as e:
+        if not getattr(e, "this_rank_only", False):
+            e.found_alike = True  # type: ignore[attr-defined]
+        raise
+
+
+def this_rank_only(exc: BaseException) -> BaseException:
+    """`exc` (returned), marked as a failure of this torchrun rank alone (its RANK, LOCAL_RANK, GPU): every rank
+    that makes it says it, where a bad config or dataset, found alike by every rank before they meet, is said once
+    (`dlrm.cli.report_failure`)."""
+    exc.this_rank_only = True  # type: ignore[attr-defined]
+    return exc
 
 
 EXIT_BUG = 1

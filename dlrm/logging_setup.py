@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from typing import Optional, TextIO
 
@@ -27,6 +28,10 @@ class ConsoleStream:
     def __init__(self, stream: TextIO) -> None:
         self.stream, self.reader_gone = stream, False
         self.last_char = "\n"  # the last character written: whether a log record starts a line of its own
+        # a torchrun rank other than 0 (`log_as_rank`): rank 0's progress bar is drawn on this same console (the
+        # ranks inherit torchrun's stderr) by another process, so `last_char` does not say whether a line is open
+        self.bar_elsewhere = False
+        self.shared = False  # a torchrun rank's console, which the other ranks write into too
 
     def write(self, text: str) -> int:
         if text:
@@ -54,14 +59,29 @@ class ConsoleStream:
         redrawing there would add a copy of the bar a record)."""
         if _interactive(self):
             with tqdm.external_write_mode(file=self):
-                if self.last_char not in "\r\n":  # (a cleared bar leaves the cursor at the start of its line)
+                if self.bar_elsewhere:  # whatever rank 0's bar left on the line is erased (ANSI "erase line"): the
+                    # record takes the line, and rank 0 redraws its bar below at its next update (it was glued to it)
+                    self.write("\r\x1b[2K")
+                elif self.last_char not in "\r\n":  # (a cleared bar leaves the cursor at the start of its line)
                     self.write("\n")
                 self.write(text)
         else:
-            if self.last_char != "\n":
+            if self._line_open():
                 self.write("\n")
             self.write(text)
         self.flush()
+
+    def _line_open(self) -> bool:
+        """Whether the console's last line, in a file or a pipe, is unfinished (a bar's). Under torchrun (`shared`)
+        the ranks write into one console, and another rank's bar or record is not in this one's `last_char`: in a
+        regular file (`> run.log 2>&1`, nohup) its last byte says it; in a pipe (`| tee`, CI) nothing does, and a
+        rank other than 0 (`bar_elsewhere`) starts its record with a newline (an empty line where no bar was open,
+        rather than a warning glued to rank 0's bar for good)."""
+        if self.shared or self.bar_elsewhere:
+            last = _last_byte(self.stream)
+            if last is not None:
+                return last not in (b"", b"\n")
+        return self.bar_elsewhere or self.last_char != "\n"
 
     def __getattr__(self, name: str):  # isatty, fileno, encoding, ... (loguru's and tqdm's checks) of the stream
         return getattr(self.stream, name)
@@ -75,6 +95,23 @@ class RecordSink:
 
     def write(self, text: str) -> None:
         self.console.write_record(text)
+
+
+def _last_byte(stream: TextIO) -> Optional[bytes]:
+    """The last byte of the regular file `stream` writes to (b"" when empty), read through /proc/self/fd (stderr is
+    opened write-only by the shell's `2>`); None for a pipe, a terminal, or where that cannot be read."""
+    try:
+        fd = stream.fileno()
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
+        if info.st_size == 0:
+            return b""
+        with open(f"/proc/self/fd/{fd}", "rb") as f:
+            f.seek(info.st_size - 1)
+            return f.read(1)
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _interactive(stream: TextIO) -> bool:
@@ -102,16 +139,26 @@ def log_as_rank(rank: int) -> None:
     """A torchrun rank other than 0: rank 0 speaks for the run; this one logs its own warnings and errors, named
     `[rank N]`, not the records `run_logger` makes on every rank alike."""
     logger.remove()
-    logger.add(RecordSink(sys.stderr) if isinstance(sys.stderr, ConsoleStream) else sys.stderr, level="WARNING",
-               colorize=False, filter=lambda record: not record["extra"].get("same_on_every_rank"),
+    # a ConsoleStream (stderr's, or of a stderr that `configure_logging` did not wrap: the Python API) that knows rank
+    # 0's bar may hold the shared console's line: this rank's records were glued to the end of it
+    console = sys.stderr if isinstance(sys.stderr, ConsoleStream) else ConsoleStream(sys.stderr)
+    console.bar_elsewhere = console.shared = True
+    logger.add(RecordSink(console), level="WARNING", colorize=False,
+               filter=lambda record: not record["extra"].get("same_on_every_rank"),
                format=f"[rank {rank}] {{time:HH:mm:ss}} {{level: <7}} {{message}}")
+
+
+def _torchrun_world() -> int:
+    """WORLD_SIZE under torchrun, else 1 (also for a value that is no number)."""
+    world = os.environ.get("WORLD_SIZE", "")
+    return int(world) if world.isdigit() else 1
 
 
 def _torchrun_rank() -> int:
     """This process's rank under torchrun (RANK, WORLD_SIZE > 1), else 0 (also for values that are no numbers:
     `dlrm.distributed.env.init_distributed` says what is wrong with them)."""
-    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
-    return int(rank) if rank.isdigit() and world.isdigit() and int(world) > 1 else 0
+    rank = os.environ.get("RANK", "")
+    return int(rank) if rank.isdigit() and _torchrun_world() > 1 else 0
 
 
 def configure_logging(level: str = "INFO", ranks: bool = False) -> None:
@@ -132,6 +179,8 @@ def configure_logging(level: str = "INFO", ranks: bool = False) -> None:
         colorize = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
     except (AttributeError, ValueError, OSError):
         colorize = False
+    if ranks and _torchrun_world() > 1:
+        sys.stderr.shared = True  # rank 0's too: in a file, a line the others ended is not left open again
     if ranks and _torchrun_rank():
         # from the start: the records before the process group is joined (the config's warnings, the dataset's)
         # were printed by every rank, at INFO too, with nothing saying which rank

@@ -38,7 +38,8 @@ A sweep records its grid in ``sweep.json`` before its first trial; one that stop
 limit) or had failed trials is finished in the same directory by ``python -m dlrm.sweep --resume <sweep dir>``:
 finished trials are gathered, not trained again; an interrupted one resumes from its checkpoint; one without a
 checkpoint, or failed, is trained afresh (what it left moved aside, as ``seed-<k>.failed`` or ``.interrupted``); then
-the tables cover every trial once. Every finished trial's summary is checked against its trial's config first. Options
+the tables cover every trial once. Every finished trial's summary is checked against its trial's config first, and
+no trial may be in another process's hands. Options
 given with ``--resume`` must match the record (`dlrm.sweep_resume`).
 """
 
@@ -184,6 +185,12 @@ def sweep_directory(tb_dir: str, run_name: Optional[str], config: str) -> tuple[
     # absolute: the trials' run directories (their summary.json, checkpoints) and trials.csv's run_dir name it; under
     # a relative --tb-dir (the default tb_logs) trials.csv named paths valid only from where the sweep was started
     directory = Path(os.path.abspath(tb_dir)) / name
+    from dlrm.cli import sweep_holding
+
+    outer = sweep_holding(tb_dir)  # (a sweep among another's trials: shown and listed as part of it, as a run was)
+    if outer is not None:
+        raise ConfigError(f"--tb-dir: {directory.parent} is inside the sweep {outer}, which holds that sweep's trials "
+                          f"only; pick a --tb-dir outside it (--tb-dir {outer.parent})")
     if run_name is None:
         return _claim_default_directory(directory), True
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):

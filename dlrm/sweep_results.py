@@ -106,23 +106,43 @@ class Verdict:
         return self.margin is not None and math.isclose(self.margin, 0.0, abs_tol=1e-12)
 
     @property
+    def paired_seeds(self) -> int:
+        """The seeds the winner and the runner-up were both trained with: the paired differences the noise is of."""
+        return 0 if self.runner_up is None else min(len(self.winner.summaries), len(self.runner_up.summaries))
+
+    @property
+    def noise_measured(self) -> bool:
+        """Whether there is a seed noise to compare the margin with: two paired seeds or more, and a finite standard
+        error above 0 (equal per-seed differences give 0, no spread: any margin was "beyond" it)."""
+        return (self.paired_seeds >= 2 and self.noise is not None and math.isfinite(self.noise)
+                and self.noise > 0.0)
+
+    @property
     def beyond_noise(self) -> Optional[bool]:
+        """Whether the margin is at least `NOISE_FACTOR` standard errors; None where that cannot be said: no runner-up,
+        a NaN margin, or no noise measured (one seed, or per-seed differences all equal: a margin is not "beyond" a
+        noise of 0 that no spread measured; it read True, while `text` said there was nothing to compare with)."""
         if self.margin is None or math.isnan(self.margin):
             return None
         if self.tie:  # (with equal per-seed AUCs, a margin of 0 was ">= 2 x" a noise of 0)
             return False
-        if self.noise is None:
+        if not self.noise_measured:
             return None
         return self.margin >= NOISE_FACTOR * self.noise
 
+    def _of_seeds(self) -> str:
+        """"mean of N seeds", or "one seed" (one value is no mean: it read "mean of 1 seeds")."""
+        n = len(self.winner.summaries)
+        return "one seed" if n == 1 else f"mean of {n} seeds"
+
     def text(self) -> str:
-        head = (f"best: {label(self.winner.setting)} (AUC {self.winner.mean_auc_text()} mean of "
-                f"{len(self.winner.summaries)} seeds)")
+        sep = ", " if len(self.winner.summaries) == 1 else " "
+        head = f"best: {label(self.winner.setting)} (AUC {self.winner.mean_auc_text()}{sep}{self._of_seeds()})"
         if self.runner_up is None:
             return head + ("; the only setting whose trials all finished" if self.left_out else "; the only setting")
         if self.tie:  # "best: x=1 (...), +0.0000 AUC over x=2": a winner named by the grid's order
             return (f"no winner: {label(self.winner.setting)} and {label(self.runner_up.setting)} tie at AUC "
-                    f"{self.winner.mean_auc_text()} (mean of {len(self.winner.summaries)} seeds)"
+                    f"{self.winner.mean_auc_text()} ({self._of_seeds()})"
                     + (f" ({self.left_out} setting(s) with a failed trial left out)" if self.left_out else ""))
         margin = "AUC margin n/a" if math.isnan(self.margin) else f"{self.margin:+.4f} AUC"  # (it read "+nan AUC")
         text = f"{head}, {margin} over {label(self.runner_up.setting)} ({self.runner_up.mean_auc_text()})"
@@ -131,8 +151,10 @@ class Verdict:
         if math.isnan(self.margin):
             return text + ("; a trial's AUC is NaN (a one-class validation split, or NaN scores): "
                            "no margin to compare with the seed noise")
-        if self.noise is None:
+        if self.paired_seeds < 2:  # (whatever noise a caller passed: one difference has no spread)
             return text + "; one seed: no estimate of the seed noise (use --seeds 3 or more)"
+        if self.noise is None or not math.isfinite(self.noise):
+            return text + "; no estimate of the seed noise"
         if self.noise == 0.0:
             return text + "; the per-seed differences are all equal (no spread to compare with)"
         ratio = self.margin / self.noise

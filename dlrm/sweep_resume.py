@@ -24,7 +24,8 @@ one that records another config (hand-edited, another sweep's) is refused in one
 
 The tables (sweep.md, sweep.csv, trials.csv) and ``hparams/`` are written anew over all trials, each once. One process
 at a time runs a sweep: it holds an ``flock`` on its ``sweep.json`` (a second ``--resume`` while the first, or the
-original sweep, runs is refused, naming the directory).
+original sweep, runs is refused, naming the directory and, where a trial it trains names it, that process), and a
+resume is refused before anything trains while another process writes one of its trials (`check_trials_free`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -42,6 +44,7 @@ from dlrm.checkpoint import list_checkpoints, move_to_new
 from dlrm.config import ConfigError, load_config
 from dlrm.data.schema import write_json_atomic
 from dlrm.train.resume_policy import config_changes, with_defaults
+from dlrm.train.run_dir import lock_holder
 
 RECORD = "sweep.json"
 FORMAT = 1
@@ -63,8 +66,11 @@ class SweepLock:
         except OSError as e:
             os.close(fd)
             if e.errno in (errno.EAGAIN, errno.EACCES):
-                raise ConfigError(f"--resume: {directory} is in use by another sweep process; one process at a time "
-                                  "runs a sweep (wait for it to end)") from None
+                # the holder, where a trial it trains names it (`RunLock`): the sweep's lock file holds the record
+                held = next(((d, h) for d in _trial_dirs(directory) for h in [lock_holder(d)] if h is not None), None)
+                by = "" if held is None else f" ({held[1]}, training {held[0]})"
+                raise ConfigError(f"--resume: {directory} is in use by another sweep process{by}; one process at a "
+                                  "time runs a sweep (wait for it to end)") from None
             raise
         return cls(fd)
 
@@ -72,6 +78,26 @@ class SweepLock:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+def _trial_dirs(directory: Path) -> list[Path]:
+    """The trial run directories (``<setting>/seed-<k>``) in the sweep directory `directory`, as they are on disk."""
+    return sorted(p for p in directory.glob("*/seed-*") if re.fullmatch(r"seed-\d+", p.name) and p.is_dir())
+
+
+def check_trials_free(directory: Path, sets: list, seeds: int) -> None:
+    """Refuse, in one line naming the trial's directory and its holder, a resume while another process writes one of
+    the sweep's trials (a ``train.py --resume`` of it). Found by the trial's own run when the sweep reached it, the
+    refusal came after the trials before it had trained (and ended the sweep there)."""
+    from dlrm.sweep import grid, slug
+
+    for i, setting in enumerate(grid(sets)):
+        for k in range(seeds):
+            run_dir = directory / slug(i, setting) / f"seed-{k}"
+            holder = lock_holder(run_dir)
+            if holder is not None:
+                raise ConfigError(f"--resume: trial {run_dir} is in use by {holder}; a run has one writer at a time: "
+                                  "wait for that process to end, then resume the sweep")
 
 
 def absolute_data(base: dict[str, Any]) -> dict[str, Any]:
@@ -354,6 +380,11 @@ def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Opti
         # (their data as the trials read it; the grid's rivals were refused when it began, or it began so)
         check_datasets(config, base, left, record.get("cwd") or os.getcwd())
     lock = SweepLock.acquire(directory)
+    try:  # (the sweep is this process's now: a trial another process writes is refused before anything trains)
+        check_trials_free(directory, sets, seeds)
+    except BaseException:
+        lock.release()
+        raise
     logger.info(f"sweep --resume: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs in "
                 f"{directory}; finished trials are gathered, interrupted ones resumed, failed ones tried again")
     return sweep.run_and_finish(config, base, sets, seeds, directory, train_fn, lock, created=False, resume=True,

@@ -18,7 +18,8 @@ def test_brackets_inside_quotes_do_not_hide_commas():
 
 
 def test_a_margin_of_exactly_twice_the_noise_counts_as_beyond_it():
-    a, b = SettingResult(0, {"x": 1}, [{"auc": 0.7}]), SettingResult(1, {"x": 2}, [{"auc": 0.6}])
+    # (two seeds: with one, no noise is measured, whatever a caller passes: None, `test_audit_sweeprest`)
+    a, b = SettingResult(0, {"x": 1}, [{"auc": 0.7}] * 2), SettingResult(1, {"x": 2}, [{"auc": 0.6}] * 2)
     assert Verdict(a, b, 0.02, 0.01).beyond_noise is True
     assert Verdict(a, b, 0.0199, 0.01).beyond_noise is False
     assert Verdict(a, None, None, None).beyond_noise is None

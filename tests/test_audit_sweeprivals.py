@@ -157,8 +157,8 @@ def test_a_tie_names_no_winner(first, second):
     v = verdict([a, b])
     assert v.beyond_noise is False
     text = v.text()
-    assert text.startswith(f"no winner: x=1 and x=2 tie at AUC {statistics.fmean(first):.4f} (mean of {len(first)} "
-                           "seeds)"), text
+    seeds = "one seed" if len(first) == 1 else f"mean of {len(first)} seeds"  # (it read "mean of 1 seeds")
+    assert text.startswith(f"no winner: x=1 and x=2 tie at AUC {statistics.fmean(first):.4f} ({seeds})"), text
     assert "best" not in text
 
 

@@ -91,7 +91,10 @@ def device_permutation(n: int, seed: int, epoch: int, device: torch.device | str
     of 45M rows on a 2-core VM.
     """
     key = splitmix64(torch.tensor([_as_int64(seed & (2**64 - 1))], dtype=torch.int64))
-    key = splitmix64(key ^ epoch).to(device)
+    # the key as a Python number (a host tensor's: no device sync), an argument of the XOR kernel below: moved to the
+    # device with .to(device), it was a copy from pageable host memory, which waited for the queued steps (the previous
+    # epoch's) at every epoch's first batch
+    key = int(splitmix64(key ^ epoch)[0])
     rows = torch.arange(n, dtype=torch.int64, device=device)
     return torch.sort(splitmix64(rows ^ key), stable=True).indices
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from loguru import logger
 
 from dlrm.config import ConfigError, DistributedConfig
-from dlrm.errors import DatasetError, NonFiniteLoss, PeerLost, TrainingStopped, is_out_of_memory
+from dlrm.errors import DatasetError, NonFiniteLoss, PeerLost, TrainingStopped, is_out_of_memory, this_rank_only
 from dlrm.logging_setup import log_as_rank
 
 
@@ -162,18 +162,24 @@ def init_distributed(cfg: DistributedConfig, device: torch.device) -> tuple[Dist
     if "RANK" not in os.environ or "MASTER_ADDR" not in os.environ:
         raise ConfigError(f"WORLD_SIZE is {world_size} but RANK / MASTER_ADDR are not set: launch with "
                           "torchrun --nproc-per-node N train.py ...")
-    rank, local_rank = _env_int("RANK", None), _env_int("LOCAL_RANK", "0")
+    # this rank's own variables and GPU: what is wrong with them is this rank's to say (`this_rank_only`), the
+    # others may be fine and wait for it
+    try:
+        rank, local_rank = _env_int("RANK", None), _env_int("LOCAL_RANK", "0")
+    except ConfigError as e:
+        raise this_rank_only(e) from None
     # A rank outside [0, WORLD_SIZE) never meets the others: init_process_group would wait for the
     # missing ranks until its store times out (30 minutes) instead of saying what is wrong.
     if not 0 <= rank < world_size:
-        raise ConfigError(f"RANK {rank} is not in [0, WORLD_SIZE {world_size}): launch with torchrun "
-                          "--nproc-per-node N")
+        raise this_rank_only(ConfigError(f"RANK {rank} is not in [0, WORLD_SIZE {world_size}): launch with torchrun "
+                                         "--nproc-per-node N"))
     if not 0 <= local_rank < world_size:
-        raise ConfigError(f"LOCAL_RANK {local_rank} is not in [0, WORLD_SIZE {world_size}): launch with torchrun "
-                          "--nproc-per-node N")
+        raise this_rank_only(ConfigError(f"LOCAL_RANK {local_rank} is not in [0, WORLD_SIZE {world_size}): launch "
+                                         "with torchrun --nproc-per-node N"))
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
-            raise ConfigError(f"LOCAL_RANK {local_rank}: only {torch.cuda.device_count()} CUDA devices here")
+            raise this_rank_only(ConfigError(f"LOCAL_RANK {local_rank}: only {torch.cuda.device_count()} CUDA "
+                                             "devices here"))
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
@@ -194,7 +200,9 @@ def init_distributed(cfg: DistributedConfig, device: torch.device) -> tuple[Dist
         except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: "Timed out after 1800 seconds
             # waiting for clients. 1/2 clients joined.", "The client socket has timed out after ...ms while trying to
             # connect to (host, port)." They read as a bug in dlrm (a traceback, exit 1), after half an hour.
-            if "timed out" not in str(e).lower():
+            # (under torchrun the agent's store is joined already, and gloo waits there for every peer's address:
+            # "wait timeout after 3000ms, keys: /default_pg/0//cpu//0/1", a DistStoreError read as a bug, exit 1)
+            if "timed out" not in str(e).lower() and "wait timeout" not in str(e).lower():
                 raise
             waited = f"{cfg.timeout_s:g} s (distributed.timeout_s)" if cfg.timeout_s is not None else \
                 "torch's default timeout (distributed.timeout_s)"

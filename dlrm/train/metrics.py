@@ -11,7 +11,8 @@ def roc_auc(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     Equals the fraction of (positive, negative) pairs ranked correctly, ties counting 1/2.
     NaN when one class is absent, and when a score is NaN (a diverged model's: a NaN ranks against
     nothing; `torch.unique` would give each its own rank, by position, and a model of NaN logits an
-    AUC of up to 1). Sort-based, O(n log n), no host sync.
+    AUC of up to 1). Sort-based, O(n log n). On CUDA ``torch.unique`` syncs with the host once (its output's size
+    depends on the scores): at an evaluation's end, as its metrics' read does anyway (`evaluate_logits`).
 
     Args:
         scores: [N] any real scores (logits or probabilities; monotone maps give the same AUC).

@@ -38,7 +38,10 @@ class RowWiseAdagrad(torch.optim.Optimizer):
                     state["sum"] = torch.zeros(p.shape[0], dtype=acc_dtype, device=p.device)
                 grad = p.grad
                 if grad.is_sparse:
-                    grad = grad.coalesce()  # sums the gradients of rows that repeat in the batch
+                    # sums the gradients of rows that repeat in the batch. On CUDA a host sync every step (the number
+                    # of distinct rows sizes the result), as torch's sparse optimizers' own coalesce: inherent to the
+                    # eager sparse path; the fused updates (Triton, FusedUpdateSparseArch) have none
+                    grad = grad.coalesce()
                     rows, values = grad.indices()[0], grad.values()
                 else:
                     rows, values = torch.arange(p.shape[0], device=p.device), grad
@@ -77,7 +80,7 @@ def decay_touched_rows_(weight: torch.Tensor, weight_decay: float) -> None:
         return
     w = weight.detach()
     if grad.is_sparse:
-        grad = grad.coalesce()
+        grad = grad.coalesce()  # a host sync on CUDA (data-dependent size), as the eager sparse optimizers' own
         rows = grad.indices()[0]
         values = grad.values() + weight_decay * w[rows].to(grad.dtype)
         weight.grad = unchecked_sparse_coo(grad.indices(), values, grad.shape, is_coalesced=True)  # coalesce()'s

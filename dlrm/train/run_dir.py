@@ -221,7 +221,7 @@ def _advice(path: Path, evaluation: bool = False) -> str:
     works for what it holds, and for that mode (an evaluation writes a directory of its own: "--resume it" does not
     apply to it), naming a free --run-name."""
     other = f"pick another --run-name (--run-name {free_run_name(path)} is free)"
-    holder = _lock_holder(path)
+    holder = lock_holder(path)
     if holder is not None:  # (a run started at the same moment under the same name was told its directory held "a
         # run stopped before its first checkpoint", to --resume, which the running one refuses)
         return f"a run is writing it now ({holder}): {other}"
@@ -237,7 +237,7 @@ def _advice(path: Path, evaluation: bool = False) -> str:
     return f"it holds no checkpoint to --resume: {other}, or move it away"
 
 
-def _lock_holder(path: Path) -> Optional[str]:
+def lock_holder(path: Path) -> Optional[str]:
     """The line naming the process that holds `path`'s run lock now (`RunLock`), or None (free, or no lock file)."""
     if not (path / LOCK_NAME).is_file():
         return None

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from dlrm.config import Config, ConfigError
 from dlrm.data.loader import Batch
 from dlrm.distributed.env import init_distributed
-from dlrm.errors import NonFiniteLoss, TrainingStopped
+from dlrm.errors import NonFiniteLoss, TrainingStopped, found_alike
 from dlrm.logging_setup import bar_interval, run_logger
 from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
@@ -81,14 +81,16 @@ class Trainer(WindowLogging):
         seed_everything(cfg.train.seed, cfg.train.deterministic)
         self.resume_from = self.finished = latest = state = None
         self.resumed_at_step: Optional[int] = None  # the step a resumed session starts from (summary.json)
-        if resume is not None:  # (None, None): a run without a checkpoint yet, started from step 0 (`restart`)
-            self.resume_from, latest = checkpoint_to_resume(cfg, resume, allow_config_change, self.env)
-        if self.resume_from is not None:
-            state = ckpt.load_checkpoint(self.resume_from)  # a sharded run's manifest: small
-            # (summary.json's sessions: this session's config changes; the run's directory, written in place, is no
-            # change however the two name it: `named_as_current`)
-            self.resumed_config = named_as_current(saved_config(state), cfg.to_dict(), run_of(self.resume_from))
-            check_resume_config(self.resumed_config, cfg.to_dict(), allow_config_change, str(self.resume_from))
+        with found_alike():  # every rank checks the same files: a refusal is said once (on_main's copies too)
+            if resume is not None:  # (None, None): a run without a checkpoint yet, started from step 0 (`restart`)
+                self.resume_from, latest = checkpoint_to_resume(cfg, resume, allow_config_change, self.env)
+            if self.resume_from is not None:
+                state = ckpt.load_checkpoint(self.resume_from)  # a sharded run's manifest: small
+                # (summary.json's sessions: this session's config changes; the run's directory, written in place, is
+                # no change however the two name it: `named_as_current`)
+                self.resumed_config = named_as_current(saved_config(state), cfg.to_dict(), run_of(self.resume_from))
+                check_resume_config(self.resumed_config, cfg.to_dict(), allow_config_change, str(self.resume_from))
+        # (not the placement's: it weighs each rank's own GPU memory)
         self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
         if state is not None:  # the batches the run resumed would train on (shuffled, they depend on the placement)
             self.placement = resumed_placement(cfg, state, self.placement, allow_config_change, self.resume_from)

@@ -97,6 +97,9 @@ def filled_on_device(values: list[int], device: torch.device) -> torch.Tensor:
     whole step a logging window's reads are meant to run behind, once a window under torchrun)."""
     out = torch.empty(len(values), dtype=torch.int64, device=device)
     for i, value in enumerate(values):
-        out[i] = value  # a fill kernel with the value as its argument
+        # fill_ with the Python number: a fill kernel taking the value as its argument. Not ``out[i] = value``: on CUDA
+        # torch's setitem makes the number a host tensor and copies it into the element (copy_'s blocking H2D copy,
+        # which waits for the queued step: the very sync this function avoids; a slice's assignment fills instead)
+        out[i].fill_(value)
     return out
 
