@@ -36,8 +36,10 @@ def triton_importable() -> bool:
     return True
 
 
-def check_triton_device(device: torch.device | str, what: str = "triton kernels") -> None:
-    """Raise `TritonUnavailableError` with a one-line reason unless Triton can run on `device`."""
+def check_triton_device(device: torch.device | str, what: str = "triton kernels",
+                        instead: str = "use --kernels torch") -> None:
+    """Raise `TritonUnavailableError` with a one-line reason unless Triton can run on `device`; `instead` is the
+    way round it that the CPU's refusal advises (a caller where `--kernels` cannot be given names its own)."""
     device = torch.device(device)
     if not triton_importable():
         raise TritonUnavailableError(f"{what} need the 'triton' package, which is not installed")
@@ -49,7 +51,7 @@ def check_triton_device(device: torch.device | str, what: str = "triton kernels"
         if not interpret_mode():
             raise TritonUnavailableError(
                 f"{what} cannot run on the CPU unless TRITON_INTERPRET=1 is set before triton is imported "
-                "(use --kernels torch, or run on a CUDA device)"
+                f"({instead}, or run on a CUDA device)"
             )
         return
     raise TritonUnavailableError(f"{what} cannot run on device type {device.type!r}")

@@ -130,7 +130,8 @@ def test_min_steps_line_describes_the_steps_that_run(tmp_path, data, log_lines):
     assert summary["steps"] == 12
     said = [line for line in log_lines if line.startswith("train.min_steps")]
     assert len(said) == 1 and "40 steps" not in said[0] and "12 steps" in said[0] and "max_steps 12" in said[0], said
-    assert "2 epochs" in said[0], said
+    # the epochs as trained (session 60: "12 steps, 2 epochs of 8 steps" read as 16 steps)
+    assert "12 steps, 1 epoch of 8 steps and 4 steps of epoch 2 (train.epochs 1 would give 8)" in said[0], said
 
 
 def test_min_steps_line_when_max_steps_ends_the_run_within_the_epochs(tmp_path, data, log_lines):

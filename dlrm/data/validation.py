@@ -58,7 +58,9 @@ def split_files(dataset_dir: str | Path, meta: Metadata, split: str) -> list[Pat
     replaced, truncated to fewer row groups or from another dataset shows here, before any training)."""
     where = Path(dataset_dir) / "metadata.json"
     if split not in meta.splits:
-        raise DatasetError(f"{where}: splits: has no '{split}' split")
+        # the splits it has: `--eval-only --split test` of data/sample (train and validation only) named none
+        held = ", ".join(meta.splits) or "none"
+        raise DatasetError(f"{where}: splits: has no '{split}' split (it has: {held})")
     files = [Path(dataset_dir) / f for f in meta.splits[split].files]
     for f in files:
         if not f.is_file():

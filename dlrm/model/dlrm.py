@@ -98,8 +98,10 @@ def build_model(
     sparse_arch: Optional[Callable[[], nn.Module]] = None,
     compiled: bool = False,
     multi_hot_sizes: Optional[list[int]] = None,
+    log_kernels: bool = True,
 ) -> DLRM:
-    """Build a DLRM on `device`, with eager or Triton parts as `kernels` asks (logged).
+    """Build a DLRM on `device`, with eager or Triton parts as `kernels` asks (logged unless `log_kernels` is False:
+    a model that is not the run's, such as an export's PyTorch copy, whose line would read as the run's kernels).
 
     `sparse_arch`: a function that builds the SparseArch instead (a distributed run's sharded one,
     see `dlrm.train.builder`); it is called where this function would build its own, so the
@@ -131,7 +133,8 @@ def build_model(
         if not gluon_hopper_available(device):
             raise TritonUnavailableError(f'kernels.interaction "gluon" needs a Hopper GPU (sm_90) and a Triton with '
                                          f"Gluon's Hopper dialect; {device} is not one")
-    logger.info("kernels: " + ", ".join(f"{k}={v}" for k, v in choices.items()))
+    if log_kernels:
+        logger.info("kernels: " + ", ".join(f"{k}={v}" for k, v in choices.items()))
 
     # Parameters are created on `device` directly: the MLPerf-sized tables (tens of GB) must not
     # pass through host memory first. `.to` still moves buffers built from host tensors.

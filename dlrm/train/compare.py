@@ -209,7 +209,8 @@ def unavailable_reason(name: str, device: torch.device, cfg: Optional[Config] = 
         from kernels import TritonUnavailableError, check_triton_device
 
         try:
-            check_triton_device(device, "triton kernels")
+            # (--kernels, which the refusal's usual advice names, is refused with --compare)
+            check_triton_device(device, "triton kernels", instead="leave the triton variants out of --compare")
         except TritonUnavailableError as e:
             return str(e)
     if cfg is not None:

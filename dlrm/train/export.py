@@ -52,8 +52,10 @@ def _built_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device
         cfg.model.embedding_dtype = "fp32"
     else:
         cfg, _ = resolve_fast_path(cfg, device, multi_hot=tables.multi_hot)
+    # an export's PyTorch copy is not logged as "kernels: embedding=torch, ...": after a training run with Triton kernels
+    # (`--export` after training), that line ended the log as if the run had trained with the PyTorch ones
     model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device,
-                        multi_hot_sizes=tables.multi_hot_sizes)
+                        multi_hot_sizes=tables.multi_hot_sizes, log_kernels=not portable)
     ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path, tables.multi_hot_sizes,
                           tables.dense_format, tables.hashing, tables.vocabs)
     _check_no_rounding(state["model"], model, path, cfg.model.embedding_dtype)
@@ -113,13 +115,17 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
                                 "compile_mode": compile_mode_on(resolved.train.compile, device)
                                 if resolved.train.compile.enabled else None, "precision": resolved.train.precision,
                                 "device": str(device), "batch_size": batch_size, "data_path": cfg.data.path,
-                                "tables": tables_record(tables)}}
+                                "tables": tables_record(tables)},
+                   # the best AUC achievable on the split, as a training run's summary and last line give it (a
+                   # synthetic dataset's planted teacher; null for real data)
+                   "oracle_auc": meta.extra.get("oracle_auc", {}).get(split)}
         write_summary(run_dir.path / "summary.json", summary)  # a failed write names the file
         run_dir.started()
     # which model: given a run directory, its best.pt or its newest checkpoint was evaluated, and the line said neither
     of = f"{path}" + (f", step {step}" if step is not None else "")
-    logger.info(f"{split}: AUC {auc_text(metrics)}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f} "
-                f"({of})")
+    oracle = f" (oracle AUC {summary['oracle_auc']:.4f})" if summary["oracle_auc"] is not None else ""
+    logger.info(f"{split}: AUC {auc_text(metrics)}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}"
+                f"{oracle} ({of})")
     return summary
 
 
@@ -207,9 +213,9 @@ def _save_program(program, tmp: Path, path: Path) -> None:
         raise
 
 
-def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
+def export_model(model: DLRM, path: Path, dense_format: str = "counts", source: str | None = None) -> Path:
     """Write a `torch.export` program (batch size dynamic) to `path` (conventionally *.pt2); its dense
-    input as `RawInputDLRM` takes it for `dense_format`."""
+    input as `RawInputDLRM` takes it for `dense_format`; `source` (the checkpoint and its step) is named in the log."""
     path = Path(path)
     exists = f"--export: {path} already exists; remove it or choose another path"
     if os.path.lexists(path):  # a dangling symbolic link too: the rename would replace it
@@ -241,8 +247,9 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts") -> Path:
         finally:
             tmp.unlink(missing_ok=True)
     dense = "raw dense counts, int64" if dense_format == "counts" else "dense values, float32"
+    of = f" from {source}" if source else ""
     logger.info(f"exported inference program to {path} (inputs: {dense} [B, 13], raw sparse hashes "
-                f"[B, {_sparse_width(model)}])")
+                f"[B, {_sparse_width(model)}]){of}")
     return path
 
 
@@ -251,4 +258,9 @@ def export_checkpoint(cfg: Config, checkpoint: Path, path: Path) -> Path:
     from dlrm.train.trainer import build_for_data
 
     device, _, _, tables = build_for_data(cfg)
-    return export_model(model_from_checkpoint(cfg, checkpoint, tables, device, portable=True), path, tables.dense_format)
+    # which model, as --eval-only's line says: given a run directory (or after training), its best.pt or its newest
+    # checkpoint was exported, and the line named neither (best.pt's step is not in its name)
+    step = checkpoint_step(Path(checkpoint))
+    source = f"{checkpoint}" + (f" (step {step})" if step is not None else "")
+    return export_model(model_from_checkpoint(cfg, checkpoint, tables, device, portable=True), path, tables.dense_format,
+                        source)

@@ -74,8 +74,13 @@ def _log_min_steps(cfg: Config, total: int, by_epochs: int, steps_per_epoch: int
     t = cfg.train
     capped = f"; train.max_steps {t.max_steps} caps it there" if total < t.min_steps else ""
     if total > by_epochs:
-        logger.info(f"train.min_steps {t.min_steps}: {total} steps, {math.ceil(total / max(steps_per_epoch, 1))} "
-                    f"epochs of {steps_per_epoch} steps (train.epochs {t.epochs} would give {by_epochs}){capped}")
+        # the epochs as trained: 200 steps of 66-step epochs are 3 epochs and 2 steps of a 4th ("4 epochs of 66 steps"
+        # read as 264 steps)
+        full, rest = divmod(total, max(steps_per_epoch, 1))
+        epochs = (f"{full} epoch{'s' * (full != 1)} of {steps_per_epoch} step{'s' * (steps_per_epoch != 1)}"
+                  + (f" and {rest} step{'s' * (rest != 1)} of epoch {full + 1}" if rest else ""))
+        logger.info(f"train.min_steps {t.min_steps}: {total} steps, {epochs} "
+                    f"(train.epochs {t.epochs} would give {by_epochs}){capped}")
     else:
         logger.info(f"train.min_steps {t.min_steps}: no effect, train.max_steps {t.max_steps} ends the run at "
                     f"{total} steps, within train.epochs {t.epochs} ({by_epochs} steps)")
