@@ -31,7 +31,6 @@ import difflib
 import errno
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Optional
@@ -40,10 +39,11 @@ import click
 from loguru import logger
 
 from dlrm.config import Config, config_keys, load_config
-from dlrm.config_checks import check_default_run_name, export_name_problem, fitted_name, free_run_name
+from dlrm.config_checks import check_default_run_name, export_name_problem, free_run_name
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
                          is_peer_lost, peer_lost_message, report_bug)
 from dlrm.logging_setup import configure_logging, run_logger
+from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, check_tb_dir
 from dlrm.stop_signal import StopAtOnce
 
 EXIT_BAD_INPUT = 2
@@ -355,6 +355,9 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     decided = ("train.compile.enabled",) if compare is not None else ()
     cfg = load_with_kernels_shortcut(config_path, overrides, inert_keys, decided)
     loaded.append(cfg)
+    # `--resume --run-name NEW` of a run that does not exist starts it from step 0 (`restart_config`): a new run
+    new_by_name = resume == "latest" and bool(cfg.log.run_name) and not os.path.lexists(
+        Path(cfg.log.tb_dir) / cfg.log.run_name)
     if resume is None and cfg.log.sweep_keys is not None:
         # a sweep trial's config.json given again is a run of its own: kept, its HParams session named the sweep's
         # swept keys and sweep/* metrics (`dlrm.train.reporting.experiment_metrics`), blank columns for every other
@@ -363,8 +366,17 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
         cfg.log.sweep_keys = None
     if trains:
         warn_distributed_in_one_process(cfg)
-    if resume is None and (eval_only or not (export_path and checkpoint_path)):
+    if (resume is None or new_by_name) and (eval_only or not (export_path and checkpoint_path)):
         check_outside_sweep(config_path, cfg)  # (before the own-record refusal: its free name was in the sweep too)
+    branch = resume not in (None, "latest") and cfg.log.run_name is not None
+    tb_flag = "--tb-dir" if "log.tb_dir" in overrides else f"{config_path}: log.tb_dir"
+    if branch:  # (a resume in place continues the run where it is: a sweep's trial too)
+        check_branch_outside_sweep(resume, cfg)
+    if (resume is None or branch or new_by_name) and (eval_only or not (export_path and checkpoint_path)):
+        # a new directory under log.tb_dir: not in another run's directory nor in the dataset (the sweep's is above)
+        check_tb_dir(cfg.log.tb_dir, tb_flag, (cfg.data.path,))
+    elif resume == "latest":  # (an existing run by name under log.tb_dir: it is where it is)
+        check_tb_dir(cfg.log.tb_dir, tb_flag, owners=False)
     if resume is None and compare is None and (eval_only or not export_path or not checkpoint_path):
         check_not_own_record(config_path, cfg, overrides, eval_only)
     # a new run's directory is named, or --eval-only's (with --export too: it evaluates first); a bare export of a
@@ -401,50 +413,6 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
             summary = train(cfg, resume=resume, allow_config_change=allowed_changes)
             if export:  # the best evaluation's model when the run kept one, else the final one
                 export_mod.export_checkpoint(cfg, Path(_best_checkpoint(summary) or summary["checkpoint"]), export)
-
-
-def sweep_holding(tb_dir: str) -> Optional[Path]:
-    """The sweep directory (one holding ``sweep.json``, `dlrm.sweep_resume.RECORD`) that a run under `tb_dir` would
-    be written into: `tb_dir` itself, its setting directory's sweep (a trial's ``log.tb_dir``) or a trial's; else
-    None."""
-    here = Path(os.path.abspath(tb_dir))
-    for candidate in (here, here.parent, here.parent.parent):
-        try:  # a sweep's record (a small file), not any file of that name in a directory above the TensorBoard root
-            record = json.loads((candidate / "sweep.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(record, dict) and "sets" in record and "seeds" in record:
-            return candidate
-    return None
-
-
-def check_outside_sweep(config_path: str, cfg: Config) -> None:
-    """Refuse a new run (or --eval-only, --compare) whose directory would be inside a sweep's, in one line naming a
-    free place outside it. A sweep trial's config.json names the trial's setting directory as ``log.tb_dir``: given
-    back as --config with the --run-name its refusal named (or any), the new run was written among the sweep's
-    trials, where `--logdir <sweep>` showed it as one of them (with other HParams columns) and the sweep's records
-    did not list it."""
-    sweep = sweep_holding(cfg.log.tb_dir)
-    if sweep is None:
-        return
-    where = Path(os.path.abspath(cfg.log.tb_dir))
-    setting = where.name[:2] if where.parent == sweep and where.name[:2].isdigit() else None
-    advice = f"add --tb-dir {sweep.parent}"
-    if cfg.log.run_name is not None:  # (without one the default <config>-<date>-<time> is new there)
-        stem = re.sub(r"[^\w.+-]", "_", "-".join(x for x in (sweep.name, setting, cfg.log.run_name) if x))
-        advice += f" --run-name {free_name(sweep.parent, stem)} (free)"
-    raise ConfigError(f"{config_path}: the run would be written into the sweep {sweep} (log.tb_dir {where}), which "
-                      f"holds that sweep's trials only: {advice} to run this config outside it"
-                      + (" (`train.py --resume` of a trial continues it in place)" if setting else ""))
-
-
-def free_name(parent: Path, name: str) -> str:
-    """`name`, or ``name-2``, ``name-3``, ... : the first that `parent` holds nothing of (cut to a file name's length)."""
-    n, candidate = 1, fitted_name(name, "")
-    while os.path.lexists(parent / candidate):
-        n += 1
-        candidate = fitted_name(name, f"-{n}")
-    return candidate
 
 
 def check_not_own_record(config_path: str, cfg: Config, overrides: dict, eval_only: bool) -> None:

@@ -173,9 +173,10 @@ def write_tables(directory: Path, results: list[SettingResult], keys: list[str],
 # -- running ----------------------------------------------------------------------------------------
 
 
-def sweep_directory(tb_dir: str, run_name: Optional[str], config: str) -> tuple[Path, bool]:
+def sweep_directory(tb_dir: str, run_name: Optional[str], config: str,
+                    data_paths: tuple[str, ...] = ()) -> tuple[Path, bool]:
     """The new, empty sweep directory (an existing non-empty one is refused: nothing is overwritten), and whether
-    this call created it."""
+    this call created it. `data_paths`: the datasets its trials read (no --tb-dir inside one)."""
     # an empty value (an unset variable): --tb-dir "" wrote into the working directory, --run-name "" took the default
     if tb_dir == "":
         raise ConfigError('--tb-dir: empty path (the TensorBoard root; "." for the working directory)')
@@ -185,12 +186,14 @@ def sweep_directory(tb_dir: str, run_name: Optional[str], config: str) -> tuple[
     # absolute: the trials' run directories (their summary.json, checkpoints) and trials.csv's run_dir name it; under
     # a relative --tb-dir (the default tb_logs) trials.csv named paths valid only from where the sweep was started
     directory = Path(os.path.abspath(tb_dir)) / name
-    from dlrm.cli import sweep_holding
+    from dlrm.output_place import check_tb_dir, sweep_holding
 
     outer = sweep_holding(tb_dir)  # (a sweep among another's trials: shown and listed as part of it, as a run was)
     if outer is not None:
         raise ConfigError(f"--tb-dir: {directory.parent} is inside the sweep {outer}, which holds that sweep's trials "
                           f"only; pick a --tb-dir outside it (--tb-dir {outer.parent})")
+    # a file there ("cannot create ... (File exists)"), another run's directory, a dataset the trials read
+    check_tb_dir(tb_dir, "--tb-dir", data_paths)
     if run_name is None:
         return _claim_default_directory(directory), True
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
@@ -279,7 +282,8 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     for line in told:
         logger.warning(line)
 
-    directory, created = sweep_directory(tb_dir, run_name, config)
+    data_paths = tuple(sorted({load_config(config, {**base, **setting}).data.path for setting in settings}))
+    directory, created = sweep_directory(tb_dir, run_name, config, data_paths)
     try:
         lock = write_record(directory, config, sets, seeds, base)  # what --resume reads back
     except BaseException:

@@ -415,9 +415,11 @@ def test_a_non_empty_directory_is_refused_without_overwrite(tmp_path, src):
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("mine")
-    for out, held in [(other / "train", "part-0000-000000.parquet"), (mine, "notes.txt")]:
+    # (inside another dataset, --overwrite or not: refused as such, test_audit_sweepbranch.py)
+    for out, said in [(other / "train", (f"--output {other / 'train'} is inside the dataset {other}",)),
+                      (mine, (f"{mine} is not empty (notes.txt", "--overwrite"))]:
         before = {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-        assert_one_line_error(run_cli("-i", src, "-o", out), f"{out} is not empty ({held}", "--overwrite")
+        assert_one_line_error(run_cli("-i", src, "-o", out), *said)
         assert {str(p): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     r = run_cli("-i", src, "-o", mine, "--overwrite")
     assert r.exit_code == 0, r.stderr

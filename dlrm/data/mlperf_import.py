@@ -88,8 +88,8 @@ from dlrm.data.schema import (
 )
 from dlrm.data.input_stamps import STAMPS_FILE, redo_changed_inputs
 from dlrm.data.mlperf_days import Day, ImportInputError, npz_member  # noqa: F401 - npz_member re-exported
-from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, output_lock,
-                                   recover_replaced, replace_dir)
+from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, check_unowned,
+                                   output_lock, recover_replaced, replace_dir)
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
 from dlrm.errors import report_bug
@@ -307,6 +307,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
     check_named(output, "--output", ImportInputError)
     _check_input_apart(input_dir, output)
     check_target(output, overwrite, "directory")
+    check_unowned(output, "--output", ImportInputError)  # (no dataset inside another, a run or a sweep)
     # one import of an --output at a time: a second one resumed the first's .OUT.import-partial (or, --overwrite,
     # removed it) under it, and renamed it into place while the first still wrote there
     with output_lock(output, "--output", ImportInputError):

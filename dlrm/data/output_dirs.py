@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Optional
 
 import click
 from loguru import logger
@@ -36,6 +38,49 @@ def check_target(path: Path, overwrite: bool, what: str) -> None:
     occupied = path.is_file() or (path.is_dir() and any(path.iterdir()))
     if occupied and not overwrite:
         raise click.ClickException(f"refusing to overwrite non-empty {path} (pass --overwrite to replace it)")
+
+
+def is_run_directory(path: Path) -> bool:
+    """Whether `path` is a training run's directory (`dlrm.train.run_dir.RunDirectory`): its config.json (a run's,
+    with ``log`` and ``data`` sections) beside what only a run writes (checkpoints/, summary.json, its lock)."""
+    try:
+        record = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not (isinstance(record, dict) and isinstance(record.get("log"), dict) and isinstance(record.get("data"), dict)):
+        return False
+    return any(os.path.lexists(path / name) for name in ("checkpoints", "summary.json", ".lock"))
+
+
+def owner_of(path: Path) -> Optional[str]:
+    """What a dataset directory at `path` would be written into, or None: a dataset above it (its metadata.json: that
+    dataset's --overwrite, or a tool's, replaces it whole, the inner one with it), a training run's directory or a
+    sweep's (``sweep.json``), `path` itself included for those two (--overwrite replaced the run or sweep whole)."""
+    here = Path(os.path.realpath(path))
+    for p in (here, *here.parents):
+        if p != here and (p / "metadata.json").is_file():
+            return f"the dataset {p}"
+        if is_run_directory(p):
+            return f"the run directory {p}"
+        if _is_sweep(p):
+            return f"the sweep {p}"
+    return None
+
+
+def _is_sweep(path: Path) -> bool:
+    """Whether `path` holds a sweep's record (``sweep.json`` with its grid and seeds), not any file of that name."""
+    try:
+        record = json.loads((path / "sweep.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and "sets" in record and "seeds" in record
+
+
+def check_unowned(path: Path, option: str, error: type[click.ClickException] = click.ClickException) -> None:
+    """Refuse, in one line, a dataset output inside another dataset, a run's directory or a sweep (`owner_of`)."""
+    owner = owner_of(path)
+    if owner is not None:
+        raise error(f"{option} {path} is inside {owner}, which belongs to it; write the dataset outside it")
 
 
 def check_named(out: Path, option: str, error: type[click.ClickException] = click.ClickException) -> None:

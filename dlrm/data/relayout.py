@@ -71,8 +71,8 @@ from dlrm.data.schema import (
     write_options,
     write_metadata,
 )
-from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, dataset_read_lock,
-                                   output_lock, recover_replaced, remove_stale_temps, replace_dir)
+from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, check_unowned,
+                                   dataset_read_lock, output_lock, recover_replaced, remove_stale_temps, replace_dir)
 from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_rows, open_shard, split_files
 from dlrm.data.vocabulary import read_vocabulary
 from dlrm.errors import report_bug
@@ -198,6 +198,7 @@ def _checked_relayout(data: Path, output: Path, layout: SparseLayout, codec: str
     check_named(output, "--output")
     check_apart("--data", data, "--output", output, "write the copy somewhere else")
     check_target(output, overwrite, "directory")
+    check_unowned(output, "--output")  # (no dataset inside another, a run or a sweep)
     check_parent_writable(output, "--output")
     # one run of an --output at a time: a second one's copy was silently replaced by the first's at its end
     with output_lock(output, "--output"):

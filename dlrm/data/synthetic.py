@@ -94,8 +94,8 @@ import numpy as np
 from loguru import logger
 from tqdm import tqdm
 
-from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, output_lock,
-                                   recover_replaced, remove_stale_temps)
+from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, check_unowned,
+                                   output_lock, recover_replaced, remove_stale_temps)
 from dlrm.data.schema import (
     MAX_MULTI_HOT_SIZE, MLPERF_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, NUM_SPARSE,
     SPARSE_LAYOUTS, SPLITS, Metadata, SplitInfo, arrow_schema, is_multi_hot, one_hot_sizes,
@@ -316,6 +316,7 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
     if sparse_layout not in SPARSE_LAYOUTS:
         raise click.ClickException(f"--sparse-layout: {sparse_layout!r:.40} is not one of {', '.join(SPARSE_LAYOUTS)}")
     check_target(out, overwrite, "directory")
+    check_unowned(out, "--out")  # (a dataset, run or sweep around it: replaced with it, or listing it as its own)
     tsv_path = Path(raw_tsv) if raw_tsv is not None else None
     if tsv_path is not None:
         # --out is written as a temporary sibling and renamed into place as a whole: a TSV inside it would

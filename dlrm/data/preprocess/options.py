@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from dlrm.data.output_dirs import owner_of
 from dlrm.data.preprocess.constants import DEFAULT_SPARSE_LAYOUT, PROGRESS_DIR, RECORDLESS_SPARSE_LAYOUT
 from dlrm.data.preprocess.errors import PreprocessError
 from dlrm.data.preprocess.frequency import AUTO
@@ -357,6 +358,9 @@ def check_output_location(out: Path, inputs: list[Path]) -> None:
     if not os.access(base, os.W_OK | os.X_OK):
         where = "" if base == out.absolute() else f" (no write permission on {base})"
         raise PreprocessError(f"{out}: not writable{where}")
+    owner = owner_of(out)  # a dataset, run or sweep around it: replaced with it, or listing it as its own
+    if owner is not None:
+        raise PreprocessError(f"--output {out} is inside {owner}, which belongs to it; write the dataset outside it")
     _check_inputs_outside(out, inputs)
 
 
