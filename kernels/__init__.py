@@ -18,5 +18,7 @@ from kernels._backend import TritonUnavailableError, check_triton_device, interp
 _interpreter.install()
 # ... and its tl.dot of bf16 operands computed from their values, not their uint16 bit patterns (a correctness fix).
 _interpreter.install_bf16_dot()
+# ... and a scalar loop bound that Triton 3.6's interpreter (torch 2.11's) cannot convert under NumPy >= 2.4.
+_interpreter.fix_scalar_index()
 
 __all__ = ["TritonUnavailableError", "check_triton_device", "interpret_mode"]

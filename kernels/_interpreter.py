@@ -27,6 +27,13 @@ loss of 7.7e8). It hands such a dot the operands' exact fp32 values, the product
 fp32. It also makes the interpreter's fp32 -> bf16 cast (``x.to(tl.bfloat16)``, a store of fp32 values into bf16) round
 to nearest even, as a GPU's ``cvt.rn.bf16.f32`` does: it truncated, so every bf16 result of a CPU run was biased
 toward zero and a chain of bf16 layers (`kernels.mlp_tail`) drifted from the eager bf16 MLP by tens of bf16 steps.
+
+`fix_scalar_index` (installed whatever ``DLRM_INTERPRETER_PATCH_ONCE`` says) is a compatibility fix: the interpreter
+holds a scalar (``tl.program_id``, a load at one pointer) as a 1-element numpy array, and Triton 3.6's
+``tensor.__index__`` converts it with ``int(array)``, which NumPy 2.4 refuses ("only 0-dimensional arrays can be
+converted to Python scalars"). A loop bound loaded in the kernel (``range(0, hot, UNROLL)`` of the pooled lookup)
+then failed every launch under torch 2.11, which pins Triton 3.6; Triton 3.9 squeezes the array first, which is what
+the fix does where the installed conversion fails.
 """
 
 from __future__ import annotations
@@ -37,11 +44,12 @@ import threading
 
 from kernels._backend import interpret_mode
 
-__all__ = ["install", "install_bf16_dot", "installed"]
+__all__ = ["fix_scalar_index", "install", "install_bf16_dot", "installed"]
 
 _state = threading.local()  # .patched: ids of the language modules patched in this thread's running grid
 _langs_by_fn: dict = {}  # function -> its language modules' ids (functions live as long as their jit wrappers)
 _original = None
+_original_patch_tensor = None  # Triton's _patch_lang_tensor, where `fix_scalar_index` wrapped it
 
 
 def _language_modules(fn) -> frozenset[int]:
@@ -162,4 +170,54 @@ def install_bf16_dot() -> bool:
     _original_dot, _original_fp_trunc = dot, trunc
     builder.create_dot = _create_dot_exact_bf16
     builder.create_fp_trunc = _fp_trunc_nearest_bf16
+    return True
+
+
+class _OneElement:
+    """Stands in for an interpreter tensor holding a scalar, to probe how ``__index__`` converts one."""
+
+    class handle:
+        data = None  # a [1] numpy array, set by `fix_scalar_index` (numpy is imported only when the fix installs)
+
+
+def _index_converts_scalars(index) -> bool:
+    try:
+        return index(_OneElement) == 3
+    except TypeError:
+        return False
+
+
+def _scalar_index(self) -> int:
+    # squeeze a scalar's [1] array to the 0-d one NumPy >= 2.4 still converts (Triton 3.9's own conversion)
+    return int(self.handle.data.squeeze())
+
+
+def _patch_lang_tensor_fixed(tensor, scope) -> None:
+    _original_patch_tensor(tensor, scope)
+    if not _index_converts_scalars(tensor.__index__):
+        # recorded in the same scope after Triton's own patch: the grid's restore undoes both, in reverse order
+        scope.set_attr(tensor, "__index__", _scalar_index)
+
+
+def fix_scalar_index() -> bool:
+    """Wrap ``triton.runtime.interpreter._patch_lang_tensor`` so that a kernel's scalar converts to an int (a loop
+    bound, see the module docstring); True when wrapped. A no-op outside interpreter mode or where this Triton's
+    interpreter does not look like 3.6's and 3.9's. Where the installed conversion works (Triton 3.9, NumPy < 2.4)
+    the wrapper leaves it as it is."""
+    global _original_patch_tensor
+    if _original_patch_tensor is not None:
+        return True
+    if not interpret_mode():
+        return False
+    try:
+        import numpy as np
+        import triton.runtime.interpreter as interpreter
+    except ImportError:
+        return False
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if not callable(original) or list(inspect.signature(original).parameters) != ["tensor", "scope"]:
+        return False
+    _OneElement.handle.data = np.array([3], dtype=np.int32)
+    _original_patch_tensor = original
+    interpreter._patch_lang_tensor = _patch_lang_tensor_fixed
     return True

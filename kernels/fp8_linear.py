@@ -64,6 +64,34 @@ def quantize_rows(t: Tensor, dtype: torch.dtype = E4M3) -> tuple[Tensor, Tensor]
     return q, scale.reciprocal()
 
 
+_cpu_rowwise: bool | None = None  # whether this torch's CPU _scaled_mm takes rowwise scales (probed once)
+
+
+def _cpu_takes_rowwise_scales() -> bool:
+    """torch 2.11's CPU ``_scaled_mm`` takes one scale a tensor only (an internal assert, "Now _scaled_mm only supports
+    per-tensor scaling for CPU backend", for [N, 1] x [1, M] scales); torch 2.13's takes rowwise ones. Probed on a
+    16 x 16 product rather than read from the version: the CUDA builds of 2.11 take rowwise scales."""
+    global _cpu_rowwise
+    if _cpu_rowwise is None:
+        one = torch.ones(16, 16).to(E4M3)
+        try:
+            torch._scaled_mm(one, one.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16),
+                             out_dtype=torch.bfloat16)
+            _cpu_rowwise = True
+        except RuntimeError:
+            _cpu_rowwise = False
+    return _cpu_rowwise
+
+
+def _scaled_mm_rowwise(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor) -> Tensor:
+    """``torch._scaled_mm(a, b, scale_a=[N, 1], scale_b=[1, M], out_dtype=bf16)``; on a CPU whose ``_scaled_mm`` takes
+    no rowwise scales (torch 2.11), the same product: the FP8 operands' fp32 GEMM (exact products, fp32 sums, as the
+    tensor cores accumulate), scaled after the accumulation, rounded to bf16 once."""
+    if a.device.type == "cpu" and not _cpu_takes_rowwise_scales():
+        return (torch.mm(a.float(), b.float()) * scale_a * scale_b).to(torch.bfloat16)
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+
+
 def _col_major(t: Tensor) -> Tensor:
     """The same matrix with column-major strides (what ``torch._scaled_mm`` wants as its second operand)."""
     return t.t().contiguous().t()
@@ -104,7 +132,7 @@ class _Fp8RowwiseLinearFunction(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         xq, sx = quantize_rows(x)  # [N, K], [N, 1]
         wq, sw = quantize_rows(weight)  # [M, K], [M, 1]: one scale per output feature
-        y = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw.t(), out_dtype=torch.bfloat16)  # [N, M]
+        y = _scaled_mm_rowwise(xq, wq.t(), sx, sw.t())  # [N, M]
         if bias is not None:
             y = y + bias.to(y.dtype)
         ctx.save_for_backward(x, weight)
@@ -118,7 +146,7 @@ class _Fp8RowwiseLinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:  # dx = g W: [N, M] @ [M, K], W scaled per column (per input feature)
             gq, sg = quantize_rows(grad)
             wtq, swt = quantize_rows(weight.t())  # [K, M]: rows are W's columns
-            dx = torch._scaled_mm(gq, wtq.t(), scale_a=sg, scale_b=swt.t(), out_dtype=torch.bfloat16).to(x.dtype)
+            dx = _scaled_mm_rowwise(gq, wtq.t(), sg, swt.t()).to(x.dtype)
         if ctx.needs_input_grad[1]:  # dW = g^T x in 16 bits, accumulated in fp32 by the GEMM
             dw = torch.mm(grad.t().to(torch.bfloat16), x.to(torch.bfloat16)).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
