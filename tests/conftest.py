@@ -130,3 +130,28 @@ def tiny_dataset(tmp_path):
     root = tmp_path / "ds"
     arrays = make_dataset(root, {"train": 100, "validation": 30})
     return root, arrays
+
+
+# A multi-hot dataset of MLPerf DLRM-DCNv2's presets (40M-row tables, 214 values a row), as `python -m
+# dlrm.data.synthetic` writes it with these arguments (2,000 rows: 1,600 train, 200 validation, 200 test).
+MLPERF_PRESET_ARGS = ["--rows", "2000", "--cardinalities", "mlperf", "--multi-hot-sizes", "mlperf"]
+
+
+@pytest.fixture(scope="session")
+def mlperf_preset_dataset(tmp_path_factory) -> Path:
+    """`MLPERF_PRESET_ARGS`' dataset, zstd (the default codec, named), made once per test run and shared by the
+    workers (`tests.shared_once`). Writing it costs seconds whatever the row count: the teacher's bias is tuned on a
+    131k-row pilot of 214 values a row (~6 s a dataset in CI, where the test that wrote two took 12.7 s). Three tests
+    wrote one each before (two in test_multihot_data.py, one in test_benchmark_scripts.py); one of them still writes
+    an LZ4 twin. Tests only read it."""
+    from click.testing import CliRunner
+
+    from dlrm.data import synthetic
+    from tests.shared_once import computed_once
+
+    def make(root: Path) -> None:
+        res = CliRunner().invoke(synthetic.main,
+                                 MLPERF_PRESET_ARGS + ["--out", str(root / "ds"), "--compression", "zstd"])
+        assert res.exit_code == 0, res.output
+
+    return computed_once(tmp_path_factory, "mlperf-preset-zstd", make) / "ds"

@@ -97,13 +97,11 @@ def test_loader_throughput_measures_every_stage_on_a_small_input(tmp_path):
     assert (tmp_path / "lt.md").read_text().count("| decode |") == 2 and (tmp_path / "lt.png").stat().st_size > 0
 
 
-def test_loader_throughput_measures_an_existing_multi_hot_dataset(tmp_path):
+def test_loader_throughput_measures_an_existing_multi_hot_dataset(tmp_path, mlperf_preset_dataset):
     """--dataset: the loader alone on a dataset already made (no raw file, no preprocessing), multi-hot rows decoded
-    as such (every row once; no one-hot target applied to them); a folder without metadata refused."""
-    from dlrm.data.synthetic import generate
-
-    data = tmp_path / "mh"
-    generate(data, 2000, seed=0, cardinalities="small", multi_hot_sizes="mlperf")
+    as such (every row once; no one-hot target applied to them); a folder without metadata refused. The dataset:
+    the session's 2,000 rows of MLPerf's multi-hot preset (tests/conftest.py; the loader reads it, never writes)."""
+    data = mlperf_preset_dataset
     lt = load_script("loader_throughput")
     assert lt.main(["--dataset", str(data), "--repeats", "1", "--devices", "cpu", "--shuffle", "true",
                     "--reader-threads", "2", "--shuffle-buffer-rows", "700", "--batch-size", "256",

@@ -330,36 +330,38 @@ def test_synthetic_one_hot_preset_writes_the_one_hot_bytes(tmp_path):
     assert "--multi-hot" not in b.extra["command"]
 
 
-def test_synthetic_mlperf_presets(tmp_path):
+def test_synthetic_mlperf_presets(tmp_path, mlperf_preset_dataset):
+    """`--cardinalities mlperf --multi-hot-sizes mlperf` (the session's dataset, written by the command line: the
+    fixture checks its exit code)."""
     from click.testing import CliRunner
 
-    res = CliRunner().invoke(synthetic.main, ["--rows", "300", "--out", str(tmp_path / "ds"), "--cardinalities",
-                                              "mlperf", "--multi-hot-sizes", "mlperf", "--test-fraction", "0"])
-    assert res.exit_code == 0, res.output
-    meta = read_metadata(tmp_path / "ds")
+    meta = read_metadata(mlperf_preset_dataset)
     assert meta.multi_hot_sizes == MLPERF_MULTI_HOT_SIZES and meta.cardinalities[0] == 40_000_000
-    batch = next(iter(ParquetLoader(split_files(tmp_path / "ds", meta, "train"), 64,
+    batch = next(iter(ParquetLoader(split_files(mlperf_preset_dataset, meta, "train"), 64,
                                     multi_hot_sizes=meta.multi_hot_sizes)))
     assert batch.sparse.shape == (64, 214)
     bad = CliRunner().invoke(synthetic.main, ["--rows", "30", "--out", str(tmp_path / "x"), "--multi-hot-sizes", "3,2"])
     assert bad.exit_code == 2 and "--multi-hot-sizes" in bad.output and not (tmp_path / "x").exists()
 
 
-def test_synthetic_compression_changes_the_codec_not_the_rows(tmp_path):
+def test_synthetic_compression_changes_the_codec_not_the_rows(tmp_path, mlperf_preset_dataset):
     """--compression lz4 writes the same rows as the default zstd, in LZ4 files, recorded in the metadata and in the
-    command that regenerates them; an unknown codec is refused before anything is written."""
+    command that regenerates them; an unknown codec is refused before anything is written. The zstd dataset is the
+    session's (`MLPERF_PRESET_ARGS` with --compression zstd), the LZ4 one written here with the same arguments."""
     from click.testing import CliRunner
 
-    args = ["--rows", "400", "--cardinalities", "mlperf", "--multi-hot-sizes", "mlperf", "--test-fraction", "0"]
-    for codec in ("zstd", "lz4"):
-        res = CliRunner().invoke(synthetic.main, args + ["--out", str(tmp_path / codec), "--compression", codec])
-        assert res.exit_code == 0, res.output
+    from tests.conftest import MLPERF_PRESET_ARGS
+
+    args = MLPERF_PRESET_ARGS
+    res = CliRunner().invoke(synthetic.main, args + ["--out", str(tmp_path / "lz4"), "--compression", "lz4"])
+    assert res.exit_code == 0, res.output
+    roots = {"zstd": mlperf_preset_dataset, "lz4": tmp_path / "lz4"}
     tables = {}
     for codec in ("zstd", "lz4"):
-        meta = read_metadata(tmp_path / codec)
+        meta = read_metadata(roots[codec])
         assert meta.extra["compression"] == codec
         assert ("--compression lz4" in meta.extra["command"]) == (codec == "lz4")
-        files = split_files(tmp_path / codec, meta, "train")
+        files = split_files(roots[codec], meta, "train")
         footer = pq.ParquetFile(files[0]).metadata
         assert {footer.row_group(0).column(i).compression for i in range(footer.num_columns)} == {codec.upper()}
         tables[codec] = pq.read_table(files[0])
@@ -374,11 +376,11 @@ def test_synthetic_compression_changes_the_codec_not_the_rows(tmp_path):
 
     cfg = load_config(REPO / "configs" / "sample.json")
     for codec in ("zstd", "lz4"):
-        meta = read_metadata(tmp_path / codec)
+        meta = read_metadata(roots[codec])
         messages: list[str] = []
         handle = logger.add(lambda m: messages.append(m.record["message"]), level="INFO")
         try:
-            loader = make_loader(cfg, split_files(tmp_path / codec, meta, "train"), 64, torch.device("cpu"), train=True,
+            loader = make_loader(cfg, split_files(roots[codec], meta, "train"), 64, torch.device("cpu"), train=True,
                                  placement="stream", multi_hot_sizes=meta.multi_hot_sizes)
             loader.close()
         finally:

@@ -13,6 +13,7 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -31,6 +32,7 @@ from dlrm.train.baseline import run_baseline
 from dlrm.train.setup import dataset_tables
 from dlrm.train.trainer import train
 from tests.conftest import REPO, SHARED_CRITEO
+from tests.shared_once import computed_once
 
 SEEDS = (0, 1, 2)
 CONFIG = REPO / "configs" / "criteo-small.json"
@@ -45,18 +47,20 @@ def preprocessed(raw, out, **options):
 @pytest.fixture(scope="module")
 def regime(tmp_path_factory):
     """Per seed: the small-real regime's parquet dataset, its raw TSV preprocessed the recommended way
-    (vocabulary, --min-frequency auto) and with plain modulus hashing (no threshold: tables of the distinct train values + 1 rows, values collide)."""
-    root = tmp_path_factory.mktemp("small-real")
-    data = {}
-    for seed in SEEDS:
-        raw = root / f"log-{seed}.txt"
-        synthetic.generate(root / f"syn-{seed}", seed=seed, raw_tsv=raw, regime="small-real")
-        data[seed] = {
-            "synthetic": root / f"syn-{seed}",
-            "vocabulary": preprocessed(raw, root / f"voc-{seed}", hashing="vocabulary", min_frequency="auto"),
-            "modulus": preprocessed(raw, root / f"mod-{seed}"),
-        }
-    return data
+    (vocabulary, --min-frequency auto) and with plain modulus hashing (no threshold: tables of the distinct train values + 1 rows, values collide).
+    Made once per test run and shared by the pytest-xdist workers (`tests.shared_once`: 7.5 s on one thread of a
+    loaded 2-core machine, paid by each worker that ran any of this module's tests); tests only read it."""
+
+    def make(root: Path) -> None:
+        for seed in SEEDS:
+            raw = root / f"log-{seed}.txt"
+            synthetic.generate(root / f"syn-{seed}", seed=seed, raw_tsv=raw, regime="small-real")
+            preprocessed(raw, root / f"voc-{seed}", hashing="vocabulary", min_frequency="auto")
+            preprocessed(raw, root / f"mod-{seed}")
+
+    root = computed_once(tmp_path_factory, "small-real-regime", make)
+    return {seed: {"synthetic": root / f"syn-{seed}", "vocabulary": root / f"voc-{seed}",
+                   "modulus": root / f"mod-{seed}"} for seed in SEEDS}
 
 
 def config(data_dir, tmp_path, name, **overrides):

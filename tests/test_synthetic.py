@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import click
 import numpy as np
@@ -25,6 +26,7 @@ from dlrm.data.schema import (
     slot_column,
 )
 from tests.conftest import REPO
+from tests.shared_once import computed_once
 
 
 def read_split(root, split):
@@ -227,12 +229,16 @@ def layout_dataset(root, name, **kwargs):
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
-    """The same seed written as "lists", as "slots" and with the default layout."""
-    root = tmp_path_factory.mktemp("layouts")
-    for name, kwargs in (("lists", {"sparse_layout": "lists"}), ("slots", {"sparse_layout": "slots"}),
-                         ("default", {})):
-        layout_dataset(root, name, **kwargs)
-    return root
+    """The same seed written as "lists", as "slots" and with the default layout: made once per test run and shared by
+    the pytest-xdist workers (`tests.shared_once`; 6.4 s on one thread of a loaded 2-core machine, paid by each
+    worker that ran one of the five tests using it); tests only read it."""
+
+    def make(root: Path) -> None:
+        for name, kwargs in (("lists", {"sparse_layout": "lists"}), ("slots", {"sparse_layout": "slots"}),
+                             ("default", {})):
+            layout_dataset(root, name, **kwargs)
+
+    return computed_once(tmp_path_factory, "synthetic-layouts", make)
 
 
 def test_both_layouts_hold_the_same_rows_slot_by_slot(layouts):
