@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import datetime
 import math
+import os
 import platform
 import sys
 import time
@@ -355,6 +356,50 @@ def settle(step: Callable[[int], None], seconds: float, device: "torch.device", 
 
 
 # ---- writers ---------------------------------------------------------------------------------------
+
+
+def add_overwrite(ap) -> None:
+    """The ``--overwrite`` option every script that writes results has: the policy of the app's own writers (the
+    generator, the preprocessor, relayout and the importer refuse an output that exists without ``--overwrite``)."""
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace output files that already exist (refused otherwise, before anything runs)")
+
+
+class Outputs:
+    """The files a script will write, claimed before it measures anything (`claim_outputs`), and the line that names
+    those it wrote (`report`)."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self._before = {p: _stamp(p) for p in paths}
+
+    def report(self) -> None:
+        """``wrote A, B, C``: every claimed file this run wrote (new, or replaced under --overwrite)."""
+        written = [p for p in self.paths if os.path.lexists(p) and _stamp(p) != self._before[p]]
+        print("wrote " + (", ".join(str(p) for p in written) or "nothing"), flush=True)
+
+
+def _stamp(path: Path) -> Optional[tuple[int, int, int]]:
+    """What changes when a file is written (or replaced by a rename): None for a path that does not exist."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def claim_outputs(ap, args, folder: Any, names: Iterable[str], append: bool = False) -> Outputs:
+    """The files `names` in `folder` (a script's ``--out``), refused in one line (`ap.error`: exit 2, nothing measured
+    nor written) where one already exists, unless ``--overwrite`` (`add_overwrite`): a results file the user has is
+    never replaced silently. The refusal names the first such file and how many more there are. Only the script's own
+    files: ``--out`` is often benchmarks/results/, which holds every other script's. With `append` (a script's
+    ``--append``: merge into the files, asked for) nothing is refused."""
+    claimed = [Path(folder) / name for name in names]
+    taken = [p for p in claimed if os.path.lexists(p)]
+    if taken and not (args.overwrite or append):
+        more = f" (and {len(taken) - 1} more of its outputs)" if len(taken) > 1 else ""
+        ap.error(f"{taken[0]} already exists{more}; pass --overwrite to replace it, or choose another output path")
+    return Outputs(claimed)
 
 
 def write_csv(path: Path, rows: Iterable[dict], keys: list[str], extra: Optional[dict[str, Any]] = None) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import md_row, pyplot, save_figure  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 COLUMNS = ["triton-embedding-interaction+step-graph", "triton-wgrad+step-graph", "triton-fused-mlp+step-graph"]
 HEADERS = ["PyTorch MLPs (`triton-embedding-interaction+step-graph`)", "`triton-wgrad+step-graph`",
@@ -61,7 +62,9 @@ def main(argv=None) -> int:
     ap.add_argument("results", type=Path, help="the autopick part's results folder")
     ap.add_argument("--call", required=True, help="a name for the device call, kept in the CSV")
     ap.add_argument("--out", type=Path, required=True, help="output folder")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, ["autopick.csv", "autopick.md", "autopick.png"])
     try:
         cells = read_cells(args.results)
     except ValueError as e:
@@ -107,6 +110,7 @@ def main(argv=None) -> int:
     save_figure(fig, args.out / "autopick.png")
     for line in lines[2:]:
         print(line)
+    outputs.report()
     return 0
 
 

@@ -29,6 +29,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import pooled_embedding as pe  # noqa: E402
 from _common import env_line, environment, graph_replay_windows, markdown, md_row, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 KEYS = ["mib", "timer", "ms", "gbps"]
 
@@ -40,7 +41,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mib", default="256,1024,4096", help="copy sizes in MiB (comma list)")
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--loop", type=int, default=20, help="back-to-back copies per event_loop window")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.csv", f"{args.name}.md"])
     if not torch.cuda.is_available():
         ap.error("needs a CUDA device")
     env = environment(torch.device("cuda"))
@@ -72,6 +75,7 @@ def main(argv=None) -> int:
     text = markdown("Copy bandwidth (`dst.copy_(src)`) by timer", [env_line(env)], table)
     (out / f"{args.name}.md").write_text(text)
     print(text, end="")
+    outputs.report()
     return 0
 
 

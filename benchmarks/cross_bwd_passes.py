@@ -22,6 +22,7 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import env_line, environment, graph_replay_ms, markdown, md_row, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 from kernels import cross_bwd_passes as passes  # noqa: E402
 
@@ -49,7 +50,9 @@ def main(argv=None) -> int:
     ap.add_argument("--launches", default=LAUNCHES)
     ap.add_argument("--set-best", action="store_true", help="leave the fastest launch (summed over the passes) set "
                     "in kernels.cross_bwd_passes (for a caller in the same process)")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.md", f"{args.name}.csv"])
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     M, N = args.batch, args.width
@@ -94,6 +97,7 @@ def main(argv=None) -> int:
                                                   [env_line(env), note], table))
     write_csv(out / f"{args.name}.csv", rows, KEYS, env)
     print(note)
+    outputs.report()
     return 0
 
 

@@ -37,6 +37,8 @@ if not torch.cuda.is_available():
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, write_csv,
 )
 
@@ -172,7 +174,9 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=7, help="timed windows; the median is reported")
     ap.add_argument("--warmup", type=int, default=3, help="untimed calls before capture (compilation)")
     ap.add_argument("--smoke", action="store_true", help="batch 8, width 24, rank 4, two tiles, one call each")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, ["cross_layer.csv", "cross_layer.md", "cross_layer.png"])
     try:
         [parse_tile(t.strip()) for t in args.tiles.split(",")]
     except ValueError:
@@ -199,6 +203,7 @@ def main(argv=None) -> int:
     write_csv(out / "cross_layer.csv", rows, KEYS, env)
     (out / "cross_layer.md").write_text(markdown(title, [env_line(env), note], markdown_table(rows)))
     plot(rows, env, out / "cross_layer.png", title)
+    outputs.report()
     return 0
 
 

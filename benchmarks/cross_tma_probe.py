@@ -38,6 +38,7 @@ import triton.language as tl  # noqa: E402
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import env_line, environment, graph_replay_ms, markdown, md_row, wall_ms, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 from kernels.cross import cross_forward  # noqa: E402
 
@@ -142,7 +143,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--windows", type=int, default=7)
     ap.add_argument("--smoke", action="store_true", help="batch 64, width 64, rank 32, two variants, fp32 on the CPU")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, ["cross_tma_probe.csv", "cross_tma_probe.md"])
     cuda = torch.cuda.is_available()
     if args.smoke:
         args.batch, args.width, args.rank, args.calls, args.windows = 64, 64, 32, 1, 1
@@ -212,6 +215,7 @@ def main(argv=None) -> int:
             "read, out (and pre) written; max_abs_err against a float64 reference.")
     write_csv(out / "cross_tma_probe.csv", rows, KEYS, env)
     (out / "cross_tma_probe.md").write_text(markdown(title, [env_line(env), note], table))
+    outputs.report()
     return 0
 
 

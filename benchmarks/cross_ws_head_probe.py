@@ -23,6 +23,7 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import env_line, environment, graph_replay_ms, markdown, md_row, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 KEYS = ["impl", "launch", "ms", "tflops", "gbps", "err_g", "err_gpre", "err_db"]
 CONFIGS = "128x128x64s4e2,128x128x64s4e4,128x128x64s3e2,128x128x64s3e4"
@@ -48,7 +49,9 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=CONFIGS, help="comma list of BMxBNxBKsSTAGESeEPI_STAGES")
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--windows", type=int, default=7)
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.csv", f"{args.name}.md"])
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9):
         ap.error("needs a Hopper GPU (the Gluon kernel has no interpreter)")
     from kernels.cross_bwd_passes import cross_backward_pass
@@ -107,6 +110,7 @@ def main(argv=None) -> int:
                     table)
     (out / f"{args.name}.md").write_text(text)
     print(text, end="")
+    outputs.report()
     return 0
 
 

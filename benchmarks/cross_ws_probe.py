@@ -20,6 +20,7 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import env_line, environment, graph_replay_ms, markdown, md_row, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 KEYS = ["impl", "config", "layer", "store_pre", "ms", "gbps", "tflops", "max_abs_err", "status"]
 DEFAULT_CONFIGS = ",".join([
@@ -122,7 +123,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True,
                     help="also time the backward's data-gradient GEMM with its epilogue (kernels.cross_ws_bwd)")
     ap.add_argument("--backward-configs", default=BACKWARD_CONFIGS, help="comma list of coop configs (see --configs)")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, ["cross_ws_probe.csv", "cross_ws_probe.md"])
     if not torch.cuda.is_available():
         print("cross_ws_probe: needs a CUDA GPU (Gluon has no interpreter)", file=sys.stderr)
         return 2
@@ -193,6 +196,7 @@ def main(argv=None) -> int:
             "outputs).")
     write_csv(out / "cross_ws_probe.csv", rows, KEYS, env)
     (out / "cross_ws_probe.md").write_text(markdown(title, [env_line(env), note], table))
+    outputs.report()
     return 0
 
 

@@ -36,6 +36,7 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import env_line, environment, graph_replay_ms, markdown, md_row, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 from kernels import mlp  # noqa: E402
 
@@ -168,7 +169,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--windows", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=3)
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.csv", f"{args.name}.md"])
     if not torch.cuda.is_available():
         print("cublaslt_drelu_probe.py needs a CUDA GPU (cuBLASLt)", file=sys.stderr)
         return 2
@@ -200,6 +203,7 @@ def main(argv=None) -> int:
                      "(timing: graph = CUDA-graph replays, loop = event-timed loop; shipped/epilogue)."], table)
     (out / f"{args.name}.md").write_text(text)
     print(text)
+    outputs.report()
     return 0
 
 

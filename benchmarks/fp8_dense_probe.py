@@ -37,6 +37,8 @@ import torch.nn.functional as F_
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     env_line, environment, graph_replay_ms, int_list, markdown, md_row, pyplot, save_figure, write_csv,
 )
 
@@ -159,7 +161,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="also write fp8_dense_probe_kernels.md: each variant's kernels by kind (CUDA only)")
     ap.add_argument("--smoke", action="store_true", help="batch 64, width 96, rank 32, top 64,32,1; eager on the CPU")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out,
+                            ["fp8_dense_probe.csv", "fp8_dense_probe.md", "fp8_dense_probe_kernels.md", "fp8_dense_probe.png"])
     cuda = torch.cuda.is_available()
     if args.smoke:
         args.batch, args.check_batch, args.width, args.rank, args.top = 64, 32, 96, 32, "64,32,1"
@@ -240,6 +245,7 @@ def main(argv=None) -> int:
     ax.set_xlabel("ms per forward + backward")
     ax.set_title(f"DCNv2 dense part, rowwise FP8 vs bf16\n{env_line(env)}", fontsize=8)
     save_figure(fig, out / "fp8_dense_probe.png")
+    outputs.report()
     return 0
 
 

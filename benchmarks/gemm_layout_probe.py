@@ -34,6 +34,8 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     env_line, environment, graph_replay_ms, int_list, markdown, md_row, pyplot, save_figure, wall_ms, write_csv,
 )
 
@@ -213,7 +215,10 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--windows", type=int, default=7)
     ap.add_argument("--smoke", action="store_true", help="batch 64, width 48, rank 16, top 32,16,1; fp32 on the CPU")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out,
+                            ["gemm_layout_probe.csv", "gemm_layout_probe.md", "gemm_layout_probe.png"])
     cuda = torch.cuda.is_available()
     if args.smoke:
         args.batch, args.width, args.rank, args.top, args.calls, args.windows = 64, 48, 16, "32,16,1", 1, 1
@@ -243,6 +248,7 @@ def main(argv=None) -> int:
          "PyTorch's layout. vs_as_run > 1: faster than as run.", "\n".join(summary(rows))], table))
     plot(rows, env, out / "gemm_layout_probe.png")
     print("\n".join(summary(rows)))
+    outputs.report()
     return 0
 
 

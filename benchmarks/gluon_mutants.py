@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import REPO, environment, env_line, markdown, md_row, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 FWD = "kernels/cross_ws.py"
 BWD = "kernels/cross_ws_bwd.py"
@@ -106,7 +107,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="folder for mutants.csv / mutants.md")
     ap.add_argument("--only", nargs="*", default=[], help="mutant ids to run (F1, B2, ...); 'base' the unmutated tests")
     ap.add_argument("--limit", type=float, default=60.0, help="seconds a mutant's tests may run (a hang is a kill)")
+    add_overwrite(ap)
     args = ap.parse_args()
+    outputs = claim_outputs(ap, args, args.out, ["mutants.csv", "mutants.md"])
     import torch
 
     env = environment(torch.device("cuda"))
@@ -134,6 +137,7 @@ def main() -> None:
         (args.out / "mutants.md").write_text(markdown(
             "Gluon cross kernels: mutants against their GPU tests", [env_line(env)],
             [md_row(keys), md_row(["---"] * len(keys)), *(md_row(r[k] for k in keys) for r in rows)]))
+    outputs.report()
 
 
 if __name__ == "__main__":

@@ -68,7 +68,10 @@ from loguru import logger  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# appended, as the other scripts do: the output policy they share (`_common.claim_outputs`)
+sys.path.append(str(Path(__file__).resolve().parent))
 
+from _common import add_overwrite, claim_outputs  # noqa: E402
 from dlrm.model.archs import dot_interaction_from_combined  # noqa: E402
 from dlrm.model.hashing import modulus_rows  # noqa: E402
 
@@ -862,7 +865,7 @@ def plot_kernel(path: Path, rows: list[dict], spec: Spec, copy_gbps: float) -> b
 # ====================================================================================================
 
 
-def parse_args(argv=None):
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kernels", help="comma-separated kernel variants or families (default: all; see --list)")
     p.add_argument("--batch-sizes", help="comma-separated (default 2048,16384,65536; --quick 2048,16384; cpu 8,16)")
@@ -882,7 +885,12 @@ def parse_args(argv=None):
                    "graph: do_bench_cudagraph, device time alone; writes kernels_graph.* and <kernel>_graph.png")
     p.add_argument("--list", action="store_true", help="print the kernel variants and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="log tracebacks of failing cases")
-    return p.parse_args(argv)
+    add_overwrite(p)  # (--append merges into kernels.csv and redraws the rest: asked for, never refused)
+    return p
+
+
+def parse_args(argv=None):
+    return parser().parse_args(argv)
 
 
 def resolve_options(args) -> tuple[torch.device, list[int], list[str], tuple[str, ...]]:
@@ -917,7 +925,8 @@ def resolve_options(args) -> tuple[torch.device, list[int], list[str], tuple[str
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
     logger.remove()
     logger.add(lambda m: tqdm.write(m, end=""), level="DEBUG" if args.verbose else "INFO", colorize=False,
                format="{time:HH:mm:ss} | {level: <7} | {message}")  # fmt: skip
@@ -927,6 +936,9 @@ def main(argv=None) -> int:
         return 0
     specs = select_specs(args.kernels, args.quick)
     device, batches, dtypes, impls = resolve_options(args)
+    tag = "_graph" if args.timing == "graph" else ""
+    names = [f"kernels{tag}.csv", f"kernels{tag}.md", *(f"{s.name}{tag}.png" for s in specs)]
+    outputs = claim_outputs(ap, args, args.out, names, append=args.append)
     cpu = device.type == "cpu"
     torch.set_float32_matmul_precision("high" if args.tf32 else "highest")  # sets matmul.allow_tf32 consistently
     for name in ("cache_size_limit", "recompile_limit"):
@@ -967,7 +979,6 @@ def main(argv=None) -> int:
     free_memory(device)
     logger.info(f"measured in {time.perf_counter() - t0:.0f} s")
 
-    tag = "_graph" if args.timing == "graph" else ""
     csv_path = out / f"kernels{tag}.csv"
     if args.append and csv_path.exists():
         # replace exactly the (kernel, batch, dtype) cases measured now: a rerun of a few cases (or one
@@ -983,6 +994,8 @@ def main(argv=None) -> int:
     print(text)
     n_err = sum(1 for r in rows if r.get("error"))
     logger.info(f"wrote {csv_path}, {md_path} and {len(plotted)} plots; {n_err} failed cases")
+    outputs.paths = [csv_path, md_path, *(out / f"{name}{tag}.png" for name in plotted)]  # --append: its merge's too
+    outputs.report()
     return 0
 
 

@@ -58,6 +58,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 # script, so torch / pyarrow / matplotlib are imported inside the functions that need them.
 import numpy as np  # noqa: E402
 from _common import date_stamp, env_line, int_list, markdown, pyplot, save_figure, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 from dlrm.data import preprocess as pp  # noqa: E402
 
@@ -467,6 +468,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default=None, help="output file stem (default loader_throughput_<device>)")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
 
     import torch
@@ -481,6 +483,7 @@ def main(argv=None) -> int:
     shuffles = [s.strip().lower() in ("1", "true", "yes") for s in args.shuffle.split(",")]
     env = environment()
     stem = args.name or "loader_throughput_" + re.sub(r"[^A-Za-z0-9]+", "-", env["gpu"] if env["gpu"] != "none" else "cpu").strip("-").lower()
+    claim_outputs(ap, args, args.out, [f"{stem}.{ext}" for ext in ("csv", "md", "png")])  # (write_results names them)
 
     readers = int_list(ap, "--reader-threads", args.reader_threads, minimum=0) if args.reader_threads else [None]
     arrow = []

@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import REPO, date_stamp, markdown, pyplot, save_figure, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 KEYS = ["placement", "batch_size", "steps", "samples_per_sec", "data_wait_fraction", "auc", "status"]
 
@@ -109,11 +110,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default=None, help="output stem (default loader_training_b<batch>)")
     ap.add_argument("--keep-logs", action="store_true")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
     if not (args.data / "metadata.json").is_file():
         print(f"{args.data}: no metadata.json (preprocess a dataset first)", file=sys.stderr)
         return 2
     stem = args.name or f"loader_training_b{args.batch_size}"
+    outputs = claim_outputs(ap, args, args.out,
+                            [f"{stem}.{ext}" for ext in ("csv", "md", "png")] + [f"{stem}_logs"] * args.keep_logs)
     work = Path(tempfile.mkdtemp(prefix="loader_training_"))
     try:
         rows = []
@@ -125,7 +129,8 @@ def main(argv=None) -> int:
             logs.mkdir(parents=True, exist_ok=True)
             for log in work.glob("*.log"):
                 shutil.copy(log, logs / log.name)
-        print("wrote " + ", ".join(str(p) for p in write(rows, args, stem)))
+        write(rows, args, stem)
+        outputs.report()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0 if all(r["status"] == "ok" for r in rows) else 1

@@ -28,6 +28,7 @@ if not torch.cuda.is_available():  # the Triton kernels run under the interprete
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import env_line, environment, graph_replay_ms, markdown, md_row, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 from kernels import mlp  # noqa: E402
 
@@ -70,7 +71,9 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="batch 64, fp32, one call (CPU: the interpreter)")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.csv", f"{args.name}.md"])
     try:
         launches = [parse_launch(t.strip()) for t in args.launches.split(",") if t.strip()]
     except ValueError:
@@ -112,6 +115,7 @@ def main(argv=None) -> int:
              f"N = {', '.join(map(str, WIDTHS))}), all seven timed as one CUDA graph of {args.calls} calls, median of "
              f"{args.windows} windows; GB/s counts two reads and one write of each [batch, N].")
     (out / f"{args.name}.md").write_text(markdown("The fused MLP's mask kernel: launches", [env_line(env), about], table))
+    outputs.report()
     return 0
 
 

@@ -51,6 +51,8 @@ if not torch.cuda.is_available():  # the fused MLP's Triton kernel runs under th
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     env_line, environment, graph_replay_windows, int_list, markdown, md_row, pyplot, save_figure, wall_windows,
     write_csv,
 )
@@ -230,7 +232,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=0, help="steps per timed window (0: ~20 ms of work)")
     ap.add_argument("--windows", type=int, default=7, help="timed windows; the median is reported")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (widths / 32), batch 8, few steps: a check that it runs")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, ["mlp.csv", "mlp.md", "mlp.png"])
 
     if args.smoke:
         if args.batch_sizes == ap.get_default("batch_sizes"):
@@ -292,6 +296,7 @@ def main(argv=None) -> int:
                     # rewritten after every case: a run cut short keeps what it measured
                     write_results(rows, env, Path(args.out), title, note)
     print(markdown(title, [env_line(env), note], markdown_table(rows)), end="")
+    outputs.report()
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in rows) else 1
 
 

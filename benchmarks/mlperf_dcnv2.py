@@ -71,6 +71,8 @@ import torch.nn.functional as F_
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     Timer,
     config_or_error,
     env_line,
@@ -588,7 +590,11 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="tables capped at 1000 rows, batch 64, 1 warm-up step and 2 windows of 1 step; "
                          "on the CPU the baseline and the 'eager' variant unless --variants names others")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    # --append merges into mlperf_dcnv2.csv and redraws the rest from it (asked for: never refused)
+    outputs = claim_outputs(ap, args, args.out, ["mlperf_dcnv2.csv", "mlperf_dcnv2.md", "mlperf_dcnv2.png"],
+                            append=args.append)
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
@@ -652,6 +658,7 @@ def main(argv=None) -> int:
             # rewritten after every case: a run cut short by a time limit keeps what it measured
             text = write_results(rows, env, work, fl, peaks, out, note, title)
     print(text, end="")
+    outputs.report()
     return 0
 
 

@@ -38,6 +38,8 @@ sys.path.append(str(HERE))
 
 import pooled_embedding as pe  # noqa: E402
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure, wall_windows, write_csv,
 )
 
@@ -143,7 +145,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=0, help="calls per window (0: ~20 ms of work)")
     ap.add_argument("--windows", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="tables of <= 1000 rows, batch 8, one call per window")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.csv", f"{args.name}.md", f"{args.name}.png"])
     try:
         launches = parse_launches(args.launches)
         fetches = [int(f) for f in args.l2_fetch.split(",")]
@@ -202,6 +206,7 @@ def main(argv=None) -> int:
     ax.tick_params(axis="y", labelsize=6)
     save_figure(fig, out / f"{args.name}.png")
     print(text, end="")
+    outputs.report()
     return 0
 
 

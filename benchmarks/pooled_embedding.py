@@ -54,6 +54,8 @@ if not torch.cuda.is_available():  # the Triton kernels run under the interprete
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     config_or_error, env_line, environment, graph_replay_windows, int_list, markdown, md_row, pyplot, save_figure,
     wall_windows, write_csv,
 )
@@ -298,7 +300,9 @@ def main(argv=None) -> int:
                     help="also time the triton fwd at these launches: comma list of SAMPLESxWARPS[xUNROLL[xMAXNREG]] "
                          "(unroll 1 if left out; MAXNREG a register cap, 24-255), forced "
                          "through kernels.embedding.pooled.POOLED_LOOKUP_OVERRIDE (rows 'triton SxWxU')")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, ["pooled_embedding.csv", "pooled_embedding.md", "pooled_embedding.png"])
     try:
         launches = [tuple(int(v) for v in item.split("x")) for item in args.lookup_launches.split(",") if item.strip()]
         launches = [(*lw, 1) if len(lw) == 2 else lw for lw in launches]
@@ -401,6 +405,7 @@ def main(argv=None) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     print(text, end="")
+    outputs.report()
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 

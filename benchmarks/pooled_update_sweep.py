@@ -38,6 +38,8 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import pooled_embedding as pe  # noqa: E402
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     config_or_error, env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure,
     wall_windows, write_csv,
 )
@@ -166,7 +168,9 @@ def main(argv=None) -> int:
                          "each timed with every other choice")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run the whole plan this many times, interleaved (machine drift hits every variant alike)")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.csv", f"{args.name}.md", f"{args.name}.png"])
     orders = [update.ROW_LOADS] if args.row_loads is None else [o.strip() for o in args.row_loads.split(",") if o.strip()]
     if not orders or set(orders) - set(update.ROW_LOAD_ORDERS) or args.repeats < 1:
         ap.error(f"--row-loads: {args.row_loads!r} is not a comma list of {', '.join(update.ROW_LOAD_ORDERS)} "
@@ -245,6 +249,7 @@ def main(argv=None) -> int:
     ax.tick_params(axis="y", labelsize=7)
     save_figure(fig, out / f"{args.name}.png")
     print(text, end="")
+    outputs.report()
     return 0
 
 

@@ -48,6 +48,8 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import step_profile  # noqa: E402
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     Timer,
     environment,
     fill_cardinalities,
@@ -290,7 +292,15 @@ def main(argv=None) -> int:
     ap.add_argument("--top-kernels", type=int, default=25, help="with --profile: the longest kernels listed")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="scaling_kaggle")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    # <name>.csv gains this launch's row by design (its .md and .png are redrawn from all of them): never refused; a
+    # profile of this many ranks is replaced only with --overwrite
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    profile = [f"{args.name}_profile_{world}gpu.{ext}" for ext in ("md", "csv")] if args.profile else []
+    claim_outputs(ap, args, args.out, profile)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.{ext}" for ext in ("csv", "md", "png")] + profile,
+                            append=True)
     # the options and the config (with the options' settings) first: one argparse line for a bad one on every rank,
     # not a traceback, nor (--steps or --windows 0) a division by zero once the launch was measured
     positive_or_error(ap, batch_per_gpu=args.batch_per_gpu, steps=args.steps, windows=args.windows)
@@ -310,6 +320,7 @@ def main(argv=None) -> int:
         rows.append(row)
         write_results(rows, out, args.name)
         print(f"{row['gpus']} GPU(s): {row['samples_per_sec']:,.0f} samples/s ({time.strftime('%H:%M:%S')})", flush=True)
+        outputs.report()
     return 0
 
 

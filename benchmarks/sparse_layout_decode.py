@@ -33,6 +33,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 from _common import date_stamp, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 KEYS = ["codec", "layout", "dictionary", "rows", "mbytes", "read_us_per_row", "total_us_per_row"]
 
@@ -112,9 +113,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=6, help="reads of each file; the best is reported")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default=None)
+    add_overwrite(ap)
     args = ap.parse_args(argv)
     if args.rows < 1 or args.repeats < 1:
         ap.error(f"--rows and --repeats must be at least 1 (got {args.rows}, {args.repeats})")
+    name = args.name or f"sparse_layout_decode_{platform.node() or 'host'}"
+    outputs = claim_outputs(ap, args, args.out, [f"{name}.{ext}" for ext in ("csv", "md", "png")])
     import pyarrow as pa
 
     env = {"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(), "pyarrow": pa.__version__,
@@ -129,7 +133,6 @@ def main(argv=None) -> int:
                 rows.append(r)
                 print(f"{r['codec']:5} {layout:5} dictionary={dictionary:8} {r['mbytes']:7.1f} MB  read "
                       f"{r['read_us_per_row']:.2f} us/row  read + arena {r['total_us_per_row']:.2f} us/row")
-    name = args.name or f"sparse_layout_decode_{platform.node() or 'host'}"
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / f"{name}.csv", rows, KEYS, env)
     line = ", ".join(f"{k}: {v}" for k, v in env.items())
@@ -152,7 +155,7 @@ def main(argv=None) -> int:
     ax.set_xlabel("us a row, read + arena copy (one thread)")
     ax.set_title(f"MLPerf rows ({args.ids} ids), {args.rows:,} a row group ({env['cpu_count']} cores host, one used)", fontsize=9)
     save_figure(fig, args.out / f"{name}.png")
-    print(f"wrote {args.out / name}.csv/.md/.png")
+    outputs.report()
     return 0
 
 

@@ -36,6 +36,8 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     env_line,
     environment,
     markdown,
@@ -260,7 +262,9 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps first (compilation, graph capture)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="step_clocks")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.md", f"{args.name}.csv", f"{args.name}.png"])
     # the options and the config first: one argparse line for a bad one, before the CUDA check (they were checked
     # after it, and a bad config was a traceback there, only on a GPU)
     if args.windows < 1 or args.sync_every < 1 or args.seconds <= 0:
@@ -401,6 +405,7 @@ def main(argv=None) -> int:
     ax.set_title(f"{env['device']}, torch {env['torch']}, {env['date']}", fontsize=9)
     save_figure(fig, out / f"{args.name}.png")
     print(text, end="")
+    outputs.report()
     return 0
 
 

@@ -35,6 +35,8 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     env_line,
     environment,
     markdown,
@@ -276,7 +278,9 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=40, help="rows of the table of every kernel by op")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="step_ops")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.md", f"{args.name}.csv", f"{args.name}.png"])
     # the options and the config first: one argparse line for a bad one, before the CUDA check (it was a traceback,
     # and only on a GPU)
     positive_or_error(ap, steps=args.steps, repeats=args.repeats, top=args.top)
@@ -324,6 +328,7 @@ def main(argv=None) -> int:
               {**env, "variant": args.variant, "batch_size": args.batch_size})
     plot(gemms, env, out / f"{args.name}.png", title)
     print(text, end="")
+    outputs.report()
     return 0
 
 

@@ -37,6 +37,8 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     Timer,
     env_line,
     environment,
@@ -186,7 +188,9 @@ def main(argv=None) -> int:
                     help="batches of this dataset's train split instead of synthetic uniform ones")
     ap.add_argument("--group-sums", choices=["auto", "on", "off"], default="auto",
                     help="force the embedding update's group sums on or off (auto: the launch config's)")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.md", f"{args.name}.csv", f"{args.name}.png"])
     # the options and the config first: one argparse line for a bad one, before the CUDA check (it was a traceback,
     # and only on a GPU); --max-rows: else the config's own cap (configs/terabyte.json: 10M rows)
     positive_or_error(ap, steps=args.steps, top=args.top)
@@ -226,6 +230,7 @@ def main(argv=None) -> int:
                                                      "group_sums": args.group_sums})
     plot(rows, env, out / f"{args.name}.png", title)
     print(text, end="")
+    outputs.report()
     return 0
 
 

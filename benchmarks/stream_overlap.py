@@ -73,6 +73,8 @@ if not torch.cuda.is_available():  # the Triton kernels run under the interprete
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, write_csv,
 )
 from pooled_embedding import Inputs, Tables  # noqa: E402
@@ -279,7 +281,9 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tables capped at 1000 rows, batch 2, one window")
     ap.add_argument("--sm-carveouts", default="0",
                     help="comma list of SM counts cuBLAS leaves free; every pair is measured at each (docstring)")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, ["stream_overlap.csv", "stream_overlap.md", "stream_overlap.png"])
     try:
         args.sm_carveouts = [int(c) for c in args.sm_carveouts.split(",") if c.strip()]
         if not args.sm_carveouts or min(args.sm_carveouts) < 0:
@@ -332,6 +336,7 @@ def main(argv=None) -> int:
     write_csv(out / "stream_overlap.csv", rows, KEYS, env)
     (out / "stream_overlap.md").write_text(markdown(title, [env_line(env), note], markdown_table(rows)))
     plot(rows, env, out / "stream_overlap.png", title)
+    outputs.report()
     return 0
 
 

@@ -50,6 +50,7 @@ from types import SimpleNamespace
 
 sys.path.append(str(Path(__file__).resolve().parent))
 from _common import REPO, date_stamp, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 KNOBS = {"reader_threads": int, "arrow_threads": lambda v: bool(int(v)), "prefetch": int,
          "switch_interval_ms": float, "log_every": int, "placement": str, "reader_nice": int,
@@ -333,6 +334,7 @@ def replot(csv_path: Path) -> int:
         raise SystemExit(f"--from-csv: {csv_path}: no rows")
     machine = rows[0].get("machine", "")
     figure(rows, {}, 0, {}, machine, csv_path.with_suffix(".png"))
+    print(f"wrote {csv_path.with_suffix('.png')}")
     return 0
 
 
@@ -353,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-csv", type=Path, help="only redraw this CSV's figure (its rates) next to it")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--events", type=Path, help=argparse.SUPPRESS)
+    add_overwrite(ap)  # (--from-csv redraws the PNG beside the CSV, as asked: not refused)
     argv = sys.argv[1:] if argv is None else argv
     if "--child" in argv:
         split = argv.index("--")
@@ -363,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         return replot(args.from_csv)
     if args.data is None:
         ap.error("--data: required")
+    outputs = claim_outputs(ap, args, args.out,
+                            [f"{args.name}.{ext}" for ext in ("csv", "md", "png")] + [f"{args.name}_logs"] * args.keep_logs)
     settings = args.setting or [("base", {})]
     raw = json.loads(args.config.read_text())
     raw["train"]["eval_every"] = None
@@ -396,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(r["status"] == "ok" for r in rows):
         figure(rows, firsts, raw["data"]["batch_size"], {n: k.get("log_every", 10) for n, k in settings}, machine,
                args.out / f"{args.name}.png")
+    outputs.report()
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 

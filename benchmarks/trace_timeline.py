@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parent))
 
 import _common  # noqa: E402,F401  (the repository on sys.path, for dlrm)
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 from dlrm.train import trace_summary  # noqa: E402
 
@@ -52,9 +53,13 @@ def draw(trace: dict, out: Path, title: str) -> None:
     """Write the step's timeline PNG to `out` (see dlrm.train.trace_summary.timeline_figure)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(trace_summary.timeline_png(trace, title, dpi=120))
+
+
+def step_line(trace: dict) -> str:
+    """The step drawn, in one line: its name and how many host ranges, device ranges and kernels it holds."""
     s = trace_summary.collect(trace)
-    print(f"wrote {out}: {s.step['name']}, {len(s.host_ranges)} host ranges, {len(s.annotations)} device ranges, "
-          f"{sum(e.get('cat') == 'kernel' for e, _ in s.device)} kernels")
+    return (f"{s.step['name']}, {len(s.host_ranges)} host ranges, {len(s.annotations)} device ranges, "
+            f"{sum(e.get('cat') == 'kernel' for e, _ in s.device)} kernels")
 
 
 def summarize(trace: dict, title: str, top: int = 15) -> str:
@@ -83,17 +88,26 @@ def main() -> None:
     ap.add_argument("trace", type=Path, help="a run directory written with --profile, or a trace file")
     ap.add_argument("--out", type=Path, default=Path("profile_timeline.png"))
     ap.add_argument("--title", default="one training step")
+    add_overwrite(ap)
     args = ap.parse_args()
+    md = args.out.with_suffix(".md")
+    if md == args.out:  # the numbers would be written over the picture
+        ap.error(f"--out {args.out}: the timeline's PNG path, not {md.name} (the numbers go to <out>.md)")
+    # the PNG and the Markdown beside it: refused where either exists, unless --overwrite (both were replaced silently)
+    outputs = claim_outputs(ap, args, args.out.parent, [args.out.name, md.name])
     trace = load_trace(args.trace)
     try:
+        text = summarize(trace, args.title)  # before anything is written: a foreign trace leaves no PNG without its .md
+        line = step_line(trace)
         draw(trace, args.out, args.title)
-        text = summarize(trace, args.title)
     except trace_summary.TraceError as e:
         raise SystemExit(f"{args.trace}: {e}") from None
     title, rest = text.split("\n", 1)  # the provenance under the title
     text = f"{title}\n\n{provenance(trace_summary.find_trace(args.trace), trace)}\n{rest}"
-    args.out.with_suffix(".md").write_text(text)
+    md.write_text(text)
     print(text)
+    print(f"{line}; ", end="")
+    outputs.report()
 
 
 if __name__ == "__main__":

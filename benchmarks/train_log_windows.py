@@ -24,9 +24,10 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent))
 from _common import date_stamp, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 _WINDOW = re.compile(r"\|\s*(\d+)/(\d+) \[[^\]]*samples_s=([\d,]+)\]")
-_SUMMARY = re.compile(r"validation: AUC [\d.]+.*?; (\d+) steps, ([\d,]+) samples, ([\d,]+) samples/s "
+_SUMMARY = re.compile(r"validation: AUC [\d.]+.*?; (\d+) steps?, ([\d,]+) samples?, ([\d,]+) samples/s "
                       r"\(waiting for data (\d+)% of the time\)")
 KEYS = ["log", "label", "first_step", "end_step", "samples_per_s", "epoch_start"]
 
@@ -60,8 +61,9 @@ def holds_epoch_start(first: int, last: int, per_epoch: int | None) -> bool:
 
 
 def epoch_steps(text: str) -> int | None:
-    """Steps an epoch, from the log's "N steps/epoch" (None if it does not say)."""
-    m = re.search(r"([\d,]+) steps/epoch", text)
+    """Steps an epoch, from the log's "N steps/epoch" ("1 step/epoch": train.py says the count's own plural; None if
+    it does not say)."""
+    m = re.search(r"([\d,]+) steps?/epoch", text)
     return int(m.group(1).replace(",", "")) if m else None
 
 
@@ -77,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--machine", default="", help="where the logs were written (the GPU machine), for the Markdown")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--name", default="train_log_windows")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.csv", f"{args.name}.md", f"{args.name}.png"])
     labels = args.labels.split(",") if args.labels else [p.stem for p in args.logs]
     if len(labels) != len(args.logs):
         ap.error(f"--labels: {len(labels)} labels for {len(args.logs)} logs")
@@ -125,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / f"{args.name}.md").write_text(text)
     save_figure(fig, args.out / f"{args.name}.png")
     print(text, end="")
+    outputs.report()
     return 0
 
 

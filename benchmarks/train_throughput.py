@@ -28,6 +28,8 @@ import torch
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     Timer,
     config_or_error,
     env_line,
@@ -167,7 +169,10 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=5, help="timed windows; the median is reported")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default=None, help="output file stem (default train_throughput_<config>)")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    stem = args.name or f"train_throughput_{Path(args.config).stem}"
+    outputs = claim_outputs(ap, args, args.out, [f"{stem}.{ext}" for ext in ("csv", "md", "png")])
 
     cfg = config_or_error(ap, args.config)  # a missing / malformed config: one line, not a traceback
     # parsed before any case runs: a bad value is one argparse line, not a ValueError after the first cases
@@ -177,7 +182,6 @@ def main(argv=None) -> int:
                           ("cpu" if args.device == "auto" else args.device))
     env = environment(device)
     rows = []
-    stem = args.name or f"train_throughput_{Path(args.config).stem}"
     title = f"DLRM training throughput, {Path(args.config).name}"
     variants = args.variants.split(",")
     for variant in variants:
@@ -193,6 +197,7 @@ def main(argv=None) -> int:
                 torch._dynamo.reset()
                 # rewritten after every case, so a run cut short by a time limit keeps what it measured
                 write_results(rows, env, Path(args.out), stem, title)
+    outputs.report()
     return 0
 
 

@@ -44,6 +44,8 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 import pooled_embedding as pe  # noqa: E402
 from _common import (  # noqa: E402
+    add_overwrite,
+    claim_outputs,
     config_or_error, env_line, environment, graph_replay_windows, markdown, md_row, pyplot, save_figure,
     wall_windows, write_csv,
 )
@@ -114,7 +116,9 @@ def main(argv=None) -> int:
     ap.add_argument("--skeleton-launches", default="",
                     help="also time rmw+gather at these launches: comma list of positions:warps a program (e.g. "
                          "32:1,64:2), the update's own 16:1 being the default case")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.csv", f"{args.name}.md", f"{args.name}.png"])
     try:
         launches = [tuple(int(v) for v in item.split(":")) for item in args.skeleton_launches.split(",") if item.strip()]
         if any(len(t) != 2 or t[0] < 1 or t[0] & (t[0] - 1) or t[1] < 1 or t[1] & (t[1] - 1) for t in launches):
@@ -191,6 +195,7 @@ def main(argv=None) -> int:
         ax.set_title(f"update traffic, {env.get('device', '')}", fontsize=9)
         save_figure(fig, out / f"{args.name}.png")
     print((out / f"{args.name}.md").read_text())
+    outputs.report()
     return 0
 
 

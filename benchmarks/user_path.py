@@ -39,6 +39,7 @@ from pathlib import Path
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import REPO, choice_list, date_stamp, int_list, markdown, pyplot, save_figure, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 from dlrm.config import DataConfig  # noqa: E402
 from dlrm.data.schema import read_metadata  # noqa: E402
@@ -193,7 +194,10 @@ def main(argv=None) -> int:
                     help="config override for every run, e.g. train.log_every=10 (repeatable)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="user_path")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    # the folder of the runs' logs too: a log of the same name in it was replaced
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.{ext}" for ext in ("csv", "md", "png")] + [f"{args.name}_logs"])
     try:
         sets = parse_sets(args.set)
     except ValueError as e:
@@ -235,6 +239,7 @@ def main(argv=None) -> int:
             write(rows, args, args.name)  # after every batch size: a run cut short keeps what it measured
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    outputs.report()
     return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 

@@ -34,6 +34,7 @@ if not torch.cuda.is_available():
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import env_line, environment, graph_replay_ms, markdown, md_row, pyplot, save_figure, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 from kernels import heuristics  # noqa: E402
 from kernels.wgrad import linear_wgrad  # noqa: E402
@@ -124,7 +125,9 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, fp32 (CPU: the interpreter)")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--name", default="wgrad")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.csv", f"{args.name}.md", f"{args.name}.png"])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shapes, B = (SMOKE_SHAPES, 67) if args.smoke else (SHAPES, args.batch)
     dtype = torch.float32 if args.smoke or device.type == "cpu" else torch.bfloat16
@@ -171,6 +174,7 @@ def main(argv=None) -> int:
         ax.set_title(f"weight gradient + bias sum (+ ReLU mask), batch {B}, {env['device']}")
         ax.legend()
         save_figure(fig, out / f"{args.name}.png")
+    outputs.report()
     return 0
 
 

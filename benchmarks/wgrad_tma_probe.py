@@ -29,6 +29,7 @@ if not torch.cuda.is_available():
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import env_line, environment, graph_replay_ms, int_list, markdown, md_row, wall_ms, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs  # noqa: E402
 
 import kernels.wgrad as wg  # noqa: E402
 from kernels.wgrad import linear_wgrad  # noqa: E402
@@ -68,7 +69,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--windows", type=int, default=7)
     ap.add_argument("--smoke", action="store_true", help="batch 67, two tiny layers, fp32 on the CPU")
+    add_overwrite(ap)
     args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, ["wgrad_tma_probe.csv", "wgrad_tma_probe.md"])
     cuda = torch.cuda.is_available()
     shapes, B = (SMOKE, 67) if args.smoke else (KAGGLE, args.batch)
     # a bad depth: one argparse line, not a traceback
@@ -113,6 +116,7 @@ def main(argv=None) -> int:
         f"Weight gradient by TMA against kernels.wgrad, batch {B}, {str(dtype)[6:]}",
         [env_line(env), f"CUDA graphs of {args.calls} calls, median of {args.windows} windows; GB/s of g (and y) and "
          "x; max_abs_err against float64 (bf16 products summed in fp32 over the batch)."], table))
+    outputs.report()
     return 0
 
 

@@ -20,6 +20,16 @@ rank 0 logs it and the other ranks, which log warnings and errors (`log_as_rank`
 every rank repeated it, `[rank 1] ...` after rank 0's line (one copy a rank: 8 on a node of 8 GPUs)."""
 
 
+def counted(n: int, noun: str, fmt: str = "") -> str:
+    """`n` and `noun`, the noun in the plural unless `n` is 1 (every noun a log line counts takes an "s"): a run of
+    one step said "1 steps/epoch, 1 steps". `fmt` formats the number ("," for thousands separators).
+
+        >>> counted(1, "step"), counted(703, "step"), counted(0, "file"), counted(12345, "row", ",")
+        ('1 step', '703 steps', '0 files', '12,345 rows')
+    """
+    return f"{n:{fmt}} {noun}{'' if n == 1 else 's'}"
+
+
 class ConsoleStream:
     """sys.stderr, whose reader may go away (`train.py 2>&1 | head -1`, a killed `tee`): the first BrokenPipeError
     ends the console output, not the process. It was raised by the next write (the training bar's first draw) and

@@ -61,6 +61,7 @@ from loguru import logger
 from dlrm.config import ConfigError, config_keys, load_config
 from dlrm.config_checks import check_dependent_keys
 from dlrm.errors import TrainingStopped, failure_reason
+from dlrm.logging_setup import counted
 # (the results and the verdict: dlrm.sweep_results, named here as they always were)
 from dlrm.sweep_results import (NOISE_FACTOR, SettingResult, Verdict, _mean, _std, label,  # noqa: F401
                                verdict)
@@ -289,7 +290,8 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     except BaseException:
         _remove_empty_directories(directory, keep_root=not created)
         raise
-    logger.info(f"sweep: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs into {directory}")
+    logger.info(f"sweep: {counted(len(settings), 'setting')} x {counted(seeds, 'seed')} = "
+                f"{counted(len(settings) * seeds, 'run')} into {directory}")
     return run_and_finish(config, base, sets, seeds, directory, train_fn, lock, created, resume=False,
                           workdir=os.getcwd())
 

@@ -43,6 +43,7 @@ from loguru import logger
 from dlrm.checkpoint import list_checkpoints, move_to_new
 from dlrm.config import ConfigError, load_config
 from dlrm.data.schema import write_json_atomic
+from dlrm.logging_setup import counted
 from dlrm.train.resume_policy import config_changes, with_defaults
 from dlrm.train.run_dir import lock_holder
 
@@ -385,7 +386,8 @@ def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Opti
     except BaseException:
         lock.release()
         raise
-    logger.info(f"sweep --resume: {len(settings)} setting(s) x {seeds} seed(s) = {len(settings) * seeds} runs in "
+    logger.info(f"sweep --resume: {counted(len(settings), 'setting')} x {counted(seeds, 'seed')} = "
+                f"{counted(len(settings) * seeds, 'run')} in "
                 f"{directory}; finished trials are gathered, interrupted ones resumed, failed ones tried again")
     return sweep.run_and_finish(config, base, sets, seeds, directory, train_fn, lock, created=False, resume=True,
                                 workdir=record.get("cwd") or os.getcwd())

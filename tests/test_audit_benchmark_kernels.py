@@ -399,7 +399,7 @@ def test_kernels_main_append_replaces_only_the_cases_measured_again(monkeypatch,
     copy = read_csv(tmp_path / "kernels.csv")[0]
     assert (copy["shape"], copy["bytes"], copy["metric"]) == ("16777216 bytes", "33554432", "GB/s")
     assert "| fwd | bf16 | 16 | 2 ms / 5 (10%) |" in (tmp_path / "kernels.md").read_text()  # kept rows tabled too
-    assert main("three", (50.0, 4.0, 2**25), "--batch-sizes", "8")[1:] == [("loss", "8", "fp32", "three", "2.0", "5.0")]
+    assert main("three", (50.0, 4.0, 2**25), "--batch-sizes", "8", "--overwrite")[1:] == [("loss", "8", "fp32", "three", "2.0", "5.0")]
     assert "# Triton kernel benchmarks" in capsys.readouterr().out and dynamo.config.cache_size_limit == 64
 
 
@@ -652,10 +652,10 @@ def test_cross_layer_main_smoke_keeps_explicit_tiles_and_times_one_call(monkeypa
     monkeypatch.setattr(cl, "fwd_rows", lambda args, device, timer: seen.append(
         (args.batch, args.width, args.rank, args.tiles, timer(None))) or [])
     assert cl.main(["--smoke", "--out", str(tmp_path), "--tiles", "128x64x64s4w4"]) == 0
-    assert cl.main(["--smoke", "--out", str(tmp_path)]) == 0
+    assert cl.main(["--smoke", "--out", str(tmp_path), "--overwrite"]) == 0  # (the first call's files)
     assert seen == [(8, 24, 4, "128x64x64s4w4", (1, 1, 0)), (8, 24, 4, "picked,64x128x64s4w4", (1, 1, 0))]
     with pytest.raises(SystemExit):
-        cl.main(["--smoke", "--out", str(tmp_path), "--tiles", "picked,64x128"])
+        cl.main(["--smoke", "--out", str(tmp_path), "--tiles", "picked,64x128", "--overwrite"])
 
 
 # ---- mask_bias_launches.py ------------------------------------------------------------------------------------------

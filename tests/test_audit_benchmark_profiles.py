@@ -407,6 +407,7 @@ def test_trace_timeline_names_what_produced_the_trace(tmp_path, monkeypatch, cap
                                     f"{run / 'summary.json'}); trace written 2027-01-15 08:00 UTC."]
     (run / "summary.json").write_text(json.dumps({"device_name": "NVIDIA H100 80GB HBM3",
                                                  "versions": {"python": "3.12.3", "torch": "2.11.0", "triton": "3.6.0"}}))
+    monkeypatch.setattr(sys, "argv", sys.argv + ["--overwrite"])  # t.png and t.md exist: refused without it
     tt.main()
     assert (tmp_path / "t.md").read_text().splitlines()[2] == (
         "Run: run-a on NVIDIA H100 80GB HBM3; python 3.12.3, torch 2.11.0, triton 3.6.0; trace written 2027-01-15 "

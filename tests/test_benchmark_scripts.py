@@ -547,9 +547,9 @@ def test_stream_overlap_smoke_times_each_pair_alone_in_series_and_side_by_side(t
     assert "update \\|\\| wgrads" in (tmp_path / "stream_overlap.md").read_text()
     assert (tmp_path / "stream_overlap.png").stat().st_size > 0
     with pytest.raises(SystemExit):
-        so.main(["--smoke", "--out", str(tmp_path), "--pairs", "update||lookup"])
+        so.main(["--smoke", "--out", str(tmp_path), "--pairs", "update||lookup", "--overwrite"])
     # the collectives' pairs: without torchrun a local copy of the same bytes, and the Markdown says so
-    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", "a2a||sort,allreduce||update"]) == 0
+    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", "a2a||sort,allreduce||update", "--overwrite"]) == 0
     rows = read_csv(tmp_path / "stream_overlap.csv")
     assert [(r["a"], r["b"], r["world"]) for r in rows] == [("a2a", "sort", "1"), ("allreduce", "update", "1")]
     assert all(float(r["a_ms"]) > 0 for r in rows)
@@ -677,7 +677,7 @@ def test_autopick_report_tables_each_cell_and_names_a_file_without_auto(tmp_path
     assert len(rows) == 5 and {r["call"] for r in rows} == {"T1"}
     assert (out / "autopick.png").stat().st_size > 0
     cell("auto_kaggle_tf32_b2048.csv", [("triton-embedding-interaction+step-graph", 5.0e6)])
-    assert ar.main([str(src), "--call", "T1", "--out", str(out)]) == 2
+    assert ar.main([str(src), "--call", "T1", "--out", str(out), "--overwrite"]) == 2  # (the first run's files)
     assert "auto_kaggle_tf32_b2048.csv: no 'auto' row" in capsys.readouterr().err
 
 

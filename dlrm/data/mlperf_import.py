@@ -93,7 +93,7 @@ from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writab
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
 from dlrm.errors import report_bug
-from dlrm.logging_setup import bar_interval, configure_logging
+from dlrm.logging_setup import bar_interval, configure_logging, counted
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
@@ -348,8 +348,8 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
                                       compression, layout, dense_format))
     total = sum(t.hi - t.lo for ts in tasks.values() for t in ts)
     logger.info(f"importing {total:,} rows from {input_dir}: train days {days_text(train_days)} "
-                f"({len(train_days)} days), validation and test from day {eval_day}; multi-hot sizes {sizes}; "
-                f"{compression} files, {layout} layout, dense {dense_format}; {workers} worker(s)")
+                f"({counted(len(train_days), 'day')}), validation and test from day {eval_day}; multi-hot sizes {sizes}; "
+                f"{compression} files, {layout} layout, dense {dense_format}; {counted(workers, 'worker')}")
     plan = {"source": str(input_dir.resolve()), "train_days": train_days, "eval_day": eval_day, "cards": cards,
             "sizes": sizes, "compression": compression, "rows_per_file": rows_per_file,
             "max_rows_per_day": max_rows_per_day, "day_rows": {str(i): d.rows for i, d in days.items()},

@@ -76,7 +76,7 @@ from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writab
 from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_rows, open_shard, split_files
 from dlrm.data.vocabulary import read_vocabulary
 from dlrm.errors import report_bug
-from dlrm.logging_setup import configure_logging
+from dlrm.logging_setup import configure_logging, counted
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
@@ -251,8 +251,8 @@ def _relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None,
         raise
     seconds = time.perf_counter() - started
     shape = layout if meta.is_multi_hot else "one-hot"  # (one-hot columns have no layout: "slots" at version 2 misled)
-    logger.info(f"wrote {output} ({shape}, dense {out_dense}, schema version {new.written_version}): {len(files)} files, "
-                f"{rows:,} rows "
+    logger.info(f"wrote {output} ({shape}, dense {out_dense}, schema version {new.written_version}): {counted(len(files), 'file')}, "
+                f"{counted(rows, 'row', ',')} "
                 f"in {seconds:.1f}s")
     return new
 

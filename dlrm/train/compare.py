@@ -347,13 +347,17 @@ def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, dev
     return rows
 
 
-def _fmt(row: dict, key: str, fmt: str) -> str:
+def _text(row: dict, key: str, fmt: str) -> str:
     value = row.get(key)
-    # a bare | in a text cell (a failure's reason) would split the Markdown cell
     if value is None or (isinstance(value, float) and math.isnan(value)):  # NaN: a session without its warm-up's end
         # an undefined AUC reads as the other reports write it ("n/a (one class)"), not a plain "n/a"
         return auc_text(row) if key == "auc" and row.get("status") == "ok" else "n/a"
-    return fmt.format(value).replace("|", "\\|")
+    return fmt.format(value)
+
+
+def _fmt(row: dict, key: str, fmt: str) -> str:
+    # a bare | in a text cell (a failure's reason) would split the Markdown cell
+    return _text(row, key, fmt).replace("|", "\\|")
 
 
 def markdown_table(rows: list[dict]) -> str:
@@ -361,6 +365,21 @@ def markdown_table(rows: list[dict]) -> str:
     sep = "|" + "|".join(" --- " for _ in COLUMNS) + "|"
     body = ["| " + " | ".join(_fmt(r, k, f) for k, _, f in COLUMNS) + " |" for r in rows]
     return "\n".join([head, sep, *body])
+
+
+def console_table(rows: list[dict]) -> str:
+    """The table for the console: plain columns aligned with spaces, numbers to the right. Markdown's escapes
+    (``max \\|loss - eager\\|``, a failure's reason) are right in compare.md but were noise in the log."""
+    titles = [title.replace("\\|", "|") for _, title, _ in COLUMNS]
+    cells = [[_text(r, k, f) for k, _, f in COLUMNS] for r in rows]
+    widths = [max(len(line[i]) for line in [titles, *cells]) for i in range(len(COLUMNS))]
+    left = {"variant", "status"}  # text columns; the others are numbers, or "n/a"
+
+    def line(values: list[str]) -> str:
+        return "  ".join(v.ljust(w) if key in left else v.rjust(w)
+                         for v, w, (key, _, _) in zip(values, widths, COLUMNS)).rstrip()
+
+    return "\n".join([line(titles), "  ".join("-" * w for w in widths), *map(line, cells)])
 
 
 def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
@@ -387,7 +406,7 @@ def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
     # compare.md and compare.csv without compare.png (and an interrupted write, half a file)
     write_files_atomic(base, {"compare.md": text, "compare.csv": out.getvalue(), "compare.png": png})
     log_comparison(base, text, png)
-    logger.info(f"comparison ({base}):\n" + table)
+    logger.info(f"comparison ({base}):\n" + console_table(rows))
 
 
 def plot_comparison(rows: list[dict], title: str) -> bytes:

@@ -22,7 +22,7 @@ from dlrm.config import Config
 from dlrm.distributed.env import DistEnv
 from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss
 from dlrm import checkpoint as ckpt
-from dlrm.logging_setup import run_logger
+from dlrm.logging_setup import counted, run_logger
 from dlrm.train.builder import Run
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats
@@ -193,5 +193,5 @@ class Evaluator:
             return False
         best = self.stats.best
         logger.info(f"early stopping: no {self.metric} improvement above {self.min_delta} in "
-                    f"{self.stats.evals_since_best} evaluations; best {best[self.metric]:.4f} at step {best['step']}")
+                    f"{counted(self.stats.evals_since_best, 'evaluation')}; best {best[self.metric]:.4f} at step {best['step']}")
         return True

@@ -10,7 +10,7 @@ from loguru import logger
 from torch import nn
 
 from dlrm.config import OptimConfig, ScheduleConfig
-from dlrm.logging_setup import run_logger
+from dlrm.logging_setup import counted, run_logger
 from dlrm.model.masked_lookup import unchecked_sparse_coo
 from dlrm.train.adagrad import CapturableAdagrad
 
@@ -315,7 +315,7 @@ def build_schedulers(optimizers, cfg: ScheduleConfig, total_steps: int) -> list[
         run_logger.warning(f"optim.schedule.decay_start_step {cfg.decay_start_step} is at or after this run's end (step "
                            f"{total_steps}): the {cfg.decay} decay never starts")
     if cfg.warmup_steps > total_steps:
-        run_logger.warning(f"optim.schedule.warmup_steps {cfg.warmup_steps} is longer than this run ({total_steps} steps): "
+        run_logger.warning(f"optim.schedule.warmup_steps {cfg.warmup_steps} is longer than this run ({counted(total_steps, 'step')}): "
                            f"it ends at {total_steps / cfg.warmup_steps:.0%} of the learning rate")
     return [ScheduledLR(opt, lambda step: lr_multiplier(step, cfg, total_steps)) for opt in optimizers]
 

@@ -21,6 +21,7 @@ from torch.utils.tensorboard import SummaryWriter
 from dlrm.checkpoint import write_files_atomic
 from dlrm.config import Config, ConfigError, _field_type
 from dlrm.data.schema import NUM_SPARSE, write_json_atomic
+from dlrm.logging_setup import counted
 from dlrm.train.metric_text import auc_text, auc_undefined
 from dlrm.train.run_dir import run_dir_present
 from dlrm.train.sessions import absolute_paths, drop_earlier_hparams, with_sessions
@@ -435,7 +436,7 @@ def final_line(summary: dict[str, Any]) -> str:
         f"{summary['split']}: AUC {auc_text(summary)}, logloss {summary['logloss']:.4f}, "
         f"accuracy {summary['accuracy']:.4f}"
         + (f" (oracle AUC {summary['oracle_auc']:.4f})" if summary.get("oracle_auc") is not None else "")
-        + f"; {summary['steps']} steps, {summary['samples']:,} samples"
+        + f"; {counted(summary['steps'], 'step')}, {counted(summary['samples'], 'sample', ',')}"
         + (f", {summary['samples_per_sec']:,.0f} samples/s" if summary.get("samples_per_sec") is not None
            else " (none trained in this session)")
         + (f" (waiting for data {summary['data_wait_fraction']:.0%} of the time)"

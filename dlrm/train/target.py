@@ -23,6 +23,7 @@ from typing import Any, Optional
 from loguru import logger
 
 from dlrm import checkpoint as ckpt
+from dlrm.logging_setup import counted
 from dlrm.train.meter import RunStats
 
 NAMES = {"auc": "AUC", "logloss": "logloss"}
@@ -130,7 +131,7 @@ class TargetTracker:
         if self.reached is None:
             shown = f"; best {best[self.metric]:.5f} at step {best['step']}" \
                 if best and best.get("metric") == self.metric else ""
-            logger.info(f"target {NAMES[self.metric]} {self.target} not reached in {steps} steps{shown}")
+            logger.info(f"target {NAMES[self.metric]} {self.target} not reached in {counted(steps, 'step')}{shown}")
             return {"target_reached": False, "target_step": None, "time_to_target_s": None,
                     "time_to_target_wall_s": None}
         return {"target_reached": True, "target_step": self.reached.get("step"),

@@ -17,7 +17,7 @@ from dlrm.data.device_loader import DeviceLoader
 from dlrm.data.loader import ParquetLoader, split_files
 from dlrm.data.schema import is_multi_hot
 from dlrm.distributed.env import DistEnv
-from dlrm.logging_setup import run_logger
+from dlrm.logging_setup import counted, run_logger
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device
 
 __all__ = ["SLOW_MULTI_HOT_CODECS", "TrainData", "build_for_data", "make_loader"]
@@ -79,11 +79,11 @@ def _log_min_steps(cfg: Config, total: int, by_epochs: int, steps_per_epoch: int
         full, rest = divmod(total, max(steps_per_epoch, 1))
         epochs = (f"{full} epoch{'s' * (full != 1)} of {steps_per_epoch} step{'s' * (steps_per_epoch != 1)}"
                   + (f" and {rest} step{'s' * (rest != 1)} of epoch {full + 1}" if rest else ""))
-        logger.info(f"train.min_steps {t.min_steps}: {total} steps, {epochs} "
+        logger.info(f"train.min_steps {t.min_steps}: {counted(total, 'step')}, {epochs} "
                     f"(train.epochs {t.epochs} would give {by_epochs}){capped}")
     else:
         logger.info(f"train.min_steps {t.min_steps}: no effect, train.max_steps {t.max_steps} ends the run at "
-                    f"{total} steps, within train.epochs {t.epochs} ({by_epochs} steps)")
+                    f"{counted(total, 'step')}, within train.epochs {t.epochs} ({counted(by_epochs, 'step')})")
 
 
 def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:

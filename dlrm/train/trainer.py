@@ -24,7 +24,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.data.loader import Batch
 from dlrm.distributed.env import init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped, found_alike
-from dlrm.logging_setup import bar_interval, run_logger
+from dlrm.logging_setup import bar_interval, counted, run_logger
 from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
@@ -229,7 +229,7 @@ class Trainer(WindowLogging):
     def _log_start(self) -> None:
         logger.info(f"device {self.device}, precision {self.cfg.train.precision}, "
                     f"{model_text(self.run.model, self.cfg, self.tables)}, {self.data.train.num_rows:,} train rows, "
-                    f"{len(self.data.train)} steps/epoch, {self.data.total_steps} steps")
+                    f"{counted(len(self.data.train), 'step')}/epoch, {counted(self.data.total_steps, 'step')}")
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -423,7 +423,7 @@ class Trainer(WindowLogging):
             return
         # (every rank's loader ends alike: rank 0 says it, not each rank once more as `[rank N]`)
         run_logger.warning(f"data: the training loader ended at step {pos.step} (epoch {pos.epoch}), before the run's "
-                       f"{total} steps: the run ends there")
+                       f"{counted(total, 'step')}: the run ends there")
         if pos.step % self.cfg.train.log_every:
             self._queue_window(stop)
 
@@ -489,7 +489,7 @@ class Trainer(WindowLogging):
         run_dir = run_of(self.finished) or self.finished.resolve().parent.parent
         if self.finished_early:
             logger.info(f"--resume: {self.finished} is where early stopping ended this run (train.early_stopping: "
-                        f"{self.stats.evals_since_best} evaluations without improvement); nothing to train, "
+                        f"{counted(self.stats.evals_since_best, 'evaluation')} without improvement); nothing to train, "
                         f"nothing written")
         elif self.finished_target is not None:
             logger.info(f"--resume: {self.finished} is where this run reached its target (train.early_stopping."
