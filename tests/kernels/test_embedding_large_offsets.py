@@ -13,6 +13,11 @@ SGD through the atomic ones), and that the rows a wrapped offset would have hit 
 
 from __future__ import annotations
 
+import fcntl
+import gc
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -24,6 +29,23 @@ D = 128
 CARDS = [2**25 + 100, 5]  # the first table's last rows sit past row 2^25: row * 128 > 2^32
 R = sum(CARDS)
 LR = 0.05
+
+
+@pytest.fixture(autouse=True)
+def one_large_table_at_a_time():
+    """On a GPU: these tests one at a time across the suite's worker processes, each giving its ~50 GB back when it
+    ends. A worker's caching allocator kept it (54 and 46 GiB held by two workers in a session-60 run), and the other
+    workers' tests, these among them, ran out of device memory: 25 failures, every one an OOM."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / "dlrm-large-offset-tests.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        try:
+            yield
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
 
 
 def zeros(path, n: int, device: torch.device) -> torch.Tensor:
