@@ -961,8 +961,10 @@ def main(argv=None) -> int:
     cases = [(s, d, b) for s in specs for d in dtypes for b in batches]
     logger.info(f"{len(cases)} cases: kernels {[s.name for s in specs]}, batches {batches}, dtypes {dtypes}, impls {list(impls)}")
     t0 = time.perf_counter()
-    # `timeout` sends SIGTERM: stop after the case in flight and still write what was measured.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # `timeout` sends SIGTERM: stop after the case in flight and still write what was measured. The caller's handler
+    # comes back after the cases: called in-process (the tests), it stayed, and a later SIGTERM in that process raised
+    # KeyboardInterrupt (a test worker went down on a training test's own SIGTERM)
+    previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
         for spec, dtype, batch in tqdm(cases, desc="kernels", unit="case", dynamic_ncols=True):
             if _TABLES and not spec.name.startswith("embedding_"):
@@ -975,6 +977,8 @@ def main(argv=None) -> int:
                 rows.append({**base_row(spec, batch, dtype), "mode": "*", "impl": "(case)", "error": one_line(exc)})
     except KeyboardInterrupt:
         logger.warning(f"interrupted: writing the {len(rows) - 1} results measured so far (the other cases are missing)")
+    finally:
+        signal.signal(signal.SIGTERM, previous_sigterm)
     _TABLES.clear()
     free_memory(device)
     logger.info(f"measured in {time.perf_counter() - t0:.0f} s")

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import signal
 import sys
@@ -29,21 +28,14 @@ from dlrm.logging_setup import counted
 from dlrm.train.trainer import train
 from tests.conftest import REPO, make_dataset
 from tests.test_audit_fast_path_edges import FAKE_SUMMARY
+from tests.test_benchmark_scripts import ev as _ev
+from tests.test_benchmark_scripts import load_script
 
 # benchmarks/kernels.py's --device cpu needs the interpreter, which a GPU machine's tests leave off (the GPU run
 # found it): there the same checks go through the GPU
 KERNELS_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _ev(name: str, cat: str, ts: float, dur: float) -> dict:
-    return {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur}
 
 
 def _run_with_trace(tmp_path: Path) -> Path:
@@ -176,7 +168,11 @@ def test_kernels_append_merges_into_existing_files_as_asked(tmp_path, capsys):
     out.mkdir()
     (out / "kernels.md").write_text("the last run's")
     args = ["--device", KERNELS_DEVICE, "--kernels", "loss", "--batch-sizes", "8", "--cpu-reps", "1", "--out", str(out)]
+    before = signal.getsignal(signal.SIGTERM)
     assert load_script("kernels").main([*args, "--append"]) == 0
+    # the caller's SIGTERM handler is back (CI: the script's KeyboardInterrupt-raising one stayed in the test worker,
+    # and a later test's own SIGTERM took the worker down)
+    assert signal.getsignal(signal.SIGTERM) is before
     said = capsys.readouterr().out.rstrip().splitlines()[-1]
     assert said.startswith(f"wrote {out / 'kernels.csv'}, {out / 'kernels.md'}, {out}/"), said
     assert said.endswith(".png") and (out / "kernels.md").read_text() != "the last run's"
