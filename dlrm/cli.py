@@ -43,7 +43,7 @@ from dlrm.config_checks import check_default_run_name, export_name_problem, free
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
                          is_peer_lost, peer_lost_message, report_bug)
 from dlrm.logging_setup import configure_logging, run_logger
-from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, check_tb_dir
+from dlrm.output_place import check_branch_outside_sweep, check_export_place, check_outside_sweep, check_tb_dir
 from dlrm.stop_signal import StopAtOnce
 
 EXIT_BAD_INPUT = 2
@@ -119,6 +119,7 @@ def check_export_path(path: str) -> Path:
     problem = export_name_problem(target)
     if problem:
         raise ConfigError(problem)
+    check_export_place(target)  # not in a run's checkpoints/, a dataset or a sweep
     return target
 
 
@@ -275,7 +276,9 @@ def _said_once_per_node(exc: BaseException):
     (LOCAL_RANK 0: rank 0 on one machine) says it; `torchrun --nproc-per-node 2 train.py --config bad.json` printed
     it twice, once as `[rank 1] ...` (each rank still exits 2). Not a rank's own (`this_rank_only`: its RANK, GPU),
     and not one after the ranks met, which one rank may make alone (rank 0's on_main part, a file only it reads),
-    unless made where every rank checks the same (`found_alike`: a --resume's config against its checkpoint's)."""
+    unless made where every rank checks the same (`found_alike`: a --resume's config against its checkpoint's), or
+    found so when the ranks compared what they met (`dlrm.distributed.env.agree_on_input_error`: a data error met
+    mid-epoch)."""
     joined = "torch.distributed" in sys.modules and sys.modules["torch.distributed"].is_available() \
         and sys.modules["torch.distributed"].is_initialized()
     if getattr(exc, "this_rank_only", False) or (joined and not getattr(exc, "found_alike", False)):
@@ -310,7 +313,12 @@ class RanksCommand(click.Command):
 def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
     """Log `exc` as its one line (a bug: its traceback and a line saying so); return the exit code."""
     if isinstance(exc, (ConfigError, DatasetError)) or is_triton_unavailable(exc):
-        _said_once_per_node(exc).error(_one_line(exc))
+        env = sys.modules.get("dlrm.distributed.env")  # (imported by a run that joined ranks: none on a config error)
+        if env is None:
+            _said_once_per_node(exc).error(_one_line(exc))
+        else:  # met after the ranks joined: said once if every rank met it, else by each rank that did
+            timeout = cfg.distributed.timeout_s if cfg is not None else None
+            env.agree_on_input_error(exc, _one_line(exc), lambda line: _said_once_per_node(exc).error(line), timeout)
         return EXIT_BAD_INPUT
     if isinstance(exc, NonFiniteLoss):
         # the ranks of a torchrun run agree on it (reduced checks): rank 0's line says it for all (rank 1's copy was

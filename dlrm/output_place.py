@@ -5,7 +5,9 @@ another run's directory or its ``checkpoints/`` folder, or the dataset the run r
 without a word: among a sweep's trials (shown by ``--logdir <sweep>`` as one of them, listed by none of its records),
 inside a run whose ``--resume``, pruning and ``summary.json`` know nothing of it, among a dataset's split files (a
 tool's ``--overwrite`` replaced the whole folder, the run's checkpoints with it). Each is refused in one line naming
-a place outside it. A ``--tb-dir`` that is a file was refused as "cannot create ... (File exists)".
+a place outside it. A ``--tb-dir`` that is a file was refused as "cannot create ... (File exists)". So is an
+``--export`` file there (`check_export_place`): written into a run's checkpoints/ (which its pruning and --resume
+read as the run's own), a dataset (replaced whole, the program with it, by a tool's --overwrite) or a sweep.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Optional
 
 from dlrm.config import Config
 from dlrm.config_checks import fitted_name
-from dlrm.data.output_dirs import is_run_directory
+from dlrm.data.output_dirs import is_run_directory, owning
 from dlrm.errors import ConfigError
 
 
@@ -122,3 +124,23 @@ def check_tb_dir(tb_dir: str, flag: str, data_paths: tuple[str, ...] = (), owner
         if is_run_directory(path):
             raise ConfigError(f"{flag}: {tb_dir} is inside the run directory {path}, which holds that run's files "
                               f"only; pick a --tb-dir outside it (--tb-dir {path.parent})")
+
+
+def check_export_place(target: Path) -> None:
+    """Refuse, in one line naming a free path outside it, an ``--export`` file inside what another thing owns: a
+    dataset, a run's directory (its ``checkpoints/`` too) or a sweep (`dlrm.data.output_dirs.owner_of`), as a
+    new run's --tb-dir there is refused (`check_tb_dir`). Written there without a word, the program sat among a
+    run's checkpoints, or went with a dataset that a tool's --overwrite replaced whole."""
+    owner = owning(target)
+    if owner is None:
+        return
+    what, where = owner
+    place = target
+    while (above := owning(place)) is not None and above[1].parent != above[1]:  # beside the owner, unless that is
+        place = above[1].parent / target.name  # owned too (a trial's: beside its sweep)
+    free, n = place, 1
+    while os.path.lexists(free):
+        n += 1
+        free = place.with_name(f"{target.stem}-{n}{target.suffix}")
+    raise ConfigError(f"--export: {target} is inside {what} {where}, which holds its own files only; write the "
+                      f"program outside it (--export {free} is free)")

@@ -56,14 +56,20 @@ def owner_of(path: Path) -> Optional[str]:
     """What a dataset directory at `path` would be written into, or None: a dataset above it (its metadata.json: that
     dataset's --overwrite, or a tool's, replaces it whole, the inner one with it), a training run's directory or a
     sweep's (``sweep.json``), `path` itself included for those two (--overwrite replaced the run or sweep whole)."""
+    owner = owning(path)
+    return None if owner is None else f"{owner[0]} {owner[1]}"
+
+
+def owning(path: Path) -> Optional[tuple[str, Path]]:
+    """`owner_of`'s owner as ("the dataset" | "the run directory" | "the sweep", its directory), or None."""
     here = Path(os.path.realpath(path))
     for p in (here, *here.parents):
         if p != here and (p / "metadata.json").is_file():
-            return f"the dataset {p}"
+            return "the dataset", p
         if is_run_directory(p):
-            return f"the run directory {p}"
+            return "the run directory", p
         if _is_sweep(p):
-            return f"the sweep {p}"
+            return "the sweep", p
     return None
 
 

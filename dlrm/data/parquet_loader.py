@@ -34,7 +34,7 @@ from dlrm.data.reader_pool import default_arrow_threads, lower_readers, reader_p
 from dlrm.data.schema import (NUM_DENSE, NUM_SPARSE, DatasetError, arrow_schema, check_dense_format, is_multi_hot,
                               one_hot_sizes, sparse_width)
 from dlrm.data.shuffle_seed import epoch_rng
-from dlrm.data.stream_buffers import _END, _Flush, _Resident, _Run
+from dlrm.data.stream_buffers import _END, _Flush, _Resident, _Run, put_unless_stopped, receive
 from dlrm.data.validation import NullTally, check_table, first_rows, open_shard
 
 
@@ -421,16 +421,7 @@ class ParquetLoader:
                      f"{', pinned' if self._pin else ''}, sparse {sparse})")
         return arena
 
-    @staticmethod
-    def _put(q: queue.Queue, item, stop: threading.Event) -> bool:
-        """Put unless the consumer has stopped; False when it has."""
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    _put = staticmethod(put_unless_stopped)
 
     # -- consumer -------------------------------------------------------------------------------
 
@@ -488,14 +479,23 @@ class ParquetLoader:
             raise run.error
         current, run.first = run.first, None  # uploaded during the previous epoch (chained), or None
         ended = False  # this epoch's end marker received (while looking ahead into the next epoch)
+        # the next buffer's failed decode, found while cutting this one: raised where that buffer is needed, after this
+        # buffer's batches. Raised at once, the batch it failed at depended on the reader threads' timing, and under
+        # torchrun one rank stopped while the others, a batch or more behind, waited for it in that step's collectives
+        failed: Optional[Exception] = None
         for f, flush in enumerate(plan):
             if current is None:  # the first buffer, or the next one had not arrived while cutting
+                if failed is not None:
+                    raise failed
                 current = self._upload(flush, self._receive(q, block=True), previous, free, copy_stream)
             previous = upcoming = None
             last = f + 1 == len(plan)
             for i, (lo, hi) in enumerate(flush.cuts):
-                if upcoming is None and not last:  # start copying the next buffer early
-                    arena = self._receive(q, block=False)
+                if upcoming is None and not last and failed is None:  # start copying the next buffer early
+                    try:
+                        arena = self._receive(q, block=False)
+                    except Exception as e:  # noqa: BLE001 - raised when the next buffer is needed (above)
+                        failed, arena = e, None
                     if arena is not None:
                         upcoming = self._upload(plan[f + 1], arena, (flush, current), free, copy_stream)
                 elif last and self.chain_epochs and run.first is None:
@@ -526,19 +526,7 @@ class ParquetLoader:
             run.first = self._upload(plan[0], arena, None, run.free, run.copy_stream)
         return True
 
-    @staticmethod
-    def _receive(q: queue.Queue, block: bool, end: Optional[bool] = False):
-        """The next decoded arena (None if `block` is False and none is ready), re-raising the
-        producer's exceptions here; `end`: expect the end of the epoch instead (None: either)."""
-        try:
-            item = q.get(block=block)
-        except queue.Empty:
-            return None
-        if isinstance(item, BaseException):
-            raise item
-        if end is not None and (item is _END) != end:
-            raise RuntimeError("parquet loader: the producer and the plan disagree on the buffers")
-        return item
+    _receive = staticmethod(receive)
 
     def _upload(self, flush: _Flush, arena: _Arena, previous: Optional[tuple[_Flush, _Resident]], free: queue.Queue,
                 copy_stream: Optional[torch.cuda.Stream]) -> _Resident:

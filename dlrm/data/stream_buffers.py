@@ -1,6 +1,7 @@
 """What `dlrm.data.parquet_loader.ParquetLoader` passes between its producer and its consumer:
 the plan of one shuffle buffer (`_Flush`), a buffer resident on the device (`_Resident`), one
-producer thread with its queues (`_Run`), and the end-of-epoch marker (`_END`)."""
+producer thread with its queues (`_Run`), the end-of-epoch marker (`_END`), and the two ends of its queue
+(`put_unless_stopped`, `receive`)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,28 @@ class _Run:
     copy_stream: Optional[torch.cuda.Stream]
     first: Optional[_Resident] = None
     error: Optional[BaseException] = None
+
+
+def put_unless_stopped(q: queue.Queue, item, stop: threading.Event) -> bool:
+    """Put unless the consumer has stopped; False when it has."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def receive(q: queue.Queue, block: bool, end: Optional[bool] = False):
+    """The next decoded arena (None if `block` is False and none is ready), re-raising the
+    producer's exceptions here; `end`: expect the end of the epoch instead (None: either)."""
+    try:
+        item = q.get(block=block)
+    except queue.Empty:
+        return None
+    if isinstance(item, BaseException):
+        raise item
+    if end is not None and (item is _END) != end:
+        raise RuntimeError("parquet loader: the producer and the plan disagree on the buffers")
+    return item

@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import gc
 import os
+import re
+import signal
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -226,3 +230,114 @@ def shutdown() -> None:
     if dist.is_initialized():
         gc.collect()
         dist.destroy_process_group()
+
+
+AGREE_WAIT_S = 10.0
+"""How long a rank that met bad input after the ranks joined waits for the others to say what they met
+(`agree_on_input_error`); at most half the process group's timeout (`distributed.timeout_s`)."""
+
+
+def agree_on_input_error(exc: BaseException, line: str, say: Callable[[str], None],
+                         timeout_s: Optional[float] = None) -> None:
+    """Say `line`, the one-line message of `exc` (bad input: a dataset, a config) met after the ranks of a torchrun run
+    joined, through `say` (`dlrm.cli`'s logger for it): once for the run when every rank met it alike, else by each
+    rank that met it, naming itself.
+
+    Every rank reads every row group of the data (and checks the same config), so a data error met mid-epoch (a row
+    group that cannot be read, a bad value, a file deleted since the start) is met by every rank at the same batch,
+    and each said it: rank 1's copy as `[rank 1] ...`. One met by one rank alone (its disk, a file changed between
+    the ranks' reads) is that rank's to say, and only it knows of it: the others wait in a collective for it. So the
+    ranks compare before saying, through the process group's store, not a collective (a rank that met nothing is
+    inside the step's): each rank sets what it met; rank 0 waits for the others' (a bounded time: a rank that met
+    nothing never sets one), says the line once when all match (`found_alike`: the other ranks, and other nodes'
+    first ranks, leave it out), sets its verdict, and waits until the others have read it (it may hold the store);
+    the others wait for the verdict, and say their own line, ``rank N: ...``, unless alike. Rank 0 says it before
+    any other rank exits (torchrun's agent stops the rest when the first one exits). One process: `say(line)`."""
+    if getattr(exc, "this_rank_only", False) or getattr(exc, "found_alike", False) or not _joined():
+        say(line)
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    wait = AGREE_WAIT_S if timeout_s is None else min(AGREE_WAIT_S, timeout_s / 2)
+    with _StopWaiting() as stop:
+        try:
+            store = dist.PrefixStore("dlrm/input-error", dist.distributed_c10d._get_default_store())
+            store.set(f"met/{rank}", line)
+        except Exception:  # noqa: BLE001 - no store (torch's internals changed, or it is gone): this rank's line
+            store = None
+        alike = False
+        if store is not None and rank == 0:
+            met = _wait_for(store, [f"met/{q}" for q in range(1, world)], wait, stop)
+            alike = len(met) == world - 1 and all(text == line for text in met.values())
+            _say(exc, line, say, rank, alike)
+            try:
+                store.set("verdict", "alike" if alike else "apart")
+            except Exception:  # noqa: BLE001
+                return
+            _wait_for(store, [f"read/{q.split('/')[1]}" for q in met], wait, stop)
+            return
+        # rank 0's verdict, once it is comparing (within `wait` of this rank, when it met the error too; else it is
+        # inside a collective, waiting for this rank)
+        if store is not None and _wait_for(store, ["met/0"], wait, stop):
+            alike = _wait_for(store, ["verdict"], wait + 1, stop).get("verdict") == "alike"
+            try:
+                store.set(f"read/{rank}", "1")
+            except Exception:  # noqa: BLE001 - rank 0, the store's host outside torchrun, is gone
+                pass
+        _say(exc, line, say, rank, alike)
+
+
+def _say(exc: BaseException, line: str, say: Callable[[str], None], rank: int, alike: bool) -> None:
+    """`line` once for the run (`alike`), else as this rank's, naming it (unless it relays another rank's failure,
+    `failure_error`'s ``rank Q could not ...``, which names that rank)."""
+    if alike:
+        exc.found_alike = True  # type: ignore[attr-defined]
+        say(line)
+    else:
+        this_rank_only(exc)
+        say(line if re.match(r"rank \d+ ", line) else f"rank {rank}: {line}")
+
+
+def _joined() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _wait_for(store, keys: list[str], wait_s: float, stop: "_StopWaiting") -> dict[str, str]:
+    """The values of `keys` the store holds within `wait_s` seconds (all of them, or those set by then, or by a signal
+    `stop` took); polled, as a key that never comes must not hold the caller past its bound (the store's own wait
+    raises only at the process group's timeout)."""
+    found: dict[str, str] = {}
+    deadline = time.monotonic() + wait_s
+    try:
+        while not stop.signalled:
+            for key in keys:
+                if key not in found and store.check([key]):
+                    found[key] = store.get(key).decode()
+            if len(found) == len(keys) or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+    except Exception:  # noqa: BLE001 - the store's host (rank 0 outside torchrun) is gone: what came so far
+        pass
+    return found
+
+
+class _StopWaiting:
+    """SIGTERM or SIGINT while the ranks compare their errors ends the waits (torchrun's agent stops this rank once a
+    peer exited; a Ctrl-C): the line is said then, as this rank's own. Left to their handlers, the signal killed the
+    rank before it said anything, or raised KeyboardInterrupt out of the command's error report (a traceback)."""
+
+    def __init__(self) -> None:
+        self.signalled = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.signalled = True
+
+    def __enter__(self) -> "_StopWaiting":
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT):
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
