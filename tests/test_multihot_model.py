@@ -145,7 +145,11 @@ def test_pooled_sparse_arch_matches_float64_reference(batch, hotness, cards, dim
     np.testing.assert_allclose(out.detach().double().numpy(), ref_out, **FP32)
     out.backward(g)
     assert arch.weight.grad.is_sparse
-    np.testing.assert_allclose(arch.weight.grad.to_dense().double().numpy(), ref_grad, **FP32)
+    # A row's gradient sums the grad_out of every slot that looked it up (a one-row table: all B samples'), so the
+    # fp32 sum's rounding scales with the summed magnitudes, not with the result, which may nearly cancel
+    _, scale = reference_pooled(arch.weight.detach().double().numpy(), rows, hotness, np.abs(g.double().numpy()))
+    err = np.abs(arch.weight.grad.to_dense().double().numpy() - ref_grad)
+    assert (err <= FP32["atol"] + FP32["rtol"] * scale).all(), float(np.max(err - FP32["rtol"] * scale))
     # rows() agrees with the reference on every non-PAD slot
     keep = rows >= 0
     np.testing.assert_array_equal(arch.rows(raw).numpy()[keep], rows[keep])

@@ -71,7 +71,7 @@ from kernels.exchange_combine import (
     exchange_layout,
 )
 from kernels.exchange_ids import local_ids, send_ids, send_ids_eager
-from kernels.table_layout import init_table_, layout_tensors
+from kernels.table_layout import first_init_chunks, init_rows_, init_seed, layout_tensors
 
 
 def _pool_over_one_table(local, hotness: list[int], rows: int) -> None:
@@ -170,9 +170,10 @@ class ShardedSparseArch(nn.Module):
     same state_dict key as `SparseArch`; a bf16 shard (stochastically rounded) adds the int64 buffer
     ``sr_seed`` [1], so that a resumed run draws the rounding bits the uninterrupted one would
     (`dlrm.distributed.checkpoint.merge` leaves it out of a one-process checkpoint). Initialised
-    exactly as the one-process arch would initialise the full tables from the same RNG state (each
-    table is drawn in full, in the shard's dtype as the one-process table is, and this rank keeps its
-    rows), so a sharded run starts from the same parameters as a one-process run with the same seed.
+    exactly as the one-process arch would initialise the full tables from the same RNG state (in the
+    shard's dtype as the one-process table is), drawing only the init chunks this rank's rows lie in
+    (`kernels.table_layout.init_rows_`: at most one chunk beyond the shard held at once), so a sharded
+    run starts from the same parameters as a one-process run with the same seed.
     """
 
     # dlrm.model.interfaces.SparseArchInterface: the lookup runs eagerly, outside torch.compile and CUDA
@@ -283,19 +284,16 @@ class ShardedSparseArch(nn.Module):
 
     @torch.no_grad()
     def _init_like_sparse_arch(self, cardinalities: list[int], layout) -> None:
-        """U(-1/sqrt(n), 1/sqrt(n)) per table, drawing every table in full in feature order
-        (as `SparseArch.reset_parameters` does) and keeping this rank's rows.
+        """This rank's rows of the tables as `SparseArch.reset_parameters` initialises them from the same RNG state
+        (`kernels.table_layout.init_tables_`): the same one draw of the init's seed, then only the chunks this
+        rank's rows lie in (`kernels.table_layout.init_rows_`), never a whole table.
 
-        Drawn in the shard's dtype: the one-process bf16 table is filled by ``uniform_`` on bf16
-        storage (`kernels.table_layout.init_tables_`), which is not the fp32 draw rounded (on the
-        CPU the two give different values from the same RNG state); drawing in bf16 gives its
-        very rows, and holds half the memory for the largest table while it is drawn."""
-        mine = {f: (start, count, at) for f, start, count, at in layout}
-        for f, n in enumerate(cardinalities):
-            table = init_table_(torch.empty(n, self.dim, device=self.weight.device, dtype=self.weight.dtype), n)
-            if f in mine:
-                start, count, at = mine[f]
-                self.weight[at : at + count] = table[start : start + count]
+        Drawn in the shard's dtype: the one-process bf16 table is filled by ``uniform_`` on bf16 storage, which
+        is not the fp32 draw rounded (on the CPU the two give different values from the same generator)."""
+        seed = init_seed()  # even on a rank serving no table: the RNG stream after it is every rank's and one process's
+        firsts = first_init_chunks(cardinalities)
+        for f, start, count, at in layout:
+            init_rows_(self.weight[at : at + count], cardinalities[f], start, seed, firsts[f])
 
     def rows(self, raw: torch.Tensor) -> torch.Tensor:
         """int64 [B, F] (or [B, L]) raw values -> int64 rows of the full (unsharded) weight (a PAD

@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from kernels.table_layout import (
+    INIT_CHUNK_ROWS,
     check_cardinalities,
+    first_init_chunks,
     init_bound,
+    init_rows_,
     init_table_,
     init_tables_,
     layout_tensors,
@@ -42,18 +45,45 @@ def test_init_bound_is_the_reference_formula():
     assert init_bound(1) == 1.0
 
 
-def test_init_tables_draws_each_table_in_feature_order():
-    """Same values as drawing every table on its own (what the sharded arch does), each inside its bound."""
-    cards = [3, 1, 50, 7]
+def test_init_tables_draws_each_table_in_chunks_keyed_by_one_seed():
+    """One draw from torch's RNG (the seed); then chunk c of all tables' chunks, in feature order, is U(-b, b) of its
+    table's bound from a generator seeded seed + c, drawn whole; each table inside its bound."""
+    cards = [3, 1, INIT_CHUNK_ROWS + 50, 7]
     weight = torch.empty(total_rows(cards), 5, requires_grad=True)
     torch.manual_seed(0)
     init_tables_(weight, cards)
+    after = torch.rand(3)
     torch.manual_seed(0)
-    tables = [init_table_(torch.empty(n, 5), n) for n in cards]
-    assert torch.equal(weight.detach(), torch.cat(tables))
+    seed = int(torch.randint(0, 2**63 - 1, (), dtype=torch.int64))
+    assert torch.equal(torch.rand(3), after)  # the seed is the init's only draw from torch's RNG
+    assert first_init_chunks(cards) == [0, 1, 2, 4]
+    key = iter(range(seed, seed + 5))
+    want = []
+    for n in cards:
+        for lo in range(0, n, INIT_CHUNK_ROWS):
+            g = torch.Generator().manual_seed(next(key))
+            want.append(init_table_(torch.empty(min(INIT_CHUNK_ROWS, n - lo), 5), n, g))
+    assert torch.equal(weight.detach(), torch.cat(want))
     for start, n in zip(table_offsets(cards), cards):
         rows = weight.detach()[start : start + n]
         assert rows.abs().max() <= init_bound(n)
+    assert not torch.equal(weight[3 + 1 : 3 + 1 + 50], weight[3 + 1 + INIT_CHUNK_ROWS : 3 + 1 + INIT_CHUNK_ROWS + 50])
+
+
+@pytest.mark.parametrize("start, count", [(0, 0), (0, 1), (7, 3), (INIT_CHUNK_ROWS - 2, 5), (1, 2 * INIT_CHUNK_ROWS),
+                                          (2 * INIT_CHUNK_ROWS, 3)])
+def test_init_rows_of_any_block_are_the_whole_tables_rows(start, count):
+    """Any block of a table, drawn alone (a rank's shard), holds the rows the whole table's init gives it."""
+    rows = 2 * INIT_CHUNK_ROWS + 3
+    whole = init_rows_(torch.empty(rows, 2), rows, 0, seed=2**64 - 2, first_chunk=5)  # keys wrap around 2**64
+    block = init_rows_(torch.empty(count, 2), rows, start, seed=2**64 - 2, first_chunk=5)
+    assert torch.equal(block, whole[start : start + count])
+
+
+def test_init_rows_refuses_rows_outside_the_table():
+    for start, count in ((-1, 2), (3, 3), (6, 0)):
+        with pytest.raises(ValueError, match="not rows of a table of 5 rows"):
+            init_rows_(torch.empty(count, 2), 5, start, seed=0, first_chunk=0)
 
 
 def test_sparse_arches_share_the_layout():
