@@ -237,7 +237,7 @@ def graph_replay_windows(step: Callable[[], None], calls: int, windows: int, war
     replay_ms(graph)  # the first replay uploads the graph
     settle(lambda _: graph.replay(), settle_s, torch.device("cuda"))
     times = [replay_ms(graph) / calls for _ in range(windows)]
-    del graph
+    graph = None  # frees the graph's pool; rebinding, not del: settle's lambda closes over this name
     return times, calls
 
 

@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = environment(device)
-    title = (f"DCNv2 cross layer forward x0 * (u W^T + b) + x" + (" and backward dx = g + du V with the next layer's "
+    title = ("DCNv2 cross layer forward x0 * (u W^T + b) + x" + (" and backward dx = g + du V with the next layer's "
              "elementwise work" if args.backward else "") + f", batch {B}, width {N}, rank {r}, bf16")
     table = ["| " + " | ".join(KEYS) + " |", "|" + " --- |" * len(KEYS)]
     for row in rows:

@@ -541,7 +541,7 @@ def copy_bandwidth(device: torch.device, args) -> tuple[float, float, int]:
     src = torch.randn(nbytes // 4, device=device)
     dst = torch.empty_like(src)
     ms = bench_ms(lambda: dst.copy_(src), [], device, args.warmup_ms, args.rep_ms, args.cpu_reps)
-    del src, dst
+    src = dst = None  # frees the buffers; rebinding, not del: the timed lambda closes over these names
     free_memory(device)
     return 2 * nbytes / ms / 1e6, ms, 2 * nbytes
 

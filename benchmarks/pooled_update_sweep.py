@@ -97,7 +97,7 @@ def run_plan(dtype: str, plan: list, cards: list[int], m, batch: int, device: to
                          launch=str(tuple(cfg)) + ("" if launch else " (picked)"),
             batch=batch, unique_rows=x.unique, **row))
         print(rows[-1], flush=True)
-    del t, x
+    t = x = None  # frees the tables; rebinding, not del: each case's step() closes over these names
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -330,7 +330,7 @@ def main(argv=None) -> int:
         phases.append(("steps", t0, t1))
         rates["steps"] = (f"{calls * args.batch_size / (t1 - t0) / 1e6:.2f}M samples/s ({calls} steps, a host sync "
                           f"every {args.sync_every})")
-        del run
+        run = None  # frees the model before the GEMM phases; rebinding, not del: step() closes over the name
         torch.cuda.empty_cache()
         time.sleep(args.idle)
         t2 = time.time()
@@ -347,7 +347,7 @@ def main(argv=None) -> int:
             repeat = operand_kinds[:i].count(kind)  # a kind named again gets its own phase, as a kernel does
             phases.append((f"GEMM {M}x{N}x{K}, A {kind}" + (f" #{repeat + 1}" if repeat else ""), t2, t3))
             rates[phases[-1][0]] = f"{2 * M * N * K * calls / (t3 - t2) / 1e12:.0f} TFLOP/s ({calls} calls)"
-            del a, b, c
+            a = b = c = None  # frees the operands; rebinding, not del: the timed lambda closes over these names
             time.sleep(args.idle)
             t2 = time.time()
         for i, name in enumerate(kernel_names):

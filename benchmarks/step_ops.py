@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import gzip
 import json
 import statistics
 import sys

@@ -158,7 +158,7 @@ def main(argv=None) -> int:
         if r["impl"] in ("torch", "inductor", "triton"):
             totals.setdefault((r["model"], r["impl"]), 0.0)
             totals[(r["model"], r["impl"])] += r["ms"]
-    summary = [f"Sum over a model's layers, ms: " + "; ".join(f"{m} {i} {v:.3f}" for (m, i), v in sorted(totals.items()))]
+    summary = ["Sum over a model's layers, ms: " + "; ".join(f"{m} {i} {v:.3f}" for (m, i), v in sorted(totals.items()))]
     (out / f"{args.name}.md").write_text(markdown(f"Weight gradient with bias sum and ReLU mask fused, batch {B}, {dtype}",
                                                   [env_line(env)] + summary, table))
     plt = pyplot()

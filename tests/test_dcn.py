@@ -325,11 +325,16 @@ KAGGLE_DCN = REPO / "configs" / "kaggle-dcn.json"
 
 @pytest.fixture(scope="module")
 def tiny_dataset(tmp_path_factory):
-    out = tmp_path_factory.mktemp("dcn") / "syn"
-    proc = subprocess.run([sys.executable, "-m", "dlrm.data.synthetic", "--rows", "3000", "--cardinalities", "tiny",
-                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+    """Made once per test run, shared by the pytest-xdist workers (`tests.shared_once`: each worker that ran a test of
+    this module generated its own, ~2 s each in CI). Tests only read it (their runs hold it for reading)."""
+    from tests.shared_once import computed_once
+
+    def make(root):
+        proc = subprocess.run([sys.executable, "-m", "dlrm.data.synthetic", "--rows", "3000", "--cardinalities", "tiny",
+                               "--out", str(root / "syn")], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    return computed_once(tmp_path_factory, "dcn-syn-tiny", make) / "syn"
 
 
 def kaggle_dcn(dataset, tmp_path, run_name, **overrides):

@@ -25,7 +25,6 @@ from kernels.embedding import (
     SparseOptimizerConfig,
     TritonPooledEmbedding,
     TritonSparseEmbedding,
-    fused_pooled_embedding,
     pooled_embedding_lookup,
     pooled_embedding_sparse_update_,
     pooled_hash_rows,

@@ -166,10 +166,12 @@ def test_register_cap_gives_the_same_update_bit_for_bit(cap, device, monkeypatch
 
 
 # Hot rows spanning many groups of chunks (`_group_sum_kernel`): 16-position chunks, groups of CARRY_BLOCK chunks.
-# A 700-position run starting mid-chunk (44 chunks: many group steps), a 333-position one starting in the chunk the
-# first ends in, short repeats, then a 144-position run starting exactly at a chunk and group boundary (1088 = 68
-# chunks, a multiple of 2 and 4) and ending exactly at one.
-HOT_RUNS = [1] * 5 + [700] + [1] * 3 + [333] + [2] * 10 + [1] * 27 + [144] + [1] * 16
+# A 316-position run starting mid-chunk (21 chunks: 5 to 10 group steps; its last position the first of chunk 20), a
+# 141-position one starting in the chunk the first ends in, short repeats, then a 144-position run starting exactly at
+# a chunk and group boundary (512 = 32 chunks, a multiple of 2 and 4) and ending exactly at one. (Until 2026-12-01
+# runs of 700 and 333 positions, 1088 before the 144: the same layout at twice the chunk kernel's grid under the CPU
+# interpreter, ~2.3 s a case.)
+HOT_RUNS = [1] * 5 + [316] + [1] * 3 + [141] + [2] * 10 + [1] * 27 + [144] + [1] * 16
 
 
 @pytest.mark.parametrize("group_sums", [True, False], ids=["group-sums", "chunk-walk"])
@@ -183,7 +185,7 @@ def test_hot_rows_spanning_many_groups(group_sums, carry_block, optimizer, devic
 
     monkeypatch.setattr(update, "CARRY_GROUP_SUMS", group_sums)
     n = sum(HOT_RUNS)
-    assert n == 1248 and (5 + 700 + 3 + 333 + 20 + 27) == 68 * 16
+    assert n == 672 and (5 + 316 + 3 + 141 + 20 + 27) == 32 * 16 and (5 + 316 - 1) == 20 * 16
     gen = torch.Generator().manual_seed(carry_block)
     values = torch.cat([torch.full((c,), 2 * i + 1) for i, c in enumerate(HOT_RUNS)])
     rows = values[torch.randperm(n, generator=gen)].reshape(n // 2, 2).to(device)
