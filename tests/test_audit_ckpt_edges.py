@@ -75,15 +75,45 @@ def _train_on_rank(rank, world, root, name, overrides, aucs, resume):
         (root / f"{name}.summary.json").write_text(json.dumps(summary, default=str))
 
 
-def test_a_sharded_branch_from_best_pt_links_its_own_best(tmp_path):
+# The two tests' four runs (a source and its branch each) in one launch of two ranks, shared by the tests through
+# `computed_once` (a launch, two spawned processes importing torch, was about half of each test's 5.5 s in CI,
+# 2026-12-01); each test checks its own source and branch, under its own directory, as after a launch of its own.
+def _branch_cases(root: Path) -> list[tuple]:
+    best, earlier = root / "best", root / "earlier"
+    src_best, src_earlier = ckpt.checkpoint_dir(best / "tb" / "src"), ckpt.checkpoint_dir(earlier / "tb" / "src")
+    every = {"train.eval_every": 2, "checkpoint.every": 2}
+    return [(2, str(best), "src", {"train.max_steps": 6, "train.eval_every": 2}, [0.70, 0.60, 0.65], None),
+            (2, str(best), "branch", {"train.max_steps": 4, "train.eval_every": 2}, [0.60], str(src_best / "best.pt")),
+            (2, str(earlier), "src", {"train.max_steps": 6, **every}, [0.70, 0.60, 0.80], None),
+            (2, str(earlier), "branch", {"train.max_steps": 5, **every}, [0.50], str(src_earlier / "step-00000004.pt"))]
+
+
+@pytest.fixture(scope="module")
+def sharded_branches(tmp_path_factory) -> Path:
+    from tests.shared_once import computed_once
+
+    def make(root: Path) -> None:
+        for name in ("best", "earlier"):
+            make_dataset(root / name / "ds", {"train": 100, "validation": 32}, row_group_size=30)
+        failed = failures_on_ranks(_train_on_rank, _branch_cases(root), 2, root)
+        (root / "failures.json").write_text(json.dumps({f"{rank} {case}": why for (rank, case), why in failed.items()}))
+
+    return computed_once(tmp_path_factory, "ckpt-edges-sharded-branches", make)
+
+
+def _branch_failures(root: Path, name: str) -> dict:
+    """What failed of the test `name`'s two runs (`failures_on_ranks`' answer, by rank and case)."""
+    failed = json.loads((root / "failures.json").read_text())
+    return {k: v for k, v in failed.items() if repr(str(root / name)) in k}
+
+
+def test_a_sharded_branch_from_best_pt_links_its_own_best(sharded_branches):
     """Two ranks, max_steps 6, evaluations at 2 (0.70, the best), 4 and 6; a branch from best.pt (step 2) to step 4
     (0.60, no better): its best.pt is its own manifest of hard links to step 2's shards, as a one-process branch's
     best.pt is a link to the best's file. It named the source run's best.pt (replaced by that run's later bests)."""
-    make_dataset(tmp_path / "ds", {"train": 100, "validation": 32}, row_group_size=30)
+    tmp_path = sharded_branches / "best"  # its runs' directory (`_branch_cases`)
     src = ckpt.checkpoint_dir(tmp_path / "tb" / "src")
-    cases = [(2, str(tmp_path), "src", {"train.max_steps": 6, "train.eval_every": 2}, [0.70, 0.60, 0.65], None),
-             (2, str(tmp_path), "branch", {"train.max_steps": 4, "train.eval_every": 2}, [0.60], str(src / "best.pt"))]
-    assert not failures_on_ranks(_train_on_rank, cases, 2, tmp_path)
+    assert not _branch_failures(sharded_branches, "best")
     branch = json.loads((tmp_path / "branch.summary.json").read_text())
     own = ckpt.checkpoint_dir(tmp_path / "tb" / "branch") / "best.pt"
     assert branch["resumed_at_step"] == 2 and branch["best"]["step"] == 2
@@ -99,16 +129,13 @@ def test_a_sharded_branch_from_best_pt_links_its_own_best(tmp_path):
     assert shard["run_stats"]["best"]["checkpoint"] == str(own)
 
 
-def test_a_sharded_branch_from_an_earlier_step_links_that_steps_shards(tmp_path):
+def test_a_sharded_branch_from_an_earlier_step_links_that_steps_shards(sharded_branches):
     """The source's best.pt moved on (evaluations 0.70 at 2, 0.60 at 4, 0.80 at 6: best.pt holds step 6); a branch
     from step 4, whose best is step 2, ending at 5 (0.50): its best.pt is a manifest of links to step 2's shards (it
     named the source run's step-00000002.pt, which that run's checkpoint.keep prunes with its shards)."""
-    make_dataset(tmp_path / "ds", {"train": 100, "validation": 32}, row_group_size=30)
+    tmp_path = sharded_branches / "earlier"  # its runs' directory (`_branch_cases`)
     src = ckpt.checkpoint_dir(tmp_path / "tb" / "src")
-    every = {"train.eval_every": 2, "checkpoint.every": 2}
-    cases = [(2, str(tmp_path), "src", {"train.max_steps": 6, **every}, [0.70, 0.60, 0.80], None),
-             (2, str(tmp_path), "branch", {"train.max_steps": 5, **every}, [0.50], str(src / "step-00000004.pt"))]
-    assert not failures_on_ranks(_train_on_rank, cases, 2, tmp_path)
+    assert not _branch_failures(sharded_branches, "earlier")
     assert ckpt.load_checkpoint(src / "best.pt")["position"]["step"] == 6
     branch = json.loads((tmp_path / "branch.summary.json").read_text())
     own = ckpt.checkpoint_dir(tmp_path / "tb" / "branch") / "best.pt"
@@ -305,52 +332,97 @@ def _edge_case(rank: int, root: Path, case: str) -> None:
         saver.save(run, pos, None)
 
 
-def _edge_worker(rank: int, init_file: str, root: str, case: str, results) -> None:
+def _edge_worker(rank: int, init_file: str, root: str, cases: tuple, results) -> None:
+    """Each of `cases` in turn on this rank, in one process group, each case's files under ``root/<case>`` when there
+    are several; the library functions a case patches (`_edge_case`) are put back before the next case begins."""
     import datetime
     import time
 
     import torch.distributed as dist
 
+    from dlrm.train import checkpointer as checkpointer_mod
+
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=EDGE_TIMEOUT_S))
-    start = time.monotonic()
+    real = os.replace, Path.mkdir, checkpointer_mod.run_dir_present
     try:
-        _edge_case(rank, Path(root), case)
-        results[rank] = ("no error", "", None, time.monotonic() - start)
-    except BaseException as e:  # noqa: BLE001 - reported to the test
-        results[rank] = (type(e).__name__, str(e), getattr(e, "errno", None), time.monotonic() - start)
+        for case in cases:
+            here = Path(root) / case if len(cases) > 1 else Path(root)
+            here.mkdir(exist_ok=True)
+            start = time.monotonic()
+            try:
+                _edge_case(rank, here, case)
+                results[(case, rank)] = ("no error", "", None, time.monotonic() - start)
+            except BaseException as e:  # noqa: BLE001 - reported to the test
+                results[(case, rank)] = (type(e).__name__, str(e), getattr(e, "errno", None),
+                                         time.monotonic() - start)
+            finally:
+                os.replace, Path.mkdir, checkpointer_mod.run_dir_present = real
+            if case != cases[-1]:
+                dist.barrier()  # both ranks through this case's collectives before the next case's begin
     finally:
         time.sleep(0.5)  # the other rank's collective first (an early exit breaks gloo's connection, not a hang)
         dist.destroy_process_group()
 
 
-def _edge_run(tmp_path: Path, case: str) -> tuple[dict, Path]:
+def _launch(root: Path, cases: tuple) -> dict:
+    """Two gloo ranks running `cases` (`_edge_worker`): {case: {rank: (error kind, message, errno, seconds)}}."""
     import torch.multiprocessing as mp
 
-    root = tmp_path / case
-    root.mkdir(exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
     with mp.Manager() as manager:
         results = manager.dict()
-        procs = [ctx.Process(target=_edge_worker, args=(r, str(root / "init"), str(root), case, results))
+        procs = [ctx.Process(target=_edge_worker, args=(r, str(root / "init"), str(root), cases, results))
                  for r in range(2)]
         for p in procs:
             p.start()
         for p in procs:
-            p.join(EDGE_TIMEOUT_S + 40)
+            p.join(len(cases) * EDGE_TIMEOUT_S + 40)
         for p in procs:  # only the processes this test started
             if p.is_alive():
                 p.kill()
                 p.join()
-        got = dict(results)
-    return got, ckpt.checkpoint_dir(root / "run")
+        got: dict = {}
+        for (case, rank), result in dict(results).items():
+            got.setdefault(case, {})[rank] = result
+    return got
+
+
+def _edge_run(tmp_path: Path, case: str) -> tuple[dict, Path]:
+    root = tmp_path / case
+    return _launch(root, (case,)).get(case, {}), ckpt.checkpoint_dir(root / "run")
+
+
+# The saves' four cases run in one launch of two ranks (the launch, two spawned processes importing torch, was most
+# of each test's 3.6-3.8 s in CI, 2026-12-01), shared by their tests through `computed_once`; each test checks its
+# own case's errors and files, as from a launch of its own.
+SAVE_CASES = ("gone", "best-gone", "mkdir", "replace")
+
+
+@pytest.fixture(scope="module")
+def save_cases(tmp_path_factory) -> Path:
+    from tests.shared_once import computed_once
+
+    def make(root: Path) -> None:
+        got = _launch(root, SAVE_CASES)
+        (root / "results.json").write_text(json.dumps({case: {str(r): list(v) for r, v in by_rank.items()}
+                                                       for case, by_rank in got.items()}))
+
+    return computed_once(tmp_path_factory, "ckpt-edges-save-cases", make)
+
+
+def _save_case(root: Path, case: str) -> tuple[dict, Path]:
+    """What `_edge_run` answers for `case`, out of the shared launch."""
+    got = json.loads((root / "results.json").read_text()).get(case, {})
+    return {int(r): tuple(v) for r, v in got.items()}, ckpt.checkpoint_dir(root / case / "run")
 
 
 @pytest.mark.parametrize("case", ["gone", "best-gone", "mkdir"])
-def test_a_failure_before_a_distributed_saves_first_part_stops_every_rank(tmp_path, case):
+def test_a_failure_before_a_distributed_saves_first_part_stops_every_rank(save_cases, case):
     """Rank 1's run directory check (of a save, of best.pt's save) or its mkdir of checkpoints/ fails: rank 1 raises
     its error, rank 0 one naming rank 1, of the same kind, at once; nothing is written."""
-    got, d = _edge_run(tmp_path, case)
+    got, d = _save_case(save_cases, case)
     kind = "ConfigError" if case != "mkdir" else "PermissionError"
     assert got.get(1, ("no result",))[0] == kind, got
     other, message, _, took = got.get(0, ("no result", "", None, 0))
@@ -359,13 +431,13 @@ def test_a_failure_before_a_distributed_saves_first_part_stops_every_rank(tmp_pa
     assert not d.exists() or not [p.name for p in d.iterdir()], list(d.iterdir())  # no shard, manifest or best.pt
 
 
-def test_a_failed_move_of_a_repeated_saves_shard_keeps_the_previous_save(tmp_path):
+def test_a_failed_move_of_a_repeated_saves_shard_keeps_the_previous_save(save_cases):
     """Step 2 saved again; rank 1's move of its new shard over the old one fails: both ranks stop with its error, and
     step 2's checkpoint is wholly the first save's (rank 0 had written the manifest, naming its new shard beside rank
     1's old one: ranks of another dense optimizer, resumed as one checkpoint)."""
     from dlrm.distributed import checkpoint as dist_ckpt
 
-    got, d = _edge_run(tmp_path, "replace")
+    got, d = _save_case(save_cases, "replace")
     assert got.get(1, ("no result",))[0] == "PermissionError", got
     _, message, code, took = got.get(0, ("no result", "", None, 0))
     assert code == errno.EACCES and "rank 1" in message and took < EDGE_TIMEOUT_S / 2, got  # (a PermissionError)

@@ -220,12 +220,15 @@ def test_synthetic_overwrite_stopped_as_the_old_output_is_removed_leaves_no_hidd
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
+    """Written once for the run's workers (`computed_once`: a second worker wrote it again, 1 s in CI); read only."""
     from dlrm.data.synthetic import generate
+    from tests.shared_once import computed_once
 
-    root = tmp_path_factory.mktemp("signals") / "data"
-    generate(root, rows=3000, cardinalities="tiny", rows_per_file=500,
-             multi_hot_sizes=",".join(["3", "1", "2"] + ["1"] * (NUM_SPARSE - 3)), sparse_layout="lists")
-    return root
+    def make(root: Path) -> None:
+        generate(root / "data", rows=3000, cardinalities="tiny", rows_per_file=500,
+                 multi_hot_sizes=",".join(["3", "1", "2"] + ["1"] * (NUM_SPARSE - 3)), sparse_layout="lists")
+
+    return computed_once(tmp_path_factory, "tool-signals-lists", make) / "data"
 
 
 @pytest.mark.parametrize("sig", SIGNALS)

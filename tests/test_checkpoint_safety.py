@@ -27,12 +27,12 @@ from dlrm import checkpoint as ckpt
 from dlrm.train.trainer import build_for_data, train
 from tests.conftest import REPO, make_dataset
 
-CONFIG = {
+CONFIG = {  # baseline off: no test here reads it, and its fit cost more CPU than a run's steps
     "data": {"batch_size": 8, "shuffle": True},
     "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
     "optim": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "rowwise_adagrad", "lr": 0.05},
               "schedule": {"warmup_steps": 2, "decay": "linear"}},
-    "train": {"epochs": 1, "log_every": 2, "device": "cpu", "deterministic": True, "seed": 3},
+    "train": {"epochs": 1, "log_every": 2, "device": "cpu", "deterministic": True, "seed": 3, "baseline": False},
     "checkpoint": {"every": 3, "keep": 2},
 }
 SPARSE = dist_ckpt.SPARSE_WEIGHT
