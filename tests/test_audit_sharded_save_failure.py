@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import datetime
 import errno
+import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -21,6 +23,7 @@ from dlrm import checkpoint as ckpt
 from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.sharding import plan_sharding
+from tests.shared_once import computed_once
 from tests.test_audit_checkpoint_files import SPARSE, tiny_state
 from tests.test_checkpoint_safety import local_rows
 
@@ -87,37 +90,65 @@ def _adopt(rank: int, env: DistEnv, run_dir: Path, plan) -> None:
     Trainer._keep_best_model(fake)
 
 
-def _worker(rank: int, init_file: str, run_dir: str, kind: str, fail_rank: int, results) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))
-    start = time.monotonic()
-    try:
-        _case(rank, Path(run_dir), kind, fail_rank)
-        results[rank] = ("no error", "", None, time.monotonic() - start)
-    except BaseException as e:  # noqa: BLE001 - reported to the test
-        results[rank] = (type(e).__name__, str(e), getattr(e, "errno", None), time.monotonic() - start)
-    finally:
-        time.sleep(0.5)  # the other rank's collective first (an early exit would break gloo's connection, not hang)
-        dist.destroy_process_group()
+# Every case's failed save, in one start of the two ranks (starting them, torch's import and the Manager, was most of
+# each case's ~3.5 s when every case had its own, 2026-12-01); each case still has a process group of its own, joined
+# for it and destroyed after it, so that a rank left waiting in a collective by one case waits out its own group's
+# timeout (and reports it) instead of pairing with the next case's collectives.
+CASES = [("shard", 1), ("manifest", 0), ("best", 0), ("adopt", 0)]
 
 
-def _run(tmp_path: Path, kind: str, fail_rank: int) -> tuple[dict, Path]:
-    run_dir = tmp_path / f"{kind}-{fail_rank}"
+def _worker(rank: int, root: str, results) -> None:
+    real_write = dist_ckpt.ckpt.write_atomic
+    for kind, fail_rank in CASES:
+        dist.init_process_group("gloo", init_method=f"file://{root}/init-{kind}-{fail_rank}", rank=rank,
+                                world_size=WORLD, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+        start = time.monotonic()
+        try:
+            _case(rank, Path(root) / f"{kind}-{fail_rank}", kind, fail_rank)
+            results[(kind, fail_rank, rank)] = ("no error", "", None, time.monotonic() - start)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            results[(kind, fail_rank, rank)] = (type(e).__name__, str(e), getattr(e, "errno", None),
+                                                time.monotonic() - start)
+        finally:
+            dist_ckpt.ckpt.write_atomic = real_write  # _case's failing write, for this case only
+            # the other rank's collectives first (an early exit would break gloo's connection, not hang): each rank
+            # says it is done in a store of its own (not a collective, which could pair with one left waiting) and
+            # waits for the other's word (it was a 0.5 s sleep, most of it spent waiting for nothing)
+            done = dist.FileStore(f"{root}/done-{kind}-{fail_rank}", WORLD)
+            done.set(f"rank{rank}", "done")
+            done.wait([f"rank{q}" for q in range(WORLD)], datetime.timedelta(seconds=TIMEOUT_S + 10))
+            dist.destroy_process_group()
+
+
+def _run_all(root: Path) -> None:
+    """Every case on two spawned ranks; their results as ``results.json``: ``[kind, fail_rank, rank, result]``."""
     ctx = mp.get_context("spawn")
     with mp.Manager() as manager:
         results = manager.dict()
-        procs = [ctx.Process(target=_worker, args=(r, str(tmp_path / f"init-{kind}-{fail_rank}"), str(run_dir), kind,
-                                                   fail_rank, results)) for r in range(WORLD)]
+        procs = [ctx.Process(target=_worker, args=(r, str(root), results)) for r in range(WORLD)]
         for p in procs:
             p.start()
         for p in procs:
-            p.join(TIMEOUT_S + 40)
+            p.join(len(CASES) * (TIMEOUT_S + 40))
         for p in procs:  # only the processes this test started
             if p.is_alive():
                 p.kill()
                 p.join()
-        got = dict(results)
-    return got, ckpt.checkpoint_dir(run_dir)
+        got = [[*key, list(value)] for key, value in dict(results).items()]
+    (root / "results.json").write_text(json.dumps(got))
+
+
+@pytest.fixture(scope="module")
+def all_cases(tmp_path_factory) -> Path:
+    """The directory of every case's run (made once for the test run, `tests.shared_once`; tests only read it)."""
+    return computed_once(tmp_path_factory, "sharded-save-failure", _run_all)
+
+
+def _run(root: Path, kind: str, fail_rank: int) -> tuple[dict, Path]:
+    """Case (kind, fail_rank)'s results by rank (exception name, message, errno, seconds), and its checkpoint directory."""
+    got = {rank: tuple(result) for k, f, rank, result in json.loads((root / "results.json").read_text())
+           if (k, f) == (kind, fail_rank)}
+    return got, ckpt.checkpoint_dir(root / f"{kind}-{fail_rank}")
 
 
 def _check_left(d: Path, kind: str) -> None:
@@ -131,9 +162,9 @@ def _check_left(d: Path, kind: str) -> None:
     assert dist_ckpt.merge(d / "best.pt")["position"]["step"] == 2
 
 
-def test_a_failed_shard_stops_every_rank_with_one_line(tmp_path):
+def test_a_failed_shard_stops_every_rank_with_one_line(all_cases):
     """Rank 1's shard of step 4 fails: rank 1 names its file, rank 0 says rank 1's shard failed; both at once."""
-    got, d = _run(tmp_path, "shard", 1)
+    got, d = _run(all_cases, "shard", 1)
     shard = d / "step-00000004.rank1-of-2.pt"
     assert got.get(1, ("no result",))[:3] == ("OSError", f"[Errno {errno.ENOSPC}] No space left on device: '{shard}'",
                                              errno.ENOSPC), got
@@ -143,9 +174,9 @@ def test_a_failed_shard_stops_every_rank_with_one_line(tmp_path):
     _check_left(d, "shard")
 
 
-def test_a_failed_manifest_or_best_shard_stops_every_rank(tmp_path):
+def test_a_failed_manifest_or_best_shard_stops_every_rank(all_cases):
     """Rank 0's manifest of step 4 fails (rank 1 waited at the last barrier); rank 0's best shard fails."""
-    got, d = _run(tmp_path, "manifest", 0)
+    got, d = _run(all_cases, "manifest", 0)
     manifest = d / "step-00000004.pt"
     assert got.get(0, ("no result",))[0] == "OSError" and str(manifest) in got[0][1], got
     kind, message, code, took = got.get(1, ("no result", "", None, 0))
@@ -153,7 +184,7 @@ def test_a_failed_manifest_or_best_shard_stops_every_rank(tmp_path):
     assert took < TIMEOUT_S / 2, got
     _check_left(d, "manifest")
 
-    got, d = _run(tmp_path, "best", 0)
+    got, d = _run(all_cases, "best", 0)
     shard = d / "best-step-00000004.rank0-of-2.pt"
     assert got.get(0, ("no result",))[0] == "OSError" and str(shard) in got[0][1], got
     kind, message, code, took = got.get(1, ("no result", "", None, 0))
@@ -162,10 +193,10 @@ def test_a_failed_manifest_or_best_shard_stops_every_rank(tmp_path):
     _check_left(d, "best")
 
 
-def test_a_failed_adoption_of_the_best_model_stops_every_rank(tmp_path):
+def test_a_failed_adoption_of_the_best_model_stops_every_rank(all_cases):
     """A branch's resume makes its best.pt a manifest of links to the recorded best's shards, on rank 0 alone; its
     write fails: rank 0 names its best.pt, rank 1 (waiting for rank 0's answer) says rank 0 failed; no link left."""
-    got, d = _run(tmp_path, "adopt", 0)
+    got, d = _run(all_cases, "adopt", 0)
     own = ckpt.checkpoint_dir(d.parent.parent / "adopt-0-branch") / "best.pt"
     assert got.get(0, ("no result",))[:3] == ("OSError", f"[Errno {errno.ENOSPC}] No space left on device: '{own}'",
                                              errno.ENOSPC), got

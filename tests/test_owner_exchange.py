@@ -15,6 +15,7 @@ from dlrm.distributed import sharded_embedding
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
 from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig
+from tests.shared_once import computed_once
 from tests.spawned_ranks import failures_on_ranks
 
 # The pooled kernels under the interpreter: the GPU image's Triton 3.6 interpreter cannot run them (see
@@ -97,16 +98,45 @@ def _case(rank: int, mode: str, dtype: torch.dtype, kind: str, deterministic: bo
     assert not torch.equal(arches[0].weight.detach(), start), "the updates moved no row"
 
 
-@CPU_ONLY
-def test_lookup_exchange_node_equals_the_fused_lookup_and_all_to_all(tmp_path, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    failed = failures_on_ranks(_case, CASES, WORLD, tmp_path)
-    assert not failed, failed
-
-
 def _fails_on_rank_one(rank: int, value: int) -> None:
     dist.barrier()  # a collective, as the real checks have
     assert rank != 1, f"rank 1 fails case {value}"
+
+
+HARNESS_CASES = [(3,), (4,)]
+
+
+def _check(rank: int, *case) -> None:
+    """A case of CASES (`_case`) or of HARNESS_CASES (`_fails_on_rank_one`), told apart by their first value."""
+    (_fails_on_rank_one if isinstance(case[0], int) else _case)(rank, *case)
+
+
+@pytest.fixture(scope="module")
+def cpu_failures(tmp_path_factory) -> dict:
+    """The failures of HARNESS_CASES and CASES, run in one start of the two gloo ranks for the test run (starting the
+    ranks, their torch import and the Manager, was ~2.5 s a test, 2026-12-01), shared by the workers
+    (`tests.shared_once`): ``{(rank, str(case)): message}``. The harness's cases first, so that a broken exchange
+    case cannot leave them collectives out of step."""
+    import json
+
+    def make(d):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TRITON_INTERPRET", "1")
+            failed = failures_on_ranks(_check, [*HARNESS_CASES, *CASES], WORLD, d)
+        (d / "failed.json").write_text(json.dumps([[rank, case, message] for (rank, case), message in failed.items()]))
+
+    root = computed_once(tmp_path_factory, "owner-exchange", make)
+    return {(rank, case): message for rank, case, message in json.loads((root / "failed.json").read_text())}
+
+
+def _of(failed: dict, cases) -> dict:
+    return {k: v for k, v in failed.items() if k[1] in {str(c) for c in cases}}
+
+
+@CPU_ONLY
+def test_lookup_exchange_node_equals_the_fused_lookup_and_all_to_all(cpu_failures):
+    failed = _of(cpu_failures, CASES)
+    assert not failed, failed
 
 
 @pytest.mark.gpu
@@ -118,8 +148,8 @@ def test_lookup_exchange_node_on_two_gpus(tmp_path):
 
 
 @CPU_ONLY
-def test_failures_on_ranks_reports_each_failing_rank_and_case(tmp_path):
-    """The harness above: a failing assertion on one rank comes back with its rank, case and message."""
-    failed = failures_on_ranks(_fails_on_rank_one, [(3,), (4,)], WORLD, tmp_path)
-    assert failed == {(1, "(3,)"): "AssertionError: rank 1 fails case 3",
-                      (1, "(4,)"): "AssertionError: rank 1 fails case 4"}
+def test_failures_on_ranks_reports_each_failing_rank_and_case(cpu_failures):
+    """The harness above: a failing assertion on one rank comes back with its rank, case and message (and the
+    cases that passed, on either rank, do not)."""
+    assert _of(cpu_failures, HARNESS_CASES) == {(1, "(3,)"): "AssertionError: rank 1 fails case 3",
+                                                (1, "(4,)"): "AssertionError: rank 1 fails case 4"}
