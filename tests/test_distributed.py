@@ -400,11 +400,9 @@ DECAY = 0.2
 # step), and the second epoch cost ~8 s of the [triton] test's 27 s and of the multi-hot one's 21 s (CI, 2026-12-01).
 DECAY_EXTRA = ("--epochs", "1")
 DECAY_STEPS = 13
-# With decay, Triton shards are TritonPooledEmbedding modules, whose forward the GPU image's Triton 3.6
-# interpreter cannot run on the CPU (InterpreterError "only 0-dimensional arrays can be converted to Python
-# scalars" in _pooled_fwd_kernel, as tests/test_distributed_bf16.py notes); CI's newest Triton runs them.
-SKIP_POOLED_ON_GPU_IMAGE = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter test; the GPU "
-                                              "image's Triton 3.6 interpreter cannot run the pooled kernels")
+# With decay, Triton shards are TritonPooledEmbedding modules, run on the CPU under the interpreter here, also on the GPU
+# machine (its image's Triton 3.6 interpreter runs them since `kernels._interpreter` fixed its scalar loop bounds under
+# NumPy 2.4; until 2026-12-01 they were skipped there).
 
 
 @pytest.fixture(scope="module")
@@ -415,7 +413,7 @@ def one_process_decay(tmp_path_factory, dataset):
     return torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False), json.loads((run_dir / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("embedding", ["torch", pytest.param("triton", marks=SKIP_POOLED_ON_GPU_IMAGE)])
+@pytest.mark.parametrize("embedding", ["torch", "triton"])
 def test_sparse_weight_decay_two_ranks_equal_one_process(tmp_path, dataset, one_process_decay, embedding):
     """Lazy sparse weight decay under torchrun. Row-wise sharding masks every id that another rank's
     block serves, and the last global batch (2 rows) pads rank 1; such lookups point at a shard's first
@@ -432,7 +430,6 @@ def test_sparse_weight_decay_two_ranks_equal_one_process(tmp_path, dataset, one_
         assert s1 == s2 and l1 == pytest.approx(l2, rel=1e-5)
 
 
-@SKIP_POOLED_ON_GPU_IMAGE
 def test_sparse_weight_decay_two_ranks_equal_one_process_with_multi_hot_tables(tmp_path, multi_hot_dataset):
     """The same with multi-hot tables: empty slots are masked too. The reference is one eager process
     (PooledSparseArch, whose gradient also leaves PAD slots out); the two ranks hold Triton shards."""

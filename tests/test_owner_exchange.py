@@ -18,10 +18,8 @@ from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig
 from tests.shared_once import computed_once
 from tests.spawned_ranks import failures_on_ranks
 
-# The pooled kernels under the interpreter: the GPU image's Triton 3.6 interpreter cannot run them (see
-# tests/test_distributed_bf16.py); CI's CPU runs them with the newest Triton.
-CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-interpreter test; the GPU image's Triton 3.6 "
-                              "interpreter cannot run the pooled kernels")
+# The pooled kernels under the interpreter (gloo ranks), also on the GPU machine: its image's Triton 3.6 interpreter runs
+# them since `kernels._interpreter` fixed its scalar loop bounds under NumPy 2.4 (until 2026-12-01 they were skipped there).
 
 WORLD = 2
 CARDS = [1, 3, 6, 40, 9]
@@ -133,7 +131,6 @@ def _of(failed: dict, cases) -> dict:
     return {k: v for k, v in failed.items() if k[1] in {str(c) for c in cases}}
 
 
-@CPU_ONLY
 def test_lookup_exchange_node_equals_the_fused_lookup_and_all_to_all(cpu_failures):
     failed = _of(cpu_failures, CASES)
     assert not failed, failed
@@ -147,7 +144,6 @@ def test_lookup_exchange_node_on_two_gpus(tmp_path):
     assert not failed, failed
 
 
-@CPU_ONLY
 def test_failures_on_ranks_reports_each_failing_rank_and_case(cpu_failures):
     """The harness above: a failing assertion on one rank comes back with its rank, case and message (and the
     cases that passed, on either rank, do not)."""
