@@ -303,9 +303,9 @@ def test_sigterm_under_torchrun_stops_all_ranks_at_one_step(tmp_path, dataset):
 
     raw = json.loads(write_config(tmp_path / "s.json", dataset, "row").read_text())
     raw["train"].update({"epochs": 10_000, "log_every": 5, "eval_every": None})
-    # the first checkpoint, which the signal waits for, at step 10 (it was 40: ~1.5 s more of training before it, for
-    # nothing the test asserts: the stop is the step after the logging step that follows the signal, wherever it comes)
-    raw["checkpoint"] = {"every": 10, "keep": 5}
+    # the first checkpoint, which the signal waits for, at step 40: the next (80) far from where the stop comes. At
+    # step 10 (tried 2026-12-01) the signal could come before step 20's checkpoint, where the ranks stopped instead
+    raw["checkpoint"] = {"every": 40, "keep": 5}
     (tmp_path / "s.json").write_text(json.dumps(raw))
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                              str(REPO / "train.py"), "--config", str(tmp_path / "s.json"), "--run-name", "sig",
