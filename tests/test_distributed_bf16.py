@@ -336,15 +336,19 @@ def summary_of(run_dir: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory, datasets):
-    """One process with bf16 Triton tables, per dataset: (its last checkpoint, summary, run directory)."""
-    out = {}
-    for kind in ("one-hot", "multi-hot"):
-        tmp = computed_once(tmp_path_factory, f"bf16-one-{kind}",
-                            lambda d, kind=kind: bf16_run(d, datasets / kind, "one", 1))
-        run_dir = tmp / "tb" / "one"
-        state = torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False)
-        out[kind] = (state, summary_of(run_dir), run_dir)
-    return out
+    """One process with bf16 Triton tables, per dataset, run when first asked for (``one_process[kind]``: so the two
+    kinds' runs, ~30 s each on a CI core, can go to two workers): (its last checkpoint, summary, run directory)."""
+
+    class Runs(dict):
+        def __missing__(self, kind: str):
+            tmp = computed_once(tmp_path_factory, f"bf16-one-{kind}",
+                                lambda d: bf16_run(d, datasets / kind, "one", 1))
+            run_dir = tmp / "tb" / "one"
+            state = torch.load(ckpt.list_checkpoints(run_dir)[-1], weights_only=False)
+            self[kind] = (state, summary_of(run_dir), run_dir)
+            return self[kind]
+
+    return Runs()
 
 
 @pytest.fixture(scope="module")
