@@ -126,11 +126,13 @@ def check_tb_dir(tb_dir: str, flag: str, data_paths: tuple[str, ...] = (), owner
                               f"only; pick a --tb-dir outside it (--tb-dir {path.parent})")
 
 
-def check_export_place(target: Path) -> None:
+def check_export_place(target: Path, flag: str = "--export", written: str = "the program") -> None:
     """Refuse, in one line naming a free path outside it, an ``--export`` file inside what another thing owns: a
     dataset, a run's directory (its ``checkpoints/`` too) or a sweep (`dlrm.data.output_dirs.owner_of`), as a
     new run's --tb-dir there is refused (`check_tb_dir`). Written there without a word, the program sat among a
-    run's checkpoints, or went with a dataset that a tool's --overwrite replaced whole."""
+    run's checkpoints, or went with a dataset that a tool's --overwrite replaced whole. `flag` names the option or
+    argument in the message, `written` what the file is (``python -m dlrm.distributed.merge``'s OUT: "the merged
+    checkpoint")."""
     owner = owning(target)
     if owner is None:
         return
@@ -142,5 +144,5 @@ def check_export_place(target: Path) -> None:
     while os.path.lexists(free):
         n += 1
         free = place.with_name(f"{target.stem}-{n}{target.suffix}")
-    raise ConfigError(f"--export: {target} is inside {what} {where}, which holds its own files only; write the "
-                      f"program outside it (--export {free} is free)")
+    raise ConfigError(f"{flag}: {target} is inside {what} {where}, which holds its own files only; write "
+                      f"{written} outside it ({flag} {free} is free)")

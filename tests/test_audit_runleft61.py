@@ -7,7 +7,9 @@
     says it, naming itself. The streamed loader raised a failed decode of the next buffer at a batch the reader
     threads' timing picked, so that one rank could stop a batch or more before the others.
 (2) `train.py --export PATH` wrote into what another thing owns (a run's checkpoints/, a dataset, a sweep): refused
-    in one line naming a free place, as a new run's --tb-dir is (`dlrm.output_place`).
+    in one line naming a free place, as a new run's --tb-dir is (`dlrm.output_place`). So is the OUT of
+    ``python -m dlrm.distributed.merge CHECKPOINT OUT`` (a merged file among a run's checkpoints/ is a step-*.pt its
+    pruning and --resume read as the run's own).
 """
 
 from __future__ import annotations
@@ -216,6 +218,33 @@ def test_an_export_beside_the_owners_is_not_refused_and_an_existing_file_still_i
     with pytest.raises(ConfigError, match=r"^--export: .*m.pt2 already exists; remove it or choose another path$"):
         check_export_path(str(tmp_path / "tb" / "m.pt2"))
     assert (tmp_path / "tb" / "m.pt2").read_bytes() == b"kept"
+
+
+@pytest.mark.parametrize("inside,owner,free", [
+    ("tb/r1/checkpoints/step-00000020.pt", "the run directory {root}/tb/r1", "{root}/tb/step-00000020.pt"),
+    ("ds/merged.pt", "the dataset {root}/ds", "{root}/merged.pt"),
+    ("sweep/01-lr-0.1/merged.pt", "the sweep {root}/sweep", "{root}/merged.pt"),
+])
+def test_a_merge_out_inside_a_run_a_dataset_or_a_sweep_is_refused_before_the_shards_are_read(tmp_path, inside, owner,
+                                                                                               free):
+    from click.testing import CliRunner
+
+    from dlrm.distributed import merge
+
+    root = Path(os.path.realpath(tmp_path)) / "place"
+    root.mkdir()
+    _places(root)
+    before = sorted(str(p) for p in root.rglob("*"))
+    # the checkpoint is no manifest at all: OUT is refused first, before any shard is read
+    result = CliRunner().invoke(merge.main, [str(root / "tb" / "r1" / "checkpoints" / "step-00000010.pt"),
+                                             str(root / inside)])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in result.output, result.output
+    assert errors[0].split(" ERROR ", 1)[1].strip() == (
+        f"OUT: {root / inside} is inside {owner.format(root=root)}, which holds its own files only; write the merged "
+        f"checkpoint outside it (OUT {free.format(root=root)} is free)")
+    assert sorted(str(p) for p in root.rglob("*")) == before
 
 
 def _relayed(rank: int) -> None:

@@ -23,6 +23,7 @@ from dlrm.config_checks import MAX_NAME_BYTES
 from dlrm.errors import TrainingStopped
 from dlrm.distributed.checkpoint import SPARSE_WEIGHT, first_difference, merge
 from dlrm.logging_setup import configure_logging
+from dlrm.output_place import check_export_place
 from dlrm.stop_signal import StopAtOnce
 from dlrm.checkpoint import load_checkpoint, write_atomic
 
@@ -32,7 +33,8 @@ _RUN_KEYS = ("config", "position", "cardinalities")
 
 def check_out_path(out: Path) -> None:
     """Refuse, before any work, an OUT that exists (a dangling symlink too: writing would replace it, as
-    ``--export`` refuses) or that cannot be created because a file stands where a directory must."""
+    ``--export`` refuses), that cannot be created because a file stands where a directory must, or that lies
+    in what a run, a dataset or a sweep owns (`dlrm.output_place.check_export_place`)."""
     if os.path.lexists(out):
         raise ConfigError(f"{out}: already exists; remove it or choose another path")
     if len(os.fsencode(out.name)) > MAX_NAME_BYTES:  # (found by the final link, after the whole merge)
@@ -43,6 +45,9 @@ def check_out_path(out: Path) -> None:
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise ConfigError(f"{out}: cannot write it: {ancestor} is not a directory")
+    # not among a run's checkpoints (its pruning and --resume read every step-*.pt there as its own), in a dataset
+    # (a tool's --overwrite replaces it whole) or a sweep, as train.py's --export is refused there
+    check_export_place(out, flag="OUT", written="the merged checkpoint")
 
 
 def _run_record(path: Path) -> dict[str, Any]:
