@@ -74,7 +74,8 @@ def train_run(tmp_path, dataset, name, nproc, sharding="auto", extra=(), embeddi
 
 def merged_state(manifest, tmp_path, name):
     """The sharded checkpoint `manifest` merged into ``{name}-merged.pt`` (in this process: the merge's command
-    line, its exit codes and messages, is tested in tests/test_checkpoint_safety.py; a process a merge cost ~2 s)."""
+    line, its exit codes and messages, is tested in tests/test_checkpoint_safety_sharded.py; a process a merge
+    cost ~2 s)."""
     out = tmp_path / f"{name}-merged.pt"
     merge_to_file(Path(manifest), out)
     return out, torch.load(out, weights_only=False)

@@ -65,7 +65,7 @@ def table_offsets(cards):
 
 
 def bf16_neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The bf16 values just below and above fp32 ``x`` (as in tests/kernels/test_pooled_embedding.py)."""
+    """The bf16 values just below and above fp32 ``x`` (as in tests/kernels/test_pooled_embedding_update.py)."""
     bits = x.float().view(torch.int32)
     down = (bits & ~0xFFFF).view(torch.float32)
     up = ((bits & ~0xFFFF) + 0x10000).view(torch.float32)

@@ -1,7 +1,7 @@
 """The random bits of stochastic rounding (`kernels.embedding.rounding`): uniform, independent of the
 row and column, new with every seed, for both generators; and rounding with them is unbiased.
 
-`tests/kernels/test_pooled_embedding.py` checks the rounding through the fused update; this file
+`tests/kernels/test_pooled_embedding_update.py` checks the rounding through the fused update; this file
 checks the generators themselves, on a block of [rows, columns] shaped as the update draws them
 (rows int64 and possibly past 2**32, columns < D).
 """
