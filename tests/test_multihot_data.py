@@ -481,3 +481,31 @@ def test_arrow_threads_switches_pyarrows_pool_and_batches_stay_the_same(multi_ho
     assert ParquetLoader(split_files(sample, read_metadata(sample), "validation"), 8).arrow_threads is True
     with pytest.raises(TypeError, match="arrow_threads"):
         ParquetLoader(files, 8, multi_hot_sizes=SIZES, arrow_threads="on")
+
+
+def test_the_loaders_read_one_hot_and_multi_hot_rows_without_importing_pandas(multi_hot_dataset, tmp_path):
+    """pyarrow's ``to_numpy`` imports pandas (0.5 s of CPU in every process that reads a row group: each training run,
+    torchrun rank and loader worker); the decode path goes through `dlrm.data.arrow_numpy.numpy_of` instead."""
+    import subprocess
+    import sys
+
+    from tests.conftest import make_dataset
+
+    make_dataset(tmp_path / "one-hot", {"train": 64, "validation": 8}, row_group_size=32)
+    code = f"""
+import sys
+from dlrm.data.device_loader import DeviceLoader
+from dlrm.data.loader import ParquetLoader, split_files
+from dlrm.data.schema import read_metadata
+one_hot, multi_hot = {str(tmp_path / "one-hot")!r}, {str(multi_hot_dataset)!r}
+files, sizes = split_files(multi_hot, read_metadata(multi_hot), "train"), read_metadata(multi_hot).multi_hot_sizes
+batches = [ParquetLoader(split_files(one_hot, read_metadata(one_hot), "train"), 16),
+           ParquetLoader(files, 16, multi_hot_sizes=sizes), ParquetLoader(files, 16, multi_hot_sizes=sizes, compact_sparse=True),
+           DeviceLoader(files, 16, "cpu", multi_hot_sizes=sizes)]
+rows = [sum(int(batch.labels.shape[0]) for batch in loader) for loader in batches]
+assert rows == [64, 95, 95, 95], rows
+print("pandas" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from dlrm.data.arrow_numpy import numpy_of
 from dlrm.data.batch import _LOW32
 from dlrm.data.schema import (
     DENSE_COLUMNS,
@@ -86,7 +87,7 @@ def list_slots_into(column: pa.Array | pa.ChunkedArray, size: int, out: np.ndarr
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     lengths = list_lengths(column)
-    values = column.flatten().to_numpy(zero_copy_only=False)
+    values = numpy_of(column.flatten())
     n = lengths.size
     if out.shape != (size, n):
         raise ValueError(f"out has shape {out.shape}, the column needs ({size}, {n})")
@@ -123,7 +124,7 @@ def _column_array(table: pa.Table, name: str) -> np.ndarray:
     """One column as numpy: zero-copy for the usual single chunk, concatenated otherwise. A float32 dense
     column (``dense_format`` "float") comes as its bit patterns, int32, for the int32 dense buffers: the
     bytes cross the bus as they are, and `dlrm.data.batch.transform_dense` reads them as floats."""
-    array = table.column(name).to_numpy()
+    array = numpy_of(table.column(name))
     return array.view(np.int32) if array.dtype == np.float32 else array
 
 

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dlrm.data.arrow_numpy import numpy_of
 from dlrm.data.schema import (
     DENSE_COLUMNS,
     LABEL_COLUMN,
@@ -187,8 +188,10 @@ def check_labels(path: Path, group: int, first_row: int, label: pa.ChunkedArray)
 
 def list_lengths(column: pa.Array) -> np.ndarray:
     """Values per row (int64 numpy) of a ``list<int64>`` array; a null list has none."""
-    lengths = pc.fill_null(pc.list_value_length(column), 0)
-    return lengths.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    lengths = pc.list_value_length(column)
+    if lengths.null_count:  # only then: fill_null's scalar 0 (`pa.scalar`) imports pandas, as to_numpy does
+        lengths = pc.fill_null(lengths, 0)
+    return numpy_of(lengths).astype(np.int64, copy=False)
 
 
 def _list_error(path: Path, group: int, first_row: int, name: str, lengths: np.ndarray, size: int) -> DatasetError:
