@@ -40,10 +40,11 @@ from loguru import logger
 
 from dlrm.config import Config, config_keys, load_config
 from dlrm.config_checks import check_default_run_name, export_name_problem, free_run_name
+from dlrm.data.output_dirs import check_export_place
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
                          is_peer_lost, peer_lost_message, report_bug)
 from dlrm.logging_setup import configure_logging, run_logger
-from dlrm.output_place import check_branch_outside_sweep, check_export_place, check_outside_sweep, check_tb_dir
+from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, check_tb_dir
 from dlrm.stop_signal import StopAtOnce
 
 EXIT_BAD_INPUT = 2

@@ -6,7 +6,7 @@ without a word: among a sweep's trials (shown by ``--logdir <sweep>`` as one of 
 inside a run whose ``--resume``, pruning and ``summary.json`` know nothing of it, among a dataset's split files (a
 tool's ``--overwrite`` replaced the whole folder, the run's checkpoints with it). Each is refused in one line naming
 a place outside it. A ``--tb-dir`` that is a file was refused as "cannot create ... (File exists)". So is an
-``--export`` file there (`check_export_place`): written into a run's checkpoints/ (which its pruning and --resume
+``--export`` file there (`dlrm.data.output_dirs.check_export_place`): written into a run's checkpoints/ (which its pruning and --resume
 read as the run's own), a dataset (replaced whole, the program with it, by a tool's --overwrite) or a sweep.
 """
 
@@ -20,7 +20,7 @@ from typing import Optional
 
 from dlrm.config import Config
 from dlrm.config_checks import fitted_name
-from dlrm.data.output_dirs import is_run_directory, owning
+from dlrm.data.output_dirs import is_run_directory
 from dlrm.errors import ConfigError
 
 
@@ -124,25 +124,3 @@ def check_tb_dir(tb_dir: str, flag: str, data_paths: tuple[str, ...] = (), owner
         if is_run_directory(path):
             raise ConfigError(f"{flag}: {tb_dir} is inside the run directory {path}, which holds that run's files "
                               f"only; pick a --tb-dir outside it (--tb-dir {path.parent})")
-
-
-def check_export_place(target: Path, flag: str = "--export", written: str = "the program") -> None:
-    """Refuse, in one line naming a free path outside it, an ``--export`` file inside what another thing owns: a
-    dataset, a run's directory (its ``checkpoints/`` too) or a sweep (`dlrm.data.output_dirs.owner_of`), as a
-    new run's --tb-dir there is refused (`check_tb_dir`). Written there without a word, the program sat among a
-    run's checkpoints, or went with a dataset that a tool's --overwrite replaced whole. `flag` names the option or
-    argument in the message, `written` what the file is (``python -m dlrm.distributed.merge``'s OUT: "the merged
-    checkpoint")."""
-    owner = owning(target)
-    if owner is None:
-        return
-    what, where = owner
-    place = target
-    while (above := owning(place)) is not None and above[1].parent != above[1]:  # beside the owner, unless that is
-        place = above[1].parent / target.name  # owned too (a trial's: beside its sweep)
-    free, n = place, 1
-    while os.path.lexists(free):
-        n += 1
-        free = place.with_name(f"{target.stem}-{n}{target.suffix}")
-    raise ConfigError(f"{flag}: {target} is inside {what} {where}, which holds its own files only; write "
-                      f"{written} outside it ({flag} {free} is free)")

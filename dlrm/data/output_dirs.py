@@ -22,6 +22,7 @@ from typing import Optional
 import click
 from loguru import logger
 
+from dlrm.errors import ConfigError
 from dlrm.file_lock import LockHeld, name_holder, try_lock
 
 
@@ -329,3 +330,25 @@ def _remove_empty_parents(path: Path, top: Path) -> None:
         if path == top or path.parent == path:
             return
         path = path.parent
+
+
+def check_export_place(target: Path, flag: str = "--export", written: str = "the program") -> None:
+    """Refuse, in one line naming a free path outside it, an ``--export`` file inside what another thing owns: a
+    dataset, a run's directory (its ``checkpoints/`` too) or a sweep (`owner_of`), as a
+    new run's --tb-dir there is refused (`dlrm.output_place.check_tb_dir`). Written there without a word, the program sat among a
+    run's checkpoints, or went with a dataset that a tool's --overwrite replaced whole. `flag` names the option or
+    argument in the message, `written` what the file is (``python -m dlrm.distributed.merge``'s OUT: "the merged
+    checkpoint")."""
+    owner = owning(target)
+    if owner is None:
+        return
+    what, where = owner
+    place = target
+    while (above := owning(place)) is not None and above[1].parent != above[1]:  # beside the owner, unless that is
+        place = above[1].parent / target.name  # owned too (a trial's: beside its sweep)
+    free, n = place, 1
+    while os.path.lexists(free):
+        n += 1
+        free = place.with_name(f"{target.stem}-{n}{target.suffix}")
+    raise ConfigError(f"{flag}: {target} is inside {what} {where}, which holds its own files only; write "
+                      f"{written} outside it ({flag} {free} is free)")

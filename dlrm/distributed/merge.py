@@ -22,8 +22,8 @@ from dlrm.config import ConfigError
 from dlrm.config_checks import MAX_NAME_BYTES
 from dlrm.errors import TrainingStopped
 from dlrm.distributed.checkpoint import SPARSE_WEIGHT, first_difference, merge
+from dlrm.data.output_dirs import check_export_place
 from dlrm.logging_setup import configure_logging
-from dlrm.output_place import check_export_place
 from dlrm.stop_signal import StopAtOnce
 from dlrm.checkpoint import load_checkpoint, write_atomic
 
@@ -34,7 +34,7 @@ _RUN_KEYS = ("config", "position", "cardinalities")
 def check_out_path(out: Path) -> None:
     """Refuse, before any work, an OUT that exists (a dangling symlink too: writing would replace it, as
     ``--export`` refuses), that cannot be created because a file stands where a directory must, or that lies
-    in what a run, a dataset or a sweep owns (`dlrm.output_place.check_export_place`)."""
+    in what a run, a dataset or a sweep owns (`dlrm.data.output_dirs.check_export_place`)."""
     if os.path.lexists(out):
         raise ConfigError(f"{out}: already exists; remove it or choose another path")
     if len(os.fsencode(out.name)) > MAX_NAME_BYTES:  # (found by the final link, after the whole merge)
