@@ -2,6 +2,7 @@
 
 import os
 import re
+import signal
 
 # Under pytest-xdist (-n N) every worker, and every train.py or torchrun process a test starts, would
 # otherwise take one intra-op thread per core: N x cores threads on the cores. On the 16-core GPU
@@ -60,6 +61,24 @@ def pytest_collection_modifyitems(config, items):
         # the marker itself, not item.keywords: a parameter id "gpu" (data.placement) is a keyword too
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+# A session started with SIGINT ignored (`nohup pytest &`, a job launched in the background of a script) passed the
+# ignore on to every process it started, as exec keeps an ignored signal ignored: Python then installs no
+# KeyboardInterrupt handler, and the tests of Ctrl-C (the graceful stop, the tools' one-line interrupts) failed or
+# waited for their timeouts. The tests run with SIGINT as an interactive shell gives it (a handled signal is reset to
+# its default in the processes started).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# TensorBoard names an event file events.out.tfevents.<second>.<host>.<pid>.<n>, n a counter of the process, and reads
+# a run directory's files in name order. Two sessions of one run trained in one test process within one second (a
+# `train(..., resume=...)` after a short run) sorted by n as text: 10 before 9, the resumed session's events read
+# before the first's (a test reading the run's scalars failed on the 16-worker GPU machine, where the runs are fast).
+# The counter starts where one more digit is a billion event files away.
+from tensorboard.summary.writer import event_file_writer as _event_file_writer  # noqa: E402
+
+_event_file_writer._global_uid = _event_file_writer.AtomicCounter(10**9)
 
 
 # torch's deterministic mode as the test session found it
