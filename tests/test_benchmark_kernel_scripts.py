@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from tests.test_benchmark_scripts import REPO, load_script, read_csv
+from tests.test_benchmark_scripts import REPO, load_script, read_csv, small_mlperf_config
 
 
 def test_kernels_append_replaces_only_the_cases_measured_again(tmp_path):
@@ -37,8 +37,9 @@ def test_kernels_append_replaces_only_the_cases_measured_again(tmp_path):
         base += ["--device", "cpu", "--cpu-reps", "1"]
     kb = load_script("kernels")  # by path: benchmarks/kernels.py must not shadow the `kernels` package
     try:
-        assert kb.main(base + ["--kernels", "loss", "--batch-sizes", "8,16"]) == 0
-        assert kb.main(base + ["--kernels", "loss,interaction_d16", "--batch-sizes", "16", "--append"]) == 0
+        # batches of 2 and 4 (the CPU's default 8 and 16: more interpreted programs, the same merge)
+        assert kb.main(base + ["--kernels", "loss", "--batch-sizes", "2,4"]) == 0
+        assert kb.main(base + ["--kernels", "loss,interaction_d16", "--batch-sizes", "4", "--append"]) == 0
     finally:
         logger.remove()  # main() replaces loguru's sinks with its own tqdm one: the default stderr sink back
         logger.add(sys.stderr)
@@ -49,8 +50,8 @@ def test_kernels_append_replaces_only_the_cases_measured_again(tmp_path):
         rows = list(csv.DictReader(f))
     cases = collections.Counter((r["kernel"], r["batch"]) for r in rows)
     assert cases[("copy", "")] == 1
-    assert cases[("loss", "8")] == cases[("loss", "16")] == cases[("interaction_d16", "16")] > 0
-    assert set(cases) == {("copy", ""), ("loss", "8"), ("loss", "16"), ("interaction_d16", "16")}
+    assert cases[("loss", "2")] == cases[("loss", "4")] == cases[("interaction_d16", "4")] > 0
+    assert set(cases) == {("copy", ""), ("loss", "2"), ("loss", "4"), ("interaction_d16", "4")}
     errors = [(r["kernel"], r["batch"], r["error"]) for r in rows if r["error"]]
     assert not errors, errors
 
@@ -60,21 +61,24 @@ def test_mlp_benchmark_smoke_times_every_implementation(tmp_path):
     speed-ups relative to eager, and the CSV / Markdown / PNG written (CUDA: graph-replay timing); the
     opt-in fp8 and on-chip tail impls, the tail with a forced launch too."""
     mb = load_script("mlp")
-    assert mb.main(["--smoke", "--out", str(tmp_path)]) == 0
+    one = ["--steps", "1"]  # a step a window (2 by default): every case still warmed up and timed in 2 windows
+    assert mb.main(["--smoke", "--out", str(tmp_path), *one]) == 0
     rows = read_csv(tmp_path / "mlp.csv")
     assert [(r["mlp"], r["impl"]) for r in rows] == [(m, i) for m in mb.CASES for i in mb.DEFAULT_IMPLS]
-    assert all(r["status"] == "ok" and float(r["ms"]) > 0 and r["batch"] == "8" for r in rows), rows
+    assert all(r["status"] == "ok" and float(r["ms"]) > 0 and r["batch"] == "8" and r["steps_per_window"] == "1"
+               for r in rows), rows
     assert all(float(r["speedup_vs_eager"]) == 1.0 for r in rows if r["impl"] == "eager")
     assert {"device", "torch", "triton", "date"} <= set(rows[0])
     md = (tmp_path / "mlp.md").read_text()
     assert md.count("| fused | ") == len(mb.CASES) and (tmp_path / "mlp.png").stat().st_size > 0
     # the FP8 try is opt-in and runs under bf16 autocast only: a tf32 row says so, and the run succeeds
-    assert mb.main(["--smoke", "--mlps", "kaggle_top", "--impls", "eager,fp8", "--out", str(tmp_path / "fp8")]) == 0
+    assert mb.main(["--smoke", "--mlps", "kaggle_top", "--impls", "eager,fp8", "--out", str(tmp_path / "fp8"),
+                    *one]) == 0
     fp8 = [r for r in read_csv(tmp_path / "fp8" / "mlp.csv") if r["impl"] == "fp8"]
     assert [r["status"] for r in fp8] == ["skipped: fp8 runs under bf16 autocast"]
     # the on-chip tail (kernels/mlp_tail.py) is opt-in too; each forced launch adds a tail[...] row
     assert mb.main(["--smoke", "--mlps", "kaggle_bottom,mlperf_top", "--impls", "eager,fused,tail",
-                    "--tail-launches", "16x4/16x4x2rh", "--out", str(tmp_path / "tail")]) == 0
+                    "--tail-launches", "16x4/16x4x2rh", "--out", str(tmp_path / "tail"), *one]) == 0
     tail = read_csv(tmp_path / "tail" / "mlp.csv")
     assert [(r["mlp"], r["impl"]) for r in tail] == [(m, i) for m in ("kaggle_bottom", "mlperf_top")
                                                      for i in ("eager", "fused", "tail", "tail[16x4/16x4x2rh]")]
@@ -89,10 +93,14 @@ def test_mlp_benchmark_smoke_times_every_implementation(tmp_path):
 
 def test_pooled_embedding_smoke_times_every_mode_and_dtype(tmp_path):
     """benchmarks/pooled_embedding.py --smoke: the pooled Triton lookup, fused row-wise Adagrad update and
-    both together, bf16 and fp32, and the embedding_bag references, at tiny tables (batch 2); the bytes
+    both together, bf16 and fp32, and the embedding_bag references, at tiny tables (batch 2, `small_mlperf_config`'s
+    42 lookups a sample); the bytes
     that must move counted from the shapes and the batch's distinct rows (CUDA: graph-replay timing)."""
     pe = load_script("pooled_embedding")
-    assert pe.main(["--smoke", "--out", str(tmp_path)]) == 0
+    config = small_mlperf_config(tmp_path)
+    m = pe.load_config(config).model
+    lookups, features = sum(m.multi_hot_sizes), len(m.multi_hot_sizes)
+    assert pe.main(["--smoke", "--out", str(tmp_path), "--config", config]) == 0
     rows = read_csv(tmp_path / "pooled_embedding.csv")
     per_dtype = [("triton", "fwd"), ("torch-bag", "fwd"), ("torch-bag-rows", "fwd"), ("triton", "bwd"),
                  ("triton", "fwd+bwd")]
@@ -101,8 +109,9 @@ def test_pooled_embedding_smoke_times_every_mode_and_dtype(tmp_path):
     assert all(r["status"] == "ok" and float(r["ms"]) > 0 and r["batch"] == "2" for r in rows), rows
     for r in rows:
         e, unique = 2 if r["dtype"] == "bf16" else 4, int(r["unique_rows"])
-        assert 0 < unique <= int(r["lookups"]) == 2 * 214
-        fwd, bwd = 2 * (214 + 26) * 128 * e, 2 * 26 * 128 * e + unique * (2 * 128 * e + 2 * 4)
+        assert 0 < unique < int(r["lookups"]) == 2 * lookups  # rows repeated in the tables of 3 and 4 rows
+        fwd = 2 * (lookups + features) * 128 * e
+        bwd = 2 * features * 128 * e + unique * (2 * 128 * e + 2 * 4)
         assert int(r["bytes"]) == {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}[r["mode"]]
         assert r["meets_target"] in (("True", "False") if r["impl"] == "triton" and r["mode"] != "fwd+bwd" else ("",))
     md = (tmp_path / "pooled_embedding.md").read_text()
@@ -117,7 +126,7 @@ def test_pooled_embedding_lookup_launches_add_forward_rows_and_restore_the_picke
     import kernels.embedding.pooled as pooled
 
     assert pe.main(["--smoke", "--out", str(tmp_path), "--dtypes", "bf16", "--modes", "fwd", "--impls", "triton",
-                    "--lookup-launches", "16x2,8x4x4,8x4x2x128"]) == 0
+                    "--lookup-launches", "16x2,8x4x4,8x4x2x128", "--config", small_mlperf_config(tmp_path)]) == 0
     rows = read_csv(tmp_path / "pooled_embedding.csv")
     assert [r["impl"] for r in rows] == ["triton", "triton 16x2x1", "triton 8x4x4", "triton 8x4x2x128"]
     assert all(r["status"] == "ok" and int(r["bytes"]) == int(rows[0]["bytes"]) for r in rows)
@@ -150,7 +159,8 @@ def test_onehot_embedding_sweep_smoke_times_each_launch_and_update(tmp_path):
 
 def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     """benchmarks/pooled_update_sweep.py --smoke: every (dtype, rounding, launch) of its plan runs and is
-    written (tiny tables, batch 2; the interpreter on the CPU), forced launches restored afterwards."""
+    written (tiny tables, batch 2, `small_mlperf_config`'s 42 lookups a sample; the interpreter on the CPU), forced
+    launches restored afterwards."""
     import torch
 
     sw = load_script("pooled_update_sweep")
@@ -158,7 +168,8 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     from kernels.embedding import update
 
     shipped = update.SR_RNG
-    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "s"]) == 0
+    small = ["--config", small_mlperf_config(tmp_path)]
+    assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "s", *small]) == 0
     rows = read_csv(tmp_path / "s.csv")
     assert [(r["dtype"], r["rounding"]) for r in rows] == [(d, r) for d, r, _ in sw.PLAN]
     assert all(r["status"] == "ok" and float(r["ms"]) > 0 for r in rows), rows
@@ -167,31 +178,31 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     assert {r["row_loads"] for r in rows} == {update.ROW_LOADS}
     # --row-loads times each kept row in each order, --repeats runs the plan again, interleaved
     assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "o", "--dtypes", "bf16", "--roundings", "nearest",
-                    "--row-loads", "after_sums,with_gradients", "--repeats", "2"]) == 0
+                    "--row-loads", "after_sums,with_gradients", "--repeats", "2", *small]) == 0
     rows = read_csv(tmp_path / "o.csv")
     launches = [c for d, r, c in sw.PLAN if d == "bf16" and r == "nearest"]
     assert [r["row_loads"] for r in rows] == ["after_sums", "with_gradients"] * 2 * len(launches)
     assert all(r["status"] == "ok" for r in rows) and update.ROW_LOADS == "prefetch_l2"
     # --evictions times each kept row with each L2 eviction setting, the shipped one restored afterwards
     assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "e", "--dtypes", "bf16", "--launches", "picked",
-                    "--evictions", "none,rows_first_grad_last"]) == 0
+                    "--evictions", "none,rows_first_grad_last", *small]) == 0
     rows = read_csv(tmp_path / "e.csv")
     assert [r["eviction"] for r in rows] == ["none", "rows_first_grad_last"]
     assert all(r["status"] == "ok" for r in rows) and update.EVICTION == "grad_last"
     # --carry-chunks times each kept row with each carry-kernel block of chunks, the shipped one restored afterwards
     assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "c", "--dtypes", "bf16", "--launches", "picked",
-                    "--carry-chunks", "1,8"]) == 0
+                    "--carry-chunks", "1,8", *small]) == 0
     rows = read_csv(tmp_path / "c.csv")
     assert [r["carry_chunks"] for r in rows] == ["1", "8"] and all(r["status"] == "ok" for r in rows)
     assert update.CARRY_CHUNKS is None and "| 8 |" in (tmp_path / "c.md").read_text()
     # by default each launch's own carry_chunks, written as the number it is
     assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "d", "--dtypes", "bf16", "--launches",
-                    "picked,16:32:1:1:4"]) == 0
+                    "picked,16:32:1:1:4", *small]) == 0
     picked = heuristics.sparse_update_config(128, torch.bfloat16, multi_hot=True).carry_chunks
     assert [r["carry_chunks"] for r in read_csv(tmp_path / "d.csv")] == [str(picked), "4"]
     # --picks times each kept row with each way of writing the chunk partials, the shipped one restored afterwards
     assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "p", "--dtypes", "bf16", "--launches", "picked",
-                    "--picks", "sum,store"]) == 0
+                    "--picks", "sum,store", *small]) == 0
     rows = read_csv(tmp_path / "p.csv")
     assert [r["pick"] for r in rows] == ["sum", "store"] and all(r["status"] == "ok" for r in rows)
     assert update.PARTIAL_PICK == "store" and "| sum |" in (tmp_path / "p.md").read_text()
@@ -200,7 +211,7 @@ def test_pooled_update_sweep_smoke_times_every_plan_row(tmp_path):
     # --maxnregs times each kept row with each register cap of the chunk kernel (the interpreter ignores it), the
     # override reset after
     assert sw.main(["--smoke", "--out", str(tmp_path), "--name", "r", "--dtypes", "bf16", "--launches", "picked",
-                    "--maxnregs", "launch,none,120"]) == 0
+                    "--maxnregs", "launch,none,120", *small]) == 0
     rows = read_csv(tmp_path / "r.csv")
     own = heuristics.sparse_update_config(128, torch.bfloat16, multi_hot=True).chunk_maxnreg
     assert [r["maxnreg"] for r in rows] == [str(own or "none"), "none", "120"]
@@ -229,7 +240,8 @@ def test_stream_overlap_smoke_times_each_pair_alone_in_series_and_side_by_side(t
     pairs refused."""
     so = load_script("stream_overlap")
     pairs = "update||wgrads,sort||fwd_gemms,sort||update_presorted"
-    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", pairs]) == 0
+    small = ["--config", small_mlperf_config(tmp_path)]
+    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", pairs, *small]) == 0
     rows = read_csv(tmp_path / "stream_overlap.csv")
     assert [(r["a"], r["b"]) for r in rows] == [("update", "wgrads"), ("sort", "fwd_gemms"), ("sort", "update_presorted")]
     for r in rows:
@@ -243,7 +255,8 @@ def test_stream_overlap_smoke_times_each_pair_alone_in_series_and_side_by_side(t
     with pytest.raises(SystemExit):
         so.main(["--smoke", "--out", str(tmp_path), "--pairs", "update||lookup", "--overwrite"])
     # the collectives' pairs: without torchrun a local copy of the same bytes, and the Markdown says so
-    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", "a2a||sort,allreduce||update", "--overwrite"]) == 0
+    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", "a2a||sort,allreduce||update", "--overwrite",
+                    *small]) == 0
     rows = read_csv(tmp_path / "stream_overlap.csv")
     assert [(r["a"], r["b"], r["world"]) for r in rows] == [("a2a", "sort", "1"), ("allreduce", "update", "1")]
     assert all(float(r["a_ms"]) > 0 for r in rows)
@@ -254,7 +267,8 @@ def test_stream_overlap_repeats_each_pair_at_each_sm_carveout(tmp_path):
     """--sm-carveouts: every pair once per carve-out, each row's gain against the uncarved "A then B" of the same
     pair (on the CPU the carve-out changes nothing: a check of the bookkeeping); bad lists refused."""
     so = load_script("stream_overlap")
-    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", "sort||fwd_gemms", "--sm-carveouts", "0,8"]) == 0
+    assert so.main(["--smoke", "--out", str(tmp_path), "--pairs", "sort||fwd_gemms", "--sm-carveouts", "0,8",
+                    "--config", small_mlperf_config(tmp_path)]) == 0
     rows = read_csv(tmp_path / "stream_overlap.csv")
     assert [(r["pair"], r["sm_carveout"]) for r in rows] == [("sort||fwd_gemms", "0"), ("sort||fwd_gemms", "8")]
     uncarved_seq = float(rows[0]["seq_ms"])
