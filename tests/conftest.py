@@ -161,8 +161,7 @@ def mlperf_preset_dataset(tmp_path_factory) -> Path:
     """`MLPERF_PRESET_ARGS`' dataset, zstd (the default codec, named), made once per test run and shared by the
     workers (`tests.shared_once`). Writing it costs seconds whatever the row count: the teacher's bias is tuned on a
     131k-row pilot of 214 values a row (~6 s a dataset in CI, where the test that wrote two took 12.7 s). Three tests
-    wrote one each before (two in test_multihot_data.py, one in test_benchmark_scripts.py); one of them still writes
-    an LZ4 twin. Tests only read it."""
+    wrote one each before (two in test_multihot_data.py, one in test_benchmark_scripts.py). Tests only read it."""
     from click.testing import CliRunner
 
     from dlrm.data import synthetic
