@@ -34,17 +34,27 @@ holds a scalar (``tl.program_id``, a load at one pointer) as a 1-element numpy a
 converted to Python scalars"). A loop bound loaded in the kernel (``range(0, hot, UNROLL)`` of the pooled lookup)
 then failed every launch under torch 2.11, which pins Triton 3.6; Triton 3.9 squeezes the array first, which is what
 the fix does where the installed conversion fails.
+
+`skip_dead_overflow_checks` (with `install`; ``DLRM_INTERPRETER_PATCH_ONCE=0`` leaves it out too) is a speed-up of
+nothing checked: before every add, sub and mul of int32 (or narrower) tensors the interpreter computes the result again
+in int64 and compares it with the type's bounds (``binary_op_sanitize_overflow_impl``), to hand the comparison to
+``device_assert``, which the interpreter runs only with the ``debug`` option, always off there (``InterpreterOptions``
+is built with its defaults). The comparison was computed and thrown away: ~40% of the interpreter's time in a CPU
+training run of the Triton kernels (cProfile of tests/kernels/test_convergence.py's fifty-step test). The
+interpreter's ``sanitize_overflow`` option is turned off where ``debug`` is off and both Triton functions read those
+options as 3.6 and 3.9 do; a kernel computes and checks exactly what it did.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import threading
 
 from kernels._backend import interpret_mode
 
-__all__ = ["fix_scalar_index", "install", "install_bf16_dot", "installed"]
+__all__ = ["fix_scalar_index", "install", "install_bf16_dot", "installed", "skip_dead_overflow_checks"]
 
 _state = threading.local()  # .patched: ids of the language modules patched in this thread's running grid
 _langs_by_fn: dict = {}  # function -> its language modules' ids (functions live as long as their jit wrappers)
@@ -220,4 +230,44 @@ def fix_scalar_index() -> bool:
     _OneElement.handle.data = np.array([3], dtype=np.int32)
     _original_patch_tensor = original
     interpreter._patch_lang_tensor = _patch_lang_tensor_fixed
+    return True
+
+
+def _semantic_source(name: str) -> str:
+    """The source of ``triton.language.semantic``'s `name` (a method of its ``TritonSemantic`` class in 3.6 and 3.9, a
+    module function before), or "" where it is not found."""
+    try:
+        import triton.language.semantic as semantic
+    except ImportError:
+        return ""
+    fn = getattr(getattr(semantic, "TritonSemantic", None), name, None) or getattr(semantic, name, None)
+    try:
+        return inspect.getsource(fn) if callable(fn) else ""
+    except (OSError, TypeError):
+        return ""
+
+
+def skip_dead_overflow_checks() -> bool:
+    """Turn the interpreter's ``sanitize_overflow`` option off where its check could never fire (see the module
+    docstring); True when off. A no-op outside interpreter mode, with ``DLRM_INTERPRETER_PATCH_ONCE=0``, with the
+    interpreter's ``debug`` option on, or where Triton's functions do not read the options as 3.6's and 3.9's do."""
+    if not interpret_mode() or os.environ.get("DLRM_INTERPRETER_PATCH_ONCE", "1") == "0":
+        return False
+    try:
+        import triton.runtime.interpreter as interpreter
+    except ImportError:
+        return False
+    builder = getattr(interpreter, "interpreter_builder", None)
+    options = getattr(builder, "options", None)
+    if not dataclasses.is_dataclass(options) or not hasattr(options, "sanitize_overflow") or getattr(
+            options, "debug", True):
+        return False
+    if not options.sanitize_overflow:
+        return True
+    # the check's only effect is its device_assert, which returns at once without debug
+    if "options.sanitize_overflow" not in _semantic_source("binary_op_sanitize_overflow_impl") or (
+            "if not self.builder.options.debug" not in _semantic_source("device_assert")
+            and "if not builder.options.debug" not in _semantic_source("device_assert")):
+        return False
+    builder.options = dataclasses.replace(options, sanitize_overflow=False)
     return True
