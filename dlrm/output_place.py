@@ -6,8 +6,9 @@ without a word: among a sweep's trials (shown by ``--logdir <sweep>`` as one of 
 inside a run whose ``--resume``, pruning and ``summary.json`` know nothing of it, among a dataset's split files (a
 tool's ``--overwrite`` replaced the whole folder, the run's checkpoints with it). Each is refused in one line naming
 a place outside it. A ``--tb-dir`` that is a file was refused as "cannot create ... (File exists)". So is an
-``--export`` file there (`dlrm.data.output_dirs.check_export_place`): written into a run's checkpoints/ (which its pruning and --resume
-read as the run's own), a dataset (replaced whole, the program with it, by a tool's --overwrite) or a sweep.
+``--export`` file there (`dlrm.data.output_dirs.check_export_place`): written into a run's checkpoints/ (which its
+pruning and --resume read as the run's own), a dataset (replaced whole, the program with it, by a tool's --overwrite)
+or a sweep.
 """
 
 from __future__ import annotations

@@ -334,11 +334,10 @@ def _remove_empty_parents(path: Path, top: Path) -> None:
 
 def check_export_place(target: Path, flag: str = "--export", written: str = "the program") -> None:
     """Refuse, in one line naming a free path outside it, an ``--export`` file inside what another thing owns: a
-    dataset, a run's directory (its ``checkpoints/`` too) or a sweep (`owner_of`), as a
-    new run's --tb-dir there is refused (`dlrm.output_place.check_tb_dir`). Written there without a word, the program sat among a
-    run's checkpoints, or went with a dataset that a tool's --overwrite replaced whole. `flag` names the option or
-    argument in the message, `written` what the file is (``python -m dlrm.distributed.merge``'s OUT: "the merged
-    checkpoint")."""
+    dataset, a run's directory (its ``checkpoints/`` too) or a sweep (`owner_of`), as a new run's --tb-dir there is
+    refused (`dlrm.output_place.check_tb_dir`). Written there without a word, the program sat among a run's
+    checkpoints, or went with a dataset that a tool's --overwrite replaced whole. `flag` names the option or argument
+    in the message, `written` what the file is (``python -m dlrm.distributed.merge``'s OUT: "the merged checkpoint")."""
     owner = owning(target)
     if owner is None:
         return
