@@ -17,5 +17,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # tests/data holds data and the scripts that regenerate it, not tests: --doctest-modules would
-# otherwise import those scripts (which put their folder on sys.path) just to find no examples.
-collect_ignore = ["tests/data"]
+# otherwise import those scripts (which put their folder on sys.path) just to find no examples. tests/prewarm is the
+# prewarmed interpreter's server, its child and client (tests/prewarm/launch.py): programs, no examples either.
+collect_ignore = ["tests/data", "tests/prewarm"]

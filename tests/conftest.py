@@ -52,6 +52,21 @@ CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO)
 SHARED_CRITEO = REPO.parent / "shared" / "criteo"
 
 
+def pytest_configure(config):
+    """The prewarmed interpreter (tests/prewarm/launch.py) in each process that runs tests: an xdist worker, or a run
+    without workers (not the controller of workers, which runs none)."""
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
+        from tests.prewarm import launch
+
+        launch.start()
+
+
+def pytest_unconfigure(config):
+    from tests.prewarm import launch
+
+    launch.stop()
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip the tests marked `gpu` where CUDA is absent: one rule here instead of a skipif per file."""
     if torch.cuda.is_available():

@@ -18,7 +18,6 @@ in one line naming the first one's pid, and the first finishes as if alone.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import click
 import pytest
 
 from tests.conftest import CHILD_ENV as _CALLER_ENV, REPO
+from tests.prewarm.launch import real_python
 from tests.test_audit_tool_signals import mlperf_args, synthetic_args, write_mlperf_days, write_raw
 from dlrm.data.schema import NUM_SPARSE, read_metadata
 
@@ -83,7 +83,8 @@ class Paused:
     def __init__(self, tmp_path: Path, tool: str, *args) -> None:
         self.ready, self.go, self.err = tmp_path / "ready", tmp_path / "go", tmp_path / "first-stderr.txt"
         with open(self.err, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, "-c", DRIVER, tool, *map(str, args)], cwd=REPO, stdout=err,
+            # the real interpreter: the lock names the holder's pid, this process's (tests/prewarm/launch.py)
+            self.proc = subprocess.Popen([real_python(), "-c", DRIVER, tool, *map(str, args)], cwd=REPO, stdout=err,
                                          stderr=err, env={**CHILD_ENV, "READY": str(self.ready), "GO": str(self.go)})
         deadline = time.monotonic() + 60
         while not self.ready.exists():

@@ -16,6 +16,7 @@ from dlrm.config import ConfigError, load_config
 from dlrm import checkpoint as ckpt
 from dlrm.train.trainer import NonFiniteLoss, train
 from tests.conftest import REPO, make_dataset
+from tests.prewarm.launch import real_python
 
 BASE = {
     "data": {"batch_size": 8, "shuffle": True},
@@ -45,9 +46,11 @@ def write_config(tmp_path, dataset, **sections):
     return path
 
 
-def cli(*args, cwd, **kw):
-    return subprocess.Popen([sys.executable, str(REPO / "train.py"), *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, **kw)
+def cli(*args, cwd, real: bool = False, **kw):
+    """train.py started with `args`; `real`: by the real interpreter, not the prewarmed one's wrapper (a process to be
+    SIGKILLed: a served program dies just after its client, not before `wait()` returns; tests/prewarm/launch.py)."""
+    return subprocess.Popen([real_python() if real else sys.executable, str(REPO / "train.py"), *args], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
 def final_state(run_dir):
@@ -80,7 +83,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, dataset):
     full = cli("--config", str(cfg), "--tb-dir", str(tb), "--run-name", "full", cwd=tmp_path)
     assert full.wait(timeout=180) == 0, full.stdout.read()
 
-    victim = cli("--config", str(cfg), "--tb-dir", str(tb), "--run-name", "killed", cwd=tmp_path)
+    victim = cli("--config", str(cfg), "--tb-dir", str(tb), "--run-name", "killed", cwd=tmp_path, real=True)
     first = tb / "killed" / "checkpoints" / ckpt.checkpoint_name(40)
     assert wait_for(first.exists), victim.stdout.read() if victim.poll() is not None else "no checkpoint appeared"
     victim.send_signal(signal.SIGKILL)

@@ -26,6 +26,7 @@ from dlrm.model.dlrm import build_model
 from dlrm import checkpoint as ckpt
 from dlrm.train.trainer import build_for_data, train
 from tests.conftest import REPO, make_dataset
+from tests.prewarm.launch import real_python
 
 CONFIG = {  # baseline off: no test here reads it, and its fit cost more CPU than a run's steps
     "data": {"batch_size": 8, "shuffle": True},
@@ -425,7 +426,8 @@ def test_stale_temp_files_are_removed_before_a_save(trained, tmp_path, monkeypat
     d = ckpt.checkpoint_dir(run_dir)
     d.mkdir(parents=True)
     target = d / ckpt.checkpoint_name(9)
-    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(trained["path"]), str(target)],
+    # the real interpreter: a temporary file names its writer's pid, this process's (tests/prewarm/launch.py)
+    writer = subprocess.Popen([real_python(), "-c", KILLED_WRITER, str(trained["path"]), str(target)],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert writer.stdout.readline().strip() == "writing"
     writer.kill()

@@ -3,14 +3,15 @@
 import os
 import shutil
 import subprocess
-import sys
 
 from tests.conftest import REPO
+from tests.prewarm import launch
 
 
 def test_import_layers_contract_is_kept():
-    # beside this interpreter first (a virtual environment that is not activated), then on PATH
-    exe = shutil.which("lint-imports", path=os.path.dirname(sys.executable)) or shutil.which("lint-imports")
+    # beside this interpreter first (a virtual environment that is not activated), then on PATH; the real one, not the
+    # prewarmed interpreter's wrapper (tests/prewarm/launch.py)
+    exe = shutil.which("lint-imports", path=os.path.dirname(launch.real_python())) or shutil.which("lint-imports")
     assert exe, "import-linter is a dev dependency: pip install -e '.[dev]'"
     out = subprocess.run([exe, "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

@@ -17,6 +17,7 @@ from dlrm.config import ConfigError, load_config
 from dlrm.train.run_dir import RunDirectory, RunLock
 from dlrm.train.trainer import train
 from tests.conftest import REPO, make_dataset
+from tests.prewarm.launch import real_python
 
 BASE = {
     "data": {"batch_size": 8, "shuffle": True},
@@ -79,7 +80,8 @@ def test_lock_held_by_another_process_is_refused(tmp_path):
         print("locked", flush=True)
         sys.stdin.read()
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # the real interpreter: the lock names the holder's pid, this process's (tests/prewarm/launch.py)
+    proc = subprocess.Popen([real_python(), "-c", code], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "locked"
         with pytest.raises(ConfigError, match=f"in use by pid {proc.pid} "):

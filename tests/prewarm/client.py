@@ -1,0 +1,116 @@
+"""The prewarmed interpreter's client: what `sys.executable` runs in a test process (through the `python` wrapper that
+launch.py writes). It asks the server (server.py) for a child that becomes this process, then stands for it: signals
+sent here are passed on, and it ends as the child ended (its exit code, or death by the same signal). What the
+server cannot serve, or what this does not parse, runs in the real interpreter (exec: nothing of this stays).
+
+Runs under `python -S -E -s` (no site, no PYTHON* variables): the standard library only, ~10 ms.
+
+Usage (the wrapper's): python -S -E -s client.py SOCKET REAL_PYTHON [ARGS as given to python...]
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGALRM, signal.SIGCONT, signal.SIGWINCH)
+
+
+def open_descriptors() -> list[int]:
+    """This process's open descriptors, as it got them from exec (listed before it opens any of its own)."""
+    listed = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    numbers = []
+    for fd in listed:
+        try:
+            os.fstat(fd)
+        except OSError:  # the listing's own directory descriptor, closed by now
+            continue
+        numbers.append(fd)
+    return sorted(numbers)
+
+
+def parse(args: list[str]) -> dict | None:
+    """`python` arguments this serves: [-u]... then SCRIPT, -m MODULE or -c CODE, then the program's arguments."""
+    unbuffered = False
+    i = 0
+    while i < len(args) and args[i] == "-u":
+        unbuffered, i = True, i + 1
+    if i >= len(args):
+        return None
+    if args[i] in ("-m", "-c"):
+        if i + 1 >= len(args):
+            return None
+        mode = "module" if args[i] == "-m" else "code"
+        return {"unbuffered": unbuffered, "mode": mode, "target": args[i + 1], "args": args[i + 2:]}
+    if args[i].startswith("-") or not args[i].endswith(".py") or not os.path.isfile(args[i]):
+        return None
+    return {"unbuffered": unbuffered, "mode": "script", "target": args[i], "args": args[i + 1:]}
+
+
+def main() -> None:
+    fds = open_descriptors()
+    sock_path, real, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    request = parse(args)
+
+    def fresh_interpreter() -> None:
+        os.execv(real, [real, *args])
+
+    if request is None:
+        fresh_interpreter()
+    ignored = [int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]
+    umask = os.umask(0)
+    os.umask(umask)
+    # a process started as a process group's leader (start_new_session: torchrun's ranks, tests that kill a tool's
+    # workers with it): the child leads its own group, and what is sent to this one goes to that group
+    group = os.getpgrp() == os.getpid()
+    request.update(env=dict(os.environ), cwd=os.getcwd(), umask=umask, fds=fds, ignored=ignored, orig_argv=args,
+                   group=group)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        sock.connect(sock_path)
+        socket.send_fds(sock, [json.dumps(request).encode()], fds)
+        reply = sock.recv(4096).decode()
+    except OSError:  # no server (not started yet, or gone): a fresh interpreter
+        fresh_interpreter()
+    if not reply.startswith("pid "):  # the server says why in its log
+        fresh_interpreter()
+    for fd in fds:  # the child holds them now (a pipe's reader sees its end when the child closes it, not this)
+        if fd > 2:
+            os.close(fd)
+    pid = int(reply.split()[1])
+
+    def forward(signum, _frame):
+        try:
+            if group:
+                os.killpg(pid, signum)
+            else:
+                os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for s in FORWARDED:
+        if int(s) not in ignored:
+            signal.signal(s, forward)
+    reply = b""
+    while not reply:
+        try:
+            reply = sock.recv(4096)
+        except InterruptedError:
+            continue
+        if not reply:
+            print("prewarmed interpreter: the server went away before its child ended", file=sys.stderr)
+            os._exit(1)
+    code = int(reply.decode().split()[1])
+    if code < 0:  # the same death (a handled or ignored signal is reset first: SIGKILL and SIGSTOP cannot be either)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        os.kill(os.getpid(), -code)
+        code = 128 - code
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""The prewarmed interpreter's server: one process per pytest process that has imported torch and torch._dynamo (what
+every train.py, torchrun launcher and rank imports: 2.3 s of CPU of the ~3.5 s a short train.py run takes on the
+2-core CI machine) and forks a child for each Python process a test starts through `client.py`. The child becomes
+that process: the client's argv, environment, working directory, umask, open file descriptors (by number) and ignored
+signals; a fresh `__main__`, sys.path and stdio; then the script, `-m` module or `-c` code runs and the child exits as
+Python does (SystemExit, an uncaught exception, KeyboardInterrupt's death by SIGINT, threads joined, atexit run).
+
+A request this process cannot serve as a fresh interpreter would is answered "fallback" (the client then execs the
+real interpreter): a variable of the environment that torch, Triton, OpenMP or Python read when they start differs
+from this server's (it started with the test process's), or a descriptor number this server holds is asked for.
+
+Protocol (one SOCK_SEQPACKET connection a process): the client sends a JSON request with its descriptors attached;
+the server answers b"pid N" (or b"fallback REASON") and, when the child ends, b"exit CODE" (CODE as
+`os.waitstatus_to_exitcode`: -N for signal N). The client closing the connection (it was killed) kills the child.
+
+Usage: python tests/prewarm/server.py SOCKET_PATH WRAPPER_PATH
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+
+# the environment this process started with (importing torch's compiler sets TORCHINDUCTOR_CACHE_DIR in its own)
+START_ENV = dict(os.environ)
+
+# imported before serving: the point of this process
+import torch  # noqa: F401
+import torch._dynamo  # noqa: F401
+
+from prewarm_child import become  # this folder is sys.path[0]; the child's code, run after the fork
+
+# a variable whose name starts so, or names one of these, must be the server's own for a request to be served: read
+# when Python, libgomp, torch, Dynamo, Inductor or Triton start (here, before any request). PYTHONPATH,
+# PYTHONUNBUFFERED and PYTHONFAULTHANDLER are applied by the child itself; torchrun's rank variables are read later.
+STARTUP_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "TRITON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS", "CUDA",
+                    "LD_", "MALLOC", "LC_", "LANG", "NUMPY", "HOME", "XDG_", "TMPDIR")
+APPLIED_BY_CHILD = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
+                    # read when first compiling (Inductor's cache_dir() sets the first in a test process that compiled)
+                    "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+READ_LATER_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_")
+
+# stdio as this server made them (the child rebuilds its own on the client's descriptors with the same encodings)
+STDIO = {name: (getattr(sys, name).encoding, getattr(sys, name).errors) for name in ("stdin", "stdout", "stderr")}
+
+
+def startup_env(env: dict[str, str]) -> dict[str, str]:
+    """The part of `env` read when the interpreter and its preloaded modules start."""
+    return {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k not in APPLIED_BY_CHILD
+            and not k.startswith(READ_LATER_PREFIXES)}
+
+
+def fallback_reason(request: dict, own_fds: set[int]) -> str | None:
+    """Why `request` must run in a fresh interpreter instead (None: it can be served)."""
+    mine, theirs = startup_env(START_ENV), startup_env(request["env"])
+    if mine != theirs:
+        changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+        return f"environment differs in {', '.join(changed)}"
+    taken = own_fds & set(request["fds"])
+    if taken:
+        return f"descriptors {sorted(taken)} are the server's"
+    return None
+
+
+def log(line: str) -> None:
+    """One line to this server's log (its stdout: launch.py's server.log)."""
+    print(line, flush=True)
+
+
+def kill(pid: int, group: bool, sig: int) -> None:
+    """`sig` to a child, or to its process group where it leads one (as the client's process did)."""
+    try:
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def serve(path: str, wrapper: str) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path + ".tmp")
+    os.rename(path + ".tmp", path)  # clients see the socket only once it listens
+    listener.listen(64)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below through the wakeup descriptor
+    stop = []
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # the test session's end, or its Ctrl-C
+        signal.signal(s, lambda *_: stop.append(True))
+    parent = os.getppid()
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    conns: dict[int, socket.socket] = {}  # running child -> its client's connection (gone: the client was killed)
+    groups: dict[int, bool] = {}  # running child -> whether it leads a process group
+    baseline = {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+    def reap() -> None:
+        while groups:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            groups.pop(pid, None)
+            conn = conns.pop(pid, None)
+            if conn is not None:
+                sel.unregister(conn)
+                try:
+                    conn.send(f"exit {os.waitstatus_to_exitcode(status)}".encode())
+                except OSError:
+                    pass
+                conn.close()
+
+    try:
+        while not stop and os.getppid() == parent:
+            for key, _ in sel.select(timeout=1.0):
+                if key.fileobj is listener:
+                    conn, _ = listener.accept()
+                    open_conns = [c.fileno() for c in conns.values()]
+                    server_fds = [listener.fileno(), wake_r, wake_w, sel.fileno(), conn.fileno(), *open_conns]
+                    served = accept(conn, baseline | set(server_fds), wrapper, server_fds)
+                    if served is None:
+                        conn.close()
+                    else:
+                        conns[served[0]], groups[served[0]] = conn, served[1]
+                        sel.register(conn, selectors.EVENT_READ)
+                elif key.fileobj == wake_r:
+                    try:
+                        while os.read(wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    reap()
+                else:  # a client's end closed: it was killed (it waits for the exit otherwise), SIGKILL passed on
+                    pid = next(p for p, c in conns.items() if c is key.fileobj)
+                    kill(pid, groups[pid], signal.SIGKILL)
+                    sel.unregister(key.fileobj)
+                    conns.pop(pid).close()  # reaped later, nobody to tell
+    finally:
+        for pid, group in groups.items():
+            kill(pid, group, signal.SIGKILL)
+        os.unlink(path)
+
+
+def accept(conn: socket.socket, own_fds: set[int], wrapper: str, server_fds: list[int]) -> tuple[int, bool] | None:
+    """Read one request from `conn` and fork its child: (its pid, whether it leads a process group); None: answered
+    fallback, or no request."""
+    conn.settimeout(10)
+    try:
+        data, fds, _, _ = socket.recv_fds(conn, 1 << 22, 1024)
+        request = json.loads(data)
+    except (OSError, ValueError):
+        return None
+    conn.settimeout(None)
+    reason = fallback_reason(request, own_fds - set(range(3)))
+    if reason is None and len(fds) != len(request["fds"]):
+        reason = "descriptors lost in transit"
+    if reason is not None:
+        for fd in fds:
+            os.close(fd)
+        log(f"fallback {reason}: {request.get('mode')} {str(request.get('target'))[:80]!r}")
+        try:
+            conn.send(f"fallback {reason}".encode())
+        except OSError:
+            pass
+        return None
+    pid = os.fork()
+    if pid == 0:
+        try:
+            log_fd = fcntl.fcntl(sys.stdout.fileno(), fcntl.F_DUPFD_CLOEXEC, 1024)
+            become(request, fds, server_fds, wrapper, STDIO, log_fd)
+        finally:
+            os._exit(70)  # become() ends the process itself; reaching here is a bug in it
+    if request["group"]:  # here too (as a shell does): the group exists before the client can signal it
+        try:
+            os.setpgid(pid, pid)
+        except OSError:
+            pass
+    for fd in fds:
+        os.close(fd)
+    log(f"served {pid}: {request['mode']} {request['target'][:80]!r}")
+    conn.send(f"pid {pid}".encode())
+    return pid, request["group"]
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2])
