@@ -20,7 +20,8 @@ PROBE = textwrap.dedent("""
     import json, os, sys
     main = sys.modules["__main__"]
     print(json.dumps({
-        "argv": sys.argv, "path0": sys.path[0], "path1": sys.path[1], "cwd": os.getcwd(), "name": __name__,
+        "argv": sys.argv, "path": sys.path, "cwd": os.getcwd(), "name": __name__,
+        "builtins": type(__builtins__).__name__,
         "file": getattr(main, "__file__", None), "spec": getattr(getattr(main, "__spec__", None), "name", "no spec"),
         "env": os.environ.get("PREWARM_PROBE"), "stdin": sys.stdin.read(), "umask": os.umask(0o22),
         "stdio": [(s.encoding, s.errors, s.line_buffering, s.write_through, s.mode) for s in (sys.stdout, sys.stderr)],
@@ -72,7 +73,7 @@ def test_a_served_program_sees_what_a_fresh_interpreter_shows(prewarmed, tmp_pat
     assert fresh.returncode == served.returncode == 0, served.stderr
     seen = json.loads(served.stdout)
     assert seen == json.loads(fresh.stdout)
-    assert seen["stdin"] == "from stdin\n" and seen["env"] == "é x" and seen["path1"] == str(extra)
+    assert seen["stdin"] == "from stdin\n" and seen["env"] == "é x" and seen["path"][1] == str(extra)
     assert (seen["stdio"][0][3] is True) == how.startswith("unbuffered")
     assert pids_through(prewarmed, cwd=tmp_path, env=env)[1] == prewarmed.server.pid
 

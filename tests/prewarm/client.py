@@ -55,10 +55,13 @@ def main() -> None:
     request = parse(args)
 
     def fresh_interpreter() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # exec keeps a mask (a pending signal acts now)
         os.execv(real, [real, *args])
 
     if request is None:
         fresh_interpreter()
+    # a signal sent before the child's pid is known waits (blocked) and is passed on once it is
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     ignored = [int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]
     umask = os.umask(0)
     os.umask(umask)
@@ -93,6 +96,7 @@ def main() -> None:
     for s in FORWARDED:
         if int(s) not in ignored:
             signal.signal(s, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     reply = b""
     while not reply:
         try:

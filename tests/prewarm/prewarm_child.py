@@ -4,6 +4,7 @@ it to its end, as `python [-u] SCRIPT|-m MODULE|-c CODE ARGS...` would have in a
 from __future__ import annotations
 
 import atexit
+import builtins
 import faulthandler
 import fcntl
 import io
@@ -14,6 +15,10 @@ import sys
 import threading
 import traceback
 import types
+
+# the server's own sys.path and PYTHONPATH (this module is imported by the server before it serves)
+_SERVER_PATH = list(sys.path)
+_SERVER_PYTHONPATH = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 # signals a fresh interpreter starts with at their default (Python sets SIGINT's handler and ignores SIGPIPE and
 # SIGXFSZ itself); an ignored one the client inherited stays ignored, as exec keeps it
@@ -60,14 +65,11 @@ def make_stdio(unbuffered: bool, stdio: dict) -> None:
 def set_sys_path(request: dict, path0: str) -> None:
     """sys.path as the fresh interpreter's: its first entry (script folder, working directory, ''), then PYTHONPATH's,
     then the server's own (standard library, site-packages: the interpreter and environment are the same)."""
-    server_path0 = sys.path[0]
-    server_extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    base = list(sys.path[1:])
-    for p in server_extra:  # the server's PYTHONPATH entries follow its first entry, in order
+    base = _SERVER_PATH[1:]
+    for p in _SERVER_PYTHONPATH:  # the server's PYTHONPATH entries follow its first entry, in order
         if base and base[0] == p:
             base.pop(0)
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    del server_path0
     sys.path[:] = [path0, *extra, *base]
     sys.path_importer_cache.clear()
 
@@ -133,7 +135,7 @@ def run(request: dict) -> None:
     """Run the program in a fresh `__main__` and end the process as Python would."""
     mode, target, args = request["mode"], request["target"], request["args"]
     main = types.ModuleType("__main__")
-    main.__dict__["__builtins__"] = __builtins__
+    main.__builtins__ = builtins  # the module, as in a fresh __main__ (other modules get its dict)
     sys.modules["__main__"] = main
     sys.modules.pop("prewarm_child", None)
     code, interrupted = 0, False
