@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 from dlrm import checkpoint as ckpt
 from dlrm.config import ConfigError, load_config

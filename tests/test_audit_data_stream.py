@@ -455,7 +455,7 @@ def test_a_column_that_appears_twice_is_named_with_its_count(tmp_path):
 def test_a_split_that_lists_no_files_is_named(tmp_path):
     """metadata.json listing a split with no files (and 0 rows, so the row counts agree): one DatasetError naming
     metadata.json and the split, instead of a loader over nothing."""
-    from dlrm.data.schema import Metadata, SplitInfo, write_metadata
+    from dlrm.data.schema import SplitInfo, write_metadata
 
     root = tmp_path / "ds"
     make_dataset(root, {"train": 20, "validation": 10})
