@@ -27,6 +27,8 @@ PROBE = textwrap.dedent("""
         "stdio": [(s.encoding, s.errors, s.line_buffering, s.write_through, s.mode) for s in (sys.stdout, sys.stderr)],
         "sigint": repr(__import__("signal").getsignal(__import__("signal").SIGINT)),
         "sigterm": repr(__import__("signal").getsignal(__import__("signal").SIGTERM)),
+        "main": sorted(vars(main)), "loader": getattr(main.__loader__, "__name__", type(main.__loader__).__name__),
+        "loader_path": getattr(main.__loader__, "path", None), "names": [s.name for s in (sys.stdin, sys.stdout)],
     }))
 """)
 
@@ -88,6 +90,42 @@ def test_a_served_program_ends_as_in_a_fresh_interpreter(prewarmed, code):
     assert served.returncode == fresh.returncode
     assert served.stdout == fresh.stdout
     assert served.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:]
+
+
+@pytest.mark.parametrize("how", ["script", "module", "code syntax", "code interrupted"])
+def test_an_uncaught_exception_prints_the_traceback_of_a_fresh_interpreter(prewarmed, tmp_path, how):
+    """The program's frames only (and runpy's under -m, as Python shows them): none of the child's own."""
+    (tmp_path / "boom.py").write_text("def f():\n    raise ValueError('boom')\nf()\n")
+    target = {"script": ["boom.py"], "module": ["-m", "boom"], "code syntax": ["-c", "x = = 1"],
+              "code interrupted": ["-c", "raise KeyboardInterrupt"]}[how]
+    fresh, served = both(prewarmed, target, cwd=tmp_path)
+    assert served.returncode == fresh.returncode != 0
+    assert served.stderr == fresh.stderr
+
+
+def test_a_new_session_is_a_session_of_its_own(prewarmed):
+    """start_new_session: the program leads a session (no controlling terminal), not only a process group."""
+    code = "import os; print(os.getsid(0) == os.getpid(), os.getpgrp() == os.getpid())"
+    fresh, served = both(prewarmed, ["-c", code], start_new_session=True)
+    assert served.stdout == fresh.stdout == "True True\n", served.stderr
+    code = "import os; print(os.getsid(0) == os.getpid(), os.getpgrp() == os.getpid())"
+    fresh, served = both(prewarmed, ["-c", code], process_group=0)
+    assert served.stdout == fresh.stdout == "False True\n", served.stderr
+
+
+def test_the_wrappers_shell_leaves_no_descriptor_open(prewarmed):
+    """With descriptors 0-9 all open, /bin/sh (dash) reads the wrapper script on descriptor 10 without close-on-exec:
+    the program must not see it (nor be sent it)."""
+    code = "import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"
+
+    def fill():
+        null = os.open(os.devnull, os.O_RDONLY)
+        for n in range(3, 10):
+            os.dup2(null, n)
+
+    fresh, served = both(prewarmed, ["-c", code], close_fds=False, preexec_fn=fill)
+    assert fresh.returncode == served.returncode == 0, served.stderr
+    assert served.stdout == fresh.stdout
 
 
 def test_each_served_program_draws_other_random_numbers(prewarmed):

@@ -14,18 +14,27 @@ import signal
 import socket
 import sys
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-             signal.SIGALRM, signal.SIGCONT, signal.SIGWINCH)
+from prewarm_signals import PASSED_ON, send  # this folder is sys.path[0]
 
 
-def open_descriptors() -> list[int]:
-    """This process's open descriptors, as it got them from exec (listed before it opens any of its own)."""
+def open_descriptors(wrapper: str) -> list[int]:
+    """This process's open descriptors, as it got them from exec (listed before it opens any of its own), but the
+    wrapper script's: /bin/sh (dash) reads it on a descriptor >= 10 left open across exec where 0-9 were all taken
+    (it sets close-on-exec only on one it moved there); that one is closed, as a fresh interpreter never had it."""
     listed = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    try:
+        script = os.stat(wrapper)
+        script = (script.st_dev, script.st_ino)
+    except OSError:  # removed since (the session ending)
+        script = None
     numbers = []
     for fd in listed:
         try:
-            os.fstat(fd)
+            st = os.fstat(fd)
         except OSError:  # the listing's own directory descriptor, closed by now
+            continue
+        if fd > 2 and (st.st_dev, st.st_ino) == script:
+            os.close(fd)
             continue
         numbers.append(fd)
     return sorted(numbers)
@@ -50,26 +59,27 @@ def parse(args: list[str]) -> dict | None:
 
 
 def main() -> None:
-    fds = open_descriptors()
     sock_path, real, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+    fds = open_descriptors(os.path.join(os.path.dirname(sock_path), "python"))  # launch.py's wrapper, beside it
     request = parse(args)
 
     def fresh_interpreter() -> None:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)  # exec keeps a mask (a pending signal acts now)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)  # exec keeps a mask (a pending signal acts now)
         os.execv(real, [real, *args])
 
     if request is None:
         fresh_interpreter()
     # a signal sent before the child's pid is known waits (blocked) and is passed on once it is
-    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
-    ignored = [int(s) for s in FORWARDED if signal.getsignal(s) == signal.SIG_IGN]
+    signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)
+    ignored = [int(s) for s in PASSED_ON if signal.getsignal(s) == signal.SIG_IGN]
     umask = os.umask(0)
     os.umask(umask)
     # a process started as a process group's leader (start_new_session: torchrun's ranks, tests that kill a tool's
     # workers with it): the child leads its own group, and what is sent to this one goes to that group
     group = os.getpgrp() == os.getpid()
+    session = os.getsid(0) == os.getpid()  # start_new_session: the child leads a session of its own too
     request.update(env=dict(os.environ), cwd=os.getcwd(), umask=umask, fds=fds, ignored=ignored, orig_argv=args,
-                   group=group)
+                   group=group, session=session)
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         sock.connect(sock_path)
@@ -85,18 +95,12 @@ def main() -> None:
     pid = int(reply.split()[1])
 
     def forward(signum, _frame):
-        try:
-            if group:
-                os.killpg(pid, signum)
-            else:
-                os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
+        send(pid, group, signum)
 
-    for s in FORWARDED:
+    for s in PASSED_ON:
         if int(s) not in ignored:
             signal.signal(s, forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
     reply = b""
     while not reply:
         try:

@@ -7,6 +7,7 @@ import atexit
 import builtins
 import faulthandler
 import fcntl
+import importlib.machinery
 import io
 import os
 import runpy
@@ -15,6 +16,8 @@ import sys
 import threading
 import traceback
 import types
+
+from prewarm_signals import PASSED_ON
 
 # the server's own sys.path and PYTHONPATH (this module is imported by the server before it serves)
 _SERVER_PATH = list(sys.path)
@@ -58,6 +61,7 @@ def make_stdio(unbuffered: bool, stdio: dict) -> None:
         stream = io.TextIOWrapper(buffer, encoding=encoding, errors=errors, newline="\n",
                                   line_buffering=line_buffering, write_through=raw_only)
         stream.mode = "w" if write else "r"
+        (buffer if raw_only else buffer.raw).name = f"<{name}>"  # as create_stdio names them (not the number)
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
 
@@ -105,8 +109,8 @@ def become(request: dict, fds: list[int], server_fds: list[int], wrapper: str, s
 def prepare(request: dict, fds: list[int], server_fds: list[int], wrapper: str, stdio: dict) -> None:
     """The process's state as a fresh interpreter started by the client would have it."""
     signal.set_wakeup_fd(-1)
-    if request["group"]:  # the client leads a process group (start_new_session, process_group): this one its own
-        os.setpgid(0, 0)
+    if request["group"] and not request.get("session"):  # the client leads a process group (process_group): this one
+        os.setpgid(0, 0)  # its own (a session's leader, start_new_session, got its session right after the fork)
     for s in _RESET:
         signal.signal(s, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -135,11 +139,13 @@ def run(request: dict) -> None:
     """Run the program in a fresh `__main__` and end the process as Python would."""
     mode, target, args = request["mode"], request["target"], request["args"]
     main = types.ModuleType("__main__")
+    main.__annotations__ = {}  # as pylifecycle.c's add_main_module makes it (before __builtins__, in its order)
     main.__builtins__ = builtins  # the module, as in a fresh __main__ (other modules get its dict)
     sys.modules["__main__"] = main
     sys.modules.pop("prewarm_child", None)
     code, interrupted = 0, False
     try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)  # blocked since the fork (server.py): one pending acts now
         if mode == "module":
             set_sys_path(request, request["cwd"])
             sys.argv = ["-m", *args]
@@ -153,19 +159,28 @@ def run(request: dict) -> None:
                     source = f.read()
                 main.__file__ = script  # absolute, as Python >= 3.9 makes it
                 main.__cached__ = None
+                main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)  # pythonrun.c's
             else:
                 source = target
+                main.__loader__ = importlib.machinery.BuiltinImporter  # add_main_module's, kept for -c
             main.__spec__ = None
             exec(compile(source, script or "<string>", "exec"), main.__dict__)  # noqa: S102
     except SystemExit as exc:
         code = exit_code(exc)
-    except KeyboardInterrupt:
-        sys.excepthook(*sys.exc_info())  # prints nothing where stderr is closed, as Python's own
+    except KeyboardInterrupt as exc:
+        report(exc)  # prints nothing where stderr is closed, as Python's own
         code, interrupted = 130, True
-    except BaseException:  # noqa: BLE001 (Python prints it and exits 1)
-        sys.excepthook(*sys.exc_info())
+    except BaseException as exc:  # noqa: BLE001 (Python prints it and exits 1)
+        report(exc)
         code = 1
     finish(code, interrupted)
+
+
+def report(exc: BaseException) -> None:
+    """An uncaught exception through sys.excepthook, its traceback starting below run(): a fresh interpreter's shows
+    the program's frames (and runpy's under -m), not this module's."""
+    exc = exc.with_traceback(exc.__traceback__.tb_next if exc.__traceback__ else None)
+    sys.excepthook(type(exc), exc, exc.__traceback__)
 
 
 def finish(code: int, interrupted: bool) -> None:

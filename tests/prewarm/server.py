@@ -34,6 +34,7 @@ import torch  # noqa: F401
 import torch._dynamo  # noqa: F401
 
 from prewarm_child import become  # this folder is sys.path[0]; the child's code, run after the fork
+from prewarm_signals import PASSED_ON, send
 
 # a variable whose name starts so, or names one of these, must be the server's own for a request to be served: read
 # when Python, libgomp, torch, Dynamo, Inductor or Triton start (here, before any request). PYTHONPATH,
@@ -70,17 +71,6 @@ def fallback_reason(request: dict, own_fds: set[int]) -> str | None:
 def log(line: str) -> None:
     """One line to this server's log (its stdout: launch.py's server.log)."""
     print(line, flush=True)
-
-
-def kill(pid: int, group: bool, sig: int) -> None:
-    """`sig` to a child, or to its process group where it leads one (as the client's process did)."""
-    try:
-        if group:
-            os.killpg(pid, sig)
-        else:
-            os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def serve(path: str, wrapper: str) -> None:
@@ -142,12 +132,12 @@ def serve(path: str, wrapper: str) -> None:
                     reap()
                 else:  # a client's end closed: it was killed (it waits for the exit otherwise), SIGKILL passed on
                     pid = next(p for p, c in conns.items() if c is key.fileobj)
-                    kill(pid, groups[pid], signal.SIGKILL)
+                    send(pid, groups[pid], signal.SIGKILL)
                     sel.unregister(key.fileobj)
                     conns.pop(pid).close()  # reaped later, nobody to tell
     finally:
         for pid, group in groups.items():
-            kill(pid, group, signal.SIGKILL)
+            send(pid, group, signal.SIGKILL)
         os.unlink(path)
 
 
@@ -173,14 +163,27 @@ def accept(conn: socket.socket, own_fds: set[int], wrapper: str, server_fds: lis
         except OSError:
             pass
         return None
+    # a session's leader (start_new_session) gets its session in the child (it cannot be made from here, and setsid
+    # fails in a group's leader): the pid is told once it has it, so that what the client passes on reaches its group
+    session = os.pipe() if request.get("session") else None
+    signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)  # until the child's program runs (prewarm_signals.PASSED_ON)
     pid = os.fork()
     if pid == 0:
         try:
+            if session:
+                os.setsid()
+                os.close(session[0])
+                os.close(session[1])
             log_fd = fcntl.fcntl(sys.stdout.fileno(), fcntl.F_DUPFD_CLOEXEC, 1024)
             become(request, fds, server_fds, wrapper, STDIO, log_fd)
         finally:
             os._exit(70)  # become() ends the process itself; reaching here is a bug in it
-    if request["group"]:  # here too (as a shell does): the group exists before the client can signal it
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
+    if session:
+        os.close(session[1])
+        os.read(session[0], 1)  # end of file: the child has its session (or died)
+        os.close(session[0])
+    elif request["group"]:  # here too (as a shell does): the group exists before the client can signal it
         try:
             os.setpgid(pid, pid)
         except OSError:
