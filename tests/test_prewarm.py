@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import textwrap
 import time
 
@@ -244,3 +245,20 @@ def test_what_it_cannot_serve_runs_in_the_real_interpreter(prewarmed):
     assert int(wait_line(out)) == out.pid and out.wait(timeout=60) == 0
     assert "fallback environment differs in OMP_NUM_THREADS" in prewarmed.log.read_text()
     assert pids_through(prewarmed)[1] == prewarmed.server.pid
+
+
+def test_a_wrapper_that_cannot_run_is_not_used(monkeypatch):
+    """A temporary folder mounted noexec: the wrapper cannot be run, and `start` leaves `sys.executable` as it is
+    (every process a test starts would fail otherwise)."""
+    class NoExec(launch.Prewarmed):
+        def __init__(self, real):
+            super().__init__(real)
+            assert self.runs()
+            self.wrapper.chmod(0o644)  # as on a noexec mount: exec refuses it
+
+    monkeypatch.delenv("DLRM_TEST_PREWARM", raising=False)
+    monkeypatch.setattr(launch, "Prewarmed", NoExec)
+    monkeypatch.setattr(launch, "_current", [])
+    before = sys.executable
+    launch.start()
+    assert sys.executable == before and launch._current == []

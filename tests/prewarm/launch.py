@@ -45,6 +45,15 @@ class Prewarmed:
                                            env=dict(os.environ), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                            cwd=self.folder)
 
+    def runs(self) -> bool:
+        """Whether the wrapper can be run here (a temporary folder mounted noexec cannot run it): an option the
+        client does not parse, so the real interpreter answers at once, ready or not."""
+        try:
+            return subprocess.run([str(self.wrapper), "-S", "-c", "pass"], stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
+
     def wait_ready(self, timeout: float) -> None:
         """Until the server listens (it imports torch first: seconds)."""
         deadline = time.monotonic() + timeout
@@ -79,8 +88,12 @@ def start() -> None:
     """Start this process's server (in the background: ready in ~2.5 s) and route `sys.executable` to it."""
     if os.environ.get("DLRM_TEST_PREWARM", "1") == "0" or _current:
         return
-    _current.append(Prewarmed(sys.executable))
-    sys.executable = str(_current[0].wrapper)
+    p = Prewarmed(sys.executable)
+    if not p.runs():  # every process would fail to start: fresh interpreters instead
+        p.stop()
+        return
+    _current.append(p)
+    sys.executable = str(p.wrapper)
 
 
 def stop() -> None:
