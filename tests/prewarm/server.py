@@ -37,8 +37,8 @@ from prewarm_child import become  # this folder is sys.path[0]; the child's code
 from prewarm_signals import PASSED_ON, send
 
 # a variable whose name starts so, or names one of these, must be the server's own for a request to be served: read
-# when Python, libgomp, torch, Dynamo, Inductor or Triton start (here, before any request). PYTHONPATH,
-# PYTHONUNBUFFERED and PYTHONFAULTHANDLER are applied by the child itself; torchrun's rank variables are read later.
+# when Python, libgomp, torch, Dynamo, Inductor or Triton start (here, before any request). Those APPLIED_BY_CHILD
+# the child applies itself or are read later, as are torchrun's rank variables.
 STARTUP_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "TRITON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS", "CUDA",
                     "LD_", "MALLOC", "LC_", "LANG", "NUMPY", "HOME", "XDG_", "TMPDIR")
 APPLIED_BY_CHILD = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
@@ -69,15 +69,15 @@ def fallback_reason(request: dict, own_fds: set[int]) -> str | None:
 
 
 def log(line: str) -> None:
-    """One line to this server's log (its stdout: launch.py's server.log)."""
+    """One line to this server's log (its stdout: the `log` file in launch.py's folder)."""
     print(line, flush=True)
 
 
 def serve(path: str, wrapper: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path + ".tmp")
-    os.rename(path + ".tmp", path)  # clients see the socket only once it listens
     listener.listen(64)
+    os.rename(path + ".tmp", path)  # clients see the socket only once it listens
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below through the wakeup descriptor
@@ -117,7 +117,11 @@ def serve(path: str, wrapper: str) -> None:
                     conn, _ = listener.accept()
                     open_conns = [c.fileno() for c in conns.values()]
                     server_fds = [listener.fileno(), wake_r, wake_w, sel.fileno(), conn.fileno(), *open_conns]
-                    served = accept(conn, baseline | set(server_fds), wrapper, server_fds)
+                    try:
+                        served = accept(conn, baseline | set(server_fds), wrapper, server_fds)
+                    except Exception as exc:  # noqa: BLE001 (a malformed request: its client falls back, others go on)
+                        log(f"error {exc!r}")
+                        served = None
                     if served is None:
                         conn.close()
                     else:
@@ -191,7 +195,10 @@ def accept(conn: socket.socket, own_fds: set[int], wrapper: str, server_fds: lis
     for fd in fds:
         os.close(fd)
     log(f"served {pid}: {request['mode']} {request['target'][:80]!r}")
-    conn.send(f"pid {pid}".encode())
+    try:
+        conn.send(f"pid {pid}".encode())
+    except OSError:  # the client is gone already: its end reads as closed in serve(), which kills the child
+        pass
     return pid, request["group"]
 
 
