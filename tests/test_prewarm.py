@@ -43,11 +43,18 @@ def prewarmed():
 
 
 def both(prewarmed, args: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
-    """`args` run by the real interpreter and through the server (checked served: the server's child)."""
+    """`args` run by the real interpreter and through the server (checked served: its log has one more child)."""
     kwargs = {"capture_output": True, "text": True, "timeout": 60, **kwargs}
     fresh = subprocess.run([launch.real_python(), *args], **kwargs)
+    children = served_so_far(prewarmed)
     served = subprocess.run([str(prewarmed.wrapper), *args], **kwargs)
+    assert served_so_far(prewarmed) == children + 1, prewarmed.log.read_text()[-2000:]
     return fresh, served
+
+
+def served_so_far(prewarmed) -> int:
+    """The children the server has forked (a line each in its log, written before the client learns the pid)."""
+    return sum(line.startswith("served ") for line in prewarmed.log.read_text().splitlines())
 
 
 PIDS = "import os; print(os.getpid(), os.getppid())"

@@ -56,15 +56,16 @@ def startup_env(env: dict[str, str]) -> dict[str, str]:
             and not k.startswith(READ_LATER_PREFIXES)}
 
 
-def fallback_reason(request: dict, own_fds: set[int]) -> str | None:
-    """Why `request` must run in a fresh interpreter instead (None: it can be served)."""
+def fallback_reason(request: dict, kept: set[int]) -> str | None:
+    """Why `request` must run in a fresh interpreter instead (None: it can be served); `kept`: the descriptors a
+    child keeps (numbers >= 1024 are where the child moves what it places)."""
     mine, theirs = startup_env(START_ENV), startup_env(request["env"])
     if mine != theirs:
         changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
         return f"environment differs in {', '.join(changed)}"
-    taken = own_fds & set(request["fds"])
+    taken = sorted(n for n in request["fds"] if n in kept or n >= 1024)
     if taken:
-        return f"descriptors {sorted(taken)} are the server's"
+        return f"descriptors {taken} are the server's"
     return None
 
 
@@ -73,7 +74,21 @@ def log(line: str) -> None:
     print(line, flush=True)
 
 
+def kept_descriptors() -> set[int]:
+    """The descriptors a child keeps: those open before serving (the preloaded modules'; 0-2 are replaced). The
+    server's own, made after, are closed in the child, so their numbers are free for the client's."""
+    kept = set()
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            os.fstat(fd)
+        except OSError:  # the listing's own directory descriptor, closed by now
+            continue
+        kept.add(fd)
+    return kept - {0, 1, 2}
+
+
 def serve(path: str, wrapper: str) -> None:
+    kept = kept_descriptors()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path + ".tmp")
     listener.listen(64)
@@ -90,7 +105,6 @@ def serve(path: str, wrapper: str) -> None:
     sel.register(wake_r, selectors.EVENT_READ)
     conns: dict[int, socket.socket] = {}  # running child -> its client's connection (gone: the client was killed)
     groups: dict[int, bool] = {}  # running child -> whether it leads a process group
-    baseline = {int(fd) for fd in os.listdir("/proc/self/fd")}
 
     def reap() -> None:
         while groups:
@@ -118,7 +132,7 @@ def serve(path: str, wrapper: str) -> None:
                     open_conns = [c.fileno() for c in conns.values()]
                     server_fds = [listener.fileno(), wake_r, wake_w, sel.fileno(), conn.fileno(), *open_conns]
                     try:
-                        served = accept(conn, baseline | set(server_fds), wrapper, server_fds)
+                        served = accept(conn, kept, wrapper, server_fds)
                     except Exception as exc:  # noqa: BLE001 (a malformed request: its client falls back, others go on)
                         log(f"error {exc!r}")
                         served = None
@@ -145,7 +159,7 @@ def serve(path: str, wrapper: str) -> None:
         os.unlink(path)
 
 
-def accept(conn: socket.socket, own_fds: set[int], wrapper: str, server_fds: list[int]) -> tuple[int, bool] | None:
+def accept(conn: socket.socket, kept: set[int], wrapper: str, server_fds: list[int]) -> tuple[int, bool] | None:
     """Read one request from `conn` and fork its child: (its pid, whether it leads a process group); None: answered
     fallback, or no request."""
     conn.settimeout(10)
@@ -155,7 +169,7 @@ def accept(conn: socket.socket, own_fds: set[int], wrapper: str, server_fds: lis
     except (OSError, ValueError):
         return None
     conn.settimeout(None)
-    reason = fallback_reason(request, own_fds - set(range(3)))
+    reason = fallback_reason(request, kept)
     if reason is None and len(fds) != len(request["fds"]):
         reason = "descriptors lost in transit"
     if reason is not None:
