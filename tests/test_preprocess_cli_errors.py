@@ -10,9 +10,11 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,6 +52,37 @@ def src(tmp_path: Path) -> Path:
     path.parent.mkdir()
     path.write_text(raw_lines(60))
     return path
+
+
+@pytest.fixture
+def shared_tmp() -> Path:
+    """A directory every user may enter and write (pytest's own tmp_path lies under a 0700 directory of
+    root's, which user nobody could not enter); removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="dlrm-permissions-"))
+    path.chmod(0o777)
+    yield path
+    for d in [path, *path.rglob("*")]:
+        if d.is_dir():
+            d.chmod(0o777)
+    shutil.rmtree(path)
+
+
+def run_cli_unprivileged(*args, warm_up: tuple) -> object:
+    """``run_cli(*args)`` with the permission bits checked for real. Root reads and writes past them, so under
+    root the command runs with real and effective user and group ``nobody`` (Linux checks file access against
+    the effective ids, ``os.access`` against the real ones) and root's come back from the saved ids after it.
+    ``warm_up``, a command root can run, runs first as root: nobody cannot enter /root, where site-packages may
+    lie, so every module the command imports is loaded before."""
+    if os.geteuid() != 0:
+        return run_cli(*args)
+    assert run_cli(*warm_up).exit_code == 0
+    os.setresgid(65534, 65534, 0)
+    os.setresuid(65534, 65534, 0)
+    try:
+        return run_cli(*args)
+    finally:
+        os.setresuid(0, 0, 0)
+        os.setresgid(0, 0, 0)
 
 
 def run_cli(*args: str):
@@ -211,13 +244,13 @@ def test_unreadable_input_is_one_line(tmp_path, src, monkeypatch):
     assert not (tmp_path / "ds").exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files without read permission")
-def test_unreadable_input_is_one_line_for_real(tmp_path, src):
+def test_unreadable_input_is_one_line_for_real(shared_tmp):
+    src = shared_tmp / "a.tsv"
+    src.write_text(raw_lines(60))
     src.chmod(0)
-    try:
-        assert_one_line_error(run_cli("-i", src, "-o", tmp_path / "ds"), f"{src}: cannot be read")
-    finally:
-        src.chmod(0o644)
+    result = run_cli_unprivileged("-i", src, "-o", shared_tmp / "ds", warm_up=("-i", src, "-o", shared_tmp / "warm"))
+    assert_one_line_error(result, f"'{src}' is not readable")  # click's check of --input, before ours
+    assert not (shared_tmp / "ds").exists()
 
 
 def test_input_inside_the_output_is_not_deleted_by_overwrite(tmp_path):
@@ -266,15 +299,15 @@ def test_not_writable_output_is_one_line_before_any_work(tmp_path, src, monkeypa
     assert counted == [] and not (parent / "ds").exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
-def test_not_writable_output_is_one_line_for_real(tmp_path, src):
-    parent = tmp_path / "ro"
+def test_not_writable_output_is_one_line_for_real(shared_tmp):
+    src = shared_tmp / "a.tsv"
+    src.write_text(raw_lines(60))
+    parent = shared_tmp / "ro"
     parent.mkdir()
     parent.chmod(0o555)
-    try:
-        assert_one_line_error(run_cli("-i", src, "-o", parent / "ds"), "not writable")
-    finally:
-        parent.chmod(0o755)
+    result = run_cli_unprivileged("-i", src, "-o", parent / "ds", warm_up=("-i", src, "-o", shared_tmp / "warm"))
+    assert_one_line_error(result, f"{parent / 'ds'}: not writable")
+    assert list(parent.iterdir()) == []
 
 
 def test_malformed_manifest_is_one_line(tmp_path, src):
