@@ -110,3 +110,22 @@ def test_relayout_copies_a_sound_vocabulary_dataset(tmp_path):
     assert read_metadata(tmp_path / "out").hashing == "vocabulary"
     for f in range(NUM_SPARSE):
         assert np.load(vocab_path(tmp_path / "out", f)).tolist() == list(range(10, 10 + CARD - 1))
+
+
+# -- a strided batch hashes as a contiguous one, without torch's searchsorted warning in the user's log -----------
+
+
+def test_a_transposed_batch_hashes_as_its_contiguous_copy_without_a_warning():
+    import warnings
+
+    from dlrm.model.hashing import vocabulary_rows
+
+    keys, vocab_offsets = keyed_vocabulary([torch.tensor([1, 5, 9]), torch.tensor([3, 4])])
+    offsets = torch.tensor([0, 4])
+    raw = torch.tensor([[9, 1, 2, -1, 5], [4, 3, 7, 4, -1]]).t()  # [B=5, F=2] as a transposed view
+    assert not raw.is_contiguous()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rows = vocabulary_rows(raw, keys, vocab_offsets, offsets)
+    assert rows.tolist() == vocabulary_rows(raw.contiguous(), keys, vocab_offsets, offsets).tolist()
+    assert rows.tolist() == [[3, 6], [1, 5], [0, 4], [0, 6], [2, 4]]

@@ -81,7 +81,9 @@ def vocabulary_rows(
     """
     if features is None:
         features = torch.arange(raw.shape[1], device=raw.device, dtype=torch.int64)
-    keyed_raw = raw + features * _FEATURE_SHIFT
+    # contiguous: searchsorted copies a strided input itself (a transposed batch keeps its strides through the
+    # add), with a UserWarning in the user's log; the copy made here costs the same and says nothing
+    keyed_raw = (raw + features * _FEATURE_SHIFT).contiguous()
     pos = torch.searchsorted(keys, keyed_raw)
     # An empty vocabulary array would make the gather below index out of range; keep a dummy key.
     safe_keys = keys if keys.numel() else torch.full((1,), -1, dtype=torch.int64, device=raw.device)
