@@ -207,13 +207,21 @@ class ProfileConfig:
     """torch.profiler schedule and options (short, small traces by default)."""
 
     enabled: bool = True
+    """Profile the run (`--profile` sets it true for one command line)."""
     wait: int = 5
+    """Steps trained unprofiled before each cycle (the first steps compile and warm the caches)."""
     warmup: int = 3
+    """Steps the profiler runs but discards before recording (its own start-up kept out of the trace)."""
     active: int = 5
+    """Steps recorded in each cycle's trace (at least 1)."""
     repeat: int = 1
+    """Cycles of wait + warmup + active steps, each its own trace file; 0: cycles until the run ends."""
     record_shapes: bool = True
+    """Record each operator's input shapes (the trace's "Input Dims")."""
     profile_memory: bool = False
+    """Record tensor allocations and frees (the trace's memory events; slower, larger traces)."""
     with_stack: bool = False
+    """Record the Python stack of each operator (much larger traces)."""
 
 
 @dataclass

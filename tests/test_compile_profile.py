@@ -248,3 +248,30 @@ def test_a_run_shorter_than_the_profiler_cycle_is_told_at_the_start(tmp_path):
         assert len(seen) == 1
     finally:
         logger.remove(handle)
+
+
+def test_profiler_notices_are_said_once_in_the_runs_words_not_as_torch_warnings(tmp_path):
+    """profile.warmup 0 is told through the run's log, not torch's bare UserWarning; a second cycle (repeat 2) writes
+    its own trace, so torch's warning that it clears the first cycle's events is not printed."""
+    import warnings
+
+    from loguru import logger
+
+    from dlrm.config import ProfileConfig
+    from dlrm.train.profiling import make_profiler, trace_files
+
+    seen: list[str] = []
+    handle = logger.add(seen.append, level="WARNING", format="{message}")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cfg = ProfileConfig(enabled=True, wait=0, warmup=0, active=1, repeat=2)
+            with make_profiler(cfg, tmp_path, torch.device("cpu"), steps=3) as prof:
+                for _ in range(3):
+                    torch.ones(4).sum()
+                    prof.step()
+    finally:
+        logger.remove(handle)
+    assert [str(w.message) for w in caught if "rofiler" in str(w.message)] == []
+    assert len(seen) == 1 and "profile.warmup 0: the first recorded step also holds the profiler's own" in seen[0]
+    assert len(trace_files(tmp_path)) == 2

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -72,6 +73,15 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps
         f"profiling: wait {cfg.wait}, warmup {cfg.warmup}, active {cfg.active}, repeat {cfg.repeat} steps; "
         f"traces go to {run_dir}"
     )
+    if cfg.warmup == 0:
+        run_logger.warning("profiling: profile.warmup 0: the first recorded step also holds the profiler's own "
+                           "start-up (CUPTI's on a GPU); 1 or more keeps it out of the trace")
+    # torch says both in its own words, as a bare UserWarning in the run's log: the one above, and, as a second cycle
+    # starts (repeat 0 or > 1), that each cycle's events replace the last's, which loses nothing here since the
+    # trace handler has written each cycle's trace when it ended
+    warnings.filterwarnings("ignore", message="Profiler won't be using warmup", category=UserWarning)
+    warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle",
+                            category=UserWarning)
     return _StepProfile(
         activities=activities,
         schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat),
