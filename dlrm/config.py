@@ -139,11 +139,15 @@ class DenseOptimConfig:
     """Optimizer for the MLP parameters."""
 
     name: Literal["sgd", "adagrad", "adam"] = "adam"
+    """torch.optim's SGD, Adagrad (a capturable one under train.cuda_graph) or Adam over the MLPs' parameters."""
     lr: float = 1e-3
+    """Base learning rate (optim.schedule scales it)."""
     eps: float = 1e-8
+    """Adagrad's and Adam's term added to the denominator (SGD has none)."""
     momentum: float = 0.0
     """SGD momentum."""
     weight_decay: float = 0.0
+    """L2 added to every gradient (torch.optim's ``weight_decay``, coupled, also for Adam)."""
     fused: Optional[bool] = None
     """torch.optim's fused implementation (one kernel for all parameters' update instead of a
     few per parameter group); None: fused for sgd and adam on CUDA (torch has no fused CUDA
@@ -155,8 +159,12 @@ class SparseOptimConfig:
     """Optimizer for the embedding table, applied to the touched rows only."""
 
     name: Literal["sgd", "adagrad", "rowwise_adagrad"] = "rowwise_adagrad"
+    """sgd; adagrad (a sum per element, as big as the table); rowwise_adagrad (one sum per row: the mean of its
+    squared gradient, as TorchRec's and MLPerf's)."""
     lr: float = 0.05
+    """Base learning rate (optim.schedule scales it)."""
     eps: float = 1e-8
+    """The Adagrads' term added to the denominator (SGD has none)."""
     weight_decay: float = 0.0
     """L2 on the embedding rows, lazily: ``weight_decay * w[r]`` is added to the gradient of every
     row r a batch touches (rows a batch does not use are left alone: no dense pass over the tables)."""
@@ -167,20 +175,26 @@ class ScheduleConfig:
     """Learning-rate multiplier: linear warm-up, then constant, then decay to end_factor."""
 
     warmup_steps: int = 0
+    """Steps over which the multiplier rises linearly to 1 (step s of them: (s + 1) / warmup_steps); 0: none."""
     decay: Literal["none", "linear", "cosine"] = "none"
+    """The shape of the fall from 1 to end_factor after decay_start_step."""
     decay_start_step: int = 0
     """Step at which decay begins, counted from step 0 (not from the warm-up's end): one below warmup_steps starts
     the decay inside the warm-up, whose end then drops the multiplier at once (facebookresearch/dlrm refuses that)."""
     decay_steps: int = 0
     """Steps over which the multiplier falls to end_factor (0 = to the end of training)."""
     end_factor: float = 0.0
+    """The multiplier at the decay's end, kept after it."""
 
 
 @dataclass
 class OptimConfig:
     dense: DenseOptimConfig = field(default_factory=DenseOptimConfig)
+    """The MLPs' (and the cross network's) optimizer."""
     sparse: SparseOptimConfig = field(default_factory=SparseOptimConfig)
+    """The embedding tables' optimizer."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """One learning-rate multiplier for both optimizers."""
 
 
 @dataclass
@@ -207,7 +221,7 @@ class ProfileConfig:
     """torch.profiler schedule and options (short, small traces by default)."""
 
     enabled: bool = True
-    """Profile the run (`--profile` sets it true for one command line)."""
+    """Profile the run; false keeps the settings for a run given `--profile`."""
     wait: int = 5
     """Steps trained unprofiled before each cycle (the first steps compile and warm the caches)."""
     warmup: int = 3
@@ -247,6 +261,7 @@ class TrainConfig:
     """The loop: length, precision, device, evaluation and logging cadence."""
 
     epochs: int = 1
+    """Passes over the train split (max_steps and min_steps may shorten or lengthen the run)."""
     max_steps: Optional[int] = None
     """Stop after this many steps even if epochs remain."""
     min_steps: Optional[int] = None
@@ -267,7 +282,9 @@ class TrainConfig:
     """fp32: IEEE fp32 everywhere. tf32: fp32 weights and activations, matmuls on TF32 tensor cores (CUDA only;
     ~10-bit mantissa products, fp32 accumulation; a no-op on the CPU). bf16: autocast (fp32 weights and state)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """"auto": CUDA when there is a GPU, else the CPU; "cuda" without one is refused."""
     seed: int = 0
+    """Seeds the initial weights, the shuffling and the bf16 tables' stochastic rounding (a run is repeatable)."""
     deterministic: bool = False
     """torch.use_deterministic_algorithms and deterministic kernels (no Inductor combo kernels: they are timed)."""
     compile: Union[bool, Auto, CompileConfig] = "auto"
@@ -290,12 +307,19 @@ class KernelsConfig:
     cross layer, PyTorch MLPs and loss; on the CPU PyTorch everywhere); "torch", "triton", "gluon" force one."""
 
     embedding: KernelChoice = "auto"
+    """torch: PyTorch ops (sparse gradients and an eager sparse optimizer; compiled, the update in the backward,
+    dlrm.model.fused_sparse); triton: the Triton lookup whose backward applies the update itself
+    (kernels.embedding)."""
     interaction: InteractionKernelChoice = "auto"
+    """torch: the eager dot products or cross network; triton: the Triton dot interaction, or the DCN cross layer
+    with its epilogue fused (kernels.cross); gluon: the DCN cross layer as a warp-specialized Gluon kernel
+    (Hopper, bf16)."""
     mlp: MlpKernelChoice = "auto"
     """torch: nn.Linear; triton: the Triton linear kernel per layer; fused: kernels.mlp.FusedMLP (cuBLASLt
     bias+ReLU epilogues, weight gradients on a side stream in 32 bits, in series in 16; relu, no dropout); wgrad:
     nn.Linear forward, dW and db from one Triton GEMM with the ReLU mask and bias sum fused (kernels.wgrad; relu)."""
     loss: KernelChoice = "auto"
+    """torch: BCE with logits; triton: the fused sigmoid, BCE and gradient kernel (kernels.loss)."""
 
 
 @dataclass
@@ -354,7 +378,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     profile: Union[bool, ProfileConfig] = False
-    """false, true, or the profiler settings; normalised to a ProfileConfig."""
+    """false, true, or the profiler settings; normalised to a ProfileConfig (`--profile` turns it on)."""
     name: str = "run"
     """Short name of the config (defaults to the file's stem)."""
 
