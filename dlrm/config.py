@@ -370,13 +370,21 @@ class DistributedConfig:
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
+    """The dataset and how it is loaded."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The DLRM's shape (a dataset's metadata.json gives the table sizes and values a sample)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    """The dense and sparse optimizers and the learning-rate schedule."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """The training loop."""
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    """The implementation of each component."""
     log: LogConfig = field(default_factory=LogConfig)
+    """Where the run's directory goes and what it is called."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When checkpoints are written and how many are kept."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Several processes under torchrun."""
     profile: Union[bool, ProfileConfig] = False
     """false, true, or the profiler settings; normalised to a ProfileConfig (`--profile` turns it on)."""
     name: str = "run"
