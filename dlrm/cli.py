@@ -12,7 +12,7 @@ code   meaning
        written or read (disk full, over quota or a file size limit, read-only file system, no permission)
 3      the training loss became NaN or Inf (the line names the last good checkpoint)
 4      out of memory (host or GPU): retry with a smaller data.batch_size, or cap the embedding
-       tables with data.max_rows_per_table
+       tables with data.max_rows_per_table (while the model is built: the tables' size, and what makes them fit)
 5      another rank of a distributed run is gone (killed, out of memory, its own error): --resume continues
 128+n  stopped by signal n after writing a checkpoint (143: SIGTERM, 130: SIGINT during training);
        SIGTERM outside the training steps stops at once, without one (a new run's directory removed)
@@ -264,8 +264,13 @@ def _one_line(exc: BaseException, limit: int = 2000, first_only: bool = False) -
 
 
 def out_of_memory_message(exc: BaseException, cfg: Optional[Config]) -> str:
-    """What ran out, and the two settings that shrink a run's memory."""
+    """What ran out, and the settings that shrink a run's memory: while the model was built, the tables' size and
+    what makes them fit (`dlrm_tables`, from `dlrm.train.builder.tables_named_if_out_of_memory`); else the batch size
+    too."""
     what = "GPU memory" if type(exc).__name__ == "OutOfMemoryError" else "host memory"
+    tables = getattr(exc, "dlrm_tables", None)
+    if tables is not None:
+        return f"out of {what} building the model ({_one_line(exc, limit=200, first_only=True)}): {tables}"
     batch = f" (now {cfg.data.batch_size})" if cfg is not None else ""
     return (f"out of {what} ({_one_line(exc, limit=200, first_only=True)}): retry with a smaller data.batch_size{batch} (--batch-size), "
             "or cap the embedding tables with data.max_rows_per_table")

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -25,12 +26,13 @@ from loguru import logger
 
 from dlrm.config import Config, ConfigError
 from dlrm.distributed.env import DistEnv
+from dlrm.errors import is_out_of_memory
 from dlrm.distributed.sharding import ShardingPlan, plan_sharding
 from dlrm.model.dlrm import _TABLE_DTYPES, DLRM, build_loss, build_model
 from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.graphed_step import graph_train_step
 from dlrm.train.optim import build_optimizers, build_schedulers
-from dlrm.train.placement import table_row_bytes, vocabulary_key_bytes
+from dlrm.train.placement import table_bytes, table_row_bytes, vocabulary_key_bytes
 from dlrm.train.setup import Tables
 from dlrm.train.step import EvalForward, TrainStep, set_matmul_precision
 
@@ -127,6 +129,36 @@ def _log_memory(env: DistEnv, model: DLRM, device: torch.device) -> None:
                     + (f", CUDA memory allocated {a / 2**20:,.1f} MiB" if a is not None else ""))
 
 
+@contextlib.contextmanager
+def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.device, env: DistEnv):
+    """Running out of memory while the model and its optimizers are built is the tables' doing (they are nearly all
+    of it, MLPerf's 204M rows most of all): the error leaves with ``dlrm_tables``, their size (and the GPU's free
+    memory before the build) and what makes them fit, which `dlrm.cli.out_of_memory_message` says in place of advice
+    on the batch size, which the build does not depend on. One process only: a rank's share of sharded tables is its
+    plan's."""
+    free = None
+    if device.type == "cuda" and not env.distributed:
+        free = torch.cuda.mem_get_info(device)  # (free, total) bytes: one query at start-up, not the step's
+    try:
+        yield
+    except BaseException as exc:
+        if is_out_of_memory(exc) and not env.distributed:
+            rows, dim = sum(tables.cardinalities), cfg.model.embedding_dim
+            weights = rows * dim * _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize
+            state = table_bytes(cfg, tables.cardinalities) - weights
+            text = (f"its embedding tables hold {rows:,} rows x {dim} x {cfg.model.embedding_dtype} = "
+                    f"{weights / 2**30:,.1f} GiB" + (f", the sparse optimizer's state {state / 2**30:,.1f} GiB more"
+                                                     if state else ""))
+            if free is not None:
+                text += f"; {free[0] / 2**30:,.1f} GiB of the GPU's {free[1] / 2**30:,.1f} GiB were free"
+            text += ": cap them with data.max_rows_per_table"
+            if device.type == "cuda":  # (bf16 tables need the Triton embedding: a GPU's)
+                text += (", store them in bf16 (model.embedding_dtype)" if cfg.model.embedding_dtype == "fp32" else "")
+                text += ", or shard them over several GPUs under torchrun"
+            exc.dlrm_tables = text
+        raise
+
+
 def rounding_seed_start(seed: int) -> int:
     """The first stochastic-rounding seed of bf16 tables in a run of ``train.seed`` ``seed``: the seed's low 31
     bits in the high half of the int64 counter, whose low half then counts steps (the update advances it by
@@ -163,8 +195,9 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
                           "DistributedDataParallel forward breaks the graph); set it false")
     plan = make_sharding(cfg, tables, env, device)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
-    model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch,
-                        compiled=bool(cfg.train.compile.enabled), multi_hot_sizes=tables.multi_hot_sizes)
+    with tables_named_if_out_of_memory(cfg, tables, device, env):
+        model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch,
+                            compiled=bool(cfg.train.compile.enabled), multi_hot_sizes=tables.multi_hot_sizes)
     start_rounding_seed(model, cfg.train.seed)
     dense_forward = None  # one process: the model's own forward_from_embeddings
     if env.distributed:
@@ -173,7 +206,8 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
         # the buckets rebuilt before the first step: a resumed run reduces as the uninterrupted one (3+ ranks)
         dense_forward = wrap_dense_parts(model, device, (len(tables.cardinalities), cfg.model.embedding_dim))
         _log_memory(env, model, device)
-    optimizers = build_optimizers(model, cfg.optim, cfg.train.deterministic)
+    with tables_named_if_out_of_memory(cfg, tables, device, env):  # the sparse optimizer's state: as large, for adagrad
+        optimizers = build_optimizers(model, cfg.optim, cfg.train.deterministic)
     schedulers = build_schedulers(optimizers, cfg.optim.schedule, total_steps)
     if cfg.train.compile.enabled:
         logger.info(f"torch.compile: mode {cfg.train.compile.mode}, fullgraph {cfg.train.compile.fullgraph}")

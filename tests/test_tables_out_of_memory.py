@@ -1,0 +1,80 @@
+"""Running out of memory while the model is built is the embedding tables' doing: train.py says their size and what
+makes them fit (cap, bf16, shard), not the batch-size advice of an out-of-memory error met while training (the build
+does not depend on the batch). No test allocates the tables: the allocation's failure is raised in its place."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import dlrm.train.builder as builder
+from dlrm.config import Config, validate
+from dlrm.distributed.env import DistEnv
+from dlrm.train.setup import Tables
+from tests.conftest import REPO
+from tests.test_cli_errors import error_line, invoke
+
+CPU_ALLOCATOR = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried "
+                 "to allocate 104542509056 bytes. Error code 12 (Cannot allocate memory)")
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    from dlrm.logging_setup import configure_logging
+
+    yield
+    configure_logging()
+
+
+@pytest.mark.parametrize("where", ["build_model", "build_optimizers"])
+def test_mlperf_tables_out_of_host_memory_are_named_with_their_size(tmp_path, monkeypatch, mlperf_preset_dataset,
+                                                                     where):
+    """MLPerf's 204,184,588 rows x 128 in fp32 on a CPU: 97.4 GiB of weights, 0.8 GiB of row-wise Adagrad sums
+    (one fp32 a row); the model's build or its optimizers' (the sparse state) fails; exit 4, nothing written."""
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError(CPU_ALLOCATOR)
+
+    monkeypatch.setattr(builder, where, out_of_memory)
+    cfg = json.loads((REPO / "configs" / "mlperf-dcnv2.json").read_text())
+    cfg["model"]["embedding_dtype"], cfg["train"]["precision"], cfg["train"]["device"] = "fp32", "fp32", "cpu"
+    path = tmp_path / "mlperf-fp32.json"
+    path.write_text(json.dumps(cfg))
+    result = invoke(tmp_path, path, "--data", str(mlperf_preset_dataset))
+    line = error_line(result, 4)
+    assert line.endswith(f"ERROR   out of host memory building the model ({CPU_ALLOCATOR}): its embedding tables hold "
+                         "204,184,588 rows x 128 x fp32 = 97.4 GiB, the sparse optimizer's state 0.8 GiB more: cap "
+                         "them with data.max_rows_per_table"), line
+    assert not (tmp_path / "tb").exists()
+
+
+def _tables_text(exc: BaseException, dtype: str, sparse: str, device: str, env: DistEnv = DistEnv()) -> str | None:
+    cfg = validate(Config())
+    cfg.model.embedding_dtype, cfg.optim.sparse.name, cfg.model.embedding_dim = dtype, sparse, 16
+    tables = Tables(cardinalities=[1000, 3], vocabs=None, hashing="modulus")
+    with pytest.raises(type(exc)) as raised:
+        with builder.tables_named_if_out_of_memory(cfg, tables, torch.device(device), env):
+            raise exc
+    assert raised.value is exc  # the same error leaves, with the tables' size on it
+    return getattr(exc, "dlrm_tables", None)
+
+
+def test_on_a_gpu_the_free_memory_and_the_three_ways_to_fit_are_said(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 * 2**30, 80 * 2**30))
+    text = _tables_text(torch.OutOfMemoryError("CUDA out of memory."), "fp32", "adagrad", "cuda")
+    # 1,003 rows x 16 fp32: 64,192 B of weights and as much Adagrad state (one fp32 an element)
+    assert text == ("its embedding tables hold 1,003 rows x 16 x fp32 = 0.0 GiB, the sparse optimizer's state 0.0 GiB "
+                    "more; 3.0 GiB of the GPU's 80.0 GiB were free: cap them with data.max_rows_per_table, store them "
+                    "in bf16 (model.embedding_dtype), or shard them over several GPUs under torchrun")
+    text = _tables_text(torch.OutOfMemoryError("CUDA out of memory."), "bf16", "sgd", "cuda")
+    assert text == ("its embedding tables hold 1,003 rows x 16 x bf16 = 0.0 GiB; 3.0 GiB of the GPU's 80.0 GiB were "
+                    "free: cap them with data.max_rows_per_table, or shard them over several GPUs under torchrun")
+
+
+def test_other_errors_and_ranks_of_sharded_tables_are_left_as_they_are(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: pytest.fail("a rank's share is its plan's"))
+    assert _tables_text(ValueError("not memory"), "fp32", "sgd", "cpu") is None
+    assert _tables_text(MemoryError(), "fp32", "sgd", "cuda", DistEnv(rank=0, world_size=2)) is None
+    assert _tables_text(MemoryError(), "fp32", "sgd", "cpu") == (
+        "its embedding tables hold 1,003 rows x 16 x fp32 = 0.0 GiB: cap them with data.max_rows_per_table")
