@@ -28,25 +28,41 @@ def _restore_logging():
     configure_logging()
 
 
-@pytest.mark.parametrize("where", ["build_model", "build_optimizers"])
-def test_mlperf_tables_out_of_host_memory_are_named_with_their_size(tmp_path, monkeypatch, mlperf_preset_dataset,
-                                                                     where):
-    """MLPerf's 204,184,588 rows x 128 in fp32 on a CPU: 97.4 GiB of weights, 0.8 GiB of row-wise Adagrad sums
-    (one fp32 a row); the model's build or its optimizers' (the sparse state) fails; exit 4, nothing written."""
+def _run_out_of_memory_in(where: str, tmp_path, monkeypatch, dataset, **data):
+    """train.py on `dataset` with fp32 tables on the CPU, `where` (the builder's build_model or build_optimizers)
+    raising the CPU allocator's error; its ERROR line. Exit 4, nothing written."""
     def out_of_memory(*args, **kwargs):
         raise RuntimeError(CPU_ALLOCATOR)
 
     monkeypatch.setattr(builder, where, out_of_memory)
     cfg = json.loads((REPO / "configs" / "mlperf-dcnv2.json").read_text())
     cfg["model"]["embedding_dtype"], cfg["train"]["precision"], cfg["train"]["device"] = "fp32", "fp32", "cpu"
+    cfg["data"].update(data)
     path = tmp_path / "mlperf-fp32.json"
     path.write_text(json.dumps(cfg))
-    result = invoke(tmp_path, path, "--data", str(mlperf_preset_dataset))
+    result = invoke(tmp_path, path, "--data", str(dataset))
     line = error_line(result, 4)
+    assert not (tmp_path / "tb").exists()
+    return line
+
+
+def test_mlperf_tables_out_of_host_memory_are_named_with_their_size(tmp_path, monkeypatch, mlperf_preset_dataset):
+    """MLPerf's 204,184,588 rows x 128 in fp32 on a CPU: 97.4 GiB of weights, 0.8 GiB of row-wise Adagrad sums (one
+    fp32 a row)."""
+    line = _run_out_of_memory_in("build_model", tmp_path, monkeypatch, mlperf_preset_dataset)
     assert line.endswith(f"ERROR   out of host memory building the model ({CPU_ALLOCATOR}): its embedding tables hold "
                          "204,184,588 rows x 128 x fp32 = 97.4 GiB, the sparse optimizer's state 0.8 GiB more: cap "
                          "them with data.max_rows_per_table"), line
-    assert not (tmp_path / "tb").exists()
+
+
+def test_out_of_memory_in_the_sparse_optimizers_state_names_the_tables_too(tmp_path, monkeypatch, mlperf_preset_dataset):
+    """The optimizers' build (the sparse state) is covered as the model's is. The model is built for real here, so
+    its tables are capped at 1,000 rows (whole, MLPerf's 104 GB of fp32 would be allocated on a host that has it):
+    17 tables of 1,000 rows and 9 smaller ones, 18,369 rows."""
+    line = _run_out_of_memory_in("build_optimizers", tmp_path, monkeypatch, mlperf_preset_dataset,
+                                 max_rows_per_table=1000)
+    assert line.endswith(f"({CPU_ALLOCATOR}): its embedding tables hold 18,369 rows x 128 x fp32 = 0.0 GiB, the sparse "
+                         "optimizer's state 0.0 GiB more: cap them with data.max_rows_per_table"), line
 
 
 def _tables_text(exc: BaseException, dtype: str, sparse: str, device: str, env: DistEnv = DistEnv()) -> str | None:
