@@ -26,8 +26,8 @@ from loguru import logger
 
 from dlrm.config import Config, ConfigError
 from dlrm.distributed.env import DistEnv
-from dlrm.errors import is_out_of_memory
 from dlrm.distributed.sharding import ShardingPlan, plan_sharding
+from dlrm.errors import is_out_of_memory
 from dlrm.model.dlrm import _TABLE_DTYPES, DLRM, build_loss, build_model
 from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.graphed_step import graph_train_step
