@@ -149,3 +149,27 @@ def test_an_undefined_first_evaluation_does_not_stay_the_best(monkeypatch):
         seen.append((ev.stats.evals_since_best, ev.should_stop))
     assert checkpointer.saved == [1, 2, 3] and ev.stats.best["step"] == 3
     assert seen == [(0, False), (0, False), (0, False), (1, False), (2, True)]
+
+
+def _batches(n: int) -> list[Batch]:
+    return [Batch(torch.zeros(2, 13), torch.zeros(2, 26, dtype=torch.int64), torch.tensor([0.0, 1.0]))
+            for _ in range(n)]
+
+
+def test_a_long_evaluation_shows_a_bar_of_its_batches_removed_at_its_end(monkeypatch, capsys):
+    """Past EVAL_BAR_DELAY_S (0 here) the evaluation draws "eval" with its batch count, and clears the line when it
+    ends (leave=False): the evaluation's record follows on a clean line. Rank 0 only."""
+    import dlrm.train.evaluator as evaluator
+
+    monkeypatch.setattr(evaluator, "EVAL_BAR_DELAY_S", 0.0)
+    evaluate(Forward(), _batches(3))
+    err = capsys.readouterr().err
+    assert "eval:   0%|" in err and "0/3 [" in err and err.endswith("\r"), repr(err)
+    rank_1 = SimpleNamespace(is_main=False, all_gather_rows=lambda t: t)  # (its peers' rows left out here)
+    evaluate(Forward(), _batches(3), rank_1)
+    assert capsys.readouterr().err == ""
+
+
+def test_a_short_evaluation_draws_nothing(capsys):
+    evaluate(Forward(), _batches(3))
+    assert capsys.readouterr().err == ""

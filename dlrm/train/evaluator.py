@@ -17,12 +17,13 @@ from typing import Callable, Optional
 
 import torch
 from loguru import logger
+from tqdm import tqdm
 
 from dlrm.config import Config
 from dlrm.distributed.env import DistEnv
 from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss
 from dlrm import checkpoint as ckpt
-from dlrm.logging_setup import counted, run_logger
+from dlrm.logging_setup import bar_interval, counted, run_logger
 from dlrm.train.builder import Run
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats
@@ -30,15 +31,24 @@ from dlrm.train.metrics import evaluate_logits
 from dlrm.train.reporting import NoWriter, log_eval
 from dlrm.train.target import TargetTracker
 
+# Seconds an evaluation runs before its progress bar appears (a long split streamed from parquet: MLPerf's 89M
+# validation rows; the training bar stands still meanwhile). Into a file or pipe a bar is drawn once a minute at most.
+EVAL_BAR_DELAY_S = 5.0
+
 
 def evaluate(forward, loader, env: DistEnv = DistEnv()) -> dict[str, float]:
     """AUC, logloss and accuracy over the whole split (logits gathered on the device, one sync);
-    in a distributed run over every rank's rows, the same numbers on every rank."""
+    in a distributed run over every rank's rows, the same numbers on every rank.
+
+    An evaluation longer than `EVAL_BAR_DELAY_S` shows a progress bar (rank 0's batches: rate and ETA), removed when
+    it ends; a shorter one, most (a split in GPU memory takes about a second), shows nothing."""
     forward.model.eval()
     logits, labels = [], []
-    for batch in loader:
-        logits.append(batch.real(forward(batch)))  # a padding row (Batch.pad) is not the split's
-        labels.append(batch.real(batch.labels))
+    with tqdm(loader, total=len(loader) if hasattr(loader, "__len__") else None, desc="eval", unit="batch",
+              leave=False, dynamic_ncols=True, disable=not env.is_main, delay=EVAL_BAR_DELAY_S, **bar_interval()) as bar:
+        for batch in bar:
+            logits.append(batch.real(forward(batch)))  # a padding row (Batch.pad) is not the split's
+            labels.append(batch.real(batch.labels))
     forward.model.train()
     if not logits:  # torch.cat's "expected a non-empty list of Tensors" traceback (--eval-only on an empty split)
         raise DatasetError(f"{_split_name(loader)}: the evaluation split holds no rows; nothing to evaluate")
