@@ -139,7 +139,8 @@ class DenseOptimConfig:
     """Optimizer for the MLP parameters."""
 
     name: Literal["sgd", "adagrad", "adam"] = "adam"
-    """torch.optim's SGD, Adagrad (a capturable one under train.cuda_graph) or Adam over the MLPs' parameters."""
+    """torch.optim's SGD, Adagrad (on CUDA, unless fused, its foreach twin without the host sync, which a captured
+    step can hold: `dlrm.train.adagrad`, whether train.cuda_graph is on or not) or Adam over the MLPs' parameters."""
     lr: float = 1e-3
     """Base learning rate (optim.schedule scales it)."""
     eps: float = 1e-8
@@ -284,7 +285,8 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """"auto": CUDA when there is a GPU, else the CPU; "cuda" without one is refused."""
     seed: int = 0
-    """Seeds the initial weights, the shuffling and the bf16 tables' stochastic rounding (a run is repeatable)."""
+    """Seeds the initial weights, the shuffling, dropout (each rank its own stream) and the bf16 tables' stochastic
+    rounding: a run is repeatable, bitwise on a GPU only under train.deterministic."""
     deterministic: bool = False
     """torch.use_deterministic_algorithms and deterministic kernels (no Inductor combo kernels: they are timed)."""
     compile: Union[bool, Auto, CompileConfig] = "auto"

@@ -156,18 +156,53 @@ def _batches(n: int) -> list[Batch]:
             for _ in range(n)]
 
 
-def test_a_long_evaluation_shows_a_bar_of_its_batches_removed_at_its_end(monkeypatch, capsys):
-    """Past EVAL_BAR_DELAY_S (0 here) the evaluation draws "eval" with its batch count, and clears the line when it
-    ends (leave=False): the evaluation's record follows on a clean line. Rank 0 only."""
+def test_a_long_evaluation_shows_a_bar_of_its_batches_removed_at_its_end(monkeypatch):
+    """Past EVAL_BAR_DELAY_S (0 here) the evaluation draws "eval" with its batch count, and on a terminal clears the
+    line when it ends (leave=False): the evaluation's record follows on a clean line. Rank 0 only."""
+    import io
+    import sys
+
+    import dlrm.train.evaluator as evaluator
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(evaluator, "EVAL_BAR_DELAY_S", 0.0)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    evaluate(Forward(), _batches(3))
+    err = sys.stderr.getvalue()
+    assert "eval:   0%|" in err and "0/3 [" in err and err.endswith("\r") and "\n" not in err, repr(err)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    rank_1 = SimpleNamespace(is_main=False, all_gather_rows=lambda t: t)  # (its peers' rows left out here)
+    evaluate(Forward(), _batches(3), rank_1)
+    assert sys.stderr.getvalue() == ""
+
+
+def test_into_a_file_a_long_evaluations_bar_is_left_as_its_last_copy(monkeypatch, capsys):
+    """Into a file or pipe (nohup, SLURM, `| tee`) the bar shares the training bar's line (position 0): removed there,
+    it wrote blanks over that line, which `cat` and `tail` showed empty where the training's progress and the
+    evaluation's were; its last copy stays instead, the line ended, as every other bar's is in a file."""
     import dlrm.train.evaluator as evaluator
 
     monkeypatch.setattr(evaluator, "EVAL_BAR_DELAY_S", 0.0)
     evaluate(Forward(), _batches(3))
     err = capsys.readouterr().err
-    assert "eval:   0%|" in err and "0/3 [" in err and err.endswith("\r"), repr(err)
-    rank_1 = SimpleNamespace(is_main=False, all_gather_rows=lambda t: t)  # (its peers' rows left out here)
-    evaluate(Forward(), _batches(3), rank_1)
-    assert capsys.readouterr().err == ""
+    assert err.endswith("\n") and "3/3 [" in err.rsplit("\r", 1)[-1], repr(err)
+
+
+def test_a_loader_of_unknown_length_evaluates_with_a_bar_of_no_total(monkeypatch, capsys):
+    """A DataLoader over an IterableDataset has __len__, which raises TypeError: its evaluation ran into that
+    TypeError (tqdm's own look at the length catches it: a bar counts batches without a total)."""
+    import dlrm.train.evaluator as evaluator
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(_batches(3))
+
+    monkeypatch.setattr(evaluator, "EVAL_BAR_DELAY_S", 0.0)
+    metrics = evaluate(Forward(), torch.utils.data.DataLoader(Stream(), batch_size=None))
+    assert set(metrics) >= {"auc", "logloss"} and "3batch [" in capsys.readouterr().err
 
 
 def test_a_short_evaluation_draws_nothing(capsys):

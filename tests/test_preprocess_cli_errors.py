@@ -76,13 +76,50 @@ def run_cli_unprivileged(*args, warm_up: tuple) -> object:
     if os.geteuid() != 0:
         return run_cli(*args)
     assert run_cli(*warm_up).exit_code == 0
-    os.setresgid(65534, 65534, 0)
-    os.setresuid(65534, 65534, 0)
+    groups = os.getgroups()
+    # every change inside the try: a setresuid refused after setresgid succeeded left the process in group nobody for
+    # the rest of the session (and a test failing with an OSError where the ids cannot change at all)
     try:
+        try:
+            os.setgroups([])  # root's supplementary groups (0, ...) still opened what group root may read or write
+            os.setresgid(65534, 65534, 0)
+            os.setresuid(65534, 65534, 0)
+        except OSError as e:  # a user namespace that maps root alone (rootless containers): there is no nobody
+            pytest.skip(f"cannot run as user nobody here ({e})")
         return run_cli(*args)
     finally:
-        os.setresuid(0, 0, 0)
+        os.setresuid(0, 0, 0)  # (the saved uid: back to root first, whose capabilities set the groups)
         os.setresgid(0, 0, 0)
+        os.setgroups(groups)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the helper changes ids under root only")
+def test_run_cli_unprivileged_drops_every_group_and_skips_where_nobody_cannot_be_become(monkeypatch):
+    """Run as nobody without root's supplementary groups, root's ids and groups back afterwards; where nobody cannot
+    be become (setresuid refused), a skip, and the process still root in every id and group."""
+    module, real_setresuid, groups = sys.modules[__name__], os.setresuid, os.getgroups()
+    seen = []
+    monkeypatch.setattr(module, "run_cli", lambda *a: seen.append((os.getresuid(), os.getresgid(), os.getgroups()))
+                        or type("Result", (), {"exit_code": 0})())
+    try:
+        os.setgroups([0])
+        run_cli_unprivileged("-i", "x", warm_up=("-i", "x"))
+        assert seen[1] == ((65534, 65534, 0), (65534, 65534, 0), [])
+        assert (os.getresuid(), os.getresgid(), os.getgroups()) == ((0, 0, 0), (0, 0, 0), [0])
+
+        def refused(r, e, s):
+            if e != 0:
+                raise OSError(errno.EINVAL, "Invalid argument")
+            real_setresuid(r, e, s)
+
+        monkeypatch.setattr(os, "setresuid", refused)
+        with pytest.raises(pytest.skip.Exception):
+            run_cli_unprivileged("-i", "x", warm_up=("-i", "x"))
+        assert (os.getresuid(), os.getresgid(), os.getgroups()) == ((0, 0, 0), (0, 0, 0), [0])
+    finally:  # (whatever the helper left)
+        real_setresuid(0, 0, 0)
+        os.setresgid(0, 0, 0)
+        os.setgroups(groups)
 
 
 def run_cli(*args: str):

@@ -65,10 +65,11 @@ def test_out_of_memory_in_the_sparse_optimizers_state_names_the_tables_too(tmp_p
                          "optimizer's state 0.0 GiB more: cap them with data.max_rows_per_table"), line
 
 
-def _tables_text(exc: BaseException, dtype: str, sparse: str, device: str, env: DistEnv = DistEnv()) -> str | None:
+def _tables_text(exc: BaseException, dtype: str, sparse: str, device: str, env: DistEnv = DistEnv(),
+                 cardinalities: tuple = (1000, 3), hashing: str = "modulus") -> str | None:
     cfg = validate(Config())
     cfg.model.embedding_dtype, cfg.optim.sparse.name, cfg.model.embedding_dim = dtype, sparse, 16
-    tables = Tables(cardinalities=[1000, 3], vocabs=None, hashing="modulus")
+    tables = Tables(cardinalities=list(cardinalities), vocabs=None, hashing=hashing)
     with pytest.raises(type(exc)) as raised:
         with builder.tables_named_if_out_of_memory(cfg, tables, torch.device(device), env):
             raise exc
@@ -94,3 +95,43 @@ def test_other_errors_and_ranks_of_sharded_tables_are_left_as_they_are(monkeypat
     assert _tables_text(MemoryError(), "fp32", "sgd", "cuda", DistEnv(rank=0, world_size=2)) is None
     assert _tables_text(MemoryError(), "fp32", "sgd", "cpu") == (
         "its embedding tables hold 1,003 rows x 16 x fp32 = 0.0 GiB: cap them with data.max_rows_per_table")
+
+
+def test_the_free_memory_said_is_the_gpus_before_the_tables_when_the_optimizers_run_out(monkeypatch):
+    """The sparse optimizer's state (per-element Adagrad: as large as fp32 tables) is built after the tables: the free
+    memory said is what the GPU had before them (60 GiB here), not what the built tables left (11 GiB), which read as
+    11 GiB free beside tables that had taken the rest. The model is built on the CPU; the GPU's memory is faked."""
+    free = [60 * 2**30]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[0], 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    resolve, build_model = builder.resolve_fast_path, builder.build_model
+    monkeypatch.setattr(builder, "resolve_fast_path", lambda cfg, device, *a, **k: resolve(cfg, torch.device("cpu"),
+                                                                                               *a, **k))
+
+    def model_on_the_cpu(model_cfg, cards, vocabs, kernels, device, **kwargs):
+        free[0] = 11 * 2**30  # what the tables left
+        return build_model(model_cfg, cards, vocabs, kernels, torch.device("cpu"), **kwargs)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory.")
+
+    monkeypatch.setattr(builder, "build_model", model_on_the_cpu)
+    monkeypatch.setattr(builder, "build_optimizers", out_of_memory)
+    cfg = validate(Config())
+    cfg.optim.sparse.name, cfg.model.embedding_dim = "adagrad", 16
+    with pytest.raises(torch.OutOfMemoryError) as raised:
+        builder.build_run(cfg, Tables([1000] * 26, None, "modulus"), torch.device("cuda"), total_steps=10)
+    assert "; 60.0 GiB of the GPU's 80.0 GiB were free: " in raised.value.dlrm_tables, raised.value.dlrm_tables
+
+
+def test_a_split_held_in_gpu_memory_and_the_vocabularies_keys_are_counted(monkeypatch):
+    """data.placement "gpu" loads the splits before the build: what the process held then is said, and streaming the
+    data is advised with the rest. Vocabulary hashing's int64 keys lie beside the rows on the device (2 GiB here)."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 * 2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 20 * 2**30)
+    text = _tables_text(torch.OutOfMemoryError("CUDA out of memory."), "bf16", "sgd", "cuda",
+                        cardinalities=(2**27 + 1, 2**27 + 1), hashing="vocabulary")
+    assert text == ("its embedding tables hold 268,435,458 rows x 16 x bf16 = 8.0 GiB, their vocabularies' keys 2.0 GiB "
+                    "more; 3.0 GiB of the GPU's 80.0 GiB were free, this process held 20.0 GiB already: cap them with "
+                    "data.max_rows_per_table, stream the data (data.placement \"stream\": no split in GPU memory), or "
+                    "shard them over several GPUs under torchrun")

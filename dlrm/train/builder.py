@@ -136,9 +136,12 @@ def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.dev
     memory before the build) and what makes them fit, which `dlrm.cli.out_of_memory_message` says in place of advice
     on the batch size, which the build does not depend on. One process only: a rank's share of sharded tables is its
     plan's."""
-    free = None
+    free = held = None
     if device.type == "cuda" and not env.distributed:
         free = torch.cuda.mem_get_info(device)  # (free, total) bytes: one query at start-up, not the step's
+        # what this process holds before the build: the splits under data.placement "gpu" (loaded first), which the
+        # advice on the tables alone left out, and which "stream" gives back
+        held = torch.cuda.memory_allocated(device)
     try:
         yield
     except BaseException as exc:
@@ -146,14 +149,21 @@ def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.dev
             rows, dim = sum(tables.cardinalities), cfg.model.embedding_dim
             weights = rows * dim * _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize
             state = table_bytes(cfg, tables.cardinalities) - weights
+            # vocabulary hashing's int64 key of every value, on the device beside the rows (`placement` counts them)
+            keys = vocabulary_key_bytes(tables.cardinalities, tables.hashing)
             text = (f"its embedding tables hold {rows:,} rows x {dim} x {cfg.model.embedding_dtype} = "
                     f"{weights / 2**30:,.1f} GiB" + (f", the sparse optimizer's state {state / 2**30:,.1f} GiB more"
-                                                     if state else ""))
+                                                     if state else "")
+                    + (f", their vocabularies' keys {keys / 2**30:,.1f} GiB more" if keys else ""))
             if free is not None:
                 text += f"; {free[0] / 2**30:,.1f} GiB of the GPU's {free[1] / 2**30:,.1f} GiB were free"
+                if held:
+                    text += f", this process held {held / 2**30:,.1f} GiB already"
             text += ": cap them with data.max_rows_per_table"
             if device.type == "cuda":  # (bf16 tables need the Triton embedding: a GPU's)
                 text += (", store them in bf16 (model.embedding_dtype)" if cfg.model.embedding_dtype == "fp32" else "")
+                if held:
+                    text += ", stream the data (data.placement \"stream\": no split in GPU memory)"
                 text += ", or shard them over several GPUs under torchrun"
             exc.dlrm_tables = text
         raise
@@ -195,18 +205,20 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
                           "DistributedDataParallel forward breaks the graph); set it false")
     plan = make_sharding(cfg, tables, env, device)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
+    # one block for the model and its optimizers (the sparse optimizer's state: as large, for adagrad): the GPU's free
+    # memory is said as it was before the tables; queried again before the optimizers, it was what the tables had
+    # left (3 GiB "free" of 80 beside 49 GiB of tables that had taken the rest)
     with tables_named_if_out_of_memory(cfg, tables, device, env):
         model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch,
                             compiled=bool(cfg.train.compile.enabled), multi_hot_sizes=tables.multi_hot_sizes)
-    start_rounding_seed(model, cfg.train.seed)
-    dense_forward = None  # one process: the model's own forward_from_embeddings
-    if env.distributed:
-        from dlrm.distributed.data_parallel import wrap_dense_parts
+        start_rounding_seed(model, cfg.train.seed)
+        dense_forward = None  # one process: the model's own forward_from_embeddings
+        if env.distributed:
+            from dlrm.distributed.data_parallel import wrap_dense_parts
 
-        # the buckets rebuilt before the first step: a resumed run reduces as the uninterrupted one (3+ ranks)
-        dense_forward = wrap_dense_parts(model, device, (len(tables.cardinalities), cfg.model.embedding_dim))
-        _log_memory(env, model, device)
-    with tables_named_if_out_of_memory(cfg, tables, device, env):  # the sparse optimizer's state: as large, for adagrad
+            # the buckets rebuilt before the first step: a resumed run reduces as the uninterrupted one (3+ ranks)
+            dense_forward = wrap_dense_parts(model, device, (len(tables.cardinalities), cfg.model.embedding_dim))
+            _log_memory(env, model, device)
         optimizers = build_optimizers(model, cfg.optim, cfg.train.deterministic)
     schedulers = build_schedulers(optimizers, cfg.optim.schedule, total_steps)
     if cfg.train.compile.enabled:

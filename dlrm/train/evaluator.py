@@ -41,11 +41,17 @@ def evaluate(forward, loader, env: DistEnv = DistEnv()) -> dict[str, float]:
     in a distributed run over every rank's rows, the same numbers on every rank.
 
     An evaluation longer than `EVAL_BAR_DELAY_S` shows a progress bar (rank 0's batches: rate and ETA), removed when
-    it ends; a shorter one, most (a split in GPU memory takes about a second), shows nothing."""
+    it ends on a terminal (into a file, drawn once a minute, its last copy stays); a shorter one, most (a split in GPU
+    memory takes about a second), shows nothing."""
     forward.model.eval()
     logits, labels = [], []
-    with tqdm(loader, total=len(loader) if hasattr(loader, "__len__") else None, desc="eval", unit="batch",
-              leave=False, dynamic_ncols=True, disable=not env.is_main, delay=EVAL_BAR_DELAY_S, **bar_interval()) as bar:
+    interval = bar_interval()  # {} on a terminal
+    # its total: tqdm's len(loader), which a loader of unknown length (a DataLoader over an IterableDataset) fails with
+    # a TypeError that tqdm catches (a bar without a total) and `hasattr(loader, "__len__")` did not. Left in a file:
+    # removed there, the bar (on the training bar's line, position 0) wrote blanks over that line, an empty line in
+    # the log where the training's progress and the evaluation's were
+    with tqdm(loader, desc="eval", unit="batch", leave=bool(interval), dynamic_ncols=True, disable=not env.is_main,
+              delay=EVAL_BAR_DELAY_S, **interval) as bar:
         for batch in bar:
             logits.append(batch.real(forward(batch)))  # a padding row (Batch.pad) is not the split's
             labels.append(batch.real(batch.labels))
