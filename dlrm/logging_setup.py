@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import sys
-from typing import Optional, TextIO
+import warnings
+from typing import Iterator, Optional, TextIO
 
 from loguru import logger
 from tqdm import tqdm
@@ -13,6 +15,10 @@ from tqdm import tqdm
 # A progress bar's redraws, at most one per this many seconds, where its stream is not a terminal (README: "Console
 # output"): tqdm's 0.1 s wrote a `\r` copy of the bar ten times a second into a nohup/SLURM/CI log
 FILE_BAR_INTERVAL_S = 60.0
+
+# the terminal's cursor-up code, with which tqdm comes back from a bar below the first (the evaluation bar under the
+# training bar) to the first bar's line
+_CURSOR_UP = "\x1b[A"
 
 run_logger = logger.bind(same_on_every_rank=True)
 """The logger of a record that every rank of a torchrun run makes alike (a warning about the config or the dataset):
@@ -44,7 +50,11 @@ class ConsoleStream:
         self.shared = False  # a torchrun rank's console, which the other ranks write into too
 
     def write(self, text: str) -> int:
-        if text:
+        # a cursor-up alone keeps the column, so `last_char` still says whether the cursor is at a line's start: tqdm
+        # clears a second bar with "\n", blanks, "\r" and a cursor-up, which leaves the cursor at the start of the
+        # first bar's line; taken for an unfinished line, a record then (Ctrl-C's, during an evaluation) began with a
+        # newline, an empty line left on the screen above it
+        if text and text.replace(_CURSOR_UP, ""):
             self.last_char = text[-1]
         if not self.reader_gone:
             try:
@@ -81,6 +91,25 @@ class ConsoleStream:
             self.write(text)
         self.flush()
 
+    @contextlib.contextmanager
+    def native_output(self) -> Iterator[None]:
+        """A block in which native code may write to fd 2 behind this stream (torch's profiler: kineto's C++ writes
+        `USDT:... profiler_start` and `profiler_stop` as a trace starts and stops): its lines start lines of their
+        own, as a record's. They were glued to the end of the training bar's line (`train:   2%|█  | 6/300
+        [...]USDT:...`), on a terminal under a half-drawn copy of the bar that stayed there. On a terminal the bars are
+        cleared and drawn again after the block, below what it wrote; in a file the bar's line is ended first."""
+        if _interactive(self):
+            with tqdm.external_write_mode(file=self):
+                if self.last_char not in "\r\n":
+                    self.write("\n")
+                self.flush()  # (what Python holds reaches fd 2 before the native lines)
+                yield
+        else:
+            if self._line_open():
+                self.write("\n")
+            self.flush()
+            yield
+
     def _line_open(self) -> bool:
         """Whether the console's last line, in a file or a pipe, is unfinished (a bar's). Under torchrun (`shared`)
         the ranks write into one console, and another rank's bar or record is not in this one's `last_char`: in a
@@ -105,6 +134,34 @@ class RecordSink:
 
     def write(self, text: str) -> None:
         self.console.write_record(text)
+
+
+@contextlib.contextmanager
+def native_output() -> Iterator[None]:
+    """`ConsoleStream.native_output` of stderr (nothing where `configure_logging` did not wrap it: the Python API)."""
+    if isinstance(sys.stderr, ConsoleStream):
+        with sys.stderr.native_output():
+            yield
+    else:
+        yield
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """`warnings.showwarning` (Python's warnings: torch's UserWarnings, a library's DeprecationWarning): into a
+    ConsoleStream as a record, on lines of its own. Python wrote it after the training bar's text, on its line
+    (`train:  50%|█████  | 149/300 [...]/path/x.py:5: UserWarning: ...`), under which the bar went on: on a terminal
+    that half-drawn copy of the bar stayed on the screen, in a log file the warning was glued to the bar for good."""
+    stream = sys.stderr if file is None else file
+    if stream is None:  # (Python's own: no stderr, nothing shown)
+        return
+    text = warnings.formatwarning(message, category, filename, lineno, line)
+    try:
+        if isinstance(stream, ConsoleStream):
+            stream.write_record(text)
+        else:
+            stream.write(text)
+    except OSError:  # (as Python's: a stream that cannot take it loses the warning, not the run)
+        pass
 
 
 def _last_byte(stream: TextIO) -> Optional[bytes]:
@@ -177,7 +234,8 @@ def configure_logging(level: str = "INFO", ranks: bool = False) -> None:
     ignores NO_COLOR and, under CI=true with GITHUB_ACTIONS (GITLAB_CI, ...) or PYCHARM_HOSTED set, colours the real
     stderr whatever it is, so `train.py 2> train.log` in a CI job wrote escape codes into the file. `ranks`: a command
     that runs as torchrun's ranks (train.py): a rank other than 0 logs as `log_as_rank` says from the start (not the
-    tools, which a launcher's RANK and WORLD_SIZE of a node must not quieten)."""
+    tools, which a launcher's RANK and WORLD_SIZE of a node must not quieten). Python's warnings go to the console as
+    records (`_show_warning`)."""
     if sys.stderr is None:
         # started with stderr closed (`2>&-`, a launcher that closes it): loguru refused the None sink with a
         # TypeError (exit 1, nothing trained). The output is discarded, and fd 2 (the lowest free descriptor) taken
@@ -189,6 +247,7 @@ def configure_logging(level: str = "INFO", ranks: bool = False) -> None:
         colorize = sys.stderr.isatty() and not os.environ.get("NO_COLOR")
     except (AttributeError, ValueError, OSError):
         colorize = False
+    warnings.showwarning = _show_warning
     if ranks and _torchrun_world() > 1:
         sys.stderr.shared = True  # rank 0's too: in a file, a line the others ended is not left open again
     if ranks and _torchrun_rank():

@@ -20,7 +20,7 @@ from loguru import logger
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 from dlrm.config import ProfileConfig
-from dlrm.logging_setup import run_logger
+from dlrm.logging_setup import native_output, run_logger
 
 # The trace files each run directory (its real path) held when this process last started a profiler on it: they are
 # an earlier session's (a resume in the same process, or one whose pid this process reused), never this session's
@@ -42,6 +42,18 @@ class _StepProfile(profile):
                                                  or self.schedule(self.step_num - 1) != ProfilerAction.RECORD):
             self.on_trace_ready = None
         super().stop()
+
+    def _transit_action(self, *args, **kwargs):
+        """torch's one place for a change of action (start, step, stop), where kineto starts and stops its trace and
+        writes its lines to fd 2 (`USDT:... profiler_start`, `profiler_stop`): those within `native_output`, on lines of
+        their own (they were glued to the training bar's line). A step that changes nothing clears no bar. A private
+        torch method (torch 2.13: ``(prev_action, current_action)``), taken as it comes: were its arguments to
+        change, every call is wrapped; were it gone, the lines are glued again, nothing fails."""
+        prev_action, current_action = (tuple(args) + (None, None))[:2]
+        if prev_action == current_action and prev_action not in (None, ProfilerAction.RECORD_AND_SAVE):
+            return super()._transit_action(*args, **kwargs)
+        with native_output():
+            return super()._transit_action(*args, **kwargs)
 
 
 def saves_trace(prof: profile) -> bool:
