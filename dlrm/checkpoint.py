@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
-from dlrm.logging_setup import bar_interval, run_logger
+from dlrm.logging_setup import ProgressBar, bar_interval, run_logger
 from dlrm.stop_signal import signals_deferred
 
 FORMAT_VERSION = schema.FORMAT_VERSION
@@ -205,7 +205,7 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, repla
     total = tensor_bytes(disk) if progress else 0
     try:
         # redrawn once a minute at most into a file or pipe (`bar_interval`): an 86 s MLPerf save wrote ~860 copies
-        with os.fdopen(fd, "wb") as f, tqdm(total=total, desc=f"writing {path.name}", unit="B", unit_scale=True,
+        with os.fdopen(fd, "wb") as f, ProgressBar(total=total, desc=f"writing {path.name}", unit="B", unit_scale=True,
                                             dynamic_ncols=True, disable=total < PROGRESS_BYTES, **bar_interval()) as bar:
             out = _ProgressFile(f, None if bar.disable else bar)
             try:
@@ -362,7 +362,7 @@ def _read_plain(path: Path) -> Any:
     try:
         # a bar (bytes, rate, ETA) for a big one: a --resume of MLPerf's (tens of GB) read for minutes without a word
         with torch.serialization.safe_globals(allowed), open(path, "rb") as f, \
-                tqdm(total=size, desc=f"reading {path.name}", unit="B", unit_scale=True, dynamic_ncols=True,
+                ProgressBar(total=size, desc=f"reading {path.name}", unit="B", unit_scale=True, dynamic_ncols=True,
                      disable=size < PROGRESS_BYTES, **bar_interval()) as bar:
             return torch.load(f if bar.disable else _ReadProgress(f, bar), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure to read means a corrupt or foreign file

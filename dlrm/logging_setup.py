@@ -16,6 +16,10 @@ from tqdm import tqdm
 # output"): tqdm's 0.1 s wrote a `\r` copy of the bar ten times a second into a nohup/SLURM/CI log
 FILE_BAR_INTERVAL_S = 60.0
 
+# the columns a progress bar leaves free at the end of a terminal's line (tqdm's own width leaves one): the `^C` a
+# terminal echoes for Ctrl-C after the bar then ends on the last column instead of wrapping `C` to the next line
+CTRL_C_ECHO_COLUMNS = 2
+
 # the terminal's cursor-up code, with which tqdm comes back from a bar below the first (the evaluation bar under the
 # training bar) to the first bar's line
 _CURSOR_UP = "\x1b[A"
@@ -84,6 +88,8 @@ class ConsoleStream:
                     self.write("\r\x1b[2K")
                 elif self.last_char not in "\r\n":  # (a cleared bar leaves the cursor at the start of its line)
                     self.write("\n")
+                elif self.last_char == "\r":  # a bar's line, cleared: erased to its end (tqdm blanks the bar's
+                    self.write("\x1b[2K")  # own width, not the `^C` the terminal echoed after it, on the last columns)
                 self.write(text)
         else:
             if self._line_open():
@@ -124,6 +130,31 @@ class ConsoleStream:
 
     def __getattr__(self, name: str):  # isatty, fileno, encoding, ... (loguru's and tqdm's checks) of the stream
         return getattr(self.stream, name)
+
+
+class ProgressBar(tqdm):
+    """tqdm, its line CTRL_C_ECHO_COLUMNS short of a terminal's width (tqdm's own: one), following the terminal's
+    size as tqdm does. Ctrl-C typed during a run is echoed by the terminal as `^C` where the cursor is, after the bar:
+    `^` took tqdm's free column and `C` wrapped to the next line, where the bar's next redraw and the SIGINT warning
+    went, and the bar's copy above stayed on the screen for good. Now the cursor rests on the last column and the next
+    `\\r` (a redraw, a record's clearing) is on the bar's own line. In a file (no width) it is tqdm's bar.
+
+        >>> import io
+        >>> def line(bar_class):
+        ...     out = io.StringIO()
+        ...     with bar_class(total=4, file=out, ncols=40, ascii=True) as bar:
+        ...         bar.update(2)
+        ...     return out.getvalue().split("\\r")[-1].rstrip("\\n")
+        >>> len(line(tqdm)), len(line(ProgressBar))
+        (40, 39)
+    """
+
+    @property
+    def format_dict(self) -> dict:
+        fmt = super().format_dict
+        if fmt.get("ncols"):  # (None in a file; a disabled bar's has none)
+            fmt["ncols"] = max(fmt["ncols"] - (CTRL_C_ECHO_COLUMNS - 1), 1)
+        return fmt
 
 
 class RecordSink:

@@ -180,12 +180,10 @@ class _RecordingBar:
 def test_counting_one_big_file_shows_byte_progress(tmp_path, monkeypatch, name):
     """One input file (a 50 GB day file): the count pass's bar counted files and was off for a single one, so the
     minutes it takes showed nothing. It now counts the file's bytes on disk, as they are read."""
-    import tqdm as tqdm_module
-
     from dlrm.data.preprocess import scan as scan_module
 
     _RecordingBar.made = []
-    monkeypatch.setattr(tqdm_module, "tqdm", _RecordingBar)
+    monkeypatch.setattr(scan_module, "ProgressBar", _RecordingBar)
     monkeypatch.setattr(scan_module, "_READ_BLOCK", 4096)  # many blocks for a small file
     text = "".join(tsv_line(k) + "\n" for k in range(400)).encode()
     src = _write(tmp_path / name, text)
@@ -205,12 +203,10 @@ def test_counting_a_big_plain_file_over_workers_reports_each_range(tmp_path, mon
     """A big plain file counted by the workers (`scan_file_parallel`): the bar moves as each byte range is counted."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import tqdm as tqdm_module
-
     from dlrm.data.preprocess import scan as scan_module
 
     _RecordingBar.made = []
-    monkeypatch.setattr(tqdm_module, "tqdm", _RecordingBar)
+    monkeypatch.setattr(scan_module, "ProgressBar", _RecordingBar)
     monkeypatch.setattr(scan_module, "_PARALLEL_SCAN_MIN_BYTES", 1)
     src = _write(tmp_path / "a.tsv", "".join(tsv_line(k) + "\n" for k in range(200)).encode())
     with ThreadPoolExecutor(2) as pool:
@@ -230,7 +226,7 @@ def test_reading_a_big_checkpoint_shows_a_bar(tmp_path, monkeypatch):
     ckpt.write_atomic(path, tiny_state(step=1), progress=False)
     small = ckpt.load_checkpoint(path)
     _RecordingBar.made = []
-    monkeypatch.setattr(ckpt, "tqdm", _RecordingBar)
+    monkeypatch.setattr(ckpt, "ProgressBar", _RecordingBar)
     monkeypatch.setattr(ckpt, "PROGRESS_BYTES", 1)
     big = ckpt.load_checkpoint(path)
     bars = [b for b in _RecordingBar.made if "reading step-00000001.pt" in str(b.kwargs.get("desc"))]

@@ -29,7 +29,7 @@ def test_the_checkpoint_bar_redraws_once_a_minute_into_a_file(tmp_path, monkeypa
             seen.append(kwargs)
             super().__init__(*args, **{**kwargs, "file": stream})
 
-    monkeypatch.setattr(ckpt, "tqdm", Recording)
+    monkeypatch.setattr(ckpt, "ProgressBar", Recording)
     monkeypatch.setattr(ckpt, "PROGRESS_BYTES", 0)  # the bar shown for this small file
     monkeypatch.setattr("sys.stderr", stream)
     ckpt.write_atomic(tmp_path / "step-00000001.pt", tiny_state(step=1), progress=True)
@@ -42,6 +42,7 @@ def test_the_preprocessing_bars_redraw_once_a_minute_into_a_file(tmp_path, monke
     """The preprocessing bar (once a second before: 3,600 copies an hour of a long run's log) and its "counting lines"
     bar, with stderr not a terminal: at most once a minute."""
     from dlrm.data import preprocess as pp
+    from dlrm.data.preprocess import run as pp_run, scan as pp_scan
     from tests.test_preprocess import make_fields, write_raw
 
     seen = {}
@@ -51,7 +52,8 @@ def test_the_preprocessing_bars_redraw_once_a_minute_into_a_file(tmp_path, monke
             seen[kwargs.get("desc")] = kwargs
             super().__init__(*args, **{**kwargs, "file": io.StringIO()})
 
-    monkeypatch.setattr(tqdm_module, "tqdm", Recording)
+    monkeypatch.setattr(pp_run, "ProgressBar", Recording)
+    monkeypatch.setattr(pp_scan, "ProgressBar", Recording)
     monkeypatch.setattr("sys.stderr", io.StringIO())
     srcs = [write_raw(tmp_path / f"part-{i}.tsv", make_fields(30, seed=i)) for i in range(2)]
     pp.preprocess(srcs, tmp_path / "ds", progress=True, workers=1)

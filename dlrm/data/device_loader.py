@@ -28,7 +28,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from tqdm import tqdm
 
 from dlrm.data.loader import (
     Batch,
@@ -55,7 +54,7 @@ from dlrm.data.schema import (
     one_hot_sizes,
     sparse_width,
 )
-from dlrm.logging_setup import run_logger
+from dlrm.logging_setup import ProgressBar, run_logger
 
 
 _WIDEN_ROWS = 1 << 20  # rows widened to int64 at a time when a split turns out to need it
@@ -170,7 +169,7 @@ class DeviceLoader:
         at = 0
         readers: dict[int, pq.ParquetFile] = {}
         # rank 0's bar only: under torchrun every rank loads the split, and their bars fought over one terminal line
-        for k, (fi, g, rows) in enumerate(tqdm(groups, desc="loading to device", unit="group",
+        for k, (fi, g, rows) in enumerate(ProgressBar(groups, desc="loading to device", unit="group",
                                                disable=None if self.rank == 0 else True)):
             path = self.files[fi]
             table = self._read_group(readers, fi, footers[fi], g, rows, layouts[fi])

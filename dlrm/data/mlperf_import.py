@@ -67,7 +67,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from loguru import logger
-from tqdm import tqdm
 
 from dlrm.data.preprocess.options import CODECS
 from dlrm.data.schema import (
@@ -93,7 +92,7 @@ from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writab
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
 from dlrm.errors import report_bug
-from dlrm.logging_setup import bar_interval, configure_logging, counted
+from dlrm.logging_setup import ProgressBar, bar_interval, configure_logging, counted
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
@@ -382,7 +381,7 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
     try:
         # shown in a log file too (nohup, SLURM), redrawn once a minute there: disabled off a terminal, an import of
         # hours logged nothing between its first line and its last
-        with tqdm(total=total, unit="rows", unit_scale=True, desc="import", **{"mininterval": 1.0, **bar_interval()}) \
+        with ProgressBar(total=total, unit="rows", unit_scale=True, desc="import", **{"mininterval": 1.0, **bar_interval()}) \
                 as bar:
             if workers <= 1:
                 results = []

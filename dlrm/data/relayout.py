@@ -46,7 +46,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from loguru import logger
-from tqdm import tqdm
 
 from dlrm.data.batch import transform_dense
 
@@ -76,7 +75,7 @@ from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writab
 from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_rows, open_shard, split_files
 from dlrm.data.vocabulary import read_vocabulary
 from dlrm.errors import report_bug
-from dlrm.logging_setup import configure_logging, counted
+from dlrm.logging_setup import ProgressBar, configure_logging, counted
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
@@ -228,7 +227,7 @@ def _relayout(data: Path, output: Path, layout: SparseLayout, codec: str | None,
         try:
             jobs = [pool.submit(relayout_file, f, tmp / f.relative_to(data), sizes, layout, codec, meta.dense_format,
                                 out_dense) for _, f in files]
-            rows = sum(job.result() for job in tqdm(jobs, desc="relayout", unit="file", disable=None))
+            rows = sum(job.result() for job in ProgressBar(jobs, desc="relayout", unit="file", disable=None))
         finally:
             # On a failure (a bad file, Ctrl-C) the files still queued are dropped, not all rewritten first (a
             # `with` block's exit waits for every one of them); those being written finish before `tmp` goes.

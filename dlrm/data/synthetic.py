@@ -92,7 +92,6 @@ from typing import Optional
 import click
 import numpy as np
 from loguru import logger
-from tqdm import tqdm
 
 from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, check_unowned,
                                    output_lock, recover_replaced, remove_stale_temps)
@@ -112,7 +111,7 @@ from dlrm.data.teacher import (  # noqa: F401
     expand_multi_hot, rank_auc, sample_rows,
 )
 from dlrm.errors import report_bug
-from dlrm.logging_setup import configure_logging
+from dlrm.logging_setup import ProgressBar, configure_logging
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption  # noqa: F401 - EXIT_INTERRUPTED re-exported
 
 GENERATOR_VERSION = 3
@@ -384,7 +383,7 @@ class _Splits:
 def _write_rows(s: _Settings, teacher: Teacher, splits: _Splits, tsv, workers: int = 1) -> None:
     """Generate all rows chunk by chunk (`dlrm.data.synthetic_chunks.chunks`, in `workers` processes)
     into `splits`, and into the open `tsv` file if not None."""
-    with tqdm(total=s.rows, unit="row", unit_scale=True, desc="generating", disable=None) as bar:
+    with ProgressBar(total=s.rows, unit="row", unit_scale=True, desc="generating", disable=None) as bar:
         for start, (block, p, labels, sparse) in chunks(s.seed, s.rows, s.cards, teacher, s.multi_hot_sizes,
                                                         s.multi_hot_fill, workers):
             splits.add(start, block, p, labels, sparse)

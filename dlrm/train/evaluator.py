@@ -17,13 +17,12 @@ from typing import Callable, Optional
 
 import torch
 from loguru import logger
-from tqdm import tqdm
 
 from dlrm.config import Config
 from dlrm.distributed.env import DistEnv
 from dlrm.errors import ConfigError, DatasetError, NonFiniteLoss
 from dlrm import checkpoint as ckpt
-from dlrm.logging_setup import bar_interval, counted, run_logger
+from dlrm.logging_setup import ProgressBar, bar_interval, counted, run_logger
 from dlrm.train.builder import Run
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.meter import RunStats
@@ -50,7 +49,7 @@ def evaluate(forward, loader, env: DistEnv = DistEnv()) -> dict[str, float]:
     # a TypeError that tqdm catches (a bar without a total) and `hasattr(loader, "__len__")` did not. Left in a file:
     # removed there, the bar (on the training bar's line, position 0) wrote blanks over that line, an empty line in
     # the log where the training's progress and the evaluation's were
-    with tqdm(loader, desc="eval", unit="batch", leave=bool(interval), dynamic_ncols=True, disable=not env.is_main,
+    with ProgressBar(loader, desc="eval", unit="batch", leave=bool(interval), dynamic_ncols=True, disable=not env.is_main,
               delay=EVAL_BAR_DELAY_S, **interval) as bar:
         for batch in bar:
             logits.append(batch.real(forward(batch)))  # a padding row (Batch.pad) is not the split's

@@ -18,13 +18,12 @@ from typing import Iterator, Optional, Sequence
 import torch
 from loguru import logger
 from torch.profiler import record_function
-from tqdm import tqdm
 
 from dlrm.config import Config, ConfigError
 from dlrm.data.loader import Batch
 from dlrm.distributed.env import init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped, found_alike
-from dlrm.logging_setup import bar_interval, counted, run_logger
+from dlrm.logging_setup import ProgressBar, bar_interval, counted, run_logger
 from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
@@ -263,7 +262,7 @@ class Trainer(WindowLogging):
         # none for a session with no step to train (a run resumed at its end, or at its early stop, for its summary):
         # its full bar was printed twice, at its start and its close, as if it trained
         idle = pos.step >= self.data.total_steps or self.early_stopped
-        bar = tqdm(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
+        bar = ProgressBar(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=not env.is_main or idle, **bar_interval())
         # `bar` closed on an exception too: left open, a failed run's ERROR line was glued to the bar's line and the
         # bar, closed by the garbage collector at exit, was the log's last line (a sweep's next bar went one line down)

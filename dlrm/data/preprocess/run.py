@@ -37,7 +37,7 @@ from dlrm.data.preprocess.scan import FileScan, _count_pass
 from dlrm.data.preprocess.schedule import _run_inline, _run_pool, _RunState
 from dlrm.data.preprocess.splits import SplitPlan
 from dlrm.data.preprocess.stats import DistinctCounter
-from dlrm.logging_setup import bar_interval
+from dlrm.logging_setup import ProgressBar, bar_interval
 from dlrm.data.preprocess.worker import _ChunkTask, _iter_ranges, _stats_from_shard
 from dlrm.data.output_dirs import output_lock
 from dlrm.data.schema import SPLITS, Metadata, write_json_atomic
@@ -319,7 +319,6 @@ class _Run:
     def run_chunks(self) -> _RunState:
         """Step 3: the chunks still to do, in this process or in the pool, under a progress bar."""
         from loguru import logger
-        from tqdm import tqdm
 
         o = self.opts
         self.todo = [[c for c in range(sc.num_chunks) if (f, c) not in self.done] for f, sc in enumerate(self.scans)]
@@ -327,7 +326,7 @@ class _Run:
         logger.info("{} chunk(s) of up to {} lines to do ({} worker{})", sum(len(t) for t in self.todo), o.chunk_rows,
                     o.workers, "" if o.workers == 1 else "s")  # "(1 workers)" it said
         state = _RunState(self.progress_dir, self.counter, self.covered, self.done, o.checkpoint_interval, self.max_new)
-        with tqdm(
+        with ProgressBar(
             total=self.plan.total_lines, initial=done_lines, unit=" rows", unit_scale=True, disable=not o.progress,
             desc="preprocessing", smoothing=0.05, dynamic_ncols=True,
             # once a second on a terminal, once a minute into a log file (an hour's run wrote 3,600 copies)

@@ -14,7 +14,7 @@ import numpy as np
 from dlrm.data.preprocess.constants import _GZIP_ERRORS, _READ_BLOCK, DEFAULT_CHUNK_ROWS, NUM_FIELDS, RAW_COLUMNS
 from dlrm.data.preprocess.errors import BadLine, PreprocessError
 from dlrm.data.preprocess.parse import _delimiter_of
-from dlrm.logging_setup import bar_interval
+from dlrm.logging_setup import ProgressBar, bar_interval
 
 
 def _is_gzip(path: Path) -> bool:
@@ -460,11 +460,10 @@ def _count_pass(paths: list[Path], fmt: str, chunk_rows: int, pool, workers: int
     over all workers (`scan_file_parallel`). A bar counts the bytes on disk read (rate and ETA): block by block for
     a file counted in this process (one input, or one worker) or range by range (a big plain file), else a file at a
     time. (It counted files, and not for one: a 50 GB day file was minutes without a sign of life.)"""
-    from tqdm import tqdm
 
     scans: dict[int, FileScan] = {}
     sizes = [p.stat().st_size for p in paths]
-    with tqdm(total=sum(sizes), unit="B", unit_scale=True, unit_divisor=1024, desc="counting lines",
+    with ProgressBar(total=sum(sizes), unit="B", unit_scale=True, unit_divisor=1024, desc="counting lines",
               disable=not progress, **bar_interval()) as bar:  # once a minute at most into a log file
         if pool is None or len(paths) == 1:
             for i, p in enumerate(paths):
