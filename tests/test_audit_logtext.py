@@ -96,7 +96,8 @@ def test_a_record_on_a_terminal_clears_the_bar_and_redraws_it_below():
         after = console.stream.getvalue()[len(drawn):]
         assert after.startswith("\r") and "train:" not in after.split("12:00:00")[0], repr(after)
         before_record = after.split("12:00:00")[0]
-        assert before_record.replace(" ", "") == "\r\r", repr(before_record)  # the bar's line blanked, cursor at its start
+        # the bar's line blanked, cursor at its start, the line erased to its end (a `^C` echoed past the bar's width)
+        assert before_record.replace(" ", "") == "\r\r\x1b[2K", repr(before_record)
         assert "train:" in after.split("step 3: eval auc 0.7\n")[1]  # redrawn below the record
 
 
