@@ -205,8 +205,9 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, repla
     total = tensor_bytes(disk) if progress else 0
     try:
         # redrawn once a minute at most into a file or pipe (`bar_interval`): an 86 s MLPerf save wrote ~860 copies
-        with os.fdopen(fd, "wb") as f, ProgressBar(total=total, desc=f"writing {path.name}", unit="B", unit_scale=True,
-                                            dynamic_ncols=True, disable=total < PROGRESS_BYTES, **bar_interval()) as bar:
+        with os.fdopen(fd, "wb") as f, ProgressBar(total=total, desc=f"writing {path.name}", unit="B",
+                                                   unit_scale=True, dynamic_ncols=True, disable=total < PROGRESS_BYTES,
+                                                   **bar_interval()) as bar:
             out = _ProgressFile(f, None if bar.disable else bar)
             try:
                 torch.save(disk, out)
@@ -363,7 +364,7 @@ def _read_plain(path: Path) -> Any:
         # a bar (bytes, rate, ETA) for a big one: a --resume of MLPerf's (tens of GB) read for minutes without a word
         with torch.serialization.safe_globals(allowed), open(path, "rb") as f, \
                 ProgressBar(total=size, desc=f"reading {path.name}", unit="B", unit_scale=True, dynamic_ncols=True,
-                     disable=size < PROGRESS_BYTES, **bar_interval()) as bar:
+                            disable=size < PROGRESS_BYTES, **bar_interval()) as bar:
             return torch.load(f if bar.disable else _ReadProgress(f, bar), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure to read means a corrupt or foreign file
         raise ConfigError(f"{path}: not a readable checkpoint ({_reason(e)})") from None

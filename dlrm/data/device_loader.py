@@ -170,7 +170,7 @@ class DeviceLoader:
         readers: dict[int, pq.ParquetFile] = {}
         # rank 0's bar only: under torchrun every rank loads the split, and their bars fought over one terminal line
         for k, (fi, g, rows) in enumerate(ProgressBar(groups, desc="loading to device", unit="group",
-                                               disable=None if self.rank == 0 else True)):
+                                                      disable=None if self.rank == 0 else True)):
             path = self.files[fi]
             table = self._read_group(readers, fi, footers[fi], g, rows, layouts[fi])
             table, replaced = check_table(path, g, starts[k], table, self.multi_hot_sizes, layouts[fi],

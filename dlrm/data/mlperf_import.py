@@ -381,8 +381,8 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
     try:
         # shown in a log file too (nohup, SLURM), redrawn once a minute there: disabled off a terminal, an import of
         # hours logged nothing between its first line and its last
-        with ProgressBar(total=total, unit="rows", unit_scale=True, desc="import", **{"mininterval": 1.0, **bar_interval()}) \
-                as bar:
+        with ProgressBar(total=total, unit="rows", unit_scale=True, desc="import",
+                         **{"mininterval": 1.0, **bar_interval()}) as bar:
             if workers <= 1:
                 results = []
                 for t in ordered:

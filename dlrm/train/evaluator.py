@@ -49,8 +49,8 @@ def evaluate(forward, loader, env: DistEnv = DistEnv()) -> dict[str, float]:
     # a TypeError that tqdm catches (a bar without a total) and `hasattr(loader, "__len__")` did not. Left in a file:
     # removed there, the bar (on the training bar's line, position 0) wrote blanks over that line, an empty line in
     # the log where the training's progress and the evaluation's were
-    with ProgressBar(loader, desc="eval", unit="batch", leave=bool(interval), dynamic_ncols=True, disable=not env.is_main,
-              delay=EVAL_BAR_DELAY_S, **interval) as bar:
+    with ProgressBar(loader, desc="eval", unit="batch", leave=bool(interval), dynamic_ncols=True,
+                     disable=not env.is_main, delay=EVAL_BAR_DELAY_S, **interval) as bar:
         for batch in bar:
             logits.append(batch.real(forward(batch)))  # a padding row (Batch.pad) is not the split's
             labels.append(batch.real(batch.labels))

@@ -262,8 +262,8 @@ class Trainer(WindowLogging):
         # none for a session with no step to train (a run resumed at its end, or at its early stop, for its summary):
         # its full bar was printed twice, at its start and its close, as if it trained
         idle = pos.step >= self.data.total_steps or self.early_stopped
-        bar = ProgressBar(total=self.data.total_steps, initial=pos.step, desc="train", unit="step", dynamic_ncols=True,
-                   disable=not env.is_main or idle, **bar_interval())
+        bar = ProgressBar(total=self.data.total_steps, initial=pos.step, desc="train", unit="step",
+                          dynamic_ncols=True, disable=not env.is_main or idle, **bar_interval())
         # `bar` closed on an exception too: left open, a failed run's ERROR line was glued to the bar's line and the
         # bar, closed by the garbage collector at exit, was the log's last line (a sweep's next bar went one line down)
         with bar, make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \

@@ -464,7 +464,7 @@ def _count_pass(paths: list[Path], fmt: str, chunk_rows: int, pool, workers: int
     scans: dict[int, FileScan] = {}
     sizes = [p.stat().st_size for p in paths]
     with ProgressBar(total=sum(sizes), unit="B", unit_scale=True, unit_divisor=1024, desc="counting lines",
-              disable=not progress, **bar_interval()) as bar:  # once a minute at most into a log file
+                     disable=not progress, **bar_interval()) as bar:  # once a minute at most into a log file
         if pool is None or len(paths) == 1:
             for i, p in enumerate(paths):
                 if pool is not None and not _is_gzip(p) and sizes[i] >= _PARALLEL_SCAN_MIN_BYTES:
