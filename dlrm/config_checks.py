@@ -128,7 +128,10 @@ def _check_model(m: ModelConfig) -> None:
         raise ConfigError(f"model.top_mlp[-1]: {m.top_mlp[-1]} must be 1 (the logit)")
     if m.multi_hot_sizes is not None:
         if not isinstance(m.multi_hot_sizes, list) or len(m.multi_hot_sizes) != NUM_SPARSE:
-            raise ConfigError(f"model.multi_hot_sizes: must be a list of {NUM_SPARSE} positive integers")
+            # what it got, as model.cardinalities' error says it ([3] * 25 read as if no list had been given)
+            got = (f"{len(m.multi_hot_sizes)} entries" if isinstance(m.multi_hot_sizes, list)
+                   else repr(m.multi_hot_sizes))
+            raise ConfigError(f"model.multi_hot_sizes: must be a list of {NUM_SPARSE} positive integers, got {got}")
         for i, c in enumerate(m.multi_hot_sizes):
             _positive(f"model.multi_hot_sizes[{i}]", c, maximum=MAX_MULTI_HOT_SIZE)
     if m.cardinalities is not None:

@@ -18,13 +18,15 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 from loguru import logger
 
-from dlrm.config import Config, ConfigError
+from dlrm.config import Config, ConfigError, ModelConfig
+from dlrm.data.schema import NUM_DENSE
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.sharding import ShardingPlan, plan_sharding
 from dlrm.errors import is_out_of_memory
@@ -129,13 +131,76 @@ def _log_memory(env: DistEnv, model: DLRM, device: torch.device) -> None:
                     + (f", CUDA memory allocated {a / 2**20:,.1f} MiB" if a is not None else ""))
 
 
+# the config keys that size each part `dense_layer_parameters` counts
+_PART_KEYS = {"the bottom MLP": ("model.bottom_mlp",), "the cross network": ("model.cross_rank", "model.cross_layers"),
+              "the top MLP": ("model.top_mlp",)}
+
+
+def _now(m: ModelConfig, key: str):
+    return getattr(m, key.split(".", 1)[1])
+
+
+def dense_layer_parameters(m: ModelConfig, num_features: int) -> dict[str, int]:
+    """The parameters of each dense part `build_model` makes of ``m`` over `num_features` tables (weights and biases,
+    the input multiples' zero columns included): "the bottom MLP", "the cross network" (dcn only), "the top MLP"."""
+    def chain(width: int, widths: list[int]) -> int:
+        total = 0
+        for w in widths:
+            total, width = total + width * w + w, w
+        return total
+
+    f, d = num_features, m.embedding_dim
+    interaction = d + (f + 1) * f // 2 if m.interaction == "dot" else (f + 1) * d
+    parts = {"the bottom MLP": chain(NUM_DENSE - NUM_DENSE % -m.bottom_mlp_input_multiple, m.bottom_mlp)}
+    if m.interaction == "dcn":  # LowRankCrossNet: per layer W [N, r], V [r, N] and a bias [N]
+        parts["the cross network"] = m.cross_layers * (2 * (f + 1) * d * m.cross_rank + (f + 1) * d)
+    parts["the top MLP"] = chain(interaction - interaction % -m.top_mlp_input_multiple, m.top_mlp)
+    return parts
+
+
+def _dense_parts_text(m: ModelConfig, num_features: int, table_bytes_: int) -> Optional[tuple[str, str]]:
+    """What to say of an out-of-memory build whose dense layers (fp32 parameters) outweigh the tables, and the key to
+    shrink: a cross network of model.cross_rank 2**31 - 1 (1.7 TiB) was reported as its 0.0-GiB tables, with
+    data.max_rows_per_table as the cure. None where the tables are the larger part."""
+    parts = dense_layer_parameters(m, num_features)
+    total = sum(parts.values())
+    if total * 4 <= table_bytes_:
+        return None
+    part = max(parts, key=parts.get)
+    keys = " or ".join(f"{k} (now {_now(m, k)})" for k in _PART_KEYS[part])
+    return (f"its dense layers hold {total:,} fp32 parameters = {total * 4 / 2**30:,.1f} GiB, {part} "
+            f"{parts[part]:,} of them", f"shrink {keys}")
+
+
+def refuse_dense_layers_beyond_memory(m: ModelConfig, num_features: int, device: torch.device) -> None:
+    """A ConfigError naming the key when the dense layers' fp32 parameters alone exceed the device's memory (the host's
+    RAM on a CPU, the GPU's on CUDA). model.cross_layers 1,000,000,000 (every value up to 2**31 - 1 passes the config's
+    checks) built one small layer after another until the host swapped and the kernel's OOM killer ended the run
+    without a word; nothing of the build fails at once there, as one oversized allocation does."""
+    parts = dense_layer_parameters(m, num_features)
+    need = 4 * sum(parts.values())
+    if device.type == "cuda":
+        memory, where = torch.cuda.mem_get_info(device)[1], "the GPU's"  # (free, total) bytes
+    else:
+        memory, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "the host's"
+    if need <= memory:
+        return
+    part = max(parts, key=parts.get)
+    # the cross network's key that stands out first: its layers when they outnumber its rank (MLPerf: 3 of rank 512)
+    key, *others = sorted(_PART_KEYS[part], key=lambda k: -_now(m, k)) if part == "the cross network" else _PART_KEYS[part]
+    raise ConfigError(f"{key}: {_now(m, key)}" + "".join(f" (with {k} {_now(m, k)})" for k in others)
+                      + f" makes {part} {parts[part]:,} fp32 parameters, the dense layers {need / 2**30:,.1f} GiB: more "
+                        f"than {where} {memory / 2**30:,.1f} GiB of memory")
+
+
 @contextlib.contextmanager
 def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.device, env: DistEnv):
     """Running out of memory while the model and its optimizers are built is the tables' doing (they are nearly all
     of it, MLPerf's 204M rows most of all): the error leaves with ``dlrm_tables``, their size (and the GPU's free
     memory before the build) and what makes them fit, which `dlrm.cli.out_of_memory_message` says in place of advice
-    on the batch size, which the build does not depend on. One process only: a rank's share of sharded tables is its
-    plan's."""
+    on the batch size, which the build does not depend on. Unless the dense layers are the larger part (a cross network
+    of an oversized model.cross_rank): then the error names them and the key that shrinks them (`_dense_parts_text`).
+    One process only: a rank's share of sharded tables is its plan's."""
     free = held = None
     if device.type == "cuda" and not env.distributed:
         free = torch.cuda.mem_get_info(device)  # (free, total) bytes: one query at start-up, not the step's
@@ -151,15 +216,20 @@ def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.dev
             state = table_bytes(cfg, tables.cardinalities) - weights
             # vocabulary hashing's int64 key of every value, on the device beside the rows (`placement` counts them)
             keys = vocabulary_key_bytes(tables.cardinalities, tables.hashing)
-            text = (f"its embedding tables hold {rows:,} rows x {dim} x {cfg.model.embedding_dtype} = "
-                    f"{weights / 2**30:,.1f} GiB" + (f", the sparse optimizer's state {state / 2**30:,.1f} GiB more"
-                                                     if state else "")
-                    + (f", their vocabularies' keys {keys / 2**30:,.1f} GiB more" if keys else ""))
+            tables_text = (f"embedding tables hold {rows:,} rows x {dim} x {cfg.model.embedding_dtype} = "
+                           f"{weights / 2**30:,.1f} GiB" + (f", the sparse optimizer's state {state / 2**30:,.1f} GiB "
+                                                            "more" if state else "")
+                           + (f", their vocabularies' keys {keys / 2**30:,.1f} GiB more" if keys else ""))
+            gpu_text = ""
             if free is not None:
-                text += f"; {free[0] / 2**30:,.1f} GiB of the GPU's {free[1] / 2**30:,.1f} GiB were free"
+                gpu_text = f"; {free[0] / 2**30:,.1f} GiB of the GPU's {free[1] / 2**30:,.1f} GiB were free"
                 if held:
-                    text += f", this process held {held / 2**30:,.1f} GiB already"
-            text += ": cap them with data.max_rows_per_table"
+                    gpu_text += f", this process held {held / 2**30:,.1f} GiB already"
+            dense = _dense_parts_text(cfg.model, len(tables.cardinalities), weights + state + keys)
+            if dense is not None:  # the tables are not what ran out: the advice on them would not help
+                exc.dlrm_tables = f"{dense[0]} (its {tables_text}){gpu_text}: {dense[1]}"
+                raise
+            text = f"its {tables_text}{gpu_text}: cap them with data.max_rows_per_table"
             if device.type == "cuda":  # (bf16 tables need the Triton embedding: a GPU's)
                 text += (", store them in bf16 (model.embedding_dtype)" if cfg.model.embedding_dtype == "fp32" else "")
                 if held:
@@ -203,6 +273,7 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
         # there, which fullgraph turns into an Unsupported traceback at the first step, on every rank
         raise ConfigError("train.compile.fullgraph: true cannot compile a run of several processes (the dense parts' "
                           "DistributedDataParallel forward breaks the graph); set it false")
+    refuse_dense_layers_beyond_memory(cfg.model, len(tables.cardinalities), device)
     plan = make_sharding(cfg, tables, env, device)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     # one block for the model and its optimizers (the sparse optimizer's state: as large, for adagrad): the GPU's free
