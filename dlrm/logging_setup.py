@@ -43,7 +43,11 @@ def counted(n: int, noun: str, fmt: str = "") -> str:
 class ConsoleStream:
     """sys.stderr, whose reader may go away (`train.py 2>&1 | head -1`, a killed `tee`): the first BrokenPipeError
     ends the console output, not the process. It was raised by the next write (the training bar's first draw) and
-    failed the run as a bug (exit 1) that had lost nothing but its console: the new run directory was removed."""
+    failed the run as a bug (exit 1) that had lost nothing but its console: the new run directory was removed.
+    Any other OSError of a write ends it alike: a stderr closed from the start (`2>&-`) through a launcher script
+    (pyenv's `python` shim, a bash script) reaches Python with fd 2 held read-only on that script, so sys.stderr is
+    not None and its first write raised EBADF (exit 1, the run directory or the tool's output removed); a terminal
+    hung up raises EIO."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream, self.reader_gone = stream, False
@@ -63,7 +67,7 @@ class ConsoleStream:
         if not self.reader_gone:
             try:
                 return self.stream.write(text)
-            except BrokenPipeError:
+            except OSError:  # (BrokenPipeError among them)
                 self.reader_gone = True
         return len(text)
 
@@ -71,7 +75,7 @@ class ConsoleStream:
         if not self.reader_gone:
             try:
                 self.stream.flush()
-            except BrokenPipeError:
+            except OSError:
                 self.reader_gone = True
 
     def write_record(self, text: str) -> None:
