@@ -415,6 +415,20 @@ def vocabulary_digest(vocabs: Optional[list[torch.Tensor]]) -> Optional[str]:
     return digest.hexdigest()
 
 
+def fixed_model_keys(saved_model: dict[str, Any]) -> tuple[str, ...]:
+    """The `model` keys (without the section) a checkpoint of this saved model config loads only with: its tensors'
+    shapes, or what they compute (the activation). A resume cannot change them, even under --allow-config-change.
+
+        >>> fixed_model_keys({"interaction": "dot"})[:3], fixed_model_keys({"interaction": "dcn"})[-2:]
+        (('embedding_dim', 'bottom_mlp', 'top_mlp'), ('cross_layers', 'cross_rank'))
+    """
+    # a DCN model's cross network too (after "interaction": both are "dcn" there), named as the other keys are: another
+    # rank or depth was refused as a tensor's shape or missing state_dict keys, naming no config key
+    cross = ("cross_layers", "cross_rank") if saved_model.get("interaction") == "dcn" else ()
+    return ("embedding_dim", "bottom_mlp", "top_mlp", "interaction", "activation", "top_mlp_input_multiple",
+            "bottom_mlp_input_multiple", *cross)
+
+
 def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalities: list[int], model_cfg: dict, path: Path,
                      multi_hot_sizes: Optional[list[int]] = None, dense_format: str = "counts",
                      hashing: Optional[str] = None, vocabs: Optional[list[torch.Tensor]] = None) -> None:
@@ -452,11 +466,7 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalitie
             raise ConfigError(f"{path}: vocabulary differs: the checkpoint was trained with other vocabularies than "
                               f"this run's data holds (vocab/SPARSE_*.npy): the same raw values map to other rows")
     saved_model = state["config"]["model"]
-    # a DCN model's cross network too (after "interaction": both are "dcn" there), named as the other keys are: another
-    # rank or depth was refused as a tensor's shape or missing state_dict keys, naming no config key
-    cross = ("cross_layers", "cross_rank") if saved_model.get("interaction") == "dcn" else ()
-    for key in ("embedding_dim", "bottom_mlp", "top_mlp", "interaction", "activation", "top_mlp_input_multiple",
-                "bottom_mlp_input_multiple", *cross):
+    for key in fixed_model_keys(saved_model):
         saved_value = saved_model.get(key, getattr(ModelConfig(), key))  # keys added later: their default
         if saved_value != model_cfg.get(key):
             raise ConfigError(f"{path}: model.{key} differs: checkpoint {saved_value!r}, this run {model_cfg.get(key)!r}")

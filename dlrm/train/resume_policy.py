@@ -106,10 +106,16 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed:
             refused.append((key, shown))
     _say_free_changes(free)
     if refused:
-        keys = ",".join(k for k, _ in refused)
+        # the model keys the checkpoint's tensors fix: --allow-config-change lets them through here, and the checkpoint
+        # then fails to load into the other model (`ckpt.check_compatible`); advised for them, it cost a second try
+        fixed = {f"model.{k}" for k in ckpt.fixed_model_keys(saved.get("model") or {})}
+        keys = ",".join(k for k, _ in refused if k not in fixed)
+        fixed_keys = [k for k, _ in refused if k in fixed]
         raise ConfigError(f"--resume {source}: the config differs from {whose} in what changes training "
                           f"({'; '.join(s for _, s in refused[:4])}{'; ...' if len(refused) > 4 else ''}); "
-                          f"resume with {whose} values, or pass --allow-config-change {keys}")
+                          f"resume with {whose} values" + (f", or pass --allow-config-change {keys}" if keys else "")
+                          + (f" ({', '.join(fixed_keys)}: fixed by the checkpoint, whose model loads only into its own "
+                             "architecture; another one is a new run, without --resume)" if fixed_keys else ""))
 
 
 def _say_free_changes(free: list[tuple[str, Any, Any, str]]) -> None:
