@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import sys
@@ -19,6 +20,10 @@ FILE_BAR_INTERVAL_S = 60.0
 # the columns a progress bar leaves free at the end of a terminal's line (tqdm's own width leaves one): the `^C` a
 # terminal echoes for Ctrl-C after the bar then ends on the last column instead of wrapping `C` to the next line
 CTRL_C_ECHO_COLUMNS = 2
+
+# the errors of a write to a console that is gone or never was: its reader (EPIPE, ECONNRESET of a socket), its
+# descriptor (EBADF: closed, or open read-only through a launcher script), its terminal (EIO, ENXIO: hung up)
+_CONSOLE_GONE = (errno.EPIPE, errno.ECONNRESET, errno.EBADF, errno.EIO, errno.ENXIO)
 
 # the terminal's cursor-up code, with which tqdm comes back from a bar below the first (the evaluation bar under the
 # training bar) to the first bar's line
@@ -44,10 +49,11 @@ class ConsoleStream:
     """sys.stderr, whose reader may go away (`train.py 2>&1 | head -1`, a killed `tee`): the first BrokenPipeError
     ends the console output, not the process. It was raised by the next write (the training bar's first draw) and
     failed the run as a bug (exit 1) that had lost nothing but its console: the new run directory was removed.
-    Any other OSError of a write ends it alike: a stderr closed from the start (`2>&-`) through a launcher script
-    (pyenv's `python` shim, a bash script) reaches Python with fd 2 held read-only on that script, so sys.stderr is
-    not None and its first write raised EBADF (exit 1, the run directory or the tool's output removed); a terminal
-    hung up raises EIO."""
+    The other errors of a console gone (`_CONSOLE_GONE`) end it alike: a stderr closed from the start (`2>&-`)
+    through a launcher script (pyenv's `python` shim, a bash script) reaches Python with fd 2 held read-only on that
+    script, so sys.stderr is not None and its first write raised EBADF (exit 1, the run directory or the tool's
+    output removed); a terminal hung up raises EIO. An OSError that leaves the console there (`_CONSOLE_GONE` does not hold it: a full disk under
+    `2> run.log`, a non-blocking stderr's full pipe) loses that write only, not the run's later lines."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream, self.reader_gone = stream, False
@@ -67,16 +73,23 @@ class ConsoleStream:
         if not self.reader_gone:
             try:
                 return self.stream.write(text)
-            except OSError:  # (BrokenPipeError among them)
-                self.reader_gone = True
+            except OSError as e:  # (BrokenPipeError among them)
+                self._write_failed(e)
         return len(text)
 
     def flush(self) -> None:
         if not self.reader_gone:
             try:
                 self.stream.flush()
-            except OSError:
-                self.reader_gone = True
+            except OSError as e:
+                self._write_failed(e)
+
+    def _write_failed(self, e: OSError) -> None:
+        # every OSError ended the console for good: one EAGAIN of a non-blocking stderr (a pipe full for a moment), or
+        # ENOSPC of a disk that frees up again, left the rest of an hours-long run without a line, its summary and a
+        # later error's line among them. Those lose the one write; a console gone or never there stops the writes.
+        if isinstance(e, BrokenPipeError) or e.errno in _CONSOLE_GONE:
+            self.reader_gone = True
 
     def write_record(self, text: str) -> None:
         """A log record (loguru's sink), on a line of its own. A progress bar's line has no newline until the bar

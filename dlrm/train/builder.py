@@ -158,13 +158,29 @@ def dense_layer_parameters(m: ModelConfig, num_features: int) -> dict[str, int]:
     return parts
 
 
-def _dense_parts_text(m: ModelConfig, num_features: int, table_bytes_: int) -> Optional[tuple[str, str]]:
+def _available_host_memory() -> Optional[int]:
+    """The host's memory a build could take (MemAvailable, bytes), None where /proc/meminfo does not say it."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _dense_parts_text(m: ModelConfig, num_features: int, table_bytes_: int,
+                      room: Optional[int] = None) -> Optional[tuple[str, str]]:
     """What to say of an out-of-memory build whose dense layers (fp32 parameters) outweigh the tables, and the key to
     shrink: a cross network of model.cross_rank 2**31 - 1 (1.7 TiB) was reported as its 0.0-GiB tables, with
-    data.max_rows_per_table as the cure. None where the tables are the larger part."""
+    data.max_rows_per_table as the cure. None where the tables are the larger part, or where both fit in `room` (the
+    memory free before the build, where known): then neither ran it out, other processes or this one's splits held
+    the memory, and "shrink model.cross_rank (now 512)" of MLPerf's 61 MB of dense layers had replaced the tables'
+    message, which says what was free and held (and advises streaming a split held in GPU memory)."""
     parts = dense_layer_parameters(m, num_features)
     total = sum(parts.values())
-    if total * 4 <= table_bytes_:
+    if total * 4 <= table_bytes_ or (room is not None and total * 4 + table_bytes_ <= room):
         return None
     part = max(parts, key=parts.get)
     keys = " or ".join(f"{k} (now {_now(m, k)})" for k in _PART_KEYS[part])
@@ -199,7 +215,8 @@ def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.dev
     of it, MLPerf's 204M rows most of all): the error leaves with ``dlrm_tables``, their size (and the GPU's free
     memory before the build) and what makes them fit, which `dlrm.cli.out_of_memory_message` says in place of advice
     on the batch size, which the build does not depend on. Unless the dense layers are the larger part (a cross network
-    of an oversized model.cross_rank): then the error names them and the key that shrinks them (`_dense_parts_text`).
+    of an oversized model.cross_rank) and the two do not fit in the memory free before the build: then the error names
+    them and the key that shrinks them (`_dense_parts_text`).
     One process only: a rank's share of sharded tables is its plan's."""
     free = held = None
     if device.type == "cuda" and not env.distributed:
@@ -207,6 +224,8 @@ def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.dev
         # what this process holds before the build: the splits under data.placement "gpu" (loaded first), which the
         # advice on the tables alone left out, and which "stream" gives back
         held = torch.cuda.memory_allocated(device)
+    # the memory the build could take: what the dense layers are weighed against (`_dense_parts_text`)
+    room = free[0] if free is not None else (_available_host_memory() if device.type != "cuda" else None)
     try:
         yield
     except BaseException as exc:
@@ -225,7 +244,7 @@ def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.dev
                 gpu_text = f"; {free[0] / 2**30:,.1f} GiB of the GPU's {free[1] / 2**30:,.1f} GiB were free"
                 if held:
                     gpu_text += f", this process held {held / 2**30:,.1f} GiB already"
-            dense = _dense_parts_text(cfg.model, len(tables.cardinalities), weights + state + keys)
+            dense = _dense_parts_text(cfg.model, len(tables.cardinalities), weights + state + keys, room)
             if dense is not None:  # the tables are not what ran out: the advice on them would not help
                 exc.dlrm_tables = f"{dense[0]} (its {tables_text}){gpu_text}: {dense[1]}"
                 raise

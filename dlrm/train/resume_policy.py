@@ -79,7 +79,7 @@ def _same_dir(old: Any, new: Any) -> bool:
 
 
 def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed: Iterable[str], source: str,
-                        whose: str = "the checkpoint's") -> None:
+                        whose: str = "the checkpoint's", loads_checkpoint: bool = True) -> None:
     """Raise a one-line ConfigError listing the trajectory-changing keys not in `allowed`.
 
     Args:
@@ -87,6 +87,9 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed:
         current: this run's resolved config.
         allowed: dotted keys (or prefixes) from ``--allow-config-change``.
         source: the checkpoint path, for the messages.
+        loads_checkpoint: whether the resume then loads a checkpoint of `saved`'s model, which fixes the model keys
+            `ckpt.fixed_model_keys` names; False for a run restarted from step 0 (`restart_config`), which loads
+            none: every key is the flag's there.
     """
     allowed = tuple(allowed)
     early = any((c.get("train") or {}).get("early_stopping") for c in (saved, current))
@@ -107,8 +110,13 @@ def check_resume_config(saved: dict[str, Any], current: dict[str, Any], allowed:
     _say_free_changes(free)
     if refused:
         # the model keys the checkpoint's tensors fix: --allow-config-change lets them through here, and the checkpoint
-        # then fails to load into the other model (`ckpt.check_compatible`); advised for them, it cost a second try
-        fixed = {f"model.{k}" for k in ckpt.fixed_model_keys(saved.get("model") or {})}
+        # then fails to load into the other model (`ckpt.check_compatible`); advised for them, it cost a second try.
+        # None without a checkpoint to load (a restart from step 0: "fixed by the checkpoint" named one that does not
+        # exist and left out the flag that restarts it), nor for a saved `model` that is no mapping (a damaged
+        # config.json, refused as any other difference; `.get` on it was an AttributeError, exit 1 as a bug)
+        saved_model = saved.get("model")
+        fixed = ({f"model.{k}" for k in ckpt.fixed_model_keys(saved_model)}
+                 if loads_checkpoint and isinstance(saved_model, dict) else set())
         keys = ",".join(k for k, _ in refused if k not in fixed)
         fixed_keys = [k for k, _ in refused if k in fixed]
         raise ConfigError(f"--resume {source}: the config differs from {whose} in what changes training "
@@ -251,7 +259,7 @@ def restart_config(run: Path, current: dict[str, Any], allowed: Iterable[str]) -
         if not isinstance(saved, dict):
             raise ConfigError(f"--resume: {source}: not a run's config (a JSON {type(saved).__name__})")
         check_resume_config(named_as_current(with_defaults(saved), current, run), current, allowed, str(source),
-                            whose="the stopped run's config.json")
+                            whose="the stopped run's config.json", loads_checkpoint=False)
     elif any(name != LOCK_NAME and not name.endswith(".tmp") for name in leftovers):
         raise ConfigError(restart_refusal(run))  # events or traces without the config.json a run writes first
     what = "the run stopped before its first one" if leftovers else "a new run"
