@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from dlrm.logging_setup import ConsoleStream, RecordSink, configure_logging
 from tests.conftest import CHILD_ENV, REPO, make_dataset
+from tests.test_console_ctrl_c import wrapped_screen
 
 RECORD = re.compile(r"\d\d:\d\d:\d\d (INFO|WARNING|ERROR) ")
 
@@ -35,28 +36,7 @@ class _Terminal(io.StringIO):
 def screen(text: str) -> list[str]:
     """The lines a terminal shows for `text` (newline: next line, column 0, as a terminal with onlcr; `\\r`, cursor-up,
     erase-line; colours dropped), trailing blanks stripped: enough of a terminal for tqdm's and loguru's output."""
-    lines: list[list[str]] = [[]]
-    row = col = 0
-    for token in re.findall(r"\x1b\[[0-9;]*[A-Za-z]|.", re.sub(r"\x1b\[[0-9;]*m", "", text), re.S):
-        if token == "\n":
-            row, col = row + 1, 0
-            while len(lines) <= row:
-                lines.append([])
-        elif token == "\r":
-            col = 0
-        elif token == "\x1b[A":
-            row = max(row - 1, 0)
-        elif token == "\x1b[2K":
-            lines[row] = []
-        elif not token.startswith("\x1b"):
-            line = lines[row]
-            line.extend(" " * (col - len(line) + 1))
-            line[col] = token
-            col += 1
-    shown = ["".join(line).rstrip() for line in lines]
-    while shown and not shown[-1]:
-        shown.pop()
-    return shown
+    return wrapped_screen(text, sys.maxsize)  # (no width: nothing wraps)
 
 
 def test_screen_helper():
