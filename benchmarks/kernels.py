@@ -65,13 +65,13 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 from loguru import logger  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # appended, as the other scripts do: the output policy they share (`_common.claim_outputs`)
 sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import add_overwrite, claim_outputs  # noqa: E402
+from dlrm.logging_setup import ProgressBar  # noqa: E402
 from dlrm.model.archs import dot_interaction_from_combined  # noqa: E402
 from dlrm.model.hashing import modulus_rows  # noqa: E402
 
@@ -928,7 +928,7 @@ def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     logger.remove()
-    logger.add(lambda m: tqdm.write(m, end=""), level="DEBUG" if args.verbose else "INFO", colorize=False,
+    logger.add(lambda m: ProgressBar.write(m, end=""), level="DEBUG" if args.verbose else "INFO", colorize=False,
                format="{time:HH:mm:ss} | {level: <7} | {message}")  # fmt: skip
     if args.list:
         for s in SPECS:
@@ -966,7 +966,7 @@ def main(argv=None) -> int:
     # KeyboardInterrupt (a test worker went down on a training test's own SIGTERM)
     previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        for spec, dtype, batch in tqdm(cases, desc="kernels", unit="case", dynamic_ncols=True):
+        for spec, dtype, batch in ProgressBar(cases, desc="kernels", unit="case", dynamic_ncols=True):
             if _TABLES and not spec.name.startswith("embedding_"):
                 _TABLES.clear()  # the cached tables take up to ~10 GB
                 free_memory(device)

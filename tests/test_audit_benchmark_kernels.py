@@ -370,7 +370,7 @@ def test_kernels_main_append_replaces_only_the_cases_measured_again(monkeypatch,
     monkeypatch.setattr(torch, "set_float32_matmul_precision", precision.append)
     monkeypatch.setattr(kb, "logger", mock.MagicMock())
     monkeypatch.setattr(kb, "signal", NS(signal=lambda *a: None, SIGTERM=signal.SIGTERM))
-    monkeypatch.setattr(kb, "tqdm", lambda it, **k: it)
+    monkeypatch.setattr(kb, "ProgressBar", lambda it, **k: it)
     env = {"device": "cpu", "torch": "t", "triton": "t", "CUDA": "none"}
     monkeypatch.setattr(kb, "environment", lambda device, args: env)
     monkeypatch.setattr(kb, "plot_kernel", lambda *a: False)
