@@ -110,9 +110,11 @@ def test_a_wait_costs_the_device_only_what_it_had_not_queued():
     assert timer.take() == 0.0
 
 
-def test_a_window_read_one_step_late_keeps_its_own_samples_and_ends_at_the_read(clock):
+def test_a_window_read_one_step_late_keeps_its_own_samples_and_ends_at_its_cut_on_the_cpu(clock):
     """The trainer cuts a window at its logging step and closes it after the next step is queued: the next step's
-    samples belong to the next window, whose time starts where this one's read ended."""
+    samples belong to the next window, and so do its seconds, on the CPU, which ran that step before the read (the
+    window ends at its cut; ended at the read, it held 10 steps' samples over 11 steps' seconds, and the next one, read
+    at once, over 9)."""
     m = StepMeter(torch.device("cpu"), 0, RunStats(), window=10, warmup_steps=1)
     run_window(m, clock, 1, 1.0, 0.0)  # warm-up
     for _ in range(10):
@@ -123,13 +125,13 @@ def test_a_window_read_one_step_late_keeps_its_own_samples_and_ends_at_the_read(
     clock.t += 0.1
     m.step(torch.tensor(0.5), samples=1000, data_wait_s=0.02)  # the next step, queued before the read
     rate, wait = m.close_window(cut, mean_loss=0.5)
-    assert rate == pytest.approx(10_000 / 1.1) and wait == pytest.approx(0.1 / 1.1)
+    assert rate == pytest.approx(10_000 / 1.0) and wait == pytest.approx(0.1 / 1.0)
     assert m.stats.train_losses[-1] == [11, 0.5]
     for _ in range(9):
         clock.t += 0.1
         m.step(torch.tensor(0.5), samples=1000, data_wait_s=0.02)
-    rate, wait = m.log_window(step=21, mean_loss=0.5)  # read at once (an evaluation step): 10 steps in 0.9 s
-    assert rate == pytest.approx(10_000 / 0.9) and wait == pytest.approx(0.2 / 0.9)
+    rate, wait = m.log_window(step=21, mean_loss=0.5)  # read at once (an evaluation step): 10 steps in 1.0 s
+    assert rate == pytest.approx(10_000 / 1.0) and wait == pytest.approx(0.2 / 1.0)
     assert m.samples_per_sec == pytest.approx(20_000 / 2.0)
 
 

@@ -255,7 +255,7 @@ def fit_and_evaluate(train: Iterable[Batch], evaluation: Iterable[Batch], hasher
 
 
 def run_baseline(cfg, meta, tables, device: torch.device, world_size: int = 1, writer=None,
-                 step: int = 0) -> Optional[dict]:
+                 step: int = 0, tag: str = "baseline") -> Optional[dict]:
     """The trainer's hook: fit and evaluate the baseline when ``train.baseline`` asks; log it.
 
     Args:
@@ -263,6 +263,9 @@ def run_baseline(cfg, meta, tables, device: torch.device, world_size: int = 1, w
         meta: the dataset's metadata; tables: the run's `Tables` (sizes, vocabularies).
         device: where to fit. world_size: processes of the run.
         writer: TensorBoard writer for ``baseline/auc`` and ``baseline/logloss`` (at `step`).
+        tag: their prefix: ``baseline``, or ``baseline/<split>`` beside a session's ``eval/<split>/*`` (a resume that
+            changed data.eval_split): on ``baseline/*`` its baseline's numbers went on the curve of the run's first
+            split's, a line from the validation baseline's AUC to the test baseline's.
 
     Returns:
         The baseline's summary (see `fit_and_evaluate`), or None when it is off.
@@ -295,8 +298,8 @@ def run_baseline(cfg, meta, tables, device: torch.device, world_size: int = 1, w
                 f"logloss {result['logloss']:.4f}")
     if writer is not None:
         if not auc_undefined(result["auc"]):  # a one-class split's NaN: no point (the log line says why)
-            writer.add_scalar("baseline/auc", result["auc"], step)
-        writer.add_scalar("baseline/logloss", result["logloss"], step)
+            writer.add_scalar(f"{tag}/auc", result["auc"], step)
+        writer.add_scalar(f"{tag}/logloss", result["logloss"], step)
     return result
 
 

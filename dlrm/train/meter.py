@@ -202,6 +202,8 @@ class WindowCut:
         spans: the device's idle spans in it (`DataWaitTimer.cut`), read once its events completed.
         steady: the window closes after the warm-up (it gets a rate).
         done: the session's steps trained when it was cut (`StepMeter.finish`: whether its close ended the training).
+        at: the host's clock when it was cut: on the CPU, which runs each step as it is launched, the end of the
+            window's last step (its close comes after the next step ran; `StepMeter.close_window`).
     """
 
     step: int
@@ -212,6 +214,7 @@ class WindowCut:
     spans: list = field(default_factory=list)
     steady: bool = True
     done: int = -1
+    at: Optional[float] = None
 
 
 BLOCKED_FETCH_S = 2.5e-4
@@ -368,7 +371,8 @@ class StepMeter:
         """End the logging window at `step` on the host's side (its samples, waits and pauses; the loss window starts
         again): the steps after it count towards the next window. Launch the device reductions of `losses` first."""
         cut = WindowCut(step, self.losses.n, self.window_samples, self.data_wait, self.window_paused,
-                        self.wait_timer.cut(), steady=self.steps_done > self.warmup_steps, done=self.steps_done)
+                        self.wait_timer.cut(), steady=self.steps_done > self.warmup_steps, done=self.steps_done,
+                        at=time.perf_counter())
         self.window_samples, self.data_wait, self.window_paused = 0, 0.0, 0.0
         # off the grid of multiples of `window` (a run's last step): a longer resumed run logs again at the next
         # multiple, over these steps too (a host sync, once a run)
@@ -382,11 +386,15 @@ class StepMeter:
         self.stats.window_losses = self._tail + self.losses.values()
 
     def close_window(self, cut: WindowCut, mean_loss: float) -> tuple[Optional[float], Optional[float]]:
-        """The window `cut`, whose device work has just been waited for: its time runs to now (the device finished
-        its last step now, or earlier if the host was behind) and the next window's starts here. Returns
-        (samples/s, data-wait fraction), or Nones during warm-up."""
+        """The window `cut`, whose device work has just been waited for: on CUDA its time runs to now (the device
+        finished its last step now, or earlier if the host was behind), on the CPU to its cut (`WindowCut.at`), and
+        the next window's starts there. Returns (samples/s, data-wait fraction), or Nones during warm-up."""
         self.stats.train_losses.append([cut.step, mean_loss])
-        now = time.perf_counter()
+        # On the CPU the step after the cut ran before this read. Ended at the read, a window after one read late was
+        # timed from its second step: read late itself, up to the next window's first step, read at once (an
+        # evaluation, a checkpoint, the run's last step), one step short; a last window of 2 steps showed twice the
+        # run's samples/s in TensorBoard and on the bar (the steady total was right, the windows were not)
+        now = time.perf_counter() if self.device.type == "cuda" or cut.at is None else cut.at
         rate = wait = None
         seconds = now - self.window_start - cut.paused
         waited = cut.host_wait + self.wait_timer.seconds(cut.spans)  # the device's idle time: its events completed

@@ -445,7 +445,9 @@ class Trainer(WindowLogging):
         if prof is not None and env.is_main:  # step breakdown, kernels, timeline: TensorBoard and run dir
             log_profile(writer, self.run_dir.path, self.device, self.pos.step)
         # the linear model on the same split, loader and hashing, when train.baseline asks (dlrm.train.baseline)
-        baseline = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step)
+        # its scalars beside the evaluations' curve: baseline/<split>/* where they are eval/<split>/* (`_eval_tag`)
+        tag = "baseline" + self.evaluator.tag[len("eval"):]
+        baseline = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step, tag)
         summary = {**self._summary(metrics, counters, baseline), **self.target.summary(self.pos.step, self.stats.best)}
         # at the last step (an extended run's come after); the dataset's multi-hot sizes, which the run trained with
         log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step, self.tables.multi_hot_sizes)
