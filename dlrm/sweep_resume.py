@@ -166,6 +166,13 @@ def read_record(directory: Path) -> dict[str, Any]:
     if not directory.is_dir():
         raise ConfigError(f"--resume: {directory}: no such sweep directory")
     if not path.is_file():
+        # a sweep of a version before 2026-11-30 (3799839) wrote its report and trials but no record: it is a sweep
+        # (called "not the directory of a sweep", the user was left to wonder what else it was), just not resumable
+        if any((directory / name).is_file() for name in ("sweep.md", "sweep.csv", "trials.csv")) \
+                or any(directory.glob("*/seed-*/config.json")):
+            raise ConfigError(f"--resume: {directory} is a sweep made by a version before 2026-11-30, which recorded "
+                              f"no {RECORD} (its grid): it cannot be resumed; run the sweep again under another "
+                              "--run-name (its trials and report stay where they are)")
         raise ConfigError(f"--resume: {directory} holds no {RECORD}: not the directory of a sweep (sweeps record their "
                           "grid there when they start; one made before that cannot be resumed)")
     try:

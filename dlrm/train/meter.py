@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 
+from dlrm.logging_setup import counted, run_logger
+
 WARMUP_STEPS = 3
 """Ordinary steps before the CUDA graph's capture (`dlrm.train.graphed_step`), and the steps timed apart as warm-up
 before the throughput windows start in a run without one (a run with one also leaves its capture step out)."""
@@ -317,6 +319,14 @@ class StepMeter:
             if start_step % window else []
         if carried:
             self.losses.preload(carried, start_step)
+        held, since = len(carried), start_step % window
+        if held < since:  # a checkpoint written before 2026-11-30 kept none (or train.log_every changed): said, as
+            # the one logged loss that is not the uninterrupted run's (the training itself resumes exactly)
+            nxt = start_step - since + window
+            run_logger.warning(f"--resume at step {start_step}: the checkpoint holds the losses of {held} of the "
+                               f"{counted(since, 'step')} since the last logging step ({start_step - since}; one "
+                               f"written before 2026-11-30 holds none): the loss logged at step {nxt} averages only "
+                               f"the steps from here, not train.log_every's {window} as the uninterrupted run's does")
         stats.window_losses = []
         self._tail: list[float] = []  # a window cut off the logging grid (a run's last step): its losses
         self.wait_timer = DataWaitTimer(device)  # the trainer fetches batches through it

@@ -182,6 +182,7 @@ class Trainer(WindowLogging):
         """The recorded best evaluation's checkpoint must hold that evaluation's model, in this run: a branch
         (``--run-name NEW``) named its source run's best.pt, which that run replaces with later bests (then another
         step's model was this run's best, exported too). A file holding it becomes this run's best.pt, else none."""
+        self._unrecorded_last_best()
         best = self.stats.best
         if not best or not best.get("checkpoint"):
             return
@@ -207,6 +208,49 @@ class Trainer(WindowLogging):
             return None if found is None else str(found)
         found = self.env.on_main(find, f"could not make {self.checkpointer.best_path} hold the best model")
         self.stats.best = {**best, "checkpoint": found}
+
+    def _unrecorded_last_best(self) -> None:
+        """A run that a version before 2026-11-30 (e4c1c73) finished with a new best at its last evaluation saved its
+        last checkpoint before that evaluation and then linked best.pt to it, unrecorded: the checkpoint names the
+        older best (no ``evaluated_step``, no ``grid_best``), the run's summary.json the new one. Taken as written, a
+        longer resume looked for a file of the older best, warned that best.pt no longer held it, and reported the
+        older best as the run's (its model not kept), or made a kept step checkpoint of it best.pt over the better
+        model. The evaluation summary.json names is taken as the best this checkpoint holds, as this version records
+        it (off the ``train.eval_every`` grid the grid's best stays the older one, which early stopping compares
+        with)."""
+        best, step = self.stats.best, self.pos.step
+        source = run_of(self.resume_from) or self.resume_from.resolve().parent.parent
+        saved_best = ckpt.checkpoint_dir(source) / self.checkpointer.best_path.name
+
+        def read() -> Optional[dict]:
+            if not best or best.get("step", step) >= step or self.checkpointer.evaluated_step is not None \
+                    or self.stats.grid_best is not None or best.get("metric") not in best:
+                return None
+            if checkpoint_step(saved_best) != step:
+                return None
+            try:
+                last = json.loads((source / "summary.json").read_text(encoding="utf-8")).get("best")
+            except (OSError, ValueError, AttributeError):  # none, unreadable or foreign: the checkpoint as it is
+                return None
+            metric = best.get("metric")
+            if not (isinstance(last, dict) and last.get("step") == step and last.get("metric") == metric
+                    and isinstance(last.get(metric), (int, float)) and not isinstance(last.get(metric), bool)):
+                return None
+            return {k: last[k] for k in ("step", "metric", "auc", "logloss", "accuracy") if k in last}
+
+        last = self.env.broadcast_object(read() if self.env.is_main else None)
+        if last is None:
+            return
+        every = self.cfg.train.eval_every
+        if every and step % every == 0:  # on the grid: early stopping counted it
+            self.stats.grid_best, self.stats.evals_since_best = None, 0
+        else:
+            metric = best["metric"]
+            self.stats.grid_best = {"step": best["step"], "metric": metric, metric: best[metric]}
+        self.stats.best = {**last, "checkpoint": str(saved_best)}
+        self.checkpointer.evaluated_step = step  # the checkpoint holds that evaluation (not counted twice at the end)
+        logger.info(f"--resume: the best evaluation is step {step}'s (its summary.json), made after the checkpoint "
+                    f"by an earlier version, which recorded step {best['step']}'s in it")
 
     def _open_run_dir(self, run_dir: Optional[Path], latest: Optional[Path], restart: bool) -> RunDirectory:
         """Rank 0 creates (or, resuming, takes over) and locks the run directory; others learn its path."""
