@@ -577,7 +577,9 @@ def _check_state_value(value: Any, name: str, param: torch.Tensor, sparse: bool,
     if name == "step":
         ok = type(value) in (int, float) or (isinstance(value, torch.Tensor) and value.numel() == 1
                                              and _kind(value.dtype) in ("float", "int"))
-        what = "a number or a one-value tensor"
+        count = (value.item() if isinstance(value, torch.Tensor) else value) if ok else 0  # -5 made Adam's bias
+        ok = ok and count >= 0 and count < float("inf")  # correction a complex root (a traceback), NaN a NaN loss
+        what = "a finite number >= 0 or a one-value tensor of one"
     elif name == "momentum_buffer" and value is None:  # SGD without momentum: older torch kept a None
         ok, what = True, ""
     elif name == "sr_seed":

@@ -258,6 +258,7 @@ def _check_model(model: Any, path: Path) -> None:
 def _check_optimizers(optimizers: Any, path: Path) -> None:
     """Each entry is an ``Optimizer.state_dict()``: per-parameter state and param groups."""
     _expect(type(optimizers) is list, optimizers, path, "optimizers", "a list of optimizer state_dicts")
+    storages: dict[int, str] = {}  # every optimizer's state tensors, by storage (`_check_state_tensor_memory`)
     for i, opt in enumerate(optimizers):
         key = f"optimizers[{i}]"
         _expect(_is_dict(opt), opt, path, key, "an optimizer state_dict (a dict)")
@@ -268,6 +269,9 @@ def _check_optimizers(optimizers: Any, path: Path) -> None:
             ok = _is_int(pid) and _is_dict(per_param) and all(type(k) is str for k in per_param)
             _expect(ok, per_param, path, f"{key}.state.{pid}", "a dict of str -> state (keyed by an int >= 0)")
             _check_plain(per_param, path, f"{key}.state.{pid}")
+            for name, value in per_param.items():
+                if isinstance(value, torch.Tensor):
+                    _check_state_tensor_memory(value, path, f"{key}.state.{pid}.{name}", storages)
         ok = type(groups) is list and len(groups) > 0 and all(_is_dict(g) for g in groups)
         _expect(ok, groups, path, f"{key}.param_groups", "a non-empty list of dicts")
         for j, group in enumerate(groups):
@@ -276,6 +280,35 @@ def _check_optimizers(optimizers: Any, path: Path) -> None:
                 raise _fail(path, f"{key}.param_groups[{j}].params", "missing")
             _check_int_list(group["params"], path, f"{key}.param_groups[{j}].params", 0)
             _check_plain(group, path, f"{key}.param_groups[{j}]")
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of the strided tensor `t` may share one memory location (its strides, smallest first,
+    must each step past all the elements of the dimensions before them: what a tensor torch allocates does)."""
+    extent = 1
+    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1):
+        if stride < extent:
+            return True
+        extent += stride * (size - 1)
+    return False
+
+
+def _check_state_tensor_memory(value: torch.Tensor, path: Path, key: str, storages: dict[int, str]) -> None:
+    """An optimizer's state tensor is updated in place, so it must be a strided tensor of its own memory: torch.save
+    keeps a tensor's strides and storage sharing, and a hand-made file's moment of stride 0 (``expand``) or in
+    another layout (sparse) failed at the first step with a traceback, while two moments of one storage (`storages`:
+    the optimizer's state tensors seen so far, by storage) trained silently on each other's values."""
+    if value.layout != torch.strided or value.is_meta:
+        raise _fail(path, key, f"must be a dense tensor, got one of layout {value.layout}"
+                    + (" (meta: no values)" if value.is_meta else ""))
+    if _overlaps(value):
+        raise _fail(path, key, f"must hold each element in its own memory, got shape {tuple(value.shape)} with "
+                    f"strides {value.stride()} (elements overlap)")
+    if value.numel():
+        ptr = value.untyped_storage().data_ptr()
+        if ptr in storages:
+            raise _fail(path, key, f"shares its memory with {storages[ptr]} (each state tensor needs its own)")
+        storages[ptr] = key
 
 
 def _replaces_code(key: str) -> bool:

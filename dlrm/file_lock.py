@@ -22,6 +22,7 @@ import errno
 import fcntl
 import os
 import socket
+import stat
 import time
 from pathlib import Path
 
@@ -34,11 +35,35 @@ class LockHeld(Exception):
         self.holder = holder
 
 
+class NotALockFile(OSError):
+    """The lock's path holds a symbolic link or something other than a regular file (a FIFO, a device, a directory):
+    never opened for writing, so no other file is written through it (`try_lock`)."""
+
+
+def _open_lock(path: Path) -> int:
+    """`path` opened read-write (created 0644), the last component not followed: a run directory or sweep handed over
+    by someone else (a tarball, a shared disk) may hold ``.lock -> ~/.bashrc``, and the holder's line written into the
+    lock (`name_holder`, after a truncation) emptied that file. Raises `NotALockFile` for a link or a non-regular file
+    (O_NONBLOCK: a FIFO's open does not wait for a writer)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise NotALockFile(errno.ELOOP, f"a symbolic link (to {os.readlink(path)!r}) where a lock file belongs, never "
+                           "written through; remove it", str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotALockFile(errno.EINVAL, "not a regular file where a lock file belongs; remove it", str(path))
+    return fd
+
+
 def try_lock(path: Path, shared: bool = False) -> tuple[int, str]:
-    """Open `path` (created 0644) and take its exclusive lock (`shared`: a shared one, which others' shared locks
-    allow) without waiting: (the descriptor, the line the file held: a dead holder's, or ""). Raises `LockHeld` while
-    another holds it (exclusively, or at all for an exclusive lock); other OSErrors as they come."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    """Open `path` (created 0644; `_open_lock`: never through a symbolic link) and take its exclusive lock (`shared`: a
+    shared one, which others' shared locks allow) without waiting: (the descriptor, the line the file held: a dead
+    holder's, or ""). Raises `LockHeld` while another holds it (exclusively, or at all for an exclusive lock),
+    `NotALockFile` for a link or a non-regular file there; other OSErrors as they come."""
+    fd = _open_lock(path)
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except OSError as e:

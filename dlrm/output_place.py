@@ -13,7 +13,6 @@ or a sweep.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -23,6 +22,7 @@ from dlrm.config import Config
 from dlrm.config_checks import fitted_name
 from dlrm.data.output_dirs import is_run_directory
 from dlrm.errors import ConfigError
+from dlrm.json_file import read_json
 
 
 def sweep_holding(tb_dir: str) -> Optional[Path]:
@@ -32,7 +32,7 @@ def sweep_holding(tb_dir: str) -> Optional[Path]:
     here = Path(os.path.abspath(tb_dir))
     for candidate in (here, here.parent, here.parent.parent):
         try:  # a sweep's record (a small file), not any file of that name in a directory above the TensorBoard root
-            record = json.loads((candidate / "sweep.json").read_text())
+            record = read_json(candidate / "sweep.json")
         except (OSError, ValueError):
             continue
         if isinstance(record, dict) and "sets" in record and "seeds" in record:

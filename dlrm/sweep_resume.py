@@ -40,9 +40,10 @@ from typing import Any, Optional
 
 from loguru import logger
 
-from dlrm.checkpoint import list_checkpoints, move_to_new
+from dlrm.checkpoint import list_checkpoints, move_to_new, write_files_atomic
 from dlrm.config import ConfigError, load_config
 from dlrm.data.schema import write_json_atomic
+from dlrm.json_file import read_json, read_regular_file
 from dlrm.logging_setup import counted
 from dlrm.train.resume_policy import config_changes, with_defaults
 from dlrm.train.run_dir import lock_holder
@@ -176,7 +177,7 @@ def read_record(directory: Path) -> dict[str, Any]:
         raise ConfigError(f"--resume: {directory} holds no {RECORD}: not the directory of a sweep (sweeps record their "
                           "grid there when they start; one made before that cannot be resumed)")
     try:
-        record = json.loads(path.read_text())
+        record = read_json(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"--resume: {path}: not readable as JSON ({e})") from None
     ok = (isinstance(record, dict) and record.get("format") == FORMAT and isinstance(record.get("config"), str)
@@ -262,8 +263,8 @@ def mark_failed(run_dir: Path, reason: Optional[str]) -> None:
     try:
         if reason is None:
             mark.unlink(missing_ok=True)
-        elif run_dir.is_dir() and not run_dir.is_symlink():
-            mark.write_text(reason + "\n")
+        elif run_dir.is_dir() and not run_dir.is_symlink():  # renamed into place: a handed-over trial's mark that
+            write_files_atomic(run_dir, {FAILED_MARK: reason + "\n"})  # links to a user's file is replaced, not written
     except OSError as e:
         logger.warning(f"sweep: cannot {'remove' if reason is None else 'write'} {mark} ({e.strerror or e})")
 
@@ -330,21 +331,26 @@ def trial_state(run_dir: Path, cfg_dict: dict[str, Any], name: str) -> tuple[Opt
 
 def _failure(run_dir: Path) -> Optional[str]:
     """The reason `mark_failed` recorded in `run_dir` (None: no failure recorded, the trial was interrupted)."""
-    try:
-        return (run_dir / FAILED_MARK).read_text().strip() or "failed"
+    try:  # a regular file of a line (a handed-over sweep's FIFO of that name hung --resume, /dev/zero read without end)
+        mark = read_regular_file(run_dir / FAILED_MARK, 1 << 20)
     except OSError:
         return None
+    return mark.decode("utf-8", "replace").strip() or "failed"
 
 
 def _read_summary(path: Path) -> Optional[dict]:
     """A finished run's summary (None: none, or not one a run wrote at its end: unreadable, no metrics)."""
     try:
-        summary = json.loads(path.read_text())
+        summary = read_json(path)
     except (OSError, ValueError):
         return None
     # a NaN metric (a one-class split's AUC) is written as null: the run finished all the same
     finished = isinstance(summary, dict) and type(summary.get("steps")) is int and all(
         k in summary and (summary[k] is None or type(summary[k]) in (int, float)) for k in ("auc", "logloss"))
+    # and the AUCs of its best evaluation and baseline, which the report reads too: a hand-edited {"baseline": "x"} (or
+    # a string AUC there) made the sweep's report a TypeError or ValueError traceback
+    finished = finished and all(summary.get(k) is None or (isinstance(summary[k], dict) and (
+        summary[k].get("auc") is None or type(summary[k].get("auc")) in (int, float))) for k in ("best", "baseline"))
     if not finished:
         return None
     return summary

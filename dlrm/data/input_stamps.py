@@ -11,11 +11,11 @@ are written again instead, and those of unchanged inputs kept.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from dlrm.data.schema import write_json_atomic
+from dlrm.json_file import read_json
 
 STAMPS_FILE = "input-stamps.json"
 
@@ -53,7 +53,7 @@ def redo_changed_inputs(work: Path, inputs: dict[str, list[Path]], outputs: dict
     """
     now = {key: [file_stamp(p) for p in paths] for key, paths in inputs.items()}
     try:
-        recorded = json.loads((work / STAMPS_FILE).read_text())
+        recorded = read_json(work / STAMPS_FILE)
     except (OSError, ValueError):  # none yet (a new import, or one an older version started), or cut short
         recorded = None
     removed: dict[str, int] = {}

@@ -50,7 +50,6 @@ zstd (benchmarks/results/stream_training_mlperf.md).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -92,6 +91,7 @@ from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writab
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
 from dlrm.errors import report_bug
+from dlrm.json_file import read_json
 from dlrm.logging_setup import ProgressBar, bar_interval, configure_logging, counted
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
@@ -204,7 +204,7 @@ def _earlier_plan(work: Path) -> Optional[dict]:
     ``--sparse-layout`` existed lacks the key: its files are in list columns, "lists"; one written before
     ``--dense`` holds counts."""
     try:
-        earlier = json.loads((work / PLAN_FILE).read_text())
+        earlier = read_json(work / PLAN_FILE)
     except (OSError, ValueError):
         return None
     if isinstance(earlier, dict):

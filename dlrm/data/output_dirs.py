@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import shutil
@@ -23,7 +22,8 @@ import click
 from loguru import logger
 
 from dlrm.errors import ConfigError
-from dlrm.file_lock import LockHeld, name_holder, try_lock
+from dlrm.file_lock import LockHeld, NotALockFile, name_holder, try_lock
+from dlrm.json_file import read_json
 
 
 def check_target(path: Path, overwrite: bool, what: str) -> None:
@@ -45,7 +45,7 @@ def is_run_directory(path: Path) -> bool:
     """Whether `path` is a training run's directory (`dlrm.train.run_dir.RunDirectory`): its config.json (a run's,
     with ``log`` and ``data`` sections) beside what only a run writes (checkpoints/, summary.json, its lock)."""
     try:
-        record = json.loads((path / "config.json").read_text())
+        record = read_json(path / "config.json")
     except (OSError, ValueError):
         return False
     if not (isinstance(record, dict) and isinstance(record.get("log"), dict) and isinstance(record.get("data"), dict)):
@@ -77,7 +77,7 @@ def owning(path: Path) -> Optional[tuple[str, Path]]:
 def _is_sweep(path: Path) -> bool:
     """Whether `path` holds a sweep's record (``sweep.json`` with its grid and seeds), not any file of that name."""
     try:
-        record = json.loads((path / "sweep.json").read_text())
+        record = read_json(path / "sweep.json")
     except (OSError, ValueError):
         return False
     return isinstance(record, dict) and "sets" in record and "seeds" in record
@@ -232,6 +232,8 @@ def output_lock(path: Path, option: str, error: type[Exception] = click.ClickExc
     except LockHeld as held:
         raise error(f"{option} {path}: in use by {held.holder} (its lock {lock}); one run writes an output at a "
                     "time: wait for it, or choose another path") from None
+    except NotALockFile as e:  # never written through (`dlrm.file_lock._open_lock`)
+        raise error(f"{option} {path}: {e.filename}: {e.strerror}") from None
     try:
         name_holder(fd)
         yield

@@ -72,13 +72,34 @@ def split_files(dataset_dir: str | Path, meta: Metadata, split: str) -> list[Pat
     for f in files:
         check_utf8_path(f)
         try:
-            rows += pq.ParquetFile(f).metadata.num_rows
+            rows += footer_rows(f, pq.ParquetFile(f).metadata)
         except (OSError, pa.ArrowException) as e:
             raise DatasetError(f"{f}: not a readable parquet file ({e})") from None
     if rows != meta.splits[split].rows:
         raise DatasetError(f"{where}: splits.{split}.rows is {meta.splits[split].rows:,} but its {len(files)} file(s) "
                            f"hold {rows:,} rows")
     return files
+
+
+def footer_rows(path: Path, footer: pq.FileMetaData) -> int:
+    """The rows of the file whose parquet footer is `footer`, checked to agree with themselves: the loaders plan and
+    size their buffers by the row groups' counts, where the row check against metadata.json took the file's total. A
+    footer edited to say a billion rows in one row group sized a 52 GB buffer ("out of host memory: retry with a
+    smaller data.batch_size"), and one whose row group says fewer rows than its columns hold had pyarrow read only that
+    many: the rest of the rows were left out of training without a word. `DatasetError` naming the file otherwise."""
+    total = 0
+    for g in range(footer.num_row_groups):
+        rg = footer.row_group(g)
+        label = rg.num_columns and rg.column(0).path_in_schema == LABEL_COLUMN  # (else the schema check names it)
+        values = rg.column(0).num_values if label else rg.num_rows  # the label: one value a row, nulls too
+        if rg.num_rows < 0 or values != rg.num_rows:
+            raise DatasetError(f"{path}: row group {g}: its footer says {rg.num_rows:,} rows but {values:,} values in "
+                               f"its first column (a damaged or edited footer)")
+        total += rg.num_rows
+    if total != footer.num_rows:
+        raise DatasetError(f"{path}: its footer says {footer.num_rows:,} rows but its {footer.num_row_groups} row "
+                           f"group(s) hold {total:,} (a damaged or edited footer)")
+    return total
 
 
 def _is_int64_list(t: pa.DataType) -> bool:
@@ -348,6 +369,7 @@ def open_shard(path: Path, multi_hot_sizes: list[int] | None = None,
     except (OSError, pa.ArrowException) as e:
         raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
     layout = check_schema(path, schema, multi_hot_sizes, dense_format=dense_format)
+    footer_rows(path, footer)
     footer_label_check(path, footer)
     return footer, layout
 

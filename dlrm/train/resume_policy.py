@@ -11,7 +11,6 @@ run already ended (moved here from `dlrm.train.trainer`, which stays under the m
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -21,6 +20,7 @@ from loguru import logger
 from dlrm import checkpoint as ckpt
 from dlrm.config import Config, ConfigError, config_from_dict
 from dlrm.distributed.env import DistEnv
+from dlrm.json_file import read_json
 from dlrm.logging_setup import run_logger
 from dlrm.train.checkpointer import BEST_NAME, checkpoint_step
 from dlrm.train.run_dir import (BRANCH_NAME, LOCK_NAME, _same_file, branch_start, restart_leftovers, restart_refusal,
@@ -252,7 +252,7 @@ def restart_config(run: Path, current: dict[str, Any], allowed: Iterable[str]) -
     source = run / "config.json"
     if source.name in leftovers:
         try:
-            saved = json.loads(source.read_text())
+            saved = read_json(source)
         except (OSError, ValueError) as e:
             raise ConfigError(f"--resume: {source}: not readable as JSON ({e}); {run} holds no checkpoint: move it "
                               "away or pick another --run-name") from None
@@ -269,8 +269,7 @@ def restart_config(run: Path, current: dict[str, Any], allowed: Iterable[str]) -
 def summarized(checkpoint: Path, step: int) -> bool:
     """Whether the run `checkpoint` belongs to ended at `step` (a later summary.json: that run extended since)."""
     try:
-        summary = json.loads(((run_of(checkpoint) or Path(checkpoint).resolve().parent.parent) / "summary.json")
-                             .read_text())
+        summary = read_json((run_of(checkpoint) or Path(checkpoint).resolve().parent.parent) / "summary.json")
         return summary["steps"] == step
     except (OSError, ValueError, TypeError, KeyError):
         return False

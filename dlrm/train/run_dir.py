@@ -35,7 +35,6 @@ The resolved absolute path is logged whenever it differs from what was typed (ab
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -51,7 +50,8 @@ from dlrm.checkpoint_schema import v1_numpy_globals
 from dlrm.config import Config, ConfigError
 from dlrm.config_checks import free_run_name
 from dlrm.data.schema import write_json_atomic
-from dlrm.file_lock import LockHeld, name_holder, try_lock
+from dlrm.file_lock import LockHeld, NotALockFile, name_holder, try_lock
+from dlrm.json_file import read_json
 
 _VALID_NAME = re.compile(r"[\w.+-]+")
 _RUN_CHECKPOINT = re.compile(r"(?:step-\d{8,}|best)\.pt")  # the names a run gives its checkpoints
@@ -144,7 +144,7 @@ def branch_start(run: Path) -> Optional[tuple[Path, int]]:
     """(the checkpoint, its step) the branch `run` started from (`BRANCH_NAME`), or None: not a branch, or a
     record that does not read as one (then it is refused as anything else there is)."""
     try:
-        record = json.loads((Path(run) / BRANCH_NAME).read_text())
+        record = read_json(Path(run) / BRANCH_NAME)
         checkpoint, step = record["checkpoint"], record["step"]
     except (OSError, ValueError, TypeError, KeyError):
         return None
@@ -313,6 +313,8 @@ class RunLock:
         except LockHeld as held:
             raise ConfigError(f"{run_dir}: in use by {held.holder}; a run directory has one writer at a time "
                               "(wait for it, or choose another --run-name)") from None
+        except NotALockFile as e:  # (a run directory someone handed over: its .lock a link to one of the user's files)
+            raise ConfigError(f"{e.filename}: {e.strerror}") from None
         if previous:  # the holder died without releasing: flock was dropped by the kernel
             logger.warning(f"{path}: stale lock of {previous} (that process is gone); taken over")
         name_holder(fd, since=True)

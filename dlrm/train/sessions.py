@@ -9,8 +9,8 @@ device, wall time and settings were gone without a word. Its ``sessions`` keep e
 
 from __future__ import annotations
 
+import errno
 import io
-import json
 import os
 import secrets
 import struct
@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from loguru import logger
+
+from dlrm.json_file import read_json, read_regular_file
 
 # summary.json's keys that name files or directories (``best`` holds one more: its ``checkpoint``)
 PATH_KEYS = ("checkpoint", "run_dir", "best_checkpoint", "resumed_from")
@@ -100,7 +102,7 @@ def with_sessions(summary: dict[str, Any], path: Path, resumed_config: Optional[
     previous: Optional[dict] = None
     if Path(path).is_file():
         try:
-            previous = json.loads(Path(path).read_text())
+            previous = read_json(path)
             if not isinstance(previous, dict) or not isinstance(previous.get("steps"), int):
                 raise ValueError(f"not a run's summary (a JSON {type(previous).__name__})")
         except (OSError, ValueError) as e:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
@@ -120,8 +122,9 @@ def with_sessions(summary: dict[str, Any], path: Path, resumed_config: Optional[
     # resumed from a checkpoint older than the run's last recorded step (the later ones removed): the earlier sessions'
     # steps past it were trained again by this one, and their ranges overlapped this one's as if both counted
     discarded = [s for s in earlier if isinstance(s.get("end_step"), int) and s["end_step"] > start]
-    for s in discarded:
-        s["discarded_after"] = start if s.get("discarded_after") is None else min(start, s["discarded_after"])
+    for s in discarded:  # an earlier mark that is no step (a hand-edited "x": a TypeError as the session ended) is none
+        prior = s.get("discarded_after")
+        s["discarded_after"] = min(start, prior) if type(prior) is int else start
     if discarded:
         logger.warning(f"{path}: this session resumed at step {start}, before the end of earlier sessions (step "
                        f"{max(s['end_step'] for s in discarded)}): their steps after {start} are recorded as discarded "
@@ -151,7 +154,14 @@ def drop_earlier_hparams(run_dir: Path, own: Optional[str]) -> Optional[dict[str
     for path in sorted(Path(run_dir).glob("events.out.tfevents.*")):
         if own is not None and os.path.abspath(path) == os.path.abspath(own):
             continue
-        data = path.read_bytes()
+        try:  # a handed-over run's FIFO of that name hung the session's end, a link to /dev/zero read without end; a
+            if path.is_symlink():  # link no session writes: read through it, its target was copied here
+                raise OSError(errno.EINVAL, "a symbolic link, which no session writes", str(path))
+            data = read_regular_file(path)
+        except OSError as e:
+            logger.warning(f"{path}: not read ({e.strerror}); its HParams left as they are (TensorBoard may show an "
+                           "earlier session's)")
+            continue
         if HPARAMS_TAG_PREFIX.encode() not in data:
             continue
         records = _records(data)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.data.loader import Batch
 from dlrm.distributed.env import init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped, found_alike
+from dlrm.json_file import read_json
 from dlrm.logging_setup import ProgressBar, bar_interval, counted, run_logger
 from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
@@ -229,7 +229,7 @@ class Trainer(WindowLogging):
             if checkpoint_step(saved_best) != step:
                 return None
             try:
-                last = json.loads((source / "summary.json").read_text(encoding="utf-8")).get("best")
+                last = read_json(source / "summary.json").get("best")
             except (OSError, ValueError, AttributeError):  # none, unreadable or foreign: the checkpoint as it is
                 return None
             metric = best.get("metric")
@@ -546,7 +546,7 @@ class Trainer(WindowLogging):
         summary = {}
         if path.is_file():
             try:
-                summary = json.loads(path.read_text())
+                summary = read_json(path)
             except (OSError, ValueError):
                 summary = {}
         return {**summary, "checkpoint": os.path.abspath(self.finished), "run_dir": os.path.abspath(run_dir), "finished": True}

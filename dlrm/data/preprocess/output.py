@@ -13,6 +13,7 @@ from dlrm.data.preprocess.constants import _OUTPUT_OPTIONS, PROGRESS_DIR, RECORD
 from dlrm.data.preprocess.errors import PreprocessError
 from dlrm.data.preprocess.scan import FileScan
 from dlrm.data.schema import SPLITS
+from dlrm.json_file import read_json
 
 
 def _fingerprint(path: Path) -> dict:
@@ -80,7 +81,7 @@ def _foreign_entries(out: Path) -> list[str]:
 def _read_manifest(path: Path) -> dict:
     """The manifest of an unfinished run, checked for the structure a resume relies on."""
     try:
-        manifest = json.loads(path.read_text())
+        manifest = read_json(path)
         if not isinstance(manifest.get("options"), dict) or not all(
             isinstance(d, dict) and "path" in d for d in manifest["inputs"]
         ):
