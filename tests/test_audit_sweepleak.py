@@ -39,9 +39,16 @@ def _weights(summary: dict) -> dict:
     return torch.load(summary["checkpoint"], map_location="cpu", weights_only=False)["model"]
 
 
-def test_a_compiled_sweep_past_dynamos_recompile_limit_still_compiles_each_trial(tmp_path, config, monkeypatch):
-    # the limit (8 by default: a sweep of 9 model structures) lowered to 1, so two trials show it
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+def test_a_compiled_sweep_past_dynamos_recompile_limit_still_compiles_each_trial(tmp_path, config):
+    # the limit (8 by default: a sweep of 9 model structures) lowered to 1, so two trials show it. Torch's own
+    # config.patch, not monkeypatch: pytest 9.2's undo deletes an attribute missing from the target's __dict__, and
+    # dynamo's config keeps its values elsewhere (every later compile in the worker failed: "recompile_limit does not
+    # exist")
+    with torch._dynamo.config.patch(recompile_limit=1):
+        _compiled_sweep_with_the_limit_lowered(tmp_path, config)
+
+
+def _compiled_sweep_with_the_limit_lowered(tmp_path, config):
     torch._dynamo.reset()
     sets = [parse_set("model.top_mlp=[8,1],[6,1]")]
     base = {"train.compile.enabled": True}
