@@ -128,6 +128,7 @@ class Trainer(WindowLogging):
                     self.run_dir.abandon()  # releases the lock (removes a branch's new directory, which holds nothing)
                     self.finished, self.finished_early = self.resume_from, ended
                     return
+                self._unrecorded_last_best()  # (an earlier version's finished run: its summary's best)
                 self._keep_best_model()
                 self.resumed_at_step = self.pos.step
                 logger.info(f"resumed from {os.path.abspath(self.resume_from)} at step {self.pos.step} "
@@ -182,7 +183,6 @@ class Trainer(WindowLogging):
         """The recorded best evaluation's checkpoint must hold that evaluation's model, in this run: a branch
         (``--run-name NEW``) named its source run's best.pt, which that run replaces with later bests (then another
         step's model was this run's best, exported too). A file holding it becomes this run's best.pt, else none."""
-        self._unrecorded_last_best()
         best = self.stats.best
         if not best or not best.get("checkpoint"):
             return
