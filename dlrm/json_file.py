@@ -17,7 +17,11 @@ import stat
 from pathlib import Path
 from typing import Any, Optional
 
-RECORD_LIMIT = 64 << 20  # bytes: a run's config.json or summary.json, a sweep's record are kilobytes to a few MB
+RECORD_LIMIT = 64 << 20  # bytes: a run's config.json, a sweep's record, a data tool's plan are kilobytes to a few MB
+# bytes: a run's summary.json, which holds every logged loss (``train_losses``, ~50 bytes a window as written): 64 MB
+# at some 1.4M windows (train.log_every 1 over a long run), where a resume took it for unreadable (the earlier sessions'
+# records dropped), a finished run for unfinished and a sweep its finished trial for one to train again
+SUMMARY_LIMIT = 2 << 30
 
 
 def read_json(path: str | Path, limit: int = RECORD_LIMIT) -> Any:

@@ -43,7 +43,7 @@ from loguru import logger
 from dlrm.checkpoint import list_checkpoints, move_to_new, write_files_atomic
 from dlrm.config import ConfigError, load_config
 from dlrm.data.schema import write_json_atomic
-from dlrm.json_file import read_json, read_regular_file
+from dlrm.json_file import SUMMARY_LIMIT, read_json, read_regular_file
 from dlrm.logging_setup import counted
 from dlrm.train.resume_policy import config_changes, with_defaults
 from dlrm.train.run_dir import lock_holder
@@ -341,7 +341,7 @@ def _failure(run_dir: Path) -> Optional[str]:
 def _read_summary(path: Path) -> Optional[dict]:
     """A finished run's summary (None: none, or not one a run wrote at its end: unreadable, no metrics)."""
     try:
-        summary = read_json(path)
+        summary = read_json(path, SUMMARY_LIMIT)  # (a long run's: every logged loss)
     except (OSError, ValueError):
         return None
     # a NaN metric (a one-class split's AUC) is written as null: the run finished all the same

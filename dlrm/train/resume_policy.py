@@ -20,7 +20,7 @@ from loguru import logger
 from dlrm import checkpoint as ckpt
 from dlrm.config import Config, ConfigError, config_from_dict
 from dlrm.distributed.env import DistEnv
-from dlrm.json_file import read_json
+from dlrm.json_file import SUMMARY_LIMIT, read_json
 from dlrm.logging_setup import run_logger
 from dlrm.train.checkpointer import BEST_NAME, checkpoint_step
 from dlrm.train.run_dir import (BRANCH_NAME, LOCK_NAME, _same_file, branch_start, restart_leftovers, restart_refusal,
@@ -269,7 +269,8 @@ def restart_config(run: Path, current: dict[str, Any], allowed: Iterable[str]) -
 def summarized(checkpoint: Path, step: int) -> bool:
     """Whether the run `checkpoint` belongs to ended at `step` (a later summary.json: that run extended since)."""
     try:
-        summary = read_json((run_of(checkpoint) or Path(checkpoint).resolve().parent.parent) / "summary.json")
+        summary = read_json((run_of(checkpoint) or Path(checkpoint).resolve().parent.parent) / "summary.json",
+                            SUMMARY_LIMIT)
         return summary["steps"] == step
     except (OSError, ValueError, TypeError, KeyError):
         return False

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from loguru import logger
 
-from dlrm.json_file import read_json, read_regular_file
+from dlrm.json_file import SUMMARY_LIMIT, read_json, read_regular_file
 
 # summary.json's keys that name files or directories (``best`` holds one more: its ``checkpoint``)
 PATH_KEYS = ("checkpoint", "run_dir", "best_checkpoint", "resumed_from")
@@ -102,7 +102,7 @@ def with_sessions(summary: dict[str, Any], path: Path, resumed_config: Optional[
     previous: Optional[dict] = None
     if Path(path).is_file():
         try:
-            previous = read_json(path)
+            previous = read_json(path, SUMMARY_LIMIT)  # (a long run's: every logged loss)
             if not isinstance(previous, dict) or not isinstance(previous.get("steps"), int):
                 raise ValueError(f"not a run's summary (a JSON {type(previous).__name__})")
         except (OSError, ValueError) as e:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)

@@ -22,7 +22,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.data.loader import Batch
 from dlrm.distributed.env import init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped, found_alike
-from dlrm.json_file import read_json
+from dlrm.json_file import SUMMARY_LIMIT, read_json
 from dlrm.logging_setup import ProgressBar, bar_interval, counted, run_logger
 from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
@@ -229,7 +229,7 @@ class Trainer(WindowLogging):
             if checkpoint_step(saved_best) != step:
                 return None
             try:
-                last = read_json(source / "summary.json").get("best")
+                last = read_json(source / "summary.json", SUMMARY_LIMIT).get("best")
             except (OSError, ValueError, AttributeError):  # none, unreadable or foreign: the checkpoint as it is
                 return None
             metric = best.get("metric")
@@ -546,7 +546,7 @@ class Trainer(WindowLogging):
         summary = {}
         if path.is_file():
             try:
-                summary = read_json(path)
+                summary = read_json(path, SUMMARY_LIMIT)
             except (OSError, ValueError):
                 summary = {}
         return {**summary, "checkpoint": os.path.abspath(self.finished), "run_dir": os.path.abspath(run_dir), "finished": True}
