@@ -6,6 +6,7 @@ file holds dropped the rest from training without a word)."""
 
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -52,8 +53,18 @@ def test_a_run_lock_that_is_a_fifo_is_refused_without_waiting(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     os.mkfifo(run_dir / ".lock")
-    with pytest.raises(ConfigError, match="not a regular file"):
-        RunLock.acquire(run_dir)
+
+    def hung(signum, frame):  # a regression blocks on the FIFO: a failure in 20 s, not a hung worker
+        raise TimeoutError("RunLock.acquire waited on a FIFO")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        with pytest.raises(ConfigError, match="not a regular file"):
+            RunLock.acquire(run_dir)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def test_a_data_tools_output_lock_that_is_a_symlink_is_refused(tmp_path):
