@@ -312,11 +312,14 @@ def test_compile_caches_are_keyed_by_the_custom_ops_sources(monkeypatch, tmp_pat
     from dlrm.train import step as step_mod
 
     config = torch.compiler.config
-    monkeypatch.setattr(config, "cache_key_tag", "users-tag")
-    tag = step_mod.tag_compile_caches()
-    digest = step_mod.custom_op_source_digest()
-    assert tag == f"users-tag+dlrm-ops-{digest}" == config.cache_key_tag
-    assert step_mod.tag_compile_caches() == tag  # idempotent
+    # torch's own config.patch, not monkeypatch: pytest 9.2's undo deletes an attribute missing from the target's
+    # __dict__, and torch's config modules keep their values elsewhere (every later compile in the worker failed:
+    # "torch.compiler.config.cache_key_tag does not exist")
+    with config.patch(cache_key_tag="users-tag"):
+        tag = step_mod.tag_compile_caches()
+        digest = step_mod.custom_op_source_digest()
+        assert tag == f"users-tag+dlrm-ops-{digest}" == config.cache_key_tag
+        assert step_mod.tag_compile_caches() == tag  # idempotent
     # the digest follows the sources: a package with one more file hashes differently
     pkg = tmp_path / "kernels"
     pkg.mkdir()
