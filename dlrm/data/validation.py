@@ -54,9 +54,11 @@ def check_utf8_path(path: str | Path) -> None:
         raise DatasetError(f"{str(path)!r}: the path is not valid UTF-8, which pyarrow cannot open; rename it") from None
 
 
-def split_files(dataset_dir: str | Path, meta: Metadata, split: str) -> list[Path]:
+def split_files(dataset_dir: str | Path, meta: Metadata, split: str, check_positives: bool = False) -> list[Path]:
     """The parquet files of `split`, checked to exist and to hold the rows metadata.json says (their footers: a shard
-    replaced, truncated to fewer row groups or from another dataset shows here, before any training)."""
+    replaced, truncated to fewer row groups or from another dataset shows here, before any training). `check_positives`:
+    the split's ``positives`` too, where its files' label statistics tell (`_LabelClasses`: the split a run evaluates,
+    whose positives decide whether it has an AUC; the writers of other splits' counts are not held to it)."""
     where = Path(dataset_dir) / "metadata.json"
     if split not in meta.splits:
         # the splits it has: `--eval-only --split test` of data/sample (train and validation only) named none
@@ -64,21 +66,66 @@ def split_files(dataset_dir: str | Path, meta: Metadata, split: str) -> list[Pat
         raise DatasetError(f"{where}: splits: has no '{split}' split (it has: {held})")
     files = [Path(dataset_dir) / f for f in meta.splits[split].files]
     for f in files:
+        if f.is_dir():  # Spark, pyarrow.dataset and Dask write a "file" train.parquet that is a folder of part files
+            raise DatasetError(f"{f}: listed in metadata.json splits.{split}, is a directory (the output of Spark or "
+                               "pyarrow.dataset?): list the parquet files inside it instead")
         if not f.is_file():
             raise DatasetError(f"{f}: listed in metadata.json splits.{split} but missing")
     if not files:
         raise DatasetError(f"{where}: splits.{split}: lists no files")
-    rows = 0
+    rows, classes = 0, _LabelClasses()
     for f in files:
         check_utf8_path(f)
         try:
-            rows += footer_rows(f, pq.ParquetFile(f).metadata)
+            footer = pq.ParquetFile(f).metadata
+            rows += footer_rows(f, footer)
+            classes.add(footer)
         except (OSError, pa.ArrowException) as e:
             raise DatasetError(f"{f}: not a readable parquet file ({e})") from None
     if rows != meta.splits[split].rows:
         raise DatasetError(f"{where}: splits.{split}.rows is {meta.splits[split].rows:,} but its {len(files)} file(s) "
                            f"hold {rows:,} rows")
+    if check_positives:
+        classes.check(where, split, meta.splits[split].rows, meta.splits[split].positives)
     return files
+
+
+class _LabelClasses:
+    """Which labels a split's files hold, as far as their footers' label statistics tell (min 0: a 0 is there, max 1:
+    a 1 is; every row group with statistics: nothing else is). ``positives`` is read by the evaluator alone, to tell a
+    split of one class (no AUC: best.pt by logloss, AUC early stopping refused), and was never checked: a hand-written
+    metadata.json with positives 0 (not counted) had a split of both classes evaluated as one class, saying only
+    "holds one class (..., 0 positives)". Statistics are untrusted, but labels outside 0/1 are refused anyway."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.complete = True  # every non-empty row group's statistics read
+
+    def add(self, footer: pq.FileMetaData) -> None:
+        for g in range(footer.num_row_groups):
+            rg = footer.row_group(g)
+            if rg.num_rows == 0:
+                continue
+            column = rg.column(0) if rg.num_columns else None
+            # an integer label column only: a bool or double one (refused by its type later) compares equal to 0/1
+            label = column is not None and column.path_in_schema == LABEL_COLUMN and column.physical_type == "INT32"
+            stats = column.statistics if label else None
+            if stats is None or not stats.has_min_max or not {stats.min, stats.max} <= {0, 1}:
+                self.complete = False  # (labels outside 0/1 are the loaders' error, naming the row)
+                continue
+            self.seen |= {stats.min, stats.max}
+
+    def check(self, where: Path, split: str, rows: int, positives: int) -> None:
+        """`DatasetError` naming ``splits.<split>.positives`` when the statistics contradict which classes it says."""
+        said = {label for label, count in ((0, rows - positives), (1, positives)) if count}
+        missing = self.seen - said
+        extra = said - self.seen if self.complete else set()
+        if missing or extra:
+            found = " and ".join(f"{label}s" for label in sorted(self.seen)) or "no labels"
+            raise DatasetError(f"{where}: splits.{split}.positives: {positives:,} of {rows:,} rows, but the label "
+                               f"statistics of its files show {found}"
+                               f"{' (both classes)' if len(self.seen) == 2 else ''}; positives must count the rows "
+                               "labelled 1")
 
 
 def footer_rows(path: Path, footer: pq.FileMetaData) -> int:
@@ -103,8 +150,12 @@ def footer_rows(path: Path, footer: pq.FileMetaData) -> int:
 
 
 def _is_int64_list(t: pa.DataType) -> bool:
-    """A ``list<int64>`` type, whatever its item field is called (writers say item or element)."""
-    return pa.types.is_list(t) and t.value_type == pa.int64()
+    """A list of int64 values, whatever its item field is called (writers say item or element): ``list<int64>``, or
+    the ``large_list`` (Polars writes every list column so, and pyarrow reads it back so from Polars' arrow schema) or
+    ``fixed_size_list`` (a numpy [n, k] block, a Polars Array) of int64, which parquet stores as the same LIST and
+    `check_table` casts to ``list<int64>`` (they were refused: "type large_list<element: int64> is not list<...>")."""
+    return ((pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+            and t.value_type == pa.int64())
 
 
 def _sizes_hint(names: list[str], column: str, sizes: list[int]) -> str:
@@ -135,6 +186,8 @@ def _type_error(path: Path, name: str, actual: pa.DataType, want: pa.DataType, n
     if name in DENSE_COLUMNS and {actual, want} == {pa.int32(), pa.float32()}:
         why = (f" (the dataset's dense_format is {'float' if want == pa.float32() else 'counts'!r}: metadata.json, "
                "or the dense_format the loader was given)")
+    if not why:  # pandas writes int64 labels and counts, Spark and DuckDB booleans or doubles: say what to write
+        why = f" (write the column as {want}: data/README.md, \"Columns\")"
     return DatasetError(f"{path}: column {name}: type {actual} is not {want}{why}")
 
 
@@ -170,9 +223,13 @@ def check_schema(path: Path, schema: pa.Schema, multi_hot_sizes: list[int] | Non
     for name in names:
         if expected.get_field_index(name) < 0:
             slots = " (a multi-hot feature as SPARSE_<f>_<slot> columns)" if layout == "slots" else ""
+            # pandas writes a DataFrame's index as a column whenever it is not a plain 0..n-1 range (after a
+            # shuffle, a filter, a concat): the column was named, but not where it came from or how to leave it out
+            index = ("; pandas wrote the DataFrame's index as this column: write the file with "
+                     "to_parquet(..., index=False)") if re.fullmatch(r"__index_level_\d+__", name) else ""
             raise DatasetError(f"{path}: column {name}: not part of the dataset schema (expected exactly "
                                f"{LABEL_COLUMN}, DENSE_0..{NUM_DENSE - 1}, SPARSE_0..{NUM_SPARSE - 1}{slots})"
-                               f"{_sizes_hint(names, name, sizes)}")
+                               f"{_sizes_hint(names, name, sizes)}{index}")
     for i, (name, want) in enumerate(zip(names, expected.names)):
         if name != want:
             raise DatasetError(f"{path}: column {name}: at position {i}, where {want} belongs (columns out of order)")
@@ -228,6 +285,12 @@ def _check_list_column(path: Path, group: int, first_row: int, name: str, column
     empty and its null values -1 (`MISSING_SPARSE`); and the number of nulls replaced.
     Vectorized: one length pass and one max, plus a rebuild only when there are nulls."""
     array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if not pa.types.is_list(array.type):  # large_list or fixed_size_list of int64 (`_is_int64_list`): as list<int64>
+        try:
+            array = array.cast(pa.list_(pa.int64()))
+        except pa.ArrowException as e:  # over 2^31 values in one row group's column: int32 offsets cannot hold them
+            raise DatasetError(f"{path}: column {name}: row group {group} cannot be read as a list<int64> ({e}); "
+                               "write smaller row groups") from None
     lengths = list_lengths(array)
     if lengths.size and int(lengths.max()) > size:
         raise _list_error(path, group, first_row, name, lengths, size)
@@ -320,6 +383,7 @@ def check_table(path: Path, group: int, first_row: int, table: pa.Table,
             array, nulls = _check_list_column(path, group, first_row, name, column, size)
             if nulls:
                 replaced[f"{name}[]"] = nulls
+            if nulls or array.type != column.type:  # (a large or fixed-size list: the list<int64> the readers copy)
                 table = table.set_column(table.schema.get_field_index(name), name, array)
         elif column.null_count:
             replaced[name] = column.null_count

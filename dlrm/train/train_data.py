@@ -140,7 +140,7 @@ class TrainData:
             _log_min_steps(cfg, total, by_epochs, len(loader))
         if total == 0:
             raise ConfigError(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of {data_dir}/train")
-        eval_files = split_files(data_dir, meta, d.eval_split)
+        eval_files = split_files(data_dir, meta, d.eval_split, check_positives=True)  # (one class: no AUC)
         eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env,
                                   placement=placement, multi_hot_sizes=sizes, dense_format=meta.dense_format)
         return cls(loader, eval_loader, batch_size, total, max(cfg.train.epochs, math.ceil(total / max(len(loader), 1))))
