@@ -404,9 +404,18 @@ class StepMeter:
         # timed from its second step: read late itself, up to the next window's first step, read at once (an
         # evaluation, a checkpoint, the run's last step), one step short; a last window of 2 steps showed twice the
         # run's samples/s in TensorBoard and on the bar (the steady total was right, the windows were not)
-        now = time.perf_counter() if self.device.type == "cuda" or cut.at is None else cut.at
+        read_now = self.device.type == "cuda" or cut.at is None
+        now = time.perf_counter() if read_now else cut.at
+        # Timed to its read, a steady window also spans the pauses between its cut and that read (the trace a profiler
+        # saves at the step after a logging step, paused before the loop reads the window): they are left out of it,
+        # and not again out of the next window, which starts at the read, after them. Subtracted from the next one
+        # instead, on CUDA a window ran a trace's save longer and the next one as much shorter (a 10 s save: no rate,
+        # its samples dropped from the steady state, summary.json's samples/s 58 where every step ran at 100)
+        between = 0.0
+        if read_now and cut.steady:
+            between, self.window_paused = self.window_paused, 0.0
         rate = wait = None
-        seconds = now - self.window_start - cut.paused
+        seconds = now - self.window_start - cut.paused - between
         waited = cut.host_wait + self.wait_timer.seconds(cut.spans)  # the device's idle time: its events completed
         if cut.steady and cut.samples and seconds > 0:
             rate = cut.samples / seconds

@@ -40,8 +40,12 @@ def log_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Fraction of predictions (probability > 0.5, i.e. logit > 0) equal to the label."""
-    return ((logits.detach() > 0).to(torch.float64) == labels.detach().to(torch.float64)).to(torch.float64).mean()
+    """Fraction of predictions (probability > 0.5, i.e. logit > 0) equal to the label; NaN when a logit is NaN (as
+    `roc_auc` and `log_loss` are: ``NaN > 0`` is False, and a model of NaN outputs scored the split's negative rate,
+    a plausible accuracy beside an AUC and logloss of NaN in an ``--eval-only`` summary)."""
+    logits = logits.detach()
+    acc = ((logits > 0).to(torch.float64) == labels.detach().to(torch.float64)).to(torch.float64).mean()
+    return torch.where(logits.isnan().any(), torch.full_like(acc, float("nan")), acc)
 
 
 def evaluate_logits(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
