@@ -125,14 +125,15 @@ def test_torchrecs_one_hot_npy_of_a_wrong_shape_or_dtype_is_one_line_naming_the_
         assert len(lines) == 1 and f"{src / 'day_1_sparse.npy'}: shape {array.shape}" in lines[0], (what, lines)
         assert "expected integers [5, 26]" in lines[0], lines
         assert not (tmp_path / f"out-{what}").exists()
-    # an id outside its table names the file, the column and the row
+    # a negative id names the file, the column and the row (one at or above its table is taken modulo its size, as
+    # the reference reads TorchRec's ids: tests/test_audit_mlperfdata67.py)
     _torchrec_day(src, 1, 5, rng, cards)
     ids = np.load(src / "day_1_sparse.npy")
-    ids[3, 7] = 5
+    ids[3, 7] = -5
     np.save(src / "day_1_sparse.npy", ids)
     res = _import(src, tmp_path / "out-id", cards)
     assert res.exit_code == 2, res.output
-    assert f"{src / 'day_1_sparse.npy'}: column 7: row 3, value 0: id 5 is outside feature 7's table" in res.output
+    assert f"{src / 'day_1_sparse.npy'}: column 7: row 3, value 0: id -5 is negative" in res.output
 
 
 def test_a_min_frequency_that_empties_vocabularies_is_said_naming_the_features(tmp_path):
@@ -190,7 +191,8 @@ def test_the_chunk_line_counts_one_worker_as_one(tmp_path):
 
 
 def test_an_import_stopped_before_finishing_a_file_leaves_nothing_and_the_corrected_command_runs(tmp_path):
-    """An id outside its table in the first file (a wrong or missing --num-embeddings, the usual first mistake) left
+    """A bad id in the first file (an id outside its table, a wrong or missing --num-embeddings, was the usual first
+    mistake; a one-hot file's ids are now taken modulo the table sizes, so a negative one stands for it here) left
     .OUT.import-partial holding a plan and no file ("the 0 of 3 files finished are kept"), and the corrected command
     was refused as "an unfinished import with other options or input" until given --overwrite. Now nothing is kept;
     an import stopped after a file was finished still keeps it (tests/test_mlperf_import.py)."""
@@ -205,10 +207,17 @@ def test_an_import_stopped_before_finishing_a_file_leaves_nothing_and_the_correc
     for i, n in {0: 6, 1: 5, 2: 4}.items():
         _torchrec_day(src, i, n, rng, cards)
     out = tmp_path / "ds"
-    res = _import(src, out, [4] * 26)  # tables too small for the ids
-    assert res.exit_code == 2 and "is outside feature" in res.output, res.output
+    # a bad id in the first file (one-hot ids at or above their tables are taken modulo the sizes, as the reference
+    # reads them: a negative one stops the import)
+    good = np.load(src / "day_0_sparse.npy")
+    bad = good.copy()
+    bad[0, 0] = -1
+    np.save(src / "day_0_sparse.npy", bad)
+    res = _import(src, out, cards)
+    assert res.exit_code == 2 and "is negative" in res.output, res.output
     assert "no file was finished" in res.output and "files finished are kept" not in res.output, res.output
     assert not out.exists() and not mi.partial_dir(out).exists()
+    np.save(src / "day_0_sparse.npy", good)
     res = _import(src, out, cards)
     assert res.exit_code == 0, res.output
     assert (out / "metadata.json").is_file()

@@ -118,9 +118,14 @@ class Day:
                                        f"{MAX_MULTI_HOT_SIZE} a dataset's multi_hot_sizes allows")
         return cls(i, labels, dense, sparse, paths)
 
+    @property
+    def one_hot_npy(self) -> bool:
+        """Whether the ids come from TorchRec's one-hot ``day_{i}_sparse.npy`` (not MLPerf's multi-hot npz)."""
+        return self.paths[2].suffix == ".npy"
+
     def where(self, feature: int) -> str:
         """Where `feature`'s ids are in the sparse file, for an error line: its npz member, or its column."""
-        if self.paths[2].suffix == ".npy":
+        if self.one_hot_npy:
             return f"column {feature}"
         return f"member {feature}.npy"
 

@@ -11,9 +11,13 @@ MLPerf's reference (mlcommons/training ``recommendation_v2/torchrec_dlrm``, torc
 - ``day_{i}_sparse_multi_hot.npz``: an uncompressed ``np.savez`` with members ``"0"`` .. ``"25"``,
   int32 [N, size_f]: every row exactly size_f ids of feature f, each below its table size;
 - or, in the npz's place, TorchRec's one-hot ``day_{i}_sparse.npy`` (``BinaryCriteoUtils``' layout before MLPerf's
-  multi-hot step): integers [N, 26], one id a feature, imported as 26 one-hot features. The ids must be below their
-  tables' sizes (TorchRec's contiguous ids, with ``--num-embeddings``); raw 32-bit hashes exceed any table and are
-  refused naming the file, the column and the row (preprocess the raw logs with ``python -m dlrm.preprocess`` instead).
+  multi-hot step): integers [N, 26], one id a feature, imported as 26 one-hot features. Its ids are
+  ``contiguous_preproc_criteo``'s (2 .. distinct + 1: past MLPerf's 40M caps, and past the exact sizes by two), which
+  the reference reads modulo its table sizes (``InMemoryBinaryCriteoIterDataPipe``'s ``hashes``): each is stored as
+  ``id % size`` (``--num-embeddings``), the row the reference's table would look up; a negative id is refused naming
+  the file, the column and the row. (Raw 32-bit hashes are taken modulo the sizes alike, as the reference would take
+  them; ``python -m dlrm.preprocess`` of the raw logs keeps them whole.) A multi-hot id must be below its table's
+  size: MLPerf's multi-hot step applied the sizes already, so one past them comes from other tables and is refused.
 
 Training rows are days 0-22 (the reference shuffled them across those days), validation the first
 ``ceil(N / 2)`` rows of day 23 and test the rest, as the reference splits them. Every row becomes
@@ -39,8 +43,9 @@ and the same command resumes from them, writing again any that can no longer be 
 files changed since (`dlrm.data.input_stamps`) (other options, another ``--sparse-layout`` included, or another
 input are refused; ``--overwrite`` starts over). An ``--output`` that is ``--input``, holds it or lies inside it
 is refused, ``--overwrite`` or not, as are ``.`` and ``..``. Every value is checked (labels 0/1, finite dense
-values, ids in range, shapes and dtypes alike across days), and a bad one stops the import with one line naming
-the file, the member (or column) and the row. The day files are opened and checked by
+values, multi-hot ids in range and one-hot ids not negative, shapes alike across days: not dtypes, the reference's
+day 23 keeps the contiguous step's int64 ids where its shuffled days hold int32), and a bad one stops the import
+with one line naming the file, the member (or column) and the row. The day files are opened and checked by
 `dlrm.data.mlperf_days`.
 
 Files are written with LZ4 by default: a dataset of this size streams from parquet
@@ -129,15 +134,21 @@ def _row_group(day: Day, lo: int, hi: int, cards: list[int], schema: pa.Schema,
     cols = [pa.array(labels.astype(np.int8))]
     dense = dense_counts(logged) if counts else logged.astype(np.float32, copy=False)
     cols += [pa.array(dense[:, j]) for j in range(NUM_DENSE)]
+    # TorchRec's one-hot ids (contiguous_preproc_criteo's 2 .. distinct + 1, up to ~293M) are read by the reference
+    # modulo its table sizes (InMemoryBinaryCriteoIterDataPipe's `hashes`), and so are they here: refusing those at or
+    # above them left MLPerf's own one-hot files importable into no capped table. The multi-hot step applied the sizes
+    # already: an id past them there comes from tables of other sizes, and is refused.
+    modulo = day.one_hot_npy
     for f, ids in enumerate(day.sparse):
         raw = np.asarray(ids[lo:hi])
         block = raw.astype(np.int64, copy=False)  # a uint64 id >= 2^63 turns negative: caught below
-        bad = np.argwhere((block < 0) | (block >= cards[f]))
+        bad = np.argwhere((block < 0) if modulo else ((block < 0) | (block >= cards[f])))
         if bad.size:  # the id as the file holds it (raw), not as the int64 cast made it
             r, s = (int(v) for v in bad[0])
             raise ImportInputError(f"{day.paths[2]}: {day.where(f)}: row {lo + r}, value {s}: id {raw[r, s].item()} is "
-                                   f"outside feature {f}'s table of {cards[f]} rows (--num-embeddings)")
-        cols += feature_columns(block, layout)
+                                   + (("negative" if raw[r, s] < 0 else "past 2^63 - 1") if modulo else
+                                      f"outside feature {f}'s table of {cards[f]} rows (--num-embeddings)"))
+        cols += feature_columns(block % cards[f] if modulo else block, layout)
     return pa.Table.from_arrays(cols, schema=schema), int(np.count_nonzero(labels))
 
 
@@ -463,7 +474,8 @@ class InterruptedWhenComplete(KeyboardInterrupt):
 @click.option("--eval-day", type=click.IntRange(min=0), default=23, show_default=True,
               help="The day split in halves: validation (the first ceil(N/2) rows), then test.")
 @click.option("--num-embeddings", default=None, metavar="N1,...,N26",
-              help="Table sizes (every id must be below its feature's) [default: MLPerf's, 40M-capped].")
+              help="Table sizes (multi-hot ids must be below their feature's; one-hot ids are taken modulo it, as "
+                   "the reference reads them) [default: MLPerf's, 40M-capped].")
 @click.option("--compression", type=click.Choice(CODECS), default="lz4", show_default=True,
               help="Parquet codec (lz4: multi-hot rows stream ~1.3x faster than from zstd, for ~1.4x the bytes).")
 @click.option("--sparse-layout", type=click.Choice(SPARSE_LAYOUTS), default=SPARSE_LAYOUT, show_default=True,
