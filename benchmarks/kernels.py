@@ -33,35 +33,28 @@ Outputs under ``--out``: kernels.csv (one row per kernel, mode, batch, dtype, im
 variant, kernels.md (environment, copy bandwidth, tables, target verdicts); the tables and verdicts are
 printed to stdout too. Every case runs in its own try/except: a failing kernel is recorded, not fatal.
 
-The calls into kernels/ are gathered in the ADAPTER section below (the kernels' APIs may move).
+The calls into kernels/ are gathered in benchmarks/_kernels_adapter.py (the kernels' APIs may move); the cases in
+_kernels_cases.py, the reporting in _kernels_report.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime
-import gc
-import importlib
 import inspect
-import math
 import os
-import platform
 import signal
 import statistics
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 # The interpreter must be on before triton is first imported (an explicit TRITON_INTERPRET=0 wins).
 if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1 :][:1] == ["cpu"]:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 from loguru import logger  # noqa: E402
@@ -72,388 +65,21 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from _common import add_overwrite, claim_outputs  # noqa: E402
 from dlrm.logging_setup import ProgressBar  # noqa: E402
-from dlrm.model.archs import dot_interaction_from_combined  # noqa: E402
-from dlrm.model.hashing import modulus_rows  # noqa: E402
 
-MODES = ("fwd", "bwd", "fwd+bwd")
-IMPLS = ("triton", "triton_atomic", "eager", "compile")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-from dlrm.data.schema import KAGGLE_CARDINALITIES  # noqa: E402 - Criteo Kaggle table sizes, F = 26
-NUM_VECTORS = len(KAGGLE_CARDINALITIES) + 1  # F + 1 interacting vectors (dense + 26 embeddings)
-EMBEDDING_LR = 1e-3
-
-
-# ====================================================================================================
-# ADAPTER: every call into kernels/ (and the eager references) lives here.
-# ====================================================================================================
-
-
-def _kmod(name: str):
-    """Import kernels.<name> lazily: a module broken mid-edit fails its own cases only."""
-    return importlib.import_module(f"kernels.{name}")
-
-
-def tr_hash_rows(raw, cards, offs):
-    return _kmod("embedding").hash_rows(raw, cards, offs)
-
-
-def tr_embedding_lookup(raw, weight, cards, offs):
-    return _kmod("embedding").embedding_lookup(raw, weight, cards, offs)
-
-
-def tr_embedding_sgd_update_(rows, grad, weight, lr, deterministic=True):
-    _kmod("embedding").embedding_sparse_update_(rows, grad, weight, None, lr, "sgd", deterministic=deterministic)
-
-
-def tr_fused_embedding(raw, weight, cards, offs, lr, trigger, deterministic=True):
-    """Lookup whose backward applies SGD to the looked-up rows (weight must not require grad)."""
-    return _kmod("embedding").fused_embedding(
-        raw, weight, cards, offs, None, None, None, lr, "sgd", deterministic=deterministic, grad_trigger=trigger
-    )
-
-
-def tr_dot_interaction(x):
-    return _kmod("interaction").dot_interaction(x)
-
-
-def tr_linear_relu(x, w, b, allow_tf32):
-    return _kmod("linear").linear_act(x, w, b, "relu", allow_tf32=allow_tf32)
-
-
-def tr_bce(logits, labels):
-    return _kmod("loss").bce_with_logits(logits, labels, "mean")
-
-
-def tr_cross_layer(x0, x, u, w, b, allow_tf32):
-    return _kmod("cross").cross_layer(x0, x, u, w, b, allow_tf32)
-
-
-def eager_hash_rows(raw, cards, offs):
-    return modulus_rows(raw, cards, offs)
-
-
-def eager_embedding_fwd(raw, weight, cards, offs):
-    """SparseArch.forward without the sparse-gradient flag: modulus hashing, then the gather."""
-    return F.embedding(modulus_rows(raw, cards, offs), weight)
-
-
-def eager_embedding_sgd_update_(rows, grad, weight, lr: float):
-    """What SGD does with the lookup's sparse COO gradient (w[rows] -= lr * g), without building it."""
-    weight.index_add_(0, rows.reshape(-1), grad.reshape(-1, weight.shape[1]), alpha=-lr)
-
-
-def eager_embedding_step(raw, weight, cards, offs, grad, lr: float):
-    """Forward lookup followed by the SGD update from `grad` (the eager counterpart of fused_embedding)."""
-    rows = modulus_rows(raw, cards, offs)
-    out = F.embedding(rows, weight)
-    weight.index_add_(0, rows.reshape(-1), grad.reshape(-1, weight.shape[1]), alpha=-lr)
-    return out
-
-
-def eager_interaction(x, tril_rows, tril_cols):
-    return dot_interaction_from_combined(x, tril_rows, tril_cols)
-
-
-def eager_linear_relu(x, w, b):
-    return F.relu(F.linear(x, w, b))
-
-
-def eager_bce(logits, labels):
-    return F.binary_cross_entropy_with_logits(logits, labels)
-
-
-def eager_cross_layer(x0, x, u, w, b):
-    """The second half of an eager LowRankCrossNet layer: cuBLAS ``u @ w^T``, then the elementwise cross."""
-    return x0 * (F.linear(u, w) + b) + x
-
-
-# ====================================================================================================
-# Cases: each kernel variant builds, for one (batch, dtype), its implementations and the work per mode.
-# ====================================================================================================
-
-
-@dataclass
-class Ctx:
-    """Run-wide settings the case builders need."""
-
-    device: torch.device
-    impls: tuple[str, ...]
-    tf32: bool
-    max_rows: Optional[int]  # cap on every table's rows (None: the real sizes, except the D=128 cap)
-    graph_stream: Optional[torch.cuda.Stream] = None  # --timing graph: the stream cases are set up and captured on
-
-
-# A mode factory returns (fn to time, tensors whose .grad is reset before every run).
-ModeFactory = Callable[[], tuple[Callable[[], object], list]]
-
-
-@dataclass
-class Built:
-    impls: dict[str, dict[str, ModeFactory]]
-    work: dict[str, float]  # mode -> bytes (GB/s kernels) or flops (TFLOP/s kernels)
-    note: str = ""
-
-
-@dataclass
-class Spec:
-    name: str
-    family: str
-    metric: str  # "GB/s" or "TFLOP/s"
-    shape: str
-    build: Callable[[Ctx, int, torch.dtype], Built]
-    quick: bool = False
-    targets: list = field(default_factory=list)
-
-
-def compiled(fn):
-    """torch.compile of an eager reference (default mode, static shapes; dynamo is reset per case)."""
-    return torch.compile(fn, dynamic=False)
-
-
-def autograd_modes(fn: Callable, inputs: tuple) -> dict[str, ModeFactory]:
-    """fwd / bwd / fwd+bwd of a differentiable `fn(*inputs)` through autograd."""
-    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-
-    def grad_like(out):
-        return torch.ones_like(out) if out.dim() == 0 else torch.randn_like(out)
-
-    def fwd():
-        return (lambda: fn(*inputs)), []
-
-    def bwd():
-        out = fn(*inputs)
-        grad = grad_like(out)
-        return (lambda: out.backward(grad, retain_graph=True)), leaves
-
-    def fwd_bwd():
-        grad = grad_like(fn(*inputs))
-        return (lambda: fn(*inputs).backward(grad)), leaves
-
-    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd_bwd}
-
-
-def standard_impls(ctx: Ctx, triton_fn, eager_fn, inputs: tuple, eager_inputs: Optional[tuple] = None):
-    """triton / eager / compile implementations of one differentiable op."""
-    eager_inputs = inputs if eager_inputs is None else eager_inputs
-    impls = {}
-    if "triton" in ctx.impls:
-        impls["triton"] = autograd_modes(triton_fn, inputs)
-    if "eager" in ctx.impls:
-        impls["eager"] = autograd_modes(eager_fn, eager_inputs)
-    if "compile" in ctx.impls:
-        impls["compile"] = autograd_modes(compiled(eager_fn), eager_inputs)
-    return impls
-
-
-def fwd_bwd_work(fwd: float, bwd: float) -> dict[str, float]:
-    return {"fwd": fwd, "bwd": bwd, "fwd+bwd": fwd + bwd}
-
-
-# ---- embedding ---------------------------------------------------------------------------------
-
-_TABLES: dict = {}  # one cached (weight, cardinalities, offsets) across the batch sizes of a variant
-
-
-def embedding_tables(ctx: Ctx, name: str, dim: int, cap: Optional[int], dtype: torch.dtype):
-    key = (name, dtype)
-    if key not in _TABLES:
-        _TABLES.clear()
-        free_memory(ctx.device)
-        caps = [c for c in (cap, ctx.max_rows) if c is not None]
-        cards = [min([c, *caps]) for c in KAGGLE_CARDINALITIES]
-        card_t = torch.tensor(cards, dtype=torch.int64, device=ctx.device)
-        offs_t = torch.cumsum(card_t, 0) - card_t
-        weight = torch.empty(sum(cards), dim, dtype=dtype, device=ctx.device).uniform_(-0.05, 0.05)
-        _TABLES[key] = (weight, card_t, offs_t)
-    return _TABLES[key]
-
-
-def embedding_bytes(n: int, unique: int, dim: int, elem: int) -> dict[str, float]:
-    """Minimal traffic. fwd: raw ids (8 B each) + each distinct row read once + output written.
-    bwd (fused SGD): rows ids + gradient read + each distinct row read and written once."""
-    fwd = n * 8 + unique * dim * elem + n * dim * elem
-    bwd = n * 8 + n * dim * elem + 2 * unique * dim * elem
-    return fwd_bwd_work(fwd, bwd)
-
-
-def build_embedding(dim: int, cap: Optional[int], name: str):
-    def build(ctx: Ctx, batch: int, dtype: torch.dtype) -> Built:
-        dev = ctx.device
-        weight, cards, offs = embedding_tables(ctx, name, dim, cap, dtype)
-        nf = cards.numel()
-        raw = torch.randint(-1, 2**32, (batch, nf), dtype=torch.int64, device=dev)  # uniform: cold rows
-        grad = torch.randn(batch, nf, dim, dtype=dtype, device=dev) * 1e-3
-        lr = torch.full((1,), EMBEDDING_LR, dtype=torch.float32, device=dev)
-        rows = modulus_rows(raw, cards, offs)
-        unique = int(torch.unique(rows).numel())
-        trigger = torch.zeros(0, device=dev, requires_grad=True)
-        impls: dict[str, dict[str, ModeFactory]] = {}
-
-        def triton_modes(deterministic: bool, with_fwd: bool):
-            modes = {
-                "bwd": lambda: ((lambda: tr_embedding_sgd_update_(rows, grad, weight, lr, deterministic)), []),
-                "fwd+bwd": lambda: (
-                    (lambda: tr_fused_embedding(raw, weight, cards, offs, lr, trigger, deterministic).backward(grad)),
-                    [trigger],
-                ),
-            }
-            if with_fwd:
-                modes["fwd"] = lambda: ((lambda: tr_embedding_lookup(raw, weight, cards, offs)), [])
-            return modes
-
-        def eager_modes(fwd_fn, upd_fn, step_fn):
-            return {
-                "fwd": lambda: ((lambda: fwd_fn(raw, weight, cards, offs)), []),
-                "bwd": lambda: ((lambda: upd_fn(rows, grad, weight, EMBEDDING_LR)), []),
-                "fwd+bwd": lambda: ((lambda: step_fn(raw, weight, cards, offs, grad, EMBEDDING_LR)), []),
-            }
-
-        if "triton" in ctx.impls:
-            impls["triton"] = triton_modes(deterministic=True, with_fwd=True)
-        if "triton_atomic" in ctx.impls and dtype == torch.float32:
-            impls["triton_atomic"] = triton_modes(deterministic=False, with_fwd=False)
-        if "eager" in ctx.impls:
-            impls["eager"] = eager_modes(eager_embedding_fwd, eager_embedding_sgd_update_, eager_embedding_step)
-        if "compile" in ctx.impls:
-            impls["compile"] = eager_modes(
-                compiled(eager_embedding_fwd), compiled(eager_embedding_sgd_update_), compiled(eager_embedding_step)
-            )
-        n = batch * nf
-        note = f"R={weight.shape[0]} rows, {unique}/{n} distinct rows looked up"
-        return Built(impls, embedding_bytes(n, unique, dim, weight.element_size()), note)
-
-    return build
-
-
-def build_hash_rows(ctx: Ctx, batch: int, dtype: torch.dtype) -> Built:
-    """Modulus hashing alone (int64 in, int64 out: measured once, under fp32)."""
-    if dtype != torch.float32:
-        return Built({}, {})
-    cards = torch.tensor(KAGGLE_CARDINALITIES, dtype=torch.int64, device=ctx.device)
-    offs = torch.cumsum(cards, 0) - cards
-    raw = torch.randint(-1, 2**32, (batch, cards.numel()), dtype=torch.int64, device=ctx.device)
-    fns = {"triton": tr_hash_rows, "eager": eager_hash_rows}
-    if "compile" in ctx.impls:
-        fns["compile"] = compiled(eager_hash_rows)
-    impls = {name: {"fwd": (lambda f=f: ((lambda: f(raw, cards, offs)), []))} for name, f in fns.items() if name in ctx.impls}
-    return Built(impls, {"fwd": raw.numel() * 16}, "int64 ids in and out (dtype n/a)")  # read raw, write rows
-
-
-# ---- interaction -------------------------------------------------------------------------------
-
-
-def build_interaction(dim: int):
-    def build(ctx: Ctx, batch: int, dtype: torch.dtype) -> Built:
-        x = torch.randn(batch, NUM_VECTORS, dim, dtype=dtype, device=ctx.device, requires_grad=True)
-        tril_rows, tril_cols = torch.tril_indices(NUM_VECTORS, NUM_VECTORS, offset=-1, device=ctx.device)
-        impls = standard_impls(ctx, tr_dot_interaction, eager_interaction, (x,), (x, tril_rows, tril_cols))
-        s = x.element_size()
-        n_in = batch * NUM_VECTORS * dim
-        n_out = batch * (dim + NUM_VECTORS * (NUM_VECTORS - 1) // 2)
-        # fwd: read x, write out. bwd: read grad_out and x, write grad_x.
-        return Built(impls, fwd_bwd_work((n_in + n_out) * s, (n_out + 2 * n_in) * s))
-
-    return build
-
-
-# ---- linear ------------------------------------------------------------------------------------
-
-
-def build_linear(k: int, n: int):
-    def build(ctx: Ctx, batch: int, dtype: torch.dtype) -> Built:
-        dev = ctx.device
-        x = torch.randn(batch, k, dtype=dtype, device=dev, requires_grad=True)
-        w = (torch.randn(n, k, dtype=dtype, device=dev) / math.sqrt(k)).requires_grad_()
-        b = torch.randn(n, dtype=dtype, device=dev).requires_grad_()
-        impls = standard_impls(
-            ctx, lambda x_, w_, b_: tr_linear_relu(x_, w_, b_, ctx.tf32), eager_linear_relu, (x, w, b)
-        )
-        mnk = 2.0 * batch * n * k
-        note = "fp32 with TF32 on both sides" if (dtype == torch.float32 and ctx.tf32) else ""
-        return Built(impls, fwd_bwd_work(mnk, 2 * mnk), note)  # bwd: grad_x and grad_w GEMMs
-
-    return build
-
-
-# ---- DCN cross layer ---------------------------------------------------------------------------
-
-
-def build_cross(n: int, rank: int):
-    """``x0 * (u @ w^T + b) + x`` for x0, x [B, n], u [B, rank], w [n, rank] (kernels/cross.py)."""
-
-    def build(ctx: Ctx, batch: int, dtype: torch.dtype) -> Built:
-        dev = ctx.device
-        x0, x = (torch.randn(batch, n, dtype=dtype, device=dev, requires_grad=True) for _ in range(2))
-        u = torch.randn(batch, rank, dtype=dtype, device=dev, requires_grad=True)
-        w = (torch.randn(n, rank, dtype=dtype, device=dev) / math.sqrt(rank)).requires_grad_()
-        b = torch.randn(n, dtype=dtype, device=dev).requires_grad_()
-        impls = standard_impls(ctx, lambda *a: tr_cross_layer(*a, ctx.tf32), eager_cross_layer, (x0, x, u, w, b))
-        mnk = 2.0 * batch * n * rank
-        note = "fp32 with TF32 on both sides" if (dtype == torch.float32 and ctx.tf32) else ""
-        return Built(impls, fwd_bwd_work(mnk, 2 * mnk), note)  # bwd: grad_u and grad_w GEMMs
-
-    return build
-
-
-# ---- loss --------------------------------------------------------------------------------------
-
-
-def build_loss(ctx: Ctx, batch: int, dtype: torch.dtype) -> Built:
-    logits = torch.randn(batch, dtype=dtype, device=ctx.device, requires_grad=True)
-    labels = (torch.rand(batch, device=ctx.device) < 0.25).float()
-    impls = standard_impls(ctx, tr_bce, eager_bce, (logits, labels))
-    s, ls = logits.element_size(), labels.element_size()
-    # fwd: read logits and labels. bwd: read logits and labels, write grad_logits.
-    return Built(impls, fwd_bwd_work(batch * (s + ls), batch * (2 * s + ls)), "labels fp32, reduction mean")
-
-
-# ---- targets -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Target:
-    """A goal checked on one impl's rows: ``value(triton) / reference >= threshold``."""
-
-    text: str
-    mode: str
-    reference: str  # "copy" (fraction of copy bandwidth) or an impl name (speedup over it)
-    threshold: float
-    impl: str = "triton"
-
-
-EMB_TARGETS = [
-    Target("embedding forward >= 80% of copy bandwidth", "fwd", "copy", 0.8),
-    Target("embedding backward (fused SGD update) >= 50% of copy bandwidth", "bwd", "copy", 0.5),
-]
-INTERACTION_TARGETS = [
-    Target("interaction fwd+bwd >= 2x eager", "fwd+bwd", "eager", 2.0),
-    Target("interaction fwd+bwd no slower than torch.compile", "fwd+bwd", "compile", 1.0),
-]
-LINEAR_TARGETS = [
-    Target("fused linear+relu fwd no slower than cuBLAS + relu", "fwd", "eager", 1.0),
-    Target("fused linear+relu fwd+bwd no slower than cuBLAS + relu", "fwd+bwd", "eager", 1.0),
-]
-LOSS_TARGETS = [Target("loss fwd+bwd >= 3x eager", "fwd+bwd", "eager", 3.0)]
-# what kernels.interaction "auto" would need before choosing the Triton cross layer (dlrm.train.fast_path)
-CROSS_TARGETS = [
-    Target("cross layer fwd+bwd no slower than cuBLAS + eager epilogue", "fwd+bwd", "eager", 1.0),
-    Target("cross layer fwd+bwd no slower than torch.compile", "fwd+bwd", "compile", 1.0),
-]
-
-SPECS = [
-    Spec("hash_rows", "embedding", "GB/s", "modulus hashing of [B, 26] int64 ids", build_hash_rows),
-    Spec("embedding_d16", "embedding", "GB/s", "Kaggle tables (F=26), D=16", build_embedding(16, None, "embedding_d16"), True, EMB_TARGETS),
-    Spec("embedding_d128", "embedding", "GB/s", "Kaggle tables capped at 4M rows, D=128", build_embedding(128, 4_000_000, "embedding_d128"), False, EMB_TARGETS),
-    Spec("interaction_d16", "interaction", "GB/s", "[B, 27, 16]", build_interaction(16), True, INTERACTION_TARGETS),
-    Spec("interaction_d128", "interaction", "GB/s", "[B, 27, 128]", build_interaction(128), False, INTERACTION_TARGETS),
-    Spec("linear_512x256", "linear", "TFLOP/s", "[B, 512] -> [B, 256], relu", build_linear(512, 256), True, LINEAR_TARGETS),
-    Spec("linear_256x64", "linear", "TFLOP/s", "[B, 256] -> [B, 64], relu", build_linear(256, 64), False, LINEAR_TARGETS),
-    Spec("linear_1024x1024", "linear", "TFLOP/s", "[B, 1024] -> [B, 1024], relu", build_linear(1024, 1024), False, LINEAR_TARGETS),
-    Spec("loss", "loss", "GB/s", "BCE with logits, [B]", build_loss, True, LOSS_TARGETS),
-    Spec("cross_432x128", "cross", "TFLOP/s", "DCN layer, [B, 128] -> [B, 432] (Kaggle)", build_cross(432, 128), True, CROSS_TARGETS),
-    Spec("cross_3456x512", "cross", "TFLOP/s", "DCN layer, [B, 512] -> [B, 3456] (MLPerf)", build_cross(3456, 512), False, CROSS_TARGETS),
-]  # fmt: skip
+# the calls into kernels/, the cases and the reporting, each in its module (benchmarks/_kernels_*.py); every name moved
+# there is imported back: it stays this script's attribute (the tests and onehot_embedding_sweep.py use them as such)
+from _kernels_adapter import (  # noqa: E402,F401
+    _kmod, eager_bce, eager_cross_layer, eager_embedding_fwd, eager_embedding_sgd_update_, eager_embedding_step,
+    eager_hash_rows, eager_interaction, eager_linear_relu, tr_bce, tr_cross_layer, tr_dot_interaction,
+    tr_embedding_lookup, tr_embedding_sgd_update_, tr_fused_embedding, tr_hash_rows, tr_linear_relu)
+from _kernels_cases import (  # noqa: E402,F401
+    CROSS_TARGETS, DTYPES, EMB_TARGETS, EMBEDDING_LR, IMPLS, INTERACTION_TARGETS, LINEAR_TARGETS, LOSS_TARGETS, MODES,
+    NUM_VECTORS, SPECS, _TABLES, Built, Ctx, ModeFactory, Spec, Target, autograd_modes, build_cross, build_embedding,
+    build_hash_rows, build_interaction, build_linear, build_loss, compiled, embedding_bytes, embedding_tables,
+    free_memory, fwd_bwd_work, standard_impls)
+from _kernels_report import (  # noqa: E402,F401
+    CSV_FIELDS, WHY_MISSED, _allow_tf32_state, environment, evaluate_targets, fmt, kernel_table, lookup, md_table,
+    plot_kernel, read_csv, verdict_table, write_csv, write_markdown)
 
 
 # ====================================================================================================
@@ -546,18 +172,10 @@ def copy_bandwidth(device: torch.device, args) -> tuple[float, float, int]:
     return 2 * nbytes / ms / 1e6, ms, 2 * nbytes
 
 
-def free_memory(device: torch.device) -> None:
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
 
 # ====================================================================================================
 # Running the cases
 # ====================================================================================================
-
-CSV_FIELDS = ["kernel", "family", "shape", "mode", "batch", "dtype", "impl", "ms", "metric", "value",
-              "bytes", "flops", "note", "error"]  # fmt: skip
 
 
 def one_line(exc: BaseException) -> str:
@@ -638,226 +256,6 @@ def select_specs(names: Optional[str], quick: bool) -> list[Spec]:
     return [s for s in SPECS if s.name in wanted or s.family in wanted]
 
 
-# ====================================================================================================
-# Reporting: targets, tables, CSV, Markdown, plots
-# ====================================================================================================
-
-
-def fmt(v, digits=3) -> str:
-    if v is None or v == "":
-        return ""
-    v = float(v)
-    if v == 0 or abs(v) >= 100:
-        return f"{v:.0f}"
-    return f"{v:.{digits}g}"
-
-
-def lookup(rows: list[dict], **key) -> Optional[dict]:
-    for r in rows:
-        if all(r.get(k) == v for k, v in key.items()) and r.get("ms") not in (None, ""):
-            return r
-    return None
-
-
-def evaluate_targets(rows: list[dict], copy_gbps: float) -> list[dict]:
-    """One verdict per (target, kernel, dtype), decided at the largest batch measured; all batches listed."""
-    verdicts = []
-    for spec in SPECS:
-        for tgt in spec.targets:
-            for dtype in sorted({r["dtype"] for r in rows if r["kernel"] == spec.name}):
-                batches = sorted({r["batch"] for r in rows if r["kernel"] == spec.name and r["dtype"] == dtype and r["batch"] != ""})
-                ratios = {}
-                for b in batches:
-                    mine = lookup(rows, kernel=spec.name, dtype=dtype, batch=b, mode=tgt.mode, impl=tgt.impl)
-                    if mine is None:
-                        continue
-                    if tgt.reference == "copy":
-                        ratios[b] = float(mine["value"]) / copy_gbps if copy_gbps else None
-                    else:
-                        ref = lookup(rows, kernel=spec.name, dtype=dtype, batch=b, mode=tgt.mode, impl=tgt.reference)
-                        ratios[b] = float(ref["ms"]) / float(mine["ms"]) if ref else None
-                measured = {b: r for b, r in ratios.items() if r is not None}
-                if not measured:
-                    verdict, ratio, at = "n/a", None, None
-                else:
-                    at = max(measured)
-                    ratio = measured[at]
-                    verdict = "PASS" if ratio >= tgt.threshold else "MISS"
-                unit = "of copy BW" if tgt.reference == "copy" else f"x {tgt.reference}"
-                verdicts.append({
-                    "target": tgt.text, "kernel": spec.name, "dtype": dtype, "batch": at, "ratio": ratio,
-                    "threshold": tgt.threshold, "unit": unit, "verdict": verdict,
-                    "all": ", ".join(f"{b}: {fmt(r)}" for b, r in measured.items()),
-                })  # fmt: skip
-    return verdicts
-
-
-def md_table(header: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
-    return "\n".join(lines)
-
-
-def verdict_table(verdicts: list[dict]) -> str:
-    body = [[v["target"], v["kernel"], v["dtype"], v["batch"] or "", f"{fmt(v['ratio'])} {v['unit']}" if v["ratio"] is not None else "",
-             f">= {v['threshold']:g}", f"**{v['verdict']}**", v["all"]] for v in verdicts]  # fmt: skip
-    return md_table(["target", "kernel", "dtype", "B", "ratio", "needed", "verdict", "ratio per batch"], body)
-
-
-def kernel_table(rows: list[dict], spec_name: str, metric: str, copy_gbps: float) -> str:
-    """Pivot: one line per (mode, dtype, batch); per impl 'ms / metric' (+ % of copy BW for GB/s)."""
-    mine = [r for r in rows if r["kernel"] == spec_name and r["mode"] != "*"]
-    impls = [i for i in IMPLS if any(r["impl"] == i for r in mine)]
-    refs = [i for i in ("eager", "compile") if i in impls and "triton" in impls]
-    keys = sorted({(r["mode"], r["dtype"], r["batch"]) for r in mine}, key=lambda k: (MODES.index(k[0]), k[1], k[2]))
-    body = []
-    for mode, dtype, batch in keys:
-        cells = []
-        for impl in impls:
-            r = next((r for r in mine if (r["mode"], r["dtype"], r["batch"], r["impl"]) == (mode, dtype, batch, impl)), None)
-            if r is None:
-                cells.append("")
-            elif r.get("error"):
-                cells.append("error")
-            else:
-                cell = f"{fmt(r['ms'])} ms / {fmt(r['value'])}"
-                if metric == "GB/s" and copy_gbps:
-                    cell += f" ({100 * float(r['value']) / copy_gbps:.0f}%)"
-                cells.append(cell)
-        speedups = []
-        for ref in refs:
-            a = lookup(mine, mode=mode, dtype=dtype, batch=batch, impl="triton")
-            b = lookup(mine, mode=mode, dtype=dtype, batch=batch, impl=ref)
-            speedups.append(f"{fmt(float(b['ms']) / float(a['ms']))}x" if a and b else "")
-        body.append([mode, dtype, batch, *cells, *speedups])
-    unit = f"ms / {metric}" + (" (% of copy BW)" if metric == "GB/s" else "")
-    header = ["mode", "dtype", "B", *[f"{i} [{unit}]" for i in impls], *[f"triton speedup vs {r}" for r in refs]]
-    return md_table(header, body)
-
-
-def _allow_tf32_state() -> str:
-    try:
-        return str(torch.backends.cuda.matmul.allow_tf32)
-    except RuntimeError:  # legacy/new TF32 APIs mixed somewhere: report the new one
-        return f"fp32_precision={getattr(torch.backends.cuda.matmul, 'fp32_precision', '?')}"
-
-
-def environment(device: torch.device, args) -> dict:
-    env = {
-        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or platform.machine()}), Triton interpreter",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "CUDA": torch.version.cuda or "none",
-        "python": platform.python_version(),
-        "TF32 for fp32 GEMMs": f"{args.tf32} (torch.backends.cuda.matmul.allow_tf32 = {_allow_tf32_state()}, both sides)",
-        "timing": (f"perf_counter median of {args.cpu_reps} calls (CPU interpreter: meaningless)" if device.type != "cuda"
-                   else f"triton.testing.do_bench_cudagraph median, rep {args.rep_ms} ms: calls replayed from a CUDA graph, "
-                   "device time without the host's launch cost, no L2 flush" if args.timing == "graph"
-                   else f"triton.testing.do_bench median, warmup {args.warmup_ms} ms, rep {args.rep_ms} ms: each call "
-                   "launched from Python, so host launch cost counts where it exceeds the kernel time"),
-        "command": "python " + " ".join(sys.argv),
-    }  # fmt: skip
-    return env
-
-
-WHY_MISSED = ("Why targets are missed, and how the launch-timed (`kernels.md`) and CUDA-graph-timed "
-              "(`kernels_graph.md`) verdicts differ: benchmarks/PERF.md, section \"Kernels: launch-timed and device-timed\".")
-
-
-def write_markdown(path: Path, rows: list[dict], verdicts: list[dict], env: dict, copy: tuple, cpu: bool, tag: str = "") -> str:
-    copy_gbps, copy_ms, copy_bytes = copy
-    title = "Triton kernel benchmarks" + (", CUDA-graph timing (device time)" if tag == "_graph" else "")
-    parts = [f"# {title}", ""]
-    if cpu:
-        parts += ["> **CPU smoke run under TRITON_INTERPRET=1 with tiny shapes: the timings, bandwidths and verdicts "
-                  "below are meaningless.**", ""]  # fmt: skip
-    parts += [f"- **{k}**: {v}" for k, v in env.items()]
-    parts += [f"- **copy bandwidth**: {fmt(copy_gbps)} GB/s (`dst.copy_(src)`, {copy_bytes / 2 / 2**20:.0f} MiB, "
-              f"{fmt(copy_ms)} ms; bytes read + written / time)", ""]  # fmt: skip
-    parts += ["Modes: `fwd`, `bwd` (backward alone, from a retained graph), `fwd+bwd`. Impls: `triton` (kernels/), "
-              "`eager` (eager PyTorch; the linear layer is cuBLAS `F.linear` + a separate `relu`; the embedding "
-              "backward is `index_add_` of `-lr * grad`, what SGD does with the sparse COO gradient), `compile` "
-              "(`torch.compile` of the eager function, default mode), `triton_atomic` (fp32 embedding SGD "
-              "with atomics, non-deterministic). GB/s count the bytes each op must minimally move (embedding: "
-              "each distinct row once); TFLOP/s count 2MNK per GEMM (backward: 2 GEMMs).", ""]  # fmt: skip
-    parts += ["## Targets", "", verdict_table(verdicts), "", WHY_MISSED, ""]
-    for spec in SPECS:
-        if not any(r["kernel"] == spec.name for r in rows):
-            continue
-        notes = sorted({r["note"] for r in rows if r["kernel"] == spec.name and r.get("note")})
-        parts += [f"## {spec.name}: {spec.shape} ({spec.metric})", ""]
-        parts += [f"![{spec.name}]({spec.name}{tag}.png)", ""]
-        parts += [kernel_table(rows, spec.name, spec.metric, copy_gbps), ""]
-        if notes:
-            parts += ["Notes: " + "; ".join(notes[:6]), ""]
-    errors = [r for r in rows if r.get("error")]
-    if errors:
-        parts += ["## Errors", ""]
-        parts += [md_table(["kernel", "mode", "B", "dtype", "impl", "error"],
-                           [[r["kernel"], r["mode"], r["batch"], r["dtype"], r["impl"], r["error"].replace("|", "\\|")] for r in errors]), ""]  # fmt: skip
-    text = "\n".join(parts)
-    path.write_text(text)
-    return text
-
-
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
-
-
-def read_csv(path: Path) -> list[dict]:
-    """Rows of an earlier run (for --append), with numbers parsed back."""
-    rows = []
-    with path.open() as f:
-        for r in csv.DictReader(f):
-            for k in ("ms", "value", "bytes", "flops"):
-                r[k] = float(r[k]) if r.get(k) else None
-            r["batch"] = int(r["batch"]) if r.get("batch") not in (None, "") else ""
-            rows.append(r)
-    return rows
-
-
-def plot_kernel(path: Path, rows: list[dict], spec: Spec, copy_gbps: float) -> bool:
-    """xFormers style: x = batch size, y = GB/s or TFLOP/s, one line per impl (and dtype), one subplot per mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    mine = [r for r in rows if r["kernel"] == spec.name and r.get("value") not in (None, "")]
-    if not mine:
-        return False
-    fig, axes = plt.subplots(1, len(MODES), figsize=(5 * len(MODES), 4), squeeze=False)
-    colors = {impl: f"C{i}" for i, impl in enumerate(IMPLS)}
-    styles = {"fp32": "-", "bf16": "--"}
-    for ax, mode in zip(axes[0], MODES):
-        for impl in IMPLS:
-            for dtype in DTYPES:
-                pts = sorted((r["batch"], float(r["value"])) for r in mine if (r["mode"], r["impl"], r["dtype"]) == (mode, impl, dtype))
-                if pts:
-                    xs, ys = zip(*pts)
-                    ax.plot(xs, ys, styles[dtype], marker="o", color=colors[impl], label=f"{impl} {dtype}")
-        if spec.metric == "GB/s" and copy_gbps:
-            ax.axhline(copy_gbps, color="grey", linestyle=":", label="copy bandwidth")
-        ax.set_xscale("log", base=2)
-        batches = sorted({r["batch"] for r in mine})
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.minorticks_off()
-        ax.set_title(f"{spec.name} {mode}")
-        ax.set_xlabel("batch size")
-        ax.set_ylabel(spec.metric)
-        ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.suptitle(f"{spec.name}: {spec.shape}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
 
 
 # ====================================================================================================

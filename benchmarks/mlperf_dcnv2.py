@@ -50,20 +50,16 @@ Writes mlperf_dcnv2.csv / .md / .png under ``--out`` (GPU name, versions, date o
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
-import math
 import shutil
 import statistics
 import sys
-import textwrap
 import time
 import traceback
 from pathlib import Path
 from typing import Optional
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F_
 
 # _common (which puts the repository first on sys.path), also when loaded by path (tests);
@@ -75,16 +71,10 @@ from _common import (  # noqa: E402
     claim_outputs,
     Timer,
     config_or_error,
-    env_line,
     environment,
     int_list,
-    markdown,
-    md_row,
-    pyplot,
-    save_figure,
     settle,
     synthetic_batches,
-    write_csv,
 )
 from step_clocks import label_phases, parse_samples, start_sampler, summarize  # noqa: E402
 from train_throughput import measure  # noqa: E402
@@ -93,60 +83,27 @@ from dlrm.config import load_config, validate  # noqa: E402,F401 - load_config: 
 from dlrm.data.schema import is_multi_hot  # noqa: E402
 from dlrm.train.compare import KERNEL_SETS, VARIANTS, unavailable_reason, variant_config  # noqa: E402
 
+# the work per sample and its floors, the baseline model and the results, each in its module (benchmarks/_mlperf_*.py);
+# every name moved there is imported back: it stays this script's attribute (the tests use them as such)
+from _mlperf_baseline import BaselineDCNv2  # noqa: E402
+from _mlperf_report import (  # noqa: E402,F401
+    BASELINE, FLOOR_KEYS, HUGECTR, ISSUE_BASELINE, KEYS, NUMERIC, TARGET, TARGET_BATCH, add_comparisons, context_paragraph,
+    floor_lines, fmt, markdown_table, millions, plot, read_rows, write_results)
+from _mlperf_work import floors, mlp_macs, work_per_sample  # noqa: E402,F401
+
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mlperf-dcnv2.json"
-TARGET = 4.0e6  # the issue's target at batch 65536, samples/s
-TARGET_BATCH = 65536
-HUGECTR = 1.95e6  # best published per-GPU figure (HugeCTR, H100), samples/s, for context
-ISSUE_BASELINE = {65536: 1.14e6, 16384: 1.10e6}  # the issue's baseline measurement on an H100
 # "auto": what train.py runs with every default (dlrm.train.fast_path: the Triton embedding, the Gluon cross layers and
 # the fused MLP where they run, compile, the whole step in one CUDA graph), the issue's measurement. Until 2026-11-29
 # the default was the embedding kernel alone ("triton-embedding+step-graph" and "+compiled"), which "auto" had
 # outgrown: 19.2 ms a step against auto's 17.6 on an H200 (benchmarks/PERF.md, thirty-sixth run).
 PREFERRED = ["auto"]
 DEFAULT_VARIANTS = [v for v in PREFERRED if v in VARIANTS]
-BASELINE = "baseline"
 
 # nvidia-smi's sampling interval during the timed windows (~36 samples in 5 windows of 20 MLPerf steps on an H200)
 CLOCK_INTERVAL_MS = 50
-KEYS = ["impl", "batch_size", "dense_optim", "embedding_dtype", "table_rows", "samples_per_sec",
-        "min_samples_per_sec", "max_samples_per_sec", "step_ms", "warmup_s", "peak_memory_gib", "final_loss",
-        "speedup_vs_baseline", "of_target", "sm_mhz", "power_w", "power_capped", "status", "note"]
-NUMERIC = {"batch_size", "table_rows", "samples_per_sec", "min_samples_per_sec", "max_samples_per_sec", "step_ms",
-           "warmup_s", "peak_memory_gib", "final_loss", "speedup_vs_baseline", "of_target", "sm_mhz", "power_w",
-           "power_capped"}
-# the run's constants, repeated on every CSV row after the environment
-FLOOR_KEYS = ["flop_per_sample", "emb_bytes_per_sample", "gemm_tflops", "copy_gbps", "compute_floor_sps",
-              "memory_floor_sps", "floor_sps", "gemm_tflops_sustained", "compute_floor_sustained_sps",
-              "floor_sustained_sps"]
 
 
-# ---- the model's work per sample -------------------------------------------------------------------
-
-
-def mlp_macs(in_features: int, widths: list[int]) -> int:
-    macs = 0
-    for w in widths:
-        macs += in_features * w
-        in_features = w
-    return macs
-
-
-def work_per_sample(cfg) -> dict:
-    """Forward multiply-adds of the dense part, FLOP fwd + bwd (3 x 2 x MACs) and the embedding bytes
-    (bf16 rows: read fwd, read + written by the update; fp32 row-wise state read + written; bf16
-    output gradient read) per sample, from the config's shapes."""
-    m = cfg.model
-    num_dense = 13
-    F, D, L = len(m.cardinalities), m.embedding_dim, sum(m.multi_hot_sizes)
-    n = (F + 1) * D  # the cross network's width: the bottom MLP's output and the F embeddings
-    bottom = mlp_macs(num_dense, m.bottom_mlp)
-    cross = m.cross_layers * 2 * n * m.cross_rank
-    top = mlp_macs(n, m.top_mlp)
-    macs = bottom + cross + top
-    row = D * 2  # bf16
-    emb_bytes = L * row + L * 2 * row + L * 2 * 4 + F * D * 2
-    return {"bottom_macs": bottom, "cross_macs": cross, "top_macs": top, "macs": macs, "flop": 6 * macs,
-            "emb_bytes": emb_bytes, "lookups": L, "features": F, "width": n}
+# ---- the floor's rates, measured ------------------------------------------------------------------
 
 
 def device_peaks(device: torch.device, smoke: bool, settle_s: float = 0.0) -> dict:
@@ -196,91 +153,11 @@ def device_peaks(device: torch.device, smoke: bool, settle_s: float = 0.0) -> di
             "copy_bytes": nbytes}
 
 
-def floors(work: dict, peaks: dict) -> dict:
-    """samples/s at the GEMM rate (compute) and at the copy bandwidth (embedding traffic), and both in
-    series (no overlap): the floor the step time cannot beat if the two do not overlap; with a sustained GEMM rate
-    (``peaks["gemm_tflops_sustained"]``), the compute and series floors at that rate too (else None)."""
-    compute = peaks["gemm_tflops"] * 1e12 / work["flop"]
-    memory = peaks["copy_gbps"] * 1e9 / work["emb_bytes"]
-    sustained = peaks.get("gemm_tflops_sustained")
-    compute_s = sustained * 1e12 / work["flop"] if sustained else None
-    return {"flop_per_sample": work["flop"], "emb_bytes_per_sample": work["emb_bytes"],
-            "gemm_tflops": peaks["gemm_tflops"], "copy_gbps": peaks["copy_gbps"], "compute_floor_sps": compute,
-            "memory_floor_sps": memory, "floor_sps": 1.0 / (1.0 / compute + 1.0 / memory),
-            "gemm_tflops_sustained": sustained, "compute_floor_sustained_sps": compute_s,
-            "floor_sustained_sps": 1.0 / (1.0 / compute_s + 1.0 / memory) if compute_s else None}
 
 
 # ---- the baseline -----------------------------------------------------------------------------------
 
 
-class BaselineDCNv2(nn.Module):
-    """Issue #22's plain PyTorch DLRM-DCNv2: one sparse ``nn.EmbeddingBag`` over all tables, eager MLPs
-    and low-rank cross network (``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``).
-
-    ``forward(dense [B, 13] fp32, raw [B, L] int64) -> logits [B] fp32``; the dense part under bf16
-    autocast when ``precision == "bf16"`` (the embedding bag runs outside it, on its own dtype).
-
-    >>> m = BaselineDCNv2([5, 7], [2, 1], 4, [8, 4], [6, 1], 2, 3, torch.device("cpu"), torch.float32, "fp32")
-    >>> m(torch.randn(3, 13), torch.randint(-1, 100, (3, 3))).shape
-    torch.Size([3])
-    """
-
-    def __init__(self, cardinalities: list[int], hotness: list[int], dim: int, bottom: list[int], top: list[int],
-                 cross_layers: int, cross_rank: int, device: torch.device, emb_dtype: torch.dtype,
-                 precision: str) -> None:
-        super().__init__()
-        F, L = len(cardinalities), sum(hotness)
-        offsets = [0]
-        for c in cardinalities[:-1]:
-            offsets.append(offsets[-1] + c)
-        self.num_features, self.num_slots, self.dim, self.precision = F, L, dim, precision
-        self.emb = nn.EmbeddingBag(sum(cardinalities), dim, mode="sum", sparse=True, device=device, dtype=emb_dtype)
-        with torch.no_grad():  # each table U(-sqrt(1/n), sqrt(1/n)), as the reference DLRM
-            for off, c in zip(offsets, cardinalities):
-                self.emb.weight[off:off + c].uniform_(-math.sqrt(1.0 / c), math.sqrt(1.0 / c))
-        slot_card = [c for c, h in zip(cardinalities, hotness) for _ in range(h)]
-        slot_off = [o for o, h in zip(offsets, hotness) for _ in range(h)]
-        starts = [sum(hotness[:f]) for f in range(F)]
-        self.register_buffer("slot_card", torch.tensor(slot_card, dtype=torch.int64, device=device))
-        self.register_buffer("slot_off", torch.tensor(slot_off, dtype=torch.int64, device=device))
-        self.register_buffer("slot_start", torch.tensor(starts, dtype=torch.int64, device=device))
-
-        def mlp(n: int, widths: list[int], activate_last: bool) -> nn.Sequential:
-            layers: list[nn.Module] = []
-            for i, w in enumerate(widths):
-                layers.append(nn.Linear(n, w, device=device))
-                if activate_last or i < len(widths) - 1:
-                    layers.append(nn.ReLU())
-                n = w
-            return nn.Sequential(*layers)
-
-        n = (F + 1) * dim
-        self.bottom = mlp(13, bottom, True)
-        self.V = nn.ParameterList(nn.Parameter(nn.init.xavier_normal_(torch.empty(cross_rank, n, device=device)))
-                                  for _ in range(cross_layers))
-        self.W = nn.ParameterList(nn.Parameter(nn.init.xavier_normal_(torch.empty(n, cross_rank, device=device)))
-                                  for _ in range(cross_layers))
-        self.b = nn.ParameterList(nn.Parameter(torch.zeros(n, device=device)) for _ in range(cross_layers))
-        self.top = mlp(n, top, False)
-
-    def dense_parameters(self) -> list[nn.Parameter]:
-        return [p for name, p in self.named_parameters() if not name.startswith("emb.")]
-
-    def forward(self, dense: torch.Tensor, raw: torch.Tensor) -> torch.Tensor:
-        B, L = raw.shape
-        rows = torch.remainder(raw + 1, self.slot_card) + self.slot_off  # modulus hashing, per slot
-        bag_offsets = (torch.arange(B, device=raw.device) * L).unsqueeze(1) + self.slot_start  # [B, F]
-        emb = self.emb(rows.reshape(-1), bag_offsets.reshape(-1)).view(B, self.num_features * self.dim)
-        autocast = torch.autocast(dense.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
-        with autocast:
-            x = self.bottom(dense)
-            x0 = torch.cat([x, emb.to(x.dtype)], dim=1)  # [B, (F+1) D], the dense vector first
-            xl = x0
-            for V, W, b in zip(self.V, self.W, self.b):
-                xl = x0 * (F_.linear(F_.linear(xl, V), W, b)) + xl
-            logits = self.top(xl)
-        return logits.float().squeeze(1)
 
 
 def measure_baseline(cfg, batch_size: int, device: torch.device, precision: str, cap: Optional[int], warmup: int,
@@ -429,138 +306,6 @@ def variant_config_for(cfg, variant: str, args):
         v.model.embedding_dtype = "fp32"
     return v
 
-
-def add_comparisons(rows: list[dict]) -> None:
-    base = {r["batch_size"]: r.get("samples_per_sec") for r in rows if r["impl"] == BASELINE}
-    for r in rows:
-        sps = r.get("samples_per_sec")
-        b = base.get(r["batch_size"])
-        r["speedup_vs_baseline"] = sps / b if sps and b else None
-        r["of_target"] = sps / TARGET if sps and r["batch_size"] == TARGET_BATCH else None
-
-
-# ---- results ----------------------------------------------------------------------------------------
-
-
-def fmt(v, spec: str) -> str:
-    return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else "n/a"
-
-
-def millions(v) -> str:
-    """1.14M; small rates (CPU smoke) in full."""
-    if not isinstance(v, (int, float)) or not v:
-        return "n/a"
-    return f"{v / 1e6:.2f}M" if v >= 1e5 else f"{v:,.0f}"
-
-
-def markdown_table(rows: list[dict]) -> list[str]:
-    lines = ["| impl | batch | dense optim | tables | samples/s (median) | step ms | peak GiB | vs baseline "
-             "| of 4M target | warm-up s | SM MHz in the windows (power, capped) | status |",
-             "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
-    for r in rows:
-        tables = f"{fmt(r.get('table_rows'), ',.0f')} {r.get('embedding_dtype') or ''}".strip()
-        speed = fmt(r.get("speedup_vs_baseline"), ".2f") + ("x" if r.get("speedup_vs_baseline") else "")
-        target = fmt(100 * r["of_target"], ".0f") + "%" if r.get("of_target") else "n/a"
-        status = r["status"] + (f" ({r['note']})" if r.get("note") else "")
-        clocks = (f"{r['sm_mhz']:.0f} ({r['power_w']:.0f} W, {100 * r['power_capped']:.0f}%)"
-                  if isinstance(r.get("sm_mhz"), (int, float)) else "n/a")
-        lines.append(md_row([r["impl"], r["batch_size"], r.get("dense_optim") or "", tables,
-                             fmt(r.get("samples_per_sec"), ",.0f"), fmt(r.get("step_ms"), ".2f"),
-                             fmt(r.get("peak_memory_gib"), ".1f"), speed, target, fmt(r.get("warmup_s"), ".1f"),
-                             clocks, status.replace("|", "\\|")]))
-    return lines
-
-
-def floor_lines(work: dict, fl: dict, peaks: dict) -> list[str]:
-    return [
-        "| floor | per sample | rate (measured here) | samples/s |",
-        "| --- | ---: | ---: | ---: |",
-        md_row(["compute: FLOP fwd+bwd (3 x 2 x MACs: bottom {:.2f}M + cross {:.2f}M + top {:.2f}M MACs)".format(
-            work["bottom_macs"] / 1e6, work["cross_macs"] / 1e6, work["top_macs"] / 1e6),
-            f"{work['flop'] / 1e6:.1f} MFLOP",
-            f"{peaks['gemm_tflops']:.3g} TFLOP/s ({peaks['gemm_n']}^3 GEMM)", millions(fl["compute_floor_sps"])]),
-        md_row([f"memory: embedding bytes ({work['lookups']} bf16 rows read fwd, read + written by the update, "
-                f"fp32 row state read + written, {work['features']} x D bf16 gradient read)",
-                f"{work['emb_bytes'] / 1e3:.1f} KB", f"{peaks['copy_gbps']:,.0f} GB/s (copy_)",
-                millions(fl["memory_floor_sps"])]),
-        md_row(["both, in series (no overlap)", "", "", millions(fl["floor_sps"])]),
-    ] + ([
-        md_row(["compute at the sustained GEMM rate (the same GEMM after the settle time: the power-capped clock)",
-                f"{work['flop'] / 1e6:.1f} MFLOP", f"{fl['gemm_tflops_sustained']:.3g} TFLOP/s (sustained)",
-                millions(fl["compute_floor_sustained_sps"])]),
-        md_row(["both, in series, at the sustained GEMM rate", "", "", millions(fl["floor_sustained_sps"])]),
-    ] if fl.get("gemm_tflops_sustained") else [])
-
-
-def context_paragraph(fl: dict) -> str:
-    issue = ", ".join(f"{millions(v)} at {b}" for b, v in ISSUE_BASELINE.items())
-    return (f"Target: >= {millions(TARGET)} samples/s at batch {TARGET_BATCH}. For context: best published per-GPU "
-            f"figure {millions(HUGECTR)} (HugeCTR, H100); the issue's own baseline measurement (H100): {issue}; "
-            f"this machine's floor {millions(fl['floor_sps'])} (compute {millions(fl['compute_floor_sps'])}, "
-            f"embedding traffic {millions(fl['memory_floor_sps'])})"
-            + (f"; {millions(fl['floor_sustained_sps'])} at the sustained GEMM rate (compute "
-               f"{millions(fl['compute_floor_sustained_sps'])})" if fl.get("floor_sustained_sps") else "") + ".")
-
-
-def plot(rows: list[dict], env: dict, fl: dict, path: Path, title: str) -> None:
-    """Grouped bars of samples/s per batch size, one bar per implementation; target, HugeCTR and floor lines."""
-    plt = pyplot()
-    batches = sorted({r["batch_size"] for r in rows})
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(batches) * max(1, len(impls)) / 2 + 3), 4.5))
-    width = 0.8 / max(1, len(impls))
-    for k, impl in enumerate(impls):
-        sps = {r["batch_size"]: r.get("samples_per_sec") or 0.0 for r in rows if r["impl"] == impl}
-        ax.bar([i + k * width for i in range(len(batches))], [sps.get(b, 0.0) / 1e6 for b in batches], width,
-               label=impl)
-    ax.axhline(TARGET / 1e6, color="green", linestyle="--", label=f"target {TARGET / 1e6:.0f}M (B={TARGET_BATCH})")
-    ax.axhline(HUGECTR / 1e6, color="grey", linestyle=":", label="HugeCTR H100 1.95M")
-    ax.axhline(fl["floor_sps"] / 1e6, color="red", linestyle="-.", label=f"floor {millions(fl['floor_sps'])}")
-    if fl.get("floor_sustained_sps"):
-        ax.axhline(fl["floor_sustained_sps"] / 1e6, color="darkred", linestyle=":",
-                   label=f"floor at the sustained GEMM rate {millions(fl['floor_sustained_sps'])}")
-    ax.set_xticks([i + width * (len(impls) - 1) / 2 for i in range(len(batches))])
-    ax.set_xticklabels([f"B={b}" for b in batches])
-    ax.set_ylabel("samples/s (median), millions")
-    ax.set_title(f"{textwrap.fill(title, 90)}\n{env['device']}, torch {env['torch']}, triton {env['triton']}, "
-                 f"{env['date']}", fontsize=8)
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
-    save_figure(fig, path)
-
-
-def read_rows(path: Path) -> list[dict]:
-    """Rows of an earlier CSV (--append), numbers parsed back."""
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    out = []
-    for r in rows:
-        row = {}
-        for k in KEYS:
-            v = r.get(k)
-            if v in (None, ""):
-                row[k] = None
-            elif k in NUMERIC:
-                row[k] = int(v) if k in ("batch_size", "table_rows") else float(v)
-            else:
-                row[k] = v
-        out.append(row)
-    return out
-
-
-def write_results(rows: list[dict], env: dict, work: dict, fl: dict, peaks: dict, out: Path, note: str,
-                  title: str) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    rows.sort(key=lambda r: (-r["batch_size"], r["impl"] != BASELINE))  # stable: the others in run order
-    add_comparisons(rows)
-    write_csv(out / "mlperf_dcnv2.csv", rows, KEYS, {**env, **{k: fl[k] for k in FLOOR_KEYS}})
-    text = markdown(title, [env_line(env), note, context_paragraph(fl), "\n".join(floor_lines(work, fl, peaks))],
-                    markdown_table(rows))
-    (out / "mlperf_dcnv2.md").write_text(text)
-    plot(rows, env, fl, out / "mlperf_dcnv2.png", title)
-    return text
 
 
 def main(argv=None) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import socket
 import stat
 import time
@@ -58,6 +59,27 @@ def _open_lock(path: Path) -> int:
     return fd
 
 
+# a terminal's escape sequence: CSI (ESC [ ... a final byte), OSC (ESC ] ... BEL or ESC \), or ESC and one character
+_ESCAPE = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|.)", re.DOTALL)
+
+
+def _holder_line(fd: int) -> str:
+    r"""The line the lock file holds, as text to print: written by any process that could write the file (a run
+    directory or dataset handed over by someone else), so its terminal escape sequences and other non-printable
+    characters are dropped (printable: `str.isprintable`, as `dlrm.config_parse` shows a user's key); printed raw,
+    they could clear the screen or rewrite the line that names the holder.
+
+        >>> import tempfile
+        >>> with tempfile.TemporaryFile() as f:
+        ...     _ = f.write(b"pid 7 on h\x1b[2J\x1b]0;title\x07\r\n")
+        ...     f.flush()
+        ...     _holder_line(f.fileno())
+        'pid 7 on h'
+    """
+    text = _ESCAPE.sub("", os.pread(fd, 200, 0).decode(errors="replace"))
+    return "".join(c for c in text if c.isprintable()).strip()
+
+
 def try_lock(path: Path, shared: bool = False) -> tuple[int, str]:
     """Open `path` (created 0644; `_open_lock`: never through a symbolic link) and take its exclusive lock (`shared`: a
     shared one, which others' shared locks allow) without waiting: (the descriptor, the line the file held: a dead
@@ -67,12 +89,12 @@ def try_lock(path: Path, shared: bool = False) -> tuple[int, str]:
     try:
         fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except OSError as e:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        holder = _holder_line(fd) or "another process"
         os.close(fd)
         if e.errno in (errno.EAGAIN, errno.EACCES):
             raise LockHeld(holder) from None
         raise
-    return fd, os.pread(fd, 200, 0).decode(errors="replace").strip()
+    return fd, _holder_line(fd)
 
 
 def name_holder(fd: int, since: bool = False, note: str = "") -> None:

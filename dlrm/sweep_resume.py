@@ -169,8 +169,12 @@ def read_record(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         # a sweep of a version before 2026-11-30 (3799839) wrote its report and trials but no record: it is a sweep
         # (called "not the directory of a sweep", the user was left to wonder what else it was), just not resumable
-        if any((directory / name).is_file() for name in ("sweep.md", "sweep.csv", "trials.csv")) \
-                or any(directory.glob("*/seed-*/config.json")):
+        trial_configs = sorted(directory.glob("*/seed-*/config.json"))
+        if _swept_by_a_recording_version(trial_configs):
+            raise ConfigError(f"--resume: {directory} is a sweep whose {RECORD} (its grid, written when it started) is "
+                              f"missing: it cannot be resumed without it; put {RECORD} back, or run the sweep again "
+                              "under another --run-name (its trials and report stay where they are)")
+        if any((directory / name).is_file() for name in ("sweep.md", "sweep.csv", "trials.csv")) or trial_configs:
             raise ConfigError(f"--resume: {directory} is a sweep made by a version before 2026-11-30, which recorded "
                               f"no {RECORD} (its grid): it cannot be resumed; run the sweep again under another "
                               "--run-name (its trials and report stay where they are)")
@@ -193,6 +197,22 @@ def read_record(directory: Path) -> dict[str, Any]:
                           "cwd)")
     _check_recorded_sets(path, record["sets"])
     return record
+
+
+def _swept_by_a_recording_version(trial_configs: list[Path]) -> bool:
+    """Whether a trial's config.json names its swept keys (``log.sweep_keys``, written by sweeps since 2026-12-01):
+    then its version wrote sweep.json before the trial, and a sweep without one lost it (deleted, moved). Without
+    that mark the files cannot tell: a version before 2026-11-30 wrote none (and, from 2026-11-30 to 2026-12-01,
+    one that wrote it marked no trial), called older as the likelier."""
+    for path in trial_configs:
+        try:
+            raw = read_json(path)
+        except (OSError, ValueError):
+            continue
+        log = raw.get("log") if isinstance(raw, dict) else None
+        if isinstance(log, dict) and isinstance(log.get("sweep_keys"), list):
+            return True
+    return False
 
 
 def _check_recorded_sets(path: Path, sets: list) -> None:

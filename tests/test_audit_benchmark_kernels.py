@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
+import sys
 import types
 from unittest import mock
 
@@ -88,8 +89,9 @@ def test_kernels_embedding_tables_caps_offsets_and_case_bytes(monkeypatch):
     """Every table capped at min(variant cap, --max-rows), offsets exclusive prefix sums; the case's bytes count the
     distinct rows its note reports; the atomic variant is fp32 only."""
     kb = script("kernels")
-    monkeypatch.setattr(kb, "free_memory", lambda device: None)
-    monkeypatch.setattr(kb, "_TABLES", {})
+    cases = sys.modules[kb.embedding_tables.__module__]  # the module whose globals embedding_tables reads
+    monkeypatch.setattr(cases, "free_memory", lambda device: None)
+    monkeypatch.setattr(cases, "_TABLES", {})
     weight, cards, offs = kb.embedding_tables(kctx(max_rows=50), "t", 4, 30, torch.float32)
     capped = [30, 30, 30, 30, 30, 24, 30, 30, 3, 30, 30, 30, 30, 27, 30, 30, 10, 30, 30, 4, 30, 18, 15, 30, 30, 30]
     assert cards.tolist() == capped and tuple(weight.shape) == (671, 4)

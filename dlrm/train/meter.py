@@ -320,13 +320,11 @@ class StepMeter:
         if carried:
             self.losses.preload(carried, start_step)
         held, since = len(carried), start_step % window
-        if held < since:  # a checkpoint written before 2026-11-30 kept none (or train.log_every changed): said, as
-            # the one logged loss that is not the uninterrupted run's (the training itself resumes exactly)
-            nxt = start_step - since + window
-            run_logger.warning(f"--resume at step {start_step}: the checkpoint holds the losses of {held} of the "
-                               f"{counted(since, 'step')} since the last logging step ({start_step - since}; one "
-                               f"written before 2026-11-30 holds none): the loss logged at step {nxt} averages only "
-                               f"the steps from here, not train.log_every's {window} as the uninterrupted run's does")
+        # a checkpoint written before 2026-11-30 kept none (or train.log_every changed): said when that window is
+        # logged (`cut_window`), as the one logged loss that is not the uninterrupted run's (the training itself
+        # resumes exactly). Said here, it also came in a session that trains no step and logs no window (a resume
+        # of a finished run, --max-steps at the checkpoint's step)
+        self._missing: Optional[tuple[int, int]] = (held, since) if held < since else None
         stats.window_losses = []
         self._tail: list[float] = []  # a window cut off the logging grid (a run's last step): its losses
         self.wait_timer = DataWaitTimer(device)  # the trainer fetches batches through it
@@ -380,6 +378,15 @@ class StepMeter:
     def cut_window(self, step: int) -> WindowCut:
         """End the logging window at `step` on the host's side (its samples, waits and pauses; the loss window starts
         again): the steps after it count towards the next window. Launch the device reductions of `losses` first."""
+        if self._missing is not None:  # the first window logged: the one a resume could not rebuild (`__init__`)
+            (held, since), self._missing = self._missing, None
+            last = self.start_step - since
+            # the uninterrupted run's window at `step`: train.log_every's steps, or fewer off the grid (a last step)
+            whole = f"train.log_every's {self.window}" if step - last == self.window else f"the {step - last} since it"
+            run_logger.warning(f"--resume at step {self.start_step}: the checkpoint holds the losses of {held} of the "
+                               f"{counted(since, 'step')} since the last logging step ({last}; one written before "
+                               f"2026-11-30 holds none): the loss logged at step {step} averages only the steps from "
+                               f"here, not {whole} as the uninterrupted run's does")
         cut = WindowCut(step, self.losses.n, self.window_samples, self.data_wait, self.window_paused,
                         self.wait_timer.cut(), steady=self.steps_done > self.warmup_steps, done=self.steps_done,
                         at=time.perf_counter())
