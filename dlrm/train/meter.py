@@ -206,6 +206,8 @@ class WindowCut:
         done: the session's steps trained when it was cut (`StepMeter.finish`: whether its close ended the training).
         at: the host's clock when it was cut: on the CPU, which runs each step as it is launched, the end of the
             window's last step (its close comes after the next step ran; `StepMeter.close_window`).
+        profiled: some of its steps ran under the profiler (`StepMeter.mark_profiled`): no rate of its own, left out
+            of the steady state.
     """
 
     step: int
@@ -217,6 +219,7 @@ class WindowCut:
     steady: bool = True
     done: int = -1
     at: Optional[float] = None
+    profiled: bool = False
 
 
 BLOCKED_FETCH_S = 2.5e-4
@@ -332,6 +335,9 @@ class StepMeter:
         self.rates: list[float] = []
         self.wait_fractions: list[float] = []
         self.steady_samples, self.steady_s, self.steady_wait = 0, 0.0, 0.0  # the closed windows' totals
+        # the windows holding profiled steps (`mark_profiled`): apart, the rate only of a session with no other window
+        self.profiled_samples, self.profiled_s, self.profiled_wait = 0, 0.0, 0.0
+        self._profiled = False  # the current window holds a profiled step
         self.warmup_s = float("nan")
         self.prior_train_s, self._finished = stats.train_s, False  # earlier sessions' training time
         self.loop_start = self.window_start = time.perf_counter()
@@ -370,6 +376,13 @@ class StepMeter:
             self.window_paused += paused
             self.session_paused += paused
 
+    def mark_profiled(self) -> None:
+        """The step just trained ran under the profiler (its warmup or recording: on a CPU run 2-50x slower, the
+        recorded ops and ranges its overhead; the trace's save is `paused` apart): its window gets no rate and stays
+        out of the steady state. Counted in, a --profile run's summary.json samples/s, its TensorBoard curve and its
+        bar showed the profiler's cost as the model's (the sample's first window: 25k samples/s against 63k)."""
+        self._profiled = True
+
     def log_window(self, step: int, mean_loss: float) -> tuple[Optional[float], Optional[float]]:
         """Close the logging window at `step` with its (already reduced) mean loss; returns
         (samples/s, data-wait fraction) of the window, or Nones during warm-up."""
@@ -389,8 +402,8 @@ class StepMeter:
                                f"here, not {whole} as the uninterrupted run's does")
         cut = WindowCut(step, self.losses.n, self.window_samples, self.data_wait, self.window_paused,
                         self.wait_timer.cut(), steady=self.steps_done > self.warmup_steps, done=self.steps_done,
-                        at=time.perf_counter())
-        self.window_samples, self.data_wait, self.window_paused = 0, 0.0, 0.0
+                        at=time.perf_counter(), profiled=self._profiled)
+        self.window_samples, self.data_wait, self.window_paused, self._profiled = 0, 0.0, 0.0, False
         # off the grid of multiples of `window` (a run's last step): a longer resumed run logs again at the next
         # multiple, over these steps too (a host sync, once a run)
         self._tail = self._tail + self.losses.values() if step % self.window else []
@@ -424,7 +437,11 @@ class StepMeter:
         rate = wait = None
         seconds = now - self.window_start - cut.paused - between
         waited = cut.host_wait + self.wait_timer.seconds(cut.spans)  # the device's idle time: its events completed
-        if cut.steady and cut.samples and seconds > 0:
+        if cut.steady and cut.profiled and cut.samples and seconds > 0:  # the profiler's rate: kept apart
+            self.profiled_samples += cut.samples
+            self.profiled_s += seconds
+            self.profiled_wait += waited
+        elif cut.steady and cut.samples and seconds > 0:
             rate = cut.samples / seconds
             # the share of the window the device sat idle waiting for batches: the loader starving the step
             wait = waited / seconds
@@ -462,10 +479,15 @@ class StepMeter:
             self.loop_end, self._end_paused = closed, paused
         else:
             self.loop_end, self._end_paused = time.perf_counter(), self.session_paused
+        if not self.steady_s and self.profiled_s:
+            run_logger.warning("samples/s: every logging window after the warm-up held profiled steps (profile.repeat "
+                               "0, or a run too short for an unprofiled window): this session's samples/s is the "
+                               "profiler's, slower than training alone")
 
     @property
     def samples_per_sec(self) -> Optional[float]:
-        """This session's steady state: the closed windows' samples over their seconds (the whole session's
+        """This session's steady state: the closed windows' samples over their seconds, those holding profiled steps
+        left out unless all are (the whole session's
         average if no window closed after the warm-up: its loop's seconds up to `finish`, evaluations and
         checkpoints left out, as in the windows; read after the loop ended, it counted the final evaluation,
         checkpoint and profile summary too, and a 2-step run reported 54 samples/s for 370). None for a session that
@@ -473,6 +495,8 @@ class StepMeter:
         samples/s" was summary.json's and the final line's throughput of a run that trained at its own."""
         if self.steady_s > 0:
             return self.steady_samples / self.steady_s
+        if self.profiled_s > 0:  # every steady window was profiled (said by `finish`): theirs, not the warm-up's too
+            return self.profiled_samples / self.profiled_s
         if self.steps_done == 0:
             return None
         if self.loop_end is not None:
@@ -485,4 +509,6 @@ class StepMeter:
     def data_wait_fraction(self) -> Optional[float]:
         """The share of the steady-state seconds the device sat idle waiting for batches (None before a window
         closed; `DataWaitTimer`)."""
-        return self.steady_wait / self.steady_s if self.steady_s > 0 else None
+        if self.steady_s > 0:
+            return self.steady_wait / self.steady_s
+        return self.profiled_wait / self.profiled_s if self.profiled_s > 0 else None

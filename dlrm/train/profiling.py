@@ -11,13 +11,15 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Optional
 
 import torch
 from loguru import logger
-from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule, tensorboard_trace_handler
+from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from dlrm.config import ProfileConfig
 from dlrm.logging_setup import native_output, run_logger
@@ -57,9 +59,36 @@ class _StepProfile(profile):
 
 
 def saves_trace(prof: profile) -> bool:
-    """Whether the next ``prof.step()`` ends a recording and saves its trace (`tensorboard_trace_handler`: a gzip JSON
-    file, seconds for a GPU run's kernels): not training, which the loop leaves out of its throughput window."""
+    """Whether the next ``prof.step()`` ends a recording and saves its trace (`trace_handler`: a gzip JSON file,
+    seconds for a GPU run's kernels): not training, which the loop leaves out of its throughput window."""
     return prof.current_action == ProfilerAction.RECORD_AND_SAVE
+
+
+def trace_handler(run_dir: Path):
+    """torch's `tensorboard_trace_handler` (gzip), its file name too (``<host>_<pid>.<ns>.pt.trace.json.gz``, which
+    TensorBoard's profiler plugin and `own_trace` read), whole or not at all: written to a temporary file in `run_dir`
+    (``.<name>.<random>.tmp.gz``, which `dlrm.train.run_dir` knows; torch gzips a name ending in ".gz"), then renamed.
+    torch gzips straight into the final name: a long trace takes seconds to half a minute, TensorBoard polling saw it
+    half-written, and a second Ctrl-C then (the stop at once), a kill or a full disk left a truncated trace there that
+    the profiler tab and benchmarks/trace_timeline.py (the newest trace) took for the run's and failed on."""
+    def save(prof: profile) -> None:
+        name = f"{socket.gethostname()}_{os.getpid()}.{time.time_ns()}.pt.trace.json.gz"
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp.gz", dir=run_dir)
+        os.close(fd)
+        try:
+            prof.export_chrome_trace(tmp)
+            os.chmod(tmp, 0o644)  # mkstemp creates 0600; a trace is an ordinary readable file
+            os.replace(tmp, Path(run_dir) / name)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+    return save
+
+
+def profiles_step(prof: profile) -> bool:
+    """Whether the step just trained ran under the profiler (its warmup or recording, the save's step too): the loop
+    leaves its logging window out of the throughput (`dlrm.train.meter.StepMeter.mark_profiled`)."""
+    return prof.current_action != ProfilerAction.NONE
 
 
 def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps: Optional[int] = None):
@@ -83,7 +112,7 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps
         activities.append(ProfilerActivity.CUDA)
     logger.info(
         f"profiling: wait {cfg.wait}, warmup {cfg.warmup}, active {cfg.active}, repeat {cfg.repeat} steps; "
-        f"traces go to {run_dir}"
+        f"traces go to {run_dir}; the logging windows holding profiled steps are left out of samples/s"
     )
     if cfg.warmup == 0:
         run_logger.warning("profiling: profile.warmup 0: the first recorded step also holds the profiler's own "
@@ -97,7 +126,7 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps
     return _StepProfile(
         activities=activities,
         schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat),
-        on_trace_ready=tensorboard_trace_handler(str(run_dir), use_gzip=True),
+        on_trace_ready=trace_handler(run_dir),
         record_shapes=cfg.record_shapes,
         profile_memory=cfg.profile_memory,
         with_stack=cfg.with_stack,

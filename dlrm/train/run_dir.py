@@ -105,8 +105,10 @@ def run_dir_present(run_dir: Path) -> None:
 # What a run writes before its first checkpoint: config.json (and `write_json_atomic`'s temporary file of it), the lock,
 # TensorBoard's event files, the profiler's traces; in checkpoints/, only a save's temporary files (killed while writing)
 # and a distributed save's shards (killed before their manifest)
+# (a trace's temporary file, `dlrm.train.profiling.trace_handler`, too: a session killed while it saved the trace)
+_TRACE_TEMP = re.compile(r"\.[^/]+\.pt\.trace\.json\.gz\.[a-z0-9_]{8}\.tmp\.gz")
 _BEFORE_FIRST = re.compile(r"config\.json|\.config\.json\..+\.tmp|\.lock|events\.out\.tfevents\..+"
-                           r"|.+\.pt\.trace\.json(?:\.gz)?")
+                           r"|.+\.pt\.trace\.json(?:\.gz)?|" + _TRACE_TEMP.pattern)
 _SAVE_TEMP = re.compile(r"\.[^/]+\.pt\.[^/]*\.tmp")
 # the shards of a distributed run's save (`dlrm.distributed.checkpoint.shard_name`) killed before the manifest naming
 # them was written: what its first save leaves as a one-process run's leaves a temporary file (refused, the job
@@ -481,12 +483,13 @@ class RunDirectory:
 
     def _remove_stale_temps(self) -> None:
         """Under the lock (no run writes here now): remove the temporary files a killed session left (`write_json_atomic`'s
-        ``.summary.json.<random>.tmp``, ``.config.json.<random>.tmp``, an event file's ``.hparams-rewrite.<random>.tmp``;
+        ``.summary.json.<random>.tmp``, ``.config.json.<random>.tmp``, an event file's ``.hparams-rewrite.<random>.tmp``,
+        a trace's ``.<trace>.<random>.tmp.gz``;
         checkpoints/: `remove_stale_temp_files`, best.pt's ``.best.pt.<pid>-link.tmp`` too). A resume that trains
         nothing (its run's summary written again) left them for good; only the next checkpoint save removed those in
         checkpoints/."""
-        for p in self.path.glob(".*.tmp"):
-            if _JSON_TEMP.fullmatch(p.name) or _EVENTS_REWRITE_TEMP.fullmatch(p.name):
+        for p in self.path.glob(".*.tmp*"):  # (a trace's ends in .tmp.gz)
+            if any(temp.fullmatch(p.name) for temp in (_JSON_TEMP, _EVENTS_REWRITE_TEMP, _TRACE_TEMP)):
                 p.unlink(missing_ok=True)
         if (self.path / "checkpoints").is_dir():
             remove_stale_temp_files(self.path / "checkpoints")

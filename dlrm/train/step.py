@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-from torch.profiler import record_function
 
 from dlrm.config import CompileConfig
 from dlrm.data.loader import Batch
 from dlrm.logging_setup import run_logger
-from dlrm.model.dlrm import DLRM
+from dlrm.model.dlrm import DLRM, named_range
 from dlrm.train.optim import FusedSparseOptimizer
 
 # train.compile.mode that is not one of torch.compile's modes: Inductor's option max_autotune_gemm alone
@@ -221,18 +220,18 @@ class TrainStep:
     def _dense_loss(self, dense: torch.Tensor, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with autocast_context(self.device, self.precision, self.autocast_cache):
             logits = self.dense_forward(dense, embeddings)
-        with record_function("loss"):
+        with named_range("loss"):
             return self.loss_fn(logits.float(), labels)
 
     def _full_loss(self, dense: torch.Tensor, sparse: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if self.lookup_builds_concat:
             with autocast_context(self.device, self.precision, self.autocast_cache):
                 logits = self.model(dense, sparse)  # the lookup writes the DCN input's concatenation itself
-            with record_function("loss"):
+            with named_range("loss"):
                 return self.loss_fn(logits.float(), labels)
         # named as `run` names the lookup it makes itself: without the range, --profile's step breakdown had no
         # SparseArch row for a lookup made here (the Triton embedding's), its time counted as "other"
-        with autocast_context(self.device, self.precision, self.autocast_cache), record_function("SparseArch"):
+        with autocast_context(self.device, self.precision, self.autocast_cache), named_range("SparseArch"):
             embeddings = self.model.sparse_arch(sparse)
         return self._dense_loss(dense, embeddings, labels)
 
@@ -253,15 +252,15 @@ class TrainStep:
         if self.embedding_in_graph:
             loss = self._loss(batch.dense, batch.sparse, batch.labels)
         else:
-            with record_function("SparseArch"):
+            with named_range("SparseArch"):
                 embeddings = (self.model.sparse_arch(batch.sparse, batch.global_len) if self.collective
                               else self.model.sparse_arch(batch.sparse))
             loss = self._loss(batch.dense, embeddings, batch.labels)
         if self.collective:
             loss = self._share(loss, batch)
-        with record_function("backward"):
+        with named_range("backward"):
             loss.backward()
-        with record_function("optimizer"):
+        with named_range("optimizer"):
             for opt in self.optimizers:
                 opt.step()
                 opt.zero_grad(set_to_none=True)

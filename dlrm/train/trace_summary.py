@@ -39,6 +39,9 @@ from typing import Optional
 # The step's named ranges (record_function in the model, the step and the trainer's loop), in order.
 RANGES = ("data", "SparseArch", "DenseArch", "InteractionArch", "OverArch", "loss", "backward", "optimizer")
 OTHER = "other"  # step time outside every named range
+# the trainer's ranges around an evaluation and a checkpoint inside the loop: a profiled step holding one (the
+# evaluation the step after an eval_every step ran in, with the next step's training) is no training step to report
+AWAY = ("evaluation", "checkpoint")
 COMPILED_REGION = "Torch-Compiled Region"  # the host op a torch.compile'd function runs its graph in
 COMPILED_RANGES = ("DenseArch", "InteractionArch", "OverArch", "loss")  # always inside a compiled step's graph
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -104,7 +107,10 @@ def find_trace(path: Path) -> Path:
     path = Path(path)
     if path.is_file():
         return path
-    found = sorted(path.rglob("*.pt.trace.json*"), key=lambda p: p.stat().st_mtime) if path.is_dir() else []
+    # the traces TensorBoard's profiler plugin reads, not a trace's temporary file while it is saved
+    # (`dlrm.train.profiling.trace_handler`: ".<name>.<random>.tmp.gz", the newest then)
+    found = sorted((p for p in path.rglob("*.pt.trace.json*") if p.name.endswith((".pt.trace.json", ".pt.trace.json.gz"))
+                    and not p.name.startswith(".")), key=lambda p: p.stat().st_mtime) if path.is_dir() else []
     if not found:
         raise TraceError(f"{path}: no *.pt.trace.json(.gz) here; train with --profile first")
     return found[-1]
@@ -153,7 +159,8 @@ def within(events: list[dict], cats, lo: float, hi: float) -> list[dict]:
 
 
 def profiled_step(events: list[dict]) -> dict:
-    """The last ProfilerStep range that holds a training step's ``backward`` (the last step range may be
+    """Of the ProfilerStep ranges without an evaluation or checkpoint (`AWAY`; all of them if none is), the last that
+    holds a training step's ``backward`` (the last step range may be
     the tail after training: evaluation, profiler exit), else the last that holds a named range (a captured CUDA
     graph step shows only the trainer's ``data``: the last step range alone was the tail then), else the last step
     range.
@@ -166,6 +173,9 @@ def profiled_step(events: list[dict]) -> dict:
              and str(e.get("name", "")).startswith("ProfilerStep#")]
     if not steps:
         raise TraceError("the trace holds no ProfilerStep ranges (the run ended before a profiled step completed)")
+    # (an evaluation in the profiled steps was one "training step" of 380 ms, its forwards counted as the model's)
+    away = [e["ts"] for e in events if e.get("cat") == "user_annotation" and e.get("name") in AWAY]
+    steps = [st for st in steps if not any(st["ts"] <= t < st["ts"] + st["dur"] for t in away)] or steps
     ranges = [e for e in events if e.get("cat") == "user_annotation" and e.get("name") in RANGES]
     for names in (("backward",), RANGES):
         starts = [e["ts"] for e in ranges if e["name"] in names]

@@ -27,11 +27,12 @@ from dlrm.logging_setup import ProgressBar, bar_interval, counted, run_logger
 from dlrm import checkpoint as ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
+from dlrm.model.dlrm import named_range
 from dlrm.train.checkpointer import EVAL_CURVE_SPLIT, Checkpointer, checkpoint_step
 from dlrm.train.meter import WARMUP_STEPS, RunStats, StepMeter
 from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement, resumed_placement
-from dlrm.train.profiling import make_profiler, saves_trace
+from dlrm.train.profiling import make_profiler, profiles_step, saves_trace
 from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, model_text,
                                   open_writer, resolved_settings, versions, write_summary)
 from dlrm.train.resume_policy import (check_position, check_resume_config, checkpoint_to_resume, named_as_current,
@@ -322,6 +323,8 @@ class Trainer(WindowLogging):
                 self.run_dir.started()
                 bar.update(1)
                 if prof is not None:  # a trace's save (once a profiler cycle): left out of the throughput window
+                    if profiles_step(prof):  # and the steps the profiler slowed: their window's rate is not training's
+                        meter.mark_profiled()
                     with meter.paused() if saves_trace(prof) else contextlib.nullcontext():
                         prof.step()
                 self._read_window(bar)  # the last logging step's, now that this step is queued behind it
@@ -337,7 +340,8 @@ class Trainer(WindowLogging):
                     self._read_window(bar)  # the loader stops, not timed as training) now: the device drains anyway
                     meter.snapshot()  # the logging window so far, for the checkpoints (step-N.pt, best.pt)
                 if evaluate_now:
-                    with meter.paused():  # not training time: left out of the throughput window
+                    # named in a profiled step (`trace_summary.AWAY`): its report is of a step without one
+                    with meter.paused(), named_range("evaluation"):  # not training time: out of the throughput window
                         # a best at a checkpoint step: best.pt written after that checkpoint, a hard link to it (written
                         # before, it was a second full copy of the model)
                         self.last_eval = evaluator(pos, defer_best=bool(checkpoint_now))
@@ -347,7 +351,8 @@ class Trainer(WindowLogging):
                             self._queue_window(stop)
                         break
                 if checkpoint_now:
-                    with meter.paused():  # the weight check too: a read of every table, not training (`_check_finite`)
+                    # the weight check too: a read of every table, not training (`_check_finite`)
+                    with meter.paused(), named_range("checkpoint"):
                         self._check_finite()  # never save a checkpoint of a diverged model
                         self.checkpointer.save(run, pos, self.stats)
                         evaluator.write_best()
