@@ -8,9 +8,46 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
+
+
+class Cuts:
+    """The row ranges a shuffle buffer is cut into, as a read-only sequence of ``(lo, hi)``: ``full // size`` batches of
+    `size` rows from row 0, then ``(full, end)`` when `end` is past `full` (a last, partial batch).
+
+    Made as they are read, not held: a list of tuples held every batch of an epoch's plan, the epoch's and, chained,
+    the next one's (batch 2048 over MLPerf's 4.2e9 rows: 2.1M batches, 260 MB and 4 s a plan; batch 512: 1 GB).
+
+        >>> list(Cuts(4, 8, 10)), len(Cuts(4, 8, 8)), Cuts(4, 8, 10)[-1]
+        ([(0, 4), (4, 8), (8, 10)], 2, (8, 10))
+    """
+
+    __slots__ = ("size", "full", "end")
+
+    def __init__(self, size: int, full: int, end: int) -> None:
+        self.size, self.full, self.end = size, full, end
+
+    def __len__(self) -> int:
+        return self.full // self.size + (self.end > self.full)
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError("cut index out of range")
+        i %= n
+        lo = i * self.size
+        return (lo, lo + self.size) if lo < self.full else (self.full, self.end)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        for lo in range(0, self.full, self.size):
+            yield lo, lo + self.size
+        if self.end > self.full:
+            yield self.full, self.end
+
+    def __repr__(self) -> str:
+        return f"Cuts(size={self.size}, full={self.full}, end={self.end})"
 
 
 @dataclass
@@ -26,7 +63,7 @@ class _Flush:
     carry: int
     rows: int
     final: bool
-    cuts: list[tuple[int, int]]
+    cuts: Cuts
     first_batch: int
     keep: int
 

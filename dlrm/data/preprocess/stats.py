@@ -49,7 +49,11 @@ class DistinctCounter:
             return
         vals = np.concatenate([self.values[f]] + [v for v, _ in self._pending[f]])
         if self.cap is None:
-            self.values[f] = np.unique(vals)
+            # sorted, then each run's first value: numpy >= 2.3's np.unique finds an integer array's distinct values
+            # by hashing, 1-1.6 us a value on distinct 32-bit hashes (4M: 4.2 s, 40M: 64 s; numpy 2.4.6) where the
+            # sort takes 0.02 s for 4M: a Criteo 1TB feature's 293M distinct values took hours to merge
+            vals.sort()
+            self.values[f] = vals[np.concatenate(([True], vals[1:] != vals[:-1]))] if vals.size else vals
         else:
             assert self.counts is not None
             cnts = np.concatenate([self.counts[f]] + [c for _, c in self._pending[f]])
