@@ -380,8 +380,13 @@ class StepMeter:
         """The step just trained ran under the profiler (its warmup or recording: on a CPU run 2-50x slower, the
         recorded ops and ranges its overhead; the trace's save is `paused` apart): its window gets no rate and stays
         out of the steady state. Counted in, a --profile run's summary.json samples/s, its TensorBoard curve and its
-        bar showed the profiler's cost as the model's (the sample's first window: 25k samples/s against 63k)."""
-        self._profiled = True
+        bar showed the profiler's cost as the model's (the sample's first window: 25k samples/s against 63k). A warm-up
+        step's is not its window's: that window gets no rate anyway, and kept (the warm-up's end resets the window, not
+        the mark), it took the rate of the first steady window, whose steps ran unprofiled (`profile.wait` 0 and a cycle
+        within the warm-up: that window missing from samples/s, and a run of one steady window said to report "the
+        profiler's" rate)."""
+        if self.steps_done > self.warmup_steps:
+            self._profiled = True
 
     def log_window(self, step: int, mean_loss: float) -> tuple[Optional[float], Optional[float]]:
         """Close the logging window at `step` with its (already reduced) mean loss; returns

@@ -86,9 +86,13 @@ def trace_handler(run_dir: Path):
 
 
 def profiles_step(prof: profile) -> bool:
-    """Whether the step just trained ran under the profiler (its warmup or recording, the save's step too): the loop
-    leaves its logging window out of the throughput (`dlrm.train.meter.StepMeter.mark_profiled`)."""
-    return prof.current_action != ProfilerAction.NONE
+    """Whether the step just trained ran under the profiler (its warmup or recording, the save's step too), or the
+    coming ``prof.step()`` starts it (a cycle's last wait step): the loop leaves its logging window out of the
+    throughput (`dlrm.train.meter.StepMeter.mark_profiled`). That start (kineto's prepare: 0.9 s on the CPU in a fresh
+    process, CUPTI's set-up on a GPU) runs inside the step's window; a window ending at that step (train.log_every
+    dividing profile.wait, or a later cycle's start with profile.repeat 0) counted it as training, its rate a fraction
+    of the others' in TensorBoard and in summary.json's samples/s."""
+    return prof.current_action != ProfilerAction.NONE or prof.schedule(prof.step_num + 1) != ProfilerAction.NONE
 
 
 def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps: Optional[int] = None):
