@@ -36,7 +36,7 @@ from dlrm.data.schema import (NUM_DENSE, NUM_SPARSE, DatasetError, arrow_schema,
                               one_hot_sizes, sparse_width)
 from dlrm.data.shuffle_seed import epoch_rng
 from dlrm.data.stream_buffers import _END, Cuts, _Flush, _Resident, _Run, put_unless_stopped, receive
-from dlrm.data.validation import NullTally, check_table, first_rows, open_shard
+from dlrm.data.validation import NullTally, check_schema, check_table, first_rows, open_shard
 
 
 class ParquetLoader:
@@ -107,8 +107,9 @@ class ParquetLoader:
     ``(prefetch + 1)`` arenas of ``R * (53 + L * s) + 8 * (R + B)`` bytes of host memory
     (L = 26 sparse slots a row when one-hot, ``sum(multi_hot_sizes)`` otherwise; s = 4 or 8 bytes
     a sparse value, R = rows of the largest buffer, at most ``shuffle_buffer_rows + largest row
-    group``), parsed footers up to `dlrm.data.footer_cache.FOOTER_CACHE_BYTES` of footer (~8x that), and, on
-    the device, two buffers of ``56 + 8 * L`` bytes a row plus one upload.
+    group``), parsed footers up to `dlrm.data.footer_cache.FOOTER_CACHE_BYTES` of footer (~8x that; more for files
+    of many small row groups, `REPARSE_BYTES_PER_VALUE`), and, on the device, two buffers of ``56 + 8 * L`` bytes a
+    row plus one upload.
 
     Which rows form which batch is decided before any data is read (`_plan`), from the row-group
     sizes in the footers and the ``(seed, epoch)`` generator: the row-group order, then one
@@ -274,7 +275,9 @@ class ParquetLoader:
         """
         fi, gi, n = self.row_groups[k]
         try:
-            with pq.ParquetFile(self.files[fi], metadata=self._footers.footer(fi, self.files[fi])) as reader:
+            meta = self._footers.footer(fi, self.files[fi], lambda m: check_schema(  # parsed again: still as opened?
+                self.files[fi], m.schema.to_arrow_schema(), self.multi_hot_sizes, self._layouts[fi], self.dense_format))
+            with pq.ParquetFile(self.files[fi], metadata=meta) as reader:
                 # arrow_threads: pyarrow decodes the columns on its own pool as well
                 table = reader.read_row_group(gi, columns=self._columns[self._layouts[fi]],
                                               use_threads=self.arrow_threads)
