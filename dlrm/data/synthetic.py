@@ -221,8 +221,8 @@ def regenerate_command(out: str, rows: int, seed: int, cardinalities: str, valid
 
 
 def _distinct_tables(values: list[np.ndarray]) -> list[int]:
-    """Table sizes the preprocessor's modulus hashing gives: distinct train values + 1 per feature."""
-    return [int(np.unique(v).size) + 1 for v in values]
+    """Table sizes the preprocessor's modulus hashing gives: distinct train values (`_Splits.add` keeps them) + 1."""
+    return [int(v.size) + 1 for v in values]  # (np.unique hashes them on numpy >= 2.3: ~1 us a value)
 
 
 @dataclass(frozen=True)
@@ -361,10 +361,10 @@ class _Splits:
                 self.writers[split].append(table.slice(lo, hi - lo))
                 self.probs[split].append(p[lo:hi])
                 self.labels[split].append(labels[lo:hi])
-                if split == "train" and self.distinct:
-                    for f in range(NUM_SPARSE):
-                        col = sparse[lo:hi, self.offsets[f] : self.offsets[f + 1]].ravel()
-                        self.train_values[f] = np.union1d(self.train_values[f], col[col >= 0])
+                if split == "train" and self.distinct:  # by a sort: np.union1d hashes on numpy >= 2.3 (3.2 s, 0.03)
+                    for f, (a, b) in enumerate(zip(self.offsets[:-1], self.offsets[1:])):
+                        v = np.sort(np.concatenate([self.train_values[f], sparse[lo:hi, a:b].ravel()]))
+                        self.train_values[f] = v[(v >= 0) & np.concatenate(([True], v[1:] != v[:-1]))]
 
     def close(self) -> None:
         for w in self.writers.values():

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import time
 import zlib
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -285,7 +286,8 @@ class _Run:
             o = self.opts
             args = [(str(self.out / self.done[k]["shards"]["train"]["file"]), k[0], k[1], cap, o.multi_hot_sizes,
                      o.sparse_layout) for k in redo]
-            it = self.pool.map(_stats_from_shard, args) if self.pool is not None else map(_stats_from_shard, args)
+            it = (_bounded_map(self.pool, _stats_from_shard, args, 2 * o.workers) if self.pool is not None
+                  else map(_stats_from_shard, args))
             for key, stats in it:
                 if stats is None:  # its train shard was damaged since: redo the chunk, as for a missing shard
                     shard = self.out / self.done.pop(key)["shards"]["train"]["file"]
@@ -373,6 +375,20 @@ class _Run:
             options["min_frequency_rule"] = describe_rule()
         return _finish(self.out, self.scans, self.fingerprints, options, self.plan, self.done,
                        self.counter, self.file_bad, o.hashing, o.min_frequency, o.max_rows)
+
+
+def _bounded_map(pool: ProcessPoolExecutor, fn, args: list, window: int) -> Iterator:
+    """``pool.map(fn, args)``, in order, with at most ``window`` tasks submitted and not yet consumed. ``map`` submits
+    them all: when this process merges more slowly than the workers read (a resume re-reading the shards of the chunks
+    a checkpoint does not cover, 4-8 MB of statistics each), the finished ones waited in memory, up to every train
+    chunk's of Criteo 1TB (16,000: tens of GB) when the checkpoint could not be used."""
+    pending: collections.deque[Future] = collections.deque()
+    for a in args:
+        if len(pending) >= window:
+            yield pending.popleft().result()
+        pending.append(pool.submit(fn, a))
+    while pending:
+        yield pending.popleft().result()
 
 
 def _check_scans(scans: list[FileScan], on_bad_line: str) -> dict[str, int]:

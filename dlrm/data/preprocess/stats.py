@@ -56,10 +56,20 @@ class DistinctCounter:
             self.values[f] = vals[np.concatenate(([True], vals[1:] != vals[:-1]))] if vals.size else vals
         else:
             assert self.counts is not None
+            # each value with its count below it in one uint64 key, sorted by numpy's SIMD sort: the stable argsort
+            # (timsort on uint32) and its gathers took 160 ns a merged value, 30 this way (40M: 6.4 s, 1.2 s), in the
+            # process that records every chunk and checkpoints: the ~1e10 values Criteo 1TB's big features add were
+            # about an hour of it, which held back the workers (equal keys are equal pairs: the order is moot)
             cnts = np.concatenate([self.counts[f]] + [c for _, c in self._pending[f]])
-            order = np.argsort(vals, kind="stable")
-            vals, cnts = vals[order], cnts[order].astype(np.uint64)
-            self.values[f], self.counts[f] = _group_counts(vals, cnts, self.cap)
+            keys = vals.astype(np.uint64)
+            del vals
+            keys <<= np.uint64(32)
+            keys |= cnts
+            del cnts
+            keys.sort()
+            vals = (keys >> np.uint64(32)).astype(np.uint32)
+            keys &= np.uint64(0xFFFFFFFF)
+            self.values[f], self.counts[f] = _group_counts(vals, keys, self.cap)
         self._pending[f] = []
         self._pending_n[f] = 0
 
@@ -87,11 +97,15 @@ class DistinctCounter:
             arrays.update({f"c{f}": self.counts[f] for f in range(NUM_SPARSE)})
         arrays["covered"] = np.asarray(sorted(covered), dtype=np.int64).reshape(-1, 2)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as fh:
+                np.savez(fh, **arrays)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:  # a full disk, Ctrl-C: not GBs of half a checkpoint left (8 bytes a distinct value)
+            tmp.unlink(missing_ok=True)
+            raise
 
     def load(self, path: Path) -> set[tuple[int, int]]:
         """Load a checkpoint; returns the chunks it covers."""
