@@ -53,9 +53,12 @@ class _RunState:
         os.fsync(self._log.fileno())
         key = (res.file_index, res.chunk_index)
         self.done[key] = rec
-        self.counter.add_stats(res.stats or [])
-        self.covered.add(key)
-        self._dirty = True
+        # a chunk the checkpoint covers, redone for a shard damaged or missing since: its statistics are in the
+        # counter already (`_load_checkpoint`), and vocabulary counts added twice would reach --min-frequency
+        if key not in self.covered:
+            self.counter.add_stats(res.stats or [])
+            self.covered.add(key)
+            self._dirty = True
         if self.bar is not None:
             self.bar.update(rec["lines"])
         self.new += 1
