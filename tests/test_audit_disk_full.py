@@ -319,7 +319,8 @@ def test_a_report_set_that_fails_names_its_file(tmp_path, monkeypatch):
 
 def test_a_failed_profile_report_leaves_the_earlier_pair_whole_and_names_the_file(tmp_path, monkeypatch):
     """profile_step.md and profile_timeline.png were written in place: a full disk at the .png left the new .md beside
-    a truncated .png (a resumed run's pair replaced half), and the error named no file."""
+    a truncated .png (a resumed run's pair replaced half), and the error named no file. (A resumed session's pair is
+    one of its own now, named by its profiled step: none of it is written, the earlier pair untouched.)"""
     import builtins
 
     from dlrm.train import profiling, reporting, trace_summary as ts
@@ -329,7 +330,8 @@ def test_a_failed_profile_report_leaves_the_earlier_pair_whole_and_names_the_fil
     (run / "profile_step.md").write_text("earlier session")
     (run / "profile_timeline.png").write_bytes(b"earlier png")
     monkeypatch.setattr(profiling, "own_trace", lambda run_dir: run_dir / "trace.pt.trace.json.gz")
-    for name, value in {"load_trace": {}, "summarize_step": "summary", "report": "new report",
+    summary = ts.StepSummary("ProfilerStep#2", 1.0, None, 0, 0.0, [], [], run_step=8)
+    for name, value in {"load_trace": {}, "summarize_step": summary, "report": "new report",
                         "step_table": "", "top_table": "", "timeline_png": b"\x89PNG" + bytes(10000)}.items():
         monkeypatch.setattr(ts, name, lambda *args, value=value, **kwargs: value)
 
@@ -342,12 +344,12 @@ def test_a_failed_profile_report_leaves_the_earlier_pair_whole_and_names_the_fil
     real_open, real_fdopen = io.open, os.fdopen
 
     def png_open(file, mode="r", *args, **kwargs):
-        if str(file).endswith("profile_timeline.png") and "w" in mode:
+        if str(file).endswith("profile_timeline_8.png") and "w" in mode:
             return io.BufferedWriter(Full(file, "wb"))
         return real_open(file, mode, *args, **kwargs)
 
     def png_fdopen(fd, mode="r", *args, **kwargs):
-        if ".profile_timeline.png." in os.readlink(f"/proc/self/fd/{fd}"):
+        if ".profile_timeline_8.png." in os.readlink(f"/proc/self/fd/{fd}"):
             return io.BufferedWriter(Full(fd, "wb"))
         return real_fdopen(fd, mode, *args, **kwargs)
 
@@ -357,7 +359,7 @@ def test_a_failed_profile_report_leaves_the_earlier_pair_whole_and_names_the_fil
     with pytest.raises(OSError) as e:
         reporting.log_profile(reporting.NoWriter(), run, torch.device("cpu"), 5)
     monkeypatch.undo()
-    assert e.value.filename == str(run / "profile_timeline.png")
+    assert e.value.filename == str(run / "profile_timeline_8.png")
     assert (run / "profile_step.md").read_text() == "earlier session"
     assert (run / "profile_timeline.png").read_bytes() == b"earlier png"
     assert sorted(p.name for p in run.iterdir()) == ["profile_step.md", "profile_timeline.png"]

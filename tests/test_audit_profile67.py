@@ -204,7 +204,7 @@ def test_a_profiled_run_evaluating_among_its_recorded_steps_reports_a_training_s
     train(tiny_config(dataset, tmp_path, **{"log.run_name": "e", "train.eval_every": 5, "train.max_steps": 8},
                       **prof))
     report = (tmp_path / "e" / "profile_step.md").read_text()
-    assert "ProfilerStep#4:" in report, report[:300]  # was ProfilerStep#5, the evaluation's
+    assert "step 5 (the trace's ProfilerStep#4):" in report, report[:300]  # was ProfilerStep#5, the evaluation's
     (trace,) = (tmp_path / "e").glob("*.pt.trace.json.gz")
     import gzip
 

@@ -60,10 +60,11 @@ def test_a_resumed_session_that_profiled_no_step_does_not_report_the_earlier_ses
     train(tiny_config(dataset, tmp_path, **{"log.run_name": "r", "checkpoint.every": 3}, **prof))
     run = tmp_path / "r"
     before = (run / "profile_step.md").read_text()
-    assert tensor_steps(run, "profile/step_breakdown") == [6]
+    # its profiled step, not its last: ProfilerStep#2 (#3 holds step 3's evaluation, `trace_summary.AWAY`), step 3
+    assert tensor_steps(run, "profile/step_breakdown") == [3]
     # one more step: fewer than the profiler's cycle, so this session profiles nothing (said at its start)
     train(tiny_config(dataset, tmp_path, **{"log.run_name": "r", "train.max_steps": 7}, **prof), resume="latest")
-    assert tensor_steps(run, "profile/step_breakdown") == [6]  # not the first session's step again, at step 7
+    assert tensor_steps(run, "profile/step_breakdown") == [3]  # not the first session's step again, at step 7
     assert (run / "profile_step.md").read_text() == before
 
 

@@ -218,9 +218,12 @@ def test_profile_step_md_is_the_whole_report(tmp_path):
     write_trace(tmp_path / f"{socket.gethostname()}_{os.getpid()}.1.pt.trace.json.gz", trace, 1_000_000_000)
     with SummaryWriter(str(tmp_path / "tb")) as writer:
         summary = log_profile(writer, tmp_path, torch.device("cpu"), 7)
-    title = f"{tmp_path.name}: one training step on {device_name(torch.device('cpu'))}"
+    run_step = summary.run_step  # the trace's ProfilerStep#N in a session started at step 7: the run's step 7 + N + 1
+    assert run_step == 7 + ts.session_step(summary.step) + 1
+    title = f"{tmp_path.name}: training step {run_step} of the run on {device_name(torch.device('cpu'))}"
     md = (tmp_path / "profile_step.md").read_text()
-    assert md == ts.report(ts.summarize_step(trace), title) and summary == ts.summarize_step(trace)
+    assert md == ts.report(ts.summarize_step(trace, start_step=7), title)
+    assert summary == ts.summarize_step(trace, start_step=7)
     assert md.startswith(f"# {title}\n") and "| `adam` | 1 | 0.060 | 60.0 |" in md
     assert "| `cuLaunchKernel` | 2 | 0.020 |" in md
 

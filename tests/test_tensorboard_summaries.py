@@ -236,7 +236,7 @@ def test_profiled_run_shows_step_breakdown_kernels_and_timeline(profiled_run):
     tags = acc.Tags()
     assert "profile/top_ops" not in tags["tensors"]  # the raw profiler table is gone
     breakdown = text(acc, "profile/step_breakdown")
-    assert re.match(r"ProfilerStep#\d+: host \d+\.\d{3} ms \(a CPU run", breakdown)
+    assert re.match(r"step \d+ \(the trace's ProfilerStep#\d+\): host \d+\.\d{3} ms \(a CPU run", breakdown)
     rows = table_rows(breakdown)
     assert set(STEP_RANGES) <= set(rows)
     host_ms = {name: float(cells[0]) for name, cells in rows.items()}
@@ -331,11 +331,12 @@ def test_log_profile_reads_this_process_trace_and_survives_an_unreadable_one(tmp
     os.utime(other, (own.stat().st_mtime + 10,) * 2)  # and newer
     with SummaryWriter(str(tmp_path)) as writer:
         summary = log_profile(writer, tmp_path, torch.device("cpu"), 3)
-    assert summary.step == "ProfilerStep#4" and "| `gemm` | 1 | 0.100 |" in (tmp_path / "profile_step.md").read_text()
+    assert summary.step == "ProfilerStep#4" and summary.run_step == 8 and "| `gemm` | 1 | 0.100 |" in (tmp_path / "profile_step.md").read_text()
     acc = accumulator(tmp_path)
     assert "| `gemm` | 1 | 0.100 |" in text(acc, "profile/top_kernels")
     steps = [e.step for tag in ("profile/step_breakdown", "profile/top_kernels") for e in acc.Tensors(tag)]
-    assert steps + [e.step for e in acc.Images("profile/timeline")] == [3, 3, 3]  # the step given
+    # the run's step of the trace's ProfilerStep#4 in a session started at step 3: its 5th step
+    assert steps + [e.step for e in acc.Images("profile/timeline")] == [8, 8, 8]
     own.unlink()
     with SummaryWriter(str(tmp_path / "b")) as writer:
         assert log_profile(writer, tmp_path, torch.device("cpu"), 3) is None

@@ -4,6 +4,7 @@ log line."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -390,18 +391,22 @@ def _png_size(png: bytes) -> tuple[int, int]:
     return struct.unpack(">II", png[16:24])
 
 
-def log_profile(writer: SummaryWriter, run_dir: Path, device: torch.device, step: int):
+def log_profile(writer: SummaryWriter, run_dir: Path, device: torch.device, start_step: int):
     """One profiled step of the session, from the newest trace it wrote (`profiling.own_trace`), where a person
     looks: TensorBoard text ``profile/step_breakdown`` (host and device ms per named range) and
     ``profile/top_kernels`` (top device kernels; CPU ops by self time on a CPU run), image ``profile/timeline``, and
-    the same as ``profile_step.md`` and ``profile_timeline.png`` in `run_dir`. All of it renders offline (the
-    PyTorch Profiler tab's charts load from a CDN). Returns the `trace_summary.StepSummary`, or None
+    the same as ``profile_step.md`` and ``profile_timeline.png`` in `run_dir` (`profile_files`: a later session's
+    beside an earlier one's). All of it renders offline (the PyTorch Profiler tab's charts load from a CDN).
+    `start_step`: the run's step this session started at; the trace's ``ProfilerStep#N`` is the session's step N
+    (from 0), the run's step ``start_step + N + 1`` as the loop counts it (train/loss of that step), where the
+    entries are logged and which the report names (logged at the session's last step, a resumed session's
+    ProfilerStep#3 read as the first session's step). Returns the `trace_summary.StepSummary`, or None
     (said in the log) when the session profiled no step (a resumed run's earlier traces are not its step, and its
     files from them stay). Rank 0 only: it writes run files.
 
     Example (not a doctest: it needs a run trained with --profile)::
 
-        log_profile(writer, Path("tb_logs/run"), torch.device("cpu"), 1406).ranges[0]
+        log_profile(writer, Path("tb_logs/run"), torch.device("cpu"), 0).ranges[0]
         # RangeTime(name='data', host_ms=0.058, device_ms=None)
     """
     from dlrm.train import trace_summary as ts  # matplotlib and the trace parser: only for profiled runs
@@ -413,21 +418,47 @@ def log_profile(writer: SummaryWriter, run_dir: Path, device: torch.device, step
         return None
     try:
         trace = ts.load_trace(mine)
-        summary = ts.summarize_step(trace)
+        summary = ts.summarize_step(trace, start_step=start_step)
     except (ts.TraceError, OSError, EOFError, ValueError, KeyError) as e:  # the run's results stand without it
         logger.warning(f"profile: {run_dir}: {e}; no step breakdown written")
         return None
-    title = f"{Path(run_dir).name}: one training step on {device_name(device)}"
+    # (a step range of another name, from no torch profiler: at the session's first step)
+    step = start_step if summary.run_step is None else summary.run_step
+    title = f"{Path(run_dir).name}: training step {step} of the run on {device_name(device)}"
     png = ts.timeline_png(trace, title)
+    md_name, png_name = profile_files(Path(run_dir), step)
     # one set, each file whole (a full disk: written in place, a half-written profile_step.md or .png replaced a resumed
     # run's, the pair from two sessions, and the error named no file)
-    write_files_atomic(Path(run_dir), {"profile_step.md": ts.report(summary, title), "profile_timeline.png": png})
+    write_files_atomic(Path(run_dir), {md_name: ts.report(summary, title), png_name: png})
     add_markdown(writer, "profile/step_breakdown", ts.step_table(summary), step)
     add_markdown(writer, "profile/top_kernels", ts.top_table(summary), step)
     add_png(writer, "profile/timeline", png, step)
-    logger.info(f"profiled step ({run_dir}/profile_step.md, TensorBoard text and images 'profile/'):\n"
-                + ts.step_table(summary))
+    kept = "" if md_name == "profile_step.md" else " (the earlier session's profile_step.md and .png kept)"
+    logger.info(f"profiled step ({run_dir}/{md_name} and {png_name}{kept}, TensorBoard text and images 'profile/' at "
+                f"step {step}):\n" + ts.step_table(summary))
     return summary
+
+
+def profile_files(run_dir: Path, step: int) -> tuple[str, str]:
+    """The names of a session's profile report and timeline in `run_dir`: ``profile_step.md`` and
+    ``profile_timeline.png`` where neither is there (a run's first profiled session, the names a run made before
+    this change has), else named by the run's profiled `step` (``profile_step_<step>.md``, ``.1``, ``.2``, ... where
+    a resume from an earlier checkpoint profiled that step again): a resumed session wrote over the earlier
+    session's pair, which TensorBoard still showed as its own.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     first = profile_files(Path(d), 4)
+    ...     _ = (Path(d) / "profile_step.md").write_text("")
+    ...     first, profile_files(Path(d), 10)
+    (('profile_step.md', 'profile_timeline.png'), ('profile_step_10.md', 'profile_timeline_10.png'))
+    """
+    suffixes = itertools.chain([""], [f"_{step}"], (f"_{step}.{k}" for k in itertools.count(1)))
+    for suffix in suffixes:
+        names = (f"profile_step{suffix}.md", f"profile_timeline{suffix}.png")
+        if not any((run_dir / name).exists() for name in names):
+            return names
+    raise AssertionError("unreachable")  # pragma: no cover (the counter never ends)
 
 
 def final_line(summary: dict[str, Any]) -> str:

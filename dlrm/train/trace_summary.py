@@ -87,10 +87,23 @@ class StepSummary:
     host_calls: list[Timed] = field(default_factory=list)  # host calls by inclusive time
     graph_launches: int = 0  # cudaGraphLaunch calls in the step (a captured step replays its kernels at once)
     compiled_regions: int = 0  # torch.compile's "Torch-Compiled Region" calls in the step (its graphs run there)
+    # the run's step it trained (`dlrm.train.reporting.log_profile`, which knows the session's first step); None for
+    # a trace read alone (benchmarks/trace_timeline.py): the trace counts its ProfilerStep#N from 0 in every session
+    run_step: Optional[int] = None
 
     @property
     def on_device(self) -> bool:
         return self.device_busy_ms is not None
+
+    @property
+    def label(self) -> str:
+        """The step as the tables name it: the run's step where known, with the trace's range to find it there
+        (a resumed session's ProfilerStep#3 read as the first session's).
+
+        >>> StepSummary("ProfilerStep#3", 1.0, None, 0, 0.0, [], [], run_step=24).label
+        "step 24 (the trace's ProfilerStep#3)"
+        """
+        return self.step if self.run_step is None else f"step {self.run_step} (the trace's {self.step})"
 
 
 # ---- reading ------------------------------------------------------------------------------------
@@ -156,6 +169,17 @@ def within(events: list[dict], cats, lo: float, hi: float) -> list[dict]:
     """
     cats = (cats,) if isinstance(cats, str) else cats
     return [e for e in events if e.get("ph") == "X" and e.get("cat") in cats and lo <= e["ts"] < hi]
+
+
+def session_step(name: str) -> Optional[int]:
+    """N of a ``ProfilerStep#N`` range: the profiler's step count when the range opened, from 0 at the profiler's
+    start (the session's first training step; the loop calls ``prof.step()`` once a step), or None for another name.
+
+    >>> session_step("ProfilerStep#7"), session_step("evaluation")
+    (7, None)
+    """
+    head, _, n = name.rpartition("#")
+    return int(n) if head == "ProfilerStep" and n.isdigit() else None
 
 
 def profiled_step(events: list[dict]) -> dict:
@@ -311,9 +335,11 @@ def range_times(s: StepEvents) -> list[RangeTime]:
     return rows
 
 
-def summarize_step(trace: dict, top: int = 15) -> StepSummary:
+def summarize_step(trace: dict, top: int = 15, start_step: Optional[int] = None) -> StepSummary:
     """The profiled step's numbers: per-range host/device ms, the top kernels (CPU ops by self time on a
-    CPU trace) and the top host calls, `top` rows each. Example in the module docstring."""
+    CPU trace) and the top host calls, `top` rows each. `start_step`: the run's step the session that wrote the trace
+    started at, which makes its ``ProfilerStep#N`` (the session's step N, from 0) the run's step
+    ``start_step + N + 1`` as the training loop counts it (`StepSummary.run_step`). Example in the module docstring."""
     s = collect(trace)
     kernels = [e for e, _ in s.device if e.get("cat") == "kernel"]
     copy_ms = sum(e["dur"] for e, _ in s.device if e.get("cat") != "kernel") / 1e3
@@ -326,9 +352,11 @@ def summarize_step(trace: dict, top: int = 15) -> StepSummary:
         top_ops = ranked([(e["name"], own[i]) for i, e in enumerate(s.cpu_ops)], top)
     t0, t1 = s.t0, s.t0 + s.step["dur"]
     calls = [(e["name"], e["dur"]) for e in within(trace["traceEvents"], HOST_CALL_CATS, t0, t1)]
+    n = session_step(s.step["name"])
     return StepSummary(s.step["name"], s.step["dur"] / 1e3, busy, len(kernels), copy_ms, range_times(s), top_ops,
                        ranked(calls, top), sum(1 for name, _ in calls if name == "cudaGraphLaunch"),
-                       sum(1 for name, _ in calls if name.startswith(COMPILED_REGION)))
+                       sum(1 for name, _ in calls if name.startswith(COMPILED_REGION)),
+                       None if start_step is None or n is None else start_step + n + 1)
 
 
 # ---- Markdown -----------------------------------------------------------------------------------
@@ -347,9 +375,9 @@ def cell(name: str) -> str:
 def step_line(s: StepSummary) -> str:
     """The step's one-line total, e.g. ``ProfilerStep#7: host 3.393 ms, device kernels busy 0.300 ms (78 kernels)``."""
     if not s.on_device:
-        return f"{s.step}: host {s.host_ms:.3f} ms (a CPU run: no device activity, host time only)"
+        return f"{s.label}: host {s.host_ms:.3f} ms (a CPU run: no device activity, host time only)"
     copies = f", memcpy/memset {s.copy_ms:.3f} ms" if s.copy_ms else ""
-    return f"{s.step}: host {s.host_ms:.3f} ms, device kernels busy {s.device_busy_ms:.3f} ms ({s.kernels} kernels){copies}"
+    return f"{s.label}: host {s.host_ms:.3f} ms, device kernels busy {s.device_busy_ms:.3f} ms ({s.kernels} kernels){copies}"
 
 
 def step_table(s: StepSummary) -> str:
@@ -399,11 +427,11 @@ def compiled_note(s: StepSummary) -> list[str]:
 def top_table(s: StepSummary) -> str:
     """A Markdown table of the step's top device kernels (on a CPU run: CPU ops by self time)."""
     if s.on_device:
-        title = f"Device kernels in {s.step} by total time, top {len(s.top)}:"
+        title = f"Device kernels in {s.label} by total time, top {len(s.top)}:"
         head = ["| kernel | calls | total ms | % of device busy |", "| --- | ---: | ---: | ---: |"]
         whole = s.device_busy_ms
     else:
-        title = (f"CPU ops in {s.step} by self time (a CPU run: no device kernels; self time excludes the ops "
+        title = (f"CPU ops in {s.label} by self time (a CPU run: no device kernels; self time excludes the ops "
                  f"nested in each), top {len(s.top)}:")
         head = ["| CPU op | calls | self ms | % of step |", "| --- | ---: | ---: | ---: |"]
         whole = s.host_ms

@@ -492,7 +492,8 @@ class Trainer(WindowLogging):
         if self.run.config.train.compile.enabled:
             logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
         if prof is not None and env.is_main:  # step breakdown, kernels, timeline: TensorBoard and run dir
-            log_profile(writer, self.run_dir.path, self.device, self.pos.step)
+            # at the profiled step: the trace counts its steps from the session's first (`meter.start_step`)
+            log_profile(writer, self.run_dir.path, self.device, self.meter.start_step)
         # the linear model on the same split, loader and hashing, when train.baseline asks (dlrm.train.baseline)
         # its scalars beside the evaluations' curve: baseline/<split>/* where they are eval/<split>/* (`_eval_tag`)
         tag = "baseline" + self.evaluator.tag[len("eval"):]
