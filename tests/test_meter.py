@@ -237,3 +237,31 @@ def test_the_devices_idle_spans_count_as_waiting(clock, monkeypatch):
     assert run_window(m, clock, 10, 0.1, 0.0)[1] == pytest.approx(0.3)  # 0.3 s of 1 s
     assert run_window(m, clock, 10, 0.2, 0.01)[1] == pytest.approx(0.4 / 2.0)
     assert m.wait_fractions == pytest.approx([0.3, 0.2]) and m.data_wait_fraction == pytest.approx(0.7 / 3.0)
+
+
+def test_the_logging_windows_reductions_are_first_used_in_the_warm_up(clock, monkeypatch):
+    """Their first use loads their kernels (55-100 ms once on an H200): spent in the warm-up, before the first steady
+    window's clock starts, not inside that window. The window's losses are kept (the read is dropped)."""
+    used = []
+    for name in ("total", "first_nonfinite_step"):
+        orig = getattr(meter_mod.LossWindow, name)
+        monkeypatch.setattr(meter_mod.LossWindow, name,
+                            lambda self, orig=orig, name=name: (used.append((name, clock.t)), orig(self))[1])
+
+    def slow_get(self, orig=meter_mod.DeviceRead.get):
+        clock.t += 0.08  # the kernels' first load
+        return orig(self)
+    monkeypatch.setattr(meter_mod.DeviceRead, "get", slow_get)
+    m = StepMeter(torch.device("cpu"), start_step=0, stats=RunStats(), window=6, warmup_steps=2)
+    for i in range(2):
+        clock.t += 0.01
+        m.step(torch.tensor(0.25 * (i + 1)), samples=100, data_wait_s=0.0)
+    assert [n for n, _ in used] == ["total", "first_nonfinite_step"]
+    assert m.losses.n == 2 and float(m.losses.total()) == pytest.approx(0.75)
+    assert m.window_start == pytest.approx(100.1)  # after the 0.02 s of steps and the 0.08 s read
+    assert m.warmup_s == pytest.approx(0.1)
+    for _ in range(4):
+        clock.t += 0.01
+        m.step(torch.tensor(0.5), samples=100, data_wait_s=0.0)
+    rate, _ = m.log_window(step=6, mean_loss=0.5)
+    assert rate == pytest.approx(400 / 0.04)  # the steady steps only: the first read is not in it

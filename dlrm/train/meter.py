@@ -354,12 +354,21 @@ class StepMeter:
         self.window_samples += samples
         self.data_wait += data_wait_s
         if self.steps_done == self.warmup_steps:
+            self._first_read()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # intended sync, once: separates warm-up from steady state
             self.wait_timer.take()  # the warm-up's
             self.window_start = time.perf_counter()
             self.warmup_s = self.window_start - self.loop_start
             self.window_samples, self.data_wait, self.window_paused = 0, 0.0, 0.0
+
+    def _first_read(self) -> None:
+        """A logging window's reductions and read, once, inside the warm-up, their result dropped (intended sync, once).
+        Their first use loads their kernels (CUDA loads a module at its first launch): 55-100 ms of host time on an
+        H200 (sixty-eighth session, `benchmarks/results/first_window_h200.md`), which, spent at the first logging
+        step, made the first steady window 10-20x slower than the others and summary.json's samples/s 56-68% of the
+        windows' median in short runs; spent here, it is the warm-up's."""
+        DeviceRead(self.losses.total(), self.losses.first_nonfinite_step()).get()
 
     @contextlib.contextmanager
     def paused(self):
