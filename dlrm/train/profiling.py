@@ -114,6 +114,7 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
+        detach_cupti_after_cycles()
     logger.info(
         f"profiling: wait {cfg.wait}, warmup {cfg.warmup}, active {cfg.active}, repeat {cfg.repeat} steps; "
         f"traces go to {run_dir}; the logging windows holding profiled steps are left out of samples/s"
@@ -135,6 +136,31 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps
         profile_memory=cfg.profile_memory,
         with_stack=cfg.with_stack,
     )
+
+
+CUPTI_TEARDOWN_FROM = (12, 6)
+"""The CUDA version from which CUPTI's re-init after a teardown no longer crashes with CUDA graphs (torch's comment in
+`torch/profiler/profiler.py`, which keeps CUPTI attached below it for Inductor's graphs)."""
+
+
+def detach_cupti_after_cycles() -> None:
+    """Have Kineto detach CUPTI as each profiler cycle ends (``TEARDOWN_CUPTI=1``), unless the environment says
+    otherwise. By default it stays subscribed to every CUDA call after the trace, and the steps after a --profile cycle
+    ran at 26-77% of an unprofiled run's rate to the run's end (a host-bound run, 1000 steps; with the teardown 71-101%:
+    sixty-eighth session, `benchmarks/results/profile_cupti_teardown_h200.md`; pytorch/pytorch#144455). Left alone
+    before CUDA 12.6, where a re-init after a teardown crashed with CUDA graphs (the step's CUDA graph, and a second
+    profiler cycle re-inits)."""
+    if "TEARDOWN_CUPTI" in os.environ:  # the user's (or torch's own, for Inductor's CUDA graphs before 12.6)
+        return
+    try:
+        version = tuple(int(x) for x in (torch.version.cuda or "").split(".")[:2])
+    except ValueError:
+        version = ()
+    if len(version) == 2 and version >= CUPTI_TEARDOWN_FROM:
+        os.environ["TEARDOWN_CUPTI"] = "1"
+    else:
+        logger.info(f"profiling: CUDA {torch.version.cuda} (before {'.'.join(map(str, CUPTI_TEARDOWN_FROM))}): CUPTI "
+                    f"stays attached after the trace, and host-bound steps after it run slower than unprofiled ones")
 
 
 def trace_files(run_dir: Path) -> list[Path]:
