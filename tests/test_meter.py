@@ -240,7 +240,7 @@ def test_the_devices_idle_spans_count_as_waiting(clock, monkeypatch):
 
 
 def test_the_logging_windows_reductions_are_first_used_in_the_warm_up(clock, monkeypatch):
-    """Their first use loads their kernels (55-100 ms once on an H200): spent in the warm-up, before the first steady
+    """Their first use loads their kernels (53-99 ms once on an H200): spent in the warm-up, before the first steady
     window's clock starts, not inside that window. The window's losses are kept (the read is dropped)."""
     used = []
     for name in ("total", "first_nonfinite_step"):

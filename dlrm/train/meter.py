@@ -364,10 +364,13 @@ class StepMeter:
 
     def _first_read(self) -> None:
         """A logging window's reductions and read, once, inside the warm-up, their result dropped (intended sync, once).
-        Their first use loads their kernels (CUDA loads a module at its first launch): 55-100 ms of host time on an
+        Their first use loads their kernels (CUDA loads a module at its first launch): 53-99 ms of host time on an
         H200 (sixty-eighth session, `benchmarks/results/first_window_h200.md`), which, spent at the first logging
-        step, made the first steady window 10-20x slower than the others and summary.json's samples/s 56-68% of the
-        windows' median in short runs; spent here, it is the warm-up's."""
+        step, made the first steady window 11-17x slower than the others and summary.json's samples/s 53-65% of the
+        windows' median in short runs; spent here, it is the warm-up's. The window's losses stay (a NaN in the warm-up
+        is found and named at the logging step's read). No collective runs here, only this rank's reductions: whether
+        the logging step's first all-reduces (`dlrm.train.windows`, under torchrun) cost a first use too is not
+        measured."""
         DeviceRead(self.losses.total(), self.losses.first_nonfinite_step()).get()
 
     @contextlib.contextmanager

@@ -149,17 +149,32 @@ def detach_cupti_after_cycles() -> None:
     ran at 26-77% of an unprofiled run's rate to the run's end (a host-bound run, 1000 steps; with the teardown 71-101%:
     sixty-eighth session, `benchmarks/results/profile_cupti_teardown_h200.md`; pytorch/pytorch#144455). Left alone
     before CUDA 12.6, where a re-init after a teardown crashed with CUDA graphs (the step's CUDA graph, and a second
-    profiler cycle re-inits)."""
-    if "TEARDOWN_CUPTI" in os.environ:  # the user's (or torch's own, for Inductor's CUDA graphs before 12.6)
+    profiler cycle re-inits), and where ``DISABLE_CUPTI_LAZY_REINIT`` is set: a teardown then re-inits CUPTI eagerly,
+    the combination torch's comment says crashes with CUDA graphs on CUDA 12 (torch sets that variable only together
+    with ``TEARDOWN_CUPTI=0``). A ROCm build has no CUPTI: nothing to do, nothing said.
+
+    The variable is the process's, and stays set: the later runs of the process (a sweep's trials, `--compare`'s
+    variants) find it and keep it. Kineto reads it only as a profiler cycle ends, so an unprofiled run is unaffected.
+    """
+    # the user's, torch's own (Inductor's CUDA graphs before 12.6), or this function's in an earlier run of the process
+    if "TEARDOWN_CUPTI" in os.environ:
         return
-    try:
-        version = tuple(int(x) for x in (torch.version.cuda or "").split(".")[:2])
-    except ValueError:
-        version = ()
-    if len(version) == 2 and version >= CUPTI_TEARDOWN_FROM:
+    cuda = torch.version.cuda
+    if cuda is None:  # ROCm (or a build without CUDA): Kineto traces through roctracer, no CUPTI to detach
+        return
+    if "DISABLE_CUPTI_LAZY_REINIT" in os.environ:
+        logger.info("profiling: DISABLE_CUPTI_LAZY_REINIT is set, TEARDOWN_CUPTI is not: CUPTI stays attached after "
+                    "the trace (a teardown would re-init it eagerly, which crashes with CUDA graphs on CUDA 12)")
+        return
+    parts = cuda.split(".")
+    version = tuple(int(x) for x in parts[:2]) if len(parts) >= 2 and all(x.isdigit() for x in parts[:2]) else None
+    if version is None:
+        logger.info(f"profiling: CUDA version {cuda!r} not read as MAJOR.MINOR: TEARDOWN_CUPTI left unset, so CUPTI "
+                    f"stays attached after the trace (set TEARDOWN_CUPTI=1 on CUDA 12.6 or later to detach it)")
+    elif version >= CUPTI_TEARDOWN_FROM:
         os.environ["TEARDOWN_CUPTI"] = "1"
     else:
-        logger.info(f"profiling: CUDA {torch.version.cuda} (before {'.'.join(map(str, CUPTI_TEARDOWN_FROM))}): CUPTI "
+        logger.info(f"profiling: CUDA {cuda} (before {'.'.join(map(str, CUPTI_TEARDOWN_FROM))}): CUPTI "
                     f"stays attached after the trace, and host-bound steps after it run slower than unprofiled ones")
 
 
