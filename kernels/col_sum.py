@@ -47,10 +47,16 @@ def sum_partial_rows(partial: Tensor, out: Tensor, block_n: int) -> Tensor:
         out: [N] (contiguous; any float dtype), written in place.
         block_n: columns a program (a power of two, at least 16).
 
-    Launched under the caller's device context. Example: ``sum_partial_rows(torch.ones(3, 5), torch.empty(5), 16)``
-    fills ``out`` with 3.0 (on the CPU under Triton's interpreter, ``TRITON_INTERPRET=1``).
+    Launched under the caller's device context.
 
     Returns ``out``, shape [N].
+
+    Example (on the CPU under Triton's interpreter, TRITON_INTERPRET=1):
+        >>> import torch
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> partial = torch.arange(15.0, device=device).reshape(3, 5)
+        >>> sum_partial_rows(partial, torch.empty(5, device=device), 16).tolist()
+        [15.0, 18.0, 21.0, 24.0, 27.0]
     """
     R, N = partial.shape
     _col_sum_kernel[(triton.cdiv(N, block_n),)](partial, out, R, N, BLOCK_R=BLOCK_R, BLOCK_N=block_n,

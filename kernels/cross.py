@@ -425,8 +425,23 @@ def cross_layer_reference(x0: Tensor, x: Tensor, u: Tensor, weight: Tensor, bias
 def low_rank_cross_net(input: Tensor, W_kernels, V_kernels, biases, allow_tf32: Optional[bool] = None) -> Tensor:
     """All layers of a low-rank cross network: ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``.
 
-    input: [B, N]; W_kernels[l]: [N, r]; V_kernels[l]: [r, N]; biases[l]: [N]. ``V_l x_l`` is a
-    torch ``F.linear`` (cuBLAS), the rest of each layer `cross_layer`. Returns [B, N].
+    ``V_l x_l`` is a torch ``F.linear`` (cuBLAS), the rest of each layer `cross_layer`. Returns [B, N].
+
+    Args:
+        input: ``x_0`` [B, N].
+        W_kernels, V_kernels, biases: per layer l, ``W_l`` [N, r], ``V_l`` [r, N] and ``b_l`` [N] (the
+            parameter lists of `TritonLowRankCrossNet`).
+        allow_tf32: as `cross_layer`'s.
+
+    Example (on the CPU the kernel runs in Triton's interpreter, TRITON_INTERPRET=1):
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> net = TritonLowRankCrossNet(in_features=12, num_layers=2, low_rank=3).to(device)
+        >>> x0 = torch.randn(5, 12, device=device)
+        >>> y = low_rank_cross_net(x0, net.W_kernels, net.V_kernels, net.bias, allow_tf32=False)
+        >>> x1 = x0 * (x0 @ net.V_kernels[0].T @ net.W_kernels[0].T + net.bias[0]) + x0   # layer 0 by hand
+        >>> x2 = x0 * (x1 @ net.V_kernels[1].T @ net.W_kernels[1].T + net.bias[1]) + x1
+        >>> y.shape, torch.allclose(y, x2, atol=1e-4)
+        (torch.Size([5, 12]), True)
     """
     x0 = input
     x = x0

@@ -22,7 +22,7 @@ each quantization into the kernel that produces the operand. On MLPerf DLRM-DCNv
 and the top MLP, `benchmarks/fp8_dense_probe.py`, H100, 2026-11-25) it saved 0.43 ms of 15.26 (2.8%) while the
 input gradient's error against float64 grew from 9% (bf16) to 37%: not wired in either.
 
-Notation: N rows (the batch), K input features, M output features.
+Notation (as `kernels.linear`'s): M rows (the batch B), K input features, N output features.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def quantize(t: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
 
 def quantize_rows(t: Tensor, dtype: torch.dtype = E4M3) -> tuple[Tensor, Tensor]:
     """``(q, inv_scale)`` with one scale per row of the 2-D ``t`` ("rowwise"): each row's largest magnitude maps
-    to ``dtype``'s largest finite value; ``inv_scale`` [R, 1] fp32 undoes it (``q.float() * inv_scale ~= t``).
+    to ``dtype``'s largest finite value; ``inv_scale`` [t.shape[0], 1] fp32 undoes it (``q.float() * inv_scale ~= t``).
     No amax over the whole tensor, so under torch.compile the amax, scale and cast fuse into the kernel that
     produces ``t`` when that kernel holds whole rows. All-zero rows get scale 1."""
     fmax = torch.finfo(dtype).max
@@ -69,7 +69,7 @@ _cpu_rowwise: bool | None = None  # whether this torch's CPU _scaled_mm takes ro
 
 def _cpu_takes_rowwise_scales() -> bool:
     """torch 2.11's CPU ``_scaled_mm`` takes one scale a tensor only (an internal assert, "Now _scaled_mm only supports
-    per-tensor scaling for CPU backend", for [N, 1] x [1, M] scales); torch 2.13's takes rowwise ones. Probed on a
+    per-tensor scaling for CPU backend", for [M, 1] x [1, N] scales); torch 2.13's takes rowwise ones. Probed on a
     16 x 16 product rather than read from the version: the CUDA builds of 2.11 take rowwise scales."""
     global _cpu_rowwise
     if _cpu_rowwise is None:
@@ -84,7 +84,7 @@ def _cpu_takes_rowwise_scales() -> bool:
 
 
 def _scaled_mm_rowwise(a: Tensor, b: Tensor, scale_a: Tensor, scale_b: Tensor) -> Tensor:
-    """``torch._scaled_mm(a, b, scale_a=[N, 1], scale_b=[1, M], out_dtype=bf16)``; on a CPU whose ``_scaled_mm`` takes
+    """``torch._scaled_mm(a, b, scale_a=[M, 1], scale_b=[1, N], out_dtype=bf16)``; on a CPU whose ``_scaled_mm`` takes
     no rowwise scales (torch 2.11), the same product: the FP8 operands' fp32 GEMM (exact products, fp32 sums, as the
     tensor cores accumulate), scaled after the accumulation, rounded to bf16 once."""
     if a.device.type == "cpu" and not _cpu_takes_rowwise_scales():
@@ -100,9 +100,9 @@ def _col_major(t: Tensor) -> Tensor:
 class _Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        xq, sx = quantize(x, E4M3)  # [N, K]
-        wq, sw = quantize(weight, E4M3)  # [M, K]
-        y = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)  # [N, M]
+        xq, sx = quantize(x, E4M3)  # [M, K]
+        wq, sw = quantize(weight, E4M3)  # [N, K]
+        y = torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, out_dtype=torch.bfloat16)  # [M, N]
         if bias is not None:
             y = y + bias.to(y.dtype)
         ctx.save_for_backward(xq, sx, wq, sw)
@@ -112,11 +112,11 @@ class _Fp8LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         xq, sx, wq, sw = ctx.saved_tensors
-        gq, sg = quantize(grad, E5M2)  # [N, M]
+        gq, sg = quantize(grad, E5M2)  # [M, N]
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:  # dx = g W: [N, M] @ [M, K]
+        if ctx.needs_input_grad[0]:  # dx = g W: [M, N] @ [N, K]
             dx = torch._scaled_mm(gq, _col_major(wq), scale_a=sg, scale_b=sw, out_dtype=torch.bfloat16).to(ctx.x_dtype)
-        if ctx.needs_input_grad[1]:  # dW = g^T x: [M, N] @ [N, K]
+        if ctx.needs_input_grad[1]:  # dW = g^T x: [N, M] @ [M, K]
             dw = torch._scaled_mm(gq.t().contiguous(), _col_major(xq), scale_a=sg, scale_b=sx,
                                   out_dtype=torch.float32).to(ctx.w_dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
@@ -130,9 +130,9 @@ class _Fp8RowwiseLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        xq, sx = quantize_rows(x)  # [N, K], [N, 1]
-        wq, sw = quantize_rows(weight)  # [M, K], [M, 1]: one scale per output feature
-        y = _scaled_mm_rowwise(xq, wq.t(), sx, sw.t())  # [N, M]
+        xq, sx = quantize_rows(x)  # [M, K], [M, 1]
+        wq, sw = quantize_rows(weight)  # [N, K], [N, 1]: one scale per output feature
+        y = _scaled_mm_rowwise(xq, wq.t(), sx, sw.t())  # [M, N]
         if bias is not None:
             y = y + bias.to(y.dtype)
         ctx.save_for_backward(x, weight)
@@ -143,9 +143,9 @@ class _Fp8RowwiseLinearFunction(torch.autograd.Function):
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:  # dx = g W: [N, M] @ [M, K], W scaled per column (per input feature)
+        if ctx.needs_input_grad[0]:  # dx = g W: [M, N] @ [N, K], W scaled per column (per input feature)
             gq, sg = quantize_rows(grad)
-            wtq, swt = quantize_rows(weight.t())  # [K, M]: rows are W's columns
+            wtq, swt = quantize_rows(weight.t())  # [K, N]: rows are W's columns
             dx = _scaled_mm_rowwise(gq, wtq.t(), sg, swt.t()).to(x.dtype)
         if ctx.needs_input_grad[1]:  # dW = g^T x in 16 bits, accumulated in fp32 by the GEMM
             dw = torch.mm(grad.t().to(torch.bfloat16), x.to(torch.bfloat16)).to(weight.dtype)
@@ -155,8 +155,8 @@ class _Fp8RowwiseLinearFunction(torch.autograd.Function):
 
 
 def fp8_rowwise_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear`` with its forward and input-gradient GEMMs in FP8 (rowwise scales); ``x`` [N, K] with N, K
-    and the output width multiples of 16; returns bf16 [N, M].
+    """``F.linear`` with its forward and input-gradient GEMMs in FP8 (rowwise scales); ``x`` [M, K] with M, K
+    and the output width multiples of 16; returns bf16 [M, N].
 
     >>> device = "cuda" if torch.cuda.is_available() else "cpu"
     >>> fp8_rowwise_linear(torch.randn(16, 32, device=device), torch.randn(16, 32, device=device)).shape
@@ -170,10 +170,10 @@ class Fp8RowwiseLinear(nn.Linear):
 
     Args:
         in_features: K, a multiple of 16.
-        out_features: M, a multiple of 16.
-        bias: as ``nn.Linear``.
+        out_features: N, a multiple of 16.
+        bias, device, dtype: as ``nn.Linear``.
 
-    Shapes: ``[N, K]``, N a multiple of 16 -> ``[N, M]`` in bf16.
+    Shapes: ``[M, K]``, M a multiple of 16 -> ``[M, N]`` in bf16.
 
     Example:
         >>> device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -198,10 +198,10 @@ class Fp8Linear(nn.Linear):
 
     Args:
         in_features: K, a multiple of 16.
-        out_features: M, a multiple of 16.
-        bias: as ``nn.Linear``.
+        out_features: N, a multiple of 16.
+        bias, device, dtype: as ``nn.Linear``.
 
-    Shapes: ``[N, K]`` with N a multiple of 16 (fp32 or bf16) -> ``[N, M]`` in bf16.
+    Shapes: ``[M, K]`` with M a multiple of 16 (fp32 or bf16) -> ``[M, N]`` in bf16.
 
     Example:
         >>> layer = Fp8Linear(32, 16)
@@ -223,7 +223,17 @@ class Fp8Linear(nn.Linear):
 
 def fp8_mlp(module: nn.Module) -> nn.Module:
     """A deep copy of ``module`` with every ``nn.Linear`` whose both widths are multiples of 16
-    replaced by an `Fp8Linear` holding the same parameters, frozen ones frozen (the others stay as they are)."""
+    replaced by an `Fp8Linear` holding the same parameters, frozen ones frozen (the others stay as they are).
+
+    Args:
+        module: any module (not modified).
+
+    Example:
+        >>> mlp = nn.Sequential(nn.Linear(13, 32), nn.ReLU(), nn.Linear(32, 16), nn.Linear(16, 1))
+        >>> fp8 = fp8_mlp(mlp)
+        >>> [type(m).__name__ for m in fp8], torch.equal(fp8[2].weight, mlp[2].weight), fp8[2].weight is mlp[2].weight
+        (['Linear', 'ReLU', 'Fp8Linear', 'Linear'], True, False)
+    """
     out = copy.deepcopy(module)
     for name, child in list(out.named_modules()):
         for attr, layer in list(child.named_children()):

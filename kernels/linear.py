@@ -424,12 +424,22 @@ def linear_act(
     activation: str = "none",
     allow_tf32: Optional[bool] = None,
 ) -> Tensor:
-    """``act(x @ weight^T + bias)``.
-
-    x: [..., K] (any strides for 2-D input; other ranks are flattened to [M, K]); weight: [N, K];
-    bias: [N] or None; returns [..., N] in x's dtype (under CUDA autocast: the autocast dtype, as
+    """``act(x @ weight^T + bias)``: returns [..., N] in x's dtype (under CUDA autocast: the autocast dtype, as
     nn.Linear). Differentiable in x, weight and bias.
-    `allow_tf32`: None follows ``torch.backends.cuda.matmul``; ignored for non-fp32 and on the CPU.
+
+    Args:
+        x: [..., K] (any strides for 2-D input; other ranks are flattened to [M, K]).
+        weight: [N, K].
+        bias: [N] or None.
+        activation: one of `kernels.activations.ACTIVATIONS`, applied in the GEMM's epilogue.
+        allow_tf32: None follows ``torch.backends.cuda.matmul``; ignored for non-fp32 and on the CPU.
+
+    Example (on the CPU the kernel runs in Triton's interpreter, TRITON_INTERPRET=1):
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> x, w, b = torch.randn(4, 6, device=device), torch.randn(3, 6, device=device), torch.randn(3, device=device)
+        >>> y = linear_act(x, w, b, "relu", allow_tf32=False)
+        >>> y.shape, torch.allclose(y, torch.relu(x @ w.T + b), atol=1e-5)
+        (torch.Size([4, 3]), True)
     """
     check_activation(activation)
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:

@@ -430,7 +430,22 @@ def fused_mlp(x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: list
     """``h_{i+1} = relu?(h_i @ W_i^T + b_i)`` for each layer (``relu[i]`` picks the activation),
     h_0 = x [B, K] (any strides); returns [B, widths[-1]] in x's dtype, or under CUDA autocast in the
     autocast dtype (as nn.Linear: the casts are recorded by autograd, fp32 parameters get fp32
-    gradients). Differentiable in x, every weight and every bias; one autograd node."""
+    gradients). Differentiable in x, every weight and every bias; one autograd node.
+
+    Args:
+        x: [B, K], the first layer's input.
+        weights: ``W_i`` [widths[i], width of its input] per layer.
+        biases: ``b_i`` [widths[i]] per layer.
+        relu: per layer, whether ReLU follows it.
+
+    Example (on the CPU the kernels run in Triton's interpreter, TRITON_INTERPRET=1):
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> x, w0, w1 = (torch.randn(*s, device=device) for s in ((4, 6), (3, 6), (2, 3)))
+        >>> b0, b1 = torch.randn(3, device=device), torch.randn(2, device=device)
+        >>> y = fused_mlp(x, [w0, w1], [b0, b1], [True, False])   # ReLU after layer 0 only
+        >>> y.shape, torch.allclose(y, torch.relu(x @ w0.T + b0) @ w1.T + b1, atol=1e-4)
+        (torch.Size([4, 2]), True)
+    """
     if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
         dt = torch.get_autocast_dtype("cuda")
         x = x.to(dt)

@@ -546,8 +546,23 @@ def tail_mlp(x: Tensor, weights: list[Tensor], biases: list[Tensor], relu: list[
     """``h_{l+1} = relu?(h_l @ W_l^T + b_l)`` for 1 to `MAX_LAYERS` layers of widths <= `MAX_WIDTH`
     (input included), h_0 = x [M, K_0] (any strides), in one kernel per direction; returns
     [M, N_{L-1}] in x's dtype, or under CUDA autocast the autocast dtype (as nn.Linear). One autograd
-    node, differentiable in x, every weight and every bias. `allow_tf32`: None follows
-    ``torch.backends.cuda.matmul`` (fp32 on CUDA only)."""
+    node, differentiable in x, every weight and every bias.
+
+    Args:
+        x: [M, K_0], the first layer's input.
+        weights: ``W_l`` [N_l, K_l] per layer (``K_{l+1} = N_l``).
+        biases: ``b_l`` [N_l] per layer.
+        relu: per layer, whether ReLU follows it.
+        allow_tf32: None follows ``torch.backends.cuda.matmul`` (fp32 on CUDA only).
+
+    Example (on the CPU the kernels run in Triton's interpreter, TRITON_INTERPRET=1):
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> x, w0, w1 = (torch.randn(*s, device=device) for s in ((4, 6), (3, 6), (1, 3)))
+        >>> b0, b1 = torch.randn(3, device=device), torch.randn(1, device=device)
+        >>> y = tail_mlp(x, [w0, w1], [b0, b1], [True, False], allow_tf32=False)
+        >>> y.shape, torch.allclose(y, torch.relu(x @ w0.T + b0) @ w1.T + b1, atol=1e-4)
+        (torch.Size([4, 1]), True)
+    """
     if x.device.type == "cuda" and torch.is_autocast_enabled("cuda"):
         dt = torch.get_autocast_dtype("cuda")
         x = x.to(dt)

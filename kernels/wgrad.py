@@ -288,6 +288,8 @@ def linear_wgrad(
     out: the layer's ReLU output y (the mask is ``y > 0``), or None for no activation.
     weight_dtype / bias_dtype: the gradients' dtypes (default grad's); sums are fp32 either way.
     splits: slices of the batch (None: `heuristics.pick_wgrad_launch` picks them from the shape).
+    input_precision: "ieee" or "tf32", the dots' precision for fp32 operands on the GPU (16-bit operands and
+    the interpreter use "ieee"); anything else is a ValueError.
 
     Example (on CUDA, or on the CPU under ``TRITON_INTERPRET=1`` as the tests run it):
         >>> device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -499,7 +501,7 @@ class LinearReLUWgrad(nn.Linear):
     backward. Same parameters, state_dict keys and init as nn.Linear.
 
     Args:
-        in_features, out_features, bias: as ``nn.Linear``.
+        in_features, out_features, bias, device, dtype: as ``nn.Linear``.
         activation: ``"relu"`` or ``"none"``.
 
     Example:

@@ -151,6 +151,8 @@ class DenseArch(nn.Module):
         in_features: number of dense features (13).
         widths: layer widths, the last equal to D for the dot interaction.
         activation: activation name (applied after every layer, as in the reference DLRM).
+        linear_cls, dropout: passed to the layer chain (as `MLP`'s: a Triton layer class, dropout
+            between layers).
         mlp_cls: the layer chain's class (`MLP`, or `kernels.mlp.FusedMLP`: same parameters).
         input_multiple: zero columns are appended to the input up to a multiple of this
             (``model.bottom_mlp_input_multiple``; the first layer's weight is that wide).
@@ -419,6 +421,8 @@ class OverArch(nn.Module):
         in_features: the interaction's output width.
         widths: layer widths, the last equal to 1.
         activation: activation between layers.
+        linear_cls, dropout: passed to the layer chain (as `MLP`'s: a Triton layer class, dropout
+            between layers).
         mlp_cls: the layer chain's class (`MLP`, or `kernels.mlp.FusedMLP`: same parameters).
         init: the layers' initialisation, as `DenseArch`'s.
         fan_in: the inputs that are not zero padding (``model.top_mlp_input_multiple`` pads the

@@ -46,7 +46,7 @@ class DLRM(nn.Module):
         >>> model(torch.randn(4, 13), torch.randint(0, 100, (4, 26))).shape
         torch.Size([4])
 
-    Shapes: dense [B, 13], raw sparse int64 [B, F] (multi-hot: [B, L] slots) -> logits [B].
+    Shapes: dense [B, 13], raw sparse int64 [B, F] (multi-hot: [B, L], L = sum of the features' hotness) -> logits [B].
     """
 
     def __init__(self, dense_arch: nn.Module, sparse_arch: nn.Module, interaction_arch: nn.Module, over_arch: nn.Module):
@@ -115,15 +115,32 @@ def build_model(
     """Build a DLRM on `device`, with eager or Triton parts as `kernels` asks (logged unless `log_kernels` is False:
     a model that is not the run's, such as an export's PyTorch copy, whose line would read as the run's kernels).
 
-    `sparse_arch`: a function that builds the SparseArch instead (a distributed run's sharded one,
-    see `dlrm.train.builder`); it is called where this function would build its own, so the
-    parameters draw from the RNG in the same order as in a one-process run.
-    `compiled`: the training step will run under torch.compile (``train.compile.enabled``). The torch
-    embedding is then `FusedUpdateSparseArch` (the optimizer in its backward, static shapes: compiled
-    with the step) instead of `SparseArch`, whose sparse COO gradient keeps it out of the graph. Eager
-    runs keep `SparseArch` (the reference): on the CPU (B=2048, F=26, D=16, row-wise Adagrad, one
-    thread) its embedding step took 8.5 ms, the fused update's 16 ms eager and 7.3 ms compiled
-    (SGD: 4.9 ms COO eager, 1.5 ms fused compiled).
+    Args:
+        cfg: the model section of the config (``embedding_dim`` is D; MLP widths, interaction, ...).
+        cardinalities: table size per feature (F ints).
+        vocabs: for vocabulary hashing, each feature's sorted vocabulary (as `SparseArch`); None: modulus.
+        kernels: torch or Triton per component (default: all torch).
+        device: where the parameters are created (directly: no pass through host memory).
+        sparse_arch: a function that builds the SparseArch instead (a distributed run's sharded one,
+            see `dlrm.train.builder`); it is called where this function would build its own, so the
+            parameters draw from the RNG in the same order as in a one-process run.
+        compiled: the training step will run under torch.compile (``train.compile.enabled``). The torch
+            embedding is then `FusedUpdateSparseArch` (the optimizer in its backward, static shapes: compiled
+            with the step) instead of `SparseArch`, whose sparse COO gradient keeps it out of the graph. Eager
+            runs keep `SparseArch` (the reference): on the CPU (B=2048, F=26, D=16, row-wise Adagrad, one
+            thread) its embedding step took 8.5 ms, the fused update's 16 ms eager and 7.3 ms compiled
+            (SGD: 4.9 ms COO eager, 1.5 ms fused compiled).
+        multi_hot_sizes: values per sample of each feature (``hotness``); any other than 1 gives the
+            sum-pooled multi-hot SparseArch, whose input is [B, L] with ``L = sum(multi_hot_sizes)``.
+        log_kernels: log the ``kernels: ...`` line.
+
+    Example:
+        >>> cfg = ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1])
+        >>> model = build_model(cfg, [10, 20, 30], multi_hot_sizes=[2, 1, 1], log_kernels=False)
+        >>> type(model.sparse_arch).__name__, model(torch.randn(5, 13), torch.randint(0, 99, (5, 4))).shape
+        ('PooledSparseArch', torch.Size([5]))
+
+    Shapes: the returned `DLRM`'s: dense [B, 13], raw sparse int64 [B, F] (multi-hot: [B, L]) -> logits [B].
     """
     kernels = kernels or KernelsConfig()
     choices = {k: getattr(kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
@@ -241,7 +258,22 @@ def _pooled_sparse_arch(cfg: ModelConfig, cardinalities: list[int], vocabs, kern
 
 
 def build_loss(kernels: Optional[KernelsConfig] = None):
-    """Mean BCE-with-logits: logits [B], labels [B] -> scalar (torch or the fused Triton kernel)."""
+    """Mean BCE-with-logits: logits [B], labels [B] -> scalar (torch or the fused Triton kernel).
+
+    Args:
+        kernels: ``kernels.loss == "triton"`` picks `kernels.loss.bce_with_logits`; None or "torch":
+            ``F.binary_cross_entropy_with_logits``.
+
+    Example:
+        >>> logits, labels = torch.tensor([-2.0, 0.0, 3.0]), torch.tensor([0.0, 1.0, 1.0])
+        >>> round(float(build_loss()(logits, labels)), 4)   # mean of log(1 + e^-2), log 2, log(1 + e^-3)
+        0.2896
+        >>> triton_loss = build_loss(KernelsConfig(loss="triton"))(logits, labels)
+        >>> torch.allclose(triton_loss, build_loss()(logits, labels))
+        True
+
+    Shapes: logits [B], labels [B] -> 0-dim loss.
+    """
     if kernels is not None and kernels.loss == "triton":
         from kernels.loss import bce_with_logits
 

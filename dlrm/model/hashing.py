@@ -33,6 +33,10 @@ def modulus_rows(raw: torch.Tensor, cardinalities: torch.Tensor, offsets: torch.
         offsets: int64 [F] first row of each table in the shared weight.
     Returns:
         int64 [B, F] rows into the shared weight.
+
+    Example:
+        >>> modulus_rows(torch.tensor([[0, 2], [-1, 7]]), torch.tensor([5, 3]), torch.tensor([0, 5])).tolist()
+        [[1, 5], [0, 7]]
     """
     return torch.remainder(raw + 1, cardinalities) + offsets
 
@@ -44,9 +48,17 @@ def keyed_vocabulary(vocabs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Te
     hashes do; ValueError otherwise): then each feature's keys stay inside its own ``2**33``-wide range
     and the array stays sorted.
 
+    Args:
+        vocabs: F int64 tensors, each feature's vocabulary (V values in all).
+
     Returns:
         keys: int64 [V] with ``keys = value + feature * 2**33``, sorted.
         vocab_offsets: int64 [F + 1], start of each feature's vocabulary in `keys`.
+
+    Example:
+        >>> keys, vocab_offsets = keyed_vocabulary([torch.tensor([10, 20]), torch.tensor([5])])
+        >>> (keys - torch.tensor([0, 0, 2**33])).tolist(), vocab_offsets.tolist()
+        ([10, 20, 5], [0, 2, 3])
     """
     for f, v in enumerate(vocabs):
         # `vocabulary_rows`' searchsorted is only exact on sorted, unique keys: an unsorted or repeated vocabulary put
@@ -78,6 +90,12 @@ def vocabulary_rows(
         features: int64 [C], the feature of each column (multi-hot slots); None: column c is feature c.
     Returns:
         int64 [B, C] rows into the shared weight.
+
+    Example:
+        >>> keys, vocab_offsets = keyed_vocabulary([torch.tensor([10, 20]), torch.tensor([5])])   # tables of 3, 2 rows
+        >>> raw = torch.tensor([[20, 5], [7, -1]])   # 7 is not in feature 0's vocabulary; -1: missing
+        >>> vocabulary_rows(raw, keys, vocab_offsets, torch.tensor([0, 3])).tolist()
+        [[2, 4], [0, 3]]
     """
     if features is None:
         features = torch.arange(raw.shape[1], device=raw.device, dtype=torch.int64)

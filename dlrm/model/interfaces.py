@@ -28,6 +28,14 @@ class SparseArchInterface(Protocol):
             must call it together, with the global batch size.
         fused_optimizer: the backward applies the sparse optimizer itself; the arch then has
             ``use_fused_update(config)`` and ``weight`` gets no gradient.
+
+    Example:
+        >>> from dlrm.model.archs import SparseArch
+        >>> arch = SparseArch([10, 20], 4)
+        >>> isinstance(arch, SparseArchInterface), arch.compilable, arch(torch.tensor([[1, 2]])).shape
+        (True, False, torch.Size([1, 2, 4]))
+
+    Shapes: raw int64 [B, F] -> [B, F, D].
     """
 
     # `weight` is required too but not a protocol member: a module keeps it in `_parameters`, where

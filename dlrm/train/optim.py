@@ -21,6 +21,23 @@ class RowWiseAdagrad(torch.optim.Optimizer):
     For each row r the batch touched, with g_r its summed gradient:
     ``state[r] += mean(g_r ** 2)``; ``w[r] -= lr * g_r / (sqrt(state[r]) + eps)``.
     One float per row instead of D (as in FBGEMM's and TorchRec's row-wise Adagrad).
+
+    Args:
+        params: the embedding weights ([R, D] each; sparse COO or dense gradients).
+        lr: learning rate.
+        eps: added to the root of the row's accumulated mean square.
+
+    Example:
+        >>> w = torch.nn.Parameter(torch.ones(3, 2))
+        >>> opt = RowWiseAdagrad([w], lr=0.5)
+        >>> nn.functional.embedding(torch.tensor([0, 0, 2]), w, sparse=True).sum().backward()
+        >>> opt.step()   # row 0: g = 2, sum 4, w -= 0.5 * 2 / 2; row 2: g = 1, sum 1; row 1 untouched
+        >>> w.detach(), opt.state[w]["sum"]
+        (tensor([[0.5000, 0.5000],
+                [1.0000, 1.0000],
+                [0.5000, 0.5000]]), tensor([4., 0., 1.]))
+
+    Shapes: state ``sum`` [R] (fp32, or the weight's dtype if wider) for a weight [R, D].
     """
 
     def __init__(self, params, lr: float = 0.01, eps: float = 1e-8) -> None:
@@ -121,6 +138,19 @@ class FusedSparseOptimizer(torch.optim.Optimizer):
         lr, eps: as for the eager optimizers.
         deterministic: bitwise reproducible updates where rows repeat in a batch.
         weight_decay: lazy L2 on the rows a batch touches, as `decay_touched_rows_` (in the kernel).
+
+    Example (on the CPU the kernels run in Triton's interpreter, TRITON_INTERPRET=1):
+        >>> from kernels.embedding import TritonSparseEmbedding
+        >>> emb = TritonSparseEmbedding([4, 3], dim=2)   # rows 0-3: feature 0, rows 4-6: feature 1
+        >>> opt = FusedSparseOptimizer(emb, "rowwise_adagrad", lr=0.5, eps=1e-8, deterministic=True)
+        >>> before = emb.weight.detach().clone()
+        >>> emb(torch.tensor([[1, 0]])).sum().backward()   # rows 2 and 5; the backward updates them
+        >>> opt.step()   # nothing left to do
+        >>> emb.weight.grad, (emb.weight.detach() - before)[[2, 5]], opt.state_dict()["state"][0]["sum"]
+        (None, tensor([[-0.5000, -0.5000],
+                [-0.5000, -0.5000]]), tensor([0., 0., 1., 0., 0., 1., 0.]))
+
+    Shapes: state ``sum`` fp32 [R] (rowwise_adagrad), [R, D] (adagrad) or none (sgd) for the [R, D] weight.
     """
 
     def __init__(self, embedding: nn.Module, name: str, lr: float, eps: float, deterministic: bool,
@@ -183,6 +213,20 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig, deterministic: bool = F
     A sparse arch whose backward applies the optimizer (``fused_optimizer``, see
     `dlrm.model.interfaces.SparseArchInterface`) gets a
     :class:`FusedSparseOptimizer`: its update runs inside the embedding's backward.
+
+    Args:
+        model: a DLRM (``model.sparse_arch.weight`` goes to the sparse optimizer, every other
+            parameter to the dense one).
+        cfg: the ``optim`` section (``dense`` and ``sparse``; ``schedule`` is `build_schedulers`').
+        deterministic: bitwise reproducible fused sparse updates (``train.deterministic``).
+
+    Example:
+        >>> from dlrm.config import ModelConfig
+        >>> from dlrm.model.dlrm import build_model
+        >>> model = build_model(ModelConfig(embedding_dim=4, bottom_mlp=[4], top_mlp=[1]), [5, 5], log_kernels=False)
+        >>> dense, sparse = build_optimizers(model, OptimConfig())
+        >>> type(dense).__name__, type(sparse).__name__, sparse.param_groups[0]["params"][0] is model.sparse_arch.weight
+        ('Adam', 'RowWiseAdagrad', True)
     """
     sparse_params = [model.sparse_arch.weight]
     sparse_ids = {id(p) for p in sparse_params}
@@ -307,7 +351,24 @@ def lr_multiplier(step: int, cfg: ScheduleConfig, total_steps: int) -> float:
 
 def build_schedulers(optimizers, cfg: ScheduleConfig, total_steps: int) -> list[torch.optim.lr_scheduler.LambdaLR]:
     """One LambdaLR per optimizer following `lr_multiplier`; none when the multiplier is always 1
-    (no warm-up, no decay): stepping a constant schedule costs host time every step for nothing."""
+    (no warm-up, no decay): stepping a constant schedule costs host time every step for nothing.
+
+    Args:
+        optimizers: the run's optimizers (`build_optimizers`).
+        cfg: ``optim.schedule``.
+        total_steps: the run's length (a decay without ``decay_steps`` runs to it).
+
+    Example:
+        >>> opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+        >>> [sched] = build_schedulers([opt], ScheduleConfig(warmup_steps=4), total_steps=10)
+        >>> lrs = [opt.param_groups[0]["lr"]]   # step s of the warm-up: (s + 1) / 4
+        >>> for _ in range(3):
+        ...     opt.step(); sched.step(); lrs.append(opt.param_groups[0]["lr"])
+        >>> lrs
+        [0.25, 0.5, 0.75, 1.0]
+        >>> build_schedulers([opt], ScheduleConfig(), total_steps=10)   # a constant multiplier: no scheduler
+        []
+    """
     if cfg.warmup_steps == 0 and cfg.decay == "none":
         return []
     # accepted, and then without effect in this run: said (a decay that never starts trained at the full rate)

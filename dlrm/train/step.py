@@ -197,6 +197,25 @@ class TrainStep:
             ``model.forward_from_embeddings`` (a distributed run passes the DDP wrapper of those parts).
 
     Calling it with a `Batch` returns the loss as a detached 0-dim device tensor (no host sync).
+
+    Example:
+        >>> from dlrm.config import ModelConfig, OptimConfig
+        >>> from dlrm.model.dlrm import build_loss, build_model
+        >>> from dlrm.train.optim import build_optimizers
+        >>> model = build_model(ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1]), [10] * 3,
+        ...                     log_kernels=False)
+        >>> batch = Batch(torch.randn(6, 13), torch.randint(0, 50, (6, 3)), torch.tensor([0.0, 1.0] * 3))
+        >>> step = TrainStep(model, build_loss(), build_optimizers(model, OptimConfig()), "fp32", torch.device("cpu"),
+        ...                  CompileConfig(enabled=False))
+        >>> expected = build_loss()(model(batch.dense, batch.sparse), batch.labels)
+        >>> table = model.sparse_arch.weight.detach().clone()
+        >>> loss = step(batch)   # forward, backward, both optimizers stepped
+        >>> loss.shape, loss.requires_grad, torch.allclose(loss, expected)
+        (torch.Size([]), False, True)
+        >>> torch.equal(model.sparse_arch.weight, table), model.sparse_arch.weight.grad
+        (False, None)
+
+    Shapes: a `Batch` (dense [B, 13], sparse [B, F] or multi-hot [B, L], labels [B]) -> 0-dim loss.
     """
 
     def __init__(self, model: DLRM, loss_fn, optimizers, precision: str, device: torch.device, compile_cfg: CompileConfig,
@@ -279,6 +298,25 @@ class EvalForward:
 
     A compiled evaluation pads the last partial batch to the full eval batch size so its
     shape never changes (no recompile), and drops the padded rows from the result.
+
+    Args:
+        model: the DLRM (uncompiled).
+        precision: "fp32" or "bf16" (autocast).
+        device: the model's device.
+        compile_cfg: torch.compile settings (``enabled``: compiled, partial batches padded).
+        batch_size: the evaluation batch size, which a compiled evaluation pads partial batches to.
+        dense_forward: ``(dense, embeddings) -> logits``, as `TrainStep`'s (the sharded lookup's runs).
+
+    Example:
+        >>> from dlrm.config import ModelConfig
+        >>> from dlrm.model.dlrm import build_model
+        >>> model = build_model(ModelConfig(embedding_dim=4, bottom_mlp=[4], top_mlp=[1]), [10] * 3, log_kernels=False)
+        >>> batch = Batch(torch.randn(5, 13), torch.randint(0, 50, (5, 3)), torch.zeros(5))
+        >>> logits = EvalForward(model, "fp32", torch.device("cpu"), CompileConfig(enabled=False), batch_size=8)(batch)
+        >>> logits.shape, logits.requires_grad, torch.equal(logits, model(batch.dense, batch.sparse))
+        (torch.Size([5]), False, True)
+
+    Shapes: a `Batch` of B rows -> fp32 logits [B].
     """
 
     def __init__(self, model: DLRM, precision: str, device: torch.device, compile_cfg: CompileConfig, batch_size: int,

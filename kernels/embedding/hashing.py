@@ -216,7 +216,23 @@ def hash_rows(
 ) -> Tensor:
     """Global table rows of ``raw`` [B, F] (Triton kernel): ``[B, F]`` int64.
 
-    Modulus mode when ``vocab`` is None, otherwise vocabulary mode (``vocab`` [sum V_f] int64, each
-    feature's segment sorted ascending and unique; ``vocab_offsets`` [F + 1] int64).
+    Args:
+        raw: int64 [B, F] raw values (-1: missing, which lands on each table's row 0).
+        cardinalities, offsets: int64 [F] table sizes and first rows (`kernels.table_layout.layout_tensors`).
+        vocab, vocab_offsets: None for modulus mode, ``offsets[f] + (raw + 1) mod cardinalities[f]``; else
+            vocabulary mode, ``vocab`` [sum V_f] int64 (each feature's segment sorted ascending and unique)
+            and ``vocab_offsets`` [F + 1] int64, each feature's segment.
+
+    Example (on the CPU the kernel runs in Triton's interpreter, TRITON_INTERPRET=1):
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> cards, offs = torch.tensor([5, 3], device=device), torch.tensor([0, 5], device=device)
+        >>> raw = torch.tensor([[0, 2], [-1, 7]], device=device)   # -1: missing
+        >>> hash_rows(raw, cards, offs).tolist()   # offset + (raw + 1) mod rows
+        [[1, 5], [0, 7]]
+        >>> vocab, vocab_offsets = torch.tensor([10, 20, 5], device=device), torch.tensor([0, 2, 3], device=device)
+        >>> raw = torch.tensor([[20, 5], [7, -1]], device=device)   # feature 0's vocabulary: 10, 20; feature 1's: 5
+        >>> hash_rows(raw, torch.tensor([3, 2], device=device), torch.tensor([0, 3], device=device), vocab,
+        ...           vocab_offsets).tolist()   # offset + 1 + position in the vocabulary; offset: not in it
+        [[2, 4], [0, 3]]
     """
     return torch.ops.dlrm_kernels.hash_rows(raw, cardinalities, offsets, vocab, vocab_offsets)

@@ -273,6 +273,23 @@ def embedding_lookup(
     rounded to nearest even), one launch for all features.
 
     Differentiable w.r.t. ``weight`` with an ordinary dense ``[R, D]`` gradient (in weight's dtype).
+
+    Args:
+        raw: int64 [B, F] raw values.
+        weight: [R, D], every feature's table (fp32 or bf16).
+        cardinalities, offsets, vocab, vocab_offsets: the hashing, as :func:`kernels.embedding.hash_rows`'.
+        out_dtype: None or the weight's dtype, or bf16 from fp32 weights (ValueError otherwise).
+
+    Example (on the CPU the kernel runs in Triton's interpreter, TRITON_INTERPRET=1):
+        >>> device = "cuda" if torch.cuda.is_available() else "cpu"
+        >>> weight = torch.arange(16.0, device=device).reshape(8, 2).requires_grad_()   # R = 8 rows, D = 2
+        >>> cards, offs = torch.tensor([5, 3], device=device), torch.tensor([0, 5], device=device)
+        >>> out = embedding_lookup(torch.tensor([[0, 2], [-1, 7]], device=device), weight, cards, offs)
+        >>> out.shape, torch.equal(out, weight[torch.tensor([[1, 5], [0, 7]], device=device)])   # rows as hash_rows
+        (torch.Size([2, 2, 2]), True)
+        >>> out.sum().backward()
+        >>> weight.grad[:, 0].tolist()   # dense [R, D] gradient: one per lookup of each row
+        [1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0]
     """
     return torch.ops.dlrm_kernels.embedding_lookup(raw, weight, cardinalities, offsets, vocab, vocab_offsets,
                                                    out_dtype)[0]

@@ -67,6 +67,7 @@ class TritonSparseEmbedding(FusedUpdateSwitch, nn.Module):
         dim: embedding dim ``D``.
         vocabs: None (modulus hashing) or ``F`` 1-D int64 tensors of sorted, unique raw values (the
             eager ``SparseArch``'s argument name; ``vocab=`` is accepted as an alias).
+        device, dtype: of the weight (fp32 or bf16; initialised in place on ``device``).
         autocast_output: under bf16 autocast (on the weight's device), fp32 tables emit their rows in
             bf16, rounded to nearest even -- exactly what the model's cast to the compute dtype would
             make of the fp32 output, with half the bytes written, read by the next kernel, and read back
