@@ -251,6 +251,12 @@ class DeviceLoader:
         for i in range(self.start_batch, len(self)):
             lo, hi = i * self.batch_size, min((i + 1) * self.batch_size, self.num_rows)
             a, b, pad = rank_rows(lo, hi, self.rank, self.world_size, self.pad_ranks)
-            idx = order[a:b] if order is not None else slice(a, b)
-            yield Batch(self.dense[idx], _widen(self.sparse[idx], self._multi_hot), self.labels[idx],
-                        hi - lo if self.world_size > 1 else None, pad)
+            if order is None:
+                dense, sparse, labels = self.dense[a:b], self.sparse[a:b], self.labels[a:b]
+            else:
+                # index_select, as the streamed loader's buffers (`_Resident.take`): ``t[rows]`` is advanced indexing
+                # (aten.index), the heavier path: on a 2-core CPU a batch's 3 gathers of 256 random rows took 164-192 us
+                # that way, 49-71 us this way; on CUDA its host set-up is paid every step a graphed step waits for
+                rows = order[a:b]
+                dense, sparse, labels = (t.index_select(0, rows) for t in (self.dense, self.sparse, self.labels))
+            yield Batch(dense, _widen(sparse, self._multi_hot), labels, hi - lo if self.world_size > 1 else None, pad)

@@ -106,20 +106,33 @@ class LossWindow:
         # has no upper bound, and a run that logs only at its end sets it beyond its length (one float32 a step of it
         # up front: 4 GB of device memory at 1e9, and at 1e12 a run stopped before its first step as "out of memory").
         self.capacity = capacity
-        self.buf = torch.zeros(min(capacity, _FIRST_SLOTS), device=device)
+        self._hold(torch.zeros(min(capacity, _FIRST_SLOTS), device=device))
         self.n, self.first_step = 0, first_step
+
+    def _hold(self, buf: torch.Tensor) -> None:
+        """Keep the losses in `buf`, with a view of each of its first `_FIRST_SLOTS` slots made now, in one call: made
+        by `add` as ``buf[n]``, each step's view was a select op of its own (host time of every step, which a
+        CUDA-graphed step waits for). At most that many (unbind made 1024 in ~1 ms on a 2-core CPU, once a buffer): a
+        window of millions of steps would hold as many tensors."""
+        self.buf = buf
+        self._slots = buf[:_FIRST_SLOTS].unbind()
 
     def _reserve(self, n: int) -> None:
         """Room for `n` losses (at most `capacity`; a copy of the ones held, no host sync)."""
         if n > self.buf.numel():
             grown = torch.zeros(min(self.capacity, max(n, 2 * self.buf.numel())), device=self.buf.device)
             grown[: self.n].copy_(self.buf[: self.n])
-            self.buf = grown
+            self._hold(grown)
 
     def add(self, loss: torch.Tensor) -> None:
-        self._reserve(self.n + 1)
-        self.buf[self.n].copy_(loss)  # a view of one slot: one copy, in stream order with the step
-        self.n += 1
+        n = self.n
+        if n < len(self._slots):  # (within the buffer: no room to make)
+            slot = self._slots[n]
+        else:
+            self._reserve(n + 1)
+            slot = self.buf[n]
+        slot.copy_(loss)  # a view of one slot: one copy, in stream order with the step
+        self.n = n + 1
 
     def total(self) -> torch.Tensor:
         """Sum of the window's losses (0-dim device tensor)."""
@@ -127,9 +140,12 @@ class LossWindow:
 
     def first_nonfinite_step(self) -> torch.Tensor:
         """The step of the window's first NaN/Inf loss, or -1 (0-dim int64 device tensor)."""
-        bad = ~torch.isfinite(self.buf[: self.n])
-        first = bad.to(torch.int64).argmax() + self.first_step + 1 if self.n else torch.zeros((), dtype=torch.int64,
-                                                                                              device=self.buf.device)
+        # x * 0 is 0 for every finite x (and -0.0 for a negative one, equal to 0), NaN for NaN and +-Inf (IEEE 754):
+        # two kernels, where ``~torch.isfinite(x)`` is five (isfinite is composite: abs, !=, ==, *; then the not).
+        # Launched at every logging step, and the step number added as one number (it was two adds)
+        bad = (self.buf[: self.n] * 0).ne(0)
+        first = bad.to(torch.int64).argmax() + (self.first_step + 1) if self.n else torch.zeros((), dtype=torch.int64,
+                                                                                                device=self.buf.device)
         return torch.where(bad.any(), first, torch.full_like(first, -1))
 
     def reset(self, step: int) -> None:
