@@ -2,8 +2,9 @@
 
 ``data.placement: "gpu"``: the split is read once, row group by row group, transformed and
 copied into preallocated device tensors; every epoch then draws a permutation on the device
-and each batch is a gather by a slice of it. The host does no per-batch work beyond launching
-those gathers, and nothing syncs. Criteo Kaggle (45.8M rows) takes about 7.3 GB this way:
+and each batch is a gather by a slice of it (`GatheredBatch`: gathered when first read, or inside a
+CUDA-graphed step's graph). The host does no per-batch work beyond launching those gathers, and
+nothing syncs. Criteo Kaggle (45.8M rows) takes about 7.3 GB this way:
 
     dense   float32 [N, 13]  log1p(max(x, 0)), transformed once      52 B/row
     sparse  int32   [N, 26]  the 32-bit hash's bit pattern           104 B/row
@@ -29,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from dlrm.data.batch import GatheredBatch, ResidentSplit
 from dlrm.data.loader import (
     Batch,
     NullTally,
@@ -248,15 +250,13 @@ class DeviceLoader:
     def __iter__(self) -> Iterator[Batch]:
         # unshuffled: contiguous row ranges, cut as views (no gather launches per batch)
         order = self._order() if self.shuffle else None
+        split = ResidentSplit(self.dense, self.sparse, self.labels, self._multi_hot)
         for i in range(self.start_batch, len(self)):
             lo, hi = i * self.batch_size, min((i + 1) * self.batch_size, self.num_rows)
             a, b, pad = rank_rows(lo, hi, self.rank, self.world_size, self.pad_ranks)
+            global_size = hi - lo if self.world_size > 1 else None
             if order is None:
-                dense, sparse, labels = self.dense[a:b], self.sparse[a:b], self.labels[a:b]
+                yield Batch(self.dense[a:b], _widen(self.sparse[a:b], self._multi_hot), self.labels[a:b], global_size, pad)
             else:
-                # index_select, as the streamed loader's buffers (`_Resident.take`): ``t[rows]`` is advanced indexing
-                # (aten.index), the heavier path: on a 2-core CPU a batch's 3 gathers of 256 random rows took 164-192 us
-                # that way, 49-71 us this way; on CUDA its host set-up is paid every step a graphed step waits for
-                rows = order[a:b]
-                dense, sparse, labels = (t.index_select(0, rows) for t in (self.dense, self.sparse, self.labels))
-            yield Batch(dense, _widen(sparse, self._multi_hot), labels, hi - lo if self.world_size > 1 else None, pad)
+                # rows of the split, gathered when read: a CUDA-graphed step gathers them inside its graph
+                yield GatheredBatch(split, order[a:b], global_size, pad)

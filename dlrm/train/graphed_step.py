@@ -6,7 +6,9 @@ the optimizer's launches, the learning-rate copies. At small batches that host t
 (benchmarks/results/profile_timeline_kaggle_b128_*.md: ~2.8 ms of host per step, profiled, for
 0.18 ms of device work). Here forward, loss, backward (with the Triton embedding's fused sparse
 update inside it) and the dense optimizer are captured once; every later step is three input
-copies, the learning-rate copies and one graph launch, as in NVIDIA's DLRM.
+copies, the learning-rate copies and one graph launch, as in NVIDIA's DLRM. A shuffled batch of a
+device-resident split (`GatheredBatch`, ``data.placement`` "gpu") has its gathers captured too: its
+step is one copy of the batch's row indices, the learning-rate copies and the graph launch.
 
 What it needs (``dlrm.config.validate`` and :func:`graph_train_step` check it): CUDA; an embedding
 without sparse gradients (``kernels.embedding = "triton"``, or "torch" compiled, which is then
@@ -28,12 +30,10 @@ the choice depends on the global batch size only, which all ranks share.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from loguru import logger
 
-from dlrm.data.loader import Batch
+from dlrm.data.batch import Batch, GatheredBatch, ResidentSplit
 from dlrm.distributed.data_parallel import capture_stream
 from dlrm.logging_setup import run_logger
 from dlrm.train.meter import WARMUP_STEPS
@@ -73,6 +73,10 @@ class GraphedTrainStep:
         self.batch_size: int | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static: Batch | None = None
+        # a GatheredBatch's split: the graph holds the batch's gathers from it, its input then `static_rows` alone
+        self.gather_source: ResidentSplit | None = None
+        self.static_rows: torch.Tensor | None = None
+        self.warned_other_source = False
         self.static_loss: torch.Tensor | None = None
         self.stream = capture_stream(step.device)
         self.lr_tensors: list[tuple[dict, torch.Tensor]] = []  # (dense param group, the lr the graph reads)
@@ -98,14 +102,31 @@ class GraphedTrainStep:
         if self.warmup_left > 0:
             self.warmup_left -= 1
             return self._side_stream_step(batch)
+        if self.graph is not None and self.gather_source is not None and not self._reads_gather_source(batch):
+            return self.step(batch)  # rows of another split than the captured gathers read: the ordinary step
         self.step.load_lrs()
         self._load_dense_lrs()
         if self.graph is None:
             return self._capture(batch)
-        for static, new in zip((self.static.dense, self.static.sparse, self.static.labels), (batch.dense, batch.sparse, batch.labels)):
-            static.copy_(new, non_blocking=True)
+        if self.gather_source is not None:
+            self.static_rows.copy_(batch.rows, non_blocking=True)  # the graph gathers the batch itself
+        else:
+            for static, new in zip((self.static.dense, self.static.sparse, self.static.labels),
+                                   (batch.dense, batch.sparse, batch.labels)):
+                static.copy_(new, non_blocking=True)
         self.graph.replay()
         return self.static_loss
+
+    def _reads_gather_source(self, batch: Batch) -> bool:
+        """Whether `batch` is rows of the split whose gathers the graph holds (`GatheredBatch`): always so in a run,
+        whose training loader is one; anything else is trained by the ordinary step, once said."""
+        if isinstance(batch, GatheredBatch) and batch.source.holds_same_tensors(self.gather_source):
+            return True
+        if not self.warned_other_source:
+            self.warned_other_source = True
+            run_logger.warning("train.cuda_graph: a batch not from the split the graph gathers from: trained by "
+                               "the ordinary step (and any such batch after it)")
+        return False
 
     def _side_stream_step(self, batch: Batch) -> torch.Tensor:
         """An ordinary step on the side stream (warm-up work must not run on the default stream)."""
@@ -138,15 +159,21 @@ class GraphedTrainStep:
     def _capture(self, batch: Batch) -> torch.Tensor:
         """Capture one step on static copies of `batch`, then replay it: that runs this batch's step
         (a capture records kernels without running them)."""
-        self.static = dataclasses.replace(batch, dense=batch.dense.clone(), sparse=batch.sparse.clone(),
-                                          labels=batch.labels.clone())  # fmt: skip
+        if isinstance(batch, GatheredBatch):  # the gathers and the widening go into the graph, its input the rows
+            self.gather_source, self.static_rows = batch.source, batch.rows.clone()
+        else:
+            self.static = Batch(batch.dense.clone(), batch.sparse.clone(), batch.labels.clone(), batch.global_size,
+                                batch.pad)
         for opt in self.step.optimizers:
             opt.zero_grad(set_to_none=True)  # the backward allocates the gradients from the graph's pool
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=self.stream):
+            if self.gather_source is not None:
+                self.static = GatheredBatch(self.gather_source, self.static_rows, batch.global_size, batch.pad)
             self.static_loss = self.step.run(self.static)
         self.graph = graph
-        logger.info(f"train.cuda_graph: captured the training step at batch size {self.batch_size}")
+        gathers = " with the batch's gathers from the device-resident split" if self.gather_source is not None else ""
+        logger.info(f"train.cuda_graph: captured the training step{gathers} at batch size {self.batch_size}")
         graph.replay()
         return self.static_loss
 
