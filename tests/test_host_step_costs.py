@@ -193,14 +193,43 @@ def test_the_data_wait_timer_records_in_the_current_stream_without_a_device_look
     timer = DataWaitTimer(torch.device("cuda"))
     calls = []
     real = torch.cuda.is_available
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: calls.append(1) or real())
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        batch, waited = timer.fetch(lambda: "batch")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: calls.append(1) or real())
+        batch, waited = timer.fetch(lambda: "batch")  # (only the fetch counted: entering a stream context asks too)
+        monkeypatch.setattr(torch.cuda, "is_available", real)
     assert (batch, waited) == ("batch", 0.0) and calls == []
     import time
 
     monkeypatch.setattr("dlrm.train.meter.BLOCKED_FETCH_S", 0.0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: calls.append(1) or real())
     timer.fetch(lambda: time.sleep(0.01))
+    monkeypatch.setattr(torch.cuda, "is_available", real)
     torch.cuda.synchronize()
     assert calls == [] and 0.005 < timer.take() < 5.0
+
+
+def test_the_host_step_benchmark_times_each_call_of_a_real_run(tmp_path):
+    """`benchmarks/host_step_costs.py` on the sample (one short run on the CPU): every per-step call the loop makes is
+    timed once a step, the window's calls once a logging window, the tables and plot written; a bad --runs is one
+    line and exit 2, before anything runs."""
+    import csv
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = str(REPO / "benchmarks" / "host_step_costs.py")
+    done = subprocess.run([sys.executable, script, "--runs", "1", "--out", str(tmp_path), "--name", "h", "--",
+                           "--max-steps", "40"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {r["call"]: r for r in csv.DictReader(open(tmp_path / "h.csv"))}
+    for call, calls in (("ordinary step", 40), ("meter step", 40), ("load_lrs", 40), ("fetch", 40)):
+        assert int(rows[call]["calls"]) == calls and float(rows[call]["mean_us"]) > 0, call
+    assert int(rows["scheduler step"]["calls"]) == 2 * 40 + 2  # two schedulers, each also stepped once when built
+    assert int(rows["queue window"]["calls"]) == 2  # log_every 20 over 40 steps
+    assert float(rows["fetch"]["interval_median_us"]) > 0 and float(rows["fetch"]["samples_per_s"]) > 0
+    assert "| run | interval median us |" in (tmp_path / "h.md").read_text() and (tmp_path / "h.png").stat().st_size
+    bad = subprocess.run([sys.executable, script, "--runs", "0", "--out", str(tmp_path / "x")], capture_output=True,
+                         text=True, cwd=REPO, timeout=120)
+    assert bad.returncode == 2 and "--runs: 0 must be at least 1" in bad.stderr and not (tmp_path / "x").exists()
