@@ -216,3 +216,28 @@ def test_graphed_gathers_train_exactly_like_the_ordinary_step(kernels, compiled,
     torch.testing.assert_close(torch.tensor(graphed_losses), torch.tensor(plain_losses), rtol=1e-5, atol=1e-6)
     for (name, a), b in zip(plain.model.state_dict().items(), run.model.state_dict().values()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_an_ordinary_steps_gathers_are_its_data_range_under_the_profiler():
+    """Not gathered by the loader any more, a batch's gathers run in the step: under a profiler they are in a range
+    named "data" (--profile's step breakdown row for the loader's work), not counted with the model's or as "other";
+    a batch already gathered opens no such range."""
+    from tests.test_graphed_step import SAMPLE, make_run
+
+    cfg = load_config(SAMPLE, {"train.cuda_graph": False, "train.compile": False})
+    run = make_run(cfg, torch.device("cpu"), cuda_graph=False)
+    split = split_of(64)
+    counts = {}
+    for pre_gathered in (False, True):
+        batch = GatheredBatch(split, torch.arange(10, 20))
+        if pre_gathered:
+            batch.gather()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            run.train_step(batch)
+        events = prof.events()
+        data = [e.time_range for e in events if e.name == "data"]
+        gathers = [e.time_range for e in events if e.name == "aten::index_select"]
+        counts[pre_gathered] = len(gathers)  # (the model's own lookups may use index_select too)
+        in_data = [g for g in gathers if any(d.start <= g.start and g.end <= d.end for d in data)]
+        assert (len(data), len(in_data)) == ((0, 0) if pre_gathered else (1, 3)), pre_gathered
+    assert counts[False] == counts[True] + 3

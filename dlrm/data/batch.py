@@ -122,6 +122,11 @@ class GatheredBatch(Batch):
         """Whether the tensors have been gathered (read)."""
         return self._tensors is not None
 
+    def gather(self) -> "GatheredBatch":
+        """Gather the tensors now (if not yet): a step names this its "data" range for --profile. Returns self."""
+        self._take()
+        return self
+
     def _take(self) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self._tensors is None:
             self._tensors = self.source.take(self.rows)

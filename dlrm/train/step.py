@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import torch
 
 from dlrm.config import CompileConfig
+from dlrm.data.batch import GatheredBatch
 from dlrm.data.loader import Batch
 from dlrm.logging_setup import run_logger
 from dlrm.model.dlrm import DLRM, named_range
@@ -268,6 +269,9 @@ class TrainStep:
         """The step without `load_lrs` (what GraphedTrainStep captures)."""
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be reused
+        if isinstance(batch, GatheredBatch) and not batch.gathered:
+            with named_range("data"):  # the batch's gathers (`GatheredBatch`), the loader's work: --profile's "data" row
+                batch.gather()
         if self.embedding_in_graph:
             loss = self._loss(batch.dense, batch.sparse, batch.labels)
         else:
