@@ -120,7 +120,7 @@ def summarize(raw: dict) -> tuple[dict, list[dict]]:
     return loop, rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  epilog="arguments after -- go to train.py (after --config)")
     ap.add_argument("--config", default="configs/sample.json", help="train.py's --config")
@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--name", default="host_step_costs")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     add_overwrite(ap)
-    args, rest = ap.parse_known_args()
+    args, rest = ap.parse_known_args(argv)
     rest = rest[1:] if rest[:1] == ["--"] else rest
     if args.child:
         return child(args.child, rest)

@@ -110,7 +110,8 @@ TAKEN = {
     "cross_layer": "cross_layer.png", "cross_tma_probe": "cross_tma_probe.csv", "cross_ws_head_probe":
     "cross_ws_head_probe.md", "cross_ws_probe": "cross_ws_probe.md", "cublaslt_drelu_probe": "cublaslt_drelu_probe.csv",
     "fp8_dense_probe": "fp8_dense_probe_kernels.md", "gemm_layout_probe": "gemm_layout_probe.png",
-    "gluon_mutants": "mutants.csv", "kernels": "interaction_dot.png", "loader_throughput": "n.csv",
+    "gluon_mutants": "mutants.csv", "host_step_costs": "host_step_costs.csv", "kernels": "interaction_dot.png",
+    "loader_throughput": "n.csv",
     "loader_training": "loader_training_b65536.md", "mask_bias_launches": "mask_bias_launches.md", "mlp": "mlp.csv",
     "mlperf_dcnv2": "mlperf_dcnv2.png", "onehot_embedding_sweep": "onehot_embedding_sweep.md",
     "pooled_embedding": "pooled_embedding.md", "pooled_update_sweep": "pooled_update_sweep_run.csv",

@@ -54,13 +54,16 @@ def fake_cuda_events(monkeypatch, clock):
         def __init__(self, enable_timing=False):
             self.t = None
 
-        def record(self):
+        def record(self, stream=None):
             self.t = clock.t
 
         def elapsed_time(self, end):
             return (end.t - self.t) * 1e3
 
     monkeypatch.setattr(meter_mod.torch.cuda, "Event", Event)
+    # the timer records in the current stream of its device, named by index: no device here, so a stand-in stream
+    monkeypatch.setattr(meter_mod.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(meter_mod.torch.cuda, "current_stream", lambda device=None: None)
 
 
 def cuda_timed_meter(monkeypatch, clock, warmup_steps):
