@@ -8,8 +8,8 @@ step or by the graph's device time, whichever is longer; this says which, and wh
 child process that wraps the loop's per-step calls (the step, the schedulers, the meter, the batch's fetch, the
 logging window's calls, ...) with ``time.perf_counter`` and then runs ``train.py`` with the given arguments
 (evaluations and the baseline off unless the arguments turn them on; the run's directory is a temporary one). Per run
-and call it reports calls a step, the median and mean microseconds a call (over the last four fifths of the run:
-past the warm-up and the capture) and microseconds a step (mean x calls a step), and the loop's step-to-step
+and call it reports calls a step, the median and mean microseconds a call (over the calls made in the last four
+fifths of the run's steps: past the warm-up and the capture) and microseconds a step (mean x calls a step), and the loop's step-to-step
 interval: its median is the host's own pace, its mean the run's (a mean far above the median is the host waiting
 for the device). The wrappers cost ~0.3 us a call. Writes ``NAME.csv`` (a row a run and call), ``NAME.md`` and
 ``NAME.png`` (microseconds a step by call, a bar a run).
@@ -48,7 +48,7 @@ CALLS = [
     ("dlrm.train.trainer.Trainer._queue_window", "queue window"),
     ("torch.utils.tensorboard.writer.SummaryWriter.add_scalar", "add_scalar"),
 ]
-KEYS = ["run", "call", "calls", "calls_per_step", "median_us", "mean_us", "us_per_step", "interval_median_us",
+KEYS = ["run", "call", "calls", "later_calls", "calls_per_step", "median_us", "mean_us", "us_per_step", "interval_median_us",
         "interval_mean_us", "samples_per_s"]
 
 
@@ -68,7 +68,7 @@ def _owner(path: str):
 
 def child(result: Path, train_args: list[str]) -> None:
     """Wrap `CALLS`, run train.py with `train_args` in this process, write the timings to `result`."""
-    durations: dict[str, list[float]] = {}
+    durations: dict[str, list[tuple[float, float]]] = {}  # label -> (start, seconds) a call
     for path, label in CALLS:
         owner, name = _owner(path)
         fn, record = getattr(owner, name), durations.setdefault(label, [])
@@ -78,7 +78,7 @@ def child(result: Path, train_args: list[str]) -> None:
             try:
                 return _fn(*a, **k)
             finally:
-                _record.append(time.perf_counter() - t)
+                _record.append((t, time.perf_counter() - t))
 
         setattr(owner, name, timed)
     meter = importlib.import_module("dlrm.train.meter")
@@ -101,9 +101,14 @@ def child(result: Path, train_args: list[str]) -> None:
 
 
 def summarize(raw: dict) -> tuple[dict, list[dict]]:
-    """The loop's interval and each call's row, over the last four fifths of the run."""
+    """The loop's interval and each call's row, over the calls made in the last four fifths of the run's steps.
+
+    Cut by time, not by each call's own count: a call made only in the warm-up (on CUDA the ordinary step, which
+    warms up and captures the graph) has no later calls, rather than a tail of compile-long warm-up calls counted as
+    if spread over every step."""
     n, stamps = raw["steps"], raw["stamps"]
     later = stamps[n // 5:]
+    cut = stamps[n // 5 - 1] if n >= 5 else float("-inf")  # the end of the first fifth's last step
     gaps = [b - a for a, b in zip(later, later[1:])]
     loop = {"interval_median_us": statistics.median(gaps) * 1e6 if gaps else float("nan"),
             "interval_mean_us": statistics.fmean(gaps) * 1e6 if gaps else float("nan")}
@@ -111,12 +116,12 @@ def summarize(raw: dict) -> tuple[dict, list[dict]]:
     for label, d in raw["durations"].items():
         if not d:
             continue
-        tail = d[len(d) // 5:]
-        per_step = len(d) / max(n, 1)
-        mean = statistics.fmean(tail) * 1e6
-        rows.append({"call": label, "calls": len(d), "calls_per_step": round(per_step, 3),
-                     "median_us": round(statistics.median(tail) * 1e6, 2), "mean_us": round(mean, 2),
-                     "us_per_step": round(mean * per_step, 2)})
+        tail = [seconds for start, seconds in d if start >= cut]
+        per_step = len(tail) / max(n - n // 5, 1)
+        mean = statistics.fmean(tail) * 1e6 if tail else float("nan")
+        rows.append({"call": label, "calls": len(d), "later_calls": len(tail), "calls_per_step": round(per_step, 3),
+                     "median_us": round(statistics.median(tail) * 1e6, 2) if tail else float("nan"),
+                     "mean_us": round(mean, 2), "us_per_step": round(mean * per_step, 2) if tail else 0.0})
     return loop, rows
 
 
@@ -161,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append({"run": r, **row, **loop, "samples_per_s": summary.get("samples_per_sec")})
             table.append(md_row([r, f"{loop['interval_median_us']:.0f}", f"{loop['interval_mean_us']:.0f}",
                                  f"{summary.get('samples_per_sec') or float('nan'):,.0f}"]
-                                + [f"{c['us_per_step']:.1f}" for c in calls]))
+                                + [f"{c['us_per_step']:.1f}" if c["later_calls"] else "-" for c in calls]))
             header = ["run", "interval median us", "interval mean us", "samples/s"] + [c["call"] for c in calls]
             print(f"run {r}: step interval median {loop['interval_median_us']:.0f} us, mean "
                   f"{loop['interval_mean_us']:.0f} us; " + ", ".join(f"{c['call']} {c['us_per_step']:.1f}"
@@ -171,7 +176,9 @@ def main(argv: list[str] | None = None) -> None:
     cmd = f"python benchmarks/host_step_costs.py --config {args.config} --runs {args.runs} " + " ".join(["--", *rest])
     text = markdown(f"Host time a training step: {args.config}", [
         env_line(env), f"`{cmd}`",
-        "Per call: mean microseconds a call times calls a step (the last four fifths of each run). Interval: the "
+        "Per call: mean microseconds a call times calls a step, over the calls made in the last four fifths of each "
+        "run's steps (`-`: none then, e.g. a graphed run's ordinary step, which only warms up and captures). "
+        "Interval: the "
         "loop's time from one step to the next; its median is the host's pace, its mean the run's (far above the "
         "median: the host waited for the device, inside `read window` or the step's launch)."],
         [md_row(header), md_row(["---"] * len(header)), *table])

@@ -229,6 +229,7 @@ def test_the_host_step_benchmark_times_each_call_of_a_real_run(tmp_path):
     rows = {r["call"]: r for r in csv.DictReader(open(tmp_path / "h.csv"))}
     for call, calls in (("ordinary step", 40), ("meter step", 40), ("load_lrs", 40), ("fetch", 40)):
         assert int(rows[call]["calls"]) == calls and float(rows[call]["mean_us"]) > 0, call
+        assert int(rows[call]["later_calls"]) == 32, call  # those made after the first fifth of the 40 steps
     assert int(rows["scheduler step"]["calls"]) == 2 * 40 + 2  # two schedulers, each also stepped once when built
     assert int(rows["queue window"]["calls"]) == 2  # log_every 20 over 40 steps
     assert float(rows["fetch"]["interval_median_us"]) > 0 and float(rows["fetch"]["samples_per_s"]) > 0
@@ -236,3 +237,28 @@ def test_the_host_step_benchmark_times_each_call_of_a_real_run(tmp_path):
     bad = subprocess.run([sys.executable, script, "--runs", "0", "--out", str(tmp_path / "x")], capture_output=True,
                          text=True, cwd=REPO, timeout=120)
     assert bad.returncode == 2 and "--runs: 0 must be at least 1" in bad.stderr and not (tmp_path / "x").exists()
+
+
+def test_the_host_step_summary_cuts_by_time_and_leaves_a_warm_up_only_call_out():
+    """Calls are kept by when they were made (after the first fifth of the run's steps), not by their own count: a call
+    made only in the warm-up (a graphed run's ordinary step: seconds of compiling) has no later calls and costs the
+    steady step nothing, instead of its last calls spread over every step."""
+    from tests.test_benchmark_scripts import load_script
+
+    summarize = load_script("host_step_costs").summarize
+    stamps = [float(i + 1) for i in range(10)]  # step i ends at i + 1 s
+    raw = {"steps": 10, "stamps": stamps, "durations": {
+        "warm-up only": [(0.1, 3.0), (1.1, 2.0)],  # steps 1 and 2 (the first fifth)
+        "every step": [(i + 0.5, 1e-6 * (i + 1)) for i in range(10)],  # 1..10 us
+        "never": [],
+    }}
+    loop, rows = summarize(raw)
+    by = {r["call"]: r for r in rows}
+    assert set(by) == {"warm-up only", "every step"}
+    assert by["warm-up only"]["calls"] == 2 and by["warm-up only"]["later_calls"] == 0
+    assert by["warm-up only"]["us_per_step"] == 0.0 and by["warm-up only"]["mean_us"] != by["warm-up only"]["mean_us"]
+    every = by["every step"]
+    assert every["later_calls"] == 8 and every["calls_per_step"] == 1.0  # steps 3..10: 3..10 us
+    assert every["mean_us"] == pytest.approx(6.5) and every["median_us"] == pytest.approx(6.5)
+    assert every["us_per_step"] == pytest.approx(6.5)
+    assert loop["interval_median_us"] == pytest.approx(1e6) and loop["interval_mean_us"] == pytest.approx(1e6)
