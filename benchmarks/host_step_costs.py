@@ -9,8 +9,8 @@ child process that wraps the loop's per-step calls (the step, the schedulers, th
 logging window's calls, ...) with ``time.perf_counter`` and then runs ``train.py`` with the given arguments
 (evaluations and the baseline off unless the arguments turn them on; the run's directory is a temporary one). Per run
 and call it reports calls a step, the median and mean microseconds a call (over the calls made in the last four
-fifths of the run's steps: past the warm-up and the capture) and microseconds a step (mean x calls a step), and the loop's step-to-step
-interval: its median is the host's own pace, its mean the run's (a mean far above the median is the host waiting
+fifths of the run's steps: past the warm-up and the capture) and microseconds a step (mean x calls a step), and the
+loop's step-to-step interval: its median is the host's own pace, its mean the run's (a mean far above the median is the host waiting
 for the device). The wrappers cost ~0.3 us a call. Writes ``NAME.csv`` (a row a run and call), ``NAME.md`` and
 ``NAME.png`` (microseconds a step by call, a bar a run).
 """

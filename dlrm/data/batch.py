@@ -1,7 +1,8 @@
 """The batch the loaders deliver, and what both loaders share about batches.
 
-`Batch` (and `GatheredBatch`, a shuffled batch of a device-resident split whose gather can wait), how many batches an epoch has (`batches_per_epoch`, `keeps_last_batch`), which rows of
-a global batch a rank gets (`rank_slice`, `rank_rows`), and the transforms applied on the device once per
+`Batch` (and `GatheredBatch`, a shuffled batch of a device-resident split whose gather can wait),
+how many batches an epoch has (`batches_per_epoch`, `keeps_last_batch`), which rows of a global
+batch a rank gets (`rank_slice`, `rank_rows`), and the transforms applied on the device once per
 buffer: the dense counts' ``log1p(max(x, 0))`` (`transform_dense`) and the widening of sparse
 values that crossed the bus in their compact int32 form (`widen_sparse`).
 """
