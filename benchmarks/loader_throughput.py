@@ -172,7 +172,9 @@ def _epoch(loader, device) -> tuple[int, float]:
     t0 = time.perf_counter()
     n = 0
     for batch in loader:
-        n += len(batch)
+        # its rows counted by reading a tensor, as training reads them: a shuffled batch of the gpu placement
+        # (`GatheredBatch`) is gathered on its first read, so `len(batch)` timed the permutation's slices alone
+        n += batch.labels.shape[0]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return n, time.perf_counter() - t0

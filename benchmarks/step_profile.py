@@ -105,9 +105,14 @@ def dataset_batches(cfg, data_dir: Path, n: int, batch_size: int, device: torch.
     meta = read_metadata(data_dir)
     loader = make_loader(cfg, split_files(data_dir, meta, "train"), batch_size, device, train=True, placement="gpu",
                          multi_hot_sizes=meta.multi_hot_sizes, dense_format=meta.dense_format)
+    from dlrm.data.batch import Batch
+
     batches = []
     for batch in loader:
-        batches.append(batch)
+        # gathered here, once, as plain batches (the synthetic ones are): a shuffled batch of this loader gathers
+        # lazily (`GatheredBatch`), so a CUDA-graphed variant would replay its gathers every step while an ordinary
+        # one reused the tensors gathered at its first read, each variant timing a different step
+        batches.append(Batch(batch.dense, batch.sparse, batch.labels, batch.global_size, batch.pad))
         if len(batches) == n:
             break
     if len(batches) < n:

@@ -323,6 +323,7 @@ def test_step_profile_takes_batches_and_tables_of_a_dataset():
     """--data: the first batches of the dataset's train split as train.py's device-resident loader cuts them, with the
     dataset's tables; a split too small for them is refused naming the directory."""
     from dlrm.config import load_config
+    from dlrm.data.batch import Batch
     from dlrm.data.schema import read_metadata
 
     sp = load_script("step_profile")
@@ -332,6 +333,9 @@ def test_step_profile_takes_batches_and_tables_of_a_dataset():
     assert tables.cardinalities == read_metadata(sample).cardinalities and len(batches) == 3
     assert all(b.dense.shape == (64, 13) and b.sparse.shape == (64, 26) and b.labels.shape == (64,) for b in batches)
     assert not torch.equal(batches[0].sparse, batches[1].sparse)
+    # plain batches, gathered once: every variant times the same step (a lazily gathered batch would have a graphed
+    # variant replay the gathers and an ordinary one reuse them)
+    assert {type(b) for b in batches} == {Batch}
     with pytest.raises(SystemExit, match="sample: the train split holds"):
         sp.dataset_batches(cfg, sample, 8, 1 << 20, torch.device("cpu"))
 
