@@ -10,9 +10,9 @@ logging window's calls, ...) with ``time.perf_counter`` and then runs ``train.py
 (evaluations and the baseline off unless the arguments turn them on; the run's directory is a temporary one). Per run
 and call it reports calls a step, the median and mean microseconds a call (over the calls made in the last four
 fifths of the run's steps: past the warm-up and the capture) and microseconds a step (mean x calls a step), and the
-loop's step-to-step interval: its median is the host's own pace, its mean the run's (a mean far above the median is the host waiting
-for the device). The wrappers cost ~0.3 us a call. Writes ``NAME.csv`` (a row a run and call), ``NAME.md`` and
-``NAME.png`` (microseconds a step by call, a bar a run).
+loop's step-to-step interval: its median is the host's own pace, its mean the run's (a mean far above the median is
+the host waiting for the device). The wrappers cost ~0.3 us a call. Writes ``NAME.csv`` (a row a run and call),
+``NAME.md`` and ``NAME.png`` (microseconds a step by call, a bar a run).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ CALLS = [
     ("dlrm.train.trainer.Trainer._queue_window", "queue window"),
     ("torch.utils.tensorboard.writer.SummaryWriter.add_scalar", "add_scalar"),
 ]
-KEYS = ["run", "call", "calls", "later_calls", "calls_per_step", "median_us", "mean_us", "us_per_step", "interval_median_us",
-        "interval_mean_us", "samples_per_s"]
+KEYS = ["run", "call", "calls", "later_calls", "calls_per_step", "median_us", "mean_us", "us_per_step",
+        "interval_median_us", "interval_mean_us", "samples_per_s"]
 
 
 def _owner(path: str):
@@ -178,9 +178,8 @@ def main(argv: list[str] | None = None) -> None:
         env_line(env), f"`{cmd}`",
         "Per call: mean microseconds a call times calls a step, over the calls made in the last four fifths of each "
         "run's steps (`-`: none then, e.g. a graphed run's ordinary step, which only warms up and captures). "
-        "Interval: the "
-        "loop's time from one step to the next; its median is the host's pace, its mean the run's (far above the "
-        "median: the host waited for the device, inside `read window` or the step's launch)."],
+        "Interval: the loop's time from one step to the next; its median is the host's pace, its mean the run's (far "
+        "above the median: the host waited for the device, inside `read window` or the step's launch)."],
         [md_row(header), md_row(["---"] * len(header)), *table])
     (args.out / f"{args.name}.md").write_text(text)
     plt = pyplot()
