@@ -25,6 +25,20 @@ def files(root):
     return sorted(p.relative_to(root) for p in root.rglob("*.parquet"))
 
 
+SMALL_CHUNK = 1 << 12
+"""The chunk size of the in-process runs below (`small_chunks`): the property (the same bytes from any number of
+processes, chunk boundaries inside files) does not depend on it, the cost does (16x fewer rows than `CHUNK_ROWS` to
+make the same number of chunks)."""
+
+
+@pytest.fixture
+def small_chunks(monkeypatch) -> int:
+    """`synthetic_chunks.CHUNK_ROWS` set to `SMALL_CHUNK` for this test: `chunks` cuts its plan with it and hands each
+    chunk's row count to the pool's workers, so serial and pooled runs use the same chunks."""
+    monkeypatch.setattr(synthetic_chunks, "CHUNK_ROWS", SMALL_CHUNK)
+    return SMALL_CHUNK
+
+
 @pytest.fixture
 def pools(monkeypatch) -> list[int]:
     """The process count of every pool the chunks are computed in (a serial run makes none): a run that quietly
@@ -40,25 +54,27 @@ def pools(monkeypatch) -> list[int]:
     return made
 
 
-def test_workers_write_the_same_dataset(tmp_path, pools):
-    rows = 2 * CHUNK_ROWS + 1234  # three chunks, the last one short
-    one = synthetic.generate(tmp_path / "one", rows, seed=3, cardinalities="tiny", rows_per_file=50_000)
+def test_workers_write_the_same_dataset(tmp_path, pools, small_chunks):
+    rows = 2 * small_chunks + 1234  # three chunks, the last one short
+    # 3,000 rows a file (50,000 of 2 x 65,536 + 1,234 rows before): train still spans three files
+    one = synthetic.generate(tmp_path / "one", rows, seed=3, cardinalities="tiny", rows_per_file=3_000)
     assert pools == []
-    three = synthetic.generate(tmp_path / "three", rows, seed=3, cardinalities="tiny", rows_per_file=50_000,
+    three = synthetic.generate(tmp_path / "three", rows, seed=3, cardinalities="tiny", rows_per_file=3_000,
                                workers=3)
     assert pools == [3]
     assert one.cardinalities == three.cardinalities and one.splits == three.splits
     assert without_command({"extra": one.extra}) == without_command({"extra": three.extra})
-    assert files(tmp_path / "one") == files(tmp_path / "three") and len(files(tmp_path / "one")) >= 3
+    assert files(tmp_path / "one") == files(tmp_path / "three") and len(files(tmp_path / "one")) >= 5
+    assert len(one.splits["train"].files) == 3 and sum(s.rows for s in one.splits.values()) == rows
     for rel in files(tmp_path / "one"):
         a, b = pq.read_table(tmp_path / "one" / rel), pq.read_table(tmp_path / "three" / rel)
         assert a.equals(b), rel
 
 
 @pytest.mark.parametrize("layout", ["slots", "lists"])
-def test_workers_multi_hot_and_the_command_line(tmp_path, layout, pools):
+def test_workers_multi_hot_and_the_command_line(tmp_path, layout, pools, small_chunks):
     sizes = ",".join(["3", "1"] * 13)
-    args = ["--rows", str(CHUNK_ROWS + 10), "--cardinalities", "tiny", "--multi-hot-sizes", sizes,
+    args = ["--rows", str(small_chunks + 10), "--cardinalities", "tiny", "--multi-hot-sizes", sizes,
             "--multi-hot-fill", "variable", "--test-fraction", "0", "--sparse-layout", layout]
     for name, workers in (("serial", "1"), ("pool", "0")):
         res = CliRunner().invoke(synthetic.main, [*args, "--out", str(tmp_path / name), "--workers", workers])
@@ -74,18 +90,24 @@ def test_workers_multi_hot_and_the_command_line(tmp_path, layout, pools):
 
 
 class ExplodingTeacher(Teacher):
-    """A teacher whose probabilities fail in the third chunk (module level: the pool unpickles it)."""
+    """A teacher whose probabilities fail in the third chunk (module level: the pool unpickles it). The chunk size is
+    taken where it is made (this process, `small_chunks`) and pickled with it: a "spawn" worker imports the module's
+    own `CHUNK_ROWS`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chunk_rows = synthetic_chunks.CHUNK_ROWS
 
     def probability(self, dense, ids):
-        if len(ids) < CHUNK_ROWS:  # the last, short chunk
+        if len(ids) < self.chunk_rows:  # the last, short chunk
             raise ValueError("teacher failed in a worker")
         return super().probability(dense, ids)
 
 
-def test_a_failing_worker_leaves_no_partial_dataset(tmp_path, monkeypatch, pools):
+def test_a_failing_worker_leaves_no_partial_dataset(tmp_path, monkeypatch, pools, small_chunks):
     monkeypatch.setattr(synthetic, "Teacher", ExplodingTeacher)
     with pytest.raises(ValueError, match="teacher failed in a worker"):
-        synthetic.generate(tmp_path / "d", 2 * CHUNK_ROWS + 5, seed=1, cardinalities="tiny", workers=2)
+        synthetic.generate(tmp_path / "d", 2 * small_chunks + 5, seed=1, cardinalities="tiny", workers=2)
     assert pools == [2]  # the chunks, the failing one too, were computed in the pool
     assert list(tmp_path.iterdir()) == []  # neither the dataset nor its temporary sibling
 

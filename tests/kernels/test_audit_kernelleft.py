@@ -93,9 +93,11 @@ def _sharded_double_check(rank: int) -> None:
 # Triton"), and one GPU cannot host two NCCL ranks. CI (no GPU) runs it.
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU ranks need the Triton interpreter (no CUDA)")
 def test_sharded_arch_in_float64_combines_in_float64(tmp_path):
-    from tests.spawned_ranks import failures_on_ranks
+    # the two ranks started through sys.executable (the prewarmed interpreter), not torch.multiprocessing.spawn:
+    # tests/kernels/fastkern_ranks.py
+    from tests.kernels.fastkern_ranks import failures_on_ranks
 
-    failed = failures_on_ranks(_sharded_double_check, [()], 2, tmp_path)
+    failed = failures_on_ranks("tests.kernels.test_audit_kernelleft", "_sharded_double_check", 2, tmp_path)
     assert not failed, failed
 
 

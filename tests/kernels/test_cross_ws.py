@@ -63,18 +63,49 @@ COMPILED = [("pingpong", False, True), ("pingpong", True, False), ("coop", True,
 
 def compile_all() -> dict:
     """Every schedule, and each kernel with each value of its constexpr flags, compiled (run by `test_compiles_for_sm90`
-    in a child process)."""
+    in a child process, through `compile_all_modules`)."""
     from tests.kernels.gluon_compile import summary
 
     return {f"{s} x_is_x0={x} store_pre={p}": summary(_compile(s, x, p)) for s, x, p in COMPILED}
 
 
+# The test modules whose `compile_all` compiles the kernels of kernels/cross_ws*.py: `test_compiles_for_sm90` compiles
+# them all in one child process. One child for each module (until 2026-12-03) paid three times what a child pays before
+# its first kernel is compiled (importing torch and Triton, Triton's setup on its first compile): with an empty Triton
+# cache the three took 28 s under pytest, one child for all of them 16 s.
+GLUON_TEST_MODULES = (
+    "tests.kernels.test_cross_ws", "tests.kernels.test_cross_ws_bwd", "tests.kernels.test_cross_ws_head",
+)
+
+
+def compile_all_modules() -> dict:
+    """Each of GLUON_TEST_MODULES' `compile_all()`, by module (run by `test_compiles_for_sm90` in a child process).
+    Every module is imported before the first `compile_all` runs: that imports tests.conftest (through gluon_compile),
+    which sets TRITON_INTERPRET on a machine without CUDA, and a kernel module imported after that has its kernels
+    made interpreted functions, which Gluon's compiler refuses."""
+    import importlib
+
+    modules = [importlib.import_module(name) for name in GLUON_TEST_MODULES]
+    return {module.__name__: module.compile_all() for module in modules}
+
+
 def test_compiles_for_sm90():
+    """This module's kernels, and those of test_cross_ws_bwd.py and test_cross_ws_head.py (their `compile_all`, and
+    what their own `test_compiles_for_sm90` asserted until 2026-12-03), compiled in one child process
+    (GLUON_TEST_MODULES says why)."""
     from tests.kernels.gluon_compile import check, in_clean_process
 
-    results = in_clean_process("tests.kernels.test_cross_ws", "compile_all")
+    every = in_clean_process("tests.kernels.test_cross_ws", "compile_all_modules")
+    assert list(every) == list(GLUON_TEST_MODULES)
+    results = every["tests.kernels.test_cross_ws"]
     assert len(results) == len(COMPILED) and {name.split()[0] for name in results} == set(CONFIGS)
     check(results)
+    bwd = every["tests.kernels.test_cross_ws_bwd"]  # kernels/cross_ws_bwd.py: the coop kernel, LAST both ways
+    assert len(bwd) == 2
+    check(bwd)
+    head = every["tests.kernels.test_cross_ws_head"]  # kernels/cross_ws_head.py's kernel
+    assert len(head) == 1
+    check(head)
 
 
 def test_unknown_schedule_is_refused():
