@@ -26,7 +26,7 @@ from dlrm.distributed.merge import merge_to_file
 from dlrm.train import evaluator as evaluator_mod
 from dlrm.train.trainer import train
 from tests.conftest import make_dataset
-from tests.spawned_ranks import failures_on_ranks
+from tests.fastdist_ranks import failures_on_ranks
 
 CONFIG = {
     "data": {"batch_size": 8, "shuffle": True, "drop_last": False, "shuffle_buffer_rows": 40},

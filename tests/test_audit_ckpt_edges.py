@@ -29,7 +29,7 @@ from dlrm.config import ConfigError, load_config
 from dlrm.train import evaluator as evaluator_mod
 from dlrm.train.trainer import train
 from tests.conftest import CHILD_ENV, make_dataset
-from tests.spawned_ranks import failures_on_ranks
+from tests.fastdist_ranks import failures_on_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {
@@ -366,26 +366,16 @@ def _edge_worker(rank: int, init_file: str, root: str, cases: tuple, results) ->
 
 
 def _launch(root: Path, cases: tuple) -> dict:
-    """Two gloo ranks running `cases` (`_edge_worker`): {case: {rank: (error kind, message, errno, seconds)}}."""
-    import torch.multiprocessing as mp
+    """Two gloo ranks running `cases` (`_edge_worker`): {case: {rank: (error kind, message, errno, seconds)}}. The
+    ranks are `sys.executable` processes (`tests.fastdist_ranks`: the prewarmed interpreter's, no torch import)."""
+    from tests.fastdist_ranks import call_on_ranks
 
     root.mkdir(parents=True, exist_ok=True)
-    ctx = mp.get_context("spawn")
-    with mp.Manager() as manager:
-        results = manager.dict()
-        procs = [ctx.Process(target=_edge_worker, args=(r, str(root / "init"), str(root), cases, results))
-                 for r in range(2)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(len(cases) * EDGE_TIMEOUT_S + 40)
-        for p in procs:  # only the processes this test started
-            if p.is_alive():
-                p.kill()
-                p.join()
-        got: dict = {}
-        for (case, rank), result in dict(results).items():
-            got.setdefault(case, {})[rank] = result
+    results, _ = call_on_ranks(_edge_worker, (str(root / "init"), str(root), cases), 2, root,
+                               len(cases) * EDGE_TIMEOUT_S + 40)
+    got: dict = {}
+    for (case, rank), result in results.items():
+        got.setdefault(case, {})[rank] = result
     return got
 
 

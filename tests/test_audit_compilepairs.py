@@ -14,7 +14,7 @@ from dlrm.config import ConfigError, load_config
 from dlrm.logging_setup import configure_logging
 from dlrm.train.trainer import train
 from tests.conftest import REPO, make_dataset
-from tests.spawned_ranks import failures_on_ranks
+from tests.fastdist_ranks import failures_on_ranks
 
 SMALL = {"data.batch_size": 16, "model.embedding_dim": 4, "model.bottom_mlp": [8, 4], "model.top_mlp": [8, 1],
          "train.device": "cpu", "train.max_steps": 2, "train.log_every": 1, "train.baseline": False,

@@ -15,7 +15,7 @@ from dlrm.distributed.env import DistEnv
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
 from dlrm.model.archs import SparseArch
-from tests.spawned_ranks import failures_on_ranks
+from tests.fastdist_ranks import failures_on_ranks
 
 WORLD = 3
 

@@ -30,7 +30,7 @@ from dlrm.config import load_config
 from dlrm.distributed.merge import merge_to_file
 from dlrm.train.trainer import train
 from tests.conftest import make_dataset
-from tests.spawned_ranks import failures_on_ranks
+from tests.fastdist_ranks import failures_on_ranks
 
 # 100 train rows in global batches of 8: 13 steps an epoch (the last of 4 rows); on three ranks 3/3/2 rows a step,
 # the last 2/1/1. Logged every 4 steps.

@@ -261,6 +261,6 @@ def _relayed(rank: int) -> None:
 def test_a_failure_relayed_from_another_rank_is_said_as_it_was(tmp_path):
     """Two ranks' different errors are each said by its rank, naming it; a relayed one names its rank already (it read
     `rank 1: rank 0 could not ...`)."""
-    from tests.spawned_ranks import failures_on_ranks
+    from tests.fastdist_ranks import failures_on_ranks
 
     assert failures_on_ranks(_relayed, [()], world=2, tmp_path=tmp_path) == {}

@@ -44,7 +44,7 @@ from dlrm.train.builder import rounding_seed_start
 from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig, TritonPooledEmbedding, TritonSparseEmbedding
 from tests.conftest import process_output
 from tests.shared_once import computed_once
-from tests.spawned_ranks import failures_on_ranks
+from tests.fastdist_ranks import failures_on_ranks
 from tests.test_distributed import BASE, merged_state, run
 
 # Every case runs bf16 Triton tables on the CPU under the Triton interpreter (gloo ranks), also on the GPU machine

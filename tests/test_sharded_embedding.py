@@ -10,7 +10,7 @@ from dlrm.data.loader import rank_slice
 from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
 from dlrm.model.archs import SparseArch
-from tests.spawned_ranks import failures_on_ranks
+from tests.fastdist_ranks import failures_on_ranks
 
 WORLD = 3
 CARDS = [1, 2, 5, 11, 40, 7]  # F = 6 tables, some smaller than the world
