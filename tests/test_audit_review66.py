@@ -7,6 +7,7 @@ import json
 import os
 
 from dlrm.json_file import RECORD_LIMIT
+from tests.fastsweep_gc import frozen_heap  # noqa: F401 (autouse: gc.freeze() around each test)
 
 LOSS = "[1234567,0.4567891234567891]"  # one logged window of `train_losses`, as json writes it (without the indent)
 

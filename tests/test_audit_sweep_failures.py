@@ -16,6 +16,7 @@ from dlrm.errors import DatasetError, NonFiniteLoss, TrainingStopped
 from dlrm.logging_setup import configure_logging
 from dlrm.sweep import parse_set, run_sweep
 from tests.conftest import REPO
+from tests.fastsweep_gc import frozen_heap  # noqa: F401 (autouse: gc.freeze() around each test)
 from tests.test_sweep import BASE
 
 AUC = {(0.01, 0): 0.70, (0.01, 1): 0.72, (0.03, 0): 0.90, (0.03, 1): 0.91, (0.1, 0): 0.75, (0.1, 1): 0.77}

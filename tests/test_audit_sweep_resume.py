@@ -19,6 +19,7 @@ from dlrm.sweep import parse_set, run_sweep
 from dlrm.train.trainer import Trainer
 from dlrm.train.trainer import train as real_train
 from tests.conftest import make_dataset
+from tests.fastsweep_gc import frozen, frozen_heap  # noqa: F401 (autouse: gc.freeze() around each test)
 from tests.test_sweep import BASE
 
 SETS = ["optim.sparse.lr=0.01,0.1"]
@@ -40,7 +41,8 @@ def config(tmp_path_factory):
 def reference(config, tmp_path_factory):
     """The uninterrupted sweep's AUC per (setting, seed)."""
     tmp = tmp_path_factory.mktemp("reference")
-    directory, _ = run_sweep(str(config), [parse_set(s) for s in SETS], 2, tb_dir=str(tmp), run_name="ref")
+    with frozen():  # as around each test (tests/fastsweep_gc.py): this sweep runs before the autouse fixture starts
+        directory, _ = run_sweep(str(config), [parse_set(s) for s in SETS], 2, tb_dir=str(tmp), run_name="ref")
     return aucs(directory)
 
 

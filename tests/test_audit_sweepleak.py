@@ -22,6 +22,7 @@ from dlrm.model.dlrm import DLRM
 from dlrm.sweep import parse_set, run_sweep, slug
 from dlrm.train.trainer import train
 from tests.conftest import make_dataset
+from tests.fastsweep_gc import frozen_heap  # noqa: F401 (autouse: gc.freeze() around each test)
 from tests.test_sweep import BASE
 
 

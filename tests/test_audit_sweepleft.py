@@ -29,6 +29,7 @@ from dlrm.errors import NonFiniteLoss
 from dlrm.sweep import parse_set, run_sweep, slug
 from dlrm.sweep_results import SettingResult, _std, verdict
 from dlrm.sweep_resume import FAILED_MARK
+from tests.fastsweep_gc import frozen_heap  # noqa: F401 (autouse: gc.freeze() around each test)
 from tests.test_sweep import BASE
 
 AUC = {(0.01, 0): 0.70, (0.01, 1): 0.72, (0.03, 0): 0.90, (0.03, 1): 0.91}

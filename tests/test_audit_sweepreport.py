@@ -20,6 +20,7 @@ from dlrm.sweep_checks import check_datasets, check_same_configs
 from dlrm.train.reporting import session_hparams
 from dlrm.train.trainer import train
 from tests.conftest import REPO, make_dataset
+from tests.fastsweep_gc import frozen_heap  # noqa: F401 (autouse: gc.freeze() around each test)
 from tests.test_tensorboard_summaries import hparams_session_groups
 
 TINY = {

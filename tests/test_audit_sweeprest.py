@@ -28,6 +28,7 @@ from dlrm.config import ConfigError
 from dlrm.errors import NonFiniteLoss
 from dlrm.sweep import parse_set, run_sweep, slug
 from dlrm.sweep_results import SettingResult, Verdict, verdict
+from tests.fastsweep_gc import frozen_heap  # noqa: F401 (autouse: gc.freeze() around each test)
 from tests.test_sweep import BASE
 
 

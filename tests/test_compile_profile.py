@@ -12,6 +12,7 @@ from dlrm.train.compare import run_comparison
 from dlrm.train.profiling import trace_files
 from dlrm.train.trainer import train
 from tests.conftest import REPO, make_dataset
+from tests.fastsweep_gc import frozen_heap  # noqa: F401 (autouse: gc.freeze() around each test)
 
 RANGES = ["data", "SparseArch", "DenseArch", "InteractionArch", "OverArch", "loss", "backward", "optimizer"]
 

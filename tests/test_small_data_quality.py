@@ -32,6 +32,7 @@ from dlrm.train.baseline import run_baseline
 from dlrm.train.setup import dataset_tables
 from dlrm.train.trainer import train
 from tests.conftest import REPO, SHARED_CRITEO
+from tests.fastsweep_gc import frozen_heap  # noqa: F401 (autouse: gc.freeze() around each test)
 from tests.shared_once import computed_once
 
 SEEDS = (0, 1, 2)

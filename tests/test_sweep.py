@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dlrm.config import ConfigError
 from dlrm.sweep import SettingResult, grid, parse_set, run_sweep, split_values, verdict
 from tests.conftest import REPO, make_dataset
+from tests.fastsweep_gc import frozen_heap  # noqa: F401 (autouse: gc.freeze() around each test)
 
 
 def test_values_split_at_top_level_commas_only():
