@@ -482,9 +482,7 @@ def generate(
         recover_replaced(_settings(*args).out)  # (before the checks: a killed replace's old dataset comes back)
         s = _settings(*args)
         started = time.perf_counter()
-        # said first: the pilot costs what generating its rows does (~2 s one-hot, ~20 s at MLPerf's 214 values a row
-        # on a 2-core machine), before any progress bar
-        logger.info(f"tuning the teacher's bias on {PILOT_ROWS:,} pilot rows")
+        logger.info(f"tuning the teacher's bias on {PILOT_ROWS:,} pilot rows")  # ~2-20 s before any progress bar
         teacher = Teacher(s.seed, s.cards, multi_hot_sizes=s.multi_hot_sizes, multi_hot_fill=s.multi_hot_fill)
         logger.info(f"teacher bias {teacher.bias:.4f}; writing {s.rows} rows ({s.sizes}) to {s.out}")
 
