@@ -163,29 +163,35 @@ def test_row_group_rows_beyond_int64_is_one_line(tmp_path):
 # -- an --overwrite cut short while it removes the old dataset -----------------------------------------------
 
 
-def test_overwrite_interrupted_while_removing_the_old_dataset_leaves_no_complete_looking_dataset(tmp_path,
-                                                                                                  monkeypatch):
-    """--overwrite removes the old dataset after the count pass. A Ctrl-C after train/ was removed left
-    metadata.json, the mark of a complete dataset, listing shards that were gone; the next command without
-    --overwrite then refused the directory as "a complete dataset". metadata.json must go first."""
-    from dlrm.data.preprocess import output as pp_output
+def test_overwrite_interrupted_while_removing_the_old_dataset_leaves_the_new_one_whole(tmp_path, monkeypatch):
+    """--overwrite removed the old dataset after the count pass, and a Ctrl-C after train/ was removed left
+    metadata.json listing shards that were gone. Now the old dataset is set aside once the new one is complete and
+    swapped in (`dlrm.data.preprocess.replace`), and removed last: a Ctrl-C in that removal leaves the new dataset
+    whole, says so, and leaves nothing of the old one behind."""
+    from dlrm.data.preprocess import replace as pp_replace
 
     src = write_lines(tmp_path / "a.tsv", 14)
-    out = tmp_path / "ds"
+    new_src = write_lines(tmp_path / "b.tsv", 20)
+    out, reference = tmp_path / "ds", tmp_path / "reference"
     pp.preprocess([src], out, **FAST)
-    real_rmtree = pp_output.shutil.rmtree
+    pp.preprocess([new_src], reference, chunk_rows=5, **FAST)
+    real_rmtree = pp_replace.shutil.rmtree
+    interrupted = []
 
     def interrupted_rmtree(path, *a, **k):
         real_rmtree(path, *a, **k)
-        if Path(path).name == "train":
+        if Path(path).name == pp_replace.ASIDE and not interrupted:
+            interrupted.append(path)
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(pp_output.shutil, "rmtree", interrupted_rmtree)
-    with pytest.raises(KeyboardInterrupt):
-        pp.preprocess([src], out, overwrite=True, chunk_rows=5, **FAST)
-    monkeypatch.setattr(pp_output.shutil, "rmtree", real_rmtree)
-    assert not (out / "train").exists()
-    assert not (out / "metadata.json").exists()
+    monkeypatch.setattr(pp_replace.shutil, "rmtree", interrupted_rmtree)
+    with pytest.raises(pp.InterruptedWhenComplete):
+        pp.preprocess([new_src], out, overwrite=True, chunk_rows=5, **FAST)
+    monkeypatch.setattr(pp_replace.shutil, "rmtree", real_rmtree)
+    assert interrupted
+    files = {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert files == {str(p.relative_to(reference)): p.read_bytes() for p in sorted(reference.rglob("*"))
+                     if p.is_file()}
 
 
 # -- command-line options their mode ignores ---------------------------------------------------------------

@@ -38,6 +38,9 @@ hex digits (or, in a file that ends without a newline, a last value of fewer tha
 it, `cut_line`), empty file, corrupt gzip (a truncated stream keeps its complete lines in skip mode;
 damage inside the stream, where the decompressed bytes cannot be trusted, drops the whole file).
 
+Replacing (``--overwrite`` of a complete dataset): the new dataset is built in ``OUT/.preprocess-new/`` and swapped
+in once complete (`replace`), so a failure or a stop keeps the old one; the same command without --overwrite resumes.
+
 Resuming: the output directory holds ``_progress/`` while a run is unfinished: ``manifest.json``
 (options, input fingerprints and the count pass), ``done.jsonl`` (one line per finished chunk,
 appended after its shards were renamed into place) and ``stats.npz`` (a periodic checkpoint of the
@@ -67,6 +70,7 @@ Modules (this package re-exports the names other code uses)::
     schedule    running the chunks inline or in the pool; recording finished ones
     options     checks of options, inputs and output location (before anything is written)
     output      the output directory: refusal to clobber, manifest, progress, cleanup
+    replace     --overwrite of a complete dataset: staged beside it, swapped in whole, a stopped swap finished
     finish      vocabularies, metadata.json, the summary
     run         `preprocess`: the steps in order
     cli         ``python -m dlrm.preprocess``

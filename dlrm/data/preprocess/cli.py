@@ -67,7 +67,8 @@ def build_cli():
                   help="Worker processes [default: min(cores, 8)]; 1 runs in this process.")
     @click.option("--on-bad-line", type=click.Choice(["stop", "skip"]), default="stop", show_default=True,
                   help="stop: fail naming the first bad line; skip: drop bad lines, count them per reason.")
-    @click.option("--overwrite", is_flag=True, help="Replace a dataset or an unfinished run in --output.")
+    @click.option("--overwrite", is_flag=True, help="Replace a dataset or an unfinished run in --output (a complete "
+                  "dataset stays until the new one is complete).")
     @click.option("--checkpoint-interval", type=float, default=300.0, show_default=True,
                   help="Seconds between checkpoints of the table statistics (resuming re-reads the train shards "
                   "of chunks finished after the last one).")
@@ -164,6 +165,8 @@ def _run(inputs: list[Path], output: Path, kwargs: dict) -> None:
 
     from dlrm.stop_signal import StopAtOnce, interruption
 
+    # the command that resumes: this one, but without --overwrite, with which a run starts over
+    same = "the same command without --overwrite" if kwargs.get("overwrite") else "the same command"
     try:
         # SIGTERM raises as Ctrl-C does: its default action skipped the cleanup (a run that finished no chunk left
         # its progress records, which refused a corrected command) and left the worker processes running
@@ -172,8 +175,9 @@ def _run(inputs: list[Path], output: Path, kwargs: dict) -> None:
     except (PreprocessError, OSError) as e:  # bad input or options, a refused or full output: expected
         _fail(" ".join(str(e).split()))
     except (MemoryError, BrokenProcessPool):  # a worker killed by the kernel's OOM killer breaks the pool
-        _fail("out of memory (or a worker process was killed): run the same command with a smaller --chunk-rows "
-              "or fewer --workers; it resumes from the finished chunks", EXIT_OUT_OF_MEMORY)
+        # (--chunk-rows is one of the options a resumed run must keep: a smaller one starts over)
+        _fail(f"out of memory (or a worker process was killed): {same} with fewer --workers resumes from the finished "
+              "chunks; a smaller --chunk-rows starts over (with --overwrite)", EXIT_OUT_OF_MEMORY)
     except KeyboardInterrupt as e:  # Ctrl-C (130), or SIGTERM (`Terminated`: 143)
         code, what = interruption(e)
         how = "" if what == "Ctrl-C" else f" ({what})"  # Ctrl-C's lines as they always were
@@ -181,7 +185,7 @@ def _run(inputs: list[Path], output: Path, kwargs: dict) -> None:
             # still 130 (143), not 0: a script running this in a loop must stop; the line says no rerun is needed
             _fail(f"interrupted{how} after the dataset in {output} was complete (metadata.json written); it is "
                   "usable as it is", code)
-        _fail(f"interrupted{how}; the same command resumes from the finished chunks", code)
+        _fail(f"interrupted{how}; {same} resumes from the finished chunks", code)
     except Exception as e:
         _report_bug(e)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from dlrm.data.output_dirs import lock_name
 from dlrm.data.preprocess.constants import _OUTPUT_OPTIONS, PROGRESS_DIR, RECORDLESS_SPARSE_LAYOUT
 from dlrm.data.preprocess.errors import PreprocessError
+from dlrm.data.preprocess.replace import replacement_names
 from dlrm.data.preprocess.scan import FileScan
 from dlrm.data.schema import SPLITS
 from dlrm.json_file import read_json
@@ -27,7 +28,7 @@ def _remove_dataset(out: Path) -> None:
     metadata.json goes first: a removal cut short (Ctrl-C, a kill) must not leave it claiming a complete
     dataset whose shards are gone."""
     (out / "metadata.json").unlink(missing_ok=True)
-    for name in (*SPLITS, "vocab", PROGRESS_DIR):
+    for name in (*SPLITS, "vocab", PROGRESS_DIR, *replacement_names()):  # (a replacement's, left without its dataset)
         p = out / name
         if p.is_dir():
             shutil.rmtree(p)
@@ -36,14 +37,16 @@ def _remove_dataset(out: Path) -> None:
 def _check_output(out: Path, opts: dict, fingerprints: list[dict], overwrite: bool) -> dict | None:
     """Refuse to clobber a dataset or resume an incompatible run; returns the manifest to resume.
 
-    With ``overwrite`` nothing is refused and nothing is removed yet: the run removes the old
-    dataset only once its inputs have been counted (`_remove_dataset`), so that a run that fails
-    before that leaves it as it was.
+    With ``overwrite`` nothing is refused and nothing is removed yet: the run removes an unfinished
+    run only once its inputs have been counted (`_remove_dataset`), so that a run that fails
+    before that leaves it as it was; a complete dataset stays until the new one replaces it
+    (`dlrm.data.preprocess.replace`: then ``out`` is the staging directory).
     """
     if overwrite:
         return None
     if (out / "metadata.json").exists():
-        raise PreprocessError(f"{out} already holds a complete dataset (metadata.json); use --overwrite to replace it")
+        raise PreprocessError(f"{out} already holds a complete dataset (metadata.json); use --overwrite to replace it "
+                              "(it stays until the new one is complete)")
     manifest_path = out / PROGRESS_DIR / "manifest.json"
     if manifest_path.is_file():
         manifest = _read_manifest(manifest_path)
@@ -201,21 +204,22 @@ def _first_missing(path: Path) -> Path | None:
     return top
 
 
-def _after_failure(out: Path, created: Path | None, done: dict) -> None:
+def _after_failure(out: Path, created: Path | None, done: dict,
+                   resume: str = "run again with the same inputs and options") -> None:
     """A run that failed (bad input, an error, Ctrl-C) after it took over ``out``.
 
     With no chunk finished, remove what it created (the progress directory, unrecorded shards,
     the split directories, and ``out`` and its parents up to ``created`` if it made them), so that
     the corrected command starts afresh; otherwise keep the finished shards (complete and
-    recorded) so that a run with the same inputs resumes from them.
+    recorded) so that a run with the same inputs resumes from them; ``resume`` says how (`_Run.resume_advice`).
     """
     from loguru import logger
 
     if done:
         logger.warning(
-            "{} finished chunk(s) kept in {} (no metadata.json: not a dataset yet); run again with the same "
-            "inputs and options (or --on-bad-line skip) to resume, or with --overwrite to start over",
-            len(done), out,
+            "{} finished chunk(s) kept in {} (no metadata.json: not a dataset yet); {} (or --on-bad-line skip) to "
+            "resume, or with --overwrite to start over",
+            len(done), out, resume,
         )
         return
     shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)

@@ -34,6 +34,7 @@ from dlrm.data.preprocess.output import (
     _remove_dataset,
     _remove_temp_files,
 )
+from dlrm.data.preprocess.replace import STAGING, finish_replacement, stages_into, swap_committed
 from dlrm.data.preprocess.scan import FileScan, _count_pass
 from dlrm.data.preprocess.schedule import _run_inline, _run_pool, _RunState
 from dlrm.data.preprocess.splits import SplitPlan
@@ -93,7 +94,8 @@ def preprocess(
         workers: processes (default min(cpu count, 8)); 1 runs everything in this process.
         on_bad_line: "stop" raises `BadLineError` naming the first bad line; "skip" drops bad lines
             and counts them per reason in ``metadata.extra["bad_lines"]``.
-        overwrite: replace a complete dataset or an unfinished run in ``output``.
+        overwrite: replace a complete dataset or an unfinished run in ``output``. A complete dataset stays until
+            the new one is complete (built beside it, then swapped in: `dlrm.data.preprocess.replace`).
         checkpoint_interval: seconds between checkpoints of the table statistics (<= 0: every chunk).
         progress: show a tqdm bar.
         multi_hot_sizes: per categorical field the most values it holds ("mlperf", or 26
@@ -127,6 +129,11 @@ def preprocess(
     # one run of an output at a time: a second one resumed the first's unfinished run (or, --overwrite, removed it)
     # in the directory the first was still writing, which then finished a dataset of both runs' shards
     with output_lock(out, "--output", PreprocessError, inside_ok=True):
+        if finish_replacement(out):  # a kill inside an earlier run's swap (or just before it): finished first
+            from loguru import logger
+
+            logger.warning("{}: finished replacing the dataset, which a stopped --overwrite run had left half done",
+                           out)
         return _locked_run(opts, paths, out, _max_new_chunks, t_start)
 
 
@@ -136,9 +143,13 @@ def _locked_run(opts: RunOptions, paths: list[Path], out: Path, max_new: int | N
     _execute(run)
     try:
         meta = run.finish()
+        if run.staged:  # the new dataset is complete: the old one goes, the new one comes in
+            finish_replacement(out)
     except KeyboardInterrupt as e:  # as metadata.json was written (its log line): the dataset is complete
-        if not (out / "metadata.json").is_file():  # (an old one was removed by --overwrite, or refused, before)
-            raise
+        if not ((run.out / "metadata.json").is_file() or (run.staged and swap_committed(out))):
+            raise  # (an old one was removed by --overwrite, or refused, before; a staged run's old one is whole)
+        if run.staged:
+            finish_replacement(out)
         shutil.rmtree(run.progress_dir, ignore_errors=True)
         raise InterruptedWhenComplete(out, getattr(e, "exit_code", 130)) from None
     try:  # metadata.json is written: an interrupt from here on must not read as a run to resume
@@ -177,7 +188,13 @@ def _clean_up(run: _Run) -> None:
     from loguru import logger
 
     try:
-        _after_failure(run.out, run.created, run.done)
+        if run.staged and not run.done:  # nothing to resume: the replacement's staging directory goes whole
+            shutil.rmtree(run.out)
+        else:
+            _after_failure(run.out, run.created, run.done, run.resume_advice())
+        if run.staged:
+            logger.info("{}: the dataset there is as it was (a replacement swaps the new one in only once complete)",
+                        run.final)
     except OSError as e:
         logger.warning("could not remove what the failed run created in {}: {}", run.out, e)
 
@@ -187,12 +204,16 @@ class _Run:
 
     def __init__(self, opts: RunOptions, paths: list[Path], out: Path, max_new: int | None):
         self.paths = paths
-        self.out = out
-        self.progress_dir = out / PROGRESS_DIR
+        self.final = out  # --output
+        # a complete dataset there is replaced only once the new one is complete: the run writes into its staging
+        # directory, `self.out` (`dlrm.data.preprocess.replace`); otherwise the run writes into --output itself
+        self.staged = stages_into(out, opts.overwrite)
+        self.out = out / STAGING if self.staged else out
+        self.progress_dir = self.out / PROGRESS_DIR
         self.max_new = max_new
         self.fingerprints = [_fingerprint(p) for p in paths]
-        self.created = _first_missing(out)  # what this run creates (removed again if it fails early)
-        self.manifest = _check_output(out, opts.output_options(), self.fingerprints, opts.overwrite)
+        self.created = _first_missing(self.out)  # what this run creates (removed again if it fails early)
+        self.manifest = _check_output(self.out, opts.output_options(), self.fingerprints, opts.overwrite)
         self.opts = opts.with_sparse_layout(self.manifest["options"] if self.manifest is not None else None)
         self.pool: ProcessPoolExecutor | None = None
         self.done: dict[tuple[int, int], dict] = {}
@@ -208,6 +229,11 @@ class _Run:
         self.covered: set[tuple[int, int]] = set()
         self.todo: list[list[int]] = []
 
+    def resume_advice(self) -> str:
+        """How to resume this run after it stopped: the same command, without --overwrite if it had it (with it, a
+        run starts over)."""
+        return "run again with the same inputs and options" + (" without --overwrite" if self.opts.overwrite else "")
+
     def count(self) -> None:
         """Step 1: the count pass (cached in the manifest of an unfinished run), bad files, the split."""
         from loguru import logger
@@ -221,7 +247,8 @@ class _Run:
                 raise PreprocessError(f"{self.progress_dir / 'manifest.json'}: {len(self.manifest['scans'])} file "
                                       f"scans for {len(self.paths)} inputs; use --overwrite to start over")
             self.scans = [replace(FileScan(**d), path=str(p)) for d, p in zip(self.manifest["scans"], self.paths)]
-            logger.info("resuming the unfinished run in {}", self.out)
+            logger.info("resuming the unfinished run in {}{}", self.out,
+                        f" (it replaces the dataset in {self.final} once complete)" if self.staged else "")
         else:
             logger.info("counting the lines of {} input file(s)", len(self.paths))
             self.scans = _count_pass(self.paths, o.input_format, o.chunk_rows, self.pool, o.workers, o.progress)
@@ -250,8 +277,9 @@ class _Run:
                         describe_rule(), expected)
 
     def start_output(self) -> None:
-        """Step 2: replace the old dataset (--overwrite), make the directories, read what an earlier
-        run finished, write the manifest."""
+        """Step 2: remove what an earlier run wrote (--overwrite: a dataset, or a replacement's staged run; the complete
+        dataset a staged run replaces stays), make the directories, read what an earlier run finished, write the
+        manifest."""
         if self.opts.overwrite and self.out.exists():
             _remove_dataset(self.out)
         self.progress_dir.mkdir(parents=True, exist_ok=True)
