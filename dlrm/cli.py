@@ -44,6 +44,7 @@ from dlrm.data.output_dirs import check_export_place
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
                          is_peer_lost, peer_lost_message, report_bug)
 from dlrm.logging_setup import configure_logging, run_logger
+from dlrm.one_line_usage import OneLineUsageCommand
 from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, check_tb_dir
 from dlrm.stop_signal import StopAtOnce
 
@@ -300,9 +301,10 @@ def _node_other_rank() -> bool:
     return world.isdigit() and int(world) > 1 and os.environ.get("LOCAL_RANK", "0").strip() not in ("", "0")
 
 
-class RanksCommand(click.Command):
-    """click's command, whose usage errors (`--bogus`, `--batch-size x`) under torchrun only each machine's first
-    rank prints (every rank exits 2 as click exits): every rank printed click's four lines (Usage, Try, Error)."""
+class RanksCommand(OneLineUsageCommand):
+    """click's command, whose usage errors (`--bogus`, `--batch-size x`) are one line (`OneLineUsageCommand`), which
+    under torchrun only each machine's first rank prints (every rank exits 2 as click exits): every rank printed
+    click's four lines (Usage, Try, Error)."""
 
     def main(self, *args, standalone_mode: bool = True, **kwargs):
         if not (standalone_mode and _node_other_rank()):

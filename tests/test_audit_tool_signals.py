@@ -183,12 +183,13 @@ def test_synthetic_stopped_after_its_first_file_leaves_nothing_and_keeps_the_old
     out, tsv = tmp_path / "work" / "out", tmp_path / "work" / "raw.tsv"
     out.mkdir(parents=True)
     (out / "mine.txt").write_text("the user's")
+    (out / "metadata.json").write_text("{}")  # a dataset's mark: --overwrite replaces a dataset only
     tsv.write_text("the user's raw lines\n")
     code, stderr, _ = run_tool(tmp_path, sig, "synthetic", *synthetic_args(out, "--overwrite", "--raw-tsv", tsv))
     assert_one_line(code, stderr, sig, "no partial dataset was left behind")
     # was: .out.tmp-* (the files written so far) and .raw.tsv.*.tmp beside them, for good
     assert sorted(p.name for p in out.parent.iterdir()) == ["out", "raw.tsv"]
-    assert [p.name for p in out.iterdir()] == ["mine.txt"] and tsv.read_text() == "the user's raw lines\n"
+    assert sorted(p.name for p in out.iterdir()) == ["metadata.json", "mine.txt"] and tsv.read_text() == "the user's raw lines\n"
 
 
 @pytest.mark.parametrize("sig", SIGNALS)
@@ -196,11 +197,12 @@ def test_synthetic_overwrite_stopped_as_the_old_output_is_set_aside_keeps_it(tmp
     out = tmp_path / "work" / "out"
     out.mkdir(parents=True)
     (out / "mine.txt").write_text("the user's")
+    (out / "metadata.json").write_text("{}")  # a dataset's mark: --overwrite replaces a dataset only
     code, stderr, _ = run_tool(tmp_path, sig, "synthetic", *synthetic_args(out, "--overwrite"), at="set-aside")
     assert_one_line(code, stderr, sig, "no partial dataset was left behind")
     # was: no out at all, the user's directory left as .out.old-*/out (and the new dataset removed)
     assert [p.name for p in out.parent.iterdir()] == ["out"]
-    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["metadata.json", "mine.txt"]
 
 
 @pytest.mark.parametrize("sig", SIGNALS)
@@ -208,6 +210,7 @@ def test_synthetic_overwrite_stopped_as_the_old_output_is_removed_leaves_no_hidd
     out, tsv = tmp_path / "work" / "out", tmp_path / "work" / "raw.tsv"
     out.mkdir(parents=True)
     (out / "mine.txt").write_text("the user's")
+    (out / "metadata.json").write_text("{}")  # a dataset's mark: --overwrite replaces a dataset only
     tsv.write_text("the user's raw lines\n")
     code, stderr, _ = run_tool(tmp_path, sig, "synthetic", *synthetic_args(out, "--overwrite", "--raw-tsv", tsv),
                                at="old-removal")
@@ -236,11 +239,12 @@ def test_relayout_stopped_after_its_first_file_leaves_nothing_and_keeps_the_old_
     out = tmp_path / "work" / "out"
     out.mkdir(parents=True)
     (out / "mine.txt").write_text("the user's")
+    (out / "metadata.json").write_text("{}")  # a dataset's mark: --overwrite replaces a dataset only
     code, stderr, _ = run_tool(tmp_path, sig, "relayout", "--data", dataset, "--output", out, "--overwrite",
                                "--workers", 1)
     assert_one_line(code, stderr, sig, "--output was not written")
     assert [p.name for p in out.parent.iterdir()] == ["out"]  # was: .out.relayout-* with the first file, for good
-    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["metadata.json", "mine.txt"]
 
 
 @pytest.mark.parametrize("sig", SIGNALS)
@@ -248,6 +252,7 @@ def test_relayout_overwrite_stopped_as_the_old_output_is_removed_says_it_is_comp
     out = tmp_path / "work" / "out"
     out.mkdir(parents=True)
     (out / "mine.txt").write_text("the user's")
+    (out / "metadata.json").write_text("{}")  # a dataset's mark: --overwrite replaces a dataset only
     code, stderr, _ = run_tool(tmp_path, sig, "relayout", "--data", dataset, "--output", out, "--overwrite",
                                "--workers", 1, at="old-removal")
     assert_one_line(code, stderr, sig, "was complete")  # was: "--output was not written" (and .out.old-*/out kept)
@@ -350,6 +355,7 @@ def test_mlperf_import_overwrite_stopped_as_the_old_output_is_removed_says_it_is
     write_mlperf_days(src, {0: 6, 1: 6, 23: 4})
     out.mkdir(parents=True)
     (out / "mine.txt").write_text("the user's")
+    (out / "metadata.json").write_text("{}")  # a dataset's mark: --overwrite replaces a dataset only
     code, stderr, _ = run_tool(tmp_path, sig, "mlperf", *mlperf_args(src, out, 1), "--overwrite", at="old-removal")
     # was: "--output was not written" (it was: a rerun was refused as an occupied --output), the plan file left in
     # the dataset, and the replaced --output kept as .out.old-*/out

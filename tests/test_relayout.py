@@ -90,6 +90,12 @@ def test_refuses_an_occupied_output_and_the_input_itself(lists_split, tmp_path):
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
     with pytest.raises(click.ClickException, match="is --data itself"):
         relayout(lists_split, lists_split, "slots", overwrite=True)
+    # --overwrite replaces a dataset only: a folder without metadata.json is refused, its files kept
+    with pytest.raises(click.ClickException, match=r"--output .*full: refusing to replace it: it holds no dataset "
+                                                   r"\(no metadata.json; it has keep.txt\)"):
+        relayout(lists_split, tmp_path / "full", "slots", overwrite=True)
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
+    (tmp_path / "full" / "metadata.json").write_text("{}")  # (a dataset's mark)
     relayout(lists_split, tmp_path / "full", "slots", overwrite=True)
     assert layouts_of(tmp_path / "full") == ["slots"] * 3 and not (tmp_path / "full" / "keep.txt").exists()
 

@@ -171,6 +171,12 @@ def test_refuses_to_overwrite_without_flag_and_replaces_with_it(tmp_path):
     assert (out / "keep.txt").read_text() == "user data" and sorted(p.name for p in out.iterdir()) == ["keep.txt"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ds.")]  # no temporary left behind
 
+    # --overwrite replaces a dataset only: a folder of other files is refused in one line, kept as it is
+    res = runner.invoke(synthetic.main, ["--rows", "500", "--out", str(out), "--overwrite"])
+    assert res.exit_code == 2 and f"--out {out}: refusing to replace it: it holds no dataset (no metadata.json; it " \
+        "has keep.txt)" in res.output, res.output
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    (out / "metadata.json").write_text("{}")  # (a dataset's mark: replaced whole, the user's file with it)
     res = runner.invoke(synthetic.main, ["--rows", "500", "--out", str(out), "--overwrite"])
     assert res.exit_code == 0, res.output
     assert not (out / "keep.txt").exists() and read_metadata(out).splits["train"].rows == 400

@@ -53,6 +53,9 @@ def npz_member(path: Path, name: str) -> np.ndarray:
         offset = f.tell()
     if dtype.hasobject:
         raise ImportInputError(f"{path}: member {name}.npy holds Python objects, not integers")
+    if any(d < 0 for d in shape):  # a damaged header: np.memmap's OverflowError or ValueError, a traceback
+        raise ImportInputError(f"{path}: member {name}.npy: shape {shape} is not a valid array shape (a negative "
+                               "dimension: a damaged header)")
     # the zip says how many bytes the member holds: a member cut short would map the next member's (or the zip
     # directory's) bytes as ids, or past the file's end (numpy's ValueError, a traceback)
     need = offset - (info.header_offset + 30 + name_len + extra_len) + math.prod(shape) * dtype.itemsize
@@ -138,7 +141,8 @@ def _npy(path: Path) -> np.ndarray:
     # EOFError: an empty file (a copy cut off); BadZipFile: a file starting "PK", which np.load takes for an .npz
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    # OverflowError: a header whose shape has a negative dimension (np.memmap's "length must be positive")
+    except (OSError, ValueError, OverflowError, EOFError, zipfile.BadZipFile) as e:
         raise ImportInputError(f"{path}: not a readable .npy array ({e})") from None
     if not isinstance(array, np.ndarray):  # an .npz (np.load's NpzFile) under the .npy name
         array.close()

@@ -91,10 +91,11 @@ from dlrm.data.schema import (
 )
 from dlrm.data.input_stamps import STAMPS_FILE, redo_changed_inputs
 from dlrm.data.mlperf_days import Day, ImportInputError, npz_member  # noqa: F401 - npz_member re-exported
-from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, check_unowned,
-                                   output_lock, recover_replaced, replace_dir)
+from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_replaceable, check_target,
+                                   check_unowned, output_lock, recover_replaced, replace_dir)
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
+from dlrm.one_line_usage import OneLineUsageCommand
 from dlrm.errors import report_bug
 from dlrm.json_file import read_json
 from dlrm.logging_setup import ProgressBar, bar_interval, configure_logging, counted
@@ -318,11 +319,13 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
     _check_input_apart(input_dir, output)
     check_target(output, overwrite, "directory")
     check_unowned(output, "--output", ImportInputError)  # (no dataset inside another, a run or a sweep)
+    check_replaceable(output, "--output", ImportInputError)  # (--overwrite of a folder that holds no dataset)
     # one import of an --output at a time: a second one resumed the first's .OUT.import-partial (or, --overwrite,
     # removed it) under it, and renamed it into place while the first still wrote there
     with output_lock(output, "--output", ImportInputError):
         recover_replaced(output)  # what an import killed while replacing --output left (`replace_dir`)
         check_target(output, overwrite, "directory")  # again, under the lock: another may have finished meanwhile
+        check_replaceable(output, "--output", ImportInputError)
         return _import(input_dir, output, train_days, eval_day, cards, compression, rows_per_file, workers,
                        max_rows_per_day, overwrite, sparse_layout, dense_format, layout_given)
 
@@ -439,8 +442,9 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
             shutil.rmtree(work, ignore_errors=True)
             logger.info(f"no file was finished: {work} removed")
         else:
-            logger.info(f"the {finished} of {len(ordered)} files finished are kept in {work}: the same command "
-                        f"resumes from them (--overwrite starts over)")
+            same = "the same command without --overwrite" if overwrite else "the same command"  # (with it: over)
+            logger.info(f"the {finished} of {len(ordered)} files finished are kept in {work}: {same} resumes from "
+                        f"them (--overwrite starts over)")
         raise
     seconds = time.perf_counter() - started
     try:  # --output is complete from here on: an interrupt must not read as an import to redo
@@ -465,7 +469,7 @@ class InterruptedWhenComplete(KeyboardInterrupt):
         self.exit_code = exit_code
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--input", "input_dir", type=click.Path(file_okay=False, exists=True), required=True,
               help="MLPerf's folder of day_{i}_labels.npy, day_{i}_dense.npy and day_{i}_sparse_multi_hot.npz (or "
                    "TorchRec's one-hot day_{i}_sparse.npy).")
@@ -522,8 +526,9 @@ def main(input_dir, output, train_days, eval_day, num_embeddings, compression, s
         sys.exit(EXIT_BAD_INPUT)
     except (MemoryError, BrokenProcessPool):  # a worker killed (by the OOM killer, most often) breaks the pool: it
         # was reported as a bug, with BrokenProcessPool's traceback
-        logger.error("out of memory (or a --workers process was killed): run the same command with fewer --workers; "
-                     "it resumes from the finished files")
+        same = "the same command without --overwrite" if overwrite else "the same command"  # (with it: over)
+        logger.error(f"out of memory (or a --workers process was killed): run {same} with fewer --workers; it "
+                     "resumes from the finished files")
         sys.exit(EXIT_OUT_OF_MEMORY)
     except Exception as e:  # noqa: BLE001 - anything else is a bug: traceback and exit 1
         sys.exit(report_bug(e))

@@ -41,6 +41,19 @@ def check_target(path: Path, overwrite: bool, what: str) -> None:
         raise click.ClickException(f"refusing to overwrite non-empty {path} (pass --overwrite to replace it)")
 
 
+def check_replaceable(path: Path, option: str, error: type[click.ClickException] = click.ClickException) -> None:
+    """Refuse, in one line, an --overwrite of a non-empty directory that holds no dataset: the tools replace their
+    output whole, and a project folder named by mistake lost every file in it without a word."""
+    if not path.is_dir() or not any(path.iterdir()):
+        return
+    if (path / "metadata.json").is_file() or (path / "_progress").is_dir():  # a dataset, or one preprocess is writing
+        return
+    shown = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    listed = ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
+    raise error(f"{option} {path}: refusing to replace it: it holds no dataset (no metadata.json; it has {listed}), "
+                "and --overwrite replaces a dataset only; choose a new or empty directory, or remove it yourself")
+
+
 def is_run_directory(path: Path) -> bool:
     """Whether `path` is a training run's directory (`dlrm.train.run_dir.RunDirectory`): its config.json (a run's,
     with ``log`` and ``data`` sections) beside what only a run writes (checkpoints/, summary.json, its lock)."""

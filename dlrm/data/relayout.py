@@ -70,13 +70,15 @@ from dlrm.data.schema import (
     write_options,
     write_metadata,
 )
-from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, check_unowned,
-                                   dataset_read_lock, output_lock, recover_replaced, remove_stale_temps, replace_dir)
+from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_replaceable, check_target,
+                                   check_unowned, dataset_read_lock, output_lock, recover_replaced, remove_stale_temps,
+                                   replace_dir)
 from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_rows, open_shard, split_files
 from dlrm.data.vocabulary import read_vocabulary
 from dlrm.errors import report_bug
 from dlrm.logging_setup import ProgressBar, configure_logging, counted
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
+from dlrm.one_line_usage import OneLineUsageCommand
 
 EXIT_BAD_INPUT = 2
 
@@ -198,11 +200,13 @@ def _checked_relayout(data: Path, output: Path, layout: SparseLayout, codec: str
     check_apart("--data", data, "--output", output, "write the copy somewhere else")
     check_target(output, overwrite, "directory")
     check_unowned(output, "--output")  # (no dataset inside another, a run or a sweep)
+    check_replaceable(output, "--output")  # (--overwrite of a folder that holds no dataset)
     check_parent_writable(output, "--output")
     # one run of an --output at a time: a second one's copy was silently replaced by the first's at its end
     with output_lock(output, "--output"):
         recover_replaced(output)  # what a run killed while replacing --output left (`replace_dir`)
         check_target(output, overwrite, "directory")  # again, under the lock: another may have finished meanwhile
+        check_replaceable(output, "--output")
         return _relayout(data, output, layout, codec, workers, meta, out_dense)
 
 
@@ -265,7 +269,7 @@ class InterruptedWhenComplete(KeyboardInterrupt):
         self.exit_code = exit_code
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path), required=True,
               help="The dataset directory to read (any schema version).")
 @click.option("--output", type=click.Path(path_type=Path), required=True, help="The dataset directory to create.")

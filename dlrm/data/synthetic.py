@@ -93,12 +93,11 @@ import click
 import numpy as np
 from loguru import logger
 
-from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_target, check_unowned,
-                                   output_lock, recover_replaced, remove_stale_temps)
+from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writable, check_replaceable, check_target,
+                                   check_unowned, output_lock, recover_replaced, remove_stale_temps)
 from dlrm.data.schema import (
-    MAX_MULTI_HOT_SIZE, MLPERF_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, NUM_SPARSE,
-    SPARSE_LAYOUTS, SPLITS, Metadata, SplitInfo, arrow_schema, is_multi_hot, one_hot_sizes,
-    slot_offsets, write_options, write_metadata,
+    MAX_MULTI_HOT_SIZE, MLPERF_CARDINALITIES, MLPERF_MULTI_HOT_SIZES, NUM_SPARSE, SPARSE_LAYOUTS, SPLITS, Metadata,
+    SplitInfo, arrow_schema, is_multi_hot, one_hot_sizes, slot_offsets, write_options, write_metadata,
 )
 # The planted teacher and its hashing live in dlrm.data.teacher; every name is re-exported here,
 # where the tests and other modules import them from.
@@ -112,6 +111,7 @@ from dlrm.data.teacher import (  # noqa: F401
 )
 from dlrm.errors import report_bug
 from dlrm.logging_setup import ProgressBar, configure_logging
+from dlrm.one_line_usage import OneLineUsageCommand
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption  # noqa: F401 - EXIT_INTERRUPTED re-exported
 
 GENERATOR_VERSION = 3
@@ -316,10 +316,10 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
         raise click.ClickException(f"--sparse-layout: {sparse_layout!r:.40} is not one of {', '.join(SPARSE_LAYOUTS)}")
     check_target(out, overwrite, "directory")
     check_unowned(out, "--out")  # (a dataset, run or sweep around it: replaced with it, or listing it as its own)
+    check_replaceable(out, "--out")  # (--overwrite of a folder that holds no dataset)
     tsv_path = Path(raw_tsv) if raw_tsv is not None else None
     if tsv_path is not None:
-        # --out is written as a temporary sibling and renamed into place as a whole: a TSV inside it would
-        # have no directory to be written to, or be deleted with the old dataset (nor may one path hold both)
+        # --out is renamed into place whole: a TSV inside it would have no directory, or go with the old dataset
         check_apart("--out", out, "--raw-tsv", tsv_path, "write the TSV outside the dataset directory, which is "
                     "replaced as a whole")
         check_target(tsv_path, overwrite, "file")
@@ -543,7 +543,7 @@ def _report(exc: BaseException) -> int:
     return report_bug(exc)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--rows", type=click.IntRange(min=1), default=None,
               help="Total rows over all splits (required unless --regime sets it: small-real 10,000).")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="Dataset directory to create.")

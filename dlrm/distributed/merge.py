@@ -26,6 +26,7 @@ from dlrm.data.output_dirs import check_export_place
 from dlrm.logging_setup import configure_logging
 from dlrm.stop_signal import StopAtOnce
 from dlrm.checkpoint import load_checkpoint, write_atomic
+from dlrm.one_line_usage import OneLineUsageCommand
 
 # What a shard records of the run and the moment it was saved: equal in every shard of one checkpoint.
 _RUN_KEYS = ("config", "position", "cardinalities")
@@ -102,7 +103,7 @@ def merge_to_file(checkpoint: Path, out: Path) -> dict:
     return state
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("checkpoint", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 def main(checkpoint: str, out: str) -> None:

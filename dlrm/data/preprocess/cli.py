@@ -21,7 +21,6 @@ from dlrm.data.preprocess.run import preprocess
 EXIT_FAILURE = 2  # an expected failure, reported in one line
 EXIT_BUG = 1  # = dlrm.errors.EXIT_BUG (not imported here: spawned workers import this package)
 EXIT_OUT_OF_MEMORY = 4
-EXIT_INTERRUPTED = 130
 PROG_NAME = "python -m dlrm.preprocess"
 
 
@@ -29,9 +28,11 @@ def build_cli():
     """The click command behind ``python -m dlrm.preprocess`` (tests invoke it with CliRunner)."""
     import click
 
+    from dlrm.one_line_usage import OneLineUsageCommand
+
     path_type = click.Path(path_type=Path)  # existence and the rest are checked by `preprocess`
 
-    @click.command(cls=_one_line_errors_command(), context_settings={"help_option_names": ["-h", "--help"]})
+    @click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
     @click.argument("more_inputs", nargs=-1, type=path_type, metavar="[INPUT]...")
     @click.option("--input", "-i", "inputs", multiple=True, type=path_type, metavar="FILE",
                   help="Raw file (TSV or CSV, plain or .gz); repeat, or list the files as arguments. Order matters.")
@@ -205,30 +206,6 @@ def _fail(message: str, code: int = EXIT_FAILURE):
 
     click.echo(f"error: {message}", err=True)
     sys.exit(code)
-
-
-def _one_line_errors_command():
-    """A click.Command whose usage errors (an unknown option, a value of the wrong type) are one
-    line ``error: ...`` and exit code 2, like every other expected failure."""
-    import click
-
-    class OneLineErrorsCommand(click.Command):
-        """click.Command with one-line usage errors."""
-
-        def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-            """click's main run non-standalone, so that its errors come here to be printed our way."""
-            try:
-                rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-            except click.exceptions.Abort:
-                _fail("interrupted", EXIT_INTERRUPTED)
-            except click.ClickException as e:
-                hint = f" (see {prog_name or PROG_NAME} --help)" if isinstance(e, click.UsageError) else ""
-                _fail(" ".join(e.format_message().split()) + hint)
-            if standalone_mode:
-                sys.exit(rv if isinstance(rv, int) else 0)
-            return rv
-
-    return OneLineErrorsCommand
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,67 @@
+"""A click command whose usage errors are one line, as every other refusal of the tools is.
+
+click prints a bad option or value as four lines (``Usage: ...``, ``Try '... --help' for help.``, a blank line,
+``Error: ...``); ``python -m dlrm.preprocess`` said it in one, the other tools (train.py, the generator, the MLPerf
+import, relayout, sweeps, the checkpoint merge) in click's four. `OneLineUsageCommand` prints
+``error: <what is wrong> (see <program> --help)`` on stderr and exits 2, for all of them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+EXIT_USAGE = 2  # click's own code for a usage error
+EXIT_INTERRUPTED = 130
+
+
+class OneLineUsageCommand(click.Command):
+    """click.Command with one-line usage errors (exit 2) and a one-line Ctrl-C while click parses (exit 130).
+
+    Example:
+        >>> @click.command(cls=OneLineUsageCommand)
+        ... @click.option("--n", type=click.IntRange(min=1))
+        ... def tool(n):
+        ...     pass
+        >>> import contextlib, io
+        >>> err = io.StringIO()
+        >>> with contextlib.redirect_stderr(err):
+        ...     try:
+        ...         tool(["--n", "0"], prog_name="tool")
+        ...     except SystemExit as e:
+        ...         print(e.code)
+        2
+        >>> print(err.getvalue(), end="")
+        error: Invalid value for '--n': 0 is not in the range x>=1. (see tool --help)
+    """
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """click's main run non-standalone, so that its errors come here to be printed in one line."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.Abort:
+            self.fail_line("interrupted", EXIT_INTERRUPTED)
+        except click.ClickException as e:
+            hint = f" (see {prog_name or _program_name()} --help)" if isinstance(e, click.UsageError) else ""
+            self.fail_line(" ".join(e.format_message().split()) + hint, e.exit_code)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+    def fail_line(self, message: str, code: int) -> None:
+        """Print ``error: message`` on stderr and exit with ``code``."""
+        click.echo(f"error: {message}", err=True)
+        sys.exit(code)
+
+
+
+def _program_name() -> str:
+    """The program as click names it in its usage line (``python -m dlrm.sweep``, ``train.py``)."""
+    try:
+        from click.utils import _detect_program_name  # (click's own, private: the basename where it is gone)
+    except ImportError:
+        import os
+
+        return os.path.basename(sys.argv[0])
+    return _detect_program_name()
