@@ -60,7 +60,7 @@ from loguru import logger
 
 from dlrm.config import ConfigError, config_keys, load_config
 from dlrm.config_checks import check_dependent_keys
-from dlrm.errors import TrainingStopped, failure_reason
+from dlrm.errors import DatasetError, TrainingStopped, failure_reason
 from dlrm.logging_setup import counted
 from dlrm.one_line_usage import OneLineUsageCommand
 # (the results and the verdict: dlrm.sweep_results, named here as they always were)
@@ -338,8 +338,11 @@ def run_and_finish(config: str, base: dict[str, Any], sets: list[tuple[str, list
             else:
                 # said by `main` after the error's own line ("stopped by signal at step N; checkpoint ..."), which
                 # it reports: logged here, the sweep's conclusion came before the trial's stop it follows from
-                stopped_line(sys.exc_info()[1], f"sweep: stopped; `python -m dlrm.sweep --resume {directory}` "
-                             "finishes it (the finished trials are kept, the stopped one resumes from its checkpoint)")
+                exc = sys.exc_info()[1]
+                # a refusal (a dataset changed since, a bad setting) repeats on --resume until its cause is fixed
+                fixed = "once the error above is fixed, " if isinstance(exc, (ConfigError, DatasetError)) else ""
+                stopped_line(exc, f"sweep: stopped; {fixed}`python -m dlrm.sweep --resume {directory}` finishes it "
+                             "(the finished trials are kept, the stopped one resumes from its checkpoint)")
             raise
         return _finish(directory, results, sets, seeds, first_failure, resume)
     finally:

@@ -99,6 +99,7 @@ class Verdict:
     margin: Optional[float]  # mean AUC difference, winner - runner-up
     noise: Optional[float]  # standard error of the paired per-seed differences
     left_out: int = 0  # settings with a failed trial, not compared
+    others: tuple = ()  # the compared settings after the runner-up (named where no setting has an AUC)
 
     @property
     def tie(self) -> bool:
@@ -130,12 +131,25 @@ class Verdict:
             return None
         return self.margin >= NOISE_FACTOR * self.noise
 
+    def _no_auc_text(self) -> str:
+        """No winner when no setting has a mean AUC (a one-class validation split, or NaN scores); the mean loglosses
+        said beside it, lowest first, as a trial's own best checkpoint falls back to its logloss."""
+        ranked = sorted([r for r in (self.winner, self.runner_up) if r is not None] + list(self.others),
+                        key=lambda r: (math.isnan(m := _mean(r.values("logloss"))), m))
+        losses = ", ".join(f"{label(r.setting)} {_mean(r.values('logloss')):.4f}" for r in ranked)
+        return ("no winner: no setting has an AUC (a trial's validation split has one class, or its scores are NaN); "
+                f"mean validation logloss, lowest first: {losses}"
+                + (f" ({self.left_out} setting(s) with a failed trial left out)" if self.left_out else ""))
+
     def _of_seeds(self) -> str:
         """"mean of N seeds", or "one seed" (one value is no mean: it read "mean of 1 seeds")."""
         n = len(self.winner.summaries)
         return "one seed" if n == 1 else f"mean of {n} seeds"
 
     def text(self) -> str:
+        if self.runner_up is not None and math.isnan(self.winner.auc_mean):  # NaN ranks last: every setting's is NaN,
+            # and the grid's order alone put one first ("best: x=4 (AUC n/a ...)"; in the other order "best: x=8")
+            return self._no_auc_text()
         sep = ", " if len(self.winner.summaries) == 1 else " "
         head = f"best: {label(self.winner.setting)} (AUC {self.winner.mean_auc_text()}{sep}{self._of_seeds()})"
         if self.runner_up is None:
@@ -179,4 +193,4 @@ def verdict(results: list[SettingResult]) -> Verdict:
     second = ranked[1]
     diffs = [a - b for a, b in zip(winner.values("auc"), second.values("auc"))]
     noise = _std(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
-    return Verdict(winner, second, winner.auc_mean - second.auc_mean, noise)
+    return Verdict(winner, second, winner.auc_mean - second.auc_mean, noise, others=tuple(ranked[2:]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dlrm.config import ConfigError
@@ -67,3 +69,47 @@ def test_the_short_run_warning_says_what_the_trace_will_hold(tmp_path, steps, re
         assert (f"only {recorded} of the 3 active step(s)" in seen[0]) if recorded else ("profile no step" in seen[0])
     else:
         assert not seen and len(traces) == 1
+
+
+@pytest.mark.parametrize("order", [(4, 8, 16), (16, 8, 4)])
+def test_no_setting_with_an_auc_names_no_winner_whatever_the_grid_order(order):
+    """Every trial's validation split of one class (AUC null in summary.json): the sweep named the grid's first
+    setting "best" (NaN ranks last, all tied), a winner that flipped with the order of --set. Now: no winner, and the
+    mean loglosses lowest first (what a trial's own best checkpoint falls back to)."""
+    loss = {4: 0.4080, 8: 0.0485, 16: 0.2}
+    results = [SettingResult(i, {"model.cross_rank": k}, [{"auc": None, "logloss": loss[k]}] * 2)
+               for i, k in enumerate(order)]
+    text = verdict(results).text()
+    assert text == ("no winner: no setting has an AUC (a trial's validation split has one class, or its scores are "
+                    "NaN); mean validation logloss, lowest first: model.cross_rank=8 0.0485, model.cross_rank=16 "
+                    "0.2000, model.cross_rank=4 0.4080"), text
+
+
+def test_a_setting_with_an_auc_still_wins_over_those_without():
+    a = SettingResult(0, {"x": 1}, [{"auc": None, "logloss": 0.1}] * 2)
+    b = SettingResult(1, {"x": 2}, [{"auc": 0.7, "logloss": 0.5}] * 2)
+    assert verdict([a, b]).text().startswith("best: x=2 (AUC 0.7000 mean of 2 seeds)")
+
+
+def test_a_sweep_stopped_by_a_refusal_says_resume_once_it_is_fixed(tmp_path, monkeypatch):
+    """A trial refused (here as a --resume's checkpoint no longer fits the dataset): "--resume finishes it" alone
+    read as if the same --resume would, which repeats the refusal until its cause is fixed."""
+    from click.testing import CliRunner
+
+    import dlrm.train.trainer as trainer_mod
+    from dlrm import sweep
+    from tests.test_audit_overwrite52 import tiny_config
+
+    config = tiny_config(tmp_path)
+
+    def refused(cfg, run_dir=None, resume=None, **kw):
+        (Path(run_dir) / "checkpoints").mkdir(parents=True)
+        (Path(run_dir) / "checkpoints" / "step-00000002.pt").write_bytes(b"x")
+        raise ConfigError("step-00000002.pt: table sizes differ (checkpoint vs this run): [0] 14 vs 13")
+
+    monkeypatch.setattr(trainer_mod, "train", refused)
+    res = CliRunner().invoke(sweep.main, ["--config", str(config), "--set", "optim.dense.lr=0.1,0.2", "--seeds", "1",
+                                          "--tb-dir", str(tmp_path / "tb"), "--run-name", "sw"])
+    assert res.exit_code == 2, res.output
+    assert "table sizes differ" in res.output, res.output
+    assert "sweep: stopped; once the error above is fixed, `python -m dlrm.sweep --resume" in res.output, res.output

@@ -108,3 +108,31 @@ def test_train_usage_error_is_one_line():
 def test_a_usage_error_under_clirunner_is_one_line():
     res = CliRunner().invoke(mi.main, ["--workers", "0"])
     assert res.exit_code == 2 and res.output.count("\n") == 1 and res.output.startswith("error: "), res.output
+
+
+def test_a_dataset_without_validation_rows_is_said_at_preprocessing_and_refused_with_the_reason(tmp_path):
+    """A 7-line input's sequential split leaves validation empty: the preprocessor said it only by a table line, and
+    train.py refused the dataset as "splits.validation: lists no files", which reads like a damaged dataset."""
+    from loguru import logger
+
+    import dlrm.data.preprocess as pp
+    from dlrm.data.schema import read_metadata
+    from dlrm.data.validation import split_files
+    from dlrm.errors import DatasetError
+    from tests.test_preprocess import FAST, make_fields, write_raw
+
+    src = write_raw(tmp_path / "a.tsv", make_fields(7, seed=1))
+    out = tmp_path / "ds"
+    warnings: list[str] = []
+    handle = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+    try:
+        meta = pp.preprocess([src], out, **FAST)
+    finally:
+        logger.remove(handle)
+    assert meta.splits["validation"].rows == 0 and meta.splits["train"].rows > 0
+    assert warnings == ["the validation split has no rows: train.py trains on train and evaluates on validation, and "
+                        "refuses this dataset; give more lines, or a --validation-fraction above 0 with --split "
+                        "random"], warnings
+    with pytest.raises(DatasetError, match=r"splits.validation: lists no files \(the split has no rows: preprocess "
+                                           r"again with more lines"):
+        split_files(out, read_metadata(out), "validation")

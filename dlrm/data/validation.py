@@ -71,8 +71,11 @@ def split_files(dataset_dir: str | Path, meta: Metadata, split: str, check_posit
                                "pyarrow.dataset?): list the parquet files inside it instead")
         if not f.is_file():
             raise DatasetError(f"{f}: listed in metadata.json splits.{split} but missing")
-    if not files:
-        raise DatasetError(f"{where}: splits.{split}: lists no files")
+    if not files:  # (a preprocessed split of 0 rows: a 7-line input's sequential split, --validation-fraction 0)
+        rows = meta.splits[split].rows
+        raise DatasetError(f"{where}: splits.{split}: lists no files" + (
+            f" (the split has no rows: preprocess again with more lines, or a --validation-fraction / --test-fraction "
+            f"above 0 with --split random, for a '{split}' split to use)" if rows == 0 else ""))
     rows, classes = 0, _LabelClasses()
     for f in files:
         check_utf8_path(f)

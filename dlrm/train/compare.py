@@ -36,6 +36,7 @@ from loguru import logger
 
 from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig, validate
 from dlrm.errors import TrainingStopped, failure_reason
+from dlrm.stop_signal import signals_deferred
 from dlrm.train.metric_text import auc_text, csv_cell
 from dlrm.train.run_dir import RunDirectory
 from dlrm.train.setup import as_trained, dataset_tables, load_dataset_metadata, resolve_device
@@ -281,11 +282,16 @@ def release_memory(device: Optional[torch.device] = None) -> None:
     A sweep calls it before each trial (`device` None: the CUDA blocks too, where CUDA was initialized), which then
     runs as train.py alone: kept, the trials before's compiled graphs counted toward Dynamo's recompile limit (once a
     sweep had compiled 8 model structures, every later trial ran eager, said by a torch warning alone), and their
-    models, optimizer state and arenas (reference cycles) stayed in memory beside the next trials' own."""
-    torch._dynamo.reset()
-    gc.collect()
-    if device is None or device.type == "cuda":
-        torch.cuda.empty_cache()  # (a no-op where CUDA was never initialized)
+    models, optimizer state and arenas (reference cycles) stayed in memory beside the next trials' own.
+
+    Ctrl-C and SIGTERM wait until it returns: arriving in a weakref callback of the collection (Dynamo's caches hold
+    many), the handler's exception was printed as "Exception ignored" and dropped, and a sweep stopped between two
+    trials ran all the others and exited 0."""
+    with signals_deferred():
+        torch._dynamo.reset()
+        gc.collect()
+        if device is None or device.type == "cuda":
+            torch.cuda.empty_cache()  # (a no-op where CUDA was never initialized)
 
 
 def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, device: torch.device, base: Path,

@@ -138,3 +138,8 @@ def _report(meta: Metadata, seconds: float) -> None:
     lines.append(f"{total:,} rows in {seconds:.1f} s ({total / max(seconds, 1e-9):,.0f} rows/s)")
     for line in lines:
         logger.info(line)
+    empty = [name for name in ("train", "validation") if meta.splits[name].rows == 0]
+    if empty:  # said only by a table line before: train.py then refused the dataset ("lists no files")
+        logger.warning(f"the {' and '.join(empty)} split{'s have' if len(empty) > 1 else ' has'} no rows: train.py "
+                       "trains on train and evaluates on validation, and refuses this dataset; give more lines, or a "
+                       "--validation-fraction above 0 with --split random")
