@@ -136,3 +136,18 @@ def test_a_dataset_without_validation_rows_is_said_at_preprocessing_and_refused_
     with pytest.raises(DatasetError, match=r"splits.validation: lists no files \(the split has no rows: preprocess "
                                            r"again with more lines"):
         split_files(out, read_metadata(out), "validation")
+
+
+def test_a_comma_in_a_one_value_field_points_at_multi_hot_sizes(tmp_path):
+    """A multi-hot input preprocessed without --multi-hot-sizes: the line named the value as "not a hexadecimal
+    category hash" alone, where its comma is the cause."""
+    from tests.test_preprocess import make_fields, run_cli, write_raw
+
+    rows = make_fields(20, seed=2)
+    rows[4][15] = "1a,2b"  # C2 of line 5
+    src = write_raw(tmp_path / "a.tsv", rows)
+    r = run_cli(["-i", str(src), "-o", str(tmp_path / "ds"), "--workers", "1"])
+    assert r.exit_code == 2
+    assert r.stderr.strip() == (f"error: {src}:5: column C2: '1a,2b' is not a hexadecimal category hash (1 to 8 hex "
+                                "digits) (',' separates a multi-hot field's values: this column's --multi-hot-sizes "
+                                "size is 1, or none given)"), r.stderr

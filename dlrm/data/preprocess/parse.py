@@ -526,8 +526,10 @@ def _bad_value(cb: _Buffer, starts: np.ndarray, ends: np.ndarray, col: int, row:
     """The `BadLine` of the value in column ``col`` of ``row`` (cut to 40 characters); `detail`
     replaces the column's usual message."""
     reason, usual = _bad_detail(col)
-    detail = detail or usual
     value = cb.buf[starts[col, row] : ends[col, row]].tobytes().decode("utf-8", "replace")
+    if detail is None and reason == "bad_category" and "," in value:  # a multi-hot field read as one value
+        usual += " (',' separates a multi-hot field's values: this column's --multi-hot-sizes size is 1, or none given)"
+    detail = detail or usual
     if len(value) > 40:
         value = value[:40] + "..."
     return BadLine(source, line, reason, RAW_COLUMNS[col], value, detail)
