@@ -273,8 +273,16 @@ def out_of_memory_message(exc: BaseException, cfg: Optional[Config]) -> str:
     if tables is not None:
         return f"out of {what} building the model ({_one_line(exc, limit=200, first_only=True)}): {tables}"
     batch = f" (now {cfg.data.batch_size})" if cfg is not None else ""
-    return (f"out of {what} ({_one_line(exc, limit=200, first_only=True)}): retry with a smaller data.batch_size{batch} (--batch-size), "
-            "or cap the embedding tables with data.max_rows_per_table")
+    text = (f"out of {what} ({_one_line(exc, limit=200, first_only=True)}): retry with a smaller data.batch_size{batch} "
+            "(--batch-size), or cap the embedding tables with data.max_rows_per_table")
+    if cfg is not None:  # (an oversized cross network's step ran out: the advice named the batch and the tables alone)
+        from dlrm.data.schema import NUM_SPARSE
+        from dlrm.train.builder import dense_layers_text
+
+        dense = dense_layers_text(cfg, NUM_SPARSE)
+        if dense is not None:
+            text += f", or {dense}"
+    return text
 
 
 def _said_once_per_node(exc: BaseException):
@@ -316,6 +324,19 @@ class RanksCommand(OneLineUsageCommand):
         except click.Abort:
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)  # (--help's click.Exit: its code; a run: main's sys.exit)
+
+
+def signal_stop_inside(exc: BaseException) -> Optional[TrainingStopped]:
+    """The `TrainingStopped` of a signal that a library wrapped in its own error (SIGTERM during ``--export``:
+    torch.export's serializer raised ``SerializeError: Failed serializing node ...`` from it, which read as a bug,
+    exit 1, where a stop exits 143), found among `exc`'s causes and contexts; None where there is none."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, TrainingStopped):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
@@ -530,7 +551,8 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
                 checkpoint_path=checkpoint_path, export_path=export_path, allowed_changes=allowed_changes,
                 loaded=loaded)
     except (Exception, KeyboardInterrupt) as e:  # SystemExit passes: it already carries its code
-        code = report_failure(e, loaded[0] if loaded else None)
+        known = isinstance(e, (ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, KeyboardInterrupt))
+        code = report_failure(e if known else signal_stop_inside(e) or e, loaded[0] if loaded else None)
     finally:
         # Leave a torchrun process group, if this run joined one (without importing torch on the
         # config-error path, which stays fast).

@@ -20,12 +20,13 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 from loguru import logger
 
-from dlrm.config import Config, ConfigError, ModelConfig
+from dlrm.config import Config, ConfigError, DenseOptimConfig, ModelConfig
 from dlrm.data.schema import NUM_DENSE
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.sharding import ShardingPlan, plan_sharding
@@ -159,15 +160,79 @@ def dense_layer_parameters(m: ModelConfig, num_features: int) -> dict[str, int]:
 
 
 def _available_host_memory() -> Optional[int]:
-    """The host's memory a build could take (MemAvailable, bytes), None where /proc/meminfo does not say it."""
+    """The host's memory a build could take (MemAvailable, bytes), within this process's own limits (`_process_room`:
+    under `ulimit -v` or a cgroup's memory.max, a scheduler's job, the tables were blamed for an oversized cross
+    network, as MemAvailable left room for it); None where /proc/meminfo does not say it."""
+    available = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return None
+    room = _process_room()
+    return room if available is None else available if room is None else min(available, room)
+
+
+def _process_room() -> Optional[int]:
+    """What this process may still allocate under its own limits (bytes), None where none is set: the address-space
+    limit (RLIMIT_AS, `ulimit -v`) less the address space it maps, and its cgroup's memory.max less memory.current."""
+    import resource
+
+    rooms = []
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:
+        rooms.append(limit - _status_kib("VmSize") * 1024)
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:  # "0::/path" (cgroup v2), "4:memory:/path" (v1); a file that cannot be read: no limit known
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        base = Path("/sys/fs/cgroup") / ("memory" if controllers == "memory" else "") / path.lstrip("/")
+        names = {"": ("memory.max", "memory.current"), "memory": ("memory.limit_in_bytes", "memory.usage_in_bytes")}
+        if controllers not in names:
+            continue
+        try:
+            cap = (base / names[controllers][0]).read_text().strip()
+            if cap != "max" and int(cap) < 2**62:  # (v1's "no limit" is a huge number)
+                rooms.append(int(cap) - int((base / names[controllers][1]).read_text()))
+        except (OSError, ValueError):
+            pass
+    return max(0, min(rooms)) if rooms else None
+
+
+def _status_kib(field: str) -> int:
+    """A ``kB`` field of /proc/self/status (0 where it is not there)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def dense_training_copies(optim: DenseOptimConfig) -> int:
+    """fp32 values a dense parameter takes in training: itself, its gradient, and its optimizer state (Adam 2, Adagrad
+    1, SGD 1 with momentum)."""
+    state = {"adam": 2, "adagrad": 1}.get(optim.name, 1 if optim.momentum else 0)
+    return 2 + state
+
+
+def dense_layers_text(cfg: Config, num_features: int) -> Optional[str]:
+    """For an out-of-memory step: the dense layers' training memory and the key that shrinks them, where it is 1 GiB
+    or more (a cross network of an oversized model.cross_rank), else None. The step's advice named the batch size and
+    the tables alone."""
+    parts = dense_layer_parameters(cfg.model, num_features)
+    need = 4 * sum(parts.values()) * dense_training_copies(cfg.optim.dense)
+    if need < 2**30:
+        return None
+    part = max(parts, key=parts.get)
+    keys = " or ".join(f"{k} (now {_now(cfg.model, k)})" for k in _PART_KEYS[part])
+    return (f"shrink {part}: {keys}; the dense layers take {need / 2**30:,.1f} GiB with their gradients and "
+            f"{cfg.optim.dense.name}'s state")
 
 
 def _dense_parts_text(m: ModelConfig, num_features: int, table_bytes_: int,
@@ -188,25 +253,32 @@ def _dense_parts_text(m: ModelConfig, num_features: int, table_bytes_: int,
             f"{parts[part]:,} of them", f"shrink {keys}")
 
 
-def refuse_dense_layers_beyond_memory(m: ModelConfig, num_features: int, device: torch.device) -> None:
+def refuse_dense_layers_beyond_memory(m: ModelConfig, num_features: int, device: torch.device,
+                                      copies: int = 1) -> None:
     """A ConfigError naming the key when the dense layers' fp32 parameters alone exceed the device's memory (the host's
     RAM on a CPU, the GPU's on CUDA). model.cross_layers 1,000,000,000 (every value up to 2**31 - 1 passes the config's
     checks) built one small layer after another until the host swapped and the kernel's OOM killer ended the run
-    without a word; nothing of the build fails at once there, as one oversized allocation does."""
+    without a word; nothing of the build fails at once there, as one oversized allocation does. `copies`: the fp32
+    values a parameter takes in training (`dense_training_copies`: gradients and optimizer state, which the first step
+    allocates); the memory: the device's whole, or this process's limits where lower (`_process_room`)."""
     parts = dense_layer_parameters(m, num_features)
-    need = 4 * sum(parts.values())
+    need = 4 * sum(parts.values()) * copies
     if device.type == "cuda":
         memory, where = torch.cuda.mem_get_info(device)[1], "the GPU's"  # (free, total) bytes
     else:
         memory, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "the host's"
+        room = _process_room()
+        if room is not None and room < memory:
+            memory, where = room, "this process's (ulimit -v, or its cgroup's memory.max)"
     if need <= memory:
         return
     part = max(parts, key=parts.get)
     # the cross network's key that stands out first: its layers when they outnumber its rank (MLPerf: 3 of rank 512)
     key, *others = sorted(_PART_KEYS[part], key=lambda k: -_now(m, k)) if part == "the cross network" else _PART_KEYS[part]
     raise ConfigError(f"{key}: {_now(m, key)}" + "".join(f" (with {k} {_now(m, k)})" for k in others)
-                      + f" makes {part} {parts[part]:,} fp32 parameters, the dense layers {need / 2**30:,.1f} GiB: more "
-                        f"than {where} {memory / 2**30:,.1f} GiB of memory")
+                      + f" makes {part} {parts[part]:,} fp32 parameters, the dense layers {need / 2**30:,.1f} GiB"
+                      + (" with their gradients and optimizer state" if copies > 1 else "")
+                      + f": more than {where} {memory / 2**30:,.1f} GiB of memory")
 
 
 @contextlib.contextmanager
@@ -292,7 +364,8 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
         # there, which fullgraph turns into an Unsupported traceback at the first step, on every rank
         raise ConfigError("train.compile.fullgraph: true cannot compile a run of several processes (the dense parts' "
                           "DistributedDataParallel forward breaks the graph); set it false")
-    refuse_dense_layers_beyond_memory(cfg.model, len(tables.cardinalities), device)
+    refuse_dense_layers_beyond_memory(cfg.model, len(tables.cardinalities), device,
+                                      dense_training_copies(cfg.optim.dense))
     plan = make_sharding(cfg, tables, env, device)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     # one block for the model and its optimizers (the sparse optimizer's state: as large, for adagrad): the GPU's free

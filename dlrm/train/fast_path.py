@@ -92,6 +92,21 @@ AUTOTUNE_MODE = "max-autotune-no-cudagraphs"
 TEMPLATE_MODES = ("max-autotune", "max-autotune-no-cudagraphs", "max-autotune-gemm")
 
 
+def fp32_tables_note(cfg) -> str:
+    """What fp32 tables would take, for the advice to use them, where that is 8 GiB or more: configs/mlperf-dcnv2.json
+    on a CPU was told "use fp32 tables", which then ran out of memory building 97 GiB of them."""
+    cards = cfg.model.cardinalities
+    if not cards:
+        return ""
+    cap = cfg.data.max_rows_per_table
+    rows = sum(min(c, cap) if cap else c for c in cards)
+    size = rows * cfg.model.embedding_dim * 4
+    if size < 8 * 2**30:
+        return ""
+    return (f" (fp32 tables of {rows:,} rows x {cfg.model.embedding_dim} take {size / 2**30:,.1f} GiB: cap them with "
+            "data.max_rows_per_table, or train on a GPU)")
+
+
 def _triton_usable(device: torch.device) -> tuple[bool, str]:
     if device.type != "cuda":
         return False, f"no CUDA device ({device})"
@@ -287,7 +302,8 @@ def resolve_fast_path(cfg: Config, device: torch.device, distributed: bool = Fal
         from dlrm.config import ConfigError
 
         raise ConfigError(f'model.embedding_dtype: "bf16" needs kernels.embedding "triton", which "auto" cannot pick '
-                          f"here ({chosen.get('kernels.embedding', {}).get('why', 'set to torch')}): use fp32 tables")
+                          f"here ({chosen.get('kernels.embedding', {}).get('why', 'set to torch')}): use fp32 tables"
+                          + fp32_tables_note(out))
     if out.train.compile.enabled == "auto":
         on = device.type == "cuda"
         out.train.compile.enabled = on

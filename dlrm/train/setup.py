@@ -173,14 +173,14 @@ def check_device_rules(cfg) -> None:
     made for a sweep's every setting before its first trial: made by a trial's run, they ended the sweep, or failed
     each trial, after the trials before had trained (`--device cpu --set model.embedding_dtype=fp32,bf16`: "auto"
     takes the torch embedding on a CPU, which bf16 tables cannot use)."""
-    from dlrm.train.fast_path import _triton_usable
+    from dlrm.train.fast_path import _triton_usable, fp32_tables_note
 
     device = resolve_device(cfg.train.device)  # cuda asked for without CUDA: its one-line error
     if cfg.model.embedding_dtype == "bf16" and cfg.kernels.embedding == "auto":
         usable, why_not = _triton_usable(device)
         if not usable:
             raise ConfigError(f'model.embedding_dtype: "bf16" needs kernels.embedding "triton", which "auto" cannot '
-                              f"pick here ({why_not}): use fp32 tables")
+                              f"pick here ({why_not}): use fp32 tables" + fp32_tables_note(cfg))
     chosen = {k: getattr(cfg.kernels, k) for k in ("embedding", "interaction", "mlp", "loss")}
     asked = [f'kernels.{k} "{v}"' for k, v in chosen.items() if v in ("triton", "fused", "wgrad", "gluon")]
     if asked:
