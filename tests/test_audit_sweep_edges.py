@@ -108,7 +108,8 @@ def test_all_nan_aucs_finish_the_sweep_with_a_verdict_that_says_so():
     b = SettingResult(1, {"x": 2}, [{"auc": nan, "logloss": 0.7}, {"auc": nan, "logloss": 0.4}])
     v = verdict([a, b])
     assert v.winner is a and v.beyond_noise is None and math.isnan(v.noise)
-    assert v.text().endswith("AUC margin n/a over x=2 (n/a (one class)); a trial's AUC is NaN (a one-class validation split, or NaN "
-                             "scores): no margin to compare with the seed noise")
+    # no winner named (the grid's first was, by its order alone), the mean loglosses lowest first
+    assert v.text() == ("no winner: no setting has an AUC (a trial's validation split has one class, or its scores "
+                        "are NaN); mean validation logloss, lowest first: x=1 0.5500, x=2 0.5500"), v.text()
     row = a.row()
     assert math.isnan(row["auc_std"]) and row["logloss_std"] == pytest.approx(0.0707107, abs=1e-6)
