@@ -95,10 +95,10 @@ from dlrm.data.output_dirs import (check_apart, check_named, check_parent_writab
                                    check_unowned, output_lock, recover_replaced, replace_dir)
 from dlrm.data.synthetic_io import SPARSE_LAYOUT, stored_layout
 from dlrm.data.worker_pool import start_pool
-from dlrm.one_line_usage import OneLineUsageCommand
 from dlrm.errors import report_bug
 from dlrm.json_file import read_json
 from dlrm.logging_setup import ProgressBar, bar_interval, configure_logging, counted
+from dlrm.one_line_usage import OneLineUsageCommand
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2

@@ -77,8 +77,8 @@ from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_
 from dlrm.data.vocabulary import read_vocabulary
 from dlrm.errors import report_bug
 from dlrm.logging_setup import ProgressBar, configure_logging, counted
-from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 from dlrm.one_line_usage import OneLineUsageCommand
+from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
 
