@@ -374,6 +374,26 @@ def test_export_writes_through_its_own_temporary_file(tmp_path, stub_export):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-m.pt2", "m.pt2"]
 
 
+def test_a_ctrl_c_as_the_exports_temporary_file_is_created_leaves_nothing(tmp_path, stub_export, monkeypatch):
+    """A Ctrl-C right after the temporary file's creation, before the `try` that removes it: the file stayed beside OUT
+    (seen once in a QA pass, 2026-12-04). The signal now waits until the file is marked as the export's."""
+    import signal
+
+    real_open = export_mod.os.open
+
+    def open_then_ctrl_c(path, *args):
+        fd = real_open(path, *args)
+        if str(path).endswith(".tmp.pt2"):
+            signal.raise_signal(signal.SIGINT)  # Python's handler runs here, before the export could mark it
+        return fd
+
+    monkeypatch.setattr(export_mod.os, "open", open_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        export_mod.export_model(tiny_model(tiny_config()), tmp_path / "m.pt2")
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == [] and stub_export == ["export"]
+
+
 @pytest.mark.parametrize("dangling", [False, True])
 def test_export_refuses_an_existing_file_or_a_dangling_symlink_before_exporting(tmp_path, stub_export, dangling):
     out = tmp_path / "m.pt2"

@@ -22,6 +22,7 @@ from dlrm.data.loader import ParquetLoader, split_files, transform_dense
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
 from dlrm.distributed.checkpoint import manifest_of
 from dlrm.model.dlrm import DLRM, build_model
+from dlrm.stop_signal import signals_deferred
 from dlrm import checkpoint as ckpt
 from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.checkpointer import checkpoint_step
@@ -240,12 +241,18 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts", source: 
         # a temporary name of this export's own (torch.export.save wants a name ending in .pt2), created exclusively;
         # `path`'s name cut short in it: a name near the 255-byte limit made it too long (ENAMETOOLONG, a traceback)
         tmp = path.with_name(f".{ckpt.temp_stem(path.name, 64)}.{os.getpid()}-{secrets.token_hex(4)}.tmp.pt2")
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        created = False
         try:
+            # the file and the mark that it is this export's at once: a Ctrl-C between its creation and the `try`
+            # left it beside OUT (seen once); deferred, the signal acts inside the `try`, whose `finally` removes it
+            with signals_deferred():
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                created = True
             _save_program(program, tmp, path)
             ckpt.move_to_new(tmp, path, exists)  # never over a file that appeared meanwhile
         finally:
-            tmp.unlink(missing_ok=True)
+            if created:
+                tmp.unlink(missing_ok=True)
     dense = "raw dense counts, int64" if dense_format == "counts" else "dense values, float32"
     of = f" from {source}" if source else ""
     logger.info(f"exported inference program to {path} (inputs: {dense} [B, 13], raw sparse hashes "
