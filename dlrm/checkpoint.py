@@ -110,16 +110,22 @@ class _ProgressFile:
     def __init__(self, f, bar: Optional[tqdm] = None) -> None:
         self._f, self._bar = f, bar
         self.error: Optional[OSError] = None
+        # a stop raised inside a write (a second SIGTERM's SystemExit, Ctrl-C, `TrainingStopped`), which the zip
+        # writer turned into its RuntimeError: "this is a bug", exit 1, where a second signal stops at once
+        self.stop: Optional[BaseException] = None
 
     def write(self, data) -> int:
         try:
             n = self._f.write(data)
+            if self._bar is not None:  # the total counts the tensors only: the archive's own few bytes stop at 100%
+                self._bar.update(min(len(data), self._bar.total - self._bar.n))
+            return n
         except OSError as e:
             self.error = self.error or e
             raise
-        if self._bar is not None:  # the total counts the tensors only: the archive's own few bytes stop at 100%
-            self._bar.update(min(len(data), self._bar.total - self._bar.n))
-        return n
+        except BaseException as e:  # (a signal handler's exception, raised anywhere in here)
+            self.stop = self.stop or e
+            raise
 
     def flush(self) -> None:
         self._f.flush()
@@ -212,6 +218,8 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, repla
             try:
                 torch.save(disk, out)
             except (OSError, RuntimeError) as e:
+                if out.stop is not None:
+                    raise out.stop from None
                 if out.error is None:
                     raise
                 raise named_os_error(out.error, path) from e

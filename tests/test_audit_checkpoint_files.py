@@ -374,6 +374,33 @@ def test_export_writes_through_its_own_temporary_file(tmp_path, stub_export):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-m.pt2", "m.pt2"]
 
 
+@pytest.mark.parametrize("stop", [SystemExit(143), KeyboardInterrupt()])
+def test_a_stop_inside_a_checkpoint_write_is_raised_as_itself(tmp_path, monkeypatch, stop):
+    """A second SIGTERM while a checkpoint is written raises `GracefulStop`'s SystemExit inside the file's ``write``,
+    which torch's zip writer turned into "RuntimeError: [enforce fail at inline_container.cc] unexpected pos": a
+    traceback, "this is a bug", exit 1 on every rank (found by a QA pass, 2026-12-04). The stop now leaves as itself,
+    and no temporary file stays."""
+    real, calls = ckpt._ProgressFile.write, []
+
+    class Signalled:  # the file, whose second write is where the signal's handler runs
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            raise stop
+
+    def write(self, data):
+        calls.append(len(data))
+        if len(calls) == 2:
+            self._f = Signalled(self._f)
+        return real(self, data)
+
+    monkeypatch.setattr(ckpt._ProgressFile, "write", write)
+    with pytest.raises(type(stop)) as raised:
+        ckpt.write_atomic(tmp_path / "step-3.pt", tiny_state())
+    assert raised.value is stop and list(tmp_path.iterdir()) == []
+
+
 def test_a_ctrl_c_as_the_exports_temporary_file_is_created_leaves_nothing(tmp_path, stub_export, monkeypatch):
     """A Ctrl-C right after the temporary file's creation, before the `try` that removes it: the file stayed beside OUT
     (seen once in a QA pass, 2026-12-04). The signal now waits until the file is marked as the export's."""

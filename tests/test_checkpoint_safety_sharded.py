@@ -3,6 +3,7 @@
 manifest naming a file outside its directory, shards of different runs, a missing input, an existing output, a
 dangling symlink and a file in place of the output's directory."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,24 @@ def test_merge_refuses_shards_of_different_runs(trained, tmp_path):
     assert result.returncode == 2
     assert_one_line_error(result.stderr, "rank0-of-2.pt", str(rank1), "config.train.seed")
     assert not (tmp_path / "m.pt").exists()
+
+
+def test_merge_refuses_shards_of_two_runs_of_one_config(trained, tmp_path):
+    """Two runs of one config, seed and step (the second on a dataset regenerated in place, under the same run name):
+    their shards told the same config, position and table sizes, and were merged into one model, run 1's embeddings
+    beside run 2's (found by a QA pass, 2026-12-04). Their dense layers, alike on every rank of one run, differ."""
+    state = {k: v for k, v in ckpt.load_checkpoint(trained["path"]).items() if k != "format_version"}
+    manifest, _ = write_sharded(tmp_path / "run", state)
+    name, weight = next((k, v) for k, v in state["model"].items() if not k.startswith("sparse_arch."))
+    other = {**state, "model": {**state["model"], name: weight + 1.0}}  # another training's dense weights
+    other_manifest, _ = write_sharded(tmp_path / "other", other)
+    rank1 = manifest.parent / dist_ckpt.shard_name(state["position"]["step"], 1, 2)
+    rank1.write_bytes((other_manifest.parent / rank1.name).read_bytes())
+    with pytest.raises(ConfigError, match=rf"rank0-of-2.pt, .*rank1-of-2.pt: shards of different runs or steps "
+                                          rf"\(model\.{re.escape(name)} differs\)"):
+        merge_to_file(manifest, tmp_path / "m.pt")
+    assert not (tmp_path / "m.pt").exists()
+    merge_to_file(other_manifest, tmp_path / "m2.pt")  # the other run's own shards still merge
 
 
 def test_merge_refuses_a_dangling_symlink_or_a_file_as_out_directory(trained, tmp_path):

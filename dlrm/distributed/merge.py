@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import click
 import torch
@@ -60,7 +60,11 @@ def _run_record(path: Path) -> dict[str, Any]:
         disk = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     if "config_json" in disk:  # format 2; format 1 holds the config dict itself
         disk["config"] = json.loads(disk["config_json"])
-    return {key: disk[key] for key in _RUN_KEYS}
+    record = {key: disk[key] for key in _RUN_KEYS}
+    # the dense layers (DistributedDataParallel's, the same on every rank of one run at one step): two runs of one
+    # config, seed and step (on a dataset regenerated in place) differ there alone, and were merged into one model
+    record["dense"] = {k: v for k, v in disk["model"].items() if not k.startswith("sparse_arch.")}
+    return record
 
 
 def check_same_run(manifest_path: Path) -> None:
@@ -70,11 +74,23 @@ def check_same_run(manifest_path: Path) -> None:
     sharded = load_checkpoint(manifest_path)["sharded"]
     paths = [manifest_path.parent / name for name in sharded["shards"]]
     first = _run_record(paths[0])
+    dense = first.pop("dense")
     for path in paths[1:]:
-        key = first_difference(first, _run_record(path))
+        other = _run_record(path)
+        key = first_difference(first, {k: v for k, v in other.items() if k != "dense"}) or _dense_difference(
+            dense, other["dense"])
         if key is not None:
             raise ConfigError(f"{paths[0]}, {path}: shards of different runs or steps ({key} differs); "
                               "merge the shards of one checkpoint")
+
+
+def _dense_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> Optional[str]:
+    """The first dense model tensor (``model.<name>``) that two shards of one checkpoint would hold alike and do not."""
+    for k in [*a, *(k for k in b if k not in a)]:
+        x, y = a.get(k), b.get(k)
+        if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
+            return f"model.{k}"
+    return None
 
 
 def own_best(state: dict[str, Any], out: Path, checkpoint: Path) -> None:
