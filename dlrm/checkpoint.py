@@ -29,11 +29,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from loguru import logger
-from tqdm import tqdm
 
 from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
 from dlrm.logging_setup import ProgressBar, bar_interval, run_logger
+from dlrm.progress_file import ProgressFile as _ProgressFile, ReadProgress as _ReadProgress
 from dlrm.stop_signal import signals_deferred
 
 FORMAT_VERSION = schema.FORMAT_VERSION
@@ -99,63 +99,6 @@ def tensor_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(tensor_bytes(v) for v in obj)
     return 0
-
-
-class _ProgressFile:
-    """A binary file whose writes advance a progress bar (`bar`, optional) and which keeps its first failed write's
-    OSError (`error`): torch's zip writer turns an OSError of the file object's ``write`` (a full disk, a quota) into a
-    RuntimeError ("unexpected pos ..."), which said neither the cause nor the file (a traceback and exit 1, unless
-    little space was left: not so over a quota, nor once a large checkpoint's temporary file was removed)."""
-
-    def __init__(self, f, bar: Optional[tqdm] = None) -> None:
-        self._f, self._bar = f, bar
-        self.error: Optional[OSError] = None
-        # a stop raised inside a write (a second SIGTERM's SystemExit, Ctrl-C, `TrainingStopped`), which the zip
-        # writer turned into its RuntimeError: "this is a bug", exit 1, where a second signal stops at once
-        self.stop: Optional[BaseException] = None
-
-    def write(self, data) -> int:
-        try:
-            n = self._f.write(data)
-            if self._bar is not None:  # the total counts the tensors only: the archive's own few bytes stop at 100%
-                self._bar.update(min(len(data), self._bar.total - self._bar.n))
-            return n
-        except OSError as e:
-            self.error = self.error or e
-            raise
-        except BaseException as e:  # (a signal handler's exception, raised anywhere in here)
-            self.stop = self.stop or e
-            raise
-
-    def flush(self) -> None:
-        self._f.flush()
-
-
-class _ReadProgress:
-    """A binary file whose reads advance a progress bar (torch.load reads an archive through readinto, seek and
-    tell)."""
-
-    def __init__(self, f, bar: tqdm) -> None:
-        self._f, self._bar = f, bar
-
-    def _advance(self, n: int) -> None:
-        self._bar.update(max(0, min(n, self._bar.total - self._bar.n)))  # a seek back reads some bytes twice
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._f.read(size)
-        self._advance(len(data))
-        return data
-
-    def readinto(self, buffer) -> int:
-        n = self._f.readinto(buffer)
-        self._advance(n or 0)
-        return n
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._f.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._f.tell()
 
 
 def named_os_error(e: OSError, path: Path) -> OSError:
