@@ -14,6 +14,11 @@
    sharded run's checkpoints/ lists beside its manifests) said "sparse_arch.weight has shape (299, 4) in the
    checkpoint, (598, 4) here", which reads as other data or another config. Now it names the file a shard and the
    manifest to merge, as `--resume` and the merge of a shard do.
+4. A shard of another run of the same config, seed and step (the same run name, on a dataset regenerated in place)
+   fits its manifest in everything 1 compares: the resume went on, exit 0, each rank training its own dense layers
+   from then on (every later checkpoint held two models; the merge refuses them). Each rank but 0 now compares its
+   shard's dense layers with rank 0's, as the merge does (`dlrm.distributed.same_run`): one line naming both files
+   and the first tensor that differs, exit 2 on every rank, before the first step.
 """
 
 from __future__ import annotations
@@ -59,6 +64,26 @@ def test_a_shard_of_another_run_at_the_same_step_is_not_resumed(tmp_path):
     message = str(e.value)
     assert message.startswith(f"{rank1}: config.train.seed differs from its manifest {manifest}")
     assert "\n" not in message
+
+
+def test_a_shard_of_another_run_of_the_same_config_is_not_resumed(tmp_path):
+    """Rank 1's shard of "mine" replaced by the same-step shard of "other", whose config is the same and dense layers
+    another training's: rank 1's load is refused, naming both shard files and the first dense tensor that differs;
+    rank 0's still loads, and so does rank 1's of the run's own shards."""
+    state = tiny_state()
+    manifest = save_sharded(tmp_path / "mine", state)
+    name, weight = next((k, v) for k, v in state["model"].items() if not k.startswith("sparse_arch."))
+    other = save_sharded(tmp_path / "other", {**state, "model": {**state["model"], name: weight + 1e-6}})
+    plan = plan_sharding(CARDS, 2, "row", 1)
+    assert dist_ckpt.load_for_rank(manifest, StubEnv(1, 2), plan)["rank"] == 1  # the run's own shards
+    rank0, rank1 = (manifest.parent / dist_ckpt.shard_name(3, q, 2) for q in (0, 1))
+    shutil.copyfile(other.parent / rank1.name, rank1)
+    assert dist_ckpt.load_for_rank(manifest, StubEnv(0, 2), plan)["rank"] == 0
+    with pytest.raises(ConfigError) as e:  # was: rank 1's state returned, another run's dense layers
+        dist_ckpt.load_for_rank(manifest, StubEnv(1, 2), plan)
+    assert str(e.value) == (f"{rank0}, {rank1}: shards of different runs or steps (model.{name} differs); {manifest} "
+                            "names shards of two runs: put this run's own shard back, or resume from another of its "
+                            "checkpoints")
 
 
 # -- 2. best.pt at the latest step, resumed in place -------------------------------------------------------------------
@@ -173,3 +198,34 @@ def test_resuming_with_another_runs_shard_stops_every_rank_in_one_line(tmp_path,
         assert len(errors) == 1 and "Traceback" not in out, out[-3000:]
         assert rank1.name in errors[0] and "config.train.seed differs" in errors[0], errors[0]
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "tb" / "mine")] == ["step-00000003.pt"]
+
+
+def test_resuming_with_a_shard_of_a_run_of_the_same_config_stops_every_rank_in_one_line(tmp_path):
+    """Run "mine" stopped at step 3 and set aside; the dataset regenerated in place (other rows) and "mine" run again
+    to step 3, with the same command line; the first run put back with the second's rank-1 shard. Its config, seed,
+    plan and position are the first run's: the resume trained on, exit 0 on both ranks (each rank's dense layers its
+    own run's from then on). Now every rank stops before its first step, naming both shard files."""
+    dataset = tmp_path / "ds"
+    args = ["--run-name", "mine", "--max-steps", "3"]
+    make_dataset(dataset, {"train": 120, "validation": 40}, row_group_size=20, cardinality=23, seed=1)
+    assert [code for code, _ in launch(tmp_path, dataset, args)] == [0, 0]
+    run, first = tmp_path / "tb" / "mine", tmp_path / "first"
+    run.rename(first)
+    make_dataset(dataset, {"train": 120, "validation": 40}, row_group_size=20, cardinality=23, seed=2)
+    assert [code for code, _ in launch(tmp_path, dataset, args)] == [0, 0]
+    second = ckpt.checkpoint_dir(run) / dist_ckpt.shard_name(3, 1, 2)
+    rank1 = ckpt.checkpoint_dir(first) / second.name
+    rank1.unlink()  # (a hard link to best.pt's shard: that one is left as it is)
+    shutil.copyfile(second, rank1)
+    shutil.rmtree(run)
+    first.rename(run)
+    make_dataset(dataset, {"train": 120, "validation": 40}, row_group_size=20, cardinality=23, seed=1)
+    rank0, rank1 = (ckpt.checkpoint_dir(run) / dist_ckpt.shard_name(3, q, 2) for q in (0, 1))
+    results = launch(tmp_path, dataset, ["--run-name", "mine", "--resume"])
+    for rank, (code, out) in enumerate(results):
+        assert code == 2, f"rank {rank} exited {code}:\n{out[-3000:]}"
+        errors = [line for line in out.splitlines() if "ERROR" in line]
+        assert len(errors) == 1 and "Traceback" not in out, out[-3000:]
+        assert f"{rank0}, {rank1}: shards of different runs or steps (model." in errors[0], errors[0]
+        assert "resumed from" not in out, out[-3000:]
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-00000003.pt"]

@@ -27,6 +27,7 @@ from loguru import logger
 
 from dlrm.config import ConfigError
 from dlrm.distributed.env import DistEnv, failure, failure_error
+from dlrm.distributed.same_run import check_resumed_shard, first_difference
 from dlrm.distributed.sharding import ShardingPlan
 from dlrm import checkpoint as ckpt
 
@@ -299,17 +300,6 @@ def load_shard(manifest_path: Path, manifest: dict[str, Any], rank: int) -> dict
     return shard
 
 
-def first_difference(a: Any, b: Any, key: str = "") -> Optional[str]:
-    """The first dotted key (in `a`'s order, then `b`'s) whose values differ; None if `a` equals `b`."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in [*a, *(k for k in b if k not in a)]:
-            found = first_difference(a.get(k), b.get(k), f"{key}.{k}" if key else str(k))
-            if found is not None:
-                return found
-        return None
-    return None if a == b else key
-
-
 def restore_agreed(env: DistEnv, restore: Callable[[], T], path: Path) -> T:
     """What `restore` (this rank's load of the checkpoint at `path`, into its run) returns, once every rank's succeeded;
     one collective, at a resume only. A rank whose shard is damaged or does not fit raised alone: the others went on
@@ -345,12 +335,14 @@ def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any
     shard = load_shard(path, state, env.rank)
     # a shard of another run at the same step (a copied file: same plan, shapes and position) was resumed silently
     # into its rank: another model, dense weights other than the other ranks', a config other than the one the resume
-    # checked (the manifest's). `merge` compares the shards with each other (`merge.check_same_run`).
+    # checked (the manifest's). Its config against the manifest's here; a run of the same config (its dense layers
+    # differ) against rank 0's shard, as `python -m dlrm.distributed.merge` compares them (`same_run`)
     for key in ("config", "cardinalities"):
         differs = first_difference(state.get(key), shard.get(key), key) if key in state else None
         if differs is not None:
             raise ConfigError(f"{Path(path).parent / sharded['shards'][env.rank]}: {differs} differs from its "
                               f"manifest {path}'s: a shard of another run")
+    check_resumed_shard(Path(path), sharded["shards"], env.rank)
     return shard
 
 

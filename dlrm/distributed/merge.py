@@ -7,29 +7,24 @@ exists or cannot be written) is one error line and exit status 2; OUT is then le
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import click
-import torch
 from loguru import logger
 
-from dlrm import checkpoint_schema as schema
 from dlrm.config import ConfigError
 from dlrm.config_checks import MAX_NAME_BYTES
 from dlrm.errors import TrainingStopped
-from dlrm.distributed.checkpoint import SPARSE_WEIGHT, first_difference, merge
+from dlrm.distributed import same_run
+from dlrm.distributed.checkpoint import SPARSE_WEIGHT, merge
 from dlrm.data.output_dirs import check_export_place
 from dlrm.logging_setup import configure_logging
 from dlrm.stop_signal import StopAtOnce
 from dlrm.checkpoint import load_checkpoint, write_atomic
 from dlrm.one_line_usage import OneLineUsageCommand
-
-# What a shard records of the run and the moment it was saved: equal in every shard of one checkpoint.
-_RUN_KEYS = ("config", "position", "cardinalities")
 
 
 def check_out_path(out: Path) -> None:
@@ -51,46 +46,13 @@ def check_out_path(out: Path) -> None:
     check_export_place(out, flag="OUT", written="the merged checkpoint")
 
 
-def _run_record(path: Path) -> dict[str, Any]:
-    """The `_RUN_KEYS` a shard at `path` recorded. Called after `merge` has read and checked the file, so it
-    is read again with its tensors memory-mapped rather than loaded: a second full read of every shard would
-    double the time of merging a large checkpoint."""
-    allowed = [(obj, name) for name, obj in schema.v1_numpy_globals().items()]  # format 1's NumPy RNG state
-    with torch.serialization.safe_globals(allowed):
-        disk = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    if "config_json" in disk:  # format 2; format 1 holds the config dict itself
-        disk["config"] = json.loads(disk["config_json"])
-    record = {key: disk[key] for key in _RUN_KEYS}
-    # the dense layers (DistributedDataParallel's, the same on every rank of one run at one step): two runs of one
-    # config, seed and step (on a dataset regenerated in place) differ there alone, and were merged into one model
-    record["dense"] = {k: v for k, v in disk["model"].items() if not k.startswith("sparse_arch.")}
-    return record
-
-
 def check_same_run(manifest_path: Path) -> None:
     """Raise a one-line ConfigError naming two shard files and the first key that differs when the shards
     the manifest names were not saved by one run at one step (e.g. a shard copied from another run: the
     plan and shapes may fit, the merge would silently mix two models)."""
     sharded = load_checkpoint(manifest_path)["sharded"]
-    paths = [manifest_path.parent / name for name in sharded["shards"]]
-    first = _run_record(paths[0])
-    dense = first.pop("dense")
-    for path in paths[1:]:
-        other = _run_record(path)
-        key = first_difference(first, {k: v for k, v in other.items() if k != "dense"}) or _dense_difference(
-            dense, other["dense"])
-        if key is not None:
-            raise ConfigError(f"{paths[0]}, {path}: shards of different runs or steps ({key} differs); "
-                              "merge the shards of one checkpoint")
-
-
-def _dense_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> Optional[str]:
-    """The first dense model tensor (``model.<name>``) that two shards of one checkpoint would hold alike and do not."""
-    for k in [*a, *(k for k in b if k not in a)]:
-        x, y = a.get(k), b.get(k)
-        if x is None or y is None or x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
-            return f"model.{k}"
-    return None
+    same_run.check_same_run([manifest_path.parent / name for name in sharded["shards"]],
+                            "merge the shards of one checkpoint")
 
 
 def own_best(state: dict[str, Any], out: Path, checkpoint: Path) -> None:
