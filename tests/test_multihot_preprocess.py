@@ -55,9 +55,9 @@ def test_parse_pads_each_field_to_its_size():
 
 
 @pytest.mark.parametrize("c1,detail", [("1,2,3,4", "holds more than 3 values (--multi-hot-sizes)"),
-                                       ("1,,2", "is not a hexadecimal category hash"),
-                                       ("1,zz", "is not a hexadecimal category hash"),
-                                       ("1,", "is not a hexadecimal category hash")])
+                                       ("1,,2", "holds an empty value"),
+                                       ("1,zz", "holds a value that is not a hexadecimal category hash"),
+                                       ("1,", "holds an empty value")])
 def test_bad_multi_hot_fields_follow_the_bad_line_policy(c1, detail):
     data = (line(0, "1", "2") + line(1, c1, "2") + line(0, "5,6", "7")).encode()
     with pytest.raises(BadLineError) as e:
@@ -66,6 +66,28 @@ def test_bad_multi_hot_fields_follow_the_bad_line_policy(c1, detail):
     skipped = parse_chunk(data, on_bad_line="skip", multi_hot_sizes=SIZES)
     assert skipped.bad == {"bad_category": 1} and skipped.num_rows == 2
     assert skipped.sparse.T[:, 0:3].tolist() == [[1, PAD_SPARSE, PAD_SPARSE], [5, 6, PAD_SPARSE]]
+
+
+EMPTY_VALUE = ("holds an empty value (',,', or ',' at its start or end): a multi-hot field's values are hexadecimal "
+               "category hashes separated by ','")
+
+
+@pytest.mark.parametrize("c1,detail", [
+    ("1,,2", EMPTY_VALUE),
+    (",1", EMPTY_VALUE),
+    ("1,zz,2", "holds a value that is not a hexadecimal category hash (1 to 8 hex digits)")])
+def test_a_bad_multi_hot_field_is_not_said_to_be_a_one_value_column(tmp_path, c1, detail):
+    """A bad value list in a column whose --multi-hot-sizes size is 3: the line said "(',' separates a multi-hot
+    field's values: this column's --multi-hot-sizes size is 1, or none given)", the advice for a one-value column,
+    which sent the user to check a size that was right."""
+    from tests.test_preprocess import error_lines, run_cli
+
+    src = tmp_path / "a.tsv"
+    src.write_text(line(0, "1", "2") + line(1, c1, "2") + line(0, "5,6", "7"))
+    sizes = ",".join(map(str, SIZES))
+    r = run_cli(["-i", str(src), "-o", str(tmp_path / "ds"), "--workers", "1", "--multi-hot-sizes", sizes])
+    assert r.exit_code == 2 and not (tmp_path / "ds").exists()
+    assert error_lines(r) == [f"error: {src}:2: column C1: '{c1}' {detail}"], r.stderr
 
 
 def test_csv_is_refused_with_multi_hot(tmp_path):

@@ -263,10 +263,15 @@ def _parse_multi_hot_column(cb: _Buffer, commas: np.ndarray, s, e, size: int, ou
     ends = np.where(j == np.repeat(k, k) - 1, np.repeat(e, k), commas[np.minimum(at, commas.size - 1)])
     token_bad: list = []
     values = _parse_sparse_column(cb, starts, ends, token_bad, col)
-    bad_tokens = [ends == starts] + [np.isin(np.arange(row.size), t) for t, _ in token_bad]
-    bad_rows = np.unique(row[np.logical_or.reduce(bad_tokens)])
-    if bad_rows.size:
-        out_bad.append((bad_rows, col))
+    # each with its own message: the one-value column's ("is not a hexadecimal category hash ... this column's
+    # --multi-hot-sizes size is 1, or none given") named a multi-hot value list by its comma, as if it were one value
+    empty_rows = np.unique(row[ends == starts])
+    if empty_rows.size:
+        out_bad.append((empty_rows, col, ("holds an empty value (',,', or ',' at its start or end): a multi-hot "
+                                          "field's values are hexadecimal category hashes separated by ','")))
+    for t, _ in token_bad:
+        out_bad.append((np.unique(row[t]), col, ("holds a value that is not a hexadecimal category hash "
+                                                 "(1 to 8 hex digits)")))
     too_long = k > size
     if too_long.any():
         out_bad.append((np.flatnonzero(too_long), col, f"holds more than {size} values (--multi-hot-sizes)"))
