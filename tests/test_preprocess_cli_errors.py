@@ -263,6 +263,28 @@ def test_missing_input_is_one_line(tmp_path, src):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_empty_output_or_input_path_is_refused_not_the_working_directory(tmp_path, src, monkeypatch, overwrite):
+    """``-o "$OUT"`` with OUT unset: ``Path("")`` is ".", so the dataset was written into the working directory
+    (with --overwrite, replacing the user's test/ folder there); ``-i ""`` was refused as ". is not a regular file"."""
+    home = tmp_path / "home"
+    (home / "test").mkdir(parents=True)
+    (home / "test" / "results.txt").write_text("mine")
+    monkeypatch.chdir(home)
+    flags = ["--overwrite"] if overwrite else []
+    assert_one_line_error(run_cli("-i", src, "-o", "", *flags), "'--output'", "empty path",
+                          '"." for the working directory')
+    assert sorted(p.name for p in home.rglob("*")) == ["results.txt", "test"]
+    assert (home / "test" / "results.txt").read_text() == "mine"
+    assert_one_line_error(run_cli("-i", "", "-o", tmp_path / "ds", *flags), "'--input'", "empty path (name a raw")
+    assert_one_line_error(run_cli(src, "", "-o", tmp_path / "ds", *flags), "empty path (name a raw")
+    assert not (tmp_path / "ds").exists()
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    assert run_cli("-i", src, "-o", ".").exit_code == 0  # "." still names the working directory
+    assert read_metadata(tmp_path / "empty").splits["train"].rows > 0
+
+
 def test_directory_as_input_is_one_line(tmp_path, src):
     assert_one_line_error(run_cli("-i", src.parent, "-o", tmp_path / "ds"), f"{src.parent}: not a regular file")
     assert not (tmp_path / "ds").exists()

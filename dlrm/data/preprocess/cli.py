@@ -30,7 +30,7 @@ def build_cli():
 
     from dlrm.one_line_usage import OneLineUsageCommand
 
-    path_type = click.Path(path_type=Path)  # existence and the rest are checked by `preprocess`
+    path_type = _NonEmptyPath(path_type=Path)  # existence and the rest are checked by `preprocess`
 
     @click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
     @click.argument("more_inputs", nargs=-1, type=path_type, metavar="[INPUT]...")
@@ -137,6 +137,24 @@ def _refuse_unused_options(kwargs: dict) -> None:
         if one_hot:
             _fail(f"--sparse-layout {kwargs['sparse_layout']}: applies to multi-hot fields only (this run is one-hot: "
                   "give --multi-hot-sizes, or leave the option out)")
+
+
+def _NonEmptyPath(**kwargs):
+    """click.Path refusing an empty value: ``Path("")`` is the working directory, so ``-o "$OUT"`` with OUT unset
+    wrote the dataset into it (with --overwrite, replacing a train/ or test/ folder there), and ``-i ""`` was
+    refused as ". is not a regular file"."""
+    import click
+
+    class NonEmptyPath(click.Path):
+        def convert(self, value, param, ctx):
+            if isinstance(value, str) and value == "":
+                if param is not None and param.name == "output":
+                    self.fail('empty path (name the dataset directory to write; "." for the working directory)',
+                              param, ctx)
+                self.fail("empty path (name a raw Criteo file)", param, ctx)
+            return super().convert(value, param, ctx)
+
+    return NonEmptyPath(**kwargs)
 
 
 def _MinFrequency():
