@@ -189,3 +189,31 @@ def test_interrupt_message_of_an_overwrite_run_says_to_resume_without_it(tmp_pat
     r = run_cli(["-i", str(src), "-o", str(out), "--workers", "1", "--overwrite"])
     assert r.exit_code == 130
     assert "error: interrupted; the same command without --overwrite resumes from the finished chunks" in r.stderr
+
+
+def test_an_overwrite_interrupted_before_its_first_chunk_says_the_old_dataset_is_whole(tmp_path, monkeypatch):
+    """Ctrl-C / SIGTERM of an --overwrite of a complete dataset before the replacement finished a chunk: the line said
+    "the same command without --overwrite resumes from the finished chunks", but nothing was left to resume and that
+    command was refused ("already holds a complete dataset ...; use --overwrite")."""
+    from dlrm.data.preprocess import worker as pp_worker
+
+    old_src = write_raw(tmp_path / "old.tsv", make_fields(60, seed=4))
+    new_src = write_raw(tmp_path / "new.tsv", make_fields(60, seed=5))
+    out = tmp_path / "ds"
+    pp.preprocess([old_src], out, **FAST)
+    old = dataset_files(out)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pp_worker, "_write_shard", interrupted)
+    args = ["-i", str(new_src), "-o", str(out), "--workers", "1"]
+    r = run_cli([*args, "--overwrite"])
+    assert r.exit_code == 130
+    assert (f"error: interrupted before the replacement finished a chunk: {out} holds its dataset as it was; the same "
+            "command (with --overwrite) starts the replacement over") in r.stderr, r.stderr
+    assert dataset_files(out) == old
+    monkeypatch.undo()
+    assert run_cli(args).exit_code == 2  # without --overwrite: refused, as before
+    r = run_cli([*args, "--overwrite"])  # what the line advises
+    assert r.exit_code == 0, r.stderr
+    assert read_metadata(out).extra["inputs"][0]["path"] == str(new_src)
