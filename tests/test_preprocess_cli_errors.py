@@ -473,6 +473,25 @@ def test_python_m_exit_codes(tmp_path, src):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("given,header", [("tsv", True), ("tsv", False), ("csv", False)])
+def test_a_file_of_the_other_format_than_format_says_so(tmp_path, src, given, header):
+    """--format tsv given the CSV variant (criteo_sample.txt's layout, with or without its header), or --format csv
+    given a raw TSV log: the line said only "expected 40 fields separated by '\\t', found 1"."""
+    path = src
+    if given == "tsv":  # the CSV variant of the same lines
+        path = tmp_path / "a.csv"
+        lines = src.read_text().replace("\t", ",")
+        path.write_text(",".join(CSV_HEADER) + "\n" + lines if header else lines)
+    other = "csv" if given == "tsv" else "tsv"
+    sep = "'\\t'" if given == "tsv" else "','"
+    other_sep = "','" if given == "tsv" else "'\\t'"
+    line = assert_one_line_error(run_cli("-i", path, "-o", tmp_path / "ds", "--format", given))
+    assert line == (f"error: {path}:1: expected 40 fields separated by {sep}, found 1 (the line has 40 fields separated "
+                    f"by {other_sep}: a {other.upper()} file? give --format {other} or auto)"), line
+    assert not (tmp_path / "ds").exists()
+    assert run_cli("-i", path, "-o", tmp_path / "ds").exit_code == 0  # as the line advises: auto
+
+
 # ------------------------------------------------------------------------------------------
 # the CSV header: exactly label,I1..I13,C1..C26 (fields are read by position)
 

@@ -428,6 +428,11 @@ def _drop_wrong_field_counts(cb: _Buffer, delim: int, source: str, first_line: i
         if first_line + i == 1 and nfields[i] == NUM_FIELDS - 1 and nl[i] != line_start[i]:
             # the file's first line one field short: a file without labels, such as Kaggle's test.txt
             found += " (no label column? Kaggle's test.txt has none: preprocess train.txt)"
+        elif nfields[i] == 1:  # no separator at all: the other format's line (--format tsv given a CSV file)?
+            other = {ord("\t"): (b",", "csv"), ord(","): (b"\t", "tsv")}.get(delim)
+            if other is not None and body[line_start[i]:nl[i]].tobytes().count(other[0]) == NUM_FIELDS - 1:
+                found += (f" (the line has {NUM_FIELDS} fields separated by {other[0].decode()!r}: "
+                          f"a {other[1].upper()} file? give --format {other[1]} or auto)")
         first_bad = BadLine(
             source,
             first_line + i,
