@@ -97,6 +97,45 @@ def test_resume_stop_then_skip(tmp_path):
     assert_same_dataset(out, tmp_path / "ref")
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_kept_chunks_warning_offers_on_bad_line_skip_after_a_bad_line_only(tmp_path, workers):
+    """The warning after a failure that kept finished chunks said "run again with the same inputs and options (or
+    --on-bad-line skip) to resume" after Ctrl-C, SIGTERM or a full disk too, where there is no bad line to skip."""
+    from loguru import logger
+
+    from dlrm.data.preprocess import worker as pp_worker
+
+    src, *_ = _with_bad_line(tmp_path, "bad_integer")
+    warnings: list[str] = []
+    handle = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+    try:
+        with pytest.raises(pp.BadLineError):
+            pp.preprocess([src], tmp_path / "bad", chunk_rows=50, progress=False, workers=workers)
+        kept = [w for w in warnings if "finished chunk(s) kept" in w]
+        assert len(kept) == 1 and "(or --on-bad-line skip) to resume" in kept[0], warnings
+
+        warnings.clear()
+        real, calls = pp_worker._write_shard, []
+
+        def interrupted_at_the_fourth(*a, **k):  # Ctrl-C as the fourth chunk's first shard is written
+            calls.append(1)
+            if len(calls) == 4:
+                raise KeyboardInterrupt
+            return real(*a, **k)
+        pp_worker._write_shard = interrupted_at_the_fourth
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                pp.preprocess([src], tmp_path / "stopped", chunk_rows=50, progress=False, workers=1)
+        finally:
+            pp_worker._write_shard = real
+        kept = [w for w in warnings if "finished chunk(s) kept" in w]
+        assert kept == [f"3 finished chunk(s) kept in {tmp_path / 'stopped'} (no metadata.json: not a dataset yet); "
+                        "run again with the same inputs and options to resume, or with --overwrite to start over"], \
+            warnings
+    finally:
+        logger.remove(handle)
+
+
 def test_kill_and_restart_cli(tmp_path):
     """SIGKILL a 2-worker CLI run after a few shards, run it again: same output as an
     uninterrupted single-process run."""

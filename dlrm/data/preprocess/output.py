@@ -205,21 +205,23 @@ def _first_missing(path: Path) -> Path | None:
 
 
 def _after_failure(out: Path, created: Path | None, done: dict,
-                   resume: str = "run again with the same inputs and options") -> None:
+                   resume: str = "run again with the same inputs and options", bad_line: bool = False) -> None:
     """A run that failed (bad input, an error, Ctrl-C) after it took over ``out``.
 
     With no chunk finished, remove what it created (the progress directory, unrecorded shards,
     the split directories, and ``out`` and its parents up to ``created`` if it made them), so that
     the corrected command starts afresh; otherwise keep the finished shards (complete and
-    recorded) so that a run with the same inputs resumes from them; ``resume`` says how (`_Run.resume_advice`).
+    recorded) so that a run with the same inputs resumes from them; ``resume`` says how (`_Run.resume_advice`), and
+    after a bad line (`bad_line`) that ``--on-bad-line skip`` resumes too (after Ctrl-C or a full disk it has nothing
+    to skip).
     """
     from loguru import logger
 
     if done:
         logger.warning(
-            "{} finished chunk(s) kept in {} (no metadata.json: not a dataset yet); {} (or --on-bad-line skip) to "
-            "resume, or with --overwrite to start over",
-            len(done), out, resume,
+            "{} finished chunk(s) kept in {} (no metadata.json: not a dataset yet); {}{} to resume, or with "
+            "--overwrite to start over",
+            len(done), out, resume, " (or --on-bad-line skip)" if bad_line else "",
         )
         return
     shutil.rmtree(out / PROGRESS_DIR, ignore_errors=True)

@@ -178,20 +178,21 @@ def _execute(run: _Run) -> None:
         if run.pool is not None:
             run.pool.shutdown(wait=True, cancel_futures=True)
         if failure is not None and run.owns_output and not isinstance(failure, _Interrupted):
-            _clean_up(run)
+            _clean_up(run, isinstance(failure, BadLineError))
         if run.out.is_dir():
             _remove_temp_files(run.out)
 
 
-def _clean_up(run: _Run) -> None:
-    """`_after_failure`, whose own failure is only logged: the error the user must see is the first."""
+def _clean_up(run: _Run, bad_line: bool = False) -> None:
+    """`_after_failure`, whose own failure is only logged: the error the user must see is the first. `bad_line`: the
+    run stopped at a bad line (``--on-bad-line skip`` resumes too)."""
     from loguru import logger
 
     try:
         if run.staged and not run.done:  # nothing to resume: the replacement's staging directory goes whole
             shutil.rmtree(run.out)
         else:
-            _after_failure(run.out, run.created, run.done, run.resume_advice())
+            _after_failure(run.out, run.created, run.done, run.resume_advice(), bad_line)
         if run.staged:
             logger.info("{}: the dataset there is as it was (a replacement swaps the new one in only once complete)",
                         run.final)
