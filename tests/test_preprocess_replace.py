@@ -182,13 +182,22 @@ def test_interrupt_message_of_an_overwrite_run_says_to_resume_without_it(tmp_pat
 
     src = write_raw(tmp_path / "a.tsv", make_fields(60, seed=5))
     out = tmp_path / "ds"
+    real, calls = pp_worker._write_shard, []
 
-    def interrupted(*a, **k):
-        raise KeyboardInterrupt
-    monkeypatch.setattr(pp_worker, "_write_shard", interrupted)
-    r = run_cli(["-i", str(src), "-o", str(out), "--workers", "1", "--overwrite"])
+    def interrupted_in_the_second_chunk(*a, **k):  # the first chunk (its one train shard) finished
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+    monkeypatch.setattr(pp_worker, "_write_shard", interrupted_in_the_second_chunk)
+    args = ["-i", str(src), "-o", str(out), "--workers", "1", "--chunk-rows", "20"]
+    r = run_cli([*args, "--overwrite"])
     assert r.exit_code == 130
     assert "error: interrupted; the same command without --overwrite resumes from the finished chunks" in r.stderr
+    monkeypatch.undo()
+    r = run_cli(args)  # as the line advises
+    assert r.exit_code == 0, r.stderr
+    assert sum(split.rows for split in read_metadata(out).splits.values()) == 60
 
 
 def test_an_overwrite_interrupted_before_its_first_chunk_says_the_old_dataset_is_whole(tmp_path, monkeypatch):
@@ -217,3 +226,25 @@ def test_an_overwrite_interrupted_before_its_first_chunk_says_the_old_dataset_is
     r = run_cli([*args, "--overwrite"])  # what the line advises
     assert r.exit_code == 0, r.stderr
     assert read_metadata(out).extra["inputs"][0]["path"] == str(new_src)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_interrupt_before_any_chunk_finished_says_nothing_was_kept(tmp_path, monkeypatch, overwrite):
+    """Ctrl-C / SIGTERM before the first chunk finished: the run removes what it made, yet the line said "the same
+    command resumes from the finished chunks" (there were none)."""
+    from dlrm.data.preprocess import worker as pp_worker
+
+    src = write_raw(tmp_path / "a.tsv", make_fields(60, seed=5))
+    out = tmp_path / "ds"
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pp_worker, "_write_shard", interrupted)
+    args = ["-i", str(src), "-o", str(out), "--workers", "1"]
+    r = run_cli([*args, *(["--overwrite"] if overwrite else [])])
+    assert r.exit_code == 130
+    assert ("error: interrupted before any chunk was finished (nothing was kept); the same command starts over"
+            in r.stderr), r.stderr
+    assert not out.exists()
+    monkeypatch.undo()
+    assert run_cli(args).exit_code == 0

@@ -204,23 +204,27 @@ def _run(inputs: list[Path], output: Path, kwargs: dict) -> None:
             # still 130 (143), not 0: a script running this in a loop must stop; the line says no rerun is needed
             _fail(f"interrupted{how} after the dataset in {output} was complete (metadata.json written); it is "
                   "usable as it is", code)
-        if kwargs.get("overwrite") and _replacement_left_nothing(output):
-            # the replacement finished no chunk and was removed: without --overwrite the command is refused
-            # ("already holds a complete dataset; use --overwrite"), which the line used to advise
-            _fail(f"interrupted{how} before the replacement finished a chunk: {output} holds its dataset as it was; "
-                  "the same command (with --overwrite) starts the replacement over", code)
+        if not _run_to_resume(output):
+            if kwargs.get("overwrite") and (output / "metadata.json").is_file():
+                # the replacement finished no chunk and was removed: without --overwrite the command is refused
+                # ("already holds a complete dataset; use --overwrite"), which the line used to advise
+                _fail(f"interrupted{how} before the replacement finished a chunk: {output} holds its dataset as it "
+                      "was; the same command (with --overwrite) starts the replacement over", code)
+            # a run that finished no chunk removes what it made: there were no "finished chunks" to resume from
+            _fail(f"interrupted{how} before any chunk was finished (nothing was kept); the same command starts over",
+                  code)
         _fail(f"interrupted{how}; {same} resumes from the finished chunks", code)
     except Exception as e:
         _report_bug(e)
 
 
-def _replacement_left_nothing(output: Path) -> bool:
-    """True when ``output`` holds a complete dataset and no unfinished run to resume, its own or a replacement's."""
+def _run_to_resume(output: Path) -> bool:
+    """Whether ``output`` holds an unfinished run to resume: its own, or a replacement's
+    (`dlrm.data.preprocess.replace`)."""
     from dlrm.data.preprocess.constants import PROGRESS_DIR
     from dlrm.data.preprocess.replace import STAGING
 
-    return (output / "metadata.json").is_file() and not any(
-        (d / PROGRESS_DIR / "manifest.json").is_file() for d in (output, output / STAGING))
+    return any((d / PROGRESS_DIR / "manifest.json").is_file() for d in (output, output / STAGING))
 
 
 def _report_bug(exc: Exception):
