@@ -167,6 +167,7 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, repla
                     raise
                 raise named_os_error(out.error, path) from e
             f.flush()
+            os.fchmod(f.fileno(), 0o644)  # mkstemp creates 0600; a checkpoint is an ordinary readable file
             os.fsync(f.fileno())
         if replace:
             os.replace(tmp, path)

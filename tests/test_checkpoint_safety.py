@@ -8,6 +8,7 @@ import datetime
 import json
 import os
 import random
+import stat
 import subprocess
 import sys
 import textwrap
@@ -144,6 +145,16 @@ def test_written_checkpoint_is_plain_data(trained):
     assert state["rng"]["python"][0] == 3 and len(state["rng"]["python"][1]) == 625
     assert state["rng"]["numpy"][0] == "MT19937" and state["rng"]["numpy"][1].dtype == np.uint32
     assert {"samples", "train_s", "train_losses"} <= set(state["run_stats"]) and state["run_stats"]["samples"] == 24
+
+
+def test_checkpoints_are_ordinary_readable_files(trained, tmp_path):
+    """A checkpoint gets the mode of the run's other files (0644), not mkstemp's 0600: a teammate's --eval-only or
+    --export of a shared run read none of its checkpoints, best.pt included, while its config.json and summary read."""
+    run = trained["path"].parent.parent
+    for path in [*run.glob("checkpoints/*.pt"), run / "config.json"]:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+    ckpt.write_atomic(tmp_path / "again.pt", ckpt.load_checkpoint(trained["path"]))
+    assert stat.S_IMODE((tmp_path / "again.pt").stat().st_mode) == 0o644
 
 
 def test_rng_streams_survive_a_format_2_round_trip(trained, tmp_path):
