@@ -191,12 +191,15 @@ class Trainer(WindowLogging):
         def find() -> Optional[str]:  # rank 0's: a failure there (adopt_best's ENOSPC) stops every rank (`on_main`)
             source = run_of(self.resume_from) or self.resume_from.resolve().parent.parent
             saved = ckpt.checkpoint_dir(source)  # its best.pt too: a path recorded relative to another directory
-            recorded = Path(best["checkpoint"])  # relative to where it trained: from elsewhere, maybe a namesake's file
+            # where it trained, relative or absolute: a run moved since (`mv tb/r arch/r`) finds there, or relative to
+            # another working directory, a namesake's file, maybe of the same step (taken first, that other model was
+            # linked as this run's best.pt): the last resort, after this run's own files
+            recorded = Path(best["checkpoint"])
             own = self.checkpointer.best_path  # last: a restarted branch's link to it (its source's best.pt moved on)
             ours = (saved / own.name, self.resume_from, saved / ckpt.checkpoint_name(best["step"]), own)
-            found = next((path for path in ((recorded, *ours) if recorded.is_absolute() else (*ours, recorded))
-                          if checkpoint_step(path) == best["step"]), None)  # so this run's first; also from another
-            moves = found != recorded or run_of(found) is not None  # run's best.pt (a branch), replaced with later bests
+            found = next((path for path in (*ours, recorded) if checkpoint_step(path) == best["step"]), None)
+            moves = found != recorded or run_of(found) is not None  # also another run's best.pt (an old branch's record),
+            # which that run replaces with later bests
             if found is not None and moves and _same_file(found, own):  # a restarted branch's best.pt (named the
                 found = own  # source's best.pt, the same file now, which that run replaces with later bests)
             elif found is not None and moves and self.checkpointer.adopt_best(found, self.run.plan is not None):
