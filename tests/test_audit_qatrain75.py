@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
+import pytest
 import torch
 
 from dlrm import checkpoint as ckpt
 from dlrm.config import load_config
 from dlrm.train.trainer import train
+from tests.conftest import CHILD_ENV
 from tests.test_audit_review52 import _scripted, tiny_config
 
 
@@ -41,3 +45,41 @@ def test_a_moved_run_resumed_keeps_its_own_best_model_not_the_namesake_at_its_ol
     assert not own.samefile(other)  # was a hard link to the namesake's best.pt
     assert all(torch.equal(before[k], v) for k, v in ckpt.load_checkpoint(own)["model"].items())
     assert all(torch.equal(before[k], v) for k, v in ckpt.load_checkpoint(resumed["best_checkpoint"])["model"].items())
+
+
+LAST_EVAL_SIGNAL = """
+import os, signal, sys
+from dlrm.train import evaluator
+real = evaluator.evaluate
+def evaluate(forward, loader, env=None):  # the run's one evaluation, its last: the signal arrives in the middle of it
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    return real(forward, loader, env) if env is not None else real(forward, loader)
+evaluator.evaluate = evaluate
+from dlrm.cli import main
+main(sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_during_the_last_evaluation_keeps_the_trained_steps(tmp_path, name, code):
+    """A run without checkpoint.every checkpoints at its end only, after its last evaluation. A SIGTERM or Ctrl-C
+    during that evaluation stopped the process at once, no checkpoint written: every step trained was lost, and the
+    --resume started the run again from step 0 ("holds no checkpoint yet"), where the same signal one step earlier
+    checkpointed that step. Now the evaluation and its checkpoint finish, the run exits 128 + the signal, and the
+    --resume writes the summary without training a step again."""
+    config = tiny_config(tmp_path, checkpoint={"every": None})
+    args = ["--config", str(config), "--tb-dir", str(tmp_path / "tb"), "--max-steps", "4"]
+    done = subprocess.run([sys.executable, "-c", LAST_EVAL_SIGNAL, name, *args, "--run-name", "r"], cwd=tmp_path,
+                          env=CHILD_ENV, capture_output=True, text=True, timeout=240)
+    assert done.returncode == code, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"stopped by signal ({name}) at step 4, after its last evaluation" in done.stderr, done.stderr[-2000:]
+    run = tmp_path / "tb" / "r"
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-00000004.pt"]  # was none: the run's 4 steps lost
+    assert not (run / "summary.json").exists()
+    resumed = train(load_config(config, {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": "r",
+                                         "train.max_steps": 4}), resume="latest")
+    assert resumed["resumed_at_step"] == 4 and resumed["steps"] == 4
+    whole = train(load_config(config, {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": "whole",
+                                       "train.max_steps": 4}))
+    assert resumed["auc"] == whole["auc"] and resumed["final_train_loss"] == whole["final_train_loss"]

@@ -1,7 +1,7 @@
 """SIGINT/SIGTERM during training: finish the step, checkpoint, flush, exit; a second signal stops at once. Outside
-the steps (a run's start, its last evaluation and summary) SIGTERM stops at once as Ctrl-C does: `StopAtOnce`; in a
-distributed run the start, and the time from its first step to its summary, wait for the ranks to agree instead
-(`agreed_stop`, `held_signals`)."""
+the steps (a run's start, its summary) SIGTERM stops at once as Ctrl-C does: `StopAtOnce`; the last evaluation and its
+checkpoint finish first, then the run stops (`FinishAlone`); in a distributed run the start, and the time from its
+first step to its summary, wait for the ranks to agree instead (`agreed_stop`, `held_signals`)."""
 
 from __future__ import annotations
 
@@ -127,3 +127,35 @@ def held_signals(env: DistEnv) -> Iterator[GracefulStop]:
         return
     with GracefulStop("held until every rank knows, then stopping") as held:
         yield held
+
+
+class FinishAlone:
+    """One process's last evaluation and the checkpoint that holds it (`Trainer.fit`): a SIGINT/SIGTERM there lets
+    both finish, then stops at `release` (`TrainingStopped`: 128 + the signal, ``message(signal name)``), the summary
+    left to a --resume, as a signal after the training loop's last look leaves it; a second signal stops at once.
+    Stopped at once there (`StopAtOnce`, Ctrl-C's KeyboardInterrupt), the run lost every step since its last
+    checkpoint: all of a run without checkpoint.every, which its --resume trained again from step 0. Several ranks:
+    nothing changes (`agreed_stop` holds the phase for them)."""
+
+    def __init__(self, env: DistEnv, message: Callable[[str], str]) -> None:
+        self._stop = None if env.distributed else GracefulStop("finishing the last evaluation and its checkpoint, "
+                                                               "then exiting")
+        self._message = message
+
+    def __enter__(self) -> "FinishAlone":
+        if self._stop is not None:
+            self._stop.__enter__()
+        return self
+
+    def release(self) -> None:
+        """The handlers before it back; a signal it held stops the run now."""
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            stop.__exit__(None, None, None)
+            if stop.signum:
+                raise TrainingStopped(128 + stop.signum, self._message(signal.Signals(stop.signum).name), agreed=True)
+
+    def __exit__(self, *exc) -> None:
+        if self._stop is not None:  # an error before `release`: its handlers back, the error goes on
+            self._stop.__exit__(*exc)
+            self._stop = None

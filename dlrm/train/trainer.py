@@ -39,7 +39,7 @@ from dlrm.train.resume_policy import (check_position, check_resume_config, check
                                       saved_config, summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import as_trained, dataset_held, seed_everything, seed_rank
-from dlrm.train.signals import GracefulStop, StopAtOnce, agreed_stop, held_signals
+from dlrm.train.signals import FinishAlone, GracefulStop, StopAtOnce, agreed_stop, held_signals
 from dlrm.train.step import compile_counters
 from dlrm.train.target import TargetTracker, already_reached
 from dlrm.train.train_data import TrainData, build_for_data, make_loader
@@ -391,9 +391,12 @@ class Trainer(WindowLogging):
         # it); elsewhere it is this length's own, which a longer run does not make: it counts only as a new best
         # (made after the checkpoint, such a best rewrote best.pt unrecorded, and a resume named an older best).
         # several ranks: a signal on one of them during the last evaluation (collectives) or checkpoint stops every
-        # rank after both and the summary (`agreed_stop`), left to a --resume (one process: at once, `StopAtOnce`)
-        with agreed_stop(env, self.device, "after the last evaluation", lambda name: f"stopped by signal ({name}) at "
-                         f"step {pos.step}, after its last evaluation; checkpoint {self.checkpointer.last}", held):
+        # rank after both and the summary (`agreed_stop`), left to a --resume; one process: after both (`FinishAlone`;
+        # stopped at once, it lost every step since the last checkpoint: all of a run without checkpoint.every)
+        stopped = lambda name: (f"stopped by signal ({name}) at step {pos.step}, after its last evaluation; "  # noqa: E731
+                                f"checkpoint {self.checkpointer.last}")
+        with agreed_stop(env, self.device, "after the last evaluation", stopped, held), \
+                FinishAlone(env, stopped) as alone:
             if not self.early_stopped or self.last_eval is None:  # (None: an early stop resumed for its summary)
                 on_grid = bool(cfg.train.eval_every) and pos.step % cfg.train.eval_every == 0
                 # resumed at its end from a checkpoint that already holds this step's evaluation (a run killed before
@@ -412,6 +415,7 @@ class Trainer(WindowLogging):
             # end trains no step, and its agreed stop's cleanup removed the checkpoint its line named)
             self.run_dir.started()
             self.evaluator.write_best()  # a hard link to that checkpoint
+            alone.release()  # (one process: the summary's making stops at once again, the checkpoint written)
             summary = self._finish(prof)
         if env.is_main:
             write_summary(self.run_dir.path / "summary.json", summary, sessions=True,  # a failed write names the file
