@@ -478,14 +478,18 @@ def check_not_own_record(config_path: str, cfg: Config, overrides: dict, eval_on
 def _best_checkpoint(summary: dict) -> Optional[str]:
     """The summary's best checkpoint, as a path from this working directory. A finished run's summary (a --resume of
     a run at its end) is its summary.json, which records it as the run saw it: relative to the working directory it
-    trained in. From another one, that named another run's best.pt (exported silently) or none: a checkpoint of
-    this run's (``<run name>/checkpoints/<file>``) is taken from its run directory as it is now."""
+    trained in, or absolute where the run was then. From another working directory, or for a run moved since (with a
+    new run of its name at its old place), that named another run's best.pt (exported silently) or none: a checkpoint
+    of this run's (``<run name>/checkpoints/<file>``, or any ``checkpoints/<file>`` this run's directory holds now) is
+    taken from its run directory as it is now."""
     best = summary.get("best_checkpoint")
-    if not best or not summary.get("finished") or os.path.isabs(best) or not summary.get("run_dir"):
+    if not best or not summary.get("finished") or not summary.get("run_dir"):
         return best
     recorded, run_dir = Path(best), Path(summary["run_dir"])
-    if recorded.parent.name == "checkpoints" and recorded.parent.parent.name == run_dir.name:
-        return str(run_dir / "checkpoints" / recorded.name)
+    own = run_dir / "checkpoints" / recorded.name
+    if recorded.parent.name == "checkpoints" and (own.exists() or (not recorded.is_absolute()
+                                                                   and recorded.parent.parent.name == run_dir.name)):
+        return str(own)
     return best
 
 

@@ -83,3 +83,24 @@ def test_a_signal_during_the_last_evaluation_keeps_the_trained_steps(tmp_path, n
     whole = train(load_config(config, {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": "whole",
                                        "train.max_steps": 4}))
     assert resumed["auc"] == whole["auc"] and resumed["final_train_loss"] == whole["final_train_loss"]
+
+
+def test_export_of_a_moved_finished_run_takes_its_own_best_pt_not_the_namesakes(tmp_path, monkeypatch):
+    """``--resume --export OUT`` of a run at its end exports the best.pt its summary.json names, recorded absolute
+    where the run trained. Moved since (``mv tb/r arch/r``) with a new run of that name at its old place, the export
+    took the new run's best.pt ("exported ... from tb/r/checkpoints/best.pt"): another run's model."""
+    from dlrm.cli import _best_checkpoint
+
+    config = tiny_config(tmp_path, train={"epochs": 2, "eval_every": 2})
+    old, archive = tmp_path / "tb", tmp_path / "arch"
+    cfg = lambda tb, seed: load_config(config, {"log.tb_dir": str(tb), "log.run_name": "r",  # noqa: E731
+                                                "train.max_steps": 4, "train.seed": seed})
+    _scripted(monkeypatch, [0.60, 0.55])
+    train(cfg(old, 3))
+    archive.mkdir()
+    shutil.move(old / "r", archive / "r")
+    _scripted(monkeypatch, [0.60, 0.55])
+    train(cfg(old, 4))  # the namesake at the old place
+    finished = train(cfg(archive, 3), resume="latest")  # at its end: nothing trained, its summary.json read
+    assert finished["finished"] and finished["best_checkpoint"] == str(old / "r" / "checkpoints" / "best.pt")
+    assert _best_checkpoint(finished) == str(archive / "r" / "checkpoints" / "best.pt")  # was the namesake's
