@@ -104,3 +104,16 @@ def test_export_of_a_moved_finished_run_takes_its_own_best_pt_not_the_namesakes(
     finished = train(cfg(archive, 3), resume="latest")  # at its end: nothing trained, its summary.json read
     assert finished["finished"] and finished["best_checkpoint"] == str(old / "r" / "checkpoints" / "best.pt")
     assert _best_checkpoint(finished) == str(archive / "r" / "checkpoints" / "best.pt")  # was the namesake's
+
+
+def test_a_metadata_json_that_is_a_directory_is_named_so_not_missing(tmp_path):
+    """A dataset whose metadata.json is a directory (a copy gone wrong) was refused as "missing (not a dataset
+    directory, or its writer did not finish)": the user was sent to look for a file that is there."""
+    from dlrm.data.schema import read_metadata
+    from dlrm.errors import DatasetError
+
+    (tmp_path / "metadata.json").mkdir()
+    with pytest.raises(DatasetError, match=r"metadata\.json: not a file$"):
+        read_metadata(tmp_path)
+    with pytest.raises(DatasetError, match=r"missing"):
+        read_metadata(tmp_path / "metadata.json")  # no metadata.json inside: missing, as before

@@ -501,8 +501,9 @@ def read_metadata(dataset_dir: str | os.PathLike) -> Metadata:
     the file and the key; nothing else escapes.
     """
     path = Path(dataset_dir) / "metadata.json"
-    if not path.is_file():
-        raise DatasetError(f"{path}: missing (not a dataset directory, or its writer did not finish)")
+    if not path.is_file():  # (a directory of that name: "missing" sent the user looking for a file that is there)
+        what = "not a file" if path.exists() else "missing (not a dataset directory, or its writer did not finish)"
+        raise DatasetError(f"{path}: {what}")
     raw = _load_json(path)
     if not isinstance(raw, dict):
         raise _fail(path, "<root>", "must be a JSON object")
