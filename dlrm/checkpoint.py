@@ -32,6 +32,7 @@ from loguru import logger
 
 from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
+from dlrm.file_modes import file_mode
 from dlrm.logging_setup import ProgressBar, bar_interval, run_logger
 from dlrm.progress_file import ProgressFile as _ProgressFile, ReadProgress as _ReadProgress
 from dlrm.stop_signal import signals_deferred
@@ -167,7 +168,7 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, repla
                     raise
                 raise named_os_error(out.error, path) from e
             f.flush()
-            os.fchmod(f.fileno(), 0o644)  # mkstemp creates 0600; a checkpoint is an ordinary readable file
+            os.fchmod(f.fileno(), file_mode())  # mkstemp creates 0600; a checkpoint is an ordinary file
             os.fsync(f.fileno())
         if replace:
             os.replace(tmp, path)
@@ -207,7 +208,7 @@ def write_files_atomic(directory: Path, files: dict[str, str | bytes]) -> None:
                     f.write(content.encode() if isinstance(content, str) else content)
                     f.flush()
                     os.fsync(f.fileno())
-                os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is an ordinary readable file
+                os.chmod(tmp, file_mode())  # mkstemp creates 0600; a report is an ordinary file
             except OSError as e:  # the write's error names no file: this one's name (not its temporary's)
                 raise named_os_error(e, directory / name) from None
         with signals_deferred():  # all renamed or none: a Ctrl-C or SIGTERM between two mixed the sets

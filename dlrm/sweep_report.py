@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from dlrm.checkpoint import write_files_atomic
+from dlrm.file_modes import dir_mode
 from dlrm.sweep import slug
 from dlrm.sweep_results import SettingResult, _std, label
 from dlrm.train.metric_text import auc_text, csv_cell
@@ -38,7 +39,7 @@ def write_report(directory: Path, results: list[SettingResult], keys: list[str],
             stale.unlink()
     fresh = Path(tempfile.mkdtemp(prefix=".hparams.", suffix=".tmp", dir=directory))
     try:
-        os.chmod(fresh, 0o755)  # mkdtemp makes it 0700; hparams/ is an ordinary readable directory
+        os.chmod(fresh, dir_mode())  # mkdtemp makes it 0700; hparams/ is an ordinary directory
         write_hparams(fresh, results)
         write_files_atomic(directory, tables)
         target = directory / "hparams"

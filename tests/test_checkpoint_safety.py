@@ -147,14 +147,22 @@ def test_written_checkpoint_is_plain_data(trained):
     assert {"samples", "train_s", "train_losses"} <= set(state["run_stats"]) and state["run_stats"]["samples"] == 24
 
 
-def test_checkpoints_are_ordinary_readable_files(trained, tmp_path):
-    """A checkpoint gets the mode of the run's other files (0644), not mkstemp's 0600: a teammate's --eval-only or
-    --export of a shared run read none of its checkpoints, best.pt included, while its config.json and summary read."""
+def test_checkpoints_are_ordinary_files(trained, tmp_path):
+    """A checkpoint gets the mode of the run's other files (0666 less the umask: 0644 under 022), not mkstemp's 0600:
+    a teammate's --eval-only or --export of a shared run read none of its checkpoints, best.pt included, while its
+    config.json and summary read; under a private umask (077) it stays private (tests/test_file_modes.py)."""
     run = trained["path"].parent.parent
-    for path in [*run.glob("checkpoints/*.pt"), run / "config.json"]:
-        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
-    ckpt.write_atomic(tmp_path / "again.pt", ckpt.load_checkpoint(trained["path"]))
-    assert stat.S_IMODE((tmp_path / "again.pt").stat().st_mode) == 0o644
+    config_mode = stat.S_IMODE((run / "config.json").stat().st_mode)
+    for path in run.glob("checkpoints/*.pt"):
+        assert stat.S_IMODE(path.stat().st_mode) == config_mode, path
+    state = ckpt.load_checkpoint(trained["path"])
+    for umask in (0o022, 0o077):
+        old = os.umask(umask)
+        try:
+            ckpt.write_atomic(tmp_path / f"again-{umask:o}.pt", state)
+        finally:
+            os.umask(old)
+        assert stat.S_IMODE((tmp_path / f"again-{umask:o}.pt").stat().st_mode) == 0o666 & ~umask
 
 
 def test_rng_streams_survive_a_format_2_round_trip(trained, tmp_path):

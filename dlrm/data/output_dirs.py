@@ -23,6 +23,7 @@ from loguru import logger
 
 from dlrm.errors import ConfigError
 from dlrm.file_lock import LockHeld, NotALockFile, name_holder, try_lock
+from dlrm.file_modes import dir_mode
 from dlrm.json_file import read_json
 
 
@@ -132,7 +133,7 @@ def replace_dir(tmp: Path, out: Path) -> None:
         if out.is_dir() and any(out.iterdir()):
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, old / out.name)
-        os.chmod(tmp, 0o755)  # mkdtemp creates 0700; the dataset is an ordinary readable directory
+        os.chmod(tmp, dir_mode())  # mkdtemp creates 0700; the dataset is an ordinary directory
         os.replace(tmp, out)  # rename(2) also replaces an empty directory
     except BaseException:
         if old is not None:

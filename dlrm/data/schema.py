@@ -104,6 +104,7 @@ DENSE_FORMATS = ("counts", "float")
 
 
 from dlrm.errors import DatasetError  # noqa: E402,F401 - defined low (dlrm.errors), raised here
+from dlrm.file_modes import file_mode  # noqa: E402
 
 
 def one_hot_sizes() -> list[int]:
@@ -544,7 +545,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, nan_as_null: bool = Fal
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the result is an ordinary readable file
+        os.chmod(tmp, file_mode())  # mkstemp creates 0600; the result is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

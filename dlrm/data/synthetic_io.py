@@ -25,6 +25,7 @@ from dlrm.data.schema import (
     slot_offsets,
 )
 from dlrm.data.output_dirs import replace_dir
+from dlrm.file_modes import file_mode
 from dlrm.data.teacher import _U64, Rows
 
 ROW_GROUP_ROWS = 1 << 17
@@ -168,7 +169,7 @@ def publish(tmp: Path, out: Path, tsv_tmp: Path | None, tsv_path: Path | None) -
         # replaced --out was being removed: the caller then removed the new TSV, and the user's old one stayed
         # beside the new dataset.
         if tsv_tmp is not None and not tmp.exists():
-            os.chmod(tsv_tmp, 0o644)  # mkstemp makes 0600; the finished file gets an ordinary file's mode
+            os.chmod(tsv_tmp, file_mode())  # mkstemp makes 0600; the finished file gets an ordinary file's mode
             os.replace(tsv_tmp, tsv_path)
 
 

@@ -22,6 +22,7 @@ from loguru import logger
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from dlrm.config import ProfileConfig
+from dlrm.file_modes import file_mode
 from dlrm.logging_setup import native_output, run_logger
 
 # The trace files each run directory (its real path) held when this process last started a profiler on it: they are
@@ -77,7 +78,7 @@ def trace_handler(run_dir: Path):
         os.close(fd)
         try:
             prof.export_chrome_trace(tmp)
-            os.chmod(tmp, 0o644)  # mkstemp creates 0600; a trace is an ordinary readable file
+            os.chmod(tmp, file_mode())  # mkstemp creates 0600; a trace is an ordinary file
             os.replace(tmp, Path(run_dir) / name)
         finally:
             with contextlib.suppress(FileNotFoundError):
