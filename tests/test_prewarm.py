@@ -175,6 +175,24 @@ def test_signals_sent_to_the_process_reach_the_program(prewarmed, sig, handled, 
     assert ("got" in proc.stdout.read()) == handled
 
 
+def test_a_signal_ignored_at_start_reaches_a_program_that_handles_it(prewarmed):
+    """A signal its starter ignored (nohup, a supervisor) starts ignored in the program, which may set a handler of its
+    own: then it gets the signal, as in a fresh interpreter. The client passed on none it had started with ignored,
+    so the served program slept on."""
+    code = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(7)); "
+            "print('ready', flush=True); time.sleep(60)")
+    for exe in (launch.real_python(), str(prewarmed.wrapper)):
+        proc = subprocess.Popen([exe, "-c", code], stdout=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+        try:
+            assert wait_line(proc) == "ready"
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 7, exe
+        finally:
+            proc.kill()
+            proc.wait()
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -97,9 +97,11 @@ def main() -> None:
     def forward(signum, _frame):
         send(pid, group, signum)
 
+    # every one, those this process started with ignored too: the program starts with them ignored (`ignored`) and
+    # may set a handler of its own, as a fresh interpreter's program would get them then (and its children in a group
+    # it leads, whatever it does); where it leaves one ignored, the one passed on does nothing there either
     for s in PASSED_ON:
-        if int(s) not in ignored:
-            signal.signal(s, forward)
+        signal.signal(s, forward)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
     reply = b""
     while not reply:
