@@ -154,6 +154,13 @@ def test_threads_and_atexit_finish_in_order(prewarmed):
     assert served.stdout == fresh.stdout == "main\nthread\natexit\n"
 
 
+# how a program below that handles a signal waits for it: short sleeps, not one long one. CPython runs a Python-level
+# handler between bytecodes, and where the signal came after its last look but before the sleep's system call began
+# (the program preempted as its `print` woke its reader), the handler ran when that sleep ended: 60 s on, past the
+# test's timeout (a CI run under load; a fresh interpreter does the same). The loop looks between sleeps.
+WAIT = "[time.sleep(0.05) for _ in range(1200)]"
+
+
 def wait_line(proc: subprocess.Popen) -> str:
     line = proc.stdout.readline()
     assert line, proc.stderr.read() if proc.stderr else "no output"
@@ -166,7 +173,7 @@ def wait_line(proc: subprocess.Popen) -> str:
 ])
 def test_signals_sent_to_the_process_reach_the_program(prewarmed, sig, handled, expected):
     handler = f"signal.signal({int(sig)}, lambda *_: (print('got', flush=True), sys.exit(7)))" if handled else "0"
-    code = f"import signal, sys, time\n{handler}\nprint('ready', flush=True)\ntime.sleep(60)"
+    code = f"import signal, sys, time\n{handler}\nprint('ready', flush=True)\n{WAIT}"
     proc = subprocess.Popen([str(prewarmed.wrapper), "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     assert wait_line(proc) == "ready"
@@ -180,7 +187,7 @@ def test_a_signal_ignored_at_start_reaches_a_program_that_handles_it(prewarmed):
     own: then it gets the signal, as in a fresh interpreter. The client passed on none it had started with ignored,
     so the served program slept on."""
     code = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(7)); "
-            "print('ready', flush=True); time.sleep(60)")
+            f"print('ready', flush=True); {WAIT}")
     for exe in (launch.real_python(), str(prewarmed.wrapper)):
         proc = subprocess.Popen([exe, "-c", code], stdout=subprocess.PIPE, text=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
@@ -236,9 +243,9 @@ def test_a_kill_of_a_process_group_it_leads_ends_the_programs_children(prewarmed
 def test_a_signal_to_a_process_group_it_leads_reaches_the_programs_children(prewarmed):
     code = ("import os, signal, subprocess, sys, time; "
             "kid = subprocess.Popen([sys.executable, '-c', 'import signal, sys, time; "
-            "signal.signal(signal.SIGTERM, lambda *_: sys.exit(9)); print(1, flush=True); time.sleep(60)'], "
+            f"signal.signal(signal.SIGTERM, lambda *_: sys.exit(9)); print(1, flush=True); {WAIT}'], "
             "stdout=subprocess.PIPE, text=True); kid.stdout.readline(); "
-            "signal.signal(signal.SIGTERM, lambda *_: sys.exit(kid.wait())); print('ready', flush=True); time.sleep(60)")
+            f"signal.signal(signal.SIGTERM, lambda *_: sys.exit(kid.wait())); print('ready', flush=True); {WAIT}")
     proc = subprocess.Popen([str(prewarmed.wrapper), "-c", code], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
     assert wait_line(proc) == "ready"
