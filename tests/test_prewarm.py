@@ -200,6 +200,22 @@ def test_a_signal_ignored_at_start_reaches_a_program_that_handles_it(prewarmed):
             proc.wait()
 
 
+def test_a_signal_that_comes_as_the_process_begins_waiting_is_passed_on(prewarmed):
+    """A signal whose C-level handler ran but whose Python-level one had not yet when the client began its blocking
+    wait for the program's end (CPython runs that between bytecodes: the signal came just before the wait began) was
+    passed on only when that wait ended, at the program's end: the program slept on. Here another thread takes it once
+    the wait has begun (DLRM_PREWARM_TEST_SIGNAL_IN_WAIT), which leaves the client in that state."""
+    env = {**os.environ, "DLRM_PREWARM_TEST_SIGNAL_IN_WAIT": str(int(signal.SIGTERM))}
+    children = served_so_far(prewarmed)
+    proc = subprocess.Popen([str(prewarmed.wrapper), "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+        assert served_so_far(prewarmed) == children + 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

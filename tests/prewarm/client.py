@@ -10,6 +10,7 @@ Usage (the wrapper's): python -S -E -s client.py SOCKET REAL_PYTHON [ARGS as giv
 
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -58,6 +59,33 @@ def parse(args: list[str]) -> dict | None:
     return {"unbuffered": unbuffered, "mode": "script", "target": args[i], "args": args[i + 1:]}
 
 
+def signal_in_wait(signum: int) -> None:
+    """Tests only (DLRM_PREWARM_TEST_SIGNAL_IN_WAIT=N, tests/test_prewarm.py): signal N comes once the main thread
+    blocks waiting for the program's end, and another thread takes it: its C-level handler runs, but no Python code
+    in the main thread until the wait ends, as where it came just before the wait began (see `main`)."""
+    import threading
+    import time
+
+    main_thread = threading.get_native_id()
+
+    def waiting() -> bool:  # asleep in a system call, not for the GIL that this thread holds now and then (a futex)
+        try:
+            with open(f"/proc/self/task/{main_thread}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/self/task/{main_thread}/wchan") as f:
+                return state == "S" and "futex" not in f.read()
+        except OSError:
+            return False
+
+    def deliver() -> None:
+        deadline = time.monotonic() + 10
+        while not waiting() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(threading.get_ident(), signum)
+
+    threading.Thread(target=deliver, daemon=True).start()
+
+
 def main() -> None:
     sock_path, real, args = sys.argv[1], sys.argv[2], sys.argv[3:]
     fds = open_descriptors(os.path.join(os.path.dirname(sock_path), "python"))  # launch.py's wrapper, beside it
@@ -94,24 +122,37 @@ def main() -> None:
             os.close(fd)
     pid = int(reply.split()[1])
 
-    def forward(signum, _frame):
-        send(pid, group, signum)
-
-    # every one, those this process started with ignored too: the program starts with them ignored (`ignored`) and
-    # may set a handler of its own, as a fresh interpreter's program would get them then (and its children in a group
-    # it leads, whatever it does); where it leaves one ignored, the one passed on does nothing there either
+    # a signal is passed on from the wakeup descriptor, where its C-level handler writes its number at once, not by a
+    # Python-level handler: CPython runs that between bytecodes, and for a signal that came after the unblocking below
+    # had looked for one but before the blocking wait for the exit began, only when that wait ended (at the program's
+    # end: it never got the signal). Its byte ends the poll at once. Every signal, those this process started with
+    # ignored too: the program starts with them ignored (`ignored`) and may set a handler of its own, as a fresh
+    # interpreter's program would get them then (and its children in a group it leads, whatever it does); where it
+    # leaves one ignored, the one passed on does nothing there either
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     for s in PASSED_ON:
-        signal.signal(s, forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
-    reply = b""
-    while not reply:
-        try:
-            reply = sock.recv(4096)
-        except InterruptedError:
-            continue
-        if not reply:
-            print("prewarmed interpreter: the server went away before its child ended", file=sys.stderr)
-            os._exit(1)
+        signal.signal(s, lambda *_: None)
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)  # one held since it began is written to wake_w now
+    if os.environ.get("DLRM_PREWARM_TEST_SIGNAL_IN_WAIT"):
+        signal_in_wait(int(os.environ["DLRM_PREWARM_TEST_SIGNAL_IN_WAIT"]))
+    while True:
+        ready = [fd for fd, _ in poller.poll()]
+        if wake_r in ready:
+            try:
+                for signum in os.read(wake_r, 512):
+                    send(pid, group, signum)
+            except BlockingIOError:
+                pass
+        if sock.fileno() in ready:  # the exit, or the server's end (closed: it went away)
+            break
+    reply = sock.recv(4096)
+    if not reply:
+        print("prewarmed interpreter: the server went away before its child ended", file=sys.stderr)
+        os._exit(1)
     code = int(reply.decode().split()[1])
     if code < 0:  # the same death (a handled or ignored signal is reset first: SIGKILL and SIGSTOP cannot be either)
         if -code not in (signal.SIGKILL, signal.SIGSTOP):
