@@ -149,7 +149,9 @@ def serve(path: str, wrapper: str) -> None:
                         pass
                     reap()
                 else:  # a client's end closed: it was killed (it waits for the exit otherwise), SIGKILL passed on
-                    pid = next(p for p, c in conns.items() if c is key.fileobj)
+                    pid = next((p for p, c in conns.items() if c is key.fileobj), None)
+                    if pid is None:  # its child was reaped earlier in this batch (reap() closed the connection)
+                        continue
                     send(pid, groups[pid], signal.SIGKILL)
                     sel.unregister(key.fileobj)
                     conns.pop(pid).close()  # reaped later, nobody to tell
