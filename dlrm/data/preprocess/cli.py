@@ -65,7 +65,7 @@ def build_cli():
                        "~1.4x the bytes of zstd (benchmarks/results/stream_training_mlperf.md).")
     @click.option("--compression-level", type=int, default=None, help="Codec level (default: the codec's).")
     @click.option("--workers", type=click.IntRange(min=1), default=None,
-                  help="Worker processes [default: min(cores, 8)]; 1 runs in this process.")
+                  help="Worker processes [default: min(cores, 8)], at most one a chunk; 1 runs in this process.")
     @click.option("--on-bad-line", type=click.Choice(["stop", "skip"]), default="stop", show_default=True,
                   help="stop: fail naming the first bad line; skip: drop bad lines, count them per reason.")
     @click.option("--overwrite", is_flag=True, help="Replace a dataset or an unfinished run in --output (a complete "

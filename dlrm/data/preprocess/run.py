@@ -35,11 +35,11 @@ from dlrm.data.preprocess.output import (
     _remove_temp_files,
 )
 from dlrm.data.preprocess.replace import STAGING, finish_replacement, stages_into, swap_committed
-from dlrm.data.preprocess.scan import FileScan, _count_pass
+from dlrm.data.preprocess.scan import FileScan, _count_pass, count_pass_tasks
 from dlrm.data.preprocess.schedule import _run_inline, _run_pool, _RunState
 from dlrm.data.preprocess.splits import SplitPlan
 from dlrm.data.preprocess.stats import DistinctCounter
-from dlrm.logging_setup import ProgressBar, bar_interval
+from dlrm.logging_setup import ProgressBar, bar_interval, counted
 from dlrm.data.preprocess.worker import _ChunkTask, _iter_ranges, _stats_from_shard
 from dlrm.data.output_dirs import output_lock
 from dlrm.data.schema import SPLITS, Metadata, write_json_atomic
@@ -91,7 +91,8 @@ def preprocess(
         row_group_rows: parquet row group size.
         compression, compression_level: parquet codec ("zstd", "snappy", "lz4", "gzip", "brotli",
             "none") and its level (None: the codec's default).
-        workers: processes (default min(cpu count, 8)); 1 runs everything in this process.
+        workers: processes (default min(cpu count, 8)), at most one a chunk (logged when fewer); 1 runs everything
+            in this process.
         on_bad_line: "stop" raises `BadLineError` naming the first bad line; "skip" drops bad lines
             and counts them per reason in ``metadata.extra["bad_lines"]``.
         overwrite: replace a complete dataset or an unfinished run in ``output``. A complete dataset stays until
@@ -161,10 +162,9 @@ def _locked_run(opts: RunOptions, paths: list[Path], out: Path, max_new: int | N
 
 
 def _execute(run: _Run) -> None:
-    """Steps 1-3 with the worker pool; after a failure (not the test hook's `_Interrupted`, which
-    stands for a kill) the output is cleaned up once the pool has stopped writing into it."""
-    if run.opts.workers > 1:
-        run.pool = start_pool(run.opts.workers)  # its workers leave Ctrl-C to this process (dlrm.data.worker_pool)
+    """Steps 1-3 with the worker pool (started by `_Run.use_pool` as the work is known); after a failure (not the
+    test hook's `_Interrupted`, which stands for a kill) the output is cleaned up once the pool has stopped writing
+    into it."""
     failure: BaseException | None = None
     try:
         run.count()
@@ -217,6 +217,7 @@ class _Run:
         self.manifest = _check_output(self.out, opts.output_options(), self.fingerprints, opts.overwrite)
         self.opts = opts.with_sparse_layout(self.manifest["options"] if self.manifest is not None else None)
         self.pool: ProcessPoolExecutor | None = None
+        self.pool_size = 0
         self.done: dict[tuple[int, int], dict] = {}
         # True once this run has taken over the output (the old dataset replaced, the progress of
         # an earlier run read): from then on a failure cleans up after it (`_after_failure`)
@@ -252,6 +253,7 @@ class _Run:
                         f" (it replaces the dataset in {self.final} once complete)" if self.staged else "")
         else:
             logger.info("counting the lines of {} input file(s)", len(self.paths))
+            self.use_pool(count_pass_tasks(self.paths, o.workers))
             self.scans = _count_pass(self.paths, o.input_format, o.chunk_rows, self.pool, o.workers, o.progress)
         for sc in self.scans:
             if sc.trailing_blank:
@@ -276,6 +278,37 @@ class _Run:
             expected = ", the expected count of --split random" if self.plan.mode == "random" else ""
             logger.info("--min-frequency auto: {} for {:,} train rows ({}{})", self.opts.min_frequency, train_rows,
                         describe_rule(), expected)
+        self.size_pool_to_chunks()
+
+    def use_pool(self, tasks: int) -> None:
+        """Have a pool of min(--workers, ``tasks``) processes for ``tasks`` that can run at once (none with --workers 1
+        or no task): the pool as it is if that size, else a new one. Every worker of `start_pool` is started before
+        it returns (each imports numpy and pyarrow): ``--workers 500`` on a one-chunk file started 500 (143 s on 2
+        cores, for 1.5 s of work)."""
+        n = min(self.opts.workers, tasks) if self.opts.workers > 1 else 0
+        if n == self.pool_size:
+            return
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool, self.pool_size = None, 0
+        if n > 0:
+            self.pool = start_pool(n)  # its workers leave Ctrl-C to this process (dlrm.data.worker_pool)
+            self.pool_size = n
+
+    def size_pool_to_chunks(self) -> None:
+        """After the count pass: a pool of no more workers than the run has chunks (a chunk is one worker's task; a
+        resume's chunks still to do, or shards to re-read, are at most that many), logged when not --workers. One chunk
+        still gets a worker process: a worker killed for memory is reported as such (`BrokenProcessPool`)."""
+        from loguru import logger
+
+        chunks = sum(sc.num_chunks for sc in self.scans)
+        asked = self.opts.workers
+        self.use_pool(chunks)
+        used = min(asked, chunks)
+        if 0 < used < asked:  # (no chunk: the run has nothing to do, and says so)
+            logger.info("{} (not {:,}): the run has only {}", counted(used, "worker process", ","), asked,
+                        counted(chunks, "chunk", ","))
+            self.opts = replace(self.opts, workers=used)
 
     def start_output(self) -> None:
         """Step 2: remove what an earlier run wrote (--overwrite: a dataset, or a replacement's staged run; the complete

@@ -404,6 +404,23 @@ def _newline_offsets(args: tuple[str, int, int, int, list[int]]) -> list[int]:
     return out
 
 
+def _n_ranges(size: int, n_tasks: int) -> int:
+    """The byte ranges `scan_file_parallel` counts a plain file of ``size`` bytes in: ``n_tasks`` at least, about
+    `_SCAN_RANGE_BYTES` each, at most 1024."""
+    return max(1, min(max(n_tasks, -(-size // _SCAN_RANGE_BYTES)), 1024))
+
+
+def count_pass_tasks(paths: list[Path], workers: int) -> int:
+    """How many tasks `_count_pass` gives a pool of ``workers`` processes at most at once: 0 when it counts in this
+    process (one input, gzip or smaller than `_PARALLEL_SCAN_MIN_BYTES`), else one per small or gzip file plus the
+    byte ranges of every big plain one. A pool larger than this would only start processes that never get a task."""
+    sizes = [p.stat().st_size for p in paths]
+    big = [not _is_gzip(p) and size >= _PARALLEL_SCAN_MIN_BYTES for p, size in zip(paths, sizes)]
+    if len(paths) == 1 and not big[0]:
+        return 0
+    return sum(_n_ranges(size, 2 * workers) if b else 1 for size, b in zip(sizes, big))
+
+
 def scan_file_parallel(path: str | os.PathLike, fmt: str, chunk_rows: int, executor, n_tasks: int,
                        on_bytes: Callable[[int], object] | None = None) -> FileScan:
     """`scan_file` of a plain (not gzip) file with the reading spread over ``executor``: newlines
@@ -418,7 +435,7 @@ def scan_file_parallel(path: str | os.PathLike, fmt: str, chunk_rows: int, execu
     first_line = head.split(b"\n", 1)[0].rstrip(b"\r")
     fmt, header = _format_and_header(first_line, path, fmt)
     h = 1 if header else 0
-    n_ranges = max(1, min(max(n_tasks, -(-size // _SCAN_RANGE_BYTES)), 1024))
+    n_ranges = _n_ranges(size, n_tasks)
     bounds = [size * i // n_ranges for i in range(n_ranges + 1)]
     ranges = [(str(path), bounds[i], bounds[i + 1]) for i in range(n_ranges)]
     counts = []
