@@ -76,3 +76,55 @@ def test_a_count_pass_of_several_files_gets_a_pool_of_one_worker_a_file(tmp_path
     sizes.clear()
     pp.preprocess([a, b], tmp_path / "two", workers=50, progress=False)  # 2 files, 2 chunks: the count pass's pool
     assert sizes == [2]
+
+
+# -- 2. a file of CR-only line endings is named as such ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "csv"])
+@pytest.mark.parametrize("on_bad_line", ["stop", "skip"])
+def test_cr_only_line_endings_are_named_with_the_conversion(tmp_path, fmt, on_bad_line):
+    """A file whose lines end in ``\\r`` alone (old Mac) is one line of thousands of fields. Before the fix: ``in.tsv:1:
+    expected 40 fields separated by '\\t', found 3901; the file ends in this line, without a newline (cut off? a
+    truncated download or copy)``, and for the CSV variant ``in.csv:1: the header has 7840 fields, expected 40``. Now
+    the count pass says what the file is and how to convert it, with either --on-bad-line (the whole file is unread,
+    not a bad line), and writes nothing; converted as it says, the file gives the dataset of its newline copy."""
+    rows = make_fields(60, seed=4)
+    lf = write_raw(tmp_path / f"lf.{fmt}", rows, fmt)
+    src = tmp_path / f"in.{fmt}"
+    src.write_bytes(lf.read_bytes().replace(b"\n", b"\r"))
+    out = tmp_path / "ds"
+    with pytest.raises(pp.PreprocessError) as e:
+        pp.preprocess([src], out, on_bad_line=on_bad_line, workers=1, progress=False)
+    assert str(e.value) == (f"{src}:1: the file's lines end in a carriage return alone ('\\r', old Mac line endings), "
+                            f"not a newline; convert it, e.g. tr '\\r' '\\n' < {src} > NEW_FILE")
+    assert not out.exists()
+    converted = tmp_path / f"converted.{fmt}"
+    converted.write_bytes(src.read_bytes().replace(b"\r", b"\n"))  # what tr '\r' '\n' does
+    pp.preprocess([converted], out, workers=1, progress=False)
+    pp.preprocess([lf], tmp_path / "ref", workers=1, progress=False)
+    shards = sorted(p.relative_to(out) for p in out.rglob("*.parquet"))  # (metadata.json names the input)
+    assert shards and shards == sorted(p.relative_to(tmp_path / "ref") for p in (tmp_path / "ref").rglob("*.parquet"))
+    assert all((out / p).read_bytes() == (tmp_path / "ref" / p).read_bytes() for p in shards)
+
+
+def test_cr_only_line_endings_of_a_gzip_file_and_of_later_lines(tmp_path):
+    """A gzip file's conversion decompresses it first; a file whose later lines only end in ``\\r`` (two files of
+    both kinds concatenated) names the first such line, without the "cut off?" note of a file's last line (before the
+    fix: ``found 361; the file ends in this line, without a newline (cut off? ...)``)."""
+    import gzip
+
+    lf = write_raw(tmp_path / "lf.tsv", make_fields(30, seed=5)).read_bytes()
+    gz = tmp_path / "in.tsv.gz"
+    gz.write_bytes(gzip.compress(lf.replace(b"\n", b"\r")))
+    with pytest.raises(pp.PreprocessError, match=r"in\.tsv\.gz:1: the file's lines end in a carriage return alone "
+                                                 r".*convert it, e.g\. zcat \S+in\.tsv\.gz \| tr '\\r' '\\n' > NEW_FILE$"):
+        pp.preprocess([gz], tmp_path / "ds", workers=1, progress=False)
+    mixed = tmp_path / "mixed.tsv"
+    mixed.write_bytes(lf + lf.replace(b"\n", b"\r")[:-1])
+    with pytest.raises(pp.BadLineError) as e:
+        pp.preprocess([mixed], tmp_path / "ds", workers=1, progress=False)
+    assert str(e.value) == (f"{mixed}:31: expected 40 fields separated by '\\t', found 1171 (records in this line end "
+                            "in a carriage return alone ('\\r', old Mac line endings), not a newline; convert the file, "
+                            "e.g. with tr '\\r' '\\n')")
+    assert not (tmp_path / "ds").exists()

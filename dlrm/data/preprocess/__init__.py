@@ -64,6 +64,7 @@ Modules (this package re-exports the names other code uses)::
     scan        the count pass (`scan_file`, `scan_file_parallel`; a UTF-8 byte-order mark is skipped)
     input_kinds archives and codecs the preprocessor does not read, named from their magic bytes
     cut_line    a file cut off inside its last value
+    line_endings lines ended by a carriage return alone, named as such
     splits      `SplitPlan`, the counter-based `random_uniform`
     stats       `DistinctCounter`, per-chunk `sparse_stats`
     worker      one chunk in a worker process (parse, split, write shards)

@@ -18,6 +18,7 @@ import numpy as np
 
 from dlrm.data.preprocess.constants import NUM_FIELDS, RAW_COLUMNS
 from dlrm.data.preprocess.errors import BadLine
+from dlrm.data.preprocess.line_endings import cr_ended
 from dlrm.data.preprocess.parse import _HEX_RE, MULTI_HOT_SEPARATOR, ParsedChunk, _delimiter_of
 from dlrm.data.schema import is_multi_hot
 
@@ -49,7 +50,7 @@ def unterminated_note(bad: BadLine, data: bytes, first_line: int) -> BadLine:
     """``bad``, saying the file ends in it when it is the unterminated last line of ``data`` with a wrong field count
     (the message named only the count: "expected 40 fields ..., found 29")."""
     if data and not data.endswith(b"\n") and bad.line == first_line + data.count(b"\n") \
-            and bad.reason == "wrong_field_count":
+            and bad.reason == "wrong_field_count" and not cr_ended(data[data.rfind(b"\n") + 1:]):  # (not cut off)
         return dataclasses.replace(bad, detail=f"{bad.detail}; {_NOTE}")
     return bad
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from dlrm.data.preprocess.constants import _M64, _U, INT32_MAX, NUM_FIELDS, RAW_COLUMNS
 from dlrm.data.preprocess.errors import BadLine, BadLineError
+from dlrm.data.preprocess.line_endings import cr_advice, cr_ended
 from dlrm.data.schema import (
     MISSING_SPARSE,
     NUM_DENSE,
@@ -433,6 +434,8 @@ def _drop_wrong_field_counts(cb: _Buffer, delim: int, source: str, first_line: i
             if other is not None and body[line_start[i]:nl[i]].tobytes().count(other[0]) == NUM_FIELDS - 1:
                 found += (f" (the line has {NUM_FIELDS} fields separated by {other[0].decode()!r}: "
                           f"a {other[1].upper()} file? give --format {other[1]} or auto)")
+        elif cr_ended(body[line_start[i]:nl[i]].tobytes()):  # (a file's first line says it in the count pass)
+            found += f" ({cr_advice(None)})"
         first_bad = BadLine(
             source,
             first_line + i,

@@ -13,6 +13,7 @@ import numpy as np
 
 from dlrm.data.preprocess.constants import _GZIP_ERRORS, _READ_BLOCK, DEFAULT_CHUNK_ROWS, NUM_FIELDS, RAW_COLUMNS
 from dlrm.data.preprocess.errors import BadLine, PreprocessError
+from dlrm.data.preprocess.line_endings import cr_advice, cr_ended
 from dlrm.data.preprocess.parse import _delimiter_of
 from dlrm.logging_setup import ProgressBar, bar_interval
 
@@ -183,6 +184,8 @@ def _format_and_header(first_line: bytes, path: Path, fmt: str) -> tuple[str, bo
     """`_detect_format` of a first line (after a byte-order mark); an empty one (empty file or a bad line) has no
     header."""
     first_line = first_line.removeprefix(UTF8_BOM)
+    if cr_ended(first_line):  # refused in --on-bad-line skip too: not a bad line but the whole file, unread
+        raise PreprocessError(f"{path}:1: {cr_advice(path, _is_gzip(path))}")
     if first_line:
         return _detect_format(first_line, path, fmt)
     return ("tsv" if fmt == "auto" else fmt), False
