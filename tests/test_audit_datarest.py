@@ -187,7 +187,7 @@ def test_the_chunk_line_counts_one_worker_as_one(tmp_path):
         pp.preprocess([src], tmp_path / "ds", split="random", progress=False, workers=1)
     finally:
         logger.remove(sink)
-    assert "1 chunk(s) of up to 262144 lines to do (1 worker)" in said, said
+    assert "1 chunk(s) of up to 262,144 lines to do (1 worker)" in said, said
 
 
 def test_an_import_stopped_before_finishing_a_file_leaves_nothing_and_the_corrected_command_runs(tmp_path):

@@ -51,7 +51,7 @@ def test_the_pool_has_no_more_workers_than_chunks(tmp_path, monkeypatch):
         logger.remove(handle)
     assert sizes == [1]  # ([50] before the fix)
     assert "1 worker process (not 50): the run has only 1 chunk" in messages
-    assert "1 chunk(s) of up to 262144 lines to do (1 worker)" in messages
+    assert "1 chunk(s) of up to 262,144 lines to do (1 worker)" in messages
     pp.preprocess([src], tmp_path / "ref", workers=1, progress=False)
     assert_same_dataset(tmp_path / "one", tmp_path / "ref")
 
@@ -128,3 +128,29 @@ def test_cr_only_line_endings_of_a_gzip_file_and_of_later_lines(tmp_path):
                             "in a carriage return alone ('\\r', old Mac line endings), not a newline; convert the file, "
                             "e.g. with tr '\\r' '\\n')")
     assert not (tmp_path / "ds").exists()
+
+
+# -- 3. the count pass's numbers with thousands separators, as the rest of the log's --------------------------------
+
+
+def test_the_count_pass_lines_have_thousands_separators(tmp_path):
+    """The count pass said "in.tsv: 1200000 data lines (tsv)" and "5 chunk(s) of up to 262144 lines to do" where the
+    summary says "1,200,000 rows"; likewise the trailing empty lines left out (and the chunks a resume finds done, the
+    chunks a failed run keeps, the lines of a gzip file before its damage)."""
+    text = "".join("\t".join(r) + "\n" for r in make_fields(1_200, seed=6))
+    src = tmp_path / "in.tsv"
+    src.write_text(text + "\n" * 1_001)
+    out = tmp_path / "ds"
+    messages, handle = log_messages()
+    try:
+        with pytest.raises(pp._Interrupted):  # (the test hook that stands for a kill after a chunk)
+            pp.preprocess([src], out, chunk_rows=1_100, workers=1, progress=False, _max_new_chunks=1)
+        pp.preprocess([src], out, chunk_rows=1_100, workers=1, progress=False)
+    finally:
+        logger.remove(handle)
+    assert f"{src}: 1,200 data lines (tsv)" in messages  # ("1200 data lines" before the fix)
+    assert "2 chunk(s) of up to 1,100 lines to do (1 worker)" in messages
+    assert f"{src}: ends in 1,001 empty line(s) after its last record: left out (an editor's or a tool's trailing " \
+           "newline, not a record; an empty line before a record is a bad line)" in messages
+    assert "1 chunk(s) of up to 1,100 lines to do (1 worker)" in messages  # the resume
+    assert sum(s.rows for s in read_metadata(out).splits.values()) == 1_200

@@ -219,7 +219,7 @@ def _after_failure(out: Path, created: Path | None, done: dict,
 
     if done:
         logger.warning(
-            "{} finished chunk(s) kept in {} (no metadata.json: not a dataset yet); {}{} to resume, or with "
+            "{:,} finished chunk(s) kept in {} (no metadata.json: not a dataset yet); {}{} to resume, or with "
             "--overwrite to start over",
             len(done), out, resume, " (or --on-bad-line skip)" if bad_line else "",
         )

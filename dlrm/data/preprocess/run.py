@@ -257,7 +257,7 @@ class _Run:
             self.scans = _count_pass(self.paths, o.input_format, o.chunk_rows, self.pool, o.workers, o.progress)
         for sc in self.scans:
             if sc.trailing_blank:
-                logger.info("{}: ends in {} empty line(s) after its last record: left out (an editor's or a tool's "
+                logger.info("{}: ends in {:,} empty line(s) after its last record: left out (an editor's or a tool's "
                             "trailing newline, not a record; an empty line before a record is a bad line)",
                             sc.path, sc.trailing_blank)
         self.file_bad = _check_scans(self.scans, o.on_bad_line)
@@ -343,11 +343,11 @@ class _Run:
         self.counter, self.covered = _load_checkpoint(self.progress_dir / "stats.npz", cap, chunks)
         redo = [k for k in sorted(self.done) if k not in self.covered and "train" in self.done[k]["shards"]]
         if self.done:
-            logger.info("{} chunk(s) already done; re-reading table statistics of {} of them", len(self.done),
+            logger.info("{:,} chunk(s) already done; re-reading table statistics of {:,} of them", len(self.done),
                         len(redo))
         lost = len(self.covered - set(self.done))
         if lost:
-            logger.info("{} chunk(s) the statistics checkpoint covers are redone for their shards (damaged or "
+            logger.info("{:,} chunk(s) the statistics checkpoint covers are redone for their shards (damaged or "
                         "missing since): their statistics are kept", lost)
         if redo:
             o = self.opts
@@ -392,7 +392,7 @@ class _Run:
         o = self.opts
         self.todo = [[c for c in range(sc.num_chunks) if (f, c) not in self.done] for f, sc in enumerate(self.scans)]
         done_lines = sum(r["lines"] for r in self.done.values())
-        logger.info("{} chunk(s) of up to {} lines to do ({} worker{})", sum(len(t) for t in self.todo), o.chunk_rows,
+        logger.info("{:,} chunk(s) of up to {:,} lines to do ({:,} worker{})", sum(len(t) for t in self.todo), o.chunk_rows,
                     o.workers, "" if o.workers == 1 else "s")  # "(1 workers)" it said
         state = _RunState(self.progress_dir, self.counter, self.covered, self.done, o.checkpoint_interval, self.max_new)
         with ProgressBar(
@@ -465,7 +465,7 @@ def _check_scans(scans: list[FileScan], on_bad_line: str) -> dict[str, int]:
 
     file_bad: dict[str, int] = {}
     for i, sc in enumerate(scans):
-        logger.info("{}: {} data lines ({}{}{})", sc.path, sc.lines, sc.format, ", header" if sc.header else "",
+        logger.info("{}: {:,} data lines ({}{}{})", sc.path, sc.lines, sc.format, ", header" if sc.header else "",
                     ", gzip" if sc.compressed else "")
         bad = sc.bad_line()
         if bad is None:
@@ -473,7 +473,7 @@ def _check_scans(scans: list[FileScan], on_bad_line: str) -> dict[str, int]:
         if on_bad_line == "stop":
             raise BadLineError(bad)
         if sc.lines and not sc.prefix_trusted:
-            logger.warning("skipping the whole file ({} lines decompressed before the error): {}", sc.lines,
+            logger.warning("skipping the whole file ({:,} lines decompressed before the error): {}", sc.lines,
                            bad.message())
             scans[i] = sc.without_data()
         else:

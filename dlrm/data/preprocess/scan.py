@@ -345,7 +345,7 @@ def _scan_result(path: Path, compressed: bool, fmt: str, header: bool, starts: _
         end = starts.last_nl_end
         lines = starts.seen - starts.h
         if trusted:
-            detail += f" after {max(lines, 0)} complete data lines"
+            detail += f" after {max(lines, 0):,} complete data lines"
     lines = max(lines, 0)
     n_chunks = -(-lines // chunk_rows)
     offsets = starts.offsets[:n_chunks] + [end]
