@@ -4,6 +4,12 @@ click prints a bad option or value as four lines (``Usage: ...``, ``Try '... --h
 ``Error: ...``); ``python -m dlrm.preprocess`` said it in one, the other tools (train.py, the generator, the MLPerf
 import, relayout, sweeps, the checkpoint merge) in click's four. `OneLineUsageCommand` prints
 ``error: <what is wrong> (see <program> --help)`` on stderr and exits 2, for all of them.
+
+`NonEmptyPath` is the tools' click path type that refuses an empty value as such. ``Path("")`` is the working
+directory: ``-o "$OUT"`` with OUT unset wrote ``python -m dlrm.preprocess``'s dataset into it (with --overwrite,
+replacing a train/ or test/ folder there), and the other data tools named the empty value ".": ``--output .: name the
+dataset directory itself, not . or ..`` (relayout, the MLPerf import), ``--out .`` (the generator), ". is a directory"
+(its --raw-tsv).
 """
 
 from __future__ import annotations
@@ -65,3 +71,33 @@ def _program_name() -> str:
 
         return os.path.basename(sys.argv[0])
     return _detect_program_name()
+
+
+class NonEmptyPath(click.Path):
+    """click.Path refusing ``""``.
+
+    Args:
+        what: what the option names, for the message (default: the data tools' --output, a dataset directory).
+        **kwargs: click.Path's (``exists``, ``file_okay``, ``path_type``...).
+
+    Example:
+        >>> @click.command()
+        ... @click.option("--output", type=NonEmptyPath())
+        ... def tool(output):
+        ...     pass
+        >>> try:
+        ...     tool(["--output", ""], standalone_mode=False)
+        ... except click.BadParameter as e:
+        ...     print(e.format_message())
+        Invalid value for '--output': empty path (name the dataset directory to create)
+    """
+
+    def __init__(self, what: str = "the dataset directory to create", **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.what = what
+
+    def convert(self, value, param, ctx):
+        """``value`` as click.Path converts it, unless it is empty."""
+        if isinstance(value, str) and value == "":
+            self.fail(f"empty path (name {self.what})", param, ctx)
+        return super().convert(value, param, ctx)

@@ -154,3 +154,42 @@ def test_the_count_pass_lines_have_thousands_separators(tmp_path):
            "newline, not a record; an empty line before a record is a bad line)" in messages
     assert "1 chunk(s) of up to 1,100 lines to do (1 worker)" in messages  # the resume
     assert sum(s.rows for s in read_metadata(out).splits.values()) == 1_200
+
+
+# -- 4. an empty path to the other data tools is named as such -------------------------------------------------------
+
+
+def _tool(name: str):
+    """The click command of a data tool."""
+    import importlib
+
+    return importlib.import_module(f"dlrm.data.{name}").main
+
+
+@pytest.mark.parametrize("tool, args, option, what", [
+    ("relayout", ["--data", "{ds}", "--output", ""], "--output", "the dataset directory to create"),
+    ("relayout", ["--data", "", "--output", "{tmp}/copy"], "--data", "the dataset directory to read"),
+    ("mlperf_import", ["--input", "{tmp}", "--output", ""], "--output", "the dataset directory to create"),
+    ("mlperf_import", ["--input", "", "--output", "{tmp}/imported"], "--input", "MLPerf's folder of day files"),
+    ("synthetic", ["--rows", "10", "--out", ""], "--out", "the dataset directory to create"),
+    ("synthetic", ["--rows", "10", "--out", "{tmp}/syn", "--raw-tsv", ""], "--raw-tsv", "the raw TSV file to write"),
+])
+def test_an_empty_path_to_the_other_data_tools_is_named_empty(tmp_path, monkeypatch, tool, args, option, what):
+    """``--output ""`` (an unset shell variable) was refused as ``--output .: name the dataset directory itself, not .
+    or .. (it is renamed into place)`` by relayout and the MLPerf import, ``--out .`` by the generator, whose
+    ``--raw-tsv ""`` said ". is a directory, expected a file path for the raw TSV"; ``--data ""`` and ``--input ""``
+    "Directory '' does not exist". Each is now click's usage error of that option, in one line, as preprocess says
+    it (`dlrm.one_line_usage.NonEmptyPath`), and nothing is written in the working directory."""
+    from click.testing import CliRunner
+
+    ds = tmp_path / "ds"
+    pp.preprocess([write_raw(tmp_path / "in.tsv", make_fields(40, seed=7))], ds, workers=1, progress=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    args = [a.format(ds=ds, tmp=tmp_path) for a in args]
+    result = CliRunner().invoke(_tool(tool), args, prog_name=tool)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1] == (f"error: Invalid value for '{option}': empty path (name {what}) "
+                                                     f"(see {tool} --help)")
+    assert list(work.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["ds", "in.tsv", "work"]

@@ -98,7 +98,7 @@ from dlrm.data.worker_pool import start_pool
 from dlrm.errors import report_bug
 from dlrm.json_file import read_json
 from dlrm.logging_setup import ProgressBar, bar_interval, configure_logging, counted
-from dlrm.one_line_usage import OneLineUsageCommand
+from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
@@ -470,10 +470,11 @@ class InterruptedWhenComplete(KeyboardInterrupt):
 
 
 @click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--input", "input_dir", type=click.Path(file_okay=False, exists=True), required=True,
+@click.option("--input", "input_dir", required=True,
+              type=NonEmptyPath("MLPerf's folder of day files", file_okay=False, exists=True),
               help="MLPerf's folder of day_{i}_labels.npy, day_{i}_dense.npy and day_{i}_sparse_multi_hot.npz (or "
                    "TorchRec's one-hot day_{i}_sparse.npy).")
-@click.option("--output", type=click.Path(file_okay=False), required=True, help="Dataset directory to create.")
+@click.option("--output", type=NonEmptyPath(file_okay=False), required=True, help="Dataset directory to create.")
 @click.option("--train-days", default="0-22", show_default=True, help="Days whose rows train (e.g. 0-22, or 0,1).")
 @click.option("--eval-day", type=click.IntRange(min=0), default=23, show_default=True,
               help="The day split in halves: validation (the first ceil(N/2) rows), then test.")

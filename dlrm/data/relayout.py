@@ -77,7 +77,7 @@ from dlrm.data.validation import NullTally, check_table, check_utf8_path, first_
 from dlrm.data.vocabulary import read_vocabulary
 from dlrm.errors import report_bug
 from dlrm.logging_setup import ProgressBar, configure_logging, counted
-from dlrm.one_line_usage import OneLineUsageCommand
+from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
@@ -270,9 +270,10 @@ class InterruptedWhenComplete(KeyboardInterrupt):
 
 
 @click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--data", type=click.Path(file_okay=False, exists=True, path_type=Path), required=True,
+@click.option("--data", type=NonEmptyPath("the dataset directory to read", file_okay=False, exists=True,
+                                          path_type=Path), required=True,
               help="The dataset directory to read (any schema version).")
-@click.option("--output", type=click.Path(path_type=Path), required=True, help="The dataset directory to create.")
+@click.option("--output", type=NonEmptyPath(path_type=Path), required=True, help="The dataset directory to create.")
 @click.option("--sparse-layout", type=click.Choice(SPARSE_LAYOUTS), default="slots", show_default=True,
               help="slots: one int64 column a multi-hot slot (schema version 3, read 1.6-2x faster); lists: one list "
                    "column a feature (version 2).")

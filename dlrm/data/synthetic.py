@@ -111,7 +111,7 @@ from dlrm.data.teacher import (  # noqa: F401
 )
 from dlrm.errors import report_bug
 from dlrm.logging_setup import ProgressBar, configure_logging
-from dlrm.one_line_usage import OneLineUsageCommand
+from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption  # noqa: F401 - EXIT_INTERRUPTED re-exported
 
 GENERATOR_VERSION = 3
@@ -546,13 +546,13 @@ def _report(exc: BaseException) -> int:
 @click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--rows", type=click.IntRange(min=1), default=None,
               help="Total rows over all splits (required unless --regime sets it: small-real 10,000).")
-@click.option("--out", type=click.Path(file_okay=False), required=True, help="Dataset directory to create.")
+@click.option("--out", type=NonEmptyPath(file_okay=False), required=True, help="Dataset directory to create.")
 @click.option("--seed", type=click.IntRange(min=0, max=MAX_SEED), default=0, show_default=True)
 @click.option("--cardinalities", type=click.Choice(sorted(CARDINALITY_PRESETS)), default=None,
               help="tiny: the embedded sample (3..400); small: CPU-sized tables (3..4000); kaggle: the Criteo Kaggle "
                    "table sizes; mlperf: MLPerf DLRM-DCNv2's (up to 40M) [default: the regime's: small, or kaggle for "
                    "small-real].")
-@click.option("--raw-tsv", type=click.Path(dir_okay=False), default=None,
+@click.option("--raw-tsv", type=NonEmptyPath("the raw TSV file to write", dir_okay=False), default=None,
               help="Also write all rows (train, validation, test) in Kaggle's raw train.txt format.")
 @click.option("--validation-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
               help="[default: the regime's: 0.1, or 1/14 for small-real]")

@@ -28,15 +28,17 @@ def build_cli():
     """The click command behind ``python -m dlrm.preprocess`` (tests invoke it with CliRunner)."""
     import click
 
-    from dlrm.one_line_usage import OneLineUsageCommand
+    from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 
-    path_type = _NonEmptyPath(path_type=Path)  # existence and the rest are checked by `preprocess`
+    # existence and the rest are checked by `preprocess`
+    input_type = NonEmptyPath("a raw Criteo file", path_type=Path)
+    output_type = NonEmptyPath('the dataset directory to write; "." for the working directory', path_type=Path)
 
     @click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
-    @click.argument("more_inputs", nargs=-1, type=path_type, metavar="[INPUT]...")
-    @click.option("--input", "-i", "inputs", multiple=True, type=path_type, metavar="FILE",
+    @click.argument("more_inputs", nargs=-1, type=input_type, metavar="[INPUT]...")
+    @click.option("--input", "-i", "inputs", multiple=True, type=input_type, metavar="FILE",
                   help="Raw file (TSV or CSV, plain or .gz); repeat, or list the files as arguments. Order matters.")
-    @click.option("--output", "-o", required=True, type=path_type, metavar="DIRECTORY",
+    @click.option("--output", "-o", required=True, type=output_type, metavar="DIRECTORY",
                   help="Dataset directory to write.")
     @click.option("--format", "input_format", type=click.Choice(["auto", "tsv", "csv"]), default="auto",
                   show_default=True, help="Input format; auto detects it from each file's first line.")
@@ -137,24 +139,6 @@ def _refuse_unused_options(kwargs: dict) -> None:
         if one_hot:
             _fail(f"--sparse-layout {kwargs['sparse_layout']}: applies to multi-hot fields only (this run is one-hot: "
                   "give --multi-hot-sizes, or leave the option out)")
-
-
-def _NonEmptyPath(**kwargs):
-    """click.Path refusing an empty value: ``Path("")`` is the working directory, so ``-o "$OUT"`` with OUT unset
-    wrote the dataset into it (with --overwrite, replacing a train/ or test/ folder there), and ``-i ""`` was
-    refused as ". is not a regular file"."""
-    import click
-
-    class NonEmptyPath(click.Path):
-        def convert(self, value, param, ctx):
-            if isinstance(value, str) and value == "":
-                if param is not None and param.name == "output":
-                    self.fail('empty path (name the dataset directory to write; "." for the working directory)',
-                              param, ctx)
-                self.fail("empty path (name a raw Criteo file)", param, ctx)
-            return super().convert(value, param, ctx)
-
-    return NonEmptyPath(**kwargs)
 
 
 def _MinFrequency():
