@@ -193,3 +193,31 @@ def test_an_empty_path_to_the_other_data_tools_is_named_empty(tmp_path, monkeypa
     assert result.stderr.strip().splitlines()[-1] == (f"error: Invalid value for '{option}': empty path (name {what}) "
                                                      f"(see {tool} --help)")
     assert list(work.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["ds", "in.tsv", "work"]
+
+
+# -- 5. --min-frequency auto: metadata.json keeps the train rows it was picked for, and whether they are expected ----
+
+
+def test_min_frequency_auto_records_the_train_rows_it_was_picked_for(tmp_path):
+    """Under --split random the rule is given the expected train count (known before the lines are drawn); the log
+    said so ("2 for 270 train rows (..., the expected count of --split random)") but metadata.json kept the rule and
+    the value only, beside a train split of another size (266), as if the rule had been given that. Before the fix:
+    ``KeyError: 'min_frequency_train_rows'``."""
+    src = write_raw(tmp_path / "in.tsv", make_fields(300, seed=8))
+    kw = {"hashing": "vocabulary", "min_frequency": "auto", "workers": 1, "progress": False}
+    messages, handle = log_messages()
+    try:
+        meta = pp.preprocess([src], tmp_path / "random", split="random", seed=3, **kw)
+    finally:
+        logger.remove(handle)
+    options = meta.extra["options"]
+    expected = round(300 * (1 - 0.05 - 0.05))
+    assert meta.splits["train"].rows != expected  # (the draw misses the expectation: what the record must tell)
+    assert options["min_frequency_train_rows"] == expected and options["min_frequency_train_rows_expected"] is True
+    assert f"--min-frequency auto: {options['min_frequency_used']} for {expected} train rows " \
+           f"({options['min_frequency_rule']}, the expected count of --split random)" in messages
+    assert read_metadata(tmp_path / "random").extra["options"] == options  # (as written in metadata.json)
+
+    options = pp.preprocess([src], tmp_path / "sequential", **kw).extra["options"]
+    train = read_metadata(tmp_path / "sequential").splits["train"].rows
+    assert options["min_frequency_train_rows"] == train and options["min_frequency_train_rows_expected"] is False

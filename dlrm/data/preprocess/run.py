@@ -85,7 +85,9 @@ def preprocess(
             (values seen >= min_frequency times in train get rows 1..V; cardinality V + 1).
         min_frequency: an int >= 1, or "auto" (vocabulary hashing only): picked from the train split's
             size after the count pass (`dlrm.data.preprocess.frequency`), logged and kept in
-            ``metadata.extra["options"]`` (``min_frequency_used``, ``min_frequency_rule``).
+            ``metadata.extra["options"]`` (``min_frequency_used``, ``min_frequency_rule``, the train rows it was
+            picked for, ``min_frequency_train_rows``, and whether they are --split random's expected count,
+            ``min_frequency_train_rows_expected``).
         max_rows_per_table: cap of a modulus table (None or 0: no cap).
         chunk_rows: lines per chunk (the unit of work, of resuming and of a shard).
         row_group_rows: parquet row group size.
@@ -230,6 +232,7 @@ class _Run:
         self.counter: DistinctCounter | None = None
         self.covered: set[tuple[int, int]] = set()
         self.todo: list[list[int]] = []
+        self.auto_train_rows = 0  # the train rows --min-frequency auto was picked for (`count`)
 
     def resume_advice(self) -> str:
         """How to resume this run after it stopped: the same command, without --overwrite if it had it (with it, a
@@ -272,7 +275,7 @@ class _Run:
         logger.info("split: {}", self.plan.describe())
         self.firsts = np.concatenate(([0], np.cumsum(file_lines)[:-1])).astype(int).tolist()
         if o.min_frequency_auto:
-            train_rows = train_rows_of_plan(self.plan, file_lines)
+            train_rows = self.auto_train_rows = train_rows_of_plan(self.plan, file_lines)
             self.opts = o.with_min_frequency(auto_min_frequency(train_rows))
             # a random split's count is its expectation (its lines are drawn later): said, not given as the split's
             expected = ", the expected count of --split random" if self.plan.mode == "random" else ""
@@ -440,6 +443,10 @@ class _Run:
         if o.min_frequency_auto:  # the value "auto" gave, next to the request (the manifest keeps "auto")
             options["min_frequency_used"] = o.min_frequency
             options["min_frequency_rule"] = describe_rule()
+            # the count the rule was given, as logged: under --split random the expected one (its lines are drawn
+            # per line), which the train split's rows in metadata.json may miss by a few
+            options["min_frequency_train_rows"] = self.auto_train_rows
+            options["min_frequency_train_rows_expected"] = self.plan.mode == "random"
         return _finish(self.out, self.scans, self.fingerprints, options, self.plan, self.done,
                        self.counter, self.file_bad, o.hashing, o.min_frequency, o.max_rows)
 
