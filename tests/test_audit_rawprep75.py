@@ -221,3 +221,52 @@ def test_min_frequency_auto_records_the_train_rows_it_was_picked_for(tmp_path):
     options = pp.preprocess([src], tmp_path / "sequential", **kw).extra["options"]
     train = read_metadata(tmp_path / "sequential").splits["train"].rows
     assert options["min_frequency_train_rows"] == train and options["min_frequency_train_rows_expected"] is False
+
+
+# -- 6. a validation split of one class is said at preprocess time ---------------------------------------------------
+
+
+def test_a_split_of_one_class_is_warned_about(tmp_path):
+    """A validation split of one class has no AUC: train.py refuses it with train.early_stopping on auc ("data.eval_split
+    'validation' holds one class (7 rows, 0 positives): its AUC is undefined"), but preprocess said nothing beyond a
+    "0.00%" in its table. Now a warning names the split and its class in one line, as the empty-split warning does
+    (for the split train.py evaluates by default, as that one; a one-class test split, here all positive, is only
+    in the table); a validation split of both classes gets none, a random split's advice adds --seed."""
+    rows = make_fields(100, seed=9)  # --split sequential: lines 86-92 test, 93-99 validation
+    for i, row in enumerate(rows):
+        row[0] = "0" if i >= 93 else "1" if i >= 86 else str(i % 2)
+    src = write_raw(tmp_path / "in.tsv", rows)
+    warnings, handle = log_messages("WARNING")
+    try:
+        meta = pp.preprocess([src], tmp_path / "ds", workers=1, progress=False)
+    finally:
+        logger.remove(handle)
+    assert (meta.splits["validation"].rows, meta.splits["validation"].positives) == (7, 0)
+    assert (meta.splits["test"].rows, meta.splits["test"].positives) == (7, 7)
+    assert warnings == [("the validation split holds one class only: its 7 rows are all labelled 0 (negative), so its "
+                         "AUC is undefined (train.py evaluating it picks best.pt by logloss and refuses "
+                         "train.early_stopping.metric 'auc'); give more lines")]
+
+    for i, row in enumerate(rows):
+        row[0] = str(i % 2)
+    src = write_raw(tmp_path / "mixed.tsv", rows)
+    warnings.clear()
+    handle = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+    try:
+        meta = pp.preprocess([src], tmp_path / "mixed", workers=1, progress=False)
+    finally:
+        logger.remove(handle)
+    assert 0 < meta.splits["validation"].positives < meta.splits["validation"].rows and warnings == []
+
+    src = write_raw(tmp_path / "one.tsv", [["1", *row[1:]] for row in rows[:30]])
+    warnings.clear()
+    handle = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+    try:
+        meta = pp.preprocess([src], tmp_path / "random", split="random", validation_fraction=0.05, seed=1, workers=1,
+                             progress=False)
+    finally:
+        logger.remove(handle)
+    assert meta.splits["validation"].rows == 1 and warnings == [(
+        "the validation split holds one class only: its one row is labelled 1 (positive), so its AUC is undefined "
+        "(train.py evaluating it picks best.pt by logloss and refuses train.early_stopping.metric 'auc'); give more "
+        "lines or another --seed")]

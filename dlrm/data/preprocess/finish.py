@@ -143,3 +143,11 @@ def _report(meta: Metadata, seconds: float) -> None:
         logger.warning(f"the {' and '.join(empty)} split{'s have' if len(empty) > 1 else ' has'} no rows: train.py "
                        "trains on train and evaluates on validation, and refuses this dataset; give more lines, or a "
                        "--validation-fraction above 0 with --split random")
+    val = meta.splits["validation"]
+    if val.rows and val.positives in (0, val.rows):  # found only by train.py before (data.eval_split's default)
+        label = "1 (positive)" if val.positives else "0 (negative)"
+        rows = "its one row is" if val.rows == 1 else f"its {val.rows:,} rows are all"
+        again = " or another --seed" if meta.extra["options"]["split"] == "random" else ""
+        logger.warning(f"the validation split holds one class only: {rows} labelled {label}, so its AUC is undefined "
+                       "(train.py evaluating it picks best.pt by logloss and refuses train.early_stopping.metric "
+                       f"'auc'); give more lines{again}")
