@@ -229,3 +229,23 @@ def test_resuming_with_a_shard_of_a_run_of_the_same_config_stops_every_rank_in_o
         assert f"{rank0}, {rank1}: shards of different runs or steps (model." in errors[0], errors[0]
         assert "resumed from" not in out, out[-3000:]
     assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-00000003.pt"]
+
+
+def test_a_damaged_rank0_shard_is_reported_by_rank_0_not_as_a_bug_of_rank_1(tmp_path, dataset):
+    """Rank 0's shard truncated (a copy cut short): rank 0 refuses it in one line, exit 2, and every other rank says
+    that rank 0 could not resume. Rank 1's comparison with rank 0's shard (`same_run.check_resumed_shard`) read that
+    file memory-mapped and raised torch's own error first ("OSError: [Errno 22] Invalid argument", no file named): a
+    bug's traceback, exit 1, beside rank 0's exit 2."""
+    args = ["--run-name", "mine", "--max-steps", "3"]
+    assert [code for code, _ in launch(tmp_path, dataset, args)] == [0, 0]
+    rank0 = ckpt.checkpoint_dir(tmp_path / "tb" / "mine") / dist_ckpt.shard_name(3, 0, 2)
+    data = rank0.read_bytes()
+    rank0.unlink()  # (a hard link to best.pt's shard: that one is left whole)
+    rank0.write_bytes(data[: len(data) // 2])
+    results = launch(tmp_path, dataset, ["--run-name", "mine", "--resume"])
+    for rank, (code, out) in enumerate(results):
+        assert code == 2, f"rank {rank} exited {code}:\n{out[-3000:]}"
+        errors = [line for line in out.splitlines() if "ERROR" in line]
+        assert len(errors) == 1 and "Traceback" not in out, out[-3000:]
+        assert f"{rank0}: not a readable checkpoint" in errors[0], errors[0]
+    assert "rank 0 could not resume from" in results[1][1], results[1][1][-3000:]

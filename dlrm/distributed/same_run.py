@@ -71,7 +71,11 @@ def check_same_run(paths: list[Path], remedy: str) -> None:
     for path in paths[1:]:
         key = record_difference(first, run_record(path))
         if key is not None:
-            raise ConfigError(f"{paths[0]}, {path}: shards of different runs or steps ({key} differs); {remedy}")
+            raise _different(paths[0], path, key, remedy)
+
+
+def _different(first: Path, other: Path, key: str, remedy: str) -> ConfigError:
+    return ConfigError(f"{first}, {other}: shards of different runs or steps ({key} differs); {remedy}")
 
 
 def check_resumed_shard(manifest_path: Path, shards: list[str], rank: int) -> None:
@@ -82,6 +86,12 @@ def check_resumed_shard(manifest_path: Path, shards: list[str], rank: int) -> No
     if rank == 0:
         return
     d = Path(manifest_path).parent
-    check_same_run([d / shards[0], d / shards[rank]],
-                   f"{manifest_path} names shards of two runs: put this run's own shard back, or resume from another "
-                   "of its checkpoints")
+    try:
+        first = run_record(d / shards[0])
+    except Exception:  # noqa: BLE001 - damaged, missing, not a shard: rank 0 reads and checks that file whole in the
+        return  # same agreed load and names what is wrong with it (raised here, torch's own error on a truncated file,
+        # "OSError: [Errno 22] Invalid argument", naming no file, was a bug's traceback on every rank but 0, exit 1)
+    key = record_difference(first, run_record(d / shards[rank]))
+    if key is not None:
+        raise _different(d / shards[0], d / shards[rank], key, f"{manifest_path} names shards of two runs: put this "
+                         "run's own shard back, or resume from another of its checkpoints")
