@@ -415,8 +415,12 @@ class Trainer(WindowLogging):
             # end trains no step, and its agreed stop's cleanup removed the checkpoint its line named)
             self.run_dir.started()
             self.evaluator.write_best()  # a hard link to that checkpoint
+            if prof is not None and env.is_main:  # the step breakdown of this session's trace, before a held stop: a
+                # --resume trains no step and makes none (it said "this run wrote no trace", the trace beside it)
+                # at the profiled step: the trace counts its steps from the session's first (`meter.start_step`)
+                log_profile(writer, self.run_dir.path, self.device, self.meter.start_step)
             alone.release()  # (one process: the summary's making stops at once again, the checkpoint written)
-            summary = self._finish(prof)
+            summary = self._finish()
         if env.is_main:
             write_summary(self.run_dir.path / "summary.json", summary, sessions=True,  # a failed write names the file
                           resumed_config=self.resumed_config)
@@ -491,16 +495,13 @@ class Trainer(WindowLogging):
 
     # -- the end ----------------------------------------------------------------------------------
 
-    def _finish(self, prof) -> dict:
+    def _finish(self) -> dict:
         cfg, env, writer = self.cfg, self.env, self.writer
         # the last evaluation, unless early stopping just made it at this step
         metrics = self.last_eval if self.early_stopped or self.final_evaluated else self.evaluator(self.pos)
         counters = {k: v - self.counters_before[k] for k, v in compile_counters().items()}
         if self.run.config.train.compile.enabled:
             logger.info(f"torch.compile: {counters['graphs']} graphs compiled, {counters['graph_breaks']} graph breaks")
-        if prof is not None and env.is_main:  # step breakdown, kernels, timeline: TensorBoard and run dir
-            # at the profiled step: the trace counts its steps from the session's first (`meter.start_step`)
-            log_profile(writer, self.run_dir.path, self.device, self.meter.start_step)
         # the linear model on the same split, loader and hashing, when train.baseline asks (dlrm.train.baseline)
         # its scalars beside the evaluations' curve: baseline/<split>/* where they are eval/<split>/* (`_eval_tag`)
         tag = "baseline" + self.evaluator.tag[len("eval"):]
