@@ -134,12 +134,16 @@ class FinishAlone:
     both finish, then stops at `release` (`TrainingStopped`: 128 + the signal, ``message(signal name)``), the summary
     left to a --resume, as a signal after the training loop's last look leaves it; a second signal stops at once.
     Stopped at once there (`StopAtOnce`, Ctrl-C's KeyboardInterrupt), the run lost every step since its last
-    checkpoint: all of a run without checkpoint.every, which its --resume trained again from step 0. Several ranks:
-    nothing changes (`agreed_stop` holds the phase for them)."""
+    checkpoint: all of a run without checkpoint.every, which its --resume trained again from step 0. `pending`: a
+    signal the training loop got after its last look at one (during an early stop's evaluation: its checkpoint is
+    this phase's), held as if it came here (lost, the run went on to its summary and exit 0, a sweep to its next
+    trial). Several ranks: nothing changes (`agreed_stop` holds the phase for them)."""
 
-    def __init__(self, env: DistEnv, message: Callable[[str], str]) -> None:
+    def __init__(self, env: DistEnv, message: Callable[[str], str], pending: Optional[int] = None) -> None:
         self._stop = None if env.distributed else GracefulStop("finishing the last evaluation and its checkpoint, "
                                                                "then exiting")
+        if self._stop is not None:
+            self._stop.signum = pending  # (a second signal, here, stops at once)
         self._message = message
 
     def __enter__(self) -> "FinishAlone":

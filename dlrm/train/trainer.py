@@ -396,7 +396,7 @@ class Trainer(WindowLogging):
         stopped = lambda name: (f"stopped by signal ({name}) at step {pos.step}, after its last evaluation; "  # noqa: E731
                                 f"checkpoint {self.checkpointer.last}")
         with agreed_stop(env, self.device, "after the last evaluation", stopped, held), \
-                FinishAlone(env, stopped) as alone:
+                FinishAlone(env, stopped, held.signum) as alone:
             if not self.early_stopped or self.last_eval is None:  # (None: an early stop resumed for its summary)
                 on_grid = bool(cfg.train.eval_every) and pos.step % cfg.train.eval_every == 0
                 # resumed at its end from a checkpoint that already holds this step's evaluation (a run killed before
