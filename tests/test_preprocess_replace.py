@@ -248,3 +248,51 @@ def test_an_interrupt_before_any_chunk_finished_says_nothing_was_kept(tmp_path, 
     assert not out.exists()
     monkeypatch.undo()
     assert run_cli(args).exit_code == 0
+
+
+def test_an_overwrite_interrupted_in_its_count_pass_leaves_an_unfinished_run_of_other_settings_as_it_was(
+        tmp_path, monkeypatch):
+    """Ctrl-C / SIGTERM in the count pass of an --overwrite over an unfinished run of other settings (--chunk-rows):
+    nothing was removed yet, but the line said "the same command without --overwrite resumes from the finished
+    chunks", which was refused ("an unfinished run with different settings"; with the same settings it would have
+    resumed the run --overwrite was given to replace)."""
+    from dlrm.data.preprocess import run as pp_run
+
+    src = write_raw(tmp_path / "a.tsv", make_fields(200, seed=6))
+    out = tmp_path / "ds"
+    with pytest.raises(pp._Interrupted):  # an unfinished run of --chunk-rows 50 (two chunks kept)
+        pp.preprocess([src], out, chunk_rows=50, _max_new_chunks=2, **FAST)
+    kept = dataset_files(out)
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pp_run, "_count_pass", interrupted)
+    args = ["-i", str(src), "-o", str(out), "--workers", "1", "--chunk-rows", "40", "--overwrite"]
+    r = run_cli(args)
+    assert r.exit_code == 130
+    assert (f"error: interrupted before --overwrite removed or replaced anything: {out} is as it was; the same "
+            "command (with --overwrite) starts over") in r.stderr, r.stderr
+    assert dataset_files(out) == kept
+    monkeypatch.undo()
+    assert run_cli(args).exit_code == 0  # what the line advises
+    assert sum(split.rows for split in read_metadata(out).splits.values()) == 200
+
+
+def test_a_stop_as_a_fresh_run_makes_its_folders_leaves_none(tmp_path, monkeypatch):
+    """A stop between the new run's first folders (progress, splits) and its taking over the output left them: the
+    run did not count them as its own, and the same command was then refused (the output not empty)."""
+    from dlrm.data.preprocess import run as pp_run
+
+    src = write_raw(tmp_path / "a.tsv", make_fields(60, seed=7))
+    out = tmp_path / "ds"
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pp_run, "_load_done", interrupted)
+    args = ["-i", str(src), "-o", str(out), "--workers", "1"]
+    r = run_cli(args)
+    assert r.exit_code == 130
+    assert "nothing was kept" in r.stderr, r.stderr
+    assert not out.exists()
+    monkeypatch.undo()
+    assert run_cli(args).exit_code == 0, run_cli(args).stderr

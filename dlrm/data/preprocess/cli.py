@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 
 from dlrm.data.preprocess.constants import DEFAULT_CHUNK_ROWS, DEFAULT_MAX_ROWS_PER_TABLE, DEFAULT_ROW_GROUP_ROWS
-from dlrm.data.preprocess.errors import InterruptedWhenComplete, PreprocessError
+from dlrm.data.preprocess.errors import InterruptedBeforeReplacing, InterruptedWhenComplete, PreprocessError
 from dlrm.data.preprocess.options import CODECS
 from dlrm.data.preprocess.run import preprocess
 
@@ -188,6 +188,9 @@ def _run(inputs: list[Path], output: Path, kwargs: dict) -> None:
             # still 130 (143), not 0: a script running this in a loop must stop; the line says no rerun is needed
             _fail(f"interrupted{how} after the dataset in {output} was complete (metadata.json written); it is "
                   "usable as it is", code)
+        if isinstance(e, InterruptedBeforeReplacing):  # the count pass of an --overwrite: nothing of OUT touched yet
+            _fail(f"interrupted{how} before --overwrite removed or replaced anything: {output} is as it was; the same "
+                  "command (with --overwrite) starts over", code)
         if not _run_to_resume(output):
             if kwargs.get("overwrite") and (output / "metadata.json").is_file():
                 # the replacement finished no chunk and was removed: without --overwrite the command is refused

@@ -50,3 +50,14 @@ class InterruptedWhenComplete(KeyboardInterrupt):
         super().__init__(str(output))
         self.output = output
         self.exit_code = exit_code
+
+
+class InterruptedBeforeReplacing(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM: ``exit_code`` 143) in an --overwrite run before it removed or took over anything in its
+    output (the count pass): what the output held (a dataset, an unfinished run of other settings) is as it was, and
+    only the same command, with --overwrite, starts over (without it, an unfinished run of other settings is refused,
+    and one of the same settings resumes the run --overwrite was given to replace)."""
+
+    def __init__(self, exit_code: int = 130):
+        super().__init__()
+        self.exit_code = exit_code

@@ -21,7 +21,8 @@ from dlrm.data.preprocess.constants import (
     MANIFEST_VERSION,
     PROGRESS_DIR,
 )
-from dlrm.data.preprocess.errors import BadLineError, InterruptedWhenComplete, PreprocessError, _Interrupted
+from dlrm.data.preprocess.errors import (BadLineError, InterruptedBeforeReplacing, InterruptedWhenComplete,
+                                         PreprocessError, _Interrupted)
 from dlrm.data.preprocess.finish import _finish, _report
 from dlrm.data.preprocess.frequency import auto_min_frequency, describe_rule, train_rows_of_plan
 from dlrm.data.preprocess.options import RunOptions, check_inputs, check_options, check_output_location
@@ -175,6 +176,8 @@ def _execute(run: _Run) -> None:
         run.check_finished(run.run_chunks())
     except BaseException as e:
         failure = e
+        if isinstance(e, KeyboardInterrupt) and run.opts.overwrite and not run.owns_output:
+            raise InterruptedBeforeReplacing(getattr(e, "exit_code", 130)) from None  # the output untouched
         raise
     finally:
         if run.pool is not None:
@@ -317,8 +320,14 @@ class _Run:
         """Step 2: remove what an earlier run wrote (--overwrite: a dataset, or a replacement's staged run; the complete
         dataset a staged run replaces stays), make the directories, read what an earlier run finished, write the
         manifest."""
+        # from here a stop cleans up after this run (`_after_failure`) where nothing an earlier run finished is lost
+        # by it: an --overwrite's removal has begun, or the output holds no earlier run (a stop between the mkdirs
+        # below and the takeover left empty folders, and the corrected command was refused: "not empty")
         if self.opts.overwrite and self.out.exists():
+            self.owns_output = True
             _remove_dataset(self.out)
+        elif not self.progress_dir.exists():
+            self.owns_output = True
         self.progress_dir.mkdir(parents=True, exist_ok=True)
         for name in SPLITS:
             (self.out / name).mkdir(exist_ok=True)
