@@ -87,3 +87,20 @@ def test_a_step_graph_variant_turns_an_unfused_dense_optimizer_back_to_auto():
     assert variant_config(cfg, "triton-embedding+step-graph").optim.dense.fused is None
     assert variant_config(cfg, "triton-embedding+compiled").optim.dense.fused is False
     assert cfg.optim.dense.fused is False  # the user's config is left as it was
+
+
+def test_a_variant_named_twice_trains_once_and_says_so():
+    """`--compare eager,auto,eager` trained eager once without a word (the duplicate dropped silently)."""
+    from loguru import logger
+
+    seen: list[str] = []
+    handle = logger.add(lambda m: seen.append(m.record["message"]), level="WARNING")
+    try:
+        assert parse_variants("eager,auto") == ["eager", "auto"]
+        assert not seen
+        assert parse_variants("eager,auto,eager, auto") == ["eager", "auto"]
+    finally:
+        logger.remove(handle)
+    assert seen == ["--compare: 'eager', 'auto' given more than once; each variant trains once (its run directory is "
+                    "named after it): compare two runs of one variant with two --compare runs"]
+

@@ -137,6 +137,10 @@ def parse_variants(text: str) -> list[str]:
             raise ConfigError(f"--compare: unknown variant {v!r} (choose from {', '.join(VARIANTS)})")
     if not names:
         raise ConfigError("--compare: name at least one variant")
+    twice = [v for v in dict.fromkeys(names) if names.count(v) > 1]
+    if twice:  # each variant trains once, in a run directory named after it: said, not dropped silently
+        logger.warning(f"--compare: {', '.join(repr(v) for v in twice)} given more than once; each variant trains once "
+                       "(its run directory is named after it): compare two runs of one variant with two --compare runs")
     return list(dict.fromkeys(names))
 
 
