@@ -44,7 +44,7 @@ from dlrm.data.output_dirs import check_export_place
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
                          is_peer_lost, peer_lost_message, report_bug)
 from dlrm.logging_setup import configure_logging, run_logger
-from dlrm.one_line_usage import OneLineUsageCommand
+from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, check_tb_dir
 from dlrm.stop_signal import StopAtOnce
 
@@ -494,7 +494,8 @@ def _best_checkpoint(summary: dict) -> Optional[str]:
 
 
 @click.command(cls=RanksCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False), help="JSON config file.")
+@click.option("--config", "config_path", required=True, type=NonEmptyPath("the JSON config file", dir_okay=False),
+              help="JSON config file.")
 @click.option("--data", type=str, help="Dataset directory (overrides data.path).")
 @click.option("--device", type=str, help="auto | cpu | cuda (overrides train.device).")
 @click.option("--batch-size", type=int, help="Overrides data.batch_size.")

@@ -62,7 +62,7 @@ from dlrm.config import ConfigError, config_keys, load_config
 from dlrm.config_checks import check_dependent_keys
 from dlrm.errors import DatasetError, TrainingStopped, failure_reason
 from dlrm.logging_setup import counted
-from dlrm.one_line_usage import OneLineUsageCommand
+from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 # (the results and the verdict: dlrm.sweep_results, named here as they always were)
 from dlrm.sweep_results import (NOISE_FACTOR, SettingResult, Verdict, _mean, _std, label,  # noqa: F401
                                verdict)
@@ -460,7 +460,7 @@ def _finish(directory: Path, results: list[SettingResult], sets: list[tuple[str,
 
 
 @click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+@click.option("--config", "config_path", type=NonEmptyPath("the JSON config file", dir_okay=False),
               help="JSON config file (required, except with --resume: the sweep's own by default).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=V1,V2",
               help="A dotted config key and the values to try (JSON, else strings); repeat for the product.")

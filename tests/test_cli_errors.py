@@ -320,3 +320,23 @@ def test_synthetic_multi_hot_size_above_the_cap_exits_2(tmp_path):
                               "--out", str(tmp_path / "ds"))
     error_line(result, 2, "--multi-hot-sizes", "SPARSE_3", str(MAX_MULTI_HOT_SIZE + 1), str(MAX_MULTI_HOT_SIZE))
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train.py", "--config", ""], "Invalid value for '--config': empty path (name the JSON config file)"),
+    (["-m", "dlrm.sweep", "--config", "", "--set", "train.seed=1,2"],
+     "Invalid value for '--config': empty path (name the JSON config file)"),
+    (["-m", "dlrm.distributed.merge", "", "out.pt"],
+     "Invalid value for 'CHECKPOINT': empty path (name the manifest of a sharded checkpoint)"),
+    (["-m", "dlrm.distributed.merge", "step-00000010.pt", ""],
+     "Invalid value for 'OUT': empty path (name the merged checkpoint to write)"),
+])
+def test_an_empty_path_is_named_as_empty(tmp_path, argv, message):
+    """`--config "$CFG"` with CFG unset was named as '.' ('.: config file not found'), as was merge's empty CHECKPOINT;
+    now one line says the path is empty, exit 2, nothing written."""
+    r = subprocess.run([sys.executable, *[str(REPO / a) if a == "train.py" else a for a in argv]], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and message in lines[0], r.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -24,7 +24,7 @@ from dlrm.data.output_dirs import check_export_place
 from dlrm.logging_setup import configure_logging
 from dlrm.stop_signal import StopAtOnce
 from dlrm.checkpoint import load_checkpoint, write_atomic
-from dlrm.one_line_usage import OneLineUsageCommand
+from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 
 
 def check_out_path(out: Path) -> None:
@@ -82,8 +82,8 @@ def merge_to_file(checkpoint: Path, out: Path) -> dict:
 
 
 @click.command(cls=OneLineUsageCommand, context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("checkpoint", type=click.Path(dir_okay=False))
-@click.argument("out", type=click.Path(dir_okay=False))
+@click.argument("checkpoint", type=NonEmptyPath("the manifest of a sharded checkpoint", dir_okay=False))
+@click.argument("out", type=NonEmptyPath("the merged checkpoint to write", dir_okay=False))
 def main(checkpoint: str, out: str) -> None:
     """Merge the sharded CHECKPOINT (its step-*.pt manifest) into the one-process checkpoint OUT."""
     configure_logging()
