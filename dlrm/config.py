@@ -281,7 +281,7 @@ class TrainConfig:
     """Steps between logging windows (loss, lr, samples/s), each read once the next step is queued: no drain."""
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
     """fp32: IEEE fp32 everywhere. tf32: fp32 weights and activations, matmuls on TF32 tensor cores (CUDA only;
-    ~10-bit mantissa products, fp32 accumulation; a no-op on the CPU). bf16: autocast (fp32 weights and state)."""
+    ~10-bit mantissa products, fp32 accumulation; on the CPU a warning and fp32). bf16: autocast (fp32 weights and state)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """"auto": CUDA when there is a GPU, else the CPU; "cuda" without one is refused."""
     seed: int = 0

@@ -37,7 +37,7 @@ from dlrm.train.graphed_step import graph_train_step
 from dlrm.train.optim import build_optimizers, build_schedulers
 from dlrm.train.placement import table_bytes, table_row_bytes, vocabulary_key_bytes
 from dlrm.train.setup import Tables
-from dlrm.train.step import EvalForward, TrainStep, set_matmul_precision
+from dlrm.train.step import EvalForward, TrainStep, set_matmul_precision, warn_precision_on
 
 
 @dataclass
@@ -387,6 +387,7 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
     if cfg.train.compile.enabled:
         logger.info(f"torch.compile: mode {cfg.train.compile.mode}, fullgraph {cfg.train.compile.fullgraph}")
     set_matmul_precision(cfg.train.precision)
+    warn_precision_on(cfg.train.precision, device, "the run")
     loss_fn = build_loss(cfg.kernels)
     step = TrainStep(model, loss_fn, optimizers, cfg.train.precision, device, cfg.train.compile,
                      dense_forward=dense_forward)

@@ -81,7 +81,7 @@ def _check_no_rounding(saved: dict, model: DLRM, path: Path, embedding_dtype: st
 def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     """AUC, logloss and accuracy of a checkpoint on `split`; written to a new run's summary.json."""
     from dlrm.train.metric_text import auc_text
-    from dlrm.train.step import EvalForward, compile_mode_on, set_matmul_precision
+    from dlrm.train.step import EvalForward, compile_mode_on, precision_on, set_matmul_precision, warn_precision_on
     from dlrm.train.trainer import build_for_data, evaluate
 
     # data.path absolute, as a training run records it (dlrm.train.trainer): config.json and summary.json held it as
@@ -100,6 +100,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
     with RunDirectory.create(cfg, evaluation=True) as run_dir:  # removed again if the evaluation fails
         t0 = time.perf_counter()
         set_matmul_precision(resolved.train.precision)
+        warn_precision_on(resolved.train.precision, device, "the evaluation")
         metrics = evaluate(EvalForward(model, resolved.train.precision, device, resolved.train.compile, batch_size),
                            loader)
         # the numbers in TensorBoard too, as a training run's evaluations are (they were in summary.json only: the
@@ -114,7 +115,8 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
                    # what it evaluated with, where the config may say "auto" (as a training run's summary says)
                    "resolved": {"kernels": vars(resolved.kernels), "compile": resolved.train.compile.enabled,
                                 "compile_mode": compile_mode_on(resolved.train.compile, device)
-                                if resolved.train.compile.enabled else None, "precision": resolved.train.precision,
+                                if resolved.train.compile.enabled else None,
+                                "precision": precision_on(resolved.train.precision, device),  # (tf32: fp32 on a CPU)
                                 "device": str(device), "batch_size": batch_size, "data_path": cfg.data.path,
                                 "tables": tables_record(tables)},
                    # the best AUC achievable on the split, as a training run's summary and last line give it (a

@@ -176,7 +176,7 @@ def resolved_settings(run, cfg: Config, data, tables, placement: str, device: to
     sharding plan and whether the baseline was fitted were in log lines alone, or nowhere). `run`: the built
     `dlrm.train.builder.Run` (its config has no "auto" left); `data`: the trainer's `TrainData`; `tables`: the
     dataset's (`dlrm.train.setup.Tables`); `baseline`: whether train.baseline fitted the logistic regression."""
-    from dlrm.train.step import compile_mode_on
+    from dlrm.train.step import compile_mode_on, precision_on
 
     c = run.config.train.compile
     return {"kernels": vars(run.config.kernels), "compile": c.enabled, "cuda_graph": run.config.train.cuda_graph,
@@ -184,7 +184,8 @@ def resolved_settings(run, cfg: Config, data, tables, placement: str, device: to
             # (None when eager; combo kernels and the CUDA-graph modes are CUDA's: off the GPU, compiled without them)
             "compile_mode": compile_mode_on(c, device) if c.enabled else None,
             "combo_kernels": bool(c.enabled and c.combo_kernels is True and device.type == "cuda"),
-            "device": str(device), "precision": run.config.train.precision, "seed": cfg.train.seed,
+            "device": str(device), "precision": precision_on(run.config.train.precision, device),  # (tf32: fp32 on a CPU)
+            "seed": cfg.train.seed,
             "batch_size": data.batch_size, "eval_batch_size": cfg.data.eval_batch_size or 4 * cfg.data.batch_size,
             "steps": data.total_steps, "steps_per_epoch": len(data.train), "data_path": cfg.data.path,
             "tables": tables_record(tables), "world_size": world_size, "sharding": run.plan.to_dict() if run.plan is not None else None,

@@ -49,6 +49,25 @@ def set_matmul_precision(precision: str) -> None:
         matmul.allow_tf32 = precision == "tf32"
 
 
+def precision_on(precision: str, device: torch.device) -> str:
+    """The precision a run on `device` computes in (summary.json's "resolved" records it): "tf32" is CUDA's (its TF32
+    tensor cores); elsewhere the matmuls stay IEEE fp32 (`set_matmul_precision`), so the run is an fp32 run.
+
+        >>> precision_on("tf32", torch.device("cpu")), precision_on("bf16", torch.device("cpu"))
+        ('fp32', 'bf16')
+    """
+    return "fp32" if precision == "tf32" and device.type != "cuda" else precision
+
+
+def warn_precision_on(precision: str, device: torch.device, what: str) -> None:
+    """Say that train.precision "tf32" has no effect on `device` (not CUDA), as the other CUDA-only settings are said
+    there (compile mode reduce-overhead, train.cuda_graph, combo kernels): a warning, and `what` runs on. A CPU run
+    in "tf32" trained in fp32 without a word, and its log line said "precision tf32"."""
+    if precision_on(precision, device) != precision:
+        run_logger.warning(f'train.precision "{precision}" has no effect on {device.type} (TF32 tensor cores are '
+                           f"CUDA's): {what} is IEEE fp32")
+
+
 def autocast_context(device: torch.device, precision: str, cache: bool = True):
     """bf16 autocast, or nothing. ``cache=False`` for a region captured into a CUDA graph: autocast's
     cache of cast weights would outlive the capture (PyTorch's CUDA-graph notes ask for it)."""

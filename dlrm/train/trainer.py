@@ -40,7 +40,7 @@ from dlrm.train.resume_policy import (check_position, check_resume_config, check
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import as_trained, dataset_held, seed_everything, seed_rank
 from dlrm.train.signals import FinishAlone, GracefulStop, StopAtOnce, agreed_stop, held_signals
-from dlrm.train.step import compile_counters
+from dlrm.train.step import compile_counters, precision_on
 from dlrm.train.target import TargetTracker, already_reached
 from dlrm.train.train_data import TrainData, build_for_data, make_loader
 from dlrm.train.windows import WindowLogging
@@ -274,7 +274,7 @@ class Trainer(WindowLogging):
         return opened or RunDirectory(path, None, created=False)
 
     def _log_start(self) -> None:
-        logger.info(f"device {self.device}, precision {self.cfg.train.precision}, "
+        logger.info(f"device {self.device}, precision {precision_on(self.cfg.train.precision, self.device)}, "
                     f"{model_text(self.run.model, self.cfg, self.tables)}, {self.data.train.num_rows:,} train rows, "
                     f"{counted(len(self.data.train), 'step')}/epoch, {counted(self.data.total_steps, 'step')}")
 
