@@ -40,6 +40,24 @@ def interruption(exc: BaseException) -> tuple[int, str]:
     return code, "Ctrl-C" if code == EXIT_INTERRUPTED else signal.Signals(code - 128).name
 
 
+def stop_signal_name(exc: BaseException) -> Optional[str]:
+    """The signal that `exc` says stopped the work ("SIGTERM", "SIGINT"): a `TrainingStopped` (128 + the signal), a
+    KeyboardInterrupt (Ctrl-C's SIGINT, or a data tool's `Terminated`); None for anything else, a failure.
+
+        >>> stop_signal_name(TrainingStopped(143, "stopped")), stop_signal_name(KeyboardInterrupt())
+        ('SIGTERM', 'SIGINT')
+        >>> stop_signal_name(ValueError("bad")) is None
+        True
+    """
+    if not isinstance(exc, (TrainingStopped, KeyboardInterrupt)):
+        return None
+    code = getattr(exc, "exit_code", EXIT_INTERRUPTED)
+    try:
+        return signal.Signals(code - 128).name
+    except ValueError:  # (a code that is no signal's: still a stop)
+        return f"exit code {code}"
+
+
 class StopAtOnce:
     """Context manager (a whole run, around `GracefulStop`'s loop): SIGTERM raises `TrainingStopped` (exit 143) where
     it arrives, as Ctrl-C raises KeyboardInterrupt, so the run's own cleanup runs. Left to its default action, a SIGTERM

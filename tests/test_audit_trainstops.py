@@ -1,15 +1,70 @@
 """Stops and CPU settings of train.py's flows found by a QA pass (helper fix-train-stops; each test failed before its
-fix): train.precision "tf32" on the CPU ran fp32 without a word (its log line said "precision tf32")."""
+fix): an interrupted ``--eval-only`` said "the run failed before its first step" and spoke of training; train.precision
+"tf32" on the CPU ran fp32 without a word (its log line said "precision tf32")."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import pytest
 from loguru import logger
 
-from dlrm.config import load_config
+from dlrm.config import Config, load_config, validate
+from dlrm.errors import TrainingStopped
 from dlrm.train import export as export_mod
+from dlrm.train.run_dir import RunDirectory
 from dlrm.train.trainer import train
+from tests.conftest import CHILD_ENV, REPO, process_output
 from tests.test_audit_review52 import tiny_config
+
+# --eval-only with the signal sent from inside the evaluation, as `kill -TERM PID` or Ctrl-C would arrive there
+EVAL_SIGNAL = """
+import os, signal, sys
+from dlrm.train import evaluator
+real = evaluator.evaluate
+def evaluate(forward, loader, env=None):
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+    return real(forward, loader, env) if env is not None else real(forward, loader)
+evaluator.evaluate = evaluate
+from dlrm.cli import main
+main(sys.argv[2:])
+"""
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny config and one finished run's last checkpoint."""
+    root = tmp_path_factory.mktemp("trainstops")
+    config = tiny_config(root)
+    summary = train(load_config(config, {"log.tb_dir": str(root / "tb"), "log.run_name": "r", "train.max_steps": 4}))
+    return root, config, summary["checkpoint"]
+
+
+@pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_during_eval_only_says_the_evaluation_was_stopped_and_writes_nothing(tmp_path, trained, name, code):
+    """Was: "removed ...: the run failed before its first step", then "SIGTERM: stopped at once, outside the training
+    steps (no checkpoint written now)" or "interrupted (Ctrl-C)"."""
+    _, config, checkpoint = trained
+    tb = tmp_path / "tb"
+    done = subprocess.run([sys.executable, "-c", EVAL_SIGNAL, name, "--config", str(config), "--tb-dir", str(tb),
+                           "--run-name", "ev", "--eval-only", "--checkpoint", checkpoint],
+                          cwd=REPO, env=CHILD_ENV, capture_output=True, text=True, timeout=240)
+    assert done.returncode == code, process_output(done)
+    assert "Traceback" not in done.stderr and "failed" not in done.stderr, process_output(done)
+    assert f"removed {tb / 'ev'}: the evaluation was stopped by {name}\n" in done.stderr, process_output(done)
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.endswith(f"--eval-only: {name} stopped the evaluation of {checkpoint}; nothing written"), last
+    assert not (tb / "ev").exists()  # no half-written run directory (summary.json, events) left
+
+
+def test_eval_only_still_writes_its_summary_when_not_stopped(tmp_path, trained):
+    """The same evaluation without a signal: its run directory, summary.json and line as before."""
+    _, config, checkpoint = trained
+    cfg = load_config(config, {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": "ev"})
+    summary = export_mod.evaluate_checkpoint(cfg, checkpoint, "validation")
+    assert json.loads((tmp_path / "tb" / "ev" / "summary.json").read_text())["auc"] == summary["auc"]
 
 
 def _warnings(fn) -> tuple[list[str], object]:
@@ -49,3 +104,20 @@ def test_tf32_on_the_cpu_is_said_once_and_recorded_as_fp32(tmp_path, precision):
     assert [m for m in said if "tf32" in m] == (['train.precision "tf32" has no effect on cpu (TF32 tensor cores are '
                                                  "CUDA's): the evaluation is IEEE fp32"] if precision == "tf32" else [])
     assert result["resolved"]["precision"] == "fp32"
+
+
+@pytest.mark.parametrize("cause, said", [(None, "the run failed before its first step"),
+                                         (RuntimeError("x"), "the run failed before its first step"),
+                                         ("SIGTERM", "the run was stopped by SIGTERM before its first step"),
+                                         ("SIGINT", "the run was stopped by SIGINT before its first step")])
+def test_a_run_directory_given_up_names_a_stop_as_a_stop(tmp_path, cause, said):
+    """A new run's directory removed at a SIGTERM or Ctrl-C before its first step said "the run failed"."""
+    exc = {"SIGTERM": TrainingStopped(143, "stopped"), "SIGINT": KeyboardInterrupt()}.get(cause, cause)
+    run = RunDirectory.create(validate(Config()), tmp_path / "r")
+    infos: list[str] = []
+    sink = logger.add(lambda m: infos.append(m.record["message"]), level="INFO")
+    try:
+        run.abandon(exc)
+    finally:
+        logger.remove(sink)
+    assert infos == [f"removed {tmp_path / 'r'}: {said}"] and not (tmp_path / "r").exists()

@@ -22,7 +22,8 @@ from dlrm.data.loader import ParquetLoader, split_files, transform_dense
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
 from dlrm.distributed.checkpoint import manifest_of
 from dlrm.model.dlrm import DLRM, build_model
-from dlrm.stop_signal import signals_deferred
+from dlrm.errors import TrainingStopped
+from dlrm.stop_signal import EXIT_INTERRUPTED, signals_deferred, stop_signal_name
 from dlrm import checkpoint as ckpt
 from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.checkpointer import checkpoint_step
@@ -79,8 +80,31 @@ def _check_no_rounding(saved: dict, model: DLRM, path: Path, embedding_dtype: st
 
 
 def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
-    """AUC, logloss and accuracy of a checkpoint on `split`; written to a new run's summary.json."""
+    """AUC, logloss and accuracy of a checkpoint on `split`; written to a new run's summary.json.
+
+    A SIGTERM or Ctrl-C before the summary is written stops it as `TrainingStopped` (128 + the signal) whose line says
+    the evaluation was stopped, by which signal, and that nothing was written (its new run directory is removed): the
+    log said "the run failed before its first step", then "outside the training steps (no checkpoint written now)"
+    or "interrupted (Ctrl-C)", which speak of a training run."""
     from dlrm.train.metric_text import auc_text
+
+    try:
+        summary = _evaluated(cfg, path, split)
+    except (TrainingStopped, KeyboardInterrupt) as e:  # (a second signal's SystemExit passes: it stops at once)
+        raise TrainingStopped(getattr(e, "exit_code", EXIT_INTERRUPTED),
+                              f"--eval-only: {stop_signal_name(e)} stopped the evaluation of {path}; nothing written"
+                              ) from None
+    metrics, step = summary, summary["step"]
+    # which model: given a run directory, its best.pt or its newest checkpoint was evaluated, and the line said neither
+    of = f"{path}" + (f", step {step}" if step is not None else "")
+    oracle = f" (oracle AUC {summary['oracle_auc']:.4f})" if summary["oracle_auc"] is not None else ""
+    logger.info(f"{split}: AUC {auc_text(metrics)}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}"
+                f"{oracle} ({of})")
+    return summary
+
+
+def _evaluated(cfg: Config, path: Path, split: str) -> dict:
+    """`evaluate_checkpoint`'s evaluation and summary.json (its run directory removed if it fails or is stopped)."""
     from dlrm.train.step import EvalForward, compile_mode_on, precision_on, set_matmul_precision, warn_precision_on
     from dlrm.train.trainer import build_for_data, evaluate
 
@@ -124,11 +148,6 @@ def evaluate_checkpoint(cfg: Config, path: Path, split: str) -> dict:
                    "oracle_auc": meta.extra.get("oracle_auc", {}).get(split)}
         write_summary(run_dir.path / "summary.json", summary)  # a failed write names the file
         run_dir.started()
-    # which model: given a run directory, its best.pt or its newest checkpoint was evaluated, and the line said neither
-    of = f"{path}" + (f", step {step}" if step is not None else "")
-    oracle = f" (oracle AUC {summary['oracle_auc']:.4f})" if summary["oracle_auc"] is not None else ""
-    logger.info(f"{split}: AUC {auc_text(metrics)}, logloss {metrics['logloss']:.4f}, accuracy {metrics['accuracy']:.4f}"
-                f"{oracle} ({of})")
     return summary
 
 

@@ -51,6 +51,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.config_checks import free_run_name
 from dlrm.data.schema import write_json_atomic
 from dlrm.file_lock import LockHeld, NotALockFile, name_holder, try_lock
+from dlrm.stop_signal import stop_signal_name
 from dlrm.json_file import read_json
 
 _VALID_NAME = re.compile(r"[\w.+-]+")
@@ -345,8 +346,9 @@ class RunDirectory:
         created: this process made the directory (so a failed start may remove it).
     """
 
-    def __init__(self, path: Path, lock: Optional[RunLock], created: bool) -> None:
+    def __init__(self, path: Path, lock: Optional[RunLock], created: bool, evaluation: bool = False) -> None:
         self.path, self.lock, self.created = Path(path), lock, created
+        self.evaluation = evaluation  # an --eval-only's: `abandon` says "the evaluation", which has no steps
         self._started = False
         # (`_reopen_branch`, `_clear_for_restart`: the stopped session's events, and a branch's config.json)
         self._replaced_at_start: Optional[tuple[list[Path], Optional[dict]]] = None
@@ -379,7 +381,7 @@ class RunDirectory:
             raise ConfigError(f"log.tb_dir: cannot write {str(path)!r} ({e.strerror})") from None
         except ConfigError:
             raise
-        run = cls(path, lock, created)
+        run = cls(path, lock, created, evaluation)
         try:
             if restart:
                 run._clear_for_restart()
@@ -529,12 +531,16 @@ class RunDirectory:
                             "session (it wrote no checkpoint after this one's start; its steps are trained again)")
         self._started = True
 
-    def abandon(self) -> None:
-        """A failed start: release the lock and remove the directory if this process created it."""
+    def abandon(self, cause: Optional[BaseException] = None) -> None:
+        """A failed or stopped start: release the lock and remove the directory if this process created it. `cause`:
+        what ended it, which the line names when it is a stop (a SIGTERM or Ctrl-C was said as "the run failed")."""
         self.close()
         if self.created and not self._started:
             shutil.rmtree(self.path, ignore_errors=True)
-            logger.info(f"removed {self.path}: the run failed before its first step")
+            signal_name = stop_signal_name(cause) if cause is not None else None
+            what = "the evaluation" if self.evaluation else "the run"
+            how = f"was stopped by {signal_name}" if signal_name else "failed"
+            logger.info(f"removed {self.path}: {what} {how}" + ("" if self.evaluation else " before its first step"))
 
     def close(self) -> None:
         if self.lock is not None:
@@ -548,4 +554,4 @@ class RunDirectory:
         if exc_type is None:
             self.close()
         else:
-            self.abandon()
+            self.abandon(exc)

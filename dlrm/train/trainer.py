@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -135,15 +136,15 @@ class Trainer(WindowLogging):
                 logger.info(f"resumed from {os.path.abspath(self.resume_from)} at step {self.pos.step} "
                             f"(epoch {self.pos.epoch}, batch {self.pos.batch})")
             self._log_start()
-        except BaseException:
-            self.run_dir.abandon()
+        except BaseException as e:
+            self.run_dir.abandon(e)
             raise
 
     def _stopped_at_start(self, name: str) -> str:
         """A signal during a distributed run's start, agreed (`agreed_stop`): a new run's directory given up, as by one
         process (unless a finished run's start already gave it up)."""
         if getattr(self, "run_dir", None) is not None and self.finished is None:
-            self.run_dir.abandon()
+            self.run_dir.abandon(TrainingStopped(128 + signal.Signals[name], name))
         return f"{name}: stopped before the first step, on every rank (no checkpoint written now)"
 
     def _forget_another_splits_best(self, saved: dict) -> None:
@@ -287,9 +288,9 @@ class Trainer(WindowLogging):
         try:
             with held_signals(self.env) as held:  # several ranks: a signal between agreed phases waits for the next
                 return self._fit(held)
-        except BaseException:
+        except BaseException as e:
             close_quietly(getattr(self, "writer", None))  # before the directory may go: its thread writes there
-            self.run_dir.abandon()  # removes the directory only if no step ran
+            self.run_dir.abandon(e)  # removes the directory only if no step ran
             raise
 
     def _fit(self, held: GracefulStop) -> dict:
