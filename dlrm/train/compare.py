@@ -12,8 +12,12 @@ A variant that fails while it trains (an error, a diverged loss, out of memory) 
 others run, its row's status is ``failed: <reason>``, and once the reports are written the command exits with the
 first failure's code (dlrm.cli's). If no variant finished, there is no report: the first failure ends it as a
 single run's would, and if every variant was skipped (none can run on this device, model or data) a one-line error
-names each one's reason. Ctrl-C and a signal stop end it at once; so does any failure under torchrun (one rank going
-on to the next variant while the others wait in the failed one's collectives would hang them).
+names each one's reason. Any failure under torchrun ends it at once (one rank going on to the next variant while the
+others wait in the failed one's collectives would hang them). Ctrl-C or SIGTERM stops it (the variant in flight stops
+as a single run would; in its steps, after that step's checkpoint): the variants that finished are written as the reports of a partial
+comparison (compare.md says so, naming the signal, the variant it stopped and those not run; their rows' status
+``stopped by SIGTERM``, ``not run: the comparison was stopped``), then the command exits 128 + the signal (130, 143);
+none finished, no report. (A stop wrote no report before 2026-12-04: the finished variants' numbers were lost.)
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from loguru import logger
 
 from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig, validate
 from dlrm.errors import TrainingStopped, failure_reason
-from dlrm.stop_signal import signals_deferred
+from dlrm.stop_signal import signals_deferred, stop_signal_name
 from dlrm.train.metric_text import auc_text, csv_cell
 from dlrm.train.run_dir import RunDirectory
 from dlrm.train.setup import as_trained, dataset_tables, load_dataset_metadata, resolve_device
@@ -264,13 +268,13 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
     base = env.broadcast_object(owned.path if owned else None)
     try:
         rows = _run_variants(cfg, variants, train_fn, env, device, base, owned, multi_hot)
-    except BaseException:  # the base directory is removed only if no variant finished or left a run behind
+    except BaseException as e:  # the base directory is removed only if no variant finished or left a run behind
         if owned:
             # a variant that failed after its first step keeps its own run directory (RunDirectory's rule: it has
             # history, checkpoints perhaps); removing the base directory would remove it with it
             if any((base / name).exists() for name in variants):
                 owned.started()
-            owned.abandon()
+            owned.abandon(e)
         raise
     if owned:
         owned.close()
@@ -301,47 +305,15 @@ def release_memory(device: Optional[torch.device] = None) -> None:
 def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, device: torch.device, base: Path,
                   owned: Optional[RunDirectory], multi_hot: bool = False) -> list[dict]:
     rows, summaries, failures = [], {}, []
-    for name in variants:
-        reason = unavailable_reason(name, device, cfg, multi_hot, env.distributed)
-        if reason:
-            logger.warning(f"compare: skipping {name}: {reason}")
-            rows.append({"variant": name, "status": f"skipped: {reason}"})
-            continue
-        logger.info(f"compare: variant {name}")
-        try:
-            s = train_fn(variant_config(cfg, name), run_dir=base / name)
-        except TrainingStopped:  # a signal stopped it (after its checkpoint): stop the comparison
-            raise
-        except Exception as e:  # (KeyboardInterrupt is no Exception: it ends everything at once)
-            if env.distributed:
-                raise
-            reason = failure_reason(e)
-            logger.error(f"compare: variant {name} failed: {reason}; the comparison goes on")
-            traceback.clear_frames(e.__traceback__)  # the failed run's model and tensors, freed for the next variant
-            failures.append(e)
-            rows.append({"variant": name, "status": f"failed: {reason}"})
-            release_memory(device)
-            continue
-        release_memory(device)
-        if owned:
-            owned.started()  # a finished variant: the base directory now holds results worth keeping
-        summaries[name] = s
-        rows.append({
-            "variant": name,
-            "samples_per_sec": s["samples_per_sec"],
-            "warmup_s": s["warmup_s"],
-            "peak_memory_mb": s["peak_memory_bytes"] / 2**20 if s["peak_memory_bytes"] is not None else None,
-            "final_train_loss": s["final_train_loss"],
-            "auc": s["auc"],
-            "logloss": s.get("logloss"),  # (not a column: why an AUC is undefined, `metric_text.auc_text`)
-            # only a compiled run has graph breaks to count ("auto" may resolve to eager, on a CPU say)
-            "graph_breaks": s["compile"]["graph_breaks"] if s["resolved"]["compile"] else None,
-            "status": "ok",
-        })
-    eager = summaries.get("eager")
-    for row in rows:
-        if eager is not None and row["variant"] in summaries:
-            row["max_loss_diff_vs_eager"] = max_loss_diff(summaries[row["variant"]]["train_losses"], eager["train_losses"])
+    name = None
+    try:
+        for name in variants:
+            _run_variant(cfg, name, train_fn, env, device, base, owned, multi_hot, rows, summaries, failures)
+    except (TrainingStopped, KeyboardInterrupt) as stop:  # a signal stopped it: the finished variants' report first
+        if summaries and env.is_main:
+            _write_partial(base, rows, summaries, variants, name, stop, device)
+        raise
+    _loss_diffs(rows, summaries)
     if failures and not summaries:  # nothing to compare: the first failure, as a single run would end
         raise failures[0]
     if not summaries:  # every variant skipped: nothing ran, which is no comparison (it wrote an empty one, exit 0)
@@ -355,6 +327,83 @@ def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, dev
                      f"{base / 'compare.md'} say why; the first:")
         raise failures[0]
     return rows
+
+
+def _run_variant(cfg: Config, name: str, train_fn: Callable, env, device: torch.device, base: Path,
+                 owned: Optional[RunDirectory], multi_hot: bool, rows: list[dict], summaries: dict,
+                 failures: list) -> None:
+    """One variant: skipped, failed or trained, its row appended to `rows` (and its summary to `summaries`, its error
+    to `failures`). A stop (`TrainingStopped`, KeyboardInterrupt) passes, its row left to `_write_partial`."""
+    reason = unavailable_reason(name, device, cfg, multi_hot, env.distributed)
+    if reason:
+        logger.warning(f"compare: skipping {name}: {reason}")
+        rows.append({"variant": name, "status": f"skipped: {reason}"})
+        return
+    logger.info(f"compare: variant {name}")
+    try:
+        s = train_fn(variant_config(cfg, name), run_dir=base / name)
+    except TrainingStopped:  # a signal stopped it (after its checkpoint): stop the comparison
+        raise
+    except Exception as e:  # (KeyboardInterrupt is no Exception: it stops the comparison)
+        if env.distributed:
+            raise
+        reason = failure_reason(e)
+        logger.error(f"compare: variant {name} failed: {reason}; the comparison goes on")
+        traceback.clear_frames(e.__traceback__)  # the failed run's model and tensors, freed for the next variant
+        failures.append(e)
+        rows.append({"variant": name, "status": f"failed: {reason}"})
+        release_memory(device)
+        return
+    # its row before `release_memory`, whose deferred signal would otherwise stop the comparison without this
+    # finished variant's numbers
+    if owned:
+        owned.started()  # a finished variant: the base directory now holds results worth keeping
+    summaries[name] = s
+    rows.append({
+        "variant": name,
+        "samples_per_sec": s["samples_per_sec"],
+        "warmup_s": s["warmup_s"],
+        "peak_memory_mb": s["peak_memory_bytes"] / 2**20 if s["peak_memory_bytes"] is not None else None,
+        "final_train_loss": s["final_train_loss"],
+        "auc": s["auc"],
+        "logloss": s.get("logloss"),  # (not a column: why an AUC is undefined, `metric_text.auc_text`)
+        # only a compiled run has graph breaks to count ("auto" may resolve to eager, on a CPU say)
+        "graph_breaks": s["compile"]["graph_breaks"] if s["resolved"]["compile"] else None,
+        "status": "ok",
+    })
+    release_memory(device)
+
+
+def _loss_diffs(rows: list[dict], summaries: dict) -> None:
+    """Each finished variant's row gets its largest loss difference from eager's (when eager finished)."""
+    eager = summaries.get("eager")
+    for row in rows:
+        if eager is not None and row["variant"] in summaries:
+            row["max_loss_diff_vs_eager"] = max_loss_diff(summaries[row["variant"]]["train_losses"], eager["train_losses"])
+
+
+def _write_partial(base: Path, rows: list[dict], summaries: dict, variants: list[str], current: Optional[str],
+                   stop: BaseException, device: torch.device) -> None:
+    """The reports of a comparison a signal stopped (`stop`) while `current` ran (None, or a variant with its row
+    already: between two variants): the rows so far, the stopped variant's and those not run, under a line saying it
+    is partial. A failure to write them is said in one line; the stop's exit code stays the command's."""
+    signal_name = stop_signal_name(stop)
+    done = {r["variant"] for r in rows}
+    stopped = current if current is not None and current not in done else None
+    rows = [dict(r) for r in rows]
+    if stopped is not None:
+        rows.append({"variant": stopped, "status": f"stopped by {signal_name}"})
+    not_run = [v for v in variants if v not in done and v != stopped]
+    rows += [{"variant": v, "status": "not run: the comparison was stopped"} for v in not_run]
+    _loss_diffs(rows, summaries)
+    note = (f"Partial comparison: stopped by {signal_name}" + (f" while variant {stopped} trained" if stopped else "")
+            + (f"; not run: {', '.join(not_run)}" if not_run else "") + ".")
+    try:
+        write_reports(base, rows, device, note)
+    except Exception as e:  # (a second SIGTERM's TrainingStopped too; a second Ctrl-C passes: it stops at once)
+        logger.error(f"compare: {note} Its reports were not written: {failure_reason(e)}")
+        return
+    logger.warning(f"compare: {note} The finished variants ({', '.join(summaries)}) are in {base / 'compare.md'}")
 
 
 def _text(row: dict, key: str, fmt: str) -> str:
@@ -392,8 +441,10 @@ def console_table(rows: list[dict]) -> str:
     return "\n".join([line(titles), "  ".join("-" * w for w in widths), *map(line, cells)])
 
 
-def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
-    """compare.md, compare.csv and compare.png in `base`, and the table and plot in its TensorBoard events."""
+def write_reports(base: Path, rows: list[dict], device: torch.device, partial: Optional[str] = None) -> None:
+    """compare.md, compare.csv and compare.png in `base`, and the table and plot in its TensorBoard events.
+    `partial`: the line of a comparison a signal stopped (`_write_partial`), under compare.md's title and in the log;
+    compare.csv says it in its rows' status."""
     from dlrm.checkpoint import write_files_atomic
     from dlrm.train.reporting import versions
 
@@ -402,7 +453,8 @@ def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
     # what produced the numbers, as the benchmarks' reports record it: libraries and the date (UTC)
     made = ", ".join(f"{name} {version}" for name, version in versions().items())
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = (f"# Variant comparison: {base.name}\n\nDevice: {device_name}; {made}; {date}.\n"
+    text = (f"# Variant comparison: {base.name}\n\n" + (f"**{partial}**\n\n" if partial else "")
+            + f"Device: {device_name}; {made}; {date}.\n"
             "Throughput is the steady state: the logging windows after the warm-up steps, their samples over their "
             "seconds.\n\n" + table + "\n")
     out = io.StringIO(newline="")
@@ -411,12 +463,12 @@ def write_reports(base: Path, rows: list[dict], device: torch.device) -> None:
     for r in rows:
         # a missing or undefined value (NaN: a one-class AUC, no warm-up's end) an empty cell, as in the sweep's CSVs
         w.writerow({k: csv_cell(r.get(k)) for k, _, _ in COLUMNS})
-    png = plot_comparison(rows, f"{base.name} on {device_name}")
+    png = plot_comparison(rows, f"{base.name} on {device_name}" + (" (partial)" if partial else ""))
     # all three made first, then written as one set: a plot that failed after the table was written left
     # compare.md and compare.csv without compare.png (and an interrupted write, half a file)
     write_files_atomic(base, {"compare.md": text, "compare.csv": out.getvalue(), "compare.png": png})
     log_comparison(base, text, png)
-    logger.info(f"comparison ({base}):\n" + console_table(rows))
+    logger.info(f"{'partial ' if partial else ''}comparison ({base}):\n" + console_table(rows))
 
 
 def plot_comparison(rows: list[dict], title: str) -> bytes:
