@@ -33,7 +33,10 @@ CONFIG = {  # baseline off: no test here reads it, and its fit cost more CPU tha
     "data": {"batch_size": 8, "shuffle": True},
     "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
     "optim": {"dense": {"name": "adam", "lr": 0.01}, "sparse": {"name": "rowwise_adagrad", "lr": 0.05},
-              "schedule": {"warmup_steps": 2, "decay": "linear"}},
+              # a decay of its own length (the 3-step run's, to its end): the resumes of this run that extend it
+              # (--max-steps 4, 6) go on with the same schedule; one that runs to the run's end is refused there
+              # (its end moves: tests/test_resume_schedule_length.py)
+              "schedule": {"warmup_steps": 2, "decay": "linear", "decay_steps": 3}},
     "train": {"epochs": 1, "log_every": 2, "device": "cpu", "deterministic": True, "seed": 3, "baseline": False},
     "checkpoint": {"every": 3, "keep": 2},
 }

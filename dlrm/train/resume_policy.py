@@ -3,7 +3,8 @@
 A resumed run must continue the trajectory its checkpoint started. Keys that only change how the
 run is observed or executed (logging, checkpoint cadence, profiling, kernel and compile choices,
 data placement and prefetch, device; the evaluations' cadence and split unless the run stops early) are
-free; the run's length (``train.epochs``, ``train.max_steps``) may change and is logged; every other
+free; the run's length (``train.epochs``, ``train.max_steps``, ``train.min_steps``) may change and is logged, unless
+it moves the end of a learning-rate decay the steps already trained followed (`check_schedule_length`); every other
 difference (batch size, model, data, optimizer, schedule, seed, ...) is refused unless
 ``--allow-config-change`` names its key. Also the checkpoint a ``--resume`` names, its saved config, and whether its
 run already ended (moved here from `dlrm.train.trainer`, which stays under the modules' 600 lines).
@@ -23,8 +24,10 @@ from dlrm.distributed.env import DistEnv
 from dlrm.json_file import SUMMARY_LIMIT, read_json
 from dlrm.logging_setup import run_logger
 from dlrm.train.checkpointer import BEST_NAME, checkpoint_step
+from dlrm.train.optim import lr_multiplier
 from dlrm.train.run_dir import (BRANCH_NAME, LOCK_NAME, _same_file, branch_start, restart_leftovers, restart_refusal,
                                 run_of)
+from dlrm.train.train_data import run_length
 
 # dotted prefixes: a key equal to one or under it is free
 FREE_KEYS = (
@@ -149,6 +152,62 @@ def _show(value: Any) -> str:
         return text
     # a path's end tells two paths apart (data.path: the same temporary or home directory in front)
     return "..." + text[-37:] if isinstance(value, str) and "/" in value else text[:37] + "..."
+
+
+def check_schedule_length(saved: dict[str, Any], cfg: Config, step: int, steps_per_epoch: int, total: int,
+                          allowed: Iterable[str], source: str) -> None:
+    """Refuse a run length (`LENGTH_KEYS`) changed on resume that moves the end of a learning-rate decay running to the
+    run's end (``optim.schedule.decay_steps`` 0), unless ``--allow-config-change`` names the changed key; allowed, warn.
+
+    The decay of the steps already trained (before `step`) ran towards the checkpoint's run's end; under the new
+    length it would have run towards another, so the resumed run is neither run, and its learning rate jumps at `step`
+    (up, for a longer run: it was said only as "run length changed"). Nothing is said where the trained steps' learning
+    rates are the same under both lengths (no decay, ``decay_steps`` set, a decay starting at `step` or later): the
+    resumed run is then the uninterrupted run of the new length, as for a run without a schedule; nor where the new
+    length trains no step (`step` at its end or beyond).
+
+    Args:
+        saved: the checkpoint's config (`saved_config`); cfg: this run's.
+        step: the checkpoint's step; steps_per_epoch, total: this run's epoch and run length (`TrainData`).
+        allowed: ``--allow-config-change``'s keys; source: the checkpoint, for the messages.
+    """
+    schedule = cfg.optim.schedule
+    train = saved.get("train")
+    if schedule.decay == "none" or schedule.decay_steps or not isinstance(train, dict):
+        return
+    changed = [(k, old, new) for k, old, new in config_changes(saved, cfg.to_dict()) if _under(k, LENGTH_KEYS)]
+    try:
+        before = run_length(int(train.get("epochs", 1)), train.get("max_steps"), train.get("min_steps"),
+                            steps_per_epoch)
+    except (TypeError, ValueError):  # a damaged config.json: its differences are refused as any other's
+        return
+    # The first trained step whose multiplier depends on the run's length: later ones differ only if it does (the
+    # decay's fraction min(d / span, 1) differs between two spans for d from 1 up to the longer span)
+    first = max(schedule.decay_start_step + 1, schedule.warmup_steps)
+    if not changed or before == total or first >= step or step >= total or \
+            lr_multiplier(first, schedule, before) == lr_multiplier(first, schedule, total):
+        return
+    was, now = lr_multiplier(step, schedule, before), lr_multiplier(step, schedule, total)
+    keys = [k for k, _, _ in changed]
+    what = (f"{'; '.join(f'{k} {_show(old)} -> {_show(new)}' for k, old, new in changed)} moves the end of the "
+            f"{schedule.decay} decay (optim.schedule.decay_steps 0: to the run's end) from step "
+            f"{_decay_end(schedule, before)} to step {_decay_end(schedule, total)}")
+    jump = (f"the learning rate at the resume step {step} goes from {was:.4g} to {now:.4g} times the configured one "
+            f"(optim.dense {cfg.optim.dense.lr * was:.4g} -> {cfg.optim.dense.lr * now:.4g}, optim.sparse "
+            f"{cfg.optim.sparse.lr * was:.4g} -> {cfg.optim.sparse.lr * now:.4g})")
+    if any(_under(k, tuple(allowed)) for k in keys):
+        run_logger.warning(f"--resume: {what} (allowed by --allow-config-change): {jump}")
+        return
+    span = _decay_end(schedule, before) - schedule.decay_start_step
+    raise ConfigError(f"--resume {source}: {what}, which changes the learning rate of the steps already trained: "
+                      f"{jump.replace('goes', 'would go')}; pass --allow-config-change {','.join(keys)} to resume so, "
+                      f"or keep the checkpoint's decay (then the end factor) with \"decay_steps\": {span} in "
+                      "optim.schedule and --allow-config-change optim.schedule.decay_steps")
+
+
+def _decay_end(schedule: Any, total: int) -> int:
+    """The step where `schedule`'s decay to the run's end reaches its end factor, in a run of `total` steps."""
+    return schedule.decay_start_step + max(total - schedule.decay_start_step, 1)
 
 
 # What a batch index counts: allowed to change, a checkpoint's position counts other batches (then not checked)

@@ -93,6 +93,20 @@ def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:
     return device, data_dir, meta, dataset_tables(cfg, meta, data_dir)
 
 
+def run_length(epochs: int, max_steps: Optional[int], min_steps: Optional[int], steps_per_epoch: int) -> int:
+    """A run's length in steps: `epochs` of `steps_per_epoch`, raised to `min_steps`, capped by `max_steps` (the
+    ``train`` keys of those names; a resume computes its checkpoint's run's length with it too).
+
+    Example:
+        >>> run_length(2, None, None, 703), run_length(2, 200, None, 703), run_length(1, 500, 2000, 100)
+        (1406, 200, 500)
+    """
+    total = steps_per_epoch * epochs
+    if min_steps is not None:
+        total = max(total, min_steps)
+    return total if max_steps is None else min(total, max_steps)
+
+
 @dataclass
 class TrainData:
     """The run's loaders, its effective batch size, its length in steps and the epochs that takes."""
@@ -130,12 +144,9 @@ class TrainData:
                                      multi_hot_sizes=sizes, dense_format=meta.dense_format, hints=False)
         if env.is_main and is_multi_hot(sizes) and isinstance(loader, ParquetLoader):
             _log_multi_hot_hints(loader)
-        by_epochs = total = len(loader) * cfg.train.epochs
-        raised = cfg.train.min_steps is not None and total < cfg.train.min_steps
-        if raised:
-            total = cfg.train.min_steps
-        if cfg.train.max_steps is not None:
-            total = min(total, cfg.train.max_steps)
+        t = cfg.train
+        by_epochs, total = len(loader) * t.epochs, run_length(t.epochs, t.max_steps, t.min_steps, len(loader))
+        raised = t.min_steps is not None and by_epochs < t.min_steps
         if raised:  # said after max_steps: "200 steps, 200 epochs" was logged of a --max-steps 5 run, which trained 5
             _log_min_steps(cfg, total, by_epochs, len(loader))
         if total == 0:

@@ -36,8 +36,8 @@ from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler, profiles_step, saves_trace
 from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, model_text,
                                   open_writer, resolved_settings, versions, write_summary)
-from dlrm.train.resume_policy import (check_position, check_resume_config, checkpoint_to_resume, named_as_current,
-                                      saved_config, summarized)
+from dlrm.train.resume_policy import (check_position, check_resume_config, check_schedule_length, checkpoint_to_resume,
+                                      named_as_current, saved_config, summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import as_trained, dataset_held, seed_everything, seed_rank
 from dlrm.train.signals import FinishAlone, GracefulStop, StopAtOnce, agreed_stop, held_signals
@@ -104,6 +104,9 @@ class Trainer(WindowLogging):
                     summarized(self.resume_from, step) if self.env.is_main else None):
                 self.finished = self.resume_from
                 return  # nothing to build: fit() reports the finished run and changes nothing
+            with found_alike():  # a length that moves a decay's end: refused (before the build), or said
+                check_schedule_length(self.resumed_config, cfg, step, len(self.data.train), self.data.total_steps,
+                                      allow_config_change, str(self.resume_from))
         self.run = build_run(cfg, self.tables, self.device, self.data.total_steps, self.env,
                              cfg.data.eval_batch_size or 4 * cfg.data.batch_size)
         seed_rank(cfg.train.seed, self.env.rank)  # after the shared initialization: dropout masks per rank
