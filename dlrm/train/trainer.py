@@ -394,9 +394,12 @@ class Trainer(WindowLogging):
         # train.eval_every it is one of the periodic evaluations a longer run makes there too (early stopping counts
         # it); elsewhere it is this length's own, which a longer run does not make: it counts only as a new best
         # (made after the checkpoint, such a best rewrote best.pt unrecorded, and a resume named an older best).
-        # several ranks: a signal on one of them during the last evaluation (collectives) or checkpoint stops every
-        # rank after both and the summary (`agreed_stop`), left to a --resume; one process: after both (`FinishAlone`;
-        # stopped at once, it lost every step since the last checkpoint: all of a run without checkpoint.every)
+        # A signal during the last evaluation or its checkpoint stops the run after both, before the baseline's fit
+        # and the summary's making (left to a --resume, which makes both: fitted first, the baseline was thrown away):
+        # one process at `FinishAlone.release` (stopped at once, it lost every step since the last checkpoint: all of
+        # a run without checkpoint.every), several ranks at that phase's agreement (`agreed_stop`; they agreed after
+        # the summary's making, and so stopped after the baseline step where one process stopped before it). One
+        # during the summary's making: one process stops at once (`StopAtOnce`), several ranks agree at its end.
         stopped = lambda name: (f"stopped by signal ({name}) at step {pos.step}, after its last evaluation; "  # noqa: E731
                                 f"checkpoint {self.checkpointer.last}")
         with agreed_stop(env, self.device, "after the last evaluation", stopped, held), \
@@ -424,6 +427,7 @@ class Trainer(WindowLogging):
                 # at the profiled step: the trace counts its steps from the session's first (`meter.start_step`)
                 log_profile(writer, self.run_dir.path, self.device, self.meter.start_step)
             alone.release()  # (one process: the summary's making stops at once again, the checkpoint written)
+        with agreed_stop(env, self.device, "before writing the summary", stopped, held):
             summary = self._finish()
         if env.is_main:
             write_summary(self.run_dir.path / "summary.json", summary, sessions=True,  # a failed write names the file
