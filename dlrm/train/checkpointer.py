@@ -53,9 +53,15 @@ def checkpoint_step(path: Path) -> Optional[int]:
     try:
         numpy = [(obj, name) for name, obj in ckpt.schema.v1_numpy_globals().items()]  # a format-1 file's RNG state
         with torch.serialization.safe_globals(numpy):
-            return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["position"]["step"])
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - missing, foreign or damaged: it holds no known step
         return None
+    # read before the file is checked (`--export` names the step first): whatever else torch.save wrote holds no step.
+    # Indexed as it came, a file holding a tensor (`tensor["position"]`) printed torch's two-line "non-tuple sequence
+    # for multidimensional indexing" warning above --export's one-line refusal of the file
+    position = state.get("position") if isinstance(state, dict) else None
+    step = position.get("step") if isinstance(position, dict) else None
+    return step if type(step) is int else None  # (bool is an int subclass: type(), not isinstance())
 
 
 class Checkpointer:

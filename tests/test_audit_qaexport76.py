@@ -1,0 +1,55 @@
+"""QA pass over --export and a run's TensorBoard output (2026-12-04).
+
+`--export` names the checkpoint's step before it loads (and checks) the file: `checkpoint_step` read the file as it
+came and indexed it, so a .pt holding a tensor (anything torch.save wrote is a candidate `--checkpoint`) printed
+torch's two-line "Using a non-tuple sequence for multidimensional indexing is deprecated" warning above the one-line
+refusal "not a checkpoint of this program (holds a Tensor)".
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from dlrm.train.checkpointer import checkpoint_step
+from tests.conftest import CHILD_ENV, REPO, make_dataset, process_output
+
+
+@pytest.mark.parametrize("content", [torch.ones(3), {"position": torch.ones(2)}, {"position": {"step": 2.5}},
+                                     {"position": {"step": True}}, {"position": {"step": torch.tensor([7])}},
+                                     [1, 2], {"position": [3]}])
+def test_checkpoint_step_of_a_file_that_is_no_checkpoint_is_none_without_a_warning(tmp_path, content):
+    path = tmp_path / "x.pt"
+    torch.save(content, path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert checkpoint_step(path) is None
+    assert [str(w.message) for w in caught] == []
+
+
+def test_checkpoint_step_of_a_checkpoint_is_its_step(tmp_path):
+    path = tmp_path / "c.pt"
+    torch.save({"format_version": 2, "position": {"step": 40, "epoch": 0, "batch": 40}}, path)
+    assert checkpoint_step(path) == 40
+
+
+def test_export_of_a_pt_holding_a_tensor_is_one_error_line(tmp_path):
+    """Through train.py: exit 2, one line on stderr (the refusal), no warning, nothing written."""
+    make_dataset(tmp_path / "ds", {"train": 40, "validation": 20})
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"data": {"path": str(tmp_path / "ds"), "batch_size": 8},
+                                  "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
+                                  "train": {"device": "cpu"}, "log": {"tb_dir": str(tmp_path / "tb")}}))
+    torch.save(torch.ones(3), tmp_path / "tensor.pt")
+    result = subprocess.run([sys.executable, str(REPO / "train.py"), "--config", str(config), "--checkpoint",
+                             str(tmp_path / "tensor.pt"), "--export", str(tmp_path / "m.pt2")],
+                            capture_output=True, text=True, env=CHILD_ENV, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2, process_output(result)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "not a checkpoint of this program (holds a Tensor)" in lines[0], process_output(result)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "ds", "tensor.pt"]
