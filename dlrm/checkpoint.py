@@ -288,6 +288,9 @@ def _reason(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     specific = [line for line in lines if not line.startswith(advice)]
     text = (specific or lines or [""])[0]
+    # torch's archive reader adds general advice on the same line ("... This is an internal miniz error. If you are
+    # seeing this error, there is a high likelihood that your checkpoint f"): cut at 200 characters, it ended mid-word
+    text = text.split(" This is an internal miniz error")[0]
     return f"{type(e).__name__}: {text[:200]}"
 
 
@@ -299,12 +302,25 @@ def _globals_needed(path: Path) -> set[str]:
         return set()
 
 
+def _is_export_program(path: Path) -> bool:
+    """Whether the zip archive at `path` is a torch.export program (``<name>/archive_format``, no ``data.pkl``)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [name.rsplit("/", 1)[-1] for name in archive.namelist()]
+    except (OSError, zipfile.BadZipFile, ValueError):  # (unreadable: torch.load's error says why)
+        return False
+    return "archive_format" in names and "data.pkl" not in names
+
+
 def _read_plain(path: Path) -> Any:
     """torch.load with weights_only=True, nothing else; numpy's array constructors allowed only for a
     file that names them (format 1's NumPy RNG state) and no other function or class."""
     if not zipfile.is_zipfile(path):
         raise ConfigError(f"{path}: not a readable checkpoint "
                           "(not a zip archive: truncated, or not written by torch.save)")
+    if _is_export_program(path):  # (refused as "failed locating file data.pkl: file not found ... internal miniz error")
+        raise ConfigError(f"{path}: a torch.export program (what --export writes), not a checkpoint: give the .pt "
+                          "checkpoint (or run directory) it was exported from")
     needed = _globals_needed(path)
     numpy_globals = schema.v1_numpy_globals()
     code = sorted(needed - set(numpy_globals))

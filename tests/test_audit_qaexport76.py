@@ -4,6 +4,11 @@
 came and indexed it, so a .pt holding a tensor (anything torch.save wrote is a candidate `--checkpoint`) printed
 torch's two-line "Using a non-tuple sequence for multidimensional indexing is deprecated" warning above the one-line
 refusal "not a checkpoint of this program (holds a Tensor)".
+
+A `--checkpoint` (or `--resume`) that is a damaged archive was refused with torch's reader message cut at 200
+characters, mid-word: "... This is an internal miniz error. If you are seeing this error, there is a high likelihood
+that your checkpoint f)"; one that is the .pt2 program `--export` wrote (an easy mix-up) with "PytorchStreamReader failed
+locating file data.pkl: file not found. This is an internal miniz error ...", which did not say what the file is.
 """
 
 from __future__ import annotations
@@ -16,7 +21,11 @@ import warnings
 import pytest
 import torch
 
+from dlrm import checkpoint as ckpt
+from dlrm.config import ConfigError, ModelConfig
+from dlrm.model.dlrm import build_model
 from dlrm.train.checkpointer import checkpoint_step
+from dlrm.train.export import export_model
 from tests.conftest import CHILD_ENV, REPO, make_dataset, process_output
 
 
@@ -53,3 +62,24 @@ def test_export_of_a_pt_holding_a_tensor_is_one_error_line(tmp_path):
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "not a checkpoint of this program (holds a Tensor)" in lines[0], process_output(result)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json", "ds", "tensor.pt"]
+
+
+def test_a_damaged_archive_is_refused_with_torch_s_reason_without_its_advice_cut_mid_word():
+    message = ("PytorchStreamReader failed reading zip archive: invalid header or archive is corrupted. This is an "
+               "internal miniz error. If you are seeing this error, there is a high likelihood that your checkpoint "
+               "file is corrupted. This can happen if the checkpoint was not saved properly, was transferred "
+               "incorrectly, or the file was modified after saving.")
+    assert ckpt._reason(RuntimeError(message)) == ("RuntimeError: PytorchStreamReader failed reading zip archive: "
+                                                   "invalid header or archive is corrupted.")
+
+
+def test_an_exported_program_given_as_a_checkpoint_is_named_so(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1]), [7] * 26).eval()
+    program = export_model(model, tmp_path / "m.pt2")
+    with pytest.raises(ConfigError) as e:
+        ckpt.load_checkpoint(program)
+    assert str(e.value) == (f"{program}: a torch.export program (what --export writes), not a checkpoint: give the .pt "
+                            "checkpoint (or run directory) it was exported from")
+    assert "\n" not in str(e.value)
+
