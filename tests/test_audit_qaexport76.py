@@ -9,11 +9,17 @@ A `--checkpoint` (or `--resume`) that is a damaged archive was refused with torc
 characters, mid-word: "... This is an internal miniz error. If you are seeing this error, there is a high likelihood
 that your checkpoint f)"; one that is the .pt2 program `--export` wrote (an easy mix-up) with "PytorchStreamReader failed
 locating file data.pkl: file not found. This is an internal miniz error ...", which did not say what the file is.
+
+An --export into a directory that takes no new file with an errno the CLI does not report in one line (ENOENT as root in
+/proc: `train.py --checkpoint RUN --export /proc/m.pt2`) was "this is a bug in dlrm (FileNotFoundError)" with a
+traceback naming the export's temporary name, after the checkpoint was loaded and the program traced.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -25,6 +31,7 @@ from dlrm import checkpoint as ckpt
 from dlrm.config import ConfigError, ModelConfig
 from dlrm.model.dlrm import build_model
 from dlrm.train.checkpointer import checkpoint_step
+from dlrm.train import export as export_mod
 from dlrm.train.export import export_model
 from tests.conftest import CHILD_ENV, REPO, make_dataset, process_output
 
@@ -83,3 +90,19 @@ def test_an_exported_program_given_as_a_checkpoint_is_named_so(tmp_path):
                             "checkpoint (or run directory) it was exported from")
     assert "\n" not in str(e.value)
 
+
+def test_an_export_whose_temporary_file_cannot_be_created_is_one_line_naming_the_directory(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1]), [7] * 26).eval()
+    real_open = os.open
+
+    def refuse_new_files(path, flags, *args):
+        if str(path).endswith(".tmp.pt2"):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(export_mod.os, "open", refuse_new_files)
+    with pytest.raises(ConfigError) as e:
+        export_model(model, tmp_path / "m.pt2")
+    assert str(e.value) == f"--export: cannot create a file in {tmp_path} (No such file or directory)"
+    assert list(tmp_path.iterdir()) == []

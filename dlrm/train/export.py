@@ -267,7 +267,12 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts", source: 
             # the file and the mark that it is this export's at once: a Ctrl-C between its creation and the `try`
             # left it beside OUT (seen once); deferred, the signal acts inside the `try`, whose `finally` removes it
             with signals_deferred():
-                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                try:
+                    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+                except OSError as e:  # a directory that takes no new file: its errno may be none of those the CLI
+                    # reports in one line (ENOENT in /proc: "this is a bug in dlrm" and a traceback, naming the
+                    # temporary name, never the path asked for)
+                    raise ConfigError(f"--export: cannot create a file in {path.parent} ({e.strerror or e})") from None
                 created = True
             _save_program(program, tmp, path)
             ckpt.move_to_new(tmp, path, exists)  # never over a file that appeared meanwhile
