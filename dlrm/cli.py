@@ -449,7 +449,12 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
         else:
             summary = train(cfg, resume=resume, allow_config_change=allowed_changes)
             if export:  # the best evaluation's model when the run kept one, else the final one
-                export_mod.export_checkpoint(cfg, Path(_best_checkpoint(summary) or summary["checkpoint"]), export)
+                try:
+                    export_mod.export_checkpoint(cfg, Path(_best_checkpoint(summary) or summary["checkpoint"]), export)
+                except ConfigError as e:  # (OUT made meanwhile, its directory removed): the command given again
+                    # trains nothing but is refused ("run directory exists"); say how to export the trained run
+                    raise ConfigError(f"{e} (the run is trained and kept: export it with --checkpoint "
+                                      f"{summary['run_dir']} --export OUT.pt2)") from None
 
 
 def check_not_own_record(config_path: str, cfg: Config, overrides: dict, eval_only: bool) -> None:

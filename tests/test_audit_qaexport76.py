@@ -13,6 +13,10 @@ locating file data.pkl: file not found. This is an internal miniz error ...", wh
 An --export into a directory that takes no new file with an errno the CLI does not report in one line (ENOENT as root in
 /proc: `train.py --checkpoint RUN --export /proc/m.pt2`) was "this is a bug in dlrm (FileNotFoundError)" with a
 traceback naming the export's temporary name, after the checkpoint was loaded and the program traced.
+
+`train.py --export OUT` whose OUT appeared while it trained was refused after the training, "OUT already exists; remove
+it or choose another path": the same command with another path is then refused too (the run directory exists), and the
+line did not say that the trained run can be exported as it is (`--checkpoint RUN --export OTHER`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ from dlrm.model.dlrm import build_model
 from dlrm.train.checkpointer import checkpoint_step
 from dlrm.train import export as export_mod
 from dlrm.train.export import export_model
+from click.testing import CliRunner
+
+import dlrm.cli as cli
 from tests.conftest import CHILD_ENV, REPO, make_dataset, process_output
 
 
@@ -106,3 +113,37 @@ def test_an_export_whose_temporary_file_cannot_be_created_is_one_line_naming_the
         export_model(model, tmp_path / "m.pt2")
     assert str(e.value) == f"--export: cannot create a file in {tmp_path} (No such file or directory)"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_export_after_training_that_is_refused_says_how_to_export_the_trained_run(tmp_path, monkeypatch):
+    import dlrm.train.trainer as trainer
+
+    make_dataset(tmp_path / "ds", {"train": 40, "validation": 20})
+    config = tmp_path / "c.json"
+    config.write_text(json.dumps({"data": {"path": str(tmp_path / "ds"), "batch_size": 8},
+                                  "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
+                                  "train": {"device": "cpu", "max_steps": 4, "baseline": False},
+                                  "log": {"tb_dir": str(tmp_path / "tb"), "run_name": "r"}}))
+    out, other = tmp_path / "m.pt2", tmp_path / "other.pt2"
+    real_train = trainer.train
+
+    def train_while_out_appears(cfg, **kwargs):
+        summary = real_train(cfg, **kwargs)
+        out.write_text("mine")  # another process's file, made while the run trained
+        return summary
+
+    monkeypatch.setattr(trainer, "train", train_while_out_appears)
+    result = CliRunner().invoke(cli.main, ["--config", str(config), "--export", str(out)])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    run = tmp_path / "tb" / "r"
+    assert len(errors) == 1 and errors[0].endswith(
+        f"--export: {out} already exists; remove it or choose another path (the run is trained and kept: export it "
+        f"with --checkpoint {run} --export OUT.pt2)"), result.output
+    assert out.read_text() == "mine" and (run / "checkpoints" / "best.pt").is_file()
+    monkeypatch.undo()
+    # the advice works: the trained run's best model, exported without training again
+    result = CliRunner().invoke(cli.main, ["--config", str(config), "--checkpoint", str(run), "--export", str(other)])
+    assert result.exit_code == 0, result.output
+    assert torch.export.load(str(other)).module()(torch.zeros(2, 13, dtype=torch.int64),
+                                                   torch.zeros(2, 26, dtype=torch.int64)).shape == (2,)
