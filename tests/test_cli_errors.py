@@ -17,7 +17,7 @@ import dlrm.cli as cli
 from dlrm.data import synthetic
 from dlrm.errors import NonFiniteLoss, TrainingStopped, dlrm_version
 from dlrm.logging_setup import configure_logging
-from tests.conftest import REPO
+from tests.conftest import CHILD_ENV, REPO
 
 SAMPLE = json.loads((REPO / "configs" / "sample.json").read_text())
 
@@ -334,8 +334,10 @@ def test_synthetic_multi_hot_size_above_the_cap_exits_2(tmp_path):
 def test_an_empty_path_is_named_as_empty(tmp_path, argv, message):
     """`--config "$CFG"` with CFG unset was named as '.' ('.: config file not found'), as was merge's empty CHECKPOINT;
     now one line says the path is empty, exit 2, nothing written."""
+    # CHILD_ENV: this checkout's dlrm (`-m dlrm.sweep` from tmp_path ran an installed copy, or none: "No module named
+    # 'dlrm'" where the editable install points elsewhere)
     r = subprocess.run([sys.executable, *[str(REPO / a) if a == "train.py" else a for a in argv]], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=CHILD_ENV)
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and message in lines[0], r.stderr
