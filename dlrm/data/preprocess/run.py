@@ -275,7 +275,7 @@ class _Run:
         self.plan = SplitPlan.build(
             o.split, file_lines, seed=o.seed, validation_fraction=o.validation_fraction, test_fraction=o.test_fraction
         )
-        logger.info("split: {}", self.plan.describe())
+        logger.info("split: {}", self.plan.describe(separators=True))
         self.firsts = np.concatenate(([0], np.cumsum(file_lines)[:-1])).astype(int).tolist()
         if o.min_frequency_auto:
             train_rows = self.auto_train_rows = train_rows_of_plan(self.plan, file_lines)

@@ -86,14 +86,19 @@ class SplitPlan:
             out[u < self.test_fraction] = te
         return out
 
-    def describe(self) -> str:
-        """The rule in one line (logged, and kept in ``metadata.extra["split_rule"]``)."""
+    def describe(self, separators: bool = False) -> str:
+        """The rule in one line: kept in ``metadata.extra["split_rule"]`` with plain integers, and logged with
+        thousands separators (``separators``), as the log's other numbers are. The record keeps plain ones: a comma
+        inside a number would make ``[8,572, 9,286)`` ambiguous to a script reading the interval, and datasets made
+        before and after this change record the same text."""
+        n = (lambda v: f"{v:,}") if separators else str
         if self.mode == "sequential":
-            return (f"sequential over {self.total_lines} lines: [0, {self.train_end}) train, "
-                    f"[{self.train_end}, {self.test_end}) test, [{self.test_end}, {self.total_lines}) validation")
+            return (f"sequential over {n(self.total_lines)} lines: [0, {n(self.train_end)}) train, "
+                    f"[{n(self.train_end)}, {n(self.test_end)}) test, [{n(self.test_end)}, {n(self.total_lines)}) "
+                    "validation")
         if self.mode == "days":
             return (f"days: files 0..{self.last_file - 1} train; file {self.last_file}: first "
-                    f"{self.last_file_test_lines} lines test, the rest validation")
+                    f"{n(self.last_file_test_lines)} lines test, the rest validation")
         return (f"random (seed {self.seed}): test if u < {self.test_fraction:.12g}, validation if u < "
                 f"{self.test_fraction + self.validation_fraction:.12g}, else train; u = splitmix64(seed, line)")
 
