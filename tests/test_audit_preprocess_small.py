@@ -44,3 +44,38 @@ def test_the_split_rule_is_logged_with_thousands_separators(tmp_path, split, log
     assert f"split: {logged}" in messages  # (f"split: {recorded}" before the fix)
     meta = json.loads((tmp_path / "ds" / "metadata.json").read_text())
     assert meta["extra"]["split_rule"] == recorded
+
+
+# -- 2. a test split of one class is warned about, as a validation split of one class is -----------------------------
+
+
+def test_a_test_split_of_one_class_is_warned_about(tmp_path):
+    """A test split whose rows were all labelled 1 was said only as "100.00%" in the summary table, where a one-class
+    validation split got a warning: train.py evaluating it (``--split test``, data.eval_split "test") has no AUC
+    either. Before the fix the warnings here were []."""
+    rows = make_fields(100, seed=9)  # --split sequential: lines 86-92 test, 93-99 validation
+    for i, row in enumerate(rows):
+        row[0] = "1" if 86 <= i < 93 else str(i % 2)
+    src = write_raw(tmp_path / "in.tsv", rows)
+    warnings, handle = log_messages("WARNING")
+    try:
+        meta = pp.preprocess([src], tmp_path / "ds", workers=1, progress=False)
+        assert (meta.splits["test"].rows, meta.splits["test"].positives) == (7, 7)
+        assert 0 < meta.splits["validation"].positives < meta.splits["validation"].rows
+        assert warnings == [("the test split holds one class only: its 7 rows are all labelled 1 (positive), so its "
+                             "AUC is undefined (train.py evaluating it, with --split test or data.eval_split 'test', "
+                             "picks best.pt by logloss and refuses train.early_stopping.metric 'auc'); give more "
+                             "lines")]
+
+        # a random split: the advice adds --seed, as the validation split's does; a test split of no rows: no warning
+        warnings.clear()
+        src = write_raw(tmp_path / "zeros.tsv", [["0", *row[1:]] for row in rows[:40]])
+        meta = pp.preprocess([src], tmp_path / "random", split="random", test_fraction=0.1, validation_fraction=0.0,
+                             seed=3, workers=1, progress=False)
+        assert meta.splits["test"].rows > 1 and meta.splits["test"].positives == 0
+        assert [w for w in warnings if w.startswith("the test split")] == [(
+            f"the test split holds one class only: its {meta.splits['test'].rows} rows are all labelled 0 (negative), "
+            "so its AUC is undefined (train.py evaluating it, with --split test or data.eval_split 'test', picks "
+            "best.pt by logloss and refuses train.early_stopping.metric 'auc'); give more lines or another --seed")]
+    finally:
+        logger.remove(handle)

@@ -230,8 +230,8 @@ def test_a_split_of_one_class_is_warned_about(tmp_path):
     """A validation split of one class has no AUC: train.py refuses it with train.early_stopping on auc ("data.eval_split
     'validation' holds one class (7 rows, 0 positives): its AUC is undefined"), but preprocess said nothing beyond a
     "0.00%" in its table. Now a warning names the split and its class in one line, as the empty-split warning does
-    (for the split train.py evaluates by default, as that one; a one-class test split, here all positive, is only
-    in the table); a validation split of both classes gets none, a random split's advice adds --seed."""
+    (a one-class test split, here all positive, gets its own: tests/test_audit_preprocess_small.py); a validation
+    split of both classes gets none, a random split's advice adds --seed."""
     rows = make_fields(100, seed=9)  # --split sequential: lines 86-92 test, 93-99 validation
     for i, row in enumerate(rows):
         row[0] = "0" if i >= 93 else "1" if i >= 86 else str(i % 2)
@@ -243,9 +243,11 @@ def test_a_split_of_one_class_is_warned_about(tmp_path):
         logger.remove(handle)
     assert (meta.splits["validation"].rows, meta.splits["validation"].positives) == (7, 0)
     assert (meta.splits["test"].rows, meta.splits["test"].positives) == (7, 7)
-    assert warnings == [("the validation split holds one class only: its 7 rows are all labelled 0 (negative), so its "
-                         "AUC is undefined (train.py evaluating it picks best.pt by logloss and refuses "
-                         "train.early_stopping.metric 'auc'); give more lines")]
+    assert warnings[0] == ("the validation split holds one class only: its 7 rows are all labelled 0 (negative), so "
+                           "its AUC is undefined (train.py evaluating it picks best.pt by logloss and refuses "
+                           "train.early_stopping.metric 'auc'); give more lines")
+    assert len(warnings) == 2 and warnings[1].startswith("the test split holds one class only: its 7 rows are all "
+                                                         "labelled 1 (positive)")
 
     for i, row in enumerate(rows):
         row[0] = str(i % 2)
@@ -266,7 +268,8 @@ def test_a_split_of_one_class_is_warned_about(tmp_path):
                              progress=False)
     finally:
         logger.remove(handle)
-    assert meta.splits["validation"].rows == 1 and warnings == [(
+    assert meta.splits["validation"].rows == 1 and warnings[0] == (
         "the validation split holds one class only: its one row is labelled 1 (positive), so its AUC is undefined "
         "(train.py evaluating it picks best.pt by logloss and refuses train.early_stopping.metric 'auc'); give more "
-        "lines or another --seed")]
+        "lines or another --seed")
+    assert len(warnings) == 2 and warnings[1].startswith("the test split holds one class only: its 3 rows")

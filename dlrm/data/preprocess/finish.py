@@ -143,11 +143,22 @@ def _report(meta: Metadata, seconds: float) -> None:
         logger.warning(f"the {' and '.join(empty)} split{'s have' if len(empty) > 1 else ' has'} no rows: train.py "
                        "trains on train and evaluates on validation, and refuses this dataset; give more lines, or a "
                        "--validation-fraction above 0 with --split random")
-    val = meta.splits["validation"]
-    if val.rows and val.positives in (0, val.rows):  # found only by train.py before (data.eval_split's default)
-        label = "1 (positive)" if val.positives else "0 (negative)"
-        rows = "its one row is" if val.rows == 1 else f"its {val.rows:,} rows are all"
-        again = " or another --seed" if meta.extra["options"]["split"] == "random" else ""
-        logger.warning(f"the validation split holds one class only: {rows} labelled {label}, so its AUC is undefined "
-                       "(train.py evaluating it picks best.pt by logloss and refuses train.early_stopping.metric "
-                       f"'auc'); give more lines{again}")
+    for name in ("validation", "test"):
+        _warn_one_class(name, meta.splits[name], meta.extra["options"]["split"] == "random")
+
+
+def _warn_one_class(name: str, info: SplitInfo, random_split: bool) -> None:
+    """Warn when split ``name`` holds rows of one class only. Said for validation (train.py's default data.eval_split)
+    and for test alike: ``--split test`` (data.eval_split "test") evaluates it the same way, and a one-class test split
+    was only to be seen as "0.00%" or "100.00%" in the table."""
+    from loguru import logger
+
+    if not info.rows or info.positives not in (0, info.rows):
+        return
+    label = "1 (positive)" if info.positives else "0 (negative)"
+    rows = "its one row is" if info.rows == 1 else f"its {info.rows:,} rows are all"
+    how = "" if name == "validation" else f", with --split {name} or data.eval_split '{name}',"
+    again = " or another --seed" if random_split else ""
+    logger.warning(f"the {name} split holds one class only: {rows} labelled {label}, so its AUC is undefined "
+                   f"(train.py evaluating it{how} picks best.pt by logloss and refuses train.early_stopping.metric "
+                   f"'auc'); give more lines{again}")
