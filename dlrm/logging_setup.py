@@ -35,14 +35,17 @@ rank 0 logs it and the other ranks, which log warnings and errors (`log_as_rank`
 every rank repeated it, `[rank 1] ...` after rank 0's line (one copy a rank: 8 on a node of 8 GPUs)."""
 
 
-def counted(n: int, noun: str, fmt: str = "") -> str:
-    """`n` and `noun`, the noun in the plural unless `n` is 1 (every noun a log line counts takes an "s"): a run of
-    one step said "1 steps/epoch, 1 steps". `fmt` formats the number ("," for thousands separators).
+def counted(n: int, noun: str, fmt: str = "", plural: str | None = None) -> str:
+    """`n` and `noun`, the noun in the plural unless `n` is 1: `plural`, or the noun with an "s" (a run of one step
+    said "1 steps/epoch, 1 steps"; "worker process" took the "s" as well: "3 worker processs"). `fmt` formats the
+    number ("," for thousands separators).
 
         >>> counted(1, "step"), counted(703, "step"), counted(0, "file"), counted(12345, "row", ",")
         ('1 step', '703 steps', '0 files', '12,345 rows')
+        >>> [counted(n, "worker process", plural="worker processes") for n in (1, 3)]
+        ['1 worker process', '3 worker processes']
     """
-    return f"{n:{fmt}} {noun}{'' if n == 1 else 's'}"
+    return f"{n:{fmt}} {noun if n == 1 else plural or noun + 's'}"
 
 
 class ConsoleStream:

@@ -79,3 +79,20 @@ def test_a_test_split_of_one_class_is_warned_about(tmp_path):
             "best.pt by logloss and refuses train.early_stopping.metric 'auc'); give more lines or another --seed")]
     finally:
         logger.remove(handle)
+
+
+# -- 3. "worker processes", not "worker processs" -------------------------------------------------------------------
+
+
+def test_the_pool_size_line_says_processes(tmp_path, monkeypatch):
+    """A fresh run of 3 chunks with --workers 50 logged "3 worker processs (not 50): the run has only 3 chunks"
+    (`counted` adds an "s" to any noun)."""
+    src = write_raw(tmp_path / "in.tsv", make_fields(120, seed=1))
+    sizes = recorded_pool_sizes(monkeypatch)
+    messages, handle = log_messages()
+    try:
+        pp.preprocess([src], tmp_path / "ds", workers=50, chunk_rows=40, progress=False)
+    finally:
+        logger.remove(handle)
+    assert sizes == [3]
+    assert "3 worker processes (not 50): the run has only 3 chunks" in messages

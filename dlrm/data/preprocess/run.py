@@ -312,8 +312,8 @@ class _Run:
         self.use_pool(chunks)
         used = min(asked, chunks)
         if 0 < used < asked:  # (no chunk: the run has nothing to do, and says so)
-            logger.info("{} (not {:,}): the run has only {}", counted(used, "worker process", ","), asked,
-                        counted(chunks, "chunk", ","))
+            logger.info("{} (not {:,}): the run has only {}", counted(used, "worker process", ",", "worker processes"),
+                        asked, counted(chunks, "chunk", ","))
             self.opts = replace(self.opts, workers=used)
 
     def start_output(self) -> None:
