@@ -96,3 +96,50 @@ def test_the_pool_size_line_says_processes(tmp_path, monkeypatch):
         logger.remove(handle)
     assert sizes == [3]
     assert "3 worker processes (not 50): the run has only 3 chunks" in messages
+
+
+# -- 4. a resumed run's pool is sized to the chunks left to do ------------------------------------------------------
+
+
+def test_a_resumed_run_gets_a_pool_sized_to_the_chunks_left(tmp_path, monkeypatch):
+    """A resume with 3 of 12 chunks left (and 1 train shard whose statistics the checkpoint lacks) asked `start_pool`
+    for 12 workers of --workers 50 (all the run's chunks: [12] before the fix), each a process importing numpy and
+    pyarrow, for 3 chunks. It gets 3, logs why, and ends with the dataset of an uninterrupted run."""
+    src = write_raw(tmp_path / "in.tsv", make_fields(120, seed=4))
+    out = tmp_path / "ds"
+    with pytest.raises(pp._Interrupted):  # (the test hook that stands for a kill after 9 chunks)
+        # in this process, so that the 9 chunks are the first 9 and the checkpoint (every chunk) covers the first 8
+        pp.preprocess([src], out, chunk_rows=10, workers=1, checkpoint_interval=0, progress=False, _max_new_chunks=9)
+    sizes = recorded_pool_sizes(monkeypatch)
+    messages, handle = log_messages()
+    try:
+        pp.preprocess([src], out, chunk_rows=10, workers=50, progress=False)
+    finally:
+        logger.remove(handle)
+    assert "9 chunk(s) already done; re-reading table statistics of 1 of them" in messages
+    assert sizes == [3]
+    assert ("3 worker processes (not 50): the resumed run has only 3 chunks left to do (of 12) and 1 train shard to "
+            "re-read") in messages
+    assert "3 chunk(s) of up to 10 lines to do (3 workers)" in messages
+    pp.preprocess([src], tmp_path / "ref", chunk_rows=10, workers=1, progress=False)
+    assert_same_dataset(out, tmp_path / "ref")
+
+
+def test_a_resume_with_more_shards_to_re_read_than_chunks_left_gets_a_pool_for_them(tmp_path, monkeypatch):
+    """Without a checkpoint the resume re-reads every finished chunk's train shard in the pool: 9 shards and 3 chunks
+    left get min(--workers, 9) workers, not 3."""
+    src = write_raw(tmp_path / "in.tsv", make_fields(120, seed=4))
+    out = tmp_path / "ds"
+    with pytest.raises(pp._Interrupted):
+        pp.preprocess([src], out, chunk_rows=10, workers=1, progress=False, _max_new_chunks=9)
+    sizes = recorded_pool_sizes(monkeypatch)
+    messages, handle = log_messages()
+    try:
+        pp.preprocess([src], out, chunk_rows=10, workers=50, progress=False)
+    finally:
+        logger.remove(handle)
+    assert sizes == [9]
+    assert ("9 worker processes (not 50): the resumed run has only 3 chunks left to do (of 12) and 9 train shards to "
+            "re-read") in messages
+    pp.preprocess([src], tmp_path / "ref", chunk_rows=10, workers=1, progress=False)
+    assert_same_dataset(out, tmp_path / "ref")

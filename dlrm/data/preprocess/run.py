@@ -284,7 +284,6 @@ class _Run:
             expected = ", the expected count of --split random" if self.plan.mode == "random" else ""
             logger.info("--min-frequency auto: {} for {:,} train rows ({}{})", self.opts.min_frequency, train_rows,
                         describe_rule(), expected)
-        self.size_pool_to_chunks()
 
     def use_pool(self, tasks: int) -> None:
         """Have a pool of min(--workers, ``tasks``) processes for ``tasks`` that can run at once (none with --workers 1
@@ -301,19 +300,28 @@ class _Run:
             self.pool = start_pool(n)  # its workers leave Ctrl-C to this process (dlrm.data.worker_pool)
             self.pool_size = n
 
-    def size_pool_to_chunks(self) -> None:
-        """After the count pass: a pool of no more workers than the run has chunks (a chunk is one worker's task; a
-        resume's chunks still to do, or shards to re-read, are at most that many), logged when not --workers. One chunk
-        still gets a worker process: a worker killed for memory is reported as such (`BrokenProcessPool`)."""
+    def size_pool_to_work(self, rereads: int) -> None:
+        """Before the chunks (and a resume's re-reading of ``rereads`` train shards): a pool of no more workers than
+        the run has tasks, a chunk or a shard being one worker's task, logged when not --workers. A resume counts the
+        chunks left to do, not all of the run's: one with 1 of 10 chunks left started all --workers processes (each
+        imports numpy and pyarrow) for one task. One chunk still gets a worker process: a worker killed for memory is
+        reported as such (`BrokenProcessPool`). (A shard found damaged while re-read adds its chunk to those left:
+        the pool stays, it has at least the re-reads' size.)"""
         from loguru import logger
 
         chunks = sum(sc.num_chunks for sc in self.scans)
+        left = sum((f, c) not in self.done for f, sc in enumerate(self.scans) for c in range(sc.num_chunks))
         asked = self.opts.workers
-        self.use_pool(chunks)
-        used = min(asked, chunks)
+        self.use_pool(max(left, rereads))
+        used = min(asked, max(left, rereads))
         if 0 < used < asked:  # (no chunk: the run has nothing to do, and says so)
-            logger.info("{} (not {:,}): the run has only {}", counted(used, "worker process", ",", "worker processes"),
-                        asked, counted(chunks, "chunk", ","))
+            processes = counted(used, "worker process", ",", "worker processes")
+            if self.done:
+                what = f"{counted(left, 'chunk', ',')} left to do (of {chunks:,})" + (
+                    f" and {counted(rereads, 'train shard', ',')} to re-read" if rereads else "")
+                logger.info("{} (not {:,}): the resumed run has only {}", processes, asked, what)
+            else:
+                logger.info("{} (not {:,}): the run has only {}", processes, asked, counted(chunks, "chunk", ","))
             self.opts = replace(self.opts, workers=used)
 
     def start_output(self) -> None:
@@ -357,6 +365,7 @@ class _Run:
         if self.done:
             logger.info("{:,} chunk(s) already done; re-reading table statistics of {:,} of them", len(self.done),
                         len(redo))
+        self.size_pool_to_work(len(redo))
         lost = len(self.covered - set(self.done))
         if lost:
             logger.info("{:,} chunk(s) the statistics checkpoint covers are redone for their shards (damaged or "
