@@ -32,6 +32,7 @@ from loguru import logger
 
 from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
+from dlrm.errors import named_os_error  # (defined low: the data tools' worker processes use it too)
 from dlrm.file_modes import file_mode
 from dlrm.logging_setup import ProgressBar, bar_interval, run_logger
 from dlrm.progress_file import ProgressFile as _ProgressFile, ReadProgress as _ReadProgress
@@ -100,14 +101,6 @@ def tensor_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(tensor_bytes(v) for v in obj)
     return 0
-
-
-def named_os_error(e: OSError, path: Path) -> OSError:
-    """`e` naming `path` when it names no file (a failed write or fsync of an open file names none: the error line
-    said "No space left on device" without saying where)."""
-    if e.filename is not None or e.errno is None:
-        return e
-    return OSError(e.errno, e.strerror or os.strerror(e.errno), str(path))
 
 
 def move_to_new(tmp: Path, path: Path, exists: str) -> None:

@@ -19,7 +19,7 @@ from loguru import logger
 
 __all__ = ["ConfigError", "DatasetError", "NonFiniteLoss", "TrainingStopped", "EXIT_BUG", "EXIT_PEER_LOST",
            "PeerLost", "report_bug", "this_rank_only", "found_alike", "is_peer_lost", "peer_lost_message",
-           "dlrm_version"]
+           "dlrm_version", "named_os_error", "os_errors_named"]
 
 class ConfigError(ValueError):
     """A config key is unknown, mistyped or out of range; the message names the key path."""
@@ -27,6 +27,26 @@ class ConfigError(ValueError):
 
 class DatasetError(ValueError):
     """A dataset on disk does not follow the contract; the message names the file and field."""
+
+
+def named_os_error(e: OSError, path: str | os.PathLike) -> OSError:
+    """`e` naming `path` when it names no file (a failed write or fsync of an open file names none: the error line
+    said "No space left on device" without saying where). Torch-free, for the data tools' worker processes too."""
+    if e.filename is not None or e.errno is None:
+        return e
+    return OSError(e.errno, e.strerror or os.strerror(e.errno), str(path))
+
+
+@contextlib.contextmanager
+def os_errors_named(path: str | os.PathLike) -> Iterator[None]:
+    """Raise an OSError of the block that names no file as `named_os_error` naming `path` (the file written)."""
+    try:
+        yield
+    except OSError as e:
+        named = named_os_error(e, path)
+        if named is e:
+            raise
+        raise named from None  # (the original says nothing more)
 
 
 @contextlib.contextmanager

@@ -6,14 +6,17 @@ Each test failed on the code before its fix (the failure is quoted in its docstr
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 
 import pytest
 from loguru import logger
 
 from dlrm.data import preprocess as pp
 from tests.test_audit_rawprep75 import log_messages, recorded_pool_sizes
-from tests.test_preprocess import assert_same_dataset, make_fields, write_raw
+from tests.test_preprocess import assert_same_dataset, make_fields, run_cli, write_raw
+from tests.test_preprocess_cli_errors import assert_one_line_error
 
 # -- 1. the split rule is logged with thousands separators; metadata.json keeps plain integers ----------------------
 
@@ -143,3 +146,62 @@ def test_a_resume_with_more_shards_to_re_read_than_chunks_left_gets_a_pool_for_t
             "re-read") in messages
     pp.preprocess([src], tmp_path / "ref", chunk_rows=10, workers=1, progress=False)
     assert_same_dataset(out, tmp_path / "ref")
+
+
+# -- 5. a full disk's error names the file being written; a failure writing the vocabularies or metadata says how
+#       to resume -----------------------------------------------------------------------------------------------------
+
+
+def _fail_fsync_of(monkeypatch, part: str) -> None:
+    """Make the fsync of a file whose path holds `part` fail as a full disk does (a write's error names no file)."""
+    real = os.fsync
+
+    def fsync(fd):
+        if part in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+@pytest.mark.parametrize("part, written, kept", [
+    (".part-0000-000000.parquet.", "train/part-0000-000000.parquet", False),
+    (".manifest.json.", "_progress/manifest.json", False),
+    ("done.jsonl", "_progress/done.jsonl", False),
+    (".stats.npz.", "_progress/stats.npz", True),
+    (".SPARSE_3.npy.", "vocab/SPARSE_3.npy", True),
+    (".metadata.json.", "metadata.json", True),
+])
+def test_a_full_disk_names_the_file_written(tmp_path, monkeypatch, part, written, kept):
+    """The error of a full disk said "error: [Errno 28] No space left on device" without a path, whichever file it
+    was writing (a shard, a progress record, a vocabulary, metadata.json): the exception's filename was None before
+    the fix. A failure after every chunk finished (the vocabularies, metadata.json) also says that the chunks are kept
+    and how to resume, as a failure between chunks does; the same command then ends with the dataset of a run that
+    never failed."""
+    src = write_raw(tmp_path / "in.tsv", make_fields(120, seed=5))
+    out = tmp_path / "ds"
+    kw = dict(hashing="vocabulary", workers=1, checkpoint_interval=0, progress=False)
+    _fail_fsync_of(monkeypatch, part)
+    warnings, handle = log_messages("WARNING")
+    try:
+        with pytest.raises(OSError) as info:
+            pp.preprocess([src], out, **kw)
+    finally:
+        logger.remove(handle)
+    assert info.value.errno == errno.ENOSPC and info.value.filename == str(out / written)
+    assert any(w.startswith(f"1 finished chunk(s) kept in {out} (no metadata.json") for w in warnings) == kept
+    monkeypatch.undo()
+    pp.preprocess([src], out, **kw)
+    pp.preprocess([src], tmp_path / "ref", **kw)
+    assert_same_dataset(out, tmp_path / "ref")
+
+
+def test_a_full_disk_is_one_line_naming_the_shard(tmp_path, monkeypatch):
+    """The same through the command line: the one error line said "error: [Errno 28] No space left on device"."""
+    src = write_raw(tmp_path / "in.tsv", make_fields(120, seed=5))
+    out = tmp_path / "ds"
+    _fail_fsync_of(monkeypatch, ".part-0000-000000.parquet.")
+    r = run_cli(["-i", str(src), "-o", str(out), "--workers", "1"])
+    assert_one_line_error(r, f"error: [Errno {errno.ENOSPC}] No space left on device: "
+                             f"'{out / 'train' / 'part-0000-000000.parquet'}'")
+    assert not out.exists()  # no chunk finished: nothing left

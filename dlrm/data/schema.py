@@ -104,6 +104,7 @@ DENSE_FORMATS = ("counts", "float")
 
 
 from dlrm.errors import DatasetError  # noqa: E402,F401 - defined low (dlrm.errors), raised here
+from dlrm.errors import os_errors_named  # noqa: E402
 from dlrm.file_modes import file_mode  # noqa: E402
 
 
@@ -540,7 +541,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any, nan_as_null: bool = Fal
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os_errors_named(path), os.fdopen(fd, "w") as f:  # (a write's error names no file)
             json.dump(obj, f, indent=2, sort_keys=False)
             f.write("\n")
             f.flush()

@@ -12,6 +12,7 @@ from dlrm.data.preprocess.constants import BAD_LINE_REASONS
 from dlrm.data.preprocess.stats import DistinctCounter
 from dlrm.data.schema import NUM_SPARSE, SPLITS, Metadata, SplitInfo, write_metadata
 from dlrm.data.vocabulary import vocab_path
+from dlrm.errors import os_errors_named
 
 
 def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashing, min_frequency,
@@ -102,7 +103,7 @@ def _write_vocabularies(out: Path, counter: DistinctCounter, min_frequency: int)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as fh:
+            with os_errors_named(path), open(tmp, "wb") as fh:  # (a write's error names no file)
                 np.save(fh, vocab)
                 fh.flush()
                 os.fsync(fh.fileno())

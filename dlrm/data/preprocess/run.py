@@ -146,7 +146,11 @@ def _locked_run(opts: RunOptions, paths: list[Path], out: Path, max_new: int | N
     run = _Run(opts, paths, out, max_new)
     _execute(run)
     try:
-        meta = run.finish()
+        try:
+            meta = run.finish()
+        except (OSError, PreprocessError):  # a full disk writing a vocabulary or metadata.json: every chunk is kept
+            _clean_up(run)  # (says so, and how to resume: the error line alone did not)
+            raise
         if run.staged:  # the new dataset is complete: the old one goes, the new one comes in
             finish_replacement(out)
     except KeyboardInterrupt as e:  # as metadata.json was written (its log line): the dataset is complete

@@ -14,6 +14,7 @@ from pathlib import Path
 from dlrm.data.preprocess.errors import BadLine
 from dlrm.data.preprocess.stats import DistinctCounter
 from dlrm.data.preprocess.worker import _ChunkResult, _process_chunk
+from dlrm.errors import os_errors_named
 
 
 class _RunState:
@@ -48,9 +49,10 @@ class _RunState:
             self.errors.append(((res.file_index, res.error.line or 0), res.error))
             return
         rec = res.record
-        self._log.write(json.dumps(rec, separators=(",", ":")) + "\n")
-        self._log.flush()
-        os.fsync(self._log.fileno())
+        with os_errors_named(self.progress_dir / "done.jsonl"):  # (a write's error names no file)
+            self._log.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            self._log.flush()
+            os.fsync(self._log.fileno())
         key = (res.file_index, res.chunk_index)
         self.done[key] = rec
         # a chunk the checkpoint covers, redone for a shard damaged or missing since: its statistics are in the

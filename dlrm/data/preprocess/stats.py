@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from dlrm.data.schema import NUM_SPARSE, slot_offsets
+from dlrm.errors import os_errors_named
 
 
 class DistinctCounter:
@@ -98,7 +99,7 @@ class DistinctCounter:
         arrays["covered"] = np.asarray(sorted(covered), dtype=np.int64).reshape(-1, 2)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            with open(tmp, "wb") as fh:
+            with os_errors_named(path), open(tmp, "wb") as fh:  # (a write's error names no file)
                 np.savez(fh, **arrays)
                 fh.flush()
                 os.fsync(fh.fileno())

@@ -27,6 +27,7 @@ from dlrm.data.schema import (
     sparse_columns,
     write_options,
 )
+from dlrm.errors import os_errors_named
 
 
 @dataclass
@@ -79,7 +80,8 @@ def _write_shard(path: Path, table, row_group_rows: int, compression: str, level
 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as fh:
+        # a full disk's write or fsync error names no file: "error: [Errno 28] No space left on device" it said
+        with os_errors_named(path), open(tmp, "wb") as fh:
             pq.write_table(
                 table,
                 fh,
