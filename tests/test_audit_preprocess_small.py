@@ -15,7 +15,7 @@ from loguru import logger
 
 from dlrm.data import preprocess as pp
 from tests.test_audit_rawprep75 import log_messages, recorded_pool_sizes
-from tests.test_preprocess import assert_same_dataset, make_fields, run_cli, write_raw
+from tests.test_preprocess import assert_same_dataset, error_lines, make_fields, run_cli, write_raw
 from tests.test_preprocess_cli_errors import assert_one_line_error
 
 # -- 1. the split rule is logged with thousands separators; metadata.json keeps plain integers ----------------------
@@ -205,3 +205,24 @@ def test_a_full_disk_is_one_line_naming_the_shard(tmp_path, monkeypatch):
     assert_one_line_error(r, f"error: [Errno {errno.ENOSPC}] No space left on device: "
                              f"'{out / 'train' / 'part-0000-000000.parquet'}'")
     assert not out.exists()  # no chunk finished: nothing left
+
+
+# -- 6. --on-bad-line skip with no good line names the first bad line -----------------------------------------------
+
+
+def test_no_good_line_in_skip_mode_names_the_first_bad_line(tmp_path):
+    """``--format csv`` given for a TSV file with ``--on-bad-line skip`` ended "error: no rows to write: not one good
+    line in the 1 input file(s) (120 bad line(s) or file(s) skipped)", the reason nowhere: --on-bad-line stop names
+    the first bad line with its advice (a TSV file? give --format tsv). Now the skip mode's line names it too; a
+    file skipped whole (an empty one) is named by its warning, as before."""
+    src = write_raw(tmp_path / "in.tsv", make_fields(120, seed=7))
+    r = run_cli(["-i", str(src), "-o", str(tmp_path / "ds"), "--format", "csv", "--on-bad-line", "skip"])
+    assert_one_line_error(r, "error: no rows to write: not one good line in the 1 input file(s) (120 bad line(s) or "
+                             f"file(s) skipped); the first: {src}:1: expected 40 fields separated by ',', found ",
+                          "a TSV file? give --format tsv or auto)")
+    assert not (tmp_path / "ds").exists()
+    empty = tmp_path / "empty.tsv"
+    empty.write_bytes(b"")
+    r = run_cli(["-i", str(empty), "-o", str(tmp_path / "ds"), "--on-bad-line", "skip"])
+    assert error_lines(r) == ["error: no rows to write: not one good line in the 1 input file(s) (1 bad line(s) or "
+                              "file(s) skipped)"]

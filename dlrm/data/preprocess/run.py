@@ -450,12 +450,16 @@ class _Run:
             raise PreprocessError(f"internal error: chunks {missing[:5]} did not finish")
         if not any(rec["shards"] for rec in self.done.values()):
             skipped = sum(self.file_bad.values()) + sum(sum(rec["bad"].values()) for rec in self.done.values())
+            # the first bad line, in input order: the count alone hid why (--format csv given for a TSV file: "100 bad
+            # line(s)"), where --on-bad-line stop names it with its advice ("a TSV file? give --format tsv or auto")
+            first = next((self.done[k]["first_bad"] for k in sorted(self.done)
+                          if isinstance(self.done[k].get("first_bad"), str)), None)
             # nothing to resume (rerun, it fails the same way): forget the chunks, so that the cleanup removes
             # what this run made and the corrected command (another --format, a fixed input) starts afresh
             self.done.clear()
             raise PreprocessError(
                 f"no rows to write: not one good line in the {len(self.paths)} input file(s) "
-                f"({skipped} bad line(s) or file(s) skipped)"
+                f"({skipped:,} bad line(s) or file(s) skipped)" + (f"; the first: {first}" if first else "")
             )
 
     def finish(self) -> Metadata:
