@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from pathlib import Path
 
 import pytest
 from loguru import logger
@@ -226,3 +227,35 @@ def test_no_good_line_in_skip_mode_names_the_first_bad_line(tmp_path):
     r = run_cli(["-i", str(empty), "-o", str(tmp_path / "ds"), "--on-bad-line", "skip"])
     assert error_lines(r) == ["error: no rows to write: not one good line in the 1 input file(s) (1 bad line(s) or "
                               "file(s) skipped)"]
+
+
+# -- 7. an output on a read-only file system is said to be one ------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", ["new", "existing"])
+def test_an_output_on_a_read_only_file_system_is_named_so(tmp_path, monkeypatch, given):
+    """An --output on a file system mounted read-only was "not writable (no write permission on /mnt)": a chmod then
+    changed nothing (root writes anywhere, so both calls are faked here; checked for real on a read-only bind mount).
+    Nothing is read or written before the line."""
+    src = write_raw(tmp_path / "in.tsv", make_fields(20, seed=1))
+    mount = tmp_path / "mnt"
+    mount.mkdir()
+    real_access, real_statvfs = os.access, os.statvfs
+
+    def access(path, mode, *args, **kwargs):
+        if Path(path) == mount and mode & os.W_OK:
+            return False
+        return real_access(path, mode, *args, **kwargs)
+
+    def statvfs(path):
+        result = real_statvfs(path)
+        if Path(path) != mount:
+            return result
+        return os.statvfs_result((*result[:8], result.f_flag | os.ST_RDONLY, result.f_namemax))
+
+    monkeypatch.setattr(os, "access", access)
+    monkeypatch.setattr(os, "statvfs", statvfs)
+    out = mount / "ds" if given == "new" else mount
+    what = f"({mount} is on a read-only file system)" if given == "new" else "(a read-only file system)"
+    assert_one_line_error(run_cli(["-i", str(src), "-o", str(out)]), f"error: {out}: not writable {what}")
+    assert list(mount.iterdir()) == []

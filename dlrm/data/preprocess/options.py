@@ -356,12 +356,24 @@ def check_output_location(out: Path, inputs: list[Path]) -> None:
     if not base.is_dir():
         raise PreprocessError(f"{out}: cannot be created: {base} is not a directory")
     if not os.access(base, os.W_OK | os.X_OK):
-        where = "" if base == out.absolute() else f" (no write permission on {base})"
+        if _read_only_file_system(base):  # said "no write permission on B", and a chmod would not help
+            where = " (a read-only file system)" if base == out.absolute() else \
+                f" ({base} is on a read-only file system)"
+        else:
+            where = "" if base == out.absolute() else f" (no write permission on {base})"
         raise PreprocessError(f"{out}: not writable{where}")
     owner = owner_of(out)  # a dataset, run or sweep around it: replaced with it, or listing it as its own
     if owner is not None:
         raise PreprocessError(f"--output {out} is inside {owner}, which belongs to it; write the dataset outside it")
     _check_inputs_outside(out, inputs)
+
+
+def _read_only_file_system(path: Path) -> bool:
+    """Whether `path` lies on a file system mounted read-only (where that can be told)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # (no statvfs: Windows)
+        return False
 
 
 def _nearest_existing(path: Path) -> Path:
