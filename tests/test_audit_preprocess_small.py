@@ -178,7 +178,8 @@ def test_a_full_disk_names_the_file_written(tmp_path, monkeypatch, part, written
     was writing (a shard, a progress record, a vocabulary, metadata.json): the exception's filename was None before
     the fix. A failure after every chunk finished (the vocabularies, metadata.json) also says that the chunks are kept
     and how to resume, as a failure between chunks does; the same command then ends with the dataset of a run that
-    never failed."""
+    never failed, and says that no chunk is left to do (it said "0 chunk(s) of up to 262,144 lines to do (1
+    worker)")."""
     src = write_raw(tmp_path / "in.tsv", make_fields(120, seed=5))
     out = tmp_path / "ds"
     kw = dict(hashing="vocabulary", workers=1, checkpoint_interval=0, progress=False)
@@ -192,7 +193,13 @@ def test_a_full_disk_names_the_file_written(tmp_path, monkeypatch, part, written
     assert info.value.errno == errno.ENOSPC and info.value.filename == str(out / written)
     assert any(w.startswith(f"1 finished chunk(s) kept in {out} (no metadata.json") for w in warnings) == kept
     monkeypatch.undo()
-    pp.preprocess([src], out, **kw)
+    messages, handle = log_messages()
+    try:
+        pp.preprocess([src], out, **kw)
+    finally:
+        logger.remove(handle)
+    # every chunk done before the failure: said so, not "0 chunk(s) of up to 262,144 lines to do (1 worker)"
+    assert ("no chunk left to do (1 chunk done)" in messages) == kept
     pp.preprocess([src], tmp_path / "ref", **kw)
     assert_same_dataset(out, tmp_path / "ref")
 

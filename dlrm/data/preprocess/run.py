@@ -417,8 +417,12 @@ class _Run:
         o = self.opts
         self.todo = [[c for c in range(sc.num_chunks) if (f, c) not in self.done] for f, sc in enumerate(self.scans)]
         done_lines = sum(r["lines"] for r in self.done.values())
-        logger.info("{:,} chunk(s) of up to {:,} lines to do ({:,} worker{})", sum(len(t) for t in self.todo), o.chunk_rows,
-                    o.workers, "" if o.workers == 1 else "s")  # "(1 workers)" it said
+        todo = sum(len(t) for t in self.todo)
+        if todo == 0 and self.done:  # (a resume after a failure writing metadata.json): "0 chunk(s) ... (8 workers)"
+            logger.info("no chunk left to do ({} done)", counted(len(self.done), "chunk", ","))
+        else:
+            logger.info("{:,} chunk(s) of up to {:,} lines to do ({:,} worker{})", todo, o.chunk_rows, o.workers,
+                        "" if o.workers == 1 else "s")  # "(1 workers)" it said
         state = _RunState(self.progress_dir, self.counter, self.covered, self.done, o.checkpoint_interval, self.max_new)
         with ProgressBar(
             total=self.plan.total_lines, initial=done_lines, unit=" rows", unit_scale=True, disable=not o.progress,
