@@ -107,7 +107,8 @@ class ModelConfig:
     cross_layers: int = 3
     """dcn: cross layers (MLPerf DLRM-DCNv2: 3)."""
     cross_rank: int = 512
-    """dcn: rank r of each layer's W_l [(F+1) D, r] V_l [r, (F+1) D] factorisation (MLPerf: 512)."""
+    """dcn: rank r of each layer's W_l [(F+1) D, r] V_l [r, (F+1) D] factorisation (MLPerf: 512). A rank at or above
+    the width (F+1) D saves nothing over a full-rank layer, and a run says so at its start (D = 8: 216 wide)."""
     activation: Activation = "relu"
     """Activation between MLP layers (none after the last OverArch layer)."""
     top_mlp_input_multiple: int = 1

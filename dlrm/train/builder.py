@@ -31,6 +31,7 @@ from dlrm.data.schema import NUM_DENSE
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.sharding import ShardingPlan, plan_sharding
 from dlrm.errors import is_out_of_memory
+from dlrm.logging_setup import run_logger
 from dlrm.model.dlrm import _TABLE_DTYPES, DLRM, build_loss, build_model
 from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.graphed_step import graph_train_step
@@ -346,6 +347,21 @@ def start_rounding_seed(model: torch.nn.Module, seed: int) -> None:
             buffer.fill_(rounding_seed_start(seed))
 
 
+def warn_cross_rank_at_width(m: ModelConfig, num_features: int) -> None:
+    """Say when a DCN's ``model.cross_rank`` is at least the cross network's width N = (F + 1) D: each layer's
+    ``W_l V_l`` (N x r times r x N) can then be any N x N matrix, what a full-rank layer holds in N^2 weights, at
+    2 r / N times those weights and multiply-adds, so the rank saves nothing. The default rank is MLPerf's 512
+    (N = 3456 there); a small model (D = 8: N = 216) kept it without a word, its cross network 4.7x a full-rank one."""
+    width = (num_features + 1) * m.embedding_dim
+    if m.interaction != "dcn" or m.cross_rank < width:
+        return
+    run_logger.warning(
+        f"model.cross_rank {m.cross_rank} is at least the cross network's width {width} ({num_features + 1} x "
+        f"model.embedding_dim {m.embedding_dim}): each layer's W V can then be any {width} x {width} matrix, as a "
+        f"full-rank layer's, at {2 * m.cross_rank / width:.1f}x its weights and work; a rank below {width // 2} saves "
+        f"work (TorchRec's guidance: near {max(width // 4, 1)})")
+
+
 def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: int, env: DistEnv = DistEnv(),
               eval_batch_size: Optional[int] = None) -> Run:
     """Build the parts of a run as `cfg` says ("auto" settings resolved here, for this device).
@@ -366,6 +382,7 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
                           "DistributedDataParallel forward breaks the graph); set it false")
     refuse_dense_layers_beyond_memory(cfg.model, len(tables.cardinalities), device,
                                       dense_training_copies(cfg.optim.dense))
+    warn_cross_rank_at_width(cfg.model, len(tables.cardinalities))
     plan = make_sharding(cfg, tables, env, device)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     # one block for the model and its optimizers (the sparse optimizer's state: as large, for adagrad): the GPU's free
