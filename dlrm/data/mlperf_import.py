@@ -452,9 +452,9 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
         # the rate of the rows written now: a resume's kept files took no time (counted, a resume that wrote one day
         # of 24 claimed ~24x its rate)
         written = sum(rows for rows, _, now in done.values() if now)
-        kept = f"; {total - written:,} rows kept from the unfinished import" if written < total else ""
+        kept = f"; {counted(total - written, 'row', ',')} kept from the unfinished import" if written < total else ""
         logger.info(f"wrote {output} in {seconds:.1f}s ({written / max(seconds, 1e-9):,.0f} rows/s{kept}): "
-                    + ", ".join(f"{s} {i.rows:,} rows" for s, i in meta.splits.items()))
+                    + ", ".join(f"{s} {counted(i.rows, 'row', ',')}" for s, i in meta.splits.items()))
     except KeyboardInterrupt as e:
         raise InterruptedWhenComplete(output, interruption(e)[0]) from None
     return meta

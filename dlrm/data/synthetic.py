@@ -110,7 +110,7 @@ from dlrm.data.teacher import (  # noqa: F401
     expand_multi_hot, rank_auc, sample_rows,
 )
 from dlrm.errors import report_bug
-from dlrm.logging_setup import ProgressBar, configure_logging
+from dlrm.logging_setup import ProgressBar, configure_logging, counted
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption  # noqa: F401 - EXIT_INTERRUPTED re-exported
 
@@ -291,8 +291,8 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
         raise click.ClickException(f"validation and test fractions leave no training rows out of {rows}")
     empty = [s for s, f in (("validation", validation_fraction), ("test", test_fraction)) if f > 0 and not sizes[s]]
     if empty:  # a fraction rounded to no row wrote no such split, silently (train.py: "has no 'validation' split")
-        what = (f"--regime {regime}'s split (--split sequential's) of {rows} rows leaves" if sizes is sequential
-                else f"--{empty[0]}-fraction of {rows} rows rounds to")
+        what = (f"--regime {regime}'s split (--split sequential's) of {counted(rows, 'row')} leaves"
+                if sizes is sequential else f"--{empty[0]}-fraction of {counted(rows, 'row')} rounds to")
         raise click.ClickException(f"{what} no {empty[0]} row (more --rows{'' if sizes is sequential else ', or 0'})")
     if cardinalities not in CARDINALITY_PRESETS:
         raise click.ClickException(f"unknown cardinalities {cardinalities!r} (expected one of {', '.join(CARDINALITY_PRESETS)})")
