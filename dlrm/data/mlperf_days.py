@@ -110,6 +110,7 @@ class Day:
                 raise ImportInputError(f"{one_hot}: shape {ids.shape} {ids.dtype}, expected integers "
                                        f"[{n}, {NUM_SPARSE}] (the rows of {paths[0].name}, one id a feature)")
             return cls(i, labels, dense, tuple(ids[:, f:f + 1] for f in range(NUM_SPARSE)), paths)
+        _refuse_other_members(paths[2])
         sparse = tuple(npz_member(paths[2], str(f)) for f in range(NUM_SPARSE))
         for f, ids in enumerate(sparse):
             if ids.ndim != 2 or ids.shape[0] != n or ids.shape[1] < 1 or ids.dtype.kind not in "iu":
@@ -135,6 +136,27 @@ class Day:
     @property
     def sizes(self) -> list[int]:
         return [int(ids.shape[1]) for ids in self.sparse]
+
+
+def _refuse_other_members(path: Path) -> None:
+    """Refuse an npz holding a member besides MLPerf's ``0.npy`` .. ``25.npy``, or one of them twice: a 27th feature
+    (another feature set, or one written at the front, which shifts every feature's ids onto another's table) was
+    left out without a word, and the dataset trained on the other 26 as if they were MLPerf's; of a member written
+    twice the last copy was read."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (OSError, zipfile.BadZipFile) as e:
+        raise ImportInputError(f"{path}: not a readable .npz ({e})") from None
+    expected = {f"{f}.npy" for f in range(NUM_SPARSE)}
+    other = [n for n in names if n not in expected]
+    if other:
+        raise ImportInputError(f"{path}: member {other[0]} is not one of MLPerf's {NUM_SPARSE} features (0.npy .. "
+                               f"{NUM_SPARSE - 1}.npy; the file holds {len(names)} members)")
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice:  # a zip appended to: the last copy was read, the first left out, unsaid
+        raise ImportInputError(f"{path}: member {twice} is in the file twice (an archive appended to?); which holds "
+                               f"feature {twice[:-4]}'s ids is unclear: write the file again with np.savez")
 
 
 def _npy(path: Path) -> np.ndarray:

@@ -45,8 +45,8 @@ input are refused; ``--overwrite`` starts over). An ``--output`` that is ``--inp
 is refused, ``--overwrite`` or not, as are ``.`` and ``..``. Every value is checked (labels 0/1, finite dense
 values, multi-hot ids in range and one-hot ids not negative, shapes alike across days: not dtypes, the reference's
 day 23 keeps the contiguous step's int64 ids where its shuffled days hold int32), and a bad one stops the import
-with one line naming the file, the member (or column) and the row. The day files are opened and checked by
-`dlrm.data.mlperf_days`.
+with one line naming the file, the member (or column) and the row; so does an npz holding a member besides
+``0.npy`` .. ``25.npy``, or one of them twice. The day files are opened and checked by `dlrm.data.mlperf_days`.
 
 Files are written with LZ4 by default: a dataset of this size streams from parquet
 (``data.placement`` "stream"), and MLPerf's multi-hot rows decode ~1.3x faster from LZ4 than from
