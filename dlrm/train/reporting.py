@@ -154,7 +154,7 @@ def model_text(model: torch.nn.Module, cfg: Config, tables) -> str:
     rows, m, sizes = sum(tables.cardinalities), cfg.model, tables.multi_hot_sizes
     parts = [f"{rows:,} embedding rows, hashing {tables.hashing}"]
     if m.interaction == "dcn":
-        parts.append(f"dcn: {m.cross_layers} cross layers of rank {m.cross_rank} over "
+        parts.append(f"dcn: {counted(m.cross_layers, 'cross layer')} of rank {m.cross_rank} over "
                      f"{(len(tables.cardinalities) + 1) * m.embedding_dim} inputs")
     if tables.multi_hot:  # the dataset's sizes (they win over model.multi_hot_sizes)
         parts.append(f"multi-hot: {sum(sizes)} values a sample sum-pooled into {len(sizes)} features")
