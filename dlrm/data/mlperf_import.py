@@ -41,7 +41,8 @@ done: ``--output`` never holds a half-written dataset. An import that stops (a b
 keeps the files it finished there (one that finished none, stopped by a bad value or Ctrl-C, leaves nothing),
 and the same command resumes from them, writing again any that can no longer be read or whose day's input
 files changed since (`dlrm.data.input_stamps`) (other options, another ``--sparse-layout`` included, or another
-input are refused; ``--overwrite`` starts over). An ``--output`` that is ``--input``, holds it or lies inside it
+input are refused; ``--overwrite`` starts over; one begun with ``--overwrite`` over a dataset resumes without it, the
+dataset replaced only when the import is done). An ``--output`` that is ``--input``, holds it or lies inside it
 is refused, ``--overwrite`` or not, as are ``.`` and ``..``. Every value is checked (labels 0/1, finite dense
 values, multi-hot ids in range and one-hot ids not negative, shapes alike across days: not dtypes, the reference's
 day 23 keeps the contiguous step's int64 ids where its shuffled days hold int32), and a bad one stops the import
@@ -282,6 +283,15 @@ def _remove_bookkeeping(output: Path) -> None:
             path.unlink(missing_ok=True)
 
 
+def _replacing(output: Path) -> bool:
+    """Whether the unfinished import of `output` began with --overwrite (its plan's "replaces"): the same command
+    without --overwrite, as the stopped import's advice says, then resumes it, and the finished import replaces the
+    dataset at `output` as the first run was asked to. It was refused ("refusing to overwrite non-empty"), and with
+    --overwrite the import started over: a stopped replacement of a dataset could not be resumed at all."""
+    earlier = _earlier_plan(partial_dir(output))
+    return bool(earlier and earlier.get("replaces"))
+
+
 def _planless(work: Path) -> bool:
     """Whether `work` is a directory an import left before its plan was in place: no plan, and nothing in it but
     the plan's temporary file (`write_json_atomic`'s ``.import-plan.json.*.tmp``)."""
@@ -317,14 +327,15 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         raise ImportInputError(f"--dense: {dense_format!r:.40} is not one of {', '.join(DENSE_FORMATS)}")
     check_named(output, "--output", ImportInputError)
     _check_input_apart(input_dir, output)
-    check_target(output, overwrite, "directory")
+    check_target(output, overwrite or _replacing(output), "directory")
     check_unowned(output, "--output", ImportInputError)  # (no dataset inside another, a run or a sweep)
     check_replaceable(output, "--output", ImportInputError)  # (--overwrite of a folder that holds no dataset)
     # one import of an --output at a time: a second one resumed the first's .OUT.import-partial (or, --overwrite,
     # removed it) under it, and renamed it into place while the first still wrote there
     with output_lock(output, "--output", ImportInputError):
         recover_replaced(output)  # what an import killed while replacing --output left (`replace_dir`)
-        check_target(output, overwrite, "directory")  # again, under the lock: another may have finished meanwhile
+        # again, under the lock: another may have finished meanwhile
+        check_target(output, overwrite or _replacing(output), "directory")
         check_replaceable(output, "--output", ImportInputError)
         return _import(input_dir, output, train_days, eval_day, cards, compression, rows_per_file, workers,
                        max_rows_per_day, overwrite, sparse_layout, dense_format, layout_given)
@@ -373,14 +384,17 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
         # it holding no plan and nothing imported, which refused the very same command from then on
         shutil.rmtree(work, ignore_errors=True)
     if work.exists():
-        if _earlier_plan(work) != plan:
+        earlier = _earlier_plan(work)
+        if earlier is not None:
+            earlier.pop("replaces", None)  # how it began, not what it writes (`_replacing`)
+        if earlier != plan:
             raise ImportInputError(f"{work}: an unfinished import with other options or input; run that import's "
                                    f"command again to finish it, or pass --overwrite to start over")
         logger.info(f"resuming the unfinished import in {work}")
     else:
         try:
             work.mkdir(parents=True)
-            write_json_atomic(work / PLAN_FILE, plan)
+            write_json_atomic(work / PLAN_FILE, {**plan, "replaces": overwrite})
         except BaseException:  # Ctrl-C, SIGTERM, a full disk before the plan was in it: the directory without its plan
             # refused the very same command from then on ("an unfinished import with other options or input")
             shutil.rmtree(work, ignore_errors=True)
