@@ -1,7 +1,8 @@
 """Counts of one read "1 row", not "1 rows" (`dlrm.logging_setup.counted`, as most of the trainer's lines already do):
 the MLPerf import's closing line ("train 1 rows, validation 1 rows" after ``--max-rows-per-day 1``), the generator's
 refusal of a split that rounds to no row ("--validation-fraction of 1 rows rounds to ..."), and a run's start line for
-a DCN of one cross layer ("dcn: 1 cross layers of rank 1 over 27 inputs")."""
+a DCN of one cross layer ("dcn: 1 cross layers of rank 1 over 27 inputs"). And the import's first line for a one-hot
+input, which read "multi-hot sizes [1, 1, ...]; lz4 files, lists layout": one-hot ids, no layout."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from dlrm.model.dlrm import build_model
 from dlrm.train.reporting import model_text
 from dlrm.train.setup import Tables
 from tests.test_audit_mlperf_import_edges import run, src  # noqa: F401  (src: the fixture of days 0 and 23)
+from tests.test_audit_mlperfimport import ARGS, one_hot_dir  # noqa: F401  (one_hot_dir: days whose ids are one a row)
+from tests.test_audit_mlperfimport import run as run_import
 
 
 def test_an_import_of_one_row_a_split_says_row(src, tmp_path):  # noqa: F811
@@ -32,3 +35,17 @@ def test_a_dcn_of_one_cross_layer_says_layer():
                                    cross_rank=1))
     text = model_text(build_model(cfg.model, [3] * 26, log_kernels=False), cfg, Tables([3] * 26, None, "modulus"))
     assert "dcn: 1 cross layer of rank 1 over 27 inputs" in text, text
+
+
+def test_a_one_hot_import_says_one_hot(one_hot_dir, tmp_path):  # noqa: F811
+    res = run_import("--input", one_hot_dir, "--output", tmp_path / "ds", *ARGS)
+    assert res.exit_code == 0, res.output
+    first = next(line for line in res.output.splitlines() if "importing" in line)
+    assert "; one-hot ids (26 features); lz4 files, dense float; 1 worker" in first, first
+    assert "multi-hot" not in first and "layout" not in first, first
+
+
+def test_a_multi_hot_import_still_names_its_sizes_and_layout(src, tmp_path):  # noqa: F811
+    res = run(src, tmp_path / "ds")
+    assert res.exit_code == 0, res.output
+    assert "; multi-hot sizes [3, 1, 2, 1, " in res.output and "lz4 files, slots layout, dense float" in res.output

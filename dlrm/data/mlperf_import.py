@@ -371,9 +371,12 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
                                       f"{split}/day-{i:02d}-part-{k:05d}.parquet", tuple(cards), tuple(sizes),
                                       compression, layout, dense_format))
     total = sum(t.hi - t.lo for ts in tasks.values() for t in ts)
+    # a one-hot input (TorchRec's day_{i}_sparse.npy) was logged as "multi-hot sizes [1, 1, ...]; ... lists layout"
+    ids = (f"multi-hot sizes {sizes}; {compression} files, {layout} layout" if is_multi_hot(sizes)
+           else f"one-hot ids ({NUM_SPARSE} features); {compression} files")
     logger.info(f"importing {total:,} rows from {input_dir}: train days {days_text(train_days)} "
-                f"({counted(len(train_days), 'day')}), validation and test from day {eval_day}; multi-hot sizes {sizes}; "
-                f"{compression} files, {layout} layout, dense {dense_format}; {counted(workers, 'worker')}")
+                f"({counted(len(train_days), 'day')}), validation and test from day {eval_day}; {ids}, dense "
+                f"{dense_format}; {counted(workers, 'worker')}")
     plan = {"source": str(input_dir.resolve()), "train_days": train_days, "eval_day": eval_day, "cards": cards,
             "sizes": sizes, "compression": compression, "rows_per_file": rows_per_file,
             "max_rows_per_day": max_rows_per_day, "day_rows": {str(i): d.rows for i, d in days.items()},
