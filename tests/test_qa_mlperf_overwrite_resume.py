@@ -71,3 +71,16 @@ def test_a_plain_stopped_import_does_not_let_a_later_one_replace_a_dataset(src, 
     other.rename(out)
     res = run(src, out, *SMALL)
     assert res.exit_code == 2 and f"refusing to overwrite non-empty {out}" in res.output, res.output
+
+
+def test_an_overwrite_into_a_new_output_replaces_nothing_put_there_later(src, tmp_path):  # noqa: F811
+    """--overwrite of an --output that held nothing replaces nothing: a dataset put there after it stopped is refused
+    to the command without --overwrite, as to any other."""
+    out, other = tmp_path / "ds", tmp_path / "other"
+    _set_dense(src, 3, np.nan)
+    assert run(src, out, *SMALL, "--overwrite").exit_code == 2 and mi.partial_dir(out).exists()
+    _set_dense(src, 3, 1.0)
+    assert run(src, other, *SMALL).exit_code == 0
+    other.rename(out)
+    res = run(src, out, *SMALL)
+    assert res.exit_code == 2 and f"refusing to overwrite non-empty {out}" in res.output, res.output

@@ -284,10 +284,10 @@ def _remove_bookkeeping(output: Path) -> None:
 
 
 def _replacing(output: Path) -> bool:
-    """Whether the unfinished import of `output` began with --overwrite (its plan's "replaces"): the same command
-    without --overwrite, as the stopped import's advice says, then resumes it, and the finished import replaces the
-    dataset at `output` as the first run was asked to. It was refused ("refusing to overwrite non-empty"), and with
-    --overwrite the import started over: a stopped replacement of a dataset could not be resumed at all."""
+    """Whether the unfinished import of `output` began with --overwrite over a dataset (its plan's "replaces"): the
+    same command without --overwrite, as the stopped import's advice says, then resumes it, and the finished import
+    replaces the dataset at `output` as the first run was asked to. It was refused ("refusing to overwrite
+    non-empty"), and with --overwrite the import started over: a stopped replacement could not be resumed at all."""
     earlier = _earlier_plan(partial_dir(output))
     return bool(earlier and earlier.get("replaces"))
 
@@ -397,7 +397,10 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
     else:
         try:
             work.mkdir(parents=True)
-            write_json_atomic(work / PLAN_FILE, {**plan, "replaces": overwrite})
+            # "replaces": a dataset stood at --output (`_replacing`); an --overwrite into a new one lets no later run
+            # without it replace what has appeared there since
+            replaces = overwrite and output.is_dir() and any(output.iterdir())
+            write_json_atomic(work / PLAN_FILE, {**plan, "replaces": replaces})
         except BaseException:  # Ctrl-C, SIGTERM, a full disk before the plan was in it: the directory without its plan
             # refused the very same command from then on ("an unfinished import with other options or input")
             shutil.rmtree(work, ignore_errors=True)
