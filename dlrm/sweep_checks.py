@@ -200,3 +200,37 @@ def _get(tree: dict, dotted: str) -> Any:
     for part in dotted.split("."):
         tree = tree[part]
     return tree
+
+
+def check_nested_sets(sets: list[tuple[str, list[Any]]]) -> None:
+    """Refuse, in one line, a grid that sweeps a key and, in a value of another ``--set``, a section holding it set too
+    (``--set optim.sparse.lr=0.1 --set 'optim.sparse={"lr": 0.2}'``): the key's own value is applied after the section
+    (`dlrm.config.apply_overrides`), so every setting trained lr 0.1 while its label, its directory and the tables said
+    ``optim.sparse={"lr": 0.2}`` too. A section value that leaves the key out (``{"name": "adagrad"}``) is a product
+    of the two, and accepted."""
+    from dlrm.sweep import label
+
+    for section, values in sets:
+        for key, key_values in sets:
+            if not key.startswith(section + "."):
+                continue
+            rest = key[len(section) + 1:].split(".")
+            for value in values:
+                if _holds(value, rest):
+                    raise ConfigError(f"--set {label({section: value})} sets {key}, which --set "
+                                      f"{key}={','.join(json.dumps(v) for v in key_values)} sweeps too (that value "
+                                      f"would be trained, not the section's); set {key} in one --set only")
+
+
+def _holds(value: Any, path: list[str]) -> bool:
+    """Whether the section `value` of a ``--set`` sets the key at `path` under it. A section's short form (``"compile":
+    true``, not an object) stands for ``{"enabled": value}``; null, for an absent section, sets nothing."""
+    for i, part in enumerate(path):
+        if value is None:
+            return False
+        if not isinstance(value, dict):
+            return path[i:] == ["enabled"]
+        if part not in value:
+            return False
+        value = value[part]
+    return True
