@@ -447,7 +447,14 @@ def _finish(directory: Path, results: list[SettingResult], sets: list[tuple[str,
         result, text = None, "no setting finished all its trials: no verdict"
     # an earlier session's report: replaced, not added to (said: its tables were replaced without a word)
     earlier = [n for n in ("sweep.md", "sweep.csv", "trials.csv", "hparams") if resume and (directory / n).exists()]
-    write_tables(directory, results, [k for k, _ in sets], text)
+    try:
+        write_tables(directory, results, [k for k, _ in sets], text)
+    except BaseException as e:  # Ctrl-C, a signal, a full disk: said as a stop during a trial is ("interrupted
+        # (Ctrl-C)" alone left the user without the command that writes the report)
+        fixed = "" if isinstance(e, (KeyboardInterrupt, TrainingStopped)) else "once the error above is fixed, "
+        stopped_line(e, f"sweep: stopped while writing its report; {fixed}`python -m dlrm.sweep --resume {directory}` "
+                     "writes it (the finished trials are gathered, not trained again)")
+        raise
     if earlier:
         logger.info(f"sweep --resume: the earlier session's report in {directory} ({', '.join(earlier)}) replaced by "
                     "this one's (all trials)")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dlrm.checkpoint import write_files_atomic
 from dlrm.file_modes import dir_mode
+from dlrm.stop_signal import signals_deferred
 from dlrm.sweep import slug
 from dlrm.sweep_results import SettingResult, _std, label
 from dlrm.train.metric_text import auc_text, csv_cell
@@ -41,15 +42,23 @@ def write_report(directory: Path, results: list[SettingResult], keys: list[str],
     try:
         os.chmod(fresh, dir_mode())  # mkdtemp makes it 0700; hparams/ is an ordinary directory
         write_hparams(fresh, results)
-        write_files_atomic(directory, tables)
         target = directory / "hparams"
         old = None
-        if target.is_dir() and not target.is_symlink():
-            old = Path(tempfile.mkdtemp(prefix=".hparams-old.", suffix=".tmp", dir=directory))
-            os.replace(target, old / "hparams")
-        os.replace(fresh, target)
-        if old is not None:
-            shutil.rmtree(old)
+        # the tables and hparams/ published together: write_files_atomic defers a Ctrl-C or SIGTERM to the end of its
+        # renames, where it stopped the sweep before hparams/ was put in place (new tables without their HParams; on a
+        # --resume, beside the earlier session's)
+        published = False
+        try:
+            with signals_deferred():
+                write_files_atomic(directory, tables)
+                if target.is_dir() and not target.is_symlink():
+                    old = Path(tempfile.mkdtemp(prefix=".hparams-old.", suffix=".tmp", dir=directory))
+                    os.replace(target, old / "hparams")
+                os.replace(fresh, target)
+                published = True
+        finally:
+            if published and old is not None:  # (also when the deferred signal raises: it left no stale run)
+                shutil.rmtree(old)
     finally:
         shutil.rmtree(fresh, ignore_errors=True)  # (gone once renamed into place)
 

@@ -4,6 +4,8 @@ a sweep stopped while it writes its report."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -65,3 +67,86 @@ def test_the_command_refuses_it_in_one_line_with_exit_2(tmp_path, config):
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert res.returncode == 2 and len(lines) == 1 and "sets optim.sparse.lr, which --set" in lines[0], res.stderr
     assert not (tmp_path / "tb").exists() or not any((tmp_path / "tb").iterdir())
+
+
+# -- a sweep stopped while it writes its report ------------------------------------------------------------------
+
+
+def summary_trial(cfg, run_dir=None, resume=None):
+    """A trainer writing summary.json as a run does (so --resume gathers it)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = {**fake_trial(cfg, run_dir), "config": cfg.to_dict()}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    return summary
+
+
+def not_trained(cfg, run_dir=None, resume=None):
+    raise AssertionError(f"trained again: {run_dir or resume}")
+
+
+class Stopped(Exception):
+    pass
+
+
+@pytest.fixture
+def sigterm_raises():
+    """SIGTERM raises where it arrives, as `dlrm.stop_signal.StopAtOnce` makes it in the sweep command."""
+    def handler(signum, frame):
+        raise Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_ctrl_c_while_the_report_is_written_says_how_to_finish_it(tmp_path, config, monkeypatch):
+    """Every trial had finished; a Ctrl-C while TensorBoard's HParams were written ended the sweep with "interrupted
+    (Ctrl-C)" alone: no report and no word of the --resume that writes it (a stop during a trial names it)."""
+    from dlrm import sweep_report
+    from dlrm.sweep import stopped_line
+    from dlrm.sweep_resume import resume_sweep
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_report, "write_hparams", interrupted)
+    with pytest.raises(KeyboardInterrupt) as err:
+        run_sweep(str(config), [parse_set("optim.sparse.lr=0.01,0.03")], 2, tb_dir=str(tmp_path), run_name="sw",
+                  train_fn=summary_trial)
+    directory = tmp_path / "sw"
+    line = stopped_line(err.value)
+    assert line is not None and f"python -m dlrm.sweep --resume {directory}` writes it" in line, line
+    assert not (directory / "sweep.md").exists()
+    monkeypatch.undo()
+    resume_sweep(directory, train_fn=not_trained)  # the report, of the trials as they finished
+    assert (directory / "sweep.md").is_file() and len(list((directory / "hparams").iterdir())) == 2
+
+
+def test_a_signal_while_the_report_is_published_leaves_all_of_it_or_none(tmp_path, config, monkeypatch,
+                                                                          sigterm_raises):
+    """The tables' renames deferred a signal to their end, where it stopped the sweep before ``hparams/`` was put in
+    place: new tables without their HParams (on a --resume, beside the earlier session's ``hparams/``)."""
+    real_replace = os.replace
+
+    def replace_then_signal(src, dst):
+        real_replace(src, dst)
+        if os.path.basename(dst) == "sweep.csv":  # the first table in place
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(os, "replace", replace_then_signal)
+    with pytest.raises(Stopped):  # the signal still acts, once the report is published
+        run_sweep(str(config), [parse_set("optim.sparse.lr=0.01,0.03")], 2, tb_dir=str(tmp_path), run_name="sw",
+                  train_fn=summary_trial)
+    directory = tmp_path / "sw"
+    assert sorted(p.name for p in directory.iterdir() if not p.name.startswith("0")) == [
+        "hparams", "sweep.csv", "sweep.json", "sweep.md", "trials.csv"]
+    assert len(list((directory / "hparams").iterdir())) == 2
+    # a --resume's report over an earlier one: the new tables with the new hparams/, and the old one gone
+    from dlrm.sweep_resume import resume_sweep
+
+    (directory / "hparams" / "mark").write_text("the earlier session's")
+    with pytest.raises(Stopped):
+        resume_sweep(directory, train_fn=not_trained)
+    assert sorted(p.name for p in directory.iterdir() if not p.name.startswith("0")) == [
+        "hparams", "sweep.csv", "sweep.json", "sweep.md", "trials.csv"]
+    assert not (directory / "hparams" / "mark").exists() and len(list((directory / "hparams").iterdir())) == 2
