@@ -457,7 +457,9 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], source: str)
         for i, p in enumerate(parents):
             child = node.get(p)
             if p in node and not isinstance(child, dict):
-                child = _short_form(child, ".".join(parents[: i + 1]), source)
+                section = ".".join(parents[: i + 1])
+                # a section the overrides set too (a sweep's --set train=5 beside its train.seed): theirs, not the file's
+                child = _short_form(child, section, "command line" if section in overrides else source)
             node[p] = {} if child is None else child
             node = node[p]
         node[leaf] = value

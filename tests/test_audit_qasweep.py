@@ -150,3 +150,25 @@ def test_a_signal_while_the_report_is_published_leaves_all_of_it_or_none(tmp_pat
     assert sorted(p.name for p in directory.iterdir() if not p.name.startswith("0")) == [
         "hparams", "sweep.csv", "sweep.json", "sweep.md", "trials.csv"]
     assert not (directory / "hparams" / "mark").exists() and len(list((directory / "hparams").iterdir())) == 2
+
+
+# -- a --set of a whole section that is not an object -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option, shown", [("train=5", "got 5"), ("train=null", "got None")])
+def test_a_set_section_that_is_no_object_is_blamed_on_the_command_line_not_the_file(tmp_path, config, option, shown):
+    """Every trial sets train.seed (and log.*) inside it: the error came from that key's parent, and named the config
+    file ("tiny.json: train: expected an object, got 5"), whose train section is fine."""
+    with pytest.raises(ConfigError) as err:
+        run_sweep(str(config), [parse_set(option)], 1, tb_dir=str(tmp_path / "tb"), run_name="sw", train_fn=fake_trial)
+    assert str(err.value) == f"--set {option}: command line: train: expected an object, {shown}"
+    assert not (tmp_path / "tb" / "sw").exists()
+
+
+def test_a_file_section_that_is_no_object_is_still_the_files(tmp_path):
+    from dlrm.config import load_config
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"train": 5}))
+    with pytest.raises(ConfigError, match=rf"^{path}: train: expected an object, got 5$"):
+        load_config(path, {"train.seed": 1})
