@@ -165,8 +165,16 @@ def read_record(directory: Path) -> dict[str, Any]:
     """The record of the sweep in `directory`; a one-line `ConfigError` when there is none or it is malformed."""
     path = directory / RECORD
     if not directory.is_dir():
-        raise ConfigError(f"--resume: {directory}: no such sweep directory")
+        what = "a file, not a sweep directory" if directory.exists() else "no such sweep directory"
+        raise ConfigError(f"--resume: {directory}: {what}")
     if not path.is_file():
+        from dlrm.output_place import sweep_holding
+
+        # a setting's or a trial's directory (the one a stopped trial's log names): its sweep is resumed as a whole
+        outer = sweep_holding(str(directory.parent))
+        if outer is not None:
+            raise ConfigError(f"--resume: {directory} is inside the sweep {outer}; a sweep is resumed as a whole: "
+                              f"--resume {outer}")
         # a sweep of a version before 2026-11-30 (3799839) wrote its report and trials but no record: it is a sweep
         # (called "not the directory of a sweep", the user was left to wonder what else it was), just not resumable
         trial_configs = sorted(directory.glob("*/seed-*/config.json"))

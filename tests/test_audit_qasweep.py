@@ -172,3 +172,25 @@ def test_a_file_section_that_is_no_object_is_still_the_files(tmp_path):
     path.write_text(json.dumps({"train": 5}))
     with pytest.raises(ConfigError, match=rf"^{path}: train: expected an object, got 5$"):
         load_config(path, {"train.seed": 1})
+
+
+# -- --resume of what is not a sweep's directory ------------------------------------------------------------------
+
+
+def test_resume_of_a_trial_or_a_file_names_what_to_resume(tmp_path, config):
+    """A trial's directory (the one its stop's log line names) was "holds no sweep.json: not the directory of a
+    sweep", and a file "no such sweep directory"."""
+    from dlrm.sweep_resume import resume_sweep
+
+    directory, _ = run_sweep(str(config), [parse_set("optim.sparse.lr=0.01")], 1, tb_dir=str(tmp_path),
+                             run_name="sw", train_fn=summary_trial)
+    trial = directory / "00-sparse.lr=0.01" / "seed-0"
+    for inside in (trial, trial.parent, directory / "hparams"):
+        with pytest.raises(ConfigError) as err:
+            resume_sweep(inside, train_fn=not_trained)
+        assert str(err.value) == f"--resume: {inside} is inside the sweep {directory}; a sweep is resumed as a " \
+                                 f"whole: --resume {directory}"
+    with pytest.raises(ConfigError, match=rf"^--resume: {config}: a file, not a sweep directory$"):
+        resume_sweep(config, train_fn=not_trained)
+    with pytest.raises(ConfigError, match=r"holds no sweep.json: not the directory of a sweep"):
+        resume_sweep(tmp_path, train_fn=not_trained)  # (above the sweep: not inside one)
