@@ -271,9 +271,10 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     base = absolute_data(dict(base or {}))  # the trials and sweep.json: --data as the working directory names it now
     sets = absolute_sets(sets)  # and --set data.path=... alike
     settings = grid(sets)
-    from dlrm.sweep_checks import check_nested_sets
+    from dlrm.sweep_checks import check_nested_sets, check_options_and_sets
 
     check_nested_sets(sets)  # a key swept both alone and inside a section's value: which one trains?
+    check_options_and_sets(base, sets)  # nor --data beside --set data.path
     check_settings(config, base, settings, seeds)
     # a new sweep's whole grid (--resume: checked when it began); its warnings told once nothing is refused
     told = check_dependent_keys(config, base, settings, warn=False)

@@ -234,3 +234,23 @@ def _holds(value: Any, path: list[str]) -> bool:
             return False
         value = value[part]
     return True
+
+
+_OPTIONS = {"data.path": "--data", "train.device": "--device"}  # the sweep's options that set a config key
+
+
+def check_options_and_sets(base: dict[str, Any], sets: list[tuple[str, list[Any]]]) -> None:
+    """Refuse, in one line, ``--data`` or ``--device`` beside a ``--set`` of the key it sets (``--set data.path=...``,
+    or a ``data`` section value holding ``path``): one of the two was dropped without a word (``--data`` under
+    ``--set data.path``, which every setting trained instead, though ``--data`` "overrides data.path in every
+    trial")."""
+    from dlrm.sweep import label
+
+    for dotted, option in _OPTIONS.items():
+        if dotted not in base:
+            continue
+        for key, values in sets:
+            clash = [v for v in values if key == dotted or dotted.startswith(key + ".")
+                     and _holds(v, dotted[len(key) + 1:].split("."))]
+            if clash:
+                raise ConfigError(f"{option} and --set {label({key: clash[0]})} both set {dotted}; give one of them")

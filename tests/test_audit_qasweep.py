@@ -194,3 +194,37 @@ def test_resume_of_a_trial_or_a_file_names_what_to_resume(tmp_path, config):
         resume_sweep(config, train_fn=not_trained)
     with pytest.raises(ConfigError, match=r"holds no sweep.json: not the directory of a sweep"):
         resume_sweep(tmp_path, train_fn=not_trained)  # (above the sweep: not inside one)
+
+
+# -- --data / --device beside a --set of the key they set ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("option, dotted, values", [
+    ("--data", "data.path", "{other}"), ("--data", "data", '{{"path": "{other}"}}'),
+    ("--device", "train.device", "cpu,auto"),
+])
+def test_an_option_beside_a_set_of_its_key_is_refused(tmp_path, config, option, dotted, values):
+    """``--data A --set data.path=B`` trained every setting on B: --data, which "overrides data.path in every trial",
+    was dropped without a word."""
+    other = tmp_path / "other"
+    make_dataset(other, {"train": 16, "validation": 8}, row_group_size=8)
+    base = {"data.path": str(tmp_path / "ds")} if option == "--data" else {"train.device": "cpu"}
+    with pytest.raises(ConfigError) as err:
+        run_sweep(str(config), [parse_set(f"{dotted}={values.format(other=other)}")], 1, base,
+                  tb_dir=str(tmp_path / "tb"), run_name="sw", train_fn=fake_trial)
+    key = "data.path" if option == "--data" else "train.device"
+    assert str(err.value).startswith(f"{option} and --set {dotted}=") and str(err.value).endswith(
+        f"both set {key}; give one of them")
+    assert not (tmp_path / "tb" / "sw").exists()
+
+
+def test_an_option_beside_a_section_that_leaves_its_key_out_is_accepted(tmp_path, config):
+    trained = []
+
+    def trial(cfg, run_dir=None, resume=None):
+        trained.append((cfg.data.path, cfg.data.batch_size))
+        return fake_trial(cfg, run_dir)
+
+    run_sweep(str(config), [parse_set('data={"batch_size": 8}')], 1, {"data.path": str(tmp_path / "ds")},
+              tb_dir=str(tmp_path), run_name="sw", train_fn=trial)
+    assert trained == [(str(tmp_path / "ds"), 8)]
