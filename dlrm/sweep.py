@@ -266,6 +266,8 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
     """
     if seeds < 1:
         raise ConfigError(f"--seeds: {seeds} must be >= 1")
+    if seeds > 2**63:  # (the seeds are 0 .. seeds-1: named as train.seed's error, "command line: train.seed: ...")
+        raise ConfigError(f"--seeds: {seeds} must be <= 2**63 (train.seed 0 .. seeds-1 fits in int64)")
     from dlrm.sweep_resume import absolute_data, absolute_sets, write_record
 
     base = absolute_data(dict(base or {}))  # the trials and sweep.json: --data as the working directory names it now

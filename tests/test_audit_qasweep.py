@@ -228,3 +228,11 @@ def test_an_option_beside_a_section_that_leaves_its_key_out_is_accepted(tmp_path
     run_sweep(str(config), [parse_set('data={"batch_size": 8}')], 1, {"data.path": str(tmp_path / "ds")},
               tb_dir=str(tmp_path), run_name="sw", train_fn=trial)
     assert trained == [(str(tmp_path / "ds"), 8)]
+
+
+def test_too_many_seeds_are_named_as_seeds(tmp_path, config):
+    """It was "command line: train.seed: 9223372036854775808 is out of range", a key the user never gave."""
+    with pytest.raises(ConfigError, match=r"^--seeds: 9223372036854775809 must be <= 2\*\*63 "):
+        run_sweep(str(config), [parse_set("optim.sparse.lr=0.1")], 2**63 + 1, tb_dir=str(tmp_path), run_name="sw",
+                  train_fn=fake_trial)
+    assert not (tmp_path / "sw").exists()
