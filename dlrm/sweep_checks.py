@@ -174,8 +174,8 @@ def check_datasets(config: str, base: dict[str, Any], settings: list[dict[str, A
     """Refuse, in one line naming the setting, one whose ``data.path`` holds no dataset (its metadata.json read as
     its run reads it), or whose ``data.max_rows_per_table`` is below a table of its vocabulary-hashed dataset (which
     its run refuses as it reads the tables: found by that setting's first trial, it ended the sweep after the settings
-    before it had trained). Two settings whose caps bind no table of their dataset are `check_same_configs`'s to
-    refuse (`trained_config`). `workdir`: what a relative data.path is read against (the working directory the sweep
+    before it had trained), or that lacks the split it trains on or evaluates (``data.eval_split``). Two settings
+    whose caps bind no table of their dataset are `check_same_configs`'s to refuse (`trained_config`). `workdir`: what a relative data.path is read against (the working directory the sweep
     started in, as its trials read it: `dlrm.sweep._run_trials`)."""
     from dlrm.errors import DatasetError
     from dlrm.sweep import label
@@ -190,9 +190,16 @@ def check_datasets(config: str, base: dict[str, Any], settings: list[dict[str, A
                 datasets[cfg.data.path] = load_dataset_metadata(cfg)
             data_dir, meta = datasets[cfg.data.path]
             check_table_cap(cfg, meta, data_dir)
+            # a split it lacks (--set data.eval_split=validation,test of a dataset without a test split): every trial
+            # of that setting failed after reading it, and the sweep exited 2 after training the other settings
+            for split in dict.fromkeys(("train", cfg.data.eval_split)):
+                if split not in meta.splits:
+                    held = ", ".join(meta.splits) or "none"
+                    raise DatasetError(f"{os.path.join(data_dir, 'metadata.json')}: splits: has no '{split}' split "
+                                       f"(it has: {held})")
         except (ConfigError, DatasetError) as e:
             # (else the file's or --data's: not a --set's)
-            given = any(k in ("data", "data.path", "data.max_rows_per_table") for k in setting)
+            given = any(k in ("data", "data.path", "data.max_rows_per_table", "data.eval_split") for k in setting)
             raise type(e)(f"--set {label(setting)}: {e}" if given else str(e)) from None
 
 

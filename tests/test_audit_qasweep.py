@@ -236,3 +236,19 @@ def test_too_many_seeds_are_named_as_seeds(tmp_path, config):
         run_sweep(str(config), [parse_set("optim.sparse.lr=0.1")], 2**63 + 1, tb_dir=str(tmp_path), run_name="sw",
                   train_fn=fake_trial)
     assert not (tmp_path / "sw").exists()
+
+
+def test_a_setting_that_evaluates_a_split_its_dataset_lacks_is_refused_before_the_first_trial(tmp_path, config):
+    """``--set data.eval_split=validation,test`` of a dataset without a test split: the test setting's every trial
+    failed once it read the dataset, after the other settings had trained, and the sweep exited 2 only then."""
+    from dlrm.errors import DatasetError
+    from dlrm.sweep_checks import check_datasets
+
+    nosplit = tmp_path / "notest"
+    make_dataset(nosplit, {"train": 16, "validation": 8}, row_group_size=8)
+    settings = [{"data.eval_split": "validation"}, {"data.eval_split": "test"}]
+    with pytest.raises(DatasetError) as err:
+        check_datasets(str(config), {"data.path": str(nosplit)}, settings, str(tmp_path))
+    assert str(err.value) == (f'--set data.eval_split="test": {nosplit}/metadata.json: splits: has no \'test\' split '
+                              "(it has: train, validation)")
+    check_datasets(str(config), {"data.path": str(nosplit)}, settings[:1], str(tmp_path))  # (validation: there)
