@@ -3,7 +3,9 @@
 Every sweep records what it trains in ``<sweep dir>/sweep.json`` before its first trial: the config file (absolute
 path), the ``--set`` lists in order (``data.path`` values absolute), ``--seeds``, the ``--data`` (absolute: a resume
 from elsewhere trains on the same data)/``--device`` overrides, the config every trial starts from, resolved, and the
-working directory (``cwd``: a relative data.path of the config file names the data there, from wherever resumed).
+working directory (``cwd``: a relative data.path of the config file names the data there, from wherever resumed),
+and the SHA-256 of each dataset's metadata.json (``datasets``: a resume on a dataset replaced since is refused,
+`check_datasets_unchanged`).
 ``--resume DIR`` reads it back, so the directory alone is enough; ``--config``, ``--set``, ``--seeds``, ``--data``
 (resolved against the working directory of the resume) and ``--device`` may be given again, and whatever is given (and the config file, which may have
 been edited since) must match the record: a difference is refused in one line naming it (exit 2); ``log`` and
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -137,7 +140,8 @@ def write_record(directory: Path, config: str, sets: list[tuple[str, list[Any]]]
     # cwd: what the config file's own relative data.path is read against, by this session and by a --resume from
     # anywhere (dlrm.sweep._run_trials)
     record = {"format": FORMAT, "config": str(Path(config).resolve()), "sets": [[k, list(v)] for k, v in sets],
-              "seeds": seeds, "base": base, "resolved": resolved(config, base, sets), "cwd": os.getcwd()}
+              "seeds": seeds, "base": base, "resolved": resolved(config, base, sets), "cwd": os.getcwd(),
+              "datasets": dataset_digests(config, base, sets, os.getcwd())}
     # Written under a name of this process's own, locked, then given its name only if no record is there: two sweeps
     # of one --run-name started together both found the directory empty (`dlrm.sweep.sweep_directory`), and the
     # second's rename replaced the first's record (a --resume then trained the other grid) and locked the new file,
@@ -159,6 +163,41 @@ def write_record(directory: Path, config: str, sets: list[tuple[str, list[Any]]]
         staging.unlink(missing_ok=True)
         raise
     return SweepLock(fd)
+
+
+def dataset_digests(config: str, base: dict[str, Any], sets: list, workdir: str,
+                    settings: Optional[list[dict[str, Any]]] = None) -> dict[str, str]:
+    """The SHA-256 of the ``metadata.json`` (row counts, positives, tables) of each dataset that the trials of
+    `settings` (default: the whole grid of `sets`) read, by its path as they read it (`workdir`: what a relative
+    data.path is read against); a dataset whose metadata cannot be read here is left out (its runs refuse it)."""
+    from dlrm.sweep import grid
+
+    paths = dict.fromkeys(os.path.normpath(os.path.join(workdir, load_config(config, {**base, **s}).data.path))
+                          for s in (grid(sets) if settings is None else settings))
+    digests = {}
+    for path in paths:
+        try:
+            digests[path] = hashlib.sha256(read_regular_file(Path(path) / "metadata.json", 1 << 28)).hexdigest()
+        except OSError:
+            continue
+    return digests
+
+
+def check_datasets_unchanged(directory: Path, record: dict[str, Any], config: str, base: dict[str, Any], sets: list,
+                             left: list[dict[str, Any]], workdir: str) -> None:
+    """Refuse, in one line, a resume whose trials left to train would read a dataset other than the one the sweep
+    began on (its metadata.json differs from the digest sweep.json recorded: regenerated, re-preprocessed): the
+    finished trials were gathered and the rest trained on the new data, all in one table and verdict, without a word.
+    A record made before the digests (no ``datasets``) is not checked."""
+    recorded = record.get("datasets")
+    if not isinstance(recorded, dict):
+        return
+    for path, digest in dataset_digests(config, base, sets, workdir, left).items():
+        if path in recorded and recorded[path] != digest:
+            raise ConfigError(f"--resume: the dataset {path} is not the one the sweep in {directory} began on (its "
+                              f"metadata.json differs from the one {RECORD} recorded): its trials left would train on "
+                              "other data than the finished ones they are compared with; put that dataset back, or "
+                              "start a new sweep")
 
 
 def read_record(directory: Path) -> dict[str, Any]:
@@ -415,6 +454,7 @@ def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Opti
         _read_summary(directory / sweep.slug(i, s) / f"seed-{k}" / "summary.json") is None for k in range(seeds))]
     sweep.check_settings(config, base, left, seeds)
     check_gathered(config, base, sets, seeds, directory, record.get("cwd") or os.getcwd())
+    check_datasets_unchanged(directory, record, config, base, sets, left, record.get("cwd") or os.getcwd())
     if train_fn is None:
         from dlrm.sweep_checks import check_datasets
         from dlrm.train.trainer import train as train_fn

@@ -252,3 +252,35 @@ def test_a_setting_that_evaluates_a_split_its_dataset_lacks_is_refused_before_th
     assert str(err.value) == (f'--set data.eval_split="test": {nosplit}/metadata.json: splits: has no \'test\' split '
                               "(it has: train, validation)")
     check_datasets(str(config), {"data.path": str(nosplit)}, settings[:1], str(tmp_path))  # (validation: there)
+
+
+# -- a dataset replaced between a sweep's sessions -----------------------------------------------------------------
+
+
+def test_a_resume_on_a_dataset_replaced_since_the_sweep_began_is_refused(tmp_path, config):
+    """The sweep stopped after its first trial; the dataset was regenerated (other rows, other positives); the resume
+    gathered that trial and trained the rest on the new data: one table and verdict over two datasets, without a
+    word. The same dataset made again (the same metadata) resumes."""
+    import shutil
+
+    from dlrm.sweep_resume import resume_sweep
+
+    def stopped_at_second(cfg, run_dir=None, resume=None):
+        if cfg.optim.sparse.lr == 0.03:
+            raise KeyboardInterrupt
+        return summary_trial(cfg, run_dir)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(str(config), [parse_set("optim.sparse.lr=0.01,0.03")], 1, tb_dir=str(tmp_path), run_name="sw",
+                  train_fn=stopped_at_second)
+    directory, data = tmp_path / "sw", tmp_path / "ds"
+    shutil.move(data, tmp_path / "ds.first")
+    make_dataset(data, {"train": 16, "validation": 8}, row_group_size=8, seed=1)
+    with pytest.raises(ConfigError) as err:
+        resume_sweep(directory, train_fn=summary_trial)
+    assert str(err.value).startswith(f"--resume: the dataset {data} is not the one the sweep in {directory} began on")
+    assert "\n" not in str(err.value) and not (directory / "sweep.md").exists()
+    shutil.rmtree(data)
+    shutil.move(tmp_path / "ds.first", data)
+    resume_sweep(directory, train_fn=summary_trial)
+    assert (directory / "sweep.md").is_file()
