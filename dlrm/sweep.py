@@ -348,7 +348,8 @@ def run_and_finish(config: str, base: dict[str, Any], sets: list[tuple[str, list
                 # a refusal (a dataset changed since, a bad setting) repeats on --resume until its cause is fixed
                 fixed = "once the error above is fixed, " if isinstance(exc, (ConfigError, DatasetError)) else ""
                 stopped_line(exc, f"sweep: stopped; {fixed}`python -m dlrm.sweep --resume {directory}` finishes it "
-                             "(the finished trials are kept, the stopped one resumes from its checkpoint)")
+                             "(the finished trials are kept; a stopped one resumes from its last checkpoint, or "
+                             "starts again if it wrote none)")
             raise
         return _finish(directory, results, sets, seeds, first_failure, resume)
     finally:

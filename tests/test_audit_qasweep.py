@@ -284,3 +284,20 @@ def test_a_resume_on_a_dataset_replaced_since_the_sweep_began_is_refused(tmp_pat
     shutil.move(tmp_path / "ds.first", data)
     resume_sweep(directory, train_fn=summary_trial)
     assert (directory / "sweep.md").is_file()
+
+
+def test_the_stop_line_claims_no_checkpoint_a_stopped_trial_never_wrote(tmp_path, config):
+    """A stop between two trials (or before a trial's first checkpoint) said "the stopped one resumes from its
+    checkpoint": there was none; --resume trains such a trial afresh."""
+    from dlrm.sweep import stopped_line
+
+    def stopped_at_second(cfg, run_dir=None, resume=None):
+        if cfg.optim.sparse.lr == 0.03:
+            raise KeyboardInterrupt  # (before the trial's first step: no checkpoint)
+        return summary_trial(cfg, run_dir)
+
+    with pytest.raises(KeyboardInterrupt) as err:
+        run_sweep(str(config), [parse_set("optim.sparse.lr=0.01,0.03")], 1, tb_dir=str(tmp_path), run_name="sw",
+                  train_fn=stopped_at_second)
+    assert stopped_line(err.value).endswith("(the finished trials are kept; a stopped one resumes from its last "
+                                            "checkpoint, or starts again if it wrote none)")
