@@ -306,6 +306,9 @@ def reconcile(directory: Path, record: dict[str, Any], config: Optional[str], se
     if isinstance(recorded, str) and os.path.isabs(recorded):  # (no --data recorded, or a record made before: as given)
         base = absolute_data(base or {})  # compared resolved: relative to this working directory
     base = {**record["base"], **(base or {})}
+    if config is None and not os.path.isfile(record["config"]):  # (moved or renamed since: say where to name it)
+        raise ConfigError(f"--resume: {record['config']}: the config file {where} records is not found (or not a "
+                          "regular file); give --config with its path now")
     config = config if config is not None else record["config"]
     # the record with today's defaults for the keys added since an older version wrote it (train.early_stopping.target:
     # compared as absent, every sweep of early stopping recorded before it was refused as "started otherwise")

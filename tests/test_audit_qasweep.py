@@ -301,3 +301,25 @@ def test_the_stop_line_claims_no_checkpoint_a_stopped_trial_never_wrote(tmp_path
                   train_fn=stopped_at_second)
     assert stopped_line(err.value).endswith("(the finished trials are kept; a stopped one resumes from its last "
                                             "checkpoint, or starts again if it wrote none)")
+
+
+def test_a_resume_whose_config_file_moved_says_to_name_it(tmp_path, config):
+    """It said "<path>: config file not found", of a --config never given: the one sweep.json records."""
+    from dlrm.sweep_resume import resume_sweep
+
+    def stopped_at_second(cfg, run_dir=None, resume=None):
+        if cfg.optim.sparse.lr == 0.03:
+            raise KeyboardInterrupt
+        return summary_trial(cfg, run_dir)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(str(config), [parse_set("optim.sparse.lr=0.01,0.03")], 1, tb_dir=str(tmp_path), run_name="sw",
+                  train_fn=stopped_at_second)
+    moved = config.rename(tmp_path / "moved.json")
+    directory = tmp_path / "sw"
+    with pytest.raises(ConfigError) as err:
+        resume_sweep(directory, train_fn=summary_trial)
+    assert str(err.value) == (f"--resume: {config}: the config file {directory / 'sweep.json'} records is not found "
+                              "(or not a regular file); give --config with its path now")
+    resume_sweep(directory, str(moved), train_fn=summary_trial)
+    assert (directory / "sweep.md").is_file()
