@@ -489,7 +489,8 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
     """Train a grid of settings over several seeds; tables, HParams and the winner against the seed noise.
 
     Exit codes as train.py's (dlrm.cli): 0 done, 2 a bad key, value or option (one line), 1 a bug; when a trial
-    failed, the first failed trial's code (3 a diverged loss, 4 out of memory, ...), after the tables are written.
+    failed, the first failed trial's code (3 a diverged loss, 4 out of memory, ...), after the tables are written;
+    130 Ctrl-C, 143 SIGTERM (--resume SWEEP_DIR finishes the sweep).
     """
     from dlrm.cli import report_failure
     from dlrm.logging_setup import configure_logging

@@ -323,3 +323,13 @@ def test_a_resume_whose_config_file_moved_says_to_name_it(tmp_path, config):
                               "(or not a regular file); give --config with its path now")
     resume_sweep(directory, str(moved), train_fn=summary_trial)
     assert (directory / "sweep.md").is_file()
+
+
+def test_the_help_names_every_exit_code_a_sweep_ends_with():
+    """A stopped sweep exits 130 (Ctrl-C) or 143 (SIGTERM), which --help left out of its list of exit codes."""
+    from click.testing import CliRunner
+
+    from dlrm.sweep import main
+
+    text = " ".join(CliRunner().invoke(main, ["--help"]).output.split())
+    assert "130 Ctrl-C, 143 SIGTERM (--resume SWEEP_DIR finishes the sweep)" in text
