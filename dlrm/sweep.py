@@ -126,6 +126,11 @@ def parse_set(option: str) -> tuple[str, list[Any]]:
     if any(t == "" for t in texts):
         raise ConfigError(f"--set {key}: empty value in {values!r}")
     parsed = [parse_value(t) for t in texts]
+    from dlrm.sweep_checks import _holds
+
+    if key == "train" and any(_holds(v, ["seed"]) for v in parsed):  # (train.seed is then set over it: seed 0 trained
+        # under the label 'train={"seed": 5}')
+        raise ConfigError(f"--set {key}: a value sets train.seed; the seeds come from --seeds (0 .. seeds-1)")
     if len({json.dumps(_same_value(v), sort_keys=True) for v in parsed}) != len(parsed):
         raise ConfigError(f"--set {key}: a value is listed twice in {values!r}")
     return key, parsed

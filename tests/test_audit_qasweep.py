@@ -333,3 +333,12 @@ def test_the_help_names_every_exit_code_a_sweep_ends_with():
 
     text = " ".join(CliRunner().invoke(main, ["--help"]).output.split())
     assert "130 Ctrl-C, 143 SIGTERM (--resume SWEEP_DIR finishes the sweep)" in text
+
+
+@pytest.mark.parametrize("option", ['train={"seed": 5}', 'train={"max_steps": 4},{"seed": 1, "max_steps": 4}'])
+def test_a_train_section_value_that_sets_the_seed_is_refused(option):
+    """``--set train.seed=...`` is refused (the seeds come from --seeds); ``--set 'train={"seed": 5}'`` was accepted,
+    and every trial trained its --seeds seed under a label saying seed 5."""
+    with pytest.raises(ConfigError, match=r"^--set train: a value sets train.seed; the seeds come from --seeds"):
+        parse_set(option)
+    assert parse_set('train={"max_steps": 4}') == ("train", [{"max_steps": 4}])
