@@ -458,7 +458,8 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], source: str)
             child = node.get(p)
             if p in node and not isinstance(child, dict):
                 section = ".".join(parents[: i + 1])
-                # a section the overrides set too (a sweep's --set train=5 beside its train.seed): theirs, not the file's
+                # a section the overrides set too (a sweep's --set train=5 beside its train.seed): theirs, not the
+                # file's
                 child = _short_form(child, section, "command line" if section in overrides else source)
             node[p] = {} if child is None else child
             node = node[p]
@@ -516,8 +517,10 @@ def _blame_overrides(error: ConfigError, source: str, overrides: dict[str, Any])
     """A value that came from the command line (an override) is named as such, not as the config file's."""
     message, prefix = str(error), f"{source}: "
     rest = message[len(prefix):] if message.startswith(prefix) else None
-    # "key[i]:" too: an element of a list the override gave (model.multi_hot_sizes[0]) was blamed on the file
-    if rest is not None and any(rest.startswith((f"{key}:", f"{key} ", f"{key}[")) for key in overrides):
+    # "key[i]:" too: an element of a list the override gave (model.multi_hot_sizes[0]) was blamed on the file; and
+    # "key.sub:", a key inside a section the override gave whole (a sweep's --set 'model={...}', which replaces the
+    # file's section)
+    if rest is not None and any(rest.startswith((f"{key}:", f"{key} ", f"{key}[", f"{key}.")) for key in overrides):
         return ConfigError(f"command line: {rest}")
     return error
 

@@ -175,8 +175,9 @@ def check_datasets(config: str, base: dict[str, Any], settings: list[dict[str, A
     its run reads it), or whose ``data.max_rows_per_table`` is below a table of its vocabulary-hashed dataset (which
     its run refuses as it reads the tables: found by that setting's first trial, it ended the sweep after the settings
     before it had trained), or that lacks the split it trains on or evaluates (``data.eval_split``). Two settings
-    whose caps bind no table of their dataset are `check_same_configs`'s to refuse (`trained_config`). `workdir`: what a relative data.path is read against (the working directory the sweep
-    started in, as its trials read it: `dlrm.sweep._run_trials`)."""
+    whose caps bind no table of their dataset are `check_same_configs`'s to refuse (`trained_config`). `workdir`:
+    what a relative data.path is read against (the working directory the sweep started in, as its trials read it:
+    `dlrm.sweep._run_trials`)."""
     from dlrm.errors import DatasetError
     from dlrm.sweep import label
     from dlrm.train.setup import check_table_cap, load_dataset_metadata  # (torch: not for --help)

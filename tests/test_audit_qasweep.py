@@ -342,3 +342,20 @@ def test_a_train_section_value_that_sets_the_seed_is_refused(option):
     with pytest.raises(ConfigError, match=r"^--set train: a value sets train.seed; the seeds come from --seeds"):
         parse_set(option)
     assert parse_set('train={"max_steps": 4}') == ("train", [{"max_steps": 4}])
+
+
+def test_a_bad_key_inside_a_set_section_is_blamed_on_the_command_line(tmp_path, config):
+    """``--set 'model={..., "cardinalities": [5]}'`` replaces the file's model section; its error named the file
+    ("tiny.json: model.cardinalities: has 1 entries"), whose model section holds no such key."""
+    section = '{"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1], "cardinalities": [5]}'
+    with pytest.raises(ConfigError) as err:
+        run_sweep(str(config), [parse_set(f"model={section}")], 1, tb_dir=str(tmp_path), run_name="sw",
+                  train_fn=fake_trial)
+    assert str(err.value).endswith(": command line: model.cardinalities: has 1 entries, expected 26"), str(err.value)
+    from dlrm.config import load_config
+
+    raw = json.loads(config.read_text())
+    raw["model"]["cardinalities"] = [5]
+    config.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=rf"^{config}: model.cardinalities: has 1 entries"):  # (the file's: its own)
+        load_config(config, {"model.dropout": 0.1})
