@@ -243,6 +243,11 @@ def read_record(directory: Path) -> dict[str, Any]:
         raise ConfigError(f"--resume: {path}: not a sweep record of format {FORMAT} (config, sets, seeds, base, resolved, "
                           "cwd)")
     _check_recorded_sets(path, record["sets"])
+    from dlrm.config import config_keys
+
+    unknown = [k for k in record["base"] if k not in config_keys()]
+    if unknown:  # (else "command line: ...: unknown key", of a command line that had not given it)
+        raise ConfigError(f"--resume: {path}: base: {unknown[0]!r:.60} is not a config key")
     return record
 
 
@@ -266,16 +271,32 @@ def _check_recorded_sets(path: Path, sets: list) -> None:
     """What `dlrm.sweep.parse_set` refuses on the command line, refused in the record too (an edited sweep.json
     resumed with a value listed twice trained it twice, as two settings; one with a log.* key or train.seed swept
     keys the sweep owns)."""
+    from dlrm.config import config_keys
     from dlrm.sweep import _same_value
+    from dlrm.sweep_checks import _holds, check_nested_sets
 
+    known = config_keys()
     for key, values in sets:
+        # (a key that is none, or given twice: refused by the grid as "command line: ...: unknown key" and "--set: a key
+        # is given twice", of a command line that had given no --set)
+        if key not in known:
+            raise ConfigError(f"--resume: {path}: sets: {key!r:.60} is not a config key")
+        if [k for k, _ in sets].count(key) > 1:
+            raise ConfigError(f"--resume: {path}: sets: {key!r:.60} is given twice")
         if key == "train.seed" or key == "log" or key.startswith("log."):
             raise ConfigError(f"--resume: {path}: sets: {key!r:.60} cannot be swept (--set refuses it)")
+        if key == "train" and any(_holds(v, ["seed"]) for v in values):
+            raise ConfigError(f"--resume: {path}: sets: 'train': a value sets train.seed, which --seeds gives (--set "
+                              "refuses it)")
         if not values:
             raise ConfigError(f"--resume: {path}: sets: {key!r:.60} has no values")
         if len({json.dumps(_same_value(v), sort_keys=True) for v in values}) != len(values):
             raise ConfigError(f"--resume: {path}: sets: {key!r:.60}: a value is listed twice in "
                               f"{json.dumps(values)[:60]}")
+    try:  # (a key swept alone and inside a swept section's value: a new sweep refuses it, `dlrm.sweep.run_sweep`)
+        check_nested_sets([(k, v) for k, v in sets])
+    except ConfigError as e:
+        raise ConfigError(f"--resume: {path}: sets: {e}") from None
 
 
 def _shown(value: Any) -> str:

@@ -359,3 +359,37 @@ def test_a_bad_key_inside_a_set_section_is_blamed_on_the_command_line(tmp_path, 
     config.write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match=rf"^{config}: model.cardinalities: has 1 entries"):  # (the file's: its own)
         load_config(config, {"model.dropout": 0.1})
+
+
+# -- a hand-edited sweep.json ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("edit, message", [
+    # each was refused as the command line's ("command line: optim.sparse.lrr: unknown key", "--set: a key is given
+    # twice") though the command was `--resume DIR` alone; the nested and seed ones trained under a misleading label
+    (lambda r: r["sets"].__setitem__(0, ["optim.sparse.lrr", [0.01, 0.03]]),
+     "sets: 'optim.sparse.lrr' is not a config key"),
+    (lambda r: r["sets"].append(["optim.sparse.lr", [0.2]]), "sets: 'optim.sparse.lr' is given twice"),
+    (lambda r: r["base"].__setitem__("model.foo", 1), "base: 'model.foo' is not a config key"),
+    (lambda r: r["sets"].append(["optim.sparse", [{"lr": 0.3}]]),
+     'sets: --set optim.sparse={"lr": 0.3} sets optim.sparse.lr'),
+    (lambda r: r["sets"].append(["train", [{"seed": 3}]]), "sets: 'train': a value sets train.seed"),
+])
+def test_a_hand_edited_record_is_refused_naming_it(tmp_path, config, edit, message):
+    from dlrm.sweep_resume import resume_sweep
+
+    def stopped_at_second(cfg, run_dir=None, resume=None):
+        if cfg.optim.sparse.lr == 0.03:
+            raise KeyboardInterrupt
+        return summary_trial(cfg, run_dir)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(str(config), [parse_set("optim.sparse.lr=0.01,0.03")], 1, tb_dir=str(tmp_path), run_name="sw",
+                  train_fn=stopped_at_second)
+    record = tmp_path / "sw" / "sweep.json"
+    raw = json.loads(record.read_text())
+    edit(raw)
+    record.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError) as err:
+        resume_sweep(tmp_path / "sw", train_fn=not_trained)
+    assert str(err.value).startswith(f"--resume: {record}: {message}"), str(err.value)
