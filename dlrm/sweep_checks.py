@@ -247,11 +247,12 @@ def _holds(value: Any, path: list[str]) -> bool:
 _OPTIONS = {"data.path": "--data", "train.device": "--device"}  # the sweep's options that set a config key
 
 
-def check_options_and_sets(base: dict[str, Any], sets: list[tuple[str, list[Any]]]) -> None:
+def check_options_and_sets(base: dict[str, Any], sets: list[tuple[str, list[Any]]],
+                           record: Optional[str] = None) -> None:
     """Refuse, in one line, ``--data`` or ``--device`` beside a ``--set`` of the key it sets (``--set data.path=...``,
     or a ``data`` section value holding ``path``): one of the two was dropped without a word (``--data`` under
     ``--set data.path``, which every setting trained instead, though ``--data`` "overrides data.path in every
-    trial")."""
+    trial"). `record`: the sweep.json of a ``--resume``, whose ``--set`` the option is then to give way to."""
     from dlrm.sweep import label
 
     for dotted, option in _OPTIONS.items():
@@ -261,4 +262,6 @@ def check_options_and_sets(base: dict[str, Any], sets: list[tuple[str, list[Any]
             clash = [v for v in values if key == dotted or dotted.startswith(key + ".")
                      and _holds(v, dotted[len(key) + 1:].split("."))]
             if clash:
-                raise ConfigError(f"{option} and --set {label({key: clash[0]})} both set {dotted}; give one of them")
+                advice = "give one of them" if record is None else f"the sweep ({record}) sweeps it: leave {option} out"
+                raise ConfigError(f"{('--resume: ' if record else '')}{option} and --set {label({key: clash[0]})} both "
+                                  f"set {dotted}; {advice}")

@@ -469,6 +469,10 @@ def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Opti
 
     directory = Path(os.path.abspath(directory))  # as a new sweep's (`dlrm.sweep.sweep_directory`): trials.csv's paths
     record = read_record(directory)
+    from dlrm.sweep_checks import check_options_and_sets
+
+    # --data or --device given beside the recorded --set of its key: dropped without a word, as by a new sweep
+    check_options_and_sets(base or {}, record["sets"], str(directory / RECORD))
     config, sets, seeds, base = reconcile(directory, record, config, sets, seeds, base)
     settings = sweep.grid(sets)
     # checked (the device's rules too) only the settings with a trial left to train: `_run_trials` gathers the

@@ -393,3 +393,24 @@ def test_a_hand_edited_record_is_refused_naming_it(tmp_path, config, edit, messa
     with pytest.raises(ConfigError) as err:
         resume_sweep(tmp_path / "sw", train_fn=not_trained)
     assert str(err.value).startswith(f"--resume: {record}: {message}"), str(err.value)
+
+
+def test_resume_with_data_beside_the_recorded_set_of_data_path_is_refused(tmp_path, config):
+    """``--resume DIR --data X`` of a sweep of ``--set data.path=...`` was accepted and X ignored (the record's
+    settings set data.path over it: no difference was seen)."""
+    from dlrm.sweep_resume import resume_sweep
+
+    def stopped_at_second(cfg, run_dir=None, resume=None):
+        if cfg.optim.sparse.lr == 0.03:
+            raise KeyboardInterrupt
+        return summary_trial(cfg, run_dir)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(str(config), [parse_set(f"data.path={tmp_path / 'ds'}"), parse_set("optim.sparse.lr=0.01,0.03")], 1,
+                  tb_dir=str(tmp_path), run_name="sw", train_fn=stopped_at_second)
+    with pytest.raises(ConfigError) as err:
+        resume_sweep(tmp_path / "sw", base={"data.path": str(tmp_path / "elsewhere")}, train_fn=summary_trial)
+    assert str(err.value) == (f'--resume: --data and --set data.path="{tmp_path / "ds"}" both set data.path; the sweep '
+                              f'({tmp_path / "sw" / "sweep.json"}) sweeps it: leave --data out')
+    resume_sweep(tmp_path / "sw", train_fn=summary_trial)
+    assert (tmp_path / "sw" / "sweep.md").is_file()
