@@ -268,6 +268,8 @@ def out_of_memory_message(exc: BaseException, cfg: Optional[Config]) -> str:
     """What ran out, and the settings that shrink a run's memory: while the model was built, the tables' size and
     what makes them fit (`dlrm_tables`, from `dlrm.train.builder.tables_named_if_out_of_memory`); else the batch size
     too."""
+    if getattr(exc, "dlrm_refused", False):  # refused before the build (`refuse_host_memory_shortfall`): as it is
+        return _one_line(exc)
     what = "GPU memory" if type(exc).__name__ == "OutOfMemoryError" else "host memory"
     tables = getattr(exc, "dlrm_tables", None)
     if tables is not None:

@@ -176,6 +176,13 @@ def _available_host_memory() -> Optional[int]:
     return room if available is None else available if room is None else min(available, room)
 
 
+def _room_source(room: int) -> str:
+    """Where `room` (`_available_host_memory`'s) comes from, as a refusal says it."""
+    if room == _process_room():
+        return "this process may take (ulimit -v, or its cgroup's memory.max)"
+    return "the host has available (MemAvailable)"
+
+
 def _process_room() -> Optional[int]:
     """What this process may still allocate under its own limits (bytes), None where none is set: the address-space
     limit (RLIMIT_AS, `ulimit -v`) less the address space it maps, and its cgroup's memory.max less memory.current."""
@@ -282,6 +289,55 @@ def refuse_dense_layers_beyond_memory(m: ModelConfig, num_features: int, device:
                       + f": more than {where} {memory / 2**30:,.1f} GiB of memory")
 
 
+def _tables_size_text(cfg: Config, tables: Tables) -> tuple[str, int]:
+    """("embedding tables hold R rows x D x dtype = G GiB[, the sparse optimizer's state ...][, their vocabularies'
+    keys ...]", those bytes in all) of one process holding every table."""
+    rows, dim = sum(tables.cardinalities), cfg.model.embedding_dim
+    weights = rows * dim * _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize
+    state = table_bytes(cfg, tables.cardinalities) - weights
+    # vocabulary hashing's int64 key of every value, on the device beside the rows (`placement` counts them)
+    keys = vocabulary_key_bytes(tables.cardinalities, tables.hashing)
+    text = (f"embedding tables hold {rows:,} rows x {dim} x {cfg.model.embedding_dtype} = {weights / 2**30:,.1f} GiB"
+            + (f", the sparse optimizer's state {state / 2**30:,.1f} GiB more" if state else "")
+            + (f", their vocabularies' keys {keys / 2**30:,.1f} GiB more" if keys else ""))
+    return text, weights + state + keys
+
+
+def _size(n: int) -> str:
+    """`n` bytes in GiB, in MiB below 1 GiB (a refusal of "0.0 GiB, more than the 0.0 GiB available" said nothing)."""
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def refuse_host_memory_shortfall(cfg: Config, tables: Tables, room: Optional[int]) -> None:
+    """A MemoryError (exit 4) before a CPU build whose tables (weights, sparse optimizer state, vocabulary keys) and
+    dense layers (with their gradients and dense optimizer state) exceed `room`, the memory the host has available or
+    this process may take (`_available_host_memory`; None: unknown, nothing refused). A CPU allocation of tables
+    larger than the available memory but within the kernel's overcommit succeeds, and the OOM killer ended the run
+    while their initial values were written, without a word (a GPU's allocation fails at once, and
+    `tables_named_if_out_of_memory` names the tables). The dense layers alone are weighed against the whole RAM before
+    this (`refuse_dense_layers_beyond_memory`); where they are the larger part, they are named with the key that
+    shrinks them, as after an out-of-memory build. One process only: a rank's share of sharded tables is its plan's."""
+    if room is None:
+        return
+    tables_text, tables_bytes = _tables_size_text(cfg, tables)
+    dense_bytes = (4 * sum(dense_layer_parameters(cfg.model, len(tables.cardinalities)).values())
+                   * dense_training_copies(cfg.optim.dense))
+    need = tables_bytes + dense_bytes
+    if need <= room:
+        return
+    head = (f"the model needs {_size(need)} of host memory with its optimizers' state, more than the {_size(room)} "
+            f"{_room_source(room)}")
+    dense = _dense_parts_text(cfg.model, len(tables.cardinalities), tables_bytes)
+    if dense is not None:
+        text = f"{head}: {dense[0]} (its {tables_text}): {dense[1]}"
+    else:
+        text = (f"{head}: its {tables_text}, its dense layers {_size(dense_bytes)}: cap the tables with "
+                "data.max_rows_per_table")
+    exc = MemoryError(text)
+    exc.dlrm_refused = True  # said as it is (`dlrm.cli.out_of_memory_message`): nothing was built
+    raise exc
+
+
 @contextlib.contextmanager
 def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.device, env: DistEnv):
     """Running out of memory while the model and its optimizers are built is the tables' doing (they are nearly all
@@ -303,21 +359,13 @@ def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.dev
         yield
     except BaseException as exc:
         if is_out_of_memory(exc) and not env.distributed:
-            rows, dim = sum(tables.cardinalities), cfg.model.embedding_dim
-            weights = rows * dim * _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize
-            state = table_bytes(cfg, tables.cardinalities) - weights
-            # vocabulary hashing's int64 key of every value, on the device beside the rows (`placement` counts them)
-            keys = vocabulary_key_bytes(tables.cardinalities, tables.hashing)
-            tables_text = (f"embedding tables hold {rows:,} rows x {dim} x {cfg.model.embedding_dtype} = "
-                           f"{weights / 2**30:,.1f} GiB" + (f", the sparse optimizer's state {state / 2**30:,.1f} GiB "
-                                                            "more" if state else "")
-                           + (f", their vocabularies' keys {keys / 2**30:,.1f} GiB more" if keys else ""))
+            tables_text, tables_bytes = _tables_size_text(cfg, tables)
             gpu_text = ""
             if free is not None:
                 gpu_text = f"; {free[0] / 2**30:,.1f} GiB of the GPU's {free[1] / 2**30:,.1f} GiB were free"
                 if held:
                     gpu_text += f", this process held {held / 2**30:,.1f} GiB already"
-            dense = _dense_parts_text(cfg.model, len(tables.cardinalities), weights + state + keys, room)
+            dense = _dense_parts_text(cfg.model, len(tables.cardinalities), tables_bytes, room)
             if dense is not None:  # the tables are not what ran out: the advice on them would not help
                 exc.dlrm_tables = f"{dense[0]} (its {tables_text}){gpu_text}: {dense[1]}"
                 raise
@@ -382,6 +430,8 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
                           "DistributedDataParallel forward breaks the graph); set it false")
     refuse_dense_layers_beyond_memory(cfg.model, len(tables.cardinalities), device,
                                       dense_training_copies(cfg.optim.dense))
+    if device.type == "cpu" and not env.distributed:
+        refuse_host_memory_shortfall(cfg, tables, _available_host_memory())
     warn_cross_rank_at_width(cfg.model, len(tables.cardinalities))
     plan = make_sharding(cfg, tables, env, device)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
