@@ -310,7 +310,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
     refused for a one-hot input, where it cannot act); `dense_format`: "float", MLPerf's dense values as they
     are, or "counts". Raises `ImportInputError` (a `click.ClickException`) for bad inputs, arguments or
     an occupied `output`."""
-    cards = list(cards or MLPERF_CARDINALITIES)
+    given, cards = bool(cards), list(cards or MLPERF_CARDINALITIES)
     if len(cards) != NUM_SPARSE:
         raise ImportInputError(f"--num-embeddings: need {NUM_SPARSE} table sizes >= 1, got {len(cards)}")
     for f, card in enumerate(cards):  # int64 ids: train.py refuses a dataset whose tables are not below 2^63
@@ -338,13 +338,14 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         check_target(output, overwrite or _replacing(output), "directory")
         check_replaceable(output, "--output", ImportInputError)
         return _import(input_dir, output, train_days, eval_day, cards, compression, rows_per_file, workers,
-                       max_rows_per_day, overwrite, sparse_layout, dense_format, layout_given)
+                       max_rows_per_day, overwrite, sparse_layout, dense_format, layout_given, given)
 
 
 def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int, cards: list[int], compression: str,
             rows_per_file: int, workers: int, max_rows_per_day: Optional[int], overwrite: bool, sparse_layout: str,
-            dense_format: str, layout_given: bool = False) -> Metadata:
-    """`import_mlperf`'s work, its arguments checked and its --output locked."""
+            dense_format: str, layout_given: bool = False, given: bool = True) -> Metadata:
+    """`import_mlperf`'s work, its arguments checked and its --output locked (`given`: `cards` are the user's, not
+    MLPerf's defaults)."""
     days = {i: Day.open(input_dir, i) for i in [*train_days, eval_day]}  # every file checked before any work
     sizes = days[train_days[0]].sizes
     for day in days.values():
@@ -377,6 +378,9 @@ def _import(input_dir: Path, output: Path, train_days: list[int], eval_day: int,
     logger.info(f"importing {total:,} rows from {input_dir}: train days {days_text(train_days)} "
                 f"({counted(len(train_days), 'day')}), validation and test from day {eval_day}; {ids}, dense "
                 f"{dense_format}; {counted(workers, 'worker')}")
+    # the defaults were recorded without a word, 204M rows for a hand-made input of a few ids (train.py then builds them)
+    source = "--num-embeddings" if given else "MLPerf DLRM-DCNv2's, 40M-capped: --num-embeddings was not given"
+    logger.info(f"table sizes recorded ({source}; {sum(cards):,} rows in all): {' '.join(f'{c:,}' for c in cards)}")
     plan = {"source": str(input_dir.resolve()), "train_days": train_days, "eval_day": eval_day, "cards": cards,
             "sizes": sizes, "compression": compression, "rows_per_file": rows_per_file,
             "max_rows_per_day": max_rows_per_day, "day_rows": {str(i): d.rows for i, d in days.items()},
