@@ -27,7 +27,6 @@ is imported late, which keeps --help and config errors fast.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import errno
 import json
 import os
@@ -38,7 +37,7 @@ from typing import Optional
 import click
 from loguru import logger
 
-from dlrm.config import Config, config_keys, load_config
+from dlrm.config import Config, closest_config_key, config_keys, load_config
 from dlrm.config_checks import check_default_run_name, export_name_problem, free_run_name
 from dlrm.data.output_dirs import check_export_place
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
@@ -99,8 +98,8 @@ def parse_allowed_changes(text: Optional[str]) -> list[str]:
             raise ConfigError(f"--allow-config-change: empty key in {text!r} (comma-separated dotted keys, "
                               "e.g. data.batch_size,optim.dense.lr)")
         if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else " (e.g. data.batch_size, optim.dense.lr)"
+            close = closest_config_key(key, known)
+            hint = f" (did you mean {close}?)" if close else " (e.g. data.batch_size, optim.dense.lr)"
             raise ConfigError(f"--allow-config-change: {key!r} is not a config key{hint}")
     return keys
 

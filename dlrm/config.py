@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -530,6 +531,23 @@ def config_keys() -> set[str]:
     "train.compile.mode") and the sections holding them ("optim.dense", "optim"). These are
     the names `--allow-config-change` accepts (a section stands for all its keys)."""
     return set(_dotted_keys(Config, ""))
+
+
+def closest_config_key(key: str, known: Optional[set[str]] = None) -> Optional[str]:
+    """The config key (of `known`, default `config_keys`) a mistyped `key` most likely meant, None where none is
+    close: the last parts are compared, a key of the same section first, the whole key only between equally close last
+    parts. Compared whole, the shared section drove the match: "model.pooling" suggested model.bottom_mlp, and
+    "model.mlp" kernels.mlp."""
+    parent, _, leaf = key.rpartition(".")
+    best = None
+    for candidate in sorted(config_keys() if known is None else known):
+        their_parent, _, their_leaf = candidate.rpartition(".")
+        close = difflib.SequenceMatcher(None, leaf, their_leaf).ratio()
+        if close >= 0.6:  # (difflib.get_close_matches' cutoff)
+            score = (their_parent == parent, close, difflib.SequenceMatcher(None, key, candidate).ratio())
+            if best is None or score > best[0]:
+                best = (score, candidate)
+    return None if best is None else best[1]
 
 
 def _dotted_keys(cls: type, prefix: str):

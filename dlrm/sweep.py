@@ -45,7 +45,6 @@ given with ``--resume`` must match the record (`dlrm.sweep_resume`).
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import json
 import os
@@ -58,7 +57,7 @@ from typing import Any, Optional
 import click
 from loguru import logger
 
-from dlrm.config import ConfigError, config_keys, load_config
+from dlrm.config import ConfigError, closest_config_key, config_keys, load_config
 from dlrm.config_checks import check_dependent_keys
 from dlrm.errors import DatasetError, TrainingStopped, failure_reason
 from dlrm.logging_setup import counted
@@ -114,8 +113,8 @@ def parse_set(option: str) -> tuple[str, list[Any]]:
         raise ConfigError(f"--set {option!r}: expected KEY=VALUE[,VALUE...], e.g. optim.sparse.lr=0.005,0.01")
     known = config_keys()
     if key not in known:
-        close = difflib.get_close_matches(key, sorted(known), n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        close = closest_config_key(key, known)
+        hint = f" (did you mean {close}?)" if close else ""
         raise ConfigError(f"--set {key}: not a config key{hint}")
     if key == "train.seed":
         raise ConfigError("--set train.seed: the seeds come from --seeds (0 .. seeds-1)")
