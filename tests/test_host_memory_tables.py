@@ -108,3 +108,11 @@ def test_tables_within_the_available_memory_are_built(monkeypatch):
     monkeypatch.setattr(builder, "_available_host_memory", lambda: _need(cfg, tables))
     run = builder.build_run(cfg, tables, torch.device("cpu"), total_steps=10)
     assert run.model.sparse_arch is not None
+
+
+@pytest.mark.parametrize("limit, source", [(GiB + 2**20, "this process may take"), (GiB - 2**20, "this process may take"),
+                                           (2 * GiB, "the host has available"), (None, "the host has available")])
+def test_the_memory_is_named_by_where_it_comes_from(monkeypatch, limit, source):
+    """The process limit read again moves with the address space mapped meanwhile: within 64 MiB it is the room."""
+    monkeypatch.setattr(builder, "_process_room", lambda: limit)
+    assert builder._room_source(GiB).startswith(source)

@@ -177,8 +177,10 @@ def _available_host_memory() -> Optional[int]:
 
 
 def _room_source(room: int) -> str:
-    """Where `room` (`_available_host_memory`'s) comes from, as a refusal says it."""
-    if room == _process_room():
+    """Where `room` (`_available_host_memory`'s) comes from, as a refusal says it: this process's limit where that is
+    `room` again, give or take 64 MiB (the address space it maps moves between the two readings)."""
+    limit = _process_room()
+    if limit is not None and limit - room < 2**26:
         return "this process may take (ulimit -v, or its cgroup's memory.max)"
     return "the host has available (MemAvailable)"
 
