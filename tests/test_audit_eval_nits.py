@@ -196,7 +196,9 @@ def test_baseline_auto_budgets_the_values_of_a_multi_hot_split(tmp_path, monkeyp
     monkeypatch.setattr(baseline_mod, "ParquetLoader", lambda *args, **kwargs: [])
     monkeypatch.setattr(baseline_mod, "RowHasher", lambda *args, **kwargs: None)
     monkeypatch.setattr(baseline_mod, "fit_and_evaluate", lambda *args: fitted.append(1) or {
-        "auc": 0.7, "logloss": 0.5, "model": "stub", "l2": 0.1, "iterations": 1, "seconds": 0.0})
+        "auc": 0.7, "logloss": 0.5, "model": "stub", "l2": 0.1, "iterations": 1, "converged": True, "seconds": 0.0,
+        "train_objective": 0.4, "train_logloss": 0.4, "train_rate": 0.5, "constant_logloss": 0.69, "train_rows": 160,
+        "weights": 300})
     cfg = load_config(config_file(tmp_path, tmp_path / "mh", baseline="auto"))
     tables = type("Tables", (), {"cardinalities": meta.cardinalities, "vocabs": None,
                                  "multi_hot_sizes": meta.multi_hot_sizes})()

@@ -138,5 +138,24 @@ def test_a_fit_stopped_by_the_iteration_limit_says_it_did_not_converge(tmp_path,
     lines = []
     result = run(root, lines)
     assert result["iterations"] == 3 and not result["converged"]
+    assert result["last_change"] < -1e-6  # still falling: 3 iterations are far from the optimum
     assert ("NOT converged: stopped at the limit of 3 L-BFGS iterations (train objective "
-            f"{result['train_objective']:.6g}; its AUC and logloss may be off the optimum's)") in lines[-1]
+            f"{result['train_objective']:.6g}, its last iteration changed it by {result['last_change']:.2g}; its AUC "
+            "and logloss may be off the optimum's)") in lines[-1]
+
+
+def test_a_fit_meeting_its_tolerances_at_its_last_allowed_iteration_converged():
+    """LBFGS checks its iteration limit before its tolerances: "converged" was "iterations < the limit", so a fit
+    that met them at its last allowed iteration (data/sample-like small-real modulus split: 200 of 200) was called
+    not converged."""
+    gen = torch.Generator().manual_seed(4)
+    dense = torch.log1p(torch.randint(0, 400, (300, 13), generator=gen).to(torch.float64))
+    rows = torch.randint(0, 60, (300, 3), generator=gen) + torch.tensor([0, 60, 120])
+    labels = torch.bernoulli(torch.full((300,), 0.3, dtype=torch.float64), generator=gen)
+    _, free = baseline_mod.fit(dense, rows, labels, max_iterations=1000)
+    assert free["converged"] and 10 < free["iterations"] < 1000
+    _, exact = baseline_mod.fit(dense, rows, labels, max_iterations=free["iterations"])
+    assert exact["iterations"] == free["iterations"] and exact["converged"]
+    assert exact["train_objective"] == free["train_objective"]
+    _, short = baseline_mod.fit(dense, rows, labels, max_iterations=free["iterations"] - 5)
+    assert not short["converged"] and short["last_change"] < 0
