@@ -327,7 +327,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         raise ImportInputError(f"--dense: {dense_format!r:.40} is not one of {', '.join(DENSE_FORMATS)}")
     check_named(output, "--output", ImportInputError)
     _check_input_apart(input_dir, output)
-    check_target(output, overwrite or _replacing(output), "directory")
+    check_target(output, overwrite or _replacing(output), "directory", "--output")
     check_unowned(output, "--output", ImportInputError)  # (no dataset inside another, a run or a sweep)
     check_replaceable(output, "--output", ImportInputError)  # (--overwrite of a folder that holds no dataset)
     # one import of an --output at a time: a second one resumed the first's .OUT.import-partial (or, --overwrite,
@@ -335,7 +335,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
     with output_lock(output, "--output", ImportInputError):
         recover_replaced(output)  # what an import killed while replacing --output left (`replace_dir`)
         # again, under the lock: another may have finished meanwhile
-        check_target(output, overwrite or _replacing(output), "directory")
+        check_target(output, overwrite or _replacing(output), "directory", "--output")
         check_replaceable(output, "--output", ImportInputError)
         return _import(input_dir, output, train_days, eval_day, cards, compression, rows_per_file, workers,
                        max_rows_per_day, overwrite, sparse_layout, dense_format, layout_given, given)

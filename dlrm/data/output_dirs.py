@@ -27,12 +27,11 @@ from dlrm.file_modes import dir_mode
 from dlrm.json_file import read_json
 
 
-def check_target(path: Path, overwrite: bool, what: str) -> None:
-    """Raise a one-line `click.ClickException` unless `path` may be (over)written."""
-    if what == "directory" and path.is_symlink() and not path.exists():  # the finished dataset's rename onto it
-        # failed (ENOTDIR), after all the work
-        raise click.ClickException(f"{path} is a dangling symbolic link (to {os.readlink(path)}); remove it or name "
-                                   "another path")
+def check_target(path: Path, overwrite: bool, what: str, option: str = "") -> None:
+    """Raise a one-line `click.ClickException` unless `path` (given as `option`) may be (over)written."""
+    # a dangling link: the finished dataset's rename onto it failed (ENOTDIR), after all the work
+    if what == "directory" and (dangling := dangling_link_error(path, option)) is not None:
+        raise click.ClickException(dangling)
     if path.is_dir() and what == "file":
         raise click.ClickException(f"{path} is a directory, expected a file path for the raw TSV")
     if path.exists() and not path.is_dir() and what == "directory":
@@ -40,6 +39,20 @@ def check_target(path: Path, overwrite: bool, what: str) -> None:
     occupied = path.is_file() or (path.is_dir() and any(path.iterdir()))
     if occupied and not overwrite:
         raise click.ClickException(f"refusing to overwrite non-empty {path} (pass --overwrite to replace it)")
+
+
+def dangling_link_error(path: Path, option: str = "", above_only: bool = False) -> Optional[str]:
+    """The one-line refusal of an output `path` that is (unless `above_only`), or lies under, a symbolic link to
+    nothing, naming the link and its target; None if it is neither. Every data tool says this line: preprocess said
+    "exists and is not a directory" of such a link, and "cannot be created: LINK is not a directory" of ``LINK/out``,
+    while under one the other tools created the missing target (an unmounted disk's mount point, on the root disk)."""
+    path = Path(path)
+    for link in path.parents if above_only else (path, *path.parents):
+        if link.is_symlink() and not link.exists():
+            where = "" if link == path else f": {link}"
+            return (f"{option}{' ' if option else ''}{path}{where} is a dangling symbolic link (to "
+                    f"{os.readlink(link)}); remove it or name another path")
+    return None
 
 
 def check_replaceable(path: Path, option: str, error: type[click.ClickException] = click.ClickException) -> None:
@@ -189,7 +202,11 @@ def remove_stale_temps(path: Path, pattern: str) -> None:
 
 def check_parent_writable(path: Path, option: str) -> None:
     """Raise a one-line `click.ClickException` unless `path` could be created: its nearest
-    existing ancestor must be a writable directory (checked before any work starts)."""
+    existing ancestor must be a writable directory (checked before any work starts), reached through no dangling
+    symbolic link (`dangling_link_error`)."""
+    dangling = dangling_link_error(path, option, above_only=True)
+    if dangling is not None:
+        raise click.ClickException(dangling)
     ancestor = path.absolute().parent
     while not ancestor.exists() and ancestor != ancestor.parent:
         ancestor = ancestor.parent

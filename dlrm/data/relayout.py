@@ -198,14 +198,15 @@ def _checked_relayout(data: Path, output: Path, layout: SparseLayout, codec: str
             read_vocabulary(data, f, meta.cardinalities[f])
     check_named(output, "--output")
     check_apart("--data", data, "--output", output, "write the copy somewhere else")
-    check_target(output, overwrite, "directory")
+    check_target(output, overwrite, "directory", "--output")
     check_unowned(output, "--output")  # (no dataset inside another, a run or a sweep)
     check_replaceable(output, "--output")  # (--overwrite of a folder that holds no dataset)
     check_parent_writable(output, "--output")
     # one run of an --output at a time: a second one's copy was silently replaced by the first's at its end
     with output_lock(output, "--output"):
         recover_replaced(output)  # what a run killed while replacing --output left (`replace_dir`)
-        check_target(output, overwrite, "directory")  # again, under the lock: another may have finished meanwhile
+        check_target(output, overwrite, "directory", "--output")  # again, under the lock: another may have finished
+        # meanwhile
         check_replaceable(output, "--output")
         return _relayout(data, output, layout, codec, workers, meta, out_dense)
 

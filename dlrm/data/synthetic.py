@@ -314,7 +314,7 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
         raise click.ClickException(f"--compression: {compression!r} is not one of {', '.join(CODECS)}")
     if sparse_layout not in SPARSE_LAYOUTS:
         raise click.ClickException(f"--sparse-layout: {sparse_layout!r:.40} is not one of {', '.join(SPARSE_LAYOUTS)}")
-    check_target(out, overwrite, "directory")
+    check_target(out, overwrite, "directory", "--out")
     check_unowned(out, "--out")  # (a dataset, run or sweep around it: replaced with it, or listing it as its own)
     check_replaceable(out, "--out")  # (--overwrite of a folder that holds no dataset)
     tsv_path = Path(raw_tsv) if raw_tsv is not None else None

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from dlrm.data.output_dirs import owner_of
+from dlrm.data.output_dirs import dangling_link_error, owner_of
 from dlrm.data.preprocess.constants import DEFAULT_SPARSE_LAYOUT, PROGRESS_DIR, RECORDLESS_SPARSE_LAYOUT
 from dlrm.data.preprocess.errors import PreprocessError
 from dlrm.data.preprocess.frequency import AUTO
@@ -350,6 +350,11 @@ def check_output_location(out: Path, inputs: list[Path]) -> None:
     except UnicodeEncodeError:  # pyarrow opens shards by a UTF-8 path: no loader (nor a resume) could read them
         raise PreprocessError(f"--output {str(out)!r}: the path is not valid UTF-8, which pyarrow (every loader) "
                               "cannot open; choose another name") from None
+    # (a dangling link was "exists and is not a directory", and one above it "cannot be created: LINK is not a
+    # directory", without a word of the link: the other data tools' line, `dangling_link_error`, says so)
+    dangling = dangling_link_error(out, "--output")
+    if dangling is not None:
+        raise PreprocessError(dangling)
     if os.path.lexists(out) and not out.is_dir():
         raise PreprocessError(f"{out}: exists and is not a directory")
     base = _nearest_existing(out)

@@ -1,0 +1,63 @@
+"""Edge cases of `python -m dlrm.preprocess` (and, for the output place, of the other data tools) found by a QA pass:
+a dangling symbolic link as (or above) the output, advice about an empty split that is true, undecodable bytes of a
+bad value shown as escapes, a table cap of one row, and a resume after a failure writing metadata.json."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from dlrm.data import mlperf_import, relayout, synthetic
+from dlrm.data import preprocess as pp
+
+HERE_SIZES = ",".join(["2"] + ["1"] * 25)  # multi-hot (relayout refuses one-hot data), and quick to generate
+
+
+def tsv_line(k: int) -> str:
+    """A good 40-field line: label k % 2, I1 = k, I2..I13 "1", C1 a hash of k, C2..C26 "00000001"."""
+    return "\t".join([str(k % 2), str(k), *["1"] * 12, f"{k * 2654435761 % (1 << 32):08x}", *["00000001"] * 25])
+
+
+def write_lines(path, n: int):
+    path.write_text("".join(tsv_line(k) + "\n" for k in range(n)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def multi_hot_dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("syn") / "ds"
+    res = CliRunner().invoke(synthetic.main, ["--rows", "30", "--cardinalities", "tiny", "--out", str(out),
+                                              "--multi-hot-sizes", HERE_SIZES])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _tools(tmp_path, dataset):
+    """(name, click command, arguments but the output, the output's flag) of every data tool that writes a dataset."""
+    src = write_lines(tmp_path / "in.tsv", 20)
+    (tmp_path / "mlperf").mkdir()
+    return [
+        ("preprocess", pp.build_cli(), ["-i", str(src), "--no-progress"], "--output"),
+        ("synthetic", synthetic.main, ["--rows", "10", "--cardinalities", "tiny"], "--out"),
+        ("relayout", relayout.main, ["--data", str(dataset)], "--output"),
+        ("mlperf_import", mlperf_import.main, ["--input", str(tmp_path / "mlperf")], "--output"),
+    ]
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["the-link", "under-the-link"])
+def test_a_dangling_link_as_or_above_the_output_is_named_by_every_tool(tmp_path, multi_hot_dataset, below):
+    """preprocess said "exists and is not a directory" of a dangling link given as --output, and "cannot be created:
+    LINK is not a directory" of LINK/sub; the other tools created the link's missing target for LINK/sub (an
+    unmounted disk's mount point, on the root disk) and wrote the dataset there. Every tool now refuses both in the
+    same line, naming the link and its target, before any work and making nothing."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone")
+    out = link / "sub" if below else link
+    for name, command, args, flag in _tools(tmp_path, multi_hot_dataset):
+        res = CliRunner().invoke(command, [*args, flag, str(out)])
+        assert res.exit_code == 2, (name, res.output)
+        where = f"{flag} {out}: {link}" if below else f"{flag} {link}"
+        expected = f"{where} is a dangling symbolic link (to {tmp_path / 'gone'}); remove it or name another path"
+        assert expected in res.output, (name, res.output)
+        assert "not a directory" not in res.output, (name, res.output)
+        assert not (tmp_path / "gone").exists() and link.is_symlink(), name
