@@ -61,3 +61,36 @@ def test_a_dangling_link_as_or_above_the_output_is_named_by_every_tool(tmp_path,
         assert expected in res.output, (name, res.output)
         assert "not a directory" not in res.output, (name, res.output)
         assert not (tmp_path / "gone").exists() and link.is_symlink(), name
+
+
+@pytest.mark.parametrize("column, raw, shown", [
+    ("I2", b"1\xe9", r"'1\xe9'"),  # a Latin-1 byte in a count
+    ("C7", b"ab\xff\xfe", r"'ab\xff\xfe'"),  # bytes of no encoding in a category
+    ("C7", "caf\u00e9".encode() + b"\\\xff", r"'café\\\xff'"),  # valid UTF-8 stays text; a literal backslash doubled
+])
+def test_undecodable_bytes_of_a_bad_value_are_shown_as_escapes(tmp_path, column, raw, shown):
+    """A bad value's bytes that are not UTF-8 read '\ufffd' each (printed as question-mark glyphs), so the user could
+    not tell which bytes to look for; they are shown as \\xNN, in the error (stop) and in the record of the first
+    skipped line (skip: the log and metadata.json)."""
+    lines = [tsv_line(k).encode() for k in range(20)]
+    fields = lines[3].split(b"\t")
+    fields[int(column[1:]) + (0 if column[0] == "I" else 13)] = raw
+    lines[3] = b"\t".join(fields)
+    src = tmp_path / "in.tsv"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    expected = f"{src}:4: column {column}: {shown} is not "
+    with pytest.raises(pp.BadLineError) as e:
+        pp.preprocess([src], tmp_path / "stop", progress=False, workers=1)
+    assert expected in str(e.value) and "\ufffd" not in str(e.value), str(e.value)
+    meta = pp.preprocess([src], tmp_path / "skip", progress=False, workers=1, on_bad_line="skip")
+    assert meta.extra["first_bad_line"].startswith(expected), meta.extra["first_bad_line"]
+    res = CliRunner().invoke(pp.build_cli(), ["-i", str(src), "-o", str(tmp_path / "cli"), "--no-progress"])
+    assert res.exit_code == 2 and f"error: {expected}" in res.output, res.output
+
+
+def test_an_undecodable_header_name_is_shown_as_escapes(tmp_path):
+    header = ",".join(["label", *[f"I{i}" for i in range(1, 14)], *[f"C{i}" for i in range(1, 26)]]).encode()
+    src = tmp_path / "in.csv"
+    src.write_bytes(header + b",C\xff26\n" + tsv_line(1).replace("\t", ",").encode() + b"\n")
+    with pytest.raises(pp.PreprocessError, match=r"header column 40: expected 'C26', found 'C\\xff26' \("):
+        pp.preprocess([src], tmp_path / "out", progress=False, workers=1)

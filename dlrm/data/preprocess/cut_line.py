@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from dlrm.data.preprocess.constants import NUM_FIELDS, RAW_COLUMNS
-from dlrm.data.preprocess.errors import BadLine
+from dlrm.data.preprocess.errors import BadLine, field_text
 from dlrm.data.preprocess.line_endings import cr_ended
 from dlrm.data.preprocess.parse import _HEX_RE, MULTI_HOT_SEPARATOR, ParsedChunk, _delimiter_of
 from dlrm.data.schema import is_multi_hot
@@ -41,7 +41,7 @@ def cut_last_line(data: bytes, fmt: str, source: str, first_line: int,
         last = last.rsplit(MULTI_HOT_SEPARATOR, 1)[-1]  # the list's last value is the one cut
     if not 0 < len(last) < _HASH_DIGITS or _HEX_RE.fullmatch(last) is None:
         return None
-    value = fields[-1].decode("utf-8", "replace")
+    value = field_text(fields[-1])
     return BadLine(source, first_line + data.count(b"\n"), "bad_category", RAW_COLUMNS[-1], value,
                    f"has fewer than {_HASH_DIGITS} hex digits and {_NOTE}")
 

@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+# `repr` of a str decoded with "surrogateescape" shows an undecodable byte 0xNN as \udcNN (after an even run of
+# backslashes, which are literal ones doubled): it is shown as the byte's own escape, \xNN
+_ESCAPED_BYTE = re.compile(r"(?<!\\)((?:\\\\)*)\\udc([89a-f][0-9a-f])")
+
+
+def field_text(raw: bytes) -> str:
+    r"""A field's bytes as text for a message, decoded as UTF-8 with its undecodable bytes kept ("surrogateescape"),
+    so that `quoted` shows them as \xNN. Decoded with "replace" each read U+FFFD ('\ufffd\ufffd' for two: printed
+    as two question-mark glyphs) and the user could not tell which bytes to look for in the file."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def quoted(text: str) -> str:
+    r"""`repr` of a `field_text`, its undecodable bytes as \xNN escapes (b"ab\xff" reads 'ab\xff')."""
+    return _ESCAPED_BYTE.sub(r"\1\\x\2", repr(text))
 
 
 class PreprocessError(Exception):
@@ -17,13 +34,13 @@ class BadLine:
     line: int | None  # 1-based line number in the file (the CSV header is line 1); None: whole file
     reason: str  # one of BAD_LINE_REASONS
     column: str | None = None  # raw column name (label, I1..I13, C1..C26)
-    value: str | None = None
+    value: str | None = None  # `field_text` of the raw bytes
     detail: str = ""
 
     def message(self) -> str:
         where = self.path if self.line is None else f"{self.path}:{self.line}"
         if self.column is not None:
-            return f"{where}: column {self.column}: {self.value!r} {self.detail}"
+            return f"{where}: column {self.column}: {quoted(self.value)} {self.detail}"
         return f"{where}: {self.detail}"
 
 

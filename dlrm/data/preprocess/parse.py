@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlrm.data.preprocess.constants import _M64, _U, INT32_MAX, NUM_FIELDS, RAW_COLUMNS
-from dlrm.data.preprocess.errors import BadLine, BadLineError
+from dlrm.data.preprocess.errors import BadLine, BadLineError, field_text
 from dlrm.data.preprocess.line_endings import cr_advice, cr_ended
 from dlrm.data.schema import (
     MISSING_SPARSE,
@@ -539,7 +539,7 @@ def _bad_value(cb: _Buffer, starts: np.ndarray, ends: np.ndarray, col: int, row:
     """The `BadLine` of the value in column ``col`` of ``row`` (cut to 40 characters); `detail`
     replaces the column's usual message."""
     reason, usual = _bad_detail(col)
-    value = cb.buf[starts[col, row] : ends[col, row]].tobytes().decode("utf-8", "replace")
+    value = field_text(cb.buf[starts[col, row] : ends[col, row]].tobytes())  # (undecodable bytes shown as \xNN)
     if detail is None and reason == "bad_category" and "," in value:  # a multi-hot field read as one value
         usual += " (',' separates a multi-hot field's values: this column's --multi-hot-sizes size is 1, or none given)"
     detail = detail or usual

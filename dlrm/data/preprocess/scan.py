@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from dlrm.data.preprocess.constants import _GZIP_ERRORS, _READ_BLOCK, DEFAULT_CHUNK_ROWS, NUM_FIELDS, RAW_COLUMNS
-from dlrm.data.preprocess.errors import BadLine, PreprocessError
+from dlrm.data.preprocess.errors import BadLine, PreprocessError, field_text, quoted
 from dlrm.data.preprocess.line_endings import cr_advice, cr_ended
 from dlrm.data.preprocess.parse import _delimiter_of
 from dlrm.logging_setup import ProgressBar, bar_interval
@@ -172,10 +172,10 @@ def _check_header(fields: list[bytes], path: Path) -> None:
             if len(fields) == NUM_FIELDS + 1 and fields[1].strip() == b"label" else ""
         raise PreprocessError(f"{path}:1: the header has {len(fields)} fields, expected {NUM_FIELDS}{index}")
     for i, (field, expected) in enumerate(zip(fields, RAW_COLUMNS)):
-        found = field.strip().decode("utf-8", "replace")
+        found = field_text(field.strip())
         if found != expected:
             raise PreprocessError(
-                f"{path}:1: header column {i + 1}: expected {expected!r}, found {found!r} "
+                f"{path}:1: header column {i + 1}: expected {expected!r}, found {quoted(found)} "
                 "(the header must be label,I1..I13,C1..C26, in this order)"
             )
 
