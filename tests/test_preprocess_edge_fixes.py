@@ -4,8 +4,11 @@ bad value shown as escapes, a table cap of one row, and a resume after a failure
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from click.testing import CliRunner
+from loguru import logger
 
 from dlrm.data import mlperf_import, relayout, synthetic
 from dlrm.data import preprocess as pp
@@ -30,6 +33,17 @@ def multi_hot_dataset(tmp_path_factory):
                                               "--multi-hot-sizes", HERE_SIZES])
     assert res.exit_code == 0, res.output
     return out
+
+
+@contextlib.contextmanager
+def warnings_logged(level: str = "WARNING"):
+    """The messages logged (loguru) inside the block, at `level` and above."""
+    seen: list[str] = []
+    handle = logger.add(lambda m: seen.append(m.record["message"]), level=level)
+    try:
+        yield seen
+    finally:
+        logger.remove(handle)
 
 
 def _tools(tmp_path, dataset):
@@ -94,3 +108,19 @@ def test_an_undecodable_header_name_is_shown_as_escapes(tmp_path):
     src.write_bytes(header + b",C\xff26\n" + tsv_line(1).replace("\t", ",").encode() + b"\n")
     with pytest.raises(pp.PreprocessError, match=r"header column 40: expected 'C26', found 'C\\xff26' \("):
         pp.preprocess([src], tmp_path / "out", progress=False, workers=1)
+
+
+def test_a_table_cap_of_one_row_is_warned_of_before_the_work(tmp_path):
+    """--max-rows-per-table 1 was accepted without a word, and every table had one row shared by all its values. It
+    is warned of (not refused: training's data.max_rows_per_table 1 and a --min-frequency that keeps no value are
+    warnings too), first, before the count pass; a cap of 2, no cap (0) and vocabulary hashing are not."""
+    src = write_lines(tmp_path / "in.tsv", 30)
+    with warnings_logged("INFO") as seen:
+        meta = pp.preprocess([src], tmp_path / "one", max_rows_per_table=1, progress=False, workers=1)
+    assert meta.cardinalities == [1] * 26
+    warned = [i for i, m in enumerate(seen) if m.startswith("--max-rows-per-table 1: every table has one row")]
+    assert warned == [0] and seen[1].startswith("counting the lines"), seen
+    for kw in (dict(max_rows_per_table=2), dict(max_rows_per_table=0), dict(hashing="vocabulary")):
+        with warnings_logged() as seen:
+            pp.preprocess([src], tmp_path / f"other{len(list(tmp_path.iterdir()))}", progress=False, workers=1, **kw)
+        assert not any("--max-rows-per-table" in w for w in seen), (kw, seen)

@@ -144,6 +144,8 @@ def check_options(*, input_format: Any, split: Any, validation_fraction: Any, te
     if sizes is not None and fmt == "csv":
         raise PreprocessError("--multi-hot-sizes: needs --format tsv (or auto on TSV files): ',' separates both the "
                               "fields of CSV and the values of a multi-hot field")
+    if max_rows == 1 and hashing == "modulus":
+        _warn_single_row_tables()
     return RunOptions(
         multi_hot_sizes=sizes,
         sparse_layout=layout if sizes is not None else "lists",  # one-hot: the layouts write the same files
@@ -169,6 +171,17 @@ def check_options(*, input_format: Any, split: Any, validation_fraction: Any, te
         compression=codec,
         compression_level=level,
     )
+
+
+def _warn_single_row_tables() -> None:
+    """Warn of --max-rows-per-table 1, before the work: every table is then one row, and the run said nothing of it
+    (only its summary's "26 rows in all"). A warning, not a refusal, as for a --min-frequency that keeps no value
+    (`finish._warn_empty_vocabularies`) and for training's data.max_rows_per_table 1: a legal if useless dataset."""
+    from loguru import logger
+
+    logger.warning("--max-rows-per-table 1: every table has one row, which every value of its feature shares (and "
+                   "the missing ones), so the model learns nothing from the categorical features; give a larger cap "
+                   "(0: none)")
 
 
 def _check_multi_hot_sizes(value: Any) -> list[int] | None:
