@@ -124,3 +124,74 @@ def test_a_table_cap_of_one_row_is_warned_of_before_the_work(tmp_path):
         with warnings_logged() as seen:
             pp.preprocess([src], tmp_path / f"other{len(list(tmp_path.iterdir()))}", progress=False, workers=1, **kw)
         assert not any("--max-rows-per-table" in w for w in seen), (kw, seen)
+
+
+def _fail_metadata_once(monkeypatch):
+    """Make the next write of metadata.json fail as a full disk does; the one after succeeds."""
+    from dlrm.data.preprocess import finish
+
+    real = finish.write_metadata
+    calls = []
+
+    def write(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(finish, "write_metadata", write)
+
+
+def _count_rereads(monkeypatch) -> list[str]:
+    """The train shards a run re-reads for their statistics (`_Run.restore_stats`, --workers 1)."""
+    from dlrm.data.preprocess import run
+
+    reads: list[str] = []
+    real = run._stats_from_shard
+    monkeypatch.setattr(run, "_stats_from_shard", lambda args: (reads.append(args[0]), real(args))[1])
+    return reads
+
+
+KW = dict(chunk_rows=50, hashing="vocabulary", min_frequency=2, progress=False, workers=1)
+
+
+def test_a_resume_after_metadata_json_failed_does_only_the_finish_step(tmp_path, monkeypatch):
+    """No statistics checkpoint was forced before the finish step: after a failure writing metadata.json (a full
+    disk, at the very end), the resume re-read every train shard that the last periodic checkpoint (5 minutes by
+    default) did not cover, all of them for a shorter run. It re-reads none now, and writes the same dataset."""
+    from tests.test_preprocess import assert_same_dataset
+
+    src = write_lines(tmp_path / "in.tsv", 500)
+    pp.preprocess([src], tmp_path / "ref", **KW)
+    out = tmp_path / "ds"
+    _fail_metadata_once(monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        pp.preprocess([src], out, **KW)
+    assert not (out / "metadata.json").exists() and (out / pp.PROGRESS_DIR / "stats.npz").is_file()
+    reads = _count_rereads(monkeypatch)
+    pp.preprocess([src], out, **KW)
+    assert reads == []
+    assert_same_dataset(out, tmp_path / "ref")
+
+
+def test_statistics_a_resume_re_read_are_saved_before_its_finish_step(tmp_path, monkeypatch):
+    """A resume that re-read train shards (a kill after the last chunk, before any checkpoint), had no chunk left to
+    do, and then failed writing metadata.json: the next resume re-reads none of them again (the forced checkpoint
+    saves what a resume re-read, not only the statistics of chunks it ran)."""
+    from tests.test_preprocess import assert_same_dataset
+
+    src = write_lines(tmp_path / "in.tsv", 500)
+    pp.preprocess([src], tmp_path / "ref", **KW)
+    out = tmp_path / "ds"
+    with pytest.raises(pp._Interrupted):  # (as a kill once all 10 chunks were recorded: no checkpoint yet)
+        pp.preprocess([src], out, _max_new_chunks=10, checkpoint_interval=1e9, **KW)
+    assert not (out / pp.PROGRESS_DIR / "stats.npz").exists()
+    _fail_metadata_once(monkeypatch)
+    reads = _count_rereads(monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        pp.preprocess([src], out, checkpoint_interval=1e9, **KW)
+    assert len(reads) == 9  # (the 10th chunk has no train row: lines [429, 500) are test and validation)
+    reads.clear()
+    pp.preprocess([src], out, checkpoint_interval=1e9, **KW)
+    assert reads == []
+    assert_same_dataset(out, tmp_path / "ref")

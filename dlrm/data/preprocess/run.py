@@ -240,6 +240,7 @@ class _Run:
         self.covered: set[tuple[int, int]] = set()
         self.todo: list[list[int]] = []
         self.auto_train_rows = 0  # the train rows --min-frequency auto was picked for (`count`)
+        self.reread = 0  # train shards whose statistics `restore_stats` re-read (not in the checkpoint)
 
     def resume_advice(self) -> str:
         """How to resume this run after it stopped: the same command, without --overwrite if it had it (with it, a
@@ -387,6 +388,7 @@ class _Run:
                     continue
                 self.counter.add_stats(stats)
                 self.covered.add(key)
+                self.reread += 1
 
     def tasks(self, f: int) -> Iterator[_ChunkTask]:
         """The tasks of file ``f``'s chunks still to do; a gzip file is decompressed here, as a stream."""
@@ -423,7 +425,8 @@ class _Run:
         else:
             logger.info("{:,} chunk(s) of up to {:,} lines to do ({:,} worker{})", todo, o.chunk_rows, o.workers,
                         "" if o.workers == 1 else "s")  # "(1 workers)" it said
-        state = _RunState(self.progress_dir, self.counter, self.covered, self.done, o.checkpoint_interval, self.max_new)
+        state = _RunState(self.progress_dir, self.counter, self.covered, self.done, o.checkpoint_interval, self.max_new,
+                          dirty=self.reread > 0)
         with ProgressBar(
             total=self.plan.total_lines, initial=done_lines, unit=" rows", unit_scale=True, disable=not o.progress,
             desc="preprocessing", smoothing=0.05, dynamic_ncols=True,
@@ -465,6 +468,11 @@ class _Run:
                 f"no rows to write: not one good line in the {len(self.paths)} input file(s) "
                 f"({skipped:,} bad line(s) or file(s) skipped)" + (f"; the first: {first}" if first else "")
             )
+        # every chunk is done: the statistics are saved before the finish step, so that a resume after a failure in
+        # it (a full disk writing a vocabulary or metadata.json) does that step alone. Without this, the last
+        # periodic checkpoint (--checkpoint-interval, 5 minutes) left the chunks since uncovered, and the resume
+        # re-read their train shards: all of them for a run shorter than the interval
+        state.checkpoint(force=True)
 
     def finish(self) -> Metadata:
         """Step 4: vocabularies and metadata.json."""

@@ -21,7 +21,7 @@ class _RunState:
     """Main-process bookkeeping of finished chunks: done.jsonl, table statistics, checkpoints."""
 
     def __init__(self, progress_dir: Path, counter: DistinctCounter, covered: set, done: dict,
-                 checkpoint_interval: float, max_new: int | None):
+                 checkpoint_interval: float, max_new: int | None, dirty: bool = False):
         self.progress_dir = progress_dir
         self.counter = counter
         self.covered = covered
@@ -34,7 +34,7 @@ class _RunState:
         self.bar = None
         self._log = open(progress_dir / "done.jsonl", "a")
         self._last_checkpoint = time.monotonic()
-        self._dirty = False
+        self._dirty = dirty  # statistics the checkpoint lacks already (a resume's re-read shards)
 
     @property
     def stopping(self) -> bool:
