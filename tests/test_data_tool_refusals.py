@@ -131,8 +131,9 @@ def test_a_dataset_without_validation_rows_is_said_at_preprocessing_and_refused_
         logger.remove(handle)
     assert meta.splits["validation"].rows == 0 and meta.splits["train"].rows > 0
     assert warnings[0] == ("the validation split has no rows: train.py trains on train and evaluates on validation, "
-                           "and refuses this dataset; give more lines, or a --validation-fraction above 0 with --split "
-                           "random"), warnings
+                           "and refuses this dataset; --split sequential takes validation from the second half of the "
+                           "input's last seventh, empty for 7 lines: give 14 lines or more, or use --split random"), \
+        warnings
     # (and the test split's one row is one class: tests/test_audit_preprocess_small.py)
     assert len(warnings) == 2 and warnings[1].startswith("the test split holds one class only: its one row is "), \
         warnings

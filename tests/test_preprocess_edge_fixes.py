@@ -195,3 +195,76 @@ def test_statistics_a_resume_re_read_are_saved_before_its_finish_step(tmp_path, 
     pp.preprocess([src], out, checkpoint_interval=1e9, **KW)
     assert reads == []
     assert_same_dataset(out, tmp_path / "ref")
+
+
+def _empty_split_warning(src, out, **kw) -> tuple[str, object]:
+    """The warning about empty splits of a run (a one-line message), and the run's metadata."""
+    with warnings_logged() as seen:
+        meta = pp.preprocess(src if isinstance(src, list) else [src], out, progress=False, workers=1, **kw)
+    said = [w for w in seen if "has no rows" in w or "have no rows" in w]
+    assert len(said) == 1 and "\n" not in said[0], seen
+    return said[0], meta
+
+
+def test_an_empty_validation_split_of_a_tiny_fraction_gets_true_advice(tmp_path):
+    """--validation-fraction 1e-300 drew no line of 100 (0.05 + 1e-300 is 0.05: none could), and the summary advised
+    "a --validation-fraction above 0", which it was. It now names the smallest fraction (2 digits, rounded up) that
+    draws a line of this input: that fraction fills validation, 0.9 of it does not."""
+    import re
+
+    src = write_lines(tmp_path / "in.tsv", 100)
+    said, meta = _empty_split_warning(src, tmp_path / "a", split="random", validation_fraction=1e-300)
+    assert meta.splits["validation"].rows == 0 and "above 0" not in said, said
+    m = re.search(r"; --validation-fraction 1e-300 draws none of these 100 lines: ([0-9.e-]+) or more draws one "
+                  r"\(or give more lines\)$", said)
+    assert m, said
+    smallest = float(m.group(1))
+    assert 0 < smallest < 0.95
+    meta = pp.preprocess([src], tmp_path / "b", split="random", validation_fraction=smallest, progress=False, workers=1)
+    assert meta.splits["validation"].rows >= 1
+    said, meta = _empty_split_warning(src, tmp_path / "c", split="random", validation_fraction=0.9 * smallest)
+    assert meta.splits["validation"].rows == 0 and f": {m.group(1)} or more draws one" in said, said
+    said, _ = _empty_split_warning(src, tmp_path / "d", split="random", validation_fraction=0.0)
+    assert said.endswith("refuses this dataset; give a --validation-fraction above 0"), said
+
+
+def test_an_empty_train_split_is_not_advised_a_validation_fraction(tmp_path):
+    """An empty train split (fractions summing near 1 on 5 lines) was advised "a --validation-fraction above 0" too:
+    it is now told the largest sum of fractions that leaves train a line of this input, and that sum does."""
+    import re
+
+    src = write_lines(tmp_path / "in.tsv", 5)
+    said, meta = _empty_split_warning(src, tmp_path / "a", split="random", validation_fraction=0.5,
+                                      test_fraction=0.49)
+    assert meta.splits["train"].rows == 0 and "the train split has no rows" in said, said
+    m = re.search(r"--validation-fraction 0.5 \+ --test-fraction 0.49 leave train no line of these 5: give more "
+                  r"lines, or fractions that sum to at most ([0-9.]+)$", said)
+    assert m, said
+    total = float(m.group(1))
+    meta = pp.preprocess([src], tmp_path / "b", split="random", validation_fraction=total / 2,
+                         test_fraction=total / 2, progress=False, workers=1)
+    assert meta.splits["train"].rows >= 1
+
+
+def test_empty_split_advice_of_sequential_days_bad_lines_and_large_inputs(tmp_path, monkeypatch):
+    from dlrm.data.preprocess import empty_splits
+
+    src = write_lines(tmp_path / "in.tsv", 13)  # the largest input whose sequential split leaves validation empty
+    said, _ = _empty_split_warning(src, tmp_path / "seq")
+    assert said.endswith("--split sequential takes validation from the second half of the input's last seventh, "
+                         "empty for 13 lines: give 14 lines or more, or use --split random"), said
+    days = [write_lines(tmp_path / "day_0", 10), write_lines(tmp_path / "day_1", 1)]
+    said, _ = _empty_split_warning(days, tmp_path / "days", split="days")
+    assert said.endswith("--split days takes validation from the second half of the last file, whose 1 line(s) "
+                         "leave it empty: give a last file of 2 lines or more"), said
+    lines = [tsv_line(k) for k in range(100)]
+    lines[93:] = ["x" + line for line in lines[93:]]  # validation's lines [93, 100), every one a bad label
+    (tmp_path / "bad.tsv").write_text("".join(line + "\n" for line in lines))
+    said, _ = _empty_split_warning(tmp_path / "bad.tsv", tmp_path / "bad", on_bad_line="skip")
+    assert said.endswith("the split's 7 line(s) were all bad lines, skipped (the summary counts them): fix or "
+                         "replace them"), said
+    monkeypatch.setattr(empty_splits, "_EXACT_MAX_LINES", 10)  # (above it the draws are not computed)
+    said, _ = _empty_split_warning(src, tmp_path / "big", split="random",
+                                   validation_fraction=1e-300)
+    assert said.endswith("--validation-fraction 1e-300 expects 1.3e-299 of the 13 lines in validation: 0.077 or "
+                         "more expects one"), said

@@ -73,6 +73,7 @@ Modules (this package re-exports the names other code uses)::
     output      the output directory: refusal to clobber, manifest, progress, cleanup
     replace     --overwrite of a complete dataset: staged beside it, swapped in whole, a stopped swap finished
     finish      vocabularies, metadata.json, the summary
+    empty_splits the summary's advice for an empty train or validation split, true for the input at hand
     run         `preprocess`: the steps in order
     cli         ``python -m dlrm.preprocess``
 """

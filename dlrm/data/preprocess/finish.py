@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from dlrm.data.preprocess.constants import BAD_LINE_REASONS
+from dlrm.data.preprocess.empty_splits import advice
 from dlrm.data.preprocess.stats import DistinctCounter
 from dlrm.data.schema import NUM_SPARSE, SPLITS, Metadata, SplitInfo, write_metadata
 from dlrm.data.vocabulary import vocab_path
@@ -141,9 +142,11 @@ def _report(meta: Metadata, seconds: float) -> None:
         logger.info(line)
     empty = [name for name in ("train", "validation") if meta.splits[name].rows == 0]
     if empty:  # said only by a table line before: train.py then refused the dataset ("lists no files")
+        extra = meta.extra
+        hints = [advice(name, extra["options"], extra["total_lines"], extra["inputs"][-1]["lines"]) for name in empty]
         logger.warning(f"the {' and '.join(empty)} split{'s have' if len(empty) > 1 else ' has'} no rows: train.py "
-                       "trains on train and evaluates on validation, and refuses this dataset; give more lines, or a "
-                       "--validation-fraction above 0 with --split random")
+                       "trains on train and evaluates on validation, and refuses this dataset; "
+                       + "; ".join(hints if len(empty) == 1 else (f"{n}: {h}" for n, h in zip(empty, hints))))
     for name in ("validation", "test"):
         _warn_one_class(name, meta.splits[name], meta.extra["options"]["split"] == "random")
 
