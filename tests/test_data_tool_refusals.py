@@ -138,7 +138,8 @@ def test_a_dataset_without_validation_rows_is_said_at_preprocessing_and_refused_
     assert len(warnings) == 2 and warnings[1].startswith("the test split holds one class only: its one row is "), \
         warnings
     with pytest.raises(DatasetError, match=r"splits.validation: lists no files \(the split has no rows: preprocess "
-                                           r"again with more lines"):
+                                           r"again: --split sequential takes validation from the second half of the "
+                                           r"input's last seventh, empty for 7 lines: give 14 lines or more"):
         split_files(out, read_metadata(out), "validation")
 
 

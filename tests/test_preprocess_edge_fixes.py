@@ -268,3 +268,27 @@ def test_empty_split_advice_of_sequential_days_bad_lines_and_large_inputs(tmp_pa
                                    validation_fraction=1e-300)
     assert said.endswith("--validation-fraction 1e-300 expects 1.3e-299 of the 13 lines in validation: 0.077 or "
                          "more expects one"), said
+
+
+def test_train_py_refusing_an_empty_split_gives_the_preprocessor_s_advice(tmp_path):
+    """train.py's refusal of the empty validation split of a --validation-fraction 1e-300 dataset advised "a
+    --validation-fraction ... above 0" too: it gives the summary's advice, from the options metadata.json records,
+    and the general one where that record does not read (metadata.json is untrusted: a hand-edited one)."""
+    from dlrm.data.schema import read_metadata, write_metadata
+    from dlrm.data.validation import split_files
+    from dlrm.errors import DatasetError
+
+    src = write_lines(tmp_path / "in.tsv", 100)
+    out = tmp_path / "ds"
+    said, _ = _empty_split_warning(src, out, split="random", validation_fraction=1e-300)
+    hint = said.split("refuses this dataset; ")[1]
+    with pytest.raises(DatasetError) as e:
+        split_files(out, read_metadata(out), "validation")
+    assert str(e.value) == (f"{out / 'metadata.json'}: splits.validation: lists no files (the split has no rows: "
+                            f"preprocess again: {hint})"), str(e.value)
+    assert "draws none of these 100 lines" in hint
+    meta = read_metadata(out)
+    meta.extra["options"] = "edited"
+    write_metadata(out, meta)
+    with pytest.raises(DatasetError, match=r"no rows: preprocess again with more lines, or a --validation-fraction "):
+        split_files(out, read_metadata(out), "validation")

@@ -54,6 +54,23 @@ def check_utf8_path(path: str | Path) -> None:
         raise DatasetError(f"{str(path)!r}: the path is not valid UTF-8, which pyarrow cannot open; rename it") from None
 
 
+def _no_rows_advice(meta: Metadata, split: str) -> str:
+    """How to preprocess again for rows in the empty `split`: what the preprocessor's summary advised (true for the
+    options and lines metadata.json records: "a --validation-fraction above 0" was said to a dataset of 1e-300), else
+    (a train or validation split of another writer, a test split, a record that does not read) in general."""
+    extra = meta.extra
+    if extra.get("source") == "dlrm.preprocess" and split in ("train", "validation"):
+        from dlrm.data.preprocess.empty_splits import advice
+
+        try:
+            return "preprocess again: " + advice(split, extra["options"], int(extra["total_lines"]),
+                                                 int(extra["inputs"][-1]["lines"]))
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):  # metadata.json is untrusted input
+            pass
+    return (f"preprocess again with more lines, or a --validation-fraction / --test-fraction above 0 with --split "
+            f"random, for a '{split}' split to use")
+
+
 def split_files(dataset_dir: str | Path, meta: Metadata, split: str, check_positives: bool = False) -> list[Path]:
     """The parquet files of `split`, checked to exist and to hold the rows metadata.json says (their footers: a shard
     replaced, truncated to fewer row groups or from another dataset shows here, before any training). `check_positives`:
@@ -74,8 +91,7 @@ def split_files(dataset_dir: str | Path, meta: Metadata, split: str, check_posit
     if not files:  # (a preprocessed split of 0 rows: a 7-line input's sequential split, --validation-fraction 0)
         rows = meta.splits[split].rows
         raise DatasetError(f"{where}: splits.{split}: lists no files" + (
-            f" (the split has no rows: preprocess again with more lines, or a --validation-fraction / --test-fraction "
-            f"above 0 with --split random, for a '{split}' split to use)" if rows == 0 else ""))
+            f" (the split has no rows: {_no_rows_advice(meta, split)})" if rows == 0 else ""))
     rows, classes = 0, _LabelClasses()
     for f in files:
         check_utf8_path(f)
