@@ -132,7 +132,7 @@ def test_gpu_loop_steps_and_logging_windows_make_no_host_sync(cuda_graph):
     from dlrm.data.loader import split_files
     from dlrm.data.schema import read_metadata
     from dlrm.train.meter import DeviceRead, RunStats, StepMeter
-    from dlrm.train.optim import lr_multiplier
+    from dlrm.train.optim import lr_multiplier, trained_lrs
     from tests.test_graphed_step import SAMPLE, make_run
 
     device = torch.device("cuda")
@@ -169,13 +169,13 @@ def test_gpu_loop_steps_and_logging_windows_make_no_host_sync(cuda_graph):
             losses.append(loss.clone())  # (a captured step's loss buffer is the next step's)
             if i % window == 0:
                 values = [meter.losses.total(), meter.losses.first_nonfinite_step()]
-                values += [opt.param_groups[0]["lr"] for opt in run.optimizers[:2]]
+                values += trained_lrs(run.optimizers[:2], run.schedulers)  # as `WindowLogging._queue_window`
                 reads.append((meter.cut_window(8 + i), DeviceRead(*values)))
     got = [read.get() for _, read in reads]
     for k, (total, bad, lr_dense, lr_sparse) in enumerate(got):
         own = torch.stack(losses[k * window:(k + 1) * window]).double().sum().item()
         assert total == pytest.approx(own, rel=1e-6) and bad == -1
-        scale = lr_multiplier(5 + (k + 1) * window, cfg.optim.schedule, 40)  # after this many schedule steps
+        scale = lr_multiplier(5 + (k + 1) * window - 1, cfg.optim.schedule, 40)  # its last step's own rate
         assert lr_dense == pytest.approx(cfg.optim.dense.lr * scale, rel=1e-6)
         assert lr_sparse == pytest.approx(cfg.optim.sparse.lr * scale, rel=1e-6)
     assert [cut.steps for cut, _ in reads] == [window, window]

@@ -194,7 +194,7 @@ def test_ranks_agree_on_the_signal_that_stops_them(own, other, agreed):
     fake_meter = SimpleNamespace(losses=losses, cut_window=lambda step: SimpleNamespace(step=step, steps=3),
                                  close_window=lambda cut, loss: (None, None), rates=[])
     opt = SimpleNamespace(param_groups=[{"lr": 0.1}])
-    trainer = SimpleNamespace(meter=fake_meter, env=env, run=SimpleNamespace(optimizers=[opt, opt]),
+    trainer = SimpleNamespace(meter=fake_meter, env=env, run=SimpleNamespace(optimizers=[opt, opt], schedulers=[]),
                               device=torch.device("cpu"), pos=SimpleNamespace(step=8), _pending=None, _stop_signal=0,
                               writer=SimpleNamespace(add_scalar=lambda *a: None), _raise_if_nonfinite=lambda bad: None)
     stop = GracefulStop()

@@ -122,10 +122,10 @@ def test_allowed_it_is_one_warning_and_the_learning_rate_follows_the_new_end(dat
         "--resume: train.max_steps 8 -> 16 moves the end of the linear decay (optim.schedule.decay_steps 0: to the "
         "run's end) from step 8 to step 16 (allowed by --allow-config-change): the learning rate at the resume step 8 "
         "goes from 0.1 to 0.7 times the configured one (optim.dense 0.001 -> 0.007, optim.sparse 0.005 -> 0.035)"]
-    lrs = lr_dense(tmp_path)  # logged at each logging step: the lr of the step after it
+    lrs = lr_dense(tmp_path)  # logged at each logging step s: the lr step s trained with (schedule step s - 1)
     schedule = ScheduleConfig(**DECAY)
-    assert lrs[8] == pytest.approx(0.01 * lr_multiplier(8, schedule, 8))  # 0.001: the first session's last
-    assert lrs[10] == pytest.approx(0.01 * lr_multiplier(10, schedule, 16))  # the new decay's
+    assert lrs[8] == pytest.approx(0.01 * lr_multiplier(7, schedule, 8))  # 0.00325: the first session's last step
+    assert lrs[10] == pytest.approx(0.01 * lr_multiplier(9, schedule, 16))  # the new decay's
 
 
 def test_keeping_the_checkpoints_decay_with_decay_steps_trains_on_at_the_end_factor(data, tmp_path, warnings):
@@ -135,8 +135,8 @@ def test_keeping_the_checkpoints_decay_with_decay_steps_trains_on_at_the_end_fac
     train(config(kept, tmp_path, **{"train.max_steps": 16}), resume="latest",
           allow_config_change=["optim.schedule.decay_steps"])
     assert not [w for w in warnings if "learning rate" in w]
-    lrs = lr_dense(tmp_path)
-    assert [lrs[s] for s in (8, 10, 12, 16)] == pytest.approx([0.001] * 4)
+    lrs = lr_dense(tmp_path)  # step 8 trained at the decay's last step (0.325x), the later ones at its end (0.1x)
+    assert [lrs[s] for s in (8, 10, 12, 16)] == pytest.approx([0.00325] + [0.001] * 3)
 
 
 @pytest.mark.parametrize("schedule", [
@@ -155,7 +155,8 @@ def test_a_schedule_the_trained_steps_followed_alike_says_nothing(data, tmp_path
     # the resumed run's learning rates are the uninterrupted 16-step run's
     cfg = ScheduleConfig(**schedule)
     lrs = lr_dense(tmp_path)
-    assert [lrs[s] for s in range(2, 17, 2)] == pytest.approx([0.01 * lr_multiplier(s, cfg, 16) for s in range(2, 17, 2)])
+    steps = range(2, 17, 2)  # step s trained at schedule step s - 1
+    assert [lrs[s] for s in steps] == pytest.approx([0.01 * lr_multiplier(s - 1, cfg, 16) for s in steps])
 
 
 def test_no_length_change_and_a_run_at_its_end_say_nothing(warnings):

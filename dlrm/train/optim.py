@@ -414,6 +414,12 @@ class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
         self._step_count += 1
         self._set(self.last_epoch + 1)
 
+    def trained_lr(self) -> float:
+        """The first group's rate the last step trained with: ``base * multiplier(last_epoch - 1)``. After N steps
+        the scheduler stands at N, its groups holding step N + 1's rate (the step trains, then the schedule steps);
+        computed on the host, as a captured step's tensor lr already holds the next step's value (no sync, no copy)."""
+        return self.base_lrs[0] * self.lr_lambdas[0](self.last_epoch - 1)
+
     def state_dict(self) -> dict:
         """LambdaLR's, without `_set`'s record of the objects it wrote (a device tensor has no place in a checkpoint)."""
         state = super().state_dict()
@@ -451,3 +457,13 @@ class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
                 group["lr"] = lr
         self._last_lr = lrs
         self._written = [group["lr"] for group in groups]
+
+
+def trained_lrs(optimizers, schedulers: list) -> list:
+    """The learning rate (first param group) each of `optimizers` trained its last step with, for the logging window
+    at that step. A scheduled optimizer's groups already hold the next step's rate (`ScheduledLR.trained_lr`); one
+    without a schedule trains every step at its group's rate (a captured step's: a device tensor, copied with the
+    window)."""
+    by_optimizer = {id(sched.optimizer): sched for sched in schedulers}
+    return [by_optimizer[id(opt)].trained_lr() if id(opt) in by_optimizer else opt.param_groups[0]["lr"]
+            for opt in optimizers]

@@ -194,7 +194,7 @@ def resolved_settings(run, cfg: Config, data, tables, placement: str, device: to
 
 def log_train(writer: SummaryWriter, step: int, loss: float, lrs: tuple[float, float],
               samples_per_sec: Optional[float], data_wait_fraction: Optional[float] = None) -> None:
-    """The logging interval's scalars: loss, learning rates (dense, sparse: as they were at `step`), throughput,
+    """The logging interval's scalars: loss, learning rates (dense, sparse: those `step` trained with), throughput,
     data wait."""
     writer.add_scalar("train/loss", loss, step)
     writer.add_scalar("train/lr_dense", lrs[0], step)

@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from dlrm.errors import NonFiniteLoss
 from dlrm.train.meter import DeviceRead, WindowCut
+from dlrm.train.optim import trained_lrs
 from dlrm.train.reporting import log_train
 from dlrm.train.signals import GracefulStop
 from dlrm.train.step import nonfinite_weight
@@ -45,12 +46,13 @@ class WindowLogging:
         return self._stop_signal > 0
 
     def _queue_window(self, stop: GracefulStop) -> None:
-        """A logging step: the window's loss sum, its first NaN/Inf step, the learning rates and, with several ranks,
-        whether any got a signal, reduced on the device and copied to the host behind this step, without a sync.
+        """A logging step: the window's loss sum, its first NaN/Inf step, the learning rates this step trained with
+        (not the next step's, which the schedulers have set by now) and, with several ranks, whether any got a signal,
+        reduced on the device and copied to the host behind this step, without a sync.
         `_read_window` reads them after the next step is queued, so the device never drains at a logging step."""
         meter, env = self.meter, self.env
         values = [env.all_reduce_sum(meter.losses.total()), env.all_reduce_max(meter.losses.first_nonfinite_step())]
-        values += [opt.param_groups[0]["lr"] for opt in self.run.optimizers[:2]]  # a captured step's are tensors
+        values += trained_lrs(self.run.optimizers[:2], self.run.schedulers)  # the rates this step trained with
         if env.distributed:  # the largest signal, and (its MAX of 1 - got) whether some rank got none: one reduce
             agreed = env.all_reduce_max(filled_on_device([int(stop.signum or 0), int(stop.signum is None)], self.device))
             values += [agreed[0], agreed[1]]
