@@ -65,11 +65,12 @@ def test_a_two_step_runs_summary_rate_is_not_its_final_evaluation(dataset, tmp_p
 # ---- the profiled step is a trained step --------------------------------------------------------------
 
 
-def profiled_loop(run_dir, steps: int, cfg: ProfileConfig):
+def profiled_loop(run_dir, steps: int, cfg: ProfileConfig, planned: int | None = None):
     """`steps` steps as the trainer runs them (data, forward, backward, then prof.step()), then a tail of work after
-    the loop inside the profiler (the trainer's last window read, bar.close, meter.finish)."""
+    the loop inside the profiler (the trainer's last window read, bar.close, meter.finish). `planned`: the steps the
+    session was to train (`steps` unless it stopped early)."""
     model = torch.nn.Linear(8, 1)
-    with make_profiler(cfg, run_dir, torch.device("cpu"), steps) as prof:
+    with make_profiler(cfg, run_dir, torch.device("cpu"), planned or steps) as prof:
         for _ in range(steps):
             with record_function("data"):
                 x = torch.randn(4, 8)
@@ -82,10 +83,10 @@ def profiled_loop(run_dir, steps: int, cfg: ProfileConfig):
 
 
 def test_a_run_of_wait_plus_warmup_steps_writes_no_trace_of_its_tail(tmp_path):
-    """Two steps with wait 1, warmup 1: the start says "it will profile no step"; the profiler's last step() opened
-    ProfilerStep#2 on the loop's tail, and its exit saved it: log_profile reported that tail as "one training step"
-    (100% "other")."""
-    assert profiled_loop(tmp_path, 2, ProfileConfig(enabled=True, wait=1, warmup=1, active=3)) is None
+    """Two steps with wait 1, warmup 1, of a run planned longer (stopped early: a signal, early stopping; one planned
+    so short gets no profiler, `make_profiler`): the profiler's last step() opened ProfilerStep#2 on the loop's tail,
+    and its exit saved it: log_profile reported that tail as "one training step" (100% "other")."""
+    assert profiled_loop(tmp_path, 2, ProfileConfig(enabled=True, wait=1, warmup=1, active=3), planned=10) is None
 
 
 def test_a_short_runs_trace_still_holds_its_active_steps(tmp_path):

@@ -65,6 +65,38 @@ def test_the_windows_of_profiled_steps_are_left_out_of_samples_per_sec(dataset, 
     assert json.loads((run / "summary.json").read_text())["samples_per_sec"] == s["samples_per_sec"]
 
 
+def test_a_run_too_short_to_record_a_step_starts_no_profiler(dataset, tmp_path, monkeypatch):
+    """--max-steps 5 under the default schedule (wait 5, warmup 3, active 5): the profiler would record no step, yet it
+    started, prepared in the prof.step() after step 5 (kineto's warm-up), and that step marked the run's one logging
+    window profiled: the run said "it will profile no step", then "this session's samples/s is the profiler's" (no
+    step was profiled: training's rate, without a TensorBoard point) and "this run wrote no trace". Now no profiler
+    starts: one warning says so, and the window's rate is training's, a TensorBoard point and summary.json's."""
+    from loguru import logger
+
+    started = []
+    real_start = profiling._StepProfile.start
+    monkeypatch.setattr(profiling._StepProfile, "start", lambda self: (started.append(self), real_start(self))[1])
+    seen: list[str] = []
+    handle = logger.add(lambda m: seen.append(m.record["message"]), level="WARNING")
+    try:
+        s = train(tiny_config(dataset, tmp_path, **{"log.run_name": "short", "train.max_steps": 5,
+                                                    "train.log_every": 20, "profile.enabled": True}))
+    finally:
+        logger.remove(handle)
+    assert s["steps"] == 5 and not started
+    # (the sample's schedule warns of a run this short too: not the profiler's)
+    assert [m for m in seen if "profil" in m or "samples/s" in m] == ["profiling: this run trains 5 steps, no more than the steps before the profiler records "
+                    "(profile.wait 5 + profile.warmup 3 = 8): the profiler is not started and writes no trace; train "
+                    "longer or shorten those"]
+    run = tmp_path / "short"
+    assert not list(run.glob("*.pt.trace.json*")) and not (run / "profile_step.md").exists()
+    ea = EventAccumulator(str(run))
+    ea.Reload()
+    rates = {e.step: e.value for e in ea.Scalars("train/samples_per_sec")}
+    assert list(rates) == [5]  # steps 4-5, after the 3 warm-up steps: training's rate, not kept apart as profiled
+    assert s["samples_per_sec"] == pytest.approx(rates[5], rel=1e-6)
+
+
 def test_a_session_whose_every_window_is_profiled_reports_those_windows_not_its_warmup():
     """profile.repeat 0 with a cycle shorter than a window: no unprofiled window; samples/s is the profiled windows'
     (the rate a user gets from such a run, said in the log), not the whole loop's with its warm-up in."""

@@ -23,7 +23,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from dlrm.config import ProfileConfig
 from dlrm.file_modes import file_mode
-from dlrm.logging_setup import native_output, run_logger
+from dlrm.logging_setup import counted, native_output, run_logger
 
 # The trace files each run directory (its real path) held when this process last started a profiler on it: they are
 # an earlier session's (a resume in the same process, or one whose pid this process reused), never this session's
@@ -99,18 +99,27 @@ def profiles_step(prof: profile) -> bool:
 def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps: Optional[int] = None):
     """A started-on-enter profiler writing into `run_dir`, or a null context when disabled. `steps`: the steps this
     session will train; fewer than the schedule's first cycle profile fewer steps than profile.active (the profiler
-    saves what it recorded when it exits: a shortened trace, or none of a step when the run ends before the active
-    steps), which is said at the start."""
+    saves what it recorded when it exits: a shortened trace), which is said at the start. A session of no more than
+    profile.wait + profile.warmup steps gets no profiler, said once at the start: it would record no step. Started,
+    it prepared (kineto's warm-up) in the `prof.step()` after the last wait step and ran its warmup steps, and their
+    logging windows were kept out of samples/s as profiled (`profiles_step`): --max-steps 5 under the default 5 + 3,
+    its one steady window so marked, warned "it will profile no step", then that its samples/s, training's own, was
+    "the profiler's", then "this run wrote no trace"."""
     if not cfg.enabled:
         return contextlib.nullcontext(None)
     cycle = cfg.wait + cfg.warmup + cfg.active
     if steps is not None and steps < cycle:
         recorded = max(0, steps - cfg.wait - cfg.warmup)
-        outcome = (f"its trace will hold only {recorded} of the {cfg.active} active step(s)" if recorded
-                   else "it will profile no step")
+        if not recorded:
+            run_logger.warning(f"profiling: this run trains {counted(steps, 'step')}, no more than the steps before "
+                               f"the profiler records (profile.wait {cfg.wait} + profile.warmup {cfg.warmup} = "
+                               f"{cfg.wait + cfg.warmup}): the profiler is not started and writes no trace; train "
+                               f"longer or shorten those")
+            return contextlib.nullcontext(None)
         run_logger.warning(f"profiling: this run trains {steps} step(s), fewer than the profiler's first cycle "
                            f"(profile.wait {cfg.wait} + profile.warmup {cfg.warmup} + profile.active {cfg.active} = "
-                           f"{cycle}): {outcome}; train longer or shorten those")
+                           f"{cycle}): its trace will hold only {recorded} of the {cfg.active} active step(s); train "
+                           f"longer or shorten those")
     _EARLIER[os.path.realpath(run_dir)] = frozenset(p.name for p in Path(run_dir).glob("*.pt.trace.json*"))
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
