@@ -132,6 +132,22 @@ def test_an_existing_fifo_as_raw_tsv_is_not_replaced_without_the_flag(tmp_path):
     assert fifo.is_file() and len(fifo.read_text().splitlines()) == 10
 
 
+def test_a_dangling_link_as_raw_tsv_is_named_as_one_with_its_target(tmp_path):
+    """A dangling symbolic link at --raw-tsv was refused as "not a regular file", without a word of the link or where
+    it points (the other dangling-link refusals name both); --overwrite still replaces the link with the TSV."""
+    link, target = tmp_path / "raw.txt", tmp_path / "unmounted" / "raw.txt"
+    link.symlink_to(target)
+    args = ["--rows", "10", "--cardinalities", "tiny", "--out", str(tmp_path / "ds"), "--raw-tsv", str(link)]
+    res = CliRunner().invoke(synthetic.main, args)
+    assert res.exit_code == 2, res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert f"--raw-tsv {link}: it is a dangling symbolic link (to {target}); pass --overwrite" in res.output, res.output
+    assert link.is_symlink() and sorted(p.name for p in tmp_path.iterdir()) == ["raw.txt"]
+    res = CliRunner().invoke(synthetic.main, [*args, "--overwrite"])
+    assert res.exit_code == 0, res.output
+    assert not link.is_symlink() and len(link.read_text().splitlines()) == 10 and not target.parent.exists()
+
+
 def test_a_dangling_link_as_out_is_refused_before_any_work(tmp_path):
     """A dangling symbolic link at --out passed the checks (it does not exist), and the finished dataset's rename onto
     it failed after every row was written."""

@@ -34,6 +34,14 @@ def check_target(path: Path, overwrite: bool, what: str, option: str = "") -> No
         raise click.ClickException(dangling)
     if path.is_dir() and what == "file":
         raise click.ClickException(f"{path} is a directory, expected a file path for the raw TSV")
+    if what == "file" and not overwrite and os.path.lexists(path) and not path.is_file():
+        # a FIFO or a link to nothing is no "file" below, yet the finished file's rename replaced it silently; a link
+        # to nothing is named so, with its target (`dangling_link_error`'s words): "not a regular file" hid it
+        if path.is_symlink() and not path.exists():
+            raise click.ClickException(f"refusing to overwrite {option}{' ' if option else ''}{path}: it is a dangling "
+                                       f"symbolic link (to {os.readlink(path)}); pass --overwrite to replace the "
+                                       "link, or name another path")
+        raise click.ClickException(f"refusing to overwrite {path}, not a regular file (pass --overwrite to replace it)")
     if path.exists() and not path.is_dir() and what == "directory":
         raise click.ClickException(f"{path} exists and is not a directory")
     occupied = path.is_file() or (path.is_dir() and any(path.iterdir()))

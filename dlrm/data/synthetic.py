@@ -322,9 +322,7 @@ def _settings(out: str | os.PathLike, rows: Optional[int], seed: int, cardinalit
         # --out is renamed into place whole: a TSV inside it would have no directory, or go with the old dataset
         check_apart("--out", out, "--raw-tsv", tsv_path, "write the TSV outside the dataset directory, which is "
                     "replaced as a whole")
-        check_target(tsv_path, overwrite, "file")
-        if not overwrite and os.path.lexists(tsv_path) and not tsv_path.is_file():  # a FIFO: the rename replaced it
-            raise click.ClickException(f"refusing to overwrite {tsv_path}, not a regular file (pass --overwrite to replace it)")
+        check_target(tsv_path, overwrite, "file", "--raw-tsv")  # (also a FIFO or dangling link, without --overwrite)
     return _Settings(out, tsv_path, rows, seed, cardinalities, validation_fraction, test_fraction, rows_per_file,
                      regime, preset.table_sizes, sizes,
                      list(multi_hot_sizes) if is_multi_hot(multi_hot_sizes) else None, multi_hot_fill, compression,
