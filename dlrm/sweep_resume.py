@@ -242,6 +242,9 @@ def read_record(directory: Path) -> dict[str, Any]:
     if not ok:
         raise ConfigError(f"--resume: {path}: not a sweep record of format {FORMAT} (config, sets, seeds, base, resolved, "
                           "cwd)")
+    if record["seeds"] > 2**63:  # (as `dlrm.sweep.run_sweep` refuses --seeds: else "command line: train.seed: ...")
+        raise ConfigError(f"--resume: {path}: seeds: {record['seeds']} must be <= 2**63 (train.seed 0 .. seeds-1 fits "
+                          "in int64)")
     _check_recorded_sets(path, record["sets"])
     from dlrm.config import config_keys
 
@@ -326,11 +329,16 @@ def reconcile(directory: Path, record: dict[str, Any], config: Optional[str], se
     recorded = record["base"].get("data.path")
     if isinstance(recorded, str) and os.path.isabs(recorded):  # (no --data recorded, or a record made before: as given)
         base = absolute_data(base or {})  # compared resolved: relative to this working directory
+    given = set(base or {})  # (--data, --device: what the command line gives; the rest of `base` is the record's)
     base = {**record["base"], **(base or {})}
     if config is None and not os.path.isfile(record["config"]):  # (moved or renamed since: say where to name it)
         raise ConfigError(f"--resume: {record['config']}: the config file {where} records is not found (or not a "
                           "regular file); give --config with its path now")
     config = config if config is not None else record["config"]
+    given_sets = {k: json.dumps(v) for k, v in sets or []}
+    check_recorded_values(where, config, base, recorded_sets, seeds or record["seeds"],
+                          {k: "sets" for k, v in recorded_sets if given_sets.get(k) != json.dumps(v)}
+                          | {k: "base" for k in record["base"] if k not in given})
     # the record with today's defaults for the keys added since an older version wrote it (train.early_stopping.target:
     # compared as absent, every sweep of early stopping recorded before it was refused as "started otherwise")
     changed = [(k, old, new) for k, old, new in config_changes(with_defaults(record["resolved"]),
@@ -343,6 +351,26 @@ def reconcile(directory: Path, record: dict[str, Any], config: Optional[str], se
         raise ConfigError(f"--resume: the sweep in {directory} was started otherwise ({where}): "
                           + "; ".join(differences) + "; resume it as it started, or start a new sweep")
     return config, recorded_sets if sets is None else sets, record["seeds"] if seeds is None else seeds, base
+
+
+def check_recorded_values(where: str, config: str, base: dict[str, Any], sets: list, seeds: int,
+                          recorded: dict[str, str]) -> None:
+    """Refuse, naming the record `where`, a value of the `recorded` keys (key -> "sets" or "base": what sweep.json
+    alone gives, not the command line) that a setting's config refuses: load_config names every override "command
+    line" (`dlrm.config._blame_overrides`), and a hand-edited record was blamed on a command line of `--resume DIR`
+    alone. Any other error is left to the checks after (`reconcile`, `dlrm.sweep.check_settings`), said as before."""
+    from dlrm.sweep import grid
+
+    if not recorded:  # (the command line gives every key: its errors are its own)
+        return
+    for setting in grid(sets):
+        try:
+            load_config(config, {**base, **setting, "train.seed": seeds - 1})
+        except ConfigError as e:
+            rest = str(e).removeprefix("command line: ")
+            named = [k for k in {**base, **setting} if rest.startswith((f"{k}:", f"{k} ", f"{k}[", f"{k}."))]
+            if rest != str(e) and named and all(k in recorded for k in named):
+                raise ConfigError(f"--resume: {where}: {recorded[named[0]]}: {rest}") from None
 
 
 def mark_failed(run_dir: Path, reason: Optional[str]) -> None:

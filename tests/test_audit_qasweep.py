@@ -374,6 +374,11 @@ def test_a_bad_key_inside_a_set_section_is_blamed_on_the_command_line(tmp_path, 
     (lambda r: r["sets"].append(["optim.sparse", [{"lr": 0.3}]]),
      'sets: --set optim.sparse={"lr": 0.3} sets optim.sparse.lr'),
     (lambda r: r["sets"].append(["train", [{"seed": 3}]]), "sets: 'train': a value sets train.seed"),
+    # a value of a wrong type, in the first setting, a later one, the base; seeds past int64: "command line: ..."
+    (lambda r: r["sets"][0].__setitem__(1, ["a", "b"]), "sets: optim.sparse.lr: expected a number, got 'a'"),
+    (lambda r: r["sets"][0].__setitem__(1, [0.01, "b"]), "sets: optim.sparse.lr: expected a number, got 'b'"),
+    (lambda r: r["base"].__setitem__("train.device", "cpux"), "base: train.device: 'cpux' is not one of"),
+    (lambda r: r.__setitem__("seeds", 2**70), f"seeds: {2**70} must be <= 2**63"),
 ])
 def test_a_hand_edited_record_is_refused_naming_it(tmp_path, config, edit, message):
     from dlrm.sweep_resume import resume_sweep
@@ -393,6 +398,34 @@ def test_a_hand_edited_record_is_refused_naming_it(tmp_path, config, edit, messa
     with pytest.raises(ConfigError) as err:
         resume_sweep(tmp_path / "sw", train_fn=not_trained)
     assert str(err.value).startswith(f"--resume: {record}: {message}"), str(err.value)
+
+
+def test_a_bad_value_the_resume_command_gives_is_still_the_command_lines(tmp_path, config):
+    """Only what sweep.json alone gives is blamed on it: a bad --device, or a --set that repeats the record's bad
+    values, is the command line's."""
+    from dlrm.sweep_resume import resume_sweep
+
+    def stopped_at_second(cfg, run_dir=None, resume=None):
+        if cfg.optim.sparse.lr == 0.03:
+            raise KeyboardInterrupt
+        return summary_trial(cfg, run_dir)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(str(config), [parse_set("optim.sparse.lr=0.01,0.03")], 1, tb_dir=str(tmp_path), run_name="sw",
+                  train_fn=stopped_at_second)
+    with pytest.raises(ConfigError, match=r"^command line: train.device: 'cpux' is not one of"):
+        resume_sweep(tmp_path / "sw", base={"train.device": "cpux"}, train_fn=not_trained)
+    record = tmp_path / "sw" / "sweep.json"
+    raw = json.loads(record.read_text())
+    raw["sets"][0][1] = ["a", "b"]
+    record.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=r"^command line: optim.sparse.lr: expected a number, got 'a'$"):
+        resume_sweep(tmp_path / "sw", sets=[parse_set("optim.sparse.lr=a,b")], train_fn=not_trained)
+    res = subprocess.run([sys.executable, "-m", "dlrm.sweep", "--resume", str(tmp_path / "sw")], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].endswith(f"--resume: {record}: sets: optim.sparse.lr: expected a number, got 'a'"), res.stderr
 
 
 def test_resume_with_data_beside_the_recorded_set_of_data_path_is_refused(tmp_path, config):
