@@ -166,3 +166,32 @@ def test_two_gpus_captured_step_trains_as_the_ordinary_step(tmp_path, dataset):
     for k, v in b["model"].items():
         assert torch.equal(a["model"][k], v), k
     assert torch.equal(a["optimizers"][1]["state"][0]["sum"], b["optimizers"][1]["state"][0]["sum"])
+
+
+def test_two_gpus_resumed_from_a_checkpoint_end_as_the_uninterrupted_run(tmp_path, dataset):
+    """A two-rank NCCL run branched from its step-10 checkpoint (`--resume ... --run-name`) ends with the
+    uninterrupted run's shards, and both merge (`dlrm.distributed.merge`, which compares every shard's dense
+    layers with rank 0's bit for bit: DDP must have kept them identical on both GPUs, through the resume too)."""
+    run_dir, _ = train_run(tmp_path, dataset, "straight", 2, "row")
+    cdir = ckpt.checkpoint_dir(run_dir)
+    cfg = tmp_path / "straight.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["NCCL_NVLS_ENABLE"] = "0"
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             str(REPO / "train.py"), "--config", str(cfg), "--resume", str(cdir / ckpt.checkpoint_name(10)),
+                             "--run-name", "branch", "--tb-dir", str(tmp_path / "tb")],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    branch_dir = tmp_path / "tb" / "branch"
+    assert summary_of(branch_dir)["resumed_at_step"] == 10
+    assert summary_of(branch_dir)["train_losses"] == summary_of(run_dir)["train_losses"]
+    a = on_cpu(merged_state(ckpt.list_checkpoints(run_dir)[-1], tmp_path, "straight")[1])
+    b = on_cpu(merged_state(ckpt.list_checkpoints(branch_dir)[-1], tmp_path, "branch")[1])
+    assert a["position"] == b["position"] and a["position"]["step"] == STEPS
+    for k, v in a["model"].items():  # the same kernels in the same order from the same state: number for number
+        assert torch.equal(b["model"][k], v), k
+    for oa, ob in zip(a["optimizers"], b["optimizers"]):
+        for pid, st in oa["state"].items():
+            for name, v in st.items():
+                if torch.is_tensor(v):
+                    assert torch.equal(ob["state"][pid][name], v), f"{pid}.{name}"
