@@ -37,6 +37,9 @@ CONFIG = {
 }
 
 
+ROWS = 703 * 256 + 32  # configs/sample.json's batches (256, drop_last) of an epoch of 703 steps
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("schedlen") / "ds"
@@ -164,13 +167,82 @@ def test_no_length_change_and_a_run_at_its_end_say_nothing(warnings):
     trains no step (resumed at or past its new end, for its last evaluation and summary) pass without a word."""
     cfg = load_config(REPO / "configs" / "sample.json", {"train.max_steps": 200})
     saved = cfg.to_dict()
-    check_schedule_length(saved, cfg, 150, 703, 200, (), "ck.pt")
+    check_schedule_length(saved, cfg, 150, 703, 200, ROWS, (), "ck.pt")
     more_epochs = load_config(REPO / "configs" / "sample.json", {"train.max_steps": 200, "train.epochs": 3})
-    check_schedule_length(saved, more_epochs, 150, 703, 200, (), "ck.pt")
+    check_schedule_length(saved, more_epochs, 150, 703, 200, ROWS, (), "ck.pt")
     longer = load_config(REPO / "configs" / "sample.json", {"train.max_steps": 150})
     check_schedule_length(load_config(REPO / "configs" / "sample.json", {"train.max_steps": 400}).to_dict(), longer,
-                          150, 703, 150, (), "ck.pt")
+                          150, 703, 150, ROWS, (), "ck.pt")
     assert warnings == []
+
+
+def branch_at_step_12(data, tmp_path, **overrides):
+    """A 36-step run (3 epochs of 12 batches of 8) checkpointed at step 12, resumed from there as the run "b"."""
+    path = write_config(data, tmp_path)
+    train(config(path, tmp_path, **{"checkpoint.every": 12}))
+    source = ckpt.checkpoint_dir(tmp_path / "tb" / "r") / ckpt.checkpoint_name(12)
+    return source, config(path, tmp_path, **{"log.run_name": "b", **overrides})
+
+
+def test_another_batch_size_moves_the_end_of_a_run_of_epochs_and_is_said(data, tmp_path, warnings):
+    """The steps an epoch changed with data.batch_size (allowed): 3 epochs were 36 steps and are 18, so the decay's end
+    moved from step 36 to 18 with no length key changed. It was checked with this run's 6 steps an epoch for the
+    checkpoint's run too (18 and 18: nothing said), and its learning rate fell from 0.775x to 0.486x unsaid."""
+    source, cfg = branch_at_step_12(data, tmp_path, **{"data.batch_size": 16})
+    warnings.clear()
+    assert train(cfg, resume=str(source), allow_config_change=["data.batch_size"])["steps"] == 18
+    assert [w for w in warnings if "decay" in w] == [
+        "--resume: data.batch_size 8 -> 16 (12 -> 6 steps an epoch) moves the end of the linear decay "
+        "(optim.schedule.decay_steps 0: to the run's end) from step 36 to step 18 (allowed by --allow-config-change): "
+        "the learning rate at the resume step 12 goes from 0.775 to 0.4857 times the configured one (optim.dense "
+        "0.00775 -> 0.004857, optim.sparse 0.03875 -> 0.02429)"]
+    events = EventAccumulator(str(tmp_path / "tb" / "b"))
+    events.Reload()
+    lrs = {e.step: e.value for e in events.Scalars("train/lr_dense")}  # what the warning says the run does: in steps
+    schedule = ScheduleConfig(**DECAY)
+    assert [lrs[s] for s in (14, 16, 18)] == pytest.approx([0.01 * lr_multiplier(s - 1, schedule, 18)
+                                                            for s in (14, 16, 18)])
+
+
+def test_more_epochs_of_bigger_batches_are_checked_in_the_checkpoints_own_epochs(data, tmp_path, warnings):
+    # 6 epochs of 6 steps are the checkpoint's 36 steps: the decay's end stays (it was refused as 18 -> 36)
+    source, cfg = branch_at_step_12(data, tmp_path, **{"data.batch_size": 16, "train.epochs": 6})
+    warnings.clear()
+    assert train(cfg, resume=str(source), allow_config_change=["data.batch_size"])["steps"] == 36
+    assert not [w for w in warnings if "decay" in w], warnings
+    # 4 epochs of 6 steps move it from 36 to 24 (it was said as from 18 to 24), refused for the unnamed train.epochs
+    (tmp_path / "4").mkdir()
+    source, cfg = branch_at_step_12(data, tmp_path / "4", **{"data.batch_size": 16, "train.epochs": 4})
+    with pytest.raises(ConfigError) as refused:
+        train(cfg, resume=str(source), allow_config_change=["data.batch_size"])
+    assert str(refused.value) == (
+        f"--resume {source}: data.batch_size 8 -> 16; train.epochs 3 -> 4 (12 -> 6 steps an epoch) moves the end of "
+        "the linear decay (optim.schedule.decay_steps 0: to the run's end) from step 36 to step 24, which changes the "
+        "learning rate of the steps already trained: the learning rate at the resume step 12 would go from 0.775 to "
+        "0.64 times the configured one (optim.dense 0.00775 -> 0.0064, optim.sparse 0.03875 -> 0.032); pass "
+        "--allow-config-change train.epochs to resume so, or keep the checkpoint's decay (then the end factor) with "
+        "\"decay_steps\": 32 in optim.schedule and --allow-config-change optim.schedule.decay_steps")
+
+
+def test_drop_last_and_another_data_path_in_the_unit(warnings):
+    """drop_last False keeps the 32 rows left over of each epoch as a 704th step; another data.path leaves the
+    checkpoint's steps an epoch unknown (its rows are not recorded, its directory may hold other data now): said."""
+    saved = load_config(REPO / "configs" / "sample.json").to_dict()  # 2 epochs of 703 steps: the decay ends at 1406
+    kept = load_config(REPO / "configs" / "sample.json", {"data.drop_last": False})
+    check_schedule_length(saved, kept, 150, 704, 1408, ROWS, ["data.drop_last"], "ck.pt")
+    assert warnings == [
+        "--resume: data.drop_last True -> False (703 -> 704 steps an epoch) moves the end of the linear decay "
+        "(optim.schedule.decay_steps 0: to the run's end) from step 1406 to step 1408 (allowed by "
+        "--allow-config-change): the learning rate at the resume step 150 goes from 0.9655 to 0.9656 times the "
+        "configured one (optim.dense 0.001931 -> 0.001931, optim.sparse 0.04828 -> 0.04828)"]
+    warnings.clear()
+    moved = load_config(REPO / "configs" / "sample.json", {"data.path": "/elsewhere/sample"})
+    check_schedule_length(saved, moved, 150, 703, 1406, ROWS, ["data.path"], "ck.pt")
+    assert warnings == [
+        "--resume: data.path changed, so the checkpoint's run length in steps is unknown (its train.epochs counted "
+        "its own data's batches) and whether the end of the linear decay (optim.schedule.decay_steps 0: to the run's "
+        "end) moved is not checked: this run's ends at step 1406, and the learning rate at the resume step 150 is "
+        "0.9655 times the configured one"]
 
 
 def test_the_command_line_refusal_is_one_line_and_exit_2(data, tmp_path):

@@ -27,7 +27,7 @@ from dlrm.train.checkpointer import BEST_NAME, checkpoint_step
 from dlrm.train.optim import lr_multiplier
 from dlrm.train.run_dir import (BRANCH_NAME, LOCK_NAME, _same_file, branch_start, restart_leftovers, restart_refusal,
                                 run_of)
-from dlrm.train.train_data import run_length
+from dlrm.train.train_data import epoch_steps, run_length
 
 # dotted prefixes: a key equal to one or under it is free
 FREE_KEYS = (
@@ -154,54 +154,78 @@ def _show(value: Any) -> str:
     return "..." + text[-37:] if isinstance(value, str) and "/" in value else text[:37] + "..."
 
 
-def check_schedule_length(saved: dict[str, Any], cfg: Config, step: int, steps_per_epoch: int, total: int,
-                          allowed: Iterable[str], source: str) -> None:
-    """Refuse a run length (`LENGTH_KEYS`) changed on resume that moves the end of a learning-rate decay running to the
-    run's end (``optim.schedule.decay_steps`` 0), unless ``--allow-config-change`` names the changed key; allowed, warn.
+def check_schedule_length(saved: dict[str, Any], cfg: Config, step: int, steps_per_epoch: int, total: int, rows: int,
+                          allowed: Iterable[str], source: str, world_size: int = 1) -> None:
+    """Refuse a run length changed on resume (`LENGTH_KEYS`, or the steps an epoch: `BATCH_KEYS`) that moves the end of
+    a learning-rate decay running to the run's end (``optim.schedule.decay_steps`` 0), unless ``--allow-config-change``
+    names every key that moved it; allowed, warn.
 
     The decay of the steps already trained (before `step`) ran towards the checkpoint's run's end; under the new
     length it would have run towards another, so the resumed run is neither run, and its learning rate jumps at `step`
-    (up, for a longer run: it was said only as "run length changed"). Nothing is said where the trained steps' learning
-    rates are the same under both lengths (no decay, ``decay_steps`` set, a decay starting at `step` or later): the
-    resumed run is then the uninterrupted run of the new length, as for a run without a schedule; nor where the new
-    length trains no step (`step` at its end or beyond).
+    (up, for a longer run: it was said only as "run length changed"). Both ends are in steps, as the schedule (whose
+    position the checkpoint holds) counts: the checkpoint's run's length is its own epochs of its own batch size and
+    drop_last over the train split's `rows` (a run of ``train.epochs`` resumed at another ``data.batch_size`` moves the
+    end without a length key changing). Nothing is said where the trained steps' learning rates are the same under
+    both lengths (no decay, ``decay_steps`` set, a decay starting at `step` or later): the resumed run is then the
+    uninterrupted run of the new length, as for a run without a schedule; nor where the new length trains no step
+    (`step` at its end or beyond).
 
     Args:
         saved: the checkpoint's config (`saved_config`); cfg: this run's.
-        step: the checkpoint's step; steps_per_epoch, total: this run's epoch and run length (`TrainData`).
+        step: the checkpoint's step; steps_per_epoch, total, rows: this run's epoch and run length (`TrainData`) and
+            its train split's rows; world_size: this run's ranks (an epoch's last batch needs a row for each).
         allowed: ``--allow-config-change``'s keys; source: the checkpoint, for the messages.
     """
     schedule = cfg.optim.schedule
-    train = saved.get("train")
-    if schedule.decay == "none" or schedule.decay_steps or not isinstance(train, dict):
+    train, data = saved.get("train"), saved.get("data")
+    if schedule.decay == "none" or schedule.decay_steps or not isinstance(train, dict) or not isinstance(data, dict):
         return
-    changed = [(k, old, new) for k, old, new in config_changes(saved, cfg.to_dict()) if _under(k, LENGTH_KEYS)]
-    try:
-        before = run_length(int(train.get("epochs", 1)), train.get("max_steps"), train.get("min_steps"),
-                            steps_per_epoch)
-    except (TypeError, ValueError):  # a damaged config.json: its differences are refused as any other's
-        return
+    changes = config_changes(saved, cfg.to_dict())
     # The first trained step whose multiplier depends on the run's length: later ones differ only if it does (the
     # decay's fraction min(d / span, 1) differs between two spans for d from 1 up to the longer span)
     first = max(schedule.decay_start_step + 1, schedule.warmup_steps)
-    if not changed or before == total or first >= step or step >= total or \
-            lr_multiplier(first, schedule, before) == lr_multiplier(first, schedule, total):
+    if first >= step or step >= total:
+        return
+    if any(k == "data.path" for k, _, _ in changes):
+        # Another dataset: the checkpoint records no row count of its own, and its directory may be gone or hold other
+        # data now, so its run's length in steps (its epochs of its data's batches) is not known here.
+        run_logger.warning(f"--resume: data.path changed, so the checkpoint's run length in steps is unknown (its "
+                           f"train.epochs counted its own data's batches) and whether the end of the {schedule.decay} "
+                           f"decay (optim.schedule.decay_steps 0: to the run's end) moved is not checked: this run's "
+                           f"ends at step {_decay_end(schedule, total)}, and the learning rate at the resume step "
+                           f"{step} is {lr_multiplier(step, schedule, total):.4g} times the configured one")
+        return
+    try:
+        own_epoch = epoch_steps(rows, int(data.get("batch_size")), bool(data.get("drop_last")), world_size)
+        before = run_length(int(train.get("epochs", 1)), train.get("max_steps"), train.get("min_steps"), own_epoch)
+    except (TypeError, ValueError, ZeroDivisionError):  # a damaged config.json: refused as any other's differences
+        return
+    if before == total or lr_multiplier(first, schedule, before) == lr_multiplier(first, schedule, total):
+        return
+    # what moved the end: a length key, or a batch key that changed the steps an epoch (of a run its epochs end)
+    changed = [(k, old, new) for k, old, new in changes
+               if _under(k, LENGTH_KEYS) or (_under(k, BATCH_KEYS) and own_epoch != steps_per_epoch)]
+    if not changed:  # (the same length keys and steps an epoch give the same length: a guard, not a case)
         return
     was, now = lr_multiplier(step, schedule, before), lr_multiplier(step, schedule, total)
-    keys = [k for k, _, _ in changed]
-    what = (f"{'; '.join(f'{k} {_show(old)} -> {_show(new)}' for k, old, new in changed)} moves the end of the "
-            f"{schedule.decay} decay (optim.schedule.decay_steps 0: to the run's end) from step "
+    epochs = (f" ({own_epoch} -> {steps_per_epoch} steps an epoch)"
+              if own_epoch != steps_per_epoch and any(_under(k, BATCH_KEYS) for k, _, _ in changed) else "")
+    what = (f"{'; '.join(f'{k} {_show(old)} -> {_show(new)}' for k, old, new in changed)}{epochs} moves the end of "
+            f"the {schedule.decay} decay (optim.schedule.decay_steps 0: to the run's end) from step "
             f"{_decay_end(schedule, before)} to step {_decay_end(schedule, total)}")
     jump = (f"the learning rate at the resume step {step} goes from {was:.4g} to {now:.4g} times the configured one "
             f"(optim.dense {cfg.optim.dense.lr * was:.4g} -> {cfg.optim.dense.lr * now:.4g}, optim.sparse "
             f"{cfg.optim.sparse.lr * was:.4g} -> {cfg.optim.sparse.lr * now:.4g})")
-    if any(_under(k, tuple(allowed)) for k in keys):
+    # every key that moved it: a batch key is allowed already (`check_resume_config` refused it otherwise), and
+    # letting it stand for an unnamed length key passed a length change no flag allowed
+    missing = [k for k, _, _ in changed if not _under(k, tuple(allowed))]
+    if not missing:
         run_logger.warning(f"--resume: {what} (allowed by --allow-config-change): {jump}")
         return
     span = _decay_end(schedule, before) - schedule.decay_start_step
     raise ConfigError(f"--resume {source}: {what}, which changes the learning rate of the steps already trained: "
-                      f"{jump.replace('goes', 'would go')}; pass --allow-config-change {','.join(keys)} to resume so, "
-                      f"or keep the checkpoint's decay (then the end factor) with \"decay_steps\": {span} in "
+                      f"{jump.replace('goes', 'would go')}; pass --allow-config-change {','.join(missing)} to resume "
+                      f"so, or keep the checkpoint's decay (then the end factor) with \"decay_steps\": {span} in "
                       "optim.schedule and --allow-config-change optim.schedule.decay_steps")
 
 

@@ -13,6 +13,7 @@ import torch
 from loguru import logger
 
 from dlrm.config import Config, ConfigError
+from dlrm.data.batch import batches_per_epoch
 from dlrm.data.device_loader import DeviceLoader
 from dlrm.data.loader import ParquetLoader, split_files
 from dlrm.data.schema import is_multi_hot
@@ -105,6 +106,18 @@ def run_length(epochs: int, max_steps: Optional[int], min_steps: Optional[int], 
     if min_steps is not None:
         total = max(total, min_steps)
     return total if max_steps is None else min(total, max_steps)
+
+
+def epoch_steps(rows: int, batch_size: int, drop_last: bool, world_size: int = 1) -> int:
+    """Steps an epoch of a train split of `rows` rows takes at `batch_size` (`TrainData.build`'s: its loader's batches,
+    or one batch of the whole split when it is smaller than a batch; a resume computes its checkpoint's epochs so).
+
+    Example:
+        >>> epoch_steps(100, 8, True), epoch_steps(100, 8, False), epoch_steps(86, 128, True)
+        (12, 13, 1)
+    """
+    steps = batches_per_epoch(rows, batch_size, drop_last, world_size)
+    return 1 if steps == 0 and world_size <= rows < batch_size else steps
 
 
 @dataclass

@@ -106,7 +106,8 @@ class Trainer(WindowLogging):
                 return  # nothing to build: fit() reports the finished run and changes nothing
             with found_alike():  # a length that moves a decay's end: refused (before the build), or said
                 check_schedule_length(self.resumed_config, cfg, step, len(self.data.train), self.data.total_steps,
-                                      allow_config_change, str(self.resume_from))
+                                      self.data.train.num_rows, allow_config_change, str(self.resume_from),
+                                      self.env.world_size)
         self.run = build_run(cfg, self.tables, self.device, self.data.total_steps, self.env,
                              cfg.data.eval_batch_size or 4 * cfg.data.batch_size)
         seed_rank(cfg.train.seed, self.env.rank)  # after the shared initialization: dropout masks per rank
