@@ -96,6 +96,50 @@ def profiles_step(prof: profile) -> bool:
     return prof.current_action != ProfilerAction.NONE or prof.schedule(prof.step_num + 1) != ProfilerAction.NONE
 
 
+def session_schedule(cfg: ProfileConfig, steps: Optional[int]):
+    """torch's schedule of `cfg`, less the cycles that would record none of the session's `steps` (its profiler steps
+    0 to steps - 1): NONE there. With profile.repeat 0 or > 1 the run's end cut such a cycle short: kineto prepared in
+    the ``prof.step()`` before its warmup, the steps it warmed up ran under the profiler, and their logging windows were
+    left out of samples/s (`profiles_step`), for no trace; one whose warmup was due right after the last step was prepared in
+    that step's ``prof.step()``, and the last window, its steps trained with no profiler, had no rate (a first cycle
+    that short starts no profiler at all, `make_profiler`). `steps` None: torch's schedule as it is."""
+    torch_schedule = schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat)
+    if steps is None:
+        return torch_schedule
+    cycle = cfg.wait + cfg.warmup + cfg.active
+
+    def fn(step: int) -> ProfilerAction:
+        # the step's cycle records from its start + wait + warmup: at or past `steps`, it records nothing
+        if step // cycle * cycle + cfg.wait + cfg.warmup >= steps:
+            return ProfilerAction.NONE
+        return torch_schedule(step)
+    return fn
+
+
+def cut_cycle(cfg: ProfileConfig, steps: int) -> Optional[tuple[int, str]]:
+    """What a session of `steps` (at least one cycle) says at its start of a later cycle its end cuts short, as a
+    first cycle that short is (`make_profiler`), and the steps it records: one that records some saves a shorter
+    trace, the newest, which the step breakdown reads; one that would record none is not started (`session_schedule`).
+    None: the end falls in a wait, after the last cycle (profile.repeat), or at a cycle's end.
+
+    >>> cut_cycle(ProfileConfig(wait=4, warmup=1, active=2, repeat=0), 13)[0], cut_cycle(ProfileConfig(), 26)
+    (1, None)
+    """
+    cycle = cfg.wait + cfg.warmup + cfg.active
+    index, into = divmod(steps - 1, cycle)  # the last step's cycle (from 0) and its place in it (from 0)
+    if (cfg.repeat and index >= cfg.repeat) or into < cfg.wait or into == cycle - 1:
+        return None
+    start = f"profiling: this run trains {steps} steps, ending {counted(into + 1, 'step')} into the profiler's " \
+            f"cycle {index + 1}"
+    if into < cfg.wait + cfg.warmup:
+        return 0, (f"{start} (profile.wait {cfg.wait} + profile.warmup {cfg.warmup} = {cfg.wait + cfg.warmup} steps "
+                   f"before it records): that cycle would record no step, so it is not started")
+    recorded = into + 1 - cfg.wait - cfg.warmup
+    return recorded, (f"{start} (profile.wait {cfg.wait} + profile.warmup {cfg.warmup} + profile.active {cfg.active} = "
+                      f"{cycle}): its trace, the one the step breakdown reads, will hold only {recorded} of the "
+                      f"{cfg.active} active step(s); {counted(cycle - 1 - into, 'step')} more would make it whole")
+
+
 def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps: Optional[int] = None):
     """A started-on-enter profiler writing into `run_dir`, or a null context when disabled. `steps`: the steps this
     session will train; fewer than the schedule's first cycle profile fewer steps than profile.active (the profiler
@@ -104,7 +148,9 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps
     it prepared (kineto's warm-up) in the `prof.step()` after the last wait step and ran its warmup steps, and their
     logging windows were kept out of samples/s as profiled (`profiles_step`): --max-steps 5 under the default 5 + 3,
     its one steady window so marked, warned "it will profile no step", then that its samples/s, training's own, was
-    "the profiler's", then "this run wrote no trace"."""
+    "the profiler's", then "this run wrote no trace". A later cycle (profile.repeat 0 or > 1) the session's end cuts
+    short is said at the start alike (`cut_cycle`), and one that would record no step is not started
+    (`session_schedule`)."""
     if not cfg.enabled:
         return contextlib.nullcontext(None)
     cycle = cfg.wait + cfg.warmup + cfg.active
@@ -120,6 +166,10 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps
                            f"(profile.wait {cfg.wait} + profile.warmup {cfg.warmup} + profile.active {cfg.active} = "
                            f"{cycle}): its trace will hold only {recorded} of the {cfg.active} active step(s); train "
                            f"longer or shorten those")
+    elif steps is not None and (cut := cut_cycle(cfg, steps)) is not None:
+        # a shorter trace is warned as the first cycle's is; a cycle left out costs nothing (the earlier ones traced)
+        recorded, said = cut
+        (run_logger.warning if recorded else run_logger.info)(said)
     _EARLIER[os.path.realpath(run_dir)] = frozenset(p.name for p in Path(run_dir).glob("*.pt.trace.json*"))
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -140,7 +190,7 @@ def make_profiler(cfg: ProfileConfig, run_dir: Path, device: torch.device, steps
                             category=UserWarning)
     return _StepProfile(
         activities=activities,
-        schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat),
+        schedule=session_schedule(cfg, steps),
         on_trace_ready=trace_handler(run_dir),
         record_shapes=cfg.record_shapes,
         profile_memory=cfg.profile_memory,
