@@ -103,8 +103,9 @@ class FileScan:
 
     def bad_line(self) -> BadLine | None:
         """The `BadLine` of an empty file or a corrupt gzip, else None."""
-        if self.error == "empty_file":
-            return BadLine(self.path, None, "empty_file", detail="empty file (no data lines)")
+        if self.error == "empty_file":  # (a detail: what the file holds instead, `_mark_alone`)
+            what = f": {self.error_detail}" if self.error_detail else ""
+            return BadLine(self.path, None, "empty_file", detail=f"empty file (no data lines{what})")
         if self.error == "corrupt_gzip":
             if not self.prefix_trusted:  # the damage is somewhere before the point of failure
                 return BadLine(self.path, None, "corrupt_gzip", detail=self.error_detail)
@@ -135,11 +136,21 @@ skipped (read as part of the first field, it made "column label: '\\ufeff0' is n
 
 def _skip_bom(offsets: list[int], first_line: bytes, header: bool) -> list[int]:
     """The chunk offsets with chunk 0 starting after a byte-order mark (a header line is skipped whole anyway)."""
-    # (a file of the mark alone keeps it: its one line is then named as a bad line, not lost)
+    # (the mark then a newline: chunk 0 starts at that newline, an empty first line, as in a file without the mark)
     if first_line.startswith(UTF8_BOM) and not header and len(offsets) > 1 and offsets[0] == 0 \
             and offsets[1] > len(UTF8_BOM):
         return [len(UTF8_BOM), *offsets[1:]]
     return offsets
+
+
+def _mark_alone(scan: FileScan, first_line: bytes) -> FileScan:
+    """`scan`, an empty file where the (decompressed) file is a byte-order mark and nothing else. Counted as one line
+    without a newline, it was named a cut-off record: "expected 40 fields ..., found 1; the file ends in this line,
+    without a newline (cut off? a truncated download or copy)", where an empty file is "empty file (no data lines)"."""
+    if scan.error is None and scan.size == len(UTF8_BOM) and first_line == UTF8_BOM:
+        return FileScan(scan.path, scan.compressed, scan.format, scan.header, scan.size, 0, [scan.size], "empty_file",
+                        "only a UTF-8 byte-order mark")
+    return scan
 
 
 def _detect_format(first_line: bytes, path: Path, fmt: str) -> tuple[str, bool]:
@@ -304,7 +315,7 @@ def scan_file(path: str | os.PathLike, fmt: str = "auto", chunk_rows: int = DEFA
         problem = _count_rest(starts, blocks)
     scan = _scan_result(path, compressed, fmt, header, starts, chunk_rows, problem)
     scan.offsets = _skip_bom(scan.offsets, first_line, header)
-    return scan
+    return _mark_alone(scan, first_line)
 
 
 def _first_blocks(blocks: Iterator[bytes]) -> tuple[list[bytes], BaseException | None]:
@@ -467,7 +478,8 @@ def scan_file_parallel(path: str | os.PathLike, fmt: str, chunk_rows: int, execu
         offsets.insert(0, 0)
     offsets = _skip_bom(offsets[:n_chunks] + [end], first_line, header)
     error = "empty_file" if lines == 0 else None
-    return FileScan(str(path), False, fmt, header, size, lines, offsets, error, trailing_blank=blank)
+    return _mark_alone(FileScan(str(path), False, fmt, header, size, lines, offsets, error, trailing_blank=blank),
+                       first_line)
 
 
 def _scan_star(args: tuple[str, str, int]) -> FileScan:
