@@ -364,7 +364,9 @@ def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
         logger.error("interrupted (Ctrl-C)")
         return EXIT_INTERRUPTED
     if is_out_of_memory(exc):
-        logger.error(out_of_memory_message(exc, cfg))
+        # a refusal every rank of a torchrun run makes from the same numbers (`refuse_host_memory_shortfall`): once
+        say = _said_once_per_node(exc) if getattr(exc, "found_alike", False) else logger
+        say.error(out_of_memory_message(exc, cfg))
         return EXIT_OUT_OF_MEMORY
     if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
         where = f"{exc.filename}: " if exc.filename else ""

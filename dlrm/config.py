@@ -291,6 +291,11 @@ class TrainConfig:
     rounding: a run is repeatable, bitwise on a GPU only under train.deterministic."""
     deterministic: bool = False
     """torch.use_deterministic_algorithms and deterministic kernels (no Inductor combo kernels: they are timed)."""
+    allow_swap: bool = False
+    """On the CPU, count the host's free swap as memory the model may take: a model (tables, dense layers, optimizer
+    state) larger than the available memory is refused before the build (exit 4, the line naming this key where swap
+    would hold the rest) unless true, since a run whose tables are swapped crawls; beyond the memory and free swap
+    together it is refused either way. No effect on CUDA."""
     compile: Union[bool, Auto, CompileConfig] = "auto"
     """false, true, "auto" (compiled on CUDA, eager on the CPU), or {"enabled": ..., "mode": ...,
     "fullgraph": ...}; normalised to a CompileConfig."""

@@ -18,6 +18,7 @@ import torch
 import dlrm.train.builder as builder
 from dlrm.config import Config, ConfigError, ModelConfig, validate
 from dlrm.model.dlrm import build_model
+from dlrm.train.host_memory import HostMemory
 from dlrm.train.setup import Tables
 from tests.test_cli_errors import error_line, invoke
 from tests.test_tables_out_of_memory import CPU_ALLOCATOR
@@ -67,6 +68,7 @@ def _out_of_memory_line(tmp_path, monkeypatch, dataset, **model) -> str:
     # the host's available memory unknown (no MemAvailable): the build is tried, its failure faked. (Where it is known
     # and too small, the build is refused before it: tests/test_host_memory_tables.py)
     monkeypatch.setattr(builder, "_available_host_memory", lambda: None)
+    monkeypatch.setattr(builder, "_host_memory", HostMemory)  # (the pre-build check's reading: nothing known)
     cfg = {"data": {"batch_size": 16}, "train": {"device": "cpu", "max_steps": 2, "baseline": False},
            "model": {"embedding_dim": 8, "bottom_mlp": [16, 8], "top_mlp": [16, 1], "interaction": "dcn",
                      "cross_layers": 2, "cross_rank": 5, **model}}

@@ -12,6 +12,7 @@ import torch
 import dlrm.train.builder as builder
 from dlrm.config import Config, validate
 from dlrm.distributed.env import DistEnv
+from dlrm.train.host_memory import HostMemory
 from dlrm.train.setup import Tables
 from tests.conftest import REPO
 from tests.test_cli_errors import error_line, invoke
@@ -52,6 +53,7 @@ def test_mlperf_tables_out_of_host_memory_are_named_with_their_size(tmp_path, mo
     # the host's available memory unknown: the build is tried (where it is known and too small, the build is refused
     # before it: tests/test_host_memory_tables.py)
     monkeypatch.setattr(builder, "_available_host_memory", lambda: None)
+    monkeypatch.setattr(builder, "_host_memory", HostMemory)  # (nothing known: the pre-build check refuses nothing)
     line = _run_out_of_memory_in("build_model", tmp_path, monkeypatch, mlperf_preset_dataset)
     assert line.endswith(f"ERROR   out of host memory building the model ({CPU_ALLOCATOR}): its embedding tables hold "
                          "204,184,588 rows x 128 x fp32 = 97.4 GiB, the sparse optimizer's state 0.8 GiB more: cap "

@@ -18,9 +18,10 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import socket
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -35,6 +36,7 @@ from dlrm.logging_setup import run_logger
 from dlrm.model.dlrm import _TABLE_DTYPES, DLRM, build_loss, build_model
 from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.graphed_step import graph_train_step
+from dlrm.train.host_memory import HostMemory, host_key, mem_available, read_host_memory
 from dlrm.train.optim import build_optimizers, build_schedulers
 from dlrm.train.placement import table_bytes, table_row_bytes, vocabulary_key_bytes
 from dlrm.train.setup import Tables
@@ -160,68 +162,28 @@ def dense_layer_parameters(m: ModelConfig, num_features: int) -> dict[str, int]:
     return parts
 
 
+def _host_memory() -> HostMemory:
+    """The host's memory, its cgroups' limits and this process's rlimits, read now (`dlrm.train.host_memory`)."""
+    return read_host_memory()
+
+
+def _least(*values: Optional[int]) -> Optional[int]:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
 def _available_host_memory() -> Optional[int]:
     """The host's memory a build could take (MemAvailable, bytes), within this process's own limits (`_process_room`:
     under `ulimit -v` or a cgroup's memory.max, a scheduler's job, the tables were blamed for an oversized cross
     network, as MemAvailable left room for it); None where /proc/meminfo does not say it."""
-    available = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    room = _process_room()
-    return room if available is None else available if room is None else min(available, room)
-
-
-def _room_source(room: int) -> str:
-    """Where `room` (`_available_host_memory`'s) comes from, as a refusal says it: this process's limit where that is
-    `room` again, give or take 64 MiB (the address space it maps moves between the two readings)."""
-    limit = _process_room()
-    if limit is not None and limit - room < 2**26:
-        return "this process may take (ulimit -v, or its cgroup's memory.max)"
-    return "the host has available (MemAvailable)"
+    return _least(mem_available(), _process_room())
 
 
 def _process_room() -> Optional[int]:
-    """What this process may still allocate under its own limits (bytes), None where none is set: the address-space
-    limit (RLIMIT_AS, `ulimit -v`) less the address space it maps, and its cgroup's memory.max less memory.current."""
-    import resource
-
-    rooms = []
-    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-    if limit != resource.RLIM_INFINITY:
-        rooms.append(limit - _status_kib("VmSize") * 1024)
-    try:
-        lines = open("/proc/self/cgroup").read().splitlines()
-    except OSError:
-        lines = []
-    for line in lines:  # "0::/path" (cgroup v2), "4:memory:/path" (v1); a file that cannot be read: no limit known
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        base = Path("/sys/fs/cgroup") / ("memory" if controllers == "memory" else "") / path.lstrip("/")
-        names = {"": ("memory.max", "memory.current"), "memory": ("memory.limit_in_bytes", "memory.usage_in_bytes")}
-        if controllers not in names:
-            continue
-        try:
-            cap = (base / names[controllers][0]).read_text().strip()
-            if cap != "max" and int(cap) < 2**62:  # (v1's "no limit" is a huge number)
-                rooms.append(int(cap) - int((base / names[controllers][1]).read_text()))
-        except (OSError, ValueError):
-            pass
-    return max(0, min(rooms)) if rooms else None
-
-
-def _status_kib(field: str) -> int:
-    """A ``kB`` field of /proc/self/status (0 where it is not there)."""
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    """What this process may still allocate under its own limits (bytes), None where none is set: its rlimits
+    (`ulimit -v`, `ulimit -d`) and its cgroups' memory limits (`dlrm.train.host_memory`)."""
+    memory = _host_memory()
+    return _least(memory.cgroup, memory.process)
 
 
 def dense_training_copies(optim: DenseOptimConfig) -> int:
@@ -310,34 +272,113 @@ def _size(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
-def refuse_host_memory_shortfall(cfg: Config, tables: Tables, room: Optional[int]) -> None:
+def refuse_host_memory_shortfall(cfg: Config, tables: Tables, memory: HostMemory, env: DistEnv = DistEnv(),
+                                 plan: Optional[ShardingPlan] = None) -> None:
     """A MemoryError (exit 4) before a CPU build whose tables (weights, sparse optimizer state, vocabulary keys) and
-    dense layers (with their gradients and dense optimizer state) exceed `room`, the memory the host has available or
-    this process may take (`_available_host_memory`; None: unknown, nothing refused). A CPU allocation of tables
-    larger than the available memory but within the kernel's overcommit succeeds, and the OOM killer ended the run
-    while their initial values were written, without a word (a GPU's allocation fails at once, and
-    `tables_named_if_out_of_memory` names the tables). The dense layers alone are weighed against the whole RAM before
-    this (`refuse_dense_layers_beyond_memory`); where they are the larger part, they are named with the key that
-    shrinks them, as after an out-of-memory build. One process only: a rank's share of sharded tables is its plan's."""
-    if room is None:
-        return
+    dense layers (with their gradients and dense optimizer state) exceed the memory this process may take (`memory`,
+    `dlrm.train.host_memory`: the host's MemAvailable, its cgroups' limits, this process's rlimits; unknown: nothing
+    refused). A CPU allocation of tables larger than the available memory but within the kernel's overcommit
+    succeeds, and the OOM killer ended the run while their initial values were written, without a word (a GPU's
+    allocation fails at once, and `tables_named_if_out_of_memory` names the tables). The dense layers alone are
+    weighed against the whole RAM before this (`refuse_dense_layers_beyond_memory`); where they are the larger part,
+    they are named with the key that shrinks them, as after an out-of-memory build.
+
+    Free swap is not counted unless ``train.allow_swap`` (a run whose tables live in swap crawls: refused, the line
+    naming the key, when swap would have held them); beyond the memory and free swap together it is refused either
+    way (the tables' initial values touch every page: the OOM killer). Under torchrun (gloo, `plan` the sharding
+    plan) the ranks of one host share its memory: each weighs its own shard of the tables, the vocabulary keys and
+    its replica of the dense layers (with DDP's gradient buckets); the ranks gather what each needs and the memory
+    each reads, and all of them reach the same verdict from the same numbers: the same error on every rank (said once,
+    `found_alike`), raised before any of them builds."""
+    num_features = len(tables.cardinalities)
+    # DistributedDataParallel's gradient buckets: one more copy of the dense gradients (no gradient_as_bucket_view)
+    copies = dense_training_copies(cfg.optim.dense) + (1 if env.distributed else 0)
+    dense_bytes = 4 * sum(dense_layer_parameters(cfg.model, num_features).values()) * copies
     tables_text, tables_bytes = _tables_size_text(cfg, tables)
-    dense_bytes = (4 * sum(dense_layer_parameters(cfg.model, len(tables.cardinalities)).values())
-                   * dense_training_copies(cfg.optim.dense))
-    need = tables_bytes + dense_bytes
-    if need <= room:
+    if plan is not None:  # this rank's rows; every rank holds all the vocabulary keys
+        tables_bytes = (plan.local_rows(env.rank) * table_row_bytes(cfg)
+                        + vocabulary_key_bytes(tables.cardinalities, tables.hashing))
+    ranks = env.all_gather_object((host_key(), socket.gethostname(), tables_bytes, memory))
+    text = _shortfall_text(cfg, tables, tables_text, ranks, dense_bytes, env.distributed)
+    if text is None:
         return
-    head = (f"the model needs {_size(need)} of host memory with its optimizers' state, more than the {_size(room)} "
-            f"{_room_source(room)}")
-    dense = _dense_parts_text(cfg.model, len(tables.cardinalities), tables_bytes)
-    if dense is not None:
-        text = f"{head}: {dense[0]} (its {tables_text}): {dense[1]}"
-    else:
-        text = (f"{head}: its {tables_text}, its dense layers {_size(dense_bytes)}: cap the tables with "
-                "data.max_rows_per_table")
     exc = MemoryError(text)
     exc.dlrm_refused = True  # said as it is (`dlrm.cli.out_of_memory_message`): nothing was built
+    if env.distributed:
+        exc.found_alike = True  # every rank raises it from the same numbers: said once (`dlrm.cli.report_failure`)
     raise exc
+
+
+def _shortfall_text(cfg: Config, tables: Tables, tables_text: str, ranks: list[tuple], dense_bytes: int,
+                    distributed: bool) -> Optional[str]:
+    """The refusal of `refuse_host_memory_shortfall` from every rank's (host key, host name, table bytes,
+    HostMemory), or None where the model fits (told where it fits only with swap, under train.allow_swap)."""
+    advice = functools.partial(_shortfall_advice, cfg, tables, tables_text, dense_bytes,
+                               max(t for _, _, t, _ in ranks), distributed)
+    for q, (_, name, t, memory) in enumerate(ranks):  # a process's own rlimits first: swap lifts neither
+        if memory.process is not None and t + dense_bytes > memory.process:
+            who = f"rank {q} on host {name} needs" if distributed else "the model needs"
+            return advice(f"{who} {_size(t + dense_bytes)} of host memory with its optimizers' state, more than the "
+                          f"{_size(memory.process)} {'it' if distributed else 'this process'} may take (ulimit -v, "
+                          "ulimit -d)", host=False)
+    hosts: dict[str, list[int]] = {}
+    for q, rank in enumerate(ranks):
+        hosts.setdefault(rank[0], []).append(q)
+    for qs in hosts.values():  # the ranks of one host draw from its memory (and their cgroup's) together
+        need = sum(ranks[q][2] + dense_bytes for q in qs)
+        ram, ram_source = _tightest([ranks[q][3].shared() for q in qs])
+        if ram is None or need <= ram:
+            continue
+        swap = min(ranks[q][3].swap() for q in qs)
+        total, total_source = _tightest([ranks[q][3].shared(with_swap=True) for q in qs])
+        name = ranks[qs[0]][1]
+        who = ("the model needs" if not distributed else f"rank {qs[0]} on host {name} needs" if len(qs) == 1
+               else f"the {len(qs)} ranks on host {name} need")
+        if cfg.train.allow_swap and need <= total:
+            run_logger.warning(f"host memory: {who} {_size(need)}, more than the {_size(ram)} {ram_source}: "
+                               f"{_size(need - ram)} of it will be in swap (train.allow_swap true), and training "
+                               "will be slow")
+            continue
+        room, source = (total, total_source) if cfg.train.allow_swap else (ram, ram_source)
+        text = advice(f"{who} {_size(need)} of host memory with {'their' if len(qs) > 1 else 'its'} optimizers' "
+                      f"state, more than the {_size(room)} {source}", host=True)
+        if cfg.train.allow_swap:
+            return text
+        if swap and need <= total:  # the user's to choose: it would run, slowly
+            return (f"{text}, or set train.allow_swap true to go on with {_size(need - ram)} of it in swap (of "
+                    f"{_size(swap)} free; a run that swaps is slow)")
+        if swap:
+            return (f"{text} (with train.allow_swap true the {_size(swap)} of free swap would not hold the other "
+                    f"{_size(need - ram)} either)")
+        return f"{text} (there is no free swap for train.allow_swap to count)"
+    return None
+
+
+def _tightest(rooms: list[tuple[Optional[int], str]]) -> tuple[Optional[int], str]:
+    """The least known room of `rooms` ((bytes or None, where it comes from)), or (None, "")."""
+    known = [r for r in rooms if r[0] is not None]
+    return min(known, key=lambda r: r[0]) if known else (None, "")
+
+
+def _shortfall_advice(cfg: Config, tables: Tables, tables_text: str, dense_bytes: int, largest: int,
+                      distributed: bool, head: str, host: bool) -> str:
+    """`head` with what takes the memory and the key that shrinks it: the dense layers' where they are the larger
+    part (`_dense_parts_text`), else the tables' cap (under torchrun, where the host's memory is short, or more
+    hosts: each holds the dense layers and the vocabulary keys once a rank)."""
+    dense = _dense_parts_text(cfg.model, len(tables.cardinalities), largest)
+    if not distributed:
+        if dense is not None:
+            return f"{head}: {dense[0]} (its {tables_text}): {dense[1]}"
+        return f"{head}: its {tables_text}, its dense layers {_size(dense_bytes)}: cap the tables with " \
+               "data.max_rows_per_table"
+    keys = " and the vocabulary keys" if tables.hashing == "vocabulary" else ""
+    what = (f"each rank holds its shard of the embedding tables (the largest {_size(largest)} with the sparse "
+            f"optimizer's state{keys}) and the dense layers ({_size(dense_bytes)} with their gradients, DDP's "
+            "buckets and the dense optimizer's state)")
+    if dense is not None:
+        return f"{head}: {what}; {dense[0]}: {dense[1]}"
+    return f"{head}: {what}: cap the tables with data.max_rows_per_table" + (
+        ", or spread the ranks over more hosts" if host else "")
 
 
 @contextlib.contextmanager
@@ -433,9 +474,12 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
     refuse_dense_layers_beyond_memory(cfg.model, len(tables.cardinalities), device,
                                       dense_training_copies(cfg.optim.dense))
     if device.type == "cpu" and not env.distributed:
-        refuse_host_memory_shortfall(cfg, tables, _available_host_memory())
+        refuse_host_memory_shortfall(cfg, tables, _host_memory())
     warn_cross_rank_at_width(cfg.model, len(tables.cardinalities))
     plan = make_sharding(cfg, tables, env, device)
+    if device.type == "cpu" and env.distributed:  # each rank's share of the tables: its plan's (the same on every rank)
+        env.barrier()  # every rank's data loaded before any of them reads what is left of the host's memory
+        refuse_host_memory_shortfall(cfg, tables, _host_memory(), env, plan)
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     # one block for the model and its optimizers (the sparse optimizer's state: as large, for adagrad): the GPU's free
     # memory is said as it was before the tables; queried again before the optimizers, it was what the tables had

@@ -32,7 +32,7 @@ from dlrm.train.train_data import epoch_steps, run_length
 # dotted prefixes: a key equal to one or under it is free
 FREE_KEYS = (
     "log", "checkpoint", "profile", "kernels", "name",
-    "train.log_every", "train.compile", "train.cuda_graph", "train.device", "train.baseline",
+    "train.log_every", "train.compile", "train.cuda_graph", "train.device", "train.baseline", "train.allow_swap",
     "data.prefetch", "data.placement", "data.gpu_memory_share", "data.eval_batch_size",
     "distributed",  # the sharding plan is checked against the checkpoint's where it matters
 )

@@ -1,0 +1,226 @@
+"""The host memory a CPU run may take, read before its model is built (`dlrm.train.builder` weighs the model against
+it: `refuse_host_memory_shortfall`).
+
+Three sources, each read where it is set: the host's MemAvailable and free swap (/proc/meminfo); the memory cgroup's
+limit, at every level from this process's cgroup up to its mount's root (a Slurm job's or a systemd slice's limit sits
+on an ancestor: the process's own cgroup has none), found through /proc/self/mountinfo (a container whose cgroup
+mount starts below the hierarchy's root, as Docker's under cgroup v1, has its cgroup at the mount point, not under it),
+cgroup v2 (memory.max, memory.swap.max) and v1 (memory.limit_in_bytes, memory.memsw.limit_in_bytes); and this
+process's own rlimits (`ulimit -v`, `ulimit -d`). A cgroup's usage counts the page cache of the files its processes
+read (a dataset read before the build: gigabytes), which the kernel reclaims before it kills anything: its inactive
+file pages are counted free, as MemAvailable counts the host's and as the kubelet's working set leaves them out.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """What a CPU build may take (bytes; None: no such limit, or not known).
+
+    Args:
+        available: the host's MemAvailable.
+        swap_free: the host's SwapFree (0: no swap).
+        cgroup: what the memory limits of this process's cgroup and its ancestors leave, the least of them.
+        cgroup_swap: the swap those cgroups may still use beyond `cgroup`; None: no swap limit of theirs.
+        process: what this process's own rlimits leave (RLIMIT_AS less its address space, RLIMIT_DATA less its data).
+    """
+
+    available: Optional[int] = None
+    swap_free: int = 0
+    cgroup: Optional[int] = None
+    cgroup_swap: Optional[int] = None
+    process: Optional[int] = None
+
+    def shared(self, with_swap: bool = False) -> tuple[Optional[int], str]:
+        """The memory every process on this host (of this cgroup) draws from, and where that number comes from as a
+        refusal says it; with_swap: free swap counted too (within the cgroup's swap limit), as train.allow_swap
+        counts it."""
+        swap = self.swap()
+        rooms = []
+        if self.available is not None:
+            rooms.append((self.available + (swap if with_swap else 0),
+                          "the host has available with its free swap (MemAvailable + SwapFree, counted under "
+                          "train.allow_swap)" if with_swap
+                          else "the host has available (MemAvailable)"))
+        if self.cgroup is not None:
+            rooms.append((self.cgroup + (swap if with_swap else 0),
+                          "the cgroup's memory and swap limits leave (memory.max and memory.swap.max, or v1's "
+                          "limit_in_bytes and memsw.limit_in_bytes, counted under train.allow_swap)" if with_swap else
+                          "the cgroup's memory limit leaves (memory.max, or v1's memory.limit_in_bytes)"))
+        if not rooms:
+            return None, ""
+        return min(rooms, key=lambda r: r[0])
+
+    def swap(self) -> int:
+        """The swap this process's cgroup may still use (0: none)."""
+        return max(0, self.swap_free if self.cgroup_swap is None else min(self.swap_free, self.cgroup_swap))
+
+
+def read_host_memory() -> HostMemory:
+    """The host's memory, its cgroups' limits and this process's rlimits, read now (`HostMemory`)."""
+    meminfo = _meminfo()
+    cgroup, cgroup_swap = cgroup_rooms()
+    return HostMemory(meminfo.get("MemAvailable"), meminfo.get("SwapFree", 0), cgroup, cgroup_swap, rlimit_room())
+
+
+def host_key() -> str:
+    """What the processes sharing this host's memory have alike: the running kernel's boot id (containers on one host
+    share it; two hosts' host names may not differ), else the host name."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or socket.gethostname()
+    except OSError:
+        return socket.gethostname()
+
+
+def mem_available() -> Optional[int]:
+    """The host's MemAvailable (bytes); None where /proc/meminfo does not say it."""
+    return _meminfo().get("MemAvailable")
+
+
+def _meminfo() -> dict[str, int]:
+    """/proc/meminfo's kB fields (KiB) in bytes; empty where it cannot be read."""
+    out = {}
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                parts = rest.split()
+                if parts and parts[0].isdigit():
+                    out[name] = int(parts[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def status_kib(field: str) -> int:
+    """A ``kB`` field of /proc/self/status (0 where it is not there)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def rlimit_room() -> Optional[int]:
+    """What this process's rlimits leave (bytes), None where none is set: RLIMIT_AS (`ulimit -v`) less the address
+    space it maps, RLIMIT_DATA (`ulimit -d`, which counts private anonymous mappings, the tables' too, since Linux
+    4.7) less its data segment. Swap does not lift either."""
+    rooms = []
+    for limit, field in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY:
+            rooms.append(soft - status_kib(field) * 1024)
+    return max(0, min(rooms)) if rooms else None
+
+
+# a limit at or above this is "no limit" (cgroup v1 writes PAGE_COUNTER_MAX pages, 2**63 rounded down to a page)
+_NO_LIMIT = 2**62
+
+
+def cgroup_rooms(proc_cgroup: str = "/proc/self/cgroup", mountinfo: str = "/proc/self/mountinfo") \
+        -> tuple[Optional[int], Optional[int]]:
+    """(memory, swap) that the memory limits of this process's cgroup and of every ancestor up to the mount's root
+    leave, the least at any level (None: no limit found): v2's memory.max less memory.current, v1's
+    memory.limit_in_bytes less memory.usage_in_bytes, each with its inactive file pages counted free; swap: v2's
+    memory.swap.max less memory.swap.current, v1's memory.memsw.limit_in_bytes (memory and swap) less its usage, less
+    the memory left. A file that cannot be read is no limit."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+        mounts = Path(mountinfo).read_text().splitlines()
+    except OSError:
+        return None, None
+    memory = swap = None
+    for line in lines:  # "0::/path" (cgroup v2), "4:memory:/path" (v1)
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        v2 = controllers == ""
+        if not v2 and "memory" not in controllers.split(","):
+            continue
+        for directory in _cgroup_dirs(mounts, v2, path):
+            m, s = (_v2_rooms if v2 else _v1_rooms)(directory)
+            memory = m if memory is None or (m is not None and m < memory) else memory
+            swap = s if swap is None or (s is not None and s < swap) else swap
+    return (None if memory is None else max(0, memory)), (None if swap is None else max(0, swap))
+
+
+def _cgroup_dirs(mounts: list[str], v2: bool, path: str) -> list[Path]:
+    """The directories of cgroup `path` and its ancestors, up to the root of the mount of its hierarchy (v2's cgroup2,
+    or v1's memory controller) that holds it: mountinfo's 4th field is the hierarchy's path at the mount point."""
+    for line in mounts:
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        after = line.split(" - ", 1)[1].split()
+        if len(after) < 3:
+            continue
+        fstype, options = after[0], after[2].split(",")
+        if (v2 and fstype != "cgroup2") or (not v2 and (fstype != "cgroup" or "memory" not in options)):
+            continue
+        root, point = fields[3], Path(fields[4])
+        rel = os.path.relpath(path or "/", root)
+        if rel == ".." or rel.startswith("../"):  # not below this mount's root (another container's mount)
+            continue
+        dirs, at = [], point / rel if rel != "." else point
+        while True:
+            dirs.append(at)
+            if at == point:
+                return dirs
+            at = at.parent
+    return []
+
+
+def _read_int(path: Path) -> Optional[int]:
+    """The number in `path` (None: "max", no file, or no number)."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _inactive_file(directory: Path, key: str) -> int:
+    """memory.stat's `key` (the inactive file pages, reclaimable) in `directory` (0: none, or not read)."""
+    try:
+        for line in (directory / "memory.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def _v2_rooms(d: Path) -> tuple[Optional[int], Optional[int]]:
+    memory = swap = None
+    limit, used = _read_int(d / "memory.max"), _read_int(d / "memory.current")
+    if limit is not None and limit < _NO_LIMIT and used is not None:
+        memory = limit - (used - _inactive_file(d, "inactive_file"))
+    limit, used = _read_int(d / "memory.swap.max"), _read_int(d / "memory.swap.current")
+    if limit is not None and limit < _NO_LIMIT and used is not None:
+        swap = limit - used
+    return memory, swap
+
+
+def _v1_rooms(d: Path) -> tuple[Optional[int], Optional[int]]:
+    memory = both = None
+    cache = _inactive_file(d, "total_inactive_file")  # (v1's hierarchical count, as usage_in_bytes is)
+    limit, used = _read_int(d / "memory.limit_in_bytes"), _read_int(d / "memory.usage_in_bytes")
+    if limit is not None and limit < _NO_LIMIT and used is not None:
+        memory = limit - (used - cache)
+    limit, used = _read_int(d / "memory.memsw.limit_in_bytes"), _read_int(d / "memory.memsw.usage_in_bytes")
+    if limit is not None and limit < _NO_LIMIT and used is not None:
+        both = limit - (used - cache)
+    if both is None:
+        return memory, None
+    if memory is None or both < memory:  # (memory counts against memsw too: no more than it leaves, none to swap)
+        return both, 0
+    return memory, both - memory
