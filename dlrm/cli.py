@@ -365,8 +365,13 @@ def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
         return EXIT_INTERRUPTED
     if is_out_of_memory(exc):
         # a refusal every rank of a torchrun run makes from the same numbers (`refuse_host_memory_shortfall`): once
-        say = _said_once_per_node(exc) if getattr(exc, "found_alike", False) else logger
-        say.error(out_of_memory_message(exc, cfg))
+        if getattr(exc, "found_alike", False):
+            _said_once_per_node(exc).error(out_of_memory_message(exc, cfg))
+            env = sys.modules.get("dlrm.distributed.env")
+            if env is not None:  # the other ranks leave once rank 0's line is out (torchrun's agent then stops it)
+                env.hold_until_rank_zero_said(cfg.distributed.timeout_s if cfg is not None else None)
+        else:
+            logger.error(out_of_memory_message(exc, cfg))
         return EXIT_OUT_OF_MEMORY
     if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
         where = f"{exc.filename}: " if exc.filename else ""

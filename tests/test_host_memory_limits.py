@@ -19,6 +19,7 @@ import builtins
 import json
 import os
 import pathlib
+import re
 import resource
 import socket
 import subprocess
@@ -33,8 +34,8 @@ from dlrm.distributed.env import DistEnv
 from dlrm.train.host_memory import HostMemory
 from dlrm.train.resume_policy import check_resume_config
 from dlrm.train.setup import Tables
-from tests.conftest import REPO, make_dataset
-from tests.test_audit_killfuzz import CONFIG
+from tests.conftest import CHILD_ENV, REPO, make_dataset
+from tests.test_audit_killfuzz import CONFIG, free_port
 from tests.test_audit_ranklog import launch_two_ranks
 from tests.test_cli_errors import error_line, invoke
 
@@ -171,6 +172,34 @@ def test_two_cpu_ranks_that_fit_the_host_one_by_one_but_not_together_are_refused
         f"optimizer's state) and the dense layers ({dense // 4 * 5 / MiB:,.1f} MiB with their "
         "gradients, DDP's buckets and the dense optimizer's state): cap the tables with data.max_rows_per_table, or "
         "spread the ranks over more hosts (there is no free swap for train.allow_swap to count)"), errors
+    assert not (tmp_path / "tb").exists()
+
+
+# rank 0 slow to say its line (its report takes 3 s): rank 1, which says nothing, must not exit before it
+SLOW_RANK_0 = FAKED.replace("from dlrm.cli import main", """import os, time
+import dlrm.cli as cli
+if os.environ["RANK"] == "0":
+    real = cli.out_of_memory_message
+    cli.out_of_memory_message = lambda *a: (time.sleep(3), real(*a))[1]
+from dlrm.cli import main""")
+
+
+def test_under_torchrun_rank_0_says_the_refusal_before_the_other_ranks_exit(tmp_path):
+    """torchrun's agent stops the remaining ranks as soon as one exits: rank 1 (which leaves the line to rank 0)
+    exited at once, and rank 0 was stopped by SIGTERM before its line was out: no word, exit -15."""
+    make_dataset(tmp_path / "ds", {"train": 40, "validation": 20}, cardinality=5000)
+    cfg = json.loads(json.dumps(CONFIG))
+    cfg["data"]["path"] = str(tmp_path / "ds")
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    (tmp_path / "slow.py").write_text(SLOW_RANK_0.replace("AVAILABLE)", f"{2**20})"))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                        str(free_port()), str(tmp_path / "slow.py"), "--config", str(tmp_path / "c.json"),
+                        "--run-name", "r", "--tb-dir", str(tmp_path / "tb")], cwd=REPO, capture_output=True,
+                       text=True, env={**CHILD_ENV, "TRITON_INTERPRET": "1"}, timeout=150)
+    errors = [line for line in p.stderr.splitlines() if " ERROR " in line and "the 2 ranks on host" in line]
+    assert len(errors) == 1 and not errors[0].startswith("[rank"), p.stderr[-3000:]
+    # torchrun's summary: rank 0 ended with its own exit 4, not the agent's SIGTERM (rank 1 may take either)
+    assert re.search(r"rank\s+: 0 \(local_rank: 0\)\s+exitcode\s+: 4 ", p.stderr), p.stderr[-3000:]
     assert not (tmp_path / "tb").exists()
 
 

@@ -286,6 +286,26 @@ def agree_on_input_error(exc: BaseException, line: str, say: Callable[[str], Non
         _say(exc, line, say, rank, alike)
 
 
+def hold_until_rank_zero_said(timeout_s: Optional[float] = None) -> None:
+    """After the line of an error every rank raised alike (`found_alike`: `dlrm.train.builder`'s host-memory
+    refusal) was said, by rank 0 alone: rank 0 tells the others through the process group's store, and each other
+    rank waits for that (at most `AGREE_WAIT_S`, half `timeout_s` if less) before it exits. Under torchrun the agent
+    stops the remaining ranks with SIGTERM as soon as one exits: a rank 1 that exited first killed rank 0 before its
+    line was out, and the run ended without a word. One process, or a store that cannot be reached: nothing."""
+    if not _joined():
+        return
+    try:
+        store = dist.PrefixStore("dlrm/said-alike", dist.distributed_c10d._get_default_store())
+        if dist.get_rank() == 0:
+            store.set("said", "1")
+            return
+    except Exception:  # noqa: BLE001 - no store (torch's internals changed, or it is gone)
+        return
+    wait = AGREE_WAIT_S if timeout_s is None else min(AGREE_WAIT_S, timeout_s / 2)
+    with _StopWaiting() as stop:
+        _wait_for(store, ["said"], wait, stop)
+
+
 def _say(exc: BaseException, line: str, say: Callable[[str], None], rank: int, alike: bool) -> None:
     """`line` once for the run (`alike`), else as this rank's, naming it (unless it relays another rank's failure,
     `failure_error`'s ``rank Q could not ...``, which names that rank)."""
