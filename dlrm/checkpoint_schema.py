@@ -17,10 +17,10 @@ Three kinds of file, told apart by their keys:
 
 - a checkpoint: format_version, model, optimizers, schedulers, position, rng, cardinalities,
   config_json, and optionally run_stats, multi_hot_sizes, dense_format, data_placement, hashing,
-  vocabulary_digest and shuffle_scheme;
+  vocabulary_digest, shuffle_scheme and dataset_stamps;
 - a shard of a sharded checkpoint: a checkpoint's keys plus rank and plan;
 - the manifest of a sharded checkpoint: format_version, position, cardinalities, config_json, sharded, and
-  optionally data_placement and shuffle_scheme.
+  optionally data_placement, shuffle_scheme and dataset_stamps.
 
 `validate` checks a loaded file against these (every required key, no other, each of its type)
 and raises a one-line ConfigError naming the file and the key. `upgrade_v1` turns a format-1 file
@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from dlrm.config import ConfigError
+from dlrm.data.dataset_stamps import is_stamps
 from dlrm.data.shuffle_seed import SHUFFLE_SCHEME
 
 FORMAT_VERSION = 2
@@ -51,9 +52,11 @@ _SHARD_KEYS = _CHECKPOINT_KEYS + ("rank", "plan")
 _MANIFEST_KEYS = ("format_version", "position", "cardinalities", "config_json", "sharded")
 # Absent in older files: run totals unknown; one-hot; counts; the placement ("auto" resolved) unknown; the
 # hashing and vocabularies unknown (not checked). vocabulary_digest: only with hashing "vocabulary". shuffle_scheme:
-# only for train.seed >= 2**32, whose stream shuffle changed (`dlrm.data.shuffle_seed`).
+# only for train.seed >= 2**32, whose stream shuffle changed (`dlrm.data.shuffle_seed`). dataset_stamps: since
+# 2026-12-04, the data's files as the run read them (`dlrm.data.dataset_stamps`; a resume on changed ones is refused).
 _OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format", "data_placement", "hashing", "vocabulary_digest",
-                  "shuffle_scheme")
+                  "shuffle_scheme", "dataset_stamps")
+_MANIFEST_OPTIONAL = ("data_placement", "shuffle_scheme", "dataset_stamps")
 _SHARD_FILE = re.compile(r"(?:best-)?step-\d{8,}\.rank\d+-of-\d+\.pt")  # best-: a sharded best.pt's
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _MAX_DEPTH = 32  # deeper nesting is no state of ours; the limit keeps the recursive checks bounded
@@ -534,6 +537,9 @@ def _check_common(disk: dict[str, Any], path: Path) -> None:
     if "data_placement" in disk:
         _expect(disk["data_placement"] in ("stream", "gpu"), disk["data_placement"], path, "data_placement",
                 "'stream' or 'gpu'")
+    if "dataset_stamps" in disk:
+        _expect(is_stamps(disk["dataset_stamps"]), disk["dataset_stamps"], path, "dataset_stamps",
+                "a dict of file names to their stamps (strings)")
     if "shuffle_scheme" in disk:
         _expect(type(disk["shuffle_scheme"]) is int and disk["shuffle_scheme"] == SHUFFLE_SCHEME,
                 disk["shuffle_scheme"], path, "shuffle_scheme", str(SHUFFLE_SCHEME))
@@ -561,7 +567,7 @@ def validate(disk: Any, path: Path) -> None:
     version = disk.get("format_version")
     _expect(type(version) is int and version == FORMAT_VERSION, version, path, "format_version", str(FORMAT_VERSION))
     if "sharded" in disk:
-        _check_keys(disk, _MANIFEST_KEYS, ("data_placement", "shuffle_scheme"), path)
+        _check_keys(disk, _MANIFEST_KEYS, _MANIFEST_OPTIONAL, path)
         _check_common(disk, path)
         _check_sharded(disk["sharded"], path)
         return

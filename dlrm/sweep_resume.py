@@ -4,8 +4,9 @@ Every sweep records what it trains in ``<sweep dir>/sweep.json`` before its firs
 path), the ``--set`` lists in order (``data.path`` values absolute), ``--seeds``, the ``--data`` (absolute: a resume
 from elsewhere trains on the same data)/``--device`` overrides, the config every trial starts from, resolved, and the
 working directory (``cwd``: a relative data.path of the config file names the data there, from wherever resumed),
-and the SHA-256 of each dataset's metadata.json (``datasets``: a resume on a dataset replaced since is refused,
-`check_datasets_unchanged`).
+and each dataset's metadata.json SHA-256 (``datasets``) and its files' stamps (``dataset_files``: metadata.json's
+SHA-256, each split file's size and parquet footer's SHA-256, `dlrm.data.dataset_stamps`): a resume on a dataset
+replaced or rewritten since is refused (`check_datasets_unchanged`).
 ``--resume DIR`` reads it back, so the directory alone is enough; ``--config``, ``--set``, ``--seeds``, ``--data``
 (resolved against the working directory of the resume) and ``--device`` may be given again, and whatever is given (and the config file, which may have
 been edited since) must match the record: a difference is refused in one line naming it (exit 2); ``log`` and
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -141,7 +141,7 @@ def write_record(directory: Path, config: str, sets: list[tuple[str, list[Any]]]
     # anywhere (dlrm.sweep._run_trials)
     record = {"format": FORMAT, "config": str(Path(config).resolve()), "sets": [[k, list(v)] for k, v in sets],
               "seeds": seeds, "base": base, "resolved": resolved(config, base, sets), "cwd": os.getcwd(),
-              "datasets": dataset_digests(config, base, sets, os.getcwd())}
+              **dataset_records(dataset_digests(config, base, sets, os.getcwd()))}
     # Written under a name of this process's own, locked, then given its name only if no record is there: two sweeps
     # of one --run-name started together both found the directory empty (`dlrm.sweep.sweep_directory`), and the
     # second's rename replaced the first's record (a --resume then trained the other grid) and locked the new file,
@@ -166,38 +166,60 @@ def write_record(directory: Path, config: str, sets: list[tuple[str, list[Any]]]
 
 
 def dataset_digests(config: str, base: dict[str, Any], sets: list, workdir: str,
-                    settings: Optional[list[dict[str, Any]]] = None) -> dict[str, str]:
-    """The SHA-256 of the ``metadata.json`` (row counts, positives, tables) of each dataset that the trials of
-    `settings` (default: the whole grid of `sets`) read, by its path as they read it (`workdir`: what a relative
-    data.path is read against); a dataset whose metadata cannot be read here is left out (its runs refuse it)."""
+                    settings: Optional[list[dict[str, Any]]] = None) -> dict[str, dict[str, str]]:
+    """The stamps of each dataset that the trials of `settings` (default: the whole grid of `sets`) read
+    (`dlrm.data.dataset_stamps`: metadata.json's SHA-256, every split file's size and parquet footer's SHA-256), by its
+    path as they read it (`workdir`: what a relative data.path is read against); a dataset whose metadata.json cannot
+    be read here is left out (its runs refuse it)."""
+    from dlrm.data.dataset_stamps import METADATA, dataset_stamps
     from dlrm.sweep import grid
 
     paths = dict.fromkeys(os.path.normpath(os.path.join(workdir, load_config(config, {**base, **s}).data.path))
                           for s in (grid(sets) if settings is None else settings))
-    digests = {}
-    for path in paths:
-        try:
-            digests[path] = hashlib.sha256(read_regular_file(Path(path) / "metadata.json", 1 << 28)).hexdigest()
-        except OSError:
-            continue
-    return digests
+    digests = {path: dataset_stamps(path) for path in paths}
+    return {path: stamps for path, stamps in digests.items() if stamps[METADATA][:1].isdigit()}
+
+
+def dataset_records(digests: dict[str, dict[str, str]]) -> dict[str, dict]:
+    """sweep.json's ``datasets`` (each dataset's metadata.json SHA-256, as versions before 2026-12-04 wrote and read
+    them: one of those resumes a newer sweep still, comparing that much) and ``dataset_files`` (its files' stamps)."""
+    from dlrm.data.dataset_stamps import METADATA
+
+    return {"datasets": {path: stamps[METADATA].split(":")[1] for path, stamps in digests.items()},
+            "dataset_files": digests}
 
 
 def check_datasets_unchanged(directory: Path, record: dict[str, Any], config: str, base: dict[str, Any], sets: list,
                              left: list[dict[str, Any]], workdir: str) -> None:
-    """Refuse, in one line, a resume whose trials left to train would read a dataset other than the one the sweep
-    began on (its metadata.json differs from the digest sweep.json recorded: regenerated, re-preprocessed): the
-    finished trials were gathered and the rest trained on the new data, all in one table and verdict, without a word.
-    A record made before the digests (no ``datasets``) is not checked."""
-    recorded = record.get("datasets")
-    if not isinstance(recorded, dict):
-        return
-    for path, digest in dataset_digests(config, base, sets, workdir, left).items():
-        if path in recorded and recorded[path] != digest:
-            raise ConfigError(f"--resume: the dataset {path} is not the one the sweep in {directory} began on (its "
-                              f"metadata.json differs from the one {RECORD} recorded): its trials left would train on "
-                              "other data than the finished ones they are compared with; put that dataset back, or "
-                              "start a new sweep")
+    """Refuse, in one line naming the file, a resume whose trials left to train would read a dataset other than the
+    one the sweep began on (a file of it differs from the stamps sweep.json recorded, `dlrm.data.dataset_stamps`:
+    regenerated, re-preprocessed, a parquet file rewritten or truncated): the finished trials were gathered and the
+    rest trained on the new data, all in one table and verdict, without a word.
+    A record made before the digests (no ``datasets``) is not checked; one made before the stamps (2026-12-04: no
+    ``dataset_files``, the SHA-256 of metadata.json alone) is checked for that, with a warning that its files are
+    not."""
+    from dlrm.data.dataset_stamps import METADATA, is_stamps, stamp_change
+
+    recorded, files = record.get("datasets"), record.get("dataset_files")
+    recorded, files = (x if isinstance(x, dict) else {} for x in (recorded, files))
+    for path, stamps in dataset_digests(config, base, sets, workdir, left).items():
+        if path in files:
+            if not is_stamps(files[path]):
+                raise ConfigError(f"--resume: {directory / RECORD}: dataset_files: {path!r:.80} must map its files to "
+                                  f"their stamps (file name -> \"size:sha256\"), got {json.dumps(files[path])[:60]}")
+            change = stamp_change(files[path], stamps)
+        elif isinstance(recorded.get(path), str):  # 2026-12-02 .. 12-04: the SHA-256 of metadata.json alone
+            change = None if stamps[METADATA].endswith(f":{recorded[path]}") else f"{METADATA} changed"
+            if change is None:
+                logger.warning(f"--resume: {directory / RECORD} (written by an earlier version) records only the "
+                               f"SHA-256 of {path}'s metadata.json: a change to its parquet files that kept "
+                               "metadata.json (rewritten in place, replaced by hand) is not checked")
+        else:
+            continue
+        if change is not None:
+            raise ConfigError(f"--resume: the dataset {path} is not the one the sweep in {directory} began on: "
+                              f"since {RECORD} recorded it, {change}; its trials left would train on other data than "
+                              "the finished ones they are compared with; put that dataset back, or start a new sweep")
 
 
 def read_record(directory: Path) -> dict[str, Any]:

@@ -125,8 +125,15 @@ def test_a_branch_restart_refused_at_its_restore_keeps_the_stopped_sessions_even
     run = tmp_path / "tb" / "branch"
     before = _files(run)
     assert any(Path(p).name.startswith("events.out.tfevents.") for p in before)
-    with pytest.raises(ConfigError, match="table sizes differ"):
+    # refused first by the data's stamps the checkpoint records (before anything is reopened); past them (data.path
+    # allowed), by the restore, after the branch directory was taken again
+    with pytest.raises(ConfigError, match="the checkpoint was trained on: since it was written, metadata.json changed"):
         _restart(config, "branch", monkeypatch)
+    assert _files(run) == before, "the refused restart changed the branch: " + str(sorted(set(before) ^ set(_files(run))))
+    scripted(monkeypatch, [0.50] * 4)
+    with pytest.raises(ConfigError, match="table sizes differ"):
+        train(load_config(config, {"log.run_name": "branch", "train.max_steps": 8, **LR}), resume="latest",
+              allow_config_change=[*ALLOW, "data.path"])
     assert _files(run) == before, "the refused restart changed the branch: " + str(sorted(set(before) ^ set(_files(run))))
     shutil.rmtree(tmp_path / "ds")  # the data as the branch had it: the restart goes on, the stopped session's events go
     make_dataset(tmp_path / "ds", {"train": 40, "validation": 16})

@@ -54,8 +54,8 @@ def _shard(state: dict[str, Any], env: DistEnv, plan: ShardingPlan) -> dict[str,
 
 
 def _manifest(state: dict[str, Any], env: DistEnv, plan: ShardingPlan, shards: list[str]) -> dict[str, Any]:
-    manifest = {k: state[k] for k in ("position", "cardinalities", "config", "data_placement", "shuffle_scheme")
-                if k in state}
+    manifest = {k: state[k] for k in ("position", "cardinalities", "config", "data_placement", "shuffle_scheme",
+                                      "dataset_stamps") if k in state}  # (a resume checks the data with its manifest)
     manifest["sharded"] = {"world_size": env.world_size, "plan": plan.to_dict(), "shards": shards}
     return manifest
 

@@ -154,6 +154,43 @@ def _show(value: Any) -> str:
     return "..." + text[-37:] if isinstance(value, str) and "/" in value else text[:37] + "..."
 
 
+def check_dataset_unchanged(saved: dict[str, Any], state: dict[str, Any], stamps: Optional[dict[str, str]],
+                            data_dir: str, allowed: Iterable[str], source: str) -> None:
+    """Refuse a resume whose dataset's files changed since the checkpoint was written (their stamps, which it records,
+    differ from `stamps`, this run's: `dlrm.data.dataset_stamps`), unless ``--allow-config-change data.path``; allowed,
+    warn. The checkpoint's data was compared only by its table sizes, multi-hot sizes, dense format and vocabularies:
+    a dataset regenerated in place, a parquet file rewritten or truncated resumed at once, and the run's later steps
+    trained on other rows than its earlier ones, without a word.
+
+    Args:
+        saved: the checkpoint's config (`saved_config`): under another data.path (which `check_resume_config` let
+            through only under --allow-config-change) the data is another by design, and not compared.
+        state: the checkpoint (a sharded one's manifest); stamps: this run's data's, None: not known (not compared).
+        data_dir: this run's data.path; allowed, source: ``--allow-config-change``'s keys, the checkpoint (messages).
+    """
+    from dlrm.data.dataset_stamps import stamp_change
+
+    old = (saved.get("data") or {}).get("path") if isinstance(saved.get("data"), dict) else None
+    if stamps is None or not (old == data_dir or _same_dir(old, data_dir)):
+        return
+    recorded = state.get("dataset_stamps")
+    if recorded is None:  # (written before 2026-12-04)
+        run_logger.warning(f"--resume {source}: the checkpoint records no stamps of its data's files (written by an "
+                           f"earlier version): a change to {data_dir}'s files since that kept its table sizes is not "
+                           "checked")
+        return
+    change = stamp_change(recorded, stamps)
+    if change is None:
+        return
+    if _under("data.path", tuple(allowed)):
+        run_logger.warning(f"--resume {source}: the dataset {data_dir} changed since the checkpoint was written: "
+                           f"{change}; resuming on it as it is (allowed by --allow-config-change data.path)")
+        return
+    raise ConfigError(f"--resume {source}: the dataset {data_dir} is not the one the checkpoint was trained on: "
+                      f"since it was written, {change}; the resumed steps would train on other data than the steps "
+                      "before; put that dataset back, or pass --allow-config-change data.path to resume on it as it is")
+
+
 def check_schedule_length(saved: dict[str, Any], cfg: Config, step: int, steps_per_epoch: int, total: int, rows: int,
                           allowed: Iterable[str], source: str, world_size: int = 1) -> None:
     """Refuse a run length changed on resume (`LENGTH_KEYS`, or the steps an epoch: `BATCH_KEYS`) that moves the end of

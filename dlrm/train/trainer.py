@@ -20,6 +20,7 @@ from loguru import logger
 from torch.profiler import record_function
 
 from dlrm.config import Config, ConfigError
+from dlrm.data.dataset_stamps import dataset_stamps
 from dlrm.data.loader import Batch
 from dlrm.distributed.env import init_distributed
 from dlrm.errors import NonFiniteLoss, TrainingStopped, found_alike
@@ -36,8 +37,9 @@ from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler, profiles_step, saves_trace
 from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, model_text,
                                   open_writer, resolved_settings, versions, write_summary)
-from dlrm.train.resume_policy import (check_position, check_resume_config, check_schedule_length, checkpoint_to_resume,
-                                      named_as_current, saved_config, summarized)
+from dlrm.train.resume_policy import (check_dataset_unchanged, check_position, check_resume_config,
+                                      check_schedule_length, checkpoint_to_resume, named_as_current, saved_config,
+                                      summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import as_trained, dataset_held, seed_everything, seed_rank
 from dlrm.train.signals import FinishAlone, GracefulStop, StopAtOnce, agreed_stop, held_signals
@@ -82,6 +84,8 @@ class Trainer(WindowLogging):
         seed_everything(cfg.train.seed, cfg.train.deterministic)
         self.resume_from = self.finished = latest = state = None
         self.resumed_at_step: Optional[int] = None  # the step a resumed session starts from (summary.json)
+        # its data files' stamps, rank 0's (held for reading: `dataset_held`): every checkpoint records them
+        self.data_stamps = self.env.broadcast_object(dataset_stamps(data_dir) if self.env.is_main else None)
         with found_alike():  # every rank checks the same files: a refusal is said once (on_main's copies too)
             if resume is not None:  # (None, None): a run without a checkpoint yet, started from step 0 (`restart`)
                 self.resume_from, latest = checkpoint_to_resume(cfg, resume, allow_config_change, self.env)
@@ -91,6 +95,8 @@ class Trainer(WindowLogging):
                 # no change however the two name it: `named_as_current`)
                 self.resumed_config = named_as_current(saved_config(state), cfg.to_dict(), run_of(self.resume_from))
                 check_resume_config(self.resumed_config, cfg.to_dict(), allow_config_change, str(self.resume_from))
+                check_dataset_unchanged(self.resumed_config, state, self.data_stamps, cfg.data.path,
+                                        allow_config_change, str(self.resume_from))
         # (not the placement's: it weighs each rank's own GPU memory)
         self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
         if state is not None:  # the batches the run resumed would train on (shuffled, they depend on the placement)
@@ -114,7 +120,8 @@ class Trainer(WindowLogging):
         self.pos, self.stats = ckpt.Position(), RunStats()
         self.run_dir = self._open_run_dir(run_dir, latest, restart=resume is not None and self.resume_from is None)
         try:  # any failure (a SIGTERM too: `train`) before the first step: the directory is given up (`abandon`)
-            self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env, self.placement)
+            self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env, self.placement,
+                                             self.data_stamps)
             if self.resume_from is not None:
                 self.pos, self.stats = self.checkpointer.restore(self.resume_from, self.run)
                 # after the restore's checks (which refuse another world size's): a position the epochs cannot hold
