@@ -88,6 +88,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def trained_world_size(state: dict[str, Any]) -> Optional[int]:
+    """The ranks whose epochs a loaded checkpoint's position counts (on N ranks an epoch's last batch of fewer than N
+    rows is left out): its ``world_size``, the torchrun run's ranks, or a merged checkpoint's sharded run's, which a
+    one-process session resumed from it keeps (`dlrm.train.train_data.TrainData`); else a shard's or manifest's plan's;
+    None when unknown (a one-process or merged file written before checkpoints recorded it)."""
+    if type(state.get("world_size")) is int:
+        return state["world_size"]
+    plan = (state.get("sharded") or {}).get("plan") or state.get("plan")
+    return plan["world_size"] if isinstance(plan, dict) and type(plan.get("world_size")) is int else None
+
+
 def checkpoint_name(step: int) -> str:
     return f"step-{step:08d}.pt"
 

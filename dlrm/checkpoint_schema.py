@@ -17,10 +17,13 @@ Three kinds of file, told apart by their keys:
 
 - a checkpoint: format_version, model, optimizers, schedulers, position, rng, cardinalities,
   config_json, and optionally run_stats, multi_hot_sizes, dense_format, data_placement, hashing,
-  vocabulary_digest, shuffle_scheme and dataset_stamps;
+  vocabulary_digest, shuffle_scheme, dataset_stamps and world_size;
 - a shard of a sharded checkpoint: a checkpoint's keys plus rank and plan;
 - the manifest of a sharded checkpoint: format_version, position, cardinalities, config_json, sharded, and
-  optionally data_placement, shuffle_scheme and dataset_stamps.
+  optionally data_placement, shuffle_scheme, dataset_stamps and world_size.
+
+world_size: the ranks whose epochs the position counts (`dlrm.checkpoint.trained_world_size`); a shard's and a
+manifest's is their plan's.
 
 `validate` checks a loaded file against these (every required key, no other, each of its type)
 and raises a one-line ConfigError naming the file and the key. `upgrade_v1` turns a format-1 file
@@ -54,9 +57,10 @@ _MANIFEST_KEYS = ("format_version", "position", "cardinalities", "config_json", 
 # hashing and vocabularies unknown (not checked). vocabulary_digest: only with hashing "vocabulary". shuffle_scheme:
 # only for train.seed >= 2**32, whose stream shuffle changed (`dlrm.data.shuffle_seed`). dataset_stamps: since
 # 2026-12-04, the data's files as the run read them (`dlrm.data.dataset_stamps`; a resume on changed ones is refused).
+# world_size: unknown (`dlrm.checkpoint.trained_world_size`).
 _OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format", "data_placement", "hashing", "vocabulary_digest",
-                  "shuffle_scheme", "dataset_stamps")
-_MANIFEST_OPTIONAL = ("data_placement", "shuffle_scheme", "dataset_stamps")
+                  "shuffle_scheme", "dataset_stamps", "world_size")
+_MANIFEST_OPTIONAL = ("data_placement", "shuffle_scheme", "dataset_stamps", "world_size")
 _SHARD_FILE = re.compile(r"(?:best-)?step-\d{8,}\.rank\d+-of-\d+\.pt")  # best-: a sharded best.pt's
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _MAX_DEPTH = 32  # deeper nesting is no state of ours; the limit keeps the recursive checks bounded
@@ -570,6 +574,7 @@ def validate(disk: Any, path: Path) -> None:
         _check_keys(disk, _MANIFEST_KEYS, _MANIFEST_OPTIONAL, path)
         _check_common(disk, path)
         _check_sharded(disk["sharded"], path)
+        _check_world_size(disk, disk["sharded"]["world_size"], path)
         return
     is_shard = "rank" in disk or "plan" in disk
     _check_keys(disk, _SHARD_KEYS if is_shard else _CHECKPOINT_KEYS, _OPTIONAL_KEYS, path)
@@ -579,3 +584,15 @@ def validate(disk: Any, path: Path) -> None:
         _check_plan(disk["plan"], path, "plan")
         _expect(_is_int(disk["rank"]) and disk["rank"] < disk["plan"]["world_size"], disk["rank"], path, "rank",
                 f"an int in [0, {disk['plan']['world_size']})")
+    _check_world_size(disk, disk["plan"]["world_size"] if is_shard else None, path)
+
+
+def _check_world_size(disk: dict[str, Any], plan_world: Any, path: Path) -> None:
+    """The optional world_size: an int >= 1; a shard's or manifest's its plan's (`plan_world`)."""
+    if "world_size" not in disk:
+        return
+    world = disk["world_size"]
+    _expect(_is_int(world, 1), world, path, "world_size", "an int >= 1")
+    if plan_world is not None:
+        _expect(world == plan_world, world, path, "world_size", f"the sharding plan's world_size ({plan_world})")
+

@@ -113,7 +113,8 @@ class DeviceLoader:
         rank, world_size: deliver only this rank's slice of every global batch
             (`dlrm.data.loader.rank_slice`); each rank still holds the whole split.
         pad_ranks: keep a last batch with fewer rows than ranks, a rank without a row getting a padding row
-            (`dlrm.data.batch.rank_rows`, `Batch.pad`): for evaluations, which must see every row.
+            (`dlrm.data.batch.rank_rows`, `Batch.pad`): for evaluations, which must see every row. Without it, the
+            ranks such a batch is left out for are `epoch_ranks` (set after; `TrainData` may raise it).
         multi_hot_sizes: the dataset's `Metadata.multi_hot_sizes` (None: one-hot); batches then
             carry sparse [B, L] as `dlrm.data.loader.ParquetLoader` documents.
         dense_format: the dataset's `Metadata.dense_format` ("counts" or "float", as `ParquetLoader`'s).
@@ -140,7 +141,7 @@ class DeviceLoader:
         self._width = sparse_width(self.multi_hot_sizes)
         self.dense_format = check_dense_format(dense_format)
         check_rank_batch(batch_size, world_size, pad_ranks)
-        self.rank, self.world_size, self.pad_ranks = rank, world_size, pad_ranks
+        self.rank, self.world_size, self.pad_ranks, self.epoch_ranks = rank, world_size, pad_ranks, world_size
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.shuffle = shuffle
@@ -235,7 +236,7 @@ class DeviceLoader:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.world_size, self.pad_ranks)
+        return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.epoch_ranks, self.pad_ranks)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """The next iteration yields `epoch`'s batches from index `start_batch` on (for resume)."""

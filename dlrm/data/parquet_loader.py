@@ -59,6 +59,7 @@ class ParquetLoader:
             batch (`rank_slice`); every rank plans, decodes and uploads the same buffers (the
             global batches must be identical everywhere) but cuts only its own rows.
         pad_ranks: keep a last batch of fewer rows than ranks, padded (`rank_rows`, `Batch.pad`): evaluations.
+            Without it, the ranks such a batch is left out for are `epoch_ranks` (set after; `TrainData` may raise it).
         compact_sparse: move sparse values as int32 bit patterns on the host (exact only without
             0xFFFFFFFF, and in multi-hot data 0xFFFFFFFE, which the footers' statistics must rule
             out); None: on CUDA devices.
@@ -148,7 +149,7 @@ class ParquetLoader:
         self.dense_format = check_dense_format(dense_format)
         self.batch_size = batch_size
         check_rank_batch(batch_size, world_size, pad_ranks)
-        self.rank, self.world_size, self.pad_ranks = rank, world_size, pad_ranks
+        self.rank, self.world_size, self.pad_ranks, self.epoch_ranks = rank, world_size, pad_ranks, world_size
         self.device = torch.device(device)
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.prefetch = max(1, prefetch)
@@ -216,7 +217,7 @@ class ParquetLoader:
 
     def __len__(self) -> int:
         """Batches per epoch."""
-        return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.world_size, self.pad_ranks)
+        return batches_per_epoch(self.num_rows, self.batch_size, self.drop_last, self.epoch_ranks, self.pad_ranks)
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """The next iteration yields `epoch`'s batches from index `start_batch` on (for resume).
@@ -246,7 +247,7 @@ class ParquetLoader:
         def flush(groups: list[int], carry: int, rows: int, final: bool) -> int:
             nonlocal batches
             full = rows // B * B
-            last = final and keeps_last_batch(rows - full, self.drop_last, self.world_size, self.pad_ranks)
+            last = final and keeps_last_batch(rows - full, self.drop_last, self.epoch_ranks, self.pad_ranks)
             cuts = Cuts(B, full, rows if last else full)  # (not a list: 2.1M tuples a plan at B 2048 over 4.2e9 rows)
             flushes.append(_Flush(groups, carry, rows, final, cuts, batches, full))
             batches += len(cuts)

@@ -54,8 +54,9 @@ def _shard(state: dict[str, Any], env: DistEnv, plan: ShardingPlan) -> dict[str,
 
 
 def _manifest(state: dict[str, Any], env: DistEnv, plan: ShardingPlan, shards: list[str]) -> dict[str, Any]:
+    # (dataset_stamps: a resume checks the data with its manifest)
     manifest = {k: state[k] for k in ("position", "cardinalities", "config", "data_placement", "shuffle_scheme",
-                                      "dataset_stamps") if k in state}  # (a resume checks the data with its manifest)
+                                      "dataset_stamps", "world_size") if k in state}
     manifest["sharded"] = {"world_size": env.world_size, "plan": plan.to_dict(), "shards": shards}
     return manifest
 
@@ -408,8 +409,9 @@ def merge(manifest_path: Path) -> dict[str, Any]:
     embedding weight (in the shards' dtype: bf16 shards give a bf16 table, which loads as a one-process
     bf16 table does) and every per-row tensor of the sparse optimizer's state (fp32) are assembled
     from the shards; state only a shard has (`SHARD_ONLY`) is left out, so the model's keys are a
-    one-process model's; RNG states and run totals are rank 0's, except the logging window's losses, the ranks'
-    shares summed (`_merge_run_stats`). Shards that do not fit together are a ConfigError.
+    one-process model's; its world_size is the sharded run's; RNG states and run totals are rank 0's, except the
+    logging window's losses, the ranks' shares summed (`_merge_run_stats`). Shards that do not fit together are a
+    ConfigError.
     """
     manifest = ckpt.load_checkpoint(manifest_path)
     sharded = manifest.get("sharded")
@@ -423,6 +425,9 @@ def merge(manifest_path: Path) -> dict[str, Any]:
     if any(SPARSE_WEIGHT not in s["model"] for s in shards):
         raise ConfigError(f"{manifest_path}: a shard holds no {SPARSE_WEIGHT}")
     full = {k: v for k, v in shards[0].items() if k not in ("rank", "plan", "format_version")}
+    # the ranks that trained it, which one process resuming it must know (its epochs: `dlrm.train.train_data`); the
+    # manifest holds them also where its shards (written before checkpoints recorded world_size) do not
+    full["world_size"] = sharded["world_size"]
     full["model"] = {k: v for k, v in shards[0]["model"].items() if k not in SHARD_ONLY}
     full["model"][SPARSE_WEIGHT] = _assembled(plan, [s["model"][SPARSE_WEIGHT] for s in shards], manifest_path,
                                               SPARSE_WEIGHT)

@@ -210,7 +210,8 @@ def check_schedule_length(saved: dict[str, Any], cfg: Config, step: int, steps_p
     Args:
         saved: the checkpoint's config (`saved_config`); cfg: this run's.
         step: the checkpoint's step; steps_per_epoch, total, rows: this run's epoch and run length (`TrainData`) and
-            its train split's rows; world_size: this run's ranks (an epoch's last batch needs a row for each).
+            its train split's rows; world_size: the ranks the checkpoint's epochs were counted in (an epoch's last
+            batch needs a row for each: `dlrm.checkpoint.trained_world_size`, else this run's).
         allowed: ``--allow-config-change``'s keys; source: the checkpoint, for the messages.
     """
     schedule = cfg.optim.schedule

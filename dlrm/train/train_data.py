@@ -122,20 +122,27 @@ def epoch_steps(rows: int, batch_size: int, drop_last: bool, world_size: int = 1
 
 @dataclass
 class TrainData:
-    """The run's loaders, its effective batch size, its length in steps and the epochs that takes."""
+    """The run's loaders, its effective batch size, its length in steps and the epochs that takes; `ranks`: the world
+    size its epochs are counted in (`build`'s)."""
 
     train: object
     eval: object
     batch_size: int
     total_steps: int
     epochs: int
+    ranks: int = 1
 
     @classmethod
     def build(cls, cfg: Config, data_dir: Path, meta, device: torch.device, env: DistEnv,
-              placement: str) -> "TrainData":
+              placement: str, trained_ranks: Optional[int] = None) -> "TrainData":
+        """`trained_ranks`: the world size of the checkpoint a resume continues (`dlrm.checkpoint.trained_world_size`;
+        None: this run's). Its epochs are kept: on N ranks an epoch's last batch of fewer than N rows is left out, so a
+        merged N-rank checkpoint resumed by one process trained that batch, which the run it continues never did (a
+        step more an epoch: its position's epoch ended a batch later, the run's length and a decay's end moved)."""
         d = cfg.data
         files = split_files(data_dir, meta, "train")
         batch_size = d.batch_size
+        ranks = max(env.world_size, trained_ranks or 1)
         sizes = meta.multi_hot_sizes
         if placement == "gpu" and device.type != "cuda":  # (each loader made said it: two or three times a run)
             run_logger.warning("data.placement 'gpu' on a CPU device: the splits are held in host memory instead")
@@ -143,7 +150,8 @@ class TrainData:
         # hint was logged twice), and by rank 0 only (every rank logged it under torchrun)
         loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
                              multi_hot_sizes=sizes, dense_format=meta.dense_format, hints=False)
-        if len(loader) == 0 and env.world_size <= loader.num_rows < batch_size:
+        loader.epoch_ranks = ranks
+        if len(loader) == 0 and ranks <= loader.num_rows < batch_size:
             # A split smaller than one batch (the 100-line real Criteo sample holds 86 train rows): train on all
             # of it as one batch an epoch rather than refuse; said, and recorded as the summary's batch_size.
             run_logger.warning(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of "
@@ -155,6 +163,11 @@ class TrainData:
                 loader.close()
                 loader = make_loader(cfg, files, batch_size, device, train=True, env=env, placement=placement,
                                      multi_hot_sizes=sizes, dense_format=meta.dense_format, hints=False)
+                loader.epoch_ranks = ranks
+        if len(loader) != epoch_steps(loader.num_rows, batch_size, d.drop_last, env.world_size):
+            run_logger.info(f"data: the checkpoint's run counts its epochs on {ranks} ranks, which leave out the last "
+                            f"batch of {counted(loader.num_rows % batch_size, 'row')} (fewer rows than ranks): this "
+                            f"run keeps those epochs, {counted(len(loader), 'step')} each (not {len(loader) + 1})")
         if env.is_main and is_multi_hot(sizes) and isinstance(loader, ParquetLoader):
             _log_multi_hot_hints(loader)
         t = cfg.train
@@ -167,4 +180,17 @@ class TrainData:
         eval_files = split_files(data_dir, meta, d.eval_split, check_positives=True)  # (one class: no AUC)
         eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env,
                                   placement=placement, multi_hot_sizes=sizes, dense_format=meta.dense_format)
-        return cls(loader, eval_loader, batch_size, total, max(cfg.train.epochs, math.ceil(total / max(len(loader), 1))))
+        return cls(loader, eval_loader, batch_size, total, max(cfg.train.epochs, math.ceil(total / max(len(loader), 1))),
+                   ranks)
+
+    def say_unknown_ranks(self, drop_last: bool, source: str) -> None:
+        """Say, where it matters, that the checkpoint `source` a resume continues records no world size (written before
+        checkpoints recorded it): its epochs are taken as this run's, which a merged checkpoint of more ranks than the
+        rows of an epoch's last batch did not have (they left that batch out)."""
+        rows, steps = self.train.num_rows, len(self.train)
+        rest = rows % self.batch_size
+        if steps != epoch_steps(rows, self.batch_size, drop_last, max(rows, 1)):  # (more ranks than rows: any rest)
+            run_logger.info(f"--resume {source}: the checkpoint records no world size (written before checkpoints "
+                            f"recorded it), so its epochs are taken as this run's, {counted(steps, 'step')} each; "
+                            f"merged from a run of more than {counted(rest, 'rank')}, which left out the last batch of "
+                            f"{counted(rest, 'row')}, it counted {steps - 1}")

@@ -101,8 +101,12 @@ class Trainer(WindowLogging):
         self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
         if state is not None:  # the batches the run resumed would train on (shuffled, they depend on the placement)
             self.placement = resumed_placement(cfg, state, self.placement, allow_config_change, self.resume_from)
-        self.data = TrainData.build(cfg, data_dir, self.meta, self.device, self.env, self.placement)
+        # a resume keeps the epochs of the ranks that trained the checkpoint (one process resuming a merged one)
+        trained = ckpt.trained_world_size(state) if state is not None else None
+        self.data = TrainData.build(cfg, data_dir, self.meta, self.device, self.env, self.placement, trained)
         if state is not None:
+            if trained is None:
+                self.data.say_unknown_ranks(cfg.data.drop_last, str(self.resume_from))
             step = state["position"]["step"]
             # at its end, and finished: a run stopped by a signal during its last step saved that step but made neither
             # its last evaluation nor its summary, which this session then makes (training no step)
@@ -113,7 +117,7 @@ class Trainer(WindowLogging):
             with found_alike():  # a length that moves a decay's end: refused (before the build), or said
                 check_schedule_length(self.resumed_config, cfg, step, len(self.data.train), self.data.total_steps,
                                       self.data.train.num_rows, allow_config_change, str(self.resume_from),
-                                      self.env.world_size)
+                                      trained or self.data.ranks)
         self.run = build_run(cfg, self.tables, self.device, self.data.total_steps, self.env,
                              cfg.data.eval_batch_size or 4 * cfg.data.batch_size)
         seed_rank(cfg.train.seed, self.env.rank)  # after the shared initialization: dropout masks per rank
@@ -121,7 +125,7 @@ class Trainer(WindowLogging):
         self.run_dir = self._open_run_dir(run_dir, latest, restart=resume is not None and self.resume_from is None)
         try:  # any failure (a SIGTERM too: `train`) before the first step: the directory is given up (`abandon`)
             self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env, self.placement,
-                                             self.data_stamps)
+                                             self.data_stamps, self.data.ranks)
             if self.resume_from is not None:
                 self.pos, self.stats = self.checkpointer.restore(self.resume_from, self.run)
                 # after the restore's checks (which refuse another world size's): a position the epochs cannot hold
