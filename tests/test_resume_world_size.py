@@ -130,6 +130,8 @@ def test_a_merged_two_rank_checkpoint_resumed_by_one_process_ends_as_the_two_ran
     assert [loss for _, loss in summary["train_losses"]] == pytest.approx([loss for _, loss in two["train_losses"]],
                                                                           rel=1e-5)
     assert summary["auc"] == pytest.approx(two["auc"], abs=1e-6)
+    assert f"resumed from {source} at step 10 (epoch 0, batch 10; the checkpoint's world size 2, this session's 1)" \
+        in said
     assert ("data: the checkpoint's run counts its epochs on 2 ranks, which leave out the last batch of 1 row (fewer "
             "rows than ranks): this run keeps those epochs, 10 steps each (not 11)") in said
     # this session's checkpoints keep counting so (a resume of them keeps the epochs); its own ranks: summary.json's

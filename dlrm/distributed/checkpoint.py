@@ -50,13 +50,15 @@ def shard_name(step: int, rank: int, world_size: int) -> str:
 
 
 def _shard(state: dict[str, Any], env: DistEnv, plan: ShardingPlan) -> dict[str, Any]:
-    return {**state, "rank": env.rank, "plan": plan.to_dict()}
+    # world_size: the ranks (a sharded run's epochs are its own ranks': `dlrm.checkpoint.trained_world_size`)
+    return {**state, "rank": env.rank, "plan": plan.to_dict(), "world_size": env.world_size}
 
 
 def _manifest(state: dict[str, Any], env: DistEnv, plan: ShardingPlan, shards: list[str]) -> dict[str, Any]:
     # (dataset_stamps: a resume checks the data with its manifest)
     manifest = {k: state[k] for k in ("position", "cardinalities", "config", "data_placement", "shuffle_scheme",
-                                      "dataset_stamps", "world_size") if k in state}
+                                      "dataset_stamps") if k in state}
+    manifest["world_size"] = env.world_size
     manifest["sharded"] = {"world_size": env.world_size, "plan": plan.to_dict(), "shards": shards}
     return manifest
 

@@ -148,8 +148,10 @@ class Trainer(WindowLogging):
                 self._unrecorded_last_best()  # (an earlier version's finished run: its summary's best)
                 self._keep_best_model()
                 self.resumed_at_step = self.pos.step
+                ranks = f"; the checkpoint's world size {trained}, this session's {self.env.world_size}" \
+                    if trained not in (None, self.env.world_size) else ""  # (a merged one resumed by one process)
                 logger.info(f"resumed from {os.path.abspath(self.resume_from)} at step {self.pos.step} "
-                            f"(epoch {self.pos.epoch}, batch {self.pos.batch})")
+                            f"(epoch {self.pos.epoch}, batch {self.pos.batch}{ranks})")
             self._log_start()
         except BaseException as e:
             self.run_dir.abandon(e)
