@@ -216,7 +216,7 @@ def test_more_epochs_of_bigger_batches_are_checked_in_the_checkpoints_own_epochs
     with pytest.raises(ConfigError) as refused:
         train(cfg, resume=str(source), allow_config_change=["data.batch_size"])
     assert str(refused.value) == (
-        f"--resume {source}: data.batch_size 8 -> 16; train.epochs 3 -> 4 (12 -> 6 steps an epoch) moves the end of "
+        f"--resume {source}: data.batch_size 8 -> 16 (12 -> 6 steps an epoch); train.epochs 3 -> 4 moves the end of "
         "the linear decay (optim.schedule.decay_steps 0: to the run's end) from step 36 to step 24, which changes the "
         "learning rate of the steps already trained: the learning rate at the resume step 12 would go from 0.775 to "
         "0.64 times the configured one (optim.dense 0.00775 -> 0.0064, optim.sparse 0.03875 -> 0.032); pass "
@@ -238,11 +238,23 @@ def test_drop_last_and_another_data_path_in_the_unit(warnings):
     warnings.clear()
     moved = load_config(REPO / "configs" / "sample.json", {"data.path": "/elsewhere/sample"})
     check_schedule_length(saved, moved, 150, 703, 1406, ROWS, ["data.path"], "ck.pt")
-    assert warnings == [
-        "--resume: data.path changed, so the checkpoint's run length in steps is unknown (its train.epochs counted "
-        "its own data's batches) and whether the end of the linear decay (optim.schedule.decay_steps 0: to the run's "
-        "end) moved is not checked: this run's ends at step 1406, and the learning rate at the resume step 150 is "
-        "0.9655 times the configured one"]
+    unknown = ("the checkpoint's run length in steps is unknown under another data.path (its train.epochs counted "
+               "its own data's batches), so whether the end of the linear decay (optim.schedule.decay_steps 0: to the "
+               "run's end) moved is not known: this run's decay ends at step {}, and the learning rate at the resume "
+               "step 150 is {} times the configured one")
+    assert warnings == ["--resume: " + unknown.format(1406, 0.9655)]
+    # a length key changed with it still needs its flag (it passed, said as "not checked", where it was refused)
+    warnings.clear()
+    longer = load_config(REPO / "configs" / "sample.json", {"data.path": "/elsewhere/sample", "train.max_steps": 400})
+    capped = load_config(REPO / "configs" / "sample.json", {"train.max_steps": 200}).to_dict()
+    with pytest.raises(ConfigError) as refused:
+        check_schedule_length(capped, longer, 150, 703, 400, ROWS, ["data.path"], "ck.pt")
+    assert str(refused.value) == (
+        "--resume ck.pt: train.max_steps 200 -> 400 changes the run's length, and " + unknown.format(400, 0.85)
+        + "; pass --allow-config-change train.max_steps to resume so, or keep the checkpoint's decay with its length "
+        "in \"decay_steps\" in optim.schedule and --allow-config-change optim.schedule.decay_steps")
+    check_schedule_length(capped, longer, 150, 703, 400, ROWS, ["data.path", "train.max_steps"], "ck.pt")
+    assert warnings == ["--resume: " + unknown.format(400, 0.85)]
 
 
 def test_the_command_line_refusal_is_one_line_and_exit_2(data, tmp_path):

@@ -226,12 +226,22 @@ def check_schedule_length(saved: dict[str, Any], cfg: Config, step: int, steps_p
         return
     if any(k == "data.path" for k, _, _ in changes):
         # Another dataset: the checkpoint records no row count of its own, and its directory may be gone or hold other
-        # data now, so its run's length in steps (its epochs of its data's batches) is not known here.
-        run_logger.warning(f"--resume: data.path changed, so the checkpoint's run length in steps is unknown (its "
-                           f"train.epochs counted its own data's batches) and whether the end of the {schedule.decay} "
-                           f"decay (optim.schedule.decay_steps 0: to the run's end) moved is not checked: this run's "
-                           f"ends at step {_decay_end(schedule, total)}, and the learning rate at the resume step "
-                           f"{step} is {lr_multiplier(step, schedule, total):.4g} times the configured one")
+        # data now, so its run's length in steps (its epochs of its data's batches) is not known here. A length key
+        # changed too still needs its flag: said only, it passed a length change no flag allowed (it was refused)
+        lengths = [(k, old, new) for k, old, new in changes if _under(k, LENGTH_KEYS)]
+        missing = [k for k, _, _ in lengths if not _under(k, tuple(allowed))]
+        unknown = (f"the checkpoint's run length in steps is unknown under another data.path (its train.epochs counted "
+                   f"its own data's batches), so whether the end of the {schedule.decay} decay "
+                   f"(optim.schedule.decay_steps 0: to the run's end) moved is not known: this run's decay ends at "
+                   f"step {_decay_end(schedule, total)}, and the learning rate at the resume step {step} is "
+                   f"{lr_multiplier(step, schedule, total):.4g} times the configured one")
+        if missing:
+            shown = "; ".join(f"{k} {_show(old)} -> {_show(new)}" for k, old, new in lengths)
+            raise ConfigError(f"--resume {source}: {shown} changes the run's length, and {unknown}; pass "
+                              f"--allow-config-change {','.join(missing)} to resume so, or keep the checkpoint's decay "
+                              f"with its length in "
+                              "\"decay_steps\" in optim.schedule and --allow-config-change optim.schedule.decay_steps")
+        run_logger.warning(f"--resume: {unknown}")
         return
     try:
         own_epoch = epoch_steps(rows, int(data.get("batch_size")), bool(data.get("drop_last")), world_size)
@@ -246,9 +256,13 @@ def check_schedule_length(saved: dict[str, Any], cfg: Config, step: int, steps_p
     if not changed:  # (the same length keys and steps an epoch give the same length: a guard, not a case)
         return
     was, now = lr_multiplier(step, schedule, before), lr_multiplier(step, schedule, total)
-    epochs = (f" ({own_epoch} -> {steps_per_epoch} steps an epoch)"
-              if own_epoch != steps_per_epoch and any(_under(k, BATCH_KEYS) for k, _, _ in changed) else "")
-    what = (f"{'; '.join(f'{k} {_show(old)} -> {_show(new)}' for k, old, new in changed)}{epochs} moves the end of "
+    # the steps an epoch right after the batch keys that changed them (after a length key listed last, they read as
+    # that key's: "data.batch_size 8 -> 16; train.epochs 3 -> 4 (12 -> 6 steps an epoch)")
+    shown = [f"{k} {_show(old)} -> {_show(new)}" for k, old, new in changed]
+    batch = [i for i, (k, _, _) in enumerate(changed) if _under(k, BATCH_KEYS)]
+    if batch:
+        shown[batch[-1]] += f" ({own_epoch} -> {steps_per_epoch} steps an epoch)"
+    what = (f"{'; '.join(shown)} moves the end of "
             f"the {schedule.decay} decay (optim.schedule.decay_steps 0: to the run's end) from step "
             f"{_decay_end(schedule, before)} to step {_decay_end(schedule, total)}")
     jump = (f"the learning rate at the resume step {step} goes from {was:.4g} to {now:.4g} times the configured one "
