@@ -163,3 +163,23 @@ def test_the_decays_end_is_placed_in_the_checkpoints_own_ranks_epochs(two_ranks,
         "(optim.schedule.decay_steps 0: to the run's end) from step 20 to step 10 (allowed by --allow-config-change): "
         f"the learning rate at the resume step 5 goes from {was:.4g} to {now:.4g} times the configured one (optim.dense "
         f"{0.01 * was:.4g} -> {0.01 * now:.4g}, optim.sparse {0.05 * was:.4g} -> {0.05 * now:.4g})"]
+
+
+@pytest.mark.parametrize("placement", ["stream", "gpu"])
+def test_both_loaders_leave_out_a_last_batch_of_fewer_rows_than_their_epoch_ranks(two_ranks, placement):
+    """One process cutting the epochs of two ranks (`TrainData` sets `epoch_ranks`): the 1-row batch left out."""
+    from dlrm.data.device_loader import DeviceLoader
+    from dlrm.data.loader import ParquetLoader, split_files
+    from dlrm.data.schema import read_metadata
+
+    data = two_ranks[0].parents[1] / "ds"
+    loader = (DeviceLoader if placement == "gpu" else ParquetLoader)(
+        split_files(data, read_metadata(data), "train"), 10, "cpu", shuffle=True, drop_last=False)
+    try:
+        assert [len(b) for b in loader][-2:] == [10, 1] and len(loader) == 11
+        loader.epoch_ranks = 2
+        loader.set_epoch(1)
+        assert [len(b) for b in loader] == [10] * 10 and len(loader) == 10
+    finally:
+        if hasattr(loader, "close"):
+            loader.close()
