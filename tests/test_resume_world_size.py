@@ -183,3 +183,17 @@ def test_both_loaders_leave_out_a_last_batch_of_fewer_rows_than_their_epoch_rank
     finally:
         if hasattr(loader, "close"):
             loader.close()
+
+
+def test_a_one_process_checkpoint_under_torchrun_is_refused_before_any_other_check(two_ranks, tmp_path):
+    """Refused at the restore, after the run's build: a schedule refusal came first (train.epochs 2 -> 3 moves the
+    decay's end: "pass --allow-config-change train.epochs"), and the try that followed it met this one."""
+    run_dir, config = two_ranks
+    source = merged(run_dir, 10, tmp_path / "m10.pt")
+    done = run(["--config", str(config), "--run-name", "b", "--tb-dir", str(tmp_path / "tb"), "--epochs", "3",
+                "--resume", str(source)], tmp_path, 2)
+    errors = sorted({line.split("ERROR", 1)[1].strip() for line in (done.stdout + done.stderr).splitlines()
+                     if " ERROR " in line})
+    assert errors == [f"{source}: a one-process checkpoint cannot be resumed by 2 ranks; start a new run, or resume "
+                      "it with one process"], errors
+    assert not (tmp_path / "tb" / "b").exists()

@@ -312,9 +312,10 @@ def restore_agreed(env: DistEnv, restore: Callable[[], T], path: Path) -> T:
     return out[0]
 
 
-def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any]:
-    """The state this rank resumes from: its shard of a sharded checkpoint (same ranks, same plan)."""
-    state = ckpt.load_checkpoint(path)
+def check_resumable_by(path: Path, state: dict[str, Any], env: DistEnv) -> None:
+    """Refuse a checkpoint (`state`, loaded from `path`) that these ranks cannot resume: a shard, a one-process file under
+    torchrun, a sharded one of other ranks. Checked as soon as it is read (`dlrm.train.trainer`): at the restore, after
+    the run's build, a resume-config refusal came first (fixed, the next try met this one)."""
     sharded = state.get("sharded")
     if sharded is None:
         if "rank" in state:
@@ -323,12 +324,20 @@ def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any
         if env.distributed:
             raise ConfigError(f"{path}: a one-process checkpoint cannot be resumed by {env.world_size} ranks; "
                               "start a new run, or resume it with one process")
-        return state
-    if not env.distributed or sharded["world_size"] != env.world_size:
+    elif not env.distributed or sharded["world_size"] != env.world_size:
         raise ConfigError(
             f"{path}: written by {sharded['world_size']} ranks, resumed by {env.world_size}; resume with "
             f"torchrun --nproc-per-node {sharded['world_size']}, or merge it for one process: "
             f"python -m dlrm.distributed.merge {path} OUT.pt")
+
+
+def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any]:
+    """The state this rank resumes from: its shard of a sharded checkpoint (same ranks, same plan)."""
+    state = ckpt.load_checkpoint(path)
+    check_resumable_by(path, state, env)
+    sharded = state.get("sharded")
+    if sharded is None:
+        return state
     saved_plan = _plan(sharded)
     if saved_plan != plan:
         raise ConfigError(f"{path}: sharding plan differs (distributed.sharding / balance / row_wise_min_rows or table "

@@ -27,6 +27,7 @@ from dlrm.errors import NonFiniteLoss, TrainingStopped, found_alike
 from dlrm.json_file import SUMMARY_LIMIT, read_json
 from dlrm.logging_setup import ProgressBar, bar_interval, counted, run_logger
 from dlrm import checkpoint as ckpt
+from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.train.baseline import baseline_clause, run_baseline
 from dlrm.train.builder import build_run
 from dlrm.model.dlrm import named_range
@@ -91,6 +92,7 @@ class Trainer(WindowLogging):
                 self.resume_from, latest = checkpoint_to_resume(cfg, resume, allow_config_change, self.env)
             if self.resume_from is not None:
                 state = ckpt.load_checkpoint(self.resume_from)  # a sharded run's manifest: small
+                dist_ckpt.check_resumable_by(self.resume_from, state, self.env)  # (its ranks: before anything else)
                 # (summary.json's sessions: this session's config changes; the run's directory, written in place, is
                 # no change however the two name it: `named_as_current`)
                 self.resumed_config = named_as_current(saved_config(state), cfg.to_dict(), run_of(self.resume_from))
