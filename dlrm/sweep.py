@@ -496,7 +496,7 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
     failed, the first failed trial's code (3 a diverged loss, 4 out of memory, ...), after the tables are written;
     130 Ctrl-C, 143 SIGTERM (--resume SWEEP_DIR finishes the sweep).
     """
-    from dlrm.cli import report_failure
+    from dlrm.cli import report_failure, world_size_from_env
     from dlrm.logging_setup import configure_logging
     from dlrm.stop_signal import StopAtOnce
 
@@ -504,9 +504,14 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
     given = {name: ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT for name in ("seeds", "tb_dir")}
     if resume_dir is None and config_path is None:
         raise click.UsageError("Missing option '--config'.")
-    configure_logging()
+    configure_logging(ranks=True)  # (under torchrun, refused below: rank 0 says it, the others stay quiet)
     try:
         with StopAtOnce():  # SIGTERM raises, as in train.py: its default action skipped the sweep's cleanup
+            if world_size_from_env() > 1:
+                # every rank ran the whole grid: each made a sweep directory of its own (the second `<name>-2`, with
+                # a copy of the tables), or, with --run-name, was told the one another rank had just made existed
+                raise ConfigError("dlrm.sweep runs in one process (not under torchrun): every rank would run the "
+                                  "whole sweep into a directory of its own; start it with python -m dlrm.sweep")
             base = {k: v for k, v in (("data.path", data), ("train.device", device)) if v is not None}
             if resume_dir is None:
                 run_sweep(config_path, [parse_set(s) for s in sets], seeds, base, tb_dir, run_name)

@@ -1,0 +1,36 @@
+"""QA of torchrun launches on the CPU (gloo ranks): what a tool that runs in one process does when torchrun starts it
+on several."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import CHILD_ENV, make_dataset, process_output
+
+
+def test_sweep_under_torchrun_is_refused_once_before_anything_is_written(tmp_path):
+    """`torchrun --nproc-per-node 2 -m dlrm.sweep ...`: every rank ran the whole sweep, each into a sweep directory of
+    its own (the second one `<name>-2`, holding a copy of the tables), or, with --run-name, rank 1 was told the
+    directory rank 0 had just made "already exists; pick another name". Refused instead, by rank 0 in one line, rank 1
+    silent, both exit 2, nothing written. (Each rank is started here with the environment torchrun gives it: a real
+    launch's SIGTERM of rank 0 once rank 1 exits can come before rank 0's line.)"""
+    make_dataset(tmp_path / "ds", {"train": 40, "validation": 16})
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"data": {"path": str(tmp_path / "ds"), "batch_size": 8},
+                               "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
+                               "train": {"epochs": 1, "device": "cpu", "baseline": False}}))
+    for rank in (0, 1):
+        env = {**CHILD_ENV, "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}  # (a port nobody listens on: no rank meets another)
+        result = subprocess.run([sys.executable, "-m", "dlrm.sweep", "--config", str(cfg), "--set",
+                                 "optim.dense.lr=0.001,0.01", "--seeds", "1", "--tb-dir", str(tmp_path / "tb")],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+        assert result.returncode == 2, process_output(result)
+        lines = result.stderr.strip().splitlines()
+        if rank == 0:
+            assert len(lines) == 1 and "ERROR" in lines[0] and "dlrm.sweep runs in one process (not under torchrun" \
+                in lines[0], process_output(result)
+        else:
+            assert not lines, process_output(result)
+        assert not (tmp_path / "tb").exists() or not os.listdir(tmp_path / "tb")
