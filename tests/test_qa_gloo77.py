@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import CHILD_ENV, make_dataset, process_output
+from tests.conftest import CHILD_ENV, REPO, make_dataset, process_output
 
 
 def test_sweep_under_torchrun_is_refused_once_before_anything_is_written(tmp_path):
@@ -34,3 +34,26 @@ def test_sweep_under_torchrun_is_refused_once_before_anything_is_written(tmp_pat
         else:
             assert not lines, process_output(result)
         assert not (tmp_path / "tb").exists() or not os.listdir(tmp_path / "tb")
+
+
+def test_compare_warnings_every_rank_makes_alike_are_rank_zeros_alone(tmp_path):
+    """`torchrun --nproc-per-node 2 train.py --compare eager,eager,triton-embedding+cudagraphs` with a config that sets
+    kernels.embedding, on the CPU: the variant named twice, the config's kernels replaced by each variant's, and the
+    variant skipped (no CUDA) were each said twice, once as `[rank 1] ...`; rank 0 says them for the run."""
+    make_dataset(tmp_path / "ds", {"train": 40, "validation": 16})
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"data": {"path": str(tmp_path / "ds"), "batch_size": 8},
+                               "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
+                               "kernels": {"embedding": "torch"},
+                               "train": {"epochs": 1, "max_steps": 2, "device": "cpu", "baseline": False}}))
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                             str(REPO / "train.py"), "--config", str(cfg), "--tb-dir",
+                             str(tmp_path / "tb"), "--run-name", "cmp", "--compare",
+                             "eager,eager,triton-embedding+cudagraphs"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300, env=CHILD_ENV)
+    assert result.returncode == 0, process_output(result)
+    out = result.stdout + result.stderr
+    for said in ("'eager' given more than once", "the config's kernels.embedding \"torch\" replaced",
+                 "skipping triton-embedding+cudagraphs: CUDA graphs need a CUDA device"):
+        assert out.count(said) == 1, (said, out[-4000:])
+    assert "[rank 1]" not in out, out[-4000:]

@@ -40,6 +40,7 @@ from loguru import logger
 
 from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig, validate
 from dlrm.errors import TrainingStopped, failure_reason
+from dlrm.logging_setup import run_logger  # (said alike by every rank: rank 0 says it for the run)
 from dlrm.stop_signal import signals_deferred, stop_signal_name
 from dlrm.train.metric_text import auc_text, csv_cell
 from dlrm.train.run_dir import RunDirectory
@@ -143,8 +144,9 @@ def parse_variants(text: str) -> list[str]:
         raise ConfigError("--compare: name at least one variant")
     twice = [v for v in dict.fromkeys(names) if names.count(v) > 1]
     if twice:  # each variant trains once, in a run directory named after it: said, not dropped silently
-        logger.warning(f"--compare: {', '.join(repr(v) for v in twice)} given more than once; each variant trains once "
-                       "(its run directory is named after it): compare two runs of one variant with two --compare runs")
+        run_logger.warning(f"--compare: {', '.join(repr(v) for v in twice)} given more than once; each variant trains "
+                           "once (its run directory is named after it): compare two runs of one variant with two "
+                           "--compare runs")
     return list(dict.fromkeys(names))
 
 
@@ -255,8 +257,8 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=os.path.abspath(cfg.data.path)))
     replaced = replaced_settings(cfg, variants)
     if replaced:
-        logger.warning(f"--compare: the config's {', '.join(replaced)} replaced by each variant's own (its name says "
-                       "its kernels and compile settings)")
+        run_logger.warning(f"--compare: the config's {', '.join(replaced)} replaced by each variant's own (its name "
+                           "says its kernels and compile settings)")
     # the dataset's sizes, as the trainer reads them (they win over model.multi_hot_sizes): which variants can run
     # them is decided before any is built; a missing or bad dataset is refused here, before the run directory exists.
     # The comparison's config.json records them, as each variant's does (`as_trained`), not the config file's
@@ -336,7 +338,7 @@ def _run_variant(cfg: Config, name: str, train_fn: Callable, env, device: torch.
     to `failures`). A stop (`TrainingStopped`, KeyboardInterrupt) passes, its row left to `_write_partial`."""
     reason = unavailable_reason(name, device, cfg, multi_hot, env.distributed)
     if reason:
-        logger.warning(f"compare: skipping {name}: {reason}")
+        run_logger.warning(f"compare: skipping {name}: {reason}")
         rows.append({"variant": name, "status": f"skipped: {reason}"})
         return
     logger.info(f"compare: variant {name}")
