@@ -510,8 +510,9 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
             if world_size_from_env() > 1:
                 # every rank ran the whole grid: each made a sweep directory of its own (the second `<name>-2`, with
                 # a copy of the tables), or, with --run-name, was told the one another rank had just made existed
-                raise ConfigError("dlrm.sweep runs in one process (not under torchrun): every rank would run the "
-                                  "whole sweep into a directory of its own; start it with python -m dlrm.sweep")
+                raise ConfigError(f"dlrm.sweep runs its trials in one process, not under torchrun (WORLD_SIZE "
+                                  f"{world_size_from_env()}: every rank would run the whole sweep): start it with "
+                                  "python -m dlrm.sweep")
             base = {k: v for k, v in (("data.path", data), ("train.device", device)) if v is not None}
             if resume_dir is None:
                 run_sweep(config_path, [parse_set(s) for s in sets], seeds, base, tb_dir, run_name)

@@ -29,8 +29,8 @@ def test_sweep_under_torchrun_is_refused_once_before_anything_is_written(tmp_pat
         assert result.returncode == 2, process_output(result)
         lines = result.stderr.strip().splitlines()
         if rank == 0:
-            assert len(lines) == 1 and "ERROR" in lines[0] and "dlrm.sweep runs in one process (not under torchrun" \
-                in lines[0], process_output(result)
+            assert len(lines) == 1 and "ERROR" in lines[0] and "dlrm.sweep runs its trials in one process, not under " \
+                "torchrun (WORLD_SIZE 2" in lines[0], process_output(result)
         else:
             assert not lines, process_output(result)
         assert not (tmp_path / "tb").exists() or not os.listdir(tmp_path / "tb")
