@@ -57,3 +57,28 @@ def test_compare_warnings_every_rank_makes_alike_are_rank_zeros_alone(tmp_path):
                  "skipping triton-embedding+cudagraphs: CUDA graphs need a CUDA device"):
         assert out.count(said) == 1, (said, out[-4000:])
     assert "[rank 1]" not in out, out[-4000:]
+
+
+def test_a_plan_that_leaves_a_rank_without_rows_names_table_wise_where_it_serves_every_rank():
+    """26 tables of 2 rows (`data.max_rows_per_table` 2) on 3 ranks, `sharding` "auto" with `balance` "lookups" and
+    `row_wise_min_rows` 1 (or "row"): every table split in blocks of 1, 1 and 0 rows, rank 2 holds none. The refusal
+    named fewer ranks alone; whole tables (9, 9 and 8 a rank) train on these 3, and the advice names them."""
+    import pytest
+    import torch
+
+    from dlrm.config import Config, ConfigError, validate
+    from dlrm.distributed.env import DistEnv
+    from dlrm.train import builder
+    from dlrm.train.setup import Tables
+
+    cfg = validate(Config())
+    cfg.distributed.row_wise_min_rows, cfg.distributed.balance = 1, "lookups"
+    tables = Tables([2] * 26, None, "modulus", None)
+    for mode in ("auto", "row"):
+        cfg.distributed.sharding = mode
+        with pytest.raises(ConfigError, match=rf"^distributed.sharding: '{mode}' leaves rank 2 without embedding rows "
+                                              r"\(26 tables, 3 ranks\); use fewer ranks .*, or 'table' \(whole tables"):
+            builder.make_sharding(cfg, tables, DistEnv(0, 3), torch.device("cpu"))
+    cfg.distributed.sharding = "table"  # the advice, taken
+    plan = builder.make_sharding(cfg, tables, DistEnv(0, 3), torch.device("cpu"))
+    assert all(plan.local_rows(q) > 0 for q in range(3))

@@ -105,6 +105,10 @@ def make_sharding(cfg: Config, tables: Tables, env: DistEnv, device: torch.devic
             advice = ("use fewer ranks (every table is split in blocks of ceil(rows / ranks) rows: "
                       f"{max(tables.cardinalities, default=0):,} rows at most here)"
                       if plan.row_wise_tables() == list(range(len(tables.cardinalities))) else "use 'row'")
+            if advice != "use 'row'" and len(tables.cardinalities) >= env.world_size:
+                # (whole tables give every rank one at least: 'auto' with a small row_wise_min_rows, or 'row', on tables
+                # of fewer rows than ranks named fewer ranks alone)
+                advice += ", or 'table' (whole tables, at least one a rank)"
             raise ConfigError(f"distributed.sharding: {cfg.distributed.sharding!r} leaves rank {q} without "
                               f"embedding rows ({len(tables.cardinalities)} tables, {env.world_size} ranks); {advice}")
     logger.info(f"embedding sharding ({cfg.distributed.sharding}, balancing {cfg.distributed.balance}) over "
