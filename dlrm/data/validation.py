@@ -88,6 +88,7 @@ def split_files(dataset_dir: str | Path, meta: Metadata, split: str, check_posit
                                "pyarrow.dataset?): list the parquet files inside it instead")
         if not f.is_file():
             raise DatasetError(f"{f}: listed in metadata.json splits.{split} but missing")
+    _check_distinct(where, {split: meta.splits[split].files}, files)
     if not files:  # (a preprocessed split of 0 rows: a 7-line input's sequential split, --validation-fraction 0)
         rows = meta.splits[split].rows
         raise DatasetError(f"{where}: splits.{split}: lists no files" + (
@@ -107,6 +108,36 @@ def split_files(dataset_dir: str | Path, meta: Metadata, split: str, check_posit
     if check_positives:
         classes.check(where, split, meta.splits[split].rows, meta.splits[split].positives)
     return files
+
+
+def _check_distinct(where: Path, listed: dict[str, list[str]], files: list[Path]) -> None:
+    """`DatasetError` naming the key of the second entry of `listed` (split -> its names in metadata.json, in the
+    order of `files`, their paths) that is the same file as an earlier one: a symbolic or hard link, which the check of
+    the names (`dlrm.data.schema`) cannot see, doubled a shard's rows in training without a word; a file of the train
+    split listed in the evaluation split too had the run evaluate on rows it trains on, its AUC and best.pt too good."""
+    seen: dict[object, tuple[str, int, str]] = {}
+    keys = [(split, i, name) for split, names in listed.items() for i, name in enumerate(names)]
+    for (split, i, name), path in zip(keys, files):
+        # its real path (symbolic links), and for a file of several hard links its inode: not for every file, as some
+        # network and FUSE file systems number their files 0 or otherwise alike
+        st = path.stat()
+        ids = [os.path.realpath(path)] + ([(st.st_dev, st.st_ino)] if st.st_ino and st.st_nlink > 1 else [])
+        first = next((seen[key] for key in ids if key in seen), (split, i, name))
+        seen.update((key, first) for key in ids)
+        if first != (split, i, name):
+            where_first = f"splits.{first[0]}.files[{first[1]}] {first[2]!r:.80}"
+            why = ("its rows would count twice" if first[0] == split else
+                   "the run would evaluate on rows it trains on; each split needs files of its own")
+            raise DatasetError(f"{where}: splits.{split}.files[{i}]: {name!r:.80} is the same file as {where_first}: "
+                               f"{why}")
+
+
+def check_apart(dataset_dir: str | Path, meta: Metadata, train: list[Path], split: str, files: list[Path]) -> None:
+    """`DatasetError` unless the evaluation `split`'s `files` and the train split's `train` (both from `split_files`)
+    are different files, links resolved: a split listed with the other's shards evaluated the model on its own
+    training rows, and nothing said so."""
+    _check_distinct(Path(dataset_dir) / "metadata.json",
+                    {"train": meta.splits["train"].files, split: meta.splits[split].files}, train + files)
 
 
 class _LabelClasses:

@@ -17,6 +17,7 @@ from dlrm.data.batch import batches_per_epoch
 from dlrm.data.device_loader import DeviceLoader
 from dlrm.data.loader import ParquetLoader, split_files
 from dlrm.data.schema import is_multi_hot
+from dlrm.data.validation import check_apart
 from dlrm.distributed.env import DistEnv
 from dlrm.logging_setup import counted, run_logger
 from dlrm.train.setup import Tables, dataset_tables, load_dataset_metadata, resolve_device
@@ -178,6 +179,7 @@ class TrainData:
         if total == 0:
             raise ConfigError(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of {data_dir}/train")
         eval_files = split_files(data_dir, meta, d.eval_split, check_positives=True)  # (one class: no AUC)
+        check_apart(data_dir, meta, files, d.eval_split, eval_files)
         eval_loader = make_loader(cfg, eval_files, d.eval_batch_size or 4 * d.batch_size, device, train=False, env=env,
                                   placement=placement, multi_hot_sizes=sizes, dense_format=meta.dense_format)
         return cls(loader, eval_loader, batch_size, total, max(cfg.train.epochs, math.ceil(total / max(len(loader), 1))),

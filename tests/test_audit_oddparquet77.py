@@ -1,0 +1,99 @@
+"""Datasets users write themselves with pandas or pyarrow, run through train.py (helper oddparquet77; each test failed
+before its fix)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+import dlrm.cli as cli
+from dlrm.data.loader import split_files
+from dlrm.data.schema import DatasetError, read_metadata
+from dlrm.logging_setup import configure_logging
+from tests.test_audit_review52 import tiny_config
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """main() points loguru at CliRunner's stderr, which is closed afterwards: point it back."""
+    yield
+    configure_logging()
+
+
+def _edit_splits(data, edit) -> None:
+    path = data / "metadata.json"
+    meta = json.loads(path.read_text())
+    edit(meta["splits"])
+    path.write_text(json.dumps(meta))
+
+
+def _train_error(tmp_path, config) -> str:
+    """train.py's one ERROR line, its exit status 2 checked, no traceback, no run directory left."""
+    result = CliRunner().invoke(cli.main, ["--config", str(config), "--tb-dir", str(tmp_path / "tb")])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output, result.output
+    errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, result.output
+    assert not (tmp_path / "tb").exists() or not any((tmp_path / "tb").iterdir())
+    return errors[0]
+
+
+@pytest.mark.parametrize("how", ["same name", "symbolic link", "hard link"])
+def test_a_train_file_also_listed_in_the_validation_split_is_refused(tmp_path, how):
+    """A user with one file listed it in both splits (or a link to it): the run trained on the rows it evaluated, its
+    AUC, best.pt and early stopping measured on training data, and nothing said so."""
+    config = tiny_config(tmp_path)
+    data = tmp_path / "ds"
+    name = "train/part-00000.parquet"
+    if how != "same name":
+        (data / "validation" / "mine.parquet").unlink(missing_ok=True)
+        (os.symlink if how == "symbolic link" else os.link)(data / name, data / "validation" / "mine.parquet")
+        name = "validation/mine.parquet"
+
+    def edit(splits):
+        splits["validation"] = {**splits["train"], "files": [name, *splits["train"]["files"][1:]]}
+
+    _edit_splits(data, edit)
+    line = _train_error(tmp_path, config)
+    assert f"{data / 'metadata.json'}: splits.validation.files[0]: '{name}' is the same file as " \
+           "splits.train.files[0] 'train/part-00000.parquet'" in line
+    assert "evaluate on rows it trains on" in line
+
+
+def test_a_link_to_a_file_of_the_same_split_is_refused(tmp_path):
+    """A symbolic link beside the file it names, both listed (a `glob("train/*")` of the folder): every row of the
+    file counted twice in training; the check of the listed names could not see it."""
+    tiny_config(tmp_path)
+    data = tmp_path / "ds"
+    os.symlink("part-00000.parquet", data / "train" / "copy.parquet")
+
+    def edit(splits):
+        first = 20  # make_dataset's first train file: 40 rows over 2 files
+        splits["train"]["files"].append("train/copy.parquet")
+        splits["train"]["rows"] += first
+
+    _edit_splits(data, edit)
+    with pytest.raises(DatasetError, match=r"splits\.train\.files\[2\]: 'train/copy\.parquet' is the same file as "
+                                           r"splits\.train\.files\[0\] 'train/part-00000\.parquet': its rows would "
+                                           "count twice"):
+        split_files(data, read_metadata(data), "train")
+
+
+def test_files_a_file_system_numbers_alike_are_not_taken_for_one(tmp_path, monkeypatch):
+    """Some network and FUSE file systems give every file inode 0 (or reuse numbers): a dataset of two shards there
+    must not read as one file listed twice. Only a file of several hard links is told by its inode."""
+    from pathlib import Path
+
+    tiny_config(tmp_path)
+    data = tmp_path / "ds"
+    real = Path.stat
+
+    def alike(self, *args, **kwargs):
+        st = real(self, *args, **kwargs)
+        return os.stat_result((st.st_mode, 0, st.st_dev, 1, *tuple(st)[4:]))
+
+    monkeypatch.setattr(Path, "stat", alike)
+    assert len(split_files(data, read_metadata(data), "train")) == 2
