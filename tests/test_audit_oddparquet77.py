@@ -97,3 +97,19 @@ def test_files_a_file_system_numbers_alike_are_not_taken_for_one(tmp_path, monke
 
     monkeypatch.setattr(Path, "stat", alike)
     assert len(split_files(data, read_metadata(data), "train")) == 2
+
+
+def test_a_train_split_of_empty_files_says_so_not_to_lower_the_batch_size(tmp_path):
+    """A split of 0-row files (a filter that kept nothing, written as it was) read "data.batch_size: 8 is more than the
+    0 rows of DIR/train": no batch size helps."""
+    import pyarrow.parquet as pq
+
+    config = tiny_config(tmp_path)
+    data = tmp_path / "ds"
+    for name in ("part-00000.parquet", "part-00001.parquet"):
+        path = data / "train" / name
+        pq.write_table(pq.read_table(path).slice(0, 0), path)
+    _edit_splits(data, lambda splits: splits["train"].update(rows=0, positives=0))
+    line = _train_error(tmp_path, config)
+    assert f"{data / 'metadata.json'}: splits.train: its 2 file(s) hold no rows; nothing to train on" in line
+    assert "batch_size" not in line

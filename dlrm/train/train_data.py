@@ -16,7 +16,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.data.batch import batches_per_epoch
 from dlrm.data.device_loader import DeviceLoader
 from dlrm.data.loader import ParquetLoader, split_files
-from dlrm.data.schema import is_multi_hot
+from dlrm.data.schema import DatasetError, is_multi_hot
 from dlrm.data.validation import check_apart
 from dlrm.distributed.env import DistEnv
 from dlrm.logging_setup import counted, run_logger
@@ -142,6 +142,10 @@ class TrainData:
         step more an epoch: its position's epoch ended a batch later, the run's length and a decay's end moved)."""
         d = cfg.data
         files = split_files(data_dir, meta, "train")
+        if meta.splits["train"].rows == 0:  # (its files' footers agree: `split_files`) "data.batch_size: 256 is more
+            # than the 0 rows" was said of a split of empty files: a smaller batch size would not have helped
+            raise DatasetError(f"{data_dir / 'metadata.json'}: splits.train: its {len(files)} file(s) hold no rows; "
+                               "nothing to train on")
         batch_size = d.batch_size
         ranks = max(env.world_size, trained_ranks or 1)
         sizes = meta.multi_hot_sizes
