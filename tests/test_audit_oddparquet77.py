@@ -113,3 +113,30 @@ def test_a_train_split_of_empty_files_says_so_not_to_lower_the_batch_size(tmp_pa
     line = _train_error(tmp_path, config)
     assert f"{data / 'metadata.json'}: splits.train: its 2 file(s) hold no rows; nothing to train on" in line
     assert "batch_size" not in line
+
+
+@pytest.mark.parametrize("rename, folder, hint", [
+    ({"label": "Label"}, "train", "(the file has Label: column names are case-sensitive)"),
+    ({"DENSE_3": "dense_3"}, "train", "(the file has dense_3: column names are case-sensitive)"),
+    (None, "train/label=1", ("(its values are in the folder name label=1, a partition key: write the column into "
+                             "every file)")),
+])
+def test_a_missing_column_says_where_it_went(tmp_path, rename, folder, hint):
+    """"column label: missing" was all a file said whose column is named Label, or whose label pyarrow.dataset or
+    pandas' partition_cols wrote into the folder's name (train/label=1/...) instead of the file."""
+    import pyarrow as pa
+
+    from dlrm.data.schema import arrow_schema
+    from dlrm.data.validation import check_schema
+
+    names = arrow_schema().names
+    if rename:
+        names = [rename.get(n, n) for n in names]
+    else:
+        names.remove("label")
+    schema = pa.schema([(n, arrow_schema().field(n).type if n in arrow_schema().names else pa.int8()) for n in names])
+    path = tmp_path / folder / "part-0.parquet"
+    missing = "DENSE_3" if rename and "DENSE_3" in rename else "label"
+    with pytest.raises(DatasetError) as error:
+        check_schema(path, schema)
+    assert str(error.value) == f"{path}: column {missing}: missing {hint}"

@@ -224,6 +224,18 @@ def _sizes_hint(names: list[str], column: str, sizes: list[int]) -> str:
             "or the multi_hot_sizes the loader was given)") if held else ""
 
 
+def _missing_hint(path: Path, names: list[str], column: str) -> str:
+    """Where a missing `column` went, when the file or its path tells ("" otherwise): "column label: missing" was all a
+    file said whose column is ``Label``, or one written with the label as a hive partition (``train/label=1/...``:
+    pyarrow.dataset and pandas' ``partition_cols`` keep such a column in the folder's name, not in the file)."""
+    other = [name for name in names if name.lower() == column.lower()]
+    if other:
+        return f" (the file has {other[0]}: column names are case-sensitive)"
+    folder = next((part for part in Path(path).parts[:-1] if part.startswith(f"{column}=")), None)
+    return (f" (its values are in the folder name {folder}, a partition key: write the column into every file)"
+            if folder else "")
+
+
 def _type_error(path: Path, name: str, actual: pa.DataType, want: pa.DataType, names: list[str],
                 sizes: list[int]) -> DatasetError:
     """The error of a column of the wrong type; says so when it is a multi-hot or a dense format mismatch."""
@@ -264,7 +276,8 @@ def check_schema(path: Path, schema: pa.Schema, multi_hot_sizes: list[int] | Non
     for fld in expected:
         count = names.count(fld.name)
         if count == 0:
-            raise DatasetError(f"{path}: column {fld.name}: missing{_sizes_hint(names, fld.name, sizes)}")
+            raise DatasetError(f"{path}: column {fld.name}: missing"
+                               f"{_sizes_hint(names, fld.name, sizes) or _missing_hint(path, names, fld.name)}")
         if count > 1:
             raise DatasetError(f"{path}: column {fld.name}: appears {count} times")
         actual = schema.field(fld.name).type
