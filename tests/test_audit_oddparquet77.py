@@ -140,3 +140,15 @@ def test_a_missing_column_says_where_it_went(tmp_path, rename, folder, hint):
     with pytest.raises(DatasetError) as error:
         check_schema(path, schema)
     assert str(error.value) == f"{path}: column {missing}: missing {hint}"
+
+
+def test_a_glob_pattern_listed_as_a_file_says_it_is_one(tmp_path):
+    """``"files": ["train/*.parquet"]`` (a pattern where metadata.json lists files) read "listed in metadata.json
+    splits.train but missing", as if the user's files had gone."""
+    tiny_config(tmp_path)
+    data = tmp_path / "ds"
+    _edit_splits(data, lambda splits: splits["train"].update(files=["train/*.parquet"]))
+    with pytest.raises(DatasetError) as error:
+        split_files(data, read_metadata(data), "train")
+    assert str(error.value) == (f"{data / 'train/*.parquet'}: listed in metadata.json splits.train but missing (a "
+                                "pattern, which metadata.json does not expand: list the 2 files it matches)")

@@ -86,8 +86,12 @@ def split_files(dataset_dir: str | Path, meta: Metadata, split: str, check_posit
         if f.is_dir():  # Spark, pyarrow.dataset and Dask write a "file" train.parquet that is a folder of part files
             raise DatasetError(f"{f}: listed in metadata.json splits.{split}, is a directory (the output of Spark or "
                                "pyarrow.dataset?): list the parquet files inside it instead")
-        if not f.is_file():
-            raise DatasetError(f"{f}: listed in metadata.json splits.{split} but missing")
+        if not f.is_file():  # a glob pattern (train/*.parquet) read as missing, as if its files were not there
+            name = str(f.relative_to(dataset_dir))
+            matches = sum(m.is_file() for m in Path(dataset_dir).glob(name)) if set("*?[") & set(name) else 0
+            raise DatasetError(f"{f}: listed in metadata.json splits.{split} but missing" + (
+                " (a pattern, which metadata.json does not expand: list the "
+                f"{f'{matches} files' if matches > 1 else 'file'} it matches)" if matches else ""))
     _check_distinct(where, {split: meta.splits[split].files}, files)
     if not files:  # (a preprocessed split of 0 rows: a 7-line input's sequential split, --validation-fraction 0)
         rows = meta.splits[split].rows
