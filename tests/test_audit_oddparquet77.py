@@ -152,3 +152,43 @@ def test_a_glob_pattern_listed_as_a_file_says_it_is_one(tmp_path):
         split_files(data, read_metadata(data), "train")
     assert str(error.value) == (f"{data / 'train/*.parquet'}: listed in metadata.json splits.train but missing (a "
                                 "pattern, which metadata.json does not expand: list the 2 files it matches)")
+
+
+def _with_ids(data, feature: int, ids) -> None:
+    """Rewrite `feature`'s column of every train and validation file with values cycling through `ids`."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for path in sorted(data.glob("*/part-*.parquet")):
+        table = pq.read_table(path)
+        values = pa.array(np.resize(np.asarray(ids, dtype=np.int64), table.num_rows))
+        pq.write_table(table.set_column(table.schema.get_field_index(f"SPARSE_{feature}"), f"SPARSE_{feature}", values),
+                       path)
+
+
+@pytest.mark.parametrize("ids, warned", [
+    (range(-1, 11), True),  # cat.codes of 11 categories, -1 missing, in 11 rows: id 10 shares row 0 with -1
+    (range(0, 11), False),  # the same ids without a missing value: 11 rows, 11 values
+    (range(-1, 10), False),  # ids 0..9 and -1: 11 values in 11 rows, each its own
+    ([-1, 5, 4_000_000_000], False),  # a hash: shared rows are hashing's, by choice
+])
+def test_ids_a_row_too_many_for_their_table_are_warned_of(tmp_path, ids, warned):
+    """pandas' cat.codes (ids 0..n-1, -1 for missing) with cardinalities n: modulus hashing puts id n-1 on row
+    (n-1+1) mod n = 0, the missing values' row; the two categories trained as one and nothing said so."""
+    from loguru import logger
+
+    from dlrm.config import load_config
+    from dlrm.train.trainer import train
+
+    config = tiny_config(tmp_path, train={"max_steps": 1})  # make_dataset: tables of 11 rows
+    _with_ids(tmp_path / "ds", 4, ids)
+    notes = []
+    handle = logger.add(lambda m: notes.append(m.record["message"]), level="WARNING")
+    try:
+        train(load_config(config))
+    finally:
+        logger.remove(handle)
+    said = [n for n in notes if "cardinalities: SPARSE_4 holds -1..10 in 11 rows" in n]
+    assert len(said) == (1 if warned else 0), notes
+    assert not [n for n in notes if "cardinalities:" in n and "SPARSE_4" not in n], notes

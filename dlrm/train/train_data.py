@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from loguru import logger
 
@@ -16,7 +18,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.data.batch import batches_per_epoch
 from dlrm.data.device_loader import DeviceLoader
 from dlrm.data.loader import ParquetLoader, split_files
-from dlrm.data.schema import DatasetError, is_multi_hot
+from dlrm.data.schema import NUM_SPARSE, DatasetError, is_multi_hot
 from dlrm.data.validation import check_apart
 from dlrm.distributed.env import DistEnv
 from dlrm.logging_setup import counted, run_logger
@@ -86,6 +88,47 @@ def _log_min_steps(cfg: Config, total: int, by_epochs: int, steps_per_epoch: int
     else:
         logger.info(f"train.min_steps {t.min_steps}: no effect, train.max_steps {t.max_steps} ends the run at "
                     f"{counted(total, 'step')}, within train.epochs {t.epochs} ({counted(by_epochs, 'step')})")
+
+
+def _warn_rows_short(where: Path, meta, files: list[Path]) -> None:
+    """Warn of one-hot features whose table is a row or two short of their values: ids 0..n-1 (pandas' ``cat.codes``,
+    a label encoder) with -1 for missing in a table of n rows put id n-1 on row 0 with the missing values (modulus
+    hashing: row ``(value + 1) mod n``): two categories merged without a word. Told from the train files' footer
+    statistics of its first files (no row read): values spanning more than the table's rows, by at most 2 (a wider
+    span is hashing by choice, or hashes); a feature whose values look hashed or lack statistics is dropped at once,
+    so real hashes cost one footer."""
+    if meta.hashing != "modulus":
+        return
+    cards = meta.cardinalities
+    seen = {f: None for f in range(NUM_SPARSE) if meta.multi_hot_sizes[f] == 1}  # feature: (min, max) so far
+    for path in files[:8]:  # a few footers tell: ids already below their table's size (MLPerf's) span it all along
+        if not seen:
+            return
+        try:
+            with pq.ParquetFile(path) as reader:  # (read fine by the loader just made)
+                footer = reader.metadata
+        except (OSError, pa.ArrowException):  # (changed since: the loader's own read will say so)
+            return
+        for g in range(footer.num_row_groups):
+            rg = footer.row_group(g)
+            for c in range(rg.num_columns) if rg.num_rows else ():
+                name = rg.column(c).path_in_schema
+                f = int(name[7:]) if name.startswith("SPARSE_") and name[7:].isdigit() else None
+                if f not in seen:
+                    continue
+                stats = rg.column(c).statistics
+                lo, hi = (stats.min, stats.max) if stats is not None and stats.has_min_max else (-2, 0)
+                lo, hi = (lo, hi) if seen[f] is None else (min(lo, seen[f][0]), max(hi, seen[f][1]))
+                if lo < -1 or hi - lo + 1 > cards[f] + 2:
+                    del seen[f]
+                else:
+                    seen[f] = (lo, hi)
+    short = [f for f, span in seen.items() if span is not None and span[1] - span[0] + 1 > cards[f]]
+    if short:
+        said = ", ".join(f"SPARSE_{f} holds {seen[f][0]}..{seen[f][1]} in {cards[f]} rows" for f in short)
+        run_logger.warning(f"{where}: cardinalities: {said}: a value v takes row (v + 1) mod rows, so two of "
+                           "its values share a row (merged categories); rows as many as the values' span keep them "
+                           "apart (ids 0..n-1 with -1 for missing need n + 1)")
 
 
 def build_for_data(cfg: Config) -> tuple[torch.device, Path, object, Tables]:
@@ -173,6 +216,8 @@ class TrainData:
             run_logger.info(f"data: the checkpoint's run counts its epochs on {ranks} ranks, which leave out the last "
                             f"batch of {counted(loader.num_rows % batch_size, 'row')} (fewer rows than ranks): this "
                             f"run keeps those epochs, {counted(len(loader), 'step')} each (not {len(loader) + 1})")
+        if env.is_main:
+            _warn_rows_short(data_dir / "metadata.json", meta, files)
         if env.is_main and is_multi_hot(sizes) and isinstance(loader, ParquetLoader):
             _log_multi_hot_hints(loader)
         t = cfg.train
