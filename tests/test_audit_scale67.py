@@ -75,6 +75,7 @@ def _planner(row_groups: list[tuple[int, int, int]], batch_size: int, drop_last:
     loader.row_groups, loader.shuffle, loader.batch_size = row_groups, True, batch_size
     loader.shuffle_buffer_rows, loader.drop_last, loader.world_size, loader.pad_ranks = \
         shuffle_buffer_rows, drop_last, world_size, pad_ranks
+    loader.epoch_ranks = world_size  # (the constructor's: `TrainData` may raise it for a resumed run's epochs)
     return loader
 
 
