@@ -546,7 +546,8 @@ def _best_checkpoint(summary: dict) -> Optional[str]:
 @click.option("--split", type=click.Choice(["validation", "test"]), default=None, help="The split evaluated: by --eval-only, and during training (data.eval_split: best.pt and early stopping follow it).")
 @click.option("--export", "export_path", type=str,
               help="Write a torch.export inference program (raw inputs, hashing included) to this new .pt2 file: "
-                   "from --checkpoint, or from the model at the end of training (the path is checked first).")
+                   "from --checkpoint, or after training from the run's best.pt (its best evaluation's model; "
+                   "the last checkpoint where it kept none) (the path is checked first).")
 def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_name, tb_dir, kernels, compile_,
          compile_mode, profile, baseline, compare, checkpoint_every, resume, allow_config_change, eval_only, checkpoint_path,
          split, export_path) -> None:
