@@ -141,7 +141,8 @@ def _why_one(config: str, base: dict[str, Any], first: dict[str, Any], other: di
     raw = [load_config(config, {**base, **s}) for s in (first, other)]
     (tree, device), (other_tree, _) = (trained_config(cfg, metadata) for cfg in raw)
     given = [cfg.to_dict() for cfg in raw]
-    on_device = f"sweep them on a device where they act (here: {device})"
+    # "(here: cpu)" read as if the CPU were where they act: it is where they train alike
+    on_device = f"sweep them on a device where they act ({device} trains them as one)"
     out = []
     for k in (k for k in other if k in first and other[k] != first[k]):
         try:

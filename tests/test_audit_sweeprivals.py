@@ -83,7 +83,7 @@ def test_settings_the_device_trains_as_one_config_are_refused(tiny_config, cpu_o
     if why:
         assert why in str(e.value), str(e.value)
     assert str(e.value).endswith("it would be trained twice and ranked as its own rival; sweep them on a device where "
-                                 "they act (here: cpu)"), str(e.value)
+                                 "they act (cpu trains them as one)"), str(e.value)
     assert "\n" not in str(e.value)
 
 
