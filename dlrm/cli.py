@@ -40,6 +40,8 @@ from loguru import logger
 from dlrm.config import Config, closest_config_key, config_keys, load_config
 from dlrm.config_checks import check_default_run_name, export_name_problem, free_run_name
 from dlrm.data.output_dirs import check_export_place
+from dlrm.distributed import said_once
+from dlrm.distributed.said_once import node_other_rank as _node_other_rank
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
                          is_peer_lost, peer_lost_message, report_bug)
 from dlrm.logging_setup import configure_logging, run_logger
@@ -304,12 +306,6 @@ def _said_once_per_node(exc: BaseException):
     return logger.bind(same_on_every_rank=_node_other_rank())
 
 
-def _node_other_rank() -> bool:
-    """Whether this process is a torchrun rank (WORLD_SIZE > 1) other than its machine's first (LOCAL_RANK 0)."""
-    world = os.environ.get("WORLD_SIZE", "").strip()
-    return world.isdigit() and int(world) > 1 and os.environ.get("LOCAL_RANK", "0").strip() not in ("", "0")
-
-
 class RanksCommand(OneLineUsageCommand):
     """click's command, whose usage errors (`--bogus`, `--batch-size x`) are one line (`OneLineUsageCommand`), which
     under torchrun only each machine's first rank prints (every rank exits 2 as click exits): every rank printed
@@ -321,6 +317,7 @@ class RanksCommand(OneLineUsageCommand):
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click.ClickException as e:  # (the first rank shows it: click's standalone handling)
+            said_once.wait_until_rank_zero_said(e)  # (leaving first, this rank got it killed before it did)
             sys.exit(e.exit_code)
         except click.Abort:
             sys.exit(1)
@@ -341,7 +338,17 @@ def signal_stop_inside(exc: BaseException) -> Optional[TrainingStopped]:
 
 
 def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
-    """Log `exc` as its one line (a bug: its traceback and a line saying so); return the exit code."""
+    """Log `exc` as its one line (a bug: its traceback and a line saying so); return the exit code. A line said once
+    for a torchrun run (rank 0's, each machine's first rank's) is out before any other rank returns: one that exited
+    first got it killed by torchrun's agent (`dlrm.distributed.said_once`)."""
+    code, said_once_for_all = _report(exc, cfg)
+    if said_once_for_all:
+        said_once.wait_until_rank_zero_said(exc, cfg.distributed.timeout_s if cfg is not None else None)
+    return code
+
+
+def _report(exc: BaseException, cfg: Optional[Config]) -> tuple[int, bool]:
+    """`report_failure`'s line, its exit code, and whether the line was said once for every rank alike."""
     if isinstance(exc, (ConfigError, DatasetError)) or is_triton_unavailable(exc):
         env = sys.modules.get("dlrm.distributed.env")  # (imported by a run that joined ranks: none on a config error)
         if env is None:
@@ -349,38 +356,38 @@ def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
         else:  # met after the ranks joined: said once if every rank met it, else by each rank that did
             timeout = cfg.distributed.timeout_s if cfg is not None else None
             env.agree_on_input_error(exc, _one_line(exc), lambda line: _said_once_per_node(exc).error(line), timeout)
-        return EXIT_BAD_INPUT
+        # (said once: before the ranks met, unless a rank's own; after, only when found alike)
+        joined = env is not None and env._joined()
+        return EXIT_BAD_INPUT, not getattr(exc, "this_rank_only", False) and (
+            not joined or getattr(exc, "found_alike", False))
     if isinstance(exc, NonFiniteLoss):
         # the ranks of a torchrun run agree on it (reduced checks): rank 0's line says it for all (rank 1's copy was
         # glued to rank 0's progress bar)
         run_logger.error(_one_line(exc))
-        return EXIT_NON_FINITE_LOSS
+        return EXIT_NON_FINITE_LOSS, True
     if isinstance(exc, TrainingStopped):
         # agreed by the ranks of a torchrun run: rank 0's line says it for all (rank 1 repeated it as `[rank 1] ...`);
         # a stop of one rank alone (`StopAtOnce`, a failure another rank reported) is that rank's to say
         (run_logger if exc.agreed else logger).warning(_one_line(exc))
-        return exc.exit_code
+        return exc.exit_code, exc.agreed
     if isinstance(exc, KeyboardInterrupt):
         logger.error("interrupted (Ctrl-C)")
-        return EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED, False
     if is_out_of_memory(exc):
         # a refusal every rank of a torchrun run makes from the same numbers (`refuse_host_memory_shortfall`): once
         if getattr(exc, "found_alike", False):
             _said_once_per_node(exc).error(out_of_memory_message(exc, cfg))
-            env = sys.modules.get("dlrm.distributed.env")
-            if env is not None:  # the other ranks leave once rank 0's line is out (torchrun's agent then stops it)
-                env.hold_until_rank_zero_said(cfg.distributed.timeout_s if cfg is not None else None)
-        else:
-            logger.error(out_of_memory_message(exc, cfg))
-        return EXIT_OUT_OF_MEMORY
+            return EXIT_OUT_OF_MEMORY, True
+        logger.error(out_of_memory_message(exc, cfg))
+        return EXIT_OUT_OF_MEMORY, False
     if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
         where = f"{exc.filename}: " if exc.filename else ""
         logger.error(f"file system error: {where}{exc.strerror}")
-        return EXIT_BAD_INPUT
+        return EXIT_BAD_INPUT, False
     if is_peer_lost(exc):  # another rank died: not a bug of this rank's (it printed gloo's traceback, exit 1)
         logger.error(peer_lost_message(exc))
-        return EXIT_PEER_LOST
-    return report_bug(exc)
+        return EXIT_PEER_LOST, False
+    return report_bug(exc), False
 
 
 def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional[str], resume: Optional[str],

@@ -287,23 +287,29 @@ def agree_on_input_error(exc: BaseException, line: str, say: Callable[[str], Non
 
 
 def hold_until_rank_zero_said(timeout_s: Optional[float] = None) -> None:
-    """After the line of an error every rank raised alike (`found_alike`: `dlrm.train.builder`'s host-memory
-    refusal) was said, by rank 0 alone: rank 0 tells the others through the process group's store, and each other
-    rank waits for that (at most `AGREE_WAIT_S`, half `timeout_s` if less) before it exits. Under torchrun the agent
-    stops the remaining ranks with SIGTERM as soon as one exits: a rank 1 that exited first killed rank 0 before its
-    line was out, and the run ended without a word. One process, or a store that cannot be reached: nothing."""
+    """After the line of an error every rank raised alike was said once (`found_alike`: a --resume refused against
+    its checkpoint's config, `dlrm.train.builder`'s host-memory refusal, a data error the ranks found alike in
+    `agree_on_input_error`; a NaN loss, an agreed signal stop): each machine's first rank (LOCAL_RANK 0, rank 0 on
+    one machine), which says it, tells the others through the process group's store, and each other rank waits for
+    rank 0's word and its own machine's first rank's (at most `AGREE_WAIT_S`, half `timeout_s` if less) before it
+    exits. Under torchrun the agent stops the remaining ranks with SIGTERM as soon as one exits: a rank 1 that exited
+    first killed rank 0 before its line was out, and the run ended without a word. One process, or a store that
+    cannot be reached: nothing."""
     if not _joined():
         return
+    rank = dist.get_rank()
+    first = rank - _env_int("LOCAL_RANK", "0")  # (torchrun numbers a machine's ranks in a row from its first)
     try:
         store = dist.PrefixStore("dlrm/said-alike", dist.distributed_c10d._get_default_store())
-        if dist.get_rank() == 0:
-            store.set("said", "1")
-            return
+        if first == rank:
+            store.set(f"said/{rank}", "1")
+            if rank == 0:
+                return
     except Exception:  # noqa: BLE001 - no store (torch's internals changed, or it is gone)
         return
     wait = AGREE_WAIT_S if timeout_s is None else min(AGREE_WAIT_S, timeout_s / 2)
     with _StopWaiting() as stop:
-        _wait_for(store, ["said"], wait, stop)
+        _wait_for(store, sorted({"said/0", f"said/{max(first, 0)}"}), wait, stop)
 
 
 def _say(exc: BaseException, line: str, say: Callable[[str], None], rank: int, alike: bool) -> None:

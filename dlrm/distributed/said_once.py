@@ -1,0 +1,61 @@
+"""A torchrun rank that found an error every rank finds alike, said once (by rank 0, or each machine's first rank),
+leaves only once that line is out.
+
+torchrun's agent polls its workers every 0.1 s and stops the rest with SIGTERM as soon as one exits: a rank 1 that
+reported first (it says nothing: rank 0 speaks for the run) and exited killed rank 0 before its line was written,
+and the run ended with no message at all. Imports no torch (a config error stays fast): `dlrm.distributed.env`,
+where the ranks met, is consulted only when already loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Optional
+
+SAID_ONCE_GRACE_S = 1.5
+"""How long a rank other than its machine's first waits before it exits, after an error every rank found alike
+before the ranks met (no store to hear rank 0 through yet). The ranks then ran the same code on the same files from
+the same start, so rank 0 says its line within the start-up's spread of the ranks (tens of milliseconds; a few
+hundred on a loaded machine) of the others' reaching theirs. The cost: a failed launch ends that much later."""
+
+
+def node_other_rank() -> bool:
+    """Whether this process is a torchrun rank (WORLD_SIZE > 1) other than its machine's first (LOCAL_RANK 0)."""
+    world = os.environ.get("WORLD_SIZE", "").strip()
+    return world.isdigit() and int(world) > 1 and os.environ.get("LOCAL_RANK", "0").strip() not in ("", "0")
+
+
+def wait_until_rank_zero_said(exc: Optional[BaseException], timeout_s: Optional[float] = None) -> None:
+    """Called by every rank once it has reported `exc`, an error said once for the run: after the ranks met, through
+    the process group's store (`dlrm.distributed.env.hold_until_rank_zero_said`: the speakers tell, the others wait
+    for that, at most 10 s); before, each rank other than its machine's first pauses `SAID_ONCE_GRACE_S`. A rank's
+    own error (`this_rank_only`, said by that rank) holds nothing, nor does a run of one process. A SIGTERM or Ctrl-C
+    ends the wait: the rank exits with its error's code as it would have."""
+    if getattr(exc, "this_rank_only", False):
+        return
+    env = sys.modules.get("dlrm.distributed.env")
+    if env is not None and env._joined():
+        env.hold_until_rank_zero_said(timeout_s)
+    elif node_other_rank():
+        _pause(SAID_ONCE_GRACE_S)
+
+
+def _pause(seconds: float) -> None:
+    """Sleep `seconds`, ended early by SIGTERM or SIGINT (torchrun's agent stopping this rank once rank 0 exited, a
+    Ctrl-C), which would otherwise kill it by the signal, or raise KeyboardInterrupt out of its error report."""
+    stopped: list[int] = []
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGTERM, signal.SIGINT):
+            previous[s] = signal.signal(s, lambda signum, frame: stopped.append(signum))
+    try:
+        deadline = time.monotonic() + seconds
+        while not stopped and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
