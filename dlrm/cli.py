@@ -317,7 +317,7 @@ class RanksCommand(OneLineUsageCommand):
         try:
             code = super().main(*args, standalone_mode=False, **kwargs)
         except click.ClickException as e:  # (the first rank shows it: click's standalone handling)
-            said_once.wait_until_rank_zero_said(e)  # (leaving first, this rank got it killed before it did)
+            said_once.wait_until_rank_zero_said(e)  # (exiting at once, it got the first rank killed unheard)
             sys.exit(e.exit_code)
         except click.Abort:
             sys.exit(1)
