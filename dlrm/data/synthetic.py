@@ -425,10 +425,11 @@ def _metadata(s: _Settings, teacher: Teacher, splits: _Splits) -> Metadata:
 
 
 def _done_line(s: _Settings, meta: Metadata, seconds: float) -> str:
-    """The log line of a finished dataset: time, positive rate, oracle AUC per split."""
+    """The log line of a finished dataset (and of its --raw-tsv file): time, positive rate, oracle AUC per split."""
     total_pos = sum(i.positives for i in meta.splits.values())
     aucs = [f"{split} oracle AUC {a:.4f}" for split, a in meta.extra["oracle_auc"].items() if a is not None]
-    return ", ".join([f"wrote {s.out} in {seconds:.1f}s: positive rate {total_pos / s.rows:.4f}", *aucs])  # none: no ", "
+    wrote = f"{s.out} and its raw TSV {s.tsv_path}" if s.tsv_path is not None else f"{s.out}"  # both made: both named
+    return ", ".join([f"wrote {wrote} in {seconds:.1f}s: positive rate {total_pos / s.rows:.4f}", *aucs])  # none: no ", "
 
 
 def generate(
