@@ -42,3 +42,12 @@ def test_a_warm_up_longer_than_the_run_is_said(warnings):
 def test_a_schedule_that_acts_is_not_warned_about(warnings, schedule):
     build_schedulers(_optimizers(), schedule, 100)
     assert warnings == []
+
+
+@pytest.mark.parametrize("warmup, steps, share", [(200, 1, "0.5%"), (201, 200, "99.5%"), (3000, 2, "0.1%"), (30000, 2, "0.01%")])
+def test_a_warm_up_share_is_never_rounded_to_0_or_100_percent(warnings, warmup, steps, share):
+    """The share was formatted with no decimals: a 1-step run of MLPerf's 200-step warm-up (the README's DCN config on
+    a tiny split) was told its warm-up "ends at 0% of the learning rate", as if it trained at none."""
+    build_schedulers(_optimizers(), ScheduleConfig(warmup_steps=warmup), steps)
+    assert warnings == [f"optim.schedule.warmup_steps {warmup} is longer than this run ({steps} step"
+                        f"{'s' if steps > 1 else ''}): it ends at {share} of the learning rate"]

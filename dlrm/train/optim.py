@@ -384,8 +384,23 @@ def build_schedulers(optimizers, cfg: ScheduleConfig, total_steps: int) -> list[
                            f"{total_steps}): the {cfg.decay} decay never starts")
     if cfg.warmup_steps > total_steps:
         run_logger.warning(f"optim.schedule.warmup_steps {cfg.warmup_steps} is longer than this run ({counted(total_steps, 'step')}): "
-                           f"it ends at {total_steps / cfg.warmup_steps:.0%} of the learning rate")
+                           f"it ends at {_share(total_steps / cfg.warmup_steps)} of the learning rate")
     return [ScheduledLR(opt, lambda step: lr_multiplier(step, cfg, total_steps)) for opt in optimizers]
+
+
+def _share(fraction: float) -> str:
+    """`fraction` as a percentage with the digits it needs to be neither 0% nor 100% (a 1-step run of a 200-step
+    warm-up "ended at 0%" of the learning rate, 200 steps of 201 "at 100%").
+
+    Example:
+        >>> _share(0.25), _share(1 / 200), _share(200 / 201)
+        ('25%', '0.5%', '99.5%')
+    """
+    for digits in range(6):
+        text = f"{fraction:.{digits}%}"
+        if 0 < float(text[:-1]) < 100:
+            return text
+    return text
 
 
 class ScheduledLR(torch.optim.lr_scheduler.LambdaLR):
