@@ -176,7 +176,7 @@ class Trainer(WindowLogging):
         if old == new or self.stats.best is None:
             return
         run_logger.warning(f"--resume: data.eval_split {old!r} -> {new!r}: the best evaluation so far (step "
-                           f"{self.stats.best.get('step')}) is of {old!r}, not compared with {new!r}'s: the best starts "
+                           f"{self.stats.best.get('step')}) is of {old!r}, not compared with those of {new!r}: the best starts "
                            f"afresh, and this run's best {new!r} evaluation replaces {self.checkpointer.best_path}")
         self.stats.best, self.stats.grid_best, self.stats.evals_since_best = None, None, 0
 
