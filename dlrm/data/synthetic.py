@@ -483,7 +483,8 @@ def generate(
         started = time.perf_counter()
         logger.info(f"tuning the teacher's bias on {PILOT_ROWS:,} pilot rows")  # ~2-20 s before any progress bar
         teacher = Teacher(s.seed, s.cards, multi_hot_sizes=s.multi_hot_sizes, multi_hot_fill=s.multi_hot_fill)
-        logger.info(f"teacher bias {teacher.bias:.4f}; writing {s.rows} rows ({s.sizes}) to {s.out}")
+        split_rows = ", ".join(f"{split} {n:,}" for split, n in s.sizes.items())  # (a dict's repr before)
+        logger.info(f"teacher bias {teacher.bias:.4f}; writing {s.rows:,} rows ({split_rows}) to {s.out}")
 
         remove_stale_temps(s.out, ".{name}.tmp-{rand}")  # a killed run's dataset and TSV (this run holds the locks)
         if s.tsv_path is not None:
@@ -552,7 +553,7 @@ def _report(exc: BaseException) -> int:
                    "table sizes; mlperf: MLPerf DLRM-DCNv2's (up to 40M) [default: the regime's: small, or kaggle for "
                    "small-real].")
 @click.option("--raw-tsv", type=NonEmptyPath("the raw TSV file to write", dir_okay=False), default=None,
-              help="Also write all rows (train, validation, test) in Kaggle's raw train.txt format.")
+              help="Also write all rows in Kaggle's raw train.txt format: train, validation, test (small-real: train, test, validation).")
 @click.option("--validation-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
               help="[default: the regime's: 0.1, or 1/14 for small-real]")
 @click.option("--test-fraction", type=click.FloatRange(0, 1, max_open=True), default=None,
