@@ -16,9 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-MARK = Path(os.environ["SAID_ONCE_MARK"])
-DELAY_S = float(os.environ["SAID_ONCE_DELAY_S"])
-RANK = int(os.environ["RANK"])
+# (read with defaults: pytest's --doctest-modules imports this file too, outside any launch)
+MARK = Path(os.environ.get("SAID_ONCE_MARK", "said-once.mark"))
+DELAY_S = float(os.environ.get("SAID_ONCE_DELAY_S", "0"))
+RANK = int(os.environ.get("RANK", "0"))
 
 
 class _LateErrorLine:
