@@ -8,7 +8,8 @@ every 0.1 s, kills rank 0 before its line is out.
         train.py's command (`dlrm.cli.main`) with ARGS
     ... tests/said_once_ranks.py met KIND
         the ranks meet (gloo), then each raises the same error, KIND `alike` (a ConfigError marked `found_alike`, as
-        a --resume refused against its checkpoint's config) or `nan` (NonFiniteLoss), reported as train.py does
+        a --resume refused against its checkpoint's config) or `nan` (NonFiniteLoss), reported as train.py does;
+        rank 0 leaves `SAID_ONCE_SLOW_EXIT_S` (0) after its report
 """
 
 import os
@@ -70,6 +71,8 @@ def _met(kind: str) -> None:
     exc = NonFiniteLoss("loss is nan at step 3") if kind == "nan" else ConfigError("--resume: refused alike")
     exc.found_alike = kind != "nan"
     code = report_failure(exc, None)
+    if RANK == 0:  # (rank 0 slow to leave after its line: the process group's teardown on a loaded machine)
+        time.sleep(float(os.environ.get("SAID_ONCE_SLOW_EXIT_S", "0")))
     env.shutdown()
     sys.exit(code)
 

@@ -20,8 +20,10 @@ from dlrm.distributed import said_once
 from tests.conftest import CHILD_ENV, REPO, process_output
 
 
-def _launch(tmp_path, args: list[str], delay_s: float, unfixed: bool) -> subprocess.CompletedProcess:
-    env = {**CHILD_ENV, "SAID_ONCE_MARK": str(tmp_path / "rank1-reported"), "SAID_ONCE_DELAY_S": str(delay_s)}
+def _launch(tmp_path, args: list[str], delay_s: float, unfixed: bool,
+            slow_exit_s: float = 0.0) -> subprocess.CompletedProcess:
+    env = {**CHILD_ENV, "SAID_ONCE_MARK": str(tmp_path / "rank1-reported"), "SAID_ONCE_DELAY_S": str(delay_s),
+           "SAID_ONCE_SLOW_EXIT_S": str(slow_exit_s)}
     if unfixed:
         env["SAID_ONCE_UNFIXED"] = "1"
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
@@ -40,12 +42,14 @@ def _rank_exit_codes(result) -> list[str]:
 
 @pytest.mark.parametrize("unfixed", [True, False], ids=["without-the-wait", "with-it"])
 def test_a_bad_config_before_the_ranks_meet_is_said_by_rank_zero_before_rank_one_leaves(tmp_path, unfixed):
-    """`torchrun --nproc-per-node 2 train.py --config bad.json`, rank 0's line late by 0.6 s (within the 1.5 s pause
-    of rank 1, `SAID_ONCE_GRACE_S`; no store yet): without the pause no line at all; with it, the one line, and each
-    rank exits 2 (the agent's SIGTERM, once rank 0 exited, ends rank 1's pause)."""
+    """`torchrun --nproc-per-node 2 train.py --config bad.json`, rank 0's line late by 2 s (no store yet): without
+    the wait no line at all; with it, the one line, and each rank exits 2 (the agent's SIGTERM, once rank 0 exited,
+    ends rank 1's wait). Rank 1 paused a fixed `SAID_ONCE_GRACE_S` (1.5 s) under torchrun too: a line later than that
+    was lost (now it waits for the agent, `AGENT_WAIT_S`)."""
     cfg = tmp_path / "bad.json"
     cfg.write_text('{"data": {"batch_size": 0}}')
-    result = _launch(tmp_path, ["train", "--config", str(cfg)], delay_s=0.6, unfixed=unfixed)
+    result = _launch(tmp_path, ["train", "--config", str(cfg)], delay_s=said_once.SAID_ONCE_GRACE_S + 0.5,
+                     unfixed=unfixed)
     assert result.returncode == 1, process_output(result)  # (torchrun's own code for a failed worker)
     if unfixed:
         assert _error_lines(result) == [] and "-15" in _rank_exit_codes(result), process_output(result)
@@ -67,24 +71,25 @@ def test_a_bad_command_line_is_said_by_rank_zero_before_rank_one_leaves(tmp_path
 @pytest.mark.parametrize("unfixed", [True, False], ids=["without-the-wait", "with-it"])
 def test_an_error_found_alike_after_the_ranks_met_waits_for_rank_zero_through_the_store(tmp_path, unfixed):
     """The ranks met (gloo), then each refused alike (`found_alike`: a --resume refused against its checkpoint's
-    config): rank 1 waits in the store for rank 0's word, here for a line 1.8 s late, later than the pause before the
-    ranks meet would have waited."""
-    result = _launch(tmp_path, ["met", "alike"], delay_s=1.8, unfixed=unfixed)
+    config): rank 1 waits for rank 0, here for a line 1.8 s late, and rank 0 slow to leave after it (1.5 s). Rank 1
+    left as soon as rank 0's word came through the store, and the agent killed rank 0 as it left: exit -15, not 2."""
+    result = _launch(tmp_path, ["met", "alike"], delay_s=1.8, unfixed=unfixed, slow_exit_s=1.5)
     assert result.returncode == 1, process_output(result)
     lines = _error_lines(result)
     if unfixed:
         assert lines == [] and "-15" in _rank_exit_codes(result), process_output(result)
     else:
         assert len(lines) == 1 and lines[0].endswith("ERROR   --resume: refused alike"), process_output(result)
-        assert "[rank 1]" not in result.stderr and "2" in _rank_exit_codes(result), process_output(result)
+        assert "[rank 1]" not in result.stderr and _rank_exit_codes(result) == ["2", "2"], process_output(result)
 
 
 def test_a_nan_loss_agreed_by_the_ranks_waits_for_rank_zero_through_the_store(tmp_path):
-    """A NaN loss (the ranks agree on it) is rank 0's line (`run_logger`): rank 1 waits for it as well."""
-    result = _launch(tmp_path, ["met", "nan"], delay_s=1.8, unfixed=False)
+    """A NaN loss (the ranks agree on it) is rank 0's line (`run_logger`): rank 1 waits for it as well, and for rank 0
+    to leave (exit 3, not the agent's -15)."""
+    result = _launch(tmp_path, ["met", "nan"], delay_s=1.8, unfixed=False, slow_exit_s=1.5)
     lines = _error_lines(result)
     assert len(lines) == 1 and lines[0].endswith("ERROR   loss is nan at step 3"), process_output(result)
-    assert "3" in _rank_exit_codes(result), process_output(result)
+    assert _rank_exit_codes(result) == ["3", "3"], process_output(result)
 
 
 def _as_rank(monkeypatch, local_rank: str) -> None:
@@ -99,6 +104,7 @@ def test_only_a_non_first_rank_pauses_before_the_ranks_meet_and_never_for_its_ow
 
     monkeypatch.setattr(said_once, "SAID_ONCE_GRACE_S", 0.4)
     monkeypatch.delitem(sys.modules, "dlrm.distributed.env", raising=False)  # (no ranks met: no store)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)  # (ranks started one by one, not by torchrun's agent)
 
     def took(exc) -> float:
         start = time.monotonic()
@@ -112,6 +118,39 @@ def test_only_a_non_first_rank_pauses_before_the_ranks_meet_and_never_for_its_ow
     assert took(ConfigError("c.json: bad")) < 0.1
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("LOCAL_RANK", "1")
+    assert took(ConfigError("c.json: bad")) < 0.1
+
+
+def test_under_torchrun_a_non_first_rank_waits_for_the_agent_to_stop_it_before_or_after_the_ranks_met(monkeypatch):
+    """Under torchrun's agent (TORCHELASTIC_RUN_ID) rank 1 waits until the agent's SIGTERM, which comes once rank 0
+    exited, at most `AGENT_WAIT_S`, whether the ranks met or not (the store's word came before rank 0 had left: the
+    agent killed it, exit -15); not the first rank, nor after an agreed signal stop (the agent may be the one stopping
+    the ranks: no second SIGTERM comes), which keeps the pause or the store."""
+    from dlrm.errors import NonFiniteLoss, TrainingStopped
+
+    monkeypatch.setattr(said_once, "AGENT_WAIT_S", 0.5)
+    monkeypatch.setattr(said_once, "SAID_ONCE_GRACE_S", 0.0)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    env = sys.modules.get("dlrm.distributed.env")
+    _as_rank(monkeypatch, "1")
+
+    def took(exc) -> float:
+        start = time.monotonic()
+        said_once.wait_until_rank_zero_said(exc)
+        return time.monotonic() - start
+
+    assert took(ConfigError("c.json: bad")) >= 0.5  # (no ranks met)
+    if env is not None:  # (the ranks met: the store is not consulted, the agent waited for)
+        monkeypatch.setattr(env, "_joined", lambda: True)
+        monkeypatch.setattr(env, "hold_until_rank_zero_said", lambda *a: pytest.fail("the store consulted"))
+    assert took(NonFiniteLoss("loss is nan")) >= 0.5
+    monkeypatch.delitem(sys.modules, "dlrm.distributed.env", raising=False)
+    assert took(TrainingStopped(143, "stopped", agreed=True)) < 0.3  # (the pause, 0 s here)
+    timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM))  # the agent, once rank 0 exited
+    monkeypatch.setattr(said_once, "AGENT_WAIT_S", 30.0)
+    timer.start()
+    assert took(ConfigError("c.json: bad")) < 5
+    _as_rank(monkeypatch, "0")
     assert took(ConfigError("c.json: bad")) < 0.1
 
 

@@ -293,8 +293,9 @@ def hold_until_rank_zero_said(timeout_s: Optional[float] = None) -> None:
     one machine), which says it, tells the others through the process group's store, and each other rank waits for
     rank 0's word and its own machine's first rank's (at most `AGREE_WAIT_S`, half `timeout_s` if less) before it
     exits. Under torchrun the agent stops the remaining ranks with SIGTERM as soon as one exits: a rank 1 that exited
-    first killed rank 0 before its line was out, and the run ended without a word. One process, or a store that
-    cannot be reached: nothing."""
+    first killed rank 0 before its line was out, and the run ended without a word. (Under torchrun's agent only after
+    an agreed signal stop: the others wait for the agent itself, `dlrm.distributed.said_once`.) One process, or a
+    store that cannot be reached: nothing."""
     if not _joined():
         return
     rank = dist.get_rank()

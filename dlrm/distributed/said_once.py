@@ -16,11 +16,20 @@ import threading
 import time
 from typing import Optional
 
+from dlrm.errors import TrainingStopped
+
 SAID_ONCE_GRACE_S = 1.5
 """How long a rank other than its machine's first waits before it exits, after an error every rank found alike
 before the ranks met (no store to hear rank 0 through yet). The ranks then ran the same code on the same files from
 the same start, so rank 0 says its line within the start-up's spread of the ranks (tens of milliseconds; a few
-hundred on a loaded machine) of the others' reaching theirs. The cost: a failed launch ends that much later."""
+hundred on a loaded machine) of the others' reaching theirs. The cost: a failed launch ends that much later. Not
+under torchrun's agent, whose ranks wait for it to stop them (`AGENT_WAIT_S`)."""
+
+AGENT_WAIT_S = 10.0
+"""Under torchrun's agent, the longest a rank other than its machine's first waits for the agent to stop it, after an
+error said once for the run (before the ranks met or after): the agent stops it once that first rank exited, within
+its poll (--monitor-interval, 0.1 s), so the wait costs nothing more than that rank's own exit. Bounded for a first rank that hangs; a
+rank 0 whose line came later than `SAID_ONCE_GRACE_S` (a machine busy starting 8 ranks) was killed unheard."""
 
 
 def node_other_rank() -> bool:
@@ -30,18 +39,35 @@ def node_other_rank() -> bool:
 
 
 def wait_until_rank_zero_said(exc: Optional[BaseException], timeout_s: Optional[float] = None) -> None:
-    """Called by every rank once it has reported `exc`, an error said once for the run: after the ranks met, through
-    the process group's store (`dlrm.distributed.env.hold_until_rank_zero_said`: the speakers tell, the others wait
-    for that, at most 10 s); before, each rank other than its machine's first pauses `SAID_ONCE_GRACE_S`. A rank's
-    own error (`this_rank_only`, said by that rank) holds nothing, nor does a run of one process. A SIGTERM or Ctrl-C
-    ends the wait: the rank exits with its error's code as it would have."""
+    """Called by every rank once it has reported `exc`, an error said once for the run. Under torchrun's agent, a
+    rank other than its machine's first waits until the agent stops it (`_pause` of at most `AGENT_WAIT_S`, ended by
+    its SIGTERM), which the agent does once that first rank has exited: its line is out then and its own exit code
+    (2, 3, 4) is the one the agent reports. Left as soon as rank 0's word came through the store, rank 1 exited while
+    rank 0 was still leaving the process group, and the agent killed rank 0 (exit -15 in its report, whose "root
+    cause" was rank 1, which prints nothing): 4 of 10 refused --resume runs on 2 CPU ranks. The other launches (the
+    ranks started one by one, a launcher of another kind), and an agreed signal stop (the agent itself may be stopping
+    the ranks, and sends no second SIGTERM): after the ranks met, through the process group's store
+    (`dlrm.distributed.env.hold_until_rank_zero_said`: the speakers tell, the others wait for that, at most 10 s);
+    before, each rank other than its machine's first pauses `SAID_ONCE_GRACE_S`. A rank's own error
+    (`this_rank_only`, said by that rank) holds nothing, nor does a run of one process. A SIGTERM or Ctrl-C ends the
+    wait: the rank exits with its error's code as it would have."""
     if getattr(exc, "this_rank_only", False):
+        return
+    if under_torchrun_agent() and not isinstance(exc, TrainingStopped):
+        if node_other_rank():
+            _pause(AGENT_WAIT_S)
         return
     env = sys.modules.get("dlrm.distributed.env")
     if env is not None and env._joined():
         env.hold_until_rank_zero_said(timeout_s)
     elif node_other_rank():
         _pause(SAID_ONCE_GRACE_S)
+
+
+def under_torchrun_agent() -> bool:
+    """Whether torchrun's elastic agent started this process (it sets TORCHELASTIC_RUN_ID in its workers): the agent
+    that stops every rank left once one of them exits."""
+    return bool(os.environ.get("TORCHELASTIC_RUN_ID", "").strip())
 
 
 def _pause(seconds: float) -> None:
