@@ -429,15 +429,17 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
         check_tb_dir(cfg.log.tb_dir, tb_flag, (cfg.data.path,))
     elif resume == "latest":  # (an existing run by name under log.tb_dir: it is where it is)
         check_tb_dir(cfg.log.tb_dir, tb_flag, owners=False)
-    if resume is None and compare is None and (eval_only or not export_path or not checkpoint_path):
-        check_not_own_record(config_path, cfg, overrides, eval_only)
-    # a new run's directory is named, or --eval-only's (with --export too: it evaluates first); a bare export of a
-    # --checkpoint writes none
-    if resume is None and (eval_only or not (export_path and checkpoint_path)):
+    # a new run's directory is named, or --eval-only's (with --export too: it evaluates first), or a branch's not there
+    # yet; a bare export of a --checkpoint writes none. Before the own-record refusal, whose free name it would refuse
+    if (resume is None or ((branch or new_by_name) and not os.path.lexists(Path(cfg.log.tb_dir) / cfg.log.run_name))
+            ) and (eval_only or not (export_path and checkpoint_path)):
         try:
             check_default_run_name(cfg)
         except ConfigError as e:
-            raise ConfigError(f"{config_path}: {e}") from None
+            given = cfg.log.run_name is not None and "log.run_name" in overrides
+            raise ConfigError(f"{'command line' if given else config_path}: {e}") from None
+    if resume is None and compare is None and (eval_only or not export_path or not checkpoint_path):
+        check_not_own_record(config_path, cfg, overrides, eval_only)
     export = check_export_path(export_path) if export_path else None
     # imported late: --help and config errors stay fast
     from dlrm.train import export as export_mod
