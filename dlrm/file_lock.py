@@ -97,6 +97,34 @@ def try_lock(path: Path, shared: bool = False) -> tuple[int, str]:
     return fd, _holder_line(fd)
 
 
+def try_lock_named(path: Path, shared: bool = False) -> tuple[int, str]:
+    """`try_lock`, of the file that `path` names once the lock is taken. A holder that removes its lock file (its
+    release) does so while still holding it, but a taker that opened the file just before and takes the lock just
+    after holds a file no longer named `path`, while the next taker creates and locks a new one: two holders. So the
+    taker checks, after its flock, that `path` still names the file it locked, else opens the new one and tries again."""
+    while True:
+        fd, previous = try_lock(path, shared)
+        try:
+            named, held = os.lstat(path), os.fstat(fd)
+            if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+                return fd, previous
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def remove_held(path: Path, fd: int) -> None:
+    """Remove the lock file `path` whose lock `fd` holds, before closing `fd` (`try_lock_named` is what makes that safe
+    for every taker). Not when `path` names another file now (removed by hand and made again by a later taker, whose
+    lock it is)."""
+    try:
+        named, held = os.lstat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return
+    if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+        os.unlink(path)
+
+
 def name_holder(fd: int, since: bool = False, note: str = "") -> None:
     """Write this process's line into the locked file `fd` ("pid N on HOST", and the time with `since`, then `note`)."""
     line = f"pid {os.getpid()} on {socket.gethostname()}" + (f" since {time.strftime('%Y-%m-%d %H:%M:%S')}" if since else "")

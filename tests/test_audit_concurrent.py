@@ -195,8 +195,8 @@ def test_a_nested_hold_of_one_dataset_takes_one_lock_and_keeps_it_until_the_oute
     data = tmp_path / "D"
     data.mkdir()
     flocks: list[int] = []
-    real = output_dirs.try_lock
-    monkeypatch.setattr(output_dirs, "try_lock", lambda *a, **k: flocks.append(1) or real(*a, **k))
+    real = output_dirs.try_lock_named
+    monkeypatch.setattr(output_dirs, "try_lock_named", lambda *a, **k: flocks.append(1) or real(*a, **k))
     lock = tmp_path / ".D.lock"
     with output_dirs.dataset_read_lock(data, "data.path"):
         with output_dirs.dataset_read_lock(data, "data.path"):

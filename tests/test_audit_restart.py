@@ -47,6 +47,7 @@ def killed_before_first_checkpoint(tmp_path, dataset, run_name="victim"):
     (run / "summary.json").unlink()
     (run / "checkpoints").mkdir()
     (run / "checkpoints" / ".step-00000005.pt.999-abc.tmp").write_bytes(b"half a checkpoint")
+    (run / ".lock").touch()  # (a finished run's release removed it; a killed one's stays)
     assert {p.name for p in run.iterdir()} >= {"config.json", ".lock", "checkpoints"}
     assert list(run.glob("events.out.tfevents.*"))
     return run

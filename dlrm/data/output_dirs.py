@@ -22,7 +22,7 @@ import click
 from loguru import logger
 
 from dlrm.errors import ConfigError
-from dlrm.file_lock import LockHeld, NotALockFile, name_holder, try_lock
+from dlrm.file_lock import LockHeld, NotALockFile, name_holder, try_lock_named
 from dlrm.file_modes import dir_mode
 from dlrm.json_file import read_json
 
@@ -76,16 +76,22 @@ def check_replaceable(path: Path, option: str, error: type[click.ClickException]
                 "and --overwrite replaces a dataset only; choose a new or empty directory, or remove it yourself")
 
 
+RUN_MARKS = ("checkpoints", "summary.json", "compare.md")
+"""What only a run writes in its directory (a --compare's: compare.md) besides its lock: once one is there, the run's
+lock file may go when it is released (`dlrm.train.run_dir.RunLock.release`) and the directory is still known for a
+run's (`is_run_directory`)."""
+
+
 def is_run_directory(path: Path) -> bool:
     """Whether `path` is a training run's directory (`dlrm.train.run_dir.RunDirectory`): its config.json (a run's,
-    with ``log`` and ``data`` sections) beside what only a run writes (checkpoints/, summary.json, its lock)."""
+    with ``log`` and ``data`` sections) beside what only a run writes (`RUN_MARKS`, or its lock)."""
     try:
         record = read_json(path / "config.json")
     except (OSError, ValueError):
         return False
     if not (isinstance(record, dict) and isinstance(record.get("log"), dict) and isinstance(record.get("data"), dict)):
         return False
-    return any(os.path.lexists(path / name) for name in ("checkpoints", "summary.json", ".lock"))
+    return any(os.path.lexists(path / name) for name in (*RUN_MARKS, ".lock"))
 
 
 def owner_of(path: Path) -> Optional[str]:
@@ -287,16 +293,9 @@ def output_lock(path: Path, option: str, error: type[Exception] = click.ClickExc
 
 
 def _lock_current(lock: Path, shared: bool) -> int:
-    """`try_lock(lock, shared)`'s descriptor, of the file named `lock` now: the holder may have removed the file (its
-    release) between our open and flock; then the new one is locked. Raises `LockHeld`."""
-    while True:
-        fd, _ = try_lock(lock, shared)
-        try:
-            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
-                return fd
-        except FileNotFoundError:
-            pass
-        os.close(fd)
+    """`try_lock_named(lock, shared)`'s descriptor, of the file named `lock` now: the holder may have removed the file
+    (its release) between our open and flock; then the new one is locked. Raises `LockHeld`."""
+    return try_lock_named(lock, shared)[0]
 
 
 _READER_NOTE = ", a run reading it"  # the end of a reader's line in the lock file (`dataset_read_lock`)

@@ -6,7 +6,8 @@
 * **One writer.** The directory's ``.lock`` file is held with ``fcntl.flock`` for the whole run and
   names the holder's pid and host; a second process (a second ``--resume`` of the same run, say)
   is refused with that pid. The kernel drops the lock when its holder dies, so a lock left by a
-  killed run is stale by construction: it is taken over, and the log says so.
+  killed run is stale by construction: it is taken over, and the log says so. Its holder removes the
+  file when it lets go, once summary.json or checkpoints/ marks the directory (`RunLock.release`).
   What a resume decided before it held the lock is checked again under it: a later checkpoint that
   another process saved meanwhile is refused, not trained over.
 * **A new run never reuses a name.** A non-empty directory is refused (use ``--resume``); a run without
@@ -35,6 +36,7 @@ The resolved absolute path is logged whenever it differs from what was typed (ab
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -50,7 +52,8 @@ from dlrm.checkpoint_schema import v1_numpy_globals
 from dlrm.config import Config, ConfigError
 from dlrm.config_checks import free_run_name
 from dlrm.data.schema import write_json_atomic
-from dlrm.file_lock import LockHeld, NotALockFile, name_holder, try_lock
+from dlrm.data.output_dirs import RUN_MARKS
+from dlrm.file_lock import LockHeld, NotALockFile, name_holder, remove_held, try_lock_named
 from dlrm.stop_signal import stop_signal_name
 from dlrm.json_file import read_json
 
@@ -245,7 +248,7 @@ def lock_holder(path: Path) -> Optional[str]:
     if not (path / LOCK_NAME).is_file():
         return None
     try:
-        fd, _ = try_lock(path / LOCK_NAME)
+        fd, _ = try_lock_named(path / LOCK_NAME)
     except LockHeld as held:
         return held.holder
     except OSError:
@@ -312,7 +315,7 @@ class RunLock:
     def acquire(cls, run_dir: Path) -> "RunLock":
         path = Path(run_dir) / LOCK_NAME
         try:
-            fd, previous = try_lock(path)
+            fd, previous = try_lock_named(path)
         except LockHeld as held:
             raise ConfigError(f"{run_dir}: in use by {held.holder}; a run directory has one writer at a time "
                               "(wait for it, or choose another --run-name)") from None
@@ -324,11 +327,18 @@ class RunLock:
         return cls(path, fd)
 
     def release(self) -> None:
-        """Empty the file (so the next holder sees no stale lock) and drop the lock."""
+        """Drop the lock. The file goes with it where the directory holds what marks it as a run's besides (`RUN_MARKS`:
+        a finished run's summary.json, a stopped one's checkpoints/), else it is emptied (the next holder sees no
+        stale lock) and kept: it is what marks a run stopped before its first checkpoint for one (`is_run_directory`:
+        no --tb-dir nor --export inside it). Removed while still held, and every taker checks that the file it locked
+        is still the one named .lock (`try_lock_named`): one that opened it just before takes the new one instead."""
         if self.fd < 0:
             return
         try:
             os.ftruncate(self.fd, 0)
+            if any(os.path.lexists(self.path.parent / name) for name in RUN_MARKS):
+                with contextlib.suppress(OSError):  # (kept, empty, it is harmless: no failure of a finished run)
+                    remove_held(self.path, self.fd)
         finally:
             os.close(self.fd)
             self.fd = -1
