@@ -17,13 +17,13 @@ Three kinds of file, told apart by their keys:
 
 - a checkpoint: format_version, model, optimizers, schedulers, position, rng, cardinalities,
   config_json, and optionally run_stats, multi_hot_sizes, dense_format, data_placement, hashing,
-  vocabulary_digest, shuffle_scheme, dataset_stamps and world_size;
+  vocabulary_digest, shuffle_scheme, dataset_stamps, world_size and train_rows;
 - a shard of a sharded checkpoint: a checkpoint's keys plus rank and plan;
 - the manifest of a sharded checkpoint: format_version, position, cardinalities, config_json, sharded, and
-  optionally data_placement, shuffle_scheme, dataset_stamps and world_size.
+  optionally data_placement, shuffle_scheme, dataset_stamps, world_size and train_rows.
 
 world_size: the ranks whose epochs the position counts (`dlrm.checkpoint.trained_world_size`); a shard's and a
-manifest's is their plan's.
+manifest's is their plan's. train_rows: the train split's rows those epochs count (a resume's schedule check).
 
 `validate` checks a loaded file against these (every required key, no other, each of its type)
 and raises a one-line ConfigError naming the file and the key. `upgrade_v1` turns a format-1 file
@@ -57,10 +57,10 @@ _MANIFEST_KEYS = ("format_version", "position", "cardinalities", "config_json", 
 # hashing and vocabularies unknown (not checked). vocabulary_digest: only with hashing "vocabulary". shuffle_scheme:
 # only for train.seed >= 2**32, whose stream shuffle changed (`dlrm.data.shuffle_seed`). dataset_stamps: since
 # 2026-12-04, the data's files as the run read them (`dlrm.data.dataset_stamps`; a resume on changed ones is refused).
-# world_size: unknown (`dlrm.checkpoint.trained_world_size`).
+# world_size: unknown (`dlrm.checkpoint.trained_world_size`). train_rows: unknown (`resume_policy.checkpoint_rows`).
 _OPTIONAL_KEYS = ("run_stats", "multi_hot_sizes", "dense_format", "data_placement", "hashing", "vocabulary_digest",
-                  "shuffle_scheme", "dataset_stamps", "world_size")
-_MANIFEST_OPTIONAL = ("data_placement", "shuffle_scheme", "dataset_stamps", "world_size")
+                  "shuffle_scheme", "dataset_stamps", "world_size", "train_rows")
+_MANIFEST_OPTIONAL = ("data_placement", "shuffle_scheme", "dataset_stamps", "world_size", "train_rows")
 _SHARD_FILE = re.compile(r"(?:best-)?step-\d{8,}\.rank\d+-of-\d+\.pt")  # best-: a sharded best.pt's
 _PLAIN_LEAVES = (bool, int, float, str, type(None))
 _MAX_DEPTH = 32  # deeper nesting is no state of ours; the limit keeps the recursive checks bounded
@@ -544,6 +544,8 @@ def _check_common(disk: dict[str, Any], path: Path) -> None:
     if "dataset_stamps" in disk:
         _expect(is_stamps(disk["dataset_stamps"]), disk["dataset_stamps"], path, "dataset_stamps",
                 "a dict of file names to their stamps (strings)")
+    if "train_rows" in disk:  # (the rows of the train split its epochs count: a run refuses a split of none)
+        _expect(_is_int(disk["train_rows"], 1), disk["train_rows"], path, "train_rows", "an int >= 1")
     if "shuffle_scheme" in disk:
         _expect(type(disk["shuffle_scheme"]) is int and disk["shuffle_scheme"] == SHUFFLE_SCHEME,
                 disk["shuffle_scheme"], path, "shuffle_scheme", str(SHUFFLE_SCHEME))

@@ -12,6 +12,7 @@ resume step) says nothing: the resumed run is then the uninterrupted run of the 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -22,7 +23,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from dlrm import checkpoint as ckpt
 from dlrm.config import ConfigError, ScheduleConfig, load_config
 from dlrm.train.optim import lr_multiplier
-from dlrm.train.resume_policy import check_schedule_length
+from dlrm.train.resume_policy import check_schedule_length, checkpoint_rows
 from dlrm.train.trainer import train
 from tests.conftest import CHILD_ENV, REPO, make_dataset
 
@@ -124,7 +125,9 @@ def test_allowed_it_is_one_warning_and_the_learning_rate_follows_the_new_end(dat
     assert [w for w in warnings if "learning rate" in w] == [
         "--resume: train.max_steps 8 -> 16 moves the end of the linear decay (optim.schedule.decay_steps 0: to the "
         "run's end) from step 8 to step 16 (allowed by --allow-config-change): the learning rate at the resume step 8 "
-        "goes from 0.1 to 0.7 times the configured one (optim.dense 0.001 -> 0.007, optim.sparse 0.005 -> 0.035)"]
+        "goes from 0.1 to 0.7 times the configured one (optim.dense 0.001 -> 0.007, optim.sparse 0.005 -> 0.035); the "
+        "checkpoint's end is kept with \"decay_steps\": 4 in optim.schedule and --allow-config-change "
+        "optim.schedule.decay_steps"]
     lrs = lr_dense(tmp_path)  # logged at each logging step s: the lr step s trained with (schedule step s - 1)
     schedule = ScheduleConfig(**DECAY)
     assert lrs[8] == pytest.approx(0.01 * lr_multiplier(7, schedule, 8))  # 0.00325: the first session's last step
@@ -167,12 +170,12 @@ def test_no_length_change_and_a_run_at_its_end_say_nothing(warnings):
     trains no step (resumed at or past its new end, for its last evaluation and summary) pass without a word."""
     cfg = load_config(REPO / "configs" / "sample.json", {"train.max_steps": 200})
     saved = cfg.to_dict()
-    check_schedule_length(saved, cfg, 150, 703, 200, ROWS, (), "ck.pt")
+    check_schedule_length(saved, cfg, 150, 703, 200, ROWS, (), "ck.pt", saved_rows=ROWS)
     more_epochs = load_config(REPO / "configs" / "sample.json", {"train.max_steps": 200, "train.epochs": 3})
-    check_schedule_length(saved, more_epochs, 150, 703, 200, ROWS, (), "ck.pt")
+    check_schedule_length(saved, more_epochs, 150, 703, 200, ROWS, (), "ck.pt", saved_rows=ROWS)
     longer = load_config(REPO / "configs" / "sample.json", {"train.max_steps": 150})
     check_schedule_length(load_config(REPO / "configs" / "sample.json", {"train.max_steps": 400}).to_dict(), longer,
-                          150, 703, 150, ROWS, (), "ck.pt")
+                          150, 703, 150, ROWS, (), "ck.pt", saved_rows=ROWS)
     assert warnings == []
 
 
@@ -195,7 +198,8 @@ def test_another_batch_size_moves_the_end_of_a_run_of_epochs_and_is_said(data, t
         "--resume: data.batch_size 8 -> 16 (12 -> 6 steps an epoch) moves the end of the linear decay "
         "(optim.schedule.decay_steps 0: to the run's end) from step 36 to step 18 (allowed by --allow-config-change): "
         "the learning rate at the resume step 12 goes from 0.775 to 0.4857 times the configured one (optim.dense "
-        "0.00775 -> 0.004857, optim.sparse 0.03875 -> 0.02429)"]
+        "0.00775 -> 0.004857, optim.sparse 0.03875 -> 0.02429); the checkpoint's end is kept with \"decay_steps\": 32 "
+        "in optim.schedule and --allow-config-change optim.schedule.decay_steps"]
     events = EventAccumulator(str(tmp_path / "tb" / "b"))
     events.Reload()
     lrs = {e.step: e.value for e in events.Scalars("train/lr_dense")}  # what the warning says the run does: in steps
@@ -225,23 +229,28 @@ def test_more_epochs_of_bigger_batches_are_checked_in_the_checkpoints_own_epochs
 
 
 def test_drop_last_and_another_data_path_in_the_unit(warnings):
-    """drop_last False keeps the 32 rows left over of each epoch as a 704th step; another data.path leaves the
-    checkpoint's steps an epoch unknown (its rows are not recorded, its directory may hold other data now): said."""
+    """drop_last False keeps the 32 rows left over of each epoch as a 704th step; another data.path is counted in the
+    checkpoint's own rows (`saved_rows`, recorded), and one that records none leaves its steps an epoch unknown:
+    said."""
     saved = load_config(REPO / "configs" / "sample.json").to_dict()  # 2 epochs of 703 steps: the decay ends at 1406
     kept = load_config(REPO / "configs" / "sample.json", {"data.drop_last": False})
-    check_schedule_length(saved, kept, 150, 704, 1408, ROWS, ["data.drop_last"], "ck.pt")
+    check_schedule_length(saved, kept, 150, 704, 1408, ROWS, ["data.drop_last"], "ck.pt", saved_rows=ROWS)
     assert warnings == [
         "--resume: data.drop_last True -> False (703 -> 704 steps an epoch) moves the end of the linear decay "
         "(optim.schedule.decay_steps 0: to the run's end) from step 1406 to step 1408 (allowed by "
         "--allow-config-change): the learning rate at the resume step 150 goes from 0.9655 to 0.9656 times the "
-        "configured one (optim.dense 0.001931 -> 0.001931, optim.sparse 0.04828 -> 0.04828)"]
+        "configured one (optim.dense 0.001931 -> 0.001931, optim.sparse 0.04828 -> 0.04828); the checkpoint's end is "
+        "kept with \"decay_steps\": 1306 in optim.schedule and --allow-config-change optim.schedule.decay_steps"]
     warnings.clear()
     moved = load_config(REPO / "configs" / "sample.json", {"data.path": "/elsewhere/sample"})
+    check_schedule_length(saved, moved, 150, 703, 1406, ROWS, ["data.path"], "ck.pt", saved_rows=ROWS)
+    assert warnings == []  # the same rows elsewhere (a dataset moved): the same end
     check_schedule_length(saved, moved, 150, 703, 1406, ROWS, ["data.path"], "ck.pt")
     unknown = ("the checkpoint's run length in steps is unknown under another data.path (its train.epochs counted "
-               "its own data's batches), so whether the end of the linear decay (optim.schedule.decay_steps 0: to the "
-               "run's end) moved is not known: this run's decay ends at step {}, and the learning rate at the resume "
-               "step 150 is {} times the configured one")
+               "its own data's batches, whose rows it does not record: written by an earlier version), so whether the "
+               "end of the linear decay (optim.schedule.decay_steps 0: to the run's end) moved is not known: this "
+               "run's decay ends at step {}, and the learning rate at the resume step 150 is {} times the configured "
+               "one")
     assert warnings == ["--resume: " + unknown.format(1406, 0.9655)]
     # a length key changed with it still needs its flag (it passed, said as "not checked", where it was refused)
     warnings.clear()
@@ -255,6 +264,11 @@ def test_drop_last_and_another_data_path_in_the_unit(warnings):
         "in \"decay_steps\" in optim.schedule and --allow-config-change optim.schedule.decay_steps")
     check_schedule_length(capped, longer, 150, 703, 400, ROWS, ["data.path", "train.max_steps"], "ck.pt")
     assert warnings == ["--resume: " + unknown.format(400, 0.85)]
+    # known rows: the same refusal as on the same data (named in steps)
+    with pytest.raises(ConfigError, match=r"^--resume ck.pt: train.max_steps 200 -> 400 moves the end of the linear "
+                                          r"decay .* from step 200 to step 400, .* pass --allow-config-change "
+                                          r"train.max_steps to resume so"):
+        check_schedule_length(capped, longer, 150, 703, 400, ROWS, ["data.path"], "ck.pt", saved_rows=ROWS)
 
 
 def test_the_command_line_refusal_is_one_line_and_exit_2(data, tmp_path):
@@ -267,3 +281,87 @@ def test_the_command_line_refusal_is_one_line_and_exit_2(data, tmp_path):
     errors = [line for line in (done.stdout + done.stderr).splitlines() if "ERROR" in line]
     assert len(errors) == 1 and "train.max_steps 8 -> 16 moves the end of the linear decay" in errors[0], errors
     assert "Traceback" not in done.stderr
+
+
+@pytest.fixture(scope="module")
+def more_rows(tmp_path_factory):
+    root = tmp_path_factory.mktemp("schedlen-more") / "ds"
+    make_dataset(root, {"train": 200, "validation": 24}, row_group_size=30, seed=1)  # 25 steps an epoch at batch 8
+    return root
+
+
+def shown(path) -> str:
+    """A data.path as a resume's messages show it: its repr, the last 37 characters of a long one."""
+    text = repr(str(path))
+    return text if len(text) <= 40 else "..." + text[-37:]
+
+
+def test_another_dataset_is_counted_in_the_checkpoints_own_rows_and_the_run_decays_to_its_new_end(
+        data, more_rows, tmp_path, warnings):
+    """A run of 3 epochs of 100 rows (36 steps) resumed at step 12 on a dataset of 200 rows (3 epochs: 75 steps). Its
+    decay's end moved from step 36 to 75, and the learning rate at the resume step from 0.775x to 0.8986x; the warning
+    said the checkpoint's length was unknown (it recorded no rows). Checkpoints now record their train rows, and the
+    warning names both ends, what moved them, and how to keep the checkpoint's end; the run decays to its own end."""
+    source, cfg = branch_at_step_12(data, tmp_path, **{"data.path": str(more_rows)})
+    assert ckpt.load_checkpoint(source)["train_rows"] == 100
+    warnings.clear()
+    summary = train(cfg, resume=str(source), allow_config_change=["data.path"])
+    assert summary["steps"] == 75
+    assert [w for w in warnings if "decay" in w] == [
+        f"--resume: data.path {shown(data)} -> {shown(more_rows)} (100 -> 200 train rows: "
+        "12 -> 25 steps an epoch) moves the end of the linear decay (optim.schedule.decay_steps 0: to the run's end) "
+        "from step 36 to step 75 (allowed by --allow-config-change): the learning rate at the resume step 12 goes from "
+        "0.775 to 0.8986 times the configured one (optim.dense 0.00775 -> 0.008986, optim.sparse 0.03875 -> 0.04493); "
+        "the checkpoint's end is kept with \"decay_steps\": 32 in optim.schedule and --allow-config-change "
+        "optim.schedule.decay_steps"]
+    events = EventAccumulator(str(tmp_path / "tb" / "b"))
+    events.Reload()
+    lrs = {e.step: e.value for e in events.Scalars("train/lr_dense")}  # the new end's, as the warning says
+    schedule = ScheduleConfig(**DECAY)
+    assert [lrs[s] for s in (14, 40, 74)] == pytest.approx([0.01 * lr_multiplier(s - 1, schedule, 75)
+                                                            for s in (14, 40, 74)])
+    assert ckpt.load_checkpoint(ckpt.checkpoint_dir(tmp_path / "tb" / "b") / ckpt.checkpoint_name(75))[
+        "train_rows"] == 200
+
+
+def test_a_dataset_changed_in_place_is_counted_in_the_checkpoints_own_rows(data, more_rows, tmp_path, warnings):
+    """The same data.path regenerated with 200 rows (allowed as data.path): its end was counted in the new rows for
+    the checkpoint's run too (75 and 75), and its move from step 36 to 75 went unsaid."""
+    shutil.copytree(data, tmp_path / "ds")
+    source, cfg = branch_at_step_12(tmp_path / "ds", tmp_path)
+    shutil.rmtree(tmp_path / "ds")
+    shutil.copytree(more_rows, tmp_path / "ds")
+    warnings.clear()
+    assert train(cfg, resume=str(source), allow_config_change=["data.path"])["steps"] == 75
+    assert [w for w in warnings if "decay" in w] == [
+        "--resume: data.path's files changed since the checkpoint (100 -> 200 train rows: 12 -> 25 steps an epoch) "
+        "moves the end of the linear decay (optim.schedule.decay_steps 0: to the run's end) from step 36 to step 75 "
+        "(allowed by --allow-config-change): the learning rate at the resume step 12 goes from 0.775 to 0.8986 times "
+        "the configured one (optim.dense 0.00775 -> 0.008986, optim.sparse 0.03875 -> 0.04493); the checkpoint's end "
+        "is kept with \"decay_steps\": 32 in optim.schedule and --allow-config-change optim.schedule.decay_steps"]
+
+
+def test_checkpoint_rows_recorded_else_this_runs_only_on_the_same_unchanged_data():
+    saved = {"data": {"path": "/data/a"}}
+    stamps = {"metadata.json": "9:aa", "train/a.parquet": "100:bb"}
+    assert checkpoint_rows(saved, {"train_rows": 100, "dataset_stamps": stamps}, stamps, "/data/b", 200) == 100
+    assert checkpoint_rows(saved, {"dataset_stamps": stamps}, stamps, "/data/a", 200) == 200  # the same files
+    assert checkpoint_rows(saved, {}, stamps, "/data/a", 200) == 200  # no stamps recorded: taken as the same
+    assert checkpoint_rows(saved, {"dataset_stamps": stamps}, {**stamps, "train/a.parquet": "96:cc"}, "/data/a",
+                           200) is None  # changed since, without its rows
+    assert checkpoint_rows(saved, {"dataset_stamps": stamps}, stamps, "/data/b", 200) is None  # another dataset
+
+
+def test_train_rows_is_checked_where_it_enters(data, tmp_path):
+    import torch
+
+    from dlrm.checkpoint_schema import to_disk
+
+    path = write_config(data, tmp_path)
+    train(config(path, tmp_path, **{"train.max_steps": 2}))
+    saved = ckpt.checkpoint_dir(tmp_path / "tb" / "r") / ckpt.checkpoint_name(2)
+    state = ckpt.load_checkpoint(saved)
+    state["train_rows"] = 0
+    torch.save(to_disk(state), saved)
+    with pytest.raises(ConfigError, match=r"checkpoint key 'train_rows' must be an int >= 1, got int 0"):
+        ckpt.load_checkpoint(saved)

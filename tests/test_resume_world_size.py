@@ -86,6 +86,8 @@ def test_every_checkpoint_records_its_world_size(two_ranks, tmp_path):
     for q in range(2):
         assert ckpt.load_checkpoint(manifest.parent / f"step-00000010.rank{q}-of-2.pt")["world_size"] == 2
     assert ckpt.load_checkpoint(merged(run_dir, 10, tmp_path / "m.pt"))["world_size"] == 2
+    # and the train rows those epochs count (a resume on other data knows its run's steps an epoch)
+    assert ckpt.load_checkpoint(manifest)["train_rows"] == ckpt.load_checkpoint(tmp_path / "m.pt")["train_rows"] == 101
     # shards written before checkpoints recorded it: the merge takes the manifest's sharded.world_size
     old = tmp_path / "old"
     (old / "checkpoints").mkdir(parents=True)
@@ -162,7 +164,9 @@ def test_the_decays_end_is_placed_in_the_checkpoints_own_ranks_epochs(two_ranks,
         "--resume: data.batch_size 10 -> 20 (10 -> 5 steps an epoch) moves the end of the linear decay "
         "(optim.schedule.decay_steps 0: to the run's end) from step 20 to step 10 (allowed by --allow-config-change): "
         f"the learning rate at the resume step 5 goes from {was:.4g} to {now:.4g} times the configured one (optim.dense "
-        f"{0.01 * was:.4g} -> {0.01 * now:.4g}, optim.sparse {0.05 * was:.4g} -> {0.05 * now:.4g})"]
+        f"{0.01 * was:.4g} -> {0.01 * now:.4g}, optim.sparse {0.05 * was:.4g} -> {0.05 * now:.4g}); the "
+        "checkpoint's end is kept with \"decay_steps\": 18 in optim.schedule and --allow-config-change "
+        "optim.schedule.decay_steps"]
 
 
 @pytest.mark.parametrize("placement", ["stream", "gpu"])

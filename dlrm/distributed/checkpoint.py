@@ -55,9 +55,9 @@ def _shard(state: dict[str, Any], env: DistEnv, plan: ShardingPlan) -> dict[str,
 
 
 def _manifest(state: dict[str, Any], env: DistEnv, plan: ShardingPlan, shards: list[str]) -> dict[str, Any]:
-    # (dataset_stamps: a resume checks the data with its manifest)
+    # (dataset_stamps, train_rows: a resume checks the data and the schedule's length with its manifest)
     manifest = {k: state[k] for k in ("position", "cardinalities", "config", "data_placement", "shuffle_scheme",
-                                      "dataset_stamps") if k in state}
+                                      "dataset_stamps", "train_rows") if k in state}
     manifest["world_size"] = env.world_size
     manifest["sharded"] = {"world_size": env.world_size, "plan": plan.to_dict(), "shards": shards}
     return manifest

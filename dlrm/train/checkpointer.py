@@ -77,6 +77,9 @@ class Checkpointer:
             data is refused (`dlrm.train.resume_policy.check_dataset_unchanged`); None: not recorded.
         ranks: the world size the run's epochs are counted in (`TrainData.ranks`; stored as ``world_size``, so a
             resume keeps them: `dlrm.checkpoint.trained_world_size`); default: `env`'s.
+        train_rows: the train split's rows the run's epochs count (stored: a resume on other data, or on this data
+            changed, tells the steps an epoch its checkpoint's run had: `resume_policy.checkpoint_rows`); None: not
+            recorded.
 
     Example (not a doctest: it needs a run in progress, whose trainer holds `run`, the loader
     `position` and the `stats`; tests/test_checkpoint.py exercises it)::
@@ -87,7 +90,7 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, cfg: Config, tables: Tables, env: DistEnv = DistEnv(),
                  placement: Optional[str] = None, dataset_stamps: Optional[dict[str, str]] = None,
-                 ranks: Optional[int] = None) -> None:
+                 ranks: Optional[int] = None, train_rows: Optional[int] = None) -> None:
         # absolute (links kept, as summary.json's paths): the paths this names (`last`, `best_path`) go into log lines
         # and the stats; with a relative --tb-dir a run's first session named them relative, a resumed one absolute
         self.run_dir, self.cfg, self.tables, self.env = Path(os.path.abspath(run_dir)), cfg, tables, env
@@ -95,7 +98,7 @@ class Checkpointer:
         # removed meanwhile is refused, not made again empty); a Checkpointer given a new path makes it at its first
         self._dir_at_start = self.run_dir.is_dir()
         self.placement, self.dataset_stamps = placement, dataset_stamps
-        self.ranks = max(env.world_size, ranks or 1)
+        self.ranks, self.train_rows = max(env.world_size, ranks or 1), train_rows
         self.last: Optional[Path] = None
         # the step of the run's latest evaluation (the evaluator sets it; a checkpoint at that step records it, in
         # run_stats, so a resume knows that its stats already count that step's evaluation)
@@ -222,6 +225,7 @@ class Checkpointer:
             **({"dataset_stamps": self.dataset_stamps} if self.dataset_stamps is not None else {}),
             **shuffle_scheme(self.cfg.train.seed),  # a seed >= 2**32's stream shuffle (`dlrm.data.shuffle_seed`)
             "world_size": self.ranks,
+            **({"train_rows": self.train_rows} if self.train_rows is not None else {}),
         }
 
     def _fresh_optimizers(self, state: dict[str, Any], path: Path, count: int) -> set[int]:

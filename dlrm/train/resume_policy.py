@@ -191,21 +191,45 @@ def check_dataset_unchanged(saved: dict[str, Any], state: dict[str, Any], stamps
                       "before; put that dataset back, or pass --allow-config-change data.path to resume on it as it is")
 
 
+def checkpoint_rows(saved: dict[str, Any], state: dict[str, Any], stamps: Optional[dict[str, str]], data_dir: str,
+                    rows: int) -> Optional[int]:
+    """The train split's rows whose epochs the checkpoint `state` counted (its run's steps an epoch: the end of a decay
+    to the run's end, `check_schedule_length`): its ``train_rows``; one that records none (an earlier version's),
+    this run's `rows` where its data is this run's (the same data.path, `saved`'s, and its files' `stamps` as recorded,
+    or not recorded); None: unknown (another data.path, or its files changed since).
+
+    This run's rows were taken for the checkpoint's under another data.path, or on data changed in place (both allowed
+    by ``--allow-config-change data.path``): 100 train rows regenerated as 200 moved a decay's end from step 36 to 75
+    and raised the learning rate at the resume step unsaid (the two runs' lengths were both counted as 75)."""
+    if type(state.get("train_rows")) is int:
+        return state["train_rows"]
+    old = (saved.get("data") or {}).get("path") if isinstance(saved.get("data"), dict) else None
+    if not (old == data_dir or _same_dir(old, data_dir)):
+        return None
+    from dlrm.data.dataset_stamps import stamp_change
+
+    recorded = state.get("dataset_stamps")
+    return None if stamps is not None and recorded is not None and stamp_change(recorded, stamps) else rows
+
+
 def check_schedule_length(saved: dict[str, Any], cfg: Config, step: int, steps_per_epoch: int, total: int, rows: int,
-                          allowed: Iterable[str], source: str, world_size: int = 1) -> None:
-    """Refuse a run length changed on resume (`LENGTH_KEYS`, or the steps an epoch: `BATCH_KEYS`) that moves the end of
-    a learning-rate decay running to the run's end (``optim.schedule.decay_steps`` 0), unless ``--allow-config-change``
-    names every key that moved it; allowed, warn.
+                          allowed: Iterable[str], source: str, world_size: int = 1,
+                          saved_rows: Optional[int] = None) -> None:
+    """Refuse a run length changed on resume (`LENGTH_KEYS`, or the steps an epoch: `BATCH_KEYS`, the data's rows) that
+    moves the end of a learning-rate decay running to the run's end (``optim.schedule.decay_steps`` 0), unless
+    ``--allow-config-change`` names every key that moved it; allowed, warn, naming both ends: the run decays to its
+    own end, this run's, as ``decay_steps`` 0 asks (the checkpoint's is kept with ``decay_steps`` set, as the refusal
+    says).
 
     The decay of the steps already trained (before `step`) ran towards the checkpoint's run's end; under the new
     length it would have run towards another, so the resumed run is neither run, and its learning rate jumps at `step`
     (up, for a longer run: it was said only as "run length changed"). Both ends are in steps, as the schedule (whose
     position the checkpoint holds) counts: the checkpoint's run's length is its own epochs of its own batch size and
-    drop_last over the train split's `rows` (a run of ``train.epochs`` resumed at another ``data.batch_size`` moves the
-    end without a length key changing). Nothing is said where the trained steps' learning rates are the same under
-    both lengths (no decay, ``decay_steps`` set, a decay starting at `step` or later): the resumed run is then the
-    uninterrupted run of the new length, as for a run without a schedule; nor where the new length trains no step
-    (`step` at its end or beyond).
+    drop_last over its train split's `saved_rows` (a run of ``train.epochs`` resumed at another ``data.batch_size``, or
+    on another dataset, moves the end without a length key changing). Nothing is said where the trained steps'
+    learning rates are the same under both lengths (no decay, ``decay_steps`` set, a decay starting at `step` or
+    later): the resumed run is then the uninterrupted run of the new length, as for a run without a schedule; nor where
+    the new length trains no step (`step` at its end or beyond).
 
     Args:
         saved: the checkpoint's config (`saved_config`); cfg: this run's.
@@ -213,6 +237,7 @@ def check_schedule_length(saved: dict[str, Any], cfg: Config, step: int, steps_p
             its train split's rows; world_size: the ranks the checkpoint's epochs were counted in (an epoch's last
             batch needs a row for each: `dlrm.checkpoint.trained_world_size`, else this run's).
         allowed: ``--allow-config-change``'s keys; source: the checkpoint, for the messages.
+        saved_rows: the train rows the checkpoint's epochs counted (`checkpoint_rows`); None: unknown, said.
     """
     schedule = cfg.optim.schedule
     train, data = saved.get("train"), saved.get("data")
@@ -224,14 +249,17 @@ def check_schedule_length(saved: dict[str, Any], cfg: Config, step: int, steps_p
     first = max(schedule.decay_start_step + 1, schedule.warmup_steps)
     if first >= step or step >= total:
         return
-    if any(k == "data.path" for k, _, _ in changes):
-        # Another dataset: the checkpoint records no row count of its own, and its directory may be gone or hold other
-        # data now, so its run's length in steps (its epochs of its data's batches) is not known here. A length key
-        # changed too still needs its flag: said only, it passed a length change no flag allowed (it was refused)
+    moved = any(k == "data.path" for k, _, _ in changes)
+    if saved_rows is None:
+        # Its rows unrecorded (an earlier version's checkpoint) and its data not this run's, so its run's length in
+        # steps (its epochs of its data's batches) is not known here. A length key changed too still needs its flag:
+        # said only, it passed a length change no flag allowed (it was refused)
         lengths = [(k, old, new) for k, old, new in changes if _under(k, LENGTH_KEYS)]
         missing = [k for k, _, _ in lengths if not _under(k, tuple(allowed))]
-        unknown = (f"the checkpoint's run length in steps is unknown under another data.path (its train.epochs counted "
-                   f"its own data's batches), so whether the end of the {schedule.decay} decay "
+        where = "under another data.path" if moved else "on data.path, its files changed since"
+        unknown = (f"the checkpoint's run length in steps is unknown {where} (its train.epochs counted its own "
+                   "data's batches, whose rows it does not record: written by an earlier version), "
+                   f"so whether the end of the {schedule.decay} decay "
                    f"(optim.schedule.decay_steps 0: to the run's end) moved is not known: this run's decay ends at "
                    f"step {_decay_end(schedule, total)}, and the learning rate at the resume step {step} is "
                    f"{lr_multiplier(step, schedule, total):.4g} times the configured one")
@@ -244,37 +272,46 @@ def check_schedule_length(saved: dict[str, Any], cfg: Config, step: int, steps_p
         run_logger.warning(f"--resume: {unknown}")
         return
     try:
-        own_epoch = epoch_steps(rows, int(data.get("batch_size")), bool(data.get("drop_last")), world_size)
+        own_epoch = epoch_steps(saved_rows, int(data.get("batch_size")), bool(data.get("drop_last")), world_size)
         before = run_length(int(train.get("epochs", 1)), train.get("max_steps"), train.get("min_steps"), own_epoch)
     except (TypeError, ValueError, ZeroDivisionError):  # a damaged config.json: refused as any other's differences
         return
     if before == total or lr_multiplier(first, schedule, before) == lr_multiplier(first, schedule, total):
         return
-    # what moved the end: a length key, or a batch key that changed the steps an epoch (of a run its epochs end)
-    changed = [(k, old, new) for k, old, new in changes
-               if _under(k, LENGTH_KEYS) or (_under(k, BATCH_KEYS) and own_epoch != steps_per_epoch)]
+    # what moved the end: a length key, or a batch key that changed the steps an epoch (of a run its epochs end); the
+    # train rows are data.path's: changed with it, or, its files changed in place (allowed as data.path), named so
+    epoch_moved = own_epoch != steps_per_epoch
+    changed = [(k, f"{k} {_show(old)} -> {_show(new)}") for k, old, new in changes
+               if _under(k, LENGTH_KEYS) or (_under(k, BATCH_KEYS) and epoch_moved)]
+    if epoch_moved and saved_rows != rows and not moved:
+        changed.append(("data.path", "data.path's files changed since the checkpoint"))
     if not changed:  # (the same length keys and steps an epoch give the same length: a guard, not a case)
         return
     was, now = lr_multiplier(step, schedule, before), lr_multiplier(step, schedule, total)
-    # the steps an epoch right after the batch keys that changed them (after a length key listed last, they read as
-    # that key's: "data.batch_size 8 -> 16; train.epochs 3 -> 4 (12 -> 6 steps an epoch)")
-    shown = [f"{k} {_show(old)} -> {_show(new)}" for k, old, new in changed]
-    batch = [i for i, (k, _, _) in enumerate(changed) if _under(k, BATCH_KEYS)]
+    # the steps an epoch (and the rows, where they changed) right after the batch keys that changed them (after a
+    # length key listed last, they read as that key's: "data.batch_size 8 -> 16; train.epochs 3 -> 4 (12 -> 6 steps
+    # an epoch)")
+    shown = [text for _, text in changed]
+    batch = [i for i, (k, _) in enumerate(changed) if _under(k, BATCH_KEYS)]
     if batch:
-        shown[batch[-1]] += f" ({own_epoch} -> {steps_per_epoch} steps an epoch)"
+        counts = f"{saved_rows} -> {rows} train rows: " if saved_rows != rows else ""
+        shown[batch[-1]] += f" ({counts}{own_epoch} -> {steps_per_epoch} steps an epoch)"
     what = (f"{'; '.join(shown)} moves the end of "
             f"the {schedule.decay} decay (optim.schedule.decay_steps 0: to the run's end) from step "
             f"{_decay_end(schedule, before)} to step {_decay_end(schedule, total)}")
     jump = (f"the learning rate at the resume step {step} goes from {was:.4g} to {now:.4g} times the configured one "
             f"(optim.dense {cfg.optim.dense.lr * was:.4g} -> {cfg.optim.dense.lr * now:.4g}, optim.sparse "
             f"{cfg.optim.sparse.lr * was:.4g} -> {cfg.optim.sparse.lr * now:.4g})")
-    # every key that moved it: a batch key is allowed already (`check_resume_config` refused it otherwise), and
-    # letting it stand for an unnamed length key passed a length change no flag allowed
-    missing = [k for k, _, _ in changed if not _under(k, tuple(allowed))]
-    if not missing:
-        run_logger.warning(f"--resume: {what} (allowed by --allow-config-change): {jump}")
-        return
+    # every key that moved it: a batch key is allowed already (`check_resume_config` refused it otherwise, and
+    # `check_dataset_unchanged` changed files), and letting it stand for an unnamed length key passed a length change
+    # no flag allowed
+    missing = [k for k, _ in changed if not _under(k, tuple(allowed))]
     span = _decay_end(schedule, before) - schedule.decay_start_step
+    if not missing:  # (the checkpoint's end is a choice too: a decay planned for the run's data, kept on other data)
+        run_logger.warning(f"--resume: {what} (allowed by --allow-config-change): {jump}; the checkpoint's end is kept "
+                           f"with \"decay_steps\": {span} in optim.schedule and --allow-config-change "
+                           "optim.schedule.decay_steps")
+        return
     raise ConfigError(f"--resume {source}: {what}, which changes the learning rate of the steps already trained: "
                       f"{jump.replace('goes', 'would go')}; pass --allow-config-change {','.join(missing)} to resume "
                       f"so, or keep the checkpoint's decay (then the end factor) with \"decay_steps\": {span} in "

@@ -39,8 +39,8 @@ from dlrm.train.profiling import make_profiler, profiles_step, saves_trace
 from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, model_text,
                                   open_writer, resolved_settings, versions, write_summary)
 from dlrm.train.resume_policy import (check_dataset_unchanged, check_position, check_resume_config,
-                                      check_schedule_length, checkpoint_to_resume, named_as_current, saved_config,
-                                      summarized)
+                                      check_schedule_length, checkpoint_rows, checkpoint_to_resume, named_as_current,
+                                      saved_config, summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import as_trained, dataset_held, seed_everything, seed_rank
 from dlrm.train.signals import FinishAlone, GracefulStop, StopAtOnce, agreed_stop, held_signals
@@ -117,9 +117,10 @@ class Trainer(WindowLogging):
                 self.finished = self.resume_from
                 return  # nothing to build: fit() reports the finished run and changes nothing
             with found_alike():  # a length that moves a decay's end: refused (before the build), or said
+                rows = self.data.train.num_rows  # this run's; the checkpoint's end is counted in its own
                 check_schedule_length(self.resumed_config, cfg, step, len(self.data.train), self.data.total_steps,
-                                      self.data.train.num_rows, allow_config_change, str(self.resume_from),
-                                      trained or self.data.ranks)
+                                      rows, allow_config_change, str(self.resume_from), trained or self.data.ranks,
+                                      checkpoint_rows(self.resumed_config, state, self.data_stamps, cfg.data.path, rows))
         self.run = build_run(cfg, self.tables, self.device, self.data.total_steps, self.env,
                              cfg.data.eval_batch_size or 4 * cfg.data.batch_size)
         seed_rank(cfg.train.seed, self.env.rank)  # after the shared initialization: dropout masks per rank
@@ -127,7 +128,7 @@ class Trainer(WindowLogging):
         self.run_dir = self._open_run_dir(run_dir, latest, restart=resume is not None and self.resume_from is None)
         try:  # any failure (a SIGTERM too: `train`) before the first step: the directory is given up (`abandon`)
             self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env, self.placement,
-                                             self.data_stamps, self.data.ranks)
+                                             self.data_stamps, self.data.ranks, self.data.train.num_rows)
             if self.resume_from is not None:
                 self.pos, self.stats = self.checkpointer.restore(self.resume_from, self.run)
                 # after the restore's checks (which refuse another world size's): a position the epochs cannot hold
