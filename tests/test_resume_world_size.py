@@ -121,6 +121,15 @@ def test_every_checkpoint_records_its_world_size(two_ranks, tmp_path):
         ckpt.load_checkpoint(tmp_path / "step-00000010.rank1-of-2.pt")
 
 
+def lr_at(run_dir: Path, step: int) -> float:
+    """The dense learning rate a run's TensorBoard events hold at `step`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {e.step: e.value for e in events.Scalars("train/lr_dense")}[step]
+
+
 def test_a_merged_two_rank_checkpoint_resumed_by_one_process_ends_as_the_two_ranks(two_ranks, tmp_path, said):
     run_dir, config = two_ranks
     source = merged(run_dir, 10, tmp_path / "m10.pt")  # epoch 0, batch 10: the epoch's last batch on two ranks
@@ -140,6 +149,15 @@ def test_a_merged_two_rank_checkpoint_resumed_by_one_process_ends_as_the_two_ran
     last = ckpt.checkpoint_dir(tmp_path / "tb" / "one") / ckpt.checkpoint_name(20)
     assert ckpt.load_checkpoint(last)["world_size"] == 2
     assert [s.get("world_size") for s in summary["sessions"] if s["recorded"]] == [1]
+    # resumed again by one process from that session's own checkpoint (epoch 1, batch 5): the same epochs, samples,
+    # losses and learning rates as the two ranks (a torchrun resume of it is refused: a one-process checkpoint, below)
+    cfg = load_config(config, {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": "again"})
+    again = train(cfg, resume=str(ckpt.checkpoint_dir(tmp_path / "tb" / "one") / ckpt.checkpoint_name(15)))
+    assert (again["steps"], again["samples"], again["resolved"]["steps_per_epoch"]) == (20, 200, 10)
+    assert [s for s, _ in again["train_losses"]] == [s for s, _ in two["train_losses"]]
+    assert [loss for _, loss in again["train_losses"]] == pytest.approx([loss for _, loss in two["train_losses"]],
+                                                                        rel=1e-5)
+    assert lr_at(tmp_path / "tb" / "again", 20) == pytest.approx(lr_at(run_dir, 20))  # (its one logging step)
 
 
 def test_a_checkpoint_of_unknown_world_size_keeps_this_runs_epochs_and_says_so(two_ranks, tmp_path, said):
