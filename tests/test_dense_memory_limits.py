@@ -36,8 +36,8 @@ def test_the_pre_build_check_counts_gradients_state_and_this_processs_limit(monk
     builder.refuse_dense_layers_beyond_memory(DCN, 26, torch.device("cpu"))  # the parameters alone fit
     with pytest.raises(ConfigError, match=r"^model\.cross_rank: 1000 \(with model\.cross_layers 2\) makes the cross "
                                           r"network [\d,]+ fp32 parameters, the dense layers [\d.]+ GiB with their "
-                                          r"gradients and optimizer state: more than this process's \(ulimit -v, or "
-                                          r"its cgroup's memory.max\) "):
+                                          r"gradients and optimizer state: more than this process's \(ulimit -v, "
+                                          r"ulimit -d, or its cgroup's memory\.max or memory\.high\) "):
         builder.refuse_dense_layers_beyond_memory(DCN, 26, torch.device("cpu"), copies=4)
     monkeypatch.setattr(builder, "_process_room", lambda: 4 * params * 4)
     builder.refuse_dense_layers_beyond_memory(DCN, 26, torch.device("cpu"), copies=4)

@@ -245,7 +245,7 @@ def refuse_dense_layers_beyond_memory(m: ModelConfig, num_features: int, device:
         memory, where = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "the host's"
         room = _process_room()
         if room is not None and room < memory:
-            memory, where = room, "this process's (ulimit -v, or its cgroup's memory.max)"
+            memory, where = room, "this process's (ulimit -v, ulimit -d, or its cgroup's memory.max or memory.high)"
     if need <= memory:
         return
     part = max(parts, key=parts.get)

@@ -5,10 +5,14 @@ Three sources, each read where it is set: the host's MemAvailable and free swap 
 limit, at every level from this process's cgroup up to its mount's root (a Slurm job's or a systemd slice's limit sits
 on an ancestor: the process's own cgroup has none), found through /proc/self/mountinfo (a container whose cgroup
 mount starts below the hierarchy's root, as Docker's under cgroup v1, has its cgroup at the mount point, not under it),
-cgroup v2 (memory.max, memory.swap.max) and v1 (memory.limit_in_bytes, memory.memsw.limit_in_bytes); and this
+cgroup v2 (memory.max, memory.high, memory.swap.max) and v1 (memory.limit_in_bytes, memory.memsw.limit_in_bytes);
+and this
 process's own rlimits (`ulimit -v`, `ulimit -d`). A cgroup's usage counts the page cache of the files its processes
 read (a dataset read before the build: gigabytes), which the kernel reclaims before it kills anything: its inactive
 file pages are counted free, as MemAvailable counts the host's and as the kubelet's working set leaves them out.
+v2's memory.high counts as a limit where it is below memory.max: above it the kernel throttles the cgroup's allocations
+and reclaims its pages (without swap, anonymous pages cannot go: the run crawls and is never killed), so a model larger
+than memory.high is refused as one larger than memory.max is.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class HostMemory:
         cgroup: what the memory limits of this process's cgroup and its ancestors leave, the least of them.
         cgroup_swap: the swap those cgroups may still use beyond `cgroup`; None: no swap limit of theirs.
         process: what this process's own rlimits leave (RLIMIT_AS less its address space, RLIMIT_DATA less its data).
+        cgroup_limit: the limit file that leaves `cgroup`, its value and the usage (`cgroup_limits`); "": not known.
     """
 
     available: Optional[int] = None
@@ -38,6 +43,7 @@ class HostMemory:
     cgroup: Optional[int] = None
     cgroup_swap: Optional[int] = None
     process: Optional[int] = None
+    cgroup_limit: str = ""
 
     def shared(self, with_swap: bool = False) -> tuple[Optional[int], str]:
         """The memory every process on this host (of this cgroup) draws from, and where that number comes from as a
@@ -51,10 +57,15 @@ class HostMemory:
                           "train.allow_swap)" if with_swap
                           else "the host has available (MemAvailable)"))
         if self.cgroup is not None:
-            rooms.append((self.cgroup + (swap if with_swap else 0),
-                          "the cgroup's memory and swap limits leave (memory.max and memory.swap.max, or v1's "
-                          "limit_in_bytes and memsw.limit_in_bytes, counted under train.allow_swap)" if with_swap else
-                          "the cgroup's memory limit leaves (memory.max, or v1's memory.limit_in_bytes)"))
+            if self.cgroup_limit:  # the file that binds, which a user can read and raise (memory.high or memory.max)
+                text = (f"the cgroup's memory and swap limits leave ({self.cgroup_limit}; with its free swap, counted "
+                        "under train.allow_swap)" if with_swap
+                        else f"the cgroup's memory limit leaves ({self.cgroup_limit})")
+            else:
+                text = ("the cgroup's memory and swap limits leave (memory.max and memory.swap.max, or v1's "
+                        "limit_in_bytes and memsw.limit_in_bytes, counted under train.allow_swap)" if with_swap else
+                        "the cgroup's memory limit leaves (memory.max, or v1's memory.limit_in_bytes)")
+            rooms.append((self.cgroup + (swap if with_swap else 0), text))
         if not rooms:
             return None, ""
         return min(rooms, key=lambda r: r[0])
@@ -67,8 +78,9 @@ class HostMemory:
 def read_host_memory() -> HostMemory:
     """The host's memory, its cgroups' limits and this process's rlimits, read now (`HostMemory`)."""
     meminfo = _meminfo()
-    cgroup, cgroup_swap = cgroup_rooms()
-    return HostMemory(meminfo.get("MemAvailable"), meminfo.get("SwapFree", 0), cgroup, cgroup_swap, rlimit_room())
+    cgroup, cgroup_swap, limit = cgroup_limits()
+    return HostMemory(meminfo.get("MemAvailable"), meminfo.get("SwapFree", 0), cgroup, cgroup_swap, rlimit_room(),
+                      limit)
 
 
 def host_key() -> str:
@@ -129,27 +141,36 @@ _NO_LIMIT = 2**62
 
 def cgroup_rooms(proc_cgroup: str = "/proc/self/cgroup", mountinfo: str = "/proc/self/mountinfo") \
         -> tuple[Optional[int], Optional[int]]:
-    """(memory, swap) that the memory limits of this process's cgroup and of every ancestor up to the mount's root
-    leave, the least at any level (None: no limit found): v2's memory.max less memory.current, v1's
-    memory.limit_in_bytes less memory.usage_in_bytes, each with its inactive file pages counted free; swap: v2's
-    memory.swap.max less memory.swap.current, v1's memory.memsw.limit_in_bytes (memory and swap) less its usage, less
-    the memory left. A file that cannot be read is no limit."""
+    """(memory, swap) of `cgroup_limits`."""
+    return cgroup_limits(proc_cgroup, mountinfo)[:2]
+
+
+def cgroup_limits(proc_cgroup: str = "/proc/self/cgroup", mountinfo: str = "/proc/self/mountinfo") \
+        -> tuple[Optional[int], Optional[int], str]:
+    """(memory, swap, limit) that the memory limits of this process's cgroup and of every ancestor up to the mount's
+    root leave, the least at any level (None: no limit found): v2's memory.max, or memory.high where lower, less
+    memory.current, v1's memory.limit_in_bytes less memory.usage_in_bytes, each with its inactive file pages counted
+    free; swap: v2's memory.swap.max less memory.swap.current, v1's memory.memsw.limit_in_bytes (memory and swap) less
+    its usage, less the memory left; limit: the file that leaves the memory, its value and the usage, as a refusal
+    says them. A file that cannot be read is no limit."""
     try:
         lines = Path(proc_cgroup).read_text().splitlines()
         mounts = Path(mountinfo).read_text().splitlines()
     except OSError:
-        return None, None
+        return None, None, ""
     memory = swap = None
+    limit = ""
     for line in lines:  # "0::/path" (cgroup v2), "4:memory:/path" (v1)
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         v2 = controllers == ""
         if not v2 and "memory" not in controllers.split(","):
             continue
         for directory in _cgroup_dirs(mounts, v2, path):
-            m, s = (_v2_rooms if v2 else _v1_rooms)(directory)
-            memory = m if memory is None or (m is not None and m < memory) else memory
+            m, s, text = (_v2_rooms if v2 else _v1_rooms)(directory)
+            if m is not None and (memory is None or m < memory):
+                memory, limit = m, text
             swap = s if swap is None or (s is not None and s < swap) else swap
-    return (None if memory is None else max(0, memory)), (None if swap is None else max(0, swap))
+    return (None if memory is None else max(0, memory)), (None if swap is None else max(0, swap)), limit
 
 
 def _cgroup_dirs(mounts: list[str], v2: bool, path: str) -> list[Path]:
@@ -199,28 +220,48 @@ def _inactive_file(directory: Path, key: str) -> int:
     return 0
 
 
-def _v2_rooms(d: Path) -> tuple[Optional[int], Optional[int]]:
+def _size(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def _limit_text(file: Path, limit: int, used: int) -> str:
+    """What a refusal says of the limit that binds: the file, its value and the usage it is less."""
+    return f"{file} {_size(limit)}, {_size(max(0, used))} of it in use"
+
+
+def _v2_rooms(d: Path) -> tuple[Optional[int], Optional[int], str]:
     memory = swap = None
-    limit, used = _read_int(d / "memory.max"), _read_int(d / "memory.current")
-    if limit is not None and limit < _NO_LIMIT and used is not None:
-        memory = limit - (used - _inactive_file(d, "inactive_file"))
+    text = ""
+    hard, high, used = _read_int(d / "memory.max"), _read_int(d / "memory.high"), _read_int(d / "memory.current")
+    hard = hard if hard is not None and hard < _NO_LIMIT else None
+    high = high if high is not None and high < _NO_LIMIT else None
+    if used is not None and (hard is not None or high is not None):
+        used -= _inactive_file(d, "inactive_file")
+        if high is not None and (hard is None or high < hard):  # throttled above it, before memory.max kills
+            memory = high - used
+            text = (_limit_text(d / "memory.high", high, used) + ", below memory.max "
+                    + (_size(hard) if hard is not None else "max") + ": above memory.high the kernel throttles the "
+                    "run and reclaims its memory, and it crawls")
+        else:
+            memory, text = hard - used, _limit_text(d / "memory.max", hard, used)
     limit, used = _read_int(d / "memory.swap.max"), _read_int(d / "memory.swap.current")
     if limit is not None and limit < _NO_LIMIT and used is not None:
         swap = limit - used
-    return memory, swap
+    return memory, swap, text
 
 
-def _v1_rooms(d: Path) -> tuple[Optional[int], Optional[int]]:
+def _v1_rooms(d: Path) -> tuple[Optional[int], Optional[int], str]:
     memory = both = None
+    text = both_text = ""
     cache = _inactive_file(d, "total_inactive_file")  # (v1's hierarchical count, as usage_in_bytes is)
     limit, used = _read_int(d / "memory.limit_in_bytes"), _read_int(d / "memory.usage_in_bytes")
     if limit is not None and limit < _NO_LIMIT and used is not None:
-        memory = limit - (used - cache)
+        memory, text = limit - (used - cache), _limit_text(d / "memory.limit_in_bytes", limit, used - cache)
     limit, used = _read_int(d / "memory.memsw.limit_in_bytes"), _read_int(d / "memory.memsw.usage_in_bytes")
     if limit is not None and limit < _NO_LIMIT and used is not None:
-        both = limit - (used - cache)
+        both, both_text = limit - (used - cache), _limit_text(d / "memory.memsw.limit_in_bytes", limit, used - cache)
     if both is None:
-        return memory, None
+        return memory, None, text
     if memory is None or both < memory:  # (memory counts against memsw too: no more than it leaves, none to swap)
-        return both, 0
-    return memory, both - memory
+        return both, 0, both_text
+    return memory, both - memory, text

@@ -1,0 +1,91 @@
+"""The CPU host-memory check before the build (`dlrm.train.builder.refuse_host_memory_shortfall`, exit 4; its earlier
+tests: tests/test_host_memory_tables.py, tests/test_host_memory_limits.py), gaps found in review on 2026-12-04:
+
+(1) cgroup v2's memory.high was not read: a cgroup whose memory.high is below its memory.max throttles and reclaims
+    the run above memory.high (without swap it crawls, never killed), and a model larger than memory.high passed the
+    check. Now the lower of the two is the limit, the line naming the file that binds.
+
+The memory is faked (the files under /proc/self and /sys/fs/cgroup read from a tree under tmp_path); no test allocates
+the tables."""
+
+from __future__ import annotations
+
+import pytest
+
+import dlrm.train.builder as builder
+from dlrm.config import Config, validate
+from dlrm.train.host_memory import HostMemory, cgroup_limits, read_host_memory
+from dlrm.train.setup import Tables
+from tests.test_host_memory_limits import V2_MOUNT, _files, fake_proc  # noqa: F401 (fake_proc: a fixture)
+
+GiB, MiB = 2**30, 2**20
+
+TABLES = Tables([10**6] * 26, None, "modulus")  # 26M rows x 16 fp32 with row-wise Adagrad: 1.6 GiB
+
+
+def _cfg(allow_swap: bool = False):
+    cfg = validate(Config())
+    cfg.model.embedding_dim, cfg.model.embedding_dtype = 16, "fp32"
+    cfg.train.allow_swap = allow_swap
+    return cfg
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# (1) cgroup v2's memory.high
+
+
+def _job(root, **limits) -> str:
+    """A cgroup v2 job (limits on it) holding this process in a task cgroup below it without limits of its own."""
+    _files(root, "/proc/self", cgroup="0::/job/task", mountinfo=V2_MOUNT)
+    _files(root, "/sys/fs/cgroup/job/task", memory__max="max", memory__high="max", memory__current=MiB,
+           memory__stat="inactive_file 0")
+    _files(root, "/sys/fs/cgroup/job", memory__current=256 * MiB, memory__stat=f"inactive_file {128 * MiB}", **limits)
+    return "/sys/fs/cgroup/job"  # (as this process names it: the fixture reads it from under root)
+
+
+def test_a_memory_high_below_memory_max_is_the_limit_and_named(fake_proc):
+    """memory.high 1 GiB under memory.max 8 GiB: 1 GiB less the 128 MiB in use (the page cache counted free) is what
+    the model may take; the 1.6 GiB model is refused naming memory.high, the model within it is not."""
+    job = _job(fake_proc, memory__max=8 * GiB, memory__high=GiB)
+    memory, _, limit = cgroup_limits()
+    assert memory == GiB - 128 * MiB and builder._process_room() == GiB - 128 * MiB
+    assert limit == (f"{job}/memory.high 1.0 GiB, 128.0 MiB of it in use, below memory.max 8.0 GiB: above "
+                     "memory.high the kernel throttles the run and reclaims its memory, and it crawls"), limit
+    with pytest.raises(MemoryError) as raised:
+        builder.refuse_host_memory_shortfall(_cfg(), TABLES, read_host_memory())
+    text = str(raised.value)
+    assert (f"more than the 896.0 MiB the cgroup's memory limit leaves ({job}/memory.high 1.0 GiB, 128.0 MiB of it "
+            "in use, below memory.max 8.0 GiB: above memory.high") in text, text
+    assert "\n" not in text
+    builder.refuse_host_memory_shortfall(_cfg(), Tables([10**5] * 26, None, "modulus"), read_host_memory())
+
+
+def test_a_memory_high_without_memory_max_binds_and_memory_max_below_it_binds(fake_proc):
+    job = _job(fake_proc, memory__max="max", memory__high=2 * GiB)
+    assert cgroup_limits()[0] == 2 * GiB - 128 * MiB
+    assert cgroup_limits()[2].startswith(f"{job}/memory.high 2.0 GiB, 128.0 MiB of it in use, below memory.max max:")
+    _job(fake_proc, memory__max=GiB, memory__high=2 * GiB)  # memory.max the lower: it binds, as before
+    assert cgroup_limits() == (GiB - 128 * MiB, None, f"{job}/memory.max 1.0 GiB, 128.0 MiB of it in use")
+    _job(fake_proc, memory__max=GiB, memory__high="max")
+    assert cgroup_limits()[0] == GiB - 128 * MiB
+
+
+def test_a_memory_high_on_an_ancestor_below_a_jobs_memory_max_binds(fake_proc):
+    """The tightest level wins, whichever file it is: memory.max 4 GiB on the job, memory.high 1 GiB on its slice."""
+    _files(fake_proc, "/proc/self", cgroup="0::/slice/job", mountinfo=V2_MOUNT)
+    _files(fake_proc, "/sys/fs/cgroup/slice/job", memory__max=4 * GiB, memory__current=MiB, memory__stat="")
+    _files(fake_proc, "/sys/fs/cgroup/slice", memory__max="max", memory__high=GiB, memory__current=MiB,
+           memory__stat="")
+    memory, _, limit = cgroup_limits()
+    assert memory == GiB - MiB and limit.startswith("/sys/fs/cgroup/slice/memory.high 1.0 GiB"), limit
+
+
+def test_swap_counted_under_allow_swap_still_names_the_binding_file():
+    """Above memory.high the kernel reclaims to swap: with train.allow_swap the free swap counts there as it does
+    under memory.max, and the line still names the file."""
+    memory = HostMemory(available=64 * GiB, swap_free=GiB, cgroup=GiB, cgroup_limit="/cg/memory.high 1.0 GiB")
+    with pytest.raises(MemoryError) as raised:
+        builder.refuse_host_memory_shortfall(_cfg(allow_swap=True), Tables([2 * 10**6] * 26, None, "modulus"), memory)
+    assert ("more than the 2.0 GiB the cgroup's memory and swap limits leave (/cg/memory.high 1.0 GiB; with its free "
+            "swap, counted under train.allow_swap)") in str(raised.value), raised.value
+    builder.refuse_host_memory_shortfall(_cfg(allow_swap=True), TABLES, memory)  # 1.6 GiB: within memory and swap
