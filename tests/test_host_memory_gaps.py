@@ -4,18 +4,33 @@ tests: tests/test_host_memory_tables.py, tests/test_host_memory_limits.py), gaps
 (1) cgroup v2's memory.high was not read: a cgroup whose memory.high is below its memory.max throttles and reclaims
     the run above memory.high (without swap it crawls, never killed), and a model larger than memory.high passed the
     check. Now the lower of the two is the limit, the line naming the file that binds.
+(2) --eval-only and --export were not checked: they read the checkpoint whole (its optimizer state too) beside the
+    model they build from it, and an export serializes the weights twice more (measured: 1.3 and 2.0 GiB above the
+    interpreter where a training run is weighed at 674.5 MiB); short of it, the OOM killer ended them without a word.
+    Now that need is weighed before the checkpoint is read (`dlrm.train.checkpoint_memory`): exit 4, one line, nothing
+    written.
 
 The memory is faked (the files under /proc/self and /sys/fs/cgroup read from a tree under tmp_path); no test allocates
 the tables."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import torch
+from click.testing import CliRunner
 
 import dlrm.train.builder as builder
+from dlrm import cli
 from dlrm.config import Config, validate
+from dlrm.train import export
+from dlrm.train.checkpoint_memory import checkpoint_host_need
 from dlrm.train.host_memory import HostMemory, cgroup_limits, read_host_memory
 from dlrm.train.setup import Tables
+from tests.conftest import make_dataset
+from tests.test_audit_killfuzz import CONFIG
+from tests.test_cli_errors import error_line, invoke
 from tests.test_host_memory_limits import V2_MOUNT, _files, fake_proc  # noqa: F401 (fake_proc: a fixture)
 
 GiB, MiB = 2**30, 2**20
@@ -89,3 +104,98 @@ def test_swap_counted_under_allow_swap_still_names_the_binding_file():
     assert ("more than the 2.0 GiB the cgroup's memory and swap limits leave (/cg/memory.high 1.0 GiB; with its free "
             "swap, counted under train.allow_swap)") in str(raised.value), raised.value
     builder.refuse_host_memory_shortfall(_cfg(allow_swap=True), TABLES, memory)  # 1.6 GiB: within memory and swap
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# (2) --eval-only and --export
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run of 2 steps on 26 tables of 5000 rows (D 4, Adam and row-wise Adagrad): its checkpoint and config."""
+    root = tmp_path_factory.mktemp("trained")
+    make_dataset(root / "ds", {"train": 40, "validation": 20}, cardinality=5000)
+    cfg = {"data": {"path": str(root / "ds"), "batch_size": 20}, "model": CONFIG["model"], "optim": CONFIG["optim"],
+           "train": {"device": "cpu", "max_steps": 2, "baseline": False}}
+    (root / "c.json").write_text(json.dumps(cfg))
+    result = invoke(root, root / "c.json", "--run-name", "r")
+    assert result.exit_code == 0, result.output
+    return root, root / "tb" / "r" / "checkpoints" / "best.pt"
+
+
+def _loaded(root, checkpoint, portable: bool):
+    """(config, tables, model) as --eval-only (`portable` False) or --export builds them from `checkpoint`."""
+    from dlrm.config import load_config
+    from dlrm.train.trainer import build_for_data
+
+    cfg = load_config(str(root / "c.json"))
+    tables = build_for_data(cfg)[3]
+    cfg = export.as_trained(cfg, tables)
+    return cfg, tables, export.model_from_checkpoint(cfg, checkpoint, tables, torch.device("cpu"), portable)
+
+
+def test_the_need_counts_the_checkpoint_read_whole_and_the_model_built_beside_it(trained, monkeypatch):
+    """The estimate against the real thing: the checkpoint file's size plus the bytes of every tensor of the model
+    built from it (an export's: three times them, the model and two serialized copies)."""
+    root, checkpoint = trained
+    monkeypatch.setattr(builder, "_host_memory", HostMemory)  # (nothing known: nothing refused)
+    for portable in (False, True):
+        cfg, tables, model = _loaded(root, checkpoint, portable)
+        weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        need, what = checkpoint_host_need(cfg, tables, checkpoint, portable)
+        assert need == (max(checkpoint.stat().st_size + weights, 3 * weights) if portable
+                        else checkpoint.stat().st_size + weights), (portable, need, weights, what)
+        assert checkpoint.stat().st_size > weights  # (the optimizers' state is read too)
+
+
+def _invoke(root, *args):
+    """train.py's main in-process; --eval-only's run directory under root/tb (a bare export takes no --tb-dir)."""
+    if "--eval-only" in args:
+        return invoke(root, root / "c.json", *args)
+    return CliRunner().invoke(cli.main, ["--config", str(root / "c.json"), *args])
+
+
+@pytest.mark.parametrize("mode", ["--eval-only", "--export"])
+def test_eval_only_and_export_short_of_host_memory_are_refused_before_the_checkpoint_is_read(trained, monkeypatch,
+                                                                                              mode):
+    root, checkpoint = trained
+    out = root / f"m-{mode[2:]}.pt2"
+    args = (["--eval-only", "--run-name", "e"] if mode == "--eval-only" else ["--export", str(out)])
+    monkeypatch.setattr(builder, "_host_memory", HostMemory)
+    cfg, tables, _ = _loaded(root, checkpoint, mode == "--export")
+    need = checkpoint_host_need(cfg, tables, checkpoint, mode == "--export")[0]
+
+    def read(path):
+        raise AssertionError(f"{path} read")
+
+    with monkeypatch.context() as m:
+        m.setattr(builder, "_host_memory", lambda: HostMemory(available=need - 1))
+        m.setattr(export.ckpt, "load_checkpoint", read)
+        line = error_line(_invoke(root, "--checkpoint", str(checkpoint), *args), 4,
+                          f"{mode} of {checkpoint} needs ", "of host memory, ",
+                          "more than the ", "the host has available (MemAvailable): run it on a host with more free "
+                          "memory")
+    written = root / "tb" / "e" / "summary.json" if mode == "--eval-only" else out
+    assert not written.parent.exists() if mode == "--eval-only" else not out.exists(), line  # nothing written
+    m = HostMemory(available=need)  # exactly enough: it runs
+    monkeypatch.setattr(builder, "_host_memory", lambda: m)
+    result = _invoke(root, "--checkpoint", str(checkpoint), *args)
+    assert result.exit_code == 0, result.output
+    assert written.is_file()
+
+
+def test_a_checkpoints_need_counts_swap_under_allow_swap_and_no_rlimit_is_lifted(trained, monkeypatch):
+    root, checkpoint = trained
+    monkeypatch.setattr(builder, "_host_memory", HostMemory)
+    cfg, tables, _ = _loaded(root, checkpoint, False)
+    need = checkpoint_host_need(cfg, tables, checkpoint, False)[0]
+    from dlrm.train.checkpoint_memory import refuse_checkpoint_shortfall
+
+    short = HostMemory(available=need // 2, swap_free=need)
+    with pytest.raises(MemoryError, match=r"or set train\.allow_swap true to go on with .* of it in swap, of "):
+        refuse_checkpoint_shortfall(cfg, tables, checkpoint, False, short)
+    cfg.train.allow_swap = True
+    refuse_checkpoint_shortfall(cfg, tables, checkpoint, False, short)  # warned: it goes on in swap
+    with pytest.raises(MemoryError, match=r"this process may take \(ulimit -v, ulimit -d\): run it on a host"):
+        refuse_checkpoint_shortfall(cfg, tables, checkpoint, False,
+                                    HostMemory(available=need, swap_free=need, process=need - 1))
