@@ -296,6 +296,12 @@ class TrainConfig:
     state) larger than the available memory is refused before the build (exit 4, the line naming this key where swap
     would hold the rest) unless true, since a run whose tables are swapped crawls; beyond the memory and free swap
     together it is refused either way. No effect on CUDA."""
+    check_host_memory: bool = True
+    """On the CPU, refuse a training run, --eval-only or --export whose model (with its optimizers' state, or the
+    checkpoint read beside it) exceeds the memory this process may take (exit 4, before the build). false: where that
+    estimate is wrong for this system (memory the kernel would free that MemAvailable or the cgroup's usage does not
+    count), the refusal is logged as a warning with its numbers and the run goes on, at the risk of the OOM killer
+    ending it without a word. No effect on CUDA."""
     compile: Union[bool, Auto, CompileConfig] = "auto"
     """false, true, "auto" (compiled on CUDA, eager on the CPU), or {"enabled": ..., "mode": ...,
     "fullgraph": ...}; normalised to a CompileConfig."""

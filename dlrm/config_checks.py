@@ -353,6 +353,7 @@ DEPENDENT_KEYS = {
        for key in ("decay_start_step", "decay_steps", "end_factor")},
     "data.gpu_memory_share": ("data.placement", ("auto",)),
     "train.allow_swap": ("train.device", ("auto", "cpu")),  # the host memory check is the CPU's
+    "train.check_host_memory": ("train.device", ("auto", "cpu")),
     # placement "gpu" trains and evaluates from the split in memory (`dlrm.train.trainer.make_loader`)
     "data.prefetch": ("data.placement", ("auto", "stream")),
     "data.shuffle_buffer_rows": ("data.placement", ("auto", "stream")),

@@ -23,7 +23,7 @@ TRAJECTORY = ("model.", "optim.", "data.batch_size", "data.drop_last", "data.max
 # Keys that change how the run is observed or executed only: free.
 OBSERVATION = ("log.", "checkpoint.", "profile", "kernels.", "name", "distributed.", "train.log_every",
                "train.eval_every", "train.compile", "train.cuda_graph", "train.device", "train.baseline", "train.allow_swap",
-               "data.prefetch", "data.placement", "data.gpu_memory_share", "data.eval_batch_size", "data.eval_split")
+               "train.check_host_memory", "data.prefetch", "data.placement", "data.gpu_memory_share", "data.eval_batch_size", "data.eval_split")
 LENGTH = ("train.epochs", "train.max_steps", "train.min_steps")
 # Keys a run takes from its dataset, recorded as trained (`dlrm.train.setup.as_trained`): free (the restore compares
 # the checkpoint's own table sizes with the data's).

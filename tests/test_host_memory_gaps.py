@@ -9,6 +9,9 @@ tests: tests/test_host_memory_tables.py, tests/test_host_memory_limits.py), gaps
     interpreter where a training run is weighed at 674.5 MiB); short of it, the OOM killer ended them without a word.
     Now that need is weighed before the checkpoint is read (`dlrm.train.checkpoint_memory`): exit 4, one line, nothing
     written.
+(3) There was no way past a refusal whose estimate is wrong for a system (train.allow_swap counts swap only, and
+    beyond memory and swap refuses either way). Now train.check_host_memory false turns each refusal into a warning
+    with its numbers, and the run goes on.
 
 The memory is faked (the files under /proc/self and /sys/fs/cgroup read from a tree under tmp_path); no test allocates
 the tables."""
@@ -199,3 +202,67 @@ def test_a_checkpoints_need_counts_swap_under_allow_swap_and_no_rlimit_is_lifted
     with pytest.raises(MemoryError, match=r"this process may take \(ulimit -v, ulimit -d\): run it on a host"):
         refuse_checkpoint_shortfall(cfg, tables, checkpoint, False,
                                     HostMemory(available=need, swap_free=need, process=need - 1))
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# (3) the opt-out: train.check_host_memory false
+
+
+def test_check_host_memory_false_trains_evaluates_and_exports_with_a_warning_of_the_numbers(trained, monkeypatch):
+    """1 MiB available, no swap: refused with the key at its default (even with train.allow_swap), each goes on with
+    it false, warning with the refusal's numbers."""
+    root, checkpoint = trained
+    monkeypatch.setattr(builder, "_host_memory", lambda: HostMemory(available=MiB))
+    cfg = json.loads((root / "c.json").read_text())
+    cfg["train"]["allow_swap"] = True
+    (root / "c.json").write_text(json.dumps(cfg))
+    error_line(invoke(root, root / "c.json", "--run-name", "t"), 4, "more than the 1.0 MiB the host has available "
+               "with its free swap")
+    error_line(_invoke(root, "--checkpoint", str(checkpoint), "--eval-only", "--run-name", "e3"), 4,
+               "--eval-only of ", "more than the 1.0 MiB the host has available")
+    cfg["train"]["check_host_memory"] = False
+    (root / "c.json").write_text(json.dumps(cfg))
+    try:
+        result = invoke(root, root / "c.json", "--run-name", "t")
+        assert result.exit_code == 0, result.output
+        warned = [line for line in result.stderr.splitlines() if "WARNING" in line and "host memory:" in line]
+        assert len(warned) == 1 and "the model needs " in warned[0] and (
+            "more than the 1.0 MiB the host has available with its free swap") in warned[0], result.stderr
+        assert warned[0].endswith("going on: train.check_host_memory is false (short of memory, the OOM killer ends "
+                                  "the run without a word)"), warned
+        out = root / "m-opt.pt2"
+        for args, written in ((["--eval-only", "--run-name", "e3"], root / "tb" / "e3" / "summary.json"),
+                              (["--export", str(out)], out)):
+            result = _invoke(root, "--checkpoint", str(checkpoint), *args)
+            assert result.exit_code == 0 and written.is_file(), result.output
+            assert f"{args[0]} of {checkpoint} needs " in result.stderr and (
+                "going on: train.check_host_memory is false") in result.stderr, result.stderr
+    finally:
+        del cfg["train"]["check_host_memory"], cfg["train"]["allow_swap"]
+        (root / "c.json").write_text(json.dumps(cfg))
+
+
+def test_check_host_memory_false_lets_dense_layers_past_the_process_limit_on_the_cpu(monkeypatch):
+    from dlrm.config import ModelConfig
+
+    dcn = ModelConfig(embedding_dim=8, bottom_mlp=[32, 8], top_mlp=[32, 1], interaction="dcn", cross_layers=2,
+                      cross_rank=1000)
+    monkeypatch.setattr(builder, "_process_room", lambda: MiB)
+    from dlrm.config import ConfigError
+
+    with pytest.raises(ConfigError, match="more than this process's"):
+        builder.refuse_dense_layers_beyond_memory(dcn, 26, torch.device("cpu"), 4)
+    builder.refuse_dense_layers_beyond_memory(dcn, 26, torch.device("cpu"), 4, check_host=False)
+
+
+def test_check_host_memory_is_validated_and_refused_where_it_cannot_act(tmp_path):
+    from dlrm.config import ConfigError, load_config
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"train": {"check_host_memory": "no"}}))
+    with pytest.raises(ConfigError, match=r"train\.check_host_memory: expected true or false, got 'no'"):
+        load_config(str(path))
+    path.write_text(json.dumps({"train": {"check_host_memory": False, "device": "cuda"}}))
+    with pytest.raises(ConfigError, match=r"train\.check_host_memory: false has no effect: it acts with train\.device "
+                                          r'"auto" or "cpu" only'):
+        load_config(str(path), {}, "refuse")

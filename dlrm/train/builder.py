@@ -230,13 +230,14 @@ def _dense_parts_text(m: ModelConfig, num_features: int, table_bytes_: int,
 
 
 def refuse_dense_layers_beyond_memory(m: ModelConfig, num_features: int, device: torch.device,
-                                      copies: int = 1) -> None:
+                                      copies: int = 1, check_host: bool = True) -> None:
     """A ConfigError naming the key when the dense layers' fp32 parameters alone exceed the device's memory (the host's
     RAM on a CPU, the GPU's on CUDA). model.cross_layers 1,000,000,000 (every value up to 2**31 - 1 passes the config's
     checks) built one small layer after another until the host swapped and the kernel's OOM killer ended the run
     without a word; nothing of the build fails at once there, as one oversized allocation does. `copies`: the fp32
     values a parameter takes in training (`dense_training_copies`: gradients and optimizer state, which the first step
-    allocates); the memory: the device's whole, or this process's limits where lower (`_process_room`)."""
+    allocates); the memory: the device's whole, or this process's limits where lower (`_process_room`). `check_host`
+    False (train.check_host_memory): on the CPU a warning instead."""
     parts = dense_layer_parameters(m, num_features)
     need = 4 * sum(parts.values()) * copies
     if device.type == "cuda":
@@ -251,10 +252,14 @@ def refuse_dense_layers_beyond_memory(m: ModelConfig, num_features: int, device:
     part = max(parts, key=parts.get)
     # the cross network's key that stands out first: its layers when they outnumber its rank (MLPerf: 3 of rank 512)
     key, *others = sorted(_PART_KEYS[part], key=lambda k: -_now(m, k)) if part == "the cross network" else _PART_KEYS[part]
-    raise ConfigError(f"{key}: {_now(m, key)}" + "".join(f" (with {k} {_now(m, k)})" for k in others)
-                      + f" makes {part} {parts[part]:,} fp32 parameters, the dense layers {need / 2**30:,.1f} GiB"
-                      + (" with their gradients and optimizer state" if copies > 1 else "")
-                      + f": more than {where} {memory / 2**30:,.1f} GiB of memory")
+    text = (f"{key}: {_now(m, key)}" + "".join(f" (with {k} {_now(m, k)})" for k in others)
+            + f" makes {part} {parts[part]:,} fp32 parameters, the dense layers {need / 2**30:,.1f} GiB"
+            + (" with their gradients and optimizer state" if copies > 1 else "")
+            + f": more than {where} {memory / 2**30:,.1f} GiB of memory")
+    if device.type != "cuda" and not check_host:
+        run_logger.warning(f"host memory: {text}; going on: train.check_host_memory is false")
+        return
+    raise ConfigError(text)
 
 
 def _tables_size_text(cfg: Config, tables: Tables) -> tuple[str, int]:
@@ -305,6 +310,11 @@ def refuse_host_memory_shortfall(cfg: Config, tables: Tables, memory: HostMemory
     ranks = env.all_gather_object((host_key(), socket.gethostname(), tables_bytes, memory))
     text = _shortfall_text(cfg, tables, tables_text, ranks, dense_bytes, env.distributed)
     if text is None:
+        return
+    if not cfg.train.check_host_memory:  # the user's word that the estimate is wrong here: told, every rank goes on
+        if env.is_main:
+            run_logger.warning(f"host memory: {text}; going on: train.check_host_memory is false (short of memory, "
+                               "the OOM killer ends the run without a word)")
         return
     exc = MemoryError(text)
     exc.dlrm_refused = True  # said as it is (`dlrm.cli.out_of_memory_message`): nothing was built
@@ -476,7 +486,7 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
         raise ConfigError("train.compile.fullgraph: true cannot compile a run of several processes (the dense parts' "
                           "DistributedDataParallel forward breaks the graph); set it false")
     refuse_dense_layers_beyond_memory(cfg.model, len(tables.cardinalities), device,
-                                      dense_training_copies(cfg.optim.dense))
+                                      dense_training_copies(cfg.optim.dense), cfg.train.check_host_memory)
     if device.type == "cpu" and not env.distributed:
         refuse_host_memory_shortfall(cfg, tables, _host_memory())
     warn_cross_rank_at_width(cfg.model, len(tables.cardinalities))

@@ -51,7 +51,8 @@ def checkpoint_host_need(cfg: Config, tables, path: Path, export: bool) -> tuple
 def refuse_checkpoint_shortfall(cfg: Config, tables, path: Path, export: bool, memory: HostMemory) -> None:
     """A MemoryError (exit 4, said as it is) where `checkpoint_host_need` exceeds `memory` (`HostMemory`: this
     process's rlimits, which swap does not lift; the host's MemAvailable and its cgroups' limits, with free swap under
-    train.allow_swap). Nothing is refused where the memory is unknown."""
+    train.allow_swap). Nothing is refused where the memory is unknown; with train.check_host_memory false the refusal
+    is a warning."""
     need, what = checkpoint_host_need(cfg, tables, path, export)
     mode = "--export" if export else "--eval-only"
     head = f"{mode} of {path} needs {_size(need)} of host memory, {what}"
@@ -74,6 +75,10 @@ def refuse_checkpoint_shortfall(cfg: Config, tables, path: Path, export: bool, m
                     f" (or set train.allow_swap true to go on with {_size(need - ram)} of it in swap, of "
                     f"{_size(swap)} free)" if swap and need <= total else "")
     if text is None:
+        return
+    if not cfg.train.check_host_memory:  # the user's word that the estimate is wrong here: told, and it goes on
+        run_logger.warning(f"host memory: {text}; going on: train.check_host_memory is false (short of memory, the "
+                           "OOM killer ends it without a word)")
         return
     # (its tables' sizes are the checkpoint's: data.max_rows_per_table, a training run's cure, cannot shrink them)
     exc = MemoryError(text + (": run it on a host with more free memory" if export else

@@ -33,7 +33,7 @@ from dlrm.train.train_data import epoch_steps, run_length
 FREE_KEYS = (
     "log", "checkpoint", "profile", "kernels", "name",
     "train.log_every", "train.compile", "train.cuda_graph", "train.device", "train.baseline", "train.allow_swap",
-    "data.prefetch", "data.placement", "data.gpu_memory_share", "data.eval_batch_size",
+    "train.check_host_memory", "data.prefetch", "data.placement", "data.gpu_memory_share", "data.eval_batch_size",
     "distributed",  # the sharding plan is checked against the checkpoint's where it matters
 )
 # Free too, unless the run stops early: train.early_stopping counts evaluations (every train.eval_every steps) of a
