@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 from dlrm.config import Config
 from dlrm.logging_setup import run_logger
