@@ -12,9 +12,14 @@ tests: tests/test_host_memory_tables.py, tests/test_host_memory_limits.py), gaps
 (3) There was no way past a refusal whose estimate is wrong for a system (train.allow_swap counts swap only, and
     beyond memory and swap refuses either way). Now train.check_host_memory false turns each refusal into a warning
     with its numbers, and the run goes on.
+(4) A one-process --resume weighed the model as a fresh run does, yet held the checkpoint read whole (its tables and
+    optimizer state) through the build while the restore read it again: peak RSS 2.0 GiB above the interpreter for a
+    model weighed at 674.5 MiB (a fresh run: 0.8 GiB). Now the held copy drops its weights and optimizer state before
+    the build, and the restore's read is weighed with the model (exit 4 naming the checkpoint, with advice that a resume
+    can take: data.max_rows_per_table cannot change there).
 
-The memory is faked (the files under /proc/self and /sys/fs/cgroup read from a tree under tmp_path); no test allocates
-the tables."""
+The memory is faked (`builder._host_memory`, or the files under /proc/self and /sys/fs/cgroup read from a tree under
+tmp_path); the models trained are small (26 tables of 5000 rows)."""
 
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from click.testing import CliRunner
 
 import dlrm.train.builder as builder
 from dlrm import cli
-from dlrm.config import Config, validate
+from dlrm.config import Config, ConfigError, ModelConfig, validate
 from dlrm.train import export
 from dlrm.train.checkpoint_memory import checkpoint_host_need
 from dlrm.train.host_memory import HostMemory, cgroup_limits, read_host_memory
@@ -34,7 +39,7 @@ from dlrm.train.setup import Tables
 from tests.conftest import make_dataset
 from tests.test_audit_killfuzz import CONFIG
 from tests.test_cli_errors import error_line, invoke
-from tests.test_host_memory_limits import V2_MOUNT, _files, fake_proc  # noqa: F401 (fake_proc: a fixture)
+from tests.test_host_memory_limits import V2_MOUNT, _files, _one_process_need, fake_proc  # noqa: F401 (a fixture)
 
 GiB, MiB = 2**30, 2**20
 
@@ -243,20 +248,16 @@ def test_check_host_memory_false_trains_evaluates_and_exports_with_a_warning_of_
 
 
 def test_check_host_memory_false_lets_dense_layers_past_the_process_limit_on_the_cpu(monkeypatch):
-    from dlrm.config import ModelConfig
-
     dcn = ModelConfig(embedding_dim=8, bottom_mlp=[32, 8], top_mlp=[32, 1], interaction="dcn", cross_layers=2,
                       cross_rank=1000)
     monkeypatch.setattr(builder, "_process_room", lambda: MiB)
-    from dlrm.config import ConfigError
-
     with pytest.raises(ConfigError, match="more than this process's"):
         builder.refuse_dense_layers_beyond_memory(dcn, 26, torch.device("cpu"), 4)
     builder.refuse_dense_layers_beyond_memory(dcn, 26, torch.device("cpu"), 4, check_host=False)
 
 
 def test_check_host_memory_is_validated_and_refused_where_it_cannot_act(tmp_path):
-    from dlrm.config import ConfigError, load_config
+    from dlrm.config import load_config
 
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"train": {"check_host_memory": "no"}}))
@@ -266,3 +267,42 @@ def test_check_host_memory_is_validated_and_refused_where_it_cannot_act(tmp_path
     with pytest.raises(ConfigError, match=r"train\.check_host_memory: false has no effect: it acts with train\.device "
                                           r'"auto" or "cpu" only'):
         load_config(str(path), {}, "refuse")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# (4) --resume: the checkpoint the restore reads beside the built model
+
+
+def test_a_resume_weighs_the_checkpoint_it_restores_and_holds_no_second_copy_through_the_build(tmp_path, monkeypatch):
+    import gc
+
+    import dlrm.train.trainer as trainer
+
+    make_dataset(tmp_path / "ds", {"train": 40, "validation": 20}, cardinality=5000)
+    cfg = {"data": {"path": str(tmp_path / "ds"), "batch_size": 20}, "model": CONFIG["model"], "optim": CONFIG["optim"],
+           "train": {"device": "cpu", "max_steps": 2, "baseline": False}}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    assert invoke(tmp_path, tmp_path / "c.json", "--run-name", "r").exit_code == 0
+    checkpoint = tmp_path / "tb" / "r" / "checkpoints" / "step-00000002.pt"
+    assert builder.resume_read_bytes(checkpoint) == checkpoint.stat().st_size
+    assert builder.resume_read_bytes(None) == 0
+    tables, dense = _one_process_need(ModelConfig(**{**vars(ModelConfig()), **CONFIG["model"]}), 26 * 5000, 4)
+    need = tables + dense  # a fresh run's: fp32 rows with row-wise Adagrad, the dense layers with Adam's two moments
+    resume = ("--run-name", "r", "--resume", "--max-steps", "4", "--epochs", "2")
+    monkeypatch.setattr(builder, "_host_memory", lambda: HostMemory(available=need))  # a fresh run's exact need
+    assert invoke(tmp_path, tmp_path / "c.json", "--run-name", "fresh").exit_code == 0  # (which fits it)
+    error_line(invoke(tmp_path, tmp_path / "c.json", *resume), 4, "the model needs ",
+               f"the checkpoint it resumes from {checkpoint.stat().st_size / MiB:,.1f} MiB more, read whole beside them",
+               ": resume it on a host with more free memory")
+    held = []
+    real = trainer.build_run
+
+    def build_run(*a, **k):  # no checkpoint's tensors alive through the build (the restore reads them after it)
+        held.extend(o for o in gc.get_objects() if isinstance(o, dict) and "position" in o and "model" in o)
+        return real(*a, **k)
+
+    monkeypatch.setattr(trainer, "build_run", build_run)
+    monkeypatch.setattr(builder, "_host_memory", lambda: HostMemory(available=need + checkpoint.stat().st_size))
+    result = invoke(tmp_path, tmp_path / "c.json", *resume)
+    assert result.exit_code == 0 and "resumed from " in result.stderr, result.output
+    assert held == [], [sorted(h) for h in held]

@@ -22,6 +22,7 @@ import functools
 import os
 import socket
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -281,8 +282,25 @@ def _size(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
+def resume_read_bytes(path, env: DistEnv = DistEnv()) -> int:
+    """What a resume's restore reads whole beside the built model and its optimizers (`Checkpointer.restore`): the
+    checkpoint, or this rank's shard of a sharded one (its manifest names it); 0 without a resume, or unreadable."""
+    if path is None:
+        return 0
+    path = Path(path)
+    if env.distributed:
+        from dlrm.distributed.checkpoint import _named_shards  # (the manifest: small)
+
+        shards = _named_shards(path)
+        path = path.parent / shards[env.rank] if env.rank < len(shards) else path
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
 def refuse_host_memory_shortfall(cfg: Config, tables: Tables, memory: HostMemory, env: DistEnv = DistEnv(),
-                                 plan: Optional[ShardingPlan] = None) -> None:
+                                 plan: Optional[ShardingPlan] = None, resume_bytes: int = 0) -> None:
     """A MemoryError (exit 4) before a CPU build whose tables (weights, sparse optimizer state, vocabulary keys) and
     dense layers (with their gradients and dense optimizer state) exceed the memory this process may take (`memory`,
     `dlrm.train.host_memory`: the host's MemAvailable, its cgroups' limits, this process's rlimits; unknown: nothing
@@ -298,7 +316,8 @@ def refuse_host_memory_shortfall(cfg: Config, tables: Tables, memory: HostMemory
     plan) the ranks of one host share its memory: each weighs its own shard of the tables, the vocabulary keys and
     its replica of the dense layers (with DDP's gradient buckets); the ranks gather what each needs and the memory
     each reads, and all of them reach the same verdict from the same numbers: the same error on every rank (said once,
-    `found_alike`), raised before any of them builds."""
+    `found_alike`), raised before any of them builds. `resume_bytes`: the checkpoint (a rank's shard) a resume reads
+    whole beside them (`resume_read_bytes`), weighed too: a resume's peak."""
     num_features = len(tables.cardinalities)
     # DistributedDataParallel's gradient buckets: one more copy of the dense gradients (no gradient_as_bucket_view)
     copies = dense_training_copies(cfg.optim.dense) + (1 if env.distributed else 0)
@@ -307,8 +326,11 @@ def refuse_host_memory_shortfall(cfg: Config, tables: Tables, memory: HostMemory
     if plan is not None:  # this rank's rows; every rank holds all the vocabulary keys
         tables_bytes = (plan.local_rows(env.rank) * table_row_bytes(cfg)
                         + vocabulary_key_bytes(tables.cardinalities, tables.hashing))
+    if resume_bytes:
+        tables_text += f", the checkpoint it resumes from {_size(resume_bytes)} more, read whole beside them"
+        tables_bytes += resume_bytes
     ranks = env.all_gather_object((host_key(), socket.gethostname(), tables_bytes, memory))
-    text = _shortfall_text(cfg, tables, tables_text, ranks, dense_bytes, env.distributed)
+    text = _shortfall_text(cfg, tables, tables_text, ranks, dense_bytes, env.distributed, bool(resume_bytes))
     if text is None:
         return
     if not cfg.train.check_host_memory:  # the user's word that the estimate is wrong here: told, every rank goes on
@@ -324,11 +346,11 @@ def refuse_host_memory_shortfall(cfg: Config, tables: Tables, memory: HostMemory
 
 
 def _shortfall_text(cfg: Config, tables: Tables, tables_text: str, ranks: list[tuple], dense_bytes: int,
-                    distributed: bool) -> Optional[str]:
+                    distributed: bool, resuming: bool = False) -> Optional[str]:
     """The refusal of `refuse_host_memory_shortfall` from every rank's (host key, host name, table bytes,
     HostMemory), or None where the model fits (told where it fits only with swap, under train.allow_swap)."""
     advice = functools.partial(_shortfall_advice, cfg, tables, tables_text, dense_bytes,
-                               max(t for _, _, t, _ in ranks), distributed)
+                               max(t for _, _, t, _ in ranks), distributed, resuming)
     for q, (_, name, t, memory) in enumerate(ranks):  # a process's own rlimits first: swap lifts neither
         if memory.process is not None and t + dense_bytes > memory.process:
             who = f"rank {q} on host {name} needs" if distributed else "the model needs"
@@ -375,7 +397,7 @@ def _tightest(rooms: list[tuple[Optional[int], str]]) -> tuple[Optional[int], st
 
 
 def _shortfall_advice(cfg: Config, tables: Tables, tables_text: str, dense_bytes: int, largest: int,
-                      distributed: bool, head: str, host: bool) -> str:
+                      distributed: bool, resuming: bool, head: str, host: bool) -> str:
     """`head` with what takes the memory and the key that shrinks it: the dense layers' where they are the larger
     part (`_dense_parts_text`), else the tables' cap (under torchrun, where the host's memory is short, or more
     hosts: each holds the dense layers and the vocabulary keys once a rank)."""
@@ -383,14 +405,19 @@ def _shortfall_advice(cfg: Config, tables: Tables, tables_text: str, dense_bytes
     if not distributed:
         if dense is not None:
             return f"{head}: {dense[0]} (its {tables_text}): {dense[1]}"
-        return f"{head}: its {tables_text}, its dense layers {_size(dense_bytes)}: cap the tables with " \
-               "data.max_rows_per_table"
+        return f"{head}: its {tables_text}, its dense layers {_size(dense_bytes)}: " + (
+            # (data.max_rows_per_table cannot change on a resume: the checkpoint holds the tables' rows)
+            "resume it on a host with more free memory" if resuming else "cap the tables with data.max_rows_per_table")
     keys = " and the vocabulary keys" if tables.hashing == "vocabulary" else ""
+    keys += " and the checkpoint shard it resumes from, read whole" if resuming else ""
     what = (f"each rank holds its shard of the embedding tables (the largest {_size(largest)} with the sparse "
             f"optimizer's state{keys}) and the dense layers ({_size(dense_bytes)} with their gradients, DDP's "
             "buckets and the dense optimizer's state)")
     if dense is not None:
         return f"{head}: {what}; {dense[0]}: {dense[1]}"
+    if resuming:
+        return f"{head}: {what}: resume it on hosts with more free memory" + (
+            ", or spread the ranks over more hosts" if host else "")
     return f"{head}: {what}: cap the tables with data.max_rows_per_table" + (
         ", or spread the ranks over more hosts" if host else "")
 
@@ -468,7 +495,7 @@ def warn_cross_rank_at_width(m: ModelConfig, num_features: int) -> None:
 
 
 def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: int, env: DistEnv = DistEnv(),
-              eval_batch_size: Optional[int] = None) -> Run:
+              eval_batch_size: Optional[int] = None, resume_from: Optional[Path] = None) -> Run:
     """Build the parts of a run as `cfg` says ("auto" settings resolved here, for this device).
 
     Args:
@@ -478,6 +505,7 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
         total_steps: the run's length (LR schedules depend on it).
         env: the process group (one process by default).
         eval_batch_size: the evaluation batch (a compiled evaluation pads to it); default 4 x batch.
+        resume_from: the checkpoint a resume restores after the build (its size weighed with the model on the CPU).
     """
     cfg, fast_path = resolve_fast_path(cfg, device, env.distributed, tables.multi_hot, total_steps)
     if env.distributed and cfg.train.compile.enabled and cfg.train.compile.fullgraph:
@@ -488,12 +516,12 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
     refuse_dense_layers_beyond_memory(cfg.model, len(tables.cardinalities), device,
                                       dense_training_copies(cfg.optim.dense), cfg.train.check_host_memory)
     if device.type == "cpu" and not env.distributed:
-        refuse_host_memory_shortfall(cfg, tables, _host_memory())
+        refuse_host_memory_shortfall(cfg, tables, _host_memory(), resume_bytes=resume_read_bytes(resume_from))
     warn_cross_rank_at_width(cfg.model, len(tables.cardinalities))
     plan = make_sharding(cfg, tables, env, device)
     if device.type == "cpu" and env.distributed:  # each rank's share of the tables: its plan's (the same on every rank)
         env.barrier()  # every rank's data loaded before any of them reads what is left of the host's memory
-        refuse_host_memory_shortfall(cfg, tables, _host_memory(), env, plan)
+        refuse_host_memory_shortfall(cfg, tables, _host_memory(), env, plan, resume_read_bytes(resume_from, env))
     sparse_arch = _sharded_sparse_arch(cfg, tables, plan, env) if plan is not None else None
     # one block for the model and its optimizers (the sparse optimizer's state: as large, for adagrad): the GPU's free
     # memory is said as it was before the tables; queried again before the optimizers, it was what the tables had

@@ -99,6 +99,8 @@ class Trainer(WindowLogging):
                 check_resume_config(self.resumed_config, cfg.to_dict(), allow_config_change, str(self.resume_from))
                 check_dataset_unchanged(self.resumed_config, state, self.data_stamps, cfg.data.path,
                                         allow_config_change, str(self.resume_from))
+        if state is not None:  # (the restore reads them again: held beside it too, a resume's peak had them twice)
+            state = {key: value for key, value in state.items() if key not in ("model", "optimizers")}
         # (not the placement's: it weighs each rank's own GPU memory)
         self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
         if state is not None:  # the batches the run resumed would train on (shuffled, they depend on the placement)
@@ -122,7 +124,7 @@ class Trainer(WindowLogging):
                                       rows, allow_config_change, str(self.resume_from), trained or self.data.ranks,
                                       checkpoint_rows(self.resumed_config, state, self.data_stamps, cfg.data.path, rows))
         self.run = build_run(cfg, self.tables, self.device, self.data.total_steps, self.env,
-                             cfg.data.eval_batch_size or 4 * cfg.data.batch_size)
+                             cfg.data.eval_batch_size or 4 * cfg.data.batch_size, self.resume_from)
         seed_rank(cfg.train.seed, self.env.rank)  # after the shared initialization: dropout masks per rank
         self.pos, self.stats = ckpt.Position(), RunStats()
         self.run_dir = self._open_run_dir(run_dir, latest, restart=resume is not None and self.resume_from is None)
