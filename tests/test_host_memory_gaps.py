@@ -306,3 +306,24 @@ def test_a_resume_weighs_the_checkpoint_it_restores_and_holds_no_second_copy_thr
     result = invoke(tmp_path, tmp_path / "c.json", *resume)
     assert result.exit_code == 0 and "resumed from " in result.stderr, result.output
     assert held == [], [sorted(h) for h in held]
+
+
+def test_check_host_memory_false_lets_every_rank_go_on_and_rank_0_alone_warns(monkeypatch):
+    """Under torchrun each rank reaches the same verdict: with the key false none raises, and one warning is said."""
+    from dlrm.distributed.sharding import plan_sharding
+    from tests.test_host_memory_limits import _Gathered
+
+    cfg = _cfg()
+    plan = plan_sharding(TABLES.cardinalities, 2, "row", 10)
+    tight = HostMemory(available=MiB)
+    entries = [("a", "alpha", plan.local_rows(q) * (16 * 4 + 4), tight) for q in range(2)]
+    with pytest.raises(MemoryError, match="^the 2 ranks on host alpha need "):
+        builder.refuse_host_memory_shortfall(cfg, TABLES, tight, _Gathered(0, 2, entries), plan)
+    cfg.train.check_host_memory = False
+    warned = []
+    monkeypatch.setattr(builder.run_logger, "warning", warned.append)
+    for rank in range(2):
+        builder.refuse_host_memory_shortfall(cfg, TABLES, tight, _Gathered(rank, 2, entries), plan)
+    assert len(warned) == 1 and warned[0].startswith("host memory: the 2 ranks on host alpha need "), warned
+    assert warned[0].endswith("going on: train.check_host_memory is false (short of memory, the OOM killer ends the "
+                              "run without a word)"), warned
