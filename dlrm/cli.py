@@ -472,6 +472,13 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
                     # trains nothing but is refused ("run directory exists"); say how to export the trained run
                     raise ConfigError(f"{e} (the run is trained and kept: export it with --checkpoint "
                                       f"{summary['run_dir']} --export OUT.pt2)") from None
+                except MemoryError as e:  # refused before the checkpoint was read (`dlrm.train.checkpoint_memory`)
+                    if not getattr(e, "dlrm_refused", False):
+                        raise
+                    kept = MemoryError(f"{e} (the run is trained and kept: export it with --checkpoint "
+                                       f"{summary['run_dir']} --export OUT.pt2)")
+                    kept.dlrm_refused = True
+                    raise kept from None
 
 
 def check_not_own_record(config_path: str, cfg: Config, overrides: dict, eval_only: bool) -> None:

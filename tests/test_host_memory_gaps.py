@@ -327,3 +327,20 @@ def test_check_host_memory_false_lets_every_rank_go_on_and_rank_0_alone_warns(mo
     assert len(warned) == 1 and warned[0].startswith("host memory: the 2 ranks on host alpha need "), warned
     assert warned[0].endswith("going on: train.check_host_memory is false (short of memory, the OOM killer ends the "
                               "run without a word)"), warned
+
+
+def test_an_export_after_training_refused_for_memory_says_the_run_is_kept(tmp_path, monkeypatch):
+    """Training fits (the host has exactly its need), the export after it does not (three copies of the weights):
+    exit 4 after the run, the line saying it is trained and kept and how to export it."""
+    make_dataset(tmp_path / "ds", {"train": 40, "validation": 20}, cardinality=5000)
+    cfg = {"data": {"path": str(tmp_path / "ds"), "batch_size": 20}, "model": CONFIG["model"], "optim": CONFIG["optim"],
+           "train": {"device": "cpu", "max_steps": 2, "baseline": False}}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    tables, dense = _one_process_need(ModelConfig(**{**vars(ModelConfig()), **CONFIG["model"]}), 26 * 5000, 4)
+    monkeypatch.setattr(builder, "_host_memory", lambda: HostMemory(available=tables + dense))
+    out = tmp_path / "m.pt2"
+    line = error_line(invoke(tmp_path, tmp_path / "c.json", "--run-name", "r", "--export", str(out)), 4,
+                      "--export of ", "the two copies of its weights torch.export.save serializes")
+    assert line.endswith(f"(the run is trained and kept: export it with --checkpoint {tmp_path / 'tb' / 'r'} "
+                         "--export OUT.pt2)"), line
+    assert (tmp_path / "tb" / "r" / "summary.json").is_file() and not out.exists()
