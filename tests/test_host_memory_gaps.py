@@ -86,7 +86,7 @@ def test_a_memory_high_below_memory_max_is_the_limit_and_named(fake_proc):
 def test_a_memory_high_without_memory_max_binds_and_memory_max_below_it_binds(fake_proc):
     job = _job(fake_proc, memory__max="max", memory__high=2 * GiB)
     assert cgroup_limits()[0] == 2 * GiB - 128 * MiB
-    assert cgroup_limits()[2].startswith(f"{job}/memory.high 2.0 GiB, 128.0 MiB of it in use, below memory.max max:")
+    assert cgroup_limits()[2].startswith(f"{job}/memory.high 2.0 GiB, 128.0 MiB of it in use, memory.max none:")
     _job(fake_proc, memory__max=GiB, memory__high=2 * GiB)  # memory.max the lower: it binds, as before
     assert cgroup_limits() == (GiB - 128 * MiB, None, f"{job}/memory.max 1.0 GiB, 128.0 MiB of it in use")
     _job(fake_proc, memory__max=GiB, memory__high="max")

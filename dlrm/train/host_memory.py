@@ -239,9 +239,9 @@ def _v2_rooms(d: Path) -> tuple[Optional[int], Optional[int], str]:
         used -= _inactive_file(d, "inactive_file")
         if high is not None and (hard is None or high < hard):  # throttled above it, before memory.max kills
             memory = high - used
-            text = (_limit_text(d / "memory.high", high, used) + ", below memory.max "
-                    + (_size(hard) if hard is not None else "max") + ": above memory.high the kernel throttles the "
-                    "run and reclaims its memory, and it crawls")
+            text = (_limit_text(d / "memory.high", high, used)
+                    + (f", below memory.max {_size(hard)}" if hard is not None else ", memory.max none")
+                    + ": above memory.high the kernel throttles the run and reclaims its memory, and it crawls")
         else:
             memory, text = hard - used, _limit_text(d / "memory.max", hard, used)
     limit, used = _read_int(d / "memory.swap.max"), _read_int(d / "memory.swap.current")
