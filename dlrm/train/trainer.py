@@ -99,8 +99,7 @@ class Trainer(WindowLogging):
                 check_resume_config(self.resumed_config, cfg.to_dict(), allow_config_change, str(self.resume_from))
                 check_dataset_unchanged(self.resumed_config, state, self.data_stamps, cfg.data.path,
                                         allow_config_change, str(self.resume_from))
-        if state is not None:  # (the restore reads them again: held beside it too, a resume's peak had them twice)
-            state = {key: value for key, value in state.items() if key not in ("model", "optimizers")}
+        state = state and {k: v for k, v in state.items() if k not in ("model", "optimizers")}  # (the restore reads them again)
         # (not the placement's: it weighs each rank's own GPU memory)
         self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
         if state is not None:  # the batches the run resumed would train on (shuffled, they depend on the placement)
