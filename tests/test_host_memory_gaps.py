@@ -204,7 +204,8 @@ def test_a_checkpoints_need_counts_swap_under_allow_swap_and_no_rlimit_is_lifted
         refuse_checkpoint_shortfall(cfg, tables, checkpoint, False, short)
     cfg.train.allow_swap = True
     refuse_checkpoint_shortfall(cfg, tables, checkpoint, False, short)  # warned: it goes on in swap
-    with pytest.raises(MemoryError, match=r"this process may take \(ulimit -v, ulimit -d\): run it on a host"):
+    with pytest.raises(MemoryError, match=r"this process may take \(ulimit -v, ulimit -d\): raise those limits, or run "
+                                          r"it on a GPU \(--device cuda"):
         refuse_checkpoint_shortfall(cfg, tables, checkpoint, False,
                                     HostMemory(available=need, swap_free=need, process=need - 1))
 

@@ -80,8 +80,9 @@ def refuse_checkpoint_shortfall(cfg: Config, tables, path: Path, export: bool, m
                            "OOM killer ends it without a word)")
         return
     # (its tables' sizes are the checkpoint's: data.max_rows_per_table, a training run's cure, cannot shrink them)
-    exc = MemoryError(text + (": run it on a host with more free memory" if export else
-                              ": run it on a host with more free memory, or on a GPU (--device cuda: the model is "
-                              "built in the GPU's memory)"))
+    limited = memory.process is not None and need > memory.process
+    gpu = "" if export else " on a GPU (--device cuda: the model is built in the GPU's memory)"
+    exc = MemoryError(f"{text}: " + (f"raise those limits{', or run it' + gpu if gpu else ''}" if limited
+                                     else f"run it on a host with more free memory{', or' + gpu if gpu else ''}"))
     exc.dlrm_refused = True  # said as it is (`dlrm.cli.out_of_memory_message`): nothing was read
     raise exc
