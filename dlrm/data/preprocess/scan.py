@@ -104,6 +104,9 @@ class FileScan:
     def bad_line(self) -> BadLine | None:
         """The `BadLine` of an empty file or a corrupt gzip, else None."""
         if self.error == "empty_file":  # (a detail: what the file holds instead, `_mark_alone`)
+            if self.header and not self.error_detail:  # not "empty" to the user who sees its one line
+                return BadLine(self.path, None, "empty_file",
+                               detail="no data lines: the file holds only its header line")
             what = f": {self.error_detail}" if self.error_detail else ""
             return BadLine(self.path, None, "empty_file", detail=f"empty file (no data lines{what})")
         if self.error == "corrupt_gzip":

@@ -1,0 +1,18 @@
+"""A recommender engineer's pass over the real-data path (README "Data": `python -m dlrm.preprocess` on raw
+Criteo TSV / the CSV variant): what a bad input printed, against what it should say."""
+
+from __future__ import annotations
+
+from tests.test_preprocess import error_lines, make_fields, run_cli, write_raw
+
+
+def test_a_csv_of_its_header_alone_is_not_called_an_empty_file(tmp_path):
+    # A CSV export with its header and no record said "empty file (no data lines)": the user sees a line in it.
+    src = tmp_path / "head.csv"
+    write_raw(src, make_fields(3, seed=0), "csv")
+    src.write_text(src.read_text().splitlines()[0] + "\n")
+    out = tmp_path / "out"
+    result = run_cli(["--input", str(src), "--output", str(out)])
+    assert result.exit_code == 2
+    assert error_lines(result) == [f"error: {src}: no data lines: the file holds only its header line"]
+    assert not out.exists()
