@@ -16,3 +16,17 @@ def test_a_csv_of_its_header_alone_is_not_called_an_empty_file(tmp_path):
     assert result.exit_code == 2
     assert error_lines(result) == [f"error: {src}: no data lines: the file holds only its header line"]
     assert not out.exists()
+
+
+def test_a_header_line_inside_the_file_is_named_as_one(tmp_path):
+    # `cat a.csv b.csv > all.csv` puts b's header after a's records: it said only "column label: 'label' is not a label
+    # (0 or 1)", which reads as a bad record, not as two files joined.
+    part = write_raw(tmp_path / "part.csv", make_fields(5, seed=1), "csv").read_text()
+    src = tmp_path / "all.csv"
+    src.write_text(part + part)
+    out = tmp_path / "out"
+    result = run_cli(["--input", str(src), "--output", str(out)])
+    assert result.exit_code == 2
+    assert error_lines(result) == [f"error: {src}:7: column label: 'label' is not a label (0 or 1): a header line after "
+                                   "the file's first line (files joined with cat? give each one as its own --input)"]
+    assert not out.exists()

@@ -542,6 +542,8 @@ def _bad_value(cb: _Buffer, starts: np.ndarray, ends: np.ndarray, col: int, row:
     value = field_text(cb.buf[starts[col, row] : ends[col, row]].tobytes())  # (undecodable bytes shown as \xNN)
     if detail is None and reason == "bad_category" and "," in value:  # a multi-hot field read as one value
         usual += " (',' separates a multi-hot field's values: this column's --multi-hot-sizes size is 1, or none given)"
+    if detail is None and reason == "bad_label" and value.strip().lower() == "label":  # `cat a.csv b.csv > all.csv`
+        usual += ": a header line after the file's first line (files joined with cat? give each one as its own --input)"
     detail = detail or usual
     if len(value) > 40:
         value = value[:40] + "..."
