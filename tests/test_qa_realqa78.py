@@ -30,3 +30,20 @@ def test_a_header_line_inside_the_file_is_named_as_one(tmp_path):
     assert error_lines(result) == [f"error: {src}:7: column label: 'label' is not a label (0 or 1): a header line after "
                                    "the file's first line (files joined with cat? give each one as its own --input)"]
     assert not out.exists()
+
+
+def test_a_file_with_neither_separator_gets_no_advice_that_cannot_help(tmp_path):
+    # "cannot detect the format (no tab or comma in the first line); use --format": no --format reads a line without
+    # separators (each then says "expected 40 fields ..., found 1"). A space-separated export is named as one.
+    rows = make_fields(3, seed=2)
+    spaced = tmp_path / "spaced.txt"
+    spaced.write_text("".join(" ".join(x or "0" for x in r) + "\n" for r in rows))
+    other = tmp_path / "notes.txt"
+    other.write_text("hello\n")
+    for src, tail in ((spaced, "; it has 40 fields separated by ' ': replace them with tabs"), (other, "")):
+        result = run_cli(["--input", str(src), "--output", str(tmp_path / "out")])
+        assert result.exit_code == 2
+        assert error_lines(result) == [f"error: {src}:1: cannot detect the format: no tab or comma in the first line (a "
+                                       "Criteo line holds 40 fields separated by tabs, or by commas in the CSV variant)"
+                                       + tail]
+        assert not (tmp_path / "out").exists()

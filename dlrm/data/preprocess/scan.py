@@ -164,10 +164,13 @@ def _detect_format(first_line: bytes, path: Path, fmt: str) -> tuple[str, bool]:
             fmt = "tsv"
         elif b"," in first_line:
             fmt = "csv"
-        else:
-            raise PreprocessError(
-                f"{path}:1: cannot detect the format (no tab or comma in the first line); use --format"
-            )
+        else:  # (it said "use --format": no --format reads such a line, neither format has one without separators)
+            line = first_line.rstrip(b"\r\n")
+            other = next((f"; it has {NUM_FIELDS} fields separated by {sep.decode()!r}: replace them with tabs"
+                          for sep in (b" ", b";", b"|") if line.count(sep) == NUM_FIELDS - 1), "")
+            raise PreprocessError(f"{path}:1: cannot detect the format: no tab or comma in the first line (a Criteo "
+                                  f"line holds {NUM_FIELDS} fields separated by tabs, or by commas in the CSV "
+                                  f"variant){other}")
     delim = _delimiter_of(fmt)
     fields = first_line.rstrip(b"\r\n").split(delim)
     header = fields[0].strip() == b"label"
