@@ -47,3 +47,35 @@ def test_a_file_with_neither_separator_gets_no_advice_that_cannot_help(tmp_path)
                                        "Criteo line holds 40 fields separated by tabs, or by commas in the CSV variant)"
                                        + tail]
         assert not (tmp_path / "out").exists()
+
+
+_EXPORT_COLUMN_MAJOR = """
+import sys, torch
+from dlrm.config import ModelConfig
+from dlrm.model.dlrm import build_model
+from dlrm.train.export import export_model
+torch.manual_seed(0)
+vocabs = [torch.arange(0, 50, dtype=torch.int64) for _ in range(26)]  # vocabulary hashing: a searchsorted
+model = build_model(ModelConfig(embedding_dim=8, bottom_mlp=[16, 8], top_mlp=[16, 1]), [51] * 26, vocabs=vocabs,
+                    log_kernels=False).eval()
+export_model(model, sys.argv[1])
+program = torch.export.load(sys.argv[1]).module()
+dense, sparse = torch.randint(0, 9, (13, 5)).T, torch.randint(-1, 60, (26, 5)).T  # column-major, as pandas' .values
+assert not sparse.is_contiguous()
+assert torch.equal(program(dense, sparse), program(dense.contiguous(), sparse.contiguous()))
+"""
+
+
+def test_the_exported_program_takes_a_column_major_batch_without_a_torch_warning(tmp_path):
+    # The README's `torch.export.load(path).module()(dense, raw)` on a batch built from a DataFrame printed torch's
+    # "[W... BucketizationUtils.h:32] Warning: torch.searchsorted(): input value tensor is non-contiguous, ..." on
+    # stderr: the model's `.contiguous()` before its searchsorted was traced on a contiguous example and left out.
+    import subprocess
+    import sys
+
+    from tests.conftest import CHILD_ENV, REPO
+
+    res = subprocess.run([sys.executable, "-c", _EXPORT_COLUMN_MAJOR, str(tmp_path / "m.pt2")], cwd=REPO,
+                         env=CHILD_ENV, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "non-contiguous" not in res.stderr, res.stderr

@@ -190,6 +190,9 @@ class RawInputDLRM(nn.Module):
         # Runtime checks that stay in the exported graph: int32 hashes would have wrapped values >= 2**31.
         torch.ops.aten._assert_tensor_metadata(sparse_raw, dtype=torch.int64)
         torch.ops.aten._assert_tensor_metadata(dense, dtype=DENSE_INPUT_DTYPES[self.dense_format])
+        # A copy in the graph: `vocabulary_rows`' `.contiguous()` is traced on the contiguous example and left out,
+        # so a column-major batch (a pandas DataFrame's .values) made torch print a searchsorted warning on stderr
+        sparse_raw = sparse_raw.clone(memory_format=torch.contiguous_format)
         return torch.sigmoid(self.model(transform_dense(dense, self.dense_format), sparse_raw).float())
 
 
