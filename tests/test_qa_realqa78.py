@@ -79,3 +79,33 @@ def test_the_exported_program_takes_a_column_major_batch_without_a_torch_warning
                          env=CHILD_ENV, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "non-contiguous" not in res.stderr, res.stderr
+
+
+def test_a_max_steps_beyond_the_epochs_says_the_epochs_end_the_run(tmp_path):
+    # `train.py --config configs/mlperf-dcnv2.json --max-steps 20` (train.epochs 1) on a 67-row split at batch 32 trained
+    # 2 steps; the log said "2 steps/epoch, 2 steps" and nothing of the 20 asked for.
+    import torch
+    from loguru import logger
+
+    from dlrm.config import load_config
+    from dlrm.distributed.env import DistEnv
+    from dlrm.train.setup import load_dataset_metadata
+    from dlrm.train.train_data import TrainData
+    from tests.conftest import REPO, make_dataset
+
+    make_dataset(tmp_path / "ds", {"train": 100, "validation": 30})
+    said = {}
+    for max_steps in (20, 3, 2):
+        cfg = load_config(REPO / "configs" / "sample.json", {"data.path": str(tmp_path / "ds"), "data.batch_size": 32,
+                                                              "train.device": "cpu", "train.epochs": 1,
+                                                              "train.max_steps": max_steps})
+        messages: list[str] = []
+        handle = logger.add(lambda m: messages.append(m.record["message"]), level="INFO")
+        try:
+            built = TrainData.build(cfg, *load_dataset_metadata(cfg), torch.device("cpu"), DistEnv(), "stream")
+        finally:
+            logger.remove(handle)
+        said[max_steps] = (built.total_steps, [m for m in messages if m.startswith("train.max_steps")])
+    assert said[20] == (3, ["train.max_steps 20: no effect, train.epochs 1 ends the run at 3 steps (3 steps an epoch; "
+                            "--epochs for a longer run)"])
+    assert said[3] == (3, []) and said[2] == (2, [])  # the epochs' length, or shorter: it acts, nothing to say

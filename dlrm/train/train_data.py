@@ -225,6 +225,9 @@ class TrainData:
         raised = t.min_steps is not None and by_epochs < t.min_steps
         if raised:  # said after max_steps: "200 steps, 200 epochs" was logged of a --max-steps 5 run, which trained 5
             _log_min_steps(cfg, total, by_epochs, len(loader))
+        elif t.max_steps is not None and 0 < total < t.max_steps:  # a --max-steps 20 run trained 2 steps without a word
+            logger.info(f"train.max_steps {t.max_steps}: no effect, train.epochs {t.epochs} ends the run at "
+                        f"{counted(total, 'step')} ({counted(len(loader), 'step')} an epoch; --epochs for a longer run)")
         if total == 0:
             raise ConfigError(f"data.batch_size: {batch_size} is more than the {loader.num_rows} rows of {data_dir}/train")
         eval_files = split_files(data_dir, meta, d.eval_split, check_positives=True)  # (one class: no AUC)
