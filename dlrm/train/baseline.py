@@ -50,6 +50,7 @@ from loguru import logger
 from dlrm.data.loader import Batch, ParquetLoader, split_files
 from dlrm.data.schema import NUM_SPARSE, PAD_SPARSE
 from dlrm.errors import is_out_of_memory
+from dlrm.logging_setup import ProgressBar, bar_interval
 from dlrm.model.hashing import keyed_vocabulary, modulus_rows, vocabulary_rows
 from dlrm.train.metric_text import auc_gain_text, auc_text, auc_undefined
 from dlrm.train.metrics import evaluate_logits, log_loss
@@ -65,6 +66,9 @@ MAX_ITERATIONS = 200
 and synthetic splits of 165-8,572 train rows (tiny, small-real's vocabulary and modulus twins); where measured (six
 of them) they were within 2e-6 of the optimum's objective at 100, scikit-learn's default max_iter, which the
 unpreconditioned fit had: it stopped 2e-3 above the optimum on data/sample, 1.3e-3 on a small-real modulus split."""
+FIT_BAR_DELAY_S = 5.0
+"""The fit's progress bar (L-BFGS iterations) shows once the fit has run this long, as the evaluation's does: 100
+iterations on 1,900,000 train rows took 19-25 s on one H100 (README), and the fit said nothing until it ended."""
 TOLERANCE_CHANGE = 1e-10
 """L-BFGS stops when an iteration changes the objective, or moves every weight, by less than this."""
 
@@ -251,13 +255,17 @@ def fit(dense: torch.Tensor, rows: torch.Tensor, labels: torch.Tensor, l2: Optio
         return bce, bce + 0.5 * l2 * (sparse.square().sum() + dense_w.square().sum())
 
     def closure() -> torch.Tensor:
+        bar.update(opt.state[sparse_u].get("n_iter", 0) - bar.n)  # (LBFGS counts an iteration before its evaluations)
         opt.zero_grad()
         loss = losses(sparse_u * sparse_scale, dense_u * dense_scale, bias_u * bias_scale)[1]
         loss.backward()
         return loss
 
     # intended host syncs: L-BFGS's line search reads the loss; the baseline runs once, after training
-    opt.step(closure)
+    interval = bar_interval()  # {} on a terminal; in a file the bar stays, as the evaluation's does
+    with ProgressBar(total=max_iterations, desc="baseline fit", unit="iteration", leave=bool(interval),
+                     dynamic_ncols=True, delay=FIT_BAR_DELAY_S, **interval) as bar:
+        opt.step(closure)
     state = opt.state[sparse_u]  # LBFGS keeps its state on the first parameter
     iterations = int(state.get("n_iter", 0))
     with torch.no_grad():
