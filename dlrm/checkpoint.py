@@ -420,7 +420,11 @@ def check_compatible(state: dict[str, Any], model: torch.nn.Module, cardinalitie
     saved_cards = state["cardinalities"]
     if list(saved_cards) != list(cardinalities):
         diffs = [f"[{i}] {a} vs {b}" for i, (a, b) in enumerate(zip(saved_cards, cardinalities)) if a != b]
-        raise ConfigError(f"{path}: table sizes differ (checkpoint vs this run): {', '.join(diffs[:5])}")
+        # the data the checkpoint's run read: another dataset is the usual cause (README's `--eval-only` line without
+        # the training run's --data evaluated on the config file's data.path, and said only that sizes differ)
+        trained_on = (state.get("config") or {}).get("data", {}).get("path")
+        on = f"; the checkpoint's run trained on {trained_on} (give its dataset with --data)" if trained_on else ""
+        raise ConfigError(f"{path}: table sizes differ (checkpoint vs this run): {', '.join(diffs[:5])}{on}")
     saved_sizes = list(state.get("multi_hot_sizes") or [1] * len(saved_cards))  # older checkpoints: one-hot
     sizes = list(multi_hot_sizes or [1] * len(cardinalities))
     if saved_sizes != sizes:

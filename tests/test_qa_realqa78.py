@@ -129,3 +129,21 @@ def test_the_baseline_fit_shows_its_iterations_once_it_runs_long(monkeypatch, ca
     err = capsys.readouterr().err
     assert "baseline fit:" in err, err
     assert f"| {facts['iterations']}/{baseline.MAX_ITERATIONS} [" in err, err  # the bar ends at the iterations run
+
+
+def test_a_checkpoint_of_other_tables_names_the_data_its_run_trained_on():
+    # README's `--eval-only` line (`--config configs/sample.json --eval-only --checkpoint RUN`) for a run trained with
+    # `--data /tmp/part0` (README "Data") evaluates data/sample, the file's data.path: it said "table sizes differ
+    # (checkpoint vs this run): [0] 19 vs 30, ..." and not that the checkpoint was trained on other data, or which.
+    from pathlib import Path
+
+    import pytest
+
+    from dlrm.checkpoint import check_compatible
+    from dlrm.config import ConfigError
+
+    state = {"model": {}, "cardinalities": [19, 49] + [5] * 24, "config": {"data": {"path": "/tmp/part0"}}}
+    with pytest.raises(ConfigError) as e:
+        check_compatible(state, None, [30, 20] + [5] * 24, {}, Path("best.pt"))
+    assert str(e.value) == ("best.pt: table sizes differ (checkpoint vs this run): [0] 19 vs 30, [1] 49 vs 20; the "
+                            "checkpoint's run trained on /tmp/part0 (give its dataset with --data)")
