@@ -147,3 +147,20 @@ def test_a_checkpoint_of_other_tables_names_the_data_its_run_trained_on():
         check_compatible(state, None, [30, 20] + [5] * 24, {}, Path("best.pt"))
     assert str(e.value) == ("best.pt: table sizes differ (checkpoint vs this run): [0] 19 vs 30, [1] 49 vs 20; the "
                             "checkpoint's run trained on /tmp/part0 (give its dataset with --data)")
+
+
+def test_a_stream_as_input_is_refused_saying_why(tmp_path):
+    # `zcat day_0.gz | python -m dlrm.preprocess --input - ...` said "-: no such file", and `--input <(zcat day_0.gz)`
+    # "/dev/fd/63: not a regular file": neither said that a stream cannot be read twice, nor what to do.
+    import os
+
+    fifo = tmp_path / "day_0"
+    os.mkfifo(fifo)
+    why = "the preprocessor reads each input twice (counting its lines first); write the stream to a file (gzip is read " \
+          "as it is)"
+    for given, said in (("-", f"-: standard input is not read: {why}"),
+                        (str(fifo), f"{fifo}: not a regular file (a pipe or a device): {why}")):
+        result = run_cli(["--input", given, "--output", str(tmp_path / "out")])
+        assert result.exit_code == 2
+        assert error_lines(result) == [f"error: {said}"]
+        assert not (tmp_path / "out").exists()

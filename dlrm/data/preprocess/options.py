@@ -304,10 +304,17 @@ def check_inputs(inputs: Any, split: str) -> list[Path]:
 def _check_input_file(path: Path) -> None:
     """``path`` exists, is a regular file (after symlinks), can be opened for reading and is text (plain or gzip), not
     an archive or another codec (`dlrm.data.preprocess.input_kinds`)."""
+    # a stream (`--input -`, `<(zcat day_0.gz)`, /dev/stdin from a pipe) cannot be read twice, as the count pass and
+    # the chunks read a file; "-: no such file" and "/dev/fd/63: not a regular file" did not say so
+    stream = "the preprocessor reads each input twice (counting its lines first); write the stream to a file (gzip " \
+             "is read as it is)"
+    if str(path) == "-" and not path.exists():
+        raise PreprocessError(f"-: standard input is not read: {stream}")
     if not path.exists():
         raise PreprocessError(f"{path}: no such file")
     if not path.is_file():
-        raise PreprocessError(f"{path}: not a regular file")
+        pipe = path.is_fifo() or path.is_char_device()
+        raise PreprocessError(f"{path}: not a regular file" + (f" (a pipe or a device): {stream}" if pipe else ""))
     try:
         with open(path, "rb"):
             pass
