@@ -164,3 +164,17 @@ def test_a_stream_as_input_is_refused_saying_why(tmp_path):
         assert result.exit_code == 2
         assert error_lines(result) == [f"error: {said}"]
         assert not (tmp_path / "out").exists()
+
+
+def test_the_count_pass_bar_says_its_counts_are_bytes(tmp_path, capsys):
+    # `python -m dlrm.preprocess --input part-0.tsv` (100 lines, 24,174 bytes) showed "counting lines: 100%|...|
+    # 23.6k/23.6k [00:00<00:00, 121MB/s]": tqdm writes the unit in the rate only, so the counts read as 23.6k lines.
+    from dlrm.data.preprocess import scan
+
+    src = write_raw(tmp_path / "day_0", make_fields(100, seed=3))
+    assert scan._count_pass([src], "auto", 1000, None, 1, True)[0].lines == 100
+    from tqdm import tqdm
+
+    size = tqdm.format_sizeof(src.stat().st_size, divisor=1024)  # e.g. 23.6k
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("counting lines: 100%|") and f"| {size}B/{size}B read [" in last, last

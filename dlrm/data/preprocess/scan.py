@@ -493,6 +493,9 @@ def _scan_star(args: tuple[str, str, int]) -> FileScan:
     return scan_file(*args)
 
 
+_BYTES_BAR = "{l_bar}{bar}| {n_fmt}B/{total_fmt}B read [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+
+
 def _count_pass(paths: list[Path], fmt: str, chunk_rows: int, pool, workers: int, progress: bool) -> list[FileScan]:
     """`scan_file` of every input: gzip and small files one per worker, big plain files split
     over all workers (`scan_file_parallel`). A bar counts the bytes on disk read (rate and ETA): block by block for
@@ -501,8 +504,9 @@ def _count_pass(paths: list[Path], fmt: str, chunk_rows: int, pool, workers: int
 
     scans: dict[int, FileScan] = {}
     sizes = [p.stat().st_size for p in paths]
+    # the byte counts with their unit: "counting lines: 23.6k/23.6k" (tqdm's format) read as 23.6k lines (100 here)
     with ProgressBar(total=sum(sizes), unit="B", unit_scale=True, unit_divisor=1024, desc="counting lines",
-                     disable=not progress, **bar_interval()) as bar:  # once a minute at most into a log file
+                     bar_format=_BYTES_BAR, disable=not progress, **bar_interval()) as bar:  # a minute apart in a file
         if pool is None or len(paths) == 1:
             for i, p in enumerate(paths):
                 if pool is not None and not _is_gzip(p) and sizes[i] >= _PARALLEL_SCAN_MIN_BYTES:
