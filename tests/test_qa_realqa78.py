@@ -178,3 +178,24 @@ def test_the_count_pass_bar_says_its_counts_are_bytes(tmp_path, capsys):
     size = tqdm.format_sizeof(src.stat().st_size, divisor=1024)  # e.g. 23.6k
     last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
     assert last.startswith("counting lines: 100%|") and f"| {size}B/{size}B read [" in last, last
+
+
+def test_the_export_line_names_the_missing_values_codes(tmp_path):
+    # README's `--export` takes "raw hash values as int64" and its line said "raw sparse hashes [B, 26]": a user from
+    # facebookresearch/dlrm (a missing category read as 0) fed 0, which hashes to another row than the dataset's -1 (on
+    # part-0's modulus model: 0.5227 for a row of zeros, 0.5540 with -1).
+    from loguru import logger
+
+    from dlrm.config import ModelConfig
+    from dlrm.model.dlrm import build_model
+    from dlrm.train.export import export_model
+
+    model = build_model(ModelConfig(embedding_dim=4, bottom_mlp=[8, 4], top_mlp=[8, 1]), [7] * 26, log_kernels=False)
+    lines: list[str] = []
+    handle = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
+    try:
+        export_model(model.eval(), tmp_path / "m.pt2")
+    finally:
+        logger.remove(handle)
+    assert lines == [f"exported inference program to {tmp_path / 'm.pt2'} (inputs: raw dense counts, int64 [B, 13], "
+                     "missing 0; raw sparse hashes, int64 [B, 26], missing -1)"]

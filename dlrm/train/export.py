@@ -287,10 +287,14 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts", source: 
         finally:
             if created:
                 tmp.unlink(missing_ok=True)
-    dense = "raw dense counts, int64" if dense_format == "counts" else "dense values, float32"
+    # the missing values' codes too: facebookresearch/dlrm reads a missing category as 0, a value (another row) here
+    dense = ("raw dense counts, int64 [B, 13], missing 0" if dense_format == "counts"
+             else "dense values, float32 [B, 13]")
+    width = _sparse_width(model)
+    slots = "" if width == NUM_SPARSE else " (each feature's slots, -2 where empty)"
     of = f" from {source}" if source else ""
-    logger.info(f"exported inference program to {path} (inputs: {dense} [B, 13], raw sparse hashes "
-                f"[B, {_sparse_width(model)}]){of}")
+    logger.info(f"exported inference program to {path} (inputs: {dense}; raw sparse hashes, int64 "
+                f"[B, {width}]{slots}, missing -1){of}")
     return path
 
 
