@@ -5,7 +5,8 @@ Every expected failure prints one ERROR line on stderr (no traceback) and exits 
 ====== ==========================================================================================
 code   meaning
 ====== ==========================================================================================
-0      success
+0      success; also after a SIGINT/SIGTERM that came once the results were all written (said in
+       a line: `dlrm.stop_signal.LateSignals`)
 1      a bug in dlrm: an unexpected exception; its traceback, then a line saying so (with the version)
 2      bad input: command line (click's usage errors too), config file, dataset, checkpoint,
        --export path, Triton unavailable for a requested Triton kernel, a file that cannot be
@@ -47,7 +48,7 @@ from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLos
 from dlrm.logging_setup import configure_logging, run_logger
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, check_tb_dir
-from dlrm.stop_signal import StopAtOnce
+from dlrm.stop_signal import LateSignals, StopAtOnce, signal_stop_inside
 
 EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE_LOSS = 3
@@ -324,19 +325,6 @@ class RanksCommand(OneLineUsageCommand):
         sys.exit(code if isinstance(code, int) else 0)  # (--help's click.Exit: its code; a run: main's sys.exit)
 
 
-def signal_stop_inside(exc: BaseException) -> Optional[TrainingStopped]:
-    """The `TrainingStopped` of a signal that a library wrapped in its own error (SIGTERM during ``--export``:
-    torch.export's serializer raised ``SerializeError: Failed serializing node ...`` from it, which read as a bug,
-    exit 1, where a stop exits 143), found among `exc`'s causes and contexts; None where there is none."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, TrainingStopped):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
 def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
     """Log `exc` as its one line (a bug: its traceback and a line saying so); return the exit code. A line said once
     for a torchrun run (rank 0's, each machine's first rank's) is out before any other rank returns: one that exited
@@ -392,10 +380,11 @@ def _report(exc: BaseException, cfg: Optional[Config]) -> tuple[int, bool]:
 
 def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional[str], resume: Optional[str],
         checkpoint_path: Optional[str], export_path: Optional[str], allowed_changes: list[str],
-        loaded: list) -> None:
+        loaded: list, late: Optional[LateSignals] = None) -> None:
     """Load the config, check the export target, then train, compare, evaluate or export.
 
-    `loaded` receives the Config once it is valid (for the out-of-memory message).
+    `loaded` receives the Config once it is valid (for the out-of-memory message); `late` begins as a run that
+    exports nothing writes its summary.json (its last output).
     """
     trains = not (eval_only or (export_path and checkpoint_path))
     # a key that cannot act is refused for a run that trains; a --resume continues a run that began with this config
@@ -464,7 +453,9 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
 
             run_comparison(cfg, parse_variants(compare), train)
         else:
-            summary = train(cfg, resume=resume, allow_config_change=allowed_changes)
+            written = None if export or late is None else (  # (with --export: once it is written, `main`)
+                lambda run_dir: late.begin(f"the run finished ({run_dir / 'summary.json'} written)"))
+            summary = train(cfg, resume=resume, allow_config_change=allowed_changes, results_written=written)
             if export:  # the best evaluation's model when the run kept one, else the final one
                 try:
                     export_mod.export_checkpoint(cfg, Path(_best_checkpoint(summary) or summary["checkpoint"]), export)
@@ -571,6 +562,7 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
     configure_logging(ranks=True)
     loaded: list = []
     code = 0
+    late = LateSignals()  # a SIGINT/SIGTERM once the results are written: said, exit 0
     try:
         overrides = cli_overrides(data=data, device=device, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
                                   seed=seed, run_name=run_name, tb_dir=tb_dir, checkpoint_every=checkpoint_every,
@@ -584,7 +576,8 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
         with StopAtOnce():
             run(config_path=config_path, overrides=overrides, eval_only=eval_only, compare=compare, resume=resume,
                 checkpoint_path=checkpoint_path, export_path=export_path, allowed_changes=allowed_changes,
-                loaded=loaded)
+                loaded=loaded, late=late)
+            late.begin("the command finished (its results written)")  # (begun already by a run's summary)
     except (Exception, KeyboardInterrupt) as e:  # SystemExit passes: it already carries its code
         known = isinstance(e, (ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, KeyboardInterrupt))
         code = report_failure(e if known else signal_stop_inside(e) or e, loaded[0] if loaded else None)
@@ -593,5 +586,8 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
         # config-error path, which stays fast).
         if "dlrm.distributed.env" in sys.modules:
             sys.modules["dlrm.distributed.env"].shutdown()
+    if not code:
+        late.say()
+    late.end()
     if code:
         sys.exit(code)

@@ -5,15 +5,20 @@ train.py and `dlrm.train.trainer.train`, ``python -m dlrm.sweep``, ``python -m d
 steps themselves stop gracefully instead (`dlrm.train.signals.GracefulStop`). The data tools (``python -m
 dlrm.preprocess``, ``dlrm.data.synthetic``, ``dlrm.data.mlperf_import``, ``dlrm.data.relayout``) use
 ``StopAtOnce(interrupt=True)``: SIGTERM raises `Terminated`, a KeyboardInterrupt, so it takes their Ctrl-C paths.
+Once train.py's results are all written, a SIGINT or SIGTERM stops nothing: `LateSignals`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Optional
+
+from loguru import logger
 
 from dlrm.errors import TrainingStopped
 
@@ -58,6 +63,19 @@ def stop_signal_name(exc: BaseException) -> Optional[str]:
         return f"exit code {code}"
 
 
+def signal_stop_inside(exc: BaseException) -> Optional[TrainingStopped]:
+    """The `TrainingStopped` of a signal that a library wrapped in its own error (SIGTERM during ``--export``:
+    torch.export's serializer raised ``SerializeError: Failed serializing node ...`` from it, which read as a bug,
+    exit 1, where a stop exits 143), found among `exc`'s causes and contexts; None where there is none."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, TrainingStopped):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 class StopAtOnce:
     """Context manager (a whole run, around `GracefulStop`'s loop): SIGTERM raises `TrainingStopped` (exit 143) where
     it arrives, as Ctrl-C raises KeyboardInterrupt, so the run's own cleanup runs. Left to its default action, a SIGTERM
@@ -85,7 +103,8 @@ class StopAtOnce:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
+        # (unless replaced meanwhile: `LateSignals`, begun inside, holds the signals to the process's end)
+        if self._previous is not None and signal.getsignal(signal.SIGTERM) == self._handle:
             signal.signal(signal.SIGTERM, self._previous)
 
 
@@ -119,3 +138,60 @@ def signals_deferred() -> Iterator[None]:
             signal.signal(s, handler)
         for signum in dict.fromkeys(arrived):  # each once, in the order they came
             signal.raise_signal(signum)
+
+
+class LateSignals:
+    """train.py's SIGINT and SIGTERM once its results are all written (`begin`: as the run's summary.json, its last
+    output, is written; the other modes' when they return), to the end of the process: noted, said in one line
+    (`say`, `at_exit`), and the command exits 0. Before, one there raised (`StopAtOnce`, Ctrl-C's KeyboardInterrupt)
+    or, once `StopAtOnce` had put the default action back, killed the process: a finished run ended 143 or 130, with
+    "stopped at once ... (no checkpoint written now)" or no line at all (in the interpreter's shutdown: its threads
+    joined, its exit functions, the modules torn down), and a scheduler or a script took it for a killed run, where
+    its ``--resume`` trains nothing. Exit 0, not 128 + the signal: everything the run was to write is written and
+    whole, the signal came to stop a process that was ending anyway, and a finished distributed run's rank 0 already
+    ignored one during its summary's write (every rank exits 0). A second signal stops at once (a shutdown that
+    hangs), as a kill would."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.arrived: Optional[int] = None
+        self._what = ""
+        self._begun = self._said = False
+        # the handlers the command found (made at its start): `end` puts them back, whatever guards came between
+        self._outer = {s: signal.getsignal(s) for s in self.SIGNALS}
+
+    def begin(self, what: str) -> None:
+        """From now on the command's results are written (`what` says which): a signal is noted, not acted on. Only
+        the main thread handles signals (elsewhere: nothing changes); one a starter ignored (nohup) stays ignored."""
+        if self._begun or threading.current_thread() is not threading.main_thread():
+            return
+        self._what, self._begun = what, True
+        for s in self.SIGNALS:
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                signal.signal(s, self._note)
+
+    def end(self) -> None:
+        """The handlers the command found back; one noted and not said is dropped (the command failed after `begin`,
+        summary.json's write on a full disk: the failure's line and exit code stand)."""
+        self._begun = False
+        for s, outer in self._outer.items():
+            if outer is not None and signal.getsignal(s) == self._note:
+                signal.signal(s, outer)
+
+    def _note(self, signum: int, frame) -> None:
+        if self.arrived is None:
+            self.arrived = signum  # said at the next `say` (logged here, a record could meet loguru's own, re-entered)
+            return
+        # (written directly: a handler's write to sys.stderr or loguru can re-enter the one it interrupted)
+        os.write(2, f"{time.strftime('%H:%M:%S')} WARNING {signal.Signals(signum).name} again after {self._what}: "
+                    "stopping now\n".encode())
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+
+    def say(self) -> None:
+        """The line of a signal noted since `begin`, once."""
+        if self._begun and self.arrived is not None and not self._said:
+            self._said = True
+            logger.warning(f"{signal.Signals(self.arrived).name} arrived after {self._what}: nothing left to stop, "
+                           "exit 0")

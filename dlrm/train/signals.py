@@ -84,7 +84,8 @@ class GracefulStop:
 
     def __exit__(self, *exc) -> None:
         for s, handler in self._previous.items():
-            signal.signal(s, handler)
+            if signal.getsignal(s) == self._handle:  # (not one installed since: `LateSignals`, a run's last moments)
+                signal.signal(s, handler)
 
 
 @contextlib.contextmanager

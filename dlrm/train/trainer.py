@@ -13,7 +13,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from loguru import logger
@@ -447,6 +447,7 @@ class Trainer(WindowLogging):
             alone.release()  # (one process: the summary's making stops at once again, the checkpoint written)
         with agreed_stop(env, self.device, "before writing the summary", stopped, held):
             summary = self._finish()
+        self.results_written(self.run_dir.path)  # (train.py: a signal from here on stops nothing, `LateSignals`)
         if env.is_main:
             write_summary(self.run_dir.path / "summary.json", summary, sessions=True,  # a failed write names the file
                           resumed_config=self.resumed_config)
@@ -518,6 +519,7 @@ class Trainer(WindowLogging):
     final_evaluated = False  # the run's last evaluation was made before its last checkpoint (`_fit`)
     resumed_config: Optional[dict] = None  # the config of the checkpoint this session resumed (`_start`)
     last_eval: Optional[dict] = None  # the metrics of an evaluation at the current step
+    results_written: Callable[[Path], None] = staticmethod(lambda run_dir: None)  # (`train`'s)
 
     # -- the end ----------------------------------------------------------------------------------
 
@@ -542,25 +544,21 @@ class Trainer(WindowLogging):
         d, stats, device = self.cfg.data, self.stats, self.device
         return {
             **metrics,
-            "split": d.eval_split,
-            "steps": self.pos.step,
+            "split": d.eval_split, "steps": self.pos.step,
             "samples": stats.samples,  # the whole run, across resumes
             "samples_per_sec": self.meter.samples_per_sec,  # this session's steady state
-            "data_wait_fraction": self.meter.data_wait_fraction,
-            "warmup_s": self.meter.warmup_s,
+            "data_wait_fraction": self.meter.data_wait_fraction, "warmup_s": self.meter.warmup_s,
             "train_s": stats.train_s,  # the whole run's training seconds, across resumes
             "wall_s": time.perf_counter() - self.t_start,  # this session's wall clock, everything included
             "final_train_loss": stats.train_losses[-1][1] if stats.train_losses else None,
             "train_losses": stats.train_losses,
             "best": stats.best,  # the best evaluation (step, metrics, best.pt); the top-level metrics are the last
             "best_checkpoint": (stats.best or {}).get("checkpoint"),
-            "early_stopped": self.early_stopped,
-            "batch_size": self.data.batch_size,
+            "early_stopped": self.early_stopped, "batch_size": self.data.batch_size,
             "resumed_from": str(self.resume_from) if self.resume_from is not None else None,
             "resumed_at_step": self.resumed_at_step,  # the step this session started from (None: not resumed)
             "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-            "compile": counters,
-            "fast_path": self.run.fast_path,  # what each "auto" setting became on this device, and why
+            "compile": counters, "fast_path": self.run.fast_path,  # what each "auto" setting became on this device, and why
             "resolved": resolved_settings(self.run, self.cfg, self.data, self.tables, self.placement, device,
                                           self.env.world_size, baseline is not None),  # what this session trained with
             "device": str(device), "device_name": device_name(device), "versions": versions(),
@@ -593,7 +591,10 @@ class Trainer(WindowLogging):
 
 
 def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = None,
-          allow_config_change: Sequence[str] = ()) -> dict:
-    """Train a DLRM as `cfg` says; returns the summary also written to summary.json (see `Trainer`)."""
+          allow_config_change: Sequence[str] = (), results_written: Optional[Callable[[Path], None]] = None) -> dict:
+    """Train a DLRM as `cfg` says; returns the summary also written to summary.json (see `Trainer`).
+    `results_written(run directory)`: called as summary.json, the run's last output, is about to be written."""
     with StopAtOnce(), dataset_held(cfg):  # SIGTERM outside the steps: the cleanup runs; the dataset held for reading
-        return Trainer(cfg, run_dir, resume, allow_config_change).fit()
+        trainer = Trainer(cfg, run_dir, resume, allow_config_change)
+        trainer.results_written = results_written or trainer.results_written
+        return trainer.fit()

@@ -1,0 +1,88 @@
+"""A SIGTERM or Ctrl-C that reaches train.py after its run finished: from summary.json's write to the process's end.
+
+Before, one after summary.json was written raised where it arrived (`StopAtOnce`, KeyboardInterrupt): the finished run
+ended 143 ("SIGTERM: stopped at once, outside the training steps (no checkpoint written now)") or 130 ("interrupted
+(Ctrl-C)"), and one during summary.json's write left no summary. Now the command exits 0 with a line saying the signal
+came after the run finished (`dlrm.stop_signal.LateSignals`). Each signal is sent by the process to itself at a chosen
+point (a patched function), so nothing here depends on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dlrm.config import load_config
+from dlrm.train.trainer import train
+from tests.conftest import CHILD_ENV
+from tests.test_audit_review52 import tiny_config
+
+# argv: the signal, where it arrives, then train.py's arguments
+SCRIPT = """
+import errno, os, signal, sys
+from dlrm.train import trainer
+signum, at = getattr(signal, sys.argv[1]), sys.argv[2]
+kill = lambda: os.kill(os.getpid(), signum)
+real_write, real_fit = trainer.write_summary, trainer.Trainer.fit
+def write_summary(*args, **kwargs):
+    kill()  # as summary.json's write begins
+    if at == "write_fails":
+        raise OSError(errno.ENOSPC, "No space left on device", str(args[0]))
+    return real_write(*args, **kwargs)
+def fit(self):
+    summary = real_fit(self)
+    kill()  # after the run's last line
+    return summary
+if at in ("write", "write_fails"):
+    trainer.write_summary = write_summary
+elif at == "after_done":
+    trainer.Trainer.fit = fit
+from dlrm.cli import main
+main(sys.argv[3:])
+"""
+
+
+def train_py(tmp_path, config, name: str, at: str, run: str = "r") -> subprocess.CompletedProcess:
+    args = ["--config", str(config), "--tb-dir", str(tmp_path / "tb"), "--run-name", run, "--max-steps", "4"]
+    return subprocess.run([sys.executable, "-c", SCRIPT, name, at, *args], cwd=tmp_path, env=CHILD_ENV,
+                          capture_output=True, text=True, timeout=240)
+
+
+@pytest.fixture
+def config(tmp_path):
+    return tiny_config(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_after_the_runs_last_line_exits_0_saying_so(tmp_path, config, name):
+    done = train_py(tmp_path, config, name, "after_done")
+    assert done.returncode == 0, done.stderr[-2000:]  # was 143 / 130
+    summary = tmp_path / "tb" / "r" / "summary.json"
+    assert f"WARNING {name} arrived after the run finished ({summary} written): nothing left to stop, exit 0" \
+        in done.stderr, done.stderr[-2000:]
+    assert "stopped" not in done.stderr and "interrupted" not in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert json.loads(summary.read_text())["steps"] == 4
+
+
+def test_a_signal_as_summary_json_is_written_lets_it_finish(tmp_path, config):
+    """The write (a few milliseconds, atomic) finishes: the run is whole, and its --resume trains nothing."""
+    done = train_py(tmp_path, config, "SIGTERM", "write")
+    assert done.returncode == 0, done.stderr[-2000:]  # was 143, no summary.json
+    assert "WARNING SIGTERM arrived after the run finished" in done.stderr, done.stderr[-2000:]
+    summary = json.loads((tmp_path / "tb" / "r" / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["auc"] is not None
+    resumed = train(load_config(config, {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": "r",
+                                         "train.max_steps": 4}), resume="latest")
+    assert resumed["finished"] and resumed["steps"] == 4
+
+
+def test_a_signal_before_a_failed_summary_write_leaves_the_failure_said(tmp_path, config):
+    """summary.json's write fails after the signal (a full disk): the failure's line and exit code, not "finished"."""
+    done = train_py(tmp_path, config, "SIGTERM", "write_fails")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"file system error: {tmp_path / 'tb' / 'r' / 'summary.json'}: No space left on device" in done.stderr
+    assert "arrived after" not in done.stderr, done.stderr[-2000:]
