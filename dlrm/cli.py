@@ -27,6 +27,7 @@ is imported late, which keeps --help and config errors fast.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import errno
 import json
@@ -563,6 +564,8 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
     loaded: list = []
     code = 0
     late = LateSignals()  # a SIGINT/SIGTERM once the results are written: said, exit 0
+    if LateSignals.until_exit:  # (train.py) registered before the trainer imports torch: the last exit function
+        atexit.register(late.at_exit)
     try:
         overrides = cli_overrides(data=data, device=device, batch_size=batch_size, epochs=epochs, max_steps=max_steps,
                                   seed=seed, run_name=run_name, tb_dir=tb_dir, checkpoint_every=checkpoint_every,
@@ -588,6 +591,8 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
             sys.modules["dlrm.distributed.env"].shutdown()
     if not code:
         late.say()
-    late.end()
+    if code or not LateSignals.until_exit:  # (main called by other code, which goes on: its own handlers back)
+        late.end()
     if code:
         sys.exit(code)
+

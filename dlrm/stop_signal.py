@@ -153,6 +153,9 @@ class LateSignals:
     hangs), as a kill would."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    # train.py's (its `dlrm.cli.main` is the process's program): held through the interpreter's exit (`at_exit`).
+    # False: `main` called by other code (click's CliRunner in the tests) puts the handlers it found back as it returns
+    until_exit = False
 
     def __init__(self) -> None:
         self.arrived: Optional[int] = None
@@ -195,3 +198,16 @@ class LateSignals:
             self._said = True
             logger.warning(f"{signal.Signals(self.arrived).name} arrived after {self._what}: nothing left to stop, "
                            "exit 0")
+
+    def at_exit(self) -> None:
+        """The last of the interpreter's exit functions (`dlrm.cli.main` registers it before torch is imported, so
+        torch's, multiprocessing's and the others' run before it). A signal during the threads' joins or those
+        functions is said now. After it, in the modules' teardown (seconds on a loaded 2-core machine), Python's own
+        handlers are gone and a signal took its default action: a SIGTERM killed the finished run, 143 without a line.
+        Ignored there instead, unsaid (no Python code runs after this one to say it; every output is closed by then)."""
+        if not self._begun:
+            return
+        for s in self.SIGNALS:
+            if signal.getsignal(s) == self._note:
+                signal.signal(s, signal.SIG_IGN)
+        self.say()

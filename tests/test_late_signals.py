@@ -2,7 +2,8 @@
 
 Before, one after summary.json was written raised where it arrived (`StopAtOnce`, KeyboardInterrupt): the finished run
 ended 143 ("SIGTERM: stopped at once, outside the training steps (no checkpoint written now)") or 130 ("interrupted
-(Ctrl-C)"), and one during summary.json's write left no summary. Now the command exits 0 with a line saying the signal
+(Ctrl-C)"), and one during summary.json's write left no summary; in the interpreter's shutdown, after main returned,
+a SIGTERM killed it (143, no line) and a Ctrl-C printed a KeyboardInterrupt traceback. Now the command exits 0 with a line saying the signal
 came after the run finished (`dlrm.stop_signal.LateSignals`). Each signal is sent by the process to itself at a chosen
 point (a patched function), so nothing here depends on timing.
 """
@@ -40,7 +41,25 @@ if at in ("write", "write_fails"):
     trainer.write_summary = write_summary
 elif at == "after_done":
     trainer.Trainer.fit = fit
+elif at == "threads":  # as the interpreter joins the threads, after train.py's main returned
+    import threading
+    real_shutdown = threading._shutdown
+    def shutdown():
+        kill()
+        return real_shutdown()
+    threading._shutdown = shutdown
+elif at in ("exit_function", "after_exit_functions"):
+    import atexit
+    if at == "after_exit_functions":  # registered before train.py's: run after it, as the modules' teardown would
+        atexit.register(kill)
+    else:  # registered during the run, as torch's and multiprocessing's are: run before train.py's
+        def fit(self):
+            atexit.register(kill)
+            return real_fit(self)
+        trainer.Trainer.fit = fit
 from dlrm.cli import main
+from dlrm.stop_signal import LateSignals
+LateSignals.until_exit = True  # as train.py
 main(sys.argv[3:])
 """
 
@@ -86,3 +105,41 @@ def test_a_signal_before_a_failed_summary_write_leaves_the_failure_said(tmp_path
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"file system error: {tmp_path / 'tb' / 'r' / 'summary.json'}: No space left on device" in done.stderr
     assert "arrived after" not in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("at", ["threads", "exit_function"])
+def test_a_signal_in_the_interpreters_shutdown_exits_0_saying_so(tmp_path, config, name, at):
+    done = train_py(tmp_path, config, name, at)
+    assert done.returncode == 0, done.stderr[-2000:]  # SIGTERM: was 143 (killed, no line)
+    assert f"WARNING {name} arrived after the run finished (" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_after_the_last_exit_function_is_ignored(tmp_path, config, name):
+    """Past train.py's exit function, in the modules' teardown, no Python code says anything: the signal is ignored
+    (it took its default action there: a SIGTERM killed the finished run, 143)."""
+    done = train_py(tmp_path, config, name, "after_exit_functions")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "arrived after" not in done.stderr, done.stderr[-2000:]
+
+
+def test_main_called_in_process_puts_the_handlers_it_found_back(tmp_path, config):
+    """Only train.py (`LateSignals.until_exit`) keeps them to the process's end: a caller of `main` (click's CliRunner) goes on with
+    its own Ctrl-C and SIGTERM."""
+    import signal
+
+    from click.testing import CliRunner
+
+    from dlrm import cli
+    from dlrm.logging_setup import configure_logging
+
+    found = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    try:
+        result = CliRunner().invoke(cli.main, ["--config", str(config), "--tb-dir", str(tmp_path / "tb"), "--run-name",
+                                               "r", "--max-steps", "2"])
+    finally:
+        configure_logging()  # (main pointed loguru at CliRunner's stderr, closed now)
+    assert result.exit_code == 0, result.output
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == found
