@@ -458,19 +458,7 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
                 lambda run_dir: late.begin(f"the run finished ({run_dir / 'summary.json'} written)"))
             summary = train(cfg, resume=resume, allow_config_change=allowed_changes, results_written=written)
             if export:  # the best evaluation's model when the run kept one, else the final one
-                try:
-                    export_mod.export_checkpoint(cfg, Path(_best_checkpoint(summary) or summary["checkpoint"]), export)
-                except ConfigError as e:  # (OUT made meanwhile, its directory removed): the command given again
-                    # trains nothing but is refused ("run directory exists"); say how to export the trained run
-                    raise ConfigError(f"{e} (the run is trained and kept: export it with --checkpoint "
-                                      f"{summary['run_dir']} --export OUT.pt2)") from None
-                except MemoryError as e:  # refused before the checkpoint was read (`dlrm.train.checkpoint_memory`)
-                    if not getattr(e, "dlrm_refused", False):
-                        raise
-                    kept = MemoryError(f"{e} (the run is trained and kept: export it with --checkpoint "
-                                       f"{summary['run_dir']} --export OUT.pt2)")
-                    kept.dlrm_refused = True
-                    raise kept from None
+                export_mod.export_trained(cfg, Path(_best_checkpoint(summary) or summary["checkpoint"]), export, summary)
 
 
 def check_not_own_record(config_path: str, cfg: Config, overrides: dict, eval_only: bool) -> None:

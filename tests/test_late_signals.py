@@ -41,6 +41,13 @@ if at in ("write", "write_fails"):
     trainer.write_summary = write_summary
 elif at == "after_done":
     trainer.Trainer.fit = fit
+elif at == "export":  # as the export after training starts (it builds the model, then torch.export)
+    from dlrm.train import export
+    real_export = export.export_checkpoint
+    def export_checkpoint(*args, **kwargs):
+        kill()
+        return real_export(*args, **kwargs)
+    export.export_checkpoint = export_checkpoint
 elif at == "threads":  # as the interpreter joins the threads, after train.py's main returned
     import threading
     real_shutdown = threading._shutdown
@@ -64,8 +71,8 @@ main(sys.argv[3:])
 """
 
 
-def train_py(tmp_path, config, name: str, at: str, run: str = "r") -> subprocess.CompletedProcess:
-    args = ["--config", str(config), "--tb-dir", str(tmp_path / "tb"), "--run-name", run, "--max-steps", "4"]
+def train_py(tmp_path, config, name: str, at: str, *more: str) -> subprocess.CompletedProcess:
+    args = ["--config", str(config), "--tb-dir", str(tmp_path / "tb"), "--run-name", "r", "--max-steps", "4", *more]
     return subprocess.run([sys.executable, "-c", SCRIPT, name, at, *args], cwd=tmp_path, env=CHILD_ENV,
                           capture_output=True, text=True, timeout=240)
 
@@ -143,3 +150,18 @@ def test_main_called_in_process_puts_the_handlers_it_found_back(tmp_path, config
         configure_logging()  # (main pointed loguru at CliRunner's stderr, closed now)
     assert result.exit_code == 0, result.output
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == found
+
+
+@pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_during_the_export_after_training_says_the_run_is_kept(tmp_path, config, name, code):
+    """The run finished (summary.json written), its --export did not: it said "SIGTERM: stopped at once, outside the
+    training steps (no checkpoint written now)" (or "interrupted (Ctrl-C)"), as if the run were lost."""
+    out = tmp_path / "m.pt2"
+    done = train_py(tmp_path, config, name, "export", "--export", str(out))
+    assert done.returncode == code, done.stderr[-2000:]
+    run = tmp_path / "tb" / "r"
+    assert f"WARNING {name} stopped the export to {out}: nothing written there; the run is trained and kept (its " \
+           f"summary.json written): export it with --checkpoint {run} --export {out}" in done.stderr, done.stderr[-2000:]
+    assert "stopped at once" not in done.stderr and "interrupted (Ctrl-C)" not in done.stderr
+    assert (run / "summary.json").is_file()
+    assert [p.name for p in tmp_path.iterdir() if "pt2" in p.name] == []  # no export, no temporary beside it

@@ -23,7 +23,7 @@ from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
 from dlrm.distributed.checkpoint import manifest_of
 from dlrm.model.dlrm import DLRM, build_model
 from dlrm.errors import TrainingStopped
-from dlrm.stop_signal import EXIT_INTERRUPTED, signals_deferred, stop_signal_name
+from dlrm.stop_signal import EXIT_INTERRUPTED, signal_stop_inside, signals_deferred, stop_signal_name
 from dlrm import checkpoint as ckpt
 from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.checkpointer import checkpoint_step
@@ -309,3 +309,31 @@ def export_checkpoint(cfg: Config, checkpoint: Path, path: Path) -> Path:
     source = f"{checkpoint}" + (f" (step {step})" if step is not None else "")
     return export_model(model_from_checkpoint(cfg, checkpoint, tables, device, portable=True), path, tables.dense_format,
                         source)
+
+
+def export_trained(cfg: Config, checkpoint: Path, path: Path, summary: dict) -> Path:
+    """``--export`` after training (or a ``--resume`` of a finished run): `export_checkpoint`, whose refusal or stop
+    says how to export the run, trained and kept (`summary`'s run_dir): the command given again trains nothing but is
+    refused ("run directory exists"). A SIGTERM or Ctrl-C there said "stopped at once, outside the training steps (no
+    checkpoint written now)" or "interrupted (Ctrl-C)": as if the run were lost, where only the export is missing."""
+    try:
+        return export_checkpoint(cfg, checkpoint, path)
+    except ConfigError as e:  # (OUT made meanwhile, its directory removed)
+        raise ConfigError(f"{e} (the run is trained and kept: export it with --checkpoint {summary['run_dir']} "
+                          "--export OUT.pt2)") from None
+    except MemoryError as e:  # refused before the checkpoint was read (`dlrm.train.checkpoint_memory`)
+        if not getattr(e, "dlrm_refused", False):
+            raise
+        kept = MemoryError(f"{e} (the run is trained and kept: export it with --checkpoint {summary['run_dir']} "
+                           "--export OUT.pt2)")
+        kept.dlrm_refused = True
+        raise kept from None
+    except (Exception, KeyboardInterrupt) as e:
+        # (a SIGTERM inside torch.export's serializer comes wrapped in its error: `signal_stop_inside`)
+        stop = e if isinstance(e, KeyboardInterrupt) else signal_stop_inside(e)
+        if stop is None:
+            raise
+        raise TrainingStopped(getattr(stop, "exit_code", EXIT_INTERRUPTED),
+                              f"{stop_signal_name(stop)} stopped the export to {path}: nothing written there; the run "
+                              "is trained and kept (its summary.json written): export it with --checkpoint "
+                              f"{summary['run_dir']} --export {path}") from None
