@@ -41,6 +41,12 @@ if at in ("write", "write_fails"):
     trainer.write_summary = write_summary
 elif at == "after_done":
     trainer.Trainer.fit = fit
+elif at == "hparams":  # during the summary's making, before summary.json's write: the run is not finished
+    real_hparams = trainer.log_hparams
+    def log_hparams(*args, **kwargs):
+        kill()
+        return real_hparams(*args, **kwargs)
+    trainer.log_hparams = log_hparams
 elif at == "export":  # as the export after training starts (it builds the model, then torch.export)
     from dlrm.train import export
     real_export = export.export_checkpoint
@@ -165,3 +171,20 @@ def test_a_signal_during_the_export_after_training_says_the_run_is_kept(tmp_path
     assert "stopped at once" not in done.stderr and "interrupted (Ctrl-C)" not in done.stderr
     assert (run / "summary.json").is_file()
     assert [p.name for p in tmp_path.iterdir() if "pt2" in p.name] == []  # no export, no temporary beside it
+
+
+@pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_during_the_summarys_making_names_the_checkpoint_that_holds_the_run(tmp_path, config, name, code):
+    """Before summary.json the run is not finished: it stops at once, as before, but said "SIGTERM: stopped at once,
+    outside the training steps (no checkpoint written now)" or "interrupted (Ctrl-C)", not that the last step's
+    checkpoint holds the whole run (as a signal during the last evaluation says); its --resume makes the summary."""
+    done = train_py(tmp_path, config, name, "hparams")
+    assert done.returncode == code, done.stderr[-2000:]
+    run = tmp_path / "tb" / "r"
+    assert f"WARNING stopped by signal ({name}) at step 4, after its last evaluation; checkpoint " \
+           f"{run / 'checkpoints' / 'step-00000004.pt'}" in done.stderr, done.stderr[-2000:]
+    assert not (run / "summary.json").exists()
+    if name == "SIGTERM":
+        resumed = train(load_config(config, {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": "r",
+                                             "train.max_steps": 4}), resume="latest")
+        assert resumed["resumed_at_step"] == 4 and resumed["steps"] == 4 and (run / "summary.json").is_file()

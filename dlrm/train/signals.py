@@ -90,7 +90,7 @@ class GracefulStop:
 
 @contextlib.contextmanager
 def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callable[[str], str],
-                held: Optional[GracefulStop] = None) -> Iterator[None]:
+                held: Optional[GracefulStop] = None, said_alone: bool = False) -> Iterator[None]:
     """A distributed run's phase outside the training steps that holds collectives (its start; its last evaluation,
     checkpoint and summary): a SIGINT/SIGTERM there is held until the phase ends, where the ranks agree on it (one
     all-reduce MAX), and then every rank raises `TrainingStopped` with the same code (128 + the largest signal any rank got) and
@@ -99,9 +99,18 @@ def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callabl
     die of gloo's "Connection closed by peer" traceback (a bug's exit 1) or at the process group's timeout. The stop
     comes at the phase's end (the start: no checkpoint; the last evaluation: after its checkpoint); a second signal
     stops at once. `held`: the run's `held_signals`, which holds the phase's signals (and any from before it) instead
-    of a handler of its own. One process: nothing changes (`StopAtOnce` stops it at once)."""
+    of a handler of its own. One process: nothing changes (`StopAtOnce` stops it at once), unless `said_alone`
+    (the summary's making, after the last checkpoint): its stop at once says ``message`` too, as several ranks' does
+    (it said "SIGTERM: stopped at once, outside the training steps (no checkpoint written now)" or "interrupted
+    (Ctrl-C)", and not that the last step's checkpoint holds the whole run, for a --resume to make the summary)."""
     if not env.distributed:
-        yield
+        try:
+            yield
+        except (TrainingStopped, KeyboardInterrupt) as e:  # (raised where it arrived: `StopAtOnce`, Ctrl-C)
+            if not said_alone or getattr(e, "agreed", False):
+                raise
+            code = getattr(e, "exit_code", 128 + signal.SIGINT)
+            raise TrainingStopped(code, message(signal.Signals(code - 128).name), agreed=True) from None
         return
     doing = f"stopping {where}, once every rank knows"
     if held is not None:  # installed (`held_signals`): what it holds from before this phase counts too

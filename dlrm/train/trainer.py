@@ -445,7 +445,7 @@ class Trainer(WindowLogging):
                 # at the profiled step: the trace counts its steps from the session's first (`meter.start_step`)
                 log_profile(writer, self.run_dir.path, self.device, self.meter.start_step)
             alone.release()  # (one process: the summary's making stops at once again, the checkpoint written)
-        with agreed_stop(env, self.device, "before writing the summary", stopped, held):
+        with agreed_stop(env, self.device, "before writing the summary", stopped, held, said_alone=True):
             summary = self._finish()
         self.results_written(self.run_dir.path)  # (train.py: a signal from here on stops nothing, `LateSignals`)
         if env.is_main:
