@@ -36,10 +36,12 @@ def write_summary(*args, **kwargs):
 def fit(self):
     summary = real_fit(self)
     kill()  # after the run's last line
+    if at == "after_done_twice":
+        kill()
     return summary
 if at in ("write", "write_fails"):
     trainer.write_summary = write_summary
-elif at == "after_done":
+elif at in ("after_done", "after_done_twice"):
     trainer.Trainer.fit = fit
 elif at == "hparams":  # during the summary's making, before summary.json's write: the run is not finished
     real_hparams = trainer.log_hparams
@@ -98,6 +100,14 @@ def test_a_signal_after_the_runs_last_line_exits_0_saying_so(tmp_path, config, n
     assert "stopped" not in done.stderr and "interrupted" not in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert json.loads(summary.read_text())["steps"] == 4
+
+
+def test_a_second_signal_after_the_run_finished_stops_at_once(tmp_path, config):
+    """As during training: a shutdown that hangs can still be stopped (by its default action: killed)."""
+    done = train_py(tmp_path, config, "SIGTERM", "after_done_twice")
+    assert done.returncode in (-15, 143), done.stderr[-2000:]
+    assert "WARNING SIGTERM again after the run finished (" in done.stderr and "): stopping now" in done.stderr
+    assert (tmp_path / "tb" / "r" / "summary.json").is_file()
 
 
 def test_a_signal_as_summary_json_is_written_lets_it_finish(tmp_path, config):
