@@ -51,10 +51,11 @@ contents and the split of every line depend only on the inputs and options, neve
 the number of workers.
 
 Before anything is written, every option, the inputs (each an existing, readable file, given once:
-another spelling of a path, a symlink or a hard link to a file already listed is refused; an archive such
-as Kaggle's ``dac.tar.gz``, or a bzip2, xz or zstd file, is named as such, `input_kinds`) and the
-output location are checked (`options`); a run that fails before it finished a chunk removes what
-it created, so the corrected command starts afresh.
+another spelling of a path, a symlink or a hard link to a file already listed is refused, and so is a
+copy of its data, plain or gzip'ed, `same_content`; an archive such as Kaggle's ``dac.tar.gz``, or a
+bzip2, xz or zstd file, is named as such, `input_kinds`) and the output location are checked
+(`options`); a run that fails before it finished a chunk removes what it created, so the corrected
+command starts afresh.
 
 Modules (this package re-exports the names other code uses)::
 
@@ -65,6 +66,7 @@ Modules (this package re-exports the names other code uses)::
     input_kinds archives and codecs the preprocessor does not read, named from their magic bytes
     cut_line    a file cut off inside its last value
     line_endings lines ended by a carriage return alone, named as such
+    same_content two inputs of the same data (a copy; plain and gzip'ed), refused
     splits      `SplitPlan`, the counter-based `random_uniform`
     stats       `DistinctCounter`, per-chunk `sparse_stats`
     worker      one chunk in a worker process (parse, split, write shards)

@@ -23,6 +23,7 @@ from dlrm.data.preprocess.constants import DEFAULT_SPARSE_LAYOUT, PROGRESS_DIR, 
 from dlrm.data.preprocess.errors import PreprocessError
 from dlrm.data.preprocess.frequency import AUTO
 from dlrm.data.preprocess.input_kinds import unreadable_kind
+from dlrm.data.preprocess.same_content import same_bytes
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE, SPARSE_LAYOUTS, SPLITS
 
 SPLIT_MODES = ("sequential", "random", "days")
@@ -298,6 +299,7 @@ def check_inputs(inputs: Any, split: str) -> list[Path]:
         if len(paths) < 2:
             raise PreprocessError("--split days needs the day files in order (at least 2: train days and the last day)")
         paths = _order_days(paths)
+    same_bytes(paths)  # a copy under another name (`same_content`; gzip'ed data is compared after the count pass)
     return paths
 
 

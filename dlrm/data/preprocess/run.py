@@ -36,6 +36,7 @@ from dlrm.data.preprocess.output import (
     _remove_temp_files,
 )
 from dlrm.data.preprocess.replace import STAGING, finish_replacement, stages_into, swap_committed
+from dlrm.data.preprocess.same_content import same_data
 from dlrm.data.preprocess.scan import FileScan, _count_pass, count_pass_tasks
 from dlrm.data.preprocess.schedule import _run_inline, _run_pool, _RunState
 from dlrm.data.preprocess.splits import SplitPlan
@@ -77,7 +78,7 @@ def preprocess(
     Args:
         inputs: raw files in order (TSV without header or CSV with header; plain or gzip), each
             once (another spelling of a path, a symlink or a hard link to a file already listed
-            is refused).
+            is refused, and so is a copy of its data, plain or gzip'ed: `same_content`).
         output: the dataset directory.
         input_format: "auto" (from the first line of each file), "tsv" or "csv".
         split: "sequential" (Kaggle), "days" (Terabyte) or "random"; see `SplitPlan`.
@@ -266,6 +267,7 @@ class _Run:
             logger.info("counting the lines of {} input file(s)", len(self.paths))
             self.use_pool(count_pass_tasks(self.paths, o.workers))
             self.scans = _count_pass(self.paths, o.input_format, o.chunk_rows, self.pool, o.workers, o.progress)
+            same_data(self.scans)  # gzip'ed data also given plain, or gzip'ed twice (plain copies: `check_inputs`)
         for sc in self.scans:
             if sc.trailing_blank:
                 logger.info("{}: ends in {:,} empty line(s) after its last record: left out (an editor's or a tool's "
