@@ -32,3 +32,21 @@ def cr_advice(path: str | None, compressed: bool = False) -> str:
     quoted = shlex.quote(str(path))
     how = f"zcat {quoted} | tr '\\r' '\\n' > NEW_FILE" if compressed else f"tr '\\r' '\\n' < {quoted} > NEW_FILE"
     return f"the file's lines end in {ending}; convert it, e.g. {how}"
+
+
+def trailing_separator_hint(line: bytes, delim: int, nfields: int) -> str:
+    """`` (...)`` when a line of more than 40 fields (or a header of more than 40 columns) ends in as many separators as
+    it has fields too many: an exporter that writes a tab (or a comma) after the last field makes an empty 41st field of
+    every line, which the field count alone ("found 41") did not say; else ""."""
+    extra = nfields - NUM_FIELDS
+    sep = bytes([delim])
+    if extra <= 0 or not line.rstrip(b"\r").endswith(sep * extra):
+        return ""
+    name = {ord("\t"): "tab", ord(","): "comma"}.get(delim, repr(chr(delim)))
+    escaped = "\\t" if delim == ord("\t") else chr(delim)
+    if extra == 1:
+        what, empty, them = f"a {name}", f"its {NUM_FIELDS + 1}st field is", "it"
+    else:
+        what, empty, them = f"{extra} {name}s", f"its fields {NUM_FIELDS + 1}-{nfields} are", "them"
+    return (f" (the line ends with {what}, so {empty} empty: a separator after the last field? remove {them} from "
+            f"every line, e.g. with sed 's/{escaped * extra}$//')")

@@ -9,7 +9,7 @@ import numpy as np
 
 from dlrm.data.preprocess.constants import _M64, _U, INT32_MAX, NUM_FIELDS, RAW_COLUMNS
 from dlrm.data.preprocess.errors import BadLine, BadLineError, field_text
-from dlrm.data.preprocess.line_endings import cr_advice, cr_ended
+from dlrm.data.preprocess.line_endings import cr_advice, cr_ended, trailing_separator_hint
 from dlrm.data.schema import (
     MISSING_SPARSE,
     NUM_DENSE,
@@ -436,6 +436,8 @@ def _drop_wrong_field_counts(cb: _Buffer, delim: int, source: str, first_line: i
                           f"a {other[1].upper()} file? give --format {other[1]} or auto)")
         elif cr_ended(body[line_start[i]:nl[i]].tobytes()):  # (a file's first line says it in the count pass)
             found += f" ({cr_advice(None)})"
+        else:  # "found 41" alone did not say that the extra field is the empty one after a separator at the end
+            found += trailing_separator_hint(body[line_start[i]:nl[i]].tobytes(), delim, int(nfields[i]))
         first_bad = BadLine(
             source,
             first_line + i,

@@ -13,7 +13,7 @@ import numpy as np
 
 from dlrm.data.preprocess.constants import _GZIP_ERRORS, _READ_BLOCK, DEFAULT_CHUNK_ROWS, NUM_FIELDS, RAW_COLUMNS
 from dlrm.data.preprocess.errors import BadLine, PreprocessError, field_text, quoted
-from dlrm.data.preprocess.line_endings import cr_advice, cr_ended
+from dlrm.data.preprocess.line_endings import cr_advice, cr_ended, trailing_separator_hint
 from dlrm.data.preprocess.parse import _delimiter_of
 from dlrm.logging_setup import ProgressBar, bar_interval
 
@@ -177,16 +177,17 @@ def _detect_format(first_line: bytes, path: Path, fmt: str) -> tuple[str, bool]:
     # A line naming the label column anywhere (pandas' index column before it, another case) is a header that does not
     # match: named as such, not parsed as data ("column label: 'Label' is not a label", "found 41 fields")
     if header or b"label" in (f.strip().lower() for f in fields):
-        _check_header(fields, path)
+        _check_header(fields, path, delim)
     return fmt, header
 
 
-def _check_header(fields: list[bytes], path: Path) -> None:
+def _check_header(fields: list[bytes], path: Path, delim: bytes) -> None:
     """The header must name the columns in the order the parser reads them: fields are taken by
     position, so swapped or misnamed columns would silently mix up the features."""
     if len(fields) != NUM_FIELDS:
         index = " (an index column before label? write the file with pandas' index=False)" \
-            if len(fields) == NUM_FIELDS + 1 and fields[1].strip() == b"label" else ""
+            if len(fields) == NUM_FIELDS + 1 and fields[1].strip() == b"label" else \
+            trailing_separator_hint(delim.join(fields), delim[0], len(fields))
         raise PreprocessError(f"{path}:1: the header has {len(fields)} fields, expected {NUM_FIELDS}{index}")
     for i, (field, expected) in enumerate(zip(fields, RAW_COLUMNS)):
         found = field_text(field.strip())
