@@ -22,8 +22,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from loguru import logger
+
 from dlrm.data.preprocess.constants import _GZIP_ERRORS, _READ_BLOCK
 from dlrm.data.preprocess.errors import PreprocessError
+from dlrm.data.preprocess.scan import _iter_blocks
 
 _HEAD_BYTES = 1 << 16  # files of one size are first told apart by a digest of this much of their start
 
@@ -54,8 +57,6 @@ def same_data(scans: list) -> None:
     gzip'ed, or gzip'ed twice: gzip records the name and time, so the compressed bytes differ); after the count pass,
     from its `FileScan`s: only files with the same decompressed size and line count are compared. Pairs of plain files
     were compared by `same_bytes`."""
-    from dlrm.data.preprocess.scan import _iter_blocks
-
     groups: dict[tuple[int, int, bool], list] = defaultdict(list)
     for sc in scans:
         if sc.error is None and sc.lines:  # (an empty or corrupt file: refused or skipped as such)
@@ -65,7 +66,10 @@ def same_data(scans: list) -> None:
             for i, a in enumerate(group):
                 for b in group[i + 1:]:
                     pa, pb = Path(a.path), Path(b.path)
-                    if (a.compressed or b.compressed) and _equal(_iter_blocks(pa), _iter_blocks(pb)):
+                    if not (a.compressed or b.compressed):
+                        continue
+                    logger.info("{} and {}: as many bytes and lines once decompressed; comparing them", pa, pb)
+                    if _equal(_iter_blocks(pa), _iter_blocks(pb)):
                         _refuse(pa, pb, "the same data as",
                                 " once decompressed" if a.compressed != b.compressed else " once both are decompressed")
 
@@ -73,6 +77,8 @@ def same_data(scans: list) -> None:
 def _refuse_equal(paths: list[Path], blocks, what: str) -> None:
     for i, a in enumerate(paths):
         for b in paths[i + 1:]:
+            # a copy of a day file is read whole, twice, before the count pass and its bar: said, not a silent wait
+            logger.info("{} and {}: the same size and first 64 KiB; comparing them to their end", a, b)
             if _equal(blocks(a), blocks(b)):
                 _refuse(a, b, what, "")
 
