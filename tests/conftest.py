@@ -114,6 +114,22 @@ def _restore_deterministic_mode():
         torch.use_deterministic_algorithms(_DETERMINISTIC_AT_START[0], warn_only=_DETERMINISTIC_AT_START[1])
 
 
+@pytest.fixture
+def clock(monkeypatch):
+    """``clock(seconds)`` makes `seconds` pass at once for every later ``time.perf_counter()`` (a monotonic clock that
+    jumps, as it would across a sleep of the calling thread). A test that times a slow phase (a loader's shutdown, an
+    evaluation) against the training steps around it jumps the clock instead of sleeping: a real sleep of 2 s was "far
+    longer than the steps" until CI's 2 loaded cores trained 20 steps in more than 2 s."""
+    import time
+
+    real, skipped = time.perf_counter, [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + skipped[0])
+
+    def advance(seconds: float) -> None:
+        skipped[0] += seconds
+    return advance
+
+
 def process_output(result, tail: int = 3000) -> str:
     """A failed subprocess's output for an assertion message: the last `tail` characters of its stdout and stderr,
     led, when a process it started died of a fatal signal, by faulthandler's report (the signal and each thread's

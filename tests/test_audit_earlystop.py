@@ -30,18 +30,6 @@ BATCH = 16
 SLOW = 3.0  # seconds the training loader takes to stop (its producer thread's join)
 
 
-@pytest.fixture
-def clock(monkeypatch):
-    """``clock(seconds)`` makes `seconds` pass at once for every later ``time.perf_counter()`` (a monotonic clock that
-    jumps, as it would across a sleep of the calling thread)."""
-    real, skipped = time.perf_counter, [0.0]
-    monkeypatch.setattr(time, "perf_counter", lambda: real() + skipped[0])
-
-    def advance(seconds: float) -> None:
-        skipped[0] += seconds
-    return advance
-
-
 BASE = {
     "data": {"batch_size": BATCH, "shuffle": True, "drop_last": True},
     "model": {"embedding_dim": 4, "bottom_mlp": [8, 4], "top_mlp": [8, 1]},
