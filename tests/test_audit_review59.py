@@ -5,7 +5,6 @@ without a steady window leaves the train loader's shutdown (and an early stop's 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -103,18 +102,19 @@ def test_eval_only_puts_its_numbers_into_tensorboard(tmp_path):
     assert trained["steps"] == 4
 
 
-def test_a_short_sessions_samples_per_sec_leaves_the_loaders_shutdown_out(tmp_path, monkeypatch):
+def test_a_short_sessions_samples_per_sec_leaves_the_loaders_shutdown_out(tmp_path, monkeypatch, clock):
     """A session of no more steps than the warm-up (a run resumed a few steps before its end, or --max-steps 3) has no
     steady window: its samples/s is its loop's average, which ran to the loop's end, after the train loader had
     stopped (its producer decoding ahead). The last window leaves that shutdown out since session 58; the average
-    did not. Here the shutdown takes 2 s and the 3 steps far less."""
+    did not. Here the shutdown takes 1000 s of the clock the run reads and the 3 steps far less (a real 2 s sleep was
+    not far more than 3 steps on CI's 2 loaded cores)."""
     from dlrm.data.parquet_loader import ParquetLoader
     from dlrm.train.trainer import train
 
-    shutdown_s, original = 2.0, ParquetLoader.close
+    shutdown_s, original = 1000.0, ParquetLoader.close
 
     def slow_close(self):
-        time.sleep(shutdown_s)
+        clock(shutdown_s)
         original(self)
 
     monkeypatch.setattr(ParquetLoader, "close", slow_close)
@@ -124,21 +124,22 @@ def test_a_short_sessions_samples_per_sec_leaves_the_loaders_shutdown_out(tmp_pa
     assert summary["samples_per_sec"] > summary["samples"] / shutdown_s, summary["samples_per_sec"]
 
 
-def test_an_early_stop_after_its_last_window_keeps_the_evaluation_out_of_the_average():
+def test_an_early_stop_after_its_last_window_keeps_the_evaluation_out_of_the_average(clock):
     """The loop's end taken at its last window's read (before that step's evaluation), the seconds paused after it
-    are not taken off again: 2 steps in 0.2 s, then an evaluation of 0.5 s and a stop."""
+    are not taken off again: 2 steps in 20 s, then an evaluation of 50 s and a stop (jumps of the clock the meter
+    reads: with real sleeps of 0.1-0.5 s, a loaded machine's late wake-ups were a fair share of the bounds)."""
     from dlrm.train.meter import RunStats, StepMeter
 
     meter = StepMeter(torch.device("cpu"), start_step=0, stats=RunStats(), window=2)
     for _ in range(2):
-        time.sleep(0.1)
+        clock(10)
         meter.step(torch.tensor(0.5), samples=100, data_wait_s=0.0)
     meter.log_window(step=2, mean_loss=0.5)
     with meter.paused():
-        time.sleep(0.5)
-    time.sleep(0.3)  # the loader's shutdown after the stop
+        clock(50)
+    clock(30)  # the loader's shutdown after the stop
     meter.finish()
-    assert 200 / 0.25 < meter.samples_per_sec < 200 / 0.19, meter.samples_per_sec
+    assert 200 / 25 < meter.samples_per_sec < 200 / 19, meter.samples_per_sec
 
 
 def test_a_sweep_refuses_a_cap_below_a_vocabulary_table_before_its_first_trial(tmp_path):
