@@ -64,10 +64,12 @@ def test_mlperf_tables_pack_tightly_fast_and_alike(world):
     limit = -(-sum(c == big for c in MLPERF_CARDS) // world) * big  # the fullest rank: its share of the 5 big tables
     plans = []
     for _ in range(2):
-        start = time.perf_counter()
+        # the planner's own CPU seconds (it is single-threaded Python): the wall clock also counted the other
+        # processes of a loaded machine (CI's 2 cores shared by 2 test workers and the ranks they start)
+        start = time.process_time()
         plans.append(plan_sharding(MLPERF_CARDS, world, "table", 10**7, MLPERF_HOT, row_bytes=1,
                                    memory_per_rank=limit))
-        assert time.perf_counter() - start < 1.0
+        assert time.process_time() - start < 1.0
     assert plans[0] == plans[1] and max(_rows(plans[0])) <= limit
 
 
@@ -83,9 +85,9 @@ def test_26_tables_on_8_ranks_exact_fit_is_found_fast():
     rng.shuffle(cards)
     assert len(cards) == 26 and sum(cards) == W * limit
     hot = [rng.randint(1, 20) for _ in cards]
-    start = time.perf_counter()
+    start = time.process_time()
     plan = plan_sharding(cards, W, "table", 10**7, hot, row_bytes=1, memory_per_rank=limit)
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     assert max(_rows(plan)) <= limit
     assert plan_sharding(cards, W, "table", 10**7, hot, row_bytes=1, memory_per_rank=limit) == plan
 
@@ -93,7 +95,7 @@ def test_26_tables_on_8_ranks_exact_fit_is_found_fast():
 def test_infeasible_26_tables_on_8_ranks_are_refused_fast():
     """No packing: 26 tables of 7 rows each into 8 ranks of 20 (two a rank at most: 16 tables), refused under a
     second with the one-line error; and a case that only fails by a row (sum = 8 * limit + 1)."""
-    start = time.perf_counter()
+    start = time.process_time()
     with pytest.raises(ConfigError, match=r"do not fit 8 ranks of 20 bytes"):
         plan_sharding([7] * 26, 8, "table", 10**7, row_bytes=1, memory_per_rank=20)
     rng = random.Random(3)
@@ -101,7 +103,7 @@ def test_infeasible_26_tables_on_8_ranks_are_refused_fast():
     limit = (sum(cards) - 1) // 8
     with pytest.raises(ConfigError, match=r"do not fit 8 ranks"):
         plan_sharding(cards, 8, "table", 10**7, [rng.randint(1, 9) for _ in cards], row_bytes=1, memory_per_rank=limit)
-    assert time.perf_counter() - start < 2.0
+    assert time.process_time() - start < 2.0
 
 
 def test_two_ranks_of_large_tables_filled_to_the_row_are_answered_fast():
@@ -113,12 +115,12 @@ def test_two_ranks_of_large_tables_filled_to_the_row_are_answered_fast():
             [b - a for a, b in zip([0] + cuts[12:], cuts[12:] + [10**8])]
     answers = []
     for _ in range(2):
-        start = time.perf_counter()
+        start = time.process_time()
         try:
             answers.append(plan_sharding(cards, 2, "table", 10**9, row_bytes=1, memory_per_rank=10**8).table_rank)
         except ConfigError as e:
             answers.append(str(e))
-        assert time.perf_counter() - start < 1.0
+        assert time.process_time() - start < 1.0
     assert answers[0] == answers[1]
 
 
@@ -128,12 +130,12 @@ def test_auto_with_many_candidates_under_a_tight_limit_stays_fast():
     rng = random.Random(11)
     cards = [rng.randint(100, 400) for _ in range(26)]
     limit = sum(cards) // 8 + 5
-    start = time.perf_counter()
+    start = time.process_time()
     try:
         plan_sharding(cards, 8, "auto", sorted(cards)[-10], None, row_bytes=1, memory_per_rank=limit)
     except ConfigError:
         pass
-    assert time.perf_counter() - start < 3.0
+    assert time.process_time() - start < 3.0
 
 
 def test_loose_limit_keeps_the_unlimited_plan():
