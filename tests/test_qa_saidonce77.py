@@ -20,10 +20,17 @@ from dlrm.distributed import said_once
 from tests.conftest import CHILD_ENV, REPO, process_output
 
 
+# Without the wait, rank 0's line is held this long after rank 1's report: rank 1 exits at once, and the agent kills
+# rank 0 well within it. At the launch's own delay (1.8 s after the ranks met) rank 1's exit and the agent's poll took
+# longer on 2 loaded cores: the line came out before the kill, and the test of the bug's effect failed (2 of 4 such
+# launches, 4 test processes at once). Rank 0 is killed during the hold, so it costs no time.
+UNFIXED_DELAY_S = 60.0
+
+
 def _launch(tmp_path, args: list[str], delay_s: float, unfixed: bool,
             slow_exit_s: float = 0.0) -> subprocess.CompletedProcess:
-    env = {**CHILD_ENV, "SAID_ONCE_MARK": str(tmp_path / "rank1-reported"), "SAID_ONCE_DELAY_S": str(delay_s),
-           "SAID_ONCE_SLOW_EXIT_S": str(slow_exit_s)}
+    env = {**CHILD_ENV, "SAID_ONCE_MARK": str(tmp_path / "rank1-reported"),
+           "SAID_ONCE_DELAY_S": str(UNFIXED_DELAY_S if unfixed else delay_s), "SAID_ONCE_SLOW_EXIT_S": str(slow_exit_s)}
     if unfixed:
         env["SAID_ONCE_UNFIXED"] = "1"
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
