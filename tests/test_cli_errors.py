@@ -177,6 +177,8 @@ def test_allow_config_change_reaches_the_trainer_as_a_list(tmp_path, trained):
     result = invoke(tmp_path, REPO / "configs/sample.json")
     assert result.exit_code == 0, result.output
     (_, resumed), (_, fresh) = trained
+    # (results_written: the hook by which the trainer tells train.py its results are out, tests/test_late_signals.py)
+    assert callable(resumed.pop("results_written")) and callable(fresh.pop("results_written"))
     assert resumed == {"resume": "latest", "allow_config_change": ["data.batch_size", "optim.dense.lr", "optim.sparse"]}
     assert fresh == {"resume": None, "allow_config_change": []}
 
