@@ -295,11 +295,18 @@ def test_a_resume_weighs_the_checkpoint_it_restores_and_holds_no_second_copy_thr
     error_line(invoke(tmp_path, tmp_path / "c.json", *resume), 4, "the model needs ",
                f"the checkpoint it resumes from {checkpoint.stat().st_size / MiB:,.1f} MiB more, read whole beside them",
                ": resume it on a host with more free memory")
+    def checkpoints_alive() -> list:
+        return [o for o in gc.get_objects() if isinstance(o, dict) and "position" in o and "model" in o]
+
+    # (checkpoints that earlier tests in this process left alive are not this resume's: kept referenced, so that
+    # their ids are not reused, and left out)
+    before = checkpoints_alive()
+    earlier = {id(o) for o in before}
     held = []
     real = trainer.build_run
 
     def build_run(*a, **k):  # no checkpoint's tensors alive through the build (the restore reads them after it)
-        held.extend(o for o in gc.get_objects() if isinstance(o, dict) and "position" in o and "model" in o)
+        held.extend(o for o in checkpoints_alive() if id(o) not in earlier)
         return real(*a, **k)
 
     monkeypatch.setattr(trainer, "build_run", build_run)
