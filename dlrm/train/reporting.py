@@ -23,6 +23,7 @@ from dlrm.checkpoint import write_files_atomic
 from dlrm.config import Config, ConfigError, _field_type
 from dlrm.data.schema import NUM_SPARSE, write_json_atomic
 from dlrm.logging_setup import counted
+from dlrm.train.logloss_check import constant_reference, flag_clause, logloss_flag
 from dlrm.train.metric_text import auc_text, auc_undefined
 from dlrm.train.run_dir import run_dir_present
 from dlrm.train.sessions import absolute_paths, drop_earlier_hparams, with_sessions
@@ -475,7 +476,18 @@ def final_line(summary: dict[str, Any]) -> str:
            if summary.get("data_wait_fraction") is not None else "")
         + f", {summary['wall_s']:.1f}s"
         + _best_clause(summary)
+        + flag_clause(summary)  # a logloss worse than predicting the train click rate (`check_logloss`)
     )
+
+
+def check_logloss(summary: dict[str, Any], meta, writer: SummaryWriter, tag: str = "eval") -> None:
+    """Add the logloss of predicting the train click rate to `summary` (`dlrm.train.logloss_check`), and when the
+    run's last logloss is worse, say so in TensorBoard: text ``<tag>/logloss_worse_than_constant`` at the last step,
+    beside the ``<tag>/logloss`` curve (`tag`: the evaluations' prefix). The final line says it too (`final_line`)."""
+    summary.update(constant_reference(meta, summary["split"]))
+    flag = logloss_flag(summary)
+    if flag:
+        add_markdown(writer, f"{tag}/logloss_worse_than_constant", flag[0].upper() + flag[1:] + ".", summary["steps"])
 
 
 def _best_clause(summary: dict[str, Any]) -> str:

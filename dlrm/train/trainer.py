@@ -37,7 +37,7 @@ from dlrm.train.evaluator import Evaluator, evaluate
 from dlrm.train.placement import choose_placement, resumed_placement
 from dlrm.train.profiling import make_profiler, profiles_step, saves_trace
 from dlrm.train.reporting import (NoWriter, close_quietly, device_name, final_line, log_hparams, log_profile, model_text,
-                                  open_writer, resolved_settings, versions, write_summary)
+                                  open_writer, resolved_settings, versions, write_summary, check_logloss)
 from dlrm.train.resume_policy import (check_dataset_unchanged, check_position, check_resume_config,
                                       check_schedule_length, checkpoint_rows, checkpoint_to_resume, named_as_current,
                                       saved_config, summarized)
@@ -535,6 +535,7 @@ class Trainer(WindowLogging):
         tag = "baseline" + self.evaluator.tag[len("eval"):]
         baseline = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step, tag)
         summary = {**self._summary(metrics, counters, baseline), **self.target.summary(self.pos.step, self.stats.best)}
+        check_logloss(summary, self.meta, writer, self.evaluator.tag)  # vs predicting the train click rate: a flag
         # at the last step (an extended run's come after); the dataset's multi-hot sizes, which the run trained with
         log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step, self.tables.multi_hot_sizes)
         writer.close()
@@ -543,8 +544,7 @@ class Trainer(WindowLogging):
     def _summary(self, metrics: dict, counters: dict, baseline: Optional[dict] = None) -> dict:
         d, stats, device = self.cfg.data, self.stats, self.device
         return {
-            **metrics,
-            "split": d.eval_split, "steps": self.pos.step,
+            **metrics, "split": d.eval_split, "steps": self.pos.step,
             "samples": stats.samples,  # the whole run, across resumes
             "samples_per_sec": self.meter.samples_per_sec,  # this session's steady state
             "data_wait_fraction": self.meter.data_wait_fraction, "warmup_s": self.meter.warmup_s,
