@@ -81,8 +81,10 @@ def test_the_advice_fits_the_train_loss_and_the_best_model():
     overfit = logloss_flag(BASE)
     assert "overfits the 165 train rows (train loss 0.0100)" in overfit and "train.early_stopping" in overfit
     # a train loss no better than the constant's on train: not memorization, so no advice to stop early
-    unfit = logloss_flag({**BASE, "final_train_loss": 0.60})
-    assert "did not fit the train rows either" in unfit and "overfits" not in unfit and "early" not in unfit
+    unfit = logloss_flag({**BASE, "final_train_loss": 0.60, "steps": 3})
+    assert "its train loss 0.6000 is no better than the constant's on train (0.5700): it has not fitted the train " \
+           "rows in 3 steps; train longer" in unfit
+    assert "overfits" not in unfit and "early" not in unfit
     # an earlier evaluation beat the constant and its model was kept: pointed at, rather than advice already taken
     kept = logloss_flag({**BASE, "best": {"step": 35, "logloss": 0.5415, "checkpoint": "/r/checkpoints/best.pt"}})
     assert "the evaluation at step 35 beat it (logloss 0.5415)" in kept and "overfits" not in kept

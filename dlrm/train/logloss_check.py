@@ -74,9 +74,11 @@ def logloss_flag(summary: dict[str, Any]) -> Optional[str]:
                 'stop early on logloss (train.early_stopping {"metric": "logloss"} with train.eval_every: '
                 "checkpoints/best.pt keeps the lowest-logloss model)")
     if train_loss is not None and train_constant is not None:
+        # (the real samples with train.min_steps null: 3 steps, all inside the 67-step warm-up)
         return (text + f"; its train loss {train_loss:.4f} is no better than the constant's on train "
-                f"({train_constant:.4f}): it did not fit the train rows either (the learning rates, optim.dense.lr and "
-                "optim.sparse.lr, may be too high or too low)")
+                f"({train_constant:.4f}): it has not fitted the train rows in {summary.get('steps')} steps; train longer "
+                "(train.epochs, train.min_steps) or check the learning rates and warm-up (optim.dense.lr, "
+                "optim.sparse.lr, optim.schedule.warmup_steps)")
     return text
 
 
