@@ -98,3 +98,16 @@ def test_binary_logloss_is_the_mean_bce_of_the_constant(rate, positives, rows):
     expected = -np.mean(labels * math.log(rate) + (1 - labels) * math.log(1 - rate))
     assert binary_logloss(rate, positives, rows) == pytest.approx(expected, rel=1e-12)
     assert math.isfinite(binary_logloss(0.0, 1, 2)) and math.isfinite(binary_logloss(1.0, 1, 2))  # one-class train
+
+
+def test_the_final_lines_baseline_clause_is_flagged_alike():
+    """The baseline's own line said "worse than 0.5597, the logloss of predicting the train click rate"; the final
+    line repeated its logloss plainly (the real samples: 0.6422 against 0.5597)."""
+    from dlrm.train.baseline import baseline_clause
+
+    base = {"auc": 0.6863, "logloss": 0.6422, "constant_logloss": 0.5597}
+    assert baseline_clause({"auc": 0.7105, "baseline": base}) == \
+        ("; baseline (logistic regression) AUC 0.6863, logloss 0.6422 (worse than the train click rate's 0.5597) "
+         "(DLRM +0.0242 AUC)")
+    assert baseline_clause({"auc": 0.7105, "baseline": {**base, "logloss": 0.55}}) == \
+        "; baseline (logistic regression) AUC 0.6863, logloss 0.5500 (DLRM +0.0242 AUC)"

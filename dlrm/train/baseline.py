@@ -391,5 +391,9 @@ def baseline_clause(summary: dict) -> str:
         return ""
     # a one-class split: both AUCs undefined, and so the margin (it read "AUC nan ... (DLRM +nan AUC)")
     gain = auc_gain_text(summary["auc"], base["auc"])
+    # flagged here too, as the DLRM's own logloss is (`dlrm.train.logloss_check`): the final line read the baseline's
+    # "logloss 0.6422" plainly where its own line, above, said it was worse than the constant's 0.5597
+    worse = base.get("constant_logloss") is not None and base["logloss"] > base["constant_logloss"]
     return (f"; baseline (logistic regression) AUC {auc_text(base)}, logloss {base['logloss']:.4f} "
+            + (f"(worse than the train click rate's {base['constant_logloss']:.4f}) " if worse else "")
             + (f"(DLRM {gain} AUC)" if gain != "n/a" else "(the DLRM's AUC margin n/a)"))
