@@ -232,7 +232,8 @@ SWEEP_METRICS = ("sweep/auc_std", "sweep/logloss_std", "sweep/seeds", "sweep/fai
 """A sweep setting's session metrics beside its ``hparam/*`` (the means over its seeds; `dlrm.sweep_report`)."""
 
 
-def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list[int]] = None) -> dict[str, Any]:
+def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list[int]] = None,
+                    precision: Optional[str] = None) -> dict[str, Any]:
     """A run's HParams: the same keys for every run, and a sweep trial's swept keys (``log.sweep_keys``, as dotted
     names, each of one type in every setting: `swept_value`). A sweep's settings under ``hparams/`` name the same
     (`dlrm.sweep_report`), so whichever run's experiment TensorBoard takes its columns from, its rows and the trials'
@@ -244,12 +245,17 @@ def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list
     apart by nothing. Every run names all of them: the dashboard's columns are those of one run's experiment summary,
     picked arbitrarily, so keys a dot run left out were no columns once its summary was the one picked.
 
+    ``precision`` is `precision` where given: the one the run computed in (`dlrm.train.step.precision_on`, summary.json's
+    ``resolved.precision``), else the config's. The config's "tf32" on a CPU run is fp32 there, as the start line and
+    summary.json say; the column said "tf32", told apart from fp32 runs that trained exactly alike.
+
         >>> from dlrm.config import LogConfig
         >>> session_hparams(Config(log=LogConfig(sweep_keys=["model.dropout", "model.top_mlp"])), 32)["model.top_mlp"]
         '[64, 1]'
     """
     hp = {"batch_size": batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
-          "sparse_lr": cfg.optim.sparse.lr, "precision": cfg.train.precision, "interaction": cfg.model.interaction}
+          "sparse_lr": cfg.optim.sparse.lr, "precision": precision or cfg.train.precision,
+          "interaction": cfg.model.interaction}
     dcn = cfg.model.interaction == "dcn"
     hp.update(cross_layers=cfg.model.cross_layers if dcn else 0, cross_rank=cfg.model.cross_rank if dcn else 0,
               multi_hot_values=sum(multi_hot_sizes) if multi_hot_sizes is not None else NUM_SPARSE)
@@ -293,13 +299,15 @@ def experiment_metrics(cfg: Config) -> tuple[str, ...]:
 
 
 def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: dict[str, float],
-                step: Optional[int] = None, multi_hot_sizes: Optional[list[int]] = None) -> None:
+                step: Optional[int] = None, multi_hot_sizes: Optional[list[int]] = None,
+                device: Optional[torch.device] = None) -> None:
     """The run's hyperparameters (`session_hparams`) and final metrics for the HParams dashboard, in the run's own
     events.
 
     `SummaryWriter.add_hparams` would write them into a new ``<run>/hparams`` run, one more entry per
     run in every dashboard's run list; written here, the run itself is the HParams session (its
-    ``hparam/auc``, ``hparam/logloss``, ``hparam/accuracy`` scalars are the session's metrics).
+    ``hparam/auc``, ``hparam/logloss``, ``hparam/accuracy`` scalars are the session's metrics). `device`: the run's,
+    for the precision it computed in (`session_hparams`); None: the config's.
     Example (a writer on a temporary directory):
 
         >>> import tempfile; from dlrm.config import Config
@@ -316,7 +324,11 @@ def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: di
     values = {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS if not (k == "auc" and auc_undefined(metrics[k]))}
     # _get_file_writer(): the writer's own accessor (it reopens the file if the writer was closed)
     file_writer = writer._get_file_writer()
-    shown = session_hparams(cfg, batch_size, multi_hot_sizes)
+    from dlrm.train.step import precision_on
+
+    # the precision the run computed in on `device` (the config's "tf32" is fp32 on a CPU), as summary.json says it
+    precision = precision_on(cfg.train.precision, device) if device is not None else None
+    shown = session_hparams(cfg, batch_size, multi_hot_sizes, precision)
     _replace_earlier_hparams(writer, shown)
     columns = dict.fromkeys(experiment_metrics(cfg), 0.0)  # (the experiment's metric names; the values are scalars)
     for summary in hparams(shown, columns):

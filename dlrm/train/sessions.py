@@ -61,8 +61,10 @@ def session_hparams_of(summary: dict[str, Any]) -> Optional[dict[str, Any]]:
     from dlrm.train.reporting import session_hparams
 
     try:
-        sizes = ((summary.get("resolved") or {}).get("tables") or {}).get("multi_hot_sizes")
-        return session_hparams(config_from_dict(summary["config"]), summary["batch_size"], sizes)
+        resolved = summary.get("resolved") or {}
+        sizes = (resolved.get("tables") or {}).get("multi_hot_sizes")
+        return session_hparams(config_from_dict(summary["config"]), summary["batch_size"], sizes,
+                               resolved.get("precision"))  # (as the run computed: "tf32" was fp32 on a CPU)
     except (KeyError, TypeError, ValueError, ConfigError):
         return None
 

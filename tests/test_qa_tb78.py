@@ -1,0 +1,54 @@
+"""What TensorBoard shows of a run, against what the run did (QA session 78).
+
+HParams' ``precision`` column: the config's "tf32" on a CPU run, which computes in IEEE fp32 there (the start line, its
+warning and summary.json's ``resolved.precision`` say fp32), read "tf32": such a run was told apart from fp32 runs that
+trained exactly alike, in the run's own session, in summary.json's ``sessions`` and in a sweep setting's session."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlrm.config import load_config
+from dlrm.data import synthetic
+from dlrm.sweep_report import _setting_hparams
+from dlrm.sweep_results import SettingResult
+from dlrm.train.trainer import train
+from tests.conftest import REPO
+from tests.test_tensorboard_summaries import hparams_session_groups
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tb78") / "data"
+    synthetic.generate(out, 160, seed=3, cardinalities="tiny", validation_fraction=0.2, test_fraction=0.0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tf32_run(dataset, tmp_path_factory):
+    tb = tmp_path_factory.mktemp("tb78runs")
+    cfg = load_config(REPO / "configs" / "sample.json", {
+        "data.path": str(dataset), "data.batch_size": 32, "train.device": "cpu", "train.precision": "tf32",
+        "train.max_steps": 2, "train.log_every": 1, "train.eval_every": None, "train.baseline": False,
+        "optim.schedule.warmup_steps": 0, "optim.schedule.decay": "none", "log.tb_dir": str(tb),
+        "log.run_name": "tf32"})
+    return tb, train(cfg)
+
+
+def test_a_tf32_run_on_the_cpu_is_an_fp32_session_in_hparams(tf32_run):
+    tb, summary = tf32_run
+    assert summary["config"]["train"]["precision"] == "tf32" and summary["resolved"]["precision"] == "fp32"
+    (group,) = hparams_session_groups(tb)
+    assert group["hparams"]["precision"] == "fp32"
+    # summary.json's record of the session says it alike
+    (session,) = json.loads((tb / "tf32" / "summary.json").read_text())["sessions"]
+    assert session["hparams"]["precision"] == "fp32"
+
+
+def test_a_sweep_settings_session_names_the_precision_its_trials_computed_in(tf32_run):
+    _, summary = tf32_run
+    hp, _ = _setting_hparams(SettingResult(0, {"optim.dense.lr": summary["config"]["optim"]["dense"]["lr"]},
+                                           [summary]))
+    assert hp["precision"] == "fp32"
