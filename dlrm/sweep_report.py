@@ -171,7 +171,7 @@ def _setting_hparams(r: SettingResult):
     except DatasetError:  # (the dataset gone since, on a --resume that gathered every trial)
         sizes = cfg.model.multi_hot_sizes
     batch = first.get("batch_size")
-    # the precision its trials computed in (summary.json's resolved one: "tf32" is fp32 on a CPU), as their sessions say
-    precision = (first.get("resolved") or {}).get("precision")
+    # what its trials trained with (summary.json's resolved: "tf32" is fp32 on a CPU), as their sessions say
+    resolved = first.get("resolved")
     return session_hparams(cfg, batch if isinstance(batch, int) else cfg.data.batch_size, sizes,
-                           precision if isinstance(precision, str) else None), cfg
+                           resolved if isinstance(resolved, dict) else None), cfg

@@ -115,8 +115,9 @@ def test_the_dashboard_shows_the_cross_network_and_hotness_whichever_run_it_read
         cfg, sizes = runs[name]
         with SummaryWriter(str(tmp_path / f"{prefix}-{name}")) as w:
             log_hparams(w, cfg, 32, {"auc": 0.7, "logloss": 0.5, "accuracy": 0.75}, 1, sizes)
-    assert _experiment_hparams(tmp_path) == ["batch_size", "cross_layers", "cross_rank", "dense_lr", "embedding_dim",
-                                             "interaction", "multi_hot_values", "precision", "sparse_lr"]
+    assert _experiment_hparams(tmp_path) == ["batch_size", "compile", "cross_layers", "cross_rank", "dense_lr",
+                                             "embedding_dim", "interaction", "kernels", "multi_hot_values", "precision",
+                                             "sparse_lr"]
     groups = {g["name"]: g["hparams"] for g in hparams_session_groups(tmp_path)}
     dot, dcn = groups[f"{'a' if first == 'dot' else 'b'}-dot"], groups[f"{'a' if first == 'dcn' else 'b'}-dcn"]
     assert (dot["cross_layers"], dot["cross_rank"], dot["multi_hot_values"]) == (0, 0, NUM_SPARSE)

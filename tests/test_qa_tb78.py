@@ -2,7 +2,10 @@
 
 HParams' ``precision`` column: the config's "tf32" on a CPU run, which computes in IEEE fp32 there (the start line, its
 warning and summary.json's ``resolved.precision`` say fp32), read "tf32": such a run was told apart from fp32 runs that
-trained exactly alike, in the run's own session, in summary.json's ``sessions`` and in a sweep setting's session."""
+trained exactly alike, in the run's own session, in summary.json's ``sessions`` and in a sweep setting's session.
+
+HParams had no column for the kernels or torch.compile a run trained with: the runs of a ``--compare``, one a variant
+(eager, compiled, triton, triton+compiled), were sessions of the same values, told apart by their names alone."""
 
 from __future__ import annotations
 
@@ -10,10 +13,12 @@ import json
 
 import pytest
 
-from dlrm.config import load_config
+from dlrm.config import Config, load_config, validate
 from dlrm.data import synthetic
 from dlrm.sweep_report import _setting_hparams
 from dlrm.sweep_results import SettingResult
+from dlrm.train.compare import KERNEL_SETS, VARIANTS, variant_config
+from dlrm.train.reporting import session_hparams
 from dlrm.train.trainer import train
 from tests.conftest import REPO
 from tests.test_tensorboard_summaries import hparams_session_groups
@@ -42,13 +47,40 @@ def test_a_tf32_run_on_the_cpu_is_an_fp32_session_in_hparams(tf32_run):
     assert summary["config"]["train"]["precision"] == "tf32" and summary["resolved"]["precision"] == "fp32"
     (group,) = hparams_session_groups(tb)
     assert group["hparams"]["precision"] == "fp32"
+    # the kernels and compile it trained with ("auto" resolved on the CPU: PyTorch's, eager)
+    assert (group["hparams"]["kernels"], group["hparams"]["compile"]) == ("torch", "off")
     # summary.json's record of the session says it alike
     (session,) = json.loads((tb / "tf32" / "summary.json").read_text())["sessions"]
-    assert session["hparams"]["precision"] == "fp32"
+    assert (session["hparams"]["precision"], session["hparams"]["kernels"], session["hparams"]["compile"]) == \
+        ("fp32", "torch", "off")
 
 
 def test_a_sweep_settings_session_names_the_precision_its_trials_computed_in(tf32_run):
     _, summary = tf32_run
     hp, _ = _setting_hparams(SettingResult(0, {"optim.dense.lr": summary["config"]["optim"]["dense"]["lr"]},
                                            [summary]))
-    assert hp["precision"] == "fp32"
+    assert (hp["precision"], hp["kernels"], hp["compile"]) == ("fp32", "torch", "off")
+
+
+@pytest.mark.parametrize("variants", [("eager", "compiled-default", "triton", "triton+compiled"),
+                                      ("compiled+step-graph", "triton-embedding+step-graph",
+                                       "triton-embedding-interaction+step-graph", "triton-wgrad+step-graph",
+                                       "triton-embedding-interaction+compiled", "triton-embedding+autotune+step-graph")])
+def test_the_variants_of_a_comparison_are_sessions_of_other_kernels_or_compile(variants):
+    """Each variant's session, with what it trained (summary.json's ``resolved`` on a CUDA device), names its kernels
+    and compile settings: no two variants of other kernels or compile are the same HParams values."""
+    parts = ("embedding", "interaction", "mlp", "loss")
+    shown = {}
+    for name in variants:
+        kernels, mode, step_graph = VARIANTS[name]
+        cfg = variant_config(validate(Config()), name)
+        resolved = {"precision": "fp32", "kernels": dict(zip(parts, KERNEL_SETS[kernels])),
+                    "compile": mode is not None, "compile_mode": mode, "cuda_graph": step_graph}
+        hp = session_hparams(cfg, 32, None, resolved)
+        shown[name] = (hp["kernels"], hp["compile"])
+    assert len(set(shown.values())) == len(variants), shown
+    if "eager" in shown:
+        assert shown["eager"] == ("torch", "off") and shown["triton+compiled"] == ("triton", "default")
+    else:
+        assert shown["triton-embedding+step-graph"] == (
+            "embedding=triton, interaction=torch, mlp=torch, loss=torch", "default+step-graph")

@@ -233,7 +233,7 @@ SWEEP_METRICS = ("sweep/auc_std", "sweep/logloss_std", "sweep/seeds", "sweep/fai
 
 
 def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list[int]] = None,
-                    precision: Optional[str] = None) -> dict[str, Any]:
+                    resolved: Optional[dict] = None) -> dict[str, Any]:
     """A run's HParams: the same keys for every run, and a sweep trial's swept keys (``log.sweep_keys``, as dotted
     names, each of one type in every setting: `swept_value`). A sweep's settings under ``hparams/`` name the same
     (`dlrm.sweep_report`), so whichever run's experiment TensorBoard takes its columns from, its rows and the trials'
@@ -245,17 +245,20 @@ def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list
     apart by nothing. Every run names all of them: the dashboard's columns are those of one run's experiment summary,
     picked arbitrarily, so keys a dot run left out were no columns once its summary was the one picked.
 
-    ``precision`` is `precision` where given: the one the run computed in (`dlrm.train.step.precision_on`, summary.json's
-    ``resolved.precision``), else the config's. The config's "tf32" on a CPU run is fp32 there, as the start line and
-    summary.json say; the column said "tf32", told apart from fp32 runs that trained exactly alike.
+    ``precision``, ``kernels`` and ``compile`` are what the session trained with, from `resolved` (summary.json's
+    ``resolved``: `resolved_settings`), else the config's (`kernels_text`, `compile_text`). The config's "tf32" on a CPU
+    run is fp32 there, as the start line and summary.json say (the column said "tf32": told apart from fp32 runs that
+    trained exactly alike); and without the kernels and compile columns, the runs of a ``--compare`` (one a variant)
+    were sessions of the same values.
 
         >>> from dlrm.config import LogConfig
         >>> session_hparams(Config(log=LogConfig(sweep_keys=["model.dropout", "model.top_mlp"])), 32)["model.top_mlp"]
         '[64, 1]'
     """
     hp = {"batch_size": batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
-          "sparse_lr": cfg.optim.sparse.lr, "precision": precision or cfg.train.precision,
-          "interaction": cfg.model.interaction}
+          "sparse_lr": cfg.optim.sparse.lr, "precision": (resolved or {}).get("precision") or cfg.train.precision,
+          "interaction": cfg.model.interaction, "kernels": kernels_text(cfg, resolved),
+          "compile": compile_text(cfg, resolved)}
     dcn = cfg.model.interaction == "dcn"
     hp.update(cross_layers=cfg.model.cross_layers if dcn else 0, cross_rank=cfg.model.cross_rank if dcn else 0,
               multi_hot_values=sum(multi_hot_sizes) if multi_hot_sizes is not None else NUM_SPARSE)
@@ -266,6 +269,40 @@ def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list
             value = value[part]
         hp[key] = swept_value(key, value)
     return hp
+
+
+def kernels_text(cfg: Config, resolved: Optional[dict] = None) -> str:
+    """The kernels a session trained with, as one HParams value: the kernel set where the four parts share it, else
+    each part's (`resolved`: summary.json's ``resolved``; else the config's, "auto" perhaps).
+
+        >>> kernels_text(Config(), {"kernels": {"embedding": "triton", "interaction": "triton", "mlp": "torch",
+        ...                                     "loss": "torch"}})
+        'embedding=triton, interaction=triton, mlp=torch, loss=torch'
+    """
+    parts = ("embedding", "interaction", "mlp", "loss")
+    held = (resolved or {}).get("kernels")
+    kernels = held if isinstance(held, dict) else vars(cfg.kernels)
+    values = [str(kernels.get(p)) for p in parts]
+    return values[0] if len(set(values)) == 1 else ", ".join(f"{p}={v}" for p, v in zip(parts, values))
+
+
+def compile_text(cfg: Config, resolved: Optional[dict] = None) -> str:
+    """Whether and how a session was compiled, as one HParams value: "off", the compile mode it compiled in, and
+    "+step-graph" with the whole step in one CUDA graph (`resolved`: summary.json's ``resolved``; else the config's,
+    "auto" where it says so).
+
+        >>> compile_text(Config(), {"compile": True, "compile_mode": "default", "cuda_graph": True})
+        'default+step-graph'
+    """
+    if resolved and isinstance(resolved.get("compile"), bool):
+        enabled, mode, graph = resolved["compile"], resolved.get("compile_mode"), resolved.get("cuda_graph")
+    else:
+        c = cfg.train.compile  # (a bool or "auto" before `validate` makes it a section)
+        enabled, mode = (c.enabled, c.mode) if hasattr(c, "enabled") else (c, "default")
+        graph = cfg.train.cuda_graph
+    if enabled == "auto" or graph == "auto":
+        return "auto"
+    return (str(mode) if enabled else "off") + ("+step-graph" if graph is True else "")
 
 
 def swept_value(key: str, value: Any) -> Any:
@@ -300,14 +337,14 @@ def experiment_metrics(cfg: Config) -> tuple[str, ...]:
 
 def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: dict[str, float],
                 step: Optional[int] = None, multi_hot_sizes: Optional[list[int]] = None,
-                device: Optional[torch.device] = None) -> None:
+                resolved: Optional[dict] = None) -> None:
     """The run's hyperparameters (`session_hparams`) and final metrics for the HParams dashboard, in the run's own
     events.
 
     `SummaryWriter.add_hparams` would write them into a new ``<run>/hparams`` run, one more entry per
     run in every dashboard's run list; written here, the run itself is the HParams session (its
-    ``hparam/auc``, ``hparam/logloss``, ``hparam/accuracy`` scalars are the session's metrics). `device`: the run's,
-    for the precision it computed in (`session_hparams`); None: the config's.
+    ``hparam/auc``, ``hparam/logloss``, ``hparam/accuracy`` scalars are the session's metrics). `resolved`: what the
+    session trained with (summary.json's ``resolved``: precision, kernels, compile; `session_hparams`).
     Example (a writer on a temporary directory):
 
         >>> import tempfile; from dlrm.config import Config
@@ -324,11 +361,7 @@ def log_hparams(writer: SummaryWriter, cfg: Config, batch_size: int, metrics: di
     values = {f"hparam/{k}": metrics[k] for k in HPARAM_METRICS if not (k == "auc" and auc_undefined(metrics[k]))}
     # _get_file_writer(): the writer's own accessor (it reopens the file if the writer was closed)
     file_writer = writer._get_file_writer()
-    from dlrm.train.step import precision_on
-
-    # the precision the run computed in on `device` (the config's "tf32" is fp32 on a CPU), as summary.json says it
-    precision = precision_on(cfg.train.precision, device) if device is not None else None
-    shown = session_hparams(cfg, batch_size, multi_hot_sizes, precision)
+    shown = session_hparams(cfg, batch_size, multi_hot_sizes, resolved)
     _replace_earlier_hparams(writer, shown)
     columns = dict.fromkeys(experiment_metrics(cfg), 0.0)  # (the experiment's metric names; the values are scalars)
     for summary in hparams(shown, columns):

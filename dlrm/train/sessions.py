@@ -63,8 +63,8 @@ def session_hparams_of(summary: dict[str, Any]) -> Optional[dict[str, Any]]:
     try:
         resolved = summary.get("resolved") or {}
         sizes = (resolved.get("tables") or {}).get("multi_hot_sizes")
-        return session_hparams(config_from_dict(summary["config"]), summary["batch_size"], sizes,
-                               resolved.get("precision"))  # (as the run computed: "tf32" was fp32 on a CPU)
+        # (as the session trained: "tf32" was fp32 on a CPU, "auto" kernels and compile resolved)
+        return session_hparams(config_from_dict(summary["config"]), summary["batch_size"], sizes, resolved)
     except (KeyError, TypeError, ValueError, ConfigError):
         return None
 

@@ -536,8 +536,8 @@ class Trainer(WindowLogging):
         baseline = run_baseline(cfg, self.meta, self.tables, self.device, env.world_size, writer, self.pos.step, tag)
         summary = {**self._summary(metrics, counters, baseline), **self.target.summary(self.pos.step, self.stats.best)}
         check_logloss(summary, self.meta, writer, self.evaluator.tag)  # vs predicting the train click rate: a flag
-        # at the last step (an extended run's come after); the multi-hot sizes and precision the run trained with
-        log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step, self.tables.multi_hot_sizes, self.device)
+        # at the last step (an extended run's come after); the multi-hot sizes and settings the run trained with
+        log_hparams(writer, cfg, self.data.batch_size, metrics, self.pos.step, self.tables.multi_hot_sizes, summary["resolved"])
         writer.close()
         return summary
 
