@@ -4,6 +4,9 @@ HParams' ``precision`` column: the config's "tf32" on a CPU run, which computes 
 warning and summary.json's ``resolved.precision`` say fp32), read "tf32": such a run was told apart from fp32 runs that
 trained exactly alike, in the run's own session, in summary.json's ``sessions`` and in a sweep setting's session.
 
+HParams had no column for the run's length: a 60-step run's AUC stood beside a 1406-step run's as that of the same
+settings (the README's first command beside a --compare of it at --max-steps 60).
+
 HParams had no column for the kernels or torch.compile a run trained with: the runs of a ``--compare``, one a variant
 (eager, compiled, triton, triton+compiled), were sessions of the same values, told apart by their names alone."""
 
@@ -34,18 +37,31 @@ def dataset(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tf32_run(dataset, tmp_path_factory):
     tb = tmp_path_factory.mktemp("tb78runs")
-    cfg = load_config(REPO / "configs" / "sample.json", {
+    return tb, train(_run(dataset, tb, "tf32"))
+
+
+def _run(dataset, tb, name, **overrides):
+    return load_config(REPO / "configs" / "sample.json", {
         "data.path": str(dataset), "data.batch_size": 32, "train.device": "cpu", "train.precision": "tf32",
         "train.max_steps": 2, "train.log_every": 1, "train.eval_every": None, "train.baseline": False,
         "optim.schedule.warmup_steps": 0, "optim.schedule.decay": "none", "log.tb_dir": str(tb),
-        "log.run_name": "tf32"})
-    return tb, train(cfg)
+        "log.run_name": name, **overrides})
+
+
+def test_runs_of_other_lengths_are_sessions_of_other_steps_a_resumed_one_its_new_length(dataset, tf32_run):
+    tb, _ = tf32_run
+    train(_run(dataset, tb, "longer", **{"train.max_steps": 3}))
+    groups = {g["name"]: g["hparams"] for g in hparams_session_groups(tb)}
+    assert (groups["tf32"]["steps"], groups["longer"]["steps"]) == (2, 3)
+    train(_run(dataset, tb, "longer", **{"train.max_steps": 4}), resume="latest")
+    groups = {g["name"]: g["hparams"] for g in hparams_session_groups(tb)}
+    assert groups["longer"]["steps"] == 4
 
 
 def test_a_tf32_run_on_the_cpu_is_an_fp32_session_in_hparams(tf32_run):
     tb, summary = tf32_run
     assert summary["config"]["train"]["precision"] == "tf32" and summary["resolved"]["precision"] == "fp32"
-    (group,) = hparams_session_groups(tb)
+    group = next(g for g in hparams_session_groups(tb) if g["name"] == "tf32")
     assert group["hparams"]["precision"] == "fp32"
     # the kernels and compile it trained with ("auto" resolved on the CPU: PyTorch's, eager)
     assert (group["hparams"]["kernels"], group["hparams"]["compile"]) == ("torch", "off")

@@ -262,14 +262,15 @@ def test_hparams_are_in_the_run_itself_and_the_plugin_lists_the_run(profiled_run
     assert [g["name"] for g in groups] == ["prof"]
     (group,) = groups
     cfg = tiny_config(dataset, profiled_run.parent)  # the run's model and optimizer settings
+    summary = json.loads((profiled_run / "summary.json").read_text())
     assert group["hparams"] == pytest.approx({
         "batch_size": 32, "precision": "fp32", "embedding_dim": cfg.model.embedding_dim,
         "dense_lr": cfg.optim.dense.lr, "sparse_lr": cfg.optim.sparse.lr, "interaction": cfg.model.interaction,
         "cross_layers": 0, "cross_rank": 0, "multi_hot_values": 26,  # no cross network, one-hot data
-        "kernels": "torch", "compile": "off"})  # as trained ("auto" resolved on the CPU)
+        "kernels": "torch", "compile": "off",  # as trained ("auto" resolved on the CPU)
+        "steps": summary["steps"]})
     assert cfg.optim.dense.lr != cfg.optim.sparse.lr
     metrics = {m["name"]["tag"]: m["value"] for m in group["sessions"][0]["metricValues"]}
-    summary = json.loads((profiled_run / "summary.json").read_text())
     assert metrics == pytest.approx({f"hparam/{k}": summary[k] for k in ("auc", "logloss", "accuracy")}, abs=1e-6)
     scalars = {tag: [e.value for e in acc.Scalars(tag)] for tag in metrics}
     assert scalars == {tag: [pytest.approx(value, abs=1e-6)] for tag, value in metrics.items()}

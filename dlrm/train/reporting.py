@@ -249,7 +249,9 @@ def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list
     ``resolved``: `resolved_settings`), else the config's (`kernels_text`, `compile_text`). The config's "tf32" on a CPU
     run is fp32 there, as the start line and summary.json say (the column said "tf32": told apart from fp32 runs that
     trained exactly alike); and without the kernels and compile columns, the runs of a ``--compare`` (one a variant)
-    were sessions of the same values.
+    were sessions of the same values. ``steps``: the steps the run was set to train (``train.max_steps`` or its epochs';
+    early stopping may end it sooner; a resumed run's, its last session's), a blank cell where unknown: a 60-step run's
+    AUC stood beside a 1406-step run's as that of the same settings.
 
         >>> from dlrm.config import LogConfig
         >>> session_hparams(Config(log=LogConfig(sweep_keys=["model.dropout", "model.top_mlp"])), 32)["model.top_mlp"]
@@ -258,7 +260,7 @@ def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list
     hp = {"batch_size": batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
           "sparse_lr": cfg.optim.sparse.lr, "precision": (resolved or {}).get("precision") or cfg.train.precision,
           "interaction": cfg.model.interaction, "kernels": kernels_text(cfg, resolved),
-          "compile": compile_text(cfg, resolved)}
+          "compile": compile_text(cfg, resolved), "steps": _steps(cfg, resolved)}
     dcn = cfg.model.interaction == "dcn"
     hp.update(cross_layers=cfg.model.cross_layers if dcn else 0, cross_rank=cfg.model.cross_rank if dcn else 0,
               multi_hot_values=sum(multi_hot_sizes) if multi_hot_sizes is not None else NUM_SPARSE)
@@ -303,6 +305,13 @@ def compile_text(cfg: Config, resolved: Optional[dict] = None) -> str:
     if enabled == "auto" or graph == "auto":
         return "auto"
     return (str(mode) if enabled else "off") + ("+step-graph" if graph is True else "")
+
+
+def _steps(cfg: Config, resolved: Optional[dict]) -> float:
+    """The steps the run was set to train (`resolved`'s, the session's plan; else ``train.max_steps``), NaN where
+    unknown (a blank cell: the column is a number's)."""
+    steps = (resolved or {}).get("steps", cfg.train.max_steps)
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) else math.nan
 
 
 def swept_value(key: str, value: Any) -> Any:
