@@ -76,10 +76,15 @@ def logloss_flag(summary: dict[str, Any]) -> Optional[str]:
     if train_loss is not None and train_constant is not None:
         # (the real samples with train.min_steps null: 3 steps, all inside the 67-step warm-up)
         return (text + f"; its train loss {train_loss:.4f} is no better than the constant's on train "
-                f"({train_constant:.4f}): it has not fitted the train rows in {summary.get('steps')} steps; train longer "
+                f"({train_constant:.4f}): it has not fitted the train rows in {_steps(summary.get('steps'))}; train longer "
                 "(train.epochs, train.min_steps) or check the learning rates and warm-up (optim.dense.lr, "
                 "optim.sparse.lr, optim.schedule.warmup_steps)")
     return text
+
+
+def _steps(steps: Any) -> str:
+    """'1 step', '10 steps' (as the final line counts them)."""
+    return f"{steps} step" + ("" if steps == 1 else "s")
 
 
 def flag_clause(summary: dict[str, Any]) -> str:
