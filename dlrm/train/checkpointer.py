@@ -8,6 +8,7 @@ of a `Run` goes in and puts it back.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -18,6 +19,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.data.shuffle_seed import shuffle_scheme
 from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
+from dlrm.distributed.shutdown_grace import StopGrace
 from dlrm.logging_setup import run_logger
 from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
@@ -80,6 +82,8 @@ class Checkpointer:
         train_rows: the train split's rows the run's epochs count (stored: a resume on other data, or on this data
             changed, tells the steps an epoch its checkpoint's run had: `resume_policy.checkpoint_rows`); None: not
             recorded.
+        run: the run it will save; under torchrun its shards' sizes are weighed against torchrun's grace after a
+            SIGTERM at once (one gather), as each checkpoint's seconds are later (`dlrm.distributed.shutdown_grace`).
 
     Example (not a doctest: it needs a run in progress, whose trainer holds `run`, the loader
     `position` and the `stats`; tests/test_checkpoint.py exercises it)::
@@ -90,7 +94,7 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, cfg: Config, tables: Tables, env: DistEnv = DistEnv(),
                  placement: Optional[str] = None, dataset_stamps: Optional[dict[str, str]] = None,
-                 ranks: Optional[int] = None, train_rows: Optional[int] = None) -> None:
+                 ranks: Optional[int] = None, train_rows: Optional[int] = None, run: Optional[Run] = None) -> None:
         # absolute (links kept, as summary.json's paths): the paths this names (`last`, `best_path`) go into log lines
         # and the stats; with a relative --tb-dir a run's first session named them relative, a resumed one absolute
         self.run_dir, self.cfg, self.tables, self.env = Path(os.path.abspath(run_dir)), cfg, tables, env
@@ -112,6 +116,11 @@ class Checkpointer:
         self._hashing = getattr(tables, "hashing", None)
         self._vocabs = getattr(tables, "vocabs", None)
         self._vocabulary_digest = ckpt.vocabulary_digest(self._vocabs)
+        # torchrun SIGKILLs its ranks 30 s after passing on a SIGTERM: a checkpoint slower than that is lost in such a
+        # stop (MLPerf DLRM-DCNv2's 53 GB on two H200s: 65-99 s, and a run stopped at its end saved nothing)
+        self.grace = StopGrace(env)
+        if run is not None and run.plan is not None:
+            self.grace.check_start(run.model, run.optimizers)
 
     def save(self, run: Run, pos: ckpt.Position, stats: RunStats) -> Path:
         """Checkpoint `run` at `pos` (once per step: a second call at the same step returns the first)."""
@@ -119,8 +128,10 @@ class Checkpointer:
             return self.last  # this step is already saved in this run
         keep = self.cfg.checkpoint.keep
         if run.plan is not None:  # the check and the state inside the save's first agreed part (`_checked_state`)
+            start = time.monotonic()
             self.last = dist_ckpt.save_sharded(self.run_dir, lambda: self._checked_state(run, pos, stats), pos.step,
                                                keep, self.env, run.plan)
+            self.grace.check_save(time.monotonic() - start, self.last.name)
         else:
             self.last = ckpt.save_checkpoint(self.run_dir, self._checked_state(run, pos, stats), pos.step, keep)
         return self.last

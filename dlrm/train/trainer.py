@@ -129,7 +129,7 @@ class Trainer(WindowLogging):
         self.run_dir = self._open_run_dir(run_dir, latest, restart=resume is not None and self.resume_from is None)
         try:  # any failure (a SIGTERM too: `train`) before the first step: the directory is given up (`abandon`)
             self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env, self.placement,
-                                             self.data_stamps, self.data.ranks, self.data.train.num_rows)
+                                             self.data_stamps, self.data.ranks, self.data.train.num_rows, self.run)
             if self.resume_from is not None:
                 self.pos, self.stats = self.checkpointer.restore(self.resume_from, self.run)
                 # after the restore's checks (which refuse another world size's): a position the epochs cannot hold
