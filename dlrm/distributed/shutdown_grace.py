@@ -98,7 +98,8 @@ def torchrun_grace_s(environ: Optional[Mapping[str, str]] = None, parent_argv: O
 
 def state_bytes(model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> int:
     """The bytes of a rank's checkpoint shard, near enough: its model's state (its embedding shard, the dense layers)
-    and its optimizers' state tensors."""
+    and its optimizers' state tensors as they are now (at the start Adam's moments are not there yet: they come at its
+    first step, twice the dense layers' bytes, small beside the tables that make a shard slow to write)."""
     total = sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, torch.Tensor))
     for opt in optimizers:
         for state in opt.state.values():
