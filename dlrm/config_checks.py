@@ -265,26 +265,31 @@ def _check_outputs(cfg: Config) -> None:
                               f"directory name (at most {MAX_NAME_BYTES})")
 
 
-def hidden_name_problem(name: str, what: str, advice: str = "pick a name that does not") -> Optional[str]:
+def leading_name_problem(name: str, what: str, advice: str = "pick a name that does not") -> Optional[str]:
     """Why `name` (of a new run or sweep directory, `what` the key or flag that gave it) is refused, or None: one that
     begins with '.' was accepted, its directory then missing from ``ls tb_logs`` and from shell globs (``tb_logs/*``,
-    which ``du``, ``tar``, ``rm`` are given) while TensorBoard and --resume still found it."""
+    which ``du``, ``tar``, ``rm`` are given) while TensorBoard and --resume still found it; one that begins with '-'
+    was accepted too, its directory then read as options by the commands given its bare name (``cd tb_logs && rm -r
+    -x`` is "rm: invalid option -- 'x'", ``ls -x`` lists the working directory in columns)."""
     if name.startswith("."):
         return f"{what}: {name!r} begins with '.', which hides its directory from ls and from shell globs such as " \
                f"tb_logs/*; {advice}"
+    if name.startswith("-"):
+        return f"{what}: {name!r} begins with '-', which commands given its directory's name (ls, rm) read as an " \
+               f"option; {advice}"
     return None
 
 
 def check_default_run_name(cfg: "Config") -> None:
     """A new run without `log.run_name` is named ``<name>-<date>-<time>``: `name` (the config file's stem unless set)
     must then be a valid start of a directory name; a `log.run_name` naming a new directory must not begin with '.'
-    (`hidden_name_problem`). Checked by `dlrm.cli` where a run directory is named: a new run, a branch, --compare and
-    --eval-only (an export of a --checkpoint writes none, so a config file "my config.json" serves it); not for a run
-    --resume continues in place, which exists already."""
+    or '-' (`leading_name_problem`). Checked by `dlrm.cli` where a run directory is named: a new run, a branch,
+    --compare and --eval-only (an export of a --checkpoint writes none, so a config file "my config.json" serves it);
+    not for a run --resume continues in place, which exists already."""
     if cfg.log.run_name is not None:
-        hidden = hidden_name_problem(cfg.log.run_name, "log.run_name")
-    else:  # (".x.json" named the run ".x-<date>-<time>")
-        hidden = hidden_name_problem(cfg.name, "name (the config file's name unless set, which begins the default "
+        hidden = leading_name_problem(cfg.log.run_name, "log.run_name")
+    else:  # (".x.json" named the run ".x-<date>-<time>", "-x.json" "-x-<date>-<time>")
+        hidden = leading_name_problem(cfg.name, "name (the config file's name unless set, which begins the default "
                                      "run name)", 'set "name" or pass --run-name')
     if hidden:
         raise ConfigError(hidden)

@@ -58,7 +58,7 @@ import click
 from loguru import logger
 
 from dlrm.config import ConfigError, closest_config_key, config_keys, load_config
-from dlrm.config_checks import check_dependent_keys, hidden_name_problem
+from dlrm.config_checks import check_dependent_keys, leading_name_problem
 from dlrm.errors import DatasetError, TrainingStopped, failure_reason
 from dlrm.logging_setup import counted
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
@@ -189,9 +189,9 @@ def sweep_directory(tb_dir: str, run_name: Optional[str], config: str,
     name = f"{Path(config).stem}-sweep-{time.strftime('%Y%m%d-%H%M%S')}" if run_name is None else run_name
     if not name or "/" in name or name in (".", ".."):
         raise ConfigError(f"--run-name: {name!r} must be a plain directory name")
-    hidden = hidden_name_problem(name, "--run-name") if run_name is not None else hidden_name_problem(
+    hidden = leading_name_problem(name, "--run-name") if run_name is not None else leading_name_problem(
         name, f"--config {config}: the default sweep name", "pass --run-name")
-    if hidden:  # (its trials were hidden with it: tb_logs/.s/<setting>/seed-0)
+    if hidden:  # (its trials were hidden with it: tb_logs/.s/<setting>/seed-0; rm -r -s read as options)
         raise ConfigError(hidden)
     # absolute: the trials' run directories (their summary.json, checkpoints) and trials.csv's run_dir name it; under
     # a relative --tb-dir (the default tb_logs) trials.csv named paths valid only from where the sweep was started
