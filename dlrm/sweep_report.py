@@ -173,5 +173,7 @@ def _setting_hparams(r: SettingResult):
     batch = first.get("batch_size")
     # what its trials trained with (summary.json's resolved: "tf32" is fp32 on a CPU), as their sessions say
     resolved = first.get("resolved")
-    return session_hparams(cfg, batch if isinstance(batch, int) else cfg.data.batch_size, sizes,
-                           resolved if isinstance(resolved, dict) else None), cfg
+    hp = session_hparams(cfg, batch if isinstance(batch, int) else cfg.data.batch_size, sizes,
+                         resolved if isinstance(resolved, dict) else None)
+    # its metrics are the means over its trials' seeds: no one seed (the first trial's named it), a blank cell
+    return {**hp, "seed": math.nan}, cfg

@@ -117,7 +117,7 @@ def test_the_dashboard_shows_the_cross_network_and_hotness_whichever_run_it_read
             log_hparams(w, cfg, 32, {"auc": 0.7, "logloss": 0.5, "accuracy": 0.75}, 1, sizes)
     assert _experiment_hparams(tmp_path) == ["batch_size", "compile", "cross_layers", "cross_rank", "dense_lr",
                                              "embedding_dim", "interaction", "kernels", "multi_hot_values", "precision",
-                                             "sparse_lr", "steps"]
+                                             "seed", "sparse_lr", "steps"]
     groups = {g["name"]: g["hparams"] for g in hparams_session_groups(tmp_path)}
     dot, dcn = groups[f"{'a' if first == 'dot' else 'b'}-dot"], groups[f"{'a' if first == 'dcn' else 'b'}-dcn"]
     assert (dot["cross_layers"], dot["cross_rank"], dot["multi_hot_values"]) == (0, 0, NUM_SPARSE)

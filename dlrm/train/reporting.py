@@ -251,7 +251,10 @@ def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list
     trained exactly alike); and without the kernels and compile columns, the runs of a ``--compare`` (one a variant)
     were sessions of the same values. ``steps``: the steps the run was set to train (``train.max_steps`` or its epochs';
     early stopping may end it sooner; a resumed run's, its last session's), a blank cell where unknown: a 60-step run's
-    AUC stood beside a 1406-step run's as that of the same settings.
+    AUC stood beside a 1406-step run's as that of the same settings. ``seed``: the seed the session trained with
+    (`resolved`'s, else ``train.seed``; a number, as HParams holds numbers: one above 2**53 shows rounded): two runs
+    that differed only by their seed were sessions of the same values. An earlier session's hparams written before
+    a column are no change to a resumed one's (`_replace_earlier_hparams` compares the keys both hold).
 
         >>> from dlrm.config import LogConfig
         >>> session_hparams(Config(log=LogConfig(sweep_keys=["model.dropout", "model.top_mlp"])), 32)["model.top_mlp"]
@@ -260,7 +263,8 @@ def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list
     hp = {"batch_size": batch_size, "embedding_dim": cfg.model.embedding_dim, "dense_lr": cfg.optim.dense.lr,
           "sparse_lr": cfg.optim.sparse.lr, "precision": (resolved or {}).get("precision") or cfg.train.precision,
           "interaction": cfg.model.interaction, "kernels": kernels_text(cfg, resolved),
-          "compile": compile_text(cfg, resolved), "steps": _steps(cfg, resolved)}
+          "compile": compile_text(cfg, resolved), "steps": _steps(cfg, resolved),
+          "seed": _whole((resolved or {}).get("seed", cfg.train.seed))}
     dcn = cfg.model.interaction == "dcn"
     hp.update(cross_layers=cfg.model.cross_layers if dcn else 0, cross_rank=cfg.model.cross_rank if dcn else 0,
               multi_hot_values=sum(multi_hot_sizes) if multi_hot_sizes is not None else NUM_SPARSE)
@@ -310,8 +314,12 @@ def compile_text(cfg: Config, resolved: Optional[dict] = None) -> str:
 def _steps(cfg: Config, resolved: Optional[dict]) -> float:
     """The steps the run was set to train (`resolved`'s, the session's plan; else ``train.max_steps``), NaN where
     unknown (a blank cell: the column is a number's)."""
-    steps = (resolved or {}).get("steps", cfg.train.max_steps)
-    return steps if isinstance(steps, int) and not isinstance(steps, bool) else math.nan
+    return _whole((resolved or {}).get("steps", cfg.train.max_steps))
+
+
+def _whole(value: Any) -> float:
+    """`value` where it is a whole number, else NaN (a blank cell: the column is a number's; true is no number)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else math.nan
 
 
 def swept_value(key: str, value: Any) -> Any:
