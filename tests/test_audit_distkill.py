@@ -14,12 +14,12 @@ the result with an uninterrupted run. What it found is here:
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from tests._ports import reserved_port
 from tests.conftest import CHILD_ENV, make_dataset
 
 # 120 train rows in global batches of 20: 6 steps an epoch, 12 steps; an evaluation every 2 steps, a checkpoint every 5
@@ -57,31 +57,26 @@ def dataset(tmp_path_factory):
     return root
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(tmp_path, dataset, name, kill_at="", kill_rank=-1, extra=()):
     """Both ranks of ``train.py`` as torchrun launches them; [(exit code, output)] by rank."""
     cfg = json.loads(json.dumps(CONFIG))
     cfg["data"]["path"] = str(dataset)
     (tmp_path / "c.json").write_text(json.dumps(cfg))
-    env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "TRITON_INTERPRET": "1", "KILL_AT": kill_at, "KILL_RANK": str(kill_rank)}
     args = ["--config", str(tmp_path / "c.json"), "--run-name", name, "--tb-dir", str(tmp_path / "tb"), *extra]
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(2)]
-    results = []
-    try:
-        for p in procs:
-            results.append((p.wait(timeout=150), p.stdout.read()))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"a rank still waits 150 s: {[p.wait() for p in procs]}")
+    with reserved_port() as port:  # (held until both ranks are done: tests/_ports.py)
+        env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "TRITON_INTERPRET": "1", "KILL_AT": kill_at, "KILL_RANK": str(kill_rank)}
+        procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+                 for r in range(2)]
+        results = []
+        try:
+            for p in procs:
+                results.append((p.wait(timeout=150), p.stdout.read()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail(f"a rank still waits 150 s: {[p.wait() for p in procs]}")
     return results
 
 

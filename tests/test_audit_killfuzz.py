@@ -15,7 +15,6 @@ equal. What it found is here:
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -23,6 +22,7 @@ import pytest
 from loguru import logger
 
 from dlrm import cli
+from tests._ports import reserved_port
 from tests.conftest import CHILD_ENV, make_dataset
 
 # gloo's error in the surviving rank's collective (torch 2.x, CPU), as it was raised when rank 1 was SIGKILLed
@@ -84,32 +84,27 @@ main(sys.argv[1:])
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(tmp_path, dataset, kill_rank=-1, kill_step=0, extra=()):
     """Both ranks of train.py as torchrun starts them (without its agent, which would SIGTERM the survivor): [(exit
     code, output)] by rank."""
     cfg = json.loads(json.dumps(CONFIG))
     cfg["data"]["path"] = str(dataset)
     (tmp_path / "c.json").write_text(json.dumps(cfg))
-    env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "TRITON_INTERPRET": "1", "KILL_RANK": str(kill_rank), "KILL_STEP": str(kill_step)}
     args = ["--config", str(tmp_path / "c.json"), "--run-name", "r", "--tb-dir", str(tmp_path / "tb"), *extra]
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(2)]
-    results = []
-    try:
-        for p in procs:
-            results.append((p.wait(timeout=150), p.stdout.read()))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"a rank still runs 150 s after the other died: {[p.wait() for p in procs]}")
+    with reserved_port() as port:  # (held until both ranks are done: tests/_ports.py)
+        env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "TRITON_INTERPRET": "1", "KILL_RANK": str(kill_rank), "KILL_STEP": str(kill_step)}
+        procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
+                 for r in range(2)]
+        results = []
+        try:
+            for p in procs:
+                results.append((p.wait(timeout=150), p.stdout.read()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail(f"a rank still runs 150 s after the other died: {[p.wait() for p in procs]}")
     return results
 
 

@@ -211,9 +211,10 @@ def test_torchrun_says_each_run_wide_warning_once(tmp_path, small_multi_hot):
     path = tmp_path / "dist.json"
     path.write_text(json.dumps(cfg))
     env = {**CHILD_ENV, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(REPO / "train.py"),
-                          "--config", str(path), "--run-name", "d"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=300)
+    # (--standalone: without it torchrun rendezvouses on port 29500, which any other such run on the host wants too)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(REPO / "train.py"), "--config", str(path), "--run-name", "d"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, process_output(out)
     text = out.stdout + out.stderr
     for needle in ("model.multi_hot_sizes: the dataset's metadata says", "training with batch 80 instead",

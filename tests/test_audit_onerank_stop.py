@@ -15,13 +15,13 @@ whose agent kills the other ranks once one exits: each rank's own exit code and 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from dlrm import checkpoint as ckpt
+from tests._ports import reserved_port
 from tests.conftest import CHILD_ENV, make_dataset
 
 # 120 train rows in global batches of 20: 6 steps an epoch, 12 steps; the last evaluation's 40 rows in 4 batches
@@ -62,32 +62,27 @@ def dataset(tmp_path_factory):
     return root
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(tmp_path, dataset, name, kill_at=None, kill_rank=1, extra=(), script=None):
     """Both ranks of ``train.py`` (`script`, by default the one above, when `kill_at`); [(exit code, output)] by
     rank."""
     cfg = json.loads(json.dumps(CONFIG))
     cfg["data"]["path"] = str(dataset)
     (tmp_path / "c.json").write_text(json.dumps(cfg))
-    env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "TRITON_INTERPRET": "1", "KILL_AT": kill_at or "", "KILL_RANK": str(kill_rank if kill_at else -1)}
     args = ["--config", str(tmp_path / "c.json"), "--run-name", name, "--tb-dir", str(tmp_path / "tb"), *extra]
-    procs = [subprocess.Popen([sys.executable, "-c", script or SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(2)]
-    results = []
-    try:
-        for p in procs:
-            results.append((p.wait(timeout=150), p.stdout.read()))
-    except subprocess.TimeoutExpired:  # a rank waiting for the other in a collective (the process group's timeout)
-        for p in procs:
-            p.kill()
-        pytest.fail(f"a rank still waits 150 s after the signal: {[p.wait() for p in procs]}")
+    with reserved_port() as port:  # (held until both ranks are done: tests/_ports.py)
+        env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "TRITON_INTERPRET": "1", "KILL_AT": kill_at or "", "KILL_RANK": str(kill_rank if kill_at else -1)}
+        procs = [subprocess.Popen([sys.executable, "-c", script or SCRIPT, *args], cwd=tmp_path,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
+        results = []
+        try:
+            for p in procs:
+                results.append((p.wait(timeout=150), p.stdout.read()))
+        except subprocess.TimeoutExpired:  # a rank waiting for the other in a collective (the process group's timeout)
+            for p in procs:
+                p.kill()
+            pytest.fail(f"a rank still waits 150 s after the signal: {[p.wait() for p in procs]}")
     return results
 
 

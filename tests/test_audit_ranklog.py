@@ -25,8 +25,9 @@ from loguru import logger
 from dlrm import cli
 from dlrm.config import ConfigError, DistributedConfig
 from dlrm.logging_setup import ConsoleStream, RecordSink, log_as_rank
+from tests._ports import reserved_port
 from tests.conftest import CHILD_ENV, make_dataset
-from tests.test_audit_killfuzz import CONFIG, free_port
+from tests.test_audit_killfuzz import CONFIG
 from tests.test_audit_logtext import _Terminal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,19 +53,20 @@ main(sys.argv[1:])
 def launch_two_ranks(tmp_path, cfg: dict, extra=(), script: str = WARNS) -> tuple[list[int], str]:
     """Both ranks of train.py, writing into one stderr file as under torchrun: their exit codes and that file."""
     (tmp_path / "c.json").write_text(json.dumps(cfg))
-    env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "TRITON_INTERPRET": "1"}
     args = ["--config", str(tmp_path / "c.json"), "--run-name", "r", "--tb-dir", str(tmp_path / "tb"), *extra]
-    with open(tmp_path / "run.log", "w") as log:  # one open file, shared as a shell's `> run.log 2>&1` shares it
-        procs = [subprocess.Popen([sys.executable, "-c", script, *args], cwd=tmp_path, stdout=log, stderr=log,
-                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
-        try:
-            codes = [p.wait(timeout=150) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+    with reserved_port() as port:  # (held until both ranks are done: tests/_ports.py)
+        env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "TRITON_INTERPRET": "1"}
+        with open(tmp_path / "run.log", "w") as log:  # one open file, shared as a shell's `> run.log 2>&1` shares it
+            procs = [subprocess.Popen([sys.executable, "-c", script, *args], cwd=tmp_path, stdout=log, stderr=log,
+                                      env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
+            try:
+                codes = [p.wait(timeout=150) for p in procs]
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
     return codes, (tmp_path / "run.log").read_bytes().decode()  # (read_text: the bar's carriage returns as newlines)
 
 
@@ -210,8 +212,9 @@ def test_under_torchrun_a_rank_that_never_arrives_stops_the_other_in_one_line_wi
     make_dataset(tmp_path / "ds", {"train": 40, "validation": 20}, row_group_size=20)
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     (tmp_path / "late.py").write_text(LATE)
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                        str(free_port()), str(tmp_path / "late.py"), "--config", str(tmp_path / "c.json"),
+    # (--standalone: torchrun binds its rendezvous store to a port of its own choosing; tests/_ports.py)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(tmp_path / "late.py"), "--config", str(tmp_path / "c.json"),
                         "--run-name", "r", "--tb-dir", str(tmp_path / "tb")], cwd=ROOT, capture_output=True,
                        text=True, env={**CHILD_ENV, "TRITON_INTERPRET": "1"}, timeout=150)
     assert p.returncode != 0

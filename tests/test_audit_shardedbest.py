@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -40,6 +39,7 @@ from dlrm.train import export as export_mod
 from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.setup import Tables
 from dlrm.train.run_dir import RunDirectory
+from tests._ports import reserved_port
 from tests.conftest import CHILD_ENV, REPO, make_dataset
 from tests.test_audit_checkpoint_files import CARDS, save_sharded, tiny_config, tiny_state
 from tests.test_checkpoint_safety import StubEnv
@@ -157,29 +157,23 @@ def dataset(tmp_path_factory):
     return root
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(tmp_path, dataset, args, world=2, config=None):
     """``train.py`` on `world` gloo ranks (as torchrun starts them); [(exit code, output)] by rank."""
     cfg = json.loads(json.dumps(config or CONFIG))
     cfg["data"]["path"] = str(dataset)
     (tmp_path / "c.json").write_text(json.dumps(cfg))
-    env = {**CHILD_ENV, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-           "TRITON_INTERPRET": "1"}
     cmd = [sys.executable, "train.py", "--config", str(tmp_path / "c.json"), "--tb-dir", str(tmp_path / "tb"), *args]
-    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-             for r in range(world)]
-    try:
-        return [(p.wait(timeout=150), p.stdout.read()) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    with reserved_port() as port:  # (held until every rank is done: tests/_ports.py)
+        env = {**CHILD_ENV, "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "TRITON_INTERPRET": "1"}
+        procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(world)]
+        try:
+            return [(p.wait(timeout=150), p.stdout.read()) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
 
 
 def test_resuming_with_another_runs_shard_stops_every_rank_in_one_line(tmp_path, dataset):

@@ -19,8 +19,9 @@ from loguru import logger
 
 from dlrm import cli
 from dlrm.config import ConfigError, load_config
+from tests._ports import reserved_port
 from tests.conftest import CHILD_ENV, make_dataset
-from tests.test_audit_killfuzz import CONFIG, free_port
+from tests.test_audit_killfuzz import CONFIG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -66,11 +67,13 @@ def test_a_rank_whose_peers_never_start_stops_in_one_line_after_the_timeout(tmp_
     """Rank 0 alone (its store waits for rank 1), or rank 1 alone (no store to connect to)."""
     dataset = tmp_path / "ds"
     make_dataset(dataset, {"train": 40, "validation": 20}, row_group_size=20)
-    port = free_port()
-    start = time.monotonic()
-    p = subprocess.run([sys.executable, "train.py", "--config", str(write_config(tmp_path, 2, dataset)),
-                        "--run-name", "r", "--tb-dir", str(tmp_path / "tb")], cwd=ROOT, capture_output=True,
-                       text=True, env=rank_env(rank, port), timeout=120)
+    # (held, not listened on, while the rank runs: rank 1 alone finds nobody there, as before, and no other test's
+    # store can be given the port for it to join: tests/_ports.py)
+    with reserved_port() as port:
+        start = time.monotonic()
+        p = subprocess.run([sys.executable, "train.py", "--config", str(write_config(tmp_path, 2, dataset)),
+                            "--run-name", "r", "--tb-dir", str(tmp_path / "tb")], cwd=ROOT, capture_output=True,
+                           text=True, env=rank_env(rank, port), timeout=120)
     assert p.returncode == 5, p.stderr[-3000:]
     assert "Traceback" not in p.stderr and "this is a bug" not in p.stderr, p.stderr[-3000:]
     errors = [line for line in p.stderr.splitlines() if "ERROR" in line]
@@ -85,18 +88,18 @@ def test_a_hung_peer_stops_the_other_rank_in_one_line_after_the_timeout(tmp_path
     dataset = tmp_path / "ds"
     make_dataset(dataset, {"train": 120, "validation": 40}, row_group_size=20)
     args = ["--config", str(write_config(tmp_path, 4, dataset)), "--run-name", "r", "--tb-dir", str(tmp_path / "tb")]
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, env=rank_env(r, port)) for r in range(2)]
-    try:
-        code0 = procs[0].wait(timeout=120)  # torch's default: 30 minutes
-        out0 = procs[0].stdout.read()
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-            p.wait()
-            p.stdout.close()
+    with reserved_port() as port:  # (held until both ranks are done: tests/_ports.py)
+        procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env=rank_env(r, port)) for r in range(2)]
+        try:
+            code0 = procs[0].wait(timeout=120)  # torch's default: 30 minutes
+            out0 = procs[0].stdout.read()
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGKILL)
+                p.wait()
+                p.stdout.close()
     assert code0 == 5, out0[-3000:]
     assert "Traceback" not in out0 and "this is a bug" not in out0, out0[-3000:]
     assert ("rank 0: another rank of this distributed run did not answer within the process group's timeout "

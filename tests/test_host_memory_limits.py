@@ -35,7 +35,7 @@ from dlrm.train.host_memory import HostMemory
 from dlrm.train.resume_policy import check_resume_config
 from dlrm.train.setup import Tables
 from tests.conftest import CHILD_ENV, REPO, make_dataset
-from tests.test_audit_killfuzz import CONFIG, free_port
+from tests.test_audit_killfuzz import CONFIG
 from tests.test_audit_ranklog import launch_two_ranks
 from tests.test_cli_errors import error_line, invoke
 
@@ -192,8 +192,9 @@ def test_under_torchrun_rank_0_says_the_refusal_before_the_other_ranks_exit(tmp_
     cfg["data"]["path"] = str(tmp_path / "ds")
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     (tmp_path / "slow.py").write_text(SLOW_RANK_0.replace("AVAILABLE)", f"{2**20})"))
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                        str(free_port()), str(tmp_path / "slow.py"), "--config", str(tmp_path / "c.json"),
+    # (--standalone: torchrun binds its rendezvous store to a port of its own choosing; tests/_ports.py)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(tmp_path / "slow.py"), "--config", str(tmp_path / "c.json"),
                         "--run-name", "r", "--tb-dir", str(tmp_path / "tb")], cwd=REPO, capture_output=True,
                        text=True, env={**CHILD_ENV, "TRITON_INTERPRET": "1"}, timeout=150)
     errors = [line for line in p.stderr.splitlines() if " ERROR " in line and "the 2 ranks on host" in line]

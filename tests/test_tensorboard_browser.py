@@ -15,7 +15,6 @@ where either is absent. Screenshots go to the test's tmp dir and are copied to t
 import base64
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ import pytest
 from dlrm.config import load_config
 from dlrm.train.compare import run_comparison
 from dlrm.train.trainer import train
+from tests._ports import reserved_port
 from tests.conftest import REPO, make_dataset
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -37,12 +37,6 @@ ARTIFACTS = REPO / "test-artifacts"
 RUN, COMPARE = "browser-run", "browser-compare"
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float = 90.0) -> None:
@@ -89,18 +83,18 @@ def tensorboard(tmp_path_factory):
     pytest.importorskip("playwright.sync_api")
     tmp = tmp_path_factory.mktemp("browser")
     train_runs(tmp / "tb", tmp / "ds")
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(tmp / "tb"),
-                               "--port", str(port), "--host", "127.0.0.1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_http(base + "/data/plugins_listing")
-        wait_runs(base, [RUN, COMPARE, f"{COMPARE}/eager"])
-        yield base, tmp
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with reserved_port() as port:  # (held while TensorBoard serves: tests/_ports.py)
+        server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(tmp / "tb"),
+                                   "--port", str(port), "--host", "127.0.0.1"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            wait_http(base + "/data/plugins_listing")
+            wait_runs(base, [RUN, COMPARE, f"{COMPARE}/eager"])
+            yield base, tmp
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
 
 
 @pytest.fixture
