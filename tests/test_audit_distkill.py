@@ -67,8 +67,8 @@ def launch(tmp_path, dataset, name, kill_at="", kill_rank=-1, extra=()):
         env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "TRITON_INTERPRET": "1", "KILL_AT": kill_at, "KILL_RANK": str(kill_rank)}
         procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-                 for r in range(2)]
+                                  stderr=subprocess.STDOUT, text=True,
+                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
         results = []
         try:
             for p in procs:

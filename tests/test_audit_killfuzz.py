@@ -95,8 +95,8 @@ def launch(tmp_path, dataset, kill_rank=-1, kill_step=0, extra=()):
         env = {**CHILD_ENV, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "TRITON_INTERPRET": "1", "KILL_RANK": str(kill_rank), "KILL_STEP": str(kill_step)}
         procs = [subprocess.Popen([sys.executable, "-c", SCRIPT, *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)})
-                 for r in range(2)]
+                                  stderr=subprocess.STDOUT, text=True,
+                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(2)]
         results = []
         try:
             for p in procs:
