@@ -49,6 +49,7 @@ from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLos
 from dlrm.logging_setup import configure_logging, run_logger
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, check_tb_dir
+from dlrm.path_checks import check_path
 from dlrm.stop_signal import LateSignals, StopAtOnce, signal_stop_inside
 
 EXIT_BAD_INPUT = 2
@@ -395,8 +396,15 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     # --compare's variants compile or not themselves: the file's compile settings act in its compiled variants (they
     # were told "ignored"), or are replaced, which `dlrm.train.compare.run_comparison` says
     decided = ("train.compile.enabled",) if compare is not None else ()
+    # paths no file can have (a 300-byte name, ENAMETOOLONG): an OSError of the first check that looked, "a bug"
+    for flag, path in (("--resume", resume if resume != "latest" else None), ("--checkpoint", checkpoint_path),
+                       ("--export", export_path)):
+        check_path(flag, path)
     cfg = load_with_kernels_shortcut(config_path, overrides, inert_keys, decided)
     loaded.append(cfg)
+    tb_flag = "--tb-dir" if "log.tb_dir" in overrides else f"{config_path}: log.tb_dir"
+    check_path("--data" if "data.path" in overrides else f"{config_path}: data.path", cfg.data.path)
+    check_path(tb_flag, cfg.log.tb_dir)
     # `--resume --run-name NEW` of a run that does not exist starts it from step 0 (`restart_config`): a new run
     new_by_name = resume == "latest" and bool(cfg.log.run_name) and not os.path.lexists(
         Path(cfg.log.tb_dir) / cfg.log.run_name)
@@ -411,7 +419,6 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     if (resume is None or new_by_name) and (eval_only or not (export_path and checkpoint_path)):
         check_outside_sweep(config_path, cfg)  # (before the own-record refusal: its free name was in the sweep too)
     branch = resume not in (None, "latest") and cfg.log.run_name is not None
-    tb_flag = "--tb-dir" if "log.tb_dir" in overrides else f"{config_path}: log.tb_dir"
     if branch:  # (a resume in place continues the run where it is: a sweep's trial too)
         check_branch_outside_sweep(resume, cfg)
     if (resume is None or branch or new_by_name) and (eval_only or not (export_path and checkpoint_path)):

@@ -74,7 +74,9 @@ def _program_name() -> str:
 
 
 class NonEmptyPath(click.Path):
-    """click.Path refusing ``""``.
+    """click.Path refusing ``""``, and a path no file can have (`dlrm.path_checks.path_problem`: a name over 255
+    bytes, a path over PATH_MAX, a symbolic link loop on the way), which was taken for a missing file or reached
+    an `os.stat` that raised later (a traceback, "a bug in dlrm", from train.py's and a sweep's --config).
 
     Args:
         what: what the option names, for the message (default: the data tools' --output, a dataset directory).
@@ -100,4 +102,9 @@ class NonEmptyPath(click.Path):
         """``value`` as click.Path converts it, unless it is empty."""
         if isinstance(value, str) and value == "":
             self.fail(f"empty path (name {self.what})", param, ctx)
+        from dlrm.path_checks import path_problem, shown_path
+
+        problem = path_problem(value) if isinstance(value, (str, bytes)) else None
+        if problem is not None:
+            self.fail(f"{shown_path(value)}: {problem}", param, ctx)
         return super().convert(value, param, ctx)

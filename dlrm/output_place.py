@@ -23,6 +23,7 @@ from dlrm.config_checks import fitted_name
 from dlrm.data.output_dirs import is_run_directory
 from dlrm.errors import ConfigError
 from dlrm.json_file import read_json
+from dlrm.path_checks import check_path, path_problem
 
 
 def sweep_holding(tb_dir: str) -> Optional[Path]:
@@ -102,6 +103,7 @@ def check_tb_dir(tb_dir: str, flag: str, data_paths: tuple[str, ...] = (), owner
     else: another run's directory (its ``checkpoints/`` too), the dataset at one of `data_paths` or any other. (A sweep's
     directory is `check_outside_sweep`'s, whose advice names a free run name.) `owners` False: only the first (a
     ``--resume`` by name, whose run is already where it is)."""
+    check_path(flag, tb_dir)  # (a 300-byte name: `is_dir` below raised ENAMETOOLONG, "a bug in dlrm")
     here = Path(os.path.abspath(tb_dir))
     for path in (here, *here.parents):
         if os.path.lexists(path):  # the deepest part that exists must be a directory to create the rest in
@@ -114,7 +116,8 @@ def check_tb_dir(tb_dir: str, flag: str, data_paths: tuple[str, ...] = (), owner
         return
     real = Path(os.path.realpath(here))
     # the run's own dataset, and any other (its metadata.json, as the data tools write every dataset)
-    datasets = [Path(os.path.realpath(data)) for data in data_paths]
+    datasets = [Path(os.path.realpath(data)) for data in data_paths if path_problem(data) is None]  # (those: refused
+    # as the data they are, by the run's own check)
     datasets += [p for p in (real, *real.parents) if (p / "metadata.json").is_file()]
     for dataset in datasets:
         if dataset.is_dir() and (real == dataset or dataset in real.parents):

@@ -58,10 +58,11 @@ import click
 from loguru import logger
 
 from dlrm.config import ConfigError, closest_config_key, config_keys, load_config
-from dlrm.config_checks import check_dependent_keys, leading_name_problem
+from dlrm.config_checks import MAX_NAME_BYTES, check_dependent_keys, leading_name_problem
 from dlrm.errors import DatasetError, TrainingStopped, failure_reason
 from dlrm.logging_setup import counted
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
+from dlrm.path_checks import check_path
 # (the results and the verdict: dlrm.sweep_results, named here as they always were)
 from dlrm.sweep_results import (NOISE_FACTOR, SettingResult, Verdict, _mean, _std, label,  # noqa: F401
                                verdict)
@@ -193,6 +194,9 @@ def sweep_directory(tb_dir: str, run_name: Optional[str], config: str,
         name, f"--config {config}: the default sweep name", "pass --run-name")
     if hidden:  # (its trials were hidden with it: tb_logs/.s/<setting>/seed-0; rm -r -s read as options)
         raise ConfigError(hidden)
+    if len(os.fsencode(name)) > MAX_NAME_BYTES:  # (as log.run_name's: mkdir raised ENAMETOOLONG, "a bug in dlrm")
+        raise ConfigError(f"--run-name: a name of {len(os.fsencode(name))} bytes is too long for a directory name "
+                          f"(at most {MAX_NAME_BYTES})")
     # absolute: the trials' run directories (their summary.json, checkpoints) and trials.csv's run_dir name it; under
     # a relative --tb-dir (the default tb_logs) trials.csv named paths valid only from where the sweep was started
     directory = Path(os.path.abspath(tb_dir)) / name
@@ -517,6 +521,8 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
                 raise ConfigError(f"dlrm.sweep runs its trials in one process, not under torchrun (WORLD_SIZE "
                                   f"{world_size_from_env()}: every rank would run the whole sweep): start it with "
                                   "python -m dlrm.sweep")
+            for flag, path in (("--data", data), ("--tb-dir", tb_dir), ("--resume", resume_dir)):
+                check_path(flag, path)  # (a 300-byte name: an OSError of the first check to look, "a bug in dlrm")
             base = {k: v for k, v in (("data.path", data), ("train.device", device)) if v is not None}
             if resume_dir is None:
                 run_sweep(config_path, [parse_set(s) for s in sets], seeds, base, tb_dir, run_name)
