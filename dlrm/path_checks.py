@@ -49,7 +49,10 @@ def path_problem(path: PathText) -> Optional[str]:
     if len(longest) > NAME_MAX:
         return f"a name of {len(longest)} bytes in it is too long (at most {NAME_MAX})"
     # absolute: the commands work with os.path.abspath(path) (a run directory, a dataset's lock beside it)
-    size = len(os.fsencode(os.path.abspath(os.fsdecode(raw))))
+    try:
+        size = len(os.fsencode(os.path.abspath(os.fsdecode(raw))))
+    except OSError:  # (a working directory removed since: getcwd fails, and the path's own length is what is known)
+        size = len(raw)
     if size >= PATH_MAX:
         whose = "a" if raw.startswith(b"/") else "its absolute"
         return f"{whose} path of {size} bytes is too long (at most {PATH_MAX - 1})"

@@ -180,6 +180,7 @@ def check_datasets(config: str, base: dict[str, Any], settings: list[dict[str, A
     what a relative data.path is read against (the working directory the sweep started in, as its trials read it:
     `dlrm.sweep._run_trials`)."""
     from dlrm.errors import DatasetError
+    from dlrm.path_checks import shown_path
     from dlrm.sweep import label
     from dlrm.train.setup import check_table_cap, load_dataset_metadata  # (torch: not for --help)
 
@@ -202,7 +203,8 @@ def check_datasets(config: str, base: dict[str, Any], settings: list[dict[str, A
         except (ConfigError, DatasetError) as e:
             # (else the file's or --data's: not a --set's)
             given = any(k in ("data", "data.path", "data.max_rows_per_table", "data.eval_split") for k in setting)
-            raise type(e)(f"--set {label(setting)}: {e}" if given else str(e)) from None
+            # (the setting shortened: a 5,000-byte data.path was printed whole, before the error's own shortened copy)
+            raise type(e)(f"--set {shown_path(label(setting))}: {e}" if given else str(e)) from None
 
 
 def _get(tree: dict, dotted: str) -> Any:
