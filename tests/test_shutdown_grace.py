@@ -89,6 +89,27 @@ def test_state_bytes_counts_the_model_and_its_optimizers_state():
     assert state_bytes(model, []) == params + 7 * 2
 
 
+@pytest.mark.parametrize("make, moments", [
+    (lambda ps: torch.optim.Adam(ps), 2),
+    (lambda ps: torch.optim.AdamW(ps), 2),
+    (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), 1),
+    (lambda ps: torch.optim.SGD(ps, lr=0.1), 0),
+])
+def test_state_made_at_the_first_step_is_counted_before_it(make, moments):
+    # Adam's moments (SGD's momentum buffer) appear at the first step, after the start's weighing: counted ahead, so
+    # the start weighs the checkpoints the run will write, and after the step the same bytes (+ Adam's step counters)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(5, 1))
+    params = (3 * 5 + 5 + 5 * 1 + 1) * 4
+    opt = make(model.parameters())
+    assert state_bytes(model, [opt]) == params + moments * params
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    made = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+               if isinstance(t, torch.Tensor))
+    assert made >= moments * params
+    assert state_bytes(model, [opt]) == params + made
+
+
 @pytest.mark.parametrize("configurable, advice", [
     (True, "start torchrun with a longer grace (--shutdown-timeout 300, or TORCH_ELASTIC_SHUTDOWN_TIMEOUT)"),
     (False, "this torch's torchrun waits a fixed 30 s"),
@@ -115,12 +136,27 @@ def test_save_over_the_grace_warns_once(warnings):
     assert len(warnings) == 1
 
 
-def test_only_rank_0_says_it_and_nothing_in_one_process(warnings):
+def test_only_rank_0_says_it_and_nothing_outside_torchrun(warnings, monkeypatch):
     StopGrace(DistEnv(rank=1, world_size=2), grace_s=30.0, configurable=True).check_save(90.0, "step-1.pt")
-    one = StopGrace(DistEnv(), configurable=True)  # not distributed: no grace looked up
-    assert one.grace_s is None and not one.active
-    one.check_save(1e6, "step-1.pt")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    alone = StopGrace(DistEnv(), configurable=True)  # not under torchrun: no SIGKILL to come, no grace
+    assert alone.grace_s is None and not alone.active
+    alone.check_save(1e6, "step-1.pt")
     assert warnings == []
+
+
+def test_one_process_under_torchrun_is_weighed_too(warnings, monkeypatch):
+    # `torchrun --nproc-per-node 1` (many SLURM scripts) SIGKILLs its one process 30 s after a SIGTERM all the same;
+    # before, only a run of several ranks was weighed: MLPerf's 53 GB checkpoint in one process was lost unsaid
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r")
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "45")
+    one = StopGrace(DistEnv(), configurable=True)
+    assert one.active and one.grace_s == 45.0
+    assert one.start_line([53.3e9]).startswith("the run's checkpoint is about 53.3 GB: 53 s to write at 1 GB/s")
+    assert one.start_line([44e9]) is None
+    one.check_save(70.0, "step-00000100.pt")
+    assert len(warnings) == 1 and warnings[0].startswith("checkpoint step-00000100.pt took 70 s to write, more than "
+                                                         "the 45 s torchrun waits")
 
 
 def test_a_start_warning_is_not_repeated_after_a_save(warnings):
@@ -130,7 +166,7 @@ def test_a_start_warning_is_not_repeated_after_a_save(warnings):
     assert warnings == []
 
 
-def _two_rank_run(tmp_path, name, environ):
+def _two_rank_run(tmp_path, name, environ, ranks=2):
     data = tmp_path / "ds"
     if not data.is_dir():
         make_dataset(data, {"train": 60, "validation": 20, "test": 10})
@@ -138,7 +174,7 @@ def _two_rank_run(tmp_path, name, environ):
            "top_mlp": [8, 1]}, "train": {"max_steps": 4, "log_every": 2, "device": "cpu", "baseline": False},
            "kernels": {"embedding": "torch"}, "checkpoint": {"every": 2}}
     (tmp_path / "c.json").write_text(json.dumps(cfg))
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
                            str(REPO / "train.py"), "--config", str(tmp_path / "c.json"), "--run-name", name,
                            "--tb-dir", str(tmp_path / "tb")], cwd=tmp_path, capture_output=True, text=True,
                           timeout=600, env={**os.environ, **environ})
@@ -158,3 +194,14 @@ def test_under_torchrun_a_grace_shorter_than_the_checkpoint_is_said_at_the_start
     default = _two_rank_run(tmp_path, "default", {})
     assert default.returncode == 0, process_output(default)
     assert "torchrun waits after a SIGTERM" not in default.stderr
+
+
+def test_one_process_under_torchrun_says_it_at_the_start(tmp_path):
+    one = _two_rank_run(tmp_path, "one", {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "0"}, ranks=1)
+    assert one.returncode == 0, process_output(one)
+    said = [ln for ln in one.stderr.splitlines() if "torchrun waits after a SIGTERM" in ln]
+    if grace_configurable():
+        assert len(said) == 1, process_output(one)
+        assert "the run's checkpoint is about" in said[0] and "more than the 0 s torchrun waits" in said[0]
+    else:
+        assert said == [], process_output(one)

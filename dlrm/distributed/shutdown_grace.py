@@ -8,7 +8,8 @@ that read them: torch 2.11's does not). MLPerf DLRM-DCNv2's full tables on two H
 as such a run ended killed both ranks in its last checkpoint, and nothing of its 100 steps was saved. Nothing a rank
 does outlives a SIGKILL, so the run says so before it matters: at the start, from the size of the biggest rank's
 shard (`StopGrace.check_start`), and after each checkpoint, from the seconds it took (`StopGrace.check_save`), with
-what stops such a run whole (signal the ranks, or give torchrun a longer grace where it takes one).
+what stops such a run whole (signal the ranks, or give torchrun a longer grace where it takes one). One process under
+torchrun (``--nproc-per-node 1``) is SIGKILLed alike, and weighed alike.
 """
 
 from __future__ import annotations
@@ -96,14 +97,27 @@ def torchrun_grace_s(environ: Optional[Mapping[str, str]] = None, parent_argv: O
     return grace if grace >= 0 else DEFAULT_GRACE_S
 
 
+def _first_step_state(opt: torch.optim.Optimizer, group: dict) -> int:
+    """How many tensors of a parameter's size `opt` makes for it at its first step: Adam's two moments, SGD's
+    momentum buffer (with momentum), nothing for Adagrad (its sums are made with the optimizer) or plain SGD."""
+    if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        return 2
+    if isinstance(opt, torch.optim.SGD) and group.get("momentum", 0):
+        return 1
+    return 0
+
+
 def state_bytes(model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> int:
-    """The bytes of a rank's checkpoint shard, near enough: its model's state (its embedding shard, the dense layers)
-    and its optimizers' state tensors as they are now (at the start Adam's moments are not there yet: they come at its
-    first step, twice the dense layers' bytes, small beside the tables that make a shard slow to write)."""
+    """The bytes of a rank's checkpoint (its shard), near enough: its model's state (its embedding shard, the dense
+    layers) and its optimizers' state tensors, those an optimizer makes only at its first step (Adam's moments: twice
+    the dense layers' bytes) counted before they exist, so the start weighs the checkpoints the run will write."""
     total = sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, torch.Tensor))
     for opt in optimizers:
         for state in opt.state.values():
             total += sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
+        for group in opt.param_groups:
+            lazy = _first_step_state(opt, group)
+            total += sum(lazy * p.numel() * p.element_size() for p in group["params"] if not opt.state.get(p))
     return total
 
 
@@ -120,7 +134,7 @@ class StopGrace:
     """Warns, once a run, where a sharded checkpoint would outlast torchrun's grace after a SIGTERM.
 
     Args:
-        env: the process group (nothing is checked in one process or outside torchrun).
+        env: the process group (one process under torchrun is checked too; nothing outside torchrun).
         grace_s: torchrun's grace; default: `torchrun_grace_s` (None outside torchrun).
         configurable: whether torchrun takes a longer one (`grace_configurable`), for the advice.
 
@@ -134,13 +148,14 @@ class StopGrace:
 
     def __init__(self, env: DistEnv, grace_s: Optional[float] = None, configurable: Optional[bool] = None) -> None:
         self.env = env
-        self.grace_s = torchrun_grace_s() if grace_s is None and env.distributed else grace_s
+        # one process under torchrun (--nproc-per-node 1, as in many SLURM scripts) is SIGKILLed alike
+        self.grace_s = torchrun_grace_s() if grace_s is None else grace_s
         self.configurable = grace_configurable() if configurable is None else configurable
         self.warned = False
 
     @property
     def active(self) -> bool:
-        return self.env.distributed and self.grace_s is not None
+        return self.grace_s is not None
 
     def start_line(self, shard_bytes: list[float]) -> Optional[str]:
         """The start's warning for every rank's shard bytes, None where the biggest, written at
@@ -149,7 +164,8 @@ class StopGrace:
         seconds = shard_bytes[q] / ASSUMED_WRITE_BYTES_PER_S
         if seconds <= self.grace_s:
             return None
-        return (f"rank {q}'s checkpoint shard is about {shard_bytes[q] / 1e9:.1f} GB: {seconds:.0f} s to write at "
+        what = f"rank {q}'s checkpoint shard" if len(shard_bytes) > 1 else "the run's checkpoint"
+        return (f"{what} is about {shard_bytes[q] / 1e9:.1f} GB: {seconds:.0f} s to write at "
                 f"1 GB/s (an H200 machine's local disk wrote 0.5-0.7 GB/s), more than the {self.grace_s:g} s torchrun "
                 f"waits after a SIGTERM before it SIGKILLs the ranks: {_advice(self.grace_s, self.configurable)}")
 

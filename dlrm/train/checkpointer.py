@@ -119,7 +119,7 @@ class Checkpointer:
         # torchrun SIGKILLs its ranks 30 s after passing on a SIGTERM: a checkpoint slower than that is lost in such a
         # stop (MLPerf DLRM-DCNv2's 53 GB on two H200s: 65-99 s, and a run stopped at its end saved nothing)
         self.grace = StopGrace(env)
-        if run is not None and run.plan is not None:
+        if run is not None:
             self.grace.check_start(run.model, run.optimizers)
 
     def save(self, run: Run, pos: ckpt.Position, stats: RunStats) -> Path:
@@ -127,13 +127,13 @@ class Checkpointer:
         if self._saved_here(pos.step):
             return self.last  # this step is already saved in this run
         keep = self.cfg.checkpoint.keep
+        start = time.monotonic()
         if run.plan is not None:  # the check and the state inside the save's first agreed part (`_checked_state`)
-            start = time.monotonic()
             self.last = dist_ckpt.save_sharded(self.run_dir, lambda: self._checked_state(run, pos, stats), pos.step,
                                                keep, self.env, run.plan)
-            self.grace.check_save(time.monotonic() - start, self.last.name)
         else:
             self.last = ckpt.save_checkpoint(self.run_dir, self._checked_state(run, pos, stats), pos.step, keep)
+        self.grace.check_save(time.monotonic() - start, self.last.name)
         return self.last
 
     def _checked_state(self, run: Run, pos: ckpt.Position, stats: RunStats) -> dict[str, Any]:
