@@ -33,6 +33,7 @@ from loguru import logger
 from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
 from dlrm.errors import named_os_error  # (defined low: the data tools' worker processes use it too)
+from dlrm.fast_save import fast_save
 from dlrm.file_modes import file_mode
 from dlrm.logging_setup import ProgressBar, bar_interval, run_logger
 from dlrm.progress_file import ProgressFile as _ProgressFile, ReadProgress as _ReadProgress
@@ -164,7 +165,8 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, repla
                                                    **bar_interval()) as bar:
             out = _ProgressFile(f, None if bar.disable else bar)
             try:
-                torch.save(disk, out)
+                with fast_save(disk):  # no CRC-32s (torch.load never checks them), CUDA storages copied pinned
+                    torch.save(disk, out)
             except (OSError, RuntimeError) as e:
                 if out.stop is not None:
                     raise out.stop from None
