@@ -34,6 +34,7 @@ from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
 from dlrm.errors import named_os_error  # (defined low: the data tools' worker processes use it too)
 from dlrm.fast_save import fast_save
+from dlrm.stream_save import stream_save
 from dlrm.file_modes import file_mode
 from dlrm.logging_setup import ProgressBar, bar_interval, run_logger
 from dlrm.progress_file import ProgressFile as _ProgressFile, ReadProgress as _ReadProgress
@@ -165,8 +166,11 @@ def write_atomic(path: Path, state: dict[str, Any], progress: bool = True, repla
                                                    **bar_interval()) as bar:
             out = _ProgressFile(f, None if bar.disable else bar)
             try:
-                with fast_save(disk):  # no CRC-32s (torch.load never checks them), CUDA storages copied pinned
-                    torch.save(disk, out)
+                # no CRC-32s (torch.load never checks them); the tensors' bytes streamed in chunk by chunk, or where
+                # that cannot be (another torch's layout) torch.save's own copy of each CUDA storage, pinned
+                with fast_save(disk):
+                    if not stream_save(disk, out, f, tmp, lambda n: bar.update(min(n, max(0, bar.total - bar.n)))):
+                        torch.save(disk, out)
             except (OSError, RuntimeError) as e:
                 if out.stop is not None:
                     raise out.stop from None

@@ -1,5 +1,8 @@
 """torch.save at the disk's speed: no zip CRC-32s, and CUDA storages copied to the host through pinned memory.
 
+A checkpoint's bytes are streamed in by `dlrm.stream_save` (no whole copy at all); the pinned copy here is for the
+files it leaves to plain torch.save (another torch's layout), the CRC-32s for both.
+
 A checkpoint's torch.save spent most of its time on neither the GPU nor the disk. Measured on an H200 machine
 (2026-12-04, ``benchmarks/results/checkpoint_write_h200.md``, one 16 GiB CUDA tensor): 32.4 s with torch's defaults,
 24.1 s without the CRC-32s, 17.1 s with the pinned copy, 11.4 s with both (the disk alone: 14.1 s at 1.22 GB/s).

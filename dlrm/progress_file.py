@@ -36,6 +36,13 @@ class ProgressFile:
     def flush(self) -> None:
         self._f.flush()
 
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """(torch.save under ``skip_data`` seeks past each tensor's bytes, written later: `dlrm.stream_save`)"""
+        return self._f.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
 
 class ReadProgress:
     """A binary file whose reads advance a progress bar (torch.load reads an archive through readinto, seek and
