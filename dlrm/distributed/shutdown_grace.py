@@ -27,7 +27,8 @@ from dlrm.distributed.env import DistEnv
 DEFAULT_GRACE_S = 30.0
 """torchrun's seconds between passing a SIGTERM on to the ranks and SIGKILLing them (torch's default)."""
 ASSUMED_WRITE_BYTES_PER_S = 1e9
-"""The start's estimate of a shard's write: a fast local disk's rate (an H200 machine's wrote 0.53-0.66 GB/s), so
+"""The start's estimate of a shard's write: a fast local disk's rate (H200 machines' disks wrote 0.8-1.3 GB/s with
+the streamed save, `dlrm.stream_save`; 0.53-0.66 GB/s through torch.save before it), so
 that the start warns only where even such a disk would exceed the grace; `check_save` measures the real one."""
 _ENV_KEY = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 _FLAGS = ("--shutdown-timeout", "--shutdown_timeout")
@@ -166,7 +167,7 @@ class StopGrace:
             return None
         what = f"rank {q}'s checkpoint shard" if len(shard_bytes) > 1 else "the run's checkpoint"
         return (f"{what} is about {shard_bytes[q] / 1e9:.1f} GB: {seconds:.0f} s to write at "
-                f"1 GB/s (an H200 machine's local disk wrote 0.5-0.7 GB/s), more than the {self.grace_s:g} s torchrun "
+                f"1 GB/s (H200 machines' local disks wrote 0.8-1.3 GB/s), more than the {self.grace_s:g} s torchrun "
                 f"waits after a SIGTERM before it SIGKILLs the ranks: {_advice(self.grace_s, self.configurable)}")
 
     def check_start(self, model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> None:
