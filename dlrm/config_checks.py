@@ -311,10 +311,18 @@ def free_run_name(path: Path) -> str:
     trial = re.fullmatch(r"seed-\d+", path.name) and (path.parent.parent / "sweep.json").is_file()
     # r-2's is r-3 (a date-time suffix stays)
     stem = path.name if trial else re.sub(r"-\d{1,3}$", "", path.name) or path.name
+    stem = accepted_stem(stem)
     n = 2
     while os.path.lexists(path.parent / fitted_name(stem, f"-{n}")):
         n += 1
     return fitted_name(stem, f"-{n}")
+
+
+def accepted_stem(stem: str) -> str:
+    """`stem` without the leading '.' and '-' a new run's name may not begin with (`leading_name_problem`), or "run"
+    when nothing else is left: an existing run named ``-x`` (made before such names were refused; it still resumes)
+    was advised ``--run-name -x-2``, which the same command then refused."""
+    return stem.lstrip(".-") or "run"
 
 
 def fitted_name(stem: str, suffix: str) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from dlrm.config import Config
-from dlrm.config_checks import fitted_name
+from dlrm.config_checks import accepted_stem, fitted_name
 from dlrm.data.output_dirs import is_run_directory
 from dlrm.errors import ConfigError
 from dlrm.json_file import read_json
@@ -42,7 +42,10 @@ def sweep_holding(tb_dir: str) -> Optional[Path]:
 
 
 def free_name(parent: Path, name: str) -> str:
-    """`name`, or ``name-2``, ``name-3``, ... : the first that `parent` holds nothing of (cut to a file name's length)."""
+    """`name`, or ``name-2``, ``name-3``, ... : the first that `parent` holds nothing of (cut to a file name's length),
+    without a leading '.' or '-' (`accepted_stem`: an old sweep ``-s``'s advice was ``--run-name -s-00-seed-0``,
+    which the run it advised then refused)."""
+    name = accepted_stem(name)
     n, candidate = 1, fitted_name(name, "")
     while os.path.lexists(parent / candidate):
         n += 1
