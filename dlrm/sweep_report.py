@@ -175,5 +175,6 @@ def _setting_hparams(r: SettingResult):
     resolved = first.get("resolved")
     hp = session_hparams(cfg, batch if isinstance(batch, int) else cfg.data.batch_size, sizes,
                          resolved if isinstance(resolved, dict) else None)
-    # its metrics are the means over its trials' seeds: no one seed (the first trial's named it), a blank cell
-    return {**hp, "seed": math.nan}, cfg
+    # its metrics are the means over its trials' seeds: no one seed (the first trial's named it), a blank cell, text
+    # as the trials' seeds are (a NaN typed the column a number's in this setting's experiment, text in a trial's)
+    return {**hp, "seed": ""}, cfg

@@ -268,7 +268,7 @@ def test_hparams_are_in_the_run_itself_and_the_plugin_lists_the_run(profiled_run
         "dense_lr": cfg.optim.dense.lr, "sparse_lr": cfg.optim.sparse.lr, "interaction": cfg.model.interaction,
         "cross_layers": 0, "cross_rank": 0, "multi_hot_values": 26,  # no cross network, one-hot data
         "kernels": "torch", "compile": "off",  # as trained ("auto" resolved on the CPU)
-        "steps": summary["steps"], "seed": summary["resolved"]["seed"]})
+        "steps": summary["steps"], "seed": str(summary["resolved"]["seed"])})
     assert cfg.optim.dense.lr != cfg.optim.sparse.lr
     metrics = {m["name"]["tag"]: m["value"] for m in group["sessions"][0]["metricValues"]}
     assert metrics == pytest.approx({f"hparam/{k}": summary[k] for k in ("auc", "logloss", "accuracy")}, abs=1e-6)

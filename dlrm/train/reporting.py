@@ -252,9 +252,9 @@ def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list
     were sessions of the same values. ``steps``: the steps the run was set to train (``train.max_steps`` or its epochs';
     early stopping may end it sooner; a resumed run's, its last session's), a blank cell where unknown: a 60-step run's
     AUC stood beside a 1406-step run's as that of the same settings. ``seed``: the seed the session trained with
-    (`resolved`'s, else ``train.seed``; a number, as HParams holds numbers: one above 2**53 shows rounded): two runs
-    that differed only by their seed were sessions of the same values. An earlier session's hparams written before
-    a column are no change to a resumed one's (`_replace_earlier_hparams` compares the keys both hold).
+    (`resolved`'s, else ``train.seed``), as text (`_seed_text`): two runs that differed only by their seed were
+    sessions of the same values. An earlier session's hparams written before a column are no change to a resumed
+    one's (`_replace_earlier_hparams` compares the keys both hold).
 
         >>> from dlrm.config import LogConfig
         >>> session_hparams(Config(log=LogConfig(sweep_keys=["model.dropout", "model.top_mlp"])), 32)["model.top_mlp"]
@@ -264,7 +264,7 @@ def session_hparams(cfg: Config, batch_size: int, multi_hot_sizes: Optional[list
           "sparse_lr": cfg.optim.sparse.lr, "precision": (resolved or {}).get("precision") or cfg.train.precision,
           "interaction": cfg.model.interaction, "kernels": kernels_text(cfg, resolved),
           "compile": compile_text(cfg, resolved), "steps": _steps(cfg, resolved),
-          "seed": _whole((resolved or {}).get("seed", cfg.train.seed))}
+          "seed": _seed_text((resolved or {}).get("seed", cfg.train.seed))}
     dcn = cfg.model.interaction == "dcn"
     hp.update(cross_layers=cfg.model.cross_layers if dcn else 0, cross_rank=cfg.model.cross_rank if dcn else 0,
               multi_hot_values=sum(multi_hot_sizes) if multi_hot_sizes is not None else NUM_SPARSE)
@@ -320,6 +320,18 @@ def _steps(cfg: Config, resolved: Optional[dict]) -> float:
 def _whole(value: Any) -> float:
     """`value` where it is a whole number, else NaN (a blank cell: the column is a number's; true is no number)."""
     return value if isinstance(value, int) and not isinstance(value, bool) else math.nan
+
+
+def _seed_text(value: Any) -> str:
+    """A seed as its HParams value: decimal text, "" (a blank cell) where it is no whole number. HParams numbers are
+    float64, so seeds 2**53 and 2**53 + 1 (train.seed goes to 2**63 - 1) both showed 9007199254740992; text in every
+    run and sweep setting, not only above 2**53: TensorBoard types a column by one run's experiment, and a column of
+    numbers and text failed the dashboard's sorting (`swept_value`).
+
+        >>> _seed_text(2**53 + 1), _seed_text(None)
+        ('9007199254740993', '')
+    """
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else ""
 
 
 def swept_value(key: str, value: Any) -> Any:
@@ -400,9 +412,10 @@ def _replace_earlier_hparams(writer: SummaryWriter, shown: dict[str, Any]) -> No
         logger.warning(f"TensorBoard HParams: {e}; the run may show an earlier session's hyperparameters")
         return
     if earlier is not None:
-        changed = {k: (v, shown[k]) for k, v in earlier.items() if k in shown and v != shown[k]
+        held = {k: _as_shown(v, shown[k]) for k, v in earlier.items() if k in shown}
+        changed = {k: (v, shown[k]) for k, v in held.items() if v != shown[k]
                    and not (v != v and shown[k] != shown[k])}  # (NaN: a swept number key's null, both sides)
-        said = ", ".join(f"{k} {_as_shown(a, b)} -> {b}" for k, (a, b) in changed.items())
+        said = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items())
         logger.info("TensorBoard HParams: the run shows this session's hyperparameters, replacing an earlier "
                     "session's" + (f" ({said})" if changed else " (the same values)")
                     + "; each session's are in summary.json's sessions")
@@ -410,9 +423,16 @@ def _replace_earlier_hparams(writer: SummaryWriter, shown: dict[str, Any]) -> No
 
 def _as_shown(held: Any, shown: Any) -> Any:
     """An earlier session's hparam as this session's of the same key is written: the event file holds every number
-    as a float, so an integer setting read back (a batch size) was said as ``batch_size 256.0 -> 128``."""
+    as a float, so an integer setting read back (a batch size) was said as ``batch_size 256.0 -> 128``. A seed an
+    earlier version wrote as that float (`_seed_text`), rounded above 2**53, is the same seed as this session's text.
+
+        >>> _as_shown(256.0, 128), _as_shown(9007199254740992.0, "9007199254740993"), _as_shown(5.0, "7")
+        (256, '9007199254740993', '5')
+    """
     if isinstance(held, float) and isinstance(shown, int) and not isinstance(shown, bool) and held.is_integer():
         return int(held)
+    if isinstance(held, float) and isinstance(shown, str) and shown.isdecimal() and held.is_integer():
+        return shown if float(int(shown)) == held else str(int(held))
     return held
 
 
