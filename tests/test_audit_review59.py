@@ -188,3 +188,35 @@ def test_a_sweep_refuses_two_settings_whose_caps_bind_no_table(tmp_path):
                                           r"tables of .*ds alike \(the largest has 224 rows\)"):
         check_same_configs(config, base, grid)
     check_datasets(config, base, grid, str(tmp_path))  # (a resumed sweep's: its grid began so, not refused midway)
+
+
+def test_eval_only_of_the_test_split_logs_eval_test_scalars(tmp_path):
+    """`train.py --eval-only --checkpoint C --split test` wrote its test numbers as eval/*, the tags of the validation
+    evaluations (training runs' curves, another --eval-only's): in TensorBoard a test evaluation read as a validation
+    one. Now they are eval/test/*, as a training run names its evaluations of another split than its curve's; a
+    validation evaluation keeps eval/*."""
+    from click.testing import CliRunner
+
+    import dlrm.cli as cli
+    from tests.conftest import make_dataset
+
+    config = _tiny_config(tmp_path)
+    raw = json.loads(config.read_text())
+    make_dataset(tmp_path / "ds3", {"train": 40, "validation": 16, "test": 24})
+    raw["data"]["path"] = str(tmp_path / "ds3")
+    config.write_text(json.dumps(raw))
+    from dlrm.train.trainer import train
+
+    train(load_config(config, {"log.run_name": "r"}))
+    checkpoint = tmp_path / "tb" / "r" / "checkpoints" / "step-00000004.pt"
+    for split in ("test", "validation"):
+        result = CliRunner().invoke(cli.main, ["--config", str(config), "--eval-only", "--checkpoint", str(checkpoint),
+                                               "--split", split, "--run-name", f"ev-{split}"])
+        assert result.exit_code == 0, result.output
+    test = _scalars(tmp_path / "tb" / "ev-test")
+    assert sorted(test) == ["eval/test/accuracy", "eval/test/auc", "eval/test/logloss"], sorted(test)
+    summary = json.loads((tmp_path / "tb" / "ev-test" / "summary.json").read_text())
+    assert summary["split"] == "test" and summary["rows"] == 24
+    for key in ("auc", "logloss", "accuracy"):  # the test split's numbers, at the checkpoint's step
+        assert test[f"eval/test/{key}"] == [(4, pytest.approx(summary[key], abs=1e-6))]
+    assert sorted(_scalars(tmp_path / "tb" / "ev-validation")) == ["eval/accuracy", "eval/auc", "eval/logloss"]

@@ -135,8 +135,10 @@ def _evaluated(cfg: Config, path: Path, split: str) -> dict:
         # the numbers in TensorBoard too, as a training run's evaluations are (they were in summary.json only: the
         # evaluation of a checkpoint on the test split could not be seen beside the runs' curves)
         writer = open_writer(run_dir.path)
-        try:
-            eval_scalars(writer, metrics, step or 0)
+        try:  # a split other than validation (data.eval_split's default, whose eval/* are the training runs' curves)
+            # as eval/<split>/*, as a run names its evaluations of another split (`Trainer._eval_tag`): --split test's
+            # were eval/*, read in TensorBoard as a validation evaluation
+            eval_scalars(writer, metrics, step or 0, "eval" if split == "validation" else f"eval/{split}")
         finally:
             writer.close()
         summary = {**metrics, "split": split, "checkpoint": str(path), "step": step, "rows": loader.num_rows,
