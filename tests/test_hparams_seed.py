@@ -2,9 +2,9 @@
 the same values, their AUCs side by side as if of one setting. Now ``seed`` is the seed the session trained with
 (summary.json's ``resolved.seed``); a run resumed from a session written before the column still reads "the same
 values" (an earlier session's missing key is no change), and a sweep setting's session, the mean over its seeds, has a
-blank cell there. The seed is text: HParams numbers are float64, and seeds 2**53 and 2**53 + 1 showed as one number; text
-in every run and setting (TensorBoard types a column by one run's experiment), and a run whose earlier session wrote
-its seed as a number still reads "the same values"."""
+blank cell there. The seed is text: HParams numbers are float64, and seeds 2**53 and 2**53 + 1 showed as one number;
+text in every run and setting (TensorBoard types a column by one run's experiment), and a run whose earlier session
+wrote its seed as a number still reads "the same values"."""
 
 from __future__ import annotations
 
@@ -123,8 +123,8 @@ def test_seeds_above_2_53_are_told_apart_and_the_column_has_one_type(seeded_runs
         cfg = load_config(REPO / "configs" / "sample.json", {"train.seed": seed})
         with SummaryWriter(str(logdir / f"s{seed}")) as writer:
             reporting.log_hparams(writer, cfg, 32, {"auc": 0.8, "logloss": 0.45, "accuracy": 0.79})
-    write_hparams(logdir / "sweep", [SettingResult(0, {"optim.dense.lr": summaries[0]["config"]["optim"]["dense"]["lr"]},
-                                                   summaries)])
+    lr = summaries[0]["config"]["optim"]["dense"]["lr"]
+    write_hparams(logdir / "sweep", [SettingResult(0, {"optim.dense.lr": lr}, summaries)])
     groups = {g["name"]: g["hparams"] for g in hparams_session_groups(logdir)}
     (setting,) = [hp for name, hp in groups.items() if name.startswith("sweep/")]
     assert {name: hp["seed"] for name, hp in groups.items() if not name.startswith("sweep/")} == {
