@@ -50,6 +50,7 @@ from dlrm.logging_setup import configure_logging, run_logger
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, check_tb_dir
 from dlrm.path_checks import check_path
+from dlrm.run_paths import check_room, export_temp, run_deepest
 from dlrm.stop_signal import LateSignals, StopAtOnce, signal_stop_inside
 
 EXIT_BAD_INPUT = 2
@@ -126,6 +127,7 @@ def check_export_path(path: str) -> Path:
     if problem:
         raise ConfigError(problem)
     check_export_place(target)  # not in a run's checkpoints/, a dataset or a sweep
+    check_room("--export", str(parent), export_temp(target))  # (its temporary: written after the whole run)
     return target
 
 
@@ -435,6 +437,7 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
         except ConfigError as e:
             given = cfg.log.run_name is not None and "log.run_name" in overrides
             raise ConfigError(f"{'command line' if given else config_path}: {e}") from None
+        check_room(tb_flag, cfg.log.tb_dir, run_deepest(cfg.log.run_name, cfg.name, eval_only, compare))  # (not mid-run)
     if resume is None and compare is None and (eval_only or not export_path or not checkpoint_path):
         check_not_own_record(config_path, cfg, overrides, eval_only)
     export = check_export_path(export_path) if export_path else None

@@ -36,6 +36,16 @@ def shown_path(path: PathText, limit: int = 120) -> str:
     return f"{text[:head]}...{text[-(limit - head - 3):]} ({len(os.fsencode(text))} bytes)"
 
 
+def absolute_size(path: PathText) -> int:
+    """Bytes of `path` made absolute: the commands work with os.path.abspath(path) (a run directory, a dataset's
+    lock beside it)."""
+    raw = os.fsencode(path)
+    try:
+        return len(os.fsencode(os.path.abspath(os.fsdecode(raw))))
+    except OSError:  # (a working directory removed since: getcwd fails, and the path's own length is what is known)
+        return len(raw)
+
+
 def path_problem(path: PathText) -> Optional[str]:
     """Why no file can be found or made at `path`, or None.
 
@@ -48,11 +58,7 @@ def path_problem(path: PathText) -> Optional[str]:
     longest = max(raw.split(b"/"), key=len)
     if len(longest) > NAME_MAX:
         return f"a name of {len(longest)} bytes in it is too long (at most {NAME_MAX})"
-    # absolute: the commands work with os.path.abspath(path) (a run directory, a dataset's lock beside it)
-    try:
-        size = len(os.fsencode(os.path.abspath(os.fsdecode(raw))))
-    except OSError:  # (a working directory removed since: getcwd fails, and the path's own length is what is known)
-        size = len(raw)
+    size = absolute_size(raw)
     if size >= PATH_MAX:
         whose = "a" if raw.startswith(b"/") else "its absolute"
         return f"{whose} path of {size} bytes is too long (at most {PATH_MAX - 1})"

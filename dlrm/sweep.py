@@ -52,7 +52,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import click
 from loguru import logger
@@ -63,6 +63,7 @@ from dlrm.errors import DatasetError, TrainingStopped, failure_reason
 from dlrm.logging_setup import counted
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 from dlrm.path_checks import check_path
+from dlrm.run_paths import check_room, sweep_deepest
 # (the results and the verdict: dlrm.sweep_results, named here as they always were)
 from dlrm.sweep_results import (NOISE_FACTOR, SettingResult, Verdict, _mean, _std, label,  # noqa: F401
                                verdict)
@@ -180,10 +181,11 @@ def write_tables(directory: Path, results: list[SettingResult], keys: list[str],
 # -- running ----------------------------------------------------------------------------------------
 
 
-def sweep_directory(tb_dir: str, run_name: Optional[str], config: str,
-                    data_paths: tuple[str, ...] = ()) -> tuple[Path, bool]:
+def sweep_directory(tb_dir: str, run_name: Optional[str], config: str, data_paths: tuple[str, ...] = (),
+                    settings: Sequence[dict[str, Any]] = (), seeds: int = 1) -> tuple[Path, bool]:
     """The new, empty sweep directory (an existing non-empty one is refused: nothing is overwritten), and whether
-    this call created it. `data_paths`: the datasets its trials read (no --tb-dir inside one)."""
+    this call created it. `data_paths`: the datasets its trials read (no --tb-dir inside one); `settings` and `seeds`:
+    its trials, whose deepest file must fit under --tb-dir (`dlrm.run_paths.sweep_deepest`)."""
     # an empty value (an unset variable): --tb-dir "" wrote into the working directory, --run-name "" took the default
     if tb_dir == "":
         raise ConfigError('--tb-dir: empty path (the TensorBoard root; "." for the working directory)')
@@ -208,6 +210,9 @@ def sweep_directory(tb_dir: str, run_name: Optional[str], config: str,
                           f"only; pick a --tb-dir outside it (--tb-dir {outer.parent})")
     # a file there ("cannot create ... (File exists)"), another run's directory, a dataset the trials read
     check_tb_dir(tb_dir, "--tb-dir", data_paths)
+    # (a trial's checkpoint over PATH_MAX: "a bug in dlrm" after the trials before it had trained)
+    check_room("--tb-dir", tb_dir, sweep_deepest(name + ("-999" if run_name is None else ""),
+                                                 [slug(i, s) for i, s in enumerate(settings)] or [slug(0, {})], seeds))
     if run_name is None:
         return _claim_default_directory(directory), True
     if directory.exists() and (not directory.is_dir() or any(directory.iterdir())):
@@ -303,7 +308,7 @@ def run_sweep(config: str, sets: list[tuple[str, list[Any]]], seeds: int, base: 
         logger.warning(line)
 
     data_paths = tuple(sorted({load_config(config, {**base, **setting}).data.path for setting in settings}))
-    directory, created = sweep_directory(tb_dir, run_name, config, data_paths)
+    directory, created = sweep_directory(tb_dir, run_name, config, data_paths, settings, seeds)
     try:
         lock = write_record(directory, config, sets, seeds, base)  # what --resume reads back
     except BaseException:

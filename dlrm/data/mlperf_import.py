@@ -100,6 +100,7 @@ from dlrm.errors import report_bug
 from dlrm.json_file import read_json
 from dlrm.logging_setup import ProgressBar, bar_interval, configure_logging, counted
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
+from dlrm.run_paths import MLPERF_FILES
 from dlrm.stop_signal import EXIT_INTERRUPTED, StopAtOnce, interruption
 
 EXIT_BAD_INPUT = 2
@@ -325,7 +326,7 @@ def import_mlperf(input_dir: Path, output: Path, train_days: list[int], eval_day
         raise ImportInputError(f"--sparse-layout: {sparse_layout!r:.40} is not one of {', '.join(SPARSE_LAYOUTS)}")
     if dense_format not in DENSE_FORMATS:
         raise ImportInputError(f"--dense: {dense_format!r:.40} is not one of {', '.join(DENSE_FORMATS)}")
-    check_named(output, "--output", ImportInputError)
+    check_named(output, "--output", ImportInputError, ".import-partial", MLPERF_FILES)  # (`_partial_dir`)
     _check_input_apart(input_dir, output)
     check_target(output, overwrite or _replacing(output), "directory", "--output")
     check_unowned(output, "--output", ImportInputError)  # (no dataset inside another, a run or a sweep)

@@ -34,6 +34,11 @@ def check_target(path: Path, overwrite: bool, what: str, option: str = "") -> No
         raise click.ClickException(dangling)
     if path.is_dir() and what == "file":
         raise click.ClickException(f"{path} is a directory, expected a file path for the raw TSV")
+    if what == "file":  # (written as ".<name>.<random>.tmp" beside it, then renamed)
+        from dlrm.run_paths import RANDOM, check_room
+
+        check_room(option, os.path.dirname(os.path.abspath(path)), f".{path.name}.{RANDOM}.tmp", click.ClickException,
+                   str(path))
     if what == "file" and not overwrite and os.path.lexists(path) and not path.is_file():
         # a FIFO or a link to nothing is no "file" below, yet the finished file's rename replaced it silently; a link
         # to nothing is named so, with its target (`dangling_link_error`'s words): "not a regular file" hid it
@@ -131,11 +136,19 @@ def check_unowned(path: Path, option: str, error: type[click.ClickException] = c
         raise error(f"{option} {path} is inside {owner}, which belongs to it; write the dataset outside it")
 
 
-def check_named(out: Path, option: str, error: type[click.ClickException] = click.ClickException) -> None:
+def check_named(out: Path, option: str, error: type[click.ClickException] = click.ClickException,
+                temp: str = ".tmp-xxxxxxxx", files: Optional[list[str]] = None) -> None:
     """Refuse ``.`` and ``..`` as a dataset directory a tool renames into place: the rename onto the working directory
-    failed (EBUSY) after all the work, leaving its temporary (``..import-partial``, ``..old-*``) there."""
+    failed (EBUSY) after all the work, leaving its temporary (``..import-partial``, ``..old-*``) there. And an `out`
+    whose temporary sibling ``.<name><temp>`` (the generator's ``.tmp-<random>``) with the deepest of `files` (the
+    generator's) inside would be over PATH_MAX: "File name too long" at the first shard or the metadata, after the
+    work before it (`dlrm.run_paths`)."""
     if out.name in ("", ".."):
         raise error(f"{option} {out}: name the dataset directory itself, not . or .. (it is renamed into place)")
+    from dlrm.run_paths import SYNTHETIC_FILES, check_room, dataset_temp
+
+    check_room(option, os.path.dirname(os.path.abspath(out)), dataset_temp(out.name, temp, files or SYNTHETIC_FILES),
+               error, str(out))
 
 
 def check_apart(source_opt: str, source: Path, out_opt: str, out: Path, advice: str,

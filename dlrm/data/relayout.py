@@ -196,7 +196,9 @@ def _checked_relayout(data: Path, output: Path, layout: SparseLayout, codec: str
         # run can train on. Checked as training reads them (`read_vocabulary`), before anything is written.
         for f in range(NUM_SPARSE):
             read_vocabulary(data, f, meta.cardinalities[f])
-    check_named(output, "--output")
+    # the copy keeps the input's relative paths (its split files, vocab/), in a ".relayout-<random>" sibling first
+    check_named(output, "--output", temp=".relayout-xxxxxxxx", files=[*(f for info in meta.splits.values()
+                                                                          for f in info.files), "vocab/C26.npy"])
     check_apart("--data", data, "--output", output, "write the copy somewhere else")
     check_target(output, overwrite, "directory", "--output")
     check_unowned(output, "--output")  # (no dataset inside another, a run or a sweep)

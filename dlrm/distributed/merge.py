@@ -44,6 +44,9 @@ def check_out_path(out: Path) -> None:
     # not among a run's checkpoints (its pruning and --resume read every step-*.pt there as its own), in a dataset
     # (a tool's --overwrite replaces it whole) or a sweep, as train.py's --export is refused there
     check_export_place(out, flag="OUT", written="the merged checkpoint")
+    from dlrm.run_paths import atomic_temp, check_room
+
+    check_room("OUT", os.path.dirname(os.path.abspath(out)), atomic_temp(out.name), shown=str(out))  # (after the merge)
 
 
 def check_same_run(manifest_path: Path) -> None:

@@ -372,6 +372,9 @@ def check_output_location(out: Path, inputs: list[Path]) -> None:
     except UnicodeEncodeError:  # pyarrow opens shards by a UTF-8 path: no loader (nor a resume) could read them
         raise PreprocessError(f"--output {str(out)!r}: the path is not valid UTF-8, which pyarrow (every loader) "
                               "cannot open; choose another name") from None
+    from dlrm.run_paths import PREPROCESS_DEEPEST, check_room  # (a shard over PATH_MAX: after the reading before it)
+
+    check_room("--output", str(out), PREPROCESS_DEEPEST, PreprocessError)
     # (a dangling link was "exists and is not a directory", and one above it "cannot be created: LINK is not a
     # directory", without a word of the link: the other data tools' line, `dangling_link_error`, says so)
     dangling = dangling_link_error(out, "--output")
