@@ -401,11 +401,11 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
     # paths no file can have (a 300-byte name, ENAMETOOLONG): an OSError of the first check that looked, "a bug"
     for flag, path in (("--resume", resume if resume != "latest" else None), ("--checkpoint", checkpoint_path),
                        ("--export", export_path)):
-        check_path(flag, path)
+        check_path(flag, path, under_file=True)  # (afile/x.pt: "checkpoint not found", no flag named)
     cfg = load_with_kernels_shortcut(config_path, overrides, inert_keys, decided)
     loaded.append(cfg)
     tb_flag = "--tb-dir" if "log.tb_dir" in overrides else f"{config_path}: log.tb_dir"
-    check_path("--data" if "data.path" in overrides else f"{config_path}: data.path", cfg.data.path)
+    check_path("--data" if "data.path" in overrides else f"{config_path}: data.path", cfg.data.path, under_file=True)
     check_path(tb_flag, cfg.log.tb_dir)
     # `--resume --run-name NEW` of a run that does not exist starts it from step 0 (`restart_config`): a new run
     new_by_name = resume == "latest" and bool(cfg.log.run_name) and not os.path.lexists(

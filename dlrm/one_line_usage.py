@@ -104,7 +104,9 @@ class NonEmptyPath(click.Path):
             self.fail(f"empty path (name {self.what})", param, ctx)
         from dlrm.path_checks import path_problem, shown_path
 
-        problem = path_problem(value) if isinstance(value, (str, bytes)) else None
+        # (a path through a file too: the tools' own checks said "no such file", "checkpoint not found", "cannot be
+        # created" of it, naming no option)
+        problem = path_problem(value, under_file=True) if isinstance(value, (str, bytes)) else None
         if problem is not None:
             self.fail(f"{shown_path(value)}: {problem}", param, ctx)
         return super().convert(value, param, ctx)

@@ -6,8 +6,9 @@ swallow only ENOENT, ENOTDIR, EBADF and ELOOP: a ``--data`` or ``--tb-dir`` of a
 "this is a bug in dlrm (OSError)" with a traceback, exit 1, from whichever check looked at it first (a sweep's
 ``--config``, ``--resume``, ``--run-name`` too). Each command checks every path it is given here, before any work
 (nothing created: ``mkdir -p`` of ``new/<300 bytes>`` made ``new`` first), in one line naming the flag or key and
-the value, shortened when long (`shown_path`). A missing path, or one under a file, is left to the caller's own
-check, which says what it found there. Torch-free: the data tools' click types use it (`dlrm.one_line_usage`).
+the value, shortened when long (`shown_path`). A missing path is left to the caller's own check, which says what it
+found there; one under a file too, unless asked (`under_file`: where that check named no flag, "checkpoint not found"
+of ``afile/x.pt``). Torch-free: the data tools' click types use it (`dlrm.one_line_usage`).
 """
 
 from __future__ import annotations
@@ -46,8 +47,32 @@ def absolute_size(path: PathText) -> int:
         return len(raw)
 
 
-def path_problem(path: PathText) -> Optional[str]:
-    """Why no file can be found or made at `path`, or None.
+def file_on_the_way(path: PathText) -> Optional[str]:
+    """The existing file (not a directory) that `path` goes through, as in ``afile/x`` (ENOTDIR), or None.
+
+    >>> import tempfile; d = tempfile.mkdtemp(); open(os.path.join(d, "f"), "w").close()
+    >>> file_on_the_way(os.path.join(d, "f", "x")) == os.path.join(d, "f"), file_on_the_way(d)
+    (True, None)
+    """
+    try:
+        os.lstat(path)
+        return None
+    except OSError as e:
+        if e.errno != errno.ENOTDIR:
+            return None
+    except ValueError:
+        return None
+    here = os.path.abspath(os.fsdecode(path))
+    while os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+        if os.path.lexists(here):  # the deepest part that exists: a file (or a link to one) where a directory must be
+            return None if os.path.isdir(here) else here
+    return None
+
+
+def path_problem(path: PathText, under_file: bool = False) -> Optional[str]:
+    """Why no file can be found or made at `path`, or None. `under_file`: also a path through a file (``afile/x``,
+    ENOTDIR), which a command's own check named as missing ("checkpoint not found", "no such file") without its flag.
 
     >>> path_problem("x" * 256)
     'a name of 256 bytes in it is too long (at most 255)'
@@ -65,6 +90,9 @@ def path_problem(path: PathText) -> Optional[str]:
     try:
         os.lstat(raw)  # (not following a last link: a link OUT that --overwrite replaces is the caller's to judge)
     except OSError as e:
+        if e.errno == errno.ENOTDIR and under_file:
+            above = file_on_the_way(raw)
+            return f"{shown_path(above) if above else 'a part of it'} is not a directory"
         if e.errno in (errno.ENOENT, errno.ENOTDIR):
             return None
         if e.errno == errno.ELOOP:
@@ -76,12 +104,14 @@ def path_problem(path: PathText) -> Optional[str]:
     return None
 
 
-def check_path(flag: str, path: Optional[PathText], error: Optional[Callable[[str], Exception]] = None) -> None:
+def check_path(flag: str, path: Optional[PathText], error: Optional[Callable[[str], Exception]] = None,
+               under_file: bool = False) -> None:
     """Raise `error` (default `dlrm.errors.ConfigError`, exit 2) ``"<flag>: <path>: <problem>"`` when `path` has a
-    `path_problem`; None and "" pass (an option left out; an empty one is refused as such elsewhere)."""
+    `path_problem` (`under_file`: a path through a file too); None and "" pass (an option left out; an empty one is
+    refused as such elsewhere)."""
     if path is None or os.fspath(path) in ("", b""):
         return
-    problem = path_problem(path)
+    problem = path_problem(path, under_file)
     if problem is not None:
         if error is None:
             from dlrm.errors import ConfigError

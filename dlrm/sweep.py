@@ -527,7 +527,9 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
                                   f"{world_size_from_env()}: every rank would run the whole sweep): start it with "
                                   "python -m dlrm.sweep")
             for flag, path in (("--data", data), ("--tb-dir", tb_dir), ("--resume", resume_dir)):
-                check_path(flag, path)  # (a 300-byte name: an OSError of the first check to look, "a bug in dlrm")
+                # (a 300-byte name: an OSError of the first check to look, "a bug in dlrm"; --data afile/x: "data.path:
+                # ... does not exist"; --tb-dir's own check names a file on the way)
+                check_path(flag, path, under_file=flag != "--tb-dir")
             base = {k: v for k, v in (("data.path", data), ("train.device", device)) if v is not None}
             if resume_dir is None:
                 run_sweep(config_path, [parse_set(s) for s in sets], seeds, base, tb_dir, run_name)

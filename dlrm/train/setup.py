@@ -135,7 +135,8 @@ def as_trained(cfg: Config, tables: Tables) -> Config:
 def load_dataset_metadata(cfg: Config) -> tuple[Path, Metadata]:
     from dlrm.path_checks import check_path
 
-    check_path("data.path", cfg.data.path)  # (a sweep's --set data.path too: is_dir raised ENAMETOOLONG, "a bug")
+    # (a sweep's --set data.path too: is_dir raised ENAMETOOLONG, "a bug"; afile/x was "does not exist")
+    check_path("data.path", cfg.data.path, under_file=True)
     data_dir = Path(cfg.data.path)
     if not data_dir.is_dir():
         state = "is not a directory" if data_dir.exists() else "does not exist"
