@@ -127,7 +127,7 @@ def check_export_path(path: str) -> Path:
     if problem:
         raise ConfigError(problem)
     check_export_place(target)  # not in a run's checkpoints/, a dataset or a sweep
-    check_room("--export", str(parent), export_temp(target))  # (its temporary: written after the whole run)
+    check_room("--export", str(parent), export_temp(target), shown=path)  # (its temporary: after the whole run)
     return target
 
 

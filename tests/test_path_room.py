@@ -123,7 +123,7 @@ def test_eval_only_and_export_are_checked_for_what_they_write(tmp_path, tiny):
     out.mkdir(parents=True)
     result = CliRunner().invoke(cli.main, ["--config", str(tiny), "--checkpoint", str(checkpoint), "--export",
                                            str(out / "m.pt2")])
-    one_line(result, "--export", PATH_MAX)
+    assert "/m.pt2 (" in one_line(result, "--export", PATH_MAX)  # (the export named, its length with it)
     assert list(out.iterdir()) == [] and not (tmp_path / "tb").exists()
 
 
