@@ -119,3 +119,24 @@ def test_cuda_storages_stream_through_pinned_chunks(tmp_path, chunk):
     back = torch.load(path, weights_only=True, map_location="cuda")
     assert _same(state, back)
     assert sum(advanced) == sum(s.nbytes() for s in ss.storage_order(state).values())
+
+
+def test_a_full_disk_while_the_bytes_stream_names_the_file_and_keeps_the_old_one(tmp_path, monkeypatch):
+    # the tensors' bytes no longer pass through torch.save's writes: a full disk in the streamed part (a sparse
+    # file's space is taken there) must end as torch.save's own failure did
+    import errno
+
+    target = tmp_path / "best.pt"
+    ckpt.write_atomic(target, tiny_state(step=3))
+    before = target.read_bytes()
+    calls = []
+
+    def full(fd, data, offset):
+        calls.append(offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ss.os, "pwrite", full)
+    with pytest.raises(OSError) as e:
+        ckpt.write_atomic(target, tiny_state(step=6))
+    assert calls and e.value.errno == errno.ENOSPC and e.value.filename == str(target)
+    assert [p.name for p in tmp_path.iterdir()] == ["best.pt"] and target.read_bytes() == before
