@@ -67,17 +67,22 @@ def test_the_same_data_gzipped_twice_with_other_headers_is_refused(tmp_path, day
         pp.preprocess([a, b], tmp_path / "ds", progress=False, workers=1)
 
 
-def test_inputs_that_only_look_alike_are_accepted(tmp_path, day):
-    """Same size and first 64 KiB (the last two lines swapped), and a gzip of that with the same decompressed size and
-    line count as the plain day: each compared to its end, none refused."""
-    lines = _lines(400)
-    swapped = tmp_path / "day_1"
-    swapped.write_text("".join(lines[:-2] + [lines[-1], lines[-2]]))
-    assert swapped.stat().st_size == day.stat().st_size and swapped.read_bytes()[:1 << 16] == day.read_bytes()[:1 << 16]
+def test_inputs_that_only_look_alike_are_accepted(tmp_path):
+    """Same size and first 64 KiB (the rows after it with their labels flipped), and a gzip with the same decompressed
+    size and line count as the plain day (every row's last digit changed): each compared to its end, none refused.
+    (Before 2026-12-04 these were the day's rows reordered, accepted then; the same rows in another order are now
+    refused by `same_rows`, tests/test_preprocess_same_rows.py: so these share no more than their first 64 KiB.)"""
+    lines = _lines(2000)  # ~600 KB: the first 64 KiB are a tenth of the lines, far from a copy's share
+    day = tmp_path / "day_0"
+    day.write_text("".join(lines))
+    head = len(day.read_bytes()[:1 << 16].splitlines()) + 1
+    flipped = tmp_path / "day_1"
+    flipped.write_text("".join(lines[:head] + [str(1 - int(x[0])) + x[1:] for x in lines[head:]]))
+    assert flipped.stat().st_size == day.stat().st_size and flipped.read_bytes()[:1 << 16] == day.read_bytes()[:1 << 16]
     gz = tmp_path / "day_2.gz"
-    gz.write_bytes(gzip.compress("".join(lines[1:] + lines[:1]).encode()))  # rotated: same size and lines
-    meta = pp.preprocess([day, swapped, gz], tmp_path / "ds", progress=False, workers=1)
-    assert sum(s.rows for s in meta.splits.values()) == 3 * 400
+    gz.write_bytes(gzip.compress("".join(x[:-2] + ("0" if x[-2] != "0" else "1") + "\n" for x in lines).encode()))
+    meta = pp.preprocess([day, flipped, gz], tmp_path / "ds", progress=False, workers=1)
+    assert sum(s.rows for s in meta.splits.values()) == 3 * 2000
 
 
 def test_empty_files_are_not_called_copies(tmp_path, day):

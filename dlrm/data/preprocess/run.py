@@ -9,7 +9,7 @@ import time
 import zlib
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +36,7 @@ from dlrm.data.preprocess.output import (
     _remove_temp_files,
 )
 from dlrm.data.preprocess.replace import STAGING, finish_replacement, stages_into, swap_committed
-from dlrm.data.preprocess.same_content import same_data
+from dlrm.data.preprocess.same_content import same_data, same_rows
 from dlrm.data.preprocess.scan import FileScan, _count_pass, count_pass_tasks
 from dlrm.data.preprocess.schedule import _run_inline, _run_pool, _RunState
 from dlrm.data.preprocess.splits import SplitPlan
@@ -274,6 +274,7 @@ class _Run:
                             "trailing newline, not a record; an empty line before a record is a bad line)",
                             sc.path, sc.trailing_blank)
         self.file_bad = _check_scans(self.scans, o.on_bad_line)
+        same_rows(self.scans)  # the same rows in other bytes (CRLF, a BOM, another order, a part): from the samples
         if o.multi_hot_sizes is not None:  # known from the count pass: refused before anything is written
             csv = next((sc.path for sc in self.scans if sc.format == "csv"), None)
             if csv is not None:
@@ -355,7 +356,7 @@ class _Run:
                 "manifest_version": MANIFEST_VERSION,
                 "options": self.opts.output_options(),
                 "inputs": self.fingerprints,
-                "scans": [asdict(sc) for sc in self.scans],
+                "scans": [sc.record() for sc in self.scans],
             },
         )
         _remove_temp_files(self.out)

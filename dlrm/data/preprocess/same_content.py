@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 from loguru import logger
 
 from dlrm.data.preprocess.constants import _GZIP_ERRORS, _READ_BLOCK
@@ -72,6 +73,70 @@ def same_data(scans: list) -> None:
                     if _equal(_iter_blocks(pa), _iter_blocks(pb)):
                         _refuse(pa, pb, "the same data as",
                                 " once decompressed" if a.compressed != b.compressed else " once both are decompressed")
+
+
+SHARE = 0.5  # refused from this share of the smaller input's sampled lines found in another input
+MIN_SAMPLED = 32  # ... no judgment on fewer sampled lines than this, where the lines were sampled (level > 0)
+MIN_SHARED = 8  # ... nor on fewer shared lines than this, where every line of both was (level 0: no sampling noise)
+
+
+def same_rows(scans: list) -> None:
+    """Refuse two inputs where most of the lines of the one with fewer lines are lines of the other, in any order and
+    whatever their line ends or byte-order mark (a copy in other bytes, or a part of the other); after the count pass,
+    from its samples (`line_sample`): the lines of both sampled at the coarser of their two levels are compared, and
+    the share of the smaller input's sampled lines found in the other decides.
+
+    Why a share of 1/2 over at least 32 sampled lines: a copy, a reordering or a part of another input has every
+    sampled line in the other (the sample takes a line wherever it is), a share of 1, with no sampling noise; distinct
+    logs share only the lines that repeat naturally (rows of mostly missing values: a few in a thousand of Criteo's),
+    so a share of 1/2 is far from both. 32 lines keep the estimate's noise out of the decision: an input that truly
+    shares 10% of its lines reaches 16 of 32 with a probability of about 1e-7. An input with fewer sampled lines than
+    that at the level the other was sampled at (one under ~1/2,000 of a Criteo day given beside it) is not judged
+    (logged where lines are shared): its rows are too few to weigh on an AUC. Where both inputs are small enough to be
+    sampled whole (level 0, up to `line_sample.SAMPLE_CAP` lines each) the share is exact, not an estimate: a part of
+    8 lines or more is refused (``head day_0 > sample``: 10), a handful of shared lines is not."""
+    sampled = [sc for sc in scans if sc.error is None and sc.lines and sc.sample is not None]
+    for i, j in _sharing_pairs([sc.sample.sampled(sc.sample.level) for sc in sampled]):
+        small, big = (sampled[j], sampled[i]) if sampled[j].lines <= sampled[i].lines else (sampled[i], sampled[j])
+        level = max(small.sample.level, big.sample.level)  # (a line sampled at a level is sampled at every lower one)
+        mine = small.sample.sampled(level)
+        shared = int(np.isin(mine, big.sample.sampled(level), assume_unique=True).sum())
+        if (len(mine) < MIN_SAMPLED if level else shared < MIN_SHARED):
+            logger.info("{}: {} of its {} sampled lines are lines of {} too: too few sampled lines to judge whether it "
+                        "is a copy", small.path, shared, len(mine), big.path)
+        elif shared >= SHARE * len(mine):
+            raise PreprocessError(
+                f"{small.path}: {shared / len(mine):.0%} of its lines are also lines of {big.path} ({shared:,} of "
+                f"{len(mine):,} sampled lines, whatever their order, line ends or byte-order mark): a copy, or a part, "
+                "of it? its rows would be read twice, in train and in test alike; list every file once, or remove the "
+                "shared lines from one of them")
+        elif shared:
+            logger.info("{}: {:.1%} of its lines are also lines of {} ({:,} of {:,} sampled lines): kept (refused as a "
+                        "copy from {:.0%})", small.path, shared / len(mine), big.path, shared, len(mine), SHARE)
+
+
+def _sharing_pairs(samples: list[np.ndarray]) -> list[tuple[int, int]]:
+    """The pairs of inputs (indices, in order) whose samples (distinct digests each) share enough digests for a
+    refusal: at least SHARE * MIN_SAMPLED, or MIN_SHARED. Counted in one pass over every sample, not one comparison a pair of inputs:
+    the few lines that repeat naturally in every file of a log split in a thousand files pair them all, but once."""
+    if len(samples) < 2:
+        return []
+    digests = np.concatenate(samples)
+    owners = np.concatenate([np.full(len(d), i, np.int64) for i, d in enumerate(samples)])
+    order = np.argsort(digests, kind="stable")
+    digests, owners = digests[order], owners[order]
+    starts = np.flatnonzero(np.r_[True, digests[1:] != digests[:-1]])
+    sizes = np.diff(np.r_[starts, len(digests)])
+    n = len(samples)
+    two = starts[sizes == 2]  # (a line in two inputs: the usual case, a copy's every line)
+    codes = [owners[two] * n + owners[two + 1]]
+    for start, size in zip(starts[sizes > 2].tolist(), sizes[sizes > 2].tolist()):
+        i, j = np.triu_indices(size, 1)
+        group = owners[start:start + size]
+        codes.append(group[i] * n + group[j])
+    pairs, counts = np.unique(np.concatenate(codes), return_counts=True)
+    need = min(SHARE * MIN_SAMPLED, MIN_SHARED)
+    return [(int(c) // n, int(c) % n) for c, k in zip(pairs.tolist(), counts.tolist()) if k >= need]
 
 
 def _refuse_equal(paths: list[Path], blocks, what: str) -> None:

@@ -6,7 +6,7 @@ import gzip
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +14,7 @@ import numpy as np
 from dlrm.data.preprocess.constants import _GZIP_ERRORS, _READ_BLOCK, DEFAULT_CHUNK_ROWS, NUM_FIELDS, RAW_COLUMNS
 from dlrm.data.preprocess.errors import BadLine, PreprocessError, field_text, quoted
 from dlrm.data.preprocess.line_endings import cr_advice, cr_ended, trailing_separator_hint
+from dlrm.data.preprocess.line_sample import GZIP_RATIO, LineSample, LineSampler, sample_range, start_level
 from dlrm.data.preprocess.parse import _delimiter_of
 from dlrm.logging_setup import ProgressBar, bar_interval
 
@@ -96,6 +97,13 @@ class FileScan:
     error_detail: str = ""
     prefix_trusted: bool = True
     trailing_blank: int = 0  # empty lines at the end, not counted in `lines` and outside the chunks (`_BlankTail`)
+    # the count pass's sample of the lines, for `same_content.same_rows`; not in the manifest (a resume's scans have
+    # none: its inputs were compared by the run that started it, and are the same files, `output._check_output`)
+    sample: LineSample | None = field(default=None, repr=False, compare=False)
+
+    def record(self) -> dict:
+        """The fields the manifest keeps (every one but the sample)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sample"}
 
     @property
     def num_chunks(self) -> int:
@@ -277,11 +285,10 @@ class _ChunkStarts:
         self.last_byte = b""
         self.tail = _BlankTail()
 
-    def feed(self, b: bytes) -> None:
-        """Count the next block."""
+    def feed(self, b: bytes, nlpos: np.ndarray | None = None) -> None:
+        """Count the next block (``nlpos``: the offsets of its newlines, when known)."""
         self.tail.feed(b, self.base)
-        cnt = b.count(b"\n")
-        nlpos = None
+        cnt = b.count(b"\n") if nlpos is None else len(nlpos)
         while True:
             target = self.next_chunk * self.chunk_rows + self.h
             if target == 0:
@@ -316,11 +323,14 @@ def scan_file(path: str | os.PathLike, fmt: str = "auto", chunk_rows: int = DEFA
     first_line = b"".join(pending).split(b"\n", 1)[0].rstrip(b"\r")
     fmt, header = _format_and_header(first_line, path, fmt)
     starts = _ChunkStarts(chunk_rows, header)
+    # (the newlines it finds are those the count needs)
+    sampler = LineSampler(skip_first=header, level=start_level(path.stat().st_size * (GZIP_RATIO if compressed else 1)))
     for b in pending:
-        starts.feed(b)
+        starts.feed(b, sampler.feed(b))
     if problem is None:
-        problem = _count_rest(starts, blocks)
+        problem = _count_rest(starts, blocks, sampler)
     scan = _scan_result(path, compressed, fmt, header, starts, chunk_rows, problem)
+    scan.sample = sampler.close() if problem is None else sampler.sample  # (no line cut by a gzip error)
     scan.offsets = _skip_bom(scan.offsets, first_line, header)
     return _mark_alone(scan, first_line)
 
@@ -338,11 +348,11 @@ def _first_blocks(blocks: Iterator[bytes]) -> tuple[list[bytes], BaseException |
     return pending, None
 
 
-def _count_rest(starts: _ChunkStarts, blocks: Iterator[bytes]) -> BaseException | None:
-    """Count the remaining blocks; returns the gzip error that ended the stream early, or None."""
+def _count_rest(starts: _ChunkStarts, blocks: Iterator[bytes], sampler: LineSampler) -> BaseException | None:
+    """Count (and sample) the remaining blocks; returns the gzip error that ended the stream early, or None."""
     try:
         for b in blocks:
-            starts.feed(b)
+            starts.feed(b, sampler.feed(b))
     except _GZIP_ERRORS as e:
         return e
     return None
@@ -384,20 +394,12 @@ _PARALLEL_SCAN_MIN_BYTES = 64 << 20  # plain files at least this big are counted
 _SCAN_RANGE_BYTES = 32 << 20  # about this many bytes per counting task
 
 
-def _count_newlines(args: tuple[str, int, int]) -> int:
-    """Newlines in bytes [start, end) of a plain file."""
-    path, start, end = args
-    n = 0
+def _count_newlines(args: tuple[str, int, int, bool, int]) -> tuple[int, LineSample]:
+    """Newlines in bytes [start, end) of a plain file, and the sample of the lines that begin there (`sample_range`;
+    then whether the file has a CSV header, and the level its sample starts at)."""
+    path, start, end, header, level = args
     with open(path, "rb") as f:
-        f.seek(start)
-        left = end - start
-        while left > 0:
-            b = f.read(min(_READ_BLOCK, left))
-            if not b:
-                break
-            n += b.count(b"\n")
-            left -= len(b)
-    return n
+        return sample_range(f, start, end, _READ_BLOCK, header, level)
 
 
 def _newline_offsets(args: tuple[str, int, int, int, list[int]]) -> list[int]:
@@ -458,10 +460,12 @@ def scan_file_parallel(path: str | os.PathLike, fmt: str, chunk_rows: int, execu
     h = 1 if header else 0
     n_ranges = _n_ranges(size, n_tasks)
     bounds = [size * i // n_ranges for i in range(n_ranges + 1)]
-    ranges = [(str(path), bounds[i], bounds[i + 1]) for i in range(n_ranges)]
+    ranges = [(str(path), bounds[i], bounds[i + 1], header, start_level(size)) for i in range(n_ranges)]
     counts = []
-    for (_, lo, hi), count in zip(ranges, executor.map(_count_newlines, ranges)):
+    sample = LineSample()
+    for (_, lo, hi, _, _), (count, part) in zip(ranges, executor.map(_count_newlines, ranges)):
         counts.append(count)
+        sample.merge(part)
         if on_bytes is not None:
             on_bytes(hi - lo)
     before = np.concatenate(([0], np.cumsum(counts))).astype(np.int64).tolist()
@@ -485,8 +489,8 @@ def scan_file_parallel(path: str | os.PathLike, fmt: str, chunk_rows: int, execu
         offsets.insert(0, 0)
     offsets = _skip_bom(offsets[:n_chunks] + [end], first_line, header)
     error = "empty_file" if lines == 0 else None
-    return _mark_alone(FileScan(str(path), False, fmt, header, size, lines, offsets, error, trailing_blank=blank),
-                       first_line)
+    return _mark_alone(FileScan(str(path), False, fmt, header, size, lines, offsets, error, trailing_blank=blank,
+                                sample=sample), first_line)
 
 
 def _scan_star(args: tuple[str, str, int]) -> FileScan:
