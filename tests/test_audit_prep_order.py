@@ -28,9 +28,9 @@ def tsv_line(label: str, dense0: str, c1: str = "0000abcd") -> str:
     return "\t".join([label, dense0, *["1"] * 12, c1, *["00000001"] * 25])
 
 
-def write_lines(path: Path, n: int, bad: dict[int, str]) -> Path:
-    """`n` good lines, line k (0-based) replaced by one whose I1 is ``bad[k]`` (not an integer)."""
-    lines = [tsv_line(str(k % 2), bad.get(k, str(k))) for k in range(n)]
+def write_lines(path: Path, n: int, bad: dict[int, str], c1: str = "0000abcd") -> Path:
+    """`n` good lines, line k (0-based) replaced by one whose I1 is ``bad[k]`` (not an integer); C1 ``c1``."""
+    lines = [tsv_line(str(k % 2), bad.get(k, str(k)), c1) for k in range(n)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -45,7 +45,8 @@ def test_stop_reports_the_first_bad_line_in_input_order_with_two_workers(tmp_pat
     ``BadLineError: .../b.tsv:1: column I1: 'x2' is not an integer`` (workers 2) vs ``a.tsv:111`` (workers 1).
     The chunks before the bad line are finished and recorded, none after it is half-written."""
     a = write_lines(tmp_path / "a.tsv", 120, {110: "x1"})
-    b = write_lines(tmp_path / "b.tsv", 20, {0: "x2"})
+    # (b's lines are not a's: an input whose lines are mostly another's is refused as a copy, `same_rows`)
+    b = write_lines(tmp_path / "b.tsv", 20, {0: "x2"}, c1="0000beef")
     messages = {}
     for workers in (1, 2):
         out = tmp_path / f"ds{workers}"
