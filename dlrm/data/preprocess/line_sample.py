@@ -64,9 +64,10 @@ def _keys(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 def _digests(buf: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """64-bit digests of all the bytes of the lines ``buf[starts[i]:ends[i]]`` (each at least `_MIN_LINE` bytes):
-    their length, then each 8-byte word in turn, mixed in (two lines of one length that differ in
-    one word never collide: each step, an xor, an odd multiply and an xor-shift, is a bijection). Vectorized over the lines, a word column at a time; a line longer than `_LONG_DIGEST`
-    (none is a Criteo row) is digested alone, by BLAKE2b."""
+    their length, then each 8-byte word in turn, mixed in (two lines of one length that differ in one word never
+    collide: each step, an xor, an odd multiply and an xor-shift, is a bijection), then `_fmix`. Vectorized over the
+    lines, a word column at a time; a line longer than `_LONG_DIGEST` (none is a Criteo row) is digested alone, by
+    BLAKE2b."""
     out = np.empty(len(starts), _U)
     lens = ends - starts
     long = lens > _LONG_DIGEST

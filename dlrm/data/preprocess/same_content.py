@@ -1,20 +1,35 @@
-"""Two inputs holding the same data under different names: refused, naming both.
+"""Two inputs holding the same data or rows under different names: refused, naming both.
 
 A copy (``cp day_0 day_0_copy``), or a day file given both plain and gzip'ed (a ``day_*`` glob after ``gunzip -k``),
 puts every row in twice; under ``--split sequential`` or ``random`` its copies land in train and in test alike, and the
-test AUC measures rows the model trained on. (The same file under another name, a symlink or a hard link is refused
+test AUC measures rows the model trained on. So does the same rows in other bytes: CRLF against LF line ends, a
+byte-order mark, another order of the lines (``shuf``), a gzip of any of these, or a file that holds a part of another
+(``head day_0 > sample`` given beside ``day_0``). (The same file under another name, a symlink or a hard link is refused
 earlier, by `options._check_distinct`, from its inode.)
 
-Cost on terabyte-scale day files: inputs are compared only where they could be equal, and a comparison stops at the
-first block that differs, so inputs of different data cost one ``stat`` (a size each, `same_bytes`) or nothing beyond
-the count pass, which already knows every file's size and lines once decompressed (`same_data`). Only identical data
-is read in full a second time, once, before the run is refused. A hash of every file during the count pass would cost
-CPU time on every byte of every run, to spare reads in the one case that stops.
+Three checks, cheapest first, each refusing in one line (`PreprocessError`, exit 2) before anything is written:
 
-Not detected: the same rows with other bytes (CRLF against LF line ends, a byte-order mark, a reordering, a file that
-holds a part of another: ``head day_0 > sample``), which only a comparison of rows would find.
+- `same_bytes`, before the count pass: files of one size and first 64 KiB compared to their end.
+- `same_data`, after it: a gzip file and another of the same decompressed size and line count, compared decompressed.
+- `same_rows`, after it: the share of the smaller input's lines that are lines of another, estimated from the samples
+  of their lines the count pass took (`line_sample`: content-defined, so a line is sampled in every input that holds
+  it, wherever it stands; line ends and a byte-order mark left out). Refused from half of them (see `same_rows`).
+
+Cost on terabyte-scale day files: the exact comparisons only read inputs that could be equal, and stop at the first
+block that differs, so inputs of different data cost one ``stat`` (a size each) or nothing beyond the count pass. Only
+identical data is read in full a second time, once, before the run is refused. The samples cost no read either: the
+count pass already reads every byte; a line's key, three 8-byte words of it mixed (vectorized), picks the lines whose
+whole bytes are digested, at most 65,536 distinct lines a file (1 MiB) are kept, and only digests found in two inputs
+pair them for a closer look. Measured on 400,000 Criteo-format lines (98 MB, the synthetic generator's raw TSV), one
+worker: the count pass took 0.16 s instead of 0.09 (plain) and 0.61 s instead of 0.53 (gzip), the whole run 1.40 s
+instead of 1.32 and 2.46 s instead of 2.28.
+
+Not detected: rows that differ in their bytes beyond line ends and a leading byte-order mark (upper against lower
+case hex, CSV against TSV, a trailing separator); a few shared lines (natural repeats, a part of under 8 lines of a
+small input, or of under ~1/2,000 of the other's lines beside a large one, where too few of its lines are sampled at
+the other's rate); rows repeated inside one input; and a resumed run's inputs, compared by the run it resumes (its
+inputs must be the same files).
 """
-
 from __future__ import annotations
 
 import hashlib
@@ -88,19 +103,28 @@ def same_rows(scans: list) -> None:
 
     Why a share of 1/2 over at least 32 sampled lines: a copy, a reordering or a part of another input has every
     sampled line in the other (the sample takes a line wherever it is), a share of 1, with no sampling noise; distinct
-    logs share only the lines that repeat naturally (rows of mostly missing values: a few in a thousand of Criteo's),
-    so a share of 1/2 is far from both. 32 lines keep the estimate's noise out of the decision: an input that truly
+    logs share only the lines that repeat naturally (rows of mostly missing values, a small share of a real log's), so
+    a share of 1/2 is far from both. 32 lines keep the estimate's noise out of the decision: an input that truly
     shares 10% of its lines reaches 16 of 32 with a probability of about 1e-7. An input with fewer sampled lines than
     that at the level the other was sampled at (one under ~1/2,000 of a Criteo day given beside it) is not judged
-    (logged where lines are shared): its rows are too few to weigh on an AUC. Where both inputs are small enough to be
+    (logged where half of them are shared): its rows are too few to weigh on an AUC. Where both inputs are small enough to be
     sampled whole (level 0, up to `line_sample.SAMPLE_CAP` lines each) the share is exact, not an estimate: a part of
     8 lines or more is refused (``head day_0 > sample``: 10), a handful of shared lines is not."""
     sampled = [sc for sc in scans if sc.error is None and sc.lines and sc.sample is not None]
-    for i, j in _sharing_pairs([sc.sample.sampled(sc.sample.level) for sc in sampled]):
-        small, big = (sampled[j], sampled[i]) if sampled[j].lines <= sampled[i].lines else (sampled[i], sampled[j])
+    cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def at(i: int, level: int) -> np.ndarray:  # (each input's distinct digests at a level, sorted, once)
+        if (i, level) not in cache:
+            cache[(i, level)] = sampled[i].sample.sampled(level)
+        return cache[(i, level)]
+
+    for (i, j), most in _sharing_pairs([at(i, sc.sample.level) for i, sc in enumerate(sampled)]):
+        (s, small), (b, big) = sorted([(i, sampled[i]), (j, sampled[j])], key=lambda x: (x[1].lines, -x[0]))
         level = max(small.sample.level, big.sample.level)  # (a line sampled at a level is sampled at every lower one)
-        mine = small.sample.sampled(level)
-        shared = int(np.isin(mine, big.sample.sampled(level), assume_unique=True).sum())
+        mine = at(s, level)
+        if most < SHARE * len(mine):  # (the lines shared at their own levels, as many or more: no refusal)
+            continue
+        shared = int(np.isin(mine, at(b, level), assume_unique=True).sum())
         if (len(mine) < MIN_SAMPLED if level else shared < MIN_SHARED):
             logger.info("{}: {} of its {} sampled lines are lines of {} too: too few sampled lines to judge whether it "
                         "is a copy", small.path, shared, len(mine), big.path)
@@ -115,10 +139,11 @@ def same_rows(scans: list) -> None:
                         "copy from {:.0%})", small.path, shared / len(mine), big.path, shared, len(mine), SHARE)
 
 
-def _sharing_pairs(samples: list[np.ndarray]) -> list[tuple[int, int]]:
+def _sharing_pairs(samples: list[np.ndarray]) -> list[tuple[tuple[int, int], int]]:
     """The pairs of inputs (indices, in order) whose samples (distinct digests each) share enough digests for a
-    refusal: at least SHARE * MIN_SAMPLED, or MIN_SHARED. Counted in one pass over every sample, not one comparison a pair of inputs:
-    the few lines that repeat naturally in every file of a log split in a thousand files pair them all, but once."""
+    refusal (at least SHARE * MIN_SAMPLED, or MIN_SHARED), with how many they share. Counted in one pass over every
+    sample, not one comparison a pair of inputs: the few lines that repeat naturally in every file of a log split in
+    a thousand files pair them all, but once."""
     if len(samples) < 2:
         return []
     digests = np.concatenate(samples)
@@ -136,7 +161,7 @@ def _sharing_pairs(samples: list[np.ndarray]) -> list[tuple[int, int]]:
         codes.append(group[i] * n + group[j])
     pairs, counts = np.unique(np.concatenate(codes), return_counts=True)
     need = min(SHARE * MIN_SAMPLED, MIN_SHARED)
-    return [(int(c) // n, int(c) % n) for c, k in zip(pairs.tolist(), counts.tolist()) if k >= need]
+    return [((c // n, c % n), k) for c, k in zip(pairs.tolist(), counts.tolist()) if k >= need]
 
 
 def _refuse_equal(paths: list[Path], blocks, what: str) -> None:
