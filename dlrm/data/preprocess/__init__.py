@@ -10,9 +10,10 @@ layout it started with.
 Pipeline (``python -m dlrm.preprocess --help`` for the options)::
 
     1. count pass   every input is read once (gzip decompressed as a stream); it counts the lines,
-                    detects the format and records the byte offset where every chunk of
-                    ``chunk_rows`` lines starts (parallel over files; a big plain file is
-                    counted in byte ranges by all workers, `scan_file_parallel`).
+                    detects the format, records the byte offset where every chunk of
+                    ``chunk_rows`` lines starts and samples the lines (`line_sample`; inputs sharing
+                    most of their lines are refused, `same_content`) (parallel over files; a big plain
+                    file is counted in byte ranges by all workers, `scan_file_parallel`).
     2. parse pass   every chunk is parsed by a vectorized numpy tokenizer (`parse_chunk`),
                     each line is given a split from its global line number (`SplitPlan`), and the
                     chunk's rows of each split become one shard ``<split>/part-FFFF-CCCCCC.parquet``
@@ -52,10 +53,10 @@ the number of workers.
 
 Before anything is written, every option, the inputs (each an existing, readable file, given once:
 another spelling of a path, a symlink or a hard link to a file already listed is refused, and so is a
-copy of its data, plain or gzip'ed, `same_content`; an archive such as Kaggle's ``dac.tar.gz``, or a
-bzip2, xz or zstd file, is named as such, `input_kinds`) and the output location are checked
-(`options`); a run that fails before it finished a chunk removes what it created, so the corrected
-command starts afresh.
+copy of its data, plain or gzip'ed, or of its rows in other bytes or order, or a part of them, `same_content`; an
+archive such as Kaggle's ``dac.tar.gz``, or a bzip2, xz or zstd file, is named as such, `input_kinds`) and the output
+location are checked (`options`; the copies of rows after the count pass, `same_content.same_rows`); a run that
+fails before it finished a chunk removes what it created, so the corrected command starts afresh.
 
 Modules (this package re-exports the names other code uses)::
 
@@ -66,7 +67,8 @@ Modules (this package re-exports the names other code uses)::
     input_kinds archives and codecs the preprocessor does not read, named from their magic bytes
     cut_line    a file cut off inside its last value
     line_endings lines ended by a carriage return alone, named as such
-    same_content two inputs of the same data (a copy; plain and gzip'ed), refused
+    same_content two inputs of the same data (a copy; plain and gzip'ed) or rows (CRLF, BOM, reordered, a part), refused
+    line_sample the count pass's content-defined sample of each input's lines, for `same_content.same_rows`
     splits      `SplitPlan`, the counter-based `random_uniform`
     stats       `DistinctCounter`, per-chunk `sparse_stats`
     worker      one chunk in a worker process (parse, split, write shards)
