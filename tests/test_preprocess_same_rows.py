@@ -172,3 +172,11 @@ def test_levels_nest_and_the_start_level_fits_the_cap():
     for level in range(1, 6):
         assert set(s.sampled(level + 1).tolist()) <= set(s.sampled(level).tolist())
     assert start_level(256 * line_sample.SAMPLE_CAP - 1) == 0 and start_level(256 * line_sample.SAMPLE_CAP) == 1
+
+
+def test_more_distinct_lines_than_the_cap_with_one_key_of_zero_stop_at_the_last_level():
+    """Lines whose key is 0 are sampled at every level: past the cap the level stops at 64 (it raised a negative
+    shift count at 65)."""
+    s = LineSample(cap=4)
+    s.add(np.zeros(10, np.uint64), np.arange(10, dtype=np.uint64))
+    assert s.level == 64 and len(s.sampled(64)) == 10

@@ -37,6 +37,7 @@ GZIP_RATIO = 3  # decompressed bytes a byte of a gzip'ed Criteo log, rounded dow
 _LONG_DIGEST = 4096  # bytes: a longer line is digested alone (`_digests`)
 _LONG_LINE = 1 << 20  # a "line" this long with no newline yet is no row (a CR-only file, binary data): not sampled
 _BOM = b"\xef\xbb\xbf"
+_TOP = 64  # the last level (keys of 0 alone): more lines than the cap with one key of 0 stay (a 2**-64 chance)
 _U = np.uint64
 _M1, _M2, _SEED = _U(0xFF51AFD7ED558CCD), _U(0xC4CEB9FE1A85EC53), _U(0x9E3779B97F4A7C15)
 _ODD = tuple(_U(c) for c in (0xA0761D6478BD642F, 0xE7037ED1A0B428DB, 0x8EBC6AF09C88C6E3))  # (wyhash's primes)
@@ -111,7 +112,7 @@ class LineSample:
         if len(self.keys) + len(new) <= self.cap:
             return
         new = np.unique(new)  # (a line repeated in the block: once)
-        while len(self.keys) + len(new) > self.cap:
+        while len(self.keys) + len(new) > self.cap and self.level < _TOP:
             self.level += 1
             self.keys, self.digests = self.at(self.level)
             new = new[new < _U(_bound(self.level))]
@@ -123,7 +124,7 @@ class LineSample:
         if len(self.keys) > self.cap:
             self.digests, first = np.unique(self.digests, return_index=True)  # a line repeated in the file: once
             self.keys = self.keys[first]
-            while len(self.keys) > self.cap:
+            while len(self.keys) > self.cap and self.level < _TOP:
                 self.level += 1
                 self.keys, self.digests = self.at(self.level)
 
