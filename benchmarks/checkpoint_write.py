@@ -31,7 +31,7 @@ import torch
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import date_stamp, environment, env_line, markdown, md_row, write_csv  # noqa: E402
+from _common import add_overwrite, claim_outputs, date_stamp, environment, env_line, markdown, md_row, write_csv  # noqa: E402
 
 
 def _seconds(fn) -> float:
@@ -95,13 +95,15 @@ def streamed(path: Path, x: torch.Tensor) -> float:
     return seconds
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gib", type=float, default=16.0, help="the tensor's GiB (default 16)")
     ap.add_argument("--dir", type=Path, default=Path("/tmp"), help="where the files are written (and removed)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--name", default="checkpoint_write")
-    args = ap.parse_args()
+    add_overwrite(ap)
+    args = ap.parse_args(argv)
+    outputs = claim_outputs(ap, args, args.out, [f"{args.name}.csv", f"{args.name}.md"])  # (before measuring)
     device = torch.device("cuda")
     env = environment(device)
     nbytes = int(args.gib * 2**30) // 2 * 2
@@ -132,7 +134,7 @@ def main() -> None:
     text = markdown(f"A {args.gib:g} GiB CUDA tensor's checkpoint write, by part ({date_stamp()})",
                     [env_line(env), f"Files under {args.dir}."], table)
     (args.out / f"{args.name}.md").write_text(text)
-    print(f"wrote {args.out / args.name}.csv, .md")
+    outputs.report()
 
 
 if __name__ == "__main__":

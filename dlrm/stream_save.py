@@ -18,7 +18,6 @@ file's pickle over those storages: every tensor must view the state's own memory
 from __future__ import annotations
 
 import io
-import os
 import pickle
 import struct
 import warnings
@@ -109,21 +108,22 @@ def _same_views(a: Any, b: Any) -> bool:
     return True
 
 
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while len(data):
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
+def _write_at(f, data: memoryview, offset: int) -> None:
+    """`data` at `offset` of the file object `f`, through its own ``write`` (a BufferedWriter passes a chunk this
+    large straight to the file's: a full disk or a quota fails there as in torch.save's own writes)."""
+    f.seek(offset)
+    f.write(data)
 
 
-def write_storage(fd: int, offset: int, storage: torch.UntypedStorage, advance: Callable[[int], None],
+def write_storage(f, offset: int, storage: torch.UntypedStorage, advance: Callable[[int], None],
                   chunk: int = CHUNK_BYTES) -> None:
-    """Write `storage`'s bytes at `offset` of `fd`; a CUDA storage's chunk by chunk through two pinned buffers, the
+    """Write `storage`'s bytes at `offset` of the file object `f`; a CUDA storage's chunk by chunk through two pinned buffers, the
     next chunk's copy running while this one is written."""
     flat = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
     n = flat.numel()
     if flat.device.type == "cpu":
         for start in range(0, n, chunk):
-            _pwrite_all(fd, memoryview(flat[start:start + chunk].numpy()), offset + start)
+            _write_at(f, memoryview(flat[start:start + chunk].numpy()), offset + start)
             advance(min(chunk, n - start))
         return
     if n == 0:
@@ -148,7 +148,7 @@ def write_storage(fd: int, offset: int, storage: torch.UntypedStorage, advance: 
         done[i % 2].synchronize()
         start = i * chunk
         length = min(chunk, n - start)
-        _pwrite_all(fd, memoryview(buffers[i % 2][:length].numpy()), offset + start)
+        _write_at(f, memoryview(buffers[i % 2][:length].numpy()), offset + start)
         advance(length)
 
 
@@ -173,5 +173,5 @@ def stream_save(state: Any, writer, f, path: str, advance: Callable[[int], None]
         f.truncate()
         return False
     for key, storage in order.items():
-        write_storage(f.fileno(), offsets[key][0], storage, advance, chunk)
+        write_storage(f, offsets[key][0], storage, advance, chunk)
     return True

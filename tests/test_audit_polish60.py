@@ -106,14 +106,15 @@ def _argv(tmp_path: Path, out: Path, script: str) -> list[str]:
 
 # script -> one file (or folder) of its outputs already there
 TAKEN = {
-    "autopick_report": "autopick.md", "copy_bandwidth": "copy_bandwidth.md", "cross_bwd_passes": "cross_bwd_passes.csv",
+    "autopick_report": "autopick.md", "checkpoint_write": "checkpoint_write.md", "copy_bandwidth": "copy_bandwidth.md", "cross_bwd_passes": "cross_bwd_passes.csv",
     "cross_layer": "cross_layer.png", "cross_tma_probe": "cross_tma_probe.csv", "cross_ws_head_probe":
     "cross_ws_head_probe.md", "cross_ws_probe": "cross_ws_probe.md", "cublaslt_drelu_probe": "cublaslt_drelu_probe.csv",
     "fp8_dense_probe": "fp8_dense_probe_kernels.md", "gemm_layout_probe": "gemm_layout_probe.png",
     "gluon_mutants": "mutants.csv", "host_step_costs": "host_step_costs.csv", "kernels": "interaction_dot.png",
     "loader_throughput": "n.csv",
     "loader_training": "loader_training_b65536.md", "mask_bias_launches": "mask_bias_launches.md", "mlp": "mlp.csv",
-    "mlperf_dcnv2": "mlperf_dcnv2.png", "onehot_embedding_sweep": "onehot_embedding_sweep.md",
+    "mlperf_dcnv2": "mlperf_dcnv2.png", "omp_wait_policy": "omp_wait_policy.csv",
+    "onehot_embedding_sweep": "onehot_embedding_sweep.md",
     "pooled_embedding": "pooled_embedding.md", "pooled_update_sweep": "pooled_update_sweep_run.csv",
     "scaling": "n_profile_1gpu.md", "sparse_layout_decode": "n.png", "step_clocks": "n.csv", "step_ops": "n.md",
     "step_profile": "n.png", "stream_overlap": "stream_overlap.csv", "stream_timeline": "stream_timeline.md",

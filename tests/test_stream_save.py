@@ -131,11 +131,11 @@ def test_a_full_disk_while_the_bytes_stream_names_the_file_and_keeps_the_old_one
     before = target.read_bytes()
     calls = []
 
-    def full(fd, data, offset):
+    def full(f, data, offset):
         calls.append(offset)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ss.os, "pwrite", full)
+    monkeypatch.setattr(ss, "_write_at", full)
     with pytest.raises(OSError) as e:
         ckpt.write_atomic(target, tiny_state(step=6))
     assert calls and e.value.errno == errno.ENOSPC and e.value.filename == str(target)
