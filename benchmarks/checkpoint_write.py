@@ -31,7 +31,8 @@ import torch
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import add_overwrite, claim_outputs, date_stamp, environment, env_line, markdown, md_row, write_csv  # noqa: E402
+from _common import (add_overwrite, claim_outputs, date_stamp, environment, env_line, markdown, md_row,  # noqa: E402
+                     write_csv)
 
 
 def _seconds(fn) -> float:

@@ -4,8 +4,8 @@
 
 Runs ``python train.py --config configs/sample.json`` (the README's first command) in fresh processes with
 ``OMP_WAIT_POLICY`` set to each of ``--policies`` ("default": libgomp's own spin-then-sleep, as
-``GOMP_SPINCOUNT=300000``, which also keeps dlrm from setting PASSIVE; "ACTIVE"; "PASSIVE": sleep at once), alternating, ``--repeats`` times, first on the machine as it is, then beside
-``--load`` busy processes (default: one per core: a CI machine running other jobs). Reports each run's wall seconds
+``GOMP_SPINCOUNT=300000``, which also keeps dlrm from setting PASSIVE; "ACTIVE"; "PASSIVE": sleep at once),
+alternating, ``--repeats`` times, first on the machine as it is, then beside ``--load`` busy processes (default: one per core: a CI machine running other jobs). Reports each run's wall seconds
 and the samples/s its final line prints. Writes ``<name>.csv`` / ``.md``.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from _common import add_overwrite, claim_outputs, REPO, date_stamp, markdown, md_row, write_csv  # noqa: E402
+from _common import REPO, add_overwrite, claim_outputs, date_stamp, markdown, md_row, write_csv  # noqa: E402
 
 
 def _spin(stop) -> None:
@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tb:
         for machine in ("idle", f"beside {args.load} busy processes"):
             stop = multiprocessing.Event()
-            busy = [multiprocessing.Process(target=_spin, args=(stop,)) for _ in range(args.load if machine != "idle" else 0)]
+            count = args.load if machine != "idle" else 0
+            busy = [multiprocessing.Process(target=_spin, args=(stop,)) for _ in range(count)]
             for p in busy:
                 p.start()
             try:

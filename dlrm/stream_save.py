@@ -36,7 +36,8 @@ def storage_order(obj: Any) -> dict[str, torch.UntypedStorage]:
 
     Example:
         >>> t = torch.arange(6.0)
-        >>> {k: s.nbytes() for k, s in storage_order({"a": t[:2], "b": torch.ones(2, dtype=torch.int8), "c": t}).items()}
+        >>> state = {"a": t[:2], "b": torch.ones(2, dtype=torch.int8), "c": t}  # a and c: one storage
+        >>> {k: s.nbytes() for k, s in storage_order(state).items()}
         {'0': 24, '1': 2}
     """
     ids: dict[int, str] = {}
@@ -117,8 +118,8 @@ def _write_at(f, data: memoryview, offset: int) -> None:
 
 def write_storage(f, offset: int, storage: torch.UntypedStorage, advance: Callable[[int], None],
                   chunk: int = CHUNK_BYTES) -> None:
-    """Write `storage`'s bytes at `offset` of the file object `f`; a CUDA storage's chunk by chunk through two pinned buffers, the
-    next chunk's copy running while this one is written."""
+    """Write `storage`'s bytes at `offset` of the file object `f`; a CUDA storage's chunk by chunk through two pinned
+    buffers, the next chunk's copy running while this one is written."""
     flat = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
     n = flat.numel()
     if flat.device.type == "cpu":
