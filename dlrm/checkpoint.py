@@ -34,6 +34,7 @@ from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
 from dlrm.errors import named_os_error  # (defined low: the data tools' worker processes use it too)
 from dlrm.fast_save import fast_save
+from dlrm.mapped_load import load_mapped, read_ahead
 from dlrm.stream_save import stream_save
 from dlrm.file_modes import file_mode
 from dlrm.logging_setup import ProgressBar, bar_interval, run_logger
@@ -322,9 +323,10 @@ def _is_export_program(path: Path) -> bool:
     return "archive_format" in names and "data.pkl" not in names
 
 
-def _read_plain(path: Path) -> Any:
+def _read_plain(path: Path, mmap: bool = False) -> Any:
     """torch.load with weights_only=True, nothing else; numpy's array constructors allowed only for a
-    file that names them (format 1's NumPy RNG state) and no other function or class."""
+    file that names them (format 1's NumPy RNG state) and no other function or class. With `mmap`, the tensors are
+    memory-mapped (`dlrm.mapped_load`), else read whole with a progress bar."""
     if not zipfile.is_zipfile(path):
         raise ConfigError(f"{path}: not a readable checkpoint "
                           "(not a zip archive: truncated, or not written by torch.save)")
@@ -338,6 +340,11 @@ def _read_plain(path: Path) -> Any:
         raise ConfigError(f"{path}: refused: loading it would call {', '.join(ascii(n) for n in code[:3])}; "
                           "a checkpoint holds data only")
     allowed = [(obj, name) for name, obj in numpy_globals.items()] if needed else []
+    if mmap:
+        try:
+            return load_mapped(str(path), allowed)
+        except Exception:  # noqa: BLE001 - a file system without mmap, or a damaged file: the plain read says which
+            pass
     size = path.stat().st_size
     try:
         # a bar (bytes, rate, ETA) for a big one: a --resume of MLPerf's (tens of GB) read for minutes without a word
@@ -349,22 +356,27 @@ def _read_plain(path: Path) -> Any:
         raise ConfigError(f"{path}: not a readable checkpoint ({_reason(e)})") from None
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, mmap: bool = False, read: Optional[str] = None) -> dict[str, Any]:
     """The checkpoint, shard or manifest at `path` in its in-memory form (config dict, RNG tuples).
 
     Read as data only (see `_read_plain`), then checked against the schema: any problem is a
     one-line ConfigError naming the file. A format-1 file is converted to format 2, with a warning.
+    With `mmap`, its tensors are views of the file's pages (`dlrm.mapped_load`: no copy in this process's memory, read
+    where used), and `read` ("all" or "model": the tensors the caller uses) is read ahead with a progress bar; a CPU
+    tensor kept past the load (an optimizer's state) needs `dlrm.mapped_load.own_copies`.
     """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: checkpoint not found")
-    raw = _read_plain(path)
+    raw = _read_plain(path, mmap)
     version = raw.get("format_version") if isinstance(raw, dict) else None
     if type(version) is not int or version not in (1, FORMAT_VERSION):
         what = f"format_version {ascii(version)[:40]}" if isinstance(raw, dict) else f"holds a {type(raw).__name__}"
         raise ConfigError(f"{path}: not a checkpoint of this program ({what})")
     disk = schema.upgrade_v1(raw, path) if version == 1 else raw
     schema.validate(disk, path)
+    if mmap and read is not None:  # (after the checks: a file refused is not read)
+        read_ahead(disk if read == "all" else disk.get("model"), path.name, PROGRESS_BYTES)
     if version == 1:
         run_logger.warning(f"converted format 1 checkpoint {path} to format 2 in memory; checkpoints written from now "
                            "on are format 2 (data only, loaded without running code)")

@@ -106,7 +106,7 @@ def _argv(tmp_path: Path, out: Path, script: str) -> list[str]:
 
 # script -> one file (or folder) of its outputs already there
 TAKEN = {
-    "autopick_report": "autopick.md", "checkpoint_write": "checkpoint_write.md", "copy_bandwidth": "copy_bandwidth.md", "cross_bwd_passes": "cross_bwd_passes.csv",
+    "autopick_report": "autopick.md", "checkpoint_load": "checkpoint_load.md", "checkpoint_write": "checkpoint_write.md", "copy_bandwidth": "copy_bandwidth.md", "cross_bwd_passes": "cross_bwd_passes.csv",
     "cross_layer": "cross_layer.png", "cross_tma_probe": "cross_tma_probe.csv", "cross_ws_head_probe":
     "cross_ws_head_probe.md", "cross_ws_probe": "cross_ws_probe.md", "cublaslt_drelu_probe": "cublaslt_drelu_probe.csv",
     "fp8_dense_probe": "fp8_dense_probe_kernels.md", "gemm_layout_probe": "gemm_layout_probe.png",

@@ -14,9 +14,12 @@ tests: tests/test_host_memory_tables.py, tests/test_host_memory_limits.py), gaps
     with its numbers, and the run goes on.
 (4) A one-process --resume weighed the model as a fresh run does, yet held the checkpoint read whole (its tables and
     optimizer state) through the build while the restore read it again: peak RSS 2.0 GiB above the interpreter for a
-    model weighed at 674.5 MiB (a fresh run: 0.8 GiB). Now the held copy drops its weights and optimizer state before
-    the build, and the restore's read is weighed with the model (exit 4 naming the checkpoint, with advice that a resume
-    can take: data.max_rows_per_table cannot change there).
+    model weighed at 674.5 MiB (a fresh run: 0.8 GiB). Then the held copy dropped its weights and optimizer state
+    before the build, and the restore's read was weighed with the model. Since 2026-12-04 (session 81) the checkpoint
+    is memory-mapped (`dlrm.mapped_load`): no copy in the process's memory, so a resume fits where a fresh run does;
+    its mapping is weighed against the process's rlimits (exit 4 naming the checkpoint, with advice that a resume can
+    take: data.max_rows_per_table cannot change there), and no tensor of it is alive through the build nor in
+    training (an optimizer's state is its own copy).
 
 The memory is faked (`builder._host_memory`, or the files under /proc/self and /sys/fs/cgroup read from a tree under
 tmp_path); the models trained are small (26 tables of 5000 rows)."""
@@ -142,18 +145,21 @@ def _loaded(root, checkpoint, portable: bool):
     return cfg, tables, export.model_from_checkpoint(cfg, checkpoint, tables, torch.device("cpu"), portable)
 
 
-def test_the_need_counts_the_checkpoint_read_whole_and_the_model_built_beside_it(trained, monkeypatch):
-    """The estimate against the real thing: the checkpoint file's size plus the bytes of every tensor of the model
-    built from it (an export's: three times them, the model and two serialized copies)."""
+def test_the_need_counts_the_model_built_and_the_checkpoint_maps_beside_it(trained, monkeypatch):
+    """The estimate against the real thing: the bytes of every tensor of the model built from the checkpoint (an
+    export's: three times them, the model and two serialized copies); the checkpoint memory-mapped beside it, its
+    size in address space (`mapped_bytes`)."""
+    from dlrm.train.checkpoint_memory import mapped_bytes
+
     root, checkpoint = trained
     monkeypatch.setattr(builder, "_host_memory", HostMemory)  # (nothing known: nothing refused)
     for portable in (False, True):
         cfg, tables, model = _loaded(root, checkpoint, portable)
         weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         need, what = checkpoint_host_need(cfg, tables, checkpoint, portable)
-        assert need == (max(checkpoint.stat().st_size + weights, 3 * weights) if portable
-                        else checkpoint.stat().st_size + weights), (portable, need, weights, what)
-        assert checkpoint.stat().st_size > weights  # (the optimizers' state is read too)
+        assert need == (3 * weights if portable else weights), (portable, need, weights, what)
+    assert mapped_bytes(checkpoint) == checkpoint.stat().st_size > weights  # (the optimizers' state is in the file)
+    assert mapped_bytes(checkpoint.parent / "missing.pt") == 0
 
 
 def _invoke(root, *args):
@@ -274,9 +280,11 @@ def test_check_host_memory_is_validated_and_refused_where_it_cannot_act(tmp_path
 # (4) --resume: the checkpoint the restore reads beside the built model
 
 
-def test_a_resume_weighs_the_checkpoint_it_restores_and_holds_no_second_copy_through_the_build(tmp_path, monkeypatch):
+def test_a_resume_maps_the_checkpoint_fits_where_a_fresh_run_does_and_holds_none_of_it_after_the_restore(
+        tmp_path, monkeypatch):
     import gc
 
+    import dlrm.checkpoint as ckpt_mod
     import dlrm.train.trainer as trainer
 
     make_dataset(tmp_path / "ds", {"train": 40, "validation": 20}, cardinality=5000)
@@ -285,37 +293,50 @@ def test_a_resume_weighs_the_checkpoint_it_restores_and_holds_no_second_copy_thr
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     assert invoke(tmp_path, tmp_path / "c.json", "--run-name", "r").exit_code == 0
     checkpoint = tmp_path / "tb" / "r" / "checkpoints" / "step-00000002.pt"
-    assert builder.resume_read_bytes(checkpoint) == checkpoint.stat().st_size
+    size = checkpoint.stat().st_size
+    assert builder.resume_read_bytes(checkpoint) == size
     assert builder.resume_read_bytes(None) == 0
     tables, dense = _one_process_need(ModelConfig(**{**vars(ModelConfig()), **CONFIG["model"]}), 26 * 5000, 4)
     need = tables + dense  # a fresh run's: fp32 rows with row-wise Adagrad, the dense layers with Adam's two moments
     resume = ("--run-name", "r", "--resume", "--max-steps", "4", "--epochs", "2")
-    monkeypatch.setattr(builder, "_host_memory", lambda: HostMemory(available=need))  # a fresh run's exact need
-    assert invoke(tmp_path, tmp_path / "c.json", "--run-name", "fresh").exit_code == 0  # (which fits it)
+    # under rlimits (ulimit -v, -d) the mapping's address space counts: refused with a fresh run's exact need
+    monkeypatch.setattr(builder, "_host_memory", lambda: HostMemory(available=8 << 30, process=need))
     error_line(invoke(tmp_path, tmp_path / "c.json", *resume), 4, "the model needs ",
-               f"the checkpoint it resumes from {checkpoint.stat().st_size / MiB:,.1f} MiB more, read whole beside them",
-               ": resume it on a host with more free memory")
+               f"the checkpoint it resumes from maps {size / MiB:,.1f} MiB more (memory-mapped), more than the ",
+               "this process may take (ulimit -v, ulimit -d): ", ": resume it on a host with more free memory")
+
     def checkpoints_alive() -> list:
         # issubclass(type(o)): isinstance() on a dead weakref.proxy among the objects raises ReferenceError (the
         # clean-clone CI's worker held one); type() does not look through the proxy
         return [o for o in gc.get_objects() if issubclass(type(o), dict) and "position" in o and "model" in o]
 
+    def mapped_now() -> list[str]:  # the files this process has mapped
+        return [line.split()[-1] for line in open("/proc/self/maps") if line.rstrip().endswith(".pt")]
+
     # (checkpoints that earlier tests in this process left alive are not this resume's: kept referenced, so that
     # their ids are not reused, and left out)
     before = checkpoints_alive()
     earlier = {id(o) for o in before}
-    held = []
-    real = trainer.build_run
+    held, at_save = [], []
+    real, real_save = trainer.build_run, ckpt_mod.save_checkpoint
 
     def build_run(*a, **k):  # no checkpoint's tensors alive through the build (the restore reads them after it)
         held.extend(o for o in checkpoints_alive() if id(o) not in earlier)
         return real(*a, **k)
 
+    def save_checkpoint(*a, **k):  # trained past the restore: nothing it loaded still views the file
+        gc.collect()
+        at_save.append(mapped_now())
+        return real_save(*a, **k)
+
     monkeypatch.setattr(trainer, "build_run", build_run)
-    monkeypatch.setattr(builder, "_host_memory", lambda: HostMemory(available=need + checkpoint.stat().st_size))
+    monkeypatch.setattr(ckpt_mod, "save_checkpoint", save_checkpoint)
+    # the host's memory a fresh run needs is enough: the checkpoint takes the page cache's
+    monkeypatch.setattr(builder, "_host_memory", lambda: HostMemory(available=need))
     result = invoke(tmp_path, tmp_path / "c.json", *resume)
     assert result.exit_code == 0 and "resumed from " in result.stderr, result.output
     assert held == [], [sorted(h) for h in held]
+    assert at_save and all(str(checkpoint) not in maps for maps in at_save), at_save
 
 
 def test_check_host_memory_false_lets_every_rank_go_on_and_rank_0_alone_warns(monkeypatch):
@@ -326,7 +347,7 @@ def test_check_host_memory_false_lets_every_rank_go_on_and_rank_0_alone_warns(mo
     cfg = _cfg()
     plan = plan_sharding(TABLES.cardinalities, 2, "row", 10)
     tight = HostMemory(available=MiB)
-    entries = [("a", "alpha", plan.local_rows(q) * (16 * 4 + 4), tight) for q in range(2)]
+    entries = [("a", "alpha", plan.local_rows(q) * (16 * 4 + 4), tight, 0) for q in range(2)]
     with pytest.raises(MemoryError, match="^the 2 ranks on host alpha need "):
         builder.refuse_host_memory_shortfall(cfg, TABLES, tight, _Gathered(0, 2, entries), plan)
     cfg.train.check_host_memory = False

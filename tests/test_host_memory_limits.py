@@ -205,7 +205,8 @@ def test_under_torchrun_rank_0_says_the_refusal_before_the_other_ranks_exit(tmp_
 
 
 class _Gathered(DistEnv):
-    """Rank `rank` of a run whose all_gather_object returns the ranks' entries given (hosts faked)."""
+    """Rank `rank` of a run whose all_gather_object returns the ranks' entries given (hosts faked): (host key, host
+    name, tables' bytes, HostMemory, bytes of the checkpoint its resume maps)."""
 
     def __init__(self, rank: int, world_size: int, entries: list):
         super().__init__(rank, world_size, rank)
@@ -225,8 +226,8 @@ def test_the_ranks_are_weighed_by_host_and_every_rank_reaches_the_same_verdict()
     plan = plan_sharding(TABLES.cardinalities, 4, "row", 10)
     share = plan.local_rows(0) * (16 * 4 + 4)  # a quarter of the rows, D 16, with their row-wise Adagrad sums
     roomy, tight = HostMemory(available=8 * GiB), HostMemory(available=share + share // 2)
-    entries = [("a", "alpha", share, roomy), ("a", "alpha", share, roomy), ("b", "beta", share, tight),
-               ("b", "beta", share, tight)]
+    entries = [("a", "alpha", share, roomy, 0), ("a", "alpha", share, roomy, 0), ("b", "beta", share, tight, 0),
+               ("b", "beta", share, tight, 0)]
     texts = set()
     for rank in range(4):
         own = entries[rank][3]
@@ -235,11 +236,11 @@ def test_the_ranks_are_weighed_by_host_and_every_rank_reaches_the_same_verdict()
         assert getattr(raised.value, "found_alike", False) and raised.value.dlrm_refused
         texts.add(str(raised.value))
     assert len(texts) == 1 and next(iter(texts)).startswith("the 2 ranks on host beta need "), texts
-    entries[3] = ("b", "beta", share, HostMemory(available=8 * GiB, process=share // 2))
+    entries[3] = ("b", "beta", share, HostMemory(available=8 * GiB, process=share // 2), 0)
     text = _refusal(cfg, entries[0][3], _Gathered(0, 4, entries), plan)
     assert text.startswith("rank 3 on host beta needs "), text
     assert f"more than the {share // 2 / MiB:,.1f} MiB it may take (ulimit -v, ulimit -d)" in text, text
-    entries[2] = entries[3] = ("b", "beta", share, roomy)
+    entries[2] = entries[3] = ("b", "beta", share, roomy, 0)
     builder.refuse_host_memory_shortfall(cfg, TABLES, roomy, _Gathered(1, 4, entries), plan)  # every host fits
 
 

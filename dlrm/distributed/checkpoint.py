@@ -290,7 +290,7 @@ def load_shard(manifest_path: Path, manifest: dict[str, Any], rank: int) -> dict
     of the manifest's plan and at the manifest's position."""
     sharded = manifest["sharded"]
     path = Path(manifest_path).parent / sharded["shards"][rank]
-    shard = ckpt.load_checkpoint(path)
+    shard = ckpt.load_checkpoint(path, mmap=True, read="all")  # (a merge's shards: page cache, not copies in memory)
     if "rank" not in shard:
         raise ConfigError(f"{path}: not a shard of a sharded checkpoint (named by {manifest_path})")
     if shard["rank"] != rank:
@@ -332,8 +332,9 @@ def check_resumable_by(path: Path, state: dict[str, Any], env: DistEnv) -> None:
 
 
 def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any]:
-    """The state this rank resumes from: its shard of a sharded checkpoint (same ranks, same plan)."""
-    state = ckpt.load_checkpoint(path)
+    """The state this rank resumes from: its shard of a sharded checkpoint (same ranks, same plan), its tensors
+    memory-mapped (`dlrm.checkpoint.load_checkpoint`; the caller owns what it keeps: `dlrm.mapped_load.own_copies`)."""
+    state = ckpt.load_checkpoint(path, mmap=True, read="all")  # (a manifest: a few kB read ahead)
     check_resumable_by(path, state, env)
     sharded = state.get("sharded")
     if sharded is None:

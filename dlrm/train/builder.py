@@ -283,8 +283,10 @@ def _size(n: int) -> str:
 
 
 def resume_read_bytes(path, env: DistEnv = DistEnv()) -> int:
-    """What a resume's restore reads whole beside the built model and its optimizers (`Checkpointer.restore`): the
-    checkpoint, or this rank's shard of a sharded one (its manifest names it); 0 without a resume, or unreadable."""
+    """What a resume's restore maps beside the built model and its optimizers (`Checkpointer.restore`): the checkpoint,
+    or this rank's shard of a sharded one (its manifest names it); 0 without a resume, or unreadable. Memory-mapped
+    (`dlrm.mapped_load`), it takes the page cache's memory, not this process's, but as much of its address space, which
+    ``ulimit -v`` and ``ulimit -d`` bound (a private writable mapping counts toward both)."""
     if path is None:
         return 0
     path = Path(path)
@@ -316,8 +318,8 @@ def refuse_host_memory_shortfall(cfg: Config, tables: Tables, memory: HostMemory
     plan) the ranks of one host share its memory: each weighs its own shard of the tables, the vocabulary keys and
     its replica of the dense layers (with DDP's gradient buckets); the ranks gather what each needs and the memory
     each reads, and all of them reach the same verdict from the same numbers: the same error on every rank (said once,
-    `found_alike`), raised before any of them builds. `resume_bytes`: the checkpoint (a rank's shard) a resume reads
-    whole beside them (`resume_read_bytes`), weighed too: a resume's peak."""
+    `found_alike`), raised before any of them builds. `resume_bytes`: the checkpoint (a rank's shard) a resume maps
+    beside them (`resume_read_bytes`): weighed against this process's rlimits only (the page cache holds its pages)."""
     num_features = len(tables.cardinalities)
     # DistributedDataParallel's gradient buckets: one more copy of the dense gradients (no gradient_as_bucket_view)
     copies = dense_training_copies(cfg.optim.dense) + (1 if env.distributed else 0)
@@ -326,10 +328,7 @@ def refuse_host_memory_shortfall(cfg: Config, tables: Tables, memory: HostMemory
     if plan is not None:  # this rank's rows; every rank holds all the vocabulary keys
         tables_bytes = (plan.local_rows(env.rank) * table_row_bytes(cfg)
                         + vocabulary_key_bytes(tables.cardinalities, tables.hashing))
-    if resume_bytes:
-        tables_text += f", the checkpoint it resumes from {_size(resume_bytes)} more, read whole beside them"
-        tables_bytes += resume_bytes
-    ranks = env.all_gather_object((host_key(), socket.gethostname(), tables_bytes, memory))
+    ranks = env.all_gather_object((host_key(), socket.gethostname(), tables_bytes, memory, resume_bytes))
     text = _shortfall_text(cfg, tables, tables_text, ranks, dense_bytes, env.distributed, bool(resume_bytes))
     if text is None:
         return
@@ -348,14 +347,17 @@ def refuse_host_memory_shortfall(cfg: Config, tables: Tables, memory: HostMemory
 def _shortfall_text(cfg: Config, tables: Tables, tables_text: str, ranks: list[tuple], dense_bytes: int,
                     distributed: bool, resuming: bool = False) -> Optional[str]:
     """The refusal of `refuse_host_memory_shortfall` from every rank's (host key, host name, table bytes,
-    HostMemory), or None where the model fits (told where it fits only with swap, under train.allow_swap)."""
+    HostMemory, the bytes of the checkpoint its resume maps), or None where the model fits (told where it fits only
+    with swap, under train.allow_swap)."""
     advice = functools.partial(_shortfall_advice, cfg, tables, tables_text, dense_bytes,
-                               max(t for _, _, t, _ in ranks), distributed, resuming)
-    for q, (_, name, t, memory) in enumerate(ranks):  # a process's own rlimits first: swap lifts neither
-        if memory.process is not None and t + dense_bytes > memory.process:
+                               max(r[2] for r in ranks), distributed, resuming)
+    for q, (_, name, t, memory, mapped) in enumerate(ranks):  # a process's own rlimits first: swap lifts neither
+        if memory.process is not None and t + dense_bytes + mapped > memory.process:
             who = f"rank {q} on host {name} needs" if distributed else "the model needs"
-            return advice(f"{who} {_size(t + dense_bytes)} of host memory with its optimizers' state, more than the "
-                          f"{_size(memory.process)} {'it' if distributed else 'this process'} may take (ulimit -v, "
+            shard = "checkpoint shard" if distributed else "checkpoint"
+            also = f", and the {shard} it resumes from maps {_size(mapped)} more (memory-mapped)" if mapped else ""
+            return advice(f"{who} {_size(t + dense_bytes)} of host memory with its optimizers' state{also}, more than "
+                          f"the {_size(memory.process)} {'it' if distributed else 'this process'} may take (ulimit -v, "
                           "ulimit -d)", host=False)
     hosts: dict[str, list[int]] = {}
     for q, rank in enumerate(ranks):
@@ -409,7 +411,6 @@ def _shortfall_advice(cfg: Config, tables: Tables, tables_text: str, dense_bytes
             # (data.max_rows_per_table cannot change on a resume: the checkpoint holds the tables' rows)
             "resume it on a host with more free memory" if resuming else "cap the tables with data.max_rows_per_table")
     keys = " and the vocabulary keys" if tables.hashing == "vocabulary" else ""
-    keys += " and the checkpoint shard it resumes from, read whole" if resuming else ""
     what = (f"each rank holds its shard of the embedding tables (the largest {_size(largest)} with the sparse "
             f"optimizer's state{keys}) and the dense layers ({_size(dense_bytes)} with their gradients, DDP's "
             "buckets and the dense optimizer's state)")
@@ -505,7 +506,8 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
         total_steps: the run's length (LR schedules depend on it).
         env: the process group (one process by default).
         eval_batch_size: the evaluation batch (a compiled evaluation pads to it); default 4 x batch.
-        resume_from: the checkpoint a resume restores after the build (its size weighed with the model on the CPU).
+        resume_from: the checkpoint a resume restores after the build (on the CPU its mapping weighed against the
+            process's rlimits, and a refusal advises no cap of the tables).
     """
     cfg, fast_path = resolve_fast_path(cfg, device, env.distributed, tables.multi_hot, total_steps)
     if env.distributed and cfg.train.compile.enabled and cfg.train.compile.fullgraph:

@@ -1,12 +1,13 @@
 """The host memory `--eval-only` and `--export` take on the CPU, weighed before the checkpoint is read (exit 4, one line),
 as a training run's model is before its build (`dlrm.train.builder.refuse_host_memory_shortfall`).
 
-Neither trains: no gradients, no optimizer state built. But the checkpoint is read whole (`dlrm.checkpoint.load_checkpoint`:
-its tables, its sparse and dense optimizers' state) while the model it loads into is built beside it, and an export then
-serializes the model's weights twice more (torch.export.save: `torch.save` into a BytesIO, then its `getvalue()` copy).
-Measured on 10.4M rows x 16 fp32 with row-wise Adagrad (a 674.5 MiB checkpoint; the model 634.8 MiB): the peak resident
-memory above the interpreter's was 1.3 GiB for --eval-only and 2.0 GiB for --export, against the 674.5 MiB a training
-run is weighed with; short of it, the OOM killer ended them without a word.
+Neither trains: no gradients, no optimizer state built. The model is built and the checkpoint's weights copied into it,
+and an export then serializes the model's weights twice more (torch.export.save: `torch.save` into a BytesIO, then its
+`getvalue()` copy). Measured on 10.4M rows x 16 fp32 with row-wise Adagrad (a 674.5 MiB checkpoint; the model 634.8
+MiB), when the checkpoint was read whole: the peak resident memory above the interpreter's was 1.3 GiB for --eval-only
+and 2.0 GiB for --export; short of it, the OOM killer ended them without a word. The checkpoint is memory-mapped now
+(`dlrm.mapped_load`): its pages are the page cache's, which the kernel drops under pressure, not this process's memory,
+but they take as much of its address space, which ``ulimit -v`` and ``ulimit -d`` bound: weighed there.
 """
 
 from __future__ import annotations
@@ -26,38 +27,42 @@ def _size(n: int) -> str:
 
 
 def checkpoint_host_need(cfg: Config, tables, path: Path, export: bool) -> tuple[int, str]:
-    """(bytes, what they are) an evaluation (`export` False) or an export of the checkpoint at `path` takes at its
-    peak: the file read whole beside the model (its weights as built: fp32 tables for an export, the vocabulary keys,
-    the dense layers), and for an export the model with two serialized copies of its weights, the larger."""
+    """(bytes, what they are) an evaluation (`export` False) or an export of the checkpoint at `path` takes of the
+    host's memory at its peak: the model (its weights as built: fp32 tables for an export, the vocabulary keys, the
+    dense layers), for an export with two serialized copies of its weights. (The checkpoint's mapping: `mapped_bytes`.)"""
     from dlrm.train.builder import dense_layer_parameters
 
     rows, dim = sum(tables.cardinalities), cfg.model.embedding_dim
     itemsize = 4 if export else _TABLE_DTYPES[cfg.model.embedding_dtype].itemsize
     model = (rows * dim * itemsize + vocabulary_key_bytes(tables.cardinalities, tables.hashing)
              + 4 * sum(dense_layer_parameters(cfg.model, len(tables.cardinalities)).values()))
-    try:
-        stored = os.stat(path).st_size  # its tensors are stored whole (torch.save's zip does not compress)
-    except OSError:
-        stored = 0  # (the load names the file)
-    loading = stored + model
-    text = f"the checkpoint read whole ({_size(stored)}, its optimizers' state too) beside the model ({_size(model)})"
-    if export and 3 * model > loading:
+    if export:
         return 3 * model, (f"the model ({_size(model)}) and the two copies of its weights torch.export.save "
                            "serializes")
-    return loading, text
+    return model, f"the model ({_size(model)})"
+
+
+def mapped_bytes(path: Path) -> int:
+    """The address space the checkpoint at `path` takes memory-mapped: its size (torch.save's zip does not compress);
+    0 where it cannot be read (the load names the file)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def refuse_checkpoint_shortfall(cfg: Config, tables, path: Path, export: bool, memory: HostMemory) -> None:
     """A MemoryError (exit 4, said as it is) where `checkpoint_host_need` exceeds `memory` (`HostMemory`: this
-    process's rlimits, which swap does not lift; the host's MemAvailable and its cgroups' limits, with free swap under
+    process's rlimits, which swap does not lift, with the checkpoint's mapping (`mapped_bytes`); the host's MemAvailable and its cgroups' limits, with free swap under
     train.allow_swap). Nothing is refused where the memory is unknown; with train.check_host_memory false the refusal
     is a warning."""
     need, what = checkpoint_host_need(cfg, tables, path, export)
     mode = "--export" if export else "--eval-only"
     head = f"{mode} of {path} needs {_size(need)} of host memory, {what}"
-    text = None
-    if memory.process is not None and need > memory.process:
-        text = f"{head}, more than the {_size(memory.process)} this process may take (ulimit -v, ulimit -d)"
+    text, mapped = None, mapped_bytes(path)
+    if memory.process is not None and need + mapped > memory.process:
+        text = (f"{head}, and maps the checkpoint ({_size(mapped)}) beside it, more than the {_size(memory.process)} "
+                "this process may take (ulimit -v, ulimit -d)")
     else:
         ram, ram_source = memory.shared()
         if ram is not None and need > ram:

@@ -21,6 +21,7 @@ from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.shutdown_grace import StopGrace
 from dlrm.logging_setup import run_logger
+from dlrm.mapped_load import own_copies
 from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
 from dlrm.train.graphed_step import plain_lr_state_dict
@@ -278,6 +279,8 @@ class Checkpointer:
                 opt.load_state_dict(s)
         for sched, s in zip(run.schedulers, state["schedulers"]):
             sched.load_state_dict(s)
+        # torch.optim keeps a loaded CPU tensor of its parameter's dtype as it is: a view of the memory-mapped file
+        own_copies([*run.optimizers, *run.schedulers], state)
         if not state["schedulers"]:  # saved without a schedule: one added on resume starts at the checkpoint's step
             for sched in run.schedulers:
                 sched.start_at(state["position"]["step"])

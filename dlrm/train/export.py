@@ -42,12 +42,12 @@ def model_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device,
 def _built_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device,
                            portable: bool = False) -> tuple[DLRM, Config]:
     """`model_from_checkpoint`'s model and the config it was built from (its "auto" settings resolved)."""
-    if device.type == "cpu":  # the file read whole beside the model, in the host's memory: weighed before either
+    if device.type == "cpu":  # the model in the host's memory, the file mapped beside it: weighed before either
         from dlrm.train import builder
         from dlrm.train.checkpoint_memory import refuse_checkpoint_shortfall
 
         refuse_checkpoint_shortfall(cfg, tables, Path(path), portable, builder._host_memory())
-    state = ckpt.load_checkpoint(path)
+    state = ckpt.load_checkpoint(path, mmap=True, read="model")  # (the optimizers' state is never read)
     if "rank" in state:  # one rank's shard: its table rows were refused as "sparse_arch.weight has shape (299, 4) in
         # the checkpoint, (598, 4) here", which reads as other data or another config, not as the file being a shard
         manifest = manifest_of(Path(path), state)

@@ -91,7 +91,7 @@ class Trainer(WindowLogging):
             if resume is not None:  # (None, None): a run without a checkpoint yet, started from step 0 (`restart`)
                 self.resume_from, latest = checkpoint_to_resume(cfg, resume, allow_config_change, self.env)
             if self.resume_from is not None:
-                state = ckpt.load_checkpoint(self.resume_from)  # a sharded run's manifest: small
+                state = ckpt.load_checkpoint(self.resume_from, mmap=True)  # (tensors read by the restore only)
                 dist_ckpt.check_resumable_by(self.resume_from, state, self.env)  # (its ranks: before anything else)
                 # (summary.json's sessions: this session's config changes; the run's directory, written in place, is
                 # no change however the two name it: `named_as_current`)

@@ -1,0 +1,148 @@
+"""Checkpoints read memory-mapped: their tensors are views of the file's pages, read as they are used.
+
+torch.load read a checkpoint whole into the process's own memory: MLPerf DLRM-DCNv2's 53 GB file took 53 GB of host
+memory at a one-process resume or ``--eval-only``, besides the model, and a resume read it twice (once for its config
+and position before the build, once to restore). With ``torch.load(mmap=True)`` the file's pages are the page cache's:
+read once where they are used (the model's ``load_state_dict`` copy), shared with other readers, dropped by the kernel
+under memory pressure instead of being swapped or killing the process. Measured on this project's 2-core machine
+(``benchmarks/results/checkpoint_load_cpu.md``): a 2 GB checkpoint loaded into a model in 1.3 s instead of 3.1 s, its
+anonymous memory 1.9 GiB -> 0.
+
+Two things the plain read gave that a mapping does not, kept here:
+
+* A progress bar: the read happened inside torch.load (a bar followed its bytes); mapped, it happens inside the
+  model's copy, without a word for a minute (MLPerf's file). `read_ahead` reads the tensors a caller will use into
+  the page cache first, with a bar (one pass at the disk's rate; the copy then reads memory), where they fit in
+  half of the host's MemAvailable; a larger file is read as it is used, said in one line.
+* Ownership: a mapped tensor is ``MAP_PRIVATE`` (writes stay in this process) but its unwritten pages are the file's:
+  an optimizer that keeps a loaded tensor as its state (``torch.optim`` keeps a CPU tensor of the parameter's dtype
+  as it is) would read another file's bytes if the checkpoint were overwritten in place (``cp``) while the run trains.
+  `own_copies` gives such tensors memory of their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from dlrm.fast_save import mem_available
+from dlrm.logging_setup import ProgressBar, bar_interval, run_logger
+
+READ_AHEAD_SHARE = 0.5
+"""The largest share of the host's MemAvailable `read_ahead` reads into the page cache (more is read as it is used:
+the pages read first would be dropped again before they are used)."""
+CHUNK_BYTES = 64 << 20
+"""`read_ahead`'s step (and its progress bar's)."""
+
+
+def load_mapped(path: str, allowed: list) -> Any:
+    """``torch.load(path, weights_only=True, mmap=True)`` onto the CPU, the globals `allowed` (``(obj, name)`` pairs)
+    besides torch's: the file's pickle is read now, its tensors' bytes where they are used."""
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
+def cpu_storages(obj: Any) -> list[torch.UntypedStorage]:
+    """The distinct CPU storages of the tensors in `obj` (nested dicts, lists and tuples), in the order met; views of
+    one storage counted once.
+
+    Example:
+        >>> w = torch.zeros(4)
+        >>> [s.nbytes() for s in cpu_storages({"w": w, "v": w[1:], "n": [torch.ones(2, dtype=torch.int64)], "x": 1})]
+        [16, 16]
+    """
+    seen: dict[int, torch.UntypedStorage] = {}
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, torch.Tensor):
+            if o.device.type == "cpu":
+                storage = o.untyped_storage()
+                seen.setdefault(storage.data_ptr(), storage)
+        elif isinstance(o, dict):
+            stack.extend(reversed(list(o.values())))
+        elif isinstance(o, (list, tuple)):
+            stack.extend(reversed(o))
+    return list(seen.values())
+
+
+def read_ahead(obj: Any, name: str, least: int, available: Optional[int] = None) -> bool:
+    """Read the bytes of `obj`'s tensors (memory-mapped: `load_mapped`) into the page cache now, with a progress bar
+    ("reading `name`"), where they come to at least `least` bytes and at most `READ_AHEAD_SHARE` of `available` (the
+    host's MemAvailable; default: read now); where they come to more, one line says they are read as they load.
+    Returns whether it read them.
+
+    Example:
+        >>> read_ahead({"w": torch.zeros(4)}, "step-1.pt", least=1 << 30)  # 16 bytes: read where used
+        False
+    """
+    storages = cpu_storages(obj)
+    total = sum(s.nbytes() for s in storages)
+    if total < least:
+        return False
+    available = mem_available() if available is None else available
+    if available is None or total > READ_AHEAD_SHARE * available:
+        room = "unknown" if available is None else f"{available / 1e9:,.1f} GB"
+        run_logger.info(f"reading {name}: its {total / 1e9:,.1f} GB are read as the model loads them (no progress "
+                        f"bar: more than half of the host's available memory, {room}, is not read ahead)")
+        return False
+    buffer = torch.empty(min(CHUNK_BYTES, total), dtype=torch.uint8)
+    with ProgressBar(total=total, desc=f"reading {name}", unit="B", unit_scale=True, dynamic_ncols=True,
+                     **bar_interval()) as bar:
+        for storage in storages:
+            # the storage's bytes as a tensor, copied chunk by chunk into one small buffer: the copy faults the pages
+            # in (the kernel's readahead: the disk's sequential rate) and touches no memory of this process's own
+            flat = torch.empty(0, dtype=torch.uint8).set_(storage)
+            for start in range(0, flat.numel(), CHUNK_BYTES):
+                chunk = flat[start:start + CHUNK_BYTES]
+                buffer[:chunk.numel()].copy_(chunk)
+                bar.update(chunk.numel())
+    return True
+
+
+def own_copies(holders: Iterable[Any], loaded: Any) -> int:
+    """Give each CPU tensor kept in `holders` (optimizers, LR schedulers, after their ``load_state_dict``) that views a
+    storage of `loaded` (a checkpoint read by `load_mapped`) memory of its own (a clone, put where it was); returns
+    how many. Their ``state`` (an optimizer's: per parameter, a dict of tensors), ``param_groups`` and attributes are
+    searched two containers deep (a scheduler's ``base_lrs`` list, a group's ``lr``).
+
+    Example:
+        >>> mapped = {"sum": torch.zeros(3)}
+        >>> opt = torch.optim.Adagrad([torch.nn.Parameter(torch.ones(3))])
+        >>> opt.state[opt.param_groups[0]["params"][0]] = {"sum": mapped["sum"]}
+        >>> own_copies([opt], mapped), next(iter(opt.state.values()))["sum"] is mapped["sum"]
+        (1, False)
+    """
+    mapped = {s.data_ptr() for s in cpu_storages(loaded)}
+    count = 0
+
+    def owned(value: Any) -> Any:
+        nonlocal count
+        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.untyped_storage().data_ptr() in mapped:
+            count += 1
+            return value.clone()
+        return value
+
+    def each(container: Any, depth: int) -> None:
+        items: Iterable[tuple[Any, Any]]
+        if isinstance(container, dict):
+            items = list(container.items())
+        elif isinstance(container, list):
+            items = list(enumerate(container))
+        else:
+            return
+        for key, value in items:
+            new = owned(value)
+            if new is not value:
+                container[key] = new
+            elif depth > 0:
+                each(value, depth - 1)
+
+    for holder in holders:
+        parts: list[Callable[[], Any]] = [lambda h=holder: getattr(h, "state", None),
+                                          lambda h=holder: getattr(h, "param_groups", None),
+                                          lambda h=holder: vars(h) if hasattr(h, "__dict__") else None]
+        for part in parts:
+            each(part(), 2)
+    return count
