@@ -52,6 +52,7 @@ from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, c
 from dlrm.path_checks import check_path
 from dlrm.run_paths import check_room, export_temp, run_deepest
 from dlrm.stop_signal import LateSignals, StopAtOnce, signal_stop_inside
+from dlrm.train.resume_room import check_resume_room
 
 EXIT_BAD_INPUT = 2
 EXIT_NON_FINITE_LOSS = 3
@@ -438,6 +439,7 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
             given = cfg.log.run_name is not None and "log.run_name" in overrides
             raise ConfigError(f"{'command line' if given else config_path}: {e}") from None
         check_room(tb_flag, cfg.log.tb_dir, run_deepest(cfg.log.run_name, cfg.name, eval_only, compare))  # (not mid-run)
+    check_resume_room(resume, cfg.log.tb_dir, cfg.log.run_name)  # a resume in place: its run directory, where it is
     if resume is None and compare is None and (eval_only or not export_path or not checkpoint_path):
         check_not_own_record(config_path, cfg, overrides, eval_only)
     export = check_export_path(export_path) if export_path else None

@@ -50,11 +50,12 @@ def longest(paths: list[str]) -> str:
 
 
 def check_room(flag: str, directory: str, deepest: str, error: Optional[Callable[[str], Exception]] = None,
-               shown: Optional[str] = None) -> None:
+               shown: Optional[str] = None, advice: Optional[str] = None) -> None:
     """Raise `error` (default `dlrm.errors.ConfigError`, exit 2) when `directory`/`deepest` would be over PATH_MAX:
     ``"<flag>: <shown>: the deepest path written there (.../<deepest>) would need N bytes (at most 4095); pick a
     shorter <flag>"``. `shown`: the value the user gave, when `directory` is its parent (a file, a dataset built in a
-    temporary sibling)."""
+    temporary sibling); `advice`: what to do instead of picking a shorter value (an existing directory written in
+    place, which no flag moves)."""
     size = absolute_size(directory) + 1 + len(os.fsencode(deepest))
     if size >= PATH_MAX:
         if error is None:
@@ -62,8 +63,8 @@ def check_room(flag: str, directory: str, deepest: str, error: Optional[Callable
 
             error = ConfigError
         raise error(f"{flag}: {shown_path(directory if shown is None else shown)}: the deepest path written there "
-                    f"(.../{shown_path(deepest, 60)}) would need {size} bytes (at most {PATH_MAX - 1}); pick a shorter "
-                    f"{flag.split(': ')[-1]}")
+                    f"(.../{shown_path(deepest, 60)}) would need {size} bytes (at most {PATH_MAX - 1}); "
+                    f"{advice or 'pick a shorter ' + flag.split(': ')[-1]}")
 
 
 def run_deepest(run_name: Optional[str], name: str, evaluates_only: bool = False,
@@ -75,6 +76,15 @@ def run_deepest(run_name: Optional[str], name: str, evaluates_only: bool = False
     if variants is not None:
         parts.append(longest([v.strip() for v in variants.split(",")] or [""]))
     return "/".join([*parts, longest(run_files(evaluates_only))])
+
+
+def sweep_resume_room(directory: Path, slugs: list[str], seeds: int) -> None:
+    """Refuse a sweep's --resume whose directory (moved deeper since, or resumed on a host of a longer name) has no
+    room for its deepest trial (`sweep_deepest`): a trial's event file, or the report's HParams, failed with "a bug in
+    dlrm (OSError)" after the trials before it had trained."""
+    deepest = sweep_deepest(directory.name, slugs, seeds)[len(directory.name) + 1:]  # (under the directory itself)
+    check_room("--resume", str(directory), deepest, advice="move the sweep directory to a shorter path and --resume it "
+               "there")
 
 
 def export_temp(target: Path) -> str:

@@ -48,6 +48,7 @@ from dlrm.config import ConfigError, load_config
 from dlrm.data.schema import write_json_atomic
 from dlrm.json_file import SUMMARY_LIMIT, read_json, read_regular_file
 from dlrm.logging_setup import counted
+from dlrm.run_paths import sweep_resume_room
 from dlrm.train.resume_policy import config_changes, with_defaults
 from dlrm.train.run_dir import lock_holder
 
@@ -525,6 +526,8 @@ def resume_sweep(directory: str | Path, config: Optional[str] = None, sets: Opti
     check_options_and_sets(base or {}, record["sets"], str(directory / RECORD))
     config, sets, seeds, base = reconcile(directory, record, config, sets, seeds, base)
     settings = sweep.grid(sets)
+    # (moved deeper since: a trial's event file over PATH_MAX was "a bug in dlrm" after the trials before it trained)
+    sweep_resume_room(directory, [sweep.slug(i, s) for i, s in enumerate(settings)], seeds)
     # checked (the device's rules too) only the settings with a trial left to train: `_run_trials` gathers the
     # finished ones, training nothing, where checked all a resume of a sweep whose trials had all finished (killed
     # while writing its report) was refused on another machine than theirs ("CUDA is not available"), report unmade

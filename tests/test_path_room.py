@@ -240,3 +240,112 @@ def test_a_data_tool_at_the_limit_writes_its_output(tmp_path, inputs, tool):
     assert result.exit_code == 0, result.output
     assert out.is_file() if tool.endswith("tsv") else (out / "metadata.json").is_file()
     assert longest_written(tmp_path / "t") <= PATH_MAX - 1
+
+
+# --- a resume in place: the run's existing directory is where it writes, whatever --tb-dir says -----------------------
+# A run moved deeper (`mv tb/r archive/.../r`), or resumed on a host of a longer name, passed every check and failed
+# at its first event file write: "a bug in dlrm (OSError)", exit 1, after the data and the model were built.
+
+def snapshot(top: Path) -> list:
+    """Every path under `top` with its size and modification time: what a refusal must leave as it was (read through
+    directory descriptors: a moved run's files may be past PATH_MAX as whole paths)."""
+    return sorted((os.path.join(d, n), os.lstat(n, dir_fd=fd).st_size, os.lstat(n, dir_fd=fd).st_mtime_ns)
+                  for d, dirs, files, fd in os.fwalk(top) for n in dirs + files)
+
+
+def moved_run(tmp_path: Path, tiny: Path, over: int) -> Path:
+    """The tiny config's run `r` (4 steps, its checkpoint), trained in a short --tb-dir and moved into one whose
+    deepest path for it is `over` bytes past the limit (0: at it); the new --tb-dir."""
+    result = CliRunner().invoke(cli.main, ["--config", str(tiny), "--tb-dir", str(tmp_path / "tb"), "--run-name", "r"])
+    assert result.exit_code == 0, result.output
+    deep = deep_dir(tmp_path / "deep", PATH_MAX - 1 - 1 - len(os.fsencode(run_deepest("r", "tiny"))) + over)
+    deep.mkdir(parents=True)
+    os.rename(tmp_path / "tb" / "r", deep / "r")
+    return deep
+
+
+MORE = ["--max-steps", "8", "--epochs", "2", "--allow-config-change", "train.max_steps,train.epochs"]
+RESUMES = {  # how the command names the run it continues in place
+    "latest": lambda deep: ["--tb-dir", str(deep), "--run-name", "r", "--resume", "latest"],
+    "checkpoint": lambda deep: ["--resume", str(deep / "r" / "checkpoints" / "step-00000004.pt")],
+    "checkpoint of its run by name": lambda deep: ["--tb-dir", str(deep), "--run-name", "r", "--resume",
+                                                   str(deep / "r" / "checkpoints" / "step-00000004.pt")],
+}
+
+
+@pytest.mark.parametrize("how, over", [(how, 1) for how in RESUMES] + [("latest", 45)])
+def test_a_resume_in_place_too_long_is_refused_up_front(tmp_path, tiny, how, over):
+    """One byte over, and 45: where its checkpoint is read but the session's own event file did not fit (its name at
+    least 45 bytes): "a bug in dlrm (OSError)", exit 1, after the data and the model were built."""
+    deep = moved_run(tmp_path, tiny, over)
+    before = snapshot(deep)
+    result = CliRunner().invoke(cli.main, ["--config", str(tiny), *MORE, *RESUMES[how](deep)])
+    line = one_line(result, "--resume", PATH_MAX + over - 1)
+    assert "/r (" in line and "): the deepest path written there" in line and "--run-name NEW" in line, line
+    assert snapshot(deep) == before  # (no lock taken, no event file, no checkpoint)
+
+
+def test_a_resume_in_place_at_the_limit_trains_there(tmp_path, tiny):
+    deep = moved_run(tmp_path, tiny, 0)
+    result = CliRunner().invoke(cli.main, ["--config", str(tiny), *MORE, *RESUMES["latest"](deep)])
+    assert result.exit_code == 0, result.output
+    assert (deep / "r" / "checkpoints" / "step-00000008.pt").is_file()
+    assert json.loads((deep / "r" / "summary.json").read_text())["steps"] == 8
+    assert longest_written(deep) <= PATH_MAX - 1
+
+
+def test_a_branch_of_a_run_too_deep_to_resume_in_place_goes_to_its_new_directory(tmp_path, tiny):
+    """The refusal's way through: the deep run's checkpoint continued in a new run under a short --tb-dir."""
+    deep = moved_run(tmp_path, tiny, 1)
+    before = snapshot(deep)
+    result = CliRunner().invoke(cli.main, ["--config", str(tiny), *MORE, "--tb-dir", str(tmp_path / "short"),
+                                           "--run-name", "b", "--resume",
+                                           str(deep / "r" / "checkpoints" / "step-00000004.pt")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "short" / "b" / "checkpoints" / "step-00000008.pt").is_file()
+    assert [p for p in snapshot(deep) if p not in before] == []  # (the source run is not written)
+
+
+def interrupted_sweep(tmp_path: Path, tiny: Path, over: int) -> tuple[Path, list]:
+    """A sweep of two settings (one seed) stopped by Ctrl-C at its second trial, moved into a directory whose
+    deepest path for it is `over` bytes past the limit; the sweep directory and its --set."""
+    from dlrm import sweep
+    from dlrm.train.trainer import train as real_train
+
+    sets = ["optim.sparse.lr=0.01,0.03"]
+
+    def train(cfg, run_dir=None, resume=None):
+        if cfg.optim.sparse.lr == 0.03:
+            raise KeyboardInterrupt()
+        return real_train(cfg, run_dir=run_dir, resume=resume)
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(str(tiny), [sweep.parse_set(s) for s in sets], 1, tb_dir=str(tmp_path / "tb"),
+                        run_name="sw", train_fn=train)
+    settings = sweep.grid([sweep.parse_set(s) for s in sets])
+    deepest = sweep_deepest("sw", [sweep.slug(i, s) for i, s in enumerate(settings)], 1)
+    deep = deep_dir(tmp_path / "deep", PATH_MAX - 1 - 1 - len(os.fsencode(deepest)) + over)
+    deep.mkdir(parents=True)
+    os.rename(tmp_path / "tb" / "sw", deep / "sw")
+    return deep / "sw", sets
+
+
+def test_a_sweep_resumed_where_its_trials_would_not_fit_is_refused_up_front(tmp_path, tiny):
+    from dlrm import sweep
+
+    directory, _ = interrupted_sweep(tmp_path, tiny, 1)
+    before = snapshot(directory)
+    line = one_line(CliRunner().invoke(sweep.main, ["--resume", str(directory), "--seeds", "1"]), "--resume",
+                    PATH_MAX)
+    assert "/sw (" in line and "move the sweep directory to a shorter path" in line, line
+    assert snapshot(directory) == before
+
+
+def test_a_sweep_resumed_at_the_limit_finishes_there(tmp_path, tiny):
+    from dlrm import sweep
+
+    directory, _ = interrupted_sweep(tmp_path, tiny, 0)
+    result = CliRunner().invoke(sweep.main, ["--resume", str(directory), "--seeds", "1"])
+    assert result.exit_code == 0, result.output
+    assert len(list(directory.glob("*/seed-0/summary.json"))) == 2 and (directory / "sweep.md").is_file()
+    assert longest_written(directory) <= PATH_MAX - 1
