@@ -12,7 +12,8 @@ Pipeline (``python -m dlrm.preprocess --help`` for the options)::
     1. count pass   every input is read once (gzip decompressed as a stream); it counts the lines,
                     detects the format, records the byte offset where every chunk of
                     ``chunk_rows`` lines starts and samples the lines (`line_sample`; inputs sharing
-                    most of their lines are refused, `same_content`) (parallel over files; a big plain
+                    most of their lines are refused, `same_content`, or kept with a warning
+                    under ``--allow-shared-rows``) (parallel over files; a big plain
                     file is counted in byte ranges by all workers, `scan_file_parallel`).
     2. parse pass   every chunk is parsed by a vectorized numpy tokenizer (`parse_chunk`),
                     each line is given a split from its global line number (`SplitPlan`), and the

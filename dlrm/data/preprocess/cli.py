@@ -70,6 +70,10 @@ def build_cli():
                   help="Worker processes [default: min(cores, 8)], at most one a chunk; 1 runs in this process.")
     @click.option("--on-bad-line", type=click.Choice(["stop", "skip"]), default="stop", show_default=True,
                   help="stop: fail naming the first bad line; skip: drop bad lines, count them per reason.")
+    @click.option("--allow-shared-rows", is_flag=True,
+                  help="Keep inputs that share most of their rows (a concatenation of day files given beside them), "
+                  "with a warning naming both files and the share, instead of refusing them: their shared rows are "
+                  "read twice. An unfinished run that kept them resumes with it only.")
     @click.option("--overwrite", is_flag=True, help="Replace a dataset or an unfinished run in --output (a complete "
                   "dataset stays until the new one is complete).")
     @click.option("--checkpoint-interval", type=float, default=300.0, show_default=True,

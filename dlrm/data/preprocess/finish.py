@@ -17,7 +17,7 @@ from dlrm.errors import os_errors_named
 
 
 def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashing, min_frequency,
-            max_rows) -> Metadata:
+            max_rows, shared_rows=()) -> Metadata:
     """Step 4: the vocabularies (vocabulary hashing), then metadata.json, from the finished chunks."""
     from loguru import logger
 
@@ -69,6 +69,8 @@ def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashi
             "dense_clipped": sum(done[k]["clipped"] for k in keys),
         }
     )
+    if shared_rows:  # inputs sharing most of their rows, kept under --allow-shared-rows: whoever trains on it is told
+        extra["shared_rows"] = list(shared_rows)
     sizes = opts.get("multi_hot_sizes") or [1] * NUM_SPARSE
     layout = opts.get("sparse_layout", "lists")  # recorded only when multi-hot; one-hot: the same files
     meta = Metadata(cardinalities=cards, multi_hot_sizes=list(sizes), hashing=hashing, splits=splits, extra=extra,

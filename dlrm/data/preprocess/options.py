@@ -60,6 +60,9 @@ class RunOptions:
     # --sparse-layout of multi-hot data ("lists" when one-hot: both layouts are the same files); None
     # until settled by `with_sparse_layout` when not given (a resumed run keeps the one it recorded)
     sparse_layout: str | None = "lists"
+    # --allow-shared-rows: inputs sharing most of their rows are warned of, not refused (`same_content.same_rows`);
+    # not an output option (the shards are the same): a resume compares the finding its manifest records instead
+    allow_shared_rows: bool = False
 
     @property
     def count_cap(self) -> int | None:
@@ -116,7 +119,7 @@ def check_options(*, input_format: Any, split: Any, validation_fraction: Any, te
                   hashing: Any, min_frequency: Any, max_rows_per_table: Any, chunk_rows: Any, row_group_rows: Any,
                   compression: Any, compression_level: Any, workers: Any, on_bad_line: Any, overwrite: Any,
                   checkpoint_interval: Any, progress: Any, multi_hot_sizes: Any = None,
-                  sparse_layout: Any = None) -> RunOptions:
+                  sparse_layout: Any = None, allow_shared_rows: Any = False) -> RunOptions:
     """Validate every option of `preprocess` (values from the API or the command line)."""
     split = _check_choice("--split", split, SPLIT_MODES)
     validation_fraction = _check_fraction("--validation-fraction", validation_fraction)
@@ -169,6 +172,7 @@ def check_options(*, input_format: Any, split: Any, validation_fraction: Any, te
         overwrite=bool(overwrite),
         checkpoint_interval=_check_number("--checkpoint-interval", checkpoint_interval),
         progress=bool(progress),
+        allow_shared_rows=bool(allow_shared_rows),
         compression=codec,
         compression_level=level,
     )

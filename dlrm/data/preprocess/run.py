@@ -36,7 +36,7 @@ from dlrm.data.preprocess.output import (
     _remove_temp_files,
 )
 from dlrm.data.preprocess.replace import STAGING, finish_replacement, stages_into, swap_committed
-from dlrm.data.preprocess.same_content import same_data, same_rows
+from dlrm.data.preprocess.same_content import recorded_shares, same_data, same_rows
 from dlrm.data.preprocess.scan import FileScan, _count_pass, count_pass_tasks
 from dlrm.data.preprocess.schedule import _run_inline, _run_pool, _RunState
 from dlrm.data.preprocess.splits import SplitPlan
@@ -71,6 +71,7 @@ def preprocess(
     progress: bool = True,
     multi_hot_sizes: list[int] | str | None = None,
     sparse_layout: str | None = None,
+    allow_shared_rows: bool = False,
     _max_new_chunks: int | None = None,
 ) -> Metadata:
     """Turn raw Criteo files into a dataset directory (see the package docstring); returns its metadata.
@@ -112,6 +113,9 @@ def preprocess(
             read) or "lists" (one ``list<int64>`` column, version 2). None: "slots" for a new run,
             and a resumed run keeps the layout it started with ("lists" if its record predates the
             option); a different one is refused like any changed option. One-hot data: no effect.
+        allow_shared_rows: inputs sharing most of their rows (`same_content.same_rows`) are warned of (both files
+            and the share named; ``metadata.extra["shared_rows"]``), not refused; a resumed run that accepted them
+            needs it again.
 
     Every option, the inputs and the output location are checked before anything is written; a
     run that fails before its first chunk is finished removes what it created.
@@ -126,7 +130,7 @@ def preprocess(
         max_rows_per_table=max_rows_per_table, chunk_rows=chunk_rows, row_group_rows=row_group_rows,
         compression=compression, compression_level=compression_level, workers=workers, on_bad_line=on_bad_line,
         overwrite=overwrite, checkpoint_interval=checkpoint_interval, progress=progress,
-        multi_hot_sizes=multi_hot_sizes, sparse_layout=sparse_layout,
+        multi_hot_sizes=multi_hot_sizes, sparse_layout=sparse_layout, allow_shared_rows=allow_shared_rows,
     )
     paths = check_inputs(inputs, opts.split)
     out = Path(output)
@@ -234,6 +238,7 @@ class _Run:
         self.owns_output = False
         # set by the steps, in order: count, restore_stats, run_chunks
         self.scans: list[FileScan] = []
+        self.shared: list[dict] = []  # the inputs sharing rows that --allow-shared-rows accepted (`same_rows`)
         self.file_bad: dict[str, int] = {}
         self.plan: SplitPlan | None = None
         self.firsts: list[int] = []  # global line number of every file's first line
@@ -253,7 +258,8 @@ class _Run:
         from loguru import logger
 
         o = self.opts
-        if self.manifest is not None and self.manifest.get("scans"):
+        resumed = self.manifest is not None and bool(self.manifest.get("scans"))
+        if resumed:
             # each file's path as this run names it: the inputs matched the manifest's by resolved path, size and
             # mtime, but a scan keeps the path as the earlier run spelled it (relative to its working directory: a
             # resume from another one failed with "No such file or directory" on an input it had been given)
@@ -274,7 +280,10 @@ class _Run:
                             "trailing newline, not a record; an empty line before a record is a bad line)",
                             sc.path, sc.trailing_blank)
         self.file_bad = _check_scans(self.scans, o.on_bad_line)
-        same_rows(self.scans)  # the same rows in other bytes (CRLF, a BOM, another order, a part): from the samples
+        # the same rows in other bytes (CRLF, a BOM, another order, a part): from the samples, which a resumed run's
+        # scans lack (the run it resumes compared them, and recorded what --allow-shared-rows accepted)
+        self.shared = recorded_shares(self.manifest, o.allow_shared_rows, self.progress_dir / "manifest.json") \
+            if resumed else same_rows(self.scans, o.allow_shared_rows)
         if o.multi_hot_sizes is not None:  # known from the count pass: refused before anything is written
             csv = next((sc.path for sc in self.scans if sc.format == "csv"), None)
             if csv is not None:
@@ -357,6 +366,7 @@ class _Run:
                 "options": self.opts.output_options(),
                 "inputs": self.fingerprints,
                 "scans": [sc.record() for sc in self.scans],
+                "shared_rows": self.shared,
             },
         )
         _remove_temp_files(self.out)
@@ -489,7 +499,7 @@ class _Run:
             options["min_frequency_train_rows"] = self.auto_train_rows
             options["min_frequency_train_rows_expected"] = self.plan.mode == "random"
         return _finish(self.out, self.scans, self.fingerprints, options, self.plan, self.done,
-                       self.counter, self.file_bad, o.hashing, o.min_frequency, o.max_rows)
+                       self.counter, self.file_bad, o.hashing, o.min_frequency, o.max_rows, self.shared)
 
 
 def _bounded_map(pool: ProcessPoolExecutor, fn, args: list, window: int) -> Iterator:

@@ -15,6 +15,12 @@ Three checks, cheapest first, each refusing in one line (`PreprocessError`, exit
   of their lines the count pass took (`line_sample`: content-defined, so a line is sampled in every input that holds
   it, wherever it stands; line ends and a byte-order mark left out). Refused from half of them (see `same_rows`).
 
+Inputs that overlap on purpose (a concatenation of day files given beside them, shared rows known to be real repeats
+of the log): ``--allow-shared-rows`` turns `same_rows`'s refusal into a warning naming both files and the share,
+recorded in the manifest (a resumed run, whose count pass is the manifest's, without samples, keeps the finding:
+refused without the flag, warned again with it: `recorded_shares`) and in ``metadata.extra["shared_rows"]``. The same
+bytes or the same data (`same_bytes`, `same_data`: a file given twice in effect) stay refused.
+
 Cost on terabyte-scale day files: the exact comparisons only read inputs that could be equal, and stop at the first
 block that differs, so inputs of different data cost one ``stat`` (a size each) or nothing beyond the count pass. Only
 identical data is read in full a second time, once, before the run is refused. The samples cost no read either: the
@@ -95,11 +101,13 @@ MIN_SAMPLED = 32  # ... no judgment on fewer sampled lines than this, where the 
 MIN_SHARED = 8  # ... nor on fewer shared lines than this, where every line of both was (level 0: no sampling noise)
 
 
-def same_rows(scans: list) -> None:
+def same_rows(scans: list, allow: bool = False) -> list[dict]:
     """Refuse two inputs where most of the lines of the one with fewer lines are lines of the other, in any order and
     whatever their line ends or byte-order mark (a copy in other bytes, or a part of the other); after the count pass,
     from its samples (`line_sample`): the lines of both sampled at the coarser of their two levels are compared, and
-    the share of the smaller input's sampled lines found in the other decides.
+    the share of the smaller input's sampled lines found in the other decides. `allow` (``--allow-shared-rows``:
+    inputs that overlap on purpose, a concatenation of day files given beside them) warns instead, naming both files
+    and the share (`warn_shared`); returned, one record each, for the manifest and metadata.json.
 
     Why a share of 1/2 over at least 32 sampled lines: a copy, a reordering or a part of another input has every
     sampled line in the other (the sample takes a line wherever it is), a share of 1, with no sampling noise; distinct
@@ -112,6 +120,7 @@ def same_rows(scans: list) -> None:
     8 lines or more is refused (``head day_0 > sample``: 10), a handful of shared lines is not."""
     sampled = [sc for sc in scans if sc.error is None and sc.lines and sc.sample is not None]
     cache: dict[tuple[int, int], np.ndarray] = {}
+    accepted: list[dict] = []
 
     def at(i: int, level: int) -> np.ndarray:  # (each input's distinct digests at a level, sorted, once)
         if (i, level) not in cache:
@@ -129,14 +138,51 @@ def same_rows(scans: list) -> None:
             logger.info("{}: {} of its {} sampled lines are lines of {} too: too few sampled lines to judge whether it "
                         "is a copy", small.path, shared, len(mine), big.path)
         elif shared >= SHARE * len(mine):
-            raise PreprocessError(
-                f"{small.path}: {shared / len(mine):.0%} of its lines are also lines of {big.path} ({shared:,} of "
-                f"{len(mine):,} sampled lines, whatever their order, line ends or byte-order mark): a copy, or a part, "
-                "of it? its rows would be read twice, in train and in test alike; list every file once, or remove the "
-                "shared lines from one of them")
+            found = {"file": str(small.path), "other": str(big.path), "shared": shared, "sampled": len(mine)}
+            if not allow:
+                raise PreprocessError(
+                    f"{_share_text(found)}: a copy, or a part, of it? its rows would be read twice, in train and in "
+                    "test alike; list every file once, or remove the shared lines from one of them (or give "
+                    "--allow-shared-rows where the inputs overlap on purpose)")
+            warn_shared(found)
+            accepted.append(found)
         elif shared:
             logger.info("{}: {:.1%} of its lines are also lines of {} ({:,} of {:,} sampled lines): kept (refused as a "
                         "copy from {:.0%})", small.path, shared / len(mine), big.path, shared, len(mine), SHARE)
+    return accepted
+
+
+def _share_text(found: dict) -> str:
+    share = found["shared"] / found["sampled"]
+    return (f"{found['file']}: {share:.0%} of its lines are also lines of {found['other']} ({found['shared']:,} of "
+            f"{found['sampled']:,} sampled lines, whatever their order, line ends or byte-order mark)")
+
+
+def warn_shared(found: dict) -> None:
+    """The warning of one pair of inputs `same_rows` accepted under --allow-shared-rows (a resumed run repeats it from
+    its manifest: the log of the run that finishes the dataset says it too)."""
+    logger.warning("{}: kept, as --allow-shared-rows asks: the shared rows are read twice (where the split puts them, "
+                   "in train and in test alike)", _share_text(found))
+
+
+def recorded_shares(manifest: dict, allow: bool, where: Path) -> list[dict]:
+    """The shares of rows the unfinished run of `manifest` (at `where`) accepted under --allow-shared-rows: its
+    resume's scans carry no samples to compare again, and without the flag it went on in silence (a way around the
+    refusal); refused so now, and warned again with it."""
+    found = manifest.get("shared_rows") or []
+    keys = {"file": str, "other": str, "shared": int, "sampled": int}
+    if not isinstance(found, list) or not all(isinstance(f, dict) and all(isinstance(f.get(k), t) for k, t in
+                                                                          keys.items()) and f["sampled"] > 0
+                                              for f in found):
+        raise PreprocessError(f"{where}: unreadable (shared_rows: {found!r:.80}); use --overwrite to start over")
+    if found and not allow:
+        more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+        raise PreprocessError(f"{where}: the unfinished run there was given inputs that share rows, with "
+                              f"--allow-shared-rows ({_share_text(found[0])}{more}); give --allow-shared-rows to "
+                              "resume it, or change the inputs and start over with --overwrite")
+    for f in found:
+        warn_shared(f)
+    return found
 
 
 def _sharing_pairs(samples: list[np.ndarray]) -> list[tuple[tuple[int, int], int]]:
