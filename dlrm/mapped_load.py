@@ -5,8 +5,8 @@ memory at a one-process resume or ``--eval-only``, besides the model, and a resu
 and position before the build, once to restore). With ``torch.load(mmap=True)`` the file's pages are the page cache's:
 read once where they are used (the model's ``load_state_dict`` copy), shared with other readers, dropped by the kernel
 under memory pressure instead of being swapped or killing the process. Measured on this project's 2-core machine
-(``benchmarks/results/checkpoint_load_cpu.md``): a 2 GB checkpoint loaded into a model in 1.3 s instead of 3.1 s, its
-anonymous memory 1.9 GiB -> 0.
+(``benchmarks/results/checkpoint_load_cpu.md``, cold reads): a 2 GiB checkpoint loaded into a model in 0.7-1.0 s
+(1.4-1.8 s read ahead first) instead of 2.7-4.2 s, the process's anonymous memory growing by 0.0 GiB instead of 2.0.
 
 Two things the plain read gave that a mapping does not, kept here:
 
