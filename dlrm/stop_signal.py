@@ -76,6 +76,37 @@ def signal_stop_inside(exc: BaseException) -> Optional[TrainingStopped]:
     return None
 
 
+_pending: Optional[int] = None
+"""The signal whose exception `StopAtOnce` raised last, until a guard takes it (`take_pending`) or the guard that
+installed the handler ends: the exception is raised where the signal arrives, often inside a library (an import, a
+call), and code there that catches every error drops it (torch's C init imports numpy and drops its failure: a
+SIGTERM to torchrun that reached the ranks as they imported torch was lost, and every rank trained on)."""
+
+
+def take_pending() -> Optional[int]:
+    """The signal `StopAtOnce` raised whose exception has not stopped the command yet (dropped where it was raised,
+    see `_pending`), forgotten here; None where there is none. A guard installed after it (`dlrm.train.signals`'
+    `GracefulStop`) acts on it as on its own signal; a run's start-up stops on it (`raise_pending`).
+
+        >>> take_pending() is None
+        True
+    """
+    global _pending
+    signum, _pending = _pending, None
+    return signum
+
+
+def raise_pending() -> None:
+    """Raise `StopAtOnce`'s `TrainingStopped` again for a signal whose first one was dropped (`take_pending`)."""
+    signum = take_pending()
+    if signum is not None:
+        raise TrainingStopped(128 + signum, _stopped_at_once(signum))
+
+
+def _stopped_at_once(signum: int) -> str:
+    return f"{signal.Signals(signum).name}: stopped at once, outside the training steps (no checkpoint written now)"
+
+
 class StopAtOnce:
     """Context manager (a whole run, around `GracefulStop`'s loop): SIGTERM raises `TrainingStopped` (exit 143) where
     it arrives, as Ctrl-C raises KeyboardInterrupt, so the run's own cleanup runs. Left to its default action, a SIGTERM
@@ -89,10 +120,11 @@ class StopAtOnce:
         self._interrupt = interrupt
 
     def _handle(self, signum, frame) -> None:
+        global _pending
         if self._interrupt:
             raise Terminated(signum)
-        raise TrainingStopped(128 + signum, f"{signal.Signals(signum).name}: stopped at once, outside the training "
-                                            "steps (no checkpoint written now)")
+        _pending = signum  # until the exception stops the command: dropped, a later guard acts on it (`take_pending`)
+        raise TrainingStopped(128 + signum, _stopped_at_once(signum))
 
     def __enter__(self) -> "StopAtOnce":
         try:
@@ -103,6 +135,8 @@ class StopAtOnce:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._previous is not None:  # the guard that installed the handler: its signal stopped the command, or
+            take_pending()  # the command ended without meeting a guard that takes it (nothing left to stop)
         # (unless replaced meanwhile: `LateSignals`, begun inside, holds the signals to the process's end)
         if self._previous is not None and signal.getsignal(signal.SIGTERM) == self._handle:
             signal.signal(signal.SIGTERM, self._previous)

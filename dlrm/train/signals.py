@@ -14,7 +14,7 @@ from loguru import logger
 
 from dlrm.distributed.env import DistEnv
 from dlrm.errors import TrainingStopped
-from dlrm.stop_signal import StopAtOnce  # noqa: F401 - re-exported: the runs' outer guard
+from dlrm.stop_signal import StopAtOnce, take_pending  # noqa: F401 - re-exported: the runs' outer guard
 
 
 class GracefulStop:
@@ -80,6 +80,11 @@ class GracefulStop:
                     self._previous[s] = signal.signal(s, self._handle)
             except ValueError:  # not the main thread: leave signals alone
                 pass
+        # a signal before it whose `StopAtOnce` exception a library dropped (an import's catch-all): taken as if it
+        # came now (the ranks' start-up agrees on it; lost, every rank trained on until torchrun's SIGKILL)
+        pending = take_pending() if self._previous else None
+        if pending is not None and self.signum is None:
+            self._handle(pending, None)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -106,6 +111,9 @@ def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callabl
     if not env.distributed:
         try:
             yield
+            pending = take_pending()  # a signal whose `StopAtOnce` exception a library dropped: stops here, at the end
+            if pending is not None:  # (lost, the run trained to its end as if none had come)
+                raise TrainingStopped(128 + pending, message(signal.Signals(pending).name), agreed=True)
         except (TrainingStopped, KeyboardInterrupt) as e:  # (raised where it arrived: `StopAtOnce`, Ctrl-C)
             if not said_alone or getattr(e, "agreed", False):
                 raise

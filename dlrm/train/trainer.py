@@ -162,11 +162,11 @@ class Trainer(WindowLogging):
             raise
 
     def _stopped_at_start(self, name: str) -> str:
-        """A signal during a distributed run's start, agreed (`agreed_stop`): a new run's directory given up, as by one
-        process (unless a finished run's start already gave it up)."""
+        """A signal at the start (`agreed_stop`): a new run's directory given up (unless a finished run's start did)."""
         if getattr(self, "run_dir", None) is not None and self.finished is None:
             self.run_dir.abandon(TrainingStopped(128 + signal.Signals[name], name))
-        return f"{name}: stopped before the first step, on every rank (no checkpoint written now)"
+        ranks = ", on every rank" if self.env.distributed else ""  # (one process: a signal a library's catch-all hid)
+        return f"{name}: stopped before the first step{ranks} (no checkpoint written now)"
 
     def _forget_another_splits_best(self, saved: dict) -> None:
         """A resume on another data.eval_split (free without early stopping, else allowed): the recorded best is of
