@@ -8,7 +8,7 @@ line, and every rank trained on: a short run to its end (its summary written, ex
 SIGKILL 30 s later, every step since its last checkpoint lost. Now the signal is remembered where it arrives
 (`dlrm.stop_signal.take_pending`): one process stops at its start-up's end (no checkpoint, its new directory removed),
 as a signal that was not swallowed does; several ranks agree on it with the start-up's agreement (`agreed_stop`),
-also when one rank alone lost it.
+also when one rank alone lost it; `--eval-only` stops before its summary (it evaluated, wrote its results and exited 0).
 
 The library is stood in for by a wrapper around the trainer's first call (`build_for_data`, before the ranks meet)
 that raises the signal and swallows whatever it raises: deterministic, where a real import's moment is not.
@@ -114,3 +114,19 @@ def test_ranks_agree_on_a_sigterm_a_library_swallowed_before_they_met(root, swal
     stopped = (143, "SIGTERM: stopped before the first step, on every rank (no checkpoint written now)")
     assert [got.get((rank, "outcome")) for rank in (0, 1)] == [stopped, stopped], got
     assert not (root / "tb" / "dist").exists()
+
+
+def test_eval_only_is_stopped_by_a_sigterm_a_library_swallowed(root, monkeypatch):
+    """`--eval-only` (`evaluate_checkpoint`): before the fix it evaluated, wrote its run directory and summary and
+    returned (exit 0) as if no signal had come; now it stops as a signal that was not swallowed stops it."""
+    from dlrm.stop_signal import StopAtOnce
+    from dlrm.train.export import evaluate_checkpoint
+
+    trained = train(_config(root, "src"))
+    monkeypatch.setattr(trainer_mod, "build_for_data", _swallowing(trainer_mod.build_for_data))
+    cfg = _config(root, "eval")
+    with pytest.raises(TrainingStopped) as stopped, StopAtOnce():  # (train.py's guard, `dlrm.cli.main`)
+        evaluate_checkpoint(cfg, Path(trained["checkpoint"]), "validation")
+    assert (stopped.value.exit_code, str(stopped.value)) == (
+        143, f"--eval-only: SIGTERM stopped the evaluation of {trained['checkpoint']}; nothing written")
+    assert sorted(p.name for p in (root / "tb").iterdir()) == ["src"]  # no evaluation's run directory left

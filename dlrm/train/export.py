@@ -23,7 +23,8 @@ from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
 from dlrm.distributed.checkpoint import manifest_of
 from dlrm.model.dlrm import DLRM, build_model
 from dlrm.errors import TrainingStopped
-from dlrm.stop_signal import EXIT_INTERRUPTED, signal_stop_inside, signals_deferred, stop_signal_name
+from dlrm.stop_signal import (EXIT_INTERRUPTED, raise_pending, signal_stop_inside, signals_deferred,
+                               stop_signal_name)
 from dlrm import checkpoint as ckpt
 from dlrm.train.fast_path import resolve_fast_path
 from dlrm.train.checkpointer import checkpoint_step
@@ -153,6 +154,7 @@ def _evaluated(cfg: Config, path: Path, split: str) -> dict:
                    # the best AUC achievable on the split, as a training run's summary and last line give it (a
                    # synthetic dataset's planted teacher; null for real data)
                    "oracle_auc": meta.extra.get("oracle_auc", {}).get(split)}
+        raise_pending()  # a SIGTERM whose stop a library dropped (torch's import): stopped here, nothing written
         write_summary(run_dir.path / "summary.json", summary)  # a failed write names the file
         run_dir.started()
     return summary
