@@ -130,3 +130,16 @@ def test_eval_only_is_stopped_by_a_sigterm_a_library_swallowed(root, monkeypatch
     assert (stopped.value.exit_code, str(stopped.value)) == (
         143, f"--eval-only: SIGTERM stopped the evaluation of {trained['checkpoint']}; nothing written")
     assert sorted(p.name for p in (root / "tb").iterdir()) == ["src"]  # no evaluation's run directory left
+
+
+def test_one_process_stops_at_its_first_step_when_the_sigterm_was_swallowed_after_its_start(root, monkeypatch):
+    """Swallowed between the start-up and the training loop (the run's event file opened: TensorBoard's writer): the
+    loop's guard takes it (`GracefulStop`), the first step is checkpointed and the run stops, 143. Before the fix the
+    loop's guard set its signal from the run's held one (none, in one process) and the run trained to its end."""
+    from dlrm.stop_signal import StopAtOnce
+
+    monkeypatch.setattr(trainer_mod, "open_writer", _swallowing(trainer_mod.open_writer))
+    with pytest.raises(TrainingStopped) as stopped, StopAtOnce():
+        train(_config(root, "loop"))
+    assert stopped.value.exit_code == 143, str(stopped.value)
+    assert sorted(p.name for p in (root / "tb" / "loop" / "checkpoints").glob("step-*.pt")) == ["step-00000001.pt"]

@@ -338,7 +338,7 @@ class Trainer(WindowLogging):
         # bar, closed by the garbage collector at exit, was the log's last line (a sweep's next bar went one line down)
         with bar, make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
                 GracefulStop(defer=env.distributed and not env.is_main) as stop, self._training_batches() as batches:
-            stop.signum = held.signum  # one held before the loop (several ranks): agreed at the first window
+            stop.signum = held.signum or stop.signum  # one held before the loop (ranks: agreed at the first window)
             for batch, data_wait in batches:
                 loss = run.train_step(batch)
                 for sched in run.schedulers:
