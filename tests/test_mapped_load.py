@@ -165,3 +165,15 @@ def test_a_damaged_file_mapped_is_one_line_naming_it(tmp_path, damage):
         ckpt.load_checkpoint(path, mmap=True, read="all")
     text = str(raised.value)
     assert text.startswith(f"{path}: not a readable checkpoint") and "\n" not in text, text
+
+
+def test_the_shard_names_of_a_one_process_checkpoint_are_read_without_its_tensors(tmp_path, monkeypatch):
+    """`_named_shards` of a file that is not a manifest (a one-process checkpoint given where a manifest is looked
+    for: 53 GB for MLPerf's) maps it: torch.load is never asked to read it whole."""
+    from dlrm.distributed.checkpoint import _named_shards
+
+    path, _ = big_checkpoint(tmp_path, rows=1000)
+    calls = []
+    real = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(k.get("mmap")) or real(*a, **k))
+    assert _named_shards(path) == [] and calls and all(calls), calls
