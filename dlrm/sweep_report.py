@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dlrm.checkpoint import write_files_atomic
 from dlrm.file_modes import dir_mode
-from dlrm.stop_signal import signals_deferred
+from dlrm.stop_signal import raise_pending, signals_deferred
 from dlrm.sweep import slug
 from dlrm.sweep_results import SettingResult, _std, label
 from dlrm.train.metric_text import auc_text, csv_cell
@@ -49,6 +49,9 @@ def write_report(directory: Path, results: list[SettingResult], keys: list[str],
         # --resume, beside the earlier session's)
         published = False
         try:
+            # a SIGTERM whose stop a library dropped (TensorBoard's writer above, a trial's torch): the sweep stops
+            # before its report, as on one that was not dropped (lost, it wrote the report and exited 0)
+            raise_pending()
             with signals_deferred():
                 write_files_atomic(directory, tables)
                 if target.is_dir() and not target.is_symlink():

@@ -22,7 +22,7 @@ from dlrm.distributed import same_run
 from dlrm.distributed.checkpoint import SPARSE_WEIGHT, merge
 from dlrm.data.output_dirs import check_export_place
 from dlrm.logging_setup import configure_logging
-from dlrm.stop_signal import StopAtOnce
+from dlrm.stop_signal import StopAtOnce, raise_pending
 from dlrm.checkpoint import load_checkpoint, write_atomic
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 
@@ -79,6 +79,9 @@ def merge_to_file(checkpoint: Path, out: Path) -> dict:
     state = merge(checkpoint)
     check_same_run(checkpoint)
     own_best(state, out, checkpoint)
+    # a SIGTERM whose stop a library dropped (torch's import, a catch-all in the loads): stopped before OUT is written
+    # (lost, the merge wrote OUT and exited 0 as if none had come)
+    raise_pending()
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, state, replace=False)  # nor an OUT that appeared while the merge ran
     return state

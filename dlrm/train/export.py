@@ -287,6 +287,9 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts", source: 
                     raise ConfigError(f"--export: cannot create a file in {path.parent} ({e.strerror or e})") from None
                 created = True
             _save_program(program, tmp, path)
+            # a SIGTERM whose stop a library dropped (torch's import, the exporter's catch-alls): stopped before the
+            # program is put in place, its temporary removed (lost, the export finished and exited 0)
+            raise_pending()
             ckpt.move_to_new(tmp, path, exists)  # never over a file that appeared meanwhile
         finally:
             if created:
