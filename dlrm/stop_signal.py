@@ -204,6 +204,10 @@ class LateSignals:
         if self._begun or threading.current_thread() is not threading.main_thread():
             return
         self._what, self._begun = what, True
+        # a SIGTERM whose `StopAtOnce` exception a library dropped, not acted on before the results were written (each
+        # mode stops on one before its own output: `raise_pending`): it too came once nothing was left to stop, and
+        # is said as one that arrives from now on (forgotten by `StopAtOnce`'s end, the command exited 0 without a word)
+        self.arrived = take_pending()
         for s in self.SIGNALS:
             if signal.getsignal(s) is not signal.SIG_IGN:
                 signal.signal(s, self._note)

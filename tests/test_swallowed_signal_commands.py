@@ -83,6 +83,36 @@ def test_export_of_a_checkpoint_stops_on_a_dropped_sigterm(run, tmp_path, monkey
     assert list(tmp_path.iterdir()) == []  # no program, no temporary beside it
 
 
+def test_export_of_a_checkpoint_says_a_sigterm_dropped_after_it_was_written(run, tmp_path, monkeypatch):
+    """The program written, a SIGTERM dropped before the command's end: nothing is left to stop, exit 0 with the line
+    of a signal after the results (before the fix: exit 0 without a word)."""
+    from dlrm import cli
+    from dlrm.train import export as export_mod
+
+    config, run_dir = run
+    monkeypatch.setattr(export_mod, "export_checkpoint", _swallowing(export_mod.export_checkpoint, after=True))
+    out = tmp_path / "m.pt2"
+    result = _invoke(cli.main, ["--config", str(config), "--checkpoint", str(run_dir), "--export", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "WARNING SIGTERM arrived after the command finished (its results written): nothing left to stop, exit 0" \
+        in result.output, result.output
+    assert out.is_file()
+
+
+def test_eval_only_says_a_sigterm_dropped_after_its_summary(run, tmp_path, monkeypatch):
+    from dlrm import cli
+    from dlrm.train import export as export_mod
+
+    config, run_dir = run
+    monkeypatch.setattr(export_mod, "evaluate_checkpoint", _swallowing(export_mod.evaluate_checkpoint, after=True))
+    result = _invoke(cli.main, ["--config", str(config), "--checkpoint", str(run_dir), "--eval-only",
+                                "--tb-dir", str(tmp_path), "--run-name", "ev"])
+    assert result.exit_code == 0, result.output
+    assert "WARNING SIGTERM arrived after the command finished (its results written): nothing left to stop, exit 0" \
+        in result.output, result.output
+    assert (tmp_path / "ev" / "summary.json").is_file()
+
+
 def _manifest(trained, tmp_path) -> Path:
     from dlrm import checkpoint as ckpt
     from tests.test_checkpoint_safety_sharded import write_sharded
@@ -91,7 +121,7 @@ def _manifest(trained, tmp_path) -> Path:
     return write_sharded(tmp_path / "run", state)[0]
 
 
-@pytest.mark.parametrize("after", [False], ids=["during"])
+@pytest.mark.parametrize("after", [False, True], ids=["during", "after-written"])
 def test_merge_stops_on_a_dropped_sigterm_before_writing_out(trained, tmp_path, monkeypatch, after):
     """Dropped during the merge: before the fix OUT was written and the merge exited 0; now nothing is written, 143.
     Dropped once OUT is written: exit 0, said (before: without a word)."""

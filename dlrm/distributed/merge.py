@@ -8,6 +8,7 @@ exists or cannot be written) is one error line and exit status 2; OUT is then le
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from dlrm.distributed import same_run
 from dlrm.distributed.checkpoint import SPARSE_WEIGHT, merge
 from dlrm.data.output_dirs import check_export_place
 from dlrm.logging_setup import configure_logging
-from dlrm.stop_signal import StopAtOnce, raise_pending
+from dlrm.stop_signal import StopAtOnce, raise_pending, take_pending
 from dlrm.checkpoint import load_checkpoint, write_atomic
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 
@@ -98,6 +99,9 @@ def main(checkpoint: str, out: str) -> None:
         # temporary file beside OUT (as large as the checkpoint), which nothing removes later
         with StopAtOnce():
             state = merge_to_file(Path(checkpoint), Path(out))
+            # one whose stop was dropped after OUT was written: nothing left to stop (as train.py's `LateSignals`),
+            # said below (forgotten by `StopAtOnce`'s end, the merge exited 0 without a word)
+            late = take_pending()
     except ConfigError as e:
         logger.error(str(e))
         sys.exit(2)
@@ -112,6 +116,9 @@ def main(checkpoint: str, out: str) -> None:
         sys.exit(2)
     rows = state["model"][SPARSE_WEIGHT].shape[0]
     logger.info(f"{out}: step {state['position']['step']}, {rows:,} embedding rows merged from {checkpoint}")
+    if late is not None:
+        logger.warning(f"{signal.Signals(late).name} arrived after the merge finished ({out} written): nothing left to "
+                       "stop, exit 0")
 
 
 if __name__ == "__main__":
