@@ -320,8 +320,8 @@ def check_resumable_by(path: Path, state: dict[str, Any], env: DistEnv) -> None:
     sharded = state.get("sharded")
     if sharded is None:
         if "rank" in state:
-            raise ConfigError(f"{path}: one shard of a sharded checkpoint; resume from its manifest "
-                              f"({manifest_of(Path(path), state).name})")  # a best shard's is best.pt
+            # (a best shard's manifest is best.pt)
+            raise ConfigError(shard_refusal(Path(path), state, lambda m: f"resume from its manifest ({m.name})"))
         if env.distributed:
             raise ConfigError(f"{path}: a one-process checkpoint cannot be resumed by {env.world_size} ranks; "
                               "start a new run, or resume it with one process")
@@ -395,6 +395,18 @@ def manifest_of(shard_path: Path, shard: dict[str, Any]) -> Path:
     return shard_path.parent / ckpt.checkpoint_name(shard["position"]["step"])
 
 
+def shard_refusal(shard_path: Path, shard: dict[str, Any], advice: Callable[[Path], str]) -> str:
+    """The line refusing the shard at `shard_path` where a whole checkpoint was wanted: ``advice(its manifest)`` after
+    "one shard of a sharded checkpoint; ". A shard under its manifest's own name (copied over it, or given that name)
+    is told so instead: the advice named that same file, "merge its manifest, X" where X was the shard refused."""
+    manifest = manifest_of(shard_path, shard)
+    if manifest.name != shard_path.name:
+        return f"{shard_path}: one shard of a sharded checkpoint; {advice(manifest)}"
+    return (f"{shard_path}: rank {shard['rank']}'s shard of a sharded checkpoint under its manifest's name, not the "
+            f"manifest (which holds no model: it names every rank's shard); the {shard_path.name} its run wrote beside "
+            "the shards is the one to give")
+
+
 def _merge_sparse_optimizer(plan: ShardingPlan, shards: list[dict[str, Any]], where: Path) -> dict[str, Any]:
     """The sparse optimizer's state over all rows: its per-row tensors assembled from the shards."""
     if any(len(s["optimizers"]) != 2 for s in shards):
@@ -430,8 +442,7 @@ def merge(manifest_path: Path) -> dict[str, Any]:
     sharded = manifest.get("sharded")
     if sharded is None:
         if "rank" in manifest:  # a shard, which no one process loads (it said "it already loads in one process")
-            raise ConfigError(f"{manifest_path}: one shard of a sharded checkpoint; merge its manifest, "
-                              f"{manifest_of(Path(manifest_path), manifest)}")
+            raise ConfigError(shard_refusal(Path(manifest_path), manifest, lambda m: f"merge its manifest, {m}"))
         raise ConfigError(f"{manifest_path}: not a sharded checkpoint (it already loads in one process)")
     plan = _plan(sharded)
     shards = [load_shard(manifest_path, manifest, q) for q in range(sharded["world_size"])]

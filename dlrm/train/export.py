@@ -20,7 +20,7 @@ from dlrm.config import Config, ConfigError, KernelsConfig
 from dlrm.config_checks import export_name_problem
 from dlrm.data.loader import ParquetLoader, split_files, transform_dense
 from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
-from dlrm.distributed.checkpoint import manifest_of
+from dlrm.distributed.checkpoint import shard_refusal
 from dlrm.model.dlrm import DLRM, build_model
 from dlrm.errors import TrainingStopped
 from dlrm.stop_signal import (EXIT_INTERRUPTED, raise_pending, signal_stop_inside, signals_deferred,
@@ -51,9 +51,8 @@ def _built_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device
     state = ckpt.load_checkpoint(path, mmap=True, read="model")  # (the optimizers' state is never read)
     if "rank" in state:  # one rank's shard: its table rows were refused as "sparse_arch.weight has shape (299, 4) in
         # the checkpoint, (598, 4) here", which reads as other data or another config, not as the file being a shard
-        manifest = manifest_of(Path(path), state)
-        raise ConfigError(f"{path}: one shard of a sharded checkpoint; merge its manifest for one process first: "
-                          f"python -m dlrm.distributed.merge {manifest} OUT.pt")
+        raise ConfigError(shard_refusal(Path(path), state, lambda manifest: "merge its manifest for one process "
+                                        f"first: python -m dlrm.distributed.merge {manifest} OUT.pt"))
     if portable:
         cfg = copy.deepcopy(cfg)
         cfg.kernels = KernelsConfig("torch", "torch", "torch", "torch")
