@@ -124,6 +124,13 @@ def failure(e: BaseException) -> tuple:
 def failure_error(failed: tuple, rank: int, what: str) -> BaseException:
     """The error another rank raises for rank `rank`'s `failed` (`failure`): of the same kind, so that the command
     reports it as that rank does (an OSError keeps its errno and file: one line, exit 2)."""
+    error = _relayed_error(failed, rank, what)
+    # the failed rank's own line, as it says it (`agree_on_input_error` compares it with that rank's: said once)
+    error.relayed = " ".join(part.strip() for part in failed[2].splitlines() if part.strip())  # type: ignore[attr-defined]
+    return error
+
+
+def _relayed_error(failed: tuple, rank: int, what: str) -> BaseException:
     kind, code, message, filename = failed
     line = f"rank {rank} {what}: {message}"
     if kind == "os":
@@ -258,16 +265,20 @@ def agree_on_input_error(exc: BaseException, line: str, say: Callable[[str], Non
         return
     rank, world = dist.get_rank(), dist.get_world_size()
     wait = AGREE_WAIT_S if timeout_s is None else min(AGREE_WAIT_S, timeout_s / 2)
+    # a failure relayed from the rank that met it (`failure_error`: "rank 1 could not resume from X: M") compared as
+    # that rank's own line M: alike, rank 0 says it once (its line names the rank); apart, rank 1's truncated shard
+    # was said twice, as "rank 1 could not resume from ..." by rank 0 and as "[rank 1] rank 1: ..." by rank 1
+    met_line = getattr(exc, "relayed", line)
     with _StopWaiting() as stop:
         try:
             store = dist.PrefixStore("dlrm/input-error", dist.distributed_c10d._get_default_store())
-            store.set(f"met/{rank}", line)
+            store.set(f"met/{rank}", met_line)
         except Exception:  # noqa: BLE001 - no store (torch's internals changed, or it is gone): this rank's line
             store = None
         alike = False
         if store is not None and rank == 0:
             met = _wait_for(store, [f"met/{q}" for q in range(1, world)], wait, stop)
-            alike = len(met) == world - 1 and all(text == line for text in met.values())
+            alike = len(met) == world - 1 and all(text == met_line for text in met.values())
             _say(exc, line, say, rank, alike)
             try:
                 store.set("verdict", "alike" if alike else "apart")
