@@ -4,12 +4,21 @@ project's other refusals are (`dlrm.cli.report_failure`, `found_alike`); a rank'
 - a shard only rank 1 cannot read (truncated): rank 1 refused it, rank 0 relayed it ("rank 1 could not resume from X:
   M", `failure_error`), and both lines were said; now the relayed failure is compared as rank 1's own line M, found
   alike, and said once by rank 0 (its line names rank 1); two ranks' different failures are still each said.
+- a SIGTERM during the start-up that every rank got (one a library's catch-all dropped as the ranks imported torch,
+  `tests/test_swallowed_signal.py`): each rank warned "SIGTERM: stopping before the first step, once every rank knows";
+  now rank 1's warning waits for the start-up's agreement, dropped when every rank got the signal (rank 0's says it),
+  said when rank 1 alone got it (`GracefulStop.say_deferred`, as in the training loop).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
+
 from dlrm.config import ConfigError
-from tests.fastdist_ranks import failures_on_ranks
+from tests.fastdist_ranks import call_on_ranks, failures_on_ranks
 
 
 SHARD_LINE = "/r/checkpoints/step-00000006.rank1-of-2.pt: not a readable checkpoint (not a zip archive)"
@@ -43,3 +52,42 @@ def test_a_shard_only_rank_one_cannot_read_is_said_once_by_rank_zero(tmp_path):
 def test_two_ranks_distinct_failures_are_each_said(tmp_path):
     assert failures_on_ranks(_shard_unreadable_on_rank_one, [("bad.json: no such key",)], world=2,
                              tmp_path=tmp_path) == {}
+
+
+WARNED = "SIGTERM: stopping before the first step, once every rank knows (send it again to stop at once)"
+
+
+def _start_on_rank(rank: int, root: str, swallowed_on: tuple, results: dict) -> None:
+    import torch.distributed as dist
+    from loguru import logger
+
+    from dlrm.errors import TrainingStopped
+    from dlrm.train import trainer as trainer_mod
+    from tests.test_swallowed_signal import _config, _swallowing
+
+    dist.init_process_group("gloo", init_method=f"file://{root}/init", rank=rank, world_size=2)
+    os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="localhost")
+    if rank in swallowed_on:
+        trainer_mod.build_for_data = _swallowing(trainer_mod.build_for_data)
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+    try:
+        trainer_mod.train(_config(Path(root), "dist", rank))
+        results[(rank, "outcome")] = "trained"
+    except TrainingStopped as e:
+        results[(rank, "outcome")] = e.exit_code
+    finally:
+        logger.remove(sink)
+        dist.destroy_process_group()
+    results[(rank, "warned")] = [w for w in warnings if "before the first step" in w]
+
+
+@pytest.mark.parametrize("swallowed_on, warned", [((0, 1), [[WARNED], []]), ((1,), [[], [WARNED]])],
+                         ids=["every-rank", "rank-1-alone"])
+def test_a_sigterm_at_the_start_up_is_warned_of_once(tmp_path, swallowed_on, warned):
+    from tests.conftest import make_dataset
+
+    make_dataset(tmp_path / "ds", {"train": 48, "validation": 16}, row_group_size=16)
+    got, codes = call_on_ranks(_start_on_rank, (str(tmp_path), swallowed_on), 2, tmp_path, timeout=300)
+    assert codes == [0, 0] and [got.get((q, "outcome")) for q in (0, 1)] == [143, 143], (codes, got)
+    assert [got[(q, "warned")] for q in (0, 1)] == warned, got

@@ -123,10 +123,15 @@ def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callabl
     doing = f"stopping {where}, once every rank knows"
     if held is not None:  # installed (`held_signals`): what it holds from before this phase counts too
         held._doing = doing
-    with contextlib.nullcontext(held) if held is not None else GracefulStop(doing) as stop:
+    # a rank other than 0 keeps its first signal's warning until the agreement (as the training loop's ranks do): a
+    # signal every rank got (torchrun's, or one a library dropped during the imports) was warned of by each
+    with contextlib.nullcontext(held) if held is not None else GracefulStop(doing, defer=not env.is_main) as stop:
         yield
-        agreed = int(env.all_reduce_max(torch.tensor([int(stop.signum or 0)], device=device)).item())
+        # the largest signal, and (the MAX of 1 - got) whether some rank got none: its warning is then said
+        agreed, alone = (int(v) for v in env.all_reduce_max(
+            torch.tensor([int(stop.signum or 0), int(stop.signum is None)], device=device)).tolist())
     if agreed:
+        stop.say_deferred(alone=bool(alone))
         raise TrainingStopped(128 + agreed, message(signal.Signals(agreed).name), agreed=True)
     if held is not None:  # agreed that none came: one now (after the run's last agreement) has nothing left to stop
         held._doing = "ignored: the run is writing its summary, nothing is left to stop"
