@@ -361,7 +361,9 @@ def _report(exc: BaseException, cfg: Optional[Config]) -> tuple[int, bool]:
     if isinstance(exc, TrainingStopped):
         # agreed by the ranks of a torchrun run: rank 0's line says it for all (rank 1 repeated it as `[rank 1] ...`);
         # a stop of one rank alone (`StopAtOnce`, a failure another rank reported) is that rank's to say
-        (run_logger if exc.agreed else logger).warning(_one_line(exc))
+        # (before the ranks met, under torchrun's agent: one every rank got, said by each machine's first rank)
+        alike = not exc.agreed and said_once.signal_reaches_every_rank(exc)
+        (run_logger if exc.agreed else _said_once_per_node(exc) if alike else logger).warning(_one_line(exc))
         return exc.exit_code, exc.agreed
     if isinstance(exc, KeyboardInterrupt):
         logger.error("interrupted (Ctrl-C)")

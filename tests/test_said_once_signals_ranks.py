@@ -8,6 +8,9 @@ project's other refusals are (`dlrm.cli.report_failure`, `found_alike`); a rank'
   `tests/test_swallowed_signal.py`): each rank warned "SIGTERM: stopping before the first step, once every rank knows";
   now rank 1's warning waits for the start-up's agreement, dropped when every rank got the signal (rank 0's says it),
   said when rank 1 alone got it (`GracefulStop.say_deferred`, as in the training loop).
+- a SIGTERM before the ranks met, under torchrun's agent (whose SIGTERM reaches every rank): "SIGTERM: stopped at once
+  ..." was said by rank 0 and as `[rank 1] ...`; now by each machine's first rank only (`said_once.
+  signal_reaches_every_rank`). Started another way, each rank still says its own.
 """
 
 from __future__ import annotations
@@ -91,3 +94,34 @@ def test_a_sigterm_at_the_start_up_is_warned_of_once(tmp_path, swallowed_on, war
     got, codes = call_on_ranks(_start_on_rank, (str(tmp_path), swallowed_on), 2, tmp_path, timeout=300)
     assert codes == [0, 0] and [got.get((q, "outcome")) for q in (0, 1)] == [143, 143], (codes, got)
     assert [got[(q, "warned")] for q in (0, 1)] == warned, got
+
+
+STOPPED = "SIGTERM: stopped at once, outside the training steps (no checkpoint written now)"
+
+
+@pytest.mark.parametrize("rank, agent, said", [("0", True, True), ("1", True, False), ("1", False, True)],
+                         ids=["rank-0", "rank-1-under-torchrun", "rank-1-started-otherwise"])
+def test_a_sigterm_before_the_ranks_met_is_said_by_the_first_rank(monkeypatch, capsys, rank, agent, said):
+    """`dlrm.cli.report_failure` of `StopAtOnce`'s stop before the ranks met (no process group), as train.py's rank
+    `rank` under torchrun's agent (TORCHELASTIC_RUN_ID) or not."""
+    import sys
+
+    from dlrm import cli
+    from dlrm.errors import TrainingStopped
+    from dlrm.logging_setup import configure_logging
+
+    for name, value in {"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank}.items():
+        monkeypatch.setenv(name, value)
+    if agent:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delitem(sys.modules, "dlrm.distributed.env", raising=False)  # (the ranks never met)
+    configure_logging(ranks=True)  # as train.py's main: a rank other than 0 logs as `[rank N]`
+    try:
+        assert cli.report_failure(TrainingStopped(143, STOPPED), None) == 143
+    finally:
+        configure_logging()
+    err = capsys.readouterr().err
+    assert (STOPPED in err) == said, err
+    assert err.count(STOPPED) <= 1, err

@@ -64,6 +64,18 @@ def wait_until_rank_zero_said(exc: Optional[BaseException], timeout_s: Optional[
         _pause(SAID_ONCE_GRACE_S)
 
 
+def signal_reaches_every_rank(exc: TrainingStopped) -> bool:
+    """Whether `exc`, a stop at once (`dlrm.stop_signal.StopAtOnce`: not agreed) before the ranks met, is one every
+    rank makes alike, said by each machine's first rank only: under torchrun's agent, whose SIGTERM (its own, or the
+    one torchrun got and passes on) reaches every rank, and which stops the others once a rank signalled alone has
+    exited. Both ranks said "SIGTERM: stopped at once ...", rank 1's as `[rank 1] ...`. Started another way, or once
+    the ranks met (an agreed stop is said once already), a rank's stop is its own to say."""
+    if exc.agreed or not under_torchrun_agent():
+        return False
+    env = sys.modules.get("dlrm.distributed.env")
+    return env is None or not env._joined()
+
+
 def under_torchrun_agent() -> bool:
     """Whether torchrun's elastic agent started this process (it sets TORCHELASTIC_RUN_ID in its workers): the agent
     that stops every rank left once one of them exits."""
