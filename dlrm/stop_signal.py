@@ -96,9 +96,17 @@ def take_pending() -> Optional[int]:
     return signum
 
 
+_pending_interrupt = False
+"""Whether `_pending`'s guard was a data tool's (`StopAtOnce(interrupt=True)`: its exception `Terminated`)."""
+
+
 def raise_pending() -> None:
-    """Raise `StopAtOnce`'s `TrainingStopped` again for a signal whose first one was dropped (`take_pending`)."""
-    signum = take_pending()
+    """Raise `StopAtOnce`'s exception again for a signal whose first one was dropped (`take_pending`): just before a
+    command puts its output in place. A data tool's `Terminated` (a KeyboardInterrupt) passes an ``except
+    Exception``, yet not a bare ``except:``, an ``except BaseException`` nor a finalizer's "Exception ignored"."""
+    interrupt, signum = _pending_interrupt, take_pending()
+    if signum is not None and interrupt:
+        raise Terminated(signum)
     if signum is not None:
         raise TrainingStopped(128 + signum, _stopped_at_once(signum))
 
@@ -120,10 +128,11 @@ class StopAtOnce:
         self._interrupt = interrupt
 
     def _handle(self, signum, frame) -> None:
-        global _pending
+        global _pending, _pending_interrupt
+        # until the exception stops the command: dropped, a later guard acts on it (`take_pending`, `raise_pending`)
+        _pending, _pending_interrupt = signum, self._interrupt
         if self._interrupt:
             raise Terminated(signum)
-        _pending = signum  # until the exception stops the command: dropped, a later guard acts on it (`take_pending`)
         raise TrainingStopped(128 + signum, _stopped_at_once(signum))
 
     def __enter__(self) -> "StopAtOnce":

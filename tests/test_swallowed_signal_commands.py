@@ -1,7 +1,9 @@
 """A SIGTERM whose `StopAtOnce` exception a library's catch-all dropped, in the commands other than a training run's
 start-up (tests/test_swallowed_signal.py): ``--export`` of a ``--checkpoint``, ``python -m dlrm.distributed.merge``,
-a sweep's report. Each stops before its output is put in place (nothing written, exit 128 + the signal, one line)
-where before it finished and exited 0 as if no signal had come. One dropped once the command's results are all
+a sweep's report, and the data tools (``dlrm.data.synthetic``, ``dlrm.preprocess``: their `Terminated`, a
+KeyboardInterrupt, passes an ``except Exception`` but not a bare ``except:`` or ``except BaseException``). Each stops
+before its output is put in place (nothing written, exit 128 + the signal, one line) where before it finished and
+exited 0 as if no signal had come. One dropped once the command's results are all
 written stops nothing: exit 0 and the line of a signal that came after them (`dlrm.stop_signal.LateSignals`), where
 before the command exited 0 without a word.
 
@@ -24,14 +26,14 @@ from tests import test_checkpoint_safety as safety
 trained = safety.trained
 
 
-def _swallowing(call, after: bool = False):
-    """`call` as a library that drops every error would run it, the SIGTERM arriving inside (`after`: once it
-    returned)."""
+def _swallowing(call, after: bool = False, caught: type = Exception):
+    """`call` as a library that drops every error (`caught`) would run it, the SIGTERM arriving inside (`after`: once
+    it returned)."""
 
     def raised_and_dropped() -> None:
         try:
             signal.raise_signal(signal.SIGTERM)  # the handler runs here (the main thread), raising into the `try`
-        except Exception:  # noqa: BLE001 - the library's catch-all: the stop's exception dropped
+        except caught:  # noqa: BLE001 - the library's catch-all: the stop's exception dropped
             pass
 
     def wrapped(*args, **kwargs):
@@ -162,3 +164,36 @@ def test_sweep_stops_on_a_sigterm_dropped_before_its_report(run, tmp_path, monke
         f"INFO    sweep: stopped while writing its report; `python -m dlrm.sweep --resume {tmp_path / 'sw'}` writes it "
         "(the finished trials are gathered, not trained again)"], result.output
     assert not (tmp_path / "sw" / "sweep.md").exists()
+
+
+def test_synthetic_generator_stops_on_a_sigterm_a_bare_except_dropped(tmp_path, monkeypatch):
+    """Dropped as the metadata was written (a bare ``except:`` there): before the fix the dataset was published at
+    --out and the tool exited 0; now nothing is left, 143, its SIGTERM line."""
+    from dlrm.data import synthetic
+
+    monkeypatch.setattr(synthetic, "write_metadata", _swallowing(synthetic.write_metadata, caught=BaseException))
+    result = _invoke(synthetic.main, ["--rows", "300", "--cardinalities", "tiny", "--out", str(tmp_path / "ds")])
+    assert result.exit_code == 143, result.output
+    errors = [line for line in result.output.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and "interrupted (SIGTERM)" in errors[0], result.output
+    assert list(tmp_path.iterdir()) == []  # no dataset, no temporary beside it
+
+
+def test_preprocess_stops_on_a_sigterm_a_bare_except_dropped_before_its_metadata(tmp_path, monkeypatch):
+    """Dropped as its last step began: before the fix metadata.json was written (the dataset complete) and the tool
+    exited 0; now it stops before it, 143, and the same command resumes."""
+    from dlrm.data.preprocess import cli as preprocess_cli
+    from dlrm.data.preprocess import run as preprocess_run
+    from tests.test_audit_tool_signals import write_raw
+
+    raw, out = tmp_path / "raw.tsv", tmp_path / "out"
+    write_raw(raw)
+    args = [str(raw), "-o", str(out), "--workers", "1", "--chunk-rows", "20", "--no-progress"]
+    monkeypatch.setattr(preprocess_run, "_finish", _swallowing(preprocess_run._finish, caught=BaseException))
+    result = _invoke(preprocess_cli.build_cli(), args)
+    assert result.exit_code == 143, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:") or "ERROR" in line]
+    assert errors == ["error: interrupted (SIGTERM); the same command resumes from the finished chunks"], result.output
+    assert not (out / "metadata.json").exists()
+    monkeypatch.undo()
+    assert _invoke(preprocess_cli.build_cli(), args).exit_code == 0 and (out / "metadata.json").is_file()

@@ -25,6 +25,7 @@ from dlrm.errors import ConfigError
 from dlrm.file_lock import LockHeld, NotALockFile, name_holder, try_lock_named
 from dlrm.file_modes import dir_mode
 from dlrm.json_file import read_json
+from dlrm.stop_signal import raise_pending
 
 
 def check_target(path: Path, overwrite: bool, what: str, option: str = "") -> None:
@@ -168,6 +169,9 @@ def check_apart(source_opt: str, source: Path, out_opt: str, out: Path, advice: 
 def replace_dir(tmp: Path, out: Path) -> None:
     """Move the finished `tmp` to `out`; an old `out` is set aside first and removed only after. If the swap fails
     (or is interrupted) after the old `out` was set aside, it is put back where it was before the error goes on."""
+    # a SIGTERM whose stop a library's catch-all dropped (the tool's `StopAtOnce`): stopped here, before `out` is
+    # touched, as one that was not dropped stops (lost, the tool published its output and exited 0)
+    raise_pending()
     old = None
     try:  # the setting aside too: a Ctrl-C or SIGTERM as it returned left the user's `out` under the hidden name
         if out.is_dir() and any(out.iterdir()):

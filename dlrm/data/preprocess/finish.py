@@ -14,6 +14,7 @@ from dlrm.data.preprocess.stats import DistinctCounter
 from dlrm.data.schema import NUM_SPARSE, SPLITS, Metadata, SplitInfo, write_metadata
 from dlrm.data.vocabulary import vocab_path
 from dlrm.errors import os_errors_named
+from dlrm.stop_signal import raise_pending
 
 
 def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashing, min_frequency,
@@ -75,6 +76,7 @@ def _finish(out, scans, fingerprints, opts, plan, done, counter, file_bad, hashi
     layout = opts.get("sparse_layout", "lists")  # recorded only when multi-hot; one-hot: the same files
     meta = Metadata(cardinalities=cards, multi_hot_sizes=list(sizes), hashing=hashing, splits=splits, extra=extra,
                     sparse_layout=layout)
+    raise_pending()  # a SIGTERM whose stop a library dropped: before metadata.json marks the dataset complete
     write_metadata(out, meta)
     logger.info("wrote {}", out / "metadata.json")
     return meta
