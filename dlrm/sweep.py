@@ -48,6 +48,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -511,7 +512,7 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
     """
     from dlrm.cli import report_failure, world_size_from_env
     from dlrm.logging_setup import configure_logging
-    from dlrm.stop_signal import StopAtOnce
+    from dlrm.stop_signal import StopAtOnce, take_pending
 
     ctx = click.get_current_context()
     given = {name: ctx.get_parameter_source(name) != click.core.ParameterSource.DEFAULT for name in ("seeds", "tb_dir")}
@@ -533,14 +534,21 @@ def main(config_path, sets, seeds, data, device, tb_dir, run_name, resume_dir) -
             base = {k: v for k, v in (("data.path", data), ("train.device", device)) if v is not None}
             if resume_dir is None:
                 run_sweep(config_path, [parse_set(s) for s in sets], seeds, base, tb_dir, run_name)
-                return
-            if run_name is not None or given["tb_dir"]:
-                raise ConfigError("--resume: the sweep directory is SWEEP_DIR; --tb-dir and --run-name do not go with it")
-            if resume_dir == "":
-                raise ConfigError("--resume: an empty path is no sweep directory")
-            from dlrm.sweep_resume import resume_sweep
-            resume_sweep(resume_dir, config_path, [parse_set(s) for s in sets] if sets else None,
-                         seeds if given["seeds"] else None, base)
+            else:
+                if run_name is not None or given["tb_dir"]:
+                    raise ConfigError("--resume: the sweep directory is SWEEP_DIR; --tb-dir and --run-name do not go "
+                                      "with it")
+                if resume_dir == "":
+                    raise ConfigError("--resume: an empty path is no sweep directory")
+                from dlrm.sweep_resume import resume_sweep
+                resume_sweep(resume_dir, config_path, [parse_set(s) for s in sets] if sets else None,
+                             seeds if given["seeds"] else None, base)
+            # a SIGTERM whose stop a library dropped once the report was written: nothing left to stop (as train.py's
+            # `LateSignals`), said; forgotten by `StopAtOnce`'s end, the sweep exited 0 without a word
+            late = take_pending()
+        if late is not None:
+            logger.warning(f"{signal.Signals(late).name} arrived after the sweep finished (its report written): "
+                           "nothing left to stop, exit 0")
     except (Exception, KeyboardInterrupt) as e:
         code = report_failure(e, None)
         if stopped_line(e) is not None:  # after the stop's own line, which it follows from

@@ -166,6 +166,20 @@ def test_sweep_stops_on_a_sigterm_dropped_before_its_report(run, tmp_path, monke
     assert not (tmp_path / "sw" / "sweep.md").exists()
 
 
+def test_sweep_says_a_sigterm_dropped_after_its_report(run, tmp_path, monkeypatch):
+    """The report written, a SIGTERM dropped before the sweep's end: exit 0 and a line (before: without a word)."""
+    from dlrm import sweep, sweep_report
+
+    config, _ = run
+    monkeypatch.setattr(sweep_report, "write_report", _swallowing(sweep_report.write_report, after=True))
+    result = _invoke(sweep.main, ["--config", str(config), "--seeds", "1", "--tb-dir", str(tmp_path),
+                                  "--run-name", "sw"])
+    assert result.exit_code == 0, result.output
+    assert result.output.endswith(" WARNING SIGTERM arrived after the sweep finished (its report written): nothing "
+                                  "left to stop, exit 0\n"), result.output
+    assert (tmp_path / "sw" / "sweep.md").is_file()
+
+
 def test_synthetic_generator_stops_on_a_sigterm_a_bare_except_dropped(tmp_path, monkeypatch):
     """Dropped as the metadata was written (a bare ``except:`` there): before the fix the dataset was published at
     --out and the tool exited 0; now nothing is left, 143, its SIGTERM line."""
