@@ -50,7 +50,7 @@ def test_a_mapped_load_holds_the_same_values_as_the_plain_read(tmp_path):
 
 
 def test_a_mapped_load_takes_none_of_the_process_memory_the_plain_read_takes(tmp_path):
-    path, _ = big_checkpoint(tmp_path, rows=16 * MiB // 4)
+    path, _ = big_checkpoint(tmp_path, rows=64 * MiB // 4)  # (large: the allocator's reused pages are a few MiB)
     before = rss_anon()
     plain = ckpt.load_checkpoint(path)
     grown_plain = rss_anon() - before  # (measured, so that the mapped figure below is known to be meaningful)
@@ -59,7 +59,7 @@ def test_a_mapped_load_takes_none_of_the_process_memory_the_plain_read_takes(tmp
     mapped = ckpt.load_checkpoint(path, mmap=True)
     assert float(mapped["optimizers"][1]["state"][0]["sum"].sum()) > 0  # every page read
     grown_mapped = rss_anon() - before
-    assert grown_plain >= 15 * MiB and grown_mapped < 4 * MiB, (grown_plain, grown_mapped)
+    assert grown_plain >= 48 * MiB and grown_mapped < 8 * MiB, (grown_plain, grown_mapped)
 
 
 def test_read_ahead_reads_with_a_bar_where_half_the_available_memory_holds_it(tmp_path, monkeypatch):
