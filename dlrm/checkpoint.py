@@ -34,7 +34,7 @@ from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
 from dlrm.errors import named_os_error  # (defined low: the data tools' worker processes use it too)
 from dlrm.fast_save import fast_save
-from dlrm.mapped_load import load_mapped, read_ahead
+from dlrm.mapped_load import cpu_storages, load_mapped, read_ahead
 from dlrm.stream_save import stream_save
 from dlrm.file_modes import file_mode
 from dlrm.logging_setup import ProgressBar, bar_interval, run_logger
@@ -116,6 +116,14 @@ def tensor_bytes(obj: Any) -> int:
         return sum(tensor_bytes(v) for v in obj)
     return 0
 
+
+
+def without_tensors(state: dict[str, Any]) -> dict[str, Any]:
+    """The entries of a checkpoint holding no tensor; mapped (`load_checkpoint(mmap=True)`), one tensor kept, however
+    small (the RNG state's), keeps the whole file mapped: its size in address space (``ulimit -v``), its disk space.
+    >>> without_tensors({"position": {"step": 3}, "rng": {"torch": torch.zeros(2, dtype=torch.uint8)}})
+    {'position': {'step': 3}}"""
+    return {k: v for k, v in state.items() if not cpu_storages(v)}
 
 def move_to_new(tmp: Path, path: Path, exists: str) -> None:
     """Rename `tmp` to `path` unless something is there (a file, a symbolic link, dangling or not), even something that

@@ -99,7 +99,7 @@ class Trainer(WindowLogging):
                 check_resume_config(self.resumed_config, cfg.to_dict(), allow_config_change, str(self.resume_from))
                 check_dataset_unchanged(self.resumed_config, state, self.data_stamps, cfg.data.path,
                                         allow_config_change, str(self.resume_from))
-        state = state and {k: v for k, v in state.items() if k not in ("model", "optimizers")}  # (the restore reads them again)
+        state = state and ckpt.without_tensors(state)  # (the restore reads them again; one kept maps the file twice)
         # (not the placement's: it weighs each rank's own GPU memory)
         self.placement = choose_placement(cfg, self.meta, self.tables.cardinalities, self.device, self.env.world_size)
         if state is not None:  # the batches the run resumed would train on (shuffled, they depend on the placement)
