@@ -34,7 +34,7 @@ from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
 from dlrm.errors import named_os_error  # (defined low: the data tools' worker processes use it too)
 from dlrm.fast_save import fast_save
-from dlrm.mapped_load import cpu_storages, load_mapped, read_ahead
+from dlrm.mapped_load import cpu_storages, load_mapped, raise_if_out_of_memory, read_ahead
 from dlrm.stream_save import stream_save
 from dlrm.file_modes import file_mode
 from dlrm.logging_setup import ProgressBar, bar_interval, run_logger
@@ -351,8 +351,8 @@ def _read_plain(path: Path, mmap: bool = False) -> Any:
     if mmap:
         try:
             return load_mapped(str(path), allowed)
-        except Exception:  # noqa: BLE001 - a file system without mmap, or a damaged file: the plain read says which
-            pass
+        except Exception as e:  # noqa: BLE001 - a file system without mmap, a damaged file: the plain read says which
+            raise_if_out_of_memory(e, path, mapped=True)  # (short of address space: not read whole, which needs more)
     size = path.stat().st_size
     try:
         # a bar (bytes, rate, ETA) for a big one: a --resume of MLPerf's (tens of GB) read for minutes without a word
@@ -360,7 +360,8 @@ def _read_plain(path: Path, mmap: bool = False) -> Any:
                 ProgressBar(total=size, desc=f"reading {path.name}", unit="B", unit_scale=True, dynamic_ncols=True,
                             disable=size < PROGRESS_BYTES, **bar_interval()) as bar:
             return torch.load(f if bar.disable else _ReadProgress(f, bar), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any failure to read means a corrupt or foreign file
+    except Exception as e:  # noqa: BLE001 - any failure to read, but memory's, means a corrupt or foreign file
+        raise_if_out_of_memory(e, path, mapped=False)
         raise ConfigError(f"{path}: not a readable checkpoint ({_reason(e)})") from None
 
 

@@ -22,6 +22,8 @@ Two things the plain read gave that a mapping does not, kept here:
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -42,6 +44,21 @@ def load_mapped(path: str, allowed: list) -> Any:
     with torch.serialization.safe_globals(allowed):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
+
+
+def raise_if_out_of_memory(e: BaseException, path: Any, mapped: bool) -> None:
+    """Raise a MemoryError naming the checkpoint at `path` and its size where `e`, torch.load's failure on it (`mapped`
+    or read whole), is an allocation's (ENOMEM: ``ulimit -v`` or ``-d`` short of its size); said as it is (exit 4,
+    `dlrm.cli.out_of_memory_message`). The file was called "not a readable checkpoint (RuntimeError: [enforce fail at
+    alloc_cpu.cpp:127] ...)", exit 2, and a mapping refused so fell back to a read whole, which needs as much."""
+    if not (isinstance(e, MemoryError) or os.strerror(errno.ENOMEM) in str(e)):
+        return
+    size = os.stat(path).st_size / 2**20
+    how = f"mapping it ({size:,.1f} MiB of address space)" if mapped else f"reading it whole ({size:,.1f} MiB)"
+    exc = MemoryError(f"{path}: out of memory {how}: more than this process may take (ulimit -v, ulimit -d"
+                      f"{'' if mapped else ', or the host memory'}); raise the limit")
+    exc.dlrm_refused = True  # type: ignore[attr-defined]
+    raise exc from None
 
 def cpu_storages(obj: Any) -> list[torch.UntypedStorage]:
     """The distinct CPU storages of the tensors in `obj` (nested dicts, lists and tuples), in the order met; views of

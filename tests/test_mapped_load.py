@@ -177,3 +177,38 @@ def test_the_shard_names_of_a_one_process_checkpoint_are_read_without_its_tensor
     real = torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: calls.append(k.get("mmap")) or real(*a, **k))
     assert _named_shards(path) == [] and calls and all(calls), calls
+
+
+ADDRESS_SPACE_SCRIPT = """
+import resource, sys
+from pathlib import Path
+from dlrm import checkpoint as ckpt
+with open("/proc/self/status") as f:
+    size = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+# room for the pickle and the checks, not for the file's 64 MiB: mapped or read whole
+resource.setrlimit(resource.RLIMIT_AS, (size + 24 * 2**20, resource.RLIM_INFINITY))
+try:
+    ckpt.load_checkpoint(Path(sys.argv[1]), mmap=sys.argv[2] == "mapped", read="all")
+except Exception as e:
+    print(type(e).__name__, getattr(e, "dlrm_refused", False), e)
+"""
+
+
+@pytest.mark.parametrize("how", ["mapped", "read whole"])
+def test_a_checkpoint_beyond_the_address_space_left_is_a_memory_error_not_a_damaged_file(tmp_path, how):
+    """Under ``ulimit -v`` the mapping failed (ENOMEM), the fallback read the file whole, which failed too, and the
+    file was called "not a readable checkpoint (RuntimeError: [enforce fail at alloc_cpu.cpp:127] ...)", exit 2: a
+    MemoryError naming the file, its size and the limit (said as it is, exit 4), and no read whole after the mapping
+    failed for want of memory."""
+    import subprocess
+    import sys
+
+    from tests.conftest import CHILD_ENV
+
+    path, _ = big_checkpoint(tmp_path, rows=64 * MiB // 4)
+    out = subprocess.run([sys.executable, "-c", ADDRESS_SPACE_SCRIPT, str(path), how], capture_output=True, text=True,
+                         env=CHILD_ENV, timeout=120)
+    line = out.stdout.strip()
+    assert out.returncode == 0 and "\n" not in line, (out.stdout, out.stderr[-2000:])
+    assert line.startswith(f"MemoryError True {path}: "), line
+    assert f"{path.stat().st_size / MiB:,.1f} MiB" in line and "ulimit -v" in line, line
