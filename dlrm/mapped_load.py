@@ -41,6 +41,12 @@ CHUNK_BYTES = 64 << 20
 def load_mapped(path: str, allowed: list) -> Any:
     """``torch.load(path, weights_only=True, mmap=True)`` onto the CPU, the globals `allowed` (``(obj, name)`` pairs)
     besides torch's: the file's pickle is read now, its tensors' bytes where they are used."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:  # a name not UTF-8 (os.fsdecode's surrogates), which torch's C++ mapping cannot take (it
+        # fell back to a read whole, uncounted by the memory checks): the same file through its descriptor (Linux)
+        with open(path, "rb") as f:
+            return load_mapped(f"/proc/self/fd/{f.fileno()}", allowed)  # (the mapping outlives the descriptor)
     with torch.serialization.safe_globals(allowed):
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 

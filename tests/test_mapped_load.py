@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,36 @@ def test_a_checkpoint_beyond_the_address_space_left_is_a_memory_error_not_a_dama
     assert out.returncode == 0 and "\n" not in line, (out.stdout, out.stderr[-2000:])
     assert line.startswith(f"MemoryError True {path}: "), line
     assert f"{path.stat().st_size / MiB:,.1f} MiB" in line and "ulimit -v" in line, line
+
+
+def test_a_checkpoint_whose_path_is_not_utf8_is_mapped_too(tmp_path):
+    """A directory named in Latin-1 (``os.fsdecode``'s surrogates): torch's C++ mapping takes UTF-8 names only, and the
+    load fell back to a read whole, in the process's memory, which the host-memory checks had not counted."""
+    path, state = big_checkpoint(tmp_path, rows=1000)
+    odd = tmp_path / os.fsdecode(b"caf\xe9")
+    odd.mkdir()
+    path = path.rename(odd / path.name)
+    loaded = ckpt.load_checkpoint(path, mmap=True, read="all")
+    assert torch.equal(loaded["optimizers"][1]["state"][0]["sum"], state["optimizers"][1]["state"][0]["sum"])
+    with open("/proc/self/maps", "rb") as f:  # (bytes: the name is not UTF-8)
+        assert any(line.rstrip().endswith(os.fsencode(path)) for line in f)
+
+
+def test_the_other_mapped_reads_take_a_path_that_is_not_utf8(tmp_path):
+    """The step of a checkpoint (`checkpoint_step`: --eval-only's line, its summary's step), a shard's run record (a
+    sharded --resume's and the merge's comparison) and a manifest's shard names read the file memory-mapped too: under
+    a directory named in Latin-1 the first was None, the second a UnicodeEncodeError traceback, the third None."""
+    from dlrm.distributed.same_run import run_record
+    from dlrm.train.checkpointer import checkpoint_step
+    from dlrm.train.run_dir import _shard_names
+
+    odd = tmp_path / os.fsdecode(b"caf\xe9")
+    odd.mkdir()
+    path, state = big_checkpoint(odd, rows=1000)
+    assert checkpoint_step(path) == state["position"]["step"]
+    record = run_record(path)
+    assert record["position"] == state["position"] and record["dense"].keys() and all(
+        torch.equal(v, state["model"][k]) for k, v in record["dense"].items())
+    manifest = odd / "manifest.pt"
+    torch.save({"sharded": {"shards": ["step-00000003.rank0.pt"]}}, manifest)
+    assert _shard_names(manifest) == ["step-00000003.rank0.pt"]

@@ -17,6 +17,7 @@ import torch
 
 from dlrm import checkpoint_schema as schema
 from dlrm.config import ConfigError
+from dlrm.mapped_load import load_mapped
 
 # What a shard records of the run and the moment it was saved: equal in every shard of one checkpoint.
 RUN_KEYS = ("config", "position", "cardinalities")
@@ -39,8 +40,7 @@ def run_record(path: Path) -> dict[str, Any]:
     only the dense tensors compared are read, not the embedding table nor its optimizer state (a second full read of
     every shard doubled a large merge's time, and a rank's memory at a resume)."""
     allowed = [(obj, name) for name, obj in schema.v1_numpy_globals().items()]  # format 1's NumPy RNG state
-    with torch.serialization.safe_globals(allowed):
-        disk = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    disk = load_mapped(str(path), allowed)  # (a name not UTF-8 too)
     if "config_json" in disk:  # format 2; format 1 holds the config dict itself
         disk["config"] = json.loads(disk["config_json"])
     record = {key: disk[key] for key in RUN_KEYS}

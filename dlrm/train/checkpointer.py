@@ -13,15 +13,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import torch
-
 from dlrm.config import Config, ConfigError
 from dlrm.data.shuffle_seed import shuffle_scheme
 from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.shutdown_grace import StopGrace
 from dlrm.logging_setup import run_logger
-from dlrm.mapped_load import own_copies
+from dlrm.mapped_load import load_mapped, own_copies
 from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
 from dlrm.train.graphed_step import plain_lr_state_dict
@@ -55,8 +53,7 @@ def checkpoint_step(path: Path) -> Optional[int]:
     """The step of the checkpoint (or manifest) at `path`, read without loading its tensors; None when unreadable."""
     try:
         numpy = [(obj, name) for name, obj in ckpt.schema.v1_numpy_globals().items()]  # a format-1 file's RNG state
-        with torch.serialization.safe_globals(numpy):
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = load_mapped(str(path), numpy)  # (a name not UTF-8 too)
     except Exception:  # noqa: BLE001 - missing, foreign or damaged: it holds no known step
         return None
     # read before the file is checked (`--export` names the step first): whatever else torch.save wrote holds no step.

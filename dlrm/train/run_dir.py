@@ -44,7 +44,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import torch
 from loguru import logger
 
 from dlrm.checkpoint import list_checkpoints, remove_stale_temp_files
@@ -53,6 +52,7 @@ from dlrm.config import Config, ConfigError
 from dlrm.config_checks import free_run_name
 from dlrm.data.schema import write_json_atomic
 from dlrm.data.output_dirs import RUN_MARKS
+from dlrm.mapped_load import load_mapped
 from dlrm.file_lock import LockHeld, NotALockFile, name_holder, remove_held, try_lock_named
 from dlrm.stop_signal import stop_signal_name
 from dlrm.json_file import read_json
@@ -283,8 +283,7 @@ def _shard_names(path: Path) -> Optional[list[str]]:
     one-process checkpoint (50 GB for MLPerf's) is not loaded to learn that it lists none."""
     try:
         numpy = [(obj, name) for name, obj in v1_numpy_globals().items()]  # a format-1 file's RNG state
-        with torch.serialization.safe_globals(numpy):
-            shards = torch.load(path, map_location="cpu", weights_only=True, mmap=True)["sharded"]["shards"]
+        shards = load_mapped(str(path), numpy)["sharded"]["shards"]  # (a name not UTF-8 too)
     except Exception:  # noqa: BLE001 - missing, foreign, damaged or one-process: it lists no shard
         return None
     return list(shards) if isinstance(shards, list) and all(isinstance(x, str) for x in shards) else None
