@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import torch
 
+from dlrm.errors import ConfigError
 from dlrm.fast_save import mem_available
 from dlrm.logging_setup import ProgressBar, bar_interval, run_logger
 
@@ -65,6 +66,33 @@ def raise_if_out_of_memory(e: BaseException, path: Any, mapped: bool) -> None:
                       f"{'' if mapped else ', or the host memory'}); raise the limit")
     exc.dlrm_refused = True  # type: ignore[attr-defined]
     raise exc from None
+
+
+def file_stamps(paths: Iterable[Any]) -> dict[str, tuple[int, int, int, int]]:
+    """(device, inode, size, modification time in ns) of each file of `paths` that exists, by path: taken before a
+    mapped load, compared by `check_unchanged` once its tensors are copied."""
+    stamps = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:  # (the load names a missing file)
+            continue
+        stamps[str(path)] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return stamps
+
+
+def check_unchanged(stamps: dict[str, tuple[int, int, int, int]]) -> None:
+    """A one-line ConfigError naming the first file of `stamps` (`file_stamps`) written in place since: the same file
+    (device, inode), another size or modification time (``cp other.pt`` over it). Its mapped pages are the file's, so
+    the tensors copied out of it were read from the other file's bytes, at the first one's offsets (an --eval-only
+    reported NaN scores, exit 0; a resume died of an "Invalid mt19937 state" traceback). A file replaced by a rename
+    (an atomic write) or deleted is not: the mapping holds the file it mapped, whole."""
+    for path, stamp in stamps.items():
+        now = file_stamps([path]).get(path)
+        if now is not None and now[:2] == stamp[:2] and now != stamp:
+            raise ConfigError(f"{path}: written while it was read (in place: cp over it?), its tensors taken from two "
+                              "files' bytes; read it again once it is complete")
+
 
 def cpu_storages(obj: Any) -> list[torch.UntypedStorage]:
     """The distinct CPU storages of the tensors in `obj` (nested dicts, lists and tuples), in the order met; views of

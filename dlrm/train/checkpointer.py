@@ -19,12 +19,12 @@ from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.shutdown_grace import StopGrace
 from dlrm.logging_setup import run_logger
-from dlrm.mapped_load import load_mapped, own_copies
+from dlrm.mapped_load import check_unchanged, file_stamps, load_mapped, own_copies
 from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
 from dlrm.train.graphed_step import plain_lr_state_dict
 from dlrm.train.meter import RunStats
-from dlrm.train.run_dir import run_dir_present
+from dlrm.train.run_dir import _shard_names, run_dir_present
 from dlrm.train.setup import Tables
 
 BEST_NAME = "best.pt"
@@ -265,6 +265,8 @@ class Checkpointer:
         return dist_ckpt.restore_agreed(self.env, lambda: self._restore(path, run), path)
 
     def _restore(self, path: Path, run: Run) -> tuple[ckpt.Position, RunStats]:
+        # (before the mapping: a cp over the file, or over a shard, while its tensors are copied out of it is seen)
+        stamps = file_stamps([path, *(Path(path).parent / name for name in _shard_names(Path(path)) or [])])
         state: dict[str, Any] = dist_ckpt.load_for_rank(path, self.env, run.plan)
         ckpt.check_compatible(state, run.model, self.tables.cardinalities, self.cfg.to_dict()["model"], path,
                               self.tables.multi_hot_sizes, self.tables.dense_format, self._hashing,
@@ -278,6 +280,7 @@ class Checkpointer:
             sched.load_state_dict(s)
         # torch.optim keeps a loaded CPU tensor of its parameter's dtype as it is: a view of the memory-mapped file
         own_copies([*run.optimizers, *run.schedulers], state)
+        check_unchanged(stamps)  # (before the RNG state's read: another file's bytes there raised "Invalid mt19937 state")
         if not state["schedulers"]:  # saved without a schedule: one added on resume starts at the checkpoint's step
             for sched in run.schedulers:
                 sched.start_at(state["position"]["step"])
