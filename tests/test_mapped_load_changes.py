@@ -80,3 +80,30 @@ def test_a_resume_from_a_checkpoint_written_in_place_during_the_restore_is_refus
     monkeypatch.setattr(checkpointer.dist_ckpt, "load_for_rank", load_for_rank)
     error_line(invoke(tmp_path, config, "--run-name", "r2", "--resume", str(first), "--max-steps", "3"), 2,
                f"{first}: written while it was read")
+
+
+def test_eval_only_names_the_step_where_the_built_model_leaves_no_room_to_map_the_file_again(tmp_path, run,
+                                                                                              monkeypatch):
+    """The step (the line's ``, step N``, summary.json's ``step``) is read from the file mapped once more
+    (`checkpoint_step`); read after the model was built, under ``ulimit -v`` that mapping failed (measured: a 666 MB
+    checkpoint under ``ulimit -v`` 2.6 and 3.0 GiB) and the step went missing: read before the build."""
+    config, first, _ = run
+    built = []
+    real_build, real_map = export.build_model, checkpointer.load_mapped
+
+    def build_model(*a, **k):
+        built.append(True)
+        return real_build(*a, **k)
+
+    def load_mapped(path, allowed):  # the built model took the address space a second mapping of the file needs
+        if built:
+            raise RuntimeError(f"unable to mmap 70000 bytes from file <{path}>: Cannot allocate memory (12)")
+        return real_map(path, allowed)
+
+    monkeypatch.setattr(export, "build_model", build_model)
+    monkeypatch.setattr(checkpointer, "load_mapped", load_mapped)
+    result = invoke(tmp_path, config, "--eval-only", "--checkpoint", str(first))
+    assert result.exit_code == 0 and built, result.output
+    assert _auc(result).endswith(f"({first}, step 1)"), _auc(result)
+    summary = next((tmp_path / "tb").glob("c-*/summary.json"))
+    assert json.loads(summary.read_text())["step"] == 1

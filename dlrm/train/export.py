@@ -123,12 +123,14 @@ def _evaluated(cfg: Config, path: Path, split: str) -> dict:
     cfg = as_trained(cfg, tables)  # config.json and summary.json: the dataset's table sizes, which it evaluates with
     # the resolved config evaluates as training did: train.compile "auto" is eager on the CPU; given "auto" as it is,
     # EvalForward compiled the forward there (Inductor's bf16 rounds otherwise: another logloss than training's)
+    # the step it holds, said with the metrics and TensorBoard's x: read (mapped) before the model takes its memory; after
+    # it, under ulimit -v, the file's mapping failed and the step went missing from the line and summary.json
+    step = checkpoint_step(Path(path))
     model, resolved = _built_from_checkpoint(cfg, Path(path), tables, device)
     batch_size = cfg.data.eval_batch_size or 4 * cfg.data.batch_size
     loader = ParquetLoader(split_files(data_dir, meta, split), batch_size, device, prefetch=cfg.data.prefetch,
                            shuffle_buffer_rows=cfg.data.shuffle_buffer_rows,  # the memory the config allows
                            multi_hot_sizes=meta.multi_hot_sizes, dense_format=meta.dense_format)
-    step = checkpoint_step(Path(path))  # the step it holds: said with the metrics, and TensorBoard's x
     with RunDirectory.create(cfg, evaluation=True) as run_dir:  # removed again if the evaluation fails
         t0 = time.perf_counter()
         set_matmul_precision(resolved.train.precision)
