@@ -20,9 +20,10 @@ from dlrm.config import ConfigError
 from dlrm.config_checks import MAX_NAME_BYTES
 from dlrm.errors import TrainingStopped
 from dlrm.distributed import same_run
-from dlrm.distributed.checkpoint import SPARSE_WEIGHT, merge
+from dlrm.distributed.checkpoint import SPARSE_WEIGHT, _named_shards, merge
 from dlrm.data.output_dirs import check_export_place
 from dlrm.logging_setup import configure_logging
+from dlrm.mapped_load import check_unchanged, file_stamps
 from dlrm.stop_signal import StopAtOnce, raise_pending, take_pending
 from dlrm.checkpoint import load_checkpoint, write_atomic
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
@@ -77,6 +78,9 @@ def own_best(state: dict[str, Any], out: Path, checkpoint: Path) -> None:
 def merge_to_file(checkpoint: Path, out: Path) -> dict:
     """Merge the sharded `checkpoint` and write it atomically to `out`, which must not exist."""
     check_out_path(out)
+    # the shards are memory-mapped until OUT is written (its dense tensors are rank 0's, read by the write): one
+    # written in place meanwhile (cp over it) gave OUT another file's bytes at the first one's offsets, without a word
+    stamps = file_stamps([checkpoint, *(checkpoint.parent / name for name in _named_shards(checkpoint))])
     state = merge(checkpoint)
     check_same_run(checkpoint)
     own_best(state, out, checkpoint)
@@ -85,6 +89,11 @@ def merge_to_file(checkpoint: Path, out: Path) -> dict:
     raise_pending()
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(out, state, replace=False)  # nor an OUT that appeared while the merge ran
+    try:
+        check_unchanged(stamps)
+    except ConfigError:
+        out.unlink(missing_ok=True)  # (this merge's own OUT: it did not exist before, `replace=False`)
+        raise
     return state
 
 
@@ -111,6 +120,9 @@ def main(checkpoint: str, out: str) -> None:
     except KeyboardInterrupt:  # click's own answer was "Aborted!" and exit 1 (a bug's code); OUT's temporary is gone
         logger.error("interrupted (Ctrl-C)")
         sys.exit(130)
+    except MemoryError as e:  # (a shard beyond ulimit -v: `dlrm.mapped_load.raise_if_out_of_memory`'s line) a traceback
+        logger.error(str(e) or "out of host memory merging the shards")
+        sys.exit(4)
     except OSError as e:  # OUT's directory cannot be created or written
         logger.error(f"{out}: cannot write ({e.strerror or e})")
         sys.exit(2)
