@@ -81,7 +81,8 @@ def test_export_of_a_checkpoint_stops_on_a_dropped_sigterm(run, tmp_path, monkey
     result = _invoke(cli.main, ["--config", str(config), "--checkpoint", str(run_dir), "--export", str(out)])
     assert result.exit_code == 143, result.output
     lines = [line for line in result.output.splitlines() if "SIGTERM" in line]
-    assert lines == [lines[0]] and "WARNING SIGTERM: stopped at once" in lines[0], result.output
+    assert lines == [lines[0]] and f"WARNING --export: SIGTERM stopped the export of {run_dir / 'checkpoints' / 'best.pt'} " \
+        f"to {out}: nothing written there" in lines[0], result.output
     assert list(tmp_path.iterdir()) == []  # no program, no temporary beside it
 
 
@@ -211,3 +212,30 @@ def test_preprocess_stops_on_a_sigterm_a_bare_except_dropped_before_its_metadata
     assert not (out / "metadata.json").exists()
     monkeypatch.undo()
     assert _invoke(preprocess_cli.build_cli(), args).exit_code == 0 and (out / "metadata.json").is_file()
+
+
+@pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_during_the_export_of_a_checkpoint_says_the_export_was_stopped(run, tmp_path, monkeypatch, name, code):
+    """A SIGTERM (or Ctrl-C) as `--checkpoint C --export OUT` builds its model: the line names the export of C to OUT
+    and that nothing was written, as --eval-only's does for its evaluation. Was: "SIGTERM: stopped at once, outside
+    the training steps (no checkpoint written now)" or "interrupted (Ctrl-C)", lines for a training run."""
+    from dlrm import cli
+    from dlrm.train import trainer as trainer_mod
+    from dlrm.train.checkpointer import checkpoint_for
+
+    config, run_dir = run
+    real = trainer_mod.build_for_data
+
+    def signalled(*args, **kwargs):
+        signal.raise_signal(getattr(signal, name))  # arrives here, as `kill -TERM PID` or Ctrl-C would
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_mod, "build_for_data", signalled)
+    out = tmp_path / "m.pt2"
+    result = _invoke(cli.main, ["--config", str(config), "--checkpoint", str(run_dir), "--export", str(out)])
+    assert result.exit_code == code, result.output
+    assert result.output.strip().splitlines()[-1].endswith(
+        f"WARNING --export: {name} stopped the export of {checkpoint_for(run_dir)} to {out}: nothing written there"), \
+        result.output
+    assert "stopped at once" not in result.output and "interrupted" not in result.output, result.output
+    assert list(tmp_path.iterdir()) == []

@@ -310,7 +310,25 @@ def export_model(model: DLRM, path: Path, dense_format: str = "counts", source: 
 
 
 def export_checkpoint(cfg: Config, checkpoint: Path, path: Path) -> Path:
-    """Export the model stored in `checkpoint` (see `export_model`)."""
+    """Export the model stored in `checkpoint` (see `export_model`).
+
+    A SIGTERM or Ctrl-C before the program is in place stops it as `TrainingStopped` (128 + the signal) whose line
+    names the export and says nothing was written to `path`: it said "SIGTERM: stopped at once, outside the training
+    steps (no checkpoint written now)" or "interrupted (Ctrl-C)", which speak of a training run (`--checkpoint C
+    --export OUT` trains nothing). After training, `export_trained` says the run is kept instead."""
+    try:
+        return _export_checkpoint(cfg, checkpoint, path)
+    except (Exception, KeyboardInterrupt) as e:
+        # (a SIGTERM inside torch.export's serializer comes wrapped in its error: `signal_stop_inside`)
+        stop = e if isinstance(e, KeyboardInterrupt) else signal_stop_inside(e)
+        if stop is None:
+            raise
+        raise TrainingStopped(getattr(stop, "exit_code", EXIT_INTERRUPTED),
+                              f"--export: {stop_signal_name(stop)} stopped the export of {checkpoint} to {path}: "
+                              "nothing written there") from None
+
+
+def _export_checkpoint(cfg: Config, checkpoint: Path, path: Path) -> Path:
     from dlrm.train.trainer import build_for_data
 
     device, _, _, tables = build_for_data(cfg)
