@@ -365,8 +365,8 @@ def _report(exc: BaseException, cfg: Optional[Config]) -> tuple[int, bool]:
         alike = not exc.agreed and said_once.signal_reaches_every_rank(exc)
         (run_logger if exc.agreed else _said_once_per_node(exc) if alike else logger).warning(_one_line(exc))
         return exc.exit_code, exc.agreed
-    if isinstance(exc, KeyboardInterrupt):
-        logger.error("interrupted (Ctrl-C)")
+    if isinstance(exc, KeyboardInterrupt):  # (a Ctrl-C to torchrun reaches every rank: said once, as SIGTERM)
+        (_said_once_per_node(exc) if said_once.signal_reaches_every_rank(exc) else logger).error("interrupted (Ctrl-C)")
         return EXIT_INTERRUPTED, False
     if is_out_of_memory(exc):
         # a refusal every rank of a torchrun run makes from the same numbers (`refuse_host_memory_shortfall`): once

@@ -125,3 +125,31 @@ def test_a_sigterm_before_the_ranks_met_is_said_by_the_first_rank(monkeypatch, c
     err = capsys.readouterr().err
     assert (STOPPED in err) == said, err
     assert err.count(STOPPED) <= 1, err
+
+
+@pytest.mark.parametrize("rank, agent, said", [("0", True, True), ("1", True, False), ("1", False, True)],
+                         ids=["rank-0", "rank-1-under-torchrun", "rank-1-started-otherwise"])
+def test_a_ctrl_c_before_the_ranks_met_is_said_by_the_first_rank(monkeypatch, capsys, rank, agent, said):
+    """A terminal's Ctrl-C reaches torchrun, whose agent passes the SIGINT on to every rank (each in a session of its
+    own): before the ranks met, "interrupted (Ctrl-C)" was said by rank 0 and again as `[rank 1] ...`; now as the
+    SIGTERM above is."""
+    import sys
+
+    from dlrm import cli
+    from dlrm.logging_setup import configure_logging
+
+    for name, value in {"WORLD_SIZE": "2", "RANK": rank, "LOCAL_RANK": rank}.items():
+        monkeypatch.setenv(name, value)
+    if agent:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delitem(sys.modules, "dlrm.distributed.env", raising=False)  # (the ranks never met)
+    configure_logging(ranks=True)
+    try:
+        assert cli.report_failure(KeyboardInterrupt(), None) == 130
+    finally:
+        configure_logging()
+    err = capsys.readouterr().err
+    assert ("interrupted (Ctrl-C)" in err) == said, err
+    assert err.count("interrupted (Ctrl-C)") <= 1, err

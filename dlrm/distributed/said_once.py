@@ -64,13 +64,15 @@ def wait_until_rank_zero_said(exc: Optional[BaseException], timeout_s: Optional[
         _pause(SAID_ONCE_GRACE_S)
 
 
-def signal_reaches_every_rank(exc: TrainingStopped) -> bool:
-    """Whether `exc`, a stop at once (`dlrm.stop_signal.StopAtOnce`: not agreed) before the ranks met, is one every
-    rank makes alike, said by each machine's first rank only: under torchrun's agent, whose SIGTERM (its own, or the
-    one torchrun got and passes on) reaches every rank, and which stops the others once a rank signalled alone has
-    exited. Both ranks said "SIGTERM: stopped at once ...", rank 1's as `[rank 1] ...`. Started another way, or once
-    the ranks met (an agreed stop is said once already), a rank's stop is its own to say."""
-    if exc.agreed or not under_torchrun_agent():
+def signal_reaches_every_rank(exc: BaseException) -> bool:
+    """Whether `exc`, a stop at once (`dlrm.stop_signal.StopAtOnce`: not agreed; or Ctrl-C's KeyboardInterrupt) before
+    the ranks met, is one every rank makes alike, said by each machine's first rank only: under torchrun's agent, whose
+    SIGTERM (its own, or the one torchrun got and passes on) reaches every rank, as does a terminal's Ctrl-C (the
+    ranks run in sessions of their own: torchrun gets the SIGINT and its agent passes it on to each), and which stops
+    the others once a rank signalled alone has exited. Both ranks said "SIGTERM: stopped at once ..." (or "interrupted (Ctrl-C)"), rank 1's as
+    `[rank 1] ...`. Started another way, or once the ranks met (an agreed stop is said once already), a rank's stop is
+    its own to say."""
+    if getattr(exc, "agreed", False) or not under_torchrun_agent():
         return False
     env = sys.modules.get("dlrm.distributed.env")
     return env is None or not env._joined()
