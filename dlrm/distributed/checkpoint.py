@@ -387,19 +387,37 @@ def _assembled(plan: ShardingPlan, shards: list[torch.Tensor], where: Path, what
         raise ConfigError(f"{where}: {what}: {e}") from None
 
 
-def manifest_of(shard_path: Path, shard: dict[str, Any]) -> Path:
-    """The manifest that names the shard at `shard_path`: best.pt for a best shard (`save_best_sharded`), else its
-    step's checkpoint."""
-    if shard_path.name.startswith(BEST_PREFIX):
+_STEP_SHARD = re.compile(r"step-\d{8,}\.rank\d+-of-\d+\.pt(\.pending|\.previous)?")
+
+
+def manifest_of(shard_path: Path, shard: dict[str, Any]) -> Optional[Path]:
+    """The manifest that names the shard at `shard_path`: best.pt for a best shard (`save_best_sharded`), its step's
+    checkpoint for a step's shard (or a shard under that checkpoint's name); None where its name is neither: a best
+    shard holds what its step's shard holds (a hard link to it, when the step was checkpointed), so only the name
+    tells them apart (copied to best.pt or model.pt, one was sent to a step-N.pt that may never have been written)."""
+    step_manifest = ckpt.checkpoint_name(shard["position"]["step"])
+    if _BEST_SHARD.fullmatch(shard_path.name):
         return shard_path.parent / "best.pt"
-    return shard_path.parent / ckpt.checkpoint_name(shard["position"]["step"])
+    if _STEP_SHARD.fullmatch(shard_path.name) or shard_path.name == step_manifest:
+        return shard_path.parent / step_manifest
+    return None
 
 
 def shard_refusal(shard_path: Path, shard: dict[str, Any], advice: Callable[[Path], str]) -> str:
     """The line refusing the shard at `shard_path` where a whole checkpoint was wanted: ``advice(its manifest)`` after
     "one shard of a sharded checkpoint; ". A shard under its manifest's own name (copied over it, or given that name)
-    is told so instead: the advice named that same file, "merge its manifest, X" where X was the shard refused."""
+    is told so instead: the advice named that same file, "merge its manifest, X" where X was the shard refused. One
+    under a name that says no manifest (`manifest_of`): what it is, the manifests it may belong to, and
+    ``advice(MANIFEST)``."""
     manifest = manifest_of(shard_path, shard)
+    if manifest is None:
+        step, rank = shard["position"]["step"], shard["rank"]
+        world = shard.get("world_size") or shard["plan"]["world_size"]
+        return (f"{shard_path}: rank {rank}'s shard of a sharded checkpoint of {world} ranks at step {step}, not a "
+                "manifest (which holds no model: it names every rank's shard), under a name that does not say which "
+                "manifest names it, nor can the file (a best.pt's shard holds what its step's does): its run's "
+                f"{ckpt.checkpoint_name(step)}, or its best.pt (shards {BEST_PREFIX}{shard_name(step, rank, world)}) "
+                f"where step {step} was the best evaluation; {advice(Path('MANIFEST'))}")
     if manifest.name != shard_path.name:
         return f"{shard_path}: one shard of a sharded checkpoint; {advice(manifest)}"
     return (f"{shard_path}: rank {shard['rank']}'s shard of a sharded checkpoint under its manifest's name, not the "
