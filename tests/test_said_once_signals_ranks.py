@@ -153,3 +153,89 @@ def test_a_ctrl_c_before_the_ranks_met_is_said_by_the_first_rank(monkeypatch, ca
     err = capsys.readouterr().err
     assert ("interrupted (Ctrl-C)" in err) == said, err
     assert err.count("interrupted (Ctrl-C)") <= 1, err
+
+
+HELD = "SIGTERM: held until every rank knows, then stopping (send it again to stop at once)"
+LAST = "SIGTERM: stopping after the last evaluation, once every rank knows (send it again to stop at once)"
+
+
+def _end_of_run_on_rank(rank: int, root: str, between_on: tuple, during_on: tuple, results: dict) -> None:
+    """A distributed run's end as `Trainer.fit` holds it: `held_signals`, then the last evaluation's `agreed_stop`;
+    a SIGTERM raised on the ranks `between_on` between the two (after the training loop), on `during_on` inside (a
+    SIGINT where both are given: each its own signal)."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+    from loguru import logger
+
+    from dlrm.distributed.env import DistEnv
+    from dlrm.errors import TrainingStopped
+    from dlrm.train.signals import agreed_stop, held_signals
+
+    dist.init_process_group("gloo", init_method=f"file://{root}/init", rank=rank, world_size=2)
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+    env = DistEnv(rank, 2, rank)
+    try:
+        with held_signals(env) as held:
+            if rank in between_on:
+                signal.raise_signal(signal.SIGTERM)
+            with agreed_stop(env, torch.device("cpu"), "after the last evaluation", lambda name: f"stopped ({name})",
+                             held):
+                if rank in during_on:
+                    signal.raise_signal(signal.SIGINT if between_on else signal.SIGTERM)
+            if during_on == ("after",) and rank == 1:  # after the last agreement: nothing left to stop
+                signal.raise_signal(signal.SIGTERM)
+        results[(rank, "outcome")] = 0
+    except TrainingStopped as e:
+        results[(rank, "outcome")] = e.exit_code
+    finally:
+        logger.remove(sink)
+        dist.destroy_process_group()
+    results[(rank, "warned")] = warnings
+
+
+@pytest.mark.parametrize("between_on, during_on, warned", [
+    ((0, 1), (), [[HELD], []]), ((), (0, 1), [[LAST], []]), ((1,), (), [[], [HELD]]), ((), (1,), [[], [LAST]]),
+    ((0,), (1,), [[HELD], [LAST.replace("SIGTERM", "SIGINT")]])],
+    ids=["every-rank-between", "every-rank-during", "rank-1-alone-between", "rank-1-alone-during", "each-its-own"])
+def test_the_end_of_runs_held_signal_is_warned_of_once(tmp_path, between_on, during_on, warned):
+    """Every rank warned of a signal held for the end's agreement (`held_signals`): a SIGTERM every rank got (torchrun's)
+    was warned of by rank 0 and again as `[rank 1] ...`. Now rank 1's warning waits for the agreement, dropped when
+    every rank got the same signal, said when some rank got none (a `kill PID` of rank 1 alone) or another one."""
+    got, codes = call_on_ranks(_end_of_run_on_rank, (str(tmp_path), between_on, during_on), 2, tmp_path, timeout=120)
+    assert codes == [0, 0] and [got.get((q, "outcome")) for q in (0, 1)] == [143, 143], (codes, got)
+    assert [got[(q, "warned")] for q in (0, 1)] == warned, got
+
+
+def test_a_ranks_own_signal_after_the_last_agreement_is_still_said(tmp_path):
+    """No agreement follows the last one, to tell a signal every rank got from one rank's own: rank 1's is said."""
+    got, codes = call_on_ranks(_end_of_run_on_rank, (str(tmp_path), (), ("after",)), 2, tmp_path, timeout=120)
+    assert codes == [0, 0] and [got.get((q, "outcome")) for q in (0, 1)] == [0, 0], (codes, got)
+    assert [got[(q, "warned")] for q in (0, 1)] == [[], [
+        "SIGTERM: ignored: the run is writing its summary, nothing is left to stop (send it again to stop at once)"]], got
+
+
+def test_a_signal_handed_between_the_loop_and_the_runs_hold_keeps_its_warning():
+    """A rank other than 0 got a signal while the run's `held_signals` held it, before the training loop's stop took it
+    over (and the reverse, after the loop's last agreement): the warning it deferred stayed behind, never said, where
+    that rank alone got it. `GracefulStop.take_over` hands it on with the signal."""
+    import signal
+
+    from loguru import logger
+
+    from dlrm.train.signals import GracefulStop
+
+    said: list[str] = []
+    sink = logger.add(lambda m: said.append(m.record["message"]), level="WARNING")
+    try:
+        with GracefulStop("held until every rank knows, then stopping", defer=True) as held:
+            signal.raise_signal(signal.SIGTERM)
+        loop = GracefulStop(defer=True)
+        loop.take_over(held)
+        assert loop.signum == signal.SIGTERM and said == []
+        loop.say_deferred(alone=True)  # the loop's agreement: some rank got none
+    finally:
+        logger.remove(sink)
+    assert said == [HELD] and held.deferred is None

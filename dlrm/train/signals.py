@@ -52,6 +52,12 @@ class GracefulStop:
         if line is not None and alone:
             logger.warning(line)
 
+    def take_over(self, other: "GracefulStop") -> None:
+        """Hold `other`'s signal, and its deferred warning, where this one holds none: the run's `held_signals` and the
+        training loop's stop hand a signal on to each other (its warning, left behind, was never said)."""
+        if self.signum is None and other.signum is not None:
+            self.signum, self.deferred, other.deferred = other.signum, other.deferred, None
+
     @property
     def requested(self) -> bool:
         return self.signum is not None
@@ -122,19 +128,21 @@ def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callabl
         return
     doing = f"stopping {where}, once every rank knows"
     if held is not None:  # installed (`held_signals`): what it holds from before this phase counts too
-        held._doing = doing
+        held._doing, held._defer = doing, not env.is_main  # (a rank other than 0: its warning kept for the agreement)
     # a rank other than 0 keeps its first signal's warning until the agreement (as the training loop's ranks do): a
     # signal every rank got (torchrun's, or one a library dropped during the imports) was warned of by each
     with contextlib.nullcontext(held) if held is not None else GracefulStop(doing, defer=not env.is_main) as stop:
         yield
-        # the largest signal, and (the MAX of 1 - got) whether some rank got none: its warning is then said
-        agreed, alone = (int(v) for v in env.all_reduce_max(
-            torch.tensor([int(stop.signum or 0), int(stop.signum is None)], device=device)).tolist())
+        # the largest signal, (the MAX of 1 - got) whether some rank got none, and (the MAX of -signal) the smallest:
+        # a rank's warning is said when some rank got none or another signal (SIGINT here, SIGTERM there)
+        agreed, alone, least = (int(v) for v in env.all_reduce_max(torch.tensor(
+            [int(stop.signum or 0), int(stop.signum is None), -int(stop.signum or 0)], device=device)).tolist())
     if agreed:
-        stop.say_deferred(alone=bool(alone))
+        stop.say_deferred(alone=bool(alone) or -least != agreed)
         raise TrainingStopped(128 + agreed, message(signal.Signals(agreed).name), agreed=True)
-    if held is not None:  # agreed that none came: one now (after the run's last agreement) has nothing left to stop
-        held._doing = "ignored: the run is writing its summary, nothing is left to stop"
+    if held is not None:  # agreed that none came: one now (after the run's last agreement) has nothing left to stop;
+        # said by the rank that got it (no agreement follows to tell one every rank got from a rank's own)
+        held._doing, held._defer = "ignored: the run is writing its summary, nothing is left to stop", False
 
 
 @contextlib.contextmanager
@@ -144,11 +152,12 @@ def held_signals(env: DistEnv) -> Iterator[GracefulStop]:
     Left to `StopAtOnce` there, the signalled rank stopped alone: between the loop and the last evaluation the others
     died in its collectives (gloo's "Connection closed by peer" traceback, exit 1); during the summary they exited 0
     beside its 143, and a signalled rank 0 wrote no summary.json. One process: one not installed (it holds nothing,
-    `StopAtOnce` stays), so nothing changes."""
+    `StopAtOnce` stays), so nothing changes. A rank other than 0 keeps its warning for the agreement that takes the
+    signal (`GracefulStop.say_deferred`): a signal every rank got (torchrun's) was warned of by every rank."""
     if not env.distributed:
         yield GracefulStop()
         return
-    with GracefulStop("held until every rank knows, then stopping") as held:
+    with GracefulStop("held until every rank knows, then stopping", defer=not env.is_main) as held:
         yield held
 
 

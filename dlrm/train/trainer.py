@@ -338,7 +338,7 @@ class Trainer(WindowLogging):
         # bar, closed by the garbage collector at exit, was the log's last line (a sweep's next bar went one line down)
         with bar, make_profiler(cfg.profile, self.run_dir.path, self.device, self.data.total_steps - pos.step) as prof, \
                 GracefulStop(defer=env.distributed and not env.is_main) as stop, self._training_batches() as batches:
-            stop.signum = held.signum or stop.signum  # one held before the loop (ranks: agreed at the first window)
+            stop.take_over(held)  # one held before the loop, and its warning (ranks: agreed at the first window)
             for batch, data_wait in batches:
                 loss = run.train_step(batch)
                 for sched in run.schedulers:
@@ -405,7 +405,7 @@ class Trainer(WindowLogging):
                 self.run_dir.close()
                 raise TrainingStopped(128 + self._stop_signal, f"stopped by signal at step {pos.step}; checkpoint {path}",
                                       agreed=True)  # (the ranks agreed on the signal: the same line on each)
-        held.signum = held.signum or stop.signum  # one after the loop's last agreement: the next one's (it was lost)
+        held.take_over(stop)  # one after the loop's last agreement (its deferred warning too): the next one's (lost)
         # The last evaluation, at the run's last step, unless early stopping just made it: made before the last
         # checkpoint, which then holds it, and best.pt (when it is the best) linked after, so a run resumed from that
         # checkpoint with a larger train.max_steps compares with the best that best.pt holds. At a multiple of
