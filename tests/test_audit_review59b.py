@@ -194,7 +194,8 @@ def test_an_agreed_stop_is_said_by_rank_0_only(monkeypatch):
     from dlrm.errors import TrainingStopped
     from dlrm.train.signals import agreed_stop
 
-    env = SimpleNamespace(distributed=True, all_reduce_max=lambda t: torch.tensor([2]))  # a rank got SIGINT
+    # a rank got SIGINT (the agreement's MAX of [signal, got none, -signal]: every rank got SIGINT)
+    env = SimpleNamespace(distributed=True, is_main=True, all_reduce_max=lambda t: torch.tensor([2, 0, -2]))
     with pytest.raises(TrainingStopped) as stopped:
         with agreed_stop(env, torch.device("cpu"), "before the first step", lambda name: f"{name}: stopped before "
                          "the first step, on every rank"):
