@@ -176,6 +176,16 @@ def launch(tmp_path, dataset, args, world=2, config=None):
                     p.kill()
 
 
+def said_once_by_rank_0(results) -> str:
+    """The one ERROR line of a refusal every rank reached alike: exit 2 on every rank, no traceback, the line said by
+    rank 0 alone (`dlrm.distributed.said_once`, `dlrm.cli.report_failure`: rank 1 printed it again as "[rank 1] ..." before 2026-12-04)."""
+    for rank, (code, out) in enumerate(results):
+        assert code == 2 and "Traceback" not in out, f"rank {rank} exited {code}:\n{out[-3000:]}"
+    errors = [[line for line in out.splitlines() if "ERROR" in line] for _, out in results]
+    assert len(errors[0]) == 1 and not any(errors[1:]), errors
+    return errors[0][0]
+
+
 def test_resuming_with_another_runs_shard_stops_every_rank_in_one_line(tmp_path, dataset):
     """Two 2-rank runs of the same config but train.seed (3 and 5), stopped at step 3; "mine"'s rank-1 shard replaced
     by "other"'s: the resume exited 0 on both ranks, training on from two runs' shards."""
@@ -186,11 +196,8 @@ def test_resuming_with_another_runs_shard_stops_every_rank_in_one_line(tmp_path,
     rank1 = d / dist_ckpt.shard_name(3, 1, 2)
     shutil.copyfile(other / rank1.name, rank1)
     results = launch(tmp_path, dataset, ["--run-name", "mine", "--seed", "3", "--resume"])
-    for rank, (code, out) in enumerate(results):
-        assert code == 2, f"rank {rank} exited {code}:\n{out[-3000:]}"
-        errors = [line for line in out.splitlines() if "ERROR" in line]
-        assert len(errors) == 1 and "Traceback" not in out, out[-3000:]
-        assert rank1.name in errors[0] and "config.train.seed differs" in errors[0], errors[0]
+    error = said_once_by_rank_0(results)
+    assert rank1.name in error and "config.train.seed differs" in error, error
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "tb" / "mine")] == ["step-00000003.pt"]
 
 
@@ -216,12 +223,9 @@ def test_resuming_with_a_shard_of_a_run_of_the_same_config_stops_every_rank_in_o
     make_dataset(dataset, {"train": 120, "validation": 40}, row_group_size=20, cardinality=23, seed=1)
     rank0, rank1 = (ckpt.checkpoint_dir(run) / dist_ckpt.shard_name(3, q, 2) for q in (0, 1))
     results = launch(tmp_path, dataset, ["--run-name", "mine", "--resume"])
-    for rank, (code, out) in enumerate(results):
-        assert code == 2, f"rank {rank} exited {code}:\n{out[-3000:]}"
-        errors = [line for line in out.splitlines() if "ERROR" in line]
-        assert len(errors) == 1 and "Traceback" not in out, out[-3000:]
-        assert f"{rank0}, {rank1}: shards of different runs or steps (model." in errors[0], errors[0]
-        assert "resumed from" not in out, out[-3000:]
+    error = said_once_by_rank_0(results)
+    assert f"{rank0}, {rank1}: shards of different runs or steps (model." in error, error
+    assert not any("resumed from" in out for _, out in results), results[0][1][-3000:]
     assert [p.name for p in ckpt.list_checkpoints(run)] == ["step-00000003.pt"]
 
 
@@ -237,9 +241,5 @@ def test_a_damaged_rank0_shard_is_reported_by_rank_0_not_as_a_bug_of_rank_1(tmp_
     rank0.unlink()  # (a hard link to best.pt's shard: that one is left whole)
     rank0.write_bytes(data[: len(data) // 2])
     results = launch(tmp_path, dataset, ["--run-name", "mine", "--resume"])
-    for rank, (code, out) in enumerate(results):
-        assert code == 2, f"rank {rank} exited {code}:\n{out[-3000:]}"
-        errors = [line for line in out.splitlines() if "ERROR" in line]
-        assert len(errors) == 1 and "Traceback" not in out, out[-3000:]
-        assert f"{rank0}: not a readable checkpoint" in errors[0], errors[0]
-    assert "rank 0 could not resume from" in results[1][1], results[1][1][-3000:]
+    error = said_once_by_rank_0(results)  # (rank 1's relay of rank 0's failure is that same line: said once)
+    assert f"{rank0}: not a readable checkpoint" in error, error
