@@ -1,6 +1,7 @@
 """A large checkpoint's load: read whole (torch.load's default) or memory-mapped, time and the process's own memory.
 
-    python benchmarks/checkpoint_load.py --gib 2 --device cpu --dir /tmp --out benchmarks/results --name checkpoint_load_cpu
+    python benchmarks/checkpoint_load.py --gib 2 --device cpu --dir /tmp --out benchmarks/results \
+        --name checkpoint_load_cpu
 
 A one-process resume or ``--eval-only`` of MLPerf DLRM-DCNv2 read its 53 GB checkpoint whole into host memory before
 copying the tables into the model (and a resume read it twice). This writes a checkpoint of one fp32 tensor of ``--gib``

@@ -52,7 +52,6 @@ def load_mapped(path: str, allowed: list) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
-
 def raise_if_out_of_memory(e: BaseException, path: Any, mapped: bool) -> None:
     """Raise a MemoryError naming the checkpoint at `path` and its size where `e`, torch.load's failure on it (`mapped`
     or read whole), is an allocation's (ENOMEM: ``ulimit -v`` or ``-d`` short of its size); said as it is (exit 4,
@@ -170,7 +169,8 @@ def own_copies(holders: Iterable[Any], loaded: Any) -> int:
 
     def owned(value: Any) -> Any:
         nonlocal count
-        if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.untyped_storage().data_ptr() in mapped:
+        if (isinstance(value, torch.Tensor) and value.device.type == "cpu"
+                and value.untyped_storage().data_ptr() in mapped):
             count += 1
             return value.clone()
         return value

@@ -178,7 +178,8 @@ def launch(tmp_path, dataset, args, world=2, config=None):
 
 def said_once_by_rank_0(results) -> str:
     """The one ERROR line of a refusal every rank reached alike: exit 2 on every rank, no traceback, the line said by
-    rank 0 alone (`dlrm.distributed.said_once`, `dlrm.cli.report_failure`: rank 1 printed it again as "[rank 1] ..." before 2026-12-04)."""
+    rank 0 alone (`dlrm.distributed.said_once`, `dlrm.cli.report_failure`: rank 1 printed it again as "[rank 1] ..."
+    before 2026-12-04)."""
     for rank, (code, out) in enumerate(results):
         assert code == 2 and "Traceback" not in out, f"rank {rank} exited {code}:\n{out[-3000:]}"
     errors = [[line for line in out.splitlines() if "ERROR" in line] for _, out in results]

@@ -126,7 +126,8 @@ def failure_error(failed: tuple, rank: int, what: str) -> BaseException:
     reports it as that rank does (an OSError keeps its errno and file: one line, exit 2)."""
     error = _relayed_error(failed, rank, what)
     # the failed rank's own line, as it says it (`agree_on_input_error` compares it with that rank's: said once)
-    error.relayed = " ".join(part.strip() for part in failed[2].splitlines() if part.strip())  # type: ignore[attr-defined]
+    relayed = " ".join(part.strip() for part in failed[2].splitlines() if part.strip())
+    error.relayed = relayed  # type: ignore[attr-defined]
     return error
 
 

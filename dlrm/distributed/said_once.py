@@ -28,8 +28,9 @@ under torchrun's agent, whose ranks wait for it to stop them (`AGENT_WAIT_S`).""
 AGENT_WAIT_S = 10.0
 """Under torchrun's agent, the longest a rank other than its machine's first waits for the agent to stop it, after an
 error said once for the run (before the ranks met or after): the agent stops it once that first rank exited, within
-its poll (--monitor-interval, 0.1 s), so the wait costs nothing more than that rank's own exit. Bounded for a first rank that hangs; a
-rank 0 whose line came later than `SAID_ONCE_GRACE_S` (a machine busy starting 8 ranks) was killed unheard."""
+its poll (--monitor-interval, 0.1 s), so the wait costs nothing more than that rank's own exit. Bounded for a first
+rank that hangs; a rank 0 whose line came later than `SAID_ONCE_GRACE_S` (a machine busy starting 8 ranks) was killed
+unheard."""
 
 
 def node_other_rank() -> bool:
@@ -69,8 +70,8 @@ def signal_reaches_every_rank(exc: BaseException) -> bool:
     the ranks met, is one every rank makes alike, said by each machine's first rank only: under torchrun's agent, whose
     SIGTERM (its own, or the one torchrun got and passes on) reaches every rank, as does a terminal's Ctrl-C (the
     ranks run in sessions of their own: torchrun gets the SIGINT and its agent passes it on to each), and which stops
-    the others once a rank signalled alone has exited. Both ranks said "SIGTERM: stopped at once ..." (or "interrupted (Ctrl-C)"), rank 1's as
-    `[rank 1] ...`. Started another way, or once the ranks met (an agreed stop is said once already), a rank's stop is
+    the others once a rank signalled alone has exited. Both ranks said "SIGTERM: stopped at once ..." (or "interrupted
+    (Ctrl-C)"), rank 1's as `[rank 1] ...`. Started another way, or once the ranks met (an agreed stop is said once already), a rank's stop is
     its own to say."""
     if getattr(exc, "agreed", False) or not under_torchrun_agent():
         return False

@@ -29,7 +29,8 @@ def _size(n: int) -> str:
 def checkpoint_host_need(cfg: Config, tables, path: Path, export: bool) -> tuple[int, str]:
     """(bytes, what they are) an evaluation (`export` False) or an export of the checkpoint at `path` takes of the
     host's memory at its peak: the model (its weights as built: fp32 tables for an export, the vocabulary keys, the
-    dense layers), for an export with two serialized copies of its weights. (The checkpoint's mapping: `mapped_bytes`.)"""
+    dense layers), for an export with two serialized copies of its weights. (The checkpoint's mapping:
+    `mapped_bytes`.)"""
     from dlrm.train.builder import dense_layer_parameters
 
     rows, dim = sum(tables.cardinalities), cfg.model.embedding_dim
@@ -53,8 +54,8 @@ def mapped_bytes(path: Path) -> int:
 
 def refuse_checkpoint_shortfall(cfg: Config, tables, path: Path, export: bool, memory: HostMemory) -> None:
     """A MemoryError (exit 4, said as it is) where `checkpoint_host_need` exceeds `memory` (`HostMemory`: this
-    process's rlimits, which swap does not lift, with the checkpoint's mapping (`mapped_bytes`); the host's MemAvailable and its cgroups' limits, with free swap under
-    train.allow_swap). Nothing is refused where the memory is unknown; with train.check_host_memory false the refusal
+    process's rlimits, which swap does not lift, with the checkpoint's mapping (`mapped_bytes`); the host's
+    MemAvailable and its cgroups' limits, with free swap under train.allow_swap). Nothing is refused where the memory is unknown; with train.check_host_memory false the refusal
     is a warning."""
     need, what = checkpoint_host_need(cfg, tables, path, export)
     mode = "--export" if export else "--eval-only"

@@ -280,7 +280,8 @@ class Checkpointer:
             sched.load_state_dict(s)
         # torch.optim keeps a loaded CPU tensor of its parameter's dtype as it is: a view of the memory-mapped file
         own_copies([*run.optimizers, *run.schedulers], state)
-        check_unchanged(stamps)  # (before the RNG state's read: another file's bytes there raised "Invalid mt19937 state")
+        # (before the RNG state's read: another file's bytes there raised "Invalid mt19937 state")
+        check_unchanged(stamps)
         if not state["schedulers"]:  # saved without a schedule: one added on resume starts at the checkpoint's step
             for sched in run.schedulers:
                 sched.start_at(state["position"]["step"])

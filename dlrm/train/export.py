@@ -123,8 +123,8 @@ def _evaluated(cfg: Config, path: Path, split: str) -> dict:
     cfg = as_trained(cfg, tables)  # config.json and summary.json: the dataset's table sizes, which it evaluates with
     # the resolved config evaluates as training did: train.compile "auto" is eager on the CPU; given "auto" as it is,
     # EvalForward compiled the forward there (Inductor's bf16 rounds otherwise: another logloss than training's)
-    # the step it holds, said with the metrics and TensorBoard's x: read (mapped) before the model takes its memory; after
-    # it, under ulimit -v, the file's mapping failed and the step went missing from the line and summary.json
+    # the step it holds, said with the metrics and TensorBoard's x: read (mapped) before the model takes its memory;
+    # after it, under ulimit -v, the file's mapping failed and the step went missing from the line and summary.json
     step = checkpoint_step(Path(path))
     model, resolved = _built_from_checkpoint(cfg, Path(path), tables, device)
     batch_size = cfg.data.eval_batch_size or 4 * cfg.data.batch_size
