@@ -97,13 +97,56 @@ def try_lock(path: Path, shared: bool = False) -> tuple[int, str]:
     return fd, _holder_line(fd)
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (signal 0 checks without signalling)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True  # exists, owned by someone else
+    except (ProcessLookupError, OverflowError):
+        return False
+    return True
+
+
+# How long a taker waits for a lock held under no live holder's name: a moment's holder that never names itself,
+# `dlrm.train.run_dir.lock_holder`'s probe (a refusal's advice, a sweep's --resume) or a taker between its flock and
+# `name_holder`, holds it for microseconds; a run starting just then was refused as "in use by" the line of the run
+# that last held it, long gone. A real holder names itself at once and is refused without waiting.
+UNNAMED_HOLD_WAIT_S = 0.5
+_UNNAMED_HOLD_POLL_S = 0.002
+_clock, _pause = time.monotonic, time.sleep  # (the tests' stand-ins replace these, not the time module's)
+
+
+def _named_live(holder: str) -> bool:
+    """Whether the lock file's line names a live holder: a process of this host that exists, or one of another host
+    (its liveness unknown here: a shared disk)."""
+    m = re.match(r"pid (\d+) on (\S+)", holder)
+    if m is None:
+        return False
+    return m.group(2) != socket.gethostname() or pid_alive(int(m.group(1)))
+
+
 def try_lock_named(path: Path, shared: bool = False) -> tuple[int, str]:
     """`try_lock`, of the file that `path` names once the lock is taken. A holder that removes its lock file (its
     release) does so while still holding it, but a taker that opened the file just before and takes the lock just
     after holds a file no longer named `path`, while the next taker creates and locks a new one: two holders. So the
-    taker checks, after its flock, that `path` still names the file it locked, else opens the new one and tries again."""
+    taker checks, after its flock, that `path` still names the file it locked, else opens the new one and tries again.
+    A lock held under no live holder's name is tried again for `UNNAMED_HOLD_WAIT_S` before `LockHeld` is raised."""
+    deadline = None
     while True:
-        fd, previous = try_lock(path, shared)
+        try:
+            fd, previous = try_lock(path, shared)
+        except LockHeld as held:
+            if _named_live(held.holder):
+                raise
+            now = _clock()
+            deadline = now + UNNAMED_HOLD_WAIT_S if deadline is None else deadline
+            if now >= deadline:
+                raise
+            _pause(_UNNAMED_HOLD_POLL_S)
+            continue
         try:
             named, held = os.lstat(path), os.fstat(fd)
             if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
