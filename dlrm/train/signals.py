@@ -99,9 +99,14 @@ class GracefulStop:
                 signal.signal(s, handler)
 
 
+HELD = "held until every rank knows, then stopping"
+"""What `held_signals` says of a signal between the run's agreed phases, which the next agreement takes."""
+
+
 @contextlib.contextmanager
 def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callable[[str], str],
-                held: Optional[GracefulStop] = None, said_alone: bool = False) -> Iterator[None]:
+                held: Optional[GracefulStop] = None, said_alone: bool = False, followed: bool = False
+                ) -> Iterator[None]:
     """A distributed run's phase outside the training steps that holds collectives (its start; its last evaluation,
     checkpoint and summary): a SIGINT/SIGTERM there is held until the phase ends, where the ranks agree on it (one
     all-reduce MAX), and then every rank raises `TrainingStopped` with the same code (128 + the largest signal any rank got) and
@@ -113,7 +118,11 @@ def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callabl
     of a handler of its own. One process: nothing changes (`StopAtOnce` stops it at once), unless `said_alone`
     (the summary's making, after the last checkpoint): its stop at once says ``message`` too, as several ranks' does
     (it said "SIGTERM: stopped at once, outside the training steps (no checkpoint written now)" or "interrupted
-    (Ctrl-C)", and not that the last step's checkpoint holds the whole run, for a --resume to make the summary)."""
+    (Ctrl-C)", and not that the last step's checkpoint holds the whole run, for a --resume to make the summary).
+    `followed`: another agreed phase comes after this one (the last evaluation's: the summary's), which takes a signal
+    `held` gets after this one's agreement; without it this is the run's last, and such a signal stops nothing (said
+    "ignored"). Said "ignored" after the last evaluation's agreement too, a signal there was taken by the summary's
+    agreement: the run stopped, 143, just after its ranks read that nothing was left to stop."""
     if not env.distributed:
         try:
             yield
@@ -140,8 +149,10 @@ def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callabl
     if agreed:
         stop.say_deferred(alone=bool(alone) or -least != agreed)
         raise TrainingStopped(128 + agreed, message(signal.Signals(agreed).name), agreed=True)
-    if held is not None:  # agreed that none came: one now (after the run's last agreement) has nothing left to stop;
-        # said by the rank that got it (no agreement follows to tell one every rank got from a rank's own)
+    if held is not None and followed:  # agreed that none came: one now waits for the next phase's agreement
+        held._doing, held._defer = HELD, not env.is_main
+    elif held is not None:  # agreed that none came: one now (after the run's last agreement) has nothing left to
+        # stop; said by the rank that got it (no agreement follows to tell one every rank got from a rank's own)
         held._doing, held._defer = "ignored: the run is writing its summary, nothing is left to stop", False
 
 
@@ -157,7 +168,7 @@ def held_signals(env: DistEnv) -> Iterator[GracefulStop]:
     if not env.distributed:
         yield GracefulStop()
         return
-    with GracefulStop("held until every rank knows, then stopping", defer=not env.is_main) as held:
+    with GracefulStop(HELD, defer=not env.is_main) as held:
         yield held
 
 

@@ -420,7 +420,7 @@ class Trainer(WindowLogging):
         # during the summary's making: one process stops at once (`StopAtOnce`), several ranks agree at its end.
         stopped = lambda name: (f"stopped by signal ({name}) at step {pos.step}, after its last evaluation; "  # noqa: E731
                                 f"checkpoint {self.checkpointer.last}")
-        with agreed_stop(env, self.device, "after the last evaluation", stopped, held), \
+        with agreed_stop(env, self.device, "after the last evaluation", stopped, held, followed=True), \
                 FinishAlone(env, stopped, held.signum) as alone:
             if not self.early_stopped or self.last_eval is None:  # (None: an early stop resumed for its summary)
                 on_grid = bool(cfg.train.eval_every) and pos.step % cfg.train.eval_every == 0
