@@ -200,7 +200,10 @@ class LateSignals:
     # False: `main` called by other code (click's CliRunner in the tests) puts the handlers it found back as it returns
     until_exit = False
 
-    def __init__(self) -> None:
+    def __init__(self, said_by=None) -> None:
+        # `said_by`: the logger of `say` (train.py's: `dlrm.distributed.said_once.signal_logger`, under torchrun one
+        # line for the ranks, whose every one got the agent's signal)
+        self._said_by = said_by or logger
         self.arrived: Optional[int] = None
         self._what = ""
         self._begun = self._said = False
@@ -243,8 +246,8 @@ class LateSignals:
         """The line of a signal noted since `begin`, once."""
         if self._begun and self.arrived is not None and not self._said:
             self._said = True
-            logger.warning(f"{signal.Signals(self.arrived).name} arrived after {self._what}: nothing left to stop, "
-                           "exit 0")
+            self._said_by.warning(f"{signal.Signals(self.arrived).name} arrived after {self._what}: nothing left to "
+                                  "stop, exit 0")
 
     def at_exit(self) -> None:
         """The last of the interpreter's exit functions (`dlrm.cli.main` registers it before torch is imported, so

@@ -79,6 +79,18 @@ def signal_reaches_every_rank(exc: BaseException) -> bool:
     return env is None or not env._joined()
 
 
+def signal_logger():
+    """The logger of a line about a SIGINT/SIGTERM that no agreement of the ranks follows (one once the run's results
+    are written, `dlrm.stop_signal.LateSignals`; one after the run's last agreement, `dlrm.train.signals.agreed_stop`):
+    under torchrun's agent, which passes the signal it gets (a scheduler's SIGTERM, a terminal's Ctrl-C) on to every
+    rank, said by each machine's first rank only, as every rank-wide line is (`signal_reaches_every_rank`); every rank
+    said it, rank 1's as `[rank 1] ...`. The cost: a ``kill PID`` of another rank alone goes unsaid there (it stops
+    nothing either way, and its rank exits 0 as the others do). Started another way, each rank's signal is its own."""
+    from loguru import logger
+
+    return logger.bind(same_on_every_rank=under_torchrun_agent() and node_other_rank())
+
+
 def under_torchrun_agent() -> bool:
     """Whether torchrun's elastic agent started this process (it sets TORCHELASTIC_RUN_ID in its workers): the agent
     that stops every rank left once one of them exits."""

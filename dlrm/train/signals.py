@@ -12,6 +12,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from loguru import logger
 
+from dlrm.distributed import said_once
 from dlrm.distributed.env import DistEnv
 from dlrm.errors import TrainingStopped
 from dlrm.stop_signal import StopAtOnce, take_pending  # noqa: F401 - re-exported: the runs' outer guard
@@ -43,6 +44,7 @@ class GracefulStop:
         # (`say_deferred`); a terminal's Ctrl-C reaches every rank, and each printed it (8 lines on 8 GPUs)
         self._defer = defer
         self.deferred: Optional[str] = None
+        self.said_by = logger  # the first signal's warning's logger (`agreed_stop`: after the run's last agreement)
 
     def say_deferred(self, alone: bool) -> None:
         """The ranks agreed on a signal: a deferred first-signal warning is said when some rank got none (`alone`: a
@@ -75,7 +77,7 @@ class GracefulStop:
         if self._defer:
             self.deferred = line
         else:
-            logger.warning(line)
+            self.said_by.warning(line)
 
     def __enter__(self) -> "GracefulStop":
         for s in self.SIGNALS:
@@ -152,8 +154,10 @@ def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callabl
     if held is not None and followed:  # agreed that none came: one now waits for the next phase's agreement
         held._doing, held._defer = HELD, not env.is_main
     elif held is not None:  # agreed that none came: one now (after the run's last agreement) has nothing left to
-        # stop; said by the rank that got it (no agreement follows to tell one every rank got from a rank's own)
+        # stop; said by the rank that got it (no agreement follows to tell one every rank got from a rank's own), or
+        # under torchrun's agent, which gets it to every rank, by each machine's first rank (`said_once.signal_logger`)
         held._doing, held._defer = "ignored: the run is writing its summary, nothing is left to stop", False
+        held.said_by = said_once.signal_logger()
 
 
 @contextlib.contextmanager
