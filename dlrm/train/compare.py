@@ -17,7 +17,9 @@ others wait in the failed one's collectives would hang them). Ctrl-C or SIGTERM 
 as a single run would; in its steps, after that step's checkpoint): the variants that finished are written as the reports of a partial
 comparison (compare.md says so, naming the signal, the variant it stopped and those not run; their rows' status
 ``stopped by SIGTERM``, ``not run: the comparison was stopped``), then the command exits 128 + the signal (130, 143);
-none finished, no report. (A stop wrote no report before 2026-12-04: the finished variants' numbers were lost.)
+none finished, no report. (A stop wrote no report before 2026-12-04: the finished variants' numbers were lost.) One
+while the plot is made, once the variants are done (one a library's catch-all dropped there too), stops the plot:
+compare.md (saying so) and compare.csv are written, no compare.png, exit 128 + the signal (`_write_without_plot`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from loguru import logger
 from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig, validate
 from dlrm.errors import TrainingStopped, failure_reason
 from dlrm.logging_setup import run_logger  # (said alike by every rank: rank 0 says it for the run)
-from dlrm.stop_signal import signals_deferred, stop_signal_name
+from dlrm.stop_signal import EXIT_INTERRUPTED, raise_pending, signals_deferred, stop_signal_name
 from dlrm.train.metric_text import auc_text, csv_cell
 from dlrm.train.run_dir import RunDirectory
 from dlrm.train.setup import as_trained, dataset_tables, load_dataset_metadata, resolve_device
@@ -465,12 +467,44 @@ def write_reports(base: Path, rows: list[dict], device: torch.device, partial: O
     for r in rows:
         # a missing or undefined value (NaN: a one-class AUC, no warm-up's end) an empty cell, as in the sweep's CSVs
         w.writerow({k: csv_cell(r.get(k)) for k, _, _ in COLUMNS})
-    png = plot_comparison(rows, f"{base.name} on {device_name}" + (" (partial)" if partial else ""))
+    try:
+        png = plot_comparison(rows, f"{base.name} on {device_name}" + (" (partial)" if partial else ""))
+        if partial is None:  # a stop a library's catch-all dropped as the plot was made stops the plot all the same
+            raise_pending()  # (it was said as a signal after the command finished, exit 0)
+    except (TrainingStopped, KeyboardInterrupt) as stop:
+        if partial is not None:  # (a second signal, in a stopped comparison's reports: `_write_partial` says it)
+            raise
+        _write_without_plot(base, text, out.getvalue(), rows, stop)
     # all three made first, then written as one set: a plot that failed after the table was written left
     # compare.md and compare.csv without compare.png (and an interrupted write, half a file)
     write_files_atomic(base, {"compare.md": text, "compare.csv": out.getvalue(), "compare.png": png})
     log_comparison(base, text, png)
     logger.info(f"{'partial ' if partial else ''}comparison ({base}):\n" + console_table(rows))
+
+
+def _write_without_plot(base: Path, text: str, csv_text: str, rows: list[dict], stop: BaseException) -> None:
+    """A Ctrl-C or SIGTERM (`stop`) while a finished comparison's plot was made (the variants done): the plot step
+    stopped, compare.md (saying so) and compare.csv written as a set, complete, without compare.png (no half-written
+    plot), then the stop raised as `TrainingStopped` (128 + the signal) whose line says it. Before, one that a
+    library's catch-all dropped there was said as having come after the command finished (exit 0), and one that
+    stopped the plot left no report of the finished variants, said "stopped at once, outside the training steps (no
+    checkpoint written now)". A failure to write them (a second signal's stop too) is said; the stop's code stays."""
+    from dlrm.checkpoint import write_files_atomic
+
+    name, code = stop_signal_name(stop), getattr(stop, "exit_code", EXIT_INTERRUPTED)
+    note = f"Its plot (compare.png) was not made: {name} stopped it, once the variants were done."
+    title_end = text.index("\n\n") + 2
+    text = text[:title_end] + f"**{note}**\n\n" + text[title_end:]
+    try:
+        write_files_atomic(base, {"compare.md": text, "compare.csv": csv_text})
+        log_comparison(base, text, None)
+    except Exception as e:  # (a second Ctrl-C passes: it stops at once)
+        raise TrainingStopped(code, f"compare: {name} stopped the comparison as its plot was made, once the variants "
+                                    f"were done: its reports were not written ({failure_reason(e)})") from None
+    logger.info(f"comparison ({base}):\n" + console_table(rows))
+    line = (f"compare: {name} stopped the comparison's plot, once the variants were done: compare.png not made; the "
+            f"table is in {base / 'compare.md'} and compare.csv")
+    raise TrainingStopped(code, line) from None
 
 
 def plot_comparison(rows: list[dict], title: str) -> bytes:
@@ -499,9 +533,10 @@ def plot_comparison(rows: list[dict], title: str) -> bytes:
     return png.getvalue()
 
 
-def log_comparison(base: Path, text: str, png: bytes) -> None:
+def log_comparison(base: Path, text: str, png: Optional[bytes]) -> None:
     """The comparison in the parent run's own TensorBoard events (text ``compare/table``, image
-    ``compare/plot``), so TensorBoard shows it next to the variants' runs, offline. Rank 0 only.
+    ``compare/plot``; none where the plot was stopped), so TensorBoard shows it next to the variants' runs, offline.
+    Rank 0 only.
 
     Example (a throwaway directory):
         >>> import io, tempfile, matplotlib.image
@@ -517,5 +552,6 @@ def log_comparison(base: Path, text: str, png: bytes) -> None:
     # traceback, and the error raised here named no file)
     with open_writer(base) as writer:
         add_markdown(writer, "compare/table", text, 0)
-        add_png(writer, "compare/plot", png, 0)
+        if png is not None:
+            add_png(writer, "compare/plot", png, 0)
 
