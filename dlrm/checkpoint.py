@@ -365,15 +365,15 @@ def _read_plain(path: Path, mmap: bool = False) -> Any:
         raise ConfigError(f"{path}: not a readable checkpoint ({_reason(e)})") from None
 
 
-def load_checkpoint(path: Path, mmap: bool = False, read: Optional[str] = None) -> dict[str, Any]:
+def load_checkpoint(path: Path, mmap: bool = False, read: Optional[str] = None,
+                    say_conversion: bool = True) -> dict[str, Any]:
     """The checkpoint, shard or manifest at `path` in its in-memory form (config dict, RNG tuples).
 
-    Read as data only (see `_read_plain`), then checked against the schema: any problem is a
-    one-line ConfigError naming the file. A format-1 file is converted to format 2, with a warning.
-    With `mmap`, its tensors are views of the file's pages (`dlrm.mapped_load`: no copy in this process's memory, read
-    where used), and `read` ("all" or "model": the tensors the caller uses) is read ahead with a progress bar; a CPU
-    tensor kept past the load (an optimizer's state) needs `dlrm.mapped_load.own_copies`.
-    """
+    Read as data only (see `_read_plain`), then checked against the schema: any problem is a one-line ConfigError naming
+    the file. A format-1 file is converted to format 2, said in a warning unless `say_conversion` is False (a resume's
+    second read of it). With `mmap`, its tensors are views of the file's pages (`dlrm.mapped_load`: no copy in this
+    process's memory, read where used), and `read` ("all" or "model": the tensors the caller uses) is read ahead with a
+    progress bar; a CPU tensor kept past the load (an optimizer's state) needs `dlrm.mapped_load.own_copies`."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: checkpoint not found")
@@ -386,7 +386,7 @@ def load_checkpoint(path: Path, mmap: bool = False, read: Optional[str] = None) 
     schema.validate(disk, path)
     if mmap and read is not None:  # (after the checks: a file refused is not read)
         read_ahead(disk if read == "all" else disk.get("model"), path.name, PROGRESS_BYTES)
-    if version == 1:
+    if version == 1 and say_conversion:
         run_logger.warning(f"converted format 1 checkpoint {path} to format 2 in memory; checkpoints written from now "
                            "on are format 2 (data only, loaded without running code)")
     return schema.from_disk(disk)

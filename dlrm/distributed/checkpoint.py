@@ -332,10 +332,11 @@ def check_resumable_by(path: Path, state: dict[str, Any], env: DistEnv) -> None:
             f"python -m dlrm.distributed.merge {path} OUT.pt")
 
 
-def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan) -> dict[str, Any]:
+def load_for_rank(path: Path, env: DistEnv, plan: ShardingPlan, say_conversion: bool = True) -> dict[str, Any]:
     """The state this rank resumes from: its shard of a sharded checkpoint (same ranks, same plan), its tensors
-    memory-mapped (`dlrm.checkpoint.load_checkpoint`; the caller owns what it keeps: `dlrm.mapped_load.own_copies`)."""
-    state = ckpt.load_checkpoint(path, mmap=True, read="all")  # (a manifest: a few kB read ahead)
+    memory-mapped (`dlrm.checkpoint.load_checkpoint`; the caller owns what it keeps: `dlrm.mapped_load.own_copies`).
+    `say_conversion`: whether a format-1 file's conversion is said (a resume said it at its first read)."""
+    state = ckpt.load_checkpoint(path, mmap=True, read="all", say_conversion=say_conversion)  # (a manifest: a few kB)
     check_resumable_by(path, state, env)
     sharded = state.get("sharded")
     if sharded is None:

@@ -267,7 +267,9 @@ class Checkpointer:
     def _restore(self, path: Path, run: Run) -> tuple[ckpt.Position, RunStats]:
         # (before the mapping: a cp over the file, or over a shard, while its tensors are copied out of it is seen)
         stamps = file_stamps([path, *(Path(path).parent / name for name in _shard_names(Path(path)) or [])])
-        state: dict[str, Any] = dist_ckpt.load_for_rank(path, self.env, run.plan)
+        # (the resume's first read, of its config and position before the build, said a format-1 file's conversion:
+        # said here again, each resume warned twice)
+        state: dict[str, Any] = dist_ckpt.load_for_rank(path, self.env, run.plan, say_conversion=False)
         ckpt.check_compatible(state, run.model, self.tables.cardinalities, self.cfg.to_dict()["model"], path,
                               self.tables.multi_hot_sizes, self.tables.dense_format, self._hashing,
                               self._vocabs)
