@@ -13,7 +13,8 @@ code   meaning
        written or read (disk full, over quota or a file size limit, read-only file system, no permission)
 3      the training loss became NaN or Inf (the line names the last good checkpoint)
 4      out of memory (host or GPU): retry with a smaller data.batch_size, or cap the embedding
-       tables with data.max_rows_per_table (while the model is built: the tables' size, and what makes them fit)
+       tables with data.max_rows_per_table (while the model is built: the tables' size, and what makes them fit;
+       a --resume, whose checkpoint fixes the tables, is told to run where there is more memory)
 5      another rank of a distributed run is gone (killed, out of memory, its own error): --resume continues
 128+n  stopped by signal n after writing a checkpoint (143: SIGTERM, 130: SIGINT during training);
        SIGTERM outside the training steps stops at once, without one (a new run's directory removed)
@@ -52,6 +53,7 @@ from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, c
 from dlrm.path_checks import check_path
 from dlrm.run_paths import check_room, export_temp, run_deepest
 from dlrm.stop_signal import LateSignals, StopAtOnce, signal_stop_inside
+from dlrm.train.oom_advice import one_line as _one_line, out_of_memory_message
 from dlrm.train.resume_room import check_resume_room
 
 EXIT_BAD_INPUT = 2
@@ -263,37 +265,6 @@ def is_triton_unavailable(exc: BaseException) -> bool:
     return backend is not None and isinstance(exc, backend.TritonUnavailableError)
 
 
-def _one_line(exc: BaseException, limit: int = 2000, first_only: bool = False) -> str:
-    """The exception's message as one line of at most `limit` characters: its lines joined (a
-    message quoting a multi-line library error keeps all of it), or only the first."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-    text = lines[0] if first_only else " ".join(lines)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def out_of_memory_message(exc: BaseException, cfg: Optional[Config]) -> str:
-    """What ran out, and the settings that shrink a run's memory: while the model was built, the tables' size and
-    what makes them fit (`dlrm_tables`, from `dlrm.train.builder.tables_named_if_out_of_memory`); else the batch size
-    too."""
-    if getattr(exc, "dlrm_refused", False):  # refused before the build (`refuse_host_memory_shortfall`): as it is
-        return _one_line(exc)
-    what = "GPU memory" if type(exc).__name__ == "OutOfMemoryError" else "host memory"
-    tables = getattr(exc, "dlrm_tables", None)
-    if tables is not None:
-        return f"out of {what} building the model ({_one_line(exc, limit=200, first_only=True)}): {tables}"
-    batch = f" (now {cfg.data.batch_size})" if cfg is not None else ""
-    text = (f"out of {what} ({_one_line(exc, limit=200, first_only=True)}): retry with a smaller data.batch_size{batch} "
-            "(--batch-size), or cap the embedding tables with data.max_rows_per_table")
-    if cfg is not None:  # (an oversized cross network's step ran out: the advice named the batch and the tables alone)
-        from dlrm.data.schema import NUM_SPARSE
-        from dlrm.train.builder import dense_layers_text
-
-        dense = dense_layers_text(cfg, NUM_SPARSE)
-        if dense is not None:
-            text += f", or {dense}"
-    return text
-
-
 def _said_once_per_node(exc: BaseException):
     """The logger of bad input `exc`: under torchrun, one found before the ranks joined the process group (the
     config, the command line, the dataset's metadata) is found alike by every rank, and only each node's first rank
@@ -330,17 +301,18 @@ class RanksCommand(OneLineUsageCommand):
         sys.exit(code if isinstance(code, int) else 0)  # (--help's click.Exit: its code; a run: main's sys.exit)
 
 
-def report_failure(exc: BaseException, cfg: Optional[Config]) -> int:
+def report_failure(exc: BaseException, cfg: Optional[Config], resuming: bool = False) -> int:
     """Log `exc` as its one line (a bug: its traceback and a line saying so); return the exit code. A line said once
     for a torchrun run (rank 0's, each machine's first rank's) is out before any other rank returns: one that exited
-    first got it killed by torchrun's agent (`dlrm.distributed.said_once`)."""
-    code, said_once_for_all = _report(exc, cfg)
+    first got it killed by torchrun's agent (`dlrm.distributed.said_once`). `resuming`: a --resume (out of memory,
+    it is not told to change what its checkpoint fixes)."""
+    code, said_once_for_all = _report(exc, cfg, resuming)
     if said_once_for_all:
         said_once.wait_until_rank_zero_said(exc, cfg.distributed.timeout_s if cfg is not None else None)
     return code
 
 
-def _report(exc: BaseException, cfg: Optional[Config]) -> tuple[int, bool]:
+def _report(exc: BaseException, cfg: Optional[Config], resuming: bool = False) -> tuple[int, bool]:
     """`report_failure`'s line, its exit code, and whether the line was said once for every rank alike."""
     if isinstance(exc, (ConfigError, DatasetError)) or is_triton_unavailable(exc):
         env = sys.modules.get("dlrm.distributed.env")  # (imported by a run that joined ranks: none on a config error)
@@ -371,9 +343,9 @@ def _report(exc: BaseException, cfg: Optional[Config]) -> tuple[int, bool]:
     if is_out_of_memory(exc):
         # a refusal every rank of a torchrun run makes from the same numbers (`refuse_host_memory_shortfall`): once
         if getattr(exc, "found_alike", False):
-            _said_once_per_node(exc).error(out_of_memory_message(exc, cfg))
+            _said_once_per_node(exc).error(out_of_memory_message(exc, cfg, resuming))
             return EXIT_OUT_OF_MEMORY, True
-        logger.error(out_of_memory_message(exc, cfg))
+        logger.error(out_of_memory_message(exc, cfg, resuming))
         return EXIT_OUT_OF_MEMORY, False
     if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:
         where = f"{exc.filename}: " if exc.filename else ""
@@ -585,7 +557,8 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
             late.begin("the command finished (its results written)")  # (begun already by a run's summary)
     except (Exception, KeyboardInterrupt) as e:  # SystemExit passes: it already carries its code
         known = isinstance(e, (ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, KeyboardInterrupt))
-        code = report_failure(e if known else signal_stop_inside(e) or e, loaded[0] if loaded else None)
+        code = report_failure(e if known else signal_stop_inside(e) or e, loaded[0] if loaded else None,
+                              resume is not None)
     finally:
         # Leave a torchrun process group, if this run joined one (without importing torch on the
         # config-error path, which stays fast).

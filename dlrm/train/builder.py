@@ -404,6 +404,9 @@ def _shortfall_advice(cfg: Config, tables: Tables, tables_text: str, dense_bytes
     part (`_dense_parts_text`), else the tables' cap (under torchrun, where the host's memory is short, or more
     hosts: each holds the dense layers and the vocabulary keys once a rank)."""
     dense = _dense_parts_text(cfg.model, len(tables.cardinalities), largest)
+    if dense is not None and resuming:  # (the checkpoint fixes the dense layers' keys too: "shrink" was a dead end)
+        dense = (dense[0], "resume it on a host with more free memory" if not distributed
+                 else "resume it on hosts with more free memory")
     if not distributed:
         if dense is not None:
             return f"{head}: {dense[0]} (its {tables_text}): {dense[1]}"
@@ -423,14 +426,22 @@ def _shortfall_advice(cfg: Config, tables: Tables, tables_text: str, dense_bytes
         ", or spread the ranks over more hosts" if host else "")
 
 
+# A resume's advice: the checkpoint fixes the tables' rows (a data.max_rows_per_table that differs is refused against
+# it) and the dense layers' shapes (`ckpt.fixed_model_keys`), and a one-process checkpoint resumes in one process only
+RESUME_KEEPS = ("a resume keeps the checkpoint's tables and layers (data.max_rows_per_table cannot cap them; the "
+                "model's keys change only in a new run)")
+
+
 @contextlib.contextmanager
-def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.device, env: DistEnv):
+def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.device, env: DistEnv,
+                                  resuming: bool = False):
     """Running out of memory while the model and its optimizers are built is the tables' doing (they are nearly all
     of it, MLPerf's 204M rows most of all): the error leaves with ``dlrm_tables``, their size (and the GPU's free
     memory before the build) and what makes them fit, which `dlrm.cli.out_of_memory_message` says in place of advice
     on the batch size, which the build does not depend on. Unless the dense layers are the larger part (a cross network
     of an oversized model.cross_rank) and the two do not fit in the memory free before the build: then the error names
-    them and the key that shrinks them (`_dense_parts_text`).
+    them and the key that shrinks them (`_dense_parts_text`). `resuming`: a resume, whose checkpoint fixes both: it
+    is told to run where there is more memory (and to stream splits it held in GPU memory), as no key shrinks them.
     One process only: a rank's share of sharded tables is its plan's."""
     free = held = None
     if device.type == "cuda" and not env.distributed:
@@ -451,6 +462,13 @@ def tables_named_if_out_of_memory(cfg: Config, tables: Tables, device: torch.dev
                 if held:
                     gpu_text += f", this process held {held / 2**30:,.1f} GiB already"
             dense = _dense_parts_text(cfg.model, len(tables.cardinalities), tables_bytes, room)
+            if resuming:  # (the cap, bf16 tables, sharding and the dense keys were advised: each refused on a resume)
+                what = f"{dense[0]} (its {tables_text})" if dense is not None else f"its {tables_text}"
+                where = "a GPU" if device.type == "cuda" else "a host"
+                stream = ', or stream the data (data.placement "stream": no split in GPU memory)' if held else ""
+                exc.dlrm_tables = (f"{what}{gpu_text}: {RESUME_KEEPS}: resume it on {where} with more free "
+                                   f"memory{stream}")
+                raise
             if dense is not None:  # the tables are not what ran out: the advice on them would not help
                 exc.dlrm_tables = f"{dense[0]} (its {tables_text}){gpu_text}: {dense[1]}"
                 raise
@@ -507,7 +525,7 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
         env: the process group (one process by default).
         eval_batch_size: the evaluation batch (a compiled evaluation pads to it); default 4 x batch.
         resume_from: the checkpoint a resume restores after the build (on the CPU its mapping weighed against the
-            process's rlimits, and a refusal advises no cap of the tables).
+            process's rlimits; a refusal, and running out of memory in the build, advise no cap of the tables).
     """
     cfg, fast_path = resolve_fast_path(cfg, device, env.distributed, tables.multi_hot, total_steps)
     if env.distributed and cfg.train.compile.enabled and cfg.train.compile.fullgraph:
@@ -528,7 +546,7 @@ def build_run(cfg: Config, tables: Tables, device: torch.device, total_steps: in
     # one block for the model and its optimizers (the sparse optimizer's state: as large, for adagrad): the GPU's free
     # memory is said as it was before the tables; queried again before the optimizers, it was what the tables had
     # left (3 GiB "free" of 80 beside 49 GiB of tables that had taken the rest)
-    with tables_named_if_out_of_memory(cfg, tables, device, env):
+    with tables_named_if_out_of_memory(cfg, tables, device, env, resuming=resume_from is not None):
         model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device, sparse_arch=sparse_arch,
                             compiled=bool(cfg.train.compile.enabled), multi_hot_sizes=tables.multi_hot_sizes)
         start_rounding_seed(model, cfg.train.seed)
