@@ -153,3 +153,24 @@ def test_a_resumes_refusal_before_the_build_names_no_dense_key_either(resume_byt
         assert "shrink" not in text and "resume it on a host with more free memory" in text, text
     else:
         assert "shrink model.cross_rank (now 60000) or model.cross_layers (now 2)" in text, text
+
+
+def test_a_resume_out_of_memory_at_a_step_says_so_end_to_end(tmp_path, config, monkeypatch):
+    """train.py passes whether it resumes to the line (`dlrm.cli.report_failure`): the same step's failure in a fresh
+    run keeps the cap advice, and on a --resume names the flag a smaller batch needs there."""
+    from dlrm.train import step
+
+    assert invoke(tmp_path, config, "--run-name", "r").exit_code == 0
+
+    def out_of_memory(self, batch):
+        raise MemoryError("tried to allocate 7 bytes")
+
+    monkeypatch.setattr(step.TrainStep, "__call__", out_of_memory)
+    line = error_line(invoke(tmp_path, config, "--run-name", "r", "--resume", "latest", "--max-steps", "4"), 4)
+    assert line.endswith("out of host memory (tried to allocate 7 bytes): resume with a smaller data.batch_size (now "
+                         "8) (--batch-size with --allow-config-change data.batch_size), or on a host with more free "
+                         "memory (the checkpoint fixes the tables and layers: data.max_rows_per_table cannot cap "
+                         "them)"), line
+    line = error_line(invoke(tmp_path, config, "--run-name", "fresh"), 4)
+    assert line.endswith("out of host memory (tried to allocate 7 bytes): retry with a smaller data.batch_size (now "
+                         "8) (--batch-size), or cap the embedding tables with data.max_rows_per_table"), line
