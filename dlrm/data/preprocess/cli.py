@@ -71,9 +71,10 @@ def build_cli():
     @click.option("--on-bad-line", type=click.Choice(["stop", "skip"]), default="stop", show_default=True,
                   help="stop: fail naming the first bad line; skip: drop bad lines, count them per reason.")
     @click.option("--allow-shared-rows", is_flag=True,
-                  help="Keep inputs that share most of their rows (a concatenation of day files given beside them), "
-                  "with a warning naming both files and the share, instead of refusing them: their shared rows are "
-                  "read twice. An unfinished run that kept them resumes with it only.")
+                  help="Keep inputs that share most of their rows (a concatenation of day files given beside them, "
+                  "a copy of a file under another name), with a warning naming both files and the share, instead of "
+                  "refusing them: their shared rows are read twice. One file named twice (the same path, a link) is "
+                  "refused still. An unfinished run that kept them resumes with it only.")
     @click.option("--overwrite", is_flag=True, help="Replace a dataset or an unfinished run in --output (a complete "
                   "dataset stays until the new one is complete).")
     @click.option("--checkpoint-interval", type=float, default=300.0, show_default=True,

@@ -289,8 +289,10 @@ def _try_codec(codec: str, level: int | None) -> None:
 # input files and the output location
 
 
-def check_inputs(inputs: Any, split: str) -> list[Path]:
-    """The input paths, each an existing readable regular file given once (days: in day order)."""
+def check_inputs(inputs: Any, split: str, allow_shared_rows: bool = False) -> list[Path]:
+    """The input paths, each an existing readable regular file given once (days: in day order). Two files of the same
+    bytes are refused too, unless `allow_shared_rows` (``--allow-shared-rows``): then they are kept, as every input
+    sharing rows is, with the warning `same_content.same_rows` gives a copy in other bytes (a share of 100%)."""
     if isinstance(inputs, (str, os.PathLike)):
         raise PreprocessError(f"inputs: expected a list of files, got the single path {str(inputs)!r}")
     paths = [Path(p) for p in inputs]
@@ -298,12 +300,13 @@ def check_inputs(inputs: Any, split: str) -> list[Path]:
         raise PreprocessError("no input files")
     for p in paths:
         _check_input_file(p)
-    _check_distinct(paths)
+    _check_distinct(paths, allow_shared_rows)
     if split == "days":
         if len(paths) < 2:
             raise PreprocessError("--split days needs the day files in order (at least 2: train days and the last day)")
         paths = _order_days(paths)
-    same_bytes(paths)  # a copy under another name (`same_content`; gzip'ed data is compared after the count pass)
+    if not allow_shared_rows:  # (kept under the flag: a reordered copy was, a byte-identical one was refused)
+        same_bytes(paths)  # a copy under another name (`same_content`; gzip'ed data is compared after the count pass)
     return paths
 
 
@@ -331,8 +334,10 @@ def _check_input_file(path: Path) -> None:
         raise PreprocessError(f"{path}: {kind}; the preprocessor reads plain or gzip text files")
 
 
-def _check_distinct(paths: list[Path]) -> None:
-    """Refuse a file given twice: another spelling, a symlink or a hard link would duplicate its rows."""
+def _check_distinct(paths: list[Path], allow_shared_rows: bool = False) -> None:
+    """Refuse a file given twice: another spelling, a symlink or a hard link would duplicate its rows. Under
+    ``--allow-shared-rows`` too: one file named twice is a slip of the command line (a glob that also matches a file
+    named beside it), where a copy under another name may be a choice; the line says so, as the flag did not help."""
     seen: dict[object, Path] = {}
     for p in paths:
         st = p.stat()
@@ -341,7 +346,9 @@ def _check_distinct(paths: list[Path]) -> None:
             if key in seen:
                 first = seen[key]
                 same = "the same path" if str(first) == str(p) else f"the same file as {first}"
-                raise PreprocessError(f"{p}: given twice as input ({same}); list every file once")
+                why = (" (--allow-shared-rows keeps distinct files that share rows, not one file named twice: to "
+                       "read its rows twice, give a copy of it)") if allow_shared_rows else ""
+                raise PreprocessError(f"{p}: given twice as input ({same}); list every file once{why}")
         for key in keys:
             seen[key] = p
 

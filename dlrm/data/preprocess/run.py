@@ -132,7 +132,7 @@ def preprocess(
         overwrite=overwrite, checkpoint_interval=checkpoint_interval, progress=progress,
         multi_hot_sizes=multi_hot_sizes, sparse_layout=sparse_layout, allow_shared_rows=allow_shared_rows,
     )
-    paths = check_inputs(inputs, opts.split)
+    paths = check_inputs(inputs, opts.split, opts.allow_shared_rows)
     out = Path(output)
     check_output_location(out, paths)
     # one run of an output at a time: a second one resumed the first's unfinished run (or, --overwrite, removed it)
@@ -273,7 +273,8 @@ class _Run:
             logger.info("counting the lines of {} input file(s)", len(self.paths))
             self.use_pool(count_pass_tasks(self.paths, o.workers))
             self.scans = _count_pass(self.paths, o.input_format, o.chunk_rows, self.pool, o.workers, o.progress)
-            same_data(self.scans)  # gzip'ed data also given plain, or gzip'ed twice (plain copies: `check_inputs`)
+            if not o.allow_shared_rows:  # (under it such a copy is `same_rows`' to find: a share of 100%, kept)
+                same_data(self.scans)  # gzip'ed data also given plain, or gzip'ed twice (plain copies: `check_inputs`)
         for sc in self.scans:
             if sc.trailing_blank:
                 logger.info("{}: ends in {:,} empty line(s) after its last record: left out (an editor's or a tool's "

@@ -18,8 +18,12 @@ Three checks, cheapest first, each refusing in one line (`PreprocessError`, exit
 Inputs that overlap on purpose (a concatenation of day files given beside them, shared rows known to be real repeats
 of the log): ``--allow-shared-rows`` turns `same_rows`'s refusal into a warning naming both files and the share,
 recorded in the manifest (a resumed run, whose count pass is the manifest's, without samples, keeps the finding:
-refused without the flag, warned again with it: `recorded_shares`) and in ``metadata.extra["shared_rows"]``. The same
-bytes or the same data (`same_bytes`, `same_data`: a file given twice in effect) stay refused.
+refused without the flag, warned again with it: `recorded_shares`) and in ``metadata.extra["shared_rows"]``. A copy
+of the same bytes or the same data is kept alike under it: `same_bytes` and `same_data` are not run, and `same_rows`
+finds it as a share of 100%, as it finds a reordered copy (before, the flag kept the reordered copy and refused the
+byte-identical one; the flag is the user's word that rows read twice are meant, a day given twice to weigh it double;
+a copy of under 8 lines is not judged, as no share of so few lines is). One file named twice (the same path, a
+symlink, a hard link: `options._check_distinct`) is refused with the flag too: a slip, not a second input.
 
 Cost on terabyte-scale day files: the exact comparisons only read inputs that could be equal, and stop at the first
 block that differs, so inputs of different data cost one ``stat`` (a size each) or nothing beyond the count pass. Only
