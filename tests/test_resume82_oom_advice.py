@@ -67,7 +67,7 @@ def test_a_resume_out_of_host_memory_building_the_model_is_not_told_to_cap_the_t
     assert "max_rows_per_table" not in line.split(CPU_ALLOCATOR)[1].replace(
         "data.max_rows_per_table cannot cap them", ""), line
     assert line.endswith(": a resume keeps the checkpoint's tables and layers (data.max_rows_per_table cannot cap "
-                         "them; the model's keys change only in a new run): resume it on a host with more free "
+                         "them; their sizes change only in a new run): resume it on a host with more free "
                          "memory"), line
     # the run is as it was: the resume wrote no checkpoint
     assert sorted(p.name for p in checkpoint.parent.glob("step-*.pt")) == ["step-00000002.pt"]
@@ -102,7 +102,7 @@ def test_on_a_gpu_a_resume_is_told_neither_to_cap_nor_to_shard_nor_bf16(monkeypa
     head = fresh[:fresh.index(": cap them")]  # the tables' size and the GPU's memory, said alike
     stream = ', or stream the data (data.placement "stream": no split in GPU memory)' if held else ""
     assert resumed == (f"{head}: a resume keeps the checkpoint's tables and layers (data.max_rows_per_table cannot "
-                       "cap them; the model's keys change only in a new run): resume it on a GPU with more free "
+                       "cap them; their sizes change only in a new run): resume it on a GPU with more free "
                        f"memory{stream}"), resumed
 
 
@@ -116,7 +116,7 @@ def test_a_resumes_oversized_dense_layers_are_named_without_the_key_it_cannot_ch
     assert fresh.endswith("shrink model.cross_rank (now 600000) or model.cross_layers (now 2)"), fresh
     head = fresh[:fresh.rindex(": shrink")]
     assert resumed == (f"{head}: a resume keeps the checkpoint's tables and layers (data.max_rows_per_table cannot "
-                       "cap them; the model's keys change only in a new run): resume it on a host with more free "
+                       "cap them; their sizes change only in a new run): resume it on a host with more free "
                        "memory"), resumed
 
 

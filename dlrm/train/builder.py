@@ -428,8 +428,8 @@ def _shortfall_advice(cfg: Config, tables: Tables, tables_text: str, dense_bytes
 
 # A resume's advice: the checkpoint fixes the tables' rows (a data.max_rows_per_table that differs is refused against
 # it) and the dense layers' shapes (`ckpt.fixed_model_keys`), and a one-process checkpoint resumes in one process only
-RESUME_KEEPS = ("a resume keeps the checkpoint's tables and layers (data.max_rows_per_table cannot cap them; the "
-                "model's keys change only in a new run)")
+RESUME_KEEPS = ("a resume keeps the checkpoint's tables and layers (data.max_rows_per_table cannot cap them; their "
+                "sizes change only in a new run)")
 
 
 @contextlib.contextmanager
