@@ -34,6 +34,7 @@ from dlrm.config import ConfigError, ModelConfig
 from dlrm import checkpoint_schema as schema
 from dlrm.errors import named_os_error  # (defined low: the data tools' worker processes use it too)
 from dlrm.fast_save import fast_save
+from dlrm.file_lock import pid_alive
 from dlrm.mapped_load import cpu_storages, load_mapped, raise_if_out_of_memory, read_ahead
 from dlrm.stream_save import stream_save
 from dlrm.file_modes import file_mode
@@ -238,19 +239,6 @@ def write_files_atomic(directory: Path, files: dict[str, str | bytes]) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process `pid` exists on this host (signal 0 checks without signalling)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True  # exists, owned by someone else
-    except (ProcessLookupError, OverflowError):
-        return False
-    return True
-
-
 def remove_stale_temp_files(directory: Path) -> list[Path]:
     """Delete the temporary files of checkpoint writes that were killed (`.step-*.pt.*.tmp`, `.best.pt.*.tmp`).
 
@@ -263,7 +251,7 @@ def remove_stale_temp_files(directory: Path) -> list[Path]:
         if m is None or os.path.abspath(p) in _WRITING:
             continue
         pid = int(m.group(1)) if m.group(1) else None
-        if pid is not None and pid != os.getpid() and _alive(pid):
+        if pid is not None and pid != os.getpid() and pid_alive(pid):
             continue
         p.unlink(missing_ok=True)
         removed.append(p)
