@@ -105,7 +105,7 @@ def test_compare_reports_an_undefined_auc_as_the_other_reports_do(tmp_path):
     run_comparison(cfg, ["eager"], one_class_variant)
     base = tmp_path / "tb" / "cmp"
     row = (base / "compare.md").read_text().splitlines()[-1]
-    assert row == "| eager | 1,000 | n/a | n/a | 0.30000 | 0.00e+00 | n/a (one class) | n/a | ok |", row
+    assert row == "| eager | 1,000 | n/a | n/a | n/a | 0.30000 | 0.00e+00 | n/a (one class) | n/a | ok |", row
     written = list(csv.DictReader(open(base / "compare.csv")))
     assert written[0]["auc"] == "" and written[0]["warmup_s"] == "", written
     frame = pd.read_csv(base / "compare.csv")

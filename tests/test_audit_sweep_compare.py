@@ -21,6 +21,7 @@ FAKE = {  # per variant: samples/s, warm-up s, peak bytes, losses per step, AUC,
     "compiled-default": (1500.0, 4.0, 5 * 2**20, [(4, 0.40), (6, 0.35)], 0.72, 0),  # logged from step 4 on
     "auto": (1100.0, 1.5, None, [(2, 0.50), (4, 0.39), (6, 0.31)], 0.70, 0),  # resolved to eager (no graph breaks)
 }
+WALL = {"compiled": 19.5, "eager": 11.0, "compiled-default": 14.25, "auto": 12.0}  # each variant's session seconds
 
 
 def fake_train(cfg, run_dir):
@@ -30,7 +31,7 @@ def fake_train(cfg, run_dir):
     run_dir.mkdir(parents=True)  # a second variant in the same directory would fail here
     (run_dir / "mine").write_text(name)
     return {"samples_per_sec": sps, "warmup_s": warm, "peak_memory_bytes": peak, "final_train_loss": losses[-1][1],
-            "auc": auc, "compile": {"graph_breaks": breaks}, "train_losses": losses,
+            "auc": auc, "compile": {"graph_breaks": breaks}, "train_losses": losses, "wall_s": WALL[name],
             "resolved": {"compile": name not in ("eager", "auto")}}  # "auto" as a CPU run resolves it: eager
 
 
@@ -50,7 +51,7 @@ def test_each_row_is_its_own_variants_and_the_loss_difference_is_against_eager(t
         r = by[name]
         assert (base / name / "mine").read_text() == name
         assert (r["status"], r["samples_per_sec"], r["warmup_s"], r["auc"]) == ("ok", sps, warm, auc)
-        assert r["final_train_loss"] == losses[-1][1]
+        assert r["final_train_loss"] == losses[-1][1] and r["wall_s"] == WALL[name]
         assert r["peak_memory_mb"] == (None if peak is None else peak / 2**20)
         assert r["graph_breaks"] == (None if name in ("eager", "auto") else breaks)
     assert by["eager"]["max_loss_diff_vs_eager"] == 0.0
@@ -64,8 +65,9 @@ def test_each_row_is_its_own_variants_and_the_loss_difference_is_against_eager(t
         for key, value in t.items():
             assert value == ("" if r.get(key) is None else str(r[key])), (t["variant"], key)
     md = (base / "compare.md").read_text()
-    assert "| compiled | 2,000 | 9.00 | 3 | 0.30000 | 3.00e-02 | 0.7100 | 3 | ok |" in md
-    assert "| eager | 1,000 | 1.00 | n/a | 0.31000 | 0.00e+00 | 0.7000 | n/a | ok |" in md
+    assert "| compiled | 2,000 | 9.00 | 19.5 | 3 | 0.30000 | 3.00e-02 | 0.7100 | 3 | ok |" in md
+    assert "| eager | 1,000 | 1.00 | 11.0 | n/a | 0.31000 | 0.00e+00 | 0.7000 | n/a | ok |" in md
+    assert "wall: the variant's whole session" in md
     # what produced the numbers: the device, the libraries' versions and the date
     head = md.splitlines()[2]
     assert head.startswith(f"Device: CPU; python {sys.version.split()[0]}, torch {torch.__version__}, "

@@ -168,6 +168,9 @@ def test_a_signal_during_a_later_compare_variant_writes_the_finished_ones_as_a_p
     rows = _rows(base / "compare.csv")
     assert list(rows) == ["eager", "auto", "compiled"], rows
     assert rows["eager"]["status"] == "ok" and float(rows["eager"]["auc"]) > 0 and rows["eager"]["samples_per_sec"]
+    # the real session's seconds, start-up and evaluations included: more than its warm-up steps alone
+    wall, warm = float(rows["eager"]["wall_s"]), rows["eager"]["warmup_s"]
+    assert wall > 0 and (warm == "" or wall > float(warm)), rows["eager"]
     assert rows["auto"]["status"] == f"stopped by {name}" and rows["auto"]["auc"] == ""
     assert rows["compiled"]["status"] == "not run: the comparison was stopped"
     note = f"Partial comparison: stopped by {name} while variant auto trained; not run: compiled."
