@@ -22,9 +22,13 @@ Two things the plain read gave that a mapping does not, kept here:
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
-from typing import Any, Callable, Iterable, Optional
+import signal
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -85,7 +89,9 @@ def check_unchanged(stamps: dict[str, tuple[int, int, int, int]]) -> None:
     (device, inode), another size or modification time (``cp other.pt`` over it). Its mapped pages are the file's, so
     the tensors copied out of it were read from the other file's bytes, at the first one's offsets (an --eval-only
     reported NaN scores, exit 0; a resume died of an "Invalid mt19937 state" traceback). A file replaced by a rename
-    (an atomic write) or deleted is not: the mapping holds the file it mapped, whole."""
+    (an atomic write) or deleted is not: the mapping holds the file it mapped, whole. One truncated while its pages
+    were read (`reading`) is named as such first."""
+    raise_if_truncated(stamps)
     for path, stamp in stamps.items():
         now = file_stamps([path]).get(path)
         if now is not None and now[:2] == stamp[:2] and now != stamp:
@@ -197,3 +203,147 @@ def own_copies(holders: Iterable[Any], loaded: Any) -> int:
         for part in parts:
             each(part(), 2)
     return count
+
+
+# --- a file truncated while it is mapped --------------------------------------------------------------------------
+# Reading a mapped page past a file's end (another program truncated it: `truncate -s 1M f.pt`, `cp small.pt f.pt`)
+# raises SIGBUS, whose default action killed the process ("Bus error (core dumped)", or nothing, and a merge's
+# temporary OUT left behind). Python's own handler cannot help: it only sets a flag and returns, and the faulting load
+# repeats forever. Within `reading`, a handler installed with sigaction (through ctypes) maps zero pages over the rest
+# of the truncated file's mapping instead, notes the file and returns: the load repeats, reads zeros, and the phase
+# ends in `reading`'s one-line ConfigError naming the file, the tensors read from it never used. The handler runs
+# Python, which a signal handler should not: it acquires the GIL (the faulting thread holds it, or a torch copy
+# released it) and allocates, safe here because the fault is a load from a file's pages inside a copy (no lock of the
+# allocator or interpreter held), the only faults it takes. Any other SIGBUS gets the action it had before (the
+# default's death, or faulthandler's traceback).
+
+_SA_SIGINFO = 4
+_PROT_READ, _PROT_WRITE = 1, 2
+_MAP_PRIVATE, _MAP_FIXED, _MAP_ANONYMOUS = 0x02, 0x10, 0x20
+
+
+class _SigInfo(ctypes.Structure):  # (the head of Linux's siginfo_t on 64-bit x86 and Arm: the fault's address)
+    _fields_ = [("si_signo", ctypes.c_int), ("si_errno", ctypes.c_int), ("si_code", ctypes.c_int),
+                ("_pad", ctypes.c_int), ("si_addr", ctypes.c_void_p)]
+
+
+class _SigAction(ctypes.Structure):  # (glibc's struct sigaction)
+    _fields_ = [("sa_sigaction", ctypes.c_void_p), ("sa_mask", ctypes.c_ulong * 16), ("sa_flags", ctypes.c_int),
+                ("sa_restorer", ctypes.c_void_p)]
+
+
+_HANDLER_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.POINTER(_SigInfo), ctypes.c_void_p)
+# inode -> the paths `reading` watches it as (its device is not compared: btrfs's stat and /proc/self/maps name two)
+_watched: dict[int, list[str]] = {}
+_truncated: set[str] = set()  # the watched paths whose pages past their end were read (zero pages mapped over them)
+_filled: list[tuple[int, int]] = []  # the address ranges zero pages were mapped over
+_previous = _SigAction()  # the action SIGBUS had before the handler's
+
+
+def _libc() -> Optional[ctypes.CDLL]:
+    if not sys.platform.startswith("linux") or ctypes.sizeof(ctypes.c_void_p) != 8:
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        libc.sigaction.argtypes = [ctypes.c_int, ctypes.POINTER(_SigAction), ctypes.POINTER(_SigAction)]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+def _file_mapping(addr: int) -> Optional[tuple[int, int]]:
+    """The end of the mapping of /proc/self/maps that holds `addr`, and its file's inode (0: anonymous memory)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            if start <= addr < end:
+                return end, int(fields[4])
+    return None
+
+
+def _on_sigbus(signum: int, info: Any, context: Any) -> None:
+    try:
+        addr = info.contents.si_addr or 0
+        found = _file_mapping(addr)
+        if found is not None and found[1] == 0 and any(start <= addr < end for start, end in _filled):
+            return  # another thread's fault on the pages just filled: its load repeats and reads them
+        if found is not None and found[1] in _watched and _LIBC is not None:
+            end, inode = found
+            page = addr - addr % os.sysconf("SC_PAGE_SIZE")
+            # every page from here to the mapping's end lies past the file's end, which only shrank
+            got = _LIBC.mmap(page, end - page, _PROT_READ | _PROT_WRITE, _MAP_PRIVATE | _MAP_FIXED | _MAP_ANONYMOUS,
+                             -1, 0)
+            if got == page:
+                _filled.append((page, end))
+                _truncated.update(_watched[inode])
+                return
+    except BaseException:  # noqa: BLE001 - (raised here, the load would repeat without end): the previous action
+        pass
+    if _LIBC is not None:
+        _LIBC.sigaction(signal.SIGBUS, ctypes.byref(_previous), None)  # the load repeats under it
+
+
+_HANDLER = _HANDLER_TYPE(_on_sigbus)  # (kept alive: the process's handler)
+
+
+def _install() -> bool:
+    """Make `_on_sigbus` SIGBUS's handler, unless it is; returns whether it is."""
+    if _LIBC is None:
+        return False
+    current = _SigAction()
+    if _LIBC.sigaction(signal.SIGBUS, None, ctypes.byref(current)) != 0:
+        return False
+    ours = ctypes.cast(_HANDLER, ctypes.c_void_p).value
+    if current.sa_sigaction == ours:
+        return True
+    action = _SigAction()
+    action.sa_sigaction = ours
+    action.sa_flags = _SA_SIGINFO
+    if _LIBC.sigaction(signal.SIGBUS, ctypes.byref(action), None) != 0:
+        return False
+    ctypes.memmove(ctypes.byref(_previous), ctypes.byref(current), ctypes.sizeof(current))
+    return True
+
+
+def raise_if_truncated(paths: Iterable[Any]) -> None:
+    """A one-line ConfigError naming the first of `paths` whose mapped pages past its end were read within `reading`
+    (truncated, or written in place by a shorter file, by another program)."""
+    for path in paths:
+        if str(path) in _truncated:
+            raise ConfigError(f"{path}: changed while it was read (truncated, or replaced in place by a shorter file: "
+                              "cp or truncate over it?); its tensors past the new end were not read; read it again "
+                              "once it is complete")
+
+
+@contextmanager
+def reading(paths: Iterable[Any]) -> Iterator[dict[str, tuple[int, int, int, int]]]:
+    """Read the files of `paths` memory-mapped within: yields their `file_stamps` (for `check_unchanged`); one
+    truncated meanwhile, its pages past the end then read, is a one-line ConfigError (`raise_if_truncated`) at the
+    end, or in place of the error the zeros read there caused, where it was SIGBUS's death. A failure of the phase
+    while a file was changed (a write from its mapped pages past the end: EFAULT) is `check_unchanged`'s line."""
+    stamps = file_stamps(paths)
+    keys = []
+    if _install():
+        for path, (_, ino, _, _) in stamps.items():
+            _watched.setdefault(ino, []).append(path)
+            keys.append((ino, path))
+    try:
+        try:
+            yield stamps
+        except Exception:
+            check_unchanged(stamps)  # (the change's line in place of the error it caused)
+            raise
+        raise_if_truncated(stamps)
+    finally:
+        for ino, path in keys:
+            _watched[ino].remove(path)
+            if not _watched[ino]:
+                del _watched[ino]
+            _truncated.discard(path)

@@ -23,7 +23,7 @@ from dlrm.distributed import same_run
 from dlrm.distributed.checkpoint import SPARSE_WEIGHT, _named_shards, merge
 from dlrm.data.output_dirs import check_export_place
 from dlrm.logging_setup import configure_logging
-from dlrm.mapped_load import check_unchanged, file_stamps
+from dlrm.mapped_load import check_unchanged, reading
 from dlrm.stop_signal import StopAtOnce, raise_pending, take_pending
 from dlrm.checkpoint import load_checkpoint, write_atomic
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
@@ -78,21 +78,25 @@ def own_best(state: dict[str, Any], out: Path, checkpoint: Path) -> None:
 def merge_to_file(checkpoint: Path, out: Path) -> dict:
     """Merge the sharded `checkpoint` and write it atomically to `out`, which must not exist."""
     check_out_path(out)
+    written = False
     # the shards are memory-mapped until OUT is written (its dense tensors are rank 0's, read by the write): one
-    # written in place meanwhile (cp over it) gave OUT another file's bytes at the first one's offsets, without a word
-    stamps = file_stamps([checkpoint, *(checkpoint.parent / name for name in _named_shards(checkpoint))])
-    state = merge(checkpoint)
-    check_same_run(checkpoint)
-    own_best(state, out, checkpoint)
-    # a SIGTERM whose stop a library dropped (torch's import, a catch-all in the loads): stopped before OUT is written
-    # (lost, the merge wrote OUT and exited 0 as if none had come)
-    raise_pending()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(out, state, replace=False)  # nor an OUT that appeared while the merge ran
+    # written in place meanwhile (cp over it) gave OUT another file's bytes at the first one's offsets, without a word;
+    # one truncated, its pages past the end read, killed the merge (SIGBUS) without a word: a one-line error
     try:
-        check_unchanged(stamps)
+        with reading([checkpoint, *(checkpoint.parent / name for name in _named_shards(checkpoint))]) as stamps:
+            state = merge(checkpoint)
+            check_same_run(checkpoint)
+            own_best(state, out, checkpoint)
+            # a SIGTERM whose stop a library dropped (torch's import, a catch-all in the loads): stopped before OUT is
+            # written (lost, the merge wrote OUT and exited 0 as if none had come)
+            raise_pending()
+            out.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(out, state, replace=False)  # nor an OUT that appeared while the merge ran
+            written = True
+            check_unchanged(stamps)
     except ConfigError:
-        out.unlink(missing_ok=True)  # (this merge's own OUT: it did not exist before, `replace=False`)
+        if written:
+            out.unlink(missing_ok=True)  # (this merge's own OUT: it did not exist before, `replace=False`)
         raise
     return state
 

@@ -19,7 +19,7 @@ from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.shutdown_grace import StopGrace
 from dlrm.logging_setup import run_logger
-from dlrm.mapped_load import check_unchanged, file_stamps, load_mapped, own_copies
+from dlrm.mapped_load import check_unchanged, load_mapped, own_copies, reading
 from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
 from dlrm.train.graphed_step import plain_lr_state_dict
@@ -265,8 +265,12 @@ class Checkpointer:
         return dist_ckpt.restore_agreed(self.env, lambda: self._restore(path, run), path)
 
     def _restore(self, path: Path, run: Run) -> tuple[ckpt.Position, RunStats]:
-        # (before the mapping: a cp over the file, or over a shard, while its tensors are copied out of it is seen)
-        stamps = file_stamps([path, *(Path(path).parent / name for name in _shard_names(Path(path)) or [])])
+        # (before the mapping: a cp over the file, or over a shard, while its tensors are copied out of it is seen;
+        # one truncated, its pages past the end read: a one-line error, not SIGBUS)
+        with reading([path, *(Path(path).parent / name for name in _shard_names(Path(path)) or [])]) as stamps:
+            return self._restore_from(path, run, stamps)
+
+    def _restore_from(self, path: Path, run: Run, stamps: dict) -> tuple[ckpt.Position, RunStats]:
         # (the resume's first read, of its config and position before the build, said a format-1 file's conversion:
         # said here again, each resume warned twice)
         state: dict[str, Any] = dist_ckpt.load_for_rank(path, self.env, run.plan, say_conversion=False)

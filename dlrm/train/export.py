@@ -23,7 +23,7 @@ from dlrm.data.schema import NUM_DENSE, NUM_SPARSE
 from dlrm.distributed.checkpoint import shard_refusal
 from dlrm.model.dlrm import DLRM, build_model
 from dlrm.errors import TrainingStopped
-from dlrm.mapped_load import check_unchanged, file_stamps
+from dlrm.mapped_load import check_unchanged, reading
 from dlrm.stop_signal import (EXIT_INTERRUPTED, raise_pending, signal_stop_inside, signals_deferred,
                                stop_signal_name)
 from dlrm import checkpoint as ckpt
@@ -49,27 +49,29 @@ def _built_from_checkpoint(cfg: Config, path: Path, tables, device: torch.device
         from dlrm.train.checkpoint_memory import refuse_checkpoint_shortfall
 
         refuse_checkpoint_shortfall(cfg, tables, Path(path), portable, builder._host_memory())
-    stamps = file_stamps([path])  # (before the mapping: a cp over it while the model is built and loaded is seen)
-    state = ckpt.load_checkpoint(path, mmap=True, read="model")  # (the optimizers' state is never read)
-    if "rank" in state:  # one rank's shard: its table rows were refused as "sparse_arch.weight has shape (299, 4) in
-        # the checkpoint, (598, 4) here", which reads as other data or another config, not as the file being a shard
-        raise ConfigError(shard_refusal(Path(path), state, lambda manifest: "merge its manifest for one process "
-                                        f"first: python -m dlrm.distributed.merge {manifest} OUT.pt"))
-    if portable:
-        cfg = copy.deepcopy(cfg)
-        cfg.kernels = KernelsConfig("torch", "torch", "torch", "torch")
-        cfg.model.embedding_dtype = "fp32"
-    else:
-        cfg, _ = resolve_fast_path(cfg, device, multi_hot=tables.multi_hot)
-    # an export's PyTorch copy is not logged as "kernels: embedding=torch, ...": after a training run with Triton kernels
-    # (`--export` after training), that line ended the log as if the run had trained with the PyTorch ones
-    model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device,
-                        multi_hot_sizes=tables.multi_hot_sizes, log_kernels=not portable)
-    ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path, tables.multi_hot_sizes,
-                          tables.dense_format, tables.hashing, tables.vocabs)
-    _check_no_rounding(state["model"], model, path, cfg.model.embedding_dtype)
-    model.load_state_dict(state["model"])
-    check_unchanged(stamps)
+    # (before the mapping: a cp over it while the model is built and loaded is seen; truncated, its pages past the
+    # end read: a one-line error, not SIGBUS)
+    with reading([path]) as stamps:
+        state = ckpt.load_checkpoint(path, mmap=True, read="model")  # (the optimizers' state is never read)
+        if "rank" in state:  # one rank's shard: its table rows were refused as "sparse_arch.weight has shape (299,
+            # 4) in the checkpoint, (598, 4) here", which reads as other data or another config, not as a shard
+            raise ConfigError(shard_refusal(Path(path), state, lambda manifest: "merge its manifest for one process "
+                                            f"first: python -m dlrm.distributed.merge {manifest} OUT.pt"))
+        if portable:
+            cfg = copy.deepcopy(cfg)
+            cfg.kernels = KernelsConfig("torch", "torch", "torch", "torch")
+            cfg.model.embedding_dtype = "fp32"
+        else:
+            cfg, _ = resolve_fast_path(cfg, device, multi_hot=tables.multi_hot)
+        # an export's PyTorch copy is not logged as "kernels: embedding=torch, ...": after a training run with Triton
+        # kernels (`--export` after training), that line ended the log as if the run had trained with the PyTorch ones
+        model = build_model(cfg.model, tables.cardinalities, tables.vocabs, cfg.kernels, device,
+                            multi_hot_sizes=tables.multi_hot_sizes, log_kernels=not portable)
+        ckpt.check_compatible(state, model, tables.cardinalities, cfg.to_dict()["model"], path, tables.multi_hot_sizes,
+                              tables.dense_format, tables.hashing, tables.vocabs)
+        _check_no_rounding(state["model"], model, path, cfg.model.embedding_dtype)
+        model.load_state_dict(state["model"])
+        check_unchanged(stamps)
     return model.eval(), cfg
 
 
