@@ -46,7 +46,7 @@ from dlrm.data.output_dirs import check_export_place
 from dlrm.distributed import said_once
 from dlrm.distributed.said_once import node_other_rank as _node_other_rank
 from dlrm.errors import (EXIT_PEER_LOST, ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, is_out_of_memory,
-                         is_peer_lost, peer_lost_message, report_bug)
+                         is_peer_lost, peer_lost_message, report_bug, as_limit_failure)
 from dlrm.logging_setup import configure_logging, run_logger
 from dlrm.one_line_usage import NonEmptyPath, OneLineUsageCommand
 from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, check_tb_dir
@@ -314,6 +314,7 @@ def report_failure(exc: BaseException, cfg: Optional[Config], resuming: bool = F
 
 def _report(exc: BaseException, cfg: Optional[Config], resuming: bool = False) -> tuple[int, bool]:
     """`report_failure`'s line, its exit code, and whether the line was said once for every rank alike."""
+    exc = as_limit_failure(exc)  # (under ulimit -v: a thread, library or file that could not be mapped, exit 4)
     if isinstance(exc, (ConfigError, DatasetError)) or is_triton_unavailable(exc):
         env = sys.modules.get("dlrm.distributed.env")  # (imported by a run that joined ranks: none on a config error)
         if env is None:
@@ -321,8 +322,7 @@ def _report(exc: BaseException, cfg: Optional[Config], resuming: bool = False) -
         else:  # met after the ranks joined: said once if every rank met it, else by each rank that did
             timeout = cfg.distributed.timeout_s if cfg is not None else None
             env.agree_on_input_error(exc, _one_line(exc), lambda line: _said_once_per_node(exc).error(line), timeout)
-        # (said once: before the ranks met, unless a rank's own; after, only when found alike)
-        joined = env is not None and env._joined()
+        joined = env is not None and env._joined()  # said once: before ranks met (not a rank's own), after if alike
         return EXIT_BAD_INPUT, not getattr(exc, "this_rank_only", False) and (
             not joined or getattr(exc, "found_alike", False))
     if isinstance(exc, NonFiniteLoss):

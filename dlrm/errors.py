@@ -172,3 +172,47 @@ def is_out_of_memory(exc: BaseException) -> bool:
         return True
     # torch's CPU allocator reports failure as a plain RuntimeError
     return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+
+
+# What a failure under this process's own address-space limit looks like where it is not torch's allocator's: a
+# shared library that cannot be mapped (an import), a thread whose stack or malloc arena cannot be mapped (Python's,
+# pyarrow's, wrapped in a DatasetError blaming the data file), mmap's ENOMEM. Measured under `ulimit -v` with
+# configs/sample.json on a 2-core machine (2026-12-05): 1.0 GB "libtriton.so: failed to map segment from shared
+# object" (exit 1, "a bug"), 1.5 GB "can't start new thread" (exit 1), 2.0-2.5 GB torch's "can't allocate memory"
+# (exit 4, advising a smaller batch), 2.75 GB pyarrow's "Failed to launch worker thread: Resource temporarily
+# unavailable" (exit 2, the parquet file named as unreadable).
+_LIMIT_FAILURES = ("failed to map segment", "can't start new thread", "cannot allocate memory", "can't allocate memory",
+                   "failed to launch worker thread", "thread creation failed", "out of memory")
+
+
+def address_limits() -> str:
+    """This process's finite address-space limits as a user sets them ("ulimit -v 2.0 GiB (RLIMIT_AS)"), "" where
+    none is set."""
+    import resource
+
+    said = []
+    for limit, flag, name in ((resource.RLIMIT_AS, "-v", "RLIMIT_AS"), (resource.RLIMIT_DATA, "-d", "RLIMIT_DATA")):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY:
+            said.append(f"ulimit {flag} {soft / 2**30:,.1f} GiB ({name})")
+    return ", ".join(said)
+
+
+def as_limit_failure(exc: BaseException) -> BaseException:
+    """`exc`, or where it is a failure to map memory (`_LIMIT_FAILURES`, or a MemoryError) while this process runs under
+    an address-space limit (`address_limits`), a MemoryError saying so in one line with what to do (exit 4, said as it
+    is: `dlrm_refused`). A refusal of ours (already naming the limits) and a GPU's out-of-memory pass as they are."""
+    if getattr(exc, "dlrm_refused", False) or type(exc).__name__ == "OutOfMemoryError":
+        return exc
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    if not (isinstance(exc, MemoryError) or any(s in text.lower() for s in _LIMIT_FAILURES)):
+        return exc
+    limits = address_limits()
+    if not limits:
+        return exc
+    text = text if len(text) <= 300 else text[:297] + "..."
+    new = MemoryError(f"out of address space under this process's limit, {limits} ({type(exc).__name__}: {text}): "
+                      "raise it (ulimit -v unlimited; configs/sample.json takes 3.1 GiB on a 2-core machine, a larger "
+                      "model or more cores more), or make the run smaller (data.batch_size, data.max_rows_per_table)")
+    new.dlrm_refused = True  # type: ignore[attr-defined]
+    return new
