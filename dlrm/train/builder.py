@@ -32,7 +32,7 @@ from dlrm.config import Config, ConfigError, DenseOptimConfig, ModelConfig
 from dlrm.data.schema import NUM_DENSE
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.sharding import ShardingPlan, plan_sharding
-from dlrm.errors import is_out_of_memory
+from dlrm.errors import address_limits, is_out_of_memory
 from dlrm.logging_setup import run_logger
 from dlrm.model.dlrm import _TABLE_DTYPES, DLRM, build_loss, build_model
 from dlrm.train.fast_path import resolve_fast_path
@@ -359,6 +359,16 @@ def _shortfall_text(cfg: Config, tables: Tables, tables_text: str, ranks: list[t
             return advice(f"{who} {_size(t + dense_bytes)} of host memory with its optimizers' state{also}, more than "
                           f"the {_size(memory.process)} {'it' if distributed else 'this process'} may take (ulimit -v, "
                           "ulimit -d)", host=False)
+        if memory.process is not None and t + dense_bytes + mapped + memory.reserved > memory.process:
+            # the model fits, what the run maps after it does not (`dlrm.train.host_memory.later_address_space`):
+            # libgomp's exit 1 from C, a segfault or an error blaming the data followed; the limit is the cause
+            who = f"rank {q} on host {name}" if distributed else "this process"
+            short = t + dense_bytes + mapped + memory.reserved - memory.process
+            model = f"the model{' and checkpoint' if mapped else ''}"
+            return (f"{who} may map {_size(memory.process)} more under {address_limits()}, "
+                    f"less than the {_size(t + dense_bytes + mapped)} of {model} "
+                    f"and the {_size(memory.reserved)} a run's threads (stacks, malloc arenas) and buffers map beside "
+                    f"it: raise the limit (ulimit -v unlimited, or {_size(short)} more at least)")
     hosts: dict[str, list[int]] = {}
     for q, rank in enumerate(ranks):
         hosts.setdefault(rank[0], []).append(q)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -36,6 +37,7 @@ class HostMemory:
         cgroup_swap: the swap those cgroups may still use beyond `cgroup`; None: no swap limit of theirs.
         process: what this process's own rlimits leave (RLIMIT_AS less its address space, RLIMIT_DATA less its data).
         cgroup_limit: the limit file that leaves `cgroup`, its value and the usage (`cgroup_limits`); "": not known.
+        reserved: of `process`, what a run maps after the check under ``ulimit -v`` (`later_address_space`); 0: none.
     """
 
     available: Optional[int] = None
@@ -44,6 +46,7 @@ class HostMemory:
     cgroup_swap: Optional[int] = None
     process: Optional[int] = None
     cgroup_limit: str = ""
+    reserved: int = 0
 
     def shared(self, with_swap: bool = False) -> tuple[Optional[int], str]:
         """The memory every process on this host (of this cgroup) draws from, and where that number comes from as a
@@ -79,8 +82,9 @@ def read_host_memory() -> HostMemory:
     """The host's memory, its cgroups' limits and this process's rlimits, read now (`HostMemory`)."""
     meminfo = _meminfo()
     cgroup, cgroup_swap, limit = cgroup_limits()
+    limited = resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
     return HostMemory(meminfo.get("MemAvailable"), meminfo.get("SwapFree", 0), cgroup, cgroup_swap, rlimit_room(),
-                      limit)
+                      limit, later_address_space() if limited else 0)
 
 
 def host_key() -> str:
@@ -133,6 +137,36 @@ def rlimit_room() -> Optional[int]:
         if soft != resource.RLIM_INFINITY:
             rooms.append(soft - status_kib(field) * 1024)
     return max(0, min(rooms)) if rooms else None
+
+
+# What a CPU run maps after its memory check (`dlrm.train.builder.refuse_host_memory_shortfall`), which counted only
+# the model against `ulimit -v`: under a limit between the two the run died later, of libgomp's "Thread creation
+# failed" (exit 1, from C: nothing to catch), a segfault, or an error blaming the data. Measured with
+# benchmarks/address_space_margin.py on configs/sample.json on a 2-core machine (2026-12-05): 2,135 MiB mapped at the
+# check, then 973-1,053 MiB more over 10-11 threads (one the measuring thread's) with 2 torch threads, 1,276 MiB over
+# 15 with OMP_NUM_THREADS=6: each thread its stack and a glibc malloc arena (64 MiB of address space), the rest
+# buffers (~320 MiB). The threads: torch's (OpenMP), pyarrow's CPU pool (one a core) and 6 more (loader, readers,
+# TensorBoard's writer, the progress bar's monitor); not measured on more cores.
+ARENA_BYTES = 64 << 20
+LATER_BUFFER_BYTES = 320 << 20
+
+
+def later_address_space(torch_threads: Optional[int] = None, cores: Optional[int] = None) -> int:
+    """The address space a CPU run maps after its memory check beside the model (bytes): its threads' stacks
+    (RLIMIT_STACK, 8 MiB where unlimited) and malloc arenas (at most glibc's 8 a core), and buffers.
+
+    Example:
+        >>> later_address_space(torch_threads=2, cores=2) >> 20  # 10 threads: 8 + 64 MiB each, 320 MiB of buffers
+        1040
+    """
+    cores = cores or os.cpu_count() or 1
+    if torch_threads is None:
+        torch = sys.modules.get("torch")
+        torch_threads = torch.get_num_threads() if torch is not None else cores
+    threads = 6 + torch_threads + cores
+    stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+    stack = stack if stack != resource.RLIM_INFINITY and stack > 0 else 8 << 20
+    return threads * stack + min(threads, 8 * cores) * ARENA_BYTES + LATER_BUFFER_BYTES
 
 
 # a limit at or above this is "no limit" (cgroup v1 writes PAGE_COUNTER_MAX pages, 2**63 rounded down to a page)
