@@ -322,7 +322,8 @@ def _report(exc: BaseException, cfg: Optional[Config], resuming: bool = False) -
         else:  # met after the ranks joined: said once if every rank met it, else by each rank that did
             timeout = cfg.distributed.timeout_s if cfg is not None else None
             env.agree_on_input_error(exc, _one_line(exc), lambda line: _said_once_per_node(exc).error(line), timeout)
-        joined = env is not None and env._joined()  # said once: before ranks met (not a rank's own), after if alike
+        # (said once: before the ranks met, unless a rank's own; after, only when found alike)
+        joined = env is not None and env._joined()
         return EXIT_BAD_INPUT, not getattr(exc, "this_rank_only", False) and (
             not joined or getattr(exc, "found_alike", False))
     if isinstance(exc, NonFiniteLoss):
