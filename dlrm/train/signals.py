@@ -45,6 +45,10 @@ class GracefulStop:
         self._defer = defer
         self.deferred: Optional[str] = None
         self.said_by = logger  # the first signal's warning's logger (`agreed_stop`: after the run's last agreement)
+        # `run_hold`'s: what a signal after the run's last agreement waits for when an enclosing command's agreement
+        # follows (--compare's, after each variant); `after_last`: one came after the last agreement of all
+        self.then: Optional[str] = None
+        self.after_last = False
 
     def say_deferred(self, alone: bool) -> None:
         """The ranks agreed on a signal: a deferred first-signal warning is said when some rank got none (`alone`: a
@@ -107,8 +111,8 @@ HELD = "held until every rank knows, then stopping"
 
 @contextlib.contextmanager
 def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callable[[str], str],
-                held: Optional[GracefulStop] = None, said_alone: bool = False, followed: bool = False
-                ) -> Iterator[None]:
+                held: Optional[GracefulStop] = None, said_alone: bool = False, followed: bool = False,
+                ignored: str = "the run is writing its summary") -> Iterator[None]:
     """A distributed run's phase outside the training steps that holds collectives (its start; its last evaluation,
     checkpoint and summary): a SIGINT/SIGTERM there is held until the phase ends, where the ranks agree on it (one
     all-reduce MAX), and then every rank raises `TrainingStopped` with the same code (128 + the largest signal any rank got) and
@@ -125,6 +129,9 @@ def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callabl
     `held` gets after this one's agreement; without it this is the run's last, and such a signal stops nothing (said
     "ignored"). Said "ignored" after the last evaluation's agreement too, a signal there was taken by the summary's
     agreement: the run stopped, 143, just after its ranks read that nothing was left to stop."""
+    doing = f"stopping {where}, once every rank knows"
+    if env.distributed and held is None and (_outer is not None or _arming):  # the command's hold, kept from here
+        held, followed = _outer or _arm(env, doing), True  # on (`run_hold`: the start's agreement to the run's end)
     if not env.distributed:
         try:
             yield
@@ -137,9 +144,9 @@ def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callabl
             code = getattr(e, "exit_code", 128 + signal.SIGINT)
             raise TrainingStopped(code, message(signal.Signals(code - 128).name), agreed=True) from None
         return
-    doing = f"stopping {where}, once every rank knows"
     if held is not None:  # installed (`held_signals`): what it holds from before this phase counts too
         held._doing, held._defer = doing, not env.is_main  # (a rank other than 0: its warning kept for the agreement)
+        held.said_by, held.after_last = logger, False  # (`run_hold`'s, used again phase after phase)
     # a rank other than 0 keeps its first signal's warning until the agreement (as the training loop's ranks do): a
     # signal every rank got (torchrun's, or one a library dropped during the imports) was warned of by each
     with contextlib.nullcontext(held) if held is not None else GracefulStop(doing, defer=not env.is_main) as stop:
@@ -151,13 +158,13 @@ def agreed_stop(env: DistEnv, device: torch.device, where: str, message: Callabl
     if agreed:
         stop.say_deferred(alone=bool(alone) or -least != agreed)
         raise TrainingStopped(128 + agreed, message(signal.Signals(agreed).name), agreed=True)
-    if held is not None and followed:  # agreed that none came: one now waits for the next phase's agreement
-        held._doing, held._defer = HELD, not env.is_main
+    if held is not None and (followed or held.then):  # agreed that none came: one now waits for the next agreement
+        held._doing, held._defer = HELD if followed else held.then, not env.is_main  # (--compare's: `held.then`)
     elif held is not None:  # agreed that none came: one now (after the run's last agreement) has nothing left to
         # stop; said by the rank that got it (no agreement follows to tell one every rank got from a rank's own), or
         # under torchrun's agent, which gets it to every rank, by each machine's first rank (`said_once.signal_logger`)
-        held._doing, held._defer = "ignored: the run is writing its summary, nothing is left to stop", False
-        held.said_by = said_once.signal_logger()
+        held._doing, held._defer = f"ignored: {ignored}, nothing is left to stop", False
+        held.said_by, held.after_last = said_once.signal_logger(), True
 
 
 @contextlib.contextmanager
@@ -172,8 +179,53 @@ def held_signals(env: DistEnv) -> Iterator[GracefulStop]:
     if not env.distributed:
         yield GracefulStop()
         return
+    if _outer is not None:  # the command's (`run_hold`): held since the start's agreement, and kept after the run
+        yield _outer
+        return
     with GracefulStop(HELD, defer=not env.is_main) as held:
         yield held
+
+
+_outer: Optional[GracefulStop] = None
+"""A distributed command's hold of SIGINT/SIGTERM (`run_hold`) once it is installed: every agreed phase of its runs
+(`agreed_stop`, `held_signals`) holds with it, so that one between two phases waits for the next agreement."""
+_arming = False  # a `run_hold` is open whose hold the first distributed agreed phase installs (it knows the ranks)
+
+
+def _arm(env: DistEnv, doing: str = HELD) -> GracefulStop:
+    global _outer  # (`doing`: the first phase's, which a signal a library dropped before it, taken now, is said with)
+    _outer = GracefulStop(doing, defer=not env.is_main).__enter__()
+    return _outer
+
+
+@contextlib.contextmanager
+def run_hold(env: Optional[DistEnv] = None, then: Optional[str] = None) -> Iterator[Optional[GracefulStop]]:
+    """A distributed command's SIGINT/SIGTERM, held from its first agreed phase to its end (`dlrm.train.trainer.train`:
+    from the start's agreement on, installed by that phase's `agreed_stop`; --compare's `env`: from now on, across its
+    variants' runs, `then` what a signal after a run's last agreement waits for). Each phase's hold used to end with
+    the phase: a signal between the start's agreement and the training's hold stopped its rank alone (`StopAtOnce`),
+    the others left waiting in the first collective until the timeout or gloo's "Connection closed by peer"; one after
+    a --compare variant's last agreement was said "ignored" and lost, the next variants trained. Yields the hold (None
+    until installed, and for one process: nothing changes). Inside another `run_hold` (a --compare's variant's
+    `train`), that one's. A signal it holds that no agreement took (a finished run's resume: nothing follows its
+    start's agreement) stops the command as it ends; one after the last agreement (said "ignored") stops nothing."""
+    global _outer, _arming
+    if _outer is not None or _arming:
+        yield _outer
+        return
+    _arming = True
+    try:
+        if env is not None and env.distributed:
+            _arm(env).then = then
+        yield _outer
+        hold = _outer
+        if hold is not None and hold.signum and not hold.after_last:
+            raise TrainingStopped(128 + hold.signum, f"{signal.Signals(hold.signum).name}: stopped, outside the "
+                                                     "training steps (no checkpoint written now)")
+    finally:
+        hold, _outer, _arming = _outer, None, False
+        if hold is not None:
+            hold.__exit__(None, None, None)
 
 
 class FinishAlone:

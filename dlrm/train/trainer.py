@@ -43,7 +43,7 @@ from dlrm.train.resume_policy import (check_dataset_unchanged, check_position, c
                                       saved_config, summarized)
 from dlrm.train.run_dir import RunDirectory, _same_file, run_of
 from dlrm.train.setup import as_trained, dataset_held, seed_everything, seed_rank
-from dlrm.train.signals import FinishAlone, GracefulStop, StopAtOnce, agreed_stop, held_signals
+from dlrm.train.signals import FinishAlone, GracefulStop, StopAtOnce, agreed_stop, held_signals, run_hold
 from dlrm.train.step import compile_counters, precision_on
 from dlrm.train.target import TargetTracker, already_reached
 from dlrm.train.train_data import TrainData, build_for_data, make_loader
@@ -594,7 +594,7 @@ def train(cfg: Config, run_dir: Optional[Path] = None, resume: Optional[str] = N
           allow_config_change: Sequence[str] = (), results_written: Optional[Callable[[Path], None]] = None) -> dict:
     """Train a DLRM as `cfg` says; returns the summary also written to summary.json (see `Trainer`).
     `results_written(run directory)`: called as summary.json, the run's last output, is about to be written."""
-    with StopAtOnce(), dataset_held(cfg):  # SIGTERM outside the steps: the cleanup runs; the dataset held for reading
+    with StopAtOnce(), dataset_held(cfg), run_hold():  # SIGTERM outside the steps: cleanup; data held; ranks: held
         trainer = Trainer(cfg, run_dir, resume, allow_config_change)
         trainer.results_written = results_written or trainer.results_written
         return trainer.fit()
