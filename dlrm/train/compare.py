@@ -310,11 +310,24 @@ def release_memory(device: Optional[torch.device] = None) -> None:
 
 def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, device: torch.device, base: Path,
                   owned: Optional[RunDirectory], multi_hot: bool = False) -> list[dict]:
+    from dlrm.train.signals import agreed_stop, run_hold
+
     rows, summaries, failures = [], {}, []
     name = None
     try:
-        for name in variants:
-            _run_variant(cfg, name, train_fn, env, device, base, owned, multi_hot, rows, summaries, failures)
+        # several ranks: a signal is held (after a variant's last agreement too: it was said "ignored" and lost, the
+        # next variants trained) for the ranks' agreement after each variant, which stops the comparison on it
+        with run_hold(env, then="held until every rank knows, then stopping the comparison after this variant") as held:
+            for i, name in enumerate(variants):
+                _run_variant(cfg, name, train_fn, env, device, base, owned, multi_hot, rows, summaries, failures)
+                if held is None:
+                    continue
+                last = i + 1 == len(variants)
+                held.then = None if last else held.then  # (after the last one's agreement a signal stops nothing)
+                with agreed_stop(env, device, "after this variant", lambda signal_name, v=name: (
+                        f"{signal_name}: the comparison stopped after variant {v}, once every rank knew (no "
+                        "checkpoint written now)"), held, followed=not last, ignored="every variant is done"):
+                    pass
     except (TrainingStopped, KeyboardInterrupt) as stop:  # a signal stopped it: the finished variants' report first
         if summaries and env.is_main:
             _write_partial(base, rows, summaries, variants, name, stop, device)
