@@ -439,7 +439,9 @@ def run(*, config_path: str, overrides: dict, eval_only: bool, compare: Optional
         elif compare is not None:
             from dlrm.train.compare import parse_variants, run_comparison
 
-            run_comparison(cfg, parse_variants(compare), train)
+            written = None if late is None else (  # (a signal from the reports' write on: said, exit 0)
+                lambda base: late.begin(f"the comparison finished (its reports written in {base})"))
+            run_comparison(cfg, parse_variants(compare), train, results_written=written)
         else:
             written = None if export or late is None else (  # (with --export: once it is written, `main`)
                 lambda run_dir: late.begin(f"the run finished ({run_dir / 'summary.json'} written)"))

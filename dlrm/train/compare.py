@@ -251,8 +251,11 @@ def max_loss_diff(losses: list, reference: list) -> Optional[float]:
     return max(diffs) if diffs else None
 
 
-def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list[dict]:
-    """Train each variant with `train_fn(cfg, run_dir=...)`; write and print the reports."""
+def run_comparison(cfg: Config, variants: list[str], train_fn: Callable,
+                   results_written: Optional[Callable[[Path], None]] = None) -> list[dict]:
+    """Train each variant with `train_fn(cfg, run_dir=...)`; write and print the reports. `results_written(the
+    comparison's directory)`: called as its reports are about to be written, once the plot is made (train.py's: a
+    signal from then on stops nothing, `dlrm.stop_signal.LateSignals`)."""
     from dlrm.data.schema import is_multi_hot
     from dlrm.distributed.env import init_distributed
 
@@ -273,7 +276,7 @@ def run_comparison(cfg: Config, variants: list[str], train_fn: Callable) -> list
     owned = RunDirectory.create(cfg) if env.is_main else None  # rank 0 writes the reports
     base = env.broadcast_object(owned.path if owned else None)
     try:
-        rows = _run_variants(cfg, variants, train_fn, env, device, base, owned, multi_hot)
+        rows = _run_variants(cfg, variants, train_fn, env, device, base, owned, multi_hot, results_written)
     except BaseException as e:  # the base directory is removed only if no variant finished or left a run behind
         if owned:
             # a variant that failed after its first step keeps its own run directory (RunDirectory's rule: it has
@@ -309,7 +312,8 @@ def release_memory(device: Optional[torch.device] = None) -> None:
 
 
 def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, device: torch.device, base: Path,
-                  owned: Optional[RunDirectory], multi_hot: bool = False) -> list[dict]:
+                  owned: Optional[RunDirectory], multi_hot: bool = False,
+                  results_written: Optional[Callable[[Path], None]] = None) -> list[dict]:
     from dlrm.train.signals import agreed_stop, run_hold
 
     rows, summaries, failures = [], {}, []
@@ -339,7 +343,9 @@ def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, dev
         raise ConfigError("--compare: no variant can run here (" + "; ".join(
             f"{r['variant']}: {r['status'][len('skipped: '):]}" for r in rows) + ")")
     if env.is_main:
-        write_reports(base, rows, device)
+        write_reports(base, rows, device, written=results_written)
+    elif results_written is not None:  # (the other ranks: rank 0 writes them)
+        results_written(base)
     if failures:  # the reports are written: now the non-zero exit
         failed = [r["variant"] for r in rows if r["status"].startswith("failed")]
         logger.error(f"compare: {len(failed)} of {len(variants)} variants failed ({', '.join(failed)}); their rows in "
@@ -461,10 +467,12 @@ def console_table(rows: list[dict]) -> str:
     return "\n".join([line(titles), "  ".join("-" * w for w in widths), *map(line, cells)])
 
 
-def write_reports(base: Path, rows: list[dict], device: torch.device, partial: Optional[str] = None) -> None:
+def write_reports(base: Path, rows: list[dict], device: torch.device, partial: Optional[str] = None,
+                  written: Optional[Callable[[Path], None]] = None) -> None:
     """compare.md, compare.csv and compare.png in `base`, and the table and plot in its TensorBoard events.
     `partial`: the line of a comparison a signal stopped (`_write_partial`), under compare.md's title and in the log;
-    compare.csv says it in its rows' status."""
+    compare.csv says it in its rows' status. `written(base)`: called once the plot is made, as the three files are
+    about to be written (`run_comparison`'s `results_written`)."""
     from dlrm.checkpoint import write_files_atomic
     from dlrm.train.reporting import versions
 
@@ -492,6 +500,8 @@ def write_reports(base: Path, rows: list[dict], device: torch.device, partial: O
         if partial is not None:  # (a second signal, in a stopped comparison's reports: `_write_partial` says it)
             raise
         _write_without_plot(base, text, out.getvalue(), rows, stop)
+    if written is not None:  # from here a signal stops nothing: the set, then its events, are written whole (it
+        written(base)  # stopped the command at once, "no checkpoint written now", with the reports in place)
     # all three made first, then written as one set: a plot that failed after the table was written left
     # compare.md and compare.csv without compare.png (and an interrupted write, half a file)
     write_files_atomic(base, {"compare.md": text, "compare.csv": out.getvalue(), "compare.png": png})
