@@ -540,7 +540,7 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
     configure_logging(ranks=True)
     loaded: list = []
     code = 0
-    late = LateSignals(said_once.signal_logger())  # a SIGINT/SIGTERM once the results are written: said, exit 0
+    late = said_once.late_signals()  # a SIGINT/SIGTERM once the results are written: said (once a run), exit 0
     if LateSignals.until_exit:  # (train.py) registered before the trainer imports torch: the last exit function
         atexit.register(late.at_exit)
     try:

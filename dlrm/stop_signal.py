@@ -200,10 +200,11 @@ class LateSignals:
     # False: `main` called by other code (click's CliRunner in the tests) puts the handlers it found back as it returns
     until_exit = False
 
-    def __init__(self, said_by=None) -> None:
+    def __init__(self, said_by=None, again_said: bool = True) -> None:
         # `said_by`: the logger of `say` (train.py's: `dlrm.distributed.said_once.signal_logger`, under torchrun one
-        # line for the ranks, whose every one got the agent's signal)
-        self._said_by = said_by or logger
+        # line for the ranks, whose every one got the agent's signal); `again_said`: whether this process writes the
+        # second signal's line (False for the ranks that logger silences: `said_once.late_signals`)
+        self._said_by, self._again_said = said_by or logger, again_said
         self.arrived: Optional[int] = None
         self._what = ""
         self._begun = self._said = False
@@ -237,8 +238,9 @@ class LateSignals:
             self.arrived = signum  # said at the next `say` (logged here, a record could meet loguru's own, re-entered)
             return
         # (written directly: a handler's write to sys.stderr or loguru can re-enter the one it interrupted)
-        os.write(2, f"{time.strftime('%H:%M:%S')} WARNING {signal.Signals(signum).name} again after {self._what}: "
-                    "stopping now\n".encode())
+        if self._again_said:
+            os.write(2, f"{time.strftime('%H:%M:%S')} WARNING {signal.Signals(signum).name} again after {self._what}: "
+                        "stopping now\n".encode())
         signal.signal(signum, signal.SIG_DFL)
         signal.raise_signal(signum)
 

@@ -91,6 +91,15 @@ def signal_logger():
     return logger.bind(same_on_every_rank=under_torchrun_agent() and node_other_rank())
 
 
+def late_signals():
+    """train.py's `dlrm.stop_signal.LateSignals`: its lines (a signal once the results are written; a second one,
+    which stops the process at once) said as `signal_logger` says a line, by each machine's first rank under
+    torchrun's agent. The second's, written straight to stderr, was said by every rank."""
+    from dlrm.stop_signal import LateSignals
+
+    return LateSignals(signal_logger(), again_said=not (under_torchrun_agent() and node_other_rank()))
+
+
 def under_torchrun_agent() -> bool:
     """Whether torchrun's elastic agent started this process (it sets TORCHELASTIC_RUN_ID in its workers): the agent
     that stops every rank left once one of them exits."""
