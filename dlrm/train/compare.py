@@ -20,6 +20,8 @@ comparison (compare.md says so, naming the signal, the variant it stopped and th
 none finished, no report. (A stop wrote no report before 2026-12-04: the finished variants' numbers were lost.) One
 while the plot is made, once the variants are done (one a library's catch-all dropped there too), stops the plot:
 compare.md (saying so) and compare.csv are written, no compare.png, exit 128 + the signal (`_write_without_plot`).
+One once the plot is made, as the reports are written, stops nothing (`run_comparison`'s `results_written`: said,
+exit 0). Under torchrun the ranks hold a signal (`dlrm.train.signals.run_hold`) and agree on it after each variant.
 """
 
 from __future__ import annotations
