@@ -156,7 +156,8 @@ def test_a_failed_variant_is_a_row_of_the_report_and_the_others_run(tmp_path):
         ("compiled-default", "ok")]
     assert rows[1]["samples_per_sec"] == "" and rows[2]["samples_per_sec"] == "100.0"
     md = (base / "compare.md").read_text()
-    assert "| compiled | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a | failed: RuntimeError: Inductor \\| lowering failed " \
+    assert "| compiled | n/a | n/a | n/a | n/a | n/a | n/a | n/a | n/a " \
+        "| failed: RuntimeError: Inductor \\| lowering failed " \
            "at node 3 |" in md
     assert (base / "compare.png").is_file() and (base / "compiled").is_dir()
 

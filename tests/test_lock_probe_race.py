@@ -53,7 +53,8 @@ def waits(monkeypatch):
 def test_run_lock_taken_after_a_probe_of_a_stale_or_empty_lock(tmp_path, waits, line):
     held, count = waits
     lock = tmp_path / LOCK_NAME
-    lock.write_text(f"pid {_dead_pid()} on {socket.gethostname()} since 2026-12-01 10:00:00\n" if line == "dead" else "")
+    stale = f"pid {_dead_pid()} on {socket.gethostname()} since 2026-12-01 10:00:00\n"
+    lock.write_text(stale if line == "dead" else "")
     held.append(_probe(lock))
     run = RunLock.acquire(tmp_path)  # before the fix: ConfigError "in use by pid <dead> ..."
     try:

@@ -487,7 +487,8 @@ def write_reports(base: Path, rows: list[dict], device: torch.device, partial: O
             + f"Device: {device_name}; {made}; {date}.\n"
             "Throughput is the steady state: the logging windows after the warm-up steps, their samples over their "
             "seconds. Warm-up: those first training steps (the step's compile); wall: the variant's whole session, "
-            "start-up, evaluations (a compiled evaluation compiles at the first) and checkpoints included.\n\n" + table + "\n")
+            "start-up, evaluations (a compiled evaluation compiles at the first) and checkpoints included.\n\n"
+            + table + "\n")
     out = io.StringIO(newline="")
     w = csv.DictWriter(out, fieldnames=[k for k, _, _ in COLUMNS])
     w.writeheader()
