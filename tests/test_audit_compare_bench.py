@@ -47,6 +47,12 @@ def _compare(tmp_path, monkeypatch, variants, device=None, env=None, **overrides
 
         monkeypatch.setattr(dlrm.distributed.env, "init_distributed", lambda dist, dev: (env or DistEnv(), device or dev))
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "fake GPU")
+    if env is not None:  # the ranks' agreement on a stop after each variant: no process group (nor CUDA) here
+        import contextlib
+
+        import dlrm.train.signals
+
+        monkeypatch.setattr(dlrm.train.signals, "agreed_stop", lambda *a, **k: contextlib.nullcontext())
     trained = {}
 
     def fake_train(vcfg, run_dir):

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from dlrm.distributed import checkpoint as dist_ckpt
+from tests.conftest import CHILD_ENV
 from tests.test_audit_checkpoint_files import save_sharded, tiny_state
 from tests.test_mapped_load_changes import run as two_step_run  # noqa: F401 - a fixture: config, checkpoints
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _driver(target: str, when: str, command: str) -> str:
@@ -53,7 +53,7 @@ def _driver(target: str, when: str, command: str) -> str:
 
 def _truncated_during(script: str, args: list[str], cwd: Path, cut) -> subprocess.CompletedProcess:
     """Run `script` with `args`; at its hand-off call `cut` (which changes the file), then let it go on."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    env = {**CHILD_ENV, "NO_COLOR": "1"}
     proc = subprocess.Popen([sys.executable, "-c", script, *args], cwd=cwd, env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdin is not None
@@ -140,7 +140,7 @@ def test_a_mapped_file_truncated_outside_a_read_still_dies_of_sigbus(tmp_path):
         os.truncate({str(path)!r}, 0)
         print(float(state["w"].sum()))
     """)
-    result = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(ROOT)},
+    result = subprocess.run([sys.executable, "-c", script], env=CHILD_ENV,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == -7, (result.returncode, result.stdout, result.stderr[-2000:])  # SIGBUS
 

@@ -10,7 +10,6 @@ limit, not the ~1 GiB of threads' stacks, malloc arenas and buffers a run maps a
 
 from __future__ import annotations
 
-import os
 import resource
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from dlrm import errors
 from dlrm.errors import ConfigError, DatasetError, as_limit_failure
 from dlrm.train import builder
 from dlrm.train.host_memory import HostMemory, later_address_space
-from tests.conftest import REPO, make_dataset
+from tests.conftest import CHILD_ENV, REPO, make_dataset
 from tests.prewarm import launch
 
 MiB = 2**20
@@ -111,7 +110,7 @@ def test_a_run_under_a_limit_it_cannot_run_in_says_so_in_one_line(tmp_path):
                     "--config", {str(REPO / "configs" / "sample.json")!r}, "--max-steps", "3", "--device", "cpu"]
         cli.main()
     """)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
+    env = {**CHILD_ENV, "NO_COLOR": "1"}
     r = subprocess.run([launch.real_python(), "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 4, (r.returncode, r.stderr[-3000:])
