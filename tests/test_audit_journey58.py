@@ -13,6 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Both masked lookups' backward, as a multi-hot eager run (or a sharded one) runs it, in a fresh process: torch warns
 # once a process, so an earlier test's sparse tensor would hide it here.
 _MASKED_BACKWARD = """
+import warnings
+warnings.simplefilter("always")  # PYTHONWARNINGS=always's filter, without the fresh interpreter a changed one starts
 import torch
 from dlrm.model.masked_lookup import masked_embedding, masked_embedding_bag
 w = torch.nn.Parameter(torch.arange(8.0).reshape(4, 2))
@@ -29,7 +31,7 @@ print(v.grad.coalesce().to_dense().tolist())
 def test_the_masked_lookups_sparse_gradient_warns_of_no_memory_errors():
     """A multi-hot eager run (README: MLPerf's model on a CPU with fp32 tables) printed torch 2.13's "Sparse invariant
     checks are implicitly disabled. Memory errors (e.g. SEGFAULT) will occur ..." at its first backward."""
-    env = {**CHILD_ENV, "PYTHONWARNINGS": "always"}  # the caller's PYTHONPATH kept (the GPU machine's loguru)
+    env = CHILD_ENV  # the caller's PYTHONPATH kept (the GPU machine's loguru)
     done = subprocess.run([sys.executable, "-c", _MASKED_BACKWARD], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr

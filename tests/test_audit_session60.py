@@ -13,6 +13,8 @@ from tests.conftest import CHILD_ENV, REPO
 
 # The lazy weight decay's sparse gradient, rebuilt in a fresh process (torch warns once a process).
 _DECAYED_GRAD = """
+import warnings
+warnings.simplefilter("always")  # PYTHONWARNINGS=always's filter, without the fresh interpreter a changed one starts
 import torch
 from dlrm.train.optim import decay_touched_rows_
 w = torch.nn.Parameter(torch.ones(4, 2))
@@ -25,7 +27,7 @@ print(w.grad.to_dense().tolist())
 def test_the_lazy_weight_decays_sparse_gradient_warns_of_no_memory_errors():
     """torch 2.11 (the GPU image's) printed "Sparse invariant checks are implicitly disabled. Memory errors (e.g.
     SEGFAULT) will occur ..." for a sparse tensor built with ``check_invariants=False``; 2.13 does not."""
-    done = subprocess.run([sys.executable, "-c", _DECAYED_GRAD], cwd=REPO, env={**CHILD_ENV, "PYTHONWARNINGS": "always"},
+    done = subprocess.run([sys.executable, "-c", _DECAYED_GRAD], cwd=REPO, env=CHILD_ENV,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "invariant" not in done.stderr, done.stderr
