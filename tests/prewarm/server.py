@@ -44,7 +44,9 @@ STARTUP_PREFIXES = ("PYTHON", "TORCH", "PYTORCH", "TRITON", "OMP_", "KMP_", "GOM
 APPLIED_BY_CHILD = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE",
                     # read when first compiling (Inductor's cache_dir() sets the first in a test process that compiled)
                     "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
-READ_LATER_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_")
+# (torchrun's grace, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, is read when its LaunchConfig is made: tests/test_shutdown_grace.py
+# set it for 5 processes that each started a fresh interpreter, ~2.5 s of CPU apiece)
+READ_LATER_PREFIXES = ("TORCHELASTIC_", "TORCH_NCCL_", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
 
 # stdio as this server made them (the child rebuilds its own on the client's descriptors with the same encodings)
 STDIO = {name: (getattr(sys, name).encoding, getattr(sys, name).errors) for name in ("stdin", "stdout", "stderr")}
