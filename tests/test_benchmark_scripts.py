@@ -257,7 +257,10 @@ def test_mlperf_dcnv2_smoke_baseline_ours_and_a_step_graph_variant(tmp_path):
     measured there; on the CPU recorded as skipped, not a crash), the model's floor from its shapes, and
     the CSV / Markdown / PNG written."""
     md2 = load_script("mlperf_dcnv2")
-    assert md2.main(["--smoke", "--variants", "eager,triton-embedding+step-graph", "--out", str(tmp_path)]) == 0
+    # --warmup 0: no untimed step (--smoke's 1): each measured case is MLPerf's dense layers under bf16 autocast, a
+    # ~2-s step on a CI core; the two timed windows still run, measure and train (a finite final loss)
+    assert md2.main(["--smoke", "--warmup", "0", "--variants", "eager,triton-embedding+step-graph",
+                     "--out", str(tmp_path)]) == 0
     rows = read_csv(tmp_path / "mlperf_dcnv2.csv")
     assert [(r["impl"], r["batch_size"]) for r in rows] == [
         ("baseline", "64"), ("eager", "64"), ("triton-embedding+step-graph", "64")]
