@@ -324,7 +324,11 @@ def test_pooled_lookup_launches_give_the_same_sums(launch, device, monkeypatch, 
     feature an empty one."""
     import kernels.embedding.pooled as pooled_module
 
-    case = make_case(127, [5, 1, 3, 2], "modulus", seed=7, all_pad_feature=True).to(device)
+    # One sample a program (1, 1, 1) has no partial sample block at any batch: 13 rows there, not 127, since the
+    # interpreter runs a program a sample and feature (508 programs at 127 rows: 5-7 s of a CI core, 0.3-0.7 s for
+    # each other launch); its slots still unrolled 1 a step, the all-PAD feature still empty
+    batch = 13 if launch[0] == 1 else 127
+    case = make_case(batch, [5, 1, 3, 2], "modulus", seed=7, all_pad_feature=True).to(device)
     weight = make_weight(case.num_rows, 24, device)
     cards, offsets, layout = case.hash_args()
 
