@@ -20,6 +20,7 @@ from dlrm.distributed.env import failure
 from dlrm.distributed.merge import merge_to_file
 from dlrm.distributed.sharding import plan_sharding
 from dlrm.train.checkpointer import Checkpointer
+from tests.fastdist_ranks import call_on_ranks
 from tests.test_audit_checkpoint_files import SPARSE, tiny_state
 from tests.test_audit_sharded_save_failure import _shard_state
 from tests.test_checkpoint_safety import StubEnv
@@ -222,22 +223,9 @@ def _gloo_worker(rank: int, init_file: str, best: str, results) -> None:
 def test_gloo_ranks_a_failed_same_step_best_keeps_the_previous_best_whole(best, tmp_path):
     """The same with two real ranks: both stop with the full disk's error, best.pt stays A's whole (rank 0's shard was
     B's); saved again, it is B's whole, merges, and nothing else is left."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    with mp.Manager() as manager:
-        results = manager.dict()
-        procs = [ctx.Process(target=_gloo_worker, args=(r, str(tmp_path / "init"), str(best), results))
-                 for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(60)
-        for p in procs:  # only the processes this test started
-            if p.is_alive():
-                p.kill()
-                p.join()
-        got = dict(results)
+    # ranks started through sys.executable (the suite's prewarmed interpreter serves them: no torch import a rank, nor
+    # a Manager process), as torch.multiprocessing's spawn started them before; each rank's results dict comes back
+    got, _ = call_on_ranks(_gloo_worker, (str(tmp_path / "init"), str(best)), WORLD, tmp_path, timeout=60)
     assert got == {q: (errno.ENOSPC, ["A", "A"], ["B", "B"]) for q in range(WORLD)}, got
     assert _same_model(_model_of(best), _state(1))
     assert sorted(p.name for p in best.parent.iterdir()) == [
