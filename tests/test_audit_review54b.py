@@ -13,6 +13,7 @@ import torch
 from dlrm.cli import EXIT_OUT_OF_MEMORY, report_failure
 from dlrm.distributed.env import failure, failure_error
 from dlrm.errors import DatasetError, NonFiniteLoss
+from tests.fastdist_ranks import call_on_ranks
 
 
 @pytest.mark.parametrize("error", [MemoryError(), torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"),
@@ -64,13 +65,17 @@ def _oom_worker(rank: int, init_file: str, run_dir: str, results) -> None:
         dist.destroy_process_group()
 
 
-def test_a_rank_out_of_memory_in_a_save_stops_every_rank_with_exit_4(tmp_path):
-    import torch.multiprocessing as mp
+def on_two_ranks(worker, tmp_path) -> dict:
+    """``worker(rank, init_file, run_dir, results)`` on two ranks started through sys.executable (the suite's prewarmed
+    interpreter serves them: no torch import a rank, nor a Manager process, as torch.multiprocessing's spawn had):
+    their results; a rank that raised or died fails the test, as ``spawn(join=True)`` raised."""
+    got, codes = call_on_ranks(worker, (str(tmp_path / "init"), str(tmp_path / "run")), 2, tmp_path, timeout=120)
+    assert codes == [0, 0], (codes, got)
+    return got
 
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_oom_worker, args=(str(tmp_path / "init"), str(tmp_path / "run"), results), nprocs=2, join=True)
-        got = dict(results)
+
+def test_a_rank_out_of_memory_in_a_save_stops_every_rank_with_exit_4(tmp_path):
+    got = on_two_ranks(_oom_worker, tmp_path)
     assert got == {0: ("MemoryError", EXIT_OUT_OF_MEMORY), 1: ("MemoryError", EXIT_OUT_OF_MEMORY)}, got
 
 
@@ -118,15 +123,10 @@ def _repeat_worker(rank: int, init_file: str, run_dir: str, results) -> None:
 def test_a_failed_repeated_save_of_a_step_leaves_its_shards_of_one_save(tmp_path):
     """The step's manifest (kept: it existed) named rank 0's new shard beside rank 1's old one: a checkpoint whose
     ranks hold different dense optimizers (and run totals), which a resume took as one."""
-    import torch.multiprocessing as mp
-
     from dlrm import checkpoint as ckpt
     from dlrm.distributed import checkpoint as dist_ckpt
 
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_repeat_worker, args=(str(tmp_path / "init"), str(tmp_path / "run"), results), nprocs=2, join=True)
-        got = dict(results)
+    got = on_two_ranks(_repeat_worker, tmp_path)
     assert got == {0: "ENOSPC", 1: "ENOSPC"}, got
     manifest = ckpt.checkpoint_dir(tmp_path / "run") / ckpt.checkpoint_name(2)
     lrs = [dist_ckpt.load_shard(manifest, ckpt.load_checkpoint(manifest), q)["optimizers"][0]["param_groups"][0]["lr"]
