@@ -17,12 +17,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from dlrm import checkpoint as ckpt
 from dlrm.distributed import checkpoint as dist_ckpt
 from dlrm.distributed.env import DistEnv
 from dlrm.distributed.sharding import plan_sharding
+from tests.fastdist_ranks import call_on_ranks
 from tests.shared_once import computed_once
 from tests.test_audit_checkpoint_files import SPARSE, tiny_state
 from tests.test_checkpoint_safety import local_rows
@@ -121,20 +121,12 @@ def _worker(rank: int, root: str, results) -> None:
 
 
 def _run_all(root: Path) -> None:
-    """Every case on two spawned ranks; their results as ``results.json``: ``[kind, fail_rank, rank, result]``."""
-    ctx = mp.get_context("spawn")
-    with mp.Manager() as manager:
-        results = manager.dict()
-        procs = [ctx.Process(target=_worker, args=(r, str(root), results)) for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(len(CASES) * (TIMEOUT_S + 40))
-        for p in procs:  # only the processes this test started
-            if p.is_alive():
-                p.kill()
-                p.join()
-        got = [[*key, list(value)] for key, value in dict(results).items()]
+    """Every case on two ranks; their results as ``results.json``: ``[kind, fail_rank, rank, result]``. The ranks are
+    started through sys.executable (`tests.fastdist_ranks`: the suite's prewarmed interpreter serves them, no torch
+    import a rank nor a Manager process, as torch.multiprocessing's spawn had); a rank that died reports nothing for
+    its cases, which the tests then miss."""
+    results, _ = call_on_ranks(_worker, (str(root),), WORLD, root, timeout=len(CASES) * (TIMEOUT_S + 40))
+    got = [[*key, list(value)] for key, value in results.items()]
     (root / "results.json").write_text(json.dumps(got))
 
 
