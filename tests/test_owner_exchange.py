@@ -16,7 +16,7 @@ from dlrm.distributed.sharded_embedding import ShardedSparseArch
 from dlrm.distributed.sharding import plan_sharding
 from kernels.embedding import PAD_SPARSE, SparseOptimizerConfig
 from tests.shared_once import computed_once
-from tests.spawned_ranks import failures_on_ranks
+from tests.fastdist_ranks import failures_on_ranks  # ranks served by the prewarmed interpreter, not spawned
 
 # The pooled kernels under the interpreter (gloo ranks), also on the GPU machine: its image's Triton 3.6 interpreter runs
 # them since `kernels._interpreter` fixed its scalar loop bounds under NumPy 2.4 (until 2026-12-01 they were skipped there).
