@@ -107,5 +107,6 @@ def test_a_signal_after_the_summarys_agreement_is_ignored_as_said(root, agent):
     got, codes = call_on_ranks(_run_on_rank, (str(root), "after", agent), 2, root, timeout=240)
     assert codes == [0, 0] and [got.get((q, "outcome")) for q in (0, 1)] == [0, 0], (codes, got)
     assert (root / "tb" / "r" / "summary.json").is_file()
-    ignored = "SIGTERM: ignored: the run is writing its summary, nothing is left to stop (send it again to stop at once)"
+    ignored = ("SIGTERM: ignored: the run is writing its summary, nothing is left to stop "
+               "(send it again to stop at once)")
     assert [got[(q, "warned")] for q in (0, 1)] == [[ignored], [] if agent else [ignored]], got
