@@ -150,8 +150,8 @@ class StopGrace:
     def __init__(self, env: DistEnv, grace_s: Optional[float] = None, configurable: Optional[bool] = None) -> None:
         self.env = env
         # one process under torchrun (--nproc-per-node 1, as in many SLURM scripts) is SIGKILLed alike
-        self.grace_s = torchrun_grace_s() if grace_s is None else grace_s
         self.configurable = grace_configurable() if configurable is None else configurable
+        self.grace_s = torchrun_grace_s(configurable=self.configurable) if grace_s is None else grace_s
         self.warned = False
 
     @property
