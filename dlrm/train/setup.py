@@ -31,13 +31,41 @@ def seed_rank(seed: int, rank: int) -> None:
         torch.manual_seed(int(np.random.SeedSequence([seed, rank]).generate_state(1, np.uint64)[0]))
 
 
+# What CUDA's start maps, measured with benchmarks/address_space_margin.py on an H200 (torch 2.11, session 83):
+# configs/sample.json peaked at 22.9 GiB of address space. Under `ulimit -v 16 GB` cudaGetDeviceCount failed with
+# "Error 2: out of memory" (a warning torch gives once) and the run said only "CUDA is not available", exit 2.
+CUDA_START_GIB = 23
+
+
+def cuda_held_by_limit() -> str:
+    """This process's address-space limits ("ulimit -v 16.0 GiB (RLIMIT_AS)") where they are why CUDA is unavailable
+    (a CUDA build of torch, an NVIDIA device node present); "" otherwise."""
+    from dlrm.errors import address_limits
+
+    if not torch.backends.cuda.is_built() or not os.path.exists("/dev/nvidiactl"):
+        return ""
+    return address_limits()
+
+
 def resolve_device(name: str) -> torch.device:
-    """'auto' picks CUDA when present; asking for CUDA without it is an error, not a fallback."""
+    """'auto' picks CUDA when present; asking for CUDA without it is an error, not a fallback. A GPU that CUDA could
+    not start under this process's `ulimit -v`/`-d` is said so: a warning for 'auto' (the run goes on on the CPU),
+    for 'cuda' one line naming the limit, exit 4 (`dlrm.cli.out_of_memory_message`)."""
+    if name not in ("auto", "cuda") or torch.cuda.is_available():
+        return torch.device("cuda" if name == "auto" else name)
+    limits = cuda_held_by_limit()
+    why = (f"CUDA could not start under this process's limit, {limits} (its start maps address space: {CUDA_START_GIB} "
+           "GiB for configs/sample.json on an H200)")
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device: 'cuda' was requested but CUDA is not available")
-    return torch.device(name)
+        if limits:
+            logger.warning(f"train.device auto: a GPU is present but {why}: training on the CPU; raise the limit "
+                           "(ulimit -v unlimited) to train on the GPU")
+        return torch.device("cpu")
+    if limits:
+        exc = MemoryError(f"train.device 'cuda': {why}: raise it (ulimit -v unlimited), or set train.device cpu")
+        exc.dlrm_refused = True  # type: ignore[attr-defined]  # said as it is, exit 4
+        raise exc
+    raise ConfigError("train.device: 'cuda' was requested but CUDA is not available")
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
