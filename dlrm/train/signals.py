@@ -74,7 +74,10 @@ class GracefulStop:
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:  # second signal: give up at once
-            logger.warning(f"{signal.Signals(signum).name} again: stopping now, without a checkpoint")
+            # under torchrun's agent, which passes a signal on to every rank, said by each machine's first rank
+            # (`said_once.signal_logger`); every rank said it, N lines on N ranks
+            said_once.signal_logger().warning(f"{signal.Signals(signum).name} again: stopping now, without a "
+                                              "checkpoint")
             raise SystemExit(128 + signum)
         self.signum = signum
         line = f"{signal.Signals(signum).name}: {self._doing} (send it again to stop at once)"
