@@ -35,7 +35,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import click
 from loguru import logger
@@ -53,7 +53,7 @@ from dlrm.output_place import check_branch_outside_sweep, check_outside_sweep, c
 from dlrm.path_checks import check_path
 from dlrm.run_paths import check_room, export_temp, run_deepest
 from dlrm.stop_signal import LateSignals, StopAtOnce, signal_stop_inside
-from dlrm.train.oom_advice import one_line as _one_line, out_of_memory_message
+from dlrm.train.oom_advice import one_line as _one_line, out_of_memory_message, resume_state
 from dlrm.train.resume_room import check_resume_room
 
 EXIT_BAD_INPUT = 2
@@ -301,18 +301,18 @@ class RanksCommand(OneLineUsageCommand):
         sys.exit(code if isinstance(code, int) else 0)  # (--help's click.Exit: its code; a run: main's sys.exit)
 
 
-def report_failure(exc: BaseException, cfg: Optional[Config], resuming: bool = False) -> int:
+def report_failure(exc: BaseException, cfg: Optional[Config], resuming: Union[bool, str, None] = False) -> int:
     """Log `exc` as its one line (a bug: its traceback and a line saying so); return the exit code. A line said once
     for a torchrun run (rank 0's, each machine's first rank's) is out before any other rank returns: one that exited
     first got it killed by torchrun's agent (`dlrm.distributed.said_once`). `resuming`: a --resume (out of memory,
-    it is not told to change what its checkpoint fixes)."""
+    it is not told to change what its checkpoint fixes): True, or the flag's value, which `resume_state` weighs."""
     code, said_once_for_all = _report(exc, cfg, resuming)
     if said_once_for_all:
         said_once.wait_until_rank_zero_said(exc, cfg.distributed.timeout_s if cfg is not None else None)
     return code
 
 
-def _report(exc: BaseException, cfg: Optional[Config], resuming: bool = False) -> tuple[int, bool]:
+def _report(exc: BaseException, cfg: Optional[Config], resuming: Union[bool, str, None] = False) -> tuple[int, bool]:
     """`report_failure`'s line, its exit code, and whether the line was said once for every rank alike."""
     exc = as_limit_failure(exc)  # (under ulimit -v: a thread, library or file that could not be mapped, exit 4)
     if isinstance(exc, (ConfigError, DatasetError)) or is_triton_unavailable(exc):
@@ -342,6 +342,8 @@ def _report(exc: BaseException, cfg: Optional[Config], resuming: bool = False) -
         (_said_once_per_node(exc) if said_once.signal_reaches_every_rank(exc) else logger).error("interrupted (Ctrl-C)")
         return EXIT_INTERRUPTED, False
     if is_out_of_memory(exc):
+        if isinstance(resuming, str) or resuming is None:  # the --resume flag's value: what the next one meets
+            resuming = resume_state(resuming, cfg)
         # a refusal every rank of a torchrun run makes from the same numbers (`refuse_host_memory_shortfall`): once
         if getattr(exc, "found_alike", False):
             _said_once_per_node(exc).error(out_of_memory_message(exc, cfg, resuming))
@@ -560,8 +562,7 @@ def main(config_path, data, device, batch_size, epochs, max_steps, seed, run_nam
             late.begin("the command finished (its results written)")  # (begun already by a run's summary)
     except (Exception, KeyboardInterrupt) as e:  # SystemExit passes: it already carries its code
         known = isinstance(e, (ConfigError, DatasetError, NonFiniteLoss, TrainingStopped, KeyboardInterrupt))
-        code = report_failure(e if known else signal_stop_inside(e) or e, loaded[0] if loaded else None,
-                              resume is not None)
+        code = report_failure(e if known else signal_stop_inside(e) or e, loaded[0] if loaded else None, resume)
     finally:
         # Leave a torchrun process group, if this run joined one (without importing torch on the
         # config-error path, which stays fast).

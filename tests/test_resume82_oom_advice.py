@@ -174,3 +174,34 @@ def test_a_resume_out_of_memory_at_a_step_says_so_end_to_end(tmp_path, config, m
     line = error_line(invoke(tmp_path, config, "--run-name", "fresh"), 4)
     assert line.endswith("out of host memory (tried to allocate 7 bytes): retry with a smaller data.batch_size (now "
                          "8) (--batch-size), or cap the embedding tables with data.max_rows_per_table"), line
+
+
+def test_a_resume_that_restarted_from_step_0_is_not_told_of_a_checkpoint(tmp_path, config, monkeypatch):
+    """A --resume of a run stopped before its first checkpoint (its directory holds config.json only) restarts it from
+    step 0 (`restart_config`); out of memory at a step it was told "the checkpoint fixes the tables and layers" of a
+    run that has none, and not the flag its next --resume needs to cap them (its config.json compared, every change
+    refused without --allow-config-change). A --resume by a name with no directory starts a new run, whose directory
+    a failure before its first checkpoint removes: its next --resume starts a new run too, a fresh run's advice."""
+    from dlrm.config import load_config
+    from dlrm.train import step
+
+    def out_of_memory(self, batch):
+        raise MemoryError("tried to allocate 7 bytes")
+
+    monkeypatch.setattr(step.TrainStep, "__call__", out_of_memory)
+    run = tmp_path / "tb" / "r"
+    run.mkdir(parents=True)  # as a run killed before its first checkpoint leaves it
+    saved = load_config(config, {"log.tb_dir": str(tmp_path / "tb"), "log.run_name": "r"}).to_dict()
+    (run / "config.json").write_text(json.dumps(saved))
+    result = invoke(tmp_path, config, "--run-name", "r", "--resume", "latest", "--max-steps", "4")
+    assert "holds no checkpoint yet (the run stopped before its first one): starting it from step 0" in result.output
+    line = error_line(result, 4)
+    assert line.endswith("out of host memory (tried to allocate 7 bytes): retry the --resume with a smaller "
+                         "data.batch_size (now 8) (--batch-size with --allow-config-change data.batch_size), or cap "
+                         "the embedding tables with data.max_rows_per_table with --allow-config-change "
+                         "data.max_rows_per_table (the run has no checkpoint: its config.json is compared)"), line
+    assert (run / "config.json").is_file() and not list(run.glob("checkpoints/*.pt"))
+    line = error_line(invoke(tmp_path, config, "--run-name", "new", "--resume", "latest", "--max-steps", "4"), 4)
+    assert not (tmp_path / "tb" / "new").exists()
+    assert line.endswith("out of host memory (tried to allocate 7 bytes): retry with a smaller data.batch_size (now "
+                         "8) (--batch-size), or cap the embedding tables with data.max_rows_per_table"), line

@@ -5,7 +5,8 @@ start-up, and its handlers must exist whenever the failure happens."""
 
 from __future__ import annotations
 
-from typing import Optional
+from pathlib import Path
+from typing import Optional, Union
 
 from dlrm.config import Config
 
@@ -18,11 +19,33 @@ def one_line(exc: BaseException, limit: int = 2000, first_only: bool = False) ->
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def out_of_memory_message(exc: BaseException, cfg: Optional[Config], resuming: bool = False) -> str:
+def resume_state(resume: Optional[str], cfg: Optional[Config]) -> Union[bool, str]:
+    """What the next ``--resume`` of a run that failed meets, for its out-of-memory advice: True where a checkpoint
+    is there (a ``--resume PATH``; the run by name holds one, also one this session wrote before it failed), which
+    fixes the tables and layers; "restart" where the run's directory holds its config.json and no checkpoint (a
+    ``--resume`` that found none, restarted from step 0, and failed before its first one: the next compares its
+    config with that file, so every change needs ``--allow-config-change``, `dlrm.train.resume_policy.restart_config`);
+    False for no ``--resume``, or a run whose directory was never made (the next starts a new run)."""
+    if resume is None:
+        return False
+    if resume != "latest" or cfg is None or not cfg.log.run_name:
+        return True
+    import dlrm.checkpoint as ckpt  # (torch: loaded by a run that ran out of memory)
+    from dlrm.train.checkpointer import BEST_NAME
+
+    run = Path(cfg.log.tb_dir) / cfg.log.run_name
+    if ckpt.list_checkpoints(run) or (ckpt.checkpoint_dir(run) / BEST_NAME).is_file():
+        return True
+    return "restart" if (run / "config.json").is_file() else False
+
+
+def out_of_memory_message(exc: BaseException, cfg: Optional[Config], resuming: Union[bool, str] = False) -> str:
     """What ran out, and the settings that shrink a run's memory: while the model was built, the tables' size and
     what makes them fit (`dlrm_tables`, from `dlrm.train.builder.tables_named_if_out_of_memory`); else the batch size
-    too. `resuming`: a --resume, whose checkpoint fixes the tables and the dense layers (no cap, no smaller model: it
-    is told to run where there is more memory) and which takes another batch size only under --allow-config-change."""
+    too. `resuming` (`resume_state`): True, a --resume of a checkpoint, which fixes the tables and the dense layers (no
+    cap, no smaller model: it is told to run where there is more memory) and takes another batch size only under
+    --allow-config-change; "restart", a --resume of a run with no checkpoint, its config.json compared: a fresh run's
+    advice, each key with the flag the next --resume takes it with."""
     if getattr(exc, "dlrm_refused", False):  # refused before the build (`refuse_host_memory_shortfall`): as it is
         return one_line(exc)
     gpu = type(exc).__name__ == "OutOfMemoryError"
@@ -31,6 +54,12 @@ def out_of_memory_message(exc: BaseException, cfg: Optional[Config], resuming: b
     if tables is not None:
         return f"out of {what} building the model ({one_line(exc, limit=200, first_only=True)}): {tables}"
     batch = f" (now {cfg.data.batch_size})" if cfg is not None else ""
+    if resuming == "restart":  # (said "the checkpoint fixes the tables" of a run that has none)
+        flag = " with --allow-config-change {}"
+        return (f"out of {what} ({one_line(exc, limit=200, first_only=True)}): retry the --resume with a smaller "
+                f"data.batch_size{batch} (--batch-size{flag.format('data.batch_size')}), or cap the embedding tables "
+                f"with data.max_rows_per_table{flag.format('data.max_rows_per_table')} (the run has no checkpoint: "
+                "its config.json is compared)")
     if resuming:  # ("cap the embedding tables" and "shrink model.cross_rank" were advised: each refused on a resume)
         return (f"out of {what} ({one_line(exc, limit=200, first_only=True)}): resume with a smaller data.batch_size"
                 f"{batch} (--batch-size with --allow-config-change data.batch_size), or on a {'GPU' if gpu else 'host'}"
