@@ -76,19 +76,25 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def rng_state() -> dict[str, Any]:
+    """The random streams a resume continues. CUDA's only where this process started CUDA (a CUDA run has, by its
+    first checkpoint): asking `torch.cuda.is_available()` starts it, and a CPU run on a GPU host mapped ~12 GiB more
+    address space at its first checkpoint for a generator it never used (measured on an H200 host, session 83: 15.9
+    GiB after the host-memory check, which `ulimit -v` runs are weighed at)."""
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
     }
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """`rng_state`'s streams restored; CUDA's where this process started CUDA (a CUDA run has built its model on the
+    GPU by then; a CPU resume of a GPU run's checkpoint uses no CUDA generator, and would start CUDA for it)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
+    if state.get("cuda") is not None and torch.cuda.is_initialized():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 

@@ -370,6 +370,6 @@ class EvalForward:
             extra = self.batch_size - n
             dense = torch.cat([dense, dense[:1].expand(extra, -1)])
             sparse = torch.cat([sparse, sparse[:1].expand(extra, -1)])
-        if self.pad and torch.cuda.is_available() and self.device.type == "cuda":
+        if self.pad and self.device.type == "cuda" and torch.cuda.is_available():
             torch.compiler.cudagraph_mark_step_begin()
         return self._forward(dense, sparse)[:n].clone()
