@@ -34,9 +34,12 @@ def resume_state(resume: Optional[str], cfg: Optional[Config]) -> Union[bool, st
     from dlrm.train.checkpointer import BEST_NAME
 
     run = Path(cfg.log.tb_dir) / cfg.log.run_name
-    if ckpt.list_checkpoints(run) or (ckpt.checkpoint_dir(run) / BEST_NAME).is_file():
+    try:
+        if ckpt.list_checkpoints(run) or (ckpt.checkpoint_dir(run) / BEST_NAME).is_file():
+            return True
+        return "restart" if (run / "config.json").is_file() else False
+    except OSError:  # (the run's directory unreadable now: a resume's advice, as before this was weighed)
         return True
-    return "restart" if (run / "config.json").is_file() else False
 
 
 def out_of_memory_message(exc: BaseException, cfg: Optional[Config], resuming: Union[bool, str] = False) -> str:
