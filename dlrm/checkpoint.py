@@ -77,9 +77,9 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 def rng_state() -> dict[str, Any]:
     """The random streams a resume continues. CUDA's only where this process started CUDA (a CUDA run has, by its
-    first checkpoint): asking `torch.cuda.is_available()` starts it, and a CPU run on a GPU host mapped ~12 GiB more
-    address space at its first checkpoint for a generator it never used (measured on an H200 host, session 83: 15.9
-    GiB after the host-memory check, which `ulimit -v` runs are weighed at)."""
+    first checkpoint): asking `torch.cuda.is_available()` starts it, for a generator a CPU run never uses. On an H200
+    host (session 83) the sample's CPU run mapped 15.9 GiB of address space after its host-memory check (which `ulimit
+    -v` runs are weighed at), near a CUDA run's whole 22.9: CUDA's start, inferred, not broken down by mapping."""
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
