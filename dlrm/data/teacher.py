@@ -202,6 +202,13 @@ def expand_multi_hot(rng: np.random.Generator, ids: np.ndarray, cardinalities: l
     return out
 
 
+# Tuned biases by `Teacher.pilot_key`: the pilot costs ~1 s of CPU one-hot (seconds multi-hot) whatever the rows
+# written, and a process that makes several datasets of one seed and cardinalities (the tests: 40 pilots of 19
+# distinct teachers in 8 files, 2026-12-05) tuned the same bias again each time. The bisection is deterministic, so
+# the value kept is the one it would compute again, bit for bit.
+_TUNED_BIAS: dict[tuple, float] = {}
+
+
 class Teacher:
     """The planted click model (see the module docstring).
 
@@ -222,7 +229,18 @@ class Teacher:
         self.multi_hot_fill = multi_hot_fill
         self.offsets = slot_offsets(self.multi_hot_sizes)
         self.bias = 0.0
-        self.bias = self._tune_bias() if bias is None else float(bias)
+        if bias is None:
+            key = self.pilot_key()
+            if key not in _TUNED_BIAS:
+                _TUNED_BIAS[key] = self._tune_bias()
+            bias = _TUNED_BIAS[key]
+        self.bias = float(bias)
+
+    def pilot_key(self) -> tuple:
+        """What the tuned bias depends on (the pilot's rows and the logits are functions of these alone; the class too,
+        as a subclass may compute its logits otherwise)."""
+        sizes = None if self.multi_hot_sizes is None else tuple(int(n) for n in self.multi_hot_sizes)
+        return type(self), int(self.seed), tuple(int(c) for c in self.cardinalities), sizes, self.multi_hot_fill
 
     def logit(self, dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """Teacher logits (float64 [n]) of stored dense counts [n, 13] and category ids [n, L]
