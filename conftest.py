@@ -11,18 +11,16 @@ none of which is marked).
 
 import os
 import sys
-from pathlib import Path
 
 # Bytecode cached for the test session even where PYTHONDONTWRITEBYTECODE is set (as in CI's image): without it each
 # pytest worker re-did the assertion rewriting of all ~560 test modules at collection (31 s of CPU a worker against
 # 13 s with it cached, 2026-12-05), and each of the ~520 processes the tests start recompiled the dlrm/ and kernels/
-# modules it imported (~0.3 s of CPU for all of them). The files go to one folder outside the source tree (the
-# variable's wish, no __pycache__ there), one that git ignores; Python and pytest check each file against its
-# source's mtime and size. Set in the environment here, before xdist starts its workers and tests/conftest.py the
-# prewarmed interpreter, so that they and every process they start write and read the same cache.
-if sys.dont_write_bytecode and not sys.pycache_prefix:
-    sys.pycache_prefix = str(Path(__file__).resolve().parent / ".pytest_cache" / "pycache")
-    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix
+# modules it imported (~0.3 s of CPU for all of them). Written beside the sources, in the __pycache__ folders git
+# ignores, where the installed packages' are read from: a PYTHONPYCACHEPREFIX folder instead is the only place
+# Python then looks, and torch's import compiled there took 10 s of CPU against 3.4 s. Python and pytest check each
+# file against its source's mtime and size. Cleared in the environment here, before xdist starts its workers and
+# tests/conftest.py the prewarmed interpreter, so that they and every process they start write the cache too.
+if sys.dont_write_bytecode:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
 
