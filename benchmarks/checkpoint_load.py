@@ -11,8 +11,11 @@ tensor into a model tensor already allocated on ``--device``:
 
 * ``plain``: `dlrm.checkpoint.load_checkpoint` as before (torch.load reads the file whole);
 * ``mapped``: ``load_checkpoint(mmap=True)``: the tensor a view of the file's pages, read by the copy;
-* ``mapped + read ahead``: also `dlrm.mapped_load.read_ahead` (what a resume, a merge and ``--eval-only`` do: the
-  bytes read into the page cache with a progress bar first, where they fit in half of MemAvailable).
+* ``mapped + read ahead first``: also `dlrm.mapped_load.read_ahead` outside `dlrm.mapped_load.reading`: the bytes
+  read into the page cache with a progress bar, then copied (what a resume, a merge and ``--eval-only`` did until
+  2026-12-05);
+* ``mapped + read ahead``: the same within `reading`, as they do now: the reads on a thread of their own beside the
+  copy, `reading` waiting for them at its end (counted in ``copy_s``).
 
 It reports the load's and the copy's seconds and the growth of the process's anonymous memory (RssAnon: its own pages,
 not the page cache's) with the loaded state still held, the model tensor allocated before. Writes ``<name>.csv`` /
@@ -36,7 +39,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 from _common import (add_overwrite, claim_outputs, date_stamp, environment, env_line, markdown, md_row,  # noqa: E402
                      write_csv)
 
-MODES = ("plain", "mapped", "mapped + read ahead")
+MODES = ("plain", "mapped", "mapped + read ahead first", "mapped + read ahead")
 
 
 def rss_anon() -> int:
@@ -56,7 +59,9 @@ def checkpoint_state(x: torch.Tensor) -> dict:
 def one(mode: str, path: Path, device: str) -> dict:
     """Load `path` in `mode` and copy its tensor into one on `device` (run in a fresh process: `main` starts it)."""
     import dlrm.checkpoint as ckpt
-    from dlrm.mapped_load import read_ahead
+    from contextlib import nullcontext
+
+    from dlrm.mapped_load import read_ahead, reading
 
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -69,16 +74,17 @@ def one(mode: str, path: Path, device: str) -> dict:
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     base = rss_anon()
     start = time.perf_counter()
-    if mode == "plain":
-        state = ckpt.load_checkpoint(path)
-    else:
-        state = ckpt.load_checkpoint(path, mmap=True)
-        if mode == "mapped + read ahead":
-            read_ahead(state, path.name, least=0)
-    loaded = time.perf_counter()
-    src = state["model"]["t"]
-    dst[: src.numel()].copy_(src)
-    sync()
+    with reading([path]) if mode == "mapped + read ahead" else nullcontext():
+        if mode == "plain":
+            state = ckpt.load_checkpoint(path)
+        else:
+            state = ckpt.load_checkpoint(path, mmap=True)
+            if mode.startswith("mapped + read ahead"):
+                read_ahead(state, path.name, least=0)
+        loaded = time.perf_counter()
+        src = state["model"]["t"]
+        dst[: src.numel()].copy_(src)
+        sync()
     done = time.perf_counter()
     return {"load_s": round(loaded - start, 3), "copy_s": round(done - loaded, 3), "total_s": round(done - start, 3),
             "anon_growth_GiB": round((rss_anon() - base) / 2**30, 3)}

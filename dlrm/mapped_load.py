@@ -12,8 +12,14 @@ Two things the plain read gave that a mapping does not, kept here:
 
 * A progress bar: the read happened inside torch.load (a bar followed its bytes); mapped, it happens inside the
   model's copy, without a word for a minute (MLPerf's file). `read_ahead` reads the tensors a caller will use into
-  the page cache first, with a bar (one pass at the disk's rate; the copy then reads memory), where they fit in
-  half of the host's MemAvailable; a larger file is read as it is used, said in one line.
+  the page cache, with a bar (one pass at the disk's rate), where they fit in half of the host's MemAvailable; a
+  larger file is read as it is used, said in one line. Within `reading` it reads on a thread of its own while the
+  caller goes on (builds its model, copies the tensors: the copy then finds the pages read, or reads them itself),
+  and `reading` waits for it at its end. Read first, then copied, a 16 GiB file into CUDA took 20-35% longer than
+  mapped and copied alone (an H100: 13.8-14.3 s against 10.5-11.5; an H200: 10.4-11.5 against 8.3-9.9;
+  results/checkpoint_load_h100.md, gpu_tests_2026-12-05_s83.md): the bar's price, which the thread is to remove
+  (on the 2-core CPU machine 2 GiB in 0.67-0.79 s against 0.83-0.87 read first: checkpoint_load_cpu_background.md;
+  not yet measured on a GPU machine).
 * Ownership: a mapped tensor is ``MAP_PRIVATE`` (writes stay in this process) but its unwritten pages are the file's:
   an optimizer that keeps a loaded tensor as its state (``torch.optim`` keeps a CPU tensor of the parameter's dtype
   as it is) would read another file's bytes if the checkpoint were overwritten in place (``cp``) while the run trains.
@@ -27,6 +33,7 @@ import errno
 import os
 import signal
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -124,10 +131,11 @@ def cpu_storages(obj: Any) -> list[torch.UntypedStorage]:
 
 
 def read_ahead(obj: Any, name: str, least: int, available: Optional[int] = None) -> bool:
-    """Read the bytes of `obj`'s tensors (memory-mapped: `load_mapped`) into the page cache now, with a progress bar
+    """Read the bytes of `obj`'s tensors (memory-mapped: `load_mapped`) into the page cache, with a progress bar
     ("reading `name`"), where they come to at least `least` bytes and at most `READ_AHEAD_SHARE` of `available` (the
     host's MemAvailable; default: read now); where they come to more, one line says they are read as they load.
-    Returns whether it read them.
+    Returns whether it reads them: now, or within `reading` on a thread of its own that the innermost `reading`
+    waits for at its end (the caller's own reads of the pages meanwhile: `ReadAheads`).
 
     Example:
         >>> read_ahead({"w": torch.zeros(4)}, "step-1.pt", least=1 << 30)  # 16 bytes: read where used
@@ -143,6 +151,15 @@ def read_ahead(obj: Any, name: str, least: int, available: Optional[int] = None)
         run_logger.info(f"reading {name}: its {total / 1e9:,.1f} GB are read as the model loads them (no progress "
                         f"bar: more than half of the host's available memory, {room}, is not read ahead)")
         return False
+    if _read_aheads:
+        _read_aheads[-1].start(storages, total, name)
+    else:
+        _read_storages(storages, total, name, threading.Event())
+    return True
+
+
+def _read_storages(storages: list, total: int, name: str, stop: threading.Event) -> None:
+    """`read_ahead`'s reads, with their bar, until done or `stop` is set."""
     buffer = torch.empty(min(CHUNK_BYTES, total), dtype=torch.uint8)
     with ProgressBar(total=total, desc=f"reading {name}", unit="B", unit_scale=True, dynamic_ncols=True,
                      **bar_interval()) as bar:
@@ -151,10 +168,42 @@ def read_ahead(obj: Any, name: str, least: int, available: Optional[int] = None)
             # in (the kernel's readahead: the disk's sequential rate) and touches no memory of this process's own
             flat = torch.empty(0, dtype=torch.uint8).set_(storage)
             for start in range(0, flat.numel(), CHUNK_BYTES):
+                if stop.is_set():
+                    return
                 chunk = flat[start:start + CHUNK_BYTES]
                 buffer[:chunk.numel()].copy_(chunk)
                 bar.update(chunk.numel())
-    return True
+
+
+class ReadAheads:
+    """The read-aheads started within one `reading`, each on a daemon thread: the caller's work goes on meanwhile
+    (where it copies a page first, the reader finds it in the page cache). `wait` joins them (`stop`: at their next
+    chunk, the phase having failed); the pages they fault in stay the truncation handler's within `reading`. A reader's
+    own failure ends only its reads: the caller's copy reads the pages itself and meets the same file."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self.stop = threading.Event()
+
+    def start(self, storages: list, total: int, name: str) -> None:
+        def run() -> None:
+            try:
+                _read_storages(storages, total, name, self.stop)
+            except Exception as e:  # noqa: BLE001 - (see the class docstring) said, not raised in a thread
+                run_logger.debug(f"reading {name} ahead stopped: {e}")
+
+        thread = threading.Thread(target=run, name=f"read-ahead {name}", daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def wait(self, stop: bool = False) -> None:
+        if stop:
+            self.stop.set()
+        for thread in self.threads:
+            thread.join()
+
+
+_read_aheads: list[ReadAheads] = []  # one for each open `reading`, innermost last
 
 
 def own_copies(holders: Iterable[Any], loaded: Any) -> int:
@@ -324,24 +373,31 @@ def raise_if_truncated(paths: Iterable[Any]) -> None:
 
 @contextmanager
 def reading(paths: Iterable[Any]) -> Iterator[dict[str, tuple[int, int, int, int]]]:
-    """Read the files of `paths` memory-mapped within: yields their `file_stamps` (for `check_unchanged`); one
-    truncated meanwhile, its pages past the end then read, is a one-line ConfigError (`raise_if_truncated`) at the
-    end, or in place of the error the zeros read there caused, where it was SIGBUS's death. A failure of the phase
-    while a file was changed (a write from its mapped pages past the end: EFAULT) is `check_unchanged`'s line."""
+    """Read the files of `paths` memory-mapped within: yields their `file_stamps` (for `check_unchanged`), and waits
+    at its end for the `read_ahead` threads started within (`ReadAheads`); one truncated meanwhile, its pages past the
+    end then read, is a one-line ConfigError (`raise_if_truncated`) at the end, or in place of the error the zeros
+    read there caused, where it was SIGBUS's death. A failure of the phase while a file was changed (a write from its
+    mapped pages past the end: EFAULT) is `check_unchanged`'s line."""
     stamps = file_stamps(paths)
     keys = []
     if _install():
         for path, (_, ino, _, _) in stamps.items():
             _watched.setdefault(ino, []).append(path)
             keys.append((ino, path))
+    read_aheads = ReadAheads()
+    _read_aheads.append(read_aheads)
     try:
         try:
             yield stamps
         except Exception:
+            read_aheads.wait(stop=True)
             check_unchanged(stamps)  # (the change's line in place of the error it caused)
             raise
+        read_aheads.wait()  # (its reads done before the truncation check and the handler's watch end)
         raise_if_truncated(stamps)
     finally:
+        read_aheads.wait(stop=True)
+        _read_aheads.remove(read_aheads)
         for ino, path in keys:
             _watched[ino].remove(path)
             if not _watched[ino]:
