@@ -176,17 +176,22 @@ def _read_storages(storages: list, total: int, name: str, stop: threading.Event)
 
 
 class ReadAheads:
-    """The read-aheads started within one `reading`, each on a daemon thread: the caller's work goes on meanwhile
-    (where it copies a page first, the reader finds it in the page cache). `wait` joins them (`stop`: at their next
-    chunk, the phase having failed); the pages they fault in stay the truncation handler's within `reading`. A reader's
-    own failure ends only its reads: the caller's copy reads the pages itself and meets the same file."""
+    """The read-aheads started within one `reading`, each on a daemon thread after the one before: the caller's work
+    goes on meanwhile (where it copies a page first, the reader finds it in the page cache). `wait` joins them
+    (`stop`: at their next chunk, the phase having failed); the pages they fault in stay the truncation handler's
+    within `reading`. A reader's own failure ends only its reads: the caller's copy reads the pages itself and meets
+    the same file."""
 
     def __init__(self) -> None:
         self.threads: list[threading.Thread] = []
         self.stop = threading.Event()
 
     def start(self, storages: list, total: int, name: str) -> None:
+        before = self.threads[-1] if self.threads else None
+
         def run() -> None:
+            if before is not None:  # one at a time (a merge maps several shards): one bar, the disk read in order
+                before.join()
             try:
                 _read_storages(storages, total, name, self.stop)
             except Exception as e:  # noqa: BLE001 - (see the class docstring) said, not raised in a thread

@@ -104,3 +104,22 @@ def test_a_file_truncated_under_the_background_reader_is_readings_one_line_error
                 f.truncate(64 * 1024)  # another program's truncate -s, after the mapping
             assert ml.read_ahead(state, path.name, least=0, available=1 << 40)  # its reader faults past the end
     assert ml._read_aheads == []
+
+
+def test_two_read_aheads_in_one_reading_read_one_after_the_other(tmp_path, monkeypatch):
+    path, _ = big_checkpoint(tmp_path, rows=MiB // 4)
+    events, go = [], threading.Event()
+
+    def reader(storages, total, name, stop):
+        events.append(f"start {name}")
+        if name == "first":
+            go.wait(10)  # held until the second has been started too
+        events.append(f"end {name}")
+
+    monkeypatch.setattr(ml, "_read_storages", reader)
+    with ml.reading([path]):
+        state = ckpt.load_checkpoint(path, mmap=True)
+        assert ml.read_ahead(state, "first", least=0, available=1 << 40)
+        assert ml.read_ahead(state, "second", least=0, available=1 << 40)  # (a merge's next shard)
+        go.set()
+    assert events == ["start first", "end first", "start second", "end second"]  # one bar at a time
