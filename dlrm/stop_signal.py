@@ -108,10 +108,11 @@ def raise_pending() -> None:
     if signum is not None and interrupt:
         raise Terminated(signum)
     if signum is not None:
-        raise TrainingStopped(128 + signum, _stopped_at_once(signum))
+        raise TrainingStopped(128 + signum, stopped_at_once(signum))
 
 
-def _stopped_at_once(signum: int) -> str:
+def stopped_at_once(signum: int) -> str:
+    """The line of a signal that stopped a command where no step or phase of its own says more."""
     return f"{signal.Signals(signum).name}: stopped at once, outside the training steps (no checkpoint written now)"
 
 
@@ -133,7 +134,7 @@ class StopAtOnce:
         _pending, _pending_interrupt = signum, self._interrupt
         if self._interrupt:
             raise Terminated(signum)
-        raise TrainingStopped(128 + signum, _stopped_at_once(signum))
+        raise TrainingStopped(128 + signum, stopped_at_once(signum))
 
     def __enter__(self) -> "StopAtOnce":
         try:

@@ -242,8 +242,11 @@ def test_a_signal_while_a_finished_variants_memory_is_released_keeps_its_row(tmp
         monkeypatch.setattr(compare.gc, "collect", collect)
         return _fake_summary(0.7)
 
-    with StopAtOnce(), pytest.raises(TrainingStopped):
+    with StopAtOnce(), pytest.raises(TrainingStopped) as stopped:
         compare.run_comparison(_compare_config(tmp_path), ["eager", "auto"], fake_train)
+    # its line says where it stopped (it said "SIGTERM: stopped at once, outside the training steps ...")
+    assert str(stopped.value) == ("SIGTERM: the comparison stopped after variant eager, before the next began (no "
+                                  "checkpoint written now)") and stopped.value.exit_code == 143
     rows = _rows(tmp_path / "tb" / "cmp" / "compare.csv")
     assert [(v, r["status"]) for v, r in rows.items()] == [("eager", "ok"),
                                                             ("auto", "not run: the comparison was stopped")]

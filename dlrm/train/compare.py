@@ -45,7 +45,7 @@ from loguru import logger
 from dlrm.config import CompileConfig, Config, ConfigError, KernelsConfig, validate
 from dlrm.errors import TrainingStopped, failure_reason
 from dlrm.logging_setup import run_logger  # (said alike by every rank: rank 0 says it for the run)
-from dlrm.stop_signal import EXIT_INTERRUPTED, raise_pending, signals_deferred, stop_signal_name
+from dlrm.stop_signal import EXIT_INTERRUPTED, raise_pending, signals_deferred, stop_signal_name, stopped_at_once
 from dlrm.train.metric_text import auc_text, csv_cell
 from dlrm.train.run_dir import RunDirectory
 from dlrm.train.setup import as_trained, dataset_tables, load_dataset_metadata, resolve_device
@@ -337,6 +337,13 @@ def _run_variants(cfg: Config, variants: list[str], train_fn: Callable, env, dev
     except (TrainingStopped, KeyboardInterrupt) as stop:  # a signal stopped it: the finished variants' report first
         if summaries and env.is_main:
             _write_partial(base, rows, summaries, variants, name, stop, device)
+        between = name is not None and any(r["variant"] == name for r in rows)  # (its row made: the next not begun)
+        if between and isinstance(stop, TrainingStopped) and str(stop) == stopped_at_once(stop.exit_code - 128):
+            # (one process: the signal came as a finished variant's memory was released; it said only "stopped at
+            # once, outside the training steps")
+            line = (f"{stop_signal_name(stop)}: the comparison stopped after variant {name}, before the next began "
+                    "(no checkpoint written now)")
+            raise TrainingStopped(stop.exit_code, line) from None
         raise
     _loss_diffs(rows, summaries)
     if failures and not summaries:  # nothing to compare: the first failure, as a single run would end
