@@ -18,8 +18,8 @@ Two things the plain read gave that a mapping does not, kept here:
   and `reading` waits for it at its end. Read first, then copied, a 16 GiB file into CUDA took 20-35% longer than
   mapped and copied alone (an H100: 13.8-14.3 s against 10.5-11.5; an H200: 10.4-11.5 against 8.3-9.9;
   results/checkpoint_load_h100.md, gpu_tests_2026-12-05_s83.md): the bar's price, which the thread is to remove
-  (on the 2-core CPU machine 2 GiB in 0.67-0.79 s against 0.83-0.87 read first: checkpoint_load_cpu_background.md;
-  not yet measured on a GPU machine).
+  (not yet measured on a GPU machine; on the 2-core CPU machine, where the copy and the reads share two cores, no
+  difference beyond the spread: checkpoint_load_cpu_background.md).
 * Ownership: a mapped tensor is ``MAP_PRIVATE`` (writes stay in this process) but its unwritten pages are the file's:
   an optimizer that keeps a loaded tensor as its state (``torch.optim`` keeps a CPU tensor of the parameter's dtype
   as it is) would read another file's bytes if the checkpoint were overwritten in place (``cp``) while the run trains.
@@ -158,8 +158,8 @@ def read_ahead(obj: Any, name: str, least: int, available: Optional[int] = None)
     return True
 
 
-def _read_storages(storages: list, total: int, name: str, stop: threading.Event) -> None:
-    """`read_ahead`'s reads, with their bar, until done or `stop` is set."""
+def _read_storages(storages: list, total: int, name: str, stop: threading.Event, in_thread: bool = False) -> None:
+    """`read_ahead`'s reads, with their bar, until done or `stop` is set (`in_thread`: on a `ReadAheads` thread)."""
     buffer = torch.empty(min(CHUNK_BYTES, total), dtype=torch.uint8)
     with ProgressBar(total=total, desc=f"reading {name}", unit="B", unit_scale=True, dynamic_ncols=True,
                      **bar_interval()) as bar:
@@ -170,9 +170,14 @@ def _read_storages(storages: list, total: int, name: str, stop: threading.Event)
             for start in range(0, flat.numel(), CHUNK_BYTES):
                 if stop.is_set():
                     return
-                chunk = flat[start:start + CHUNK_BYTES]
-                buffer[:chunk.numel()].copy_(chunk)
-                bar.update(chunk.numel())
+                n = min(CHUNK_BYTES, flat.numel() - start)
+                if in_thread:  # one memcpy (ctypes releases the GIL): torch's copy_ on a new thread starts an OpenMP
+                    # team of its own (libgomp's pool is per calling thread, measured: a thread a core, each with its
+                    # stack and malloc arena of address space, which a `ulimit -v` run's allowance does not hold)
+                    ctypes.memmove(buffer.data_ptr(), flat.data_ptr() + start, n)
+                else:
+                    buffer[:n].copy_(flat[start:start + n])
+                bar.update(n)
 
 
 class ReadAheads:
@@ -193,7 +198,7 @@ class ReadAheads:
             if before is not None:  # one at a time (a merge maps several shards): one bar, the disk read in order
                 before.join()
             try:
-                _read_storages(storages, total, name, self.stop)
+                _read_storages(storages, total, name, self.stop, in_thread=True)
             except Exception as e:  # noqa: BLE001 - (see the class docstring) said, not raised in a thread
                 run_logger.debug(f"reading {name} ahead stopped: {e}")
 

@@ -21,7 +21,8 @@ def _blocked_reader(monkeypatch) -> tuple[threading.Event, threading.Event, list
     finished) where `finished` gets ("read" | "stopped", total)."""
     go, started, finished = threading.Event(), threading.Event(), []
 
-    def reader(storages, total, name, stop):
+    def reader(storages, total, name, stop, in_thread=False):
+        assert in_thread  # (its memcpy, not torch's copy_: that starts an OpenMP team for the thread)
         started.set()
         while not (go.is_set() or stop.is_set()):
             go.wait(0.01)
@@ -63,7 +64,7 @@ def test_outside_reading_it_reads_before_it_returns(tmp_path, monkeypatch):
     path, _ = big_checkpoint(tmp_path, rows=MiB // 4)
     state = ckpt.load_checkpoint(path, mmap=True)
     seen = []
-    monkeypatch.setattr(ml, "_read_storages", lambda storages, total, name, stop: seen.append(
+    monkeypatch.setattr(ml, "_read_storages", lambda storages, total, name, stop, in_thread=False: seen.append(
         threading.current_thread() is threading.main_thread()))
     assert ml.read_ahead(state, path.name, least=0, available=1 << 40) and seen == [True]
 
@@ -110,7 +111,7 @@ def test_two_read_aheads_in_one_reading_read_one_after_the_other(tmp_path, monke
     path, _ = big_checkpoint(tmp_path, rows=MiB // 4)
     events, go = [], threading.Event()
 
-    def reader(storages, total, name, stop):
+    def reader(storages, total, name, stop, in_thread=False):
         events.append(f"start {name}")
         if name == "first":
             go.wait(10)  # held until the second has been started too
