@@ -215,6 +215,20 @@ def test_a_checkpoints_need_counts_swap_under_allow_swap_and_no_rlimit_is_lifted
         refuse_checkpoint_shortfall(cfg, tables, checkpoint, False,
                                     HostMemory(available=need, swap_free=need, process=need - 1))
 
+    from dlrm.train.checkpoint_memory import mapped_bytes
+
+    # the model and the mapping fit, what the evaluation maps after them (threads, buffers: `later_address_space`,
+    # as a training run counts it) does not: refused before the build, not a death of libgomp or a segfault later
+    mapped = mapped_bytes(checkpoint)
+    fits = HostMemory(available=need, process=need + mapped + 10 * MiB, reserved=10 * MiB)
+    refuse_checkpoint_shortfall(cfg, tables, checkpoint, False, fits)  # exactly enough: it goes on
+    with pytest.raises(MemoryError, match=r"and maps the checkpoint \(.*\) and 10\.0 MiB for its threads \(stacks, "
+                                          r"malloc arenas\) and buffers beside it, more than the .* this process may "
+                                          r"take \(ulimit -v, ulimit -d; 0\.0 MiB more at least\): raise those limits"):
+        refuse_checkpoint_shortfall(cfg, tables, checkpoint, False,
+                                    HostMemory(available=need, process=need + mapped + 10 * MiB - 1,
+                                               reserved=10 * MiB))
+
 
 # ------------------------------------------------------------------------------------------------------------------
 # (3) the opt-out: train.check_host_memory false

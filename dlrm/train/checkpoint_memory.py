@@ -61,9 +61,17 @@ def refuse_checkpoint_shortfall(cfg: Config, tables, path: Path, export: bool, m
     mode = "--export" if export else "--eval-only"
     head = f"{mode} of {path} needs {_size(need)} of host memory, {what}"
     text, mapped = None, mapped_bytes(path)
-    if memory.process is not None and need + mapped > memory.process:
+    limited = memory.process is not None and need + mapped + memory.reserved > memory.process
+    if limited and need + mapped > memory.process:
         text = (f"{head}, and maps the checkpoint ({_size(mapped)}) beside it, more than the {_size(memory.process)} "
                 "this process may take (ulimit -v, ulimit -d)")
+    elif limited:  # the model and the mapping fit, what the evaluation or the export maps after them does not (as a
+        # training run's check counts it, `dlrm.train.host_memory.later_address_space`: it died later, of libgomp's
+        # "Thread creation failed" or a segfault)
+        short = need + mapped + memory.reserved - memory.process
+        text = (f"{head}, and maps the checkpoint ({_size(mapped)}) and {_size(memory.reserved)} for its threads "
+                f"(stacks, malloc arenas) and buffers beside it, more than the {_size(memory.process)} this process "
+                f"may take (ulimit -v, ulimit -d; {_size(short)} more at least)")
     else:
         ram, ram_source = memory.shared()
         if ram is not None and need > ram:
@@ -86,7 +94,6 @@ def refuse_checkpoint_shortfall(cfg: Config, tables, path: Path, export: bool, m
                            "OOM killer ends it without a word)")
         return
     # (its tables' sizes are the checkpoint's: data.max_rows_per_table, a training run's cure, cannot shrink them)
-    limited = memory.process is not None and need > memory.process
     gpu = "" if export else " on a GPU (--device cuda: the model is built in the GPU's memory)"
     exc = MemoryError(f"{text}: " + (f"raise those limits{', or run it' + gpu if gpu else ''}" if limited
                                      else f"run it on a host with more free memory{', or' + gpu if gpu else ''}"))
