@@ -406,10 +406,12 @@ def reading(paths: Iterable[Any]) -> Iterator[dict[str, tuple[int, int, int, int
         read_aheads.wait()  # (its reads done before the truncation check and the handler's watch end)
         raise_if_truncated(stamps)
     finally:
-        read_aheads.wait(stop=True)
-        _read_aheads.remove(read_aheads)
-        for ino, path in keys:
-            _watched[ino].remove(path)
-            if not _watched[ino]:
-                del _watched[ino]
-            _truncated.discard(path)
+        try:
+            read_aheads.wait(stop=True)  # (a second Ctrl-C may end the join: the watch ends anyway)
+        finally:
+            _read_aheads.remove(read_aheads)
+            for ino, path in keys:
+                _watched[ino].remove(path)
+                if not _watched[ino]:
+                    del _watched[ino]
+                _truncated.discard(path)
