@@ -356,6 +356,10 @@ class CheckpointConfig:
     """Steps between checkpoints; None writes only the final one."""
     keep: int = 3
     """Newest checkpoints kept; older ones are deleted after a new one is complete."""
+    check_room: bool = True
+    """Before the first step, refuse a run whose disk cannot hold its first checkpoint (exit 2; a later one: a
+    warning naming its step), weighed from the model's and optimizers' state and the free bytes of checkpoints/
+    (`dlrm.train.checkpoint_room`). false: warn instead, where the free bytes do not say what a file will take."""
 
 
 @dataclass

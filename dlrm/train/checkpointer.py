@@ -22,6 +22,7 @@ from dlrm.logging_setup import run_logger
 from dlrm.mapped_load import check_unchanged, load_mapped, own_copies, reading
 from dlrm import checkpoint as ckpt
 from dlrm.train.builder import Run
+from dlrm.train.checkpoint_room import check_checkpoint_room
 from dlrm.train.graphed_step import plain_lr_state_dict
 from dlrm.train.meter import RunStats
 from dlrm.train.run_dir import _shard_names, run_dir_present
@@ -119,6 +120,13 @@ class Checkpointer:
         self.grace = StopGrace(env)
         if run is not None:
             self.grace.check_start(run.model, run.optimizers)
+
+    def check_room(self, run: Run, start: int, total: int) -> None:
+        """Before the first step (after a restore: from step `start` of `total`): refuse a run whose disk cannot hold
+        its first checkpoint, warn of a later one (`dlrm.train.checkpoint_room`)."""
+        c = self.cfg.checkpoint
+        check_checkpoint_room(self.run_dir, c.keep, c.every, start, total, run.model, run.optimizers, self.env,
+                              refuse=c.check_room)
 
     def save(self, run: Run, pos: ckpt.Position, stats: RunStats) -> Path:
         """Checkpoint `run` at `pos` (once per step: a second call at the same step returns the first)."""

@@ -156,6 +156,7 @@ class Trainer(WindowLogging):
                     if trained not in (None, self.env.world_size) else ""  # (a merged one resumed by one process)
                 logger.info(f"resumed from {os.path.abspath(self.resume_from)} at step {self.pos.step} "
                             f"(epoch {self.pos.epoch}, batch {self.pos.batch}{ranks})")
+            self.checkpointer.check_room(self.run, self.pos.step, self.data.total_steps)  # its disk, before any step
             self._log_start()
         except BaseException as e:
             self.run_dir.abandon(e)
@@ -242,8 +243,7 @@ class Trainer(WindowLogging):
         longer resume looked for a file of the older best, warned that best.pt no longer held it, and reported the
         older best as the run's (its model not kept), or made a kept step checkpoint of it best.pt over the better
         model. The evaluation summary.json names is taken as the best this checkpoint holds, as this version records
-        it (off the ``train.eval_every`` grid the grid's best stays the older one, which early stopping compares
-        with)."""
+        it (off the ``train.eval_every`` grid the grid's best stays the older one, early stopping's reference)."""
         best, step = self.stats.best, self.pos.step
         source = run_of(self.resume_from) or self.resume_from.resolve().parent.parent
         saved_best = ckpt.checkpoint_dir(source) / self.checkpointer.best_path.name
