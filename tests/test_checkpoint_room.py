@@ -188,3 +188,31 @@ def test_train_py_says_it_in_one_line_and_exits_2(data, tmp_path):
     assert f"file system error: {tmp_path / 'tb' / 'cli' / 'checkpoints'}: no room for the checkpoint at step 4" \
         in errors[0]
     assert "Traceback" not in proc.stderr and not (tmp_path / "tb" / "cli").exists()  # nothing half written
+
+
+class TwoRanks:
+    """A torchrun run's process group as the check sees it: this rank and another, whose numbers are `other`'s."""
+
+    distributed, is_main = True, True
+
+    def __init__(self, other):
+        self.other = other
+
+    def all_gather_object(self, mine):
+        return [mine, self.other(mine)]
+
+
+@pytest.mark.parametrize("same_disk, refused", [(True, True), (False, False)])
+def test_ranks_on_one_file_system_are_weighed_together(tmp_path, monkeypatch, same_disk, refused):
+    """Shards of 1 and 2 MB on one host's disk with 2.5 MB free: the first save needs 3, refused on every rank with
+    the two shards' size; on two disks (another device, 2.5 MB free each) each shard fits."""
+    monkeypatch.setattr(checkpoint_room, "state_bytes", lambda model, optimizers: 1_000_000)
+    free_bytes(monkeypatch, lambda: 2_500_000)
+    env = TwoRanks(lambda m: (m[0], m[1] if same_disk else m[1] + 1, 2_000_000, 2_500_000))
+    check = lambda: checkpoint_room.check_checkpoint_room(tmp_path, 1, None, 0, 10, None, (), env)  # noqa: E731
+    if not refused:
+        check()
+        return
+    with pytest.raises(OSError, match=r"no room for the ranks' shards of the checkpoint at step 10: each checkpoint "
+                                      r"is 3\.0 MB, .* and 2\.5 MB would be free"):
+        check()

@@ -92,14 +92,14 @@ def check_checkpoint_room(run_dir: Path, keep: int, every: Optional[int], start:
     ranks = env.all_gather_object(mine)
     if not steps:
         return
-    size = sum(b for h, d, b, _ in ranks if (h, d) == mine[:2])  # the shards sharing this file system
     existing = len(ckpt.list_checkpoints(run_dir))
-    # every rank weighs every group, so all reach the same verdict: the first short save of any group
+    # every rank weighs every group of ranks on one file system, so all reach the same verdict: the first short save
     groups = {(h, d): (free, sum(b for h2, d2, b, _ in ranks if (h2, d2) == (h, d))) for h, d, _, free in ranks}
-    shorts = [s for free, need in groups.values() if (s := first_short_save(free, need, existing, keep, steps))]
+    shorts = [(*s, need) for free, need in groups.values()
+              if (s := first_short_save(free, need, existing, keep, steps))]
     if not shorts:
         return
-    step, free = min(shorts)
+    step, free, size = min(shorts)
     of = "the ranks' shards of " if env.distributed else ""
     what = (f"{directory}: no room for {of}the checkpoint at step {step}: each checkpoint is {_gb(size)}, written "
             f"whole before the oldest of the {keep} kept (checkpoint.keep) is deleted, and {_gb(free)} would be free")
