@@ -8,6 +8,7 @@ directory, the sizes and what to do); one short of a later checkpoint is warned 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import subprocess
@@ -19,8 +20,10 @@ import pytest
 from loguru import logger
 
 from dlrm import checkpoint as ckpt
-from dlrm.config import load_config
+from dlrm.config import EarlyStoppingConfig, load_config
 from dlrm.train import checkpoint_room
+from dlrm.train import evaluator as evaluator_mod
+from dlrm.train.checkpointer import Checkpointer
 from dlrm.train.checkpoint_room import checkpoint_steps, first_short_save
 from dlrm.train.trainer import train
 from tests.conftest import CHILD_ENV, make_dataset
@@ -170,6 +173,74 @@ def test_a_resume_in_place_counts_the_checkpoint_already_there(data, tmp_path, m
     assert [p.name for p in ckpt.list_checkpoints(tmp_path / "tb" / "r")] == ["step-00000004.pt"]
     free_bytes(monkeypatch, lambda: measured[-1])
     assert train(config(data, tmp_path, keep=1), resume="latest")["steps"] == 13
+
+
+@pytest.fixture
+def restores(monkeypatch):
+    """The restores a test's runs make (their checkpoints), recorded."""
+    made, real = [], Checkpointer.restore
+
+    def record(self, path, run):
+        made.append(Path(path).name)
+        return real(self, path, run)
+    monkeypatch.setattr(Checkpointer, "restore", record)
+    return made
+
+
+def test_a_resume_is_refused_before_the_restore_reads_its_tensors(data, tmp_path, monkeypatch, measured, restores):
+    """MLPerf's 53 GB checkpoint took 39 s to read on an H100 machine (session 86) before its resume's refusal: the
+    room is weighed at the checkpoint's step before the restore; with room, the resume restores and trains on."""
+    cfg = config(data, tmp_path, keep=1)
+    cfg.train.max_steps = 4
+    train(cfg)
+    free_bytes(monkeypatch, lambda: measured[-1] - 1)
+    with pytest.raises(OSError, match="no room for the checkpoint at step 8"):
+        train(config(data, tmp_path, keep=1), resume="latest")
+    assert restores == []
+    free_bytes(monkeypatch, lambda: measured[-1])
+    assert train(config(data, tmp_path, keep=1), resume="latest")["steps"] == 13
+    assert restores == ["step-00000004.pt"]
+
+
+def early_stopping_run(data, tmp_path, monkeypatch, aucs):
+    """A run with train.early_stopping's target 0.7 (patience null) evaluated every 2 steps at `aucs` (scripted),
+    stopped after 4 steps (its target reached there, or ``train.max_steps``); returns its config."""
+    cfg = config(data, tmp_path, every=None, keep=1)
+    cfg.train.eval_every, cfg.train.early_stopping = 2, EarlyStoppingConfig(patience=None, target=0.7)
+    queue = list(aucs)
+    monkeypatch.setattr(evaluator_mod, "evaluate", lambda forward, loader, env=None: {
+        "auc": queue.pop(0), "logloss": 0.5, "accuracy": 0.75})
+    first = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, max_steps=4))
+    assert train(first)["steps"] == 4
+    return cfg
+
+
+def test_a_resume_early_stopping_may_have_ended_is_weighed_after_the_restore(data, tmp_path, monkeypatch, measured,
+                                                                             restores):
+    """With train.early_stopping only the restored totals say whether the run ended: one that did not (its AUCs below
+    the target) is refused after the restore, before any step."""
+    cfg = early_stopping_run(data, tmp_path, monkeypatch, [0.6, 0.65])
+    free_bytes(monkeypatch, lambda: measured[-1] - 1)
+    with pytest.raises(OSError, match="no room for the checkpoint at step 13"):
+        train(cfg, resume="latest")
+    assert restores == ["step-00000004.pt"]
+
+
+@pytest.mark.parametrize("summary", [True, False])
+def test_a_run_early_stopping_ended_trains_no_step_and_needs_no_room(data, tmp_path, monkeypatch, measured, restores,
+                                                                     summary):
+    """Its target reached at step 4: resumed on a full disk it is finished (summary.json there) or makes its summary
+    (summary.json gone: stopped before writing it), training no step and writing no checkpoint: not refused (the
+    second was, before session 87)."""
+    cfg = early_stopping_run(data, tmp_path, monkeypatch, [0.6, 0.7, 0.7])
+    run_dir = tmp_path / "tb" / "r"
+    if not summary:
+        (run_dir / "summary.json").unlink()
+    free_bytes(monkeypatch, lambda: 10)
+    again = train(cfg, resume="latest")
+    assert again["steps"] == 4 and again.get("finished", False) is summary
+    assert restores == ["step-00000004.pt"]
+    assert [p.name for p in ckpt.list_checkpoints(run_dir)] == ["step-00000004.pt"]
 
 
 def test_train_py_says_it_in_one_line_and_exits_2(data, tmp_path):

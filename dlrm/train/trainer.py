@@ -130,13 +130,14 @@ class Trainer(WindowLogging):
         try:  # any failure (a SIGTERM too: `train`) before the first step: the directory is given up (`abandon`)
             self.checkpointer = Checkpointer(self.run_dir.path, cfg, self.tables, self.env, self.placement,
                                              self.data_stamps, self.data.ranks, self.data.train.num_rows, self.run)
+            late = self.resume_from is not None and cfg.train.early_stopping is not None  # (`Checkpointer.check_room`)
+            self.checkpointer.check_room(self.run, state["position"]["step"] if state else 0, self.data.total_steps, late)
             if self.resume_from is not None:
                 self.pos, self.stats = self.checkpointer.restore(self.resume_from, self.run)
                 # after the restore's checks (which refuse another world size's): a position the epochs cannot hold
                 check_position(vars(self.pos), len(self.data.train), allow_config_change, str(self.resume_from))
                 self._forget_another_splits_best(saved_config(state))
-                # early stopping ended the run at this checkpoint (its patience ran out, or train.early_stopping.target
-                # reached, recorded or by the best so far): it is finished, as one at its last step is
+                # early stopping ended the run here (patience out, or its target reached, recorded or by the best): finished
                 ended = Evaluator.patience_ran_out(cfg.train.early_stopping, self.stats)
                 self.finished_target = None if ended else already_reached(cfg.train.early_stopping,
                                                                           self.checkpointer.extra_stats, self.stats)
@@ -156,7 +157,7 @@ class Trainer(WindowLogging):
                     if trained not in (None, self.env.world_size) else ""  # (a merged one resumed by one process)
                 logger.info(f"resumed from {os.path.abspath(self.resume_from)} at step {self.pos.step} "
                             f"(epoch {self.pos.epoch}, batch {self.pos.batch}{ranks})")
-            self.checkpointer.check_room(self.run, self.pos.step, self.data.total_steps)  # its disk, before any step
+            self.checkpointer.check_room(self.run, self.pos.step, self.data.total_steps, not late or self.early_stopped)
             self._log_start()
         except BaseException as e:
             self.run_dir.abandon(e)
@@ -184,10 +185,9 @@ class Trainer(WindowLogging):
         self.stats.best, self.stats.grid_best, self.stats.evals_since_best = None, None, 0
 
     def _eval_tag(self) -> str:
-        """The TensorBoard prefix of this session's evaluations: ``eval`` for the split the run's ``eval/*`` curve is
-        of (its first session's, recorded in every checkpoint), ``eval/<split>`` for another (a resume that changed
-        data.eval_split): its points went on the same curve, and one at the run's end (no step trained) stood at the
-        same step as the other split's, a vertical segment between two splits' numbers."""
+        """The TensorBoard prefix of this session's evaluations: ``eval`` for the split of the run's ``eval/*`` curve
+        (its first session's, in every checkpoint), ``eval/<split>`` for another (a resume that changed eval_split: on
+        the same curve, one at the run's end stood at the other split's step, a vertical segment between splits)."""
         extra, split = self.checkpointer.extra_stats, self.cfg.data.eval_split
         # a checkpoint written before this was recorded: the split it was trained with
         resumed = ((self.resumed_config or {}).get("data") or {}).get("eval_split")
@@ -242,8 +242,8 @@ class Trainer(WindowLogging):
         older best (no ``evaluated_step``, no ``grid_best``), the run's summary.json the new one. Taken as written, a
         longer resume looked for a file of the older best, warned that best.pt no longer held it, and reported the
         older best as the run's (its model not kept), or made a kept step checkpoint of it best.pt over the better
-        model. The evaluation summary.json names is taken as the best this checkpoint holds, as this version records
-        it (off the ``train.eval_every`` grid the grid's best stays the older one, early stopping's reference)."""
+        model. summary.json's best is taken as this checkpoint's, as this version records it (off the eval_every grid
+        the grid's best stays the older one, early stopping's reference)."""
         best, step = self.stats.best, self.pos.step
         source = run_of(self.resume_from) or self.resume_from.resolve().parent.parent
         saved_best = ckpt.checkpoint_dir(source) / self.checkpointer.best_path.name
