@@ -79,7 +79,11 @@ def rng_state() -> dict[str, Any]:
     """The random streams a resume continues. CUDA's only where this process started CUDA (a CUDA run has, by its
     first checkpoint): asking `torch.cuda.is_available()` starts it, for a generator a CPU run never uses. On an H200
     host (session 83) the sample's CPU run mapped 15.9 GiB of address space after its host-memory check (which `ulimit
-    -v` runs are weighed at), near a CUDA run's whole 22.9: CUDA's start, inferred, not broken down by mapping."""
+    -v` runs are weighed at), near a CUDA run's whole 22.9: CUDA's start, inferred, not broken down by mapping. Since
+    measured (session 87, H200 host, torch 2.11): a CPU training run starts CUDA's driver at its first backward anyway,
+    before any checkpoint (the autograd engine counts the devices): +4.1 GiB of address space there, 4 MiB of GPU
+    memory (a context takes hundreds), peak 21.0 GiB against 16.7 with the GPU hidden, this function as it is; so
+    the inference above was of the wrong cause (`benchmarks/results/gpu_tests_2026-12-05_s87.md`)."""
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
